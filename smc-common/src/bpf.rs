@@ -1,0 +1,230 @@
+//! The contract between the eBPF programs and userspace: map keys and values, counter indices,
+//! and the private socket-option channel (`setsockopt`/`getsockopt` at [`SOL_SMC_BPF`]).
+//!
+//! A process inside an attached cgroup talks to the programs about its *own* sockets with plain
+//! socket options at a private level; the cgroup sockopt programs answer them and bypass the
+//! kernel. Outside an attached cgroup the kernel answers `ENOPROTOOPT`, which tells the data path
+//! that nothing is attached and the connection stays plain TCP.
+
+/// Private socket-option level answered by the cgroup sockopt programs ("SMC\0").
+pub const SOL_SMC_BPF: i32 = 0x534d_4300;
+/// `setsockopt(fd, SOL_SMC_BPF, SMC_SO_ENABLE, &1u32, 4)`: this socket (and the sockets accepted
+/// from it, when it is a listener) announces SMC in its SYN / SYN-ACK.
+pub const SMC_SO_ENABLE: i32 = 1;
+/// `setsockopt(fd, SOL_SMC_BPF, SMC_SO_SHORTCUT, &1u32, 4)`: messages this socket sends are
+/// redirected by `sk_msg` to its same-host peer (used for the data path's own control traffic).
+pub const SMC_SO_SHORTCUT: i32 = 2;
+/// `getsockopt(fd, SOL_SMC_BPF, SMC_SO_STATE, &mut SockState, 8)`: what the programs know about
+/// this socket.
+pub const SMC_SO_STATE: i32 = 3;
+
+/// The socket asked to announce SMC ([`SMC_SO_ENABLE`]).
+pub const SOCK_OPTED_IN: u32 = 1 << 0;
+/// Our SYN or SYN-ACK carried the SMC option.
+pub const SOCK_OPT_SENT: u32 = 1 << 1;
+/// The peer's SYN or SYN-ACK carried the SMC option.
+pub const SOCK_PEER_SMC: u32 = 1 << 2;
+/// The other end of this connection is a socket on this host.
+pub const SOCK_SAME_HOST: u32 = 1 << 3;
+/// Messages of this socket take the `sk_msg` shortcut to its peer.
+pub const SOCK_SHORTCUT: u32 = 1 << 4;
+
+/// Per-socket state, kept in socket storage and returned by [`SMC_SO_STATE`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockState {
+    /// `SOCK_*` bits.
+    pub flags: u32,
+    /// Version of this struct's layout ([`SOCK_STATE_VERSION`]).
+    pub version: u32,
+}
+
+/// Layout version of [`SockState`].
+pub const SOCK_STATE_VERSION: u32 = 1;
+
+/// A TCP connection as seen from one end. Addresses are IPv6 in network byte order (IPv4 is
+/// stored v4-mapped, `::ffff:a.b.c.d`, so that an `AF_INET6` socket talking to an `AF_INET` one
+/// produces matching keys); ports in host byte order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SockKey {
+    pub local_ip: [u32; 4],
+    pub remote_ip: [u32; 4],
+    pub local_port: u32,
+    pub remote_port: u32,
+}
+
+impl SockKey {
+    /// The same connection as seen from the other end.
+    pub const fn mirror(&self) -> Self {
+        SockKey {
+            local_ip: self.remote_ip,
+            remote_ip: self.local_ip,
+            local_port: self.remote_port,
+            remote_port: self.local_port,
+        }
+    }
+}
+
+/// Value of the same-host map: which socket holds a key, and what it is.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerEntry {
+    /// `bpf_get_socket_cookie` of the socket.
+    pub cookie: u64,
+    /// `SOCK_*` bits at the time of recording.
+    pub flags: u32,
+    pub _pad: u32,
+}
+
+/// Mode of an attached cgroup.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The `sk_msg` shortcut for every same-host connection of the cgroup.
+    Shortcut = 1,
+    /// The shared-memory data path; the shortcut carries only its control traffic.
+    Ism = 2,
+}
+
+/// Name of the sock_ops program for each mode, as exported by `smc-ebpf`.
+pub const SOCKOPS_PROG_SHORTCUT: &str = "smc_sockops_shortcut";
+pub const SOCKOPS_PROG_ISM: &str = "smc_sockops_ism";
+pub const SK_MSG_PROG: &str = "smc_sk_msg";
+pub const SETSOCKOPT_PROG: &str = "smc_setsockopt";
+pub const GETSOCKOPT_PROG: &str = "smc_getsockopt";
+
+/// Map names (also the names under the pin directory).
+pub const MAP_SOCK_STATE: &str = "SMC_SOCK_STATE";
+pub const MAP_PEERS: &str = "SMC_PEERS";
+pub const MAP_SOCKHASH: &str = "SMC_SOCKHASH";
+pub const MAP_COUNTERS: &str = "SMC_COUNTERS";
+
+/// Entries of the same-host map and of the SOCKHASH.
+pub const MAX_SOCKETS: u32 = 65536;
+
+/// Per-CPU counters, indices into [`MAP_COUNTERS`]. Keep [`Counter::ALL`] in order.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// TCP sockets of an attached cgroup that reached ESTABLISHED (either side).
+    SocketsEstablished = 0,
+    /// Active opens (connect) that reached ESTABLISHED.
+    ActiveEstablished,
+    /// Passive opens (accept) that reached ESTABLISHED.
+    PassiveEstablished,
+    /// `SMC_SO_ENABLE` requests.
+    OptIn,
+    /// SYNs we wrote the SMC option into.
+    SynOptSent,
+    /// SYN-ACKs we wrote the SMC option into.
+    SynAckOptSent,
+    /// Listeners that saw the SMC option in a peer's SYN.
+    SynOptReceived,
+    /// Clients that saw the SMC option in the peer's SYN-ACK.
+    SynAckOptReceived,
+    /// Connections whose both ends are sockets on this host.
+    SameHostPairs,
+    /// Sockets put into the SOCKHASH.
+    ShortcutSockets,
+    /// Messages redirected by `sk_msg` to the peer.
+    MsgRedirected,
+    /// Bytes redirected by `sk_msg` to the peer.
+    BytesRedirected,
+    /// Messages passed to TCP: the sender is not enabled for the shortcut.
+    MsgPassNotEnabled,
+    /// Messages passed to TCP: the peer is not in the SOCKHASH (other host, outside the cgroup).
+    MsgPassNoPeer,
+    /// Messages passed to TCP: the redirect failed.
+    MsgPassRedirectFailed,
+    /// `SMC_SO_STATE` queries.
+    StateQueries,
+    /// Sockets of an attached cgroup that closed after ESTABLISHED.
+    SocketsClosed,
+}
+
+impl Counter {
+    pub const ALL: [Counter; 17] = [
+        Counter::SocketsEstablished,
+        Counter::ActiveEstablished,
+        Counter::PassiveEstablished,
+        Counter::OptIn,
+        Counter::SynOptSent,
+        Counter::SynAckOptSent,
+        Counter::SynOptReceived,
+        Counter::SynAckOptReceived,
+        Counter::SameHostPairs,
+        Counter::ShortcutSockets,
+        Counter::MsgRedirected,
+        Counter::BytesRedirected,
+        Counter::MsgPassNotEnabled,
+        Counter::MsgPassNoPeer,
+        Counter::MsgPassRedirectFailed,
+        Counter::StateQueries,
+        Counter::SocketsClosed,
+    ];
+    pub const COUNT: u32 = Self::ALL.len() as u32;
+
+    /// Stable snake_case name, used in `status --json` and `stats`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Counter::SocketsEstablished => "sockets_established",
+            Counter::ActiveEstablished => "active_established",
+            Counter::PassiveEstablished => "passive_established",
+            Counter::OptIn => "opt_in",
+            Counter::SynOptSent => "syn_opt_sent",
+            Counter::SynAckOptSent => "synack_opt_sent",
+            Counter::SynOptReceived => "syn_opt_received",
+            Counter::SynAckOptReceived => "synack_opt_received",
+            Counter::SameHostPairs => "same_host_pairs",
+            Counter::ShortcutSockets => "shortcut_sockets",
+            Counter::MsgRedirected => "msg_redirected",
+            Counter::BytesRedirected => "bytes_redirected",
+            Counter::MsgPassNotEnabled => "msg_pass_not_enabled",
+            Counter::MsgPassNoPeer => "msg_pass_no_peer",
+            Counter::MsgPassRedirectFailed => "msg_pass_redirect_failed",
+            Counter::StateQueries => "state_queries",
+            Counter::SocketsClosed => "sockets_closed",
+        }
+    }
+}
+
+/// The TCP experimental option that announces SMC: kind 254, length 6, ExID "SMCR" in EBCDIC.
+pub const TCPOPT_SMC: [u8; 6] = [254, 6, 0xE2, 0xD4, 0xC3, 0xD9];
+/// Layout version of everything pinned; a pin directory with another version is refused.
+pub const PIN_LAYOUT_VERSION: u32 = 1;
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain `#[repr(C)]` integers without padding holes.
+    unsafe impl aya::Pod for super::SockState {}
+    unsafe impl aya::Pod for super::SockKey {}
+    unsafe impl aya::Pod for super::PeerEntry {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts() {
+        assert_eq!(core::mem::size_of::<SockState>(), 8);
+        assert_eq!(core::mem::size_of::<SockKey>(), 40);
+        assert_eq!(core::mem::size_of::<PeerEntry>(), 16);
+        for (i, c) in Counter::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i);
+        }
+    }
+
+    #[test]
+    fn mirror_is_an_involution() {
+        let k = SockKey {
+            local_ip: [0, 0, 0xffff_0000u32.to_be(), 0x7f00_0001u32.to_be()],
+            remote_ip: [1, 2, 3, 4],
+            local_port: 80,
+            remote_port: 40000,
+        };
+        assert_eq!(k.mirror().mirror(), k);
+        assert_ne!(k.mirror(), k);
+    }
+}
