@@ -1,0 +1,1 @@
+//! The loopback-ism device (daemon and client).

@@ -1,0 +1,1 @@
+//! Interposition library for `smc-ctl run`.
