@@ -6,3 +6,4 @@
 #![cfg_attr(not(feature = "std"), no_std)]
 
 pub mod bpf;
+pub mod cdc;
