@@ -7,3 +7,4 @@
 
 pub mod bpf;
 pub mod cdc;
+pub mod diag;
