@@ -1,1 +1,97 @@
-fn main() {}
+//! `smc-ctl`: the control binary of the SMC accelerator.
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand, ValueEnum};
+use smc_common::bpf::Mode;
+
+mod bpf;
+mod sys;
+
+#[derive(Parser)]
+#[command(name = "smc-ctl", version, about = "Transparent SMC-D style shared-memory acceleration of same-host TCP")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ModeArg {
+    /// The sk_msg kernel shortcut for every same-host connection of the cgroup.
+    Shortcut,
+    /// The shared-memory data path (`smc-ctl run`); the shortcut carries only its control traffic.
+    Ism,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(m: ModeArg) -> Mode {
+        match m {
+            ModeArg::Shortcut => Mode::Shortcut,
+            ModeArg::Ism => Mode::Ism,
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Enable a cgroup v2 directory (a container): load the programs if needed and attach them.
+    Attach {
+        #[arg(long)]
+        cgroup: PathBuf,
+        #[arg(long, value_enum, default_value = "ism")]
+        mode: ModeArg,
+    },
+    /// Disable a cgroup; the last detach unloads everything.
+    Detach {
+        #[arg(long)]
+        cgroup: PathBuf,
+    },
+    /// Enabled cgroups, program ids, modes and counters.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("smc-ctl: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Attach { cgroup, mode } => println!("{}", bpf::attach(&cgroup, mode.into())?),
+        Cmd::Detach { cgroup } => println!("{}", bpf::detach(&cgroup)?),
+        Cmd::Status { json } => {
+            let st = bpf::status()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&st)?);
+            } else {
+                print_status(&st);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_status(st: &bpf::Status) {
+    if !st.loaded {
+        println!("not loaded (no cgroup attached)");
+        return;
+    }
+    println!("programs (pinned under {}):", st.pin_root);
+    for (name, id) in &st.programs {
+        println!("  {name:<24} id {id}");
+    }
+    println!("cgroups:");
+    for cg in &st.cgroups {
+        println!("  {}  mode {}", cg.cgroup, cg.mode);
+    }
+    println!("counters:");
+    for (name, v) in &st.counters {
+        println!("  {name:<28} {v}");
+    }
+}

@@ -1,1 +1,214 @@
-fn main() {}
+//! Build, test, demo and bench orchestration: `cargo xtask <command>`.
+//!
+//! - `setup`: installs what a fresh Debian 12 machine lacks (idempotent, says what it does).
+//! - `build`: builds smc-ctl (with the eBPF programs) and the interposition library.
+//! - `test`: format and lint checks, unit tests, the integration tests (root), bounded fuzzing.
+//! - `demo`: the accelerated path against plain TCP, with the counters.
+//! - `bench`: the side-by-side benchmarks.
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod demo;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install the eBPF toolchain and the test tools (idempotent).
+    Setup,
+    /// Build smc-ctl (with the eBPF programs) and the interposition library, release mode.
+    Build,
+    /// Checks, unit tests, integration tests and bounded fuzzing.
+    Test {
+        /// Seconds of fuzzing per fuzz target.
+        #[arg(long, default_value_t = 10)]
+        fuzz_seconds: u32,
+        /// Skip the fuzzers (development).
+        #[arg(long)]
+        no_fuzz: bool,
+        /// Only integration tests whose name contains this.
+        filter: Option<String>,
+    },
+    /// The demo: same-host transfers through the accelerated path and through plain TCP.
+    Demo,
+    /// Benchmarks: plain TCP vs shortcut vs shared memory, side by side.
+    Bench {
+        /// A short run for development.
+        #[arg(long)]
+        quick: bool,
+    },
+}
+
+/// Where bpf-linker is installed.
+pub const TOOLS_DIR: &str = "/opt/smc-tools";
+/// Debian packages: the eBPF toolchain, then what the tests, demo and benchmarks run.
+const APT_PACKAGES: &[&str] = &[
+    "rustc-web",
+    "cargo-web",
+    "rust-web-src",
+    "llvm-22-dev",
+    "libclang-dev",
+    "bpftool",
+    "iproute2",
+    "curl",
+    "python3",
+    "tshark",
+    "sockperf",
+    "iperf3",
+    "redis-server",
+    "redis-tools",
+    "nginx",
+    "wrk",
+];
+
+fn main() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Setup => setup(),
+        Cmd::Build => {
+            setup()?;
+            build()
+        }
+        Cmd::Test { fuzz_seconds, no_fuzz, filter } => {
+            setup()?;
+            test(if no_fuzz { 0 } else { fuzz_seconds }, filter)
+        }
+        Cmd::Demo => {
+            setup()?;
+            build()?;
+            demo::run(&workspace_root())
+        }
+        Cmd::Bench { quick } => {
+            setup()?;
+            build()?;
+            bench::run(&workspace_root(), quick)
+        }
+    }
+}
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+fn step(msg: &str) {
+    eprintln!("==> {msg}");
+}
+
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("spawn {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn dpkg_installed(pkg: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", pkg])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        .unwrap_or(false)
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn setup() -> Result<()> {
+    let missing: Vec<&str> = APT_PACKAGES.iter().copied().filter(|p| !dpkg_installed(p)).collect();
+    if !missing.is_empty() {
+        if !is_root() {
+            bail!("missing Debian packages {missing:?}; run `sudo cargo xtask setup`");
+        }
+        step(&format!("installing Debian packages (about a minute): {}", missing.join(" ")));
+        run(Command::new("apt-get").args(["update", "-qq"]))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+        // The packaged services must not hold the ports the tests use.
+        for svc in ["nginx", "redis-server"] {
+            let _ = Command::new("systemctl").args(["stop", svc]).status();
+            let _ = Command::new("service").args([svc, "stop"]).status();
+        }
+    }
+    let linked = Command::new("rustup")
+        .args(["run", "smc-ebpf", "rustc", "--version"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !linked {
+        step("linking Debian's rustc-web 1.96 as the rustup toolchain `smc-ebpf` (builds the eBPF programs)");
+        run(Command::new("rustup").args(["toolchain", "link", "smc-ebpf", "/usr"]))?;
+    }
+    let linker = Path::new(TOOLS_DIR).join("bin/bpf-linker");
+    if !linker.exists() {
+        step(&format!("building bpf-linker 0.13.0 against LLVM 22 into {TOOLS_DIR} (about 3 minutes)"));
+        run(Command::new("cargo")
+            .args([
+                "install",
+                "bpf-linker@0.13.0",
+                "--locked",
+                "--no-default-features",
+                "--features",
+                "llvm-22",
+                "--root",
+                TOOLS_DIR,
+            ])
+            .env("LLVM_PREFIX", "/usr/lib/llvm-22"))?;
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(workspace_root());
+    c
+}
+
+fn build() -> Result<()> {
+    step("building smc-ctl (eBPF programs included) and libsmc_preload.so");
+    run(cargo().args(["build", "--release", "-p", "smc-ctl", "-p", "smc-preload"]))
+}
+
+fn test(fuzz_seconds: u32, filter: Option<String>) -> Result<()> {
+    if !is_root() {
+        bail!("the integration tests load eBPF programs and create cgroups: run them as root");
+    }
+    step("cargo fmt --check");
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    step("cargo clippy --all-targets -- -D warnings");
+    run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    step("building the binaries the integration tests drive");
+    run(cargo().args(["build", "--release", "-p", "smc-ctl", "-p", "smc-preload", "-p", "integration-tests", "--bins"]))?;
+    step("unit and integration tests");
+    let mut t = cargo();
+    t.args(["test", "--release", "--workspace"]);
+    if let Some(f) = &filter {
+        t.args(["--", f.as_str()]);
+    }
+    run(&mut t)?;
+    if fuzz_seconds > 0 {
+        let script = workspace_root().join("smc-common/fuzz/run.sh");
+        if script.exists() {
+            step(&format!("fuzzing every target for {fuzz_seconds}s"));
+            run(Command::new("bash").arg(script).arg(fuzz_seconds.to_string()))?;
+        }
+    }
+    step("all tests passed");
+    Ok(())
+}

@@ -1,0 +1,346 @@
+//! Loading, pinning and attaching the eBPF programs (per-cgroup enablement).
+//!
+//! Everything lives under [`PIN_ROOT`] so that it outlives the command:
+//!
+//! ```text
+//! /sys/fs/bpf/smc/layout-v<N>/         marker: layout version of what is pinned
+//! /sys/fs/bpf/smc/progs/<program>      the loaded programs
+//! /sys/fs/bpf/smc/maps/<map>           the maps (the SOCKHASH holds the sk_msg attachment)
+//! /sys/fs/bpf/smc/links/<cgroup inode>-<mode>-<program>   one bpf_link per cgroup and program
+//! ```
+//!
+//! The programs are loaded once, by the first `attach`; each further cgroup only adds links. The
+//! detach of the last cgroup removes everything.
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::ErrorKind,
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use aya::{
+    maps::{Map, MapData, PerCpuArray, SockHash},
+    programs::{CgroupSockopt, SkMsg, SockOps},
+    Ebpf,
+};
+use serde::Serialize;
+use smc_common::bpf::{
+    Counter, Mode, SockKey, GETSOCKOPT_PROG, MAP_COUNTERS, MAP_PEERS, MAP_SOCKHASH,
+    MAP_SOCK_STATE, PIN_LAYOUT_VERSION, SETSOCKOPT_PROG, SK_MSG_PROG, SOCKOPS_PROG_ISM,
+    SOCKOPS_PROG_SHORTCUT,
+};
+
+use crate::sys::{self, bpf_syscall};
+
+/// Where everything is pinned.
+pub const PIN_ROOT: &str = "/sys/fs/bpf/smc";
+const BPFFS: &str = "/sys/fs/bpf";
+
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/smc"));
+
+fn layout_marker() -> PathBuf {
+    Path::new(PIN_ROOT).join(format!("layout-v{PIN_LAYOUT_VERSION}"))
+}
+
+fn progs_dir() -> PathBuf {
+    Path::new(PIN_ROOT).join("progs")
+}
+
+fn maps_dir() -> PathBuf {
+    Path::new(PIN_ROOT).join("maps")
+}
+
+fn links_dir() -> PathBuf {
+    Path::new(PIN_ROOT).join("links")
+}
+
+pub fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Shortcut => "shortcut",
+        Mode::Ism => "ism",
+    }
+}
+
+fn parse_mode(s: &str) -> Option<Mode> {
+    match s {
+        "shortcut" => Some(Mode::Shortcut),
+        "ism" => Some(Mode::Ism),
+        _ => None,
+    }
+}
+
+fn sockops_prog(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Shortcut => SOCKOPS_PROG_SHORTCUT,
+        Mode::Ism => SOCKOPS_PROG_ISM,
+    }
+}
+
+/// The cgroup programs attached per cgroup, with the sock_ops one depending on the mode.
+fn cgroup_progs(mode: Mode) -> [&'static str; 3] {
+    [sockops_prog(mode), SETSOCKOPT_PROG, GETSOCKOPT_PROG]
+}
+
+/// Makes sure the pinned programs and maps exist and are of our layout; loads them if not.
+fn ensure_loaded() -> Result<()> {
+    sys::ensure_bpffs(BPFFS)?;
+    let root = Path::new(PIN_ROOT);
+    if root.exists() {
+        if !layout_marker().exists() {
+            bail!(
+                "{PIN_ROOT} holds objects of an incompatible version of smc-ctl (no layout-v{PIN_LAYOUT_VERSION}); \
+                 detach with that version, or remove {PIN_ROOT} after making sure nothing uses it"
+            );
+        }
+        return Ok(());
+    }
+    let staging = Path::new(BPFFS).join(format!("smc-loading-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&staging);
+    let result = load_into(&staging);
+    if let Err(e) = result {
+        let _ = remove_pins(&staging);
+        return Err(e);
+    }
+    // Publish atomically: a concurrent reader sees either nothing or a complete layout.
+    fs::rename(&staging, root).with_context(|| format!("rename {} to {PIN_ROOT}", staging.display()))
+}
+
+fn load_into(dir: &Path) -> Result<()> {
+    for d in ["progs", "maps", "links"] {
+        fs::create_dir_all(dir.join(d)).with_context(|| format!("mkdir {}", dir.display()))?;
+    }
+    let mut ebpf = Ebpf::load(EBPF_OBJECT).map_err(|e| {
+        anyhow!("loading the eBPF object failed ({e}); is BPF available (CONFIG_BPF_SYSCALL, CAP_BPF)?")
+    })?;
+    for name in [SOCKOPS_PROG_SHORTCUT, SOCKOPS_PROG_ISM] {
+        let prog: &mut SockOps = program(&mut ebpf, name)?.try_into()?;
+        prog.load().with_context(|| format!("verifier rejected {name}"))?;
+        prog.pin(dir.join("progs").join(name))?;
+    }
+    for name in [SETSOCKOPT_PROG, GETSOCKOPT_PROG] {
+        let prog: &mut CgroupSockopt = program(&mut ebpf, name)?.try_into()?;
+        prog.load().with_context(|| format!("verifier rejected {name}"))?;
+        prog.pin(dir.join("progs").join(name))?;
+    }
+    for name in [MAP_SOCK_STATE, MAP_PEERS, MAP_SOCKHASH, MAP_COUNTERS] {
+        let map = ebpf
+            .map(name)
+            .ok_or_else(|| anyhow!("map {name} missing from the eBPF object"))?;
+        map.pin(dir.join("maps").join(name))
+            .with_context(|| format!("pin map {name}"))?;
+    }
+    let sockhash: SockHash<_, SockKey> = SockHash::try_from(
+        ebpf.map(MAP_SOCKHASH).ok_or_else(|| anyhow!("no {MAP_SOCKHASH}"))?,
+    )?;
+    let map_fd = sockhash.fd().try_clone()?;
+    let prog: &mut SkMsg = program(&mut ebpf, SK_MSG_PROG)?.try_into()?;
+    prog.load().with_context(|| format!("verifier rejected {SK_MSG_PROG}"))?;
+    let link = prog.attach(&map_fd)?;
+    // The attachment belongs to the (pinned) map from now on.
+    std::mem::forget(prog.take_link(link)?);
+    prog.pin(dir.join("progs").join(SK_MSG_PROG))?;
+    fs::create_dir(dir.join(format!("layout-v{PIN_LAYOUT_VERSION}")))?;
+    Ok(())
+}
+
+fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))
+}
+
+/// One attached cgroup, from the link pins.
+#[derive(Debug, Serialize, Clone)]
+pub struct Attached {
+    pub cgroup: String,
+    pub cgroup_id: u64,
+    pub mode: String,
+    pub links: Vec<String>,
+}
+
+fn link_name(ino: u64, mode: Mode, prog: &str) -> String {
+    format!("{ino}-{}-{prog}", mode_name(mode))
+}
+
+fn attached_links() -> Result<BTreeMap<u64, (Mode, Vec<PathBuf>)>> {
+    let mut out: BTreeMap<u64, (Mode, Vec<PathBuf>)> = BTreeMap::new();
+    let dir = match fs::read_dir(links_dir()) {
+        Ok(d) => d,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e).context("read links"),
+    };
+    for entry in dir {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let mut parts = name.splitn(3, '-');
+        let (Some(ino), Some(mode), Some(_)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let (Ok(ino), Some(mode)) = (ino.parse::<u64>(), parse_mode(mode)) else {
+            continue;
+        };
+        out.entry(ino).or_insert((mode, Vec::new())).1.push(entry.path());
+    }
+    Ok(out)
+}
+
+/// `smc-ctl attach`.
+pub fn attach(cgroup: &Path, mode: Mode) -> Result<String> {
+    sys::require_root()?;
+    let cg = sys::check_cgroup2_dir(cgroup)?;
+    let ino = fs::metadata(&cg)?.ino();
+    let _lock = sys::lock()?;
+    ensure_loaded()?;
+    if let Some((have, _)) = attached_links()?.get(&ino) {
+        if *have == mode {
+            return Ok(format!("{} already attached (mode {})", cg.display(), mode_name(mode)));
+        }
+        bail!(
+            "{} is attached in mode {}; detach it first to change the mode",
+            cg.display(),
+            mode_name(*have)
+        );
+    }
+    let cg_file = fs::File::open(&cg).with_context(|| format!("open {}", cg.display()))?;
+    let mut pinned = Vec::new();
+    let res = (|| -> Result<()> {
+        for prog in cgroup_progs(mode) {
+            let attach_type = match prog {
+                SETSOCKOPT_PROG => bpf_syscall::BPF_CGROUP_SETSOCKOPT,
+                GETSOCKOPT_PROG => bpf_syscall::BPF_CGROUP_GETSOCKOPT,
+                _ => bpf_syscall::BPF_CGROUP_SOCK_OPS,
+            };
+            let prog_fd = bpf_syscall::obj_get(&progs_dir().join(prog))
+                .with_context(|| format!("open pinned program {prog}"))?;
+            let link = bpf_syscall::link_create(&prog_fd, &cg_file, attach_type)
+                .with_context(|| format!("attach {prog}"))?;
+            let dst = links_dir().join(link_name(ino, mode, prog));
+            bpf_syscall::obj_pin(&link, &dst).with_context(|| format!("pin {}", dst.display()))?;
+            pinned.push(dst);
+        }
+        Ok(())
+    })();
+    if let Err(e) = res {
+        for p in pinned {
+            unpin_link(&p);
+        }
+        cleanup_if_unused()?;
+        return Err(e.context(format!("attach to {}", cg.display())));
+    }
+    Ok(format!("attached {} (mode {})", cg.display(), mode_name(mode)))
+}
+
+/// Removing the pin drops the last reference to the link: the program is detached.
+fn unpin_link(path: &Path) {
+    let _ = fs::remove_file(path);
+}
+
+/// `smc-ctl detach`.
+pub fn detach(cgroup: &Path) -> Result<String> {
+    sys::require_root()?;
+    let cg = fs::canonicalize(cgroup).with_context(|| format!("{}", cgroup.display()))?;
+    let ino = fs::metadata(&cg)?.ino();
+    let _lock = sys::lock()?;
+    let links = attached_links()?;
+    let Some((_, paths)) = links.get(&ino) else {
+        bail!("{} is not attached", cg.display());
+    };
+    for p in paths {
+        unpin_link(p);
+    }
+    let unloaded = cleanup_if_unused()?;
+    Ok(if unloaded {
+        format!("detached {}; no cgroup left, programs unloaded", cg.display())
+    } else {
+        format!("detached {}", cg.display())
+    })
+}
+
+/// Removes everything when no cgroup is attached any more. Returns whether it did.
+fn cleanup_if_unused() -> Result<bool> {
+    if !Path::new(PIN_ROOT).exists() || !attached_links()?.is_empty() {
+        return Ok(false);
+    }
+    remove_pins(Path::new(PIN_ROOT))?;
+    Ok(true)
+}
+
+fn remove_pins(root: &Path) -> Result<()> {
+    for d in ["links", "progs", "maps"] {
+        if let Ok(rd) = fs::read_dir(root.join(d)) {
+            for e in rd.flatten() {
+                fs::remove_file(e.path()).with_context(|| format!("unpin {}", e.path().display()))?;
+            }
+        }
+    }
+    match fs::remove_dir_all(root) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("remove {}", root.display())),
+    }
+}
+
+/// Sums the per-CPU counters from the pinned map; all zero when nothing is loaded.
+pub fn counters() -> Result<BTreeMap<&'static str, u64>> {
+    let mut out: BTreeMap<&'static str, u64> = Counter::ALL.iter().map(|c| (c.name(), 0)).collect();
+    let path = maps_dir().join(MAP_COUNTERS);
+    if !path.exists() {
+        return Ok(out);
+    }
+    let data = MapData::from_pin(&path).context("open pinned counters")?;
+    let arr: PerCpuArray<_, u64> = PerCpuArray::try_from(Map::PerCpuArray(data))?;
+    for c in Counter::ALL {
+        let values = arr.get(&(c as u32), 0)?;
+        *out.get_mut(c.name()).expect("all counters present") = values.iter().sum();
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub loaded: bool,
+    pub pin_root: &'static str,
+    pub programs: BTreeMap<String, u32>,
+    pub cgroups: Vec<Attached>,
+    pub counters: BTreeMap<&'static str, u64>,
+}
+
+/// `smc-ctl status`.
+pub fn status() -> Result<Status> {
+    sys::require_root()?;
+    let loaded = layout_marker().exists();
+    let mut programs = BTreeMap::new();
+    if loaded {
+        for e in fs::read_dir(progs_dir())?.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let info = aya::programs::ProgramInfo::from_pin(e.path())
+                .with_context(|| format!("program {name}"))?;
+            programs.insert(name, info.id());
+        }
+    }
+    let mut cgroups = Vec::new();
+    let links = attached_links()?;
+    let paths = sys::cgroup_paths_by_inode(links.keys().copied().collect());
+    for (ino, (mode, links)) in links {
+        cgroups.push(Attached {
+            cgroup: paths
+                .get(&ino)
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| format!("<cgroup inode {ino}, removed>")),
+            cgroup_id: ino,
+            mode: mode_name(mode).into(),
+            links: links
+                .iter()
+                .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect(),
+        });
+    }
+    Ok(Status {
+        loaded,
+        pin_root: PIN_ROOT,
+        programs,
+        cgroups,
+        counters: counters()?,
+    })
+}

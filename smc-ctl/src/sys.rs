@@ -1,0 +1,181 @@
+//! Host checks and small system helpers: privileges, cgroup v2 directories, bpffs, locking.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    ffi::CString,
+    fs,
+    os::unix::{ffi::OsStrExt as _, fs::MetadataExt as _},
+    path::{Path, PathBuf},
+};
+
+use anyhow::{bail, Context as _, Result};
+
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+/// Where cgroup v2 is mounted on this host.
+pub const CGROUP2_ROOT: &str = "/sys/fs/cgroup/unified";
+/// Runtime directory (lock file, daemon socket).
+pub const RUN_DIR: &str = "/run/smc";
+
+fn statfs_type(path: &Path) -> Result<i64> {
+    let c = CString::new(path.as_os_str().as_bytes())?;
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("statfs {}", path.display()));
+    }
+    Ok(st.f_type)
+}
+
+/// Attaching needs root (CAP_SYS_ADMIN / CAP_BPF + CAP_NET_ADMIN): say so clearly.
+pub fn require_root() -> Result<()> {
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("smc-ctl needs root (CAP_BPF, CAP_NET_ADMIN and write access to the cgroup); run it with sudo");
+    }
+    Ok(())
+}
+
+/// Canonical path of `dir`, which must be a directory on a cgroup v2 mount.
+pub fn check_cgroup2_dir(dir: &Path) -> Result<PathBuf> {
+    let cg = fs::canonicalize(dir).with_context(|| format!("cgroup {}", dir.display()))?;
+    if !cg.is_dir() {
+        bail!("{} is not a directory", cg.display());
+    }
+    if statfs_type(&cg)? != CGROUP2_SUPER_MAGIC {
+        bail!(
+            "{} is not a cgroup v2 directory (cgroup v2 is mounted at {CGROUP2_ROOT} here)",
+            cg.display()
+        );
+    }
+    Ok(cg)
+}
+
+/// Mounts bpffs at `path` unless it is mounted there already.
+pub fn ensure_bpffs(path: &str) -> Result<()> {
+    let p = Path::new(path);
+    if p.exists() && statfs_type(p)? == BPF_FS_MAGIC {
+        return Ok(());
+    }
+    fs::create_dir_all(p).with_context(|| format!("mkdir {path}"))?;
+    let src = CString::new("bpf")?;
+    let dst = CString::new(path)?;
+    let rc = unsafe {
+        libc::mount(src.as_ptr(), dst.as_ptr(), src.as_ptr(), 0, std::ptr::null())
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("mount bpffs at {path} (is BPF available?)"));
+    }
+    Ok(())
+}
+
+/// An exclusive lock serialising concurrent attach/detach commands.
+pub struct Lock(#[allow(dead_code)] fs::File);
+
+pub fn lock() -> Result<Lock> {
+    fs::create_dir_all(RUN_DIR).with_context(|| format!("mkdir {RUN_DIR}"))?;
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(Path::new(RUN_DIR).join("attach.lock"))?;
+    use std::os::fd::AsRawFd as _;
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("flock");
+    }
+    Ok(Lock(f))
+}
+
+/// Finds the cgroup directories with the given inode numbers (bounded walk of the v2 tree).
+pub fn cgroup_paths_by_inode(mut wanted: BTreeSet<u64>) -> BTreeMap<u64, PathBuf> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![PathBuf::from(CGROUP2_ROOT)];
+    let mut visited = 0usize;
+    while let Some(dir) = stack.pop() {
+        if wanted.is_empty() || visited > 100_000 {
+            break;
+        }
+        visited += 1;
+        if let Ok(md) = fs::metadata(&dir) {
+            if wanted.remove(&md.ino()) {
+                out.insert(md.ino(), dir.clone());
+            }
+        }
+        if let Ok(rd) = fs::read_dir(&dir) {
+            for e in rd.flatten() {
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    stack.push(e.path());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The three `bpf(2)` commands aya does not offer for every program type here: open a pinned
+/// object, create a cgroup link, pin an object.
+pub mod bpf_syscall {
+    use std::{
+        ffi::CString,
+        io,
+        os::{
+            fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+            unix::ffi::OsStrExt as _,
+        },
+        path::Path,
+    };
+
+    const BPF_OBJ_PIN: libc::c_long = 6;
+    const BPF_OBJ_GET: libc::c_long = 7;
+    const BPF_LINK_CREATE: libc::c_long = 28;
+    pub const BPF_CGROUP_SOCK_OPS: u32 = 3;
+    pub const BPF_CGROUP_GETSOCKOPT: u32 = 21;
+    pub const BPF_CGROUP_SETSOCKOPT: u32 = 22;
+
+    #[repr(C, align(8))]
+    struct Attr([u8; 128]);
+
+    fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<i64> {
+        // SAFETY: attr is a zero-initialised bpf_attr of sufficient size.
+        let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.0.as_mut_ptr(), attr.0.len()) };
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r)
+        }
+    }
+
+    fn put_u32(a: &mut Attr, off: usize, v: u32) {
+        a.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+    }
+
+    fn put_u64(a: &mut Attr, off: usize, v: u64) {
+        a.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+    }
+
+    pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+        let c = CString::new(path.as_os_str().as_bytes())?;
+        let mut a = Attr([0; 128]);
+        put_u64(&mut a, 0, c.as_ptr() as u64);
+        let fd = bpf(BPF_OBJ_GET, &mut a)?;
+        // SAFETY: the kernel returned a new fd.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    }
+
+    pub fn obj_pin(fd: &OwnedFd, path: &Path) -> io::Result<()> {
+        let c = CString::new(path.as_os_str().as_bytes())?;
+        let mut a = Attr([0; 128]);
+        put_u64(&mut a, 0, c.as_ptr() as u64);
+        put_u32(&mut a, 8, fd.as_raw_fd() as u32);
+        bpf(BPF_OBJ_PIN, &mut a).map(|_| ())
+    }
+
+    /// A bpf_link attaching `prog` to the cgroup `target` (multi-attach by nature).
+    pub fn link_create(prog: &OwnedFd, target: &impl std::os::fd::AsRawFd, attach_type: u32) -> io::Result<OwnedFd> {
+        let mut a = Attr([0; 128]);
+        put_u32(&mut a, 0, prog.as_raw_fd() as u32);
+        put_u32(&mut a, 4, target.as_raw_fd() as u32);
+        put_u32(&mut a, 8, attach_type);
+        let fd = bpf(BPF_LINK_CREATE, &mut a)?;
+        // SAFETY: the kernel returned a new fd.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    }
+}
