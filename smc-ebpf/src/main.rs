@@ -175,6 +175,30 @@ fn ops_key(ops: *const bpf_sock_ops) -> Option<SockKey> {
     ctx_key!(ops)
 }
 
+/// Key of a full socket (`struct bpf_sock`: `src_*` local, `dst_*` remote).
+#[inline(always)]
+fn sock_key(sk: *const bpf_sock) -> Option<SockKey> {
+    key_of(
+        ctx_read!(sk, family),
+        ctx_read!(sk, src_ip4),
+        ctx_read!(sk, dst_ip4),
+        [
+            ctx_read!(sk, src_ip6[0]),
+            ctx_read!(sk, src_ip6[1]),
+            ctx_read!(sk, src_ip6[2]),
+            ctx_read!(sk, src_ip6[3]),
+        ],
+        [
+            ctx_read!(sk, dst_ip6[0]),
+            ctx_read!(sk, dst_ip6[1]),
+            ctx_read!(sk, dst_ip6[2]),
+            ctx_read!(sk, dst_ip6[3]),
+        ],
+        ctx_read!(sk, src_port),
+        ctx_read!(sk, dst_port) as u32,
+    )
+}
+
 #[inline(always)]
 fn ops_sk(ops: &bpf_sock_ops) -> *mut bpf_sock {
     unsafe { ops.__bindgen_anon_2.sk }
@@ -277,12 +301,18 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
         if active { Counter::ActiveEstablished } else { Counter::PassiveEstablished },
         1,
     );
+    // The header-option flag is set only on sockets (and listeners) that opted in.
     let wrote_opt = ops.bpf_sock_ops_cb_flags & BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG != 0;
     let mut flags = 0u32;
     if wrote_opt {
-        flags |= SOCK_OPTED_IN | SOCK_OPT_SENT;
-        // Active: the SYN-ACK being processed; passive: the saved SYN.
-        if has_smc_option(ops_ptr, !active) {
+        flags |= SOCK_OPTED_IN;
+        // Active: our SYN carried the option, the SYN-ACK being processed says if the peer's
+        // did. Passive: the saved SYN; our SYN-ACK carried the option only if the SYN did.
+        let peer = has_smc_option(ops_ptr, !active);
+        if active || peer {
+            flags |= SOCK_OPT_SENT;
+        }
+        if peer {
             flags |= SOCK_PEER_SMC;
             count(
                 if active { Counter::SynAckOptReceived } else { Counter::SynOptReceived },
@@ -409,10 +439,20 @@ pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
         return 0;
     }
     let sk = unsafe { so.__bindgen_anon_1.sk };
-    let state = SMC_SOCK_STATE
-        .get(sk, false)
-        .map(|s| *s)
-        .unwrap_or(SockState { flags: 0, version: SOCK_STATE_VERSION });
+    let state = match SMC_SOCK_STATE.get(sk, false) {
+        Some(s) => {
+            // The active end is established before its peer: learn "same host" late.
+            if s.flags & SOCK_SAME_HOST == 0 && !sk.is_null() {
+                if let Some(key) = sock_key(sk) {
+                    if unsafe { SMC_PEERS.get(&key.mirror()) }.is_some() {
+                        s.flags |= SOCK_SAME_HOST;
+                    }
+                }
+            }
+            *s
+        }
+        None => SockState { flags: 0, version: SOCK_STATE_VERSION },
+    };
     unsafe { ptr::write_unaligned(optval.cast::<SockState>(), state) };
     // Two separate 4-byte stores: a merged 8-byte store is rejected by the verifier.
     unsafe { ptr::write_volatile(&mut so.optlen, size as i32) };
