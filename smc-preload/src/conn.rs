@@ -1,0 +1,1038 @@
+//! One SMC-D connection as seen from one end: our DMB (receive ring), the peer's DMB (send
+//! ring), and the local shared state that every thread and forked process of this end uses.
+//!
+//! Memory, for one direction (the writer W writes into the DMB owned by the reader R):
+//! - `R.dmb[0..32]`: CDC header written by W: producer word = how far W produced into this ring;
+//!   consumer word = how far W consumed from *its own* ring, plus W's flags (write_blocked,
+//!   peer_done_writing, peer_conn_closed, peer_conn_abort) — as Linux does, flags live in the
+//!   consumer word only.
+//! - `R.dmb[24..32]` (the header's reserved word, unused by Linux SMC-D) carries the two wakeup
+//!   bits of this direction, set and swapped by both ends: [`WAIT_DATA`] (R sleeps waiting for
+//!   data) and [`WAIT_SPACE`] (W sleeps waiting for room). Whoever changes the ring state swaps
+//!   the bit off and, if it was set, rings the doorbell: one byte over the TCP connection.
+//! - `R.dmb[32..]`: the data ring.
+//!
+//! Local state ([`Shared`]) lives in an anonymous `MAP_SHARED` page created at handshake time,
+//! so threads and forked children see the same cursors, locks and flags.
+
+use crate::iov::IovCursor;
+use crate::real;
+use crate::shm::{Mapping, ShmLock};
+use smc_common::cdc::{CdcHeader, ConnStateFlags, Cursor, CursorWord, ProdFlags, Ring};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The reader of this DMB sleeps waiting for data.
+pub const WAIT_DATA: u64 = 1;
+/// The writer into this DMB sleeps waiting for room.
+pub const WAIT_SPACE: u64 = 2;
+
+/// The byte we send as a doorbell (never the first byte of a CLC eyecatcher, 0xE2).
+pub const DOORBELL: u8 = 0x01;
+
+// Local flags (Shared::flags).
+pub const F_SHUT_RD: u32 = 1 << 0;
+pub const F_SHUT_WR: u32 = 1 << 1;
+pub const F_PEER_GONE: u32 = 1 << 2;
+pub const F_PEER_RST: u32 = 1 << 3;
+pub const F_PROTO: u32 = 1 << 4;
+pub const F_RST_REPORTED: u32 = 1 << 5;
+pub const F_CLOSED: u32 = 1 << 6;
+pub const F_NONBLOCK: u32 = 1 << 7;
+pub const F_REAL_SHUT: u32 = 1 << 8;
+
+const SHARED_MAGIC: u32 = 0x534d_4353; // "SMCS"
+
+/// State of this end of the connection, shared by threads and forked processes.
+#[repr(C)]
+pub struct Shared {
+    magic: AtomicU32,
+    /// fds (over all processes) that refer to this connection.
+    pub refs: AtomicU32,
+    pub rx_lock: ShmLock,
+    pub tx_lock: ShmLock,
+    /// Our consumer cursor in our ring (packed [`Cursor`]).
+    cons: AtomicU64,
+    /// The consumer cursor last published to the peer.
+    cons_pub: AtomicU64,
+    /// Last accepted producer cursor of the peer in our ring.
+    peer_prod: AtomicU64,
+    /// Our producer cursor in the peer's ring.
+    prod: AtomicU64,
+    /// Last accepted consumer cursor of the peer (in its ring).
+    peer_cons: AtomicU64,
+    pub flags: AtomicU32,
+    /// Threads (any process) sleeping on the TCP fd for this connection.
+    pub waiters: AtomicU32,
+    pub rx_bytes: AtomicU64,
+    pub tx_bytes: AtomicU64,
+    pub rx_calls: AtomicU64,
+    pub tx_calls: AtomicU64,
+    pub rx_full: AtomicU64,
+    pub tx_full: AtomicU64,
+    pub doorbells_sent: AtomicU64,
+    pub doorbells_rcvd: AtomicU64,
+    pub spin_hits: AtomicU64,
+    pub sleeps: AtomicU64,
+}
+
+const _: () = assert!(std::mem::size_of::<Shared>() <= 4096);
+
+fn pack(c: Cursor) -> u64 {
+    ((c.wrap as u64) << 32) | c.count as u64
+}
+
+fn unpack(v: u64) -> Cursor {
+    Cursor::new((v >> 32) as u16, v as u32)
+}
+
+/// Errors as errno values.
+pub type Errno = i32;
+
+/// How a blocking wait ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Woke {
+    Ready,
+    Timeout,
+    Intr,
+}
+
+/// Tunables (environment, read once).
+pub struct Tune {
+    /// Upper bound of the adaptive spin before sleeping, in nanoseconds.
+    pub spin_max_ns: u64,
+}
+
+pub fn tune() -> &'static Tune {
+    static T: std::sync::OnceLock<Tune> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        let spin_us = std::env::var("SMC_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(30);
+        Tune {
+            spin_max_ns: spin_us * 1000,
+        }
+    })
+}
+
+/// Which side of the handshake we were.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Client,
+    Server,
+}
+
+/// What the handshake left for cleanup (daemon tokens), kept opaque here.
+pub trait Release: Send + Sync {
+    fn release(&self);
+}
+
+pub struct Conn {
+    own: Mapping,
+    peer: Mapping,
+    shared: Mapping,
+    rx: Ring,
+    tx: Ring,
+    pub role: Role,
+    /// Adaptive spin budget (ns) of this process for this connection.
+    spin_ns: AtomicU64,
+    release: Option<Box<dyn Release>>,
+    /// Informational (for `conns`): the daemon tokens of our DMB and the peer's.
+    pub own_token: u64,
+    pub peer_token: u64,
+}
+
+/// Result of a readiness check.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Readiness {
+    /// Bytes readable in our ring.
+    pub readable: u32,
+    /// Room in the peer's ring.
+    pub writable: u32,
+    /// No more data will come (peer done/closed/gone, or we shut down reading).
+    pub rd_eof: bool,
+    /// Writing fails (peer closed/gone, or we shut down writing).
+    pub wr_closed: bool,
+    /// Peer aborted / reset / protocol error.
+    pub error: bool,
+    /// The peer will never send again and we will never write again.
+    pub hup: bool,
+}
+
+impl Conn {
+    /// Build a connection over our DMB `own` and the peer's DMB `peer`.
+    pub fn new(
+        own: Mapping,
+        peer: Mapping,
+        role: Role,
+        nonblock: bool,
+        release: Option<Box<dyn Release>>,
+    ) -> std::io::Result<Conn> {
+        let rx = Ring::for_dmb(own.len())
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        let tx = Ring::for_dmb(peer.len())
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        let shared = Mapping::anon_shared(4096)?;
+        let c = Conn {
+            own,
+            peer,
+            shared,
+            rx,
+            tx,
+            role,
+            spin_ns: AtomicU64::new(tune().spin_max_ns),
+            release,
+            own_token: 0,
+            peer_token: 0,
+        };
+        let s = c.sh();
+        s.magic.store(SHARED_MAGIC, Ordering::Relaxed);
+        s.refs.store(1, Ordering::Relaxed);
+        if nonblock {
+            s.flags.fetch_or(F_NONBLOCK, Ordering::Relaxed);
+        }
+        // Type byte of the header we write (without touching the peer's wait bits).
+        let tw = c.peer.ptr() as *const AtomicU64;
+        // SAFETY: the mapping is page aligned and at least 32 bytes.
+        unsafe { &*tw }.store(
+            u64::from_ne_bytes([0xFE, 0, 0, 0, 0, 0, 0, 0]),
+            Ordering::Release,
+        );
+        Ok(c)
+    }
+
+    #[inline]
+    pub fn sh(&self) -> &Shared {
+        // SAFETY: a private 4 KiB shared mapping holding one Shared (all atomics, zero-valid).
+        unsafe { &*(self.shared.ptr() as *const Shared) }
+    }
+
+    #[inline]
+    fn own_hdr(&self) -> &CdcHeader {
+        // SAFETY: page-aligned mapping of at least 32 bytes; accessed only atomically.
+        unsafe { CdcHeader::from_ptr(self.own.ptr()) }
+    }
+
+    #[inline]
+    fn peer_hdr(&self) -> &CdcHeader {
+        // SAFETY: as above.
+        unsafe { CdcHeader::from_ptr(self.peer.ptr()) }
+    }
+
+    #[inline]
+    fn own_wait(&self) -> &AtomicU64 {
+        // SAFETY: offset 24 of the header, 8-byte aligned.
+        unsafe { &*(self.own.ptr().add(24) as *const AtomicU64) }
+    }
+
+    #[inline]
+    fn peer_wait(&self) -> &AtomicU64 {
+        // SAFETY: as above.
+        unsafe { &*(self.peer.ptr().add(24) as *const AtomicU64) }
+    }
+
+    pub fn rx_ring_len(&self) -> u32 {
+        self.rx.len()
+    }
+
+    pub fn tx_ring_len(&self) -> u32 {
+        self.tx.len()
+    }
+
+    pub fn nonblocking(&self) -> bool {
+        self.sh().flags.load(Ordering::Relaxed) & F_NONBLOCK != 0
+    }
+
+    pub fn set_nonblocking(&self, on: bool) {
+        if on {
+            self.sh().flags.fetch_or(F_NONBLOCK, Ordering::Relaxed);
+        } else {
+            self.sh().flags.fetch_and(!F_NONBLOCK, Ordering::Relaxed);
+        }
+    }
+
+    fn set_flag(&self, f: u32) -> u32 {
+        self.sh().flags.fetch_or(f, Ordering::AcqRel)
+    }
+
+    pub fn flags(&self) -> u32 {
+        self.sh().flags.load(Ordering::Acquire)
+    }
+
+    /// The peer's connection-state flags (from the consumer word it writes into our DMB).
+    fn peer_state(&self) -> ConnStateFlags {
+        self.own_hdr().load_cons().conn_state
+    }
+
+    /// Validated producer cursor of the peer in our ring; `None` on a protocol violation.
+    fn peer_prod(&self, cons: Cursor) -> Option<Cursor> {
+        let s = self.sh();
+        let last = unpack(s.peer_prod.load(Ordering::Acquire));
+        let new = self.own_hdr().load_prod().cursor;
+        if new == last {
+            return Some(new);
+        }
+        match self.rx.accept_peer_prod(cons, last, new) {
+            Ok(c) => {
+                // Monotonic update (several readers may race; keep the furthest valid).
+                let _ = s.peer_prod.compare_exchange(
+                    pack(last),
+                    pack(c),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+                Some(c)
+            }
+            Err(_) => {
+                self.set_flag(F_PROTO);
+                None
+            }
+        }
+    }
+
+    /// Validated consumer cursor of the peer in its ring (our send ring).
+    fn peer_cons(&self, prod: Cursor) -> Option<Cursor> {
+        let s = self.sh();
+        let last = unpack(s.peer_cons.load(Ordering::Acquire));
+        let new = self.own_hdr().load_cons().cursor;
+        if new == last {
+            return Some(new);
+        }
+        match self.tx.accept_peer_cons(prod, last, new) {
+            Ok(c) => {
+                let _ = s.peer_cons.compare_exchange(
+                    pack(last),
+                    pack(c),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+                Some(c)
+            }
+            Err(_) => {
+                self.set_flag(F_PROTO);
+                None
+            }
+        }
+    }
+
+    /// Readable bytes (0 on protocol error).
+    fn avail(&self) -> u32 {
+        let cons = unpack(self.sh().cons.load(Ordering::Acquire));
+        match self.peer_prod(cons) {
+            Some(p) => self.rx.readable(cons, p).unwrap_or(0),
+            None => 0,
+        }
+    }
+
+    /// Room in the peer's ring.
+    fn room(&self) -> u32 {
+        let prod = unpack(self.sh().prod.load(Ordering::Acquire));
+        match self.peer_cons(prod) {
+            Some(c) => self.tx.free_space(prod, c).unwrap_or(0),
+            None => 0,
+        }
+    }
+
+    /// The whole readiness picture, without locks or syscalls.
+    pub fn readiness(&self) -> Readiness {
+        let f = self.flags();
+        // Flags before cursors: a peer sets closed after its last producer update.
+        let ps = self.peer_state();
+        let readable = self.avail();
+        let f2 = self.flags();
+        let f = f | f2;
+        let peer_done = ps.any_close_or_done() || f & (F_PEER_GONE | F_PEER_RST) != 0;
+        // A TCP reset after the peer said it closed gracefully is only the doorbell channel
+        // going away (e.g. a doorbell still unread when it closed): not an error.
+        let graceful = ps.any_close_or_done() && !ps.contains(ConnStateFlags::PEER_CONN_ABORT);
+        let error = ps.contains(ConnStateFlags::PEER_CONN_ABORT)
+            || f & F_PROTO != 0
+            || (f & F_PEER_RST != 0 && !graceful);
+        let rd_eof = peer_done || f & (F_SHUT_RD | F_PROTO) != 0;
+        let wr_closed = f & (F_SHUT_WR | F_PEER_GONE | F_PEER_RST | F_PROTO) != 0 || ps.any_close();
+        let writable = if wr_closed { 0 } else { self.room() };
+        let hup = (peer_done && f & F_SHUT_WR != 0) || ps.any_close() || f & F_PEER_GONE != 0;
+        Readiness {
+            readable,
+            writable,
+            rd_eof,
+            wr_closed,
+            error: error && f & F_RST_REPORTED == 0,
+            hup,
+        }
+    }
+
+    /// Publish our consumer cursor into the peer's header (keeping the flags there).
+    fn publish_cons(&self, c: Cursor) {
+        let w = self.peer_hdr().cons_atomic();
+        let mut old = w.load(Ordering::Relaxed);
+        loop {
+            let mut cw = CursorWord::from_u64(old);
+            cw.cursor = c;
+            match w.compare_exchange_weak(old, cw.to_u64(), Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(o) => old = o,
+            }
+        }
+        self.sh().cons_pub.store(pack(c), Ordering::Release);
+    }
+
+    fn update_peer_flags(&self, set_p: u8, clr_p: u8, set_s: u8) {
+        let w = self.peer_hdr().cons_atomic();
+        let mut old = w.load(Ordering::Relaxed);
+        loop {
+            let mut cw = CursorWord::from_u64(old);
+            cw.prod_flags = ProdFlags((cw.prod_flags.0 | set_p) & !clr_p);
+            cw.conn_state = ConnStateFlags(cw.conn_state.0 | set_s);
+            let new = cw.to_u64();
+            if new == old {
+                return;
+            }
+            match w.compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(o) => old = o,
+            }
+        }
+    }
+
+    /// Send a doorbell byte (non-blocking, no SIGPIPE).
+    pub fn ring_doorbell(&self, fd: i32) {
+        let b = [DOORBELL];
+        // SAFETY: valid buffer.
+        let r = unsafe {
+            real::send(
+                fd,
+                b.as_ptr() as *const libc::c_void,
+                1,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if r == 1 {
+            self.sh().doorbells_sent.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Consume doorbell bytes waiting on the TCP socket; note EOF / reset.
+    pub fn drain(&self, fd: i32) {
+        let mut buf = [0u8; 256];
+        loop {
+            let e0 = real::errno();
+            // SAFETY: valid buffer.
+            let r = unsafe {
+                real::recv(
+                    fd,
+                    buf.as_mut_ptr() as *mut libc::c_void,
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if r > 0 {
+                let n = r as usize;
+                self.sh()
+                    .doorbells_rcvd
+                    .fetch_add(n as u64, Ordering::Relaxed);
+                if buf[..n].iter().any(|&b| b != DOORBELL) {
+                    // Anything but a doorbell (e.g. a late CLC Decline) on an established SMC
+                    // connection: we cannot honour it, abort rather than deliver wrong bytes.
+                    crate::debug!("fd {fd}: unexpected bytes on the doorbell channel, abort");
+                    self.set_flag(F_PROTO);
+                }
+                if n < buf.len() {
+                    real::set_errno(e0);
+                    return;
+                }
+                continue;
+            }
+            let e = real::errno();
+            real::set_errno(e0);
+            if r == 0 {
+                self.set_flag(F_PEER_GONE);
+            } else if e == libc::EAGAIN || e == libc::EINTR {
+                // nothing more
+            } else if e == libc::ECONNRESET || e == libc::EPIPE || e == libc::ETIMEDOUT {
+                self.set_flag(F_PEER_GONE | F_PEER_RST);
+            } else if self.flags() & F_REAL_SHUT == 0 {
+                self.set_flag(F_PEER_GONE);
+            }
+            return;
+        }
+    }
+
+    /// After consuming: publish the consumer cursor if the 10% rule says so, the ring is
+    /// drained, or the writer waits; ring the doorbell if it was waiting.
+    fn after_consume(&self, fd: i32, cons: Cursor, ring_empty: bool) {
+        let s = self.sh();
+        let published = unpack(s.cons_pub.load(Ordering::Acquire));
+        let peer_flags = self.own_hdr().load_cons().prod_flags;
+        let writer_waits = self.own_wait().load(Ordering::Relaxed) & WAIT_SPACE != 0;
+        if cons != published
+            && (ring_empty || writer_waits || self.rx.need_cons_update(published, cons, peer_flags))
+        {
+            self.publish_cons(cons);
+        }
+        fence(Ordering::SeqCst);
+        if self.own_wait().load(Ordering::Relaxed) & WAIT_SPACE != 0 {
+            if unpack(s.cons_pub.load(Ordering::Acquire)) != cons {
+                self.publish_cons(cons);
+            }
+            if self.own_wait().fetch_and(!WAIT_SPACE, Ordering::SeqCst) & WAIT_SPACE != 0 {
+                self.ring_doorbell(fd);
+            }
+        }
+    }
+
+    /// After producing: wake the reader if it sleeps.
+    fn after_produce(&self, fd: i32) {
+        fence(Ordering::SeqCst);
+        if self.peer_wait().load(Ordering::Relaxed) & WAIT_DATA != 0
+            && self.peer_wait().fetch_and(!WAIT_DATA, Ordering::SeqCst) & WAIT_DATA != 0
+        {
+            self.ring_doorbell(fd);
+        }
+    }
+
+    /// Bytes readable now (FIONREAD / SIOCINQ).
+    pub fn inq(&self) -> u32 {
+        self.avail()
+    }
+
+    /// Bytes written but not yet consumed by the peer (SIOCOUTQ).
+    pub fn outq(&self) -> u32 {
+        self.tx.len() - self.room().min(self.tx.len())
+    }
+
+    /// recv/read/recvmsg. `nonblock` is the call's own MSG_DONTWAIT; the fd's O_NONBLOCK is
+    /// known here.
+    pub fn recv(&self, fd: i32, iov: &[libc::iovec], flags: i32) -> Result<usize, Errno> {
+        if flags & libc::MSG_OOB != 0 {
+            return Err(libc::EINVAL);
+        }
+        let peek = flags & libc::MSG_PEEK != 0;
+        let trunc = flags & libc::MSG_TRUNC != 0;
+        let nonblock = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
+        let mut cur = IovCursor::new(iov);
+        let want = cur.remaining();
+        let waitall = flags & libc::MSG_WAITALL != 0 && !nonblock;
+        let s = self.sh();
+        s.rx_calls.fetch_add(1, Ordering::Relaxed);
+        if want == 0 {
+            return Ok(0);
+        }
+        let mut done = 0usize;
+        let timeout = if nonblock {
+            0
+        } else {
+            self.sock_timeout(fd, libc::SO_RCVTIMEO)
+        };
+        let deadline = deadline_of(timeout);
+        loop {
+            if self.flags() & F_SHUT_RD != 0 {
+                return Ok(done);
+            }
+            {
+                let _g = s.rx_lock.lock();
+                let cons = unpack(s.cons.load(Ordering::Acquire));
+                let avail = match self.peer_prod(cons) {
+                    Some(p) => self.rx.readable(cons, p).unwrap_or(0),
+                    None => 0,
+                };
+                let need_all = peek && waitall;
+                if avail > 0 && !(need_all && (avail as usize) < want && !self.readiness().rd_eof) {
+                    if peek {
+                        let n = (avail as usize).min(want);
+                        if !trunc {
+                            self.copy_out(cons, n, &mut cur);
+                        }
+                        return Ok(n);
+                    }
+                    let n = (avail as usize).min(want - done);
+                    if !trunc {
+                        self.copy_out(cons, n, &mut cur);
+                    }
+                    let nc = self.rx.add(cons, n as u32);
+                    s.cons.store(pack(nc), Ordering::Release);
+                    s.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    if avail as usize == self.rx.len() as usize {
+                        s.rx_full.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.after_consume(fd, nc, n as u32 == avail);
+                    done += n;
+                    if done == want || !waitall {
+                        return Ok(done);
+                    }
+                    continue;
+                }
+            }
+            // Nothing (more) to read.
+            let r = self.readiness();
+            if r.readable > 0 && !(peek && waitall) {
+                continue;
+            }
+            if r.error && r.readable == 0 {
+                if done > 0 {
+                    return Ok(done);
+                }
+                self.set_flag(F_RST_REPORTED);
+                return Err(libc::ECONNRESET);
+            }
+            if r.rd_eof {
+                if peek && r.readable > 0 {
+                    continue;
+                }
+                return Ok(done);
+            }
+            if nonblock {
+                return if done > 0 {
+                    Ok(done)
+                } else {
+                    Err(libc::EAGAIN)
+                };
+            }
+            let need = if peek && waitall { want as u32 } else { 1 };
+            match self.wait(fd, true, need, deadline) {
+                Woke::Ready => {}
+                Woke::Timeout => {
+                    return if done > 0 {
+                        Ok(done)
+                    } else {
+                        Err(libc::EAGAIN)
+                    };
+                }
+                Woke::Intr => {
+                    return if done > 0 { Ok(done) } else { Err(libc::EINTR) };
+                }
+            }
+        }
+    }
+
+    fn copy_out(&self, cons: Cursor, n: usize, cur: &mut IovCursor<'_>) {
+        let base = unsafe { self.own.ptr().add(smc_common::cdc::CDC_HEADER_LEN) };
+        for (off, len) in self.rx.segments(cons, n as u32) {
+            if len > 0 {
+                // SAFETY: segments are inside the ring; the iovecs are the caller's buffers.
+                unsafe { cur.fill_from(base.add(off), len) };
+            }
+        }
+    }
+
+    /// send/write/sendmsg. Returns bytes written; raises SIGPIPE itself unless MSG_NOSIGNAL.
+    pub fn send(&self, fd: i32, iov: &[libc::iovec], flags: i32) -> Result<usize, Errno> {
+        if flags & libc::MSG_OOB != 0 {
+            return Err(libc::EOPNOTSUPP);
+        }
+        let nonblock = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
+        let mut cur = IovCursor::new(iov);
+        let want = cur.remaining();
+        let s = self.sh();
+        s.tx_calls.fetch_add(1, Ordering::Relaxed);
+        let mut done = 0usize;
+        let mut deadline: Option<Option<Instant>> = None;
+        loop {
+            let r0 = self.write_state();
+            if let Some(e) = r0 {
+                if done > 0 {
+                    return Ok(done);
+                }
+                if e == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
+                    raise_sigpipe();
+                }
+                return Err(e);
+            }
+            if want == 0 {
+                return Ok(0);
+            }
+            {
+                let _g = s.tx_lock.lock();
+                let prod = unpack(s.prod.load(Ordering::Acquire));
+                let room = match self.peer_cons(prod) {
+                    Some(c) => self.tx.free_space(prod, c).unwrap_or(0),
+                    None => 0,
+                };
+                let n = (room as usize).min(want - done);
+                if n > 0 {
+                    let base = unsafe { self.peer.ptr().add(smc_common::cdc::CDC_HEADER_LEN) };
+                    for (off, len) in self.tx.segments(prod, n as u32) {
+                        if len > 0 {
+                            // SAFETY: segments are inside the peer's ring.
+                            unsafe { cur.drain_to(base.add(off), len) };
+                        }
+                    }
+                    let np = self.tx.add(prod, n as u32);
+                    s.prod.store(pack(np), Ordering::Release);
+                    self.peer_hdr().store_prod(CursorWord::from_cursor(np));
+                    s.tx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    done += n;
+                }
+            }
+            if done > 0 {
+                self.after_produce(fd);
+            }
+            if done == want {
+                return Ok(done);
+            }
+            s.tx_full.fetch_add(1, Ordering::Relaxed);
+            if nonblock {
+                return if done > 0 {
+                    Ok(done)
+                } else {
+                    Err(libc::EAGAIN)
+                };
+            }
+            let dl = *deadline
+                .get_or_insert_with(|| deadline_of(self.sock_timeout(fd, libc::SO_SNDTIMEO)));
+            match self.wait(fd, false, 1, dl) {
+                Woke::Ready => {}
+                Woke::Timeout => {
+                    return if done > 0 {
+                        Ok(done)
+                    } else {
+                        Err(libc::EAGAIN)
+                    };
+                }
+                Woke::Intr => {
+                    return if done > 0 { Ok(done) } else { Err(libc::EINTR) };
+                }
+            }
+        }
+    }
+
+    /// `Some(errno)` if writing is impossible.
+    fn write_state(&self) -> Option<Errno> {
+        let f = self.flags();
+        if f & F_SHUT_WR != 0 {
+            return Some(libc::EPIPE);
+        }
+        let ps = self.peer_state();
+        let graceful = ps.any_close_or_done() && !ps.contains(ConnStateFlags::PEER_CONN_ABORT);
+        if f & F_PROTO != 0
+            || (f & F_PEER_RST != 0 && !graceful)
+            || ps.contains(ConnStateFlags::PEER_CONN_ABORT)
+        {
+            if f & F_RST_REPORTED == 0 {
+                self.set_flag(F_RST_REPORTED);
+                return Some(libc::ECONNRESET);
+            }
+            return Some(libc::EPIPE);
+        }
+        if ps.any_close() || f & F_PEER_GONE != 0 {
+            return Some(libc::EPIPE);
+        }
+        None
+    }
+
+    /// SO_RCVTIMEO / SO_SNDTIMEO of the socket in ms (-1: none).
+    fn sock_timeout(&self, fd: i32, opt: i32) -> i64 {
+        let mut tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        };
+        let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+        let e0 = real::errno();
+        // SAFETY: valid out pointers.
+        let r = unsafe {
+            real::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                &mut tv as *mut _ as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        real::set_errno(e0);
+        if r != 0 || (tv.tv_sec == 0 && tv.tv_usec == 0) {
+            -1
+        } else {
+            tv.tv_sec * 1000 + (tv.tv_usec + 999) / 1000
+        }
+    }
+
+    /// Condition for a waiter: data (at least `need` bytes, or EOF) or room.
+    fn ready_for(&self, data: bool, need: u32) -> bool {
+        let r = self.readiness();
+        if data {
+            r.readable >= need || r.rd_eof || r.error
+        } else {
+            r.writable > 0 || r.wr_closed || r.error
+        }
+    }
+
+    /// Block until data (`data`) or room is there, the deadline passes, or a signal arrives.
+    /// Spins adaptively first, then announces itself with the wait bit and sleeps in `poll` on
+    /// the TCP socket, where the peer's doorbell lands.
+    pub fn wait(&self, fd: i32, data: bool, need: u32, deadline: Option<Instant>) -> Woke {
+        let s = self.sh();
+        // Adaptive spin.
+        let budget = self.spin_ns.load(Ordering::Relaxed);
+        if budget > 0 {
+            let start = Instant::now();
+            let mut i = 0u32;
+            loop {
+                if self.ready_for(data, need) {
+                    s.spin_hits.fetch_add(1, Ordering::Relaxed);
+                    let nb = (budget * 2).clamp(1000, tune().spin_max_ns);
+                    self.spin_ns.store(nb, Ordering::Relaxed);
+                    return Woke::Ready;
+                }
+                i += 1;
+                if i & 31 == 0 && start.elapsed().as_nanos() as u64 >= budget {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            self.spin_ns.store(budget / 2, Ordering::Relaxed);
+        } else {
+            // Let the budget grow back slowly so a connection that turned busy spins again.
+            let nb = (tune().spin_max_ns / 16).min(tune().spin_max_ns);
+            self.spin_ns.store(nb, Ordering::Relaxed);
+        }
+        loop {
+            // Announce, then recheck (the other side swaps the bit after changing the ring).
+            if data {
+                self.own_wait().fetch_or(WAIT_DATA, Ordering::SeqCst);
+            } else {
+                self.peer_wait().fetch_or(WAIT_SPACE, Ordering::SeqCst);
+                self.update_peer_flags(ProdFlags::WRITE_BLOCKED.0, 0, 0);
+            }
+            fence(Ordering::SeqCst);
+            if self.ready_for(data, need) {
+                if !data {
+                    self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
+                }
+                return Woke::Ready;
+            }
+            // Pre-sleep duty: the writer into our ring may wait for a cursor we have not
+            // published yet.
+            if let Some(_g) = s.rx_lock.try_lock() {
+                let cons = unpack(s.cons.load(Ordering::Acquire));
+                self.after_consume(fd, cons, true);
+            }
+            let mut timeout = match deadline {
+                None => -1,
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        if !data {
+                            self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
+                        }
+                        return Woke::Timeout;
+                    }
+                    (d - now).as_millis().min(i32::MAX as u128) as i32 + 1
+                }
+            };
+            let others = s.waiters.fetch_add(1, Ordering::AcqRel);
+            if others > 0 {
+                // Several waiters share one doorbell channel: one may drain a byte meant for
+                // another, so nobody sleeps long.
+                timeout = if timeout < 0 { 10 } else { timeout.min(10) };
+            }
+            if self.flags() & (F_PEER_GONE | F_REAL_SHUT) != 0 {
+                // The TCP socket is at EOF and always readable: sleep instead of spinning.
+                timeout = if timeout < 0 { 1 } else { timeout.min(1) };
+                std::thread::sleep(Duration::from_millis(timeout as u64));
+                s.waiters.fetch_sub(1, Ordering::AcqRel);
+                continue;
+            }
+            let mut pfd = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            s.sleeps.fetch_add(1, Ordering::Relaxed);
+            let e0 = real::errno();
+            // SAFETY: one valid pollfd.
+            let r = unsafe { real::poll(&mut pfd, 1, timeout) };
+            let e = real::errno();
+            real::set_errno(e0);
+            s.waiters.fetch_sub(1, Ordering::AcqRel);
+            if r > 0 {
+                self.drain(fd);
+            } else if r < 0 && e == libc::EINTR && crate::signals::interrupts() {
+                if !data {
+                    self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
+                }
+                return Woke::Intr;
+            }
+            if self.ready_for(data, need) {
+                if !data {
+                    self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
+                }
+                return Woke::Ready;
+            }
+        }
+    }
+
+    /// shutdown(2).
+    pub fn shutdown(&self, fd: i32, how: i32) -> Result<(), Errno> {
+        let f = match how {
+            libc::SHUT_RD => F_SHUT_RD,
+            libc::SHUT_WR => F_SHUT_WR,
+            libc::SHUT_RDWR => F_SHUT_RD | F_SHUT_WR,
+            _ => return Err(libc::EINVAL),
+        };
+        let old = self.set_flag(f);
+        if f & F_SHUT_WR != 0 && old & F_SHUT_WR == 0 {
+            // Wait for in-flight writers so the flag follows their last cursor.
+            let _g = self.sh().tx_lock.lock();
+            self.update_peer_flags(0, 0, ConnStateFlags::PEER_DONE_WRITING.0);
+            self.after_produce(fd);
+            // The reader may sleep without WAIT_DATA if it saw no data yet: ring anyway when
+            // it announced itself.
+        }
+        let now = old | f;
+        if now & (F_SHUT_RD | F_SHUT_WR) == (F_SHUT_RD | F_SHUT_WR) && old & F_REAL_SHUT == 0 {
+            // Neither direction needs doorbells any more: shut the TCP socket too, which also
+            // wakes local threads sleeping on it.
+            self.set_flag(F_REAL_SHUT);
+            // SAFETY: plain syscall.
+            unsafe { real::shutdown(fd, libc::SHUT_RDWR) };
+        }
+        Ok(())
+    }
+
+    /// The last fd of this connection (in every process) is being closed.
+    pub fn final_close(&self, fd: i32) {
+        let old = self.set_flag(F_CLOSED);
+        if old & F_CLOSED != 0 {
+            return;
+        }
+        let unread = self.avail() > 0;
+        let st = if unread {
+            ConnStateFlags::PEER_CONN_ABORT.0 | ConnStateFlags::PEER_CONN_CLOSED.0
+        } else {
+            ConnStateFlags::PEER_CONN_CLOSED.0 | ConnStateFlags::PEER_DONE_WRITING.0
+        };
+        {
+            let _g = self.sh().tx_lock.lock();
+            self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, st);
+        }
+        // Wake the peer if it waits; the TCP FIN that follows wakes it too.
+        if self
+            .peer_wait()
+            .fetch_and(!(WAIT_DATA | WAIT_SPACE), Ordering::SeqCst)
+            != 0
+        {
+            self.ring_doorbell(fd);
+        }
+        // Unread doorbells in our receive queue would turn our FIN into a RST.
+        self.drain(fd);
+    }
+
+    /// Count one more fd referring to this connection (dup, fork).
+    pub fn add_ref(&self, n: u32) {
+        self.sh().refs.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Drop one fd reference; true if it was the last one anywhere.
+    pub fn drop_ref(&self) -> bool {
+        let s = self.sh();
+        let mut old = s.refs.load(Ordering::Acquire);
+        loop {
+            if old == 0 {
+                return false;
+            }
+            match s
+                .refs
+                .compare_exchange_weak(old, old - 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return old == 1,
+                Err(o) => old = o,
+            }
+        }
+    }
+
+    /// Cursor snapshot for diagnostics: (cons, cons_pub, peer_prod, prod, peer_cons).
+    pub fn cursors(&self) -> [Cursor; 5] {
+        let s = self.sh();
+        [
+            unpack(s.cons.load(Ordering::Relaxed)),
+            unpack(s.cons_pub.load(Ordering::Relaxed)),
+            unpack(s.peer_prod.load(Ordering::Relaxed)),
+            unpack(s.prod.load(Ordering::Relaxed)),
+            unpack(s.peer_cons.load(Ordering::Relaxed)),
+        ]
+    }
+
+    /// Edge-detection token for epoll ET emulation: changes whenever the peer moved a cursor
+    /// or a flag that matters.
+    pub fn edge_token(&self) -> (u64, u64) {
+        (
+            self.own_hdr().prod_atomic().load(Ordering::Acquire) ^ ((self.flags() as u64) << 40),
+            self.own_hdr().cons_atomic().load(Ordering::Acquire),
+        )
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(r) = self.release.take() {
+            r.release();
+        }
+    }
+}
+
+fn deadline_of(timeout_ms: i64) -> Option<Instant> {
+    if timeout_ms < 0 {
+        None
+    } else {
+        Some(Instant::now() + Duration::from_millis(timeout_ms as u64))
+    }
+}
+
+/// Send SIGPIPE to the calling thread, as the kernel does for a write to a closed socket.
+pub fn raise_sigpipe() {
+    // SAFETY: plain syscalls on our own thread.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::pid_t;
+        libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGPIPE);
+    }
+}
+
+/// Two ends of one connection over two fresh memfd DMBs of `dmb_size` bytes, with a Unix
+/// socketpair standing in for the TCP socket (doorbells). For tests.
+#[doc(hidden)]
+pub fn test_pair(
+    dmb_a: usize,
+    dmb_b: usize,
+) -> std::io::Result<(Conn, Conn, std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    use std::os::fd::FromRawFd;
+    let ma = crate::shm::memfd("dmb-a", dmb_a)?;
+    let mb = crate::shm::memfd("dmb-b", dmb_b)?;
+    let a = Conn::new(
+        Mapping::map_fd(&ma, dmb_a)?,
+        Mapping::map_fd(&mb, dmb_b)?,
+        Role::Client,
+        false,
+        None,
+    )?;
+    let b = Conn::new(
+        Mapping::map_fd(&mb, dmb_b)?,
+        Mapping::map_fd(&ma, dmb_a)?,
+        Role::Server,
+        false,
+        None,
+    )?;
+    let mut sv = [0i32; 2];
+    // SAFETY: valid out array.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            sv.as_mut_ptr(),
+        )
+    } != 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fresh fds.
+    Ok((
+        a,
+        b,
+        unsafe { std::os::fd::OwnedFd::from_raw_fd(sv[0]) },
+        unsafe { std::os::fd::OwnedFd::from_raw_fd(sv[1]) },
+    ))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,422 @@
+use super::*;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+fn iov(b: &[u8]) -> [libc::iovec; 1] {
+    [libc::iovec {
+        iov_base: b.as_ptr() as *mut libc::c_void,
+        iov_len: b.len(),
+    }]
+}
+
+fn iov_mut(b: &mut [u8]) -> [libc::iovec; 1] {
+    [libc::iovec {
+        iov_base: b.as_mut_ptr() as *mut libc::c_void,
+        iov_len: b.len(),
+    }]
+}
+
+/// Deterministic stream content: byte i of the stream.
+fn byte_at(seed: u64, i: u64) -> u8 {
+    let x = (i / 8).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed;
+    let x = x ^ (x >> 29);
+    (x.wrapping_mul(0xBF58_476D_1CE4_E5B9) >> ((i % 8) * 8)) as u8
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+#[test]
+fn hello() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    assert_eq!(a.send(fa.as_raw_fd(), &iov(b"hello"), 0), Ok(5));
+    let mut buf = [0u8; 16];
+    assert_eq!(b.recv(fb.as_raw_fd(), &iov_mut(&mut buf), 0), Ok(5));
+    assert_eq!(&buf[..5], b"hello");
+    assert_eq!(
+        b.recv(fb.as_raw_fd(), &iov_mut(&mut buf), libc::MSG_DONTWAIT),
+        Err(libc::EAGAIN)
+    );
+}
+
+#[test]
+fn nonblocking_fill_and_partial() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    a.set_nonblocking(true);
+    let big = vec![7u8; 100_000];
+    let ring = a.tx_ring_len() as usize;
+    assert_eq!(a.send(fa.as_raw_fd(), &iov(&big), 0), Ok(ring));
+    assert_eq!(a.send(fa.as_raw_fd(), &iov(&big), 0), Err(libc::EAGAIN));
+    assert_eq!(a.readiness().writable, 0);
+    assert_eq!(b.readiness().readable as usize, ring);
+    assert_eq!(b.inq() as usize, ring);
+    let mut buf = vec![0u8; 1000];
+    assert_eq!(b.recv(fb.as_raw_fd(), &iov_mut(&mut buf), 0), Ok(1000));
+    // Only part consumed and under the 10% rule: not necessarily published yet, but the
+    // ring drained fully must be.
+    let mut rest = vec![0u8; ring];
+    assert_eq!(
+        b.recv(fb.as_raw_fd(), &iov_mut(&mut rest), 0),
+        Ok(ring - 1000)
+    );
+    assert_eq!(a.readiness().writable as usize, ring);
+}
+
+#[test]
+fn peek_waitall_trunc() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    assert_eq!(a.send(fa, &iov(b"abcdef"), 0), Ok(6));
+    let mut buf = [0u8; 4];
+    assert_eq!(b.recv(fb, &iov_mut(&mut buf), libc::MSG_PEEK), Ok(4));
+    assert_eq!(&buf, b"abcd");
+    assert_eq!(b.recv(fb, &iov_mut(&mut buf), libc::MSG_TRUNC), Ok(4));
+    let mut buf2 = [0u8; 8];
+    assert_eq!(b.recv(fb, &iov_mut(&mut buf2), 0), Ok(2));
+    assert_eq!(&buf2[..2], b"ef");
+    // WAITALL across two writes from another thread.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(20));
+            a.send(fa, &iov(b"1234"), 0).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            a.send(fa, &iov(b"5678"), 0).unwrap();
+        });
+        let mut w = [0u8; 8];
+        assert_eq!(b.recv(fb, &iov_mut(&mut w), libc::MSG_WAITALL), Ok(8));
+        assert_eq!(&w, b"12345678");
+    });
+}
+
+#[test]
+fn readv_writev_multi_iov() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    let parts: [&[u8]; 3] = [b"ab", b"", b"cdefg"];
+    let v: Vec<libc::iovec> = parts
+        .iter()
+        .map(|p| libc::iovec {
+            iov_base: p.as_ptr() as *mut libc::c_void,
+            iov_len: p.len(),
+        })
+        .collect();
+    assert_eq!(a.send(fa.as_raw_fd(), &v, 0), Ok(7));
+    let mut x = [0u8; 3];
+    let mut y = [0u8; 10];
+    let rv = [iov_mut(&mut x)[0], iov_mut(&mut y)[0]];
+    assert_eq!(b.recv(fb.as_raw_fd(), &rv, 0), Ok(7));
+    assert_eq!(&x, b"abc");
+    assert_eq!(&y[..4], b"defg");
+}
+
+fn stream(a: &Conn, b: &Conn, fa: i32, fb: i32, total: u64, seed: u64) {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut rng = Rng(seed | 1);
+            let mut off = 0u64;
+            let mut buf = vec![0u8; 300_000];
+            while off < total {
+                let n = (rng.next() % 200_000 + 1).min(total - off) as usize;
+                for (i, x) in buf[..n].iter_mut().enumerate() {
+                    *x = byte_at(seed, off + i as u64);
+                }
+                let mut sent = 0;
+                while sent < n {
+                    let r = a.send(fa, &iov(&buf[sent..n]), 0).unwrap();
+                    sent += r;
+                }
+                off += n as u64;
+            }
+            a.shutdown(fa, libc::SHUT_WR).unwrap();
+        });
+        let mut rng = Rng(seed.rotate_left(7) | 1);
+        let mut off = 0u64;
+        let mut buf = vec![0u8; 300_000];
+        loop {
+            let n = (rng.next() % 100_000) as usize + 1;
+            let r = b.recv(fb, &iov_mut(&mut buf[..n]), 0).unwrap();
+            if r == 0 {
+                break;
+            }
+            for (i, x) in buf[..r].iter().enumerate() {
+                assert_eq!(*x, byte_at(seed, off + i as u64), "at {}", off + i as u64);
+            }
+            off += r as u64;
+        }
+        assert_eq!(off, total);
+    });
+}
+
+#[test]
+fn stream_two_threads_small_ring() {
+    let (a, b, fa, fb) = test_pair(16384, 32768).unwrap();
+    stream(&a, &b, fa.as_raw_fd(), fb.as_raw_fd(), 32 << 20, 42);
+    // And back the other way on the same connection.
+    stream(&b, &a, fb.as_raw_fd(), fa.as_raw_fd(), 8 << 20, 43);
+}
+
+#[test]
+fn stream_two_threads_big_ring_no_spin() {
+    let (a, b, fa, fb) = test_pair(1 << 20, 1 << 20).unwrap();
+    a.spin_ns.store(0, Ordering::Relaxed);
+    b.spin_ns.store(0, Ordering::Relaxed);
+    stream(&a, &b, fa.as_raw_fd(), fb.as_raw_fd(), 64 << 20, 7);
+}
+
+#[test]
+fn shutdown_wr_then_eof_and_epipe() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    a.send(fa, &iov(b"xyz"), 0).unwrap();
+    a.shutdown(fa, libc::SHUT_WR).unwrap();
+    assert_eq!(
+        a.send(fa, &iov(b"no"), libc::MSG_NOSIGNAL),
+        Err(libc::EPIPE)
+    );
+    let mut buf = [0u8; 8];
+    assert_eq!(b.recv(fb, &iov_mut(&mut buf), 0), Ok(3));
+    assert_eq!(b.recv(fb, &iov_mut(&mut buf), 0), Ok(0));
+    assert!(b.readiness().rd_eof);
+    // Half-close: b can still write to a.
+    assert_eq!(b.send(fb, &iov(b"back"), 0), Ok(4));
+    assert_eq!(a.recv(fa, &iov_mut(&mut buf), 0), Ok(4));
+}
+
+#[test]
+fn blocked_reader_woken_by_shutdown() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    b.spin_ns.store(0, Ordering::Relaxed);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            a.shutdown(fa, libc::SHUT_WR).unwrap();
+        });
+        let mut buf = [0u8; 8];
+        assert_eq!(b.recv(fb, &iov_mut(&mut buf), 0), Ok(0));
+    });
+}
+
+#[test]
+fn close_with_unread_data_resets_peer() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    b.send(fb, &iov(b"unread"), 0).unwrap();
+    a.send(fa, &iov(b"last"), 0).unwrap();
+    a.final_close(fa);
+    let mut buf = [0u8; 8];
+    // Bytes already in the ring are still delivered, then ECONNRESET, then EOF.
+    assert_eq!(b.recv(fb, &iov_mut(&mut buf), 0), Ok(4));
+    assert_eq!(b.recv(fb, &iov_mut(&mut buf), 0), Err(libc::ECONNRESET));
+    assert_eq!(b.recv(fb, &iov_mut(&mut buf), 0), Ok(0));
+    assert_eq!(b.send(fb, &iov(b"x"), libc::MSG_NOSIGNAL), Err(libc::EPIPE));
+}
+
+#[test]
+fn graceful_close_is_eof() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    a.send(fa, &iov(b"bye"), 0).unwrap();
+    a.final_close(fa);
+    let mut buf = [0u8; 8];
+    assert_eq!(b.recv(fb, &iov_mut(&mut buf), 0), Ok(3));
+    assert_eq!(b.recv(fb, &iov_mut(&mut buf), 0), Ok(0));
+    assert_eq!(b.send(fb, &iov(b"x"), libc::MSG_NOSIGNAL), Err(libc::EPIPE));
+}
+
+#[test]
+fn peer_death_is_eof_not_hang() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    let fbr = fb.as_raw_fd();
+    b.spin_ns.store(0, Ordering::Relaxed);
+    a.send(fa.as_raw_fd(), &iov(b"partial"), 0).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            // The peer vanishes without any CDC flag: only its socket closes.
+            drop(a);
+            drop(fa);
+        });
+        let mut buf = [0u8; 64];
+        assert_eq!(b.recv(fbr, &iov_mut(&mut buf), 0), Ok(7));
+        assert_eq!(b.recv(fbr, &iov_mut(&mut buf), 0), Ok(0));
+    });
+}
+
+#[test]
+fn blocked_writer_wakes_when_reader_consumes() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    a.spin_ns.store(0, Ordering::Relaxed);
+    let data = vec![1u8; 40_000];
+    std::thread::scope(|s| {
+        let h = s.spawn(|| a.send(fa, &iov(&data), 0));
+        std::thread::sleep(Duration::from_millis(50));
+        let mut got = 0;
+        let mut buf = vec![0u8; 5000];
+        while got < data.len() {
+            got += b.recv(fb, &iov_mut(&mut buf), 0).unwrap();
+        }
+        assert_eq!(h.join().unwrap(), Ok(40_000));
+    });
+}
+
+#[test]
+fn rcvtimeo() {
+    let (_a, b, _fa, fb) = test_pair(16384, 16384).unwrap();
+    let tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 100_000,
+    };
+    // SAFETY: valid option.
+    unsafe {
+        libc::setsockopt(
+            fb.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            &tv as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::timeval>() as u32,
+        )
+    };
+    let t = Instant::now();
+    let mut buf = [0u8; 4];
+    assert_eq!(
+        b.recv(fb.as_raw_fd(), &iov_mut(&mut buf), 0),
+        Err(libc::EAGAIN)
+    );
+    let el = t.elapsed();
+    assert!(
+        el >= Duration::from_millis(95) && el < Duration::from_secs(2),
+        "{el:?}"
+    );
+}
+
+#[test]
+fn forged_cursor_is_rejected() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    a.send(fa, &iov(b"ok"), 0).unwrap();
+    // The "peer" writes a producer cursor far beyond one ring ahead.
+    a.peer_hdr()
+        .store_prod(CursorWord::from_cursor(Cursor::new(9, 5)));
+    let mut buf = [0u8; 8];
+    assert_eq!(b.recv(fb, &iov_mut(&mut buf), 0), Err(libc::ECONNRESET));
+    // Out-of-range count too.
+    let (a, b, _fa, fb) = test_pair(16384, 16384).unwrap();
+    a.peer_hdr()
+        .store_prod(CursorWord::from_cursor(Cursor::new(0, 1 << 30)));
+    assert_eq!(
+        b.recv(fb.as_raw_fd(), &iov_mut(&mut buf), 0),
+        Err(libc::ECONNRESET)
+    );
+    let _ = a;
+}
+
+#[test]
+fn two_readers_threads_share_cursor() {
+    let (a, b, fa, fb) = test_pair(65536, 65536).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    let total = 4u64 << 20;
+    let b = Arc::new(b);
+    let counted = Arc::new(AtomicU64::new(0));
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            let b = b.clone();
+            let counted = counted.clone();
+            s.spawn(move || {
+                let mut buf = vec![0u8; 7000];
+                loop {
+                    let r = b.recv(fb, &iov_mut(&mut buf), 0).unwrap();
+                    if r == 0 {
+                        break;
+                    }
+                    // Every byte of this stream is its offset mod 251: readers see disjoint,
+                    // in-order chunks, so consecutive bytes of one chunk must follow.
+                    for w in buf[..r].windows(2) {
+                        assert_eq!(w[1], ((w[0] as u32 + 1) % 251) as u8);
+                    }
+                    counted.fetch_add(r as u64, Ordering::Relaxed);
+                }
+            });
+        }
+        let data: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
+        let mut off = 0;
+        while off < data.len() {
+            off += a
+                .send(fa, &iov(&data[off..(off + 12345).min(data.len())]), 0)
+                .unwrap();
+        }
+        a.shutdown(fa, libc::SHUT_WR).unwrap();
+    });
+    assert_eq!(counted.load(Ordering::Relaxed), total);
+}
+
+#[test]
+fn fork_child_writes_parent_reads() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    let total = 8u64 << 20;
+    // SAFETY: the child only uses async-signal-safe-enough code paths (no locks held here).
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let mut buf = vec![0u8; 100_000];
+        let mut off = 0u64;
+        while off < total {
+            let n = (total - off).min(buf.len() as u64) as usize;
+            for (i, x) in buf[..n].iter_mut().enumerate() {
+                *x = byte_at(5, off + i as u64);
+            }
+            let mut s = 0;
+            while s < n {
+                s += a.send(fa, &iov(&buf[s..n]), 0).unwrap();
+            }
+            off += n as u64;
+        }
+        a.shutdown(fa, libc::SHUT_WR).unwrap();
+        unsafe { libc::_exit(0) };
+    }
+    let mut buf = vec![0u8; 50_000];
+    let mut off = 0u64;
+    loop {
+        let r = b.recv(fb, &iov_mut(&mut buf), 0).unwrap();
+        if r == 0 {
+            break;
+        }
+        for (i, x) in buf[..r].iter().enumerate() {
+            assert_eq!(*x, byte_at(5, off + i as u64));
+        }
+        off += r as u64;
+    }
+    assert_eq!(off, total);
+    let mut st = 0;
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    assert_eq!(st, 0);
+}
+
+#[test]
+fn fork_parent_and_child_share_reader_cursor() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    a.send(fa, &iov(b"0123456789"), 0).unwrap();
+    let mut buf = [0u8; 4];
+    assert_eq!(b.recv(fb, &iov_mut(&mut buf), 0), Ok(4));
+    // SAFETY: see above.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let mut c = [0u8; 3];
+        let ok = b.recv(fb, &iov_mut(&mut c), 0) == Ok(3) && &c == b"456";
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut st = 0;
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    assert_eq!(st, 0);
+    let mut rest = [0u8; 8];
+    assert_eq!(b.recv(fb, &iov_mut(&mut rest), 0), Ok(3));
+    assert_eq!(&rest[..3], b"789");
+}

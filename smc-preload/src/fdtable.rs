@@ -1,0 +1,208 @@
+//! The per-fd table: a lock-free two-level array indexed by fd.
+//!
+//! Each slot is one `AtomicUsize`:
+//! - `0`: nothing known, the fd goes straight to libc (the fast path: two loads);
+//! - a small even tag below 8 ([`TAG_TCP`]): a TCP socket created by `socket()` that may opt in;
+//! - otherwise an `Arc<Obj>` pointer (`Arc::into_raw`, 8-byte aligned) whose bit 0 is a tiny
+//!   per-slot lock, held only while the strong count is bumped. No global lock anywhere.
+
+use crate::obj::Obj;
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+const CHUNK_BITS: usize = 12;
+const CHUNK: usize = 1 << CHUNK_BITS;
+const TOP: usize = 1024;
+/// Highest fd + 1 that the table can describe (4 Mi); larger fds are always passed through.
+pub const MAX_FDS: usize = CHUNK * TOP;
+
+/// An `AF_INET`/`AF_INET6` `SOCK_STREAM` socket created through our `socket()`.
+pub const TAG_TCP: usize = 2;
+
+type Chunk = [AtomicUsize; CHUNK];
+
+static TABLE: [AtomicPtr<Chunk>; TOP] = [const { AtomicPtr::new(ptr::null_mut()) }; TOP];
+/// Number of slots holding an object (any kind), to skip scans when zero.
+static OBJECTS: AtomicUsize = AtomicUsize::new(0);
+
+/// What a slot holds.
+pub enum Slot {
+    Empty,
+    Tag(usize),
+    Obj(Arc<Obj>),
+}
+
+#[inline]
+fn slot(fd: i32) -> Option<&'static AtomicUsize> {
+    if fd < 0 || fd as usize >= MAX_FDS {
+        return None;
+    }
+    let fd = fd as usize;
+    let c = TABLE[fd >> CHUNK_BITS].load(Ordering::Acquire);
+    if c.is_null() {
+        return None;
+    }
+    // SAFETY: chunks are never freed.
+    Some(unsafe { &(*c)[fd & (CHUNK - 1)] })
+}
+
+fn slot_alloc(fd: i32) -> Option<&'static AtomicUsize> {
+    if fd < 0 || fd as usize >= MAX_FDS {
+        return None;
+    }
+    let fdu = fd as usize;
+    let top = &TABLE[fdu >> CHUNK_BITS];
+    if top.load(Ordering::Acquire).is_null() {
+        let fresh: Box<Chunk> = Box::new([const { AtomicUsize::new(0) }; CHUNK]);
+        let p = Box::into_raw(fresh);
+        if top
+            .compare_exchange(ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            // SAFETY: we just allocated it and nobody saw it.
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
+    slot(fd)
+}
+
+/// The raw slot value: `0` for "nothing known". The hot path checks this first.
+#[inline]
+pub fn raw(fd: i32) -> usize {
+    match slot(fd) {
+        Some(s) => s.load(Ordering::Acquire),
+        None => 0,
+    }
+}
+
+fn lock(s: &AtomicUsize) -> usize {
+    let mut spins = 0u32;
+    loop {
+        let v = s.load(Ordering::Acquire);
+        if v & 1 == 0
+            && s.compare_exchange_weak(v, v | 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
+            return v;
+        }
+        spins += 1;
+        if spins > 64 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// The object of `fd`, if any (its strong count bumped).
+#[inline]
+pub fn get(fd: i32) -> Option<Arc<Obj>> {
+    let s = slot(fd)?;
+    let v0 = s.load(Ordering::Acquire);
+    if v0 < 8 {
+        return None;
+    }
+    let v = lock(s);
+    if v < 8 {
+        s.store(v, Ordering::Release);
+        return None;
+    }
+    let p = v as *const Obj;
+    // SAFETY: the slot owns one strong count of this Arc and we hold the slot lock, so it is
+    // alive; we add one for the caller.
+    let a = unsafe {
+        Arc::increment_strong_count(p);
+        Arc::from_raw(p)
+    };
+    s.store(v, Ordering::Release);
+    Some(a)
+}
+
+/// Replace the content of `fd`'s slot, returning what was there.
+pub fn replace(fd: i32, new: Slot) -> Slot {
+    let s = match &new {
+        Slot::Empty => match slot(fd) {
+            Some(s) => s,
+            None => return Slot::Empty,
+        },
+        _ => match slot_alloc(fd) {
+            Some(s) => s,
+            None => return Slot::Empty,
+        },
+    };
+    let old = lock(s);
+    let nv = match new {
+        Slot::Empty => 0,
+        Slot::Tag(t) => t,
+        Slot::Obj(a) => {
+            OBJECTS.fetch_add(1, Ordering::Relaxed);
+            Arc::into_raw(a) as usize
+        }
+    };
+    s.store(nv, Ordering::Release);
+    match old {
+        0 => Slot::Empty,
+        t if t < 8 => Slot::Tag(t),
+        p => {
+            OBJECTS.fetch_sub(1, Ordering::Relaxed);
+            // SAFETY: the slot owned this strong count; ownership moves to the caller.
+            Slot::Obj(unsafe { Arc::from_raw(p as *const Obj) })
+        }
+    }
+}
+
+/// Set a tag (no object) on `fd`.
+pub fn set_tag(fd: i32, tag: usize) {
+    drop(replace(fd, Slot::Tag(tag)));
+}
+
+/// Whether any slot holds an object.
+#[inline]
+pub fn any_objects() -> bool {
+    OBJECTS.load(Ordering::Relaxed) != 0
+}
+
+/// Every fd whose slot holds an object, with the object (for fork and exec bookkeeping).
+pub fn all_objects() -> Vec<(i32, Arc<Obj>)> {
+    let mut out = Vec::new();
+    if !any_objects() {
+        return out;
+    }
+    for (ti, t) in TABLE.iter().enumerate() {
+        let c = t.load(Ordering::Acquire);
+        if c.is_null() {
+            continue;
+        }
+        // SAFETY: chunks are never freed.
+        let chunk = unsafe { &*c };
+        for (i, s) in chunk.iter().enumerate() {
+            if s.load(Ordering::Relaxed) >= 8 {
+                let fd = ((ti << CHUNK_BITS) | i) as i32;
+                if let Some(o) = get(fd) {
+                    out.push((fd, o));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// In a child after fork: a thread of the parent may have held a slot lock at the moment of
+/// the fork; that thread does not exist here, so release every lock bit.
+pub fn unlock_all_after_fork() {
+    for t in TABLE.iter() {
+        let c = t.load(Ordering::Acquire);
+        if c.is_null() {
+            continue;
+        }
+        // SAFETY: chunks are never freed.
+        let chunk = unsafe { &*c };
+        for s in chunk.iter() {
+            let v = s.load(Ordering::Relaxed);
+            if v & 1 == 1 {
+                s.store(v & !1, Ordering::Relaxed);
+            }
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! The real libc functions, found with `dlsym(RTLD_NEXT, ..)` on first use and cached.
+//!
+//! Inside this library every libc call on a socket must go through here: a plain `libc::read`
+//! from a preloaded library resolves to our own exported `read` and would recurse.
+
+use libc::{
+    c_int, c_uint, c_ulong, c_void, epoll_event, fd_set, iovec, msghdr, nfds_t, off_t, pollfd,
+    sigset_t, size_t, sockaddr, socklen_t, ssize_t, timespec, timeval,
+};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+fn resolve(name: &'static [u8]) -> usize {
+    // SAFETY: `name` is NUL-terminated; dlsym is thread-safe.
+    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr() as *const libc::c_char) };
+    if p.is_null() {
+        // Last resort: the default search order (a program linked without libc in the chain is
+        // not something we can serve; aborting loudly beats recursing silently).
+        let p2 = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr() as *const libc::c_char) };
+        if p2.is_null() {
+            let msg = b"smc-preload: cannot resolve a libc symbol\n";
+            unsafe { libc::syscall(libc::SYS_write, 2, msg.as_ptr(), msg.len()) };
+            unsafe { libc::abort() };
+        }
+        return p2 as usize;
+    }
+    p as usize
+}
+
+macro_rules! real_fns {
+    ($( $name:ident ( $($arg:ident : $t:ty),* ) -> $ret:ty ; )*) => {
+        $(
+            #[allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
+            #[inline]
+            pub unsafe fn $name($($arg: $t),*) -> $ret {
+                static PTR: AtomicUsize = AtomicUsize::new(0);
+                let mut p = PTR.load(Ordering::Relaxed);
+                if p == 0 {
+                    p = resolve(concat!(stringify!($name), "\0").as_bytes());
+                    PTR.store(p, Ordering::Relaxed);
+                }
+                // SAFETY: the symbol has this C signature in glibc.
+                let f: unsafe extern "C" fn($($t),*) -> $ret = unsafe { std::mem::transmute(p) };
+                unsafe { f($($arg),*) }
+            }
+        )*
+    };
+}
+
+real_fns! {
+    socket(domain: c_int, ty: c_int, proto: c_int) -> c_int;
+    connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
+    accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+    accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int;
+    listen(fd: c_int, backlog: c_int) -> c_int;
+    close(fd: c_int) -> c_int;
+    close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
+    shutdown(fd: c_int, how: c_int) -> c_int;
+    read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
+    write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;
+    readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
+    writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
+    recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t;
+    send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t;
+    recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;
+    sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr, len: socklen_t) -> ssize_t;
+    recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t;
+    sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t;
+    recvmmsg(fd: c_int, msgs: *mut libc::mmsghdr, n: c_uint, flags: c_int, t: *mut timespec) -> c_int;
+    sendmmsg(fd: c_int, msgs: *mut libc::mmsghdr, n: c_uint, flags: c_int) -> c_int;
+    poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int;
+    ppoll(fds: *mut pollfd, n: nfds_t, t: *const timespec, mask: *const sigset_t) -> c_int;
+    select(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, t: *mut timeval) -> c_int;
+    pselect(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, t: *const timespec, mask: *const sigset_t) -> c_int;
+    epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int;
+    epoll_wait(ep: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int) -> c_int;
+    epoll_pwait(ep: c_int, ev: *mut epoll_event, max: c_int, timeout: c_int, mask: *const sigset_t) -> c_int;
+    epoll_pwait2(ep: c_int, ev: *mut epoll_event, max: c_int, t: *const timespec, mask: *const sigset_t) -> c_int;
+    dup(fd: c_int) -> c_int;
+    dup2(fd: c_int, fd2: c_int) -> c_int;
+    dup3(fd: c_int, fd2: c_int, flags: c_int) -> c_int;
+    fork() -> libc::pid_t;
+    sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t;
+    splice(fin: c_int, offin: *mut libc::loff_t, fout: c_int, offout: *mut libc::loff_t, n: size_t, flags: c_uint) -> ssize_t;
+    getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
+    setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
+    sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int;
+    signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
+}
+
+/// `fcntl` and `ioctl` are variadic; their third argument is an integer or a pointer, passed in
+/// the same register either way on the ABIs we build for.
+#[allow(clippy::missing_safety_doc)]
+pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    static PTR: AtomicUsize = AtomicUsize::new(0);
+    let mut p = PTR.load(Ordering::Relaxed);
+    if p == 0 {
+        p = resolve(b"fcntl\0");
+        PTR.store(p, Ordering::Relaxed);
+    }
+    let f: unsafe extern "C" fn(c_int, c_int, ...) -> c_int = unsafe { std::mem::transmute(p) };
+    unsafe { f(fd, cmd, arg) }
+}
+
+#[allow(clippy::missing_safety_doc)]
+pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    static PTR: AtomicUsize = AtomicUsize::new(0);
+    let mut p = PTR.load(Ordering::Relaxed);
+    if p == 0 {
+        p = resolve(b"ioctl\0");
+        PTR.store(p, Ordering::Relaxed);
+    }
+    let f: unsafe extern "C" fn(c_int, c_ulong, ...) -> c_int = unsafe { std::mem::transmute(p) };
+    unsafe { f(fd, req, arg) }
+}
+
+/// errno of the calling thread.
+pub fn errno() -> c_int {
+    // SAFETY: always valid for the calling thread.
+    unsafe { *libc::__errno_location() }
+}
+
+/// Set errno of the calling thread.
+pub fn set_errno(e: c_int) {
+    // SAFETY: always valid for the calling thread.
+    unsafe { *libc::__errno_location() = e }
+}
