@@ -7,4 +7,6 @@
 
 pub mod bpf;
 pub mod cdc;
+#[cfg(feature = "std")]
+pub mod clc;
 pub mod diag;
