@@ -1,0 +1,649 @@
+//! The synchronous client: std + libc only, no threads, no global state, CLOEXEC fds.
+
+use std::fmt;
+use std::io;
+use std::mem;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use crate::error::IsmError;
+use crate::proto::{self, DmbReply, Header, Status};
+use crate::stats::Stats;
+use crate::sys;
+
+/// The CHID of the loopback-ism device.
+pub const CHID_LOOPBACK: u16 = 0xFFFF;
+/// Where the daemon listens unless configured otherwise.
+pub const DEFAULT_SOCKET_PATH: &str = "/run/smc/ctl.sock";
+/// Environment variable overriding [`DEFAULT_SOCKET_PATH`] for [`Client::connect_default`].
+pub const SOCKET_ENV: &str = "SMC_CTL_SOCK";
+/// Largest SMC DMB size code: `16 KiB << 6` = 1 MiB.
+pub const MAX_SIZE_CODE: u8 = 6;
+/// Size of a DMB with size code 0.
+pub const DMB_MIN_SIZE: usize = 16 * 1024;
+/// Default timeout of one request/reply round trip.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The DMB size for an SMC size code (`16 KiB << n`), `None` above [`MAX_SIZE_CODE`].
+pub fn dmb_size(size_code: u8) -> Option<usize> {
+    (size_code <= MAX_SIZE_CODE).then(|| DMB_MIN_SIZE << size_code)
+}
+
+/// The smallest size code whose DMB holds at least `bytes` (capped at [`MAX_SIZE_CODE`]).
+pub fn size_code_for(bytes: usize) -> u8 {
+    let mut n = 0;
+    while n < MAX_SIZE_CODE && (DMB_MIN_SIZE << n) < bytes {
+        n += 1;
+    }
+    n
+}
+
+/// The 128-bit GID of the loopback-ism device (a random UUID): `gid` is its first 8 bytes and
+/// `gid_ext` the last 8, both read big-endian. Two peers are on the same host when both halves
+/// are equal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Gid {
+    /// First half (the `gid` field of CLC messages).
+    pub gid: u64,
+    /// Second half (the `gid_ext` field of SMC-Dv2 CLC messages).
+    pub gid_ext: u64,
+}
+
+impl Gid {
+    /// From the 16 UUID bytes.
+    pub fn from_bytes(b: [u8; 16]) -> Gid {
+        Gid {
+            gid: u64::from_be_bytes(b[0..8].try_into().expect("8")),
+            gid_ext: u64::from_be_bytes(b[8..16].try_into().expect("8")),
+        }
+    }
+
+    /// The 16 UUID bytes.
+    pub fn to_bytes(self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[0..8].copy_from_slice(&self.gid.to_be_bytes());
+        b[8..16].copy_from_slice(&self.gid_ext.to_be_bytes());
+        b
+    }
+
+    /// Parses 32 hex digits, dashes allowed anywhere (UUID form).
+    pub fn parse(s: &str) -> Option<Gid> {
+        let hex: Vec<u8> = s.trim().bytes().filter(|&c| c != b'-').collect();
+        if hex.len() != 32 {
+            return None;
+        }
+        let mut b = [0u8; 16];
+        for (i, pair) in hex.chunks(2).enumerate() {
+            let s = std::str::from_utf8(pair).ok()?;
+            b[i] = u8::from_str_radix(s, 16).ok()?;
+        }
+        Some(Gid::from_bytes(b))
+    }
+}
+
+impl fmt::Display for Gid {
+    /// UUID form, `8-4-4-4-12` hex digits.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.to_bytes();
+        for (i, byte) in b.iter().enumerate() {
+            if matches!(i, 4 | 6 | 8 | 10) {
+                f.write_str("-")?;
+            }
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A DMB granted by the daemon (registered or attached).
+#[derive(Debug)]
+pub struct Dmb {
+    /// The token naming the DMB on this host (send it to the peer in the CLC accept/confirm).
+    pub token: u64,
+    /// The DMB element index for CLC (`dmbe_idx`): always 0, one element per DMB, as Linux
+    /// SMC-D sends. The device's slot number is [`Dmb::slot`].
+    pub idx: u8,
+    /// The device slot (index in the daemon's DMB bitmap), unique among live DMBs.
+    pub slot: u32,
+    /// Size in bytes (`16 KiB << size_code`).
+    pub size: usize,
+    /// SMC size code.
+    pub size_code: u8,
+    /// The memfd holding the memory: map it `MAP_SHARED` (see [`Dmb::map`]). Sealed against
+    /// shrinking and growing.
+    pub fd: OwnedFd,
+}
+
+impl Dmb {
+    /// Maps the whole DMB read-write, `MAP_SHARED`.
+    pub fn map(&self) -> io::Result<DmbMap> {
+        DmbMap::new(self.fd.as_raw_fd(), self.size)
+    }
+}
+
+/// A `MAP_SHARED` read-write mapping of a DMB; unmapped on drop. The memory is shared with
+/// another process: access it with atomics or volatile operations, never through `&[u8]`
+/// that is assumed not to change.
+#[derive(Debug)]
+pub struct DmbMap {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; concurrent access discipline is the caller's.
+unsafe impl Send for DmbMap {}
+// SAFETY: as above.
+unsafe impl Sync for DmbMap {}
+
+impl DmbMap {
+    /// Maps `len` bytes of `fd` read-write, shared.
+    pub fn new(fd: RawFd, len: usize) -> io::Result<DmbMap> {
+        // SAFETY: a fresh mapping chosen by the kernel; checked for failure.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(DmbMap {
+            ptr: NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned NULL"))?,
+            len,
+        })
+    }
+
+    /// Start of the mapping.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false (DMBs are at least 16 KiB).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for DmbMap {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what new() mapped.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// One Unix connection to the loopback-ism daemon.
+///
+/// Synchronous and single-threaded: wrap it in a `Mutex` to share it. Every DMB reference taken
+/// through a `Client` belongs to its connection: when the connection closes (the process exits or
+/// is killed, or the `Client` is dropped) the daemon releases all of them.
+///
+/// After `fork()` the child must not talk over the parent's connection: every call checks the
+/// pid and, in a child, closes the inherited descriptor and connects anew. References taken by
+/// the parent stay the parent's (the child cannot detach/unregister them: `NotHeld`); the child's
+/// mappings stay valid regardless.
+///
+/// When a call fails because the connection broke (daemon stopped or restarted), the connection
+/// is dropped and the next call reconnects. `register_dmb`, `attach_dmb`, `query_gid` and
+/// `stats` retry once on a reused connection that turns out to be dead; `detach_dmb` and
+/// `unregister_dmb` do not, because the references of a closed connection were already released
+/// by the daemon: for those, `Disconnected`/`NotHeld` after a daemon restart is benign.
+#[derive(Debug)]
+pub struct Client {
+    fd: Option<OwnedFd>,
+    path: PathBuf,
+    pid: u32,
+    seq: u32,
+    timeout: Duration,
+}
+
+/// Result of one exchange: byte range of the op result in the reply buffer, and the fd.
+struct Answer {
+    start: usize,
+    end: usize,
+    fd: Option<OwnedFd>,
+}
+
+impl Client {
+    /// Connects to the daemon at `path`. Fails fast (no retry, no blocking) when the daemon is
+    /// not running or its accept backlog is full, so the data path can fall back to TCP.
+    pub fn connect(path: &Path) -> Result<Client, IsmError> {
+        let fd = open(path, DEFAULT_TIMEOUT)?;
+        Ok(Client {
+            fd: Some(fd),
+            path: path.to_path_buf(),
+            pid: std::process::id(),
+            seq: 0,
+            timeout: DEFAULT_TIMEOUT,
+        })
+    }
+
+    /// Connects to `$SMC_CTL_SOCK`, or [`DEFAULT_SOCKET_PATH`].
+    pub fn connect_default() -> Result<Client, IsmError> {
+        Client::connect(&default_socket_path())
+    }
+
+    /// The socket path this client connects to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Sets the timeout of one round trip (default [`DEFAULT_TIMEOUT`]); applies to the current
+    /// and future connections.
+    pub fn set_timeout(&mut self, timeout: Duration) -> Result<(), IsmError> {
+        self.timeout = timeout;
+        if let Some(fd) = &self.fd {
+            set_timeouts(fd.as_raw_fd(), timeout).map_err(IsmError::Io)?;
+        }
+        Ok(())
+    }
+
+    /// The device GID (CHID is [`CHID_LOOPBACK`]).
+    pub fn query_gid(&mut self) -> Result<Gid, IsmError> {
+        let mut buf = [0u8; 128];
+        let a = self.transact(proto::OP_QUERY_GID, &[], None, &mut buf, true)?;
+        if a.end - a.start < proto::GID_REPLY_LEN {
+            return Err(IsmError::Protocol("short QUERY_GID reply"));
+        }
+        Ok(Gid {
+            gid: proto::get_u64(&buf, a.start),
+            gid_ext: proto::get_u64(&buf, a.start + 8),
+        })
+    }
+
+    /// Registers a new DMB of `16 KiB << size_code` bytes (`size_code <= 6`), zero-filled, with
+    /// refcount 1 held by this client. `sock_fd` is the caller's connected TCP socket of the
+    /// connection the DMB is for: the daemon records its addresses (the attach proof) and closes
+    /// its copy at once.
+    pub fn register_dmb(&mut self, size_code: u8, sock_fd: RawFd) -> Result<Dmb, IsmError> {
+        let mut payload = [0u8; 8];
+        payload[0] = size_code;
+        self.dmb_op(proto::OP_REGISTER, &payload, sock_fd)
+    }
+
+    /// Attaches to the peer's DMB named by `token` (from the peer's CLC message); takes one
+    /// reference. `sock_fd` must be our end of the very TCP connection the owner registered with.
+    pub fn attach_dmb(&mut self, token: u64, sock_fd: RawFd) -> Result<Dmb, IsmError> {
+        self.dmb_op(proto::OP_ATTACH, &token.to_le_bytes(), sock_fd)
+    }
+
+    /// Drops one attachment reference this client holds on `token`.
+    pub fn detach_dmb(&mut self, token: u64) -> Result<(), IsmError> {
+        let mut buf = [0u8; 64];
+        self.transact(
+            proto::OP_DETACH,
+            &token.to_le_bytes(),
+            None,
+            &mut buf,
+            false,
+        )
+        .map(|_| ())
+    }
+
+    /// Drops the owner reference this client holds on `token` (from `register_dmb`). After it,
+    /// no new attach succeeds; the memory is freed when the last attachment is gone.
+    pub fn unregister_dmb(&mut self, token: u64) -> Result<(), IsmError> {
+        let mut buf = [0u8; 64];
+        self.transact(
+            proto::OP_UNREGISTER,
+            &token.to_le_bytes(),
+            None,
+            &mut buf,
+            false,
+        )
+        .map(|_| ())
+    }
+
+    /// The daemon's counters.
+    pub fn stats(&mut self) -> Result<Stats, IsmError> {
+        let mut buf = vec![0u8; 1 << 20];
+        let a = self.transact(proto::OP_STATS, &[], None, &mut buf, true)?;
+        serde_json::from_slice(&buf[a.start..a.end])
+            .map_err(|_| IsmError::Protocol("bad STATS payload"))
+    }
+
+    /// Blocks until the daemon's state changes (its [`Stats::generation`] differs from
+    /// `generation`) or `timeout` expires, then returns the current stats.
+    pub fn wait_change(&mut self, generation: u64, timeout: Duration) -> Result<Stats, IsmError> {
+        let ms = timeout.as_millis().min(60_000) as u32;
+        let mut payload = [0u8; 16];
+        payload[0..8].copy_from_slice(&generation.to_le_bytes());
+        payload[8..12].copy_from_slice(&ms.to_le_bytes());
+        self.ensure_connected()?;
+        let fd = self.raw()?;
+        let long = Duration::from_millis(ms as u64) + self.timeout;
+        set_timeouts(fd, long).map_err(IsmError::Io)?;
+        let mut buf = vec![0u8; 1 << 20];
+        let r = self.transact(proto::OP_WAIT, &payload, None, &mut buf, false);
+        if let Some(fd) = &self.fd {
+            let _ = set_timeouts(fd.as_raw_fd(), self.timeout);
+        }
+        let a = r?;
+        serde_json::from_slice(&buf[a.start..a.end])
+            .map_err(|_| IsmError::Protocol("bad WAIT payload"))
+    }
+
+    /// Waits until `pred` holds for the daemon's stats, for at most `timeout`, without polling:
+    /// each round blocks in the daemon until its state changes. Returns the stats that satisfied
+    /// `pred`, or [`IsmError::Timeout`].
+    pub fn wait_for(
+        &mut self,
+        timeout: Duration,
+        mut pred: impl FnMut(&Stats) -> bool,
+    ) -> Result<Stats, IsmError> {
+        let deadline = Instant::now() + timeout;
+        let mut s = self.stats()?;
+        loop {
+            if pred(&s) {
+                return Ok(s);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(IsmError::Timeout);
+            }
+            s = self.wait_change(s.generation, deadline - now)?;
+        }
+    }
+
+    /// Sends one raw record (for tests and tools) and returns the reply status, the whole reply
+    /// record and any fd. The record is sent as is: no header is added.
+    pub fn raw_request(
+        &mut self,
+        record: &[u8],
+        pass: Option<RawFd>,
+    ) -> Result<(Status, Vec<u8>, Option<OwnedFd>), IsmError> {
+        self.ensure_connected()?;
+        let fd = self.raw()?;
+        if let Err(e) = sys::send_record(fd, record, pass, 0) {
+            return Err(self.broken(e));
+        }
+        let mut buf = vec![0u8; 1 << 20];
+        let r = match sys::recv_record(fd, &mut buf, 0) {
+            Ok(r) => r,
+            Err(e) => return Err(self.broken(e)),
+        };
+        if r.len == 0 {
+            self.fd = None;
+            return Err(IsmError::Disconnected);
+        }
+        buf.truncate(r.len);
+        if r.len < proto::HEADER_LEN + proto::STATUS_LEN {
+            return Err(IsmError::Protocol("short reply"));
+        }
+        let status = Status::from_u32(proto::get_u32(&buf, proto::HEADER_LEN));
+        Ok((status, buf, r.fd))
+    }
+
+    fn dmb_op(&mut self, op: u16, payload: &[u8], sock_fd: RawFd) -> Result<Dmb, IsmError> {
+        let mut buf = [0u8; 128];
+        let a = self.transact(op, payload, Some(sock_fd), &mut buf, true)?;
+        let r =
+            DmbReply::decode(&buf[a.start..a.end]).ok_or(IsmError::Protocol("short DMB reply"))?;
+        let fd = a.fd.ok_or(IsmError::Protocol("DMB reply without memfd"))?;
+        let size = dmb_size(r.size_code).ok_or(IsmError::Protocol("bad size code in reply"))?;
+        if size as u64 != r.size {
+            return Err(IsmError::Protocol("inconsistent DMB size"));
+        }
+        Ok(Dmb {
+            token: r.token,
+            idx: r.idx,
+            slot: r.slot,
+            size,
+            size_code: r.size_code,
+            fd,
+        })
+    }
+
+    /// Makes sure we have a connection of our own; true if it was (re)made just now.
+    fn ensure_connected(&mut self) -> Result<bool, IsmError> {
+        let pid = std::process::id();
+        if pid != self.pid {
+            // Forked child: the inherited connection is the parent's. Close our copy only.
+            self.fd = None;
+            self.pid = pid;
+        }
+        if self.fd.is_none() {
+            self.fd = Some(open(&self.path, self.timeout)?);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    fn raw(&self) -> Result<RawFd, IsmError> {
+        self.fd
+            .as_ref()
+            .map(|f| f.as_raw_fd())
+            .ok_or(IsmError::Disconnected)
+    }
+
+    /// Drops the connection after a transport error and classifies it.
+    fn broken(&mut self, e: io::Error) -> IsmError {
+        self.fd = None;
+        match e.raw_os_error() {
+            Some(libc::EAGAIN) => IsmError::Timeout,
+            Some(libc::EPIPE) | Some(libc::ECONNRESET) | Some(libc::ENOTCONN) => {
+                IsmError::Disconnected
+            }
+            _ => IsmError::Io(e),
+        }
+    }
+
+    fn transact(
+        &mut self,
+        op: u16,
+        payload: &[u8],
+        pass: Option<RawFd>,
+        reply: &mut [u8],
+        retry: bool,
+    ) -> Result<Answer, IsmError> {
+        let fresh = self.ensure_connected()?;
+        match self.exchange(op, payload, pass, reply) {
+            Err(IsmError::Disconnected) if retry && !fresh => {
+                self.ensure_connected()?;
+                self.exchange(op, payload, pass, reply)
+            }
+            r => r,
+        }
+    }
+
+    fn exchange(
+        &mut self,
+        op: u16,
+        payload: &[u8],
+        pass: Option<RawFd>,
+        reply: &mut [u8],
+    ) -> Result<Answer, IsmError> {
+        let fd = self.raw()?;
+        self.seq = self.seq.wrapping_add(1);
+        let seq = self.seq;
+        let mut req = [0u8; proto::HEADER_LEN + 32];
+        let n = proto::HEADER_LEN + payload.len();
+        Header::new(op, payload.len(), seq).encode(&mut req);
+        req[proto::HEADER_LEN..n].copy_from_slice(payload);
+        if let Err(e) = sys::send_record(fd, &req[..n], pass, 0) {
+            return Err(self.broken(e));
+        }
+        let r = match sys::recv_record(fd, reply, 0) {
+            Ok(r) => r,
+            Err(e) => return Err(self.broken(e)),
+        };
+        if r.len == 0 {
+            self.fd = None;
+            return Err(IsmError::Disconnected);
+        }
+        let bad = |s: &mut Client, what| {
+            s.fd = None;
+            Err(IsmError::Protocol(what))
+        };
+        if r.truncated {
+            return bad(self, "reply too large");
+        }
+        let Some(h) = Header::decode(&reply[..r.len]) else {
+            return bad(self, "short reply");
+        };
+        if h.magic != proto::MAGIC || h.version != proto::VERSION {
+            return bad(self, "bad reply header");
+        }
+        if h.seq != seq || h.op != op | proto::REPLY_BIT {
+            return bad(self, "reply out of sequence");
+        }
+        let end = proto::HEADER_LEN + h.len as usize;
+        if end != r.len || (h.len as usize) < proto::STATUS_LEN {
+            return bad(self, "bad reply length");
+        }
+        let status = Status::from_u32(proto::get_u32(reply, proto::HEADER_LEN));
+        let detail = proto::get_u32(reply, proto::HEADER_LEN + 4);
+        if status != Status::Ok {
+            return Err(IsmError::from_status(status, detail));
+        }
+        Ok(Answer {
+            start: proto::HEADER_LEN + proto::STATUS_LEN,
+            end,
+            fd: r.fd,
+        })
+    }
+}
+
+/// `$SMC_CTL_SOCK` or [`DEFAULT_SOCKET_PATH`].
+pub fn default_socket_path() -> PathBuf {
+    std::env::var_os(SOCKET_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET_PATH))
+}
+
+/// A `sockaddr_un` for `path`.
+pub(crate) fn unix_addr(path: &Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: sockaddr_un is plain data.
+    let mut addr: libc::sockaddr_un = unsafe { mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.is_empty() || bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "unusable unix socket path (empty, NUL, or longer than 107 bytes)",
+        ));
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let len = mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    Ok((addr, len as libc::socklen_t))
+}
+
+fn set_timeouts(fd: RawFd, t: Duration) -> io::Result<()> {
+    let tv = libc::timeval {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_usec: t.subsec_micros() as libc::suseconds_t,
+    };
+    for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+        // SAFETY: tv is a valid timeval.
+        sys::cvt(unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&tv as *const libc::timeval).cast(),
+                mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Opens a connection: non-blocking connect (a full backlog fails at once instead of blocking),
+/// then blocking mode with send/receive timeouts.
+fn open(path: &Path, timeout: Duration) -> Result<OwnedFd, IsmError> {
+    let (addr, len) = unix_addr(path).map_err(IsmError::Unavailable)?;
+    // SAFETY: plain socket syscall.
+    let raw = sys::cvt(unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    })
+    .map_err(IsmError::Unavailable)?;
+    // SAFETY: freshly created, owned here.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    loop {
+        // SAFETY: addr is a valid sockaddr_un of length len.
+        let r = unsafe {
+            libc::connect(
+                fd.as_raw_fd(),
+                (&addr as *const libc::sockaddr_un).cast(),
+                len,
+            )
+        };
+        if r == 0 {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        return Err(IsmError::Unavailable(e));
+    }
+    // SAFETY: fcntl on our fd.
+    unsafe {
+        let fl = sys::cvt(libc::fcntl(fd.as_raw_fd(), libc::F_GETFL)).map_err(IsmError::Io)?;
+        sys::cvt(libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_SETFL,
+            fl & !libc::O_NONBLOCK,
+        ))
+        .map_err(IsmError::Io)?;
+    }
+    set_timeouts(fd.as_raw_fd(), timeout).map_err(IsmError::Io)?;
+    Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(dmb_size(0), Some(16384));
+        assert_eq!(dmb_size(6), Some(1 << 20));
+        assert_eq!(dmb_size(7), None);
+        assert_eq!(size_code_for(1), 0);
+        assert_eq!(size_code_for(16385), 1);
+        assert_eq!(size_code_for(1 << 30), 6);
+    }
+
+    #[test]
+    fn gid_text() {
+        let g = Gid {
+            gid: 0x0123_4567_89ab_cdef,
+            gid_ext: 0xfedc_ba98_7654_3210,
+        };
+        let s = g.to_string();
+        assert_eq!(s, "01234567-89ab-cdef-fedc-ba9876543210");
+        assert_eq!(Gid::parse(&s), Some(g));
+        assert_eq!(Gid::parse("0123456789abcdeffedcba9876543210\n"), Some(g));
+        assert_eq!(Gid::parse("xyz"), None);
+    }
+
+    #[test]
+    fn connect_missing_fails_fast() {
+        let t = Instant::now();
+        let e = Client::connect(Path::new("/nonexistent-dir/ctl.sock")).unwrap_err();
+        assert!(e.is_unavailable(), "{e:?}");
+        assert!(t.elapsed() < Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,467 @@
+//! The daemon: configuration, listener, accept loop, shutdown.
+
+mod conn;
+mod gid;
+mod registry;
+
+use std::fs;
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::client::{unix_addr, Gid, DEFAULT_SOCKET_PATH};
+use crate::error::IsmError;
+use crate::sys;
+
+use conn::{Events, Shared};
+use registry::Registry;
+
+/// Default state directory (the GID lives in `<state_dir>/gid`).
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/smc";
+
+/// Daemon configuration. `Default` gives the production defaults.
+#[derive(Clone, Debug)]
+pub struct DaemonConfig {
+    /// Unix socket path (default [`DEFAULT_SOCKET_PATH`]). Its directory is created (mode 0755)
+    /// when missing. A lock file `<socket_path>.lock` guarantees a single daemon per path.
+    pub socket_path: PathBuf,
+    /// Permission bits of the socket (default 0o666: every local process may use SMC-D; the
+    /// authorisation is per operation — see the crate docs). Use 0o660 with `socket_gid` to
+    /// restrict SMC-D to a group.
+    pub socket_mode: u32,
+    /// Group owner of the socket, if set.
+    pub socket_gid: Option<u32>,
+    /// State directory (default [`DEFAULT_STATE_DIR`]); holds the persistent GID.
+    pub state_dir: PathBuf,
+    /// Device slots, i.e. live DMBs on the host (default 65535, at most 1 << 20). The daemon
+    /// keeps one memfd per DMB open, so it raises its `RLIMIT_NOFILE` accordingly.
+    pub max_dmbs: u32,
+    /// Bytes of all live DMBs together (default 8 GiB).
+    pub max_total_bytes: u64,
+    /// Live DMBs owned by one cgroup (default 4096).
+    pub cgroup_max_dmbs: u32,
+    /// Bytes of live DMBs owned by one cgroup (default 1 GiB).
+    pub cgroup_max_bytes: u64,
+    /// Refuse registration (decline MEM) when MemAvailable would drop below this (default
+    /// 64 MiB; 0 disables the check).
+    pub min_available_bytes: u64,
+    /// Also require that an attaching client is in the owner's cgroup (default false: SMC-D
+    /// between containers of one host is the point of loopback-ism; the mirror proof is what
+    /// authorises an attach).
+    pub require_same_cgroup: bool,
+    /// Connected clients at most; beyond, new connections are closed at once (default 16384).
+    pub max_clients: u64,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            socket_path: PathBuf::from(DEFAULT_SOCKET_PATH),
+            socket_mode: 0o666,
+            socket_gid: None,
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            max_dmbs: 65535,
+            max_total_bytes: 8 << 30,
+            cgroup_max_dmbs: 4096,
+            cgroup_max_bytes: 1 << 30,
+            min_available_bytes: 64 << 20,
+            require_same_cgroup: false,
+            max_clients: 16384,
+        }
+    }
+}
+
+impl DaemonConfig {
+    /// Defaults with another socket path and state directory (tests, unprivileged runs).
+    pub fn with_paths(socket_path: impl Into<PathBuf>, state_dir: impl Into<PathBuf>) -> Self {
+        DaemonConfig {
+            socket_path: socket_path.into(),
+            state_dir: state_dir.into(),
+            ..DaemonConfig::default()
+        }
+    }
+
+    fn validate(&self) -> Result<(), IsmError> {
+        if self.max_dmbs == 0 || self.max_dmbs > 1 << 20 {
+            return Err(IsmError::Config("max_dmbs must be in 1..=1048576".into()));
+        }
+        if self.socket_mode & !0o777 != 0 {
+            return Err(IsmError::Config("socket_mode has bits beyond 0o777".into()));
+        }
+        unix_addr(&self.socket_path).map_err(|e| IsmError::Setup {
+            what: "socket path",
+            path: self.socket_path.clone(),
+            source: e,
+        })?;
+        Ok(())
+    }
+}
+
+fn setup_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> IsmError + 'a {
+    move |source| IsmError::Setup {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A bound daemon, before its accept loop runs.
+struct Bound {
+    shared: Arc<Shared>,
+    listener: OwnedFd,
+    _lock: fs::File,
+    socket_path: PathBuf,
+    socket_ino: (u64, u64),
+    max_clients: u64,
+}
+
+/// Raises the soft `RLIMIT_NOFILE` towards what the configuration needs.
+fn raise_nofile(cfg: &DaemonConfig) {
+    let want = cfg.max_dmbs as u64 + cfg.max_clients + 256;
+    // SAFETY: plain getrlimit/setrlimit with a valid struct.
+    unsafe {
+        let mut rl: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) != 0 {
+            return;
+        }
+        if rl.rlim_cur as u64 >= want {
+            return;
+        }
+        let mut target = rl;
+        target.rlim_cur = want.min(rl.rlim_max as u64) as libc::rlim_t;
+        if (rl.rlim_max as u64) < want {
+            // Root may raise the hard limit too.
+            let mut hard = rl;
+            hard.rlim_cur = want as libc::rlim_t;
+            hard.rlim_max = want as libc::rlim_t;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &hard) == 0 {
+                return;
+            }
+            log::warn!(
+                "RLIMIT_NOFILE hard limit {} is below the {} descriptors max_dmbs + max_clients need",
+                rl.rlim_max,
+                want
+            );
+        }
+        libc::setrlimit(libc::RLIMIT_NOFILE, &target);
+    }
+}
+
+fn bind(cfg: DaemonConfig) -> Result<Bound, IsmError> {
+    cfg.validate()?;
+    let gid = gid::load_or_create(&cfg.state_dir)?;
+    raise_nofile(&cfg);
+
+    let path = cfg.socket_path.clone();
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(&dir)
+        .map_err(setup_err("creating socket directory", &dir))?;
+
+    // One daemon per socket path: an exclusive flock, released by the kernel when we die.
+    let lock_path = PathBuf::from(format!("{}.lock", path.display()));
+    let lock = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&lock_path)
+        .map_err(setup_err("opening lock file", &lock_path))?;
+    // SAFETY: flock on an fd we own.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(IsmError::AlreadyRunning(path));
+        }
+        return Err(setup_err("locking", &lock_path)(e));
+    }
+
+    // Bind under a temporary name, set owner and mode, then rename into place: the socket is
+    // never reachable with the wrong permissions, and a stale socket is replaced atomically.
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "ctl.sock".into()),
+        std::process::id()
+    ));
+    let _ = fs::remove_file(&tmp);
+    let (addr, len) = unix_addr(&tmp).map_err(setup_err("socket path", &tmp))?;
+    // SAFETY: plain socket syscall.
+    let raw = sys::cvt(unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    })
+    .map_err(setup_err("creating socket", &path))?;
+    // SAFETY: freshly created, owned here.
+    let listener = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: addr is a valid sockaddr_un of length len.
+    sys::cvt(unsafe {
+        libc::bind(
+            listener.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    })
+    .map_err(setup_err("binding", &tmp))?;
+    let finish = || -> io::Result<()> {
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(cfg.socket_mode))?;
+        if let Some(g) = cfg.socket_gid {
+            std::os::unix::fs::chown(&tmp, None, Some(g))?;
+        }
+        // SAFETY: listen on our socket.
+        sys::cvt(unsafe { libc::listen(listener.as_raw_fd(), 1024) })?;
+        fs::rename(&tmp, &path)
+    };
+    if let Err(e) = finish() {
+        let _ = fs::remove_file(&tmp);
+        return Err(setup_err("setting up socket", &path)(e));
+    }
+    let md = fs::metadata(&path).map_err(setup_err("stat", &path))?;
+    log::info!(
+        "loopback-ism daemon listening on {} (GID {gid}, CHID 0xffff, {} slots)",
+        path.display(),
+        cfg.max_dmbs
+    );
+    Ok(Bound {
+        shared: Arc::new(Shared {
+            reg: Registry::new(&cfg, gid),
+            events: Events::new(),
+        }),
+        listener,
+        _lock: lock,
+        socket_path: path,
+        socket_ino: (md.dev(), md.ino()),
+        max_clients: cfg.max_clients,
+    })
+}
+
+impl Bound {
+    fn gid(&self) -> Gid {
+        self.shared.reg.gid
+    }
+
+    async fn run<F: Future<Output = ()>>(self, shutdown: F) -> Result<(), IsmError> {
+        // SAFETY: the OwnedFd is moved into the AsyncFd, which neither replaces nor closes it
+        // while registered.
+        let listener = unsafe { AsyncFd::register(self.listener) }
+            .map_err(|e| IsmError::Io(e.into_parts().1))?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut tasks = JoinSet::new();
+        let counters = &self.shared.reg.counters;
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                r = listener.readable() => {
+                    let mut guard = r.map_err(IsmError::Io)?;
+                    let res = guard.try_io(|l| {
+                        // SAFETY: accept4 on our listening socket; no address wanted.
+                        sys::cvt(unsafe {
+                            libc::accept4(
+                                l.as_raw_fd(),
+                                std::ptr::null_mut(),
+                                std::ptr::null_mut(),
+                                libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                            )
+                        })
+                    });
+                    match res {
+                        Err(_would_block) => {}
+                        Ok(Ok(raw)) => {
+                            // SAFETY: accept4 returned a new fd that we own.
+                            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+                            counters.clients_total.fetch_add(1, Relaxed);
+                            if counters.clients_connected.load(Relaxed) >= self.max_clients {
+                                counters.clients_refused.fetch_add(1, Relaxed);
+                                drop(fd);
+                                continue;
+                            }
+                            counters.clients_connected.fetch_add(1, AcqRel);
+                            self.shared.events.bump();
+                            tasks.spawn(conn::serve_conn(self.shared.clone(), fd, stop_rx.clone()));
+                        }
+                        Ok(Err(e)) => match e.raw_os_error() {
+                            Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS)
+                            | Some(libc::ENOMEM) => {
+                                log::warn!("accept: {e}; backing off");
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                            _ => log::debug!("accept: {e}"),
+                        },
+                    }
+                }
+            }
+        }
+        log::info!("loopback-ism daemon stopping");
+        drop(listener);
+        // Remove the socket only if it is still ours (not replaced by a newer daemon).
+        if let Ok(md) = fs::metadata(&self.socket_path) {
+            if (md.dev(), md.ino()) == self.socket_ino {
+                let _ = fs::remove_file(&self.socket_path);
+            }
+        }
+        let _ = stop_tx.send(true);
+        while tasks.join_next().await.is_some() {}
+        Ok(())
+    }
+}
+
+/// Runs the daemon until `shutdown` completes: binds the socket (see [`DaemonConfig`]), then
+/// serves clients. On shutdown it stops accepting, removes its socket, closes every client
+/// connection and returns. Live mappings in client processes are unaffected: they hold their own
+/// memfd references and mappings.
+pub async fn serve_until<F: Future<Output = ()>>(
+    config: DaemonConfig,
+    shutdown: F,
+) -> Result<(), IsmError> {
+    bind(config)?.run(shutdown).await
+}
+
+/// Runs the daemon until SIGINT or SIGTERM. This is what `smc-ctl daemon` calls.
+pub async fn serve(config: DaemonConfig) -> Result<(), IsmError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(IsmError::Io)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(IsmError::Io)?;
+    serve_until(config, async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
+    .await
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, IsmError> {
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .clamp(1, 8);
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name("smc-ism")
+        .enable_all()
+        .build()
+        .map_err(IsmError::Io)
+}
+
+/// Builds a tokio runtime and runs [`serve`] on it, blocking until SIGINT/SIGTERM.
+pub fn run_blocking(config: DaemonConfig) -> Result<(), IsmError> {
+    runtime()?.block_on(serve(config))
+}
+
+/// A daemon running on its own thread (tests, benchmarks, embedding).
+#[derive(Debug)]
+pub struct DaemonHandle {
+    gid: Gid,
+    socket_path: PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<(), IsmError>>>,
+}
+
+/// Starts a daemon on a new thread with its own runtime. Returns once the socket is bound and
+/// accepting, so [`Client::connect`](crate::Client::connect) succeeds right away.
+pub fn spawn(config: DaemonConfig) -> Result<DaemonHandle, IsmError> {
+    let socket_path = config.socket_path.clone();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<Gid, IsmError>>();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("smc-ism-daemon".into())
+        .spawn(move || -> Result<(), IsmError> {
+            let rt = match runtime() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(IsmError::Config(e.to_string())));
+                    return Err(e);
+                }
+            };
+            rt.block_on(async move {
+                let bound = match bind(config) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        let msg = e.to_string();
+                        let _ = ready_tx.send(Err(e));
+                        return Err(IsmError::Config(msg));
+                    }
+                };
+                let _ = ready_tx.send(Ok(bound.gid()));
+                bound
+                    .run(async move {
+                        let _ = stop_rx.await;
+                    })
+                    .await
+            })
+        })
+        .map_err(IsmError::Io)?;
+    match ready_rx.recv() {
+        Ok(Ok(gid)) => Ok(DaemonHandle {
+            gid,
+            socket_path,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }),
+        Ok(Err(e)) => {
+            let _ = thread.join();
+            Err(e)
+        }
+        Err(_) => {
+            let _ = thread.join();
+            Err(IsmError::Internal)
+        }
+    }
+}
+
+impl DaemonHandle {
+    /// The device GID.
+    pub fn gid(&self) -> Gid {
+        self.gid
+    }
+
+    /// The socket path it listens on.
+    pub fn socket_path(&self) -> &Path {
+        &self.socket_path
+    }
+
+    /// Stops the daemon and waits for it: when this returns, every client connection is closed
+    /// and the socket removed.
+    pub fn shutdown(mut self) -> Result<(), IsmError> {
+        self.stop_and_join()
+    }
+
+    fn stop_and_join(&mut self) -> Result<(), IsmError> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        match self.thread.take() {
+            Some(t) => t.join().map_err(|_| IsmError::Internal)?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for DaemonHandle {
+    fn drop(&mut self) {
+        let _ = self.stop_and_join();
+    }
+}

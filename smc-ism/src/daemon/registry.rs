@@ -1,0 +1,678 @@
+//! The DMB table: slot bitmap, token shards, refcounts, quotas, counters.
+//!
+//! Concurrency: no lock is ever held across I/O or an `.await`.
+//! - Slots: a bitmap of `AtomicU64` words; a slot is taken with a compare-and-swap on its bit
+//!   (the race of seed 004 — two callers picking the same free bit — cannot happen: only the CAS
+//!   winner owns the bit).
+//! - Tokens: 64 shards of `Mutex<HashMap<token, Record>>`. A random token is committed by
+//!   inserting it into its shard only if vacant, under that shard's lock (a few hundred
+//!   nanoseconds); a clash redraws. Refcounts live in the record and change only under the same
+//!   lock, so "look up" and "take a reference unless it is being freed" are one atomic step, and
+//!   the release that drops the count to zero removes the token in that same step.
+//! - Quotas and gauges: atomics with reserve-then-check (`fetch_add`, roll back if over).
+//! - Freeing is RAII: the record's `Arc<DmbObj>` drops the memfd first, then the slot bit, then
+//!   the quota charge, so a slot or quota is reusable only once the memory reference is gone.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Instant;
+
+use crate::client::{dmb_size, Gid};
+use crate::proto::Status;
+use crate::stats::{CgroupStats, FailureStats, OpStats, OpsStats, Stats};
+use crate::sys::{self, TcpIdentity};
+
+use super::DaemonConfig;
+
+const SHARDS: usize = 64;
+
+/// Why a request failed (one failure counter each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fail {
+    MaxDmb,
+    QuotaDmbs,
+    QuotaBytes,
+    TotalBytes,
+    MemPressure,
+    Memfd(i32),
+    BadSize,
+    BadSocket,
+    StaleToken,
+    BadProof,
+    OtherCgroup,
+    NotHeld,
+    Malformed,
+    Oversized,
+    BadVersion,
+    UnknownOp,
+    Internal,
+}
+
+impl Fail {
+    /// Wire status and detail.
+    pub(crate) fn status(self) -> (Status, u32) {
+        match self {
+            Fail::MaxDmb => (Status::MaxDmb, 0),
+            Fail::QuotaDmbs => (Status::QuotaDmbs, 0),
+            Fail::QuotaBytes => (Status::QuotaBytes, 0),
+            Fail::TotalBytes | Fail::MemPressure => (Status::Mem, 0),
+            Fail::Memfd(errno) => (Status::Mem, errno as u32),
+            Fail::BadSize => (Status::BadSize, 0),
+            Fail::BadSocket => (Status::BadSocket, 0),
+            Fail::StaleToken => (Status::StaleToken, 0),
+            Fail::BadProof | Fail::OtherCgroup => (Status::BadProof, 0),
+            Fail::NotHeld => (Status::NotHeld, 0),
+            Fail::Malformed => (Status::Malformed, 0),
+            Fail::Oversized => (Status::Oversized, 0),
+            Fail::BadVersion => (Status::BadVersion, crate::proto::VERSION as u32),
+            Fail::UnknownOp => (Status::UnknownOp, 0),
+            Fail::Internal => (Status::Internal, 0),
+        }
+    }
+}
+
+macro_rules! failure_counters {
+    ($($f:ident),* $(,)?) => {
+        #[derive(Default)]
+        pub(crate) struct Failures { $(pub $f: AtomicU64,)* }
+        impl Failures {
+            fn snapshot(&self) -> FailureStats {
+                FailureStats { $($f: self.$f.load(Relaxed),)* }
+            }
+        }
+    };
+}
+failure_counters!(
+    max_dmb,
+    quota_dmbs,
+    quota_bytes,
+    total_bytes,
+    mem_pressure,
+    memfd,
+    bad_size,
+    bad_socket,
+    stale_token,
+    bad_proof,
+    other_cgroup,
+    not_held,
+    malformed,
+    oversized,
+    bad_version,
+    unknown_op,
+    send_failed,
+    internal,
+);
+
+impl Failures {
+    pub(crate) fn count(&self, f: Fail) {
+        let c = match f {
+            Fail::MaxDmb => &self.max_dmb,
+            Fail::QuotaDmbs => &self.quota_dmbs,
+            Fail::QuotaBytes => &self.quota_bytes,
+            Fail::TotalBytes => &self.total_bytes,
+            Fail::MemPressure => &self.mem_pressure,
+            Fail::Memfd(_) => &self.memfd,
+            Fail::BadSize => &self.bad_size,
+            Fail::BadSocket => &self.bad_socket,
+            Fail::StaleToken => &self.stale_token,
+            Fail::BadProof => &self.bad_proof,
+            Fail::OtherCgroup => &self.other_cgroup,
+            Fail::NotHeld => &self.not_held,
+            Fail::Malformed => &self.malformed,
+            Fail::Oversized => &self.oversized,
+            Fail::BadVersion => &self.bad_version,
+            Fail::UnknownOp => &self.unknown_op,
+            Fail::Internal => &self.internal,
+        };
+        c.fetch_add(1, Relaxed);
+    }
+}
+
+/// Counters of one op.
+#[derive(Default)]
+pub(crate) struct OpCounter {
+    requests: AtomicU64,
+    ok: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl OpCounter {
+    pub(crate) fn record(&self, ok: bool) {
+        self.requests.fetch_add(1, Relaxed);
+        if ok {
+            self.ok.fetch_add(1, Relaxed);
+        } else {
+            self.failed.fetch_add(1, Relaxed);
+        }
+    }
+    fn snapshot(&self) -> OpStats {
+        OpStats {
+            requests: self.requests.load(Relaxed),
+            ok: self.ok.load(Relaxed),
+            failed: self.failed.load(Relaxed),
+        }
+    }
+}
+
+/// All counters.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub query_gid: OpCounter,
+    pub register: OpCounter,
+    pub attach: OpCounter,
+    pub detach: OpCounter,
+    pub unregister: OpCounter,
+    pub stats: OpCounter,
+    pub wait: OpCounter,
+    pub invalid: OpCounter,
+    pub failures: Failures,
+    pub clients_connected: AtomicU64,
+    pub clients_total: AtomicU64,
+    pub clients_refused: AtomicU64,
+    pub released_on_disconnect: AtomicU64,
+}
+
+/// Device-wide gauges.
+#[derive(Default)]
+pub(crate) struct Totals {
+    pub live_dmbs: AtomicU64,
+    pub live_bytes: AtomicU64,
+    pub live_attachments: AtomicU64,
+}
+
+/// The slot bitmap.
+pub(crate) struct SlotMap {
+    words: Box<[AtomicU64]>,
+    max: u32,
+    hint: AtomicUsize,
+}
+
+impl SlotMap {
+    fn new(max: u32) -> SlotMap {
+        let n = (max as usize).div_ceil(64);
+        SlotMap {
+            words: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            max,
+            hint: AtomicUsize::new(0),
+        }
+    }
+
+    fn valid_mask(&self, w: usize) -> u64 {
+        let first = w as u32 * 64;
+        let n = (self.max - first).min(64);
+        if n == 64 {
+            u64::MAX
+        } else {
+            (1u64 << n) - 1
+        }
+    }
+
+    /// Takes a free slot with a CAS on its bit; `None` when all are taken.
+    fn alloc(self: &Arc<Self>) -> Option<SlotGuard> {
+        let n = self.words.len();
+        let start = self.hint.load(Relaxed) % n.max(1);
+        for i in 0..n {
+            let w = (start + i) % n;
+            let word = &self.words[w];
+            let mask = self.valid_mask(w);
+            let mut cur = word.load(Relaxed);
+            loop {
+                let free = !cur & mask;
+                if free == 0 {
+                    break;
+                }
+                let bit = free.trailing_zeros();
+                match word.compare_exchange_weak(cur, cur | (1 << bit), AcqRel, Relaxed) {
+                    Ok(_) => {
+                        self.hint.store(w, Relaxed);
+                        return Some(SlotGuard {
+                            map: self.clone(),
+                            slot: w as u32 * 64 + bit,
+                        });
+                    }
+                    Err(now) => cur = now,
+                }
+            }
+        }
+        None
+    }
+
+    fn free(&self, slot: u32) {
+        let (w, bit) = (slot as usize / 64, slot % 64);
+        let prev = self.words[w].fetch_and(!(1u64 << bit), AcqRel);
+        debug_assert!(prev & (1 << bit) != 0, "slot {slot} freed twice");
+    }
+}
+
+/// Owns one slot bit; clears it on drop.
+pub(crate) struct SlotGuard {
+    map: Arc<SlotMap>,
+    slot: u32,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.map.free(self.slot);
+    }
+}
+
+/// Usage of one cgroup.
+pub(crate) struct CgroupUsage {
+    pub path: String,
+    dmbs: AtomicU64,
+    bytes: AtomicU64,
+    refused: AtomicU64,
+}
+
+/// A quota reservation (cgroup + device totals); released on drop.
+pub(crate) struct Charge {
+    cg: Arc<CgroupUsage>,
+    totals: Arc<Totals>,
+    size: u64,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.cg.dmbs.fetch_sub(1, AcqRel);
+        self.cg.bytes.fetch_sub(self.size, AcqRel);
+        self.totals.live_dmbs.fetch_sub(1, AcqRel);
+        self.totals.live_bytes.fetch_sub(self.size, AcqRel);
+    }
+}
+
+/// A live DMB. Field order is drop order: memfd, then slot, then charge.
+pub(crate) struct DmbObj {
+    pub memfd: OwnedFd,
+    slot: SlotGuard,
+    _charge: Charge,
+    pub token: u64,
+    pub size_code: u8,
+    pub size: u64,
+    pub owner: TcpIdentity,
+    pub owner_cgroup: Arc<CgroupUsage>,
+}
+
+impl DmbObj {
+    pub(crate) fn slot(&self) -> u32 {
+        self.slot.slot
+    }
+}
+
+struct Record {
+    dmb: Arc<DmbObj>,
+    refs: u32,
+    unregistered: bool,
+}
+
+/// Which reference a release drops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RefKind {
+    Owner,
+    Attach,
+}
+
+/// MemAvailable from /proc/meminfo, re-read at most every 200 ms.
+struct MemFloor {
+    epoch: Instant,
+    checked_ms: AtomicU64,
+    avail: AtomicU64,
+}
+
+impl MemFloor {
+    fn available(&self) -> u64 {
+        let now = self.epoch.elapsed().as_millis() as u64 + 1;
+        let last = self.checked_ms.load(Relaxed);
+        if last == 0 || now.saturating_sub(last) >= 200 {
+            self.checked_ms.store(now, Relaxed);
+            if let Some(v) = read_mem_available() {
+                self.avail.store(v, Relaxed);
+            }
+        }
+        self.avail.load(Relaxed)
+    }
+}
+
+fn read_mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The whole device state.
+pub(crate) struct Registry {
+    shards: Box<[Mutex<HashMap<u64, Record>>]>,
+    slots: Arc<SlotMap>,
+    pub totals: Arc<Totals>,
+    cgroups: Mutex<HashMap<String, Weak<CgroupUsage>>>,
+    mem: MemFloor,
+    pub counters: Counters,
+    pub gid: Gid,
+    started: Instant,
+    max_dmbs: u32,
+    max_total_bytes: u64,
+    cgroup_max_dmbs: u64,
+    cgroup_max_bytes: u64,
+    min_available_bytes: u64,
+    require_same_cgroup: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a shard lock cannot leave a half-updated record (updates are
+    // single assignments), so poisoning is ignored.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Registry {
+    pub(crate) fn new(cfg: &DaemonConfig, gid: Gid) -> Registry {
+        Registry {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            slots: Arc::new(SlotMap::new(cfg.max_dmbs)),
+            totals: Arc::default(),
+            cgroups: Mutex::new(HashMap::new()),
+            mem: MemFloor {
+                epoch: Instant::now(),
+                checked_ms: AtomicU64::new(0),
+                avail: AtomicU64::new(u64::MAX),
+            },
+            counters: Counters::default(),
+            gid,
+            started: Instant::now(),
+            max_dmbs: cfg.max_dmbs,
+            max_total_bytes: cfg.max_total_bytes,
+            cgroup_max_dmbs: cfg.cgroup_max_dmbs as u64,
+            cgroup_max_bytes: cfg.cgroup_max_bytes,
+            min_available_bytes: cfg.min_available_bytes,
+            require_same_cgroup: cfg.require_same_cgroup,
+        }
+    }
+
+    fn shard(&self, token: u64) -> &Mutex<HashMap<u64, Record>> {
+        // Tokens are uniformly random: any bits select a shard evenly.
+        &self.shards[(token as usize) % SHARDS]
+    }
+
+    /// The usage entry of a cgroup (shared by all its clients and DMBs).
+    pub(crate) fn cgroup(&self, path: &str) -> Arc<CgroupUsage> {
+        let mut map = lock(&self.cgroups);
+        if let Some(cg) = map.get(path).and_then(Weak::upgrade) {
+            return cg;
+        }
+        if map.len() >= 256 {
+            map.retain(|_, w| w.strong_count() > 0);
+        }
+        let cg = Arc::new(CgroupUsage {
+            path: path.to_owned(),
+            dmbs: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        });
+        map.insert(path.to_owned(), Arc::downgrade(&cg));
+        cg
+    }
+
+    fn charge(&self, cg: &Arc<CgroupUsage>, size: u64) -> Result<Charge, Fail> {
+        if cg.dmbs.fetch_add(1, AcqRel) >= self.cgroup_max_dmbs {
+            cg.dmbs.fetch_sub(1, AcqRel);
+            cg.refused.fetch_add(1, Relaxed);
+            return Err(Fail::QuotaDmbs);
+        }
+        if cg.bytes.fetch_add(size, AcqRel) + size > self.cgroup_max_bytes {
+            cg.bytes.fetch_sub(size, AcqRel);
+            cg.dmbs.fetch_sub(1, AcqRel);
+            cg.refused.fetch_add(1, Relaxed);
+            return Err(Fail::QuotaBytes);
+        }
+        // From here on the Charge's Drop rolls everything back.
+        self.totals.live_dmbs.fetch_add(1, AcqRel);
+        let charge = Charge {
+            cg: cg.clone(),
+            totals: self.totals.clone(),
+            size,
+        };
+        if self.totals.live_bytes.fetch_add(size, AcqRel) + size > self.max_total_bytes {
+            return Err(Fail::TotalBytes);
+        }
+        if self.min_available_bytes > 0
+            && self.mem.available() < self.min_available_bytes.saturating_add(size)
+        {
+            return Err(Fail::MemPressure);
+        }
+        Ok(charge)
+    }
+
+    /// Registers a DMB owned by the caller: quota, slot, memfd, token, refcount 1.
+    pub(crate) fn register(
+        &self,
+        size_code: u8,
+        owner: TcpIdentity,
+        cg: &Arc<CgroupUsage>,
+    ) -> Result<Arc<DmbObj>, Fail> {
+        let size = dmb_size(size_code).ok_or(Fail::BadSize)? as u64;
+        let charge = self.charge(cg, size)?;
+        let slot = self.slots.alloc().ok_or(Fail::MaxDmb)?;
+        let memfd =
+            sys::create_dmb_memfd(size).map_err(|e| Fail::Memfd(e.raw_os_error().unwrap_or(0)))?;
+        let mut obj = Some(DmbObj {
+            memfd,
+            slot,
+            _charge: charge,
+            token: 0,
+            size_code,
+            size,
+            owner,
+            owner_cgroup: cg.clone(),
+        });
+        loop {
+            let token = sys::random_u64().map_err(|_| Fail::Internal)?;
+            if token == 0 {
+                continue;
+            }
+            let mut shard = lock(self.shard(token));
+            if let std::collections::hash_map::Entry::Vacant(v) = shard.entry(token) {
+                let mut o = obj.take().expect("inserted once");
+                o.token = token;
+                let dmb = Arc::new(o);
+                v.insert(Record {
+                    dmb: dmb.clone(),
+                    refs: 1,
+                    unregistered: false,
+                });
+                return Ok(dmb);
+            }
+            // Clash with a live token: draw again.
+        }
+    }
+
+    /// Takes an attach reference if `who` is the mirror of the owner's connection.
+    pub(crate) fn attach(
+        &self,
+        token: u64,
+        who: &TcpIdentity,
+        cg: &CgroupUsage,
+    ) -> Result<Arc<DmbObj>, Fail> {
+        let mut shard = lock(self.shard(token));
+        let rec = shard
+            .get_mut(&token)
+            .filter(|r| !r.unregistered)
+            .ok_or(Fail::StaleToken)?;
+        if !is_mirror(&rec.dmb.owner, who) {
+            return Err(Fail::BadProof);
+        }
+        if self.require_same_cgroup && rec.dmb.owner_cgroup.path != cg.path {
+            return Err(Fail::OtherCgroup);
+        }
+        rec.refs = rec.refs.checked_add(1).ok_or(Fail::Internal)?;
+        self.totals.live_attachments.fetch_add(1, AcqRel);
+        Ok(rec.dmb.clone())
+    }
+
+    /// Drops one reference; frees the DMB when it was the last one.
+    pub(crate) fn release(&self, token: u64, kind: RefKind) {
+        let mut shard = lock(self.shard(token));
+        let Some(rec) = shard.get_mut(&token) else {
+            debug_assert!(false, "release of a reference that is not in the table");
+            return;
+        };
+        match kind {
+            RefKind::Owner => rec.unregistered = true,
+            RefKind::Attach => {
+                self.totals.live_attachments.fetch_sub(1, AcqRel);
+            }
+        }
+        rec.refs -= 1;
+        if rec.refs == 0 {
+            let rec = shard.remove(&token);
+            drop(shard);
+            // Last reference: the memfd, then the slot, then the charge are released here.
+            drop(rec);
+        }
+    }
+
+    /// A snapshot of every counter.
+    pub(crate) fn stats(&self, generation: u64) -> Stats {
+        let c = &self.counters;
+        let mut cgroups: Vec<CgroupStats> = lock(&self.cgroups)
+            .values()
+            .filter_map(Weak::upgrade)
+            .map(|cg| CgroupStats {
+                path: cg.path.clone(),
+                dmbs: cg.dmbs.load(Relaxed),
+                bytes: cg.bytes.load(Relaxed),
+                refused: cg.refused.load(Relaxed),
+            })
+            .filter(|s| s.dmbs > 0 || s.refused > 0)
+            .collect();
+        cgroups.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.path.cmp(&b.path)));
+        cgroups.truncate(256);
+        Stats {
+            protocol_version: crate::proto::VERSION,
+            gid: format!("{:016x}{:016x}", self.gid.gid, self.gid.gid_ext),
+            uptime_secs: self.started.elapsed().as_secs(),
+            generation,
+            clients_connected: c.clients_connected.load(Relaxed),
+            clients_total: c.clients_total.load(Relaxed),
+            clients_refused: c.clients_refused.load(Relaxed),
+            live_dmbs: self.totals.live_dmbs.load(Relaxed),
+            live_bytes: self.totals.live_bytes.load(Relaxed),
+            live_attachments: self.totals.live_attachments.load(Relaxed),
+            max_dmbs: self.max_dmbs as u64,
+            released_on_disconnect: c.released_on_disconnect.load(Relaxed),
+            ops: OpsStats {
+                query_gid: c.query_gid.snapshot(),
+                register: c.register.snapshot(),
+                attach: c.attach.snapshot(),
+                detach: c.detach.snapshot(),
+                unregister: c.unregister.snapshot(),
+                stats: c.stats.snapshot(),
+                wait: c.wait.snapshot(),
+                invalid: c.invalid.snapshot(),
+            },
+            failures: c.failures.snapshot(),
+            cgroups,
+        }
+    }
+}
+
+/// The attach proof: the attacher's socket is the other end of the owner's connection.
+///
+/// - (local, peer) of the attacher equal (peer, local) of the owner;
+/// - it is not the owner's own socket (socket cookies differ, when known);
+/// - when both ends are loopback addresses, both sockets are in the same network namespace
+///   (loopback traffic never leaves a namespace, so a mirrored loopback 4-tuple in another
+///   namespace is a forgery). Non-loopback connections may legitimately cross namespaces
+///   (containers on one host), so no namespace rule applies to them.
+pub(crate) fn is_mirror(owner: &TcpIdentity, who: &TcpIdentity) -> bool {
+    if owner.local != who.peer || owner.peer != who.local {
+        return false;
+    }
+    if let (Some(a), Some(b)) = (owner.cookie, who.cookie) {
+        if a == b {
+            return false;
+        }
+    }
+    if owner.local.ip().is_loopback() && owner.peer.ip().is_loopback() {
+        if let (Some(a), Some(b)) = (owner.netns_cookie, who.netns_cookie) {
+            if a != b {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn slot_bitmap_exhausts_and_reuses() {
+        let m = Arc::new(SlotMap::new(70));
+        let mut held: Vec<SlotGuard> = (0..70).map(|_| m.alloc().unwrap()).collect();
+        let set: HashSet<u32> = held.iter().map(|g| g.slot).collect();
+        assert_eq!(set.len(), 70);
+        assert!(set.iter().all(|&s| s < 70));
+        assert!(m.alloc().is_none());
+        let g = held.pop().unwrap();
+        let s = g.slot;
+        drop(g);
+        assert_eq!(m.alloc().unwrap().slot, s);
+    }
+
+    #[test]
+    fn slot_bitmap_concurrent() {
+        let m = Arc::new(SlotMap::new(1000));
+        let got: Vec<Vec<SlotGuard>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| (0..125).map(|_| m.alloc().unwrap()).collect::<Vec<_>>()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let set: HashSet<u32> = got.iter().flatten().map(|g| g.slot).collect();
+        assert_eq!(set.len(), 1000);
+        assert!(m.alloc().is_none());
+    }
+
+    fn id(l: &str, p: &str, cookie: u64, ns: u64) -> TcpIdentity {
+        TcpIdentity {
+            local: l.parse().unwrap(),
+            peer: p.parse().unwrap(),
+            cookie: Some(cookie),
+            netns_cookie: Some(ns),
+        }
+    }
+
+    #[test]
+    fn mirror_rules() {
+        let owner = id("127.0.0.1:1000", "127.0.0.1:2000", 1, 9);
+        assert!(is_mirror(
+            &owner,
+            &id("127.0.0.1:2000", "127.0.0.1:1000", 2, 9)
+        ));
+        // Same socket.
+        assert!(!is_mirror(
+            &owner,
+            &id("127.0.0.1:2000", "127.0.0.1:1000", 1, 9)
+        ));
+        // Not mirrored.
+        assert!(!is_mirror(
+            &owner,
+            &id("127.0.0.1:1000", "127.0.0.1:2000", 2, 9)
+        ));
+        assert!(!is_mirror(
+            &owner,
+            &id("127.0.0.1:2001", "127.0.0.1:1000", 2, 9)
+        ));
+        // Loopback tuple from another netns.
+        assert!(!is_mirror(
+            &owner,
+            &id("127.0.0.1:2000", "127.0.0.1:1000", 2, 8)
+        ));
+        // Non-loopback may cross namespaces.
+        let o2 = id("10.0.0.1:1000", "10.0.0.2:2000", 1, 9);
+        assert!(is_mirror(&o2, &id("10.0.0.2:2000", "10.0.0.1:1000", 2, 8)));
+    }
+}

@@ -1,0 +1,276 @@
+//! The wire protocol between [`Client`](crate::Client) and the daemon.
+//!
+//! Transport: a Unix `SOCK_SEQPACKET` socket. One request is one record, one reply is one
+//! record, so framing can never be lost: a malformed record is answered with an error and the
+//! next record is parsed from scratch. File descriptors travel as `SCM_RIGHTS` ancillary data
+//! attached to the record (the caller's TCP socket in `REGISTER`/`ATTACH` requests, the DMB's
+//! memfd in their replies).
+//!
+//! Every record starts with a 16-byte header, all fields little-endian:
+//!
+//! | offset | size | field                                                           |
+//! |--------|------|-----------------------------------------------------------------|
+//! | 0      | 4    | magic [`MAGIC`] (`"SMCI"` read as a little-endian u32)          |
+//! | 4      | 2    | protocol version ([`VERSION`])                                  |
+//! | 6      | 2    | op (requests: `OP_*`; replies: the request's op with [`REPLY_BIT`]) |
+//! | 8      | 4    | payload length in bytes (must equal the record length − 16)     |
+//! | 12     | 4    | sequence number, chosen by the client and echoed in the reply   |
+//!
+//! A reply payload starts with `status: u32` ([`Status`]) and `detail: u32` (an errno for
+//! [`Status::Mem`], the daemon's version for [`Status::BadVersion`], 0 otherwise), followed by
+//! the op's result when the status is [`Status::Ok`].
+//!
+//! Request payloads:
+//! - `OP_QUERY_GID`: empty. Result: `gid: u64, gid_ext: u64, chid: u16, max_size_code: u8,
+//!   reserved: u8, reserved: u32`.
+//! - `OP_REGISTER`: `size_code: u8, reserved: [u8; 7]` + the caller's connected TCP socket.
+//!   Result: [`DmbReply`] + the memfd.
+//! - `OP_ATTACH`: `token: u64` + the caller's end of the same TCP connection. Result:
+//!   [`DmbReply`] + the memfd.
+//! - `OP_DETACH`, `OP_UNREGISTER`: `token: u64`. Result: empty.
+//! - `OP_STATS`: empty. Result: [`Stats`](crate::Stats) as JSON.
+//! - `OP_WAIT`: `generation: u64, timeout_ms: u32, reserved: u32`. The daemon answers once its
+//!   release generation differs from `generation` or the timeout (capped at 60 s) expires.
+//!   Result: [`Stats`](crate::Stats) as JSON.
+//!
+//! Requests larger than [`MAX_REQUEST`] bytes are answered with [`Status::Oversized`].
+
+/// `"SMCI"` as a little-endian u32.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"SMCI");
+/// The protocol version spoken by this crate.
+pub const VERSION: u16 = 1;
+/// Size of the fixed header.
+pub const HEADER_LEN: usize = 16;
+/// Largest request record the daemon accepts (header included).
+pub const MAX_REQUEST: usize = 256;
+/// Set in the op field of every reply.
+pub const REPLY_BIT: u16 = 0x8000;
+
+/// Query the device identity (GID, CHID).
+pub const OP_QUERY_GID: u16 = 1;
+/// Register a new DMB (owner side).
+pub const OP_REGISTER: u16 = 2;
+/// Attach to the peer's DMB.
+pub const OP_ATTACH: u16 = 3;
+/// Drop one attachment.
+pub const OP_DETACH: u16 = 4;
+/// Drop the owner's registration.
+pub const OP_UNREGISTER: u16 = 5;
+/// Counters and gauges as JSON.
+pub const OP_STATS: u16 = 6;
+/// Wait for the release generation to change, then return stats.
+pub const OP_WAIT: u16 = 7;
+
+/// Length of the status prefix of every reply payload.
+pub const STATUS_LEN: usize = 8;
+/// Length of the `REGISTER`/`ATTACH` result.
+pub const DMB_REPLY_LEN: usize = 24;
+/// Length of the `QUERY_GID` result.
+pub const GID_REPLY_LEN: usize = 24;
+
+/// Reply status codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Status {
+    /// Success.
+    Ok = 0,
+    /// The record could not be parsed (bad magic, length mismatch, short payload).
+    Malformed = 1,
+    /// The record is larger than [`MAX_REQUEST`].
+    Oversized = 2,
+    /// Unsupported protocol version; `detail` carries the daemon's version.
+    BadVersion = 3,
+    /// Unknown op.
+    UnknownOp = 4,
+    /// DMB size code above 6.
+    BadSize = 5,
+    /// No free DMB slot on the device.
+    MaxDmb = 6,
+    /// The caller's cgroup holds its maximum number of DMBs.
+    QuotaDmbs = 7,
+    /// The caller's cgroup holds its maximum number of DMB bytes.
+    QuotaBytes = 8,
+    /// Out of memory: device byte limit, memory pressure, or memfd/ftruncate failed (`detail` =
+    /// errno when a syscall failed).
+    Mem = 9,
+    /// No socket passed, or it is not an established TCP socket.
+    BadSocket = 10,
+    /// No live DMB has this token.
+    StaleToken = 11,
+    /// The socket passed is not the other end of the owner's TCP connection.
+    BadProof = 12,
+    /// This client holds no such reference (detach/unregister).
+    NotHeld = 13,
+    /// Unexpected daemon-side failure.
+    Internal = 14,
+    /// The daemon is shutting down.
+    ShuttingDown = 15,
+}
+
+impl Status {
+    /// Decodes a wire value; unknown values map to [`Status::Internal`].
+    pub fn from_u32(v: u32) -> Status {
+        use Status::*;
+        match v {
+            0 => Ok,
+            1 => Malformed,
+            2 => Oversized,
+            3 => BadVersion,
+            4 => UnknownOp,
+            5 => BadSize,
+            6 => MaxDmb,
+            7 => QuotaDmbs,
+            8 => QuotaBytes,
+            9 => Mem,
+            10 => BadSocket,
+            11 => StaleToken,
+            12 => BadProof,
+            13 => NotHeld,
+            15 => ShuttingDown,
+            _ => Internal,
+        }
+    }
+}
+
+/// The fixed record header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// Must be [`MAGIC`].
+    pub magic: u32,
+    /// Protocol version.
+    pub version: u16,
+    /// Op code (with [`REPLY_BIT`] in replies).
+    pub op: u16,
+    /// Payload length.
+    pub len: u32,
+    /// Sequence number.
+    pub seq: u32,
+}
+
+impl Header {
+    /// A header for the current version.
+    pub fn new(op: u16, len: usize, seq: u32) -> Header {
+        Header {
+            magic: MAGIC,
+            version: VERSION,
+            op,
+            len: len as u32,
+            seq,
+        }
+    }
+
+    /// Writes the header into the first [`HEADER_LEN`] bytes of `out`.
+    pub fn encode(&self, out: &mut [u8]) {
+        out[0..4].copy_from_slice(&self.magic.to_le_bytes());
+        out[4..6].copy_from_slice(&self.version.to_le_bytes());
+        out[6..8].copy_from_slice(&self.op.to_le_bytes());
+        out[8..12].copy_from_slice(&self.len.to_le_bytes());
+        out[12..16].copy_from_slice(&self.seq.to_le_bytes());
+    }
+
+    /// Reads a header; `None` when `buf` is shorter than [`HEADER_LEN`].
+    pub fn decode(buf: &[u8]) -> Option<Header> {
+        if buf.len() < HEADER_LEN {
+            return None;
+        }
+        Some(Header {
+            magic: get_u32(buf, 0),
+            version: u16::from_le_bytes([buf[4], buf[5]]),
+            op: u16::from_le_bytes([buf[6], buf[7]]),
+            len: get_u32(buf, 8),
+            seq: get_u32(buf, 12),
+        })
+    }
+}
+
+/// The result of `REGISTER` and `ATTACH`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DmbReply {
+    /// The DMB token.
+    pub token: u64,
+    /// The device slot (DMB index in the device's bitmap).
+    pub slot: u32,
+    /// The DMB element index as carried in CLC (`dmbe_idx`); always 0, one element per DMB.
+    pub idx: u8,
+    /// Size code (`size = 16 KiB << size_code`).
+    pub size_code: u8,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+impl DmbReply {
+    /// Encodes into [`DMB_REPLY_LEN`] bytes.
+    pub fn encode(&self, out: &mut [u8]) {
+        out[0..8].copy_from_slice(&self.token.to_le_bytes());
+        out[8..12].copy_from_slice(&self.slot.to_le_bytes());
+        out[12] = self.idx;
+        out[13] = self.size_code;
+        out[14..16].fill(0);
+        out[16..24].copy_from_slice(&self.size.to_le_bytes());
+    }
+
+    /// Decodes; `None` if too short.
+    pub fn decode(buf: &[u8]) -> Option<DmbReply> {
+        if buf.len() < DMB_REPLY_LEN {
+            return None;
+        }
+        Some(DmbReply {
+            token: get_u64(buf, 0),
+            slot: get_u32(buf, 8),
+            idx: buf[12],
+            size_code: buf[13],
+            size: get_u64(buf, 16),
+        })
+    }
+}
+
+/// Reads a little-endian u32 at `off` (caller checks bounds).
+pub fn get_u32(buf: &[u8], off: usize) -> u32 {
+    u32::from_le_bytes(buf[off..off + 4].try_into().expect("4 bytes"))
+}
+
+/// Reads a little-endian u64 at `off` (caller checks bounds).
+pub fn get_u64(buf: &[u8], off: usize) -> u64 {
+    u64::from_le_bytes(buf[off..off + 8].try_into().expect("8 bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_roundtrip() {
+        let h = Header::new(OP_ATTACH, 8, 77);
+        let mut b = [0u8; HEADER_LEN];
+        h.encode(&mut b);
+        assert_eq!(&b[0..4], b"SMCI");
+        assert_eq!(Header::decode(&b), Some(h));
+        assert_eq!(Header::decode(&b[..15]), None);
+    }
+
+    #[test]
+    fn dmb_reply_roundtrip() {
+        let r = DmbReply {
+            token: 0xdead_beef_1234_5678,
+            slot: 65534,
+            idx: 0,
+            size_code: 6,
+            size: 1 << 20,
+        };
+        let mut b = [0u8; DMB_REPLY_LEN];
+        r.encode(&mut b);
+        assert_eq!(DmbReply::decode(&b), Some(r));
+    }
+
+    #[test]
+    fn status_codes() {
+        for v in 0..20u32 {
+            let s = Status::from_u32(v);
+            if v <= 15 && v != 14 {
+                assert_eq!(s as u32, v);
+            } else {
+                assert_eq!(s, Status::Internal);
+            }
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! Daemon counters, as returned by [`Client::stats`](crate::Client::stats).
+
+use serde::{Deserialize, Serialize};
+
+/// Requests, successes and failures of one operation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OpStats {
+    /// Requests received.
+    pub requests: u64,
+    /// Requests that succeeded.
+    pub ok: u64,
+    /// Requests that failed (the reason is counted in [`FailureStats`]).
+    pub failed: u64,
+}
+
+/// Per-operation counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OpsStats {
+    /// `QUERY_GID`.
+    pub query_gid: OpStats,
+    /// `REGISTER`.
+    pub register: OpStats,
+    /// `ATTACH`.
+    pub attach: OpStats,
+    /// `DETACH`.
+    pub detach: OpStats,
+    /// `UNREGISTER`.
+    pub unregister: OpStats,
+    /// `STATS`.
+    pub stats: OpStats,
+    /// `WAIT`.
+    pub wait: OpStats,
+    /// Records that could not be attributed to an op (malformed, oversized, bad version,
+    /// unknown op).
+    pub invalid: OpStats,
+}
+
+/// Failure counters, one per reason.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FailureStats {
+    /// No free slot (decline MAX_DMB).
+    pub max_dmb: u64,
+    /// Cgroup DMB count quota (decline MAX_DMB).
+    pub quota_dmbs: u64,
+    /// Cgroup byte quota (decline MEM).
+    pub quota_bytes: u64,
+    /// Device-wide byte limit (decline MEM).
+    pub total_bytes: u64,
+    /// MemAvailable below the configured floor (decline MEM).
+    pub mem_pressure: u64,
+    /// memfd_create/ftruncate/seal failed (decline MEM).
+    pub memfd: u64,
+    /// Size code above 6.
+    pub bad_size: u64,
+    /// Missing fd, or not an established TCP socket.
+    pub bad_socket: u64,
+    /// Unknown or released token.
+    pub stale_token: u64,
+    /// The socket is not the mirror of the owner's connection.
+    pub bad_proof: u64,
+    /// Attach refused because `require_same_cgroup` is on and the cgroups differ.
+    pub other_cgroup: u64,
+    /// Detach/unregister of a reference the client does not hold.
+    pub not_held: u64,
+    /// Unparseable record.
+    pub malformed: u64,
+    /// Record above the size limit.
+    pub oversized: u64,
+    /// Unsupported protocol version.
+    pub bad_version: u64,
+    /// Unknown op.
+    pub unknown_op: u64,
+    /// Reply could not be sent (client gone).
+    pub send_failed: u64,
+    /// Unexpected errors.
+    pub internal: u64,
+}
+
+/// Usage of one cgroup (only cgroups with live DMBs or refusals are listed).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CgroupStats {
+    /// The cgroup v2 path (`/proc/PID/cgroup` "0::" line).
+    pub path: String,
+    /// Live DMBs owned by processes of this cgroup.
+    pub dmbs: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Registrations refused by this cgroup's quota.
+    pub refused: u64,
+}
+
+/// Everything the daemon counts. Serialisable for `smc-ctl stats`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Stats {
+    /// Protocol version of the daemon.
+    pub protocol_version: u16,
+    /// The device GID as 32 hex digits (gid then gid_ext).
+    pub gid: String,
+    /// Seconds since the daemon started.
+    pub uptime_secs: u64,
+    /// Bumped whenever a DMB reference is released or a client disconnects.
+    pub generation: u64,
+    /// Clients connected now.
+    pub clients_connected: u64,
+    /// Clients accepted since start.
+    pub clients_total: u64,
+    /// Connections closed at once because `max_clients` were connected.
+    pub clients_refused: u64,
+    /// Live DMBs (registered and not yet freed).
+    pub live_dmbs: u64,
+    /// Bytes of live DMBs.
+    pub live_bytes: u64,
+    /// Live attachments (references beyond the owners').
+    pub live_attachments: u64,
+    /// Configured maximum number of DMBs (slots).
+    pub max_dmbs: u64,
+    /// References released because their client's connection closed.
+    pub released_on_disconnect: u64,
+    /// Per-op counters.
+    pub ops: OpsStats,
+    /// Per-reason failure counters.
+    pub failures: FailureStats,
+    /// Per-cgroup usage.
+    pub cgroups: Vec<CgroupStats>,
+}

@@ -1,0 +1,373 @@
+//! Thin libc wrappers shared by the client and the daemon: SCM_RIGHTS messaging, memfds,
+//! socket inspection for the attach proof, random numbers.
+
+use std::io;
+use std::mem;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr;
+
+/// `SO_COOKIE` (Linux 4.12+), the same on every architecture we build for.
+pub(crate) const SO_COOKIE: libc::c_int = 57;
+/// `SO_NETNS_COOKIE` (Linux 5.14+).
+pub(crate) const SO_NETNS_COOKIE: libc::c_int = 71;
+/// `MFD_NOEXEC_SEAL` (Linux 6.3+).
+const MFD_NOEXEC_SEAL: libc::c_uint = 0x0008;
+/// `TCP_ESTABLISHED` in `tcp_info.tcpi_state`.
+const TCP_ESTABLISHED: u8 = 1;
+
+/// Converts a `-1`-on-error return value.
+pub(crate) fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// Control buffer: room for a few fds, aligned for `cmsghdr`.
+#[repr(C, align(8))]
+struct CmsgBuf([u8; 64]);
+
+/// Sends one record, optionally with one fd as SCM_RIGHTS. Never raises SIGPIPE.
+pub(crate) fn send_record(
+    sock: RawFd,
+    data: &[u8],
+    pass: Option<RawFd>,
+    flags: libc::c_int,
+) -> io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let mut cbuf = CmsgBuf([0; 64]);
+    // SAFETY: msghdr is plain data; all pointers set below stay valid during sendmsg.
+    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(fd) = pass {
+        // SAFETY: the buffer is large and aligned enough for one cmsghdr carrying one int.
+        unsafe {
+            let space = libc::CMSG_SPACE(mem::size_of::<libc::c_int>() as u32) as usize;
+            msg.msg_control = cbuf.0.as_mut_ptr().cast();
+            msg.msg_controllen = space as _;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(mem::size_of::<libc::c_int>() as u32) as _;
+            ptr::write_unaligned(libc::CMSG_DATA(c) as *mut libc::c_int, fd);
+        }
+    }
+    loop {
+        // SAFETY: msg is fully initialised.
+        let r = unsafe { libc::sendmsg(sock, &msg, flags | libc::MSG_NOSIGNAL) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if r as usize != data.len() {
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "short send"));
+        }
+        return Ok(());
+    }
+}
+
+/// One received record.
+pub(crate) struct Received {
+    /// Bytes stored in the buffer (0 means end of stream).
+    pub len: usize,
+    /// The record was larger than the buffer (the rest was discarded).
+    pub truncated: bool,
+    /// The first fd passed with the record (others are closed at once).
+    pub fd: Option<OwnedFd>,
+}
+
+/// Receives one record; fds are received with `MSG_CMSG_CLOEXEC`, the first is kept, any others
+/// are closed. `EINTR` is retried; `EAGAIN` is returned to the caller.
+pub(crate) fn recv_record(sock: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<Received> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cbuf = CmsgBuf([0; 64]);
+    loop {
+        // SAFETY: plain data, pointers valid for the duration of recvmsg.
+        let mut msg: libc::msghdr = unsafe { mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.0.as_mut_ptr().cast();
+        msg.msg_controllen = cbuf.0.len() as _;
+        // SAFETY: as above.
+        let r = unsafe { libc::recvmsg(sock, &mut msg, flags | libc::MSG_CMSG_CLOEXEC) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        let mut first: Option<OwnedFd> = None;
+        // SAFETY: walking the control buffer the kernel filled, with the libc macros.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(c) as *const libc::c_int;
+                    let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                    let n = bytes / mem::size_of::<libc::c_int>();
+                    for i in 0..n {
+                        let fd = ptr::read_unaligned(data.add(i));
+                        let owned = OwnedFd::from_raw_fd(fd);
+                        if first.is_none() {
+                            first = Some(owned);
+                        } // else: dropped here, i.e. closed
+                    }
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        return Ok(Received {
+            len: r as usize,
+            truncated: msg.msg_flags & libc::MSG_TRUNC != 0,
+            fd: first,
+        });
+    }
+}
+
+/// Creates a sealed memfd of `size` bytes: zero-filled, pages committed only when touched,
+/// and neither shrinkable nor growable by anybody (a peer shrinking it would SIGBUS the other
+/// side).
+pub(crate) fn create_dmb_memfd(size: u64) -> io::Result<OwnedFd> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static NO_NOEXEC_SEAL: AtomicBool = AtomicBool::new(false);
+    let name = c"smc-dmb";
+    let base = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    let mut fd = -1;
+    if !NO_NOEXEC_SEAL.load(Ordering::Relaxed) {
+        // SAFETY: valid C string.
+        fd = unsafe { libc::memfd_create(name.as_ptr(), base | MFD_NOEXEC_SEAL) };
+        if fd < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+            NO_NOEXEC_SEAL.store(true, Ordering::Relaxed);
+        } else if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    if fd < 0 {
+        // SAFETY: valid C string.
+        fd = cvt(unsafe { libc::memfd_create(name.as_ptr(), base) })?;
+    }
+    // SAFETY: fd was just created and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain syscalls on an fd we own.
+    unsafe {
+        cvt(libc::ftruncate(fd.as_raw_fd(), size as libc::off_t))?;
+        cvt(libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+        ))?;
+    }
+    Ok(fd)
+}
+
+/// Fills `buf` from the kernel's CSPRNG (`getrandom(2)`).
+pub(crate) fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: writing into the remaining part of buf.
+        let r = unsafe {
+            libc::getrandom(
+                buf[done..].as_mut_ptr().cast(),
+                buf.len() - done,
+                0 as libc::c_uint,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        done += r as usize;
+    }
+    Ok(())
+}
+
+/// A random u64.
+pub(crate) fn random_u64() -> io::Result<u64> {
+    let mut b = [0u8; 8];
+    random_bytes(&mut b)?;
+    Ok(u64::from_ne_bytes(b))
+}
+
+/// `getsockopt` for a fixed-size value; fails if the kernel returned a different size, except
+/// that a shorter answer is accepted when `allow_short` (TCP_INFO grows across kernels).
+pub(crate) fn getsockopt<T: Copy>(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> io::Result<T> {
+    // SAFETY: T is plain data (Copy, used only for integers and C structs here).
+    let mut val: T = unsafe { mem::zeroed() };
+    let mut len = mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: val is valid for len bytes.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&mut val as *mut T).cast(),
+            &mut len,
+        )
+    })?;
+    Ok(val)
+}
+
+/// Credentials of the peer of a Unix socket.
+pub(crate) fn peer_cred(fd: BorrowedFd<'_>) -> io::Result<libc::ucred> {
+    getsockopt::<libc::ucred>(fd, libc::SOL_SOCKET, libc::SO_PEERCRED)
+}
+
+/// What the daemon records about a TCP socket passed as proof.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TcpIdentity {
+    /// `getsockname`, IPv4-mapped IPv6 normalised to IPv4.
+    pub local: SocketAddr,
+    /// `getpeername`, normalised likewise.
+    pub peer: SocketAddr,
+    /// `SO_COOKIE`, when the kernel has it.
+    pub cookie: Option<u64>,
+    /// `SO_NETNS_COOKIE`, when the kernel has it.
+    pub netns_cookie: Option<u64>,
+}
+
+/// Why a passed fd is not acceptable as proof.
+#[derive(Debug)]
+pub(crate) enum SocketCheck {
+    NotTcp,
+    NotEstablished,
+}
+
+/// Inspects a passed fd: must be an AF_INET/AF_INET6 TCP stream socket in ESTABLISHED state.
+pub(crate) fn inspect_tcp(fd: BorrowedFd<'_>) -> Result<TcpIdentity, SocketCheck> {
+    let domain = getsockopt::<libc::c_int>(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)
+        .map_err(|_| SocketCheck::NotTcp)?;
+    let ty = getsockopt::<libc::c_int>(fd, libc::SOL_SOCKET, libc::SO_TYPE)
+        .map_err(|_| SocketCheck::NotTcp)?;
+    let proto = getsockopt::<libc::c_int>(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL)
+        .map_err(|_| SocketCheck::NotTcp)?;
+    if (domain != libc::AF_INET && domain != libc::AF_INET6)
+        || ty != libc::SOCK_STREAM
+        || proto != libc::IPPROTO_TCP
+    {
+        return Err(SocketCheck::NotTcp);
+    }
+    // tcp_info starts with tcpi_state; asking for 8 bytes is enough and works on every kernel.
+    let info = getsockopt::<[u8; 8]>(fd, libc::IPPROTO_TCP, libc::TCP_INFO)
+        .map_err(|_| SocketCheck::NotTcp)?;
+    if info[0] != TCP_ESTABLISHED {
+        return Err(SocketCheck::NotEstablished);
+    }
+    let local = sock_name(fd, false).ok_or(SocketCheck::NotEstablished)?;
+    let peer = sock_name(fd, true).ok_or(SocketCheck::NotEstablished)?;
+    Ok(TcpIdentity {
+        local,
+        peer,
+        cookie: getsockopt::<u64>(fd, libc::SOL_SOCKET, SO_COOKIE).ok(),
+        netns_cookie: getsockopt::<u64>(fd, libc::SOL_SOCKET, SO_NETNS_COOKIE).ok(),
+    })
+}
+
+/// True when the socket has `SO_LINGER` on: closing it may block (if ours is the last ref).
+pub(crate) fn lingers(fd: BorrowedFd<'_>) -> bool {
+    getsockopt::<libc::linger>(fd, libc::SOL_SOCKET, libc::SO_LINGER)
+        .map(|l| l.l_onoff != 0)
+        .unwrap_or(false)
+}
+
+fn sock_name(fd: BorrowedFd<'_>, peer: bool) -> Option<SocketAddr> {
+    // SAFETY: sockaddr_storage is plain data large enough for any address.
+    let mut ss: libc::sockaddr_storage = unsafe { mem::zeroed() };
+    let mut len = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let p = (&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr>();
+    // SAFETY: ss is valid for len bytes.
+    let r = unsafe {
+        if peer {
+            libc::getpeername(fd.as_raw_fd(), p, &mut len)
+        } else {
+            libc::getsockname(fd.as_raw_fd(), p, &mut len)
+        }
+    };
+    if r < 0 {
+        return None;
+    }
+    sockaddr_to_std(&ss)
+}
+
+fn sockaddr_to_std(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match ss.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the family says it is a sockaddr_in.
+            let sin =
+                unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            Some(SocketAddr::new(IpAddr::V4(ip), u16::from_be(sin.sin_port)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says it is a sockaddr_in6.
+            let sin6 =
+                unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let ip6 = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            let ip = match ip6.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => IpAddr::V6(ip6),
+            };
+            Some(SocketAddr::new(ip, u16::from_be(sin6.sin6_port)))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn inspect_connected_pair() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let ia = inspect_tcp(a.as_fd()).unwrap();
+        let ib = inspect_tcp(b.as_fd()).unwrap();
+        assert_eq!(ia.local, ib.peer);
+        assert_eq!(ia.peer, ib.local);
+        assert_ne!(ia.cookie, ib.cookie);
+        assert_eq!(ia.netns_cookie, ib.netns_cookie);
+        assert!(matches!(
+            inspect_tcp(l.as_fd()),
+            Err(SocketCheck::NotEstablished)
+        ));
+        let f = std::fs::File::open("/proc/self/stat").unwrap();
+        assert!(matches!(inspect_tcp(f.as_fd()), Err(SocketCheck::NotTcp)));
+        assert!(!lingers(a.as_fd()));
+    }
+
+    #[test]
+    fn memfd_is_sealed() {
+        let fd = create_dmb_memfd(16384).unwrap();
+        // SAFETY: plain syscalls.
+        unsafe {
+            let mut st: libc::stat = mem::zeroed();
+            assert_eq!(libc::fstat(fd.as_raw_fd(), &mut st), 0);
+            assert_eq!(st.st_size, 16384);
+            assert!(libc::ftruncate(fd.as_raw_fd(), 0) < 0);
+            assert!(libc::ftruncate(fd.as_raw_fd(), 1 << 20) < 0);
+        }
+    }
+}
