@@ -1,0 +1,260 @@
+//! Test program driven by the integration tests: TCP client/server with the SMC opt-in, byte-stream
+//! integrity checks (seeded random chunk sizes, SHA-256), splice reads and a stalled reader.
+//!
+//! ```text
+//! smc-testprog pair ADDR [--client-opt] [--server-opt]        -> "client=<flags> server=<flags>"
+//! smc-testprog server ADDR [--opt-in] [--splice] [--reply N]  -> prints "PORT <p>", then "SHA <hex> <bytes>"
+//! smc-testprog client ADDR:PORT BYTES SEED [--opt-in] [--max-chunk K]  -> "OK <bytes> <hex>"
+//! smc-testprog stall ADDR                                      -> "QUEUED <bytes>" (reader never reads)
+//! ```
+use std::{
+    env,
+    io::{Read as _, Write as _},
+    net::{Shutdown, SocketAddr, TcpListener, TcpStream},
+    os::fd::AsRawFd as _,
+    process::exit,
+};
+
+use sha2::{Digest as _, Sha256};
+use smc_common::bpf::{SockState, SMC_SO_ENABLE, SMC_SO_STATE, SOL_SMC_BPF};
+
+fn die(msg: impl std::fmt::Display) -> ! {
+    eprintln!("smc-testprog: {msg}");
+    exit(2)
+}
+
+/// Asks the eBPF programs to announce SMC for this socket. Fails (ENOPROTOOPT) outside an
+/// attached cgroup; the socket then simply stays plain TCP, as the data path does.
+fn opt_in(fd: i32) {
+    let one: u32 = 1;
+    // SAFETY: valid fd and option buffer.
+    let r = unsafe { libc::setsockopt(fd, SOL_SMC_BPF, SMC_SO_ENABLE, (&one as *const u32).cast(), 4) };
+    if r != 0 {
+        eprintln!("smc-testprog: opt-in: {}", std::io::Error::last_os_error());
+    }
+}
+
+fn state(fd: i32) -> u32 {
+    let mut st = SockState::default();
+    let mut len = std::mem::size_of::<SockState>() as libc::socklen_t;
+    // SAFETY: valid fd and buffer.
+    let r = unsafe { libc::getsockopt(fd, SOL_SMC_BPF, SMC_SO_STATE, (&mut st as *mut SockState).cast(), &mut len) };
+    if r != 0 {
+        return u32::MAX;
+    }
+    st.flags
+}
+
+/// A socket that opted in before listen/connect (std has no hook between socket() and connect()).
+fn raw_socket(addr: &SocketAddr) -> i32 {
+    let fam = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: plain syscall.
+    let fd = unsafe { libc::socket(fam, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        die("socket");
+    }
+    fd
+}
+
+fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as u16,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+                sin_zero: [0; 8],
+            };
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as u16,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                sin6_scope_id: 0,
+            };
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+fn listen(addr: &str, opt: bool) -> TcpListener {
+    let addr: SocketAddr = addr.parse().unwrap_or_else(|e| die(format!("{addr}: {e}")));
+    let fd = raw_socket(&addr);
+    let one: i32 = 1;
+    unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, (&one as *const i32).cast(), 4) };
+    if opt {
+        opt_in(fd);
+    }
+    let (ss, len) = sockaddr(&addr);
+    if unsafe { libc::bind(fd, (&ss as *const libc::sockaddr_storage).cast(), len) } != 0
+        || unsafe { libc::listen(fd, 128) } != 0
+    {
+        die(format!("bind/listen {addr}: {}", std::io::Error::last_os_error()));
+    }
+    use std::os::fd::FromRawFd as _;
+    unsafe { TcpListener::from_raw_fd(fd) }
+}
+
+fn connect(addr: &str, opt: bool) -> TcpStream {
+    let addr: SocketAddr = addr.parse().unwrap_or_else(|e| die(format!("{addr}: {e}")));
+    let fd = raw_socket(&addr);
+    if opt {
+        opt_in(fd);
+    }
+    let (ss, len) = sockaddr(&addr);
+    if unsafe { libc::connect(fd, (&ss as *const libc::sockaddr_storage).cast(), len) } != 0 {
+        die(format!("connect {addr}: {}", std::io::Error::last_os_error()));
+    }
+    use std::os::fd::FromRawFd as _;
+    unsafe { TcpStream::from_raw_fd(fd) }
+}
+
+/// xorshift64*: deterministic data and chunk sizes from a seed.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn fill(&mut self, buf: &mut [u8]) {
+        for c in buf.chunks_mut(8) {
+            let v = self.next().to_le_bytes();
+            c.copy_from_slice(&v[..c.len()]);
+        }
+    }
+}
+
+fn has(args: &[String], flag: &str) -> bool {
+    args.iter().any(|a| a == flag)
+}
+
+fn value(args: &[String], flag: &str) -> Option<u64> {
+    args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok())
+}
+
+/// Reads the stream to EOF (read or splice through a pipe), returning (bytes, sha256 hex).
+fn drain(s: &mut TcpStream, use_splice: bool) -> (u64, String) {
+    let mut h = Sha256::new();
+    let mut total = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    if use_splice {
+        let mut p = [0i32; 2];
+        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+        loop {
+            let n = unsafe { libc::splice(s.as_raw_fd(), std::ptr::null_mut(), p[1], std::ptr::null_mut(), 1 << 16, 0) };
+            if n < 0 {
+                die(format!("splice: {}", std::io::Error::last_os_error()));
+            }
+            if n == 0 {
+                break;
+            }
+            let mut left = n as usize;
+            while left > 0 {
+                let r = unsafe { libc::read(p[0], buf.as_mut_ptr().cast(), left.min(buf.len())) };
+                if r <= 0 {
+                    die("pipe read");
+                }
+                h.update(&buf[..r as usize]);
+                left -= r as usize;
+            }
+            total += n as u64;
+        }
+    } else {
+        loop {
+            let n = s.read(&mut buf).unwrap_or_else(|e| die(format!("read: {e}")));
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+            total += n as u64;
+        }
+    }
+    (total, hex(&h.finalize()))
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Sends `bytes` seeded bytes in seeded random chunk sizes; returns their sha256.
+fn send_stream(s: &mut TcpStream, bytes: u64, seed: u64, max_chunk: usize) -> String {
+    let mut data = Rng(seed | 1);
+    let mut sizes = Rng(seed.rotate_left(17) | 1);
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; max_chunk];
+    let mut left = bytes;
+    while left > 0 {
+        let n = ((sizes.next() % max_chunk as u64) + 1).min(left) as usize;
+        data.fill(&mut buf[..n]);
+        h.update(&buf[..n]);
+        s.write_all(&buf[..n]).unwrap_or_else(|e| die(format!("write: {e}")));
+        left -= n as u64;
+    }
+    hex(&h.finalize())
+}
+
+fn main() {
+    let args: Vec<String> = env::args().collect();
+    let cmd = args.get(1).map(String::as_str).unwrap_or("");
+    match cmd {
+        "pair" => {
+            let addr = &args[2];
+            let l = listen(addr, has(&args, "--server-opt"));
+            let local = l.local_addr().unwrap();
+            let c = connect(&local.to_string(), has(&args, "--client-opt"));
+            let (a, _) = l.accept().unwrap();
+            println!("client={} server={}", state(c.as_raw_fd()), state(a.as_raw_fd()));
+        }
+        "server" => {
+            let l = listen(&args[2], has(&args, "--opt-in"));
+            println!("PORT {}", l.local_addr().unwrap().port());
+            std::io::stdout().flush().unwrap();
+            let (mut s, _) = l.accept().unwrap();
+            let (n, sha) = drain(&mut s, has(&args, "--splice"));
+            if let Some(reply) = value(&args, "--reply") {
+                send_stream(&mut s, reply, 7, 65536);
+            }
+            let _ = s.shutdown(Shutdown::Write);
+            println!("SHA {sha} {n} state={}", state(s.as_raw_fd()));
+        }
+        "client" => {
+            let bytes: u64 = args[3].parse().unwrap_or_else(|_| die("BYTES"));
+            let seed: u64 = args[4].parse().unwrap_or_else(|_| die("SEED"));
+            let max_chunk = value(&args, "--max-chunk").unwrap_or(65536) as usize;
+            let mut s = connect(&args[2], has(&args, "--opt-in"));
+            let sha = send_stream(&mut s, bytes, seed, max_chunk);
+            s.shutdown(Shutdown::Write).unwrap();
+            // The half-closed stream still carries the server's reply.
+            let (back, back_sha) = drain(&mut s, false);
+            println!("OK {bytes} {sha} back={back} {back_sha} state={}", state(s.as_raw_fd()));
+        }
+        "stall" => {
+            let l = listen(&args[2], false);
+            let local = l.local_addr().unwrap();
+            let mut c = connect(&local.to_string(), false);
+            let (_reader, _) = l.accept().unwrap();
+            c.set_nonblocking(true).unwrap();
+            let buf = vec![0u8; 65536];
+            let mut queued = 0u64;
+            let limit = value(&args, "--limit").unwrap_or(1 << 30);
+            while queued < limit {
+                match c.write(&buf) {
+                    Ok(n) => queued += n as u64,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => die(format!("write: {e}")),
+                }
+            }
+            println!("QUEUED {queued}");
+        }
+        _ => die("usage: smc-testprog pair|server|client|stall ..."),
+    }
+}

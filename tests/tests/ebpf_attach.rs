@@ -1,0 +1,329 @@
+//! The eBPF control plane on the real kernel: attach/detach per cgroup, the SMC option in the TCP
+//! handshake, same-host detection, the sk_msg shortcut and its known failure modes.
+use std::{path::Path, process::Command, time::Duration};
+
+use integration_tests::{
+    bin, counters, delta, lock, require_root, smc_ctl, Attached, Cgroup, NetnsPair, Proc, PIN_ROOT,
+};
+use smc_common::bpf::{SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PEER_SMC, SOCK_SAME_HOST};
+
+const T: Duration = Duration::from_secs(120);
+
+fn flags(out: &str, side: &str) -> u32 {
+    out.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{side}=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {side}= in {out:?}"))
+}
+
+fn pair(cg: &Cgroup, addr: &str, client_opt: bool, server_opt: bool) -> (u32, u32) {
+    let mut c = cg.command(bin("smc-testprog"));
+    c.args(["pair", addr]);
+    if client_opt {
+        c.arg("--client-opt");
+    }
+    if server_opt {
+        c.arg("--server-opt");
+    }
+    let out = Proc::spawn(c).wait_output(T).expect("pair");
+    (flags(&out, "client"), flags(&out, "server"))
+}
+
+#[test]
+fn option_negotiated_only_when_both_ends_opt_in() {
+    require_root();
+    let _l = lock();
+    let cg = Cgroup::new();
+    let _a = Attached::new(&cg, "ism");
+    for addr in ["127.0.0.1:0", "[::1]:0"] {
+        let before = counters();
+        let (c, s) = pair(&cg, addr, true, true);
+        let after = counters();
+        assert_eq!(c & (SOCK_OPT_SENT | SOCK_PEER_SMC), SOCK_OPT_SENT | SOCK_PEER_SMC, "{addr} client {c:#x}");
+        assert_eq!(s & (SOCK_OPT_SENT | SOCK_PEER_SMC), SOCK_OPT_SENT | SOCK_PEER_SMC, "{addr} server {s:#x}");
+        assert_eq!(delta(&before, &after, "syn_opt_sent"), 1);
+        assert_eq!(delta(&before, &after, "synack_opt_sent"), 1);
+        assert_eq!(delta(&before, &after, "synack_opt_received"), 1);
+        assert_eq!(delta(&before, &after, "syn_opt_received"), 1);
+
+        // Only the client asked: the SYN carries it, the SYN-ACK does not, nobody sees a peer.
+        let before = counters();
+        let (c, s) = pair(&cg, addr, true, false);
+        let after = counters();
+        assert_eq!(c & SOCK_PEER_SMC, 0, "{addr} client {c:#x}");
+        assert_eq!(s & (SOCK_OPT_SENT | SOCK_PEER_SMC), 0, "{addr} server {s:#x}");
+        assert_eq!(delta(&before, &after, "syn_opt_sent"), 1);
+        assert_eq!(delta(&before, &after, "synack_opt_sent"), 0);
+
+        // Only the server asked: nothing on the wire at all.
+        let before = counters();
+        let (c, s) = pair(&cg, addr, false, true);
+        let after = counters();
+        assert_eq!(c & (SOCK_OPTED_IN | SOCK_PEER_SMC), 0, "{addr} client {c:#x}");
+        assert_eq!(s & (SOCK_OPT_SENT | SOCK_PEER_SMC), 0, "{addr} server {s:#x}");
+        assert_eq!(delta(&before, &after, "syn_opt_sent") + delta(&before, &after, "synack_opt_sent"), 0);
+    }
+}
+
+#[test]
+fn same_host_detected_over_loopback_v4_v6() {
+    require_root();
+    let _l = lock();
+    let cg = Cgroup::new();
+    let _a = Attached::new(&cg, "ism");
+    for addr in ["127.0.0.1:0", "[::1]:0"] {
+        let before = counters();
+        let (c, s) = pair(&cg, addr, false, false);
+        let after = counters();
+        assert_ne!(s & SOCK_SAME_HOST, 0, "{addr} server {s:#x}");
+        assert_ne!(c & SOCK_SAME_HOST, 0, "{addr} client {c:#x}");
+        assert_eq!(delta(&before, &after, "same_host_pairs"), 1, "{addr}");
+        assert_eq!(delta(&before, &after, "sockets_established"), 2, "{addr}");
+    }
+}
+
+fn server(cmd: Command) -> (Proc, u16) {
+    let mut p = Proc::spawn(cmd);
+    let line = p.read_line();
+    let port = line
+        .strip_prefix("PORT ")
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("server said {line:?}"));
+    (p, port)
+}
+
+/// Streams `bytes` from a client to a server (and `reply` bytes back) and checks both hashes.
+fn stream(mut srv: Command, mut cli: Command, host: &str, bytes: u64, reply: u64) {
+    srv.args(["--reply", &reply.to_string()]);
+    let (srv, port) = server(srv);
+    let target = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
+    cli.args(["client", &target, &bytes.to_string(), "12345", "--max-chunk", "200000"]);
+    let cli_out = Proc::spawn(cli).wait_output(T).expect("client");
+    let srv_out = srv.wait_output(T).expect("server");
+    let sent: Vec<&str> = cli_out.split_whitespace().collect();
+    let got: Vec<&str> = srv_out.split_whitespace().collect();
+    assert_eq!(sent[0], "OK", "client: {cli_out}");
+    assert_eq!(got[0], "SHA", "server: {srv_out}");
+    assert_eq!(got[2], sent[1], "byte count: client {cli_out} server {srv_out}");
+    assert_eq!(got[1], sent[2], "sha256 differs: client {cli_out} server {srv_out}");
+    assert_eq!(sent[3], format!("back={reply}"), "reply after half-close: {cli_out}");
+}
+
+fn testprog_in(cg: &Cgroup) -> Command {
+    cg.command(bin("smc-testprog"))
+}
+
+#[test]
+fn shortcut_delivers_identical_streams_with_half_close() {
+    require_root();
+    let _l = lock();
+    let cg = Cgroup::new();
+    let _a = Attached::new(&cg, "shortcut");
+    let before = counters();
+    let mut s = testprog_in(&cg);
+    s.args(["server", "127.0.0.1:0"]);
+    stream(s, testprog_in(&cg), "127.0.0.1", 256 << 20, 3 << 20);
+    let after = counters();
+    // Both directions went through the shortcut.
+    assert!(
+        delta(&before, &after, "bytes_redirected") >= (256 << 20) + (3 << 20),
+        "redirected {}",
+        delta(&before, &after, "bytes_redirected")
+    );
+    assert_eq!(delta(&before, &after, "msg_pass_redirect_failed"), 0);
+}
+
+#[test]
+fn shortcut_v4_mapped_client_to_v4_server() {
+    require_root();
+    let _l = lock();
+    let cg = Cgroup::new();
+    let _a = Attached::new(&cg, "shortcut");
+    let before = counters();
+    let mut s = testprog_in(&cg);
+    s.args(["server", "0.0.0.0:0"]);
+    // An AF_INET6 socket talking to an AF_INET one: keys must match (no EACCES, redirected).
+    stream(s, testprog_in(&cg), "::ffff:127.0.0.1", 8 << 20, 1 << 20);
+    let after = counters();
+    assert!(delta(&before, &after, "bytes_redirected") >= 9 << 20);
+    assert_eq!(delta(&before, &after, "same_host_pairs"), 1);
+}
+
+#[test]
+fn shortcut_one_end_outside_the_cgroup_stays_tcp() {
+    require_root();
+    let _l = lock();
+    let cg = Cgroup::new();
+    let _a = Attached::new(&cg, "shortcut");
+    let before = counters();
+    // Server outside any attached cgroup, client inside.
+    let mut s = Command::new(bin("smc-testprog"));
+    s.args(["server", "127.0.0.1:0"]);
+    stream(s, testprog_in(&cg), "127.0.0.1", 16 << 20, 1 << 20);
+    // And the reverse.
+    let mut s = testprog_in(&cg);
+    s.args(["server", "127.0.0.1:0"]);
+    stream(s, Command::new(bin("smc-testprog")), "127.0.0.1", 16 << 20, 1 << 20);
+    let after = counters();
+    assert_eq!(delta(&before, &after, "bytes_redirected"), 0);
+    assert!(delta(&before, &after, "msg_pass_no_peer") > 0);
+}
+
+#[test]
+fn same_host_across_network_namespaces_and_other_host_untouched() {
+    require_root();
+    let _l = lock();
+    let cg = Cgroup::new();
+    let _a = Attached::new(&cg, "shortcut");
+    let ns = NetnsPair::new().expect("netns pair");
+    let prog = bin("smc-testprog");
+
+    // Both ends in the cgroup, in two namespaces joined by veth: same host, shortcut.
+    let before = counters();
+    let mut s = NetnsPair::command(&ns.b, Some(&cg), &prog);
+    s.args(["server", &format!("{}:0", ns.addr_b)]);
+    stream(s, NetnsPair::command(&ns.a, Some(&cg), &prog), &ns.addr_b, 32 << 20, 1 << 20);
+    let after = counters();
+    assert_eq!(delta(&before, &after, "same_host_pairs"), 1);
+    assert!(delta(&before, &after, "bytes_redirected") >= 33 << 20);
+
+    // The server namespace is "another host" (not in the cgroup): plain TCP, intact.
+    let before = counters();
+    let mut s = NetnsPair::command(&ns.b, None, &prog);
+    s.args(["server", &format!("{}:0", ns.addr_b)]);
+    stream(s, NetnsPair::command(&ns.a, Some(&cg), &prog), &ns.addr_b, 32 << 20, 1 << 20);
+    let after = counters();
+    assert_eq!(delta(&before, &after, "same_host_pairs"), 0);
+    assert_eq!(delta(&before, &after, "bytes_redirected"), 0);
+}
+
+#[test]
+fn ism_mode_never_redirects_application_payload() {
+    // In ism mode the shortcut only carries the data path's own control traffic: splice readers
+    // and stalled readers see plain TCP semantics (the two cases sockmap cannot make safe).
+    require_root();
+    let _l = lock();
+    let cg = Cgroup::new();
+    let _a = Attached::new(&cg, "ism");
+    let before = counters();
+    let mut s = testprog_in(&cg);
+    s.args(["server", "127.0.0.1:0", "--splice"]);
+    stream(s, testprog_in(&cg), "127.0.0.1", 16 << 20, 0);
+    let mut st = testprog_in(&cg);
+    st.args(["stall", "127.0.0.1:0"]);
+    let out = Proc::spawn(st).wait_output(T).expect("stall");
+    let queued: u64 = out.trim().strip_prefix("QUEUED ").and_then(|v| v.parse().ok()).expect("QUEUED");
+    let after = counters();
+    assert!(queued < 64 << 20, "a stalled reader let {queued} bytes queue");
+    assert_eq!(delta(&before, &after, "bytes_redirected"), 0);
+    assert_eq!(delta(&before, &after, "same_host_pairs"), 2);
+}
+
+#[test]
+fn process_outside_the_cgroup_is_untouched() {
+    require_root();
+    let _l = lock();
+    let cg = Cgroup::new();
+    let _a = Attached::new(&cg, "shortcut");
+    let before = counters();
+    let out = Proc::spawn({
+        let mut c = Command::new(bin("smc-testprog"));
+        c.args(["pair", "127.0.0.1:0"]);
+        c
+    })
+    .wait_output(T)
+    .unwrap();
+    let after = counters();
+    // Outside an attached cgroup the private socket option does not even exist.
+    assert_eq!(flags(&out, "client"), u32::MAX, "{out}");
+    assert_eq!(delta(&before, &after, "sockets_established"), 0);
+}
+
+/// The pinned links of the given cgroups (others' cgroups may be attached on this host).
+fn pinned_links(cgs: &[&Cgroup]) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let inos: Vec<String> =
+        cgs.iter().map(|c| format!("{}-", std::fs::metadata(&c.path).unwrap().ino())).collect();
+    std::fs::read_dir(Path::new(PIN_ROOT).join("links"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| inos.iter().any(|i| n.starts_with(i.as_str())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn two_cgroups_attach_and_detach_independently_and_leave_nothing() {
+    require_root();
+    let _l = lock();
+    let a = Cgroup::new();
+    let b = Cgroup::new();
+    let pa = a.path.to_str().unwrap();
+    let pb = b.path.to_str().unwrap();
+    assert!(smc_ctl(&["attach", "--cgroup", pa, "--mode", "shortcut"]).status.success());
+    // Attaching twice is a no-op.
+    let again = smc_ctl(&["attach", "--cgroup", pa, "--mode", "shortcut"]);
+    assert!(again.status.success());
+    assert!(String::from_utf8_lossy(&again.stdout).contains("already attached"));
+    assert!(smc_ctl(&["attach", "--cgroup", pb, "--mode", "ism"]).status.success());
+    assert_eq!(pinned_links(&[&a, &b]).len(), 6, "{:?}", pinned_links(&[&a, &b]));
+
+    let st: serde_json::Value = serde_json::from_slice(&smc_ctl(&["status", "--json"]).stdout).unwrap();
+    let cgs = st["cgroups"].as_array().unwrap();
+    assert!(cgs.iter().any(|c| c["cgroup"] == pa && c["mode"] == "shortcut"), "{st}");
+    assert!(cgs.iter().any(|c| c["cgroup"] == pb && c["mode"] == "ism"), "{st}");
+
+    // Detaching one leaves the other working.
+    assert!(smc_ctl(&["detach", "--cgroup", pa]).status.success());
+    let (c, s) = pair(&b, "127.0.0.1:0", true, true);
+    assert_ne!(c & SOCK_PEER_SMC, 0);
+    assert_ne!(s & SOCK_PEER_SMC, 0);
+    let (c, _) = pair(&a, "127.0.0.1:0", true, true);
+    assert_eq!(c, u32::MAX, "detached cgroup still answers the private option");
+
+    let not = smc_ctl(&["detach", "--cgroup", pa]);
+    assert!(!not.status.success());
+    assert!(String::from_utf8_lossy(&not.stderr).contains("not attached"));
+
+    let last = smc_ctl(&["detach", "--cgroup", pb]);
+    assert!(last.status.success());
+    assert!(pinned_links(&[&a, &b]).is_empty());
+    // When no other cgroup on the host is attached, the last detach unloads everything.
+    if String::from_utf8_lossy(&last.stdout).contains("unloaded") {
+        assert!(!Path::new(PIN_ROOT).exists(), "{PIN_ROOT} left behind");
+    }
+    let show = Command::new("bpftool").args(["cgroup", "show", pb]).output();
+    if let Ok(show) = show {
+        assert!(String::from_utf8_lossy(&show.stdout).trim().lines().count() <= 1, "{:?}", show);
+    }
+}
+
+#[test]
+fn clear_errors() {
+    require_root();
+    let _l = lock();
+    let out = smc_ctl(&["attach", "--cgroup", "/tmp"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a cgroup v2 directory"));
+    let out = smc_ctl(&["attach", "--cgroup", "/nonexistent/cg"]);
+    assert!(!out.status.success());
+    let out = Command::new(bin("smc-ctl"))
+        .args(["status"])
+        .env("PATH", "/usr/bin:/bin")
+        .uid(65534)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs root"));
+}
+
+trait Uid {
+    fn uid(&mut self, uid: u32) -> &mut Self;
+}
+impl Uid for Command {
+    fn uid(&mut self, uid: u32) -> &mut Self {
+        std::os::unix::process::CommandExt::uid(self, uid)
+    }
+}
