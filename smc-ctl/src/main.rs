@@ -6,6 +6,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use smc_common::bpf::Mode;
 
 mod bpf;
+mod daemon;
+mod run;
 mod sys;
 
 #[derive(Parser)]
@@ -51,6 +53,14 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// The loopback-ism device: allocates, shares and frees DMBs for the data path.
+    Daemon(daemon::DaemonArgs),
+    /// Run CMD with its TCP connections on the accelerated path (LD_PRELOAD interposition).
+    Run {
+        /// The command and its arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        cmd: Vec<std::ffi::OsString>,
+    },
 }
 
 fn main() {
@@ -65,6 +75,8 @@ fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Attach { cgroup, mode } => println!("{}", bpf::attach(&cgroup, mode.into())?),
         Cmd::Detach { cgroup } => println!("{}", bpf::detach(&cgroup)?),
+        Cmd::Daemon(args) => daemon::run(args)?,
+        Cmd::Run { cmd } => run::exec(&cmd)?,
         Cmd::Status { json } => {
             let st = bpf::status()?;
             if json {

@@ -1,0 +1,57 @@
+//! `smc-ctl daemon`: runs the loopback-ism device (`smc_ism::serve`) in the foreground.
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+use clap::Args;
+
+#[derive(Args)]
+pub struct DaemonArgs {
+    /// Unix socket the data path connects to.
+    #[arg(long, default_value = smc_ism::DEFAULT_SOCKET_PATH)]
+    socket: PathBuf,
+    /// Permission bits of the socket (octal).
+    #[arg(long, default_value = "666", value_parser = parse_octal)]
+    socket_mode: u32,
+    /// Directory holding the persistent GID.
+    #[arg(long, default_value = smc_ism::DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+    /// Live DMBs on the host at most.
+    #[arg(long)]
+    max_dmbs: Option<u32>,
+    /// Bytes of all live DMBs at most.
+    #[arg(long)]
+    max_total_bytes: Option<u64>,
+    /// Live DMBs per cgroup at most.
+    #[arg(long)]
+    cgroup_max_dmbs: Option<u32>,
+    /// Bytes of live DMBs per cgroup at most.
+    #[arg(long)]
+    cgroup_max_bytes: Option<u64>,
+}
+
+fn parse_octal(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s, 8).map_err(|e| format!("{s}: not an octal mode ({e})"))
+}
+
+pub fn run(a: DaemonArgs) -> Result<()> {
+    let mut cfg = smc_ism::DaemonConfig {
+        socket_path: a.socket,
+        socket_mode: a.socket_mode,
+        state_dir: a.state_dir,
+        ..Default::default()
+    };
+    if let Some(v) = a.max_dmbs {
+        cfg.max_dmbs = v;
+    }
+    if let Some(v) = a.max_total_bytes {
+        cfg.max_total_bytes = v;
+    }
+    if let Some(v) = a.cgroup_max_dmbs {
+        cfg.cgroup_max_dmbs = v;
+    }
+    if let Some(v) = a.cgroup_max_bytes {
+        cfg.cgroup_max_bytes = v;
+    }
+    let path = cfg.socket_path.clone();
+    smc_ism::run_blocking(cfg).with_context(|| format!("daemon on {}", path.display()))
+}
