@@ -155,6 +155,17 @@ fn setup() -> Result<()> {
         step("linking Debian's rustc-web 1.96 as the rustup toolchain `smc-ebpf` (builds the eBPF programs)");
         run(Command::new("rustup").args(["toolchain", "link", "smc-ebpf", "/usr"]))?;
     }
+    if workspace_root().join("smc-common/fuzz").exists() {
+        let have_fuzz = Command::new("cargo")
+            .args(["+nightly", "fuzz", "--version"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if !have_fuzz {
+            step("installing cargo-fuzz (coverage-guided fuzzing of the protocol decoders)");
+            run(Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]))?;
+        }
+    }
     let linker = Path::new(TOOLS_DIR).join("bin/bpf-linker");
     if !linker.exists() {
         step(&format!("building bpf-linker 0.13.0 against LLVM 22 into {TOOLS_DIR} (about 3 minutes)"));
