@@ -197,6 +197,10 @@ impl Drop for DmbMap {
 /// the parent stay the parent's (the child cannot detach/unregister them: `NotHeld`); the child's
 /// mappings stay valid regardless.
 ///
+/// If a reply does not arrive within the timeout ([`Client::set_timeout`]), the connection is
+/// dropped (the daemon then releases every reference of this client: the only state that stays
+/// consistent when a reply may still be in flight) and the call returns [`IsmError::Timeout`].
+///
 /// When a call fails because the connection broke (daemon stopped or restarted), the connection
 /// is dropped and the next call reconnects. `register_dmb`, `attach_dmb`, `query_gid` and
 /// `stats` retry once on a reused connection that turns out to be dead; `detach_dmb` and
@@ -369,7 +373,7 @@ impl Client {
         self.ensure_connected()?;
         let fd = self.raw()?;
         if let Err(e) = sys::send_record(fd, record, pass, 0) {
-            return Err(self.broken(e));
+            return Err(self.send_failed(e));
         }
         let mut buf = vec![0u8; 1 << 20];
         let r = match sys::recv_record(fd, &mut buf, 0) {
@@ -442,6 +446,17 @@ impl Client {
         }
     }
 
+    /// A failed send: nothing was sent (SEQPACKET sends are atomic). Only a dead connection is
+    /// dropped; a bad fd to pass or a send timeout leave it intact (dropping it would release
+    /// every reference this client holds).
+    fn send_failed(&mut self, e: io::Error) -> IsmError {
+        match e.raw_os_error() {
+            Some(libc::EPIPE) | Some(libc::ECONNRESET) | Some(libc::ENOTCONN) => self.broken(e),
+            Some(libc::EAGAIN) => IsmError::Timeout,
+            _ => IsmError::Io(e),
+        }
+    }
+
     fn transact(
         &mut self,
         op: u16,
@@ -475,7 +490,7 @@ impl Client {
         Header::new(op, payload.len(), seq).encode(&mut req);
         req[proto::HEADER_LEN..n].copy_from_slice(payload);
         if let Err(e) = sys::send_record(fd, &req[..n], pass, 0) {
-            return Err(self.broken(e));
+            return Err(self.send_failed(e));
         }
         let r = match sys::recv_record(fd, reply, 0) {
             Ok(r) => r,

@@ -1,0 +1,169 @@
+//! Helpers for the daemon tests: a temp dir, a daemon in it, TCP pairs, child processes.
+#![allow(dead_code)]
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use smc_ism::{spawn, Client, DaemonConfig, DaemonHandle, DmbMap};
+
+/// How long any wait in these tests may take before the test fails.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// A private directory under /tmp, removed on drop.
+pub struct TestDir(pub PathBuf);
+
+impl TestDir {
+    pub fn new(name: &str) -> TestDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let p = PathBuf::from(format!(
+            "/tmp/smc-ism-{}-{}-{}",
+            name,
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p).unwrap();
+        TestDir(p)
+    }
+    pub fn sock(&self) -> PathBuf {
+        self.0.join("run/ctl.sock")
+    }
+    pub fn state(&self) -> PathBuf {
+        self.0.join("state")
+    }
+    pub fn config(&self) -> DaemonConfig {
+        DaemonConfig::with_paths(self.sock(), self.state())
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Starts a daemon in `dir` with `tweak` applied to its config.
+pub fn start(dir: &TestDir, tweak: impl FnOnce(&mut DaemonConfig)) -> DaemonHandle {
+    let mut cfg = dir.config();
+    tweak(&mut cfg);
+    spawn(cfg).expect("daemon starts")
+}
+
+pub fn client(dir: &TestDir) -> Client {
+    Client::connect(&dir.sock()).expect("client connects")
+}
+
+/// A connected TCP pair on 127.0.0.1: (connecting end, accepted end).
+pub fn tcp_pair() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (b, _) = l.accept().unwrap();
+    for s in [&a, &b] {
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        s.set_write_timeout(Some(WAIT)).unwrap();
+    }
+    (a, b)
+}
+
+pub fn send_u64(s: &mut TcpStream, v: u64) {
+    s.write_all(&v.to_le_bytes()).unwrap();
+}
+
+pub fn recv_u64(s: &mut TcpStream) -> u64 {
+    let mut b = [0u8; 8];
+    s.read_exact(&mut b).unwrap();
+    u64::from_le_bytes(b)
+}
+
+/// The atomic word at `off` of a mapping.
+pub fn word(m: &DmbMap, off: usize) -> &AtomicU64 {
+    assert!(off.is_multiple_of(8) && off + 8 <= m.len());
+    // SAFETY: aligned (mmap is page aligned), in bounds, shared memory accessed atomically.
+    unsafe { &*(m.as_ptr().add(off) as *const AtomicU64) }
+}
+
+/// Spins (yielding) until the word at `off` is non-zero; panics after [`WAIT`].
+pub fn wait_word(m: &DmbMap, off: usize) -> u64 {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let v = word(m, off).load(Ordering::Acquire);
+        if v != 0 {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting on shared memory"
+        );
+        std::thread::yield_now();
+    }
+}
+
+pub fn write_bytes(m: &DmbMap, off: usize, data: &[u8]) {
+    assert!(off + data.len() <= m.len());
+    // SAFETY: in bounds; the reader synchronises through an acquire/release word.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), m.as_ptr().add(off), data.len()) }
+}
+
+pub fn read_bytes(m: &DmbMap, off: usize, len: usize) -> Vec<u8> {
+    assert!(off + len <= m.len());
+    let mut v = vec![0u8; len];
+    // SAFETY: in bounds.
+    unsafe { std::ptr::copy_nonoverlapping(m.as_ptr().add(off), v.as_mut_ptr(), len) }
+    v
+}
+
+/// Re-runs this test binary as a child process executing the ignored test `entry` with
+/// `ISM_CHILD_ROLE=role`.
+pub fn spawn_child(entry: &str, role: &str, sock: &Path, env: &[(&str, String)]) -> Command {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args([
+        "--ignored",
+        "--exact",
+        entry,
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("ISM_CHILD_ROLE", role)
+    .env("SMC_CTL_SOCK", sock)
+    .stdin(Stdio::null());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c
+}
+
+/// Waits for a child with a deadline; SIGKILLs it on timeout.
+pub fn wait_child(child: Child) -> std::process::ExitStatus {
+    let pid = child.id() as libc::pid_t;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut child = child;
+        let _ = tx.send(child.wait().unwrap());
+    });
+    match rx.recv_timeout(WAIT) {
+        Ok(st) => st,
+        Err(_) => {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("child did not exit in time");
+        }
+    }
+}
+
+/// Waits until the daemon is idle (no DMB, no attachment) and `clients` clients are connected.
+pub fn wait_idle(c: &mut Client, clients: u64) -> smc_ism::Stats {
+    match c.wait_for(WAIT, |s| {
+        s.live_dmbs == 0
+            && s.live_bytes == 0
+            && s.live_attachments == 0
+            && s.clients_connected == clients
+    }) {
+        Ok(s) => s,
+        Err(e) => panic!("daemon not idle: {e}; stats: {:#?}", c.stats()),
+    }
+}
