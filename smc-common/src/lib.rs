@@ -10,3 +10,5 @@ pub mod cdc;
 #[cfg(feature = "std")]
 pub mod clc;
 pub mod diag;
+#[cfg(feature = "std")]
+pub mod handshake;
