@@ -16,6 +16,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod harness;
 
 #[derive(Parser)]
 struct Cli {
@@ -79,7 +80,11 @@ fn main() -> Result<()> {
             setup()?;
             build()
         }
-        Cmd::Test { fuzz_seconds, no_fuzz, filter } => {
+        Cmd::Test {
+            fuzz_seconds,
+            no_fuzz,
+            filter,
+        } => {
             setup()?;
             test(if no_fuzz { 0 } else { fuzz_seconds }, filter)
         }
@@ -129,12 +134,19 @@ fn is_root() -> bool {
 }
 
 fn setup() -> Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES.iter().copied().filter(|p| !dpkg_installed(p)).collect();
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !dpkg_installed(p))
+        .collect();
     if !missing.is_empty() {
         if !is_root() {
             bail!("missing Debian packages {missing:?}; run `sudo cargo xtask setup`");
         }
-        step(&format!("installing Debian packages (about a minute): {}", missing.join(" ")));
+        step(&format!(
+            "installing Debian packages (about a minute): {}",
+            missing.join(" ")
+        ));
         run(Command::new("apt-get").args(["update", "-qq"]))?;
         run(Command::new("apt-get")
             .args(["install", "-y", "-qq", "--no-install-recommends"])
@@ -168,7 +180,9 @@ fn setup() -> Result<()> {
     }
     let linker = Path::new(TOOLS_DIR).join("bin/bpf-linker");
     if !linker.exists() {
-        step(&format!("building bpf-linker 0.13.0 against LLVM 22 into {TOOLS_DIR} (about 3 minutes)"));
+        step(&format!(
+            "building bpf-linker 0.13.0 against LLVM 22 into {TOOLS_DIR} (about 3 minutes)"
+        ));
         run(Command::new("cargo")
             .args([
                 "install",
@@ -205,7 +219,17 @@ fn test(fuzz_seconds: u32, filter: Option<String>) -> Result<()> {
     step("cargo clippy --all-targets -- -D warnings");
     run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
     step("building the binaries the integration tests drive");
-    run(cargo().args(["build", "--release", "-p", "smc-ctl", "-p", "smc-preload", "-p", "integration-tests", "--bins"]))?;
+    run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "smc-ctl",
+        "-p",
+        "smc-preload",
+        "-p",
+        "integration-tests",
+        "--bins",
+    ]))?;
     step("unit and integration tests");
     let mut t = cargo();
     t.args(["test", "--release", "--workspace"]);
@@ -217,7 +241,9 @@ fn test(fuzz_seconds: u32, filter: Option<String>) -> Result<()> {
         let script = workspace_root().join("smc-common/fuzz/run.sh");
         if script.exists() {
             step(&format!("fuzzing every target for {fuzz_seconds}s"));
-            run(Command::new("bash").arg(script).arg(fuzz_seconds.to_string()))?;
+            run(Command::new("bash")
+                .arg(script)
+                .arg(fuzz_seconds.to_string()))?;
         }
     }
     step("all tests passed");
