@@ -694,6 +694,17 @@ fn malformed_requests_get_errors_and_daemon_keeps_serving() {
             None,
             Status::Oversized,
         ),
+        // MAX_REQUEST + 1 bytes: refused; MAX_REQUEST bytes: accepted.
+        (
+            record(m, v, proto::OP_QUERY_GID, 241, &[0; 241]),
+            None,
+            Status::Oversized,
+        ),
+        (
+            record(m, v, proto::OP_QUERY_GID, 240, &[0; 240]),
+            None,
+            Status::Ok,
+        ),
         (
             record(m, v, proto::OP_REGISTER, 8, &[0; 8]),
             None,
@@ -736,12 +747,12 @@ fn malformed_requests_get_errors_and_daemon_keeps_serving() {
     let mut fresh = client(&dir);
     assert_eq!(fresh.query_gid().unwrap(), gid);
     let st = fresh.stats().unwrap();
-    assert_eq!(st.ops.invalid.failed, 8);
+    assert_eq!(st.ops.invalid.failed, 9);
     assert_eq!(st.failures.malformed, 7);
-    assert_eq!(st.failures.oversized, 1);
+    assert_eq!(st.failures.oversized, 2);
     assert_eq!(st.failures.bad_version, 1);
     assert_eq!(st.failures.unknown_op, 2);
-    assert!(st.ops.query_gid.ok >= 15);
+    assert_eq!(st.ops.query_gid.ok, 1 + 15 + 1 + 1);
     assert_eq!(st.ops.query_gid.failed, 0);
     d.shutdown().unwrap();
 }

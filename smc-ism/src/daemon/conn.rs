@@ -218,7 +218,12 @@ impl Conn<'_> {
             let pass = self
                 .handle(&buf[..r.len], r.truncated, r.fd, &mut out, stop)
                 .await;
-            let res = send(afd, &out, pass.as_ref().map(|d| d.memfd.as_raw_fd())).await;
+            // A client that stops reading its replies must not hold up the daemon's shutdown.
+            let res = tokio::select! {
+                biased;
+                _ = stop.wait_for(|s| *s) => return,
+                r = send(afd, &out, pass.as_ref().map(|d| d.memfd.as_raw_fd())) => r,
+            };
             drop(pass);
             if let Err(e) = res {
                 // The reference stays recorded in `held` and is released below with the rest.
@@ -247,7 +252,7 @@ impl Conn<'_> {
         let c = &reg.counters;
         let hdr = Header::decode(rec);
         let (op, seq) = hdr.map(|h| (h.op, h.seq)).unwrap_or((0, 0));
-        let invalid = if truncated {
+        let invalid = if truncated || rec.len() > proto::MAX_REQUEST {
             Some(Fail::Oversized)
         } else {
             match hdr {
