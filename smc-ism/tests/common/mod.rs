@@ -130,7 +130,8 @@ pub fn spawn_child(entry: &str, role: &str, sock: &Path, env: &[(&str, String)])
     ])
     .env("ISM_CHILD_ROLE", role)
     .env("SMC_CTL_SOCK", sock)
-    .stdin(Stdio::null());
+    .stdin(Stdio::null())
+    .stdout(Stdio::null());
     for (k, v) in env {
         c.env(k, v);
     }
