@@ -330,8 +330,6 @@ pub struct Handshake {
     cfg: Config,
     peer_smc: bool,
     st: St,
-    /// Set when we are waiting for a DMB registration that may still arrive after we finished.
-    dmb_pending: bool,
 }
 
 /// Failure while processing an input: what to decline with and why.
@@ -370,7 +368,6 @@ impl Handshake {
             cfg,
             peer_smc: peer_announced_smc,
             st: St::Init,
-            dmb_pending: false,
         }
     }
 
@@ -381,7 +378,6 @@ impl Handshake {
             cfg,
             peer_smc: peer_announced_smc,
             st: St::Init,
-            dmb_pending: false,
         }
     }
 
@@ -459,11 +455,9 @@ impl Handshake {
     pub fn handle(&mut self, input: Input<'_>) -> Vec<Action> {
         let mut out = self.start();
         if let St::Done(_) = self.st {
+            // A registration after the end (e.g. requested before a timeout) is never used.
             if let Input::DmbRegistered(d) = input {
-                if self.dmb_pending {
-                    self.dmb_pending = false;
-                    out.push(Action::ReleaseDmb(d));
-                }
+                out.push(Action::ReleaseDmb(d));
             }
             return out;
         }
@@ -488,7 +482,6 @@ impl Handshake {
             Input::DmbRegistered(d) => self.on_dmb(&st, d),
             Input::DmbFailed(f) => match st {
                 St::ClientWaitDmb { .. } | St::ServerWaitDmb { .. } => {
-                    self.dmb_pending = false;
                     Err(Fail::declined(FallbackReason::OutOfDmbs(f), f.diag()))
                 }
                 _ => Err(Fail::protocol(Diag::IntErr, true)),
@@ -670,7 +663,6 @@ impl Handshake {
             release,
             feature_mask,
         };
-        self.dmb_pending = true;
         Ok((
             St::ServerWaitDmb { neg },
             vec![Action::RegisterDmb {
@@ -745,7 +737,6 @@ impl Handshake {
             release,
             feature_mask,
         };
-        self.dmb_pending = true;
         Ok((
             St::ClientWaitDmb { accept: a, neg },
             vec![Action::RegisterDmb {
@@ -779,7 +770,6 @@ impl Handshake {
             // A registration nobody asked for: give it back and stop.
             _ => return Err(Fail::protocol(Diag::IntErr, true)),
         }
-        self.dmb_pending = false;
         if d.size_code > DMB_MAX_SIZE_CODE {
             return Err(Fail::protocol(Diag::IntErr, true));
         }

@@ -281,7 +281,7 @@ fn timeouts_end_every_state() {
         s.handle(Input::DmbRegistered(late)),
         vec![Action::ReleaseDmb(late)]
     );
-    assert!(s.handle(Input::DmbRegistered(late)).is_empty());
+    assert!(s.handle(Input::Timeout).is_empty());
 }
 
 #[test]
