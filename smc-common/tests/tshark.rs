@@ -6,6 +6,7 @@
 
 use smc_common::clc::*;
 use smc_common::diag::Diag;
+use smc_common::handshake::{Action, Config, Handshake, Input, LocalDmb};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -246,6 +247,13 @@ fn build_capture(path: &Path) -> usize {
         }
         n += 1;
     };
+    // 0. Handshakes produced by the state machines: same host, then a different host.
+    for (port, server_gid) in [(40010, 7u64), (40011, 8u64)] {
+        let mut f = p.connect(port);
+        for (from_client, bytes) in machine_exchange(server_gid) {
+            send(&mut p, &mut f, from_client, bytes);
+        }
+    }
     // 1. Successful SMC-Dv2 handshake with first contact (v2.1).
     let mut f = p.connect(40001);
     send(&mut p, &mut f, true, proposal(1, false));
@@ -314,6 +322,56 @@ fn build_capture(path: &Path) -> usize {
     );
     std::fs::write(path, &p.data).unwrap();
     n
+}
+
+/// The CLC messages two `Handshake`s exchange (client GID 7; server GID as given), in order,
+/// tagged with whether the client sent them.
+fn machine_exchange(server_gid: u64) -> Vec<(bool, Vec<u8>)> {
+    let gid = |g| smc_common::clc::Gid {
+        gid: g,
+        gid_ext: 0xFEED,
+    };
+    let mut ccfg = Config::loopback(gid(7));
+    ccfg.hostname = padded32(b"client-host");
+    let mut scfg = Config::loopback(gid(server_gid));
+    scfg.hostname = padded32(b"server-host");
+    let mut c = Handshake::client(ccfg, true);
+    let mut s = Handshake::server(scfg, true);
+    let mut wire = Vec::new();
+    let mut pending: Vec<(bool, Action)> = c.start().into_iter().map(|a| (true, a)).collect();
+    while let Some((client, a)) = (!pending.is_empty()).then(|| pending.remove(0)) {
+        let (me, other) = if client {
+            (&mut c, &mut s)
+        } else {
+            (&mut s, &mut c)
+        };
+        match a {
+            Action::Send(b) => {
+                wire.push((client, b.clone()));
+                pending.extend(
+                    other
+                        .handle(Input::Message(&b))
+                        .into_iter()
+                        .map(|a| (!client, a)),
+                );
+            }
+            Action::RegisterDmb { size_code } => {
+                let d = LocalDmb {
+                    token: if client { 0xC1 } else { 0x5E },
+                    idx: 0,
+                    size_code,
+                };
+                pending.extend(
+                    me.handle(Input::DmbRegistered(d))
+                        .into_iter()
+                        .map(|a| (client, a)),
+                );
+            }
+            _ => {}
+        }
+    }
+    assert!(c.is_finished() && s.is_finished());
+    wire
 }
 
 fn tshark_available() -> bool {
