@@ -932,5 +932,15 @@ fn cgroups_have_separate_quotas_and_can_be_fenced() {
         .unwrap();
     assert_eq!(st.failures.other_cgroup, 1);
     assert_eq!(st.failures.quota_dmbs, 1);
+    let cgs: HashSet<String> = st.cgroups.iter().map(|c| c.path.clone()).collect();
+    assert!(cgs.len() == 1, "only our cgroup holds DMBs now: {cgs:?}");
+    d.shutdown().unwrap();
+
+    // By default (require_same_cgroup off) the mirror proof alone decides: a peer in another
+    // cgroup may attach (SMC-D between containers).
+    let dir = TestDir::new("cgroup-default");
+    let d = start(&dir, |_| {});
+    let v = run_cgroup_child(&dir.sock(), Some(&cg), 0);
+    assert_eq!(v, 0b00, "other cgroup, default config: attach ok");
     d.shutdown().unwrap();
 }
