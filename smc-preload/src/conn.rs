@@ -862,6 +862,23 @@ impl Conn {
         }
     }
 
+    /// Announce that this process is about to sleep in poll/epoll waiting for data
+    /// (`data`) and/or room (`space`), so the peer rings the doorbell. The caller rechecks
+    /// readiness afterwards.
+    pub fn arm(&self, fd: i32, data: bool, space: bool) {
+        if data {
+            self.own_wait().fetch_or(WAIT_DATA, Ordering::SeqCst);
+        }
+        if space && self.room() == 0 {
+            self.peer_wait().fetch_or(WAIT_SPACE, Ordering::SeqCst);
+        }
+        fence(Ordering::SeqCst);
+        if let Some(_g) = self.sh().rx_lock.try_lock() {
+            let cons = unpack(self.sh().cons.load(Ordering::Acquire));
+            self.after_consume(fd, cons, true);
+        }
+    }
+
     /// shutdown(2).
     pub fn shutdown(&self, fd: i32, how: i32) -> Result<(), Errno> {
         let f = match how {

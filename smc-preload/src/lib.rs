@@ -10,13 +10,21 @@
 //! - `interpose` (feature `interpose`, not in unit tests): the exported libc symbols.
 
 pub mod conn;
+pub mod epoll;
 pub mod fdtable;
 pub mod iov;
 pub mod log;
 pub mod obj;
+pub mod ops;
+pub mod poll;
 pub mod real;
+pub mod setup;
 pub mod shm;
 pub mod signals;
+pub mod stats;
+
+#[cfg(all(feature = "interpose", not(test)))]
+mod interpose;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

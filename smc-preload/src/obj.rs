@@ -1,8 +1,58 @@
 //! What an fd in the table can be.
 
 use crate::conn::Conn;
+use crate::epoll::EpollSet;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
 
 pub enum Obj {
     /// An established SMC connection (shared by dup'd fds).
     Conn(Conn),
+    /// A listening socket that announced SMC: accepted sockets run the server handshake.
+    Listener,
+    /// A client socket that announced SMC and whose non-blocking connect had not completed
+    /// when `connect` returned: the handshake (or a decline) happens at the first operation.
+    Pending(Pending),
+    /// A connection that fell back to TCP after a CLC timeout: one late CLC message from the
+    /// peer may still arrive before its data and must be skipped (and a late Proposal
+    /// declined).
+    Skip(Skip),
+    /// An epoll instance that watches SMC connections.
+    Epoll(EpollSet),
+}
+
+pub struct Pending {
+    /// Serialises the resolution between threads.
+    pub lock: Mutex<bool>,
+}
+
+pub struct Skip {
+    pub lock: Mutex<()>,
+    /// 0: a CLC message may still come; 1: done.
+    pub state: AtomicU32,
+    /// We are the server: a late Proposal gets a Decline.
+    pub server: bool,
+}
+
+impl Skip {
+    pub fn new(server: bool) -> Skip {
+        Skip {
+            lock: Mutex::new(()),
+            state: AtomicU32::new(0),
+            server,
+        }
+    }
+
+    pub fn done(&self) -> bool {
+        self.state.load(Ordering::Acquire) != 0
+    }
+}
+
+impl Obj {
+    pub fn conn(&self) -> Option<&Conn> {
+        match self {
+            Obj::Conn(c) => Some(c),
+            _ => None,
+        }
+    }
 }

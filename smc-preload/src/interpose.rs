@@ -1,0 +1,373 @@
+//! The exported libc symbols. Each is a thin wrapper around [`crate::ops`].
+#![allow(clippy::missing_safety_doc)]
+
+use crate::ops;
+use libc::{c_int, c_uint, c_ulong, c_void, iovec, size_t, sockaddr, socklen_t, ssize_t};
+
+#[no_mangle]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
+    unsafe { ops::socket(domain, ty, proto) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    unsafe { ops::connect(fd, addr, len) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    unsafe { ops::listen(fd, backlog) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    unsafe { ops::accept4(fd, addr, len, 0, false) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    unsafe { ops::accept4(fd, addr, len, flags, true) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    unsafe { ops::close(fd) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    unsafe { ops::close_range(first, last, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    unsafe { ops::shutdown(fd, how) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    unsafe { ops::read(fd, buf, n) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    _buflen: size_t,
+) -> ssize_t {
+    unsafe { ops::read(fd, buf, n) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    unsafe { ops::write(fd, buf, n) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    unsafe { ops::readv(fd, iov, cnt) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    unsafe { ops::writev(fd, iov, cnt) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    unsafe { ops::recv(fd, buf, n, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    _buflen: size_t,
+    flags: c_int,
+) -> ssize_t {
+    unsafe { ops::recv(fd, buf, n, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    unsafe { ops::send(fd, buf, n, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    unsafe { ops::recvfrom(fd, buf, n, flags, addr, alen) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    _buflen: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    unsafe { ops::recvfrom(fd, buf, n, flags, addr, alen) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    alen: socklen_t,
+) -> ssize_t {
+    unsafe { ops::sendto(fd, buf, n, flags, addr, alen) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_t {
+    unsafe { ops::recvmsg(fd, msg, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t {
+    unsafe { ops::sendmsg(fd, msg, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvmmsg(
+    fd: c_int,
+    msgs: *mut libc::mmsghdr,
+    n: c_uint,
+    flags: c_int,
+    t: *mut libc::timespec,
+) -> c_int {
+    unsafe { ops::recvmmsg(fd, msgs, n, flags, t) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendmmsg(
+    fd: c_int,
+    msgs: *mut libc::mmsghdr,
+    n: c_uint,
+    flags: c_int,
+) -> c_int {
+    unsafe { ops::sendmmsg(fd, msgs, n, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
+    unsafe { ops::poll(fds, n, timeout) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    timeout: c_int,
+    _fdslen: size_t,
+) -> c_int {
+    unsafe { ops::poll(fds, n, timeout) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    t: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    unsafe { ops::ppoll(fds, n, t, mask) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    t: *const libc::timespec,
+    mask: *const libc::sigset_t,
+    _fdslen: size_t,
+) -> c_int {
+    unsafe { ops::ppoll(fds, n, t, mask) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn select(
+    n: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    t: *mut libc::timeval,
+) -> c_int {
+    unsafe { ops::select(n, r, w, e, t) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pselect(
+    n: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    t: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    unsafe { ops::pselect(n, r, w, e, t, mask) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_ctl(
+    ep: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut libc::epoll_event,
+) -> c_int {
+    unsafe { ops::epoll_ctl(ep, op, fd, ev) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_wait(
+    ep: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
+    unsafe { ops::epoll_wait(ep, ev, max, timeout, None) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(
+    ep: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    let m = if mask.is_null() { None } else { Some(mask) };
+    unsafe { ops::epoll_wait(ep, ev, max, timeout, m) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait2(
+    ep: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    t: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    if crate::epoll::wants(ep).is_none() {
+        return unsafe { crate::real::epoll_pwait2(ep, ev, max, t, mask) };
+    }
+    let ms = if t.is_null() {
+        -1
+    } else {
+        let t = unsafe { &*t };
+        (t.tv_sec * 1000 + (t.tv_nsec + 999_999) / 1_000_000).clamp(0, i32::MAX as i64) as c_int
+    };
+    let m = if mask.is_null() { None } else { Some(mask) };
+    unsafe { ops::epoll_wait(ep, ev, max, ms, m) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    unsafe { ops::ioctl(fd, req, arg) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    unsafe { ops::fcntl(fd, cmd, arg) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    unsafe { ops::fcntl(fd, cmd, arg) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    unsafe { ops::dup(fd) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup2(fd: c_int, fd2: c_int) -> c_int {
+    unsafe { ops::dup3(fd, fd2, 0, false) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup3(fd: c_int, fd2: c_int, flags: c_int) -> c_int {
+    unsafe { ops::dup3(fd, fd2, flags, true) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fork() -> libc::pid_t {
+    unsafe { ops::fork() }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendfile(
+    out: c_int,
+    inp: c_int,
+    off: *mut libc::off_t,
+    n: size_t,
+) -> ssize_t {
+    unsafe { ops::sendfile(out, inp, off, n) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendfile64(
+    out: c_int,
+    inp: c_int,
+    off: *mut libc::off_t,
+    n: size_t,
+) -> ssize_t {
+    unsafe { ops::sendfile(out, inp, off, n) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn splice(
+    fin: c_int,
+    offin: *mut libc::loff_t,
+    fout: c_int,
+    offout: *mut libc::loff_t,
+    n: size_t,
+    flags: c_uint,
+) -> ssize_t {
+    unsafe { ops::splice(fin, offin, fout, offout, n, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    unsafe { ops::setsockopt(fd, level, name, val, len) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sigaction(
+    sig: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> c_int {
+    unsafe { ops::sigaction(sig, act, old) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn signal(sig: c_int, h: libc::sighandler_t) -> libc::sighandler_t {
+    unsafe { ops::signal(sig, h) }
+}

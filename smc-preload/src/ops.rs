@@ -1,0 +1,941 @@
+//! The behaviour behind every interposed libc function. `interpose` only exports thin
+//! `extern "C"` wrappers around these, so tests can call them directly.
+//!
+//! Every function starts with the fast path: an fd whose table slot holds no object goes
+//! straight to the real libc function.
+
+#![allow(clippy::missing_safety_doc)]
+// Safety of every `pub unsafe fn` here: the pointer arguments are the application's, with the
+// meaning and validity the libc function of the same name requires.
+
+use crate::conn::Conn;
+use crate::fdtable::{self, Slot, TAG_TCP};
+use crate::obj::Obj;
+use crate::real;
+use crate::{epoll, poll, setup, stats};
+use libc::{c_int, c_void, iovec, size_t, sockaddr, socklen_t, ssize_t};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// SMC disabled for this process (SMC_DISABLE=1, io_uring seen, or nothing attached).
+static DISABLED: AtomicBool = AtomicBool::new(false);
+
+pub fn disable(why: &str) {
+    if !DISABLED.swap(true, Ordering::Relaxed) {
+        crate::debug!("SMC disabled for this process: {why}");
+    }
+}
+
+pub fn enabled() -> bool {
+    !DISABLED.load(Ordering::Relaxed)
+}
+
+#[inline]
+fn fail(e: c_int) -> ssize_t {
+    real::set_errno(e);
+    -1
+}
+
+#[inline]
+fn slow(fd: c_int) -> bool {
+    fdtable::raw(fd) >= 8
+}
+
+/// Decide a pending client socket (non-blocking connect not complete when connect returned).
+pub fn resolve_pending(fd: c_int) {
+    let Some(o) = fdtable::get(fd) else { return };
+    let Obj::Pending(p) = &*o else { return };
+    let mut done = p.lock.lock().unwrap_or_else(|e| e.into_inner());
+    if *done {
+        return;
+    }
+    // Connected yet?
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    let e0 = real::errno();
+    // SAFETY: one pollfd.
+    let r = unsafe { real::poll(&mut pfd, 1, 0) };
+    real::set_errno(e0);
+    if r <= 0 {
+        return; // still connecting: stay pending
+    }
+    *done = true;
+    drop(done);
+    if setup::so_error(fd) != 0 {
+        drop(fdtable::replace(fd, Slot::Tag(TAG_TCP)));
+        return;
+    }
+    setup::client_after_connect(fd, true);
+}
+
+/// The connection object of `fd` if it is SMC, resolving a pending connect first.
+#[inline]
+fn conn_of(fd: c_int) -> Option<Arc<Obj>> {
+    let o = fdtable::get(fd)?;
+    match &*o {
+        Obj::Conn(_) => Some(o),
+        Obj::Pending(_) => {
+            drop(o);
+            resolve_pending(fd);
+            let o = fdtable::get(fd)?;
+            if o.conn().is_some() {
+                Some(o)
+            } else {
+                None
+            }
+        }
+        Obj::Skip(s) => {
+            if !s.done() {
+                setup::skip_late_clc(fd, s);
+            }
+            None
+        }
+        _ => None,
+    }
+}
+
+fn ret(r: Result<usize, i32>) -> ssize_t {
+    match r {
+        Ok(n) => n as ssize_t,
+        Err(e) => fail(e),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// data path
+
+pub unsafe fn recv_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t> {
+    let o = conn_of(fd)?;
+    let c = o.conn()?;
+    Some(ret(c.recv(fd, iov, flags)))
+}
+
+pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t> {
+    let o = conn_of(fd)?;
+    let c = o.conn()?;
+    Some(ret(c.send(fd, iov, flags)))
+}
+
+pub unsafe fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    if slow(fd) {
+        let v = [iovec {
+            iov_base: buf,
+            iov_len: n,
+        }];
+        if let Some(r) = unsafe { recv_iov(fd, &v, 0) } {
+            return r;
+        }
+    }
+    unsafe { real::read(fd, buf, n) }
+}
+
+pub unsafe fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    if slow(fd) {
+        let v = [iovec {
+            iov_base: buf as *mut c_void,
+            iov_len: n,
+        }];
+        if let Some(r) = unsafe { send_iov(fd, &v, 0) } {
+            return r;
+        }
+    }
+    unsafe { real::write(fd, buf, n) }
+}
+
+unsafe fn iov_slice<'a>(iov: *const iovec, cnt: c_int) -> Result<&'a [iovec], c_int> {
+    if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
+        return Err(libc::EINVAL);
+    }
+    if cnt == 0 {
+        return Ok(&[]);
+    }
+    if iov.is_null() {
+        return Err(libc::EFAULT);
+    }
+    Ok(unsafe { std::slice::from_raw_parts(iov, cnt as usize) })
+}
+
+pub unsafe fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if slow(fd) {
+        let v = match unsafe { iov_slice(iov, cnt) } {
+            Ok(v) => v,
+            Err(e) => return fail(e),
+        };
+        if let Some(r) = unsafe { recv_iov(fd, v, 0) } {
+            return r;
+        }
+    }
+    unsafe { real::readv(fd, iov, cnt) }
+}
+
+pub unsafe fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if slow(fd) {
+        let v = match unsafe { iov_slice(iov, cnt) } {
+            Ok(v) => v,
+            Err(e) => return fail(e),
+        };
+        if let Some(r) = unsafe { send_iov(fd, v, 0) } {
+            return r;
+        }
+    }
+    unsafe { real::writev(fd, iov, cnt) }
+}
+
+pub unsafe fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    if slow(fd) && flags & libc::MSG_ERRQUEUE == 0 {
+        let v = [iovec {
+            iov_base: buf,
+            iov_len: n,
+        }];
+        if let Some(r) = unsafe { recv_iov(fd, &v, flags) } {
+            return r;
+        }
+    }
+    unsafe { real::recv(fd, buf, n, flags) }
+}
+
+pub unsafe fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    if slow(fd) {
+        let v = [iovec {
+            iov_base: buf as *mut c_void,
+            iov_len: n,
+        }];
+        if let Some(r) = unsafe { send_iov(fd, &v, flags) } {
+            return r;
+        }
+    }
+    unsafe { real::send(fd, buf, n, flags) }
+}
+
+pub unsafe fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    if slow(fd) && flags & libc::MSG_ERRQUEUE == 0 {
+        let v = [iovec {
+            iov_base: buf,
+            iov_len: n,
+        }];
+        if let Some(r) = unsafe { recv_iov(fd, &v, flags) } {
+            // TCP leaves the address untouched but reports length 0.
+            if !alen.is_null() && r >= 0 {
+                unsafe { *alen = 0 };
+            }
+            return r;
+        }
+    }
+    unsafe { real::recvfrom(fd, buf, n, flags, addr, alen) }
+}
+
+pub unsafe fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    alen: socklen_t,
+) -> ssize_t {
+    if slow(fd) {
+        let v = [iovec {
+            iov_base: buf as *mut c_void,
+            iov_len: n,
+        }];
+        if let Some(r) = unsafe { send_iov(fd, &v, flags) } {
+            return r;
+        }
+    }
+    unsafe { real::sendto(fd, buf, n, flags, addr, alen) }
+}
+
+pub unsafe fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_t {
+    if slow(fd) && flags & libc::MSG_ERRQUEUE == 0 && !msg.is_null() {
+        let m = unsafe { &mut *msg };
+        let v = match unsafe { iov_slice(m.msg_iov, m.msg_iovlen as c_int) } {
+            Ok(v) => v,
+            Err(e) => return fail(e),
+        };
+        if let Some(r) = unsafe { recv_iov(fd, v, flags) } {
+            if r >= 0 {
+                m.msg_namelen = 0;
+                m.msg_controllen = 0;
+                m.msg_flags = 0;
+            }
+            return r;
+        }
+    }
+    unsafe { real::recvmsg(fd, msg, flags) }
+}
+
+pub unsafe fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t {
+    if slow(fd) && !msg.is_null() {
+        let m = unsafe { &*msg };
+        let v = match unsafe { iov_slice(m.msg_iov, m.msg_iovlen as c_int) } {
+            Ok(v) => v,
+            Err(e) => return fail(e),
+        };
+        if let Some(r) = unsafe { send_iov(fd, v, flags) } {
+            return r;
+        }
+    }
+    unsafe { real::sendmsg(fd, msg, flags) }
+}
+
+pub unsafe fn recvmmsg(
+    fd: c_int,
+    msgs: *mut libc::mmsghdr,
+    n: libc::c_uint,
+    flags: c_int,
+    t: *mut libc::timespec,
+) -> c_int {
+    if slow(fd) && conn_of(fd).is_some() && !msgs.is_null() {
+        let mut done = 0u32;
+        for i in 0..n {
+            let f = if done > 0 {
+                flags | libc::MSG_DONTWAIT
+            } else {
+                flags
+            };
+            let mh = unsafe { &mut *msgs.add(i as usize) };
+            let r = unsafe { recvmsg(fd, &mut mh.msg_hdr, f) };
+            if r < 0 {
+                if done > 0 {
+                    break;
+                }
+                return -1;
+            }
+            mh.msg_len = r as u32;
+            done += 1;
+            if r == 0 {
+                break;
+            }
+        }
+        return done as c_int;
+    }
+    unsafe { real::recvmmsg(fd, msgs, n, flags, t) }
+}
+
+pub unsafe fn sendmmsg(
+    fd: c_int,
+    msgs: *mut libc::mmsghdr,
+    n: libc::c_uint,
+    flags: c_int,
+) -> c_int {
+    if slow(fd) && conn_of(fd).is_some() && !msgs.is_null() {
+        let mut done = 0u32;
+        for i in 0..n {
+            let mh = unsafe { &mut *msgs.add(i as usize) };
+            let r = unsafe { sendmsg(fd, &mh.msg_hdr, flags) };
+            if r < 0 {
+                if done > 0 {
+                    break;
+                }
+                return -1;
+            }
+            mh.msg_len = r as u32;
+            done += 1;
+        }
+        return done as c_int;
+    }
+    unsafe { real::sendmmsg(fd, msgs, n, flags) }
+}
+
+// ---------------------------------------------------------------------------------------
+// connection setup
+
+pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
+    let fd = unsafe { real::socket(domain, ty, proto) };
+    if fd >= 0 {
+        let tcp = (domain == libc::AF_INET || domain == libc::AF_INET6)
+            && ty & 0xf == libc::SOCK_STREAM
+            && (proto == 0 || proto == libc::IPPROTO_TCP);
+        if tcp && enabled() {
+            fdtable::set_tag(fd, TAG_TCP);
+        } else if fdtable::raw(fd) != 0 {
+            drop(fdtable::replace(fd, Slot::Empty));
+        }
+    }
+    fd
+}
+
+pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    let tagged = fdtable::raw(fd) & !1 == TAG_TCP;
+    if !tagged || !enabled() {
+        return unsafe { real::connect(fd, addr, len) };
+    }
+    let opted = setup::opt_in(fd);
+    let r = unsafe { real::connect(fd, addr, len) };
+    if !opted {
+        return r;
+    }
+    let e = real::errno();
+    if r == 0 {
+        setup::client_after_connect(fd, false);
+        real::set_errno(e);
+        return 0;
+    }
+    if e == libc::EINPROGRESS || e == libc::EINTR {
+        // Same-host connects complete in microseconds: wait a little, then handshake now.
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one pollfd.
+        let pr = unsafe { real::poll(&mut pfd, 1, setup::connect_wait_ms()) };
+        if pr > 0 {
+            if setup::so_error_peek(fd) == 0 {
+                setup::client_after_connect(fd, true);
+            }
+        } else {
+            setup::count_pending();
+            drop(fdtable::replace(
+                fd,
+                Slot::Obj(Arc::new(Obj::Pending(crate::obj::Pending {
+                    lock: std::sync::Mutex::new(false),
+                }))),
+            ));
+        }
+        real::set_errno(e);
+        return r;
+    }
+    real::set_errno(e);
+    r
+}
+
+pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
+    let tagged = fdtable::raw(fd) & !1 == TAG_TCP;
+    if tagged && enabled() && setup::opt_in(fd) {
+        let r = unsafe { real::listen(fd, backlog) };
+        if r == 0 {
+            drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Listener))));
+        }
+        return r;
+    }
+    unsafe { real::listen(fd, backlog) }
+}
+
+pub unsafe fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+    flags: c_int,
+    four: bool,
+) -> c_int {
+    let r = if four {
+        unsafe { real::accept4(fd, addr, alen, flags) }
+    } else {
+        unsafe { real::accept(fd, addr, alen) }
+    };
+    if r < 0 {
+        return r;
+    }
+    let e = real::errno();
+    if fdtable::raw(r) != 0 {
+        drop(fdtable::replace(r, Slot::Empty));
+    }
+    if slow(fd) {
+        if let Some(o) = fdtable::get(fd) {
+            if let Obj::Listener = &*o {
+                if enabled() {
+                    setup::server_after_accept(fd, r, flags & libc::SOCK_NONBLOCK != 0);
+                }
+            }
+        }
+    }
+    real::set_errno(e);
+    r
+}
+
+// ---------------------------------------------------------------------------------------
+// fd lifetime
+
+/// Our part of closing `fd` (before the real close).
+fn forget_fd(fd: c_int) {
+    match fdtable::replace(fd, Slot::Empty) {
+        Slot::Obj(o) => {
+            epoll::on_close(fd);
+            if let Obj::Conn(c) = &*o {
+                if c.drop_ref() {
+                    c.final_close(fd);
+                    stats::conn_closed(c);
+                }
+            }
+        }
+        Slot::Tag(_) => epoll::on_close(fd),
+        Slot::Empty => {}
+    }
+}
+
+pub unsafe fn close(fd: c_int) -> c_int {
+    if fdtable::raw(fd) != 0 {
+        forget_fd(fd);
+    }
+    unsafe { real::close(fd) }
+}
+
+pub unsafe fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int) -> c_int {
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && fdtable::any_objects() {
+        let hi = (last as u64).min(fdtable::MAX_FDS as u64 - 1);
+        for (fd, _) in fdtable::all_objects() {
+            if (fd as u64) >= first as u64 && (fd as u64) <= hi {
+                forget_fd(fd);
+            }
+        }
+    }
+    unsafe { real::close_range(first, last, flags) }
+}
+
+fn copy_slot(from: c_int, to: c_int) {
+    let v = fdtable::raw(from) & !1;
+    if v == 0 {
+        if fdtable::raw(to) != 0 {
+            drop(fdtable::replace(to, Slot::Empty));
+        }
+        return;
+    }
+    if v < 8 {
+        drop(fdtable::replace(to, Slot::Tag(v)));
+        return;
+    }
+    if let Some(o) = fdtable::get(from) {
+        match &*o {
+            Obj::Conn(c) => c.add_ref(1),
+            Obj::Epoll(_) => {
+                // A dup'd epoll fd is the same instance, but our bookkeeping is keyed by fd:
+                // keep it simple and let the copy go to the kernel unemulated only when it has
+                // no SMC member (rare; documented).
+            }
+            _ => {}
+        }
+        drop(fdtable::replace(to, Slot::Obj(o)));
+    }
+}
+
+pub unsafe fn dup(fd: c_int) -> c_int {
+    let r = unsafe { real::dup(fd) };
+    if r >= 0 && (fdtable::raw(fd) != 0 || fdtable::raw(r) != 0) {
+        copy_slot(fd, r);
+    }
+    r
+}
+
+pub unsafe fn dup3(fd: c_int, fd2: c_int, flags: c_int, three: bool) -> c_int {
+    if fd == fd2 {
+        return if three {
+            unsafe { real::dup3(fd, fd2, flags) }
+        } else {
+            unsafe { real::dup2(fd, fd2) }
+        };
+    }
+    // The old content of fd2 is closed by dup2: do our close part first, while fd2 still
+    // names that socket.
+    if fdtable::raw(fd2) != 0 && fcntl_valid(fd) {
+        forget_fd(fd2);
+    }
+    let r = if three {
+        unsafe { real::dup3(fd, fd2, flags) }
+    } else {
+        unsafe { real::dup2(fd, fd2) }
+    };
+    if r >= 0 && fdtable::raw(fd) != 0 {
+        copy_slot(fd, r);
+    }
+    r
+}
+
+fn fcntl_valid(fd: c_int) -> bool {
+    let e0 = real::errno();
+    // SAFETY: F_GETFD has no argument.
+    let ok = unsafe { real::fcntl(fd, libc::F_GETFD, 0) } >= 0;
+    real::set_errno(e0);
+    ok
+}
+
+pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
+    let r = unsafe { real::fcntl(fd, cmd, arg) };
+    if r < 0 || fdtable::raw(fd) == 0 {
+        return r;
+    }
+    match cmd {
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => copy_slot(fd, r),
+        libc::F_SETFL => {
+            if let Some(o) = fdtable::get(fd) {
+                if let Obj::Conn(c) = &*o {
+                    c.set_nonblocking(arg as c_int & libc::O_NONBLOCK != 0);
+                }
+            }
+        }
+        _ => {}
+    }
+    r
+}
+
+pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int {
+    if slow(fd) {
+        if let Some(o) = conn_of(fd) {
+            let c = o.conn().expect("conn");
+            match req {
+                libc::FIONREAD => {
+                    if arg == 0 {
+                        return fail(libc::EFAULT) as c_int;
+                    }
+                    unsafe { *(arg as *mut c_int) = c.inq() as c_int };
+                    return 0;
+                }
+                libc::TIOCOUTQ => {
+                    if arg == 0 {
+                        return fail(libc::EFAULT) as c_int;
+                    }
+                    unsafe { *(arg as *mut c_int) = c.outq() as c_int };
+                    return 0;
+                }
+                libc::FIONBIO => {
+                    let r = unsafe { real::ioctl(fd, req, arg) };
+                    if r == 0 && arg != 0 {
+                        c.set_nonblocking(unsafe { *(arg as *const c_int) } != 0);
+                    }
+                    return r;
+                }
+                _ => {}
+            }
+        }
+    }
+    unsafe { real::ioctl(fd, req, arg) }
+}
+
+pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
+    if slow(fd) {
+        if let Some(o) = conn_of(fd) {
+            return match o.conn().expect("conn").shutdown(fd, how) {
+                Ok(()) => 0,
+                Err(e) => fail(e) as c_int,
+            };
+        }
+    }
+    unsafe { real::shutdown(fd, how) }
+}
+
+pub unsafe fn fork() -> libc::pid_t {
+    let objs = fdtable::all_objects();
+    for (_, o) in &objs {
+        if let Obj::Conn(c) = &**o {
+            c.add_ref(1);
+        }
+    }
+    let r = unsafe { real::fork() };
+    if r == 0 {
+        crate::reset_pid();
+        fdtable::unlock_all_after_fork();
+        setup::after_fork_child();
+    } else if r < 0 {
+        for (_, o) in &objs {
+            if let Obj::Conn(c) = &**o {
+                c.drop_ref();
+            }
+        }
+    }
+    r
+}
+
+// ---------------------------------------------------------------------------------------
+// readiness
+
+pub unsafe fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
+    if fdtable::any_objects() && !fds.is_null() && n > 0 {
+        let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
+        if poll::any_smc(s) {
+            return unsafe { poll::poll_emul(s, timeout, None) };
+        }
+    }
+    unsafe { real::poll(fds, n, timeout) }
+}
+
+fn ts_ms(t: *const libc::timespec) -> c_int {
+    if t.is_null() {
+        return -1;
+    }
+    let t = unsafe { &*t };
+    let ms = t.tv_sec * 1000 + (t.tv_nsec + 999_999) / 1_000_000;
+    ms.clamp(0, i32::MAX as i64) as c_int
+}
+
+pub unsafe fn ppoll(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    t: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    if fdtable::any_objects() && !fds.is_null() && n > 0 {
+        let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
+        if poll::any_smc(s) {
+            let m = if mask.is_null() { None } else { Some(mask) };
+            return unsafe { poll::poll_emul(s, ts_ms(t), m) };
+        }
+    }
+    unsafe { real::ppoll(fds, n, t, mask) }
+}
+
+pub unsafe fn select(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    t: *mut libc::timeval,
+) -> c_int {
+    if unsafe { poll::select_has_smc(nfds, r, w, e) } {
+        let ms = if t.is_null() {
+            -1
+        } else {
+            let tv = unsafe { &*t };
+            (tv.tv_sec * 1000 + (tv.tv_usec + 999) / 1000).clamp(0, i32::MAX as i64) as c_int
+        };
+        let start = std::time::Instant::now();
+        let res = unsafe { poll::select_emul(nfds, r, w, e, ms, None) };
+        if !t.is_null() && ms >= 0 {
+            let left = (ms as u128).saturating_sub(start.elapsed().as_millis());
+            let tv = unsafe { &mut *t };
+            tv.tv_sec = (left / 1000) as libc::time_t;
+            tv.tv_usec = ((left % 1000) * 1000) as libc::suseconds_t;
+        }
+        return res;
+    }
+    unsafe { real::select(nfds, r, w, e, t) }
+}
+
+pub unsafe fn pselect(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    t: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    if unsafe { poll::select_has_smc(nfds, r, w, e) } {
+        let m = if mask.is_null() { None } else { Some(mask) };
+        return unsafe { poll::select_emul(nfds, r, w, e, ts_ms(t), m) };
+    }
+    unsafe { real::pselect(nfds, r, w, e, t, mask) }
+}
+
+pub unsafe fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut libc::epoll_event) -> c_int {
+    if fdtable::raw(fd) != 0 || fdtable::raw(ep) != 0 {
+        if let Some(r) = unsafe { epoll::ctl(ep, op, fd, ev) } {
+            return r;
+        }
+    }
+    unsafe { real::epoll_ctl(ep, op, fd, ev) }
+}
+
+pub unsafe fn epoll_wait(
+    ep: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: Option<*const libc::sigset_t>,
+) -> c_int {
+    if let Some(so) = epoll::wants(ep) {
+        return unsafe { epoll::wait(&so, ep, ev, max, timeout, mask) };
+    }
+    match mask {
+        None => unsafe { real::epoll_wait(ep, ev, max, timeout) },
+        Some(m) => unsafe { real::epoll_pwait(ep, ev, max, timeout, m) },
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// sendfile / splice
+
+const XFER: usize = 64 * 1024;
+
+pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t) -> ssize_t {
+    let out_smc = slow(out) && conn_of(out).is_some();
+    let in_smc = slow(inp) && conn_of(inp).is_some();
+    if !out_smc && !in_smc {
+        return unsafe { real::sendfile(out, inp, off, n) };
+    }
+    stats::special(stats::Special::Sendfile);
+    let mut buf = vec![0u8; XFER.min(n.max(1))];
+    let mut done = 0usize;
+    while done < n {
+        let want = (n - done).min(buf.len());
+        let r = if in_smc {
+            // sendfile from a socket: like read(); only a non-blocking first read may fail.
+            let f = if done > 0 { libc::MSG_DONTWAIT } else { 0 };
+            unsafe { recv(inp, buf.as_mut_ptr() as *mut c_void, want, f) }
+        } else if off.is_null() {
+            unsafe { real::read(inp, buf.as_mut_ptr() as *mut c_void, want) }
+        } else {
+            unsafe {
+                libc::pread(
+                    inp,
+                    buf.as_mut_ptr() as *mut c_void,
+                    want,
+                    *off + done as i64,
+                )
+            }
+        };
+        if r < 0 {
+            if done > 0 {
+                break;
+            }
+            return -1;
+        }
+        if r == 0 {
+            break;
+        }
+        let mut w = 0usize;
+        while w < r as usize {
+            let x = unsafe { write(out, buf.as_ptr().add(w) as *const c_void, r as usize - w) };
+            if x < 0 {
+                if done + w > 0 {
+                    // Bytes read but not written are lost for a socket source; for a file we
+                    // report what was written and the offset says where to resume.
+                    done += w;
+                    if !off.is_null() {
+                        unsafe { *off += done as i64 };
+                    }
+                    return done as ssize_t;
+                }
+                return -1;
+            }
+            w += x as usize;
+        }
+        done += w;
+    }
+    if !off.is_null() && !in_smc {
+        unsafe { *off += done as i64 };
+    }
+    done as ssize_t
+}
+
+pub unsafe fn splice(
+    fin: c_int,
+    offin: *mut libc::loff_t,
+    fout: c_int,
+    offout: *mut libc::loff_t,
+    n: size_t,
+    flags: libc::c_uint,
+) -> ssize_t {
+    let out_smc = slow(fout) && conn_of(fout).is_some();
+    let in_smc = slow(fin) && conn_of(fin).is_some();
+    if !out_smc && !in_smc {
+        return unsafe { real::splice(fin, offin, fout, offout, n, flags) };
+    }
+    stats::special(stats::Special::Splice);
+    let nb = flags & libc::SPLICE_F_NONBLOCK != 0;
+    let want = n.min(XFER);
+    let mut buf = vec![0u8; want.max(1)];
+    if in_smc {
+        // Peek first so that bytes the pipe cannot take stay in the ring.
+        let f = libc::MSG_PEEK | if nb { libc::MSG_DONTWAIT } else { 0 };
+        let r = unsafe { recv(fin, buf.as_mut_ptr() as *mut c_void, want, f) };
+        if r <= 0 {
+            return r;
+        }
+        let w = if offout.is_null() {
+            unsafe { real::write(fout, buf.as_ptr() as *const c_void, r as usize) }
+        } else {
+            let x =
+                unsafe { libc::pwrite(fout, buf.as_ptr() as *const c_void, r as usize, *offout) };
+            if x > 0 {
+                unsafe { *offout += x as i64 };
+            }
+            x
+        };
+        if w <= 0 {
+            return w;
+        }
+        // Consume exactly what went out.
+        let _ = unsafe {
+            recv(
+                fin,
+                std::ptr::null_mut(),
+                w as usize,
+                libc::MSG_TRUNC | libc::MSG_DONTWAIT,
+            )
+        };
+        return w;
+    }
+    // Into an SMC socket from a pipe or file: write what we read, all of it.
+    let r = if offin.is_null() {
+        unsafe { real::read(fin, buf.as_mut_ptr() as *mut c_void, want) }
+    } else {
+        let x = unsafe { libc::pread(fin, buf.as_mut_ptr() as *mut c_void, want, *offin) };
+        if x > 0 {
+            unsafe { *offin += x as i64 };
+        }
+        x
+    };
+    if r <= 0 {
+        return r;
+    }
+    let mut w = 0usize;
+    while w < r as usize {
+        let x = unsafe { write(fout, buf.as_ptr().add(w) as *const c_void, r as usize - w) };
+        if x < 0 {
+            return if w > 0 { w as ssize_t } else { -1 };
+        }
+        w += x as usize;
+    }
+    w as ssize_t
+}
+
+// ---------------------------------------------------------------------------------------
+// options and signals
+
+pub unsafe fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+    if r == 0
+        && level == libc::SOL_SOCKET
+        && name == libc::SO_RCVBUF
+        && fdtable::raw(fd) != 0
+        && !val.is_null()
+        && len as usize >= 4
+    {
+        setup::note_rcvbuf(fd, unsafe { *(val as *const c_int) });
+    }
+    r
+}
+
+pub unsafe fn sigaction(
+    sig: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> c_int {
+    let r = unsafe { real::sigaction(sig, act, old) };
+    if r == 0 && !act.is_null() {
+        let a = unsafe { &*act };
+        crate::signals::note(sig, a.sa_sigaction, a.sa_flags);
+    }
+    r
+}
+
+pub unsafe fn signal(sig: c_int, h: libc::sighandler_t) -> libc::sighandler_t {
+    let r = unsafe { real::signal(sig, h) };
+    if r != libc::SIG_ERR {
+        // glibc's signal() installs BSD semantics: SA_RESTART.
+        crate::signals::note(sig, h, libc::SA_RESTART);
+    }
+    r
+}
+
+/// For tests: install a connection at `fd` (e.g. a socketpair end).
+pub fn install_conn(fd: c_int, c: Conn) -> Arc<Obj> {
+    let o = Arc::new(Obj::Conn(c));
+    drop(fdtable::replace(fd, Slot::Obj(o.clone())));
+    epoll::on_convert(fd, &o);
+    o
+}

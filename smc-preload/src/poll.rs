@@ -1,0 +1,425 @@
+//! Readiness of SMC connections and the `poll`/`select` emulation.
+//!
+//! The TCP socket of an SMC connection carries only doorbells, so the kernel's view of it is
+//! only a wakeup hint. Readiness is computed from the rings: readable only when data or EOF is
+//! there, writable only when there is room. Before sleeping in the real `poll`, every SMC fd
+//! announces itself (wait bit in shared memory, rechecked afterwards), so a peer that changes
+//! the ring rings the doorbell and wakes us.
+
+use crate::conn::Conn;
+use crate::fdtable;
+use crate::obj::Obj;
+use crate::real;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub const IN: u32 = libc::EPOLLIN as u32;
+pub const OUT: u32 = libc::EPOLLOUT as u32;
+pub const ERR: u32 = libc::EPOLLERR as u32;
+pub const HUP: u32 = libc::EPOLLHUP as u32;
+pub const RDHUP: u32 = libc::EPOLLRDHUP as u32;
+pub const RDNORM: u32 = libc::EPOLLRDNORM as u32;
+pub const WRNORM: u32 = libc::EPOLLWRNORM as u32;
+
+/// Readiness of an SMC connection as epoll/poll bits (they share values).
+pub fn conn_mask(c: &Conn) -> u32 {
+    let r = c.readiness();
+    let mut m = 0;
+    if r.readable > 0 || r.rd_eof || r.error {
+        m |= IN | RDNORM;
+    }
+    if r.rd_eof && c.flags() & crate::conn::F_SHUT_RD == 0 || r.error {
+        m |= RDHUP;
+    }
+    if r.writable > 0 || r.wr_closed {
+        m |= OUT | WRNORM;
+    }
+    if r.error {
+        m |= ERR;
+    }
+    if r.hup || r.error {
+        m |= HUP;
+    }
+    m
+}
+
+/// Arm the wakeups of `c` for the events the caller waits for, then recheck.
+pub fn arm(c: &Conn, fd: i32, events: u32) -> u32 {
+    c.arm(
+        fd,
+        events & (IN | RDNORM | RDHUP) != 0,
+        events & (OUT | WRNORM) != 0,
+    );
+    conn_mask(c)
+}
+
+/// Process-wide adaptive spin budget for poll/select/epoll waits.
+static SPIN_NS: AtomicU64 = AtomicU64::new(u64::MAX);
+
+pub fn spin_budget() -> u64 {
+    let v = SPIN_NS.load(Ordering::Relaxed);
+    if v == u64::MAX {
+        crate::conn::tune().spin_max_ns
+    } else {
+        v
+    }
+}
+
+pub fn spin_result(hit: bool) {
+    let max = crate::conn::tune().spin_max_ns;
+    let b = spin_budget();
+    let nb = if hit {
+        (b * 2).clamp(1000, max)
+    } else if b == 0 {
+        max / 16
+    } else {
+        b / 2
+    };
+    SPIN_NS.store(nb.min(max), Ordering::Relaxed);
+}
+
+/// Remaining milliseconds until `deadline` for a real poll (-1: infinite).
+pub fn remaining_ms(deadline: Option<Instant>) -> i32 {
+    match deadline {
+        None => -1,
+        Some(d) => {
+            let now = Instant::now();
+            if now >= d {
+                0
+            } else {
+                ((d - now).as_micros().div_ceil(1000)).min(i32::MAX as u128) as i32
+            }
+        }
+    }
+}
+
+pub fn deadline_ms(timeout: i32) -> Option<Instant> {
+    if timeout < 0 {
+        None
+    } else {
+        Some(Instant::now() + Duration::from_millis(timeout as u64))
+    }
+}
+
+/// What one pollfd is for us.
+enum Kind {
+    Plain,
+    Smc(Arc<Obj>),
+}
+
+fn classify(fd: i32) -> Kind {
+    if fdtable::raw(fd) < 8 {
+        return Kind::Plain;
+    }
+    match fdtable::get(fd) {
+        Some(o) => {
+            if let Obj::Pending(_) = &*o {
+                crate::ops::resolve_pending(fd);
+                return match fdtable::get(fd) {
+                    Some(o2) if o2.conn().is_some() => Kind::Smc(o2),
+                    _ => Kind::Plain,
+                };
+            }
+            if o.conn().is_some() {
+                Kind::Smc(o)
+            } else {
+                Kind::Plain
+            }
+        }
+        None => Kind::Plain,
+    }
+}
+
+/// Whether any of `fds` is an SMC connection (or may become one).
+pub fn any_smc(fds: &[libc::pollfd]) -> bool {
+    fds.iter().any(|p| fdtable::raw(p.fd) >= 8)
+}
+
+/// `poll` over a set that contains SMC fds. `sigmask` is applied during the sleep (ppoll).
+///
+/// # Safety
+/// `fds` is the caller's array.
+pub unsafe fn poll_emul(
+    fds: &mut [libc::pollfd],
+    timeout: i32,
+    sigmask: Option<*const libc::sigset_t>,
+) -> i32 {
+    let kinds: Vec<Kind> = fds.iter().map(|p| classify(p.fd)).collect();
+    if kinds.iter().all(|k| matches!(k, Kind::Plain)) {
+        return unsafe { real_poll(fds, timeout, sigmask) };
+    }
+    let deadline = deadline_ms(timeout);
+    let mut tmp: Vec<libc::pollfd> = fds.to_vec();
+    for (t, k) in tmp.iter_mut().zip(&kinds) {
+        if let Kind::Smc(_) = k {
+            // The kernel only wakes us on doorbells (and EOF/reset of the channel).
+            t.events = libc::POLLIN;
+        }
+    }
+    let user_ready = |fds: &mut [libc::pollfd], arm_too: bool| -> i32 {
+        let mut n = 0;
+        for (p, k) in fds.iter_mut().zip(&kinds) {
+            if let Kind::Smc(o) = k {
+                let c = o.conn().expect("smc");
+                let want = p.events as u32 | ERR | HUP;
+                let m = if arm_too {
+                    arm(c, p.fd, p.events as u32)
+                } else {
+                    conn_mask(c)
+                } & want;
+                p.revents = m as i16;
+                if m != 0 {
+                    n += 1;
+                }
+            }
+        }
+        n
+    };
+    let mut spun = false;
+    loop {
+        let n = user_ready(fds, false);
+        if n > 0 || timeout == 0 {
+            // Collect the plain fds without blocking.
+            return n + unsafe { merge_plain(fds, &mut tmp, &kinds, 0, None) };
+        }
+        if !spun {
+            spun = true;
+            let budget = spin_budget();
+            if budget > 0 {
+                let start = Instant::now();
+                let mut hit = false;
+                let mut i = 0u32;
+                while (start.elapsed().as_nanos() as u64) < budget {
+                    if user_ready(fds, false) > 0 {
+                        hit = true;
+                        break;
+                    }
+                    i += 1;
+                    if i & 63 == 0 {
+                        // Plain fds may be ready too.
+                        let m = unsafe { merge_plain(fds, &mut tmp, &kinds, 0, None) };
+                        if m > 0 {
+                            hit = true;
+                            break;
+                        }
+                    }
+                    std::hint::spin_loop();
+                }
+                spin_result(hit);
+                if hit {
+                    continue;
+                }
+            }
+        }
+        // Arm and recheck.
+        let n = user_ready(fds, true);
+        if n > 0 {
+            return n + unsafe { merge_plain(fds, &mut tmp, &kinds, 0, None) };
+        }
+        let rem = remaining_ms(deadline);
+        if deadline.is_some() && rem == 0 {
+            for p in fds.iter_mut() {
+                p.revents = 0;
+            }
+            return 0;
+        }
+        for t in tmp.iter_mut() {
+            t.revents = 0;
+        }
+        let r = unsafe { real_poll(&mut tmp, rem, sigmask) };
+        if r < 0 {
+            return r;
+        }
+        // Drain doorbells, then recompute everything.
+        for ((t, k), p) in tmp.iter().zip(&kinds).zip(fds.iter_mut()) {
+            match k {
+                Kind::Smc(o) => {
+                    if t.revents != 0 {
+                        o.conn().expect("smc").drain(t.fd);
+                    }
+                }
+                Kind::Plain => p.revents = t.revents,
+            }
+        }
+        let plain = fds
+            .iter()
+            .zip(&kinds)
+            .filter(|(p, k)| matches!(k, Kind::Plain) && p.revents != 0)
+            .count() as i32;
+        let n = user_ready(fds, false);
+        if n + plain > 0 {
+            return n + plain;
+        }
+        if deadline.is_some() && remaining_ms(deadline) == 0 {
+            return 0;
+        }
+    }
+}
+
+/// Poll the plain fds of the set (SMC fds masked out with fd = -1), copy their revents.
+unsafe fn merge_plain(
+    fds: &mut [libc::pollfd],
+    tmp: &mut [libc::pollfd],
+    kinds: &[Kind],
+    timeout: i32,
+    sigmask: Option<*const libc::sigset_t>,
+) -> i32 {
+    let mut any = false;
+    for ((t, k), p) in tmp.iter_mut().zip(kinds).zip(fds.iter()) {
+        match k {
+            Kind::Plain => {
+                t.fd = p.fd;
+                t.events = p.events;
+                any = true;
+            }
+            Kind::Smc(_) => t.fd = -1,
+        }
+        t.revents = 0;
+    }
+    let mut n = 0;
+    if any {
+        let r = unsafe { real_poll(tmp, timeout, sigmask) };
+        if r > 0 {
+            for ((t, k), p) in tmp.iter().zip(kinds).zip(fds.iter_mut()) {
+                if let Kind::Plain = k {
+                    p.revents = t.revents;
+                    if t.revents != 0 {
+                        n += 1;
+                    }
+                }
+            }
+        }
+    } else {
+        for (p, k) in fds.iter_mut().zip(kinds) {
+            if let Kind::Plain = k {
+                p.revents = 0;
+            }
+        }
+    }
+    // Restore fds in tmp for the next blocking poll.
+    for (t, p) in tmp.iter_mut().zip(fds.iter()) {
+        t.fd = p.fd;
+    }
+    for (t, k) in tmp.iter_mut().zip(kinds) {
+        if let Kind::Smc(_) = k {
+            t.events = libc::POLLIN;
+        }
+    }
+    n
+}
+
+unsafe fn real_poll(
+    fds: &mut [libc::pollfd],
+    timeout: i32,
+    sigmask: Option<*const libc::sigset_t>,
+) -> i32 {
+    match sigmask {
+        None => unsafe { real::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) },
+        Some(m) => {
+            let ts;
+            let tp = if timeout < 0 {
+                std::ptr::null()
+            } else {
+                ts = libc::timespec {
+                    tv_sec: (timeout / 1000) as libc::time_t,
+                    tv_nsec: ((timeout % 1000) as libc::c_long) * 1_000_000,
+                };
+                &ts as *const libc::timespec
+            };
+            unsafe { real::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, tp, m) }
+        }
+    }
+}
+
+/// `select` through `poll_emul` when an SMC fd is in the sets.
+///
+/// # Safety
+/// The fd_set pointers are the caller's (or null).
+pub unsafe fn select_emul(
+    nfds: i32,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    timeout_ms: i32,
+    sigmask: Option<*const libc::sigset_t>,
+) -> i32 {
+    let mut pfds: Vec<libc::pollfd> = Vec::new();
+    let isset = |s: *mut libc::fd_set, fd: i32| !s.is_null() && unsafe { libc::FD_ISSET(fd, s) };
+    for fd in 0..nfds.min(libc::FD_SETSIZE as i32) {
+        let mut ev = 0i16;
+        if isset(r, fd) {
+            ev |= libc::POLLIN;
+        }
+        if isset(w, fd) {
+            ev |= libc::POLLOUT;
+        }
+        if isset(e, fd) {
+            ev |= libc::POLLPRI;
+        }
+        if ev != 0 {
+            pfds.push(libc::pollfd {
+                fd,
+                events: ev,
+                revents: 0,
+            });
+        }
+    }
+    let n = unsafe { poll_emul(&mut pfds, timeout_ms, sigmask) };
+    if n < 0 {
+        return n;
+    }
+    for s in [r, w, e] {
+        if !s.is_null() {
+            unsafe { libc::FD_ZERO(s) };
+        }
+    }
+    let mut count = 0;
+    for p in &pfds {
+        if p.revents & libc::POLLNVAL != 0 {
+            real::set_errno(libc::EBADF);
+            return -1;
+        }
+        let rd = p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0;
+        let wr = p.revents & (libc::POLLOUT | libc::POLLERR) != 0;
+        let ex = p.revents & libc::POLLPRI != 0;
+        if rd && p.events & libc::POLLIN != 0 {
+            unsafe { libc::FD_SET(p.fd, r) };
+            count += 1;
+        }
+        if wr && p.events & libc::POLLOUT != 0 {
+            unsafe { libc::FD_SET(p.fd, w) };
+            count += 1;
+        }
+        if ex && p.events & libc::POLLPRI != 0 {
+            unsafe { libc::FD_SET(p.fd, e) };
+            count += 1;
+        }
+    }
+    count
+}
+
+/// Whether an fd_set triple contains an SMC fd.
+///
+/// # Safety
+/// The fd_set pointers are the caller's (or null).
+pub unsafe fn select_has_smc(
+    nfds: i32,
+    r: *const libc::fd_set,
+    w: *const libc::fd_set,
+    e: *const libc::fd_set,
+) -> bool {
+    if !fdtable::any_objects() {
+        return false;
+    }
+    for fd in 0..nfds.min(libc::FD_SETSIZE as i32) {
+        if fdtable::raw(fd) >= 8 {
+            for s in [r, w, e] {
+                if !s.is_null() && unsafe { libc::FD_ISSET(fd, s) } {
+                    return true;
+                }
+            }
+        }
+    }
+    false
+}

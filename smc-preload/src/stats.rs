@@ -1,0 +1,298 @@
+//! Per-process statistics in shared memory, for `smc-ctl stats` / `conns`.
+//!
+//! Each process that loads the library and makes a TCP decision maps one file
+//! `/run/smc/procs/<pid>` (`$SMC_PROCS_DIR/<pid>`), 4096 bytes, `MAP_SHARED`. When the directory
+//! cannot be used the same layout lives in anonymous memory (nothing to read from outside).
+//! Readers must treat the file as a snapshot: every field is an 8-byte little-endian counter
+//! updated with atomic adds. A file whose pid no longer exists is stale; readers may delete it.
+//!
+//! Layout ([`Stats`], `#[repr(C)]`, all `u64`):
+//! | offset | field |
+//! |---:|---|
+//! | 0 | magic `0x534d_4350_5354_4154` ("SMCPSTAT") |
+//! | 8 | layout version (1) |
+//! | 16 | pid |
+//! | 24 | smcd_client: connections that became SMC-D as client |
+//! | 32 | smcd_server: connections that became SMC-D as server |
+//! | 40 | fallback_client |
+//! | 48 | fallback_server |
+//! | 56 | handshake_errors (timeouts, I/O or protocol errors during CLC) |
+//! | 64 | rx_bytes (closed connections; live ones add their own) |
+//! | 72 | tx_bytes |
+//! | 80 | rx_calls |
+//! | 88 | tx_calls |
+//! | 96 | rx_buffer_full (reads that found the ring full) |
+//! | 104 | tx_buffer_full (writes that found no room) |
+//! | 112 | live_conns |
+//! | 120 | special_sendfile |
+//! | 128 | special_splice |
+//! | 136 | special_oob |
+//! | 144 | pending_connects (non-blocking connects decided at the first operation) |
+//! | 152 | doorbells_sent |
+//! | 160 | doorbells_received |
+//! | 168..424 | 16 fallback-reason slots: `{code u64, count u64}` (code 0 = free); code is the CLC diagnosis (e.g. 0x03010000 PEERNOSMC) |
+
+use crate::conn::Conn;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub const MAGIC: u64 = 0x534d_4350_5354_4154;
+pub const VERSION: u64 = 1;
+pub const REASON_SLOTS: usize = 16;
+
+#[repr(C)]
+pub struct Stats {
+    pub magic: AtomicU64,
+    pub version: AtomicU64,
+    pub pid: AtomicU64,
+    pub smcd_client: AtomicU64,
+    pub smcd_server: AtomicU64,
+    pub fallback_client: AtomicU64,
+    pub fallback_server: AtomicU64,
+    pub handshake_errors: AtomicU64,
+    pub rx_bytes: AtomicU64,
+    pub tx_bytes: AtomicU64,
+    pub rx_calls: AtomicU64,
+    pub tx_calls: AtomicU64,
+    pub rx_full: AtomicU64,
+    pub tx_full: AtomicU64,
+    pub live_conns: AtomicU64,
+    pub special_sendfile: AtomicU64,
+    pub special_splice: AtomicU64,
+    pub special_oob: AtomicU64,
+    pub pending_connects: AtomicU64,
+    pub doorbells_sent: AtomicU64,
+    pub doorbells_rcvd: AtomicU64,
+    pub reasons: [[AtomicU64; 2]; REASON_SLOTS],
+}
+
+const _: () = assert!(std::mem::size_of::<Stats>() <= 4096);
+
+struct Area {
+    ptr: *mut Stats,
+    pid: u32,
+}
+// SAFETY: the area is shared memory accessed only through atomics.
+unsafe impl Send for Area {}
+// SAFETY: as above.
+unsafe impl Sync for Area {}
+
+static AREA: std::sync::Mutex<Option<Area>> = std::sync::Mutex::new(None);
+static FAST: AtomicU64 = AtomicU64::new(0);
+
+fn procs_dir() -> String {
+    std::env::var("SMC_PROCS_DIR").unwrap_or_else(|_| "/run/smc/procs".to_string())
+}
+
+fn open_area(pid: u32) -> *mut Stats {
+    let dir = procs_dir();
+    let path = format!("{dir}/{pid}");
+    let mut fd = -1;
+    if std::fs::create_dir_all(&dir).is_ok() {
+        if let Ok(c) = std::ffi::CString::new(path) {
+            // SAFETY: valid path.
+            fd = unsafe {
+                libc::open(
+                    c.as_ptr(),
+                    libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
+                    0o644,
+                )
+            };
+            if fd >= 0 && unsafe { libc::ftruncate(fd, 4096) } != 0 {
+                unsafe { crate::real::close(fd) };
+                fd = -1;
+            }
+        }
+    }
+    let flags = if fd >= 0 {
+        libc::MAP_SHARED
+    } else {
+        libc::MAP_SHARED | libc::MAP_ANONYMOUS
+    };
+    // SAFETY: plain mmap.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            fd,
+            0,
+        )
+    };
+    if fd >= 0 {
+        unsafe { crate::real::close(fd) };
+    }
+    if p == libc::MAP_FAILED {
+        // Last resort: leak a private zeroed page.
+        let b: Box<[u64; 512]> = Box::new([0; 512]);
+        return Box::into_raw(b) as *mut Stats;
+    }
+    let s = p as *mut Stats;
+    // SAFETY: fresh zeroed page.
+    unsafe {
+        (*s).magic.store(MAGIC, Ordering::Relaxed);
+        (*s).version.store(VERSION, Ordering::Relaxed);
+        (*s).pid.store(pid as u64, Ordering::Relaxed);
+    }
+    s
+}
+
+/// The stats area of this process (created on first use, per process after fork).
+pub fn get() -> &'static Stats {
+    let pid = crate::pid();
+    let f = FAST.load(Ordering::Acquire);
+    if f != 0 && (f >> 44) as u32 == pid & 0xFFFFF {
+        // SAFETY: pointer published below, never freed.
+        return unsafe { &*((f & ((1 << 44) - 1)) as *const Stats) };
+    }
+    let mut g = AREA.lock().unwrap_or_else(|e| e.into_inner());
+    if g.as_ref().is_none_or(|a| a.pid != pid) {
+        let p = open_area(pid);
+        *g = Some(Area { ptr: p, pid });
+    }
+    let a = g.as_ref().expect("area");
+    let p = a.ptr as u64;
+    if p < (1 << 44) {
+        FAST.store(((pid as u64 & 0xFFFFF) << 44) | p, Ordering::Release);
+    }
+    // SAFETY: never freed.
+    unsafe { &*a.ptr }
+}
+
+/// Remove our file at exit (best effort).
+pub fn remove_file() {
+    let g = AREA.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(a) = g.as_ref() {
+        if a.pid == crate::pid() {
+            let _ = std::fs::remove_file(format!("{}/{}", procs_dir(), a.pid));
+        }
+    }
+}
+
+pub fn fallback(server: bool, code: u32) {
+    let s = get();
+    if server {
+        s.fallback_server.fetch_add(1, Ordering::Relaxed);
+    } else {
+        s.fallback_client.fetch_add(1, Ordering::Relaxed);
+    }
+    for slot in &s.reasons {
+        let c = slot[0].load(Ordering::Relaxed);
+        if c == code as u64 {
+            slot[1].fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if c == 0
+            && slot[0]
+                .compare_exchange(0, code as u64, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            slot[1].fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if slot[0].load(Ordering::Relaxed) == code as u64 {
+            slot[1].fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    }
+}
+
+pub fn smc(server: bool) {
+    let s = get();
+    if server {
+        s.smcd_server.fetch_add(1, Ordering::Relaxed);
+    } else {
+        s.smcd_client.fetch_add(1, Ordering::Relaxed);
+    }
+    s.live_conns.fetch_add(1, Ordering::Relaxed);
+}
+
+pub fn conn_closed(c: &Conn) {
+    let s = get();
+    let sh = c.sh();
+    s.live_conns.fetch_sub(1, Ordering::Relaxed);
+    s.rx_bytes
+        .fetch_add(sh.rx_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+    s.tx_bytes
+        .fetch_add(sh.tx_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+    s.rx_calls
+        .fetch_add(sh.rx_calls.load(Ordering::Relaxed), Ordering::Relaxed);
+    s.tx_calls
+        .fetch_add(sh.tx_calls.load(Ordering::Relaxed), Ordering::Relaxed);
+    s.rx_full
+        .fetch_add(sh.rx_full.load(Ordering::Relaxed), Ordering::Relaxed);
+    s.tx_full
+        .fetch_add(sh.tx_full.load(Ordering::Relaxed), Ordering::Relaxed);
+    s.doorbells_sent
+        .fetch_add(sh.doorbells_sent.load(Ordering::Relaxed), Ordering::Relaxed);
+    s.doorbells_rcvd
+        .fetch_add(sh.doorbells_rcvd.load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
+pub enum Special {
+    Sendfile,
+    Splice,
+    Oob,
+}
+
+pub fn special(k: Special) {
+    let s = get();
+    match k {
+        Special::Sendfile => &s.special_sendfile,
+        Special::Splice => &s.special_splice,
+        Special::Oob => &s.special_oob,
+    }
+    .fetch_add(1, Ordering::Relaxed);
+}
+
+pub fn handshake_error() {
+    get().handshake_errors.fetch_add(1, Ordering::Relaxed);
+}
+
+pub fn pending() {
+    get().pending_connects.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A snapshot of a stats file's bytes as (name, value) pairs, for readers and tests.
+pub fn parse(bytes: &[u8]) -> Option<Vec<(String, u64)>> {
+    if bytes.len() < std::mem::size_of::<Stats>() {
+        return None;
+    }
+    let w = |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8"));
+    if w(0) != MAGIC || w(1) != VERSION {
+        return None;
+    }
+    let names = [
+        "pid",
+        "smcd_client",
+        "smcd_server",
+        "fallback_client",
+        "fallback_server",
+        "handshake_errors",
+        "rx_bytes",
+        "tx_bytes",
+        "rx_calls",
+        "tx_calls",
+        "rx_buffer_full",
+        "tx_buffer_full",
+        "live_conns",
+        "special_sendfile",
+        "special_splice",
+        "special_oob",
+        "pending_connects",
+        "doorbells_sent",
+        "doorbells_received",
+    ];
+    let mut out: Vec<(String, u64)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.to_string(), w(i + 2)))
+        .collect();
+    for r in 0..REASON_SLOTS {
+        let code = w(21 + 2 * r);
+        if code != 0 {
+            out.push((format!("fallback_reason_{code:#010x}"), w(22 + 2 * r)));
+        }
+    }
+    Some(out)
+}
