@@ -1,6 +1,9 @@
 //! Thin libc wrappers shared by the client and the daemon: SCM_RIGHTS messaging, memfds,
 //! socket inspection for the attach proof, random numbers.
 
+// Without the daemon feature, the daemon-side helpers are unused.
+#![cfg_attr(not(feature = "daemon"), allow(dead_code))]
+
 use std::io;
 use std::mem;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
