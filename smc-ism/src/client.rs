@@ -24,6 +24,9 @@ pub const SOCKET_ENV: &str = "SMC_CTL_SOCK";
 pub const MAX_SIZE_CODE: u8 = 6;
 /// Size of a DMB with size code 0.
 pub const DMB_MIN_SIZE: usize = 16 * 1024;
+/// Receive buffer for replies of variable size (stats); the daemon keeps them smaller.
+const REPLY_BUF: usize = 256 * 1024;
+
 /// Default timeout of one request/reply round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -314,7 +317,7 @@ impl Client {
 
     /// The daemon's counters.
     pub fn stats(&mut self) -> Result<Stats, IsmError> {
-        let mut buf = vec![0u8; 1 << 20];
+        let mut buf = vec![0u8; REPLY_BUF];
         let a = self.transact(proto::OP_STATS, &[], None, &mut buf, true)?;
         serde_json::from_slice(&buf[a.start..a.end])
             .map_err(|_| IsmError::Protocol("bad STATS payload"))
@@ -331,7 +334,7 @@ impl Client {
         let fd = self.raw()?;
         let long = Duration::from_millis(ms as u64) + self.timeout;
         set_timeouts(fd, long).map_err(IsmError::Io)?;
-        let mut buf = vec![0u8; 1 << 20];
+        let mut buf = vec![0u8; REPLY_BUF];
         let r = self.transact(proto::OP_WAIT, &payload, None, &mut buf, false);
         if let Some(fd) = &self.fd {
             let _ = set_timeouts(fd.as_raw_fd(), self.timeout);
@@ -375,7 +378,7 @@ impl Client {
         if let Err(e) = sys::send_record(fd, record, pass, 0) {
             return Err(self.send_failed(e));
         }
-        let mut buf = vec![0u8; 1 << 20];
+        let mut buf = vec![0u8; REPLY_BUF];
         let r = match sys::recv_record(fd, &mut buf, 0) {
             Ok(r) => r,
             Err(e) => return Err(self.broken(e)),

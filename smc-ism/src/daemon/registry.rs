@@ -538,7 +538,7 @@ impl Registry {
             .values()
             .filter_map(Weak::upgrade)
             .map(|cg| CgroupStats {
-                path: cg.path.clone(),
+                path: truncate_path(&cg.path),
                 dmbs: cg.dmbs.load(Relaxed),
                 bytes: cg.bytes.load(Relaxed),
                 refused: cg.refused.load(Relaxed),
@@ -546,7 +546,8 @@ impl Registry {
             .filter(|s| s.dmbs > 0 || s.refused > 0)
             .collect();
         cgroups.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.path.cmp(&b.path)));
-        cgroups.truncate(256);
+        // Bounded so that the reply always fits one SEQPACKET record.
+        cgroups.truncate(MAX_CGROUPS_LISTED);
         Stats {
             protocol_version: crate::proto::VERSION,
             gid: format!("{:016x}{:016x}", self.gid.gid, self.gid.gid_ext),
@@ -574,6 +575,23 @@ impl Registry {
             cgroups,
         }
     }
+}
+
+/// At most this many cgroups are listed in [`Stats`] (the busiest first).
+const MAX_CGROUPS_LISTED: usize = 64;
+
+/// Cgroup paths longer than this are cut (with a trailing `…`) in [`Stats`].
+const MAX_PATH_LISTED: usize = 512;
+
+fn truncate_path(p: &str) -> String {
+    if p.len() <= MAX_PATH_LISTED {
+        return p.to_owned();
+    }
+    let mut end = MAX_PATH_LISTED;
+    while !p.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &p[..end])
 }
 
 /// The attach proof: the attacher's socket is the other end of the owner's connection.
