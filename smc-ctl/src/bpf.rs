@@ -27,9 +27,8 @@ use aya::{
 };
 use serde::Serialize;
 use smc_common::bpf::{
-    Counter, Mode, SockKey, GETSOCKOPT_PROG, MAP_COUNTERS, MAP_PEERS, MAP_SOCKHASH,
-    MAP_SOCK_STATE, PIN_LAYOUT_VERSION, SETSOCKOPT_PROG, SK_MSG_PROG, SOCKOPS_PROG_ISM,
-    SOCKOPS_PROG_SHORTCUT,
+    Counter, Mode, SockKey, GETSOCKOPT_PROG, MAP_COUNTERS, MAP_PEERS, MAP_SOCKHASH, MAP_SOCK_STATE,
+    PIN_LAYOUT_VERSION, SETSOCKOPT_PROG, SK_MSG_PROG, SOCKOPS_PROG_ISM, SOCKOPS_PROG_SHORTCUT,
 };
 
 use crate::sys::{self, bpf_syscall};
@@ -104,7 +103,8 @@ fn ensure_loaded() -> Result<()> {
         return Err(e);
     }
     // Publish atomically: a concurrent reader sees either nothing or a complete layout.
-    fs::rename(&staging, root).with_context(|| format!("rename {} to {PIN_ROOT}", staging.display()))
+    fs::rename(&staging, root)
+        .with_context(|| format!("rename {} to {PIN_ROOT}", staging.display()))
 }
 
 fn load_into(dir: &Path) -> Result<()> {
@@ -112,16 +112,20 @@ fn load_into(dir: &Path) -> Result<()> {
         fs::create_dir_all(dir.join(d)).with_context(|| format!("mkdir {}", dir.display()))?;
     }
     let mut ebpf = Ebpf::load(EBPF_OBJECT).map_err(|e| {
-        anyhow!("loading the eBPF object failed ({e}); is BPF available (CONFIG_BPF_SYSCALL, CAP_BPF)?")
+        anyhow!(
+            "loading the eBPF object failed ({e}); is BPF available (CONFIG_BPF_SYSCALL, CAP_BPF)?"
+        )
     })?;
     for name in [SOCKOPS_PROG_SHORTCUT, SOCKOPS_PROG_ISM] {
         let prog: &mut SockOps = program(&mut ebpf, name)?.try_into()?;
-        prog.load().with_context(|| format!("verifier rejected {name}"))?;
+        prog.load()
+            .with_context(|| format!("verifier rejected {name}"))?;
         prog.pin(dir.join("progs").join(name))?;
     }
     for name in [SETSOCKOPT_PROG, GETSOCKOPT_PROG] {
         let prog: &mut CgroupSockopt = program(&mut ebpf, name)?.try_into()?;
-        prog.load().with_context(|| format!("verifier rejected {name}"))?;
+        prog.load()
+            .with_context(|| format!("verifier rejected {name}"))?;
         prog.pin(dir.join("progs").join(name))?;
     }
     for name in [MAP_SOCK_STATE, MAP_PEERS, MAP_SOCKHASH, MAP_COUNTERS] {
@@ -132,11 +136,13 @@ fn load_into(dir: &Path) -> Result<()> {
             .with_context(|| format!("pin map {name}"))?;
     }
     let sockhash: SockHash<_, SockKey> = SockHash::try_from(
-        ebpf.map(MAP_SOCKHASH).ok_or_else(|| anyhow!("no {MAP_SOCKHASH}"))?,
+        ebpf.map(MAP_SOCKHASH)
+            .ok_or_else(|| anyhow!("no {MAP_SOCKHASH}"))?,
     )?;
     let map_fd = sockhash.fd().try_clone()?;
     let prog: &mut SkMsg = program(&mut ebpf, SK_MSG_PROG)?.try_into()?;
-    prog.load().with_context(|| format!("verifier rejected {SK_MSG_PROG}"))?;
+    prog.load()
+        .with_context(|| format!("verifier rejected {SK_MSG_PROG}"))?;
     let link = prog.attach(&map_fd)?;
     // The attachment belongs to the (pinned) map from now on.
     std::mem::forget(prog.take_link(link)?);
@@ -180,7 +186,10 @@ fn attached_links() -> Result<BTreeMap<u64, (Mode, Vec<PathBuf>)>> {
         let (Ok(ino), Some(mode)) = (ino.parse::<u64>(), parse_mode(mode)) else {
             continue;
         };
-        out.entry(ino).or_insert((mode, Vec::new())).1.push(entry.path());
+        out.entry(ino)
+            .or_insert((mode, Vec::new()))
+            .1
+            .push(entry.path());
     }
     Ok(out)
 }
@@ -194,7 +203,11 @@ pub fn attach(cgroup: &Path, mode: Mode) -> Result<String> {
     ensure_loaded()?;
     if let Some((have, _)) = attached_links()?.get(&ino) {
         if *have == mode {
-            return Ok(format!("{} already attached (mode {})", cg.display(), mode_name(mode)));
+            return Ok(format!(
+                "{} already attached (mode {})",
+                cg.display(),
+                mode_name(mode)
+            ));
         }
         bail!(
             "{} is attached in mode {}; detach it first to change the mode",
@@ -228,7 +241,11 @@ pub fn attach(cgroup: &Path, mode: Mode) -> Result<String> {
         cleanup_if_unused()?;
         return Err(e.context(format!("attach to {}", cg.display())));
     }
-    Ok(format!("attached {} (mode {})", cg.display(), mode_name(mode)))
+    Ok(format!(
+        "attached {} (mode {})",
+        cg.display(),
+        mode_name(mode)
+    ))
 }
 
 /// Removing the pin drops the last reference to the link: the program is detached.
@@ -251,7 +268,10 @@ pub fn detach(cgroup: &Path) -> Result<String> {
     }
     let unloaded = cleanup_if_unused()?;
     Ok(if unloaded {
-        format!("detached {}; no cgroup left, programs unloaded", cg.display())
+        format!(
+            "detached {}; no cgroup left, programs unloaded",
+            cg.display()
+        )
     } else {
         format!("detached {}", cg.display())
     })
@@ -270,7 +290,8 @@ fn remove_pins(root: &Path) -> Result<()> {
     for d in ["links", "progs", "maps"] {
         if let Ok(rd) = fs::read_dir(root.join(d)) {
             for e in rd.flatten() {
-                fs::remove_file(e.path()).with_context(|| format!("unpin {}", e.path().display()))?;
+                fs::remove_file(e.path())
+                    .with_context(|| format!("unpin {}", e.path().display()))?;
             }
         }
     }

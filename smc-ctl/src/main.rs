@@ -11,7 +11,11 @@ mod run;
 mod sys;
 
 #[derive(Parser)]
-#[command(name = "smc-ctl", version, about = "Transparent SMC-D style shared-memory acceleration of same-host TCP")]
+#[command(
+    name = "smc-ctl",
+    version,
+    about = "Transparent SMC-D style shared-memory acceleration of same-host TCP"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

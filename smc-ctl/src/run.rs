@@ -18,7 +18,9 @@ pub fn preload_lib() -> Result<PathBuf> {
         return Ok(PathBuf::from(p));
     }
     let exe = env::current_exe()?;
-    let dir = exe.parent().ok_or_else(|| anyhow!("no directory for {}", exe.display()))?;
+    let dir = exe
+        .parent()
+        .ok_or_else(|| anyhow!("no directory for {}", exe.display()))?;
     for cand in [dir.join(PRELOAD_LIB), dir.join("../lib").join(PRELOAD_LIB)] {
         if cand.exists() {
             return Ok(cand.canonicalize()?);
@@ -37,7 +39,12 @@ pub fn exec(cmd: &[OsString]) -> Result<()> {
         preload.push(OsStr::new(":"));
         preload.push(old);
     }
-    let (prog, args) = cmd.split_first().ok_or_else(|| anyhow!("no command given"))?;
-    let err = Command::new(prog).args(args).env("LD_PRELOAD", preload).exec();
+    let (prog, args) = cmd
+        .split_first()
+        .ok_or_else(|| anyhow!("no command given"))?;
+    let err = Command::new(prog)
+        .args(args)
+        .env("LD_PRELOAD", preload)
+        .exec();
     Err(anyhow!("cannot execute {}: {err}", prog.to_string_lossy()))
 }

@@ -20,7 +20,8 @@ fn statfs_type(path: &Path) -> Result<i64> {
     let c = CString::new(path.as_os_str().as_bytes())?;
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error()).with_context(|| format!("statfs {}", path.display()));
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("statfs {}", path.display()));
     }
     Ok(st.f_type)
 }
@@ -58,7 +59,13 @@ pub fn ensure_bpffs(path: &str) -> Result<()> {
     let src = CString::new("bpf")?;
     let dst = CString::new(path)?;
     let rc = unsafe {
-        libc::mount(src.as_ptr(), dst.as_ptr(), src.as_ptr(), 0, std::ptr::null())
+        libc::mount(
+            src.as_ptr(),
+            dst.as_ptr(),
+            src.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
     };
     if rc != 0 {
         return Err(std::io::Error::last_os_error())
@@ -169,7 +176,11 @@ pub mod bpf_syscall {
     }
 
     /// A bpf_link attaching `prog` to the cgroup `target` (multi-attach by nature).
-    pub fn link_create(prog: &OwnedFd, target: &impl std::os::fd::AsRawFd, attach_type: u32) -> io::Result<OwnedFd> {
+    pub fn link_create(
+        prog: &OwnedFd,
+        target: &impl std::os::fd::AsRawFd,
+        attach_type: u32,
+    ) -> io::Result<OwnedFd> {
         let mut a = Attr([0; 128]);
         put_u32(&mut a, 0, prog.as_raw_fd() as u32);
         put_u32(&mut a, 4, target.as_raw_fd() as u32);

@@ -15,12 +15,11 @@ use core::{ffi::c_void, ptr};
 
 use aya_ebpf::{
     bindings::{
-        bpf_map_type::BPF_MAP_TYPE_SK_STORAGE, bpf_sock, bpf_sock_ops, sk_action,
-        BPF_F_CLONE, BPF_F_INGRESS, BPF_F_NO_PREALLOC,
-        BPF_SK_STORAGE_GET_F_CREATE, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
-        BPF_SOCK_OPS_HDR_OPT_LEN_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
-        BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_TCP_CONNECT_CB,
-        BPF_SOCK_OPS_TCP_LISTEN_CB, BPF_SOCK_OPS_WRITE_HDR_OPT_CB,
+        bpf_map_type::BPF_MAP_TYPE_SK_STORAGE, bpf_sock, bpf_sock_ops, sk_action, BPF_F_CLONE,
+        BPF_F_INGRESS, BPF_F_NO_PREALLOC, BPF_SK_STORAGE_GET_F_CREATE,
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_HDR_OPT_LEN_CB,
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
+        BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_SOCK_OPS_TCP_LISTEN_CB, BPF_SOCK_OPS_WRITE_HDR_OPT_CB,
         BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG,
     },
     helpers::generated::{
@@ -77,7 +76,11 @@ impl<T> SkStorageClone<T> {
         if sk.is_null() {
             return None;
         }
-        let flags = if create { BPF_SK_STORAGE_GET_F_CREATE as u64 } else { 0 };
+        let flags = if create {
+            BPF_SK_STORAGE_GET_F_CREATE as u64
+        } else {
+            0
+        };
         let p = unsafe {
             bpf_sk_storage_get(
                 ptr::from_ref(self).cast_mut().cast(),
@@ -124,7 +127,15 @@ fn remote_port_host(raw: u32) -> u32 {
 }
 
 #[inline(always)]
-fn key_of(family: u32, l4: u32, r4: u32, l6: [u32; 4], r6: [u32; 4], lport: u32, rport: u32) -> Option<SockKey> {
+fn key_of(
+    family: u32,
+    l4: u32,
+    r4: u32,
+    l6: [u32; 4],
+    r6: [u32; 4],
+    lport: u32,
+    rport: u32,
+) -> Option<SockKey> {
     let (local_ip, remote_ip) = match family {
         AF_INET => (v4_mapped(l4), v4_mapped(r4)),
         AF_INET6 => (l6, r6),
@@ -208,7 +219,11 @@ fn ops_sk(ops: &bpf_sock_ops) -> *mut bpf_sock {
 #[inline(always)]
 fn has_smc_option(ops: *mut bpf_sock_ops, from_syn: bool) -> bool {
     let mut buf = TCPOPT_SMC;
-    let flags = if from_syn { BPF_LOAD_HDR_OPT_TCP_SYN as u64 } else { 0 };
+    let flags = if from_syn {
+        BPF_LOAD_HDR_OPT_TCP_SYN as u64
+    } else {
+        0
+    };
     let ret = unsafe { bpf_load_hdr_opt(ops, buf.as_mut_ptr().cast(), buf.len() as u32, flags) };
     ret == TCPOPT_SMC.len() as i64 && buf == TCPOPT_SMC
 }
@@ -268,11 +283,17 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
                 unsafe { bpf_reserve_hdr_opt(ops_ptr, TCPOPT_SMC.len() as u32, 0) };
             } else {
                 let opt = TCPOPT_SMC;
-                let ret = unsafe {
-                    bpf_store_hdr_opt(ops_ptr, opt.as_ptr().cast(), opt.len() as u32, 0)
-                };
+                let ret =
+                    unsafe { bpf_store_hdr_opt(ops_ptr, opt.as_ptr().cast(), opt.len() as u32, 0) };
                 if ret == 0 {
-                    count(if synack { Counter::SynAckOptSent } else { Counter::SynOptSent }, 1);
+                    count(
+                        if synack {
+                            Counter::SynAckOptSent
+                        } else {
+                            Counter::SynOptSent
+                        },
+                        1,
+                    );
                 }
             }
         }
@@ -298,7 +319,11 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     let active = ops.op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB;
     count(Counter::SocketsEstablished, 1);
     count(
-        if active { Counter::ActiveEstablished } else { Counter::PassiveEstablished },
+        if active {
+            Counter::ActiveEstablished
+        } else {
+            Counter::PassiveEstablished
+        },
         1,
     );
     // The header-option flag is set only on sockets (and listeners) that opted in.
@@ -315,7 +340,11 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
         if peer {
             flags |= SOCK_PEER_SMC;
             count(
-                if active { Counter::SynAckOptReceived } else { Counter::SynOptReceived },
+                if active {
+                    Counter::SynAckOptReceived
+                } else {
+                    Counter::SynOptReceived
+                },
                 1,
             );
         }
@@ -338,7 +367,11 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     if shortcut_mode {
         flags |= SOCK_SHORTCUT;
     }
-    let entry = PeerEntry { cookie, flags, _pad: 0 };
+    let entry = PeerEntry {
+        cookie,
+        flags,
+        _pad: 0,
+    };
     let _ = SMC_PEERS.insert(&key, &entry, 0);
 
     if let Some(state) = SMC_SOCK_STATE.get(ops_sk(ops), true) {
@@ -348,7 +381,10 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     // In shortcut mode every socket goes into the SOCKHASH; in ism mode only those of the data
     // path (opted in), which enable the redirect for themselves after their CLC handshake.
     if shortcut_mode || wrote_opt {
-        if SMC_SOCKHASH.update(&mut key, unsafe { &mut *ops_ptr }, 0).is_ok() {
+        if SMC_SOCKHASH
+            .update(&mut key, unsafe { &mut *ops_ptr }, 0)
+            .is_ok()
+        {
             count(Counter::ShortcutSockets, 1);
         }
     }
@@ -451,7 +487,10 @@ pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
             }
             *s
         }
-        None => SockState { flags: 0, version: SOCK_STATE_VERSION },
+        None => SockState {
+            flags: 0,
+            version: SOCK_STATE_VERSION,
+        },
     };
     unsafe { ptr::write_unaligned(optval.cast::<SockState>(), state) };
     // Two separate 4-byte stores: a merged 8-byte store is rejected by the verifier.

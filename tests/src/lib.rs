@@ -20,7 +20,11 @@ static SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// A unique short name for this test process: `<prefix><pid>x<n>`.
 pub fn unique(prefix: &str) -> String {
-    format!("{prefix}{}x{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{prefix}{}x{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Fails the test with a clear message unless it runs as root with cgroup v2 and BPF.
@@ -38,7 +42,10 @@ pub fn require_root() {
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     // target/<profile>/deps/<test>-<hash>
-    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf()
 }
 
 /// Path of a workspace binary built into the same target directory as the tests.
@@ -65,7 +72,11 @@ pub fn lock() -> TestLock {
         .open("/run/smc/tests.lock")
         .expect("open test lock");
     // SAFETY: valid fd.
-    assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) }, 0, "flock");
+    assert_eq!(
+        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) },
+        0,
+        "flock"
+    );
     TestLock(f)
 }
 
@@ -147,13 +158,21 @@ pub struct Attached {
 
 impl Attached {
     pub fn new(cg: &Cgroup, mode: &str) -> Attached {
-        let out = smc_ctl(&["attach", "--cgroup", cg.path.to_str().unwrap(), "--mode", mode]);
+        let out = smc_ctl(&[
+            "attach",
+            "--cgroup",
+            cg.path.to_str().unwrap(),
+            "--mode",
+            mode,
+        ]);
         assert!(
             out.status.success(),
             "smc-ctl attach failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        Attached { cgroup: cg.path.clone() }
+        Attached {
+            cgroup: cg.path.clone(),
+        }
     }
 }
 
@@ -166,7 +185,11 @@ impl Drop for Attached {
 /// The eBPF counters (`smc-ctl status --json`).
 pub fn counters() -> BTreeMap<String, u64> {
     let out = smc_ctl(&["status", "--json"]);
-    assert!(out.status.success(), "smc-ctl status: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "smc-ctl status: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status json");
     v["counters"]
         .as_object()
@@ -190,7 +213,10 @@ pub struct NetnsPair {
 }
 
 fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip").args(args).output().context("run ip (iproute2)")?;
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .context("run ip (iproute2)")?;
     if !out.status.success() {
         bail!("ip {:?}: {}", args, String::from_utf8_lossy(&out.stderr));
     }
@@ -245,7 +271,12 @@ pub struct Proc(pub Child);
 
 impl Proc {
     pub fn spawn(mut c: Command) -> Proc {
-        Proc(c.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn"))
+        Proc(
+            c.stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("spawn"),
+        )
     }
 
     /// Waits for exit (bounded) and returns stdout.

@@ -39,8 +39,16 @@ fn option_negotiated_only_when_both_ends_opt_in() {
         let before = counters();
         let (c, s) = pair(&cg, addr, true, true);
         let after = counters();
-        assert_eq!(c & (SOCK_OPT_SENT | SOCK_PEER_SMC), SOCK_OPT_SENT | SOCK_PEER_SMC, "{addr} client {c:#x}");
-        assert_eq!(s & (SOCK_OPT_SENT | SOCK_PEER_SMC), SOCK_OPT_SENT | SOCK_PEER_SMC, "{addr} server {s:#x}");
+        assert_eq!(
+            c & (SOCK_OPT_SENT | SOCK_PEER_SMC),
+            SOCK_OPT_SENT | SOCK_PEER_SMC,
+            "{addr} client {c:#x}"
+        );
+        assert_eq!(
+            s & (SOCK_OPT_SENT | SOCK_PEER_SMC),
+            SOCK_OPT_SENT | SOCK_PEER_SMC,
+            "{addr} server {s:#x}"
+        );
         assert_eq!(delta(&before, &after, "syn_opt_sent"), 1);
         assert_eq!(delta(&before, &after, "synack_opt_sent"), 1);
         assert_eq!(delta(&before, &after, "synack_opt_received"), 1);
@@ -51,7 +59,11 @@ fn option_negotiated_only_when_both_ends_opt_in() {
         let (c, s) = pair(&cg, addr, true, false);
         let after = counters();
         assert_eq!(c & SOCK_PEER_SMC, 0, "{addr} client {c:#x}");
-        assert_eq!(s & (SOCK_OPT_SENT | SOCK_PEER_SMC), 0, "{addr} server {s:#x}");
+        assert_eq!(
+            s & (SOCK_OPT_SENT | SOCK_PEER_SMC),
+            0,
+            "{addr} server {s:#x}"
+        );
         assert_eq!(delta(&before, &after, "syn_opt_sent"), 1);
         assert_eq!(delta(&before, &after, "synack_opt_sent"), 0);
 
@@ -59,9 +71,20 @@ fn option_negotiated_only_when_both_ends_opt_in() {
         let before = counters();
         let (c, s) = pair(&cg, addr, false, true);
         let after = counters();
-        assert_eq!(c & (SOCK_OPTED_IN | SOCK_PEER_SMC), 0, "{addr} client {c:#x}");
-        assert_eq!(s & (SOCK_OPT_SENT | SOCK_PEER_SMC), 0, "{addr} server {s:#x}");
-        assert_eq!(delta(&before, &after, "syn_opt_sent") + delta(&before, &after, "synack_opt_sent"), 0);
+        assert_eq!(
+            c & (SOCK_OPTED_IN | SOCK_PEER_SMC),
+            0,
+            "{addr} client {c:#x}"
+        );
+        assert_eq!(
+            s & (SOCK_OPT_SENT | SOCK_PEER_SMC),
+            0,
+            "{addr} server {s:#x}"
+        );
+        assert_eq!(
+            delta(&before, &after, "syn_opt_sent") + delta(&before, &after, "synack_opt_sent"),
+            0
+        );
     }
 }
 
@@ -96,17 +119,38 @@ fn server(cmd: Command) -> (Proc, u16) {
 fn stream(mut srv: Command, mut cli: Command, host: &str, bytes: u64, reply: u64) {
     srv.args(["--reply", &reply.to_string()]);
     let (srv, port) = server(srv);
-    let target = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
-    cli.args(["client", &target, &bytes.to_string(), "12345", "--max-chunk", "200000"]);
+    let target = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    cli.args([
+        "client",
+        &target,
+        &bytes.to_string(),
+        "12345",
+        "--max-chunk",
+        "200000",
+    ]);
     let cli_out = Proc::spawn(cli).wait_output(T).expect("client");
     let srv_out = srv.wait_output(T).expect("server");
     let sent: Vec<&str> = cli_out.split_whitespace().collect();
     let got: Vec<&str> = srv_out.split_whitespace().collect();
     assert_eq!(sent[0], "OK", "client: {cli_out}");
     assert_eq!(got[0], "SHA", "server: {srv_out}");
-    assert_eq!(got[2], sent[1], "byte count: client {cli_out} server {srv_out}");
-    assert_eq!(got[1], sent[2], "sha256 differs: client {cli_out} server {srv_out}");
-    assert_eq!(sent[3], format!("back={reply}"), "reply after half-close: {cli_out}");
+    assert_eq!(
+        got[2], sent[1],
+        "byte count: client {cli_out} server {srv_out}"
+    );
+    assert_eq!(
+        got[1], sent[2],
+        "sha256 differs: client {cli_out} server {srv_out}"
+    );
+    assert_eq!(
+        sent[3],
+        format!("back={reply}"),
+        "reply after half-close: {cli_out}"
+    );
 }
 
 fn testprog_in(cg: &Cgroup) -> Command {
@@ -163,7 +207,13 @@ fn shortcut_one_end_outside_the_cgroup_stays_tcp() {
     // And the reverse.
     let mut s = testprog_in(&cg);
     s.args(["server", "127.0.0.1:0"]);
-    stream(s, Command::new(bin("smc-testprog")), "127.0.0.1", 16 << 20, 1 << 20);
+    stream(
+        s,
+        Command::new(bin("smc-testprog")),
+        "127.0.0.1",
+        16 << 20,
+        1 << 20,
+    );
     let after = counters();
     assert_eq!(delta(&before, &after, "bytes_redirected"), 0);
     assert!(delta(&before, &after, "msg_pass_no_peer") > 0);
@@ -182,7 +232,13 @@ fn same_host_across_network_namespaces_and_other_host_untouched() {
     let before = counters();
     let mut s = NetnsPair::command(&ns.b, Some(&cg), &prog);
     s.args(["server", &format!("{}:0", ns.addr_b)]);
-    stream(s, NetnsPair::command(&ns.a, Some(&cg), &prog), &ns.addr_b, 32 << 20, 1 << 20);
+    stream(
+        s,
+        NetnsPair::command(&ns.a, Some(&cg), &prog),
+        &ns.addr_b,
+        32 << 20,
+        1 << 20,
+    );
     let after = counters();
     assert_eq!(delta(&before, &after, "same_host_pairs"), 1);
     assert!(delta(&before, &after, "bytes_redirected") >= 33 << 20);
@@ -191,7 +247,13 @@ fn same_host_across_network_namespaces_and_other_host_untouched() {
     let before = counters();
     let mut s = NetnsPair::command(&ns.b, None, &prog);
     s.args(["server", &format!("{}:0", ns.addr_b)]);
-    stream(s, NetnsPair::command(&ns.a, Some(&cg), &prog), &ns.addr_b, 32 << 20, 1 << 20);
+    stream(
+        s,
+        NetnsPair::command(&ns.a, Some(&cg), &prog),
+        &ns.addr_b,
+        32 << 20,
+        1 << 20,
+    );
     let after = counters();
     assert_eq!(delta(&before, &after, "same_host_pairs"), 0);
     assert_eq!(delta(&before, &after, "bytes_redirected"), 0);
@@ -212,9 +274,16 @@ fn ism_mode_never_redirects_application_payload() {
     let mut st = testprog_in(&cg);
     st.args(["stall", "127.0.0.1:0"]);
     let out = Proc::spawn(st).wait_output(T).expect("stall");
-    let queued: u64 = out.trim().strip_prefix("QUEUED ").and_then(|v| v.parse().ok()).expect("QUEUED");
+    let queued: u64 = out
+        .trim()
+        .strip_prefix("QUEUED ")
+        .and_then(|v| v.parse().ok())
+        .expect("QUEUED");
     let after = counters();
-    assert!(queued < 64 << 20, "a stalled reader let {queued} bytes queue");
+    assert!(
+        queued < 64 << 20,
+        "a stalled reader let {queued} bytes queue"
+    );
     assert_eq!(delta(&before, &after, "bytes_redirected"), 0);
     assert_eq!(delta(&before, &after, "same_host_pairs"), 2);
 }
@@ -242,8 +311,10 @@ fn process_outside_the_cgroup_is_untouched() {
 /// The pinned links of the given cgroups (others' cgroups may be attached on this host).
 fn pinned_links(cgs: &[&Cgroup]) -> Vec<String> {
     use std::os::unix::fs::MetadataExt as _;
-    let inos: Vec<String> =
-        cgs.iter().map(|c| format!("{}-", std::fs::metadata(&c.path).unwrap().ino())).collect();
+    let inos: Vec<String> = cgs
+        .iter()
+        .map(|c| format!("{}-", std::fs::metadata(&c.path).unwrap().ino()))
+        .collect();
     std::fs::read_dir(Path::new(PIN_ROOT).join("links"))
         .map(|d| {
             d.flatten()
@@ -262,18 +333,35 @@ fn two_cgroups_attach_and_detach_independently_and_leave_nothing() {
     let b = Cgroup::new();
     let pa = a.path.to_str().unwrap();
     let pb = b.path.to_str().unwrap();
-    assert!(smc_ctl(&["attach", "--cgroup", pa, "--mode", "shortcut"]).status.success());
+    assert!(smc_ctl(&["attach", "--cgroup", pa, "--mode", "shortcut"])
+        .status
+        .success());
     // Attaching twice is a no-op.
     let again = smc_ctl(&["attach", "--cgroup", pa, "--mode", "shortcut"]);
     assert!(again.status.success());
     assert!(String::from_utf8_lossy(&again.stdout).contains("already attached"));
-    assert!(smc_ctl(&["attach", "--cgroup", pb, "--mode", "ism"]).status.success());
-    assert_eq!(pinned_links(&[&a, &b]).len(), 6, "{:?}", pinned_links(&[&a, &b]));
+    assert!(smc_ctl(&["attach", "--cgroup", pb, "--mode", "ism"])
+        .status
+        .success());
+    assert_eq!(
+        pinned_links(&[&a, &b]).len(),
+        6,
+        "{:?}",
+        pinned_links(&[&a, &b])
+    );
 
-    let st: serde_json::Value = serde_json::from_slice(&smc_ctl(&["status", "--json"]).stdout).unwrap();
+    let st: serde_json::Value =
+        serde_json::from_slice(&smc_ctl(&["status", "--json"]).stdout).unwrap();
     let cgs = st["cgroups"].as_array().unwrap();
-    assert!(cgs.iter().any(|c| c["cgroup"] == pa && c["mode"] == "shortcut"), "{st}");
-    assert!(cgs.iter().any(|c| c["cgroup"] == pb && c["mode"] == "ism"), "{st}");
+    assert!(
+        cgs.iter()
+            .any(|c| c["cgroup"] == pa && c["mode"] == "shortcut"),
+        "{st}"
+    );
+    assert!(
+        cgs.iter().any(|c| c["cgroup"] == pb && c["mode"] == "ism"),
+        "{st}"
+    );
 
     // Detaching one leaves the other working.
     assert!(smc_ctl(&["detach", "--cgroup", pa]).status.success());
@@ -281,7 +369,11 @@ fn two_cgroups_attach_and_detach_independently_and_leave_nothing() {
     assert_ne!(c & SOCK_PEER_SMC, 0);
     assert_ne!(s & SOCK_PEER_SMC, 0);
     let (c, _) = pair(&a, "127.0.0.1:0", true, true);
-    assert_eq!(c, u32::MAX, "detached cgroup still answers the private option");
+    assert_eq!(
+        c,
+        u32::MAX,
+        "detached cgroup still answers the private option"
+    );
 
     let not = smc_ctl(&["detach", "--cgroup", pa]);
     assert!(!not.status.success());
@@ -294,9 +386,15 @@ fn two_cgroups_attach_and_detach_independently_and_leave_nothing() {
     if String::from_utf8_lossy(&last.stdout).contains("unloaded") {
         assert!(!Path::new(PIN_ROOT).exists(), "{PIN_ROOT} left behind");
     }
-    let show = Command::new("bpftool").args(["cgroup", "show", pb]).output();
+    let show = Command::new("bpftool")
+        .args(["cgroup", "show", pb])
+        .output();
     if let Ok(show) = show {
-        assert!(String::from_utf8_lossy(&show.stdout).trim().lines().count() <= 1, "{:?}", show);
+        assert!(
+            String::from_utf8_lossy(&show.stdout).trim().lines().count() <= 1,
+            "{:?}",
+            show
+        );
     }
 }
 

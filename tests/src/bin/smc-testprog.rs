@@ -28,7 +28,15 @@ fn die(msg: impl std::fmt::Display) -> ! {
 fn opt_in(fd: i32) {
     let one: u32 = 1;
     // SAFETY: valid fd and option buffer.
-    let r = unsafe { libc::setsockopt(fd, SOL_SMC_BPF, SMC_SO_ENABLE, (&one as *const u32).cast(), 4) };
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            SOL_SMC_BPF,
+            SMC_SO_ENABLE,
+            (&one as *const u32).cast(),
+            4,
+        )
+    };
     if r != 0 {
         eprintln!("smc-testprog: opt-in: {}", std::io::Error::last_os_error());
     }
@@ -38,7 +46,15 @@ fn state(fd: i32) -> u32 {
     let mut st = SockState::default();
     let mut len = std::mem::size_of::<SockState>() as libc::socklen_t;
     // SAFETY: valid fd and buffer.
-    let r = unsafe { libc::getsockopt(fd, SOL_SMC_BPF, SMC_SO_STATE, (&mut st as *mut SockState).cast(), &mut len) };
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            SOL_SMC_BPF,
+            SMC_SO_STATE,
+            (&mut st as *mut SockState).cast(),
+            &mut len,
+        )
+    };
     if r != 0 {
         return u32::MAX;
     }
@@ -47,7 +63,11 @@ fn state(fd: i32) -> u32 {
 
 /// A socket that opted in before listen/connect (std has no hook between socket() and connect()).
 fn raw_socket(addr: &SocketAddr) -> i32 {
-    let fam = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    let fam = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
     // SAFETY: plain syscall.
     let fd = unsafe { libc::socket(fam, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
@@ -63,7 +83,9 @@ fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
             let sin = libc::sockaddr_in {
                 sin_family: libc::AF_INET as u16,
                 sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
                 sin_zero: [0; 8],
             };
             unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
@@ -74,7 +96,9 @@ fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
                 sin6_family: libc::AF_INET6 as u16,
                 sin6_port: a.port().to_be(),
                 sin6_flowinfo: 0,
-                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
                 sin6_scope_id: 0,
             };
             unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
@@ -88,7 +112,15 @@ fn listen(addr: &str, opt: bool) -> TcpListener {
     let addr: SocketAddr = addr.parse().unwrap_or_else(|e| die(format!("{addr}: {e}")));
     let fd = raw_socket(&addr);
     let one: i32 = 1;
-    unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, (&one as *const i32).cast(), 4) };
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const i32).cast(),
+            4,
+        )
+    };
     if opt {
         opt_in(fd);
     }
@@ -96,7 +128,10 @@ fn listen(addr: &str, opt: bool) -> TcpListener {
     if unsafe { libc::bind(fd, (&ss as *const libc::sockaddr_storage).cast(), len) } != 0
         || unsafe { libc::listen(fd, 128) } != 0
     {
-        die(format!("bind/listen {addr}: {}", std::io::Error::last_os_error()));
+        die(format!(
+            "bind/listen {addr}: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     use std::os::fd::FromRawFd as _;
     unsafe { TcpListener::from_raw_fd(fd) }
@@ -110,7 +145,10 @@ fn connect(addr: &str, opt: bool) -> TcpStream {
     }
     let (ss, len) = sockaddr(&addr);
     if unsafe { libc::connect(fd, (&ss as *const libc::sockaddr_storage).cast(), len) } != 0 {
-        die(format!("connect {addr}: {}", std::io::Error::last_os_error()));
+        die(format!(
+            "connect {addr}: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     use std::os::fd::FromRawFd as _;
     unsafe { TcpStream::from_raw_fd(fd) }
@@ -138,7 +176,10 @@ fn has(args: &[String], flag: &str) -> bool {
 }
 
 fn value(args: &[String], flag: &str) -> Option<u64> {
-    args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok())
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
 }
 
 /// Reads the stream to EOF (read or splice through a pipe), returning (bytes, sha256 hex).
@@ -150,7 +191,16 @@ fn drain(s: &mut TcpStream, use_splice: bool) -> (u64, String) {
         let mut p = [0i32; 2];
         assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
         loop {
-            let n = unsafe { libc::splice(s.as_raw_fd(), std::ptr::null_mut(), p[1], std::ptr::null_mut(), 1 << 16, 0) };
+            let n = unsafe {
+                libc::splice(
+                    s.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    p[1],
+                    std::ptr::null_mut(),
+                    1 << 16,
+                    0,
+                )
+            };
             if n < 0 {
                 die(format!("splice: {}", std::io::Error::last_os_error()));
             }
@@ -170,7 +220,9 @@ fn drain(s: &mut TcpStream, use_splice: bool) -> (u64, String) {
         }
     } else {
         loop {
-            let n = s.read(&mut buf).unwrap_or_else(|e| die(format!("read: {e}")));
+            let n = s
+                .read(&mut buf)
+                .unwrap_or_else(|e| die(format!("read: {e}")));
             if n == 0 {
                 break;
             }
@@ -196,7 +248,8 @@ fn send_stream(s: &mut TcpStream, bytes: u64, seed: u64, max_chunk: usize) -> St
         let n = ((sizes.next() % max_chunk as u64) + 1).min(left) as usize;
         data.fill(&mut buf[..n]);
         h.update(&buf[..n]);
-        s.write_all(&buf[..n]).unwrap_or_else(|e| die(format!("write: {e}")));
+        s.write_all(&buf[..n])
+            .unwrap_or_else(|e| die(format!("write: {e}")));
         left -= n as u64;
     }
     hex(&h.finalize())
@@ -212,7 +265,11 @@ fn main() {
             let local = l.local_addr().unwrap();
             let c = connect(&local.to_string(), has(&args, "--client-opt"));
             let (a, _) = l.accept().unwrap();
-            println!("client={} server={}", state(c.as_raw_fd()), state(a.as_raw_fd()));
+            println!(
+                "client={} server={}",
+                state(c.as_raw_fd()),
+                state(a.as_raw_fd())
+            );
         }
         "server" => {
             let l = listen(&args[2], has(&args, "--opt-in"));
@@ -235,7 +292,10 @@ fn main() {
             s.shutdown(Shutdown::Write).unwrap();
             // The half-closed stream still carries the server's reply.
             let (back, back_sha) = drain(&mut s, false);
-            println!("OK {bytes} {sha} back={back} {back_sha} state={}", state(s.as_raw_fd()));
+            println!(
+                "OK {bytes} {sha} back={back} {back_sha} state={}",
+                state(s.as_raw_fd())
+            );
         }
         "stall" => {
             let l = listen(&args[2], false);
