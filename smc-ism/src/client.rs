@@ -101,8 +101,8 @@ impl fmt::Display for Gid {
     }
 }
 
-/// A DMB granted by the daemon (registered or attached).
-#[derive(Debug)]
+/// A DMB granted by the daemon (registered or attached). Its `Debug` output leaves the token
+/// out, so that logging a `Dmb` never leaks it.
 pub struct Dmb {
     /// The token naming the DMB on this host (send it to the peer in the CLC accept/confirm).
     pub token: u64,
@@ -118,6 +118,19 @@ pub struct Dmb {
     /// The memfd holding the memory: map it `MAP_SHARED` (see [`Dmb::map`]). Sealed against
     /// shrinking and growing.
     pub fd: OwnedFd,
+}
+
+impl fmt::Debug for Dmb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Dmb")
+            .field("token", &"<redacted>")
+            .field("idx", &self.idx)
+            .field("slot", &self.slot)
+            .field("size", &self.size)
+            .field("size_code", &self.size_code)
+            .field("fd", &self.fd)
+            .finish()
+    }
 }
 
 impl Dmb {
