@@ -1,8 +1,1234 @@
-//! `cargo xtask bench`: placeholder replaced below.
-use std::path::Path;
+//! `cargo xtask bench [--quick]`: plain TCP loopback, the sk_msg shortcut and the shared-memory
+//! data path (SMC-D), side by side, with the third-party tools the Linux SMC-D loopback patches
+//! were measured with.
+//!
+//! Modes (the columns of the table):
+//! - `tcp`: both ends in a cgroup no program is attached to: plain TCP loopback.
+//! - `shortcut`: both ends in a cgroup attached with `smc-ctl attach --mode shortcut`.
+//! - `smcd`: both ends started with `smc-ctl run` in a cgroup attached with `--mode ism`, with a
+//!   loopback-ism daemon the bench starts on a private socket (`SMC_CTL_SOCK`).
+//!
+//! The fallback rows put the server in the plain cgroup and only the client in the accelerated
+//! one, so that they measure what acceleration costs when the peer cannot take it.
+//!
+//! Every run is checked against the counters: a shortcut run must have moved
+//! `bytes_redirected`, an SMC-D run must have had DMBs attached by the daemon (and the data
+//! path's own statistics, `smc-ctl stats --json`, when that command exists), a fallback run must
+//! have done neither. A mode with a failed or a fell-back repetition is shown as such, never as a
+//! number. Server on core 0, client on core 1; the modes alternate (tcp, shortcut, smcd, tcp, …)
+//! so that drift of the machine hits them alike.
+//!
+//! Results: `<root>/results/bench-<UTC timestamp>/` with `table.txt`, `results.json` (every run,
+//! its command, output metrics and counter deltas), `plot.svg` and the logs of every process.
+use std::{
+    collections::BTreeMap,
+    ffi::OsString,
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
 
-use anyhow::Result;
+use anyhow::{anyhow, bail, Context as _, Result};
+use serde_json::{json, Value};
 
-pub fn run(_root: &Path, _quick: bool) -> Result<()> {
+mod report;
+mod sys;
+
+use report::{Cell, Row, COLUMNS};
+use sys::{Cgroup, Daemon, Proc, TempDir};
+
+/// Where a process of a run is placed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// The plain cgroup, started as is.
+    Plain,
+    /// The cgroup attached with `--mode shortcut`, started as is.
+    Shortcut,
+    /// The cgroup attached with `--mode ism`, started with `smc-ctl run`.
+    Smc,
+}
+
+/// What the counters of a run must show.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expect {
+    Plain,
+    Shortcut,
+    Smcd,
+    /// Fallback row: the client is accelerated, the server is not; nothing may be accelerated.
+    Fallback,
+}
+
+struct Metric {
+    key: &'static str,
+    label: &'static str,
+    unit: &'static str,
+    higher_is_better: bool,
+}
+
+const fn metric(
+    key: &'static str,
+    label: &'static str,
+    unit: &'static str,
+    higher: bool,
+) -> Metric {
+    Metric {
+        key,
+        label,
+        unit,
+        higher_is_better: higher,
+    }
+}
+
+type Argv = Box<dyn Fn(u16) -> Result<Vec<OsString>>>;
+type Parse = fn(&str) -> Result<BTreeMap<String, f64>>;
+
+struct Case {
+    id: &'static str,
+    title: &'static str,
+    metrics: Vec<Metric>,
+    /// Server plain, client accelerated (the fallback rows).
+    fallback: bool,
+    server: Argv,
+    client: Argv,
+    parse: Parse,
+    timeout: Duration,
+}
+
+/// Durations and sizes of one bench flavour.
+struct Params {
+    reps: usize,
+    /// Seconds of each time-bound client run.
+    secs: u32,
+    /// Requests per redis-benchmark test.
+    redis_n: u32,
+}
+
+/// Everything the runs share; dropping it stops the daemon, kills every process and removes the
+/// cgroups (detaching them first).
+struct Bench {
+    smc_ctl: PathBuf,
+    /// The data path's own statistics exist (`smc-ctl stats --json`).
+    has_stats_cmd: bool,
+    logs: PathBuf,
+    daemon: Daemon,
+    cg_plain: Cgroup,
+    cg_shortcut: Cgroup,
+    cg_ism: Cgroup,
+}
+
+pub fn run(root: &Path, quick: bool) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the bench attaches eBPF programs and creates cgroups: run it as root (sudo cargo xtask bench)");
+    }
+    if !Path::new(sys::CGROUP2_ROOT).join("cgroup.procs").exists() {
+        bail!("cgroup v2 is not mounted at {}", sys::CGROUP2_ROOT);
+    }
+    sys::install_signal_handlers();
+    let params = if quick {
+        Params {
+            reps: 3,
+            secs: 1,
+            redis_n: 20_000,
+        }
+    } else {
+        Params {
+            reps: 5,
+            secs: 10,
+            redis_n: 400_000,
+        }
+    };
+
+    let target = target_dir(root)?;
+    let release = target.join("release");
+    let smc_ctl = release.join("smc-ctl");
+    for f in [&smc_ctl, &release.join("libsmc_preload.so")] {
+        if !f.exists() {
+            bail!("{} is missing (cargo xtask build)", f.display());
+        }
+    }
+    eprintln!("==> building the bench's own test programs (smc-bench-helper)");
+    crate::run(cargo(root).args([
+        "build",
+        "--release",
+        "-p",
+        "xtask",
+        "--bin",
+        "smc-bench-helper",
+    ]))?;
+    let helper = release.join("smc-bench-helper");
+    for tool in [
+        "taskset",
+        "sockperf",
+        "iperf3",
+        "redis-server",
+        "redis-benchmark",
+        "nginx",
+        "wrk",
+    ] {
+        if which(tool).is_none() {
+            bail!("{tool} is not installed (cargo xtask setup installs it)");
+        }
+    }
+
+    let (stamp, date) = sys::timestamp();
+    let out_dir = root.join("results").join(format!("bench-{stamp}"));
+    let logs = out_dir.join("logs");
+    fs::create_dir_all(&logs).with_context(|| format!("mkdir {}", logs.display()))?;
+
+    let _lock = sys::lock()?;
+    sys::remove_stale_cgroups(&smc_ctl);
+    let tmp = TempDir::new("run")?;
+    let has_stats_cmd = Command::new(&smc_ctl)
+        .args(["stats", "--help"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+
+    eprintln!("==> cgroups, attachments and the loopback-ism daemon");
+    let bench = {
+        let cg_plain = Cgroup::new("tcp", &smc_ctl)?;
+        let mut cg_shortcut = Cgroup::new("shortcut", &smc_ctl)?;
+        cg_shortcut.attach("shortcut")?;
+        let mut cg_ism = Cgroup::new("ism", &smc_ctl)?;
+        cg_ism.attach("ism")?;
+        let daemon = Daemon::start(&smc_ctl, &tmp.0)?;
+        Bench {
+            smc_ctl: smc_ctl.clone(),
+            has_stats_cmd,
+            logs: logs.clone(),
+            daemon,
+            cg_plain,
+            cg_shortcut,
+            cg_ism,
+        }
+    };
+
+    let cases = cases(&params, &helper, &tmp.0)?;
+    let started = Instant::now();
+    let load_before = fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mut runs: Vec<Value> = Vec::new();
+    // (case, column) → per-repetition outcome.
+    let mut outcomes: BTreeMap<(usize, usize), Vec<Outcome>> = BTreeMap::new();
+    for (ci, case) in cases.iter().enumerate() {
+        eprintln!(
+            "==> {} ({} × {} modes)",
+            case.title,
+            params.reps,
+            COLUMNS.len()
+        );
+        for rep in 0..params.reps {
+            for (col, col_name) in COLUMNS.iter().enumerate() {
+                sys::check_interrupted()?;
+                let o = bench.run_once(case, col, rep);
+                eprintln!("    rep {} {:<8} {}", rep + 1, col_name, o.summary());
+                runs.push(o.to_json(case, col_name, rep));
+                outcomes.entry((ci, col)).or_default().push(o);
+            }
+        }
+    }
+    let load_after = fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let elapsed = started.elapsed();
+    drop(bench);
+    drop(tmp);
+
+    let rows = rows(&cases, &outcomes);
+    let machine = machine(root);
+    let subtitle = format!(
+        "{date}, {} ({} cores), kernel {}, {} mode, {} repetitions; server on core 0, client on core 1",
+        machine["cpu"].as_str().unwrap_or("?"),
+        machine["cores"],
+        machine["kernel"].as_str().unwrap_or("?"),
+        if quick { "quick" } else { "full" },
+        params.reps
+    );
+    let mut text = format!(
+        "cargo xtask bench{} — {subtitle}\n\n",
+        if quick { " --quick" } else { "" }
+    );
+    text.push_str(&report::table(&rows));
+    text.push_str(&notes(&rows, &cases, &outcomes, &load_before, &load_after));
+
+    let json = json!({
+        "date": date,
+        "command": format!("cargo xtask bench{}", if quick { " --quick" } else { "" }),
+        "quick": quick,
+        "repetitions": params.reps,
+        "seconds_per_run": params.secs,
+        "redis_requests": params.redis_n,
+        "machine": machine,
+        "load_before": load_before.trim(),
+        "load_after": load_after.trim(),
+        "elapsed_seconds": elapsed.as_secs_f64(),
+        "smc_ctl_stats_available": has_stats_cmd,
+        "tools": tools(),
+        "columns": {
+            "tcp": "both ends plain (cgroup without programs)",
+            "shortcut": "both ends in a cgroup attached with --mode shortcut (fallback rows: client only)",
+            "smcd": "both ends under `smc-ctl run` in a cgroup attached with --mode ism (fallback rows: client only)",
+        },
+        "ratios": "median(mode) / median(TCP); for latencies lower is better",
+        "rows": rows,
+        "runs": runs,
+    });
+    fs::write(out_dir.join("table.txt"), &text)?;
+    fs::write(
+        out_dir.join("results.json"),
+        serde_json::to_string_pretty(&json)?,
+    )?;
+    fs::write(out_dir.join("plot.svg"), report::svg(&rows, &subtitle))?;
+    println!("{text}");
+    println!(
+        "results: {}/ (table.txt, results.json, plot.svg, logs/)",
+        out_dir.display()
+    );
     Ok(())
+}
+
+/// One repetition of one case in one mode.
+struct Outcome {
+    server_cmd: Vec<String>,
+    client_cmd: Vec<String>,
+    metrics: BTreeMap<String, f64>,
+    /// Deltas of the eBPF counters, the daemon's counters and the data path's statistics.
+    counters: Value,
+    verdict: Verdict,
+    seconds: f64,
+}
+
+#[derive(Clone, Debug)]
+enum Verdict {
+    Ok,
+    Failed(String),
+    FellBack(String),
+    NotFallback(String),
+}
+
+impl Outcome {
+    fn summary(&self) -> String {
+        let m: Vec<String> = self
+            .metrics
+            .iter()
+            .map(|(k, v)| format!("{k}={}", report::num(*v)))
+            .collect();
+        match &self.verdict {
+            Verdict::Ok => m.join(" "),
+            Verdict::Failed(e) => format!("FAILED: {e}"),
+            Verdict::FellBack(e) => format!("fell back ({e}); {}", m.join(" ")),
+            Verdict::NotFallback(e) => format!("not a fallback ({e}); {}", m.join(" ")),
+        }
+    }
+
+    fn to_json(&self, case: &Case, col: &str, rep: usize) -> Value {
+        let (status, reason) = match &self.verdict {
+            Verdict::Ok => ("ok", String::new()),
+            Verdict::Failed(e) => ("failed", e.clone()),
+            Verdict::FellBack(e) => ("fell_back", e.clone()),
+            Verdict::NotFallback(e) => ("not_fallback", e.clone()),
+        };
+        json!({
+            "case": case.id,
+            "mode": col,
+            "repetition": rep + 1,
+            "status": status,
+            "reason": reason,
+            "seconds": self.seconds,
+            "server": self.server_cmd,
+            "client": self.client_cmd,
+            "metrics": self.metrics,
+            "counters": self.counters,
+        })
+    }
+}
+
+/// Counter snapshot around one run.
+struct Snapshot {
+    ebpf: BTreeMap<String, f64>,
+    daemon: BTreeMap<String, f64>,
+    datapath: BTreeMap<String, f64>,
+}
+
+impl Bench {
+    fn cgroup(&self, p: Place) -> &Cgroup {
+        match p {
+            Place::Plain => &self.cg_plain,
+            Place::Shortcut => &self.cg_shortcut,
+            Place::Smc => &self.cg_ism,
+        }
+    }
+
+    /// `taskset -c CORE [smc-ctl run --] ARGV` inside the place's cgroup.
+    fn command(&self, place: Place, core: u32, argv: &[OsString]) -> Command {
+        let mut c = Command::new("taskset");
+        c.arg("-c").arg(core.to_string());
+        if place == Place::Smc {
+            c.arg(&self.smc_ctl).args(["run", "--"]);
+            c.env("SMC_CTL_SOCK", &self.daemon.socket);
+        }
+        c.args(argv);
+        self.cgroup(place).enter(&mut c);
+        c
+    }
+
+    fn snapshot(&self) -> Result<Snapshot> {
+        let ebpf = sys::ebpf_counters(&self.smc_ctl)?
+            .into_iter()
+            .map(|(k, v)| (k, v as f64))
+            .collect();
+        let daemon = sys::flatten(&self.daemon.stats().context("daemon stats")?);
+        let datapath = if self.has_stats_cmd {
+            let out = sys::smc_ctl(&self.smc_ctl, &["stats", "--json"])?;
+            sys::flatten(&serde_json::from_str(&out).context("smc-ctl stats --json")?)
+        } else {
+            BTreeMap::new()
+        };
+        Ok(Snapshot {
+            ebpf,
+            daemon,
+            datapath,
+        })
+    }
+
+    fn run_once(&self, case: &Case, col: usize, rep: usize) -> Outcome {
+        let (server_place, client_place, expect) = placement(case.fallback, col);
+        let mut o = Outcome {
+            server_cmd: Vec::new(),
+            client_cmd: Vec::new(),
+            metrics: BTreeMap::new(),
+            counters: Value::Null,
+            verdict: Verdict::Ok,
+            seconds: 0.0,
+        };
+        let t0 = Instant::now();
+        match self.try_run(case, col, rep, server_place, client_place, &mut o) {
+            Ok((before, after)) => {
+                let d_ebpf = sys::delta_f(&before.ebpf, &after.ebpf);
+                let d_daemon = sys::delta_f(&before.daemon, &after.daemon);
+                let d_path = sys::delta_f(&before.datapath, &after.datapath);
+                o.verdict = verdict(expect, &d_ebpf, &d_daemon, &d_path, self.has_stats_cmd);
+                o.counters = json!({ "ebpf": d_ebpf, "daemon": d_daemon, "datapath": d_path });
+            }
+            Err(e) => o.verdict = Verdict::Failed(format!("{e:#}")),
+        }
+        o.seconds = t0.elapsed().as_secs_f64();
+        o
+    }
+
+    fn try_run(
+        &self,
+        case: &Case,
+        col: usize,
+        rep: usize,
+        server_place: Place,
+        client_place: Place,
+        o: &mut Outcome,
+    ) -> Result<(Snapshot, Snapshot)> {
+        let port = sys::free_port()?;
+        let tag = format!("{}-{}-{}", case.id, COLUMNS[col], rep + 1);
+        let server_argv = (case.server)(port)?;
+        let client_argv = (case.client)(port)?;
+        let server_cmd = self.command(server_place, 0, &server_argv);
+        let client_cmd = self.command(client_place, 1, &client_argv);
+        o.server_cmd = cmd_line(&server_cmd);
+        o.client_cmd = cmd_line(&client_cmd);
+        let srv_log = self.logs.join(format!("{tag}.server.log"));
+        let mut server = Proc::spawn(&format!("{} server", case.id), server_cmd, &srv_log)?;
+        sys::wait_listening(&mut server, port, &srv_log)?;
+        let before = self.snapshot()?;
+        let out = sys::run_capture(
+            &format!("{} client", case.id),
+            client_cmd,
+            case.timeout,
+            &self.logs.join(format!("{tag}.client.log")),
+        )?;
+        let after = self.snapshot()?;
+        drop(server);
+        // Whatever the server left (nginx workers, forks) goes too.
+        self.cgroup(server_place).kill_all();
+        self.cgroup(client_place).kill_all();
+        o.metrics =
+            (case.parse)(&out).with_context(|| format!("parsing the output of {}", case.id))?;
+        for m in &case.metrics {
+            if !o.metrics.contains_key(m.key) {
+                bail!("{} printed no {}", case.id, m.label);
+            }
+        }
+        Ok((before, after))
+    }
+}
+
+/// Where server and client run in a column, and what the counters must show.
+fn placement(fallback: bool, col: usize) -> (Place, Place, Expect) {
+    match (fallback, col) {
+        (_, 0) => (Place::Plain, Place::Plain, Expect::Plain),
+        (false, 1) => (Place::Shortcut, Place::Shortcut, Expect::Shortcut),
+        (false, _) => (Place::Smc, Place::Smc, Expect::Smcd),
+        (true, 1) => (Place::Plain, Place::Shortcut, Expect::Fallback),
+        (true, _) => (Place::Plain, Place::Smc, Expect::Fallback),
+    }
+}
+
+fn get(m: &BTreeMap<String, f64>, k: &str) -> f64 {
+    m.get(k).copied().unwrap_or(0.0)
+}
+
+/// SMC-D connections the data path's statistics report in a delta, when it reports them: the sum
+/// of its keys that name SMC-D connections (`...smcd...conn...`, not fallbacks).
+fn datapath_smcd(d: &BTreeMap<String, f64>) -> Option<f64> {
+    let keys: Vec<&String> = d
+        .keys()
+        .filter(|k| {
+            let k = k.to_ascii_lowercase();
+            (k.contains("smcd") || k.contains("smc_d"))
+                && k.contains("conn")
+                && !k.contains("fallback")
+        })
+        .collect();
+    (!keys.is_empty()).then(|| keys.iter().map(|k| d[*k]).sum())
+}
+
+fn verdict(
+    expect: Expect,
+    ebpf: &BTreeMap<String, f64>,
+    daemon: &BTreeMap<String, f64>,
+    datapath: &BTreeMap<String, f64>,
+    has_stats_cmd: bool,
+) -> Verdict {
+    let redirected = get(ebpf, "bytes_redirected");
+    let attached = get(daemon, "ops.attach.ok");
+    match expect {
+        Expect::Plain => Verdict::Ok,
+        Expect::Shortcut if redirected > 0.0 => Verdict::Ok,
+        Expect::Shortcut => Verdict::FellBack("bytes_redirected did not increase".into()),
+        Expect::Smcd => {
+            if attached == 0.0 {
+                return Verdict::FellBack("the ism daemon attached no DMB".into());
+            }
+            if has_stats_cmd {
+                if let Some(0.0) = datapath_smcd(datapath) {
+                    return Verdict::FellBack("smc-ctl stats shows no SMC-D connection".into());
+                }
+            }
+            Verdict::Ok
+        }
+        Expect::Fallback => {
+            if redirected > 0.0 {
+                Verdict::NotFallback(format!("{redirected} bytes went through the shortcut"))
+            } else if attached > 0.0 {
+                Verdict::NotFallback(format!("the ism daemon attached {attached} DMBs"))
+            } else {
+                Verdict::Ok
+            }
+        }
+    }
+}
+
+fn cmd_line(c: &Command) -> Vec<String> {
+    std::iter::once(c.get_program())
+        .chain(c.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect()
+}
+
+fn rows(cases: &[Case], outcomes: &BTreeMap<(usize, usize), Vec<Outcome>>) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (ci, case) in cases.iter().enumerate() {
+        for m in &case.metrics {
+            let cells = [0, 1, 2].map(|col| {
+                let os = outcomes.get(&(ci, col)).map(Vec::as_slice).unwrap_or(&[]);
+                if os.is_empty() {
+                    return Cell::NotRun;
+                }
+                for o in os {
+                    if let Verdict::Failed(e) = &o.verdict {
+                        return Cell::Failed { reason: e.clone() };
+                    }
+                }
+                for o in os {
+                    match &o.verdict {
+                        Verdict::FellBack(e) => return Cell::FellBack { reason: e.clone() },
+                        Verdict::NotFallback(e) => return Cell::NotFallback { reason: e.clone() },
+                        _ => {}
+                    }
+                }
+                Cell::from_values(os.iter().map(|o| o.metrics[m.key]).collect())
+            });
+            rows.push(Row {
+                case: case.id.into(),
+                title: case.title.into(),
+                metric: m.label.into(),
+                unit: m.unit.into(),
+                higher_is_better: m.higher_is_better,
+                cells,
+            });
+        }
+    }
+    rows
+}
+
+fn notes(
+    rows: &[Row],
+    cases: &[Case],
+    outcomes: &BTreeMap<(usize, usize), Vec<Outcome>>,
+    load_before: &str,
+    load_after: &str,
+) -> String {
+    let mut s = String::from(
+        "\nValues: median over the repetitions ± spread ((max-min)/median). Ratios: median(mode)/median(TCP);\n\
+         for rows marked LOWER (latencies) a ratio below 1 is the improvement, for the others above 1.\n\
+         Fallback rows: server plain, client accelerated (shortcut cgroup / smc-ctl run), TCP = both plain.\n",
+    );
+    s.push_str(&format!(
+        "Load average before: {}, after: {} (other work on the machine disturbs the numbers).\n",
+        load_before
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+        load_after
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    ));
+    let mut reasons: Vec<String> = Vec::new();
+    for r in rows {
+        for (col, cell) in r.cells.iter().enumerate() {
+            let why = match cell {
+                Cell::Failed { reason } => format!("failed: {reason}"),
+                Cell::FellBack { reason } => format!("fell back: {reason}"),
+                Cell::NotFallback { reason } => format!("not a fallback: {reason}"),
+                _ => continue,
+            };
+            let line = format!("  {} [{}]: {why}", r.title, COLUMNS[col]);
+            if !reasons.contains(&line) {
+                reasons.push(line);
+            }
+        }
+    }
+    // SMC-D coverage: DMB attaches (two per connection: each end attaches the other's) against the
+    // TCP connections the client side opened.
+    for (ci, case) in cases.iter().enumerate() {
+        if case.fallback {
+            continue;
+        }
+        let Some(os) = outcomes.get(&(ci, 2)) else {
+            continue;
+        };
+        let (mut att, mut conns) = (0.0, 0.0);
+        for o in os.iter().filter(|o| matches!(o.verdict, Verdict::Ok)) {
+            att += o.counters["daemon"]["ops.attach.ok"]
+                .as_f64()
+                .unwrap_or(0.0);
+            conns += o.counters["ebpf"]["active_established"]
+                .as_f64()
+                .unwrap_or(0.0);
+        }
+        if att > 0.0 && conns > 0.0 && att / 2.0 < conns {
+            reasons.push(format!(
+                "  {} [smcd]: {} DMB attaches for {} TCP connections: some connections may have stayed on TCP",
+                case.title, att, conns
+            ));
+        }
+    }
+    if !reasons.is_empty() {
+        s.push_str("Not reported / remarks:\n");
+        for r in reasons {
+            s.push_str(&r);
+            s.push('\n');
+        }
+    }
+    s
+}
+
+fn cargo(root: &Path) -> Command {
+    let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    c.current_dir(root);
+    c
+}
+
+/// The target directory cargo builds into (honours CARGO_TARGET_DIR and config).
+fn target_dir(root: &Path) -> Result<PathBuf> {
+    let out = cargo(root)
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .output()
+        .context("cargo metadata")?;
+    if !out.status.success() {
+        bail!("cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    v["target_directory"]
+        .as_str()
+        .map(PathBuf::from)
+        .ok_or_else(|| anyhow!("cargo metadata: no target_directory"))
+}
+
+fn which(tool: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .map(|d| d.join(tool))
+        .find(|p| p.is_file())
+}
+
+fn machine(root: &Path) -> Value {
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .and_then(|r| r.split(':').nth(1))
+        })
+        .unwrap_or("?")
+        .trim()
+        .to_owned();
+    let mem = fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:").map(|r| r.trim().to_owned()))
+        .unwrap_or_default();
+    let read = |p: &str| fs::read_to_string(p).unwrap_or_default().trim().to_owned();
+    let commit = sys::first_line(
+        "git",
+        &[
+            "-C",
+            &root.to_string_lossy(),
+            "rev-parse",
+            "--short",
+            "HEAD",
+        ],
+    );
+    let dirty = Command::new("git")
+        .args([
+            "-C",
+            &root.to_string_lossy(),
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+        ])
+        .output()
+        .map(|o| !o.stdout.is_empty())
+        .unwrap_or(false);
+    json!({
+        "hostname": read("/proc/sys/kernel/hostname"),
+        "kernel": read("/proc/sys/kernel/osrelease"),
+        "cpu": cpu,
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "memory": mem,
+        "git_commit": if dirty { format!("{commit}-dirty") } else { commit },
+    })
+}
+
+fn tools() -> Value {
+    json!({
+        "sockperf": sys::first_line("sockperf", &["--version"]),
+        "iperf3": sys::first_line("iperf3", &["--version"]),
+        "redis-server": sys::first_line("redis-server", &["--version"]),
+        "nginx": sys::first_line("nginx", &["-v"]),
+        "wrk": sys::first_line("wrk", &["-v"]),
+    })
+}
+
+// ---- the cases -------------------------------------------------------------------------------
+
+fn os_args(v: &[String]) -> Vec<OsString> {
+    v.iter().map(OsString::from).collect()
+}
+
+fn argv(f: impl Fn(u16) -> Vec<String> + 'static) -> Argv {
+    Box::new(move |port| Ok(os_args(&f(port))))
+}
+
+fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> {
+    let secs = p.secs;
+    let timed = Duration::from_secs(u64::from(secs) * 3 + 60);
+    let helper = helper.to_string_lossy().into_owned();
+    let sockperf_server = || {
+        argv(|port| {
+            sv(&[
+                "sockperf",
+                "sr",
+                "--tcp",
+                "-i",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+        })
+    };
+    let pp_client = move || {
+        argv(move |port| {
+            sv(&[
+                "sockperf",
+                "pp",
+                "--tcp",
+                "-i",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-m",
+                "14",
+                "-t",
+                &secs.to_string(),
+            ])
+        })
+    };
+    let h = helper.clone();
+    let conn_server = move || {
+        let h = h.clone();
+        argv(move |port| sv(&[&h, "conn-server", &port.to_string()]))
+    };
+    let h = helper.clone();
+    let conn_client = move || {
+        let h = h.clone();
+        argv(move |port| sv(&[&h, "conn-client", &port.to_string(), &secs.to_string()]))
+    };
+
+    // nginx: its own prefix with a config per port, a 1 KiB file, run as root in the foreground.
+    let www = tmp.join("www");
+    fs::create_dir_all(&www)?;
+    fs::write(www.join("index.html"), "x".repeat(1023) + "\n")?;
+    let tmp_s = tmp.to_string_lossy().into_owned();
+    let nginx_server = move || -> Argv {
+        let dir = tmp_s.clone();
+        Box::new(move |port| {
+            let conf = format!("{dir}/nginx-{port}.conf");
+            fs::write(&conf, nginx_conf(&dir, port))?;
+            Ok(os_args(&sv(&[
+                "nginx",
+                "-p",
+                &dir,
+                "-e",
+                &format!("{dir}/nginx-error.log"),
+                "-c",
+                &conf,
+            ])))
+        })
+    };
+    let wrk = move |close: bool| {
+        argv(move |port| {
+            let mut a = sv(&["wrk", "-t", "1", "-c", "50", "-d", &format!("{secs}s")]);
+            if close {
+                a.extend(sv(&["-H", "Connection: close"]));
+            }
+            a.push(format!("http://127.0.0.1:{port}/index.html"));
+            a
+        })
+    };
+    let redis_n = p.redis_n;
+    let redis_dir = tmp.to_string_lossy().into_owned();
+    let h = helper.clone();
+    let h2 = helper.clone();
+
+    Ok(vec![
+        Case {
+            id: "sockperf-pp",
+            title: "sockperf ping-pong 14 B",
+            metrics: vec![
+                metric("p50_us", "p50 latency", "us", false),
+                metric("p99_us", "p99 latency", "us", false),
+            ],
+            fallback: false,
+            server: sockperf_server(),
+            client: pp_client(),
+            parse: parse_sockperf_pp,
+            timeout: timed,
+        },
+        Case {
+            id: "sockperf-tp",
+            title: "sockperf throughput 64000 B",
+            metrics: vec![metric("mbps", "bandwidth", "MB/s", true)],
+            fallback: false,
+            server: sockperf_server(),
+            client: argv(move |port| {
+                sv(&[
+                    "sockperf",
+                    "tp",
+                    "--tcp",
+                    "-i",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                    "-m",
+                    "64000",
+                    "-t",
+                    &secs.to_string(),
+                ])
+            }),
+            parse: parse_sockperf_tp,
+            timeout: timed,
+        },
+        Case {
+            id: "iperf3",
+            title: "iperf3 single stream",
+            metrics: vec![metric("gbps", "bitrate", "Gbit/s", true)],
+            fallback: false,
+            server: argv(|port| sv(&["iperf3", "-s", "-1", "-p", &port.to_string()])),
+            client: argv(move |port| {
+                sv(&[
+                    "iperf3",
+                    "-c",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                    "-t",
+                    &secs.to_string(),
+                    "-J",
+                ])
+            }),
+            parse: parse_iperf3,
+            timeout: timed,
+        },
+        Case {
+            id: "redis",
+            title: "redis-benchmark -d 1024 -c 50",
+            metrics: vec![
+                metric("get_rps", "GET", "req/s", true),
+                metric("set_rps", "SET", "req/s", true),
+            ],
+            fallback: false,
+            server: argv(move |port| {
+                sv(&[
+                    "redis-server",
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--protected-mode",
+                    "no",
+                    "--daemonize",
+                    "no",
+                    "--dir",
+                    &redis_dir,
+                    "--dbfilename",
+                    &format!("bench-{port}.rdb"),
+                ])
+            }),
+            client: argv(move |port| {
+                sv(&[
+                    "redis-benchmark",
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                    "-t",
+                    "set,get",
+                    "-d",
+                    "1024",
+                    "-c",
+                    "50",
+                    "-n",
+                    &redis_n.to_string(),
+                    "--csv",
+                ])
+            }),
+            parse: parse_redis,
+            timeout: Duration::from_secs(if redis_n > 100_000 { 600 } else { 120 }),
+        },
+        Case {
+            id: "nginx-keepalive",
+            title: "nginx + wrk keep-alive, 1 KiB",
+            metrics: vec![metric("rps", "requests", "req/s", true)],
+            fallback: false,
+            server: nginx_server(),
+            client: wrk(false),
+            parse: parse_wrk,
+            timeout: timed,
+        },
+        Case {
+            id: "nginx-close",
+            title: "nginx + wrk Connection: close, 1 KiB",
+            metrics: vec![metric("rps", "requests", "req/s", true)],
+            fallback: false,
+            server: nginx_server(),
+            client: wrk(true),
+            parse: parse_wrk,
+            timeout: timed,
+        },
+        Case {
+            id: "msgrate",
+            title: "message rate 100 B ping-pong (ipc-bench style)",
+            metrics: vec![
+                metric("msg_per_sec", "messages", "msg/s", true),
+                metric("p50_us", "p50 round trip", "us", false),
+            ],
+            fallback: false,
+            server: argv(move |port| sv(&[&h, "msg-server", &port.to_string(), "100"])),
+            client: argv(move |port| {
+                sv(&[
+                    &h2,
+                    "msg-client",
+                    &port.to_string(),
+                    "100",
+                    &secs.to_string(),
+                ])
+            }),
+            parse: parse_json_line,
+            timeout: timed,
+        },
+        Case {
+            id: "connrate",
+            title: "connection setup (connect, 1 B each way, close)",
+            metrics: vec![
+                metric("conn_per_sec", "connections", "conn/s", true),
+                metric("p50_us", "p50 setup latency", "us", false),
+                metric("p99_us", "p99 setup latency", "us", false),
+            ],
+            fallback: false,
+            server: conn_server(),
+            client: conn_client(),
+            parse: parse_json_line,
+            timeout: timed,
+        },
+        Case {
+            id: "fallback-pp",
+            title: "fallback: sockperf ping-pong 14 B",
+            metrics: vec![
+                metric("p50_us", "p50 latency", "us", false),
+                metric("p99_us", "p99 latency", "us", false),
+            ],
+            fallback: true,
+            server: sockperf_server(),
+            client: pp_client(),
+            parse: parse_sockperf_pp,
+            timeout: timed,
+        },
+        Case {
+            id: "fallback-conn",
+            title: "fallback: connection setup",
+            metrics: vec![
+                metric("conn_per_sec", "connections", "conn/s", true),
+                metric("p50_us", "p50 setup latency", "us", false),
+            ],
+            fallback: true,
+            server: conn_server(),
+            client: conn_client(),
+            parse: parse_json_line,
+            timeout: timed,
+        },
+    ])
+}
+
+fn sv(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+fn nginx_conf(dir: &str, port: u16) -> String {
+    format!(
+        "user root;\n\
+         worker_processes 1;\n\
+         daemon off;\n\
+         master_process on;\n\
+         pid {dir}/nginx-{port}.pid;\n\
+         error_log {dir}/nginx-error.log warn;\n\
+         events {{ worker_connections 4096; }}\n\
+         http {{\n\
+         \x20   access_log off;\n\
+         \x20   default_type text/html;\n\
+         \x20   sendfile on;\n\
+         \x20   keepalive_requests 10000000;\n\
+         \x20   keepalive_timeout 60s;\n\
+         \x20   client_body_temp_path {dir}/nginx-body;\n\
+         \x20   proxy_temp_path {dir}/nginx-proxy;\n\
+         \x20   fastcgi_temp_path {dir}/nginx-fastcgi;\n\
+         \x20   uwsgi_temp_path {dir}/nginx-uwsgi;\n\
+         \x20   scgi_temp_path {dir}/nginx-scgi;\n\
+         \x20   server {{\n\
+         \x20       listen 127.0.0.1:{port};\n\
+         \x20       root {dir}/www;\n\
+         \x20   }}\n\
+         }}\n"
+    )
+}
+
+// ---- output parsers --------------------------------------------------------------------------
+
+/// Drops ANSI colour sequences (sockperf prints them).
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars().peekable();
+    while let Some(c) = it.next() {
+        if c == '\x1b' {
+            if it.peek() == Some(&'[') {
+                it.next();
+                for c in it.by_ref() {
+                    if c.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The number right after `key` (skipping `=`, `:` and blanks).
+fn number_after(s: &str, key: &str) -> Option<f64> {
+    let i = s.find(key)? + key.len();
+    let rest = s[i..].trim_start_matches(|c: char| c == '=' || c == ':' || c.is_whitespace());
+    let end = rest
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == 'e'))
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+fn parse_sockperf_pp(out: &str) -> Result<BTreeMap<String, f64>> {
+    let s = strip_ansi(out);
+    let mut m = BTreeMap::new();
+    m.insert(
+        "p50_us".into(),
+        number_after(&s, "percentile 50.000").ok_or_else(|| anyhow!("no p50"))?,
+    );
+    m.insert(
+        "p99_us".into(),
+        number_after(&s, "percentile 99.000").ok_or_else(|| anyhow!("no p99"))?,
+    );
+    if let Some(avg) = number_after(&s, "Summary: Latency is") {
+        m.insert("avg_us".into(), avg);
+    }
+    Ok(m)
+}
+
+fn parse_sockperf_tp(out: &str) -> Result<BTreeMap<String, f64>> {
+    let s = strip_ansi(out);
+    let mut m = BTreeMap::new();
+    m.insert(
+        "mbps".into(),
+        number_after(&s, "BandWidth is").ok_or_else(|| anyhow!("no BandWidth"))?,
+    );
+    if let Some(r) = number_after(&s, "Message Rate is") {
+        m.insert("msg_per_sec".into(), r);
+    }
+    Ok(m)
+}
+
+fn parse_iperf3(out: &str) -> Result<BTreeMap<String, f64>> {
+    let v: Value = serde_json::from_str(out).context("iperf3 -J output")?;
+    if let Some(e) = v.get("error").and_then(Value::as_str) {
+        bail!("iperf3: {e}");
+    }
+    let bps = v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .ok_or_else(|| anyhow!("no end.sum_received.bits_per_second"))?;
+    let mut m = BTreeMap::new();
+    m.insert("gbps".into(), bps / 1e9);
+    if let Some(r) = v["end"]["sum_sent"]["retransmits"].as_f64() {
+        m.insert("retransmits".into(), r);
+    }
+    Ok(m)
+}
+
+fn parse_redis(out: &str) -> Result<BTreeMap<String, f64>> {
+    let mut m = BTreeMap::new();
+    for line in out.lines() {
+        let f: Vec<&str> = line
+            .split(',')
+            .map(|x| x.trim().trim_matches('"'))
+            .collect();
+        if f.len() < 2 {
+            continue;
+        }
+        let key = match f[0] {
+            "GET" => "get_rps",
+            "SET" => "set_rps",
+            _ => continue,
+        };
+        m.insert(
+            key.to_string(),
+            f[1].parse()
+                .with_context(|| format!("redis-benchmark: {line}"))?,
+        );
+    }
+    Ok(m)
+}
+
+fn parse_wrk(out: &str) -> Result<BTreeMap<String, f64>> {
+    let mut m = BTreeMap::new();
+    let rps = number_after(out, "Requests/sec:").ok_or_else(|| anyhow!("no Requests/sec"))?;
+    m.insert("rps".into(), rps);
+    let requests = out
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .split_once(" requests in ")
+                .and_then(|(n, _)| n.trim().parse::<f64>().ok())
+        })
+        .unwrap_or(0.0);
+    m.insert("requests".into(), requests);
+    let non2xx = number_after(out, "Non-2xx or 3xx responses:").unwrap_or(0.0);
+    if non2xx > 0.0 {
+        bail!("{non2xx} non-2xx responses");
+    }
+    if let Some(l) = out.lines().find(|l| l.contains("Socket errors:")) {
+        let errs: f64 = ["connect", "read", "write", "timeout"]
+            .iter()
+            .filter_map(|k| number_after(l, k))
+            .sum();
+        m.insert("socket_errors".into(), errs);
+        if errs > requests * 0.01 {
+            bail!("wrk: {}", l.trim());
+        }
+    }
+    Ok(m)
+}
+
+fn parse_json_line(out: &str) -> Result<BTreeMap<String, f64>> {
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .ok_or_else(|| anyhow!("no JSON line"))?;
+    let v: Value = serde_json::from_str(line)?;
+    Ok(v.as_object()
+        .ok_or_else(|| anyhow!("not an object"))?
+        .iter()
+        .filter_map(|(k, v)| v.as_f64().map(|x| (k.clone(), x)))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_tool_output() {
+        let pp = "sockperf: \x1b[2;35m====> avg-latency=93.640 (std-dev=485.902)\x1b[0m\n\
+                  sockperf: Summary: Latency is 93.640 usec\n\
+                  sockperf: ---> percentile 99.000 = 2466.027\n\
+                  sockperf: ---> percentile 50.000 =   20.320\n";
+        let m = parse_sockperf_pp(pp).unwrap();
+        assert_eq!(m["p50_us"], 20.32);
+        assert_eq!(m["p99_us"], 2466.027);
+        let tp = "sockperf: Summary: BandWidth is 469.971 MBps (3759.766 Mbps)\n";
+        assert_eq!(parse_sockperf_tp(tp).unwrap()["mbps"], 469.971);
+        let redis = "\"test\",\"rps\",\"avg_latency_ms\"\n\"SET\",\"81300.81\",\"0.3\"\n\"GET\",\"90000.00\",\"0.2\"\n";
+        let m = parse_redis(redis).unwrap();
+        assert_eq!((m["get_rps"], m["set_rps"]), (90000.0, 81300.81));
+        let wrk = "Running 1s test @ http://127.0.0.1:1/\n  12345 requests in 1.00s, 3.00MB read\n\
+                   Socket errors: connect 0, read 3, write 0, timeout 0\nRequests/sec:  12345.67\n";
+        let m = parse_wrk(wrk).unwrap();
+        assert_eq!(
+            (m["rps"], m["requests"], m["socket_errors"]),
+            (12345.67, 12345.0, 3.0)
+        );
+    }
+
+    #[test]
+    fn median_and_spread() {
+        match Cell::from_values(vec![3.0, 1.0, 2.0]) {
+            Cell::Ok {
+                median, spread_pct, ..
+            } => assert_eq!((median, spread_pct), (2.0, 100.0)),
+            c => panic!("{c:?}"),
+        }
+    }
 }

@@ -1,0 +1,186 @@
+//! `smc-bench-helper`: the two small TCP programs of `cargo xtask bench` that no Debian package
+//! provides. They use nothing but the socket calls every program uses (std, blocking), so the
+//! interposition library sees them as it sees any unmodified program.
+//!
+//! - `msg-server PORT SIZE` / `msg-client PORT SIZE SECONDS`: a message-rate test like ipc-bench's
+//!   TCP one: the client sends a SIZE-byte message, the server sends it back, repeated; messages
+//!   per second (round trips) and their latency.
+//! - `conn-server PORT` / `conn-client PORT SECONDS`: connection setup: connect, one byte each way,
+//!   close, repeated; connections per second and latency percentiles of connect + first exchange
+//!   (the part a handshake on the connection slows down).
+//!
+//! Clients print one JSON object on stdout. Servers run until killed.
+use std::{
+    env,
+    io::{ErrorKind, Read, Write},
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    process::ExitCode,
+    time::{Duration, Instant},
+};
+
+const WARMUP: Duration = Duration::from_millis(200);
+
+fn main() -> ExitCode {
+    let args: Vec<String> = env::args().skip(1).collect();
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let res = match argv.as_slice() {
+        ["msg-server", port, size] => msg_server(num(port), num(size)),
+        ["msg-client", port, size, secs] => msg_client(num(port), num(size), secs_arg(secs)),
+        ["conn-server", port] => conn_server(num(port)),
+        ["conn-client", port, secs] => conn_client(num(port), secs_arg(secs)),
+        _ => {
+            eprintln!(
+                "usage: smc-bench-helper msg-server PORT SIZE | msg-client PORT SIZE SECONDS | \
+                 conn-server PORT | conn-client PORT SECONDS"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("smc-bench-helper: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn num<T: std::str::FromStr>(s: &str) -> T {
+    s.parse().unwrap_or_else(|_| {
+        eprintln!("smc-bench-helper: not a number: {s}");
+        std::process::exit(2)
+    })
+}
+
+fn secs_arg(s: &str) -> Duration {
+    Duration::from_secs_f64(num::<f64>(s))
+}
+
+fn addr(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+}
+
+fn msg_server(port: u16, size: usize) -> std::io::Result<()> {
+    let l = TcpListener::bind(addr(port))?;
+    let mut buf = vec![0u8; size.max(1)];
+    loop {
+        let (mut s, _) = l.accept()?;
+        s.set_nodelay(true)?;
+        loop {
+            match s.read_exact(&mut buf) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::UnexpectedEof => break,
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => break,
+                Err(e) => return Err(e),
+            }
+            if let Err(e) = s.write_all(&buf) {
+                if matches!(e.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset) {
+                    break;
+                }
+                return Err(e);
+            }
+        }
+    }
+}
+
+fn msg_client(port: u16, size: usize, secs: Duration) -> std::io::Result<()> {
+    let mut s = TcpStream::connect(addr(port))?;
+    s.set_nodelay(true)?;
+    let out: Vec<u8> = (0..size.max(1)).map(|i| i as u8).collect();
+    let mut back = vec![0u8; out.len()];
+    let mut round = |s: &mut TcpStream| -> std::io::Result<()> {
+        s.write_all(&out)?;
+        s.read_exact(&mut back)?;
+        if back != out {
+            return Err(std::io::Error::other("echoed message differs"));
+        }
+        Ok(())
+    };
+    let warm = Instant::now();
+    while warm.elapsed() < WARMUP {
+        round(&mut s)?;
+    }
+    let mut lat = Vec::with_capacity(1 << 20);
+    let start = Instant::now();
+    let mut last = start;
+    loop {
+        round(&mut s)?;
+        let now = Instant::now();
+        lat.push((now - last).as_nanos() as u64);
+        last = now;
+        if now - start >= secs {
+            break;
+        }
+    }
+    let elapsed = (last - start).as_secs_f64();
+    let n = lat.len();
+    println!(
+        "{{\"messages\":{n},\"seconds\":{elapsed:.6},\"msg_per_sec\":{:.1},\"p50_us\":{:.3},\"p99_us\":{:.3}}}",
+        n as f64 / elapsed,
+        pct(&mut lat, 50.0),
+        pct(&mut lat, 99.0)
+    );
+    Ok(())
+}
+
+fn conn_server(port: u16) -> std::io::Result<()> {
+    let l = TcpListener::bind(addr(port))?;
+    let mut b = [0u8; 1];
+    loop {
+        let (mut s, _) = match l.accept() {
+            Ok(x) => x,
+            // A client that gave up between SYN and accept.
+            Err(e) if e.kind() == ErrorKind::ConnectionAborted => continue,
+            Err(e) => return Err(e),
+        };
+        // One byte each way, then the server closes first (its side keeps TIME_WAIT, so the
+        // client's ephemeral ports are not used up).
+        if s.read_exact(&mut b).is_ok() {
+            let _ = s.write_all(&b);
+        }
+    }
+}
+
+fn conn_client(port: u16, secs: Duration) -> std::io::Result<()> {
+    let a = addr(port);
+    let once = || -> std::io::Result<u64> {
+        let t0 = Instant::now();
+        let mut s = TcpStream::connect(a)?;
+        s.write_all(b"x")?;
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b)?;
+        let dt = t0.elapsed().as_nanos() as u64;
+        // Wait for the server's close: a full short-lived connection per iteration.
+        let mut rest = [0u8; 16];
+        while s.read(&mut rest)? != 0 {}
+        Ok(dt)
+    };
+    let warm = Instant::now();
+    while warm.elapsed() < WARMUP {
+        once()?;
+    }
+    let mut lat = Vec::with_capacity(1 << 16);
+    let start = Instant::now();
+    while start.elapsed() < secs {
+        lat.push(once()?);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let n = lat.len();
+    println!(
+        "{{\"connections\":{n},\"seconds\":{elapsed:.6},\"conn_per_sec\":{:.1},\"p50_us\":{:.3},\"p99_us\":{:.3}}}",
+        n as f64 / elapsed,
+        pct(&mut lat, 50.0),
+        pct(&mut lat, 99.0)
+    );
+    Ok(())
+}
+
+/// Percentile of nanosecond samples, in microseconds.
+fn pct(v: &mut [u64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_unstable();
+    let i = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
+    v[i.min(v.len() - 1)] as f64 / 1000.0
+}

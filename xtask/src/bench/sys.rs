@@ -1,0 +1,626 @@
+//! The machinery of the bench: cgroups, attachments, child processes, the loopback-ism daemon and
+//! its counters, signals. Every resource is held by a guard that releases it on drop, so an error
+//! or an interruption (Ctrl-C) leaves nothing behind.
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::Read as _,
+    os::unix::{ffi::OsStrExt as _, process::CommandExt as _},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+
+pub const CGROUP2_ROOT: &str = "/sys/fs/cgroup/unified";
+/// Prefix of every cgroup the bench creates: `smc-bench-<pid>-<role>`.
+pub const CGROUP_PREFIX: &str = "smc-bench-";
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Turns SIGINT/SIGTERM/SIGHUP into a flag the waiting loops check, so the guards get to clean up.
+pub fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic (async-signal-safe).
+        unsafe {
+            libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+        }
+    }
+}
+
+pub fn check_interrupted() -> Result<()> {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+/// The lock the integration tests take around everything that loads programs or reads the global
+/// counters: the bench takes it too, so neither disturbs the other's counter deltas.
+pub struct GlobalLock(#[allow(dead_code)] fs::File);
+
+pub fn lock() -> Result<GlobalLock> {
+    use std::os::fd::AsRawFd as _;
+    fs::create_dir_all("/run/smc").context("mkdir /run/smc")?;
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open("/run/smc/tests.lock")
+        .context("open /run/smc/tests.lock")?;
+    // SAFETY: valid fd.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        eprintln!(
+            "==> waiting for /run/smc/tests.lock (integration tests or another bench are running)"
+        );
+        loop {
+            check_interrupted()?;
+            // SAFETY: valid fd.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    Ok(GlobalLock(f))
+}
+
+/// `smc-ctl` with arguments; fails with its stderr.
+pub fn smc_ctl(bin: &Path, args: &[&str]) -> Result<String> {
+    let out = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("run {}", bin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "smc-ctl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A cgroup v2 directory, optionally attached with `smc-ctl attach`. On drop: its processes are
+/// killed, it is detached, then removed.
+pub struct Cgroup {
+    pub path: PathBuf,
+    smc_ctl: PathBuf,
+    attached: bool,
+}
+
+impl Cgroup {
+    pub fn new(role: &str, smc_ctl: &Path) -> Result<Cgroup> {
+        let path =
+            Path::new(CGROUP2_ROOT).join(format!("{CGROUP_PREFIX}{}-{role}", std::process::id()));
+        fs::create_dir(&path).with_context(|| format!("mkdir {}", path.display()))?;
+        Ok(Cgroup {
+            path,
+            smc_ctl: smc_ctl.to_path_buf(),
+            attached: false,
+        })
+    }
+
+    pub fn attach(&mut self, mode: &str) -> Result<()> {
+        let p = self.path.to_string_lossy().into_owned();
+        smc_ctl(&self.smc_ctl, &["attach", "--cgroup", &p, "--mode", mode])?;
+        self.attached = true;
+        Ok(())
+    }
+
+    /// Makes `cmd` join this cgroup between fork and exec.
+    pub fn enter(&self, cmd: &mut Command) {
+        let mut procs = self
+            .path
+            .join("cgroup.procs")
+            .as_os_str()
+            .as_bytes()
+            .to_vec();
+        procs.push(0);
+        // SAFETY: only async-signal-safe calls (open/write/close) between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr().cast(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let r = libc::write(fd, b"0\n".as_ptr().cast(), 2);
+                libc::close(fd);
+                if r < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// Kills every process of the cgroup (servers that daemonised or forked included).
+    pub fn kill_all(&self) {
+        kill_cgroup(&self.path);
+    }
+}
+
+fn cgroup_pids(path: &Path) -> Vec<i32> {
+    fs::read_to_string(path.join("cgroup.procs"))
+        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// `cgroup.kill` (Linux ≥ 5.14), SIGKILL per pid otherwise; waits until the cgroup is empty.
+fn kill_cgroup(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let pids = cgroup_pids(path);
+        if pids.is_empty() {
+            return;
+        }
+        if fs::write(path.join("cgroup.kill"), "1").is_err() {
+            for pid in pids {
+                // SAFETY: plain syscall; the pid is in our cgroup.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn remove_cgroup(path: &Path, smc_ctl: Option<&Path>) {
+    kill_cgroup(path);
+    if let Some(bin) = smc_ctl {
+        if let Err(e) = self::smc_ctl(bin, &["detach", "--cgroup", &path.to_string_lossy()]) {
+            eprintln!("warning: {e:#}");
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if fs::remove_dir(path).is_ok() || !path.exists() {
+            return;
+        }
+        kill_cgroup(path);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("warning: could not remove {}", path.display());
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        remove_cgroup(&self.path, self.attached.then_some(self.smc_ctl.as_path()));
+    }
+}
+
+/// Removes what an earlier bench killed by SIGKILL left behind (its pid is gone).
+pub fn remove_stale_cgroups(smc_ctl: &Path) {
+    let Ok(rd) = fs::read_dir(CGROUP2_ROOT) else {
+        return;
+    };
+    let attached = status_cgroups(smc_ctl);
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(CGROUP_PREFIX) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        if Path::new("/proc").join(pid.to_string()).exists() {
+            continue;
+        }
+        let path = e.path();
+        let is_attached = attached
+            .as_ref()
+            .is_some_and(|a| a.iter().any(|c| Path::new(c) == path));
+        eprintln!(
+            "==> removing {} left by an interrupted bench",
+            path.display()
+        );
+        remove_cgroup(&path, is_attached.then_some(smc_ctl));
+    }
+}
+
+fn status_cgroups(smc_ctl: &Path) -> Option<Vec<String>> {
+    let out = self::smc_ctl(smc_ctl, &["status", "--json"]).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+    Some(
+        v["cgroups"]
+            .as_array()?
+            .iter()
+            .filter_map(|c| c["cgroup"].as_str().map(str::to_owned))
+            .collect(),
+    )
+}
+
+/// The eBPF counters (`smc-ctl status --json`).
+pub fn ebpf_counters(smc_ctl: &Path) -> Result<BTreeMap<String, u64>> {
+    let out = self::smc_ctl(smc_ctl, &["status", "--json"])?;
+    let v: serde_json::Value = serde_json::from_str(&out).context("smc-ctl status --json")?;
+    Ok(v["counters"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// A child process, killed (its whole process group) and reaped on drop.
+pub struct Proc {
+    pub name: String,
+    child: Child,
+}
+
+impl Proc {
+    /// Spawns `cmd` in its own process group, stdin from /dev/null, output to `log`.
+    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> Result<Proc> {
+        let f = fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
+        cmd.stdin(Stdio::null())
+            .stdout(f.try_clone()?)
+            .stderr(f)
+            .process_group(0);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("spawn {name}: {cmd:?}"))?;
+        Ok(Proc {
+            name: name.to_owned(),
+            child,
+        })
+    }
+
+    /// Still running?
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits (bounded) for the exit; the status must be success.
+    pub fn wait(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            check_interrupted()?;
+            if let Some(st) = self.child.try_wait()? {
+                if !st.success() {
+                    bail!("{} exited with {st}", self.name);
+                }
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{} did not finish within {timeout:?}", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    pub fn kill(&mut self) {
+        let pid = self.child.id() as i32;
+        if self.alive() {
+            // SAFETY: plain syscalls; the group is the child's own (process_group(0)).
+            unsafe {
+                libc::kill(-pid, libc::SIGKILL);
+            }
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Runs `cmd` to completion (bounded), returning its stdout; stderr goes to `log`.
+pub fn run_capture(name: &str, mut cmd: Command, timeout: Duration, log: &Path) -> Result<String> {
+    let f = fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(f)
+        .process_group(0);
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("spawn {name}: {cmd:?}"))?;
+    let mut stdout = child.stdout.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = stdout.read_to_end(&mut s);
+        s
+    });
+    let mut p = Proc {
+        name: name.to_owned(),
+        child,
+    };
+    let res = p.wait(timeout);
+    p.kill();
+    let out = String::from_utf8_lossy(&reader.join().unwrap_or_default()).into_owned();
+    let _ = fs::OpenOptions::new()
+        .append(true)
+        .open(log)
+        .and_then(|mut f| {
+            use std::io::Write as _;
+            writeln!(f, "---- stdout ----\n{out}")
+        });
+    res.with_context(|| format!("{name} (log: {})", log.display()))?;
+    Ok(out)
+}
+
+/// A TCP port nobody listens on now (the kernel's choice for an ephemeral bind).
+pub fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// Is something listening on `port` (IPv4 or IPv6)? Reads /proc so no connection is made.
+pub fn listening(port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        fs::read_to_string(f).is_ok_and(|s| {
+            s.lines().skip(1).any(|l| {
+                let mut it = l.split_whitespace();
+                let local = it.nth(1).unwrap_or("");
+                let state = it.nth(1).unwrap_or("");
+                state == "0A" && local.ends_with(&want)
+            })
+        })
+    })
+}
+
+/// Waits until `server` listens on `port`.
+pub fn wait_listening(server: &mut Proc, port: u16, log: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        check_interrupted()?;
+        if listening(port) {
+            return Ok(());
+        }
+        if !server.alive() {
+            bail!(
+                "{} exited before listening on {port}: {}",
+                server.name,
+                tail(log)
+            );
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} does not listen on {port} after 15 s: {}",
+                server.name,
+                tail(log)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The last lines of a log file, for error messages.
+pub fn tail(log: &Path) -> String {
+    let s = fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(6)..].join(" | ")
+}
+
+/// A directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Result<TempDir> {
+        let p = std::env::temp_dir().join(format!("smc-bench-{}-{tag}", std::process::id()));
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p).with_context(|| format!("mkdir {}", p.display()))?;
+        Ok(TempDir(p))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The loopback-ism daemon on a private socket.
+pub struct Daemon {
+    pub socket: PathBuf,
+    _proc: Proc,
+}
+
+impl Daemon {
+    pub fn start(smc_ctl: &Path, dir: &Path) -> Result<Daemon> {
+        let socket = dir.join("ism.sock");
+        let state = dir.join("ism-state");
+        fs::create_dir_all(&state)?;
+        let mut cmd = Command::new(smc_ctl);
+        cmd.arg("daemon")
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(&state);
+        let log = dir.join("daemon.log");
+        let mut p = Proc::spawn("smc-ctl daemon", cmd, &log)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while daemon_stats(&socket).is_err() {
+            check_interrupted()?;
+            if !p.alive() {
+                bail!("smc-ctl daemon exited: {}", tail(&log));
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "smc-ctl daemon does not answer on {} after 10 s",
+                    socket.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(Daemon { socket, _proc: p })
+    }
+
+    pub fn stats(&self) -> Result<serde_json::Value> {
+        daemon_stats(&self.socket)
+    }
+}
+
+/// `OP_STATS` of the loopback-ism protocol (smc-ism/src/proto.rs): one SEQPACKET record with the
+/// 16-byte header, answered by status, detail and the daemon's counters as JSON. Spoken here
+/// directly so that xtask depends on no workspace crate (it must build while they change).
+pub fn daemon_stats(socket: &Path) -> Result<serde_json::Value> {
+    const OP_STATS: u16 = 6;
+    const REPLY_BIT: u16 = 0x8000;
+    let path = socket.as_os_str().as_bytes();
+    // SAFETY: sockaddr_un is plain data; zeroed is valid.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if path.len() >= sa.sun_path.len() {
+        bail!("socket path too long: {}", socket.display());
+    }
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in sa.sun_path.iter_mut().zip(path) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: plain socket syscalls on an fd we own and close below.
+    unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        let fd = <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd);
+        use std::os::fd::AsRawFd as _;
+        let raw = fd.as_raw_fd();
+        let tv = libc::timeval {
+            tv_sec: 2,
+            tv_usec: 0,
+        };
+        for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+            libc::setsockopt(
+                raw,
+                libc::SOL_SOCKET,
+                opt,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            );
+        }
+        if libc::connect(
+            raw,
+            (&sa as *const libc::sockaddr_un).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        ) != 0
+        {
+            return Err(std::io::Error::last_os_error()).context("connect to the ism daemon");
+        }
+        let mut req = [0u8; 16];
+        req[0..4].copy_from_slice(b"SMCI");
+        req[4..6].copy_from_slice(&1u16.to_le_bytes());
+        req[6..8].copy_from_slice(&OP_STATS.to_le_bytes());
+        req[12..16].copy_from_slice(&1u32.to_le_bytes());
+        if libc::send(raw, req.as_ptr().cast(), req.len(), libc::MSG_NOSIGNAL) != req.len() as isize
+        {
+            return Err(std::io::Error::last_os_error()).context("send STATS");
+        }
+        let mut buf = vec![0u8; 1 << 20];
+        let n = libc::recv(raw, buf.as_mut_ptr().cast(), buf.len(), 0);
+        if n < 24 {
+            bail!("short or no STATS reply ({n})");
+        }
+        let n = n as usize;
+        let op = u16::from_le_bytes([buf[6], buf[7]]);
+        let status = u32::from_le_bytes([buf[16], buf[17], buf[18], buf[19]]);
+        if &buf[0..4] != b"SMCI" || op != OP_STATS | REPLY_BIT || status != 0 {
+            bail!("bad STATS reply (op {op:#x}, status {status})");
+        }
+        serde_json::from_slice(&buf[24..n]).map_err(|e| anyhow!("STATS payload: {e}"))
+    }
+}
+
+/// Every numeric leaf of a JSON value, keyed by its dotted path.
+pub fn flatten(v: &serde_json::Value) -> BTreeMap<String, f64> {
+    fn go(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, f64>) {
+        match v {
+            serde_json::Value::Number(n) => {
+                if let Some(x) = n.as_f64() {
+                    out.insert(prefix.to_owned(), x);
+                }
+            }
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    go(&key, v, out);
+                }
+            }
+            serde_json::Value::Array(a) => {
+                for (i, v) in a.iter().enumerate() {
+                    go(&format!("{prefix}[{i}]"), v, out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = BTreeMap::new();
+    go("", v, &mut out);
+    out
+}
+
+/// `after - before` for every key that changed.
+pub fn delta_f(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .filter_map(|(k, a)| {
+            let d = a - before.get(k).copied().unwrap_or(0.0);
+            (d != 0.0).then(|| (k.clone(), d))
+        })
+        .collect()
+}
+
+/// UTC now as `YYYYMMDD-HHMMSS` and as RFC 3339.
+pub fn timestamp() -> (String, String) {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0) as i64;
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (hh, mm, ss) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    (
+        format!("{y:04}{m:02}{d:02}-{hh:02}{mm:02}{ss:02}"),
+        format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}Z"),
+    )
+}
+
+/// First line of a command's output (tool versions, machine facts); empty when it fails.
+pub fn first_line(prog: &str, args: &[&str]) -> String {
+    Command::new(prog)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map(|o| {
+            let s = if o.stdout.is_empty() {
+                o.stderr
+            } else {
+                o.stdout
+            };
+            String::from_utf8_lossy(&s)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_owned()
+        })
+        .unwrap_or_default()
+}
