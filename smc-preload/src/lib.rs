@@ -46,3 +46,60 @@ pub fn pid() -> u32 {
 pub fn reset_pid() {
     PID.store(0, Ordering::Relaxed);
 }
+
+/// Library constructor: environment knobs, io_uring detection, exit cleanup.
+#[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]
+extern "C" fn init() {
+    if std::env::var_os("SMC_DISABLE").is_some_and(|v| v == "1") {
+        ops::disable("SMC_DISABLE=1");
+    }
+    // io_uring submits socket I/O without any libc call we could see: a program linked with
+    // liburing keeps all its connections on TCP.
+    if uses_liburing() {
+        ops::disable("liburing is loaded (io_uring bypasses the interposition)");
+    }
+    // SAFETY: registering plain extern "C" functions.
+    unsafe {
+        libc::atexit(at_exit);
+        libc::pthread_atfork(None, None, Some(after_fork_child));
+    }
+}
+
+#[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]
+extern "C" fn at_exit() {
+    stats::remove_file();
+}
+
+#[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]
+extern "C" fn after_fork_child() {
+    reset_pid();
+}
+
+#[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]
+fn uses_liburing() -> bool {
+    unsafe extern "C" fn cb(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: the loader passes a valid info; the name is a C string or null.
+        let name = unsafe { (*info).dlpi_name };
+        if !name.is_null() {
+            let n = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
+            if n.windows(8).any(|w| w == b"liburing") {
+                unsafe { *(data as *mut bool) = true };
+                return 1;
+            }
+        }
+        0
+    }
+    let mut found = false;
+    // SAFETY: the callback only reads what the loader passes.
+    unsafe { libc::dl_iterate_phdr(Some(cb), &mut found as *mut bool as *mut libc::c_void) };
+    found
+}
+
+#[cfg(all(feature = "interpose", not(test)))]
+#[used]
+#[unsafe(link_section = ".init_array")]
+static INIT: extern "C" fn() = init;
