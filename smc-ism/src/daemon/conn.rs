@@ -120,7 +120,6 @@ struct Conn<'a> {
 
 /// Serves one client until it disconnects or the daemon stops, then releases everything it held.
 pub(crate) async fn serve_conn(shared: Arc<Shared>, fd: OwnedFd, mut stop: watch::Receiver<bool>) {
-    let counters = &shared.reg.counters;
     let cred = sys::peer_cred(fd.as_fd()).ok();
     let cg_path = cred
         .map(|c| read_cgroup(c.pid))
@@ -144,9 +143,7 @@ pub(crate) async fn serve_conn(shared: Arc<Shared>, fd: OwnedFd, mut stop: watch
         }
         Err(e) => log::warn!("cannot register client socket with the reactor: {e}"),
     }
-    conn.release_all();
-    counters.clients_connected.fetch_sub(1, AcqRel);
-    shared.events.bump();
+    // `conn` drops here: everything it holds is released (also if the task panicked).
 }
 
 async fn recv(afd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<sys::Received> {
@@ -407,6 +404,7 @@ impl Conn<'_> {
         Ok(())
     }
 
+    /// Releases every reference of this client; called once, from `Drop`.
     fn release_all(&mut self) {
         let mut n = 0u64;
         for (token, h) in self.held.drain() {
@@ -426,5 +424,17 @@ impl Conn<'_> {
                 .released_on_disconnect
                 .fetch_add(n, Relaxed);
         }
+    }
+}
+
+impl Drop for Conn<'_> {
+    fn drop(&mut self) {
+        self.release_all();
+        self.shared
+            .reg
+            .counters
+            .clients_connected
+            .fetch_sub(1, AcqRel);
+        self.shared.events.bump();
     }
 }

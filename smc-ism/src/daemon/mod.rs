@@ -273,7 +273,11 @@ impl Bound {
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                Some(r) = tasks.join_next(), if !tasks.is_empty() => {
+                    if let Err(e) = r {
+                        log::error!("client task failed: {e}");
+                    }
+                }
                 r = listener.readable() => {
                     let mut guard = r.map_err(IsmError::Io)?;
                     let res = guard.try_io(|l| {
