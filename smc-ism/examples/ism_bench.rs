@@ -126,6 +126,54 @@ fn run(sock: &Path, clients: usize, cycles: usize) -> ([Vec<u64>; 4], Vec<u64>, 
     (ops, cyc, wall)
 }
 
+/// Baseline: a bare SEQPACKET ping-pong between two threads (what any daemon round trip costs
+/// at least on this machine).
+fn baseline(n: usize) -> Vec<u64> {
+    let mut sv = [0i32; 2];
+    // SAFETY: socketpair with a valid array.
+    let r = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            sv.as_mut_ptr(),
+        )
+    };
+    assert_eq!(r, 0);
+    let (a, b) = (sv[0], sv[1]);
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        loop {
+            // SAFETY: plain read/write on our socket.
+            let n = unsafe { libc::read(b, buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                break;
+            }
+            // SAFETY: as above.
+            unsafe { libc::write(b, buf.as_ptr().cast(), n as usize) };
+        }
+        // SAFETY: closing our fd.
+        unsafe { libc::close(b) };
+    });
+    let mut lat = Vec::with_capacity(n);
+    let mut buf = [0u8; 64];
+    for i in 0..n + 1000 {
+        let t = Instant::now();
+        // SAFETY: plain write/read on our socket.
+        unsafe {
+            libc::write(a, buf.as_ptr().cast(), 24);
+            libc::read(a, buf.as_mut_ptr().cast(), buf.len());
+        }
+        if i >= 1000 {
+            lat.push(t.elapsed().as_nanos() as u64);
+        }
+    }
+    // SAFETY: closing our fd ends the echo thread.
+    unsafe { libc::close(a) };
+    echo.join().unwrap();
+    lat
+}
+
 fn row(name: &str, v: &mut [u64]) {
     v.sort_unstable();
     println!(
@@ -162,6 +210,11 @@ fn main() {
             "in-process"
         }
     );
+    println!(
+        "\nbaseline: bare SEQPACKET ping-pong between two threads (no daemon)\n  {:<11} {:>8} {:>8} {:>8} {:>8}",
+        "op", "p50", "p90", "p99", "max"
+    );
+    row("round trip", &mut baseline(20_000));
     for &clients in &args.clients {
         let cycles = if args.cycles > 0 {
             args.cycles
