@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::IsmError;
 use crate::proto::{self, DmbReply, Header, Status};
-use crate::stats::Stats;
+use crate::stats::{DmbInfo, DmbList, Stats};
 use crate::sys;
 
 /// The CHID of the loopback-ism device.
@@ -334,6 +334,29 @@ impl Client {
         let a = self.transact(proto::OP_STATS, &[], None, &mut buf, true)?;
         serde_json::from_slice(&buf[a.start..a.end])
             .map_err(|_| IsmError::Protocol("bad STATS payload"))
+    }
+
+    /// Every live DMB on the device, in slot order (several requests of at most
+    /// [`proto::LIST_PAGE_MAX`] entries; the list is not one atomic snapshot). Tokens are
+    /// included only when this process connected as root.
+    pub fn list_dmbs(&mut self) -> Result<Vec<DmbInfo>, IsmError> {
+        let mut out = Vec::new();
+        let mut start = 0u32;
+        let mut buf = vec![0u8; REPLY_BUF];
+        loop {
+            let mut payload = [0u8; 8];
+            payload[0..4].copy_from_slice(&start.to_le_bytes());
+            payload[4..8].copy_from_slice(&proto::LIST_PAGE_MAX.to_le_bytes());
+            let a = self.transact(proto::OP_LIST, &payload, None, &mut buf, true)?;
+            let page: DmbList = serde_json::from_slice(&buf[a.start..a.end])
+                .map_err(|_| IsmError::Protocol("bad LIST payload"))?;
+            out.extend(page.dmbs);
+            match page.next {
+                Some(n) if n > start => start = n,
+                Some(_) => return Err(IsmError::Protocol("LIST does not advance")),
+                None => return Ok(out),
+            }
+        }
     }
 
     /// Blocks until the daemon's state changes (its [`Stats::generation`] differs from

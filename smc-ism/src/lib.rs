@@ -83,8 +83,9 @@
 //! memfd.
 //!
 //! Other rules: clients can release only references they hold (no remote unregister by token);
-//! quotas per cgroup cap what one tenant can pin; tokens are never logged and never appear in
-//! [`Stats`]; the socket's mode (default 0666, so that every process can use SMC-D) and group
+//! quotas per cgroup cap what one tenant can pin; tokens are never logged, never appear in
+//! [`Stats`] nor in `Dmb`'s `Debug` output, and [`Client::list_dmbs`] includes them only for a
+//! caller whose `SO_PEERCRED` uid is 0; the socket's mode (default 0666, so that every process can use SMC-D) and group
 //! are configurable.
 //!
 //! *"A token of another cgroup is refused"* is interpreted as: an attach by a caller that does
@@ -127,7 +128,7 @@ pub use client::{
     DEFAULT_SOCKET_PATH, DEFAULT_TIMEOUT, DMB_MIN_SIZE, MAX_SIZE_CODE, SOCKET_ENV,
 };
 pub use error::{DeclineReason, IsmError, DECL_INTERR, DECL_MAX_DMB, DECL_MEM, DECL_NOSMCDDEV};
-pub use stats::{CgroupStats, FailureStats, OpStats, OpsStats, Stats};
+pub use stats::{CgroupStats, DmbInfo, DmbList, FailureStats, OpStats, OpsStats, Stats};
 
 #[cfg(feature = "daemon")]
 pub use daemon::{

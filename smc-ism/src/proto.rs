@@ -32,6 +32,10 @@
 //! - `OP_WAIT`: `generation: u64, timeout_ms: u32, reserved: u32`. The daemon answers once its
 //!   release generation differs from `generation` or the timeout (capped at 60 s) expires.
 //!   Result: [`Stats`](crate::Stats) as JSON.
+//! - `OP_LIST`: `start_slot: u32, max: u32`. Result: [`DmbList`](crate::DmbList) as JSON: the
+//!   live DMBs with slot ≥ `start_slot` in slot order, at most `max` (capped at
+//!   [`LIST_PAGE_MAX`]), and the slot to continue from. Tokens are included only when the
+//!   caller's uid (`SO_PEERCRED`) is 0.
 //!
 //! Requests larger than [`MAX_REQUEST`] bytes are answered with [`Status::Oversized`].
 
@@ -60,6 +64,10 @@ pub const OP_UNREGISTER: u16 = 5;
 pub const OP_STATS: u16 = 6;
 /// Wait for the release generation to change, then return stats.
 pub const OP_WAIT: u16 = 7;
+/// List live DMBs (tokens only for root).
+pub const OP_LIST: u16 = 8;
+/// Largest page of `OP_LIST`.
+pub const LIST_PAGE_MAX: u32 = 128;
 
 /// Length of the status prefix of every reply payload.
 pub const STATUS_LEN: usize = 8;

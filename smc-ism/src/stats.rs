@@ -32,6 +32,8 @@ pub struct OpsStats {
     pub stats: OpStats,
     /// `WAIT`.
     pub wait: OpStats,
+    /// `LIST`.
+    pub list: OpStats,
     /// Records that could not be attributed to an op (malformed, oversized, bad version,
     /// unknown op).
     pub invalid: OpStats,
@@ -127,4 +129,38 @@ pub struct Stats {
     pub failures: FailureStats,
     /// Per-cgroup usage.
     pub cgroups: Vec<CgroupStats>,
+}
+
+/// One live DMB, as listed by [`Client::list_dmbs`](crate::Client::list_dmbs).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DmbInfo {
+    /// Device slot.
+    pub slot: u32,
+    /// Size in bytes.
+    pub size: u64,
+    /// SMC size code.
+    pub size_code: u8,
+    /// References (owner + attachments).
+    pub refs: u32,
+    /// The owner has unregistered; alive only through attachments.
+    pub unregistered: bool,
+    /// Local address of the owner's TCP connection.
+    pub owner_local: String,
+    /// Peer address of the owner's TCP connection.
+    pub owner_peer: String,
+    /// The owner's cgroup.
+    pub owner_cgroup: String,
+    /// The token: only present when the caller is root.
+    pub token: Option<u64>,
+}
+
+/// One page of the DMB list.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DmbList {
+    /// DMBs in slot order.
+    pub dmbs: Vec<DmbInfo>,
+    /// The `start_slot` of the next page, if any.
+    pub next: Option<u32>,
 }

@@ -944,3 +944,63 @@ fn cgroups_have_separate_quotas_and_can_be_fenced() {
     assert_eq!(v, 0b00, "other cgroup, default config: attach ok");
     d.shutdown().unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// LIST shows live DMBs; tokens only to root.
+
+#[test]
+fn list_shows_tokens_only_to_root() {
+    let dir = TestDir::new("list");
+    let d = start(&dir, |_| {});
+    let mut c = client(&dir);
+    let (a, b) = tcp_pair();
+    let regs: Vec<_> = (0..200u32)
+        .map(|i| c.register_dmb((i % 3) as u8, a.as_raw_fd()).unwrap())
+        .collect();
+    let _att = c.attach_dmb(regs[5].token, b.as_raw_fd()).unwrap();
+    c.unregister_dmb(regs[5].token).unwrap();
+
+    let list = c.list_dmbs().unwrap();
+    assert_eq!(list.len(), 200, "paged over LIST_PAGE_MAX");
+    assert!(list.windows(2).all(|w| w[0].slot < w[1].slot));
+    for r in &regs {
+        let e = list.iter().find(|e| e.slot == r.slot).unwrap();
+        assert_eq!(e.token, Some(r.token), "root sees tokens");
+        assert_eq!((e.size as usize, e.size_code), (r.size, r.size_code));
+        assert_eq!(e.owner_local, a.local_addr().unwrap().to_string());
+        assert_eq!(e.owner_peer, a.peer_addr().unwrap().to_string());
+        if r.token == regs[5].token {
+            assert_eq!((e.refs, e.unregistered), (1, true));
+        } else {
+            assert_eq!((e.refs, e.unregistered), (1, false));
+        }
+    }
+
+    // SAFETY: the child only uses the client and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // SAFETY: dropping privileges in the child.
+        let code = if unsafe { libc::setgid(65534) == 0 && libc::setuid(65534) == 0 } {
+            match Client::connect(&dir.sock()).and_then(|mut n| n.list_dmbs()) {
+                Ok(l) if l.len() == 200 && l.iter().all(|e| e.token.is_none()) => 0,
+                Ok(_) => 1,
+                Err(_) => 2,
+            }
+        } else {
+            3
+        };
+        // SAFETY: leave without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status));
+    assert_eq!(libc::WEXITSTATUS(status), 0, "non-root sees no tokens");
+    drop(c);
+    let mut c = client(&dir);
+    wait_idle(&mut c, 1);
+    assert!(c.list_dmbs().unwrap().is_empty());
+    d.shutdown().unwrap();
+}

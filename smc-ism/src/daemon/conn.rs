@@ -114,6 +114,8 @@ fn close_proof(fd: OwnedFd) {
 
 struct Conn<'a> {
     shared: &'a Shared,
+    /// The caller is root (SO_PEERCRED uid 0 when it connected): may see tokens.
+    root: bool,
     cg: Arc<CgroupUsage>,
     held: HashMap<u64, Held>,
 }
@@ -126,6 +128,7 @@ pub(crate) async fn serve_conn(shared: Arc<Shared>, fd: OwnedFd, mut stop: watch
         .unwrap_or_else(|| "/".to_owned());
     let mut conn = Conn {
         shared: &shared,
+        root: cred.is_some_and(|c| c.uid == 0),
         cg: shared.reg.cgroup(&cg_path),
         held: HashMap::new(),
     };
@@ -257,7 +260,7 @@ impl Conn<'_> {
                 Some(h) if h.magic != proto::MAGIC => Some(Fail::Malformed),
                 Some(h) if h.version != proto::VERSION => Some(Fail::BadVersion),
                 Some(h) if h.len as usize != rec.len() - proto::HEADER_LEN => Some(Fail::Malformed),
-                Some(h) if !matches!(h.op, proto::OP_QUERY_GID..=proto::OP_WAIT) => {
+                Some(h) if !matches!(h.op, proto::OP_QUERY_GID..=proto::OP_LIST) => {
                     Some(Fail::UnknownOp)
                 }
                 Some(_) => None,
@@ -327,6 +330,23 @@ impl Conn<'_> {
                 counter.record(true);
                 let stats = reg.stats(self.shared.events.generation());
                 match serde_json::to_vec(&stats) {
+                    Ok(json) => encode_reply(out, op, seq, Status::Ok, 0, &json),
+                    Err(_) => fail_reply(out, op, seq, Fail::Internal),
+                }
+                return None;
+            }
+            proto::OP_LIST => {
+                if payload.len() < 8 {
+                    c.list.record(false);
+                    c.failures.count(Fail::Malformed);
+                    fail_reply(out, op, seq, Fail::Malformed);
+                    return None;
+                }
+                let start = proto::get_u32(payload, 0);
+                let max = proto::get_u32(payload, 4).clamp(1, proto::LIST_PAGE_MAX);
+                let list = reg.list(start, max as usize, self.root);
+                c.list.record(true);
+                match serde_json::to_vec(&list) {
                     Ok(json) => encode_reply(out, op, seq, Status::Ok, 0, &json),
                     Err(_) => fail_reply(out, op, seq, Fail::Internal),
                 }

@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use crate::client::{dmb_size, Gid};
 use crate::proto::Status;
-use crate::stats::{CgroupStats, FailureStats, OpStats, OpsStats, Stats};
+use crate::stats::{CgroupStats, DmbInfo, DmbList, FailureStats, OpStats, OpsStats, Stats};
 use crate::sys::{self, TcpIdentity};
 
 use super::DaemonConfig;
@@ -166,6 +166,7 @@ pub(crate) struct Counters {
     pub unregister: OpCounter,
     pub stats: OpCounter,
     pub wait: OpCounter,
+    pub list: OpCounter,
     pub invalid: OpCounter,
     pub failures: Failures,
     pub clients_connected: AtomicU64,
@@ -531,6 +532,35 @@ impl Registry {
         }
     }
 
+    /// One page of live DMBs with slot >= `start`, in slot order. Each shard is locked only
+    /// while its matching records are copied.
+    pub(crate) fn list(&self, start: u32, max: usize, with_token: bool) -> DmbList {
+        let mut all: Vec<DmbInfo> = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = lock(shard);
+            all.extend(
+                shard
+                    .values()
+                    .filter(|r| r.dmb.slot() >= start)
+                    .map(|r| DmbInfo {
+                        slot: r.dmb.slot(),
+                        size: r.dmb.size,
+                        size_code: r.dmb.size_code,
+                        refs: r.refs,
+                        unregistered: r.unregistered,
+                        owner_local: r.dmb.owner.local.to_string(),
+                        owner_peer: r.dmb.owner.peer.to_string(),
+                        owner_cgroup: truncate_path(&r.dmb.owner_cgroup.path),
+                        token: with_token.then_some(r.dmb.token),
+                    }),
+            );
+        }
+        all.sort_unstable_by_key(|d| d.slot);
+        let next = (all.len() > max).then(|| all[max].slot);
+        all.truncate(max);
+        DmbList { dmbs: all, next }
+    }
+
     /// A snapshot of every counter.
     pub(crate) fn stats(&self, generation: u64) -> Stats {
         let c = &self.counters;
@@ -569,6 +599,7 @@ impl Registry {
                 unregister: c.unregister.snapshot(),
                 stats: c.stats.snapshot(),
                 wait: c.wait.snapshot(),
+                list: c.list.snapshot(),
                 invalid: c.invalid.snapshot(),
             },
             failures: c.failures.snapshot(),
