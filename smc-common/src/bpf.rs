@@ -37,10 +37,14 @@ pub struct SockState {
     pub flags: u32,
     /// Version of this struct's layout ([`SOCK_STATE_VERSION`]).
     pub version: u32,
+    /// Bytes this socket sent through the `sk_msg` shortcut.
+    pub redirected_bytes: u64,
+    /// Messages this socket sent through the `sk_msg` shortcut.
+    pub redirected_msgs: u64,
 }
 
 /// Layout version of [`SockState`].
-pub const SOCK_STATE_VERSION: u32 = 1;
+pub const SOCK_STATE_VERSION: u32 = 2;
 
 /// A TCP connection as seen from one end. Addresses are IPv6 in network byte order (IPv4 is
 /// stored v4-mapped, `::ffff:a.b.c.d`, so that an `AF_INET6` socket talking to an `AF_INET` one
@@ -208,7 +212,7 @@ mod tests {
 
     #[test]
     fn layouts() {
-        assert_eq!(core::mem::size_of::<SockState>(), 8);
+        assert_eq!(core::mem::size_of::<SockState>(), 24);
         assert_eq!(core::mem::size_of::<SockKey>(), 40);
         assert_eq!(core::mem::size_of::<PeerEntry>(), 16);
         for (i, c) in Counter::ALL.iter().enumerate() {

@@ -3,7 +3,7 @@
 //! Everything lives under [`PIN_ROOT`] so that it outlives the command:
 //!
 //! ```text
-//! /sys/fs/bpf/smc/layout-v<N>/         marker: layout version of what is pinned
+//! /sys/fs/bpf/smc/layout-v<N>-<hash>/  marker: layout version and eBPF object of what is pinned
 //! /sys/fs/bpf/smc/progs/<program>      the loaded programs
 //! /sys/fs/bpf/smc/maps/<map>           the maps (the SOCKHASH holds the sk_msg attachment)
 //! /sys/fs/bpf/smc/links/<cgroup inode>-<mode>-<program>   one bpf_link per cgroup and program
@@ -39,8 +39,19 @@ const BPFFS: &str = "/sys/fs/bpf";
 
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/smc"));
 
+/// FNV-1a of the embedded eBPF object: programs pinned by another build are not ours to reuse.
+fn object_hash() -> u64 {
+    EBPF_OBJECT.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn layout_marker_name() -> String {
+    format!("layout-v{PIN_LAYOUT_VERSION}-{:016x}", object_hash())
+}
+
 fn layout_marker() -> PathBuf {
-    Path::new(PIN_ROOT).join(format!("layout-v{PIN_LAYOUT_VERSION}"))
+    Path::new(PIN_ROOT).join(layout_marker_name())
 }
 
 fn progs_dir() -> PathBuf {
@@ -88,9 +99,14 @@ fn ensure_loaded() -> Result<()> {
     let root = Path::new(PIN_ROOT);
     if root.exists() {
         if !layout_marker().exists() {
+            prune_removed_cgroups()?;
+            if cleanup_if_unused()? {
+                return ensure_loaded();
+            }
             bail!(
-                "{PIN_ROOT} holds objects of an incompatible version of smc-ctl (no layout-v{PIN_LAYOUT_VERSION}); \
-                 detach with that version, or remove {PIN_ROOT} after making sure nothing uses it"
+                "{PIN_ROOT} holds programs loaded by another build of smc-ctl (want {}); \
+                 detach its cgroups first (`smc-ctl status` lists them, `smc-ctl detach --all` removes them)",
+                layout_marker_name()
             );
         }
         return Ok(());
@@ -147,7 +163,7 @@ fn load_into(dir: &Path) -> Result<()> {
     // The attachment belongs to the (pinned) map from now on.
     std::mem::forget(prog.take_link(link)?);
     prog.pin(dir.join("progs").join(SK_MSG_PROG))?;
-    fs::create_dir(dir.join(format!("layout-v{PIN_LAYOUT_VERSION}")))?;
+    fs::create_dir(dir.join(layout_marker_name()))?;
     Ok(())
 }
 
@@ -253,6 +269,23 @@ fn unpin_link(path: &Path) {
     let _ = fs::remove_file(path);
 }
 
+/// `smc-ctl detach --all`: every cgroup, then unload.
+pub fn detach_all() -> Result<String> {
+    sys::require_root()?;
+    let _lock = sys::lock()?;
+    let links = attached_links()?;
+    for (_, paths) in links.values() {
+        for p in paths {
+            unpin_link(p);
+        }
+    }
+    cleanup_if_unused()?;
+    Ok(format!(
+        "detached {} cgroup(s); programs unloaded",
+        links.len()
+    ))
+}
+
 /// `smc-ctl detach`.
 pub fn detach(cgroup: &Path) -> Result<String> {
     sys::require_root()?;
@@ -277,8 +310,23 @@ pub fn detach(cgroup: &Path) -> Result<String> {
     })
 }
 
+/// Unpins the links of cgroups that were removed while attached (their links are defunct).
+fn prune_removed_cgroups() -> Result<()> {
+    let links = attached_links()?;
+    let found = sys::cgroup_paths_by_inode(links.keys().copied().collect());
+    for (ino, (_, paths)) in links {
+        if !found.contains_key(&ino) {
+            for p in paths {
+                unpin_link(&p);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Removes everything when no cgroup is attached any more. Returns whether it did.
 fn cleanup_if_unused() -> Result<bool> {
+    prune_removed_cgroups()?;
     if !Path::new(PIN_ROOT).exists() || !attached_links()?.is_empty() {
         return Ok(false);
     }
@@ -330,7 +378,7 @@ pub struct Status {
 /// `smc-ctl status`.
 pub fn status() -> Result<Status> {
     sys::require_root()?;
-    let loaded = layout_marker().exists();
+    let loaded = progs_dir().exists();
     let mut programs = BTreeMap::new();
     if loaded {
         for e in fs::read_dir(progs_dir())?.flatten() {

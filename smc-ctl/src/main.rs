@@ -49,8 +49,11 @@ enum Cmd {
     },
     /// Disable a cgroup; the last detach unloads everything.
     Detach {
-        #[arg(long)]
-        cgroup: PathBuf,
+        #[arg(long, required_unless_present = "all")]
+        cgroup: Option<PathBuf>,
+        /// Every attached cgroup (also those removed while attached).
+        #[arg(long, conflicts_with = "cgroup")]
+        all: bool,
     },
     /// Enabled cgroups, program ids, modes and counters.
     Status {
@@ -78,7 +81,10 @@ fn main() {
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Attach { cgroup, mode } => println!("{}", bpf::attach(&cgroup, mode.into())?),
-        Cmd::Detach { cgroup } => println!("{}", bpf::detach(&cgroup)?),
+        Cmd::Detach {
+            cgroup: Some(cg), ..
+        } => println!("{}", bpf::detach(&cg)?),
+        Cmd::Detach { cgroup: None, .. } => println!("{}", bpf::detach_all()?),
         Cmd::Daemon(args) => daemon::run(args)?,
         Cmd::Run { cmd } => run::exec(&cmd)?,
         Cmd::Status { json } => {

@@ -27,7 +27,7 @@ use aya_ebpf::{
         bpf_sk_storage_get, bpf_store_hdr_opt,
     },
     macros::{btf_map, cgroup_sockopt, map, sk_msg, sock_ops},
-    maps::{HashMap, PerCpuArray, SockHash},
+    maps::{LruHashMap, PerCpuArray, SockHash},
     programs::{SkMsgContext, SockOpsContext, SockoptContext},
 };
 use smc_common::bpf::{
@@ -96,8 +96,10 @@ impl<T> SkStorageClone<T> {
 #[btf_map]
 static SMC_SOCK_STATE: SkStorageClone<SockState> = SkStorageClone::new();
 
+/// Established sockets of attached cgroups by 4-tuple. LRU: a socket whose cgroup was detached
+/// before it closed is never removed by the STATE callback; eviction bounds such leftovers.
 #[map]
-static SMC_PEERS: HashMap<SockKey, PeerEntry> = HashMap::with_max_entries(MAX_SOCKETS, 0);
+static SMC_PEERS: LruHashMap<SockKey, PeerEntry> = LruHashMap::with_max_entries(MAX_SOCKETS, 0);
 
 #[map]
 static SMC_SOCKHASH: SockHash<SockKey> = SockHash::with_max_entries(MAX_SOCKETS, 0);
@@ -360,9 +362,11 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     };
     let cookie = unsafe { bpf_get_socket_cookie(ops_ptr.cast()) };
     let mirror = key.mirror();
-    if unsafe { SMC_PEERS.get(&mirror) }.is_some() {
+    if let Some(peer) = SMC_PEERS.get_ptr_mut(&mirror) {
         flags |= SOCK_SAME_HOST;
         count(Counter::SameHostPairs, 1);
+        // Tell the end that was established first (it learns it in getsockopt).
+        unsafe { (*peer).flags |= SOCK_SAME_HOST };
     }
     if shortcut_mode {
         flags |= SOCK_SHORTCUT;
@@ -394,13 +398,11 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
 pub fn smc_sk_msg(ctx: SkMsgContext) -> u32 {
     let md = unsafe { &*ctx.msg };
     let sk = unsafe { md.__bindgen_anon_3.sk };
-    let enabled = SMC_SOCK_STATE
-        .get(sk, false)
-        .is_some_and(|s| s.flags & SOCK_SHORTCUT != 0);
-    if !enabled {
+    let state = SMC_SOCK_STATE.get(sk, false);
+    let Some(state) = state.filter(|s| s.flags & SOCK_SHORTCUT != 0) else {
         count(Counter::MsgPassNotEnabled, 1);
         return sk_action::SK_PASS;
-    }
+    };
     let Some(key) = ctx_key!(ctx.msg) else {
         count(Counter::MsgPassNoPeer, 1);
         return sk_action::SK_PASS;
@@ -418,6 +420,8 @@ pub fn smc_sk_msg(ctx: SkMsgContext) -> u32 {
     if ret as u32 == sk_action::SK_PASS {
         count(Counter::MsgRedirected, 1);
         count(Counter::BytesRedirected, size);
+        state.redirected_msgs += 1;
+        state.redirected_bytes += size;
         sk_action::SK_PASS
     } else {
         // Not in the SOCKHASH (e.g. ism-mode peer that did not opt in): plain TCP.
@@ -470,8 +474,9 @@ pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
     count(Counter::StateQueries, 1);
     let optval = unsafe { so.__bindgen_anon_2.optval } as *mut u8;
     let end = unsafe { so.__bindgen_anon_3.optval_end } as *mut u8;
-    let size = core::mem::size_of::<SockState>();
-    if unsafe { optval.add(size) } > end {
+    // A caller may ask for the whole struct or only its first 8 bytes (flags, version).
+    let full = unsafe { optval.add(core::mem::size_of::<SockState>()) } <= end;
+    if !full && unsafe { optval.add(8) } > end {
         return 0;
     }
     let sk = unsafe { so.__bindgen_anon_1.sk };
@@ -480,7 +485,9 @@ pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
             // The active end is established before its peer: learn "same host" late.
             if s.flags & SOCK_SAME_HOST == 0 && !sk.is_null() {
                 if let Some(key) = sock_key(sk) {
-                    if unsafe { SMC_PEERS.get(&key.mirror()) }.is_some() {
+                    let own = unsafe { SMC_PEERS.get(&key) }
+                        .is_some_and(|e| e.flags & SOCK_SAME_HOST != 0);
+                    if own || unsafe { SMC_PEERS.get(&key.mirror()) }.is_some() {
                         s.flags |= SOCK_SAME_HOST;
                     }
                 }
@@ -488,11 +495,17 @@ pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
             *s
         }
         None => SockState {
-            flags: 0,
             version: SOCK_STATE_VERSION,
+            ..SockState::default()
         },
     };
-    unsafe { ptr::write_unaligned(optval.cast::<SockState>(), state) };
+    let size = if full {
+        unsafe { ptr::write_unaligned(optval.cast::<SockState>(), state) };
+        core::mem::size_of::<SockState>()
+    } else {
+        unsafe { ptr::write_unaligned(optval.cast::<[u32; 2]>(), [state.flags, state.version]) };
+        8
+    };
     // Two separate 4-byte stores: a merged 8-byte store is rejected by the verifier.
     unsafe { ptr::write_volatile(&mut so.optlen, size as i32) };
     unsafe { ptr::write_volatile(&mut so.retval, 0) };

@@ -42,7 +42,20 @@ fn opt_in(fd: i32) {
     }
 }
 
+/// `<flags>` for `pair`, and `<flags>/<bytes redirected>` in stream reports; u32::MAX when the
+/// private option does not exist (no attached cgroup).
 fn state(fd: i32) -> u32 {
+    query(fd).map(|s| s.flags).unwrap_or(u32::MAX)
+}
+
+fn state_report(fd: i32) -> String {
+    match query(fd) {
+        Some(s) => format!("{}/{}", s.flags, s.redirected_bytes),
+        None => "none".into(),
+    }
+}
+
+fn query(fd: i32) -> Option<SockState> {
     let mut st = SockState::default();
     let mut len = std::mem::size_of::<SockState>() as libc::socklen_t;
     // SAFETY: valid fd and buffer.
@@ -55,10 +68,7 @@ fn state(fd: i32) -> u32 {
             &mut len,
         )
     };
-    if r != 0 {
-        return u32::MAX;
-    }
-    st.flags
+    (r == 0).then_some(st)
 }
 
 /// A socket that opted in before listen/connect (std has no hook between socket() and connect()).
@@ -220,9 +230,17 @@ fn drain(s: &mut TcpStream, use_splice: bool) -> (u64, String) {
         }
     } else {
         loop {
-            let n = s
-                .read(&mut buf)
-                .unwrap_or_else(|e| die(format!("read: {e}")));
+            let n = match s.read(&mut buf) {
+                Ok(n) => n,
+                // sockmap's receive path (tcp_bpf_recvmsg) returns EAGAIN to a *blocking* reader
+                // when a FIN arrives while it waits with an empty psock queue (kernel 6.18);
+                // the next read sees the EOF. Counted and reported, not hidden.
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    SPURIOUS_EAGAIN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    continue;
+                }
+                Err(e) => die(format!("read: {e}")),
+            };
             if n == 0 {
                 break;
             }
@@ -231,6 +249,12 @@ fn drain(s: &mut TcpStream, use_splice: bool) -> (u64, String) {
         }
     }
     (total, hex(&h.finalize()))
+}
+
+static SPURIOUS_EAGAIN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn spurious() -> u64 {
+    SPURIOUS_EAGAIN.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 fn hex(b: &[u8]) -> String {
@@ -281,7 +305,11 @@ fn main() {
                 send_stream(&mut s, reply, 7, 65536);
             }
             let _ = s.shutdown(Shutdown::Write);
-            println!("SHA {sha} {n} state={}", state(s.as_raw_fd()));
+            println!(
+                "SHA {sha} {n} state={} eagain={}",
+                state_report(s.as_raw_fd()),
+                spurious()
+            );
         }
         "client" => {
             let bytes: u64 = args[3].parse().unwrap_or_else(|_| die("BYTES"));
@@ -293,8 +321,9 @@ fn main() {
             // The half-closed stream still carries the server's reply.
             let (back, back_sha) = drain(&mut s, false);
             println!(
-                "OK {bytes} {sha} back={back} {back_sha} state={}",
-                state(s.as_raw_fd())
+                "OK {bytes} {sha} back={back} {back_sha} state={} eagain={}",
+                state_report(s.as_raw_fd()),
+                spurious()
             );
         }
         "stall" => {
