@@ -49,6 +49,37 @@
 //! what we know; [`Ring::offset`] and [`Ring::segments`] only ever return positions inside the
 //! ring, whatever cursor they are given. (Linux had a heap out-of-bounds write from an unchecked
 //! peer cursor.)
+//!
+//! # Example
+//!
+//! ```
+//! use smc_common::cdc::*;
+//!
+//! // A 64 KiB DMB (8-byte aligned, as mmap'ed memory is). Its ring is 64 KiB - 32.
+//! let mut dmb = vec![0u64; 64 * 1024 / 8];
+//! let base = dmb.as_mut_ptr() as *mut u8;
+//! let ring = Ring::for_dmb(64 * 1024).unwrap();
+//! let hdr = unsafe { CdcHeader::from_ptr(base) };
+//!
+//! // The peer wrote 100 bytes at ring offset 0 (DMB offset 32) and published its cursor.
+//! hdr.init();
+//! hdr.store_prod(CursorWord::from_cursor(ring.add(Cursor::ZERO, 100)));
+//!
+//! // We, the owner, read: validate the untrusted cursor, then copy at most two segments.
+//! let (mut cons, mut last_prod, confirmed) = (Cursor::ZERO, Cursor::ZERO, Cursor::ZERO);
+//! let prod = ring.accept_peer_prod(cons, last_prod, hdr.load_prod().cursor).unwrap();
+//! let n = ring.readable(cons, prod).unwrap();
+//! assert_eq!(n, 100);
+//! for (off, len) in ring.segments(cons, n) {
+//!     let _data = CDC_HEADER_LEN + off..CDC_HEADER_LEN + off + len; // always inside the DMB
+//! }
+//! cons = ring.add(cons, n);
+//! last_prod = prod;
+//! // 100 bytes is below the 10% threshold: no consumer cursor update unless asked for.
+//! let (peer_flags, _state) = hdr.snapshot().unwrap().flags();
+//! assert!(!ring.need_cons_update(confirmed, cons, peer_flags));
+//! # let _ = last_prod;
+//! ```
 
 use core::fmt;
 use core::sync::atomic::{AtomicU64, Ordering};

@@ -20,29 +20,42 @@
 //! Counts are limited like Linux's receive path: at most 8 IPv6 prefixes, 8 UEIDs and 8
 //! GID/CHID entries.
 //!
-//! # Layouts (offsets in bytes)
+//! # Layouts (offsets in bytes, all verified by the unit tests)
 //!
-//! Header (`struct smc_clc_msg_hdr`, 8): eyecatcher[4] @0, type @4, length be16 @5,
-//! `version:4 | typev2:2 | typev1:2` @7.
+//! ```text
+//! Header (struct smc_clc_msg_hdr, 8 bytes)
+//!   0 eyecatcher[4]  4 type  5 length be16  7 version:4 | typev2:2 | typev1:2
 //!
-//! Proposal (`smc_clc_msg_proposal` 40 + `smc_clc_msg_smcd` 40 + ...):
-//! peer_id[8] @8, ib gid[16] @16, mac[6] @32, iparea_offset be16 @38; SMC-D info @40: ism gid
-//! be64 @40, chid be16 @48, v2_ext_offset be16 @50 (counted from @52), vendor/reserved @52..80;
-//! IP prefix area (8 + 17 per IPv6 prefix) @40+iparea_offset; v2 extension (40 + 32 per UEID):
-//! eid_cnt, ism_gid_cnt, reserved, `release:4|rsvd:3|seid:1`, reserved[2], smcd_v2_ext_offset
-//! be16 @+6 (counted from @+8), roce gid[16] @+8, max_conns @+24, max_links @+25, feature_mask
-//! be16 @+26, reserved[12]; SMC-Dv2 extension (48 + 10 per entry): system_eid[32],
-//! reserved[16], entries {gid be64, chid be16}; trailer.
+//! Proposal (smc_clc_msg_proposal 40 + smc_clc_msg_smcd 40 + optional parts + trailer)
+//!   8 peer_id[8]  16 ib gid[16]  32 mac[6]  38 iparea_offset be16
+//!   40 SMC-D info: 40 ism gid be64, 48 chid be16, 50 v2_ext_offset be16 (counted from 52),
+//!      52..80 vendor oui / options / reserved
+//!   40+iparea_offset: IP prefix area: subnet[4], prefix_len, reserved[2], ipv6_cnt,
+//!      then ipv6_cnt x {prefix[16], len} (17 bytes each)
+//!   v2 extension (40 + 32 per UEID): eid_cnt, ism_gid_cnt, reserved,
+//!      release:4 | rsvd:3 | seid:1, reserved[2], +6 smcd_v2_ext_offset be16 (counted from +8),
+//!      +8 roce gid[16], +24 max_conns, +25 max_links, +26 feature_mask be16, reserved[12],
+//!      then the UEIDs
+//!   SMC-Dv2 extension (48 + 10 per entry): system_eid[32], reserved[16],
+//!      then {gid be64, chid be16} entries
+//!   trailer[4]
 //!
-//! Accept/Confirm SMC-D (`smcd_clc_msg_accept_confirm_common` + `d1`): gid be64 @8, token be64
-//! @16, dmbe_idx @24, `dmbe_size:4|reserved:4` @25, reserved[2] @26, linkid be32 @28; v1:
-//! reserved[12] @32, trailer @44 (48 bytes); v2: chid be16 @32, eid[32] @34, gid_ext be64 @66,
-//! [first-contact extension @74: `v2_direct:1|rsvd:7`, `os_type:4|release:4`, reserved[2],
-//! hostname[32] (36 bytes); v2.1 adds reserved[2], feature_mask be16, vendor_exp_options be32,
-//! reserved[8] (52 bytes)], trailer (78 bytes, 114 or 130 with the extension).
+//! Accept/Confirm, SMC-D (smcd_clc_msg_accept_confirm_common + d1)
+//!   8 gid be64  16 token be64  24 dmbe_idx  25 dmbe_size:4 | reserved:4  26 reserved[2]
+//!   28 linkid be32
+//!   v1: 32 reserved[12], 44 trailer                                   = 48 bytes
+//!   v2: 32 chid be16, 34 eid[32], 66 gid_ext be64,
+//!       [74 first-contact extension: v2_direct:1 | rsvd:7, os_type:4 | release:4,
+//!        reserved[2], hostname[32]                                    (36 bytes, release 0)
+//!        + reserved[2], feature_mask be16, vendor_exp_options be32,
+//!          reserved[8]                                                (52 bytes, release 1)]
+//!       trailer                                                       = 78 / 114 / 130 bytes
 //!
-//! Decline (`smc_clc_msg_decline[_v2]`): peer_id[8] @8, diagnosis be32 @16,
-//! `os_type:4|reserved:4` @20, reserved[3]; v2: four more be32 diagnoses @24; trailer (28 / 44).
+//! Decline (smc_clc_msg_decline[_v2])
+//!   8 peer_id[8]  16 diagnosis be32  20 os_type:4 | reserved:4  21 reserved[3]
+//!   v1: 24 trailer                                                    = 28 bytes
+//!   v2: 24 four more diagnoses be32, 40 trailer                       = 44 bytes
+//! ```
 
 use crate::diag::Diag;
 use std::fmt;

@@ -3,6 +3,26 @@
 //! Module map:
 //! - [`bpf`]: `#[repr(C)]` map keys and values, counter indices and the private socket-option
 //!   channel between a process and the eBPF programs. `no_std`, used on both sides.
+//! - [`cdc`]: the 32-byte SMC-D CDC header at offset 0 of every DMB (type `0xFE`, producer and
+//!   consumer cursor words loaded/stored atomically as `u64`, producer and connection-state
+//!   flags), cursor/ring arithmetic with wrap, readable bytes, free space, the 10% consumer
+//!   update rule, and validation of untrusted peer cursors. `no_std`, no allocation.
+//! - [`diag`]: CLC decline diagnosis codes (`SMC_CLC_DECL_*`) with their Linux names and
+//!   numbers. `no_std`.
+//! - [`clc`] (feature `std`): CLC messages (Proposal v1/v2 with the SMC-Dv2 extension, SMC-D
+//!   Accept/Confirm v1/v2 with the first-contact extension, Decline v1/v2), byte-exact with
+//!   Linux `net/smc/smc_clc.h`; framing ([`clc::message_len`]) and strict decoding
+//!   ([`clc::decode`]) with typed errors that map to decline codes.
+//! - [`handshake`] (feature `std`): sans-IO client and server CLC state machines for SMC-Dv2
+//!   over a loopback-ism-like device (CHID `0xFFFF`, 128-bit GID); timeouts, DMB registration
+//!   and I/O errors are inputs, messages to send and the outcome are outputs.
+//!
+//! Features: `std` (default) enables `clc` and `handshake`; `user` adds the `aya::Pod` impls
+//! of [`bpf`]. The eBPF side depends on this crate with `default-features = false`.
+//!
+//! Tests: unit tests with byte vectors per message kind (`src/clc/tests.rs`), property tests
+//! (`tests/proptests.rs`), a Wireshark/tshark dissector test (`tests/tshark.rs`), and
+//! cargo-fuzz targets in `fuzz/` (`fuzz/run.sh SECONDS`).
 #![cfg_attr(not(feature = "std"), no_std)]
 
 pub mod bpf;
