@@ -1,6 +1,7 @@
 //! `cargo xtask bench [--quick]`: plain TCP loopback, the sk_msg shortcut and the shared-memory
 //! data path (SMC-D), side by side, with the third-party tools the Linux SMC-D loopback patches
-//! were measured with.
+//! were measured with (sockperf, iperf3, redis-benchmark, nginx + wrk) and two small programs of
+//! our own (`smc-bench-helper`: an ipc-bench-like message rate, connection setup).
 //!
 //! Modes (the columns of the table):
 //! - `tcp`: both ends in a cgroup no program is attached to: plain TCP loopback.
@@ -9,18 +10,30 @@
 //!   loopback-ism daemon the bench starts on a private socket (`SMC_CTL_SOCK`).
 //!
 //! The fallback rows put the server in the plain cgroup and only the client in the accelerated
-//! one, so that they measure what acceleration costs when the peer cannot take it.
+//! one: what acceleration costs when the peer cannot take it.
 //!
-//! Every run is checked against the counters: a shortcut run must have moved
-//! `bytes_redirected`, an SMC-D run must have had DMBs attached by the daemon (and the data
-//! path's own statistics, `smc-ctl stats --json`, when that command exists), a fallback run must
-//! have done neither. A mode with a failed or a fell-back repetition is shown as such, never as a
-//! number. Server on core 0, client on core 1; the modes alternate (tcp, shortcut, smcd, tcp, …)
-//! so that drift of the machine hits them alike.
+//! All processes run in a private network namespace, so that its TCP counters are the bench's
+//! alone. Every run is checked (the eBPF counters are host-wide and other work moves them too, so
+//! they are recorded but decide nothing alone):
+//! - shortcut: the namespace's TCP must have carried at most 20% of the data segments (per unit
+//!   of work) that plain TCP needed in the same case, and `bytes_redirected` must have grown;
+//! - SMC-D: the data path's per-process statistics (`SMC_PROCS_DIR`, private to the run) must
+//!   show at least 90% of the connections on SMC-D, and the private daemon must have attached
+//!   DMBs;
+//! - fallback rows: nothing may have been accelerated (the library must have decided fallback).
+//!
+//! A mode with a failed or a fell-back repetition is shown as such, never as a number. Server on
+//! core 0, client on core 1; the modes alternate (tcp, shortcut, smcd, tcp, …) so that drift of
+//! the machine hits them alike.
 //!
 //! Results: `<root>/results/bench-<UTC timestamp>/` with `table.txt`, `results.json` (every run,
 //! its command, output metrics and counter deltas), `plot.svg` and the logs of every process.
+//!
+//! `SMC_BENCH_CASES=sockperf-pp,iperf3` (comma-separated case ids) runs only those cases:
+//! sockperf-pp, sockperf-tp, iperf3, redis, nginx-keepalive, nginx-close, msgrate, connrate,
+//! fallback-pp, fallback-conn.
 use std::{
+    cell::Cell as StdCell,
     collections::BTreeMap,
     ffi::OsString,
     fs,
@@ -36,7 +49,7 @@ mod report;
 mod sys;
 
 use report::{Cell, Row, COLUMNS};
-use sys::{Cgroup, Daemon, Proc, TempDir};
+use sys::{Cgroup, Daemon, Netns, PreloadSampler, Proc, TempDir};
 
 /// Where a process of a run is placed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,9 +68,18 @@ enum Expect {
     Plain,
     Shortcut,
     Smcd,
-    /// Fallback row: the client is accelerated, the server is not; nothing may be accelerated.
-    Fallback,
+    /// Fallback row, client in the shortcut cgroup: the data must still go through TCP.
+    FallbackShortcut,
+    /// Fallback row, client under `smc-ctl run`: no SMC-D connection, fallback decided.
+    FallbackSmcd,
 }
+
+/// Largest share of plain TCP's data segments a shortcut run may still send through TCP.
+const MAX_ACCELERATED_TCP_SHARE: f64 = 0.2;
+/// Smallest share of the connections that must be SMC-D in an SMC-D run.
+const MIN_SMCD_COVERAGE: f64 = 0.9;
+/// Smallest share of plain TCP's data segments a fallback run must send through TCP.
+const MIN_FALLBACK_TCP_SHARE: f64 = 0.5;
 
 struct Metric {
     key: &'static str,
@@ -87,6 +109,9 @@ struct Case {
     id: &'static str,
     title: &'static str,
     metrics: Vec<Metric>,
+    /// Output key counting the work done in a run (messages, requests, bytes), to compare the
+    /// TCP data segments of runs of different speed; `None`: every run does the same work.
+    units: Option<&'static str>,
     /// Server plain, client accelerated (the fallback rows).
     fallback: bool,
     server: Argv,
@@ -104,17 +129,20 @@ struct Params {
     redis_n: u32,
 }
 
-/// Everything the runs share; dropping it stops the daemon, kills every process and removes the
-/// cgroups (detaching them first).
+/// Everything the runs share. Dropping it stops the daemon, kills every process, removes the
+/// cgroups (detaching them first), then the network namespace.
 struct Bench {
     smc_ctl: PathBuf,
-    /// The data path's own statistics exist (`smc-ctl stats --json`).
+    /// The data path's own statistics command exists (`smc-ctl stats --json`).
     has_stats_cmd: bool,
     logs: PathBuf,
+    tmp: PathBuf,
+    next_port: StdCell<u16>,
     daemon: Daemon,
     cg_plain: Cgroup,
     cg_shortcut: Cgroup,
     cg_ism: Cgroup,
+    netns: Netns,
 }
 
 pub fn run(root: &Path, quick: bool) -> Result<()> {
@@ -160,6 +188,7 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
     let helper = release.join("smc-bench-helper");
     for tool in [
         "taskset",
+        "ip",
         "sockperf",
         "iperf3",
         "redis-server",
@@ -179,6 +208,7 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
 
     let _lock = sys::lock()?;
     sys::remove_stale_cgroups(&smc_ctl);
+    sys::remove_stale_netns();
     let tmp = TempDir::new("run")?;
     let has_stats_cmd = Command::new(&smc_ctl)
         .args(["stats", "--help"])
@@ -187,8 +217,9 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
         .status()
         .is_ok_and(|s| s.success());
 
-    eprintln!("==> cgroups, attachments and the loopback-ism daemon");
+    eprintln!("==> network namespace, cgroups, attachments and the loopback-ism daemon");
     let bench = {
+        let netns = Netns::new(&logs)?;
         let cg_plain = Cgroup::new("tcp", &smc_ctl)?;
         let mut cg_shortcut = Cgroup::new("shortcut", &smc_ctl)?;
         cg_shortcut.attach("shortcut")?;
@@ -199,17 +230,31 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
             smc_ctl: smc_ctl.clone(),
             has_stats_cmd,
             logs: logs.clone(),
+            tmp: tmp.0.clone(),
+            next_port: StdCell::new(20_000),
             daemon,
             cg_plain,
             cg_shortcut,
             cg_ism,
+            netns,
         }
     };
 
-    let cases = cases(&params, &helper, &tmp.0)?;
+    let mut cases = cases(&params, &helper, &tmp.0)?;
+    if let Ok(only) = std::env::var("SMC_BENCH_CASES") {
+        let want: Vec<&str> = only
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
+        cases.retain(|c| want.contains(&c.id));
+        if cases.is_empty() {
+            bail!("SMC_BENCH_CASES={only} selects no case");
+        }
+        eprintln!("==> only the cases {want:?} (SMC_BENCH_CASES)");
+    }
     let started = Instant::now();
     let load_before = fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let mut runs: Vec<Value> = Vec::new();
     // (case, column) → per-repetition outcome.
     let mut outcomes: BTreeMap<(usize, usize), Vec<Outcome>> = BTreeMap::new();
     for (ci, case) in cases.iter().enumerate() {
@@ -224,9 +269,16 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
                 sys::check_interrupted()?;
                 let o = bench.run_once(case, col, rep);
                 eprintln!("    rep {} {:<8} {}", rep + 1, col_name, o.summary());
-                runs.push(o.to_json(case, col_name, rep));
                 outcomes.entry((ci, col)).or_default().push(o);
             }
+        }
+        judge_case(ci, case, &mut outcomes);
+        for (col, col_name) in COLUMNS.iter().enumerate() {
+            let v: Vec<String> = outcomes[&(ci, col)]
+                .iter()
+                .map(|o| o.verdict.short())
+                .collect();
+            eprintln!("    verdict  {col_name:<8} {}", v.join(", "));
         }
     }
     let load_after = fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -249,8 +301,17 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
         if quick { " --quick" } else { "" }
     );
     text.push_str(&report::table(&rows));
-    text.push_str(&notes(&rows, &cases, &outcomes, &load_before, &load_after));
+    text.push_str(&notes(&rows, &load_before, &load_after));
 
+    let cases_ref = &cases;
+    let runs: Vec<Value> = outcomes
+        .iter()
+        .flat_map(|((ci, col), os)| {
+            os.iter()
+                .enumerate()
+                .map(move |(rep, o)| o.to_json(&cases_ref[*ci], COLUMNS[*col], rep))
+        })
+        .collect();
     let json = json!({
         "date": date,
         "command": format!("cargo xtask bench{}", if quick { " --quick" } else { "" }),
@@ -270,6 +331,11 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
             "smcd": "both ends under `smc-ctl run` in a cgroup attached with --mode ism (fallback rows: client only)",
         },
         "ratios": "median(mode) / median(TCP); for latencies lower is better",
+        "checks": {
+            "max_accelerated_tcp_share": MAX_ACCELERATED_TCP_SHARE,
+            "min_smcd_coverage": MIN_SMCD_COVERAGE,
+            "min_fallback_tcp_share": MIN_FALLBACK_TCP_SHARE,
+        },
         "rows": rows,
         "runs": runs,
     });
@@ -292,8 +358,17 @@ struct Outcome {
     server_cmd: Vec<String>,
     client_cmd: Vec<String>,
     metrics: BTreeMap<String, f64>,
-    /// Deltas of the eBPF counters, the daemon's counters and the data path's statistics.
-    counters: Value,
+    error: Option<String>,
+    /// Deltas over the client run: host-wide eBPF counters, the private daemon's counters, the
+    /// namespace's TCP counters, `smc-ctl stats --json` when it exists.
+    ebpf: BTreeMap<String, f64>,
+    daemon: BTreeMap<String, f64>,
+    netns: BTreeMap<String, f64>,
+    datapath: BTreeMap<String, f64>,
+    /// The data path's per-process statistics of the run, summed over its processes.
+    preload: BTreeMap<String, f64>,
+    /// TCP data segments per unit of work, against plain TCP's in the same case.
+    tcp_share: Option<f64>,
     verdict: Verdict,
     seconds: f64,
 }
@@ -306,19 +381,41 @@ enum Verdict {
     NotFallback(String),
 }
 
+impl Verdict {
+    fn short(&self) -> String {
+        match self {
+            Verdict::Ok => "ok".into(),
+            Verdict::Failed(e) => format!("FAILED ({e})"),
+            Verdict::FellBack(e) => format!("fell back ({e})"),
+            Verdict::NotFallback(e) => format!("not a fallback ({e})"),
+        }
+    }
+}
+
 impl Outcome {
     fn summary(&self) -> String {
-        let m: Vec<String> = self
+        if let Some(e) = &self.error {
+            return format!("FAILED: {e}");
+        }
+        let mut m: Vec<String> = self
             .metrics
             .iter()
             .map(|(k, v)| format!("{k}={}", report::num(*v)))
             .collect();
-        match &self.verdict {
-            Verdict::Ok => m.join(" "),
-            Verdict::Failed(e) => format!("FAILED: {e}"),
-            Verdict::FellBack(e) => format!("fell back ({e}); {}", m.join(" ")),
-            Verdict::NotFallback(e) => format!("not a fallback ({e}); {}", m.join(" ")),
+        m.push(format!(
+            "tcp_data_segs={}",
+            get(&self.netns, "TcpExt.TCPOrigDataSent")
+        ));
+        if !self.preload.is_empty() {
+            m.push(format!(
+                "smcd={}+{} fallback={}+{}",
+                get(&self.preload, "smcd_client"),
+                get(&self.preload, "smcd_server"),
+                get(&self.preload, "fallback_client"),
+                get(&self.preload, "fallback_server")
+            ));
         }
+        m.join(" ")
     }
 
     fn to_json(&self, case: &Case, col: &str, rep: usize) -> Value {
@@ -338,8 +435,30 @@ impl Outcome {
             "server": self.server_cmd,
             "client": self.client_cmd,
             "metrics": self.metrics,
-            "counters": self.counters,
+            "tcp_data_share_vs_plain": self.tcp_share,
+            "counters": {
+                "ebpf_hostwide": self.ebpf,
+                "daemon": self.daemon,
+                "netns": self.netns,
+                "preload": self.preload,
+                "smc_ctl_stats": self.datapath,
+            },
         })
+    }
+
+    fn units(&self, case: &Case) -> Option<f64> {
+        match case.units {
+            Some(k) => self.metrics.get(k).copied().filter(|u| *u > 0.0),
+            None => Some(1.0),
+        }
+    }
+
+    /// TCP data segments per unit of work.
+    fn segs_per_unit(&self, case: &Case) -> Option<f64> {
+        if self.error.is_some() {
+            return None;
+        }
+        Some(get(&self.netns, "TcpExt.TCPOrigDataSent") / self.units(case)?)
     }
 }
 
@@ -347,6 +466,7 @@ impl Outcome {
 struct Snapshot {
     ebpf: BTreeMap<String, f64>,
     daemon: BTreeMap<String, f64>,
+    netns: BTreeMap<String, f64>,
     datapath: BTreeMap<String, f64>,
 }
 
@@ -359,15 +479,17 @@ impl Bench {
         }
     }
 
-    /// `taskset -c CORE [smc-ctl run --] ARGV` inside the place's cgroup.
-    fn command(&self, place: Place, core: u32, argv: &[OsString]) -> Command {
+    /// `taskset -c CORE [smc-ctl run --] ARGV` inside the namespace and the place's cgroup.
+    fn command(&self, place: Place, core: u32, argv: &[OsString], procs: &Path) -> Command {
         let mut c = Command::new("taskset");
         c.arg("-c").arg(core.to_string());
         if place == Place::Smc {
             c.arg(&self.smc_ctl).args(["run", "--"]);
             c.env("SMC_CTL_SOCK", &self.daemon.socket);
+            c.env("SMC_PROCS_DIR", procs);
         }
         c.args(argv);
+        self.netns.enter(&mut c);
         self.cgroup(place).enter(&mut c);
         c
     }
@@ -378,76 +500,83 @@ impl Bench {
             .map(|(k, v)| (k, v as f64))
             .collect();
         let daemon = sys::flatten(&self.daemon.stats().context("daemon stats")?);
+        let netns = self.netns.counters()?;
         let datapath = if self.has_stats_cmd {
-            let out = sys::smc_ctl(&self.smc_ctl, &["stats", "--json"])?;
-            sys::flatten(&serde_json::from_str(&out).context("smc-ctl stats --json")?)
+            sys::smc_ctl(&self.smc_ctl, &["stats", "--json"])
+                .ok()
+                .and_then(|out| serde_json::from_str(&out).ok())
+                .map(|v| sys::flatten(&v))
+                .unwrap_or_default()
         } else {
             BTreeMap::new()
         };
         Ok(Snapshot {
             ebpf,
             daemon,
+            netns,
             datapath,
         })
     }
 
     fn run_once(&self, case: &Case, col: usize, rep: usize) -> Outcome {
-        let (server_place, client_place, expect) = placement(case.fallback, col);
         let mut o = Outcome {
             server_cmd: Vec::new(),
             client_cmd: Vec::new(),
             metrics: BTreeMap::new(),
-            counters: Value::Null,
+            error: None,
+            ebpf: BTreeMap::new(),
+            daemon: BTreeMap::new(),
+            netns: BTreeMap::new(),
+            datapath: BTreeMap::new(),
+            preload: BTreeMap::new(),
+            tcp_share: None,
             verdict: Verdict::Ok,
             seconds: 0.0,
         };
         let t0 = Instant::now();
-        match self.try_run(case, col, rep, server_place, client_place, &mut o) {
-            Ok((before, after)) => {
-                let d_ebpf = sys::delta_f(&before.ebpf, &after.ebpf);
-                let d_daemon = sys::delta_f(&before.daemon, &after.daemon);
-                let d_path = sys::delta_f(&before.datapath, &after.datapath);
-                o.verdict = verdict(expect, &d_ebpf, &d_daemon, &d_path, self.has_stats_cmd);
-                o.counters = json!({ "ebpf": d_ebpf, "daemon": d_daemon, "datapath": d_path });
-            }
-            Err(e) => o.verdict = Verdict::Failed(format!("{e:#}")),
+        if let Err(e) = self.try_run(case, col, rep, &mut o) {
+            o.error = Some(format!("{e:#}"));
         }
         o.seconds = t0.elapsed().as_secs_f64();
         o
     }
 
-    fn try_run(
-        &self,
-        case: &Case,
-        col: usize,
-        rep: usize,
-        server_place: Place,
-        client_place: Place,
-        o: &mut Outcome,
-    ) -> Result<(Snapshot, Snapshot)> {
-        let port = sys::free_port()?;
+    fn try_run(&self, case: &Case, col: usize, rep: usize, o: &mut Outcome) -> Result<()> {
+        let (server_place, client_place, _) = placement(case.fallback, col);
+        let port = self.next_port.get();
+        self.next_port.set(port + 1);
         let tag = format!("{}-{}-{}", case.id, COLUMNS[col], rep + 1);
+        let procs = self.tmp.join("procs").join(&tag);
+        fs::create_dir_all(&procs)?;
         let server_argv = (case.server)(port)?;
         let client_argv = (case.client)(port)?;
-        let server_cmd = self.command(server_place, 0, &server_argv);
-        let client_cmd = self.command(client_place, 1, &client_argv);
+        let server_cmd = self.command(server_place, 0, &server_argv, &procs);
+        let client_cmd = self.command(client_place, 1, &client_argv, &procs);
         o.server_cmd = cmd_line(&server_cmd);
         o.client_cmd = cmd_line(&client_cmd);
         let srv_log = self.logs.join(format!("{tag}.server.log"));
         let mut server = Proc::spawn(&format!("{} server", case.id), server_cmd, &srv_log)?;
-        sys::wait_listening(&mut server, port, &srv_log)?;
+        self.netns.wait_listening(&mut server, port, &srv_log)?;
+        let sampler = PreloadSampler::start(&procs);
         let before = self.snapshot()?;
         let out = sys::run_capture(
             &format!("{} client", case.id),
             client_cmd,
             case.timeout,
             &self.logs.join(format!("{tag}.client.log")),
-        )?;
-        let after = self.snapshot()?;
+        );
+        let after = self.snapshot();
         drop(server);
         // Whatever the server left (nginx workers, forks) goes too.
         self.cgroup(server_place).kill_all();
         self.cgroup(client_place).kill_all();
+        o.preload = sampler.finish();
+        let _ = fs::remove_dir_all(&procs);
+        let (out, after) = (out?, after?);
+        o.ebpf = sys::delta_f(&before.ebpf, &after.ebpf);
+        o.daemon = sys::delta_f(&before.daemon, &after.daemon);
+        o.netns = sys::delta_f(&before.netns, &after.netns);
+        o.datapath = sys::delta_f(&before.datapath, &after.datapath);
         o.metrics =
             (case.parse)(&out).with_context(|| format!("parsing the output of {}", case.id))?;
         for m in &case.metrics {
@@ -455,7 +584,7 @@ impl Bench {
                 bail!("{} printed no {}", case.id, m.label);
             }
         }
-        Ok((before, after))
+        Ok(())
     }
 }
 
@@ -465,8 +594,8 @@ fn placement(fallback: bool, col: usize) -> (Place, Place, Expect) {
         (_, 0) => (Place::Plain, Place::Plain, Expect::Plain),
         (false, 1) => (Place::Shortcut, Place::Shortcut, Expect::Shortcut),
         (false, _) => (Place::Smc, Place::Smc, Expect::Smcd),
-        (true, 1) => (Place::Plain, Place::Shortcut, Expect::Fallback),
-        (true, _) => (Place::Plain, Place::Smc, Expect::Fallback),
+        (true, 1) => (Place::Plain, Place::Shortcut, Expect::FallbackShortcut),
+        (true, _) => (Place::Plain, Place::Smc, Expect::FallbackSmcd),
     }
 }
 
@@ -474,50 +603,112 @@ fn get(m: &BTreeMap<String, f64>, k: &str) -> f64 {
     m.get(k).copied().unwrap_or(0.0)
 }
 
-/// SMC-D connections the data path's statistics report in a delta, when it reports them: the sum
-/// of its keys that name SMC-D connections (`...smcd...conn...`, not fallbacks).
-fn datapath_smcd(d: &BTreeMap<String, f64>) -> Option<f64> {
-    let keys: Vec<&String> = d
-        .keys()
-        .filter(|k| {
-            let k = k.to_ascii_lowercase();
-            (k.contains("smcd") || k.contains("smc_d"))
-                && k.contains("conn")
-                && !k.contains("fallback")
-        })
-        .collect();
-    (!keys.is_empty()).then(|| keys.iter().map(|k| d[*k]).sum())
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some(if v.len() % 2 == 1 {
+        v[v.len() / 2]
+    } else {
+        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+    })
 }
 
-fn verdict(
-    expect: Expect,
-    ebpf: &BTreeMap<String, f64>,
-    daemon: &BTreeMap<String, f64>,
-    datapath: &BTreeMap<String, f64>,
-    has_stats_cmd: bool,
-) -> Verdict {
-    let redirected = get(ebpf, "bytes_redirected");
-    let attached = get(daemon, "ops.attach.ok");
+/// Sets the verdict of every run of a case, once all its repetitions are done (the shares need
+/// plain TCP's runs of the same case).
+fn judge_case(ci: usize, case: &Case, outcomes: &mut BTreeMap<(usize, usize), Vec<Outcome>>) {
+    let reference = outcomes
+        .get(&(ci, 0))
+        .and_then(|os| median(os.iter().filter_map(|o| o.segs_per_unit(case)).collect()))
+        .filter(|r| *r > 0.0);
+    for col in 0..COLUMNS.len() {
+        let expect = placement(case.fallback, col).2;
+        for o in outcomes.get_mut(&(ci, col)).into_iter().flatten() {
+            o.tcp_share = reference.and_then(|r| o.segs_per_unit(case).map(|s| s / r));
+            o.verdict = judge(expect, o);
+        }
+    }
+}
+
+fn judge(expect: Expect, o: &Outcome) -> Verdict {
+    if let Some(e) = &o.error {
+        return Verdict::Failed(e.clone());
+    }
+    let share = o.tcp_share;
+    let pct = |s: f64| format!("{:.0}%", s * 100.0);
+    let p = &o.preload;
+    let smcd = get(p, "smcd_client") + get(p, "smcd_server");
+    let fallback = get(p, "fallback_client") + get(p, "fallback_server");
+    let attached = get(&o.daemon, "ops.attach.ok");
+    let reasons = || {
+        let r: Vec<String> = p
+            .iter()
+            .filter_map(|(k, v)| {
+                k.strip_prefix("fallback_reason_")
+                    .map(|c| format!("{c}×{v}"))
+            })
+            .collect();
+        if r.is_empty() {
+            String::new()
+        } else {
+            format!(", reasons {}", r.join(" "))
+        }
+    };
     match expect {
         Expect::Plain => Verdict::Ok,
-        Expect::Shortcut if redirected > 0.0 => Verdict::Ok,
-        Expect::Shortcut => Verdict::FellBack("bytes_redirected did not increase".into()),
-        Expect::Smcd => {
-            if attached == 0.0 {
-                return Verdict::FellBack("the ism daemon attached no DMB".into());
+        Expect::Shortcut => match share {
+            Some(s) if s > MAX_ACCELERATED_TCP_SHARE => Verdict::FellBack(format!(
+                "TCP still carried {} of the data segments plain TCP needed",
+                pct(s)
+            )),
+            _ if get(&o.ebpf, "bytes_redirected") <= 0.0 => {
+                Verdict::FellBack("bytes_redirected did not increase".into())
             }
-            if has_stats_cmd {
-                if let Some(0.0) = datapath_smcd(datapath) {
-                    return Verdict::FellBack("smc-ctl stats shows no SMC-D connection".into());
+            None => Verdict::FellBack(
+                "no plain TCP reference to compare the TCP data segments with".into(),
+            ),
+            Some(_) => Verdict::Ok,
+        },
+        Expect::Smcd => {
+            if p.get("processes").is_none() {
+                if attached <= 0.0 {
+                    return Verdict::FellBack(
+                        "no data path statistics and no DMB attached by the daemon".into(),
+                    );
                 }
+            } else if smcd <= 0.0 {
+                return Verdict::FellBack(format!(
+                    "no SMC-D connection, {fallback} fell back{}",
+                    reasons()
+                ));
+            } else if smcd / (smcd + fallback) < MIN_SMCD_COVERAGE {
+                return Verdict::FellBack(format!(
+                    "only {} of the connections on SMC-D ({smcd} SMC-D, {fallback} fallback{})",
+                    pct(smcd / (smcd + fallback)),
+                    reasons()
+                ));
+            }
+            if attached <= 0.0 {
+                return Verdict::FellBack("the ism daemon attached no DMB".into());
             }
             Verdict::Ok
         }
-        Expect::Fallback => {
-            if redirected > 0.0 {
-                Verdict::NotFallback(format!("{redirected} bytes went through the shortcut"))
-            } else if attached > 0.0 {
-                Verdict::NotFallback(format!("the ism daemon attached {attached} DMBs"))
+        Expect::FallbackShortcut => match share {
+            Some(s) if s < MIN_FALLBACK_TCP_SHARE => Verdict::NotFallback(format!(
+                "TCP carried only {} of plain TCP's data segments",
+                pct(s)
+            )),
+            None => Verdict::Failed(
+                "no plain TCP reference to compare the TCP data segments with".into(),
+            ),
+            Some(_) => Verdict::Ok,
+        },
+        Expect::FallbackSmcd => {
+            if smcd > 0.0 || attached > 0.0 {
+                Verdict::NotFallback(format!("{smcd} SMC-D connections, {attached} DMB attaches"))
+            } else if p.get("processes").is_some() && fallback <= 0.0 {
+                Verdict::Failed("the data path decided no fallback: was it loaded?".into())
             } else {
                 Verdict::Ok
             }
@@ -568,30 +759,17 @@ fn rows(cases: &[Case], outcomes: &BTreeMap<(usize, usize), Vec<Outcome>>) -> Ve
     rows
 }
 
-fn notes(
-    rows: &[Row],
-    cases: &[Case],
-    outcomes: &BTreeMap<(usize, usize), Vec<Outcome>>,
-    load_before: &str,
-    load_after: &str,
-) -> String {
+fn notes(rows: &[Row], load_before: &str, load_after: &str) -> String {
     let mut s = String::from(
         "\nValues: median over the repetitions ± spread ((max-min)/median). Ratios: median(mode)/median(TCP);\n\
          for rows marked LOWER (latencies) a ratio below 1 is the improvement, for the others above 1.\n\
          Fallback rows: server plain, client accelerated (shortcut cgroup / smc-ctl run), TCP = both plain.\n",
     );
+    let load = |l: &str| l.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
     s.push_str(&format!(
         "Load average before: {}, after: {} (other work on the machine disturbs the numbers).\n",
-        load_before
-            .split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" "),
-        load_after
-            .split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
+        load(load_before),
+        load(load_after)
     ));
     let mut reasons: Vec<String> = Vec::new();
     for r in rows {
@@ -608,33 +786,8 @@ fn notes(
             }
         }
     }
-    // SMC-D coverage: DMB attaches (two per connection: each end attaches the other's) against the
-    // TCP connections the client side opened.
-    for (ci, case) in cases.iter().enumerate() {
-        if case.fallback {
-            continue;
-        }
-        let Some(os) = outcomes.get(&(ci, 2)) else {
-            continue;
-        };
-        let (mut att, mut conns) = (0.0, 0.0);
-        for o in os.iter().filter(|o| matches!(o.verdict, Verdict::Ok)) {
-            att += o.counters["daemon"]["ops.attach.ok"]
-                .as_f64()
-                .unwrap_or(0.0);
-            conns += o.counters["ebpf"]["active_established"]
-                .as_f64()
-                .unwrap_or(0.0);
-        }
-        if att > 0.0 && conns > 0.0 && att / 2.0 < conns {
-            reasons.push(format!(
-                "  {} [smcd]: {} DMB attaches for {} TCP connections: some connections may have stayed on TCP",
-                case.title, att, conns
-            ));
-        }
-    }
     if !reasons.is_empty() {
-        s.push_str("Not reported / remarks:\n");
+        s.push_str("Not reported:\n");
         for r in reasons {
             s.push_str(&r);
             s.push('\n');
@@ -831,6 +984,7 @@ fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> {
                 metric("p50_us", "p50 latency", "us", false),
                 metric("p99_us", "p99 latency", "us", false),
             ],
+            units: Some("sent_messages"),
             fallback: false,
             server: sockperf_server(),
             client: pp_client(),
@@ -841,6 +995,7 @@ fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> {
             id: "sockperf-tp",
             title: "sockperf throughput 64000 B",
             metrics: vec![metric("mbps", "bandwidth", "MB/s", true)],
+            units: Some("sent_messages"),
             fallback: false,
             server: sockperf_server(),
             client: argv(move |port| {
@@ -865,8 +1020,9 @@ fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> {
             id: "iperf3",
             title: "iperf3 single stream",
             metrics: vec![metric("gbps", "bitrate", "Gbit/s", true)],
+            units: Some("bytes"),
             fallback: false,
-            server: argv(|port| sv(&["iperf3", "-s", "-1", "-p", &port.to_string()])),
+            server: argv(|port| sv(&["iperf3", "-s", "-p", &port.to_string()])),
             client: argv(move |port| {
                 sv(&[
                     "iperf3",
@@ -889,6 +1045,7 @@ fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> {
                 metric("get_rps", "GET", "req/s", true),
                 metric("set_rps", "SET", "req/s", true),
             ],
+            units: None,
             fallback: false,
             server: argv(move |port| {
                 sv(&[
@@ -936,6 +1093,7 @@ fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> {
             id: "nginx-keepalive",
             title: "nginx + wrk keep-alive, 1 KiB",
             metrics: vec![metric("rps", "requests", "req/s", true)],
+            units: Some("requests"),
             fallback: false,
             server: nginx_server(),
             client: wrk(false),
@@ -946,6 +1104,7 @@ fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> {
             id: "nginx-close",
             title: "nginx + wrk Connection: close, 1 KiB",
             metrics: vec![metric("rps", "requests", "req/s", true)],
+            units: Some("requests"),
             fallback: false,
             server: nginx_server(),
             client: wrk(true),
@@ -959,6 +1118,7 @@ fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> {
                 metric("msg_per_sec", "messages", "msg/s", true),
                 metric("p50_us", "p50 round trip", "us", false),
             ],
+            units: Some("total_messages"),
             fallback: false,
             server: argv(move |port| sv(&[&h, "msg-server", &port.to_string(), "100"])),
             client: argv(move |port| {
@@ -981,6 +1141,7 @@ fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> {
                 metric("p50_us", "p50 setup latency", "us", false),
                 metric("p99_us", "p99 setup latency", "us", false),
             ],
+            units: Some("total_connections"),
             fallback: false,
             server: conn_server(),
             client: conn_client(),
@@ -994,6 +1155,7 @@ fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> {
                 metric("p50_us", "p50 latency", "us", false),
                 metric("p99_us", "p99 latency", "us", false),
             ],
+            units: Some("sent_messages"),
             fallback: true,
             server: sockperf_server(),
             client: pp_client(),
@@ -1007,6 +1169,7 @@ fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> {
                 metric("conn_per_sec", "connections", "conn/s", true),
                 metric("p50_us", "p50 setup latency", "us", false),
             ],
+            units: Some("total_connections"),
             fallback: true,
             server: conn_server(),
             client: conn_client(),
@@ -1024,6 +1187,9 @@ fn nginx_conf(dir: &str, port: u16) -> String {
     format!(
         "user root;\n\
          worker_processes 1;\n\
+         env LD_PRELOAD;\n\
+         env SMC_CTL_SOCK;\n\
+         env SMC_PROCS_DIR;\n\
          daemon off;\n\
          master_process on;\n\
          pid {dir}/nginx-{port}.pid;\n\
@@ -1095,6 +1261,10 @@ fn parse_sockperf_pp(out: &str) -> Result<BTreeMap<String, f64>> {
     if let Some(avg) = number_after(&s, "Summary: Latency is") {
         m.insert("avg_us".into(), avg);
     }
+    // The first is the [Total Run] line (warm-up included, like the namespace's TCP counters).
+    if let Some(n) = number_after(&s, "SentMessages") {
+        m.insert("sent_messages".into(), n);
+    }
     Ok(m)
 }
 
@@ -1107,6 +1277,9 @@ fn parse_sockperf_tp(out: &str) -> Result<BTreeMap<String, f64>> {
     );
     if let Some(r) = number_after(&s, "Message Rate is") {
         m.insert("msg_per_sec".into(), r);
+    }
+    if let Some(n) = number_after(&s, "Total of") {
+        m.insert("sent_messages".into(), n);
     }
     Ok(m)
 }
@@ -1121,6 +1294,9 @@ fn parse_iperf3(out: &str) -> Result<BTreeMap<String, f64>> {
         .ok_or_else(|| anyhow!("no end.sum_received.bits_per_second"))?;
     let mut m = BTreeMap::new();
     m.insert("gbps".into(), bps / 1e9);
+    if let Some(b) = v["end"]["sum_sent"]["bytes"].as_f64() {
+        m.insert("bytes".into(), b);
+    }
     if let Some(r) = v["end"]["sum_sent"]["retransmits"].as_f64() {
         m.insert("retransmits".into(), r);
     }

@@ -97,8 +97,10 @@ fn msg_client(port: u16, size: usize, secs: Duration) -> std::io::Result<()> {
         Ok(())
     };
     let warm = Instant::now();
+    let mut warmup = 0u64;
     while warm.elapsed() < WARMUP {
         round(&mut s)?;
+        warmup += 1;
     }
     let mut lat = Vec::with_capacity(1 << 20);
     let start = Instant::now();
@@ -115,7 +117,8 @@ fn msg_client(port: u16, size: usize, secs: Duration) -> std::io::Result<()> {
     let elapsed = (last - start).as_secs_f64();
     let n = lat.len();
     println!(
-        "{{\"messages\":{n},\"seconds\":{elapsed:.6},\"msg_per_sec\":{:.1},\"p50_us\":{:.3},\"p99_us\":{:.3}}}",
+        "{{\"messages\":{n},\"total_messages\":{},\"seconds\":{elapsed:.6},\"msg_per_sec\":{:.1},\"p50_us\":{:.3},\"p99_us\":{:.3}}}",
+        n as u64 + warmup,
         n as f64 / elapsed,
         pct(&mut lat, 50.0),
         pct(&mut lat, 99.0)
@@ -156,8 +159,10 @@ fn conn_client(port: u16, secs: Duration) -> std::io::Result<()> {
         Ok(dt)
     };
     let warm = Instant::now();
+    let mut warmup = 0u64;
     while warm.elapsed() < WARMUP {
         once()?;
+        warmup += 1;
     }
     let mut lat = Vec::with_capacity(1 << 16);
     let start = Instant::now();
@@ -167,7 +172,8 @@ fn conn_client(port: u16, secs: Duration) -> std::io::Result<()> {
     let elapsed = start.elapsed().as_secs_f64();
     let n = lat.len();
     println!(
-        "{{\"connections\":{n},\"seconds\":{elapsed:.6},\"conn_per_sec\":{:.1},\"p50_us\":{:.3},\"p99_us\":{:.3}}}",
+        "{{\"connections\":{n},\"total_connections\":{},\"seconds\":{elapsed:.6},\"conn_per_sec\":{:.1},\"p50_us\":{:.3},\"p99_us\":{:.3}}}",
+        n as u64 + warmup,
         n as f64 / elapsed,
         pct(&mut lat, 50.0),
         pct(&mut lat, 99.0)

@@ -349,53 +349,6 @@ pub fn run_capture(name: &str, mut cmd: Command, timeout: Duration, log: &Path) 
     Ok(out)
 }
 
-/// A TCP port nobody listens on now (the kernel's choice for an ephemeral bind).
-pub fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
-
-/// Is something listening on `port` (IPv4 or IPv6)? Reads /proc so no connection is made.
-pub fn listening(port: u16) -> bool {
-    let want = format!(":{port:04X}");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        fs::read_to_string(f).is_ok_and(|s| {
-            s.lines().skip(1).any(|l| {
-                let mut it = l.split_whitespace();
-                let local = it.nth(1).unwrap_or("");
-                let state = it.nth(1).unwrap_or("");
-                state == "0A" && local.ends_with(&want)
-            })
-        })
-    })
-}
-
-/// Waits until `server` listens on `port`.
-pub fn wait_listening(server: &mut Proc, port: u16, log: &Path) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        check_interrupted()?;
-        if listening(port) {
-            return Ok(());
-        }
-        if !server.alive() {
-            bail!(
-                "{} exited before listening on {port}: {}",
-                server.name,
-                tail(log)
-            );
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "{} does not listen on {port} after 15 s: {}",
-                server.name,
-                tail(log)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// The last lines of a log file, for error messages.
 pub fn tail(log: &Path) -> String {
     let s = fs::read_to_string(log).unwrap_or_default();
@@ -623,4 +576,294 @@ pub fn first_line(prog: &str, args: &[&str]) -> String {
                 .to_owned()
         })
         .unwrap_or_default()
+}
+
+/// A private network namespace (`ip netns add`) with `lo` up, deleted on drop. Every process of
+/// the bench runs in it, so that its TCP counters (`/proc/PID/net/{snmp,netstat}`) count the
+/// bench's traffic and nothing else of the host.
+pub struct Netns {
+    pub name: String,
+    fd: std::os::fd::OwnedFd,
+    /// A process parked in the namespace: its `/proc/PID/net` is the namespace's.
+    anchor: Option<Proc>,
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    let out = Command::new("ip")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("run ip (iproute2)")?;
+    if !out.status.success() {
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+impl Netns {
+    pub fn new(log_dir: &Path) -> Result<Netns> {
+        let name = format!("{CGROUP_PREFIX}{}", std::process::id());
+        let _ = ip(&["netns", "del", &name]);
+        ip(&["netns", "add", &name])?;
+        let file = fs::File::open(Path::new("/run/netns").join(&name));
+        let mut ns = match file {
+            Ok(f) => Netns {
+                name,
+                fd: f.into(),
+                anchor: None,
+            },
+            Err(e) => {
+                let _ = ip(&["netns", "del", &name]);
+                return Err(e).context("open /run/netns");
+            }
+        };
+        ip(&["-n", &ns.name, "link", "set", "lo", "up"])?;
+        let mut c = Command::new("sleep");
+        c.arg("infinity");
+        ns.enter(&mut c);
+        ns.anchor = Some(Proc::spawn(
+            "netns anchor",
+            c,
+            &log_dir.join("netns-anchor.log"),
+        )?);
+        Ok(ns)
+    }
+
+    /// Makes `cmd` join this namespace between fork and exec.
+    pub fn enter(&self, cmd: &mut Command) {
+        use std::os::fd::AsRawFd as _;
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: setns is async-signal-safe; the fd stays open until exec (then O_CLOEXEC).
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// `/proc/<pid>/net` of a process inside the namespace.
+    pub fn proc_net(&self) -> PathBuf {
+        let pid = self.anchor.as_ref().map(|p| p.child.id()).unwrap_or(0);
+        Path::new("/proc").join(pid.to_string()).join("net")
+    }
+
+    /// The namespace's SNMP counters: `Tcp.OutSegs`, `TcpExt.TCPOrigDataSent`, `IpExt.OutOctets`, …
+    pub fn counters(&self) -> Result<BTreeMap<String, f64>> {
+        let mut out = BTreeMap::new();
+        for f in ["snmp", "netstat"] {
+            let path = self.proc_net().join(f);
+            let s =
+                fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+            let lines: Vec<&str> = s.lines().collect();
+            for pair in lines.chunks(2) {
+                let [names, values] = pair else { continue };
+                let (Some((p1, n)), Some((p2, v))) =
+                    (names.split_once(':'), values.split_once(':'))
+                else {
+                    continue;
+                };
+                if p1 != p2 {
+                    continue;
+                }
+                for (k, v) in n.split_whitespace().zip(v.split_whitespace()) {
+                    if let Ok(x) = v.parse::<f64>() {
+                        out.insert(format!("{p1}.{k}"), x);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Is something listening on `port` in the namespace? Reads /proc, so no connection is made.
+    pub fn listening(&self, port: u16) -> bool {
+        let want = format!(":{port:04X}");
+        ["tcp", "tcp6"].iter().any(|f| {
+            fs::read_to_string(self.proc_net().join(f)).is_ok_and(|s| {
+                s.lines().skip(1).any(|l| {
+                    let mut it = l.split_whitespace();
+                    let local = it.nth(1).unwrap_or("");
+                    let state = it.nth(1).unwrap_or("");
+                    state == "0A" && local.ends_with(&want)
+                })
+            })
+        })
+    }
+
+    /// Waits until `server` listens on `port`.
+    pub fn wait_listening(&self, server: &mut Proc, port: u16, log: &Path) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            check_interrupted()?;
+            if self.listening(port) {
+                return Ok(());
+            }
+            if !server.alive() {
+                bail!(
+                    "{} exited before listening on {port}: {}",
+                    server.name,
+                    tail(log)
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} does not listen on {port} after 15 s: {}",
+                    server.name,
+                    tail(log)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        drop(self.anchor.take());
+        if let Err(e) = ip(&["netns", "del", &self.name]) {
+            eprintln!("warning: {e:#}");
+        }
+    }
+}
+
+/// Deletes the namespace of an earlier bench that was killed (its pid is gone).
+pub fn remove_stale_netns() {
+    let Ok(rd) = fs::read_dir("/run/netns") else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(CGROUP_PREFIX)
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            eprintln!("==> removing network namespace {name} left by an interrupted bench");
+            let _ = ip(&["netns", "del", &name]);
+        }
+    }
+}
+
+/// Fields of the data path's per-process statistics file (`smc-preload/src/stats.rs`, layout
+/// version 1: little-endian u64 at these offsets, then 16 `{code, count}` fallback-reason slots).
+const PRELOAD_FIELDS: [(&str, usize); 18] = [
+    ("smcd_client", 24),
+    ("smcd_server", 32),
+    ("fallback_client", 40),
+    ("fallback_server", 48),
+    ("handshake_errors", 56),
+    ("rx_bytes", 64),
+    ("tx_bytes", 72),
+    ("rx_calls", 80),
+    ("tx_calls", 88),
+    ("rx_buffer_full", 96),
+    ("tx_buffer_full", 104),
+    ("special_sendfile", 120),
+    ("special_splice", 128),
+    ("special_oob", 136),
+    ("pending_connects", 144),
+    ("doorbells_sent", 152),
+    ("doorbells_received", 160),
+    ("live_conns", 112),
+];
+const PRELOAD_MAGIC: u64 = 0x534d_4350_5354_4154;
+
+fn parse_preload(b: &[u8]) -> Option<BTreeMap<String, f64>> {
+    let at = |o: usize| {
+        b.get(o..o + 8)
+            .map(|s| u64::from_le_bytes(s.try_into().expect("8 bytes")))
+    };
+    if at(0)? != PRELOAD_MAGIC || at(8)? != 1 {
+        return None;
+    }
+    let mut m: BTreeMap<String, f64> = PRELOAD_FIELDS
+        .iter()
+        .map(|(k, o)| (k.to_string(), at(*o).unwrap_or(0) as f64))
+        .collect();
+    for slot in 0..16 {
+        let (code, count) = (at(168 + 16 * slot)?, at(176 + 16 * slot)?);
+        if code != 0 {
+            *m.entry(format!("fallback_reason_{code:#010x}"))
+                .or_default() += count as f64;
+        }
+    }
+    Some(m)
+}
+
+/// Reads the per-process statistics files the data path keeps in `SMC_PROCS_DIR` while a run
+/// goes on (a process removes its file when it exits, so the last sample before the exit is what
+/// is left of it), and sums them per field at the end.
+pub struct PreloadSampler {
+    stop: std::sync::Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<BTreeMap<String, BTreeMap<String, f64>>>>,
+    dir: PathBuf,
+}
+
+fn sample_dir(dir: &Path, seen: &mut BTreeMap<String, BTreeMap<String, f64>>) {
+    let Ok(rd) = fs::read_dir(dir) else { return };
+    for e in rd.flatten() {
+        if let Some(m) = fs::read(e.path()).ok().and_then(|b| parse_preload(&b)) {
+            seen.insert(e.file_name().to_string_lossy().into_owned(), m);
+        }
+    }
+}
+
+impl PreloadSampler {
+    pub fn start(dir: &Path) -> PreloadSampler {
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (s, d) = (stop.clone(), dir.to_path_buf());
+        let thread = std::thread::spawn(move || {
+            let mut seen = BTreeMap::new();
+            while !s.load(Ordering::Relaxed) {
+                sample_dir(&d, &mut seen);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            seen
+        });
+        PreloadSampler {
+            stop,
+            thread: Some(thread),
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// Stops sampling, reads once more (what killed processes left) and returns the sums over
+    /// the processes, with `processes` = how many processes had a file.
+    pub fn finish(mut self) -> BTreeMap<String, f64> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut seen = self
+            .thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default();
+        sample_dir(&self.dir, &mut seen);
+        let mut sum: BTreeMap<String, f64> = BTreeMap::new();
+        for m in seen.values() {
+            for (k, v) in m {
+                *sum.entry(k.clone()).or_default() += v;
+            }
+        }
+        if !seen.is_empty() {
+            sum.insert("processes".into(), seen.len() as f64);
+        }
+        sum
+    }
+}
+
+impl Drop for PreloadSampler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
