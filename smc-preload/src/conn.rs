@@ -109,11 +109,57 @@ pub fn tune() -> &'static Tune {
         let spin_us = std::env::var("SMC_SPIN_US")
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(30);
+            .unwrap_or(100);
+        // SAFETY: plain sysconf.
+        let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
         Tune {
-            spin_max_ns: spin_us * 1000,
+            spin_max_ns: if cpus > 1 { spin_us * 1000 } else { 0 },
         }
     })
+}
+
+/// Spin policy: spin the full budget (`SMC_SPIN_US`, default 100 µs) while spinning pays off
+/// at least now and then; after 64 waits in a row that had to sleep anyway (an idle or
+/// throughput-bound connection) spin only an eighth of it, until a spin succeeds again. Never
+/// spins on a single-CPU machine.
+pub struct Spin {
+    misses: AtomicU32,
+}
+
+impl Default for Spin {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Spin {
+    pub const fn new() -> Spin {
+        Spin {
+            misses: AtomicU32::new(0),
+        }
+    }
+
+    pub fn budget(&self) -> u64 {
+        let t = tune();
+        if self.misses.load(Ordering::Relaxed) < 64 {
+            t.spin_max_ns
+        } else {
+            t.spin_max_ns / 8
+        }
+    }
+
+    pub fn record(&self, hit: bool) {
+        if hit {
+            if self.misses.load(Ordering::Relaxed) != 0 {
+                self.misses.store(0, Ordering::Relaxed);
+            }
+        } else {
+            let m = self.misses.load(Ordering::Relaxed);
+            if m < 1000 {
+                self.misses.store(m + 1, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 /// Which side of the handshake we were.
@@ -136,7 +182,7 @@ pub struct Conn {
     tx: Ring,
     pub role: Role,
     /// Adaptive spin budget (ns) of this process for this connection.
-    spin_ns: AtomicU64,
+    spin: Spin,
     release: Option<Box<dyn Release>>,
     /// Informational (for `conns`): the daemon tokens of our DMB and the peer's.
     pub own_token: u64,
@@ -181,7 +227,7 @@ impl Conn {
             rx,
             tx,
             role,
-            spin_ns: AtomicU64::new(tune().spin_max_ns),
+            spin: Spin::new(),
             release,
             own_token: 0,
             peer_token: 0,
@@ -520,12 +566,8 @@ impl Conn {
             return Ok(0);
         }
         let mut done = 0usize;
-        let timeout = if nonblock {
-            0
-        } else {
-            self.sock_timeout(fd, libc::SO_RCVTIMEO)
-        };
-        let deadline = deadline_of(timeout);
+        // SO_RCVTIMEO is only looked up once we have to sleep.
+        let mut deadline: Option<Option<Instant>> = None;
         loop {
             if self.flags() & F_SHUT_RD != 0 {
                 return Ok(done);
@@ -590,7 +632,9 @@ impl Conn {
                 };
             }
             let need = if peek && waitall { want as u32 } else { 1 };
-            match self.wait(fd, true, need, deadline) {
+            let dl = *deadline
+                .get_or_insert_with(|| deadline_of(self.sock_timeout(fd, libc::SO_RCVTIMEO)));
+            match self.wait(fd, true, need, dl) {
                 Woke::Ready => {}
                 Woke::Timeout => {
                     return if done > 0 {
@@ -762,16 +806,15 @@ impl Conn {
     /// the TCP socket, where the peer's doorbell lands.
     pub fn wait(&self, fd: i32, data: bool, need: u32, deadline: Option<Instant>) -> Woke {
         let s = self.sh();
-        // Adaptive spin.
-        let budget = self.spin_ns.load(Ordering::Relaxed);
+        // Spin first: a peer that answers within the budget costs no syscall on either side.
+        let budget = self.spin.budget();
         if budget > 0 {
             let start = Instant::now();
             let mut i = 0u32;
             loop {
                 if self.ready_for(data, need) {
                     s.spin_hits.fetch_add(1, Ordering::Relaxed);
-                    let nb = (budget * 2).clamp(1000, tune().spin_max_ns);
-                    self.spin_ns.store(nb, Ordering::Relaxed);
+                    self.spin.record(true);
                     return Woke::Ready;
                 }
                 i += 1;
@@ -780,11 +823,7 @@ impl Conn {
                 }
                 std::hint::spin_loop();
             }
-            self.spin_ns.store(budget / 2, Ordering::Relaxed);
-        } else {
-            // Let the budget grow back slowly so a connection that turned busy spins again.
-            let nb = (tune().spin_max_ns / 16).min(tune().spin_max_ns);
-            self.spin_ns.store(nb, Ordering::Relaxed);
+            self.spin.record(false);
         }
         loop {
             // Announce, then recheck (the other side swaps the bit after changing the ring).

@@ -463,6 +463,19 @@ fn forget_fd(fd: c_int) {
             epoll::on_close(fd);
             if let Obj::Conn(c) = &*o {
                 if c.drop_ref() {
+                    let sh = c.sh();
+                    crate::debug!(
+                        "fd {fd}: close: rx {} B/{} calls, tx {} B/{} calls, doorbells sent {} rcvd {}, spin hits {}, sleeps {}, tx full {}",
+                        sh.rx_bytes.load(Ordering::Relaxed),
+                        sh.rx_calls.load(Ordering::Relaxed),
+                        sh.tx_bytes.load(Ordering::Relaxed),
+                        sh.tx_calls.load(Ordering::Relaxed),
+                        sh.doorbells_sent.load(Ordering::Relaxed),
+                        sh.doorbells_rcvd.load(Ordering::Relaxed),
+                        sh.spin_hits.load(Ordering::Relaxed),
+                        sh.sleeps.load(Ordering::Relaxed),
+                        sh.tx_full.load(Ordering::Relaxed),
+                    );
                     c.final_close(fd);
                     stats::conn_closed(c);
                 }

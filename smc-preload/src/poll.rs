@@ -10,7 +10,6 @@ use crate::conn::Conn;
 use crate::fdtable;
 use crate::obj::Obj;
 use crate::real;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -54,29 +53,15 @@ pub fn arm(c: &Conn, fd: i32, events: u32) -> u32 {
     conn_mask(c)
 }
 
-/// Process-wide adaptive spin budget for poll/select/epoll waits.
-static SPIN_NS: AtomicU64 = AtomicU64::new(u64::MAX);
+/// Process-wide spin policy of poll/select/epoll waits.
+static SPIN: crate::conn::Spin = crate::conn::Spin::new();
 
 pub fn spin_budget() -> u64 {
-    let v = SPIN_NS.load(Ordering::Relaxed);
-    if v == u64::MAX {
-        crate::conn::tune().spin_max_ns
-    } else {
-        v
-    }
+    SPIN.budget()
 }
 
 pub fn spin_result(hit: bool) {
-    let max = crate::conn::tune().spin_max_ns;
-    let b = spin_budget();
-    let nb = if hit {
-        (b * 2).clamp(1000, max)
-    } else if b == 0 {
-        max / 16
-    } else {
-        b / 2
-    };
-    SPIN_NS.store(nb.min(max), Ordering::Relaxed);
+    SPIN.record(hit)
 }
 
 /// Remaining milliseconds until `deadline` for a real poll (-1: infinite).

@@ -124,6 +124,10 @@ fn peer_smc(fd: i32) -> bool {
 }
 
 fn shortcut(fd: i32) {
+    static OFF: OnceLock<bool> = OnceLock::new();
+    if *OFF.get_or_init(|| std::env::var_os("SMC_NO_SHORTCUT").is_some_and(|v| v == "1")) {
+        return;
+    }
     let one: u32 = 1;
     let e0 = real::errno();
     // SAFETY: valid option buffer.

@@ -164,8 +164,8 @@ fn stream_two_threads_small_ring() {
 #[test]
 fn stream_two_threads_big_ring_no_spin() {
     let (a, b, fa, fb) = test_pair(1 << 20, 1 << 20).unwrap();
-    a.spin_ns.store(0, Ordering::Relaxed);
-    b.spin_ns.store(0, Ordering::Relaxed);
+    a.spin.misses.store(1000, Ordering::Relaxed);
+    b.spin.misses.store(1000, Ordering::Relaxed);
     stream(&a, &b, fa.as_raw_fd(), fb.as_raw_fd(), 64 << 20, 7);
 }
 
@@ -192,7 +192,7 @@ fn shutdown_wr_then_eof_and_epipe() {
 fn blocked_reader_woken_by_shutdown() {
     let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
     let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
-    b.spin_ns.store(0, Ordering::Relaxed);
+    b.spin.misses.store(1000, Ordering::Relaxed);
     std::thread::scope(|s| {
         s.spawn(|| {
             std::thread::sleep(Duration::from_millis(50));
@@ -234,7 +234,7 @@ fn graceful_close_is_eof() {
 fn peer_death_is_eof_not_hang() {
     let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
     let fbr = fb.as_raw_fd();
-    b.spin_ns.store(0, Ordering::Relaxed);
+    b.spin.misses.store(1000, Ordering::Relaxed);
     a.send(fa.as_raw_fd(), &iov(b"partial"), 0).unwrap();
     std::thread::scope(|s| {
         s.spawn(move || {
@@ -253,7 +253,7 @@ fn peer_death_is_eof_not_hang() {
 fn blocked_writer_wakes_when_reader_consumes() {
     let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
     let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
-    a.spin_ns.store(0, Ordering::Relaxed);
+    a.spin.misses.store(1000, Ordering::Relaxed);
     let data = vec![1u8; 40_000];
     std::thread::scope(|s| {
         let h = s.spawn(|| a.send(fa, &iov(&data), 0));
