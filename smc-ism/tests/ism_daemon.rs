@@ -1004,3 +1004,43 @@ fn list_shows_tokens_only_to_root() {
     assert!(c.list_dmbs().unwrap().is_empty());
     d.shutdown().unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// WAIT never misses a change (the bug class of seed 000): a waiter racing with state changes is
+// always woken, whether the change lands before or after the daemon parks the waiter.
+
+#[test]
+fn wait_never_misses_a_change() {
+    let dir = TestDir::new("wait");
+    let d = start(&dir, |_| {});
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let sock = dir.sock();
+    let actor = std::thread::spawn(move || {
+        let mut c = Client::connect(&sock).unwrap();
+        let (a, _b) = tcp_pair();
+        let mut held = None;
+        while go_rx.recv().is_ok() {
+            match held.take() {
+                None => held = Some(c.register_dmb(0, a.as_raw_fd()).unwrap()),
+                Some(d) => c.unregister_dmb(d.token).unwrap(),
+            }
+            done_tx.send(()).unwrap();
+        }
+    });
+    let mut w = client(&dir);
+    for i in 0..1000 {
+        let g = w.stats().unwrap().generation;
+        go_tx.send(()).unwrap();
+        let t = Instant::now();
+        let s = w.wait_change(g, WAIT).unwrap();
+        assert_ne!(s.generation, g, "iteration {i}: missed wakeup");
+        assert!(t.elapsed() < WAIT / 2, "iteration {i}: late wakeup");
+        done_rx.recv().unwrap();
+    }
+    drop(go_tx);
+    actor.join().unwrap();
+    let st = w.stats().unwrap();
+    assert_eq!(st.ops.wait.ok, 1000);
+    d.shutdown().unwrap();
+}
