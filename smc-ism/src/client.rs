@@ -492,7 +492,7 @@ impl Client {
         match e.raw_os_error() {
             Some(libc::EPIPE) | Some(libc::ECONNRESET) | Some(libc::ENOTCONN) => self.broken(e),
             Some(libc::EAGAIN) => IsmError::Timeout,
-            _ => IsmError::Io(e),
+            _ => IsmError::NotSent(e),
         }
     }
 

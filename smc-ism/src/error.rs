@@ -52,9 +52,14 @@ pub enum IsmError {
     /// The daemon did not answer within the client's timeout.
     #[error("loopback-ism daemon timed out")]
     Timeout,
-    /// A transport error on the Unix socket.
+    /// A transport error on the Unix socket (the connection was dropped; the next call
+    /// reconnects).
     #[error("loopback-ism i/o error: {0}")]
     Io(#[source] io::Error),
+    /// The request could not be sent (e.g. the fd to pass is not open); nothing reached the
+    /// daemon and the connection is intact.
+    #[error("loopback-ism request not sent: {0}")]
+    NotSent(#[source] io::Error),
     /// The daemon's reply could not be understood.
     #[error("loopback-ism protocol error: {0}")]
     Protocol(&'static str),
