@@ -107,6 +107,7 @@
 //!   connects; a process that changes cgroup later keeps its old quota bucket.
 //! - Connections through NAT (DNAT/SNAT, port publishing) do not look mirrored: they fall back
 //!   to TCP (safe, not faster).
+//! - IPv6 scope ids (link-local addresses) are not compared, only addresses and ports.
 //! - A peer that is attached can write anything into the DMB: the data path must treat every
 //!   cursor and byte read from shared memory as untrusted input.
 //! - Processes running as root can do anything regardless (read `/proc/PID/mem`, etc.).
