@@ -71,6 +71,31 @@ fn main() {
         "accept_v1".into(),
         v1.encode(MsgType::Accept).expect("encode"),
     ));
+    // v1 proposals: SMC-D with an IPv6 prefix, and SMC-R only (no SMC-D info).
+    let mut v1 = smc_common::clc::Proposal {
+        version: SMC_V1,
+        typev1: smc_common::clc::SmcType::D,
+        typev2: smc_common::clc::SmcType::R,
+        peer_id: [0; 8],
+        ib_gid: [0; 16],
+        ib_mac: [0; 6],
+        ism_gid: 5,
+        ism_chid: 6,
+        ip_prefix: Some(smc_common::clc::IpPrefix {
+            outgoing_subnet: [0; 4],
+            prefix_len: 0,
+            ipv6_prefixes: vec![smc_common::clc::Ipv6Prefix {
+                prefix: [0xfd; 16],
+                prefix_len: 64,
+            }],
+        }),
+        v2: None,
+    };
+    seeds.push(("proposal_v1_smcd".into(), v1.encode().expect("encode")));
+    v1.typev1 = smc_common::clc::SmcType::R;
+    v1.ism_gid = 0;
+    v1.ism_chid = 0;
+    seeds.push(("proposal_v1_smcr".into(), v1.encode().expect("encode")));
     for (name, bytes) in seeds {
         std::fs::write(format!("{dir}/{name}.bin"), bytes).expect("write seed");
     }

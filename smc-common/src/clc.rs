@@ -545,7 +545,8 @@ pub struct Proposal {
     pub version: u8,
     /// SMCv1 variants offered.
     pub typev1: SmcType,
-    /// SMCv2 variants offered (only meaningful when `version >= 2`).
+    /// SMCv2 variants offered (only meaningful when `version >= 2`; Linux v1 senders put
+    /// 0, i.e. `R`, in these bits).
     pub typev2: SmcType,
     /// `lcl.id_for_peer` (SMC-R system id; zero from Linux for SMC-D only).
     pub peer_id: [u8; 8],
@@ -1240,7 +1241,9 @@ impl Proposal {
             msg_type: MsgType::Proposal,
             length: 0,
             version: self.version,
-            typev2: if v1 { 0 } else { self.typev2 as u8 },
+            // v1 senders put 0 (old `flag`/reserved bits) here; keep whatever the struct says
+            // so that decode/encode round-trips.
+            typev2: self.typev2 as u8,
             typev1: self.typev1 as u8,
         };
         finish(out, hdr, EYECATCHER_SMCR)

@@ -1,8 +1,8 @@
-//! Dispatch on message type: the first byte selects type, version, SMC types and eyecatcher,
-//! the rest is the body, framed with a matching length and trailer.
+//! Dispatch on message type: the first byte selects the type and eyecatcher, the second is the
+//! header's version/type byte, the rest is the body, framed with a matching length and trailer.
 #![no_main]
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    if let Some((&sel, body)) = data.split_first() {
-        smc_common_fuzz::check_clc(&smc_common_fuzz::framed(sel, body));
+    if let [sel, flags, body @ ..] = data {
+        smc_common_fuzz::check_clc(&smc_common_fuzz::framed(*sel, *flags, body));
     }
 });

@@ -27,12 +27,11 @@ pub fn check_clc(bytes: &[u8]) {
     }
 }
 
-/// Build a framed message from a selector byte and a body, so that the fuzzer spends its time
-/// on message contents rather than on guessing eyecatchers and lengths.
-pub fn framed(sel: u8, body: &[u8]) -> Vec<u8> {
+/// Build a framed message from a selector byte (type in bits 0-1, `"SMCD"` eyecatcher if bit
+/// 7), the header's flags byte (version, typev2, typev1) and a body, so that the fuzzer spends
+/// its time on message contents rather than on guessing eyecatchers and lengths.
+pub fn framed(sel: u8, flags: u8, body: &[u8]) -> Vec<u8> {
     let ty = 1 + (sel & 3);
-    let flags = sel.rotate_left(3); // version, typev2, typev1 bits from the selector
-    let flags = if flags >> 4 == 0 { flags | 0x20 } else { flags };
     let eye = if sel & 0x80 != 0 {
         clc::EYECATCHER_SMCD
     } else {
@@ -55,7 +54,7 @@ pub enum Op {
     /// Arbitrary bytes as a "message".
     Bytes(Vec<u8>),
     /// A framed message (see [`framed`]).
-    Framed(u8, Vec<u8>),
+    Framed(u8, u8, Vec<u8>),
     /// The next message a well-behaved peer would send.
     Peer,
     /// Timer expiry.
@@ -159,7 +158,7 @@ pub fn check_handshake(case: &HandshakeCase) {
     for op in case.ops.iter().take(64) {
         let acts = match op {
             Op::Bytes(b) => h.handle(Input::Message(b)),
-            Op::Framed(sel, body) => h.handle(Input::Message(&framed(*sel, body))),
+            Op::Framed(sel, flags, body) => h.handle(Input::Message(&framed(*sel, *flags, body))),
             Op::Peer => match peer_out.pop() {
                 Some(b) => h.handle(Input::Message(&b)),
                 None => continue,

@@ -411,3 +411,26 @@ fn emulated_pairing_like_linux() {
     assert_eq!(d[1].chid, 0xFF01);
     assert_eq!(d[1].gid, Gid { gid: 3, gid_ext: 4 });
 }
+
+#[test]
+fn v1_proposal_keeps_unused_typev2_bits() {
+    // Found by reasoning about the fuzz invariant: a v1 header may carry any typev2 bits
+    // (the old `flag`/reserved bits); re-encoding must preserve what decoding reported.
+    let p = Proposal {
+        version: SMC_V1,
+        typev1: SmcType::D,
+        typev2: SmcType::N,
+        peer_id: [0; 8],
+        ib_gid: [0; 16],
+        ib_mac: [0; 6],
+        ism_gid: 1,
+        ism_chid: 2,
+        ip_prefix: Some(IpPrefix::default()),
+        v2: None,
+    };
+    let b = p.encode().unwrap();
+    assert_eq!(b[7], 0x19);
+    let m = decode(&b).unwrap();
+    assert_eq!(m, ClcMessage::Proposal(p));
+    assert_eq!(decode(&m.encode().unwrap()), Ok(m));
+}
