@@ -67,7 +67,10 @@ extern "C" fn init() {
 
 #[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]
 extern "C" fn at_exit() {
-    stats::remove_file();
+    // SMC_STATS_KEEP=1 leaves the file for a reader that comes after the exit (tests).
+    if std::env::var_os("SMC_STATS_KEEP").is_none_or(|v| v != "1") {
+        stats::remove_file();
+    }
 }
 
 #[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]

@@ -23,7 +23,7 @@
 //! | 88 | tx_calls |
 //! | 96 | rx_buffer_full (reads that found the ring full) |
 //! | 104 | tx_buffer_full (writes that found no room) |
-//! | 112 | live_conns |
+//! | 112 | closed_conns: SMC connections this process closed last (live = smcd_client + smcd_server − closed_conns, summed over processes: a forked child may close what its parent opened) |
 //! | 120 | special_sendfile |
 //! | 128 | special_splice |
 //! | 136 | special_oob |
@@ -55,7 +55,7 @@ pub struct Stats {
     pub tx_calls: AtomicU64,
     pub rx_full: AtomicU64,
     pub tx_full: AtomicU64,
-    pub live_conns: AtomicU64,
+    pub closed_conns: AtomicU64,
     pub special_sendfile: AtomicU64,
     pub special_splice: AtomicU64,
     pub special_oob: AtomicU64,
@@ -204,13 +204,12 @@ pub fn smc(server: bool) {
     } else {
         s.smcd_client.fetch_add(1, Ordering::Relaxed);
     }
-    s.live_conns.fetch_add(1, Ordering::Relaxed);
 }
 
 pub fn conn_closed(c: &Conn) {
     let s = get();
     let sh = c.sh();
-    s.live_conns.fetch_sub(1, Ordering::Relaxed);
+    s.closed_conns.fetch_add(1, Ordering::Relaxed);
     s.rx_bytes
         .fetch_add(sh.rx_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
     s.tx_bytes
@@ -275,7 +274,7 @@ pub fn parse(bytes: &[u8]) -> Option<Vec<(String, u64)>> {
         "tx_calls",
         "rx_buffer_full",
         "tx_buffer_full",
-        "live_conns",
+        "closed_conns",
         "special_sendfile",
         "special_splice",
         "special_oob",

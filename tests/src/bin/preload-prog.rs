@@ -1,0 +1,455 @@
+//! Test client/server for the data-path integration tests (`tests/tests/preload_*.rs`).
+//!
+//! Protocol: the client sends a 16-byte header (seed u64 LE, bytes the server must send u64 LE),
+//! then streams its own bytes and shuts down writing; the server streams back the requested
+//! number of bytes concurrently and shuts down writing. Both print SHA-256 of what they sent
+//! and received, so the test compares the two ends.
+//!
+//! ```text
+//! preload-prog server PORT thread|fork|epoll|poll [MAX_CONNS]
+//! preload-prog client HOST PORT SEND RECV SEED
+//! ```
+use sha2::{Digest, Sha256};
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+
+struct Gen {
+    s: u64,
+    buf: Vec<u8>,
+}
+
+impl Gen {
+    fn new(seed: u64) -> Gen {
+        Gen {
+            s: seed | 1,
+            buf: Vec::new(),
+        }
+    }
+    fn next(&mut self) -> u64 {
+        self.s ^= self.s << 13;
+        self.s ^= self.s >> 7;
+        self.s ^= self.s << 17;
+        self.s
+    }
+    /// Next chunk of the stream, of a random size up to `max`.
+    fn chunk(&mut self, max: usize, remaining: u64) -> &[u8] {
+        let n = ((self.next() % max as u64) + 1).min(remaining) as usize;
+        self.buf.clear();
+        while self.buf.len() < n {
+            let v = self.next().to_le_bytes();
+            self.buf.extend_from_slice(&v);
+        }
+        self.buf.truncate(n);
+        &self.buf
+    }
+}
+
+fn hex(d: &[u8]) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn send_stream(w: &mut impl Write, seed: u64, total: u64) -> std::io::Result<String> {
+    let mut g = Gen::new(seed);
+    let mut h = Sha256::new();
+    let mut sent = 0u64;
+    while sent < total {
+        let c = g.chunk(256 * 1024, total - sent).to_vec();
+        w.write_all(&c)?;
+        h.update(&c);
+        sent += c.len() as u64;
+    }
+    Ok(hex(&h.finalize()))
+}
+
+fn recv_stream(r: &mut impl Read, seed: u64) -> std::io::Result<(u64, String)> {
+    let mut g = Gen::new(seed);
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 300 * 1024];
+    let mut total = 0u64;
+    loop {
+        let n = (g.next() % buf.len() as u64) as usize + 1;
+        let k = r.read(&mut buf[..n])?;
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+        total += k as u64;
+    }
+    Ok((total, hex(&h.finalize())))
+}
+
+fn serve_blocking(s: TcpStream) -> std::io::Result<String> {
+    let mut s = s;
+    let mut hdr = [0u8; 16];
+    s.read_exact(&mut hdr)?;
+    let seed = u64::from_le_bytes(hdr[..8].try_into().unwrap());
+    let want = u64::from_le_bytes(hdr[8..].try_into().unwrap());
+    // A dup'd fd for the writer thread: exercises dup + two threads on one connection.
+    let mut w = s.try_clone()?;
+    let t = std::thread::spawn(move || -> std::io::Result<String> {
+        let sha = send_stream(&mut w, seed ^ 0x5555, want)?;
+        w.shutdown(Shutdown::Write)?;
+        Ok(sha)
+    });
+    let (rx, sha_rx) = recv_stream(&mut s, seed ^ 0xAAAA)?;
+    let sha_tx = t.join().unwrap()?;
+    Ok(format!(
+        "CONN rx={rx} sha_rx={sha_rx} tx={want} sha_tx={sha_tx}"
+    ))
+}
+
+/// One connection with a single thread, non-blocking, driven by poll().
+fn serve_poll(s: TcpStream) -> std::io::Result<String> {
+    let fd = s.as_raw_fd();
+    let mut hdr = [0u8; 16];
+    let mut s2 = &s;
+    s2.read_exact(&mut hdr)?;
+    s.set_nonblocking(true)?;
+    let seed = u64::from_le_bytes(hdr[..8].try_into().unwrap());
+    let want = u64::from_le_bytes(hdr[8..].try_into().unwrap());
+    let mut g = Gen::new(seed ^ 0x5555);
+    let mut hs = Sha256::new();
+    let mut hr = Sha256::new();
+    let mut sent = 0u64;
+    let mut pending: Vec<u8> = Vec::new();
+    let mut rx = 0u64;
+    let mut rd_open = true;
+    let mut wr_open = true;
+    let mut buf = vec![0u8; 128 * 1024];
+    while rd_open || wr_open {
+        let mut pfd = libc::pollfd {
+            fd,
+            events: (if rd_open { libc::POLLIN } else { 0 })
+                | (if wr_open { libc::POLLOUT } else { 0 }),
+            revents: 0,
+        };
+        // SAFETY: one pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, 10_000) };
+        if r == 0 {
+            return Err(std::io::Error::other(
+                "poll timeout (no readiness for 10 s)",
+            ));
+        }
+        if r < 0 {
+            continue;
+        }
+        if rd_open && pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+            loop {
+                match s2.read(&mut buf) {
+                    Ok(0) => {
+                        rd_open = false;
+                        break;
+                    }
+                    Ok(n) => {
+                        hr.update(&buf[..n]);
+                        rx += n as u64;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if wr_open && pfd.revents & libc::POLLOUT != 0 {
+            loop {
+                if pending.is_empty() {
+                    if sent == want {
+                        s.shutdown(Shutdown::Write)?;
+                        wr_open = false;
+                        break;
+                    }
+                    let c = g.chunk(100_000, want - sent).to_vec();
+                    sent += c.len() as u64;
+                    hs.update(&c);
+                    pending = c;
+                }
+                match s2.write(&pending) {
+                    Ok(n) => {
+                        pending.drain(..n);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+    Ok(format!(
+        "CONN rx={rx} sha_rx={} tx={want} sha_tx={}",
+        hex(&hr.finalize()),
+        hex(&hs.finalize())
+    ))
+}
+
+struct EConn {
+    s: TcpStream,
+    hdr: Vec<u8>,
+    seed: u64,
+    want: u64,
+    g: Option<Gen>,
+    sent: u64,
+    pending: Vec<u8>,
+    hs: Sha256,
+    hr: Sha256,
+    rx: u64,
+    rd_open: bool,
+    wr_open: bool,
+}
+
+/// Edge-triggered epoll server, one thread, many connections.
+fn serve_epoll(l: TcpListener, max: usize) -> std::io::Result<()> {
+    l.set_nonblocking(true)?;
+    // SAFETY: plain syscalls.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    let lfd = l.as_raw_fd();
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: u64::MAX,
+    };
+    unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, lfd, &mut ev) };
+    let mut conns: std::collections::HashMap<u64, EConn> = Default::default();
+    let mut next_id = 0u64;
+    let mut done = 0usize;
+    let mut evs = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
+    let mut buf = vec![0u8; 128 * 1024];
+    while done < max {
+        let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 64, 20_000) };
+        if n == 0 {
+            return Err(std::io::Error::other("epoll_wait: no event for 20 s"));
+        }
+        for e in evs.iter().take(n.max(0) as usize) {
+            let (events, id) = (e.events, e.u64);
+            if id == u64::MAX {
+                while let Ok((s, _)) = l.accept() {
+                    s.set_nonblocking(true)?;
+                    let mut ev = libc::epoll_event {
+                        events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLET | libc::EPOLLRDHUP)
+                            as u32,
+                        u64: next_id,
+                    };
+                    unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, s.as_raw_fd(), &mut ev) };
+                    conns.insert(
+                        next_id,
+                        EConn {
+                            s,
+                            hdr: Vec::new(),
+                            seed: 0,
+                            want: 0,
+                            g: None,
+                            sent: 0,
+                            pending: Vec::new(),
+                            hs: Sha256::new(),
+                            hr: Sha256::new(),
+                            rx: 0,
+                            rd_open: true,
+                            wr_open: true,
+                        },
+                    );
+                    next_id += 1;
+                }
+                continue;
+            }
+            let Some(c) = conns.get_mut(&id) else {
+                continue;
+            };
+            let _ = events;
+            // Edge-triggered: drain reads and fill writes until EAGAIN.
+            let mut s = &c.s;
+            while c.rd_open {
+                match s.read(&mut buf) {
+                    Ok(0) => c.rd_open = false,
+                    Ok(k) => {
+                        let mut data = &buf[..k];
+                        if c.hdr.len() < 16 {
+                            let t = (16 - c.hdr.len()).min(data.len());
+                            c.hdr.extend_from_slice(&data[..t]);
+                            data = &data[t..];
+                            if c.hdr.len() == 16 {
+                                c.seed = u64::from_le_bytes(c.hdr[..8].try_into().unwrap());
+                                c.want = u64::from_le_bytes(c.hdr[8..].try_into().unwrap());
+                                c.g = Some(Gen::new(c.seed ^ 0x5555));
+                            }
+                        }
+                        c.hr.update(data);
+                        c.rx += data.len() as u64;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            while c.wr_open {
+                let Some(g) = c.g.as_mut() else { break };
+                if c.pending.is_empty() {
+                    if c.sent == c.want {
+                        c.s.shutdown(Shutdown::Write)?;
+                        c.wr_open = false;
+                        break;
+                    }
+                    let rem = c.want - c.sent;
+                    let ch = g.chunk(100_000, rem).to_vec();
+                    c.sent += ch.len() as u64;
+                    c.hs.update(&ch);
+                    c.pending = ch;
+                }
+                match s.write(&c.pending) {
+                    Ok(k) => {
+                        c.pending.drain(..k);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            if !c.rd_open && !c.wr_open {
+                let c = conns.remove(&id).unwrap();
+                println!(
+                    "CONN rx={} sha_rx={} tx={} sha_tx={}",
+                    c.rx,
+                    hex(&c.hr.finalize()),
+                    c.want,
+                    hex(&c.hs.finalize())
+                );
+                done += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    match a.get(1).map(String::as_str) {
+        Some("server") => {
+            let port: u16 = a[2].parse().unwrap();
+            let mode = a.get(3).map(String::as_str).unwrap_or("thread");
+            let max: usize = a.get(4).map(|v| v.parse().unwrap()).unwrap_or(usize::MAX);
+            let l = TcpListener::bind(("127.0.0.1", port)).expect("bind");
+            println!("READY {}", l.local_addr().unwrap().port());
+            std::io::stdout().flush().unwrap();
+            if mode == "epoll" {
+                serve_epoll(l, max).expect("epoll server");
+                return;
+            }
+            let mut handles = Vec::new();
+            for (i, s) in l.incoming().enumerate() {
+                let s = s.expect("accept");
+                match mode {
+                    "fork" => {
+                        // SAFETY: the child only serves this connection and exits.
+                        let pid = unsafe { libc::fork() };
+                        if pid == 0 {
+                            drop(l);
+                            let r = serve_poll(s);
+                            match r {
+                                Ok(line) => println!("{line}"),
+                                Err(e) => println!("ERR {e}"),
+                            }
+                            std::io::stdout().flush().unwrap();
+                            unsafe { libc::_exit(0) };
+                        }
+                        drop(s);
+                    }
+                    "poll" => match serve_poll(s) {
+                        Ok(line) => println!("{line}"),
+                        Err(e) => println!("ERR {e}"),
+                    },
+                    _ => handles.push(std::thread::spawn(move || {
+                        match serve_blocking(s) {
+                            Ok(line) => println!("{line}"),
+                            Err(e) => println!("ERR {e}"),
+                        }
+                        std::io::stdout().flush().unwrap();
+                    })),
+                }
+                std::io::stdout().flush().unwrap();
+                if i + 1 >= max {
+                    break;
+                }
+            }
+            for h in handles {
+                h.join().unwrap();
+            }
+            if mode == "fork" {
+                // Reap the children.
+                loop {
+                    let mut st = 0;
+                    if unsafe { libc::wait(&mut st) } < 0 {
+                        break;
+                    }
+                }
+            }
+        }
+        Some("client") => {
+            let host = &a[2];
+            let port: u16 = a[3].parse().unwrap();
+            let send: u64 = a[4].parse().unwrap();
+            let recv: u64 = a[5].parse().unwrap();
+            let seed: u64 = a[6].parse().unwrap();
+            let s = TcpStream::connect((host.as_str(), port)).expect("connect");
+            let mut w = s.try_clone().unwrap();
+            let mut hdr = [0u8; 16];
+            hdr[..8].copy_from_slice(&seed.to_le_bytes());
+            hdr[8..].copy_from_slice(&recv.to_le_bytes());
+            w.write_all(&hdr).unwrap();
+            let t = std::thread::spawn(move || {
+                let sha = send_stream(&mut w, seed ^ 0xAAAA, send).expect("send");
+                w.shutdown(Shutdown::Write).unwrap();
+                sha
+            });
+            let mut r = s;
+            let res = recv_stream(&mut r, seed);
+            let sha_tx = t.join().unwrap();
+            match res {
+                Ok((rx, sha_rx)) => {
+                    println!("CLIENT rx={rx} sha_rx={sha_rx} tx={send} sha_tx={sha_tx}")
+                }
+                Err(e) => println!("CLIENT ERR {e}"),
+            }
+        }
+        Some("sink") => {
+            // Connect, read until EOF or error, report how it ended.
+            let host = &a[2];
+            let port: u16 = a[3].parse().unwrap();
+            let s = TcpStream::connect((host.as_str(), port)).expect("connect");
+            let mut r = s;
+            let mut buf = vec![0u8; 65536];
+            let mut total = 0u64;
+            loop {
+                match r.read(&mut buf) {
+                    Ok(0) => {
+                        println!("SINK EOF {total}");
+                        break;
+                    }
+                    Ok(n) => total += n as u64,
+                    Err(e) => {
+                        println!("SINK ERR {} {total}", e.raw_os_error().unwrap_or(0));
+                        break;
+                    }
+                }
+            }
+        }
+        Some("source") => {
+            // Accept one connection and write forever (until killed or EPIPE).
+            let port: u16 = a[2].parse().unwrap();
+            let l = TcpListener::bind(("127.0.0.1", port)).expect("bind");
+            println!("READY {}", l.local_addr().unwrap().port());
+            std::io::stdout().flush().unwrap();
+            let (s, _) = l.accept().unwrap();
+            let fd = s.into_raw_fd();
+            let mut s = unsafe { TcpStream::from_raw_fd(fd) };
+            let buf = vec![7u8; 65536];
+            let mut total = 0u64;
+            loop {
+                match s.write(&buf) {
+                    Ok(n) => total += n as u64,
+                    Err(e) => {
+                        println!("SOURCE ERR {} {total}", e.raw_os_error().unwrap_or(0));
+                        break;
+                    }
+                }
+            }
+        }
+        _ => {
+            eprintln!("usage: preload-prog server PORT MODE [MAX] | client HOST PORT SEND RECV SEED | sink HOST PORT | source PORT");
+            std::process::exit(2);
+        }
+    }
+}
