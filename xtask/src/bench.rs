@@ -453,12 +453,19 @@ impl Outcome {
         }
     }
 
-    /// TCP data segments per unit of work.
+    /// Segments with payload the namespace's TCP sent: `TCPOrigDataSent` counts the FINs too,
+    /// two per connection (`ActiveOpens`), which are no payload.
+    fn data_segs(&self) -> f64 {
+        (get(&self.netns, "TcpExt.TCPOrigDataSent") - 2.0 * get(&self.netns, "Tcp.ActiveOpens"))
+            .max(0.0)
+    }
+
+    /// TCP payload segments per unit of work.
     fn segs_per_unit(&self, case: &Case) -> Option<f64> {
         if self.error.is_some() {
             return None;
         }
-        Some(get(&self.netns, "TcpExt.TCPOrigDataSent") / self.units(case)?)
+        Some(self.data_segs() / self.units(case)?)
     }
 }
 

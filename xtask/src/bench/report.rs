@@ -195,33 +195,38 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// A horizontal bar chart of the speed-ups against plain TCP (shortcut and SMC-D per row).
+/// A horizontal bar chart of the speed-ups against plain TCP (shortcut and SMC-D per row), on a
+/// log scale around 1× (bars to the right: better than TCP; to the left: worse).
 pub fn svg(rows: &[Row], subtitle: &str) -> String {
-    let label_w = 430.0;
-    let plot_w = 420.0;
-    let right = 90.0;
-    let top = 70.0;
+    let labels: Vec<String> = rows
+        .iter()
+        .map(|r| format!("{} — {}", r.title, r.metric))
+        .collect();
+    let label_w = 20.0 + 6.6 * labels.iter().map(|l| l.chars().count()).max().unwrap_or(10) as f64;
+    let plot_w = 480.0;
+    let right = 70.0;
+    let top = 78.0;
     let row_h = 34.0;
-    let width = label_w + plot_w + right;
-    let height = top + row_h * rows.len() as f64 + 50.0;
-    let max = rows
+    let width = (label_w + plot_w + right).max(900.0);
+    let height = top + row_h * rows.len() as f64 + 40.0;
+    let values: Vec<f64> = rows
         .iter()
         .flat_map(|r| [r.speedup(1), r.speedup(2)])
         .flatten()
-        .fold(2.0f64, f64::max)
-        .min(20.0)
-        * 1.05;
-    let x = |v: f64| label_w + plot_w * (v.min(max) / max);
+        .collect();
+    let lo = values.iter().copied().fold(0.5f64, f64::min).max(1e-3) / 1.3;
+    let hi = values.iter().copied().fold(2.0f64, f64::max).min(1e4) * 1.3;
+    let x = |v: f64| label_w + plot_w * (v.clamp(lo, hi).ln() - lo.ln()) / (hi.ln() - lo.ln());
     let colors = ["#4e79a7", "#f28e2b"];
     let mut s = String::new();
     let _ = writeln!(
         s,
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"##
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" font-family="sans-serif" font-size="12">"##
     );
     let _ = writeln!(s, r##"<rect width="100%" height="100%" fill="white"/>"##);
     let _ = writeln!(
         s,
-        r##"<text x="10" y="22" font-size="16" font-weight="bold">Speed-up against plain TCP loopback (median; &gt;1 is better; latencies as TCP/mode)</text>"##
+        r##"<text x="10" y="22" font-size="16" font-weight="bold">Speed-up against plain TCP loopback (median, log scale, right of 1× is better)</text>"##
     );
     let _ = writeln!(
         s,
@@ -229,73 +234,78 @@ pub fn svg(rows: &[Row], subtitle: &str) -> String {
         esc(subtitle)
     );
     for (i, (name, c)) in ["shortcut", "SMC-D"].iter().zip(colors).enumerate() {
-        let lx = label_w + 160.0 * i as f64;
+        let lx = label_w + 120.0 * i as f64;
         let _ = writeln!(
             s,
-            r##"<rect x="{lx}" y="50" width="12" height="12" fill="{c}"/>"##
+            r##"<rect x="{lx:.1}" y="52" width="12" height="12" fill="{c}"/>"##
         );
-        let _ = writeln!(s, r##"<text x="{}" y="60">{name}</text>"##, lx + 16.0);
+        let _ = writeln!(s, r##"<text x="{:.1}" y="62">{name}</text>"##, lx + 16.0);
     }
-    // Grid: 0, 1 (parity, emphasised) and whole numbers up to max.
     let bottom = top + row_h * rows.len() as f64;
-    let step = if max > 8.0 {
-        2.0
-    } else if max > 3.0 {
-        1.0
-    } else {
-        0.5
-    };
-    let mut g = 0.0;
-    while g <= max {
-        let gx = x(g);
-        let (stroke, w) = if g == 1.0 {
-            ("#000", 1.5)
-        } else {
-            ("#ddd", 1.0)
-        };
-        let _ = writeln!(
-            s,
-            r##"<line x1="{gx}" y1="{top}" x2="{gx}" y2="{bottom}" stroke="{stroke}" stroke-width="{w}"/>"##
-        );
-        let _ = writeln!(
-            s,
-            r##"<text x="{gx}" y="{}" text-anchor="middle">{g}×</text>"##,
-            bottom + 16.0
-        );
-        g += step;
+    let mut decade = lo.log10().floor() as i32;
+    while 10f64.powi(decade) <= hi {
+        for m in [1.0, 2.0, 5.0] {
+            let g = m * 10f64.powi(decade);
+            if g < lo || g > hi {
+                continue;
+            }
+            let gx = x(g);
+            let (stroke, w) = if g == 1.0 {
+                ("#000", 1.5)
+            } else {
+                ("#ddd", 1.0)
+            };
+            let _ = writeln!(
+                s,
+                r##"<line x1="{gx:.1}" y1="{top}" x2="{gx:.1}" y2="{bottom}" stroke="{stroke}" stroke-width="{w}"/>"##
+            );
+            let _ = writeln!(
+                s,
+                r##"<text x="{gx:.1}" y="{}" text-anchor="middle">{}×</text>"##,
+                bottom + 16.0,
+                num_short(g)
+            );
+        }
+        decade += 1;
     }
-    for (i, r) in rows.iter().enumerate() {
+    let one = x(1.0);
+    for (i, (r, label)) in rows.iter().zip(&labels).enumerate() {
         let y0 = top + row_h * i as f64;
-        let label = format!("{} — {}", r.title, r.metric);
         let _ = writeln!(
             s,
-            r##"<text x="{}" y="{}" text-anchor="end">{}</text>"##,
+            r##"<text x="{:.1}" y="{}" text-anchor="end">{}</text>"##,
             label_w - 8.0,
             y0 + row_h / 2.0 + 4.0,
-            esc(&label)
+            esc(label)
         );
         for (k, col) in [1usize, 2].into_iter().enumerate() {
             let by = y0 + 4.0 + 13.0 * k as f64;
             match r.speedup(col) {
                 Some(v) => {
+                    let (x0, x1) = if v >= 1.0 { (one, x(v)) } else { (x(v), one) };
                     let _ = writeln!(
                         s,
-                        r##"<rect x="{label_w}" y="{by}" width="{:.1}" height="12" fill="{}"/>"##,
-                        (x(v) - label_w).max(1.0),
+                        r##"<rect x="{x0:.1}" y="{by}" width="{:.1}" height="12" fill="{}"/>"##,
+                        (x1 - x0).max(1.0),
                         colors[k]
                     );
+                    let (tx, anchor) = if v >= 1.0 {
+                        (x1 + 4.0, "start")
+                    } else {
+                        (x0 - 4.0, "end")
+                    };
                     let _ = writeln!(
                         s,
-                        r##"<text x="{:.1}" y="{}">{v:.2}×</text>"##,
-                        x(v) + 4.0,
-                        by + 10.0
+                        r##"<text x="{tx:.1}" y="{}" text-anchor="{anchor}">{}×</text>"##,
+                        by + 10.0,
+                        num_short(v)
                     );
                 }
                 None => {
                     let _ = writeln!(
                         s,
-                        r##"<text x="{}" y="{}" fill="{}" font-style="italic">{}</text>"##,
-                        label_w + 4.0,
+                        r##"<text x="{:.1}" y="{}" fill="{}" font-style="italic">{}</text>"##,
+                        one + 4.0,
                         by + 10.0,
                         colors[k],
                         r.cells[col].text()
@@ -306,4 +316,62 @@ pub fn svg(rows: &[Row], subtitle: &str) -> String {
     }
     s.push_str("</svg>\n");
     s
+}
+
+/// 0.05, 0.5, 2, 37, 2183: two decimals below 10, none above.
+fn num_short(v: f64) -> String {
+    if v >= 10.0 {
+        format!("{v:.0}")
+    } else if v >= 0.1 {
+        format!("{:.2}", v)
+            .trim_end_matches('0')
+            .trim_end_matches('.')
+            .to_string()
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(title: &str, higher: bool, cells: [Cell; 3]) -> Row {
+        Row {
+            case: title.into(),
+            title: title.into(),
+            metric: "m".into(),
+            unit: "u".into(),
+            higher_is_better: higher,
+            cells,
+        }
+    }
+
+    #[test]
+    fn ratios_table_and_plot() {
+        let ok = |v: f64| Cell::from_values(vec![v, v, v]);
+        let rows = vec![
+            row("latency", false, [ok(20.0), ok(10.0), ok(0.5)]),
+            row(
+                "rate",
+                true,
+                [ok(100.0), ok(80.0), Cell::FellBack { reason: "x".into() }],
+            ),
+        ];
+        assert_eq!(rows[0].ratio(2), Some(0.025));
+        assert_eq!(rows[0].speedup(2), Some(40.0));
+        assert_eq!(rows[1].speedup(1), Some(0.8));
+        assert_eq!(rows[1].ratio(2), None);
+        let t = table(&rows);
+        assert!(
+            t.contains("0.03x") && t.contains("fell back") && t.contains("LOWER"),
+            "{t}"
+        );
+        let svg = svg(&rows, "test");
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert!(svg.contains("40×") && svg.contains("0.8×") && svg.contains("fell back"));
+        if let Some(p) = std::env::var_os("SMC_BENCH_SVG_OUT") {
+            std::fs::write(p, svg).unwrap();
+        }
+    }
 }
