@@ -360,7 +360,7 @@ struct Outcome {
     metrics: BTreeMap<String, f64>,
     error: Option<String>,
     /// Deltas over the client run: host-wide eBPF counters, the private daemon's counters, the
-    /// namespace's TCP counters, `smc-ctl stats --json` when it exists.
+    /// namespace's TCP counters; `smc-ctl stats --json` of the run's processes when it exists.
     ebpf: BTreeMap<String, f64>,
     daemon: BTreeMap<String, f64>,
     netns: BTreeMap<String, f64>,
@@ -402,10 +402,7 @@ impl Outcome {
             .iter()
             .map(|(k, v)| format!("{k}={}", report::num(*v)))
             .collect();
-        m.push(format!(
-            "tcp_data_segs={}",
-            get(&self.netns, "TcpExt.TCPOrigDataSent")
-        ));
+        m.push(format!("tcp_payload_segs={}", self.data_segs()));
         if !self.preload.is_empty() {
             m.push(format!(
                 "smcd={}+{} fallback={}+{}",
@@ -441,7 +438,7 @@ impl Outcome {
                 "daemon": self.daemon,
                 "netns": self.netns,
                 "preload": self.preload,
-                "smc_ctl_stats": self.datapath,
+                "smc_ctl_stats_of_the_run": self.datapath,
             },
         })
     }
@@ -474,7 +471,6 @@ struct Snapshot {
     ebpf: BTreeMap<String, f64>,
     daemon: BTreeMap<String, f64>,
     netns: BTreeMap<String, f64>,
-    datapath: BTreeMap<String, f64>,
 }
 
 impl Bench {
@@ -494,6 +490,8 @@ impl Bench {
             c.arg(&self.smc_ctl).args(["run", "--"]);
             c.env("SMC_CTL_SOCK", &self.daemon.socket);
             c.env("SMC_PROCS_DIR", procs);
+            // Keep the statistics file of a process that exits, for the count after the run.
+            c.env("SMC_STATS_KEEP", "1");
         }
         c.args(argv);
         self.netns.enter(&mut c);
@@ -508,20 +506,10 @@ impl Bench {
             .collect();
         let daemon = sys::flatten(&self.daemon.stats().context("daemon stats")?);
         let netns = self.netns.counters()?;
-        let datapath = if self.has_stats_cmd {
-            sys::smc_ctl(&self.smc_ctl, &["stats", "--json"])
-                .ok()
-                .and_then(|out| serde_json::from_str(&out).ok())
-                .map(|v| sys::flatten(&v))
-                .unwrap_or_default()
-        } else {
-            BTreeMap::new()
-        };
         Ok(Snapshot {
             ebpf,
             daemon,
             netns,
-            datapath,
         })
     }
 
@@ -578,12 +566,24 @@ impl Bench {
         self.cgroup(server_place).kill_all();
         self.cgroup(client_place).kill_all();
         o.preload = sampler.finish();
+        if self.has_stats_cmd {
+            // The data path's own report of this run's processes (their files are kept).
+            let out = Command::new(&self.smc_ctl)
+                .args(["stats", "--json"])
+                .env("SMC_PROCS_DIR", &procs)
+                .output();
+            if let Some(v) = out
+                .ok()
+                .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())
+            {
+                o.datapath = sys::flatten(&v);
+            }
+        }
         let _ = fs::remove_dir_all(&procs);
         let (out, after) = (out?, after?);
         o.ebpf = sys::delta_f(&before.ebpf, &after.ebpf);
         o.daemon = sys::delta_f(&before.daemon, &after.daemon);
         o.netns = sys::delta_f(&before.netns, &after.netns);
-        o.datapath = sys::delta_f(&before.datapath, &after.datapath);
         o.metrics =
             (case.parse)(&out).with_context(|| format!("parsing the output of {}", case.id))?;
         for m in &case.metrics {
@@ -1197,6 +1197,7 @@ fn nginx_conf(dir: &str, port: u16) -> String {
          env LD_PRELOAD;\n\
          env SMC_CTL_SOCK;\n\
          env SMC_PROCS_DIR;\n\
+         env SMC_STATS_KEEP;\n\
          daemon off;\n\
          master_process on;\n\
          pid {dir}/nginx-{port}.pid;\n\

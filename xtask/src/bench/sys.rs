@@ -773,7 +773,7 @@ const PRELOAD_FIELDS: [(&str, usize); 18] = [
     ("pending_connects", 144),
     ("doorbells_sent", 152),
     ("doorbells_received", 160),
-    ("live_conns", 112),
+    ("closed_conns", 112),
 ];
 const PRELOAD_MAGIC: u64 = 0x534d_4350_5354_4154;
 
