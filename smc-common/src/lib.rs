@@ -13,6 +13,8 @@
 //!   Accept/Confirm v1/v2 with the first-contact extension, Decline v1/v2), byte-exact with
 //!   Linux `net/smc/smc_clc.h`; framing ([`clc::message_len`]) and strict decoding
 //!   ([`clc::decode`]) with typed errors that map to decline codes.
+//! - [`procstats`] (feature `std`): the `#[repr(C)]` layout of the data path's per-process
+//!   statistics file (`/run/smc/procs/<pid>`), shared by its writer and its readers.
 //! - [`handshake`] (feature `std`): sans-IO client and server CLC state machines for SMC-Dv2
 //!   over a loopback-ism-like device (CHID `0xFFFF`, 128-bit GID); timeouts, DMB registration
 //!   and I/O errors are inputs, messages to send and the outcome are outputs.
@@ -32,3 +34,5 @@ pub mod clc;
 pub mod diag;
 #[cfg(feature = "std")]
 pub mod handshake;
+#[cfg(feature = "std")]
+pub mod procstats;
