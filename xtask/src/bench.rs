@@ -138,6 +138,8 @@ struct Bench {
     logs: PathBuf,
     tmp: PathBuf,
     next_port: StdCell<u16>,
+    /// 1, or 0 on a single-core machine (server and client then share it).
+    client_core: u32,
     daemon: Daemon,
     cg_plain: Cgroup,
     cg_shortcut: Cgroup,
@@ -217,6 +219,13 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
         .status()
         .is_ok_and(|s| s.success());
 
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let client_core = if cores >= 2 { 1 } else { 0 };
+    if cores < 2 {
+        eprintln!("warning: one CPU only: server and client share core 0");
+    }
     eprintln!("==> network namespace, cgroups, attachments and the loopback-ism daemon");
     let bench = {
         let netns = Netns::new(&logs)?;
@@ -232,6 +241,7 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
             logs: logs.clone(),
             tmp: tmp.0.clone(),
             next_port: StdCell::new(20_000),
+            client_core,
             daemon,
             cg_plain,
             cg_shortcut,
@@ -546,7 +556,7 @@ impl Bench {
         let server_argv = (case.server)(port)?;
         let client_argv = (case.client)(port)?;
         let server_cmd = self.command(server_place, 0, &server_argv, &procs);
-        let client_cmd = self.command(client_place, 1, &client_argv, &procs);
+        let client_cmd = self.command(client_place, self.client_core, &client_argv, &procs);
         o.server_cmd = cmd_line(&server_cmd);
         o.client_cmd = cmd_line(&client_cmd);
         let srv_log = self.logs.join(format!("{tag}.server.log"));

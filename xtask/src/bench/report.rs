@@ -205,9 +205,11 @@ pub fn svg(rows: &[Row], subtitle: &str) -> String {
     let label_w = 20.0 + 6.6 * labels.iter().map(|l| l.chars().count()).max().unwrap_or(10) as f64;
     let plot_w = 480.0;
     let right = 70.0;
+    // Room left of the plot for the value labels of bars that go left.
+    let gap = 50.0;
     let top = 78.0;
     let row_h = 34.0;
-    let width = (label_w + plot_w + right).max(900.0);
+    let width = (label_w + gap + plot_w + right).max(900.0);
     let height = top + row_h * rows.len() as f64 + 40.0;
     let values: Vec<f64> = rows
         .iter()
@@ -216,7 +218,8 @@ pub fn svg(rows: &[Row], subtitle: &str) -> String {
         .collect();
     let lo = values.iter().copied().fold(0.5f64, f64::min).max(1e-3) / 1.3;
     let hi = values.iter().copied().fold(2.0f64, f64::max).min(1e4) * 1.3;
-    let x = |v: f64| label_w + plot_w * (v.clamp(lo, hi).ln() - lo.ln()) / (hi.ln() - lo.ln());
+    let x =
+        |v: f64| label_w + gap + plot_w * (v.clamp(lo, hi).ln() - lo.ln()) / (hi.ln() - lo.ln());
     let colors = ["#4e79a7", "#f28e2b"];
     let mut s = String::new();
     let _ = writeln!(
