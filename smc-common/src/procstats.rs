@@ -57,7 +57,8 @@
 //! | 1296 | conn_slots: records in the connection table (0 = no table) |
 //! | 1304 | conn_table_offset: byte offset of the table in the file (≥ 4096) |
 //! | 1312 | conn_record_len: bytes per record ([`CONN_RECORD_LEN`]) |
-//! | 1320..4096 | reserved (zero) |
+//! | 1320 | pid_ns: inode of the writer's PID namespace (`/proc/self/ns/pid`); a reader in another PID namespace cannot tell whether the pid lives and treats the file as live |
+//! | 1328..4096 | reserved (zero) |
 //!
 //! The connection table ([`ConnRecord`], 16 words each) follows at `conn_table_offset`; the file
 //! is then `conn_table_offset + conn_slots * conn_record_len` bytes long.
@@ -193,6 +194,7 @@ pub struct ProcStats {
     pub conn_slots: AtomicU64,
     pub conn_table_offset: AtomicU64,
     pub conn_record_len: AtomicU64,
+    pub pid_ns: AtomicU64,
 }
 
 const _: () = {
@@ -214,6 +216,7 @@ const _: () = {
     assert!(offset_of!(ProcStats, reasons_server) == 1040);
     assert!(offset_of!(ProcStats, conn_slots) == 1296);
     assert!(offset_of!(ProcStats, conn_record_len) == 1312);
+    assert!(offset_of!(ProcStats, pid_ns) == 1320);
     assert!(std::mem::size_of::<ProcStats>() <= PAGE_LEN);
 };
 
@@ -295,12 +298,13 @@ pub fn add_reason(table: &[[AtomicU64; 2]; REASON_SLOTS], code: u32) {
 }
 
 impl ProcStats {
-    /// Writes the identity of a fresh (zeroed) area: magic, versions, pid, cgroup, start time
-    /// and the `valid` bits the writer maintains.
-    pub fn init(&self, pid: u64, cgroup_id: u64, start_time: u64, valid: u64) {
-        self.pid.store(pid, Ordering::Relaxed);
-        self.cgroup_id.store(cgroup_id, Ordering::Relaxed);
-        self.start_time.store(start_time, Ordering::Relaxed);
+    /// Writes the identity of a fresh (zeroed) area: magic, versions, pid, cgroup, start time,
+    /// PID namespace and the `valid` bits the writer maintains.
+    pub fn init(&self, id: &Identity, valid: u64) {
+        self.pid.store(id.pid, Ordering::Relaxed);
+        self.cgroup_id.store(id.cgroup_id, Ordering::Relaxed);
+        self.start_time.store(id.start_time, Ordering::Relaxed);
+        self.pid_ns.store(id.pid_ns, Ordering::Relaxed);
         self.valid.store(valid | VALID_IDENTITY, Ordering::Relaxed);
         self.ext_version.store(EXT_VERSION, Ordering::Relaxed);
         self.version.store(VERSION, Ordering::Relaxed);
@@ -339,6 +343,36 @@ impl ProcStats {
         }
         out
     }
+}
+
+/// Who writes a file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Identity {
+    pub pid: u64,
+    pub cgroup_id: u64,
+    pub start_time: u64,
+    pub pid_ns: u64,
+}
+
+impl Identity {
+    /// The calling process's identity (0 for what cannot be read).
+    pub fn current() -> Identity {
+        let pid = std::process::id() as u64;
+        Identity {
+            pid,
+            cgroup_id: proc_cgroup_id("self").unwrap_or(0),
+            start_time: proc_start_time(pid).unwrap_or(0),
+            pid_ns: pid_ns("self").unwrap_or(0),
+        }
+    }
+}
+
+/// Inode of the PID namespace of `pid` (`"self"` for the caller).
+pub fn pid_ns(pid: &str) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .map(|m| m.ino())
 }
 
 fn word(b: &[u8], off: usize) -> u64 {
@@ -544,6 +578,8 @@ pub struct Snapshot {
     pub cgroup_id: u64,
     /// 0 when not recorded.
     pub start_time: u64,
+    /// 0 when not recorded.
+    pub pid_ns: u64,
     pub flags: u64,
     pub valid: u64,
     /// Every name of [`COUNTERS`].
@@ -595,6 +631,7 @@ impl Snapshot {
         if ext {
             s.cgroup_id = word(b, offset_of!(ProcStats, cgroup_id));
             s.start_time = word(b, offset_of!(ProcStats, start_time));
+            s.pid_ns = word(b, offset_of!(ProcStats, pid_ns));
             s.flags = word(b, offset_of!(ProcStats, flags));
             s.valid = word(b, offset_of!(ProcStats, valid));
             s.reasons_client = reason_table(b, REASON_TABLES[1]);
@@ -734,10 +771,13 @@ pub fn proc_start_time(pid: u64) -> Option<u64> {
 }
 
 /// Whether the writer of `s` still runs (pid exists and, when recorded, has the same start
-/// time). Aggregates are never live.
+/// time). Aggregates are never live; a writer in another PID namespace always counts as live.
 pub fn is_live(s: &Snapshot) -> bool {
     if s.is_aggregate() || s.pid == 0 {
         return false;
+    }
+    if s.pid_ns != 0 && pid_ns("self").is_some_and(|ns| ns != s.pid_ns) {
+        return true;
     }
     match proc_start_time(s.pid) {
         None => false,
@@ -820,7 +860,13 @@ mod tests {
     #[test]
     fn writer_reader_roundtrip_and_fold() {
         let a = area();
-        a.init(77, 12345, 999, VALID_SIDE_REASONS | VALID_RING_HIST);
+        let id = Identity {
+            pid: 77,
+            cgroup_id: 12345,
+            start_time: 999,
+            pid_ns: 5,
+        };
+        a.init(&id, VALID_SIDE_REASONS | VALID_RING_HIST);
         a.smcd_client.fetch_add(2, Ordering::Relaxed);
         a.fallback(true, 0x0301_0000);
         a.fallback(false, 0x0301_0000);
@@ -830,7 +876,10 @@ mod tests {
         let b = a.to_bytes();
         let s = Snapshot::parse(&b).unwrap();
         assert!(s.ext);
-        assert_eq!((s.pid, s.cgroup_id, s.start_time), (77, 12345, 999));
+        assert_eq!(
+            (s.pid, s.cgroup_id, s.start_time, s.pid_ns),
+            (77, 12345, 999, 5)
+        );
         assert_eq!(s.get("fallback_server"), 1);
         assert_eq!(s.get("fallback_client"), 2);
         assert_eq!(s.reasons[&0x0301_0000], 2);
@@ -938,9 +987,13 @@ mod tests {
     fn own_identity() {
         let t = proc_start_time(std::process::id() as u64).unwrap();
         assert!(t > 0);
+        let me = Identity::current();
+        assert_eq!(me.start_time, t);
+        assert!(me.pid_ns != 0);
         let s = Snapshot {
             pid: std::process::id() as u64,
             start_time: t,
+            pid_ns: me.pid_ns,
             ..Default::default()
         };
         assert!(is_live(&s));
