@@ -27,6 +27,13 @@ pub struct DaemonArgs {
     /// Bytes of live DMBs per cgroup at most.
     #[arg(long)]
     cgroup_max_bytes: Option<u64>,
+    /// Serve the figures of `smc-ctl stats` and the daemon's own as Prometheus text on
+    /// http://ADDR/metrics (a local address, e.g. 127.0.0.1:9464). Off by default.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
+    /// The data path's per-process statistics directory (for --metrics).
+    #[arg(long, default_value_os_t = smc_common::procstats::default_dir())]
+    procs_dir: PathBuf,
 }
 
 fn parse_octal(s: &str) -> Result<u32, String> {
@@ -51,6 +58,16 @@ pub fn run(a: DaemonArgs) -> Result<()> {
     }
     if let Some(v) = a.cgroup_max_bytes {
         cfg.cgroup_max_bytes = v;
+    }
+    if let Some(addr) = a.metrics {
+        if !addr.ip().is_loopback() {
+            log::warn!("--metrics {addr}: not a loopback address; the figures describe this host's traffic");
+        }
+        cfg.metrics_addr = Some(addr);
+        let (procs, sock) = (a.procs_dir.clone(), cfg.socket_path.clone());
+        cfg.metrics_hook = Some(smc_ism::MetricsHook::new(move || {
+            crate::stats::prometheus(&procs, &sock)
+        }));
     }
     let path = cfg.socket_path.clone();
     smc_ism::run_blocking(cfg).with_context(|| format!("daemon on {}", path.display()))

@@ -6,8 +6,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 use smc_common::bpf::Mode;
 
 mod bpf;
+mod conns;
 mod daemon;
 mod run;
+mod stats;
 mod sys;
 
 #[derive(Parser)]
@@ -62,6 +64,28 @@ enum Cmd {
     },
     /// The loopback-ism device: allocates, shares and frees DMBs for the data path.
     Daemon(daemon::DaemonArgs),
+    /// Connection and fallback figures like `smcd stats`: show, reset, json.
+    Stats(stats::StatsArgs),
+    /// The TCP connections of the attached cgroups with their mode, like `smcss`.
+    Conns {
+        /// Details: DMB tokens and sizes, bytes, eBPF flags, where the mode comes from.
+        #[arg(short = 'd', long)]
+        details: bool,
+        #[arg(long)]
+        json: bool,
+        /// Also listening sockets.
+        #[arg(short = 'a', long)]
+        all: bool,
+        /// Only this cgroup (and its descendants).
+        #[arg(long)]
+        cgroup: Option<PathBuf>,
+        /// The loopback-ism daemon's socket.
+        #[arg(long, default_value_os_t = smc_ism::default_socket_path())]
+        socket: PathBuf,
+        /// The data path's per-process statistics directory.
+        #[arg(long, default_value_os_t = smc_common::procstats::default_dir())]
+        procs_dir: PathBuf,
+    },
     /// Run CMD with its TCP connections on the accelerated path (LD_PRELOAD interposition).
     Run {
         /// The command and its arguments.
@@ -87,6 +111,24 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Detach { cgroup: None, .. } => println!("{}", bpf::detach_all()?),
         Cmd::Daemon(args) => daemon::run(args)?,
         Cmd::Run { cmd } => run::exec(&cmd)?,
+        Cmd::Stats(args) => stats::run(args)?,
+        Cmd::Conns {
+            details,
+            json,
+            all,
+            cgroup,
+            socket,
+            procs_dir,
+        } => conns::run(
+            &conns::Options {
+                socket,
+                procs_dir,
+                cgroup,
+                listening: all,
+            },
+            details,
+            json,
+        )?,
         Cmd::Status { json } => {
             let st = bpf::status()?;
             if json {

@@ -133,5 +133,6 @@ pub use stats::{CgroupStats, DmbInfo, DmbList, FailureStats, OpStats, OpsStats, 
 
 #[cfg(feature = "daemon")]
 pub use daemon::{
-    run_blocking, serve, serve_until, spawn, DaemonConfig, DaemonHandle, DEFAULT_STATE_DIR,
+    run_blocking, serve, serve_until, spawn, DaemonConfig, DaemonHandle, MetricsHook,
+    DEFAULT_STATE_DIR,
 };

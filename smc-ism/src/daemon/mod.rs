@@ -2,7 +2,10 @@
 
 mod conn;
 mod gid;
+mod metrics;
 mod registry;
+
+pub use metrics::MetricsHook;
 
 use std::fs;
 use std::future::Future;
@@ -60,6 +63,12 @@ pub struct DaemonConfig {
     pub require_same_cgroup: bool,
     /// Connected clients at most; beyond, new connections are closed at once (default 16384).
     pub max_clients: u64,
+    /// Serve Prometheus text exposition (`GET /metrics`) on this TCP address (default: off).
+    /// Meant for a local address (e.g. `127.0.0.1:9464`); the figures are not secret (no
+    /// tokens) but describe the host's traffic.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Extra figures appended to every scrape (see [`MetricsHook`]).
+    pub metrics_hook: Option<MetricsHook>,
 }
 
 impl Default for DaemonConfig {
@@ -76,6 +85,8 @@ impl Default for DaemonConfig {
             min_available_bytes: 64 << 20,
             require_same_cgroup: false,
             max_clients: 16384,
+            metrics_addr: None,
+            metrics_hook: None,
         }
     }
 }
@@ -122,6 +133,7 @@ struct Bound {
     socket_path: PathBuf,
     socket_ino: (u64, u64),
     max_clients: u64,
+    metrics: Option<(std::net::TcpListener, Option<MetricsHook>)>,
 }
 
 /// Raises the soft `RLIMIT_NOFILE` towards what the configuration needs.
@@ -193,6 +205,23 @@ fn bind(cfg: DaemonConfig) -> Result<Bound, IsmError> {
         return Err(setup_err("locking", &lock_path)(e));
     }
 
+    let metrics = match cfg.metrics_addr {
+        None => None,
+        Some(addr) => {
+            let l = std::net::TcpListener::bind(addr).map_err(|source| IsmError::Setup {
+                what: "binding the metrics address",
+                path: PathBuf::from(addr.to_string()),
+                source,
+            })?;
+            l.set_nonblocking(true).map_err(IsmError::Io)?;
+            log::info!(
+                "metrics on http://{}/metrics",
+                l.local_addr().unwrap_or(addr)
+            );
+            Some((l, cfg.metrics_hook.clone()))
+        }
+    };
+
     // Bind under a temporary name, set owner and mode, then rename into place: the socket is
     // never reachable with the wrong permissions, and a stale socket is replaced atomically.
     let tmp = dir.join(format!(
@@ -253,6 +282,7 @@ fn bind(cfg: DaemonConfig) -> Result<Bound, IsmError> {
         socket_path: path,
         socket_ino: (md.dev(), md.ino()),
         max_clients: cfg.max_clients,
+        metrics,
     })
 }
 
@@ -268,6 +298,15 @@ impl Bound {
             .map_err(|e| IsmError::Io(e.into_parts().1))?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
+        if let Some((l, hook)) = self.metrics {
+            let l = tokio::net::TcpListener::from_std(l).map_err(IsmError::Io)?;
+            tasks.spawn(metrics::serve(
+                l,
+                self.shared.clone(),
+                hook,
+                stop_rx.clone(),
+            ));
+        }
         let counters = &self.shared.reg.counters;
         tokio::pin!(shutdown);
         loop {

@@ -1,0 +1,696 @@
+//! `smc-ctl conns`: one line per TCP connection of the attached cgroups, like `smcss`.
+//!
+//! Sources, joined per socket:
+//! - the processes of every attached cgroup (and its descendants): `cgroup.procs`, their
+//!   socket fds (`/proc/<pid>/fd`), command and uid;
+//! - the TCP tables of their network namespaces (`/proc/<pid>/net/tcp{,6}`): state, addresses;
+//! - the eBPF view (`SMC_PEERS`, pinned): for every established socket of an attached cgroup
+//!   whether it opted in, announced SMC, saw the peer announce it, has its peer on this host,
+//!   takes the shortcut;
+//! - the loopback-ism daemon's DMB list: a connection whose 4-tuple owns a live DMB runs SMC-D
+//!   (tokens and sizes with `-d`, tokens only for root);
+//! - the data path's per-connection records in its per-process file, when it writes them
+//!   ([`smc_common::procstats::ConnRecord`]): the exact mode, decline reason and bytes.
+//!
+//! Without a record the mode is inferred: `SMCD` (a live DMB of the daemon), `SHORTCUT` (a
+//! shortcut-mode cgroup whose peer is a registered local socket) or `TCP` with why:
+//! `PEERNOSMC` (opted in, the peer did not announce SMC), `NOT_ENABLED` (the process is not
+//! under `smc-ctl run`), `DECLINED` (both announced SMC but the CLC handshake declined: the
+//! process's recorded decline codes are listed), `NOSMCDDEV` (no daemon), `NO_LOCAL_PEER`
+//! (shortcut mode, peer elsewhere), `UNTRACKED` (established before the cgroup was attached).
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    fs,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+};
+
+use anyhow::Result;
+use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+use serde::Serialize;
+use smc_common::{
+    bpf::{
+        PeerEntry, SockKey, MAP_PEERS, SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PEER_SMC, SOCK_SAME_HOST,
+        SOCK_SHORTCUT,
+    },
+    diag,
+    procstats::{self, ConnState, Snapshot},
+};
+
+use crate::bpf;
+
+/// One connection (one end), as printed by `conns` and counted by `stats`.
+#[derive(Clone, Debug, Serialize)]
+pub struct ConnInfo {
+    /// TCP state (`ESTABLISHED`, `LISTEN`, …).
+    pub state: &'static str,
+    pub pid: u32,
+    pub command: String,
+    pub uid: u32,
+    pub inode: u64,
+    /// The process's cgroup (path) and its id (directory inode).
+    pub cgroup: String,
+    pub cgroup_id: u64,
+    /// Mode of the attached cgroup the process is under (`ism` / `shortcut`).
+    pub cgroup_mode: String,
+    pub local: String,
+    pub peer: String,
+    /// `SMCD`, `SHORTCUT`, `TCP`, or `CLC` (handshake running, from a record).
+    pub mode: &'static str,
+    /// For `TCP`: the decline name or why (see the module docs).
+    pub reason: Option<String>,
+    /// For `TCP` with a CLC decline code: the code (`0x03010000`).
+    pub reason_code: Option<String>,
+    /// Both ends on this host (eBPF view).
+    pub same_host: bool,
+    /// Where the mode comes from: `record`, `daemon`, `ebpf`, `maps`, `proc`.
+    pub source: &'static str,
+    /// eBPF flags of the socket (`opted_in`, `opt_sent`, `peer_smc`, `same_host`, `shortcut`).
+    pub flags: Vec<&'static str>,
+    pub own_token: Option<String>,
+    pub peer_token: Option<String>,
+    /// DMB sizes (the ring is 32 bytes less: the CDC header).
+    pub own_dmb_size: Option<u64>,
+    pub peer_dmb_size: Option<u64>,
+    /// Bytes moved (from a record).
+    pub rx_bytes: Option<u64>,
+    pub tx_bytes: Option<u64>,
+}
+
+/// What `conns` (and `stats`) could see.
+#[derive(Debug, Default, Serialize)]
+pub struct Notes {
+    /// The pinned eBPF maps exist.
+    pub ebpf_loaded: bool,
+    /// The daemon answered the DMB list.
+    pub daemon_running: bool,
+    pub daemon_error: Option<String>,
+    /// Processes whose file carries connection records.
+    pub processes_with_records: usize,
+    /// Processes scanned.
+    pub processes: usize,
+    /// Attached cgroups scanned.
+    pub cgroups: Vec<String>,
+}
+
+pub struct Options {
+    pub socket: PathBuf,
+    pub procs_dir: PathBuf,
+    /// Only processes in this cgroup (and its descendants).
+    pub cgroup: Option<PathBuf>,
+    /// Include listening sockets.
+    pub listening: bool,
+}
+
+const TCP_STATES: [&str; 12] = [
+    "UNKNOWN",
+    "ESTABLISHED",
+    "SYN_SENT",
+    "SYN_RECV",
+    "FIN_WAIT1",
+    "FIN_WAIT2",
+    "TIME_WAIT",
+    "CLOSE",
+    "CLOSE_WAIT",
+    "LAST_ACK",
+    "LISTEN",
+    "CLOSING",
+];
+
+fn parse_hex_addr(s: &str) -> Option<SocketAddr> {
+    let (a, p) = s.split_once(':')?;
+    let port = u16::from_str_radix(p, 16).ok()?;
+    let ip = match a.len() {
+        8 => {
+            let v = u32::from_str_radix(a, 16).ok()?;
+            IpAddr::V4(Ipv4Addr::from(v.to_ne_bytes()))
+        }
+        32 => {
+            let mut o = [0u8; 16];
+            for i in 0..4 {
+                let v = u32::from_str_radix(&a[i * 8..i * 8 + 8], 16).ok()?;
+                o[i * 4..i * 4 + 4].copy_from_slice(&v.to_ne_bytes());
+            }
+            let v6 = Ipv6Addr::from(o);
+            match v6.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => IpAddr::V6(v6),
+            }
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+struct TcpEntry {
+    state: &'static str,
+    local: SocketAddr,
+    peer: SocketAddr,
+}
+
+/// `/proc/<pid>/net/tcp` and `tcp6`: socket inode → entry.
+fn tcp_table(pid: u32, out: &mut HashMap<u64, TcpEntry>) {
+    for f in ["tcp", "tcp6"] {
+        let Ok(text) = fs::read_to_string(format!("/proc/{pid}/net/{f}")) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let c: Vec<&str> = line.split_whitespace().collect();
+            if c.len() < 10 {
+                continue;
+            }
+            let (Some(local), Some(peer)) = (parse_hex_addr(c[1]), parse_hex_addr(c[2])) else {
+                continue;
+            };
+            let st = usize::from_str_radix(c[3], 16).unwrap_or(0);
+            let Ok(inode) = c[9].parse::<u64>() else {
+                continue;
+            };
+            if inode == 0 {
+                continue;
+            }
+            out.insert(
+                inode,
+                TcpEntry {
+                    state: TCP_STATES.get(st).copied().unwrap_or("UNKNOWN"),
+                    local,
+                    peer,
+                },
+            );
+        }
+    }
+}
+
+/// The eBPF key of a connection end (IPv4 as v4-mapped IPv6, bytes in network order).
+pub fn sock_key(local: &SocketAddr, peer: &SocketAddr) -> SockKey {
+    fn ip(a: &SocketAddr) -> [u32; 4] {
+        let o = match a.ip() {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+            IpAddr::V6(v6) => v6.octets(),
+        };
+        std::array::from_fn(|i| u32::from_ne_bytes(o[i * 4..i * 4 + 4].try_into().expect("4")))
+    }
+    SockKey {
+        local_ip: ip(local),
+        remote_ip: ip(peer),
+        local_port: local.port() as u32,
+        remote_port: peer.port() as u32,
+    }
+}
+
+/// Every entry of the pinned `SMC_PEERS` map (`None` when nothing is loaded).
+pub fn peers_map() -> Option<HashMap<SockKey, PeerEntry>> {
+    let path = Path::new(bpf::PIN_ROOT).join("maps").join(MAP_PEERS);
+    let data = MapData::from_pin(&path).ok()?;
+    let map: BpfHashMap<_, SockKey, PeerEntry> =
+        BpfHashMap::try_from(Map::from_map_data(data).ok()?).ok()?;
+    Some(map.iter().filter_map(|r| r.ok()).collect())
+}
+
+fn flag_names(f: u32) -> Vec<&'static str> {
+    [
+        (SOCK_OPTED_IN, "opted_in"),
+        (SOCK_OPT_SENT, "opt_sent"),
+        (SOCK_PEER_SMC, "peer_smc"),
+        (SOCK_SAME_HOST, "same_host"),
+        (SOCK_SHORTCUT, "shortcut"),
+    ]
+    .iter()
+    .filter(|(b, _)| f & b != 0)
+    .map(|(_, n)| *n)
+    .collect()
+}
+
+/// A process of an attached cgroup.
+struct ProcInfo {
+    pid: u32,
+    cgroup: PathBuf,
+    cgroup_id: u64,
+    mode: String,
+}
+
+/// Every cgroup directory at or below `dir`, with its id.
+pub fn cgroup_tree(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(md) = fs::metadata(&d) else {
+            continue;
+        };
+        out.push((d.clone(), md.ino()));
+        if let Ok(rd) = fs::read_dir(&d) {
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(e.path());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn pids_of(cg: &Path) -> Vec<u32> {
+    fs::read_to_string(cg.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// The attached cgroups (path, mode), limited to `filter` (a cgroup directory: its attached
+/// ancestor or descendants) when given.
+fn scanned_cgroups(filter: Option<&Path>) -> Result<Vec<(PathBuf, String)>> {
+    let st = bpf::status()?;
+    let mut out = Vec::new();
+    let filter = match filter {
+        Some(f) => Some(fs::canonicalize(f)?),
+        None => None,
+    };
+    for a in st.cgroups {
+        let p = PathBuf::from(&a.cgroup);
+        if !p.exists() {
+            continue;
+        }
+        match &filter {
+            None => out.push((p, a.mode)),
+            Some(f) if f.starts_with(&p) => out.push((f.clone(), a.mode)),
+            Some(f) if p.starts_with(f) => out.push((p, a.mode)),
+            Some(_) => {}
+        }
+    }
+    out.sort();
+    out.dedup_by(|a, b| a.0 == b.0);
+    Ok(out)
+}
+
+fn processes(cgroups: &[(PathBuf, String)]) -> Vec<ProcInfo> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for (root, mode) in cgroups {
+        for (dir, id) in cgroup_tree(root) {
+            for pid in pids_of(&dir) {
+                if seen.insert(pid) {
+                    out.push(ProcInfo {
+                        pid,
+                        cgroup: dir.clone(),
+                        cgroup_id: id,
+                        mode: mode.clone(),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+fn socket_inodes(pid: u32) -> Vec<u64> {
+    let Ok(rd) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| fs::read_link(e.path()).ok())
+        .filter_map(|l| {
+            l.to_str()?
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+fn maps_dmbs(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.contains("memfd:smc-dmb"))
+}
+
+/// The daemon's live DMBs by owner (local, peer), or why there are none.
+fn daemon_dmbs(socket: &Path) -> std::result::Result<Vec<smc_ism::DmbInfo>, String> {
+    let mut c = smc_ism::Client::connect(socket).map_err(|e| e.to_string())?;
+    c.list_dmbs().map_err(|e| e.to_string())
+}
+
+fn norm(a: &str) -> Option<SocketAddr> {
+    let a: SocketAddr = a.parse().ok()?;
+    Some(match a.ip() {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), a.port()),
+            None => a,
+        },
+        IpAddr::V4(_) => a,
+    })
+}
+
+/// The per-process files of `dir` by pid (live writers only).
+fn proc_files(dir: &Path) -> HashMap<u32, Snapshot> {
+    let mut out = HashMap::new();
+    let Ok(rd) = fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Some(s) = fs::read(e.path()).ok().and_then(|b| Snapshot::parse(&b)) {
+            if procstats::is_live(&s) {
+                out.insert(pid, s);
+            }
+        }
+    }
+    out
+}
+
+fn reason_name(code: u32) -> String {
+    match diag::Diag::from_code(code) {
+        Some(d) => d.name().to_string(),
+        None => format!("{code:#010x}"),
+    }
+}
+
+/// Collects every connection of the attached cgroups (see the module docs).
+pub fn collect(o: &Options) -> Result<(Vec<ConnInfo>, Notes)> {
+    let mut notes = Notes::default();
+    let cgroups = scanned_cgroups(o.cgroup.as_deref())?;
+    notes.cgroups = cgroups
+        .iter()
+        .map(|(p, _)| p.display().to_string())
+        .collect();
+    let procs = processes(&cgroups);
+    notes.processes = procs.len();
+    let peers = peers_map();
+    notes.ebpf_loaded = peers.is_some();
+    let peers = peers.unwrap_or_default();
+    let dmbs = match daemon_dmbs(&o.socket) {
+        Ok(d) => {
+            notes.daemon_running = true;
+            d
+        }
+        Err(e) => {
+            notes.daemon_error = Some(e);
+            Vec::new()
+        }
+    };
+    let mut by_owner: HashMap<(SocketAddr, SocketAddr), &smc_ism::DmbInfo> = HashMap::new();
+    for d in &dmbs {
+        if let (Some(l), Some(p)) = (norm(&d.owner_local), norm(&d.owner_peer)) {
+            if !d.unregistered {
+                by_owner.insert((l, p), d);
+            }
+        }
+    }
+    let files = proc_files(&o.procs_dir);
+    notes.processes_with_records = files
+        .values()
+        .filter(|s| s.valid & procstats::VALID_CONN_TABLE != 0)
+        .count();
+
+    // One TCP table per network namespace.
+    let mut tables: HashMap<u64, HashMap<u64, TcpEntry>> = HashMap::new();
+    let mut out = Vec::new();
+    let mut seen_inodes = BTreeSet::new();
+    for p in &procs {
+        let inodes = socket_inodes(p.pid);
+        if inodes.is_empty() {
+            continue;
+        }
+        let Ok(ns) = fs::metadata(format!("/proc/{}/ns/net", p.pid)).map(|m| m.ino()) else {
+            continue;
+        };
+        let table = tables.entry(ns).or_insert_with(|| {
+            let mut t = HashMap::new();
+            tcp_table(p.pid, &mut t);
+            t
+        });
+        let command = fs::read_to_string(format!("/proc/{}/comm", p.pid))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
+        let uid = fs::metadata(format!("/proc/{}", p.pid))
+            .map(|m| m.uid())
+            .unwrap_or(0);
+        let file = files.get(&p.pid);
+        let mut maps_checked = None;
+        for ino in inodes {
+            let Some(t) = table.get(&ino) else {
+                continue;
+            };
+            if !seen_inodes.insert((ns, ino)) {
+                continue; // shared with another process (fork) already listed
+            }
+            if t.state == "LISTEN" && !o.listening {
+                continue;
+            }
+            let key = sock_key(&t.local, &t.peer);
+            let entry = peers.get(&key);
+            let mirror = peers.contains_key(&key.mirror());
+            let flags = entry.map(|e| e.flags).unwrap_or(0);
+            let mut c = ConnInfo {
+                state: t.state,
+                pid: p.pid,
+                command: command.clone(),
+                uid,
+                inode: ino,
+                cgroup: p.cgroup.display().to_string(),
+                cgroup_id: p.cgroup_id,
+                cgroup_mode: p.mode.clone(),
+                local: t.local.to_string(),
+                peer: t.peer.to_string(),
+                mode: "TCP",
+                reason: None,
+                reason_code: None,
+                same_host: flags & SOCK_SAME_HOST != 0 || mirror,
+                source: "ebpf",
+                flags: flag_names(flags),
+                own_token: None,
+                peer_token: None,
+                own_dmb_size: None,
+                peer_dmb_size: None,
+                rx_bytes: None,
+                tx_bytes: None,
+            };
+            if t.state == "LISTEN" {
+                c.source = "proc";
+                c.mode = if p.mode == "shortcut" {
+                    "SHORTCUT"
+                } else {
+                    "TCP"
+                };
+                out.push(c);
+                continue;
+            }
+            // 1. the data path's own record
+            if let Some(r) = file.and_then(|f| {
+                f.conns
+                    .iter()
+                    .find(|r| r.local == t.local && r.peer == t.peer)
+            }) {
+                c.source = "record";
+                c.rx_bytes = Some(r.rx_bytes);
+                c.tx_bytes = Some(r.tx_bytes);
+                match r.state() {
+                    ConnState::Smcd => {
+                        c.mode = "SMCD";
+                        c.own_token = Some(format!("{:016x}", r.own_token));
+                        c.peer_token = Some(format!("{:016x}", r.peer_token));
+                        c.own_dmb_size = Some(r.own_dmb_size as u64);
+                        c.peer_dmb_size = Some(r.peer_dmb_size as u64);
+                    }
+                    ConnState::Handshake => c.mode = "CLC",
+                    _ => {
+                        c.mode = "TCP";
+                        c.reason = Some(reason_name(r.reason));
+                        c.reason_code = Some(format!("{:#010x}", r.reason));
+                    }
+                }
+                out.push(c);
+                continue;
+            }
+            // 2. a live DMB of the daemon
+            let own = by_owner.get(&(t.local, t.peer));
+            let theirs = by_owner.get(&(t.peer, t.local));
+            if own.is_some() || theirs.is_some() {
+                c.mode = "SMCD";
+                c.source = "daemon";
+                c.own_token = own.and_then(|d| d.token).map(|t| format!("{t:016x}"));
+                c.peer_token = theirs.and_then(|d| d.token).map(|t| format!("{t:016x}"));
+                c.own_dmb_size = own.map(|d| d.size);
+                c.peer_dmb_size = theirs.map(|d| d.size);
+                out.push(c);
+                continue;
+            }
+            // 3. inferred from the eBPF view
+            let why: &str = if entry.is_none() {
+                "UNTRACKED"
+            } else if p.mode == "shortcut" {
+                if flags & SOCK_SHORTCUT != 0 && mirror {
+                    c.mode = "SHORTCUT";
+                    ""
+                } else {
+                    "NO_LOCAL_PEER"
+                }
+            } else if flags & SOCK_OPTED_IN == 0 {
+                "NOT_ENABLED"
+            } else if flags & SOCK_PEER_SMC == 0 {
+                c.reason_code = Some(format!("{:#010x}", diag::Diag::PeerNoSmc.code()));
+                "PEERNOSMC"
+            } else if !notes.daemon_running {
+                let maps = *maps_checked.get_or_insert_with(|| maps_dmbs(p.pid));
+                if maps {
+                    c.mode = "SMCD";
+                    c.source = "maps";
+                    ""
+                } else {
+                    c.reason_code = Some(format!("{:#010x}", diag::Diag::NoSmcdDev.code()));
+                    "NOSMCDDEV"
+                }
+            } else {
+                "DECLINED"
+            };
+            if c.mode == "TCP" {
+                let mut r = why.to_string();
+                if why == "DECLINED" {
+                    let codes: Vec<String> = file
+                        .map(|f| {
+                            f.reasons
+                                .keys()
+                                .filter(|&&k| k != diag::Diag::PeerNoSmc.code())
+                                .map(|&k| reason_name(k))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    if !codes.is_empty() {
+                        r = format!("DECLINED({})", codes.join("|"));
+                    }
+                }
+                c.reason = Some(r);
+            }
+            out.push(c);
+        }
+    }
+    out.sort_by(|a, b| (a.pid, &a.local, &a.peer).cmp(&(b.pid, &b.local, &b.peer)));
+    Ok((out, notes))
+}
+
+fn col(s: &str, w: usize) -> String {
+    if s.len() > w {
+        format!("{}..", &s[..w - 2])
+    } else {
+        format!("{s:<w$}")
+    }
+}
+
+/// `smc-ctl conns`.
+pub fn run(o: &Options, details: bool, json: bool) -> Result<()> {
+    crate::sys::require_root()?;
+    let (conns, notes) = collect(o)?;
+    if json {
+        let v = serde_json::json!({ "connections": conns, "sources": notes });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    print!(
+        "{} {} {} {} {:<8}",
+        col("State", 12),
+        col("PID/Command", 22),
+        col("Local Address", 23),
+        col("Peer Address", 23),
+        "Mode"
+    );
+    if details {
+        print!(
+            " {:<16} {:<16} {:>8} {:>8} {:>12} {:>12} {:<6} Flags",
+            "Token", "Peer-Token", "Rcvbuf", "Peerbuf", "RX-bytes", "TX-bytes", "Source"
+        );
+    }
+    println!();
+    for c in &conns {
+        let mode = match (&c.reason, c.mode) {
+            (Some(r), "TCP") => format!("TCP {r}"),
+            _ => c.mode.to_string(),
+        };
+        print!(
+            "{} {} {} {} {:<8}",
+            col(c.state, 12),
+            col(&format!("{}/{}", c.pid, c.command), 22),
+            col(&c.local, 23),
+            col(&c.peer, 23),
+            mode
+        );
+        if details {
+            let ring = |s: Option<u64>| {
+                s.map(|v| {
+                    format!(
+                        "{}",
+                        v.saturating_sub(smc_common::cdc::CDC_HEADER_LEN as u64)
+                    )
+                })
+                .unwrap_or_else(|| "-".into())
+            };
+            let num = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+            print!(
+                " {:<16} {:<16} {:>8} {:>8} {:>12} {:>12} {:<6} {}",
+                c.own_token.as_deref().unwrap_or("-"),
+                c.peer_token.as_deref().unwrap_or("-"),
+                ring(c.own_dmb_size),
+                ring(c.peer_dmb_size),
+                num(c.rx_bytes),
+                num(c.tx_bytes),
+                c.source,
+                if c.flags.is_empty() {
+                    "-".to_string()
+                } else {
+                    c.flags.join(",")
+                }
+            );
+        }
+        println!();
+    }
+    if conns.is_empty() {
+        println!(
+            "(no connections in {} attached cgroup(s))",
+            notes.cgroups.len()
+        );
+    }
+    if !notes.daemon_running {
+        println!(
+            "note: daemon not running ({}): SMC-D is inferred from the processes' DMB mappings",
+            notes.daemon_error.as_deref().unwrap_or("?")
+        );
+    }
+    if notes.processes_with_records == 0 && details {
+        println!(
+            "note: the data path writes no per-connection records yet: modes are inferred (Source column), bytes and cursors unknown"
+        );
+    }
+    Ok(())
+}
+
+/// Live figures of a set of connections (for `stats`): counts by mode and TCP reasons.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Live {
+    pub connections: u64,
+    pub smcd: u64,
+    pub shortcut: u64,
+    pub tcp: u64,
+    pub same_host_tcp: u64,
+    pub tcp_reasons: BTreeMap<String, u64>,
+}
+
+pub fn live(conns: &[ConnInfo]) -> Live {
+    let mut l = Live::default();
+    for c in conns.iter().filter(|c| c.state != "LISTEN") {
+        l.connections += 1;
+        match c.mode {
+            "SMCD" => l.smcd += 1,
+            "SHORTCUT" => l.shortcut += 1,
+            _ => {
+                l.tcp += 1;
+                if c.same_host {
+                    l.same_host_tcp += 1;
+                    let r = c.reason.clone().unwrap_or_else(|| "?".into());
+                    *l.tcp_reasons.entry(r).or_insert(0) += 1;
+                }
+            }
+        }
+    }
+    l
+}

@@ -1,0 +1,210 @@
+//! Optional Prometheus text exposition (`GET /metrics`) on a local TCP address
+//! ([`DaemonConfig::metrics_addr`](super::DaemonConfig::metrics_addr), off by default).
+//!
+//! The daemon's own counters (`smc_ism_*`) plus whatever the configured
+//! [`MetricsHook`] renders (`smc-ctl daemon --metrics` adds the eBPF counters and the data
+//! path's figures, the same as `smc-ctl stats json`). Minimal HTTP/1.x: one request per
+//! connection, a bounded request head, a deadline, a bounded number of concurrent scrapes.
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+
+use super::conn::Shared;
+
+/// Renders extra Prometheus text (complete `# HELP`/`# TYPE`/sample lines) for each scrape. It
+/// runs on a blocking thread, so it may read files and maps.
+#[derive(Clone)]
+pub struct MetricsHook(pub Arc<dyn Fn() -> String + Send + Sync>);
+
+impl MetricsHook {
+    /// Wraps a renderer.
+    pub fn new(f: impl Fn() -> String + Send + Sync + 'static) -> MetricsHook {
+        MetricsHook(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for MetricsHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MetricsHook(..)")
+    }
+}
+
+const MAX_HEAD: usize = 8192;
+const DEADLINE: Duration = Duration::from_secs(5);
+const MAX_CONCURRENT: usize = 8;
+
+/// Gauges among the daemon's [`Stats`](crate::Stats) fields; everything else is a counter.
+const GAUGES: &[&str] = &[
+    "protocol_version",
+    "uptime_secs",
+    "generation",
+    "clients_connected",
+    "live_dmbs",
+    "live_bytes",
+    "live_attachments",
+    "max_dmbs",
+];
+
+fn flatten(prefix: &str, v: &Value, out: &mut Vec<(String, u64)>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}_{k}")
+                };
+                flatten(&key, x, out);
+            }
+        }
+        Value::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                out.push((prefix.to_string(), u));
+            }
+        }
+        _ => {}
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The daemon's own figures as Prometheus text.
+pub(crate) fn render_daemon(shared: &Shared) -> String {
+    let stats = shared.reg.stats(shared.events.generation());
+    let mut out = String::new();
+    let mut v = serde_json::to_value(&stats).unwrap_or(Value::Null);
+    let cgroups = v
+        .as_object_mut()
+        .and_then(|m| m.remove("cgroups"))
+        .unwrap_or(Value::Null);
+    let mut flat = Vec::new();
+    flatten("", &v, &mut flat);
+    for (k, val) in flat {
+        let kind = if GAUGES.contains(&k.as_str()) {
+            "gauge"
+        } else {
+            "counter"
+        };
+        let _ = writeln!(
+            out,
+            "# HELP smc_ism_{k} loopback-ism daemon figure {k}\n# TYPE smc_ism_{k} {kind}\nsmc_ism_{k} {val}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP smc_ism_info loopback-ism device identity\n# TYPE smc_ism_info gauge\nsmc_ism_info{{gid=\"{}\"}} 1",
+        escape(&stats.gid)
+    );
+    if let Value::Array(list) = cgroups {
+        for (name, help) in [
+            ("dmbs", "live DMBs owned by the cgroup"),
+            ("bytes", "bytes of the cgroup's live DMBs"),
+            ("refused", "registrations refused by the cgroup's quota"),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP smc_ism_cgroup_{name} {help}\n# TYPE smc_ism_cgroup_{name} gauge"
+            );
+            for c in &list {
+                let _ = writeln!(
+                    out,
+                    "smc_ism_cgroup_{name}{{cgroup=\"{}\"}} {}",
+                    escape(c["path"].as_str().unwrap_or("")),
+                    c[name].as_u64().unwrap_or(0)
+                );
+            }
+        }
+    }
+    out
+}
+
+async fn handle(mut s: TcpStream, shared: Arc<Shared>, hook: Option<MetricsHook>) {
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    let read = async {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
+            let n = s.read(&mut buf).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            head.extend_from_slice(&buf[..n]);
+            if head.len() > MAX_HEAD {
+                return None;
+            }
+        }
+        Some(())
+    };
+    if tokio::time::timeout(DEADLINE, read)
+        .await
+        .ok()
+        .flatten()
+        .is_none()
+    {
+        return;
+    }
+    let line = String::from_utf8_lossy(&head);
+    let mut parts = line.lines().next().unwrap_or("").split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    let (status, body) = if method != "GET" && method != "HEAD" {
+        ("405 Method Not Allowed", "only GET\n".to_string())
+    } else if path != "/metrics" && path != "/" {
+        ("404 Not Found", "see /metrics\n".to_string())
+    } else {
+        let sh = shared.clone();
+        let body = tokio::task::spawn_blocking(move || {
+            let mut b = render_daemon(&sh);
+            if let Some(h) = hook {
+                b.push_str(&(h.0)());
+            }
+            b
+        })
+        .await
+        .unwrap_or_default();
+        ("200 OK", body)
+    };
+    let mut resp = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    if method != "HEAD" {
+        resp.extend_from_slice(body.as_bytes());
+    }
+    let _ = tokio::time::timeout(DEADLINE, s.write_all(&resp)).await;
+    let _ = s.shutdown().await;
+}
+
+/// Serves scrapes until `stop` turns true.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    hook: Option<MetricsHook>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let slots = Arc::new(Semaphore::new(MAX_CONCURRENT));
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            r = listener.accept() => {
+                let Ok((s, _)) = r else { continue };
+                // Beyond the limit a scrape is closed at once rather than queued.
+                let Ok(permit) = slots.clone().try_acquire_owned() else { continue };
+                let (sh, h) = (shared.clone(), hook.clone());
+                tokio::spawn(async move {
+                    handle(s, sh, h).await;
+                    drop(permit);
+                });
+            }
+        }
+    }
+}
