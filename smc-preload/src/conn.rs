@@ -101,6 +101,21 @@ pub enum Woke {
 pub struct Tune {
     /// Upper bound of the adaptive spin before sleeping, in nanoseconds.
     pub spin_max_ns: u64,
+    /// Yield the CPU every this many spin iterations (0: never), so that a peer sharing our
+    /// CPU gets to run.
+    pub spin_yield: u32,
+}
+
+/// One spin iteration: a pause, and every `spin_yield` iterations a `sched_yield`.
+#[inline]
+pub fn spin_pause(i: u32) {
+    let y = tune().spin_yield;
+    if y != 0 && i % y == 0 {
+        // SAFETY: plain syscall.
+        unsafe { libc::sched_yield() };
+    } else {
+        std::hint::spin_loop();
+    }
 }
 
 pub fn tune() -> &'static Tune {
@@ -112,8 +127,13 @@ pub fn tune() -> &'static Tune {
             .unwrap_or(100);
         // SAFETY: plain sysconf.
         let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        let spin_yield = std::env::var("SMC_SPIN_YIELD")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(16);
         Tune {
             spin_max_ns: if cpus > 1 { spin_us * 1000 } else { 0 },
+            spin_yield,
         }
     })
 }
@@ -807,23 +827,33 @@ impl Conn {
     pub fn wait(&self, fd: i32, data: bool, need: u32, deadline: Option<Instant>) -> Woke {
         let s = self.sh();
         // Spin first: a peer that answers within the budget costs no syscall on either side.
-        let budget = self.spin.budget();
+        // Room in a full ring comes as fast as the reader copies: always spin the full budget
+        // for it; data may never come (idle connection): adaptive.
+        let budget = if data {
+            self.spin.budget()
+        } else {
+            tune().spin_max_ns
+        };
         if budget > 0 {
             let start = Instant::now();
             let mut i = 0u32;
             loop {
                 if self.ready_for(data, need) {
                     s.spin_hits.fetch_add(1, Ordering::Relaxed);
-                    self.spin.record(true);
+                    if data {
+                        self.spin.record(true);
+                    }
                     return Woke::Ready;
                 }
                 i += 1;
                 if i & 31 == 0 && start.elapsed().as_nanos() as u64 >= budget {
                     break;
                 }
-                std::hint::spin_loop();
+                spin_pause(i);
             }
-            self.spin.record(false);
+            if data {
+                self.spin.record(false);
+            }
         }
         loop {
             // Announce, then recheck (the other side swaps the bit after changing the ring).

@@ -436,7 +436,7 @@ pub unsafe fn wait(
                             }
                         }
                     }
-                    std::hint::spin_loop();
+                    crate::conn::spin_pause(i);
                 }
                 poll::spin_result(hit);
                 if hit {

@@ -189,7 +189,7 @@ pub unsafe fn poll_emul(
                             break;
                         }
                     }
-                    std::hint::spin_loop();
+                    crate::conn::spin_pause(i);
                 }
                 spin_result(hit);
                 if hit {
