@@ -62,8 +62,12 @@ pub struct Shared {
     /// Last accepted consumer cursor of the peer (in its ring).
     peer_cons: AtomicU64,
     pub flags: AtomicU32,
-    /// Threads (any process) sleeping on the TCP fd for this connection.
+    /// Waiters (threads of any process) sleeping on `wake_seq`.
     pub waiters: AtomicU32,
+    /// 1 while one waiter sleeps in poll on the TCP socket.
+    pub poller: AtomicU32,
+    /// Bumped by the poller after each wakeup (futex word of the other waiters).
+    pub wake_seq: AtomicU32,
     pub rx_bytes: AtomicU64,
     pub tx_bytes: AtomicU64,
     pub rx_calls: AtomicU64,
@@ -110,7 +114,7 @@ pub struct Tune {
 #[inline]
 pub fn spin_pause(i: u32) {
     let y = tune().spin_yield;
-    if y != 0 && i % y == 0 {
+    if y != 0 && i.is_multiple_of(y) {
         // SAFETY: plain syscall.
         unsafe { libc::sched_yield() };
     } else {
@@ -889,19 +893,37 @@ impl Conn {
                     (d - now).as_millis().min(i32::MAX as u128) as i32 + 1
                 }
             };
-            let others = s.waiters.fetch_add(1, Ordering::AcqRel);
-            if others > 0 {
-                // Several waiters share one doorbell channel: one may drain a byte meant for
-                // another, so nobody sleeps long.
-                timeout = if timeout < 0 { 10 } else { timeout.min(10) };
-            }
             if self.flags() & (F_PEER_GONE | F_REAL_SHUT) != 0 {
                 // The TCP socket is at EOF and always readable: sleep instead of spinning.
                 timeout = if timeout < 0 { 1 } else { timeout.min(1) };
                 std::thread::sleep(Duration::from_millis(timeout as u64));
-                s.waiters.fetch_sub(1, Ordering::AcqRel);
                 continue;
             }
+            // One poller per connection end sleeps on the TCP socket (and drains the
+            // doorbells); every other waiter (thread or process) sleeps on a futex that the
+            // poller bumps after each wakeup, so no doorbell is consumed behind a sleeper's back.
+            let seq = s.wake_seq.load(Ordering::Acquire);
+            if s.poller
+                .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+            {
+                s.waiters.fetch_add(1, Ordering::AcqRel);
+                if !self.ready_for(data, need) {
+                    let t = if timeout < 0 { 500 } else { timeout.min(500) };
+                    crate::shm::futex_wait(&s.wake_seq, seq, t as u64);
+                }
+                s.waiters.fetch_sub(1, Ordering::AcqRel);
+                if self.ready_for(data, need) {
+                    if !data {
+                        self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
+                    }
+                    return Woke::Ready;
+                }
+                continue;
+            }
+            // A safety net: even a wakeup lost to a foreign drainer (an epoll waiter of the
+            // application on the same socket) costs at most half a second.
+            timeout = if timeout < 0 { 500 } else { timeout.min(500) };
             let mut pfd = libc::pollfd {
                 fd,
                 events: libc::POLLIN,
@@ -913,10 +935,15 @@ impl Conn {
             let r = unsafe { real::poll(&mut pfd, 1, timeout) };
             let e = real::errno();
             real::set_errno(e0);
-            s.waiters.fetch_sub(1, Ordering::AcqRel);
             if r > 0 {
                 self.drain(fd);
-            } else if r < 0 && e == libc::EINTR && crate::signals::interrupts() {
+            }
+            s.poller.store(0, Ordering::Release);
+            s.wake_seq.fetch_add(1, Ordering::AcqRel);
+            if s.waiters.load(Ordering::Acquire) > 0 {
+                crate::shm::futex_wake(&s.wake_seq, i32::MAX);
+            }
+            if r < 0 && e == libc::EINTR && crate::signals::interrupts() {
                 if !data {
                     self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
                 }

@@ -97,7 +97,7 @@ pub fn memfd(name: &str, len: usize) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-fn futex_wait(word: &AtomicU32, val: u32, timeout_ms: u64) {
+pub fn futex_wait(word: &AtomicU32, val: u32, timeout_ms: u64) {
     let ts = libc::timespec {
         tv_sec: (timeout_ms / 1000) as libc::time_t,
         tv_nsec: ((timeout_ms % 1000) * 1_000_000) as libc::c_long,
@@ -116,7 +116,7 @@ fn futex_wait(word: &AtomicU32, val: u32, timeout_ms: u64) {
     };
 }
 
-fn futex_wake(word: &AtomicU32, n: i32) {
+pub fn futex_wake(word: &AtomicU32, n: i32) {
     // SAFETY: as above.
     unsafe {
         libc::syscall(
