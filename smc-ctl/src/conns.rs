@@ -73,9 +73,31 @@ pub struct ConnInfo {
     /// DMB sizes (the ring is 32 bytes less: the CDC header).
     pub own_dmb_size: Option<u64>,
     pub peer_dmb_size: Option<u64>,
-    /// Bytes moved (from a record).
+    /// Bytes moved (from a record, or from the producer cursors: exact below 65536 ring
+    /// wraps).
     pub rx_bytes: Option<u64>,
     pub tx_bytes: Option<u64>,
+    /// The CDC cursors of both directions (`wrap:count`), read from the two DMBs as this
+    /// end maps them (root, with the daemon's DMB list): what the peer produced into our ring
+    /// and what we published as consumed; what we produced into the peer's ring and what it
+    /// consumed.
+    pub cursors: Option<Cursors>,
+    /// Shutdown state like smcss: `R` our reading side is done (the peer finished writing,
+    /// closed or aborted), `W` we finished writing; `<->` both open.
+    pub shutdown: Option<String>,
+}
+
+/// CDC cursors of one end.
+#[derive(Clone, Debug, Serialize)]
+pub struct Cursors {
+    pub rx_prod: String,
+    pub rx_cons: String,
+    /// Connection-state flags the peer wrote (hex).
+    pub rx_flags: String,
+    pub tx_prod: String,
+    pub tx_cons: String,
+    /// Our connection-state flags (hex).
+    pub tx_flags: String,
 }
 
 /// What `conns` (and `stats`) could see.
@@ -320,6 +342,70 @@ fn socket_inodes(pid: u32) -> Vec<u64> {
         .collect()
 }
 
+/// `/proc/<pid>/maps` entries of DMBs: inode → `start-end`.
+fn dmb_mappings(pid: u32) -> HashMap<u64, String> {
+    let mut out = HashMap::new();
+    for l in fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap_or_default()
+        .lines()
+    {
+        if !l.contains("memfd:smc-dmb") {
+            continue;
+        }
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if let (Some(range), Some(ino)) = (f.first(), f.get(4).and_then(|i| i.parse().ok())) {
+            out.entry(ino).or_insert_with(|| range.to_string());
+        }
+    }
+    out
+}
+
+/// The CDC header at the start of a DMB mapped by `pid` (read through `map_files`: root).
+fn read_cdc(pid: u32, range: &str) -> Option<smc_common::cdc::CdcMsg> {
+    use std::os::unix::fs::FileExt as _;
+    let f = fs::File::open(format!("/proc/{pid}/map_files/{range}")).ok()?;
+    let mut b = [0u8; smc_common::cdc::CDC_HEADER_LEN];
+    f.read_exact_at(&mut b, 0).ok()?;
+    smc_common::cdc::CdcMsg::from_bytes(&b).ok()
+}
+
+/// Cursors, shutdown state and bytes of an SMC-D end from its two DMBs.
+fn cdc_details(c: &mut ConnInfo, pid: u32, own: &smc_ism::DmbInfo, peer: &smc_ism::DmbInfo) {
+    use smc_common::cdc::{ConnStateFlags, Cursor};
+    let (Some(oi), Some(pi)) = (own.inode, peer.inode) else {
+        return;
+    };
+    let maps = dmb_mappings(pid);
+    let (Some(om), Some(pm)) = (maps.get(&oi), maps.get(&pi)) else {
+        return;
+    };
+    let (Some(o), Some(p)) = (read_cdc(pid, om), read_cdc(pid, pm)) else {
+        return;
+    };
+    let hdr = smc_common::cdc::CDC_HEADER_LEN as u64;
+    let cur = |x: Cursor| format!("{:04x}:{:08x}", x.wrap, x.count);
+    let moved = |x: Cursor, dmb: u64| x.wrap as u64 * dmb.saturating_sub(hdr) + x.count as u64;
+    // Our DMB is written by the peer: its producer word and, in its consumer word, how far it
+    // consumed its own ring plus its flags. The peer's DMB carries ours.
+    let (theirs, mine) = (o.cons.conn_state, p.cons.conn_state);
+    c.cursors = Some(Cursors {
+        rx_prod: cur(o.prod.cursor),
+        rx_cons: cur(p.cons.cursor),
+        rx_flags: format!("{:02x}", theirs.0),
+        tx_prod: cur(p.prod.cursor),
+        tx_cons: cur(o.cons.cursor),
+        tx_flags: format!("{:02x}", mine.0),
+    });
+    c.rx_bytes = Some(moved(o.prod.cursor, own.size));
+    c.tx_bytes = Some(moved(p.prod.cursor, peer.size));
+    let done = |f: ConnStateFlags| f.any_close_or_done();
+    c.shutdown = Some(format!(
+        "{}-{}",
+        if done(theirs) { 'R' } else { '<' },
+        if done(mine) { 'W' } else { '>' }
+    ));
+}
+
 fn maps_dmbs(pid: u32) -> bool {
     fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.contains("memfd:smc-dmb"))
 }
@@ -466,6 +552,8 @@ pub fn collect(o: &Options) -> Result<(Vec<ConnInfo>, Notes)> {
                 peer_dmb_size: None,
                 rx_bytes: None,
                 tx_bytes: None,
+                cursors: None,
+                shutdown: None,
             };
             if t.state == "LISTEN" {
                 c.source = "proc";
@@ -514,6 +602,9 @@ pub fn collect(o: &Options) -> Result<(Vec<ConnInfo>, Notes)> {
                 c.peer_token = theirs.and_then(|d| d.token).map(|t| format!("{t:016x}"));
                 c.own_dmb_size = own.map(|d| d.size);
                 c.peer_dmb_size = theirs.map(|d| d.size);
+                if let (Some(o), Some(t)) = (own, theirs) {
+                    cdc_details(&mut c, p.pid, o, t);
+                }
                 out.push(c);
                 continue;
             }
@@ -597,8 +688,21 @@ pub fn run(o: &Options, details: bool, json: bool) -> Result<()> {
     );
     if details {
         print!(
-            " {:<16} {:<16} {:>8} {:>8} {:>12} {:>12} {:<6} Flags",
-            "Token", "Peer-Token", "Rcvbuf", "Peerbuf", "RX-bytes", "TX-bytes", "Source"
+            " {:<5} {:<16} {:<16} {:>8} {:>8} {:<13} {:<13} {:<7} {:<13} {:<13} {:<7} {:>12} {:>12} {:<6} Flags",
+            "Shutd",
+            "Token",
+            "Peer-Token",
+            "Rcvbuf",
+            "Peerbuf",
+            "rxprod-Cursor",
+            "rxcons-Cursor",
+            "rxFlags",
+            "txprod-Cursor",
+            "txcons-Cursor",
+            "txFlags",
+            "RX-bytes",
+            "TX-bytes",
+            "Source"
         );
     }
     println!();
@@ -626,12 +730,21 @@ pub fn run(o: &Options, details: bool, json: bool) -> Result<()> {
                 .unwrap_or_else(|| "-".into())
             };
             let num = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+            let cu = c.cursors.as_ref();
+            let cs = |f: fn(&Cursors) -> &String| cu.map(|x| f(x).as_str()).unwrap_or("-");
             print!(
-                " {:<16} {:<16} {:>8} {:>8} {:>12} {:>12} {:<6} {}",
+                " {:<5} {:<16} {:<16} {:>8} {:>8} {:<13} {:<13} {:<7} {:<13} {:<13} {:<7} {:>12} {:>12} {:<6} {}",
+                c.shutdown.as_deref().unwrap_or("-"),
                 c.own_token.as_deref().unwrap_or("-"),
                 c.peer_token.as_deref().unwrap_or("-"),
                 ring(c.own_dmb_size),
                 ring(c.peer_dmb_size),
+                cs(|x| &x.rx_prod),
+                cs(|x| &x.rx_cons),
+                cs(|x| &x.rx_flags),
+                cs(|x| &x.tx_prod),
+                cs(|x| &x.tx_cons),
+                cs(|x| &x.tx_flags),
                 num(c.rx_bytes),
                 num(c.tx_bytes),
                 c.source,
@@ -658,7 +771,7 @@ pub fn run(o: &Options, details: bool, json: bool) -> Result<()> {
     }
     if notes.processes_with_records == 0 && details {
         println!(
-            "note: the data path writes no per-connection records yet: modes are inferred (Source column), bytes and cursors unknown"
+            "note: the data path writes no per-connection records yet: modes are inferred (Source column); cursors and bytes come from the DMBs (SMC-D)"
         );
     }
     Ok(())

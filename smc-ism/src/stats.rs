@@ -153,6 +153,10 @@ pub struct DmbInfo {
     pub owner_cgroup: String,
     /// The token: only present when the caller is root.
     pub token: Option<u64>,
+    /// Inode of the DMB's memfd, as `/proc/<pid>/maps` shows it (so that `smc-ctl conns -d`
+    /// finds each end's mappings and reads the CDC cursors): only present when the caller is
+    /// root.
+    pub inode: Option<u64>,
 }
 
 /// One page of the DMB list.

@@ -189,15 +189,16 @@ fn fields(out: &str, prefix: &str) -> Vec<BTreeMap<String, String>> {
 }
 
 fn run_client(c: Command) -> BTreeMap<String, String> {
-    let out = Proc::spawn(c).wait_output(Duration::from_secs(120)).unwrap();
+    let out = Proc::spawn(c)
+        .wait_output(Duration::from_secs(120))
+        .unwrap();
     let f = fields(&out, "CLIENT ");
     assert_eq!(f.len(), 1, "client output: {out}");
     f[0].clone()
 }
 
 fn u(v: &Value) -> u64 {
-    v.as_u64()
-        .unwrap_or_else(|| panic!("not a number: {v}"))
+    v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
 
 /// The number after `label` on the first line of `text` that starts (after spaces) with it.
@@ -411,6 +412,28 @@ fn stats_conns_live_modes_and_cgroups() {
     assert_eq!(s0["peer_token"], k0["own_token"]);
     assert!(u(&s0["own_dmb_size"]) >= 16384);
     assert_eq!(s0["cgroup"], w.cg(0).path.display().to_string());
+    // The cursors, read from the two DMBs as each end maps them: with both ends stopped, what
+    // the source produced is what the sink sees produced, and what the sink consumed is what
+    // the source sees consumed.
+    for p in [&src, &sink] {
+        // SAFETY: plain kill of our child.
+        unsafe { libc::kill(p.0.id() as i32, libc::SIGSTOP) };
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let frozen = w.conns(&["--cgroup", &w.cg(0).path.display().to_string()]);
+    for p in [&src, &sink] {
+        // SAFETY: as above.
+        unsafe { libc::kill(p.0.id() as i32, libc::SIGCONT) };
+    }
+    let fs0 = frozen.iter().find(|c| u(&c["pid"]) == pid(&src)).unwrap();
+    let fk0 = frozen.iter().find(|c| u(&c["pid"]) == pid(&sink)).unwrap();
+    let (sc, kc) = (&fs0["cursors"], &fk0["cursors"]);
+    assert!(sc.is_object(), "{fs0:#}");
+    assert_eq!(sc["tx_prod"], kc["rx_prod"], "{sc:#} {kc:#}");
+    assert_eq!(sc["tx_cons"], kc["rx_cons"], "{sc:#} {kc:#}");
+    assert_eq!(fs0["tx_bytes"], fk0["rx_bytes"]);
+    assert!(u(&fs0["tx_bytes"]) > 0, "{fs0:#}");
+    assert_eq!(fs0["shutdown"], "<->");
 
     let s1 = by_pid(pid(&src1));
     let k1 = by_pid(pid(&sink1));
@@ -474,7 +497,11 @@ fn stats_conns_live_modes_and_cgroups() {
         "{f1:#}"
     );
     assert_eq!(u(&f1["live"]["tcp"]), 2, "{f1:#}");
-    assert_eq!(u(&f1["live"]["same_host_tcp_reasons"]["PEERNOSMC"]), 1, "{f1:#}");
+    assert_eq!(
+        u(&f1["live"]["same_host_tcp_reasons"]["PEERNOSMC"]),
+        1,
+        "{f1:#}"
+    );
     let cg2 = w.cg(2).path.display().to_string();
     let f2 = w.stats_json(&["--cgroup", &cg2]);
     assert_eq!(u(&f2["live"]["shortcut"]), 2, "{f2:#}");

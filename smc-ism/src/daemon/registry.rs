@@ -552,6 +552,11 @@ impl Registry {
                         owner_peer: r.dmb.owner.peer.to_string(),
                         owner_cgroup: truncate_path(&r.dmb.owner_cgroup.path),
                         token: with_token.then_some(r.dmb.token),
+                        inode: if with_token {
+                            fd_inode(&r.dmb.memfd)
+                        } else {
+                            None
+                        },
                     }),
             );
         }
@@ -606,6 +611,14 @@ impl Registry {
             cgroups,
         }
     }
+}
+
+/// Inode of an open file (a DMB's memfd).
+fn fd_inode(fd: &OwnedFd) -> Option<u64> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: fstat into a zeroed stat of an fd we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some(st.st_ino as u64)
 }
 
 /// At most this many cgroups are listed in [`Stats`] (the busiest first).
