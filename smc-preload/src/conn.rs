@@ -108,6 +108,8 @@ pub struct Tune {
     /// Yield the CPU every this many spin iterations (0: never), so that a peer sharing our
     /// CPU gets to run.
     pub spin_yield: u32,
+    /// Spin of a writer waiting for room, in nanoseconds.
+    pub spin_room_ns: u64,
 }
 
 /// One spin iteration: a pause, and every `spin_yield` iterations a `sched_yield`.
@@ -135,9 +137,14 @@ pub fn tune() -> &'static Tune {
             .ok()
             .and_then(|v| v.parse::<u32>().ok())
             .unwrap_or(16);
+        let room_us = std::env::var("SMC_SPIN_ROOM_US")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
         Tune {
             spin_max_ns: if cpus > 1 { spin_us * 1000 } else { 0 },
             spin_yield,
+            spin_room_ns: if cpus > 1 { room_us * 1000 } else { 0 },
         }
     })
 }
@@ -830,13 +837,15 @@ impl Conn {
     /// the TCP socket, where the peer's doorbell lands.
     pub fn wait(&self, fd: i32, data: bool, need: u32, deadline: Option<Instant>) -> Woke {
         let s = self.sh();
-        // Spin first: a peer that answers within the budget costs no syscall on either side.
-        // Room in a full ring comes as fast as the reader copies: always spin the full budget
-        // for it; data may never come (idle connection): adaptive.
+        // Spin first when waiting for data: a peer that answers within the budget costs no
+        // syscall on either side (request/response). A writer that filled the ring does not
+        // spin (SMC_SPIN_ROOM_US, default 0): the reader has a whole ring to copy, and on a
+        // small machine the spinning writer takes the CPU the reader needs (measured in
+        // DESIGN.md).
         let budget = if data {
             self.spin.budget()
         } else {
-            tune().spin_max_ns
+            tune().spin_room_ns
         };
         if budget > 0 {
             let start = Instant::now();
