@@ -136,7 +136,7 @@ pub fn tune() -> &'static Tune {
         let spin_yield = std::env::var("SMC_SPIN_YIELD")
             .ok()
             .and_then(|v| v.parse::<u32>().ok())
-            .unwrap_or(16);
+            .unwrap_or(64);
         let room_us = std::env::var("SMC_SPIN_ROOM_US")
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
