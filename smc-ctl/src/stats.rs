@@ -155,6 +155,29 @@ impl Raw {
     fn p(&self, k: &str) -> u64 {
         self.procs.get(k).copied().unwrap_or(0)
     }
+
+    /// Adds the data path's figures of `o` (cgroup baselines are summed over a scope).
+    fn add_procs(&mut self, o: &Raw) {
+        for (dst, src) in [
+            (&mut self.procs, &o.procs),
+            (&mut self.reasons, &o.reasons),
+            (&mut self.reasons_client, &o.reasons_client),
+            (&mut self.reasons_server, &o.reasons_server),
+        ] {
+            for (k, v) in src {
+                *dst.entry(k.clone()).or_insert(0) += v;
+            }
+        }
+        for (k, v) in &o.hists {
+            let e = self.hists.entry(k.clone()).or_default();
+            if e.len() < v.len() {
+                e.resize(v.len(), 0);
+            }
+            for (d, x) in e.iter_mut().zip(v) {
+                *d += x;
+            }
+        }
+    }
 }
 
 fn code_key(code: u32) -> String {
@@ -504,7 +527,7 @@ fn scope_of(cgroup: Option<&Path>) -> Result<Scope> {
             let dir = fs::canonicalize(dir).with_context(|| format!("{}", dir.display()))?;
             let id = fs::metadata(&dir)?.ino();
             Ok(Scope {
-                key: format!("cgroup:{id}"),
+                key: cgroup_key(id),
                 ids: Some(conns::cgroup_tree(&dir).into_iter().map(|x| x.1).collect()),
                 cgroup: Some(dir),
             })
@@ -600,20 +623,38 @@ fn hist_obj(h: Option<&Vec<u64>>) -> Value {
     }
 }
 
+/// The baseline of a scope: the host's, or the sum of the scope's cgroups' (a cgroup without
+/// an entry had nothing at the reset); `None` when nothing of the scope was reset.
+fn scope_base(b: &Baseline, scope: &Scope) -> Option<(u64, Raw)> {
+    let Some(ids) = &scope.ids else {
+        return b.scopes.get("host").cloned();
+    };
+    let mut out: Option<(u64, Raw)> = None;
+    for id in ids {
+        if let Some((t, r)) = b.scopes.get(&cgroup_key(*id)) {
+            let e = out.get_or_insert_with(|| (*t, Raw::default()));
+            e.0 = e.0.min(*t);
+            e.1.add_procs(r);
+        }
+    }
+    out
+}
+
+fn cgroup_key(id: u64) -> String {
+    format!("cgroup:{id}")
+}
+
 /// Builds every figure of a scope as JSON (what `json` prints and `show` formats).
 fn figures(a: &StatsArgs, inp: &Inputs, scope: &Scope, base: Option<&Baseline>) -> Value {
     let abs = raw_of(inp, scope);
-    let r = match base {
-        Some(b) if !a.absolute => match b.scopes.get(&scope.key) {
-            Some((_, br)) => abs.minus(br),
-            None => abs.clone(),
-        },
-        _ => abs.clone(),
+    let base = base
+        .filter(|_| !a.absolute)
+        .and_then(|b| scope_base(b, scope));
+    let r = match &base {
+        Some((_, br)) => abs.minus(br),
+        None => abs.clone(),
     };
-    let baseline_unix = match base {
-        Some(b) if !a.absolute => b.scopes.get(&scope.key).map(|(t, _)| *t),
-        _ => None,
-    };
+    let baseline_unix = base.as_ref().map(|(t, _)| *t);
     let (sum_abs, open_smcd) = inp.scan.sum(scope.ids.as_ref());
     let valid = sum_abs.valid;
     let smcd_client = r.p("smcd_client");
@@ -1106,15 +1147,22 @@ pub fn run(a: StatsArgs) -> Result<()> {
                 b.scopes.insert("host".into(), (t, raw_of(&inp, &scope)));
                 for cg in inp.scan.per_cgroup.keys() {
                     let s = Scope {
-                        key: format!("cgroup:{cg}"),
+                        key: cgroup_key(*cg),
                         cgroup: None,
                         ids: Some([*cg].into()),
                     };
                     b.scopes.insert(s.key.clone(), (t, raw_of(&inp, &s)));
                 }
             } else {
-                b.scopes
-                    .insert(scope.key.clone(), (t, raw_of(&inp, &scope)));
+                // Each cgroup of the scope (its figures may be summed in other scopes too).
+                for cg in scope.ids.iter().flatten() {
+                    let s = Scope {
+                        key: cgroup_key(*cg),
+                        cgroup: None,
+                        ids: Some([*cg].into()),
+                    };
+                    b.scopes.insert(s.key.clone(), (t, raw_of(&inp, &s)));
+                }
             }
             save_baseline(&a.baseline, &b)?;
             println!(

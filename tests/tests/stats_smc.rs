@@ -13,6 +13,9 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 fn preload_lib() -> PathBuf {
+    if let Some(p) = std::env::var_os("SMC_PRELOAD_LIB") {
+        return PathBuf::from(p);
+    }
     let p = bin_dir().join("libsmc_preload.so");
     assert!(
         p.exists(),
@@ -329,6 +332,25 @@ fn stats_counts_connections_bytes_and_reset() {
     assert_eq!(a["absolute"], true);
     assert_eq!(u(&a["connections"]["smcd"]), 2 * n + 2, "{a:#}");
     assert_eq!(u(&a["rx"]["bytes"]), bytes + 16 + 700_000, "{a:#}");
+
+    // Per cgroup: the exited processes' figures are kept under their cgroup, and the
+    // host-wide reset applies to it too.
+    let cg = w.cg(0).path.display().to_string();
+    let c = w.stats_json(&["--cgroup", &cg]);
+    assert_eq!(c["scope"], "cgroup");
+    assert_eq!(u(&c["connections"]["smcd"]), 2, "{c:#}");
+    let ca = w.stats_json(&["--cgroup", &cg, "-a"]);
+    assert_eq!(u(&ca["connections"]["smcd"]), 2 * n + 2, "{ca:#}");
+    assert_eq!(u(&ca["tx"]["bytes"]), bytes + 16 + 700_000, "{ca:#}");
+    w.ctl(&["stats", "reset", "--cgroup", &cg]);
+    let cz = w.stats_json(&["--cgroup", &cg]);
+    assert_eq!(u(&cz["connections"]["smcd"]), 0, "{cz:#}");
+    // The ring-size histogram: every closed connection end counted once per direction.
+    let h = &ca["rx"]["ring_hist"];
+    if h.is_object() {
+        let total: u64 = h.as_object().unwrap().values().map(u).sum();
+        assert_eq!(total, 2 * n + 2, "{h:#}");
+    }
 }
 
 /// A client under `smc-ctl run` against a server without the library: PEERNOSMC, counted as
