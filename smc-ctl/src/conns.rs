@@ -807,3 +807,75 @@ pub fn live(conns: &[ConnInfo]) -> Live {
     }
     l
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_net_tcp_addresses() {
+        // 127.0.0.1:8080 as /proc/net/tcp prints it on a little-endian host.
+        let a = parse_hex_addr("0100007F:1F90").unwrap();
+        assert_eq!(a, "127.0.0.1:8080".parse().unwrap());
+        // ::1 port 22 in tcp6.
+        let a = parse_hex_addr("00000000000000000000000001000000:0016").unwrap();
+        assert_eq!(a, "[::1]:22".parse().unwrap());
+        // ::ffff:127.0.0.1 is shown as IPv4.
+        let a = parse_hex_addr("0000000000000000FFFF00000100007F:0050").unwrap();
+        assert_eq!(a, "127.0.0.1:80".parse().unwrap());
+        assert!(parse_hex_addr("zz:1").is_none());
+    }
+
+    #[test]
+    fn keys_match_the_ebpf_layout() {
+        let l: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let p: SocketAddr = "127.0.0.2:80".parse().unwrap();
+        let k = sock_key(&l, &p);
+        // v4-mapped, network byte order in memory (as smc-ebpf's v4_mapped).
+        assert_eq!(k.local_ip[2], u32::from_ne_bytes([0, 0, 0xff, 0xff]));
+        assert_eq!(k.local_ip[3], u32::from_ne_bytes([127, 0, 0, 1]));
+        assert_eq!((k.local_port, k.remote_port), (40000, 80));
+        assert_eq!(sock_key(&p, &l), k.mirror());
+        let v6: SocketAddr = "[::ffff:127.0.0.1]:40000".parse().unwrap();
+        assert_eq!(sock_key(&v6, &p), k);
+    }
+
+    #[test]
+    fn live_counts() {
+        let c = |mode: &'static str, same: bool, reason: Option<&str>| ConnInfo {
+            state: "ESTABLISHED",
+            pid: 1,
+            command: String::new(),
+            uid: 0,
+            inode: 1,
+            cgroup: String::new(),
+            cgroup_id: 1,
+            cgroup_mode: "ism".into(),
+            local: String::new(),
+            peer: String::new(),
+            mode,
+            reason: reason.map(str::to_string),
+            reason_code: None,
+            same_host: same,
+            source: "ebpf",
+            flags: Vec::new(),
+            own_token: None,
+            peer_token: None,
+            own_dmb_size: None,
+            peer_dmb_size: None,
+            rx_bytes: None,
+            tx_bytes: None,
+            cursors: None,
+            shutdown: None,
+        };
+        let l = live(&[
+            c("SMCD", true, None),
+            c("SHORTCUT", true, None),
+            c("TCP", true, Some("PEERNOSMC")),
+            c("TCP", false, Some("UNTRACKED")),
+        ]);
+        assert_eq!((l.connections, l.smcd, l.shortcut, l.tcp), (4, 1, 1, 2));
+        assert_eq!(l.same_host_tcp, 1);
+        assert_eq!(l.tcp_reasons["PEERNOSMC"], 1);
+    }
+}

@@ -1330,3 +1330,126 @@ pub fn prometheus(procs_dir: &Path, socket: &Path) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(pairs: &[(&str, u64)]) -> Raw {
+        Raw {
+            procs: pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn differences() {
+        let cur = Raw {
+            reasons: [("0x03010000".to_string(), 5)].into(),
+            ebpf: Some([("same_host_pairs".to_string(), 10)].into()),
+            daemon: Some([("ops_register_ok".to_string(), 7)].into()),
+            daemon_started: Some(1000),
+            ..raw(&[("smcd_client", 9), ("rx_bytes", 100)])
+        };
+        let base = Raw {
+            reasons: [("0x03010000".to_string(), 2)].into(),
+            ebpf: Some([("same_host_pairs".to_string(), 4)].into()),
+            daemon: Some([("ops_register_ok".to_string(), 3)].into()),
+            daemon_started: Some(1001),
+            ..raw(&[("smcd_client", 4), ("rx_bytes", 150)])
+        };
+        let d = cur.minus(&base);
+        assert_eq!(d.p("smcd_client"), 5);
+        // Below its baseline: its source was reset, count from zero.
+        assert_eq!(d.p("rx_bytes"), 100);
+        assert_eq!(d.reasons["0x03010000"], 3);
+        assert_eq!(d.ebpf.unwrap()["same_host_pairs"], 6);
+        assert_eq!(d.daemon.unwrap()["ops_register_ok"], 4);
+        // A restarted daemon (other start time) is not subtracted.
+        let restarted = Raw {
+            daemon_started: Some(5000),
+            ..cur.clone()
+        };
+        assert_eq!(restarted.minus(&base).daemon.unwrap()["ops_register_ok"], 7);
+    }
+
+    #[test]
+    fn cgroup_baselines_are_summed() {
+        let mut b = Baseline::default();
+        b.scopes
+            .insert(cgroup_key(1), (10, raw(&[("smcd_client", 2)])));
+        b.scopes
+            .insert(cgroup_key(2), (20, raw(&[("smcd_client", 3)])));
+        let scope = |ids: &[u64]| Scope {
+            key: String::new(),
+            cgroup: None,
+            ids: Some(ids.iter().copied().collect()),
+        };
+        let (t, r) = scope_base(&b, &scope(&[1, 2, 3])).unwrap();
+        assert_eq!((t, r.p("smcd_client")), (10, 5));
+        assert!(scope_base(&b, &scope(&[4])).is_none());
+        assert!(scope_base(
+            &b,
+            &Scope {
+                key: String::new(),
+                cgroup: None,
+                ids: None
+            }
+        )
+        .is_none());
+    }
+
+    #[test]
+    fn abbreviations_and_flattening() {
+        assert_eq!(abbrev(999), "999");
+        assert_eq!(abbrev(1536), "1.50K");
+        assert_eq!(abbrev(75 << 20), "75.0M");
+        assert_eq!(abbrev(300 << 30), "300G");
+        let mut m = BTreeMap::new();
+        flatten(
+            "",
+            &json!({"ops": {"register": {"ok": 3}}, "gid": "x", "live_dmbs": 1}),
+            &mut m,
+        );
+        assert_eq!(m["ops_register_ok"], 3);
+        assert_eq!(m["live_dmbs"], 1);
+        assert!(!m.contains_key("gid"));
+    }
+
+    #[test]
+    fn folding_a_directory() {
+        use smc_common::procstats::{Identity, ProcStats};
+        let dir = std::env::temp_dir().join(format!("smc-stats-unit-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        // A file of a process that is gone (pid 0x7fff_fff0 does not exist).
+        // SAFETY: all-zero is a valid ProcStats (atomics only).
+        let a: Box<ProcStats> = unsafe { Box::new(std::mem::zeroed()) };
+        a.init(
+            &Identity {
+                pid: 0x7fff_fff0,
+                cgroup_id: 42,
+                start_time: 1,
+                pid_ns: 0,
+            },
+            procstats::VALID_SIDE_REASONS,
+        );
+        a.smcd_client
+            .fetch_add(2, std::sync::atomic::Ordering::Relaxed);
+        a.fallback(true, 0x0301_0000);
+        fs::write(dir.join("2147483632"), a.to_bytes()).unwrap();
+        let s = scan_procs(&dir);
+        assert_eq!((s.stale_folded, s.exited_aggregates), (1, 1));
+        assert!(!dir.join("2147483632").exists());
+        assert!(dir.join("exited-42").exists());
+        let (sum, open) = s.sum(Some(&[42].into()));
+        assert_eq!(sum.get("smcd_client"), 2);
+        assert_eq!(sum.get("fallback_server"), 1);
+        assert_eq!(sum.reasons_server[&0x0301_0000], 1);
+        assert_eq!(open, 0);
+        // Read again: the same figures, from the aggregate alone.
+        let again = scan_procs(&dir);
+        assert_eq!(again.sum(None).0.get("smcd_client"), 2);
+        assert_eq!(again.stale_folded, 0);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
