@@ -58,6 +58,7 @@ extern "C" fn init() {
     if uses_liburing() {
         ops::disable("liburing is loaded (io_uring bypasses the interposition)");
     }
+    ops::adopt_orphans_after_exec();
     // SAFETY: registering plain extern "C" functions.
     unsafe {
         libc::atexit(at_exit);

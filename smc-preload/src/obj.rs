@@ -19,6 +19,10 @@ pub enum Obj {
     Skip(Skip),
     /// An epoll instance that watches SMC connections.
     Epoll(EpollSet),
+    /// An SMC connection inherited across `exec`: its rings are gone with the old image, and
+    /// its TCP socket carries only doorbells. Reads fail with `ECONNRESET` (then EOF), writes
+    /// with `EPIPE`; never a doorbell byte as data.
+    Orphan(Skip),
 }
 
 pub struct Pending {

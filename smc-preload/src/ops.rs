@@ -97,6 +97,19 @@ fn conn_of(fd: c_int) -> Option<Arc<Obj>> {
     }
 }
 
+/// Data calls on an orphaned SMC connection (inherited across exec).
+fn orphan(fd: c_int, write: bool) -> Option<ssize_t> {
+    let o = fdtable::get(fd)?;
+    let Obj::Orphan(s) = &*o else { return None };
+    if write {
+        return Some(fail(libc::EPIPE));
+    }
+    if s.state.swap(1, Ordering::AcqRel) == 0 {
+        return Some(fail(libc::ECONNRESET));
+    }
+    Some(0)
+}
+
 fn ret(r: Result<usize, i32>) -> ssize_t {
     match r {
         Ok(n) => n as ssize_t,
@@ -108,12 +121,21 @@ fn ret(r: Result<usize, i32>) -> ssize_t {
 // data path
 
 pub unsafe fn recv_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t> {
+    if let Some(r) = orphan(fd, false) {
+        return Some(r);
+    }
     let o = conn_of(fd)?;
     let c = o.conn()?;
     Some(ret(c.recv(fd, iov, flags)))
 }
 
 pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t> {
+    if let Some(r) = orphan(fd, true) {
+        if flags & libc::MSG_NOSIGNAL == 0 {
+            crate::conn::raise_sigpipe();
+        }
+        return Some(r);
+    }
     let o = conn_of(fd)?;
     let c = o.conn()?;
     Some(ret(c.send(fd, iov, flags)))
@@ -951,4 +973,46 @@ pub fn install_conn(fd: c_int, c: Conn) -> Arc<Obj> {
     drop(fdtable::replace(fd, Slot::Obj(o.clone())));
     epoll::on_convert(fd, &o);
     o
+}
+
+/// At load: SMC connections inherited from the image before `exec` cannot be served (their
+/// rings went with it); make them fail cleanly instead of reading doorbells as data. They are
+/// recognised by the eBPF socket state (opted in, peer SMC, shortcut enabled after a
+/// handshake) when the pre-exec image of this pid had live SMC connections.
+pub fn adopt_orphans_after_exec() {
+    let dir = std::env::var("SMC_PROCS_DIR").unwrap_or_else(|_| "/run/smc/procs".to_string());
+    let Ok(b) = std::fs::read(format!("{dir}/{}", crate::pid())) else {
+        return;
+    };
+    let Some(v) = stats::parse(&b) else { return };
+    let get = |k: &str| v.iter().find(|(n, _)| n == k).map_or(0, |x| x.1);
+    if get("pid") != crate::pid() as u64
+        || get("smcd_client") + get("smcd_server") <= get("closed_conns")
+    {
+        return;
+    }
+    let Ok(rd) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<c_int> = rd
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    for fd in fds {
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: valid out buffer.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+            continue;
+        }
+        if setup::looks_like_smc_conn(fd) {
+            crate::debug!("fd {fd}: SMC connection inherited across exec: fails cleanly");
+            // The peer learns it at once (EOF on its doorbell channel), and so does any poll of
+            // ours (POLLIN|POLLHUP).
+            // SAFETY: plain syscall.
+            unsafe { real::shutdown(fd, libc::SHUT_RDWR) };
+            drop(fdtable::replace(
+                fd,
+                Slot::Obj(Arc::new(Obj::Orphan(crate::obj::Skip::new(false)))),
+            ));
+        }
+    }
 }

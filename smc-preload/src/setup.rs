@@ -123,6 +123,13 @@ fn peer_smc(fd: i32) -> bool {
     sock_state(fd).is_some_and(|s| s.flags & SOCK_PEER_SMC != 0)
 }
 
+/// The eBPF state of an established SMC connection's TCP socket.
+pub fn looks_like_smc_conn(fd: i32) -> bool {
+    use smc_common::bpf::{SOCK_OPTED_IN, SOCK_SHORTCUT};
+    let want = SOCK_OPTED_IN | SOCK_PEER_SMC | SOCK_SHORTCUT;
+    sock_state(fd).is_some_and(|s| s.flags & want == want)
+}
+
 fn shortcut(fd: i32) {
     static OFF: OnceLock<bool> = OnceLock::new();
     if *OFF.get_or_init(|| std::env::var_os("SMC_NO_SHORTCUT").is_some_and(|v| v == "1")) {

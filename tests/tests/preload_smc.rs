@@ -506,3 +506,27 @@ fn preload_curl_against_python_http_server() {
     assert!(get(&st, "smcd_client") >= 1, "{st:?}");
     assert!(get(&st, "smcd_server") >= 1, "{st:?}");
 }
+
+#[test]
+fn preload_exec_with_inherited_smc_socket_never_reads_doorbells() {
+    let w = World::new();
+    let (srv, port) = start_server({
+        let mut c = w.smc(bin("preload-prog"));
+        c.args(["exec-server", "0"]);
+        c
+    });
+    let prog = bin("preload-prog");
+    let mut c = w.smc(&prog);
+    c.args(["client", "127.0.0.1", &port.to_string(), "100000", "0", "5"]);
+    let cl = Proc::spawn(c);
+    let out = srv.wait_output(Duration::from_secs(30)).unwrap();
+    // The new image cannot serve the connection (its rings went with the old image): it must
+    // fail cleanly, never hand out the doorbell bytes of the TCP socket as data.
+    assert!(
+        out.contains("READFD total=0 err=104") || out.contains("READFD total=0 err=0"),
+        "{out}"
+    );
+    drop(cl);
+    let st = w.stats();
+    assert_eq!(get(&st, "smcd_server"), 1, "{st:?}");
+}

@@ -447,6 +447,41 @@ fn main() {
                 }
             }
         }
+        Some("exec-server") => {
+            // Accept one connection and exec ourselves with it inherited.
+            let port: u16 = a[2].parse().unwrap();
+            let l = TcpListener::bind(("127.0.0.1", port)).expect("bind");
+            println!("READY {}", l.local_addr().unwrap().port());
+            std::io::stdout().flush().unwrap();
+            let (s, _) = l.accept().unwrap();
+            // Let the client's bytes (and doorbells) arrive first.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let fd = s.into_raw_fd();
+            // SAFETY: clearing FD_CLOEXEC on our own fd.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+            let exe = std::env::current_exe().unwrap();
+            let err = std::os::unix::process::CommandExt::exec(
+                std::process::Command::new(exe).args(["readfd", &fd.to_string()]),
+            );
+            panic!("exec: {err}");
+        }
+        Some("readfd") => {
+            let fd: i32 = a[2].parse().unwrap();
+            let mut buf = vec![0u8; 65536];
+            let mut total = 0usize;
+            let err = loop {
+                // SAFETY: valid buffer.
+                let r = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+                if r < 0 {
+                    break std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+                }
+                if r == 0 {
+                    break 0;
+                }
+                total += r as usize;
+            };
+            println!("READFD total={total} err={err}");
+        }
         _ => {
             eprintln!("usage: preload-prog server PORT MODE [MAX] | client HOST PORT SEND RECV SEED | sink HOST PORT | source PORT");
             std::process::exit(2);
