@@ -208,3 +208,63 @@ pub(crate) async fn serve(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read as _, Write as _};
+
+    fn get(addr: std::net::SocketAddr, req: &str) -> String {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        let mut r = String::new();
+        s.read_to_string(&mut r).unwrap();
+        r
+    }
+
+    #[test]
+    fn scrape_has_daemon_figures_and_the_hook() {
+        let dir = std::env::temp_dir().join(format!("smc-ism-metrics-{}", std::process::id()));
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let mut cfg = crate::DaemonConfig::with_paths(dir.join("ctl.sock"), dir.join("state"));
+        cfg.metrics_addr = Some(port);
+        cfg.metrics_hook = Some(MetricsHook::new(|| {
+            "# TYPE smc_extra counter\nsmc_extra 42\n".to_string()
+        }));
+        let d = crate::spawn(cfg).unwrap();
+        let mut c = crate::Client::connect(&dir.join("ctl.sock")).unwrap();
+        c.query_gid().unwrap();
+        let r = get(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
+        assert!(r.contains("\nsmc_ism_ops_query_gid_ok 1\n"), "{r}");
+        assert!(
+            r.contains("# TYPE smc_ism_live_dmbs gauge\nsmc_ism_live_dmbs 0\n"),
+            "{r}"
+        );
+        assert!(r.contains("\nsmc_extra 42\n"), "{r}");
+        assert!(r.contains("smc_ism_info{gid=\""), "{r}");
+        let body = r.split_once("\r\n\r\n").unwrap().1;
+        let len: usize = r
+            .lines()
+            .find_map(|l| l.strip_prefix("Content-Length: "))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(body.len(), len);
+        assert!(get(port, "GET /x HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
+        assert!(get(port, "POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+        // A client that never finishes its request head is dropped, the others still served.
+        let _idle = std::net::TcpStream::connect(port).unwrap();
+        assert!(get(port, "GET / HTTP/1.0\n\n").starts_with("HTTP/1.1 200"));
+        drop(c);
+        d.shutdown().unwrap();
+        // Stopped with the daemon.
+        assert!(std::net::TcpStream::connect(port).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
