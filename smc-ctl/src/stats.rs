@@ -357,6 +357,9 @@ pub fn scan_procs(dir: &Path) -> ProcScan {
             }
         }
     }
+    if lock.is_some() && agg_paths.len() > PRUNE_AGGREGATES_ABOVE {
+        prune_aggregates(dir, &mut agg_paths, &mut scan.warnings);
+    }
     for path in agg_paths {
         if let Some(s) = fs::read(&path).ok().and_then(|b| Snapshot::parse(&b)) {
             scan.exited_aggregates += 1;
@@ -365,6 +368,36 @@ pub fn scan_procs(dir: &Path) -> ProcScan {
     }
     drop(lock);
     scan
+}
+
+/// Above this many aggregates, those of cgroups that no longer exist are merged into
+/// `exited-0`, so that container churn does not leave one file per container behind.
+const PRUNE_AGGREGATES_ABOVE: usize = 32;
+
+fn prune_aggregates(dir: &Path, paths: &mut BTreeSet<PathBuf>, warnings: &mut Vec<String>) {
+    let ids: BTreeMap<u64, PathBuf> = paths
+        .iter()
+        .filter_map(|p| {
+            let n = p.file_name()?.to_str()?;
+            let id = n.strip_prefix(procstats::AGGREGATE_PREFIX)?.parse().ok()?;
+            (id != 0).then(|| (id, p.clone()))
+        })
+        .collect();
+    let found = crate::sys::cgroup_paths_by_inode(ids.keys().copied().collect());
+    for (id, p) in ids {
+        if found.contains_key(&id) {
+            continue;
+        }
+        let Ok(b) = fs::read(&p) else { continue };
+        match fold_into_aggregate(dir, 0, &b) {
+            Ok(()) => {
+                let _ = fs::remove_file(&p);
+                paths.remove(&p);
+                paths.insert(dir.join(procstats::aggregate_name(0)));
+            }
+            Err(e) => warnings.push(format!("merge {}: {e}", p.display())),
+        }
+    }
 }
 
 impl ProcScan {
@@ -1450,6 +1483,26 @@ mod tests {
         let again = scan_procs(&dir);
         assert_eq!(again.sum(None).0.get("smcd_client"), 2);
         assert_eq!(again.stale_folded, 0);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn aggregates_of_removed_cgroups_are_merged() {
+        let dir = std::env::temp_dir().join(format!("smc-stats-prune-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let n = PRUNE_AGGREGATES_ABOVE as u64 + 3;
+        for i in 0..n {
+            // Ids no cgroup has.
+            let id = u64::MAX - i;
+            let mut b = procstats::new_aggregate(id);
+            b[24..32].copy_from_slice(&1u64.to_le_bytes()); // smcd_client
+            fs::write(dir.join(procstats::aggregate_name(id)), b).unwrap();
+        }
+        let s = scan_procs(&dir);
+        assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+        assert_eq!(s.exited_aggregates, 1);
+        assert_eq!(s.sum(None).0.get("smcd_client"), n);
+        assert_eq!(s.sum(Some(&[0].into())).0.get("smcd_client"), n);
         fs::remove_dir_all(&dir).unwrap();
     }
 }
