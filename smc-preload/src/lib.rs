@@ -58,6 +58,8 @@ extern "C" fn init() {
     if uses_liburing() {
         ops::disable("liburing is loaded (io_uring bypasses the interposition)");
     }
+    setup::init_env();
+    let _ = stats::keep();
     ops::adopt_orphans_after_exec();
     // SAFETY: registering plain extern "C" functions.
     unsafe {
@@ -69,7 +71,7 @@ extern "C" fn init() {
 #[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]
 extern "C" fn at_exit() {
     // SMC_STATS_KEEP=1 leaves the file for a reader that comes after the exit (tests).
-    if std::env::var_os("SMC_STATS_KEEP").is_none_or(|v| v != "1") {
+    if !stats::keep() {
         stats::remove_file();
     }
 }

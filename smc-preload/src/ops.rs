@@ -391,6 +391,10 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     if !tagged || !enabled() {
         return unsafe { real::connect(fd, addr, len) };
     }
+    if setup::policy_keeps_tcp() {
+        drop(fdtable::replace(fd, Slot::Empty));
+        return unsafe { real::connect(fd, addr, len) };
+    }
     let opted = setup::opt_in(fd);
     let r = unsafe { real::connect(fd, addr, len) };
     if !opted {
@@ -500,6 +504,12 @@ fn forget_fd(fd: c_int) {
                     );
                     c.final_close(fd);
                     stats::conn_closed(c);
+                    if c.role == crate::conn::Role::Client {
+                        setup::note_client_conn_bytes(
+                            sh.rx_bytes.load(Ordering::Relaxed)
+                                + sh.tx_bytes.load(Ordering::Relaxed),
+                        );
+                    }
                 }
             }
         }

@@ -57,6 +57,71 @@ fn default_size_code() -> u8 {
     })
 }
 
+/// The daemon's socket, from the environment at load time (servers such as nginx clear the
+/// environment of their workers).
+fn daemon_path() -> &'static std::path::Path {
+    static P: OnceLock<std::path::PathBuf> = OnceLock::new();
+    P.get_or_init(smc_ism::default_socket_path)
+}
+
+/// Read every environment knob now, at load time, while the environment is the one the
+/// program was started with.
+pub fn init_env() {
+    let _ = daemon_path();
+    let _ = clc_timeout();
+    let _ = connect_wait_ms();
+    let _ = default_size_code();
+    let _ = assume_peer();
+    let _ = short_bytes();
+    let _ = no_shortcut();
+    let _ = crate::conn::tune();
+    let _ = crate::log::enabled();
+    let _ = crate::stats::procs_dir();
+}
+
+fn no_shortcut() -> bool {
+    static OFF: OnceLock<bool> = OnceLock::new();
+    *OFF.get_or_init(|| std::env::var_os("SMC_NO_SHORTCUT").is_some_and(|v| v == "1"))
+}
+
+/// Fallback reason counted when the short-connection policy keeps a connection on TCP (not a
+/// Linux diagnosis code).
+pub const POLICY_SHORT: u32 = 0x7F00_0001;
+
+/// Short-connection policy: client connections whose whole life moved fewer than
+/// `SMC_SHORT_BYTES` (default 16 KiB) bytes lose more to the handshake than they gain. After 8
+/// such SMC connections in a row, new client connections stay on TCP (no SMC option in the
+/// SYN), except every 256th, which probes SMC again. `SMC_SHORT_BYTES=0` disables the policy.
+static SHORT_RUN: AtomicU64 = AtomicU64::new(0);
+static SKIPPED: AtomicU64 = AtomicU64::new(0);
+
+fn short_bytes() -> u64 {
+    static T: OnceLock<u64> = OnceLock::new();
+    *T.get_or_init(|| env_u64("SMC_SHORT_BYTES", 16 * 1024))
+}
+
+/// A client SMC connection ended having moved `bytes`.
+pub fn note_client_conn_bytes(bytes: u64) {
+    if bytes < short_bytes() {
+        SHORT_RUN.fetch_add(1, Ordering::Relaxed);
+    } else {
+        SHORT_RUN.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Whether the policy keeps this new client connection on TCP.
+pub fn policy_keeps_tcp() -> bool {
+    if short_bytes() == 0 || SHORT_RUN.load(Ordering::Relaxed) < 8 {
+        return false;
+    }
+    let n = SKIPPED.fetch_add(1, Ordering::Relaxed);
+    if n % 256 == 255 {
+        return false; // probe
+    }
+    stats::fallback(false, POLICY_SHORT);
+    true
+}
+
 /// Without attached eBPF programs every opt-in fails with ENOPROTOOPT: stop trying.
 static NO_BPF: AtomicBool = AtomicBool::new(false);
 
@@ -131,8 +196,7 @@ pub fn looks_like_smc_conn(fd: i32) -> bool {
 }
 
 fn shortcut(fd: i32) {
-    static OFF: OnceLock<bool> = OnceLock::new();
-    if *OFF.get_or_init(|| std::env::var_os("SMC_NO_SHORTCUT").is_some_and(|v| v == "1")) {
+    if no_shortcut() {
         return;
     }
     let one: u32 = 1;
@@ -253,7 +317,7 @@ fn with_dev<T>(
         if d.retry_after.is_some_and(|t| Instant::now() < t) {
             return Err(Diag::NoSmcdDev.code());
         }
-        match smc_ism::Client::connect_default() {
+        match smc_ism::Client::connect(daemon_path()) {
             Ok(c) => {
                 d.client = Some(c);
                 d.retry_after = None;

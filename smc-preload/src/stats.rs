@@ -79,15 +79,24 @@ unsafe impl Sync for Area {}
 static AREA: std::sync::Mutex<Option<Area>> = std::sync::Mutex::new(None);
 static FAST: AtomicU64 = AtomicU64::new(0);
 
-fn procs_dir() -> String {
-    std::env::var("SMC_PROCS_DIR").unwrap_or_else(|_| "/run/smc/procs".to_string())
+pub fn procs_dir() -> &'static str {
+    static D: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    D.get_or_init(|| {
+        std::env::var("SMC_PROCS_DIR").unwrap_or_else(|_| "/run/smc/procs".to_string())
+    })
+}
+
+/// `SMC_STATS_KEEP=1`, read at load time.
+pub fn keep() -> bool {
+    static K: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *K.get_or_init(|| std::env::var_os("SMC_STATS_KEEP").is_some_and(|v| v == "1"))
 }
 
 fn open_area(pid: u32) -> *mut Stats {
     let dir = procs_dir();
     let path = format!("{dir}/{pid}");
     let mut fd = -1;
-    if std::fs::create_dir_all(&dir).is_ok() {
+    if std::fs::create_dir_all(dir).is_ok() {
         if let Ok(c) = std::ffi::CString::new(path) {
             // SAFETY: valid path.
             fd = unsafe {
