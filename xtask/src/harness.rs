@@ -146,7 +146,7 @@ impl Daemon {
                 .stdout(Stdio::null()),
         )?;
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        while smc_ism::Client::connect(&socket).is_err() {
             if Instant::now() > deadline {
                 bail!("the daemon did not come up on {}", socket.display());
             }
