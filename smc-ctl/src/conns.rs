@@ -447,9 +447,9 @@ fn proc_files(dir: &Path) -> HashMap<u32, Snapshot> {
 }
 
 fn reason_name(code: u32) -> String {
-    match diag::Diag::from_code(code) {
-        Some(d) => d.name().to_string(),
-        None => format!("{code:#010x}"),
+    match procstats::reason_name(code) {
+        "UNKNOWN" => format!("{code:#010x}"),
+        n => n.to_string(),
     }
 }
 

@@ -27,10 +27,7 @@ use anyhow::{Context as _, Result};
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use smc_common::{
-    diag,
-    procstats::{self, Snapshot, HIST_BUCKETS, HIST_NAMES},
-};
+use smc_common::procstats::{self, Snapshot, HIST_BUCKETS, HIST_NAMES};
 
 use crate::{bpf, conns};
 
@@ -636,7 +633,7 @@ fn reasons_list(m: &BTreeMap<String, u64>) -> Vec<Value> {
             let c = u32::from_str_radix(code.trim_start_matches("0x"), 16).unwrap_or(0);
             json!({
                 "code": code,
-                "name": diag::Diag::from_code(c).map(|d| d.name()).unwrap_or("UNKNOWN"),
+                "name": procstats::reason_name(c),
                 "count": n,
             })
         })
