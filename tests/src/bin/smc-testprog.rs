@@ -192,11 +192,13 @@ fn value(args: &[String], flag: &str) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// Reads the stream to EOF (read or splice through a pipe), returning (bytes, sha256 hex).
+/// Reads the stream to EOF (reads of seeded random sizes, or splice through a pipe), returning
+/// (bytes, sha256 hex).
 fn drain(s: &mut TcpStream, use_splice: bool) -> (u64, String) {
     let mut h = Sha256::new();
     let mut total = 0u64;
     let mut buf = vec![0u8; 1 << 20];
+    let mut sizes = Rng(0x9e37_79b9_7f4a_7c15);
     if use_splice {
         let mut p = [0i32; 2];
         assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
@@ -230,7 +232,8 @@ fn drain(s: &mut TcpStream, use_splice: bool) -> (u64, String) {
         }
     } else {
         loop {
-            let n = match s.read(&mut buf) {
+            let want = (sizes.next() % buf.len() as u64) as usize + 1;
+            let n = match s.read(&mut buf[..want]) {
                 Ok(n) => n,
                 // sockmap's receive path (tcp_bpf_recvmsg) returns EAGAIN to a *blocking* reader
                 // when a FIN arrives while it waits with an empty psock queue (kernel 6.18);
