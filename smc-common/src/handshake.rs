@@ -31,7 +31,15 @@
 //! **Stream state after fallback.** [`Fallback::in_sync`] is false when the TCP byte stream
 //! may hold CLC bytes the application must not see (we timed out while the peer may still be
 //! sending, or we got bytes we could not frame). The I/O layer should then reset the
-//! connection rather than hand later bytes to the application.
+//! connection rather than hand later bytes to the application — or, after a timeout while the
+//! peer had to answer (client waiting for the accept, server waiting for the proposal), skip
+//! the one late CLC message: the Decline sent on the timeout is the peer's answer, and each
+//! side sends exactly one message per message received before any application byte.
+//!
+//! **Device and peer DMB.** The client attaches the peer's DMB when it is asked to register
+//! its own ([`Handshake::peer_dmb`] names it), so a failed attach is still a clean decline
+//! ([`Input::DmbFailed`]). A side whose local device is unavailable
+//! ([`Handshake::device_unavailable`]) declines instead of proposing or accepting.
 
 use crate::cdc::{dmb_size_from_code, DMB_MAX_SIZE_CODE};
 use crate::clc::{
@@ -101,13 +109,17 @@ pub struct LocalDmb {
     pub size_code: u8,
 }
 
-/// Why the I/O layer could not register a DMB.
+/// Why the I/O layer could not register a DMB (or, on the client, attach the peer's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DmbFailure {
     /// All DMB slots are in use (declined with `MAX_DMB`).
     MaxDmb,
     /// Memory allocation failed (declined with `MEM`).
     Mem,
+    /// The device went away (declined with `NOSMCDDEV`).
+    NoDevice,
+    /// Anything else, e.g. the device refused the attach (declined with `INTERR`).
+    Internal,
 }
 
 impl DmbFailure {
@@ -116,8 +128,21 @@ impl DmbFailure {
         match self {
             DmbFailure::MaxDmb => Diag::MaxDmb,
             DmbFailure::Mem => Diag::Mem,
+            DmbFailure::NoDevice => Diag::NoSmcdDev,
+            DmbFailure::Internal => Diag::IntErr,
         }
     }
+}
+
+/// The peer's DMB as named in its accept (client side, see [`Handshake::peer_dmb`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PeerDmb {
+    /// Token to attach with.
+    pub token: u64,
+    /// DMBE index.
+    pub idx: u8,
+    /// Size code (checked: `16 KiB << code` is a valid DMB size).
+    pub size_code: u8,
 }
 
 /// What happened, as seen by the machine.
@@ -205,8 +230,13 @@ pub enum FallbackReason {
     VersionMismatch,
     /// No common device: different host, no loopback device offered, or no common EID.
     NoCommonDevice(DeviceMismatch),
-    /// No local DMB could be registered.
+    /// No local DMB could be registered (or, on the client, the peer's attached).
     OutOfDmbs(DmbFailure),
+    /// The local device is unavailable ([`Handshake::device_unavailable`]).
+    NoLocalDevice {
+        /// The code we declined with.
+        diag: Diag,
+    },
     /// The I/O layer aborted the handshake.
     Aborted,
 }
@@ -223,6 +253,7 @@ impl FallbackReason {
             FallbackReason::VersionMismatch => Diag::VersMismat.code(),
             FallbackReason::NoCommonDevice(m) => m.diag().code(),
             FallbackReason::OutOfDmbs(f) => f.diag().code(),
+            FallbackReason::NoLocalDevice { diag } => diag.code(),
             FallbackReason::Aborted => Diag::IntErr.code(),
         }
     }
@@ -329,6 +360,8 @@ pub struct Handshake {
     role: Role,
     cfg: Config,
     peer_smc: bool,
+    /// The local device is unavailable: decline with this code.
+    no_device: Option<Diag>,
     st: St,
 }
 
@@ -367,6 +400,7 @@ impl Handshake {
             role: Role::Client,
             cfg,
             peer_smc: peer_announced_smc,
+            no_device: None,
             st: St::Init,
         }
     }
@@ -377,7 +411,30 @@ impl Handshake {
             role: Role::Server,
             cfg,
             peer_smc: peer_announced_smc,
+            no_device: None,
             st: St::Init,
+        }
+    }
+
+    /// The local device is unavailable (e.g. its daemon is down), so `cfg.gid` means nothing:
+    /// a client declines at once with `diag` instead of proposing (the peer waits for a CLC
+    /// message), a server declines the proposal with it. Without an SMC-announcing peer nothing
+    /// is sent either way.
+    pub fn device_unavailable(mut self, diag: Diag) -> Handshake {
+        self.no_device = Some(diag);
+        self
+    }
+
+    /// Client, while asked to register its DMB (and after): the server's DMB named in its
+    /// accept, for the I/O layer to attach before it reports [`Input::DmbRegistered`].
+    pub fn peer_dmb(&self) -> Option<PeerDmb> {
+        match &self.st {
+            St::ClientWaitDmb { accept, .. } => Some(PeerDmb {
+                token: accept.token,
+                idx: accept.dmbe_idx,
+                size_code: accept.dmbe_size,
+            }),
+            _ => None,
         }
     }
 
@@ -427,12 +484,24 @@ impl Handshake {
                 in_sync: true,
             })];
         }
-        match self.role {
-            Role::Server => {
+        match (self.role, self.no_device) {
+            (Role::Server, _) => {
                 self.st = St::ServerWaitProposal;
                 Vec::new()
             }
-            Role::Client => match self.proposal().encode() {
+            (Role::Client, Some(diag)) => {
+                // The server waits for a CLC message: our decline is its answer.
+                self.st = St::Done(false);
+                vec![
+                    Action::Send(Decline::new(SMC_V2, diag.code(), self.cfg.peer_id).encode()),
+                    Action::Fallback(Fallback {
+                        reason: FallbackReason::NoLocalDevice { diag },
+                        sent_decline: Some(diag.code()),
+                        in_sync: true,
+                    }),
+                ]
+            }
+            (Role::Client, None) => match self.proposal().encode() {
                 Ok(bytes) => {
                     self.st = St::ClientWaitAccept;
                     vec![Action::Send(bytes)]
@@ -621,6 +690,9 @@ impl Handshake {
     }
 
     fn on_proposal(&mut self, p: &Proposal) -> Result<(St, Vec<Action>), Fail> {
+        if let Some(diag) = self.no_device {
+            return Err(Fail::declined(FallbackReason::NoLocalDevice { diag }, diag));
+        }
         if p.version == SMC_V1 {
             return Err(Fail::declined(
                 FallbackReason::VersionMismatch,

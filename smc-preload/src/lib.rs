@@ -12,6 +12,7 @@
 pub mod conn;
 pub mod epoll;
 pub mod fdtable;
+pub mod handshake;
 pub mod iov;
 pub mod log;
 pub mod obj;

@@ -2,28 +2,32 @@
 //! SMC, and the CLC handshake (SMC-D v2 over loopback-ism) over the TCP connection itself, with
 //! DMBs from the loopback-ism daemon.
 //!
-//! Client (in `connect`): peer not SMC → plain TCP, not a byte sent (PEERNOSMC). Otherwise
-//! Proposal → Accept (attach the server's DMB, register ours) → Confirm; or Decline / timeout →
-//! plain TCP. Server (in `accept`): peek for a CLC eyecatcher (anything else: plain, nothing
-//! consumed) → Proposal → register DMB → Accept → Confirm → attach the client's DMB.
+//! The protocol logic is `smc_common::handshake` (sans-IO), driven over the socket by
+//! [`crate::handshake::Driver`]. Client (in `connect`): peer not SMC → plain TCP, not a byte
+//! sent (PEERNOSMC). Otherwise Proposal → Accept (attach the server's DMB, register ours) →
+//! Confirm; or Decline / timeout → plain TCP. Server (in `accept`): a stream that does not
+//! start with a CLC eyecatcher stays plain (nothing consumed); Proposal → register DMB →
+//! Accept → Confirm → attach the client's DMB.
 //!
-//! Timeouts: a side that gave up waiting sends a Decline and, because the other side answers
-//! every CLC message exactly once before any data, skips that one late CLC message at its first
-//! read ([`Obj::Skip`]).
+//! After a fallback the stream is either in sync (plain TCP), or (`in_sync` false) one late CLC
+//! message may follow: after a timeout while the peer had to answer (client waiting for the
+//! Accept, server for the Proposal) the Decline the machine sent is the peer's answer, and
+//! that one late message is skipped at the first read ([`Obj::Skip`]); anything else (the
+//! server timed out waiting for the Confirm — the client may already be on SMC —, or bytes
+//! that do not frame as CLC) resets the connection: never a byte of the wrong stream.
 
 use crate::conn::{Conn, Release, Role};
 use crate::fdtable::{self, Slot, TAG_TCP};
+use crate::handshake::{Driver, HeldDmb, Outcome, Progress};
 use crate::obj::{Obj, Skip};
 use crate::shm::Mapping;
 use crate::{debug, real, stats};
 use smc_common::bpf::{
     SockState, SMC_SO_ENABLE, SMC_SO_SHORTCUT, SMC_SO_STATE, SOCK_PEER_SMC, SOL_SMC_BPF,
 };
-use smc_common::clc::{
-    self, AcceptConfirm, AcceptConfirmV2, ClcMessage, Decline, GidChid, Proposal, ProposalV2Ext,
-    SmcType, SmcdV2Ext, HEADER_LEN, LOOPBACK_CHID, SMC_RELEASE_1, SMC_V2,
-};
+use smc_common::clc::MsgType;
 use smc_common::diag::Diag;
+use smc_common::handshake::{Config, Fallback, FallbackReason, Handshake};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -36,7 +40,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-fn clc_timeout() -> Duration {
+pub(crate) fn clc_timeout() -> Duration {
     static T: OnceLock<u64> = OnceLock::new();
     Duration::from_millis(*T.get_or_init(|| env_u64("SMC_CLC_TIMEOUT_MS", 2000)))
 }
@@ -309,7 +313,7 @@ fn dev() -> &'static Mutex<Dev> {
     })
 }
 
-fn with_dev<T>(
+pub(crate) fn with_dev<T>(
     f: impl FnOnce(&mut smc_ism::Client) -> Result<T, smc_ism::IsmError>,
 ) -> Result<T, u32> {
     let mut d = dev().lock().unwrap_or_else(|e| e.into_inner());
@@ -368,17 +372,25 @@ struct DmbRelease {
 
 impl Release for DmbRelease {
     fn release(&self) {
-        let own = self.own;
-        let peer = self.peer;
-        let _ = with_dev(|c| {
-            let _ = c.detach_dmb(peer);
-            c.unregister_dmb(own)
-        });
+        release_dmbs(Some(self.own), Some(self.peer));
     }
 }
 
+/// Give back our owner reference of `own` and our attach reference of `peer`.
+pub(crate) fn release_dmbs(own: Option<u64>, peer: Option<u64>) {
+    let _ = with_dev(|c| {
+        if let Some(p) = peer {
+            let _ = c.detach_dmb(p);
+        }
+        match own {
+            Some(o) => c.unregister_dmb(o),
+            None => Ok(()),
+        }
+    });
+}
+
 // ---------------------------------------------------------------------------------------
-// CLC I/O over the TCP socket (blocking with deadlines, whatever O_NONBLOCK says)
+// the handshake
 
 fn peer_id() -> [u8; 8] {
     static P: OnceLock<[u8; 8]> = OnceLock::new();
@@ -390,187 +402,29 @@ fn peer_id() -> [u8; 8] {
     })
 }
 
-fn system_eid() -> [u8; 32] {
-    clc::padded32(b"SMC-RS-LOOPBACK")
-}
-
-enum IoErr {
-    Timeout,
-    Eof,
-    Err,
-}
-
-fn wait_fd(fd: i32, events: i16, deadline: Instant) -> Result<(), IoErr> {
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
-            return Err(IoErr::Timeout);
-        }
-        let ms = (deadline - now).as_millis().max(1) as i32;
-        let mut p = libc::pollfd {
-            fd,
-            events,
-            revents: 0,
-        };
-        // SAFETY: one pollfd.
-        let r = unsafe { real::poll(&mut p, 1, ms) };
-        if r > 0 {
-            return Ok(());
-        }
-        if r < 0 && real::errno() != libc::EINTR {
-            return Err(IoErr::Err);
-        }
-    }
-}
-
-fn send_all(fd: i32, mut b: &[u8], deadline: Instant) -> Result<(), IoErr> {
-    while !b.is_empty() {
-        // SAFETY: valid buffer.
-        let r = unsafe {
-            real::send(
-                fd,
-                b.as_ptr() as *const libc::c_void,
-                b.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        if r > 0 {
-            b = &b[r as usize..];
-            continue;
-        }
-        let e = real::errno();
-        if r < 0 && (e == libc::EAGAIN || e == libc::EINTR) {
-            wait_fd(fd, libc::POLLOUT, deadline)?;
-            continue;
-        }
-        return Err(IoErr::Err);
-    }
-    Ok(())
-}
-
-fn recv_exact(fd: i32, buf: &mut [u8], peek: bool, deadline: Instant) -> Result<(), IoErr> {
-    let mut got = 0;
-    while got < buf.len() {
-        let flags = libc::MSG_DONTWAIT | if peek { libc::MSG_PEEK } else { 0 };
-        let (p, n) = if peek {
-            (buf.as_mut_ptr(), buf.len())
-        } else {
-            (buf[got..].as_mut_ptr(), buf.len() - got)
-        };
-        // SAFETY: valid buffer.
-        let r = unsafe { real::recv(fd, p as *mut libc::c_void, n, flags) };
-        if r > 0 {
-            if peek {
-                if r as usize >= buf.len() {
-                    return Ok(());
-                }
-                // Not all there yet: wait for more (poll says readable while bytes are
-                // queued, so sleep briefly instead).
-                if Instant::now() >= deadline {
-                    return Err(IoErr::Timeout);
-                }
-                std::thread::sleep(Duration::from_micros(50));
-                continue;
-            }
-            got += r as usize;
-            continue;
-        }
-        if r == 0 {
-            return Err(IoErr::Eof);
-        }
-        let e = real::errno();
-        if e == libc::EAGAIN || e == libc::EINTR {
-            wait_fd(fd, libc::POLLIN, deadline)?;
-            continue;
-        }
-        return Err(IoErr::Err);
-    }
-    Ok(())
-}
-
-fn is_eyecatcher(b: &[u8]) -> bool {
-    b.len() >= 4 && (b[..4] == clc::EYECATCHER_SMCR || b[..4] == clc::EYECATCHER_SMCD)
-}
-
-/// Read one whole CLC message. `Ok(None)`: the stream does not start with a CLC message
-/// (nothing consumed).
-fn read_clc(fd: i32, deadline: Instant) -> Result<Option<ClcMessage>, (IoErr, u32)> {
-    let mut hdr = [0u8; HEADER_LEN];
-    recv_exact(fd, &mut hdr, true, deadline).map_err(|e| (e, Diag::TimeoutCl.code()))?;
-    if !is_eyecatcher(&hdr) {
-        return Ok(None);
-    }
-    let len = clc::message_len(&hdr).map_err(|e| (IoErr::Err, e.diag().code()))?;
-    let mut buf = vec![0u8; len];
-    recv_exact(fd, &mut buf, false, deadline).map_err(|e| (e, Diag::TimeoutCl.code()))?;
-    clc::decode(&buf)
-        .map(Some)
-        .map_err(|e| (IoErr::Err, e.diag().code()))
-}
-
-fn send_msg(fd: i32, m: &ClcMessage) -> bool {
-    match m.encode() {
-        Ok(b) => send_all(fd, &b, Instant::now() + clc_timeout()).is_ok(),
-        Err(_) => false,
-    }
-}
-
-fn send_decline(fd: i32, code: u32) {
-    let d = Decline::new(SMC_V2, code, peer_id());
-    let _ = send_msg(fd, &ClcMessage::Decline(d));
-}
-
-fn proposal(gid: smc_ism::Gid) -> Proposal {
-    Proposal {
-        version: SMC_V2,
-        typev1: SmcType::N,
-        typev2: SmcType::D,
-        peer_id: peer_id(),
-        ib_gid: [0; 16],
-        ib_mac: [0; 6],
-        ism_gid: 0,
-        ism_chid: 0,
-        ip_prefix: None,
-        v2: Some(ProposalV2Ext {
-            release: SMC_RELEASE_1,
-            seid: true,
-            roce_gid: [0; 16],
-            max_conns: 0,
-            max_links: 0,
-            feature_mask: clc::FEATURE_EMULATED_ISM,
-            ueids: Vec::new(),
-            smcd: Some(SmcdV2Ext {
-                system_eid: system_eid(),
-                gidchids: vec![
-                    GidChid {
-                        gid: gid.gid,
-                        chid: LOOPBACK_CHID,
-                    },
-                    GidChid {
-                        gid: gid.gid_ext,
-                        chid: LOOPBACK_CHID,
-                    },
-                ],
-            }),
-        }),
-    }
-}
-
-fn accept_confirm(gid: smc_ism::Gid, dmb: &smc_ism::Dmb) -> AcceptConfirm {
-    AcceptConfirm {
-        version: SMC_V2,
-        first_contact: false,
+/// The state machine for one connection, with our device (or declining for want of one).
+pub(crate) fn machine(server: bool, size_code: u8) -> Handshake {
+    let (gid, unavailable) = match local_gid() {
+        Ok(g) => (g, None),
+        Err(code) => (
+            smc_ism::Gid::default(),
+            Some(Diag::from_code(code).unwrap_or(Diag::NoSmcdDev)),
+        ),
+    };
+    let mut cfg = Config::loopback(smc_common::clc::Gid {
         gid: gid.gid,
-        token: dmb.token,
-        dmbe_idx: dmb.idx,
-        dmbe_size: dmb.size_code,
-        link_id: 0,
-        v2: Some(AcceptConfirmV2 {
-            chid: LOOPBACK_CHID,
-            eid: system_eid(),
-            gid_ext: gid.gid_ext,
-            fce: None,
-        }),
+        gid_ext: gid.gid_ext,
+    });
+    cfg.peer_id = peer_id();
+    cfg.dmb_size_code = size_code;
+    let m = if server {
+        Handshake::server(cfg, true)
+    } else {
+        Handshake::client(cfg, true)
+    };
+    match unavailable {
+        Some(d) => m.device_unavailable(d),
+        None => m,
     }
 }
 
@@ -584,38 +438,30 @@ fn fallback(fd: i32, server: bool, code: u32, why: &str) {
     drop(fdtable::replace(fd, Slot::Tag(TAG_TCP)));
 }
 
-fn skip_state(fd: i32, server: bool) {
-    drop(fdtable::replace(
-        fd,
-        Slot::Obj(Arc::new(Obj::Skip(Skip::new(server)))),
-    ));
-}
-
 fn nonblocking(fd: i32) -> bool {
     // SAFETY: F_GETFL has no argument.
     let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
     fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
-fn install(fd: i32, own: smc_ism::Dmb, peer: smc_ism::Dmb, role: Role, nonblock: bool) -> bool {
-    let (Ok(om), Ok(pm)) = (
-        Mapping::map_fd(&own.fd, own.size),
-        Mapping::map_fd(&peer.fd, peer.size),
-    ) else {
-        return false;
-    };
+fn install(fd: i32, own: HeldDmb, peer: HeldDmb, role: Role, nonblock: bool) -> bool {
     let rel = DmbRelease {
-        own: own.token,
-        peer: peer.token,
+        own: own.dmb.token,
+        peer: peer.dmb.token,
     };
-    let mut c = match Conn::new(om, pm, role, nonblock, Some(Box::new(rel))) {
+    let (ot, pt) = (own.dmb.token, peer.dmb.token);
+    let mut c = match Conn::new(own.map, peer.map, role, nonblock, Some(Box::new(rel))) {
         Ok(c) => c,
-        Err(_) => return false,
+        Err(_) => {
+            release_dmbs(Some(ot), Some(pt));
+            return false;
+        }
     };
-    c.own_token = own.token;
-    c.peer_token = peer.token;
-    drop(own);
-    drop(peer);
+    c.own_token = ot;
+    c.peer_token = pt;
+    // The memfds are closed here: the mappings keep the memory.
+    drop(own.dmb);
+    drop(peer.dmb);
     shortcut(fd);
     let o = Arc::new(Obj::Conn(c));
     drop(fdtable::replace(fd, Slot::Obj(o.clone())));
@@ -623,6 +469,58 @@ fn install(fd: i32, own: smc_ism::Dmb, peer: smc_ism::Dmb, role: Role, nonblock:
     stats::smc(role == Role::Server);
     debug!("fd {fd}: SMC-D established as {role:?}");
     true
+}
+
+/// Reset a connection whose byte stream can no longer be trusted (both ends must stop): the
+/// peer sees EOF (then RST), our application `ECONNRESET` then EOF, `EPIPE` on writes.
+fn reset(fd: i32) {
+    set_linger_reset(fd);
+    // SAFETY: plain syscall.
+    unsafe { real::shutdown(fd, libc::SHUT_RDWR) };
+    drop(fdtable::replace(
+        fd,
+        Slot::Obj(Arc::new(Obj::Orphan(Skip::new(false)))),
+    ));
+}
+
+/// The end of a handshake that fell back: count it and leave the stream usable (plain TCP),
+/// skipping (one late CLC message) or reset, as the machine's verdict requires.
+fn after_fallback(fd: i32, server: bool, fb: Fallback, awaited: Option<MsgType>) {
+    let code = match fb.reason {
+        // Count the peer's own reason, as before (Linux records PEERDECL).
+        FallbackReason::DeclinedByPeer { diag } => diag,
+        r => r.diag_code(),
+    };
+    if matches!(
+        fb.reason,
+        FallbackReason::Timeout | FallbackReason::DeclinedByUs { .. } | FallbackReason::Aborted
+    ) {
+        stats::handshake_error();
+    }
+    if fb.in_sync {
+        return fallback(fd, server, code, &format!("{:?}", fb.reason));
+    }
+    match (fb.reason, awaited) {
+        // The socket is at EOF or broken: the application learns it from the socket itself.
+        (FallbackReason::Aborted, _) => fallback(fd, server, code, "connection lost"),
+        // Our decline answers the message the peer waits for; its late message is skipped.
+        (FallbackReason::Timeout, Some(MsgType::Accept | MsgType::Proposal)) => {
+            debug!("fd {fd}: timeout waiting for {awaited:?}: fallback, skip the late CLC message");
+            stats::fallback(server, code);
+            drop(fdtable::replace(
+                fd,
+                Slot::Obj(Arc::new(Obj::Skip(Skip::new(server)))),
+            ));
+        }
+        _ => {
+            debug!(
+                "fd {fd}: handshake out of sync ({:?}, awaited {awaited:?}): connection reset",
+                fb.reason
+            );
+            stats::fallback(server, code);
+            reset(fd);
+        }
+    }
 }
 
 /// Client side, right after the TCP connection is established.
@@ -636,95 +534,23 @@ pub fn client_after_connect(fd: i32, _was_nonblocking: bool) {
         );
         return;
     }
-    let gid = match local_gid() {
-        Ok(g) => g,
-        Err(code) => {
-            send_decline(fd, code);
-            fallback(fd, false, code, "no loopback-ism device");
-            return;
-        }
+    let mut d = Driver::new(machine(false, size_code_for(fd, None)), fd, false);
+    let Progress::Done(out) = d.step(true) else {
+        unreachable!("a blocking step finishes")
     };
-    if !send_msg(fd, &ClcMessage::Proposal(proposal(gid))) {
-        stats::handshake_error();
-        fallback(fd, false, Diag::IntErr.code(), "cannot send proposal");
-        return;
-    }
-    let deadline = Instant::now() + clc_timeout();
-    let acc = match read_clc(fd, deadline) {
-        Ok(Some(ClcMessage::Accept(a))) => a,
-        Ok(Some(ClcMessage::Decline(d))) => {
-            fallback(fd, false, d.diagnosis, "declined by the server");
-            return;
+    match out {
+        Outcome::Fallback { fb, awaited } => after_fallback(fd, false, fb, awaited),
+        Outcome::Established { own, peer, .. } => {
+            let Some(peer) = peer else {
+                unreachable!("the client attaches before it confirms")
+            };
+            if !install(fd, own, peer, Role::Client, nonblocking(fd)) {
+                // The server is on SMC already: neither end may continue on this stream.
+                stats::handshake_error();
+                stats::fallback(false, Diag::IntErr.code());
+                reset(fd);
+            }
         }
-        Ok(Some(_)) | Ok(None) => {
-            send_decline(fd, Diag::SyncErr.code());
-            stats::handshake_error();
-            // A non-CLC answer cannot be un-read; the connection is unusable either way.
-            fallback(
-                fd,
-                false,
-                Diag::SyncErr.code(),
-                "unexpected answer to proposal",
-            );
-            return;
-        }
-        Err((IoErr::Timeout, code)) => {
-            send_decline(fd, code);
-            stats::handshake_error();
-            stats::fallback(false, code);
-            debug!("fd {fd}: client timeout waiting for accept, fallback (skip late CLC)");
-            skip_state(fd, false);
-            return;
-        }
-        Err((_, code)) => {
-            stats::handshake_error();
-            fallback(fd, false, code, "error reading accept");
-            return;
-        }
-    };
-    let peer_gid = acc.sender_gid();
-    if peer_gid.gid != gid.gid || peer_gid.gid_ext != gid.gid_ext {
-        send_decline(fd, Diag::NoSmcdDev.code());
-        fallback(
-            fd,
-            false,
-            Diag::NoSmcdDev.code(),
-            "server on another device",
-        );
-        return;
-    }
-    let peer = match with_dev(|c| c.attach_dmb(acc.token, fd)) {
-        Ok(d) => d,
-        Err(code) => {
-            send_decline(fd, code);
-            fallback(fd, false, code, "attach of the server's DMB failed");
-            return;
-        }
-    };
-    let own = match with_dev(|c| c.register_dmb(size_code_for(fd, None), fd)) {
-        Ok(d) => d,
-        Err(code) => {
-            let t = peer.token;
-            let _ = with_dev(|c| c.detach_dmb(t));
-            send_decline(fd, code);
-            fallback(fd, false, code, "register of our DMB failed");
-            return;
-        }
-    };
-    let conf = accept_confirm(gid, &own);
-    let (ot, pt) = (own.token, peer.token);
-    if !install(fd, own, peer, Role::Client, nonblocking(fd)) {
-        let _ = with_dev(|c| {
-            let _ = c.detach_dmb(pt);
-            c.unregister_dmb(ot)
-        });
-        send_decline(fd, Diag::IntErr.code());
-        fallback(fd, false, Diag::IntErr.code(), "mapping failed");
-        return;
-    }
-    if !send_msg(fd, &ClcMessage::Confirm(conf)) {
-        // The server will time out and decline; our ring sees it as a protocol error.
-        stats::handshake_error();
     }
 }
 
@@ -739,123 +565,51 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock_flag: bool) {
         );
         return;
     }
-    let deadline = Instant::now() + clc_timeout();
-    let prop = match read_clc(fd, deadline) {
-        Ok(Some(ClcMessage::Proposal(p))) => p,
-        Ok(Some(ClcMessage::Decline(d))) => {
-            fallback(fd, true, d.diagnosis, "client declined");
-            return;
-        }
-        Ok(Some(_)) => {
-            send_decline(fd, Diag::SyncErr.code());
-            stats::handshake_error();
-            fallback(fd, true, Diag::SyncErr.code(), "unexpected CLC message");
-            return;
-        }
-        Ok(None) => {
-            fallback(
-                fd,
-                true,
-                Diag::PeerNoSmc.code(),
-                "no CLC message from the client",
-            );
-            return;
-        }
-        Err((IoErr::Timeout, code)) => {
-            stats::handshake_error();
-            stats::fallback(true, code);
-            debug!("fd {fd}: server timeout waiting for proposal, fallback (skip late CLC)");
-            skip_state(fd, true);
-            return;
-        }
-        Err((_, code)) => {
-            stats::handshake_error();
-            fallback(fd, true, code, "error reading proposal");
-            return;
-        }
+    let mut d = Driver::new(machine(true, size_code_for(fd, Some(lfd))), fd, true);
+    let Progress::Done(out) = d.step(true) else {
+        unreachable!("a blocking step finishes")
     };
-    let decline = |code: u32, why: &str| {
-        send_decline(fd, code);
-        fallback(fd, true, code, why);
-    };
-    if prop.version < SMC_V2 || !prop.typev2.smcd() {
-        return decline(Diag::ModeUnsupp.code(), "proposal without SMC-D v2");
+    match out {
+        Outcome::Fallback { fb, awaited } => after_fallback(fd, true, fb, awaited),
+        Outcome::Established { est, own, .. } => {
+            let nb = nonblock_flag || nonblocking(fd);
+            if let Err(why) = server_install(fd, est.peer_token, own, nb) {
+                // The client already switched: it must not continue on TCP either. Tell it (it
+                // aborts on a non-doorbell byte) and reset our side.
+                let code = Diag::IntErr.code();
+                let decl = smc_common::clc::Decline::new(smc_common::clc::SMC_V2, code, peer_id());
+                let _ =
+                    crate::handshake::send_all(fd, &decl.encode(), Instant::now() + clc_timeout());
+                stats::handshake_error();
+                debug!("fd {fd}: server: {why}: connection reset");
+                stats::fallback(true, code);
+                reset(fd);
+            }
+        }
     }
-    let gid = match local_gid() {
-        Ok(g) => g,
-        Err(code) => return decline(code, "no loopback-ism device"),
-    };
-    let offered = prop
-        .v2
-        .as_ref()
-        .and_then(|v| v.smcd.as_ref())
-        .map(|s| s.devices())
-        .unwrap_or_default();
-    if !offered
-        .iter()
-        .any(|d| d.chid == LOOPBACK_CHID && d.gid.gid == gid.gid && d.gid.gid_ext == gid.gid_ext)
-    {
-        return decline(Diag::NoSmcdDev.code(), "client on another device");
-    }
-    let own = match with_dev(|c| c.register_dmb(size_code_for(fd, Some(lfd)), fd)) {
+}
+
+/// The server's last step: attach and map the client's DMB, then switch the fd.
+fn server_install(fd: i32, peer_token: u64, own: HeldDmb, nb: bool) -> Result<(), &'static str> {
+    let ot = own.dmb.token;
+    let peer = match with_dev(|c| c.attach_dmb(peer_token, fd)) {
         Ok(d) => d,
-        Err(code) => return decline(code, "register of our DMB failed"),
+        Err(_) => {
+            release_dmbs(Some(ot), None);
+            return Err("attach of the client's DMB failed");
+        }
     };
-    let ot = own.token;
-    if !send_msg(fd, &ClcMessage::Accept(accept_confirm(gid, &own))) {
-        let _ = with_dev(|c| c.unregister_dmb(ot));
-        stats::handshake_error();
-        fallback(fd, true, Diag::IntErr.code(), "cannot send accept");
-        return;
+    let map = match Mapping::map_fd(&peer.fd, peer.size) {
+        Ok(m) => m,
+        Err(_) => {
+            release_dmbs(Some(ot), Some(peer.token));
+            return Err("mapping failed");
+        }
+    };
+    if !install(fd, own, HeldDmb { dmb: peer, map }, Role::Server, nb) {
+        return Err("local state mapping failed");
     }
-    let deadline = Instant::now() + clc_timeout() * 2;
-    let conf = match read_clc(fd, deadline) {
-        Ok(Some(ClcMessage::Confirm(c))) => c,
-        Ok(Some(ClcMessage::Decline(d))) => {
-            let _ = with_dev(|c| c.unregister_dmb(ot));
-            fallback(fd, true, d.diagnosis, "client declined after accept");
-            return;
-        }
-        Err((IoErr::Timeout, code)) => {
-            let _ = with_dev(|c| c.unregister_dmb(ot));
-            send_decline(fd, code);
-            stats::handshake_error();
-            stats::fallback(true, code);
-            skip_state(fd, true);
-            return;
-        }
-        _ => {
-            let _ = with_dev(|c| c.unregister_dmb(ot));
-            send_decline(fd, Diag::SyncErr.code());
-            stats::handshake_error();
-            fallback(fd, true, Diag::SyncErr.code(), "bad confirm");
-            return;
-        }
-    };
-    let peer = match with_dev(|c| c.attach_dmb(conf.token, fd)) {
-        Ok(d) => d,
-        Err(code) => {
-            // The client already switched: it must not continue on TCP either. Tell it
-            // (it aborts on a non-doorbell byte) and abort our side.
-            let _ = with_dev(|c| c.unregister_dmb(ot));
-            send_decline(fd, code);
-            stats::handshake_error();
-            fallback(fd, true, code, "attach of the client's DMB failed");
-            set_linger_reset(fd);
-            // SAFETY: plain syscall.
-            unsafe { real::shutdown(fd, libc::SHUT_RDWR) };
-            return;
-        }
-    };
-    let nb = nonblock_flag || nonblocking(fd);
-    if !install(fd, own, peer, Role::Server, nb) {
-        let _ = with_dev(|c| c.unregister_dmb(ot));
-        stats::handshake_error();
-        fallback(fd, true, Diag::IntErr.code(), "mapping failed");
-        set_linger_reset(fd);
-        // SAFETY: plain syscall.
-        unsafe { real::shutdown(fd, libc::SHUT_RDWR) };
-    }
+    Ok(())
 }
 
 fn set_linger_reset(fd: i32) {
@@ -876,38 +630,17 @@ fn set_linger_reset(fd: i32) {
 }
 
 /// A connection that fell back after a timeout: consume the one late CLC message, if any,
-/// before the application reads (and decline a late proposal).
+/// before the application reads (our decline already answered it).
 pub fn skip_late_clc(fd: i32, s: &Skip) {
     let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
     if s.done() {
         return;
     }
-    let mut hdr = [0u8; HEADER_LEN];
-    // SAFETY: valid buffer.
-    let r = unsafe {
-        real::recv(
-            fd,
-            hdr.as_mut_ptr() as *mut libc::c_void,
-            HEADER_LEN,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
-    };
-    if r <= 0 {
-        return; // nothing yet: decide at the next operation
-    }
-    let r = r as usize;
-    if !is_eyecatcher(&hdr[..r.min(4)]) && r >= 4 {
-        s.state.store(1, Ordering::Release);
-        drop(fdtable::replace(fd, Slot::Tag(TAG_TCP)));
-        return;
-    }
-    if r < HEADER_LEN {
-        return;
-    }
-    if let Ok(Some(m)) = read_clc(fd, Instant::now() + clc_timeout()) {
-        if s.server {
-            if let ClcMessage::Proposal(_) = m {
-                send_decline(fd, Diag::TimeoutCl.code());
+    match crate::handshake::skip_one(fd) {
+        None => return, // not there yet (or partial): decide at the next operation
+        Some(consumed) => {
+            if consumed {
+                debug!("fd {fd}: late CLC message skipped");
             }
         }
     }

@@ -453,3 +453,87 @@ fn stray_dmb_registration_is_returned() {
     assert!(a.contains(&Action::ReleaseDmb(d)));
     assert!(matches!(a.last(), Some(Action::Fallback(_))));
 }
+
+#[test]
+fn device_unavailable_declines_without_proposing() {
+    // Client: a decline instead of a proposal, answered by the server's fallback.
+    let mut c = Handshake::client(cfg(GID), true).device_unavailable(Diag::NoSmcdDev);
+    let a = c.start();
+    assert_eq!(declined_with(&a), Diag::NoSmcdDev.code());
+    assert!(matches!(
+        a.last(),
+        Some(Action::Fallback(f)) if f.in_sync
+            && f.reason == FallbackReason::NoLocalDevice { diag: Diag::NoSmcdDev }
+            && f.reason.diag_code() == Diag::NoSmcdDev.code()
+    ));
+    assert!(c.is_finished());
+    let decl = match &a[0] {
+        Action::Send(b) => b.clone(),
+        _ => unreachable!(),
+    };
+    let mut s = Handshake::server(cfg(GID), true);
+    let a = s.handle(Input::Message(&decl));
+    assert!(matches!(a.last(), Some(Action::Fallback(f)) if f.in_sync));
+    // Server: the proposal is declined with the device's code, no DMB asked for.
+    let mut c = Handshake::client(cfg(GID), true);
+    let prop = match &c.start()[0] {
+        Action::Send(b) => b.clone(),
+        _ => unreachable!(),
+    };
+    let mut s = Handshake::server(cfg(GID), true).device_unavailable(Diag::IntErr);
+    let a = s.handle(Input::Message(&prop));
+    assert_eq!(declined_with(&a), Diag::IntErr.code());
+    assert!(!a.iter().any(|x| matches!(x, Action::RegisterDmb { .. })));
+    assert!(matches!(a.last(), Some(Action::Fallback(f)) if f.in_sync));
+    // Without an SMC peer nothing is sent.
+    let mut c = Handshake::client(cfg(GID), false).device_unavailable(Diag::NoSmcdDev);
+    let a = c.start();
+    assert_eq!(a.len(), 1);
+    assert!(matches!(&a[0], Action::Fallback(f) if f.reason == FallbackReason::PeerNoSmc));
+}
+
+#[test]
+fn client_names_the_peer_dmb_and_declines_a_failed_attach() {
+    let mut c = Handshake::client(cfg(GID), true);
+    let prop = match &c.start()[0] {
+        Action::Send(b) => b.clone(),
+        _ => unreachable!(),
+    };
+    assert_eq!(c.peer_dmb(), None);
+    let mut s = Handshake::server(cfg(GID), true);
+    s.handle(Input::Message(&prop));
+    let local = LocalDmb {
+        token: 0xabcd,
+        idx: 0,
+        size_code: 3,
+    };
+    let acc = match &s.handle(Input::DmbRegistered(local))[0] {
+        Action::Send(b) => b.clone(),
+        _ => unreachable!(),
+    };
+    assert_eq!(
+        c.handle(Input::Message(&acc)),
+        vec![Action::RegisterDmb { size_code: 2 }]
+    );
+    assert_eq!(
+        c.peer_dmb(),
+        Some(PeerDmb {
+            token: 0xabcd,
+            idx: 0,
+            size_code: 3
+        })
+    );
+    let a = c.handle(Input::DmbFailed(DmbFailure::NoDevice));
+    assert_eq!(declined_with(&a), Diag::NoSmcdDev.code());
+    assert!(matches!(a.last(), Some(Action::Fallback(f)) if f.in_sync));
+    assert_eq!(c.peer_dmb(), None);
+    // The server, waiting for the confirm, gets the decline and releases its DMB.
+    let decl = match &a[0] {
+        Action::Send(b) => b.clone(),
+        _ => unreachable!(),
+    };
+    let a = s.handle(Input::Message(&decl));
+    assert_eq!(a[0], Action::ReleaseDmb(local));
+    assert!(matches!(a.last(), Some(Action::Fallback(f)) if f.in_sync));
+    assert_eq!(DmbFailure::Internal.diag(), Diag::IntErr);
+}

@@ -1,0 +1,436 @@
+//! The I/O layer of the CLC handshake: drives [`smc_common::handshake`] (the one
+//! implementation of the protocol logic, sans-IO) over the TCP socket of one connection and
+//! carries out its actions against the loopback-ism daemon.
+//!
+//! The machine decides what to send, what to expect, when to decline and with which code; this
+//! module only frames CLC messages on the byte stream (never consuming a byte that is not part
+//! of a complete CLC message), registers / attaches / maps DMBs, and reports timeouts and I/O
+//! errors as inputs. What to do with the stream after a fallback (plain TCP, skip one late CLC
+//! message, or reset) is decided by the caller from [`Fallback::in_sync`] and the message that
+//! was awaited ([`Outcome::Fallback`]).
+//!
+//! [`Driver::step`] runs until the machine is finished or, when not allowed to block, until it
+//! waits for a peer message that is not there yet, so a handshake can progress across several
+//! calls (an event-loop server is never held up waiting for its client).
+
+use crate::setup;
+use crate::shm::Mapping;
+use crate::{real, setup::with_dev};
+use smc_common::clc::{self, MsgType, HEADER_LEN};
+use smc_common::diag::Diag;
+use smc_common::handshake::{
+    Action, DmbFailure, Established, Fallback, Handshake, Input, LocalDmb,
+};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// Larger than any CLC message (a proposal is at most 652 bytes).
+const MAX_MSG: usize = 1024;
+
+/// A DMB we hold a daemon reference on, with our mapping of it.
+pub struct HeldDmb {
+    pub dmb: smc_ism::Dmb,
+    pub map: Mapping,
+}
+
+/// How a handshake ended.
+pub enum Outcome {
+    /// SMC-D: our DMB (registered, mapped) and the peer's (attached and mapped on the client;
+    /// on the server still to attach with `est.peer_token`).
+    Established {
+        est: Established,
+        own: HeldDmb,
+        peer: Option<HeldDmb>,
+    },
+    /// Plain TCP; `awaited` is the message we were waiting for when it ended, if any.
+    Fallback {
+        fb: Fallback,
+        awaited: Option<MsgType>,
+    },
+}
+
+/// What one call of [`Driver::step`] reached.
+pub enum Progress {
+    /// Waiting for a peer message that has not arrived yet (only when not blocking).
+    WouldBlock,
+    Done(Outcome),
+}
+
+/// What the socket holds.
+enum Rd {
+    /// One whole CLC message (consumed).
+    Msg(usize),
+    /// Bytes that do not frame as a CLC message (`n` bytes peeked into the buffer, nothing
+    /// consumed).
+    NotClc(usize),
+    /// A partial message or nothing yet.
+    Nothing,
+    /// Orderly EOF or a socket error.
+    Gone,
+}
+
+pub struct Driver {
+    m: Handshake,
+    fd: i32,
+    server: bool,
+    todo: VecDeque<Action>,
+    own: Option<HeldDmb>,
+    peer: Option<HeldDmb>,
+    /// The message awaited and the deadline for it.
+    wait: Option<(MsgType, Instant)>,
+    started: bool,
+    /// Wait at most this long for a peer message (the server's Confirm: twice).
+    timeout: Duration,
+    buf: [u8; MAX_MSG],
+}
+
+impl Driver {
+    pub fn new(m: Handshake, fd: i32, server: bool) -> Driver {
+        Driver {
+            m,
+            fd,
+            server,
+            todo: VecDeque::new(),
+            own: None,
+            peer: None,
+            wait: None,
+            started: false,
+            timeout: setup::clc_timeout(),
+            buf: [0; MAX_MSG],
+        }
+    }
+
+    /// Another CLC timeout than `SMC_CLC_TIMEOUT_MS`.
+    pub fn with_timeout(mut self, t: Duration) -> Driver {
+        self.timeout = t;
+        self
+    }
+
+    /// Run the handshake as far as it goes. `block`: wait for peer messages (up to the CLC
+    /// timeout each); otherwise return [`Progress::WouldBlock`] when one is not there yet.
+    pub fn step(&mut self, block: bool) -> Progress {
+        if !self.started {
+            self.started = true;
+            let a = self.m.start();
+            self.todo.extend(a);
+        }
+        loop {
+            while let Some(a) = self.todo.pop_front() {
+                if let Some(out) = self.act(a) {
+                    return Progress::Done(out);
+                }
+            }
+            let Some(t) = self.m.waiting_for() else {
+                // Finished without a terminal action carried out, or waiting for a DMB (which
+                // is registered synchronously): cannot happen; end it rather than spin.
+                let a = self.m.handle(Input::Abort);
+                if a.is_empty() {
+                    return Progress::Done(self.fallback_now(Fallback {
+                        reason: smc_common::handshake::FallbackReason::Aborted,
+                        sent_decline: None,
+                        in_sync: false,
+                    }));
+                }
+                self.todo.extend(a);
+                continue;
+            };
+            let deadline = match self.wait {
+                Some((w, d)) if w == t => d,
+                _ => {
+                    // The server's Confirm comes after its client attached and registered.
+                    let n = if t == MsgType::Confirm { 2 } else { 1 };
+                    let d = Instant::now() + self.timeout * n;
+                    self.wait = Some((t, d));
+                    d
+                }
+            };
+            let input_len = match self.read_msg() {
+                Rd::Msg(n) => Some(n),
+                Rd::NotClc(n) => {
+                    if t == MsgType::Proposal {
+                        // The client announced SMC but speaks no CLC: nothing was sent and
+                        // nothing consumed, plain TCP as if it had not announced it.
+                        return Progress::Done(self.fallback_now(Fallback {
+                            reason: smc_common::handshake::FallbackReason::PeerNoSmc,
+                            sent_decline: None,
+                            in_sync: true,
+                        }));
+                    }
+                    // Bytes we cannot frame: the machine declines, out of sync.
+                    Some(n)
+                }
+                Rd::Gone => {
+                    let a = self.m.handle(Input::Abort);
+                    self.todo.extend(a);
+                    continue;
+                }
+                Rd::Nothing => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        let a = self.m.handle(Input::Timeout);
+                        self.todo.extend(a);
+                        continue;
+                    }
+                    if !block {
+                        return Progress::WouldBlock;
+                    }
+                    wait_readable(self.fd, deadline);
+                    None
+                }
+            };
+            if let Some(n) = input_len {
+                let msg = self.buf[..n].to_vec();
+                let a = self.m.handle(Input::Message(&msg));
+                self.todo.extend(a);
+            }
+        }
+    }
+
+    /// The fallback outcome, for an end decided outside the machine.
+    fn fallback_now(&mut self, fb: Fallback) -> Outcome {
+        self.release_all();
+        Outcome::Fallback { fb, awaited: None }
+    }
+
+    /// Carry out one action; `Some` when it is terminal.
+    fn act(&mut self, a: Action) -> Option<Outcome> {
+        match a {
+            Action::Send(b) => {
+                if !send_all(self.fd, &b, Instant::now() + self.timeout) {
+                    let a = self.m.handle(Input::Abort);
+                    // Whatever the machine wanted next is moot: the socket is broken.
+                    self.todo.clear();
+                    self.todo.extend(a);
+                }
+                None
+            }
+            Action::RegisterDmb { size_code } => {
+                let input = match self.register(size_code) {
+                    Ok(l) => Input::DmbRegistered(l),
+                    Err(f) => Input::DmbFailed(f),
+                };
+                let a = self.m.handle(input);
+                self.todo.extend(a);
+                None
+            }
+            Action::ReleaseDmb(l) => {
+                if self.own.as_ref().is_some_and(|o| o.dmb.token == l.token) {
+                    let o = self.own.take().expect("own");
+                    setup::release_dmbs(Some(o.dmb.token), None);
+                }
+                None
+            }
+            Action::Established(est) => match self.own.take() {
+                Some(own) => {
+                    let peer = self.peer.take();
+                    Some(Outcome::Established { est, own, peer })
+                }
+                // The machine only establishes with the DMB we registered.
+                None => Some(self.fallback_now(Fallback {
+                    reason: smc_common::handshake::FallbackReason::Aborted,
+                    sent_decline: None,
+                    in_sync: false,
+                })),
+            },
+            Action::Fallback(fb) => {
+                let awaited = self.wait.map(|(t, _)| t);
+                self.release_all();
+                Some(Outcome::Fallback { fb, awaited })
+            }
+        }
+    }
+
+    /// Give back what we hold (a handshake that did not finish, or fell back).
+    fn release_all(&mut self) {
+        let own = self.own.take().map(|o| o.dmb.token);
+        let peer = self.peer.take().map(|p| p.dmb.token);
+        if own.is_some() || peer.is_some() {
+            setup::release_dmbs(own, peer);
+        }
+    }
+
+    /// Register (and map) our DMB; the client first attaches and maps the server's.
+    fn register(&mut self, size_code: u8) -> Result<LocalDmb, DmbFailure> {
+        let fd = self.fd;
+        if !self.server {
+            let p = self.m.peer_dmb().ok_or(DmbFailure::Internal)?;
+            let d = with_dev(|c| c.attach_dmb(p.token, fd)).map_err(failure)?;
+            let map = match Mapping::map_fd(&d.fd, d.size) {
+                Ok(m) => m,
+                Err(_) => {
+                    setup::release_dmbs(None, Some(d.token));
+                    return Err(DmbFailure::Mem);
+                }
+            };
+            self.peer = Some(HeldDmb { dmb: d, map });
+        }
+        let d = with_dev(|c| c.register_dmb(size_code, fd)).map_err(failure)?;
+        let map = match Mapping::map_fd(&d.fd, d.size) {
+            Ok(m) => m,
+            Err(_) => {
+                setup::release_dmbs(Some(d.token), None);
+                return Err(DmbFailure::Mem);
+            }
+        };
+        let l = LocalDmb {
+            token: d.token,
+            idx: d.idx,
+            size_code: d.size_code,
+        };
+        self.own = Some(HeldDmb { dmb: d, map });
+        Ok(l)
+    }
+
+    /// Frame one CLC message from the socket without consuming anything else.
+    fn read_msg(&mut self) -> Rd {
+        let fd = self.fd;
+        let n = match recv(fd, &mut self.buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+            Ok(0) => return Rd::Gone,
+            Ok(n) => n,
+            Err(e) if e == libc::EAGAIN || e == libc::EWOULDBLOCK => return Rd::Nothing,
+            Err(_) => return Rd::Gone,
+        };
+        let eye = &self.buf[..n.min(4)];
+        if eye != &clc::EYECATCHER_SMCD[..eye.len()] && eye != &clc::EYECATCHER_SMCR[..eye.len()] {
+            return Rd::NotClc(n);
+        }
+        if n < HEADER_LEN {
+            return Rd::Nothing;
+        }
+        let hdr: &[u8; HEADER_LEN] = self.buf[..HEADER_LEN].try_into().expect("header");
+        let len = match clc::message_len(hdr) {
+            Ok(l) if l <= MAX_MSG => l,
+            _ => return Rd::NotClc(n),
+        };
+        if n < len {
+            return Rd::Nothing;
+        }
+        // Consume exactly this message (application bytes may follow a decline).
+        match recv(fd, &mut self.buf[..len], libc::MSG_DONTWAIT) {
+            Ok(r) if r == len => Rd::Msg(len),
+            _ => Rd::Gone,
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.release_all();
+    }
+}
+
+/// The decline reason for a daemon error.
+fn failure(code: u32) -> DmbFailure {
+    match Diag::from_code(code) {
+        Some(Diag::MaxDmb) => DmbFailure::MaxDmb,
+        Some(Diag::Mem) => DmbFailure::Mem,
+        Some(Diag::NoSmcdDev) => DmbFailure::NoDevice,
+        _ => DmbFailure::Internal,
+    }
+}
+
+fn recv(fd: i32, buf: &mut [u8], flags: i32) -> Result<usize, i32> {
+    loop {
+        // SAFETY: valid buffer.
+        let r = unsafe { real::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), flags) };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = real::errno();
+        if e != libc::EINTR {
+            return Err(e);
+        }
+    }
+}
+
+/// Wait until the socket is readable or `deadline`; a partial message already queued makes
+/// it readable at once, so then pause briefly instead.
+fn wait_readable(fd: i32, deadline: Instant) {
+    let now = Instant::now();
+    if now >= deadline {
+        return;
+    }
+    let mut one = [0u8; 1];
+    if recv(fd, &mut one, libc::MSG_PEEK | libc::MSG_DONTWAIT).is_ok_and(|n| n > 0) {
+        std::thread::sleep(Duration::from_micros(20));
+        return;
+    }
+    let ms = (deadline - now).as_millis().clamp(1, i32::MAX as u128) as i32;
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd.
+    unsafe { real::poll(&mut p, 1, ms) };
+}
+
+/// Write all of `b` (a CLC message: it fits the socket buffer of a fresh connection).
+pub fn send_all(fd: i32, mut b: &[u8], deadline: Instant) -> bool {
+    while !b.is_empty() {
+        // SAFETY: valid buffer.
+        let r = unsafe {
+            real::send(
+                fd,
+                b.as_ptr() as *const libc::c_void,
+                b.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if r > 0 {
+            b = &b[r as usize..];
+            continue;
+        }
+        let e = real::errno();
+        if r < 0 && e == libc::EINTR {
+            continue;
+        }
+        if r < 0 && e == libc::EAGAIN {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLOUT,
+                revents: 0,
+            };
+            let ms = (deadline - now).as_millis().clamp(1, i32::MAX as u128) as i32;
+            // SAFETY: one pollfd.
+            unsafe { real::poll(&mut p, 1, ms) };
+            continue;
+        }
+        return false;
+    }
+    true
+}
+
+/// Consume one whole CLC message if the socket starts with one. `Some(true)`: consumed;
+/// `Some(false)`: the stream does not start with CLC; `None`: not decidable yet.
+pub fn skip_one(fd: i32) -> Option<bool> {
+    let mut buf = [0u8; MAX_MSG];
+    let n = recv(fd, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT).ok()?;
+    if n == 0 {
+        return Some(false);
+    }
+    let eye = &buf[..n.min(4)];
+    if eye != &clc::EYECATCHER_SMCD[..eye.len()] && eye != &clc::EYECATCHER_SMCR[..eye.len()] {
+        return Some(false);
+    }
+    if n < HEADER_LEN {
+        return None;
+    }
+    let hdr: &[u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("header");
+    let len = match clc::message_len(hdr) {
+        Ok(l) if l <= MAX_MSG => l,
+        _ => return Some(false),
+    };
+    if n < len {
+        return None;
+    }
+    let _ = recv(fd, &mut buf[..len], libc::MSG_DONTWAIT);
+    Some(true)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,202 @@
+//! The handshake driver over real loopback TCP connections, against a loopback-ism daemon
+//! started in this process.
+
+use super::*;
+use smc_common::clc::{decode, ClcMessage, Decline, SMC_V2};
+use smc_common::handshake::FallbackReason;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::OnceLock;
+
+/// One daemon for the whole test binary (the library reads its socket path once).
+fn daemon() {
+    static D: OnceLock<smc_ism::DaemonHandle> = OnceLock::new();
+    D.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("smc-preload-hs-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let sock = dir.join("ctl.sock");
+        std::env::set_var("SMC_CTL_SOCK", &sock);
+        let mut cfg = smc_ism::DaemonConfig::with_paths(&sock, dir.join("state"));
+        cfg.min_available_bytes = 0;
+        smc_ism::spawn(cfg).expect("daemon")
+    });
+}
+
+fn pair() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (s, _) = l.accept().unwrap();
+    (c, s)
+}
+
+fn client(fd: i32) -> Driver {
+    Driver::new(setup::machine(false, 0), fd, false).with_timeout(Duration::from_secs(5))
+}
+
+fn server(fd: i32) -> Driver {
+    Driver::new(setup::machine(true, 1), fd, true).with_timeout(Duration::from_secs(5))
+}
+
+fn done(p: Progress) -> Outcome {
+    match p {
+        Progress::Done(o) => o,
+        Progress::WouldBlock => panic!("would block"),
+    }
+}
+
+fn fell_back(o: Outcome) -> (Fallback, Option<MsgType>) {
+    match o {
+        Outcome::Fallback { fb, awaited } => (fb, awaited),
+        Outcome::Established { .. } => panic!("established"),
+    }
+}
+
+/// Read one CLC message from a plain socket.
+fn read_clc(s: &mut TcpStream) -> ClcMessage {
+    let mut h = [0u8; HEADER_LEN];
+    s.read_exact(&mut h).unwrap();
+    let n = clc::message_len(&h).unwrap();
+    let mut b = h.to_vec();
+    b.resize(n, 0);
+    s.read_exact(&mut b[HEADER_LEN..]).unwrap();
+    decode(&b).unwrap()
+}
+
+#[test]
+fn client_and_server_establish() {
+    daemon();
+    let (c, s) = pair();
+    let sfd = s.as_raw_fd();
+    let t = std::thread::spawn(move || {
+        let o = done(server(sfd).step(true));
+        drop(s);
+        o
+    });
+    let co = done(client(c.as_raw_fd()).step(true));
+    let so = t.join().unwrap();
+    let (
+        Outcome::Established {
+            est: ce,
+            own: cown,
+            peer: Some(cpeer),
+        },
+        Outcome::Established {
+            est: se,
+            own: sown,
+            peer: None,
+        },
+    ) = (co, so)
+    else {
+        panic!("both ends establish, the client with the server's DMB attached");
+    };
+    assert_eq!(ce.peer_token, sown.dmb.token);
+    assert_eq!(cpeer.dmb.token, sown.dmb.token);
+    assert_eq!(se.peer_token, cown.dmb.token);
+    assert_eq!(cown.dmb.size, 16 << 10);
+    assert_eq!(sown.dmb.size, 32 << 10);
+    assert_eq!(cpeer.map.len(), 32 << 10);
+    setup::release_dmbs(Some(cown.dmb.token), Some(cpeer.dmb.token));
+    setup::release_dmbs(Some(sown.dmb.token), None);
+}
+
+#[test]
+fn client_times_out_declines_and_is_out_of_sync() {
+    daemon();
+    let (c, mut s) = pair();
+    let mut d = client(c.as_raw_fd()).with_timeout(Duration::from_millis(50));
+    let (fb, awaited) = fell_back(done(d.step(true)));
+    assert_eq!(fb.reason, FallbackReason::Timeout);
+    assert!(!fb.in_sync);
+    assert_eq!(awaited, Some(MsgType::Accept));
+    assert!(matches!(read_clc(&mut s), ClcMessage::Proposal(_)));
+    assert!(
+        matches!(read_clc(&mut s), ClcMessage::Decline(d) if d.diagnosis == Diag::TimeoutCl.code())
+    );
+}
+
+#[test]
+fn server_without_clc_consumes_nothing() {
+    daemon();
+    let (mut c, mut s) = pair();
+    c.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let (fb, _) = fell_back(done(server(s.as_raw_fd()).step(true)));
+    assert_eq!(fb.reason, FallbackReason::PeerNoSmc);
+    assert!(fb.in_sync);
+    let mut b = [0u8; 18];
+    s.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"GET / HTTP/1.0\r\n\r\n");
+}
+
+#[test]
+fn decline_is_consumed_and_application_bytes_after_it_are_not() {
+    daemon();
+    let (mut c, mut s) = pair();
+    let mut bytes = Decline::new(SMC_V2, Diag::MaxDmb.code(), [7; 8]).encode();
+    bytes.extend_from_slice(b"hello");
+    c.write_all(&bytes).unwrap();
+    let (fb, _) = fell_back(done(server(s.as_raw_fd()).step(true)));
+    assert_eq!(
+        fb.reason,
+        FallbackReason::DeclinedByPeer {
+            diag: Diag::MaxDmb.code()
+        }
+    );
+    assert!(fb.in_sync);
+    let mut b = [0u8; 5];
+    s.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"hello");
+}
+
+#[test]
+fn garbage_instead_of_an_accept_is_out_of_sync() {
+    daemon();
+    let (c, mut s) = pair();
+    s.write_all(b"\xE2\xD4\xC3\xC4garbage!").unwrap();
+    let (fb, _) = fell_back(done(client(c.as_raw_fd()).step(true)));
+    assert!(!fb.in_sync);
+    assert!(matches!(fb.reason, FallbackReason::DeclinedByUs { .. }));
+}
+
+#[test]
+fn server_steps_without_blocking() {
+    daemon();
+    let (c, s) = pair();
+    let mut sd = server(s.as_raw_fd());
+    assert!(matches!(sd.step(false), Progress::WouldBlock));
+    let cfd = c.as_raw_fd();
+    let t = std::thread::spawn(move || {
+        let o = done(client(cfd).step(true));
+        drop(c);
+        o
+    });
+    let start = Instant::now();
+    let so = loop {
+        match sd.step(false) {
+            Progress::Done(o) => break o,
+            Progress::WouldBlock => {
+                assert!(start.elapsed() < Duration::from_secs(5));
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    };
+    let co = t.join().unwrap();
+    assert!(matches!(so, Outcome::Established { .. }));
+    assert!(matches!(co, Outcome::Established { .. }));
+}
+
+#[test]
+fn skip_one_late_message() {
+    let (mut c, s) = pair();
+    assert_eq!(skip_one(s.as_raw_fd()), None);
+    let d = Decline::new(SMC_V2, Diag::TimeoutCl.code(), [1; 8]).encode();
+    c.write_all(&d[..5]).unwrap();
+    std::thread::sleep(Duration::from_millis(10));
+    assert_eq!(skip_one(s.as_raw_fd()), None, "partial");
+    c.write_all(&d[5..]).unwrap();
+    c.write_all(b"data").unwrap();
+    std::thread::sleep(Duration::from_millis(10));
+    assert_eq!(skip_one(s.as_raw_fd()), Some(true));
+    assert_eq!(skip_one(s.as_raw_fd()), Some(false), "data is not CLC");
+}
