@@ -318,3 +318,523 @@ impl Drop for Proc {
         let _ = self.0.wait();
     }
 }
+
+// ────────────────────────────────────────────────────────────────────────────────────────────
+// Real applications on the data path (`apps_smc.rs`, `clc_capture.rs`): a world with its own
+// attached cgroup and loopback-ism daemon, programs started under `smc-ctl run`, the data
+// path's per-process statistics, tools looked up with a clear message, bounded waits.
+// ────────────────────────────────────────────────────────────────────────────────────────────
+
+pub use smc_common::procstats::Snapshot;
+
+/// The executable `tool` (on `PATH` or in the usual system directories), or a test failure that
+/// says how to install it.
+pub fn require_tool(tool: &str, package: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs = std::env::split_paths(&path).chain(
+        [
+            "/usr/local/sbin",
+            "/usr/local/bin",
+            "/usr/sbin",
+            "/usr/bin",
+            "/sbin",
+            "/bin",
+        ]
+        .map(PathBuf::from),
+    );
+    for d in dirs {
+        let p = d.join(tool);
+        if fs::metadata(&p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0) {
+            return p;
+        }
+    }
+    panic!(
+        "{tool} is not installed: `cargo xtask setup` installs the test tools \
+         (or apt-get install -y {package})"
+    );
+}
+
+/// A TCP port of 127.0.0.1 that was free a moment ago (bound to 0 and released), for a server
+/// that must be told its port (never a default port: packaged services may run on those).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port()
+}
+
+/// Whether a socket listens on `port` in the network namespace of process `pid` (read from
+/// `/proc/<pid>/net/tcp{,6}`: no connection is made, so nothing is counted by the data path).
+pub fn is_listening(pid: u32, port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["tcp", "tcp6"].iter().any(|f| {
+        fs::read_to_string(format!("/proc/{pid}/net/{f}"))
+            .map(|t| {
+                t.lines().skip(1).any(|l| {
+                    let c: Vec<&str> = l.split_whitespace().collect();
+                    c.len() > 3 && c[1].ends_with(&want) && c[3] == "0A"
+                })
+            })
+            .unwrap_or(false)
+    })
+}
+
+/// Waits until `p` listens on `port`; fails at once if it exited (with its log, if any).
+pub fn wait_listening(p: &mut Proc, port: u16, timeout: Duration, what: &str, log: Option<&Path>) {
+    let t = Instant::now();
+    loop {
+        if let Ok(Some(st)) = p.0.try_wait() {
+            panic!(
+                "{what} exited ({st}) before listening on port {port}{}",
+                log.map(log_tail).unwrap_or_default()
+            );
+        }
+        if is_listening(p.0.id(), port) {
+            return;
+        }
+        if t.elapsed() > timeout {
+            panic!(
+                "{what} does not listen on port {port} after {timeout:?}{}",
+                log.map(log_tail).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The last lines of a log file, for failure messages.
+pub fn log_tail(path: &Path) -> String {
+    let t = fs::read(path).unwrap_or_default();
+    let t = String::from_utf8_lossy(&t);
+    let lines: Vec<&str> = t.lines().collect();
+    let from = lines.len().saturating_sub(30);
+    format!(
+        "\n--- last lines of {} ---\n{}",
+        path.display(),
+        lines[from..].join("\n")
+    )
+}
+
+/// Polls `cond` every 10 ms until it holds; fails with `what` after `timeout`.
+pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !cond() {
+        if t.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Starts `c` with stdout and stderr appended to `log` (a server whose output nobody reads must
+/// not block on a full pipe). Killed on drop.
+pub fn spawn_logged(mut c: Command, log: &Path) -> Proc {
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap_or_else(|e| panic!("open {}: {e}", log.display()));
+    let f2 = f.try_clone().expect("dup log fd");
+    Proc(
+        c.stdin(Stdio::null())
+            .stdout(f)
+            .stderr(f2)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {:?}: {e}", c.get_program())),
+    )
+}
+
+/// A finished program: its pid (the key of its statistics file), status and output.
+pub struct Finished {
+    pub what: String,
+    pub pid: u32,
+    pub status: std::process::ExitStatus,
+    pub stdout: Vec<u8>,
+    pub stderr: String,
+}
+
+impl Finished {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    /// Fails the test unless the program exited with status 0.
+    pub fn ok(self) -> Finished {
+        assert!(
+            self.status.success(),
+            "{} failed ({}):\nstdout: {}\nstderr: {}",
+            self.what,
+            self.status,
+            String::from_utf8_lossy(&self.stdout[..self.stdout.len().min(4000)]),
+            self.stderr
+        );
+        self
+    }
+}
+
+/// Runs `c` to its end (killed after `timeout`), stdout and stderr through files in `dir` (no
+/// pipe can fill up), stdin from `stdin` or /dev/null.
+pub fn run_to_end(
+    mut c: Command,
+    dir: &Path,
+    stdin: Option<fs::File>,
+    timeout: Duration,
+) -> Finished {
+    let what = format!(
+        "{:?} {:?}",
+        c.get_program(),
+        c.get_args().collect::<Vec<_>>()
+    );
+    let name = unique("run-");
+    let (out, err) = (
+        dir.join(format!("{name}.out")),
+        dir.join(format!("{name}.err")),
+    );
+    let fo = fs::File::create(&out).expect("create stdout file");
+    let fe = fs::File::create(&err).expect("create stderr file");
+    c.stdout(fo).stderr(fe);
+    match stdin {
+        Some(f) => c.stdin(f),
+        None => c.stdin(Stdio::null()),
+    };
+    let mut p = Proc(c.spawn().unwrap_or_else(|e| panic!("spawn {what}: {e}")));
+    let pid = p.0.id();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = p.0.try_wait().expect("wait") {
+            break st;
+        }
+        if t.elapsed() > timeout {
+            drop(p);
+            panic!("{what} did not finish within {timeout:?}{}", log_tail(&err));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let f = Finished {
+        what,
+        pid,
+        status,
+        stdout: fs::read(&out).unwrap_or_default(),
+        stderr: fs::read_to_string(&err).unwrap_or_default(),
+    };
+    let _ = fs::remove_file(out);
+    let _ = fs::remove_file(err);
+    f
+}
+
+/// Whether a `SOCK_SEQPACKET` Unix socket at `path` accepts connections (the daemon listens).
+fn seqpacket_accepts(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt as _;
+    let b = path.as_os_str().as_bytes();
+    // SAFETY: a zeroed sockaddr_un is valid.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if b.len() >= sa.sun_path.len() {
+        return false;
+    }
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in sa.sun_path.iter_mut().zip(b) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: plain syscalls on our own fd.
+    unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return false;
+        }
+        let r = libc::connect(
+            fd,
+            &sa as *const libc::sockaddr_un as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        );
+        libc::close(fd);
+        r == 0
+    }
+}
+
+/// `smc-ctl attach`, waiting (bounded) while the pinned programs belong to another build of
+/// smc-ctl: someone else's cgroup is attached with it, which must never be detached from here.
+pub fn attach_waiting(cg: &Cgroup, mode: &str, timeout: Duration) -> Attached {
+    let t = Instant::now();
+    loop {
+        let out = smc_ctl(&[
+            "attach",
+            "--cgroup",
+            cg.path.to_str().unwrap(),
+            "--mode",
+            mode,
+        ]);
+        if out.status.success() {
+            return Attached {
+                cgroup: cg.path.clone(),
+            };
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        if !err.contains("another build") || t.elapsed() > timeout {
+            panic!("smc-ctl attach failed: {err}");
+        }
+        eprintln!("smc-ctl attach: another build holds the programs; waiting: {err}");
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}
+
+/// One test's world for real applications: the shared test lock, an ism-attached cgroup, a
+/// private loopback-ism daemon and a private statistics directory. Programs started with
+/// [`SmcWorld::run`] run as `smc-ctl run -- PROGRAM` inside the cgroup, find the daemon through
+/// `SMC_CTL_SOCK` and keep their statistics file after exit (`SMC_STATS_KEEP=1`) so that each
+/// program's own figures can be checked. On drop: every process of the cgroup is killed, the
+/// daemon stopped, the cgroup detached and removed, the directory removed (kept when the test
+/// failed, for its logs).
+pub struct SmcWorld {
+    pub dir: PathBuf,
+    pub sock: PathBuf,
+    cg: Option<Cgroup>,
+    att: Option<Attached>,
+    daemon: Option<Proc>,
+    _lock: TestLock,
+}
+
+impl SmcWorld {
+    pub fn new() -> SmcWorld {
+        require_root();
+        let lock = lock();
+        let cg = Cgroup::new();
+        let att = attach_waiting(&cg, "ism", Duration::from_secs(600));
+        let dir = Path::new("/run/smc").join(unique("apps-test-"));
+        fs::create_dir_all(dir.join("procs")).expect("mkdir procs");
+        fs::create_dir_all(dir.join("logs")).expect("mkdir logs");
+        let sock = dir.join("ctl.sock");
+        let mut c = Command::new(bin("smc-ctl"));
+        c.args(["daemon", "--socket"])
+            .arg(&sock)
+            .arg("--state-dir")
+            .arg(dir.join("state"));
+        let log = dir.join("logs/daemon.log");
+        let mut daemon = spawn_logged(c, &log);
+        let t = Instant::now();
+        while !seqpacket_accepts(&sock) {
+            if let Ok(Some(st)) = daemon.0.try_wait() {
+                panic!("smc-ctl daemon exited ({st}){}", log_tail(&log));
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "smc-ctl daemon does not accept on {} after 10 s{}",
+                sock.display(),
+                log_tail(&log)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        SmcWorld {
+            dir,
+            sock,
+            cg: Some(cg),
+            att: Some(att),
+            daemon: Some(daemon),
+            _lock: lock,
+        }
+    }
+
+    pub fn cgroup(&self) -> &Cgroup {
+        self.cg.as_ref().expect("cgroup")
+    }
+
+    /// A directory for this test's files (created).
+    pub fn subdir(&self, name: &str) -> PathBuf {
+        let d = self.dir.join(name);
+        fs::create_dir_all(&d).unwrap_or_else(|e| panic!("mkdir {}: {e}", d.display()));
+        d
+    }
+
+    /// The environment of the data path: this world's daemon and statistics directory.
+    pub fn env(&self, c: &mut Command) {
+        c.env("SMC_CTL_SOCK", &self.sock)
+            .env("SMC_PROCS_DIR", self.dir.join("procs"))
+            .env("SMC_STATS_KEEP", "1")
+            .env_remove("SMC_DISABLE")
+            .env_remove("LD_PRELOAD");
+    }
+
+    /// `smc-ctl run -- PROGRAM` inside the attached cgroup (arguments to be added).
+    pub fn run(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = self.cgroup().command(bin("smc-ctl"));
+        c.arg("run").arg("--").arg(program);
+        self.env(&mut c);
+        c
+    }
+
+    /// `ip netns exec NS smc-ctl run -- PROGRAM` inside the attached cgroup.
+    pub fn run_in_netns(&self, ns: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = NetnsPair::command(ns, Some(self.cgroup()), &bin("smc-ctl"));
+        c.arg("run").arg("--").arg(program);
+        self.env(&mut c);
+        c
+    }
+
+    /// Every statistics file of this world by name (`<pid>`, or an `exited-` aggregate), read
+    /// under the directory's lock (as `smc-ctl stats` does) so that a file being folded is never
+    /// seen twice or missed.
+    pub fn stats_files(&self) -> BTreeMap<String, Snapshot> {
+        use std::os::fd::AsRawFd as _;
+        let procs = self.dir.join("procs");
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(procs.join(smc_common::procstats::LOCK_NAME))
+            .expect("open stats lock");
+        // SAFETY: valid fd; released when `lock` is closed.
+        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+        let mut m = BTreeMap::new();
+        for e in fs::read_dir(&procs).expect("read procs dir").flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            if let Some(s) = fs::read(e.path()).ok().and_then(|b| Snapshot::parse(&b)) {
+                m.insert(name, s);
+            }
+        }
+        m
+    }
+
+    /// The sum over every process (and aggregate) of this world.
+    pub fn stats_sum(&self) -> Snapshot {
+        let mut sum = Snapshot::default();
+        for s in self.stats_files().values() {
+            sum.add(s);
+        }
+        sum
+    }
+
+    /// The figures of process `pid` (it must have made a TCP decision under the library).
+    pub fn stats_of(&self, pid: u32, what: &str) -> Snapshot {
+        let files = self.stats_files();
+        files.get(&pid.to_string()).cloned().unwrap_or_else(|| {
+            panic!(
+                "{what} (pid {pid}) left no statistics file: it did not run under the data path \
+                 (files: {:?})",
+                files.keys().collect::<Vec<_>>()
+            )
+        })
+    }
+
+    /// Waits until `pred` holds for the figures `get` reads (e.g. until a server has closed its
+    /// connections); fails with the last figures.
+    pub fn wait_stats(
+        &self,
+        timeout: Duration,
+        what: &str,
+        get: impl Fn(&SmcWorld) -> Snapshot,
+        pred: impl Fn(&Snapshot) -> bool,
+    ) -> Snapshot {
+        let t = Instant::now();
+        loop {
+            let s = get(self);
+            if pred(&s) {
+                return s;
+            }
+            if t.elapsed() > timeout {
+                panic!(
+                    "timed out after {timeout:?} waiting for {what}; figures: {}",
+                    brief(&s)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The pids of the processes of this world's cgroup that are still running.
+    pub fn live_pids(&self) -> Vec<u32> {
+        let cg = self.cgroup().path.join("cgroup.procs");
+        fs::read_to_string(cg)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+}
+
+impl Default for SmcWorld {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for SmcWorld {
+    fn drop(&mut self) {
+        if let Some(cg) = &self.cg {
+            // Every process of the test first (servers, workers, stragglers), then the daemon,
+            // then the detach while the cgroup still exists, then the cgroup.
+            let _ = fs::write(cg.path.join("cgroup.kill"), "1");
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(5)
+                && !fs::read_to_string(cg.path.join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .trim()
+                    .is_empty()
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        self.daemon.take();
+        self.att.take();
+        self.cg.take();
+        if std::thread::panicking() || std::env::var_os("SMC_KEEP_TEST_DIR").is_some() {
+            eprintln!("test files kept in {}", self.dir.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// The non-zero figures of a snapshot, one line (for assertion messages).
+pub fn brief(s: &Snapshot) -> String {
+    let mut out: Vec<String> = s
+        .counters
+        .iter()
+        .filter(|(_, v)| **v != 0)
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for (code, n) in &s.reasons {
+        out.push(format!("reason[{code:#010x}]={n}"));
+    }
+    format!("{{{}}}", out.join(" "))
+}
+
+/// SMC-D connections of a snapshot that are not closed yet.
+pub fn smcd_open(s: &Snapshot) -> u64 {
+    (s.get("smcd_client") + s.get("smcd_server")).saturating_sub(s.get("closed_conns"))
+}
+
+/// Fallbacks of a snapshot, client and server.
+pub fn fallbacks(s: &Snapshot) -> u64 {
+    s.get("fallback_client") + s.get("fallback_server")
+}
+
+/// Hex SHA-256.
+pub fn sha256_hex(b: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(b)
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
+/// Deterministic pseudo-random bytes (xorshift), `printable` limits them to `[0-9a-z]`.
+pub fn pseudo_random(len: usize, seed: u64, printable: bool) -> Vec<u8> {
+    const ALNUM: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut s = seed | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let b = (s >> 24) as u8;
+            if printable {
+                ALNUM[b as usize % ALNUM.len()]
+            } else {
+                b
+            }
+        })
+        .collect()
+}
