@@ -819,3 +819,52 @@ fn testprog_pair(w: &SmcWorld, ns: &NetnsPair, smc: bool) -> (String, u32, u32) 
     assert_eq!(cw[3], format!("back={DOWN}"), "client received {cout:?}");
     (cw[4].to_string(), cl.pid, spid)
 }
+
+/// What a user sees without `SMC_STATS_KEEP` (the default): a client under `smc-ctl run` exits
+/// normally after a clean close; its figures must stay in the statistics directory (folded
+/// into its cgroup's `exited-<cgroup id>` aggregate, as `smc_common::procstats` specifies), not
+/// vanish with it.
+#[test]
+fn exited_client_figures_survive_without_stats_keep() {
+    let curl = require_tool("curl", "curl");
+    let python = require_tool("python3", "python3");
+    let w = SmcWorld::new();
+    let www = w.subdir("www");
+    let body = pseudo_random(2 << 20, 5, false);
+    std::fs::write(www.join("f.bin"), &body).unwrap();
+    let port = free_port();
+    let mut c = w.run(&python);
+    c.args([
+        "-m",
+        "http.server",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--directory",
+    ])
+    .arg(&www);
+    let log = w.dir.join("http.log");
+    let mut srv = spawn_logged(c, &log);
+    wait_listening(&mut srv, port, T, "python3 -m http.server", Some(&log));
+    let out = w.dir.join("got.bin");
+    let mut c = w.run(&curl);
+    c.env_remove("SMC_STATS_KEEP")
+        .args(["-sS", "-f", "-o"])
+        .arg(&out)
+        .arg(format!("http://127.0.0.1:{port}/f.bin"));
+    run_to_end(c, &w.subdir("logs"), None, T).ok();
+    assert_eq!(std::fs::read(&out).unwrap(), body, "fetched file differs");
+    let s = wait_server_closed(&w, srv.0.id(), 1, "python http.server");
+    assert!(s.get("tx_bytes") >= body.len() as u64, "{}", brief(&s));
+    let files = w.stats_files();
+    let sum = w.stats_sum();
+    assert_eq!(
+        (sum.get("smcd_client"), sum.get("smcd_server")),
+        (1, 1),
+        "the exited curl's SMC-D connection is missing from the statistics directory \
+         (files {:?}): {}",
+        files.keys().collect::<Vec<_>>(),
+        brief(&sum)
+    );
+    assert_eq!(sum.get("rx_bytes"), sum.get("tx_bytes"), "{}", brief(&sum));
+}
