@@ -645,12 +645,19 @@ impl SmcWorld {
         d
     }
 
-    /// The environment of the data path: this world's daemon and statistics directory.
+    /// The environment of the data path: this world's daemon and statistics directory, the
+    /// library's defaults otherwise (knobs inherited from the caller's environment are dropped,
+    /// except `SMC_PRELOAD_LIB` and `SMC_DEBUG`).
     pub fn env(&self, c: &mut Command) {
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy();
+            if k.starts_with("SMC_") && k != "SMC_PRELOAD_LIB" && k != "SMC_DEBUG" {
+                c.env_remove(k.as_ref());
+            }
+        }
         c.env("SMC_CTL_SOCK", &self.sock)
             .env("SMC_PROCS_DIR", self.dir.join("procs"))
             .env("SMC_STATS_KEEP", "1")
-            .env_remove("SMC_DISABLE")
             .env_remove("LD_PRELOAD");
     }
 
