@@ -750,6 +750,45 @@ impl SmcWorld {
         }
     }
 
+    /// Waits until this world's daemon holds no DMB any more (every SMC-D connection's shared
+    /// memory was released), as `smc-ctl stats json` reports it (`daemon.figures.live_dmbs`).
+    /// Call it last: `smc-ctl stats` may fold the files of exited processes.
+    pub fn wait_no_live_dmbs(&self, timeout: Duration) {
+        let t = Instant::now();
+        loop {
+            let out = Command::new(bin("smc-ctl"))
+                .args(["stats", "json", "-a", "--socket"])
+                .arg(&self.sock)
+                .arg("--procs-dir")
+                .arg(self.dir.join("procs"))
+                .arg("--baseline")
+                .arg(self.dir.join("baseline.json"))
+                .output()
+                .expect("run smc-ctl stats json");
+            assert!(
+                out.status.success(),
+                "smc-ctl stats json: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let v: serde_json::Value =
+                serde_json::from_slice(&out.stdout).expect("smc-ctl stats json output");
+            assert_eq!(v["daemon"]["running"], true, "daemon: {}", v["daemon"]);
+            let live = v["daemon"]["figures"]["live_dmbs"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no daemon.figures.live_dmbs: {}", v["daemon"]));
+            if live == 0 {
+                return;
+            }
+            if t.elapsed() > timeout {
+                panic!(
+                    "the daemon still holds {live} DMBs after {timeout:?}: {}",
+                    v["daemon"]["figures"]
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The pids of the processes of this world's cgroup that are still running.
     pub fn live_pids(&self) -> Vec<u32> {
         let cg = self.cgroup().path.join("cgroup.procs");

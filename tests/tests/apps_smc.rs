@@ -53,7 +53,8 @@ fn assert_smcd(what: &str, s: &Snapshot, client: u64, server: u64, at_least: boo
 }
 
 /// Every connection of the world had both ends on the data path: as many server ends as client
-/// ends, nothing fell back.
+/// ends, nothing fell back; and, all of them closed, the daemon released every DMB. Called last
+/// (it runs `smc-ctl stats`).
 fn assert_world_consistent(w: &SmcWorld) -> Snapshot {
     let sum = w.stats_sum();
     assert_eq!(
@@ -64,6 +65,7 @@ fn assert_world_consistent(w: &SmcWorld) -> Snapshot {
     );
     assert_eq!(fallbacks(&sum), 0, "fallbacks: {}", brief(&sum));
     assert_eq!(sum.get("handshake_errors"), 0, "{}", brief(&sum));
+    w.wait_no_live_dmbs(T);
     sum
 }
 
