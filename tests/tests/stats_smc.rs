@@ -197,6 +197,7 @@ fn run_client(c: Command) -> BTreeMap<String, String> {
         .unwrap();
     let f = fields(&out, "CLIENT ");
     assert_eq!(f.len(), 1, "client output: {out}");
+    assert!(f[0].contains_key("rx"), "client output: {out}");
     f[0].clone()
 }
 
