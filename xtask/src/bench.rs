@@ -941,6 +941,9 @@ fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> {
                 &port.to_string(),
                 "-m",
                 "14",
+                // sockperf sizes its sequence table from the message rate; at the shared-memory
+                // path's sub-µs round trips the default overflows (`_seqN > m_maxSequenceNo`).
+                "--mps=5000000",
                 "-t",
                 &secs.to_string(),
             ])
