@@ -1,5 +1,6 @@
 //! The synchronous client: std + libc only, no threads, no global state, CLOEXEC fds.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::io;
 use std::mem;
@@ -222,6 +223,12 @@ impl Drop for DmbMap {
 /// `stats` retry once on a reused connection that turns out to be dead; `detach_dmb` and
 /// `unregister_dmb` do not, because the references of a closed connection were already released
 /// by the daemon: for those, `Disconnected`/`NotHeld` after a daemon restart is benign.
+///
+/// Requests can be pipelined: [`Client::register_dmb_start`], [`Client::attach_dmb_start`] and
+/// [`Client::attach_peer_start`] send a request and return a [`Ticket`]; the reply is read by
+/// [`Client::finish_dmb`] (replies of other tickets read on the way are kept for them), so a
+/// handshake can overlap a daemon round trip with waiting for its peer.
+/// [`Client::release_nowait`] gives references back without waiting for a reply.
 #[derive(Debug)]
 pub struct Client {
     fd: Option<OwnedFd>,
@@ -229,6 +236,25 @@ pub struct Client {
     pid: u32,
     seq: u32,
     timeout: Duration,
+    /// Compare the pid before every request (see [`Client::set_fork_check`]).
+    fork_check: bool,
+    /// Bumped at every connection change: tickets of an older connection are void.
+    generation: u64,
+    /// The daemon's feature mask, once a `QUERY_GID` on this connection told it.
+    features: Option<u32>,
+    /// Requests on this connection whose replies are still to be read, oldest first.
+    inflight: VecDeque<u32>,
+    /// Replies read before their ticket was finished: (seq, record, fd).
+    stash: Vec<(u32, Vec<u8>, Option<OwnedFd>)>,
+}
+
+/// A request sent to the daemon whose reply is still to be read ([`Client::finish_dmb`]).
+#[derive(Debug)]
+#[must_use = "finish the ticket, or the reference it may grant stays held until disconnect"]
+pub struct Ticket {
+    seq: u32,
+    op: u16,
+    generation: u64,
 }
 
 /// Result of one exchange: byte range of the op result in the reply buffer, and the fd.
@@ -249,7 +275,104 @@ impl Client {
             pid: std::process::id(),
             seq: 0,
             timeout: DEFAULT_TIMEOUT,
+            fork_check: true,
+            generation: 0,
+            features: None,
+            inflight: VecDeque::new(),
+            stash: Vec::new(),
         })
+    }
+
+    /// Whether every request first compares the pid (one `getpid` system call) to detect a
+    /// forked child (default on). A caller that drops its `Client` in the child of every fork
+    /// itself may turn it off.
+    pub fn set_fork_check(&mut self, on: bool) {
+        self.fork_check = on;
+    }
+
+    /// The daemon's feature mask (`proto::FEATURE_*`); asks with `QUERY_GID` the first time on
+    /// each connection.
+    pub fn features(&mut self) -> Result<u32, IsmError> {
+        self.ensure_connected()?;
+        if let Some(f) = self.features {
+            return Ok(f);
+        }
+        self.query_gid()?;
+        Ok(self.features.unwrap_or(0))
+    }
+
+    /// Sends a `REGISTER` (see [`Client::register_dmb`]) without waiting for the reply.
+    pub fn register_dmb_start(
+        &mut self,
+        size_code: u8,
+        sock_fd: RawFd,
+    ) -> Result<Ticket, IsmError> {
+        let mut payload = [0u8; 8];
+        payload[0] = size_code;
+        self.start(proto::OP_REGISTER, &payload, Some(sock_fd))
+    }
+
+    /// Sends an `ATTACH` (see [`Client::attach_dmb`]) without waiting for the reply.
+    pub fn attach_dmb_start(&mut self, token: u64, sock_fd: RawFd) -> Result<Ticket, IsmError> {
+        self.start(proto::OP_ATTACH, &token.to_le_bytes(), Some(sock_fd))
+    }
+
+    /// Sends an `ATTACH_PEER`: attach the DMB that the other end of `sock_fd`'s connection
+    /// registered, without knowing its token (same mirror proof as an attach, and both ends in
+    /// one network namespace). The caller checks the token it gets against the peer's CLC
+    /// message. [`IsmError::UnknownOp`] when the daemon does not offer it.
+    pub fn attach_peer_start(&mut self, sock_fd: RawFd) -> Result<Ticket, IsmError> {
+        if self.features()? & proto::FEATURE_ATTACH_PEER == 0 {
+            return Err(IsmError::UnknownOp);
+        }
+        self.start(proto::OP_ATTACH_PEER, &[], Some(sock_fd))
+    }
+
+    /// Reads the reply of a `*_start` request.
+    pub fn finish_dmb(&mut self, t: Ticket) -> Result<Dmb, IsmError> {
+        if t.generation != self.generation || self.fd.is_none() {
+            // The daemon released whatever it granted when that connection closed.
+            return Err(IsmError::Disconnected);
+        }
+        let mut buf = [0u8; 128];
+        let a = self.reply(t.seq, t.op, &mut buf)?;
+        self.dmb_answer(&buf, a)
+    }
+
+    /// Gives back the owner reference of `own` and the attach reference of `peer` without
+    /// waiting for the daemon (one record, no reply) when the daemon offers it; otherwise
+    /// `detach_dmb` and `unregister_dmb`.
+    pub fn release_nowait(&mut self, own: Option<u64>, peer: Option<u64>) -> Result<(), IsmError> {
+        let want = proto::FEATURE_RELEASE | proto::FEATURE_NOREPLY;
+        if self.features()? & want != want {
+            let r = peer.map_or(Ok(()), |p| self.detach_dmb(p));
+            let r2 = own.map_or(Ok(()), |o| self.unregister_dmb(o));
+            return r.and(r2);
+        }
+        let mut payload = [0u8; 16];
+        payload[0..8].copy_from_slice(&own.unwrap_or(0).to_le_bytes());
+        payload[8..16].copy_from_slice(&peer.unwrap_or(0).to_le_bytes());
+        self.send_request(proto::OP_RELEASE | proto::NOREPLY_BIT, &payload, None)
+            .map(|_| ())
+    }
+
+    fn start(&mut self, op: u16, payload: &[u8], pass: Option<RawFd>) -> Result<Ticket, IsmError> {
+        self.ensure_connected()?;
+        let seq = self.send_request(op, payload, pass)?;
+        Ok(Ticket {
+            seq,
+            op,
+            generation: self.generation,
+        })
+    }
+
+    /// Forgets the connection (and everything in flight on it).
+    fn disconnect(&mut self) {
+        self.fd = None;
+        self.features = None;
+        self.inflight.clear();
+        self.stash.clear();
+        self.generation = self.generation.wrapping_add(1);
     }
 
     /// Connects to `$SMC_CTL_SOCK`, or [`DEFAULT_SOCKET_PATH`].
@@ -279,6 +402,7 @@ impl Client {
         if a.end - a.start < proto::GID_REPLY_LEN {
             return Err(IsmError::Protocol("short QUERY_GID reply"));
         }
+        self.features = Some(proto::get_u32(&buf, a.start + 20));
         Ok(Gid {
             gid: proto::get_u64(&buf, a.start),
             gid_ext: proto::get_u64(&buf, a.start + 8),
@@ -410,6 +534,9 @@ impl Client {
         pass: Option<RawFd>,
     ) -> Result<(Status, Vec<u8>, Option<OwnedFd>), IsmError> {
         self.ensure_connected()?;
+        if !self.inflight.is_empty() {
+            return Err(IsmError::Protocol("raw_request with requests in flight"));
+        }
         let fd = self.raw()?;
         if let Err(e) = sys::send_record(fd, record, pass, 0) {
             return Err(self.send_failed(e));
@@ -420,7 +547,7 @@ impl Client {
             Err(e) => return Err(self.broken(e)),
         };
         if r.len == 0 {
-            self.fd = None;
+            self.disconnect();
             return Err(IsmError::Disconnected);
         }
         buf.truncate(r.len);
@@ -434,6 +561,10 @@ impl Client {
     fn dmb_op(&mut self, op: u16, payload: &[u8], sock_fd: RawFd) -> Result<Dmb, IsmError> {
         let mut buf = [0u8; 128];
         let a = self.transact(op, payload, Some(sock_fd), &mut buf, true)?;
+        self.dmb_answer(&buf, a)
+    }
+
+    fn dmb_answer(&mut self, buf: &[u8], a: Answer) -> Result<Dmb, IsmError> {
         let r =
             DmbReply::decode(&buf[a.start..a.end]).ok_or(IsmError::Protocol("short DMB reply"))?;
         let fd = a.fd.ok_or(IsmError::Protocol("DMB reply without memfd"))?;
@@ -453,14 +584,18 @@ impl Client {
 
     /// Makes sure we have a connection of our own; true if it was (re)made just now.
     fn ensure_connected(&mut self) -> Result<bool, IsmError> {
-        let pid = std::process::id();
-        if pid != self.pid {
-            // Forked child: the inherited connection is the parent's. Close our copy only.
-            self.fd = None;
-            self.pid = pid;
+        if self.fork_check {
+            let pid = std::process::id();
+            if pid != self.pid {
+                // Forked child: the inherited connection is the parent's. Close our copy only.
+                self.disconnect();
+                self.pid = pid;
+            }
         }
         if self.fd.is_none() {
-            self.fd = Some(open(&self.path, self.timeout)?);
+            let fd = open(&self.path, self.timeout)?;
+            self.disconnect();
+            self.fd = Some(fd);
             return Ok(true);
         }
         Ok(false)
@@ -475,7 +610,7 @@ impl Client {
 
     /// Drops the connection after a transport error and classifies it.
     fn broken(&mut self, e: io::Error) -> IsmError {
-        self.fd = None;
+        self.disconnect();
         match e.raw_os_error() {
             Some(libc::EAGAIN) => IsmError::Timeout,
             Some(libc::EPIPE) | Some(libc::ECONNRESET) | Some(libc::ENOTCONN) => {
@@ -521,6 +656,17 @@ impl Client {
         pass: Option<RawFd>,
         reply: &mut [u8],
     ) -> Result<Answer, IsmError> {
+        let seq = self.send_request(op, payload, pass)?;
+        self.reply(seq, op, reply)
+    }
+
+    /// Sends one request; its seq is queued for a reply unless it carries `NOREPLY_BIT`.
+    fn send_request(
+        &mut self,
+        op: u16,
+        payload: &[u8],
+        pass: Option<RawFd>,
+    ) -> Result<u32, IsmError> {
         let fd = self.raw()?;
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
@@ -531,22 +677,69 @@ impl Client {
         if let Err(e) = sys::send_record(fd, &req[..n], pass, 0) {
             return Err(self.send_failed(e));
         }
-        let r = match sys::recv_record(fd, reply, 0) {
-            Ok(r) => r,
-            Err(e) => return Err(self.broken(e)),
-        };
-        if r.len == 0 {
-            self.fd = None;
-            return Err(IsmError::Disconnected);
+        if op & proto::NOREPLY_BIT == 0 {
+            self.inflight.push_back(seq);
+        }
+        Ok(seq)
+    }
+
+    /// Reads the reply to `seq` into `reply`; replies to earlier requests read on the way are
+    /// kept for their tickets (the daemon answers one connection's requests in order).
+    fn reply(&mut self, seq: u32, op: u16, reply: &mut [u8]) -> Result<Answer, IsmError> {
+        if let Some(i) = self.stash.iter().position(|(s, _, _)| *s == seq) {
+            let (_, rec, fd) = self.stash.swap_remove(i);
+            if rec.len() > reply.len() {
+                return Err(IsmError::Protocol("reply too large"));
+            }
+            reply[..rec.len()].copy_from_slice(&rec);
+            return self.check_reply(seq, op, reply, rec.len(), fd);
         }
         let bad = |s: &mut Client, what| {
-            s.fd = None;
+            s.disconnect();
             Err(IsmError::Protocol(what))
         };
-        if r.truncated {
-            return bad(self, "reply too large");
+        loop {
+            let fd = self.raw()?;
+            let r = match sys::recv_record(fd, reply, 0) {
+                Ok(r) => r,
+                Err(e) => return Err(self.broken(e)),
+            };
+            if r.len == 0 {
+                self.disconnect();
+                return Err(IsmError::Disconnected);
+            }
+            if r.truncated {
+                return bad(self, "reply too large");
+            }
+            let Some(h) = Header::decode(&reply[..r.len]) else {
+                return bad(self, "short reply");
+            };
+            if self.inflight.front() != Some(&h.seq) {
+                return bad(self, "reply out of sequence");
+            }
+            self.inflight.pop_front();
+            if h.seq == seq {
+                return self.check_reply(seq, op, reply, r.len, r.fd);
+            }
+            // Another ticket's reply: keep it for its finish.
+            self.stash.push((h.seq, reply[..r.len].to_vec(), r.fd));
         }
-        let Some(h) = Header::decode(&reply[..r.len]) else {
+    }
+
+    /// Validates a reply record of `len` bytes in `reply`.
+    fn check_reply(
+        &mut self,
+        seq: u32,
+        op: u16,
+        reply: &[u8],
+        len: usize,
+        fd: Option<OwnedFd>,
+    ) -> Result<Answer, IsmError> {
+        let bad = |s: &mut Client, what| {
+            s.disconnect();
+            Err(IsmError::Protocol(what))
+        };
+        let Some(h) = Header::decode(&reply[..len]) else {
             return bad(self, "short reply");
         };
         if h.magic != proto::MAGIC || h.version != proto::VERSION {
@@ -556,7 +749,7 @@ impl Client {
             return bad(self, "reply out of sequence");
         }
         let end = proto::HEADER_LEN + h.len as usize;
-        if end != r.len || (h.len as usize) < proto::STATUS_LEN {
+        if end != len || (h.len as usize) < proto::STATUS_LEN {
             return bad(self, "bad reply length");
         }
         let status = Status::from_u32(proto::get_u32(reply, proto::HEADER_LEN));
@@ -567,7 +760,7 @@ impl Client {
         Ok(Answer {
             start: proto::HEADER_LEN + proto::STATUS_LEN,
             end,
-            fd: r.fd,
+            fd,
         })
     }
 }

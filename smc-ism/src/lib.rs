@@ -125,7 +125,7 @@ mod sys;
 mod daemon;
 
 pub use client::{
-    default_socket_path, dmb_size, size_code_for, Client, Dmb, DmbMap, Gid, CHID_LOOPBACK,
+    default_socket_path, dmb_size, size_code_for, Client, Dmb, DmbMap, Gid, Ticket, CHID_LOOPBACK,
     DEFAULT_SOCKET_PATH, DEFAULT_TIMEOUT, DMB_MIN_SIZE, MAX_SIZE_CODE, SOCKET_ENV,
 };
 pub use error::{DeclineReason, IsmError, DECL_INTERR, DECL_MAX_DMB, DECL_MEM, DECL_NOSMCDDEV};

@@ -22,12 +22,20 @@
 //!
 //! Request payloads:
 //! - `OP_QUERY_GID`: empty. Result: `gid: u64, gid_ext: u64, chid: u16, max_size_code: u8,
-//!   reserved: u8, reserved: u32`.
+//!   reserved: u8, features: u32`.
 //! - `OP_REGISTER`: `size_code: u8, reserved: [u8; 7]` + the caller's connected TCP socket.
 //!   Result: [`DmbReply`] + the memfd.
 //! - `OP_ATTACH`: `token: u64` + the caller's end of the same TCP connection. Result:
 //!   [`DmbReply`] + the memfd.
 //! - `OP_DETACH`, `OP_UNREGISTER`: `token: u64`. Result: empty.
+//! - `OP_RELEASE`: `own: u64, peer: u64` (0: none): drops the owner reference of `own` and
+//!   the attach reference of `peer` in one record (counted as an unregister and a detach).
+//!   Result: empty; `NotHeld` if either was not held (the other is still released).
+//! - `OP_ATTACH_PEER`: empty + the caller's connected TCP socket. Attaches the live DMB that
+//!   the other end of this very connection registered (the same mirror proof as `OP_ATTACH`,
+//!   and both sockets in one network namespace, where a mirrored 4-tuple cannot be forged), so
+//!   that a server can attach before the client's token arrives in the CLC confirm (it then
+//!   checks the token). Result: [`DmbReply`] + the memfd; `StaleToken` when there is none.
 //! - `OP_STATS`: empty. Result: [`Stats`](crate::Stats) as JSON.
 //! - `OP_WAIT`: `generation: u64, timeout_ms: u32, reserved: u32`. The daemon answers once its
 //!   release generation differs from `generation` or the timeout (capped at 60 s) expires.
@@ -38,6 +46,14 @@
 //!   caller's uid (`SO_PEERCRED`) is 0.
 //!
 //! Requests larger than [`MAX_REQUEST`] bytes are answered with [`Status::Oversized`].
+//!
+//! A request whose op carries [`NOREPLY_BIT`] gets no reply at all (only `OP_DETACH`,
+//! `OP_UNREGISTER` and `OP_RELEASE`; with any other op the bit makes the request
+//! `Malformed`, answered as usual): the data path releases DMBs at close without waiting.
+//!
+//! The `QUERY_GID` result's last `u32` is a feature mask ([`FEATURE_RELEASE`],
+//! [`FEATURE_NOREPLY`], [`FEATURE_ATTACH_PEER`]); daemons that predate them send 0, so a client
+//! uses those requests only after a `QUERY_GID` on the same connection advertised them.
 
 /// `"SMCI"` as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SMCI");
@@ -49,6 +65,8 @@ pub const HEADER_LEN: usize = 16;
 pub const MAX_REQUEST: usize = 256;
 /// Set in the op field of every reply.
 pub const REPLY_BIT: u16 = 0x8000;
+/// Set in the op field of a request that wants no reply.
+pub const NOREPLY_BIT: u16 = 0x4000;
 
 /// Query the device identity (GID, CHID).
 pub const OP_QUERY_GID: u16 = 1;
@@ -66,6 +84,22 @@ pub const OP_STATS: u16 = 6;
 pub const OP_WAIT: u16 = 7;
 /// List live DMBs (tokens only for root).
 pub const OP_LIST: u16 = 8;
+/// Release an owner and an attach reference in one record.
+pub const OP_RELEASE: u16 = 9;
+/// Attach the DMB registered by the other end of the caller's TCP connection.
+pub const OP_ATTACH_PEER: u16 = 10;
+/// Highest op code.
+pub const OP_MAX: u16 = OP_ATTACH_PEER;
+
+/// Feature: `OP_RELEASE`.
+pub const FEATURE_RELEASE: u32 = 1 << 0;
+/// Feature: [`NOREPLY_BIT`].
+pub const FEATURE_NOREPLY: u32 = 1 << 1;
+/// Feature: `OP_ATTACH_PEER`.
+pub const FEATURE_ATTACH_PEER: u32 = 1 << 2;
+/// Every feature this crate's daemon offers.
+pub const FEATURES: u32 = FEATURE_RELEASE | FEATURE_NOREPLY | FEATURE_ATTACH_PEER;
+
 /// Largest page of `OP_LIST`.
 pub const LIST_PAGE_MAX: u32 = 128;
 

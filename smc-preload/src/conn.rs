@@ -193,6 +193,16 @@ impl Spin {
     }
 }
 
+/// Whether the peer already closed its end, as it records in our DMB's header before it
+/// releases its own DMB.
+pub fn peer_closed_in(own: &Mapping) -> bool {
+    // SAFETY: a DMB mapping is page aligned and at least 32 bytes; read atomically.
+    let st = unsafe { CdcHeader::from_ptr(own.ptr()) }
+        .load_cons()
+        .conn_state;
+    st.contains(ConnStateFlags::PEER_CONN_CLOSED) || st.contains(ConnStateFlags::PEER_CONN_ABORT)
+}
+
 /// Which side of the handshake we were.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {

@@ -111,7 +111,7 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
     let candidate = raw == fdtable::TAG_TCP
         || obj
             .as_ref()
-            .is_some_and(|o| matches!(&**o, Obj::Pending(_)));
+            .is_some_and(|o| matches!(&**o, Obj::Pending(_) | Obj::Handshake(_)));
     if !emulated && !candidate {
         if op == libc::EPOLL_CTL_DEL && MEMBERS_N.load(Ordering::Relaxed) > 0 {
             if let Some(so) = set_of(ep, false) {
@@ -221,6 +221,11 @@ fn forget(set: &EpollSet, ep: i32, fd: i32) {
     remove_entry(set, &mut g, fd);
     drop(g);
     unmember(fd, ep);
+}
+
+/// Whether an epoll set of ours tracks `fd`.
+pub fn is_member(fd: i32) -> bool {
+    MEMBERS_N.load(Ordering::Relaxed) > 0 && lock(members()).contains_key(&fd)
 }
 
 /// `fd` is being closed: drop it from every epoll set (the kernel does the same).

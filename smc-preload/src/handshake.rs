@@ -27,26 +27,42 @@ use std::time::{Duration, Instant};
 /// Larger than any CLC message (a proposal is at most 652 bytes).
 const MAX_MSG: usize = 1024;
 
-/// A DMB we hold a daemon reference on, with our mapping of it.
+/// A DMB we hold a daemon reference on (`token`; 0: none, a stand-in), mapped. Its memfd is
+/// closed once mapped: the mapping keeps the memory.
 pub struct HeldDmb {
-    pub dmb: smc_ism::Dmb,
+    pub token: u64,
     pub map: Mapping,
+}
+
+impl HeldDmb {
+    /// Map a DMB the daemon granted.
+    fn map(d: smc_ism::Dmb) -> Result<HeldDmb, u64> {
+        match Mapping::map_fd(&d.fd, d.size) {
+            Ok(map) => Ok(HeldDmb {
+                token: d.token,
+                map,
+            }),
+            Err(_) => Err(d.token),
+        }
+    }
 }
 
 /// How a handshake ended.
 pub enum Outcome {
-    /// SMC-D: our DMB (registered, mapped) and the peer's (attached and mapped on the client;
-    /// on the server still to attach with `est.peer_token`).
+    /// SMC-D: our DMB (registered, mapped) and the peer's (attached, mapped).
     Established {
         est: Established,
         own: HeldDmb,
-        peer: Option<HeldDmb>,
+        peer: HeldDmb,
     },
     /// Plain TCP; `awaited` is the message we were waiting for when it ended, if any.
     Fallback {
         fb: Fallback,
         awaited: Option<MsgType>,
     },
+    /// The server could not attach or map the DMB of a client that confirmed (and so is on
+    /// SMC already): neither end may continue on this stream.
+    Broken(&'static str),
 }
 
 /// What one call of [`Driver::step`] reached.
@@ -73,6 +89,13 @@ pub struct Driver {
     m: Handshake,
     fd: i32,
     server: bool,
+    /// The size code of our DMB (as configured in the machine).
+    size_code: u8,
+    /// A daemon request sent ahead of the machine asking for it, so that its round trip
+    /// overlaps waiting for the peer: the client's registration (sent right after the
+    /// proposal), the server's attach of the client's DMB by connection (sent right after the
+    /// accept: the client registered while the accept was in flight).
+    ahead: Option<smc_ism::Ticket>,
     todo: VecDeque<Action>,
     own: Option<HeldDmb>,
     peer: Option<HeldDmb>,
@@ -85,11 +108,13 @@ pub struct Driver {
 }
 
 impl Driver {
-    pub fn new(m: Handshake, fd: i32, server: bool) -> Driver {
+    pub fn new(m: Handshake, fd: i32, server: bool, size_code: u8) -> Driver {
         Driver {
             m,
             fd,
             server,
+            size_code,
+            ahead: None,
             todo: VecDeque::new(),
             own: None,
             peer: None,
@@ -201,7 +226,9 @@ impl Driver {
                     // Whatever the machine wanted next is moot: the socket is broken.
                     self.todo.clear();
                     self.todo.extend(a);
+                    return None;
                 }
+                self.send_ahead();
                 None
             }
             Action::RegisterDmb { size_code } => {
@@ -214,24 +241,30 @@ impl Driver {
                 None
             }
             Action::ReleaseDmb(l) => {
-                if self.own.as_ref().is_some_and(|o| o.dmb.token == l.token) {
+                if self.own.as_ref().is_some_and(|o| o.token == l.token) {
                     let o = self.own.take().expect("own");
-                    setup::release_dmbs(Some(o.dmb.token), None);
+                    setup::release_dmbs(Some(o.token), None);
                 }
                 None
             }
-            Action::Established(est) => match self.own.take() {
-                Some(own) => {
-                    let peer = self.peer.take();
-                    Some(Outcome::Established { est, own, peer })
+            Action::Established(est) => {
+                if self.server && self.peer.is_none() {
+                    if let Err(why) = self.attach_client(&est) {
+                        self.release_all();
+                        return Some(Outcome::Broken(why));
+                    }
                 }
-                // The machine only establishes with the DMB we registered.
-                None => Some(self.fallback_now(Fallback {
-                    reason: smc_common::handshake::FallbackReason::Aborted,
-                    sent_decline: None,
-                    in_sync: false,
-                })),
-            },
+                match (self.own.take(), self.peer.take()) {
+                    (Some(own), Some(peer)) => Some(Outcome::Established { est, own, peer }),
+                    // The machine only establishes with the DMB we registered.
+                    (own, peer) => {
+                        self.own = own;
+                        self.peer = peer;
+                        self.release_all();
+                        Some(Outcome::Broken("internal: DMBs missing"))
+                    }
+                }
+            }
             Action::Fallback(fb) => {
                 let awaited = self.wait.map(|(t, _)| t);
                 self.release_all();
@@ -240,45 +273,158 @@ impl Driver {
         }
     }
 
-    /// Give back what we hold (a handshake that did not finish, or fell back).
+    /// Give back what we hold (a handshake that did not finish, or fell back), including what
+    /// a request sent ahead may have been granted.
     fn release_all(&mut self) {
-        let own = self.own.take().map(|o| o.dmb.token);
-        let peer = self.peer.take().map(|p| p.dmb.token);
+        let mut own = self.own.take().map(|o| o.token).filter(|&t| t != 0);
+        let mut peer = self.peer.take().map(|p| p.token).filter(|&t| t != 0);
+        if let Some(t) = self.ahead.take() {
+            if let Ok(d) = with_dev(|c| c.finish_dmb(t)) {
+                if self.server {
+                    peer = peer.or(Some(d.token));
+                } else {
+                    own = own.or(Some(d.token));
+                }
+            }
+        }
         if own.is_some() || peer.is_some() {
             setup::release_dmbs(own, peer);
         }
     }
 
-    /// Register (and map) our DMB; the client first attaches and maps the server's.
+    /// After a message went out: start the daemon request the next step will need.
+    fn send_ahead(&mut self) {
+        if self.ahead.is_some() || !setup::pipelining() {
+            return;
+        }
+        let fd = self.fd;
+        let t = match (self.server, self.m.waiting_for()) {
+            (false, Some(MsgType::Accept)) => {
+                let sc = self.size_code;
+                with_dev(|c| c.register_dmb_start(sc, fd))
+            }
+            (true, Some(MsgType::Confirm)) => with_dev(|c| c.attach_peer_start(fd)),
+            _ => return,
+        };
+        self.ahead = t.ok();
+    }
+
+    /// Register (and map) our DMB; the client also attaches and maps the server's (before it
+    /// confirms, so that a refused attach is still a clean decline).
     fn register(&mut self, size_code: u8) -> Result<LocalDmb, DmbFailure> {
         let fd = self.fd;
-        if !self.server {
+        // Client: the attach goes out first, then the registration sent with the proposal is
+        // collected (its reply is there by now), then the attach's.
+        let attach = if self.server {
+            None
+        } else {
             let p = self.m.peer_dmb().ok_or(DmbFailure::Internal)?;
-            let d = with_dev(|c| c.attach_dmb(p.token, fd)).map_err(failure)?;
-            let map = match Mapping::map_fd(&d.fd, d.size) {
-                Ok(m) => m,
-                Err(_) => {
-                    setup::release_dmbs(None, Some(d.token));
-                    return Err(DmbFailure::Mem);
+            Some(with_dev(|c| c.attach_dmb_start(p.token, fd)))
+        };
+        let own = match self.ahead.take() {
+            Some(t) => match with_dev(|c| c.finish_dmb(t)) {
+                Ok(d) if d.size_code == size_code => Ok(d),
+                Ok(d) => {
+                    setup::release_dmbs(Some(d.token), None);
+                    with_dev(|c| c.register_dmb(size_code, fd))
                 }
-            };
-            self.peer = Some(HeldDmb { dmb: d, map });
-        }
-        let d = with_dev(|c| c.register_dmb(size_code, fd)).map_err(failure)?;
-        let map = match Mapping::map_fd(&d.fd, d.size) {
-            Ok(m) => m,
-            Err(_) => {
-                setup::release_dmbs(Some(d.token), None);
-                return Err(DmbFailure::Mem);
+                Err(_) => with_dev(|c| c.register_dmb(size_code, fd)),
+            },
+            None => with_dev(|c| c.register_dmb(size_code, fd)),
+        };
+        let peer = attach.map(|a| a.and_then(|t| with_dev(|c| c.finish_dmb(t))));
+        let own = match own {
+            Ok(d) => d,
+            Err(code) => {
+                if let Some(Ok(p)) = peer {
+                    setup::release_dmbs(None, Some(p.token));
+                }
+                return Err(failure(code));
             }
         };
         let l = LocalDmb {
-            token: d.token,
-            idx: d.idx,
-            size_code: d.size_code,
+            token: own.token,
+            idx: own.idx,
+            size_code: own.size_code,
         };
-        self.own = Some(HeldDmb { dmb: d, map });
-        Ok(l)
+        let peer = peer.map(|r| r.map(HeldDmb::map));
+        let own = HeldDmb::map(own);
+        match (own, peer) {
+            (Ok(o), None) => {
+                self.own = Some(o);
+                Ok(l)
+            }
+            (Ok(o), Some(Ok(Ok(p)))) => {
+                self.own = Some(o);
+                self.peer = Some(p);
+                Ok(l)
+            }
+            // The machine never learns of `own` unless it is reported: give back all here.
+            (o, p) => {
+                let ot = match o {
+                    Ok(o) => o.token,
+                    Err(t) => t,
+                };
+                let (pt, why) = match p {
+                    Some(Ok(Ok(p))) => (Some(p.token), DmbFailure::Mem),
+                    Some(Ok(Err(t))) => (Some(t), DmbFailure::Mem),
+                    Some(Err(code)) => (None, failure(code)),
+                    None => (None, DmbFailure::Mem),
+                };
+                setup::release_dmbs(Some(ot), pt);
+                Err(why)
+            }
+        }
+    }
+
+    /// Server, after the confirm: the client's DMB, from the attach sent ahead when it is the
+    /// confirmed one, else attached by the confirmed token; mapped. A client that already
+    /// closed (it wrote and left at once) released its DMB: its close is recorded in ours, and
+    /// a private stand-in takes its place (our reads see its data, then EOF; writes `EPIPE`).
+    fn attach_client(&mut self, est: &Established) -> Result<(), &'static str> {
+        let fd = self.fd;
+        let token = est.peer_token;
+        let ahead = match self.ahead.take() {
+            Some(t) => match with_dev(|c| c.finish_dmb(t)) {
+                Ok(d) if d.token == token => Some(d),
+                Ok(d) => {
+                    setup::release_dmbs(None, Some(d.token));
+                    None
+                }
+                Err(_) => None,
+            },
+            None => None,
+        };
+        let d = match ahead {
+            Some(d) => Ok(d),
+            None => with_dev(|c| c.attach_dmb(token, fd)),
+        };
+        let d = match d {
+            Ok(d) => d,
+            Err(_) => {
+                let gone = self
+                    .own
+                    .as_ref()
+                    .is_some_and(|o| crate::conn::peer_closed_in(&o.map));
+                if !gone {
+                    return Err("attach of the client's DMB failed");
+                }
+                let map = Mapping::anon_shared(est.peer_dmb_size as usize)
+                    .map_err(|_| "no memory for a stand-in DMB")?;
+                self.peer = Some(HeldDmb { token: 0, map });
+                return Ok(());
+            }
+        };
+        match HeldDmb::map(d) {
+            Ok(p) => {
+                self.peer = Some(p);
+                Ok(())
+            }
+            Err(t) => {
+                setup::release_dmbs(None, Some(t));
+                Err("mapping of the client's DMB failed")
+            }
+        }
     }
 
     /// Frame one CLC message from the socket without consuming anything else.

@@ -71,10 +71,7 @@ extern "C" fn init() {
 
 #[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]
 extern "C" fn at_exit() {
-    // SMC_STATS_KEEP=1 leaves the file for a reader that comes after the exit (tests).
-    if !stats::keep() {
-        stats::remove_file();
-    }
+    stats::at_exit();
 }
 
 #[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]

@@ -19,10 +19,20 @@ pub enum Obj {
     Skip(Skip),
     /// An epoll instance that watches SMC connections.
     Epoll(EpollSet),
+    /// An accepted connection whose server handshake is under way (an event-loop server is
+    /// not held up waiting for its client): progressed by the fd's operations and polls.
+    Handshake(Handshake),
     /// An SMC connection inherited across `exec`: its rings are gone with the old image, and
     /// its TCP socket carries only doorbells. Reads fail with `ECONNRESET` (then EOF), writes
     /// with `EPIPE`; never a doorbell byte as data.
     Orphan(Skip),
+}
+
+pub struct Handshake {
+    /// The driver until the handshake is decided (`None` after).
+    pub driver: Mutex<Option<Box<crate::handshake::Driver>>>,
+    /// O_NONBLOCK of the file description, tracked through `fcntl` / `FIONBIO`.
+    pub nonblock: std::sync::atomic::AtomicBool,
 }
 
 pub struct Pending {

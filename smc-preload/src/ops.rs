@@ -65,21 +65,48 @@ pub fn resolve_pending(fd: c_int) {
     *done = true;
     drop(done);
     if setup::so_error(fd) != 0 {
-        drop(fdtable::replace(fd, Slot::Tag(TAG_TCP)));
+        setup::settle_plain(fd);
         return;
     }
-    setup::client_after_connect(fd, true);
+    setup::client_after_connect(fd, Some(true));
 }
 
-/// The connection object of `fd` if it is SMC, resolving a pending connect first.
+/// The connection object of `fd` if it is SMC, resolving a pending connect or completing a
+/// server handshake first.
 #[inline]
 fn conn_of(fd: c_int) -> Option<Arc<Obj>> {
+    conn_of_op(fd, None)
+}
+
+/// As [`conn_of`]; `read`: `Some(dontwait)` for a read, which does not wait for a server
+/// handshake to complete when the socket or the call is non-blocking (`None` with `EAGAIN`
+/// set means: report `EAGAIN`).
+#[inline]
+fn conn_of_op(fd: c_int, read: Option<bool>) -> Option<Arc<Obj>> {
     let o = fdtable::get(fd)?;
     match &*o {
         Obj::Conn(_) => Some(o),
         Obj::Pending(_) => {
             drop(o);
             resolve_pending(fd);
+            let o = fdtable::get(fd)?;
+            if o.conn().is_some() {
+                Some(o)
+            } else {
+                None
+            }
+        }
+        Obj::Handshake(h) => {
+            let block = match read {
+                Some(dontwait) => !dontwait && !h.nonblock.load(Ordering::Relaxed),
+                None => true,
+            };
+            if !setup::progress(fd, h, block) {
+                // Still waiting for the client: nothing to read yet.
+                real::set_errno(libc::EAGAIN);
+                return Some(o);
+            }
+            drop(o);
             let o = fdtable::get(fd)?;
             if o.conn().is_some() {
                 Some(o)
@@ -124,8 +151,11 @@ pub unsafe fn recv_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
     if let Some(r) = orphan(fd, false) {
         return Some(r);
     }
-    let o = conn_of(fd)?;
-    let c = o.conn()?;
+    let o = conn_of_op(fd, Some(flags & libc::MSG_DONTWAIT != 0))?;
+    let Some(c) = o.conn() else {
+        // A server handshake still waiting for its client (non-blocking): EAGAIN.
+        return Some(-1);
+    };
     Some(ret(c.recv(fd, iov, flags)))
 }
 
@@ -379,6 +409,7 @@ pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
             && (proto == 0 || proto == libc::IPPROTO_TCP);
         if tcp && enabled() {
             fdtable::set_tag(fd, TAG_TCP);
+            setup::forget_rcvbuf(fd);
         } else if fdtable::raw(fd) != 0 {
             drop(fdtable::replace(fd, Slot::Empty));
         }
@@ -402,7 +433,9 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     }
     let e = real::errno();
     if r == 0 {
-        setup::client_after_connect(fd, false);
+        // A TCP connect that completes at once was blocking (a non-blocking one always says
+        // EINPROGRESS).
+        setup::client_after_connect(fd, Some(false));
         real::set_errno(e);
         return 0;
     }
@@ -417,7 +450,10 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
         let pr = unsafe { real::poll(&mut pfd, 1, setup::connect_wait_ms()) };
         if pr > 0 {
             if setup::so_error_peek(fd) == 0 {
-                setup::client_after_connect(fd, true);
+                let nb = (e == libc::EINPROGRESS).then_some(true);
+                setup::client_after_connect(fd, nb);
+            } else {
+                setup::settle_plain(fd);
             }
         } else {
             setup::count_pending();
@@ -470,7 +506,9 @@ pub unsafe fn accept4(
         if let Some(o) = fdtable::get(fd) {
             if let Obj::Listener = &*o {
                 if enabled() {
-                    setup::server_after_accept(fd, r, flags & libc::SOCK_NONBLOCK != 0);
+                    // accept() never makes the new socket non-blocking; accept4 may.
+                    let nb = four && flags & libc::SOCK_NONBLOCK != 0;
+                    setup::server_after_accept(fd, r, nb);
                 }
             }
         }
@@ -612,8 +650,11 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
         libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => copy_slot(fd, r),
         libc::F_SETFL => {
             if let Some(o) = fdtable::get(fd) {
-                if let Obj::Conn(c) = &*o {
-                    c.set_nonblocking(arg as c_int & libc::O_NONBLOCK != 0);
+                let on = arg as c_int & libc::O_NONBLOCK != 0;
+                match &*o {
+                    Obj::Conn(c) => c.set_nonblocking(on),
+                    Obj::Handshake(h) => h.nonblock.store(on, Ordering::Relaxed),
+                    _ => {}
                 }
             }
         }
@@ -623,6 +664,18 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
 }
 
 pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int {
+    if slow(fd) && req == libc::FIONBIO as libc::c_ulong {
+        if let Some(o) = fdtable::get(fd) {
+            if let Obj::Handshake(h) = &*o {
+                let r = unsafe { real::ioctl(fd, req, arg) };
+                if r == 0 && arg != 0 {
+                    h.nonblock
+                        .store(unsafe { *(arg as *const c_int) } != 0, Ordering::Relaxed);
+                }
+                return r;
+            }
+        }
+    }
     if slow(fd) {
         if let Some(o) = conn_of(fd) {
             let c = o.conn().expect("conn");
@@ -668,6 +721,12 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
 }
 
 pub unsafe fn fork() -> libc::pid_t {
+    // Handshakes under way are finished first: parent and child must agree on what the fd is.
+    for (fd, o) in fdtable::all_objects() {
+        if let Obj::Handshake(h) = &*o {
+            setup::progress(fd, h, true);
+        }
+    }
     let objs = fdtable::all_objects();
     for (_, o) in &objs {
         if let Obj::Conn(c) = &**o {

@@ -99,8 +99,18 @@ fn classify(fd: i32) -> Kind {
     }
     match fdtable::get(fd) {
         Some(o) => {
-            if let Obj::Pending(_) = &*o {
-                crate::ops::resolve_pending(fd);
+            let decided = match &*o {
+                Obj::Pending(_) => {
+                    crate::ops::resolve_pending(fd);
+                    true
+                }
+                // An accepted connection in its handshake: what has arrived is processed; until
+                // it is decided the kernel's readiness of the socket is the truth (CLC bytes
+                // make it readable, and the application's read carries the handshake on).
+                Obj::Handshake(h) => crate::setup::progress(fd, h, false),
+                _ => false,
+            };
+            if decided {
                 return match fdtable::get(fd) {
                     Some(o2) if o2.conn().is_some() => Kind::Smc(o2),
                     _ => Kind::Plain,

@@ -20,7 +20,6 @@ use crate::conn::{Conn, Release, Role};
 use crate::fdtable::{self, Slot, TAG_TCP};
 use crate::handshake::{Driver, HeldDmb, Outcome, Progress};
 use crate::obj::{Obj, Skip};
-use crate::shm::Mapping;
 use crate::{debug, real, stats};
 use smc_common::bpf::{
     SockState, SMC_SO_ENABLE, SMC_SO_SHORTCUT, SMC_SO_STATE, SOCK_PEER_SMC, SOL_SMC_BPF,
@@ -72,6 +71,8 @@ fn daemon_path() -> &'static std::path::Path {
 /// program was started with.
 pub fn init_env() {
     let _ = daemon_path();
+    let _ = pipelining();
+    let _ = accept_async();
     let _ = clc_timeout();
     let _ = connect_wait_ms();
     let _ = default_size_code();
@@ -81,6 +82,19 @@ pub fn init_env() {
     let _ = crate::conn::tune();
     let _ = crate::log::enabled();
     let _ = crate::stats::procs_dir();
+}
+
+/// Daemon requests sent ahead of need (`SMC_PIPELINE=0` disables, for measurements).
+pub(crate) fn pipelining() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SMC_PIPELINE").is_none_or(|v| v != "0"))
+}
+
+/// The server handshake continues after `accept` returns when its client's next message is not
+/// there yet (`SMC_ACCEPT_ASYNC=0`: it completes inside `accept`).
+fn accept_async() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SMC_ACCEPT_ASYNC").is_none_or(|v| v != "0"))
 }
 
 fn no_shortcut() -> bool {
@@ -279,6 +293,16 @@ pub fn note_rcvbuf(fd: i32, v: i32) {
     }
 }
 
+/// A new socket on `fd`: a hint left by an earlier socket of that number does not apply.
+pub fn forget_rcvbuf(fd: i32) {
+    if HINTS_N.load(Ordering::Relaxed) > 0 {
+        let mut h = hints().lock().unwrap_or_else(|e| e.into_inner());
+        if h.remove(&fd).is_some() {
+            HINTS_N.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
 fn size_code_for(fd: i32, listener: Option<i32>) -> u8 {
     if HINTS_N.load(Ordering::Relaxed) > 0 {
         let h = hints().lock().unwrap_or_else(|e| e.into_inner());
@@ -297,6 +321,8 @@ fn size_code_for(fd: i32, listener: Option<i32>) -> u8 {
 
 struct Dev {
     client: Option<smc_ism::Client>,
+    /// The process the client's connection belongs to (a forked child makes its own).
+    pid: u32,
     gid: Option<smc_ism::Gid>,
     /// Do not retry a dead daemon before this instant.
     retry_after: Option<Instant>,
@@ -307,6 +333,7 @@ fn dev() -> &'static Mutex<Dev> {
     D.get_or_init(|| {
         Mutex::new(Dev {
             client: None,
+            pid: 0,
             gid: None,
             retry_after: None,
         })
@@ -317,12 +344,20 @@ pub(crate) fn with_dev<T>(
     f: impl FnOnce(&mut smc_ism::Client) -> Result<T, smc_ism::IsmError>,
 ) -> Result<T, u32> {
     let mut d = dev().lock().unwrap_or_else(|e| e.into_inner());
+    let pid = crate::pid();
+    if d.pid != pid {
+        // A forked child: the inherited connection is the parent's (dropping it closes only
+        // our copy). The pid is cached, so this costs no system call per request.
+        d.client = None;
+        d.pid = pid;
+    }
     if d.client.is_none() {
         if d.retry_after.is_some_and(|t| Instant::now() < t) {
             return Err(Diag::NoSmcdDev.code());
         }
         match smc_ism::Client::connect(daemon_path()) {
-            Ok(c) => {
+            Ok(mut c) => {
+                c.set_fork_check(false);
                 d.client = Some(c);
                 d.retry_after = None;
             }
@@ -372,21 +407,15 @@ struct DmbRelease {
 
 impl Release for DmbRelease {
     fn release(&self) {
-        release_dmbs(Some(self.own), Some(self.peer));
+        // peer 0: a stand-in for a client that had already gone.
+        release_dmbs(Some(self.own), Some(self.peer).filter(|&t| t != 0));
     }
 }
 
-/// Give back our owner reference of `own` and our attach reference of `peer`.
+/// Give back our owner reference of `own` and our attach reference of `peer` (one record, no
+/// reply awaited, when the daemon offers it).
 pub(crate) fn release_dmbs(own: Option<u64>, peer: Option<u64>) {
-    let _ = with_dev(|c| {
-        if let Some(p) = peer {
-            let _ = c.detach_dmb(p);
-        }
-        match own {
-            Some(o) => c.unregister_dmb(o),
-            None => Ok(()),
-        }
-    });
+    let _ = with_dev(|c| c.release_nowait(own, peer));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -435,7 +464,18 @@ fn fallback(fd: i32, server: bool, code: u32, why: &str) {
         Diag::from_code(code).map_or("?", |d| d.name())
     );
     stats::fallback(server, code);
-    drop(fdtable::replace(fd, Slot::Tag(TAG_TCP)));
+    settle_plain(fd);
+}
+
+/// The fd is plain TCP for good: nothing to look up on its calls any more. It keeps its tag
+/// only while an epoll set tracks it (so that its close cleans that up).
+pub(crate) fn settle_plain(fd: i32) {
+    let s = if crate::epoll::is_member(fd) {
+        Slot::Tag(TAG_TCP)
+    } else {
+        Slot::Empty
+    };
+    drop(fdtable::replace(fd, s));
 }
 
 fn nonblocking(fd: i32) -> bool {
@@ -445,23 +485,17 @@ fn nonblocking(fd: i32) -> bool {
 }
 
 fn install(fd: i32, own: HeldDmb, peer: HeldDmb, role: Role, nonblock: bool) -> bool {
-    let rel = DmbRelease {
-        own: own.dmb.token,
-        peer: peer.dmb.token,
-    };
-    let (ot, pt) = (own.dmb.token, peer.dmb.token);
+    let (ot, pt) = (own.token, peer.token);
+    let rel = DmbRelease { own: ot, peer: pt };
     let mut c = match Conn::new(own.map, peer.map, role, nonblock, Some(Box::new(rel))) {
         Ok(c) => c,
         Err(_) => {
-            release_dmbs(Some(ot), Some(pt));
+            release_dmbs(Some(ot), Some(pt).filter(|&t| t != 0));
             return false;
         }
     };
     c.own_token = ot;
     c.peer_token = pt;
-    // The memfds are closed here: the mappings keep the memory.
-    drop(own.dmb);
-    drop(peer.dmb);
     shortcut(fd);
     let o = Arc::new(Obj::Conn(c));
     drop(fdtable::replace(fd, Slot::Obj(o.clone())));
@@ -523,8 +557,9 @@ fn after_fallback(fd: i32, server: bool, fb: Fallback, awaited: Option<MsgType>)
     }
 }
 
-/// Client side, right after the TCP connection is established.
-pub fn client_after_connect(fd: i32, _was_nonblocking: bool) {
+/// Client side, right after the TCP connection is established. `nonblock`: O_NONBLOCK of the
+/// socket, when the caller knows it.
+pub fn client_after_connect(fd: i32, nonblock: Option<bool>) {
     if !peer_smc(fd) {
         fallback(
             fd,
@@ -534,28 +569,22 @@ pub fn client_after_connect(fd: i32, _was_nonblocking: bool) {
         );
         return;
     }
-    let mut d = Driver::new(machine(false, size_code_for(fd, None)), fd, false);
+    let sc = size_code_for(fd, None);
+    let mut d = Driver::new(machine(false, sc), fd, false, sc);
     let Progress::Done(out) = d.step(true) else {
         unreachable!("a blocking step finishes")
     };
-    match out {
-        Outcome::Fallback { fb, awaited } => after_fallback(fd, false, fb, awaited),
-        Outcome::Established { own, peer, .. } => {
-            let Some(peer) = peer else {
-                unreachable!("the client attaches before it confirms")
-            };
-            if !install(fd, own, peer, Role::Client, nonblocking(fd)) {
-                // The server is on SMC already: neither end may continue on this stream.
-                stats::handshake_error();
-                stats::fallback(false, Diag::IntErr.code());
-                reset(fd);
-            }
-        }
-    }
+    let nb = nonblock.unwrap_or_else(|| nonblocking(fd));
+    finish(fd, false, out, nb);
 }
 
-/// Server side, right after accept: `fd` is the accepted socket.
-pub fn server_after_accept(lfd: i32, fd: i32, nonblock_flag: bool) {
+/// Server side, right after accept: `fd` is the accepted socket, `nonblock` its O_NONBLOCK.
+/// A blocking socket (thread- or process-per-connection servers) completes the handshake
+/// here. A non-blocking one (an event loop) runs it as far as the client's messages are
+/// there; the rest happens at the fd's next operation or poll ([`Obj::Handshake`]), so the
+/// loop is never held up waiting for a client. (Such an fd handed to `exec` before its first
+/// operation would leave the handshake unfinished: event loops do not do that.)
+pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
     if !peer_smc(fd) {
         fallback(
             fd,
@@ -565,51 +594,67 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock_flag: bool) {
         );
         return;
     }
-    let mut d = Driver::new(machine(true, size_code_for(fd, Some(lfd))), fd, true);
-    let Progress::Done(out) = d.step(true) else {
-        unreachable!("a blocking step finishes")
-    };
-    match out {
-        Outcome::Fallback { fb, awaited } => after_fallback(fd, true, fb, awaited),
-        Outcome::Established { est, own, .. } => {
-            let nb = nonblock_flag || nonblocking(fd);
-            if let Err(why) = server_install(fd, est.peer_token, own, nb) {
-                // The client already switched: it must not continue on TCP either. Tell it (it
-                // aborts on a non-doorbell byte) and reset our side.
-                let code = Diag::IntErr.code();
-                let decl = smc_common::clc::Decline::new(smc_common::clc::SMC_V2, code, peer_id());
-                let _ =
-                    crate::handshake::send_all(fd, &decl.encode(), Instant::now() + clc_timeout());
-                stats::handshake_error();
-                debug!("fd {fd}: server: {why}: connection reset");
-                stats::fallback(true, code);
-                reset(fd);
-            }
+    let sc = size_code_for(fd, Some(lfd));
+    let mut d = Driver::new(machine(true, sc), fd, true, sc);
+    match d.step(!(nonblock && accept_async())) {
+        Progress::Done(out) => finish(fd, true, out, nonblock),
+        Progress::WouldBlock => {
+            debug!("fd {fd}: server handshake continues at the next operation");
+            drop(fdtable::replace(
+                fd,
+                Slot::Obj(Arc::new(Obj::Handshake(crate::obj::Handshake {
+                    driver: Mutex::new(Some(Box::new(d))),
+                    nonblock: std::sync::atomic::AtomicBool::new(nonblock),
+                }))),
+            ));
         }
     }
 }
 
-/// The server's last step: attach and map the client's DMB, then switch the fd.
-fn server_install(fd: i32, peer_token: u64, own: HeldDmb, nb: bool) -> Result<(), &'static str> {
-    let ot = own.dmb.token;
-    let peer = match with_dev(|c| c.attach_dmb(peer_token, fd)) {
-        Ok(d) => d,
-        Err(_) => {
-            release_dmbs(Some(ot), None);
-            return Err("attach of the client's DMB failed");
-        }
+/// Carry an accepted connection's handshake on. `block`: wait for the client (until done);
+/// otherwise only what is there. True when it is decided (the fd's slot changed).
+pub fn progress(fd: i32, h: &crate::obj::Handshake, block: bool) -> bool {
+    let mut g = h.driver.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = g.as_mut() else {
+        return true;
     };
-    let map = match Mapping::map_fd(&peer.fd, peer.size) {
-        Ok(m) => m,
-        Err(_) => {
-            release_dmbs(Some(ot), Some(peer.token));
-            return Err("mapping failed");
+    match d.step(block) {
+        Progress::WouldBlock => false,
+        Progress::Done(out) => {
+            let d = g.take();
+            finish(fd, true, out, h.nonblock.load(Ordering::Relaxed));
+            drop(g);
+            drop(d);
+            true
         }
-    };
-    if !install(fd, own, HeldDmb { dmb: peer, map }, Role::Server, nb) {
-        return Err("local state mapping failed");
     }
-    Ok(())
+}
+
+/// A decided handshake: switch the fd to SMC, or leave it plain / skipping / reset.
+fn finish(fd: i32, server: bool, out: Outcome, nonblock: bool) {
+    let role = if server { Role::Server } else { Role::Client };
+    match out {
+        Outcome::Fallback { fb, awaited } => after_fallback(fd, server, fb, awaited),
+        Outcome::Established { own, peer, .. } => {
+            if !install(fd, own, peer, role, nonblock) {
+                // The peer is on SMC already: neither end may continue on this stream.
+                broken(fd, server, "local state mapping failed");
+            }
+        }
+        Outcome::Broken(why) => broken(fd, server, why),
+    }
+}
+
+/// The peer switched to SMC but we cannot: tell it (an established end aborts on any byte
+/// that is not a doorbell) and reset our side.
+fn broken(fd: i32, server: bool, why: &str) {
+    let code = Diag::IntErr.code();
+    let decl = smc_common::clc::Decline::new(smc_common::clc::SMC_V2, code, peer_id());
+    let _ = crate::handshake::send_all(fd, &decl.encode(), Instant::now() + clc_timeout());
+    stats::handshake_error();
+    debug!("fd {fd}: {why}: connection reset");
+    stats::fallback(server, code);
+    reset(fd);
 }
 
 fn set_linger_reset(fd: i32) {
@@ -645,5 +690,5 @@ pub fn skip_late_clc(fd: i32, s: &Skip) {
         }
     }
     s.state.store(1, Ordering::Release);
-    drop(fdtable::replace(fd, Slot::Tag(TAG_TCP)));
+    settle_plain(fd);
 }

@@ -168,13 +168,68 @@ pub fn get() -> &'static Stats {
     unsafe { &*a.ptr }
 }
 
-/// Remove our file at exit (best effort).
-pub fn remove_file() {
-    let g = AREA.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(a) = g.as_ref() {
-        if a.pid == crate::pid() {
-            let _ = std::fs::remove_file(format!("{}/{}", procs_dir(), a.pid));
+/// At exit: the connections still open are closed by the kernel with the process, so their
+/// bytes are counted now; then (unless `SMC_STATS_KEEP=1` leaves the file for a reader) the file
+/// is folded into its cgroup's `exited-<id>` aggregate and removed, so the figures of exited
+/// processes keep counting and the directory does not grow with every process.
+pub fn at_exit() {
+    let mut seen: Vec<*const crate::obj::Obj> = Vec::new();
+    for (_, o) in crate::fdtable::all_objects() {
+        if let crate::obj::Obj::Conn(c) = &*o {
+            let p = std::sync::Arc::as_ptr(&o);
+            if !seen.contains(&p) {
+                seen.push(p);
+                take_counts(c);
+            }
         }
+    }
+    if keep() {
+        return;
+    }
+    let g = AREA.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(a) = g.as_ref().filter(|a| a.pid == crate::pid()) else {
+        return;
+    };
+    let dir = std::path::Path::new(procs_dir());
+    let path = dir.join(a.pid.to_string());
+    let Some(_lock) = smc_common::procstats::lock_dir(dir) else {
+        return; // left for `smc-ctl stats`, which folds the files of exited processes
+    };
+    if let Ok(bytes) = std::fs::read(&path) {
+        let cgroup = smc_common::procstats::proc_cgroup_id("self").unwrap_or(0);
+        if smc_common::procstats::fold_into_aggregate(dir, cgroup, &bytes).is_ok() {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
+/// Moves the byte and call counts of a connection end that is still open into this process's
+/// figures, leaving zero behind: a forked process that shares the end and closes it later
+/// counts only what it moved after this (no byte counted twice).
+fn take_counts(c: &Conn) {
+    add_counts(c, true);
+}
+
+/// Adds a connection end's counts to this process's figures; `take` leaves zero behind.
+fn add_counts(c: &Conn, take: bool) {
+    let s = get();
+    let sh = c.sh();
+    for (dst, src) in [
+        (&s.rx_bytes, &sh.rx_bytes),
+        (&s.tx_bytes, &sh.tx_bytes),
+        (&s.rx_calls, &sh.rx_calls),
+        (&s.tx_calls, &sh.tx_calls),
+        (&s.rx_full, &sh.rx_full),
+        (&s.tx_full, &sh.tx_full),
+        (&s.doorbells_sent, &sh.doorbells_sent),
+        (&s.doorbells_rcvd, &sh.doorbells_rcvd),
+    ] {
+        let v = if take {
+            src.swap(0, Ordering::Relaxed)
+        } else {
+            src.load(Ordering::Relaxed)
+        };
+        dst.fetch_add(v, Ordering::Relaxed);
     }
 }
 
@@ -216,25 +271,8 @@ pub fn smc(server: bool) {
 }
 
 pub fn conn_closed(c: &Conn) {
-    let s = get();
-    let sh = c.sh();
-    s.closed_conns.fetch_add(1, Ordering::Relaxed);
-    s.rx_bytes
-        .fetch_add(sh.rx_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
-    s.tx_bytes
-        .fetch_add(sh.tx_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
-    s.rx_calls
-        .fetch_add(sh.rx_calls.load(Ordering::Relaxed), Ordering::Relaxed);
-    s.tx_calls
-        .fetch_add(sh.tx_calls.load(Ordering::Relaxed), Ordering::Relaxed);
-    s.rx_full
-        .fetch_add(sh.rx_full.load(Ordering::Relaxed), Ordering::Relaxed);
-    s.tx_full
-        .fetch_add(sh.tx_full.load(Ordering::Relaxed), Ordering::Relaxed);
-    s.doorbells_sent
-        .fetch_add(sh.doorbells_sent.load(Ordering::Relaxed), Ordering::Relaxed);
-    s.doorbells_rcvd
-        .fetch_add(sh.doorbells_rcvd.load(Ordering::Relaxed), Ordering::Relaxed);
+    get().closed_conns.fetch_add(1, Ordering::Relaxed);
+    add_counts(c, false);
 }
 
 pub enum Special {

@@ -218,6 +218,10 @@ impl Conn<'_> {
             let pass = self
                 .handle(&buf[..r.len], r.truncated, r.fd, &mut out, stop)
                 .await;
+            if out.is_empty() {
+                // A request that wants no reply (NOREPLY_BIT).
+                continue;
+            }
             // A client that stops reading its replies must not hold up the daemon's shutdown.
             let res = tokio::select! {
                 biased;
@@ -250,8 +254,20 @@ impl Conn<'_> {
     ) -> Option<Arc<DmbObj>> {
         let reg = &self.shared.reg;
         let c = &reg.counters;
+        out.clear();
         let hdr = Header::decode(rec);
-        let (op, seq) = hdr.map(|h| (h.op, h.seq)).unwrap_or((0, 0));
+        let (raw_op, seq) = hdr.map(|h| (h.op, h.seq)).unwrap_or((0, 0));
+        let noreply = raw_op & proto::NOREPLY_BIT != 0
+            && hdr.is_some_and(|h| h.magic == proto::MAGIC && h.version == proto::VERSION)
+            && matches!(
+                raw_op & !proto::NOREPLY_BIT,
+                proto::OP_DETACH | proto::OP_UNREGISTER | proto::OP_RELEASE
+            );
+        let op = if noreply {
+            raw_op & !proto::NOREPLY_BIT
+        } else {
+            raw_op
+        };
         let invalid = if truncated || rec.len() > proto::MAX_REQUEST {
             Some(Fail::Oversized)
         } else {
@@ -260,7 +276,8 @@ impl Conn<'_> {
                 Some(h) if h.magic != proto::MAGIC => Some(Fail::Malformed),
                 Some(h) if h.version != proto::VERSION => Some(Fail::BadVersion),
                 Some(h) if h.len as usize != rec.len() - proto::HEADER_LEN => Some(Fail::Malformed),
-                Some(h) if !matches!(h.op, proto::OP_QUERY_GID..=proto::OP_LIST) => {
+                Some(_) if raw_op & proto::NOREPLY_BIT != 0 && !noreply => Some(Fail::Malformed),
+                Some(_) if !matches!(op, proto::OP_QUERY_GID..=proto::OP_MAX) => {
                     Some(Fail::UnknownOp)
                 }
                 Some(_) => None,
@@ -272,13 +289,15 @@ impl Conn<'_> {
             }
             c.invalid.record(false);
             c.failures.count(f);
-            fail_reply(out, op & !proto::REPLY_BIT, seq, f);
+            if !noreply {
+                fail_reply(out, op & !proto::REPLY_BIT, seq, f);
+            }
             return None;
         }
         let payload = &rec[proto::HEADER_LEN..];
-        // Only REGISTER and ATTACH take an fd; anything else passed is closed now.
+        // Only REGISTER, ATTACH and ATTACH_PEER take an fd; anything else passed is closed now.
         let fd = match op {
-            proto::OP_REGISTER | proto::OP_ATTACH => fd,
+            proto::OP_REGISTER | proto::OP_ATTACH | proto::OP_ATTACH_PEER => fd,
             _ => {
                 if let Some(fd) = fd {
                     close_proof(fd);
@@ -293,12 +312,52 @@ impl Conn<'_> {
                 b[8..16].copy_from_slice(&reg.gid.gid_ext.to_le_bytes());
                 b[16..18].copy_from_slice(&CHID_LOOPBACK.to_le_bytes());
                 b[18] = crate::client::MAX_SIZE_CODE;
+                b[20..24].copy_from_slice(&proto::FEATURES.to_le_bytes());
                 c.query_gid.record(true);
                 encode_reply(out, op, seq, Status::Ok, 0, &b);
                 return None;
             }
             proto::OP_REGISTER => (&c.register, self.register(payload, fd).map(Some)),
             proto::OP_ATTACH => (&c.attach, self.attach(payload, fd).map(Some)),
+            proto::OP_ATTACH_PEER => (&c.attach, self.attach_peer(fd).map(Some)),
+            proto::OP_RELEASE => {
+                // Counted as the unregister and the detach it stands for.
+                if payload.len() < 16 {
+                    c.invalid.record(false);
+                    c.failures.count(Fail::Malformed);
+                    if !noreply {
+                        fail_reply(out, op, seq, Fail::Malformed);
+                    }
+                    return None;
+                }
+                let own = proto::get_u64(payload, 0);
+                let peer = proto::get_u64(payload, 8);
+                let mut res = Ok(());
+                for (token, kind, counter) in [
+                    (peer, RefKind::Attach, &c.detach),
+                    (own, RefKind::Owner, &c.unregister),
+                ] {
+                    if token == 0 {
+                        continue;
+                    }
+                    match self.release_token(token, kind) {
+                        Ok(()) => counter.record(true),
+                        Err(f) => {
+                            counter.record(false);
+                            c.failures.count(f);
+                            res = Err(f);
+                        }
+                    }
+                }
+                self.shared.events.bump();
+                if !noreply {
+                    match res {
+                        Ok(()) => encode_reply(out, op, seq, Status::Ok, 0, &[]),
+                        Err(f) => fail_reply(out, op, seq, f),
+                    }
+                }
+                return None;
+            }
             proto::OP_DETACH => (
                 &c.detach,
                 self.release(payload, RefKind::Attach).map(|_| None),
@@ -358,6 +417,9 @@ impl Conn<'_> {
             Ok(dmb) => {
                 counter.record(true);
                 self.shared.events.bump();
+                if noreply {
+                    return None;
+                }
                 match &dmb {
                     Some(d) => encode_reply(out, op, seq, Status::Ok, 0, &dmb_result(d)),
                     None => encode_reply(out, op, seq, Status::Ok, 0, &[]),
@@ -367,7 +429,9 @@ impl Conn<'_> {
             Err(f) => {
                 counter.record(false);
                 c.failures.count(f);
-                fail_reply(out, op, seq, f);
+                if !noreply {
+                    fail_reply(out, op, seq, f);
+                }
                 None
             }
         }
@@ -406,11 +470,22 @@ impl Conn<'_> {
         Ok(dmb)
     }
 
+    /// Attaches the DMB the other end of the caller's connection registered.
+    fn attach_peer(&mut self, fd: Option<OwnedFd>) -> Result<Arc<DmbObj>, Fail> {
+        let id = self.proof(fd)?;
+        let dmb = self.shared.reg.attach_peer(&id, &self.cg)?;
+        self.held.entry(dmb.token).or_default().attaches += 1;
+        Ok(dmb)
+    }
+
     fn release(&mut self, payload: &[u8], kind: RefKind) -> Result<(), Fail> {
         if payload.len() < 8 {
             return Err(Fail::Malformed);
         }
-        let token = proto::get_u64(payload, 0);
+        self.release_token(proto::get_u64(payload, 0), kind)
+    }
+
+    fn release_token(&mut self, token: u64, kind: RefKind) -> Result<(), Fail> {
         let h = self.held.get_mut(&token).ok_or(Fail::NotHeld)?;
         match kind {
             RefKind::Owner if h.owner => h.owner = false,

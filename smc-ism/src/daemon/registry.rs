@@ -342,9 +342,15 @@ fn read_mem_available() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Key of the owner index: the owner's (local, peer) addresses.
+type Tuple = (std::net::SocketAddr, std::net::SocketAddr);
+
 /// The whole device state.
 pub(crate) struct Registry {
     shards: Box<[Mutex<HashMap<u64, Record>>]>,
+    /// Live registrations by their owner's connection, for `attach_peer` (the latest
+    /// registration of a connection wins; the token is checked again under its shard lock).
+    owners: Box<[Mutex<HashMap<Tuple, u64>>]>,
     slots: Arc<SlotMap>,
     pub totals: Arc<Totals>,
     cgroups: Mutex<HashMap<String, Weak<CgroupUsage>>>,
@@ -370,6 +376,7 @@ impl Registry {
     pub(crate) fn new(cfg: &DaemonConfig, gid: Gid) -> Registry {
         Registry {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            owners: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             slots: Arc::new(SlotMap::new(cfg.max_dmbs)),
             totals: Arc::default(),
             cgroups: Mutex::new(HashMap::new()),
@@ -393,6 +400,14 @@ impl Registry {
     fn shard(&self, token: u64) -> &Mutex<HashMap<u64, Record>> {
         // Tokens are uniformly random: any bits select a shard evenly.
         &self.shards[(token as usize) % SHARDS]
+    }
+
+    fn owner_shard(&self, t: &Tuple) -> &Mutex<HashMap<Tuple, u64>> {
+        use std::hash::BuildHasher;
+        static SEED: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+            std::sync::OnceLock::new();
+        let h = SEED.get_or_init(Default::default).hash_one(t);
+        &self.owners[(h as usize) % SHARDS]
     }
 
     /// The usage entry of a cgroup (shared by all its clients and DMBs).
@@ -481,6 +496,9 @@ impl Registry {
                     refs: 1,
                     unregistered: false,
                 });
+                drop(shard);
+                let t = (dmb.owner.local, dmb.owner.peer);
+                lock(self.owner_shard(&t)).insert(t, token);
                 return Ok(dmb);
             }
             // Clash with a live token: draw again.
@@ -510,6 +528,41 @@ impl Registry {
         Ok(rec.dmb.clone())
     }
 
+    /// Takes an attach reference on the live DMB registered by the other end of `who`'s
+    /// connection. Only within one network namespace (where a mirrored 4-tuple is the real
+    /// peer), so that without the token nothing is granted that the token path would refuse.
+    pub(crate) fn attach_peer(
+        &self,
+        who: &TcpIdentity,
+        cg: &CgroupUsage,
+    ) -> Result<Arc<DmbObj>, Fail> {
+        let t = (who.peer, who.local);
+        let token = lock(self.owner_shard(&t))
+            .get(&t)
+            .copied()
+            .ok_or(Fail::StaleToken)?;
+        {
+            let shard = lock(self.shard(token));
+            let rec = shard.get(&token).ok_or(Fail::StaleToken)?;
+            let same_ns = matches!(
+                (rec.dmb.owner.netns_cookie, who.netns_cookie),
+                (Some(a), Some(b)) if a == b
+            );
+            if !same_ns {
+                return Err(Fail::BadProof);
+            }
+        }
+        self.attach(token, who, cg)
+    }
+
+    fn forget_owner(&self, dmb: &DmbObj) {
+        let t = (dmb.owner.local, dmb.owner.peer);
+        let mut m = lock(self.owner_shard(&t));
+        if m.get(&t) == Some(&dmb.token) {
+            m.remove(&t);
+        }
+    }
+
     /// Drops one reference; frees the DMB when it was the last one.
     pub(crate) fn release(&self, token: u64, kind: RefKind) {
         let mut shard = lock(self.shard(token));
@@ -517,6 +570,7 @@ impl Registry {
             debug_assert!(false, "release of a reference that is not in the table");
             return;
         };
+        let owner_gone = kind == RefKind::Owner && !rec.unregistered;
         match kind {
             RefKind::Owner => rec.unregistered = true,
             RefKind::Attach => {
@@ -524,11 +578,18 @@ impl Registry {
             }
         }
         rec.refs -= 1;
+        let owner = owner_gone.then(|| rec.dmb.clone());
         if rec.refs == 0 {
             let rec = shard.remove(&token);
             drop(shard);
             // Last reference: the memfd, then the slot, then the charge are released here.
             drop(rec);
+        } else {
+            drop(shard);
+        }
+        if let Some(dmb) = owner {
+            // No new attach after the owner's unregister.
+            self.forget_owner(&dmb);
         }
     }
 

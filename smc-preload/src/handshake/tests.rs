@@ -31,11 +31,11 @@ fn pair() -> (TcpStream, TcpStream) {
 }
 
 fn client(fd: i32) -> Driver {
-    Driver::new(setup::machine(false, 0), fd, false).with_timeout(Duration::from_secs(5))
+    Driver::new(setup::machine(false, 0), fd, false, 0).with_timeout(Duration::from_secs(5))
 }
 
 fn server(fd: i32) -> Driver {
-    Driver::new(setup::machine(true, 1), fd, true).with_timeout(Duration::from_secs(5))
+    Driver::new(setup::machine(true, 1), fd, true, 1).with_timeout(Duration::from_secs(5))
 }
 
 fn done(p: Progress) -> Outcome {
@@ -49,7 +49,14 @@ fn fell_back(o: Outcome) -> (Fallback, Option<MsgType>) {
     match o {
         Outcome::Fallback { fb, awaited } => (fb, awaited),
         Outcome::Established { .. } => panic!("established"),
+        Outcome::Broken(why) => panic!("broken: {why}"),
     }
+}
+
+/// The daemon's live DMBs and attachments.
+fn live() -> (u64, u64) {
+    let s = setup::with_dev(|c| c.stats()).unwrap();
+    (s.live_dmbs, s.live_attachments)
 }
 
 /// Read one CLC message from a plain socket.
@@ -79,25 +86,27 @@ fn client_and_server_establish() {
         Outcome::Established {
             est: ce,
             own: cown,
-            peer: Some(cpeer),
+            peer: cpeer,
         },
         Outcome::Established {
             est: se,
             own: sown,
-            peer: None,
+            peer: speer,
         },
     ) = (co, so)
     else {
-        panic!("both ends establish, the client with the server's DMB attached");
+        panic!("both ends establish");
     };
-    assert_eq!(ce.peer_token, sown.dmb.token);
-    assert_eq!(cpeer.dmb.token, sown.dmb.token);
-    assert_eq!(se.peer_token, cown.dmb.token);
-    assert_eq!(cown.dmb.size, 16 << 10);
-    assert_eq!(sown.dmb.size, 32 << 10);
+    assert_eq!(ce.peer_token, sown.token);
+    assert_eq!(cpeer.token, sown.token);
+    assert_eq!(se.peer_token, cown.token);
+    assert_eq!(speer.token, cown.token);
+    assert_eq!(cown.map.len(), 16 << 10);
+    assert_eq!(sown.map.len(), 32 << 10);
     assert_eq!(cpeer.map.len(), 32 << 10);
-    setup::release_dmbs(Some(cown.dmb.token), Some(cpeer.dmb.token));
-    setup::release_dmbs(Some(sown.dmb.token), None);
+    assert_eq!(speer.map.len(), 16 << 10);
+    setup::release_dmbs(Some(cown.token), Some(cpeer.token));
+    setup::release_dmbs(Some(sown.token), Some(speer.token));
 }
 
 #[test]
@@ -166,11 +175,8 @@ fn server_steps_without_blocking() {
     let mut sd = server(s.as_raw_fd());
     assert!(matches!(sd.step(false), Progress::WouldBlock));
     let cfd = c.as_raw_fd();
-    let t = std::thread::spawn(move || {
-        let o = done(client(cfd).step(true));
-        drop(c);
-        o
-    });
+    // The client's socket stays open until the server is done (the server attaches with it).
+    let t = std::thread::spawn(move || (done(client(cfd).step(true)), c));
     let start = Instant::now();
     let so = loop {
         match sd.step(false) {
@@ -181,7 +187,10 @@ fn server_steps_without_blocking() {
             }
         }
     };
-    let co = t.join().unwrap();
+    let (co, _c) = t.join().unwrap();
+    if let Outcome::Broken(w) = &so {
+        panic!("broken: {w}");
+    }
     assert!(matches!(so, Outcome::Established { .. }));
     assert!(matches!(co, Outcome::Established { .. }));
 }
@@ -200,3 +209,48 @@ fn skip_one_late_message() {
     assert_eq!(skip_one(s.as_raw_fd()), Some(true));
     assert_eq!(skip_one(s.as_raw_fd()), Some(false), "data is not CLC");
 }
+
+#[test]
+fn nothing_is_left_registered_after_fallbacks() {
+    daemon();
+    // Serialised with the other tests that count live DMBs.
+    let _g = COUNT.lock().unwrap_or_else(|e| e.into_inner());
+    let before = live();
+    // Client: its registration went out with the proposal; the server declines.
+    let (c, mut s) = pair();
+    let cfd = c.as_raw_fd();
+    let t = std::thread::spawn(move || done(client(cfd).step(true)));
+    assert!(matches!(read_clc(&mut s), ClcMessage::Proposal(_)));
+    s.write_all(&Decline::new(SMC_V2, Diag::MaxDmb.code(), [3; 8]).encode())
+        .unwrap();
+    let (fb, _) = fell_back(t.join().unwrap());
+    assert!(fb.in_sync);
+    // Server: the attach sent with its accept, then the client declines.
+    let (mut c2, s2) = pair();
+    let sfd = s2.as_raw_fd();
+    let t = std::thread::spawn(move || done(server(sfd).step(true)));
+    let prop = Driver::new(setup::machine(false, 0), -1, false, 0)
+        .m
+        .start()
+        .into_iter()
+        .find_map(|a| match a {
+            Action::Send(b) => Some(b),
+            _ => None,
+        })
+        .unwrap();
+    c2.write_all(&prop).unwrap();
+    assert!(matches!(read_clc(&mut c2), ClcMessage::Accept(_)));
+    c2.write_all(&Decline::new(SMC_V2, Diag::IntErr.code(), [3; 8]).encode())
+        .unwrap();
+    let (fb, _) = fell_back(t.join().unwrap());
+    assert!(fb.in_sync);
+    // Releases need no reply: wait for the daemon to have processed them.
+    let start = Instant::now();
+    while live() != before {
+        assert!(start.elapsed() < Duration::from_secs(5), "{:?}", live());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop((c, s, c2, s2));
+}
+
+static COUNT: std::sync::Mutex<()> = std::sync::Mutex::new(());
