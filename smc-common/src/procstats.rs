@@ -776,6 +776,57 @@ pub fn fold(dst: &mut Vec<u8>, src: &[u8]) -> bool {
     true
 }
 
+/// The directory's exclusive lock ([`LOCK_NAME`]), held by writers folding an exited process into
+/// an aggregate and by readers scanning; released on drop. `None` when it cannot be taken.
+pub struct DirLock(std::fs::File);
+
+/// Takes the lock of `dir` (blocking).
+pub fn lock_dir(dir: &std::path::Path) -> Option<DirLock> {
+    use std::os::fd::AsRawFd as _;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(LOCK_NAME))
+        .ok()?;
+    // SAFETY: flock on an fd we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return None;
+    }
+    Some(DirLock(f))
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: as above.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// Adds `src` (a stats file's bytes) into the aggregate of `cgroup_id` in `dir`, replacing the
+/// aggregate atomically (write to a temporary name, rename). The caller holds [`lock_dir`].
+pub fn fold_into_aggregate(
+    dir: &std::path::Path,
+    cgroup_id: u64,
+    src: &[u8],
+) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let name = aggregate_name(cgroup_id);
+    let path = dir.join(&name);
+    let mut agg = std::fs::read(&path).unwrap_or_else(|_| new_aggregate(cgroup_id));
+    if !fold(&mut agg, src) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not a stats file",
+        ));
+    }
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&agg)?;
+    std::fs::rename(&tmp, &path)
+}
+
 /// Start time of process `pid` (`/proc/<pid>/stat` field 22), if it exists.
 pub fn proc_start_time(pid: u64) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
