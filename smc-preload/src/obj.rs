@@ -38,6 +38,8 @@ pub struct Handshake {
 pub struct Pending {
     /// Serialises the resolution between threads.
     pub lock: Mutex<bool>,
+    /// Where it connects to.
+    pub dest: Option<crate::setup::Dest>,
 }
 
 pub struct Skip {

@@ -45,6 +45,7 @@ fn slow(fd: c_int) -> bool {
 pub fn resolve_pending(fd: c_int) {
     let Some(o) = fdtable::get(fd) else { return };
     let Obj::Pending(p) = &*o else { return };
+    let dest = p.dest;
     let mut done = p.lock.lock().unwrap_or_else(|e| e.into_inner());
     if *done {
         return;
@@ -68,7 +69,7 @@ pub fn resolve_pending(fd: c_int) {
         setup::settle_plain(fd);
         return;
     }
-    setup::client_after_connect(fd, Some(true));
+    setup::client_after_connect(fd, Some(true), dest);
 }
 
 /// The connection object of `fd` if it is SMC, resolving a pending connect or completing a
@@ -422,7 +423,8 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     if !tagged || !enabled() {
         return unsafe { real::connect(fd, addr, len) };
     }
-    if setup::policy_keeps_tcp() {
+    let dest = unsafe { setup::Dest::of(addr, len) };
+    if setup::policy_keeps_tcp() || setup::known_no_smc(dest) {
         drop(fdtable::replace(fd, Slot::Empty));
         return unsafe { real::connect(fd, addr, len) };
     }
@@ -435,7 +437,7 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     if r == 0 {
         // A TCP connect that completes at once was blocking (a non-blocking one always says
         // EINPROGRESS).
-        setup::client_after_connect(fd, Some(false));
+        setup::client_after_connect(fd, Some(false), dest);
         real::set_errno(e);
         return 0;
     }
@@ -451,7 +453,7 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
         if pr > 0 {
             if setup::so_error_peek(fd) == 0 {
                 let nb = (e == libc::EINPROGRESS).then_some(true);
-                setup::client_after_connect(fd, nb);
+                setup::client_after_connect(fd, nb, dest);
             } else {
                 setup::settle_plain(fd);
             }
@@ -461,6 +463,7 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
                 fd,
                 Slot::Obj(Arc::new(Obj::Pending(crate::obj::Pending {
                     lock: std::sync::Mutex::new(false),
+                    dest,
                 }))),
             ));
         }
