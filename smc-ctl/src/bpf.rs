@@ -217,6 +217,8 @@ pub fn attach(cgroup: &Path, mode: Mode) -> Result<String> {
     let ino = fs::metadata(&cg)?.ino();
     let _lock = sys::lock()?;
     ensure_loaded()?;
+    // Links of cgroups removed while attached are defunct: drop them (an inode may be reused).
+    prune_removed_cgroups()?;
     if let Some((have, _)) = attached_links()?.get(&ino) {
         if *have == mode {
             return Ok(format!(
@@ -289,7 +291,22 @@ pub fn detach_all() -> Result<String> {
 /// `smc-ctl detach`.
 pub fn detach(cgroup: &Path) -> Result<String> {
     sys::require_root()?;
-    let cg = fs::canonicalize(cgroup).with_context(|| format!("{}", cgroup.display()))?;
+    let Ok(cg) = fs::canonicalize(cgroup) else {
+        // Removed while attached: its links are defunct; unpin them (and unload when it was
+        // the last cgroup).
+        let _lock = sys::lock()?;
+        let before = attached_links()?.len();
+        let unloaded = cleanup_if_unused()?;
+        let pruned = before - attached_links()?.len();
+        if pruned == 0 && !unloaded {
+            bail!("{} does not exist and no removed cgroup is attached", cgroup.display());
+        }
+        return Ok(format!(
+            "{} no longer exists; unpinned the links of {pruned} removed cgroup(s){}",
+            cgroup.display(),
+            if unloaded { "; no cgroup left, programs unloaded" } else { "" }
+        ));
+    };
     let ino = fs::metadata(&cg)?.ino();
     let _lock = sys::lock()?;
     let links = attached_links()?;

@@ -465,3 +465,42 @@ impl Uid for Command {
         std::os::unix::process::CommandExt::uid(self, uid)
     }
 }
+
+#[test]
+fn a_cgroup_removed_while_attached_leaves_no_links() {
+    require_root();
+    let _l = lock();
+    let cg = Cgroup::new();
+    let path = cg.path.to_str().unwrap().to_owned();
+    let out = smc_ctl(&["attach", "--cgroup", &path, "--mode", "ism"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(pinned_links(&[&cg]).len(), 3);
+    let ino = {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(&cg.path).unwrap().ino()
+    };
+    drop(cg); // removes the directory, the links stay pinned but defunct
+    assert!(!Path::new(&path).exists());
+    let out = smc_ctl(&["detach", "--cgroup", &path]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no longer exists"));
+    let left: Vec<String> = std::fs::read_dir(Path::new(PIN_ROOT).join("links"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        !left.iter().any(|n| n.starts_with(&format!("{ino}-"))),
+        "{left:?}"
+    );
+}
