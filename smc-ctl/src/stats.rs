@@ -17,8 +17,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs,
-    io::Write as _,
-    os::{fd::AsRawFd as _, unix::fs::MetadataExt as _},
+    os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     time::{SystemTime, UNIX_EPOCH},
 };
@@ -230,46 +229,6 @@ pub struct ProcScan {
     pub warnings: Vec<String>,
 }
 
-/// The directory's lock (see procstats); `None` when it cannot be taken (read-only access).
-struct DirLock(fs::File);
-
-fn lock_dir(dir: &Path) -> Option<DirLock> {
-    let f = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join(procstats::LOCK_NAME))
-        .ok()?;
-    // SAFETY: flock on an fd we own.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return None;
-    }
-    Some(DirLock(f))
-}
-
-impl Drop for DirLock {
-    fn drop(&mut self) {
-        // SAFETY: as above.
-        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
-    }
-}
-
-/// Adds `src` (a file's bytes) into the aggregate of `cgroup_id` (replaced atomically).
-/// The caller holds the directory lock.
-fn fold_into_aggregate(dir: &Path, cgroup_id: u64, src: &[u8]) -> Result<()> {
-    let path = dir.join(procstats::aggregate_name(cgroup_id));
-    let mut agg = fs::read(&path).unwrap_or_else(|_| procstats::new_aggregate(cgroup_id));
-    if !procstats::fold(&mut agg, src) {
-        anyhow::bail!("not a stats file");
-    }
-    let tmp = dir.join(format!(".{}.tmp", procstats::aggregate_name(cgroup_id)));
-    let mut f = fs::File::create(&tmp)?;
-    f.write_all(&agg)?;
-    f.sync_data().ok();
-    fs::rename(&tmp, &path)?;
-    Ok(())
-}
-
 /// Reads the directory: live files, aggregates, stale files (folded when possible).
 pub fn scan_procs(dir: &Path) -> ProcScan {
     let mut scan = ProcScan {
@@ -279,7 +238,8 @@ pub fn scan_procs(dir: &Path) -> ProcScan {
     let Ok(rd) = fs::read_dir(dir) else {
         return scan;
     };
-    let lock = lock_dir(dir);
+    // `None` without write access: then nothing is folded, stale files are read as they are.
+    let lock = procstats::lock_dir(dir);
     let mut names: Vec<(String, PathBuf)> = rd
         .flatten()
         .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
@@ -330,7 +290,7 @@ pub fn scan_procs(dir: &Path) -> ProcScan {
         }
         // Gone: fold into its cgroup's aggregate when we may write, else count as it is.
         if lock.is_some() {
-            match fold_into_aggregate(dir, s.cgroup_id, &bytes) {
+            match procstats::fold_into_aggregate(dir, s.cgroup_id, &bytes) {
                 Ok(()) => {
                     let _ = fs::remove_file(&path);
                     scan.stale_folded += 1;
@@ -386,7 +346,7 @@ fn prune_aggregates(dir: &Path, paths: &mut BTreeSet<PathBuf>, warnings: &mut Ve
             continue;
         }
         let Ok(b) = fs::read(&p) else { continue };
-        match fold_into_aggregate(dir, 0, &b) {
+        match procstats::fold_into_aggregate(dir, 0, &b) {
             Ok(()) => {
                 let _ = fs::remove_file(&p);
                 paths.remove(&p);
