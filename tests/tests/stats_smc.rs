@@ -112,7 +112,7 @@ impl World {
         if lib {
             c.env("LD_PRELOAD", preload_lib());
         }
-        self.env(&mut c, true);
+        self.env(&mut c, false);
         c
     }
 
