@@ -12,7 +12,10 @@
 //! - **Client** ([`Client`]): std + libc only, no threads, no global state, every fd
 //!   `O_CLOEXEC`, `MSG_NOSIGNAL` on every send. Safe after `fork()`: a child reconnects on its
 //!   first call. Fails fast when the daemon is down ([`IsmError::is_unavailable`]), so the data
-//!   path falls back to TCP.
+//!   path falls back to TCP. Requests can be pipelined ([`Client::register_dmb_start`],
+//!   [`Client::attach_peer_start`], … return a [`Ticket`] finished later), so that a handshake
+//!   overlaps a daemon round trip with waiting for its peer, and references can be given back
+//!   without waiting ([`Client::release_nowait`]: one record, no reply).
 //! - **Protocol** ([`proto`]): `SOCK_SEQPACKET`, a 16-byte versioned header (magic, version, op,
 //!   length, sequence), a status in every reply, fds as `SCM_RIGHTS`.
 //!
@@ -29,6 +32,12 @@
 //!   would SIGBUS it) or map it executable.
 //! - `attach_dmb(token, sock)`: +1 reference, same memfd; only for the connection's real peer
 //!   (see *Attach proof*). Refused once the owner has unregistered.
+//! - `attach_peer` (`OP_ATTACH_PEER`): the same attach, of the live DMB that the other end of
+//!   the caller's very TCP connection registered, without the token — only when both sockets
+//!   are in one network namespace (where a mirrored 4-tuple is necessarily the real peer), so
+//!   nothing is granted that the token path would refuse. The data path's server sends it
+//!   right after its CLC accept (its client registered while the accept was in flight) and
+//!   checks the token against the confirm.
 //! - `detach_dmb` / `unregister_dmb`: −1 reference. At 0 the token leaves the table and the
 //!   daemon's memfd is closed, then the slot bit and the quota are released (in that order, by
 //!   RAII), so a slot or token is reused only after the release. The memory itself lives on while

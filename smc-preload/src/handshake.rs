@@ -72,6 +72,13 @@ pub enum Progress {
     Done(Outcome),
 }
 
+/// What a request sent ahead asks for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ahead {
+    Register,
+    AttachPeer,
+}
+
 /// What the socket holds.
 enum Rd {
     /// One whole CLC message (consumed).
@@ -92,10 +99,11 @@ pub struct Driver {
     /// The size code of our DMB (as configured in the machine).
     size_code: u8,
     /// A daemon request sent ahead of the machine asking for it, so that its round trip
-    /// overlaps waiting for the peer: the client's registration (sent right after the
-    /// proposal), the server's attach of the client's DMB by connection (sent right after the
-    /// accept: the client registered while the accept was in flight).
-    ahead: Option<smc_ism::Ticket>,
+    /// overlaps waiting for the peer: our registration (the client's right after its proposal;
+    /// the server's when the proposal is not there yet), the server's attach of the client's
+    /// DMB by connection (right after its accept: the client registered while the accept was
+    /// in flight).
+    ahead: Option<(Ahead, smc_ism::Ticket)>,
     todo: VecDeque<Action>,
     own: Option<HeldDmb>,
     peer: Option<HeldDmb>,
@@ -190,6 +198,10 @@ impl Driver {
                     continue;
                 }
                 Rd::Nothing => {
+                    if self.server && t == MsgType::Proposal {
+                        // The proposal is on its way: register meanwhile.
+                        self.send_ahead(Ahead::Register);
+                    }
                     let now = Instant::now();
                     if now >= deadline {
                         let a = self.m.handle(Input::Timeout);
@@ -228,7 +240,11 @@ impl Driver {
                     self.todo.extend(a);
                     return None;
                 }
-                self.send_ahead();
+                match (self.server, self.m.waiting_for()) {
+                    (false, Some(MsgType::Accept)) => self.send_ahead(Ahead::Register),
+                    (true, Some(MsgType::Confirm)) => self.send_ahead(Ahead::AttachPeer),
+                    _ => {}
+                }
                 None
             }
             Action::RegisterDmb { size_code } => {
@@ -278,12 +294,11 @@ impl Driver {
     fn release_all(&mut self) {
         let mut own = self.own.take().map(|o| o.token).filter(|&t| t != 0);
         let mut peer = self.peer.take().map(|p| p.token).filter(|&t| t != 0);
-        if let Some(t) = self.ahead.take() {
+        if let Some((kind, t)) = self.ahead.take() {
             if let Ok(d) = with_dev(|c| c.finish_dmb(t)) {
-                if self.server {
-                    peer = peer.or(Some(d.token));
-                } else {
-                    own = own.or(Some(d.token));
+                match kind {
+                    Ahead::AttachPeer => peer = peer.or(Some(d.token)),
+                    Ahead::Register => own = own.or(Some(d.token)),
                 }
             }
         }
@@ -292,21 +307,29 @@ impl Driver {
         }
     }
 
-    /// After a message went out: start the daemon request the next step will need.
-    fn send_ahead(&mut self) {
+    /// Start the daemon request the next step will need, unless one is out already.
+    fn send_ahead(&mut self, kind: Ahead) {
         if self.ahead.is_some() || !setup::pipelining() {
             return;
         }
         let fd = self.fd;
-        let t = match (self.server, self.m.waiting_for()) {
-            (false, Some(MsgType::Accept)) => {
-                let sc = self.size_code;
-                with_dev(|c| c.register_dmb_start(sc, fd))
-            }
-            (true, Some(MsgType::Confirm)) => with_dev(|c| c.attach_peer_start(fd)),
-            _ => return,
+        let sc = self.size_code;
+        let t = match kind {
+            Ahead::Register => with_dev(|c| c.register_dmb_start(sc, fd)),
+            Ahead::AttachPeer => with_dev(|c| c.attach_peer_start(fd)),
         };
-        self.ahead = t.ok();
+        self.ahead = t.ok().map(|t| (kind, t));
+    }
+
+    /// The request sent ahead, if it is of this kind.
+    fn take_ahead(&mut self, kind: Ahead) -> Option<smc_ism::Ticket> {
+        match self.ahead.take() {
+            Some((k, t)) if k == kind => Some(t),
+            other => {
+                self.ahead = other;
+                None
+            }
+        }
     }
 
     /// Register (and map) our DMB; the client also attaches and maps the server's (before it
@@ -321,7 +344,7 @@ impl Driver {
             let p = self.m.peer_dmb().ok_or(DmbFailure::Internal)?;
             Some(with_dev(|c| c.attach_dmb_start(p.token, fd)))
         };
-        let own = match self.ahead.take() {
+        let own = match self.take_ahead(Ahead::Register) {
             Some(t) => match with_dev(|c| c.finish_dmb(t)) {
                 Ok(d) if d.size_code == size_code => Ok(d),
                 Ok(d) => {
@@ -384,7 +407,7 @@ impl Driver {
     fn attach_client(&mut self, est: &Established) -> Result<(), &'static str> {
         let fd = self.fd;
         let token = est.peer_token;
-        let ahead = match self.ahead.take() {
+        let ahead = match self.take_ahead(Ahead::AttachPeer) {
             Some(t) => match with_dev(|c| c.finish_dmb(t)) {
                 Ok(d) if d.token == token => Some(d),
                 Ok(d) => {
