@@ -299,12 +299,19 @@ pub fn detach(cgroup: &Path) -> Result<String> {
         let unloaded = cleanup_if_unused()?;
         let pruned = before - attached_links()?.len();
         if pruned == 0 && !unloaded {
-            bail!("{} does not exist and no removed cgroup is attached", cgroup.display());
+            bail!(
+                "{} does not exist and no removed cgroup is attached",
+                cgroup.display()
+            );
         }
         return Ok(format!(
             "{} no longer exists; unpinned the links of {pruned} removed cgroup(s){}",
             cgroup.display(),
-            if unloaded { "; no cgroup left, programs unloaded" } else { "" }
+            if unloaded {
+                "; no cgroup left, programs unloaded"
+            } else {
+                ""
+            }
         ));
     };
     let ino = fs::metadata(&cg)?.ino();
