@@ -570,14 +570,13 @@ fn gather(a: &StatsArgs, scope: &Scope, ask_daemon: bool) -> Inputs {
 fn raw_of(inp: &Inputs, scope: &Scope) -> Raw {
     let (sum, _) = inp.scan.sum(scope.ids.as_ref());
     let mut raw = raw_from_snapshot(&sum);
-    if scope.ids.is_none() {
-        if inp.ebpf_loaded {
-            raw.ebpf = Some(inp.ebpf.iter().map(|(k, v)| (k.to_string(), *v)).collect());
-        }
-        if let Some(s) = &inp.daemon.stats {
-            raw.daemon = Some(daemon_counters(s));
-            raw.daemon_started = Some(now_unix().saturating_sub(s.uptime_secs));
-        }
+    if scope.ids.is_none() && inp.ebpf_loaded {
+        raw.ebpf = Some(inp.ebpf.iter().map(|(k, v)| (k.to_string(), *v)).collect());
+    }
+    // The daemon is host-wide: its figures are shown in every scope.
+    if let Some(s) = &inp.daemon.stats {
+        raw.daemon = Some(daemon_counters(s));
+        raw.daemon_started = Some(now_unix().saturating_sub(s.uptime_secs));
     }
     raw
 }
@@ -626,6 +625,11 @@ fn scope_base(b: &Baseline, scope: &Scope) -> Option<(u64, Raw)> {
             e.0 = e.0.min(*t);
             e.1.add_procs(r);
         }
+    }
+    // The daemon's figures (host-wide) count from the host's reset.
+    if let (Some((_, r)), Some((_, h))) = (out.as_mut(), b.scopes.get("host")) {
+        r.daemon = h.daemon.clone();
+        r.daemon_started = h.daemon_started;
     }
     out
 }

@@ -539,6 +539,12 @@ fn stats_conns_live_modes_and_cgroups() {
     assert_eq!(u(&f0["live"]["smcd"]), 2, "{f0:#}");
     assert_eq!(u(&f0["live"]["tcp"]), 0, "{f0:#}");
     assert!(f0["ebpf"].is_null(), "host-wide only");
+    // The daemon is host-wide, shown in every scope, with this cgroup's usage.
+    assert!(
+        u(&f0["daemon"]["figures"]["ops_register_ok"]) >= 2,
+        "{f0:#}"
+    );
+    assert_eq!(u(&f0["daemon"]["cgroup"]["dmbs"]), 2, "{f0:#}");
     let f1 = w.stats_json(&["--cgroup", &cg1]);
     assert_eq!(u(&f1["connections"]["smcd"]), 0, "{f1:#}");
     assert_eq!(u(&f1["connections"]["tcp_fallback"]), 1, "{f1:#}");
