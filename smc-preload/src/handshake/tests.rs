@@ -254,3 +254,50 @@ fn nothing_is_left_registered_after_fallbacks() {
 }
 
 static COUNT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn server_stands_in_for_a_client_that_already_left() {
+    use smc_common::cdc::{CdcHeader, ConnStateFlags, CursorWord};
+    daemon();
+    let est = Established {
+        peer_gid: smc_common::clc::Gid::default(),
+        peer_chid: smc_common::clc::LOOPBACK_CHID,
+        // No such DMB: the client released it when it closed.
+        peer_token: 0x5eed_0000_0000_0001,
+        peer_dmbe_idx: 0,
+        peer_dmb_size_code: 0,
+        peer_dmb_size: 16 << 10,
+        peer_link_id: 0,
+        local: LocalDmb {
+            token: 0,
+            idx: 0,
+            size_code: 1,
+        },
+        version: 2,
+        release: 1,
+        eid: smc_common::handshake::DEFAULT_UEID,
+    };
+    let (_c, s) = pair();
+    // Nothing recorded in our DMB: the client may still be there, the connection is broken.
+    let mut d = server(s.as_raw_fd());
+    d.own = Some(HeldDmb {
+        token: 0,
+        map: Mapping::anon_shared(32 << 10).unwrap(),
+    });
+    assert!(d.attach_client(&est).is_err());
+    // The client's close recorded (as its final close does before it releases its DMB): a
+    // stand-in of the client's DMB size takes its place.
+    let own = Mapping::anon_shared(32 << 10).unwrap();
+    let w = CursorWord {
+        conn_state: ConnStateFlags::PEER_CONN_CLOSED,
+        ..CursorWord::default()
+    };
+    // SAFETY: a fresh page-aligned mapping of 32 KiB.
+    unsafe { CdcHeader::from_ptr(own.ptr()) }.store_cons(w);
+    d.own = Some(HeldDmb { token: 0, map: own });
+    d.attach_client(&est).unwrap();
+    let p = d.peer.take().unwrap();
+    assert_eq!(p.token, 0);
+    assert_eq!(p.map.len(), 16 << 10);
+    d.own = None;
+}
