@@ -229,6 +229,8 @@ fn test(fuzz_seconds: u32, filter: Option<String>) -> Result<()> {
         "-p",
         "integration-tests",
         "--bins",
+        // libsmc_preload.so is smc-preload's (cdylib) library target: `--bins` alone skips it.
+        "--lib",
     ]))?;
     step("unit and integration tests");
     let mut t = cargo();
