@@ -306,6 +306,15 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
             let new_state = ctx.arg(1);
             if new_state == TCP_CLOSE {
                 if let Some(key) = ops_key(ops_ptr) {
+                    // A socket also "closes" when it enters TIME_WAIT, possibly before its owner
+                    // asked for its state: keep what the peer's ESTABLISHED told the entry.
+                    let same_host = unsafe { SMC_PEERS.get(&key) }
+                        .is_some_and(|e| e.flags & SOCK_SAME_HOST != 0);
+                    if same_host {
+                        if let Some(state) = SMC_SOCK_STATE.get(ops_sk(ops), false) {
+                            state.flags |= SOCK_SAME_HOST;
+                        }
+                    }
                     let _ = SMC_PEERS.remove(&key);
                 }
                 count(Counter::SocketsClosed, 1);
