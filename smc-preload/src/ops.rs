@@ -1056,10 +1056,11 @@ pub fn adopt_orphans_after_exec() {
     let Ok(b) = std::fs::read(format!("{dir}/{}", crate::pid())) else {
         return;
     };
-    let Some(v) = stats::parse(&b) else { return };
-    let get = |k: &str| v.iter().find(|(n, _)| n == k).map_or(0, |x| x.1);
-    if get("pid") != crate::pid() as u64
-        || get("smcd_client") + get("smcd_server") <= get("closed_conns")
+    let Some(v) = smc_common::procstats::Snapshot::parse(&b) else {
+        return;
+    };
+    if v.pid != crate::pid() as u64
+        || v.get("smcd_client") + v.get("smcd_server") <= v.get("closed_conns")
     {
         return;
     }

@@ -6,66 +6,18 @@
 //! Readers must treat the file as a snapshot: every field is an 8-byte little-endian counter
 //! updated with atomic adds. A file whose pid no longer exists is stale; readers may delete it.
 //!
-//! Layout ([`Stats`], `#[repr(C)]`, all `u64`):
-//! | offset | field |
-//! |---:|---|
-//! | 0 | magic `0x534d_4350_5354_4154` ("SMCPSTAT") |
-//! | 8 | layout version (1) |
-//! | 16 | pid |
-//! | 24 | smcd_client: connections that became SMC-D as client |
-//! | 32 | smcd_server: connections that became SMC-D as server |
-//! | 40 | fallback_client |
-//! | 48 | fallback_server |
-//! | 56 | handshake_errors (timeouts, I/O or protocol errors during CLC) |
-//! | 64 | rx_bytes (closed connections; live ones add their own) |
-//! | 72 | tx_bytes |
-//! | 80 | rx_calls |
-//! | 88 | tx_calls |
-//! | 96 | rx_buffer_full (reads that found the ring full) |
-//! | 104 | tx_buffer_full (writes that found no room) |
-//! | 112 | closed_conns: SMC connections this process closed last (live = smcd_client + smcd_server − closed_conns, summed over processes: a forked child may close what its parent opened) |
-//! | 120 | special_sendfile |
-//! | 128 | special_splice |
-//! | 136 | special_oob |
-//! | 144 | pending_connects (non-blocking connects decided at the first operation) |
-//! | 152 | doorbells_sent |
-//! | 160 | doorbells_received |
-//! | 168..424 | 16 fallback-reason slots: `{code u64, count u64}` (code 0 = free); code is the CLC diagnosis (e.g. 0x03010000 PEERNOSMC) |
+//! The layout is `smc_common::procstats` (version 1 plus extension 1): this writer records its
+//! identity (cgroup id, start time, PID namespace: `VALID_IDENTITY`) when it creates the file, so
+//! that a reader can attribute the figures of a process that was killed to its cgroup, and keeps
+//! the per-side fallback-reason tables (`VALID_SIDE_REASONS`).
 
 use crate::conn::Conn;
+use smc_common::procstats::{self, Identity, ProcStats, VALID_SIDE_REASONS};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub const MAGIC: u64 = 0x534d_4350_5354_4154;
-pub const VERSION: u64 = 1;
-pub const REASON_SLOTS: usize = 16;
+pub type Stats = ProcStats;
 
-#[repr(C)]
-pub struct Stats {
-    pub magic: AtomicU64,
-    pub version: AtomicU64,
-    pub pid: AtomicU64,
-    pub smcd_client: AtomicU64,
-    pub smcd_server: AtomicU64,
-    pub fallback_client: AtomicU64,
-    pub fallback_server: AtomicU64,
-    pub handshake_errors: AtomicU64,
-    pub rx_bytes: AtomicU64,
-    pub tx_bytes: AtomicU64,
-    pub rx_calls: AtomicU64,
-    pub tx_calls: AtomicU64,
-    pub rx_full: AtomicU64,
-    pub tx_full: AtomicU64,
-    pub closed_conns: AtomicU64,
-    pub special_sendfile: AtomicU64,
-    pub special_splice: AtomicU64,
-    pub special_oob: AtomicU64,
-    pub pending_connects: AtomicU64,
-    pub doorbells_sent: AtomicU64,
-    pub doorbells_rcvd: AtomicU64,
-    pub reasons: [[AtomicU64; 2]; REASON_SLOTS],
-}
-
-const _: () = assert!(std::mem::size_of::<Stats>() <= 4096);
+const _: () = assert!(std::mem::size_of::<Stats>() <= procstats::PAGE_LEN);
 
 struct Area {
     ptr: *mut Stats,
@@ -138,12 +90,26 @@ fn open_area(pid: u32) -> *mut Stats {
     }
     let s = p as *mut Stats;
     // SAFETY: fresh zeroed page.
-    unsafe {
-        (*s).magic.store(MAGIC, Ordering::Relaxed);
-        (*s).version.store(VERSION, Ordering::Relaxed);
-        (*s).pid.store(pid as u64, Ordering::Relaxed);
-    }
+    unsafe { (*s).init(&identity(pid), VALID_SIDE_REASONS) };
     s
+}
+
+/// This process's identity. The cgroup and the PID namespace are read once and inherited by
+/// forked children (which start in their parent's); the start time is the process's own.
+fn identity(pid: u32) -> Identity {
+    static INHERITED: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+    let &(cgroup_id, pid_ns) = INHERITED.get_or_init(|| {
+        (
+            procstats::proc_cgroup_id("self").unwrap_or(0),
+            procstats::pid_ns("self").unwrap_or(0),
+        )
+    });
+    Identity {
+        pid: pid as u64,
+        cgroup_id,
+        start_time: procstats::proc_start_time(pid as u64).unwrap_or(0),
+        pid_ns,
+    }
 }
 
 /// The stats area of this process (created on first use, per process after fork).
@@ -192,12 +158,13 @@ pub fn at_exit() {
     };
     let dir = std::path::Path::new(procs_dir());
     let path = dir.join(a.pid.to_string());
-    let Some(_lock) = smc_common::procstats::lock_dir(dir) else {
+    let Some(_lock) = procstats::lock_dir(dir) else {
         return; // left for `smc-ctl stats`, which folds the files of exited processes
     };
     if let Ok(bytes) = std::fs::read(&path) {
-        let cgroup = smc_common::procstats::proc_cgroup_id("self").unwrap_or(0);
-        if smc_common::procstats::fold_into_aggregate(dir, cgroup, &bytes).is_ok() {
+        // SAFETY: never freed.
+        let cgroup = unsafe { &*a.ptr }.cgroup_id.load(Ordering::Relaxed);
+        if procstats::fold_into_aggregate(dir, cgroup, &bytes).is_ok() {
             let _ = std::fs::remove_file(&path);
         }
     }
@@ -234,31 +201,7 @@ fn add_counts(c: &Conn, take: bool) {
 }
 
 pub fn fallback(server: bool, code: u32) {
-    let s = get();
-    if server {
-        s.fallback_server.fetch_add(1, Ordering::Relaxed);
-    } else {
-        s.fallback_client.fetch_add(1, Ordering::Relaxed);
-    }
-    for slot in &s.reasons {
-        let c = slot[0].load(Ordering::Relaxed);
-        if c == code as u64 {
-            slot[1].fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        if c == 0
-            && slot[0]
-                .compare_exchange(0, code as u64, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        {
-            slot[1].fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        if slot[0].load(Ordering::Relaxed) == code as u64 {
-            slot[1].fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-    }
+    get().fallback(server, code);
 }
 
 pub fn smc(server: bool) {
@@ -297,48 +240,4 @@ pub fn handshake_error() {
 
 pub fn pending() {
     get().pending_connects.fetch_add(1, Ordering::Relaxed);
-}
-
-/// A snapshot of a stats file's bytes as (name, value) pairs, for readers and tests.
-pub fn parse(bytes: &[u8]) -> Option<Vec<(String, u64)>> {
-    if bytes.len() < std::mem::size_of::<Stats>() {
-        return None;
-    }
-    let w = |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8"));
-    if w(0) != MAGIC || w(1) != VERSION {
-        return None;
-    }
-    let names = [
-        "pid",
-        "smcd_client",
-        "smcd_server",
-        "fallback_client",
-        "fallback_server",
-        "handshake_errors",
-        "rx_bytes",
-        "tx_bytes",
-        "rx_calls",
-        "tx_calls",
-        "rx_buffer_full",
-        "tx_buffer_full",
-        "closed_conns",
-        "special_sendfile",
-        "special_splice",
-        "special_oob",
-        "pending_connects",
-        "doorbells_sent",
-        "doorbells_received",
-    ];
-    let mut out: Vec<(String, u64)> = names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.to_string(), w(i + 2)))
-        .collect();
-    for r in 0..REASON_SLOTS {
-        let code = w(21 + 2 * r);
-        if code != 0 {
-            out.push((format!("fallback_reason_{code:#010x}"), w(22 + 2 * r)));
-        }
-    }
-    Some(out)
 }
