@@ -17,6 +17,11 @@ pub const SMC_SO_SHORTCUT: i32 = 2;
 /// `getsockopt(fd, SOL_SMC_BPF, SMC_SO_STATE, &mut SockState, 8)`: what the programs know about
 /// this socket.
 pub const SMC_SO_STATE: i32 = 3;
+/// `setsockopt(fd, SOL_SMC_BPF, SMC_SO_TCP, &1u32, 4)`: this connection stays plain TCP (its
+/// CLC handshake fell back). In an ism-mode cgroup the socket leaves the SOCKHASH at its next
+/// outgoing segment (a sockmap member may only be removed from `sock_ops`), so that its reads
+/// and writes are the kernel's plain TCP ones again.
+pub const SMC_SO_TCP: i32 = 4;
 
 /// The socket asked to announce SMC ([`SMC_SO_ENABLE`]).
 pub const SOCK_OPTED_IN: u32 = 1 << 0;
@@ -28,6 +33,8 @@ pub const SOCK_PEER_SMC: u32 = 1 << 2;
 pub const SOCK_SAME_HOST: u32 = 1 << 3;
 /// Messages of this socket take the `sk_msg` shortcut to its peer.
 pub const SOCK_SHORTCUT: u32 = 1 << 4;
+/// The data path decided that this connection stays TCP ([`SMC_SO_TCP`]).
+pub const SOCK_TCP: u32 = 1 << 5;
 
 /// Per-socket state, kept in socket storage and returned by [`SMC_SO_STATE`].
 #[repr(C)]
@@ -145,10 +152,12 @@ pub enum Counter {
     StateQueries,
     /// Sockets of an attached cgroup that closed after ESTABLISHED.
     SocketsClosed,
+    /// Sockets taken out of the SOCKHASH again: their data path decided to stay TCP.
+    ShortcutSocketsLeft,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 17] = [
+    pub const ALL: [Counter; 18] = [
         Counter::SocketsEstablished,
         Counter::ActiveEstablished,
         Counter::PassiveEstablished,
@@ -166,6 +175,7 @@ impl Counter {
         Counter::MsgPassRedirectFailed,
         Counter::StateQueries,
         Counter::SocketsClosed,
+        Counter::ShortcutSocketsLeft,
     ];
     pub const COUNT: u32 = Self::ALL.len() as u32;
 
@@ -189,6 +199,7 @@ impl Counter {
             Counter::MsgPassRedirectFailed => "msg_pass_redirect_failed",
             Counter::StateQueries => "state_queries",
             Counter::SocketsClosed => "sockets_closed",
+            Counter::ShortcutSocketsLeft => "shortcut_sockets_left",
         }
     }
 }

@@ -23,8 +23,8 @@ use aya_ebpf::{
         BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG,
     },
     helpers::generated::{
-        bpf_get_socket_cookie, bpf_load_hdr_opt, bpf_reserve_hdr_opt, bpf_setsockopt,
-        bpf_sk_storage_get, bpf_store_hdr_opt,
+        bpf_get_socket_cookie, bpf_load_hdr_opt, bpf_map_delete_elem, bpf_reserve_hdr_opt,
+        bpf_setsockopt, bpf_sk_storage_get, bpf_store_hdr_opt,
     },
     macros::{btf_map, cgroup_sockopt, map, sk_msg, sock_ops},
     maps::{LruHashMap, PerCpuArray, SockHash},
@@ -32,8 +32,8 @@ use aya_ebpf::{
 };
 use smc_common::bpf::{
     Counter, PeerEntry, SockKey, SockState, MAX_SOCKETS, SMC_SO_ENABLE, SMC_SO_SHORTCUT,
-    SMC_SO_STATE, SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PEER_SMC, SOCK_SAME_HOST, SOCK_SHORTCUT,
-    SOCK_STATE_VERSION, SOL_SMC_BPF, TCPOPT_SMC,
+    SMC_SO_STATE, SMC_SO_TCP, SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PEER_SMC, SOCK_SAME_HOST,
+    SOCK_SHORTCUT, SOCK_STATE_VERSION, SOCK_TCP, SOL_SMC_BPF, TCPOPT_SMC,
 };
 
 const AF_INET: u32 = 2;
@@ -274,6 +274,9 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
         BPF_SOCK_OPS_HDR_OPT_LEN_CB | BPF_SOCK_OPS_WRITE_HDR_OPT_CB => {
             let syn = ops.skb_tcp_flags & TCPHDR_SYN != 0;
             if !syn {
+                // An established socket that may become SMC-D (ism mode): waiting for its
+                // data path to decide.
+                settle(ctx, ops);
                 return;
             }
             let synack = ops.skb_tcp_flags & TCPHDR_ACK != 0;
@@ -340,6 +343,7 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     // The header-option flag is set only on sockets (and listeners) that opted in.
     let wrote_opt = ops.bpf_sock_ops_cb_flags & BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG != 0;
     let mut flags = 0u32;
+    let mut both_announced = false;
     if wrote_opt {
         flags |= SOCK_OPTED_IN;
         // Active: our SYN carried the option, the SYN-ACK being processed says if the peer's
@@ -349,6 +353,7 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
             flags |= SOCK_OPT_SENT;
         }
         if peer {
+            both_announced = true;
             flags |= SOCK_PEER_SMC;
             count(
                 if active {
@@ -360,9 +365,18 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
             );
         }
     }
-    // No more header-option callbacks for this socket; watch for its close.
+    // Watch for its close. No more header-option callbacks, except for a socket that goes
+    // into the SOCKHASH in ism mode: its outgoing segments tell when the data path has
+    // decided (see `settle`).
+    let keep_hdr = both_announced && !shortcut_mode;
+    let hdr = if keep_hdr {
+        BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG
+    } else {
+        0
+    };
     let _ = ctx.set_cb_flags(
         ((ops.bpf_sock_ops_cb_flags & !BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG)
+            | hdr
             | BPF_SOCK_OPS_STATE_CB_FLAG) as i32,
     );
 
@@ -391,9 +405,12 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
         state.version = SOCK_STATE_VERSION;
         state.flags |= flags;
     }
-    // In shortcut mode every socket goes into the SOCKHASH; in ism mode only those of the data
-    // path (opted in), which enable the redirect for themselves after their CLC handshake.
-    if shortcut_mode || wrote_opt {
+    // In shortcut mode every socket goes into the SOCKHASH; in ism mode only those that may
+    // become SMC-D (both ends announced SMC), which enable the redirect for themselves after
+    // their CLC handshake. A socket in a sockmap reads and writes through tcp_bpf, which is not
+    // quite plain TCP (a blocking read can return EAGAIN, or 0 before the last bytes, when
+    // data and FIN arrive while it starts): a connection that stays TCP must not be there.
+    if shortcut_mode || both_announced {
         if SMC_SOCKHASH
             .update(&mut key, unsafe { &mut *ops_ptr }, 0)
             .is_ok()
@@ -401,6 +418,36 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
             count(Counter::ShortcutSockets, 1);
         }
     }
+}
+
+/// An ism-mode socket in the SOCKHASH whose data path has decided: SMC-D (the shortcut carries
+/// its doorbells) keeps it; TCP ([`SMC_SO_TCP`]) takes it out, so that it reads and writes as
+/// plain TCP (tcp_bpf differs at the edges). Either way no more header-option callbacks.
+#[inline(always)]
+fn settle(ctx: &SockOpsContext, ops: &bpf_sock_ops) {
+    let Some(state) = SMC_SOCK_STATE.get(ops_sk(ops), false) else {
+        return;
+    };
+    let flags = state.flags;
+    if flags & (SOCK_TCP | SOCK_SHORTCUT) == 0 {
+        return;
+    }
+    if flags & SOCK_SHORTCUT == 0 {
+        if let Some(key) = ops_key(ctx.ops) {
+            // SAFETY: the map definition is what the helper takes; the key lives here.
+            let ret = unsafe {
+                bpf_map_delete_elem(
+                    ptr::from_ref(&SMC_SOCKHASH).cast_mut().cast(),
+                    ptr::from_ref(&key).cast(),
+                )
+            };
+            if ret == 0 {
+                count(Counter::ShortcutSocketsLeft, 1);
+            }
+        }
+    }
+    let _ =
+        ctx.set_cb_flags((ops.bpf_sock_ops_cb_flags & !BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG) as i32);
 }
 
 #[sk_msg]
@@ -462,6 +509,7 @@ pub fn smc_setsockopt(ctx: SockoptContext) -> i32 {
             SOCK_OPTED_IN
         }
         SMC_SO_SHORTCUT => SOCK_SHORTCUT,
+        SMC_SO_TCP => SOCK_TCP,
         _ => return 0,
     };
     if on {

@@ -22,7 +22,7 @@ use crate::handshake::{Driver, HeldDmb, Outcome, Progress};
 use crate::obj::{Obj, Skip};
 use crate::{debug, real, stats};
 use smc_common::bpf::{
-    SockState, SMC_SO_ENABLE, SMC_SO_SHORTCUT, SMC_SO_STATE, SOCK_PEER_SMC, SOL_SMC_BPF,
+    SockState, SMC_SO_ENABLE, SMC_SO_SHORTCUT, SMC_SO_STATE, SMC_SO_TCP, SOCK_PEER_SMC, SOL_SMC_BPF,
 };
 use smc_common::clc::MsgType;
 use smc_common::diag::Diag;
@@ -360,6 +360,24 @@ fn shortcut(fd: i32) {
     real::set_errno(e0);
 }
 
+/// The connection stays TCP after both ends announced SMC: out of the SOCKHASH (see
+/// `smc_common::bpf::SMC_SO_TCP`), so that it reads and writes as plain TCP.
+fn leave_shortcut(fd: i32) {
+    let one: u32 = 1;
+    let e0 = real::errno();
+    // SAFETY: valid option buffer.
+    unsafe {
+        real::setsockopt(
+            fd,
+            SOL_SMC_BPF,
+            SMC_SO_TCP,
+            &one as *const u32 as *const libc::c_void,
+            4,
+        )
+    };
+    real::set_errno(e0);
+}
+
 /// SO_ERROR (consumes it).
 pub fn so_error(fd: i32) -> i32 {
     let mut v: i32 = 0;
@@ -659,6 +677,8 @@ fn after_fallback(fd: i32, server: bool, fb: Fallback, awaited: Option<MsgType>)
     ) {
         stats::handshake_error();
     }
+    // Both ends announced SMC (the handshake ran), so the socket is in the SOCKHASH.
+    leave_shortcut(fd);
     if fb.in_sync {
         return fallback(fd, server, code, &format!("{:?}", fb.reason));
     }

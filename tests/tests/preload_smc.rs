@@ -5,7 +5,9 @@
 //!
 //! Needs root (cgroups, eBPF). `cargo xtask test` builds smc-ctl, the library and the test
 //! programs first.
-use integration_tests::{bin, bin_dir, lock, require_root, unique, Attached, Cgroup, Proc};
+use integration_tests::{
+    bin, bin_dir, counters, delta, lock, require_root, unique, Attached, Cgroup, Proc,
+};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -216,9 +218,15 @@ fn client(
     f[0].clone()
 }
 
-fn server_lines(p: Proc) -> Vec<BTreeMap<String, String>> {
+/// The server's CONN lines; on an error, the failure shows what the world's statistics say
+/// (fallback reasons, handshake errors) and the client's figures.
+fn server_lines(w: &World, p: Proc, client: &dyn std::fmt::Debug) -> Vec<BTreeMap<String, String>> {
     let out = p.wait_output(Duration::from_secs(300)).unwrap();
-    assert!(!out.contains("ERR"), "server: {out}");
+    assert!(
+        !out.contains("ERR"),
+        "server: {out}\nclient: {client:?}\nstatistics: {:?}",
+        w.stats()
+    );
     fields(&out, "CONN ")
 }
 
@@ -239,7 +247,7 @@ fn preload_integrity_1gib_both_directions() {
     });
     let gib = 1u64 << 30;
     let c = client(&w, true, port, gib, gib / 2 + 12345, 7);
-    let s = server_lines(srv);
+    let s = server_lines(&w, srv, &c);
     assert_eq!(s.len(), 1);
     check_pair(&c, &s[0]);
     let st = w.stats();
@@ -272,7 +280,7 @@ fn preload_fork_per_connection_server() {
             100 + i,
         ));
     }
-    let s = server_lines(srv);
+    let s = server_lines(&w, srv, &cs);
     assert_eq!(s.len(), 4, "{s:?}");
     for c in &cs {
         let m = s
@@ -317,7 +325,7 @@ fn preload_epoll_edge_triggered_server_many_clients() {
             fields(&out, "CLIENT ")[0].clone()
         })
         .collect();
-    let s = server_lines(srv);
+    let s = server_lines(&w, srv, &cs);
     assert_eq!(s.len(), n);
     for c in &cs {
         let m = s
@@ -351,7 +359,7 @@ fn preload_fallback_client_without_library() {
     ]);
     let out = Proc::spawn(c).wait_output(Duration::from_secs(60)).unwrap();
     let cl = fields(&out, "CLIENT ")[0].clone();
-    let s = server_lines(srv);
+    let s = server_lines(&w, srv, &cl);
     check_pair(&cl, &s[0]);
     let st = w.stats();
     assert_eq!(get(&st, "smcd_server"), 0, "{st:?}");
@@ -367,12 +375,63 @@ fn preload_fallback_server_without_library() {
         c.args(["server", "0", "thread", "1"]);
         c
     });
+    let before = counters();
     let cl = client(&w, true, port, 2_500_000, 1_500_000, 11);
-    let s = server_lines(srv);
+    let s = server_lines(&w, srv, &cl);
     check_pair(&cl, &s[0]);
+    // Only one end announced SMC: the socket never enters the SOCKHASH (its blocking reads
+    // are the kernel's plain TCP ones).
+    assert_eq!(delta(&before, &counters(), "shortcut_sockets"), 0);
     let st = w.stats();
     assert_eq!(get(&st, "smcd_client"), 0, "{st:?}");
     assert_eq!(get(&st, "fallback_0x03010000"), 1, "PEERNOSMC: {st:?}");
+}
+
+/// Both ends announce SMC but the server has no device (its daemon is unreachable): it
+/// declines, both continue on TCP, and both sockets leave the SOCKHASH again (a sockmap member
+/// reads through tcp_bpf, which can return EAGAIN to a blocking reader at the FIN).
+#[test]
+fn preload_declined_connection_leaves_the_sockhash_and_stays_intact() {
+    let w = World::new();
+    let (srv, port) = start_server({
+        let mut c = w.smc(bin("preload-prog"));
+        c.env("SMC_CTL_SOCK", w.dir.join("no-daemon.sock"));
+        c.args(["server", "0", "thread", "3"]);
+        c
+    });
+    let before = counters();
+    let cs: Vec<_> = (0..3u64)
+        .map(|i| {
+            client(
+                &w,
+                true,
+                port,
+                2_000_000 + i * 99_991,
+                1_000_000 + i,
+                30 + i,
+            )
+        })
+        .collect();
+    let s = server_lines(&w, srv, &cs);
+    assert_eq!(s.len(), 3);
+    for c in &cs {
+        let m = s
+            .iter()
+            .find(|x| x["sha_rx"] == c["sha_tx"])
+            .expect("server side");
+        check_pair(c, m);
+    }
+    let after = counters();
+    assert_eq!(delta(&before, &after, "shortcut_sockets"), 6);
+    assert_eq!(delta(&before, &after, "shortcut_sockets_left"), 6);
+    let st = w.stats();
+    assert_eq!(
+        get(&st, "smcd_client") + get(&st, "smcd_server"),
+        0,
+        "{st:?}"
+    );
+    assert_eq!(get(&st, "fallback_client"), 3, "{st:?}");
+    assert_eq!(get(&st, "fallback_server"), 3, "{st:?}");
 }
 
 #[test]
@@ -395,7 +454,7 @@ fn preload_library_outside_attached_cgroup_is_plain_tcp() {
     ]);
     let out = Proc::spawn(c).wait_output(Duration::from_secs(60)).unwrap();
     let cl = fields(&out, "CLIENT ")[0].clone();
-    let s = server_lines(srv);
+    let s = server_lines(&w, srv, &cl);
     check_pair(&cl, &s[0]);
     let st = w.stats();
     assert_eq!(

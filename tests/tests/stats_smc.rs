@@ -359,10 +359,7 @@ fn stats_counts_connections_bytes_and_reset() {
 #[test]
 fn stats_fallback_reason_peernosmc() {
     let w = World::new(&["ism"], false);
-    // A plain HTTP server in the attached cgroup, without the library. (curl and python3 poll
-    // non-blocking sockets: a *blocking* reader whose opted-in socket fell back sees a
-    // spurious EAGAIN now and then today — the socket stays in SMC_SOCKHASH and the kernel's
-    // sockmap recvmsg path returns it — a data-path issue this test is not about.)
+    // A plain HTTP server in the attached cgroup, without the library.
     let root = w.dir.join("www");
     std::fs::create_dir_all(&root).unwrap();
     let body: Vec<u8> = (0..700_000u32).map(|i| (i * 7 % 251) as u8).collect();
