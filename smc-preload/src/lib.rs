@@ -15,6 +15,7 @@ pub mod fdtable;
 pub mod handshake;
 pub mod iov;
 pub mod log;
+pub mod member;
 pub mod obj;
 pub mod ops;
 pub mod poll;

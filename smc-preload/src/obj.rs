@@ -17,6 +17,9 @@ pub enum Obj {
     /// peer may still arrive before its data and must be skipped (and a late Proposal
     /// declined).
     Skip(Skip),
+    /// A connection that stays TCP after both ends announced SMC: it may still be a sockmap
+    /// member for a moment, so reads go through [`crate::member`].
+    Tcp,
     /// An epoll instance that watches SMC connections.
     Epoll(EpollSet),
     /// An accepted connection whose server handshake is under way (an event-loop server is

@@ -152,7 +152,12 @@ pub unsafe fn recv_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
     if let Some(r) = orphan(fd, false) {
         return Some(r);
     }
-    let o = conn_of_op(fd, Some(flags & libc::MSG_DONTWAIT != 0))?;
+    let Some(o) = conn_of_op(fd, Some(flags & libc::MSG_DONTWAIT != 0)) else {
+        // A connection that fell back after its handshake started (skipped or not).
+        let member = fdtable::get(fd).is_some_and(|o| matches!(&*o, Obj::Tcp | Obj::Skip(_)));
+        // SAFETY: the caller's buffers.
+        return member.then(|| unsafe { crate::member::recv(fd, iov, flags) });
+    };
     let Some(c) = o.conn() else {
         // A server handshake still waiting for its client (non-blocking): EAGAIN.
         return Some(-1);

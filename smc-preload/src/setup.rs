@@ -613,6 +613,18 @@ fn fallback(fd: i32, server: bool, code: u32, why: &str) {
     settle_plain(fd);
 }
 
+/// A fallback after both ends announced SMC: the socket leaves the SOCKHASH at its next
+/// outgoing segment; until then its reads need [`crate::member`].
+fn fallback_member(fd: i32, server: bool, code: u32, why: &str) {
+    debug!(
+        "fd {fd}: {} fallback to TCP after the handshake started: {why} ({code:#010x} {})",
+        if server { "server" } else { "client" },
+        Diag::from_code(code).map_or("?", |d| d.name())
+    );
+    stats::fallback(server, code);
+    drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Tcp))));
+}
+
 /// The fd is plain TCP for good: nothing to look up on its calls any more. It keeps its tag
 /// only while an epoll set tracks it (so that its close cleans that up).
 pub(crate) fn settle_plain(fd: i32) {
@@ -680,11 +692,11 @@ fn after_fallback(fd: i32, server: bool, fb: Fallback, awaited: Option<MsgType>)
     // Both ends announced SMC (the handshake ran), so the socket is in the SOCKHASH.
     leave_shortcut(fd);
     if fb.in_sync {
-        return fallback(fd, server, code, &format!("{:?}", fb.reason));
+        return fallback_member(fd, server, code, &format!("{:?}", fb.reason));
     }
     match (fb.reason, awaited) {
         // The socket is at EOF or broken: the application learns it from the socket itself.
-        (FallbackReason::Aborted, _) => fallback(fd, server, code, "connection lost"),
+        (FallbackReason::Aborted, _) => fallback_member(fd, server, code, "connection lost"),
         // Our decline answers the message the peer waits for; its late message is skipped.
         (FallbackReason::Timeout, Some(MsgType::Accept | MsgType::Proposal)) => {
             debug!("fd {fd}: timeout waiting for {awaited:?}: fallback, skip the late CLC message");

@@ -396,24 +396,17 @@ fn preload_declined_connection_leaves_the_sockhash_and_stays_intact() {
     let (srv, port) = start_server({
         let mut c = w.smc(bin("preload-prog"));
         c.env("SMC_CTL_SOCK", w.dir.join("no-daemon.sock"));
-        c.args(["server", "0", "thread", "3"]);
+        c.args(["server", "0", "thread", "12"]);
         c
     });
     let before = counters();
-    let cs: Vec<_> = (0..3u64)
-        .map(|i| {
-            client(
-                &w,
-                true,
-                port,
-                2_000_000 + i * 99_991,
-                1_000_000 + i,
-                30 + i,
-            )
-        })
+    // Many short connections: each server thread's first (blocking) read starts right after
+    // the decline, while its socket is still a sockmap member.
+    let cs: Vec<_> = (0..12u64)
+        .map(|i| client(&w, true, port, 200_000 + i * 99_991, 100_000 + i, 30 + i))
         .collect();
     let s = server_lines(&w, srv, &cs);
-    assert_eq!(s.len(), 3);
+    assert_eq!(s.len(), 12);
     for c in &cs {
         let m = s
             .iter()
@@ -422,16 +415,16 @@ fn preload_declined_connection_leaves_the_sockhash_and_stays_intact() {
         check_pair(c, m);
     }
     let after = counters();
-    assert_eq!(delta(&before, &after, "shortcut_sockets"), 6);
-    assert_eq!(delta(&before, &after, "shortcut_sockets_left"), 6);
+    assert_eq!(delta(&before, &after, "shortcut_sockets"), 24);
+    assert_eq!(delta(&before, &after, "shortcut_sockets_left"), 24);
     let st = w.stats();
     assert_eq!(
         get(&st, "smcd_client") + get(&st, "smcd_server"),
         0,
         "{st:?}"
     );
-    assert_eq!(get(&st, "fallback_client"), 3, "{st:?}");
-    assert_eq!(get(&st, "fallback_server"), 3, "{st:?}");
+    assert_eq!(get(&st, "fallback_client"), 12, "{st:?}");
+    assert_eq!(get(&st, "fallback_server"), 12, "{st:?}");
 }
 
 #[test]
