@@ -108,6 +108,11 @@ pub const GETSOCKOPT_PROG: &str = "smc_getsockopt";
 /// Map names (also the names under the pin directory).
 pub const MAP_SOCK_STATE: &str = "SMC_SOCK_STATE";
 pub const MAP_PEERS: &str = "SMC_PEERS";
+/// Established sockets of `ism`-mode cgroups whose connection cannot become SMC-D (not both
+/// ends announced SMC), by 4-tuple: for same-host detection and `conns` only. They get no state callback (for a short connection it was a
+/// measurable share of its cost), so closed ones are not removed: LRU eviction bounds them, and
+/// a stale entry only ever names a 4-tuple that was a socket of this host.
+pub const MAP_TCP_PEERS: &str = "SMC_TCP_PEERS";
 pub const MAP_SOCKHASH: &str = "SMC_SOCKHASH";
 pub const MAP_COUNTERS: &str = "SMC_COUNTERS";
 
@@ -150,7 +155,8 @@ pub enum Counter {
     MsgPassRedirectFailed,
     /// `SMC_SO_STATE` queries.
     StateQueries,
-    /// Sockets of an attached cgroup that closed after ESTABLISHED.
+    /// Sockets of an attached cgroup that closed after ESTABLISHED (in `ism` mode: those whose
+    /// both ends announced SMC; the others are not watched).
     SocketsClosed,
     /// Sockets taken out of the SOCKHASH again: their data path decided to stay TCP.
     ShortcutSocketsLeft,

@@ -28,7 +28,8 @@ use aya::{
 use serde::Serialize;
 use smc_common::bpf::{
     Counter, Mode, SockKey, GETSOCKOPT_PROG, MAP_COUNTERS, MAP_PEERS, MAP_SOCKHASH, MAP_SOCK_STATE,
-    PIN_LAYOUT_VERSION, SETSOCKOPT_PROG, SK_MSG_PROG, SOCKOPS_PROG_ISM, SOCKOPS_PROG_SHORTCUT,
+    MAP_TCP_PEERS, PIN_LAYOUT_VERSION, SETSOCKOPT_PROG, SK_MSG_PROG, SOCKOPS_PROG_ISM,
+    SOCKOPS_PROG_SHORTCUT,
 };
 
 use crate::sys::{self, bpf_syscall};
@@ -144,7 +145,13 @@ fn load_into(dir: &Path) -> Result<()> {
             .with_context(|| format!("verifier rejected {name}"))?;
         prog.pin(dir.join("progs").join(name))?;
     }
-    for name in [MAP_SOCK_STATE, MAP_PEERS, MAP_SOCKHASH, MAP_COUNTERS] {
+    for name in [
+        MAP_SOCK_STATE,
+        MAP_PEERS,
+        MAP_TCP_PEERS,
+        MAP_SOCKHASH,
+        MAP_COUNTERS,
+    ] {
         let map = ebpf
             .map(name)
             .ok_or_else(|| anyhow!("map {name} missing from the eBPF object"))?;

@@ -31,8 +31,8 @@ use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use serde::Serialize;
 use smc_common::{
     bpf::{
-        PeerEntry, SockKey, MAP_PEERS, SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PEER_SMC, SOCK_SAME_HOST,
-        SOCK_SHORTCUT,
+        PeerEntry, SockKey, MAP_PEERS, MAP_TCP_PEERS, SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PEER_SMC,
+        SOCK_SAME_HOST, SOCK_SHORTCUT,
     },
     diag,
     procstats::{self, ConnState, Snapshot},
@@ -221,9 +221,16 @@ pub fn sock_key(local: &SocketAddr, peer: &SocketAddr) -> SockKey {
     }
 }
 
-/// Every entry of the pinned `SMC_PEERS` map (`None` when nothing is loaded).
+/// Every entry of the pinned `SMC_PEERS` map, and of `SMC_TCP_PEERS` (sockets of ism-mode
+/// cgroups that never opted in) where `SMC_PEERS` has none (`None` when nothing is loaded).
 pub fn peers_map() -> Option<HashMap<SockKey, PeerEntry>> {
-    let path = Path::new(bpf::PIN_ROOT).join("maps").join(MAP_PEERS);
+    let mut all = pinned_peers(MAP_TCP_PEERS).unwrap_or_default();
+    all.extend(pinned_peers(MAP_PEERS)?);
+    Some(all)
+}
+
+fn pinned_peers(name: &str) -> Option<HashMap<SockKey, PeerEntry>> {
+    let path = Path::new(bpf::PIN_ROOT).join("maps").join(name);
     let data = MapData::from_pin(&path).ok()?;
     let map: BpfHashMap<_, SockKey, PeerEntry> =
         BpfHashMap::try_from(Map::from_map_data(data).ok()?).ok()?;

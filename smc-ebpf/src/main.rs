@@ -101,6 +101,19 @@ static SMC_SOCK_STATE: SkStorageClone<SockState> = SkStorageClone::new();
 #[map]
 static SMC_PEERS: LruHashMap<SockKey, PeerEntry> = LruHashMap::with_max_entries(MAX_SOCKETS, 0);
 
+/// Established sockets of ism-mode cgroups whose connection cannot become SMC-D
+/// (`MAP_TCP_PEERS`): no state callback removes them, LRU eviction does.
+#[map]
+static SMC_TCP_PEERS: LruHashMap<SockKey, PeerEntry> = LruHashMap::with_max_entries(MAX_SOCKETS, 0);
+
+/// The entry of `key` in either same-host map.
+#[inline(always)]
+fn peer_entry(key: &SockKey) -> Option<*mut PeerEntry> {
+    SMC_PEERS
+        .get_ptr_mut(key)
+        .or_else(|| SMC_TCP_PEERS.get_ptr_mut(key))
+}
+
 #[map]
 static SMC_SOCKHASH: SockHash<SockKey> = SockHash::with_max_entries(MAX_SOCKETS, 0);
 
@@ -365,27 +378,33 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
             );
         }
     }
-    // Watch for its close. No more header-option callbacks, except for a socket that goes
-    // into the SOCKHASH in ism mode: its outgoing segments tell when the data path has
-    // decided (see `settle`).
+    // Watch for the close of the sockets the data path or the shortcut may use (those of an
+    // ism-mode cgroup whose connection cannot become SMC-D go to SMC_TCP_PEERS, unwatched). No more header-option callbacks, except
+    // for a socket that goes into the SOCKHASH in ism mode: its outgoing segments tell when the
+    // data path has decided (see `settle`).
+    let tracked = shortcut_mode || both_announced;
     let keep_hdr = both_announced && !shortcut_mode;
     let hdr = if keep_hdr {
         BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG
     } else {
         0
     };
-    let _ = ctx.set_cb_flags(
-        ((ops.bpf_sock_ops_cb_flags & !BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG)
-            | hdr
-            | BPF_SOCK_OPS_STATE_CB_FLAG) as i32,
-    );
+    let state_cb = if tracked {
+        BPF_SOCK_OPS_STATE_CB_FLAG
+    } else {
+        0
+    };
+    let cb = (ops.bpf_sock_ops_cb_flags & !BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG) | hdr | state_cb;
+    if cb != ops.bpf_sock_ops_cb_flags {
+        let _ = ctx.set_cb_flags(cb as i32);
+    }
 
     let Some(mut key) = ops_key(ops_ptr) else {
         return;
     };
     let cookie = unsafe { bpf_get_socket_cookie(ops_ptr.cast()) };
     let mirror = key.mirror();
-    if let Some(peer) = SMC_PEERS.get_ptr_mut(&mirror) {
+    if let Some(peer) = peer_entry(&mirror) {
         flags |= SOCK_SAME_HOST;
         count(Counter::SameHostPairs, 1);
         // Tell the end that was established first (it learns it in getsockopt).
@@ -399,7 +418,11 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
         flags,
         _pad: 0,
     };
-    let _ = SMC_PEERS.insert(&key, &entry, 0);
+    let _ = if tracked {
+        SMC_PEERS.insert(&key, &entry, 0)
+    } else {
+        SMC_TCP_PEERS.insert(&key, &entry, 0)
+    };
 
     // Socket storage exists already for a socket that opted in (created by its setsockopt, or
     // cloned from its listener). The others of an ism-mode cgroup get none: creating and
@@ -547,9 +570,9 @@ pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
             // The active end is established before its peer: learn "same host" late.
             if s.flags & SOCK_SAME_HOST == 0 && !sk.is_null() {
                 if let Some(key) = sock_key(sk) {
-                    let own = unsafe { SMC_PEERS.get(&key) }
-                        .is_some_and(|e| e.flags & SOCK_SAME_HOST != 0);
-                    if own || unsafe { SMC_PEERS.get(&key.mirror()) }.is_some() {
+                    let own = peer_entry(&key)
+                        .is_some_and(|e| unsafe { (*e).flags } & SOCK_SAME_HOST != 0);
+                    if own || peer_entry(&key.mirror()).is_some() {
                         s.flags |= SOCK_SAME_HOST;
                     }
                 }
@@ -564,12 +587,10 @@ pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
             };
             if !sk.is_null() {
                 if let Some(key) = sock_key(sk) {
-                    if let Some(e) = unsafe { SMC_PEERS.get(&key) } {
-                        st.flags = e.flags;
+                    if let Some(e) = peer_entry(&key) {
+                        st.flags = unsafe { (*e).flags };
                     }
-                    if st.flags & SOCK_SAME_HOST == 0
-                        && unsafe { SMC_PEERS.get(&key.mirror()) }.is_some()
-                    {
+                    if st.flags & SOCK_SAME_HOST == 0 && peer_entry(&key.mirror()).is_some() {
                         st.flags |= SOCK_SAME_HOST;
                     }
                 }
