@@ -342,27 +342,20 @@ pub fn looks_like_smc_conn(fd: i32) -> bool {
 }
 
 fn shortcut(fd: i32) {
-    if no_shortcut() {
-        return;
+    if !no_shortcut() {
+        set_bpf_flag(fd, SMC_SO_SHORTCUT);
     }
-    let one: u32 = 1;
-    let e0 = real::errno();
-    // SAFETY: valid option buffer.
-    unsafe {
-        real::setsockopt(
-            fd,
-            SOL_SMC_BPF,
-            SMC_SO_SHORTCUT,
-            &one as *const u32 as *const libc::c_void,
-            4,
-        )
-    };
-    real::set_errno(e0);
 }
 
 /// The connection stays TCP after both ends announced SMC: out of the SOCKHASH (see
 /// `smc_common::bpf::SMC_SO_TCP`), so that it reads and writes as plain TCP.
 fn leave_shortcut(fd: i32) {
+    set_bpf_flag(fd, SMC_SO_TCP);
+}
+
+/// `setsockopt(fd, SOL_SMC_BPF, name, 1)`, errno preserved (outside an attached cgroup the
+/// kernel refuses it, which changes nothing).
+fn set_bpf_flag(fd: i32, name: i32) {
     let one: u32 = 1;
     let e0 = real::errno();
     // SAFETY: valid option buffer.
@@ -370,7 +363,7 @@ fn leave_shortcut(fd: i32) {
         real::setsockopt(
             fd,
             SOL_SMC_BPF,
-            SMC_SO_TCP,
+            name,
             &one as *const u32 as *const libc::c_void,
             4,
         )
