@@ -379,9 +379,9 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
         }
     }
     // Watch for the close of the sockets the data path or the shortcut may use (those of an
-    // ism-mode cgroup whose connection cannot become SMC-D go to SMC_TCP_PEERS, unwatched). No more header-option callbacks, except
-    // for a socket that goes into the SOCKHASH in ism mode: its outgoing segments tell when the
-    // data path has decided (see `settle`).
+    // ism-mode cgroup whose connection cannot become SMC-D go to SMC_TCP_PEERS, unwatched).
+    // No more header-option callbacks, except for a socket that goes into the SOCKHASH in ism
+    // mode: its outgoing segments tell when the data path has decided (see `settle`).
     let tracked = shortcut_mode || both_announced;
     let keep_hdr = both_announced && !shortcut_mode;
     let hdr = if keep_hdr {
@@ -428,7 +428,7 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     // cloned from its listener). The others of an ism-mode cgroup get none: creating and
     // freeing it is most of what these programs cost a short connection (nginx + wrk
     // `Connection: close`: 0.89× plain TCP with it, 0.97× without); `SMC_SO_STATE` answers for
-    // them from their `SMC_PEERS` entry.
+    // them from their same-host entry.
     if let Some(state) = SMC_SOCK_STATE.get(ops_sk(ops), shortcut_mode) {
         state.version = SOCK_STATE_VERSION;
         state.flags |= flags;
