@@ -143,6 +143,41 @@ impl Drop for Cgroup {
     }
 }
 
+/// `smc-ctl daemon --socket SOCK --state-dir DIR/state`: a private loopback-ism device for one
+/// test (the caller adds options and spawns it).
+pub fn daemon_command(sock: &Path, dir: &Path) -> Command {
+    let mut c = Command::new(bin("smc-ctl"));
+    c.args(["daemon", "--socket"])
+        .arg(sock)
+        .arg("--state-dir")
+        .arg(dir.join("state"));
+    c
+}
+
+/// Makes `c` (a `python3`) serve `root` over HTTP on `addr:port` (`python3 -m http.server`).
+pub fn http_server_args(c: &mut Command, addr: &str, port: u16, root: &Path) {
+    c.args([
+        "-m",
+        "http.server",
+        &port.to_string(),
+        "--bind",
+        addr,
+        "--directory",
+    ])
+    .arg(root);
+}
+
+/// `smc-ctl attach --cgroup CG --mode MODE`.
+fn attach(cg: &Cgroup, mode: &str) -> Output {
+    smc_ctl(&[
+        "attach",
+        "--cgroup",
+        cg.path.to_str().unwrap(),
+        "--mode",
+        mode,
+    ])
+}
+
 /// Runs `smc-ctl` with arguments, returning its output.
 pub fn smc_ctl(args: &[&str]) -> Output {
     Command::new(bin("smc-ctl"))
@@ -158,13 +193,7 @@ pub struct Attached {
 
 impl Attached {
     pub fn new(cg: &Cgroup, mode: &str) -> Attached {
-        let out = smc_ctl(&[
-            "attach",
-            "--cgroup",
-            cg.path.to_str().unwrap(),
-            "--mode",
-            mode,
-        ]);
+        let out = attach(cg, mode);
         assert!(
             out.status.success(),
             "smc-ctl attach failed: {}",
@@ -557,13 +586,7 @@ fn seqpacket_accepts(path: &Path) -> bool {
 pub fn attach_waiting(cg: &Cgroup, mode: &str, timeout: Duration) -> Attached {
     let t = Instant::now();
     loop {
-        let out = smc_ctl(&[
-            "attach",
-            "--cgroup",
-            cg.path.to_str().unwrap(),
-            "--mode",
-            mode,
-        ]);
+        let out = attach(cg, mode);
         if out.status.success() {
             return Attached {
                 cgroup: cg.path.clone(),
@@ -604,11 +627,7 @@ impl SmcWorld {
         fs::create_dir_all(dir.join("procs")).expect("mkdir procs");
         fs::create_dir_all(dir.join("logs")).expect("mkdir logs");
         let sock = dir.join("ctl.sock");
-        let mut c = Command::new(bin("smc-ctl"));
-        c.args(["daemon", "--socket"])
-            .arg(&sock)
-            .arg("--state-dir")
-            .arg(dir.join("state"));
+        let c = daemon_command(&sock, &dir);
         let log = dir.join("logs/daemon.log");
         let mut daemon = spawn_logged(c, &log);
         let t = Instant::now();

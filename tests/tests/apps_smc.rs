@@ -11,8 +11,9 @@
 //! the default target directory: `cargo build --release -p smc-ctl -p smc-preload -p
 //! integration-tests --bins`, then `cargo test --release -p integration-tests --test apps_smc`.
 use integration_tests::{
-    brief, fallbacks, free_port, log_tail, pseudo_random, require_tool, run_to_end, sha256_hex,
-    smcd_open, spawn_logged, wait_listening, NetnsPair, Proc, SmcWorld, Snapshot,
+    brief, fallbacks, free_port, http_server_args, log_tail, pseudo_random, require_tool,
+    run_to_end, sha256_hex, smcd_open, spawn_logged, wait_listening, NetnsPair, Proc, SmcWorld,
+    Snapshot,
 };
 use smc_common::procstats::ConnState;
 use std::path::{Path, PathBuf};
@@ -699,15 +700,7 @@ fn netns_pair_connections_over_smcd() {
     std::fs::write(www.join("blob.bin"), &body).unwrap();
     let port = 8000 + (std::process::id() % 1000) as u16;
     let mut c = w.run_in_netns(&ns.b, &python);
-    c.args([
-        "-m",
-        "http.server",
-        &port.to_string(),
-        "--bind",
-        &ns.addr_b,
-        "--directory",
-    ])
-    .arg(&www);
+    http_server_args(&mut c, &ns.addr_b, port, &www);
     let log = w.dir.join("http.log");
     let mut srv = spawn_logged(c, &log);
     wait_listening(
@@ -836,15 +829,7 @@ fn exited_client_figures_survive_without_stats_keep() {
     std::fs::write(www.join("f.bin"), &body).unwrap();
     let port = free_port();
     let mut c = w.run(&python);
-    c.args([
-        "-m",
-        "http.server",
-        &port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--directory",
-    ])
-    .arg(&www);
+    http_server_args(&mut c, "127.0.0.1", port, &www);
     let log = w.dir.join("http.log");
     let mut srv = spawn_logged(c, &log);
     wait_listening(&mut srv, port, T, "python3 -m http.server", Some(&log));

@@ -6,7 +6,8 @@
 //! Needs root (cgroups, eBPF). `cargo xtask test` builds smc-ctl, the library and the test
 //! programs first.
 use integration_tests::{
-    bin, bin_dir, counters, delta, lock, require_root, unique, Attached, Cgroup, Proc,
+    bin, bin_dir, counters, daemon_command, delta, http_server_args, lock, require_root, unique,
+    Attached, Cgroup, Proc,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -46,12 +47,7 @@ impl World {
         let dir = Path::new("/run/smc").join(unique("preload-test-"));
         std::fs::create_dir_all(dir.join("procs")).unwrap();
         let sock = dir.join("ctl.sock");
-        let mut c = Command::new(bin("smc-ctl"));
-        c.args(["daemon", "--socket"])
-            .arg(&sock)
-            .arg("--state-dir")
-            .arg(dir.join("state"));
-        let daemon = Proc::spawn(c);
+        let daemon = Proc::spawn(daemon_command(&sock, &dir));
         let t = Instant::now();
         while !sock.exists() {
             assert!(
@@ -526,15 +522,7 @@ fn preload_curl_against_python_http_server() {
     std::fs::write(root.join("blob.bin"), &body).unwrap();
     let port = 20000 + (std::process::id() % 20000) as u16;
     let mut c = w.smc("python3");
-    c.args([
-        "-m",
-        "http.server",
-        &port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--directory",
-    ])
-    .arg(&root);
+    http_server_args(&mut c, "127.0.0.1", port, &root);
     let _srv = Proc::spawn(c);
     let out_file = w.dir.join("got.bin");
     let t = Instant::now();

@@ -5,7 +5,10 @@
 //!
 //! Needs root. Build first into one target directory: `cargo build --release -p smc-ctl
 //! -p smc-preload -p integration-tests --bins && cargo build --release -p smc-preload`.
-use integration_tests::{bin, bin_dir, lock, require_root, unique, Attached, Cgroup, Proc};
+use integration_tests::{
+    bin, bin_dir, daemon_command, http_server_args, lock, require_root, unique, Attached, Cgroup,
+    Proc,
+};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -70,13 +73,8 @@ impl World {
     }
 
     fn start_daemon(&mut self, metrics: Option<&str>) {
-        let mut c = Command::new(bin("smc-ctl"));
-        c.args(["daemon", "--socket"])
-            .arg(&self.sock)
-            .arg("--state-dir")
-            .arg(self.dir.join("state"))
-            .arg("--procs-dir")
-            .arg(self.dir.join("procs"));
+        let mut c = daemon_command(&self.sock, &self.dir);
+        c.arg("--procs-dir").arg(self.dir.join("procs"));
         if let Some(a) = metrics {
             c.args(["--metrics", a]);
         }
@@ -369,15 +367,7 @@ fn stats_fallback_reason_peernosmc() {
         l.local_addr().unwrap().port()
     };
     let mut c = w.cg(0).command("python3");
-    c.args([
-        "-m",
-        "http.server",
-        &port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--directory",
-    ])
-    .arg(&root);
+    http_server_args(&mut c, "127.0.0.1", port, &root);
     let _srv = Proc::spawn(c);
     let t = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
