@@ -15,12 +15,11 @@ use core::{ffi::c_void, ptr};
 
 use aya_ebpf::{
     bindings::{
-        bpf_map_type::BPF_MAP_TYPE_SK_STORAGE, bpf_sock, bpf_sock_ops, sk_action, BPF_F_CLONE,
-        BPF_F_INGRESS, BPF_F_NO_PREALLOC, BPF_SK_STORAGE_GET_F_CREATE,
-        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_HDR_OPT_LEN_CB,
-        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
-        BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_SOCK_OPS_TCP_LISTEN_CB, BPF_SOCK_OPS_WRITE_HDR_OPT_CB,
-        BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG,
+        bpf_map_type::BPF_MAP_TYPE_SK_STORAGE, bpf_sock, bpf_sock_ops, sk_action, BPF_F_INGRESS,
+        BPF_F_NO_PREALLOC, BPF_SK_STORAGE_GET_F_CREATE, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
+        BPF_SOCK_OPS_HDR_OPT_LEN_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB,
+        BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_SOCK_OPS_TCP_LISTEN_CB,
+        BPF_SOCK_OPS_WRITE_HDR_OPT_CB, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG,
     },
     helpers::generated::{
         bpf_get_socket_cookie, bpf_load_hdr_opt, bpf_map_delete_elem, bpf_reserve_hdr_opt,
@@ -45,21 +44,23 @@ const TCPHDR_SYN: u32 = 0x02;
 const TCPHDR_ACK: u32 = 0x10;
 const BPF_LOAD_HDR_OPT_TCP_SYN: u32 = 1;
 
-/// Socket storage with `BPF_F_CLONE`, so that sockets accepted from a listener inherit its state.
-/// (aya-ebpf's `SkStorage` hard-codes `BPF_F_NO_PREALLOC` only, hence this definition with the
-/// same BTF layout.)
+/// Socket storage (the BTF layout of aya-ebpf's `SkStorage`, with a `get` that creates on
+/// demand). Not `BPF_F_CLONE`: a socket accepted from a listener that opted in gets storage at
+/// ESTABLISHED only when it may become SMC-D (or later from its own setsockopt); cloning it for
+/// every accepted socket cost a fallback or policy-kept connection an allocation and an RCU
+/// free (the header-option callback flags, inherited by the kernel, carry the opt-in).
 #[repr(C)]
-pub struct SkStorageClone<T> {
+pub struct SockStorage<T> {
     r#type: *const [i32; BPF_MAP_TYPE_SK_STORAGE as usize],
     key: *const i32,
     value: *const T,
     max_entries: *const [i32; 0],
-    map_flags: *const [i32; (BPF_F_NO_PREALLOC | BPF_F_CLONE) as usize],
+    map_flags: *const [i32; BPF_F_NO_PREALLOC as usize],
 }
 // SAFETY: placeholder pointers patched by the loader, never dereferenced.
-unsafe impl<T> Sync for SkStorageClone<T> {}
+unsafe impl<T> Sync for SockStorage<T> {}
 
-impl<T> SkStorageClone<T> {
+impl<T> SockStorage<T> {
     pub const fn new() -> Self {
         Self {
             r#type: ptr::null(),
@@ -94,7 +95,7 @@ impl<T> SkStorageClone<T> {
 }
 
 #[btf_map]
-static SMC_SOCK_STATE: SkStorageClone<SockState> = SkStorageClone::new();
+static SMC_SOCK_STATE: SockStorage<SockState> = SockStorage::new();
 
 /// Established sockets of attached cgroups by 4-tuple. LRU: a socket whose cgroup was detached
 /// before it closed is never removed by the STATE callback; eviction bounds such leftovers.
@@ -424,12 +425,12 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
         SMC_TCP_PEERS.insert(&key, &entry, 0)
     };
 
-    // Socket storage exists already for a socket that opted in (created by its setsockopt, or
-    // cloned from its listener). The others of an ism-mode cgroup get none: creating and
-    // freeing it is most of what these programs cost a short connection (nginx + wrk
-    // `Connection: close`: 0.89× plain TCP with it, 0.97× without); `SMC_SO_STATE` answers for
-    // them from their same-host entry.
-    if let Some(state) = SMC_SOCK_STATE.get(ops_sk(ops), shortcut_mode) {
+    // Socket storage exists already for an active socket that opted in (created by its
+    // setsockopt); an accepted one gets it here when it may become SMC-D. The others of an
+    // ism-mode cgroup get none: creating and freeing it is most of what these programs cost a
+    // short connection (nginx + wrk `Connection: close`: 0.89× plain TCP with it, 0.97×
+    // without); `SMC_SO_STATE` answers for them from their same-host entry.
+    if let Some(state) = SMC_SOCK_STATE.get(ops_sk(ops), tracked) {
         state.version = SOCK_STATE_VERSION;
         state.flags |= flags;
     }
