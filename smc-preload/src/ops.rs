@@ -90,12 +90,7 @@ fn conn_of_op(fd: c_int, read: Option<bool>) -> Option<Arc<Obj>> {
         Obj::Pending(_) => {
             drop(o);
             resolve_pending(fd);
-            let o = fdtable::get(fd)?;
-            if o.conn().is_some() {
-                Some(o)
-            } else {
-                None
-            }
+            fdtable::get(fd).filter(|o| o.conn().is_some())
         }
         Obj::Handshake(h) => {
             let block = match read {
@@ -108,12 +103,7 @@ fn conn_of_op(fd: c_int, read: Option<bool>) -> Option<Arc<Obj>> {
                 return Some(o);
             }
             drop(o);
-            let o = fdtable::get(fd)?;
-            if o.conn().is_some() {
-                Some(o)
-            } else {
-                None
-            }
+            fdtable::get(fd).filter(|o| o.conn().is_some())
         }
         Obj::Skip(s) => {
             if !s.done() {

@@ -596,26 +596,21 @@ pub(crate) fn machine(server: bool, size_code: u8) -> Handshake {
     }
 }
 
-fn fallback(fd: i32, server: bool, code: u32, why: &str) {
+/// Counts a fallback and leaves the fd plain TCP. `member`: both ends had announced SMC, so the
+/// socket is in the SOCKHASH until its next outgoing segment and its reads need
+/// [`crate::member`] until then.
+fn fallback(fd: i32, server: bool, code: u32, why: &str, member: bool) {
     debug!(
         "fd {fd}: {} fallback to TCP: {why} ({code:#010x} {})",
         if server { "server" } else { "client" },
         Diag::from_code(code).map_or("?", |d| d.name())
     );
     stats::fallback(server, code);
-    settle_plain(fd);
-}
-
-/// A fallback after both ends announced SMC: the socket leaves the SOCKHASH at its next
-/// outgoing segment; until then its reads need [`crate::member`].
-fn fallback_member(fd: i32, server: bool, code: u32, why: &str) {
-    debug!(
-        "fd {fd}: {} fallback to TCP after the handshake started: {why} ({code:#010x} {})",
-        if server { "server" } else { "client" },
-        Diag::from_code(code).map_or("?", |d| d.name())
-    );
-    stats::fallback(server, code);
-    drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Tcp))));
+    if member {
+        drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Tcp))));
+    } else {
+        settle_plain(fd);
+    }
 }
 
 /// The fd is plain TCP for good: nothing to look up on its calls any more. It keeps its tag
@@ -685,11 +680,11 @@ fn after_fallback(fd: i32, server: bool, fb: Fallback, awaited: Option<MsgType>)
     // Both ends announced SMC (the handshake ran), so the socket is in the SOCKHASH.
     leave_shortcut(fd);
     if fb.in_sync {
-        return fallback_member(fd, server, code, &format!("{:?}", fb.reason));
+        return fallback(fd, server, code, &format!("{:?}", fb.reason), true);
     }
     match (fb.reason, awaited) {
         // The socket is at EOF or broken: the application learns it from the socket itself.
-        (FallbackReason::Aborted, _) => fallback_member(fd, server, code, "connection lost"),
+        (FallbackReason::Aborted, _) => fallback(fd, server, code, "connection lost", true),
         // Our decline answers the message the peer waits for; its late message is skipped.
         (FallbackReason::Timeout, Some(MsgType::Accept | MsgType::Proposal)) => {
             debug!("fd {fd}: timeout waiting for {awaited:?}: fallback, skip the late CLC message");
@@ -720,6 +715,7 @@ pub fn client_after_connect(fd: i32, nonblock: Option<bool>, dest: Option<Dest>)
             false,
             Diag::PeerNoSmc.code(),
             "peer did not announce SMC",
+            false,
         );
         return;
     }
@@ -746,6 +742,7 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
             true,
             Diag::PeerNoSmc.code(),
             "peer did not announce SMC",
+            false,
         );
         return;
     }
