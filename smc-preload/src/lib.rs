@@ -14,6 +14,7 @@ pub mod epoll;
 pub mod fdtable;
 pub mod handshake;
 pub mod iov;
+pub mod lifecycle;
 pub mod log;
 pub mod member;
 pub mod obj;
@@ -30,7 +31,7 @@ mod interpose;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-static PID: AtomicU32 = AtomicU32::new(0);
+pub(crate) static PID: AtomicU32 = AtomicU32::new(0);
 
 /// Our pid (cached; reset in the child after fork).
 pub fn pid() -> u32 {
@@ -44,9 +45,12 @@ pub fn pid() -> u32 {
     p
 }
 
-/// Forget the cached pid (child after fork).
+/// Cache our own pid again (child after fork). It is stored at once rather than forgotten: a
+/// `vfork` child shares this memory, and [`lifecycle::in_vfork_child`] tells it apart by
+/// comparing its pid with the cached one, so the cache must never be filled lazily by a child.
 pub fn reset_pid() {
-    PID.store(0, Ordering::Relaxed);
+    // SAFETY: plain syscall.
+    PID.store(unsafe { libc::getpid() } as u32, Ordering::Relaxed);
 }
 
 /// Library constructor: environment knobs, io_uring detection, exit cleanup.
@@ -60,6 +64,8 @@ extern "C" fn init() {
     if uses_liburing() {
         ops::disable("liburing is loaded (io_uring bypasses the interposition)");
     }
+    // Cached now, before any child can exist (see `reset_pid`).
+    let _ = pid();
     setup::init_env();
     let _ = stats::keep();
     ops::adopt_orphans_after_exec();
@@ -72,6 +78,10 @@ extern "C" fn init() {
 
 #[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]
 extern "C" fn at_exit() {
+    // A vfork child that calls exit() instead of _exit() runs in its parent's memory.
+    if lifecycle::in_vfork_child() {
+        return;
+    }
     stats::at_exit();
 }
 

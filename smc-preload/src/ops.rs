@@ -12,7 +12,7 @@ use crate::conn::Conn;
 use crate::fdtable::{self, Slot, TAG_TCP};
 use crate::obj::Obj;
 use crate::real;
-use crate::{epoll, poll, setup, stats};
+use crate::{epoll, lifecycle, poll, setup, stats};
 use libc::{c_int, c_void, iovec, size_t, sockaddr, socklen_t, ssize_t};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -555,14 +555,17 @@ fn forget_fd(fd: c_int) {
 }
 
 pub unsafe fn close(fd: c_int) -> c_int {
-    if fdtable::raw(fd) != 0 {
+    if fdtable::raw(fd) != 0 && !lifecycle::in_vfork_child() {
         forget_fd(fd);
     }
     unsafe { real::close(fd) }
 }
 
 pub unsafe fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int) -> c_int {
-    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && fdtable::any_objects() {
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0
+        && fdtable::any_objects()
+        && !lifecycle::in_vfork_child()
+    {
         let hi = (last as u64).min(fdtable::MAX_FDS as u64 - 1);
         for (fd, _) in fdtable::all_objects() {
             if (fd as u64) >= first as u64 && (fd as u64) <= hi {
@@ -601,14 +604,14 @@ fn copy_slot(from: c_int, to: c_int) {
 
 pub unsafe fn dup(fd: c_int) -> c_int {
     let r = unsafe { real::dup(fd) };
-    if r >= 0 && (fdtable::raw(fd) != 0 || fdtable::raw(r) != 0) {
+    if r >= 0 && (fdtable::raw(fd) != 0 || fdtable::raw(r) != 0) && !lifecycle::in_vfork_child() {
         copy_slot(fd, r);
     }
     r
 }
 
 pub unsafe fn dup3(fd: c_int, fd2: c_int, flags: c_int, three: bool) -> c_int {
-    if fd == fd2 {
+    if fd == fd2 || (fdtable::raw(fd) | fdtable::raw(fd2) != 0 && lifecycle::in_vfork_child()) {
         return if three {
             unsafe { real::dup3(fd, fd2, flags) }
         } else {
@@ -641,7 +644,7 @@ fn fcntl_valid(fd: c_int) -> bool {
 
 pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
     let r = unsafe { real::fcntl(fd, cmd, arg) };
-    if r < 0 || fdtable::raw(fd) == 0 {
+    if r < 0 || fdtable::raw(fd) == 0 || lifecycle::in_vfork_child() {
         return r;
     }
     match cmd {
@@ -1018,7 +1021,7 @@ pub unsafe fn sigaction(
     old: *mut libc::sigaction,
 ) -> c_int {
     let r = unsafe { real::sigaction(sig, act, old) };
-    if r == 0 && !act.is_null() {
+    if r == 0 && !act.is_null() && !lifecycle::in_vfork_child() {
         let a = unsafe { &*act };
         crate::signals::note(sig, a.sa_sigaction, a.sa_flags);
     }
@@ -1027,7 +1030,7 @@ pub unsafe fn sigaction(
 
 pub unsafe fn signal(sig: c_int, h: libc::sighandler_t) -> libc::sighandler_t {
     let r = unsafe { real::signal(sig, h) };
-    if r != libc::SIG_ERR {
+    if r != libc::SIG_ERR && !lifecycle::in_vfork_child() {
         // glibc's signal() installs BSD semantics: SA_RESTART.
         crate::signals::note(sig, h, libc::SA_RESTART);
     }

@@ -1,0 +1,114 @@
+//! The data path across process boundaries: `vfork` children (CPython's `subprocess`,
+//! `posix_spawn`), `exec` with inherited listeners, fds handed on. Every program is a real
+//! interpreter or tool started under `smc-ctl run` in an ism-attached cgroup with the test's own
+//! daemon; each test checks the bytes end to end and, from the data path's statistics, that the
+//! connection it is about really was SMC-D (or really stayed TCP).
+use integration_tests::{brief, fallbacks, Proc, SmcWorld};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(60);
+
+fn python(w: &SmcWorld, script: &Path) -> Command {
+    let mut c = w.run("python3");
+    c.arg(script);
+    c
+}
+
+fn script(w: &SmcWorld, name: &str, text: &str) -> std::path::PathBuf {
+    let p = w.subdir("py").join(name);
+    std::fs::write(&p, text).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
+    p
+}
+
+/// The port a server printed as `READY <port>`.
+fn ready_port(p: &mut Proc) -> u16 {
+    let line = p.read_line();
+    line.strip_prefix("READY ")
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("server said {line:?} instead of READY <port>"))
+}
+
+/// An echo client: `n` messages of pseudo-random sizes, each read back whole and compared.
+const ECHO_CLIENT: &str = r#"
+import socket, sys, random, hashlib
+port, n = int(sys.argv[1]), int(sys.argv[2])
+rnd = random.Random(7)
+s = socket.create_connection(("127.0.0.1", port))
+total = 0
+for i in range(n):
+    msg = rnd.randbytes(rnd.randint(1, 200000))
+    s.sendall(msg)
+    got = b""
+    while len(got) < len(msg):
+        b = s.recv(len(msg) - len(got))
+        if not b:
+            print("CLIENT EOF after", total + len(got), flush=True)
+            sys.exit(1)
+        got += b
+    if got != msg:
+        print("CLIENT MISMATCH at message", i, flush=True)
+        sys.exit(1)
+    total += len(msg)
+s.close()
+print("CLIENT OK", total, flush=True)
+"#;
+
+/// An echo server that starts a child process between every two messages: CPython's
+/// `subprocess` uses `vfork` and then `close_range` in the child, `os.posix_spawn` glibc's
+/// `clone(CLONE_VM|CLONE_VFORK)`. The children run in the server's memory until they exec:
+/// none of their closes may touch the server's connection.
+const SPAWNING_SERVER: &str = r#"
+import socket, subprocess, os
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+print("READY", ls.getsockname()[1], flush=True)
+c, _ = ls.accept()
+total = 0
+i = 0
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    total += len(b)
+    i += 1
+    if i % 2 == 0:
+        subprocess.run(["true"], check=True)
+    else:
+        pid = os.posix_spawn("/bin/true", ["true"], dict(os.environ))
+        os.waitpid(pid, 0)
+    c.sendall(b)
+c.close()
+print("SERVER", total, flush=True)
+"#;
+
+#[test]
+fn vfork_children_of_a_python_server_leave_its_connection_alone() {
+    let w = SmcWorld::new();
+    let srv_py = script(&w, "server.py", SPAWNING_SERVER);
+    let cl_py = script(&w, "client.py", ECHO_CLIENT);
+    let mut srv = Proc::spawn(python(&w, &srv_py));
+    let port = ready_port(&mut srv);
+    let mut c = python(&w, &cl_py);
+    c.args([port.to_string(), "40".into()]);
+    let out = Proc::spawn(c)
+        .wait_output(T)
+        .unwrap_or_else(|e| panic!("echo client: {e}; figures: {}", brief(&w.stats_sum())));
+    assert!(out.contains("CLIENT OK"), "client: {out}");
+    let sout = srv.wait_output(T).expect("server");
+    let sum = w.stats_sum();
+    assert!(
+        sum.get("smcd_client") >= 1 && sum.get("smcd_server") >= 1,
+        "the connection must have been SMC-D: {}",
+        brief(&sum)
+    );
+    assert_eq!(fallbacks(&sum), 0, "{}", brief(&sum));
+    let sent: u64 = out
+        .split_whitespace()
+        .nth(2)
+        .and_then(|v| v.parse().ok())
+        .expect("client total");
+    assert!(sout.contains(&format!("SERVER {sent}")), "server: {sout}");
+}
