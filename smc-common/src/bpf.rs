@@ -9,7 +9,9 @@
 /// Private socket-option level answered by the cgroup sockopt programs ("SMC\0").
 pub const SOL_SMC_BPF: i32 = 0x534d_4300;
 /// `setsockopt(fd, SOL_SMC_BPF, SMC_SO_ENABLE, &1u32, 4)`: this socket (and the sockets accepted
-/// from it, when it is a listener) announces SMC in its SYN / SYN-ACK.
+/// from it, when it is a listener) announces SMC in its SYN / SYN-ACK. `&0u32` on a listener
+/// withdraws the announcement from its SYN-ACKs (before an `exec` that may not run the data
+/// path, see [`MAP_LISTENERS`]); `&1u32` on a listening socket that announced before restores it.
 pub const SMC_SO_ENABLE: i32 = 1;
 /// `setsockopt(fd, SOL_SMC_BPF, SMC_SO_SHORTCUT, &1u32, 4)`: messages this socket sends are
 /// redirected by `sk_msg` to its same-host peer (used for the data path's own control traffic).
@@ -77,6 +79,17 @@ impl SockKey {
     }
 }
 
+/// Key of [`MAP_LISTENERS`]: a listening port in one network namespace.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ListenerKey {
+    /// `bpf_get_netns_cookie` of the listener's network namespace.
+    pub netns: u64,
+    /// Local port, host byte order.
+    pub port: u32,
+    pub _pad: u32,
+}
+
 /// Value of the same-host map: which socket holds a key, and what it is.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -114,6 +127,15 @@ pub const MAP_PEERS: &str = "SMC_PEERS";
 /// a stale entry only ever names a 4-tuple that was a socket of this host.
 pub const MAP_TCP_PEERS: &str = "SMC_TCP_PEERS";
 pub const MAP_SOCKHASH: &str = "SMC_SOCKHASH";
+/// Listening sockets that announce SMC, by [`ListenerKey`] (value: 1 announcing, 0 withdrawn).
+/// A SYN-ACK is built on a request socket, which has no socket storage and whose listener the
+/// program cannot reach, so the listener's own opt-in is looked up here by the request's
+/// network namespace and local port. Written at `listen` (opted-in sockets) and by
+/// [`SMC_SO_ENABLE`] on a listening socket; a SYN-ACK without an entry carries no option (so
+/// an LRU eviction can only make a connection stay TCP).
+pub const MAP_LISTENERS: &str = "SMC_LISTENERS";
+/// Entries of [`MAP_LISTENERS`].
+pub const MAX_LISTENERS: u32 = 16384;
 pub const MAP_COUNTERS: &str = "SMC_COUNTERS";
 
 /// Entries of the same-host map and of the SOCKHASH.

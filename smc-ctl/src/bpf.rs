@@ -27,9 +27,9 @@ use aya::{
 };
 use serde::Serialize;
 use smc_common::bpf::{
-    Counter, Mode, SockKey, GETSOCKOPT_PROG, MAP_COUNTERS, MAP_PEERS, MAP_SOCKHASH, MAP_SOCK_STATE,
-    MAP_TCP_PEERS, PIN_LAYOUT_VERSION, SETSOCKOPT_PROG, SK_MSG_PROG, SOCKOPS_PROG_ISM,
-    SOCKOPS_PROG_SHORTCUT,
+    Counter, Mode, SockKey, GETSOCKOPT_PROG, MAP_COUNTERS, MAP_LISTENERS, MAP_PEERS, MAP_SOCKHASH,
+    MAP_SOCK_STATE, MAP_TCP_PEERS, PIN_LAYOUT_VERSION, SETSOCKOPT_PROG, SK_MSG_PROG,
+    SOCKOPS_PROG_ISM, SOCKOPS_PROG_SHORTCUT,
 };
 
 use crate::sys::{self, bpf_syscall};
@@ -151,6 +151,7 @@ fn load_into(dir: &Path) -> Result<()> {
         MAP_TCP_PEERS,
         MAP_SOCKHASH,
         MAP_COUNTERS,
+        MAP_LISTENERS,
     ] {
         let map = ebpf
             .map(name)

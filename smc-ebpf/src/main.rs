@@ -22,17 +22,17 @@ use aya_ebpf::{
         BPF_SOCK_OPS_WRITE_HDR_OPT_CB, BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG,
     },
     helpers::generated::{
-        bpf_get_socket_cookie, bpf_load_hdr_opt, bpf_map_delete_elem, bpf_reserve_hdr_opt,
-        bpf_setsockopt, bpf_sk_storage_get, bpf_store_hdr_opt,
+        bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_load_hdr_opt, bpf_map_delete_elem,
+        bpf_reserve_hdr_opt, bpf_setsockopt, bpf_sk_storage_get, bpf_store_hdr_opt,
     },
     macros::{btf_map, cgroup_sockopt, map, sk_msg, sock_ops},
     maps::{LruHashMap, PerCpuArray, SockHash},
     programs::{SkMsgContext, SockOpsContext, SockoptContext},
 };
 use smc_common::bpf::{
-    Counter, PeerEntry, SockKey, SockState, MAX_SOCKETS, SMC_SO_ENABLE, SMC_SO_SHORTCUT,
-    SMC_SO_STATE, SMC_SO_TCP, SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PEER_SMC, SOCK_SAME_HOST,
-    SOCK_SHORTCUT, SOCK_STATE_VERSION, SOCK_TCP, SOL_SMC_BPF, TCPOPT_SMC,
+    Counter, ListenerKey, PeerEntry, SockKey, SockState, MAX_LISTENERS, MAX_SOCKETS, SMC_SO_ENABLE,
+    SMC_SO_SHORTCUT, SMC_SO_STATE, SMC_SO_TCP, SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PEER_SMC,
+    SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_STATE_VERSION, SOCK_TCP, SOL_SMC_BPF, TCPOPT_SMC,
 };
 
 const AF_INET: u32 = 2;
@@ -43,6 +43,7 @@ const TCP_CLOSE: u32 = 7;
 const TCPHDR_SYN: u32 = 0x02;
 const TCPHDR_ACK: u32 = 0x10;
 const BPF_LOAD_HDR_OPT_TCP_SYN: u32 = 1;
+const BPF_TCP_LISTEN: u32 = 10;
 
 /// Socket storage (the BTF layout of aya-ebpf's `SkStorage`, with a `get` that creates on
 /// demand). Not `BPF_F_CLONE`: a socket accepted from a listener that opted in gets storage at
@@ -113,6 +114,35 @@ fn peer_entry(key: &SockKey) -> Option<*mut PeerEntry> {
     SMC_PEERS
         .get_ptr_mut(key)
         .or_else(|| SMC_TCP_PEERS.get_ptr_mut(key))
+}
+
+/// Listeners that announce SMC (`MAP_LISTENERS`): a SYN-ACK carries the option only when its
+/// listener's entry says so.
+#[map]
+static SMC_LISTENERS: LruHashMap<ListenerKey, u32> = LruHashMap::with_max_entries(MAX_LISTENERS, 0);
+
+#[inline(always)]
+fn set_listener(netns: u64, port: u32, on: bool) {
+    let key = ListenerKey {
+        netns,
+        port,
+        _pad: 0,
+    };
+    let _ = SMC_LISTENERS.insert(&key, &u32::from(on), 0);
+}
+
+/// Whether the listener of the request socket `ops` still announces SMC.
+#[inline(always)]
+fn listener_announces(ops: *mut bpf_sock_ops) -> bool {
+    // SAFETY: `ops` is the program's context; the helper accepts it as is.
+    let netns = unsafe { bpf_get_netns_cookie(ops.cast()) };
+    let key = ListenerKey {
+        netns,
+        port: unsafe { (*ops).local_port },
+        _pad: 0,
+    };
+    // SAFETY: a plain map lookup; the value is read once.
+    unsafe { SMC_LISTENERS.get(&key) }.is_some_and(|v| *v != 0)
 }
 
 #[map]
@@ -269,6 +299,9 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
                 return;
             }
             if ops.op == BPF_SOCK_OPS_TCP_LISTEN_CB {
+                // SAFETY: the program's context, accepted by the helper as is.
+                let netns = unsafe { bpf_get_netns_cookie(ops_ptr.cast()) };
+                set_listener(netns, ops.local_port, true);
                 // Keep the SYN, so that PASSIVE_ESTABLISHED can read the peer's option from it.
                 let mut one: i32 = 1;
                 unsafe {
@@ -294,8 +327,9 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
                 return;
             }
             let synack = ops.skb_tcp_flags & TCPHDR_ACK != 0;
-            // A SYN-ACK carries the option only when the peer's SYN did.
-            if synack && !has_smc_option(ops_ptr, true) {
+            // A SYN-ACK carries the option only when the peer's SYN did and its listener still
+            // announces (it withdraws before an exec that may not run the data path).
+            if synack && (!has_smc_option(ops_ptr, true) || !listener_announces(ops_ptr)) {
                 return;
             }
             if ops.op == BPF_SOCK_OPS_HDR_OPT_LEN_CB {
@@ -545,6 +579,12 @@ pub fn smc_setsockopt(ctx: SockoptContext) -> i32 {
         state.flags |= bit;
     } else {
         state.flags &= !bit;
+    }
+    // SAFETY: `sk` is the sockopt context's full socket (checked non-null by the storage get).
+    if bit == SOCK_OPTED_IN && unsafe { (*sk).state } == BPF_TCP_LISTEN {
+        // SAFETY: the program's context, accepted by the helper as is.
+        let netns = unsafe { bpf_get_netns_cookie(ctx.sockopt.cast()) };
+        set_listener(netns, unsafe { (*sk).src_port }, on);
     }
     // Handled here: the kernel must not see this private level.
     so.optlen = -1;

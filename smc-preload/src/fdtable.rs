@@ -190,6 +190,30 @@ pub fn all_objects() -> Vec<(i32, Arc<Obj>)> {
 
 /// In a child after fork: a thread of the parent may have held a slot lock at the moment of
 /// the fork; that thread does not exist here, so release every lock bit.
+/// Calls `f` with every object of the table, without allocating (usable in a `vfork` child,
+/// where the allocator's locks may be held by a thread of the parent).
+pub fn for_each_object(mut f: impl FnMut(i32, &Obj)) {
+    if !any_objects() {
+        return;
+    }
+    for (ti, t) in TABLE.iter().enumerate() {
+        let c = t.load(Ordering::Acquire);
+        if c.is_null() {
+            continue;
+        }
+        // SAFETY: chunks are never freed once published.
+        let chunk = unsafe { &*c };
+        for (i, s) in chunk.iter().enumerate() {
+            if s.load(Ordering::Relaxed) >= 8 {
+                let fd = ((ti << CHUNK_BITS) | i) as i32;
+                if let Some(o) = get(fd) {
+                    f(fd, &o);
+                }
+            }
+        }
+    }
+}
+
 pub fn unlock_all_after_fork() {
     for t in TABLE.iter() {
         let c = t.load(Ordering::Acquire);

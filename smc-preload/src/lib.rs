@@ -69,6 +69,7 @@ extern "C" fn init() {
     setup::init_env();
     let _ = stats::keep();
     ops::adopt_orphans_after_exec();
+    lifecycle::adopt_inherited_listeners();
     // SAFETY: registering plain extern "C" functions.
     unsafe {
         libc::atexit(at_exit);

@@ -341,6 +341,26 @@ pub fn looks_like_smc_conn(fd: i32) -> bool {
     sock_state(fd).is_some_and(|s| s.flags & want == want)
 }
 
+/// Withdraw (`false`) or restore (`true`) the SMC announcement of listener `fd`'s SYN-ACKs
+/// (`SMC_SO_ENABLE` on a listening socket; see `smc_common::bpf::MAP_LISTENERS`), errno
+/// preserved. Whether the programs took it.
+pub fn announce(fd: i32, on: bool) -> bool {
+    let v: u32 = on.into();
+    let e0 = real::errno();
+    // SAFETY: valid option buffer.
+    let r = unsafe {
+        real::setsockopt(
+            fd,
+            SOL_SMC_BPF,
+            SMC_SO_ENABLE,
+            &v as *const u32 as *const libc::c_void,
+            4,
+        )
+    };
+    real::set_errno(e0);
+    r == 0
+}
+
 fn shortcut(fd: i32) {
     if !no_shortcut() {
         set_bpf_flag(fd, SMC_SO_SHORTCUT);

@@ -112,3 +112,78 @@ fn vfork_children_of_a_python_server_leave_its_connection_alone() {
         .expect("client total");
     assert!(sout.contains(&format!("SERVER {sent}")), "server: {sout}");
 }
+
+/// `launch <keep-env>`: opens a listener under the library, makes it inheritable and execs
+/// this script again as `serve <fd>`, with the environment kept (the library comes along) or
+/// cleared (no library: the shape of setuid, static or Go programs, nginx's binary upgrade,
+/// gunicorn/uvicorn workers). `serve` echoes each connection on the inherited listener.
+const EXEC_SERVER: &str = r#"
+import socket, sys, os
+if sys.argv[1] == "launch":
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(8)
+    os.set_inheritable(ls.fileno(), True)
+    env = dict(os.environ) if sys.argv[2] == "1" else {}
+    os.execve(sys.executable, [sys.executable, sys.argv[0], "serve", str(ls.fileno())], env)
+ls = socket.socket(fileno=int(sys.argv[2]))
+print("READY", ls.getsockname()[1], "preload" if "LD_PRELOAD" in os.environ else "plain", flush=True)
+c, _ = ls.accept()
+total = 0
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    if total == 0 and b[:4] == bytes.fromhex("e2d4c3d9"):
+        print("SERVER READ A CLC MESSAGE", flush=True)
+    total += len(b)
+    c.sendall(b)
+c.close()
+print("SERVER", total, flush=True)
+"#;
+
+/// Runs the echo client against a server exec'd with an inherited listener; the client's
+/// figures.
+fn exec_server_case(keep_env: bool) -> (String, integration_tests::Snapshot) {
+    let w = SmcWorld::new();
+    let srv_py = script(&w, "server.py", EXEC_SERVER);
+    let cl_py = script(&w, "client.py", ECHO_CLIENT);
+    let mut c = python(&w, &srv_py);
+    c.args(["launch", if keep_env { "1" } else { "0" }]);
+    let mut srv = Proc::spawn(c);
+    let line = srv.read_line();
+    let mut f = line.split_whitespace();
+    assert_eq!(f.next(), Some("READY"), "server said {line:?}");
+    let port = f.next().unwrap_or_default().to_string();
+    let lib = f.next().unwrap_or_default().to_string();
+    assert_eq!(lib == "preload", keep_env, "server said {line:?}");
+    let mut c = python(&w, &cl_py);
+    c.args([port, "10".into()]);
+    let out = Proc::spawn(c)
+        .wait_output(T)
+        .unwrap_or_else(|e| panic!("echo client: {e}; figures: {}", brief(&w.stats_sum())));
+    assert!(out.contains("CLIENT OK"), "client: {out}");
+    let sout = srv.wait_output(T).expect("server");
+    assert!(!sout.contains("CLC"), "server: {sout}");
+    (out, w.stats_sum())
+}
+
+#[test]
+fn exec_without_the_library_with_an_inherited_listener_stays_tcp() {
+    let (_, sum) = exec_server_case(false);
+    // The server never announced: the client's connection fell back before any CLC byte.
+    assert_eq!(sum.get("smcd_client"), 0, "{}", brief(&sum));
+    assert!(fallbacks(&sum) >= 1, "{}", brief(&sum));
+    assert_eq!(sum.get("handshake_errors"), 0, "{}", brief(&sum));
+}
+
+#[test]
+fn exec_with_the_library_and_an_inherited_listener_is_smcd() {
+    let (_, sum) = exec_server_case(true);
+    assert!(
+        sum.get("smcd_client") >= 1 && sum.get("smcd_server") >= 1,
+        "the new image announces the inherited listener again: {}",
+        brief(&sum)
+    );
+    assert_eq!(fallbacks(&sum), 0, "{}", brief(&sum));
+}
