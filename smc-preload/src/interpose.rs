@@ -449,3 +449,87 @@ pub unsafe extern "C" fn posix_spawnp(
 ) -> c_int {
     unsafe { lifecycle::posix_spawn(pid, file, fa, at, argv, envp, true) }
 }
+
+// ---------------------------------------------------------------------------------------------
+// closes we would not see otherwise, and the calls that hand out fd numbers (a slot still
+// holding an object at a new number is stale: see `lifecycle::fd_created`)
+
+#[no_mangle]
+pub unsafe extern "C" fn syscall(
+    n: libc::c_long,
+    a1: libc::c_long,
+    a2: libc::c_long,
+    a3: libc::c_long,
+    a4: libc::c_long,
+    a5: libc::c_long,
+    a6: libc::c_long,
+) -> libc::c_long {
+    unsafe { lifecycle::syscall(n, a1, a2, a3, a4, a5, a6) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fclose(f: *mut libc::FILE) -> c_int {
+    unsafe { lifecycle::fclose(f) }
+}
+
+/// A call that returns a new fd (or -1).
+macro_rules! creates_fd {
+    ($( $name:ident ( $($arg:ident : $t:ty),* ) ; )*) => {
+        $(
+            #[no_mangle]
+            pub unsafe extern "C" fn $name($($arg: $t),*) -> c_int {
+                let r = unsafe { crate::real::$name($($arg),*) };
+                if r >= 0 {
+                    let e = crate::real::errno();
+                    lifecycle::fd_created(r);
+                    crate::real::set_errno(e);
+                }
+                r
+            }
+        )*
+    };
+}
+
+/// A call that fills an array of two new fds.
+macro_rules! creates_fd_pair {
+    ($( $name:ident ( $($arg:ident : $t:ty),* ) => $fds:ident ; )*) => {
+        $(
+            #[no_mangle]
+            pub unsafe extern "C" fn $name($($arg: $t),*) -> c_int {
+                let r = unsafe { crate::real::$name($($arg),*) };
+                if r == 0 && !$fds.is_null() {
+                    let e = crate::real::errno();
+                    // SAFETY: the call succeeded, so it filled both entries.
+                    let (a, b) = unsafe { (*$fds, *$fds.add(1)) };
+                    lifecycle::fd_created(a);
+                    lifecycle::fd_created(b);
+                    crate::real::set_errno(e);
+                }
+                r
+            }
+        )*
+    };
+}
+
+creates_fd! {
+    open(path: *const c_char, flags: c_int, mode: c_uint);
+    open64(path: *const c_char, flags: c_int, mode: c_uint);
+    openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint);
+    openat64(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint);
+    creat(path: *const c_char, mode: libc::mode_t);
+    creat64(path: *const c_char, mode: libc::mode_t);
+    eventfd(init: c_uint, flags: c_int);
+    timerfd_create(clock: c_int, flags: c_int);
+    signalfd(fd: c_int, mask: *const libc::sigset_t, flags: c_int);
+    epoll_create(size: c_int);
+    epoll_create1(flags: c_int);
+    memfd_create(name: *const c_char, flags: c_uint);
+    inotify_init();
+    inotify_init1(flags: c_int);
+}
+
+creates_fd_pair! {
+    pipe(fds: *mut c_int) => fds;
+    pipe2(fds: *mut c_int, flags: c_int) => fds;
+    socketpair(d: c_int, t: c_int, p: c_int, sv: *mut c_int) => sv;
+}

@@ -10,6 +10,19 @@
 //!   Proposals as request bytes. Listeners that survive an exec withdraw their announcement
 //!   (`SMC_SO_ENABLE` 0, which the eBPF programs record per port and namespace); an image that
 //!   runs the library announces again at load ([`adopt_inherited_listeners`]).
+//! - **fds we did not see close.** `syscall(SYS_close)` (libuv), `fclose` of an `fdopen`ed
+//!   socket, a close inside a runtime: the slot of that number still holds the connection
+//!   when the kernel hands the number out again. Every fd-creating call we interpose drops such
+//!   a stale slot first ([`fd_created`]), without any I/O on the number, and `syscall` and
+//!   `fclose` are interposed so that those closes are seen at all.
+//! - **fd passing.** A socket received with `SCM_RIGHTS` ([`fds_received`]): a listening TCP
+//!   socket is served (announces SMC), one of our own SMC connections (same process, another
+//!   number) is shared like a `dup`, an SMC connection of another process cannot be served
+//!   (its rings and cursors are that process's) and fails cleanly (`ECONNRESET`/`EPIPE`), never
+//!   hands out doorbells as data.
+//! - **io_uring.** A ring set up through `syscall(SYS_io_uring_setup)` (libuv, tokio-uring,
+//!   monoio) submits socket I/O we never see: SMC is disabled for the process from then on
+//!   (its listeners stop announcing, connections not yet decided stay TCP).
 
 #![allow(clippy::missing_safety_doc)]
 // Safety of every `pub unsafe fn` here: the pointer arguments are the application's, with the
@@ -23,9 +36,8 @@ use std::sync::atomic::Ordering;
 /// handler), never on the data path.
 pub fn in_vfork_child() -> bool {
     let cached = crate::PID.load(Ordering::Relaxed);
-    // SAFETY: plain system call (glibc no longer caches getpid, but the raw call says it
-    // plainly).
-    let now = unsafe { libc::syscall(libc::SYS_getpid) } as u32;
+    // SAFETY: plain system call (glibc has not cached the pid since 2.25).
+    let now = unsafe { libc::getpid() } as u32;
     cached != 0 && cached != now
 }
 
@@ -225,4 +237,280 @@ fn is_tcp_listener(fd: c_int) -> bool {
         );
     real::set_errno(e0);
     yes
+}
+
+/// Withdraws the announcement of every listener of ours (SMC disabled for this process).
+pub fn withdraw_all_listeners() {
+    fdtable::for_each_object(|fd, o| {
+        if matches!(o, Obj::Listener) {
+            setup::announce(fd, false);
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// fd identity
+
+/// The kernel just handed out `fd` (open, pipe, eventfd, ...): a slot still holding an object
+/// there is stale, its close happened behind our back.
+pub fn fd_created(fd: c_int) {
+    if fd >= 0 && fdtable::raw(fd) != 0 && !in_vfork_child() {
+        ops::forget_stale(fd);
+    }
+}
+
+/// Socket cookie of `fd` (errno preserved).
+fn cookie(fd: c_int) -> Option<u64> {
+    let mut v: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    let e0 = real::errno();
+    // SAFETY: valid out buffer and length.
+    let r = unsafe {
+        real::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_COOKIE,
+            &mut v as *mut u64 as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    real::set_errno(e0);
+    (r == 0).then_some(v)
+}
+
+/// Calls `f` with every fd of the `SCM_RIGHTS` messages in `m`.
+///
+/// # Safety
+/// `m`'s control buffer is valid for `msg_controllen` bytes.
+unsafe fn for_each_passed_fd(m: &libc::msghdr, mut f: impl FnMut(c_int)) {
+    if m.msg_control.is_null() || m.msg_controllen < std::mem::size_of::<libc::cmsghdr>() {
+        return;
+    }
+    // SAFETY: CMSG_* walk the control buffer within msg_controllen (the caller's contract).
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(m) };
+    while !c.is_null() {
+        // SAFETY: `c` points to a complete cmsghdr inside the buffer (CMSG_FIRSTHDR/NXTHDR).
+        let h = unsafe { std::ptr::read_unaligned(c) };
+        if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: as above; the data of an SCM_RIGHTS message is an array of ints.
+            let data = unsafe { libc::CMSG_DATA(c) } as *const c_int;
+            let hdr = data as usize - c as usize;
+            let n = (h.cmsg_len as usize).saturating_sub(hdr) / std::mem::size_of::<c_int>();
+            for i in 0..n {
+                // SAFETY: within the message's data (n computed from cmsg_len).
+                f(unsafe { std::ptr::read_unaligned(data.add(i)) });
+            }
+        }
+        // SAFETY: as above.
+        c = unsafe { libc::CMSG_NXTHDR(m, c) };
+    }
+}
+
+/// The fds of the `SCM_RIGHTS` messages the kernel just put into `m`.
+///
+/// # Safety
+/// `m` is a msghdr the kernel just filled.
+pub unsafe fn fds_received(m: &libc::msghdr) {
+    // SAFETY: the caller's contract.
+    unsafe { for_each_passed_fd(m, fd_arrived) };
+}
+
+/// SMC connections on their way through a Unix socket: each holds one reference of its
+/// connection (as the kernel holds one of the socket), so that closing the sender's fd right
+/// after `sendmsg` (Node cluster, fd-passing proxies) does not end the connection; a receiver
+/// in this process takes it over ([`fd_arrived`]). Bounded: the oldest is let go (its
+/// reference dropped) when the list is full.
+struct InFlight {
+    cookie: u64,
+    obj: Arc<Obj>,
+}
+
+const MAX_IN_FLIGHT: usize = 256;
+
+fn in_flight() -> &'static std::sync::Mutex<std::collections::VecDeque<InFlight>> {
+    static L: std::sync::OnceLock<std::sync::Mutex<std::collections::VecDeque<InFlight>>> =
+        std::sync::OnceLock::new();
+    L.get_or_init(Default::default)
+}
+
+fn release(o: &Obj) {
+    if let Obj::Conn(c) = o {
+        c.drop_ref();
+    }
+}
+
+/// Before a `sendmsg`: our connections among its `SCM_RIGHTS` fds go in flight (handshakes
+/// under way are decided first, as for `fork`). Returns how many, for [`fds_not_sent`].
+///
+/// # Safety
+/// `m` is the application's msghdr for `sendmsg`.
+pub unsafe fn fds_sending(m: &libc::msghdr) -> usize {
+    let mut n = 0;
+    // SAFETY: the caller's contract.
+    unsafe {
+        for_each_passed_fd(m, |fd| {
+            if fdtable::raw(fd) < 8 {
+                return;
+            }
+            if let Some(o) = fdtable::get(fd) {
+                if let Obj::Handshake(h) = &*o {
+                    setup::progress(fd, h, true);
+                }
+            }
+            let Some(o) = fdtable::get(fd) else { return };
+            let Obj::Conn(c) = &*o else { return };
+            let Some(ck) = cookie(fd) else { return };
+            c.add_ref(1);
+            let mut l = in_flight().lock().unwrap_or_else(|e| e.into_inner());
+            if l.len() >= MAX_IN_FLIGHT {
+                if let Some(old) = l.pop_front() {
+                    release(&old.obj);
+                }
+            }
+            l.push_back(InFlight {
+                cookie: ck,
+                obj: o.clone(),
+            });
+            n += 1;
+        })
+    };
+    n
+}
+
+/// The `sendmsg` failed: the last `n` connections put in flight were not sent.
+pub fn fds_not_sent(n: usize) {
+    let mut l = in_flight().lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..n {
+        if let Some(x) = l.pop_back() {
+            release(&x.obj);
+        }
+    }
+}
+
+/// The in-flight connection of the socket with cookie `ck`, taken off the list (its reference
+/// goes to the receiving fd).
+fn take_in_flight(ck: u64) -> Option<Arc<Obj>> {
+    let mut l = in_flight().lock().unwrap_or_else(|e| e.into_inner());
+    let i = l.iter().position(|x| x.cookie == ck)?;
+    l.remove(i).map(|x| x.obj)
+}
+
+/// One fd received from another process (or from ourselves) with `SCM_RIGHTS`.
+fn fd_arrived(fd: c_int) {
+    fd_created(fd);
+    if in_vfork_child() || !ops::enabled() {
+        return;
+    }
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out buffer.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return;
+    }
+    if is_tcp_listener(fd) {
+        adopt_if_listener(fd);
+        return;
+    }
+    if !setup::looks_like_smc_conn(fd) {
+        return;
+    }
+    // One of our own connections: sent by this process (its reference was in flight), or still
+    // open here under another number (shared as dup() would).
+    if let Some(ck) = cookie(fd) {
+        if let Some(o) = take_in_flight(ck) {
+            crate::debug!("fd {fd}: received our own SMC connection back");
+            drop(fdtable::replace(fd, Slot::Obj(o)));
+            return;
+        }
+        let mut same = -1;
+        fdtable::for_each_object(|other, o| {
+            if same < 0 && other != fd && matches!(o, Obj::Conn(_)) && cookie(other) == Some(ck) {
+                same = other;
+            }
+        });
+        if same >= 0 {
+            crate::debug!("fd {fd}: received our own SMC connection (fd {same}): shared");
+            ops::copy_slot(same, fd);
+            return;
+        }
+    }
+    crate::debug!("fd {fd}: received another process's SMC connection: fails cleanly");
+    drop(fdtable::replace(
+        fd,
+        Slot::Obj(Arc::new(Obj::Orphan(crate::obj::Skip::new(false)))),
+    ));
+}
+
+// ---------------------------------------------------------------------------------------------
+// syscall(2), fclose(3) and the fd-creating calls
+
+/// `syscall(2)`: the closes, dups and the io_uring setup that runtimes issue through it are
+/// seen; everything else goes straight to libc.
+///
+/// # Safety
+/// The arguments of the system call `n`, as the caller passed them.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn syscall(
+    n: libc::c_long,
+    a1: libc::c_long,
+    a2: libc::c_long,
+    a3: libc::c_long,
+    a4: libc::c_long,
+    a5: libc::c_long,
+    a6: libc::c_long,
+) -> libc::c_long {
+    match n {
+        // SAFETY (every arm): the caller's arguments, with the meaning the system call gives them.
+        libc::SYS_close => unsafe { ops::close(a1 as c_int) as libc::c_long },
+        libc::SYS_close_range => unsafe {
+            ops::close_range(a1 as libc::c_uint, a2 as libc::c_uint, a3 as c_int) as libc::c_long
+        },
+        libc::SYS_dup => unsafe { ops::dup(a1 as c_int) as libc::c_long },
+        libc::SYS_dup2 => unsafe { ops::dup3(a1 as c_int, a2 as c_int, 0, false) as libc::c_long },
+        libc::SYS_dup3 => unsafe {
+            ops::dup3(a1 as c_int, a2 as c_int, a3 as c_int, true) as libc::c_long
+        },
+        libc::SYS_io_uring_setup => {
+            // SAFETY: as above.
+            let r = unsafe { real::syscall(n, a1, a2, a3, a4, a5, a6) };
+            if r >= 0 {
+                fd_created(r as c_int);
+                io_uring_seen();
+            }
+            r
+        }
+        // SAFETY: as above.
+        _ => unsafe { real::syscall(n, a1, a2, a3, a4, a5, a6) },
+    }
+}
+
+/// An io_uring instance exists in this process: its submissions bypass us.
+pub fn io_uring_seen() {
+    if ops::enabled() && fdtable::any_objects() {
+        let mut n = 0;
+        fdtable::for_each_object(|_, o| n += usize::from(matches!(o, Obj::Conn(_))));
+        if n > 0 {
+            crate::debug!(
+                "io_uring set up with {n} SMC connections open: they stay on the data path; \
+                 only I/O through libc calls reaches them"
+            );
+        }
+    }
+    ops::disable("an io_uring instance was set up (its submissions bypass the interposition)");
+}
+
+/// `fclose(3)`: a `FILE` made by `fdopen` on one of our sockets closes it inside libc.
+///
+/// # Safety
+/// `f` is the caller's `FILE`.
+pub unsafe fn fclose(f: *mut libc::FILE) -> c_int {
+    if !f.is_null() && fdtable::any_objects() {
+        // SAFETY: a valid FILE (the caller's contract).
+        let fd = unsafe { libc::fileno(f) };
+        if fd >= 0 && fdtable::raw(fd) != 0 && !in_vfork_child() {
+            // The fd still names the socket: our close part runs as for close(2).
+            ops::forget_fd(fd);
+        }
+    }
+    // SAFETY: as above.
+    unsafe { real::fclose(f) }
 }

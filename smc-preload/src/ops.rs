@@ -23,6 +23,9 @@ static DISABLED: AtomicBool = AtomicBool::new(false);
 pub fn disable(why: &str) {
     if !DISABLED.swap(true, Ordering::Relaxed) {
         crate::debug!("SMC disabled for this process: {why}");
+        // Our listeners stop announcing; connections they accept from now on whose client saw
+        // an earlier announcement are declined (`setup::machine`), never left reading CLC.
+        lifecycle::withdraw_all_listeners();
     }
 }
 
@@ -318,7 +321,12 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_
             return r;
         }
     }
-    unsafe { real::recvmsg(fd, msg, flags) }
+    let r = unsafe { real::recvmsg(fd, msg, flags) };
+    if r >= 0 && !msg.is_null() {
+        // SAFETY: the kernel filled the application's msghdr.
+        unsafe { lifecycle::fds_received(&*msg) };
+    }
+    r
 }
 
 pub unsafe fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t {
@@ -332,7 +340,18 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssiz
             return r;
         }
     }
-    unsafe { real::sendmsg(fd, msg, flags) }
+    if msg.is_null() || !fdtable::any_objects() {
+        return unsafe { real::sendmsg(fd, msg, flags) };
+    }
+    // SAFETY: the application's msghdr (checked non-null).
+    let passing = unsafe { lifecycle::fds_sending(&*msg) };
+    let r = unsafe { real::sendmsg(fd, msg, flags) };
+    if r < 0 {
+        let e = real::errno();
+        lifecycle::fds_not_sent(passing);
+        real::set_errno(e);
+    }
+    r
 }
 
 pub unsafe fn recvmmsg(
@@ -403,11 +422,10 @@ pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
         let tcp = (domain == libc::AF_INET || domain == libc::AF_INET6)
             && ty & 0xf == libc::SOCK_STREAM
             && (proto == 0 || proto == libc::IPPROTO_TCP);
+        lifecycle::fd_created(fd);
         if tcp && enabled() {
             fdtable::set_tag(fd, TAG_TCP);
             setup::forget_rcvbuf(fd);
-        } else if fdtable::raw(fd) != 0 {
-            drop(fdtable::replace(fd, Slot::Empty));
         }
     }
     fd
@@ -497,17 +515,15 @@ pub unsafe fn accept4(
         return r;
     }
     let e = real::errno();
-    if fdtable::raw(r) != 0 {
-        drop(fdtable::replace(r, Slot::Empty));
-    }
+    lifecycle::fd_created(r);
     if slow(fd) {
         if let Some(o) = fdtable::get(fd) {
             if let Obj::Listener = &*o {
-                if enabled() {
-                    // accept() never makes the new socket non-blocking; accept4 may.
-                    let nb = four && flags & libc::SOCK_NONBLOCK != 0;
-                    setup::server_after_accept(fd, r, nb);
-                }
+                // Also when SMC was disabled since: a client that saw the listener's
+                // announcement sends a Proposal, which the machine then declines.
+                // accept() never makes the new socket non-blocking; accept4 may.
+                let nb = four && flags & libc::SOCK_NONBLOCK != 0;
+                setup::server_after_accept(fd, r, nb);
             }
         }
     }
@@ -519,7 +535,19 @@ pub unsafe fn accept4(
 // fd lifetime
 
 /// Our part of closing `fd` (before the real close).
-fn forget_fd(fd: c_int) {
+pub(crate) fn forget_fd(fd: c_int) {
+    forget_slot(fd, fd)
+}
+
+/// Our part of a close of `fd` that happened behind our back (a raw system call, `fclose` of an
+/// `fdopen`ed socket, a runtime's own close): the number already names something else, so no
+/// I/O on it (`io_fd` -1); the peer learns of the close from the TCP socket's end.
+pub fn forget_stale(fd: c_int) {
+    crate::debug!("fd {fd}: reused before we saw its close: the stale connection is dropped");
+    forget_slot(fd, -1)
+}
+
+fn forget_slot(fd: c_int, io_fd: c_int) {
     match fdtable::replace(fd, Slot::Empty) {
         Slot::Obj(o) => {
             epoll::on_close(fd);
@@ -538,7 +566,7 @@ fn forget_fd(fd: c_int) {
                         sh.sleeps.load(Ordering::Relaxed),
                         sh.tx_full.load(Ordering::Relaxed),
                     );
-                    c.final_close(fd);
+                    c.final_close(io_fd);
                     stats::conn_closed(c);
                     if c.role == crate::conn::Role::Client {
                         setup::note_client_conn_bytes(
@@ -576,7 +604,7 @@ pub unsafe fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int)
     unsafe { real::close_range(first, last, flags) }
 }
 
-fn copy_slot(from: c_int, to: c_int) {
+pub(crate) fn copy_slot(from: c_int, to: c_int) {
     let v = fdtable::raw(from) & !1;
     if v == 0 {
         if fdtable::raw(to) != 0 {

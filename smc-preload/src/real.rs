@@ -18,6 +18,8 @@ fn resolve(name: &'static [u8]) -> usize {
         let p2 = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr() as *const libc::c_char) };
         if p2.is_null() {
             let msg = b"smc-preload: cannot resolve a libc symbol\n";
+            // SAFETY: a valid buffer. (This reaches our own `syscall`, which passes SYS_write
+            // on to libc's, always resolvable.)
             unsafe { libc::syscall(libc::SYS_write, 2, msg.as_ptr(), msg.len()) };
             unsafe { libc::abort() };
         }
@@ -92,6 +94,20 @@ real_fns! {
     fexecve(fd: c_int, argv: *const *const libc::c_char, envp: *const *const libc::c_char) -> c_int;
     execveat(dirfd: c_int, path: *const libc::c_char, argv: *const *const libc::c_char, envp: *const *const libc::c_char, flags: c_int) -> c_int;
     posix_spawn(pid: *mut libc::pid_t, path: *const libc::c_char, fa: *const libc::posix_spawn_file_actions_t, at: *const libc::posix_spawnattr_t, argv: *const *mut libc::c_char, envp: *const *mut libc::c_char) -> c_int;
+    fclose(f: *mut libc::FILE) -> c_int;
+    creat(path: *const libc::c_char, mode: libc::mode_t) -> c_int;
+    creat64(path: *const libc::c_char, mode: libc::mode_t) -> c_int;
+    pipe(fds: *mut c_int) -> c_int;
+    pipe2(fds: *mut c_int, flags: c_int) -> c_int;
+    socketpair(d: c_int, t: c_int, p: c_int, sv: *mut c_int) -> c_int;
+    eventfd(init: c_uint, flags: c_int) -> c_int;
+    timerfd_create(clock: c_int, flags: c_int) -> c_int;
+    signalfd(fd: c_int, mask: *const sigset_t, flags: c_int) -> c_int;
+    epoll_create(size: c_int) -> c_int;
+    epoll_create1(flags: c_int) -> c_int;
+    memfd_create(name: *const libc::c_char, flags: c_uint) -> c_int;
+    inotify_init() -> c_int;
+    inotify_init1(flags: c_int) -> c_int;
     posix_spawnp(pid: *mut libc::pid_t, file: *const libc::c_char, fa: *const libc::posix_spawn_file_actions_t, at: *const libc::posix_spawnattr_t, argv: *const *mut libc::c_char, envp: *const *mut libc::c_char) -> c_int;
 }
 
@@ -119,6 +135,62 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
     }
     let f: unsafe extern "C" fn(c_int, c_ulong, ...) -> c_int = unsafe { std::mem::transmute(p) };
     unsafe { f(fd, req, arg) }
+}
+
+/// `open`/`openat` are variadic: the mode is read only with `O_CREAT`/`O_TMPFILE`, and passed on
+/// in the same register either way.
+macro_rules! real_open {
+    ($( $name:ident ( $($arg:ident : $t:ty),* ) ; )*) => {
+        $(
+            #[allow(clippy::missing_safety_doc)]
+            pub unsafe fn $name($($arg: $t),*) -> c_int {
+                static PTR: AtomicUsize = AtomicUsize::new(0);
+                let mut p = PTR.load(Ordering::Relaxed);
+                if p == 0 {
+                    p = resolve(concat!(stringify!($name), "\0").as_bytes());
+                    PTR.store(p, Ordering::Relaxed);
+                }
+                // SAFETY: the symbol is glibc's variadic function of this name.
+                let f: unsafe extern "C" fn($($t),*, ...) -> c_int = unsafe { std::mem::transmute(p) };
+                real_open!(@call f, $($arg),*)
+            }
+        )*
+    };
+    (@call $f:ident, $first:ident, $($rest:ident),*) => {
+        // SAFETY: the caller's arguments.
+        unsafe { $f($first, $($rest),*) }
+    };
+}
+
+real_open! {
+    open(path: *const libc::c_char, flags: c_int, mode: c_uint);
+    open64(path: *const libc::c_char, flags: c_int, mode: c_uint);
+    openat(dirfd: c_int, path: *const libc::c_char, flags: c_int, mode: c_uint);
+    openat64(dirfd: c_int, path: *const libc::c_char, flags: c_int, mode: c_uint);
+}
+
+/// `syscall(2)` is variadic; six arguments are what the kernel takes (extra ones are ignored).
+#[allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
+pub unsafe fn syscall(
+    n: libc::c_long,
+    a1: libc::c_long,
+    a2: libc::c_long,
+    a3: libc::c_long,
+    a4: libc::c_long,
+    a5: libc::c_long,
+    a6: libc::c_long,
+) -> libc::c_long {
+    static PTR: AtomicUsize = AtomicUsize::new(0);
+    let mut p = PTR.load(Ordering::Relaxed);
+    if p == 0 {
+        p = resolve(b"syscall\0");
+        PTR.store(p, Ordering::Relaxed);
+    }
+    // SAFETY: glibc's `syscall` has this (variadic) C signature.
+    let f: unsafe extern "C" fn(libc::c_long, ...) -> libc::c_long =
+        unsafe { std::mem::transmute(p) };
+    // SAFETY: the caller's arguments.
+    unsafe { f(n, a1, a2, a3, a4, a5, a6) }
 }
 
 /// errno of the calling thread.

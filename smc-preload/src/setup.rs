@@ -22,7 +22,8 @@ use crate::handshake::{Driver, HeldDmb, Outcome, Progress};
 use crate::obj::{Obj, Skip};
 use crate::{debug, real, stats};
 use smc_common::bpf::{
-    SockState, SMC_SO_ENABLE, SMC_SO_SHORTCUT, SMC_SO_STATE, SMC_SO_TCP, SOCK_PEER_SMC, SOL_SMC_BPF,
+    SockState, SMC_SO_ENABLE, SMC_SO_SHORTCUT, SMC_SO_STATE, SMC_SO_TCP, SOCK_PEER_SMC,
+    SOCK_SAME_HOST, SOL_SMC_BPF,
 };
 use smc_common::clc::MsgType;
 use smc_common::diag::Diag;
@@ -327,11 +328,36 @@ fn assume_peer() -> bool {
     *A.get_or_init(|| std::env::var_os("SMC_PRELOAD_ASSUME_PEER").is_some_and(|v| v == "1"))
 }
 
-fn peer_smc(fd: i32) -> bool {
+/// What the programs saw of the peer: no SMC announcement, one from another host, or one from
+/// this host (the only peer our loopback-ism device can serve).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum PeerSmc {
+    No,
+    Remote,
+    SameHost,
+}
+
+fn peer_smc(fd: i32) -> PeerSmc {
     if assume_peer() {
-        return true;
+        return PeerSmc::SameHost;
     }
-    sock_state(fd).is_some_and(|s| s.flags & SOCK_PEER_SMC != 0)
+    match sock_state(fd) {
+        Some(s) if s.flags & SOCK_PEER_SMC == 0 => PeerSmc::No,
+        Some(s) if s.flags & SOCK_SAME_HOST != 0 => PeerSmc::SameHost,
+        Some(_) => PeerSmc::Remote,
+        None => PeerSmc::No,
+    }
+}
+
+/// The CLC machine of a server whose client announced SMC: a client on another host (a Linux
+/// host with SMC announces exactly this option) gets a Decline for its Proposal, never our GID.
+fn machine_for(server: bool, size_code: u8, peer: PeerSmc) -> Handshake {
+    let m = machine(server, size_code);
+    if peer == PeerSmc::Remote {
+        m.device_unavailable(Diag::NoSmcdDev)
+    } else {
+        m
+    }
 }
 
 /// The eBPF state of an established SMC connection's TCP socket.
@@ -612,6 +638,8 @@ pub(crate) fn machine(server: bool, size_code: u8) -> Handshake {
     };
     match unavailable {
         Some(d) => m.device_unavailable(d),
+        // SMC was disabled after this connection's listener announced it (io_uring set up).
+        None if !crate::ops::enabled() => m.device_unavailable(Diag::NoSmcdDev),
         None => m,
     }
 }
@@ -728,7 +756,10 @@ fn after_fallback(fd: i32, server: bool, fb: Fallback, awaited: Option<MsgType>)
 /// Client side, right after the TCP connection is established. `nonblock`: O_NONBLOCK of the
 /// socket, when the caller knows it.
 pub fn client_after_connect(fd: i32, nonblock: Option<bool>, dest: Option<Dest>) {
-    if !peer_smc(fd) {
+    // Whether the server is on this host cannot be told yet (its end becomes established when
+    // our ACK arrives, maybe after connect returned): the server decides that (see
+    // `server_after_accept`) and declines a Proposal from another host.
+    if peer_smc(fd) == PeerSmc::No {
         note_dest(dest, false);
         fallback(
             fd,
@@ -756,7 +787,8 @@ pub fn client_after_connect(fd: i32, nonblock: Option<bool>, dest: Option<Dest>)
 /// loop is never held up waiting for a client. (Such an fd handed to `exec` before its first
 /// operation would leave the handshake unfinished: event loops do not do that.)
 pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
-    if !peer_smc(fd) {
+    let peer = peer_smc(fd);
+    if peer == PeerSmc::No {
         fallback(
             fd,
             true,
@@ -767,8 +799,14 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
         return;
     }
     let sc = size_code_for(fd, Some(lfd));
-    let mut d = Driver::new(machine(true, sc), fd, true, sc);
-    match d.step(!(nonblock && accept_async())) {
+    if peer == PeerSmc::Remote {
+        debug!("fd {fd}: the client announced SMC from another host: its Proposal is declined");
+    }
+    let mut d = Driver::new(machine_for(true, sc, peer), fd, true, sc);
+    // A client from another host never holds up `accept` (one that announces SMC and then
+    // stays silent would stall the accept loop for everyone): its Proposal is answered at the
+    // connection's first operation.
+    match d.step(!(nonblock && accept_async()) && peer == PeerSmc::SameHost) {
         Progress::Done(out) => finish(fd, true, out, nonblock),
         Progress::WouldBlock => {
             debug!("fd {fd}: server handshake continues at the next operation");

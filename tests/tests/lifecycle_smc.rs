@@ -187,3 +187,145 @@ fn exec_with_the_library_and_an_inherited_listener_is_smcd() {
     );
     assert_eq!(fallbacks(&sum), 0, "{}", brief(&sum));
 }
+
+/// A server that closes its SMC-D connection behind the library's back, the way libuv does
+/// (`syscall(SYS_close, fd)`), then opens a file that gets the same fd number and reads it:
+/// it must read the file, never the connection's ring. The client then sees the close.
+const RAW_CLOSE_SERVER: &str = r#"
+import socket, os, ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+path = sys.argv[1]
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+print("READY", ls.getsockname()[1], flush=True)
+c, _ = ls.accept()
+first = c.recv(5)
+fd = c.detach()
+# Data the client sends after our first read is waiting in the ring when we close.
+while True:
+    if libc.syscall(3, fd) == 0:   # SYS_close on x86_64
+        break
+nfd = os.open(path, os.O_RDONLY)
+got = os.read(nfd, 100)
+print("REUSED" if nfd == fd else "OTHER", got.decode(), flush=True)
+os.close(nfd)
+"#;
+
+const ONE_SHOT_CLIENT: &str = r#"
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"hello")
+s.sendall(b"pending bytes the server never reads")
+try:
+    r = s.recv(10)
+    print("CLIENT", "EOF" if r == b"" else "DATA", flush=True)
+except ConnectionResetError:
+    print("CLIENT RESET", flush=True)
+"#;
+
+#[test]
+fn a_close_through_syscall_then_fd_reuse_reads_the_new_file() {
+    let w = SmcWorld::new();
+    let file = w.subdir("files").join("content.txt");
+    std::fs::write(&file, "file content").unwrap();
+    let srv_py = script(&w, "server.py", RAW_CLOSE_SERVER);
+    let cl_py = script(&w, "client.py", ONE_SHOT_CLIENT);
+    let mut c = python(&w, &srv_py);
+    c.arg(&file);
+    let mut srv = Proc::spawn(c);
+    let port = ready_port(&mut srv);
+    let mut c = python(&w, &cl_py);
+    c.arg(port.to_string());
+    let cl = Proc::spawn(c);
+    let sout = srv.wait_output(T).expect("server");
+    assert!(sout.contains("file content"), "server: {sout}");
+    let out = cl.wait_output(T).expect("client");
+    // The server closed with unread bytes: TCP says RST, and so must we.
+    assert!(
+        out.contains("CLIENT RESET") || out.contains("CLIENT EOF"),
+        "client: {out}"
+    );
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_server") >= 1, "{}", brief(&sum));
+}
+
+/// A server hands each accepted SMC-D connection over a Unix socket (`SCM_RIGHTS`): to itself
+/// (the connection is the same, under another number: it keeps working) and to a process that
+/// has never seen it (its rings are not there: the connection fails cleanly, the client never
+/// gets wrong bytes).
+const PASSING_SERVER: &str = r#"
+import socket, os, sys, array
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+print("READY", ls.getsockname()[1], flush=True)
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+# 1: to ourselves
+c, _ = ls.accept()
+socket.send_fds(a, [b"x"], [c.fileno()])
+c.close()
+_, fds, _, _ = socket.recv_fds(b, 1, 1)
+c2 = socket.socket(fileno=fds[0])
+data = c2.recv(100)
+c2.sendall(data.upper())
+c2.close()
+# 2: to a process started before the connection existed
+pid = os.fork()
+if pid == 0:
+    ls.close()
+    _, fds, _, _ = socket.recv_fds(b, 1, 1)
+    c3 = socket.socket(fileno=fds[0])
+    try:
+        d = c3.recv(100)
+        print("CHILD", "EOF" if d == b"" else "DATA %r" % d, flush=True)
+    except ConnectionResetError:
+        print("CHILD RESET", flush=True)
+    c3.close()
+    os._exit(0)
+c, _ = ls.accept()
+socket.send_fds(a, [b"x"], [c.fileno()])
+c.close()
+os.waitpid(pid, 0)
+print("SERVER DONE", flush=True)
+"#;
+
+const TWO_CONN_CLIENT: &str = r#"
+import socket, sys
+port = int(sys.argv[1])
+s = socket.create_connection(("127.0.0.1", port))
+s.sendall(b"same process")
+print("FIRST", s.recv(100).decode(), flush=True)
+s.close()
+s = socket.create_connection(("127.0.0.1", port))
+s.sendall(b"other process")
+try:
+    r = s.recv(100)
+    print("SECOND", "EOF" if r == b"" else "DATA %r" % r, flush=True)
+except ConnectionResetError:
+    print("SECOND RESET", flush=True)
+"#;
+
+#[test]
+fn connections_passed_with_scm_rights_keep_working_or_fail_cleanly() {
+    let w = SmcWorld::new();
+    let srv_py = script(&w, "server.py", PASSING_SERVER);
+    let cl_py = script(&w, "client.py", TWO_CONN_CLIENT);
+    let mut srv = Proc::spawn(python(&w, &srv_py));
+    let port = ready_port(&mut srv);
+    let mut c = python(&w, &cl_py);
+    c.arg(port.to_string());
+    let out = Proc::spawn(c).wait_output(T).expect("client");
+    let sout = srv.wait_output(T).expect("server");
+    assert!(out.contains("FIRST SAME PROCESS"), "client: {out}");
+    assert!(
+        out.contains("SECOND RESET") || out.contains("SECOND EOF"),
+        "client: {out}"
+    );
+    assert!(
+        sout.contains("CHILD RESET") || sout.contains("CHILD EOF"),
+        "server: {sout}"
+    );
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_server") >= 2, "{}", brief(&sum));
+}
