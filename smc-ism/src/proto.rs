@@ -23,10 +23,10 @@
 //! Request payloads:
 //! - `OP_QUERY_GID`: empty. Result: `gid: u64, gid_ext: u64, chid: u16, max_size_code: u8,
 //!   reserved: u8, features: u32`.
-//! - `OP_REGISTER`: `size_code: u8, reserved: [u8; 7]` + the caller's connected TCP socket.
-//!   Result: [`DmbReply`] + the memfd.
-//! - `OP_ATTACH`: `token: u64` + the caller's end of the same TCP connection. Result:
-//!   [`DmbReply`] + the memfd.
+//! - `OP_REGISTER`: `size_code: u8, reserved: [u8; 7]` + the caller's connected TCP socket
+//!   (whose peer socket's cookie the daemon records). Result: [`DmbReply`] + the memfd.
+//! - `OP_ATTACH`: `token: u64` + the caller's end of the same TCP connection (its `SO_COOKIE`
+//!   must be the recorded peer cookie). Result: [`DmbReply`] + the memfd.
 //! - `OP_DETACH`, `OP_UNREGISTER`: `token: u64`. Result: empty.
 //! - `OP_RELEASE`: `own: u64, peer: u64` (0: none): drops the owner reference of `own` and
 //!   the attach reference of `peer` in one record (counted as an unregister and a detach).
@@ -42,8 +42,13 @@
 //!   Result: [`Stats`](crate::Stats) as JSON.
 //! - `OP_LIST`: `start_slot: u32, max: u32`. Result: [`DmbList`](crate::DmbList) as JSON: the
 //!   live DMBs with slot ≥ `start_slot` in slot order, at most `max` (capped at
-//!   [`LIST_PAGE_MAX`]), and the slot to continue from. Tokens are included only when the
-//!   caller's uid (`SO_PEERCRED`) is 0.
+//!   [`LIST_PAGE_MAX`]), and the slot to continue from. A caller whose uid (`SO_PEERCRED`) is 0
+//!   gets every DMB with its token; any other uid only the DMBs its own connections
+//!   registered, without tokens. (`OP_STATS`/`OP_WAIT` likewise list per-cgroup figures to
+//!   root only.)
+//!
+//! Request records are decoded by [`decode_request`] (fuzzed). `QuotaDmbs` carries detail 2
+//! when the caller's uid limit refused the registration (0: its cgroup's quota).
 //!
 //! Requests larger than [`MAX_REQUEST`] bytes are answered with [`Status::Oversized`].
 //!

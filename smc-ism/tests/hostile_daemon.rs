@@ -164,7 +164,10 @@ fn rebuilt_tuple_cannot_attach() {
             return 91;
         };
         let mut got = 0;
-        match c.attach_peer_start(x.as_raw_fd()).and_then(|t| c.finish_dmb(t)) {
+        match c
+            .attach_peer_start(x.as_raw_fd())
+            .and_then(|t| c.finish_dmb(t))
+        {
             Ok(_) => got |= 1,
             Err(IsmError::BadProof) => {}
             Err(_) => got |= 4,
@@ -202,7 +205,10 @@ fn list_and_stats_hide_other_uids() {
         .map(|_| root.register_dmb(0, a.as_raw_fd()).unwrap())
         .collect();
     assert_eq!(root.list_dmbs().unwrap().len(), 3);
-    assert!(!root.stats().unwrap().cgroups.is_empty(), "root sees cgroups");
+    assert!(
+        !root.stats().unwrap().cgroups.is_empty(),
+        "root sees cgroups"
+    );
     let sock = dir.sock();
     let code = as_nobody(move || match Client::connect(&sock) {
         Ok(mut c) => match (c.list_dmbs(), c.stats()) {
@@ -213,7 +219,10 @@ fn list_and_stats_hide_other_uids() {
         },
         Err(_) => 4,
     });
-    assert_eq!(code, 0, "1: root's DMBs listed, 2: cgroup paths shown, 3/4 errors");
+    assert_eq!(
+        code, 0,
+        "1: root's DMBs listed, 2: cgroup paths shown, 3/4 errors"
+    );
     d.shutdown().unwrap();
 }
 
@@ -321,7 +330,8 @@ fn blocking_closes_do_not_stop_the_daemon() {
             for op in [proto::OP_REGISTER, proto::OP_ATTACH] {
                 let mut rec = vec![0u8; proto::HEADER_LEN + 8];
                 Header::new(op, 8, 1).encode(&mut rec);
-                let socks: Vec<(TcpStream, TcpStream)> = (0..3).map(|_| lingering_socket()).collect();
+                let socks: Vec<(TcpStream, TcpStream)> =
+                    (0..3).map(|_| lingering_socket()).collect();
                 let fds: Vec<RawFd> = socks.iter().map(|(s, _)| s.as_raw_fd()).collect();
                 if !send_with_fds(c.as_raw_fd(), &rec, &fds) {
                     return 2;
