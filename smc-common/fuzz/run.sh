@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run every fuzz target of smc-common for SECONDS each (default 10), one after the other,
+# Run every fuzz target of smc-common (and the daemon request decoder of smc-ism) for SECONDS each (default 10), one after the other,
 # single process (the machine is shared). Exits non-zero if any target finds a crash.
 #
 #   smc-common/fuzz/run.sh 30
@@ -28,7 +28,7 @@ fi
 
 # Keep fuzz builds (sanitizer flags) apart from normal builds.
 target_dir="${CARGO_TARGET_DIR:-$here/target}/fuzz"
-targets=(clc_decode clc_message handshake cdc)
+targets=(clc_decode clc_message handshake cdc ism_request)
 
 buildlog="$(mktemp)"
 if ! cargo +nightly fuzz build --target-dir "$target_dir" >"$buildlog" 2>&1; then

@@ -31,11 +31,13 @@
 //!   `MFD_NOEXEC_SEAL` where supported): a peer cannot truncate it under the other side (which
 //!   would SIGBUS it) or map it executable.
 //! - `attach_dmb(token, sock)`: +1 reference, same memfd; only for the connection's real peer
-//!   (see *Attach proof*). Refused once the owner has unregistered.
+//!   socket (see *Attach proof*). Refused once the owner has unregistered.
+//! - DMBs and memfds are never reused: every registration gets a fresh memfd, so no ring ever
+//!   shows an earlier connection's bytes to a new mapper.
 //! - `attach_peer` (`OP_ATTACH_PEER`): the same attach, of the live DMB that the other end of
 //!   the caller's very TCP connection registered, without the token — only when both sockets
-//!   are in one network namespace (where a mirrored 4-tuple is necessarily the real peer), so
-//!   nothing is granted that the token path would refuse. The data path's server sends it
+//!   are in one network namespace, and — like every attach — only to the very peer socket
+//!   recorded at registration, so nothing is granted that the token path would refuse. The data path's server sends it
 //!   right after its CLC accept (its client registered while the accept was in flight) and
 //!   checks the token against the confirm.
 //! - `detach_dmb` / `unregister_dmb`: −1 reference. At 0 the token leaves the table and the
@@ -75,27 +77,53 @@
 //!
 //! Proof design:
 //! 1. At `register_dmb` the owner passes its connected TCP socket over `SCM_RIGHTS`. The daemon
-//!    checks it is an AF_INET/AF_INET6 TCP socket in ESTABLISHED state (`TCP_INFO`), records its
+//!    checks, with socket options only (`SO_DOMAIN` fails for a non-socket without asking its
+//!    filesystem; an `fstat` of a FUSE file waits for its server), that it is an
+//!    AF_INET/AF_INET6 `SOCK_STREAM` TCP socket in ESTABLISHED state (`TCP_INFO`), records its
 //!    `getsockname`/`getpeername` (IPv4-mapped IPv6 normalised to IPv4), `SO_COOKIE` and
-//!    `SO_NETNS_COOKIE` (Linux ≥ 5.14; skipped where unsupported), and **closes its copy
-//!    immediately** — the daemon never keeps a TCP socket open (that would delay the FIN). A
-//!    socket with `SO_LINGER` set is closed on a blocking thread, since its close may block.
-//! 2. At `attach_dmb` the attacher passes *its* socket. The daemon checks it is an established
-//!    TCP socket whose (local, peer) is exactly the owner's (peer, local), that it is not the
-//!    owner's own socket (cookies differ), and — when both addresses are loopback addresses —
-//!    that it lives in the owner's network namespace (loopback traffic never leaves a namespace,
-//!    so a mirrored loopback 4-tuple elsewhere is a forgery). It closes the socket, then grants.
+//!    `SO_NETNS_COOKIE`, and **looks up the peer socket**: the socket with the mirrored 4-tuple
+//!    in the owner's network namespace (`NETLINK_SOCK_DIAG` exact lookup, in that namespace via
+//!    `SIOCGSKNS`; a full socket of the connection, not a listener or TIME_WAIT), or, for a
+//!    non-loopback connection whose peer is in another namespace, the cookie the eBPF programs
+//!    recorded for it (`SMC_PEERS`, [`DaemonConfig::bpf_peers_map`]). That peer cookie is
+//!    recorded with the DMB. The daemon then hands the socket to a closer thread — it never
+//!    keeps a TCP socket open (that would delay the FIN).
+//! 2. At `attach_dmb` (and `ATTACH_PEER`) the attacher passes *its* socket. The daemon checks it
+//!    is an established TCP socket whose (local, peer) is exactly the owner's (peer, local) and
+//!    whose `SO_COOKIE` is the recorded peer cookie. Socket cookies are unique for the kernel's
+//!    lifetime, so a 4-tuple rebuilt after the owner's connection left the connection table
+//!    (peer RST, SIGKILL, FIN acknowledged, while the owner's fd is still open) is refused, with
+//!    or without the token. When no peer was found at registration, nobody can attach
+//!    (`BadProof`, counted as `peer_unknown`; the data path falls back to TCP).
 //!
-//! So only a process holding the other end of that very TCP connection can attach: holding a
+//! So only the process holding the other end of that very TCP connection can attach: holding a
 //! file descriptor of a connected socket is a capability the kernel does not hand out to
-//! strangers. The owner needs no proof beyond its own socket; it only ever receives its own
+//! strangers.
+//!
+//! Closing what clients pass: the last `close` of a file can block for as long as another
+//! process wants (a FUSE flush, a TCP socket with `SO_LINGER` and unsent data — the option can be
+//! set from another copy after any check —, a tty draining). So every fd a client passes, and
+//! every client connection at its end (its queue may hold passed fds), is closed on closer
+//! threads (at most 64, at most 4 per uid, so one uid's stuck closes delay only its own), never
+//! on the async workers; a uid with 256 closes outstanding is not read from until they finish.
+//! The receive buffer holds `SCM_MAX_FD` fds, so the kernel never drops (and closes) passed
+//! fds in the daemon's thread. `SO_LINGER {1, 0}` set by the daemon would avoid the wait but
+//! would also make the owner's own close reset a legitimate connection. The owner needs no proof beyond its own socket; it only ever receives its own
 //! memfd.
 //!
 //! Other rules: clients can release only references they hold (no remote unregister by token);
-//! quotas per cgroup cap what one tenant can pin; tokens are never logged, never appear in
-//! [`Stats`] nor in `Dmb`'s `Debug` output, and [`Client::list_dmbs`] includes them only for a
-//! caller whose `SO_PEERCRED` uid is 0; the socket's mode (default 0666, so that every process can use SMC-D) and group
-//! are configurable.
+//! quotas per cgroup cap what one tenant can pin: they are charged to the cgroup the owner's
+//! socket was created in (its id, from sock_diag, fixed by the kernel: neither forged by the
+//! caller nor changed by moving or exiting), or rather to the nearest ancestor that
+//! `smc-ctl attach` enabled ([`DaemonConfig::bpf_links_dir`]), so a sub-cgroup shares its
+//! tenant's quota; every uid but root is limited to [`DaemonConfig::uid_max_clients`]
+//! connections and [`DaemonConfig::uid_max_dmbs`] live DMBs (`SO_PEERCRED` at connect), and
+//! root is never refused a connection; tokens are never logged, never appear in [`Stats`] nor
+//! in `Dmb`'s `Debug` output; [`Client::list_dmbs`] shows a caller whose `SO_PEERCRED` uid is 0
+//! everything with tokens, any other uid only the DMBs it registered, without tokens, and
+//! [`Stats::cgroups`] is empty for it (other tenants' tuples and cgroup paths are theirs); the
+//! socket's mode (default 0666, so that every process can use SMC-D) and group are
+//! configurable.
 //!
 //! *"A token of another cgroup is refused"* is interpreted as: an attach by a caller that does
 //! not pass the mirror check is refused, whatever its cgroup. Cgroup membership alone neither
@@ -104,16 +132,17 @@
 //! refuses attaches across cgroups for sites that want it.
 //!
 //! Residual risks:
-//! - A process that can create a network namespace (e.g. an unprivileged user namespace) can
-//!   build a connection whose 4-tuple mirrors a victim's *non-loopback* connection (loopback
-//!   tuples are caught by the namespace rule) — it also needs the victim's token, and the
-//!   attach must happen while the DMB is live. Sites that do not need cross-namespace SMC-D can
-//!   set `require_same_cgroup`, or restrict the socket's mode.
-//! - After the owner's connection closes, a process that binds the freed port could rebuild the
-//!   same 4-tuple before the owner unregisters (TIME_WAIT usually prevents this); it also needs
-//!   the token.
-//! - The caller's cgroup is read from `/proc/PID/cgroup` with the `SO_PEERCRED` pid when it
-//!   connects; a process that changes cgroup later keeps its old quota bucket.
+//! - A non-loopback connection whose peer is in another network namespace is bound to the
+//!   cookie in the eBPF map, which is keyed by 4-tuple alone: a process that can create a
+//!   network namespace, is in an attached cgroup and establishes a socket with the victim's
+//!   peer 4-tuple before the victim registers could have its own cookie recorded (it also
+//!   needs the token). Sites that do not need cross-namespace SMC-D can set
+//!   `require_same_cgroup`, or restrict the socket's mode.
+//! - When the quota key cannot be found (sock_diag without cgroup ids), the caller's cgroup as
+//!   read from `/proc/PID/cgroup` when it connected is used.
+//! - Per-uid limits do not bound a process that controls many uids (a user namespace with a
+//!   mapped uid range): together they can fill `max_clients` (root still connects) and occupy
+//!   every closer thread.
 //! - Connections through NAT (DNAT/SNAT, port publishing) do not look mirrored: they fall back
 //!   to TCP (safe, not faster).
 //! - IPv6 scope ids (link-local addresses) are not compared, only addresses and ports.

@@ -23,10 +23,10 @@
 //! Request payloads:
 //! - `OP_QUERY_GID`: empty. Result: `gid: u64, gid_ext: u64, chid: u16, max_size_code: u8,
 //!   reserved: u8, features: u32`.
-//! - `OP_REGISTER`: `size_code: u8, reserved: [u8; 7]` + the caller's connected TCP socket.
-//!   Result: [`DmbReply`] + the memfd.
-//! - `OP_ATTACH`: `token: u64` + the caller's end of the same TCP connection. Result:
-//!   [`DmbReply`] + the memfd.
+//! - `OP_REGISTER`: `size_code: u8, reserved: [u8; 7]` + the caller's connected TCP socket
+//!   (whose peer socket's cookie the daemon records). Result: [`DmbReply`] + the memfd.
+//! - `OP_ATTACH`: `token: u64` + the caller's end of the same TCP connection (its `SO_COOKIE`
+//!   must be the recorded peer cookie). Result: [`DmbReply`] + the memfd.
 //! - `OP_DETACH`, `OP_UNREGISTER`: `token: u64`. Result: empty.
 //! - `OP_RELEASE`: `own: u64, peer: u64` (0: none): drops the owner reference of `own` and
 //!   the attach reference of `peer` in one record (counted as an unregister and a detach).
@@ -42,8 +42,13 @@
 //!   Result: [`Stats`](crate::Stats) as JSON.
 //! - `OP_LIST`: `start_slot: u32, max: u32`. Result: [`DmbList`](crate::DmbList) as JSON: the
 //!   live DMBs with slot ≥ `start_slot` in slot order, at most `max` (capped at
-//!   [`LIST_PAGE_MAX`]), and the slot to continue from. Tokens are included only when the
-//!   caller's uid (`SO_PEERCRED`) is 0.
+//!   [`LIST_PAGE_MAX`]), and the slot to continue from. A caller whose uid (`SO_PEERCRED`) is 0
+//!   gets every DMB with its token; any other uid only the DMBs its own connections
+//!   registered, without tokens. (`OP_STATS`/`OP_WAIT` likewise list per-cgroup figures to
+//!   root only.)
+//!
+//! Request records are decoded by [`decode_request`] (fuzzed). `QuotaDmbs` carries detail 2
+//! when the caller's uid limit refused the registration (0: its cgroup's quota).
 //!
 //! Requests larger than [`MAX_REQUEST`] bytes are answered with [`Status::Oversized`].
 //!
@@ -266,6 +271,176 @@ impl DmbReply {
     }
 }
 
+/// A request record, decoded ([`decode_request`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// `OP_QUERY_GID`.
+    QueryGid,
+    /// `OP_REGISTER` (size code ≤ [`crate::MAX_SIZE_CODE`]).
+    Register {
+        /// `16 KiB << size_code` bytes.
+        size_code: u8,
+    },
+    /// `OP_ATTACH`.
+    Attach {
+        /// The owner's token.
+        token: u64,
+    },
+    /// `OP_ATTACH_PEER`.
+    AttachPeer,
+    /// `OP_DETACH`.
+    Detach {
+        /// The token of the attach reference.
+        token: u64,
+    },
+    /// `OP_UNREGISTER`.
+    Unregister {
+        /// The token of the owner reference.
+        token: u64,
+    },
+    /// `OP_RELEASE` (0: none).
+    Release {
+        /// Owner reference to drop.
+        own: u64,
+        /// Attach reference to drop.
+        peer: u64,
+    },
+    /// `OP_STATS`.
+    Stats,
+    /// `OP_WAIT` (timeout capped at 60 s).
+    Wait {
+        /// The generation the caller knows.
+        generation: u64,
+        /// Milliseconds at most.
+        timeout_ms: u32,
+    },
+    /// `OP_LIST` (`max` clamped to 1..=[`LIST_PAGE_MAX`]).
+    List {
+        /// First slot.
+        start: u32,
+        /// Entries at most.
+        max: u32,
+    },
+}
+
+impl Request {
+    /// Whether this request takes the caller's TCP socket.
+    pub fn takes_socket(&self) -> bool {
+        matches!(
+            self,
+            Request::Register { .. } | Request::Attach { .. } | Request::AttachPeer
+        )
+    }
+}
+
+/// A decoded request record: what to answer (op and sequence) and the request or why it is
+/// refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decoded {
+    /// The op to answer with (without [`NOREPLY_BIT`]; 0 when the header is unreadable).
+    pub op: u16,
+    /// The sequence number to echo.
+    pub seq: u32,
+    /// The request wants no reply.
+    pub noreply: bool,
+    /// The request, or the status to answer with. `header` tells whether the record as a
+    /// whole was refused (counted as invalid) rather than its op's payload.
+    pub request: Result<Request, RequestError>,
+}
+
+/// Why a record is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestError {
+    /// The status to answer.
+    pub status: Status,
+    /// The header was refused (magic, version, length, op), not just the op's payload.
+    pub header: bool,
+}
+
+/// Decodes one request record of `rec.len()` bytes (`truncated`: the record was larger than
+/// the buffer it was received into). Never panics, whatever the bytes.
+pub fn decode_request(rec: &[u8], truncated: bool) -> Decoded {
+    let hdr = Header::decode(rec);
+    let (raw_op, seq) = hdr.map(|h| (h.op, h.seq)).unwrap_or((0, 0));
+    let noreply = raw_op & NOREPLY_BIT != 0
+        && hdr.is_some_and(|h| h.magic == MAGIC && h.version == VERSION)
+        && matches!(
+            raw_op & !NOREPLY_BIT,
+            OP_DETACH | OP_UNREGISTER | OP_RELEASE
+        );
+    let op = if noreply {
+        raw_op & !NOREPLY_BIT
+    } else {
+        raw_op
+    };
+    let bad = |status, header| Err(RequestError { status, header });
+    let invalid = if truncated || rec.len() > MAX_REQUEST {
+        Some(Status::Oversized)
+    } else {
+        match hdr {
+            None => Some(Status::Malformed),
+            Some(h) if h.magic != MAGIC => Some(Status::Malformed),
+            Some(h) if h.version != VERSION => Some(Status::BadVersion),
+            Some(h) if h.len as usize != rec.len() - HEADER_LEN => Some(Status::Malformed),
+            Some(_) if raw_op & NOREPLY_BIT != 0 && !noreply => Some(Status::Malformed),
+            Some(_) if !matches!(op, OP_QUERY_GID..=OP_MAX) => Some(Status::UnknownOp),
+            Some(_) => None,
+        }
+    };
+    let op_out = op & !REPLY_BIT;
+    if let Some(status) = invalid {
+        return Decoded {
+            op: op_out,
+            seq,
+            noreply,
+            request: bad(status, true),
+        };
+    }
+    let p = &rec[HEADER_LEN..];
+    let need = |n: usize| p.len() >= n;
+    let request = match op {
+        OP_QUERY_GID => Ok(Request::QueryGid),
+        OP_REGISTER if !need(8) => bad(Status::Malformed, false),
+        OP_REGISTER if p[0] > crate::client::MAX_SIZE_CODE => bad(Status::BadSize, false),
+        OP_REGISTER => Ok(Request::Register { size_code: p[0] }),
+        OP_ATTACH if !need(8) => bad(Status::Malformed, false),
+        OP_ATTACH => Ok(Request::Attach {
+            token: get_u64(p, 0),
+        }),
+        OP_ATTACH_PEER => Ok(Request::AttachPeer),
+        OP_DETACH | OP_UNREGISTER if !need(8) => bad(Status::Malformed, false),
+        OP_DETACH => Ok(Request::Detach {
+            token: get_u64(p, 0),
+        }),
+        OP_UNREGISTER => Ok(Request::Unregister {
+            token: get_u64(p, 0),
+        }),
+        OP_RELEASE if !need(16) => bad(Status::Malformed, false),
+        OP_RELEASE => Ok(Request::Release {
+            own: get_u64(p, 0),
+            peer: get_u64(p, 8),
+        }),
+        OP_STATS => Ok(Request::Stats),
+        OP_WAIT if !need(16) => bad(Status::Malformed, false),
+        OP_WAIT => Ok(Request::Wait {
+            generation: get_u64(p, 0),
+            timeout_ms: get_u32(p, 8).min(60_000),
+        }),
+        OP_LIST if !need(8) => bad(Status::Malformed, false),
+        OP_LIST => Ok(Request::List {
+            start: get_u32(p, 0),
+            max: get_u32(p, 4).clamp(1, LIST_PAGE_MAX),
+        }),
+        _ => bad(Status::UnknownOp, true),
+    };
+    Decoded {
+        op: op_out,
+        seq,
+        noreply,
+        request,
+    }
+}
+
 /// Reads a little-endian u32 at `off` (caller checks bounds).
 pub fn get_u32(buf: &[u8], off: usize) -> u32 {
     u32::from_le_bytes(buf[off..off + 4].try_into().expect("4 bytes"))
@@ -302,6 +477,49 @@ mod tests {
         let mut b = [0u8; DMB_REPLY_LEN];
         r.encode(&mut b);
         assert_eq!(DmbReply::decode(&b), Some(r));
+    }
+
+    fn record(op: u16, payload: &[u8]) -> Vec<u8> {
+        let mut b = vec![0u8; HEADER_LEN];
+        Header::new(op, payload.len(), 9).encode(&mut b);
+        b.extend_from_slice(payload);
+        b
+    }
+
+    #[test]
+    fn decode_requests() {
+        let d = decode_request(&record(OP_REGISTER, &[6, 0, 0, 0, 0, 0, 0, 0]), false);
+        assert_eq!(d.request, Ok(Request::Register { size_code: 6 }));
+        assert_eq!((d.op, d.seq, d.noreply), (OP_REGISTER, 9, false));
+        let d = decode_request(&record(OP_REGISTER, &[7, 0, 0, 0, 0, 0, 0, 0]), false);
+        assert_eq!(d.request.unwrap_err().status, Status::BadSize);
+        let d = decode_request(&record(OP_ATTACH, &[1; 4]), false);
+        assert_eq!(
+            d.request,
+            Err(RequestError {
+                status: Status::Malformed,
+                header: false
+            })
+        );
+        let d = decode_request(&record(OP_RELEASE | NOREPLY_BIT, &[0; 16]), false);
+        assert!(d.noreply);
+        assert_eq!(d.request, Ok(Request::Release { own: 0, peer: 0 }));
+        let d = decode_request(&record(OP_STATS | NOREPLY_BIT, &[]), false);
+        assert!(!d.noreply);
+        assert!(d.request.unwrap_err().header);
+        let d = decode_request(&record(OP_MAX + 1, &[]), false);
+        assert_eq!(d.request.unwrap_err().status, Status::UnknownOp);
+        let d = decode_request(&record(OP_LIST, &[0, 0, 0, 0, 255, 255, 255, 255]), false);
+        assert_eq!(
+            d.request,
+            Ok(Request::List {
+                start: 0,
+                max: LIST_PAGE_MAX
+            })
+        );
+        let d = decode_request(&record(OP_QUERY_GID, &[]), true);
+        assert_eq!(d.request.unwrap_err().status, Status::Oversized);
+        assert_eq!(decode_request(&[1, 2, 3], false).op, 0);
     }
 
     #[test]

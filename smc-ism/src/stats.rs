@@ -47,6 +47,8 @@ pub struct FailureStats {
     pub max_dmb: u64,
     /// Cgroup DMB count quota (decline MAX_DMB).
     pub quota_dmbs: u64,
+    /// Per-uid DMB count limit (decline MAX_DMB; `QuotaDmbs` with detail 2).
+    pub uid_dmbs: u64,
     /// Cgroup byte quota (decline MEM).
     pub quota_bytes: u64,
     /// Device-wide byte limit (decline MEM).
@@ -61,8 +63,11 @@ pub struct FailureStats {
     pub bad_socket: u64,
     /// Unknown or released token.
     pub stale_token: u64,
-    /// The socket is not the mirror of the owner's connection.
+    /// The socket is not the other end of the owner's connection.
     pub bad_proof: u64,
+    /// Attach refused because the owner's peer socket was not in the connection table when
+    /// the owner registered (so no socket can prove to be it).
+    pub peer_unknown: u64,
     /// Attach refused because `require_same_cgroup` is on and the cgroups differ.
     pub other_cgroup: u64,
     /// Detach/unregister of a reference the client does not hold.
@@ -113,6 +118,8 @@ pub struct Stats {
     pub clients_total: u64,
     /// Connections closed at once because `max_clients` were connected.
     pub clients_refused: u64,
+    /// Connections closed at once because their uid had `uid_max_clients` connected.
+    pub clients_refused_uid: u64,
     /// Live DMBs (registered and not yet freed).
     pub live_dmbs: u64,
     /// Bytes of live DMBs.
@@ -127,7 +134,7 @@ pub struct Stats {
     pub ops: OpsStats,
     /// Per-reason failure counters.
     pub failures: FailureStats,
-    /// Per-cgroup usage.
+    /// Per-cgroup usage (for root callers only: the paths are other tenants' business).
     pub cgroups: Vec<CgroupStats>,
 }
 

@@ -28,9 +28,16 @@ pub(crate) fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-/// Control buffer: room for a few fds, aligned for `cmsghdr`.
+/// Control buffer for sending: room for a few fds, aligned for `cmsghdr`.
 #[repr(C, align(8))]
 struct CmsgBuf([u8; 64]);
+
+/// Control buffer for receiving: room for `SCM_MAX_FD` (253) fds, so that the kernel never
+/// truncates the control data. A truncated one makes the kernel drop the fds that did not fit,
+/// and their final `close` (a FUSE flush, a lingering socket) would then run in the receiving
+/// thread on its way back from `recvmsg`.
+#[repr(C, align(8))]
+struct RecvCmsgBuf([u8; 1040]);
 
 /// Sends one record, optionally with one fd as SCM_RIGHTS. Never raises SIGPIPE.
 pub(crate) fn send_record(
@@ -84,18 +91,21 @@ pub(crate) struct Received {
     pub len: usize,
     /// The record was larger than the buffer (the rest was discarded).
     pub truncated: bool,
-    /// The first fd passed with the record (others are closed at once).
+    /// The first fd passed with the record.
     pub fd: Option<OwnedFd>,
+    /// Any further fds (no request takes more than one; the caller disposes of them).
+    pub extra: Vec<OwnedFd>,
 }
 
-/// Receives one record; fds are received with `MSG_CMSG_CLOEXEC`, the first is kept, any others
-/// are closed. `EINTR` is retried; `EAGAIN` is returned to the caller.
+/// Receives one record; fds are received with `MSG_CMSG_CLOEXEC`, the first in `fd`, any others
+/// in `extra` (closing them is the caller's business: the daemon does not close a client's fds
+/// on its request path). `EINTR` is retried; `EAGAIN` is returned to the caller.
 pub(crate) fn recv_record(sock: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<Received> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
-    let mut cbuf = CmsgBuf([0; 64]);
+    let mut cbuf = RecvCmsgBuf([0; 1040]);
     loop {
         // SAFETY: plain data, pointers valid for the duration of recvmsg.
         let mut msg: libc::msghdr = unsafe { mem::zeroed() };
@@ -113,6 +123,7 @@ pub(crate) fn recv_record(sock: RawFd, buf: &mut [u8], flags: libc::c_int) -> io
             return Err(e);
         }
         let mut first: Option<OwnedFd> = None;
+        let mut extra = Vec::new();
         // SAFETY: walking the control buffer the kernel filled, with the libc macros.
         unsafe {
             let mut c = libc::CMSG_FIRSTHDR(&msg);
@@ -126,7 +137,9 @@ pub(crate) fn recv_record(sock: RawFd, buf: &mut [u8], flags: libc::c_int) -> io
                         let owned = OwnedFd::from_raw_fd(fd);
                         if first.is_none() {
                             first = Some(owned);
-                        } // else: dropped here, i.e. closed
+                        } else {
+                            extra.push(owned);
+                        }
                     }
                 }
                 c = libc::CMSG_NXTHDR(&msg, c);
@@ -136,6 +149,7 @@ pub(crate) fn recv_record(sock: RawFd, buf: &mut [u8], flags: libc::c_int) -> io
             len: r as usize,
             truncated: msg.msg_flags & libc::MSG_TRUNC != 0,
             fd: first,
+            extra,
         });
     }
 }
@@ -270,13 +284,22 @@ pub(crate) enum SocketCheck {
 
 /// Inspects a passed fd: must be an AF_INET/AF_INET6 TCP stream socket in ESTABLISHED state.
 ///
-/// Every system call here is on the critical path of a connection's setup, so only what
-/// decides: `SO_PROTOCOL` (TCP, hence a stream socket; MPTCP and others refused), `TCP_INFO`
-/// (state), the addresses (their family must be AF_INET/AF_INET6), the cookies.
+/// The type is checked first, with socket options only: `SO_DOMAIN` fails with `ENOTSOCK` for
+/// anything that is not a socket without asking its filesystem (an `fstat` of a FUSE file is a
+/// GETATTR request that its server may never answer), then `SO_TYPE` (stream) and
+/// `SO_PROTOCOL` (TCP; MPTCP and others refused). Then `TCP_INFO` (state), the addresses, the
+/// cookies. Every call here is on the critical path of a connection's setup.
 pub(crate) fn inspect_tcp(fd: BorrowedFd<'_>) -> Result<TcpIdentity, SocketCheck> {
+    let domain = getsockopt::<libc::c_int>(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)
+        .map_err(|_| SocketCheck::NotTcp)?;
+    if domain != libc::AF_INET && domain != libc::AF_INET6 {
+        return Err(SocketCheck::NotTcp);
+    }
+    let ty = getsockopt::<libc::c_int>(fd, libc::SOL_SOCKET, libc::SO_TYPE)
+        .map_err(|_| SocketCheck::NotTcp)?;
     let proto = getsockopt::<libc::c_int>(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL)
         .map_err(|_| SocketCheck::NotTcp)?;
-    if proto != libc::IPPROTO_TCP {
+    if ty != libc::SOCK_STREAM || proto != libc::IPPROTO_TCP {
         return Err(SocketCheck::NotTcp);
     }
     // tcp_info starts with tcpi_state; asking for 8 bytes is enough and works on every kernel.
@@ -294,13 +317,6 @@ pub(crate) fn inspect_tcp(fd: BorrowedFd<'_>) -> Result<TcpIdentity, SocketCheck
         cookie: getsockopt::<u64>(fd, libc::SOL_SOCKET, SO_COOKIE).ok(),
         netns_cookie: getsockopt::<u64>(fd, libc::SOL_SOCKET, SO_NETNS_COOKIE).ok(),
     })
-}
-
-/// True when the socket has `SO_LINGER` on: closing it may block (if ours is the last ref).
-pub(crate) fn lingers(fd: BorrowedFd<'_>) -> bool {
-    getsockopt::<libc::linger>(fd, libc::SOL_SOCKET, libc::SO_LINGER)
-        .map(|l| l.l_onoff != 0)
-        .unwrap_or(false)
 }
 
 fn sock_name(fd: BorrowedFd<'_>, peer: bool) -> Option<SocketAddr> {
@@ -369,7 +385,6 @@ mod tests {
         ));
         let f = std::fs::File::open("/proc/self/stat").unwrap();
         assert!(matches!(inspect_tcp(f.as_fd()), Err(SocketCheck::NotTcp)));
-        assert!(!lingers(a.as_fd()));
     }
 
     #[test]

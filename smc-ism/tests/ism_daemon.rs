@@ -948,7 +948,8 @@ fn cgroups_have_separate_quotas_and_can_be_fenced() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// LIST shows live DMBs; tokens only to root.
+// LIST shows live DMBs; tokens only to root; another uid sees only its own DMBs (no other
+// tenant's tuples or cgroup paths), without tokens.
 
 #[test]
 fn list_shows_tokens_only_to_root() {
@@ -984,8 +985,20 @@ fn list_shows_tokens_only_to_root() {
     if pid == 0 {
         // SAFETY: dropping privileges in the child.
         let code = if unsafe { libc::setgid(65534) == 0 && libc::setuid(65534) == 0 } {
-            match Client::connect(&dir.sock()).and_then(|mut n| n.list_dmbs()) {
-                Ok(l) if l.len() == 200 && l.iter().all(|e| e.token.is_none()) => 0,
+            let (x, _y) = tcp_pair();
+            let own = Client::connect(&dir.sock()).and_then(|mut n| {
+                let d = n.register_dmb(0, x.as_raw_fd())?;
+                Ok((n.list_dmbs()?, n.stats()?, d, n))
+            });
+            match own {
+                Ok((l, st, d, _n))
+                    if l.len() == 1
+                        && l[0].slot == d.slot
+                        && l[0].token.is_none()
+                        && st.cgroups.is_empty() =>
+                {
+                    0
+                }
                 Ok(_) => 1,
                 Err(_) => 2,
             }
@@ -999,7 +1012,11 @@ fn list_shows_tokens_only_to_root() {
     // SAFETY: waiting for our own child.
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     assert!(libc::WIFEXITED(status));
-    assert_eq!(libc::WEXITSTATUS(status), 0, "non-root sees no tokens");
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "non-root sees its own DMB only, no tokens, no cgroup paths"
+    );
     drop(c);
     let mut c = client(&dir);
     wait_idle(&mut c, 1);

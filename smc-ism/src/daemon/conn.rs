@@ -15,12 +15,22 @@ use crate::client::CHID_LOOPBACK;
 use crate::proto::{self, DmbReply, Header, Status};
 use crate::sys::{self, TcpIdentity};
 
-use super::registry::{CgroupUsage, DmbObj, Fail, RefKind, Registry};
+use super::closer::Closer;
+use super::diag::{self, CgroupKeys};
+use super::registry::{CgroupUsage, DmbObj, Fail, RefKind, Registry, UidUsage};
 
 /// State shared by all connection tasks.
 pub(crate) struct Shared {
     pub reg: Registry,
     pub events: Events,
+    /// Closes every fd a client handed over, off the request path.
+    pub closer: Closer,
+    /// Quota keys of cgroup ids.
+    pub keys: CgroupKeys,
+    /// The daemon's own network namespace cookie.
+    pub own_netns: Option<u64>,
+    /// The pinned eBPF same-host map, for peers in another network namespace.
+    pub peers_map: Option<std::path::PathBuf>,
 }
 
 /// A generation counter with waiters: every state change bumps it; `WAIT` requests sleep until
@@ -102,39 +112,42 @@ pub(crate) fn read_cgroup(pid: i32) -> String {
         .unwrap_or_else(|| "/".to_owned())
 }
 
-/// Closes a proof socket right away. A socket with SO_LINGER on could block close(2) for the
-/// linger time if ours is the last reference, so such a close goes to a blocking thread.
-fn close_proof(fd: OwnedFd) {
-    if sys::lingers(fd.as_fd()) {
-        tokio::task::spawn_blocking(move || drop(fd));
-    } else {
-        drop(fd);
-    }
-}
-
 struct Conn<'a> {
     shared: &'a Shared,
-    /// The caller is root (SO_PEERCRED uid 0 when it connected): may see tokens.
-    root: bool,
+    /// The caller's uid (SO_PEERCRED when it connected; unforgeable), with its usage.
+    uid: Arc<UidUsage>,
+    /// Quota bucket when the proof socket's cgroup cannot be found (the caller's cgroup when
+    /// it connected).
     cg: Arc<CgroupUsage>,
+    /// The last proof socket cgroup id and its quota bucket (a process's sockets nearly always
+    /// share one cgroup: no global lookup per registration).
+    cg_last: Option<(u64, Arc<CgroupUsage>)>,
     held: HashMap<u64, Held>,
 }
 
 /// Serves one client until it disconnects or the daemon stops, then releases everything it held.
-pub(crate) async fn serve_conn(shared: Arc<Shared>, fd: OwnedFd, mut stop: watch::Receiver<bool>) {
-    let cred = sys::peer_cred(fd.as_fd()).ok();
+/// `uid` is already charged with this connection (released when it ends).
+pub(crate) async fn serve_conn(
+    shared: Arc<Shared>,
+    fd: OwnedFd,
+    cred: Option<libc::ucred>,
+    uid: Arc<UidUsage>,
+    mut stop: watch::Receiver<bool>,
+) {
     let cg_path = cred
         .map(|c| read_cgroup(c.pid))
         .unwrap_or_else(|| "/".to_owned());
+    let uid_n = uid.uid;
     let mut conn = Conn {
         shared: &shared,
-        root: cred.is_some_and(|c| c.uid == 0),
+        uid,
         cg: shared.reg.cgroup(&cg_path),
+        cg_last: None,
         held: HashMap::new(),
     };
     // SAFETY: the OwnedFd is moved into the AsyncFd, which neither replaces nor closes it while
     // registered.
-    match unsafe { AsyncFd::register(fd) } {
+    let fd = match unsafe { AsyncFd::register(fd) } {
         Ok(afd) => {
             log::debug!(
                 "client connected: pid {:?} uid {:?} cgroup {}",
@@ -143,9 +156,16 @@ pub(crate) async fn serve_conn(shared: Arc<Shared>, fd: OwnedFd, mut stop: watch
                 cg_path
             );
             conn.run(&afd, &mut stop).await;
+            afd.into_inner()
         }
-        Err(e) => log::warn!("cannot register client socket with the reactor: {e}"),
-    }
+        Err(e) => {
+            let (fd, e) = e.into_parts();
+            log::warn!("cannot register client socket with the reactor: {e}");
+            fd
+        }
+    };
+    // Fds the client sent and we did not read are released with its socket: not here.
+    shared.closer.close(uid_n, fd);
     // `conn` drops here: everything it holds is released (also if the task panicked).
 }
 
@@ -202,14 +222,34 @@ impl Conn<'_> {
         let mut buf = vec![0u8; proto::MAX_REQUEST + 1];
         let mut out = Vec::with_capacity(64);
         loop {
+            // A uid whose handed-over fds do not close is not read from until they do: its
+            // further fds wait in its own socket buffer, not in the daemon's fd table.
+            while self.shared.closer.over_limit(self.uid.uid) {
+                tokio::select! {
+                    biased;
+                    _ = stop.wait_for(|s| *s) => return,
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                }
+            }
             let r = tokio::select! {
                 biased;
                 _ = stop.wait_for(|s| *s) => return,
                 r = recv(afd, &mut buf) => r,
             };
             let r = match r {
-                Ok(r) if r.len == 0 => return, // EOF (or an empty record: treated alike)
-                Ok(r) => r,
+                Ok(r) if r.len == 0 => {
+                    // EOF (or an empty record: treated alike)
+                    self.dispose(r.fd);
+                    r.extra.into_iter().for_each(|f| self.dispose(Some(f)));
+                    return;
+                }
+                Ok(mut r) => {
+                    // No request takes more than one fd.
+                    for f in std::mem::take(&mut r.extra) {
+                        self.dispose(Some(f));
+                    }
+                    r
+                }
                 Err(e) => {
                     log::debug!("client recv: {e}");
                     return;
@@ -255,58 +295,35 @@ impl Conn<'_> {
         let reg = &self.shared.reg;
         let c = &reg.counters;
         out.clear();
-        let hdr = Header::decode(rec);
-        let (raw_op, seq) = hdr.map(|h| (h.op, h.seq)).unwrap_or((0, 0));
-        let noreply = raw_op & proto::NOREPLY_BIT != 0
-            && hdr.is_some_and(|h| h.magic == proto::MAGIC && h.version == proto::VERSION)
-            && matches!(
-                raw_op & !proto::NOREPLY_BIT,
-                proto::OP_DETACH | proto::OP_UNREGISTER | proto::OP_RELEASE
-            );
-        let op = if noreply {
-            raw_op & !proto::NOREPLY_BIT
-        } else {
-            raw_op
-        };
-        let invalid = if truncated || rec.len() > proto::MAX_REQUEST {
-            Some(Fail::Oversized)
-        } else {
-            match hdr {
-                None => Some(Fail::Malformed),
-                Some(h) if h.magic != proto::MAGIC => Some(Fail::Malformed),
-                Some(h) if h.version != proto::VERSION => Some(Fail::BadVersion),
-                Some(h) if h.len as usize != rec.len() - proto::HEADER_LEN => Some(Fail::Malformed),
-                Some(_) if raw_op & proto::NOREPLY_BIT != 0 && !noreply => Some(Fail::Malformed),
-                Some(_) if !matches!(op, proto::OP_QUERY_GID..=proto::OP_MAX) => {
-                    Some(Fail::UnknownOp)
+        let d = proto::decode_request(rec, truncated);
+        let (op, seq, noreply) = (d.op, d.seq, d.noreply);
+        // Only REGISTER, ATTACH and ATTACH_PEER take an fd; anything else passed is disposed
+        // of now, before any work.
+        let (fd, req) = match d.request {
+            Ok(req) if req.takes_socket() => (fd, req),
+            other => {
+                self.dispose(fd);
+                match other {
+                    Ok(req) => (None, req),
+                    Err(e) => {
+                        let f = Fail::from_status(e.status);
+                        if e.header {
+                            c.invalid.record(false);
+                        } else {
+                            self.op_counter(op).record(false);
+                        }
+                        c.failures.count(f);
+                        if !noreply {
+                            fail_reply(out, op, seq, f);
+                        }
+                        return None;
+                    }
                 }
-                Some(_) => None,
             }
         };
-        if let Some(f) = invalid {
-            if let Some(fd) = fd {
-                close_proof(fd);
-            }
-            c.invalid.record(false);
-            c.failures.count(f);
-            if !noreply {
-                fail_reply(out, op & !proto::REPLY_BIT, seq, f);
-            }
-            return None;
-        }
-        let payload = &rec[proto::HEADER_LEN..];
-        // Only REGISTER, ATTACH and ATTACH_PEER take an fd; anything else passed is closed now.
-        let fd = match op {
-            proto::OP_REGISTER | proto::OP_ATTACH | proto::OP_ATTACH_PEER => fd,
-            _ => {
-                if let Some(fd) = fd {
-                    close_proof(fd);
-                }
-                None
-            }
-        };
-        let (counter, result): (_, Result<Option<Arc<DmbObj>>, Fail>) = match op {
-            proto::OP_QUERY_GID => {
+        use proto::Request as R;
+        let (counter, result): (_, Result<Option<Arc<DmbObj>>, Fail>) = match req {
+            R::QueryGid => {
                 let mut b = [0u8; proto::GID_REPLY_LEN];
                 b[0..8].copy_from_slice(&reg.gid.gid.to_le_bytes());
                 b[8..16].copy_from_slice(&reg.gid.gid_ext.to_le_bytes());
@@ -317,21 +334,11 @@ impl Conn<'_> {
                 encode_reply(out, op, seq, Status::Ok, 0, &b);
                 return None;
             }
-            proto::OP_REGISTER => (&c.register, self.register(payload, fd).map(Some)),
-            proto::OP_ATTACH => (&c.attach, self.attach(payload, fd).map(Some)),
-            proto::OP_ATTACH_PEER => (&c.attach, self.attach_peer(fd).map(Some)),
-            proto::OP_RELEASE => {
+            R::Register { size_code } => (&c.register, self.register(size_code, fd).map(Some)),
+            R::Attach { token } => (&c.attach, self.attach(token, fd).map(Some)),
+            R::AttachPeer => (&c.attach, self.attach_peer(fd).map(Some)),
+            R::Release { own, peer } => {
                 // Counted as the unregister and the detach it stands for.
-                if payload.len() < 16 {
-                    c.invalid.record(false);
-                    c.failures.count(Fail::Malformed);
-                    if !noreply {
-                        fail_reply(out, op, seq, Fail::Malformed);
-                    }
-                    return None;
-                }
-                let own = proto::get_u64(payload, 0);
-                let peer = proto::get_u64(payload, 8);
                 let mut res = Ok(());
                 for (token, kind, counter) in [
                     (peer, RefKind::Attach, &c.detach),
@@ -358,52 +365,40 @@ impl Conn<'_> {
                 }
                 return None;
             }
-            proto::OP_DETACH => (
+            R::Detach { token } => (
                 &c.detach,
-                self.release(payload, RefKind::Attach).map(|_| None),
+                self.release_token(token, RefKind::Attach).map(|_| None),
             ),
-            proto::OP_UNREGISTER => (
+            R::Unregister { token } => (
                 &c.unregister,
-                self.release(payload, RefKind::Owner).map(|_| None),
+                self.release_token(token, RefKind::Owner).map(|_| None),
             ),
-            proto::OP_STATS | proto::OP_WAIT => {
+            R::Stats | R::Wait { .. } => {
                 let counter = if op == proto::OP_STATS {
                     &c.stats
                 } else {
                     &c.wait
                 };
-                if op == proto::OP_WAIT {
-                    if payload.len() < 16 {
-                        c.wait.record(false);
-                        c.failures.count(Fail::Malformed);
-                        fail_reply(out, op, seq, Fail::Malformed);
-                        return None;
-                    }
-                    let since = proto::get_u64(payload, 0);
-                    let ms = proto::get_u32(payload, 8).min(60_000);
+                if let R::Wait {
+                    generation: since,
+                    timeout_ms: ms,
+                } = req
+                {
                     tokio::select! {
                         _ = self.shared.events.wait_change(since, Duration::from_millis(ms as u64)) => {}
                         _ = stop.wait_for(|s| *s) => {}
                     }
                 }
                 counter.record(true);
-                let stats = reg.stats(self.shared.events.generation());
+                let stats = reg.stats(self.shared.events.generation(), self.uid.uid == 0);
                 match serde_json::to_vec(&stats) {
                     Ok(json) => encode_reply(out, op, seq, Status::Ok, 0, &json),
                     Err(_) => fail_reply(out, op, seq, Fail::Internal),
                 }
                 return None;
             }
-            proto::OP_LIST => {
-                if payload.len() < 8 {
-                    c.list.record(false);
-                    c.failures.count(Fail::Malformed);
-                    fail_reply(out, op, seq, Fail::Malformed);
-                    return None;
-                }
-                let start = proto::get_u32(payload, 0);
-                let max = proto::get_u32(payload, 4).clamp(1, proto::LIST_PAGE_MAX);
-                let list = reg.list(start, max as usize, self.root);
+            R::List { start, max } => {
+                let list = reg.list(start, max as usize, Some(self.uid.uid));
                 c.list.record(true);
                 match serde_json::to_vec(&list) {
                     Ok(json) => encode_reply(out, op, seq, Status::Ok, 0, &json),
@@ -411,7 +406,6 @@ impl Conn<'_> {
                 }
                 return None;
             }
-            _ => unreachable!("op range checked above"),
         };
         match result {
             Ok(dmb) => {
@@ -437,52 +431,97 @@ impl Conn<'_> {
         }
     }
 
-    /// Inspects the proof socket and closes it before anything else happens.
-    fn proof(&self, fd: Option<OwnedFd>) -> Result<TcpIdentity, Fail> {
-        let fd = fd.ok_or(Fail::BadSocket)?;
-        let id = sys::inspect_tcp(fd.as_fd()).map_err(|_| Fail::BadSocket);
-        close_proof(fd);
-        id
+    /// Hands a client's fd to the closer (never closed on this worker: its last close may
+    /// block).
+    fn dispose(&self, fd: Option<OwnedFd>) {
+        if let Some(fd) = fd {
+            self.shared.closer.close(self.uid.uid, fd);
+        }
     }
 
-    fn register(&mut self, payload: &[u8], fd: Option<OwnedFd>) -> Result<Arc<DmbObj>, Fail> {
-        let id = self.proof(fd);
-        if payload.len() < 8 {
-            return Err(Fail::Malformed);
+    fn op_counter(&self, op: u16) -> &super::registry::OpCounter {
+        let c = &self.shared.reg.counters;
+        match op {
+            proto::OP_QUERY_GID => &c.query_gid,
+            proto::OP_REGISTER => &c.register,
+            proto::OP_ATTACH | proto::OP_ATTACH_PEER => &c.attach,
+            proto::OP_DETACH => &c.detach,
+            proto::OP_UNREGISTER => &c.unregister,
+            proto::OP_STATS => &c.stats,
+            proto::OP_WAIT => &c.wait,
+            proto::OP_LIST => &c.list,
+            _ => &c.invalid,
         }
-        let size_code = payload[0];
-        if size_code > crate::client::MAX_SIZE_CODE {
-            return Err(Fail::BadSize);
+    }
+
+    /// The quota bucket of cgroup `id` (the attached cgroup it belongs to).
+    fn bucket(&mut self, id: Option<u64>) -> Arc<CgroupUsage> {
+        let Some(id) = id else {
+            return self.cg.clone();
+        };
+        if let Some((last, cg)) = &self.cg_last {
+            if *last == id {
+                return cg.clone();
+            }
         }
-        let dmb = self.shared.reg.register(size_code, id?, &self.cg)?;
+        let cg = match self.shared.keys.key(id) {
+            Some(k) => self.shared.reg.cgroup(&k),
+            None => self.cg.clone(),
+        };
+        self.cg_last = Some((id, cg.clone()));
+        cg
+    }
+
+    fn register(&mut self, size_code: u8, fd: Option<OwnedFd>) -> Result<Arc<DmbObj>, Fail> {
+        let fd = fd.ok_or(Fail::BadSocket)?;
+        let sh = self.shared;
+        let res = sys::inspect_tcp(fd.as_fd()).map(|id| {
+            let info =
+                diag::conn_info(fd.as_fd(), &id, sh.own_netns, sh.peers_map.as_deref(), true);
+            (id, info)
+        });
+        self.dispose(Some(fd));
+        let (id, info) = res.map_err(|_| Fail::BadSocket)?;
+        let cg = self.bucket(info.owner_cgroup);
+        let dmb = sh
+            .reg
+            .register(size_code, id, info.peer_cookie, &cg, &self.uid)?;
         self.held.entry(dmb.token).or_default().owner = true;
         Ok(dmb)
     }
 
-    fn attach(&mut self, payload: &[u8], fd: Option<OwnedFd>) -> Result<Arc<DmbObj>, Fail> {
-        let id = self.proof(fd);
-        if payload.len() < 8 {
-            return Err(Fail::Malformed);
-        }
-        let token = proto::get_u64(payload, 0);
-        let dmb = self.shared.reg.attach(token, &id?, &self.cg)?;
+    /// Inspects the attacher's socket (and its cgroup, when the configuration compares
+    /// cgroups), then hands it to the closer.
+    fn proof(&mut self, fd: Option<OwnedFd>) -> Result<(TcpIdentity, Option<String>), Fail> {
+        let fd = fd.ok_or(Fail::BadSocket)?;
+        let sh = self.shared;
+        let res = sys::inspect_tcp(fd.as_fd()).map(|id| {
+            let cg = if sh.reg.needs_attacher_cgroup() {
+                diag::socket_cgroup(fd.as_fd(), &id, sh.own_netns)
+            } else {
+                None
+            };
+            (id, cg)
+        });
+        self.dispose(Some(fd));
+        let (id, cg) = res.map_err(|_| Fail::BadSocket)?;
+        let key = cg.map(|c| self.bucket(Some(c)).path.clone());
+        Ok((id, key))
+    }
+
+    fn attach(&mut self, token: u64, fd: Option<OwnedFd>) -> Result<Arc<DmbObj>, Fail> {
+        let (id, cg) = self.proof(fd)?;
+        let dmb = self.shared.reg.attach(token, &id, cg.as_deref())?;
         self.held.entry(token).or_default().attaches += 1;
         Ok(dmb)
     }
 
     /// Attaches the DMB the other end of the caller's connection registered.
     fn attach_peer(&mut self, fd: Option<OwnedFd>) -> Result<Arc<DmbObj>, Fail> {
-        let id = self.proof(fd)?;
-        let dmb = self.shared.reg.attach_peer(&id, &self.cg)?;
+        let (id, cg) = self.proof(fd)?;
+        let dmb = self.shared.reg.attach_peer(&id, cg.as_deref())?;
         self.held.entry(dmb.token).or_default().attaches += 1;
         Ok(dmb)
-    }
-
-    fn release(&mut self, payload: &[u8], kind: RefKind) -> Result<(), Fail> {
-        if payload.len() < 8 {
-            return Err(Fail::Malformed);
-        }
-        self.release_token(proto::get_u64(payload, 0), kind)
     }
 
     fn release_token(&mut self, token: u64, kind: RefKind) -> Result<(), Fail> {
@@ -525,6 +564,7 @@ impl Conn<'_> {
 impl Drop for Conn<'_> {
     fn drop(&mut self) {
         self.release_all();
+        self.uid.conns.fetch_sub(1, AcqRel);
         self.shared
             .reg
             .counters

@@ -79,7 +79,8 @@ fn escape(s: &str) -> String {
 
 /// The daemon's own figures as Prometheus text.
 pub(crate) fn render_daemon(shared: &Shared) -> String {
-    let stats = shared.reg.stats(shared.events.generation());
+    // The metrics address is the administrator's: everything, as root sees it.
+    let stats = shared.reg.stats(shared.events.generation(), true);
     let mut out = String::new();
     let mut v = serde_json::to_value(&stats).unwrap_or(Value::Null);
     let cgroups = v

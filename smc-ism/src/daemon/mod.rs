@@ -1,6 +1,8 @@
 //! The daemon: configuration, listener, accept loop, shutdown.
 
+mod closer;
 mod conn;
+mod diag;
 mod gid;
 mod metrics;
 mod registry;
@@ -10,7 +12,7 @@ pub use metrics::MetricsHook;
 use std::fs;
 use std::future::Future;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::*;
@@ -61,8 +63,23 @@ pub struct DaemonConfig {
     /// between containers of one host is the point of loopback-ism; the mirror proof is what
     /// authorises an attach).
     pub require_same_cgroup: bool,
-    /// Connected clients at most; beyond, new connections are closed at once (default 16384).
+    /// Connected clients at most; beyond, new connections of uids other than root are closed
+    /// at once (default 16384).
     pub max_clients: u64,
+    /// Connected clients of one uid at most (root is not limited); beyond, its new
+    /// connections are closed at once (default 1024).
+    pub uid_max_clients: u64,
+    /// Live DMBs registered by one uid at most (root is not limited; default 16384).
+    /// Beyond, registration is refused with `QuotaDmbs` and detail 2 (decline MAX_DMB).
+    pub uid_max_dmbs: u32,
+    /// The eBPF same-host map pinned by `smc-ctl` (default
+    /// `/sys/fs/bpf/smc/maps/SMC_PEERS`): where the daemon finds the peer socket of a
+    /// connection whose other end is in another network namespace. `None`: not used (such
+    /// connections cannot be attached and fall back to TCP).
+    pub bpf_peers_map: Option<PathBuf>,
+    /// The directory of `smc-ctl`'s cgroup link pins (default `/sys/fs/bpf/smc/links`),
+    /// named `<cgroup inode>-…`: the attached cgroups, whose quota their sub-cgroups share.
+    pub bpf_links_dir: Option<PathBuf>,
     /// Serve Prometheus text exposition (`GET /metrics`) on this TCP address (default: off).
     /// Meant for a local address (e.g. `127.0.0.1:9464`); the figures are not secret (no
     /// tokens) but describe the host's traffic.
@@ -85,6 +102,10 @@ impl Default for DaemonConfig {
             min_available_bytes: 64 << 20,
             require_same_cgroup: false,
             max_clients: 16384,
+            uid_max_clients: 1024,
+            uid_max_dmbs: 16384,
+            bpf_peers_map: Some(PathBuf::from("/sys/fs/bpf/smc/maps/SMC_PEERS")),
+            bpf_links_dir: Some(PathBuf::from("/sys/fs/bpf/smc/links")),
             metrics_addr: None,
             metrics_hook: None,
         }
@@ -133,6 +154,7 @@ struct Bound {
     socket_path: PathBuf,
     socket_ino: (u64, u64),
     max_clients: u64,
+    uid_max_clients: u64,
     metrics: Option<(std::net::TcpListener, Option<MetricsHook>)>,
 }
 
@@ -276,12 +298,17 @@ fn bind(cfg: DaemonConfig) -> Result<Bound, IsmError> {
         shared: Arc::new(Shared {
             reg: Registry::new(&cfg, gid),
             events: Events::new(),
+            closer: closer::Closer::new(),
+            keys: diag::CgroupKeys::new(cfg.bpf_links_dir.clone()),
+            own_netns: diag::own_netns_cookie(),
+            peers_map: cfg.bpf_peers_map.clone(),
         }),
         listener,
         _lock: lock,
         socket_path: path,
         socket_ino: (md.dev(), md.ino()),
         max_clients: cfg.max_clients,
+        uid_max_clients: cfg.uid_max_clients,
         metrics,
     })
 }
@@ -336,14 +363,44 @@ impl Bound {
                             // SAFETY: accept4 returned a new fd that we own.
                             let fd = unsafe { OwnedFd::from_raw_fd(raw) };
                             counters.clients_total.fetch_add(1, Relaxed);
-                            if counters.clients_connected.load(Relaxed) >= self.max_clients {
-                                counters.clients_refused.fetch_add(1, Relaxed);
-                                drop(fd);
+                            // SO_PEERCRED: the uid at connect(), which the client cannot forge.
+                            let cred = sys::peer_cred(fd.as_fd()).ok();
+                            let uid_n = cred.map(|c| c.uid).unwrap_or(u32::MAX);
+                            // Root is never refused (it could stop the daemon anyway); other
+                            // uids within the device's and their own limit.
+                            let refuse = if uid_n == 0 {
+                                None
+                            } else if counters.clients_connected.load(Relaxed) >= self.max_clients {
+                                Some(&counters.clients_refused)
+                            } else {
+                                None
+                            };
+                            let uid = self.shared.reg.uid(uid_n);
+                            let refuse = refuse.or_else(|| {
+                                let n = uid.conns.fetch_add(1, AcqRel);
+                                if uid_n != 0 && n >= self.uid_max_clients {
+                                    uid.conns.fetch_sub(1, AcqRel);
+                                    Some(&counters.clients_refused_uid)
+                                } else {
+                                    None
+                                }
+                            });
+                            if let Some(why) = refuse {
+                                why.fetch_add(1, Relaxed);
+                                log::debug!("client of uid {uid_n} refused: connection limit");
+                                // A refused connection may already hold passed fds.
+                                self.shared.closer.close(uid_n, fd);
                                 continue;
                             }
                             counters.clients_connected.fetch_add(1, AcqRel);
                             self.shared.events.bump();
-                            tasks.spawn(conn::serve_conn(self.shared.clone(), fd, stop_rx.clone()));
+                            tasks.spawn(conn::serve_conn(
+                                self.shared.clone(),
+                                fd,
+                                cred,
+                                uid,
+                                stop_rx.clone(),
+                            ));
                         }
                         Ok(Err(e)) => match e.raw_os_error() {
                             Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS)

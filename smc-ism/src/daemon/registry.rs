@@ -33,6 +33,8 @@ const SHARDS: usize = 64;
 pub(crate) enum Fail {
     MaxDmb,
     QuotaDmbs,
+    /// The caller's uid holds its maximum number of DMBs.
+    UidDmbs,
     QuotaBytes,
     TotalBytes,
     MemPressure,
@@ -41,6 +43,8 @@ pub(crate) enum Fail {
     BadSocket,
     StaleToken,
     BadProof,
+    /// The owner's peer socket was not found when it registered: nobody may attach.
+    PeerUnknown,
     OtherCgroup,
     NotHeld,
     Malformed,
@@ -51,18 +55,30 @@ pub(crate) enum Fail {
 }
 
 impl Fail {
+    /// The failure of a record the decoder refused.
+    pub(crate) fn from_status(s: Status) -> Fail {
+        match s {
+            Status::Oversized => Fail::Oversized,
+            Status::BadVersion => Fail::BadVersion,
+            Status::UnknownOp => Fail::UnknownOp,
+            Status::BadSize => Fail::BadSize,
+            _ => Fail::Malformed,
+        }
+    }
+
     /// Wire status and detail.
     pub(crate) fn status(self) -> (Status, u32) {
         match self {
             Fail::MaxDmb => (Status::MaxDmb, 0),
             Fail::QuotaDmbs => (Status::QuotaDmbs, 0),
+            Fail::UidDmbs => (Status::QuotaDmbs, QUOTA_DETAIL_UID),
             Fail::QuotaBytes => (Status::QuotaBytes, 0),
             Fail::TotalBytes | Fail::MemPressure => (Status::Mem, 0),
             Fail::Memfd(errno) => (Status::Mem, errno as u32),
             Fail::BadSize => (Status::BadSize, 0),
             Fail::BadSocket => (Status::BadSocket, 0),
             Fail::StaleToken => (Status::StaleToken, 0),
-            Fail::BadProof | Fail::OtherCgroup => (Status::BadProof, 0),
+            Fail::BadProof | Fail::PeerUnknown | Fail::OtherCgroup => (Status::BadProof, 0),
             Fail::NotHeld => (Status::NotHeld, 0),
             Fail::Malformed => (Status::Malformed, 0),
             Fail::Oversized => (Status::Oversized, 0),
@@ -87,6 +103,7 @@ macro_rules! failure_counters {
 failure_counters!(
     max_dmb,
     quota_dmbs,
+    uid_dmbs,
     quota_bytes,
     total_bytes,
     mem_pressure,
@@ -95,6 +112,7 @@ failure_counters!(
     bad_socket,
     stale_token,
     bad_proof,
+    peer_unknown,
     other_cgroup,
     not_held,
     malformed,
@@ -110,6 +128,7 @@ impl Failures {
         let c = match f {
             Fail::MaxDmb => &self.max_dmb,
             Fail::QuotaDmbs => &self.quota_dmbs,
+            Fail::UidDmbs => &self.uid_dmbs,
             Fail::QuotaBytes => &self.quota_bytes,
             Fail::TotalBytes => &self.total_bytes,
             Fail::MemPressure => &self.mem_pressure,
@@ -118,6 +137,7 @@ impl Failures {
             Fail::BadSocket => &self.bad_socket,
             Fail::StaleToken => &self.stale_token,
             Fail::BadProof => &self.bad_proof,
+            Fail::PeerUnknown => &self.peer_unknown,
             Fail::OtherCgroup => &self.other_cgroup,
             Fail::NotHeld => &self.not_held,
             Fail::Malformed => &self.malformed,
@@ -172,6 +192,7 @@ pub(crate) struct Counters {
     pub clients_connected: AtomicU64,
     pub clients_total: AtomicU64,
     pub clients_refused: AtomicU64,
+    pub clients_refused_uid: AtomicU64,
     pub released_on_disconnect: AtomicU64,
 }
 
@@ -267,6 +288,25 @@ pub(crate) struct CgroupUsage {
     refused: AtomicU64,
 }
 
+/// Usage of one uid (`SO_PEERCRED` of its client connections).
+pub(crate) struct UidUsage {
+    pub uid: u32,
+    pub conns: AtomicU64,
+    dmbs: AtomicU64,
+}
+
+/// One DMB charged to a uid; released on drop.
+pub(crate) struct UidCharge(Arc<UidUsage>);
+
+impl Drop for UidCharge {
+    fn drop(&mut self) {
+        self.0.dmbs.fetch_sub(1, AcqRel);
+    }
+}
+
+/// `detail` of a `QuotaDmbs` reply when the uid's limit refused it (0: the cgroup's).
+pub(crate) const QUOTA_DETAIL_UID: u32 = 2;
+
 /// A quota reservation (cgroup + device totals); released on drop.
 pub(crate) struct Charge {
     cg: Arc<CgroupUsage>,
@@ -283,15 +323,20 @@ impl Drop for Charge {
     }
 }
 
-/// A live DMB. Field order is drop order: memfd, then slot, then charge.
+/// A live DMB. Field order is drop order: memfd, then slot, then charges.
 pub(crate) struct DmbObj {
     pub memfd: OwnedFd,
     slot: SlotGuard,
     _charge: Charge,
+    _uid_charge: Option<UidCharge>,
     pub token: u64,
     pub size_code: u8,
     pub size: u64,
     pub owner: TcpIdentity,
+    /// `SO_COOKIE` of the socket at the other end of the owner's connection, found in the
+    /// kernel's connection table when the owner registered: the only socket that may attach.
+    pub peer_cookie: Option<u64>,
+    pub owner_uid: u32,
     pub owner_cgroup: Arc<CgroupUsage>,
 }
 
@@ -354,6 +399,7 @@ pub(crate) struct Registry {
     slots: Arc<SlotMap>,
     pub totals: Arc<Totals>,
     cgroups: Mutex<HashMap<String, Weak<CgroupUsage>>>,
+    uids: Mutex<HashMap<u32, Weak<UidUsage>>>,
     mem: MemFloor,
     pub counters: Counters,
     pub gid: Gid,
@@ -362,6 +408,7 @@ pub(crate) struct Registry {
     max_total_bytes: u64,
     cgroup_max_dmbs: u64,
     cgroup_max_bytes: u64,
+    uid_max_dmbs: u64,
     min_available_bytes: u64,
     require_same_cgroup: bool,
 }
@@ -380,6 +427,7 @@ impl Registry {
             slots: Arc::new(SlotMap::new(cfg.max_dmbs)),
             totals: Arc::default(),
             cgroups: Mutex::new(HashMap::new()),
+            uids: Mutex::new(HashMap::new()),
             mem: MemFloor {
                 epoch: Instant::now(),
                 checked_ms: AtomicU64::new(0),
@@ -392,6 +440,7 @@ impl Registry {
             max_total_bytes: cfg.max_total_bytes,
             cgroup_max_dmbs: cfg.cgroup_max_dmbs as u64,
             cgroup_max_bytes: cfg.cgroup_max_bytes,
+            uid_max_dmbs: cfg.uid_max_dmbs as u64,
             min_available_bytes: cfg.min_available_bytes,
             require_same_cgroup: cfg.require_same_cgroup,
         }
@@ -429,6 +478,36 @@ impl Registry {
         cg
     }
 
+    /// The usage entry of a uid (shared by all its client connections and DMBs).
+    pub(crate) fn uid(&self, uid: u32) -> Arc<UidUsage> {
+        let mut map = lock(&self.uids);
+        if let Some(u) = map.get(&uid).and_then(Weak::upgrade) {
+            return u;
+        }
+        if map.len() >= 256 {
+            map.retain(|_, w| w.strong_count() > 0);
+        }
+        let u = Arc::new(UidUsage {
+            uid,
+            conns: AtomicU64::new(0),
+            dmbs: AtomicU64::new(0),
+        });
+        map.insert(uid, Arc::downgrade(&u));
+        u
+    }
+
+    /// Charges one DMB to `uid` (root is not limited).
+    fn charge_uid(&self, uid: &Arc<UidUsage>) -> Result<Option<UidCharge>, Fail> {
+        if uid.uid == 0 {
+            return Ok(None);
+        }
+        if uid.dmbs.fetch_add(1, AcqRel) >= self.uid_max_dmbs {
+            uid.dmbs.fetch_sub(1, AcqRel);
+            return Err(Fail::UidDmbs);
+        }
+        Ok(Some(UidCharge(uid.clone())))
+    }
+
     fn charge(&self, cg: &Arc<CgroupUsage>, size: u64) -> Result<Charge, Fail> {
         if cg.dmbs.fetch_add(1, AcqRel) >= self.cgroup_max_dmbs {
             cg.dmbs.fetch_sub(1, AcqRel);
@@ -464,9 +543,12 @@ impl Registry {
         &self,
         size_code: u8,
         owner: TcpIdentity,
+        peer_cookie: Option<u64>,
         cg: &Arc<CgroupUsage>,
+        uid: &Arc<UidUsage>,
     ) -> Result<Arc<DmbObj>, Fail> {
         let size = dmb_size(size_code).ok_or(Fail::BadSize)? as u64;
+        let uid_charge = self.charge_uid(uid)?;
         let charge = self.charge(cg, size)?;
         let slot = self.slots.alloc().ok_or(Fail::MaxDmb)?;
         let memfd =
@@ -475,10 +557,13 @@ impl Registry {
             memfd,
             slot,
             _charge: charge,
+            _uid_charge: uid_charge,
             token: 0,
             size_code,
             size,
             owner,
+            peer_cookie,
+            owner_uid: uid.uid,
             owner_cgroup: cg.clone(),
         });
         loop {
@@ -506,11 +591,13 @@ impl Registry {
     }
 
     /// Takes an attach reference if `who` is the mirror of the owner's connection.
+    /// `cg`: the quota key of the attacher's socket, asked for only when
+    /// [`Registry::require_same_cgroup`] (see [`Registry::needs_attacher_cgroup`]).
     pub(crate) fn attach(
         &self,
         token: u64,
         who: &TcpIdentity,
-        cg: &CgroupUsage,
+        cg: Option<&str>,
     ) -> Result<Arc<DmbObj>, Fail> {
         let mut shard = lock(self.shard(token));
         let rec = shard
@@ -520,7 +607,12 @@ impl Registry {
         if !is_mirror(&rec.dmb.owner, who) {
             return Err(Fail::BadProof);
         }
-        if self.require_same_cgroup && rec.dmb.owner_cgroup.path != cg.path {
+        match rec.dmb.peer_cookie {
+            None => return Err(Fail::PeerUnknown),
+            Some(c) if who.cookie != Some(c) => return Err(Fail::BadProof),
+            Some(_) => {}
+        }
+        if self.require_same_cgroup && Some(rec.dmb.owner_cgroup.path.as_str()) != cg {
             return Err(Fail::OtherCgroup);
         }
         rec.refs = rec.refs.checked_add(1).ok_or(Fail::Internal)?;
@@ -534,7 +626,7 @@ impl Registry {
     pub(crate) fn attach_peer(
         &self,
         who: &TcpIdentity,
-        cg: &CgroupUsage,
+        cg: Option<&str>,
     ) -> Result<Arc<DmbObj>, Fail> {
         let t = (who.peer, who.local);
         let token = lock(self.owner_shard(&t))
@@ -593,9 +685,17 @@ impl Registry {
         }
     }
 
+    /// Whether an attach needs the attacher socket's cgroup.
+    pub(crate) fn needs_attacher_cgroup(&self) -> bool {
+        self.require_same_cgroup
+    }
+
     /// One page of live DMBs with slot >= `start`, in slot order. Each shard is locked only
-    /// while its matching records are copied.
-    pub(crate) fn list(&self, start: u32, max: usize, with_token: bool) -> DmbList {
+    /// while its matching records are copied. Root (`caller` 0) sees every DMB with its token;
+    /// any other uid only the DMBs its own clients registered, without tokens: the tuples and
+    /// cgroup paths of other tenants are theirs.
+    pub(crate) fn list(&self, start: u32, max: usize, caller: Option<u32>) -> DmbList {
+        let with_token = caller == Some(0);
         let mut all: Vec<DmbInfo> = Vec::new();
         for shard in self.shards.iter() {
             let shard = lock(shard);
@@ -603,6 +703,7 @@ impl Registry {
                 shard
                     .values()
                     .filter(|r| r.dmb.slot() >= start)
+                    .filter(|r| with_token || Some(r.dmb.owner_uid) == caller)
                     .map(|r| DmbInfo {
                         slot: r.dmb.slot(),
                         size: r.dmb.size,
@@ -628,19 +729,23 @@ impl Registry {
     }
 
     /// A snapshot of every counter.
-    pub(crate) fn stats(&self, generation: u64) -> Stats {
+    pub(crate) fn stats(&self, generation: u64, root: bool) -> Stats {
         let c = &self.counters;
-        let mut cgroups: Vec<CgroupStats> = lock(&self.cgroups)
-            .values()
-            .filter_map(Weak::upgrade)
-            .map(|cg| CgroupStats {
-                path: truncate_path(&cg.path),
-                dmbs: cg.dmbs.load(Relaxed),
-                bytes: cg.bytes.load(Relaxed),
-                refused: cg.refused.load(Relaxed),
-            })
-            .filter(|s| s.dmbs > 0 || s.refused > 0)
-            .collect();
+        let mut cgroups: Vec<CgroupStats> = if !root {
+            Vec::new()
+        } else {
+            lock(&self.cgroups)
+                .values()
+                .filter_map(Weak::upgrade)
+                .map(|cg| CgroupStats {
+                    path: truncate_path(&cg.path),
+                    dmbs: cg.dmbs.load(Relaxed),
+                    bytes: cg.bytes.load(Relaxed),
+                    refused: cg.refused.load(Relaxed),
+                })
+                .filter(|s| s.dmbs > 0 || s.refused > 0)
+                .collect()
+        };
         cgroups.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.path.cmp(&b.path)));
         // Bounded so that the reply always fits one SEQPACKET record.
         cgroups.truncate(MAX_CGROUPS_LISTED);
@@ -652,6 +757,7 @@ impl Registry {
             clients_connected: c.clients_connected.load(Relaxed),
             clients_total: c.clients_total.load(Relaxed),
             clients_refused: c.clients_refused.load(Relaxed),
+            clients_refused_uid: c.clients_refused_uid.load(Relaxed),
             live_dmbs: self.totals.live_dmbs.load(Relaxed),
             live_bytes: self.totals.live_bytes.load(Relaxed),
             live_attachments: self.totals.live_attachments.load(Relaxed),

@@ -1,0 +1,543 @@
+//! Who is at the other end of a proof socket, and which cgroup made it: `NETLINK_SOCK_DIAG`
+//! exact lookups in the socket's own network namespace, the eBPF same-host map for a peer in
+//! another namespace, and cgroup ids turned into the attached cgroup that owns the quota.
+//!
+//! Everything here is non-blocking: sock_diag answers inside `sendmsg` (the replies are queued
+//! when it returns, read with `MSG_DONTWAIT`), `bpf(2)` map lookups and `open_by_handle_at` of
+//! a cgroup directory never wait for another process.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::ffi::CString;
+use std::io;
+use std::mem;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::sys::{self, cvt, TcpIdentity};
+
+const NETLINK_SOCK_DIAG: libc::c_int = 4;
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+const NLMSG_ERROR: u16 = 2;
+const NLM_F_REQUEST: u16 = 1;
+const INET_DIAG_CGROUP_ID: u16 = 21;
+/// `ioctl(sock, SIOCGSKNS)`: an fd of the socket's network namespace (Linux 4.9+).
+const SIOCGSKNS: libc::c_ulong = 0x894C;
+/// Length of `struct inet_diag_req_v2`.
+const REQ_LEN: usize = 56;
+/// Length of `struct inet_diag_msg`.
+const MSG_LEN: usize = 72;
+const NLMSG_HDR: usize = 16;
+
+/// What the kernel's connection table says about a registration's connection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ConnInfo {
+    /// `SO_COOKIE` of the socket at the other end (the only socket that may attach).
+    pub peer_cookie: Option<u64>,
+    /// cgroup v2 id of the owner's socket (fixed when the socket was created).
+    pub owner_cgroup: Option<u64>,
+}
+
+thread_local! {
+    /// This worker's sock_diag socket in the daemon's own namespace.
+    static OWN_DIAG: RefCell<Option<OwnedFd>> = const { RefCell::new(None) };
+}
+
+fn netlink_socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain socket syscall; the fd is owned right away.
+    let fd = cvt(unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            NETLINK_SOCK_DIAG,
+        )
+    })?;
+    // SAFETY: fresh fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A sock_diag socket in the network namespace of `sock`: `setns` of this thread there and
+/// back (only for the socket call; nothing else runs in between).
+fn netlink_socket_in(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    // SAFETY: ioctl returning a new fd (or -1).
+    let ns = cvt(unsafe { libc::ioctl(sock.as_raw_fd(), SIOCGSKNS as _) })?;
+    // SAFETY: fresh fd.
+    let ns = unsafe { OwnedFd::from_raw_fd(ns) };
+    let own = std::fs::File::open("/proc/thread-self/ns/net")?;
+    // SAFETY: setns with an fd of a network namespace.
+    cvt(unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) })?;
+    let s = netlink_socket();
+    // SAFETY: back into our own namespace.
+    if unsafe { libc::setns(own.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        // This worker would create its sockets in a tenant's namespace from now on.
+        log::error!(
+            "cannot return to the daemon's network namespace: {}",
+            io::Error::last_os_error()
+        );
+        std::process::abort();
+    }
+    s
+}
+
+/// One `inet_diag_req_v2` exact lookup: the socket whose local end is `local` and remote end
+/// `remote`.
+fn put_request(out: &mut Vec<u8>, seq: u32, local: SocketAddr, remote: SocketAddr) {
+    let start = out.len();
+    out.extend_from_slice(&((NLMSG_HDR + REQ_LEN) as u32).to_ne_bytes());
+    out.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    out.extend_from_slice(&NLM_F_REQUEST.to_ne_bytes());
+    out.extend_from_slice(&seq.to_ne_bytes());
+    out.extend_from_slice(&0u32.to_ne_bytes());
+    let family = if local.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    out.push(family as u8);
+    out.push(libc::IPPROTO_TCP as u8);
+    out.push(0); // idiag_ext: the cgroup id comes without asking
+    out.push(0);
+    out.extend_from_slice(&u32::MAX.to_ne_bytes()); // every state; checked in the answer
+    out.extend_from_slice(&local.port().to_be_bytes());
+    out.extend_from_slice(&remote.port().to_be_bytes());
+    out.extend_from_slice(&ip16(local.ip()));
+    out.extend_from_slice(&ip16(remote.ip()));
+    out.extend_from_slice(&0u32.to_ne_bytes()); // interface
+    out.extend_from_slice(&[0xff; 8]); // INET_DIAG_NOCOOKIE
+    debug_assert_eq!(out.len() - start, NLMSG_HDR + REQ_LEN);
+}
+
+/// An address as the 16 bytes of `idiag_src`/`idiag_dst` (IPv4 in the first 4).
+fn ip16(ip: IpAddr) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    match ip {
+        IpAddr::V4(v4) => b[..4].copy_from_slice(&v4.octets()),
+        IpAddr::V6(v6) => b = v6.octets(),
+    }
+    b
+}
+
+/// A found socket: its cookie, state and cgroup id.
+#[derive(Clone, Copy, Debug)]
+struct Found {
+    cookie: u64,
+    state: u8,
+    cgroup: Option<u64>,
+}
+
+/// Parses one reply; `None` for an error reply (ENOENT: no such socket) or anything that does
+/// not describe exactly the socket asked for.
+fn parse_reply(b: &[u8], local: SocketAddr, remote: SocketAddr) -> Option<Found> {
+    let len = u32::from_ne_bytes(b.get(0..4)?.try_into().ok()?) as usize;
+    let ty = u16::from_ne_bytes(b.get(4..6)?.try_into().ok()?);
+    if ty == NLMSG_ERROR || ty != SOCK_DIAG_BY_FAMILY || len > b.len() {
+        return None;
+    }
+    let m = b.get(NLMSG_HDR..NLMSG_HDR + MSG_LEN)?;
+    let sport = u16::from_be_bytes([m[4], m[5]]);
+    let dport = u16::from_be_bytes([m[6], m[7]]);
+    let v4 = local.is_ipv4();
+    let same = |raw: &[u8], want: IpAddr| match want {
+        IpAddr::V4(a) => v4 && raw[..4] == a.octets(),
+        IpAddr::V6(a) => raw == a.octets(),
+    };
+    if sport != local.port()
+        || dport != remote.port()
+        || !same(&m[8..24], local.ip())
+        || !same(&m[24..40], remote.ip())
+    {
+        return None;
+    }
+    let lo = u32::from_ne_bytes(m[44..48].try_into().ok()?) as u64;
+    let hi = u32::from_ne_bytes(m[48..52].try_into().ok()?) as u64;
+    let mut cgroup = None;
+    let mut off = NLMSG_HDR + MSG_LEN;
+    while off + 4 <= len {
+        let alen = u16::from_ne_bytes(b[off..off + 2].try_into().ok()?) as usize;
+        let aty = u16::from_ne_bytes(b[off + 2..off + 4].try_into().ok()?);
+        if alen < 4 || off + alen > len {
+            break;
+        }
+        if aty & 0x3fff == INET_DIAG_CGROUP_ID && alen >= 12 {
+            cgroup = Some(u64::from_ne_bytes(b[off + 4..off + 12].try_into().ok()?));
+        }
+        off += (alen + 3) & !3;
+    }
+    Some(Found {
+        cookie: hi << 32 | lo,
+        state: m[1],
+        cgroup,
+    })
+}
+
+/// States of a full socket of a connection (not a listener, request or TIME_WAIT socket):
+/// ESTABLISHED, FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT, LAST_ACK, CLOSING.
+fn connected_state(s: u8) -> bool {
+    matches!(s, 1 | 4 | 5 | 8 | 9 | 11)
+}
+
+/// Looks up the peer of `id` (and, with `want_cgroup`, `id`'s own socket) in the connection
+/// table of `sock`'s network namespace.
+fn diag(
+    sock: BorrowedFd<'_>,
+    id: &TcpIdentity,
+    own_netns: Option<u64>,
+    want_cgroup: bool,
+) -> io::Result<(Option<Found>, Option<Found>)> {
+    let mut req = Vec::with_capacity(2 * (NLMSG_HDR + REQ_LEN));
+    put_request(&mut req, 1, id.peer, id.local);
+    if want_cgroup {
+        put_request(&mut req, 2, id.local, id.peer);
+    }
+    let run = |nl: RawFd| -> io::Result<(Option<Found>, Option<Found>)> {
+        // SAFETY: a zeroed sockaddr_nl addresses the kernel.
+        let mut kernel: libc::sockaddr_nl = unsafe { mem::zeroed() };
+        kernel.nl_family = libc::AF_NETLINK as u16;
+        // SAFETY: req and kernel are valid for their lengths.
+        let r = unsafe {
+            libc::sendto(
+                nl,
+                req.as_ptr().cast(),
+                req.len(),
+                0,
+                (&kernel as *const libc::sockaddr_nl).cast(),
+                mem::size_of::<libc::sockaddr_nl>() as u32,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // The kernel answered inside sendto: every reply is queued now.
+        let mut peer = None;
+        let mut own = None;
+        let mut buf = [0u8; 2048];
+        for _ in 0..if want_cgroup { 2 } else { 1 } {
+            // SAFETY: buf is valid for its length.
+            let n =
+                unsafe { libc::recv(nl, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::WouldBlock {
+                    break;
+                }
+                return Err(e);
+            }
+            let b = &buf[..n as usize];
+            match b
+                .get(8..12)
+                .map(|s| u32::from_ne_bytes(s.try_into().unwrap_or([0; 4])))
+            {
+                Some(1) => peer = parse_reply(b, id.peer, id.local),
+                Some(2) => own = parse_reply(b, id.local, id.peer),
+                _ => {}
+            }
+        }
+        Ok((peer, own))
+    };
+    if own_netns.is_some() && id.netns_cookie == own_netns {
+        OWN_DIAG.with(|cell| {
+            let mut cell = cell.borrow_mut();
+            if cell.is_none() {
+                *cell = Some(netlink_socket()?);
+            }
+            let fd = cell.as_ref().map(|f| f.as_raw_fd()).unwrap_or(-1);
+            let r = run(fd);
+            if r.is_err() {
+                // Replies of a failed exchange must not be read by the next one.
+                *cell = None;
+            }
+            r
+        })
+    } else {
+        let nl = netlink_socket_in(sock)?;
+        run(nl.as_raw_fd())
+    }
+}
+
+/// The daemon's network namespace cookie.
+pub(crate) fn own_netns_cookie() -> Option<u64> {
+    let s = netlink_socket().ok()?;
+    sys::getsockopt::<u64>(
+        // SAFETY: borrowed for the call only, s outlives it.
+        unsafe { BorrowedFd::borrow_raw(s.as_raw_fd()) },
+        libc::SOL_SOCKET,
+        sys::SO_NETNS_COOKIE,
+    )
+    .ok()
+}
+
+/// What the kernel knows about the connection of a registration's proof socket `sock`.
+///
+/// The peer is looked up by the mirrored 4-tuple in the owner's namespace, where a 4-tuple is
+/// unique; its cookie binds every later attach to that very socket. Only when the namespace
+/// has no such socket and the connection is not a loopback one (loopback traffic never leaves
+/// a namespace), the eBPF same-host map is asked (a peer in another namespace: containers on
+/// one host).
+pub(crate) fn conn_info(
+    sock: BorrowedFd<'_>,
+    id: &TcpIdentity,
+    own_netns: Option<u64>,
+    peers_map: Option<&Path>,
+    want_cgroup: bool,
+) -> ConnInfo {
+    let (peer, own) = match diag(sock, id, own_netns, want_cgroup) {
+        Ok(r) => r,
+        Err(e) => {
+            log::debug!("sock_diag: {e}");
+            (None, None)
+        }
+    };
+    let mut info = ConnInfo {
+        peer_cookie: peer
+            .filter(|p| connected_state(p.state) && Some(p.cookie) != id.cookie)
+            .map(|p| p.cookie),
+        owner_cgroup: own
+            .filter(|o| Some(o.cookie) == id.cookie)
+            .and_then(|o| o.cgroup),
+    };
+    let loopback = id.local.ip().is_loopback() && id.peer.ip().is_loopback();
+    if info.peer_cookie.is_none() && !loopback {
+        if let Some(path) = peers_map {
+            info.peer_cookie = bpf_peer_cookie(path, id).filter(|&c| Some(c) != id.cookie);
+        }
+    }
+    info
+}
+
+/// The cgroup id of `sock` (for `require_same_cgroup`).
+pub(crate) fn socket_cgroup(
+    sock: BorrowedFd<'_>,
+    id: &TcpIdentity,
+    own_netns: Option<u64>,
+) -> Option<u64> {
+    let swapped = TcpIdentity {
+        local: id.peer,
+        peer: id.local,
+        ..*id
+    };
+    // The peer lookup of the swapped tuple is this very socket.
+    let (me, _) = diag(sock, &swapped, own_netns, false).ok()?;
+    me.filter(|m| Some(m.cookie) == id.cookie)
+        .and_then(|m| m.cgroup)
+}
+
+/// `SockKey` of smc-common (v4 as v4-mapped IPv6, addresses in network order, ports in host
+/// order) of the socket whose local end is `local`.
+fn sock_key(local: SocketAddr, remote: SocketAddr) -> [u8; 40] {
+    let v6 = |ip: IpAddr| match ip {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    };
+    let mut k = [0u8; 40];
+    k[0..16].copy_from_slice(&v6(local.ip()));
+    k[16..32].copy_from_slice(&v6(remote.ip()));
+    k[32..36].copy_from_slice(&(local.port() as u32).to_ne_bytes());
+    k[36..40].copy_from_slice(&(remote.port() as u32).to_ne_bytes());
+    k
+}
+
+/// The cookie the eBPF programs recorded for the socket at the other end of `id`
+/// (`SMC_PEERS`, pinned by `smc-ctl`).
+fn bpf_peer_cookie(path: &Path, id: &TcpIdentity) -> Option<u64> {
+    const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+    const BPF_OBJ_GET: libc::c_long = 7;
+    let cpath = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    let mut attr = [0u64; 16];
+    attr[0] = cpath.as_ptr() as u64;
+    // SAFETY: bpf(BPF_OBJ_GET) reads the path pointer and zeroed flags.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET,
+            attr.as_mut_ptr(),
+            mem::size_of_val(&attr),
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a new fd.
+    let map = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    let key = sock_key(id.peer, id.local);
+    let mut value = [0u8; 16];
+    let mut attr = [0u64; 16];
+    attr[0] = map.as_raw_fd() as u32 as u64;
+    attr[1] = key.as_ptr() as u64;
+    attr[2] = value.as_mut_ptr() as u64;
+    // SAFETY: key (40 bytes) and value (16 bytes) match the map's sizes; a map of another
+    // layout would fail the version marker check of smc-ctl before anything is pinned here.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_LOOKUP_ELEM,
+            attr.as_mut_ptr(),
+            mem::size_of_val(&attr),
+        )
+    };
+    (r == 0).then(|| u64::from_ne_bytes(value[0..8].try_into().unwrap_or([0; 8])))
+}
+
+/// Quota keys: the attached cgroup a socket's cgroup belongs to.
+///
+/// A socket's cgroup id is fixed by the kernel when the socket is created, so it cannot be
+/// forged by the process that passes it, and it does not change when that process moves or
+/// exits. The quota is charged to the nearest ancestor (or itself) that `smc-ctl attach`
+/// enabled (its link pins are named `<cgroup inode>-…` under `links`), so sub-cgroups of a
+/// tenant share its quota; a cgroup under no attached one is its own key.
+pub(crate) struct CgroupKeys {
+    mount: Option<(PathBuf, OwnedFd)>,
+    links: Option<PathBuf>,
+    cache: Mutex<KeyCache>,
+}
+
+struct KeyCache {
+    attached: HashSet<u64>,
+    read_at: Option<Instant>,
+    keys: HashMap<u64, String>,
+}
+
+/// How long the list of attached cgroups is trusted.
+const ATTACHED_TTL: Duration = Duration::from_secs(1);
+/// Cached cgroup ids at most (ids are never reused; the cache is cleared when full).
+const MAX_KEYS: usize = 4096;
+
+impl CgroupKeys {
+    pub(crate) fn new(links: Option<PathBuf>) -> CgroupKeys {
+        let mount = cgroup2_mount().and_then(|p| {
+            let f = std::fs::File::open(&p).ok()?;
+            Some((p, OwnedFd::from(f)))
+        });
+        CgroupKeys {
+            mount,
+            links,
+            cache: Mutex::new(KeyCache {
+                attached: HashSet::new(),
+                read_at: None,
+                keys: HashMap::new(),
+            }),
+        }
+    }
+
+    /// The quota key (a cgroup path relative to the cgroup2 root) of cgroup `id`.
+    pub(crate) fn key(&self, id: u64) -> Option<String> {
+        let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if c.read_at.is_none_or(|t| t.elapsed() >= ATTACHED_TTL) {
+            let now = self.attached();
+            if now != c.attached {
+                c.keys.clear();
+                c.attached = now;
+            }
+            c.read_at = Some(Instant::now());
+        }
+        if let Some(k) = c.keys.get(&id) {
+            return Some(k.clone());
+        }
+        let (root, mfd) = self.mount.as_ref()?;
+        let path = cgroup_path(mfd.as_raw_fd(), id)?;
+        let rel = path.strip_prefix(root).ok()?;
+        let mut key = None;
+        for anc in rel.ancestors() {
+            let ino = std::fs::metadata(root.join(anc)).ok().map(|m| {
+                use std::os::unix::fs::MetadataExt;
+                m.ino()
+            });
+            if ino.is_some_and(|i| c.attached.contains(&i)) {
+                key = Some(anc);
+                break;
+            }
+        }
+        let key = format!("/{}", key.unwrap_or(rel).display());
+        if c.keys.len() >= MAX_KEYS {
+            c.keys.clear();
+        }
+        c.keys.insert(id, key.clone());
+        Some(key)
+    }
+
+    fn attached(&self) -> HashSet<u64> {
+        let Some(dir) = &self.links else {
+            return HashSet::new();
+        };
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return HashSet::new();
+        };
+        rd.filter_map(|e| {
+            let n = e.ok()?.file_name();
+            n.to_str()?.split('-').next()?.parse().ok()
+        })
+        .collect()
+    }
+}
+
+/// The cgroup2 mount point, from /proc/self/mountinfo.
+fn cgroup2_mount() -> Option<PathBuf> {
+    let s = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    s.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        if post.split(' ').next() != Some("cgroup2") {
+            return None;
+        }
+        pre.split(' ').nth(4).map(PathBuf::from)
+    })
+}
+
+/// The path of the cgroup directory with kernfs id `id` (`open_by_handle_at`, root only).
+fn cgroup_path(mount_fd: RawFd, id: u64) -> Option<PathBuf> {
+    #[repr(C)]
+    struct Handle {
+        bytes: u32,
+        ty: i32,
+        id: [u8; 8],
+    }
+    /// `FILEID_KERNFS`.
+    const FILEID_KERNFS: i32 = 0xfe;
+    let mut h = Handle {
+        bytes: 8,
+        ty: FILEID_KERNFS,
+        id: id.to_ne_bytes(),
+    };
+    // SAFETY: h has the layout of a file_handle with 8 bytes of handle.
+    let fd = unsafe {
+        libc::open_by_handle_at(
+            mount_fd,
+            (&mut h as *mut Handle).cast(),
+            libc::O_PATH | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a new fd.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn peer_cookie_of_a_loopback_pair() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let ia = sys::inspect_tcp(a.as_fd()).unwrap();
+        let ib = sys::inspect_tcp(b.as_fd()).unwrap();
+        let own = own_netns_cookie();
+        let info = conn_info(a.as_fd(), &ia, own, None, true);
+        assert_eq!(info.peer_cookie, ib.cookie);
+        let info = conn_info(b.as_fd(), &ib, own, None, false);
+        assert_eq!(info.peer_cookie, ia.cookie);
+        assert_eq!(info.owner_cgroup, None);
+        // The owner's own socket, asked for its cgroup: found (the id is the cgroup this
+        // test runs in, not checked here).
+        let info = conn_info(b.as_fd(), &ib, own, None, true);
+        assert!(info.owner_cgroup.is_some());
+        assert_eq!(socket_cgroup(b.as_fd(), &ib, own), info.owner_cgroup);
+    }
+}

@@ -1,0 +1,473 @@
+//! Attacks on the daemon by another uid (issue 12, items 1, 3 and 6): each runs in a forked
+//! child that drops to uid/gid `nobody` (65534) before it touches the daemon, and is shown
+//! refused while the victim's data stays exact and root's requests are still served.
+
+mod common;
+
+use std::io::{ErrorKind, Read};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use common::*;
+use smc_ism::proto::{self, Header};
+use smc_ism::{Client, IsmError};
+
+const NOBODY: u32 = 65534;
+
+/// Forks; the child drops to `nobody` and exits with `f()`'s code (99: could not drop).
+/// Returns the child's exit code.
+fn as_nobody(f: impl FnOnce() -> i32) -> i32 {
+    let pid = fork_nobody(f);
+    wait_child(pid)
+}
+
+fn fork_nobody(f: impl FnOnce() -> i32) -> libc::pid_t {
+    // SAFETY: the child runs only `f` and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        // SAFETY: dropping privileges in the child (groups, gid, then uid).
+        let code = if unsafe {
+            libc::setgroups(0, std::ptr::null()) == 0
+                && libc::setgid(NOBODY) == 0
+                && libc::setuid(NOBODY) == 0
+        } {
+            f()
+        } else {
+            99
+        };
+        // SAFETY: leave without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    pid
+}
+
+fn wait_child(pid: libc::pid_t) -> i32 {
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "child died: status {status:#x}");
+    libc::WEXITSTATUS(status)
+}
+
+/// Kills and reaps a child.
+fn kill_child(pid: libc::pid_t) {
+    let mut status = 0;
+    // SAFETY: ending and reaping our own child.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, &mut status, 0);
+    }
+}
+
+fn set_linger(fd: RawFd, on: bool, secs: i32) {
+    let l = libc::linger {
+        l_onoff: on as i32,
+        l_linger: secs,
+    };
+    // SAFETY: setsockopt with a valid linger struct.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as u32,
+        )
+    };
+    assert_eq!(r, 0, "SO_LINGER");
+}
+
+/// A TCP socket bound to `local` (SO_REUSEADDR) and connected to `remote`.
+fn connect_from(local: SocketAddr, remote: SocketAddr) -> std::io::Result<TcpStream> {
+    let (SocketAddr::V4(l), SocketAddr::V4(r)) = (local, remote) else {
+        return Err(std::io::Error::other("v4 only"));
+    };
+    // SAFETY: plain socket calls on a socket owned right away.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let s = OwnedFd::from_raw_fd(fd);
+        let one: i32 = 1;
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const i32).cast(),
+            4,
+        );
+        let sin = |a: std::net::SocketAddrV4| libc::sockaddr_in {
+            sin_family: libc::AF_INET as u16,
+            sin_port: a.port().to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(*a.ip()).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let (sl, sr) = (sin(l), sin(r));
+        let n = std::mem::size_of::<libc::sockaddr_in>() as u32;
+        if libc::bind(fd, (&sl as *const libc::sockaddr_in).cast(), n) != 0
+            || libc::connect(fd, (&sr as *const libc::sockaddr_in).cast(), n) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(TcpStream::from(s))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 12.1: after the owner's connection was reset (its socket left the connection table, its fd is
+// still open), `nobody` rebuilds the mirrored 4-tuple and asks for the live DMB, without and
+// with the token. Both are refused; the DMB's bytes are untouched; the real peer (before the
+// reset) could attach.
+
+#[test]
+fn rebuilt_tuple_cannot_attach() {
+    let dir = TestDir::new("hostile-tuple");
+    let d = start(&dir, |c| c.bpf_peers_map = None);
+    let mut owner = client(&dir);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let server_addr = l.local_addr().unwrap();
+    let a = TcpStream::connect(server_addr).unwrap();
+    let (mut b, _) = l.accept().unwrap();
+    let dmb = owner.register_dmb(0, b.as_raw_fd()).unwrap();
+    let map = dmb.map().unwrap();
+    let pattern: Vec<u8> = (0..map.len()).map(|i| (i * 7 + 3) as u8).collect();
+    write_bytes(&map, 0, &pattern);
+
+    // The real peer may attach (and sees the owner's bytes).
+    let mut peer = client(&dir);
+    let pd = peer.attach_dmb(dmb.token, a.as_raw_fd()).unwrap();
+    assert_eq!(read_bytes(&pd.map().unwrap(), 0, 64), pattern[..64]);
+    peer.detach_dmb(pd.token).unwrap();
+
+    // The peer resets the connection: the owner's socket leaves the table, its fd stays open.
+    let client_addr = a.local_addr().unwrap();
+    set_linger(a.as_raw_fd(), true, 0);
+    drop(a);
+    b.set_read_timeout(Some(WAIT)).unwrap();
+    let e = b.read(&mut [0u8; 1]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionReset, "owner sees the reset");
+
+    let sock = dir.sock();
+    let token = dmb.token;
+    let code = as_nobody(move || {
+        // The mirror of the owner's (local, peer): local = the reset client's address, peer =
+        // the server's; the server's listener completes the handshake.
+        let x = match connect_from(client_addr, server_addr) {
+            Ok(x) => x,
+            Err(_) => return 90,
+        };
+        let Ok(mut c) = Client::connect(&sock) else {
+            return 91;
+        };
+        let mut got = 0;
+        match c
+            .attach_peer_start(x.as_raw_fd())
+            .and_then(|t| c.finish_dmb(t))
+        {
+            Ok(_) => got |= 1,
+            Err(IsmError::BadProof) => {}
+            Err(_) => got |= 4,
+        }
+        match c.attach_dmb(token, x.as_raw_fd()) {
+            Ok(_) => got |= 2,
+            Err(IsmError::BadProof) => {}
+            Err(_) => got |= 8,
+        }
+        got
+    });
+    assert_eq!(
+        code, 0,
+        "rebuilt tuple: bit 0 ATTACH_PEER granted, bit 1 ATTACH by token granted, bits 2/3 other \
+         errors than BadProof, 9x setup"
+    );
+    assert_eq!(read_bytes(&map, 0, map.len()), pattern, "DMB untouched");
+    let st = owner.stats().unwrap();
+    assert!(st.failures.bad_proof >= 2, "{:?}", st.failures);
+    drop(map);
+    owner.unregister_dmb(dmb.token).unwrap();
+    d.shutdown().unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 12.1 / 12.6: LIST and STATS show `nobody` none of root's DMBs, tuples or cgroup paths.
+
+#[test]
+fn list_and_stats_hide_other_uids() {
+    let dir = TestDir::new("hostile-list");
+    let d = start(&dir, |_| {});
+    let mut root = client(&dir);
+    let (a, _b) = tcp_pair();
+    let _dmbs: Vec<_> = (0..3)
+        .map(|_| root.register_dmb(0, a.as_raw_fd()).unwrap())
+        .collect();
+    assert_eq!(root.list_dmbs().unwrap().len(), 3);
+    assert!(
+        !root.stats().unwrap().cgroups.is_empty(),
+        "root sees cgroups"
+    );
+    let sock = dir.sock();
+    let code = as_nobody(move || match Client::connect(&sock) {
+        Ok(mut c) => match (c.list_dmbs(), c.stats()) {
+            (Ok(l), Ok(s)) if l.is_empty() && s.cgroups.is_empty() => 0,
+            (Ok(l), _) if !l.is_empty() => 1,
+            (_, Ok(s)) if !s.cgroups.is_empty() => 2,
+            _ => 3,
+        },
+        Err(_) => 4,
+    });
+    assert_eq!(
+        code, 0,
+        "1: root's DMBs listed, 2: cgroup paths shown, 3/4 errors"
+    );
+    d.shutdown().unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 12.3: `nobody` hands the daemon fds whose close blocks: TCP sockets with SO_LINGER {1, 30}
+// and unsent data to a peer that does not read, as the extra fds of a record (no check can
+// run on them) and as the proof socket of requests, with `nobody`'s own copy closed so that
+// the daemon's close is the last. The daemon still serves root's register and attach.
+
+/// Sends one record with several fds as SCM_RIGHTS.
+fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> bool {
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut _,
+        iov_len: data.len(),
+    };
+    let mut cbuf = vec![0u64; 64];
+    // SAFETY: msghdr is plain data; the buffers outlive the call; CMSG macros within cbuf.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        let len = std::mem::size_of_val(fds) as u32;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = libc::CMSG_SPACE(len) as _;
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(len) as _;
+        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast(), fds.len());
+        libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) == data.len() as isize
+    }
+}
+
+/// A TCP socket with unsent data queued to a peer that never reads, SO_LINGER {1, 30}: its last
+/// close blocks for up to 30 s. Returns (the socket, the peer that must stay open).
+fn lingering_socket() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let s = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (peer, _) = l.accept().unwrap();
+    s.set_nonblocking(true).unwrap();
+    let chunk = vec![0x5au8; 1 << 16];
+    let mut queued = 0usize;
+    loop {
+        match std::io::Write::write(&mut &s, &chunk) {
+            Ok(n) => queued += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) => panic!("filling the send buffer: {e}"),
+        }
+    }
+    assert!(queued > 0);
+    set_linger(s.as_raw_fd(), true, 30);
+    (s, peer)
+}
+
+fn unix_connect(path: &std::path::Path) -> Option<OwnedFd> {
+    let s = std::os::unix::net::UnixStream::connect(path).ok();
+    // A SEQPACKET socket is needed: connect with libc.
+    drop(s);
+    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: plain socket calls; sockaddr_un filled within bounds (checked length).
+    unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return None;
+        }
+        let s = OwnedFd::from_raw_fd(fd);
+        let mut a: libc::sockaddr_un = std::mem::zeroed();
+        a.sun_family = libc::AF_UNIX as u16;
+        let b = p.as_bytes();
+        if b.len() >= a.sun_path.len() {
+            return None;
+        }
+        for (i, c) in b.iter().enumerate() {
+            a.sun_path[i] = *c as libc::c_char;
+        }
+        let n = std::mem::size_of::<libc::sockaddr_un>() as u32;
+        (libc::connect(fd, (&a as *const libc::sockaddr_un).cast(), n) == 0).then_some(s)
+    }
+}
+
+#[test]
+fn blocking_closes_do_not_stop_the_daemon() {
+    let dir = TestDir::new("hostile-close");
+    let d = start(&dir, |_| {});
+    let sock = dir.sock();
+    let (ready_r, ready_w) = {
+        let mut p = [0; 2];
+        // SAFETY: pipe2 fills two fds we own.
+        assert_eq!(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: fresh fds.
+        unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) }
+    };
+    let (r_raw, w_raw) = (ready_r.as_raw_fd(), ready_w.as_raw_fd());
+    let attacker = fork_nobody(move || {
+        // SAFETY: the child's copy of the read end, not used here.
+        unsafe { libc::close(r_raw) };
+        let mut peers = Vec::new();
+        let mut conns = Vec::new();
+        // Two rounds per connection on 8 connections: as many records as the daemon has
+        // workers, several times over; 3 blocking fds each (1 proof, 2 extra).
+        for _ in 0..8 {
+            let Some(c) = unix_connect(&sock) else {
+                return 1;
+            };
+            for op in [proto::OP_REGISTER, proto::OP_ATTACH] {
+                let mut rec = vec![0u8; proto::HEADER_LEN + 8];
+                Header::new(op, 8, 1).encode(&mut rec);
+                let socks: Vec<(TcpStream, TcpStream)> =
+                    (0..3).map(|_| lingering_socket()).collect();
+                let fds: Vec<RawFd> = socks.iter().map(|(s, _)| s.as_raw_fd()).collect();
+                if !send_with_fds(c.as_raw_fd(), &rec, &fds) {
+                    return 2;
+                }
+                for (s, p) in socks {
+                    drop(s); // the daemon's copy is the last one
+                    peers.push(p);
+                }
+            }
+            conns.push(c);
+        }
+        // SAFETY: one byte to the parent: everything is sent.
+        unsafe { libc::write(w_raw, b"x".as_ptr().cast(), 1) };
+        // Keep the peers (never reading) and the connections open until killed.
+        loop {
+            // SAFETY: sleep until a signal ends us.
+            unsafe { libc::pause() };
+        }
+    });
+    drop(ready_w);
+    let mut b = [0u8; 1];
+    // SAFETY: blocking read of the child's signal byte.
+    let n = unsafe { libc::read(ready_r.as_raw_fd(), b.as_mut_ptr().cast(), 1) };
+    assert_eq!(n, 1, "attacker ready");
+
+    // Root is served: register and attach, several times, each within the client's 2 s timeout
+    // (the client's own limit, the data path's too; a blocked daemon makes them fail).
+    let mut owner = client(&dir);
+    let mut peer = client(&dir);
+    let mut served = Ok(());
+    for _ in 0..20 {
+        let (a, b) = tcp_pair();
+        let r = owner
+            .register_dmb(0, a.as_raw_fd())
+            .and_then(|o| Ok((peer.attach_dmb(o.token, b.as_raw_fd())?, o)))
+            .and_then(|(p, o)| {
+                peer.detach_dmb(p.token)?;
+                owner.unregister_dmb(o.token)
+            });
+        if let Err(e) = r {
+            served = Err(e);
+            break;
+        }
+    }
+    kill_child(attacker);
+    served.expect("root's register/attach served while nobody's closes block");
+    d.shutdown().unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 12.6: `nobody` opens client connections until refused and registers DMBs until refused; root
+// is still served. Small limits keep the test quick; the defaults are 1024 / 16384.
+
+#[test]
+fn per_uid_limits_keep_root_served() {
+    let dir = TestDir::new("hostile-limits");
+    let d = start(&dir, |c| {
+        c.max_clients = 32;
+        c.uid_max_clients = 16;
+        c.uid_max_dmbs = 4;
+    });
+    let sock = dir.sock();
+    let code = as_nobody(move || {
+        let mut open = Vec::new();
+        let mut refused = 0;
+        for _ in 0..40 {
+            match Client::connect(&sock).and_then(|mut c| c.query_gid().map(|_| c)) {
+                Ok(c) => open.push(c),
+                Err(_) => refused += 1,
+            }
+        }
+        if open.len() != 16 || refused != 24 {
+            return 1;
+        }
+        let (a, _b) = tcp_pair();
+        let c = &mut open[0];
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            match c.register_dmb(0, a.as_raw_fd()) {
+                Ok(dmb) => got.push(dmb),
+                Err(_) => return 2,
+            }
+        }
+        match c.register_dmb(0, a.as_raw_fd()) {
+            Err(IsmError::QuotaDmbs) => {}
+            _ => return 3,
+        }
+        // Root, while nobody holds all of that.
+        0
+    });
+    assert_eq!(
+        code, 0,
+        "1: connections not limited per uid, 2: registration refused early, 3: no DMB limit"
+    );
+    // A child that holds nobody's connections while root connects.
+    let sock = dir.sock();
+    let (go_r, go_w) = {
+        let mut p = [0; 2];
+        // SAFETY: pipe2 fills two fds we own.
+        assert_eq!(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: fresh fds.
+        unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) }
+    };
+    let w_raw = go_w.as_raw_fd();
+    let holder = fork_nobody(move || {
+        let mut open = Vec::new();
+        for _ in 0..40 {
+            if let Ok(c) = Client::connect(&sock).and_then(|mut c| c.query_gid().map(|_| c)) {
+                open.push(c);
+            }
+        }
+        // SAFETY: signal the parent, then wait to be killed.
+        unsafe { libc::write(w_raw, b"x".as_ptr().cast(), 1) };
+        loop {
+            // SAFETY: sleep until a signal ends us.
+            unsafe { libc::pause() };
+        }
+    });
+    drop(go_w);
+    let mut b = [0u8; 1];
+    // SAFETY: blocking read of the child's byte.
+    assert_eq!(
+        unsafe { libc::read(go_r.as_raw_fd(), b.as_mut_ptr().cast(), 1) },
+        1
+    );
+    let mut root = client(&dir);
+    let (a, bb) = tcp_pair();
+    let r = root.register_dmb(0, a.as_raw_fd()).and_then(|o| {
+        let mut p = client(&dir);
+        p.attach_dmb(o.token, bb.as_raw_fd())
+    });
+    let st = root.stats();
+    kill_child(holder);
+    r.expect("root served while nobody holds its connection limit");
+    let st = st.unwrap();
+    assert!(st.clients_refused_uid >= 24, "{st:?}");
+    assert!(st.failures.uid_dmbs >= 1, "{:?}", st.failures);
+    d.shutdown().unwrap();
+}
