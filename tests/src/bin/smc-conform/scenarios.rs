@@ -1546,7 +1546,7 @@ fn restart_per_handler() {
 // ── buffering ───────────────────────────────────────────────────────────────────────────────
 
 fn write_before_read_both() {
-    write_before_read(1 << 20);
+    write_before_read(512 << 10);
 }
 
 fn write_before_read_3mb() {
