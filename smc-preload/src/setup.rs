@@ -777,7 +777,7 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
     // continues at its next operation, maybe in this thread): waiting for its Confirm here
     // could wait for ourselves.
     let own_client = own_client_handshake(fd);
-    match d.step(!(nonblock && accept_async()) && !own_client) {
+    match d.step(!(own_client || nonblock && accept_async())) {
         Progress::Done(out) => finish(fd, true, out, nonblock),
         Progress::WouldBlock => {
             debug!("fd {fd}: server handshake continues at the next operation");
@@ -822,10 +822,14 @@ fn port_of(fd: i32, peer: bool) -> Option<u16> {
     }
     match ss.ss_family as i32 {
         // SAFETY: the family says which layout it is.
-        libc::AF_INET => Some(u16::from_be(unsafe { (*(p as *const libc::sockaddr_in)).sin_port })),
+        libc::AF_INET => Some(u16::from_be(unsafe {
+            (*(p as *const libc::sockaddr_in)).sin_port
+        })),
         libc::AF_INET6 => {
             // SAFETY: as above.
-            Some(u16::from_be(unsafe { (*(p as *const libc::sockaddr_in6)).sin6_port }))
+            Some(u16::from_be(unsafe {
+                (*(p as *const libc::sockaddr_in6)).sin6_port
+            }))
         }
         _ => None,
     }

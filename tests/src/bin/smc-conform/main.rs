@@ -112,7 +112,11 @@ fn mask_names(m: u32) -> String {
         (libc::EPOLLMSG as u32, "MSG"),
         (libc::EPOLLRDHUP as u32, "RDHUP"),
     ];
-    let mut v: Vec<&str> = N.iter().filter(|(b, _)| m & b != 0).map(|(_, n)| *n).collect();
+    let mut v: Vec<&str> = N
+        .iter()
+        .filter(|(b, _)| m & b != 0)
+        .map(|(_, n)| *n)
+        .collect();
     if v.is_empty() {
         v.push("0");
     }
@@ -176,7 +180,12 @@ fn pair() -> (c_int, c_int) {
     let (l, port) = listener();
     let h = std::thread::spawn(move || accept_fd(l));
     let c = tcp_socket();
-    assert_eq!(connect_to(c, port), 0, "connect: {}", std::io::Error::last_os_error());
+    assert_eq!(
+        connect_to(c, port),
+        0,
+        "connect: {}",
+        std::io::Error::last_os_error()
+    );
     let s = h.join().expect("accept thread");
     assert!(s >= 0, "accept: {}", std::io::Error::last_os_error());
     close(l);
@@ -287,10 +296,7 @@ fn pl(what: &str, fd: c_int, events: i16, timeout: c_int) -> i16 {
     if n < 0 {
         r(what, -1);
     } else {
-        log(format!(
-            "{what} = {n} {}",
-            mask_names(rev as u16 as u32)
-        ));
+        log(format!("{what} = {n} {}", mask_names(rev as u16 as u32)));
     }
     rev
 }
@@ -359,7 +365,8 @@ fn wait_blocked(tid: &AtomicI32) {
     loop {
         let id = tid.load(Ordering::Acquire);
         if id > 0 {
-            let st = std::fs::read_to_string(format!("/proc/self/task/{id}/stat")).unwrap_or_default();
+            let st =
+                std::fs::read_to_string(format!("/proc/self/task/{id}/stat")).unwrap_or_default();
             // state is the field after the parenthesised name
             if let Some(rest) = st.rsplit_once(") ") {
                 if rest.1.starts_with('S') {
@@ -432,7 +439,13 @@ fn ep_ctl(what: &str, ep: c_int, op: c_int, fd: c_int, events: u32, data: u64) -
 }
 
 /// Logged epoll_wait; `name` turns the data of an event into a name.
-fn ep_wait(what: &str, ep: c_int, max: usize, timeout: c_int, name: &dyn Fn(u64) -> String) -> Vec<(u64, u32)> {
+fn ep_wait(
+    what: &str,
+    ep: c_int,
+    max: usize,
+    timeout: c_int,
+    name: &dyn Fn(u64) -> String,
+) -> Vec<(u64, u32)> {
     let mut evs = vec![libc::epoll_event { events: 0, u64: 0 }; max.max(1)];
     // SAFETY: `max` entries.
     let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), max as c_int, timeout) };
@@ -440,7 +453,10 @@ fn ep_wait(what: &str, ep: c_int, max: usize, timeout: c_int, name: &dyn Fn(u64)
         r(what, -1);
         return Vec::new();
     }
-    let v: Vec<(u64, u32)> = evs[..n as usize].iter().map(|e| (e.u64, e.events)).collect();
+    let v: Vec<(u64, u32)> = evs[..n as usize]
+        .iter()
+        .map(|e| (e.u64, e.events))
+        .collect();
     let shown: Vec<String> = v
         .iter()
         .map(|(d, m)| format!("{}:{}", name(*d), mask_names(*m)))
@@ -450,7 +466,11 @@ fn ep_wait(what: &str, ep: c_int, max: usize, timeout: c_int, name: &dyn Fn(u64)
 }
 
 fn names(list: &'static [&'static str]) -> impl Fn(u64) -> String {
-    move |d| list.get(d as usize).map(|s| s.to_string()).unwrap_or(format!("#{d}"))
+    move |d| {
+        list.get(d as usize)
+            .map(|s| s.to_string())
+            .unwrap_or(format!("#{d}"))
+    }
 }
 
 // ────────────────────────────────────────────────────────────────────────────────────────────

@@ -181,7 +181,9 @@ try:
 except asyncio.TimeoutError:
     print('TIMEOUT')
 "#;
-    let err = std::process::Command::new("python3").args(["-c", PY]).exec();
+    let err = std::process::Command::new("python3")
+        .args(["-c", PY])
+        .exec();
     log(format!("exec python3: {err}"));
 }
 
@@ -229,7 +231,9 @@ fn sendfile_null_offset_slow_reader() {
     }
     // SAFETY: plain lseek.
     let off = unsafe { libc::lseek(f, 0, libc::SEEK_CUR) };
-    log(format!("sent {sent}, file offset {off}, saw EAGAIN {eagain}"));
+    log(format!(
+        "sent {sent}, file offset {off}, saw EAGAIN {eagain}"
+    ));
     close(c);
     let got = reader.join().unwrap();
     log(format!(
@@ -265,7 +269,10 @@ fn eof_after_close() {
 fn half_close() {
     let (c, s) = pair();
     write_all(c, b"request");
-    r("shutdown(c,WR)", unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize);
+    r(
+        "shutdown(c,WR)",
+        unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize,
+    );
     rd("read(s)", s, 100);
     rd("read(s) eof", s, 100);
     r("write(s)", wr(s, b"response"));
@@ -277,10 +284,14 @@ fn half_close() {
 
 fn read_zero_len() {
     let (c, s) = pair();
-    r("read(s,0)", unsafe { libc::read(s, [0u8; 1].as_mut_ptr().cast(), 0) });
+    r("read(s,0)", unsafe {
+        libc::read(s, [0u8; 1].as_mut_ptr().cast(), 0)
+    });
     write_all(c, b"x");
     pl("poll(s,IN)", s, libc::POLLIN, 5000);
-    r("read(s,0) with data", unsafe { libc::read(s, [0u8; 1].as_mut_ptr().cast(), 0) });
+    r("read(s,0) with data", unsafe {
+        libc::read(s, [0u8; 1].as_mut_ptr().cast(), 0)
+    });
     rd("read(s)", s, 10);
     close(c);
     close(s);
@@ -289,7 +300,9 @@ fn read_zero_len() {
 fn write_zero_len() {
     let (c, s) = pair();
     r("write(c,0)", wr(c, b""));
-    r("send(c,0)", unsafe { libc::send(c, b"".as_ptr().cast(), 0, 0) });
+    r("send(c,0)", unsafe {
+        libc::send(c, b"".as_ptr().cast(), 0, 0)
+    });
     set_nonblock(s, true);
     rd("read(s) nothing", s, 10);
     close(c);
@@ -301,7 +314,12 @@ fn eof_twice() {
     close(c);
     rd("read(s)", s, 10);
     rd("read(s)", s, 10);
-    pl("poll(s,IN|OUT|RDHUP)", s, libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP, 0);
+    pl(
+        "poll(s,IN|OUT|RDHUP)",
+        s,
+        libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP,
+        0,
+    );
     close(s);
 }
 
@@ -315,7 +333,11 @@ fn big_transfer() {
     });
     let got = read_n(s, 32 << 20);
     w.join().unwrap();
-    log(format!("got {} [{}] want [{want}]", got.len(), digest(&got)));
+    log(format!(
+        "got {} [{}] want [{want}]",
+        got.len(),
+        digest(&got)
+    ));
     close(s);
 }
 
@@ -364,7 +386,11 @@ fn readv_writev() {
         },
     ];
     let n = r("readv(s)", unsafe { libc::readv(s, iov2.as_ptr(), 2) });
-    log(format!("parts [{}] [{}]", digest(&x), digest(&y[..(n.max(2) - 2) as usize])));
+    log(format!(
+        "parts [{}] [{}]",
+        digest(&x),
+        digest(&y[..(n.max(2) - 2) as usize])
+    ));
     close(c);
     close(s);
 }
@@ -385,8 +411,14 @@ fn sendmmsg_recvmmsg() {
         m.msg_hdr.msg_iov = io;
         m.msg_hdr.msg_iovlen = 1;
     }
-    r("sendmmsg(c)", unsafe { libc::sendmmsg(c, msgs.as_mut_ptr(), 3, 0) } as isize);
-    log(format!("lens {:?}", msgs.iter().map(|m| m.msg_len).collect::<Vec<_>>()));
+    r(
+        "sendmmsg(c)",
+        unsafe { libc::sendmmsg(c, msgs.as_mut_ptr(), 3, 0) } as isize,
+    );
+    log(format!(
+        "lens {:?}",
+        msgs.iter().map(|m| m.msg_len).collect::<Vec<_>>()
+    ));
     let got = read_n(s, 12);
     log(format!("read(s) [{}]", digest(&got)));
     write_all(c, b"0123456789");
@@ -405,10 +437,15 @@ fn sendmmsg_recvmmsg() {
         m.msg_hdr.msg_iov = io;
         m.msg_hdr.msg_iovlen = 1;
     }
-    r("recvmmsg(s)", unsafe {
-        libc::recvmmsg(s, rm.as_mut_ptr(), 2, 0, std::ptr::null_mut())
-    } as isize);
-    log(format!("lens {:?} [{}]", rm.iter().map(|m| m.msg_len).collect::<Vec<_>>(), digest(&rb.concat())));
+    r(
+        "recvmmsg(s)",
+        unsafe { libc::recvmmsg(s, rm.as_mut_ptr(), 2, 0, std::ptr::null_mut()) } as isize,
+    );
+    log(format!(
+        "lens {:?} [{}]",
+        rm.iter().map(|m| m.msg_len).collect::<Vec<_>>(),
+        digest(&rb.concat())
+    ));
     close(c);
     close(s);
 }
@@ -434,7 +471,14 @@ const CS: &[&str] = &["c", "s", "p0", "p1", "p2", "ep"];
 fn epoll_lt() {
     let (c, s) = pair();
     let ep = ep_create();
-    ep_ctl("epoll_ctl(ADD s IN)", ep, libc::EPOLL_CTL_ADD, s, libc::EPOLLIN as u32, 1);
+    ep_ctl(
+        "epoll_ctl(ADD s IN)",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
     ep_wait("wait(0) empty", ep, 8, 0, &names(CS));
     write_all(c, b"0123456789");
     ep_wait("wait", ep, 8, 5000, &names(CS));
@@ -451,7 +495,14 @@ fn epoll_lt() {
 fn epoll_et() {
     let (c, s) = pair();
     let ep = ep_create();
-    ep_ctl("epoll_ctl(ADD s IN|ET)", ep, libc::EPOLL_CTL_ADD, s, (libc::EPOLLIN | libc::EPOLLET) as u32, 1);
+    ep_ctl(
+        "epoll_ctl(ADD s IN|ET)",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        (libc::EPOLLIN | libc::EPOLLET) as u32,
+        1,
+    );
     write_all(c, b"0123456789");
     ep_wait("wait", ep, 8, 5000, &names(CS));
     ep_wait("wait again (ET, no new data)", ep, 8, 0, &names(CS));
@@ -469,11 +520,25 @@ fn epoll_oneshot_mod() {
     let (c, s) = pair();
     let ep = ep_create();
     let ev = (libc::EPOLLIN | libc::EPOLLONESHOT) as u32;
-    ep_ctl("epoll_ctl(ADD s IN|ONESHOT)", ep, libc::EPOLL_CTL_ADD, s, ev, 1);
+    ep_ctl(
+        "epoll_ctl(ADD s IN|ONESHOT)",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        ev,
+        1,
+    );
     write_all(c, b"abc");
     ep_wait("wait", ep, 8, 5000, &names(CS));
     ep_wait("wait disabled", ep, 8, 0, &names(CS));
-    ep_ctl("epoll_ctl(MOD s IN|ONESHOT)", ep, libc::EPOLL_CTL_MOD, s, ev, 1);
+    ep_ctl(
+        "epoll_ctl(MOD s IN|ONESHOT)",
+        ep,
+        libc::EPOLL_CTL_MOD,
+        s,
+        ev,
+        1,
+    );
     ep_wait("wait re-armed", ep, 8, 0, &names(CS));
     ep_wait("wait disabled again", ep, 8, 0, &names(CS));
     close(ep);
@@ -510,8 +575,22 @@ fn epoll_exclusive() {
 fn epoll_two_sets() {
     let (c, s) = pair();
     let (e1, e2) = (ep_create(), ep_create());
-    ep_ctl("epoll_ctl(e1 ADD s)", e1, libc::EPOLL_CTL_ADD, s, libc::EPOLLIN as u32, 1);
-    ep_ctl("epoll_ctl(e2 ADD s)", e2, libc::EPOLL_CTL_ADD, s, libc::EPOLLIN as u32, 1);
+    ep_ctl(
+        "epoll_ctl(e1 ADD s)",
+        e1,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    ep_ctl(
+        "epoll_ctl(e2 ADD s)",
+        e2,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
     static T1: AtomicI32 = AtomicI32::new(0);
     static T2: AtomicI32 = AtomicI32::new(0);
     let w = |ep: c_int, t: &'static AtomicI32| {
@@ -542,7 +621,14 @@ fn epoll_peer_close_mask() {
     let (c, s) = pair();
     let ep = ep_create();
     let all = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP) as u32;
-    ep_ctl("epoll_ctl(ADD s IN|OUT|RDHUP)", ep, libc::EPOLL_CTL_ADD, s, all, 1);
+    ep_ctl(
+        "epoll_ctl(ADD s IN|OUT|RDHUP)",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        all,
+        1,
+    );
     ep_wait("wait idle", ep, 8, 0, &names(CS));
     close(c);
     pl("poll(s,IN)", s, libc::POLLIN, 5000);
@@ -557,7 +643,14 @@ fn epoll_peer_shutdown_wr_mask() {
     let (c, s) = pair();
     let ep = ep_create();
     let all = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP) as u32;
-    ep_ctl("epoll_ctl(ADD s IN|OUT|RDHUP)", ep, libc::EPOLL_CTL_ADD, s, all, 1);
+    ep_ctl(
+        "epoll_ctl(ADD s IN|OUT|RDHUP)",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        all,
+        1,
+    );
     unsafe { libc::shutdown(c, libc::SHUT_WR) };
     pl("poll(s,IN)", s, libc::POLLIN, 5000);
     ep_wait("wait after peer SHUT_WR", ep, 8, 0, &names(CS));
@@ -572,12 +665,26 @@ fn epoll_peer_shutdown_wr_mask() {
 fn epoll_maxevents_mixed() {
     let (c, s) = pair();
     let ep = ep_create();
-    ep_ctl("ADD s IN|ET", ep, libc::EPOLL_CTL_ADD, s, (libc::EPOLLIN | libc::EPOLLET) as u32, 1);
+    ep_ctl(
+        "ADD s IN|ET",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        (libc::EPOLLIN | libc::EPOLLET) as u32,
+        1,
+    );
     let mut ps = Vec::new();
     for i in 0..3u64 {
         let (rp, wp) = pipe();
         write_all(wp, b"x");
-        ep_ctl("ADD pipe IN|ET", ep, libc::EPOLL_CTL_ADD, rp, (libc::EPOLLIN | libc::EPOLLET) as u32, 2 + i);
+        ep_ctl(
+            "ADD pipe IN|ET",
+            ep,
+            libc::EPOLL_CTL_ADD,
+            rp,
+            (libc::EPOLLIN | libc::EPOLLET) as u32,
+            2 + i,
+        );
         ps.push((rp, wp));
     }
     write_all(c, b"data");
@@ -596,7 +703,9 @@ fn epoll_maxevents_mixed() {
             events += 1;
         }
     }
-    log(format!("seen over calls of maxevents 2: {seen:?}, {events} events"));
+    log(format!(
+        "seen over calls of maxevents 2: {seen:?}, {events} events"
+    ));
     close(ep);
     for (a, b) in ps {
         close(a);
@@ -610,8 +719,22 @@ fn epoll_nested() {
     let (c, s) = pair();
     let inner = ep_create();
     let outer = ep_create();
-    ep_ctl("inner ADD s IN", inner, libc::EPOLL_CTL_ADD, s, libc::EPOLLIN as u32, 1);
-    ep_ctl("outer ADD inner IN", outer, libc::EPOLL_CTL_ADD, inner, libc::EPOLLIN as u32, 5);
+    ep_ctl(
+        "inner ADD s IN",
+        inner,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    ep_ctl(
+        "outer ADD inner IN",
+        outer,
+        libc::EPOLL_CTL_ADD,
+        inner,
+        libc::EPOLLIN as u32,
+        5,
+    );
     ep_wait("outer wait(0)", outer, 8, 0, &names(CS));
     write_all(c, b"nested");
     ep_wait("outer wait", outer, 8, 2000, &names(CS));
@@ -625,7 +748,14 @@ fn epoll_nested() {
 fn poll_nested_epoll() {
     let (c, s) = pair();
     let inner = ep_create();
-    ep_ctl("inner ADD s IN", inner, libc::EPOLL_CTL_ADD, s, libc::EPOLLIN as u32, 1);
+    ep_ctl(
+        "inner ADD s IN",
+        inner,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
     pl("poll(inner,IN) idle", inner, libc::POLLIN, 0);
     write_all(c, b"nested");
     pl("poll(inner,IN)", inner, libc::POLLIN, 2000);
@@ -638,7 +768,14 @@ fn poll_nested_epoll() {
 fn epoll_pwait2() {
     let (c, s) = pair();
     let ep = ep_create();
-    ep_ctl("ADD s IN", ep, libc::EPOLL_CTL_ADD, s, libc::EPOLLIN as u32, 1);
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
     write_all(c, b"x");
     let ts = libc::timespec {
         tv_sec: 5,
@@ -660,7 +797,14 @@ fn epoll_pwait2() {
 fn epoll_pwait2_timeout() {
     let (c, s) = pair();
     let ep = ep_create();
-    ep_ctl("ADD s IN", ep, libc::EPOLL_CTL_ADD, s, libc::EPOLLIN as u32, 1);
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
     let ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 30_000_000,
@@ -677,7 +821,14 @@ fn epoll_pwait2_timeout() {
 fn epoll_et_peer_closed_quiet() {
     let (c, s) = pair();
     let ep = ep_create();
-    ep_ctl("ADD s IN|RDHUP|ET", ep, libc::EPOLL_CTL_ADD, s, (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLET) as u32, 1);
+    ep_ctl(
+        "ADD s IN|RDHUP|ET",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
+        1,
+    );
     close(c);
     ep_wait("wait", ep, 8, 5000, &names(CS));
     ep_wait("wait again 100ms (no new edge)", ep, 8, 100, &names(CS));
@@ -688,7 +839,14 @@ fn epoll_et_peer_closed_quiet() {
 fn epoll_huge_maxevents() {
     let (c, s) = pair();
     let ep = ep_create();
-    ep_ctl("ADD s IN", ep, libc::EPOLL_CTL_ADD, s, libc::EPOLLIN as u32, 1);
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
     write_all(c, b"x");
     pl("poll(s,IN)", s, libc::POLLIN, 5000);
     in_child(|| {
@@ -716,12 +874,40 @@ fn epoll_huge_maxevents() {
 fn epoll_mod_out() {
     let (c, s) = pair();
     let ep = ep_create();
-    ep_ctl("ADD s IN", ep, libc::EPOLL_CTL_ADD, s, libc::EPOLLIN as u32, 1);
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
     ep_wait("wait(0) IN only", ep, 8, 0, &names(CS));
-    ep_ctl("MOD s IN|OUT", ep, libc::EPOLL_CTL_MOD, s, (libc::EPOLLIN | libc::EPOLLOUT) as u32, 1);
+    ep_ctl(
+        "MOD s IN|OUT",
+        ep,
+        libc::EPOLL_CTL_MOD,
+        s,
+        (libc::EPOLLIN | libc::EPOLLOUT) as u32,
+        1,
+    );
     ep_wait("wait(0) IN|OUT", ep, 8, 0, &names(CS));
-    ep_ctl("MOD unknown fd", ep, libc::EPOLL_CTL_MOD, c, libc::EPOLLIN as u32, 0);
-    ep_ctl("ADD s twice", ep, libc::EPOLL_CTL_ADD, s, libc::EPOLLIN as u32, 1);
+    ep_ctl(
+        "MOD unknown fd",
+        ep,
+        libc::EPOLL_CTL_MOD,
+        c,
+        libc::EPOLLIN as u32,
+        0,
+    );
+    ep_ctl(
+        "ADD s twice",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
     close(ep);
     close(c);
     close(s);
@@ -730,8 +916,22 @@ fn epoll_mod_out() {
 fn epoll_del() {
     let (c, s) = pair();
     let ep = ep_create();
-    ep_ctl("ADD s IN", ep, libc::EPOLL_CTL_ADD, s, libc::EPOLLIN as u32, 1);
-    ep_ctl("ADD c IN", ep, libc::EPOLL_CTL_ADD, c, libc::EPOLLIN as u32, 0);
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    ep_ctl(
+        "ADD c IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        c,
+        libc::EPOLLIN as u32,
+        0,
+    );
     write_all(c, b"x");
     pl("poll(s,IN)", s, libc::POLLIN, 5000);
     ep_ctl("DEL s", ep, libc::EPOLL_CTL_DEL, s, 0, 0);
@@ -746,7 +946,14 @@ fn epoll_out_after_full() {
     let (c, s) = pair();
     set_nonblock(c, true);
     let ep = ep_create();
-    ep_ctl("ADD c OUT|ET", ep, libc::EPOLL_CTL_ADD, c, (libc::EPOLLOUT | libc::EPOLLET) as u32, 0);
+    ep_ctl(
+        "ADD c OUT|ET",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        c,
+        (libc::EPOLLOUT | libc::EPOLLET) as u32,
+        0,
+    );
     ep_wait("wait writable", ep, 8, 5000, &names(CS));
     let chunk = vec![7u8; 65536];
     let mut total = 0usize;
@@ -782,15 +989,28 @@ fn poll_peer_close() {
     let (c, s) = pair();
     close(c);
     pl("poll(s,IN)", s, libc::POLLIN, 5000);
-    pl("poll(s,IN|OUT|RDHUP)", s, libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP, 0);
+    pl(
+        "poll(s,IN|OUT|RDHUP)",
+        s,
+        libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP,
+        0,
+    );
     pl("poll(s,0)", s, 0, 0);
     close(s);
 }
 
 fn poll_shutdown_rdwr() {
     let (c, s) = pair();
-    r("shutdown(s,RDWR)", unsafe { libc::shutdown(s, libc::SHUT_RDWR) } as isize);
-    pl("poll(s,IN|OUT|RDHUP)", s, libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP, 0);
+    r(
+        "shutdown(s,RDWR)",
+        unsafe { libc::shutdown(s, libc::SHUT_RDWR) } as isize,
+    );
+    pl(
+        "poll(s,IN|OUT|RDHUP)",
+        s,
+        libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP,
+        0,
+    );
     pl("poll(c,IN|RDHUP)", c, libc::POLLIN | libc::POLLRDHUP, 5000);
     rd("read(c)", c, 10);
     close(c);
@@ -807,7 +1027,10 @@ fn ppoll_sigmask() {
         libc::sigaddset(&mut set, libc::SIGUSR1);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         libc::raise(libc::SIGUSR1);
-        log(format!("pending, handled x{}", SIGUSR1S.load(Ordering::SeqCst)));
+        log(format!(
+            "pending, handled x{}",
+            SIGUSR1S.load(Ordering::SeqCst)
+        ));
         let mut p = libc::pollfd {
             fd: s,
             events: libc::POLLIN,
@@ -860,13 +1083,27 @@ fn pselect_sigmask() {
             tv_sec: 5,
             tv_nsec: 0,
         };
-        let n = libc::pselect(s + 1, &mut rs, std::ptr::null_mut(), std::ptr::null_mut(), &ts, &empty);
+        let n = libc::pselect(
+            s + 1,
+            &mut rs,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &ts,
+            &empty,
+        );
         r("pselect(mask unblocks USR2)", n as isize);
         log(format!("handled x{}", SIGUSR2S.load(Ordering::SeqCst)));
         write_all(c, b"x");
         let mut rs: libc::fd_set = std::mem::zeroed();
         libc::FD_SET(s, &mut rs);
-        let n = libc::pselect(s + 1, &mut rs, std::ptr::null_mut(), std::ptr::null_mut(), &ts, &set);
+        let n = libc::pselect(
+            s + 1,
+            &mut rs,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &ts,
+            &set,
+        );
         r("pselect(readable)", n as isize);
         log(format!("s set {}", libc::FD_ISSET(s, &rs)));
     }
@@ -885,12 +1122,22 @@ fn select_readable() {
         let mut t = tv(0);
         let n = libc::select(s.max(c) + 1, &mut rs, &mut ws, std::ptr::null_mut(), &mut t);
         r("select(s r, c w) idle", n as isize);
-        log(format!("r:s {} w:c {}", libc::FD_ISSET(s, &rs), libc::FD_ISSET(c, &ws)));
+        log(format!(
+            "r:s {} w:c {}",
+            libc::FD_ISSET(s, &rs),
+            libc::FD_ISSET(c, &ws)
+        ));
         write_all(c, b"x");
         let mut rs: libc::fd_set = std::mem::zeroed();
         libc::FD_SET(s, &mut rs);
         let mut t = tv(5000);
-        let n = libc::select(s + 1, &mut rs, std::ptr::null_mut(), std::ptr::null_mut(), &mut t);
+        let n = libc::select(
+            s + 1,
+            &mut rs,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut t,
+        );
         r("select(s r)", n as isize);
         log(format!("r:s {}", libc::FD_ISSET(s, &rs)));
     }
@@ -905,7 +1152,12 @@ fn linger0_so_error() {
     linger0(c);
     close(c);
     pl("poll(s,IN)", s, libc::POLLIN, 5000);
-    pl("poll(s,IN|OUT|RDHUP) after abort", s, libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP, 0);
+    pl(
+        "poll(s,IN|OUT|RDHUP) after abort",
+        s,
+        libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP,
+        0,
+    );
     so_error("SO_ERROR(s)", s);
     so_error("SO_ERROR(s) again", s);
     rd("read(s)", s, 10);
@@ -930,7 +1182,10 @@ fn shut_rd_queued_data() {
     let (c, s) = pair();
     write_all(c, b"queued");
     pl("poll(s,IN)", s, libc::POLLIN, 5000);
-    r("shutdown(s,RD)", unsafe { libc::shutdown(s, libc::SHUT_RD) } as isize);
+    r(
+        "shutdown(s,RD)",
+        unsafe { libc::shutdown(s, libc::SHUT_RD) } as isize,
+    );
     pl("poll(s,IN|RDHUP)", s, libc::POLLIN | libc::POLLRDHUP, 0);
     rd("read(s)", s, 100);
     rd("read(s) again", s, 100);
@@ -943,11 +1198,19 @@ fn shut_rd_queued_data() {
 fn shutdown_wr_then_write() {
     count_sigpipe();
     let (c, s) = pair();
-    r("shutdown(c,WR)", unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize);
+    r(
+        "shutdown(c,WR)",
+        unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize,
+    );
     r("write(c)", wr(c, b"x"));
-    r("send(c,NOSIGNAL)", unsafe { libc::send(c, b"x".as_ptr().cast(), 1, libc::MSG_NOSIGNAL) });
+    r("send(c,NOSIGNAL)", unsafe {
+        libc::send(c, b"x".as_ptr().cast(), 1, libc::MSG_NOSIGNAL)
+    });
     log_sigpipes();
-    r("shutdown(c,WR) again", unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize);
+    r(
+        "shutdown(c,WR) again",
+        unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize,
+    );
     r("shutdown(c,bad)", unsafe { libc::shutdown(c, 7) } as isize);
     rd("read(s)", s, 10);
     close(c);
@@ -959,9 +1222,13 @@ fn write_after_peer_close_nosignal() {
     let (c, s) = pair();
     close(s);
     pl("poll(c,IN|RDHUP)", c, libc::POLLIN | libc::POLLRDHUP, 5000);
-    r("send(c,NOSIGNAL) 1st", unsafe { libc::send(c, b"x".as_ptr().cast(), 1, libc::MSG_NOSIGNAL) });
+    r("send(c,NOSIGNAL) 1st", unsafe {
+        libc::send(c, b"x".as_ptr().cast(), 1, libc::MSG_NOSIGNAL)
+    });
     pl("poll(c,IN)", c, libc::POLLIN, 5000);
-    r("send(c,NOSIGNAL) 2nd", unsafe { libc::send(c, b"x".as_ptr().cast(), 1, libc::MSG_NOSIGNAL) });
+    r("send(c,NOSIGNAL) 2nd", unsafe {
+        libc::send(c, b"x".as_ptr().cast(), 1, libc::MSG_NOSIGNAL)
+    });
     rd("read(c)", c, 10);
     log_sigpipes();
     close(c);
@@ -1158,9 +1425,19 @@ fn msg_peek() {
     recv_l("recv(s,4,PEEK)", s, 4, libc::MSG_PEEK);
     recv_l("recv(s,100,PEEK)", s, 100, libc::MSG_PEEK);
     recv_l("recv(s,3)", s, 3, 0);
-    recv_l("recv(s,100,PEEK|DONTWAIT)", s, 100, libc::MSG_PEEK | libc::MSG_DONTWAIT);
+    recv_l(
+        "recv(s,100,PEEK|DONTWAIT)",
+        s,
+        100,
+        libc::MSG_PEEK | libc::MSG_DONTWAIT,
+    );
     recv_l("recv(s,100)", s, 100, 0);
-    recv_l("recv(s,100,PEEK|DONTWAIT) empty", s, 100, libc::MSG_PEEK | libc::MSG_DONTWAIT);
+    recv_l(
+        "recv(s,100,PEEK|DONTWAIT) empty",
+        s,
+        100,
+        libc::MSG_PEEK | libc::MSG_DONTWAIT,
+    );
     close(c);
     close(s);
 }
@@ -1189,7 +1466,9 @@ fn msg_trunc() {
     write_all(c, b"0123456789");
     pl("poll(s,IN)", s, libc::POLLIN, 5000);
     // SAFETY: TCP's MSG_TRUNC discards without copying: a NULL buffer is fine.
-    r("recv(s,NULL,4,TRUNC)", unsafe { libc::recv(s, std::ptr::null_mut(), 4, libc::MSG_TRUNC) });
+    r("recv(s,NULL,4,TRUNC)", unsafe {
+        libc::recv(s, std::ptr::null_mut(), 4, libc::MSG_TRUNC)
+    });
     recv_l("recv(s,100)", s, 100, 0);
     close(c);
     close(s);
@@ -1226,7 +1505,10 @@ fn fionread() {
     log(format!("FIONREAD {:?}", ioctl_int(s, libc::FIONREAD)));
     log(format!("SIOCINQ {:?}", ioctl_int(s, 0x541B)));
     read_n(s, 1000);
-    log(format!("FIONREAD after 1000 {:?}", ioctl_int(s, libc::FIONREAD)));
+    log(format!(
+        "FIONREAD after 1000 {:?}",
+        ioctl_int(s, libc::FIONREAD)
+    ));
     close(c);
     close(s);
 }
@@ -1235,7 +1517,10 @@ fn siocoutq_after_read() {
     let (c, s) = pair();
     write_all(c, &[1u8; 3000]);
     read_n(s, 3000);
-    log(format!("SIOCOUTQ after the peer read all {:?}", ioctl_int(c, libc::TIOCOUTQ)));
+    log(format!(
+        "SIOCOUTQ after the peer read all {:?}",
+        ioctl_int(c, libc::TIOCOUTQ)
+    ));
     close(c);
     close(s);
 }
@@ -1244,7 +1529,10 @@ fn siocoutq_unread() {
     let (c, s) = pair();
     write_all(c, &[1u8; 3000]);
     pl("poll(s,IN)", s, libc::POLLIN, 5000);
-    log(format!("SIOCOUTQ while unread {:?}", ioctl_int(c, libc::TIOCOUTQ)));
+    log(format!(
+        "SIOCOUTQ while unread {:?}",
+        ioctl_int(c, libc::TIOCOUTQ)
+    ));
     close(c);
     close(s);
 }
@@ -1252,7 +1540,10 @@ fn siocoutq_unread() {
 fn so_rcvtimeo() {
     let (c, s) = pair();
     let t = tv(50);
-    r("SO_RCVTIMEO 50ms", setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &t) as isize);
+    r(
+        "SO_RCVTIMEO 50ms",
+        setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &t) as isize,
+    );
     rd("read(s) times out", s, 10);
     write_all(c, b"x");
     rd("read(s)", s, 10);
@@ -1263,7 +1554,10 @@ fn so_rcvtimeo() {
 fn so_sndtimeo() {
     let (c, s) = pair();
     let t = tv(50);
-    r("SO_SNDTIMEO 50ms", setsockopt_raw(c, libc::SOL_SOCKET, libc::SO_SNDTIMEO, &t) as isize);
+    r(
+        "SO_SNDTIMEO 50ms",
+        setsockopt_raw(c, libc::SOL_SOCKET, libc::SO_SNDTIMEO, &t) as isize,
+    );
     let chunk = vec![3u8; 1 << 20];
     let mut total = 0usize;
     let mut end = String::from("no error");
@@ -1276,7 +1570,10 @@ fn so_sndtimeo() {
         }
         total += n as usize;
     }
-    log(format!("blocking writes end with {end} (some bytes first: {})", total > 0));
+    log(format!(
+        "blocking writes end with {end} (some bytes first: {})",
+        total > 0
+    ));
     let got = read_n(s, total);
     log(format!("peer reads all: {}", got.len() == total));
     close(c);
@@ -1286,7 +1583,10 @@ fn so_sndtimeo() {
 fn so_rcvlowat() {
     let (c, s) = pair();
     let v: c_int = 8;
-    r("SO_RCVLOWAT 8", setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_RCVLOWAT, &v) as isize);
+    r(
+        "SO_RCVLOWAT 8",
+        setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_RCVLOWAT, &v) as isize,
+    );
     write_all(c, b"1234");
     pl("poll(s,IN) 4 bytes < lowat, 50ms", s, libc::POLLIN, 50);
     write_all(c, b"5678");
@@ -1300,11 +1600,17 @@ fn fionbio() {
     let (c, s) = pair();
     let on: c_int = 1;
     // SAFETY: valid pointer.
-    r("ioctl(s,FIONBIO,1)", unsafe { libc::ioctl(s, libc::FIONBIO, &on) } as isize);
+    r(
+        "ioctl(s,FIONBIO,1)",
+        unsafe { libc::ioctl(s, libc::FIONBIO, &on) } as isize,
+    );
     rd("read(s)", s, 10);
     let off: c_int = 0;
     // SAFETY: valid pointer.
-    r("ioctl(s,FIONBIO,0)", unsafe { libc::ioctl(s, libc::FIONBIO, &off) } as isize);
+    r(
+        "ioctl(s,FIONBIO,0)",
+        unsafe { libc::ioctl(s, libc::FIONBIO, &off) } as isize,
+    );
     write_all(c, b"x");
     rd("read(s) blocking", s, 10);
     close(c);
@@ -1313,7 +1619,13 @@ fn fionbio() {
 
 extern "C" {
     fn __read_chk(fd: c_int, buf: *mut libc::c_void, n: usize, buflen: usize) -> isize;
-    fn __recv_chk(fd: c_int, buf: *mut libc::c_void, n: usize, buflen: usize, flags: c_int) -> isize;
+    fn __recv_chk(
+        fd: c_int,
+        buf: *mut libc::c_void,
+        n: usize,
+        buflen: usize,
+        flags: c_int,
+    ) -> isize;
 }
 
 fn read_chk_buflen() {
@@ -1398,11 +1710,22 @@ fn splice_pipe_to_socket_short() {
     close(wp);
     // SAFETY: pipe -> socket.
     let k = unsafe {
-        libc::splice(rp, std::ptr::null_mut(), c, std::ptr::null_mut(), 65536, libc::SPLICE_F_NONBLOCK)
+        libc::splice(
+            rp,
+            std::ptr::null_mut(),
+            c,
+            std::ptr::null_mut(),
+            65536,
+            libc::SPLICE_F_NONBLOCK,
+        )
     };
     log(format!(
         "splice into a full connection = {}",
-        if k < 0 { ename(errno()) } else { "moved bytes".into() }
+        if k < 0 {
+            ename(errno())
+        } else {
+            "moved bytes".into()
+        }
     ));
     if k > 0 {
         sent.extend_from_slice(&pdata[..k as usize]);
@@ -1413,7 +1736,14 @@ fn splice_pipe_to_socket_short() {
     while off < pdata.len() {
         // SAFETY: pipe -> socket.
         let k = unsafe {
-            libc::splice(rp, std::ptr::null_mut(), c, std::ptr::null_mut(), 65536, libc::SPLICE_F_NONBLOCK)
+            libc::splice(
+                rp,
+                std::ptr::null_mut(),
+                c,
+                std::ptr::null_mut(),
+                65536,
+                libc::SPLICE_F_NONBLOCK,
+            )
         };
         if k < 0 && errno() == libc::EAGAIN {
             poll_raw(c, libc::POLLOUT, 5000);
@@ -1462,7 +1792,11 @@ fn sendfile_offset() {
     let cur = unsafe { libc::lseek(f, 0, libc::SEEK_CUR) };
     log(format!("sent {total}, offset now {off}, file offset {cur}"));
     let got = reader.join().unwrap();
-    log(format!("peer got [{}] want [{}]", digest(&got), digest(&data[100_000..300_000])));
+    log(format!(
+        "peer got [{}] want [{}]",
+        digest(&got),
+        digest(&data[100_000..300_000])
+    ));
     close(f);
     close(c);
     close(s);
@@ -1470,7 +1804,9 @@ fn sendfile_offset() {
 
 fn msg_oob() {
     let (c, s) = pair();
-    r("send(c,OOB)", unsafe { libc::send(c, b"!".as_ptr().cast(), 1, libc::MSG_OOB) });
+    r("send(c,OOB)", unsafe {
+        libc::send(c, b"!".as_ptr().cast(), 1, libc::MSG_OOB)
+    });
     write_all(c, b"in band");
     close(c);
     let got = read_n(s, 100);
@@ -1499,7 +1835,10 @@ fn blocked_recv_with_signal(sigs: &[c_int]) {
     wait_blocked_or_done(&T, &h);
     write_all(c, b"data");
     let k = h.join().unwrap();
-    log(format!("recv returned {}", if k < 0 { "error" } else { "data" }));
+    log(format!(
+        "recv returned {}",
+        if k < 0 { "error" } else { "data" }
+    ));
     log(format!(
         "handled USR1 x{} USR2 x{}",
         SIGUSR1S.load(Ordering::SeqCst),
@@ -1516,7 +1855,8 @@ fn wait_blocked_or_done<T>(tid: &AtomicI32, h: &std::thread::JoinHandle<T>) {
         let st = std::fs::read_to_string(format!("/proc/self/task/{id}/stat")).unwrap_or_default();
         if st.rsplit_once(") ").is_some_and(|r| r.1.starts_with('S')) {
             std::thread::sleep(Duration::from_millis(2));
-            let st = std::fs::read_to_string(format!("/proc/self/task/{id}/stat")).unwrap_or_default();
+            let st =
+                std::fs::read_to_string(format!("/proc/self/task/{id}/stat")).unwrap_or_default();
             if h.is_finished() || st.rsplit_once(") ").is_some_and(|r| r.1.starts_with('S')) {
                 return;
             }
