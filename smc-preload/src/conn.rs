@@ -40,6 +40,11 @@ pub const F_RST_REPORTED: u32 = 1 << 5;
 pub const F_CLOSED: u32 = 1 << 6;
 pub const F_NONBLOCK: u32 = 1 << 7;
 pub const F_REAL_SHUT: u32 = 1 << 8;
+/// A write went out after the peer had closed: TCP's peer answers it with a reset, which in
+/// CLOSE_WAIT leaves `EPIPE` pending (`sk_err`) and the socket shut both ways. Set until that
+/// error is reported once ([`F_EPIPE_REPORTED`]).
+pub const F_WROTE_AFTER_CLOSE: u32 = 1 << 9;
+pub const F_EPIPE_REPORTED: u32 = 1 << 10;
 
 const SHARED_MAGIC: u32 = 0x534d_4353; // "SMCS"
 
@@ -245,6 +250,8 @@ pub struct Readiness {
     pub error: bool,
     /// The peer will never send again and we will never write again.
     pub hup: bool,
+    /// Receiving is shut (peer's FIN/close/abort, or our SHUT_RD): TCP's `RCV_SHUTDOWN`.
+    pub rcv_shut: bool,
 }
 
 impl Conn {
@@ -439,14 +446,20 @@ impl Conn {
         let rd_eof = peer_done || f & (F_SHUT_RD | F_PROTO) != 0;
         let wr_closed = f & (F_SHUT_WR | F_PEER_GONE | F_PEER_RST | F_PROTO) != 0 || ps.any_close();
         let writable = if wr_closed { 0 } else { self.room() };
-        let hup = (peer_done && f & F_SHUT_WR != 0) || ps.any_close() || f & F_PEER_GONE != 0;
+        // As tcp_poll: HUP only when both directions are shut (a reset shuts both); a peer's
+        // FIN or graceful close alone is RDHUP, never HUP.
+        let reset = error || f & F_WROTE_AFTER_CLOSE != 0;
+        let rcv_shut = peer_done || f & (F_SHUT_RD | F_PROTO) != 0;
+        let hup = rcv_shut && (f & F_SHUT_WR != 0 || reset);
         Readiness {
             readable,
             writable,
             rd_eof,
             wr_closed,
-            error: error && f & F_RST_REPORTED == 0,
+            error: (error && f & F_RST_REPORTED == 0)
+                || f & (F_WROTE_AFTER_CLOSE | F_EPIPE_REPORTED) == F_WROTE_AFTER_CLOSE,
             hup,
+            rcv_shut,
         }
     }
 
@@ -610,9 +623,6 @@ impl Conn {
         // SO_RCVTIMEO is only looked up once we have to sleep.
         let mut deadline: Option<Option<Instant>> = None;
         loop {
-            if self.flags() & F_SHUT_RD != 0 {
-                return Ok(done);
-            }
             {
                 let _g = s.rx_lock.lock();
                 let cons = unpack(s.cons.load(Ordering::Acquire));
@@ -655,6 +665,11 @@ impl Conn {
             if r.error && r.readable == 0 {
                 if done > 0 {
                     return Ok(done);
+                }
+                if self.flags() & F_WROTE_AFTER_CLOSE != 0
+                    && self.set_flag(F_EPIPE_REPORTED) & F_EPIPE_REPORTED == 0
+                {
+                    return Err(libc::EPIPE);
                 }
                 self.set_flag(F_RST_REPORTED);
                 return Err(libc::ECONNRESET);
@@ -715,6 +730,16 @@ impl Conn {
         let mut deadline: Option<Option<Instant>> = None;
         loop {
             let r0 = self.write_state();
+            if r0 == Some(0) {
+                if want == 0 {
+                    return Ok(0);
+                }
+                if done > 0 {
+                    return Ok(done);
+                }
+                self.set_flag(F_WROTE_AFTER_CLOSE);
+                return Ok(want);
+            }
             if let Some(e) = r0 {
                 if done > 0 {
                     return Ok(done);
@@ -801,6 +826,12 @@ impl Conn {
             return Some(libc::EPIPE);
         }
         if ps.any_close() || f & F_PEER_GONE != 0 {
+            if f & F_WROTE_AFTER_CLOSE == 0 {
+                // TCP takes the first write after the peer's close (the peer answers with a
+                // reset): it succeeds, the bytes go nowhere.
+                return Some(0);
+            }
+            self.set_flag(F_EPIPE_REPORTED);
             return Some(libc::EPIPE);
         }
         None
@@ -1028,7 +1059,8 @@ impl Conn {
         if old & F_CLOSED != 0 {
             return;
         }
-        let unread = self.avail() > 0;
+        // Unread data, or SO_LINGER {1, 0}: TCP sends a reset, the peer sees ECONNRESET.
+        let unread = self.avail() > 0 || linger_zero(fd);
         let st = if unread {
             ConnStateFlags::PEER_CONN_ABORT.0 | ConnStateFlags::PEER_CONN_CLOSED.0
         } else {
@@ -1088,8 +1120,11 @@ impl Conn {
     /// Edge-detection token for epoll ET emulation: changes whenever the peer moved a cursor
     /// or a flag that matters.
     pub fn edge_token(&self) -> (u64, u64) {
+        // Only our own calls' flags: the doorbell channel's EOF or reset follows the peer's
+        // flags (already an edge), and a new readiness bit is an edge by itself.
+        let own = self.flags() & (F_SHUT_RD | F_SHUT_WR | F_WROTE_AFTER_CLOSE);
         (
-            self.own_hdr().prod_atomic().load(Ordering::Acquire) ^ ((self.flags() as u64) << 40),
+            self.own_hdr().prod_atomic().load(Ordering::Acquire) ^ ((own as u64) << 40),
             self.own_hdr().cons_atomic().load(Ordering::Acquire),
         )
     }
@@ -1101,6 +1136,28 @@ impl Drop for Conn {
             r.release();
         }
     }
+}
+
+/// Whether the socket has `SO_LINGER {1, 0}` (close sends a reset).
+fn linger_zero(fd: i32) -> bool {
+    let mut l = libc::linger {
+        l_onoff: 0,
+        l_linger: 0,
+    };
+    let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
+    let e0 = real::errno();
+    // SAFETY: valid out pointers.
+    let r = unsafe {
+        real::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &mut l as *mut libc::linger as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    real::set_errno(e0);
+    r == 0 && l.l_onoff != 0 && l.l_linger == 0
 }
 
 fn deadline_of(timeout_ms: i64) -> Option<Instant> {

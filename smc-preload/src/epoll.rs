@@ -18,6 +18,10 @@ use std::time::Instant;
 
 const ET: u32 = libc::EPOLLET as u32;
 const ONESHOT: u32 = libc::EPOLLONESHOT as u32;
+/// The kernel's limit on maxevents (`INT_MAX / sizeof(struct epoll_event)`).
+const EP_MAX_EVENTS: usize = i32::MAX as usize / std::mem::size_of::<libc::epoll_event>();
+/// Kernel events fetched per call at most.
+const KBUF: usize = 1024;
 
 /// High 32 bits of the kernel epoll_data of an SMC fd (random per process).
 fn cookie() -> u64 {
@@ -129,6 +133,14 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
         (e.events, e.u64)
     };
     let mut g = lock(&set.inner);
+    // As the kernel: EPOLLEXCLUSIVE only with ADD, and an exclusive entry cannot be modified.
+    let excl = libc::EPOLLEXCLUSIVE as u32;
+    if op == libc::EPOLL_CTL_MOD
+        && (events & excl != 0 || g.entries.get(&fd).is_some_and(|e| e.events & excl != 0))
+    {
+        real::set_errno(libc::EINVAL);
+        return Some(-1);
+    }
     let mut kev = libc::epoll_event {
         events: if emulated { IN | RDHUP } else { events },
         u64: if emulated { tag(fd) } else { data },
@@ -375,19 +387,32 @@ pub unsafe fn wait(
         real::set_errno(libc::EINVAL);
         return -1;
     }
+    if max as usize > EP_MAX_EVENTS {
+        real::set_errno(libc::EINVAL);
+        return -1;
+    }
     let set = as_set(so);
     let max = max as usize;
     let deadline = poll::deadline_ms(timeout);
-    let mut out: Vec<libc::epoll_event> = Vec::with_capacity(max);
-    let mut kbuf: Vec<libc::epoll_event> = vec![libc::epoll_event { events: 0, u64: 0 }; max];
-    let kwait = |kbuf: &mut Vec<libc::epoll_event>,
-                 t: i32,
-                 mask: Option<*const libc::sigset_t>|
+    // At most KBUF events per call from the kernel (the rest stay queued there for the next
+    // call, as with a smaller maxevents): a huge maxevents must not allocate its size.
+    let mut out: Vec<libc::epoll_event> = Vec::with_capacity(max.min(KBUF));
+    let mut kbuf: Vec<libc::epoll_event> =
+        vec![libc::epoll_event { events: 0, u64: 0 }; max.min(KBUF)];
+    let kwait_n = |kbuf: &mut Vec<libc::epoll_event>,
+                   n: usize,
+                   t: i32,
+                   mask: Option<*const libc::sigset_t>|
      -> i32 {
+        let n = n.min(kbuf.len()) as i32;
         match mask {
-            None => unsafe { real::epoll_wait(ep, kbuf.as_mut_ptr(), kbuf.len() as i32, t) },
-            Some(m) => unsafe { real::epoll_pwait(ep, kbuf.as_mut_ptr(), kbuf.len() as i32, t, m) },
+            None => unsafe { real::epoll_wait(ep, kbuf.as_mut_ptr(), n, t) },
+            Some(m) => unsafe { real::epoll_pwait(ep, kbuf.as_mut_ptr(), n, t, m) },
         }
+    };
+    let kwait = |kbuf: &mut Vec<libc::epoll_event>, t: i32, mask: Option<*const libc::sigset_t>| {
+        let n = kbuf.len();
+        kwait_n(kbuf, n, t, mask)
     };
     let finish = |out: &Vec<libc::epoll_event>| -> i32 {
         let n = out.len().min(max);
@@ -402,12 +427,11 @@ pub unsafe fn wait(
         if !out.is_empty() || timeout == 0 {
             let room = max - out.len();
             if room > 0 {
-                let r = kwait(&mut kbuf, 0, None);
+                // Only as many kernel events as there is room for: the kernel keeps the others
+                // (an edge-triggered plain fd's event dropped here would be lost for good).
+                let r = kwait_n(&mut kbuf, room, 0, None);
                 if r > 0 {
-                    let mut extra = Vec::new();
-                    translate(set, &kbuf[..r as usize], &mut extra);
-                    extra.truncate(room);
-                    out.extend(extra);
+                    translate(set, &kbuf[..r as usize], &mut out);
                 }
                 if out.is_empty() {
                     // Doorbells may have made something ready.

@@ -49,6 +49,21 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     unsafe { ops::shutdown(fd, how) }
 }
 
+extern "C" {
+    /// glibc's "buffer overflow detected" abort.
+    fn __chk_fail() -> !;
+}
+
+/// The `_chk` variants' check, as glibc makes it before the call: a length beyond the buffer
+/// the compiler saw aborts the program.
+#[inline]
+fn chk(n: size_t, buflen: size_t) {
+    if n > buflen {
+        // SAFETY: glibc's own abort path for this case.
+        unsafe { __chk_fail() }
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     unsafe { ops::read(fd, buf, n) }
@@ -59,8 +74,9 @@ pub unsafe extern "C" fn __read_chk(
     fd: c_int,
     buf: *mut c_void,
     n: size_t,
-    _buflen: size_t,
+    buflen: size_t,
 ) -> ssize_t {
+    chk(n, buflen);
     unsafe { ops::read(fd, buf, n) }
 }
 
@@ -89,9 +105,10 @@ pub unsafe extern "C" fn __recv_chk(
     fd: c_int,
     buf: *mut c_void,
     n: size_t,
-    _buflen: size_t,
+    buflen: size_t,
     flags: c_int,
 ) -> ssize_t {
+    chk(n, buflen);
     unsafe { ops::recv(fd, buf, n, flags) }
 }
 
@@ -117,11 +134,12 @@ pub unsafe extern "C" fn __recvfrom_chk(
     fd: c_int,
     buf: *mut c_void,
     n: size_t,
-    _buflen: size_t,
+    buflen: size_t,
     flags: c_int,
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
+    chk(n, buflen);
     unsafe { ops::recvfrom(fd, buf, n, flags, addr, alen) }
 }
 

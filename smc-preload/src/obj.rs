@@ -22,8 +22,9 @@ pub enum Obj {
     Tcp,
     /// An epoll instance that watches SMC connections.
     Epoll(EpollSet),
-    /// An accepted connection whose server handshake is under way (an event-loop server is
-    /// not held up waiting for its client): progressed by the fd's operations and polls.
+    /// A connection whose handshake is under way: an accepted one (an event-loop server is not
+    /// held up waiting for its client) or a client of a non-blocking connect (which must not
+    /// wait for its server inside `connect`): progressed by the fd's operations and polls.
     Handshake(Handshake),
     /// An SMC connection inherited across `exec`: its rings are gone with the old image, and
     /// its TCP socket carries only doorbells. Reads fail with `ECONNRESET` (then EOF), writes
@@ -36,6 +37,11 @@ pub struct Handshake {
     pub driver: Mutex<Option<Box<crate::handshake::Driver>>>,
     /// O_NONBLOCK of the file description, tracked through `fcntl` / `FIONBIO`.
     pub nonblock: std::sync::atomic::AtomicBool,
+    /// The server side (else the client's).
+    pub server: bool,
+    /// A client whose server is a listener of this process: its non-blocking writes do not
+    /// wait for the server (`EAGAIN`), which may be this very thread.
+    pub peer_local: bool,
 }
 
 pub struct Pending {

@@ -72,7 +72,7 @@ pub fn resolve_pending(fd: c_int) {
         setup::settle_plain(fd);
         return;
     }
-    setup::client_after_connect(fd, Some(true), dest);
+    setup::client_start(fd, true, dest);
 }
 
 /// The connection object of `fd` if it is SMC, resolving a pending connect or completing a
@@ -87,18 +87,21 @@ fn conn_of(fd: c_int) -> Option<Arc<Obj>> {
 /// set means: report `EAGAIN`).
 #[inline]
 fn conn_of_op(fd: c_int, read: Option<bool>) -> Option<Arc<Obj>> {
-    let o = fdtable::get(fd)?;
+    let mut o = fdtable::get(fd)?;
+    if let Obj::Pending(_) = &*o {
+        drop(o);
+        resolve_pending(fd);
+        o = fdtable::get(fd)?;
+    }
     match &*o {
         Obj::Conn(_) => Some(o),
-        Obj::Pending(_) => {
-            drop(o);
-            resolve_pending(fd);
-            fdtable::get(fd).filter(|o| o.conn().is_some())
-        }
+        Obj::Pending(_) => None,
         Obj::Handshake(h) => {
             let block = match read {
                 Some(dontwait) => !dontwait && !h.nonblock.load(Ordering::Relaxed),
-                None => true,
+                // A write on a non-blocking client socket of our own listener waits for no
+                // server (it may be this thread): EAGAIN until the server's answer is there.
+                None => h.server || !h.peer_local || !h.nonblock.load(Ordering::Relaxed),
             };
             if !setup::progress(fd, h, block) {
                 // Still waiting for the client: nothing to read yet.
@@ -131,6 +134,18 @@ fn orphan(fd: c_int, write: bool) -> Option<ssize_t> {
     Some(0)
 }
 
+/// The kernel's `access_ok` part that costs nothing: no buffer in the first 64 KiB (NULL and
+/// small-integer pointers; below `vm.mmap_min_addr`) or beyond the user address space. Such a
+/// call gets `EFAULT` like from the kernel instead of a fault inside the library; an unmapped
+/// pointer elsewhere still faults in the copy.
+fn user_range_ok(iov: &[iovec]) -> bool {
+    const USER_END: usize = 0x0000_8000_0000_0000;
+    iov.iter().all(|v| {
+        let b = v.iov_base as usize;
+        v.iov_len == 0 || (b >= 0x1_0000 && b.checked_add(v.iov_len).is_some_and(|e| e <= USER_END))
+    })
+}
+
 fn ret(r: Result<usize, i32>) -> ssize_t {
     match r {
         Ok(n) => n as ssize_t,
@@ -155,6 +170,9 @@ pub unsafe fn recv_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
         // A server handshake still waiting for its client (non-blocking): EAGAIN.
         return Some(-1);
     };
+    if flags & libc::MSG_TRUNC == 0 && !user_range_ok(iov) {
+        return Some(fail(libc::EFAULT));
+    }
     Some(ret(c.recv(fd, iov, flags)))
 }
 
@@ -167,6 +185,9 @@ pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
     }
     let o = conn_of(fd)?;
     let c = o.conn()?;
+    if !user_range_ok(iov) {
+        return Some(fail(libc::EFAULT));
+    }
     Some(ret(c.send(fd, iov, flags)))
 }
 
@@ -455,18 +476,19 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
         return 0;
     }
     if e == libc::EINPROGRESS || e == libc::EINTR {
-        // Same-host connects complete in microseconds: wait a little, then handshake now.
+        // Same-host connects usually complete within the call: the Proposal goes out now, the
+        // rest at the next operation or poll; a non-blocking connect never waits for the
+        // server (which may accept much later, or be this thread).
         let mut pfd = libc::pollfd {
             fd,
             events: libc::POLLOUT,
             revents: 0,
         };
         // SAFETY: one pollfd.
-        let pr = unsafe { real::poll(&mut pfd, 1, setup::connect_wait_ms()) };
+        let pr = unsafe { real::poll(&mut pfd, 1, 0) };
         if pr > 0 {
             if setup::so_error_peek(fd) == 0 {
-                let nb = (e == libc::EINPROGRESS).then_some(true);
-                setup::client_after_connect(fd, nb, dest);
+                setup::client_start(fd, e == libc::EINPROGRESS, dest);
             } else {
                 setup::settle_plain(fd);
             }
@@ -493,6 +515,7 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
         let r = unsafe { real::listen(fd, backlog) };
         if r == 0 {
             drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Listener))));
+            setup::note_listener(fd);
         }
         return r;
     }
@@ -894,6 +917,20 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t)
         return unsafe { real::sendfile(out, inp, off, n) };
     }
     stats::special(stats::Special::Sendfile);
+    // A NULL offset reads at the file's own offset and moves it only by what was written (a
+    // plain read would consume bytes the socket may not take).
+    let pos = if off.is_null() && !in_smc {
+        let p = unsafe { libc::lseek(inp, 0, libc::SEEK_CUR) };
+        (p >= 0).then_some(p)
+    } else {
+        None
+    };
+    let advance = |done: usize| {
+        if let Some(p) = pos {
+            // SAFETY: plain lseek on the caller's fd.
+            unsafe { libc::lseek(inp, p + done as i64, libc::SEEK_SET) };
+        }
+    };
     let mut buf = vec![0u8; XFER.min(n.max(1))];
     let mut done = 0usize;
     while done < n {
@@ -902,6 +939,8 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t)
             // sendfile from a socket: like read(); only a non-blocking first read may fail.
             let f = if done > 0 { libc::MSG_DONTWAIT } else { 0 };
             unsafe { recv(inp, buf.as_mut_ptr() as *mut c_void, want, f) }
+        } else if let Some(p) = pos {
+            unsafe { libc::pread(inp, buf.as_mut_ptr() as *mut c_void, want, p + done as i64) }
         } else if off.is_null() {
             unsafe { real::read(inp, buf.as_mut_ptr() as *mut c_void, want) }
         } else {
@@ -934,6 +973,7 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t)
                     if !off.is_null() {
                         unsafe { *off += done as i64 };
                     }
+                    advance(done);
                     return done as ssize_t;
                 }
                 return -1;
@@ -945,6 +985,7 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t)
     if !off.is_null() && !in_smc {
         unsafe { *off += done as i64 };
     }
+    advance(done);
     done as ssize_t
 }
 
@@ -996,7 +1037,29 @@ pub unsafe fn splice(
         };
         return w;
     }
-    // Into an SMC socket from a pipe or file: write what we read, all of it.
+    // Into an SMC socket from a pipe or file: read only what the ring takes now (bytes taken
+    // from a pipe cannot be put back), then write all of it.
+    let mut want = want;
+    if let Some(o) = conn_of(fout) {
+        if let Some(c) = o.conn() {
+            loop {
+                let r = c.readiness();
+                if r.wr_closed || r.error || r.writable > 0 {
+                    if !r.wr_closed && !r.error {
+                        want = want.min(r.writable as usize);
+                    }
+                    break;
+                }
+                if nb || c.nonblocking() {
+                    return fail(libc::EAGAIN);
+                }
+                match c.wait(fout, false, 1, None) {
+                    crate::conn::Woke::Intr => return fail(libc::EINTR),
+                    _ => continue,
+                }
+            }
+        }
+    }
     let r = if offin.is_null() {
         unsafe { real::read(fin, buf.as_mut_ptr() as *mut c_void, want) }
     } else {

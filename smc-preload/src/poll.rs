@@ -28,7 +28,7 @@ pub fn conn_mask(c: &Conn) -> u32 {
     if r.readable > 0 || r.rd_eof || r.error {
         m |= IN | RDNORM;
     }
-    if r.rd_eof && c.flags() & crate::conn::F_SHUT_RD == 0 || r.error {
+    if r.rcv_shut || r.error {
         m |= RDHUP;
     }
     if r.writable > 0 || r.wr_closed {
@@ -37,7 +37,7 @@ pub fn conn_mask(c: &Conn) -> u32 {
     if r.error {
         m |= ERR;
     }
-    if r.hup || r.error {
+    if r.hup {
         m |= HUP;
     }
     m

@@ -197,6 +197,11 @@ impl Dest {
             _ => None,
         }
     }
+
+    /// The port (host order).
+    pub fn port(&self) -> u16 {
+        u16::from_be(self.1)
+    }
 }
 
 /// Destinations whose server did not announce SMC: the next client connections to them do not
@@ -803,10 +808,14 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
         debug!("fd {fd}: the client announced SMC from another host: its Proposal is declined");
     }
     let mut d = Driver::new(machine_for(true, sc, peer), fd, true, sc);
-    // A client from another host never holds up `accept` (one that announces SMC and then
-    // stays silent would stall the accept loop for everyone): its Proposal is answered at the
-    // connection's first operation.
-    match d.step(!(nonblock && accept_async()) && peer == PeerSmc::SameHost) {
+    // Not waiting here for: a client from another host (one that announces SMC and then stays
+    // silent would stall the accept loop for everyone: its Proposal is answered at the
+    // connection's first operation); a client of this very process in its own handshake (it
+    // connected to our listener and continues at its next operation, maybe in this thread:
+    // waiting for its Confirm here could wait for ourselves).
+    let own_client = own_client_handshake(fd);
+    let block = !(own_client || nonblock && accept_async()) && peer == PeerSmc::SameHost;
+    match d.step(block) {
         Progress::Done(out) => finish(fd, true, out, nonblock),
         Progress::WouldBlock => {
             debug!("fd {fd}: server handshake continues at the next operation");
@@ -815,6 +824,145 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
                 Slot::Obj(Arc::new(Obj::Handshake(crate::obj::Handshake {
                     driver: Mutex::new(Some(Box::new(d))),
                     nonblock: std::sync::atomic::AtomicBool::new(nonblock),
+                    server: true,
+                    peer_local: false,
+                }))),
+            ));
+        }
+    }
+}
+
+/// Local ports of this process's client connections whose handshake is under way
+/// ([`client_start`]), and of its SMC listeners: a connect to our own listener, and the accept
+/// of our own client, must not wait for the other end inside the call.
+static OWN_CLIENTS: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+static OWN_CLIENTS_N: AtomicU64 = AtomicU64::new(0);
+static OWN_LISTENERS: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+static OWN_LISTENERS_N: AtomicU64 = AtomicU64::new(0);
+
+fn port_of(fd: i32, peer: bool) -> Option<u16> {
+    // SAFETY: a zeroed sockaddr_storage is valid; out pointers are ours.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let p = &mut ss as *mut libc::sockaddr_storage as *mut libc::sockaddr;
+    let e0 = real::errno();
+    // SAFETY: valid out buffers.
+    let r = unsafe {
+        if peer {
+            libc::getpeername(fd, p, &mut len)
+        } else {
+            libc::getsockname(fd, p, &mut len)
+        }
+    };
+    real::set_errno(e0);
+    if r != 0 {
+        return None;
+    }
+    match ss.ss_family as i32 {
+        // SAFETY: the family says which layout it is.
+        libc::AF_INET => Some(u16::from_be(unsafe {
+            (*(p as *const libc::sockaddr_in)).sin_port
+        })),
+        libc::AF_INET6 => {
+            // SAFETY: as above.
+            Some(u16::from_be(unsafe {
+                (*(p as *const libc::sockaddr_in6)).sin6_port
+            }))
+        }
+        _ => None,
+    }
+}
+
+fn own_client_handshake(fd: i32) -> bool {
+    if OWN_CLIENTS_N.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    let Some(p) = port_of(fd, true) else {
+        return false;
+    };
+    OWN_CLIENTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&p)
+}
+
+/// A listener of ours now listens (its port is remembered, at most 64).
+pub fn note_listener(fd: i32) {
+    if let Some(p) = port_of(fd, false) {
+        let mut v = OWN_LISTENERS.lock().unwrap_or_else(|e| e.into_inner());
+        if !v.contains(&p) {
+            if v.len() >= 64 {
+                v.remove(0);
+            }
+            v.push(p);
+            OWN_LISTENERS_N.store(v.len() as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether `dest` is one of our own listeners' ports.
+pub fn to_own_listener(dest: Option<Dest>) -> bool {
+    if OWN_LISTENERS_N.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    let Some(d) = dest else { return false };
+    OWN_LISTENERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&d.port())
+}
+
+fn forget_own_client(port: Option<u16>) {
+    if let Some(p) = port {
+        let mut v = OWN_CLIENTS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = v.iter().position(|&x| x == p) {
+            v.swap_remove(i);
+        }
+        OWN_CLIENTS_N.store(v.len() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Client side of a connection that is established, without waiting for the server inside
+/// the call: the Proposal goes out, the rest happens at the fd's next operation or poll
+/// ([`Obj::Handshake`]) — a non-blocking connect returns at once, also when the server accepts
+/// much later or is this very thread. `nonblock`: O_NONBLOCK of the socket.
+pub fn client_start(fd: i32, nonblock: bool, dest: Option<Dest>) {
+    if peer_smc(fd) == PeerSmc::No {
+        note_dest(dest, false);
+        fallback(
+            fd,
+            false,
+            Diag::PeerNoSmc.code(),
+            "peer did not announce SMC",
+            false,
+        );
+        return;
+    }
+    note_dest(dest, true);
+    let sc = size_code_for(fd, None);
+    let mut d = Driver::new(machine(false, sc), fd, false, sc);
+    // Known before the Proposal goes out: our accepting thread must find it.
+    let peer_local = to_own_listener(dest);
+    let port = if peer_local { port_of(fd, false) } else { None };
+    if let Some(p) = port {
+        let mut v = OWN_CLIENTS.lock().unwrap_or_else(|e| e.into_inner());
+        v.push(p);
+        OWN_CLIENTS_N.store(v.len() as u64, Ordering::Relaxed);
+    }
+    match d.step(false) {
+        Progress::Done(out) => {
+            forget_own_client(port);
+            finish(fd, false, out, nonblock)
+        }
+        Progress::WouldBlock => {
+            debug!("fd {fd}: client handshake continues at the next operation");
+            drop(fdtable::replace(
+                fd,
+                Slot::Obj(Arc::new(Obj::Handshake(crate::obj::Handshake {
+                    driver: Mutex::new(Some(Box::new(d))),
+                    nonblock: std::sync::atomic::AtomicBool::new(nonblock),
+                    server: false,
+                    peer_local,
                 }))),
             ));
         }
@@ -832,7 +980,10 @@ pub fn progress(fd: i32, h: &crate::obj::Handshake, block: bool) -> bool {
         Progress::WouldBlock => false,
         Progress::Done(out) => {
             let d = g.take();
-            finish(fd, true, out, h.nonblock.load(Ordering::Relaxed));
+            if h.peer_local {
+                forget_own_client(port_of(fd, false));
+            }
+            finish(fd, h.server, out, h.nonblock.load(Ordering::Relaxed));
             drop(g);
             drop(d);
             true

@@ -15,6 +15,14 @@ pub fn note(sig: i32, handler: libc::sighandler_t, flags: i32) {
     if !(1..64).contains(&sig) {
         return;
     }
+    // Fault signals (a runtime's stack-overflow or crash handler) are synchronous to the
+    // faulting thread: they never interrupt a blocking call of another.
+    if matches!(
+        sig,
+        libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE | libc::SIGTRAP | libc::SIGSYS
+    ) {
+        return;
+    }
     let bit = 1u64 << sig;
     let is_handler = handler != libc::SIG_DFL && handler != libc::SIG_IGN;
     if is_handler && flags & libc::SA_RESTART == 0 {

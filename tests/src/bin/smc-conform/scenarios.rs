@@ -1,0 +1,1916 @@
+//! The scenarios: each a plain program against the socket API; `smc` is the number of client
+//! connections that must take SMC-D when it runs under the data path.
+use super::*;
+
+pub struct Scenario {
+    pub name: &'static str,
+    pub smc: u32,
+    pub run: fn(),
+}
+
+macro_rules! scenarios {
+    ($($name:ident: $smc:expr;)*) => {
+        pub static ALL: &[Scenario] = &[$(Scenario { name: stringify!($name), smc: $smc, run: $name }),*];
+    };
+}
+
+scenarios! {
+    // the five probes of issue 11
+    linger0_reset: 1;
+    write_after_peer_close: 1;
+    nonblock_connect_accept_later: 1;
+    asyncio_one_loop: 1;
+    sendfile_null_offset_slow_reader: 1;
+    // basics
+    echo: 1;
+    eof_after_close: 1;
+    half_close: 1;
+    read_zero_len: 1;
+    write_zero_len: 1;
+    eof_twice: 1;
+    big_transfer: 1;
+    full_duplex: 1;
+    readv_writev: 1;
+    sendmmsg_recvmmsg: 1;
+    dup_then_close_original: 1;
+    // epoll
+    epoll_lt: 1;
+    epoll_et: 1;
+    epoll_oneshot_mod: 1;
+    epoll_exclusive: 1;
+    epoll_two_sets: 1;
+    epoll_peer_close_mask: 1;
+    epoll_peer_shutdown_wr_mask: 1;
+    epoll_maxevents_mixed: 1;
+    epoll_nested: 1;
+    poll_nested_epoll: 1;
+    epoll_pwait2: 1;
+    epoll_pwait2_timeout: 1;
+    epoll_et_peer_closed_quiet: 1;
+    epoll_huge_maxevents: 1;
+    epoll_mod_out: 1;
+    epoll_del: 1;
+    epoll_out_after_full: 1;
+    // poll / select
+    poll_out_initial: 1;
+    poll_peer_close: 1;
+    poll_shutdown_rdwr: 1;
+    ppoll_sigmask: 1;
+    pselect_sigmask: 1;
+    select_readable: 1;
+    // close and errors
+    linger0_so_error: 1;
+    close_unread_resets_peer: 1;
+    shut_rd_queued_data: 1;
+    shutdown_wr_then_write: 1;
+    write_after_peer_close_nosignal: 1;
+    close_while_recv_blocked: 1;
+    double_close: 1;
+    // connect
+    connect_refused: 0;
+    connect_refused_nonblock: 0;
+    setfl_between_connect_and_use: 1;
+    connect_timeout_then_blocking: 1;
+    nonblock_connect_write_at_once: 1;
+    connect_own_listener_one_thread: 1;
+    accept_nonblock_empty: 0;
+    // data calls
+    msg_peek: 1;
+    msg_waitall: 1;
+    msg_trunc: 1;
+    msg_dontwait: 1;
+    fionread: 1;
+    siocoutq_after_read: 1;
+    siocoutq_unread: 1;
+    so_rcvtimeo: 1;
+    so_sndtimeo: 1;
+    so_rcvlowat: 1;
+    fionbio: 1;
+    read_chk_buflen: 1;
+    recv_chk_buflen: 1;
+    bad_pointer_read: 1;
+    bad_pointer_write: 1;
+    splice_pipe_to_socket_short: 1;
+    sendfile_offset: 1;
+    msg_oob: 1;
+    // signals
+    eintr_without_restart: 1;
+    sa_restart_restarts: 1;
+    restart_per_handler: 1;
+    // buffering
+    write_before_read_both: 1;
+    write_before_read_3mb: 1;
+}
+
+// ── probes ──────────────────────────────────────────────────────────────────────────────────
+
+fn linger0_reset() {
+    let (c, s) = pair();
+    write_all(c, b"abc");
+    read_n(s, 3);
+    linger0(c);
+    r("close(c) with SO_LINGER{1,0}", close(c) as isize);
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    rd("read(s)", s, 100);
+    rd("read(s) again", s, 100);
+    close(s);
+}
+
+fn write_after_peer_close() {
+    count_sigpipe();
+    let (c, s) = pair();
+    close(s);
+    pl("poll(c,IN|RDHUP)", c, libc::POLLIN | libc::POLLRDHUP, 5000);
+    r("write(c) 1st", wr(c, b"hello"));
+    // The peer answers the first write with a reset.
+    pl("poll(c,IN) after 1st write", c, libc::POLLIN, 5000);
+    r("write(c) 2nd", wr(c, b"hello"));
+    log_sigpipes();
+    close(c);
+}
+
+fn nonblock_connect_accept_later() {
+    // One thread: a non-blocking connect must return at once although nobody accepts yet;
+    // the program accepts afterwards (as an event loop would), then talks.
+    let (l, port) = listener();
+    let c = tcp_socket();
+    set_nonblock(c, true);
+    let rc = connect_to(c, port);
+    let e = errno();
+    log(format!(
+        "connect(c) nonblocking = {}",
+        if rc == 0 { "0".into() } else { ename(e) }
+    ));
+    pl("poll(c,OUT)", c, libc::POLLOUT, 5000);
+    so_error("SO_ERROR(c)", c);
+    let s = accept_fd(l);
+    log(format!("accept ok = {}", s >= 0));
+    write_all(c, b"ping");
+    set_nonblock(c, false);
+    rd("read(s)", s, 100);
+    write_all(s, b"pong!");
+    rd("read(c)", c, 100);
+    close(c);
+    close(s);
+    close(l);
+}
+
+fn asyncio_one_loop() {
+    use std::os::unix::process::CommandExt as _;
+    const PY: &str = r#"
+import asyncio
+async def main():
+    async def handle(r, w):
+        d = await r.readexactly(5)
+        w.write(d.upper() * 1000)
+        await w.drain()
+        w.close()
+    srv = await asyncio.start_server(handle, '127.0.0.1', 0)
+    port = srv.sockets[0].getsockname()[1]
+    r, w = await asyncio.open_connection('127.0.0.1', port)
+    w.write(b'hello')
+    await w.drain()
+    got = await r.read()
+    print('client read', len(got), got[:10])
+    w.close()
+    srv.close()
+    await srv.wait_closed()
+try:
+    asyncio.run(asyncio.wait_for(main(), 10))
+    print('done')
+except asyncio.TimeoutError:
+    print('TIMEOUT')
+"#;
+    let err = std::process::Command::new("python3")
+        .args(["-c", PY])
+        .exec();
+    log(format!("exec python3: {err}"));
+}
+
+fn sendfile_null_offset_slow_reader() {
+    const N: usize = 6 << 20;
+    let data: Vec<u8> = (0..N).map(|i| (i * 7 + i / 4093) as u8).collect();
+    let path = format!("/tmp/smc-conform-{}.dat", std::process::id());
+    std::fs::write(&path, &data).expect("write temp file");
+    let cpath = std::ffi::CString::new(path.clone()).unwrap();
+    // SAFETY: valid path.
+    let f = unsafe { libc::open(cpath.as_ptr(), libc::O_RDONLY) };
+    let _ = std::fs::remove_file(&path);
+    let (c, s) = pair();
+    set_nonblock(c, true);
+    let reader = std::thread::spawn(move || {
+        // A slow reader: small reads.
+        let mut got = Vec::with_capacity(N);
+        let mut b = vec![0u8; 4096];
+        loop {
+            // SAFETY: valid buffer.
+            let k = unsafe { libc::read(s, b.as_mut_ptr().cast(), b.len()) };
+            if k <= 0 {
+                break;
+            }
+            got.extend_from_slice(&b[..k as usize]);
+        }
+        close(s);
+        got
+    });
+    let mut sent = 0usize;
+    let mut eagain = false;
+    while sent < N {
+        // SAFETY: NULL offset: the file's own offset advances.
+        let k = unsafe { libc::sendfile(c, f, std::ptr::null_mut(), N - sent) };
+        if k < 0 && errno() == libc::EAGAIN {
+            eagain = true;
+            poll_raw(c, libc::POLLOUT, 5000);
+            continue;
+        }
+        if k <= 0 {
+            r("sendfile", k);
+            break;
+        }
+        sent += k as usize;
+    }
+    // SAFETY: plain lseek.
+    let off = unsafe { libc::lseek(f, 0, libc::SEEK_CUR) };
+    log(format!(
+        "sent {sent}, file offset {off}, saw EAGAIN {eagain}"
+    ));
+    close(c);
+    let got = reader.join().unwrap();
+    log(format!(
+        "reader got {} [{}] want [{}]",
+        got.len(),
+        digest(&got),
+        digest(&data)
+    ));
+    close(f);
+}
+
+// ── basics ──────────────────────────────────────────────────────────────────────────────────
+
+fn echo() {
+    let (c, s) = pair();
+    r("write(c)", wr(c, b"hello"));
+    rd("read(s)", s, 100);
+    r("write(s)", wr(s, b"world!"));
+    rd("read(c)", c, 100);
+    close(c);
+    close(s);
+}
+
+fn eof_after_close() {
+    let (c, s) = pair();
+    write_all(c, b"bye");
+    r("close(c)", close(c) as isize);
+    rd("read(s)", s, 100);
+    rd("read(s)", s, 100);
+    close(s);
+}
+
+fn half_close() {
+    let (c, s) = pair();
+    write_all(c, b"request");
+    r(
+        "shutdown(c,WR)",
+        unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize,
+    );
+    rd("read(s)", s, 100);
+    rd("read(s) eof", s, 100);
+    r("write(s)", wr(s, b"response"));
+    rd("read(c)", c, 100);
+    r("close(s)", close(s) as isize);
+    rd("read(c) eof", c, 100);
+    close(c);
+}
+
+fn read_zero_len() {
+    let (c, s) = pair();
+    r("read(s,0)", unsafe {
+        libc::read(s, [0u8; 1].as_mut_ptr().cast(), 0)
+    });
+    write_all(c, b"x");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    r("read(s,0) with data", unsafe {
+        libc::read(s, [0u8; 1].as_mut_ptr().cast(), 0)
+    });
+    rd("read(s)", s, 10);
+    close(c);
+    close(s);
+}
+
+fn write_zero_len() {
+    let (c, s) = pair();
+    r("write(c,0)", wr(c, b""));
+    r("send(c,0)", unsafe {
+        libc::send(c, b"".as_ptr().cast(), 0, 0)
+    });
+    set_nonblock(s, true);
+    rd("read(s) nothing", s, 10);
+    close(c);
+    close(s);
+}
+
+fn eof_twice() {
+    let (c, s) = pair();
+    close(c);
+    rd("read(s)", s, 10);
+    rd("read(s)", s, 10);
+    pl(
+        "poll(s,IN|OUT|RDHUP)",
+        s,
+        libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP,
+        0,
+    );
+    close(s);
+}
+
+fn big_transfer() {
+    let (c, s) = pair();
+    let data: Vec<u8> = (0..(16usize << 20)).map(|i| (i ^ (i >> 9)) as u8).collect();
+    let want = digest(&data);
+    let w = std::thread::spawn(move || {
+        write_all(c, &data);
+        close(c);
+    });
+    let got = read_n(s, 32 << 20);
+    w.join().unwrap();
+    log(format!(
+        "got {} [{}] want [{want}]",
+        got.len(),
+        digest(&got)
+    ));
+    close(s);
+}
+
+fn full_duplex() {
+    let (c, s) = pair();
+    let mk = |seed: usize| -> Vec<u8> { (0..(4usize << 20)).map(|i| (i * seed) as u8).collect() };
+    let (a, b) = (mk(3), mk(5));
+    let (da, db) = (digest(&a), digest(&b));
+    let t1 = std::thread::spawn(move || write_all(c, &a));
+    let t2 = std::thread::spawn(move || write_all(s, &b));
+    let t3 = std::thread::spawn(move || read_n(s, 4 << 20));
+    let gc = read_n(c, 4 << 20);
+    t1.join().unwrap();
+    t2.join().unwrap();
+    let gs = t3.join().unwrap();
+    log(format!("c got [{}] want [{db}]", digest(&gc)));
+    log(format!("s got [{}] want [{da}]", digest(&gs)));
+    close(c);
+    close(s);
+}
+
+fn readv_writev() {
+    let (c, s) = pair();
+    let (a, b) = (b"abc".to_vec(), b"defgh".to_vec());
+    let iov = [
+        libc::iovec {
+            iov_base: a.as_ptr() as *mut _,
+            iov_len: a.len(),
+        },
+        libc::iovec {
+            iov_base: b.as_ptr() as *mut _,
+            iov_len: b.len(),
+        },
+    ];
+    r("writev(c)", unsafe { libc::writev(c, iov.as_ptr(), 2) });
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    let (mut x, mut y) = ([0u8; 2], [0u8; 10]);
+    let iov2 = [
+        libc::iovec {
+            iov_base: x.as_mut_ptr().cast(),
+            iov_len: 2,
+        },
+        libc::iovec {
+            iov_base: y.as_mut_ptr().cast(),
+            iov_len: 10,
+        },
+    ];
+    let n = r("readv(s)", unsafe { libc::readv(s, iov2.as_ptr(), 2) });
+    log(format!(
+        "parts [{}] [{}]",
+        digest(&x),
+        digest(&y[..(n.max(2) - 2) as usize])
+    ));
+    close(c);
+    close(s);
+}
+
+fn sendmmsg_recvmmsg() {
+    let (c, s) = pair();
+    let bufs = [b"one".to_vec(), b"two2".to_vec(), b"three".to_vec()];
+    let mut iovs: Vec<libc::iovec> = bufs
+        .iter()
+        .map(|b| libc::iovec {
+            iov_base: b.as_ptr() as *mut _,
+            iov_len: b.len(),
+        })
+        .collect();
+    // SAFETY: zeroed mmsghdr is valid.
+    let mut msgs: Vec<libc::mmsghdr> = (0..3).map(|_| unsafe { std::mem::zeroed() }).collect();
+    for (m, io) in msgs.iter_mut().zip(iovs.iter_mut()) {
+        m.msg_hdr.msg_iov = io;
+        m.msg_hdr.msg_iovlen = 1;
+    }
+    r(
+        "sendmmsg(c)",
+        unsafe { libc::sendmmsg(c, msgs.as_mut_ptr(), 3, 0) } as isize,
+    );
+    log(format!(
+        "lens {:?}",
+        msgs.iter().map(|m| m.msg_len).collect::<Vec<_>>()
+    ));
+    let got = read_n(s, 12);
+    log(format!("read(s) [{}]", digest(&got)));
+    write_all(c, b"0123456789");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    let mut rb = [[0u8; 4]; 2];
+    let mut riov: Vec<libc::iovec> = rb
+        .iter_mut()
+        .map(|b| libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: 4,
+        })
+        .collect();
+    // SAFETY: zeroed mmsghdr is valid.
+    let mut rm: Vec<libc::mmsghdr> = (0..2).map(|_| unsafe { std::mem::zeroed() }).collect();
+    for (m, io) in rm.iter_mut().zip(riov.iter_mut()) {
+        m.msg_hdr.msg_iov = io;
+        m.msg_hdr.msg_iovlen = 1;
+    }
+    r(
+        "recvmmsg(s)",
+        unsafe { libc::recvmmsg(s, rm.as_mut_ptr(), 2, 0, std::ptr::null_mut()) } as isize,
+    );
+    log(format!(
+        "lens {:?} [{}]",
+        rm.iter().map(|m| m.msg_len).collect::<Vec<_>>(),
+        digest(&rb.concat())
+    ));
+    close(c);
+    close(s);
+}
+
+fn dup_then_close_original() {
+    let (c, s) = pair();
+    // SAFETY: plain dup.
+    let d = unsafe { libc::dup(s) };
+    r("close(s)", close(s) as isize);
+    write_all(c, b"via dup");
+    rd("read(dup)", d, 100);
+    r("write(dup)", wr(d, b"back"));
+    rd("read(c)", c, 100);
+    close(d);
+    rd("read(c) eof", c, 100);
+    close(c);
+}
+
+// ── epoll ───────────────────────────────────────────────────────────────────────────────────
+
+const CS: &[&str] = &["c", "s", "p0", "p1", "p2", "ep"];
+
+fn epoll_lt() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl(
+        "epoll_ctl(ADD s IN)",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    ep_wait("wait(0) empty", ep, 8, 0, &names(CS));
+    write_all(c, b"0123456789");
+    ep_wait("wait", ep, 8, 5000, &names(CS));
+    ep_wait("wait again (LT)", ep, 8, 0, &names(CS));
+    rd("read(s,4)", s, 4);
+    ep_wait("wait after partial read", ep, 8, 0, &names(CS));
+    rd("read(s)", s, 100);
+    ep_wait("wait drained", ep, 8, 0, &names(CS));
+    close(ep);
+    close(c);
+    close(s);
+}
+
+fn epoll_et() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl(
+        "epoll_ctl(ADD s IN|ET)",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        (libc::EPOLLIN | libc::EPOLLET) as u32,
+        1,
+    );
+    write_all(c, b"0123456789");
+    ep_wait("wait", ep, 8, 5000, &names(CS));
+    ep_wait("wait again (ET, no new data)", ep, 8, 0, &names(CS));
+    write_all(c, b"more");
+    ep_wait("wait after more data", ep, 8, 5000, &names(CS));
+    rd("read(s)", s, 100);
+    ep_wait("wait drained", ep, 8, 0, &names(CS));
+    close(c);
+    ep_wait("wait after peer close", ep, 8, 5000, &names(CS));
+    close(ep);
+    close(s);
+}
+
+fn epoll_oneshot_mod() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    let ev = (libc::EPOLLIN | libc::EPOLLONESHOT) as u32;
+    ep_ctl(
+        "epoll_ctl(ADD s IN|ONESHOT)",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        ev,
+        1,
+    );
+    write_all(c, b"abc");
+    ep_wait("wait", ep, 8, 5000, &names(CS));
+    ep_wait("wait disabled", ep, 8, 0, &names(CS));
+    ep_ctl(
+        "epoll_ctl(MOD s IN|ONESHOT)",
+        ep,
+        libc::EPOLL_CTL_MOD,
+        s,
+        ev,
+        1,
+    );
+    ep_wait("wait re-armed", ep, 8, 0, &names(CS));
+    ep_wait("wait disabled again", ep, 8, 0, &names(CS));
+    close(ep);
+    close(c);
+    close(s);
+}
+
+fn epoll_exclusive() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl(
+        "epoll_ctl(ADD s IN|EXCLUSIVE)",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        (libc::EPOLLIN | libc::EPOLLEXCLUSIVE) as u32,
+        1,
+    );
+    ep_ctl(
+        "epoll_ctl(MOD s IN|EXCLUSIVE)",
+        ep,
+        libc::EPOLL_CTL_MOD,
+        s,
+        (libc::EPOLLIN | libc::EPOLLEXCLUSIVE) as u32,
+        1,
+    );
+    write_all(c, b"abc");
+    ep_wait("wait", ep, 8, 5000, &names(CS));
+    close(ep);
+    close(c);
+    close(s);
+}
+
+fn epoll_two_sets() {
+    let (c, s) = pair();
+    let (e1, e2) = (ep_create(), ep_create());
+    ep_ctl(
+        "epoll_ctl(e1 ADD s)",
+        e1,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    ep_ctl(
+        "epoll_ctl(e2 ADD s)",
+        e2,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    static T1: AtomicI32 = AtomicI32::new(0);
+    static T2: AtomicI32 = AtomicI32::new(0);
+    let w = |ep: c_int, t: &'static AtomicI32| {
+        std::thread::spawn(move || {
+            t.store(gettid(), Ordering::Release);
+            let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+            // SAFETY: 4 entries.
+            let n = unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), 4, 3000) };
+            (n, if n > 0 { ev[0].events } else { 0 })
+        })
+    };
+    let h1 = w(e1, &T1);
+    let h2 = w(e2, &T2);
+    wait_blocked(&T1);
+    wait_blocked(&T2);
+    write_all(c, b"wake both");
+    let (n1, m1) = h1.join().unwrap();
+    let (n2, m2) = h2.join().unwrap();
+    log(format!("e1 = {n1} {}", mask_names(m1)));
+    log(format!("e2 = {n2} {}", mask_names(m2)));
+    close(e1);
+    close(e2);
+    close(c);
+    close(s);
+}
+
+fn epoll_peer_close_mask() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    let all = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP) as u32;
+    ep_ctl(
+        "epoll_ctl(ADD s IN|OUT|RDHUP)",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        all,
+        1,
+    );
+    ep_wait("wait idle", ep, 8, 0, &names(CS));
+    close(c);
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    ep_wait("wait after peer close", ep, 8, 0, &names(CS));
+    rd("read(s)", s, 10);
+    ep_wait("wait after eof read", ep, 8, 0, &names(CS));
+    close(ep);
+    close(s);
+}
+
+fn epoll_peer_shutdown_wr_mask() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    let all = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP) as u32;
+    ep_ctl(
+        "epoll_ctl(ADD s IN|OUT|RDHUP)",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        all,
+        1,
+    );
+    unsafe { libc::shutdown(c, libc::SHUT_WR) };
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    ep_wait("wait after peer SHUT_WR", ep, 8, 0, &names(CS));
+    unsafe { libc::shutdown(s, libc::SHUT_WR) };
+    pl("poll(c,IN)", c, libc::POLLIN, 5000);
+    ep_wait("wait after both SHUT_WR", ep, 8, 0, &names(CS));
+    close(ep);
+    close(c);
+    close(s);
+}
+
+fn epoll_maxevents_mixed() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN|ET",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        (libc::EPOLLIN | libc::EPOLLET) as u32,
+        1,
+    );
+    let mut ps = Vec::new();
+    for i in 0..3u64 {
+        let (rp, wp) = pipe();
+        write_all(wp, b"x");
+        ep_ctl(
+            "ADD pipe IN|ET",
+            ep,
+            libc::EPOLL_CTL_ADD,
+            rp,
+            (libc::EPOLLIN | libc::EPOLLET) as u32,
+            2 + i,
+        );
+        ps.push((rp, wp));
+    }
+    write_all(c, b"data");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    let mut seen = std::collections::BTreeSet::new();
+    let mut events = 0;
+    for _ in 0..6 {
+        let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 2];
+        // SAFETY: 2 entries.
+        let n = unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), 2, 0) };
+        if n <= 0 {
+            break;
+        }
+        for e in &ev[..n as usize] {
+            seen.insert(names(CS)(e.u64));
+            events += 1;
+        }
+    }
+    log(format!(
+        "seen over calls of maxevents 2: {seen:?}, {events} events"
+    ));
+    close(ep);
+    for (a, b) in ps {
+        close(a);
+        close(b);
+    }
+    close(c);
+    close(s);
+}
+
+fn epoll_nested() {
+    let (c, s) = pair();
+    let inner = ep_create();
+    let outer = ep_create();
+    ep_ctl(
+        "inner ADD s IN",
+        inner,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    ep_ctl(
+        "outer ADD inner IN",
+        outer,
+        libc::EPOLL_CTL_ADD,
+        inner,
+        libc::EPOLLIN as u32,
+        5,
+    );
+    ep_wait("outer wait(0)", outer, 8, 0, &names(CS));
+    write_all(c, b"nested");
+    ep_wait("outer wait", outer, 8, 2000, &names(CS));
+    ep_wait("inner wait(0)", inner, 8, 0, &names(CS));
+    close(outer);
+    close(inner);
+    close(c);
+    close(s);
+}
+
+fn poll_nested_epoll() {
+    let (c, s) = pair();
+    let inner = ep_create();
+    ep_ctl(
+        "inner ADD s IN",
+        inner,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    pl("poll(inner,IN) idle", inner, libc::POLLIN, 0);
+    write_all(c, b"nested");
+    pl("poll(inner,IN)", inner, libc::POLLIN, 2000);
+    ep_wait("inner wait(0)", inner, 8, 0, &names(CS));
+    close(inner);
+    close(c);
+    close(s);
+}
+
+fn epoll_pwait2() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    write_all(c, b"x");
+    let ts = libc::timespec {
+        tv_sec: 5,
+        tv_nsec: 0,
+    };
+    let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+    // SAFETY: 4 entries, valid timespec.
+    let n = unsafe { libc::epoll_pwait2(ep, ev.as_mut_ptr(), 4, &ts, std::ptr::null()) };
+    r("epoll_pwait2", n as isize);
+    if n > 0 {
+        let (d, m) = (ev[0].u64, ev[0].events);
+        log(format!("ev {d} {}", mask_names(m)));
+    }
+    close(ep);
+    close(c);
+    close(s);
+}
+
+fn epoll_pwait2_timeout() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 30_000_000,
+    };
+    let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+    // SAFETY: 4 entries, valid timespec.
+    let n = unsafe { libc::epoll_pwait2(ep, ev.as_mut_ptr(), 4, &ts, std::ptr::null()) };
+    r("epoll_pwait2 30ms idle", n as isize);
+    close(ep);
+    close(c);
+    close(s);
+}
+
+fn epoll_et_peer_closed_quiet() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN|RDHUP|ET",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
+        1,
+    );
+    close(c);
+    ep_wait("wait", ep, 8, 5000, &names(CS));
+    ep_wait("wait again 100ms (no new edge)", ep, 8, 100, &names(CS));
+    close(ep);
+    close(s);
+}
+
+fn epoll_huge_maxevents() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    write_all(c, b"x");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    in_child(|| {
+        // A cap on the address space makes a huge allocation fail instead of swapping.
+        let lim = libc::rlimit {
+            rlim_cur: 1 << 30,
+            rlim_max: 1 << 30,
+        };
+        // SAFETY: plain setrlimit.
+        unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) };
+        let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 16];
+        let max = (i32::MAX as usize / std::mem::size_of::<libc::epoll_event>()) as c_int;
+        // SAFETY: the kernel writes only the ready events (1) into the 16 entries.
+        let n = unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), max, 0) };
+        r("epoll_wait(maxevents=EP_MAX_EVENTS)", n as isize);
+        // SAFETY: as above.
+        let n = unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), max + 1, 0) };
+        r("epoll_wait(maxevents=EP_MAX_EVENTS+1)", n as isize);
+    });
+    close(ep);
+    close(c);
+    close(s);
+}
+
+fn epoll_mod_out() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    ep_wait("wait(0) IN only", ep, 8, 0, &names(CS));
+    ep_ctl(
+        "MOD s IN|OUT",
+        ep,
+        libc::EPOLL_CTL_MOD,
+        s,
+        (libc::EPOLLIN | libc::EPOLLOUT) as u32,
+        1,
+    );
+    ep_wait("wait(0) IN|OUT", ep, 8, 0, &names(CS));
+    ep_ctl(
+        "MOD unknown fd",
+        ep,
+        libc::EPOLL_CTL_MOD,
+        c,
+        libc::EPOLLIN as u32,
+        0,
+    );
+    ep_ctl(
+        "ADD s twice",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    close(ep);
+    close(c);
+    close(s);
+}
+
+fn epoll_del() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    ep_ctl(
+        "ADD c IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        c,
+        libc::EPOLLIN as u32,
+        0,
+    );
+    write_all(c, b"x");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    ep_ctl("DEL s", ep, libc::EPOLL_CTL_DEL, s, 0, 0);
+    ep_wait("wait(0) after DEL", ep, 8, 0, &names(CS));
+    ep_ctl("DEL s again", ep, libc::EPOLL_CTL_DEL, s, 0, 0);
+    close(ep);
+    close(c);
+    close(s);
+}
+
+fn epoll_out_after_full() {
+    let (c, s) = pair();
+    set_nonblock(c, true);
+    let ep = ep_create();
+    ep_ctl(
+        "ADD c OUT|ET",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        c,
+        (libc::EPOLLOUT | libc::EPOLLET) as u32,
+        0,
+    );
+    ep_wait("wait writable", ep, 8, 5000, &names(CS));
+    let chunk = vec![7u8; 65536];
+    let mut total = 0usize;
+    loop {
+        let n = wr(c, &chunk);
+        if n < 0 {
+            log(format!("write until full: {}", ename(errno())));
+            break;
+        }
+        total += n as usize;
+    }
+    ep_wait("wait(0) full", ep, 8, 0, &names(CS));
+    let got = read_n(s, total);
+    log(format!("drained all: {}", got.len() == total));
+    ep_wait("wait writable again", ep, 8, 5000, &names(CS));
+    close(ep);
+    close(c);
+    close(s);
+}
+
+// ── poll / select ───────────────────────────────────────────────────────────────────────────
+
+fn poll_out_initial() {
+    let (c, s) = pair();
+    pl("poll(c,OUT)", c, libc::POLLOUT, 0);
+    pl("poll(c,IN|OUT)", c, libc::POLLIN | libc::POLLOUT, 0);
+    pl("poll(s,IN) idle 20ms", s, libc::POLLIN, 20);
+    close(c);
+    close(s);
+}
+
+fn poll_peer_close() {
+    let (c, s) = pair();
+    close(c);
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    pl(
+        "poll(s,IN|OUT|RDHUP)",
+        s,
+        libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP,
+        0,
+    );
+    pl("poll(s,0)", s, 0, 0);
+    close(s);
+}
+
+fn poll_shutdown_rdwr() {
+    let (c, s) = pair();
+    r(
+        "shutdown(s,RDWR)",
+        unsafe { libc::shutdown(s, libc::SHUT_RDWR) } as isize,
+    );
+    pl(
+        "poll(s,IN|OUT|RDHUP)",
+        s,
+        libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP,
+        0,
+    );
+    pl("poll(c,IN|RDHUP)", c, libc::POLLIN | libc::POLLRDHUP, 5000);
+    rd("read(c)", c, 10);
+    close(c);
+    close(s);
+}
+
+fn ppoll_sigmask() {
+    let (c, s) = pair();
+    handle(libc::SIGUSR1, false);
+    // SAFETY: signal mask manipulation of this thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        libc::raise(libc::SIGUSR1);
+        log(format!(
+            "pending, handled x{}",
+            SIGUSR1S.load(Ordering::SeqCst)
+        ));
+        let mut p = libc::pollfd {
+            fd: s,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ts = libc::timespec {
+            tv_sec: 5,
+            tv_nsec: 0,
+        };
+        // Still blocked during the call: sleeps until data.
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            write_all(c, b"x");
+        });
+        let n = libc::ppoll(&mut p, 1, &ts, &set);
+        r("ppoll(mask blocks USR1)", n as isize);
+        h.join().unwrap();
+        let empty: libc::sigset_t = {
+            let mut e = std::mem::zeroed();
+            libc::sigemptyset(&mut e);
+            e
+        };
+        rd("read(s)", s, 10);
+        let n = libc::ppoll(&mut p, 1, &ts, &empty);
+        r("ppoll(mask unblocks USR1)", n as isize);
+        log(format!("handled x{}", SIGUSR1S.load(Ordering::SeqCst)));
+    }
+    close(c);
+    close(s);
+}
+
+fn pselect_sigmask() {
+    let (c, s) = pair();
+    handle(libc::SIGUSR2, false);
+    // SAFETY: signal mask and fd_set manipulation.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR2);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        libc::raise(libc::SIGUSR2);
+        let empty: libc::sigset_t = {
+            let mut e = std::mem::zeroed();
+            libc::sigemptyset(&mut e);
+            e
+        };
+        let mut rs: libc::fd_set = std::mem::zeroed();
+        libc::FD_SET(s, &mut rs);
+        let ts = libc::timespec {
+            tv_sec: 5,
+            tv_nsec: 0,
+        };
+        let n = libc::pselect(
+            s + 1,
+            &mut rs,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &ts,
+            &empty,
+        );
+        r("pselect(mask unblocks USR2)", n as isize);
+        log(format!("handled x{}", SIGUSR2S.load(Ordering::SeqCst)));
+        write_all(c, b"x");
+        let mut rs: libc::fd_set = std::mem::zeroed();
+        libc::FD_SET(s, &mut rs);
+        let n = libc::pselect(
+            s + 1,
+            &mut rs,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &ts,
+            &set,
+        );
+        r("pselect(readable)", n as isize);
+        log(format!("s set {}", libc::FD_ISSET(s, &rs)));
+    }
+    close(c);
+    close(s);
+}
+
+fn select_readable() {
+    let (c, s) = pair();
+    // SAFETY: fd_set manipulation.
+    unsafe {
+        let mut rs: libc::fd_set = std::mem::zeroed();
+        let mut ws: libc::fd_set = std::mem::zeroed();
+        libc::FD_SET(s, &mut rs);
+        libc::FD_SET(c, &mut ws);
+        let mut t = tv(0);
+        let n = libc::select(s.max(c) + 1, &mut rs, &mut ws, std::ptr::null_mut(), &mut t);
+        r("select(s r, c w) idle", n as isize);
+        log(format!(
+            "r:s {} w:c {}",
+            libc::FD_ISSET(s, &rs),
+            libc::FD_ISSET(c, &ws)
+        ));
+        write_all(c, b"x");
+        let mut rs: libc::fd_set = std::mem::zeroed();
+        libc::FD_SET(s, &mut rs);
+        let mut t = tv(5000);
+        let n = libc::select(
+            s + 1,
+            &mut rs,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut t,
+        );
+        r("select(s r)", n as isize);
+        log(format!("r:s {}", libc::FD_ISSET(s, &rs)));
+    }
+    close(c);
+    close(s);
+}
+
+// ── close and errors ────────────────────────────────────────────────────────────────────────
+
+fn linger0_so_error() {
+    let (c, s) = pair();
+    linger0(c);
+    close(c);
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    pl(
+        "poll(s,IN|OUT|RDHUP) after abort",
+        s,
+        libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP,
+        0,
+    );
+    so_error("SO_ERROR(s)", s);
+    so_error("SO_ERROR(s) again", s);
+    rd("read(s)", s, 10);
+    close(s);
+}
+
+fn close_unread_resets_peer() {
+    count_sigpipe();
+    let (c, s) = pair();
+    write_all(c, b"never read");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    r("close(s) with unread data", close(s) as isize);
+    pl("poll(c,IN)", c, libc::POLLIN, 5000);
+    rd("read(c)", c, 10);
+    rd("read(c) again", c, 10);
+    r("write(c)", wr(c, b"x"));
+    log_sigpipes();
+    close(c);
+}
+
+fn shut_rd_queued_data() {
+    let (c, s) = pair();
+    write_all(c, b"queued");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    r(
+        "shutdown(s,RD)",
+        unsafe { libc::shutdown(s, libc::SHUT_RD) } as isize,
+    );
+    pl("poll(s,IN|RDHUP)", s, libc::POLLIN | libc::POLLRDHUP, 0);
+    rd("read(s)", s, 100);
+    rd("read(s) again", s, 100);
+    r("write(s) still allowed", wr(s, b"reply"));
+    rd("read(c)", c, 100);
+    close(c);
+    close(s);
+}
+
+fn shutdown_wr_then_write() {
+    count_sigpipe();
+    let (c, s) = pair();
+    r(
+        "shutdown(c,WR)",
+        unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize,
+    );
+    r("write(c)", wr(c, b"x"));
+    r("send(c,NOSIGNAL)", unsafe {
+        libc::send(c, b"x".as_ptr().cast(), 1, libc::MSG_NOSIGNAL)
+    });
+    log_sigpipes();
+    r(
+        "shutdown(c,WR) again",
+        unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize,
+    );
+    r("shutdown(c,bad)", unsafe { libc::shutdown(c, 7) } as isize);
+    rd("read(s)", s, 10);
+    close(c);
+    close(s);
+}
+
+fn write_after_peer_close_nosignal() {
+    count_sigpipe();
+    let (c, s) = pair();
+    close(s);
+    pl("poll(c,IN|RDHUP)", c, libc::POLLIN | libc::POLLRDHUP, 5000);
+    r("send(c,NOSIGNAL) 1st", unsafe {
+        libc::send(c, b"x".as_ptr().cast(), 1, libc::MSG_NOSIGNAL)
+    });
+    pl("poll(c,IN)", c, libc::POLLIN, 5000);
+    r("send(c,NOSIGNAL) 2nd", unsafe {
+        libc::send(c, b"x".as_ptr().cast(), 1, libc::MSG_NOSIGNAL)
+    });
+    rd("read(c)", c, 10);
+    log_sigpipes();
+    close(c);
+}
+
+fn close_while_recv_blocked() {
+    let (c, s) = pair();
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        let mut b = [0u8; 16];
+        // SAFETY: valid buffer.
+        let k = unsafe { libc::recv(s, b.as_mut_ptr().cast(), 16, 0) };
+        (k, digest(&b[..k.max(0) as usize]))
+    });
+    wait_blocked(&T);
+    r("close(s) while recv blocks", close(s) as isize);
+    // The number is free again: a pipe takes it.
+    let (rp0, wp0) = pipe();
+    // SAFETY: plain fcntl: the write end above the number, the read end on it.
+    let wp = unsafe { libc::fcntl(wp0, libc::F_DUPFD, s + 1) };
+    close(wp0);
+    let rp = if rp0 == s {
+        rp0
+    } else {
+        // SAFETY: as above.
+        let rp = unsafe { libc::fcntl(rp0, libc::F_DUPFD, s) };
+        close(rp0);
+        rp
+    };
+    log(format!("pipe reuses the number: {}", rp == s));
+    write_all(wp, b"pipe data");
+    write_all(c, b"late");
+    let (k, d) = h.join().unwrap();
+    log(format!("blocked recv = {k} [{d}]"));
+    rd("read(pipe)", rp, 100);
+    close(rp);
+    close(wp);
+    close(c);
+}
+
+fn double_close() {
+    let (c, s) = pair();
+    r("close(c)", close(c) as isize);
+    r("close(c) again", close(c) as isize);
+    r("write(c) closed fd", wr(c, b"x"));
+    rd("read(s)", s, 10);
+    close(s);
+}
+
+// ── connect ─────────────────────────────────────────────────────────────────────────────────
+
+fn closed_port() -> u16 {
+    let (l, port) = listener();
+    close(l);
+    port
+}
+
+fn connect_refused() {
+    let port = closed_port();
+    let c = tcp_socket();
+    r("connect(closed port)", connect_to(c, port) as isize);
+    so_error("SO_ERROR", c);
+    r("write(c)", wr(c, b"x"));
+    close(c);
+}
+
+fn connect_refused_nonblock() {
+    let port = closed_port();
+    let c = tcp_socket();
+    set_nonblock(c, true);
+    let rc = connect_to(c, port);
+    log(format!(
+        "connect(closed port) nonblocking = {}",
+        if rc == 0 { "0".into() } else { ename(errno()) }
+    ));
+    pl("poll(c,OUT)", c, libc::POLLOUT, 5000);
+    so_error("SO_ERROR", c);
+    so_error("SO_ERROR again", c);
+    rd("read(c)", c, 10);
+    close(c);
+}
+
+fn setfl_between_connect_and_use() {
+    let (c, s) = pair();
+    set_nonblock(s, true);
+    rd("read(s) nonblocking", s, 10);
+    set_nonblock(s, false);
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        rd("read(s) blocking", s, 10)
+    });
+    wait_blocked(&T);
+    write_all(c, b"late");
+    h.join().unwrap();
+    close(c);
+    close(s);
+}
+
+fn connect_timeout_then_blocking() {
+    // hiredis / libmysqlclient: non-blocking connect, poll with a timeout, check SO_ERROR, then
+    // back to blocking for the conversation; the server is a thread that accepts by itself.
+    let (l, port) = listener();
+    let srv = std::thread::spawn(move || {
+        let s = accept_fd(l);
+        let req = read_n(s, 4);
+        write_all(s, &req.repeat(3));
+        close(s);
+        close(l);
+    });
+    let c = tcp_socket();
+    set_nonblock(c, true);
+    let rc = connect_to(c, port);
+    log(format!(
+        "connect = {}",
+        if rc == 0 { "0".into() } else { ename(errno()) }
+    ));
+    pl("poll(c,OUT) 2000", c, libc::POLLOUT, 2000);
+    so_error("SO_ERROR", c);
+    set_nonblock(c, false);
+    r("write(c)", wr(c, b"ping"));
+    let got = read_n(c, 100);
+    log(format!("read(c) {} [{}]", got.len(), digest(&got)));
+    srv.join().unwrap();
+    close(c);
+}
+
+fn nonblock_connect_write_at_once() {
+    let (l, port) = listener();
+    let srv = std::thread::spawn(move || {
+        let s = accept_fd(l);
+        let got = read_n(s, 5);
+        close(s);
+        close(l);
+        got
+    });
+    let c = tcp_socket();
+    set_nonblock(c, true);
+    let rc = connect_to(c, port);
+    log(format!(
+        "connect = {}",
+        if rc == 0 { "0".into() } else { ename(errno()) }
+    ));
+    pl("poll(c,OUT)", c, libc::POLLOUT, 5000);
+    // Written at once; a non-blocking write may only say EAGAIN, never lose bytes.
+    let mut sent = 0;
+    while sent < 5 {
+        let n = wr(c, &b"hello"[sent..]);
+        if n > 0 {
+            sent += n as usize;
+        } else if errno() == libc::EAGAIN {
+            poll_raw(c, libc::POLLOUT, 5000);
+        } else {
+            r("write", n);
+            break;
+        }
+    }
+    let got = srv.join().unwrap();
+    log(format!("server got [{}]", digest(&got)));
+    close(c);
+}
+
+fn connect_own_listener_one_thread() {
+    // Blocking connect to our own listener, accepted afterwards by the same thread.
+    let (l, port) = listener();
+    let c = tcp_socket();
+    r("connect(own listener)", connect_to(c, port) as isize);
+    let s = accept_fd(l);
+    log(format!("accept ok = {}", s >= 0));
+    r("write(c)", wr(c, b"self"));
+    rd("read(s)", s, 10);
+    r("write(s)", wr(s, b"back"));
+    rd("read(c)", c, 10);
+    close(c);
+    close(s);
+    close(l);
+}
+
+fn accept_nonblock_empty() {
+    let (l, _) = listener();
+    set_nonblock(l, true);
+    r("accept(nonblocking, empty)", accept_fd(l) as isize);
+    pl("poll(l,IN)", l, libc::POLLIN, 0);
+    close(l);
+}
+
+// ── data calls ──────────────────────────────────────────────────────────────────────────────
+
+fn msg_peek() {
+    let (c, s) = pair();
+    write_all(c, b"0123456789");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    recv_l("recv(s,4,PEEK)", s, 4, libc::MSG_PEEK);
+    recv_l("recv(s,100,PEEK)", s, 100, libc::MSG_PEEK);
+    recv_l("recv(s,3)", s, 3, 0);
+    recv_l(
+        "recv(s,100,PEEK|DONTWAIT)",
+        s,
+        100,
+        libc::MSG_PEEK | libc::MSG_DONTWAIT,
+    );
+    recv_l("recv(s,100)", s, 100, 0);
+    recv_l(
+        "recv(s,100,PEEK|DONTWAIT) empty",
+        s,
+        100,
+        libc::MSG_PEEK | libc::MSG_DONTWAIT,
+    );
+    close(c);
+    close(s);
+}
+
+fn msg_waitall() {
+    let (c, s) = pair();
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        recv_l("recv(s,12,WAITALL)", s, 12, libc::MSG_WAITALL)
+    });
+    wait_blocked(&T);
+    write_all(c, b"0123");
+    write_all(c, b"4567");
+    wait_blocked(&T);
+    write_all(c, b"89ab");
+    h.join().unwrap();
+    write_all(c, b"xy");
+    close(c);
+    recv_l("recv(s,12,WAITALL) at eof", s, 12, libc::MSG_WAITALL);
+    close(s);
+}
+
+fn msg_trunc() {
+    let (c, s) = pair();
+    write_all(c, b"0123456789");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    // SAFETY: TCP's MSG_TRUNC discards without copying: a NULL buffer is fine.
+    r("recv(s,NULL,4,TRUNC)", unsafe {
+        libc::recv(s, std::ptr::null_mut(), 4, libc::MSG_TRUNC)
+    });
+    recv_l("recv(s,100)", s, 100, 0);
+    close(c);
+    close(s);
+}
+
+fn msg_dontwait() {
+    let (c, s) = pair();
+    recv_l("recv(s,DONTWAIT) empty", s, 10, libc::MSG_DONTWAIT);
+    write_all(c, b"abc");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    recv_l("recv(s,DONTWAIT)", s, 10, libc::MSG_DONTWAIT);
+    close(c);
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    recv_l("recv(s,DONTWAIT) eof", s, 10, libc::MSG_DONTWAIT);
+    close(s);
+}
+
+fn ioctl_int(fd: c_int, req: libc::c_ulong) -> (c_int, c_int) {
+    let mut v: c_int = -7;
+    // SAFETY: valid out pointer.
+    let rc = unsafe { libc::ioctl(fd, req, &mut v) };
+    (rc, v)
+}
+
+fn fionread() {
+    let (c, s) = pair();
+    log(format!("FIONREAD idle {:?}", ioctl_int(s, libc::FIONREAD)));
+    write_all(c, &[1u8; 1234]);
+    let t = Instant::now();
+    // Bytes arrive together on loopback; wait until all are there.
+    while ioctl_int(s, libc::FIONREAD).1 < 1234 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    log(format!("FIONREAD {:?}", ioctl_int(s, libc::FIONREAD)));
+    log(format!("SIOCINQ {:?}", ioctl_int(s, 0x541B)));
+    read_n(s, 1000);
+    log(format!(
+        "FIONREAD after 1000 {:?}",
+        ioctl_int(s, libc::FIONREAD)
+    ));
+    close(c);
+    close(s);
+}
+
+fn siocoutq_after_read() {
+    let (c, s) = pair();
+    write_all(c, &[1u8; 3000]);
+    read_n(s, 3000);
+    log(format!(
+        "SIOCOUTQ after the peer read all {:?}",
+        ioctl_int(c, libc::TIOCOUTQ)
+    ));
+    close(c);
+    close(s);
+}
+
+fn siocoutq_unread() {
+    let (c, s) = pair();
+    write_all(c, &[1u8; 3000]);
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    log(format!(
+        "SIOCOUTQ while unread {:?}",
+        ioctl_int(c, libc::TIOCOUTQ)
+    ));
+    close(c);
+    close(s);
+}
+
+fn so_rcvtimeo() {
+    let (c, s) = pair();
+    let t = tv(50);
+    r(
+        "SO_RCVTIMEO 50ms",
+        setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &t) as isize,
+    );
+    rd("read(s) times out", s, 10);
+    write_all(c, b"x");
+    rd("read(s)", s, 10);
+    close(c);
+    close(s);
+}
+
+fn so_sndtimeo() {
+    let (c, s) = pair();
+    let t = tv(50);
+    r(
+        "SO_SNDTIMEO 50ms",
+        setsockopt_raw(c, libc::SOL_SOCKET, libc::SO_SNDTIMEO, &t) as isize,
+    );
+    let chunk = vec![3u8; 1 << 20];
+    let mut total = 0usize;
+    let mut end = String::from("no error");
+    // Until a write fails: the timeout hit with nothing written (short writes before that).
+    for _ in 0..1000 {
+        let n = wr(c, &chunk);
+        if n < 0 {
+            end = ename(errno());
+            break;
+        }
+        total += n as usize;
+    }
+    log(format!(
+        "blocking writes end with {end} (some bytes first: {})",
+        total > 0
+    ));
+    let got = read_n(s, total);
+    log(format!("peer reads all: {}", got.len() == total));
+    close(c);
+    close(s);
+}
+
+fn so_rcvlowat() {
+    let (c, s) = pair();
+    let v: c_int = 8;
+    r(
+        "SO_RCVLOWAT 8",
+        setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_RCVLOWAT, &v) as isize,
+    );
+    write_all(c, b"1234");
+    pl("poll(s,IN) 4 bytes < lowat, 50ms", s, libc::POLLIN, 50);
+    write_all(c, b"5678");
+    pl("poll(s,IN) 8 bytes", s, libc::POLLIN, 5000);
+    rd("read(s)", s, 100);
+    close(c);
+    close(s);
+}
+
+fn fionbio() {
+    let (c, s) = pair();
+    let on: c_int = 1;
+    // SAFETY: valid pointer.
+    r(
+        "ioctl(s,FIONBIO,1)",
+        unsafe { libc::ioctl(s, libc::FIONBIO, &on) } as isize,
+    );
+    rd("read(s)", s, 10);
+    let off: c_int = 0;
+    // SAFETY: valid pointer.
+    r(
+        "ioctl(s,FIONBIO,0)",
+        unsafe { libc::ioctl(s, libc::FIONBIO, &off) } as isize,
+    );
+    write_all(c, b"x");
+    rd("read(s) blocking", s, 10);
+    close(c);
+    close(s);
+}
+
+extern "C" {
+    fn __read_chk(fd: c_int, buf: *mut libc::c_void, n: usize, buflen: usize) -> isize;
+    fn __recv_chk(
+        fd: c_int,
+        buf: *mut libc::c_void,
+        n: usize,
+        buflen: usize,
+        flags: c_int,
+    ) -> isize;
+}
+
+fn read_chk_buflen() {
+    let (c, s) = pair();
+    write_all(c, b"0123456789");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    in_child(|| {
+        let mut b = [0u8; 64];
+        // SAFETY: the buffer holds 64; n within buflen.
+        let k = unsafe { __read_chk(s, b.as_mut_ptr().cast(), 4, 8) };
+        r("__read_chk(n=4,buflen=8)", k);
+        // SAFETY: n > buflen: glibc aborts before the call.
+        let k = unsafe { __read_chk(s, b.as_mut_ptr().cast(), 16, 8) };
+        r("__read_chk(n=16,buflen=8)", k);
+    });
+    close(c);
+    close(s);
+}
+
+fn recv_chk_buflen() {
+    let (c, s) = pair();
+    write_all(c, b"0123456789");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    in_child(|| {
+        let mut b = [0u8; 64];
+        // SAFETY: n within buflen.
+        let k = unsafe { __recv_chk(s, b.as_mut_ptr().cast(), 4, 8, 0) };
+        r("__recv_chk(n=4,buflen=8)", k);
+        // SAFETY: n > buflen: glibc aborts before the call.
+        let k = unsafe { __recv_chk(s, b.as_mut_ptr().cast(), 16, 8, 0) };
+        r("__recv_chk(n=16,buflen=8)", k);
+    });
+    close(c);
+    close(s);
+}
+
+fn bad_pointer_read() {
+    let (c, s) = pair();
+    write_all(c, b"0123456789");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    in_child(|| {
+        // SAFETY: deliberately invalid pointer: the kernel answers EFAULT.
+        let k = unsafe { libc::read(s, 8 as *mut libc::c_void, 10) };
+        r("read(s, bad pointer)", k);
+        let k = unsafe { libc::recv(s, 8 as *mut libc::c_void, 10, libc::MSG_PEEK) };
+        r("recv(s, bad pointer, PEEK)", k);
+    });
+    rd("read(s) after", s, 100);
+    close(c);
+    close(s);
+}
+
+fn bad_pointer_write() {
+    let (c, s) = pair();
+    in_child(|| {
+        // SAFETY: deliberately invalid pointer: the kernel answers EFAULT.
+        let k = unsafe { libc::write(c, 8 as *const libc::c_void, 10) };
+        r("write(c, bad pointer)", k);
+    });
+    write_all(c, b"ok");
+    rd("read(s)", s, 100);
+    close(c);
+    close(s);
+}
+
+fn splice_pipe_to_socket_short() {
+    let (c, s) = pair();
+    set_nonblock(c, true);
+    // Fill the connection until it takes no more.
+    let chunk = vec![9u8; 65536];
+    let mut sent: Vec<u8> = Vec::new();
+    loop {
+        let n = wr(c, &chunk);
+        if n <= 0 {
+            break;
+        }
+        sent.extend_from_slice(&chunk[..n as usize]);
+    }
+    let (rp, wp) = pipe();
+    let pdata: Vec<u8> = (0..60000u32).map(|i| (i % 251) as u8).collect();
+    write_all(wp, &pdata);
+    close(wp);
+    // SAFETY: pipe -> socket.
+    let k = unsafe {
+        libc::splice(
+            rp,
+            std::ptr::null_mut(),
+            c,
+            std::ptr::null_mut(),
+            65536,
+            libc::SPLICE_F_NONBLOCK,
+        )
+    };
+    log(format!(
+        "splice into a full connection = {}",
+        if k < 0 {
+            ename(errno())
+        } else {
+            "moved bytes".into()
+        }
+    ));
+    if k > 0 {
+        sent.extend_from_slice(&pdata[..k as usize]);
+    }
+    let mut off = k.max(0) as usize;
+    let total_want = sent.len() + pdata.len() - off;
+    let reader = std::thread::spawn(move || read_n(s, total_want));
+    while off < pdata.len() {
+        // SAFETY: pipe -> socket.
+        let k = unsafe {
+            libc::splice(
+                rp,
+                std::ptr::null_mut(),
+                c,
+                std::ptr::null_mut(),
+                65536,
+                libc::SPLICE_F_NONBLOCK,
+            )
+        };
+        if k < 0 && errno() == libc::EAGAIN {
+            poll_raw(c, libc::POLLOUT, 5000);
+            continue;
+        }
+        if k <= 0 {
+            r("splice", k);
+            break;
+        }
+        sent.extend_from_slice(&pdata[off..off + k as usize]);
+        off += k as usize;
+    }
+    let got = reader.join().unwrap();
+    log(format!(
+        "peer got every byte sent, in order: {}, pipe bytes all moved: {}",
+        got == sent,
+        off == pdata.len()
+    ));
+    close(rp);
+    close(c);
+    close(s);
+}
+
+fn sendfile_offset() {
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+    let path = format!("/tmp/smc-conform-o{}.dat", std::process::id());
+    std::fs::write(&path, &data).expect("temp file");
+    let cpath = std::ffi::CString::new(path.clone()).unwrap();
+    // SAFETY: valid path.
+    let f = unsafe { libc::open(cpath.as_ptr(), libc::O_RDONLY) };
+    let _ = std::fs::remove_file(&path);
+    let (c, s) = pair();
+    let reader = std::thread::spawn(move || read_n(s, 200_000));
+    let mut off: libc::off_t = 100_000;
+    let mut total = 0;
+    while total < 200_000 {
+        // SAFETY: valid offset pointer.
+        let k = unsafe { libc::sendfile(c, f, &mut off, 200_000 - total) };
+        if k <= 0 {
+            r("sendfile", k);
+            break;
+        }
+        total += k as usize;
+    }
+    // SAFETY: plain lseek.
+    let cur = unsafe { libc::lseek(f, 0, libc::SEEK_CUR) };
+    log(format!("sent {total}, offset now {off}, file offset {cur}"));
+    let got = reader.join().unwrap();
+    log(format!(
+        "peer got [{}] want [{}]",
+        digest(&got),
+        digest(&data[100_000..300_000])
+    ));
+    close(f);
+    close(c);
+    close(s);
+}
+
+fn msg_oob() {
+    let (c, s) = pair();
+    r("send(c,OOB)", unsafe {
+        libc::send(c, b"!".as_ptr().cast(), 1, libc::MSG_OOB)
+    });
+    write_all(c, b"in band");
+    close(c);
+    let got = read_n(s, 100);
+    log(format!("read(s) [{}]", digest(&got)));
+    close(s);
+}
+
+// ── signals ─────────────────────────────────────────────────────────────────────────────────
+
+fn blocked_recv_with_signal(sigs: &[c_int]) {
+    let (c, s) = pair();
+    static T: AtomicI32 = AtomicI32::new(0);
+    static PT: std::sync::OnceLock<libc::pthread_t> = std::sync::OnceLock::new();
+    let h = std::thread::spawn(move || {
+        // SAFETY: plain call.
+        let _ = PT.set(unsafe { libc::pthread_self() });
+        T.store(gettid(), Ordering::Release);
+        recv_l("recv(s) blocking", s, 10, 0)
+    });
+    for &sig in sigs {
+        wait_blocked(&T);
+        // SAFETY: the thread is alive until joined.
+        unsafe { libc::pthread_kill(*PT.get().unwrap(), sig) };
+    }
+    // Interrupted or still waiting: either way data ends it.
+    wait_blocked_or_done(&T, &h);
+    write_all(c, b"data");
+    let k = h.join().unwrap();
+    log(format!(
+        "recv returned {}",
+        if k < 0 { "error" } else { "data" }
+    ));
+    log(format!(
+        "handled USR1 x{} USR2 x{}",
+        SIGUSR1S.load(Ordering::SeqCst),
+        SIGUSR2S.load(Ordering::SeqCst)
+    ));
+    close(c);
+    close(s);
+}
+
+fn wait_blocked_or_done<T>(tid: &AtomicI32, h: &std::thread::JoinHandle<T>) {
+    let t = Instant::now();
+    while !h.is_finished() && t.elapsed() < Duration::from_secs(5) {
+        let id = tid.load(Ordering::Acquire);
+        let st = std::fs::read_to_string(format!("/proc/self/task/{id}/stat")).unwrap_or_default();
+        if st.rsplit_once(") ").is_some_and(|r| r.1.starts_with('S')) {
+            std::thread::sleep(Duration::from_millis(2));
+            let st =
+                std::fs::read_to_string(format!("/proc/self/task/{id}/stat")).unwrap_or_default();
+            if h.is_finished() || st.rsplit_once(") ").is_some_and(|r| r.1.starts_with('S')) {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn eintr_without_restart() {
+    handle(libc::SIGUSR1, false);
+    blocked_recv_with_signal(&[libc::SIGUSR1]);
+}
+
+fn sa_restart_restarts() {
+    handle(libc::SIGUSR1, true);
+    blocked_recv_with_signal(&[libc::SIGUSR1]);
+}
+
+fn restart_per_handler() {
+    // SIGUSR2 without SA_RESTART exists in the process, but the signal that arrives (USR1) has
+    // SA_RESTART: the kernel restarts the recv.
+    handle(libc::SIGUSR1, true);
+    handle(libc::SIGUSR2, false);
+    blocked_recv_with_signal(&[libc::SIGUSR1]);
+}
+
+// ── buffering ───────────────────────────────────────────────────────────────────────────────
+
+fn write_before_read_both() {
+    write_before_read(512 << 10);
+}
+
+fn write_before_read_3mb() {
+    write_before_read(3 << 20);
+}
+
+fn write_before_read(n: usize) {
+    // Both ends write N bytes before reading anything (a request/response pair written whole):
+    // a deadlock when the connection holds less than N in each direction.
+    let (c, s) = pair();
+    #[allow(non_snake_case)]
+    let N = n;
+    let a: Vec<u8> = (0..N).map(|i| (i * 11) as u8).collect();
+    let b: Vec<u8> = (0..N).map(|i| (i * 13) as u8).collect();
+    let (da, db) = (digest(&a), digest(&b));
+    let t = std::thread::spawn(move || {
+        write_all(s, &b);
+        read_n(s, N)
+    });
+    write_all(c, &a);
+    let gc = read_n(c, N);
+    let gs = t.join().unwrap();
+    log(format!("c got [{}] want [{db}]", digest(&gc)));
+    log(format!("s got [{}] want [{da}]", digest(&gs)));
+    close(c);
+    close(s);
+}
