@@ -28,7 +28,7 @@ fi
 
 # Keep fuzz builds (sanitizer flags) apart from normal builds.
 target_dir="${CARGO_TARGET_DIR:-$here/target}/fuzz"
-targets=(clc_decode clc_message handshake cdc ism_request)
+targets=(clc_decode clc_message handshake cdc ism_request procstats)
 
 buildlog="$(mktemp)"
 if ! cargo +nightly fuzz build --target-dir "$target_dir" >"$buildlog" 2>&1; then

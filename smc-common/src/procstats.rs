@@ -72,12 +72,23 @@
 //!   its cgroup's aggregate and removes it; readers fold stale files the same way. Both hold an
 //!   exclusive `flock` on [`LOCK_NAME`] while they add and unlink, and readers hold it while they
 //!   read the directory, so that a file is never counted twice nor missed.
+//! - `uid-<uid>/` ([`uid_dir_name`], top directory only): the same three kinds of entries for
+//!   the processes of one effective uid that does not own the top directory, in a directory
+//!   only that uid (and root) can write, made by the daemon. Every directory has its own lock,
+//!   which only its owner and root can open; nobody waits for a lock longer than a bound.
 //!
-//! This module is std-only and does no locking or mapping itself: [`fold`] adds one file's bytes
-//! into an aggregate's bytes.
+//! [`StatsDir`] (module `dir`) is how writers and readers reach these files: no symbolic link
+//! followed, no FIFO or device opened, no file of a foreign owner or beyond [`MAX_FILE_LEN`]
+//! read. [`fold`] adds one file's bytes into an aggregate's bytes.
 
 use std::collections::BTreeMap;
 use std::mem::offset_of;
+
+mod dir;
+pub use dir::{
+    ensure_uid_dir, uid_dir_name, DirLock, LockError, Refused, StatsDir, MAX_FILE_LEN,
+    READER_LOCK_WAIT, UID_DIR_PREFIX, WRITER_LOCK_WAIT,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// "SMCPSTAT".
@@ -390,7 +401,7 @@ pub fn pid_ns(pid: &str) -> Option<u64> {
 }
 
 fn word(b: &[u8], off: usize) -> u64 {
-    b.get(off..off + 8)
+    b.get(off..off.saturating_add(8))
         .map(|s| u64::from_le_bytes(s.try_into().expect("8 bytes")))
         .unwrap_or(0)
 }
@@ -614,7 +625,9 @@ fn reason_table(b: &[u8], off: usize) -> BTreeMap<u32, u64> {
     for r in 0..REASON_SLOTS {
         let code = word(b, off + r * 16);
         if code != 0 && code <= u32::MAX as u64 {
-            *m.entry(code as u32).or_insert(0) += word(b, off + r * 16 + 8);
+            // Untrusted counts (a code may repeat): wrap like every other counter.
+            let e = m.entry(code as u32).or_insert(0u64);
+            *e = e.wrapping_add(word(b, off + r * 16 + 8));
         }
     }
     m
@@ -666,8 +679,11 @@ impl Snapshot {
             let len = word(b, offset_of!(ProcStats, conn_record_len)) as usize;
             if slots > 0 && off >= PAGE_LEN && len >= CONN_RECORD_LEN && slots <= 1 << 20 {
                 for i in 0..slots {
-                    let at = off + i * len;
-                    if at + CONN_RECORD_LEN > b.len() {
+                    // Untrusted offsets: a sum that overflows is past the end.
+                    let Some(at) = i.checked_mul(len).and_then(|x| x.checked_add(off)) else {
+                        break;
+                    };
+                    if at.saturating_add(CONN_RECORD_LEN) > b.len() {
                         break;
                     }
                     let mut w = [0u64; 16];
@@ -707,7 +723,8 @@ impl Snapshot {
             (&mut self.reasons_server, &other.reasons_server),
         ] {
             for (c, n) in src {
-                *dst.entry(*c).or_insert(0) += n;
+                let e = dst.entry(*c).or_insert(0);
+                *e = e.wrapping_add(*n);
             }
         }
         for (k, h) in &other.hists {
@@ -774,57 +791,6 @@ pub fn fold(dst: &mut Vec<u8>, src: &[u8]) -> bool {
     let vo = offset_of!(ProcStats, valid);
     put_word(dst, vo, word(dst, vo) | (s.valid & !VALID_CONN_TABLE));
     true
-}
-
-/// The directory's exclusive lock ([`LOCK_NAME`]), held by writers folding an exited process into
-/// an aggregate and by readers scanning; released on drop. `None` when it cannot be taken.
-pub struct DirLock(std::fs::File);
-
-/// Takes the lock of `dir` (blocking).
-pub fn lock_dir(dir: &std::path::Path) -> Option<DirLock> {
-    use std::os::fd::AsRawFd as _;
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join(LOCK_NAME))
-        .ok()?;
-    // SAFETY: flock on an fd we own.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return None;
-    }
-    Some(DirLock(f))
-}
-
-impl Drop for DirLock {
-    fn drop(&mut self) {
-        use std::os::fd::AsRawFd as _;
-        // SAFETY: as above.
-        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
-    }
-}
-
-/// Adds `src` (a stats file's bytes) into the aggregate of `cgroup_id` in `dir`, replacing the
-/// aggregate atomically (write to a temporary name, rename). The caller holds [`lock_dir`].
-pub fn fold_into_aggregate(
-    dir: &std::path::Path,
-    cgroup_id: u64,
-    src: &[u8],
-) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let name = aggregate_name(cgroup_id);
-    let path = dir.join(&name);
-    let mut agg = std::fs::read(&path).unwrap_or_else(|_| new_aggregate(cgroup_id));
-    if !fold(&mut agg, src) {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "not a stats file",
-        ));
-    }
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&agg)?;
-    std::fs::rename(&tmp, &path)
 }
 
 /// Start time of process `pid` (`/proc/<pid>/stat` field 22), if it exists.

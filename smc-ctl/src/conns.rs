@@ -434,21 +434,32 @@ fn norm(a: &str) -> Option<SocketAddr> {
     })
 }
 
-/// The per-process files of `dir` by pid (live writers only).
+/// The per-process files of the tree `dir` by pid (live writers only; entries that are not
+/// regular files of the directory's owner, or too large, are skipped: see
+/// [`procstats::StatsDir`]).
 fn proc_files(dir: &Path) -> HashMap<u32, Snapshot> {
     let mut out = HashMap::new();
-    let Ok(rd) = fs::read_dir(dir) else {
+    let mut warnings = Vec::new();
+    let Ok(dirs) = procstats::StatsDir::tree(dir, &mut warnings) else {
         return out;
     };
-    for e in rd.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        if let Some(s) = fs::read(e.path()).ok().and_then(|b| Snapshot::parse(&b)) {
-            if procstats::is_live(&s) {
-                out.insert(pid, s);
+    for d in &dirs {
+        for name in d.names() {
+            let Ok(pid) = name.parse::<u32>() else {
+                continue;
+            };
+            match d.read_snapshot(&name) {
+                Ok((_, s)) if procstats::is_live(&s) => {
+                    out.insert(pid, s);
+                }
+                Ok(_) => {}
+                Err(e) if e.not_found() => {}
+                Err(e) => warnings.push(format!("ignored {}: {e}", d.path().join(&name).display())),
             }
         }
+    }
+    for w in warnings {
+        eprintln!("warning: {w}");
     }
     out
 }

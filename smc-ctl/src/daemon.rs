@@ -31,7 +31,8 @@ pub struct DaemonArgs {
     /// http://ADDR/metrics (a local address, e.g. 127.0.0.1:9464). Off by default.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
-    /// The data path's per-process statistics directory (for --metrics).
+    /// The data path's per-process statistics directory (for --metrics, and where each client
+    /// uid gets its own `uid-<n>` subdirectory).
     #[arg(long, default_value_os_t = smc_common::procstats::default_dir())]
     procs_dir: PathBuf,
 }
@@ -59,6 +60,17 @@ pub fn run(a: DaemonArgs) -> Result<()> {
     if let Some(v) = a.cgroup_max_bytes {
         cfg.cgroup_max_bytes = v;
     }
+    // A process of another uid cannot create its statistics directory under a root-owned one:
+    // the daemon makes it when a client of that uid connects.
+    let procs = a.procs_dir.clone();
+    cfg.client_hook = Some(smc_ism::ClientHook::new(move |uid, gid| {
+        if let Err(e) = smc_common::procstats::ensure_uid_dir(&procs, uid, gid) {
+            log::warn!(
+                "statistics directory of uid {uid} in {}: {e}",
+                procs.display()
+            );
+        }
+    }));
     if let Some(addr) = a.metrics {
         if !addr.ip().is_loopback() {
             log::warn!("--metrics {addr}: not a loopback address; the figures describe this host's traffic");

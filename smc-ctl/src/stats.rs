@@ -161,7 +161,8 @@ impl Raw {
             (&mut self.reasons_server, &o.reasons_server),
         ] {
             for (k, v) in src {
-                *dst.entry(k.clone()).or_insert(0) += v;
+                let e = dst.entry(k.clone()).or_insert(0);
+                *e = e.wrapping_add(*v);
             }
         }
         for (k, v) in &o.hists {
@@ -170,7 +171,7 @@ impl Raw {
                 e.resize(v.len(), 0);
             }
             for (d, x) in e.iter_mut().zip(v) {
-                *d += x;
+                *d = d.wrapping_add(*x);
             }
         }
     }
@@ -229,53 +230,79 @@ pub struct ProcScan {
     pub warnings: Vec<String>,
 }
 
-/// Reads the directory: live files, aggregates, stale files (folded when possible).
+/// Reads the directory tree (the top directory and its `uid-<n>` subdirectories): live files,
+/// aggregates, stale files (folded when possible). Nothing in it can make this block for longer
+/// than [`procstats::READER_LOCK_WAIT`] per directory, nor read a FIFO, device or oversized
+/// file: such entries are skipped with a warning.
 pub fn scan_procs(dir: &Path) -> ProcScan {
     let mut scan = ProcScan {
         dir: dir.display().to_string(),
         ..Default::default()
     };
-    let Ok(rd) = fs::read_dir(dir) else {
+    let mut warnings = Vec::new();
+    let Ok(dirs) = procstats::StatsDir::tree(dir, &mut warnings) else {
         return scan;
     };
-    // `None` without write access: then nothing is folded, stale files are read as they are.
-    let lock = procstats::lock_dir(dir);
-    let mut names: Vec<(String, PathBuf)> = rd
-        .flatten()
-        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
-        .collect();
-    // Stale files first, so that the aggregates read afterwards include them.
-    names.sort_by_key(|(n, _)| n.starts_with(procstats::AGGREGATE_PREFIX));
-    // Open SMC-D connections are counted over the files of running processes only: those of
-    // a process that is gone were closed with it.
-    let add = |scan: &mut ProcScan, cg: u64, s: &Snapshot, live: bool| {
-        scan.per_cgroup
-            .entry(cg)
-            .or_insert_with(|| Snapshot {
-                cgroup_id: cg,
-                ..Default::default()
-            })
-            .add(s);
-        if live {
-            let open = s.get("smcd_client") as i64 + s.get("smcd_server") as i64
-                - s.get("closed_conns") as i64;
-            *scan.live_smcd_by_cgroup.entry(cg).or_insert(0) += open;
+    scan.warnings = warnings;
+    for d in &dirs {
+        scan_dir(&mut scan, d);
+    }
+    scan
+}
+
+/// Open SMC-D connections are counted over the files of running processes only: those of a
+/// process that is gone were closed with it.
+fn add_to_scan(scan: &mut ProcScan, cg: u64, s: &Snapshot, live: bool) {
+    scan.per_cgroup
+        .entry(cg)
+        .or_insert_with(|| Snapshot {
+            cgroup_id: cg,
+            ..Default::default()
+        })
+        .add(s);
+    if live {
+        let open = s.get("smcd_client") as i64 + s.get("smcd_server") as i64
+            - s.get("closed_conns") as i64;
+        *scan.live_smcd_by_cgroup.entry(cg).or_insert(0) += open;
+    }
+}
+
+fn scan_dir(scan: &mut ProcScan, d: &procstats::StatsDir) {
+    // Without write access nothing is folded and stale files are read as they are. A lock held
+    // for longer than the wait (only the directory's owner or root can hold it) leaves this
+    // directory read without folding: a uid can only disturb its own figures.
+    let lock = match d.lock(procstats::READER_LOCK_WAIT) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            if !e.is_permission() {
+                scan.warnings.push(format!(
+                    "lock of {}: {e}; read without folding",
+                    d.path().display()
+                ));
+            }
+            None
         }
     };
-    let mut aggregates = Vec::new();
-    for (name, path) in names {
+    let mut names = d.names();
+    // Stale files first, so that the aggregates read afterwards include them.
+    names.sort_by_key(|n| n.starts_with(procstats::AGGREGATE_PREFIX));
+    let mut aggregates = BTreeSet::new();
+    for name in names {
         if name.starts_with(procstats::AGGREGATE_PREFIX) {
-            aggregates.push(path);
+            aggregates.insert(name);
             continue;
         }
         if name.parse::<u64>().is_err() {
             continue;
         }
-        let Ok(bytes) = fs::read(&path) else {
-            continue;
-        };
-        let Some(s) = Snapshot::parse(&bytes) else {
-            continue;
+        let (bytes, s) = match d.read_snapshot(&name) {
+            Ok(v) => v,
+            Err(e) if e.not_found() => continue, // folded meanwhile by its exiting writer
+            Err(e) => {
+                scan.warnings
+                    .push(format!("ignored {}: {e}", d.path().join(&name).display()));
+                continue;
+            }
         };
         if procstats::is_live(&s) {
             scan.live_processes += 1;
@@ -285,74 +312,78 @@ pub fn scan_procs(dir: &Path) -> ProcScan {
                 scan.cgroup_from_proc += 1;
                 procstats::proc_cgroup_id(&s.pid.to_string()).unwrap_or(0)
             };
-            add(&mut scan, cg, &s, true);
+            add_to_scan(scan, cg, &s, true);
             continue;
         }
         // Gone: fold into its cgroup's aggregate when we may write, else count as it is.
         if lock.is_some() {
-            match procstats::fold_into_aggregate(dir, s.cgroup_id, &bytes) {
+            match d.fold_into_aggregate(s.cgroup_id, &bytes) {
                 Ok(()) => {
-                    let _ = fs::remove_file(&path);
+                    let _ = d.remove(&name);
                     scan.stale_folded += 1;
                     continue;
                 }
-                Err(e) => scan.warnings.push(format!("fold {}: {e}", path.display())),
+                Err(e) => scan
+                    .warnings
+                    .push(format!("fold {}: {e}", d.path().join(&name).display())),
             }
         }
         scan.stale_kept += 1;
-        add(&mut scan, s.cgroup_id, &s, false);
+        add_to_scan(scan, s.cgroup_id, &s, false);
     }
     // The aggregates, re-listed: folding may have created some.
-    let mut agg_paths: BTreeSet<PathBuf> = aggregates.into_iter().collect();
-    if let Ok(rd) = fs::read_dir(dir) {
-        for e in rd.flatten() {
-            if e.file_name()
-                .to_string_lossy()
-                .starts_with(procstats::AGGREGATE_PREFIX)
-            {
-                agg_paths.insert(e.path());
+    aggregates.extend(
+        d.names()
+            .into_iter()
+            .filter(|n| n.starts_with(procstats::AGGREGATE_PREFIX)),
+    );
+    if lock.is_some() && aggregates.len() > PRUNE_AGGREGATES_ABOVE {
+        prune_aggregates(d, &mut aggregates, &mut scan.warnings);
+    }
+    for name in aggregates {
+        match d.read_snapshot(&name) {
+            Ok((_, s)) => {
+                scan.exited_aggregates += 1;
+                add_to_scan(scan, s.cgroup_id, &s, false);
             }
-        }
-    }
-    if lock.is_some() && agg_paths.len() > PRUNE_AGGREGATES_ABOVE {
-        prune_aggregates(dir, &mut agg_paths, &mut scan.warnings);
-    }
-    for path in agg_paths {
-        if let Some(s) = fs::read(&path).ok().and_then(|b| Snapshot::parse(&b)) {
-            scan.exited_aggregates += 1;
-            add(&mut scan, s.cgroup_id, &s, false);
+            Err(e) if e.not_found() => {}
+            Err(e) => scan
+                .warnings
+                .push(format!("ignored {}: {e}", d.path().join(&name).display())),
         }
     }
     drop(lock);
-    scan
 }
 
 /// Above this many aggregates, those of cgroups that no longer exist are merged into
 /// `exited-0`, so that container churn does not leave one file per container behind.
 const PRUNE_AGGREGATES_ABOVE: usize = 32;
 
-fn prune_aggregates(dir: &Path, paths: &mut BTreeSet<PathBuf>, warnings: &mut Vec<String>) {
-    let ids: BTreeMap<u64, PathBuf> = paths
+fn prune_aggregates(
+    d: &procstats::StatsDir,
+    names: &mut BTreeSet<String>,
+    warnings: &mut Vec<String>,
+) {
+    let ids: BTreeMap<u64, String> = names
         .iter()
-        .filter_map(|p| {
-            let n = p.file_name()?.to_str()?;
+        .filter_map(|n| {
             let id = n.strip_prefix(procstats::AGGREGATE_PREFIX)?.parse().ok()?;
-            (id != 0).then(|| (id, p.clone()))
+            (id != 0).then(|| (id, n.clone()))
         })
         .collect();
     let found = crate::sys::cgroup_paths_by_inode(ids.keys().copied().collect());
-    for (id, p) in ids {
+    for (id, n) in ids {
         if found.contains_key(&id) {
             continue;
         }
-        let Ok(b) = fs::read(&p) else { continue };
-        match procstats::fold_into_aggregate(dir, 0, &b) {
+        let Ok(b) = d.read(&n) else { continue };
+        match d.fold_into_aggregate(0, &b) {
             Ok(()) => {
-                let _ = fs::remove_file(&p);
-                paths.remove(&p);
-                paths.insert(dir.join(procstats::aggregate_name(0)));
+                let _ = d.remove(&n);
+                names.remove(&n);
+                names.insert(procstats::aggregate_name(0));
             }
-            Err(e) => warnings.push(format!("merge {}: {e}", p.display())),
+            Err(e) => warnings.push(format!("merge {}: {e}", d.path().join(&n).display())),
         }
     }
 }
@@ -1125,6 +1156,9 @@ pub fn run(a: StatsArgs) -> Result<()> {
     };
     let scope = scope_of(a.cgroup.as_deref())?;
     let inp = gather(&a, &scope, true);
+    for w in &inp.scan.warnings {
+        eprintln!("warning: {w}");
+    }
     let procs_dir = a.procs_dir.display().to_string();
     match action {
         Action::Reset => {
@@ -1444,6 +1478,44 @@ mod tests {
         let again = scan_procs(&dir);
         assert_eq!(again.sum(None).0.get("smcd_client"), 2);
         assert_eq!(again.stale_folded, 0);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A FIFO, a symbolic link to /dev/zero and a huge file where the reader looks: the scan
+    /// completes (bounded wait: it used to block forever in `read` on the FIFO), skips them with
+    /// warnings, and still counts the real file.
+    #[test]
+    fn hostile_entries_are_skipped() {
+        let dir = std::env::temp_dir().join(format!("smc-stats-hostile-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let mut agg = procstats::new_aggregate(9);
+        agg[24..32].copy_from_slice(&5u64.to_le_bytes()); // smcd_client
+        fs::write(dir.join(procstats::aggregate_name(9)), agg).unwrap();
+        let fifo = std::ffi::CString::new(dir.join("4000001").to_str().unwrap()).unwrap();
+        // SAFETY: NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        std::os::unix::fs::symlink("/dev/zero", dir.join("exited-4000002")).unwrap();
+        fs::File::create(dir.join("4000003"))
+            .unwrap()
+            .set_len(1 << 33)
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d = dir.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(scan_procs(&d));
+        });
+        let s = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("scan_procs did not complete (blocked on a planted entry)");
+        assert_eq!(s.sum(None).0.get("smcd_client"), 5);
+        for name in ["4000001", "exited-4000002", "4000003"] {
+            assert!(
+                s.warnings.iter().any(|w| w.contains(name)),
+                "no warning about {name}: {:?}",
+                s.warnings
+            );
+        }
         fs::remove_dir_all(&dir).unwrap();
     }
 

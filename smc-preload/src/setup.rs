@@ -63,7 +63,7 @@ fn default_size_code() -> u8 {
 
 /// The daemon's socket, from the environment at load time (servers such as nginx clear the
 /// environment of their workers).
-fn daemon_path() -> &'static std::path::Path {
+pub(crate) fn daemon_path() -> &'static std::path::Path {
     static P: OnceLock<std::path::PathBuf> = OnceLock::new();
     P.get_or_init(smc_ism::default_socket_path)
 }

@@ -1,8 +1,10 @@
 //! Per-process statistics in shared memory, for `smc-ctl stats` / `conns`.
 //!
 //! Each process that loads the library and makes a TCP decision maps one file
-//! `/run/smc/procs/<pid>` (`$SMC_PROCS_DIR/<pid>`), 4096 bytes, `MAP_SHARED`. When the directory
-//! cannot be used the same layout lives in anonymous memory (nothing to read from outside).
+//! `/run/smc/procs/<pid>` (`$SMC_PROCS_DIR/<pid>`; `.../uid-<euid>/<pid>` for a uid that does not
+//! own the directory, see `smc_common::procstats::StatsDir`), 4096 bytes, `MAP_SHARED`. When no
+//! directory can be used the same layout lives in anonymous memory (nothing to read from
+//! outside).
 //! Readers must treat the file as a snapshot: every field is an 8-byte little-endian counter
 //! updated with atomic adds. A file whose pid no longer exists is stale; readers may delete it.
 //!
@@ -12,7 +14,9 @@
 //! the per-side fallback-reason tables (`VALID_SIDE_REASONS`).
 
 use crate::conn::Conn;
+use crate::debug;
 use smc_common::procstats::{self, Identity, ProcStats, VALID_SIDE_REASONS};
+use std::os::fd::{AsRawFd as _, IntoRawFd as _};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub type Stats = ProcStats;
@@ -44,27 +48,45 @@ pub fn keep() -> bool {
     *K.get_or_init(|| std::env::var_os("SMC_STATS_KEEP").is_some_and(|v| v == "1"))
 }
 
-fn open_area(pid: u32) -> *mut Stats {
-    let dir = procs_dir();
-    let path = format!("{dir}/{pid}");
-    let mut fd = -1;
-    if std::fs::create_dir_all(dir).is_ok() {
-        if let Ok(c) = std::ffi::CString::new(path) {
-            // SAFETY: valid path.
-            fd = unsafe {
-                libc::open(
-                    c.as_ptr(),
-                    libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
-                    0o644,
-                )
-            };
-            if fd >= 0 && unsafe { libc::ftruncate(fd, 4096) } != 0 {
-                unsafe { crate::real::close(fd) };
-                fd = -1;
-            }
+/// The directory this process writes to (`procstats::StatsDir::for_writer`): the top
+/// directory when the process's euid owns it, else `uid-<euid>`, which the daemon creates when a
+/// client of that uid connects (asked here once, with one `QUERY_GID`, when it is missing).
+fn writer_dir() -> Option<procstats::StatsDir> {
+    // SAFETY: no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let ask_daemon = || {
+        smc_ism::Client::connect(crate::setup::daemon_path())
+            .and_then(|mut c| c.features())
+            .is_ok()
+    };
+    match procstats::StatsDir::for_writer(std::path::Path::new(procs_dir()), euid, ask_daemon) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            debug!(
+                "statistics directory {} unusable for uid {euid}: {e}",
+                procs_dir()
+            );
+            None
         }
     }
-    let flags = if fd >= 0 {
+}
+
+fn open_area(pid: u32) -> *mut Stats {
+    let id = identity(pid);
+    // Created with O_EXCL in a directory only this uid (or root) can write, so nobody else can
+    // truncate the page under the mapping (no SIGBUS).
+    let fd = writer_dir().and_then(|d| match d.create_process_file(&id, procstats::PAGE_LEN) {
+        Ok((fd, _reused)) => Some(fd),
+        Err(e) => {
+            debug!(
+                "statistics file of pid {pid} in {}: {e}",
+                d.path().display()
+            );
+            None
+        }
+    });
+    let raw = fd.as_ref().map_or(-1, |f| f.as_raw_fd());
+    let flags = if raw >= 0 {
         libc::MAP_SHARED
     } else {
         libc::MAP_SHARED | libc::MAP_ANONYMOUS
@@ -73,15 +95,16 @@ fn open_area(pid: u32) -> *mut Stats {
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            4096,
+            procstats::PAGE_LEN,
             libc::PROT_READ | libc::PROT_WRITE,
             flags,
-            fd,
+            raw,
             0,
         )
     };
-    if fd >= 0 {
-        unsafe { crate::real::close(fd) };
+    if let Some(f) = fd {
+        // SAFETY: our fd, closed once (the mapping stays).
+        unsafe { crate::real::close(f.into_raw_fd()) };
     }
     if p == libc::MAP_FAILED {
         // Last resort: leak a private zeroed page.
@@ -89,8 +112,8 @@ fn open_area(pid: u32) -> *mut Stats {
         return Box::into_raw(b) as *mut Stats;
     }
     let s = p as *mut Stats;
-    // SAFETY: fresh zeroed page.
-    unsafe { (*s).init(&identity(pid), VALID_SIDE_REASONS) };
+    // SAFETY: a fresh zeroed page, or this process's own page before an exec (same identity).
+    unsafe { (*s).init(&id, VALID_SIDE_REASONS) };
     s
 }
 
@@ -156,17 +179,31 @@ pub fn at_exit() {
     let Some(a) = g.as_ref().filter(|a| a.pid == crate::pid()) else {
         return;
     };
-    let dir = std::path::Path::new(procs_dir());
-    let path = dir.join(a.pid.to_string());
-    let Some(_lock) = procstats::lock_dir(dir) else {
-        return; // left for `smc-ctl stats`, which folds the files of exited processes
+    // Only a directory this uid owns: after a setuid the file stays for the readers to fold.
+    let Some(dir) = writer_dir() else {
+        return;
     };
-    if let Ok(bytes) = std::fs::read(&path) {
-        // SAFETY: never freed.
-        let cgroup = unsafe { &*a.ptr }.cgroup_id.load(Ordering::Relaxed);
-        if procstats::fold_into_aggregate(dir, cgroup, &bytes).is_ok() {
-            let _ = std::fs::remove_file(&path);
-        }
+    let name = a.pid.to_string();
+    // The lock can be held only by this uid and root, and is waited for a bounded time: when
+    // it is busy the file is left for `smc-ctl stats`, which folds the files of exited
+    // processes.
+    let Ok(_lock) = dir.lock(procstats::WRITER_LOCK_WAIT) else {
+        return;
+    };
+    // Our own file (not a file of the same pid in another directory after a setuid).
+    let Ok((bytes, s)) = dir.read_snapshot(&name) else {
+        return;
+    };
+    // SAFETY: never freed.
+    let me = unsafe { &*a.ptr };
+    if s.pid != a.pid as u64
+        || s.start_time != me.start_time.load(Ordering::Relaxed)
+        || s.pid_ns != me.pid_ns.load(Ordering::Relaxed)
+    {
+        return;
+    }
+    if dir.fold_into_aggregate(s.cgroup_id, &bytes).is_ok() {
+        let _ = dir.remove(&name);
     }
 }
 

@@ -31,6 +31,8 @@ pub(crate) struct Shared {
     pub own_netns: Option<u64>,
     /// The pinned eBPF same-host map, for peers in another network namespace.
     pub peers_map: Option<std::path::PathBuf>,
+    /// Run for each new client before it is served.
+    pub client_hook: Option<super::ClientHook>,
 }
 
 /// A generation counter with waiters: every state change bumps it; `WAIT` requests sleep until
@@ -134,6 +136,10 @@ pub(crate) async fn serve_conn(
     uid: Arc<UidUsage>,
     mut stop: watch::Receiver<bool>,
 ) {
+    if let (Some(hook), Some(c)) = (shared.client_hook.clone(), cred) {
+        // Before the first reply: a client that waits for it finds the hook's work done.
+        let _ = tokio::task::spawn_blocking(move || (hook.0)(c.uid, c.gid)).await;
+    }
     let cg_path = cred
         .map(|c| read_cgroup(c.pid))
         .unwrap_or_else(|| "/".to_owned());

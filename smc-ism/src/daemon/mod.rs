@@ -86,6 +86,27 @@ pub struct DaemonConfig {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Extra figures appended to every scrape (see [`MetricsHook`]).
     pub metrics_hook: Option<MetricsHook>,
+    /// Called with each client's uid and gid (`SO_PEERCRED`) on a blocking thread before its
+    /// first request is served (see [`ClientHook`]).
+    pub client_hook: Option<ClientHook>,
+}
+
+/// What the daemon does for each new client before serving it, on a blocking thread (`smc-ctl
+/// daemon` creates the client uid's statistics directory, which a non-root process cannot).
+#[derive(Clone)]
+pub struct ClientHook(pub Arc<dyn Fn(u32, u32) + Send + Sync>);
+
+impl ClientHook {
+    /// Wraps `f(uid, gid)`.
+    pub fn new(f: impl Fn(u32, u32) + Send + Sync + 'static) -> ClientHook {
+        ClientHook(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for ClientHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientHook(..)")
+    }
 }
 
 impl Default for DaemonConfig {
@@ -108,6 +129,7 @@ impl Default for DaemonConfig {
             bpf_links_dir: Some(PathBuf::from("/sys/fs/bpf/smc/links")),
             metrics_addr: None,
             metrics_hook: None,
+            client_hook: None,
         }
     }
 }
@@ -302,6 +324,7 @@ fn bind(cfg: DaemonConfig) -> Result<Bound, IsmError> {
             keys: diag::CgroupKeys::new(cfg.bpf_links_dir.clone()),
             own_netns: diag::own_netns_cookie(),
             peers_map: cfg.bpf_peers_map.clone(),
+            client_hook: cfg.client_hook.clone(),
         }),
         listener,
         _lock: lock,
