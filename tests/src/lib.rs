@@ -627,7 +627,9 @@ impl SmcWorld {
         fs::create_dir_all(dir.join("procs")).expect("mkdir procs");
         fs::create_dir_all(dir.join("logs")).expect("mkdir logs");
         let sock = dir.join("ctl.sock");
-        let c = daemon_command(&sock, &dir);
+        let mut c = daemon_command(&sock, &dir);
+        // The daemon makes each client uid's statistics subdirectory in this world's directory.
+        c.arg("--procs-dir").arg(dir.join("procs"));
         let log = dir.join("logs/daemon.log");
         let mut daemon = spawn_logged(c, &log);
         let t = Instant::now();
@@ -696,28 +698,35 @@ impl SmcWorld {
         c
     }
 
-    /// Every statistics file of this world by name (`<pid>`, or an `exited-` aggregate), read
-    /// under the directory's lock (as `smc-ctl stats` does) so that a file being folded is never
-    /// seen twice or missed.
+    /// Every statistics file of this world by name (`<pid>`, or an `exited-` aggregate, as
+    /// `uid-<n>/exited-<id>` in a uid's subdirectory), each directory read under its lock (as
+    /// `smc-ctl stats` does) so that a file being folded is never seen twice or missed.
     pub fn stats_files(&self) -> BTreeMap<String, Snapshot> {
-        use std::os::fd::AsRawFd as _;
-        let procs = self.dir.join("procs");
-        let lock = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(procs.join(smc_common::procstats::LOCK_NAME))
-            .expect("open stats lock");
-        // SAFETY: valid fd; released when `lock` is closed.
-        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+        use smc_common::procstats::{StatsDir, READER_LOCK_WAIT};
+        let mut warnings = Vec::new();
+        let dirs = StatsDir::tree(&self.dir.join("procs"), &mut warnings).expect("read procs dir");
+        assert!(
+            warnings.is_empty(),
+            "statistics directories refused: {warnings:?}"
+        );
         let mut m = BTreeMap::new();
-        for e in fs::read_dir(&procs).expect("read procs dir").flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') {
-                continue;
-            }
-            if let Some(s) = fs::read(e.path()).ok().and_then(|b| Snapshot::parse(&b)) {
-                m.insert(name, s);
+        for (i, d) in dirs.iter().enumerate() {
+            let _lock = d
+                .lock(READER_LOCK_WAIT * 20)
+                .unwrap_or_else(|e| panic!("lock of {}: {e}", d.path().display()));
+            for name in d.names() {
+                if name.starts_with('.') {
+                    continue;
+                }
+                if let Ok((_, s)) = d.read_snapshot(&name) {
+                    let key = if i > 0 && name.parse::<u32>().is_err() {
+                        let sub = d.path().file_name().unwrap_or_default().to_string_lossy();
+                        format!("{sub}/{name}")
+                    } else {
+                        name
+                    };
+                    m.insert(key, s);
+                }
             }
         }
         m

@@ -1,0 +1,445 @@
+//! The data path's statistics files against a hostile local user (issue 12 items 2 and 6, issue
+//! 10 item 7). Every attack runs as an unprivileged process (uid `nobody`, in a cgroup of its
+//! own) against processes of root and of `nobody` running under `smc-ctl run` in an attached
+//! cgroup, with this test's own daemon and statistics directory:
+//!
+//! - a foreign uid that opens and `flock`s everything it can under the statistics directory
+//!   blocks neither an exiting process nor `smc-ctl stats`, and can truncate nothing;
+//! - FIFOs, symbolic links to `/dev/zero` and huge files planted where the readers look are
+//!   skipped with a warning, and `stats` / `conns` complete;
+//! - a process of a non-root uid is counted (live, exited, and SIGKILLed), in a directory no
+//!   other uid can write or lock.
+//!
+//! No timing is asserted: "does not hang" is a generous bound on each program's run.
+//!
+//! Needs root (cgroups, eBPF, setuid). Run with `cargo xtask test --no-fuzz hostile_stats`.
+use integration_tests::{bin, run_to_end, Cgroup, Finished, Proc, SmcWorld};
+use serde_json::Value;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// Bound of every program's run: far beyond what each needs, short of a hang.
+const T: Duration = Duration::from_secs(60);
+
+/// uid and gid of `nobody`.
+fn nobody() -> (u32, u32) {
+    // SAFETY: NUL-terminated name; the result is read at once, before any other getpw* call.
+    unsafe {
+        let p = libc::getpwnam(c"nobody".as_ptr());
+        assert!(!p.is_null(), "no user `nobody` on this host");
+        ((*p).pw_uid, (*p).pw_gid)
+    }
+}
+
+/// Runs `c` as `uid`:`gid` without supplementary groups (after the cgroup join that
+/// `Cgroup::command` registered first).
+fn as_user(c: &mut Command, (uid, gid): (u32, u32)) {
+    // SAFETY: only async-signal-safe system calls between fork and exec.
+    unsafe {
+        c.pre_exec(move || {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(gid) != 0
+                || libc::setuid(uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// `preload-prog server 0 thread CONNS` under `smc-ctl run` in the world's attached cgroup, as
+/// `user` (root when `None`), without `SMC_STATS_KEEP` (what a user runs): its port.
+fn server(w: &SmcWorld, user: Option<(u32, u32)>, conns: u32) -> (Proc, u16) {
+    let mut c = w.run(bin("preload-prog"));
+    c.args(["server", "0", "thread", &conns.to_string()])
+        .env_remove("SMC_STATS_KEEP");
+    if let Some(u) = user {
+        as_user(&mut c, u);
+    }
+    let mut p = Proc::spawn(c);
+    let line = p.read_line();
+    let port = line
+        .strip_prefix("READY ")
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("server said {line:?}"));
+    (p, port)
+}
+
+/// One client connection to `port` under `smc-ctl run`, run to its end (bounded).
+fn client(w: &SmcWorld, user: Option<(u32, u32)>, port: u16, seed: u32) -> Finished {
+    let mut c = w.run(bin("preload-prog"));
+    c.args([
+        "client",
+        "127.0.0.1",
+        &port.to_string(),
+        "300000",
+        "200000",
+        &seed.to_string(),
+    ])
+    .env_remove("SMC_STATS_KEEP");
+    if let Some(u) = user {
+        as_user(&mut c, u);
+    }
+    let f = run_to_end(c, &w.subdir("logs"), None, T).ok();
+    assert!(
+        f.text().contains("CLIENT rx=200000 "),
+        "client output: {}",
+        f.text()
+    );
+    f
+}
+
+/// A client/server pair of one connection, both exited.
+fn pair(w: &SmcWorld, user: Option<(u32, u32)>, seed: u32) {
+    let (srv, port) = server(w, user, 1);
+    client(w, user, port, seed);
+    srv.wait_output(T).expect("server");
+}
+
+/// `smc-ctl stats json -a` (bounded): the figures and the warnings it printed.
+fn stats_json(w: &SmcWorld) -> (Value, String) {
+    let mut c = Command::new(bin("smc-ctl"));
+    c.args(["stats", "json", "-a", "--socket"])
+        .arg(&w.sock)
+        .arg("--procs-dir")
+        .arg(w.dir.join("procs"))
+        .arg("--baseline")
+        .arg(w.dir.join("baseline.json"));
+    let f = run_to_end(c, &w.subdir("logs"), None, T).ok();
+    let v = serde_json::from_slice(&f.stdout).expect("smc-ctl stats json output");
+    (v, f.stderr)
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+fn smcd(v: &Value) -> (u64, u64) {
+    let c = &v["connections"];
+    (u(&c["smcd_client"]), u(&c["smcd_server"]))
+}
+
+/// A Python program run as `nobody` in a cgroup of its own, started with the statistics
+/// directory as its argument.
+fn attacker(w: &SmcWorld, cg: &Cgroup, script: &str, extra: &[&Path]) -> Proc {
+    let python = integration_tests::require_tool("python3", "python3");
+    let mut c = cg.command(python);
+    c.arg("-c").arg(script).arg(w.dir.join("procs"));
+    c.args(extra);
+    c.stdin(Stdio::null());
+    as_user(&mut c, nobody());
+    Proc::spawn(c)
+}
+
+/// Opens and `flock`s (exclusively, non-blocking) every file and directory it can under the
+/// tree, truncates every file it does not own, creates `.lock` and a pid-named file in every
+/// directory it does not own; re-scans every 10 ms so that files made later are held too.
+/// Prints `READY` after the first pass, and a JSON report once the file argv[2] exists.
+const HOLD_EVERYTHING: &str = r#"
+import fcntl, json, os, sys, time
+top, stop = sys.argv[1], sys.argv[2]
+me = os.getuid()
+held, locked, truncated, created = {}, set(), set(), set()
+def grab(p):
+    if p in held:
+        return
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return
+    held[p] = fd
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        locked.add(p)
+    except OSError:
+        pass
+def walk(d):
+    grab(d)
+    try:
+        names = os.listdir(d)
+        mine = os.lstat(d).st_uid == me
+    except OSError:
+        return
+    for n in names:
+        p = os.path.join(d, n)
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        if os.path.isdir(p) and not os.path.islink(p):
+            walk(p)
+            continue
+        grab(p)
+        if st.st_uid != me:
+            for how in (lambda: os.truncate(p, 0), lambda: os.close(os.open(p, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW))):
+                try:
+                    how()
+                    truncated.add(p)
+                except OSError:
+                    pass
+    if not mine:
+        for n in (".lock", "4000000"):
+            try:
+                fd = os.open(os.path.join(d, n), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+                grab(os.path.join(d, n))
+                os.close(fd)
+                created.add(os.path.join(d, n))
+            except OSError:
+                pass
+walk(top)
+print("READY", flush=True)
+while not os.path.exists(stop):
+    walk(top)
+    time.sleep(0.01)
+walk(top)
+print(json.dumps({"held": sorted(held), "locked": sorted(locked),
+                  "truncated": sorted(truncated), "created": sorted(created)}), flush=True)
+"#;
+
+/// Plants, in every directory of the tree it can write to, a FIFO and a symbolic link to
+/// /dev/zero under a pid name and an aggregate name each, a huge sparse file under a pid name,
+/// and replaces `.lock` by a FIFO; tries the same in the directories it cannot write to.
+/// Prints a JSON report: what it planted, what was refused.
+const PLANT: &str = r#"
+import json, os, sys
+top = sys.argv[1]
+planted, refused = [], []
+def plant(d):
+    def do(name, f):
+        p = os.path.join(d, name)
+        try:
+            f(p)
+            planted.append(p)
+        except OSError as e:
+            refused.append(p + ": " + e.strerror)
+    def huge(p):
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.ftruncate(fd, 8 << 30)
+        os.close(fd)
+    def fifo_lock(p):
+        if os.path.lexists(p):
+            os.unlink(p)
+        os.mkfifo(p)
+    do("4000001", os.mkfifo)
+    do("exited-4000002", os.mkfifo)
+    do("4000003", lambda p: os.symlink("/dev/zero", p))
+    do("exited-4000004", lambda p: os.symlink("/dev/zero", p))
+    do("4000005", huge)
+    do(".lock", fifo_lock)
+plant(top)
+for n in sorted(os.listdir(top)):
+    p = os.path.join(top, n)
+    if os.path.isdir(p) and not os.path.islink(p):
+        plant(p)
+print(json.dumps({"planted": planted, "refused": refused}), flush=True)
+"#;
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|s| s.as_str().expect("string").to_owned())
+        .collect()
+}
+
+/// The `uid-<uid>` directory of the world.
+fn uid_dir(w: &SmcWorld, uid: u32) -> PathBuf {
+    w.dir.join("procs").join(format!("uid-{uid}"))
+}
+
+/// (a) `nobody` opens and locks every file it can under the statistics directory and keeps
+/// them: a root process under `smc-ctl run` still exits, and `smc-ctl stats` still completes
+/// with every connection counted. Before the fix (a 0644 `.lock` in the shared directory) the
+/// exiting client hung in `flock` for as long as `nobody` held it.
+#[test]
+fn foreign_locks_block_no_exit_and_no_reader() {
+    let w = SmcWorld::new();
+    let nb = nobody();
+    // Earlier runs of root and of nobody: the lock files and aggregates exist.
+    pair(&w, None, 1);
+    pair(&w, Some(nb), 2);
+    let (srv, port) = server(&w, None, 1);
+    let other = Cgroup::new();
+    let stop = w.dir.join("stop-attacker");
+    let mut att = attacker(&w, &other, HOLD_EVERYTHING, &[&stop]);
+    assert_eq!(att.read_line(), "READY", "the attacker did not start");
+
+    // The victim: a root client exits (its file is folded at exit), the server too.
+    client(&w, None, port, 3);
+    srv.wait_output(T).expect("root server under smc-ctl run");
+    let (v, warnings) = stats_json(&w);
+    assert_eq!(smcd(&v), (3, 3), "every connection counted: {v:#}");
+    assert_eq!(u(&v["sources"]["live_processes"]), 0, "{v:#}");
+
+    std::fs::write(&stop, b"").unwrap();
+    let report: Value =
+        serde_json::from_str(&att.read_line()).expect("attacker report (JSON line)");
+    drop(att);
+    let own = uid_dir(&w, nb.0);
+    let locked = strings(&report["locked"]);
+    assert!(
+        !locked.is_empty(),
+        "the attacker locked nothing at all (not even its own files): {report:#}"
+    );
+    // Locks on statistics files and directories are harmless (nobody takes them); a lock file
+    // of another uid's directory is what must be out of reach.
+    let foreign: Vec<&String> = locked
+        .iter()
+        .filter(|p| p.ends_with("/.lock") && !Path::new(p).starts_with(&own))
+        .collect();
+    assert!(
+        foreign.is_empty(),
+        "nobody could lock another uid's lock file: {foreign:?}"
+    );
+    assert!(
+        strings(&report["truncated"]).is_empty(),
+        "nobody truncated files of other uids: {report:#}"
+    );
+    assert!(
+        strings(&report["created"]).is_empty(),
+        "nobody created files in other uids' directories: {report:#}"
+    );
+    // It held its own directory's lock: the reader went on without it and said so.
+    if locked.iter().any(|p| Path::new(p) == own.join(".lock")) {
+        assert!(
+            warnings.contains("read without folding"),
+            "no warning about the busy lock of {}: {warnings}",
+            own.display()
+        );
+    }
+}
+
+/// (b) `nobody` plants FIFOs, symbolic links to /dev/zero and a huge sparse file where the
+/// readers look (it can only do so in its own directory) and replaces its lock by a FIFO:
+/// `smc-ctl stats` and `smc-ctl conns` complete, skip each with a warning, and still count the
+/// real connections.
+#[test]
+fn planted_fifo_symlink_and_huge_file_are_skipped() {
+    let w = SmcWorld::new();
+    let nb = nobody();
+    pair(&w, None, 1);
+    pair(&w, Some(nb), 2);
+    let other = Cgroup::new();
+    let att = attacker(&w, &other, PLANT, &[]);
+    let out = att.wait_output(T).expect("planting attacker");
+    let report: Value = serde_json::from_str(out.trim()).expect("attacker report");
+    let planted = strings(&report["planted"]);
+    let own = uid_dir(&w, nb.0);
+    // Only in its own directory; the root-owned top directory refused every entry.
+    assert!(
+        planted.iter().all(|p| Path::new(p).starts_with(&own)),
+        "nobody planted outside its own directory: {report:#}"
+    );
+    assert_eq!(planted.len(), 6, "{report:#}");
+    let refused = strings(&report["refused"]);
+    assert!(
+        refused.iter().any(|r| r.contains("/procs/4000001:")),
+        "{report:#}"
+    );
+
+    let (v, warnings) = stats_json(&w);
+    assert_eq!(smcd(&v), (2, 2), "the real connections still count: {v:#}");
+    for name in [
+        "4000001",
+        "exited-4000002",
+        "4000003",
+        "exited-4000004",
+        "4000005",
+    ] {
+        let p = own.join(name);
+        assert!(
+            warnings.contains(&format!("ignored {}:", p.display())),
+            "no warning about {}: {warnings}",
+            p.display()
+        );
+    }
+    assert!(warnings.contains("a FIFO"), "{warnings}");
+    assert!(warnings.contains("symbolic link"), "{warnings}");
+    assert!(
+        warnings.contains("more than a statistics file"),
+        "{warnings}"
+    );
+    assert!(warnings.contains("lock file refused"), "{warnings}");
+
+    let mut c = Command::new(bin("smc-ctl"));
+    c.args(["conns", "--json", "--socket"])
+        .arg(&w.sock)
+        .arg("--procs-dir")
+        .arg(w.dir.join("procs"));
+    let f = run_to_end(c, &w.subdir("logs"), None, T).ok();
+    assert!(
+        f.stderr
+            .contains(&format!("ignored {}", own.join("4000001").display())),
+        "{}",
+        f.stderr
+    );
+}
+
+/// (c) A process of a non-root uid is counted: `nobody` runs a client/server pair under
+/// `smc-ctl run` in the attached cgroup. Its files live in `uid-<uid>`, which the daemon made
+/// and only that uid (and root) can write; the figures of its exited client, of its server
+/// killed with SIGKILL (folded by root, the aggregate stays the uid's) and of a later pair all
+/// count. Before the fix none of them did (`smc-ctl stats` counted 0 SMC-D connections).
+#[test]
+fn non_root_processes_are_counted() {
+    let w = SmcWorld::new();
+    let nb = nobody();
+    let (mut srv, port) = server(&w, Some(nb), 2);
+    client(&w, Some(nb), port, 1);
+    let (v, _) = stats_json(&w);
+    assert_eq!(smcd(&v), (1, 1), "nobody's connection: {v:#}");
+    assert_eq!(u(&v["sources"]["live_processes"]), 1, "the server: {v:#}");
+
+    let dir = uid_dir(&w, nb.0);
+    let md = std::fs::symlink_metadata(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    assert!(md.is_dir(), "{}", dir.display());
+    assert_eq!(md.uid(), nb.0, "{} owner", dir.display());
+    assert_eq!(md.permissions().mode() & 0o7777, 0o755);
+    let top = std::fs::metadata(w.dir.join("procs")).unwrap();
+    assert_eq!(
+        top.permissions().mode() & 0o022,
+        0,
+        "top directory writable by others"
+    );
+    let file = dir.join(srv.0.id().to_string());
+    let md = std::fs::symlink_metadata(&file)
+        .unwrap_or_else(|e| panic!("the server's file {}: {e}", file.display()));
+    assert_eq!((md.uid(), md.permissions().mode() & 0o7777), (nb.0, 0o644));
+    let lock = std::fs::symlink_metadata(dir.join(".lock")).expect("the uid's lock file");
+    assert_eq!(
+        (lock.uid(), lock.permissions().mode() & 0o7777),
+        (nb.0, 0o600)
+    );
+
+    // SIGKILL: the file stays; root folds it into the uid's aggregate, which stays the uid's.
+    srv.0.kill().unwrap();
+    srv.0.wait().unwrap();
+    let (v, _) = stats_json(&w);
+    assert_eq!(smcd(&v), (1, 1), "after SIGKILL: {v:#}");
+    assert_eq!(u(&v["sources"]["live_processes"]), 0, "{v:#}");
+    assert!(!file.exists(), "the killed server's file was not folded");
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        let md = e.metadata().unwrap();
+        assert_eq!(md.uid(), nb.0, "{} is not the uid's", e.path().display());
+    }
+
+    // The uid's next processes still write and fold (nothing root left is in their way).
+    pair(&w, Some(nb), 2);
+    let (v, _) = stats_json(&w);
+    assert_eq!(smcd(&v), (2, 2), "{v:#}");
+    assert_eq!(u(&v["sources"]["live_processes"]), 0, "{v:#}");
+    let files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    assert!(
+        files.iter().all(|n| n.starts_with("exited-")),
+        "files of exited processes left behind: {files:?}"
+    );
+}
