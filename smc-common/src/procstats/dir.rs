@@ -474,7 +474,18 @@ impl StatsDir {
         euid: u32,
         ensure: impl FnOnce() -> bool,
     ) -> Result<StatsDir, Refused> {
-        let top = StatsDir::open_or_create(base)?;
+        let mut ensure = Some(ensure);
+        let top = match StatsDir::open_or_create(base) {
+            Ok(t) => t,
+            // Missing, and not ours to create: the daemon makes it with the uid's directory.
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                if let Some(f) = ensure.take() {
+                    f();
+                }
+                StatsDir::open(base)?
+            }
+            Err(e) => return Err(Refused::Io(e)),
+        };
         if top.owner == euid {
             if top.foreign_writable() {
                 return Err(Refused::Mode(top.mode));
@@ -482,7 +493,6 @@ impl StatsDir {
             return Ok(top);
         }
         let name = uid_dir_name(euid);
-        let mut ensure = Some(ensure);
         for _ in 0..3 {
             match top.sub(&name, euid) {
                 Ok(d) if d.owner == euid => return Ok(d),
