@@ -126,7 +126,13 @@ fn smcd(v: &Value) -> (u64, u64) {
 /// A Python program run as `nobody` in a cgroup of its own, started with the statistics
 /// directory as its argument.
 fn attacker(w: &SmcWorld, cg: &Cgroup, script: &str, extra: &[&Path]) -> Proc {
-    let python = integration_tests::require_tool("python3", "python3");
+    // The system's interpreter: one found through root's PATH (pyenv shims under /root) is not
+    // executable by nobody.
+    let python = Path::new("/usr/bin/python3");
+    assert!(
+        python.exists(),
+        "/usr/bin/python3 is missing (apt-get install -y python3)"
+    );
     let mut c = cg.command(python);
     c.arg("-c").arg(script).arg(w.dir.join("procs"));
     c.args(extra);
