@@ -339,8 +339,8 @@ fn release(o: &Obj) {
     }
 }
 
-/// Before a `sendmsg`: our connections among its `SCM_RIGHTS` fds go in flight (handshakes
-/// under way are decided first, as for `fork`). Returns how many, for [`fds_not_sent`].
+/// Before a `sendmsg`: our connections among its `SCM_RIGHTS` fds go in flight. Returns how
+/// many, for [`fds_not_sent`].
 ///
 /// # Safety
 /// `m` is the application's msghdr for `sendmsg`.
@@ -352,11 +352,8 @@ pub unsafe fn fds_sending(m: &libc::msghdr) -> usize {
             if fdtable::raw(fd) < 8 {
                 return;
             }
-            if let Some(o) = fdtable::get(fd) {
-                if let Obj::Handshake(h) = &*o {
-                    setup::progress(fd, h, true);
-                }
-            }
+            // A socket in its handshake is not carried on here: our own daemon requests pass
+            // the handshaking socket as their proof (and hold its driver meanwhile).
             let Some(o) = fdtable::get(fd) else { return };
             let Obj::Conn(c) = &*o else { return };
             let Some(ck) = cookie(fd) else { return };

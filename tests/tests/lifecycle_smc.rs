@@ -3,7 +3,7 @@
 //! interpreter or tool started under `smc-ctl run` in an ism-attached cgroup with the test's own
 //! daemon; each test checks the bytes end to end and, from the data path's statistics, that the
 //! connection it is about really was SMC-D (or really stayed TCP).
-use integration_tests::{brief, fallbacks, Proc, SmcWorld};
+use integration_tests::{brief, fallbacks, require_tool, NetnsPair, Proc, SmcWorld};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -34,8 +34,9 @@ fn ready_port(p: &mut Proc) -> u16 {
 const ECHO_CLIENT: &str = r#"
 import socket, sys, random, hashlib
 port, n = int(sys.argv[1]), int(sys.argv[2])
+host = sys.argv[3] if len(sys.argv) > 3 else "127.0.0.1"
 rnd = random.Random(7)
-s = socket.create_connection(("127.0.0.1", port))
+s = socket.create_connection((host, port))
 total = 0
 for i in range(n):
     msg = rnd.randbytes(rnd.randint(1, 200000))
@@ -328,4 +329,128 @@ fn connections_passed_with_scm_rights_keep_working_or_fail_cleanly() {
     );
     let sum = w.stats_sum();
     assert!(sum.get("smcd_server") >= 2, "{}", brief(&sum));
+}
+
+/// An echo server for any number of sequential connections on all addresses.
+const ECHO_SERVER: &str = r#"
+import socket
+ls = socket.socket()
+ls.bind(("0.0.0.0", 0))
+ls.listen(8)
+print("READY", ls.getsockname()[1], flush=True)
+while True:
+    c, _ = ls.accept()
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        c.sendall(b)
+    c.close()
+"#;
+
+/// A client on "another host" announces SMC in its SYN, exactly as a Linux host with SMC does:
+/// the server must not run the loopback-ism handshake with it (no DMB, no GID sent off-host)
+/// and must not hold up `accept`; the client gets a Decline and both continue on TCP.
+/// The other host is a network namespace whose connections are NAT'd (nftables DNAT), so that
+/// the server's peer address is one no socket of this host holds the mirror of.
+#[test]
+fn a_client_from_another_host_is_declined_and_stays_tcp() {
+    let nft = require_tool("nft", "nftables");
+    let w = SmcWorld::new();
+    let ns = NetnsPair::new().expect("create the network namespace pair (iproute2)");
+    let fake = {
+        let mut o: Vec<&str> = ns.addr_a.split('.').collect();
+        o[3] = "99";
+        o.join(".")
+    };
+    let rules = format!(
+        "table ip smctest {{ chain out {{ type nat hook output priority -100; ip daddr {fake} dnat to {} }} }}",
+        ns.addr_a
+    );
+    let st = Command::new("ip")
+        .args(["netns", "exec", &ns.b])
+        .arg(&nft)
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write as _;
+            c.stdin.take().expect("stdin").write_all(rules.as_bytes())?;
+            c.wait()
+        })
+        .expect("run nft");
+    assert!(st.success(), "nft -f: {rules}");
+    let srv_py = script(&w, "server.py", ECHO_SERVER);
+    let cl_py = script(&w, "client.py", ECHO_CLIENT);
+    let mut c = w.run_in_netns(&ns.a, "python3");
+    c.arg(&srv_py);
+    let mut srv = Proc::spawn(c);
+    let port = ready_port(&mut srv);
+    let mut c = w.run_in_netns(&ns.b, "python3");
+    c.arg(&cl_py).args([port.to_string(), "5".into(), fake]);
+    let out = Proc::spawn(c)
+        .wait_output(T)
+        .unwrap_or_else(|e| panic!("echo client: {e}; figures: {}", brief(&w.stats_sum())));
+    assert!(out.contains("CLIENT OK"), "client: {out}");
+    let sum = w.stats_sum();
+    assert_eq!(
+        sum.get("smcd_client") + sum.get("smcd_server"),
+        0,
+        "{}",
+        brief(&sum)
+    );
+    assert!(fallbacks(&sum) >= 2, "both ends fall back: {}", brief(&sum));
+    // The server declined the Proposal itself (NOSMCDDEV: no device that reaches this peer),
+    // before any DMB or GID of ours: not a decline of the client after a failed attach.
+    let nosmcddev = smc_common::diag::Diag::NoSmcdDev.code();
+    assert!(
+        sum.reasons_server.get(&nosmcddev).copied().unwrap_or(0) >= 1,
+        "server fallback reasons {:?}: {}",
+        sum.reasons_server,
+        brief(&sum)
+    );
+    // The server never registered a DMB for it: the daemon holds none and handed out none.
+    w.wait_no_live_dmbs(T);
+}
+
+/// A server that sets up an io_uring (through `syscall(2)`, as libuv, tokio-uring and monoio
+/// do) after its listener exists: from then on its socket I/O may bypass the library, so its
+/// listener must stop announcing SMC and its connections stay TCP, byte-exact.
+const URING_SERVER: &str = r#"
+import socket, ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+params = (ctypes.c_char * 120)()
+ring = libc.syscall(425, 8, params)   # SYS_io_uring_setup on x86_64
+assert ring >= 0, ctypes.get_errno()
+print("READY", ls.getsockname()[1], flush=True)
+c, _ = ls.accept()
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    c.sendall(b)
+c.close()
+"#;
+
+#[test]
+fn a_process_that_sets_up_an_io_uring_stays_on_tcp() {
+    let w = SmcWorld::new();
+    let srv_py = script(&w, "server.py", URING_SERVER);
+    let cl_py = script(&w, "client.py", ECHO_CLIENT);
+    let mut srv = Proc::spawn(python(&w, &srv_py));
+    let port = ready_port(&mut srv);
+    let mut c = python(&w, &cl_py);
+    c.args([port.to_string(), "5".into()]);
+    let out = Proc::spawn(c)
+        .wait_output(T)
+        .unwrap_or_else(|e| panic!("echo client: {e}; figures: {}", brief(&w.stats_sum())));
+    assert!(out.contains("CLIENT OK"), "client: {out}");
+    srv.wait_output(T).expect("server");
+    let sum = w.stats_sum();
+    assert_eq!(sum.get("smcd_client"), 0, "{}", brief(&sum));
+    assert!(fallbacks(&sum) >= 1, "{}", brief(&sum));
+    assert_eq!(sum.get("handshake_errors"), 0, "{}", brief(&sum));
 }

@@ -65,6 +65,7 @@ const APT_PACKAGES: &[&str] = &[
     "curl",
     "python3",
     "tshark",
+    "nftables",
     "sockperf",
     "iperf3",
     "redis-server",
