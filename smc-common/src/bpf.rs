@@ -15,6 +15,11 @@ pub const SOL_SMC_BPF: i32 = 0x534d_4300;
 pub const SMC_SO_ENABLE: i32 = 1;
 /// `setsockopt(fd, SOL_SMC_BPF, SMC_SO_SHORTCUT, &1u32, 4)`: messages this socket sends are
 /// redirected by `sk_msg` to its same-host peer (used for the data path's own control traffic).
+/// Refused (`EPERM`) unless the loopback-ism daemon granted it ([`SOCK_SHORTCUT_GRANTED`], set
+/// at a verified attach) or the shortcut is on already (a `shortcut`-mode cgroup): a redirected
+/// message lands in the peer's receive queue without its receive-buffer bound, so a process
+/// may not switch it on for a connection that is not a verified SMC-D pair. `&0u32` (off) is
+/// always accepted.
 pub const SMC_SO_SHORTCUT: i32 = 2;
 /// `getsockopt(fd, SOL_SMC_BPF, SMC_SO_STATE, &mut SockState, 8)`: what the programs know about
 /// this socket.
@@ -35,8 +40,13 @@ pub const SOCK_PEER_SMC: u32 = 1 << 2;
 pub const SOCK_SAME_HOST: u32 = 1 << 3;
 /// Messages of this socket take the `sk_msg` shortcut to its peer.
 pub const SOCK_SHORTCUT: u32 = 1 << 4;
-/// The data path decided that this connection stays TCP ([`SMC_SO_TCP`]).
+/// The data path decided that this connection stays TCP ([`SMC_SO_TCP`]); it also voids
+/// [`SOCK_SHORTCUT_GRANTED`].
 pub const SOCK_TCP: u32 = 1 << 5;
+/// The loopback-ism daemon (root) found this socket to be the exact peer (socket cookie) of a
+/// registered DMB's socket at an attach, and wrote this bit through the pinned socket storage:
+/// [`SMC_SO_SHORTCUT`] may enable the redirect. No socket option sets it.
+pub const SOCK_SHORTCUT_GRANTED: u32 = 1 << 6;
 
 /// Per-socket state, kept in socket storage and returned by [`SMC_SO_STATE`].
 #[repr(C)]

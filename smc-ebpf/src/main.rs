@@ -32,7 +32,8 @@ use aya_ebpf::{
 use smc_common::bpf::{
     Counter, ListenerKey, PeerEntry, SockKey, SockState, MAX_LISTENERS, MAX_SOCKETS, SMC_SO_ENABLE,
     SMC_SO_SHORTCUT, SMC_SO_STATE, SMC_SO_TCP, SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PEER_SMC,
-    SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_STATE_VERSION, SOCK_TCP, SOL_SMC_BPF, TCPOPT_SMC,
+    SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_SHORTCUT_GRANTED, SOCK_STATE_VERSION, SOCK_TCP,
+    SOL_SMC_BPF, TCPOPT_SMC,
 };
 
 const AF_INET: u32 = 2;
@@ -571,12 +572,26 @@ pub fn smc_setsockopt(ctx: SockoptContext) -> i32 {
             count(Counter::OptIn, 1);
             SOCK_OPTED_IN
         }
-        SMC_SO_SHORTCUT => SOCK_SHORTCUT,
+        SMC_SO_SHORTCUT => {
+            // A redirected message lands in the peer's receive queue without its receive-buffer
+            // bound: only a socket the daemon granted (the exact peer of a registered DMB's
+            // socket, checked by root at the attach) may switch it on, and not once its
+            // connection stays TCP; in a shortcut-mode cgroup it is on already (a no-op).
+            let f = state.flags;
+            if on && f & SOCK_SHORTCUT == 0 && (f & SOCK_SHORTCUT_GRANTED == 0 || f & SOCK_TCP != 0)
+            {
+                return 0; // EPERM
+            }
+            SOCK_SHORTCUT
+        }
         SMC_SO_TCP => SOCK_TCP,
         _ => return 0,
     };
     if on {
         state.flags |= bit;
+        if bit == SOCK_TCP {
+            state.flags &= !SOCK_SHORTCUT_GRANTED;
+        }
     } else {
         state.flags &= !bit;
     }

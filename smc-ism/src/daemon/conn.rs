@@ -33,6 +33,8 @@ pub(crate) struct Shared {
     pub peers_map: Option<std::path::PathBuf>,
     /// Run for each new client before it is served.
     pub client_hook: Option<super::ClientHook>,
+    /// The pinned eBPF socket storage, for the shortcut grant (see `grant`).
+    pub sock_state_map: Option<std::path::PathBuf>,
 }
 
 /// A generation counter with waiters: every state change bumps it; `WAIT` requests sleep until
@@ -497,9 +499,9 @@ impl Conn<'_> {
     }
 
     /// Inspects the attacher's socket (and its cgroup, when the configuration compares
-    /// cgroups), then hands it to the closer.
-    fn proof(&mut self, fd: Option<OwnedFd>) -> Result<(TcpIdentity, Option<String>), Fail> {
-        let fd = fd.ok_or(Fail::BadSocket)?;
+    /// cgroups). The caller hands the socket to the closer.
+    fn proof(&mut self, fd: &Option<OwnedFd>) -> Result<(TcpIdentity, Option<String>), Fail> {
+        let fd = fd.as_ref().ok_or(Fail::BadSocket)?;
         let sh = self.shared;
         let res = sys::inspect_tcp(fd.as_fd()).map(|id| {
             let cg = if sh.reg.needs_attacher_cgroup() {
@@ -509,25 +511,51 @@ impl Conn<'_> {
             };
             (id, cg)
         });
-        self.dispose(Some(fd));
         let (id, cg) = res.map_err(|_| Fail::BadSocket)?;
         let key = cg.map(|c| self.bucket(Some(c)).path.clone());
         Ok((id, key))
     }
 
+    /// The attacher's socket proved to be the exact peer of the DMB owner's socket: it may
+    /// enable the `sk_msg` shortcut (see `grant`); then it goes to the closer.
+    fn granted(&self, fd: Option<OwnedFd>) {
+        if let (Some(f), Some(map)) = (fd.as_ref(), self.shared.sock_state_map.as_deref()) {
+            super::grant::grant_shortcut(map, f.as_fd());
+        }
+        self.dispose(fd);
+    }
+
     fn attach(&mut self, token: u64, fd: Option<OwnedFd>) -> Result<Arc<DmbObj>, Fail> {
-        let (id, cg) = self.proof(fd)?;
-        let dmb = self.shared.reg.attach(token, &id, cg.as_deref())?;
-        self.held.entry(token).or_default().attaches += 1;
-        Ok(dmb)
+        let proof = self.proof(&fd);
+        let dmb = proof.and_then(|(id, cg)| self.shared.reg.attach(token, &id, cg.as_deref()));
+        match dmb {
+            Ok(dmb) => {
+                self.granted(fd);
+                self.held.entry(token).or_default().attaches += 1;
+                Ok(dmb)
+            }
+            Err(f) => {
+                self.dispose(fd);
+                Err(f)
+            }
+        }
     }
 
     /// Attaches the DMB the other end of the caller's connection registered.
     fn attach_peer(&mut self, fd: Option<OwnedFd>) -> Result<Arc<DmbObj>, Fail> {
-        let (id, cg) = self.proof(fd)?;
-        let dmb = self.shared.reg.attach_peer(&id, cg.as_deref())?;
-        self.held.entry(dmb.token).or_default().attaches += 1;
-        Ok(dmb)
+        let proof = self.proof(&fd);
+        let dmb = proof.and_then(|(id, cg)| self.shared.reg.attach_peer(&id, cg.as_deref()));
+        match dmb {
+            Ok(dmb) => {
+                self.granted(fd);
+                self.held.entry(dmb.token).or_default().attaches += 1;
+                Ok(dmb)
+            }
+            Err(f) => {
+                self.dispose(fd);
+                Err(f)
+            }
+        }
     }
 
     fn release_token(&mut self, token: u64, kind: RefKind) -> Result<(), Fail> {

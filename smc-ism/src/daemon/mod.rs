@@ -4,6 +4,7 @@ mod closer;
 mod conn;
 mod diag;
 mod gid;
+mod grant;
 mod metrics;
 mod registry;
 
@@ -77,6 +78,11 @@ pub struct DaemonConfig {
     /// connection whose other end is in another network namespace. `None`: not used (such
     /// connections cannot be attached and fall back to TCP).
     pub bpf_peers_map: Option<PathBuf>,
+    /// The eBPF socket storage pinned by `smc-ctl` (default
+    /// `/sys/fs/bpf/smc/maps/SMC_SOCK_STATE`): after a verified attach the daemon marks the
+    /// attacher's socket there as allowed to enable the `sk_msg` shortcut (the only way an
+    /// `ism`-mode socket gets it). `None` or missing: no grant, doorbells go over TCP.
+    pub bpf_sock_state_map: Option<PathBuf>,
     /// The directory of `smc-ctl`'s cgroup link pins (default `/sys/fs/bpf/smc/links`),
     /// named `<cgroup inode>-…`: the attached cgroups, whose quota their sub-cgroups share.
     pub bpf_links_dir: Option<PathBuf>,
@@ -126,6 +132,7 @@ impl Default for DaemonConfig {
             uid_max_clients: 1024,
             uid_max_dmbs: 16384,
             bpf_peers_map: Some(PathBuf::from("/sys/fs/bpf/smc/maps/SMC_PEERS")),
+            bpf_sock_state_map: Some(PathBuf::from("/sys/fs/bpf/smc/maps/SMC_SOCK_STATE")),
             bpf_links_dir: Some(PathBuf::from("/sys/fs/bpf/smc/links")),
             metrics_addr: None,
             metrics_hook: None,
@@ -325,6 +332,7 @@ fn bind(cfg: DaemonConfig) -> Result<Bound, IsmError> {
             own_netns: diag::own_netns_cookie(),
             peers_map: cfg.bpf_peers_map.clone(),
             client_hook: cfg.client_hook.clone(),
+            sock_state_map: cfg.bpf_sock_state_map.clone(),
         }),
         listener,
         _lock: lock,

@@ -6,6 +6,11 @@
 //! smc-testprog server ADDR [--opt-in] [--splice] [--reply N]  -> prints "PORT <p>", then "SHA <hex> <bytes>"
 //! smc-testprog client ADDR:PORT BYTES SEED [--opt-in] [--max-chunk K]  -> "OK <bytes> <hex>"
 //! smc-testprog stall ADDR                                      -> "QUEUED <bytes>" (reader never reads)
+//! smc-testprog sink ADDR [--opt-in]        -> "PORT <p>"; accepts one connection and never reads;
+//!                                             at a line on stdin: "INQ <bytes> state=<flags>/<bytes>"
+//! smc-testprog flood ADDR:PORT [--opt-in] [--shortcut] [--limit N]
+//!     -> "SHORTCUT <0|errno> QUEUED <bytes> state=<flags>/<bytes>": writes (non-blocking) until
+//!        EAGAIN or N bytes, after `setsockopt(SMC_SO_SHORTCUT, 1)` on its own socket
 //! ```
 use std::{
     env,
@@ -16,7 +21,7 @@ use std::{
 };
 
 use sha2::{Digest as _, Sha256};
-use smc_common::bpf::{SockState, SMC_SO_ENABLE, SMC_SO_STATE, SOL_SMC_BPF};
+use smc_common::bpf::{SockState, SMC_SO_ENABLE, SMC_SO_SHORTCUT, SMC_SO_STATE, SOL_SMC_BPF};
 
 fn die(msg: impl std::fmt::Display) -> ! {
     eprintln!("smc-testprog: {msg}");
@@ -347,6 +352,56 @@ fn main() {
             }
             println!("QUEUED {queued}");
         }
-        _ => die("usage: smc-testprog pair|server|client|stall ..."),
+        "sink" => {
+            let l = listen(&args[2], has(&args, "--opt-in"));
+            println!("PORT {}", l.local_addr().unwrap().port());
+            std::io::stdout().flush().unwrap();
+            let (s, _) = l.accept().unwrap();
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+            let mut inq: libc::c_int = 0;
+            // SAFETY: valid fd and out buffer.
+            if unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut inq) } != 0 {
+                die(format!("SIOCINQ: {}", std::io::Error::last_os_error()));
+            }
+            println!("INQ {inq} state={}", state_report(s.as_raw_fd()));
+        }
+        "flood" => {
+            let mut c = connect(&args[2], has(&args, "--opt-in"));
+            let mut res = 0;
+            if has(&args, "--shortcut") {
+                let one: u32 = 1;
+                // SAFETY: valid fd and option buffer.
+                let r = unsafe {
+                    libc::setsockopt(
+                        c.as_raw_fd(),
+                        SOL_SMC_BPF,
+                        SMC_SO_SHORTCUT,
+                        (&one as *const u32).cast(),
+                        4,
+                    )
+                };
+                if r != 0 {
+                    res = std::io::Error::last_os_error().raw_os_error().unwrap_or(-1);
+                }
+            }
+            c.set_nonblocking(true).unwrap();
+            let buf = vec![0x5au8; 65536];
+            let mut queued = 0u64;
+            let limit = value(&args, "--limit").unwrap_or(64 << 20);
+            while queued < limit {
+                let n = buf.len().min((limit - queued) as usize);
+                match c.write(&buf[..n]) {
+                    Ok(n) => queued += n as u64,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => die(format!("write: {e}")),
+                }
+            }
+            println!(
+                "SHORTCUT {res} QUEUED {queued} state={}",
+                state_report(c.as_raw_fd())
+            );
+        }
+        _ => die("usage: smc-testprog pair|server|client|stall|sink|flood ..."),
     }
 }

@@ -1,0 +1,100 @@
+//! The `sk_msg` shortcut grant: after a verified attach the daemon (root) marks the attacher's
+//! TCP socket in the eBPF socket storage (`SMC_SOCK_STATE`, pinned by `smc-ctl`) as allowed to
+//! enable the shortcut. The cgroup `setsockopt` program lets `SMC_SO_SHORTCUT` switch the
+//! redirect on only for a socket so marked (in an `ism`-mode cgroup): a process cannot enable
+//! it for a socket that did not prove, at an attach, to be the exact peer (socket cookie) of a
+//! registered DMB's socket (issue 12 item 4: a self-enabled redirect puts raw payload into the
+//! peer's receive queue with no receive-buffer bound).
+//!
+//! Userspace updates socket storage with the socket's fd as the key. Without the pinned map
+//! (no `smc-ctl attach` on this host yet, another pin directory) nothing is granted: the data
+//! path's doorbells then go over plain TCP, as with `SMC_NO_SHORTCUT=1`.
+//!
+//! The update replaces the whole value (userspace has no atomic OR): it reads the value and
+//! writes it back with the bit added while the attacher's data path waits for this attach's
+//! reply, so the only concurrent writers of that socket's storage would be another thread of
+//! the attacher's process querying the state, whose late `SOCK_SAME_HOST` would be lost (it is
+//! set again at the next query).
+
+use std::ffi::CString;
+use std::mem;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+/// `smc_common::bpf::SOCK_SHORTCUT_GRANTED` (this crate does not depend on smc-common; the
+/// eBPF side and this value are kept equal by hand).
+pub(crate) const SOCK_SHORTCUT_GRANTED: u32 = 1 << 6;
+/// `smc_common::bpf::SOCK_STATE_VERSION`.
+const SOCK_STATE_VERSION: u32 = 2;
+/// `size_of::<smc_common::bpf::SockState>()`: flags u32, version u32, two u64 counters.
+const VALUE_LEN: usize = 24;
+
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_MAP_TYPE_SK_STORAGE: u32 = 24;
+const BPF_ANY: u64 = 0;
+
+fn bpf(cmd: libc::c_long, attr: &mut [u64; 16]) -> libc::c_long {
+    // SAFETY: `attr` is a zero-padded bpf_attr for `cmd`, whose pointers the callers set to
+    // live buffers of the sizes the kernel writes (checked against the map's info first).
+    unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr.as_mut_ptr(),
+            mem::size_of_val(attr),
+        )
+    }
+}
+
+/// The pinned socket-storage map at `path`, when it is one of our layout.
+fn open_map(path: &Path) -> Option<OwnedFd> {
+    let cpath = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    let mut attr = [0u64; 16];
+    attr[0] = cpath.as_ptr() as u64;
+    let fd = bpf(BPF_OBJ_GET, &mut attr);
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a new fd of ours.
+    let map = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    // struct bpf_map_info: type, id, key_size, value_size (u32 each), ...
+    let mut info = [0u32; 32];
+    let mut attr = [0u64; 16];
+    attr[0] = map.as_raw_fd() as u32 as u64 | ((mem::size_of_val(&info) as u64) << 32);
+    attr[1] = info.as_mut_ptr() as u64;
+    if bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) != 0 {
+        return None;
+    }
+    (info[0] == BPF_MAP_TYPE_SK_STORAGE && info[2] == 4 && info[3] == VALUE_LEN as u32)
+        .then_some(map)
+}
+
+/// Marks the socket `sock` (a TCP socket that just proved to be a registered DMB's peer) as
+/// allowed to enable the shortcut. False when there is no map (or the kernel refused).
+pub(crate) fn grant_shortcut(map_path: &Path, sock: BorrowedFd<'_>) -> bool {
+    let Some(map) = open_map(map_path) else {
+        return false;
+    };
+    let key: i32 = sock.as_raw_fd();
+    let mut value = [0u8; VALUE_LEN];
+    let mut attr = [0u64; 16];
+    attr[0] = map.as_raw_fd() as u32 as u64;
+    attr[1] = &key as *const i32 as u64;
+    attr[2] = value.as_mut_ptr() as u64;
+    if bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) != 0 {
+        // No storage yet: a fresh value (version, no other flag).
+        value = [0u8; VALUE_LEN];
+        value[4..8].copy_from_slice(&SOCK_STATE_VERSION.to_ne_bytes());
+    }
+    let flags = u32::from_ne_bytes([value[0], value[1], value[2], value[3]]);
+    value[0..4].copy_from_slice(&(flags | SOCK_SHORTCUT_GRANTED).to_ne_bytes());
+    let mut attr = [0u64; 16];
+    attr[0] = map.as_raw_fd() as u32 as u64;
+    attr[1] = &key as *const i32 as u64;
+    attr[2] = value.as_ptr() as u64;
+    attr[3] = BPF_ANY;
+    bpf(BPF_MAP_UPDATE_ELEM, &mut attr) == 0
+}

@@ -1,0 +1,200 @@
+//! The eBPF opt-in channel against hostile local users (issue 12 item 4): an unprivileged
+//! process in an attached cgroup must not switch the `sk_msg` shortcut on for its own socket.
+//! Only the loopback-ism daemon (root) grants it, to the exact socket that proved at a DMB
+//! attach to be the peer of a registered one, and the data path then enables it.
+use std::{
+    io::Write as _,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use integration_tests::{
+    bin, brief, counters, delta, lock, require_root, Attached, Cgroup, Proc, SmcWorld,
+};
+
+const T: Duration = Duration::from_secs(60);
+/// What the attacker tries to push into the victim's socket.
+const FLOOD: u64 = 64 << 20;
+
+/// uid and gid of `nobody`.
+fn nobody() -> (u32, u32) {
+    // SAFETY: NUL-terminated name; the result is read at once, before any other getpw* call.
+    unsafe {
+        let p = libc::getpwnam(c"nobody".as_ptr());
+        assert!(!p.is_null(), "no user `nobody` on this host");
+        ((*p).pw_uid, (*p).pw_gid)
+    }
+}
+
+/// Runs `c` as `uid`:`gid` without supplementary groups (after the cgroup join that
+/// `Cgroup::command` registered first).
+fn as_user(c: &mut Command, (uid, gid): (u32, u32)) {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: only async-signal-safe system calls between fork and exec.
+    unsafe {
+        c.pre_exec(move || {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(gid) != 0
+                || libc::setuid(uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// The largest receive and send buffers TCP autotuning may reach (`tcp_rmem[2]`,
+/// `tcp_wmem[2]`): what plain TCP lets a writer queue toward a reader that never reads.
+fn tcp_buffer_max() -> (u64, u64) {
+    let third = |f: &str| -> u64 {
+        let s = std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{f}: {e}"));
+        s.split_whitespace()
+            .nth(2)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{f}: {s:?}"))
+    };
+    (
+        third("/proc/sys/net/ipv4/tcp_rmem"),
+        third("/proc/sys/net/ipv4/tcp_wmem"),
+    )
+}
+
+fn field<'a>(out: &'a str, key: &str) -> &'a str {
+    let toks: Vec<&str> = out.split_whitespace().collect();
+    toks.iter()
+        .position(|t| *t == key)
+        .and_then(|i| toks.get(i + 1))
+        .copied()
+        .unwrap_or_else(|| panic!("no {key} in {out:?}"))
+}
+
+fn state_of(out: &str) -> (u32, u64) {
+    let v = out
+        .split_whitespace()
+        .find_map(|t| t.strip_prefix("state="))
+        .unwrap_or_else(|| panic!("no state= in {out:?}"));
+    let (f, b) = v.split_once('/').unwrap_or_else(|| panic!("state {v:?}"));
+    (f.parse().unwrap(), b.parse().unwrap())
+}
+
+/// One flood: a victim (root, no library) listens with the SMC opt-in in `cg` and never reads;
+/// `nobody`, also in `cg`, connects with the opt-in (both ends announced SMC: both sockets are
+/// in the SOCKHASH), optionally asks for the shortcut, and writes up to [`FLOOD`] bytes without
+/// blocking. Returns (setsockopt errno or 0, bytes the writer queued, the writer's redirected
+/// bytes, the victim's SIOCINQ).
+fn flood(cg: &Cgroup, shortcut: bool) -> (i32, u64, u64, u64) {
+    let mut v = cg.command(bin("smc-testprog"));
+    v.args(["sink", "127.0.0.1:0", "--opt-in"])
+        .stdin(Stdio::piped());
+    let mut victim = Proc::spawn(v);
+    let line = victim.read_line();
+    let port: u16 = line
+        .strip_prefix("PORT ")
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("victim said {line:?}"));
+    let mut a = cg.command(bin("smc-testprog"));
+    a.args([
+        "flood",
+        &format!("127.0.0.1:{port}"),
+        "--opt-in",
+        "--limit",
+        &FLOOD.to_string(),
+    ]);
+    if shortcut {
+        a.arg("--shortcut");
+    }
+    as_user(&mut a, nobody());
+    let out = Proc::spawn(a).wait_output(T).expect("attacker");
+    eprintln!("attacker (shortcut asked: {shortcut}): {out}");
+    let errno: i32 = field(&out, "SHORTCUT").parse().unwrap();
+    let queued: u64 = field(&out, "QUEUED").parse().unwrap();
+    let (_, redirected) = state_of(&out);
+    victim
+        .0
+        .stdin
+        .take()
+        .expect("victim stdin")
+        .write_all(b"?\n")
+        .expect("ask the victim");
+    let vout = victim.wait_output(T).expect("victim");
+    eprintln!("victim: {vout}");
+    let inq: u64 = field(&vout, "INQ").parse().unwrap();
+    (errno, queued, redirected, inq)
+}
+
+#[test]
+fn unprivileged_process_cannot_enable_the_shortcut_for_itself() {
+    require_root();
+    let _l = lock();
+    let cg = Cgroup::new();
+    let _a = Attached::new(&cg, "ism");
+    let (rmem, wmem) = tcp_buffer_max();
+    // Differential: the same flood without asking for the shortcut is plain TCP.
+    let before = counters();
+    let (e0, q0, r0, i0) = flood(&cg, false);
+    assert_eq!(e0, 0);
+    assert_eq!(r0, 0, "nothing asked, nothing redirected");
+    assert!(q0 <= rmem + wmem, "plain TCP queued {q0}");
+    assert!(i0 <= rmem, "plain TCP: victim holds {i0}");
+    let (errno, queued, redirected, inq) = flood(&cg, true);
+    let after = counters();
+    assert_eq!(
+        errno,
+        libc::EPERM,
+        "setsockopt(SMC_SO_SHORTCUT) by an unprivileged process on its own socket must fail"
+    );
+    assert_eq!(redirected, 0, "the attacker's bytes took the shortcut");
+    assert!(
+        queued <= rmem + wmem && queued < FLOOD,
+        "the attacker queued {queued} bytes toward a reader that never reads (TCP bounds it \
+         at tcp_rmem {rmem} + tcp_wmem {wmem})"
+    );
+    assert!(inq <= rmem, "victim holds {inq}");
+    assert_eq!(delta(&before, &after, "bytes_redirected"), 0);
+}
+
+/// The data path still gets the shortcut for its doorbells: granted by the daemon at the
+/// verified attach, enabled by the data path.
+#[test]
+fn smcd_doorbells_still_take_the_shortcut() {
+    let w = SmcWorld::new();
+    let mut s = w.run(bin("preload-prog"));
+    s.args(["server", "0", "thread", "1"])
+        .env("SMC_DMB_SIZE", "16384");
+    let mut server = Proc::spawn(s);
+    let line = server.read_line();
+    let port = line
+        .strip_prefix("READY ")
+        .map(|p| p.trim().to_string())
+        .unwrap_or_else(|| panic!("server said {line:?}"));
+    let before = counters();
+    let mut c = w.run(bin("preload-prog"));
+    c.args(["client", "127.0.0.1", &port, "4194304", "4194304", "7"])
+        .env("SMC_DMB_SIZE", "16384");
+    let out = Proc::spawn(c).wait_output(T).expect("client");
+    let sout = server.wait_output(T).expect("server");
+    let after = counters();
+    eprintln!("client: {out}\nserver: {sout}");
+    // Byte-exact both ways: the client's received stream is what the server sent, and back.
+    let kv = |out: &str, k: &str| field(&out.replace('=', " "), k).to_string();
+    assert_eq!(kv(&out, "rx"), "4194304", "{out}");
+    assert_eq!(kv(&out, "sha_rx"), kv(&sout, "sha_tx"), "{out} / {sout}");
+    assert_eq!(kv(&out, "sha_tx"), kv(&sout, "sha_rx"), "{out} / {sout}");
+    let s = w.stats_sum();
+    assert_eq!(
+        (s.get("smcd_client"), s.get("smcd_server")),
+        (1, 1),
+        "both ends on SMC-D: {}",
+        brief(&s)
+    );
+    assert!(
+        s.get("doorbells_sent") > 0,
+        "a 4 MiB exchange through 16 KiB rings rings doorbells: {}",
+        brief(&s)
+    );
+    assert!(
+        delta(&before, &after, "msg_redirected") > 0,
+        "the doorbells took the shortcut"
+    );
+}
