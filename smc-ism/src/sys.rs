@@ -69,8 +69,20 @@ pub(crate) fn send_record(
         }
     }
     loop {
+        // The system call itself, not libc's `sendmsg`: inside the LD_PRELOAD library that
+        // symbol is the library's own interposed `sendmsg`, which treats the TCP socket passed
+        // here as an application's `SCM_RIGHTS` and finishes its handshake first — the very
+        // handshake that is sending this request, whose lock is held: a self-deadlock
+        // (redis-benchmark hung so). `syscall` passes `SYS_sendmsg` through untouched.
         // SAFETY: msg is fully initialised.
-        let r = unsafe { libc::sendmsg(sock, &msg, flags | libc::MSG_NOSIGNAL) };
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_sendmsg,
+                sock,
+                &msg as *const libc::msghdr,
+                flags | libc::MSG_NOSIGNAL,
+            )
+        };
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -113,8 +125,17 @@ pub(crate) fn recv_record(sock: RawFd, buf: &mut [u8], flags: libc::c_int) -> io
         msg.msg_iovlen = 1;
         msg.msg_control = cbuf.0.as_mut_ptr().cast();
         msg.msg_controllen = cbuf.0.len() as _;
+        // The system call itself (see `send_record`): the memfds received here are not an
+        // application's `SCM_RIGHTS`.
         // SAFETY: as above.
-        let r = unsafe { libc::recvmsg(sock, &mut msg, flags | libc::MSG_CMSG_CLOEXEC) };
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_recvmsg,
+                sock,
+                &mut msg as *mut libc::msghdr,
+                flags | libc::MSG_CMSG_CLOEXEC,
+            )
+        };
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
