@@ -701,7 +701,8 @@ fn figures(a: &StatsArgs, inp: &Inputs, scope: &Scope, base: Option<&Baseline>) 
                 }
             }
             let cg = scope.cgroup.as_ref().and_then(|dir| {
-                let rel = dir.strip_prefix(crate::sys::CGROUP2_ROOT).ok()?;
+                let root = crate::sys::cgroup2_root().ok()?;
+                let rel = dir.strip_prefix(root).ok()?;
                 let rel = format!("/{}", rel.display());
                 s.cgroups.iter().find(|c| c.path == rel).cloned()
             });
