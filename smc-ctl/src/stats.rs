@@ -229,8 +229,48 @@ pub struct ProcScan {
     pub warnings: Vec<String>,
 }
 
-/// Reads the directory: live files, aggregates, stale files (folded when possible).
+/// Reads the directory and its sub-directories one level down (one per container: a container
+/// gets its own, mounted at its `/run/smc/procs`, as its pids collide with the host's and other
+/// containers'): live files, aggregates, stale files (folded when possible).
 pub fn scan_procs(dir: &Path) -> ProcScan {
+    let mut scan = scan_one(dir);
+    let Ok(rd) = fs::read_dir(dir) else {
+        return scan;
+    };
+    let mut subs: Vec<PathBuf> = rd
+        .flatten()
+        .filter(|e| {
+            e.file_type().is_ok_and(|t| t.is_dir())
+                && !e.file_name().as_encoded_bytes().starts_with(b".")
+        })
+        .map(|e| e.path())
+        .collect();
+    subs.sort();
+    for sub in subs {
+        let s = scan_one(&sub);
+        for (cg, snap) in s.per_cgroup {
+            scan.per_cgroup
+                .entry(cg)
+                .or_insert_with(|| Snapshot {
+                    cgroup_id: cg,
+                    ..Default::default()
+                })
+                .add(&snap);
+        }
+        for (cg, n) in s.live_smcd_by_cgroup {
+            *scan.live_smcd_by_cgroup.entry(cg).or_insert(0) += n;
+        }
+        scan.live_processes += s.live_processes;
+        scan.exited_aggregates += s.exited_aggregates;
+        scan.stale_folded += s.stale_folded;
+        scan.stale_kept += s.stale_kept;
+        scan.cgroup_from_proc += s.cgroup_from_proc;
+        scan.warnings.extend(s.warnings);
+    }
+    scan
+}
+
+fn scan_one(dir: &Path) -> ProcScan {
     let mut scan = ProcScan {
         dir: dir.display().to_string(),
         ..Default::default()

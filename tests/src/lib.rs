@@ -557,7 +557,7 @@ pub fn run_to_end(
 }
 
 /// Whether a `SOCK_SEQPACKET` Unix socket at `path` accepts connections (the daemon listens).
-fn seqpacket_accepts(path: &Path) -> bool {
+pub fn seqpacket_accepts(path: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt as _;
     let b = path.as_os_str().as_bytes();
     // SAFETY: a zeroed sockaddr_un is valid.
