@@ -1507,4 +1507,21 @@ mod tests {
         assert_eq!(s.sum(Some(&[0].into())).0.get("smcd_client"), n);
         fs::remove_dir_all(&dir).unwrap();
     }
+
+    #[test]
+    fn container_subdirectories_are_read() {
+        let dir = std::env::temp_dir().join(format!("smc-stats-ctr-{}", std::process::id()));
+        for (sub, id) in [("ctr-a", 7u64), ("ctr-b", 8), (".hidden", 9)] {
+            fs::create_dir_all(dir.join(sub)).unwrap();
+            let mut b = procstats::new_aggregate(id);
+            b[24..32].copy_from_slice(&1u64.to_le_bytes()); // smcd_client
+            fs::write(dir.join(sub).join(procstats::aggregate_name(id)), b).unwrap();
+        }
+        let s = scan_procs(&dir);
+        assert_eq!(s.exited_aggregates, 2);
+        assert_eq!(s.sum(Some(&[7].into())).0.get("smcd_client"), 1);
+        assert_eq!(s.sum(Some(&[8].into())).0.get("smcd_client"), 1);
+        assert_eq!(s.sum(None).0.get("smcd_client"), 2);
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }
