@@ -15,6 +15,8 @@
 //!   ([`clc::decode`]) with typed errors that map to decline codes.
 //! - [`procstats`] (feature `std`): the `#[repr(C)]` layout of the data path's per-process
 //!   statistics file (`/run/smc/procs/<pid>`), shared by its writer and its readers.
+//! - [`cgroup`] (feature `std`): the cgroup v2 mount (from `/proc/self/mountinfo`), the cgroup
+//!   of a process, of a container (runtime layouts) and of a kubelet pod.
 //! - [`handshake`] (feature `std`): sans-IO client and server CLC state machines for SMC-Dv2
 //!   over a loopback-ism-like device (CHID `0xFFFF`, 128-bit GID); timeouts, DMB registration
 //!   and I/O errors are inputs, messages to send and the outcome are outputs.
@@ -29,6 +31,8 @@
 
 pub mod bpf;
 pub mod cdc;
+#[cfg(feature = "std")]
+pub mod cgroup;
 #[cfg(feature = "std")]
 pub mod clc;
 pub mod diag;

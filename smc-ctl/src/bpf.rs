@@ -218,6 +218,26 @@ fn attached_links() -> Result<BTreeMap<u64, (Mode, Vec<PathBuf>)>> {
     Ok(out)
 }
 
+/// The attached cgroup whose programs apply to `cg` (canonical): `cg` itself or its nearest
+/// attached ancestor (cgroup programs are inherited), with its mode.
+pub fn enabled_by(cg: &Path) -> Result<Option<(PathBuf, Mode)>> {
+    let links = attached_links()?;
+    let root = sys::cgroup2_root()?;
+    let mut dir = Some(cg);
+    while let Some(d) = dir {
+        if let Ok(md) = fs::metadata(d) {
+            if let Some((mode, _)) = links.get(&md.ino()) {
+                return Ok(Some((d.to_path_buf(), *mode)));
+            }
+        }
+        if d == root {
+            break;
+        }
+        dir = d.parent();
+    }
+    Ok(None)
+}
+
 /// `smc-ctl attach`.
 pub fn attach(cgroup: &Path, mode: Mode) -> Result<String> {
     sys::require_root()?;

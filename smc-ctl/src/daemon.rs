@@ -1,4 +1,6 @@
-//! `smc-ctl daemon`: runs the loopback-ism device (`smc_ism::serve`) in the foreground.
+//! `smc-ctl daemon`: runs the loopback-ism device (`smc_ism::spawn`) in the foreground until
+//! SIGTERM/SIGINT. Under systemd (`Type=notify`, `$NOTIFY_SOCKET` set) it reports `READY=1` once
+//! its socket accepts connections, and `STOPPING=1` when it shuts down.
 use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
@@ -82,5 +84,89 @@ pub fn run(a: DaemonArgs) -> Result<()> {
         }));
     }
     let path = cfg.socket_path.clone();
-    smc_ism::run_blocking(cfg).with_context(|| format!("daemon on {}", path.display()))
+    // SIGTERM and SIGINT are blocked in every thread (the daemon's threads inherit the mask)
+    // and taken by sigwait below.
+    let set = signal_set(&[libc::SIGTERM, libc::SIGINT]);
+    // SAFETY: a valid, initialised signal set; no old mask wanted.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    let handle = smc_ism::spawn(cfg).with_context(|| format!("daemon on {}", path.display()))?;
+    notify(&format!(
+        "READY=1\nSTATUS=loopback-ism device on {} (GID {})\nMAINPID={}",
+        path.display(),
+        handle.gid(),
+        std::process::id()
+    ));
+    let mut sig: libc::c_int = 0;
+    // SAFETY: valid set and output pointer.
+    unsafe { libc::sigwait(&set, &mut sig) };
+    log::info!("signal {sig}: stopping");
+    notify("STOPPING=1");
+    handle
+        .shutdown()
+        .with_context(|| format!("daemon on {}", path.display()))
+}
+
+fn signal_set(sigs: &[libc::c_int]) -> libc::sigset_t {
+    // SAFETY: sigemptyset initialises the zeroed set; sigaddset with valid signal numbers.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in sigs {
+            libc::sigaddset(&mut set, *s);
+        }
+        set
+    }
+}
+
+/// `sd_notify(3)`: one datagram to `$NOTIFY_SOCKET` (a path, or `@name` for an abstract
+/// socket). Nothing when the variable is unset; a failure is logged, never fatal.
+pub fn notify(state: &str) {
+    let Some(sock) = std::env::var_os("NOTIFY_SOCKET").filter(|s| !s.is_empty()) else {
+        return;
+    };
+    if let Err(e) = send_notify(sock.as_encoded_bytes(), state.as_bytes()) {
+        log::warn!("sd_notify to {}: {e}", sock.to_string_lossy());
+    }
+}
+
+fn send_notify(path: &[u8], msg: &[u8]) -> std::io::Result<()> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+    // SAFETY: a zeroed sockaddr_un is valid.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    if path.is_empty() || path.len() >= sa.sun_path.len() {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // `@name`: the abstract namespace (a leading NUL).
+    let abstract_ns = path[0] == b'@';
+    for (i, b) in path.iter().enumerate() {
+        sa.sun_path[i] = if i == 0 && abstract_ns {
+            0
+        } else {
+            *b as libc::c_char
+        };
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + path.len() + usize::from(!abstract_ns);
+    // SAFETY: plain socket syscall.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: msg and sa are valid for the given lengths.
+    let r = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            msg.as_ptr().cast(),
+            msg.len(),
+            libc::MSG_NOSIGNAL,
+            (&sa as *const libc::sockaddr_un).cast(),
+            len as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }

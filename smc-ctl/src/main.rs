@@ -44,17 +44,24 @@ impl From<ModeArg> for Mode {
 enum Cmd {
     /// Enable a cgroup v2 directory (a container): load the programs if needed and attach them.
     Attach {
-        #[arg(long)]
-        cgroup: PathBuf,
+        #[command(flatten)]
+        target: sys::Target,
         #[arg(long, value_enum, default_value = "ism")]
         mode: ModeArg,
     },
     /// Disable a cgroup; the last detach unloads everything.
     Detach {
-        #[arg(long, required_unless_present = "all")]
+        /// A cgroup v2 directory.
+        #[arg(long, value_name = "DIR", required_unless_present_any = ["all", "pid", "container_id"])]
         cgroup: Option<PathBuf>,
+        /// The cgroup of this process (`self`: smc-ctl's own).
+        #[arg(long, value_name = "PID|self", conflicts_with_all = ["cgroup", "container_id"])]
+        pid: Option<String>,
+        /// The cgroup of this container.
+        #[arg(long, value_name = "ID", conflicts_with = "cgroup")]
+        container_id: Option<String>,
         /// Every attached cgroup (also those removed while attached).
-        #[arg(long, conflicts_with = "cgroup")]
+        #[arg(long, conflicts_with_all = ["cgroup", "pid", "container_id"])]
         all: bool,
     },
     /// Enabled cgroups, program ids, modes and counters.
@@ -88,6 +95,10 @@ enum Cmd {
     },
     /// Run CMD with its TCP connections on the accelerated path (LD_PRELOAD interposition).
     Run {
+        /// Move into this cgroup v2 directory (which must be attached, or below an attached one)
+        /// before executing CMD, so that CMD and its children are enabled.
+        #[arg(long, value_name = "DIR")]
+        cgroup: Option<PathBuf>,
         /// The command and its arguments.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         cmd: Vec<std::ffi::OsString>,
@@ -104,13 +115,25 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Attach { cgroup, mode } => println!("{}", bpf::attach(&cgroup, mode.into())?),
+        Cmd::Attach { target, mode } => {
+            println!("{}", bpf::attach(&target.resolve()?, mode.into())?)
+        }
+        Cmd::Detach { all: true, .. } => println!("{}", bpf::detach_all()?),
         Cmd::Detach {
-            cgroup: Some(cg), ..
-        } => println!("{}", bpf::detach(&cg)?),
-        Cmd::Detach { cgroup: None, .. } => println!("{}", bpf::detach_all()?),
+            cgroup,
+            pid,
+            container_id,
+            ..
+        } => {
+            let t = sys::Target {
+                cgroup,
+                pid,
+                container_id,
+            };
+            println!("{}", bpf::detach(&t.resolve()?)?)
+        }
         Cmd::Daemon(args) => daemon::run(args)?,
-        Cmd::Run { cmd } => run::exec(&cmd)?,
+        Cmd::Run { cgroup, cmd } => run::exec(&cmd, cgroup.as_deref())?,
         Cmd::Stats(args) => stats::run(args)?,
         Cmd::Conns {
             details,

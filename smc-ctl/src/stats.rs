@@ -230,11 +230,54 @@ pub struct ProcScan {
     pub warnings: Vec<String>,
 }
 
-/// Reads the directory tree (the top directory and its `uid-<n>` subdirectories): live files,
+/// Reads the directory tree: the top directory and its `uid-<n>` subdirectories (see
+/// `procstats::StatsDir::tree`), and one level of other subdirectories (one per container: a
+/// container gets its own, mounted at its `/run/smc/procs`, as its pids collide with the
+/// host's and other containers'), each with its own `uid-<n>` subdirectories. Live files,
 /// aggregates, stale files (folded when possible). Nothing in it can make this block for longer
 /// than [`procstats::READER_LOCK_WAIT`] per directory, nor read a FIFO, device or oversized
 /// file: such entries are skipped with a warning.
 pub fn scan_procs(dir: &Path) -> ProcScan {
+    let mut scan = scan_one(dir);
+    let Ok(rd) = fs::read_dir(dir) else {
+        return scan;
+    };
+    let mut subs: Vec<PathBuf> = rd
+        .flatten()
+        .filter(|e| {
+            e.file_type().is_ok_and(|t| t.is_dir())
+                && !e.file_name().as_encoded_bytes().starts_with(b".")
+                // The per-uid subdirectories are part of `scan_one(dir)` already.
+                && !e.file_name().as_encoded_bytes().starts_with(b"uid-")
+        })
+        .map(|e| e.path())
+        .collect();
+    subs.sort();
+    for sub in subs {
+        let s = scan_one(&sub);
+        for (cg, snap) in s.per_cgroup {
+            scan.per_cgroup
+                .entry(cg)
+                .or_insert_with(|| Snapshot {
+                    cgroup_id: cg,
+                    ..Default::default()
+                })
+                .add(&snap);
+        }
+        for (cg, n) in s.live_smcd_by_cgroup {
+            *scan.live_smcd_by_cgroup.entry(cg).or_insert(0) += n;
+        }
+        scan.live_processes += s.live_processes;
+        scan.exited_aggregates += s.exited_aggregates;
+        scan.stale_folded += s.stale_folded;
+        scan.stale_kept += s.stale_kept;
+        scan.cgroup_from_proc += s.cgroup_from_proc;
+        scan.warnings.extend(s.warnings);
+    }
+    scan
+}
+
+fn scan_one(dir: &Path) -> ProcScan {
     let mut scan = ProcScan {
         dir: dir.display().to_string(),
         ..Default::default()
@@ -732,7 +775,8 @@ fn figures(a: &StatsArgs, inp: &Inputs, scope: &Scope, base: Option<&Baseline>) 
                 }
             }
             let cg = scope.cgroup.as_ref().and_then(|dir| {
-                let rel = dir.strip_prefix(crate::sys::CGROUP2_ROOT).ok()?;
+                let root = crate::sys::cgroup2_root().ok()?;
+                let rel = dir.strip_prefix(root).ok()?;
                 let rel = format!("/{}", rel.display());
                 s.cgroups.iter().find(|c| c.path == rel).cloned()
             });
@@ -1536,6 +1580,23 @@ mod tests {
         assert_eq!(s.exited_aggregates, 1);
         assert_eq!(s.sum(None).0.get("smcd_client"), n);
         assert_eq!(s.sum(Some(&[0].into())).0.get("smcd_client"), n);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn container_subdirectories_are_read() {
+        let dir = std::env::temp_dir().join(format!("smc-stats-ctr-{}", std::process::id()));
+        for (sub, id) in [("ctr-a", 7u64), ("ctr-b", 8), (".hidden", 9)] {
+            fs::create_dir_all(dir.join(sub)).unwrap();
+            let mut b = procstats::new_aggregate(id);
+            b[24..32].copy_from_slice(&1u64.to_le_bytes()); // smcd_client
+            fs::write(dir.join(sub).join(procstats::aggregate_name(id)), b).unwrap();
+        }
+        let s = scan_procs(&dir);
+        assert_eq!(s.exited_aggregates, 2);
+        assert_eq!(s.sum(Some(&[7].into())).0.get("smcd_client"), 1);
+        assert_eq!(s.sum(Some(&[8].into())).0.get("smcd_client"), 1);
+        assert_eq!(s.sum(None).0.get("smcd_client"), 2);
         fs::remove_dir_all(&dir).unwrap();
     }
 }

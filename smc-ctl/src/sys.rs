@@ -11,8 +11,6 @@ use anyhow::{bail, Context as _, Result};
 
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
-/// Where cgroup v2 is mounted on this host.
-pub const CGROUP2_ROOT: &str = "/sys/fs/cgroup/unified";
 /// Runtime directory (lock file, daemon socket).
 pub const RUN_DIR: &str = "/run/smc";
 
@@ -26,6 +24,11 @@ fn statfs_type(path: &Path) -> Result<i64> {
     Ok(st.f_type)
 }
 
+/// Where cgroup v2 is mounted (from `/proc/self/mountinfo`), or a clear error.
+pub fn cgroup2_root() -> Result<PathBuf> {
+    Ok(smc_common::cgroup::cgroup2_root()?)
+}
+
 /// Attaching needs root (CAP_SYS_ADMIN / CAP_BPF + CAP_NET_ADMIN): say so clearly.
 pub fn require_root() -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
@@ -36,14 +39,29 @@ pub fn require_root() -> Result<()> {
 
 /// Canonical path of `dir`, which must be a directory on a cgroup v2 mount.
 pub fn check_cgroup2_dir(dir: &Path) -> Result<PathBuf> {
-    let cg = fs::canonicalize(dir).with_context(|| format!("cgroup {}", dir.display()))?;
+    let cg = match fs::canonicalize(dir) {
+        Ok(p) => p,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // Say where cgroups are, or that there are none.
+            let root = cgroup2_root()?;
+            bail!(
+                "cgroup {} does not exist (cgroup v2 is mounted at {}; create it with mkdir, or \
+                 let the runtime create it by starting the container or unit)",
+                dir.display(),
+                root.display()
+            );
+        }
+        Err(e) => return Err(e).with_context(|| format!("cgroup {}", dir.display())),
+    };
     if !cg.is_dir() {
         bail!("{} is not a directory", cg.display());
     }
     if statfs_type(&cg)? != CGROUP2_SUPER_MAGIC {
+        let root = cgroup2_root()?;
         bail!(
-            "{} is not a cgroup v2 directory (cgroup v2 is mounted at {CGROUP2_ROOT} here)",
-            cg.display()
+            "{} is not a cgroup v2 directory (cgroup v2 is mounted at {} here)",
+            cg.display(),
+            root.display()
         );
     }
     Ok(cg)
@@ -94,7 +112,10 @@ pub fn lock() -> Result<Lock> {
 /// Finds the cgroup directories with the given inode numbers (bounded walk of the v2 tree).
 pub fn cgroup_paths_by_inode(mut wanted: BTreeSet<u64>) -> BTreeMap<u64, PathBuf> {
     let mut out = BTreeMap::new();
-    let mut stack = vec![PathBuf::from(CGROUP2_ROOT)];
+    let Ok(root) = cgroup2_root() else {
+        return out;
+    };
+    let mut stack = vec![root];
     let mut visited = 0usize;
     while let Some(dir) = stack.pop() {
         if wanted.is_empty() || visited > 100_000 {
@@ -188,5 +209,56 @@ pub mod bpf_syscall {
         let fd = bpf(BPF_LINK_CREATE, &mut a)?;
         // SAFETY: the kernel returned a new fd.
         Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    }
+}
+
+/// Which cgroup a command acts on: a directory, a process's, or a container's.
+#[derive(clap::Args, Clone, Debug)]
+#[group(required = true, multiple = false)]
+pub struct Target {
+    /// A cgroup v2 directory.
+    #[arg(long, value_name = "DIR")]
+    pub cgroup: Option<PathBuf>,
+    /// The cgroup of this process (from /proc/PID/cgroup); `self` is smc-ctl's own (e.g. in
+    /// a unit's ExecStartPre, which runs in the unit's cgroup).
+    #[arg(long, value_name = "PID|self")]
+    pub pid: Option<String>,
+    /// The cgroup of this container (docker, containerd/CRI, CRI-O, podman layouts; a unique
+    /// prefix of at least 12 hex digits is enough).
+    #[arg(long, value_name = "ID")]
+    pub container_id: Option<String>,
+}
+
+impl Target {
+    /// The cgroup directory this target names (not yet checked to be a cgroup v2 directory).
+    pub fn resolve(&self) -> Result<PathBuf> {
+        use smc_common::cgroup;
+        if let Some(d) = &self.cgroup {
+            return Ok(d.clone());
+        }
+        if let Some(p) = &self.pid {
+            let pid = if p == "self" {
+                std::process::id()
+            } else {
+                p.parse::<u32>()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .with_context(|| format!("--pid {p}: not a process id (a number, or self)"))?
+            };
+            let dir = cgroup::cgroup_of_pid(pid)?;
+            if dir == cgroup2_root()? {
+                bail!(
+                    "process {pid} is in the root cgroup ({}): attaching that would enable every \
+                     process of the host; give --cgroup {} explicitly if that is meant",
+                    dir.display(),
+                    dir.display()
+                );
+            }
+            return Ok(dir);
+        }
+        if let Some(id) = &self.container_id {
+            return Ok(cgroup::find_container(&cgroup2_root()?, id)?);
+        }
+        bail!("give --cgroup, --pid or --container-id")
     }
 }

@@ -13,7 +13,10 @@ use std::{
 
 use anyhow::{anyhow, bail, Context as _, Result};
 
-pub const CGROUP2_ROOT: &str = "/sys/fs/cgroup/unified";
+/// Where cgroup v2 is mounted (`/proc/self/mountinfo`); fails the test clearly if it is not.
+pub fn cgroup2_root() -> PathBuf {
+    smc_common::cgroup::cgroup2_root().unwrap_or_else(|e| panic!("{e}"))
+}
 pub const PIN_ROOT: &str = "/sys/fs/bpf/smc";
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -33,8 +36,9 @@ pub fn require_root() {
     if unsafe { libc::geteuid() } != 0 {
         panic!("this test loads eBPF programs and creates cgroups: it must run as root (cargo xtask test)");
     }
-    if !Path::new(CGROUP2_ROOT).join("cgroup.procs").exists() {
-        panic!("cgroup v2 is not mounted at {CGROUP2_ROOT}");
+    let root = cgroup2_root();
+    if !root.join("cgroup.procs").exists() {
+        panic!("cgroup v2 is not usable at {}", root.display());
     }
 }
 
@@ -87,7 +91,7 @@ pub struct Cgroup {
 
 impl Cgroup {
     pub fn new() -> Cgroup {
-        let path = Path::new(CGROUP2_ROOT).join(unique("smc-test-"));
+        let path = cgroup2_root().join(unique("smc-test-"));
         fs::create_dir(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
         Cgroup { path }
     }
@@ -553,7 +557,7 @@ pub fn run_to_end(
 }
 
 /// Whether a `SOCK_SEQPACKET` Unix socket at `path` accepts connections (the daemon listens).
-fn seqpacket_accepts(path: &Path) -> bool {
+pub fn seqpacket_accepts(path: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt as _;
     let b = path.as_os_str().as_bytes();
     // SAFETY: a zeroed sockaddr_un is valid.

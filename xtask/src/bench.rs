@@ -152,8 +152,9 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("the bench attaches eBPF programs and creates cgroups: run it as root (sudo cargo xtask bench)");
     }
-    if !Path::new(sys::CGROUP2_ROOT).join("cgroup.procs").exists() {
-        bail!("cgroup v2 is not mounted at {}", sys::CGROUP2_ROOT);
+    let cg_root = sys::cgroup2_root()?;
+    if !cg_root.join("cgroup.procs").exists() {
+        bail!("cgroup v2 is not usable at {}", cg_root.display());
     }
     sys::install_signal_handlers();
     let params = if quick {

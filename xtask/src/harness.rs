@@ -10,7 +10,10 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-pub const CGROUP2_ROOT: &str = "/sys/fs/cgroup/unified";
+/// Where cgroup v2 is mounted (from `/proc/self/mountinfo`, see `smc_common::cgroup`).
+pub fn cgroup2_root() -> Result<PathBuf> {
+    Ok(smc_common::cgroup::cgroup2_root()?)
+}
 
 /// The release binaries `cargo xtask build` produced.
 pub struct Bins {
@@ -44,7 +47,7 @@ pub struct Cgroup {
 
 impl Cgroup {
     pub fn new(name: &str) -> Result<Cgroup> {
-        let path = Path::new(CGROUP2_ROOT).join(format!("{name}-{}", std::process::id()));
+        let path = cgroup2_root()?.join(format!("{name}-{}", std::process::id()));
         fs::create_dir(&path).with_context(|| format!("mkdir {}", path.display()))?;
         Ok(Cgroup { path })
     }

@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{anyhow, bail, Context as _, Result};
 
-pub const CGROUP2_ROOT: &str = "/sys/fs/cgroup/unified";
+pub use crate::harness::cgroup2_root;
 /// Prefix of every cgroup the bench creates: `smc-bench-<pid>-<role>`.
 pub const CGROUP_PREFIX: &str = "smc-bench-";
 
@@ -98,8 +98,7 @@ pub struct Cgroup {
 
 impl Cgroup {
     pub fn new(role: &str, smc_ctl: &Path) -> Result<Cgroup> {
-        let path =
-            Path::new(CGROUP2_ROOT).join(format!("{CGROUP_PREFIX}{}-{role}", std::process::id()));
+        let path = cgroup2_root()?.join(format!("{CGROUP_PREFIX}{}-{role}", std::process::id()));
         fs::create_dir(&path).with_context(|| format!("mkdir {}", path.display()))?;
         Ok(Cgroup {
             path,
@@ -197,7 +196,7 @@ impl Drop for Cgroup {
 
 /// Removes what an earlier bench killed by SIGKILL left behind (its pid is gone).
 pub fn remove_stale_cgroups(smc_ctl: &Path) {
-    let Ok(rd) = fs::read_dir(CGROUP2_ROOT) else {
+    let Ok(rd) = cgroup2_root().and_then(|r| Ok(fs::read_dir(r)?)) else {
         return;
     };
     let attached = status_cgroups(smc_ctl);

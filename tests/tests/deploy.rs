@@ -1,0 +1,757 @@
+//! Deployment paths (issue 15), for real on this host: `smc-ctl run --cgroup`, `attach --pid` /
+//! `--container-id` over real cgroup directories in the runtimes' layouts, the daemon's
+//! `sd_notify` readiness, the systemd units (`systemd-analyze verify`), and containers built with
+//! `unshare` (own mount, PID, cgroup and network namespaces and root filesystem) that use the data
+//! path through read-only bind mounts of the library and the daemon socket.
+use std::{
+    fs,
+    os::unix::{fs::PermissionsExt as _, net::UnixDatagram, process::CommandExt as _},
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    time::{Duration, Instant},
+};
+
+use integration_tests::{
+    attach_waiting, bin, cgroup2_root, daemon_command, lock, log_tail, require_root, require_tool,
+    seqpacket_accepts, smc_ctl, spawn_logged, unique, wait_listening, Cgroup, NetnsPair, Proc,
+};
+
+const T: Duration = Duration::from_secs(20);
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {}; stdout: {}; stderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `smc-ctl ARGS` must fail with a message containing `want`.
+fn fails_with(args: &[&str], want: &str) {
+    let o = smc_ctl(args);
+    assert!(
+        !o.status.success(),
+        "smc-ctl {args:?} succeeded: {}",
+        text(&o)
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(want),
+        "smc-ctl {args:?}: want {want:?} in: {err}"
+    );
+}
+
+fn output(c: &mut Command) -> Output {
+    c.output()
+        .unwrap_or_else(|e| panic!("run {:?}: {e}", c.get_program()))
+}
+
+/// The hierarchy path of a cgroup directory (as `/proc/PID/cgroup` shows it).
+fn rel(dir: &Path) -> String {
+    format!("/{}", dir.strip_prefix(cgroup2_root()).unwrap().display())
+}
+
+/// The directories of `smc-ctl status --json`'s attached cgroups.
+fn attached_cgroups() -> Vec<String> {
+    let o = smc_ctl(&["status", "--json"]);
+    assert!(o.status.success(), "smc-ctl status: {}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("status json");
+    v["cgroups"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| c["cgroup"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Removes the sub-directories of a test cgroup, deepest first (the guard removes the top).
+fn remove_subtree(dir: &Path) {
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_subtree(&e.path());
+                let _ = fs::remove_dir(e.path());
+            }
+        }
+    }
+}
+
+/// A command run in the cgroup v2 root (joined before exec).
+fn in_root_cgroup(program: &Path) -> Command {
+    let mut c = Command::new(program);
+    let procs = cgroup2_root().join("cgroup.procs");
+    // SAFETY: between fork and exec only a write to cgroup.procs (the child is single-threaded).
+    unsafe {
+        c.pre_exec(move || fs::write(&procs, "0"));
+    }
+    c
+}
+
+#[test]
+fn run_cgroup_and_attach_pid_with_clear_errors() {
+    require_root();
+    let _l = lock();
+    let root = cgroup2_root();
+    let cg = Cgroup::new();
+    let dir = cg.path.to_str().unwrap().to_string();
+
+    // Errors, each with its own message, before anything is attached.
+    let missing = root.join(unique("smc-missing-"));
+    fails_with(
+        &["run", "--cgroup", missing.to_str().unwrap(), "--", "true"],
+        "does not exist (cgroup v2 is mounted at",
+    );
+    fails_with(
+        &["run", "--cgroup", "/tmp", "--", "true"],
+        "is not a cgroup v2 directory",
+    );
+    fails_with(
+        &["run", "--cgroup", &dir, "--", "true"],
+        "is not attached (nor below an attached cgroup)",
+    );
+    let o = output(
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(bin("smc-ctl"))
+            .args(["run", "--cgroup", &dir, "--", "true"]),
+    );
+    assert!(
+        !o.status.success(),
+        "unprivileged run --cgroup: {}",
+        text(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("needs root"),
+        "{}",
+        text(&o)
+    );
+    // No cgroup v2: a mount namespace where it is unmounted (the directory stays, as tmpfs).
+    for args in [
+        format!("run --cgroup {dir} -- true"),
+        "attach --pid self".into(),
+        "attach --container-id 0123456789abcdef".into(),
+    ] {
+        let o = output(
+            Command::new("unshare")
+                .args(["-m", "sh", "-c"])
+                .arg(format!(
+                    "umount -l {} && exec {} {args}",
+                    root.display(),
+                    bin("smc-ctl").display()
+                )),
+        );
+        assert!(
+            !o.status.success(),
+            "{args} without cgroup v2: {}",
+            text(&o)
+        );
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("no cgroup v2 is mounted"),
+            "{args}: {}",
+            text(&o)
+        );
+    }
+    fails_with(
+        &["attach", "--pid", "4194305"],
+        "no process with pid 4194305",
+    );
+    fails_with(&["attach", "--pid", "abc"], "not a process id");
+    // A process of the root cgroup: refused (it would enable the whole host).
+    let o = output(in_root_cgroup(&bin("smc-ctl")).args(["attach", "--pid", "self"]));
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("is in the root cgroup"),
+        "{}",
+        text(&o)
+    );
+
+    // Attached: run --cgroup moves itself there before exec, with the library preloaded; a
+    // child cgroup of an attached one is enabled too (the programs are inherited).
+    let _att = attach_waiting(&cg, "ism", Duration::from_secs(600));
+    let child = cg.path.join("leaf");
+    fs::create_dir(&child).unwrap();
+    for target in [&cg.path, &child] {
+        let o = smc_ctl(&[
+            "run",
+            "--cgroup",
+            target.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "cat /proc/self/cgroup; echo \"LD_PRELOAD=$LD_PRELOAD\"",
+        ]);
+        assert!(o.status.success(), "run --cgroup: {}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            out.lines().any(|l| l == format!("0::{}", rel(target))),
+            "not moved into {}: {out}",
+            target.display()
+        );
+        assert!(out.contains("libsmc_preload.so"), "no LD_PRELOAD: {out}");
+    }
+    fs::remove_dir(&child).unwrap();
+
+    // attach/detach --pid: the cgroup of a running process.
+    let cg2 = Cgroup::new();
+    let mut sleeper = Proc::spawn({
+        let mut c = cg2.command("sleep");
+        c.arg("60");
+        c
+    });
+    let pid = sleeper.0.id().to_string();
+    let o = smc_ctl(&["attach", "--pid", &pid]);
+    assert!(o.status.success(), "attach --pid: {}", text(&o));
+    let cg2s = cg2.path.display().to_string();
+    assert!(
+        attached_cgroups().contains(&cg2s),
+        "{:?}",
+        attached_cgroups()
+    );
+    let o = smc_ctl(&["detach", "--pid", &pid]);
+    assert!(o.status.success(), "detach --pid: {}", text(&o));
+    assert!(
+        !attached_cgroups().contains(&cg2s),
+        "{:?}",
+        attached_cgroups()
+    );
+    let _ = sleeper.0.kill();
+}
+
+#[test]
+fn attach_container_id_in_runtime_layouts() {
+    require_root();
+    let _l = lock();
+    let cg = Cgroup::new();
+    // Real cgroup directories in the layouts of docker (systemd driver), containerd under a
+    // burstable kubepods slice, and the cgroupfs driver; ids made unique per run.
+    let seed = format!(
+        "{:08x}{:08x}",
+        std::process::id(),
+        Instant::now().elapsed().subsec_nanos()
+    );
+    let id = |n: u8| format!("{seed}{n:02x}{}", "ab".repeat(23));
+    let (docker, cri, cgfs) = (id(1), id(2), id(3));
+    // Shares its first 18 digits with `docker`.
+    let twin = format!("{}{}", &docker[..18], "cd".repeat(23));
+    let uid = "1b2c3d4e-0000-4111-8222-333344445555";
+    let dirs = [
+        (docker.clone(), format!("system.slice/docker-{docker}.scope")),
+        (
+            cri.clone(),
+            format!(
+                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{cri}.scope",
+                uid.replace('-', "_")
+            ),
+        ),
+        (cgfs.clone(), format!("kubepods/besteffort/pod{uid}/{cgfs}")),
+        (twin.clone(), format!("system.slice/docker-{twin}.scope")),
+    ];
+    let mut paths = Vec::new();
+    for (_, d) in &dirs {
+        let p = cg.path.join(d);
+        fs::create_dir_all(&p).unwrap_or_else(|e| panic!("mkdir {}: {e}", p.display()));
+        paths.push(p);
+    }
+    let cleanup = scopeguard(&cg.path);
+    for (i, (cid, _)) in dirs.iter().take(3).enumerate() {
+        // A unique prefix to attach, the full id to detach.
+        let short = &cid[..20];
+        let o = smc_ctl_waiting(&["attach", "--container-id", short]);
+        assert!(o.status.success(), "attach --container-id: {}", text(&o));
+        let want = paths[i].display().to_string();
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains(&want),
+            "attached something else than {want}: {}",
+            text(&o)
+        );
+        assert!(
+            attached_cgroups().contains(&want),
+            "{:?}",
+            attached_cgroups()
+        );
+        let o = smc_ctl(&["detach", "--container-id", cid]);
+        assert!(o.status.success(), "detach --container-id: {}", text(&o));
+        assert!(!attached_cgroups().contains(&want));
+    }
+    // A prefix shared by two containers, an unknown id, a malformed one.
+    fails_with(
+        &["attach", "--container-id", &docker[..18]],
+        "matches 2 cgroups",
+    );
+    fails_with(
+        &["attach", "--container-id", &format!("{seed}ff")],
+        "no cgroup for container",
+    );
+    fails_with(
+        &["attach", "--container-id", "abc"],
+        "is not a container id",
+    );
+    drop(cleanup);
+}
+
+/// `smc-ctl ARGS`, retried (bounded) while the pinned programs belong to another build of
+/// smc-ctl (someone else's cgroup is attached with it; see `attach_waiting`).
+fn smc_ctl_waiting(args: &[&str]) -> Output {
+    let t = Instant::now();
+    loop {
+        let o = smc_ctl(args);
+        if o.status.success()
+            || !String::from_utf8_lossy(&o.stderr).contains("another build")
+            || t.elapsed() > Duration::from_secs(600)
+        {
+            return o;
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}
+
+/// Removes a test cgroup's sub-directories on drop (also when the test fails).
+struct Subtree(PathBuf);
+fn scopeguard(p: &Path) -> Subtree {
+    Subtree(p.to_path_buf())
+}
+impl Drop for Subtree {
+    fn drop(&mut self) {
+        remove_subtree(&self.0);
+    }
+}
+
+/// Receives one sd_notify datagram (bounded).
+fn recv_notify(sock: &UnixDatagram, what: &str) -> String {
+    sock.set_read_timeout(Some(T)).unwrap();
+    let mut buf = [0u8; 4096];
+    let n = sock
+        .recv(&mut buf)
+        .unwrap_or_else(|e| panic!("no {what} notification within {T:?}: {e}"));
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+#[test]
+fn daemon_notifies_readiness_like_systemd_expects() {
+    require_root();
+    let dir = Path::new("/run/smc").join(unique("notify-test-"));
+    fs::create_dir_all(&dir).unwrap();
+    for abstract_ns in [false, true] {
+        let (bind_path, env_value): (PathBuf, String) = if abstract_ns {
+            let name = unique("smc-notify-");
+            (PathBuf::from(format!("\0{name}")), format!("@{name}"))
+        } else {
+            let p = dir.join("notify.sock");
+            let _ = fs::remove_file(&p);
+            (p.clone(), p.display().to_string())
+        };
+        let sock = if abstract_ns {
+            use std::os::linux::net::SocketAddrExt as _;
+            let name = env_value.trim_start_matches('@');
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name).unwrap();
+            UnixDatagram::bind_addr(&addr).expect("bind abstract notify socket")
+        } else {
+            UnixDatagram::bind(&bind_path).expect("bind notify socket")
+        };
+        let ctl = dir.join("ctl.sock");
+        let mut c = daemon_command(&ctl, &dir);
+        c.env("NOTIFY_SOCKET", &env_value);
+        let log = dir.join("daemon.log");
+        let mut d = spawn_logged(c, &log);
+        let msg = recv_notify(&sock, "READY=1");
+        assert!(msg.lines().any(|l| l == "READY=1"), "{msg}");
+        assert!(
+            msg.lines().any(|l| l == format!("MAINPID={}", d.0.id())),
+            "{msg}"
+        );
+        // Ready means ready: the socket accepts at the moment of the notification.
+        assert!(
+            seqpacket_accepts(&ctl),
+            "READY=1 before the socket accepts{}",
+            log_tail(&log)
+        );
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(d.0.id() as i32, libc::SIGTERM) };
+        let msg = recv_notify(&sock, "STOPPING=1");
+        assert!(msg.lines().any(|l| l == "STOPPING=1"), "{msg}");
+        let t = Instant::now();
+        let st = loop {
+            if let Some(st) = d.0.try_wait().unwrap() {
+                break st;
+            }
+            assert!(t.elapsed() < T, "the daemon did not exit on SIGTERM");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(st.success(), "daemon exit {st}{}", log_tail(&log));
+        assert!(!ctl.exists(), "the daemon left its socket behind");
+    }
+    let _ = fs::remove_dir_all(&dir);
+}
+
+fn packaging() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging")
+}
+
+/// The packaged units with `/usr/bin/smc-ctl` pointing at the built binary, in a unit directory
+/// with a demo service that uses the drop-in and the slice.
+fn unit_dir(dir: &Path) -> PathBuf {
+    let units = dir.join("units");
+    fs::create_dir_all(units.join("demo.service.d")).unwrap();
+    let smc_ctl = bin("smc-ctl").display().to_string();
+    for e in fs::read_dir(packaging().join("systemd")).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let body = fs::read_to_string(e.path())
+            .unwrap()
+            .replace("/usr/bin/smc-ctl", &smc_ctl);
+        let dst = if name == "smc-enable.conf" {
+            units.join("demo.service.d/smc.conf")
+        } else {
+            units.join(&name)
+        };
+        fs::write(dst, body).unwrap();
+    }
+    fs::write(
+        units.join("demo.service"),
+        "[Unit]\nDescription=demo\n[Service]\nExecStart=/usr/bin/sleep 1000\nSlice=smc.slice\n",
+    )
+    .unwrap();
+    units
+}
+
+fn verify(units: &Path, names: &[&str]) -> Output {
+    let tool = require_tool("systemd-analyze", "systemd");
+    output(
+        Command::new(tool)
+            .arg("verify")
+            .arg("--man=no")
+            .args(names)
+            .current_dir(units)
+            .env("SYSTEMD_UNIT_PATH", format!("{}:", units.display()))
+            .env("SYSTEMD_LOG_COLOR", "0"),
+    )
+}
+
+#[test]
+fn systemd_units_verify() {
+    let dir = std::env::temp_dir().join(unique("smc-units-"));
+    let units = unit_dir(&dir);
+    let names = [
+        "smc-daemon.service",
+        "smc-attach@sys-fs-cgroup-smc.slice.service",
+        "smc.slice",
+        "demo.service",
+    ];
+    let o = verify(&units, &names);
+    // verify exits 0 on unknown keys and bad values: they are warnings on stderr.
+    assert!(
+        o.status.success() && o.stderr.is_empty(),
+        "systemd-analyze verify: {}",
+        text(&o)
+    );
+    // The check can fail: a misspelt key and a bad value are reported.
+    let daemon = fs::read_to_string(units.join("smc-daemon.service")).unwrap();
+    fs::write(
+        units.join("bad.service"),
+        daemon
+            .replace("Type=notify", "Typ=notify")
+            .replace("RestrictNamespaces=net", "RestrictNamespaces=bogus"),
+    )
+    .unwrap();
+    let o = verify(&units, &["bad.service"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("Unknown key 'Typ'") && err.contains("bogus"),
+        "{}",
+        text(&o)
+    );
+    // What the units run is what smc-ctl accepts.
+    for (unit, key) in [
+        ("smc-daemon.service", "ExecStart="),
+        ("smc-attach@.service", "ExecStart="),
+        ("smc-enable.conf", "ExecStartPre=+"),
+    ] {
+        let body = fs::read_to_string(packaging().join("systemd").join(unit)).unwrap();
+        let line = body
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("{unit}: no {key}"));
+        let args: Vec<String> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|a| a.replace("%f", "/sys/fs/cgroup/x"))
+            .collect();
+        let o = output(Command::new(bin("smc-ctl")).args(&args).arg("--help"));
+        assert!(
+            o.status.success(),
+            "{unit}: smc-ctl {args:?} --help: {}",
+            text(&o)
+        );
+    }
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// Sets up a container's root in its new mount namespace and executes the rest of the command
+/// line in it: a tmpfs root with the host's `/usr` read-only as "the image", its own `/proc`, its
+/// cgroup (read-only, cgroup namespace), and what the deployment adds: the library and the daemon
+/// socket read-only, its own statistics directory; `LD_PRELOAD` turns the data path on.
+/// Arguments: ROOT APP LIB SOCK PROCS OUT -- CMD...
+const CONTAINER_INIT: &str = r#"set -e
+R=$1 APP=$2 LIB=$3 SOCK=$4 PROCS=$5 OUT=$6; shift 7
+mount -t tmpfs -o mode=755 ctr "$R"
+cd "$R"
+mkdir -p usr proc dev etc tmp sys/fs/cgroup app out run/smc/procs opt/smc/lib
+ln -s usr/bin bin; ln -s usr/lib lib; ln -s usr/lib64 lib64; ln -s usr/sbin sbin
+mount --bind -o ro /usr usr
+mount -t proc proc proc
+mount -t cgroup2 -o ro,nosuid,nodev,noexec cgroup2 sys/fs/cgroup
+for d in null zero urandom; do touch dev/$d; mount --bind /dev/$d dev/$d; done
+touch app/smc-testprog; mount --bind -o ro "$APP" app/smc-testprog
+touch opt/smc/lib/libsmc_preload.so; mount --bind -o ro "$LIB" opt/smc/lib/libsmc_preload.so
+touch run/smc/ctl.sock; mount --bind -o ro "$SOCK" run/smc/ctl.sock
+mount --bind "$PROCS" run/smc/procs
+mount --bind "$OUT" out
+exec chroot . /usr/bin/env -i PATH=/usr/bin:/usr/sbin LD_PRELOAD=/opt/smc/lib/libsmc_preload.so "$@"
+"#;
+
+/// A third network namespace joined to `a` by its own veth pair: `a` gets `10.78.<n>.1`, the new
+/// one `10.78.<n>.2`. Removed on drop.
+struct ThirdNetns {
+    name: String,
+    addr_a: String,
+}
+
+impl ThirdNetns {
+    fn new(a: &str) -> ThirdNetns {
+        let tag = unique("");
+        let n = std::process::id() % 250;
+        let t = ThirdNetns {
+            name: format!("smct-c{tag}"),
+            addr_a: format!("10.78.{n}.1"),
+        };
+        let short = &tag[tag.len().saturating_sub(8)..];
+        let (va, vc) = (format!("smwa{short}"), format!("smwc{short}"));
+        let ip = |args: &[&str]| {
+            let o = output(Command::new("ip").args(args));
+            assert!(o.status.success(), "ip {args:?}: {}", text(&o));
+        };
+        ip(&["netns", "add", &t.name]);
+        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vc]);
+        ip(&["link", "set", &va, "netns", a]);
+        ip(&["link", "set", &vc, "netns", &t.name]);
+        ip(&[
+            "-n",
+            a,
+            "addr",
+            "add",
+            &format!("{}/24", t.addr_a),
+            "dev",
+            &va,
+        ]);
+        ip(&[
+            "-n",
+            &t.name,
+            "addr",
+            "add",
+            &format!("10.78.{n}.2/24"),
+            "dev",
+            &vc,
+        ]);
+        for (ns, dev) in [(a, &va), (t.name.as_str(), &vc)] {
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        t
+    }
+}
+
+impl Drop for ThirdNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// The daemon under the hardening of `smc-daemon.service`: only the capabilities of its
+/// `CapabilityBoundingSet=`, `NoNewPrivileges=` (setpriv), on a private socket.
+fn hardened_daemon(sock: &Path, dir: &Path) -> Proc {
+    let unit = fs::read_to_string(packaging().join("systemd/smc-daemon.service")).unwrap();
+    let caps: Vec<String> = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("CapabilityBoundingSet= in smc-daemon.service")
+        .split_whitespace()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_ascii_lowercase()))
+        .collect();
+    assert!(unit.contains("NoNewPrivileges=yes"));
+    let d = daemon_command(sock, dir);
+    let mut c = Command::new("setpriv");
+    c.arg("--no-new-privs")
+        .arg("--inh-caps=-all")
+        .arg(format!("--bounding-set=-all,{}", caps.join(",")))
+        .arg("--")
+        .arg(d.get_program())
+        .args(d.get_args());
+    let log = dir.join("daemon.log");
+    let mut p = spawn_logged(c, &log);
+    let t = Instant::now();
+    while !seqpacket_accepts(sock) {
+        if let Ok(Some(st)) = p.0.try_wait() {
+            panic!("hardened daemon exited ({st}){}", log_tail(&log));
+        }
+        assert!(t.elapsed() < T, "daemon not up{}", log_tail(&log));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    p
+}
+
+/// `smc-ctl stats json -a --cgroup CG` over the statistics of every container.
+fn stats_of_cgroup(sock: &Path, procs: &Path, dir: &Path, cg: &Path) -> serde_json::Value {
+    let o = output(
+        Command::new(bin("smc-ctl"))
+            .args(["stats", "json", "-a", "--socket"])
+            .arg(sock)
+            .arg("--procs-dir")
+            .arg(procs)
+            .arg("--baseline")
+            .arg(dir.join("baseline.json"))
+            .arg("--cgroup")
+            .arg(cg),
+    );
+    assert!(o.status.success(), "smc-ctl stats: {}", text(&o));
+    serde_json::from_slice(&o.stdout).expect("stats json")
+}
+
+#[test]
+fn containers_enabled_per_cgroup_talk_over_smcd_the_other_stays_tcp() {
+    require_root();
+    let _l = lock();
+    let dir = Path::new("/run/smc").join(unique("ctr-test-"));
+    let procs = dir.join("procs");
+    fs::create_dir_all(&procs).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+    let guard = DirGuard(dir.clone());
+    let sock = dir.join("ctl.sock");
+    let _daemon = hardened_daemon(&sock, &dir);
+    let ns = NetnsPair::new().expect("network namespaces (iproute2)");
+    let third = ThirdNetns::new(&ns.a);
+    // Three containers, each in its own cgroup; only a and b are enabled.
+    let (cg_a, cg_b, cg_c) = (Cgroup::new(), Cgroup::new(), Cgroup::new());
+    let _att_a = attach_waiting(&cg_a, "ism", Duration::from_secs(600));
+    let _att_b = attach_waiting(&cg_b, "ism", Duration::from_secs(600));
+    let init = dir.join("init.sh");
+    fs::write(&init, CONTAINER_INIT).unwrap();
+    let container = |name: &str, cg: &Cgroup, netns: &str, cmd: &str| -> Proc {
+        let root = dir.join(format!("{name}-root"));
+        let out = dir.join(format!("{name}-out"));
+        let p = procs.join(name);
+        for d in [&root, &out, &p] {
+            fs::create_dir_all(d).unwrap();
+        }
+        let mut c = cg.command("nsenter");
+        c.arg(format!("--net=/run/netns/{netns}"))
+            .args([
+                "--",
+                "unshare",
+                "--mount",
+                "--pid",
+                "--cgroup",
+                "--fork",
+                "--kill-child",
+                "--propagation",
+                "private",
+                "sh",
+            ])
+            .arg(&init)
+            .arg(&root)
+            .arg(bin("smc-testprog"))
+            .arg(bin("libsmc_preload.so"))
+            .arg(&sock)
+            .arg(&p)
+            .arg(&out)
+            .args(["--", "sh", "-c", cmd]);
+        spawn_logged(c, &dir.join(format!("{name}.log")))
+    };
+    const UP: u64 = 3_000_017;
+    const DOWN: u64 = 2_000_029;
+    // a: two one-shot servers, one for b and one for c.
+    let mut a = container(
+        "a",
+        &cg_a,
+        &ns.a,
+        &format!(
+            "/app/smc-testprog server 0.0.0.0:7001 --reply {DOWN} > /out/s1 & \
+             /app/smc-testprog server 0.0.0.0:7002 --reply {DOWN} > /out/s2 & wait"
+        ),
+    );
+    let alog = dir.join("a.log");
+    wait_listening(&mut a, 7001, T, "container a", Some(&alog));
+    wait_listening(&mut a, 7002, T, "container a", Some(&alog));
+    let client =
+        |addr: &str, port: u16| format!("/app/smc-testprog client {addr}:{port} {UP} 5 > /out/c");
+    let b = container("b", &cg_b, &ns.b, &client(&ns.addr_a, 7001));
+    let c = container("c", &cg_c, &third.name, &client(&third.addr_a, 7002));
+    for (p, name) in [(b, "b"), (c, "c"), (a, "a")] {
+        let log = dir.join(format!("{name}.log"));
+        p.wait_output(T)
+            .unwrap_or_else(|e| panic!("container {name}: {e}{}", log_tail(&log)));
+    }
+    let read = |f: &str| fs::read_to_string(dir.join(f)).unwrap_or_default();
+    let (s1, s2, cb, cc) = (
+        read("a-out/s1"),
+        read("a-out/s2"),
+        read("b-out/c"),
+        read("c-out/c"),
+    );
+    // Same bytes on both ends, the same as over TCP: b->a over SMC-D, c->a over TCP.
+    for (client, server, what) in [(&cb, &s1, "b -> a"), (&cc, &s2, "c -> a")] {
+        let up_sha = client.split_whitespace().nth(2).unwrap_or("?");
+        assert!(
+            client.starts_with(&format!("OK {UP} ")),
+            "{what}: client said {client:?}"
+        );
+        let sha_line = server.lines().find(|l| l.starts_with("SHA ")).unwrap_or("");
+        assert!(
+            sha_line.starts_with(&format!("SHA {up_sha} {UP} ")),
+            "{what}: server got other bytes: {server:?} vs client {client:?}"
+        );
+    }
+    let back = |s: &str| {
+        s.split_whitespace()
+            .find_map(|w| w.strip_prefix("back="))
+            .map(str::to_string)
+    };
+    assert_eq!(
+        back(&cb),
+        back(&cc),
+        "the reply over SMC-D differs from TCP's"
+    );
+    assert_eq!(back(&cb).as_deref(), Some(DOWN.to_string().as_str()));
+
+    // Only the enabled containers moved, as smc-ctl stats --cgroup shows per container.
+    let st = |cg: &Cgroup| stats_of_cgroup(&sock, &procs, &dir, &cg.path);
+    let (sa, sb, sc) = (st(&cg_a), st(&cg_b), st(&cg_c));
+    let n = |v: &serde_json::Value, k: &str| v["connections"][k].as_u64().unwrap_or(0);
+    let all = format!(
+        "a: {}\nb: {}\nc: {}",
+        sa["connections"], sb["connections"], sc["connections"]
+    );
+    assert_eq!(n(&sa, "smcd_server"), 1, "{all}");
+    assert_eq!(n(&sa, "tcp_fallback_server"), 1, "{all}");
+    assert_eq!(n(&sb, "smcd_client"), 1, "{all}");
+    assert_eq!(n(&sb, "tcp_fallback"), 0, "{all}");
+    assert_eq!(n(&sc, "smcd"), 0, "{all}");
+    assert_eq!(sa["rx"]["bytes"].as_u64(), Some(UP), "{all}");
+    assert_eq!(sb["rx"]["bytes"].as_u64(), Some(DOWN), "{all}");
+    drop(guard);
+}
+
+/// Removes a test directory on drop unless the test failed (kept for its logs).
+struct DirGuard(PathBuf);
+impl Drop for DirGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("test files kept in {}", self.0.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+}
