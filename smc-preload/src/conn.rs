@@ -33,6 +33,9 @@ const RECLAIM_WARM: u32 = 16 * 1024;
 /// A blocking wait for data that has slept this long gives the send ring's idle pages back.
 const RECLAIM_IDLE_MS: i32 = 10;
 const PAGE: usize = 4096;
+/// poll/epoll waiters (whose sleep this library does not time) give the pages back before
+/// sleeping once this much was written since the last reclaim and the peer consumed it all.
+const RECLAIM_ARMED_MIN: u32 = 256 * 1024;
 
 /// The byte we send as a doorbell (never the first byte of a CLC eyecatcher, 0xE2).
 pub const DOORBELL: u8 = 0x01;
@@ -1097,6 +1100,15 @@ impl Conn {
         if let Some(_g) = self.sh().rx_lock.try_lock() {
             let cons = unpack(self.sh().cons.load(Ordering::Acquire));
             self.after_consume(fd, cons, true);
+        }
+        if data {
+            let s = self.sh();
+            let prod = unpack(s.prod.load(Ordering::Relaxed));
+            let last = unpack(s.tx_reclaimed.load(Ordering::Relaxed));
+            let drained = unpack(s.peer_cons.load(Ordering::Relaxed)) == prod;
+            if drained && self.tx.diff(last, prod).map_or(true, |d| d >= RECLAIM_ARMED_MIN) {
+                self.reclaim_tx();
+            }
         }
     }
 
