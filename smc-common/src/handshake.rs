@@ -45,7 +45,8 @@ use crate::cdc::{dmb_size_from_code_large, DMB_MAX_SIZE_CODE, DMB_MAX_SIZE_CODE_
 use crate::clc::{
     decode, message_len, padded32, AcceptConfirm, AcceptConfirmV2, ClcMessage, Decline, Eid,
     FirstContactExt, Gid, GidChid, MsgType, Proposal, ProposalV2Ext, SmcType, SmcdV2Ext,
-    FEATURE_EMULATED_ISM, FEATURE_LARGE_DMB, HEADER_LEN, LOOPBACK_CHID, OS_LINUX, SMC_RELEASE_1, SMC_V1, SMC_V2,
+    FEATURE_EMULATED_ISM, FEATURE_LARGE_DMB, HEADER_LEN, LOOPBACK_CHID, OS_LINUX, SMC_RELEASE_1,
+    SMC_V1, SMC_V2,
 };
 use crate::diag::Diag;
 use std::vec::Vec;
@@ -805,9 +806,10 @@ impl Handshake {
 
     fn on_accept(&mut self, a: AcceptConfirm) -> Result<(St, Vec<Action>), Fail> {
         // We offered large DMBs; the server uses one only when it echoes the bit.
-        let large = a.v2.as_ref().and_then(|v| v.fce.as_ref()).is_some_and(|f| {
-            f.feature_mask & FEATURE_LARGE_DMB != 0
-        });
+        let large =
+            a.v2.as_ref()
+                .and_then(|v| v.fce.as_ref())
+                .is_some_and(|f| f.feature_mask & FEATURE_LARGE_DMB != 0);
         let v2 = self.check_peer_v2(&a, large)?;
         if !self.offered_eid(&v2.eid) {
             return Err(Fail::device(DeviceMismatch::EidMismatch));

@@ -888,7 +888,8 @@ mod tests {
     fn sizes() {
         assert_eq!(dmb_size(0), Some(16384));
         assert_eq!(dmb_size(6), Some(1 << 20));
-        assert_eq!(dmb_size(7), None);
+        assert_eq!(dmb_size(10), Some(16 << 20));
+        assert_eq!(dmb_size(11), None);
         assert_eq!(size_code_for(1), 0);
         assert_eq!(size_code_for(16385), 1);
         assert_eq!(size_code_for(1 << 30), 10);

@@ -446,9 +446,9 @@ fn attach_needs_the_mirror_socket() {
         "CLOSE_WAIT socket",
     );
     assert_err(
-        owner.register_dmb(7, a1.as_raw_fd()),
+        owner.register_dmb(11, a1.as_raw_fd()),
         |e| matches!(e, IsmError::BadSize),
-        "size 7",
+        "size 11",
     );
 
     let st = wait_idle(&mut owner, 3);

@@ -1036,7 +1036,9 @@ impl Conn {
         let s = self.sh();
         let prod = unpack(s.prod.load(Ordering::Relaxed));
         let last = unpack(s.tx_reclaimed.load(Ordering::Relaxed));
-        self.tx.diff(last, prod).map_or(true, |d| d as usize >= PAGE)
+        self.tx
+            .diff(last, prod)
+            .map_or(true, |d| d as usize >= PAGE)
     }
 
     /// Give back the pages of the send ring (the peer's DMB) that hold no data: the free space
@@ -1106,7 +1108,12 @@ impl Conn {
             let prod = unpack(s.prod.load(Ordering::Relaxed));
             let last = unpack(s.tx_reclaimed.load(Ordering::Relaxed));
             let drained = unpack(s.peer_cons.load(Ordering::Relaxed)) == prod;
-            if drained && self.tx.diff(last, prod).map_or(true, |d| d >= RECLAIM_ARMED_MIN) {
+            if drained
+                && self
+                    .tx
+                    .diff(last, prod)
+                    .map_or(true, |d| d >= RECLAIM_ARMED_MIN)
+            {
                 self.reclaim_tx();
             }
         }

@@ -526,7 +526,10 @@ pub fn forget_rcvbuf(fd: i32) {
 fn size_code_for(fd: i32, listener: Option<i32>) -> u8 {
     if HINTS_N.load(Ordering::Relaxed) > 0 {
         let h = hints().lock().unwrap_or_else(|e| e.into_inner());
-        let v = h.get(&fd).or_else(|| listener.and_then(|l| h.get(&l))).copied();
+        let v = h
+            .get(&fd)
+            .or_else(|| listener.and_then(|l| h.get(&l)))
+            .copied();
         drop(h);
         if let Some(v) = v {
             if v > 0 {

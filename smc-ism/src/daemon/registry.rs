@@ -564,8 +564,7 @@ impl Registry {
         for sh in self.shards.iter() {
             dmbs.extend(lock(sh).values().map(|r| r.dmb.clone()));
         }
-        let mut per_cg: HashMap<*const CgroupUsage, (Arc<CgroupUsage>, u64, u64)> =
-            HashMap::new();
+        let mut per_cg: HashMap<*const CgroupUsage, (Arc<CgroupUsage>, u64, u64)> = HashMap::new();
         let (mut extra, mut committed) = (0u64, 0u64);
         for d in &dmbs {
             let c = fd_committed(&d.memfd).unwrap_or(0);
@@ -584,9 +583,7 @@ impl Registry {
             .filter_map(Weak::upgrade)
             .collect();
         for cg in &all {
-            let (x, c) = per_cg
-                .get(&Arc::as_ptr(cg))
-                .map_or((0, 0), |e| (e.1, e.2));
+            let (x, c) = per_cg.get(&Arc::as_ptr(cg)).map_or((0, 0), |e| (e.1, e.2));
             cg.extra.store(x, Relaxed);
             cg.committed.store(c, Relaxed);
         }
@@ -605,8 +602,7 @@ impl Registry {
         // last sample found committed above them.
         let r = reserve_of(size);
         cg.bytes.fetch_add(size, AcqRel);
-        if cg.reserved.fetch_add(r, AcqRel) + r + cg.extra.load(Relaxed) > self.cgroup_max_bytes
-        {
+        if cg.reserved.fetch_add(r, AcqRel) + r + cg.extra.load(Relaxed) > self.cgroup_max_bytes {
             cg.reserved.fetch_sub(r, AcqRel);
             cg.bytes.fetch_sub(size, AcqRel);
             cg.dmbs.fetch_sub(1, AcqRel);

@@ -446,11 +446,16 @@ fn reclaim_gives_drained_pages_back() {
         let chunk: Vec<u8> = (0..3u64 << 20).map(|i| byte_at(7, pos + i)).collect();
         let mut off = 0;
         while off < chunk.len() {
-            let n = a.send(fa, &iov(&chunk[off..]), libc::MSG_DONTWAIT).unwrap_or(0);
+            let n = a
+                .send(fa, &iov(&chunk[off..]), libc::MSG_DONTWAIT)
+                .unwrap_or(0);
             off += n;
             if n == 0 {
                 let n = b.recv(fb, &iov_mut(&mut buf), 0).unwrap();
-                assert!(buf[..n].iter().enumerate().all(|(i, &x)| x == byte_at(7, got + i as u64)));
+                assert!(buf[..n]
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &x)| x == byte_at(7, got + i as u64)));
                 got += n as u64;
             }
         }
@@ -459,7 +464,10 @@ fn reclaim_gives_drained_pages_back() {
         while pos - got > keep {
             let want = ((pos - got - keep) as usize).min(buf.len());
             let n = b.recv(fb, &iov_mut(&mut buf[..want]), 0).unwrap();
-            assert!(buf[..n].iter().enumerate().all(|(i, &x)| x == byte_at(7, got + i as u64)));
+            assert!(buf[..n]
+                .iter()
+                .enumerate()
+                .all(|(i, &x)| x == byte_at(7, got + i as u64)));
             got += n as u64;
         }
         assert!(a.reclaim_due());
@@ -469,14 +477,20 @@ fn reclaim_gives_drained_pages_back() {
         assert!(!a.reclaim_due());
         // Everything but the header page, the unread bytes and the warm window went back.
         let bound = 4096 + keep as usize + RECLAIM_WARM as usize + 2 * 4096;
-        assert!(after <= bound, "round {round}: {after} resident > {bound} (before {before}, freed {freed})");
+        assert!(
+            after <= bound,
+            "round {round}: {after} resident > {bound} (before {before}, freed {freed})"
+        );
         assert!(freed > 0);
     }
     let n = a.reclaim_tx();
     assert_eq!(n as u64 % 4096, 0);
     while got < pos {
         let n = b.recv(fb, &iov_mut(&mut buf), 0).unwrap();
-        assert!(buf[..n].iter().enumerate().all(|(i, &x)| x == byte_at(7, got + i as u64)));
+        assert!(buf[..n]
+            .iter()
+            .enumerate()
+            .all(|(i, &x)| x == byte_at(7, got + i as u64)));
         got += n as u64;
     }
 }
