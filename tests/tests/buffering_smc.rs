@@ -100,6 +100,7 @@ fn write_before_read_to_a_forking_echo_server_and_memory_given_back() {
     let out = Proc::spawn(c)
         .wait_output(T)
         .unwrap_or_else(|e| panic!("client: {e}; figures: {}", brief(&w.stats_sum())));
+    eprintln!("client: {out}");
     let sum = w.stats_sum();
     assert!(
         sum.get("smcd_client") >= 2 && sum.get("smcd_server") >= 2,
