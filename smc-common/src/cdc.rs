@@ -97,6 +97,10 @@ pub const CONS_WORD_OFFSET: usize = 16;
 pub const DMB_MIN_SIZE: u32 = 16 * 1024;
 /// Largest SMC-D DMB size code, `SMCD_DMBE_SIZES` (16 KiB << 6 = 1 MiB).
 pub const DMB_MAX_SIZE_CODE: u8 = 6;
+/// Largest size code of this implementation's large-DMB extension (16 KiB << 10 = 16 MiB):
+/// used only between two ends that both offered [`crate::clc::FEATURE_LARGE_DMB`] (Linux
+/// masks that bit off, so it never sees a code above [`DMB_MAX_SIZE_CODE`]).
+pub const DMB_MAX_SIZE_CODE_LARGE: u8 = 10;
 
 /// Minimum consumer-cursor update threshold: Linux's `SOCK_MIN_SNDBUF / 2` on x86-64
 /// (`2 * (2048 + SKB_DATA_ALIGN(sizeof(struct sk_buff)))/2 = 2304`), used by
@@ -113,16 +117,36 @@ pub const fn dmb_size_from_code(code: u8) -> Option<u32> {
     }
 }
 
+/// DMB size in bytes for a size code of the large-DMB extension (up to
+/// [`DMB_MAX_SIZE_CODE_LARGE`]); `None` above it.
+pub const fn dmb_size_from_code_large(code: u8) -> Option<u32> {
+    if code > DMB_MAX_SIZE_CODE_LARGE {
+        None
+    } else {
+        Some(DMB_MIN_SIZE << code)
+    }
+}
+
 /// Size code for a DMB of at least `bytes` (`smc_compress_bufsize` for SMC-D: rounds up to the
 /// next power-of-two multiple of 16 KiB, capped at [`DMB_MAX_SIZE_CODE`]).
 pub const fn dmb_size_code(bytes: u32) -> u8 {
+    let code = dmb_size_code_large(bytes);
+    if code > DMB_MAX_SIZE_CODE {
+        DMB_MAX_SIZE_CODE
+    } else {
+        code
+    }
+}
+
+/// [`dmb_size_code`] capped at [`DMB_MAX_SIZE_CODE_LARGE`] instead.
+pub const fn dmb_size_code_large(bytes: u32) -> u8 {
     if bytes <= DMB_MIN_SIZE {
         return 0;
     }
     let units = (bytes - 1) >> 14; // >= 1
     let code = (31 - units.leading_zeros()) + 1; // ilog2(units) + 1
-    if code > DMB_MAX_SIZE_CODE as u32 {
-        DMB_MAX_SIZE_CODE
+    if code > DMB_MAX_SIZE_CODE_LARGE as u32 {
+        DMB_MAX_SIZE_CODE_LARGE
     } else {
         code as u8
     }
@@ -953,5 +977,10 @@ mod tests {
         assert_eq!(dmb_size_code(65537), 3);
         assert_eq!(dmb_size_code(1 << 20), 6);
         assert_eq!(dmb_size_code(u32::MAX), 6);
+        assert_eq!(dmb_size_code_large(8 << 20), 9);
+        assert_eq!(dmb_size_code_large((8 << 20) + 1), 10);
+        assert_eq!(dmb_size_code_large(u32::MAX), 10);
+        assert_eq!(dmb_size_from_code_large(9), Some(8 << 20));
+        assert_eq!(dmb_size_from_code_large(11), None);
     }
 }

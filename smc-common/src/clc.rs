@@ -140,6 +140,12 @@ pub const SMC_RELEASE_1: u8 = 1;
 pub const OS_LINUX: u8 = 2;
 /// Bit of `SMC_SPF_EMULATED_ISM_DEV` in the v2 feature mask (`SMC_FEATURE_MASK`).
 pub const FEATURE_EMULATED_ISM: u16 = 1 << 0;
+/// This implementation's large-DMB extension in the v2 feature mask (a bit Linux does not
+/// define; its server keeps only `SMC_FEATURE_MASK` of a proposal's mask, so a Linux peer never
+/// echoes it): the sender accepts DMB size codes up to [`crate::cdc::DMB_MAX_SIZE_CODE_LARGE`]
+/// from the peer. A server uses such a code only when the proposal offered the bit and echoes
+/// it in its accept; a client only when the accept echoed it.
+pub const FEATURE_LARGE_DMB: u16 = 1 << 15;
 /// CHID of Linux's loopback-ism (`SMC_LO_RESERVED_CHID`).
 pub const LOOPBACK_CHID: u16 = 0xFFFF;
 /// `SMC_FIRST_CONTACT_MASK` within `typev2`.
@@ -1012,7 +1018,7 @@ fn decode_accept_confirm(h: &Header, r: &Reader<'_>) -> Result<AcceptConfirm, Cl
     }
     let first_contact = h.typev2 & FIRST_CONTACT_MASK != 0;
     let dmbe_size = r.u8(25)? >> 4;
-    if dmbe_size > crate::cdc::DMB_MAX_SIZE_CODE {
+    if dmbe_size > crate::cdc::DMB_MAX_SIZE_CODE_LARGE {
         return Err(ClcError::BadDmbSize(dmbe_size));
     }
     let mut m = AcceptConfirm {
@@ -1259,7 +1265,7 @@ impl AcceptConfirm {
             return Err(ClcError::Inconsistent("kind must be Accept or Confirm"));
         }
         check_version(self.version)?;
-        if self.dmbe_size > crate::cdc::DMB_MAX_SIZE_CODE {
+        if self.dmbe_size > crate::cdc::DMB_MAX_SIZE_CODE_LARGE {
             return Err(ClcError::BadDmbSize(self.dmbe_size));
         }
         let v1 = self.version == SMC_V1;

@@ -41,11 +41,12 @@
 //! ([`Input::DmbFailed`]). A side whose local device is unavailable
 //! ([`Handshake::device_unavailable`]) declines instead of proposing or accepting.
 
-use crate::cdc::{dmb_size_from_code, DMB_MAX_SIZE_CODE};
+use crate::cdc::{dmb_size_from_code_large, DMB_MAX_SIZE_CODE, DMB_MAX_SIZE_CODE_LARGE};
 use crate::clc::{
     decode, message_len, padded32, AcceptConfirm, AcceptConfirmV2, ClcMessage, Decline, Eid,
     FirstContactExt, Gid, GidChid, MsgType, Proposal, ProposalV2Ext, SmcType, SmcdV2Ext,
-    FEATURE_EMULATED_ISM, HEADER_LEN, LOOPBACK_CHID, OS_LINUX, SMC_RELEASE_1, SMC_V1, SMC_V2,
+    FEATURE_EMULATED_ISM, FEATURE_LARGE_DMB, HEADER_LEN, LOOPBACK_CHID, OS_LINUX, SMC_RELEASE_1,
+    SMC_V1, SMC_V2,
 };
 use crate::diag::Diag;
 use std::vec::Vec;
@@ -67,7 +68,9 @@ pub struct Config {
     pub ueids: Vec<Eid>,
     /// System id sent in declines (`id_for_peer`).
     pub peer_id: [u8; 8],
-    /// DMB size code we ask the I/O layer to register (`16 KiB << code`, 0..=6).
+    /// DMB size code we ask the I/O layer to register (`16 KiB << code`, 0..=10): codes above
+    /// [`DMB_MAX_SIZE_CODE`] (1 MiB, Linux's SMC-D limit) only when both ends offered
+    /// [`FEATURE_LARGE_DMB`], otherwise capped at 6.
     pub dmb_size_code: u8,
     /// Host name for first-contact extensions (blank padded).
     pub hostname: [u8; 32],
@@ -105,7 +108,7 @@ pub struct LocalDmb {
     pub token: u64,
     /// DMBE index (Linux always uses 0).
     pub idx: u8,
-    /// Size code (`16 KiB << code`, 0..=6).
+    /// Size code (`16 KiB << code`, 0..=6; up to 10 with [`FEATURE_LARGE_DMB`]).
     pub size_code: u8,
 }
 
@@ -619,7 +622,8 @@ impl Handshake {
                 roce_gid: [0; 16],
                 max_conns: 0,
                 max_links: 0,
-                feature_mask: FEATURE_EMULATED_ISM,
+                // We accept a peer's large DMB whatever our own size.
+                feature_mask: FEATURE_EMULATED_ISM | FEATURE_LARGE_DMB,
                 ueids: c.ueids.clone(),
                 smcd: Some(SmcdV2Ext {
                     system_eid: c.system_eid.unwrap_or([0; 32]),
@@ -710,7 +714,7 @@ impl Handshake {
             return Err(Fail::device(DeviceMismatch::NoEidOffered));
         }
         let release = v2.release.min(self.cfg.release);
-        let feature_mask = v2.feature_mask & FEATURE_EMULATED_ISM;
+        let feature_mask = v2.feature_mask & (FEATURE_EMULATED_ISM | FEATURE_LARGE_DMB);
         let devices = smcd.devices();
         let ours = devices
             .iter()
@@ -720,7 +724,7 @@ impl Handshake {
             return Err(Fail::device(DeviceMismatch::NoLoopbackOffered));
         }
         if crate::clc::is_emulated_chid(self.cfg.chid)
-            && (release < SMC_RELEASE_1 || feature_mask == 0)
+            && (release < SMC_RELEASE_1 || feature_mask & FEATURE_EMULATED_ISM == 0)
         {
             return Err(Fail::device(DeviceMismatch::ReleaseTooOld));
         }
@@ -738,7 +742,7 @@ impl Handshake {
         Ok((
             St::ServerWaitDmb { neg },
             vec![Action::RegisterDmb {
-                size_code: self.cfg.dmb_size_code,
+                size_code: self.local_size_code(&neg),
             }],
         ))
     }
@@ -762,7 +766,18 @@ impl Handshake {
         self.cfg.system_eid.as_ref() == Some(eid) || self.cfg.ueids.contains(eid)
     }
 
-    fn check_peer_v2<'a>(&self, m: &'a AcceptConfirm) -> Result<&'a AcceptConfirmV2, Fail> {
+    /// The size code of our DMB: ours, capped at Linux's limit unless both ends offered large
+    /// DMBs.
+    fn local_size_code(&self, neg: &Negotiated) -> u8 {
+        self.cfg.dmb_size_code.min(max_size_code(neg.feature_mask))
+    }
+
+    /// `large`: the peer may use a large-DMB size code (both ends offered the extension).
+    fn check_peer_v2<'a>(
+        &self,
+        m: &'a AcceptConfirm,
+        large: bool,
+    ) -> Result<&'a AcceptConfirmV2, Fail> {
         let v2 = match (&m.v2, m.version) {
             (Some(v2), v) if v >= SMC_V2 => v2,
             _ => {
@@ -778,14 +793,24 @@ impl Handshake {
         if m.sender_gid() != self.cfg.gid {
             return Err(Fail::device(DeviceMismatch::DifferentHost));
         }
-        if dmb_size_from_code(m.dmbe_size).is_none() {
+        let max = if large {
+            DMB_MAX_SIZE_CODE_LARGE
+        } else {
+            DMB_MAX_SIZE_CODE
+        };
+        if m.dmbe_size > max {
             return Err(Fail::protocol(Diag::SyncErr, true));
         }
         Ok(v2)
     }
 
     fn on_accept(&mut self, a: AcceptConfirm) -> Result<(St, Vec<Action>), Fail> {
-        let v2 = self.check_peer_v2(&a)?;
+        // We offered large DMBs; the server uses one only when it echoes the bit.
+        let large =
+            a.v2.as_ref()
+                .and_then(|v| v.fce.as_ref())
+                .is_some_and(|f| f.feature_mask & FEATURE_LARGE_DMB != 0);
+        let v2 = self.check_peer_v2(&a, large)?;
         if !self.offered_eid(&v2.eid) {
             return Err(Fail::device(DeviceMismatch::EidMismatch));
         }
@@ -802,7 +827,7 @@ impl Handshake {
             return Err(Fail::device(DeviceMismatch::ReleaseTooOld));
         }
         let feature_mask = v2.fce.as_ref().map_or(FEATURE_EMULATED_ISM, |f| {
-            f.feature_mask & FEATURE_EMULATED_ISM
+            f.feature_mask & (FEATURE_EMULATED_ISM | FEATURE_LARGE_DMB)
         });
         let neg = Negotiated {
             eid: v2.eid,
@@ -812,7 +837,7 @@ impl Handshake {
         Ok((
             St::ClientWaitDmb { accept: a, neg },
             vec![Action::RegisterDmb {
-                size_code: self.cfg.dmb_size_code,
+                size_code: self.local_size_code(&neg),
             }],
         ))
     }
@@ -823,7 +848,7 @@ impl Handshake {
         local: &LocalDmb,
         c: &AcceptConfirm,
     ) -> Result<(St, Vec<Action>), Fail> {
-        let v2 = self.check_peer_v2(c)?;
+        let v2 = self.check_peer_v2(c, neg.feature_mask & FEATURE_LARGE_DMB != 0)?;
         if v2.eid != neg.eid {
             return Err(Fail::device(DeviceMismatch::EidMismatch));
         }
@@ -842,7 +867,11 @@ impl Handshake {
             // A registration nobody asked for: give it back and stop.
             _ => return Err(Fail::protocol(Diag::IntErr, true)),
         }
-        if d.size_code > DMB_MAX_SIZE_CODE {
+        let neg = match st {
+            St::ServerWaitDmb { neg } | St::ClientWaitDmb { neg, .. } => neg,
+            _ => return Err(Fail::protocol(Diag::IntErr, true)),
+        };
+        if d.size_code > max_size_code(neg.feature_mask) {
             return Err(Fail::protocol(Diag::IntErr, true));
         }
         match st {
@@ -875,6 +904,15 @@ impl Handshake {
     }
 }
 
+/// The largest DMB size code allowed with this negotiated feature mask.
+fn max_size_code(feature_mask: u16) -> u8 {
+    if feature_mask & FEATURE_LARGE_DMB != 0 {
+        DMB_MAX_SIZE_CODE_LARGE
+    } else {
+        DMB_MAX_SIZE_CODE
+    }
+}
+
 /// Declines answer a v1 message with v1 (as Linux does), everything else with v2.
 fn decline_version(input: &Input<'_>) -> u8 {
     match input {
@@ -891,7 +929,7 @@ fn established(peer: &AcceptConfirm, local: LocalDmb, neg: &Negotiated) -> Estab
         peer_dmbe_idx: peer.dmbe_idx,
         peer_dmb_size_code: peer.dmbe_size,
         // Checked by `check_peer_v2`; 0 cannot happen.
-        peer_dmb_size: dmb_size_from_code(peer.dmbe_size).unwrap_or(0),
+        peer_dmb_size: dmb_size_from_code_large(peer.dmbe_size).unwrap_or(0),
         peer_link_id: peer.link_id,
         local,
         version: SMC_V2,

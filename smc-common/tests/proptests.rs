@@ -437,7 +437,7 @@ proptest! {
         same in any::<bool>(),
         other in any::<(u64, u64)>(),
         common_eid in any::<bool>(),
-        code in 0u8..=6,
+        code in 0u8..=10,
     ) {
         let cgid = GID;
         let sgid = if same { GID } else { Gid { gid: other.0, gid_ext: other.1 } };
@@ -487,7 +487,7 @@ proptest! {
         if let (Ok(ce), Ok(se)) = (&c_end, &s_end) {
             prop_assert_eq!(ce.peer_token, 2);
             prop_assert_eq!(se.peer_token, 1);
-            prop_assert_eq!(se.peer_dmb_size, cdc::dmb_size_from_code(code).unwrap());
+            prop_assert_eq!(se.peer_dmb_size, cdc::dmb_size_from_code_large(code).unwrap());
         }
         if let (Err(cf), Err(sf)) = (&c_end, &s_end) {
             prop_assert!(cf.in_sync && sf.in_sync);

@@ -21,8 +21,12 @@ pub const CHID_LOOPBACK: u16 = 0xFFFF;
 pub const DEFAULT_SOCKET_PATH: &str = "/run/smc/ctl.sock";
 /// Environment variable overriding [`DEFAULT_SOCKET_PATH`] for [`Client::connect_default`].
 pub const SOCKET_ENV: &str = "SMC_CTL_SOCK";
-/// Largest SMC DMB size code: `16 KiB << 6` = 1 MiB.
-pub const MAX_SIZE_CODE: u8 = 6;
+/// Largest DMB size code this device registers: `16 KiB << 10` = 16 MiB. Linux's SMC-D stops
+/// at 6 (1 MiB); codes above are the data path's large-DMB extension
+/// (`smc_common::clc::FEATURE_LARGE_DMB`), used only between two ends that both offer it.
+/// A daemon tells its own limit in the `QUERY_GID` reply ([`Client::max_size_code`]; 6 for
+/// daemons that predate the extension).
+pub const MAX_SIZE_CODE: u8 = 10;
 /// Size of a DMB with size code 0.
 pub const DMB_MIN_SIZE: usize = 16 * 1024;
 /// Receive buffer for replies of variable size (stats); the daemon keeps them smaller.
@@ -242,6 +246,8 @@ pub struct Client {
     generation: u64,
     /// The daemon's feature mask, once a `QUERY_GID` on this connection told it.
     features: Option<u32>,
+    /// The daemon's largest size code, from the same reply.
+    max_size_code: Option<u8>,
     /// Requests on this connection whose replies are still to be read, oldest first.
     inflight: VecDeque<u32>,
     /// Replies read before their ticket was finished: (seq, record, fd).
@@ -278,6 +284,7 @@ impl Client {
             fork_check: true,
             generation: 0,
             features: None,
+            max_size_code: None,
             inflight: VecDeque::new(),
             stash: Vec::new(),
         })
@@ -299,6 +306,17 @@ impl Client {
         }
         self.query_gid()?;
         Ok(self.features.unwrap_or(0))
+    }
+
+    /// The largest DMB size code the daemon registers (its `QUERY_GID` reply; asked the first
+    /// time on each connection).
+    pub fn max_size_code(&mut self) -> Result<u8, IsmError> {
+        self.ensure_connected()?;
+        if let Some(m) = self.max_size_code {
+            return Ok(m);
+        }
+        self.query_gid()?;
+        Ok(self.max_size_code.unwrap_or(6))
     }
 
     /// Sends a `REGISTER` (see [`Client::register_dmb`]) without waiting for the reply.
@@ -370,6 +388,7 @@ impl Client {
     fn disconnect(&mut self) {
         self.fd = None;
         self.features = None;
+        self.max_size_code = None;
         self.inflight.clear();
         self.stash.clear();
         self.generation = self.generation.wrapping_add(1);
@@ -403,13 +422,15 @@ impl Client {
             return Err(IsmError::Protocol("short QUERY_GID reply"));
         }
         self.features = Some(proto::get_u32(&buf, a.start + 20));
+        self.max_size_code = Some(buf[a.start + 18].min(MAX_SIZE_CODE));
         Ok(Gid {
             gid: proto::get_u64(&buf, a.start),
             gid_ext: proto::get_u64(&buf, a.start + 8),
         })
     }
 
-    /// Registers a new DMB of `16 KiB << size_code` bytes (`size_code <= 6`), zero-filled, with
+    /// Registers a new DMB of `16 KiB << size_code` bytes (`size_code <=`
+    /// [`Client::max_size_code`]), zero-filled, with
     /// refcount 1 held by this client. `sock_fd` is the caller's connected TCP socket of the
     /// connection the DMB is for: the daemon records its addresses (the attach proof) and closes
     /// its copy at once.
@@ -867,10 +888,11 @@ mod tests {
     fn sizes() {
         assert_eq!(dmb_size(0), Some(16384));
         assert_eq!(dmb_size(6), Some(1 << 20));
-        assert_eq!(dmb_size(7), None);
+        assert_eq!(dmb_size(10), Some(16 << 20));
+        assert_eq!(dmb_size(11), None);
         assert_eq!(size_code_for(1), 0);
         assert_eq!(size_code_for(16385), 1);
-        assert_eq!(size_code_for(1 << 30), 6);
+        assert_eq!(size_code_for(1 << 30), 10);
     }
 
     #[test]

@@ -23,7 +23,9 @@
 //!
 //! - Identity: a random 128-bit GID (version-4 UUID, [`Gid`]) created once and persisted, so it
 //!   is stable across daemon restarts; CHID [`CHID_LOOPBACK`] (0xFFFF).
-//! - `register_dmb(size_code, sock)`: `16 KiB << size_code` bytes (code ≤ 6); a free slot from a
+//! - `register_dmb(size_code, sock)`: `16 KiB << size_code` bytes (code ≤ 10: Linux's SMC-D
+//!   stops at 6, 1 MiB; the data path uses more only between two ends that both offer its
+//!   large-DMB extension); a free slot from a
 //!   bitmap (atomic CAS per bit, so two callers can never get the same slot — the race of
 //!   seed 004), a random 64-bit token unique among live DMBs (inserted only if vacant, redrawn on
 //!   a clash), a fresh memfd sized with `ftruncate` (zero-filled, committed only when touched),

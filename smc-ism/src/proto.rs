@@ -276,7 +276,7 @@ impl DmbReply {
 pub enum Request {
     /// `OP_QUERY_GID`.
     QueryGid,
-    /// `OP_REGISTER` (size code ≤ [`crate::MAX_SIZE_CODE`]).
+    /// `OP_REGISTER` (size code ≤ [`crate::MAX_SIZE_CODE`], 10).
     Register {
         /// `16 KiB << size_code` bytes.
         size_code: u8,
@@ -491,7 +491,9 @@ mod tests {
         let d = decode_request(&record(OP_REGISTER, &[6, 0, 0, 0, 0, 0, 0, 0]), false);
         assert_eq!(d.request, Ok(Request::Register { size_code: 6 }));
         assert_eq!((d.op, d.seq, d.noreply), (OP_REGISTER, 9, false));
-        let d = decode_request(&record(OP_REGISTER, &[7, 0, 0, 0, 0, 0, 0, 0]), false);
+        let d = decode_request(&record(OP_REGISTER, &[10, 0, 0, 0, 0, 0, 0, 0]), false);
+        assert_eq!(d.request, Ok(Request::Register { size_code: 10 }));
+        let d = decode_request(&record(OP_REGISTER, &[11, 0, 0, 0, 0, 0, 0, 0]), false);
         assert_eq!(d.request.unwrap_err().status, Status::BadSize);
         let d = decode_request(&record(OP_ATTACH, &[1; 4]), false);
         assert_eq!(

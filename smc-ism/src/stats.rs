@@ -57,7 +57,7 @@ pub struct FailureStats {
     pub mem_pressure: u64,
     /// memfd_create/ftruncate/seal failed (decline MEM).
     pub memfd: u64,
-    /// Size code above 6.
+    /// Size code above the daemon's largest (10).
     pub bad_size: u64,
     /// Missing fd, or not an established TCP socket.
     pub bad_socket: u64,
@@ -94,8 +94,11 @@ pub struct CgroupStats {
     pub path: String,
     /// Live DMBs owned by processes of this cgroup.
     pub dmbs: u64,
-    /// Their bytes.
+    /// Their bytes (nominal sizes).
     pub bytes: u64,
+    /// Bytes of them that exist in memory, as last sampled (memfd `st_blocks`; sampled at a
+    /// registration or a stats request, at most every `commit_sample_ms`).
+    pub committed_bytes: u64,
     /// Registrations refused by this cgroup's quota.
     pub refused: u64,
 }
@@ -122,8 +125,10 @@ pub struct Stats {
     pub clients_refused_uid: u64,
     /// Live DMBs (registered and not yet freed).
     pub live_dmbs: u64,
-    /// Bytes of live DMBs.
+    /// Bytes of live DMBs (nominal sizes).
     pub live_bytes: u64,
+    /// Bytes of live DMBs that exist in memory (see [`CgroupStats::committed_bytes`]).
+    pub committed_bytes: u64,
     /// Live attachments (references beyond the owners').
     pub live_attachments: u64,
     /// Configured maximum number of DMBs (slots).

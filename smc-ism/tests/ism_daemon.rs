@@ -446,9 +446,9 @@ fn attach_needs_the_mirror_socket() {
         "CLOSE_WAIT socket",
     );
     assert_err(
-        owner.register_dmb(7, a1.as_raw_fd()),
+        owner.register_dmb(11, a1.as_raw_fd()),
         |e| matches!(e, IsmError::BadSize),
-        "size 7",
+        "size 11",
     );
 
     let st = wait_idle(&mut owner, 3);
@@ -514,9 +514,9 @@ fn quotas_and_limits_refuse_with_the_right_reason() {
     drop(c);
     d.shutdown().unwrap();
 
-    // Cgroup bytes.
+    // Cgroup bytes: a DMB is charged 16 KiB (its first pages) when registered.
     let dir = TestDir::new("quota-bytes");
-    let d = start(&dir, |c| c.cgroup_max_bytes = 64 * 1024);
+    let d = start(&dir, |c| c.cgroup_max_bytes = 16 * 1024);
     let mut c = client(&dir);
     let _big = c.register_dmb(2, fd).unwrap();
     let e = c.register_dmb(0, fd).unwrap_err();
@@ -550,7 +550,7 @@ fn quotas_and_limits_refuse_with_the_right_reason() {
 
     // Device bytes, and memory pressure.
     let dir = TestDir::new("total");
-    let d = start(&dir, |c| c.max_total_bytes = 32 * 1024);
+    let d = start(&dir, |c| c.max_total_bytes = 16 * 1024);
     let mut c = client(&dir);
     let _x = c.register_dmb(1, fd).unwrap();
     let e = c.register_dmb(0, fd).unwrap_err();
@@ -568,6 +568,53 @@ fn quotas_and_limits_refuse_with_the_right_reason() {
     let st = c.stats().unwrap();
     assert_eq!(st.failures.mem_pressure, 1);
     assert_eq!((st.live_dmbs, st.live_bytes), (0, 0));
+    d.shutdown().unwrap();
+}
+
+/// The byte quotas count committed memory (touched pages of the memfds), not nominal sizes:
+/// large DMBs fit while unused, a DMB whose pages were written counts them, and pages given
+/// back (hole punching, as the data path does for drained rings) stop counting.
+#[test]
+fn byte_quotas_count_committed_memory() {
+    let (a, _b) = tcp_pair();
+    let fd = a.as_raw_fd();
+    let dir = TestDir::new("quota-committed");
+    let d = start(&dir, |c| {
+        c.cgroup_max_bytes = 512 * 1024;
+        c.commit_sample_ms = 0;
+    });
+    let mut c = client(&dir);
+    assert_eq!(c.max_size_code().unwrap(), 10);
+    // 8 MiB and 16 MiB nominal, far above the quota: charged 16 KiB each.
+    let big = c.register_dmb(9, fd).unwrap();
+    assert_eq!(big.size, 8 << 20);
+    let _huge = c.register_dmb(10, fd).unwrap();
+    let e = c.register_dmb(11, fd).unwrap_err();
+    assert!(matches!(e, IsmError::BadSize), "{e:?}");
+    // Write 1 MiB into the first one: that memory now counts.
+    let m = big.map().unwrap();
+    write_bytes(&m, 0, &vec![0x5a; 1 << 20]);
+    let e = c.register_dmb(0, fd).unwrap_err();
+    assert!(matches!(e, IsmError::QuotaBytes), "{e:?}");
+    let st = c.stats().unwrap();
+    assert!(st.committed_bytes >= 1 << 20, "{}", st.committed_bytes);
+    assert_eq!(st.live_bytes, (8 << 20) + (16 << 20));
+    assert_eq!(st.failures.quota_bytes, 1);
+    // Give the pages back: registrations fit again.
+    // SAFETY: punching a hole in a memfd we hold; nothing maps it but `m`, unused from here.
+    let r = unsafe {
+        libc::fallocate(
+            big.fd.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            0,
+            1 << 20,
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    let _small = c.register_dmb(0, fd).unwrap();
+    assert!(c.stats().unwrap().committed_bytes < 64 * 1024);
+    drop(m);
+    drop(c);
     d.shutdown().unwrap();
 }
 

@@ -27,6 +27,16 @@ pub const WAIT_DATA: u64 = 1;
 /// The writer into this DMB sleeps waiting for room.
 pub const WAIT_SPACE: u64 = 2;
 
+/// A reclaim leaves this much of the send ring after our producer cursor in place, so the next
+/// writes land on existing pages.
+const RECLAIM_WARM: u32 = 16 * 1024;
+/// A blocking wait for data that has slept this long gives the send ring's idle pages back.
+const RECLAIM_IDLE_MS: i32 = 10;
+const PAGE: usize = 4096;
+/// poll/epoll waiters (whose sleep this library does not time) give the pages back before
+/// sleeping once this much was written since the last reclaim and the peer consumed it all.
+const RECLAIM_ARMED_MIN: u32 = 256 * 1024;
+
 /// The byte we send as a doorbell (never the first byte of a CLC eyecatcher, 0xE2).
 pub const DOORBELL: u8 = 0x01;
 
@@ -83,6 +93,11 @@ pub struct Shared {
     pub doorbells_rcvd: AtomicU64,
     pub spin_hits: AtomicU64,
     pub sleeps: AtomicU64,
+    /// Our producer cursor when the send ring's idle pages were last given back
+    /// ([`Conn::reclaim_tx`]).
+    tx_reclaimed: AtomicU64,
+    /// Bytes of the send ring given back (hole punching), for diagnostics.
+    pub tx_reclaimed_bytes: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<Shared>() <= 4096);
@@ -974,6 +989,11 @@ impl Conn {
             // A safety net: even a wakeup lost to a foreign drainer (an epoll waiter of the
             // application on the same socket) costs at most half a second.
             timeout = if timeout < 0 { 500 } else { timeout.min(500) };
+            // Idle: after a short first sleep, give the send ring's pages back.
+            let reclaim = data && self.reclaim_due();
+            if reclaim {
+                timeout = timeout.min(RECLAIM_IDLE_MS);
+            }
             let mut pfd = libc::pollfd {
                 fd,
                 events: libc::POLLIN,
@@ -987,6 +1007,8 @@ impl Conn {
             real::set_errno(e0);
             if r > 0 {
                 self.drain(fd);
+            } else if r == 0 && reclaim {
+                self.reclaim_tx();
             }
             s.poller.store(0, Ordering::Release);
             s.wake_seq.fetch_add(1, Ordering::AcqRel);
@@ -1008,6 +1030,64 @@ impl Conn {
         }
     }
 
+    /// Whether our producer cursor moved by at least a page since the last
+    /// [`Conn::reclaim_tx`] (so that there may be pages to give back).
+    pub fn reclaim_due(&self) -> bool {
+        let s = self.sh();
+        let prod = unpack(s.prod.load(Ordering::Relaxed));
+        let last = unpack(s.tx_reclaimed.load(Ordering::Relaxed));
+        self.tx
+            .diff(last, prod)
+            .map_or(true, |d| d as usize >= PAGE)
+    }
+
+    /// Give back the pages of the send ring (the peer's DMB) that hold no data: the free space
+    /// from [`RECLAIM_WARM`] after our producer cursor up to the peer's published consumer
+    /// cursor, page by page (`MADV_REMOVE` on the shared mapping punches a hole in the memfd;
+    /// those pages read as zeros and cost nothing until written again). Race-free: the peer
+    /// only reads between its consumer cursor and our producer cursor, and we hold the writer
+    /// lock, so nobody writes there meanwhile. Skipped when a writer of ours is busy.
+    /// Returns the bytes given back.
+    pub fn reclaim_tx(&self) -> usize {
+        let s = self.sh();
+        let Some(_g) = s.tx_lock.try_lock() else {
+            return 0;
+        };
+        let prod = unpack(s.prod.load(Ordering::Acquire));
+        let Some(cons) = self.peer_cons(prod) else {
+            return 0;
+        };
+        s.tx_reclaimed.store(pack(prod), Ordering::Relaxed);
+        let free = self.tx.free_space(prod, cons).unwrap_or(0);
+        if free <= RECLAIM_WARM {
+            return 0;
+        }
+        let start = self.tx.add(prod, RECLAIM_WARM);
+        let mut done = 0;
+        for (off, len) in self.tx.segments(start, free - RECLAIM_WARM) {
+            let a = (smc_common::cdc::CDC_HEADER_LEN + off).next_multiple_of(PAGE);
+            let b = (smc_common::cdc::CDC_HEADER_LEN + off + len) / PAGE * PAGE;
+            if len == 0 || b <= a || b > self.peer.len() {
+                continue;
+            }
+            // SAFETY: [a, b) is page aligned inside our mapping of the peer's DMB, past the
+            // header page; it holds no data (see above).
+            let r = unsafe {
+                libc::madvise(
+                    self.peer.ptr().add(a) as *mut libc::c_void,
+                    b - a,
+                    libc::MADV_REMOVE,
+                )
+            };
+            if r == 0 {
+                done += b - a;
+            }
+        }
+        s.tx_reclaimed_bytes
+            .fetch_add(done as u64, Ordering::Relaxed);
+        done
+    }
+
     /// Announce that this process is about to sleep in poll/epoll waiting for data
     /// (`data`) and/or room (`space`), so the peer rings the doorbell. The caller rechecks
     /// readiness afterwards.
@@ -1022,6 +1102,20 @@ impl Conn {
         if let Some(_g) = self.sh().rx_lock.try_lock() {
             let cons = unpack(self.sh().cons.load(Ordering::Acquire));
             self.after_consume(fd, cons, true);
+        }
+        if data {
+            let s = self.sh();
+            let prod = unpack(s.prod.load(Ordering::Relaxed));
+            let last = unpack(s.tx_reclaimed.load(Ordering::Relaxed));
+            let drained = unpack(s.peer_cons.load(Ordering::Relaxed)) == prod;
+            if drained
+                && self
+                    .tx
+                    .diff(last, prod)
+                    .map_or(true, |d| d >= RECLAIM_ARMED_MIN)
+            {
+                self.reclaim_tx();
+            }
         }
     }
 

@@ -52,13 +52,43 @@ pub fn connect_wait_ms() -> i32 {
     *T.get_or_init(|| env_u64("SMC_CONNECT_WAIT_MS", 200)) as i32
 }
 
-/// Default DMB size code (6 = 1 MiB).
+/// Default DMB size code: `SMC_DMB_SIZE`, else what TCP on this host holds for a connection
+/// whose reader does not read ([`tcp_capacity`]), rounded up to a size code (8 MiB, code 9,
+/// with Debian's defaults), at least 1 MiB. Codes above 6 are used only with a peer that
+/// offers the large-DMB extension (and a daemon that registers them).
 fn default_size_code() -> u8 {
     static T: OnceLock<u8> = OnceLock::new();
     *T.get_or_init(|| {
-        let v = env_u64("SMC_DMB_SIZE", 1 << 20);
-        smc_common::cdc::dmb_size_code(v.min(u32::MAX as u64) as u32)
+        let v = env_u64("SMC_DMB_SIZE", tcp_capacity().max(1 << 20));
+        smc_common::cdc::dmb_size_code_large(v.min(u32::MAX as u64) as u32)
     })
+}
+
+/// What loopback TCP holds in one direction before its reader reads: the sender's largest
+/// send buffer (`net.ipv4.tcp_wmem` max) plus the receiver's initial receive buffer
+/// (`tcp_rmem` default; autotuning grows it only as the reader reads). Measured on Debian's
+/// defaults (4 MiB / 128 KiB): 4 243 968 bytes written before `EAGAIN`, under this bound.
+fn tcp_capacity() -> u64 {
+    let field = |path: &str, i: usize| -> Option<u64> {
+        std::fs::read_to_string(path)
+            .ok()?
+            .split_whitespace()
+            .nth(i)?
+            .parse()
+            .ok()
+    };
+    let w = field("/proc/sys/net/ipv4/tcp_wmem", 2).unwrap_or(4 << 20);
+    let r = field("/proc/sys/net/ipv4/tcp_rmem", 1).unwrap_or(128 << 10);
+    w.saturating_add(r)
+}
+
+/// `code`, capped at what the daemon registers (6 for daemons without the extension; 6 when
+/// it cannot be asked, the registration then fails anyway).
+fn clamp_to_device(code: u8) -> u8 {
+    if code <= smc_common::cdc::DMB_MAX_SIZE_CODE {
+        return code;
+    }
+    code.min(with_dev(|c| c.max_size_code()).unwrap_or(smc_common::cdc::DMB_MAX_SIZE_CODE))
 }
 
 /// The daemon's socket, from the environment at load time (servers such as nginx clear the
@@ -496,14 +526,18 @@ pub fn forget_rcvbuf(fd: i32) {
 fn size_code_for(fd: i32, listener: Option<i32>) -> u8 {
     if HINTS_N.load(Ordering::Relaxed) > 0 {
         let h = hints().lock().unwrap_or_else(|e| e.into_inner());
-        let v = h.get(&fd).or_else(|| listener.and_then(|l| h.get(&l)));
-        if let Some(&v) = v {
+        let v = h
+            .get(&fd)
+            .or_else(|| listener.and_then(|l| h.get(&l)))
+            .copied();
+        drop(h);
+        if let Some(v) = v {
             if v > 0 {
-                return smc_common::cdc::dmb_size_code(v as u32);
+                return clamp_to_device(smc_common::cdc::dmb_size_code_large(v as u32));
             }
         }
     }
-    default_size_code()
+    clamp_to_device(default_size_code())
 }
 
 // ---------------------------------------------------------------------------------------

@@ -347,10 +347,11 @@ fn proposal_rejects_inconsistent() {
     r[5..7].copy_from_slice(&(130u16).to_be_bytes());
     assert_eq!(decode(&r), Err(ClcError::UnsupportedMode));
     assert_eq!(ClcError::UnsupportedMode.diag(), Diag::ModeUnsupp);
-    // bad dmbe size
+    // bad dmbe size (codes above 6 frame as the large-DMB extension, which the handshake
+    // accepts only when negotiated; above 10 never)
     let mut x = a.clone();
-    x[25] = 0x70;
-    assert_eq!(decode(&x), Err(ClcError::BadDmbSize(7)));
+    x[25] = 0xB0;
+    assert_eq!(decode(&x), Err(ClcError::BadDmbSize(11)));
     // fce length not matching its release
     let mut x = a;
     x[75] = 0x20;

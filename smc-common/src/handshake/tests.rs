@@ -537,3 +537,81 @@ fn client_names_the_peer_dmb_and_declines_a_failed_attach() {
     assert!(matches!(a.last(), Some(Action::Fallback(f)) if f.in_sync));
     assert_eq!(DmbFailure::Internal.diag(), Diag::IntErr);
 }
+
+#[test]
+fn large_dmbs_when_both_offer() {
+    let (mut cc, mut sc) = (cfg(GID), cfg(GID));
+    cc.dmb_size_code = 9;
+    sc.dmb_size_code = 8;
+    let mut c = Handshake::client(cc, true);
+    let mut s = Handshake::server(sc, true);
+    let mut w = Wire::new();
+    w.run(&mut c, &mut s);
+    let (Action::Established(ce), Action::Established(se)) =
+        (terminal(&w.client_log), terminal(&w.server_log))
+    else {
+        panic!("{:?} / {:?}", w.client_log, w.server_log)
+    };
+    assert_eq!(ce.local.size_code, 9);
+    assert_eq!(se.peer_dmb_size, 8 << 20);
+    assert_eq!(ce.peer_dmb_size, 4 << 20);
+    let ClcMessage::Proposal(p) = &sent(&w.client_log)[0] else {
+        panic!()
+    };
+    assert_ne!(p.v2.as_ref().unwrap().feature_mask & FEATURE_LARGE_DMB, 0);
+}
+
+/// A peer that does not offer the extension (Linux, an older version of this library): both
+/// ends stay at Linux's 1 MiB, and a large code without the echoed bit is a protocol error.
+#[test]
+fn no_large_dmbs_without_the_offer() {
+    let mut sc = cfg(GID);
+    sc.dmb_size_code = 9;
+    let mut s = Handshake::server(sc, true);
+    let mut cc = cfg(GID);
+    cc.dmb_size_code = 9;
+    let mut c = Handshake::client(cc, true);
+    let Action::Send(pb) = &c.start()[0] else {
+        panic!()
+    };
+    let Ok(ClcMessage::Proposal(mut p)) = decode(pb) else {
+        panic!()
+    };
+    p.v2.as_mut().unwrap().feature_mask = FEATURE_EMULATED_ISM;
+    let old = p.encode().unwrap();
+    assert_eq!(s.start(), vec![]);
+    let a = s.handle(Input::Message(&old));
+    assert_eq!(a, vec![Action::RegisterDmb { size_code: 6 }]);
+    let a = s.handle(Input::DmbRegistered(LocalDmb {
+        token: 7,
+        idx: 0,
+        size_code: 6,
+    }));
+    let Some(Action::Send(ab)) = a.first() else {
+        panic!("{a:?}")
+    };
+    let Ok(ClcMessage::Accept(mut acc)) = decode(ab) else {
+        panic!()
+    };
+    let fm = acc.v2.as_ref().unwrap().fce.as_ref().unwrap().feature_mask;
+    assert_eq!(fm & FEATURE_LARGE_DMB, 0, "not echoed when not offered");
+    // The client: an accept with a large code but without the bit is refused.
+    acc.dmbe_size = 9;
+    let bad = acc.encode(MsgType::Accept).unwrap();
+    let r = c.handle(Input::Message(&bad));
+    assert!(
+        matches!(r.last(), Some(Action::Fallback(_))),
+        "large code without the extension: {r:?}"
+    );
+    // The same accept at 1 MiB: the client registers at most 1 MiB too.
+    let mut cc = cfg(GID);
+    cc.dmb_size_code = 9;
+    let mut c = Handshake::client(cc, true);
+    let _ = c.start();
+    acc.dmbe_size = 6;
+    let ok = acc.encode(MsgType::Accept).unwrap();
+    assert_eq!(
+        c.handle(Input::Message(&ok)),
+        vec![Action::RegisterDmb { size_code: 6 }]
+    );
+}

@@ -51,12 +51,21 @@ pub struct DaemonConfig {
     /// Device slots, i.e. live DMBs on the host (default 65535, at most 1 << 20). The daemon
     /// keeps one memfd per DMB open, so it raises its `RLIMIT_NOFILE` accordingly.
     pub max_dmbs: u32,
-    /// Bytes of all live DMBs together (default 8 GiB).
+    /// Committed bytes of all live DMBs together (default: half of the host's memory,
+    /// `MemTotal`; 8 GiB when unknown). The byte quotas count memory in use, not nominal DMB
+    /// sizes: each DMB is charged 16 KiB (or its size, if smaller) when it is registered, and
+    /// what its memfd commits beyond that (touched pages, `st_blocks`) as last sampled (see
+    /// `commit_sample_ms`). A DMB's pages exist only once written, and the data path gives a
+    /// drained ring's pages back, so idle connections cost little whatever their ring size.
     pub max_total_bytes: u64,
     /// Live DMBs owned by one cgroup (default 4096).
     pub cgroup_max_dmbs: u32,
-    /// Bytes of live DMBs owned by one cgroup (default 1 GiB).
+    /// Committed bytes of live DMBs owned by one cgroup, counted as `max_total_bytes` (default:
+    /// a quarter of the host's memory; 4 GiB when unknown).
     pub cgroup_max_bytes: u64,
+    /// Committed memory is sampled (one `fstat` per live DMB) at a registration or a stats
+    /// request at most this often, in milliseconds (default 1000; 0: every time).
+    pub commit_sample_ms: u64,
     /// Refuse registration (decline MEM) when MemAvailable would drop below this (default
     /// 64 MiB; 0 disables the check).
     pub min_available_bytes: u64,
@@ -123,9 +132,10 @@ impl Default for DaemonConfig {
             socket_gid: None,
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             max_dmbs: 65535,
-            max_total_bytes: 8 << 30,
+            max_total_bytes: host_memory().map_or(8 << 30, |m| m / 2),
             cgroup_max_dmbs: 4096,
-            cgroup_max_bytes: 1 << 30,
+            cgroup_max_bytes: host_memory().map_or(4 << 30, |m| m / 4),
+            commit_sample_ms: 1000,
             min_available_bytes: 64 << 20,
             require_same_cgroup: false,
             max_clients: 16384,
@@ -139,6 +149,14 @@ impl Default for DaemonConfig {
             client_hook: None,
         }
     }
+}
+
+/// `MemTotal` of `/proc/meminfo`, in bytes.
+fn host_memory() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 impl DaemonConfig {

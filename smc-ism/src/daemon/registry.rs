@@ -202,6 +202,21 @@ pub(crate) struct Totals {
     pub live_dmbs: AtomicU64,
     pub live_bytes: AtomicU64,
     pub live_attachments: AtomicU64,
+    /// Σ [`reserve_of`] of live DMBs: what the byte quotas charge up front.
+    pub reserved: AtomicU64,
+    /// From the last sample: committed bytes above the reserves (see [`Registry::sample`]).
+    pub extra: AtomicU64,
+    /// From the last sample: committed bytes of all live DMBs (`st_blocks`).
+    pub committed: AtomicU64,
+}
+
+/// What a DMB is charged against the byte quotas when it is registered: one 16 KiB unit (the
+/// CDC header page and the first pages of data), or its size if smaller. What it commits
+/// beyond that, once data flows, is added by the next sample of committed memory: memfd pages
+/// exist only once touched, and the data path gives drained rings back (hole punching), so
+/// the quotas count memory in use, not the DMBs' nominal sizes.
+pub(crate) fn reserve_of(size: u64) -> u64 {
+    size.min(16 * 1024)
 }
 
 /// The slot bitmap.
@@ -286,6 +301,12 @@ pub(crate) struct CgroupUsage {
     dmbs: AtomicU64,
     bytes: AtomicU64,
     refused: AtomicU64,
+    /// Σ [`reserve_of`] of its live DMBs.
+    reserved: AtomicU64,
+    /// From the last sample: committed bytes above the reserves.
+    extra: AtomicU64,
+    /// From the last sample: committed bytes of its live DMBs.
+    committed: AtomicU64,
 }
 
 /// Usage of one uid (`SO_PEERCRED` of its client connections).
@@ -316,10 +337,13 @@ pub(crate) struct Charge {
 
 impl Drop for Charge {
     fn drop(&mut self) {
+        let r = reserve_of(self.size);
         self.cg.dmbs.fetch_sub(1, AcqRel);
         self.cg.bytes.fetch_sub(self.size, AcqRel);
+        self.cg.reserved.fetch_sub(r, AcqRel);
         self.totals.live_dmbs.fetch_sub(1, AcqRel);
         self.totals.live_bytes.fetch_sub(self.size, AcqRel);
+        self.totals.reserved.fetch_sub(r, AcqRel);
     }
 }
 
@@ -401,6 +425,9 @@ pub(crate) struct Registry {
     cgroups: Mutex<HashMap<String, Weak<CgroupUsage>>>,
     uids: Mutex<HashMap<u32, Weak<UidUsage>>>,
     mem: MemFloor,
+    /// Milliseconds since `started` of the last sample of committed memory (0: never).
+    sampled_ms: AtomicU64,
+    sample_interval_ms: u64,
     pub counters: Counters,
     pub gid: Gid,
     started: Instant,
@@ -433,6 +460,8 @@ impl Registry {
                 checked_ms: AtomicU64::new(0),
                 avail: AtomicU64::new(u64::MAX),
             },
+            sampled_ms: AtomicU64::new(0),
+            sample_interval_ms: cfg.commit_sample_ms,
             counters: Counters::default(),
             gid,
             started: Instant::now(),
@@ -473,6 +502,9 @@ impl Registry {
             dmbs: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            reserved: AtomicU64::new(0),
+            extra: AtomicU64::new(0),
+            committed: AtomicU64::new(0),
         });
         map.insert(path.to_owned(), Arc::downgrade(&cg));
         cg
@@ -508,13 +540,70 @@ impl Registry {
         Ok(Some(UidCharge(uid.clone())))
     }
 
+    /// Samples committed memory when the last sample is older than the configured interval
+    /// (one caller does it; the others use the figures as they are).
+    fn maybe_sample(&self) {
+        let now = self.started.elapsed().as_millis() as u64 + 1;
+        let last = self.sampled_ms.load(Relaxed);
+        if last != 0 && now.saturating_sub(last) < self.sample_interval_ms {
+            return;
+        }
+        if self
+            .sampled_ms
+            .compare_exchange(last, now, AcqRel, Relaxed)
+            .is_ok()
+        {
+            self.sample();
+        }
+    }
+
+    /// Committed memory of every live DMB (`fstat` of its memfd: `st_blocks`, the pages that
+    /// exist), summed per cgroup and device-wide. No lock is held during the `fstat`s.
+    pub(crate) fn sample(&self) {
+        let mut dmbs: Vec<Arc<DmbObj>> = Vec::new();
+        for sh in self.shards.iter() {
+            dmbs.extend(lock(sh).values().map(|r| r.dmb.clone()));
+        }
+        let mut per_cg: HashMap<*const CgroupUsage, (Arc<CgroupUsage>, u64, u64)> = HashMap::new();
+        let (mut extra, mut committed) = (0u64, 0u64);
+        for d in &dmbs {
+            let c = fd_committed(&d.memfd).unwrap_or(0);
+            let x = c.saturating_sub(reserve_of(d.size));
+            committed += c;
+            extra += x;
+            let e = per_cg
+                .entry(Arc::as_ptr(&d.owner_cgroup))
+                .or_insert_with(|| (d.owner_cgroup.clone(), 0, 0));
+            e.1 += x;
+            e.2 += c;
+        }
+        drop(dmbs);
+        let all: Vec<Arc<CgroupUsage>> = lock(&self.cgroups)
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for cg in &all {
+            let (x, c) = per_cg.get(&Arc::as_ptr(cg)).map_or((0, 0), |e| (e.1, e.2));
+            cg.extra.store(x, Relaxed);
+            cg.committed.store(c, Relaxed);
+        }
+        self.totals.extra.store(extra, Relaxed);
+        self.totals.committed.store(committed, Relaxed);
+    }
+
     fn charge(&self, cg: &Arc<CgroupUsage>, size: u64) -> Result<Charge, Fail> {
         if cg.dmbs.fetch_add(1, AcqRel) >= self.cgroup_max_dmbs {
             cg.dmbs.fetch_sub(1, AcqRel);
             cg.refused.fetch_add(1, Relaxed);
             return Err(Fail::QuotaDmbs);
         }
-        if cg.bytes.fetch_add(size, AcqRel) + size > self.cgroup_max_bytes {
+        self.maybe_sample();
+        // The byte quotas count committed memory: the reserves of live DMBs plus what the
+        // last sample found committed above them.
+        let r = reserve_of(size);
+        cg.bytes.fetch_add(size, AcqRel);
+        if cg.reserved.fetch_add(r, AcqRel) + r + cg.extra.load(Relaxed) > self.cgroup_max_bytes {
+            cg.reserved.fetch_sub(r, AcqRel);
             cg.bytes.fetch_sub(size, AcqRel);
             cg.dmbs.fetch_sub(1, AcqRel);
             cg.refused.fetch_add(1, Relaxed);
@@ -522,12 +611,15 @@ impl Registry {
         }
         // From here on the Charge's Drop rolls everything back.
         self.totals.live_dmbs.fetch_add(1, AcqRel);
+        self.totals.live_bytes.fetch_add(size, AcqRel);
         let charge = Charge {
             cg: cg.clone(),
             totals: self.totals.clone(),
             size,
         };
-        if self.totals.live_bytes.fetch_add(size, AcqRel) + size > self.max_total_bytes {
+        if self.totals.reserved.fetch_add(r, AcqRel) + r + self.totals.extra.load(Relaxed)
+            > self.max_total_bytes
+        {
             return Err(Fail::TotalBytes);
         }
         if self.min_available_bytes > 0
@@ -730,6 +822,7 @@ impl Registry {
 
     /// A snapshot of every counter.
     pub(crate) fn stats(&self, generation: u64, root: bool) -> Stats {
+        self.maybe_sample();
         let c = &self.counters;
         let mut cgroups: Vec<CgroupStats> = if !root {
             Vec::new()
@@ -741,6 +834,7 @@ impl Registry {
                     path: truncate_path(&cg.path),
                     dmbs: cg.dmbs.load(Relaxed),
                     bytes: cg.bytes.load(Relaxed),
+                    committed_bytes: cg.committed.load(Relaxed),
                     refused: cg.refused.load(Relaxed),
                 })
                 .filter(|s| s.dmbs > 0 || s.refused > 0)
@@ -760,6 +854,7 @@ impl Registry {
             clients_refused_uid: c.clients_refused_uid.load(Relaxed),
             live_dmbs: self.totals.live_dmbs.load(Relaxed),
             live_bytes: self.totals.live_bytes.load(Relaxed),
+            committed_bytes: self.totals.committed.load(Relaxed),
             live_attachments: self.totals.live_attachments.load(Relaxed),
             max_dmbs: self.max_dmbs as u64,
             released_on_disconnect: c.released_on_disconnect.load(Relaxed),
@@ -778,6 +873,14 @@ impl Registry {
             cgroups,
         }
     }
+}
+
+/// Bytes of an open file that exist in memory (`st_blocks` × 512: a memfd's touched pages).
+fn fd_committed(fd: &OwnedFd) -> Option<u64> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: fstat into a zeroed stat of an fd we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some(st.st_blocks as u64 * 512)
 }
 
 /// Inode of an open file (a DMB's memfd).
