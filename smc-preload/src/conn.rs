@@ -705,6 +705,10 @@ impl Conn {
         let mut cur = IovCursor::new(iov);
         let want = cur.remaining();
         let waitall = flags & libc::MSG_WAITALL != 0 && !nonblock;
+        // MSG_PEEK|MSG_WAITALL waits for `want` bytes, but never for more than the ring holds:
+        // the peer cannot send more until we read (TCP's autotuned buffer would hold them;
+        // waiting for them here hung forever, issue 10).
+        let peek_all = want.min(self.rx.len() as usize);
         let s = self.sh();
         s.rx_calls.fetch_add(1, Ordering::Relaxed);
         if want == 0 {
@@ -722,7 +726,9 @@ impl Conn {
                     None => (unpack(s.cons.load(Ordering::Acquire)), 0),
                 };
                 let need_all = peek && waitall;
-                if avail > 0 && !(need_all && (avail as usize) < want && !self.readiness().rd_eof) {
+                if avail > 0
+                    && !(need_all && (avail as usize) < peek_all && !self.readiness().rd_eof)
+                {
                     if peek {
                         let n = (avail as usize).min(want);
                         if !trunc {
@@ -781,7 +787,7 @@ impl Conn {
                     Err(libc::EAGAIN)
                 };
             }
-            let need = if peek && waitall { want as u32 } else { 1 };
+            let need = if peek && waitall { peek_all as u32 } else { 1 };
             let dl = *deadline
                 .get_or_insert_with(|| deadline_of(self.sock_timeout(fd, libc::SO_RCVTIMEO)));
             match self.wait(fd, true, need, dl) {

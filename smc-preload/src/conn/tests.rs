@@ -514,6 +514,60 @@ fn full_duplex_with_lockless_readiness_never_resets() {
     assert!(e.is_empty(), "{e:?}");
 }
 
+/// `MSG_PEEK|MSG_WAITALL` for more than the ring holds returns the full ring: the peer cannot
+/// send more until we read (it used to wait forever; TCP's larger buffer holds such a peek).
+#[test]
+fn peek_waitall_larger_than_ring_returns_what_the_ring_holds() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    // A bound on the wait, so that a regression fails instead of hanging.
+    let tv = libc::timeval {
+        tv_sec: 10,
+        tv_usec: 0,
+    };
+    for (fd, opt) in [(fb, libc::SO_RCVTIMEO), (fa, libc::SO_SNDTIMEO)] {
+        // SAFETY: valid option buffer.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                &tv as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0);
+    }
+    let ring = b.rx_ring_len() as usize;
+    let data: Vec<u8> = (0..3 * ring).map(|i| (i % 253) as u8).collect();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut off = 0;
+            while off < data.len() {
+                match a.send(fa, &iov(&data[off..]), 0) {
+                    Ok(n) => off += n,
+                    Err(_) => return,
+                }
+            }
+            // The last peek (less than a ring left) returns at EOF.
+            a.shutdown(fa, libc::SHUT_WR).unwrap();
+        });
+        let mut got = 0;
+        let mut buf = vec![0u8; 2 * ring];
+        while got < data.len() {
+            let n = b
+                .recv(fb, &iov_mut(&mut buf), libc::MSG_PEEK | libc::MSG_WAITALL)
+                .unwrap();
+            assert!(n > 0 && n <= ring, "peeked {n}");
+            assert_eq!(&buf[..n], &data[got..got + n]);
+            // Consume what was peeked, in full or in part.
+            let k = n.div_ceil(2).max(1);
+            assert_eq!(b.recv(fb, &iov_mut(&mut buf[..k]), 0), Ok(k));
+            got += k;
+        }
+    });
+}
+
 /// The shared "last accepted" cursor only moves forward: a thread that validated an older
 /// cursor and stores it late must not pull it back behind what another thread already
 /// accepted (a reader consumed up to that point; behind it, the next honest cursor would look
