@@ -2,7 +2,7 @@
 //! reading at once, random sizes, every byte verified, the socket API mixed per connection.
 //!
 //! ```text
-//! smc-soak server PORT CONNS                  serve CONNS connections, then print the summary
+//! smc-soak server PORT CONNS [RCVBUF]         serve CONNS connections, then print the summary
 //! smc-soak client HOST PORT [options]         run the connections, print the summary
 //!   --conns N         connections (default 16)
 //!   --par C           at a time (default 4)
@@ -11,6 +11,10 @@
 //!   --seed S          stream seed (default 1)
 //!   --modes LIST      comma list of APIs (default all): rw vec sr msg poll epoll epoll1
 //!   --stall-secs T    a connection without progress for T s is a stall (default 120)
+//!   --rcvbuf B        SO_RCVBUF before connect (under the data path: the ring size)
+//!   --watch           a third thread per end polls the socket for readiness (POLLIN|POLLOUT,
+//!                     no timeout) while the writer and the reader work, as an event loop
+//!                     watching worker threads would
 //! ```
 //!
 //! The client sends a 40-byte header per connection (index, seed, bytes client→server, bytes
@@ -32,7 +36,7 @@
 //! A "lost wakeup" is a wait (poll/epoll) that timed out after 10 s although the operation
 //! then made progress.
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::IntoRawFd;
+use std::os::fd::{AsRawFd, IntoRawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -523,6 +527,7 @@ struct End {
     rx_bytes: u64,
     max: usize,
     stall: Duration,
+    watch: bool,
 }
 
 /// Run one connection end to completion (closes the fd) and add its figures to `t`.
@@ -564,6 +569,24 @@ fn run_end(e: End, t: &Tally) {
         eof: false,
     };
     let stall = e.stall;
+    let halves_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = e.watch.then(|| {
+        let halves_done = Arc::clone(&halves_done);
+        std::thread::spawn(move || {
+            while !halves_done.load(Ordering::Relaxed) {
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN | libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: one pollfd; then a plain syscall.
+                unsafe {
+                    libc::poll(&mut p, 1, 0);
+                    libc::sched_yield();
+                }
+            }
+        })
+    });
     let (wh, rh, wr, rd) = if e.mode == Mode::Epoll1 {
         match Waiter::new(e.mode, fd, libc::POLLIN | libc::POLLOUT) {
             Err(x) => {
@@ -664,6 +687,10 @@ fn run_end(e: End, t: &Tally) {
         let (wh, wr) = wt.join().expect("writer thread");
         (wh, rh, wr, rd)
     };
+    halves_done.store(true, Ordering::Relaxed);
+    if let Some(w) = watcher {
+        let _ = w.join();
+    }
     // SAFETY: our fd, closed once.
     unsafe { libc::close(fd) };
     let mut bad = Vec::new();
@@ -779,6 +806,59 @@ fn write_all(fd: i32, buf: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
+fn set_rcvbuf(fd: i32, b: u64) {
+    let v = b.min(i32::MAX as u64) as i32;
+    // SAFETY: valid option buffer.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            &v as *const i32 as *const libc::c_void,
+            4,
+        )
+    };
+}
+
+/// A TCP connection to `host:port`, with `SO_RCVBUF` set before the connect when asked.
+fn connect(host: &str, port: u16, rcvbuf: Option<u64>) -> std::io::Result<TcpStream> {
+    let Some(b) = rcvbuf else {
+        return TcpStream::connect((host, port));
+    };
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))?
+        .find(std::net::SocketAddr::is_ipv4)
+        .ok_or_else(|| std::io::Error::other("no IPv4 address"))?;
+    let std::net::SocketAddr::V4(a) = addr else {
+        return Err(std::io::Error::other("no IPv4 address"));
+    };
+    // SAFETY: plain syscalls; the fd is owned by the TcpStream made from it.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let s = <TcpStream as std::os::fd::FromRawFd>::from_raw_fd(fd);
+        set_rcvbuf(fd, b);
+        let sin = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: a.port().to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(*a.ip()).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        if libc::connect(
+            fd,
+            &sin as *const libc::sockaddr_in as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(s)
+    }
+}
+
 fn server(args: &[String]) {
     let port: u16 = args
         .first()
@@ -788,8 +868,12 @@ fn server(args: &[String]) {
         .get(1)
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| usage("server PORT CONNS"));
+    let rcvbuf = args.get(2).map(|v| parse_size(v));
     let stall = Duration::from_secs(120);
     let l = TcpListener::bind(("127.0.0.1", port)).expect("bind");
+    if let Some(b) = rcvbuf {
+        set_rcvbuf(l.as_raw_fd(), b);
+    }
     println!("READY {}", l.local_addr().expect("local addr").port());
     let t = Arc::new(Tally::default());
     let t0 = Instant::now();
@@ -816,7 +900,7 @@ fn server(args: &[String]) {
             }
             let w = |i: usize| u64::from_le_bytes(h[i * 8..i * 8 + 8].try_into().expect("8"));
             let (idx, seed, c2s, s2c, smode) = (w(0), w(1), w(2), w(3), w(4));
-            let max = (smode >> 8) as usize;
+            let max = ((smode >> 8) & ((1 << 40) - 1)) as usize;
             run_end(
                 End {
                     idx,
@@ -829,6 +913,7 @@ fn server(args: &[String]) {
                     rx_bytes: c2s,
                     max: max.clamp(1, 64 << 20),
                     stall,
+                    watch: smode & (1 << 63) != 0,
                 },
                 &t,
             );
@@ -857,8 +942,15 @@ fn client(args: &[String]) {
     let mut seed = 1u64;
     let mut modes: Vec<Mode> = (0..MODES.len() as u64).map(Mode::from_index).collect();
     let mut stall_secs = 120u64;
+    let mut rcvbuf = None;
+    let mut watch = false;
     let mut i = 2;
     while i < args.len() {
+        if args[i] == "--watch" {
+            watch = true;
+            i += 1;
+            continue;
+        }
         let v = args
             .get(i + 1)
             .unwrap_or_else(|| usage(&format!("{} needs a value", args[i])));
@@ -869,6 +961,7 @@ fn client(args: &[String]) {
             "--max-chunk" => max = parse_size(v).clamp(1, 64 << 20) as usize,
             "--seed" => seed = parse_size(v),
             "--stall-secs" => stall_secs = parse_size(v),
+            "--rcvbuf" => rcvbuf = Some(parse_size(v)),
             "--modes" => {
                 modes = v
                     .split(',')
@@ -905,7 +998,7 @@ fn client(args: &[String]) {
                 let mode = modes[(idx % nm) as usize];
                 // The server's mode walks through the list at another pace: every pair shows up.
                 let smode = modes[((idx + idx / nm) % nm) as usize];
-                let s = match TcpStream::connect((host.as_str(), port)) {
+                let s = match connect(&host, port, rcvbuf) {
                     Ok(s) => s,
                     Err(e) => {
                         println!("FAIL role=client conn={idx} connect: {e}");
@@ -915,7 +1008,13 @@ fn client(args: &[String]) {
                 };
                 let fd = s.into_raw_fd();
                 let mut h = [0u8; HDR];
-                let words = [idx, seed, bytes, bytes, smode as u64 | (max as u64) << 8];
+                let words = [
+                    idx,
+                    seed,
+                    bytes,
+                    bytes,
+                    smode as u64 | (max as u64) << 8 | u64::from(watch) << 63,
+                ];
                 for (k, v) in words.iter().enumerate() {
                     h[k * 8..k * 8 + 8].copy_from_slice(&v.to_le_bytes());
                 }
@@ -938,6 +1037,7 @@ fn client(args: &[String]) {
                         rx_bytes: bytes,
                         max,
                         stall: Duration::from_secs(stall_secs),
+                        watch,
                     },
                     &t,
                 );
