@@ -77,6 +77,10 @@ fn soak(
     let sout = srv.wait_output(T).expect("soak server");
     let (c, s) = (summary(&cout, "client"), summary(&sout, "server"));
     let all = format!("{what}\nclient:\n{cout}\nserver:\n{sout}");
+    eprintln!(
+        "{what}: {}",
+        cout.lines().find(|l| l.starts_with("SOAK ")).unwrap_or("")
+    );
     for (side, x) in [("client", &c), ("server", &s)] {
         assert_eq!(n(x, "conns"), CONNS, "{side} connections; {all}");
         for k in [
