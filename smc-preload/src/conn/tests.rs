@@ -227,6 +227,9 @@ fn graceful_close_is_eof() {
     let mut buf = [0u8; 8];
     assert_eq!(b.recv(fb, &iov_mut(&mut buf), 0), Ok(3));
     assert_eq!(b.recv(fb, &iov_mut(&mut buf), 0), Ok(0));
+    // As TCP: the first write after the peer's close succeeds (the peer answers with a
+    // reset), the next one fails.
+    assert_eq!(b.send(fb, &iov(b"x"), libc::MSG_NOSIGNAL), Ok(1));
     assert_eq!(b.send(fb, &iov(b"x"), libc::MSG_NOSIGNAL), Err(libc::EPIPE));
 }
 
