@@ -369,76 +369,137 @@ impl Conn {
         self.sh().flags.load(Ordering::Acquire)
     }
 
+    /// A protocol violation of the peer (or our misreading of it): from now on reads give
+    /// `ECONNRESET`, writes `EPIPE`. Logs why, once per connection (`SMC_DEBUG=1`).
+    fn protocol_error(&self, why: std::fmt::Arguments<'_>) {
+        let old = self.set_flag(F_PROTO);
+        if old & F_PROTO == 0 {
+            crate::debug!(
+                "{}: protocol error, connection reset: {why}",
+                self.describe()
+            );
+        }
+    }
+
+    /// One-line identity and cursors of this end, for the debug log.
+    pub fn describe(&self) -> String {
+        let [cons, cons_pub, peer_prod, prod, peer_cons] = self.cursors();
+        let cw = |c: Cursor| format!("{}:{}", c.wrap, c.count);
+        format!(
+            "conn {:?} own dmb {:#x} peer dmb {:#x} (cons {} published {} peer_prod {} | prod {} \
+             peer_cons {}; peer state {:?}; flags {:#x})",
+            self.role,
+            self.own_token,
+            self.peer_token,
+            cw(cons),
+            cw(cons_pub),
+            cw(peer_prod),
+            cw(prod),
+            cw(peer_cons),
+            self.peer_state(),
+            self.flags()
+        )
+    }
+
     /// The peer's connection-state flags (from the consumer word it writes into our DMB).
     fn peer_state(&self) -> ConnStateFlags {
         self.own_hdr().load_cons().conn_state
     }
 
-    /// Validated producer cursor of the peer in our ring; `None` on a protocol violation.
-    fn peer_prod(&self, cons: Cursor) -> Option<Cursor> {
+    /// Our consumer cursor and the peer's validated producer cursor in our ring, one
+    /// consistent snapshot; `None` on a protocol violation.
+    ///
+    /// Lock-free: readiness checks (poll, epoll, the other direction's waiter) run this while a
+    /// reader under `rx_lock` advances the consumer cursor and other threads accept newer
+    /// producer cursors. The peer's word is judged against the consumer cursor and the last
+    /// accepted producer cursor *of the moment it was read*: both are read before and after it,
+    /// and a check that fails while either of them moved is retried, never taken for a
+    /// violation. (Judged against a consumer cursor read a moment too early, an honest producer
+    /// cursor looked more than a ring ahead and reset the connection: issue 10.) Both words only
+    /// move forward, and the peer's producer cursor is based on a consumer cursor we stored
+    /// before we published it, so equal values before and after mean the check was exact.
+    fn rx_cursors(&self) -> Option<(Cursor, Cursor)> {
         let s = self.sh();
-        let last = unpack(s.peer_prod.load(Ordering::Acquire));
-        let new = self.own_hdr().load_prod().cursor;
-        if new == last {
-            return Some(new);
-        }
-        match self.rx.accept_peer_prod(cons, last, new) {
-            Ok(c) => {
-                // Monotonic update (several readers may race; keep the furthest valid).
-                let _ = s.peer_prod.compare_exchange(
-                    pack(last),
-                    pack(c),
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                );
-                Some(c)
+        for _ in 0..SNAPSHOT_TRIES {
+            let cons_w = s.cons.load(Ordering::Acquire);
+            let last_w = s.peer_prod.load(Ordering::Acquire);
+            let new = self.own_hdr().load_prod().cursor;
+            let (cons, last) = (unpack(cons_w), unpack(last_w));
+            if new == last {
+                return Some((cons, new));
             }
-            Err(_) => {
-                self.set_flag(F_PROTO);
-                None
+            match self.rx.accept_peer_prod(cons, last, new) {
+                Ok(c) => {
+                    advance(&s.peer_prod, self.rx, last_w, c);
+                    return Some((cons, c));
+                }
+                Err(_)
+                    if s.cons.load(Ordering::Acquire) != cons_w
+                        || s.peer_prod.load(Ordering::Acquire) != last_w => {}
+                Err(e) => {
+                    self.protocol_error(format_args!(
+                        "peer producer cursor {new:?} rejected ({e}): our consumer cursor \
+                         {cons:?}, last accepted producer cursor {last:?}, ring {}",
+                        self.rx.len()
+                    ));
+                    return None;
+                }
             }
         }
+        // Still moving after all these tries: nothing new this time (the caller looks again).
+        let cons = unpack(s.cons.load(Ordering::Acquire));
+        Some((cons, unpack(s.peer_prod.load(Ordering::Acquire))))
     }
 
-    /// Validated consumer cursor of the peer in its ring (our send ring).
-    fn peer_cons(&self, prod: Cursor) -> Option<Cursor> {
+    /// Our producer cursor and the peer's validated consumer cursor in its ring (our send
+    /// ring), one consistent snapshot; `None` on a protocol violation. Lock-free like
+    /// [`rx_cursors`](Self::rx_cursors): the writer under `tx_lock` advances the producer
+    /// cursor meanwhile, so the peer's word is judged against the producer cursor and last
+    /// accepted consumer cursor of the moment it was read.
+    fn tx_cursors(&self) -> Option<(Cursor, Cursor)> {
         let s = self.sh();
-        let last = unpack(s.peer_cons.load(Ordering::Acquire));
-        let new = self.own_hdr().load_cons().cursor;
-        if new == last {
-            return Some(new);
-        }
-        match self.tx.accept_peer_cons(prod, last, new) {
-            Ok(c) => {
-                let _ = s.peer_cons.compare_exchange(
-                    pack(last),
-                    pack(c),
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                );
-                Some(c)
+        for _ in 0..SNAPSHOT_TRIES {
+            let prod_w = s.prod.load(Ordering::Acquire);
+            let last_w = s.peer_cons.load(Ordering::Acquire);
+            let new = self.own_hdr().load_cons().cursor;
+            let (prod, last) = (unpack(prod_w), unpack(last_w));
+            if new == last {
+                return Some((prod, new));
             }
-            Err(_) => {
-                self.set_flag(F_PROTO);
-                None
+            match self.tx.accept_peer_cons(prod, last, new) {
+                Ok(c) => {
+                    advance(&s.peer_cons, self.tx, last_w, c);
+                    return Some((prod, c));
+                }
+                Err(_)
+                    if s.prod.load(Ordering::Acquire) != prod_w
+                        || s.peer_cons.load(Ordering::Acquire) != last_w => {}
+                Err(e) => {
+                    self.protocol_error(format_args!(
+                        "peer consumer cursor {new:?} rejected ({e}): our producer cursor \
+                         {prod:?}, last accepted consumer cursor {last:?}, ring {}",
+                        self.tx.len()
+                    ));
+                    return None;
+                }
             }
         }
+        let prod = unpack(s.prod.load(Ordering::Acquire));
+        Some((prod, unpack(s.peer_cons.load(Ordering::Acquire))))
     }
 
     /// Readable bytes (0 on protocol error).
     fn avail(&self) -> u32 {
-        let cons = unpack(self.sh().cons.load(Ordering::Acquire));
-        match self.peer_prod(cons) {
-            Some(p) => self.rx.readable(cons, p).unwrap_or(0),
+        match self.rx_cursors() {
+            Some((cons, p)) => self.rx.readable(cons, p).unwrap_or(0),
             None => 0,
         }
     }
 
     /// Room in the peer's ring.
     fn room(&self) -> u32 {
-        let prod = unpack(self.sh().prod.load(Ordering::Acquire));
-        match self.peer_cons(prod) {
-            Some(c) => self.tx.free_space(prod, c).unwrap_or(0),
+        match self.tx_cursors() {
+            Some((prod, c)) => self.tx.free_space(prod, c).unwrap_or(0),
             None => 0,
         }
     }
@@ -550,8 +611,15 @@ impl Conn {
                 if buf[..n].iter().any(|&b| b != DOORBELL) {
                     // Anything but a doorbell (e.g. a late CLC Decline) on an established SMC
                     // connection: we cannot honour it, abort rather than deliver wrong bytes.
-                    crate::debug!("fd {fd}: unexpected bytes on the doorbell channel, abort");
-                    self.set_flag(F_PROTO);
+                    self.protocol_error(format_args!(
+                        "fd {fd}: {n} bytes on the doorbell channel that are not doorbells \
+                         (first {:#04x})",
+                        buf[..n]
+                            .iter()
+                            .find(|&&b| b != DOORBELL)
+                            .copied()
+                            .unwrap_or(0)
+                    ));
                 }
                 if n < buf.len() {
                     real::set_errno(e0);
@@ -562,15 +630,38 @@ impl Conn {
             let e = real::errno();
             real::set_errno(e0);
             if r == 0 {
-                self.set_flag(F_PEER_GONE);
+                self.peer_gone(fd, 0, "EOF on the TCP socket");
             } else if e == libc::EAGAIN || e == libc::EINTR {
                 // nothing more
             } else if e == libc::ECONNRESET || e == libc::EPIPE || e == libc::ETIMEDOUT {
-                self.set_flag(F_PEER_GONE | F_PEER_RST);
+                self.peer_gone(fd, F_PEER_RST, "error on the TCP socket");
+                crate::debug!("fd {fd}: the TCP socket said errno {e}");
             } else if self.flags() & F_REAL_SHUT == 0 {
-                self.set_flag(F_PEER_GONE);
+                self.peer_gone(fd, 0, "error on the TCP socket");
+                crate::debug!("fd {fd}: the TCP socket said errno {e}");
             }
             return;
+        }
+    }
+
+    /// The TCP socket (the doorbell channel) reached EOF or an error: the peer is gone.
+    /// Logged once, with whether the peer had said goodbye in its CDC header.
+    fn peer_gone(&self, fd: i32, extra: u32, what: &str) {
+        let old = self.set_flag(F_PEER_GONE | extra);
+        if old & (F_PEER_GONE | extra) != F_PEER_GONE | extra {
+            let ps = self.peer_state();
+            if !ps.any_close_or_done() || ps.contains(ConnStateFlags::PEER_CONN_ABORT) || extra != 0
+            {
+                crate::debug!(
+                    "fd {fd}: {what}{}: {}",
+                    if ps.any_close_or_done() {
+                        ""
+                    } else {
+                        " before the peer closed or shut down in the CDC header"
+                    },
+                    self.describe()
+                );
+            }
         }
     }
 
@@ -629,6 +720,10 @@ impl Conn {
         let mut cur = IovCursor::new(iov);
         let want = cur.remaining();
         let waitall = flags & libc::MSG_WAITALL != 0 && !nonblock;
+        // MSG_PEEK|MSG_WAITALL waits for `want` bytes, but never for more than the ring holds:
+        // the peer cannot send more until we read (TCP's autotuned buffer would hold them;
+        // waiting for them here hung forever, issue 10).
+        let peek_all = want.min(self.rx.len() as usize);
         let s = self.sh();
         s.rx_calls.fetch_add(1, Ordering::Relaxed);
         if want == 0 {
@@ -640,13 +735,15 @@ impl Conn {
         loop {
             {
                 let _g = s.rx_lock.lock();
-                let cons = unpack(s.cons.load(Ordering::Acquire));
-                let avail = match self.peer_prod(cons) {
-                    Some(p) => self.rx.readable(cons, p).unwrap_or(0),
-                    None => 0,
+                // Under rx_lock our consumer cursor stands still.
+                let (cons, avail) = match self.rx_cursors() {
+                    Some((c, p)) => (c, self.rx.readable(c, p).unwrap_or(0)),
+                    None => (unpack(s.cons.load(Ordering::Acquire)), 0),
                 };
                 let need_all = peek && waitall;
-                if avail > 0 && !(need_all && (avail as usize) < want && !self.readiness().rd_eof) {
+                if avail > 0
+                    && !(need_all && (avail as usize) < peek_all && !self.readiness().rd_eof)
+                {
                     if peek {
                         let n = (avail as usize).min(want);
                         if !trunc {
@@ -686,7 +783,10 @@ impl Conn {
                 {
                     return Err(libc::EPIPE);
                 }
-                self.set_flag(F_RST_REPORTED);
+                let old = self.set_flag(F_RST_REPORTED);
+                if old & F_RST_REPORTED == 0 {
+                    crate::debug!("fd {fd}: read gives ECONNRESET: {}", self.describe());
+                }
                 return Err(libc::ECONNRESET);
             }
             if r.rd_eof {
@@ -702,7 +802,7 @@ impl Conn {
                     Err(libc::EAGAIN)
                 };
             }
-            let need = if peek && waitall { want as u32 } else { 1 };
+            let need = if peek && waitall { peek_all as u32 } else { 1 };
             let dl = *deadline
                 .get_or_insert_with(|| deadline_of(self.sock_timeout(fd, libc::SO_RCVTIMEO)));
             match self.wait(fd, true, need, dl) {
@@ -769,10 +869,10 @@ impl Conn {
             }
             {
                 let _g = s.tx_lock.lock();
-                let prod = unpack(s.prod.load(Ordering::Acquire));
-                let room = match self.peer_cons(prod) {
-                    Some(c) => self.tx.free_space(prod, c).unwrap_or(0),
-                    None => 0,
+                // Under tx_lock our producer cursor stands still.
+                let (prod, room) = match self.tx_cursors() {
+                    Some((p, c)) => (p, self.tx.free_space(p, c).unwrap_or(0)),
+                    None => (unpack(s.prod.load(Ordering::Acquire)), 0),
                 };
                 let n = (room as usize).min(want - done);
                 if n > 0 {
@@ -834,8 +934,8 @@ impl Conn {
             || (f & F_PEER_RST != 0 && !graceful)
             || ps.contains(ConnStateFlags::PEER_CONN_ABORT)
         {
-            if f & F_RST_REPORTED == 0 {
-                self.set_flag(F_RST_REPORTED);
+            if self.set_flag(F_RST_REPORTED) & F_RST_REPORTED == 0 {
+                crate::debug!("write gives ECONNRESET: {}", self.describe());
                 return Some(libc::ECONNRESET);
             }
             return Some(libc::EPIPE);
@@ -1053,8 +1153,8 @@ impl Conn {
         let Some(_g) = s.tx_lock.try_lock() else {
             return 0;
         };
-        let prod = unpack(s.prod.load(Ordering::Acquire));
-        let Some(cons) = self.peer_cons(prod) else {
+        // Under the writer lock the producer cursor stands still.
+        let Some((prod, cons)) = self.tx_cursors() else {
             return 0;
         };
         s.tx_reclaimed.store(pack(prod), Ordering::Relaxed);
@@ -1154,8 +1254,17 @@ impl Conn {
             return;
         }
         // Unread data, or SO_LINGER {1, 0}: TCP sends a reset, the peer sees ECONNRESET.
-        let unread = self.avail() > 0 || linger_zero(fd);
-        let st = if unread {
+        let unread = self.avail();
+        let linger0 = linger_zero(fd);
+        if unread > 0 || linger0 {
+            crate::debug!(
+                "fd {fd}: closed with {unread} unread bytes{}: abort (the peer gets \
+                 ECONNRESET): {}",
+                if linger0 { " and SO_LINGER {1, 0}" } else { "" },
+                self.describe()
+            );
+        }
+        let st = if unread > 0 || linger0 {
             ConnStateFlags::PEER_CONN_ABORT.0 | ConnStateFlags::PEER_CONN_CLOSED.0
         } else {
             ConnStateFlags::PEER_CONN_CLOSED.0 | ConnStateFlags::PEER_DONE_WRITING.0
@@ -1252,6 +1361,24 @@ fn linger_zero(fd: i32) -> bool {
     };
     real::set_errno(e0);
     r == 0 && l.l_onoff != 0 && l.l_linger == 0
+}
+
+/// How often a lock-free cursor snapshot is retried while other threads move the cursors.
+const SNAPSHOT_TRIES: u32 = 64;
+
+/// Raise a shared "last accepted" cursor word from `seen` to `c`, unless another thread
+/// already took it further: it only ever moves forward (a thread that read an older cursor
+/// must not pull it back behind what a reader already consumed or a writer already filled).
+fn advance(word: &AtomicU64, ring: Ring, mut seen: u64, c: Cursor) {
+    loop {
+        match word.compare_exchange_weak(seen, pack(c), Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return,
+            Err(now) => match ring.diff(unpack(now), c) {
+                Ok(d) if d > 0 => seen = now,
+                _ => return,
+            },
+        }
+    }
 }
 
 fn deadline_of(timeout_ms: i64) -> Option<Instant> {

@@ -414,7 +414,16 @@ impl Driver {
                     setup::release_dmbs(None, Some(d.token));
                     None
                 }
-                Err(_) => None,
+                Err(_) => {
+                    // Expected now and then, not an error: the daemon saw our attach before
+                    // the client's registration (two daemon connections, no order between
+                    // them). It logged "unknown or released DMB token" above.
+                    crate::debug!(
+                        "fd {fd}: the attach sent ahead found no DMB of the client yet: \
+                         attaching by the confirmed token {token:#x}"
+                    );
+                    None
+                }
             },
             None => None,
         };

@@ -129,6 +129,10 @@ fn orphan(fd: c_int, write: bool) -> Option<ssize_t> {
         return Some(fail(libc::EPIPE));
     }
     if s.state.swap(1, Ordering::AcqRel) == 0 {
+        crate::debug!(
+            "fd {fd}: read gives ECONNRESET: an SMC connection this process cannot serve (it \
+             was inherited across exec or received from another process)"
+        );
         return Some(fail(libc::ECONNRESET));
     }
     Some(0)

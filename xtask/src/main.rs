@@ -5,6 +5,7 @@
 //! - `test`: format and lint checks, unit tests, the integration tests (root), bounded fuzzing.
 //! - `demo`: the accelerated path against plain TCP, with the counters.
 //! - `bench`: the side-by-side benchmarks.
+//! - `soak`: the long full-duplex soak of the data path (100 GiB, 1024 connections, mixed APIs).
 use std::{
     env,
     path::{Path, PathBuf},
@@ -17,6 +18,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod demo;
 mod harness;
+mod soak;
 
 #[derive(Parser)]
 struct Cli {
@@ -48,6 +50,24 @@ enum Cmd {
         /// A short run for development.
         #[arg(long)]
         quick: bool,
+    },
+    /// The long soak of the data path: full duplex, mixed APIs, every byte verified.
+    Soak {
+        /// Connections in all.
+        #[arg(long, default_value_t = 1024)]
+        conns: u64,
+        /// Connections at a time.
+        #[arg(long, default_value_t = 4)]
+        par: u64,
+        /// Bytes each way per connection (suffixes k, m, g): 1024 x 50 MiB x 2 = 100 GiB.
+        #[arg(long, default_value = "50m")]
+        bytes: String,
+        /// The socket APIs to mix (see tests/src/bin/smc-soak.rs).
+        #[arg(long, default_value = "rw,vec,sr,msg,poll,epoll1")]
+        modes: String,
+        /// Stream seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
     },
 }
 
@@ -100,6 +120,35 @@ fn main() -> Result<()> {
             setup()?;
             build()?;
             bench::run(&workspace_root(), quick)
+        }
+        Cmd::Soak {
+            conns,
+            par,
+            bytes,
+            modes,
+            seed,
+        } => {
+            setup()?;
+            build()?;
+            step("building smc-soak");
+            run(cargo().args([
+                "build",
+                "--release",
+                "-p",
+                "integration-tests",
+                "--bin",
+                "smc-soak",
+            ]))?;
+            soak::run(
+                &workspace_root(),
+                &soak::Opts {
+                    conns,
+                    par,
+                    bytes,
+                    modes,
+                    seed,
+                },
+            )
         }
     }
 }

@@ -497,3 +497,177 @@ fn reclaim_gives_drained_pages_back() {
         got += n as u64;
     }
 }
+
+/// Full duplex on one connection: each end has a writer thread and a reader thread, plus a
+/// thread that asks for readiness in a loop (as a poll/epoll waiter or the other direction's
+/// waiter does, without the ring locks). Small rings wrap often. Returns the errors seen.
+fn full_duplex(ring: usize, total: u64, pollers: usize) -> Vec<String> {
+    let (a, b, fa, fb) = test_pair(ring, ring).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    let errors = std::sync::Mutex::new(Vec::new());
+    let done = std::sync::atomic::AtomicU32::new(0);
+    std::thread::scope(|s| {
+        for (me, fd, seed_tx, seed_rx) in [(&a, fa, 1u64, 2u64), (&b, fb, 2, 1)] {
+            let errors = &errors;
+            let done = &done;
+            s.spawn(move || {
+                let mut rng = Rng((seed_tx * 77) | 1);
+                let mut off = 0u64;
+                let mut buf = vec![0u8; 3 * ring];
+                while off < total {
+                    let n = (rng.next() % (3 * ring as u64) + 1).min(total - off) as usize;
+                    for (i, x) in buf[..n].iter_mut().enumerate() {
+                        *x = byte_at(seed_tx, off + i as u64);
+                    }
+                    match me.send(fd, &iov(&buf[..n]), libc::MSG_NOSIGNAL) {
+                        Ok(k) => off += k as u64,
+                        Err(e) => {
+                            errors.lock().unwrap().push(format!(
+                                "send errno {e} at {off}, cursors {:?}",
+                                me.cursors()
+                            ));
+                            me.shutdown(fd, libc::SHUT_RDWR).unwrap();
+                            break;
+                        }
+                    }
+                }
+                let _ = me.shutdown(fd, libc::SHUT_WR);
+                done.fetch_add(1, Ordering::Relaxed);
+            });
+            s.spawn(move || {
+                let mut rng = Rng((seed_rx * 91) | 1);
+                let mut off = 0u64;
+                let mut buf = vec![0u8; 3 * ring];
+                loop {
+                    let n = (rng.next() % (3 * ring as u64)) as usize + 1;
+                    match me.recv(fd, &iov_mut(&mut buf[..n]), 0) {
+                        Ok(0) => break,
+                        Ok(r) => {
+                            for (i, x) in buf[..r].iter().enumerate() {
+                                assert_eq!(*x, byte_at(seed_rx, off + i as u64));
+                            }
+                            off += r as u64;
+                        }
+                        Err(e) => {
+                            errors.lock().unwrap().push(format!(
+                                "recv errno {e} at {off}, cursors {:?}",
+                                me.cursors()
+                            ));
+                            me.shutdown(fd, libc::SHUT_RDWR).unwrap();
+                            break;
+                        }
+                    }
+                }
+                if off != total && errors.lock().unwrap().is_empty() {
+                    errors
+                        .lock()
+                        .unwrap()
+                        .push(format!("short read {off} of {total}"));
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            });
+            for _ in 0..pollers {
+                s.spawn(move || {
+                    while done.load(Ordering::Relaxed) < 4 {
+                        let r = me.readiness();
+                        if r.error {
+                            break;
+                        }
+                    }
+                });
+            }
+        }
+    });
+    errors.into_inner().unwrap()
+}
+
+/// Readiness checks made without the ring locks (a poller, the other direction's waiter)
+/// validate the peer's cursors against our own cursors as another thread moves them; that must
+/// never be taken for a protocol violation (it reset about one long full-duplex connection in
+/// 30, issue 10).
+#[test]
+fn full_duplex_with_lockless_readiness_never_resets() {
+    let e = full_duplex(16384, 32 << 20, 1);
+    assert!(e.is_empty(), "{e:?}");
+}
+
+/// `MSG_PEEK|MSG_WAITALL` for more than the ring holds returns the full ring: the peer cannot
+/// send more until we read (it used to wait forever; TCP's larger buffer holds such a peek).
+#[test]
+fn peek_waitall_larger_than_ring_returns_what_the_ring_holds() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    // A bound on the wait, so that a regression fails instead of hanging.
+    let tv = libc::timeval {
+        tv_sec: 10,
+        tv_usec: 0,
+    };
+    for (fd, opt) in [(fb, libc::SO_RCVTIMEO), (fa, libc::SO_SNDTIMEO)] {
+        // SAFETY: valid option buffer.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                &tv as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0);
+    }
+    let ring = b.rx_ring_len() as usize;
+    let data: Vec<u8> = (0..3 * ring).map(|i| (i % 253) as u8).collect();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut off = 0;
+            while off < data.len() {
+                match a.send(fa, &iov(&data[off..]), 0) {
+                    Ok(n) => off += n,
+                    Err(_) => return,
+                }
+            }
+            // The last peek (less than a ring left) returns at EOF.
+            a.shutdown(fa, libc::SHUT_WR).unwrap();
+        });
+        let mut got = 0;
+        let mut buf = vec![0u8; 2 * ring];
+        while got < data.len() {
+            let n = b
+                .recv(fb, &iov_mut(&mut buf), libc::MSG_PEEK | libc::MSG_WAITALL)
+                .unwrap();
+            assert!(n > 0 && n <= ring, "peeked {n}");
+            assert_eq!(&buf[..n], &data[got..got + n]);
+            // Consume what was peeked, in full or in part.
+            let k = n.div_ceil(2).max(1);
+            assert_eq!(b.recv(fb, &iov_mut(&mut buf[..k]), 0), Ok(k));
+            got += k;
+        }
+    });
+}
+
+/// The shared "last accepted" cursor only moves forward: a thread that validated an older
+/// cursor and stores it late must not pull it back behind what another thread already
+/// accepted (a reader consumed up to that point; behind it, the next honest cursor would look
+/// more than a ring ahead).
+#[test]
+fn accepted_cursor_never_moves_back() {
+    let ring = Ring::new(1000).unwrap();
+    let w = AtomicU64::new(pack(Cursor::new(3, 100)));
+    let seen = w.load(Ordering::Relaxed);
+    // Thread A accepted 3:900 and stored it; thread B, which read the same old value, accepted
+    // 3:500 and stores it afterwards.
+    advance(&w, ring, seen, Cursor::new(3, 900));
+    advance(&w, ring, seen, Cursor::new(3, 500));
+    assert_eq!(unpack(w.load(Ordering::Relaxed)), Cursor::new(3, 900));
+    // In the other order the later, further cursor wins over a stale expectation.
+    let w = AtomicU64::new(seen);
+    advance(&w, ring, seen, Cursor::new(3, 500));
+    advance(&w, ring, seen, Cursor::new(4, 50));
+    assert_eq!(unpack(w.load(Ordering::Relaxed)), Cursor::new(4, 50));
+    // Across the wrap counter's roll-over.
+    let w = AtomicU64::new(pack(Cursor::new(0xFFFF, 900)));
+    let seen = w.load(Ordering::Relaxed);
+    advance(&w, ring, seen, Cursor::new(0, 300));
+    advance(&w, ring, seen, Cursor::new(0xFFFF, 950));
+    assert_eq!(unpack(w.load(Ordering::Relaxed)), Cursor::new(0, 300));
+}

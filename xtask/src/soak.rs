@@ -1,0 +1,134 @@
+//! `cargo xtask soak`: the long full-duplex soak of the data path (issue 10). `smc-soak`
+//! (tests/src/bin/smc-soak.rs) runs server and client under `smc-ctl run` in an attached
+//! cgroup with a private loopback-ism daemon: many connections, a few at a time, both ends
+//! writing and reading at once with random sizes and mixed socket APIs, every byte verified.
+//! The default moves 100 GiB (1024 connections × 50 MiB each way). Fails when any connection
+//! was reset, lost or changed a byte, stalled or lost a wakeup, or did not take SMC-D.
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::harness::{Attachment, Bins, Cgroup, Daemon, Proc};
+
+/// What to run.
+pub struct Opts {
+    pub conns: u64,
+    pub par: u64,
+    pub bytes: String,
+    pub modes: String,
+    pub seed: u64,
+}
+
+/// `key=value` fields of the `SOAK` summary line in `out`.
+fn summary(out: &str) -> Option<Vec<(String, String)>> {
+    let l = out.lines().find(|l| l.starts_with("SOAK "))?;
+    Some(
+        l.split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
+fn field(s: &[(String, String)], k: &str) -> u64 {
+    s.iter()
+        .find(|(x, _)| x == k)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(u64::MAX)
+}
+
+pub fn run(root: &Path, o: &Opts) -> Result<()> {
+    let bins = Bins::new(root)?;
+    let soak = bins.smc_ctl.with_file_name("smc-soak");
+    if !soak.exists() {
+        bail!("{} missing", soak.display());
+    }
+    let cg = Cgroup::new("smc-soak")?;
+    let _att = Attachment::new(&bins, &cg, "ism")?;
+    let daemon = Daemon::start(&bins, "soak")?;
+    let procs = daemon.socket.with_file_name("procs");
+    std::fs::create_dir_all(&procs)?;
+    let cmd = |args: &[String]| {
+        let mut c = Command::new(&bins.smc_ctl);
+        c.arg("run").arg("--").arg(&soak).args(args);
+        c.env("SMC_CTL_SOCK", &daemon.socket)
+            .env("SMC_PROCS_DIR", &procs)
+            .env("SMC_STATS_KEEP", "1");
+        cg.adopt(&mut c);
+        c
+    };
+    let mut srv = Proc::spawn(
+        cmd(&["server".into(), "0".into(), o.conns.to_string()]).stdout(Stdio::piped()),
+    )?;
+    let mut lines = BufReader::new(srv.0.stdout.take().context("server stdout")?).lines();
+    let ready = lines.next().context("server said nothing")??;
+    let port = ready
+        .strip_prefix("READY ")
+        .with_context(|| format!("server said {ready:?}"))?
+        .trim()
+        .to_string();
+    eprintln!(
+        "==> soak: {} connections, {} at a time, {} each way, modes {}",
+        o.conns, o.par, o.bytes, o.modes
+    );
+    let t0 = Instant::now();
+    let cli = cmd(&[
+        "client".into(),
+        "127.0.0.1".into(),
+        port,
+        "--conns".into(),
+        o.conns.to_string(),
+        "--par".into(),
+        o.par.to_string(),
+        "--bytes".into(),
+        o.bytes.clone(),
+        "--modes".into(),
+        o.modes.clone(),
+        "--seed".into(),
+        o.seed.to_string(),
+    ])
+    .stderr(Stdio::inherit())
+    .output()
+    .context("soak client")?;
+    let cout = String::from_utf8_lossy(&cli.stdout).into_owned();
+    let sout: String = lines.map_while(Result::ok).collect::<Vec<_>>().join("\n");
+    let _ = srv.0.wait();
+    print!("{cout}");
+    println!("{sout}");
+    let stats = Command::new(&bins.smc_ctl)
+        .args(["stats", "--socket"])
+        .arg(&daemon.socket)
+        .arg("--procs-dir")
+        .arg(&procs)
+        .output()
+        .context("smc-ctl stats")?;
+    println!("{}", String::from_utf8_lossy(&stats.stdout));
+    let (Some(c), Some(s)) = (summary(&cout), summary(&sout)) else {
+        bail!("no summary line from the client or the server");
+    };
+    let bad: u64 = [
+        "resets",
+        "errors",
+        "short",
+        "diff_bytes",
+        "peek_diff",
+        "stalls",
+        "lost_wakeups",
+    ]
+    .iter()
+    .map(|k| field(&c, k).saturating_add(field(&s, k)))
+    .fold(0u64, u64::saturating_add);
+    let done = field(&c, "conns").min(field(&s, "conns"));
+    println!(
+        "soak: {done} connections, {:.1} GiB verified, {bad} failures, {:.0} s",
+        field(&c, "bytes") as f64 / f64::from(1u32 << 30),
+        t0.elapsed().as_secs_f64()
+    );
+    if bad != 0 || done != o.conns || !cli.status.success() {
+        bail!("the soak failed (see the FAIL lines above)");
+    }
+    Ok(())
+}
