@@ -188,7 +188,11 @@ pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
         return Some(r);
     }
     let o = conn_of(fd)?;
-    let c = o.conn()?;
+    let Some(c) = o.conn() else {
+        // A handshake still waiting for its peer (a non-blocking client of our own listener):
+        // EAGAIN, and not one byte onto the TCP stream, which still carries CLC messages.
+        return Some(-1);
+    };
     if !user_range_ok(iov) {
         return Some(fail(libc::EFAULT));
     }
@@ -734,7 +738,15 @@ pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int 
     }
     if slow(fd) {
         if let Some(o) = conn_of(fd) {
-            let c = o.conn().expect("conn");
+            let Some(c) = o.conn() else {
+                // A handshake still waiting for its peer: nothing to read or unsent yet.
+                if matches!(req, libc::FIONREAD | libc::TIOCOUTQ) && arg != 0 {
+                    // SAFETY: the application's int, as for the real ioctl.
+                    unsafe { *(arg as *mut c_int) = 0 };
+                    return 0;
+                }
+                return unsafe { real::ioctl(fd, req, arg) };
+            };
             match req {
                 libc::FIONREAD => {
                     if arg == 0 {
@@ -767,10 +779,14 @@ pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int 
 pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
     if slow(fd) {
         if let Some(o) = conn_of(fd) {
-            return match o.conn().expect("conn").shutdown(fd, how) {
-                Ok(()) => 0,
-                Err(e) => fail(e) as c_int,
-            };
+            // (A handshake still waiting for its peer is shut as a TCP socket: the peer's
+            // machine sees the end of the stream and falls back or resets.)
+            if let Some(c) = o.conn() {
+                return match c.shutdown(fd, how) {
+                    Ok(()) => 0,
+                    Err(e) => fail(e) as c_int,
+                };
+            }
         }
     }
     unsafe { real::shutdown(fd, how) }

@@ -188,7 +188,8 @@ except asyncio.TimeoutError:
 }
 
 fn sendfile_null_offset_slow_reader() {
-    const N: usize = 6 << 20;
+    // Several times what the ring (8 MiB by default) and TCP (about 4 MiB here) hold.
+    const N: usize = 32 << 20;
     let data: Vec<u8> = (0..N).map(|i| (i * 7 + i / 4093) as u8).collect();
     let path = format!("/tmp/smc-conform-{}.dat", std::process::id());
     std::fs::write(&path, &data).expect("write temp file");
