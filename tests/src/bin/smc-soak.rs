@@ -713,6 +713,11 @@ fn run_end(e: End, t: &Tally) {
         t.short.fetch_add(1, Ordering::Relaxed);
         bad.push("rx_short".into());
     }
+    for (dir, h) in [("tx", &wh), ("rx", &rh)] {
+        if h.lost_wakeups > 0 {
+            bad.push(format!("{dir}_lost_wakeups={}", h.lost_wakeups));
+        }
+    }
     if rd.diff > 0 || rd.peek_diff > 0 {
         bad.push(format!("diff={} peek_diff={}", rd.diff, rd.peek_diff));
     }
