@@ -364,7 +364,7 @@ fn a_client_from_another_host_is_declined_and_stays_tcp() {
         o.join(".")
     };
     let rules = format!(
-        "table ip smctest {{ chain out {{ type nat hook output priority -100; ip daddr {fake} dnat to {}; }} }}",
+        "table ip smctest {{\n chain out {{\n  type nat hook output priority -100;\n  ip daddr {fake} dnat to {}\n }}\n}}\n",
         ns.addr_a
     );
     let st = Command::new("ip")
