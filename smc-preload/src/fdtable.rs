@@ -166,33 +166,13 @@ pub fn any_objects() -> bool {
 /// Every fd whose slot holds an object, with the object (for fork and exec bookkeeping).
 pub fn all_objects() -> Vec<(i32, Arc<Obj>)> {
     let mut out = Vec::new();
-    if !any_objects() {
-        return out;
-    }
-    for (ti, t) in TABLE.iter().enumerate() {
-        let c = t.load(Ordering::Acquire);
-        if c.is_null() {
-            continue;
-        }
-        // SAFETY: chunks are never freed.
-        let chunk = unsafe { &*c };
-        for (i, s) in chunk.iter().enumerate() {
-            if s.load(Ordering::Relaxed) >= 8 {
-                let fd = ((ti << CHUNK_BITS) | i) as i32;
-                if let Some(o) = get(fd) {
-                    out.push((fd, o));
-                }
-            }
-        }
-    }
+    for_each_object(|fd, o| out.push((fd, o.clone())));
     out
 }
 
-/// In a child after fork: a thread of the parent may have held a slot lock at the moment of
-/// the fork; that thread does not exist here, so release every lock bit.
 /// Calls `f` with every object of the table, without allocating (usable in a `vfork` child,
 /// where the allocator's locks may be held by a thread of the parent).
-pub fn for_each_object(mut f: impl FnMut(i32, &Obj)) {
+pub fn for_each_object(mut f: impl FnMut(i32, &Arc<Obj>)) {
     if !any_objects() {
         return;
     }
@@ -214,6 +194,8 @@ pub fn for_each_object(mut f: impl FnMut(i32, &Obj)) {
     }
 }
 
+/// In a child after fork: a thread of the parent may have held a slot lock at the moment of
+/// the fork; that thread does not exist here, so release every lock bit.
 pub fn unlock_all_after_fork() {
     for t in TABLE.iter() {
         let c = t.load(Ordering::Acquire);

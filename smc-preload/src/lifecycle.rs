@@ -88,7 +88,7 @@ pub fn withdraw_listeners_for_exec() -> Withdrawn {
         n: 0,
     };
     fdtable::for_each_object(|fd, o| {
-        if matches!(o, Obj::Listener) && !cloexec(fd) && setup::announce(fd, false) {
+        if matches!(&**o, Obj::Listener) && !cloexec(fd) && setup::announce(fd, false) {
             if let Some(slot) = w.fds.get_mut(w.n) {
                 *slot = fd;
                 w.n += 1;
@@ -242,7 +242,7 @@ fn is_tcp_listener(fd: c_int) -> bool {
 /// Withdraws the announcement of every listener of ours (SMC disabled for this process).
 pub fn withdraw_all_listeners() {
     fdtable::for_each_object(|fd, o| {
-        if matches!(o, Obj::Listener) {
+        if matches!(&**o, Obj::Listener) {
             setup::announce(fd, false);
         }
     });
@@ -420,7 +420,8 @@ fn fd_arrived(fd: c_int) {
         }
         let mut same = -1;
         fdtable::for_each_object(|other, o| {
-            if same < 0 && other != fd && matches!(o, Obj::Conn(_)) && cookie(other) == Some(ck) {
+            if same < 0 && other != fd && matches!(&**o, Obj::Conn(_)) && cookie(other) == Some(ck)
+            {
                 same = other;
             }
         });
@@ -484,7 +485,7 @@ pub unsafe fn syscall(
 pub fn io_uring_seen() {
     if ops::enabled() && fdtable::any_objects() {
         let mut n = 0;
-        fdtable::for_each_object(|_, o| n += usize::from(matches!(o, Obj::Conn(_))));
+        fdtable::for_each_object(|_, o| n += usize::from(matches!(&**o, Obj::Conn(_))));
         if n > 0 {
             crate::debug!(
                 "io_uring set up with {n} SMC connections open: they stay on the data path; \
