@@ -4,15 +4,19 @@
 //! channel's EOF wake us) with our own tag as `epoll_data`; the application's events and data
 //! are kept here. `epoll_wait` computes readiness from the rings, emulates `EPOLLET` (a new edge
 //! only when the peer moved a cursor or a flag since the last report) and `EPOLLONESHOT`, and
-//! hands back the application's data. Sockets that may still become SMC (not yet connected)
-//! are tracked too, registered as the application asked until they convert.
+//! hands back the application's data. Sockets that may still become SMC are tracked too: a
+//! TCP socket not yet connected is registered as the application asked; one whose connect or
+//! handshake is under way (`Pending`, `Handshake`) is registered with our tag, edge-triggered,
+//! and its events drive the handshake instead of reaching the application (the CLC messages
+//! must not look like data: TCP reports `EPOLLIN` only for the peer's bytes). Once decided the
+//! fd is emulated (SMC) or registered as the application asked again (TCP).
 
 use crate::fdtable::{self, Slot};
 use crate::obj::Obj;
 use crate::poll::{self, ERR, HUP, IN, RDHUP};
 use crate::real;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -39,9 +43,21 @@ fn tag(fd: i32) -> u64 {
     cookie() | fd as u32 as u64
 }
 
+/// How an entry is registered with the kernel.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    /// As the application asked (its events and data): plain TCP or a candidate not connected.
+    App,
+    /// Connect or handshake under way: our tag, edge-triggered; nothing reaches the application.
+    Undecided,
+    /// An SMC connection: our tag, readiness computed from the rings.
+    Emulated,
+}
+
 pub struct Entry {
     events: u32,
     data: u64,
+    mode: Mode,
     /// The connection, once the fd is SMC (emulated); `None` while it is only a candidate.
     obj: Option<Arc<Obj>>,
     last_token: (u64, u64),
@@ -60,7 +76,77 @@ pub struct EpInner {
 #[derive(Default)]
 pub struct EpollSet {
     inner: Mutex<EpInner>,
+    /// Emulated entries.
     smc: AtomicUsize,
+    /// Undecided entries (their events are ours to handle).
+    undecided: AtomicUsize,
+    /// A registration with our tag was made: from then on every wait is ours, so that an event
+    /// still carrying the tag (queued before its entry went) never reaches the application.
+    tagged: AtomicBool,
+}
+
+/// While a handshake of the set is undecided, a blocking wait wakes at least this often to let
+/// handshakes whose peer went quiet time out (and fall back) as they would in a read.
+const HS_TICK_MS: i32 = 100;
+
+/// What registration `fd`'s current state wants, and its connection if emulated.
+fn mode_of(fd: i32, app_events: u32) -> (Mode, Option<Arc<Obj>>) {
+    if fdtable::raw(fd) < 8 {
+        return (Mode::App, None);
+    }
+    let Some(o) = fdtable::get(fd) else {
+        return (Mode::App, None);
+    };
+    match &*o {
+        Obj::Conn(_) => (Mode::Emulated, Some(o)),
+        // An exclusive entry cannot be modified later: it stays as the application asked.
+        Obj::Pending(_) | Obj::Handshake(_) if app_events & libc::EPOLLEXCLUSIVE as u32 == 0 => {
+            (Mode::Undecided, None)
+        }
+        _ => (Mode::App, None),
+    }
+}
+
+/// The kernel registration for `mode`.
+fn kernel_event(fd: i32, mode: Mode, events: u32, data: u64) -> libc::epoll_event {
+    match mode {
+        Mode::App => libc::epoll_event { events, u64: data },
+        Mode::Emulated => libc::epoll_event {
+            events: IN | RDHUP,
+            u64: tag(fd),
+        },
+        // Connect completion (OUT) and the peer's CLC messages (IN), each edge once.
+        Mode::Undecided => libc::epoll_event {
+            events: IN | libc::EPOLLOUT as u32 | RDHUP | ET,
+            u64: tag(fd),
+        },
+    }
+}
+
+/// Count an entry's mode in and out of the set's tallies.
+fn tally(set: &EpollSet, g: &mut EpInner, fd: i32, mode: Mode, add: bool) {
+    if add && mode != Mode::App {
+        set.tagged.store(true, Ordering::Relaxed);
+    }
+    match mode {
+        Mode::App => {}
+        Mode::Emulated => {
+            if add {
+                g.order.push(fd);
+                set.smc.fetch_add(1, Ordering::Relaxed);
+            } else {
+                g.order.retain(|&x| x != fd);
+                set.smc.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        Mode::Undecided => {
+            if add {
+                set.undecided.fetch_add(1, Ordering::Relaxed);
+            } else {
+                set.undecided.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 /// fd -> epoll fds that track it.
@@ -141,39 +227,35 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
         real::set_errno(libc::EINVAL);
         return Some(-1);
     }
-    let mut kev = libc::epoll_event {
-        events: if emulated { IN | RDHUP } else { events },
-        u64: if emulated { tag(fd) } else { data },
+    let (mode, obj) = if emulated {
+        (Mode::Emulated, obj)
+    } else {
+        mode_of(fd, events)
     };
+    let mut kev = kernel_event(fd, mode, events, data);
     match op {
         libc::EPOLL_CTL_ADD => {
-            if g.entries.contains_key(&fd) {
-                // The kernel is the judge (it may be a different open file on the same number).
-                let r = unsafe { real::epoll_ctl(ep, op, fd, &mut kev) };
-                if r != 0 {
-                    return Some(r);
-                }
-            } else {
-                let r = unsafe { real::epoll_ctl(ep, op, fd, &mut kev) };
-                if r != 0 {
-                    return Some(r);
-                }
+            // The kernel is the judge (it may be a different open file on the same number).
+            let r = unsafe { real::epoll_ctl(ep, op, fd, &mut kev) };
+            if r != 0 {
+                return Some(r);
+            }
+            if let Some(old) = g.entries.remove(&fd) {
+                tally(set, &mut g, fd, old.mode, false);
             }
             g.entries.insert(
                 fd,
                 Entry {
                     events,
                     data,
-                    obj: if emulated { obj.clone() } else { None },
+                    mode,
+                    obj: if mode == Mode::Emulated { obj } else { None },
                     last_token: (0, 0),
                     last_mask: 0,
                     disabled: false,
                 },
             );
-            if emulated {
-                g.order.push(fd);
-                set.smc.fetch_add(1, Ordering::Relaxed);
-            }
+            tally(set, &mut g, fd, mode, true);
             let mut m = lock(members());
             let v = m.entry(fd).or_default();
             if !v.contains(&ep) {
@@ -187,9 +269,18 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
             if r != 0 {
                 return Some(r);
             }
+            let old = g.entries.get(&fd).map(|e| e.mode);
+            if let Some(old) = old {
+                if old != mode {
+                    tally(set, &mut g, fd, old, false);
+                    tally(set, &mut g, fd, mode, true);
+                }
+            }
             if let Some(e) = g.entries.get_mut(&fd) {
                 e.events = events;
                 e.data = data;
+                e.mode = mode;
+                e.obj = if mode == Mode::Emulated { obj } else { None };
                 e.disabled = false;
                 e.last_mask = 0;
                 e.last_token = (0, 0);
@@ -209,10 +300,7 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
 
 fn remove_entry(set: &EpollSet, g: &mut EpInner, fd: i32) {
     if let Some(e) = g.entries.remove(&fd) {
-        if e.obj.is_some() {
-            g.order.retain(|&x| x != fd);
-            set.smc.fetch_sub(1, Ordering::Relaxed);
-        }
+        tally(set, g, fd, e.mode, false);
     }
 }
 
@@ -240,8 +328,14 @@ pub fn is_member(fd: i32) -> bool {
     MEMBERS_N.load(Ordering::Relaxed) > 0 && lock(members()).contains_key(&fd)
 }
 
-/// `fd` is being closed: drop it from every epoll set (the kernel does the same).
-pub fn on_close(fd: i32) {
+/// `fd` is being closed: drop it from every epoll set (the kernel does the same). `live`: the
+/// number still names the socket (a close we see before it happens, not a stale slot).
+///
+/// A registration with our tag is removed from the kernel too: the kernel keeps an epoll
+/// registration as long as the open file lives, and another reference may keep it alive after
+/// the application's close (the daemon checking the socket it was sent, a dup, a fork): its
+/// events would reach the application with our tag as its data (nginx took it for a pointer).
+pub fn on_close(fd: i32, live: bool) {
     if MEMBERS_N.load(Ordering::Relaxed) == 0 {
         return;
     }
@@ -251,13 +345,26 @@ pub fn on_close(fd: i32) {
         if let Some(so) = set_of(ep, false) {
             let set = as_set(&so);
             let mut g = lock(&set.inner);
+            let ours = g.entries.get(&fd).is_some_and(|e| e.mode != Mode::App);
             remove_entry(set, &mut g, fd);
+            if ours && live {
+                let mut kev = libc::epoll_event { events: 0, u64: 0 };
+                // SAFETY: valid event; `fd` is still open (closed after this returns).
+                unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_DEL, fd, &mut kev) };
+            }
         }
     }
 }
 
 /// `fd` became an SMC connection: switch its registrations to emulation.
-pub fn on_convert(fd: i32, obj: &Arc<Obj>) {
+pub fn on_convert(fd: i32, _obj: &Arc<Obj>) {
+    refresh(fd);
+}
+
+/// `fd`'s state changed (connect under way, handshake started or decided): bring every epoll
+/// registration of it in line ([`mode_of`]). The kernel re-evaluates readiness on
+/// `EPOLL_CTL_MOD`, so nothing that happened meanwhile is lost to the application.
+pub fn refresh(fd: i32) {
     if MEMBERS_N.load(Ordering::Relaxed) == 0 {
         return;
     }
@@ -268,23 +375,67 @@ pub fn on_convert(fd: i32, obj: &Arc<Obj>) {
         };
         let set = as_set(&so);
         let mut g = lock(&set.inner);
-        let Some(e) = g.entries.get_mut(&fd) else {
+        let Some(e) = g.entries.get(&fd) else {
             continue;
         };
-        if e.obj.is_some() {
+        let (events, data, old) = (e.events, e.data, e.mode);
+        let (mode, obj) = mode_of(fd, events);
+        if mode == old {
+            // Emulated stays with the connection it has (a dup'd fd shares it).
             continue;
         }
-        let mut kev = libc::epoll_event {
-            events: IN | RDHUP,
-            u64: tag(fd),
-        };
+        let mut kev = kernel_event(fd, mode, events, data);
         // SAFETY: valid event.
-        if unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_MOD, fd, &mut kev) } == 0 {
-            e.obj = Some(obj.clone());
-            g.order.push(fd);
-            set.smc.fetch_add(1, Ordering::Relaxed);
+        if unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_MOD, fd, &mut kev) } != 0 {
+            continue;
+        }
+        tally(set, &mut g, fd, old, false);
+        tally(set, &mut g, fd, mode, true);
+        if let Some(e) = g.entries.get_mut(&fd) {
+            e.mode = mode;
+            e.obj = obj;
+            e.last_token = (0, 0);
+            e.last_mask = 0;
         }
     }
+}
+
+/// Carry on the connect or handshake of `fd` as far as it goes without waiting; true when it
+/// was decided (or is not undecided any more).
+fn drive(fd: i32) -> bool {
+    let Some(o) = fdtable::get(fd) else {
+        return true;
+    };
+    let decided = match &*o {
+        Obj::Pending(_) => {
+            drop(o);
+            crate::ops::resolve_pending(fd);
+            !matches!(fdtable::get(fd).as_deref(), Some(Obj::Pending(_)))
+        }
+        Obj::Handshake(h) => crate::setup::progress(fd, h, false),
+        _ => true,
+    };
+    // A state reached by any path (progress, resolve, another thread) takes effect here.
+    refresh(fd);
+    decided
+}
+
+/// Drive every undecided entry of the set (a tick: CLC timeouts are checked as they go).
+fn drive_all(set: &EpollSet) -> bool {
+    if set.undecided.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    let fds: Vec<i32> = lock(&set.inner)
+        .entries
+        .iter()
+        .filter(|(_, e)| e.mode == Mode::Undecided)
+        .map(|(&fd, _)| fd)
+        .collect();
+    let mut any = false;
+    for fd in fds {
+        any |= drive(fd);
+    }
+    any
 }
 
 /// Whether `ep` needs emulation.
@@ -294,7 +445,7 @@ pub fn wants(ep: i32) -> Option<Arc<Obj>> {
     }
     let o = fdtable::get(ep)?;
     match &*o {
-        Obj::Epoll(s) if s.smc.load(Ordering::Relaxed) > 0 => Some(o),
+        Obj::Epoll(s) if s.tagged.load(Ordering::Relaxed) => Some(o),
         _ => None,
     }
 }
@@ -351,24 +502,67 @@ fn collect(set: &EpollSet, out: &mut Vec<libc::epoll_event>, max: usize, arm: bo
     g.rr = start + advanced;
 }
 
-/// Drain doorbells of the emulated fds the kernel reported; translate plain events.
-fn translate(set: &EpollSet, kev: &[libc::epoll_event], out: &mut Vec<libc::epoll_event>) {
+/// Drain doorbells of the emulated fds the kernel reported, drive the handshakes of the
+/// undecided ones, pass plain events on. True when a handshake was decided (its fd's readiness
+/// is then to be collected again: from the rings, or from the kernel after its re-registration).
+fn translate(set: &EpollSet, kev: &[libc::epoll_event], out: &mut Vec<libc::epoll_event>) -> bool {
     let ck = cookie();
     let mut g = None;
+    let mut undecided = Vec::new();
     for k in kev {
         let d = k.u64;
         if d & 0xFFFF_FFFF_0000_0000 == ck {
             let fd = d as u32 as i32;
             let g = g.get_or_insert_with(|| lock(&set.inner));
-            if let Some(Entry { obj: Some(o), .. }) = g.entries.get(&fd) {
-                if let Some(c) = o.conn() {
-                    c.drain(fd);
+            match g.entries.get(&fd) {
+                Some(Entry {
+                    mode: Mode::Emulated,
+                    obj,
+                    ..
+                }) => {
+                    if let Some(c) = obj.as_ref().and_then(|o| o.conn()) {
+                        c.drain(fd);
+                    }
+                    continue;
                 }
-                continue;
+                Some(Entry {
+                    mode: Mode::Undecided,
+                    events,
+                    data,
+                    ..
+                }) => {
+                    undecided.push((fd, k.events, *events, *data));
+                    continue;
+                }
+                // Our tag on an entry since changed or removed: never the application's.
+                Some(Entry {
+                    mode: Mode::App, ..
+                })
+                | None => continue,
             }
         }
         out.push(*k);
     }
+    drop(g);
+    let mut decided = false;
+    for (fd, kernel, events, data) in undecided {
+        if drive(fd) {
+            decided = true;
+            continue;
+        }
+        // Established, handshake under way: writable as far as TCP goes (a write waits for the
+        // decision with EAGAIN), never readable (CLC bytes are not data). Reported on the
+        // kernel's edge; a one-shot entry hears of it when decided.
+        let out_ev = libc::EPOLLOUT as u32;
+        let established = matches!(fdtable::get(fd).as_deref(), Some(Obj::Handshake(_)));
+        if established && kernel & events & out_ev != 0 && events & ONESHOT == 0 {
+            out.push(libc::epoll_event {
+                events: out_ev,
+                u64: data,
+            });
+        }
+    }
+    decided
 }
 
 /// Our epoll_wait / epoll_pwait.
@@ -425,22 +619,30 @@ pub unsafe fn wait(
         out.clear();
         collect(set, &mut out, max, false);
         if !out.is_empty() || timeout == 0 {
-            let room = max - out.len();
-            if room > 0 {
+            // A handshake decided here may make its fd ready at once (from the rings, or from
+            // the kernel after its re-registration): one more round then.
+            for _ in 0..2 {
+                let room = max - out.len();
+                if room == 0 {
+                    break;
+                }
                 // Only as many kernel events as there is room for: the kernel keeps the others
                 // (an edge-triggered plain fd's event dropped here would be lost for good).
                 let r = kwait_n(&mut kbuf, room, 0, None);
-                if r > 0 {
-                    translate(set, &kbuf[..r as usize], &mut out);
-                }
+                let decided = r > 0 && translate(set, &kbuf[..r as usize], &mut out);
                 if out.is_empty() {
                     // Doorbells may have made something ready.
                     collect(set, &mut out, max, false);
                 }
+                if !decided {
+                    break;
+                }
             }
             return finish(&out);
         }
-        if !spun {
+        // Spinning is for the rings; a set of plain fds only (its connections gone, or still
+        // in their handshakes) sleeps in the kernel at once.
+        if !spun && set.smc.load(Ordering::Relaxed) > 0 {
             spun = true;
             let budget = poll::spin_budget();
             if budget > 0 {
@@ -483,9 +685,18 @@ pub unsafe fn wait(
         if deadline.is_some() && rem == 0 {
             return 0;
         }
-        let r = kwait(&mut kbuf, rem, sigmask);
+        let ticking = set.undecided.load(Ordering::Relaxed) > 0;
+        let t = if ticking && !(0..=HS_TICK_MS).contains(&rem) {
+            HS_TICK_MS
+        } else {
+            rem
+        };
+        let r = kwait(&mut kbuf, t, sigmask);
         if r < 0 {
             return r;
+        }
+        if r == 0 && ticking {
+            drive_all(set);
         }
         translate(set, &kbuf[..r as usize], &mut out);
         let room = max.saturating_sub(out.len());

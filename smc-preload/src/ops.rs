@@ -509,6 +509,7 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
                     dest,
                 }))),
             ));
+            epoll::refresh(fd);
         }
         real::set_errno(e);
         return r;
@@ -581,7 +582,7 @@ pub fn forget_stale(fd: c_int) {
 fn forget_slot(fd: c_int, io_fd: c_int) {
     match fdtable::replace(fd, Slot::Empty) {
         Slot::Obj(o) => {
-            epoll::on_close(fd);
+            epoll::on_close(fd, io_fd >= 0);
             if let Obj::Conn(c) = &*o {
                 if c.drop_ref() {
                     let sh = c.sh();
@@ -608,7 +609,7 @@ fn forget_slot(fd: c_int, io_fd: c_int) {
                 }
             }
         }
-        Slot::Tag(_) => epoll::on_close(fd),
+        Slot::Tag(_) => epoll::on_close(fd, io_fd >= 0),
         Slot::Empty => {}
     }
 }

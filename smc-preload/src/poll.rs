@@ -91,40 +91,59 @@ pub fn deadline_ms(timeout: i32) -> Option<Instant> {
 enum Kind {
     Plain,
     Smc(Arc<Obj>),
+    /// Connect (`true`: not established yet) or handshake under way: the kernel's events on it
+    /// (connect completion, the peer's CLC message) drive it. The application sees `POLLOUT`
+    /// once the TCP connection is established (as TCP says; a write then waits for the
+    /// decision with `EAGAIN`), never `POLLIN`: CLC bytes are not data.
+    Undecided(bool),
 }
 
 fn classify(fd: i32) -> Kind {
     if fdtable::raw(fd) < 8 {
         return Kind::Plain;
     }
-    match fdtable::get(fd) {
-        Some(o) => {
-            let decided = match &*o {
-                Obj::Pending(_) => {
-                    crate::ops::resolve_pending(fd);
-                    true
-                }
-                // An accepted connection in its handshake: what has arrived is processed; until
-                // it is decided the kernel's readiness of the socket is the truth (CLC bytes
-                // make it readable, and the application's read carries the handshake on).
-                Obj::Handshake(h) => crate::setup::progress(fd, h, false),
-                _ => false,
-            };
-            if decided {
-                return match fdtable::get(fd) {
-                    Some(o2) if o2.conn().is_some() => Kind::Smc(o2),
-                    _ => Kind::Plain,
-                };
-            }
-            if o.conn().is_some() {
-                Kind::Smc(o)
-            } else {
-                Kind::Plain
-            }
+    let Some(o) = fdtable::get(fd) else {
+        return Kind::Plain;
+    };
+    match &*o {
+        Obj::Conn(_) => return Kind::Smc(o),
+        Obj::Pending(_) => {
+            drop(o);
+            crate::ops::resolve_pending(fd);
         }
-        None => Kind::Plain,
+        // What has arrived is processed.
+        Obj::Handshake(h) => {
+            crate::setup::progress(fd, h, false);
+            drop(o);
+        }
+        _ => return Kind::Plain,
+    }
+    let Some(o) = fdtable::get(fd) else {
+        return Kind::Plain;
+    };
+    if o.conn().is_some() {
+        return Kind::Smc(o);
+    }
+    match &*o {
+        Obj::Pending(_) => Kind::Undecided(true),
+        Obj::Handshake(_) => Kind::Undecided(false),
+        _ => Kind::Plain,
     }
 }
+
+/// What the kernel is asked about an undecided fd: connect completion, then the peer's CLC
+/// messages (and writability, when the application asks for it).
+fn undecided_events(pending: bool, app: i16) -> i16 {
+    if pending {
+        libc::POLLOUT
+    } else {
+        libc::POLLIN | (app & libc::POLLOUT)
+    }
+}
+
+/// While a handshake is undecided, a blocking poll wakes at least this often to let one whose
+/// peer went quiet time out (and fall back) as it would in a read.
+const HS_TICK_MS: i32 = 100;
 
 /// Whether any of `fds` is an SMC connection (or may become one).
 pub fn any_smc(fds: &[libc::pollfd]) -> bool {
@@ -140,23 +159,51 @@ pub unsafe fn poll_emul(
     timeout: i32,
     sigmask: Option<*const libc::sigset_t>,
 ) -> i32 {
+    let deadline = deadline_ms(timeout);
+    let mut t = timeout;
+    loop {
+        // SAFETY: the caller's array, as passed.
+        if let Some(n) = unsafe { poll_once(fds, t, sigmask) } {
+            return n;
+        }
+        // A handshake moved: classify again, with what is left of the timeout (0 at the end,
+        // which never asks for another round).
+        t = remaining_ms(deadline);
+    }
+}
+
+/// One round of [`poll_emul`]; `None` when a connect or handshake of the set moved while it
+/// waited (the fds are to be classified again).
+unsafe fn poll_once(
+    fds: &mut [libc::pollfd],
+    timeout: i32,
+    sigmask: Option<*const libc::sigset_t>,
+) -> Option<i32> {
     let kinds: Vec<Kind> = fds.iter().map(|p| classify(p.fd)).collect();
     if kinds.iter().all(|k| matches!(k, Kind::Plain)) {
-        return unsafe { real_poll(fds, timeout, sigmask) };
+        return Some(unsafe { real_poll(fds, timeout, sigmask) });
     }
     let deadline = deadline_ms(timeout);
     let mut tmp: Vec<libc::pollfd> = fds.to_vec();
-    for (t, k) in tmp.iter_mut().zip(&kinds) {
-        if let Kind::Smc(_) = k {
+    for ((t, k), p) in tmp.iter_mut().zip(&kinds).zip(fds.iter_mut()) {
+        match k {
             // The kernel only wakes us on doorbells (and EOF/reset of the channel).
-            t.events = libc::POLLIN;
+            Kind::Smc(_) => t.events = libc::POLLIN,
+            Kind::Undecided(pending) => {
+                t.events = undecided_events(*pending, p.events);
+                p.revents = 0;
+            }
+            Kind::Plain => {}
         }
     }
+    let ticking = kinds.iter().any(|k| matches!(k, Kind::Undecided(_)));
     let user_ready = |fds: &mut [libc::pollfd], arm_too: bool| -> i32 {
         let mut n = 0;
         for (p, k) in fds.iter_mut().zip(&kinds) {
-            if let Kind::Smc(o) = k {
-                let c = o.conn().expect("smc");
+            if let Some(c) = match k {
+                Kind::Smc(o) => o.conn(),
+                _ => None,
+            } {
                 let want = p.events as u32 | ERR | HUP;
                 let m = if arm_too {
                     arm(c, p.fd, p.events as u32)
@@ -176,7 +223,7 @@ pub unsafe fn poll_emul(
         let n = user_ready(fds, false);
         if n > 0 || timeout == 0 {
             // Collect the plain fds without blocking.
-            return n + unsafe { merge_plain(fds, &mut tmp, &kinds, 0, None) };
+            return Some(n + unsafe { merge_plain(fds, &mut tmp, &kinds, 0, None) });
         }
         if !spun {
             spun = true;
@@ -210,44 +257,62 @@ pub unsafe fn poll_emul(
         // Arm and recheck.
         let n = user_ready(fds, true);
         if n > 0 {
-            return n + unsafe { merge_plain(fds, &mut tmp, &kinds, 0, None) };
+            return Some(n + unsafe { merge_plain(fds, &mut tmp, &kinds, 0, None) });
         }
         let rem = remaining_ms(deadline);
         if deadline.is_some() && rem == 0 {
             for p in fds.iter_mut() {
                 p.revents = 0;
             }
-            return 0;
+            return Some(0);
         }
+        let t = if ticking && !(0..=HS_TICK_MS).contains(&rem) {
+            HS_TICK_MS
+        } else {
+            rem
+        };
         for t in tmp.iter_mut() {
             t.revents = 0;
         }
-        let r = unsafe { real_poll(&mut tmp, rem, sigmask) };
+        let r = unsafe { real_poll(&mut tmp, t, sigmask) };
         if r < 0 {
-            return r;
+            return Some(r);
         }
         // Drain doorbells, then recompute everything.
+        let mut moved = r == 0 && ticking;
         for ((t, k), p) in tmp.iter().zip(&kinds).zip(fds.iter_mut()) {
             match k {
                 Kind::Smc(o) => {
-                    if t.revents != 0 {
-                        o.conn().expect("smc").drain(t.fd);
+                    if let (true, Some(c)) = (t.revents != 0, o.conn()) {
+                        c.drain(t.fd);
                     }
                 }
                 Kind::Plain => p.revents = t.revents,
+                Kind::Undecided(pending) => {
+                    let out = libc::POLLOUT;
+                    if *pending || t.revents & !out != 0 {
+                        // Connected, a CLC message, or the connection broke: drive it.
+                        moved |= t.revents != 0;
+                    } else {
+                        p.revents = t.revents & p.events & out;
+                    }
+                }
             }
         }
         let plain = fds
             .iter()
             .zip(&kinds)
-            .filter(|(p, k)| matches!(k, Kind::Plain) && p.revents != 0)
+            .filter(|(p, k)| !matches!(k, Kind::Smc(_)) && p.revents != 0)
             .count() as i32;
         let n = user_ready(fds, false);
         if n + plain > 0 {
-            return n + plain;
+            return Some(n + plain);
+        }
+        if moved {
+            return None;
         }
         if deadline.is_some() && remaining_ms(deadline) == 0 {
-            return 0;
+            return Some(0);
         }
     }
 }
@@ -268,27 +333,34 @@ unsafe fn merge_plain(
                 t.events = p.events;
                 any = true;
             }
-            Kind::Smc(_) => t.fd = -1,
+            // An established connection in its handshake is writable as far as TCP goes.
+            Kind::Undecided(false) if p.events & libc::POLLOUT != 0 => {
+                t.fd = p.fd;
+                t.events = libc::POLLOUT;
+                any = true;
+            }
+            Kind::Smc(_) | Kind::Undecided(_) => t.fd = -1,
         }
         t.revents = 0;
     }
     let mut n = 0;
+    for (p, k) in fds.iter_mut().zip(kinds) {
+        if !matches!(k, Kind::Smc(_)) {
+            p.revents = 0;
+        }
+    }
     if any {
         let r = unsafe { real_poll(tmp, timeout, sigmask) };
         if r > 0 {
             for ((t, k), p) in tmp.iter().zip(kinds).zip(fds.iter_mut()) {
-                if let Kind::Plain = k {
-                    p.revents = t.revents;
-                    if t.revents != 0 {
-                        n += 1;
-                    }
+                p.revents = match k {
+                    Kind::Plain => t.revents,
+                    Kind::Undecided(_) if t.fd >= 0 => t.revents & libc::POLLOUT,
+                    _ => continue,
+                };
+                if p.revents != 0 {
+                    n += 1;
                 }
-            }
-        }
-    } else {
-        for (p, k) in fds.iter_mut().zip(kinds) {
-            if let Kind::Plain = k {
-                p.revents = 0;
             }
         }
     }
@@ -296,9 +368,11 @@ unsafe fn merge_plain(
     for (t, p) in tmp.iter_mut().zip(fds.iter()) {
         t.fd = p.fd;
     }
-    for (t, k) in tmp.iter_mut().zip(kinds) {
-        if let Kind::Smc(_) = k {
-            t.events = libc::POLLIN;
+    for ((t, k), p) in tmp.iter_mut().zip(kinds).zip(fds.iter()) {
+        match k {
+            Kind::Smc(_) => t.events = libc::POLLIN,
+            Kind::Undecided(pending) => t.events = undecided_events(*pending, p.events),
+            Kind::Plain => {}
         }
     }
     n

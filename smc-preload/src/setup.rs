@@ -695,6 +695,7 @@ fn fallback(fd: i32, server: bool, code: u32, why: &str, member: bool) {
     stats::fallback(server, code);
     if member {
         drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Tcp))));
+        crate::epoll::refresh(fd);
     } else {
         settle_plain(fd);
     }
@@ -709,6 +710,7 @@ pub(crate) fn settle_plain(fd: i32) {
         Slot::Empty
     };
     drop(fdtable::replace(fd, s));
+    crate::epoll::refresh(fd);
 }
 
 fn nonblocking(fd: i32) -> bool {
@@ -999,6 +1001,7 @@ pub fn client_start(fd: i32, nonblock: bool, dest: Option<Dest>) {
                     peer_local,
                 }))),
             ));
+            crate::epoll::refresh(fd);
         }
     }
 }
@@ -1027,6 +1030,12 @@ pub fn progress(fd: i32, h: &crate::obj::Handshake, block: bool) -> bool {
 
 /// A decided handshake: switch the fd to SMC, or leave it plain / skipping / reset.
 fn finish(fd: i32, server: bool, out: Outcome, nonblock: bool) {
+    finish_outcome(fd, server, out, nonblock);
+    // An epoll set that watched the handshake for the application hands the fd back to it.
+    crate::epoll::refresh(fd);
+}
+
+fn finish_outcome(fd: i32, server: bool, out: Outcome, nonblock: bool) {
     let role = if server { Role::Server } else { Role::Client };
     match out {
         Outcome::Fallback { fb, awaited } => after_fallback(fd, server, fb, awaited),

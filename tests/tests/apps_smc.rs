@@ -369,6 +369,21 @@ impl Nginx {
         w.live_pids().into_iter().filter(|p| *p != m).collect()
     }
 
+    /// No worker died: nginx's master logs "worker process N exited on signal S" and starts
+    /// another (which would hide a crash from every other check).
+    fn assert_no_worker_crash(&self) {
+        let log = std::fs::read_to_string(self.dir.join("error.log")).unwrap_or_default();
+        let crashes: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("exited on signal"))
+            .collect();
+        assert!(
+            crashes.is_empty(),
+            "nginx workers crashed:\n{}",
+            crashes.join("\n")
+        );
+    }
+
     fn access_log_lines(&self) -> usize {
         std::fs::read_to_string(self.dir.join("access.log"))
             .unwrap_or_default()
@@ -401,6 +416,7 @@ fn nginx_wrk_keepalive_over_smcd() {
         .arg(format!("http://127.0.0.1:{}/page.bin", ng.port));
     let run = run_to_end(c, &w.subdir("logs"), None, T).ok();
     let out = run.text();
+    ng.assert_no_worker_crash();
     let requests = wrk_number(&out, "requests in");
     assert!(requests >= 100, "wrk made only {requests} requests:\n{out}");
     assert!(!out.contains("Non-2xx"), "wrk got error responses:\n{out}");
@@ -466,6 +482,7 @@ fn nginx_curl_large_file_over_smcd() {
         .arg(&out)
         .arg(format!("http://127.0.0.1:{}/big.bin", ng.port));
     let run = run_to_end(c, &w.subdir("logs"), None, T).ok();
+    ng.assert_no_worker_crash();
     let got = std::fs::read(&out).expect("curl output");
     assert_eq!(got.len(), body.len(), "curl got {} bytes", got.len());
     assert_eq!(

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 /// Scenarios whose trace under the data path differs from TCP, and why.
 const EXPECTED: &[(&str, &str)] = &[
+    ("epoll_close_while_dup_open", "close() of an SMC fd whose open file another fd (a dup) keeps alive: the data path removes the closed number's epoll registration (TCP keeps it until the file goes, reporting events for a number that was closed); never an event with data the program did not register"),
     ("epoll_nested", "an epoll fd in another epoll set: the outer wait sees the inner set's kernel readiness, which for an SMC fd is only its doorbells, rung only while a waiter armed the ring (not fixed yet)"),
     ("poll_nested_epoll", "the same with poll on the epoll fd (not fixed yet)"),
     ("linger0_so_error", "SO_ERROR is the TCP socket's own (getsockopt is not interposed): reading it does not consume the data path's pending reset, so the next read still says ECONNRESET"),

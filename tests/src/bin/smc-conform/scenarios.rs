@@ -51,6 +51,7 @@ scenarios! {
     epoll_mod_out: 1;
     epoll_del: 1;
     epoll_out_after_full: 1;
+    epoll_close_while_dup_open: 1;
     // poll / select
     poll_out_initial: 1;
     poll_peer_close: 1;
@@ -73,6 +74,9 @@ scenarios! {
     connect_timeout_then_blocking: 1;
     nonblock_connect_write_at_once: 1;
     connect_own_listener_one_thread: 1;
+    epoll_connect_quiet_server: 1;
+    epoll_connect_lt_in_out: 1;
+    poll_connect_quiet_server: 1;
     accept_nonblock_empty: 0;
     // data calls
     msg_peek: 1;
@@ -1407,6 +1411,134 @@ fn connect_own_listener_one_thread() {
     close(c);
     close(s);
     close(l);
+}
+
+/// A server (here a thread) that accepts and stays quiet until told to answer: the client's
+/// readiness must come from the server's bytes, never from the handshake's messages (wrk
+/// counted a read error when `EPOLLIN` came with nothing to read).
+fn quiet_server() -> (u16, c_int, std::thread::JoinHandle<()>) {
+    let (l, port) = listener();
+    let (go_r, go_w) = pipe();
+    let srv = std::thread::spawn(move || {
+        let s = accept_fd(l);
+        read_n(go_r, 1);
+        write_all(s, b"hi");
+        read_n(s, 2);
+        close(s);
+        close(l);
+        close(go_r);
+    });
+    (port, go_w, srv)
+}
+
+fn nonblock_client(port: u16) -> c_int {
+    let c = tcp_socket();
+    set_nonblock(c, true);
+    let rc = connect_to(c, port);
+    log(format!(
+        "connect = {}",
+        if rc == 0 { "0".into() } else { ename(errno()) }
+    ));
+    c
+}
+
+fn epoll_connect_quiet_server() {
+    let (port, go, srv) = quiet_server();
+    let c = nonblock_client(port);
+    let ep = ep_create();
+    ep_ctl(
+        "ADD c IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        c,
+        libc::EPOLLIN as u32,
+        0,
+    );
+    ep_wait("wait IN, server quiet (300 ms)", ep, 8, 300, &names(CS));
+    rd("read(c)", c, 10);
+    write_all(go, b"g");
+    ep_wait("wait IN, server wrote", ep, 8, 5000, &names(CS));
+    rd("read(c)", c, 10);
+    write_all(c, b"ok");
+    srv.join().unwrap();
+    close(go);
+    close(ep);
+    close(c);
+}
+
+fn epoll_connect_lt_in_out() {
+    // wrk's pattern: read and write interest at once, level-triggered.
+    let (port, go, srv) = quiet_server();
+    let c = nonblock_client(port);
+    let ep = ep_create();
+    let io = (libc::EPOLLIN | libc::EPOLLOUT) as u32;
+    ep_ctl("ADD c IN|OUT", ep, libc::EPOLL_CTL_ADD, c, io, 0);
+    ep_wait("wait IN|OUT", ep, 8, 5000, &names(CS));
+    ep_wait("wait IN|OUT, server quiet (300 ms)", ep, 8, 300, &names(CS));
+    ep_ctl(
+        "MOD c IN",
+        ep,
+        libc::EPOLL_CTL_MOD,
+        c,
+        libc::EPOLLIN as u32,
+        0,
+    );
+    ep_wait("wait IN, server quiet (300 ms)", ep, 8, 300, &names(CS));
+    rd("read(c)", c, 10);
+    write_all(go, b"g");
+    ep_wait("wait IN, server wrote", ep, 8, 5000, &names(CS));
+    rd("read(c)", c, 10);
+    write_all(c, b"ok");
+    srv.join().unwrap();
+    close(go);
+    close(ep);
+    close(c);
+}
+
+fn poll_connect_quiet_server() {
+    let (port, go, srv) = quiet_server();
+    let c = nonblock_client(port);
+    pl("poll(c,OUT)", c, libc::POLLOUT, 5000);
+    pl("poll(c,IN), server quiet (300 ms)", c, libc::POLLIN, 300);
+    rd("read(c)", c, 10);
+    write_all(go, b"g");
+    pl("poll(c,IN), server wrote", c, libc::POLLIN, 5000);
+    rd("read(c)", c, 10);
+    write_all(c, b"ok");
+    srv.join().unwrap();
+    close(go);
+    close(c);
+}
+
+fn epoll_close_while_dup_open() {
+    // The kernel keeps a registration while the open file lives (here a dup keeps it): the
+    // event may come for the closed number, but never with data the program did not register.
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    // SAFETY: plain dup.
+    let d = unsafe { libc::dup(s) };
+    close(s);
+    // The peer's bytes and its close (FIN: the TCP socket becomes readable).
+    write_all(c, b"x");
+    close(c);
+    let evs = ep_wait("wait after close(s), dup open", ep, 8, 300, &names(CS));
+    let foreign = evs.iter().filter(|(d, _)| *d != 1).count();
+    log(format!("events with data never registered = {foreign}"));
+    assert_eq!(
+        foreign, 0,
+        "an event carried data the program never registered"
+    );
+    rd("read(dup)", d, 10);
+    close(d);
+    close(ep);
 }
 
 fn accept_nonblock_empty() {
