@@ -147,20 +147,6 @@ pub const VALID_PEEK: u64 = 1 << 5;
 /// `valid`: the connection table is maintained.
 pub const VALID_CONN_TABLE: u64 = 1 << 6;
 
-/// Fallback reason of the data path's short-connection policy (a client connection kept on
-/// TCP because its recent connections were too short to gain from SMC-D). Not a Linux
-/// diagnosis code: private codes live in `0x7Fxx_xxxx`.
-pub const POLICY_SHORT: u32 = 0x7F00_0001;
-
-/// The name of a fallback reason code: the Linux decline name (`PEERNOSMC`), a private
-/// code's name (`POLICY_SHORT`), or `UNKNOWN`.
-pub fn reason_name(code: u32) -> &'static str {
-    match code {
-        POLICY_SHORT => "POLICY_SHORT",
-        c => crate::diag::name_of(c),
-    }
-}
-
 /// The directory: `$SMC_PROCS_DIR` or [`DEFAULT_DIR`].
 pub fn default_dir() -> std::path::PathBuf {
     std::env::var_os(DIR_ENV)
@@ -931,13 +917,6 @@ mod tests {
         assert_eq!(g.reasons_client[&0x030d_0000], 2);
         assert_eq!(g.hists["tx_ring"][7], 2);
         assert!(!fold(&mut agg, b"junk"));
-    }
-
-    #[test]
-    fn reason_names() {
-        assert_eq!(reason_name(0x0301_0000), "PEERNOSMC");
-        assert_eq!(reason_name(POLICY_SHORT), "POLICY_SHORT");
-        assert_eq!(reason_name(0x7F00_0099), "UNKNOWN");
     }
 
     #[test]

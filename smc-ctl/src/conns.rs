@@ -465,7 +465,7 @@ fn proc_files(dir: &Path) -> HashMap<u32, Snapshot> {
 }
 
 fn reason_name(code: u32) -> String {
-    match procstats::reason_name(code) {
+    match smc_common::diag::reason_name(code) {
         "UNKNOWN" => format!("{code:#010x}"),
         n => n.to_string(),
     }

@@ -666,7 +666,7 @@ fn reasons_list(m: &BTreeMap<String, u64>) -> Vec<Value> {
             let c = u32::from_str_radix(code.trim_start_matches("0x"), 16).unwrap_or(0);
             json!({
                 "code": code,
-                "name": procstats::reason_name(c),
+                "name": smc_common::diag::reason_name(c),
                 "count": n,
             })
         })

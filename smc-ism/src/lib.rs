@@ -22,7 +22,8 @@
 //! # Device semantics (as Linux's `smc_loopback.c`)
 //!
 //! - Identity: a random 128-bit GID (version-4 UUID, [`Gid`]) created once and persisted, so it
-//!   is stable across daemon restarts; CHID [`CHID_LOOPBACK`] (0xFFFF).
+//!   is stable across daemon restarts; CHID
+//!   [`smc_common::clc::LOOPBACK_CHID`] (0xFFFF).
 //! - `register_dmb(size_code, sock)`: `16 KiB << size_code` bytes (code ≤ 10: Linux's SMC-D
 //!   stops at 6, 1 MiB; the data path uses more only between two ends that both offer its
 //!   large-DMB extension); a free slot from a
@@ -165,10 +166,10 @@ mod sys;
 mod daemon;
 
 pub use client::{
-    default_socket_path, dmb_size, size_code_for, Client, Dmb, DmbMap, Gid, Ticket, CHID_LOOPBACK,
-    DEFAULT_SOCKET_PATH, DEFAULT_TIMEOUT, DMB_MIN_SIZE, MAX_SIZE_CODE, SOCKET_ENV,
+    default_socket_path, Client, Dmb, DmbMap, Gid, Ticket, DEFAULT_SOCKET_PATH, DEFAULT_TIMEOUT,
+    SOCKET_ENV,
 };
-pub use error::{DeclineReason, IsmError, DECL_INTERR, DECL_MAX_DMB, DECL_MEM, DECL_NOSMCDDEV};
+pub use error::{DeclineReason, IsmError};
 pub use stats::{CgroupStats, DmbInfo, DmbList, FailureStats, OpStats, OpsStats, Stats};
 
 #[cfg(feature = "daemon")]

@@ -12,8 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
+use smc_common::clc::LOOPBACK_CHID;
 use smc_ism::proto::{self, Header, Status};
-use smc_ism::{Client, DeclineReason, Gid, IsmError, CHID_LOOPBACK};
+use smc_ism::{Client, DeclineReason, Gid, IsmError};
 
 const CHILD_ENTRY: &str = "child_entry";
 
@@ -631,7 +632,7 @@ fn restart_keeps_gid_and_live_mappings() {
     let gid = a.query_gid().unwrap();
     assert_eq!(gid, d.gid());
     assert_ne!(gid, Gid::default());
-    assert_eq!(CHID_LOOPBACK, 0xFFFF);
+    assert_eq!(LOOPBACK_CHID, 0xFFFF);
     let file = std::fs::read_to_string(dir.state().join("gid")).unwrap();
     assert_eq!(Gid::parse(&file), Some(gid));
 

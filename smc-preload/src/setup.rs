@@ -134,9 +134,8 @@ fn no_shortcut() -> bool {
     *OFF.get_or_init(|| std::env::var_os("SMC_NO_SHORTCUT").is_some_and(|v| v == "1"))
 }
 
-/// Fallback reason counted when the short-connection policy keeps a connection on TCP (not a
-/// Linux diagnosis code).
-pub const POLICY_SHORT: u32 = 0x7F00_0001;
+// Fallback reason counted when the short-connection policy keeps a connection on TCP.
+use smc_common::diag::POLICY_SHORT;
 
 /// Short-connection policy: client connections whose whole life moved fewer than
 /// `SMC_SHORT_BYTES` (default 16 KiB) bytes lose more to the handshake than they gain. After 8
