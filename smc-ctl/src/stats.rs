@@ -449,38 +449,6 @@ impl ProcScan {
 // ---------------------------------------------------------------------------------------------
 // the daemon
 
-const DAEMON_GAUGES: &[&str] = &[
-    "protocol_version",
-    "uptime_secs",
-    "generation",
-    "clients_connected",
-    "live_dmbs",
-    "live_bytes",
-    "live_attachments",
-    "max_dmbs",
-];
-
-fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, u64>) {
-    match v {
-        Value::Object(m) => {
-            for (k, x) in m {
-                let key = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}_{k}")
-                };
-                flatten(&key, x, out);
-            }
-        }
-        Value::Number(n) => {
-            if let Some(u) = n.as_u64() {
-                out.insert(prefix.to_string(), u);
-            }
-        }
-        _ => {}
-    }
-}
-
 struct DaemonView {
     stats: Option<smc_ism::Stats>,
     error: Option<String>,
@@ -523,15 +491,8 @@ fn daemon_view(socket: &Path) -> DaemonView {
 }
 
 fn daemon_counters(s: &smc_ism::Stats) -> BTreeMap<String, u64> {
-    let mut v = serde_json::to_value(s).unwrap_or(Value::Null);
-    if let Value::Object(m) = &mut v {
-        m.remove("cgroups");
-    }
-    let mut out = BTreeMap::new();
-    flatten("", &v, &mut out);
-    for g in DAEMON_GAUGES {
-        out.remove(*g);
-    }
+    let mut out = s.figures();
+    out.retain(|k, _| !smc_ism::Stats::is_gauge(k));
     out
 }
 
@@ -763,13 +724,8 @@ fn figures(a: &StatsArgs, inp: &Inputs, scope: &Scope, base: Option<&Baseline>) 
         }),
         Some(s) => {
             let mut figs: BTreeMap<String, u64> = r.daemon.clone().unwrap_or_default();
-            let mut all = BTreeMap::new();
-            flatten(
-                "",
-                &serde_json::to_value(s).unwrap_or(Value::Null),
-                &mut all,
-            );
-            for g in DAEMON_GAUGES {
+            let all = s.figures();
+            for g in smc_ism::Stats::GAUGES {
                 if let Some(v) = all.get(*g) {
                     figs.insert(g.to_string(), *v);
                 }
@@ -1472,20 +1428,11 @@ mod tests {
     }
 
     #[test]
-    fn abbreviations_and_flattening() {
+    fn abbreviations() {
         assert_eq!(abbrev(999), "999");
         assert_eq!(abbrev(1536), "1.50K");
         assert_eq!(abbrev(75 << 20), "75.0M");
         assert_eq!(abbrev(300 << 30), "300G");
-        let mut m = BTreeMap::new();
-        flatten(
-            "",
-            &json!({"ops": {"register": {"ok": 3}}, "gid": "x", "live_dmbs": 1}),
-            &mut m,
-        );
-        assert_eq!(m["ops_register_ok"], 3);
-        assert_eq!(m["live_dmbs"], 1);
-        assert!(!m.contains_key("gid"));
     }
 
     #[test]
