@@ -131,33 +131,30 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The first cgroup2 mount of a mountinfo text (`proc(5)`: fields 4 and 5 are the root and the
-/// mount point, the filesystem type follows the ` - ` separator). The one with root `/` wins
-/// over a bind mount of a sub-directory.
+/// Every cgroup2 mount of a mountinfo text, in its order (`proc(5)`: fields 4 and 5 are the
+/// root and the mount point, the filesystem type follows the ` - ` separator).
+pub fn cgroup2_mounts(text: &str) -> Vec<Cgroup2Mount> {
+    text.lines()
+        .filter_map(|line| {
+            let (pre, post) = line.split_once(" - ")?;
+            if post.split_whitespace().next() != Some("cgroup2") {
+                return None;
+            }
+            let f: Vec<&str> = pre.split_whitespace().collect();
+            (f.len() >= 5).then(|| Cgroup2Mount {
+                root: unescape(f[3]),
+                mount_point: PathBuf::from(unescape(f[4])),
+            })
+        })
+        .collect()
+}
+
+/// The cgroup2 mount of a mountinfo text: the first one with root `/` (the whole hierarchy),
+/// else the first bind mount of a sub-directory.
 pub fn parse_mountinfo(text: &str) -> Option<Cgroup2Mount> {
-    let mut best: Option<Cgroup2Mount> = None;
-    for line in text.lines() {
-        let Some((pre, post)) = line.split_once(" - ") else {
-            continue;
-        };
-        if post.split_whitespace().next() != Some("cgroup2") {
-            continue;
-        }
-        let f: Vec<&str> = pre.split_whitespace().collect();
-        if f.len() < 5 {
-            continue;
-        }
-        let m = Cgroup2Mount {
-            root: unescape(f[3]),
-            mount_point: PathBuf::from(unescape(f[4])),
-        };
-        match &best {
-            Some(b) if b.root == "/" => {}
-            _ if m.root == "/" || best.is_none() => best = Some(m),
-            _ => {}
-        }
-    }
-    best
+    let mut all = cgroup2_mounts(text);
+    let i = all.iter().position(|m| m.root == "/").unwrap_or(0);
+    (i < all.len()).then(|| all.swap_remove(i))
 }
 
 /// The cgroup v2 mount of this process's mount namespace.

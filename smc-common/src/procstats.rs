@@ -803,30 +803,18 @@ pub fn is_live(s: &Snapshot) -> bool {
 }
 
 /// Cgroup v2 id (directory inode) of process `pid` (`"self"` for the caller), from
-/// `/proc/<pid>/cgroup` and the cgroup2 mount in `/proc/<pid>/mountinfo`.
+/// `/proc/<pid>/cgroup` and the cgroup2 mounts in `/proc/<pid>/mountinfo` (the first whose
+/// directory exists).
 pub fn proc_cgroup_id(pid: &str) -> Option<u64> {
+    use crate::cgroup;
     use std::os::unix::fs::MetadataExt as _;
     let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let rel = cg.lines().find_map(|l| l.strip_prefix("0::"))?.trim();
+    let rel = cgroup::parse_proc_cgroup(&cg)?.trim();
     let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).ok()?;
-    for l in mounts.lines() {
-        // "... mount_point opts - fstype source superopts"
-        let Some((pre, post)) = l.split_once(" - ") else {
-            continue;
-        };
-        if post.split_whitespace().next() != Some("cgroup2") {
-            continue;
-        }
-        let f: Vec<&str> = pre.split_whitespace().collect();
-        if f.len() < 5 {
-            continue;
-        }
-        let (root, mnt) = (f[3], f[4]);
-        let sub = rel
-            .strip_prefix(root)
-            .unwrap_or(rel)
-            .trim_start_matches('/');
-        let path = std::path::Path::new(mnt).join(sub);
+    for m in cgroup::cgroup2_mounts(&mounts) {
+        // A cgroup outside the mount's root: as seen from the mount point.
+        let path = cgroup::dir_of(&m, rel)
+            .unwrap_or_else(|| m.mount_point.join(rel.trim_start_matches('/')));
         // A pid other than "self" sees its mounts through its root.
         let path = if pid == "self" {
             path

@@ -855,13 +855,7 @@ fn forked_child_reconnects() {
 // refused even with the mirror socket.
 
 fn cgroup2_root() -> Option<std::path::PathBuf> {
-    let mi = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mi.lines().find_map(|l| {
-        let (pre, post) = l.split_once(" - ")?;
-        post.starts_with("cgroup2 ")
-            .then(|| pre.split_whitespace().nth(4).map(std::path::PathBuf::from))
-            .flatten()
-    })
+    smc_common::cgroup::cgroup2_root().ok()
 }
 
 fn child_cgroup(port: u16) {
