@@ -9,7 +9,9 @@
 //!   least [`MIN_ID_PREFIX`] characters), in the layouts of the usual runtimes: systemd driver
 //!   `docker-<id>.scope`, `cri-containerd-<id>.scope`, `crio-<id>.scope`, `libpod-<id>.scope`
 //!   (also under `kubepods*.slice`), cgroupfs driver `docker/<id>`, `kubepods/<qos>/pod<uid>/<id>`;
-//! - [`pod_of_cgroup`]: the pod UID and QoS class of a kubelet pod cgroup (both drivers).
+//! - [`pod_of_cgroup`]: the pod UID and QoS class of a kubelet pod cgroup (both drivers);
+//! - [`join_before_exec`]: makes a `Command`'s child join a cgroup between fork and exec
+//!   (without allocating after the fork).
 use std::{
     fmt, fs, io,
     path::{Path, PathBuf},
@@ -165,6 +167,38 @@ pub fn cgroup2_mount() -> Result<Cgroup2Mount, CgroupError> {
 /// Where cgroup v2 is mounted here (`/sys/fs/cgroup`, `/sys/fs/cgroup/unified`, …).
 pub fn cgroup2_root() -> Result<PathBuf, CgroupError> {
     cgroup2_mount().map(|m| m.mount_point)
+}
+
+/// Makes the child of `cmd` join the cgroup directory `dir` between `fork` and `exec` (writes
+/// `0` to its `cgroup.procs`), so that the program runs in it from its first instruction. The
+/// path is prepared here: the child only calls `open`, `write` and `close`, which are
+/// async-signal-safe (a child of a multi-threaded parent must not allocate: another thread may
+/// have held the allocator's lock at the fork). A failure (also a path with a NUL byte) makes
+/// `spawn` return the error.
+pub fn join_before_exec(cmd: &mut std::process::Command, dir: &Path) {
+    use std::os::unix::{ffi::OsStrExt as _, process::CommandExt as _};
+    let procs = std::ffi::CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).ok();
+    // SAFETY: the closure runs in the child between fork and exec and calls only open, write and
+    // close (async-signal-safe) on memory allocated before the fork; its errors are built from
+    // an errno or a constant kind (no allocation).
+    unsafe {
+        cmd.pre_exec(move || {
+            let Some(procs) = &procs else {
+                return Err(io::ErrorKind::InvalidInput.into());
+            };
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let r = libc::write(fd, b"0\n".as_ptr().cast(), 2);
+            let err = io::Error::last_os_error();
+            libc::close(fd);
+            if r < 0 {
+                return Err(err);
+            }
+            Ok(())
+        });
+    }
 }
 
 /// The cgroup v2 path (`0::<path>` line) of a `/proc/PID/cgroup` text.
@@ -353,6 +387,14 @@ pub fn pod_of_cgroup(rel: &Path) -> Option<PodCgroup> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn join_before_exec_fails_the_spawn() {
+        let mut c = std::process::Command::new("true");
+        join_before_exec(&mut c, Path::new("/nonexistent-cgroup-dir"));
+        let e = c.spawn().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+    }
 
     const HYBRID: &str = "\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755

@@ -890,28 +890,7 @@ fn run_cgroup_child(sock: &std::path::Path, cgroup: Option<&std::path::Path>, to
         &[("ISM_PORT", port.to_string())],
     );
     if let Some(cg) = cgroup {
-        use std::os::unix::process::CommandExt;
-        let procs = std::ffi::CString::new(
-            cg.join("cgroup.procs")
-                .into_os_string()
-                .into_encoded_bytes(),
-        )
-        .unwrap();
-        // SAFETY: only async-signal-safe calls (open/write/close) between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let r = libc::write(fd, b"0".as_ptr().cast(), 1);
-                libc::close(fd);
-                if r != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        smc_common::cgroup::join_before_exec(&mut cmd, cg);
     }
     let child = cmd.spawn().unwrap();
     let (mut tcp, _) = l.accept().unwrap();

@@ -4,7 +4,6 @@
 use std::{
     collections::BTreeMap,
     fs,
-    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
     sync::atomic::{AtomicU32, Ordering},
@@ -99,32 +98,9 @@ impl Cgroup {
     /// A command whose process joins this cgroup before it executes.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new(program);
-        let procs = self.path.join("cgroup.procs");
-        // SAFETY: only async-signal-safe calls between fork and exec (open/write/close).
-        unsafe {
-            c.pre_exec(move || join_cgroup(&procs));
-        }
+        smc_common::cgroup::join_before_exec(&mut c, &self.path);
         c
     }
-}
-
-fn join_cgroup(procs: &Path) -> std::io::Result<()> {
-    use std::os::unix::ffi::OsStrExt as _;
-    let mut p = procs.as_os_str().as_bytes().to_vec();
-    p.push(0);
-    // SAFETY: NUL-terminated path; plain syscalls.
-    unsafe {
-        let fd = libc::open(p.as_ptr().cast(), libc::O_WRONLY);
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let r = libc::write(fd, b"0\n".as_ptr().cast(), 2);
-        libc::close(fd);
-        if r < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }
 
 impl Default for Cgroup {

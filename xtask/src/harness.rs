@@ -2,7 +2,6 @@
 //! Everything is stopped and removed on drop, also when the run fails.
 use std::{
     fs,
-    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -54,12 +53,7 @@ impl Cgroup {
 
     /// `cmd` with its process joined to this cgroup before exec.
     pub fn adopt(&self, cmd: &mut Command) {
-        let procs = self.path.join("cgroup.procs");
-        // SAFETY: between fork and exec only open/write/close (std::fs::write allocates, but the
-        // child is single-threaded right after fork and exits through exec or an error).
-        unsafe {
-            cmd.pre_exec(move || fs::write(&procs, "0"));
-        }
+        smc_common::cgroup::join_before_exec(cmd, &self.path);
     }
 }
 

@@ -116,28 +116,7 @@ impl Cgroup {
 
     /// Makes `cmd` join this cgroup between fork and exec.
     pub fn enter(&self, cmd: &mut Command) {
-        let mut procs = self
-            .path
-            .join("cgroup.procs")
-            .as_os_str()
-            .as_bytes()
-            .to_vec();
-        procs.push(0);
-        // SAFETY: only async-signal-safe calls (open/write/close) between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr().cast(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let r = libc::write(fd, b"0\n".as_ptr().cast(), 2);
-                libc::close(fd);
-                if r < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        smc_common::cgroup::join_before_exec(cmd, &self.path);
     }
 
     /// Kills every process of the cgroup (servers that daemonised or forked included).
