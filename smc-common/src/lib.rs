@@ -13,8 +13,6 @@
 //!   Accept/Confirm v1/v2 with the first-contact extension, Decline v1/v2), byte-exact with
 //!   Linux `net/smc/smc_clc.h`; framing ([`clc::message_len`]) and strict decoding
 //!   ([`clc::decode`]) with typed errors that map to decline codes.
-//! - [`procstats`] (feature `std`): the `#[repr(C)]` layout of the data path's per-process
-//!   statistics file (`/run/smc/procs/<pid>`), shared by its writer and its readers.
 //! - [`cgroup`] (feature `std`): the cgroup v2 mount (from `/proc/self/mountinfo`), the cgroup
 //!   of a process, of a container (runtime layouts) and of a kubelet pod.
 //! - [`handshake`] (feature `std`): sans-IO client and server CLC state machines for SMC-Dv2
@@ -38,5 +36,3 @@ pub mod clc;
 pub mod diag;
 #[cfg(feature = "std")]
 pub mod handshake;
-#[cfg(feature = "std")]
-pub mod procstats;

@@ -10,7 +10,7 @@
 //! - the loopback-ism daemon's DMB list: a connection whose 4-tuple owns a live DMB runs SMC-D
 //!   (tokens and sizes with `-d`, tokens only for root);
 //! - the data path's per-connection records in its per-process file, when it writes them
-//!   ([`smc_common::procstats::ConnRecord`]): the exact mode, decline reason and bytes.
+//!   ([`smc_stats::ConnRecord`]): the exact mode, decline reason and bytes.
 //!
 //! Without a record the mode is inferred: `SMCD` (a live DMB of the daemon), `SHORTCUT` (a
 //! shortcut-mode cgroup whose peer is a registered local socket) or `TCP` with why:
@@ -35,8 +35,8 @@ use smc_common::{
         SOCK_SAME_HOST, SOCK_SHORTCUT,
     },
     diag,
-    procstats::{self, ConnState, Snapshot},
 };
+use smc_stats::{self as procstats, ConnState, Snapshot};
 
 use crate::bpf;
 

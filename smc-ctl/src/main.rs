@@ -90,7 +90,7 @@ enum Cmd {
         #[arg(long, default_value_os_t = smc_ism::default_socket_path())]
         socket: PathBuf,
         /// The data path's per-process statistics directory.
-        #[arg(long, default_value_os_t = smc_common::procstats::default_dir())]
+        #[arg(long, default_value_os_t = smc_stats::default_dir())]
         procs_dir: PathBuf,
     },
     /// Run CMD with its TCP connections on the accelerated path (LD_PRELOAD interposition).

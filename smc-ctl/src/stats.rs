@@ -1,7 +1,7 @@
 //! `smc-ctl stats [show|reset|json]`: the figures of `smcd stats`, fed by the real counters.
 //!
 //! Sources:
-//! - the data path's per-process files ([`smc_common::procstats`], `$SMC_PROCS_DIR` or
+//! - the data path's per-process files ([`smc_stats`], `$SMC_PROCS_DIR` or
 //!   `/run/smc/procs`): SMC-D connections, fallbacks and their decline codes, handshake errors,
 //!   bytes, requests, buffer-full events, special calls. Files of processes that are gone are
 //!   folded into the per-cgroup aggregate `exited-<cgroup id>` (under the directory's lock), so
@@ -26,7 +26,7 @@ use anyhow::{Context as _, Result};
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use smc_common::procstats::{self, Snapshot, HIST_BUCKETS, HIST_NAMES};
+use smc_stats::{self as procstats, Snapshot, HIST_BUCKETS, HIST_NAMES};
 
 use crate::{bpf, conns};
 
@@ -1437,7 +1437,7 @@ mod tests {
 
     #[test]
     fn folding_a_directory() {
-        use smc_common::procstats::{Identity, ProcStats};
+        use smc_stats::{Identity, ProcStats};
         let dir = std::env::temp_dir().join(format!("smc-stats-unit-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         // A file of a process that is gone (pid 0x7fff_fff0 does not exist).

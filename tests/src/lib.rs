@@ -334,7 +334,7 @@ impl Drop for Proc {
 // path's per-process statistics, tools looked up with a clear message, bounded waits.
 // ────────────────────────────────────────────────────────────────────────────────────────────
 
-pub use smc_common::procstats::Snapshot;
+pub use smc_stats::Snapshot;
 
 /// The executable `tool` (on `PATH` or in the usual system directories), or a test failure that
 /// says how to install it.
@@ -682,7 +682,7 @@ impl SmcWorld {
     /// `uid-<n>/exited-<id>` in a uid's subdirectory), each directory read under its lock (as
     /// `smc-ctl stats` does) so that a file being folded is never seen twice or missed.
     pub fn stats_files(&self) -> BTreeMap<String, Snapshot> {
-        use smc_common::procstats::{StatsDir, READER_LOCK_WAIT};
+        use smc_stats::{StatsDir, READER_LOCK_WAIT};
         let mut warnings = Vec::new();
         let dirs = StatsDir::tree(&self.dir.join("procs"), &mut warnings).expect("read procs dir");
         assert!(
