@@ -492,6 +492,9 @@ fn daemon_never_keeps_the_tcp_socket() {
 
 #[test]
 fn quotas_and_limits_refuse_with_the_right_reason() {
+    if !root_or_skip("quotas_and_limits_refuse_with_the_right_reason") {
+        return;
+    }
     let (a, _b) = tcp_pair();
     let fd = a.as_raw_fd();
 
@@ -974,6 +977,9 @@ fn cgroups_have_separate_quotas_and_can_be_fenced() {
 
 #[test]
 fn list_shows_tokens_only_to_root() {
+    if !root_or_skip("list_shows_tokens_only_to_root") {
+        return;
+    }
     let dir = TestDir::new("list");
     let d = start(&dir, |_| {});
     let mut c = client(&dir);
