@@ -36,7 +36,7 @@ use smc_common::{
     },
     diag,
 };
-use smc_stats::{self as procstats, ConnState, Snapshot};
+use smc_stats::{self as procstats, ConnState};
 
 use crate::bpf;
 
@@ -434,36 +434,6 @@ fn norm(a: &str) -> Option<SocketAddr> {
     })
 }
 
-/// The per-process files of the tree `dir` by pid (live writers only; entries that are not
-/// regular files of the directory's owner, or too large, are skipped: see
-/// [`procstats::StatsDir`]).
-fn proc_files(dir: &Path) -> HashMap<u32, Snapshot> {
-    let mut out = HashMap::new();
-    let mut warnings = Vec::new();
-    let Ok(dirs) = procstats::StatsDir::tree(dir, &mut warnings) else {
-        return out;
-    };
-    for d in &dirs {
-        for name in d.names() {
-            let Ok(pid) = name.parse::<u32>() else {
-                continue;
-            };
-            match d.read_snapshot(&name) {
-                Ok((_, s)) if procstats::is_live(&s) => {
-                    out.insert(pid, s);
-                }
-                Ok(_) => {}
-                Err(e) if e.not_found() => {}
-                Err(e) => warnings.push(format!("ignored {}: {e}", d.path().join(&name).display())),
-            }
-        }
-    }
-    for w in warnings {
-        eprintln!("warning: {w}");
-    }
-    out
-}
-
 fn reason_name(code: u32) -> String {
     match smc_common::diag::reason_name(code) {
         "UNKNOWN" => format!("{code:#010x}"),
@@ -502,7 +472,7 @@ pub fn collect(o: &Options) -> Result<(Vec<ConnInfo>, Notes)> {
             }
         }
     }
-    let files = proc_files(&o.procs_dir);
+    let files = crate::procs::live_files(&o.procs_dir);
     notes.processes_with_records = files
         .values()
         .filter(|s| s.valid & procstats::VALID_CONN_TABLE != 0)

@@ -1,4 +1,10 @@
 //! `smc-ctl`: the control binary of the SMC accelerator.
+//!
+//! Modules, data sources first, then commands:
+//! - sources: [`sys`] (host: root, cgroup v2 directories, /proc), [`bpf`] (the pinned eBPF
+//!   programs, maps and links), [`procs`] (the data path's per-process statistics files); the
+//!   daemon is reached through `smc_ism::Client`, `/proc/net` and the socket maps by [`conns`];
+//! - commands: attach/detach/status (`bpf`), [`daemon`], [`run`], [`stats`], [`conns`].
 use std::path::PathBuf;
 
 use anyhow::Result;
@@ -8,6 +14,7 @@ use smc_common::bpf::Mode;
 mod bpf;
 mod conns;
 mod daemon;
+mod procs;
 mod run;
 mod stats;
 mod sys;
