@@ -1052,7 +1052,7 @@ fn list_shows_tokens_only_to_root() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// WAIT never misses a change (the bug class of seed 000): a waiter racing with state changes is
+// WAIT never misses a change (a lost wakeup: a state change between check and sleep): a waiter racing with state changes is
 // always woken, whether the change lands before or after the daemon parks the waiter.
 
 #[test]

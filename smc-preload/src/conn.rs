@@ -996,8 +996,7 @@ impl Conn {
         // Spin first when waiting for data: a peer that answers within the budget costs no
         // syscall on either side (request/response). A writer that filled the ring does not
         // spin (SMC_SPIN_ROOM_US, default 0): the reader has a whole ring to copy, and on a
-        // small machine the spinning writer takes the CPU the reader needs (measured in
-        // DESIGN.md).
+        // small machine the spinning writer takes the CPU the reader needs (docs/PERF.md).
         let budget = if data {
             self.spin.budget()
         } else {

@@ -66,8 +66,8 @@ fn default_size_code() -> u8 {
 
 /// What loopback TCP holds in one direction before its reader reads: the sender's largest
 /// send buffer (`net.ipv4.tcp_wmem` max) plus the receiver's initial receive buffer
-/// (`tcp_rmem` default; autotuning grows it only as the reader reads). Measured on Debian's
-/// defaults (4 MiB / 128 KiB): 4 243 968 bytes written before `EAGAIN`, under this bound.
+/// (`tcp_rmem` default; autotuning grows it only as the reader reads). On Debian's defaults
+/// loopback TCP holds a little less than this bound (docs/PERF.md, *Ring size*).
 fn tcp_capacity() -> u64 {
     let field = |path: &str, i: usize| -> Option<u64> {
         std::fs::read_to_string(path)

@@ -39,7 +39,7 @@ pub(crate) struct Shared {
 }
 
 /// A generation counter with waiters: every state change bumps it; `WAIT` requests sleep until
-/// it moves. Free of the missed wakeup of seed 000: a waiter creates its `Notified` future
+/// it moves. No wakeup is missed: a waiter creates its `Notified` future
 /// *before* checking the generation, and tokio guarantees that `notify_waiters()` wakes every
 /// `Notified` created before the call, polled or not. The `waiters` count (SeqCst on both sides)
 /// only spares the notify when nobody waits.

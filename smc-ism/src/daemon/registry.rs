@@ -2,8 +2,8 @@
 //!
 //! Concurrency: no lock is ever held across I/O or an `.await`.
 //! - Slots: a bitmap of `AtomicU64` words; a slot is taken with a compare-and-swap on its bit
-//!   (the race of seed 004 — two callers picking the same free bit — cannot happen: only the CAS
-//!   winner owns the bit).
+//!   (two callers picking the same free bit cannot both get it: only the CAS winner owns the
+//!   bit).
 //! - Tokens: 64 shards of `Mutex<HashMap<token, Record>>`. A random token is committed by
 //!   inserting it into its shard only if vacant, under that shard's lock (a few hundred
 //!   nanoseconds); a clash redraws. Refcounts live in the record and change only under the same
