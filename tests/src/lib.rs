@@ -103,6 +103,34 @@ impl Cgroup {
     }
 }
 
+/// uid and gid of `nobody`.
+pub fn nobody() -> (u32, u32) {
+    // SAFETY: NUL-terminated name; the result is read at once, before any other getpw* call.
+    unsafe {
+        let p = libc::getpwnam(c"nobody".as_ptr());
+        assert!(!p.is_null(), "no user `nobody` on this host");
+        ((*p).pw_uid, (*p).pw_gid)
+    }
+}
+
+/// Runs `c` as `uid`:`gid` without supplementary groups (after the cgroup join that
+/// `Cgroup::command` registered first).
+pub fn as_user(c: &mut Command, (uid, gid): (u32, u32)) {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: only async-signal-safe system calls between fork and exec.
+    unsafe {
+        c.pre_exec(move || {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(gid) != 0
+                || libc::setuid(uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 impl Default for Cgroup {
     fn default() -> Self {
         Self::new()
