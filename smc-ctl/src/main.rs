@@ -4,7 +4,7 @@
 //! - sources: [`sys`] (host: root, cgroup v2 directories, /proc), [`bpf`] (the pinned eBPF
 //!   programs, maps and links), [`procs`] (the data path's per-process statistics files); the
 //!   daemon is reached through `smc_ism::Client`, `/proc/net` and the socket maps by [`conns`];
-//! - commands: attach/detach/status (`bpf`), [`daemon`], [`run`], [`stats`], [`conns`].
+//! - commands: attach/detach/status (`bpf`), [`daemon`], [`run`](mod@run), [`stats`], [`conns`].
 use std::path::PathBuf;
 
 use anyhow::Result;

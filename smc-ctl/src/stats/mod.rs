@@ -17,7 +17,7 @@
 //!
 //! Modules: [`collect`] (the inputs of one run, from [`crate::procs`], the eBPF maps, the daemon
 //! and [`crate::conns`]), [`raw`] (cumulative counters of a scope), [`baseline`] (what `reset`
-//! stores), [`model`] (every figure as JSON), [`text`] (`show`), [`prometheus`] (the metrics
+//! stores), [`model`] (every figure as JSON), [`text`] (`show`), [`prometheus`](mod@prometheus) (the metrics
 //! hook).
 use std::path::PathBuf;
 
