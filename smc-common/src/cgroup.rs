@@ -9,7 +9,9 @@
 //!   least [`MIN_ID_PREFIX`] characters), in the layouts of the usual runtimes: systemd driver
 //!   `docker-<id>.scope`, `cri-containerd-<id>.scope`, `crio-<id>.scope`, `libpod-<id>.scope`
 //!   (also under `kubepods*.slice`), cgroupfs driver `docker/<id>`, `kubepods/<qos>/pod<uid>/<id>`;
-//! - [`pod_of_cgroup`]: the pod UID and QoS class of a kubelet pod cgroup (both drivers).
+//! - [`pod_of_cgroup`]: the pod UID and QoS class of a kubelet pod cgroup (both drivers);
+//! - [`join_before_exec`]: makes a `Command`'s child join a cgroup between fork and exec
+//!   (without allocating after the fork).
 use std::{
     fmt, fs, io,
     path::{Path, PathBuf},
@@ -131,33 +133,30 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The first cgroup2 mount of a mountinfo text (`proc(5)`: fields 4 and 5 are the root and the
-/// mount point, the filesystem type follows the ` - ` separator). The one with root `/` wins
-/// over a bind mount of a sub-directory.
+/// Every cgroup2 mount of a mountinfo text, in its order (`proc(5)`: fields 4 and 5 are the
+/// root and the mount point, the filesystem type follows the ` - ` separator).
+pub fn cgroup2_mounts(text: &str) -> Vec<Cgroup2Mount> {
+    text.lines()
+        .filter_map(|line| {
+            let (pre, post) = line.split_once(" - ")?;
+            if post.split_whitespace().next() != Some("cgroup2") {
+                return None;
+            }
+            let f: Vec<&str> = pre.split_whitespace().collect();
+            (f.len() >= 5).then(|| Cgroup2Mount {
+                root: unescape(f[3]),
+                mount_point: PathBuf::from(unescape(f[4])),
+            })
+        })
+        .collect()
+}
+
+/// The cgroup2 mount of a mountinfo text: the first one with root `/` (the whole hierarchy),
+/// else the first bind mount of a sub-directory.
 pub fn parse_mountinfo(text: &str) -> Option<Cgroup2Mount> {
-    let mut best: Option<Cgroup2Mount> = None;
-    for line in text.lines() {
-        let Some((pre, post)) = line.split_once(" - ") else {
-            continue;
-        };
-        if post.split_whitespace().next() != Some("cgroup2") {
-            continue;
-        }
-        let f: Vec<&str> = pre.split_whitespace().collect();
-        if f.len() < 5 {
-            continue;
-        }
-        let m = Cgroup2Mount {
-            root: unescape(f[3]),
-            mount_point: PathBuf::from(unescape(f[4])),
-        };
-        match &best {
-            Some(b) if b.root == "/" => {}
-            _ if m.root == "/" || best.is_none() => best = Some(m),
-            _ => {}
-        }
-    }
-    best
+    let mut all = cgroup2_mounts(text);
+    let i = all.iter().position(|m| m.root == "/").unwrap_or(0);
+    (i < all.len()).then(|| all.swap_remove(i))
 }
 
 /// The cgroup v2 mount of this process's mount namespace.
@@ -168,6 +167,38 @@ pub fn cgroup2_mount() -> Result<Cgroup2Mount, CgroupError> {
 /// Where cgroup v2 is mounted here (`/sys/fs/cgroup`, `/sys/fs/cgroup/unified`, …).
 pub fn cgroup2_root() -> Result<PathBuf, CgroupError> {
     cgroup2_mount().map(|m| m.mount_point)
+}
+
+/// Makes the child of `cmd` join the cgroup directory `dir` between `fork` and `exec` (writes
+/// `0` to its `cgroup.procs`), so that the program runs in it from its first instruction. The
+/// path is prepared here: the child only calls `open`, `write` and `close`, which are
+/// async-signal-safe (a child of a multi-threaded parent must not allocate: another thread may
+/// have held the allocator's lock at the fork). A failure (also a path with a NUL byte) makes
+/// `spawn` return the error.
+pub fn join_before_exec(cmd: &mut std::process::Command, dir: &Path) {
+    use std::os::unix::{ffi::OsStrExt as _, process::CommandExt as _};
+    let procs = std::ffi::CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).ok();
+    // SAFETY: the closure runs in the child between fork and exec and calls only open, write and
+    // close (async-signal-safe) on memory allocated before the fork; its errors are built from
+    // an errno or a constant kind (no allocation).
+    unsafe {
+        cmd.pre_exec(move || {
+            let Some(procs) = &procs else {
+                return Err(io::ErrorKind::InvalidInput.into());
+            };
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let r = libc::write(fd, b"0\n".as_ptr().cast(), 2);
+            let err = io::Error::last_os_error();
+            libc::close(fd);
+            if r < 0 {
+                return Err(err);
+            }
+            Ok(())
+        });
+    }
 }
 
 /// The cgroup v2 path (`0::<path>` line) of a `/proc/PID/cgroup` text.
@@ -356,6 +387,14 @@ pub fn pod_of_cgroup(rel: &Path) -> Option<PodCgroup> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn join_before_exec_fails_the_spawn() {
+        let mut c = std::process::Command::new("true");
+        join_before_exec(&mut c, Path::new("/nonexistent-cgroup-dir"));
+        let e = c.spawn().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+    }
 
     const HYBRID: &str = "\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755

@@ -170,6 +170,57 @@ pub struct Gid {
     pub gid_ext: u64,
 }
 
+impl Gid {
+    /// From the 16 bytes of a UUID (loopback-ism's GID): `gid` is the first 8, `gid_ext` the
+    /// last 8, both read big-endian. Two peers are on the same host when both halves are equal.
+    pub fn from_bytes(b: [u8; 16]) -> Gid {
+        let mut hi = [0u8; 8];
+        let mut lo = [0u8; 8];
+        hi.copy_from_slice(&b[0..8]);
+        lo.copy_from_slice(&b[8..16]);
+        Gid {
+            gid: u64::from_be_bytes(hi),
+            gid_ext: u64::from_be_bytes(lo),
+        }
+    }
+
+    /// The 16 UUID bytes.
+    pub fn to_bytes(self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[0..8].copy_from_slice(&self.gid.to_be_bytes());
+        b[8..16].copy_from_slice(&self.gid_ext.to_be_bytes());
+        b
+    }
+
+    /// Parses 32 hex digits, dashes allowed anywhere (UUID form).
+    pub fn parse(s: &str) -> Option<Gid> {
+        let hex: Vec<u8> = s.trim().bytes().filter(|&c| c != b'-').collect();
+        if hex.len() != 32 {
+            return None;
+        }
+        let mut b = [0u8; 16];
+        for (i, pair) in hex.chunks(2).enumerate() {
+            let s = std::str::from_utf8(pair).ok()?;
+            b[i] = u8::from_str_radix(s, 16).ok()?;
+        }
+        Some(Gid::from_bytes(b))
+    }
+}
+
+impl fmt::Display for Gid {
+    /// UUID form, `8-4-4-4-12` hex digits.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.to_bytes();
+        for (i, byte) in b.iter().enumerate() {
+            if matches!(i, 4 | 6 | 8 | 10) {
+                f.write_str("-")?;
+            }
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
+
 /// CLC message type (`SMC_CLC_PROPOSAL` ...).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]

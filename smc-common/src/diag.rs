@@ -133,6 +133,20 @@ pub const fn name_of(code: u32) -> &'static str {
     }
 }
 
+/// Fallback reason of the data path's short-connection policy (a client connection kept on
+/// TCP because its recent connections were too short to gain from SMC-D). Not a Linux
+/// diagnosis code: private codes live in `0x7Fxx_xxxx`.
+pub const POLICY_SHORT: u32 = 0x7F00_0001;
+
+/// The name of a fallback reason code: the Linux decline name (`PEERNOSMC`), a private
+/// code's name (`POLICY_SHORT`), or `UNKNOWN`.
+pub const fn reason_name(code: u32) -> &'static str {
+    match code {
+        POLICY_SHORT => "POLICY_SHORT",
+        c => name_of(c),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,5 +174,12 @@ mod tests {
             }
         }
         assert_eq!(Diag::ALL.len(), 36);
+    }
+
+    #[test]
+    fn reason_names() {
+        assert_eq!(reason_name(0x0301_0000), "PEERNOSMC");
+        assert_eq!(reason_name(POLICY_SHORT), "POLICY_SHORT");
+        assert_eq!(reason_name(0x7F00_0099), "UNKNOWN");
     }
 }

@@ -8,17 +8,16 @@
 //!   flags), cursor/ring arithmetic with wrap, readable bytes, free space, the 10% consumer
 //!   update rule, and validation of untrusted peer cursors. `no_std`, no allocation.
 //! - [`diag`]: CLC decline diagnosis codes (`SMC_CLC_DECL_*`) with their Linux names and
-//!   numbers. `no_std`.
+//!   numbers, and the data path's private fallback reason (`POLICY_SHORT`). `no_std`.
 //! - [`clc`] (feature `std`): CLC messages (Proposal v1/v2 with the SMC-Dv2 extension, SMC-D
 //!   Accept/Confirm v1/v2 with the first-contact extension, Decline v1/v2), byte-exact with
 //!   Linux `net/smc/smc_clc.h`; framing ([`clc::message_len`]) and strict decoding
 //!   ([`clc::decode`]) with typed errors that map to decline codes.
-//! - [`procstats`] (feature `std`): the `#[repr(C)]` layout of the data path's per-process
-//!   statistics file (`/run/smc/procs/<pid>`), shared by its writer and its readers.
 //! - [`cgroup`] (feature `std`): the cgroup v2 mount (from `/proc/self/mountinfo`), the cgroup
-//!   of a process, of a container (runtime layouts) and of a kubelet pod.
+//!   of a process, of a container (runtime layouts) and of a kubelet pod, and joining a cgroup
+//!   between fork and exec.
 //! - [`handshake`] (feature `std`): sans-IO client and server CLC state machines for SMC-Dv2
-//!   over a loopback-ism-like device (CHID `0xFFFF`, 128-bit GID); timeouts, DMB registration
+//!   over a loopback-ism-like device (CHID [`clc::LOOPBACK_CHID`], 128-bit [`clc::Gid`]); timeouts, DMB registration
 //!   and I/O errors are inputs, messages to send and the outcome are outputs.
 //!
 //! Features: `std` (default) enables `clc` and `handshake`; `user` adds the `aya::Pod` impls
@@ -38,5 +37,3 @@ pub mod clc;
 pub mod diag;
 #[cfg(feature = "std")]
 pub mod handshake;
-#[cfg(feature = "std")]
-pub mod procstats;

@@ -10,7 +10,7 @@
 //! - the loopback-ism daemon's DMB list: a connection whose 4-tuple owns a live DMB runs SMC-D
 //!   (tokens and sizes with `-d`, tokens only for root);
 //! - the data path's per-connection records in its per-process file, when it writes them
-//!   ([`smc_common::procstats::ConnRecord`]): the exact mode, decline reason and bytes.
+//!   ([`smc_stats::ConnRecord`]): the exact mode, decline reason and bytes.
 //!
 //! Without a record the mode is inferred: `SMCD` (a live DMB of the daemon), `SHORTCUT` (a
 //! shortcut-mode cgroup whose peer is a registered local socket) or `TCP` with why:
@@ -35,8 +35,8 @@ use smc_common::{
         SOCK_SAME_HOST, SOCK_SHORTCUT,
     },
     diag,
-    procstats::{self, ConnState, Snapshot},
 };
+use smc_stats::{self as procstats, ConnState};
 
 use crate::bpf;
 
@@ -434,38 +434,8 @@ fn norm(a: &str) -> Option<SocketAddr> {
     })
 }
 
-/// The per-process files of the tree `dir` by pid (live writers only; entries that are not
-/// regular files of the directory's owner, or too large, are skipped: see
-/// [`procstats::StatsDir`]).
-fn proc_files(dir: &Path) -> HashMap<u32, Snapshot> {
-    let mut out = HashMap::new();
-    let mut warnings = Vec::new();
-    let Ok(dirs) = procstats::StatsDir::tree(dir, &mut warnings) else {
-        return out;
-    };
-    for d in &dirs {
-        for name in d.names() {
-            let Ok(pid) = name.parse::<u32>() else {
-                continue;
-            };
-            match d.read_snapshot(&name) {
-                Ok((_, s)) if procstats::is_live(&s) => {
-                    out.insert(pid, s);
-                }
-                Ok(_) => {}
-                Err(e) if e.not_found() => {}
-                Err(e) => warnings.push(format!("ignored {}: {e}", d.path().join(&name).display())),
-            }
-        }
-    }
-    for w in warnings {
-        eprintln!("warning: {w}");
-    }
-    out
-}
-
 fn reason_name(code: u32) -> String {
-    match procstats::reason_name(code) {
+    match smc_common::diag::reason_name(code) {
         "UNKNOWN" => format!("{code:#010x}"),
         n => n.to_string(),
     }
@@ -502,7 +472,7 @@ pub fn collect(o: &Options) -> Result<(Vec<ConnInfo>, Notes)> {
             }
         }
     }
-    let files = proc_files(&o.procs_dir);
+    let files = crate::procs::live_files(&o.procs_dir);
     notes.processes_with_records = files
         .values()
         .filter(|s| s.valid & procstats::VALID_CONN_TABLE != 0)

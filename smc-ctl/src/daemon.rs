@@ -35,7 +35,7 @@ pub struct DaemonArgs {
     metrics: Option<std::net::SocketAddr>,
     /// The data path's per-process statistics directory (for --metrics, and where each client
     /// uid gets its own `uid-<n>` subdirectory).
-    #[arg(long, default_value_os_t = smc_common::procstats::default_dir())]
+    #[arg(long, default_value_os_t = smc_stats::default_dir())]
     procs_dir: PathBuf,
 }
 
@@ -66,7 +66,7 @@ pub fn run(a: DaemonArgs) -> Result<()> {
     // the daemon makes it when a client of that uid connects.
     let procs = a.procs_dir.clone();
     cfg.client_hook = Some(smc_ism::ClientHook::new(move |uid, gid| {
-        if let Err(e) = smc_common::procstats::ensure_uid_dir(&procs, uid, gid) {
+        if let Err(e) = smc_stats::ensure_uid_dir(&procs, uid, gid) {
             log::warn!(
                 "statistics directory of uid {uid} in {}: {e}",
                 procs.display()

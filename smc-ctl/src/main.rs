@@ -1,4 +1,10 @@
 //! `smc-ctl`: the control binary of the SMC accelerator.
+//!
+//! Modules, data sources first, then commands:
+//! - sources: [`sys`] (host: root, cgroup v2 directories, /proc), [`bpf`] (the pinned eBPF
+//!   programs, maps and links), [`procs`] (the data path's per-process statistics files); the
+//!   daemon is reached through `smc_ism::Client`, `/proc/net` and the socket maps by [`conns`];
+//! - commands: attach/detach/status (`bpf`), [`daemon`], [`run`](mod@run), [`stats`], [`conns`].
 use std::path::PathBuf;
 
 use anyhow::Result;
@@ -8,6 +14,7 @@ use smc_common::bpf::Mode;
 mod bpf;
 mod conns;
 mod daemon;
+mod procs;
 mod run;
 mod stats;
 mod sys;
@@ -90,7 +97,7 @@ enum Cmd {
         #[arg(long, default_value_os_t = smc_ism::default_socket_path())]
         socket: PathBuf,
         /// The data path's per-process statistics directory.
-        #[arg(long, default_value_os_t = smc_common::procstats::default_dir())]
+        #[arg(long, default_value_os_t = smc_stats::default_dir())]
         procs_dir: PathBuf,
     },
     /// Run CMD with its TCP connections on the accelerated path (LD_PRELOAD interposition).

@@ -15,96 +15,19 @@ use crate::proto::{self, DmbReply, Header, Status};
 use crate::stats::{DmbInfo, DmbList, Stats};
 use crate::sys;
 
-/// The CHID of the loopback-ism device.
-pub const CHID_LOOPBACK: u16 = 0xFFFF;
+use smc_common::cdc::{dmb_size_from_code_large, DMB_MAX_SIZE_CODE_LARGE};
+/// The device GID (one definition, in the CLC codec): re-exported as `smc_ism::Gid`.
+pub use smc_common::clc::Gid;
+
 /// Where the daemon listens unless configured otherwise.
 pub const DEFAULT_SOCKET_PATH: &str = "/run/smc/ctl.sock";
 /// Environment variable overriding [`DEFAULT_SOCKET_PATH`] for [`Client::connect_default`].
 pub const SOCKET_ENV: &str = "SMC_CTL_SOCK";
-/// Largest DMB size code this device registers: `16 KiB << 10` = 16 MiB. Linux's SMC-D stops
-/// at 6 (1 MiB); codes above are the data path's large-DMB extension
-/// (`smc_common::clc::FEATURE_LARGE_DMB`), used only between two ends that both offer it.
-/// A daemon tells its own limit in the `QUERY_GID` reply ([`Client::max_size_code`]; 6 for
-/// daemons that predate the extension).
-pub const MAX_SIZE_CODE: u8 = 10;
-/// Size of a DMB with size code 0.
-pub const DMB_MIN_SIZE: usize = 16 * 1024;
 /// Receive buffer for replies of variable size (stats); the daemon keeps them smaller.
 const REPLY_BUF: usize = 256 * 1024;
 
 /// Default timeout of one request/reply round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// The DMB size for an SMC size code (`16 KiB << n`), `None` above [`MAX_SIZE_CODE`].
-pub fn dmb_size(size_code: u8) -> Option<usize> {
-    (size_code <= MAX_SIZE_CODE).then(|| DMB_MIN_SIZE << size_code)
-}
-
-/// The smallest size code whose DMB holds at least `bytes` (capped at [`MAX_SIZE_CODE`]).
-pub fn size_code_for(bytes: usize) -> u8 {
-    let mut n = 0;
-    while n < MAX_SIZE_CODE && (DMB_MIN_SIZE << n) < bytes {
-        n += 1;
-    }
-    n
-}
-
-/// The 128-bit GID of the loopback-ism device (a random UUID): `gid` is its first 8 bytes and
-/// `gid_ext` the last 8, both read big-endian. Two peers are on the same host when both halves
-/// are equal.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct Gid {
-    /// First half (the `gid` field of CLC messages).
-    pub gid: u64,
-    /// Second half (the `gid_ext` field of SMC-Dv2 CLC messages).
-    pub gid_ext: u64,
-}
-
-impl Gid {
-    /// From the 16 UUID bytes.
-    pub fn from_bytes(b: [u8; 16]) -> Gid {
-        Gid {
-            gid: u64::from_be_bytes(b[0..8].try_into().expect("8")),
-            gid_ext: u64::from_be_bytes(b[8..16].try_into().expect("8")),
-        }
-    }
-
-    /// The 16 UUID bytes.
-    pub fn to_bytes(self) -> [u8; 16] {
-        let mut b = [0u8; 16];
-        b[0..8].copy_from_slice(&self.gid.to_be_bytes());
-        b[8..16].copy_from_slice(&self.gid_ext.to_be_bytes());
-        b
-    }
-
-    /// Parses 32 hex digits, dashes allowed anywhere (UUID form).
-    pub fn parse(s: &str) -> Option<Gid> {
-        let hex: Vec<u8> = s.trim().bytes().filter(|&c| c != b'-').collect();
-        if hex.len() != 32 {
-            return None;
-        }
-        let mut b = [0u8; 16];
-        for (i, pair) in hex.chunks(2).enumerate() {
-            let s = std::str::from_utf8(pair).ok()?;
-            b[i] = u8::from_str_radix(s, 16).ok()?;
-        }
-        Some(Gid::from_bytes(b))
-    }
-}
-
-impl fmt::Display for Gid {
-    /// UUID form, `8-4-4-4-12` hex digits.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let b = self.to_bytes();
-        for (i, byte) in b.iter().enumerate() {
-            if matches!(i, 4 | 6 | 8 | 10) {
-                f.write_str("-")?;
-            }
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
-    }
-}
 
 /// A DMB granted by the daemon (registered or attached). Its `Debug` output leaves the token
 /// out, so that logging a `Dmb` never leaks it.
@@ -145,9 +68,10 @@ impl Dmb {
     }
 }
 
-/// A `MAP_SHARED` read-write mapping of a DMB; unmapped on drop. The memory is shared with
-/// another process: access it with atomics or volatile operations, never through `&[u8]`
-/// that is assumed not to change.
+/// A `MAP_SHARED` read-write mapping of a DMB (or of other shared memory); unmapped on drop,
+/// inherited by `fork` (same pages). The memory is shared with another process: access it with
+/// atomics or volatile operations, never through `&[u8]` that is assumed not to change. The
+/// data path (`smc-preload`) maps its DMBs with it too.
 #[derive(Debug)]
 pub struct DmbMap {
     ptr: NonNull<u8>,
@@ -162,13 +86,23 @@ unsafe impl Sync for DmbMap {}
 impl DmbMap {
     /// Maps `len` bytes of `fd` read-write, shared.
     pub fn new(fd: RawFd, len: usize) -> io::Result<DmbMap> {
-        // SAFETY: a fresh mapping chosen by the kernel; checked for failure.
+        Self::mmap(fd, libc::MAP_SHARED, len)
+    }
+
+    /// Anonymous shared memory (zero-filled), shared with children forked later.
+    pub fn anon_shared(len: usize) -> io::Result<DmbMap> {
+        Self::mmap(-1, libc::MAP_SHARED | libc::MAP_ANONYMOUS, len)
+    }
+
+    fn mmap(fd: RawFd, flags: libc::c_int, len: usize) -> io::Result<DmbMap> {
+        // SAFETY: a fresh mapping chosen by the kernel (no address hint, so no existing mapping
+        // is replaced); the result is checked for failure.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
+                flags,
                 fd,
                 0,
             )
@@ -414,7 +348,7 @@ impl Client {
         Ok(())
     }
 
-    /// The device GID (CHID is [`CHID_LOOPBACK`]).
+    /// The device GID (CHID is [`smc_common::clc::LOOPBACK_CHID`]).
     pub fn query_gid(&mut self) -> Result<Gid, IsmError> {
         let mut buf = [0u8; 128];
         let a = self.transact(proto::OP_QUERY_GID, &[], None, &mut buf, true)?;
@@ -422,7 +356,7 @@ impl Client {
             return Err(IsmError::Protocol("short QUERY_GID reply"));
         }
         self.features = Some(proto::get_u32(&buf, a.start + 20));
-        self.max_size_code = Some(buf[a.start + 18].min(MAX_SIZE_CODE));
+        self.max_size_code = Some(buf[a.start + 18].min(DMB_MAX_SIZE_CODE_LARGE));
         Ok(Gid {
             gid: proto::get_u64(&buf, a.start),
             gid_ext: proto::get_u64(&buf, a.start + 8),
@@ -589,7 +523,8 @@ impl Client {
         let r =
             DmbReply::decode(&buf[a.start..a.end]).ok_or(IsmError::Protocol("short DMB reply"))?;
         let fd = a.fd.ok_or(IsmError::Protocol("DMB reply without memfd"))?;
-        let size = dmb_size(r.size_code).ok_or(IsmError::Protocol("bad size code in reply"))?;
+        let size = dmb_size_from_code_large(r.size_code)
+            .ok_or(IsmError::Protocol("bad size code in reply"))? as usize;
         if size as u64 != r.size {
             return Err(IsmError::Protocol("inconsistent DMB size"));
         }
@@ -883,30 +818,6 @@ fn open(path: &Path, timeout: Duration) -> Result<OwnedFd, IsmError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(dmb_size(0), Some(16384));
-        assert_eq!(dmb_size(6), Some(1 << 20));
-        assert_eq!(dmb_size(10), Some(16 << 20));
-        assert_eq!(dmb_size(11), None);
-        assert_eq!(size_code_for(1), 0);
-        assert_eq!(size_code_for(16385), 1);
-        assert_eq!(size_code_for(1 << 30), 10);
-    }
-
-    #[test]
-    fn gid_text() {
-        let g = Gid {
-            gid: 0x0123_4567_89ab_cdef,
-            gid_ext: 0xfedc_ba98_7654_3210,
-        };
-        let s = g.to_string();
-        assert_eq!(s, "01234567-89ab-cdef-fedc-ba9876543210");
-        assert_eq!(Gid::parse(&s), Some(g));
-        assert_eq!(Gid::parse("0123456789abcdeffedcba9876543210\n"), Some(g));
-        assert_eq!(Gid::parse("xyz"), None);
-    }
 
     #[test]
     fn connect_missing_fails_fast() {

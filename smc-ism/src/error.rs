@@ -3,16 +3,9 @@
 use std::io;
 use std::path::PathBuf;
 
-use crate::proto::Status;
+use smc_common::diag::Diag;
 
-/// CLC decline diagnosis `SMC_CLC_DECL_MEM`.
-pub const DECL_MEM: u32 = 0x0101_0000;
-/// CLC decline diagnosis `SMC_CLC_DECL_MAX_DMB`.
-pub const DECL_MAX_DMB: u32 = 0x030d_0000;
-/// CLC decline diagnosis `SMC_CLC_DECL_NOSMCDDEV` (no usable SMC-D device).
-pub const DECL_NOSMCDDEV: u32 = 0x0303_0001;
-/// CLC decline diagnosis `SMC_CLC_DECL_INTERR`.
-pub const DECL_INTERR: u32 = 0x0999_0000;
+use crate::proto::Status;
 
 /// What the handshake should tell the peer when a device operation fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,10 +24,10 @@ impl DeclineReason {
     /// The CLC diagnosis code for this reason.
     pub fn diagnosis(self) -> u32 {
         match self {
-            DeclineReason::MaxDmb => DECL_MAX_DMB,
-            DeclineReason::Mem => DECL_MEM,
-            DeclineReason::NoDevice => DECL_NOSMCDDEV,
-            DeclineReason::Other => DECL_INTERR,
+            DeclineReason::MaxDmb => Diag::MaxDmb.code(),
+            DeclineReason::Mem => Diag::Mem.code(),
+            DeclineReason::NoDevice => Diag::NoSmcdDev.code(),
+            DeclineReason::Other => Diag::IntErr.code(),
         }
     }
 }

@@ -22,12 +22,12 @@
 //! # Device semantics (as Linux's `smc_loopback.c`)
 //!
 //! - Identity: a random 128-bit GID (version-4 UUID, [`Gid`]) created once and persisted, so it
-//!   is stable across daemon restarts; CHID [`CHID_LOOPBACK`] (0xFFFF).
+//!   is stable across daemon restarts; CHID
+//!   [`smc_common::clc::LOOPBACK_CHID`] (0xFFFF).
 //! - `register_dmb(size_code, sock)`: `16 KiB << size_code` bytes (code ≤ 10: Linux's SMC-D
 //!   stops at 6, 1 MiB; the data path uses more only between two ends that both offer its
 //!   large-DMB extension); a free slot from a
-//!   bitmap (atomic CAS per bit, so two callers can never get the same slot — the race of
-//!   seed 004), a random 64-bit token unique among live DMBs (inserted only if vacant, redrawn on
+//!   bitmap (atomic CAS per bit, so two callers can never get the same slot), a random 64-bit token unique among live DMBs (inserted only if vacant, redrawn on
 //!   a clash), a fresh memfd sized with `ftruncate` (zero-filled, committed only when touched),
 //!   refcount 1. The memfd is sealed (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`, and
 //!   `MFD_NOEXEC_SEAL` where supported): a peer cannot truncate it under the other side (which
@@ -54,11 +54,10 @@
 //!   [`IsmError::MaxDmb`]/[`IsmError::QuotaDmbs`] (decline MAX_DMB); byte quotas, the device byte
 //!   limit, MemAvailable below a floor, memfd/ftruncate errors → [`IsmError::QuotaBytes`] /
 //!   [`IsmError::Mem`] (decline MEM). See [`IsmError::decline_reason`].
-//! - Waiters: the only sleeping in the daemon is a `WAIT` request (used by tests and
-//!   `smc-ctl stats --wait`-style tools), woken by a generation counter that every state change
-//!   bumps. The waiter creates its wakeup future *before* it checks the generation (the bug of
-//!   seed 000 was a wakeup skipped on one path; here every path that changes state bumps, and a
-//!   bump between check and sleep cannot be lost).
+//! - Waiters: the only sleeping in the daemon is a `WAIT` request (used by the tests to wait
+//!   for a state change instead of polling), woken by a generation counter that every state change
+//!   bumps. The waiter creates its wakeup future *before* it checks the generation, so no wakeup
+//!   is lost: every path that changes state bumps, and a bump between check and sleep wakes it.
 //! - A restart of the daemon keeps the GID (file) and does not touch live connections: their
 //!   memory is mapped in both processes and does not depend on the daemon. While the daemon is
 //!   down, [`Client::connect`] fails at once and new connections use TCP; afterwards clients
@@ -165,10 +164,10 @@ mod sys;
 mod daemon;
 
 pub use client::{
-    default_socket_path, dmb_size, size_code_for, Client, Dmb, DmbMap, Gid, Ticket, CHID_LOOPBACK,
-    DEFAULT_SOCKET_PATH, DEFAULT_TIMEOUT, DMB_MIN_SIZE, MAX_SIZE_CODE, SOCKET_ENV,
+    default_socket_path, Client, Dmb, DmbMap, Gid, Ticket, DEFAULT_SOCKET_PATH, DEFAULT_TIMEOUT,
+    SOCKET_ENV,
 };
-pub use error::{DeclineReason, IsmError, DECL_INTERR, DECL_MAX_DMB, DECL_MEM, DECL_NOSMCDDEV};
+pub use error::{DeclineReason, IsmError};
 pub use stats::{CgroupStats, DmbInfo, DmbList, FailureStats, OpStats, OpsStats, Stats};
 
 #[cfg(feature = "daemon")]

@@ -276,7 +276,7 @@ impl DmbReply {
 pub enum Request {
     /// `OP_QUERY_GID`.
     QueryGid,
-    /// `OP_REGISTER` (size code ≤ [`crate::MAX_SIZE_CODE`], 10).
+    /// `OP_REGISTER` (size code ≤ [`smc_common::cdc::DMB_MAX_SIZE_CODE_LARGE`], 10).
     Register {
         /// `16 KiB << size_code` bytes.
         size_code: u8,
@@ -401,7 +401,9 @@ pub fn decode_request(rec: &[u8], truncated: bool) -> Decoded {
     let request = match op {
         OP_QUERY_GID => Ok(Request::QueryGid),
         OP_REGISTER if !need(8) => bad(Status::Malformed, false),
-        OP_REGISTER if p[0] > crate::client::MAX_SIZE_CODE => bad(Status::BadSize, false),
+        OP_REGISTER if p[0] > smc_common::cdc::DMB_MAX_SIZE_CODE_LARGE => {
+            bad(Status::BadSize, false)
+        }
         OP_REGISTER => Ok(Request::Register { size_code: p[0] }),
         OP_ATTACH if !need(8) => bad(Status::Malformed, false),
         OP_ATTACH => Ok(Request::Attach {

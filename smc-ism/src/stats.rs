@@ -1,6 +1,9 @@
 //! Daemon counters, as returned by [`Client::stats`](crate::Client::stats).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// Requests, successes and failures of one operation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -143,6 +146,61 @@ pub struct Stats {
     pub cgroups: Vec<CgroupStats>,
 }
 
+impl Stats {
+    /// The fields that are gauges (a level that goes up and down); every other numeric figure
+    /// is a counter. Shared by the daemon's `/metrics` and `smc-ctl stats`.
+    pub const GAUGES: &'static [&'static str] = &[
+        "protocol_version",
+        "uptime_secs",
+        "generation",
+        "clients_connected",
+        "live_dmbs",
+        "live_bytes",
+        "live_attachments",
+        "max_dmbs",
+    ];
+
+    /// Every numeric figure by its flattened name (`ops_register_ok`, `live_dmbs`: nested field
+    /// names joined with `_`), in name order. The per-cgroup list is not included.
+    pub fn figures(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        flatten(
+            "",
+            &serde_json::to_value(self).unwrap_or(Value::Null),
+            &mut out,
+        );
+        out
+    }
+
+    /// Whether the figure `name` (of [`Stats::figures`]) is a gauge.
+    pub fn is_gauge(name: &str) -> bool {
+        Self::GAUGES.contains(&name)
+    }
+}
+
+/// Numbers of a JSON value by their path (object keys joined with `_`); arrays, strings and
+/// booleans are left out.
+fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, u64>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}_{k}")
+                };
+                flatten(&key, x, out);
+            }
+        }
+        Value::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                out.insert(prefix.to_string(), u);
+            }
+        }
+        _ => {}
+    }
+}
+
 /// One live DMB, as listed by [`Client::list_dmbs`](crate::Client::list_dmbs).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -179,4 +237,29 @@ pub struct DmbList {
     pub dmbs: Vec<DmbInfo>,
     /// The `start_slot` of the next page, if any.
     pub next: Option<u32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figures_are_flattened() {
+        let mut s = Stats::default();
+        s.ops.register.ok = 3;
+        s.live_dmbs = 1;
+        s.gid = "x".into();
+        let f = s.figures();
+        assert_eq!(f["ops_register_ok"], 3);
+        assert_eq!(f["live_dmbs"], 1);
+        assert!(!f.contains_key("gid"));
+        assert!(!f.contains_key("cgroups"));
+        assert!(Stats::is_gauge("live_dmbs") && !Stats::is_gauge("ops_register_ok"));
+        let mut m = BTreeMap::new();
+        flatten("", &serde_json::json!({"a": {"b": 2}, "c": [1]}), &mut m);
+        assert_eq!(
+            m.into_iter().collect::<Vec<_>>(),
+            vec![("a_b".to_string(), 2)]
+        );
+    }
 }

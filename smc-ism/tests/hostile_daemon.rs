@@ -125,6 +125,9 @@ fn connect_from(local: SocketAddr, remote: SocketAddr) -> std::io::Result<TcpStr
 
 #[test]
 fn rebuilt_tuple_cannot_attach() {
+    if !root_or_skip("rebuilt_tuple_cannot_attach") {
+        return;
+    }
     let dir = TestDir::new("hostile-tuple");
     let d = start(&dir, |c| c.bpf_peers_map = None);
     let mut owner = client(&dir);
@@ -197,6 +200,9 @@ fn rebuilt_tuple_cannot_attach() {
 
 #[test]
 fn list_and_stats_hide_other_uids() {
+    if !root_or_skip("list_and_stats_hide_other_uids") {
+        return;
+    }
     let dir = TestDir::new("hostile-list");
     let d = start(&dir, |_| {});
     let mut root = client(&dir);
@@ -305,6 +311,9 @@ fn unix_connect(path: &std::path::Path) -> Option<OwnedFd> {
 
 #[test]
 fn blocking_closes_do_not_stop_the_daemon() {
+    if !root_or_skip("blocking_closes_do_not_stop_the_daemon") {
+        return;
+    }
     let dir = TestDir::new("hostile-close");
     let d = start(&dir, |_| {});
     let sock = dir.sock();
@@ -387,6 +396,9 @@ fn blocking_closes_do_not_stop_the_daemon() {
 
 #[test]
 fn per_uid_limits_keep_root_served() {
+    if !root_or_skip("per_uid_limits_keep_root_served") {
+        return;
+    }
     let dir = TestDir::new("hostile-limits");
     let d = start(&dir, |c| {
         c.max_clients = 32;

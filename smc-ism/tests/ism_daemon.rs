@@ -12,8 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
+use smc_common::clc::LOOPBACK_CHID;
 use smc_ism::proto::{self, Header, Status};
-use smc_ism::{Client, DeclineReason, Gid, IsmError, CHID_LOOPBACK};
+use smc_ism::{Client, DeclineReason, Gid, IsmError};
 
 const CHILD_ENTRY: &str = "child_entry";
 
@@ -491,6 +492,9 @@ fn daemon_never_keeps_the_tcp_socket() {
 
 #[test]
 fn quotas_and_limits_refuse_with_the_right_reason() {
+    if !root_or_skip("quotas_and_limits_refuse_with_the_right_reason") {
+        return;
+    }
     let (a, _b) = tcp_pair();
     let fd = a.as_raw_fd();
 
@@ -631,7 +635,7 @@ fn restart_keeps_gid_and_live_mappings() {
     let gid = a.query_gid().unwrap();
     assert_eq!(gid, d.gid());
     assert_ne!(gid, Gid::default());
-    assert_eq!(CHID_LOOPBACK, 0xFFFF);
+    assert_eq!(LOOPBACK_CHID, 0xFFFF);
     let file = std::fs::read_to_string(dir.state().join("gid")).unwrap();
     assert_eq!(Gid::parse(&file), Some(gid));
 
@@ -854,13 +858,7 @@ fn forked_child_reconnects() {
 // refused even with the mirror socket.
 
 fn cgroup2_root() -> Option<std::path::PathBuf> {
-    let mi = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mi.lines().find_map(|l| {
-        let (pre, post) = l.split_once(" - ")?;
-        post.starts_with("cgroup2 ")
-            .then(|| pre.split_whitespace().nth(4).map(std::path::PathBuf::from))
-            .flatten()
-    })
+    smc_common::cgroup::cgroup2_root().ok()
 }
 
 fn child_cgroup(port: u16) {
@@ -895,28 +893,7 @@ fn run_cgroup_child(sock: &std::path::Path, cgroup: Option<&std::path::Path>, to
         &[("ISM_PORT", port.to_string())],
     );
     if let Some(cg) = cgroup {
-        use std::os::unix::process::CommandExt;
-        let procs = std::ffi::CString::new(
-            cg.join("cgroup.procs")
-                .into_os_string()
-                .into_encoded_bytes(),
-        )
-        .unwrap();
-        // SAFETY: only async-signal-safe calls (open/write/close) between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let r = libc::write(fd, b"0".as_ptr().cast(), 1);
-                libc::close(fd);
-                if r != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        smc_common::cgroup::join_before_exec(&mut cmd, cg);
     }
     let child = cmd.spawn().unwrap();
     let (mut tcp, _) = l.accept().unwrap();
@@ -1000,6 +977,9 @@ fn cgroups_have_separate_quotas_and_can_be_fenced() {
 
 #[test]
 fn list_shows_tokens_only_to_root() {
+    if !root_or_skip("list_shows_tokens_only_to_root") {
+        return;
+    }
     let dir = TestDir::new("list");
     let d = start(&dir, |_| {});
     let mut c = client(&dir);
@@ -1072,7 +1052,7 @@ fn list_shows_tokens_only_to_root() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// WAIT never misses a change (the bug class of seed 000): a waiter racing with state changes is
+// WAIT never misses a change (a lost wakeup: a state change between check and sleep): a waiter racing with state changes is
 // always woken, whether the change lands before or after the daemon parks the waiter.
 
 #[test]

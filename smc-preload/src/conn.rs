@@ -217,7 +217,7 @@ impl Spin {
 /// releases its own DMB.
 pub fn peer_closed_in(own: &Mapping) -> bool {
     // SAFETY: a DMB mapping is page aligned and at least 32 bytes; read atomically.
-    let st = unsafe { CdcHeader::from_ptr(own.ptr()) }
+    let st = unsafe { CdcHeader::from_ptr(own.as_ptr()) }
         .load_cons()
         .conn_state;
     st.contains(ConnStateFlags::PEER_CONN_CLOSED) || st.contains(ConnStateFlags::PEER_CONN_ABORT)
@@ -302,7 +302,7 @@ impl Conn {
             s.flags.fetch_or(F_NONBLOCK, Ordering::Relaxed);
         }
         // Type byte of the header we write (without touching the peer's wait bits).
-        let tw = c.peer.ptr() as *const AtomicU64;
+        let tw = c.peer.as_ptr() as *const AtomicU64;
         // SAFETY: the mapping is page aligned and at least 32 bytes.
         unsafe { &*tw }.store(
             u64::from_ne_bytes([0xFE, 0, 0, 0, 0, 0, 0, 0]),
@@ -314,31 +314,31 @@ impl Conn {
     #[inline]
     pub fn sh(&self) -> &Shared {
         // SAFETY: a private 4 KiB shared mapping holding one Shared (all atomics, zero-valid).
-        unsafe { &*(self.shared.ptr() as *const Shared) }
+        unsafe { &*(self.shared.as_ptr() as *const Shared) }
     }
 
     #[inline]
     fn own_hdr(&self) -> &CdcHeader {
         // SAFETY: page-aligned mapping of at least 32 bytes; accessed only atomically.
-        unsafe { CdcHeader::from_ptr(self.own.ptr()) }
+        unsafe { CdcHeader::from_ptr(self.own.as_ptr()) }
     }
 
     #[inline]
     fn peer_hdr(&self) -> &CdcHeader {
         // SAFETY: as above.
-        unsafe { CdcHeader::from_ptr(self.peer.ptr()) }
+        unsafe { CdcHeader::from_ptr(self.peer.as_ptr()) }
     }
 
     #[inline]
     fn own_wait(&self) -> &AtomicU64 {
         // SAFETY: offset 24 of the header, 8-byte aligned.
-        unsafe { &*(self.own.ptr().add(24) as *const AtomicU64) }
+        unsafe { &*(self.own.as_ptr().add(24) as *const AtomicU64) }
     }
 
     #[inline]
     fn peer_wait(&self) -> &AtomicU64 {
         // SAFETY: as above.
-        unsafe { &*(self.peer.ptr().add(24) as *const AtomicU64) }
+        unsafe { &*(self.peer.as_ptr().add(24) as *const AtomicU64) }
     }
 
     pub fn rx_ring_len(&self) -> u32 {
@@ -822,7 +822,7 @@ impl Conn {
     }
 
     fn copy_out(&self, cons: Cursor, n: usize, cur: &mut IovCursor<'_>) {
-        let base = unsafe { self.own.ptr().add(smc_common::cdc::CDC_HEADER_LEN) };
+        let base = unsafe { self.own.as_ptr().add(smc_common::cdc::CDC_HEADER_LEN) };
         for (off, len) in self.rx.segments(cons, n as u32) {
             if len > 0 {
                 // SAFETY: segments are inside the ring; the iovecs are the caller's buffers.
@@ -876,7 +876,7 @@ impl Conn {
                 };
                 let n = (room as usize).min(want - done);
                 if n > 0 {
-                    let base = unsafe { self.peer.ptr().add(smc_common::cdc::CDC_HEADER_LEN) };
+                    let base = unsafe { self.peer.as_ptr().add(smc_common::cdc::CDC_HEADER_LEN) };
                     for (off, len) in self.tx.segments(prod, n as u32) {
                         if len > 0 {
                             // SAFETY: segments are inside the peer's ring.
@@ -996,8 +996,7 @@ impl Conn {
         // Spin first when waiting for data: a peer that answers within the budget costs no
         // syscall on either side (request/response). A writer that filled the ring does not
         // spin (SMC_SPIN_ROOM_US, default 0): the reader has a whole ring to copy, and on a
-        // small machine the spinning writer takes the CPU the reader needs (measured in
-        // DESIGN.md).
+        // small machine the spinning writer takes the CPU the reader needs (docs/PERF.md).
         let budget = if data {
             self.spin.budget()
         } else {
@@ -1174,7 +1173,7 @@ impl Conn {
             // header page; it holds no data (see above).
             let r = unsafe {
                 libc::madvise(
-                    self.peer.ptr().add(a) as *mut libc::c_void,
+                    self.peer.as_ptr().add(a) as *mut libc::c_void,
                     b - a,
                     libc::MADV_REMOVE,
                 )
@@ -1405,19 +1404,19 @@ pub fn test_pair(
     dmb_a: usize,
     dmb_b: usize,
 ) -> std::io::Result<(Conn, Conn, std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
-    use std::os::fd::FromRawFd;
+    use std::os::fd::{AsRawFd, FromRawFd};
     let ma = crate::shm::memfd("dmb-a", dmb_a)?;
     let mb = crate::shm::memfd("dmb-b", dmb_b)?;
     let a = Conn::new(
-        Mapping::map_fd(&ma, dmb_a)?,
-        Mapping::map_fd(&mb, dmb_b)?,
+        Mapping::new(ma.as_raw_fd(), dmb_a)?,
+        Mapping::new(mb.as_raw_fd(), dmb_b)?,
         Role::Client,
         false,
         None,
     )?;
     let b = Conn::new(
-        Mapping::map_fd(&mb, dmb_b)?,
-        Mapping::map_fd(&ma, dmb_a)?,
+        Mapping::new(mb.as_raw_fd(), dmb_b)?,
+        Mapping::new(ma.as_raw_fd(), dmb_a)?,
         Role::Server,
         false,
         None,

@@ -37,7 +37,7 @@ pub struct HeldDmb {
 impl HeldDmb {
     /// Map a DMB the daemon granted.
     fn map(d: smc_ism::Dmb) -> Result<HeldDmb, u64> {
-        match Mapping::map_fd(&d.fd, d.size) {
+        match d.map() {
             Ok(map) => Ok(HeldDmb {
                 token: d.token,
                 map,

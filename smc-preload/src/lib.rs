@@ -3,10 +3,18 @@
 //!
 //! Module map:
 //! - [`real`]: the real libc functions (`dlsym(RTLD_NEXT)`).
-//! - [`fdtable`]: the lock-free per-fd table.
+//! - [`fdtable`]: the lock-free per-fd table; [`obj`]: what an fd can be for us (connection,
+//!   listener, pending socket, epoll set).
 //! - [`shm`]: mappings, memfds, a process-shared futex lock.
-//! - [`conn`]: one SMC connection: rings, cursors, read/write/peek/shutdown/close, wakeups.
-//! - [`obj`]: what an fd can be for us (connection, listener, pending socket, epoll set).
+//! - [`conn`]: one SMC connection: rings, cursors, read/write/peek/shutdown/close, wakeups;
+//!   [`iov`]: a cursor over an iovec array.
+//! - [`setup`]: opt-in (at `connect`/`listen`), the eBPF socket state, the connection policies;
+//!   [`handshake`]: the CLC handshake's I/O; [`member`]: reads of a fallen-back sockmap member.
+//! - [`poll`], [`epoll`]: readiness and the poll/select/epoll emulation; [`signals`]: which
+//!   signals interrupt a blocking call.
+//! - [`ops`]: the behaviour of every interposed function; [`lifecycle`]: fork, exec, closes
+//!   behind our back, inherited and received fds.
+//! - [`stats`]: the per-process statistics file; [`log`]: `SMC_DEBUG` lines.
 //! - `interpose` (feature `interpose`, not in unit tests): the exported libc symbols.
 
 pub mod conn;

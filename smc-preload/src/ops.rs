@@ -1166,7 +1166,7 @@ pub fn adopt_orphans_after_exec() {
     let Ok(b) = std::fs::read(format!("{dir}/{}", crate::pid())) else {
         return;
     };
-    let Some(v) = smc_common::procstats::Snapshot::parse(&b) else {
+    let Some(v) = smc_stats::Snapshot::parse(&b) else {
         return;
     };
     if v.pid != crate::pid() as u64

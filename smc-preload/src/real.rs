@@ -13,8 +13,10 @@ fn resolve(name: &'static [u8]) -> usize {
     // SAFETY: `name` is NUL-terminated; dlsym is thread-safe.
     let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr() as *const libc::c_char) };
     if p.is_null() {
-        // Last resort: the default search order (a program linked without libc in the chain is
-        // not something we can serve; aborting loudly beats recursing silently).
+        // Last resort: the default search order, for a library loaded after libc (dlopen),
+        // where RTLD_NEXT finds nothing. Known limitation: when this library was preloaded,
+        // RTLD_DEFAULT finds our own export first, and calling it recurses until the stack
+        // overflows (a symbol libc lacks); only a symbol found nowhere aborts with a message.
         let p2 = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr() as *const libc::c_char) };
         if p2.is_null() {
             let msg = b"smc-preload: cannot resolve a libc symbol\n";

@@ -66,8 +66,8 @@ fn default_size_code() -> u8 {
 
 /// What loopback TCP holds in one direction before its reader reads: the sender's largest
 /// send buffer (`net.ipv4.tcp_wmem` max) plus the receiver's initial receive buffer
-/// (`tcp_rmem` default; autotuning grows it only as the reader reads). Measured on Debian's
-/// defaults (4 MiB / 128 KiB): 4 243 968 bytes written before `EAGAIN`, under this bound.
+/// (`tcp_rmem` default; autotuning grows it only as the reader reads). On Debian's defaults
+/// loopback TCP holds a little less than this bound (docs/PERF.md, *Ring size*).
 fn tcp_capacity() -> u64 {
     let field = |path: &str, i: usize| -> Option<u64> {
         std::fs::read_to_string(path)
@@ -134,9 +134,8 @@ fn no_shortcut() -> bool {
     *OFF.get_or_init(|| std::env::var_os("SMC_NO_SHORTCUT").is_some_and(|v| v == "1"))
 }
 
-/// Fallback reason counted when the short-connection policy keeps a connection on TCP (not a
-/// Linux diagnosis code).
-pub const POLICY_SHORT: u32 = 0x7F00_0001;
+// Fallback reason counted when the short-connection policy keeps a connection on TCP.
+use smc_common::diag::POLICY_SHORT;
 
 /// Short-connection policy: client connections whose whole life moved fewer than
 /// `SMC_SHORT_BYTES` (default 16 KiB) bytes lose more to the handshake than they gain. After 8

@@ -2,20 +2,20 @@
 //!
 //! Each process that loads the library and makes a TCP decision maps one file
 //! `/run/smc/procs/<pid>` (`$SMC_PROCS_DIR/<pid>`; `.../uid-<euid>/<pid>` for a uid that does not
-//! own the directory, see `smc_common::procstats::StatsDir`), 4096 bytes, `MAP_SHARED`. When no
+//! own the directory, see `smc_stats::StatsDir`), 4096 bytes, `MAP_SHARED`. When no
 //! directory can be used the same layout lives in anonymous memory (nothing to read from
 //! outside).
 //! Readers must treat the file as a snapshot: every field is an 8-byte little-endian counter
 //! updated with atomic adds. A file whose pid no longer exists is stale; readers may delete it.
 //!
-//! The layout is `smc_common::procstats` (version 1 plus extension 1): this writer records its
+//! The layout is `smc_stats` (version 1 plus extension 1): this writer records its
 //! identity (cgroup id, start time, PID namespace: `VALID_IDENTITY`) when it creates the file, so
 //! that a reader can attribute the figures of a process that was killed to its cgroup, and keeps
 //! the per-side fallback-reason tables (`VALID_SIDE_REASONS`).
 
 use crate::conn::Conn;
 use crate::debug;
-use smc_common::procstats::{self, Identity, ProcStats, VALID_SIDE_REASONS};
+use smc_stats::{self as procstats, Identity, ProcStats, VALID_SIDE_REASONS};
 use std::os::fd::{AsRawFd as _, IntoRawFd as _};
 use std::sync::atomic::{AtomicU64, Ordering};
 

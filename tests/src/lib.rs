@@ -4,7 +4,6 @@
 use std::{
     collections::BTreeMap,
     fs,
-    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
     sync::atomic::{AtomicU32, Ordering},
@@ -99,32 +98,37 @@ impl Cgroup {
     /// A command whose process joins this cgroup before it executes.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new(program);
-        let procs = self.path.join("cgroup.procs");
-        // SAFETY: only async-signal-safe calls between fork and exec (open/write/close).
-        unsafe {
-            c.pre_exec(move || join_cgroup(&procs));
-        }
+        smc_common::cgroup::join_before_exec(&mut c, &self.path);
         c
     }
 }
 
-fn join_cgroup(procs: &Path) -> std::io::Result<()> {
-    use std::os::unix::ffi::OsStrExt as _;
-    let mut p = procs.as_os_str().as_bytes().to_vec();
-    p.push(0);
-    // SAFETY: NUL-terminated path; plain syscalls.
+/// uid and gid of `nobody`.
+pub fn nobody() -> (u32, u32) {
+    // SAFETY: NUL-terminated name; the result is read at once, before any other getpw* call.
     unsafe {
-        let fd = libc::open(p.as_ptr().cast(), libc::O_WRONLY);
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let r = libc::write(fd, b"0\n".as_ptr().cast(), 2);
-        libc::close(fd);
-        if r < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        let p = libc::getpwnam(c"nobody".as_ptr());
+        assert!(!p.is_null(), "no user `nobody` on this host");
+        ((*p).pw_uid, (*p).pw_gid)
     }
-    Ok(())
+}
+
+/// Runs `c` as `uid`:`gid` without supplementary groups (after the cgroup join that
+/// `Cgroup::command` registered first).
+pub fn as_user(c: &mut Command, (uid, gid): (u32, u32)) {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: only async-signal-safe system calls between fork and exec.
+    unsafe {
+        c.pre_exec(move || {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(gid) != 0
+                || libc::setuid(uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 impl Default for Cgroup {
@@ -358,7 +362,7 @@ impl Drop for Proc {
 // path's per-process statistics, tools looked up with a clear message, bounded waits.
 // ────────────────────────────────────────────────────────────────────────────────────────────
 
-pub use smc_common::procstats::Snapshot;
+pub use smc_stats::Snapshot;
 
 /// The executable `tool` (on `PATH` or in the usual system directories), or a test failure that
 /// says how to install it.
@@ -706,7 +710,7 @@ impl SmcWorld {
     /// `uid-<n>/exited-<id>` in a uid's subdirectory), each directory read under its lock (as
     /// `smc-ctl stats` does) so that a file being folded is never seen twice or missed.
     pub fn stats_files(&self) -> BTreeMap<String, Snapshot> {
-        use smc_common::procstats::{StatsDir, READER_LOCK_WAIT};
+        use smc_stats::{StatsDir, READER_LOCK_WAIT};
         let mut warnings = Vec::new();
         let dirs = StatsDir::tree(&self.dir.join("procs"), &mut warnings).expect("read procs dir");
         assert!(

@@ -15,7 +15,7 @@ use integration_tests::{
     run_to_end, sha256_hex, smcd_open, spawn_logged, wait_listening, NetnsPair, Proc, SmcWorld,
     Snapshot,
 };
-use smc_common::procstats::ConnState;
+use smc_stats::ConnState;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -834,7 +834,7 @@ fn testprog_pair(w: &SmcWorld, ns: &NetnsPair, smc: bool) -> (String, u32, u32) 
 
 /// What a user sees without `SMC_STATS_KEEP` (the default): a client under `smc-ctl run` exits
 /// normally after a clean close; its figures must stay in the statistics directory (folded
-/// into its cgroup's `exited-<cgroup id>` aggregate, as `smc_common::procstats` specifies), not
+/// into its cgroup's `exited-<cgroup id>` aggregate, as `smc_stats` specifies), not
 /// vanish with it.
 #[test]
 fn exited_client_figures_survive_without_stats_keep() {

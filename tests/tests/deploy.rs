@@ -5,7 +5,7 @@
 //! path through read-only bind mounts of the library and the daemon socket.
 use std::{
     fs,
-    os::unix::{fs::PermissionsExt as _, net::UnixDatagram, process::CommandExt as _},
+    os::unix::{fs::PermissionsExt as _, net::UnixDatagram},
     path::{Path, PathBuf},
     process::{Command, Output},
     time::{Duration, Instant},
@@ -82,11 +82,7 @@ fn remove_subtree(dir: &Path) {
 /// A command run in the cgroup v2 root (joined before exec).
 fn in_root_cgroup(program: &Path) -> Command {
     let mut c = Command::new(program);
-    let procs = cgroup2_root().join("cgroup.procs");
-    // SAFETY: between fork and exec only a write to cgroup.procs (the child is single-threaded).
-    unsafe {
-        c.pre_exec(move || fs::write(&procs, "0"));
-    }
+    smc_common::cgroup::join_before_exec(&mut c, &cgroup2_root());
     c
 }
 

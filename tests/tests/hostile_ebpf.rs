@@ -2,47 +2,16 @@
 //! process in an attached cgroup must not switch the `sk_msg` shortcut on for its own socket.
 //! Only the loopback-ism daemon (root) grants it, to the exact socket that proved at a DMB
 //! attach to be the peer of a registered one, and the data path then enables it.
-use std::{
-    io::Write as _,
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::{io::Write as _, process::Stdio, time::Duration};
 
 use integration_tests::{
-    bin, brief, counters, delta, lock, require_root, Attached, Cgroup, Proc, SmcWorld,
+    as_user, bin, brief, counters, delta, lock, nobody, require_root, Attached, Cgroup, Proc,
+    SmcWorld,
 };
 
 const T: Duration = Duration::from_secs(60);
 /// What the attacker tries to push into the victim's socket.
 const FLOOD: u64 = 64 << 20;
-
-/// uid and gid of `nobody`.
-fn nobody() -> (u32, u32) {
-    // SAFETY: NUL-terminated name; the result is read at once, before any other getpw* call.
-    unsafe {
-        let p = libc::getpwnam(c"nobody".as_ptr());
-        assert!(!p.is_null(), "no user `nobody` on this host");
-        ((*p).pw_uid, (*p).pw_gid)
-    }
-}
-
-/// Runs `c` as `uid`:`gid` without supplementary groups (after the cgroup join that
-/// `Cgroup::command` registered first).
-fn as_user(c: &mut Command, (uid, gid): (u32, u32)) {
-    use std::os::unix::process::CommandExt as _;
-    // SAFETY: only async-signal-safe system calls between fork and exec.
-    unsafe {
-        c.pre_exec(move || {
-            if libc::setgroups(0, std::ptr::null()) != 0
-                || libc::setgid(gid) != 0
-                || libc::setuid(uid) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
 
 /// The largest receive and send buffers TCP autotuning may reach (`tcp_rmem[2]`,
 /// `tcp_wmem[2]`): what plain TCP lets a writer queue toward a reader that never reads.

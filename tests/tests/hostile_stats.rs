@@ -13,43 +13,15 @@
 //! No timing is asserted: "does not hang" is a generous bound on each program's run.
 //!
 //! Needs root (cgroups, eBPF, setuid). Run with `cargo xtask test --no-fuzz hostile_stats`.
-use integration_tests::{bin, run_to_end, Cgroup, Finished, Proc, SmcWorld};
+use integration_tests::{as_user, bin, nobody, run_to_end, Cgroup, Finished, Proc, SmcWorld};
 use serde_json::Value;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// Bound of every program's run: far beyond what each needs, short of a hang.
 const T: Duration = Duration::from_secs(60);
-
-/// uid and gid of `nobody`.
-fn nobody() -> (u32, u32) {
-    // SAFETY: NUL-terminated name; the result is read at once, before any other getpw* call.
-    unsafe {
-        let p = libc::getpwnam(c"nobody".as_ptr());
-        assert!(!p.is_null(), "no user `nobody` on this host");
-        ((*p).pw_uid, (*p).pw_gid)
-    }
-}
-
-/// Runs `c` as `uid`:`gid` without supplementary groups (after the cgroup join that
-/// `Cgroup::command` registered first).
-fn as_user(c: &mut Command, (uid, gid): (u32, u32)) {
-    // SAFETY: only async-signal-safe system calls between fork and exec.
-    unsafe {
-        c.pre_exec(move || {
-            if libc::setgroups(0, std::ptr::null()) != 0
-                || libc::setgid(gid) != 0
-                || libc::setuid(uid) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
 
 /// `preload-prog server 0 thread CONNS` under `smc-ctl run` in the world's attached cgroup, as
 /// `user` (root when `None`), without `SMC_STATS_KEEP` (what a user runs): its port.

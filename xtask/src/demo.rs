@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::{anyhow, bail, Context as _, Result};
 
-use crate::harness::{wait_listen, Attachment, Bins, Cgroup, Daemon, Proc};
+use crate::harness::{wait_listen, Bins, Cgroup, Daemon, Proc};
 
 const SECONDS: &str = "3";
 
@@ -52,7 +52,7 @@ impl Env<'_> {
         if let Some(d) = self.daemon {
             c.env("SMC_CTL_SOCK", &d.socket);
         }
-        self.cg.adopt(&mut c);
+        self.cg.enter(&mut c);
         c
     }
 }
@@ -139,12 +139,12 @@ struct Row {
 }
 
 fn run_mode(bins: &Bins, mode: Mode, port: u16) -> Result<Row> {
-    let cg = Cgroup::new(&format!("smc-demo-{}", port))?;
-    let _att = match mode {
-        Mode::Tcp => None,
-        Mode::Shortcut => Some(Attachment::new(bins, &cg, "shortcut")?),
-        Mode::Smcd => Some(Attachment::new(bins, &cg, "ism")?),
-    };
+    let mut cg = Cgroup::new(&format!("demo-{port}"), &bins.smc_ctl)?;
+    match mode {
+        Mode::Tcp => {}
+        Mode::Shortcut => cg.attach("shortcut")?,
+        Mode::Smcd => cg.attach("ism")?,
+    }
     let daemon = if mode == Mode::Smcd {
         Some(Daemon::start(bins, "demo")?)
     } else {

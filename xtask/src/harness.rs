@@ -1,8 +1,8 @@
-//! RAII guards for the demo and the benchmarks: a cgroup, an attachment, the daemon, a process.
+//! RAII guards for the demo, the soak and the benchmarks: a cgroup (attached or not), the
+//! daemon, a process.
 //! Everything is stopped and removed on drop, also when the run fails.
 use std::{
     fs,
-    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -40,71 +40,151 @@ impl Bins {
     }
 }
 
-/// A cgroup v2 directory; its processes are killed and it is removed on drop.
+/// Prefix of every cgroup (and the bench's network namespace) xtask creates:
+/// `smc-xtask-<pid>-<role>`; what a killed run left behind is found by it.
+pub const CGROUP_PREFIX: &str = "smc-xtask-";
+
+/// `smc-ctl` with arguments; fails with its stderr.
+pub fn smc_ctl(bin: &Path, args: &[&str]) -> Result<String> {
+    let out = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("run {}", bin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "smc-ctl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A cgroup v2 directory, optionally attached with `smc-ctl attach`. On drop: its processes are
+/// killed, it is detached, then removed.
 pub struct Cgroup {
     pub path: PathBuf,
+    smc_ctl: PathBuf,
+    attached: bool,
 }
 
 impl Cgroup {
-    pub fn new(name: &str) -> Result<Cgroup> {
-        let path = cgroup2_root()?.join(format!("{name}-{}", std::process::id()));
+    pub fn new(role: &str, smc_ctl: &Path) -> Result<Cgroup> {
+        let path = cgroup2_root()?.join(format!("{CGROUP_PREFIX}{}-{role}", std::process::id()));
         fs::create_dir(&path).with_context(|| format!("mkdir {}", path.display()))?;
-        Ok(Cgroup { path })
+        Ok(Cgroup {
+            path,
+            smc_ctl: smc_ctl.to_path_buf(),
+            attached: false,
+        })
     }
 
-    /// `cmd` with its process joined to this cgroup before exec.
-    pub fn adopt(&self, cmd: &mut Command) {
-        let procs = self.path.join("cgroup.procs");
-        // SAFETY: between fork and exec only open/write/close (std::fs::write allocates, but the
-        // child is single-threaded right after fork and exits through exec or an error).
-        unsafe {
-            cmd.pre_exec(move || fs::write(&procs, "0"));
+    pub fn attach(&mut self, mode: &str) -> Result<()> {
+        let p = self.path.to_string_lossy().into_owned();
+        smc_ctl(&self.smc_ctl, &["attach", "--cgroup", &p, "--mode", mode])?;
+        self.attached = true;
+        Ok(())
+    }
+
+    /// Makes `cmd` join this cgroup between fork and exec.
+    pub fn enter(&self, cmd: &mut Command) {
+        smc_common::cgroup::join_before_exec(cmd, &self.path);
+    }
+
+    /// Kills every process of the cgroup (servers that daemonised or forked included).
+    pub fn kill_all(&self) {
+        kill_cgroup(&self.path);
+    }
+}
+
+fn cgroup_pids(path: &Path) -> Vec<i32> {
+    fs::read_to_string(path.join("cgroup.procs"))
+        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// `cgroup.kill` (Linux ≥ 5.14), SIGKILL per pid otherwise; waits until the cgroup is empty.
+fn kill_cgroup(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let pids = cgroup_pids(path);
+        if pids.is_empty() {
+            return;
+        }
+        if fs::write(path.join("cgroup.kill"), "1").is_err() {
+            for pid in pids {
+                // SAFETY: plain syscall; the pid is in our cgroup.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn remove_cgroup(path: &Path, smc_ctl: Option<&Path>) {
+    kill_cgroup(path);
+    if let Some(bin) = smc_ctl {
+        if let Err(e) = self::smc_ctl(bin, &["detach", "--cgroup", &path.to_string_lossy()]) {
+            eprintln!("warning: {e:#}");
         }
     }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if fs::remove_dir(path).is_ok() || !path.exists() {
+            return;
+        }
+        kill_cgroup(path);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("warning: could not remove {}", path.display());
 }
 
 impl Drop for Cgroup {
     fn drop(&mut self) {
-        let _ = fs::write(self.path.join("cgroup.kill"), "1");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while fs::remove_dir(&self.path).is_err() && self.path.exists() && Instant::now() < deadline
-        {
-            std::thread::sleep(Duration::from_millis(20));
+        remove_cgroup(&self.path, self.attached.then_some(self.smc_ctl.as_path()));
+    }
+}
+
+/// Removes what an earlier bench killed by SIGKILL left behind (its pid is gone).
+pub fn remove_stale_cgroups(smc_ctl: &Path) {
+    let Ok(rd) = cgroup2_root().and_then(|r| Ok(fs::read_dir(r)?)) else {
+        return;
+    };
+    let attached = status_cgroups(smc_ctl);
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(CGROUP_PREFIX) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        if Path::new("/proc").join(pid.to_string()).exists() {
+            continue;
         }
+        let path = e.path();
+        let is_attached = attached
+            .as_ref()
+            .is_some_and(|a| a.iter().any(|c| Path::new(c) == path));
+        eprintln!(
+            "==> removing {} left by an interrupted bench",
+            path.display()
+        );
+        remove_cgroup(&path, is_attached.then_some(smc_ctl));
     }
 }
 
-/// `smc-ctl attach` undone on drop.
-pub struct Attachment {
-    smc_ctl: PathBuf,
-    cgroup: PathBuf,
-}
-
-impl Attachment {
-    pub fn new(bins: &Bins, cg: &Cgroup, mode: &str) -> Result<Attachment> {
-        let out = Command::new(&bins.smc_ctl)
-            .args(["attach", "--cgroup"])
-            .arg(&cg.path)
-            .args(["--mode", mode])
-            .output()?;
-        if !out.status.success() {
-            bail!("smc-ctl attach: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        Ok(Attachment {
-            smc_ctl: bins.smc_ctl.clone(),
-            cgroup: cg.path.clone(),
-        })
-    }
-}
-
-impl Drop for Attachment {
-    fn drop(&mut self) {
-        let _ = Command::new(&self.smc_ctl)
-            .arg("detach")
-            .arg("--cgroup")
-            .arg(&self.cgroup)
-            .output();
-    }
+fn status_cgroups(smc_ctl: &Path) -> Option<Vec<String>> {
+    let out = self::smc_ctl(smc_ctl, &["status", "--json"]).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+    Some(
+        v["cgroups"]
+            .as_array()?
+            .iter()
+            .filter_map(|c| c["cgroup"].as_str().map(str::to_owned))
+            .collect(),
+    )
 }
 
 /// A child process killed on drop.

@@ -262,14 +262,23 @@ fn build() -> Result<()> {
     run(cargo().args(["build", "--release", "-p", "smc-ctl", "-p", "smc-preload"]))
 }
 
+/// Every crate but smc-ebpf, which only builds for the BPF target (through smc-ctl's build
+/// script): the default members and the integration tests.
+const WHOLE_WORKSPACE: [&str; 3] = ["--workspace", "--exclude", "smc-ebpf"];
+
 fn test(fuzz_seconds: u32, filter: Option<String>) -> Result<()> {
     if !is_root() {
         bail!("the integration tests load eBPF programs and create cgroups: run them as root");
     }
     step("cargo fmt --check");
     run(cargo().args(["fmt", "--all", "--check"]))?;
-    step("cargo clippy --all-targets -- -D warnings");
-    run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    step("cargo clippy --workspace --exclude smc-ebpf --all-targets -- -D warnings");
+    run(cargo().arg("clippy").args(WHOLE_WORKSPACE).args([
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     step("building the binaries the integration tests drive");
     run(cargo().args([
         "build",
@@ -286,8 +295,10 @@ fn test(fuzz_seconds: u32, filter: Option<String>) -> Result<()> {
     ]))?;
     step("unit and integration tests");
     let mut t = cargo();
-    // The default members: smc-ebpf only builds for the BPF target (through smc-ctl).
-    t.args(["test", "--release"]);
+    t.args(["test", "--release"]).args(WHOLE_WORKSPACE);
+    // Tests that skip themselves without root (so that a plain `cargo test` works as any user)
+    // must run here.
+    t.env("SMC_TESTS_NEED_ROOT", "1");
     if let Some(f) = &filter {
         t.args(["--", f.as_str()]);
     }

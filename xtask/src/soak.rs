@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::harness::{Attachment, Bins, Cgroup, Daemon, Proc};
+use crate::harness::{Bins, Cgroup, Daemon, Proc};
 
 /// What to run.
 pub struct Opts {
@@ -46,8 +46,8 @@ pub fn run(root: &Path, o: &Opts) -> Result<()> {
     if !soak.exists() {
         bail!("{} missing", soak.display());
     }
-    let cg = Cgroup::new("smc-soak")?;
-    let _att = Attachment::new(&bins, &cg, "ism")?;
+    let mut cg = Cgroup::new("soak", &bins.smc_ctl)?;
+    cg.attach("ism")?;
     let daemon = Daemon::start(&bins, "soak")?;
     let procs = daemon.socket.with_file_name("procs");
     std::fs::create_dir_all(&procs)?;
@@ -57,7 +57,7 @@ pub fn run(root: &Path, o: &Opts) -> Result<()> {
         c.env("SMC_CTL_SOCK", &daemon.socket)
             .env("SMC_PROCS_DIR", &procs)
             .env("SMC_STATS_KEEP", "1");
-        cg.adopt(&mut c);
+        cg.enter(&mut c);
         c
     };
     let mut srv = Proc::spawn(

@@ -24,7 +24,7 @@ libfuzzer_sys::fuzz_target!(|input: (bool, Vec<u8>)| {
         let op = match req {
             Request::QueryGid => proto::OP_QUERY_GID,
             Request::Register { size_code } => {
-                assert!(size_code <= smc_ism::MAX_SIZE_CODE);
+                assert!(size_code <= smc_common::cdc::DMB_MAX_SIZE_CODE_LARGE);
                 proto::OP_REGISTER
             }
             Request::Attach { .. } => proto::OP_ATTACH,

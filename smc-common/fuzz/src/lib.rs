@@ -287,7 +287,7 @@ pub fn check_cdc(c: &CdcCase) {
 /// the fuzzer spends its time past them), bit 1 forces extension 1 when the input covers it,
 /// bit 2 pads to a full page.
 pub fn check_procstats(data: &[u8]) {
-    use smc_common::procstats::{
+    use smc_stats::{
         fold, is_stats_file, new_aggregate, ConnRecord, Snapshot, COUNTERS, CONN_RECORD_LEN,
         MAGIC, PAGE_LEN, V1_LEN, VERSION,
     };

@@ -435,3 +435,17 @@ fn v1_proposal_keeps_unused_typev2_bits() {
     assert_eq!(m, ClcMessage::Proposal(p));
     assert_eq!(decode(&m.encode().unwrap()), Ok(m));
 }
+
+#[test]
+fn gid_text() {
+    let g = Gid {
+        gid: 0x0123_4567_89ab_cdef,
+        gid_ext: 0xfedc_ba98_7654_3210,
+    };
+    let s = g.to_string();
+    assert_eq!(s, "01234567-89ab-cdef-fedc-ba9876543210");
+    assert_eq!(Gid::parse(&s), Some(g));
+    assert_eq!(Gid::parse("0123456789abcdeffedcba9876543210\n"), Some(g));
+    assert_eq!(Gid::parse("xyz"), None);
+    assert_eq!(Gid::from_bytes(g.to_bytes()), g);
+}

@@ -11,9 +11,10 @@ use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{watch, Notify};
 
-use crate::client::CHID_LOOPBACK;
 use crate::proto::{self, DmbReply, Header, Status};
 use crate::sys::{self, TcpIdentity};
+use smc_common::cdc::DMB_MAX_SIZE_CODE_LARGE;
+use smc_common::clc::LOOPBACK_CHID;
 
 use super::closer::Closer;
 use super::diag::{self, CgroupKeys};
@@ -38,7 +39,7 @@ pub(crate) struct Shared {
 }
 
 /// A generation counter with waiters: every state change bumps it; `WAIT` requests sleep until
-/// it moves. Free of the missed wakeup of seed 000: a waiter creates its `Notified` future
+/// it moves. No wakeup is missed: a waiter creates its `Notified` future
 /// *before* checking the generation, and tokio guarantees that `notify_waiters()` wakes every
 /// `Notified` created before the call, polled or not. The `waiters` count (SeqCst on both sides)
 /// only spares the notify when nobody waits.
@@ -335,8 +336,8 @@ impl Conn<'_> {
                 let mut b = [0u8; proto::GID_REPLY_LEN];
                 b[0..8].copy_from_slice(&reg.gid.gid.to_le_bytes());
                 b[8..16].copy_from_slice(&reg.gid.gid_ext.to_le_bytes());
-                b[16..18].copy_from_slice(&CHID_LOOPBACK.to_le_bytes());
-                b[18] = crate::client::MAX_SIZE_CODE;
+                b[16..18].copy_from_slice(&LOOPBACK_CHID.to_le_bytes());
+                b[18] = DMB_MAX_SIZE_CODE_LARGE;
                 b[20..24].copy_from_slice(&proto::FEATURES.to_le_bytes());
                 c.query_gid.record(true);
                 encode_reply(out, op, seq, Status::Ok, 0, &b);

@@ -474,14 +474,7 @@ impl CgroupKeys {
 
 /// The cgroup2 mount point, from /proc/self/mountinfo.
 fn cgroup2_mount() -> Option<PathBuf> {
-    let s = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    s.lines().find_map(|l| {
-        let (pre, post) = l.split_once(" - ")?;
-        if post.split(' ').next() != Some("cgroup2") {
-            return None;
-        }
-        pre.split(' ').nth(4).map(PathBuf::from)
-    })
+    smc_common::cgroup::cgroup2_root().ok()
 }
 
 /// The path of the cgroup directory with kernfs id `id` (`open_by_handle_at`, root only).

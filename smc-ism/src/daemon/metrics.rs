@@ -9,7 +9,6 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
@@ -38,39 +37,6 @@ const MAX_HEAD: usize = 8192;
 const DEADLINE: Duration = Duration::from_secs(5);
 const MAX_CONCURRENT: usize = 8;
 
-/// Gauges among the daemon's [`Stats`](crate::Stats) fields; everything else is a counter.
-const GAUGES: &[&str] = &[
-    "protocol_version",
-    "uptime_secs",
-    "generation",
-    "clients_connected",
-    "live_dmbs",
-    "live_bytes",
-    "live_attachments",
-    "max_dmbs",
-];
-
-fn flatten(prefix: &str, v: &Value, out: &mut Vec<(String, u64)>) {
-    match v {
-        Value::Object(m) => {
-            for (k, x) in m {
-                let key = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}_{k}")
-                };
-                flatten(&key, x, out);
-            }
-        }
-        Value::Number(n) => {
-            if let Some(u) = n.as_u64() {
-                out.push((prefix.to_string(), u));
-            }
-        }
-        _ => {}
-    }
-}
-
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -82,15 +48,8 @@ pub(crate) fn render_daemon(shared: &Shared) -> String {
     // The metrics address is the administrator's: everything, as root sees it.
     let stats = shared.reg.stats(shared.events.generation(), true);
     let mut out = String::new();
-    let mut v = serde_json::to_value(&stats).unwrap_or(Value::Null);
-    let cgroups = v
-        .as_object_mut()
-        .and_then(|m| m.remove("cgroups"))
-        .unwrap_or(Value::Null);
-    let mut flat = Vec::new();
-    flatten("", &v, &mut flat);
-    for (k, val) in flat {
-        let kind = if GAUGES.contains(&k.as_str()) {
+    for (k, val) in stats.figures() {
+        let kind = if crate::Stats::is_gauge(&k) {
             "gauge"
         } else {
             "counter"
@@ -105,24 +64,28 @@ pub(crate) fn render_daemon(shared: &Shared) -> String {
         "# HELP smc_ism_info loopback-ism device identity\n# TYPE smc_ism_info gauge\nsmc_ism_info{{gid=\"{}\"}} 1",
         escape(&stats.gid)
     );
-    if let Value::Array(list) = cgroups {
-        for (name, help) in [
-            ("dmbs", "live DMBs owned by the cgroup"),
-            ("bytes", "bytes of the cgroup's live DMBs"),
-            ("refused", "registrations refused by the cgroup's quota"),
-        ] {
+    type Figure = fn(&crate::CgroupStats) -> u64;
+    let figures: [(&str, &str, Figure); 3] = [
+        ("dmbs", "live DMBs owned by the cgroup", |c| c.dmbs),
+        ("bytes", "bytes of the cgroup's live DMBs", |c| c.bytes),
+        (
+            "refused",
+            "registrations refused by the cgroup's quota",
+            |c| c.refused,
+        ),
+    ];
+    for (name, help, get) in figures {
+        let _ = writeln!(
+            out,
+            "# HELP smc_ism_cgroup_{name} {help}\n# TYPE smc_ism_cgroup_{name} gauge"
+        );
+        for c in &stats.cgroups {
             let _ = writeln!(
                 out,
-                "# HELP smc_ism_cgroup_{name} {help}\n# TYPE smc_ism_cgroup_{name} gauge"
+                "smc_ism_cgroup_{name}{{cgroup=\"{}\"}} {}",
+                escape(&c.path),
+                get(c)
             );
-            for c in &list {
-                let _ = writeln!(
-                    out,
-                    "smc_ism_cgroup_{name}{{cgroup=\"{}\"}} {}",
-                    escape(c["path"].as_str().unwrap_or("")),
-                    c[name].as_u64().unwrap_or(0)
-                );
-            }
         }
     }
     out

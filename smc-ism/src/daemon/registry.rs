@@ -2,8 +2,8 @@
 //!
 //! Concurrency: no lock is ever held across I/O or an `.await`.
 //! - Slots: a bitmap of `AtomicU64` words; a slot is taken with a compare-and-swap on its bit
-//!   (the race of seed 004 — two callers picking the same free bit — cannot happen: only the CAS
-//!   winner owns the bit).
+//!   (two callers picking the same free bit cannot both get it: only the CAS winner owns the
+//!   bit).
 //! - Tokens: 64 shards of `Mutex<HashMap<token, Record>>`. A random token is committed by
 //!   inserting it into its shard only if vacant, under that shard's lock (a few hundred
 //!   nanoseconds); a clash redraws. Refcounts live in the record and change only under the same
@@ -19,10 +19,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
-use crate::client::{dmb_size, Gid};
+use crate::client::Gid;
 use crate::proto::Status;
 use crate::stats::{CgroupStats, DmbInfo, DmbList, FailureStats, OpStats, OpsStats, Stats};
 use crate::sys::{self, TcpIdentity};
+use smc_common::cdc::dmb_size_from_code_large;
 
 use super::DaemonConfig;
 
@@ -639,7 +640,7 @@ impl Registry {
         cg: &Arc<CgroupUsage>,
         uid: &Arc<UidUsage>,
     ) -> Result<Arc<DmbObj>, Fail> {
-        let size = dmb_size(size_code).ok_or(Fail::BadSize)? as u64;
+        let size = dmb_size_from_code_large(size_code).ok_or(Fail::BadSize)? as u64;
         let uid_charge = self.charge_uid(uid)?;
         let charge = self.charge(cg, size)?;
         let slot = self.slots.alloc().ok_or(Fail::MaxDmb)?;

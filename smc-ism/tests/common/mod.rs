@@ -14,6 +14,29 @@ use smc_ism::{spawn, Client, DaemonConfig, DaemonHandle, DmbMap};
 /// How long any wait in these tests may take before the test fails.
 pub const WAIT: Duration = Duration::from_secs(20);
 
+/// Set by `cargo xtask test`: a test that needs root fails without it instead of skipping.
+pub const NEED_ROOT_ENV: &str = "SMC_TESTS_NEED_ROOT";
+
+/// Whether a test that needs root (another uid, the per-cgroup figures only root sees) can run.
+/// As a normal user (a plain `cargo test`) it is skipped with a message on stderr; with
+/// [`NEED_ROOT_ENV`] set, a missing root fails the test.
+pub fn root_or_skip(test: &str) -> bool {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    assert!(
+        std::env::var_os(NEED_ROOT_ENV).is_none(),
+        "{test} needs root ({NEED_ROOT_ENV} is set)"
+    );
+    // Straight to stderr, past the test harness's capture, so that a passing run shows it.
+    let _ = writeln!(
+        std::io::stderr(),
+        "{test}: SKIPPED: needs root (run the tests as root: cargo xtask test)"
+    );
+    false
+}
+
 /// A private directory under /tmp, removed on drop.
 pub struct TestDir(pub PathBuf);
 

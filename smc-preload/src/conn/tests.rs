@@ -429,7 +429,7 @@ fn resident(m: &Mapping) -> usize {
     let pages = m.len().div_ceil(4096);
     let mut v = vec![0u8; pages];
     // SAFETY: the mapping is ours and page aligned; `v` has one byte per page.
-    let r = unsafe { libc::mincore(m.ptr() as *mut libc::c_void, m.len(), v.as_mut_ptr()) };
+    let r = unsafe { libc::mincore(m.as_ptr() as *mut libc::c_void, m.len(), v.as_mut_ptr()) };
     assert_eq!(r, 0);
     v.iter().filter(|&&b| b & 1 != 0).count() * 4096
 }

@@ -293,7 +293,7 @@ fn server_stands_in_for_a_client_that_already_left() {
         ..CursorWord::default()
     };
     // SAFETY: a fresh page-aligned mapping of 32 KiB.
-    unsafe { CdcHeader::from_ptr(own.ptr()) }.store_cons(w);
+    unsafe { CdcHeader::from_ptr(own.as_ptr()) }.store_cons(w);
     d.own = Some(HeldDmb { token: 0, map: own });
     d.attach_client(&est).unwrap();
     let p = d.peer.take().unwrap();

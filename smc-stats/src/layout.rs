@@ -72,23 +72,19 @@
 //!   its cgroup's aggregate and removes it; readers fold stale files the same way. Both hold an
 //!   exclusive `flock` on [`LOCK_NAME`] while they add and unlink, and readers hold it while they
 //!   read the directory, so that a file is never counted twice nor missed.
-//! - `uid-<uid>/` ([`uid_dir_name`], top directory only): the same three kinds of entries for
+//! - `uid-<uid>/` ([`uid_dir_name`](crate::uid_dir_name), top directory only): the same three kinds of entries for
 //!   the processes of one effective uid that does not own the top directory, in a directory
 //!   only that uid (and root) can write, made by the daemon. Every directory has its own lock,
 //!   which only its owner and root can open; nobody waits for a lock longer than a bound.
 //!
-//! [`StatsDir`] (module `dir`) is how writers and readers reach these files: no symbolic link
-//! followed, no FIFO or device opened, no file of a foreign owner or beyond [`MAX_FILE_LEN`]
+//! [`StatsDir`](crate::StatsDir) (module [`dir`](crate::dir)) is how writers and readers reach these files: no symbolic link
+//! followed, no FIFO or device opened, no file of a foreign owner or beyond
+//! [`MAX_FILE_LEN`](crate::MAX_FILE_LEN)
 //! read. [`fold`] adds one file's bytes into an aggregate's bytes.
 
 use std::collections::BTreeMap;
 use std::mem::offset_of;
 
-mod dir;
-pub use dir::{
-    ensure_uid_dir, uid_dir_name, DirLock, LockError, Refused, StatsDir, MAX_FILE_LEN,
-    READER_LOCK_WAIT, UID_DIR_PREFIX, WRITER_LOCK_WAIT,
-};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// "SMCPSTAT".
@@ -146,20 +142,6 @@ pub const VALID_FORK_EXEC: u64 = 1 << 4;
 pub const VALID_PEEK: u64 = 1 << 5;
 /// `valid`: the connection table is maintained.
 pub const VALID_CONN_TABLE: u64 = 1 << 6;
-
-/// Fallback reason of the data path's short-connection policy (a client connection kept on
-/// TCP because its recent connections were too short to gain from SMC-D). Not a Linux
-/// diagnosis code: private codes live in `0x7Fxx_xxxx`.
-pub const POLICY_SHORT: u32 = 0x7F00_0001;
-
-/// The name of a fallback reason code: the Linux decline name (`PEERNOSMC`), a private
-/// code's name (`POLICY_SHORT`), or `UNKNOWN`.
-pub fn reason_name(code: u32) -> &'static str {
-    match code {
-        POLICY_SHORT => "POLICY_SHORT",
-        c => crate::diag::name_of(c),
-    }
-}
 
 /// The directory: `$SMC_PROCS_DIR` or [`DEFAULT_DIR`].
 pub fn default_dir() -> std::path::PathBuf {
@@ -377,27 +359,6 @@ pub struct Identity {
     pub cgroup_id: u64,
     pub start_time: u64,
     pub pid_ns: u64,
-}
-
-impl Identity {
-    /// The calling process's identity (0 for what cannot be read).
-    pub fn current() -> Identity {
-        let pid = std::process::id() as u64;
-        Identity {
-            pid,
-            cgroup_id: proc_cgroup_id("self").unwrap_or(0),
-            start_time: proc_start_time(pid).unwrap_or(0),
-            pid_ns: pid_ns("self").unwrap_or(0),
-        }
-    }
-}
-
-/// Inode of the PID namespace of `pid` (`"self"` for the caller).
-pub fn pid_ns(pid: &str) -> Option<u64> {
-    use std::os::unix::fs::MetadataExt as _;
-    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
-        .ok()
-        .map(|m| m.ino())
 }
 
 fn word(b: &[u8], off: usize) -> u64 {
@@ -793,68 +754,6 @@ pub fn fold(dst: &mut Vec<u8>, src: &[u8]) -> bool {
     true
 }
 
-/// Start time of process `pid` (`/proc/<pid>/stat` field 22), if it exists.
-pub fn proc_start_time(pid: u64) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command may contain spaces and parentheses: fields start after the last ')'.
-    let rest = &s[s.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// Whether the writer of `s` still runs (pid exists and, when recorded, has the same start
-/// time). Aggregates are never live; a writer in another PID namespace always counts as live.
-pub fn is_live(s: &Snapshot) -> bool {
-    if s.is_aggregate() || s.pid == 0 {
-        return false;
-    }
-    if s.pid_ns != 0 && pid_ns("self").is_some_and(|ns| ns != s.pid_ns) {
-        return true;
-    }
-    match proc_start_time(s.pid) {
-        None => false,
-        Some(t) => s.start_time == 0 || s.start_time == t,
-    }
-}
-
-/// Cgroup v2 id (directory inode) of process `pid` (`"self"` for the caller), from
-/// `/proc/<pid>/cgroup` and the cgroup2 mount in `/proc/<pid>/mountinfo`.
-pub fn proc_cgroup_id(pid: &str) -> Option<u64> {
-    use std::os::unix::fs::MetadataExt as _;
-    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let rel = cg.lines().find_map(|l| l.strip_prefix("0::"))?.trim();
-    let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).ok()?;
-    for l in mounts.lines() {
-        // "... mount_point opts - fstype source superopts"
-        let Some((pre, post)) = l.split_once(" - ") else {
-            continue;
-        };
-        if post.split_whitespace().next() != Some("cgroup2") {
-            continue;
-        }
-        let f: Vec<&str> = pre.split_whitespace().collect();
-        if f.len() < 5 {
-            continue;
-        }
-        let (root, mnt) = (f[3], f[4]);
-        let sub = rel
-            .strip_prefix(root)
-            .unwrap_or(rel)
-            .trim_start_matches('/');
-        let path = std::path::Path::new(mnt).join(sub);
-        // A pid other than "self" sees its mounts through its root.
-        let path = if pid == "self" {
-            path
-        } else {
-            std::path::Path::new(&format!("/proc/{pid}/root"))
-                .join(path.strip_prefix("/").unwrap_or(&path))
-        };
-        if let Ok(md) = std::fs::metadata(&path) {
-            return Some(md.ino());
-        }
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -931,13 +830,6 @@ mod tests {
         assert_eq!(g.reasons_client[&0x030d_0000], 2);
         assert_eq!(g.hists["tx_ring"][7], 2);
         assert!(!fold(&mut agg, b"junk"));
-    }
-
-    #[test]
-    fn reason_names() {
-        assert_eq!(reason_name(0x0301_0000), "PEERNOSMC");
-        assert_eq!(reason_name(POLICY_SHORT), "POLICY_SHORT");
-        assert_eq!(reason_name(0x7F00_0099), "UNKNOWN");
     }
 
     #[test]
@@ -1019,29 +911,5 @@ mod tests {
             },
             r
         );
-    }
-
-    #[test]
-    fn own_identity() {
-        let t = proc_start_time(std::process::id() as u64).unwrap();
-        assert!(t > 0);
-        let me = Identity::current();
-        assert_eq!(me.start_time, t);
-        assert!(me.pid_ns != 0);
-        let s = Snapshot {
-            pid: std::process::id() as u64,
-            start_time: t,
-            pid_ns: me.pid_ns,
-            ..Default::default()
-        };
-        assert!(is_live(&s));
-        assert!(!is_live(&Snapshot {
-            start_time: t + 1,
-            ..s.clone()
-        }));
-        // Inside a cgroup v2 hierarchy the id resolves (skipped where there is none).
-        if std::path::Path::new("/proc/self/cgroup").exists() {
-            let _ = proc_cgroup_id("self");
-        }
     }
 }

@@ -26,8 +26,9 @@ use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::{aggregate_name, fold, is_live, new_aggregate, Identity, Snapshot, LOCK_NAME};
-use super::{CONN_RECORD_LEN, PAGE_LEN};
+use crate::layout::{aggregate_name, fold, new_aggregate, Identity, Snapshot, LOCK_NAME};
+use crate::layout::{CONN_RECORD_LEN, PAGE_LEN};
+use crate::process::is_live;
 
 /// Prefix of a per-uid subdirectory (`uid-1000`).
 pub const UID_DIR_PREFIX: &str = "uid-";
@@ -635,7 +636,7 @@ pub fn ensure_uid_dir(base: &Path, uid: u32, gid: u32) -> Result<(), Refused> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::procstats::{ProcStats, VALID_SIDE_REASONS};
+    use crate::layout::{ProcStats, VALID_SIDE_REASONS};
     use std::os::unix::fs::PermissionsExt as _;
 
     fn tmp(tag: &str) -> PathBuf {

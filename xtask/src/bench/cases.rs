@@ -1,0 +1,389 @@
+//! The cases: what each runs (server and client command lines per port), what it measures, and
+//! how long it may take.
+use std::{collections::BTreeMap, ffi::OsString, fs, path::Path, time::Duration};
+
+use super::parsers::{
+    parse_iperf3, parse_json_line, parse_redis, parse_sockperf_pp, parse_sockperf_tp, parse_wrk,
+};
+use anyhow::Result;
+
+pub(crate) struct Metric {
+    pub(crate) key: &'static str,
+    pub(crate) label: &'static str,
+    pub(crate) unit: &'static str,
+    pub(crate) higher_is_better: bool,
+}
+
+pub(crate) const fn metric(
+    key: &'static str,
+    label: &'static str,
+    unit: &'static str,
+    higher: bool,
+) -> Metric {
+    Metric {
+        key,
+        label,
+        unit,
+        higher_is_better: higher,
+    }
+}
+
+pub(crate) type Argv = Box<dyn Fn(u16) -> Result<Vec<OsString>>>;
+pub(crate) type Parse = fn(&str) -> Result<BTreeMap<String, f64>>;
+
+pub(crate) struct Case {
+    pub(crate) id: &'static str,
+    pub(crate) title: &'static str,
+    pub(crate) metrics: Vec<Metric>,
+    /// Output key counting the work done in a run (messages, requests, bytes), to compare the
+    /// TCP data segments of runs of different speed; `None`: every run does the same work.
+    pub(crate) units: Option<&'static str>,
+    /// Server plain, client accelerated (the fallback rows).
+    pub(crate) fallback: bool,
+    pub(crate) server: Argv,
+    pub(crate) client: Argv,
+    pub(crate) parse: Parse,
+    pub(crate) timeout: Duration,
+}
+
+/// Durations and sizes of one bench flavour.
+pub(crate) struct Params {
+    pub(crate) reps: usize,
+    /// Seconds of each time-bound client run.
+    pub(crate) secs: u32,
+    /// Requests per redis-benchmark test.
+    pub(crate) redis_n: u32,
+}
+
+/// Everything the runs share. Dropping it stops the daemon, kills every process, removes the
+/// cgroups (detaching them first), then the network namespace.
+pub(crate) fn os_args(v: &[String]) -> Vec<OsString> {
+    v.iter().map(OsString::from).collect()
+}
+
+pub(crate) fn argv(f: impl Fn(u16) -> Vec<String> + 'static) -> Argv {
+    Box::new(move |port| Ok(os_args(&f(port))))
+}
+
+pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> {
+    let secs = p.secs;
+    let timed = Duration::from_secs(u64::from(secs) * 3 + 60);
+    let helper = helper.to_string_lossy().into_owned();
+    let sockperf_server = || {
+        argv(|port| {
+            sv(&[
+                "sockperf",
+                "sr",
+                "--tcp",
+                "-i",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+        })
+    };
+    let pp_client = move || {
+        argv(move |port| {
+            sv(&[
+                "sockperf",
+                "pp",
+                "--tcp",
+                "-i",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-m",
+                "14",
+                // sockperf sizes its sequence table from the message rate; at the shared-memory
+                // path's sub-µs round trips the default overflows (`_seqN > m_maxSequenceNo`).
+                "--mps=5000000",
+                "-t",
+                &secs.to_string(),
+            ])
+        })
+    };
+    let h = helper.clone();
+    let conn_server = move || {
+        let h = h.clone();
+        argv(move |port| sv(&[&h, "conn-server", &port.to_string()]))
+    };
+    let h = helper.clone();
+    let conn_client = move || {
+        let h = h.clone();
+        argv(move |port| sv(&[&h, "conn-client", &port.to_string(), &secs.to_string()]))
+    };
+
+    // nginx: its own prefix with a config per port, a 1 KiB file, run as root in the foreground.
+    let www = tmp.join("www");
+    fs::create_dir_all(&www)?;
+    fs::write(www.join("index.html"), "x".repeat(1023) + "\n")?;
+    let tmp_s = tmp.to_string_lossy().into_owned();
+    let nginx_server = move || -> Argv {
+        let dir = tmp_s.clone();
+        Box::new(move |port| {
+            let conf = format!("{dir}/nginx-{port}.conf");
+            fs::write(&conf, nginx_conf(&dir, port))?;
+            Ok(os_args(&sv(&[
+                "nginx",
+                "-p",
+                &dir,
+                "-e",
+                &format!("{dir}/nginx-error.log"),
+                "-c",
+                &conf,
+            ])))
+        })
+    };
+    let wrk = move |close: bool| {
+        argv(move |port| {
+            let mut a = sv(&["wrk", "-t", "1", "-c", "50", "-d", &format!("{secs}s")]);
+            if close {
+                a.extend(sv(&["-H", "Connection: close"]));
+            }
+            a.push(format!("http://127.0.0.1:{port}/index.html"));
+            a
+        })
+    };
+    let redis_n = p.redis_n;
+    let redis_dir = tmp.to_string_lossy().into_owned();
+    let h = helper.clone();
+    let h2 = helper.clone();
+
+    Ok(vec![
+        Case {
+            id: "sockperf-pp",
+            title: "sockperf ping-pong 14 B",
+            metrics: vec![
+                metric("p50_us", "p50 latency", "us", false),
+                metric("p99_us", "p99 latency", "us", false),
+            ],
+            units: Some("sent_messages"),
+            fallback: false,
+            server: sockperf_server(),
+            client: pp_client(),
+            parse: parse_sockperf_pp,
+            timeout: timed,
+        },
+        Case {
+            id: "sockperf-tp",
+            title: "sockperf throughput 64000 B",
+            metrics: vec![metric("mbps", "bandwidth", "MB/s", true)],
+            units: Some("sent_messages"),
+            fallback: false,
+            server: sockperf_server(),
+            client: argv(move |port| {
+                sv(&[
+                    "sockperf",
+                    "tp",
+                    "--tcp",
+                    "-i",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                    "-m",
+                    "64000",
+                    "-t",
+                    &secs.to_string(),
+                ])
+            }),
+            parse: parse_sockperf_tp,
+            timeout: timed,
+        },
+        Case {
+            id: "iperf3",
+            title: "iperf3 single stream",
+            metrics: vec![metric("gbps", "bitrate", "Gbit/s", true)],
+            units: Some("bytes"),
+            fallback: false,
+            server: argv(|port| sv(&["iperf3", "-s", "-p", &port.to_string()])),
+            client: argv(move |port| {
+                sv(&[
+                    "iperf3",
+                    "-c",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                    "-t",
+                    &secs.to_string(),
+                    "-J",
+                ])
+            }),
+            parse: parse_iperf3,
+            timeout: timed,
+        },
+        Case {
+            id: "redis",
+            title: "redis-benchmark -d 1024 -c 50",
+            metrics: vec![
+                metric("get_rps", "GET", "req/s", true),
+                metric("set_rps", "SET", "req/s", true),
+            ],
+            units: None,
+            fallback: false,
+            server: argv(move |port| {
+                sv(&[
+                    "redis-server",
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--protected-mode",
+                    "no",
+                    "--daemonize",
+                    "no",
+                    "--dir",
+                    &redis_dir,
+                    "--dbfilename",
+                    &format!("bench-{port}.rdb"),
+                ])
+            }),
+            client: argv(move |port| {
+                sv(&[
+                    "redis-benchmark",
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                    "-t",
+                    "set,get",
+                    "-d",
+                    "1024",
+                    "-c",
+                    "50",
+                    "-n",
+                    &redis_n.to_string(),
+                    "--csv",
+                ])
+            }),
+            parse: parse_redis,
+            timeout: Duration::from_secs(if redis_n > 100_000 { 600 } else { 120 }),
+        },
+        Case {
+            id: "nginx-keepalive",
+            title: "nginx + wrk keep-alive, 1 KiB",
+            metrics: vec![metric("rps", "requests", "req/s", true)],
+            units: Some("requests"),
+            fallback: false,
+            server: nginx_server(),
+            client: wrk(false),
+            parse: parse_wrk,
+            timeout: timed,
+        },
+        Case {
+            id: "nginx-close",
+            title: "nginx + wrk Connection: close, 1 KiB",
+            metrics: vec![metric("rps", "requests", "req/s", true)],
+            units: Some("requests"),
+            fallback: false,
+            server: nginx_server(),
+            client: wrk(true),
+            parse: parse_wrk,
+            timeout: timed,
+        },
+        Case {
+            id: "msgrate",
+            title: "message rate 100 B ping-pong (ipc-bench style)",
+            metrics: vec![
+                metric("msg_per_sec", "messages", "msg/s", true),
+                metric("p50_us", "p50 round trip", "us", false),
+            ],
+            units: Some("total_messages"),
+            fallback: false,
+            server: argv(move |port| sv(&[&h, "msg-server", &port.to_string(), "100"])),
+            client: argv(move |port| {
+                sv(&[
+                    &h2,
+                    "msg-client",
+                    &port.to_string(),
+                    "100",
+                    &secs.to_string(),
+                ])
+            }),
+            parse: parse_json_line,
+            timeout: timed,
+        },
+        Case {
+            id: "connrate",
+            title: "connection setup (connect, 1 B each way, close)",
+            metrics: vec![
+                metric("conn_per_sec", "connections", "conn/s", true),
+                metric("p50_us", "p50 setup latency", "us", false),
+                metric("p99_us", "p99 setup latency", "us", false),
+            ],
+            units: Some("total_connections"),
+            fallback: false,
+            server: conn_server(),
+            client: conn_client(),
+            parse: parse_json_line,
+            timeout: timed,
+        },
+        Case {
+            id: "fallback-pp",
+            title: "fallback: sockperf ping-pong 14 B",
+            metrics: vec![
+                metric("p50_us", "p50 latency", "us", false),
+                metric("p99_us", "p99 latency", "us", false),
+            ],
+            units: Some("sent_messages"),
+            fallback: true,
+            server: sockperf_server(),
+            client: pp_client(),
+            parse: parse_sockperf_pp,
+            timeout: timed,
+        },
+        Case {
+            id: "fallback-conn",
+            title: "fallback: connection setup",
+            metrics: vec![
+                metric("conn_per_sec", "connections", "conn/s", true),
+                metric("p50_us", "p50 setup latency", "us", false),
+            ],
+            units: Some("total_connections"),
+            fallback: true,
+            server: conn_server(),
+            client: conn_client(),
+            parse: parse_json_line,
+            timeout: timed,
+        },
+    ])
+}
+
+pub(crate) fn sv(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+pub(crate) fn nginx_conf(dir: &str, port: u16) -> String {
+    format!(
+        "user root;\n\
+         worker_processes 1;\n\
+         env LD_PRELOAD;\n\
+         env SMC_CTL_SOCK;\n\
+         env SMC_PROCS_DIR;\n\
+         env SMC_STATS_KEEP;\n\
+         daemon off;\n\
+         master_process on;\n\
+         pid {dir}/nginx-{port}.pid;\n\
+         error_log {dir}/nginx-error.log warn;\n\
+         events {{ worker_connections 4096; }}\n\
+         http {{\n\
+         \x20   access_log off;\n\
+         \x20   default_type text/html;\n\
+         \x20   sendfile on;\n\
+         \x20   keepalive_requests 10000000;\n\
+         \x20   keepalive_timeout 60s;\n\
+         \x20   client_body_temp_path {dir}/nginx-body;\n\
+         \x20   proxy_temp_path {dir}/nginx-proxy;\n\
+         \x20   fastcgi_temp_path {dir}/nginx-fastcgi;\n\
+         \x20   uwsgi_temp_path {dir}/nginx-uwsgi;\n\
+         \x20   scgi_temp_path {dir}/nginx-scgi;\n\
+         \x20   server {{\n\
+         \x20       listen 127.0.0.1:{port};\n\
+         \x20       root {dir}/www;\n\
+         \x20   }}\n\
+         }}\n"
+    )
+}
