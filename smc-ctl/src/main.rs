@@ -30,9 +30,27 @@ struct Cli {
     cmd: Cmd,
 }
 
+/// What the kernel's sockmap redirection cannot do like TCP, found by the differential
+/// conformance suite (`tests/tests/conformance.rs`, column `shortcut`): said at every attach.
+const SHORTCUT_WARNING: &str = "\
+warning: --mode shortcut is EXPERIMENTAL. The kernel's sk_msg redirection (sockmap) does not
+behave like TCP for these calls, so programs that rely on them can misbehave or lose data:
+  - splice() into a full connection fails with ENOMEM and can stall (a pipe's bytes stay
+    unsent); a full socket makes write()/send() fail with ENOMEM instead of EAGAIN, and epoll
+    does not report EPOLLOUT when room comes back;
+  - blocking recv() returns EAGAIN (not EINTR, not restarted) when a signal arrives, and
+    reports one spurious EAGAIN at the peer's FIN; MSG_WAITALL returns short reads;
+    MSG_TRUNC with a NULL buffer fails with EFAULT; MSG_OOB data arrives differently;
+    SO_SNDTIMEO and SO_RCVLOWAT are ignored;
+  - close() with unread data and shutdown(SHUT_WR) do not reset or stop the peer as TCP does
+    (writes after SHUT_WR still succeed); a write from an invalid buffer returns 0, not EFAULT;
+  - no receive-buffer bound like TCP's for a peer that does not read.
+Use --mode ism (the default) with `smc-ctl run` for a data path that matches TCP.";
+
 #[derive(Clone, Copy, ValueEnum)]
 enum ModeArg {
-    /// The sk_msg kernel shortcut for every same-host connection of the cgroup.
+    /// EXPERIMENTAL: the sk_msg kernel shortcut for every same-host connection of the cgroup,
+    /// without the library; differs from TCP in several calls (attach prints which).
     Shortcut,
     /// The shared-memory data path (`smc-ctl run`); the shortcut carries only its control traffic.
     Ism,
@@ -123,7 +141,10 @@ fn main() {
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Attach { target, mode } => {
-            println!("{}", bpf::attach(&target.resolve()?, mode.into())?)
+            println!("{}", bpf::attach(&target.resolve()?, mode.into())?);
+            if let ModeArg::Shortcut = mode {
+                eprintln!("{SHORTCUT_WARNING}");
+            }
         }
         Cmd::Detach { all: true, .. } => println!("{}", bpf::detach_all()?),
         Cmd::Detach {
@@ -182,7 +203,12 @@ fn print_status(st: &bpf::Status) {
     }
     println!("cgroups:");
     for cg in &st.cgroups {
-        println!("  {}  mode {}", cg.cgroup, cg.mode);
+        let note = if cg.mode == "shortcut" {
+            "  (experimental: differs from TCP, see `smc-ctl attach --help`)"
+        } else {
+            ""
+        };
+        println!("  {}  mode {}{note}", cg.cgroup, cg.mode);
     }
     println!("counters:");
     for (name, v) in &st.counters {

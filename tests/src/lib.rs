@@ -207,6 +207,13 @@ impl Attached {
             "smc-ctl attach failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        // The shortcut's differences from TCP are said at every attach, and only then.
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            err.contains("EXPERIMENTAL") && err.contains("SO_RCVLOWAT"),
+            mode == "shortcut",
+            "attach --mode {mode} said on stderr: {err}"
+        );
         Attached {
             cgroup: cg.path.clone(),
         }
