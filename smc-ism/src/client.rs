@@ -1,4 +1,5 @@
-//! The synchronous client: std + libc only, no threads, no global state, CLOEXEC fds.
+//! The synchronous client: std, libc, serde_json and smc-common only, no threads, no global
+//! state, CLOEXEC fds.
 
 use std::collections::VecDeque;
 use std::fmt;

@@ -9,13 +9,14 @@
 //!   (builds its own runtime), [`spawn`] (own thread, returns a [`DaemonHandle`]). Configured
 //!   by [`DaemonConfig`]: socket path (default `/run/smc/ctl.sock`) and mode, state directory
 //!   (default `/var/lib/smc`, GID in `/var/lib/smc/gid`), slot count, quotas.
-//! - **Client** ([`Client`]): std + libc only, no threads, no global state, every fd
-//!   `O_CLOEXEC`, `MSG_NOSIGNAL` on every send. Safe after `fork()`: a child reconnects on its
-//!   first call. Fails fast when the daemon is down ([`IsmError::is_unavailable`]), so the data
-//!   path falls back to TCP. Requests can be pipelined ([`Client::register_dmb_start`],
-//!   [`Client::attach_peer_start`], … return a [`Ticket`] finished later), so that a handshake
-//!   overlaps a daemon round trip with waiting for its peer, and references can be given back
-//!   without waiting ([`Client::release_nowait`]: one record, no reply).
+//! - **Client** ([`Client`]): std, libc, serde_json and smc-common only, no threads, no global
+//!   state, every fd `O_CLOEXEC`, `MSG_NOSIGNAL` on every send. Safe after `fork()`: a child
+//!   reconnects on its first call. Fails fast when the daemon is down
+//!   ([`IsmError::is_unavailable`]), so the data path falls back to TCP. Requests can be
+//!   pipelined ([`Client::register_dmb_start`], [`Client::attach_peer_start`], … return a
+//!   [`Ticket`] finished later), so that a handshake overlaps a daemon round trip with waiting
+//!   for its peer, and references can be given back without waiting
+//!   ([`Client::release_nowait`]: one record, no reply).
 //! - **Protocol** ([`proto`]): `SOCK_SEQPACKET`, a 16-byte versioned header (magic, version, op,
 //!   length, sequence), a status in every reply, fds as `SCM_RIGHTS`.
 //!
@@ -33,7 +34,10 @@
 //!   `MFD_NOEXEC_SEAL` where supported): a peer cannot truncate it under the other side (which
 //!   would SIGBUS it) or map it executable.
 //! - `attach_dmb(token, sock)`: +1 reference, same memfd; only for the connection's real peer
-//!   socket (see *Attach proof*). Refused once the owner has unregistered.
+//!   socket (see *Attach proof*). Refused once the owner has unregistered. A verified attach
+//!   also marks the attacher's socket in the eBPF socket storage as allowed to switch on the
+//!   `sk_msg` shortcut (`SOCK_SHORTCUT_GRANTED`, through the map `smc-ctl attach` pinned,
+//!   [`DaemonConfig::bpf_sock_state_map`]): nothing else may enable it in an `ism` cgroup.
 //! - DMBs and memfds are never reused: every registration gets a fresh memfd, so no ring ever
 //!   shows an earlier connection's bytes to a new mapper.
 //! - `attach_peer` (`OP_ATTACH_PEER`): the same attach, of the live DMB that the other end of

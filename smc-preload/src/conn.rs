@@ -1141,7 +1141,7 @@ impl Conn {
     }
 
     /// Give back the pages of the send ring (the peer's DMB) that hold no data: the free space
-    /// from [`RECLAIM_WARM`] after our producer cursor up to the peer's published consumer
+    /// from `RECLAIM_WARM` after our producer cursor up to the peer's published consumer
     /// cursor, page by page (`MADV_REMOVE` on the shared mapping punches a hole in the memfd;
     /// those pages read as zeros and cost nothing until written again). Race-free: the peer
     /// only reads between its consumer cursor and our producer cursor, and we hold the writer

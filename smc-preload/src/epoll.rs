@@ -362,7 +362,7 @@ pub fn on_convert(fd: i32, _obj: &Arc<Obj>) {
 }
 
 /// `fd`'s state changed (connect under way, handshake started or decided): bring every epoll
-/// registration of it in line ([`mode_of`]). The kernel re-evaluates readiness on
+/// registration of it in line (`mode_of`). The kernel re-evaluates readiness on
 /// `EPOLL_CTL_MOD`, so nothing that happened meanwhile is lost to the application.
 pub fn refresh(fd: i32) {
     if MEMBERS_N.load(Ordering::Relaxed) == 0 {

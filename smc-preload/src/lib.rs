@@ -3,8 +3,9 @@
 //!
 //! Module map:
 //! - [`real`]: the real libc functions (`dlsym(RTLD_NEXT)`).
-//! - [`fdtable`]: the lock-free per-fd table; [`obj`]: what an fd can be for us (connection,
-//!   listener, pending socket, epoll set).
+//! - [`fdtable`]: the lock-free per-fd table; [`obj`]: what an fd can be for us (SMC-D
+//!   connection, listener, pending connect, handshake under way, fallback skipping a late CLC
+//!   message, fallen-back sockmap member, orphan, epoll set).
 //! - [`shm`]: mappings, memfds, a process-shared futex lock.
 //! - [`conn`]: one SMC connection: rings, cursors, read/write/peek/shutdown/close, wakeups;
 //!   [`iov`]: a cursor over an iovec array.
@@ -12,8 +13,9 @@
 //!   [`handshake`]: the CLC handshake's I/O; [`member`]: reads of a fallen-back sockmap member.
 //! - [`poll`], [`epoll`]: readiness and the poll/select/epoll emulation; [`signals`]: which
 //!   signals interrupt a blocking call.
-//! - [`ops`]: the behaviour of every interposed function; [`lifecycle`]: fork, exec, closes
-//!   behind our back, inherited and received fds.
+//! - [`ops`]: the behaviour of every interposed function; [`lifecycle`]: `vfork` children,
+//!   listeners across `exec`, closes behind our back, fds received with `SCM_RIGHTS`, io_uring
+//!   setup.
 //! - [`stats`]: the per-process statistics file; [`log`]: `SMC_DEBUG` lines.
 //! - `interpose` (feature `interpose`, not in unit tests): the exported libc symbols.
 
@@ -61,7 +63,8 @@ pub fn reset_pid() {
     PID.store(unsafe { libc::getpid() } as u32, Ordering::Relaxed);
 }
 
-/// Library constructor: environment knobs, io_uring detection, exit cleanup.
+/// Library constructor: environment knobs, liburing detection, SMC sockets and listeners
+/// inherited across `exec`, exit cleanup.
 #[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]
 extern "C" fn init() {
     if std::env::var_os("SMC_DISABLE").is_some_and(|v| v == "1") {

@@ -21,8 +21,8 @@ use std::mem;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
-/// `smc_common::bpf::SOCK_SHORTCUT_GRANTED` (this crate does not depend on smc-common; the
-/// eBPF side and this value are kept equal by hand).
+/// `smc_common::bpf::SOCK_SHORTCUT_GRANTED`, a copy kept equal by hand (this module was
+/// written before smc-ism depended on smc-common; the same holds for the two values below).
 pub(crate) const SOCK_SHORTCUT_GRANTED: u32 = 1 << 6;
 /// `smc_common::bpf::SOCK_STATE_VERSION`.
 const SOCK_STATE_VERSION: u32 = 2;
