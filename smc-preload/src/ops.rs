@@ -1163,7 +1163,13 @@ pub fn install_conn(fd: c_int, c: Conn) -> Arc<Obj> {
 /// handshake) when the pre-exec image of this pid had live SMC connections.
 pub fn adopt_orphans_after_exec() {
     let dir = std::env::var("SMC_PROCS_DIR").unwrap_or_else(|_| "/run/smc/procs".to_string());
-    let Ok(b) = std::fs::read(format!("{dir}/{}", crate::pid())) else {
+    // The old image's file: in the top directory (its owner, root), else in its uid's own.
+    // SAFETY: no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let pid = crate::pid();
+    let top = format!("{dir}/{pid}");
+    let own = format!("{dir}/{}/{pid}", smc_stats::uid_dir_name(euid));
+    let Some(b) = [top, own].iter().find_map(|p| std::fs::read(p).ok()) else {
         return;
     };
     let Some(v) = smc_stats::Snapshot::parse(&b) else {

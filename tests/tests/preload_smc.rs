@@ -47,7 +47,10 @@ impl World {
         let dir = Path::new("/run/smc").join(unique("preload-test-"));
         std::fs::create_dir_all(dir.join("procs")).unwrap();
         let sock = dir.join("ctl.sock");
-        let daemon = Proc::spawn(daemon_command(&sock, &dir));
+        let mut dc = daemon_command(&sock, &dir);
+        // Where a client of another uid gets its own `uid-<n>` directory.
+        dc.arg("--procs-dir").arg(dir.join("procs"));
+        let daemon = Proc::spawn(dc);
         let t = Instant::now();
         while !sock.exists() {
             assert!(
@@ -90,8 +93,19 @@ impl World {
     /// Sum of every process's statistics.
     fn stats(&self) -> BTreeMap<String, u64> {
         let mut sum = BTreeMap::new();
-        for e in std::fs::read_dir(self.dir.join("procs")).unwrap() {
-            let b = std::fs::read(e.unwrap().path()).unwrap();
+        let top = self.dir.join("procs");
+        let mut files = Vec::new();
+        for e in std::fs::read_dir(&top).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                // A uid's own directory (a process that is not root).
+                files.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+            } else {
+                files.push(p);
+            }
+        }
+        for f in files {
+            let b = std::fs::read(f).unwrap();
             if let Some(v) = parse_stats(&b) {
                 for (k, n) in v {
                     if k != "pid" {
@@ -549,10 +563,24 @@ fn preload_curl_against_python_http_server() {
 
 #[test]
 fn preload_exec_with_inherited_smc_socket_never_reads_doorbells() {
+    exec_with_inherited_smc_socket(false);
+}
+
+/// The same for a server that is not root: its statistics file (which tells the new image
+/// that the old one had SMC connections) is in its uid's own directory.
+#[test]
+fn preload_exec_with_inherited_smc_socket_never_reads_doorbells_not_root() {
+    exec_with_inherited_smc_socket(true);
+}
+
+fn exec_with_inherited_smc_socket(not_root: bool) {
     let w = World::new();
     let (srv, port) = start_server({
         let mut c = w.smc(bin("preload-prog"));
         c.args(["exec-server", "0"]);
+        if not_root {
+            integration_tests::as_user(&mut c, integration_tests::nobody());
+        }
         c
     });
     let prog = bin("preload-prog");
