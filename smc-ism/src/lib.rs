@@ -157,6 +157,7 @@ pub mod proto;
 
 mod client;
 mod error;
+mod shared;
 mod stats;
 mod sys;
 
@@ -168,6 +169,7 @@ pub use client::{
     SOCKET_ENV,
 };
 pub use error::{DeclineReason, IsmError};
+pub use shared::SharedClient;
 pub use stats::{CgroupStats, DmbInfo, DmbList, FailureStats, OpStats, OpsStats, Stats};
 
 #[cfg(feature = "daemon")]

@@ -18,6 +18,7 @@
 
 use crate::conn::{Conn, Release, Role};
 use crate::fdtable::{self, Slot, TAG_TCP};
+use crate::forklock::ForkMutex;
 use crate::handshake::{Driver, HeldDmb, Outcome, Progress};
 use crate::obj::{Obj, Skip};
 use crate::{debug, real, stats};
@@ -29,7 +30,7 @@ use smc_common::clc::MsgType;
 use smc_common::diag::Diag;
 use smc_common::handshake::{Config, Fallback, FallbackReason, Handshake};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -246,9 +247,10 @@ struct NoSmcDest {
 const NO_SMC_SLOTS: usize = 32;
 static NO_SMC_N: AtomicU64 = AtomicU64::new(0);
 
-fn no_smc_dests() -> &'static Mutex<Vec<NoSmcDest>> {
-    static M: OnceLock<Mutex<Vec<NoSmcDest>>> = OnceLock::new();
-    M.get_or_init(|| Mutex::new(Vec::with_capacity(NO_SMC_SLOTS)))
+static NO_SMC_DESTS: ForkMutex<Vec<NoSmcDest>> = ForkMutex::new(Vec::new);
+
+fn no_smc_dests() -> &'static ForkMutex<Vec<NoSmcDest>> {
+    &NO_SMC_DESTS
 }
 
 /// Whether a new client connection to `dest` stays plain TCP without asking (counted).
@@ -257,7 +259,7 @@ pub fn known_no_smc(dest: Option<Dest>) -> bool {
     if NO_SMC_N.load(Ordering::Relaxed) == 0 {
         return false;
     }
-    let mut v = no_smc_dests().lock().unwrap_or_else(|e| e.into_inner());
+    let mut v = no_smc_dests().lock();
     let Some(e) = v.iter_mut().find(|e| e.dest == dest) else {
         return false;
     };
@@ -277,7 +279,7 @@ fn note_dest(dest: Option<Dest>, smc_capable: bool) {
     if smc_capable && NO_SMC_N.load(Ordering::Relaxed) == 0 {
         return;
     }
-    let mut v = no_smc_dests().lock().unwrap_or_else(|e| e.into_inner());
+    let mut v = no_smc_dests().lock();
     let at = v.iter().position(|e| e.dest == dest);
     match (at, smc_capable) {
         (Some(i), true) => {
@@ -499,14 +501,15 @@ pub fn count_pending() {
 // ---------------------------------------------------------------------------------------
 // SO_RCVBUF hints
 
-fn hints() -> &'static Mutex<HashMap<i32, i32>> {
-    static H: OnceLock<Mutex<HashMap<i32, i32>>> = OnceLock::new();
-    H.get_or_init(|| Mutex::new(HashMap::new()))
+static HINTS: ForkMutex<HashMap<i32, i32>> = ForkMutex::new(HashMap::new);
+
+fn hints() -> &'static ForkMutex<HashMap<i32, i32>> {
+    &HINTS
 }
 static HINTS_N: AtomicU64 = AtomicU64::new(0);
 
 pub fn note_rcvbuf(fd: i32, v: i32) {
-    let mut h = hints().lock().unwrap_or_else(|e| e.into_inner());
+    let mut h = hints().lock();
     if h.insert(fd, v).is_none() {
         HINTS_N.fetch_add(1, Ordering::Relaxed);
     }
@@ -515,7 +518,7 @@ pub fn note_rcvbuf(fd: i32, v: i32) {
 /// A new socket on `fd`: a hint left by an earlier socket of that number does not apply.
 pub fn forget_rcvbuf(fd: i32) {
     if HINTS_N.load(Ordering::Relaxed) > 0 {
-        let mut h = hints().lock().unwrap_or_else(|e| e.into_inner());
+        let mut h = hints().lock();
         if h.remove(&fd).is_some() {
             HINTS_N.fetch_sub(1, Ordering::Relaxed);
         }
@@ -524,7 +527,7 @@ pub fn forget_rcvbuf(fd: i32) {
 
 fn size_code_for(fd: i32, listener: Option<i32>) -> u8 {
     if HINTS_N.load(Ordering::Relaxed) > 0 {
-        let h = hints().lock().unwrap_or_else(|e| e.into_inner());
+        let h = hints().lock();
         let v = h
             .get(&fd)
             .or_else(|| listener.and_then(|l| h.get(&l)))
@@ -542,64 +545,81 @@ fn size_code_for(fd: i32, listener: Option<i32>) -> u8 {
 // ---------------------------------------------------------------------------------------
 // the loopback-ism device
 
+/// The loopback-ism device of this process: one daemon connection shared by every thread
+/// ([`smc_ism::SharedClient`]: no lock is held while a thread waits for the daemon, so
+/// concurrent handshakes overlap their round trips), its GID once known, and the back-off
+/// after the daemon was unreachable. One per process: a forked child makes its own
+/// ([`after_fork_child`]) and never touches its parent's, whose state a thread that does not
+/// exist in the child may have been using.
 struct Dev {
-    client: Option<smc_ism::Client>,
-    /// The process the client's connection belongs to (a forked child makes its own).
+    client: smc_ism::SharedClient,
+    /// The process it belongs to.
     pid: u32,
-    gid: Option<smc_ism::Gid>,
-    /// Do not retry a dead daemon before this instant.
-    retry_after: Option<Instant>,
+    gid: OnceLock<smc_ism::Gid>,
+    /// Milliseconds since [`epoch`] before which a dead daemon is not retried (0: none).
+    retry_after: AtomicU64,
 }
 
-fn dev() -> &'static Mutex<Dev> {
-    static D: OnceLock<Mutex<Dev>> = OnceLock::new();
-    D.get_or_init(|| {
-        Mutex::new(Dev {
-            client: None,
-            pid: 0,
-            gid: None,
-            retry_after: None,
-        })
-    })
+static DEV: AtomicPtr<Dev> = AtomicPtr::new(std::ptr::null_mut());
+
+fn epoch_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+}
+
+fn new_dev(pid: u32) -> *mut Dev {
+    Box::into_raw(Box::new(Dev {
+        client: smc_ism::SharedClient::new(daemon_path()),
+        pid,
+        gid: OnceLock::new(),
+        retry_after: AtomicU64::new(0),
+    }))
+}
+
+/// This process's device (made on first use; a new one in a forked child).
+fn dev() -> &'static Dev {
+    let pid = crate::pid();
+    let p = DEV.load(Ordering::Acquire);
+    // SAFETY: published below and never freed (a replaced one is leaked).
+    if let Some(d) = unsafe { p.as_ref() } {
+        if d.pid == pid {
+            return d;
+        }
+    }
+    let fresh = new_dev(pid);
+    match DEV.compare_exchange(p, fresh, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(old) => {
+            // SAFETY: published, never freed; a parent's instance in a forked child.
+            if let Some(o) = unsafe { old.as_ref() } {
+                o.client.forget_after_fork();
+            }
+            // SAFETY: just published, never freed.
+            unsafe { &*fresh }
+        }
+        Err(other) => {
+            // SAFETY: ours, never published.
+            drop(unsafe { Box::from_raw(fresh) });
+            // SAFETY: published by the winner, never freed.
+            unsafe { &*other }
+        }
+    }
 }
 
 pub(crate) fn with_dev<T>(
-    f: impl FnOnce(&mut smc_ism::Client) -> Result<T, smc_ism::IsmError>,
+    f: impl FnOnce(&smc_ism::SharedClient) -> Result<T, smc_ism::IsmError>,
 ) -> Result<T, u32> {
-    let mut d = dev().lock().unwrap_or_else(|e| e.into_inner());
-    let pid = crate::pid();
-    if d.pid != pid {
-        // A forked child: the inherited connection is the parent's (dropping it closes only
-        // our copy). The pid is cached, so this costs no system call per request.
-        d.client = None;
-        d.pid = pid;
+    let d = dev();
+    let retry = d.retry_after.load(Ordering::Relaxed);
+    if retry != 0 && epoch_ms() < retry {
+        return Err(Diag::NoSmcdDev.code());
     }
-    if d.client.is_none() {
-        if d.retry_after.is_some_and(|t| Instant::now() < t) {
-            return Err(Diag::NoSmcdDev.code());
-        }
-        match smc_ism::Client::connect(daemon_path()) {
-            Ok(mut c) => {
-                c.set_fork_check(false);
-                d.client = Some(c);
-                d.retry_after = None;
-            }
-            Err(e) => {
-                debug!("loopback-ism daemon unreachable: {e}");
-                d.retry_after = Some(Instant::now() + Duration::from_secs(1));
-                return Err(Diag::NoSmcdDev.code());
-            }
-        }
-    }
-    let c = d.client.as_mut().expect("client");
-    match f(c) {
+    match f(&d.client) {
         Ok(v) => Ok(v),
         Err(e) => {
             debug!("loopback-ism: {e}");
             let code = e.decline_reason().diagnosis();
             if e.is_unavailable() {
-                d.client = None;
-                d.retry_after = Some(Instant::now() + Duration::from_secs(1));
+                d.retry_after.store(epoch_ms() + 1000, Ordering::Relaxed);
             }
             Err(code)
         }
@@ -607,20 +627,49 @@ pub(crate) fn with_dev<T>(
 }
 
 fn local_gid() -> Result<smc_ism::Gid, u32> {
-    {
-        let d = dev().lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(g) = d.gid {
-            return Ok(g);
-        }
+    let d = dev();
+    if let Some(g) = d.gid.get() {
+        return Ok(*g);
     }
     let g = with_dev(|c| c.query_gid())?;
-    dev().lock().unwrap_or_else(|e| e.into_inner()).gid = Some(g);
+    let _ = d.gid.set(g);
     Ok(g)
 }
 
+/// In the child after fork: its own daemon connection (the parent's references stay the
+/// parent's); the global locks are reset by [`crate::forklock::after_fork_child`].
 pub fn after_fork_child() {
-    // smc_ism::Client reconnects by itself in a child; nothing cached here is per process
-    // except the stats area, which `stats::get` reopens by pid.
+    if !DEV.load(Ordering::Acquire).is_null() {
+        // Closes our copy of the parent's connection now.
+        let _ = dev();
+    }
+    // A handshake that a thread of the parent was driving at the fork (its driver locked):
+    // that thread does not exist here and the parent carries the handshake on; the child's
+    // copy of the fd cannot take part (reads ECONNRESET, writes EPIPE), and waits for nothing.
+    let mut stuck = Vec::new();
+    fdtable::for_each_object(|fd, o| {
+        if let Obj::Handshake(h) = &**o {
+            if matches!(
+                h.driver.try_lock(),
+                Err(std::sync::TryLockError::WouldBlock)
+            ) {
+                stuck.push((fd, h.server));
+            }
+        }
+    });
+    for (fd, server) in stuck {
+        drop(fdtable::replace(
+            fd,
+            Slot::Obj(Arc::new(Obj::Orphan(Skip::new(server)))),
+        ));
+    }
+}
+
+pub(crate) fn after_fork_locks() {
+    NO_SMC_DESTS.after_fork();
+    HINTS.after_fork();
+    OWN_CLIENTS.after_fork();
+    OWN_LISTENERS.after_fork();
 }
 
 struct DmbRelease {
@@ -870,9 +919,9 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
 /// Local ports of this process's client connections whose handshake is under way
 /// ([`client_start`]), and of its SMC listeners: a connect to our own listener, and the accept
 /// of our own client, must not wait for the other end inside the call.
-static OWN_CLIENTS: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+static OWN_CLIENTS: ForkMutex<Vec<u16>> = ForkMutex::new(Vec::new);
 static OWN_CLIENTS_N: AtomicU64 = AtomicU64::new(0);
-static OWN_LISTENERS: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+static OWN_LISTENERS: ForkMutex<Vec<u16>> = ForkMutex::new(Vec::new);
 static OWN_LISTENERS_N: AtomicU64 = AtomicU64::new(0);
 
 fn port_of(fd: i32, peer: bool) -> Option<u16> {
@@ -915,16 +964,13 @@ fn own_client_handshake(fd: i32) -> bool {
     let Some(p) = port_of(fd, true) else {
         return false;
     };
-    OWN_CLIENTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .contains(&p)
+    OWN_CLIENTS.lock().contains(&p)
 }
 
 /// A listener of ours now listens (its port is remembered, at most 64).
 pub fn note_listener(fd: i32) {
     if let Some(p) = port_of(fd, false) {
-        let mut v = OWN_LISTENERS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v = OWN_LISTENERS.lock();
         if !v.contains(&p) {
             if v.len() >= 64 {
                 v.remove(0);
@@ -941,15 +987,12 @@ pub fn to_own_listener(dest: Option<Dest>) -> bool {
         return false;
     }
     let Some(d) = dest else { return false };
-    OWN_LISTENERS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .contains(&d.port())
+    OWN_LISTENERS.lock().contains(&d.port())
 }
 
 fn forget_own_client(port: Option<u16>) {
     if let Some(p) = port {
-        let mut v = OWN_CLIENTS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v = OWN_CLIENTS.lock();
         if let Some(i) = v.iter().position(|&x| x == p) {
             v.swap_remove(i);
         }
@@ -980,7 +1023,7 @@ pub fn client_start(fd: i32, nonblock: bool, dest: Option<Dest>) {
     let peer_local = to_own_listener(dest);
     let port = if peer_local { port_of(fd, false) } else { None };
     if let Some(p) = port {
-        let mut v = OWN_CLIENTS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v = OWN_CLIENTS.lock();
         v.push(p);
         OWN_CLIENTS_N.store(v.len() as u64, Ordering::Relaxed);
     }

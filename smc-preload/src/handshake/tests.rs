@@ -55,7 +55,9 @@ fn fell_back(o: Outcome) -> (Fallback, Option<MsgType>) {
 
 /// The daemon's live DMBs and attachments.
 fn live() -> (u64, u64) {
-    let s = setup::with_dev(|c| c.stats()).unwrap();
+    let s = smc_ism::Client::connect(setup::daemon_path())
+        .and_then(|mut c| c.stats())
+        .unwrap();
     (s.live_dmbs, s.live_attachments)
 }
 
