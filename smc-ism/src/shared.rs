@@ -158,6 +158,15 @@ impl SharedClient {
     /// Sends one request without waiting (a full socket buffer fails it: the daemon is not
     /// reading); its seq is queued for a reply unless it carries `NOREPLY_BIT`.
     fn send(&self, op: u16, payload: &[u8], pass: Option<RawFd>) -> Result<Ticket, IsmError> {
+        let reused = self.lock().fd.is_some();
+        match self.send_once(op, payload, pass) {
+            // A connection the daemon closed (it restarted): once more on a new one.
+            Err(IsmError::Disconnected) if reused => self.send_once(op, payload, pass),
+            r => r,
+        }
+    }
+
+    fn send_once(&self, op: u16, payload: &[u8], pass: Option<RawFd>) -> Result<Ticket, IsmError> {
         let mut st = self.connection()?;
         let Some(fd) = st.fd.as_ref().map(|f| f.as_raw_fd()) else {
             return Err(IsmError::Disconnected);
