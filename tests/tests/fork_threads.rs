@@ -25,7 +25,13 @@ fn fork_storm_while_threads_handshake_and_the_daemon_stalls() {
     let mut s = w.run(bin("preload-prog"));
     s.args(["server", &port.to_string(), "thread"]);
     let mut srv = spawn_logged(s, &log);
-    wait_listening(&mut srv, port, Duration::from_secs(30), "server", Some(&log));
+    wait_listening(
+        &mut srv,
+        port,
+        Duration::from_secs(30),
+        "server",
+        Some(&log),
+    );
     let mut c = w.run(bin("preload-prog"));
     c.args([
         "storm",
@@ -57,7 +63,11 @@ fn fork_storm_while_threads_handshake_and_the_daemon_stalls() {
     assert_eq!(field(&out, "hung"), 0, "children hung after fork: {out}");
     assert_eq!(field(&out, "bad"), 0, "children with wrong bytes: {out}");
     assert_eq!(field(&out, "ok"), forks, "{out}");
-    assert_eq!(field(&out, "badconns"), 0, "threads with wrong bytes: {out}");
+    assert_eq!(
+        field(&out, "badconns"),
+        0,
+        "threads with wrong bytes: {out}"
+    );
     assert!(field(&out, "conns") > 0, "{out}");
     // Every child went through the data path: its own statistics file with its one
     // connection, SMC-D or (while the daemon was stopped) a fallback.
