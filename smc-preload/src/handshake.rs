@@ -583,31 +583,60 @@ pub fn send_all(fd: i32, mut b: &[u8], deadline: Instant) -> bool {
     true
 }
 
-/// Consume one whole CLC message if the socket starts with one. `Some(true)`: consumed;
-/// `Some(false)`: the stream does not start with CLC; `None`: not decidable yet.
-pub fn skip_one(fd: i32) -> Option<bool> {
+/// Consume one whole CLC message if the socket starts with one (of any type when `any`, else
+/// only a Decline). `Some(Some(type))`: that message was consumed; `Some(None)`: the stream
+/// does not start with one (application data, or its end); `None`: not decidable yet (errno
+/// from the peek). `wait`: block until it is decidable (a blocking reader must not read a
+/// message that is still on its way).
+pub fn skip_one(fd: i32, any: bool, wait: bool) -> Option<Option<MsgType>> {
     let mut buf = [0u8; MAX_MSG];
-    let n = recv(fd, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT).ok()?;
+    let peek = if wait {
+        libc::MSG_PEEK
+    } else {
+        libc::MSG_PEEK | libc::MSG_DONTWAIT
+    };
+    let mut n = recv(fd, &mut buf, peek).ok()?;
     if n == 0 {
-        return Some(false);
+        return Some(None);
     }
     let eye = &buf[..n.min(4)];
     if eye != &clc::EYECATCHER_SMCD[..eye.len()] && eye != &clc::EYECATCHER_SMCR[..eye.len()] {
-        return Some(false);
+        return Some(None);
     }
     if n < HEADER_LEN {
-        return None;
+        if !wait {
+            return None;
+        }
+        n = recv(
+            fd,
+            &mut buf[..HEADER_LEN],
+            libc::MSG_PEEK | libc::MSG_WAITALL,
+        )
+        .ok()?;
+        if n < HEADER_LEN {
+            // The stream ends inside it: nothing to skip.
+            return Some(None);
+        }
     }
     let hdr: &[u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("header");
     let len = match clc::message_len(hdr) {
         Ok(l) if l <= MAX_MSG => l,
-        _ => return Some(false),
+        _ => return Some(None),
+    };
+    let Some(t) = MsgType::from_u8(hdr[4]).filter(|&t| any || t == MsgType::Decline) else {
+        return Some(None);
     };
     if n < len {
-        return None;
+        if !wait {
+            return None;
+        }
+        n = recv(fd, &mut buf[..len], libc::MSG_PEEK | libc::MSG_WAITALL).ok()?;
+        if n < len {
+            return Some(None);
+        }
     }
     let _ = recv(fd, &mut buf[..len], libc::MSG_DONTWAIT);
-    Some(true)
+    Some(Some(t))
 }
 
 #[cfg(test)]

@@ -9,10 +9,11 @@
 //! start with a CLC eyecatcher stays plain (nothing consumed); Proposal → register DMB →
 //! Accept → Confirm → attach the client's DMB.
 //!
-//! After a fallback the stream is either in sync (plain TCP), or (`in_sync` false) one late CLC
-//! message may follow: after a timeout while the peer had to answer (client waiting for the
-//! Accept, server for the Proposal) the Decline the machine sent is the peer's answer, and
-//! that one late message is skipped at the first read ([`Obj::Skip`]); anything else (the
+//! After a fallback the stream is either in sync (plain TCP), or CLC messages of the peer may
+//! follow: after a timeout while the peer had to answer (client waiting for the Accept, server
+//! for the Proposal) the Decline the machine sent is the peer's answer, and the late message
+//! (then the peer's own timeout Decline) is skipped at the first read ([`Obj::Skip`]); after
+//! any other Decline of ours, a Decline of the peer that crossed it is; anything else (the
 //! server timed out waiting for the Confirm — the client may already be on SMC —, or bytes
 //! that do not frame as CLC) resets the connection: never a byte of the wrong stream.
 
@@ -643,19 +644,21 @@ pub fn after_fork_child() {
         // Closes our copy of the parent's connection now.
         let _ = dev();
     }
-    // A handshake that a thread of the parent was driving at the fork (its driver locked):
-    // that thread does not exist here and the parent carries the handshake on; the child's
-    // copy of the fd cannot take part (reads ECONNRESET, writes EPIPE), and waits for nothing.
+    // A handshake still in the table: `fork` finished every one under way before forking
+    // (`ops::fork`), so another thread of the parent started this one meanwhile (or a
+    // pending connect's handshake, `Obj::Pending` decided or being decided). That thread does
+    // not exist here, the parent carries the handshake on, and a second driver on the same
+    // stream would steal its CLC messages: the child's copy of the fd cannot take part (reads
+    // ECONNRESET, writes EPIPE) and waits for nothing (its lock may be held forever).
     let mut stuck = Vec::new();
-    fdtable::for_each_object(|fd, o| {
-        if let Obj::Handshake(h) = &**o {
-            if matches!(
-                h.driver.try_lock(),
-                Err(std::sync::TryLockError::WouldBlock)
-            ) {
-                stuck.push((fd, h.server));
+    fdtable::for_each_object(|fd, o| match &**o {
+        Obj::Handshake(h) => stuck.push((fd, h.server)),
+        Obj::Pending(p) => {
+            if p.lock.try_lock().map_or(true, |done| *done) {
+                stuck.push((fd, false));
             }
         }
+        _ => {}
     });
     for (fd, server) in stuck {
         drop(fdtable::replace(
@@ -817,14 +820,27 @@ fn after_fallback(fd: i32, server: bool, fb: Fallback, awaited: Option<MsgType>)
     // Both ends announced SMC (the handshake ran), so the socket is in the SOCKHASH.
     leave_shortcut(fd);
     if fb.in_sync {
+        if fb.sent_decline.is_some() {
+            // Our Decline answered the peer's message; the peer's timer may have expired
+            // meanwhile, and its own Decline may cross ours: skipped if it comes.
+            fallback(fd, server, code, &format!("{:?}", fb.reason), true);
+            drop(fdtable::replace(
+                fd,
+                Slot::Obj(Arc::new(Obj::Skip(Skip::decline_only(server)))),
+            ));
+            return;
+        }
         return fallback(fd, server, code, &format!("{:?}", fb.reason), true);
     }
     match (fb.reason, awaited) {
         // The socket is at EOF or broken: the application learns it from the socket itself.
         (FallbackReason::Aborted, _) => fallback(fd, server, code, "connection lost", true),
-        // Our decline answers the message the peer waits for; its late message is skipped.
+        // Our decline answers the message the peer waits for; its late message (and a
+        // Decline of its own timeout after it) is skipped.
         (FallbackReason::Timeout, Some(MsgType::Accept | MsgType::Proposal)) => {
-            debug!("fd {fd}: timeout waiting for {awaited:?}: fallback, skip the late CLC message");
+            debug!(
+                "fd {fd}: timeout waiting for {awaited:?}: fallback, skip the late CLC messages"
+            );
             stats::fallback(server, code);
             drop(fdtable::replace(
                 fd,
@@ -1120,21 +1136,61 @@ fn set_linger_reset(fd: i32) {
     };
 }
 
-/// A connection that fell back after a timeout: consume the one late CLC message, if any,
-/// before the application reads (our decline already answered it).
-pub fn skip_late_clc(fd: i32, s: &Skip) {
+/// A connection that fell back after a Decline of ours: consume the CLC messages of the peer
+/// that crossed it ([`Skip`]), if any, before the application reads. `wait`: until that is
+/// decided (see [`skip_before_read`]).
+pub fn skip_late_clc(fd: i32, s: &Skip, wait: bool) {
     let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
-    if s.done() {
-        return;
-    }
-    match crate::handshake::skip_one(fd) {
-        None => return, // not there yet (or partial): decide at the next operation
-        Some(consumed) => {
-            if consumed {
-                debug!("fd {fd}: late CLC message skipped");
+    loop {
+        let st = s.state.load(Ordering::Acquire);
+        if st == crate::obj::SKIP_DONE {
+            return;
+        }
+        match crate::handshake::skip_one(fd, st == crate::obj::SKIP_LATE, wait) {
+            None => return, // not there yet (or partial): decide at the next operation
+            Some(None) => break,
+            Some(Some(t)) => {
+                debug!("fd {fd}: late CLC message skipped ({t:?})");
+                if t == MsgType::Decline {
+                    break; // the peer's last CLC message
+                }
+                s.state.store(crate::obj::SKIP_DECLINE, Ordering::Release);
             }
         }
     }
-    s.state.store(1, Ordering::Release);
-    settle_plain(fd);
+    s.state.store(crate::obj::SKIP_DONE, Ordering::Release);
+    // Both ends announced SMC: the socket may still be a SOCKHASH member (see `member`).
+    drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Tcp))));
+}
+
+/// Before a read of a connection with CLC messages still to skip: true when decided (the
+/// read goes on with the application's data). A non-blocking read (`dontwait`, or the socket
+/// is) that cannot decide yet gets false with `EAGAIN` (the head of the stream is nothing, or
+/// part of a CLC message, which must not be read as data); a blocking one waits until it can
+/// decide, and gets false only with the error that ended its wait (a receive timeout).
+pub fn skip_before_read(fd: i32, s: &Skip, dontwait: bool) -> bool {
+    let block = !dontwait && !nonblocking(fd);
+    loop {
+        skip_late_clc(fd, s, block);
+        if s.done() {
+            return true;
+        }
+        let e = real::errno();
+        if !block {
+            real::set_errno(libc::EAGAIN);
+            return false;
+        }
+        if e != libc::EAGAIN || crate::member::has_rcvtimeo(fd) {
+            real::set_errno(e);
+            return false;
+        }
+        // tcp_bpf's spurious EAGAIN of a blocking read (see `member`): wait, then decide.
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd of our own.
+        unsafe { real::poll(&mut p, 1, 100) };
+    }
 }

@@ -17,7 +17,8 @@
 //! 30 s after its fork is killed and counted as hung. After FORKS/4 forks it prints
 //! `PHASE stop` and waits for a line on stdin (the test stops the daemon), forks 16 more and
 //! prints `PHASE cont` and waits again (the daemon continues). At the end:
-//! `STORM forks=<n> ok=<n> bad=<n> hung=<n> conns=<n> badconns=<n>`.
+//! `STORM forks=<n> ok=<n> bad=<n> hung=<n> conns=<n> badconns=<n>`. A failed connection prints
+//! `STORM-BAD pid <pid>: <why>` on stderr.
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -333,10 +334,23 @@ fn storm_conn(host: &str, port: u16, seed: u64, bytes: u64, want_sha: &str) -> b
         s.write_all(&hdr)?;
         send_stream(&mut s, seed ^ 0xAAAA, 4096)?;
         s.shutdown(Shutdown::Write)?;
-        let (n, sha) = recv_stream(&mut s, seed)?;
-        Ok(n == bytes && sha == want_sha)
+        // At most one byte more than the server sends: a stream that carries CLC bytes as
+        // data (the server read a late Decline as the request header) fails at once instead
+        // of streaming for ever.
+        let (n, sha) = recv_stream(&mut (&mut s).take(bytes + 1), seed)?;
+        if n != bytes || sha != want_sha {
+            eprintln!(
+                "STORM-BAD pid {}: {n} bytes received, sha {sha}",
+                std::process::id()
+            );
+            return Ok(false);
+        }
+        Ok(true)
     };
-    run().unwrap_or(false)
+    run().unwrap_or_else(|e| {
+        eprintln!("STORM-BAD pid {}: {e}", std::process::id());
+        false
+    })
 }
 
 fn storm(host: &str, port: u16, threads: usize, forks: usize, bytes: u64) {
