@@ -650,13 +650,17 @@ pub fn after_fork_child() {
     // not exist here, the parent carries the handshake on, and a second driver on the same
     // stream would steal its CLC messages: the child's copy of the fd cannot take part (reads
     // ECONNRESET, writes EPIPE) and waits for nothing (its lock may be held forever).
+    // A skip whose lock a thread of the parent held (it was peeking at the stream): the same
+    // skip with a free lock.
     let mut stuck = Vec::new();
+    let mut skips = Vec::new();
     fdtable::for_each_object(|fd, o| match &**o {
         Obj::Handshake(h) => stuck.push((fd, h.server)),
-        Obj::Pending(p) => {
-            if p.lock.try_lock().map_or(true, |done| *done) {
-                stuck.push((fd, false));
-            }
+        Obj::Pending(p) if p.lock.try_lock().map_or(true, |done| *done) => {
+            stuck.push((fd, false));
+        }
+        Obj::Skip(s) if matches!(s.lock.try_lock(), Err(std::sync::TryLockError::WouldBlock)) => {
+            skips.push((fd, s.state.load(Ordering::Acquire), s.server));
         }
         _ => {}
     });
@@ -665,6 +669,11 @@ pub fn after_fork_child() {
             fd,
             Slot::Obj(Arc::new(Obj::Orphan(Skip::new(server)))),
         ));
+    }
+    for (fd, state, server) in skips {
+        let s = Skip::new(server);
+        s.state.store(state, Ordering::Release);
+        drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Skip(s)))));
     }
 }
 
