@@ -1146,16 +1146,15 @@ fn set_linger_reset(fd: i32) {
 }
 
 /// A connection that fell back after a Decline of ours: consume the CLC messages of the peer
-/// that crossed it ([`Skip`]), if any, before the application reads. `wait`: until that is
-/// decided (see [`skip_before_read`]).
-pub fn skip_late_clc(fd: i32, s: &Skip, wait: bool) {
+/// that crossed it ([`Skip`]), as far as they are there, before the application reads.
+pub fn skip_late_clc(fd: i32, s: &Skip) {
     let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         let st = s.state.load(Ordering::Acquire);
         if st == crate::obj::SKIP_DONE {
             return;
         }
-        match crate::handshake::skip_one(fd, st == crate::obj::SKIP_LATE, wait) {
+        match crate::handshake::skip_one(fd, st == crate::obj::SKIP_LATE) {
             None => return, // not there yet (or partial): decide at the next operation
             Some(None) => break,
             Some(Some(t)) => {
@@ -1176,30 +1175,35 @@ pub fn skip_late_clc(fd: i32, s: &Skip, wait: bool) {
 /// read goes on with the application's data). A non-blocking read (`dontwait`, or the socket
 /// is) that cannot decide yet gets false with `EAGAIN` (the head of the stream is nothing, or
 /// part of a CLC message, which must not be read as data); a blocking one waits until it can
-/// decide, and gets false only with the error that ended its wait (a receive timeout).
+/// decide (without the skip's lock: a writer thread of the same socket is never held up), and
+/// gets false only with the error that ended its wait (a receive timeout).
 pub fn skip_before_read(fd: i32, s: &Skip, dontwait: bool) -> bool {
     let block = !dontwait && !nonblocking(fd);
     loop {
-        skip_late_clc(fd, s, block);
+        skip_late_clc(fd, s);
         if s.done() {
             return true;
         }
-        let e = real::errno();
         if !block {
             real::set_errno(libc::EAGAIN);
             return false;
         }
-        if e != libc::EAGAIN || crate::member::has_rcvtimeo(fd) {
-            real::set_errno(e);
-            return false;
+        match crate::handshake::wait_head(fd) {
+            Ok(()) => {}
+            Err(e) if e == libc::EAGAIN && !crate::member::has_rcvtimeo(fd) => {
+                // tcp_bpf's spurious EAGAIN of a blocking read (see `member`): wait, decide.
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one pollfd of our own.
+                unsafe { real::poll(&mut p, 1, 100) };
+            }
+            Err(e) => {
+                real::set_errno(e);
+                return false;
+            }
         }
-        // tcp_bpf's spurious EAGAIN of a blocking read (see `member`): wait, then decide.
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one pollfd of our own.
-        unsafe { real::poll(&mut p, 1, 100) };
     }
 }
