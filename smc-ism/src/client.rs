@@ -193,16 +193,16 @@ pub struct Client {
 #[derive(Debug)]
 #[must_use = "finish the ticket, or the reference it may grant stays held until disconnect"]
 pub struct Ticket {
-    seq: u32,
-    op: u16,
-    generation: u64,
+    pub(crate) seq: u32,
+    pub(crate) op: u16,
+    pub(crate) generation: u64,
 }
 
 /// Result of one exchange: byte range of the op result in the reply buffer, and the fd.
-struct Answer {
-    start: usize,
-    end: usize,
-    fd: Option<OwnedFd>,
+pub(crate) struct Answer {
+    pub(crate) start: usize,
+    pub(crate) end: usize,
+    pub(crate) fd: Option<OwnedFd>,
 }
 
 impl Client {
@@ -521,22 +521,7 @@ impl Client {
     }
 
     fn dmb_answer(&mut self, buf: &[u8], a: Answer) -> Result<Dmb, IsmError> {
-        let r =
-            DmbReply::decode(&buf[a.start..a.end]).ok_or(IsmError::Protocol("short DMB reply"))?;
-        let fd = a.fd.ok_or(IsmError::Protocol("DMB reply without memfd"))?;
-        let size = dmb_size_from_code_large(r.size_code)
-            .ok_or(IsmError::Protocol("bad size code in reply"))? as usize;
-        if size as u64 != r.size {
-            return Err(IsmError::Protocol("inconsistent DMB size"));
-        }
-        Ok(Dmb {
-            token: r.token,
-            idx: r.idx,
-            slot: r.slot,
-            size,
-            size_code: r.size_code,
-            fd,
-        })
+        dmb_answer(buf, a)
     }
 
     /// Makes sure we have a connection of our own; true if it was (re)made just now.
@@ -692,34 +677,65 @@ impl Client {
         len: usize,
         fd: Option<OwnedFd>,
     ) -> Result<Answer, IsmError> {
-        let bad = |s: &mut Client, what| {
-            s.disconnect();
-            Err(IsmError::Protocol(what))
-        };
-        let Some(h) = Header::decode(&reply[..len]) else {
-            return bad(self, "short reply");
-        };
-        if h.magic != proto::MAGIC || h.version != proto::VERSION {
-            return bad(self, "bad reply header");
+        let r = check_reply(seq, op, reply, len, fd);
+        if let Err(IsmError::Protocol(_)) = r {
+            self.disconnect();
         }
-        if h.seq != seq || h.op != op | proto::REPLY_BIT {
-            return bad(self, "reply out of sequence");
-        }
-        let end = proto::HEADER_LEN + h.len as usize;
-        if end != len || (h.len as usize) < proto::STATUS_LEN {
-            return bad(self, "bad reply length");
-        }
-        let status = Status::from_u32(proto::get_u32(reply, proto::HEADER_LEN));
-        let detail = proto::get_u32(reply, proto::HEADER_LEN + 4);
-        if status != Status::Ok {
-            return Err(IsmError::from_status(status, detail));
-        }
-        Ok(Answer {
-            start: proto::HEADER_LEN + proto::STATUS_LEN,
-            end,
-            fd,
-        })
+        r
     }
+}
+
+/// Validates the reply record of `len` bytes in `reply` to request `seq` of `op`. A
+/// [`IsmError::Protocol`] error means the connection can no longer be trusted.
+pub(crate) fn check_reply(
+    seq: u32,
+    op: u16,
+    reply: &[u8],
+    len: usize,
+    fd: Option<OwnedFd>,
+) -> Result<Answer, IsmError> {
+    let Some(h) = Header::decode(&reply[..len]) else {
+        return Err(IsmError::Protocol("short reply"));
+    };
+    if h.magic != proto::MAGIC || h.version != proto::VERSION {
+        return Err(IsmError::Protocol("bad reply header"));
+    }
+    if h.seq != seq || h.op != op | proto::REPLY_BIT {
+        return Err(IsmError::Protocol("reply out of sequence"));
+    }
+    let end = proto::HEADER_LEN + h.len as usize;
+    if end != len || (h.len as usize) < proto::STATUS_LEN {
+        return Err(IsmError::Protocol("bad reply length"));
+    }
+    let status = Status::from_u32(proto::get_u32(reply, proto::HEADER_LEN));
+    let detail = proto::get_u32(reply, proto::HEADER_LEN + 4);
+    if status != Status::Ok {
+        return Err(IsmError::from_status(status, detail));
+    }
+    Ok(Answer {
+        start: proto::HEADER_LEN + proto::STATUS_LEN,
+        end,
+        fd,
+    })
+}
+
+/// The DMB a successful REGISTER/ATTACH reply grants.
+pub(crate) fn dmb_answer(buf: &[u8], a: Answer) -> Result<Dmb, IsmError> {
+    let r = DmbReply::decode(&buf[a.start..a.end]).ok_or(IsmError::Protocol("short DMB reply"))?;
+    let fd = a.fd.ok_or(IsmError::Protocol("DMB reply without memfd"))?;
+    let size = dmb_size_from_code_large(r.size_code)
+        .ok_or(IsmError::Protocol("bad size code in reply"))? as usize;
+    if size as u64 != r.size {
+        return Err(IsmError::Protocol("inconsistent DMB size"));
+    }
+    Ok(Dmb {
+        token: r.token,
+        idx: r.idx,
+        slot: r.slot,
+        size,
+        size_code: r.size_code,
+        fd,
+    })
 }
 
 /// `$SMC_CTL_SOCK` or [`DEFAULT_SOCKET_PATH`].
@@ -749,7 +765,7 @@ pub(crate) fn unix_addr(path: &Path) -> io::Result<(libc::sockaddr_un, libc::soc
     Ok((addr, len as libc::socklen_t))
 }
 
-fn set_timeouts(fd: RawFd, t: Duration) -> io::Result<()> {
+pub(crate) fn set_timeouts(fd: RawFd, t: Duration) -> io::Result<()> {
     let tv = libc::timeval {
         tv_sec: t.as_secs() as libc::time_t,
         tv_usec: t.subsec_micros() as libc::suseconds_t,
@@ -771,7 +787,7 @@ fn set_timeouts(fd: RawFd, t: Duration) -> io::Result<()> {
 
 /// Opens a connection: non-blocking connect (a full backlog fails at once instead of blocking),
 /// then blocking mode with send/receive timeouts.
-fn open(path: &Path, timeout: Duration) -> Result<OwnedFd, IsmError> {
+pub(crate) fn open(path: &Path, timeout: Duration) -> Result<OwnedFd, IsmError> {
     let (addr, len) = unix_addr(path).map_err(IsmError::Unavailable)?;
     // SAFETY: plain socket syscall.
     let raw = sys::cvt(unsafe {

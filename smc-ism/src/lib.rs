@@ -161,6 +161,7 @@ pub mod proto;
 
 mod client;
 mod error;
+mod shared;
 mod stats;
 mod sys;
 
@@ -172,6 +173,7 @@ pub use client::{
     SOCKET_ENV,
 };
 pub use error::{DeclineReason, IsmError};
+pub use shared::SharedClient;
 pub use stats::{CgroupStats, DmbInfo, DmbList, FailureStats, OpStats, OpsStats, Stats};
 
 #[cfg(feature = "daemon")]

@@ -1090,3 +1090,52 @@ fn wait_never_misses_a_change() {
     assert_eq!(st.ops.wait.ok, 1000);
     d.shutdown().unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// One SharedClient per side, shared by many threads: pipelined requests of different threads
+// interleave on one connection, every reply reaches its own ticket.
+
+#[test]
+fn shared_client_serves_many_threads_on_one_connection() {
+    const THREADS: usize = 16;
+    const ITERS: usize = 200;
+    let dir = TestDir::new("shared");
+    let d = start(&dir, |_| {});
+    let owner = smc_ism::SharedClient::new(d.socket_path());
+    let peer = smc_ism::SharedClient::new(d.socket_path());
+    let live = Mutex::new(HashSet::<u64>::new());
+    std::thread::scope(|s| {
+        for _ in 0..THREADS {
+            let (owner, peer, live) = (&owner, &peer, &live);
+            s.spawn(move || {
+                let (a, b) = tcp_pair();
+                for i in 0..ITERS {
+                    // Two tickets in flight from this thread, among the others' requests.
+                    let t1 = owner
+                        .register_dmb_start((i % 3) as u8, a.as_raw_fd())
+                        .unwrap();
+                    let t2 = owner.register_dmb_start(0, a.as_raw_fd()).unwrap();
+                    let (r2, r1) = (owner.finish_dmb(t2).unwrap(), owner.finish_dmb(t1).unwrap());
+                    assert_eq!(r1.size, 16384 << (i % 3));
+                    for r in [&r1, &r2] {
+                        assert!(live.lock().unwrap().insert(r.token), "duplicate token");
+                        let att = peer.attach_dmb(r.token, b.as_raw_fd()).unwrap();
+                        assert_eq!((att.token, att.size), (r.token, r.size));
+                        assert!(live.lock().unwrap().remove(&r.token));
+                        peer.release_nowait(None, Some(r.token)).unwrap();
+                        owner.release_nowait(Some(r.token), None).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let mut c = client(&dir);
+    let st = c
+        .wait_for(WAIT, |s| s.live_dmbs == 0 && s.live_attachments == 0)
+        .unwrap();
+    let n = (THREADS * ITERS * 2) as u64;
+    assert_eq!(st.ops.register.ok, n);
+    assert_eq!(st.ops.attach.ok, n);
+    assert_eq!(st.failures, Default::default());
+    d.shutdown().unwrap();
+}

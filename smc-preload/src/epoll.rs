@@ -12,6 +12,7 @@
 //! fd is emulated (SMC) or registered as the application asked again (TCP).
 
 use crate::fdtable::{self, Slot};
+use crate::forklock::ForkMutex;
 use crate::obj::Obj;
 use crate::poll::{self, ERR, HUP, IN, RDHUP};
 use crate::real;
@@ -150,9 +151,16 @@ fn tally(set: &EpollSet, g: &mut EpInner, fd: i32, mode: Mode, add: bool) {
 }
 
 /// fd -> epoll fds that track it.
-fn members() -> &'static Mutex<HashMap<i32, Vec<i32>>> {
-    static M: OnceLock<Mutex<HashMap<i32, Vec<i32>>>> = OnceLock::new();
-    M.get_or_init(|| Mutex::new(HashMap::new()))
+static MEMBERS: ForkMutex<HashMap<i32, Vec<i32>>> = ForkMutex::new(HashMap::new);
+static CREATE: ForkMutex<()> = ForkMutex::new(|| ());
+
+fn members() -> &'static ForkMutex<HashMap<i32, Vec<i32>>> {
+    &MEMBERS
+}
+
+pub(crate) fn after_fork_locks() {
+    MEMBERS.after_fork();
+    CREATE.after_fork();
 }
 static MEMBERS_N: AtomicUsize = AtomicUsize::new(0);
 
@@ -170,8 +178,7 @@ fn set_of(ep: i32, create: bool) -> Option<Arc<Obj>> {
     if !create {
         return None;
     }
-    static CREATE: Mutex<()> = Mutex::new(());
-    let _g = lock(&CREATE);
+    let _g = CREATE.lock();
     if let Some(o) = fdtable::get(ep) {
         return match &*o {
             Obj::Epoll(_) => Some(o),
@@ -256,7 +263,7 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
                 },
             );
             tally(set, &mut g, fd, mode, true);
-            let mut m = lock(members());
+            let mut m = members().lock();
             let v = m.entry(fd).or_default();
             if !v.contains(&ep) {
                 v.push(ep);
@@ -305,7 +312,7 @@ fn remove_entry(set: &EpollSet, g: &mut EpInner, fd: i32) {
 }
 
 fn unmember(fd: i32, ep: i32) {
-    let mut m = lock(members());
+    let mut m = members().lock();
     if let Some(v) = m.get_mut(&fd) {
         let before = v.len();
         v.retain(|&x| x != ep);
@@ -325,7 +332,7 @@ fn forget(set: &EpollSet, ep: i32, fd: i32) {
 
 /// Whether an epoll set of ours tracks `fd`.
 pub fn is_member(fd: i32) -> bool {
-    MEMBERS_N.load(Ordering::Relaxed) > 0 && lock(members()).contains_key(&fd)
+    MEMBERS_N.load(Ordering::Relaxed) > 0 && members().lock().contains_key(&fd)
 }
 
 /// `fd` is being closed: drop it from every epoll set (the kernel does the same). `live`: the
@@ -339,7 +346,7 @@ pub fn on_close(fd: i32, live: bool) {
     if MEMBERS_N.load(Ordering::Relaxed) == 0 {
         return;
     }
-    let eps = lock(members()).remove(&fd).unwrap_or_default();
+    let eps = members().lock().remove(&fd).unwrap_or_default();
     MEMBERS_N.fetch_sub(eps.len(), Ordering::Relaxed);
     for ep in eps {
         if let Some(so) = set_of(ep, false) {
@@ -368,7 +375,7 @@ pub fn refresh(fd: i32) {
     if MEMBERS_N.load(Ordering::Relaxed) == 0 {
         return;
     }
-    let eps = lock(members()).get(&fd).cloned().unwrap_or_default();
+    let eps = members().lock().get(&fd).cloned().unwrap_or_default();
     for ep in eps {
         let Some(so) = set_of(ep, false) else {
             continue;

@@ -583,17 +583,19 @@ pub fn send_all(fd: i32, mut b: &[u8], deadline: Instant) -> bool {
     true
 }
 
-/// Consume one whole CLC message if the socket starts with one. `Some(true)`: consumed;
-/// `Some(false)`: the stream does not start with CLC; `None`: not decidable yet.
-pub fn skip_one(fd: i32) -> Option<bool> {
+/// Consume one whole CLC message if the socket starts with one (of any type when `any`, else
+/// only a Decline). `Some(Some(type))`: that message was consumed; `Some(None)`: the stream
+/// does not start with one (application data, or its end); `None`: not decidable yet (errno
+/// from the peek when nothing is there).
+pub fn skip_one(fd: i32, any: bool) -> Option<Option<MsgType>> {
     let mut buf = [0u8; MAX_MSG];
     let n = recv(fd, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT).ok()?;
     if n == 0 {
-        return Some(false);
+        return Some(None);
     }
     let eye = &buf[..n.min(4)];
     if eye != &clc::EYECATCHER_SMCD[..eye.len()] && eye != &clc::EYECATCHER_SMCR[..eye.len()] {
-        return Some(false);
+        return Some(None);
     }
     if n < HEADER_LEN {
         return None;
@@ -601,13 +603,49 @@ pub fn skip_one(fd: i32) -> Option<bool> {
     let hdr: &[u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("header");
     let len = match clc::message_len(hdr) {
         Ok(l) if l <= MAX_MSG => l,
-        _ => return Some(false),
+        _ => return Some(None),
+    };
+    let Some(t) = MsgType::from_u8(hdr[4]).filter(|&t| any || t == MsgType::Decline) else {
+        return Some(None);
     };
     if n < len {
         return None;
     }
     let _ = recv(fd, &mut buf[..len], libc::MSG_DONTWAIT);
-    Some(true)
+    Some(Some(t))
+}
+
+/// Blocks (a blocking socket) until [`skip_one`] can decide: the stream starts with a whole
+/// CLC message, with something else, or ends. Consumes nothing. `Err`: the errno that ended
+/// the wait (a receive timeout, a socket error).
+pub fn wait_head(fd: i32) -> Result<(), i32> {
+    let mut buf = [0u8; MAX_MSG];
+    let n = recv(fd, &mut buf, libc::MSG_PEEK)?;
+    let eye = &buf[..n.min(4)];
+    if n == 0
+        || (eye != &clc::EYECATCHER_SMCD[..eye.len()] && eye != &clc::EYECATCHER_SMCR[..eye.len()])
+    {
+        return Ok(());
+    }
+    let mut n = n;
+    if n < HEADER_LEN {
+        n = recv(
+            fd,
+            &mut buf[..HEADER_LEN],
+            libc::MSG_PEEK | libc::MSG_WAITALL,
+        )?;
+        if n < HEADER_LEN {
+            return Ok(()); // the stream ends inside it
+        }
+    }
+    let hdr: &[u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("header");
+    match clc::message_len(hdr) {
+        Ok(len) if len <= MAX_MSG && n < len => {
+            recv(fd, &mut buf[..len], libc::MSG_PEEK | libc::MSG_WAITALL)?;
+            Ok(())
+        }
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

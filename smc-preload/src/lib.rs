@@ -22,6 +22,7 @@
 pub mod conn;
 pub mod epoll;
 pub mod fdtable;
+pub mod forklock;
 pub mod handshake;
 pub mod iov;
 pub mod lifecycle;
@@ -100,6 +101,9 @@ extern "C" fn at_exit() {
 #[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]
 extern "C" fn after_fork_child() {
     reset_pid();
+    fdtable::unlock_all_after_fork();
+    forklock::after_fork_child();
+    setup::after_fork_child();
 }
 
 #[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]

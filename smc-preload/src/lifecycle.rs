@@ -327,10 +327,15 @@ struct InFlight {
 
 const MAX_IN_FLIGHT: usize = 256;
 
-fn in_flight() -> &'static std::sync::Mutex<std::collections::VecDeque<InFlight>> {
-    static L: std::sync::OnceLock<std::sync::Mutex<std::collections::VecDeque<InFlight>>> =
-        std::sync::OnceLock::new();
-    L.get_or_init(Default::default)
+static IN_FLIGHT: crate::forklock::ForkMutex<std::collections::VecDeque<InFlight>> =
+    crate::forklock::ForkMutex::new(std::collections::VecDeque::new);
+
+fn in_flight() -> &'static crate::forklock::ForkMutex<std::collections::VecDeque<InFlight>> {
+    &IN_FLIGHT
+}
+
+pub(crate) fn after_fork_locks() {
+    IN_FLIGHT.after_fork();
 }
 
 fn release(o: &Obj) {
@@ -358,7 +363,7 @@ pub unsafe fn fds_sending(m: &libc::msghdr) -> usize {
             let Obj::Conn(c) = &*o else { return };
             let Some(ck) = cookie(fd) else { return };
             c.add_ref(1);
-            let mut l = in_flight().lock().unwrap_or_else(|e| e.into_inner());
+            let mut l = in_flight().lock();
             if l.len() >= MAX_IN_FLIGHT {
                 if let Some(old) = l.pop_front() {
                     release(&old.obj);
@@ -376,7 +381,7 @@ pub unsafe fn fds_sending(m: &libc::msghdr) -> usize {
 
 /// The `sendmsg` failed: the last `n` connections put in flight were not sent.
 pub fn fds_not_sent(n: usize) {
-    let mut l = in_flight().lock().unwrap_or_else(|e| e.into_inner());
+    let mut l = in_flight().lock();
     for _ in 0..n {
         if let Some(x) = l.pop_back() {
             release(&x.obj);
@@ -387,7 +392,7 @@ pub fn fds_not_sent(n: usize) {
 /// The in-flight connection of the socket with cookie `ck`, taken off the list (its reference
 /// goes to the receiving fd).
 fn take_in_flight(ck: u64) -> Option<Arc<Obj>> {
-    let mut l = in_flight().lock().unwrap_or_else(|e| e.into_inner());
+    let mut l = in_flight().lock();
     let i = l.iter().position(|x| x.cookie == ck)?;
     l.remove(i).map(|x| x.obj)
 }

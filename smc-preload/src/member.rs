@@ -81,7 +81,7 @@ fn nonblocking(fd: c_int) -> bool {
     fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
-fn has_rcvtimeo(fd: c_int) -> bool {
+pub(crate) fn has_rcvtimeo(fd: c_int) -> bool {
     let mut tv = libc::timeval {
         tv_sec: 0,
         tv_usec: 0,

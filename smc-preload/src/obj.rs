@@ -13,9 +13,9 @@ pub enum Obj {
     /// A client socket that announced SMC and whose non-blocking connect had not completed
     /// when `connect` returned: the handshake (or a decline) happens at the first operation.
     Pending(Pending),
-    /// A connection that fell back to TCP after a CLC timeout: one late CLC message from the
-    /// peer may still arrive before its data and must be skipped (and a late Proposal
-    /// declined).
+    /// A connection that fell back to TCP after both ends announced SMC and we sent a Decline:
+    /// CLC messages of the peer that crossed our Decline may still arrive before its data and
+    /// must be skipped (see [`Skip`]).
     Skip(Skip),
     /// A connection that stays TCP after both ends announced SMC: it may still be a sockmap
     /// member for a moment, so reads go through [`crate::member`].
@@ -51,25 +51,46 @@ pub struct Pending {
     pub dest: Option<crate::setup::Dest>,
 }
 
+/// What may still arrive from the peer before its data, after a fallback in which we sent a
+/// Decline. The peer sends at most one CLC message per message it received, plus a Decline of
+/// its own when its timer expires: after *our* timeout (the message we waited for may come
+/// late, then the peer's own timeout Decline), at most a late message of any type and then a
+/// Decline; after a Decline of ours that answered the peer's message, at most the Decline the
+/// peer sent on its timeout while ours was under way. A peer's Decline is its last CLC byte.
 pub struct Skip {
     pub lock: Mutex<()>,
-    /// 0: a CLC message may still come; 1: done.
+    /// [`SKIP_LATE`]: a late message of any CLC type, then a Decline, may still come;
+    /// [`SKIP_DECLINE`]: only a Decline may still come; [`SKIP_DONE`]: the data starts.
+    /// (An [`Obj::Orphan`] uses it as "reported": 0 not yet, 1 done.)
     pub state: AtomicU32,
-    /// We are the server: a late Proposal gets a Decline.
+    /// We are the server.
     pub server: bool,
 }
 
+pub const SKIP_LATE: u32 = 0;
+pub const SKIP_DONE: u32 = 1;
+pub const SKIP_DECLINE: u32 = 2;
+
 impl Skip {
+    /// After our timeout: a late message, then a Decline, may still come.
     pub fn new(server: bool) -> Skip {
         Skip {
             lock: Mutex::new(()),
-            state: AtomicU32::new(0),
+            state: AtomicU32::new(SKIP_LATE),
             server,
         }
     }
 
+    /// After our Decline answered the peer's message: the peer's timeout Decline may come.
+    pub fn decline_only(server: bool) -> Skip {
+        Skip {
+            state: AtomicU32::new(SKIP_DECLINE),
+            ..Skip::new(server)
+        }
+    }
+
     pub fn done(&self) -> bool {
-        self.state.load(Ordering::Acquire) != 0
+        self.state.load(Ordering::Acquire) == SKIP_DONE
     }
 }
 

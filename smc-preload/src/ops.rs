@@ -112,8 +112,15 @@ fn conn_of_op(fd: c_int, read: Option<bool>) -> Option<Arc<Obj>> {
             fdtable::get(fd).filter(|o| o.conn().is_some())
         }
         Obj::Skip(s) => {
-            if !s.done() {
-                setup::skip_late_clc(fd, s);
+            match read {
+                // A write never waits for the peer's late CLC messages.
+                None => setup::skip_late_clc(fd, s),
+                Some(dontwait) => {
+                    if !setup::skip_before_read(fd, s, dontwait) {
+                        // Nothing to read yet (EAGAIN), or the error of the wait.
+                        return Some(o);
+                    }
+                }
             }
             None
         }

@@ -9,15 +9,17 @@
 //! start with a CLC eyecatcher stays plain (nothing consumed); Proposal → register DMB →
 //! Accept → Confirm → attach the client's DMB.
 //!
-//! After a fallback the stream is either in sync (plain TCP), or (`in_sync` false) one late CLC
-//! message may follow: after a timeout while the peer had to answer (client waiting for the
-//! Accept, server for the Proposal) the Decline the machine sent is the peer's answer, and
-//! that one late message is skipped at the first read ([`Obj::Skip`]); anything else (the
+//! After a fallback the stream is either in sync (plain TCP), or CLC messages of the peer may
+//! follow: after a timeout while the peer had to answer (client waiting for the Accept, server
+//! for the Proposal) the Decline the machine sent is the peer's answer, and the late message
+//! (then the peer's own timeout Decline) is skipped at the first read ([`Obj::Skip`]); after
+//! any other Decline of ours, a Decline of the peer that crossed it is; anything else (the
 //! server timed out waiting for the Confirm — the client may already be on SMC —, or bytes
 //! that do not frame as CLC) resets the connection: never a byte of the wrong stream.
 
 use crate::conn::{Conn, Release, Role};
 use crate::fdtable::{self, Slot, TAG_TCP};
+use crate::forklock::ForkMutex;
 use crate::handshake::{Driver, HeldDmb, Outcome, Progress};
 use crate::obj::{Obj, Skip};
 use crate::{debug, real, stats};
@@ -29,7 +31,7 @@ use smc_common::clc::MsgType;
 use smc_common::diag::Diag;
 use smc_common::handshake::{Config, Fallback, FallbackReason, Handshake};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -246,9 +248,10 @@ struct NoSmcDest {
 const NO_SMC_SLOTS: usize = 32;
 static NO_SMC_N: AtomicU64 = AtomicU64::new(0);
 
-fn no_smc_dests() -> &'static Mutex<Vec<NoSmcDest>> {
-    static M: OnceLock<Mutex<Vec<NoSmcDest>>> = OnceLock::new();
-    M.get_or_init(|| Mutex::new(Vec::with_capacity(NO_SMC_SLOTS)))
+static NO_SMC_DESTS: ForkMutex<Vec<NoSmcDest>> = ForkMutex::new(Vec::new);
+
+fn no_smc_dests() -> &'static ForkMutex<Vec<NoSmcDest>> {
+    &NO_SMC_DESTS
 }
 
 /// Whether a new client connection to `dest` stays plain TCP without asking (counted).
@@ -257,7 +260,7 @@ pub fn known_no_smc(dest: Option<Dest>) -> bool {
     if NO_SMC_N.load(Ordering::Relaxed) == 0 {
         return false;
     }
-    let mut v = no_smc_dests().lock().unwrap_or_else(|e| e.into_inner());
+    let mut v = no_smc_dests().lock();
     let Some(e) = v.iter_mut().find(|e| e.dest == dest) else {
         return false;
     };
@@ -277,7 +280,7 @@ fn note_dest(dest: Option<Dest>, smc_capable: bool) {
     if smc_capable && NO_SMC_N.load(Ordering::Relaxed) == 0 {
         return;
     }
-    let mut v = no_smc_dests().lock().unwrap_or_else(|e| e.into_inner());
+    let mut v = no_smc_dests().lock();
     let at = v.iter().position(|e| e.dest == dest);
     match (at, smc_capable) {
         (Some(i), true) => {
@@ -499,14 +502,15 @@ pub fn count_pending() {
 // ---------------------------------------------------------------------------------------
 // SO_RCVBUF hints
 
-fn hints() -> &'static Mutex<HashMap<i32, i32>> {
-    static H: OnceLock<Mutex<HashMap<i32, i32>>> = OnceLock::new();
-    H.get_or_init(|| Mutex::new(HashMap::new()))
+static HINTS: ForkMutex<HashMap<i32, i32>> = ForkMutex::new(HashMap::new);
+
+fn hints() -> &'static ForkMutex<HashMap<i32, i32>> {
+    &HINTS
 }
 static HINTS_N: AtomicU64 = AtomicU64::new(0);
 
 pub fn note_rcvbuf(fd: i32, v: i32) {
-    let mut h = hints().lock().unwrap_or_else(|e| e.into_inner());
+    let mut h = hints().lock();
     if h.insert(fd, v).is_none() {
         HINTS_N.fetch_add(1, Ordering::Relaxed);
     }
@@ -515,7 +519,7 @@ pub fn note_rcvbuf(fd: i32, v: i32) {
 /// A new socket on `fd`: a hint left by an earlier socket of that number does not apply.
 pub fn forget_rcvbuf(fd: i32) {
     if HINTS_N.load(Ordering::Relaxed) > 0 {
-        let mut h = hints().lock().unwrap_or_else(|e| e.into_inner());
+        let mut h = hints().lock();
         if h.remove(&fd).is_some() {
             HINTS_N.fetch_sub(1, Ordering::Relaxed);
         }
@@ -524,7 +528,7 @@ pub fn forget_rcvbuf(fd: i32) {
 
 fn size_code_for(fd: i32, listener: Option<i32>) -> u8 {
     if HINTS_N.load(Ordering::Relaxed) > 0 {
-        let h = hints().lock().unwrap_or_else(|e| e.into_inner());
+        let h = hints().lock();
         let v = h
             .get(&fd)
             .or_else(|| listener.and_then(|l| h.get(&l)))
@@ -542,64 +546,81 @@ fn size_code_for(fd: i32, listener: Option<i32>) -> u8 {
 // ---------------------------------------------------------------------------------------
 // the loopback-ism device
 
+/// The loopback-ism device of this process: one daemon connection shared by every thread
+/// ([`smc_ism::SharedClient`]: no lock is held while a thread waits for the daemon, so
+/// concurrent handshakes overlap their round trips), its GID once known, and the back-off
+/// after the daemon was unreachable. One per process: a forked child makes its own
+/// ([`after_fork_child`]) and never touches its parent's, whose state a thread that does not
+/// exist in the child may have been using.
 struct Dev {
-    client: Option<smc_ism::Client>,
-    /// The process the client's connection belongs to (a forked child makes its own).
+    client: smc_ism::SharedClient,
+    /// The process it belongs to.
     pid: u32,
-    gid: Option<smc_ism::Gid>,
-    /// Do not retry a dead daemon before this instant.
-    retry_after: Option<Instant>,
+    gid: OnceLock<smc_ism::Gid>,
+    /// Milliseconds since [`epoch`] before which a dead daemon is not retried (0: none).
+    retry_after: AtomicU64,
 }
 
-fn dev() -> &'static Mutex<Dev> {
-    static D: OnceLock<Mutex<Dev>> = OnceLock::new();
-    D.get_or_init(|| {
-        Mutex::new(Dev {
-            client: None,
-            pid: 0,
-            gid: None,
-            retry_after: None,
-        })
-    })
+static DEV: AtomicPtr<Dev> = AtomicPtr::new(std::ptr::null_mut());
+
+fn epoch_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+}
+
+fn new_dev(pid: u32) -> *mut Dev {
+    Box::into_raw(Box::new(Dev {
+        client: smc_ism::SharedClient::new(daemon_path()),
+        pid,
+        gid: OnceLock::new(),
+        retry_after: AtomicU64::new(0),
+    }))
+}
+
+/// This process's device (made on first use; a new one in a forked child).
+fn dev() -> &'static Dev {
+    let pid = crate::pid();
+    let p = DEV.load(Ordering::Acquire);
+    // SAFETY: published below and never freed (a replaced one is leaked).
+    if let Some(d) = unsafe { p.as_ref() } {
+        if d.pid == pid {
+            return d;
+        }
+    }
+    let fresh = new_dev(pid);
+    match DEV.compare_exchange(p, fresh, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(old) => {
+            // SAFETY: published, never freed; a parent's instance in a forked child.
+            if let Some(o) = unsafe { old.as_ref() } {
+                o.client.forget_after_fork();
+            }
+            // SAFETY: just published, never freed.
+            unsafe { &*fresh }
+        }
+        Err(other) => {
+            // SAFETY: ours, never published.
+            drop(unsafe { Box::from_raw(fresh) });
+            // SAFETY: published by the winner, never freed.
+            unsafe { &*other }
+        }
+    }
 }
 
 pub(crate) fn with_dev<T>(
-    f: impl FnOnce(&mut smc_ism::Client) -> Result<T, smc_ism::IsmError>,
+    f: impl FnOnce(&smc_ism::SharedClient) -> Result<T, smc_ism::IsmError>,
 ) -> Result<T, u32> {
-    let mut d = dev().lock().unwrap_or_else(|e| e.into_inner());
-    let pid = crate::pid();
-    if d.pid != pid {
-        // A forked child: the inherited connection is the parent's (dropping it closes only
-        // our copy). The pid is cached, so this costs no system call per request.
-        d.client = None;
-        d.pid = pid;
+    let d = dev();
+    let retry = d.retry_after.load(Ordering::Relaxed);
+    if retry != 0 && epoch_ms() < retry {
+        return Err(Diag::NoSmcdDev.code());
     }
-    if d.client.is_none() {
-        if d.retry_after.is_some_and(|t| Instant::now() < t) {
-            return Err(Diag::NoSmcdDev.code());
-        }
-        match smc_ism::Client::connect(daemon_path()) {
-            Ok(mut c) => {
-                c.set_fork_check(false);
-                d.client = Some(c);
-                d.retry_after = None;
-            }
-            Err(e) => {
-                debug!("loopback-ism daemon unreachable: {e}");
-                d.retry_after = Some(Instant::now() + Duration::from_secs(1));
-                return Err(Diag::NoSmcdDev.code());
-            }
-        }
-    }
-    let c = d.client.as_mut().expect("client");
-    match f(c) {
+    match f(&d.client) {
         Ok(v) => Ok(v),
         Err(e) => {
             debug!("loopback-ism: {e}");
             let code = e.decline_reason().diagnosis();
             if e.is_unavailable() {
-                d.client = None;
-                d.retry_after = Some(Instant::now() + Duration::from_secs(1));
+                d.retry_after.store(epoch_ms() + 1000, Ordering::Relaxed);
             }
             Err(code)
         }
@@ -607,20 +628,60 @@ pub(crate) fn with_dev<T>(
 }
 
 fn local_gid() -> Result<smc_ism::Gid, u32> {
-    {
-        let d = dev().lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(g) = d.gid {
-            return Ok(g);
-        }
+    let d = dev();
+    if let Some(g) = d.gid.get() {
+        return Ok(*g);
     }
     let g = with_dev(|c| c.query_gid())?;
-    dev().lock().unwrap_or_else(|e| e.into_inner()).gid = Some(g);
+    let _ = d.gid.set(g);
     Ok(g)
 }
 
+/// In the child after fork: its own daemon connection (the parent's references stay the
+/// parent's); the global locks are reset by [`crate::forklock::after_fork_child`].
 pub fn after_fork_child() {
-    // smc_ism::Client reconnects by itself in a child; nothing cached here is per process
-    // except the stats area, which `stats::get` reopens by pid.
+    if !DEV.load(Ordering::Acquire).is_null() {
+        // Closes our copy of the parent's connection now.
+        let _ = dev();
+    }
+    // A handshake still in the table: `fork` finished every one under way before forking
+    // (`ops::fork`), so another thread of the parent started this one meanwhile (or a
+    // pending connect's handshake, `Obj::Pending` decided or being decided). That thread does
+    // not exist here, the parent carries the handshake on, and a second driver on the same
+    // stream would steal its CLC messages: the child's copy of the fd cannot take part (reads
+    // ECONNRESET, writes EPIPE) and waits for nothing (its lock may be held forever).
+    // A skip whose lock a thread of the parent held (it was peeking at the stream): the same
+    // skip with a free lock.
+    let mut stuck = Vec::new();
+    let mut skips = Vec::new();
+    fdtable::for_each_object(|fd, o| match &**o {
+        Obj::Handshake(h) => stuck.push((fd, h.server)),
+        Obj::Pending(p) if p.lock.try_lock().map_or(true, |done| *done) => {
+            stuck.push((fd, false));
+        }
+        Obj::Skip(s) if matches!(s.lock.try_lock(), Err(std::sync::TryLockError::WouldBlock)) => {
+            skips.push((fd, s.state.load(Ordering::Acquire), s.server));
+        }
+        _ => {}
+    });
+    for (fd, server) in stuck {
+        drop(fdtable::replace(
+            fd,
+            Slot::Obj(Arc::new(Obj::Orphan(Skip::new(server)))),
+        ));
+    }
+    for (fd, state, server) in skips {
+        let s = Skip::new(server);
+        s.state.store(state, Ordering::Release);
+        drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Skip(s)))));
+    }
+}
+
+pub(crate) fn after_fork_locks() {
+    NO_SMC_DESTS.after_fork();
+    HINTS.after_fork();
+    OWN_CLIENTS.after_fork();
+    OWN_LISTENERS.after_fork();
 }
 
 struct DmbRelease {
@@ -768,14 +829,27 @@ fn after_fallback(fd: i32, server: bool, fb: Fallback, awaited: Option<MsgType>)
     // Both ends announced SMC (the handshake ran), so the socket is in the SOCKHASH.
     leave_shortcut(fd);
     if fb.in_sync {
+        if fb.sent_decline.is_some() {
+            // Our Decline answered the peer's message; the peer's timer may have expired
+            // meanwhile, and its own Decline may cross ours: skipped if it comes.
+            fallback(fd, server, code, &format!("{:?}", fb.reason), true);
+            drop(fdtable::replace(
+                fd,
+                Slot::Obj(Arc::new(Obj::Skip(Skip::decline_only(server)))),
+            ));
+            return;
+        }
         return fallback(fd, server, code, &format!("{:?}", fb.reason), true);
     }
     match (fb.reason, awaited) {
         // The socket is at EOF or broken: the application learns it from the socket itself.
         (FallbackReason::Aborted, _) => fallback(fd, server, code, "connection lost", true),
-        // Our decline answers the message the peer waits for; its late message is skipped.
+        // Our decline answers the message the peer waits for; its late message (and a
+        // Decline of its own timeout after it) is skipped.
         (FallbackReason::Timeout, Some(MsgType::Accept | MsgType::Proposal)) => {
-            debug!("fd {fd}: timeout waiting for {awaited:?}: fallback, skip the late CLC message");
+            debug!(
+                "fd {fd}: timeout waiting for {awaited:?}: fallback, skip the late CLC messages"
+            );
             stats::fallback(server, code);
             drop(fdtable::replace(
                 fd,
@@ -870,9 +944,9 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
 /// Local ports of this process's client connections whose handshake is under way
 /// ([`client_start`]), and of its SMC listeners: a connect to our own listener, and the accept
 /// of our own client, must not wait for the other end inside the call.
-static OWN_CLIENTS: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+static OWN_CLIENTS: ForkMutex<Vec<u16>> = ForkMutex::new(Vec::new);
 static OWN_CLIENTS_N: AtomicU64 = AtomicU64::new(0);
-static OWN_LISTENERS: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+static OWN_LISTENERS: ForkMutex<Vec<u16>> = ForkMutex::new(Vec::new);
 static OWN_LISTENERS_N: AtomicU64 = AtomicU64::new(0);
 
 fn port_of(fd: i32, peer: bool) -> Option<u16> {
@@ -915,16 +989,13 @@ fn own_client_handshake(fd: i32) -> bool {
     let Some(p) = port_of(fd, true) else {
         return false;
     };
-    OWN_CLIENTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .contains(&p)
+    OWN_CLIENTS.lock().contains(&p)
 }
 
 /// A listener of ours now listens (its port is remembered, at most 64).
 pub fn note_listener(fd: i32) {
     if let Some(p) = port_of(fd, false) {
-        let mut v = OWN_LISTENERS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v = OWN_LISTENERS.lock();
         if !v.contains(&p) {
             if v.len() >= 64 {
                 v.remove(0);
@@ -941,15 +1012,12 @@ pub fn to_own_listener(dest: Option<Dest>) -> bool {
         return false;
     }
     let Some(d) = dest else { return false };
-    OWN_LISTENERS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .contains(&d.port())
+    OWN_LISTENERS.lock().contains(&d.port())
 }
 
 fn forget_own_client(port: Option<u16>) {
     if let Some(p) = port {
-        let mut v = OWN_CLIENTS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v = OWN_CLIENTS.lock();
         if let Some(i) = v.iter().position(|&x| x == p) {
             v.swap_remove(i);
         }
@@ -980,7 +1048,7 @@ pub fn client_start(fd: i32, nonblock: bool, dest: Option<Dest>) {
     let peer_local = to_own_listener(dest);
     let port = if peer_local { port_of(fd, false) } else { None };
     if let Some(p) = port {
-        let mut v = OWN_CLIENTS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v = OWN_CLIENTS.lock();
         v.push(p);
         OWN_CLIENTS_N.store(v.len() as u64, Ordering::Relaxed);
     }
@@ -1077,21 +1145,65 @@ fn set_linger_reset(fd: i32) {
     };
 }
 
-/// A connection that fell back after a timeout: consume the one late CLC message, if any,
-/// before the application reads (our decline already answered it).
+/// A connection that fell back after a Decline of ours: consume the CLC messages of the peer
+/// that crossed it ([`Skip`]), as far as they are there, before the application reads.
 pub fn skip_late_clc(fd: i32, s: &Skip) {
     let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
-    if s.done() {
-        return;
-    }
-    match crate::handshake::skip_one(fd) {
-        None => return, // not there yet (or partial): decide at the next operation
-        Some(consumed) => {
-            if consumed {
-                debug!("fd {fd}: late CLC message skipped");
+    loop {
+        let st = s.state.load(Ordering::Acquire);
+        if st == crate::obj::SKIP_DONE {
+            return;
+        }
+        match crate::handshake::skip_one(fd, st == crate::obj::SKIP_LATE) {
+            None => return, // not there yet (or partial): decide at the next operation
+            Some(None) => break,
+            Some(Some(t)) => {
+                debug!("fd {fd}: late CLC message skipped ({t:?})");
+                if t == MsgType::Decline {
+                    break; // the peer's last CLC message
+                }
+                s.state.store(crate::obj::SKIP_DECLINE, Ordering::Release);
             }
         }
     }
-    s.state.store(1, Ordering::Release);
-    settle_plain(fd);
+    s.state.store(crate::obj::SKIP_DONE, Ordering::Release);
+    // Both ends announced SMC: the socket may still be a SOCKHASH member (see `member`).
+    drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Tcp))));
+}
+
+/// Before a read of a connection with CLC messages still to skip: true when decided (the
+/// read goes on with the application's data). A non-blocking read (`dontwait`, or the socket
+/// is) that cannot decide yet gets false with `EAGAIN` (the head of the stream is nothing, or
+/// part of a CLC message, which must not be read as data); a blocking one waits until it can
+/// decide (without the skip's lock: a writer thread of the same socket is never held up), and
+/// gets false only with the error that ended its wait (a receive timeout).
+pub fn skip_before_read(fd: i32, s: &Skip, dontwait: bool) -> bool {
+    let block = !dontwait && !nonblocking(fd);
+    loop {
+        skip_late_clc(fd, s);
+        if s.done() {
+            return true;
+        }
+        if !block {
+            real::set_errno(libc::EAGAIN);
+            return false;
+        }
+        match crate::handshake::wait_head(fd) {
+            Ok(()) => {}
+            Err(e) if e == libc::EAGAIN && !crate::member::has_rcvtimeo(fd) => {
+                // tcp_bpf's spurious EAGAIN of a blocking read (see `member`): wait, decide.
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one pollfd of our own.
+                unsafe { real::poll(&mut p, 1, 100) };
+            }
+            Err(e) => {
+                real::set_errno(e);
+                return false;
+            }
+        }
+    }
 }

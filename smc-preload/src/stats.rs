@@ -32,7 +32,11 @@ unsafe impl Send for Area {}
 // SAFETY: as above.
 unsafe impl Sync for Area {}
 
-static AREA: std::sync::Mutex<Option<Area>> = std::sync::Mutex::new(None);
+static AREA: crate::forklock::ForkMutex<Option<Area>> = crate::forklock::ForkMutex::new(|| None);
+
+pub(crate) fn after_fork_locks() {
+    AREA.after_fork();
+}
 static FAST: AtomicU64 = AtomicU64::new(0);
 
 pub fn procs_dir() -> &'static str {
@@ -143,7 +147,7 @@ pub fn get() -> &'static Stats {
         // SAFETY: pointer published below, never freed.
         return unsafe { &*((f & ((1 << 44) - 1)) as *const Stats) };
     }
-    let mut g = AREA.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = AREA.lock();
     if g.as_ref().is_none_or(|a| a.pid != pid) {
         let p = open_area(pid);
         *g = Some(Area { ptr: p, pid });
@@ -175,7 +179,7 @@ pub fn at_exit() {
     if keep() {
         return;
     }
-    let g = AREA.lock().unwrap_or_else(|e| e.into_inner());
+    let g = AREA.lock();
     let Some(a) = g.as_ref().filter(|a| a.pid == crate::pid()) else {
         return;
     };

@@ -674,6 +674,11 @@ impl SmcWorld {
         self.cg.as_ref().expect("cgroup")
     }
 
+    /// The pid of this world's daemon (e.g. to stop it for a while).
+    pub fn daemon_pid(&self) -> u32 {
+        self.daemon.as_ref().expect("daemon").0.id()
+    }
+
     /// A directory for this test's files (created).
     pub fn subdir(&self, name: &str) -> PathBuf {
         let d = self.dir.join(name);

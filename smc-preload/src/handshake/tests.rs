@@ -55,7 +55,9 @@ fn fell_back(o: Outcome) -> (Fallback, Option<MsgType>) {
 
 /// The daemon's live DMBs and attachments.
 fn live() -> (u64, u64) {
-    let s = setup::with_dev(|c| c.stats()).unwrap();
+    let s = smc_ism::Client::connect(setup::daemon_path())
+        .and_then(|mut c| c.stats())
+        .unwrap();
     (s.live_dmbs, s.live_attachments)
 }
 
@@ -198,16 +200,49 @@ fn server_steps_without_blocking() {
 #[test]
 fn skip_one_late_message() {
     let (mut c, s) = pair();
-    assert_eq!(skip_one(s.as_raw_fd()), None);
+    assert_eq!(skip_one(s.as_raw_fd(), true), None);
     let d = Decline::new(SMC_V2, Diag::TimeoutCl.code(), [1; 8]).encode();
     c.write_all(&d[..5]).unwrap();
     std::thread::sleep(Duration::from_millis(10));
-    assert_eq!(skip_one(s.as_raw_fd()), None, "partial");
+    assert_eq!(skip_one(s.as_raw_fd(), true), None, "partial");
     c.write_all(&d[5..]).unwrap();
     c.write_all(b"data").unwrap();
     std::thread::sleep(Duration::from_millis(10));
-    assert_eq!(skip_one(s.as_raw_fd()), Some(true));
-    assert_eq!(skip_one(s.as_raw_fd()), Some(false), "data is not CLC");
+    assert_eq!(skip_one(s.as_raw_fd(), true), Some(Some(MsgType::Decline)));
+    assert_eq!(skip_one(s.as_raw_fd(), true), Some(None), "data is not CLC");
+}
+
+/// After a Decline of ours only the peer's Decline is skipped; a blocking reader waits for a
+/// message that is still on its way instead of reading its first bytes as data.
+#[test]
+fn skip_one_decline_only_and_waiting() {
+    let (mut c, s) = pair();
+    let gid = smc_common::clc::Gid { gid: 1, gid_ext: 2 };
+    let mut m = Handshake::client(smc_common::handshake::Config::loopback(gid), true);
+    let Some(smc_common::handshake::Action::Send(p)) = m.start().into_iter().next() else {
+        panic!("a client starts with its Proposal");
+    };
+    c.write_all(&p).unwrap();
+    let fd = s.as_raw_fd();
+    wait_head(fd).unwrap();
+    assert_eq!(skip_one(fd, false), Some(None), "a Proposal is not skipped");
+    assert_eq!(skip_one(fd, true), Some(Some(MsgType::Proposal)));
+    let d = Decline::new(SMC_V2, Diag::TimeoutCl.code(), [1; 8]).encode();
+    c.write_all(&d[..3]).unwrap();
+    let t = std::thread::spawn(move || {
+        // The rest comes later: the wait must last until it is there (any order of events
+        // gives the same answer).
+        std::thread::yield_now();
+        c.write_all(&d[3..]).unwrap();
+        c.write_all(b"data").unwrap();
+        c
+    });
+    wait_head(fd).unwrap();
+    assert_eq!(skip_one(fd, false), Some(Some(MsgType::Decline)));
+    let _c = t.join().unwrap();
+    let mut b = [0u8; 4];
+    assert_eq!((&s).read(&mut b).unwrap(), 4);
+    assert_eq!(&b, b"data", "only the Decline was consumed");
 }
 
 #[test]

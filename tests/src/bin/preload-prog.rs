@@ -8,7 +8,17 @@
 //! ```text
 //! preload-prog server PORT thread|fork|epoll|poll [MAX_CONNS]
 //! preload-prog client HOST PORT SEND RECV SEED
+//! preload-prog storm HOST PORT THREADS FORKS BYTES
 //! ```
+//!
+//! `storm`: THREADS threads make connections back to back (each sends 4 KiB, receives BYTES,
+//! both checked) while the main thread forks FORKS children, at most 8 at a time; each child
+//! makes one such connection and exits (0: exact, 1: wrong bytes or error). A child not done
+//! 30 s after its fork is killed and counted as hung. After FORKS/4 forks it prints
+//! `PHASE stop` and waits for a line on stdin (the test stops the daemon), forks 16 more and
+//! prints `PHASE cont` and waits again (the daemon continues). At the end:
+//! `STORM forks=<n> ok=<n> bad=<n> hung=<n> conns=<n> badconns=<n>`. A failed connection prints
+//! `STORM-BAD pid <pid>: <why>` on stderr.
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -314,6 +324,135 @@ fn serve_epoll(l: TcpListener, max: usize) -> std::io::Result<()> {
     Ok(())
 }
 
+/// One storm connection: sends 4 KiB, receives `bytes`; whether both are exact.
+fn storm_conn(host: &str, port: u16, seed: u64, bytes: u64, want_sha: &str) -> bool {
+    let run = || -> std::io::Result<bool> {
+        let mut s = TcpStream::connect((host, port))?;
+        let mut hdr = [0u8; 16];
+        hdr[..8].copy_from_slice(&seed.to_le_bytes());
+        hdr[8..].copy_from_slice(&bytes.to_le_bytes());
+        s.write_all(&hdr)?;
+        send_stream(&mut s, seed ^ 0xAAAA, 4096)?;
+        s.shutdown(Shutdown::Write)?;
+        // At most one byte more than the server sends: a stream that carries CLC bytes as
+        // data (the server read a late Decline as the request header) fails at once instead
+        // of streaming for ever.
+        let (n, sha) = recv_stream(&mut (&mut s).take(bytes + 1), seed)?;
+        if n != bytes || sha != want_sha {
+            eprintln!(
+                "STORM-BAD pid {}: {n} bytes received, sha {sha}",
+                std::process::id()
+            );
+            return Ok(false);
+        }
+        Ok(true)
+    };
+    run().unwrap_or_else(|e| {
+        eprintln!("STORM-BAD pid {}: {e}", std::process::id());
+        false
+    })
+}
+
+fn storm(host: &str, port: u16, threads: usize, forks: usize, bytes: u64) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    let seed = 0x5eed;
+    // What the server sends for `seed` (preload-prog server: the stream of seed ^ 0x5555).
+    let want = send_stream(&mut std::io::sink(), seed ^ 0x5555, bytes).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let conns = Arc::new(AtomicU64::new(0));
+    let bad_conns = Arc::new(AtomicU64::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..threads {
+        let (stop, conns, bad) = (stop.clone(), conns.clone(), bad_conns.clone());
+        let (host, want) = (host.to_string(), want.clone());
+        workers.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if !storm_conn(&host, port, seed, bytes, &want) {
+                    bad.fetch_add(1, Ordering::Relaxed);
+                }
+                conns.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let (mut ok, mut bad, mut hung) = (0u64, 0u64, 0u64);
+    let mut live: Vec<(libc::pid_t, Instant)> = Vec::new();
+    let reap = |live: &mut Vec<(libc::pid_t, Instant)>,
+                ok: &mut u64,
+                bad: &mut u64,
+                hung: &mut u64,
+                max: usize| {
+        while live.len() > max {
+            live.retain(|&(pid, at)| {
+                let mut st = 0;
+                // SAFETY: our child.
+                let r = unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) };
+                if r == pid {
+                    if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0 {
+                        *ok += 1;
+                    } else {
+                        *bad += 1;
+                    }
+                    return false;
+                }
+                if at.elapsed() > Duration::from_secs(30) {
+                    // SAFETY: our child.
+                    unsafe {
+                        libc::kill(pid, libc::SIGKILL);
+                        libc::waitpid(pid, &mut st, 0);
+                    }
+                    *hung += 1;
+                    return false;
+                }
+                true
+            });
+            if live.len() > max {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    };
+    let phase = |what: &str| {
+        println!("PHASE {what}");
+        std::io::stdout().flush().unwrap();
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+    };
+    let stop_at = forks / 4;
+    for i in 0..forks + 16 {
+        if i == stop_at {
+            phase("stop");
+        }
+        if i == stop_at + 16 {
+            phase("cont");
+        }
+        reap(&mut live, &mut ok, &mut bad, &mut hung, 7);
+        // SAFETY: the child only makes one connection and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let good = storm_conn(host, port, seed, bytes, &want);
+            // SAFETY: leaving the child without running the parent's exit handlers twice.
+            unsafe { libc::_exit(if good { 0 } else { 1 }) };
+        }
+        if pid < 0 {
+            bad += 1;
+            continue;
+        }
+        live.push((pid, Instant::now()));
+    }
+    reap(&mut live, &mut ok, &mut bad, &mut hung, 0);
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        let _ = w.join();
+    }
+    println!(
+        "STORM forks={} ok={ok} bad={bad} hung={hung} conns={} badconns={}",
+        forks + 16,
+        conns.load(Ordering::Relaxed),
+        bad_conns.load(Ordering::Relaxed)
+    );
+}
+
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     match a.get(1).map(String::as_str) {
@@ -403,6 +542,13 @@ fn main() {
                 }
                 Err(e) => println!("CLIENT ERR {e}"),
             }
+        }
+        Some("storm") => {
+            let port: u16 = a[3].parse().unwrap();
+            let threads: usize = a[4].parse().unwrap();
+            let forks: usize = a[5].parse().unwrap();
+            let bytes: u64 = a[6].parse().unwrap();
+            storm(&a[2], port, threads, forks, bytes);
         }
         Some("sink") => {
             // Connect, read until EOF or error, report how it ended.
