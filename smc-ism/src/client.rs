@@ -27,6 +27,10 @@ pub const SOCKET_ENV: &str = "SMC_CTL_SOCK";
 /// Receive buffer for replies of variable size (stats); the daemon keeps them smaller.
 const REPLY_BUF: usize = 256 * 1024;
 
+/// Most requests whose replies are still to be read on one connection: a daemon reply is a
+/// record (with an fd), and the socket queues at most `net.unix.max_dgram_qlen` (512) of them.
+pub const MAX_INFLIGHT: usize = 64;
+
 /// Default timeout of one request/reply round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -166,7 +170,8 @@ impl Drop for DmbMap {
 /// Requests can be pipelined: [`Client::register_dmb_start`], [`Client::attach_dmb_start`] and
 /// [`Client::attach_peer_start`] send a request and return a [`Ticket`]; the reply is read by
 /// [`Client::finish_dmb`] (replies of other tickets read on the way are kept for them), so a
-/// handshake can overlap a daemon round trip with waiting for its peer.
+/// handshake can overlap a daemon round trip with waiting for its peer. With
+/// [`MAX_INFLIGHT`] replies outstanding, a new request first reads the oldest one (kept).
 /// [`Client::release_nowait`] gives references back without waiting for a reply.
 #[derive(Debug)]
 pub struct Client {
@@ -311,6 +316,12 @@ impl Client {
 
     fn start(&mut self, op: u16, payload: &[u8], pass: Option<RawFd>) -> Result<Ticket, IsmError> {
         self.ensure_connected()?;
+        // Replies not read would fill our socket: the daemon blocks sending them and stops
+        // reading, our next request blocks sending, and the round trip times out. Beyond
+        // [`MAX_INFLIGHT`] the oldest reply is read now and kept for its ticket.
+        while self.inflight.len() >= MAX_INFLIGHT {
+            self.stash_oldest()?;
+        }
         let seq = self.send_request(op, payload, pass)?;
         Ok(Ticket {
             seq,
@@ -623,6 +634,40 @@ impl Client {
             self.inflight.push_back(seq);
         }
         Ok(seq)
+    }
+
+    /// Reads the oldest outstanding reply into the stash (for its ticket's finish).
+    fn stash_oldest(&mut self) -> Result<(), IsmError> {
+        if self.inflight.is_empty() {
+            return Ok(());
+        }
+        let bad = |s: &mut Client, what| {
+            s.disconnect();
+            Err(IsmError::Protocol(what))
+        };
+        // Only DMB requests are pipelined: their replies are short.
+        let mut buf = [0u8; 1024];
+        let fd = self.raw()?;
+        let r = match sys::recv_record(fd, &mut buf, 0) {
+            Ok(r) => r,
+            Err(e) => return Err(self.broken(e)),
+        };
+        if r.len == 0 {
+            self.disconnect();
+            return Err(IsmError::Disconnected);
+        }
+        if r.truncated {
+            return bad(self, "reply too large");
+        }
+        let Some(h) = Header::decode(&buf[..r.len]) else {
+            return bad(self, "short reply");
+        };
+        if self.inflight.front() != Some(&h.seq) {
+            return bad(self, "reply out of sequence");
+        }
+        self.inflight.pop_front();
+        self.stash.push((h.seq, buf[..r.len].to_vec(), r.fd));
+        Ok(())
     }
 
     /// Reads the reply to `seq` into `reply`; replies to earlier requests read on the way are

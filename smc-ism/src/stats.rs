@@ -15,6 +15,10 @@ pub struct OpStats {
     pub ok: u64,
     /// Requests that failed (the reason is counted in [`FailureStats`]).
     pub failed: u64,
+    /// Nanoseconds the daemon spent handling them, from the decoded record to the reply's
+    /// encoding, the socket I/O excluded: REGISTER and ATTACH (the connection-setup ops),
+    /// DETACH and UNREGISTER sent alone; 0 for the other ops.
+    pub nanos: u64,
 }
 
 /// Per-operation counters.

@@ -35,8 +35,10 @@
 //! `src/bin/smc-bench-helper.rs`.
 //!
 //! `SMC_BENCH_CASES=sockperf-pp,iperf3` (comma-separated case ids) runs only those cases:
-//! sockperf-pp, sockperf-tp, iperf3, redis, nginx-keepalive, nginx-close, msgrate, connrate,
-//! fallback-pp, fallback-conn.
+//! sockperf-pp, sockperf-tp, iperf3, redis, nginx-keepalive, msgrate, connrate, connrate-policy,
+//! fallback-pp, fallback-conn, and `nginx-close[-smcd][-16k][-c1000]` (Connection: close with
+//! the short-connection policy on / off (`-smcd`: every connection SMC-D), 1 KiB / 16 KiB
+//! bodies, 50 / 1000 connections).
 use std::{
     cell::Cell as StdCell,
     collections::BTreeMap,
@@ -58,11 +60,11 @@ mod sys;
 
 use cases::{cases, Case, Params};
 use judge::{
-    judge_case, placement, Outcome, Place, Verdict, MAX_ACCELERATED_TCP_SHARE,
+    derived_metrics, judge_case, placement, Outcome, Place, Verdict, MAX_ACCELERATED_TCP_SHARE,
     MIN_FALLBACK_TCP_SHARE, MIN_SMCD_COVERAGE,
 };
 use report::{Cell, Row, COLUMNS};
-use sys::{Cgroup, Daemon, Netns, PreloadSampler, Proc, TempDir};
+use sys::{BpfStats, Cgroup, Daemon, Netns, PreloadSampler, Proc, TempDir};
 
 struct Bench {
     smc_ctl: PathBuf,
@@ -78,6 +80,7 @@ struct Bench {
     cg_shortcut: Cgroup,
     cg_ism: Cgroup,
     netns: Netns,
+    _bpf_stats: BpfStats,
 }
 
 pub fn run(root: &Path, quick: bool) -> Result<()> {
@@ -170,6 +173,7 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
         cg_ism.attach("ism")?;
         let daemon = Daemon::start(&smc_ctl, &tmp.0)?;
         Bench {
+            _bpf_stats: BpfStats::enable(),
             smc_ctl: smc_ctl.clone(),
             has_stats_cmd,
             logs: logs.clone(),
@@ -314,7 +318,14 @@ impl Bench {
     }
 
     /// `taskset -c CORE [smc-ctl run --] ARGV` inside the namespace and the place's cgroup.
-    fn command(&self, place: Place, core: u32, argv: &[OsString], procs: &Path) -> Command {
+    fn command(
+        &self,
+        place: Place,
+        core: u32,
+        argv: &[OsString],
+        procs: &Path,
+        env: &[(&str, &str)],
+    ) -> Command {
         let mut c = Command::new("taskset");
         c.arg("-c").arg(core.to_string());
         if place == Place::Smc {
@@ -323,6 +334,7 @@ impl Bench {
             c.env("SMC_PROCS_DIR", procs);
             // Keep the statistics file of a process that exits, for the count after the run.
             c.env("SMC_STATS_KEEP", "1");
+            c.envs(env.iter().copied());
         }
         c.args(argv);
         self.netns.enter(&mut c);
@@ -331,10 +343,11 @@ impl Bench {
     }
 
     fn snapshot(&self) -> Result<Snapshot> {
-        let ebpf = sys::ebpf_counters(&self.smc_ctl)?
+        let mut ebpf: BTreeMap<String, f64> = sys::ebpf_counters(&self.smc_ctl)?
             .into_iter()
             .map(|(k, v)| (k, v as f64))
             .collect();
+        ebpf.extend(sys::bpf_prog_stats());
         let daemon = sys::flatten(&self.daemon.stats().context("daemon stats")?);
         let netns = self.netns.counters()?;
         Ok(Snapshot {
@@ -376,8 +389,9 @@ impl Bench {
         fs::create_dir_all(&procs)?;
         let server_argv = (case.server)(port)?;
         let client_argv = (case.client)(port)?;
-        let server_cmd = self.command(server_place, 0, &server_argv, &procs);
-        let client_cmd = self.command(client_place, self.client_core, &client_argv, &procs);
+        let env = &case.smc_env;
+        let server_cmd = self.command(server_place, 0, &server_argv, &procs, env);
+        let client_cmd = self.command(client_place, self.client_core, &client_argv, &procs, env);
         o.server_cmd = cmd_line(&server_cmd);
         o.client_cmd = cmd_line(&client_cmd);
         let srv_log = self.logs.join(format!("{tag}.server.log"));
@@ -417,6 +431,7 @@ impl Bench {
         o.netns = sys::delta_f(&before.netns, &after.netns);
         o.metrics =
             (case.parse)(&out).with_context(|| format!("parsing the output of {}", case.id))?;
+        derived_metrics(case, o);
         for m in &case.metrics {
             if !o.metrics.contains_key(m.key) {
                 bail!("{} printed no {}", case.id, m.label);

@@ -331,6 +331,7 @@ impl Conn<'_> {
             }
         };
         use proto::Request as R;
+        let t0 = std::time::Instant::now();
         let (counter, result): (_, Result<Option<Arc<DmbObj>>, Fail>) = match req {
             R::QueryGid => {
                 let mut b = [0u8; proto::GID_REPLY_LEN];
@@ -416,6 +417,7 @@ impl Conn<'_> {
                 return None;
             }
         };
+        counter.add_time(t0.elapsed());
         match result {
             Ok(dmb) => {
                 counter.record(true);

@@ -44,7 +44,24 @@ pub(crate) struct ConnInfo {
 thread_local! {
     /// This worker's sock_diag socket in the daemon's own namespace.
     static OWN_DIAG: RefCell<Option<OwnedFd>> = const { RefCell::new(None) };
+    /// This worker's sock_diag sockets in other network namespaces (containers), by namespace
+    /// cookie (never reused), most recently used first: creating one takes two `setns` and
+    /// a namespace lookup, which was a large part of a registration's time.
+    static NS_DIAG: RefCell<Vec<NsDiag>> = const { RefCell::new(Vec::new()) };
 }
+
+/// A sock_diag socket created in another network namespace.
+struct NsDiag {
+    netns: u64,
+    fd: OwnedFd,
+    used: Instant,
+}
+
+/// At most this many namespaces' sockets per worker. A cached socket keeps its namespace
+/// alive: one unused for [`NS_DIAG_IDLE`] is dropped at the worker's next lookup in another
+/// namespace (so at most 8 gone namespaces per worker stay pinned meanwhile).
+const NS_DIAG_MAX: usize = 8;
+const NS_DIAG_IDLE: Duration = Duration::from_secs(10);
 
 fn netlink_socket() -> io::Result<OwnedFd> {
     // SAFETY: plain socket syscall; the fd is owned right away.
@@ -248,6 +265,28 @@ fn diag(
             if r.is_err() {
                 // Replies of a failed exchange must not be read by the next one.
                 *cell = None;
+            }
+            r
+        })
+    } else if let Some(ns) = id.netns_cookie {
+        NS_DIAG.with(|cell| {
+            let mut v = cell.borrow_mut();
+            let now = Instant::now();
+            v.retain(|e| now.duration_since(e.used) < NS_DIAG_IDLE);
+            let e = match v.iter().position(|e| e.netns == ns) {
+                Some(i) => v.remove(i),
+                None => NsDiag {
+                    netns: ns,
+                    fd: netlink_socket_in(sock)?,
+                    used: now,
+                },
+            };
+            let r = run(e.fd.as_raw_fd());
+            if r.is_ok() {
+                // Replies of a failed exchange must not be read by the next one: only a
+                // socket whose exchange succeeded is kept.
+                v.insert(0, NsDiag { used: now, ..e });
+                v.truncate(NS_DIAG_MAX);
             }
             r
         })

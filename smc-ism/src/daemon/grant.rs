@@ -18,7 +18,7 @@
 
 use std::ffi::CString;
 use std::mem;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
 /// `smc_common::bpf::SOCK_SHORTCUT_GRANTED`, a copy kept equal by hand (this module was
@@ -72,12 +72,38 @@ fn open_map(path: &Path) -> Option<OwnedFd> {
         .then_some(map)
 }
 
+/// The pinned map opened at most this long ago is used as is: opening it (a path lookup, two
+/// `bpf` calls, a close) per grant was a tenth of the daemon's time per connection. A map
+/// replaced meanwhile (every cgroup detached, programs loaded again) misses grants for at most
+/// this long: their connections' doorbells go over plain TCP, which is correct, only slower.
+/// (The old map's memory stays referenced until the worker's next grant.)
+const MAP_REOPEN: std::time::Duration = std::time::Duration::from_secs(1);
+
+thread_local! {
+    /// This worker's fd of the pinned map, with the path it was opened at and when.
+    static MAP: std::cell::RefCell<Option<(std::path::PathBuf, std::time::Instant, OwnedFd)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// Marks the socket `sock` (a TCP socket that just proved to be a registered DMB's peer) as
 /// allowed to enable the shortcut. False when there is no map (or the kernel refused).
 pub(crate) fn grant_shortcut(map_path: &Path, sock: BorrowedFd<'_>) -> bool {
-    let Some(map) = open_map(map_path) else {
-        return false;
-    };
+    MAP.with(|cell| {
+        let mut c = cell.borrow_mut();
+        let fresh = c
+            .as_ref()
+            .is_some_and(|(p, t, _)| p == map_path && t.elapsed() < MAP_REOPEN);
+        if !fresh {
+            *c = open_map(map_path).map(|m| (map_path.to_path_buf(), std::time::Instant::now(), m));
+        }
+        match c.as_ref() {
+            Some((_, _, map)) => grant_with(map.as_fd(), sock),
+            None => false,
+        }
+    })
+}
+
+fn grant_with(map: BorrowedFd<'_>, sock: BorrowedFd<'_>) -> bool {
     let key: i32 = sock.as_raw_fd();
     let mut value = [0u8; VALUE_LEN];
     let mut attr = [0u64; 16];

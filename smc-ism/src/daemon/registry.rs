@@ -157,9 +157,16 @@ pub(crate) struct OpCounter {
     requests: AtomicU64,
     ok: AtomicU64,
     failed: AtomicU64,
+    nanos: AtomicU64,
 }
 
 impl OpCounter {
+    /// Time spent handling one request (see [`OpStats::nanos`]).
+    pub(crate) fn add_time(&self, t: std::time::Duration) {
+        self.nanos
+            .fetch_add(t.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+    }
+
     pub(crate) fn record(&self, ok: bool) {
         self.requests.fetch_add(1, Relaxed);
         if ok {
@@ -173,6 +180,7 @@ impl OpCounter {
             requests: self.requests.load(Relaxed),
             ok: self.ok.load(Relaxed),
             failed: self.failed.load(Relaxed),
+            nanos: self.nanos.load(Relaxed),
         }
     }
 }

@@ -44,6 +44,11 @@ pub(crate) struct Case {
     pub(crate) client: Argv,
     pub(crate) parse: Parse,
     pub(crate) timeout: Duration,
+    /// Environment of the accelerated (`smc-ctl run`) processes of this case.
+    pub(crate) smc_env: Vec<(&'static str, &'static str)>,
+    /// The short-connection policy is on and the SMC-D column measures what it is for: client
+    /// connections it keeps on TCP (`POLICY_SHORT`) count as intended, not as fallbacks.
+    pub(crate) policy_tcp: bool,
 }
 
 /// Durations and sizes of one bench flavour.
@@ -117,6 +122,7 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
     let www = tmp.join("www");
     fs::create_dir_all(&www)?;
     fs::write(www.join("index.html"), "x".repeat(1023) + "\n")?;
+    fs::write(www.join("16k.html"), "x".repeat(16 * 1024 - 1) + "\n")?;
     let tmp_s = tmp.to_string_lossy().into_owned();
     let nginx_server = move || -> Argv {
         let dir = tmp_s.clone();
@@ -134,22 +140,59 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
             ])))
         })
     };
-    let wrk = move |close: bool| {
+    let wrk_to = move |close: bool, conns: u32, page: &'static str| {
         argv(move |port| {
-            let mut a = sv(&["wrk", "-t", "1", "-c", "50", "-d", &format!("{secs}s")]);
+            let c = conns.to_string();
+            let mut a = sv(&["wrk", "-t", "1", "-c", &c, "-d", &format!("{secs}s")]);
             if close {
                 a.extend(sv(&["-H", "Connection: close"]));
             }
-            a.push(format!("http://127.0.0.1:{port}/index.html"));
+            a.push(format!("http://127.0.0.1:{port}/{page}"));
             a
         })
     };
+    let wrk = move |close: bool| wrk_to(close, 50, "index.html");
     let redis_n = p.redis_n;
     let redis_dir = tmp.to_string_lossy().into_owned();
     let h = helper.clone();
     let h2 = helper.clone();
 
-    Ok(vec![
+    // Connection: close, the short-connection policy on (SMC-D column: what the policy keeps on
+    // TCP, plus the 16 KiB ones it leaves on SMC-D) and off (every connection SMC-D).
+    let mut close_cases = Vec::new();
+    for (policy, sfx, what) in [
+        (true, "", "policy on"),
+        (false, "-smcd", "policy off: all SMC-D"),
+    ] {
+        for (page, size, kib) in [("index.html", "", "1 KiB"), ("16k.html", "-16k", "16 KiB")] {
+            for (conns, csfx) in [(50u32, ""), (1000, "-c1000")] {
+                let id: &'static str = format!("nginx-close{sfx}{size}{csfx}").leak();
+                let title: &'static str =
+                    format!("nginx + wrk Connection: close, {kib}, {conns} conns, {what}").leak();
+                close_cases.push(Case {
+                    id,
+                    title,
+                    metrics: vec![
+                        metric("rps", "requests", "req/s", true),
+                        metric("ebpf_ns_per_unit", "eBPF ns per request", "ns", false),
+                    ],
+                    units: Some("requests"),
+                    fallback: false,
+                    server: nginx_server(),
+                    client: wrk_to(true, conns, page),
+                    parse: parse_wrk,
+                    timeout: timed,
+                    smc_env: if policy {
+                        vec![]
+                    } else {
+                        vec![("SMC_SHORT_BYTES", "0")]
+                    },
+                    policy_tcp: policy,
+                });
+            }
+        }
+    }
+    let mut v = vec![
         Case {
             id: "sockperf-pp",
             title: "sockperf ping-pong 14 B",
@@ -163,6 +206,8 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
             client: pp_client(),
             parse: parse_sockperf_pp,
             timeout: timed,
+            smc_env: vec![],
+            policy_tcp: false,
         },
         Case {
             id: "sockperf-tp",
@@ -188,6 +233,8 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
             }),
             parse: parse_sockperf_tp,
             timeout: timed,
+            smc_env: vec![],
+            policy_tcp: false,
         },
         Case {
             id: "iperf3",
@@ -210,6 +257,8 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
             }),
             parse: parse_iperf3,
             timeout: timed,
+            smc_env: vec![],
+            policy_tcp: false,
         },
         Case {
             id: "redis",
@@ -261,6 +310,8 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
             }),
             parse: parse_redis,
             timeout: Duration::from_secs(if redis_n > 100_000 { 600 } else { 120 }),
+            smc_env: vec![],
+            policy_tcp: false,
         },
         Case {
             id: "nginx-keepalive",
@@ -272,17 +323,8 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
             client: wrk(false),
             parse: parse_wrk,
             timeout: timed,
-        },
-        Case {
-            id: "nginx-close",
-            title: "nginx + wrk Connection: close, 1 KiB",
-            metrics: vec![metric("rps", "requests", "req/s", true)],
-            units: Some("requests"),
-            fallback: false,
-            server: nginx_server(),
-            client: wrk(true),
-            parse: parse_wrk,
-            timeout: timed,
+            smc_env: vec![],
+            policy_tcp: false,
         },
         Case {
             id: "msgrate",
@@ -305,14 +347,21 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
             }),
             parse: parse_json_line,
             timeout: timed,
+            smc_env: vec![],
+            policy_tcp: false,
         },
         Case {
             id: "connrate",
-            title: "connection setup (connect, 1 B each way, close)",
+            title: "connection setup, policy off: all SMC-D (connect, 1 B each way, close)",
             metrics: vec![
                 metric("conn_per_sec", "connections", "conn/s", true),
-                metric("p50_us", "p50 setup latency", "us", false),
-                metric("p99_us", "p99 setup latency", "us", false),
+                metric("p50_us", "p50 connect to first byte", "us", false),
+                metric("p99_us", "p99 connect to first byte", "us", false),
+                metric("connect_p50_us", "p50 connect() alone", "us", false),
+                metric("connect_p99_us", "p99 connect() alone", "us", false),
+                metric("daemon_register_us", "daemon REGISTER, mean", "us", false),
+                metric("daemon_attach_us", "daemon ATTACH, mean", "us", false),
+                metric("ebpf_ns_per_unit", "eBPF ns per connection", "ns", false),
             ],
             units: Some("total_connections"),
             fallback: false,
@@ -320,6 +369,32 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
             client: conn_client(),
             parse: parse_json_line,
             timeout: timed,
+            smc_env: vec![("SMC_SHORT_BYTES", "0")],
+            policy_tcp: false,
+        },
+        Case {
+            id: "connrate-policy",
+            title: "connection setup, policy on: stays TCP in an attached cgroup",
+            metrics: vec![
+                metric("conn_per_sec", "connections", "conn/s", true),
+                metric("p50_us", "p50 connect to first byte", "us", false),
+                metric("p99_us", "p99 connect to first byte", "us", false),
+                metric("ebpf_ns_per_unit", "eBPF ns per connection", "ns", false),
+                metric(
+                    "ebpf_runs_per_unit",
+                    "eBPF runs per connection",
+                    "runs",
+                    false,
+                ),
+            ],
+            units: Some("total_connections"),
+            fallback: false,
+            server: conn_server(),
+            client: conn_client(),
+            parse: parse_json_line,
+            timeout: timed,
+            smc_env: vec![],
+            policy_tcp: true,
         },
         Case {
             id: "fallback-pp",
@@ -334,6 +409,8 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
             client: pp_client(),
             parse: parse_sockperf_pp,
             timeout: timed,
+            smc_env: vec![],
+            policy_tcp: false,
         },
         Case {
             id: "fallback-conn",
@@ -341,6 +418,7 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
             metrics: vec![
                 metric("conn_per_sec", "connections", "conn/s", true),
                 metric("p50_us", "p50 setup latency", "us", false),
+                metric("ebpf_ns_per_unit", "eBPF ns per connection", "ns", false),
             ],
             units: Some("total_connections"),
             fallback: true,
@@ -348,8 +426,12 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
             client: conn_client(),
             parse: parse_json_line,
             timeout: timed,
+            smc_env: vec![],
+            policy_tcp: false,
         },
-    ])
+    ];
+    v.extend(close_cases);
+    Ok(v)
 }
 
 pub(crate) fn sv(a: &[&str]) -> Vec<String> {

@@ -24,6 +24,9 @@ pub(crate) enum Expect {
     Plain,
     Shortcut,
     Smcd,
+    /// Under `smc-ctl run` with the short-connection policy on: the client connections are
+    /// SMC-D or kept on TCP by the policy.
+    SmcdPolicy,
     /// Fallback row, client in the shortcut cgroup: the data must still go through TCP.
     FallbackShortcut,
     /// Fallback row, client under `smc-ctl run`: no SMC-D connection, fallback decided.
@@ -189,7 +192,10 @@ pub(crate) fn judge_case(
         .and_then(|os| median(os.iter().filter_map(|o| o.segs_per_unit(case)).collect()))
         .filter(|r| *r > 0.0);
     for col in 0..COLUMNS.len() {
-        let expect = placement(case.fallback, col).2;
+        let expect = match placement(case.fallback, col).2 {
+            Expect::Smcd if case.policy_tcp => Expect::SmcdPolicy,
+            e => e,
+        };
         for o in outcomes.get_mut(&(ci, col)).into_iter().flatten() {
             o.tcp_share = reference.and_then(|r| o.segs_per_unit(case).map(|s| s / r));
             o.verdict = judge(expect, o);
@@ -260,6 +266,22 @@ pub(crate) fn judge(expect: Expect, o: &Outcome) -> Verdict {
             }
             Verdict::Ok
         }
+        Expect::SmcdPolicy => {
+            let client = get(p, "smcd_client") + get(p, "fallback_client");
+            let kept =
+                get(p, "smcd_client") + get(p, &format!("fallback_reason_{POLICY_SHORT:#010x}"));
+            if p.get("processes").is_none() {
+                Verdict::FellBack("no data path statistics (was the library loaded?)".into())
+            } else if client <= 0.0 || kept / client < MIN_SMCD_COVERAGE {
+                Verdict::FellBack(format!(
+                    "only {} of the client connections SMC-D or kept on TCP by the policy{}",
+                    pct(if client > 0.0 { kept / client } else { 0.0 }),
+                    reasons()
+                ))
+            } else {
+                Verdict::Ok
+            }
+        }
         Expect::FallbackShortcut => match share {
             Some(s) if s < MIN_FALLBACK_TCP_SHARE => Verdict::NotFallback(format!(
                 "TCP carried only {} of plain TCP's data segments",
@@ -279,5 +301,35 @@ pub(crate) fn judge(expect: Expect, o: &Outcome) -> Verdict {
                 Verdict::Ok
             }
         }
+    }
+}
+
+/// Fallback reason the data path counts for a client connection its short-connection policy
+/// keeps on TCP (`smc_preload::setup::POLICY_SHORT`).
+const POLICY_SHORT: u32 = 0x7F00_0001;
+
+/// Figures computed from the counters of a run, per unit of work (connection or request):
+/// `ebpf_ns_per_unit` / `ebpf_runs_per_unit` (the `smc_*` programs' run time and runs,
+/// `kernel.bpf_stats_enabled`; host-wide, but the bench holds the test lock), and the daemon's
+/// mean handling time of a REGISTER and an ATTACH (`daemon_register_us`, `daemon_attach_us`).
+/// Always present (0 where nothing ran), so that every column has the row.
+pub(crate) fn derived_metrics(case: &Case, o: &mut Outcome) {
+    let units = o.units(case).unwrap_or(0.0);
+    let (mut ns, mut runs) = (0.0, 0.0);
+    for (k, v) in &o.ebpf {
+        if k.starts_with("prog.") && k.ends_with(".run_time_ns") {
+            ns += v;
+        } else if k.starts_with("prog.") && k.ends_with(".run_cnt") {
+            runs += v;
+        }
+    }
+    let per = |x: f64| if units > 0.0 { x / units } else { 0.0 };
+    o.metrics.insert("ebpf_ns_per_unit".into(), per(ns));
+    o.metrics.insert("ebpf_runs_per_unit".into(), per(runs));
+    for op in ["register", "attach"] {
+        let n = get(&o.daemon, &format!("ops.{op}.requests"));
+        let t = get(&o.daemon, &format!("ops.{op}.nanos"));
+        let us = if n > 0.0 { t / n / 1000.0 } else { 0.0 };
+        o.metrics.insert(format!("daemon_{op}_us"), us);
     }
 }

@@ -56,13 +56,25 @@ pub fn lock() -> Result<GlobalLock> {
         eprintln!(
             "==> waiting for /run/smc/tests.lock (integration tests or another bench are running)"
         );
+        // A blocking flock queues like the tests' own waits (polling with LOCK_NB lost the lock
+        // to every blocking waiter on a busy machine); it waits on a helper thread so that
+        // SIGINT still ends the wait here.
+        let fd = f.as_raw_fd();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // SAFETY: `fd` stays open while this process waits for the answer (on an interrupt
+            // the process exits; a lock taken then dies with it).
+            let r = unsafe { libc::flock(fd, libc::LOCK_EX) };
+            let _ = tx.send(r);
+        });
         loop {
             check_interrupted()?;
-            // SAFETY: valid fd.
-            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                break;
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(0) => break,
+                Ok(_) => bail!("flock /run/smc/tests.lock failed"),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(e) => bail!("flock /run/smc/tests.lock: {e}"),
             }
-            std::thread::sleep(Duration::from_millis(200));
         }
     }
     Ok(GlobalLock(f))
@@ -698,4 +710,55 @@ impl Drop for PreloadSampler {
             let _ = t.join();
         }
     }
+}
+
+/// `kernel.bpf_stats_enabled` on for the bench's lifetime (the programs' `run_time_ns` and
+/// `run_cnt`), the previous value restored on drop.
+pub struct BpfStats {
+    old: Option<String>,
+}
+
+const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+impl BpfStats {
+    pub fn enable() -> BpfStats {
+        let old = fs::read_to_string(BPF_STATS).ok();
+        if fs::write(BPF_STATS, "1").is_err() {
+            eprintln!("warning: cannot enable {BPF_STATS}: no eBPF run times in the results");
+        }
+        BpfStats { old }
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        if let Some(o) = &self.old {
+            let _ = fs::write(BPF_STATS, o.trim());
+        }
+    }
+}
+
+/// Run time and run count of every loaded program named `smc_*` (`bpftool prog show --json`),
+/// as `prog.<name>.run_time_ns` / `prog.<name>.run_cnt`, summed over programs of one name.
+pub fn bpf_prog_stats() -> BTreeMap<String, f64> {
+    let mut m = BTreeMap::new();
+    let Ok(out) = Command::new("bpftool")
+        .args(["prog", "show", "--json"])
+        .output()
+    else {
+        return m;
+    };
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
+        return m;
+    };
+    for p in v.as_array().into_iter().flatten() {
+        let Some(name) = p["name"].as_str().filter(|n| n.starts_with("smc_")) else {
+            continue;
+        };
+        for k in ["run_time_ns", "run_cnt"] {
+            let x = p[k].as_f64().unwrap_or(0.0);
+            *m.entry(format!("prog.{name}.{k}")).or_insert(0.0) += x;
+        }
+    }
+    m
 }

@@ -7,7 +7,8 @@
 //!   per second (round trips) and their latency.
 //! - `conn-server PORT` / `conn-client PORT SECONDS`: connection setup: connect, one byte each way,
 //!   close, repeated; connections per second and latency percentiles of connect + first exchange
-//!   (the part a handshake on the connection slows down).
+//!   (the part a handshake on the connection slows down), and of `connect()` alone (the TCP
+//!   handshake, in the plain TCP column).
 //!
 //! Clients print one JSON object on stdout. Servers run until killed.
 use std::{
@@ -146,9 +147,10 @@ fn conn_server(port: u16) -> std::io::Result<()> {
 
 fn conn_client(port: u16, secs: Duration) -> std::io::Result<()> {
     let a = addr(port);
-    let once = || -> std::io::Result<u64> {
+    let once = || -> std::io::Result<(u64, u64)> {
         let t0 = Instant::now();
         let mut s = TcpStream::connect(a)?;
+        let dc = t0.elapsed().as_nanos() as u64;
         s.write_all(b"x")?;
         let mut b = [0u8; 1];
         s.read_exact(&mut b)?;
@@ -156,7 +158,7 @@ fn conn_client(port: u16, secs: Duration) -> std::io::Result<()> {
         // Wait for the server's close: a full short-lived connection per iteration.
         let mut rest = [0u8; 16];
         while s.read(&mut rest)? != 0 {}
-        Ok(dt)
+        Ok((dt, dc))
     };
     let warm = Instant::now();
     let mut warmup = 0u64;
@@ -165,18 +167,23 @@ fn conn_client(port: u16, secs: Duration) -> std::io::Result<()> {
         warmup += 1;
     }
     let mut lat = Vec::with_capacity(1 << 16);
+    let mut conn = Vec::with_capacity(1 << 16);
     let start = Instant::now();
     while start.elapsed() < secs {
-        lat.push(once()?);
+        let (dt, dc) = once()?;
+        lat.push(dt);
+        conn.push(dc);
     }
     let elapsed = start.elapsed().as_secs_f64();
     let n = lat.len();
     println!(
-        "{{\"connections\":{n},\"total_connections\":{},\"seconds\":{elapsed:.6},\"conn_per_sec\":{:.1},\"p50_us\":{:.3},\"p99_us\":{:.3}}}",
+        "{{\"connections\":{n},\"total_connections\":{},\"seconds\":{elapsed:.6},\"conn_per_sec\":{:.1},\"p50_us\":{:.3},\"p99_us\":{:.3},\"connect_p50_us\":{:.3},\"connect_p99_us\":{:.3}}}",
         n as u64 + warmup,
         n as f64 / elapsed,
         pct(&mut lat, 50.0),
-        pct(&mut lat, 99.0)
+        pct(&mut lat, 99.0),
+        pct(&mut conn, 50.0),
+        pct(&mut conn, 99.0)
     );
     Ok(())
 }
