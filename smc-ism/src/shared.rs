@@ -168,6 +168,31 @@ impl SharedClient {
 
     fn send_once(&self, op: u16, payload: &[u8], pass: Option<RawFd>) -> Result<Ticket, IsmError> {
         let mut st = self.connection()?;
+        // At most MAX_INFLIGHT replies outstanding: an event loop with hundreds of handshakes
+        // under way would otherwise fill the socket with replies, the daemon would block
+        // sending them and stop reading, and this request would fail (as `Client` does: the
+        // oldest reply is read and filed for its ticket first).
+        let deadline = Instant::now() + self.timeout;
+        while st.inflight.len() >= client::MAX_INFLIGHT {
+            if !st.reading {
+                let (g, r) = self.read_one(st);
+                st = g;
+                r?;
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(IsmError::Timeout);
+            }
+            st = self
+                .changed
+                .wait_timeout(st, deadline - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+            if st.fd.is_none() {
+                return Err(IsmError::Disconnected);
+            }
+        }
         let Some(fd) = st.fd.as_ref().map(|f| f.as_raw_fd()) else {
             return Err(IsmError::Disconnected);
         };
@@ -200,6 +225,62 @@ impl SharedClient {
         })
     }
 
+    /// Reads the oldest outstanding reply, without the lock while waiting, and files it for its
+    /// ticket (or drops it when its waiter gave up). The caller saw no other reader.
+    fn read_one<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+    ) -> (MutexGuard<'a, State>, Result<(), IsmError>) {
+        let Some(fd) = st.fd.clone() else {
+            return (st, Err(IsmError::Disconnected));
+        };
+        st.reading = true;
+        let generation = st.generation;
+        drop(st);
+        // The wait: without the lock. SO_RCVTIMEO bounds it.
+        let mut buf = vec![0u8; REPLY_MAX];
+        let r = sys::recv_record(fd.as_raw_fd(), &mut buf, 0);
+        drop(fd);
+        let mut st = self.lock();
+        st.reading = false;
+        self.changed.notify_all();
+        if st.generation != generation {
+            return (st, Ok(())); // the connection changed meanwhile: what was read is void
+        }
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => {
+                self.disconnect(&mut st);
+                let e = match e.raw_os_error() {
+                    Some(libc::EAGAIN) => IsmError::Timeout,
+                    Some(libc::EPIPE) | Some(libc::ECONNRESET) | Some(libc::ENOTCONN) => {
+                        IsmError::Disconnected
+                    }
+                    _ => IsmError::Io(e),
+                };
+                return (st, Err(e));
+            }
+        };
+        if r.len == 0 {
+            self.disconnect(&mut st);
+            return (st, Err(IsmError::Disconnected));
+        }
+        let seq = Header::decode(&buf[..r.len]).map(|h| h.seq);
+        if r.truncated || seq.is_none() || st.inflight.front().copied() != seq {
+            self.disconnect(&mut st);
+            return (st, Err(IsmError::Protocol("reply out of sequence")));
+        }
+        st.inflight.pop_front();
+        buf.truncate(r.len);
+        let seq = seq.unwrap_or(0);
+        if let Some(i) = st.abandoned.iter().position(|&s| s == seq) {
+            st.abandoned.swap_remove(i);
+        } else {
+            st.filed.insert(seq, (buf, r.fd));
+        }
+        (st, Ok(()))
+    }
+
     /// Waits for the reply of `t` (bounded by the timeout): the record, and where its result
     /// and fd are.
     fn finish(&self, t: Ticket) -> Result<(Vec<u8>, client::Answer), IsmError> {
@@ -218,52 +299,9 @@ impl SharedClient {
                 return r.map(|a| (rec, a));
             }
             if !st.reading {
-                let Some(fd) = st.fd.clone() else {
-                    return Err(IsmError::Disconnected);
-                };
-                st.reading = true;
-                let generation = st.generation;
-                drop(st);
-                // The wait: without the lock. SO_RCVTIMEO bounds it.
-                let mut buf = vec![0u8; REPLY_MAX];
-                let r = sys::recv_record(fd.as_raw_fd(), &mut buf, 0);
-                drop(fd);
-                st = self.lock();
-                st.reading = false;
-                self.changed.notify_all();
-                if st.generation != generation {
-                    continue; // the connection changed meanwhile: what was read is void
-                }
-                let r = match r {
-                    Ok(r) => r,
-                    Err(e) => {
-                        self.disconnect(&mut st);
-                        return Err(match e.raw_os_error() {
-                            Some(libc::EAGAIN) => IsmError::Timeout,
-                            Some(libc::EPIPE) | Some(libc::ECONNRESET) | Some(libc::ENOTCONN) => {
-                                IsmError::Disconnected
-                            }
-                            _ => IsmError::Io(e),
-                        });
-                    }
-                };
-                if r.len == 0 {
-                    self.disconnect(&mut st);
-                    return Err(IsmError::Disconnected);
-                }
-                let seq = Header::decode(&buf[..r.len]).map(|h| h.seq);
-                if r.truncated || seq.is_none() || st.inflight.front().copied() != seq {
-                    self.disconnect(&mut st);
-                    return Err(IsmError::Protocol("reply out of sequence"));
-                }
-                st.inflight.pop_front();
-                buf.truncate(r.len);
-                let seq = seq.unwrap_or(0);
-                if let Some(i) = st.abandoned.iter().position(|&s| s == seq) {
-                    st.abandoned.swap_remove(i);
-                } else {
-                    st.filed.insert(seq, (buf, r.fd));
-                }
+                let (g, r) = self.read_one(st);
+                st = g;
+                r?;
                 continue;
             }
             let now = Instant::now();

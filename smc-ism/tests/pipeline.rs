@@ -187,3 +187,29 @@ fn many_tickets_in_flight_never_deadlock() {
     assert_eq!(c.stats().unwrap().live_dmbs, n as u64);
     d.shutdown().unwrap();
 }
+
+/// The same through the `SharedClient` the data path uses: an event loop with thousands of
+/// handshakes under way never makes the daemon stop reading (at most `MAX_INFLIGHT` replies
+/// outstanding; the oldest is read and filed for its ticket first).
+#[test]
+fn shared_client_many_tickets_in_flight_never_deadlock() {
+    let dir = TestDir::new("shared-inflight");
+    let d = start(&dir, |_| {});
+    let c = smc_ism::SharedClient::new(&dir.sock());
+    let (a, _b) = tcp_pair();
+    let n = 3000;
+    let mut tickets = Vec::with_capacity(n);
+    for i in 0..n {
+        match c.register_dmb_start(0, a.as_raw_fd()) {
+            Ok(t) => tickets.push(t),
+            Err(e) => panic!("request {i} of {n} in flight failed: {e:?}"),
+        }
+    }
+    let mut tokens = std::collections::HashSet::new();
+    for t in tickets {
+        let dmb = c.finish_dmb(t).expect("every ticket gets its reply");
+        assert!(tokens.insert(dmb.token), "a token granted twice");
+    }
+    assert_eq!(tokens.len(), n);
+    d.shutdown().unwrap();
+}
