@@ -526,7 +526,7 @@ fn duplex(args: &[String]) {
             // waiters of `a` the time to go to sleep, so that the round goes through the
             // doorbells (correctness never depends on it: every wait is checked for its
             // condition).
-            let byte_first = round % 2 == 0;
+            let byte_first = round.is_multiple_of(2);
             round += 1;
             let pause = || std::thread::sleep(std::time::Duration::from_millis(1));
             let byte = |b: &mut TcpStream| {
