@@ -81,7 +81,8 @@ pub struct Shared {
     pub waiters: AtomicU32,
     /// 1 while one waiter sleeps in poll on the TCP socket.
     pub poller: AtomicU32,
-    /// Bumped by the poller after each wakeup (futex word of the other waiters).
+    /// Bumped by the poller after each wakeup and by every drain of doorbells (futex word of
+    /// the other waiters).
     pub wake_seq: AtomicU32,
     pub rx_bytes: AtomicU64,
     pub tx_bytes: AtomicU64,
@@ -98,7 +99,18 @@ pub struct Shared {
     tx_reclaimed: AtomicU64,
     /// Bytes of the send ring given back (hole punching), for diagnostics.
     pub tx_reclaimed_bytes: AtomicU64,
+    /// Threads (of any process) asleep in the kernel on the TCP socket — a blocking call's
+    /// poller, an application's poll/select/epoll_wait — plus [`DRAINING`] while doorbells are
+    /// being drained. See [`Conn::sleep_enter`].
+    ksleep: AtomicU32,
 }
+
+/// [`Shared::ksleep`]: a drain of the doorbells is under way.
+const DRAINING: u32 = 1 << 31;
+/// A waiter that left doorbells to other sleepers waits at most this long for one of them to
+/// drain them (they were woken by those very doorbells); then it drains them itself (a
+/// sleeper that does not run — stopped, or killed while asleep — must not stall the others).
+pub const SETTLE_MAX_MS: u64 = 20;
 
 const _: () = assert!(std::mem::size_of::<Shared>() <= 4096);
 
@@ -589,8 +601,20 @@ impl Conn {
         }
     }
 
-    /// Consume doorbell bytes waiting on the TCP socket; note EOF / reset.
-    pub fn drain(&self, fd: i32) {
+    /// Consume doorbell bytes waiting on the TCP socket; note EOF / reset. Waiters asleep on
+    /// the futex are woken (the ring state may have changed). Only [`Conn::try_drain`] (and the
+    /// last close) call it: a drain behind the back of a thread asleep on the socket would
+    /// take its wakeup.
+    fn drain(&self, fd: i32) {
+        self.drain_bytes(fd);
+        let s = self.sh();
+        s.wake_seq.fetch_add(1, Ordering::AcqRel);
+        if s.waiters.load(Ordering::Acquire) > 0 {
+            crate::shm::futex_wake(&s.wake_seq, i32::MAX);
+        }
+    }
+
+    fn drain_bytes(&self, fd: i32) {
         let mut buf = [0u8; 256];
         loop {
             let e0 = real::errno();
@@ -642,6 +666,134 @@ impl Conn {
             }
             return;
         }
+    }
+
+    /// Register as a sleeper on the TCP socket (the doorbell channel), before the last
+    /// recheck of the rings that precedes the real `poll`/`epoll_wait`. Several threads may
+    /// sleep on the socket at once (full duplex: one waits for data, one for room; or several
+    /// poll/epoll waiters) and one doorbell wakes them all, but the kernel re-checks the
+    /// socket before it returns: a doorbell drained by one of them before another looked would
+    /// be lost to that one. So doorbells are drained only when no sleeper is left
+    /// ([`Conn::try_drain`]): the last one out drains. A drain that runs while a thread
+    /// registers makes the newcomer wait for its end, so that its recheck comes after every
+    /// doorbell the drain takes (whose ring changes came before them).
+    pub fn sleep_enter(&self) {
+        let s = self.sh();
+        if s.ksleep.fetch_add(1, Ordering::SeqCst) & DRAINING != 0 {
+            let start = Instant::now();
+            let mut i = 0u32;
+            // A drain is one non-blocking recv; bounded in case its thread died in it.
+            while s.ksleep.load(Ordering::SeqCst) & DRAINING != 0 {
+                if start.elapsed() >= Duration::from_millis(SETTLE_MAX_MS) {
+                    s.ksleep.fetch_and(!DRAINING, Ordering::SeqCst);
+                    break;
+                }
+                i += 1;
+                spin_pause(i);
+            }
+        }
+    }
+
+    /// Unregister after the sleep; `rang`: the kernel reported the socket readable. Drains the
+    /// doorbells when no other sleeper is left; true when they were left to the others — the
+    /// caller must then not sleep on the socket again before [`Conn::settled`] (it would
+    /// return at once).
+    #[must_use]
+    pub fn sleep_leave(&self, fd: i32, rang: bool) -> bool {
+        let s = self.sh();
+        // Never below zero (the count of a sleeper that died is healed by a forced drain).
+        let _ = s
+            .ksleep
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                (v & !DRAINING != 0).then(|| v - 1)
+            });
+        rang && !self.try_drain(fd)
+    }
+
+    /// Drain the doorbells if no thread sleeps on the socket (they were all woken and left).
+    /// Whether it did.
+    pub fn try_drain(&self, fd: i32) -> bool {
+        let s = self.sh();
+        if s.ksleep
+            .compare_exchange(0, DRAINING, Ordering::SeqCst, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        self.drain(fd);
+        s.ksleep.fetch_and(!DRAINING, Ordering::SeqCst);
+        true
+    }
+
+    /// Whether doorbells left to other sleepers ([`Conn::sleep_leave`] said true; `seq` is
+    /// the `wake_seq` read after that) are gone: someone drained (or the socket holds no
+    /// doorbell any more), or nobody sleeps on the socket now and we drained them.
+    pub fn settled(&self, fd: i32, seq: u32) -> bool {
+        self.sh().wake_seq.load(Ordering::Acquire) != seq
+            || !self.doorbells_queued(fd)
+            || self.try_drain(fd)
+    }
+
+    /// The `wake_seq` to pass to [`Conn::settled`].
+    pub fn wake_seq(&self) -> u32 {
+        self.sh().wake_seq.load(Ordering::Acquire)
+    }
+
+    /// Sleep (futex) until [`Conn::settled`], at most `max_ms`; true when settled.
+    pub fn await_settled(&self, fd: i32, seq: u32, max_ms: u64) -> bool {
+        let s = self.sh();
+        if self.settled(fd, seq) {
+            return true;
+        }
+        s.waiters.fetch_add(1, Ordering::AcqRel);
+        crate::shm::futex_wait(&s.wake_seq, seq, max_ms);
+        s.waiters.fetch_sub(1, Ordering::AcqRel);
+        self.settled(fd, seq)
+    }
+
+    /// The other sleepers did not take the doorbells they were woken by within
+    /// [`SETTLE_MAX_MS`]: one of them does not run (stopped, or killed while asleep, which
+    /// leaves its count behind). Drain anyway, and heal one stale count.
+    pub fn force_drain(&self, fd: i32) {
+        let s = self.sh();
+        // A DRAINING bit set for that long was left by a drainer that died: taken over.
+        let v = s.ksleep.fetch_or(DRAINING, Ordering::SeqCst);
+        crate::debug!(
+            "fd {fd}: doorbells drained after {SETTLE_MAX_MS} ms with {} sleepers",
+            v & !DRAINING
+        );
+        self.drain(fd);
+        let _ = s
+            .ksleep
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                let n = if v & !DRAINING != 0 { v - 1 } else { v };
+                Some(n & !DRAINING)
+            });
+    }
+
+    /// Full wait for [`Conn::settled`] of a thread that can sleep on nothing else.
+    fn settle(&self, fd: i32, seq: u32) {
+        if !self.await_settled(fd, seq, SETTLE_MAX_MS) {
+            self.force_drain(fd);
+        }
+    }
+
+    /// Whether doorbell bytes are queued on the socket (EOF and errors count as no: they are
+    /// not consumed by a drain).
+    fn doorbells_queued(&self, fd: i32) -> bool {
+        let mut b = [0u8; 1];
+        let e0 = real::errno();
+        // SAFETY: valid buffer.
+        let r = unsafe {
+            real::recv(
+                fd,
+                b.as_mut_ptr() as *mut libc::c_void,
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        real::set_errno(e0);
+        r > 0
     }
 
     /// The TCP socket (the doorbell channel) reached EOF or an error: the peer is gone.
@@ -1085,8 +1237,7 @@ impl Conn {
                 }
                 continue;
             }
-            // A safety net: even a wakeup lost to a foreign drainer (an epoll waiter of the
-            // application on the same socket) costs at most half a second.
+            // A safety net: a lost wakeup (there should be none) costs at most half a second.
             timeout = if timeout < 0 { 500 } else { timeout.min(500) };
             // Idle: after a short first sleep, give the send ring's pages back.
             let reclaim = data && self.reclaim_due();
@@ -1098,15 +1249,23 @@ impl Conn {
                 events: libc::POLLIN,
                 revents: 0,
             };
-            s.sleeps.fetch_add(1, Ordering::Relaxed);
-            let e0 = real::errno();
-            // SAFETY: one valid pollfd.
-            let r = unsafe { real::poll(&mut pfd, 1, timeout) };
-            let e = real::errno();
-            real::set_errno(e0);
-            if r > 0 {
-                self.drain(fd);
-            } else if r == 0 && reclaim {
+            // Other threads (the application's poll/epoll) may sleep on the socket too: the
+            // last one to leave drains the doorbells (see `sleep_enter`).
+            self.sleep_enter();
+            let slept = !self.ready_for(data, need);
+            let (r, e) = if !slept {
+                (0, 0)
+            } else {
+                s.sleeps.fetch_add(1, Ordering::Relaxed);
+                let e0 = real::errno();
+                // SAFETY: one valid pollfd.
+                let r = unsafe { real::poll(&mut pfd, 1, timeout) };
+                let e = real::errno();
+                real::set_errno(e0);
+                (r, e)
+            };
+            let left = self.sleep_leave(fd, r > 0);
+            if slept && r == 0 && reclaim {
                 self.reclaim_tx();
             }
             s.poller.store(0, Ordering::Release);
@@ -1119,6 +1278,11 @@ impl Conn {
                     self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
                 }
                 return Woke::Intr;
+            }
+            if left && !self.ready_for(data, need) {
+                // The doorbells are the other sleepers' to drain: sleeping on the socket now
+                // would return at once.
+                self.settle(fd, s.wake_seq.load(Ordering::Acquire));
             }
             if self.ready_for(data, need) {
                 if !data {

@@ -512,7 +512,16 @@ fn collect(set: &EpollSet, out: &mut Vec<libc::epoll_event>, max: usize, arm: bo
 /// Drain doorbells of the emulated fds the kernel reported, drive the handshakes of the
 /// undecided ones, pass plain events on. True when a handshake was decided (its fd's readiness
 /// is then to be collected again: from the rings, or from the kernel after its re-registration).
-fn translate(set: &EpollSet, kev: &[libc::epoll_event], out: &mut Vec<libc::epoll_event>) -> bool {
+///
+/// The emulated fds the kernel reported (their doorbells rang) go to `rang` when given, else
+/// their doorbells are drained unless another thread sleeps on the socket (it was woken by them
+/// and drains them: [`crate::conn::Conn::sleep_enter`]).
+fn translate(
+    set: &EpollSet,
+    kev: &[libc::epoll_event],
+    out: &mut Vec<libc::epoll_event>,
+    mut rang: Option<&mut Vec<(i32, Arc<Obj>)>>,
+) -> bool {
     let ck = cookie();
     let mut g = None;
     let mut undecided = Vec::new();
@@ -527,8 +536,15 @@ fn translate(set: &EpollSet, kev: &[libc::epoll_event], out: &mut Vec<libc::epol
                     obj,
                     ..
                 }) => {
-                    if let Some(c) = obj.as_ref().and_then(|o| o.conn()) {
-                        c.drain(fd);
+                    if let Some(o) = obj.as_ref().filter(|o| o.conn().is_some()) {
+                        match rang.as_deref_mut() {
+                            Some(r) => r.push((fd, o.clone())),
+                            None => {
+                                if let Some(c) = o.conn() {
+                                    c.try_drain(fd);
+                                }
+                            }
+                        }
                     }
                     continue;
                 }
@@ -636,7 +652,7 @@ pub unsafe fn wait(
                 // Only as many kernel events as there is room for: the kernel keeps the others
                 // (an edge-triggered plain fd's event dropped here would be lost for good).
                 let r = kwait_n(&mut kbuf, room, 0, None);
-                let decided = r > 0 && translate(set, &kbuf[..r as usize], &mut out);
+                let decided = r > 0 && translate(set, &kbuf[..r as usize], &mut out, None);
                 if out.is_empty() {
                     // Doorbells may have made something ready.
                     collect(set, &mut out, max, false);
@@ -666,7 +682,7 @@ pub unsafe fn wait(
                     if i & 31 == 0 {
                         let r = kwait(&mut kbuf, 0, None);
                         if r > 0 {
-                            translate(set, &kbuf[..r as usize], &mut out);
+                            translate(set, &kbuf[..r as usize], &mut out, None);
                             collect(set, &mut out, max, false);
                             if !out.is_empty() {
                                 hit = true;
@@ -682,14 +698,45 @@ pub unsafe fn wait(
                 }
             }
         }
-        // Arm every emulated entry and recheck.
+        // Register as a sleeper on every emulated socket, arm every emulated entry and
+        // recheck.
+        let sleepers = sleepers(set);
+        for (_, o) in &sleepers {
+            if let Some(c) = o.conn() {
+                c.sleep_enter();
+            }
+        }
+        let leave = |rang: &[(i32, Arc<Obj>)]| {
+            let mut pending = Vec::new();
+            for (fd, o) in &sleepers {
+                if let Some(c) = o.conn() {
+                    if c.sleep_leave(*fd, rang.iter().any(|(r, _)| r == fd)) {
+                        pending.push((o.clone(), *fd, c.wake_seq()));
+                    }
+                }
+            }
+            // Sockets the kernel watches for an entry we did not wait on (a disabled
+            // one-shot entry): drained as well, or the next sleep would return at once.
+            for (fd, o) in rang {
+                if !sleepers.iter().any(|(s, _)| s == fd) {
+                    if let Some(c) = o.conn() {
+                        if !c.try_drain(*fd) {
+                            pending.push((o.clone(), *fd, c.wake_seq()));
+                        }
+                    }
+                }
+            }
+            pending
+        };
         out.clear();
         collect(set, &mut out, max, true);
         if !out.is_empty() {
+            leave(&[]);
             return finish(&out);
         }
         let rem = poll::remaining_ms(deadline);
         if deadline.is_some() && rem == 0 {
+            leave(&[]);
             return 0;
         }
         let ticking = set.undecided.load(Ordering::Relaxed) > 0;
@@ -700,12 +747,17 @@ pub unsafe fn wait(
         };
         let r = kwait(&mut kbuf, t, sigmask);
         if r < 0 {
+            leave(&[]);
             return r;
         }
+        let mut rang = Vec::new();
+        let decided = translate(set, &kbuf[..r as usize], &mut out, Some(&mut rang));
+        // The last sleeper of a socket drains its doorbells; those left to other sleepers
+        // must be gone before we sleep on that socket again.
+        let mut pending = leave(&rang);
         if r == 0 && ticking {
             drive_all(set);
         }
-        translate(set, &kbuf[..r as usize], &mut out);
         let room = max.saturating_sub(out.len());
         if room > 0 {
             let mut mine = Vec::new();
@@ -718,5 +770,32 @@ pub unsafe fn wait(
         if deadline.is_some() && poll::remaining_ms(deadline) == 0 {
             return 0;
         }
+        if decided {
+            continue;
+        }
+        let ready = poll::settle(&mut pending, || {
+            collect(set, &mut out, max, false);
+            !out.is_empty() || (deadline.is_some() && poll::remaining_ms(deadline) == 0)
+        });
+        if ready {
+            return finish(&out);
+        }
     }
+}
+
+/// The emulated entries of `set` that a sleep waits on.
+fn sleepers(set: &EpollSet) -> Vec<(i32, Arc<Obj>)> {
+    let g = lock(&set.inner);
+    g.order
+        .iter()
+        .filter_map(|fd| {
+            let e = g.entries.get(fd)?;
+            if e.disabled || e.mode != Mode::Emulated {
+                return None;
+            }
+            let o = e.obj.as_ref()?;
+            o.conn()?;
+            Some((*fd, o.clone()))
+        })
+        .collect()
 }

@@ -254,13 +254,31 @@ unsafe fn poll_once(
                 }
             }
         }
-        // Arm and recheck.
+        // Register as sleepers on the SMC sockets, arm and recheck.
+        for k in &kinds {
+            if let Kind::Smc(o) = k {
+                if let Some(c) = o.conn() {
+                    c.sleep_enter();
+                }
+            }
+        }
+        let leave_all = || {
+            for (t, k) in tmp.iter().zip(&kinds) {
+                if let Kind::Smc(o) = k {
+                    if let Some(c) = o.conn() {
+                        let _ = c.sleep_leave(t.fd, false);
+                    }
+                }
+            }
+        };
         let n = user_ready(fds, true);
         if n > 0 {
+            leave_all();
             return Some(n + unsafe { merge_plain(fds, &mut tmp, &kinds, 0, None) });
         }
         let rem = remaining_ms(deadline);
         if deadline.is_some() && rem == 0 {
+            leave_all();
             for p in fds.iter_mut() {
                 p.revents = 0;
             }
@@ -275,18 +293,26 @@ unsafe fn poll_once(
             t.revents = 0;
         }
         let r = unsafe { real_poll(&mut tmp, t, sigmask) };
+        // Leave; the last sleeper of a socket drains its doorbells. Doorbells left to other
+        // sleepers must be gone before we sleep on that socket again.
+        let mut pending = Vec::new();
+        for (t, k) in tmp.iter().zip(&kinds) {
+            if let Kind::Smc(o) = k {
+                if let Some(c) = o.conn() {
+                    if c.sleep_leave(t.fd, r > 0 && t.revents != 0) {
+                        pending.push((o.clone(), t.fd, c.wake_seq()));
+                    }
+                }
+            }
+        }
         if r < 0 {
             return Some(r);
         }
-        // Drain doorbells, then recompute everything.
+        // Recompute everything.
         let mut moved = r == 0 && ticking;
         for ((t, k), p) in tmp.iter().zip(&kinds).zip(fds.iter_mut()) {
             match k {
-                Kind::Smc(o) => {
-                    if let (true, Some(c)) = (t.revents != 0, o.conn()) {
-                        c.drain(t.fd);
-                    }
-                }
+                Kind::Smc(_) => {}
                 Kind::Plain => p.revents = t.revents,
                 Kind::Undecided(pending) => {
                     let out = libc::POLLOUT;
@@ -313,6 +339,44 @@ unsafe fn poll_once(
         }
         if deadline.is_some() && remaining_ms(deadline) == 0 {
             return Some(0);
+        }
+        let ready = settle(&mut pending, || {
+            user_ready(fds, false) > 0
+                || unsafe { merge_plain(fds, &mut tmp, &kinds, 0, None) } > 0
+                || (deadline.is_some() && remaining_ms(deadline) == 0)
+        });
+        if ready {
+            let n = user_ready(fds, false);
+            return Some(n + unsafe { merge_plain(fds, &mut tmp, &kinds, 0, None) });
+        }
+    }
+}
+
+/// Waits until the doorbells that this thread's last sleep left to the other sleepers of a
+/// connection (`(obj, fd, wake_seq)`, from [`Conn::sleep_leave`]) are drained — they were woken
+/// by them, the last of them drains — so that the next sleep on those sockets does not return
+/// at once. At most [`crate::conn::SETTLE_MAX_MS`], then they are drained anyway. Stops early
+/// (true) when `ready` says the wait is over for other reasons.
+pub fn settle(pending: &mut Vec<(Arc<Obj>, i32, u32)>, mut ready: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        pending.retain(|(o, fd, seq)| !o.conn().is_some_and(|c| c.settled(*fd, *seq)));
+        let Some((o, fd, seq)) = pending.first() else {
+            return false;
+        };
+        if ready() {
+            return true;
+        }
+        if start.elapsed() >= Duration::from_millis(crate::conn::SETTLE_MAX_MS) {
+            for (o, fd, _) in pending.drain(..) {
+                if let Some(c) = o.conn() {
+                    c.force_drain(fd);
+                }
+            }
+            return false;
+        }
+        if let Some(c) = o.conn() {
+            c.await_settled(*fd, *seq, 1);
         }
     }
 }

@@ -11,6 +11,8 @@
 //! smc-testprog flood ADDR:PORT [--opt-in] [--shortcut] [--limit N]
 //!     -> "SHORTCUT <0|errno> QUEUED <bytes> state=<flags>/<bytes>": writes (non-blocking) until
 //!        EAGAIN or N bytes, after `setsockopt(SMC_SO_SHORTCUT, 1)` on its own socket
+//! smc-testprog duplex ROUNDS --reader block|poll|epoll --writer poll|epoll
+//!     -> "OK rounds=<n>", or "STALL <who> round=<k> ..." (exit 1): see [`duplex`]
 //! ```
 use std::{
     env,
@@ -402,6 +404,245 @@ fn main() {
                 state_report(c.as_raw_fd())
             );
         }
-        _ => die("usage: smc-testprog pair|server|client|stall|sink|flood ..."),
+        "duplex" => duplex(&args),
+        _ => die("usage: smc-testprog pair|server|client|stall|sink|flood|duplex ..."),
     }
+}
+
+/// How a `duplex` thread waits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum WaitKind {
+    Block,
+    Poll,
+    Epoll,
+}
+
+fn wait_kind(args: &[String], flag: &str) -> WaitKind {
+    let v = args
+        .iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str);
+    match v {
+        Some("block") => WaitKind::Block,
+        Some("poll") => WaitKind::Poll,
+        Some("epoll") => WaitKind::Epoll,
+        _ => die(format!("{flag} block|poll|epoll")),
+    }
+}
+
+/// A generous bound on one wait: the condition it waits for holds long before (a liveness
+/// check, not a speed threshold).
+const DUPLEX_WAIT_MS: i32 = 5_000;
+
+/// Waits for `events` on `fd` with `kind` (poll, or a private epoll instance `ep`); false when
+/// the wait timed out.
+fn wait_for(kind: WaitKind, fd: i32, ep: i32, events: i16) -> bool {
+    match kind {
+        WaitKind::Poll | WaitKind::Block => {
+            let mut p = libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            };
+            // SAFETY: one pollfd.
+            let r = unsafe { libc::poll(&mut p, 1, DUPLEX_WAIT_MS) };
+            if r < 0 {
+                die(format!("poll: {}", std::io::Error::last_os_error()));
+            }
+            r > 0
+        }
+        WaitKind::Epoll => {
+            // SAFETY: zeroed events are valid.
+            let mut evs: [libc::epoll_event; 4] = unsafe { std::mem::zeroed() };
+            // SAFETY: valid buffer.
+            let r = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 4, DUPLEX_WAIT_MS) };
+            if r < 0 {
+                die(format!("epoll_wait: {}", std::io::Error::last_os_error()));
+            }
+            r > 0
+        }
+    }
+}
+
+/// A private epoll instance watching `fd` for `events` (level-triggered), or -1 for poll.
+fn epoll_of(kind: WaitKind, fd: i32, events: i16) -> i32 {
+    if kind != WaitKind::Epoll {
+        return -1;
+    }
+    // SAFETY: plain syscalls on our fds.
+    unsafe {
+        let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+        let mut ev = libc::epoll_event {
+            events: events as u32,
+            u64: fd as u64,
+        };
+        if ep < 0 || libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) != 0 {
+            die(format!("epoll: {}", std::io::Error::last_os_error()));
+        }
+        ep
+    }
+}
+
+/// Lost-wakeup reproduction (issue 10): two threads wait on one end `a` of a connection at
+/// once, as a full-duplex program does. The reader thread waits for data (`--reader`: blocked
+/// in `read`, or non-blocking reads with `poll`/its own epoll instance for `POLLIN`), the main
+/// thread fills the send ring with non-blocking writes and then waits for room (`--writer`:
+/// `poll` or its own epoll instance for `POLLOUT`). Each round the peer end `b` (a thread of
+/// this process) reads everything the writer wrote, which frees the ring and rings the room
+/// doorbell, and then sends the reader one byte. Every wait must end because its condition
+/// came true: a wait that times out although the fd is ready is a wakeup that another waiter
+/// of the same end consumed, reported as `STALL` (exit 1).
+fn duplex(args: &[String]) {
+    use std::sync::mpsc;
+    let rounds: u64 = args
+        .get(2)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| die("ROUNDS"));
+    let rkind = wait_kind(args, "--reader");
+    let wkind = wait_kind(args, "--writer");
+    if wkind == WaitKind::Block {
+        die("--writer poll|epoll");
+    }
+    let l = listen("127.0.0.1:0", false);
+    let addr = l.local_addr().unwrap().to_string();
+    let acc = std::thread::spawn(move || l.accept().map(|(s, _)| s));
+    let a = connect(&addr, false);
+    let b = acc
+        .join()
+        .unwrap_or_else(|_| die("accept thread"))
+        .unwrap_or_else(|e| die(format!("accept: {e}")));
+    let afd = a.as_raw_fd();
+    // The peer: per round, read what the writer reports it wrote, then one byte to the reader.
+    let (to_peer, peer_rx) = mpsc::channel::<u64>();
+    let (drained_tx, drained_rx) = mpsc::channel::<()>();
+    let peer = std::thread::spawn(move || {
+        let mut b = b;
+        let mut buf = vec![0u8; 1 << 16];
+        let mut round = 0u64;
+        while let Ok(n) = peer_rx.recv() {
+            // Even rounds: the reader's byte first, then (the reader asleep again, now the
+            // latest sleeper) the room; odd rounds the other way round. Each time give the
+            // waiters of `a` the time to go to sleep, so that the round goes through the
+            // doorbells (correctness never depends on it: every wait is checked for its
+            // condition).
+            let byte_first = round.is_multiple_of(2);
+            round += 1;
+            let pause = || std::thread::sleep(std::time::Duration::from_millis(1));
+            let byte = |b: &mut TcpStream| {
+                b.write_all(&[0x5a])
+                    .unwrap_or_else(|e| die(format!("peer write: {e}")))
+            };
+            pause();
+            if byte_first {
+                byte(&mut b);
+                pause();
+            }
+            let mut left = n;
+            while left > 0 {
+                let k = (left as usize).min(buf.len());
+                match b.read(&mut buf[..k]) {
+                    Ok(0) => die("peer: EOF"),
+                    Ok(r) => left -= r as u64,
+                    Err(e) => die(format!("peer read: {e}")),
+                }
+            }
+            if !byte_first {
+                pause();
+                byte(&mut b);
+            }
+            if drained_tx.send(()).is_err() {
+                break;
+            }
+        }
+        b
+    });
+    // The reader thread: `rounds` bytes, one per round.
+    let reader = std::thread::spawn(move || {
+        let ep = epoll_of(rkind, afd, libc::POLLIN);
+        let flags = if rkind == WaitKind::Block {
+            0
+        } else {
+            libc::MSG_DONTWAIT
+        };
+        let mut got = 0u64;
+        while got < rounds {
+            let mut c = [0u8; 64];
+            // SAFETY: valid buffer.
+            let r = unsafe { libc::recv(afd, c.as_mut_ptr().cast(), c.len(), flags) };
+            if r > 0 {
+                got += r as u64;
+                continue;
+            }
+            let e = std::io::Error::last_os_error();
+            if r == 0 || e.raw_os_error() != Some(libc::EAGAIN) {
+                die(format!("reader: recv {r}: {e}"));
+            }
+            if !wait_for(rkind, afd, ep, libc::POLLIN) {
+                let mut n: libc::c_int = 0;
+                // SAFETY: valid out pointer.
+                unsafe { libc::ioctl(afd, libc::FIONREAD, &mut n) };
+                if n > 0 {
+                    println!("STALL reader round={got} readable={n} after {DUPLEX_WAIT_MS} ms");
+                    std::io::stdout().flush().ok();
+                    exit(1);
+                }
+            }
+        }
+        if ep >= 0 {
+            // SAFETY: our fd.
+            unsafe { libc::close(ep) };
+        }
+    });
+    let ep = epoll_of(wkind, afd, libc::POLLOUT);
+    let chunk = vec![0xa5u8; 1 << 16];
+    for round in 0..rounds {
+        // Fill the send ring until it is full.
+        let mut wrote = 0u64;
+        loop {
+            // SAFETY: valid buffer.
+            let r = unsafe {
+                libc::send(
+                    afd,
+                    chunk.as_ptr().cast(),
+                    chunk.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if r > 0 {
+                wrote += r as u64;
+                continue;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EAGAIN) {
+                die(format!("writer: send: {e}"));
+            }
+            break;
+        }
+        to_peer.send(wrote).unwrap_or_else(|_| die("peer gone"));
+        // The peer empties the ring: room must come.
+        if !wait_for(wkind, afd, ep, libc::POLLOUT) {
+            // SAFETY: valid buffer.
+            let r = unsafe {
+                libc::send(
+                    afd,
+                    chunk.as_ptr().cast(),
+                    1,
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            println!(
+                "STALL writer round={round} wrote={wrote} then poll timed out after \
+                 {DUPLEX_WAIT_MS} ms; a write now gives {r}"
+            );
+            std::io::stdout().flush().ok();
+            exit(1);
+        }
+        // The next round starts when the peer has read it all (an empty ring).
+        drained_rx.recv().unwrap_or_else(|_| die("peer gone"));
+    }
+    drop(to_peer);
+    reader.join().unwrap_or_else(|_| die("reader thread"));
+    let _b = peer.join().unwrap_or_else(|_| die("peer thread"));
+    println!("OK rounds={rounds}");
 }
