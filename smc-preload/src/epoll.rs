@@ -608,6 +608,18 @@ pub unsafe fn wait(
         real::set_errno(libc::EINVAL);
         return -1;
     }
+    // As the kernel's access_ok() on the whole array: one that would reach past the user
+    // address space is EFAULT, whatever is ready (x86-64 with 4-level page tables; with 5
+    // levels the kernel's limit is higher and this says EFAULT a little early).
+    const USER_END: usize = (1 << 47) - 4096;
+    let bytes = max as usize * std::mem::size_of::<libc::epoll_event>();
+    if (events as usize)
+        .checked_add(bytes)
+        .is_none_or(|end| end > USER_END)
+    {
+        real::set_errno(libc::EFAULT);
+        return -1;
+    }
     let set = as_set(so);
     let max = max as usize;
     let deadline = poll::deadline_ms(timeout);

@@ -862,7 +862,9 @@ fn epoll_huge_maxevents() {
         };
         // SAFETY: plain setrlimit.
         unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) };
-        let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 16];
+        // On the heap (low addresses): the kernel checks the whole array against the end of
+        // the user address space, which an array on the stack may cross (EFAULT, by ASLR).
+        let mut ev = vec![libc::epoll_event { events: 0, u64: 0 }; 16];
         let max = (i32::MAX as usize / std::mem::size_of::<libc::epoll_event>()) as c_int;
         // SAFETY: the kernel writes only the ready events (1) into the 16 entries.
         let n = unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), max, 0) };
@@ -870,6 +872,11 @@ fn epoll_huge_maxevents() {
         // SAFETY: as above.
         let n = unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), max + 1, 0) };
         r("epoll_wait(maxevents=EP_MAX_EVENTS+1)", n as isize);
+        // An array whose end is past the user address space: EFAULT before anything is read.
+        let top = ((1usize << 47) - 4096 - 8 * 12) as *mut libc::epoll_event;
+        // SAFETY: the kernel refuses the range without writing.
+        let n = unsafe { libc::epoll_wait(ep, top, 16, 0) };
+        r("epoll_wait(array past the user address space)", n as isize);
     });
     close(ep);
     close(c);
