@@ -174,21 +174,11 @@ impl SharedClient {
         // oldest reply is read and filed for its ticket first).
         let deadline = Instant::now() + self.timeout;
         while st.inflight.len() >= client::MAX_INFLIGHT {
-            if !st.reading {
-                let (g, r) = self.read_one(st);
-                st = g;
-                r?;
-                continue;
-            }
-            let now = Instant::now();
-            if now >= deadline {
+            let (g, r) = self.wait_step(st, deadline);
+            st = g;
+            if !r? {
                 return Err(IsmError::Timeout);
             }
-            st = self
-                .changed
-                .wait_timeout(st, deadline - now)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
             if st.fd.is_none() {
                 return Err(IsmError::Disconnected);
             }
@@ -298,25 +288,38 @@ impl SharedClient {
                 }
                 return r.map(|a| (rec, a));
             }
-            if !st.reading {
-                let (g, r) = self.read_one(st);
-                st = g;
-                r?;
-                continue;
-            }
-            let now = Instant::now();
-            if now >= deadline {
+            let (g, r) = self.wait_step(st, deadline);
+            st = g;
+            if !r? {
                 if st.inflight.contains(&t.seq) {
                     st.abandoned.push(t.seq);
                 }
                 return Err(IsmError::Timeout);
             }
-            st = self
-                .changed
-                .wait_timeout(st, deadline - now)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
         }
+    }
+
+    /// One step of waiting for the daemon: read the oldest reply when no other thread reads,
+    /// else wait for the reader's news. `Ok(false)`: `deadline` passed.
+    fn wait_step<'a>(
+        &'a self,
+        st: MutexGuard<'a, State>,
+        deadline: Instant,
+    ) -> (MutexGuard<'a, State>, Result<bool, IsmError>) {
+        if !st.reading {
+            let (g, r) = self.read_one(st);
+            return (g, r.map(|()| true));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return (st, Ok(false));
+        }
+        let g = self
+            .changed
+            .wait_timeout(st, deadline - now)
+            .map(|(g, _)| g)
+            .unwrap_or_else(|e| e.into_inner().0);
+        (g, Ok(true))
     }
 
     fn transact(
