@@ -1,0 +1,78 @@
+//! Every map of the object (names and layouts are the contract with `smc-ctl`, see
+//! `smc_common::bpf`), with the small accessors the programs share.
+use aya_ebpf::{
+    bindings::bpf_sock_ops,
+    helpers::generated::bpf_get_netns_cookie,
+    macros::{btf_map, map},
+    maps::{LruHashMap, PerCpuArray, SockHash},
+};
+use smc_common::bpf::{
+    Counter, ListenerKey, PeerEntry, SockKey, SockState, MAX_LISTENERS, MAX_SOCKETS,
+};
+
+use crate::storage::SockStorage;
+
+#[btf_map]
+pub static SMC_SOCK_STATE: SockStorage<SockState> = SockStorage::new();
+
+/// Established sockets of attached cgroups by 4-tuple. LRU: a socket whose cgroup was detached
+/// before it closed is never removed by the STATE callback; eviction bounds such leftovers.
+#[map]
+pub static SMC_PEERS: LruHashMap<SockKey, PeerEntry> = LruHashMap::with_max_entries(MAX_SOCKETS, 0);
+
+/// Established sockets of ism-mode cgroups whose connection cannot become SMC-D
+/// (`MAP_TCP_PEERS`): no state callback removes them, LRU eviction does.
+#[map]
+pub static SMC_TCP_PEERS: LruHashMap<SockKey, PeerEntry> =
+    LruHashMap::with_max_entries(MAX_SOCKETS, 0);
+
+/// The entry of `key` in either same-host map.
+#[inline(always)]
+pub fn peer_entry(key: &SockKey) -> Option<*mut PeerEntry> {
+    SMC_PEERS
+        .get_ptr_mut(key)
+        .or_else(|| SMC_TCP_PEERS.get_ptr_mut(key))
+}
+
+/// Listeners that announce SMC (`MAP_LISTENERS`): a SYN-ACK carries the option only when its
+/// listener's entry says so.
+#[map]
+pub static SMC_LISTENERS: LruHashMap<ListenerKey, u32> =
+    LruHashMap::with_max_entries(MAX_LISTENERS, 0);
+
+#[inline(always)]
+pub fn set_listener(netns: u64, port: u32, on: bool) {
+    let key = ListenerKey {
+        netns,
+        port,
+        _pad: 0,
+    };
+    let _ = SMC_LISTENERS.insert(&key, &u32::from(on), 0);
+}
+
+/// Whether the listener of the request socket `ops` still announces SMC.
+#[inline(always)]
+pub fn listener_announces(ops: *mut bpf_sock_ops) -> bool {
+    // SAFETY: `ops` is the program's context; the helper accepts it as is.
+    let netns = unsafe { bpf_get_netns_cookie(ops.cast()) };
+    let key = ListenerKey {
+        netns,
+        port: unsafe { (*ops).local_port },
+        _pad: 0,
+    };
+    // SAFETY: a plain map lookup; the value is read once.
+    unsafe { SMC_LISTENERS.get(&key) }.is_some_and(|v| *v != 0)
+}
+
+#[map]
+pub static SMC_SOCKHASH: SockHash<SockKey> = SockHash::with_max_entries(MAX_SOCKETS, 0);
+
+#[map]
+pub static SMC_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
+
+#[inline(always)]
+pub fn count(c: Counter, n: u64) {
+    if let Some(p) = SMC_COUNTERS.get_ptr_mut(c as u32) {
+        unsafe { *p += n };
+    }
+}

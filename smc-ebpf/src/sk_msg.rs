@@ -1,0 +1,48 @@
+//! The `sk_msg` program on the SOCKHASH: the shortcut between same-host peer sockets.
+use aya_ebpf::{
+    bindings::{sk_action, BPF_F_INGRESS},
+    macros::sk_msg,
+    programs::SkMsgContext,
+};
+use smc_common::bpf::{Counter, SOCK_SHORTCUT};
+
+use crate::{
+    key::ctx_key,
+    maps::{count, SMC_PEERS, SMC_SOCKHASH, SMC_SOCK_STATE},
+};
+
+#[sk_msg]
+pub fn smc_sk_msg(ctx: SkMsgContext) -> u32 {
+    let md = unsafe { &*ctx.msg };
+    let sk = unsafe { md.__bindgen_anon_3.sk };
+    let state = SMC_SOCK_STATE.get(sk, false);
+    let Some(state) = state.filter(|s| s.flags & SOCK_SHORTCUT != 0) else {
+        count(Counter::MsgPassNotEnabled, 1);
+        return sk_action::SK_PASS;
+    };
+    let Some(key) = ctx_key!(ctx.msg) else {
+        count(Counter::MsgPassNoPeer, 1);
+        return sk_action::SK_PASS;
+    };
+    let mut peer = key.mirror();
+    // The peer must be a registered socket of this host: otherwise (other host, peer outside an
+    // attached cgroup) the message goes to TCP untouched. Redirecting to a missing key would drop
+    // it (EACCES for the sender).
+    if unsafe { SMC_PEERS.get(&peer) }.is_none() {
+        count(Counter::MsgPassNoPeer, 1);
+        return sk_action::SK_PASS;
+    }
+    let size = md.size as u64;
+    let ret = SMC_SOCKHASH.redirect_msg(&ctx, &mut peer, BPF_F_INGRESS as u64);
+    if ret as u32 == sk_action::SK_PASS {
+        count(Counter::MsgRedirected, 1);
+        count(Counter::BytesRedirected, size);
+        state.redirected_msgs += 1;
+        state.redirected_bytes += size;
+        sk_action::SK_PASS
+    } else {
+        // Not in the SOCKHASH (e.g. ism-mode peer that did not opt in): plain TCP.
+        count(Counter::MsgPassRedirectFailed, 1);
+        sk_action::SK_PASS
+    }
+}
