@@ -44,8 +44,14 @@ pub fn key_of(
 
 /// Reads a context field with one load at a constant offset from the context pointer (the
 /// verifier rejects loads through a context pointer the compiler has moved).
+///
+/// `$ptr` must be the program's context (`bpf_sock_ops`, `sk_msg_md`) or a non-null `bpf_sock`
+/// taken from it.
 macro_rules! ctx_read {
     ($ptr:expr, $($field:tt)+) => {
+        // SAFETY: `$ptr` is a kernel object the program was handed for this run (see above):
+        // valid, aligned and not freed while the program runs; the verifier checks each field
+        // load (offset, size, readability) at load time, and `addr_of!` makes no reference.
         unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*$ptr).$($field)+)) }
     };
 }

@@ -14,6 +14,11 @@
 //! program type: [`sock_ops`], [`sk_msg`], [`sockopt`].
 #![no_std]
 #![no_main]
+#![deny(clippy::undocumented_unsafe_blocks)]
+// aya-ebpf's map methods take `impl Borrow<K>`: a key passed by value is copied to the stack
+// again, which costs the verifier-checked programs instructions and stack (the BPF stack is
+// 512 bytes). Keys and values are passed by reference.
+#![allow(clippy::needless_borrows_for_generic_args)]
 
 mod key;
 mod maps;

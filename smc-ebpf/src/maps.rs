@@ -53,14 +53,18 @@ pub fn set_listener(netns: u64, port: u32, on: bool) {
 /// Whether the listener of the request socket `ops` still announces SMC.
 #[inline(always)]
 pub fn listener_announces(ops: *mut bpf_sock_ops) -> bool {
-    // SAFETY: `ops` is the program's context; the helper accepts it as is.
+    // SAFETY: `ops` is the program's context, which `bpf_get_netns_cookie` takes as is (the
+    // verifier checks the argument is the context).
     let netns = unsafe { bpf_get_netns_cookie(ops.cast()) };
     let key = ListenerKey {
         netns,
+        // SAFETY: `ops` is the program's context, valid for this run; the verifier checks the
+        // field load.
         port: unsafe { (*ops).local_port },
         _pad: 0,
     };
-    // SAFETY: a plain map lookup; the value is read once.
+    // SAFETY: the value of a hash map lookup stays allocated for this program run (RCU); another
+    // CPU may change it concurrently, so it is only read once, by value.
     unsafe { SMC_LISTENERS.get(&key) }.is_some_and(|v| *v != 0)
 }
 
@@ -73,6 +77,9 @@ pub static SMC_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counte
 #[inline(always)]
 pub fn count(c: Counter, n: u64) {
     if let Some(p) = SMC_COUNTERS.get_ptr_mut(c as u32) {
+        // SAFETY: a non-null per-CPU array slot of this CPU: valid for the map's lifetime, and no
+        // other program writes it meanwhile (BPF programs run with migration disabled; userspace
+        // only reads the counters).
         unsafe { *p += n };
     }
 }

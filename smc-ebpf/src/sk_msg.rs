@@ -13,7 +13,11 @@ use crate::{
 
 #[sk_msg]
 pub fn smc_sk_msg(ctx: SkMsgContext) -> u32 {
+    // SAFETY: the program's context, non-null and valid for this run; the verifier checks every
+    // field load made through it.
     let md = unsafe { &*ctx.msg };
+    // SAFETY: the union holds the `sk` pointer (its other member pads it to 8 bytes); the kernel
+    // fills it with the sending socket, a full socket the verifier types `PTR_TO_SOCKET`.
     let sk = unsafe { md.__bindgen_anon_3.sk };
     let state = SMC_SOCK_STATE.get(sk, false);
     let Some(state) = state.filter(|s| s.flags & SOCK_SHORTCUT != 0) else {
@@ -28,6 +32,7 @@ pub fn smc_sk_msg(ctx: SkMsgContext) -> u32 {
     // The peer must be a registered socket of this host: otherwise (other host, peer outside an
     // attached cgroup) the message goes to TCP untouched. Redirecting to a missing key would drop
     // it (EACCES for the sender).
+    // SAFETY: only whether the entry exists is used, the value is not read.
     if unsafe { SMC_PEERS.get(&peer) }.is_none() {
         count(Counter::MsgPassNoPeer, 1);
         return sk_action::SK_PASS;

@@ -38,6 +38,8 @@ const BPF_LOAD_HDR_OPT_TCP_SYN: u32 = 1;
 
 #[inline(always)]
 fn ops_sk(ops: &bpf_sock_ops) -> *mut bpf_sock {
+    // SAFETY: the union holds the `sk` pointer (its other member pads it to 8 bytes); the
+    // verifier types it `PTR_TO_SOCKET_OR_NULL`, and every user checks it for null.
     unsafe { ops.__bindgen_anon_2.sk }
 }
 
@@ -50,6 +52,9 @@ fn has_smc_option(ops: *mut bpf_sock_ops, from_syn: bool) -> bool {
     } else {
         0
     };
+    // SAFETY: `ops` is the program's context (the helper's first argument must be); `buf` is a
+    // writable stack buffer of `buf.len()` bytes, into which the helper copies at most that many
+    // bytes of the option whose kind and magic `buf` holds.
     let ret = unsafe { bpf_load_hdr_opt(ops, buf.as_mut_ptr().cast(), buf.len() as u32, flags) };
     ret == TCPOPT_SMC.len() as i64 && buf == TCPOPT_SMC
 }
@@ -69,6 +74,8 @@ pub fn smc_sockops_ism(ctx: SockOpsContext) -> u32 {
 #[inline(always)]
 fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
     let ops_ptr = ctx.ops;
+    // SAFETY: the program's context, non-null and valid for this run; the verifier checks every
+    // field load made through it (the writable fields are only written through helpers).
     let ops = unsafe { &*ops_ptr };
     match ops.op {
         BPF_SOCK_OPS_TCP_CONNECT_CB | BPF_SOCK_OPS_TCP_LISTEN_CB => {
@@ -79,11 +86,13 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
                 return;
             }
             if ops.op == BPF_SOCK_OPS_TCP_LISTEN_CB {
-                // SAFETY: the program's context, accepted by the helper as is.
+                // SAFETY: the program's context, which `bpf_get_netns_cookie` takes as is.
                 let netns = unsafe { bpf_get_netns_cookie(ops_ptr.cast()) };
                 set_listener(netns, ops.local_port, true);
                 // Keep the SYN, so that PASSIVE_ESTABLISHED can read the peer's option from it.
                 let mut one: i32 = 1;
+                // SAFETY: `ops_ptr` is the context (`bpf_setsockopt` is allowed in sock_ops on a
+                // full socket; a listener is one); `optval` points to 4 bytes on the stack.
                 unsafe {
                     bpf_setsockopt(
                         ops_ptr.cast::<c_void>(),
@@ -113,9 +122,13 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
                 return;
             }
             if ops.op == BPF_SOCK_OPS_HDR_OPT_LEN_CB {
+                // SAFETY: the context; reserving option space is what HDR_OPT_LEN_CB is for
+                // (elsewhere the helper returns an error, it never writes memory).
                 unsafe { bpf_reserve_hdr_opt(ops_ptr, TCPOPT_SMC.len() as u32, 0) };
             } else {
                 let opt = TCPOPT_SMC;
+                // SAFETY: the context; `opt` is `opt.len()` readable bytes on the stack that the
+                // helper copies into the space reserved at HDR_OPT_LEN_CB (or fails: -ENOSPC).
                 let ret =
                     unsafe { bpf_store_hdr_opt(ops_ptr, opt.as_ptr().cast(), opt.len() as u32, 0) };
                 if ret == 0 {
@@ -139,6 +152,8 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
                 if let Some(key) = ops_key(ops_ptr) {
                     // A socket also "closes" when it enters TIME_WAIT, possibly before its owner
                     // asked for its state: keep what the peer's ESTABLISHED told the entry.
+                    // SAFETY: the looked-up value stays allocated for this run (RCU); one field
+                    // is read by value.
                     let same_host = unsafe { SMC_PEERS.get(&key) }
                         .is_some_and(|e| e.flags & SOCK_SAME_HOST != 0);
                     if same_host {
@@ -217,12 +232,16 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     let Some(mut key) = ops_key(ops_ptr) else {
         return;
     };
+    // SAFETY: the context, which the sock_ops variant of the helper takes as is.
     let cookie = unsafe { bpf_get_socket_cookie(ops_ptr.cast()) };
     let mirror = key.mirror();
     if let Some(peer) = peer_entry(&mirror) {
         flags |= SOCK_SAME_HOST;
         count(Counter::SameHostPairs, 1);
         // Tell the end that was established first (it learns it in getsockopt).
+        // SAFETY: `peer` is a non-null hash map value, allocated for this run (RCU). The update
+        // is not atomic: a concurrent replacement of the entry may lose the bit, which
+        // getsockopt derives again from the mirrored entry.
         unsafe { (*peer).flags |= SOCK_SAME_HOST };
     }
     if shortcut_mode {
@@ -253,13 +272,13 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     // their CLC handshake. A socket in a sockmap reads and writes through tcp_bpf, which is not
     // quite plain TCP (a blocking read can return EAGAIN, or 0 before the last bytes, when
     // data and FIN arrive while it starts): a connection that stays TCP must not be there.
-    if shortcut_mode || both_announced {
-        if SMC_SOCKHASH
+    if (shortcut_mode || both_announced)
+        && SMC_SOCKHASH
+            // SAFETY: the context, valid for this run; `bpf_sock_hash_update` takes it as is.
             .update(&mut key, unsafe { &mut *ops_ptr }, 0)
             .is_ok()
-        {
-            count(Counter::ShortcutSockets, 1);
-        }
+    {
+        count(Counter::ShortcutSockets, 1);
     }
 }
 
@@ -277,7 +296,9 @@ fn settle(ctx: &SockOpsContext, ops: &bpf_sock_ops) {
     }
     if flags & SOCK_SHORTCUT == 0 {
         if let Some(key) = ops_key(ctx.ops) {
-            // SAFETY: the map definition is what the helper takes; the key lives here.
+            // SAFETY: the map pointer is the SOCKHASH definition, which the loader relocates
+            // to the map; `key` is a `SockKey` on the stack, the map's key type. Deleting from
+            // a SOCKHASH is allowed in sock_ops.
             let ret = unsafe {
                 bpf_map_delete_elem(
                     ptr::from_ref(&SMC_SOCKHASH).cast_mut().cast(),

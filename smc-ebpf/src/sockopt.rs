@@ -20,16 +20,25 @@ const BPF_TCP_LISTEN: u32 = 10;
 
 #[cgroup_sockopt(setsockopt)]
 pub fn smc_setsockopt(ctx: SockoptContext) -> i32 {
+    // SAFETY: the program's context, non-null and valid for this run; the verifier checks every
+    // field access through it (only `optlen` is written here, which setsockopt allows).
     let so = unsafe { &mut *ctx.sockopt };
     if so.level != SOL_SMC_BPF {
         return 1;
     }
+    // SAFETY: the union holds the `optval` pointer (its other member pads it to 8 bytes), the
+    // start of the kernel's copy of the caller's option (`PTR_TO_PACKET`).
     let optval = unsafe { so.__bindgen_anon_2.optval } as *const u8;
+    // SAFETY: as `optval`: the end of that copy (`PTR_TO_PACKET_END`).
     let end = unsafe { so.__bindgen_anon_3.optval_end } as *const u8;
-    if unsafe { optval.add(4) } > end {
+    if optval.wrapping_add(4) > end {
         return 0; // EPERM: malformed
     }
+    // SAFETY: `[optval, optval + 4)` lies within the option buffer (checked against its end
+    // just above, which the verifier also requires); the caller's bytes have no alignment.
     let on = unsafe { ptr::read_unaligned(optval.cast::<u32>()) } != 0;
+    // SAFETY: the union holds the `sk` pointer; the kernel sets it to the socket being
+    // configured, a full socket the verifier types `PTR_TO_SOCKET` (never null).
     let sk = unsafe { so.__bindgen_anon_1.sk };
     let Some(state) = SMC_SOCK_STATE.get(sk, true) else {
         return 0;
@@ -63,10 +72,12 @@ pub fn smc_setsockopt(ctx: SockoptContext) -> i32 {
     } else {
         state.flags &= !bit;
     }
-    // SAFETY: `sk` is the sockopt context's full socket (checked non-null by the storage get).
+    // SAFETY: `sk` is the sockopt context's full socket (non-null: the storage get above
+    // returned a value for it); the verifier checks the `bpf_sock` field load.
     if bit == SOCK_OPTED_IN && unsafe { (*sk).state } == BPF_TCP_LISTEN {
-        // SAFETY: the program's context, accepted by the helper as is.
+        // SAFETY: the program's context, which `bpf_get_netns_cookie` takes as is.
         let netns = unsafe { bpf_get_netns_cookie(ctx.sockopt.cast()) };
+        // SAFETY: as for `state` above.
         set_listener(netns, unsafe { (*sk).src_port }, on);
     }
     // Handled here: the kernel must not see this private level.
@@ -76,18 +87,25 @@ pub fn smc_setsockopt(ctx: SockoptContext) -> i32 {
 
 #[cgroup_sockopt(getsockopt)]
 pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
+    // SAFETY: the program's context, non-null and valid for this run; the verifier checks every
+    // field access through it (getsockopt may write `optlen` and `retval`).
     let so = unsafe { &mut *ctx.sockopt };
     if so.level != SOL_SMC_BPF || so.optname != SMC_SO_STATE {
         return 1;
     }
     count(Counter::StateQueries, 1);
+    // SAFETY: the union holds the `optval` pointer, the start of the kernel's buffer for the
+    // option value (`PTR_TO_PACKET`, writable in getsockopt).
     let optval = unsafe { so.__bindgen_anon_2.optval } as *mut u8;
+    // SAFETY: as `optval`: the end of that buffer (`PTR_TO_PACKET_END`).
     let end = unsafe { so.__bindgen_anon_3.optval_end } as *mut u8;
     // A caller may ask for the whole struct or only its first 8 bytes (flags, version).
-    let full = unsafe { optval.add(core::mem::size_of::<SockState>()) } <= end;
-    if !full && unsafe { optval.add(8) } > end {
+    let full = optval.wrapping_add(core::mem::size_of::<SockState>()) <= end;
+    if !full && optval.wrapping_add(8) > end {
         return 0;
     }
+    // SAFETY: the union holds the `sk` pointer, the socket asked (`PTR_TO_SOCKET`); it is
+    // still checked for null below before its fields are read.
     let sk = unsafe { so.__bindgen_anon_1.sk };
     let state = match SMC_SOCK_STATE.get(sk, false) {
         Some(s) => {
@@ -95,6 +113,8 @@ pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
             if s.flags & SOCK_SAME_HOST == 0 && !sk.is_null() {
                 if let Some(key) = sock_key(sk) {
                     let own = peer_entry(&key)
+                        // SAFETY: a non-null hash map value, allocated for this run (RCU);
+                        // one field is read by value.
                         .is_some_and(|e| unsafe { (*e).flags } & SOCK_SAME_HOST != 0);
                     if own || peer_entry(&key.mirror()).is_some() {
                         s.flags |= SOCK_SAME_HOST;
@@ -112,6 +132,7 @@ pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
             if !sk.is_null() {
                 if let Some(key) = sock_key(sk) {
                     if let Some(e) = peer_entry(&key) {
+                        // SAFETY: a non-null hash map value, allocated for this run (RCU).
                         st.flags = unsafe { (*e).flags };
                     }
                     if st.flags & SOCK_SAME_HOST == 0 && peer_entry(&key.mirror()).is_some() {
@@ -123,14 +144,19 @@ pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
         }
     };
     let size = if full {
+        // SAFETY: `full`: the buffer holds `size_of::<SockState>()` bytes from `optval` (checked
+        // against its end, as the verifier requires); the caller's buffer has no alignment.
         unsafe { ptr::write_unaligned(optval.cast::<SockState>(), state) };
         core::mem::size_of::<SockState>()
     } else {
+        // SAFETY: the buffer holds at least 8 bytes from `optval` (checked above).
         unsafe { ptr::write_unaligned(optval.cast::<[u32; 2]>(), [state.flags, state.version]) };
         8
     };
     // Two separate 4-byte stores: a merged 8-byte store is rejected by the verifier.
+    // SAFETY: `so` is the context, whose `optlen` and `retval` getsockopt programs may write.
     unsafe { ptr::write_volatile(&mut so.optlen, size as i32) };
+    // SAFETY: as above.
     unsafe { ptr::write_volatile(&mut so.retval, 0) };
     1
 }

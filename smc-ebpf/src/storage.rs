@@ -38,6 +38,13 @@ impl<T> SockStorage<T> {
     }
 
     /// The storage of `sk`, created zeroed when `create`.
+    ///
+    /// The value is the kernel's memory of the socket, not a part of `self`; a program takes at
+    /// most one reference to a socket's value at a time.
+    #[expect(
+        clippy::mut_from_ref,
+        reason = "the value belongs to the socket, not to the map definition"
+    )]
     #[inline(always)]
     pub fn get(&self, sk: *mut bpf_sock, create: bool) -> Option<&mut T> {
         if sk.is_null() {
@@ -48,6 +55,9 @@ impl<T> SockStorage<T> {
         } else {
             0
         };
+        // SAFETY: the map pointer is this definition, which the loader relocates to the map;
+        // `sk` is a non-null full socket from the program's context (the verifier checks the
+        // type); a null value asks the kernel to zero a created entry.
         let p = unsafe {
             bpf_sk_storage_get(
                 ptr::from_ref(self).cast_mut().cast(),
@@ -56,6 +66,11 @@ impl<T> SockStorage<T> {
                 flags,
             )
         };
+        // SAFETY: the helper returns null or the socket's value of `size_of::<T>()` bytes (the
+        // map's BTF value type is `T`), aligned by the kernel. It lives as long as the socket,
+        // which the kernel holds for the whole program run. The same socket's value may be
+        // updated by another CPU meanwhile: the programs only read-modify-write whole fields
+        // (flag bits, counters), as their C counterparts would.
         unsafe { p.cast::<T>().as_mut() }
     }
 }
