@@ -2,7 +2,9 @@
 //!
 //! - `setup`: installs what a fresh Debian 12 machine lacks (idempotent, says what it does).
 //! - `build`: builds smc-ctl (with the eBPF programs) and the interposition library.
-//! - `test`: format and lint checks, unit tests, the integration tests (root), bounded fuzzing.
+//! - `lint`: `cargo fmt --check`, clippy on the workspace, and clippy on `smc-ebpf` for the BPF
+//!   target.
+//! - `test`: the lint checks, unit tests, the integration tests (root), bounded fuzzing.
 //! - `demo`: the accelerated path against plain TCP, with the counters.
 //! - `bench`: the side-by-side benchmarks.
 //! - `soak`: the long full-duplex soak of the data path (100 GiB, 1024 connections, mixed APIs).
@@ -32,6 +34,8 @@ enum Cmd {
     Setup,
     /// Build smc-ctl (with the eBPF programs) and the interposition library, release mode.
     Build,
+    /// Format and lint checks, including clippy on the eBPF crate for the BPF target.
+    Lint,
     /// Checks, unit tests, integration tests and bounded fuzzing.
     Test {
         /// Seconds of fuzzing per fuzz target.
@@ -78,6 +82,8 @@ const APT_PACKAGES: &[&str] = &[
     "rustc-web",
     "cargo-web",
     "rust-web-src",
+    // clippy of the same compiler: lints smc-ebpf for bpfel-unknown-none.
+    "rust-web-clippy",
     "llvm-22-dev",
     "libclang-dev",
     "bpftool",
@@ -102,6 +108,10 @@ fn main() -> Result<()> {
         Cmd::Build => {
             setup()?;
             build()
+        }
+        Cmd::Lint => {
+            setup()?;
+            lint()
         }
         Cmd::Test {
             fuzz_seconds,
@@ -266,10 +276,7 @@ fn build() -> Result<()> {
 /// script): the default members and the integration tests.
 const WHOLE_WORKSPACE: [&str; 3] = ["--workspace", "--exclude", "smc-ebpf"];
 
-fn test(fuzz_seconds: u32, filter: Option<String>) -> Result<()> {
-    if !is_root() {
-        bail!("the integration tests load eBPF programs and create cgroups: run them as root");
-    }
+fn lint() -> Result<()> {
     step("cargo fmt --check");
     run(cargo().args(["fmt", "--all", "--check"]))?;
     step("cargo clippy --workspace --exclude smc-ebpf --all-targets -- -D warnings");
@@ -279,6 +286,59 @@ fn test(fuzz_seconds: u32, filter: Option<String>) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    clippy_ebpf()
+}
+
+/// Clippy on smc-ebpf for the BPF target, with the toolchain and flags smc-ctl's build script
+/// (aya-build) compiles it with: Debian's rustc-web as the rustup toolchain `smc-ebpf`, its
+/// `core` sources (`-Z build-std=core`, allowed on a stable compiler by `RUSTC_BOOTSTRAP`), and
+/// the `bpf_target_arch` cfg aya-ebpf selects its bindings by. A check build: no bpf-linker.
+fn clippy_ebpf() -> Result<()> {
+    let target = if cfg!(target_endian = "big") {
+        "bpfeb-unknown-none"
+    } else {
+        "bpfel-unknown-none"
+    };
+    step(&format!(
+        "cargo clippy -p smc-ebpf --target {target} (toolchain smc-ebpf) -- -D warnings"
+    ));
+    let target_dir = workspace_root().join("target/ebpf-clippy");
+    let mut c = Command::new("rustup");
+    c.current_dir(workspace_root())
+        .args([
+            "run",
+            "smc-ebpf",
+            "cargo",
+            "clippy",
+            "--package",
+            "smc-ebpf",
+        ])
+        .args(["--bins", "--release", "--target", target])
+        .args(["-Z", "build-std=core", "--target-dir"])
+        .arg(&target_dir)
+        .args(["--", "-D", "warnings"])
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            format!("--cfg=bpf_target_arch=\"{}\"", env::consts::ARCH),
+        );
+    // The outer cargo's toolchain must not leak into the nested one (as aya-build does).
+    for key in [
+        "CARGO",
+        "RUSTC",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTUP_TOOLCHAIN",
+    ] {
+        c.env_remove(key);
+    }
+    run(&mut c)
+}
+
+fn test(fuzz_seconds: u32, filter: Option<String>) -> Result<()> {
+    if !is_root() {
+        bail!("the integration tests load eBPF programs and create cgroups: run them as root");
+    }
+    lint()?;
     step("building the binaries the integration tests drive");
     run(cargo().args([
         "build",
