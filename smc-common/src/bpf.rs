@@ -147,6 +147,12 @@ pub const MAP_LISTENERS: &str = "SMC_LISTENERS";
 /// Entries of [`MAP_LISTENERS`].
 pub const MAX_LISTENERS: u32 = 16384;
 pub const MAP_COUNTERS: &str = "SMC_COUNTERS";
+/// The switch of `smc-ctl trace` (an array of one `u32`): non-zero makes the programs write a
+/// line at each decision about a connection (why it did or did not get the SMC option, why it
+/// stays TCP) into [`MAP_LOGS`]. Zero, the default, costs one array lookup per decision.
+pub const MAP_TRACE: &str = "SMC_TRACE";
+/// aya-log's ring buffer of those lines (the name is aya-log's).
+pub const MAP_LOGS: &str = "AYA_LOGS";
 
 /// Entries of the same-host map and of the SOCKHASH.
 pub const MAX_SOCKETS: u32 = 65536;
@@ -245,7 +251,7 @@ impl Counter {
 /// The TCP experimental option that announces SMC: kind 254, length 6, ExID "SMCR" in EBCDIC.
 pub const TCPOPT_SMC: [u8; 6] = [254, 6, 0xE2, 0xD4, 0xC3, 0xD9];
 /// Layout version of everything pinned; a pin directory with another version is refused.
-pub const PIN_LAYOUT_VERSION: u32 = 1;
+pub const PIN_LAYOUT_VERSION: u32 = 2;
 
 #[cfg(feature = "user")]
 mod pod {

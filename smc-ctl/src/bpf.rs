@@ -10,7 +10,8 @@
 //! ```
 //!
 //! The programs are loaded once, by the first `attach`; each further cgroup only adds links. The
-//! detach of the last cgroup removes everything.
+//! detach of the last cgroup removes everything. [`trace`] (`smc-ctl trace`) switches the
+//! programs' decision lines on (`maps/SMC_TRACE`) and prints them from aya-log's ring buffer.
 use std::{
     collections::BTreeMap,
     fs,
@@ -21,15 +22,15 @@ use std::{
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{
-    maps::{Map, MapData, PerCpuArray, SockHash},
-    programs::{CgroupSockopt, SkMsg, SockOps},
+    maps::{Array, Map, MapData, PerCpuArray, SockHash},
+    programs::{CgroupSockopt, ProgramInfo, SkMsg, SockOps},
     Ebpf,
 };
 use serde::Serialize;
 use smc_common::bpf::{
-    Counter, Mode, SockKey, GETSOCKOPT_PROG, MAP_COUNTERS, MAP_LISTENERS, MAP_PEERS, MAP_SOCKHASH,
-    MAP_SOCK_STATE, MAP_TCP_PEERS, PIN_LAYOUT_VERSION, SETSOCKOPT_PROG, SK_MSG_PROG,
-    SOCKOPS_PROG_ISM, SOCKOPS_PROG_SHORTCUT,
+    Counter, Mode, SockKey, GETSOCKOPT_PROG, MAP_COUNTERS, MAP_LISTENERS, MAP_LOGS, MAP_PEERS,
+    MAP_SOCKHASH, MAP_SOCK_STATE, MAP_TCP_PEERS, MAP_TRACE, PIN_LAYOUT_VERSION, SETSOCKOPT_PROG,
+    SK_MSG_PROG, SOCKOPS_PROG_ISM, SOCKOPS_PROG_SHORTCUT,
 };
 
 use crate::sys::{self, bpf_syscall};
@@ -152,6 +153,8 @@ fn load_into(dir: &Path) -> Result<()> {
         MAP_SOCKHASH,
         MAP_COUNTERS,
         MAP_LISTENERS,
+        MAP_TRACE,
+        MAP_LOGS,
     ] {
         let map = ebpf
             .map(name)
@@ -464,4 +467,67 @@ pub fn status() -> Result<Status> {
         cgroups,
         counters: counters()?,
     })
+}
+
+/// Prints aya-log records (the programs' decision lines) on stdout, one line each.
+struct TracePrinter;
+
+impl log::Log for TracePrinter {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        println!("{}", record.args());
+    }
+
+    fn flush(&self) {}
+}
+
+/// Sets the trace switch (`maps/SMC_TRACE`, entry 0).
+fn set_trace(on: bool) -> Result<()> {
+    let data = MapData::from_pin(maps_dir().join(MAP_TRACE)).context("open pinned SMC_TRACE")?;
+    let mut arr: Array<_, u32> = Array::try_from(Map::Array(data))?;
+    arr.set(0, u32::from(on), 0).context("set SMC_TRACE")?;
+    Ok(())
+}
+
+/// `smc-ctl trace`: switches the programs' decision lines on and prints them until SIGINT or
+/// SIGTERM (or `duration`), then switches them off. One trace at a time: the lines go to
+/// whichever reader takes them from the ring buffer, and the first to stop switches them off.
+pub fn trace(duration: Option<std::time::Duration>) -> Result<()> {
+    sys::require_root()?;
+    if !layout_marker().exists() {
+        bail!("the eBPF programs of this build are not loaded: attach a cgroup first (`smc-ctl attach`)");
+    }
+    // aya-log finds its ring buffer among the maps of a (pinned) program of the object.
+    let info = ProgramInfo::from_pin(progs_dir().join(SOCKOPS_PROG_ISM))
+        .context("open pinned sock_ops program")?;
+    let mut logger = aya_log::EbpfLogger::init_from_id_with_logger(info.id(), TracePrinter)
+        .with_context(|| format!("open the {MAP_LOGS} ring buffer"))?;
+    let signals = sys::SignalFd::new(&[libc::SIGINT, libc::SIGTERM])?;
+    set_trace(true)?;
+    eprintln!("tracing the eBPF programs' decisions (SIGINT or SIGTERM stops)");
+    let deadline = duration.map(|d| std::time::Instant::now() + d);
+    let res = (|| -> Result<()> {
+        loop {
+            let timeout = match deadline {
+                Some(d) => match d.checked_duration_since(std::time::Instant::now()) {
+                    Some(left) => left,
+                    None => return Ok(()),
+                },
+                None => std::time::Duration::from_secs(3600),
+            };
+            let (ring, signal) = sys::poll2(&logger, &signals, timeout)?;
+            if ring {
+                logger.flush();
+            }
+            if signal {
+                return Ok(());
+            }
+        }
+    })();
+    let off = set_trace(false);
+    logger.flush();
+    res.and(off)
 }

@@ -4,7 +4,7 @@
 //! - sources: [`sys`] (host: root, cgroup v2 directories, /proc), [`bpf`] (the pinned eBPF
 //!   programs, maps and links), [`procs`] (the data path's per-process statistics files); the
 //!   daemon is reached through `smc_ism::Client`, `/proc/net` and the socket maps by [`conns`];
-//! - commands: attach/detach/status (`bpf`), [`daemon`], [`run`](mod@run), [`stats`], [`conns`].
+//! - commands: attach/detach/status/trace (`bpf`), [`daemon`], [`run`](mod@run), [`stats`], [`conns`].
 use std::path::PathBuf;
 
 use anyhow::Result;
@@ -118,6 +118,14 @@ enum Cmd {
         #[arg(long, default_value_os_t = smc_stats::default_dir())]
         procs_dir: PathBuf,
     },
+    /// Print why connections of the attached cgroups did or did not get the SMC option, and why
+    /// they stay TCP: the eBPF programs' decision lines (aya-log), written only while a trace
+    /// runs. Stops at SIGINT or SIGTERM. One trace at a time.
+    Trace {
+        /// Stop after this many seconds.
+        #[arg(long, value_name = "SECS")]
+        seconds: Option<u64>,
+    },
     /// Run CMD with its TCP connections on the accelerated path (LD_PRELOAD interposition).
     Run {
         /// Move into this cgroup v2 directory (which must be attached, or below an attached one)
@@ -161,6 +169,7 @@ fn run(cli: Cli) -> Result<()> {
             println!("{}", bpf::detach(&t.resolve()?)?)
         }
         Cmd::Daemon(args) => daemon::run(args)?,
+        Cmd::Trace { seconds } => bpf::trace(seconds.map(std::time::Duration::from_secs))?,
         Cmd::Run { cgroup, cmd } => run::exec(&cmd, cgroup.as_deref())?,
         Cmd::Stats(args) => stats::run(args)?,
         Cmd::Conns {

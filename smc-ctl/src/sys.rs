@@ -262,3 +262,85 @@ impl Target {
         bail!("give --cgroup, --pid or --container-id")
     }
 }
+
+/// A signalfd for `sigs`, which are blocked in this thread while it lives (so that they are
+/// read from the fd instead of killing the process).
+pub struct SignalFd {
+    fd: std::os::fd::OwnedFd,
+    old: libc::sigset_t,
+}
+
+impl SignalFd {
+    pub fn new(sigs: &[libc::c_int]) -> Result<SignalFd> {
+        use std::os::fd::FromRawFd as _;
+        // SAFETY: sigemptyset/sigaddset only write the local set.
+        let set = unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for s in sigs {
+                libc::sigaddset(&mut set, *s);
+            }
+            set
+        };
+        // SAFETY: zeroed is a valid (empty) sigset_t, overwritten by pthread_sigmask.
+        let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: valid sets; blocks the signals in this thread only.
+        unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) };
+        // SAFETY: a valid set; -1 asks for a new fd.
+        let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_CLOEXEC) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: restores the mask saved above.
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+            return Err(e).context("signalfd");
+        }
+        // SAFETY: `fd` is a new descriptor that nothing else owns.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        Ok(SignalFd { fd, old })
+    }
+}
+
+impl std::os::fd::AsFd for SignalFd {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl Drop for SignalFd {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved at creation.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
+    }
+}
+
+/// Waits until `a` or `b` is readable, or `timeout`: which of them are.
+pub fn poll2(
+    a: &impl std::os::fd::AsRawFd,
+    b: &impl std::os::fd::AsFd,
+    timeout: std::time::Duration,
+) -> Result<(bool, bool)> {
+    use std::os::fd::AsRawFd as _;
+    let mut fds = [
+        libc::pollfd {
+            fd: a.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: b.as_fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: `fds` is a valid array of two pollfd for the duration of the call.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::Interrupted {
+            return Ok((false, false));
+        }
+        return Err(e).context("poll");
+    }
+    Ok((fds[0].revents != 0, fds[1].revents != 0))
+}

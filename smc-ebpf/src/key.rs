@@ -14,7 +14,7 @@ fn v4_mapped(ip4: u32) -> [u32; 4] {
 /// `remote_port` of sock_ops / sk_msg contexts holds the big-endian port, shifted into the upper
 /// half on some kernels: normalise to host byte order.
 #[inline(always)]
-fn remote_port_host(raw: u32) -> u32 {
+pub fn remote_port_host(raw: u32) -> u32 {
     let be = if raw > 0xffff { raw >> 16 } else { raw };
     u16::from_be(be as u16) as u32
 }

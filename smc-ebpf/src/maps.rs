@@ -4,7 +4,7 @@ use aya_ebpf::{
     bindings::bpf_sock_ops,
     helpers::generated::bpf_get_netns_cookie,
     macros::{btf_map, map},
-    maps::{LruHashMap, PerCpuArray, SockHash},
+    maps::{Array, LruHashMap, PerCpuArray, SockHash},
 };
 use smc_common::bpf::{
     Counter, ListenerKey, PeerEntry, SockKey, SockState, MAX_LISTENERS, MAX_SOCKETS,
@@ -83,3 +83,24 @@ pub fn count(c: Counter, n: u64) {
         unsafe { *p += n };
     }
 }
+
+/// `MAP_TRACE`: `smc-ctl trace` sets entry 0 while it prints the decision lines.
+#[map]
+pub static SMC_TRACE: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Whether `smc-ctl trace` is listening: one array lookup (inlined by the verifier).
+#[inline(always)]
+pub fn tracing() -> bool {
+    SMC_TRACE.get(0).is_some_and(|v| *v != 0)
+}
+
+/// A decision line for `smc-ctl trace` (an aya-log record in `AYA_LOGS`), written only while
+/// [`tracing`]: `trace!(ctx, "{}->{}: why", local_port, remote_port)`.
+macro_rules! trace {
+    ($ctx:expr, $($arg:tt)+) => {
+        if $crate::maps::tracing() {
+            aya_log_ebpf::info!($ctx, $($arg)+);
+        }
+    };
+}
+pub(crate) use trace;

@@ -22,9 +22,9 @@ use smc_common::bpf::{
 };
 
 use crate::{
-    key::ops_key,
+    key::{ops_key, remote_port_host},
     maps::{
-        count, listener_announces, peer_entry, set_listener, SMC_PEERS, SMC_SOCKHASH,
+        count, listener_announces, peer_entry, set_listener, trace, SMC_PEERS, SMC_SOCKHASH,
         SMC_SOCK_STATE, SMC_TCP_PEERS,
     },
 };
@@ -82,10 +82,26 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
             let opted = SMC_SOCK_STATE
                 .get(ops_sk(ops), false)
                 .is_some_and(|s| s.flags & SOCK_OPTED_IN != 0);
+            let listen = ops.op == BPF_SOCK_OPS_TCP_LISTEN_CB;
             if !opted {
+                if listen {
+                    trace!(
+                        ctx,
+                        "listen {}: socket did not opt in (SMC_SO_ENABLE): its SYN-ACKs carry no SMC option",
+                        ops.local_port
+                    );
+                } else {
+                    trace!(
+                        ctx,
+                        "connect {}->{}: socket did not opt in (SMC_SO_ENABLE): no SMC option, stays TCP",
+                        ops.local_port,
+                        remote_port_host(ops.remote_port)
+                    );
+                }
                 return;
             }
-            if ops.op == BPF_SOCK_OPS_TCP_LISTEN_CB {
+            if listen {
+                trace!(ctx, "listen {}: announces SMC", ops.local_port);
                 // SAFETY: the program's context, which `bpf_get_netns_cookie` takes as is.
                 let netns = unsafe { bpf_get_netns_cookie(ops_ptr.cast()) };
                 set_listener(netns, ops.local_port, true);
@@ -103,6 +119,14 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
                     )
                 };
             }
+            if !listen {
+                trace!(
+                    ctx,
+                    "connect {}->{}: SYN announces SMC",
+                    ops.local_port,
+                    remote_port_host(ops.remote_port)
+                );
+            }
             let _ = ctx.set_cb_flags(
                 (ops.bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG) as i32,
             );
@@ -118,8 +142,31 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
             let synack = ops.skb_tcp_flags & TCPHDR_ACK != 0;
             // A SYN-ACK carries the option only when the peer's SYN did and its listener still
             // announces (it withdraws before an exec that may not run the data path).
-            if synack && (!has_smc_option(ops_ptr, true) || !listener_announces(ops_ptr)) {
-                return;
+            if synack {
+                // Said once per SYN-ACK: at the length callback, not again at the write.
+                let len_cb = ops.op == BPF_SOCK_OPS_HDR_OPT_LEN_CB;
+                if !has_smc_option(ops_ptr, true) {
+                    if len_cb {
+                        trace!(
+                            ctx,
+                            "SYN-ACK {}->{}: the peer's SYN did not announce SMC: no SMC option, stays TCP",
+                            ops.local_port,
+                            remote_port_host(ops.remote_port)
+                        );
+                    }
+                    return;
+                }
+                if !listener_announces(ops_ptr) {
+                    if len_cb {
+                        trace!(
+                            ctx,
+                            "SYN-ACK {}->{}: the listener withdrew SMC (SMC_SO_ENABLE 0): no SMC option, stays TCP",
+                            ops.local_port,
+                            remote_port_host(ops.remote_port)
+                        );
+                    }
+                    return;
+                }
             }
             if ops.op == BPF_SOCK_OPS_HDR_OPT_LEN_CB {
                 // SAFETY: the context; reserving option space is what HDR_OPT_LEN_CB is for
@@ -257,6 +304,29 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     } else {
         SMC_TCP_PEERS.insert(&key, &entry, 0)
     };
+    if !wrote_opt {
+        trace!(
+            ctx,
+            "established {}->{}: socket did not opt in (SMC_SO_ENABLE): stays TCP",
+            key.local_port,
+            key.remote_port
+        );
+    } else if !both_announced {
+        trace!(
+            ctx,
+            "established {}->{}: the peer did not announce SMC: stays TCP",
+            key.local_port,
+            key.remote_port
+        );
+    } else {
+        trace!(
+            ctx,
+            "established {}->{}: both ends announced SMC (same host: {}): the data path decides",
+            key.local_port,
+            key.remote_port,
+            (flags & SOCK_SAME_HOST != 0) as u32
+        );
+    }
 
     // Socket storage exists already for an active socket that opted in (created by its
     // setsockopt); an accepted one gets it here when it may become SMC-D. The others of an
@@ -308,6 +378,12 @@ fn settle(ctx: &SockOpsContext, ops: &bpf_sock_ops) {
             if ret == 0 {
                 count(Counter::ShortcutSocketsLeft, 1);
             }
+            trace!(
+                ctx,
+                "{}->{}: the data path chose TCP (SMC_SO_TCP): leaves the SOCKHASH",
+                key.local_port,
+                key.remote_port
+            );
         }
     }
     let _ =

@@ -13,7 +13,7 @@ use smc_common::bpf::{
 
 use crate::{
     key::sock_key,
-    maps::{count, peer_entry, set_listener, SMC_SOCK_STATE},
+    maps::{count, peer_entry, set_listener, trace, SMC_SOCK_STATE},
 };
 
 const BPF_TCP_LISTEN: u32 = 10;
@@ -57,11 +57,25 @@ pub fn smc_setsockopt(ctx: SockoptContext) -> i32 {
             let f = state.flags;
             if on && f & SOCK_SHORTCUT == 0 && (f & SOCK_SHORTCUT_GRANTED == 0 || f & SOCK_TCP != 0)
             {
+                trace!(
+                    &ctx,
+                    "setsockopt {}: SMC_SO_SHORTCUT refused (not granted by the daemon, or the connection stays TCP)",
+                    sock_key(sk).map_or(0, |k| k.local_port)
+                );
                 return 0; // EPERM
             }
             SOCK_SHORTCUT
         }
-        SMC_SO_TCP => SOCK_TCP,
+        SMC_SO_TCP => {
+            if on {
+                trace!(
+                    &ctx,
+                    "setsockopt {}: the data path fell back to TCP (SMC_SO_TCP)",
+                    sock_key(sk).map_or(0, |k| k.local_port)
+                );
+            }
+            SOCK_TCP
+        }
         _ => return 0,
     };
     if on {

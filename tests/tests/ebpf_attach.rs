@@ -504,3 +504,122 @@ fn a_cgroup_removed_while_attached_leaves_no_links() {
         "{left:?}"
     );
 }
+
+/// Runs `smc-testprog pair` in `cg` (client opted in, server not): the server's port.
+fn pair_port(cg: &Cgroup) -> u16 {
+    let mut c = cg.command(bin("smc-testprog"));
+    c.args(["pair", "127.0.0.1:0", "--client-opt"]);
+    let out = Proc::spawn(c).wait_output(T).expect("pair");
+    out.split_whitespace()
+        .find_map(|kv| kv.strip_prefix("port="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no port= in {out:?}"))
+}
+
+/// Whether a trace line is about a connection to or from `port`.
+fn mentions(line: &str, port: u16) -> bool {
+    [
+        format!(" {port}:"),
+        format!(" {port}->"),
+        format!("->{port}:"),
+    ]
+    .iter()
+    .any(|p| line.contains(p.as_str()))
+}
+
+/// `smc-ctl trace` with its stdout lines on a channel.
+fn start_trace() -> (Proc, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead as _;
+    let mut c = Command::new(bin("smc-ctl"));
+    c.arg("trace");
+    let mut p = Proc::spawn(c);
+    let out = p.0.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (p, rx)
+}
+
+/// Makes connections until the trace reports the client end of one of them as having stayed
+/// TCP because its peer did not announce SMC; returns every line read and that port.
+fn traced_connection(cg: &Cgroup, rx: &std::sync::mpsc::Receiver<String>) -> (Vec<String>, u16) {
+    let deadline = std::time::Instant::now() + T;
+    let mut lines = Vec::new();
+    while std::time::Instant::now() < deadline {
+        // Connections made before the trace switched the lines on are not reported: retry.
+        let port = pair_port(cg);
+        let want = format!("->{port}: the peer did not announce SMC: stays TCP");
+        let wait = std::time::Instant::now() + Duration::from_secs(2);
+        while let Some(left) = wait.checked_duration_since(std::time::Instant::now()) {
+            match rx.recv_timeout(left) {
+                Ok(l) => {
+                    let found = l.starts_with("established ") && l.ends_with(&want);
+                    lines.push(l);
+                    if found {
+                        return (lines, port);
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+    }
+    panic!("smc-ctl trace never explained a connection; it printed {lines:#?}");
+}
+
+/// `smc-ctl trace` says why a connection stayed TCP, and the programs write nothing while no
+/// trace runs (records written then would wait in the ring buffer for the next reader).
+#[test]
+fn trace_says_why_a_connection_stayed_tcp() {
+    require_root();
+    let _l = lock();
+    let cg = Cgroup::new();
+    let _a = Attached::new(&cg, "ism");
+    let before = pair_port(&cg);
+
+    let (mut trace, rx) = start_trace();
+    let (lines, port) = traced_connection(&cg, &rx);
+    // The server end, in the same cgroup, did not opt in.
+    let server = format!("established {port}->");
+    let deadline = std::time::Instant::now() + T;
+    let mut all = lines;
+    while !all
+        .iter()
+        .any(|l| l.starts_with(&server) && l.ends_with("did not opt in (SMC_SO_ENABLE): stays TCP"))
+    {
+        let left = deadline
+            .checked_duration_since(std::time::Instant::now())
+            .unwrap_or_else(|| panic!("no server line {server}... in {all:#?}"));
+        match rx.recv_timeout(left) {
+            Ok(l) => all.push(l),
+            Err(e) => panic!("no server line {server}... ({e}) in {all:#?}"),
+        }
+    }
+    assert!(
+        all.iter()
+            .any(|l| l.starts_with("connect ")
+                && l.ends_with(&format!("->{port}: SYN announces SMC"))),
+        "no connect line for port {port} in {all:#?}"
+    );
+    assert!(
+        !all.iter().any(|l| mentions(l, before)),
+        "a connection made before the trace was reported: {all:#?}"
+    );
+    // SAFETY: the pid of our live child.
+    unsafe { libc::kill(trace.0.id() as i32, libc::SIGTERM) };
+    let status = trace.0.wait().expect("wait for smc-ctl trace");
+    assert!(status.success(), "smc-ctl trace exited with {status}");
+
+    // Stopped: the switch is off again, so the next trace sees nothing of this connection.
+    let after = pair_port(&cg);
+    let (_trace, rx) = start_trace();
+    let (lines, _) = traced_connection(&cg, &rx);
+    assert!(
+        !lines.iter().any(|l| mentions(l, after)),
+        "a connection made between two traces was reported: {lines:#?}"
+    );
+}

@@ -300,9 +300,10 @@ fn main() {
             let c = connect(&local.to_string(), has(&args, "--client-opt"));
             let (a, _) = l.accept().unwrap();
             println!(
-                "client={} server={}",
+                "client={} server={} port={}",
                 state(c.as_raw_fd()),
-                state(a.as_raw_fd())
+                state(a.as_raw_fd()),
+                local.port()
             );
         }
         "server" => {
