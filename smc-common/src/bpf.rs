@@ -248,6 +248,109 @@ impl Counter {
     }
 }
 
+/// A decision line of `smc-ctl trace`: the programs write the code and the ports (one aya-log
+/// record `"<code> <local port> <remote port>"`), `smc-ctl trace` the words.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TraceReason {
+    ConnectNotOptedIn = 1,
+    ConnectAnnounces = 2,
+    ListenNotOptedIn = 3,
+    ListenAnnounces = 4,
+    SynAckPeerSynWithout = 5,
+    SynAckListenerWithdrew = 6,
+    EstablishedNotOptedIn = 7,
+    EstablishedPeerDidNotAnnounce = 8,
+    EstablishedBothAnnounced = 9,
+    EstablishedBothAnnouncedSameHost = 10,
+    LeftSockhash = 11,
+    DataPathTcp = 12,
+    ShortcutRefused = 13,
+}
+
+impl TraceReason {
+    pub const ALL: [TraceReason; 13] = [
+        TraceReason::ConnectNotOptedIn,
+        TraceReason::ConnectAnnounces,
+        TraceReason::ListenNotOptedIn,
+        TraceReason::ListenAnnounces,
+        TraceReason::SynAckPeerSynWithout,
+        TraceReason::SynAckListenerWithdrew,
+        TraceReason::EstablishedNotOptedIn,
+        TraceReason::EstablishedPeerDidNotAnnounce,
+        TraceReason::EstablishedBothAnnounced,
+        TraceReason::EstablishedBothAnnouncedSameHost,
+        TraceReason::LeftSockhash,
+        TraceReason::DataPathTcp,
+        TraceReason::ShortcutRefused,
+    ];
+
+    pub fn from_code(code: u32) -> Option<TraceReason> {
+        TraceReason::ALL.into_iter().find(|r| *r as u32 == code)
+    }
+
+    /// Where the decision was taken (the line's first word).
+    pub const fn event(self) -> &'static str {
+        use TraceReason::*;
+        match self {
+            ConnectNotOptedIn | ConnectAnnounces => "connect",
+            ListenNotOptedIn | ListenAnnounces => "listen",
+            SynAckPeerSynWithout | SynAckListenerWithdrew => "SYN-ACK",
+            EstablishedNotOptedIn
+            | EstablishedPeerDidNotAnnounce
+            | EstablishedBothAnnounced
+            | EstablishedBothAnnouncedSameHost => "established",
+            LeftSockhash => "sock_ops",
+            DataPathTcp | ShortcutRefused => "setsockopt",
+        }
+    }
+
+    /// Whether the line names the remote port too (a listener has none).
+    pub const fn has_remote(self) -> bool {
+        !matches!(
+            self,
+            TraceReason::ListenNotOptedIn
+                | TraceReason::ListenAnnounces
+                | TraceReason::DataPathTcp
+                | TraceReason::ShortcutRefused
+        )
+    }
+
+    /// Why.
+    pub const fn text(self) -> &'static str {
+        use TraceReason::*;
+        match self {
+            ConnectNotOptedIn => {
+                "socket did not opt in (SMC_SO_ENABLE): no SMC option, stays TCP"
+            }
+            ConnectAnnounces => "SYN announces SMC",
+            ListenNotOptedIn => {
+                "socket did not opt in (SMC_SO_ENABLE): its SYN-ACKs carry no SMC option"
+            }
+            ListenAnnounces => "announces SMC",
+            SynAckPeerSynWithout => {
+                "the peer's SYN did not announce SMC: no SMC option, stays TCP"
+            }
+            SynAckListenerWithdrew => {
+                "the listener withdrew SMC (SMC_SO_ENABLE 0): no SMC option, stays TCP"
+            }
+            EstablishedNotOptedIn => "socket did not opt in (SMC_SO_ENABLE): stays TCP",
+            EstablishedPeerDidNotAnnounce => "the peer did not announce SMC: stays TCP",
+            EstablishedBothAnnounced => {
+                "both ends announced SMC, the peer is not (yet) known on this host: the data path decides"
+            }
+            EstablishedBothAnnouncedSameHost => {
+                "both ends announced SMC, same host: the data path decides"
+            }
+            LeftSockhash => "the data path chose TCP (SMC_SO_TCP): left the SOCKHASH",
+            DataPathTcp => "the data path fell back to TCP (SMC_SO_TCP)",
+            ShortcutRefused => {
+                "SMC_SO_SHORTCUT refused (not granted by the daemon, or the connection stays TCP)"
+            }
+        }
+    }
+}
+
 /// The TCP experimental option that announces SMC: kind 254, length 6, ExID "SMCR" in EBCDIC.
 pub const TCPOPT_SMC: [u8; 6] = [254, 6, 0xE2, 0xD4, 0xC3, 0xD9];
 /// Layout version of everything pinned; a pin directory with another version is refused.

@@ -28,9 +28,9 @@ use aya::{
 };
 use serde::Serialize;
 use smc_common::bpf::{
-    Counter, Mode, SockKey, GETSOCKOPT_PROG, MAP_COUNTERS, MAP_LISTENERS, MAP_LOGS, MAP_PEERS,
-    MAP_SOCKHASH, MAP_SOCK_STATE, MAP_TCP_PEERS, MAP_TRACE, PIN_LAYOUT_VERSION, SETSOCKOPT_PROG,
-    SK_MSG_PROG, SOCKOPS_PROG_ISM, SOCKOPS_PROG_SHORTCUT,
+    Counter, Mode, SockKey, TraceReason, GETSOCKOPT_PROG, MAP_COUNTERS, MAP_LISTENERS, MAP_LOGS,
+    MAP_PEERS, MAP_SOCKHASH, MAP_SOCK_STATE, MAP_TCP_PEERS, MAP_TRACE, PIN_LAYOUT_VERSION,
+    SETSOCKOPT_PROG, SK_MSG_PROG, SOCKOPS_PROG_ISM, SOCKOPS_PROG_SHORTCUT,
 };
 
 use crate::sys::{self, bpf_syscall};
@@ -478,10 +478,29 @@ impl log::Log for TracePrinter {
     }
 
     fn log(&self, record: &log::Record<'_>) {
-        println!("{}", record.args());
+        println!("{}", trace_text(&record.args().to_string()));
     }
 
     fn flush(&self) {}
+}
+
+/// The words of a decision line `"<reason> <local port> <remote port>"` (as written by the
+/// programs); a line of another form as it is.
+fn trace_text(line: &str) -> String {
+    let mut it = line.split_whitespace().map(str::parse::<u32>);
+    let (Some(Ok(code)), Some(Ok(local)), Some(Ok(remote)), None) =
+        (it.next(), it.next(), it.next(), it.next())
+    else {
+        return line.to_owned();
+    };
+    let Some(r) = TraceReason::from_code(code) else {
+        return line.to_owned();
+    };
+    if r.has_remote() {
+        format!("{} {local}->{remote}: {}", r.event(), r.text())
+    } else {
+        format!("{} {local}: {}", r.event(), r.text())
+    }
 }
 
 /// Sets the trace switch (`maps/SMC_TRACE`, entry 0).
@@ -530,4 +549,24 @@ pub fn trace(duration: Option<std::time::Duration>) -> Result<()> {
     let off = set_trace(false);
     logger.flush();
     res.and(off)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trace_lines_get_their_words() {
+        for r in TraceReason::ALL {
+            assert_eq!(TraceReason::from_code(r as u32), Some(r));
+        }
+        assert_eq!(
+            trace_text("8 48320 42139"),
+            "established 48320->42139: the peer did not announce SMC: stays TCP"
+        );
+        assert_eq!(trace_text("4 42059 0"), "listen 42059: announces SMC");
+        // Not a decision line of this build: shown as it came.
+        assert_eq!(trace_text("99 1 2"), "99 1 2");
+        assert_eq!(trace_text("hello"), "hello");
+    }
 }

@@ -94,12 +94,21 @@ pub fn tracing() -> bool {
     SMC_TRACE.get(0).is_some_and(|v| *v != 0)
 }
 
-/// A decision line for `smc-ctl trace` (an aya-log record in `AYA_LOGS`), written only while
-/// [`tracing`]: `trace!(ctx, "{}->{}: why", local_port, remote_port)`.
+/// Writes a decision line: one aya-log record `"<reason> <local port> <remote port>"` into
+/// `AYA_LOGS` (`smc-ctl trace` puts the words to the code). A subprogram, not inlined: the
+/// record's code exists once instead of at every decision point.
+#[inline(never)]
+pub fn trace_line(reason: u32, local_port: u32, remote_port: u32) {
+    // aya-log does not use the context: the record goes to its ring buffer.
+    aya_log_ebpf::info!(&(), "{} {} {}", reason, local_port, remote_port);
+}
+
+/// A decision line ([`TraceReason`](smc_common::bpf::TraceReason)) for `smc-ctl trace`, written
+/// only while [`tracing`]: `trace!(TraceReason::X, local_port, remote_port)`.
 macro_rules! trace {
-    ($ctx:expr, $($arg:tt)+) => {
+    ($reason:expr, $local:expr, $remote:expr) => {
         if $crate::maps::tracing() {
-            aya_log_ebpf::info!($ctx, $($arg)+);
+            $crate::maps::trace_line($reason as u32, $local, $remote);
         }
     };
 }

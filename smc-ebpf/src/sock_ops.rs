@@ -17,8 +17,8 @@ use aya_ebpf::{
     programs::SockOpsContext,
 };
 use smc_common::bpf::{
-    Counter, PeerEntry, SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PEER_SMC, SOCK_SAME_HOST, SOCK_SHORTCUT,
-    SOCK_STATE_VERSION, SOCK_TCP, TCPOPT_SMC,
+    Counter, PeerEntry, TraceReason, SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PEER_SMC, SOCK_SAME_HOST,
+    SOCK_SHORTCUT, SOCK_STATE_VERSION, SOCK_TCP, TCPOPT_SMC,
 };
 
 use crate::{
@@ -85,15 +85,10 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
             let listen = ops.op == BPF_SOCK_OPS_TCP_LISTEN_CB;
             if !opted {
                 if listen {
-                    trace!(
-                        ctx,
-                        "listen {}: socket did not opt in (SMC_SO_ENABLE): its SYN-ACKs carry no SMC option",
-                        ops.local_port
-                    );
+                    trace!(TraceReason::ListenNotOptedIn, ops.local_port, 0);
                 } else {
                     trace!(
-                        ctx,
-                        "connect {}->{}: socket did not opt in (SMC_SO_ENABLE): no SMC option, stays TCP",
+                        TraceReason::ConnectNotOptedIn,
                         ops.local_port,
                         remote_port_host(ops.remote_port)
                     );
@@ -101,7 +96,7 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
                 return;
             }
             if listen {
-                trace!(ctx, "listen {}: announces SMC", ops.local_port);
+                trace!(TraceReason::ListenAnnounces, ops.local_port, 0);
                 // SAFETY: the program's context, which `bpf_get_netns_cookie` takes as is.
                 let netns = unsafe { bpf_get_netns_cookie(ops_ptr.cast()) };
                 set_listener(netns, ops.local_port, true);
@@ -121,8 +116,7 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
             }
             if !listen {
                 trace!(
-                    ctx,
-                    "connect {}->{}: SYN announces SMC",
+                    TraceReason::ConnectAnnounces,
                     ops.local_port,
                     remote_port_host(ops.remote_port)
                 );
@@ -148,8 +142,7 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
                 if !has_smc_option(ops_ptr, true) {
                     if len_cb {
                         trace!(
-                            ctx,
-                            "SYN-ACK {}->{}: the peer's SYN did not announce SMC: no SMC option, stays TCP",
+                            TraceReason::SynAckPeerSynWithout,
                             ops.local_port,
                             remote_port_host(ops.remote_port)
                         );
@@ -159,8 +152,7 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
                 if !listener_announces(ops_ptr) {
                     if len_cb {
                         trace!(
-                            ctx,
-                            "SYN-ACK {}->{}: the listener withdrew SMC (SMC_SO_ENABLE 0): no SMC option, stays TCP",
+                            TraceReason::SynAckListenerWithdrew,
                             ops.local_port,
                             remote_port_host(ops.remote_port)
                         );
@@ -306,25 +298,25 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     };
     if !wrote_opt {
         trace!(
-            ctx,
-            "established {}->{}: socket did not opt in (SMC_SO_ENABLE): stays TCP",
+            TraceReason::EstablishedNotOptedIn,
             key.local_port,
             key.remote_port
         );
     } else if !both_announced {
         trace!(
-            ctx,
-            "established {}->{}: the peer did not announce SMC: stays TCP",
+            TraceReason::EstablishedPeerDidNotAnnounce,
             key.local_port,
             key.remote_port
         );
     } else {
         trace!(
-            ctx,
-            "established {}->{}: both ends announced SMC (same host: {}): the data path decides",
+            if flags & SOCK_SAME_HOST != 0 {
+                TraceReason::EstablishedBothAnnouncedSameHost
+            } else {
+                TraceReason::EstablishedBothAnnounced
+            },
             key.local_port,
-            key.remote_port,
-            (flags & SOCK_SAME_HOST != 0) as u32
+            key.remote_port
         );
     }
 
@@ -378,12 +370,7 @@ fn settle(ctx: &SockOpsContext, ops: &bpf_sock_ops) {
             if ret == 0 {
                 count(Counter::ShortcutSocketsLeft, 1);
             }
-            trace!(
-                ctx,
-                "{}->{}: the data path chose TCP (SMC_SO_TCP): leaves the SOCKHASH",
-                key.local_port,
-                key.remote_port
-            );
+            trace!(TraceReason::LeftSockhash, key.local_port, key.remote_port);
         }
     }
     let _ =

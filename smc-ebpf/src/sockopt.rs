@@ -6,9 +6,9 @@ use aya_ebpf::{
     helpers::generated::bpf_get_netns_cookie, macros::cgroup_sockopt, programs::SockoptContext,
 };
 use smc_common::bpf::{
-    Counter, SockState, SMC_SO_ENABLE, SMC_SO_SHORTCUT, SMC_SO_STATE, SMC_SO_TCP, SOCK_OPTED_IN,
-    SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_SHORTCUT_GRANTED, SOCK_STATE_VERSION, SOCK_TCP,
-    SOL_SMC_BPF,
+    Counter, SockState, TraceReason, SMC_SO_ENABLE, SMC_SO_SHORTCUT, SMC_SO_STATE, SMC_SO_TCP,
+    SOCK_OPTED_IN, SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_SHORTCUT_GRANTED, SOCK_STATE_VERSION,
+    SOCK_TCP, SOL_SMC_BPF,
 };
 
 use crate::{
@@ -58,9 +58,9 @@ pub fn smc_setsockopt(ctx: SockoptContext) -> i32 {
             if on && f & SOCK_SHORTCUT == 0 && (f & SOCK_SHORTCUT_GRANTED == 0 || f & SOCK_TCP != 0)
             {
                 trace!(
-                    &ctx,
-                    "setsockopt {}: SMC_SO_SHORTCUT refused (not granted by the daemon, or the connection stays TCP)",
-                    sock_key(sk).map_or(0, |k| k.local_port)
+                    TraceReason::ShortcutRefused,
+                    sock_key(sk).map_or(0, |k| k.local_port),
+                    0
                 );
                 return 0; // EPERM
             }
@@ -69,9 +69,9 @@ pub fn smc_setsockopt(ctx: SockoptContext) -> i32 {
         SMC_SO_TCP => {
             if on {
                 trace!(
-                    &ctx,
-                    "setsockopt {}: the data path fell back to TCP (SMC_SO_TCP)",
-                    sock_key(sk).map_or(0, |k| k.local_port)
+                    TraceReason::DataPathTcp,
+                    sock_key(sk).map_or(0, |k| k.local_port),
+                    0
                 );
             }
             SOCK_TCP
