@@ -542,6 +542,7 @@ pub fn trace(duration: Option<std::time::Duration>) -> Result<()> {
                 logger.flush();
             }
             if signal {
+                signals.take()?;
                 return Ok(());
             }
         }

@@ -300,6 +300,29 @@ impl SignalFd {
     }
 }
 
+impl SignalFd {
+    /// Takes a pending signal off the fd (otherwise it would be delivered, with its default
+    /// action, when the mask is restored): its number.
+    pub fn take(&self) -> Result<u32> {
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: all-zero is a valid `signalfd_siginfo` (plain integers).
+        let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<libc::signalfd_siginfo>();
+        // SAFETY: `info` is a writable buffer of `size` bytes for the duration of the call.
+        let n = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                std::ptr::from_mut(&mut info).cast(),
+                size,
+            )
+        };
+        if usize::try_from(n).ok() != Some(size) {
+            return Err(std::io::Error::last_os_error()).context("read signalfd");
+        }
+        Ok(info.ssi_signo)
+    }
+}
+
 impl std::os::fd::AsFd for SignalFd {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.fd.as_fd()
