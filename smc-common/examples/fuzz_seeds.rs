@@ -1,5 +1,7 @@
 //! Write one encoded CLC message of every kind into a directory, as seeds for the
 //! `clc_decode` fuzz target: `cargo run -p smc-common --example fuzz_seeds -- DIR`.
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use smc_common::clc::{decode, ClcMessage, Decline, MsgType, SMC_V1, SMC_V2};
 use smc_common::diag::Diag;

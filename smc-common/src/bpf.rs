@@ -360,7 +360,9 @@ pub const PIN_LAYOUT_VERSION: u32 = 2;
 mod pod {
     // SAFETY: plain `#[repr(C)]` integers without padding holes.
     unsafe impl aya::Pod for super::SockState {}
+    // SAFETY: plain `#[repr(C)]` integers without padding holes.
     unsafe impl aya::Pod for super::SockKey {}
+    // SAFETY: plain `#[repr(C)]` integers without padding holes.
     unsafe impl aya::Pod for super::PeerEntry {}
 }
 

@@ -857,6 +857,7 @@ mod tests {
     #[test]
     fn header_atomic_roundtrip() {
         let mut mem = [0u64; 4];
+        // SAFETY: `mem` is 32 bytes, 8-byte aligned, outlives `h` and is only accessed through it.
         let h = unsafe { CdcHeader::from_ptr(mem.as_mut_ptr() as *mut u8) };
         assert_eq!(h.snapshot(), Err(CursorError::BadType));
         let m = CdcMsg {
@@ -869,9 +870,12 @@ mod tests {
         };
         h.store(&m);
         assert_eq!(h.snapshot(), Ok(m));
+        // SAFETY: [u64; 4] and [u8; 32] have the same size and every bit pattern is valid.
         let bytes: [u8; 32] = unsafe { core::mem::transmute(mem) };
         assert_eq!(bytes, m.to_bytes());
         let p = mem.as_mut_ptr() as *mut u8;
+        // SAFETY: `p` points to the 32-byte, 8-byte aligned `mem`, live for the whole block;
+        // `try_from_ptr` checks the misaligned `p.add(1)` and reads nothing through it.
         unsafe {
             write_prod(p, CursorWord::from_cursor(Cursor::new(9, 9)));
             assert_eq!(read_prod(p).cursor, Cursor::new(9, 9));

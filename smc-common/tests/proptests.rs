@@ -1,4 +1,6 @@
 //! Property tests: CLC round trips and robustness, handshake termination, ring arithmetic.
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;
 use smc_common::cdc::{self, Cursor, CursorWord, ProdFlags, Ring};

@@ -3,6 +3,8 @@
 //!
 //! When `tshark` is not installed the test fails, unless the `CI` environment variable is unset,
 //! in which case it prints a loud notice and returns (developer machines). CI installs tshark.
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use smc_common::clc::*;
 use smc_common::diag::Diag;
