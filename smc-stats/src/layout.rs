@@ -362,8 +362,9 @@ pub struct Identity {
 }
 
 fn word(b: &[u8], off: usize) -> u64 {
-    b.get(off..off.saturating_add(8))
-        .map(|s| u64::from_le_bytes(s.try_into().expect("8 bytes")))
+    b.get(off..)
+        .and_then(<[u8]>::first_chunk::<8>)
+        .map(|c| u64::from_le_bytes(*c))
         .unwrap_or(0)
 }
 
@@ -438,14 +439,9 @@ fn addr_words(a: &std::net::SocketAddr) -> ([u64; 2], u16) {
         std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped(),
         std::net::IpAddr::V6(v6) => v6,
     };
-    let o = ip.octets();
-    (
-        [
-            u64::from_le_bytes(o[..8].try_into().expect("8")),
-            u64::from_le_bytes(o[8..].try_into().expect("8")),
-        ],
-        a.port(),
-    )
+    // Little-endian halves: the low word is octets 0..8, the high word octets 8..16.
+    let w = u128::from_le_bytes(ip.octets());
+    ([w as u64, (w >> 64) as u64], a.port())
 }
 
 fn words_addr(w: [u64; 2], port: u16) -> std::net::SocketAddr {
