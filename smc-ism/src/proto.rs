@@ -443,14 +443,18 @@ pub fn decode_request(rec: &[u8], truncated: bool) -> Decoded {
     }
 }
 
-/// Reads a little-endian u32 at `off` (caller checks bounds).
+/// Reads a little-endian u32 at `off` (caller checks bounds; 0 past the end, never a panic).
 pub fn get_u32(buf: &[u8], off: usize) -> u32 {
-    u32::from_le_bytes(buf[off..off + 4].try_into().expect("4 bytes"))
+    buf.get(off..)
+        .and_then(<[u8]>::first_chunk::<4>)
+        .map_or(0, |c| u32::from_le_bytes(*c))
 }
 
-/// Reads a little-endian u64 at `off` (caller checks bounds).
+/// Reads a little-endian u64 at `off` (caller checks bounds; 0 past the end, never a panic).
 pub fn get_u64(buf: &[u8], off: usize) -> u64 {
-    u64::from_le_bytes(buf[off..off + 8].try_into().expect("8 bytes"))
+    buf.get(off..)
+        .and_then(<[u8]>::first_chunk::<8>)
+        .map_or(0, |c| u64::from_le_bytes(*c))
 }
 
 #[cfg(test)]

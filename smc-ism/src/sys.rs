@@ -244,8 +244,8 @@ pub(crate) fn random_u64() -> io::Result<u64> {
     if g.1 >= g.0.len() {
         let mut b = [0u8; 256];
         random_bytes(&mut b)?;
-        for (i, c) in b.chunks_exact(8).enumerate() {
-            g.0[i] = u64::from_ne_bytes(c.try_into().expect("8 bytes"));
+        for (w, c) in g.0.iter_mut().zip(b.as_chunks::<8>().0) {
+            *w = u64::from_ne_bytes(*c);
         }
         g.1 = 0;
     }

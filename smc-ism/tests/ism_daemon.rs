@@ -1,4 +1,6 @@
 //! Real daemon, real memfds, real processes: the loopback-ism device end to end.
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

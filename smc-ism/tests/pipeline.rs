@@ -1,4 +1,6 @@
 //! Pipelined requests, releases without reply, and attach by connection (`ATTACH_PEER`).
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

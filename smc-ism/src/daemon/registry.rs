@@ -654,7 +654,7 @@ impl Registry {
         let slot = self.slots.alloc().ok_or(Fail::MaxDmb)?;
         let memfd =
             sys::create_dmb_memfd(size).map_err(|e| Fail::Memfd(e.raw_os_error().unwrap_or(0)))?;
-        let mut obj = Some(DmbObj {
+        let mut obj = DmbObj {
             memfd,
             slot,
             _charge: charge,
@@ -666,7 +666,7 @@ impl Registry {
             peer_cookie,
             owner_uid: uid.uid,
             owner_cgroup: cg.clone(),
-        });
+        };
         loop {
             let token = sys::random_u64().map_err(|_| Fail::Internal)?;
             if token == 0 {
@@ -674,9 +674,9 @@ impl Registry {
             }
             let mut shard = lock(self.shard(token));
             if let std::collections::hash_map::Entry::Vacant(v) = shard.entry(token) {
-                let mut o = obj.take().expect("inserted once");
-                o.token = token;
-                let dmb = Arc::new(o);
+                // `obj` moves here only on the path that returns below.
+                obj.token = token;
+                let dmb = Arc::new(obj);
                 v.insert(Record {
                     dmb: dmb.clone(),
                     refs: 1,
@@ -887,16 +887,18 @@ impl Registry {
 /// Bytes of an open file that exist in memory (`st_blocks` × 512: a memfd's touched pages).
 fn fd_committed(fd: &OwnedFd) -> Option<u64> {
     use std::os::fd::AsRawFd as _;
-    // SAFETY: fstat into a zeroed stat of an fd we own.
+    // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is an open fd we own (borrowed for the call), `st` a writable stat.
     (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some(st.st_blocks as u64 * 512)
 }
 
 /// Inode of an open file (a DMB's memfd).
 fn fd_inode(fd: &OwnedFd) -> Option<u64> {
     use std::os::fd::AsRawFd as _;
-    // SAFETY: fstat into a zeroed stat of an fd we own.
+    // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is an open fd we own (borrowed for the call), `st` a writable stat.
     (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some(st.st_ino as u64)
 }
 
