@@ -416,7 +416,7 @@ pub fn counters() -> Result<BTreeMap<&'static str, u64>> {
     let arr: PerCpuArray<_, u64> = PerCpuArray::try_from(Map::PerCpuArray(data))?;
     for c in Counter::ALL {
         let values = arr.get(&(c as u32), 0)?;
-        *out.get_mut(c.name()).expect("all counters present") = values.iter().sum();
+        out.insert(c.name(), values.iter().sum());
     }
     Ok(out)
 }

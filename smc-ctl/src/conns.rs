@@ -211,7 +211,8 @@ pub fn sock_key(local: &SocketAddr, peer: &SocketAddr) -> SockKey {
             IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
             IpAddr::V6(v6) => v6.octets(),
         };
-        std::array::from_fn(|i| u32::from_ne_bytes(o[i * 4..i * 4 + 4].try_into().expect("4")))
+        let (words, _) = o.as_chunks::<4>();
+        std::array::from_fn(|i| words.get(i).map_or(0, |w| u32::from_ne_bytes(*w)))
     }
     SockKey {
         local_ip: ip(local),

@@ -16,7 +16,9 @@ pub const RUN_DIR: &str = "/run/smc";
 
 fn statfs_type(path: &Path) -> Result<i64> {
     let c = CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: `libc::statfs` is plain integers, for which all-zero bytes are a valid value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path alive for the call, `st` a writable statfs.
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
         return Err(std::io::Error::last_os_error())
             .with_context(|| format!("statfs {}", path.display()));
@@ -31,6 +33,7 @@ pub fn cgroup2_root() -> Result<PathBuf> {
 
 /// Attaching needs root (CAP_SYS_ADMIN / CAP_BPF + CAP_NET_ADMIN): say so clearly.
 pub fn require_root() -> Result<()> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         bail!("smc-ctl needs root (CAP_BPF, CAP_NET_ADMIN and write access to the cgroup); run it with sudo");
     }
@@ -76,6 +79,7 @@ pub fn ensure_bpffs(path: &str) -> Result<()> {
     fs::create_dir_all(p).with_context(|| format!("mkdir {path}"))?;
     let src = CString::new("bpf")?;
     let dst = CString::new(path)?;
+    // SAFETY: `src` and `dst` are NUL-terminated strings alive for the call; bpffs takes no data.
     let rc = unsafe {
         libc::mount(
             src.as_ptr(),
@@ -103,6 +107,7 @@ pub fn lock() -> Result<Lock> {
         .write(true)
         .open(Path::new(RUN_DIR).join("attach.lock"))?;
     use std::os::fd::AsRawFd as _;
+    // SAFETY: `f` is an open file we own for the call; flock only takes a lock on it.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
         return Err(std::io::Error::last_os_error()).context("flock");
     }
