@@ -8,6 +8,9 @@
 //! - `demo`: the accelerated path against plain TCP, with the counters.
 //! - `bench`: the side-by-side benchmarks.
 //! - `soak`: the long full-duplex soak of the data path (100 GiB, 1024 connections, mixed APIs).
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     env,
     path::{Path, PathBuf},
