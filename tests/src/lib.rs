@@ -1,6 +1,9 @@
 //! Helpers shared by the integration tests: cgroups, attach guards, network namespaces, processes
 //! started inside a cgroup or namespace, and the counters. Every guard removes what it created
 //! when dropped, also when the test fails.
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     collections::BTreeMap,
     fs,
@@ -74,8 +77,8 @@ pub fn lock() -> TestLock {
         .write(true)
         .open("/run/smc/tests.lock")
         .expect("open test lock");
-    // SAFETY: valid fd.
     assert_eq!(
+        // SAFETY: `f` is an open file we own for the call; flock only takes a lock on it.
         unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) },
         0,
         "flock"

@@ -10,6 +10,9 @@
 //! Needs root (cgroups, eBPF) and the tools that `cargo xtask setup` installs. Build first into
 //! the default target directory: `cargo build --release -p smc-ctl -p smc-preload -p
 //! integration-tests --bins`, then `cargo test --release -p integration-tests --test apps_smc`.
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use integration_tests::{
     brief, fallbacks, free_port, http_server_args, log_tail, pseudo_random, require_tool,
     run_to_end, sha256_hex, smcd_open, spawn_logged, wait_listening, NetnsPair, Proc, SmcWorld,

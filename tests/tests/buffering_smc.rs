@@ -4,6 +4,9 @@
 //! several MB per direction; under the data path it must complete too (byte-exact, on SMC-D).
 //! And once the connection is drained and idle, the rings' pages go back: the client's mappings
 //! of both DMBs (`/proc/self/smaps`, the `memfd:smc-dmb` mappings) shrink to a few pages.
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use integration_tests::{brief, fallbacks, Proc, SmcWorld};
 use std::time::Duration;
 

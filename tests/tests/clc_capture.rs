@@ -8,6 +8,9 @@
 //! Needs root (cgroups, eBPF, packet capture) and tshark (`cargo xtask setup`). Build first:
 //! `cargo build --release -p smc-ctl -p smc-preload -p integration-tests --bins`, then
 //! `cargo test --release -p integration-tests --test clc_capture`.
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use integration_tests::{
     bin, brief, free_port, log_tail, require_tool, run_to_end, spawn_logged, wait_until, Proc,
     SmcWorld,

@@ -9,6 +9,9 @@
 //!
 //! The table goes to `results/conformance.txt` and to the test's output.
 //! `SMC_CONFORM_ONLY=a,b` runs only the named scenarios.
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use integration_tests::{bin, run_to_end, Attached, Cgroup, SmcWorld};
 use std::process::Command;
 use std::sync::Mutex;

@@ -3,6 +3,9 @@
 //! `sd_notify` readiness, the systemd units (`systemd-analyze verify`), and containers built with
 //! `unshare` (own mount, PID, cgroup and network namespaces and root filesystem) that use the data
 //! path through read-only bind mounts of the library and the daemon socket.
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     fs,
     os::unix::{fs::PermissionsExt as _, net::UnixDatagram},

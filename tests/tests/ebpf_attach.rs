@@ -1,5 +1,8 @@
 //! The eBPF control plane on the real kernel: attach/detach per cgroup, the SMC option in the TCP
 //! handshake, same-host detection, the sk_msg shortcut and its known failure modes.
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{path::Path, process::Command, time::Duration};
 
 use integration_tests::{

@@ -4,6 +4,9 @@
 //! it at the fork. Every child makes one connection through the library and exits: none may
 //! hang (a lock held by a thread of the parent is never released in the child), and every
 //! byte of every connection is exact.
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{io::Write as _, process::Stdio, time::Duration};
 
 use integration_tests::{bin, free_port, spawn_logged, wait_listening, Proc, SmcWorld};

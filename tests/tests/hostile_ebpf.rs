@@ -2,6 +2,9 @@
 //! process in an attached cgroup must not switch the `sk_msg` shortcut on for its own socket.
 //! Only the loopback-ism daemon (root) grants it, to the exact socket that proved at a DMB
 //! attach to be the peer of a registered one, and the data path then enables it.
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{io::Write as _, process::Stdio, time::Duration};
 
 use integration_tests::{

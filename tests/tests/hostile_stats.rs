@@ -13,6 +13,9 @@
 //! No timing is asserted: "does not hang" is a generous bound on each program's run.
 //!
 //! Needs root (cgroups, eBPF, setuid). Run with `cargo xtask test --no-fuzz hostile_stats`.
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use integration_tests::{as_user, bin, nobody, run_to_end, Cgroup, Finished, Proc, SmcWorld};
 use serde_json::Value;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};

@@ -3,6 +3,9 @@
 //! interpreter or tool started under `smc-ctl run` in an ism-attached cgroup with the test's own
 //! daemon; each test checks the bytes end to end and, from the data path's statistics, that the
 //! connection it is about really was SMC-D (or really stayed TCP).
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use integration_tests::{brief, fallbacks, require_tool, NetnsPair, Proc, SmcWorld};
 use std::path::Path;
 use std::process::Command;

@@ -5,6 +5,9 @@
 //!
 //! Needs root (cgroups, eBPF). `cargo xtask test` builds smc-ctl, the library and the test
 //! programs first.
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use integration_tests::{
     bin, bin_dir, counters, daemon_command, delta, http_server_args, lock, require_root, unique,
     Attached, Cgroup, Proc,

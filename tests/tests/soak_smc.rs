@@ -5,6 +5,9 @@
 //! program over plain TCP as the differential baseline. `cargo xtask soak` is the long run.
 //!
 //! Needs root (cgroups, eBPF).
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use integration_tests::{bin, fallbacks, Proc, SmcWorld};
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};

@@ -5,6 +5,9 @@
 //!
 //! Needs root. Build first into one target directory: `cargo build --release -p smc-ctl
 //! -p smc-preload -p integration-tests --bins && cargo build --release -p smc-preload`.
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use integration_tests::{
     bin, bin_dir, daemon_command, http_server_args, lock, require_root, unique, Attached, Cgroup,
     Proc,

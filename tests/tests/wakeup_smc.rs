@@ -9,6 +9,9 @@
 //! Then the same program over plain TCP (no library) as the differential baseline.
 //!
 //! Needs root (cgroups, eBPF).
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use integration_tests::{bin, Proc, SmcWorld};
 use std::process::{Command, Stdio};
 use std::time::Duration;

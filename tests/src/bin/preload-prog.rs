@@ -19,6 +19,9 @@
 //! prints `PHASE cont` and waits again (the daemon continues). At the end:
 //! `STORM forks=<n> ok=<n> bad=<n> hung=<n> conns=<n> badconns=<n>`. A failed connection prints
 //! `STORM-BAD pid <pid>: <why>` on stderr.
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -215,6 +218,8 @@ fn serve_epoll(l: TcpListener, max: usize) -> std::io::Result<()> {
         events: libc::EPOLLIN as u32,
         u64: u64::MAX,
     };
+    // SAFETY: `ep` and `lfd` are open fds of this thread; `ev` is a live epoll_event the kernel
+    // copies.
     unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, lfd, &mut ev) };
     let mut conns: std::collections::HashMap<u64, EConn> = Default::default();
     let mut next_id = 0u64;
@@ -222,6 +227,7 @@ fn serve_epoll(l: TcpListener, max: usize) -> std::io::Result<()> {
     let mut evs = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
     let mut buf = vec![0u8; 128 * 1024];
     while done < max {
+        // SAFETY: `evs` holds 64 writable epoll_events, the count passed.
         let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 64, 20_000) };
         if n == 0 {
             return Err(std::io::Error::other("epoll_wait: no event for 20 s"));
@@ -236,6 +242,8 @@ fn serve_epoll(l: TcpListener, max: usize) -> std::io::Result<()> {
                             as u32,
                         u64: next_id,
                     };
+                    // SAFETY: `ep` and `s` are open fds we own; `ev` is a live epoll_event the
+                    // kernel copies.
                     unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, s.as_raw_fd(), &mut ev) };
                     conns.insert(
                         next_id,
@@ -482,6 +490,8 @@ fn main() {
                                 Err(e) => println!("ERR {e}"),
                             }
                             std::io::stdout().flush().unwrap();
+                            // SAFETY: in the forked child: leave without running the parent's
+                            // atexit handlers or destructors.
                             unsafe { libc::_exit(0) };
                         }
                         drop(s);
@@ -510,6 +520,7 @@ fn main() {
                 // Reap the children.
                 loop {
                     let mut st = 0;
+                    // SAFETY: `st` is a writable int for the child's status.
                     if unsafe { libc::wait(&mut st) } < 0 {
                         break;
                     }
@@ -580,6 +591,8 @@ fn main() {
             std::io::stdout().flush().unwrap();
             let (s, _) = l.accept().unwrap();
             let fd = s.into_raw_fd();
+            // SAFETY: `fd` came from `into_raw_fd` just above: we own it and nothing else closes
+            // it.
             let mut s = unsafe { TcpStream::from_raw_fd(fd) };
             let buf = vec![7u8; 65536];
             let mut total = 0u64;

@@ -35,6 +35,9 @@
 //! lost_wakeups=.. stalls=.. elapsed=..`.
 //! A "lost wakeup" is a wait (poll/epoll) that timed out after 10 s although the operation
 //! then made progress.
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, IntoRawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -224,11 +227,13 @@ fn write_once(mode: Mode, fd: i32, buf: &mut [u8], rng: &mut Rng) -> Io {
     let p = buf.as_mut_ptr();
     // SAFETY (all arms): the pointers and iovecs cover `buf` only.
     let r = match mode {
+        // SAFETY: `p` and `n` cover `buf` only.
         Mode::Rw | Mode::Poll | Mode::Epoll | Mode::Epoll1 => unsafe {
             libc::write(fd, p as *const libc::c_void, n)
         },
         Mode::Vec => {
             let iov = iovecs(p, &pieces(rng, n));
+            // SAFETY: the iovecs cover disjoint pieces of `buf`; `iov` lives across the call.
             unsafe { libc::writev(fd, iov.as_ptr(), iov.len() as i32) }
         }
         Mode::Sr => {
@@ -237,6 +242,7 @@ fn write_once(mode: Mode, fd: i32, buf: &mut [u8], rng: &mut Rng) -> Io {
             } else {
                 0
             };
+            // SAFETY: `p` and `n` cover `buf` only.
             unsafe { libc::send(fd, p as *const libc::c_void, n, fl | libc::MSG_NOSIGNAL) }
         }
         Mode::Msg => {
@@ -245,6 +251,8 @@ fn write_once(mode: Mode, fd: i32, buf: &mut [u8], rng: &mut Rng) -> Io {
             let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
             m.msg_iov = iov.as_mut_ptr();
             m.msg_iovlen = iov.len() as _;
+            // SAFETY: `m` points at `iov`, whose iovecs cover `buf` only; both live across the
+            // call.
             unsafe { libc::sendmsg(fd, &m, libc::MSG_NOSIGNAL) }
         }
     };
@@ -257,11 +265,14 @@ fn read_once(mode: Mode, fd: i32, buf: &mut [u8], rng: &mut Rng, peek: bool) -> 
     let p = buf.as_mut_ptr();
     // SAFETY (all arms): the pointers and iovecs cover `buf` only.
     let r = match mode {
+        // SAFETY: `p` and `n` cover the writable `buf` only.
         Mode::Rw | Mode::Poll | Mode::Epoll | Mode::Epoll1 => unsafe {
             libc::read(fd, p as *mut libc::c_void, n)
         },
         Mode::Vec => {
             let iov = iovecs(p, &pieces(rng, n));
+            // SAFETY: the iovecs cover disjoint pieces of the writable `buf`; `iov` lives across
+            // the call.
             unsafe { libc::readv(fd, iov.as_ptr(), iov.len() as i32) }
         }
         Mode::Sr => {
@@ -273,6 +284,7 @@ fn read_once(mode: Mode, fd: i32, buf: &mut [u8], rng: &mut Rng, peek: bool) -> 
             if peek {
                 fl |= libc::MSG_PEEK;
             }
+            // SAFETY: `p` and `n` cover the writable `buf` only.
             unsafe { libc::recv(fd, p as *mut libc::c_void, n, fl) }
         }
         Mode::Msg => {
@@ -286,6 +298,8 @@ fn read_once(mode: Mode, fd: i32, buf: &mut [u8], rng: &mut Rng, peek: bool) -> 
             } else {
                 0
             };
+            // SAFETY: `m` points at `iov`, whose iovecs cover the writable `buf` only; both live
+            // across the call.
             unsafe { libc::recvmsg(fd, &mut m, fl) }
         }
     };

@@ -14,6 +14,9 @@
 //! smc-testprog duplex ROUNDS --reader block|poll|epoll --writer poll|epoll
 //!     -> "OK rounds=<n>", or "STALL <who> round=<k> ..." (exit 1): see [`duplex`]
 //! ```
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     env,
     io::{Read as _, Write as _},
@@ -94,6 +97,7 @@ fn raw_socket(addr: &SocketAddr) -> i32 {
 }
 
 fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: `sockaddr_storage` is plain integers, for which all-zero bytes are valid.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let len = match addr {
         SocketAddr::V4(a) => {
@@ -105,6 +109,8 @@ fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
                 },
                 sin_zero: [0; 8],
             };
+            // SAFETY: `sockaddr_storage` is larger than and aligned for `sockaddr_in`; `ss` is a
+            // live local.
             unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
             std::mem::size_of::<libc::sockaddr_in>()
         }
@@ -118,6 +124,8 @@ fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
                 },
                 sin6_scope_id: 0,
             };
+            // SAFETY: `sockaddr_storage` is larger than and aligned for `sockaddr_in6`; `ss` is a
+            // live local.
             unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
             std::mem::size_of::<libc::sockaddr_in6>()
         }
@@ -129,6 +137,7 @@ fn listen(addr: &str, opt: bool) -> TcpListener {
     let addr: SocketAddr = addr.parse().unwrap_or_else(|e| die(format!("{addr}: {e}")));
     let fd = raw_socket(&addr);
     let one: i32 = 1;
+    // SAFETY: `fd` is our socket; `one` is a live int of the length passed.
     unsafe {
         libc::setsockopt(
             fd,
@@ -142,7 +151,9 @@ fn listen(addr: &str, opt: bool) -> TcpListener {
         opt_in(fd);
     }
     let (ss, len) = sockaddr(&addr);
+    // SAFETY: `ss` holds an address of `len` bytes; `fd` is our socket.
     if unsafe { libc::bind(fd, (&ss as *const libc::sockaddr_storage).cast(), len) } != 0
+        // SAFETY: `fd` is our socket.
         || unsafe { libc::listen(fd, 128) } != 0
     {
         die(format!(
@@ -151,6 +162,7 @@ fn listen(addr: &str, opt: bool) -> TcpListener {
         ));
     }
     use std::os::fd::FromRawFd as _;
+    // SAFETY: `fd` is an open socket nothing else owns; the listener takes it over.
     unsafe { TcpListener::from_raw_fd(fd) }
 }
 
@@ -161,6 +173,7 @@ fn connect(addr: &str, opt: bool) -> TcpStream {
         opt_in(fd);
     }
     let (ss, len) = sockaddr(&addr);
+    // SAFETY: `ss` holds an address of `len` bytes; `fd` is our socket.
     if unsafe { libc::connect(fd, (&ss as *const libc::sockaddr_storage).cast(), len) } != 0 {
         die(format!(
             "connect {addr}: {}",
@@ -168,6 +181,7 @@ fn connect(addr: &str, opt: bool) -> TcpStream {
         ));
     }
     use std::os::fd::FromRawFd as _;
+    // SAFETY: `fd` is an open socket nothing else owns; the stream takes it over.
     unsafe { TcpStream::from_raw_fd(fd) }
 }
 
@@ -208,8 +222,10 @@ fn drain(s: &mut TcpStream, use_splice: bool) -> (u64, String) {
     let mut sizes = Rng(0x9e37_79b9_7f4a_7c15);
     if use_splice {
         let mut p = [0i32; 2];
+        // SAFETY: `p` has room for the 2 fds pipe writes.
         assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
         loop {
+            // SAFETY: `s` and the pipe's write end are open fds; no offsets (null) are passed.
             let n = unsafe {
                 libc::splice(
                     s.as_raw_fd(),
@@ -228,6 +244,7 @@ fn drain(s: &mut TcpStream, use_splice: bool) -> (u64, String) {
             }
             let mut left = n as usize;
             while left > 0 {
+                // SAFETY: reads at most `buf.len()` bytes into the writable `buf` from our pipe.
                 let r = unsafe { libc::read(p[0], buf.as_mut_ptr().cast(), left.min(buf.len())) };
                 if r <= 0 {
                     die("pipe read");

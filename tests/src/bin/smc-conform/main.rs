@@ -13,6 +13,8 @@
 //! Waits are on conditions (readiness, a thread seen sleeping in the kernel) with generous
 //! bounds; a watchdog ends a scenario that hangs with its trace so far and `WATCHDOG`.
 #![allow(clippy::missing_safety_doc)]
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use libc::c_int;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};

@@ -276,6 +276,7 @@ fn half_close() {
     write_all(c, b"request");
     r(
         "shutdown(c,WR)",
+        // SAFETY: `c` is a socket fd this scenario owns; shutdown touches no memory.
         unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize,
     );
     rd("read(s)", s, 100);
@@ -289,11 +290,13 @@ fn half_close() {
 
 fn read_zero_len() {
     let (c, s) = pair();
+    // SAFETY: a zero-length read into a live 1-byte buffer.
     r("read(s,0)", unsafe {
         libc::read(s, [0u8; 1].as_mut_ptr().cast(), 0)
     });
     write_all(c, b"x");
     pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    // SAFETY: a zero-length read into a live 1-byte buffer.
     r("read(s,0) with data", unsafe {
         libc::read(s, [0u8; 1].as_mut_ptr().cast(), 0)
     });
@@ -305,6 +308,7 @@ fn read_zero_len() {
 fn write_zero_len() {
     let (c, s) = pair();
     r("write(c,0)", wr(c, b""));
+    // SAFETY: a zero-length send from a static (empty) buffer.
     r("send(c,0)", unsafe {
         libc::send(c, b"".as_ptr().cast(), 0, 0)
     });
@@ -377,6 +381,7 @@ fn readv_writev() {
             iov_len: b.len(),
         },
     ];
+    // SAFETY: `iov` holds 2 iovecs over live buffers, the count passed.
     r("writev(c)", unsafe { libc::writev(c, iov.as_ptr(), 2) });
     pl("poll(s,IN)", s, libc::POLLIN, 5000);
     let (mut x, mut y) = ([0u8; 2], [0u8; 10]);
@@ -390,6 +395,7 @@ fn readv_writev() {
             iov_len: 10,
         },
     ];
+    // SAFETY: `iov2` holds 2 iovecs over live, writable buffers of the lengths given.
     let n = r("readv(s)", unsafe { libc::readv(s, iov2.as_ptr(), 2) });
     log(format!(
         "parts [{}] [{}]",
@@ -418,6 +424,7 @@ fn sendmmsg_recvmmsg() {
     }
     r(
         "sendmmsg(c)",
+        // SAFETY: `msgs` holds 3 mmsghdrs whose iovecs point into `bufs`, alive for the call.
         unsafe { libc::sendmmsg(c, msgs.as_mut_ptr(), 3, 0) } as isize,
     );
     log(format!(
@@ -444,6 +451,7 @@ fn sendmmsg_recvmmsg() {
     }
     r(
         "recvmmsg(s)",
+        // SAFETY: `rm` holds 2 mmsghdrs whose iovecs point into the writable `rb`; no timeout.
         unsafe { libc::recvmmsg(s, rm.as_mut_ptr(), 2, 0, std::ptr::null_mut()) } as isize,
     );
     log(format!(
@@ -656,9 +664,11 @@ fn epoll_peer_shutdown_wr_mask() {
         all,
         1,
     );
+    // SAFETY: `c` is a socket fd this scenario owns; shutdown touches no memory.
     unsafe { libc::shutdown(c, libc::SHUT_WR) };
     pl("poll(s,IN)", s, libc::POLLIN, 5000);
     ep_wait("wait after peer SHUT_WR", ep, 8, 0, &names(CS));
+    // SAFETY: `s` is a socket fd this scenario owns; shutdown touches no memory.
     unsafe { libc::shutdown(s, libc::SHUT_WR) };
     pl("poll(c,IN)", c, libc::POLLIN, 5000);
     ep_wait("wait after both SHUT_WR", ep, 8, 0, &names(CS));
@@ -1015,6 +1025,7 @@ fn poll_shutdown_rdwr() {
     let (c, s) = pair();
     r(
         "shutdown(s,RDWR)",
+        // SAFETY: `s` is a socket fd this scenario owns; shutdown touches no memory.
         unsafe { libc::shutdown(s, libc::SHUT_RDWR) } as isize,
     );
     pl(
@@ -1196,6 +1207,7 @@ fn shut_rd_queued_data() {
     pl("poll(s,IN)", s, libc::POLLIN, 5000);
     r(
         "shutdown(s,RD)",
+        // SAFETY: `s` is a socket fd this scenario owns; shutdown touches no memory.
         unsafe { libc::shutdown(s, libc::SHUT_RD) } as isize,
     );
     pl("poll(s,IN|RDHUP)", s, libc::POLLIN | libc::POLLRDHUP, 0);
@@ -1212,17 +1224,21 @@ fn shutdown_wr_then_write() {
     let (c, s) = pair();
     r(
         "shutdown(c,WR)",
+        // SAFETY: `c` is a socket fd this scenario owns; shutdown touches no memory.
         unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize,
     );
     r("write(c)", wr(c, b"x"));
+    // SAFETY: sends 1 byte from a static buffer.
     r("send(c,NOSIGNAL)", unsafe {
         libc::send(c, b"x".as_ptr().cast(), 1, libc::MSG_NOSIGNAL)
     });
     log_sigpipes();
     r(
         "shutdown(c,WR) again",
+        // SAFETY: `c` is a socket fd this scenario owns; shutdown touches no memory.
         unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize,
     );
+    // SAFETY: an invalid `how` only earns EINVAL; no memory is touched.
     r("shutdown(c,bad)", unsafe { libc::shutdown(c, 7) } as isize);
     rd("read(s)", s, 10);
     close(c);
@@ -1234,10 +1250,12 @@ fn write_after_peer_close_nosignal() {
     let (c, s) = pair();
     close(s);
     pl("poll(c,IN|RDHUP)", c, libc::POLLIN | libc::POLLRDHUP, 5000);
+    // SAFETY: sends 1 byte from a static buffer.
     r("send(c,NOSIGNAL) 1st", unsafe {
         libc::send(c, b"x".as_ptr().cast(), 1, libc::MSG_NOSIGNAL)
     });
     pl("poll(c,IN)", c, libc::POLLIN, 5000);
+    // SAFETY: sends 1 byte from a static buffer.
     r("send(c,NOSIGNAL) 2nd", unsafe {
         libc::send(c, b"x".as_ptr().cast(), 1, libc::MSG_NOSIGNAL)
     });
@@ -1810,6 +1828,7 @@ fn bad_pointer_read() {
         // SAFETY: deliberately invalid pointer: the kernel answers EFAULT.
         let k = unsafe { libc::read(s, 8 as *mut libc::c_void, 10) };
         r("read(s, bad pointer)", k);
+        // SAFETY: deliberately invalid pointer: the kernel answers EFAULT.
         let k = unsafe { libc::recv(s, 8 as *mut libc::c_void, 10, libc::MSG_PEEK) };
         r("recv(s, bad pointer, PEEK)", k);
     });
@@ -1944,6 +1963,7 @@ fn sendfile_offset() {
 
 fn msg_oob() {
     let (c, s) = pair();
+    // SAFETY: sends 1 byte from a static buffer.
     r("send(c,OOB)", unsafe {
         libc::send(c, b"!".as_ptr().cast(), 1, libc::MSG_OOB)
     });
