@@ -974,6 +974,8 @@ impl Conn {
     }
 
     fn copy_out(&self, cons: Cursor, n: usize, cur: &mut IovCursor<'_>) {
+        // SAFETY: `own` is our mapped DMB, longer than its CDC header (`Ring::for_dmb` accepted its
+        // length), so the ring starts inside the mapping.
         let base = unsafe { self.own.as_ptr().add(smc_common::cdc::CDC_HEADER_LEN) };
         for (off, len) in self.rx.segments(cons, n as u32) {
             if len > 0 {
@@ -1028,6 +1030,8 @@ impl Conn {
                 };
                 let n = (room as usize).min(want - done);
                 if n > 0 {
+                    // SAFETY: `peer` is the peer's mapped DMB, longer than its CDC header
+                    // (`Ring::for_dmb` accepted its length), so the ring starts inside the mapping.
                     let base = unsafe { self.peer.as_ptr().add(smc_common::cdc::CDC_HEADER_LEN) };
                     for (off, len) in self.tx.segments(prod, n as u32) {
                         if len > 0 {
