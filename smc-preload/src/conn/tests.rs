@@ -382,6 +382,8 @@ fn fork_child_writes_parent_reads() {
             off += n as u64;
         }
         a.shutdown(fa, libc::SHUT_WR).unwrap();
+        // SAFETY: in the forked child: leave without running the parent's destructors or atexit
+        // handlers.
         unsafe { libc::_exit(0) };
     }
     let mut buf = vec![0u8; 50_000];
@@ -398,6 +400,7 @@ fn fork_child_writes_parent_reads() {
     }
     assert_eq!(off, total);
     let mut st = 0;
+    // SAFETY: `st` is a writable int; `pid` is our child.
     unsafe { libc::waitpid(pid, &mut st, 0) };
     assert_eq!(st, 0);
 }
@@ -414,13 +417,17 @@ fn fork_parent_and_child_share_reader_cursor() {
     if pid == 0 {
         let mut c = [0u8; 3];
         let ok = b.recv(fb, &iov_mut(&mut c), 0) == Ok(3) && &c == b"456";
+        // SAFETY: the child only uses its copy of this test's state and leaves with `_exit`.
         unsafe { libc::_exit(if ok { 0 } else { 1 }) };
     }
     let mut st = 0;
+    // SAFETY: in the forked child: leave without running the parent's destructors or atexit
+    // handlers.
     unsafe { libc::waitpid(pid, &mut st, 0) };
     assert_eq!(st, 0);
     let mut rest = [0u8; 8];
     assert_eq!(b.recv(fb, &iov_mut(&mut rest), 0), Ok(3));
+    // SAFETY: `st` is a writable int; `pid` is our child.
     assert_eq!(&rest[..3], b"789");
 }
 
