@@ -222,6 +222,8 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
     let (events, data) = if ev.is_null() {
         (0, 0)
     } else {
+        // SAFETY: `ev` is non-null (checked above) and, by epoll_ctl's contract, points to the
+        // caller's epoll_event.
         let e = unsafe { &*ev };
         (e.events, e.u64)
     };
@@ -243,6 +245,8 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
     match op {
         libc::EPOLL_CTL_ADD => {
             // The kernel is the judge (it may be a different open file on the same number).
+            // SAFETY: `kev` is a live epoll_event; `ep` and `fd` are the caller's fd numbers,
+            // judged by the kernel.
             let r = unsafe { real::epoll_ctl(ep, op, fd, &mut kev) };
             if r != 0 {
                 return Some(r);
@@ -272,6 +276,8 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
             Some(0)
         }
         libc::EPOLL_CTL_MOD => {
+            // SAFETY: `kev` is a live epoll_event; `ep` and `fd` are the caller's fd numbers,
+            // judged by the kernel.
             let r = unsafe { real::epoll_ctl(ep, op, fd, &mut kev) };
             if r != 0 {
                 return Some(r);
@@ -295,6 +301,8 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
             Some(0)
         }
         libc::EPOLL_CTL_DEL => {
+            // SAFETY: `kev` is a live epoll_event; `ep` and `fd` are the caller's fd numbers,
+            // judged by the kernel.
             let r = unsafe { real::epoll_ctl(ep, op, fd, &mut kev) };
             remove_entry(set, &mut g, fd);
             drop(g);
@@ -635,7 +643,10 @@ pub unsafe fn wait(
      -> i32 {
         let n = n.min(kbuf.len()) as i32;
         match mask {
+            // SAFETY: `kbuf` holds at least `n` writable epoll_events (`n` clamped to its length
+            // above).
             None => unsafe { real::epoll_wait(ep, kbuf.as_mut_ptr(), n, t) },
+            // SAFETY: as above; `m` is the caller's signal mask, passed on unchanged.
             Some(m) => unsafe { real::epoll_pwait(ep, kbuf.as_mut_ptr(), n, t, m) },
         }
     };
