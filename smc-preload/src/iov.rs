@@ -44,6 +44,8 @@ impl<'a> IovCursor<'a> {
             let n = (v.iov_len - self.off).min(len);
             // SAFETY: the caller's contract; the ring and the app buffer never overlap.
             unsafe { std::ptr::copy_nonoverlapping(src, (v.iov_base as *mut u8).add(self.off), n) };
+            // SAFETY: `n <= len`, so `src + n` stays within (or one past) the caller's `len`
+            // readable bytes.
             src = unsafe { src.add(n) };
             len -= n;
             self.off += n;
@@ -64,6 +66,8 @@ impl<'a> IovCursor<'a> {
             unsafe {
                 std::ptr::copy_nonoverlapping((v.iov_base as *const u8).add(self.off), dst, n)
             };
+            // SAFETY: `n <= len`, so `dst + n` stays within (or one past) the caller's `len`
+            // writable bytes.
             dst = unsafe { dst.add(n) };
             len -= n;
             self.off += n;
