@@ -116,8 +116,12 @@ fn uses_liburing() -> bool {
         // SAFETY: the loader passes a valid info; the name is a C string or null.
         let name = unsafe { (*info).dlpi_name };
         if !name.is_null() {
+            // SAFETY: `name` is non-null (checked above) and the loader's NUL-terminated object
+            // name.
             let n = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
             if n.windows(8).any(|w| w == b"liburing") {
+                // SAFETY: `data` is the `&mut found` bool passed to dl_iterate_phdr below, alive
+                // during the walk.
                 unsafe { *(data as *mut bool) = true };
                 return 1;
             }
