@@ -403,6 +403,7 @@ fn fd_arrived(fd: c_int) {
     if in_vfork_child() || !ops::enabled() {
         return;
     }
+    // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: valid out buffer.
     if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
@@ -462,18 +463,22 @@ pub unsafe fn syscall(
     a6: libc::c_long,
 ) -> libc::c_long {
     match n {
-        // SAFETY (every arm): the caller's arguments, with the meaning the system call gives them.
+        // SAFETY: an fd number only; ops::close has the contract of close(2).
         libc::SYS_close => unsafe { ops::close(a1 as c_int) as libc::c_long },
+        // SAFETY: fd numbers and flags only; ops::close_range has the contract of close_range(2).
         libc::SYS_close_range => unsafe {
             ops::close_range(a1 as libc::c_uint, a2 as libc::c_uint, a3 as c_int) as libc::c_long
         },
+        // SAFETY: an fd number only; ops::dup has the contract of dup(2).
         libc::SYS_dup => unsafe { ops::dup(a1 as c_int) as libc::c_long },
+        // SAFETY: fd numbers only; ops::dup3 has the contract of dup2(2).
         libc::SYS_dup2 => unsafe { ops::dup3(a1 as c_int, a2 as c_int, 0, false) as libc::c_long },
+        // SAFETY: fd numbers and flags only; ops::dup3 has the contract of dup3(2).
         libc::SYS_dup3 => unsafe {
             ops::dup3(a1 as c_int, a2 as c_int, a3 as c_int, true) as libc::c_long
         },
         libc::SYS_io_uring_setup => {
-            // SAFETY: as above.
+            // SAFETY: the caller's arguments, with the meaning the system call gives them.
             let r = unsafe { real::syscall(n, a1, a2, a3, a4, a5, a6) };
             if r >= 0 {
                 fd_created(r as c_int);
@@ -481,7 +486,7 @@ pub unsafe fn syscall(
             }
             r
         }
-        // SAFETY: as above.
+        // SAFETY: the caller's arguments, with the meaning the system call gives them.
         _ => unsafe { real::syscall(n, a1, a2, a3, a4, a5, a6) },
     }
 }
