@@ -17,12 +17,14 @@ fn resolve(name: &'static [u8]) -> usize {
         // where RTLD_NEXT finds nothing. Known limitation: when this library was preloaded,
         // RTLD_DEFAULT finds our own export first, and calling it recurses until the stack
         // overflows (a symbol libc lacks); only a symbol found nowhere aborts with a message.
+        // SAFETY: `name` is NUL-terminated; dlsym is thread-safe.
         let p2 = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr() as *const libc::c_char) };
         if p2.is_null() {
             let msg = b"smc-preload: cannot resolve a libc symbol\n";
             // SAFETY: a valid buffer. (This reaches our own `syscall`, which passes SYS_write
             // on to libc's, always resolvable.)
             unsafe { libc::syscall(libc::SYS_write, 2, msg.as_ptr(), msg.len()) };
+            // SAFETY: abort has no preconditions; nothing can be done without the libc symbol.
             unsafe { libc::abort() };
         }
         return p2 as usize;
@@ -44,6 +46,8 @@ macro_rules! real_fns {
                 }
                 // SAFETY: the symbol has this C signature in glibc.
                 let f: unsafe extern "C" fn($($t),*) -> $ret = unsafe { std::mem::transmute(p) };
+                // SAFETY: the caller passes the arguments with the meaning the libc function
+                // gives them.
                 unsafe { f($($arg),*) }
             }
         )*
@@ -123,7 +127,10 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
         p = resolve(b"fcntl\0");
         PTR.store(p, Ordering::Relaxed);
     }
+    // SAFETY: `p` is the non-null address of libc's `fcntl` (resolve aborts otherwise), which has
+    // this variadic C signature.
     let f: unsafe extern "C" fn(c_int, c_int, ...) -> c_int = unsafe { std::mem::transmute(p) };
+    // SAFETY: the caller passes the arguments with the meaning fcntl(2) gives them.
     unsafe { f(fd, cmd, arg) }
 }
 
@@ -135,7 +142,10 @@ pub unsafe fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
         p = resolve(b"ioctl\0");
         PTR.store(p, Ordering::Relaxed);
     }
+    // SAFETY: `p` is the non-null address of libc's `ioctl` (resolve aborts otherwise), which has
+    // this variadic C signature.
     let f: unsafe extern "C" fn(c_int, c_ulong, ...) -> c_int = unsafe { std::mem::transmute(p) };
+    // SAFETY: the caller passes the arguments with the meaning ioctl(2) gives them.
     unsafe { f(fd, req, arg) }
 }
 
