@@ -115,8 +115,8 @@ impl ShmLock {
             if waited_ms >= 500 {
                 // A holder that died leaves the lock held forever: take it over.
                 let owner = self.owner.load(Ordering::Relaxed);
-                // SAFETY: kill with signal 0 only checks existence.
                 if owner != 0
+                    // SAFETY: kill with signal 0 only checks that the process exists.
                     && unsafe { libc::kill(owner as libc::pid_t, 0) } != 0
                     && crate::real::errno() == libc::ESRCH
                 {
