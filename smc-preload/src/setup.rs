@@ -482,6 +482,8 @@ pub fn so_error(fd: i32) -> i32 {
 
 /// Whether the socket is connected, without consuming SO_ERROR (0 = connected).
 pub fn so_error_peek(fd: i32) -> i32 {
+    // SAFETY: `libc::sockaddr_storage` is plain integers, for which all-zero bytes are a valid
+    // value.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     let e0 = real::errno();
