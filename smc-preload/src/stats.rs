@@ -149,10 +149,13 @@ pub fn get() -> &'static Stats {
     }
     let mut g = AREA.lock();
     if g.as_ref().is_none_or(|a| a.pid != pid) {
-        let p = open_area(pid);
-        *g = Some(Area { ptr: p, pid });
+        // Another process's area (before fork): never freed, only forgotten.
+        *g = None;
     }
-    let a = g.as_ref().expect("area");
+    let a = g.get_or_insert_with(|| Area {
+        ptr: open_area(pid),
+        pid,
+    });
     let p = a.ptr as u64;
     if p < (1 << 44) {
         FAST.store(((pid as u64 & 0xFFFFF) << 44) | p, Ordering::Release);
