@@ -257,8 +257,7 @@ impl Driver {
                 None
             }
             Action::ReleaseDmb(l) => {
-                if self.own.as_ref().is_some_and(|o| o.token == l.token) {
-                    let o = self.own.take().expect("own");
+                if let Some(o) = self.own.take_if(|o| o.token == l.token) {
                     setup::release_dmbs(Some(o.token), None);
                 }
                 None
@@ -475,7 +474,9 @@ impl Driver {
         if n < HEADER_LEN {
             return Rd::Nothing;
         }
-        let hdr: &[u8; HEADER_LEN] = self.buf[..HEADER_LEN].try_into().expect("header");
+        let Some(hdr) = self.buf.first_chunk::<HEADER_LEN>() else {
+            return Rd::Nothing;
+        };
         let len = match clc::message_len(hdr) {
             Ok(l) if l <= MAX_MSG => l,
             _ => return Rd::NotClc(n),
@@ -600,7 +601,7 @@ pub fn skip_one(fd: i32, any: bool) -> Option<Option<MsgType>> {
     if n < HEADER_LEN {
         return None;
     }
-    let hdr: &[u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("header");
+    let hdr = buf.first_chunk::<HEADER_LEN>()?;
     let len = match clc::message_len(hdr) {
         Ok(l) if l <= MAX_MSG => l,
         _ => return Some(None),
@@ -638,7 +639,9 @@ pub fn wait_head(fd: i32) -> Result<(), i32> {
             return Ok(()); // the stream ends inside it
         }
     }
-    let hdr: &[u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().expect("header");
+    let Some(hdr) = buf.first_chunk::<HEADER_LEN>() else {
+        return Ok(());
+    };
     match clc::message_len(hdr) {
         Ok(len) if len <= MAX_MSG && n < len => {
             recv(fd, &mut buf[..len], libc::MSG_PEEK | libc::MSG_WAITALL)?;
