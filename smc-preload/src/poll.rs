@@ -181,6 +181,8 @@ unsafe fn poll_once(
 ) -> Option<i32> {
     let kinds: Vec<Kind> = fds.iter().map(|p| classify(p.fd)).collect();
     if kinds.iter().all(|k| matches!(k, Kind::Plain)) {
+        // SAFETY: `fds` is the caller's pollfd array (a live slice); `sigmask` is the caller's mask
+        // or None.
         return Some(unsafe { real_poll(fds, timeout, sigmask) });
     }
     let deadline = deadline_ms(timeout);
@@ -223,6 +225,8 @@ unsafe fn poll_once(
         let n = user_ready(fds, false);
         if n > 0 || timeout == 0 {
             // Collect the plain fds without blocking.
+            // SAFETY: `fds` and `tmp` are live slices of equal length, `kinds` classifies `fds`; no
+            // mask.
             return Some(n + unsafe { merge_plain(fds, &mut tmp, &kinds, 0, None) });
         }
         if !spun {
@@ -240,6 +244,8 @@ unsafe fn poll_once(
                     i += 1;
                     if i & 63 == 0 {
                         // Plain fds may be ready too.
+                        // SAFETY: `fds` and `tmp` are live slices of equal length, `kinds`
+                        // classifies `fds`; no mask.
                         let m = unsafe { merge_plain(fds, &mut tmp, &kinds, 0, None) };
                         if m > 0 {
                             hit = true;
@@ -274,6 +280,8 @@ unsafe fn poll_once(
         let n = user_ready(fds, true);
         if n > 0 {
             leave_all();
+            // SAFETY: `fds` and `tmp` are live slices of equal length, `kinds` classifies `fds`; no
+            // mask.
             return Some(n + unsafe { merge_plain(fds, &mut tmp, &kinds, 0, None) });
         }
         let rem = remaining_ms(deadline);
@@ -292,6 +300,7 @@ unsafe fn poll_once(
         for t in tmp.iter_mut() {
             t.revents = 0;
         }
+        // SAFETY: `tmp` is a live pollfd slice; `sigmask` is the caller's mask or None.
         let r = unsafe { real_poll(&mut tmp, t, sigmask) };
         // Leave; the last sleeper of a socket drains its doorbells. Doorbells left to other
         // sleepers must be gone before we sleep on that socket again.
@@ -342,11 +351,15 @@ unsafe fn poll_once(
         }
         let ready = settle(&mut pending, || {
             user_ready(fds, false) > 0
+                // SAFETY: `fds` and `tmp` are live slices of equal length, `kinds` classifies
+                // `fds`; no mask.
                 || unsafe { merge_plain(fds, &mut tmp, &kinds, 0, None) } > 0
                 || (deadline.is_some() && remaining_ms(deadline) == 0)
         });
         if ready {
             let n = user_ready(fds, false);
+            // SAFETY: `fds` and `tmp` are live slices of equal length, `kinds` classifies `fds`; no
+            // mask.
             return Some(n + unsafe { merge_plain(fds, &mut tmp, &kinds, 0, None) });
         }
     }
@@ -414,6 +427,7 @@ unsafe fn merge_plain(
         }
     }
     if any {
+        // SAFETY: `tmp` is a live pollfd slice; `sigmask` is the caller's mask or None.
         let r = unsafe { real_poll(tmp, timeout, sigmask) };
         if r > 0 {
             for ((t, k), p) in tmp.iter().zip(kinds).zip(fds.iter_mut()) {
@@ -448,6 +462,7 @@ unsafe fn real_poll(
     sigmask: Option<*const libc::sigset_t>,
 ) -> i32 {
     match sigmask {
+        // SAFETY: `fds` is a live slice: the kernel reads and writes exactly `fds.len()` pollfds.
         None => unsafe { real::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) },
         Some(m) => {
             let ts;
@@ -460,6 +475,8 @@ unsafe fn real_poll(
                 };
                 &ts as *const libc::timespec
             };
+            // SAFETY: `fds` is a live slice of `fds.len()` pollfds; `tp` is null or points to `ts`,
+            // alive for the call; `m` is the caller's signal mask.
             unsafe { real::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, tp, m) }
         }
     }
@@ -478,6 +495,8 @@ pub unsafe fn select_emul(
     sigmask: Option<*const libc::sigset_t>,
 ) -> i32 {
     let mut pfds: Vec<libc::pollfd> = Vec::new();
+    // SAFETY: `s` is non-null (checked first) and the caller's fd_set; `fd < FD_SETSIZE` (the loop
+    // bound).
     let isset = |s: *mut libc::fd_set, fd: i32| !s.is_null() && unsafe { libc::FD_ISSET(fd, s) };
     for fd in 0..nfds.min(libc::FD_SETSIZE as i32) {
         let mut ev = 0i16;
@@ -498,12 +517,14 @@ pub unsafe fn select_emul(
             });
         }
     }
+    // SAFETY: `pfds` is a live Vec of pollfds; `sigmask` is the caller's mask or None.
     let n = unsafe { poll_emul(&mut pfds, timeout_ms, sigmask) };
     if n < 0 {
         return n;
     }
     for s in [r, w, e] {
         if !s.is_null() {
+            // SAFETY: `s` is non-null (checked above) and the caller's writable fd_set.
             unsafe { libc::FD_ZERO(s) };
         }
     }
@@ -517,14 +538,20 @@ pub unsafe fn select_emul(
         let wr = p.revents & (libc::POLLOUT | libc::POLLERR) != 0;
         let ex = p.revents & libc::POLLPRI != 0;
         if rd && p.events & libc::POLLIN != 0 {
+            // SAFETY: `p` was added for POLLIN only when `r` is non-null; `p.fd < FD_SETSIZE` (the
+            // loop that built `pfds`).
             unsafe { libc::FD_SET(p.fd, r) };
             count += 1;
         }
         if wr && p.events & libc::POLLOUT != 0 {
+            // SAFETY: `p` was added for POLLOUT only when `w` is non-null; `p.fd < FD_SETSIZE` (the
+            // loop that built `pfds`).
             unsafe { libc::FD_SET(p.fd, w) };
             count += 1;
         }
         if ex && p.events & libc::POLLPRI != 0 {
+            // SAFETY: `p` was added for POLLPRI only when `e` is non-null; `p.fd < FD_SETSIZE` (the
+            // loop that built `pfds`).
             unsafe { libc::FD_SET(p.fd, e) };
             count += 1;
         }
@@ -548,6 +575,8 @@ pub unsafe fn select_has_smc(
     for fd in 0..nfds.min(libc::FD_SETSIZE as i32) {
         if fdtable::raw(fd) >= 8 {
             for s in [r, w, e] {
+                // SAFETY: `s` is non-null (checked first) and the caller's fd_set; `fd <
+                // FD_SETSIZE` (the loop bound).
                 if !s.is_null() && unsafe { libc::FD_ISSET(fd, s) } {
                     return true;
                 }
