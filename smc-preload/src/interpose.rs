@@ -6,21 +6,29 @@ use libc::{c_int, c_uint, c_ulong, c_void, iovec, size_t, sockaddr, socklen_t, s
 
 #[no_mangle]
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::socket` has the contract of
+    // libc's `socket`.
     unsafe { ops::socket(domain, ty, proto) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::connect` has the contract of
+    // libc's `connect`.
     unsafe { ops::connect(fd, addr, len) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::listen` has the contract of
+    // libc's `listen`.
     unsafe { ops::listen(fd, backlog) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::accept4` has the contract of
+    // libc's `accept`.
     unsafe { ops::accept4(fd, addr, len, 0, false) }
 }
 
@@ -31,21 +39,29 @@ pub unsafe extern "C" fn accept4(
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::accept4` has the contract of
+    // libc's `accept4`.
     unsafe { ops::accept4(fd, addr, len, flags, true) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::close` has the contract of
+    // libc's `close`.
     unsafe { ops::close(fd) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::close_range` has the contract
+    // of libc's `close_range`.
     unsafe { ops::close_range(first, last, flags) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::shutdown` has the contract of
+    // libc's `shutdown`.
     unsafe { ops::shutdown(fd, how) }
 }
 
@@ -66,6 +82,8 @@ fn chk(n: size_t, buflen: size_t) {
 
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::read` has the contract of
+    // libc's `read`.
     unsafe { ops::read(fd, buf, n) }
 }
 
@@ -77,26 +95,36 @@ pub unsafe extern "C" fn __read_chk(
     buflen: size_t,
 ) -> ssize_t {
     chk(n, buflen);
+    // SAFETY: the application's arguments, passed on unchanged after the `_chk` length check:
+    // `ops::read` has the contract of libc's `read`.
     unsafe { ops::read(fd, buf, n) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::write` has the contract of
+    // libc's `write`.
     unsafe { ops::write(fd, buf, n) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::readv` has the contract of
+    // libc's `readv`.
     unsafe { ops::readv(fd, iov, cnt) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::writev` has the contract of
+    // libc's `writev`.
     unsafe { ops::writev(fd, iov, cnt) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::recv` has the contract of
+    // libc's `recv`.
     unsafe { ops::recv(fd, buf, n, flags) }
 }
 
@@ -109,11 +137,15 @@ pub unsafe extern "C" fn __recv_chk(
     flags: c_int,
 ) -> ssize_t {
     chk(n, buflen);
+    // SAFETY: the application's arguments, passed on unchanged after the `_chk` length check:
+    // `ops::recv` has the contract of libc's `recv`.
     unsafe { ops::recv(fd, buf, n, flags) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::send` has the contract of
+    // libc's `send`.
     unsafe { ops::send(fd, buf, n, flags) }
 }
 
@@ -126,6 +158,8 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::recvfrom` has the contract of
+    // libc's `recvfrom`.
     unsafe { ops::recvfrom(fd, buf, n, flags, addr, alen) }
 }
 
@@ -140,6 +174,8 @@ pub unsafe extern "C" fn __recvfrom_chk(
     alen: *mut socklen_t,
 ) -> ssize_t {
     chk(n, buflen);
+    // SAFETY: the application's arguments, passed on unchanged after the `_chk` length check:
+    // `ops::recvfrom` has the contract of libc's `recvfrom`.
     unsafe { ops::recvfrom(fd, buf, n, flags, addr, alen) }
 }
 
@@ -152,16 +188,22 @@ pub unsafe extern "C" fn sendto(
     addr: *const sockaddr,
     alen: socklen_t,
 ) -> ssize_t {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::sendto` has the contract of
+    // libc's `sendto`.
     unsafe { ops::sendto(fd, buf, n, flags, addr, alen) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::recvmsg` has the contract of
+    // libc's `recvmsg`.
     unsafe { ops::recvmsg(fd, msg, flags) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::sendmsg` has the contract of
+    // libc's `sendmsg`.
     unsafe { ops::sendmsg(fd, msg, flags) }
 }
 
@@ -173,6 +215,8 @@ pub unsafe extern "C" fn recvmmsg(
     flags: c_int,
     t: *mut libc::timespec,
 ) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::recvmmsg` has the contract of
+    // libc's `recvmmsg`.
     unsafe { ops::recvmmsg(fd, msgs, n, flags, t) }
 }
 
@@ -183,11 +227,15 @@ pub unsafe extern "C" fn sendmmsg(
     n: c_uint,
     flags: c_int,
 ) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::sendmmsg` has the contract of
+    // libc's `sendmmsg`.
     unsafe { ops::sendmmsg(fd, msgs, n, flags) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::poll` has the contract of
+    // libc's `poll`.
     unsafe { ops::poll(fds, n, timeout) }
 }
 
@@ -198,6 +246,8 @@ pub unsafe extern "C" fn __poll_chk(
     timeout: c_int,
     _fdslen: size_t,
 ) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged after the `_chk` length check:
+    // `ops::poll` has the contract of libc's `poll`.
     unsafe { ops::poll(fds, n, timeout) }
 }
 
@@ -208,6 +258,8 @@ pub unsafe extern "C" fn ppoll(
     t: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::ppoll` has the contract of
+    // libc's `ppoll`.
     unsafe { ops::ppoll(fds, n, t, mask) }
 }
 
@@ -219,6 +271,8 @@ pub unsafe extern "C" fn __ppoll_chk(
     mask: *const libc::sigset_t,
     _fdslen: size_t,
 ) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged after the `_chk` length check:
+    // `ops::ppoll` has the contract of libc's `ppoll`.
     unsafe { ops::ppoll(fds, n, t, mask) }
 }
 
@@ -230,6 +284,8 @@ pub unsafe extern "C" fn select(
     e: *mut libc::fd_set,
     t: *mut libc::timeval,
 ) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::select` has the contract of
+    // libc's `select`.
     unsafe { ops::select(n, r, w, e, t) }
 }
 
@@ -242,6 +298,8 @@ pub unsafe extern "C" fn pselect(
     t: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::pselect` has the contract of
+    // libc's `pselect`.
     unsafe { ops::pselect(n, r, w, e, t, mask) }
 }
 
@@ -252,6 +310,8 @@ pub unsafe extern "C" fn epoll_ctl(
     fd: c_int,
     ev: *mut libc::epoll_event,
 ) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::epoll_ctl` has the contract
+    // of libc's `epoll_ctl`.
     unsafe { ops::epoll_ctl(ep, op, fd, ev) }
 }
 
@@ -262,6 +322,8 @@ pub unsafe extern "C" fn epoll_wait(
     max: c_int,
     timeout: c_int,
 ) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::epoll_wait` has the contract
+    // of libc's `epoll_wait`.
     unsafe { ops::epoll_wait(ep, ev, max, timeout, None) }
 }
 
@@ -274,6 +336,8 @@ pub unsafe extern "C" fn epoll_pwait(
     mask: *const libc::sigset_t,
 ) -> c_int {
     let m = if mask.is_null() { None } else { Some(mask) };
+    // SAFETY: the application's arguments, passed on unchanged: `ops::epoll_wait` has the contract
+    // of libc's `epoll_pwait`.
     unsafe { ops::epoll_wait(ep, ev, max, timeout, m) }
 }
 
@@ -286,50 +350,70 @@ pub unsafe extern "C" fn epoll_pwait2(
     mask: *const libc::sigset_t,
 ) -> c_int {
     if crate::epoll::wants(ep).is_none() {
+        // SAFETY: the application's arguments, passed on unchanged to libc's function of the same
+        // name and signature.
         return unsafe { crate::real::epoll_pwait2(ep, ev, max, t, mask) };
     }
     let ms = if t.is_null() {
         -1
     } else {
+        // SAFETY: `t` is non-null (checked above) and, by epoll_pwait2's contract, points to the
+        // application's timespec.
         let t = unsafe { &*t };
         (t.tv_sec * 1000 + (t.tv_nsec + 999_999) / 1_000_000).clamp(0, i32::MAX as i64) as c_int
     };
     let m = if mask.is_null() { None } else { Some(mask) };
+    // SAFETY: the application's arguments, the timeout in ms: `ops::epoll_wait` has the contract of
+    // libc's `epoll_pwait`.
     unsafe { ops::epoll_wait(ep, ev, max, ms, m) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::ioctl` has the contract of
+    // libc's `ioctl`.
     unsafe { ops::ioctl(fd, req, arg) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::fcntl` has the contract of
+    // libc's `fcntl`.
     unsafe { ops::fcntl(fd, cmd, arg) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::fcntl` has the contract of
+    // libc's `fcntl64`.
     unsafe { ops::fcntl(fd, cmd, arg) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::dup` has the contract of
+    // libc's `dup`.
     unsafe { ops::dup(fd) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn dup2(fd: c_int, fd2: c_int) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::dup3` has the contract of
+    // libc's `dup2`.
     unsafe { ops::dup3(fd, fd2, 0, false) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn dup3(fd: c_int, fd2: c_int, flags: c_int) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::dup3` has the contract of
+    // libc's `dup3`.
     unsafe { ops::dup3(fd, fd2, flags, true) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> libc::pid_t {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::fork` has the contract of
+    // libc's `fork`.
     unsafe { ops::fork() }
 }
 
@@ -340,6 +424,8 @@ pub unsafe extern "C" fn sendfile(
     off: *mut libc::off_t,
     n: size_t,
 ) -> ssize_t {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::sendfile` has the contract of
+    // libc's `sendfile`.
     unsafe { ops::sendfile(out, inp, off, n) }
 }
 
@@ -350,6 +436,8 @@ pub unsafe extern "C" fn sendfile64(
     off: *mut libc::off_t,
     n: size_t,
 ) -> ssize_t {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::sendfile` has the contract of
+    // libc's `sendfile64`.
     unsafe { ops::sendfile(out, inp, off, n) }
 }
 
@@ -362,6 +450,8 @@ pub unsafe extern "C" fn splice(
     n: size_t,
     flags: c_uint,
 ) -> ssize_t {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::splice` has the contract of
+    // libc's `splice`.
     unsafe { ops::splice(fin, offin, fout, offout, n, flags) }
 }
 
@@ -373,6 +463,8 @@ pub unsafe extern "C" fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::setsockopt` has the contract
+    // of libc's `setsockopt`.
     unsafe { ops::setsockopt(fd, level, name, val, len) }
 }
 
@@ -382,11 +474,15 @@ pub unsafe extern "C" fn sigaction(
     act: *const libc::sigaction,
     old: *mut libc::sigaction,
 ) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::sigaction` has the contract
+    // of libc's `sigaction`.
     unsafe { ops::sigaction(sig, act, old) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn signal(sig: c_int, h: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::signal` has the contract of
+    // libc's `signal`.
     unsafe { ops::signal(sig, h) }
 }
 
@@ -402,16 +498,22 @@ pub unsafe extern "C" fn execve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `lifecycle::execve` has the
+    // contract of libc's `execve`.
     unsafe { lifecycle::execve(path, argv, envp) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `lifecycle::execv` has the contract
+    // of libc's `execv`.
     unsafe { lifecycle::execv(path, argv) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `lifecycle::execvp` has the
+    // contract of libc's `execvp`.
     unsafe { lifecycle::execvp(file, argv) }
 }
 
@@ -421,6 +523,8 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `lifecycle::execvpe` has the
+    // contract of libc's `execvpe`.
     unsafe { lifecycle::execvpe(file, argv, envp) }
 }
 
@@ -430,6 +534,8 @@ pub unsafe extern "C" fn fexecve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `lifecycle::fexecve` has the
+    // contract of libc's `fexecve`.
     unsafe { lifecycle::fexecve(fd, argv, envp) }
 }
 
@@ -441,6 +547,8 @@ pub unsafe extern "C" fn execveat(
     envp: *const *const c_char,
     flags: c_int,
 ) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `lifecycle::execveat` has the
+    // contract of libc's `execveat`.
     unsafe { lifecycle::execveat(dirfd, path, argv, envp, flags) }
 }
 
@@ -453,6 +561,8 @@ pub unsafe extern "C" fn posix_spawn(
     argv: *const *mut c_char,
     envp: *const *mut c_char,
 ) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `lifecycle::posix_spawn` has the
+    // contract of libc's `posix_spawn`.
     unsafe { lifecycle::posix_spawn(pid, path, fa, at, argv, envp, false) }
 }
 
@@ -465,6 +575,8 @@ pub unsafe extern "C" fn posix_spawnp(
     argv: *const *mut c_char,
     envp: *const *mut c_char,
 ) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `lifecycle::posix_spawn` has the
+    // contract of libc's `posix_spawnp`.
     unsafe { lifecycle::posix_spawn(pid, file, fa, at, argv, envp, true) }
 }
 
@@ -482,11 +594,15 @@ pub unsafe extern "C" fn syscall(
     a5: libc::c_long,
     a6: libc::c_long,
 ) -> libc::c_long {
+    // SAFETY: the application's arguments, passed on unchanged: `lifecycle::syscall` has the
+    // contract of libc's `syscall`.
     unsafe { lifecycle::syscall(n, a1, a2, a3, a4, a5, a6) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fclose(f: *mut libc::FILE) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `lifecycle::fclose` has the
+    // contract of libc's `fclose`.
     unsafe { lifecycle::fclose(f) }
 }
 
@@ -496,6 +612,8 @@ macro_rules! creates_fd {
         $(
             #[no_mangle]
             pub unsafe extern "C" fn $name($($arg: $t),*) -> c_int {
+                // SAFETY: the application's arguments, passed on unchanged to libc's function of
+                // the same name and signature.
                 let r = unsafe { crate::real::$name($($arg),*) };
                 if r >= 0 {
                     let e = crate::real::errno();
@@ -514,6 +632,8 @@ macro_rules! creates_fd_pair {
         $(
             #[no_mangle]
             pub unsafe extern "C" fn $name($($arg: $t),*) -> c_int {
+                // SAFETY: the application's arguments, passed on unchanged to libc's function of
+                // the same name and signature.
                 let r = unsafe { crate::real::$name($($arg),*) };
                 if r == 0 && !$fds.is_null() {
                     let e = crate::real::errno();
