@@ -212,10 +212,13 @@ pub unsafe fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
             iov_base: buf,
             iov_len: n,
         }];
+        // SAFETY: `v` describes the caller's buffer of `n` writable bytes (read(2)'s contract).
         if let Some(r) = unsafe { recv_iov(fd, &v, 0) } {
             return r;
         }
     }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `read`.
     unsafe { real::read(fd, buf, n) }
 }
 
@@ -225,10 +228,13 @@ pub unsafe fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
             iov_base: buf as *mut c_void,
             iov_len: n,
         }];
+        // SAFETY: `v` describes the caller's buffer of `n` readable bytes (write(2)'s contract).
         if let Some(r) = unsafe { send_iov(fd, &v, 0) } {
             return r;
         }
     }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `write`.
     unsafe { real::write(fd, buf, n) }
 }
 
@@ -242,32 +248,42 @@ unsafe fn iov_slice<'a>(iov: *const iovec, cnt: c_int) -> Result<&'a [iovec], c_
     if iov.is_null() {
         return Err(libc::EFAULT);
     }
+    // SAFETY: `iov` is non-null and, by the caller's contract, points to `cnt` iovecs (`0 < cnt <=
+    // UIO_MAXIOV`, checked above).
     Ok(unsafe { std::slice::from_raw_parts(iov, cnt as usize) })
 }
 
 pub unsafe fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     if slow(fd) {
+        // SAFETY: `iov`/`cnt` are the caller's iovec array (readv(2)'s contract).
         let v = match unsafe { iov_slice(iov, cnt) } {
             Ok(v) => v,
             Err(e) => return fail(e),
         };
+        // SAFETY: `v` is the caller's iovecs over writable buffers (readv(2)'s contract).
         if let Some(r) = unsafe { recv_iov(fd, v, 0) } {
             return r;
         }
     }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `readv`.
     unsafe { real::readv(fd, iov, cnt) }
 }
 
 pub unsafe fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     if slow(fd) {
+        // SAFETY: `iov`/`cnt` are the caller's iovec array (writev(2)'s contract).
         let v = match unsafe { iov_slice(iov, cnt) } {
             Ok(v) => v,
             Err(e) => return fail(e),
         };
+        // SAFETY: `v` is the caller's iovecs over readable buffers (writev(2)'s contract).
         if let Some(r) = unsafe { send_iov(fd, v, 0) } {
             return r;
         }
     }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `writev`.
     unsafe { real::writev(fd, iov, cnt) }
 }
 
@@ -277,10 +293,13 @@ pub unsafe fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssiz
             iov_base: buf,
             iov_len: n,
         }];
+        // SAFETY: `v` describes the caller's buffer of `n` writable bytes (recv(2)'s contract).
         if let Some(r) = unsafe { recv_iov(fd, &v, flags) } {
             return r;
         }
     }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `recv`.
     unsafe { real::recv(fd, buf, n, flags) }
 }
 
@@ -290,10 +309,13 @@ pub unsafe fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ss
             iov_base: buf as *mut c_void,
             iov_len: n,
         }];
+        // SAFETY: `v` describes the caller's buffer of `n` readable bytes (send(2)'s contract).
         if let Some(r) = unsafe { send_iov(fd, &v, flags) } {
             return r;
         }
     }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `send`.
     unsafe { real::send(fd, buf, n, flags) }
 }
 
@@ -310,14 +332,19 @@ pub unsafe fn recvfrom(
             iov_base: buf,
             iov_len: n,
         }];
+        // SAFETY: `v` describes the caller's buffer of `n` writable bytes (recvfrom(2)'s contract).
         if let Some(r) = unsafe { recv_iov(fd, &v, flags) } {
             // TCP leaves the address untouched but reports length 0.
             if !alen.is_null() && r >= 0 {
+                // SAFETY: `alen` is non-null (checked) and the caller's writable socklen_t
+                // (recvfrom(2)'s contract).
                 unsafe { *alen = 0 };
             }
             return r;
         }
     }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `recvfrom`.
     unsafe { real::recvfrom(fd, buf, n, flags, addr, alen) }
 }
 
@@ -334,20 +361,27 @@ pub unsafe fn sendto(
             iov_base: buf as *mut c_void,
             iov_len: n,
         }];
+        // SAFETY: `v` describes the caller's buffer of `n` readable bytes (sendto(2)'s contract).
         if let Some(r) = unsafe { send_iov(fd, &v, flags) } {
             return r;
         }
     }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `sendto`.
     unsafe { real::sendto(fd, buf, n, flags, addr, alen) }
 }
 
 pub unsafe fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_t {
     if slow(fd) && flags & libc::MSG_ERRQUEUE == 0 && !msg.is_null() {
+        // SAFETY: `msg` is non-null (checked above) and the caller's writable msghdr (recvmsg(2)'s
+        // contract).
         let m = unsafe { &mut *msg };
+        // SAFETY: the msghdr's iovec array, as the caller gave it (recvmsg(2)'s contract).
         let v = match unsafe { iov_slice(m.msg_iov, m.msg_iovlen as c_int) } {
             Ok(v) => v,
             Err(e) => return fail(e),
         };
+        // SAFETY: `v` is the caller's iovecs over writable buffers (recvmsg(2)'s contract).
         if let Some(r) = unsafe { recv_iov(fd, v, flags) } {
             if r >= 0 {
                 m.msg_namelen = 0;
@@ -357,6 +391,8 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_
             return r;
         }
     }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `recvmsg`.
     let r = unsafe { real::recvmsg(fd, msg, flags) };
     if r >= 0 && !msg.is_null() {
         // SAFETY: the kernel filled the application's msghdr.
@@ -367,20 +403,28 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_
 
 pub unsafe fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t {
     if slow(fd) && !msg.is_null() {
+        // SAFETY: `msg` is non-null (checked above) and the caller's msghdr (sendmsg(2)'s
+        // contract).
         let m = unsafe { &*msg };
+        // SAFETY: the msghdr's iovec array, as the caller gave it (sendmsg(2)'s contract).
         let v = match unsafe { iov_slice(m.msg_iov, m.msg_iovlen as c_int) } {
             Ok(v) => v,
             Err(e) => return fail(e),
         };
+        // SAFETY: `v` is the caller's iovecs over readable buffers (sendmsg(2)'s contract).
         if let Some(r) = unsafe { send_iov(fd, v, flags) } {
             return r;
         }
     }
     if msg.is_null() || !fdtable::any_objects() {
+        // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
+        // libc's `sendmsg`.
         return unsafe { real::sendmsg(fd, msg, flags) };
     }
     // SAFETY: the application's msghdr (checked non-null).
     let passing = unsafe { lifecycle::fds_sending(&*msg) };
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `sendmsg`.
     let r = unsafe { real::sendmsg(fd, msg, flags) };
     if r < 0 {
         let e = real::errno();
@@ -405,7 +449,10 @@ pub unsafe fn recvmmsg(
             } else {
                 flags
             };
+            // SAFETY: `msgs` is non-null (checked above) and, by recvmmsg(2)'s contract, holds `n >
+            // i` writable mmsghdrs.
             let mh = unsafe { &mut *msgs.add(i as usize) };
+            // SAFETY: `mh.msg_hdr` is one of the caller's msghdrs, with recvmsg(2)'s contract.
             let r = unsafe { recvmsg(fd, &mut mh.msg_hdr, f) };
             if r < 0 {
                 if done > 0 {
@@ -421,6 +468,8 @@ pub unsafe fn recvmmsg(
         }
         return done as c_int;
     }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `recvmmsg`.
     unsafe { real::recvmmsg(fd, msgs, n, flags, t) }
 }
 
@@ -433,7 +482,10 @@ pub unsafe fn sendmmsg(
     if slow(fd) && conn_of(fd).is_some() && !msgs.is_null() {
         let mut done = 0u32;
         for i in 0..n {
+            // SAFETY: `msgs` is non-null (checked above) and, by sendmmsg(2)'s contract, holds `n >
+            // i` mmsghdrs (their `msg_len` written back).
             let mh = unsafe { &mut *msgs.add(i as usize) };
+            // SAFETY: `mh.msg_hdr` is one of the caller's msghdrs, with sendmsg(2)'s contract.
             let r = unsafe { sendmsg(fd, &mh.msg_hdr, flags) };
             if r < 0 {
                 if done > 0 {
@@ -446,6 +498,8 @@ pub unsafe fn sendmmsg(
         }
         return done as c_int;
     }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `sendmmsg`.
     unsafe { real::sendmmsg(fd, msgs, n, flags) }
 }
 
@@ -453,6 +507,7 @@ pub unsafe fn sendmmsg(
 // connection setup
 
 pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
+    // SAFETY: integer arguments only.
     let fd = unsafe { real::socket(domain, ty, proto) };
     if fd >= 0 {
         let tcp = (domain == libc::AF_INET || domain == libc::AF_INET6)
@@ -470,14 +525,22 @@ pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
 pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     let tagged = fdtable::raw(fd) & !1 == TAG_TCP;
     if !tagged || !enabled() {
+        // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
+        // libc's `connect`.
         return unsafe { real::connect(fd, addr, len) };
     }
+    // SAFETY: `addr`/`len` are the caller's address (connect(2)'s contract); `Dest::of` reads at
+    // most `len` bytes of it (or nothing if null).
     let dest = unsafe { setup::Dest::of(addr, len) };
     if setup::policy_keeps_tcp() || setup::known_no_smc(dest) {
         drop(fdtable::replace(fd, Slot::Empty));
+        // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
+        // libc's `connect`.
         return unsafe { real::connect(fd, addr, len) };
     }
     let opted = setup::opt_in(fd);
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `connect`.
     let r = unsafe { real::connect(fd, addr, len) };
     if !opted {
         return r;
@@ -528,6 +591,7 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
 pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
     let tagged = fdtable::raw(fd) & !1 == TAG_TCP;
     if tagged && enabled() && setup::opt_in(fd) {
+        // SAFETY: integer arguments only.
         let r = unsafe { real::listen(fd, backlog) };
         if r == 0 {
             drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Listener))));
@@ -535,6 +599,7 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
         }
         return r;
     }
+    // SAFETY: integer arguments only.
     unsafe { real::listen(fd, backlog) }
 }
 
@@ -546,8 +611,12 @@ pub unsafe fn accept4(
     four: bool,
 ) -> c_int {
     let r = if four {
+        // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
+        // libc's `accept4`.
         unsafe { real::accept4(fd, addr, alen, flags) }
     } else {
+        // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
+        // libc's `accept`.
         unsafe { real::accept(fd, addr, alen) }
     };
     if r < 0 {
@@ -625,6 +694,8 @@ pub unsafe fn close(fd: c_int) -> c_int {
     if fdtable::raw(fd) != 0 && !lifecycle::in_vfork_child() {
         forget_fd(fd);
     }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `close`.
     unsafe { real::close(fd) }
 }
 
@@ -640,6 +711,7 @@ pub unsafe fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int)
             }
         }
     }
+    // SAFETY: integer arguments only (close_range(2)).
     unsafe { real::close_range(first, last, flags) }
 }
 
@@ -670,6 +742,7 @@ pub(crate) fn copy_slot(from: c_int, to: c_int) {
 }
 
 pub unsafe fn dup(fd: c_int) -> c_int {
+    // SAFETY: an fd number only.
     let r = unsafe { real::dup(fd) };
     if r >= 0 && (fdtable::raw(fd) != 0 || fdtable::raw(r) != 0) && !lifecycle::in_vfork_child() {
         copy_slot(fd, r);
@@ -680,8 +753,10 @@ pub unsafe fn dup(fd: c_int) -> c_int {
 pub unsafe fn dup3(fd: c_int, fd2: c_int, flags: c_int, three: bool) -> c_int {
     if fd == fd2 || (fdtable::raw(fd) | fdtable::raw(fd2) != 0 && lifecycle::in_vfork_child()) {
         return if three {
+            // SAFETY: integer arguments only (dup3(2)).
             unsafe { real::dup3(fd, fd2, flags) }
         } else {
+            // SAFETY: fd numbers only (dup2(2)).
             unsafe { real::dup2(fd, fd2) }
         };
     }
@@ -691,8 +766,10 @@ pub unsafe fn dup3(fd: c_int, fd2: c_int, flags: c_int, three: bool) -> c_int {
         forget_fd(fd2);
     }
     let r = if three {
+        // SAFETY: integer arguments only (dup3(2)).
         unsafe { real::dup3(fd, fd2, flags) }
     } else {
+        // SAFETY: fd numbers only (dup2(2)).
         unsafe { real::dup2(fd, fd2) }
     };
     if r >= 0 && fdtable::raw(fd) != 0 {
@@ -710,6 +787,8 @@ fn fcntl_valid(fd: c_int) -> bool {
 }
 
 pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `fcntl`.
     let r = unsafe { real::fcntl(fd, cmd, arg) };
     if r < 0 || fdtable::raw(fd) == 0 || lifecycle::in_vfork_child() {
         return r;
@@ -735,9 +814,13 @@ pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int 
     if slow(fd) && req == libc::FIONBIO as libc::c_ulong {
         if let Some(o) = fdtable::get(fd) {
             if let Obj::Handshake(h) = &*o {
+                // SAFETY: the caller's arguments, passed on unchanged: this function has the
+                // contract of libc's `ioctl`.
                 let r = unsafe { real::ioctl(fd, req, arg) };
                 if r == 0 && arg != 0 {
                     h.nonblock
+                        // SAFETY: FIONBIO's argument is the caller's int pointer, non-null
+                        // (checked) and just read by the kernel without EFAULT.
                         .store(unsafe { *(arg as *const c_int) } != 0, Ordering::Relaxed);
                 }
                 return r;
@@ -753,6 +836,8 @@ pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int 
                     unsafe { *(arg as *mut c_int) = 0 };
                     return 0;
                 }
+                // SAFETY: the caller's arguments, passed on unchanged: this function has the
+                // contract of libc's `ioctl`.
                 return unsafe { real::ioctl(fd, req, arg) };
             };
             match req {
@@ -760,6 +845,8 @@ pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int 
                     if arg == 0 {
                         return fail(libc::EFAULT) as c_int;
                     }
+                    // SAFETY: FIONREAD's argument is the caller's writable int pointer (ioctl's
+                    // contract), non-null (checked).
                     unsafe { *(arg as *mut c_int) = c.inq() as c_int };
                     return 0;
                 }
@@ -767,12 +854,18 @@ pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int 
                     if arg == 0 {
                         return fail(libc::EFAULT) as c_int;
                     }
+                    // SAFETY: TIOCOUTQ's argument is the caller's writable int pointer (ioctl's
+                    // contract), non-null (checked).
                     unsafe { *(arg as *mut c_int) = c.outq() as c_int };
                     return 0;
                 }
                 libc::FIONBIO => {
+                    // SAFETY: the caller's arguments, passed on unchanged: this function has the
+                    // contract of libc's `ioctl`.
                     let r = unsafe { real::ioctl(fd, req, arg) };
                     if r == 0 && arg != 0 {
+                        // SAFETY: FIONBIO's argument is the caller's int pointer, non-null
+                        // (checked) and just read by the kernel without EFAULT.
                         c.set_nonblocking(unsafe { *(arg as *const c_int) } != 0);
                     }
                     return r;
@@ -781,6 +874,8 @@ pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int 
             }
         }
     }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `ioctl`.
     unsafe { real::ioctl(fd, req, arg) }
 }
 
@@ -797,6 +892,7 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
             }
         }
     }
+    // SAFETY: integer arguments only.
     unsafe { real::shutdown(fd, how) }
 }
 
@@ -813,6 +909,8 @@ pub unsafe fn fork() -> libc::pid_t {
             c.add_ref(1);
         }
     }
+    // SAFETY: fork(2) has no arguments; the child only resets our per-process state before
+    // returning.
     let r = unsafe { real::fork() };
     if r == 0 {
         crate::reset_pid();
@@ -833,11 +931,15 @@ pub unsafe fn fork() -> libc::pid_t {
 
 pub unsafe fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
     if fdtable::any_objects() && !fds.is_null() && n > 0 {
+        // SAFETY: `fds` is non-null (checked) and, by poll(2)'s contract, points to `n` pollfds.
         let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
         if poll::any_smc(s) {
+            // SAFETY: `s` is the caller's pollfd array; no signal mask.
             return unsafe { poll::poll_emul(s, timeout, None) };
         }
     }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `poll`.
     unsafe { real::poll(fds, n, timeout) }
 }
 
@@ -845,6 +947,8 @@ fn ts_ms(t: *const libc::timespec) -> c_int {
     if t.is_null() {
         return -1;
     }
+    // SAFETY: `t` is non-null (checked above); the callers pass ppoll/pselect's timespec, valid by
+    // their contract.
     let t = unsafe { &*t };
     let ms = t.tv_sec * 1000 + (t.tv_nsec + 999_999) / 1_000_000;
     ms.clamp(0, i32::MAX as i64) as c_int
@@ -857,12 +961,16 @@ pub unsafe fn ppoll(
     mask: *const libc::sigset_t,
 ) -> c_int {
     if fdtable::any_objects() && !fds.is_null() && n > 0 {
+        // SAFETY: `fds` is non-null (checked) and, by ppoll(2)'s contract, points to `n` pollfds.
         let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
         if poll::any_smc(s) {
             let m = if mask.is_null() { None } else { Some(mask) };
+            // SAFETY: `s` is the caller's pollfd array; `m` its signal mask (non-null) or None.
             return unsafe { poll::poll_emul(s, ts_ms(t), m) };
         }
     }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `ppoll`.
     unsafe { real::ppoll(fds, n, t, mask) }
 }
 
@@ -873,23 +981,31 @@ pub unsafe fn select(
     e: *mut libc::fd_set,
     t: *mut libc::timeval,
 ) -> c_int {
+    // SAFETY: `r`/`w`/`e` are the caller's fd_sets or null (select(2)'s contract).
     if unsafe { poll::select_has_smc(nfds, r, w, e) } {
         let ms = if t.is_null() {
             -1
         } else {
+            // SAFETY: `t` is non-null (checked above) and the caller's timeval (select(2)'s
+            // contract).
             let tv = unsafe { &*t };
             (tv.tv_sec * 1000 + (tv.tv_usec + 999) / 1000).clamp(0, i32::MAX as i64) as c_int
         };
         let start = std::time::Instant::now();
+        // SAFETY: `r`/`w`/`e` are the caller's fd_sets or null (select(2)'s contract).
         let res = unsafe { poll::select_emul(nfds, r, w, e, ms, None) };
         if !t.is_null() && ms >= 0 {
             let left = (ms as u128).saturating_sub(start.elapsed().as_millis());
+            // SAFETY: `t` is non-null (checked) and the caller's writable timeval: Linux's
+            // select(2) updates it too.
             let tv = unsafe { &mut *t };
             tv.tv_sec = (left / 1000) as libc::time_t;
             tv.tv_usec = ((left % 1000) * 1000) as libc::suseconds_t;
         }
         return res;
     }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `select`.
     unsafe { real::select(nfds, r, w, e, t) }
 }
 
@@ -901,19 +1017,27 @@ pub unsafe fn pselect(
     t: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
+    // SAFETY: `r`/`w`/`e` are the caller's fd_sets or null (pselect(2)'s contract).
     if unsafe { poll::select_has_smc(nfds, r, w, e) } {
         let m = if mask.is_null() { None } else { Some(mask) };
+        // SAFETY: `r`/`w`/`e` are the caller's fd_sets or null; `m` its signal mask (non-null) or
+        // None.
         return unsafe { poll::select_emul(nfds, r, w, e, ts_ms(t), m) };
     }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `pselect`.
     unsafe { real::pselect(nfds, r, w, e, t, mask) }
 }
 
 pub unsafe fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut libc::epoll_event) -> c_int {
     if fdtable::raw(fd) != 0 || fdtable::raw(ep) != 0 {
+        // SAFETY: `ev` is the caller's epoll_event or null (epoll_ctl(2)'s contract).
         if let Some(r) = unsafe { epoll::ctl(ep, op, fd, ev) } {
             return r;
         }
     }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `epoll_ctl`.
     unsafe { real::epoll_ctl(ep, op, fd, ev) }
 }
 
@@ -925,10 +1049,16 @@ pub unsafe fn epoll_wait(
     mask: Option<*const libc::sigset_t>,
 ) -> c_int {
     if let Some(so) = epoll::wants(ep) {
+        // SAFETY: `ev`/`max` are the caller's event array (epoll_wait(2)'s contract); `mask` its
+        // signal mask or None.
         return unsafe { epoll::wait(&so, ep, ev, max, timeout, mask) };
     }
     match mask {
+        // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
+        // libc's `epoll_wait`.
         None => unsafe { real::epoll_wait(ep, ev, max, timeout) },
+        // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
+        // libc's `epoll_pwait`.
         Some(m) => unsafe { real::epoll_pwait(ep, ev, max, timeout, m) },
     }
 }
@@ -942,12 +1072,15 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t)
     let out_smc = slow(out) && conn_of(out).is_some();
     let in_smc = slow(inp) && conn_of(inp).is_some();
     if !out_smc && !in_smc {
+        // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
+        // libc's `sendfile`.
         return unsafe { real::sendfile(out, inp, off, n) };
     }
     stats::special(stats::Special::Sendfile);
     // A NULL offset reads at the file's own offset and moves it only by what was written (a
     // plain read would consume bytes the socket may not take).
     let pos = if off.is_null() && !in_smc {
+        // SAFETY: integer arguments only.
         let p = unsafe { libc::lseek(inp, 0, libc::SEEK_CUR) };
         (p >= 0).then_some(p)
     } else {
@@ -966,12 +1099,17 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t)
         let r = if in_smc {
             // sendfile from a socket: like read(); only a non-blocking first read may fail.
             let f = if done > 0 { libc::MSG_DONTWAIT } else { 0 };
+            // SAFETY: reads at most `want <= buf.len()` bytes into our own `buf`.
             unsafe { recv(inp, buf.as_mut_ptr() as *mut c_void, want, f) }
         } else if let Some(p) = pos {
+            // SAFETY: reads at most `want <= buf.len()` bytes into our own `buf`.
             unsafe { libc::pread(inp, buf.as_mut_ptr() as *mut c_void, want, p + done as i64) }
         } else if off.is_null() {
+            // SAFETY: reads at most `want <= buf.len()` bytes into our own `buf`.
             unsafe { real::read(inp, buf.as_mut_ptr() as *mut c_void, want) }
         } else {
+            // SAFETY: reads at most `want <= buf.len()` bytes into our own `buf`; `off` is non-null
+            // (checked) and the caller's offset (sendfile(2)'s contract).
             unsafe {
                 libc::pread(
                     inp,
@@ -992,6 +1130,8 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t)
         }
         let mut w = 0usize;
         while w < r as usize {
+            // SAFETY: `w < r <= buf.len()`: writes the `r - w` bytes of our own `buf` not yet
+            // written.
             let x = unsafe { write(out, buf.as_ptr().add(w) as *const c_void, r as usize - w) };
             if x < 0 {
                 if done + w > 0 {
@@ -999,6 +1139,8 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t)
                     // report what was written and the offset says where to resume.
                     done += w;
                     if !off.is_null() {
+                        // SAFETY: `off` is non-null (checked) and the caller's writable offset
+                        // (sendfile(2)'s contract).
                         unsafe { *off += done as i64 };
                     }
                     advance(done);
@@ -1011,6 +1153,8 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t)
         done += w;
     }
     if !off.is_null() && !in_smc {
+        // SAFETY: `off` is non-null (checked) and the caller's writable offset (sendfile(2)'s
+        // contract).
         unsafe { *off += done as i64 };
     }
     advance(done);
@@ -1028,6 +1172,8 @@ pub unsafe fn splice(
     let out_smc = slow(fout) && conn_of(fout).is_some();
     let in_smc = slow(fin) && conn_of(fin).is_some();
     if !out_smc && !in_smc {
+        // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
+        // libc's `splice`.
         return unsafe { real::splice(fin, offin, fout, offout, n, flags) };
     }
     stats::special(stats::Special::Splice);
@@ -1037,16 +1183,22 @@ pub unsafe fn splice(
     if in_smc {
         // Peek first so that bytes the pipe cannot take stay in the ring.
         let f = libc::MSG_PEEK | if nb { libc::MSG_DONTWAIT } else { 0 };
+        // SAFETY: peeks at most `want <= buf.len()` bytes into our own `buf`.
         let r = unsafe { recv(fin, buf.as_mut_ptr() as *mut c_void, want, f) };
         if r <= 0 {
             return r;
         }
         let w = if offout.is_null() {
+            // SAFETY: writes `r <= want <= buf.len()` bytes of our own `buf`.
             unsafe { real::write(fout, buf.as_ptr() as *const c_void, r as usize) }
         } else {
             let x =
+                // SAFETY: writes `r <= buf.len()` bytes of our own `buf`; `offout` is non-null
+                // (checked) and the caller's offset (splice(2)'s contract).
                 unsafe { libc::pwrite(fout, buf.as_ptr() as *const c_void, r as usize, *offout) };
             if x > 0 {
+                // SAFETY: `offout` is non-null (checked) and the caller's writable offset
+                // (splice(2)'s contract).
                 unsafe { *offout += x as i64 };
             }
             x
@@ -1055,6 +1207,8 @@ pub unsafe fn splice(
             return w;
         }
         // Consume exactly what went out.
+        // SAFETY: MSG_TRUNC discards the bytes without copying them: the null buffer is never
+        // touched.
         let _ = unsafe {
             recv(
                 fin,
@@ -1089,10 +1243,15 @@ pub unsafe fn splice(
         }
     }
     let r = if offin.is_null() {
+        // SAFETY: reads at most `want <= buf.len()` bytes into our own `buf`.
         unsafe { real::read(fin, buf.as_mut_ptr() as *mut c_void, want) }
     } else {
+        // SAFETY: reads at most `want <= buf.len()` bytes into our own `buf`; `offin` is non-null
+        // (checked) and the caller's offset (splice(2)'s contract).
         let x = unsafe { libc::pread(fin, buf.as_mut_ptr() as *mut c_void, want, *offin) };
         if x > 0 {
+            // SAFETY: `offin` is non-null (checked) and the caller's writable offset (splice(2)'s
+            // contract).
             unsafe { *offin += x as i64 };
         }
         x
@@ -1102,6 +1261,7 @@ pub unsafe fn splice(
     }
     let mut w = 0usize;
     while w < r as usize {
+        // SAFETY: `w < r <= buf.len()`: writes the `r - w` bytes of our own `buf` not yet written.
         let x = unsafe { write(fout, buf.as_ptr().add(w) as *const c_void, r as usize - w) };
         if x < 0 {
             return if w > 0 { w as ssize_t } else { -1 };
@@ -1121,6 +1281,8 @@ pub unsafe fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `setsockopt`.
     let r = unsafe { real::setsockopt(fd, level, name, val, len) };
     if r == 0
         && level == libc::SOL_SOCKET
@@ -1129,6 +1291,8 @@ pub unsafe fn setsockopt(
         && !val.is_null()
         && len as usize >= 4
     {
+        // SAFETY: `val` is non-null with `len >= 4` (checked) and the kernel just read it without
+        // EFAULT.
         setup::note_rcvbuf(fd, unsafe { *(val as *const c_int) });
     }
     r
@@ -1139,8 +1303,11 @@ pub unsafe fn sigaction(
     act: *const libc::sigaction,
     old: *mut libc::sigaction,
 ) -> c_int {
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `sigaction`.
     let r = unsafe { real::sigaction(sig, act, old) };
     if r == 0 && !act.is_null() && !lifecycle::in_vfork_child() {
+        // SAFETY: `act` is non-null (checked) and the caller's sigaction, just read by libc.
         let a = unsafe { &*act };
         crate::signals::note(sig, a.sa_sigaction, a.sa_flags);
     }
@@ -1148,6 +1315,8 @@ pub unsafe fn sigaction(
 }
 
 pub unsafe fn signal(sig: c_int, h: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `signal`.
     let r = unsafe { real::signal(sig, h) };
     if r != libc::SIG_ERR && !lifecycle::in_vfork_child() {
         // glibc's signal() installs BSD semantics: SA_RESTART.
@@ -1194,6 +1363,7 @@ pub fn adopt_orphans_after_exec() {
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect();
     for fd in fds {
+        // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: valid out buffer.
         if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
