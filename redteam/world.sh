@@ -16,7 +16,7 @@ $B/smc-ctl daemon --socket $D/ctl.sock --state-dir $D/state --procs-dir $D/procs
 DP=$!
 for i in $(seq 50); do [ -S $D/ctl.sock ] && break; sleep 0.1; done
 export SMC_CTL_SOCK=$D/ctl.sock SMC_PROCS_DIR=$D/procs SMC_SHORT_BYTES=0 SMC_STATS_KEEP=1 RT_DIR=$D RT_CG=$CG
-if [ "$MODE" = smc ]; then PRE="LD_PRELOAD=$B/libsmc_preload.so"; else PRE=""; fi
+if [ "$MODE" = smc ]; then PRE="LD_PRELOAD=${LIB:-$B/libsmc_preload.so}"; else PRE=""; fi
 ( echo $BASHPID > $CG/cgroup.procs; exec 9>&-; exec env $PRE timeout ${TMO:-30} "$@" )
 RC=$?
 echo "rc=$RC"

@@ -141,6 +141,11 @@ impl Driver {
 
     /// Run the handshake as far as it goes. `block`: wait for peer messages (up to the CLC
     /// timeout each); otherwise return [`Progress::WouldBlock`] when one is not there yet.
+    /// The fd the handshake's I/O goes through from now on (another fd of the same socket).
+    pub fn set_fd(&mut self, fd: i32) {
+        self.fd = fd;
+    }
+
     pub fn step(&mut self, block: bool) -> Progress {
         if !self.started {
             self.started = true;

@@ -42,6 +42,9 @@ pub struct Handshake {
     /// A client whose server is a listener of this process: its non-blocking writes do not
     /// wait for the server (`EAGAIN`), which may be this very thread.
     pub peer_local: bool,
+    /// Another fd names it too (`dup`, `dup2`, `F_DUPFD`, `SCM_RIGHTS`): the decision is
+    /// copied to every such fd ([`crate::ops::share_decision`]).
+    pub shared: std::sync::atomic::AtomicBool,
 }
 
 pub struct Pending {
@@ -49,6 +52,8 @@ pub struct Pending {
     pub lock: Mutex<bool>,
     /// Where it connects to.
     pub dest: Option<crate::setup::Dest>,
+    /// Another fd names it too: as [`Handshake::shared`].
+    pub shared: std::sync::atomic::AtomicBool,
 }
 
 /// What may still arrive from the peer before its data, after a fallback in which we sent a

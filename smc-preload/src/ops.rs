@@ -70,9 +70,33 @@ pub fn resolve_pending(fd: c_int) {
     drop(done);
     if setup::so_error(fd) != 0 {
         setup::settle_plain(fd);
-        return;
+    } else {
+        setup::client_start(fd, true, dest);
     }
-    setup::client_start(fd, true, dest);
+    if p.shared.load(Ordering::Relaxed) {
+        share_decision(fd, &o);
+    }
+}
+
+/// `fd`'s slot moved on from `old` (a pending connect or a handshake that other fds name too,
+/// after a `dup`): every other fd whose slot still holds `old` gets what `fd` has now (the
+/// connection with its own reference, the handshake that continues, or the TCP tag), so that
+/// no fd keeps an object that will never be decided (its reads would go to the TCP socket:
+/// CLC bytes or doorbells as data, or a wait for data that travels in the rings).
+pub(crate) fn share_decision(fd: c_int, old: &Arc<Obj>) {
+    let mut others = Vec::new();
+    fdtable::for_each_object(|ofd, o| {
+        if ofd != fd && Arc::ptr_eq(o, old) {
+            others.push(ofd);
+        }
+    });
+    for ofd in others {
+        // Only a slot that still holds `old` (not closed and reused meanwhile).
+        if fdtable::get(ofd).is_some_and(|o| Arc::ptr_eq(&o, old)) {
+            copy_slot(fd, ofd);
+            epoll::refresh(ofd);
+        }
+    }
 }
 
 /// The connection object of `fd` if it is SMC, resolving a pending connect or completing a
@@ -577,6 +601,7 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
                 Slot::Obj(Arc::new(Obj::Pending(crate::obj::Pending {
                     lock: std::sync::Mutex::new(false),
                     dest,
+                    shared: std::sync::atomic::AtomicBool::new(false),
                 }))),
             ));
             epoll::refresh(fd);
@@ -730,6 +755,9 @@ pub(crate) fn copy_slot(from: c_int, to: c_int) {
     if let Some(o) = fdtable::get(from) {
         match &*o {
             Obj::Conn(c) => c.add_ref(1),
+            // The decision will be copied here too (share_decision).
+            Obj::Handshake(h) => h.shared.store(true, Ordering::Relaxed),
+            Obj::Pending(p) => p.shared.store(true, Ordering::Relaxed),
             Obj::Epoll(_) => {
                 // A dup'd epoll fd is the same instance, but our bookkeeping is keyed by fd:
                 // keep it simple and let the copy go to the kernel unemulated only when it has

@@ -937,6 +937,7 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
                     nonblock: std::sync::atomic::AtomicBool::new(nonblock),
                     server: true,
                     peer_local: false,
+                    shared: std::sync::atomic::AtomicBool::new(false),
                 }))),
             ));
         }
@@ -1068,6 +1069,7 @@ pub fn client_start(fd: i32, nonblock: bool, dest: Option<Dest>) {
                     nonblock: std::sync::atomic::AtomicBool::new(nonblock),
                     server: false,
                     peer_local,
+                    shared: std::sync::atomic::AtomicBool::new(false),
                 }))),
             ));
             crate::epoll::refresh(fd);
@@ -1082,6 +1084,9 @@ pub fn progress(fd: i32, h: &crate::obj::Handshake, block: bool) -> bool {
     let Some(d) = g.as_mut() else {
         return true;
     };
+    // The handshake's I/O goes through the fd of this call: the one it started on may have
+    // been closed after a dup, and its number reused by another file.
+    d.set_fd(fd);
     match d.step(block) {
         Progress::WouldBlock => false,
         Progress::Done(out) => {
@@ -1089,7 +1094,15 @@ pub fn progress(fd: i32, h: &crate::obj::Handshake, block: bool) -> bool {
             if h.peer_local {
                 forget_own_client(port_of(fd, false));
             }
+            let old = if h.shared.load(Ordering::Relaxed) {
+                fdtable::get(fd).filter(|o| matches!(&**o, Obj::Handshake(x) if std::ptr::eq(x, h)))
+            } else {
+                None
+            };
             finish(fd, h.server, out, h.nonblock.load(Ordering::Relaxed));
+            if let Some(old) = old {
+                crate::ops::share_decision(fd, &old);
+            }
             drop(g);
             drop(d);
             true

@@ -33,6 +33,8 @@ scenarios! {
     readv_writev: 1;
     sendmmsg_recvmmsg: 1;
     dup_then_close_original: 1;
+    dup_mid_handshake_both_used: 1;
+    dup_mid_handshake_number_reused: 2;
     // epoll
     epoll_lt: 1;
     epoll_et: 1;
@@ -475,6 +477,77 @@ fn dup_then_close_original() {
     close(d);
     rd("read(c) eof", c, 100);
     close(c);
+}
+
+/// A server thread for the dup scenarios: accepts one connection, writes `first`, waits for
+/// 4 bytes, writes `second`, reads until EOF. Nothing is logged here (thread order).
+fn dup_server(
+    l: c_int,
+    first: &'static [u8],
+    second: &'static [u8],
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let s = accept_fd(l);
+        assert!(s >= 0, "accept: {}", std::io::Error::last_os_error());
+        write_all(s, first);
+        let _ = read_n(s, 4);
+        write_all(s, second);
+        while !read_n(s, 1).is_empty() {}
+        close(s);
+    })
+}
+
+fn dup_mid_handshake_both_used() {
+    // A non-blocking connect is dup'd while its handshake may still be under way; both fds
+    // stay open: the first reply is read through the original, the rest through the copy.
+    let (l, port) = listener();
+    let srv = dup_server(l, b"first", b"second");
+    let c = tcp_socket();
+    set_nonblock(c, true);
+    let _ = connect_to(c, port);
+    // SAFETY: plain dup.
+    let d = unsafe { libc::dup(c) };
+    pl("poll(c,IN)", c, libc::POLLIN, 5000);
+    rd("read(c)", c, 100);
+    write_all(d, b"back");
+    pl("poll(d,IN)", d, libc::POLLIN, 5000);
+    rd("read(d)", d, 100);
+    close(c);
+    close(d);
+    srv.join().expect("server thread");
+    close(l);
+}
+
+fn dup_mid_handshake_number_reused() {
+    // A non-blocking connect is moved to another number (dup, close) while its handshake may
+    // still be under way; a second connection gets the old number. Neither stream may lose a
+    // byte to the other's handshake.
+    let (l, port) = listener();
+    let sa = dup_server(l, b"hello", b"world");
+    let sb = dup_server(l, b"hello", b"world");
+    let a = tcp_socket();
+    set_nonblock(a, true);
+    let _ = connect_to(a, port);
+    // SAFETY: plain dup.
+    let d = unsafe { libc::dup(a) };
+    close(a);
+    let b = tcp_socket();
+    log(format!("b took a's number = {}", a == b));
+    r("connect(b)", connect_to(b, port) as isize);
+    pl("poll(b,IN)", b, libc::POLLIN, 5000);
+    rd("read(b)", b, 100);
+    pl("poll(d,IN)", d, libc::POLLIN, 5000);
+    rd("read(d)", d, 100);
+    write_all(b, b"back");
+    write_all(d, b"back");
+    set_nonblock(d, false);
+    rd("read(b) 2", b, 100);
+    rd("read(d) 2", d, 100);
+    close(b);
+    close(d);
+    sa.join().expect("server thread");
+    sb.join().expect("server thread");
+    close(l);
 }
 
 // ── epoll ───────────────────────────────────────────────────────────────────────────────────
