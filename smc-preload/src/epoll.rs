@@ -400,8 +400,20 @@ pub fn refresh(fd: i32) {
             continue;
         }
         let mut kev = kernel_event(fd, mode, events, data);
+        let e0 = real::errno();
         // SAFETY: valid event.
-        if unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_MOD, fd, &mut kev) } != 0 {
+        let mut r = unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_MOD, fd, &mut kev) };
+        if r != 0 && events & libc::EPOLLEXCLUSIVE as u32 != 0 {
+            // The kernel refuses to modify an exclusive registration (left as the application
+            // asked while the connection was undecided): replace it, or the SMC connection's
+            // readiness would never be computed (nothing arms its doorbells).
+            // SAFETY: valid event.
+            unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_DEL, fd, &mut kev) };
+            // SAFETY: valid event.
+            r = unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut kev) };
+        }
+        real::set_errno(e0);
+        if r != 0 {
             continue;
         }
         tally(set, &mut g, fd, old, false);

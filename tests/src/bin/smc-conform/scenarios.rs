@@ -40,6 +40,7 @@ scenarios! {
     epoll_et: 1;
     epoll_oneshot_mod: 1;
     epoll_exclusive: 1;
+    epoll_exclusive_mid_handshake: 1;
     epoll_two_sets: 1;
     epoll_peer_close_mask: 1;
     epoll_peer_shutdown_wr_mask: 1;
@@ -656,6 +657,58 @@ fn epoll_exclusive() {
     close(ep);
     close(c);
     close(s);
+}
+
+/// Waits (unlogged, at most 5 s per wait) until a read of `fd` returns something: wakeups
+/// with nothing to read are allowed (`EAGAIN`), as for TCP. Logs what the read returned.
+fn ep_read(what: &str, ep: c_int, fd: c_int) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+    while std::time::Instant::now() < deadline {
+        // SAFETY: 4 entries.
+        let n = unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), 4, 5000) };
+        if n <= 0 {
+            break;
+        }
+        let mut b = [0u8; 100];
+        // SAFETY: valid buffer.
+        let k = unsafe { libc::read(fd, b.as_mut_ptr().cast(), b.len()) };
+        if k > 0 {
+            log(format!("{what} = {k} [{}]", digest(&b[..k as usize])));
+            return;
+        }
+        if k == 0 || errno() != libc::EAGAIN {
+            r(what, k);
+            return;
+        }
+    }
+    log(format!("{what}: no data within 5 s"));
+}
+
+fn epoll_exclusive_mid_handshake() {
+    // EPOLLEXCLUSIVE registered right after a non-blocking connect (the handshake may be under
+    // way): the data must be reported once it arrives, whatever the connection became.
+    let (l, port) = listener();
+    let srv = dup_server(l, b"first", b"second");
+    let c = tcp_socket();
+    set_nonblock(c, true);
+    let _ = connect_to(c, port);
+    let ep = ep_create();
+    ep_ctl(
+        "epoll_ctl(ADD c IN|EXCLUSIVE)",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        c,
+        (libc::EPOLLIN | libc::EPOLLEXCLUSIVE) as u32,
+        0,
+    );
+    ep_read("read(c) 1", ep, c);
+    write_all(c, b"back");
+    ep_read("read(c) 2", ep, c);
+    close(ep);
+    close(c);
+    srv.join().expect("server thread");
+    close(l);
 }
 
 fn epoll_two_sets() {
