@@ -9,6 +9,16 @@ B=${B:-$(cd "$(dirname "$0")/.." && pwd)/target/release}
 ROOT=$(awk '$9=="cgroup2"{print $5; exit}' /proc/self/mountinfo)
 CG=$ROOT/smc-redteam-$$
 D=/run/smc/redteam-$$
+DP=
+cleanup() {
+  [ -n "$DP" ] && kill $DP 2>/dev/null
+  for p in $(cat $CG/cgroup.procs 2>/dev/null); do kill -9 $p; done 2>/dev/null
+  sleep 0.2
+  $B/smc-ctl detach --cgroup $CG >/dev/null 2>&1; rmdir $CG 2>/dev/null
+  [ -n "${KEEPD:-}" ] || rm -rf $D
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM PIPE
 mkdir -p $CG $D/procs
 exec 9>/run/smc/tests.lock; flock 9
 $B/smc-ctl attach --cgroup $CG >/dev/null || exit 1
@@ -21,9 +31,4 @@ if [ "$MODE" = smc ]; then PRE="LD_PRELOAD=${LIB:-$B/libsmc_preload.so}"; else P
 RC=$?
 echo "rc=$RC"
 [ "$MODE" = smc ] && SMC_PROCS_DIR=$D/procs $B/smc-ctl stats -a 2>/dev/null | grep -Ei "smc-d|fallback|tcp" | head -${STATN:-6}
-kill $DP 2>/dev/null; sleep 0.2
-for p in $(cat $CG/cgroup.procs); do kill -9 $p; done 2>/dev/null
-sleep 0.1
-$B/smc-ctl detach --cgroup $CG >/dev/null; rmdir $CG
-[ -n "${KEEPD:-}" ] || rm -rf $D
 exit $RC
