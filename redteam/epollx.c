@@ -13,6 +13,8 @@
 //  dupreuse: A = nonblocking connect, d = dup(A), close(A), B = new connection on A's old number;
 //            both streams must arrive exactly
 //  dupboth : nonblocking connect, d = dup(fd) at once; read the first message via fd, the rest via d
+//  scm     : a socket mid-handshake passed with SCM_RIGHTS to a child and closed in the parent;
+//            the child reads every message
 //  lazy    : nonblocking connect, then the fd is left alone for 3 s (longer than the CLC timeout)
 //  dup2over: two connections A, B in one set (data A, data B), dup2(B, A): A's old file closed
 #define _GNU_SOURCE
@@ -191,6 +193,45 @@ int main(int argc, char **argv) {
       use = d;
     }
     printf("dupboth: %d messages\n", got);
+  } else if (!strcmp(mode, "scm")) {
+    // A socket whose handshake is under way is passed with SCM_RIGHTS to a child process
+    // (which runs the library too) and closed in the parent; the child reads every message.
+    int sp2[2]; socketpair(AF_UNIX, SOCK_STREAM, 0, sp2);
+    pid_t ch = fork();
+    if (ch == 0) {
+      close(sp2[0]);
+      char x; struct iovec io = {&x, 1};
+      union { char b[CMSG_SPACE(sizeof(int))]; struct cmsghdr a; } u;
+      struct msghdr mh = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b};
+      if (recvmsg(sp2[1], &mh, 0) != 1) FAIL("scm: recvmsg");
+      int c; memcpy(&c, CMSG_DATA(CMSG_FIRSTHDR(&mh)), sizeof c);
+      char all[256] = ""; size_t len = 0;
+      const char *want = "msg0;msg1;msg2;msg3;msg4;";
+      while (len < strlen(want)) {
+        struct pollfd p = {c, POLLIN, 0};
+        if (poll(&p, 1, 3000) != 1) FAIL("scm child: no data for 3 s after %zu bytes", len);
+        ssize_t r = read(c, all + len, 255 - len);
+        if (r == 0) FAIL("scm child: EOF after %zu bytes", len);
+        if (r < 0) { if (errno == EAGAIN) continue; FAIL("scm child: %s after %zu bytes", strerror(errno), len); }
+        len += r;
+      }
+      if (memcmp(all, want, len)) FAIL("scm child: stream differs: %.*s", (int)len, all);
+      printf("scm child: %zu bytes exact\n", len);
+      _exit(0);
+    }
+    close(sp2[1]);
+    int c = conn(1);
+    char x = 'x'; struct iovec io = {&x, 1};
+    union { char b[CMSG_SPACE(sizeof(int))]; struct cmsghdr a; } u;
+    memset(&u, 0, sizeof u);
+    struct msghdr mh = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET; cm->cmsg_type = SCM_RIGHTS; cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &c, sizeof c);
+    if (sendmsg(sp2[0], &mh, 0) != 1) FAIL("scm: sendmsg");
+    close(c);
+    int st; waitpid(ch, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) FAIL("scm: child status %x", st);
   } else if (!strcmp(mode, "lazy")) {
     int c = conn(1);
     sleep(3); // busy elsewhere: the fd is not touched for longer than the CLC timeout
