@@ -15,6 +15,8 @@
 //  dupboth : nonblocking connect, d = dup(fd) at once; read the first message via fd, the rest via d
 //  scm     : a socket mid-handshake passed with SCM_RIGHTS to a child and closed in the parent;
 //            the child reads every message
+//  shutwr  : shutdown(SHUT_WR) right after a non-blocking connect; every message, then EOF
+//  closethr: close from another thread during epoll_wait; a new connection on the number
 //  lazy    : nonblocking connect, then the fd is left alone for 3 s (longer than the CLC timeout)
 //  dup2over: two connections A, B in one set (data A, data B), dup2(B, A): A's old file closed
 #define _GNU_SOURCE
@@ -23,6 +25,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,7 +78,7 @@ int main(int argc, char **argv) {
   a.sin_family = AF_INET; a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   bind(l, (void *)&a, sizeof a); listen(l, 8);
   socklen_t al = sizeof a; getsockname(l, (void *)&a, &al);
-  int nserv = !strcmp(mode, "dup2over") || !strcmp(mode, "dupreuse") ? 2 : 1;
+  int nserv = !strcmp(mode, "dup2over") || !strcmp(mode, "dupreuse") || !strcmp(mode, "closethr") ? 2 : 1;
   pid_t sp[2];
   for (int i = 0; i < nserv; i++) if ((sp[i] = fork()) == 0) server(0);
   int ep = epoll_create1(0);
@@ -232,6 +235,48 @@ int main(int argc, char **argv) {
     close(c);
     int st; waitpid(ch, &st, 0);
     if (!WIFEXITED(st) || WEXITSTATUS(st)) FAIL("scm: child status %x", st);
+  } else if (!strcmp(mode, "shutwr")) {
+    // shutdown(SHUT_WR) right after a non-blocking connect (handshake under way): the server
+    // must see EOF and still be able to send everything; then EOF at the client.
+    int c = conn(1);
+    if (shutdown(c, SHUT_WR)) printf("shutwr: shutdown: %s\n", strerror(errno));
+    int eof = 0;
+    while (!eof) {
+      struct pollfd p = {c, POLLIN, 0};
+      if (poll(&p, 1, 3000) != 1) FAIL("shutwr: no data/EOF for 3 s after %d of %d messages", got, MSGS);
+      if (drain(c) < 0) eof = 1;
+    }
+    printf("shutwr: %d messages then EOF\n", got);
+    if (got != MSGS) FAIL("shutwr: %d of %d messages", got, MSGS);
+  } else if (!strcmp(mode, "closethr")) {
+    // close() from another thread while epoll_wait sleeps on the fd; then a new connection
+    // takes the number and is registered: its data must be reported with its own data.
+    int c = conn(0);
+    ev.events = EPOLLIN; ev.data.u64 = 21; epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev);
+    pid_t t = fork();
+    (void)t;
+    if (t == 0) { _exit(0); }
+    waitpid(t, 0, 0);
+    struct { int fd; } arg = {c};
+    pthread_t th;
+    void *closer(void *a) { usleep(100000); close(((int *)a)[0]); return 0; }
+    pthread_create(&th, 0, closer, &arg);
+    int n = epoll_wait(ep, out, 8, 400);
+    pthread_join(th, 0);
+    printf("closethr: epoll_wait across the close: n=%d\n", n > 0 ? n : n);
+    int c2 = conn(0);
+    printf("closethr: new connection on %d (old %d)\n", c2, c);
+    ev.events = EPOLLIN; ev.data.u64 = 22;
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, c2, &ev)) FAIL("closethr: ADD of the new fd: %s", strerror(errno));
+    int seen = 0;
+    while (got < MSGS) {
+      n = epoll_wait(ep, out, 8, 3000);
+      if (n <= 0) FAIL("closethr: no event for 3 s after %d of %d", got, MSGS);
+      for (int i = 0; i < n; i++) { if (out[i].data.u64 != 22) FAIL("closethr: event with data %llu", (unsigned long long)out[i].data.u64); seen++; }
+      fcntl(c2, F_SETFL, O_NONBLOCK);
+      drain(c2);
+    }
+    printf("closethr: %d messages\n", got);
   } else if (!strcmp(mode, "lazy")) {
     int c = conn(1);
     sleep(3); // busy elsewhere: the fd is not touched for longer than the CLC timeout
