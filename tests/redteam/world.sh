@@ -5,7 +5,7 @@
 # "tcp" without it (the baseline). Prints the stats summary for smc. Cleans up.
 set -u
 MODE=$1; shift
-B=${B:-$(cd "$(dirname "$0")/.." && pwd)/target/release}
+B=${B:-$(cd "$(dirname "$0")/../.." && pwd)/target/release}
 ROOT=$(awk '$9=="cgroup2"{print $5; exit}' /proc/self/mountinfo)
 CG=$ROOT/smc-redteam-$$
 D=/run/smc/redteam-$$

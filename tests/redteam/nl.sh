@@ -1,7 +1,7 @@
 #!/bin/bash
 # Without eBPF and without the tests lock: a private daemon and SMC_PRELOAD_ASSUME_PEER=1
 # (both ends assumed to run the library). usage: nl.sh <cmd...>; LIB overrides the library.
-B=$(cd "$(dirname "$0")/.." && pwd)/target/release
+B=$(cd "$(dirname "$0")/../.." && pwd)/target/release
 D=/run/smc/rtnl-$$; mkdir -p $D
 $B/smc-ctl daemon --socket $D/ctl.sock --state-dir $D/state --procs-dir $D/procs > $D/log 2>&1 & DP=$!
 trap 'kill $DP 2>/dev/null; sleep 0.1; rm -rf $D' EXIT

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Runs inside one world.sh smc (one lock hold): each probe with the old library (OLD) and
 # the new one, each N times; prints one line per run.
-C=../target/release/smc-conform
+C=$(cd "$(dirname "$0")/../.." && pwd)/target/release/smc-conform
 N=${N:-3}
 for sc in dup_mid_handshake_both_used dup_mid_handshake_number_reused epoll_exclusive_mid_handshake; do
   env -u LD_PRELOAD timeout 30 $C $sc > /tmp/rt_b_tcp.txt 2>&1

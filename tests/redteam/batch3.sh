@@ -1,5 +1,5 @@
 #!/bin/bash
-C=../target/release/smc-conform
+C=$(cd "$(dirname "$0")/../.." && pwd)/target/release/smc-conform
 env -u LD_PRELOAD timeout 30 $C epoll_exclusive_mid_handshake > /tmp/rt_b_tcp.txt 2>&1
 for lib in $OLD $NEW; do for i in 1 2; do
   LD_PRELOAD=$lib timeout 30 $C epoll_exclusive_mid_handshake > /tmp/rt_b_smc.txt 2>&1
