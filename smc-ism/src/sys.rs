@@ -109,6 +109,46 @@ pub(crate) struct Received {
     pub extra: Vec<OwnedFd>,
 }
 
+/// Waits until `fd` is writable (or has an error or hang-up), at most `timeout`; false on
+/// timeout. The system call itself (`ppoll`), not the libc symbol: inside the interposition
+/// library, `poll` is the application's emulated one.
+pub(crate) fn wait_writable(fd: RawFd, timeout: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let ts = libc::timespec {
+            tv_sec: left.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: left.subsec_nanos() as libc::c_long,
+        };
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, a valid timespec, no signal mask.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_ppoll,
+                &mut p as *mut libc::pollfd,
+                1 as libc::nfds_t,
+                &ts as *const libc::timespec,
+                ptr::null::<libc::sigset_t>(),
+                0usize,
+            )
+        };
+        if r > 0 {
+            return true;
+        }
+        if r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        return false;
+    }
+}
+
 /// Receives one record; fds are received with `MSG_CMSG_CLOEXEC`, the first in `fd`, any others
 /// in `extra` (closing them is the caller's business: the daemon does not close a client's fds
 /// on its request path). `EINTR` is retried; `EAGAIN` is returned to the caller.
