@@ -107,6 +107,8 @@ pub(crate) struct Received {
     pub fd: Option<OwnedFd>,
     /// Any further fds (no request takes more than one; the caller disposes of them).
     pub extra: Vec<OwnedFd>,
+    /// The kernel dropped passed fds (`MSG_CTRUNC`), e.g. the receiver is at `RLIMIT_NOFILE`.
+    pub fds_dropped: bool,
 }
 
 /// Waits until `fd` is writable (or has an error or hang-up), at most `timeout`; false on
@@ -209,6 +211,7 @@ pub(crate) fn recv_record(sock: RawFd, buf: &mut [u8], flags: libc::c_int) -> io
         return Ok(Received {
             len: r as usize,
             truncated: msg.msg_flags & libc::MSG_TRUNC != 0,
+            fds_dropped: msg.msg_flags & libc::MSG_CTRUNC != 0,
             fd: first,
             extra,
         });

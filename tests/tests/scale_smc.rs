@@ -9,6 +9,10 @@
 //!   map their DMBs fall back to TCP with a `MEM` decline, cleanly (every ping answered, no
 //!   reset), and the others stay SMC-D.
 //!
+//! - The daemon runs out of descriptors (its `RLIMIT_NOFILE` lowered while it runs): the
+//!   registrations it cannot take (no memfd, or the socket passed with the request dropped by
+//!   the kernel, `MSG_CTRUNC`) decline with `MEM`, never `INTERR`, and fall back cleanly.
+//!
 //! Needs root (cgroups, eBPF). Build first: `cargo build --release -p smc-ctl -p smc-preload
 //! -p integration-tests --bins`, then `cargo test --release -p integration-tests --test
 //! scale_smc`.
@@ -140,4 +144,54 @@ fn mappings_exhausted_fall_back_with_mem() {
     // The server saw the same split: its SMC-D connections are exactly the client's.
     assert_eq!(s.get("smcd_server"), smcd, "server: {}", brief(s));
     assert_eq!(s.get("fallback_server"), fb, "server: {}", brief(s));
+}
+
+/// Every fallback of `s` was declined with `MEM`; returns how many.
+fn all_mem(what: &str, s: &Snapshot) -> u64 {
+    let mem = Diag::Mem.code();
+    let all: u64 = s.reasons.iter().map(|(_, v)| v).sum();
+    let mem_n: u64 = s
+        .reasons
+        .iter()
+        .filter(|(k, _)| **k == mem)
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(mem_n, all, "{what}: every fallback must be MEM: {}", brief(s));
+    mem_n
+}
+
+#[test]
+fn daemon_out_of_descriptors_declines_mem() {
+    let w = SmcWorld::new();
+    // Room for about 150 DMBs (one memfd each) besides what the daemon holds already.
+    let open = std::fs::read_dir(format!("/proc/{}/fd", w.daemon_pid()))
+        .expect("daemon fds")
+        .count() as u64;
+    let lim = libc::rlimit {
+        rlim_cur: (open + 150) as libc::rlim_t,
+        rlim_max: (open + 150) as libc::rlim_t,
+    };
+    // SAFETY: prlimit on the daemon's pid with a valid struct, no old value wanted.
+    let r = unsafe {
+        libc::prlimit(
+            w.daemon_pid() as libc::pid_t,
+            libc::RLIMIT_NOFILE,
+            &lim,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let n = 300;
+    let r = scale_run(&w, n as u32, 1, None);
+    assert_clean(&r, n);
+    let c = &r.client;
+    let (smcd, fb) = (c.get("smcd_client"), c.get("fallback_client"));
+    assert!(
+        smcd > 0 && fb > 0,
+        "expected both SMC-D and fallbacks: {}",
+        brief(c)
+    );
+    assert_eq!(smcd + fb, n, "client: {}", brief(c));
+    assert_eq!(all_mem("client", c), fb);
+    assert_eq!(all_mem("server", &r.server), r.server.get("fallback_server"));
 }
