@@ -156,7 +156,12 @@ fn all_mem(what: &str, s: &Snapshot) -> u64 {
         .filter(|(k, _)| **k == mem)
         .map(|(_, v)| v)
         .sum();
-    assert_eq!(mem_n, all, "{what}: every fallback must be MEM: {}", brief(s));
+    assert_eq!(
+        mem_n,
+        all,
+        "{what}: every fallback must be MEM: {}",
+        brief(s)
+    );
     mem_n
 }
 
@@ -193,5 +198,8 @@ fn daemon_out_of_descriptors_declines_mem() {
     );
     assert_eq!(smcd + fb, n, "client: {}", brief(c));
     assert_eq!(all_mem("client", c), fb);
-    assert_eq!(all_mem("server", &r.server), r.server.get("fallback_server"));
+    assert_eq!(
+        all_mem("server", &r.server),
+        r.server.get("fallback_server")
+    );
 }
