@@ -155,8 +155,8 @@ impl SharedClient {
         Ok(st)
     }
 
-    /// Sends one request without waiting (a full socket buffer fails it: the daemon is not
-    /// reading); its seq is queued for a reply unless it carries `NOREPLY_BIT`.
+    /// Sends one request without waiting for its reply (a full socket buffer is waited on,
+    /// within the timeout); its seq is queued for a reply unless it carries `NOREPLY_BIT`.
     fn send(&self, op: u16, payload: &[u8], pass: Option<RawFd>) -> Result<Ticket, IsmError> {
         let reused = self.lock().fd.is_some();
         match self.send_once(op, payload, pass) {
@@ -173,46 +173,67 @@ impl SharedClient {
         // sending them and stop reading, and this request would fail (as `Client` does: the
         // oldest reply is read and filed for its ticket first).
         let deadline = Instant::now() + self.timeout;
-        while st.inflight.len() >= client::MAX_INFLIGHT {
-            let (g, r) = self.wait_step(st, deadline);
-            st = g;
-            if !r? {
-                return Err(IsmError::Timeout);
-            }
-            if st.fd.is_none() {
-                return Err(IsmError::Disconnected);
-            }
-        }
-        let Some(fd) = st.fd.as_ref().map(|f| f.as_raw_fd()) else {
-            return Err(IsmError::Disconnected);
-        };
-        let seq = st.seq.wrapping_add(1);
-        let mut req = [0u8; proto::HEADER_LEN + 32];
-        let n = proto::HEADER_LEN + payload.len();
-        if n > req.len() {
-            return Err(IsmError::Protocol("request too large"));
-        }
-        Header::new(op, payload.len(), seq).encode(&mut req);
-        req[proto::HEADER_LEN..n].copy_from_slice(payload);
-        if let Err(e) = sys::send_record(fd, &req[..n], pass, libc::MSG_DONTWAIT) {
-            return Err(match e.raw_os_error() {
-                Some(libc::EPIPE) | Some(libc::ECONNRESET) | Some(libc::ENOTCONN) => {
-                    self.disconnect(&mut st);
-                    IsmError::Disconnected
+        loop {
+            while st.inflight.len() >= client::MAX_INFLIGHT {
+                let (g, r) = self.wait_step(st, deadline);
+                st = g;
+                if !r? {
+                    return Err(IsmError::Timeout);
                 }
-                Some(libc::EAGAIN) => IsmError::Timeout,
-                _ => IsmError::NotSent(e),
+                if st.fd.is_none() {
+                    return Err(IsmError::Disconnected);
+                }
+            }
+            let Some(fd) = st.fd.as_ref().map(|f| f.as_raw_fd()) else {
+                return Err(IsmError::Disconnected);
+            };
+            let seq = st.seq.wrapping_add(1);
+            let mut req = [0u8; proto::HEADER_LEN + 32];
+            let n = proto::HEADER_LEN + payload.len();
+            if n > req.len() {
+                return Err(IsmError::Protocol("request too large"));
+            }
+            Header::new(op, payload.len(), seq).encode(&mut req);
+            req[proto::HEADER_LEN..n].copy_from_slice(payload);
+            if let Err(e) = sys::send_record(fd, &req[..n], pass, libc::MSG_DONTWAIT) {
+                if e.raw_os_error() == Some(libc::EAGAIN) {
+                    // The socket's send buffer is full: the daemon is behind (a burst of
+                    // registrations and releases, e.g. when many handshakes decline at once; the
+                    // releases expect no reply, so `MAX_INFLIGHT` does not bound them). Wait for
+                    // room without the lock, within the timeout, then send again (with the seq of
+                    // that moment): a transient backlog is not a missing device.
+                    let Some(conn) = st.fd.clone() else {
+                        return Err(IsmError::Disconnected);
+                    };
+                    drop(st);
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() || !sys::wait_writable(conn.as_raw_fd(), left) {
+                        return Err(IsmError::Timeout);
+                    }
+                    st = self.lock();
+                    if !st.fd.as_ref().is_some_and(|f| Arc::ptr_eq(f, &conn)) {
+                        return Err(IsmError::Disconnected);
+                    }
+                    continue;
+                }
+                return Err(match e.raw_os_error() {
+                    Some(libc::EPIPE) | Some(libc::ECONNRESET) | Some(libc::ENOTCONN) => {
+                        self.disconnect(&mut st);
+                        IsmError::Disconnected
+                    }
+                    _ => IsmError::NotSent(e),
+                });
+            }
+            st.seq = seq;
+            if op & proto::NOREPLY_BIT == 0 {
+                st.inflight.push_back(seq);
+            }
+            return Ok(Ticket {
+                seq,
+                op,
+                generation: st.generation,
             });
         }
-        st.seq = seq;
-        if op & proto::NOREPLY_BIT == 0 {
-            st.inflight.push_back(seq);
-        }
-        Ok(Ticket {
-            seq,
-            op,
-            generation: st.generation,
-        })
     }
 
     /// Reads the oldest outstanding reply, without the lock while waiting, and files it for its

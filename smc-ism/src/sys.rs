@@ -107,6 +107,48 @@ pub(crate) struct Received {
     pub fd: Option<OwnedFd>,
     /// Any further fds (no request takes more than one; the caller disposes of them).
     pub extra: Vec<OwnedFd>,
+    /// The kernel dropped passed fds (`MSG_CTRUNC`), e.g. the receiver is at `RLIMIT_NOFILE`.
+    pub fds_dropped: bool,
+}
+
+/// Waits until `fd` is writable (or has an error or hang-up), at most `timeout`; false on
+/// timeout. The system call itself (`ppoll`), not the libc symbol: inside the interposition
+/// library, `poll` is the application's emulated one.
+pub(crate) fn wait_writable(fd: RawFd, timeout: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let ts = libc::timespec {
+            tv_sec: left.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: left.subsec_nanos() as libc::c_long,
+        };
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, a valid timespec, no signal mask.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_ppoll,
+                &mut p as *mut libc::pollfd,
+                1 as libc::nfds_t,
+                &ts as *const libc::timespec,
+                ptr::null::<libc::sigset_t>(),
+                0usize,
+            )
+        };
+        if r > 0 {
+            return true;
+        }
+        if r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        return false;
+    }
 }
 
 /// Receives one record; fds are received with `MSG_CMSG_CLOEXEC`, the first in `fd`, any others
@@ -169,6 +211,7 @@ pub(crate) fn recv_record(sock: RawFd, buf: &mut [u8], flags: libc::c_int) -> io
         return Ok(Received {
             len: r as usize,
             truncated: msg.msg_flags & libc::MSG_TRUNC != 0,
+            fds_dropped: msg.msg_flags & libc::MSG_CTRUNC != 0,
             fd: first,
             extra,
         });

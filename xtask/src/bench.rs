@@ -115,7 +115,7 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
             bail!("{} is missing (cargo xtask build)", f.display());
         }
     }
-    eprintln!("==> building the bench's own test programs (smc-bench-helper)");
+    eprintln!("==> building the bench's own test programs (smc-bench-helper, smc-scale)");
     crate::run(cargo(root).args([
         "build",
         "--release",
@@ -123,6 +123,15 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
         "xtask",
         "--bin",
         "smc-bench-helper",
+    ]))?;
+    // The scale case's program lives with the integration tests (they run it too).
+    crate::run(cargo(root).args([
+        "build",
+        "--release",
+        "-p",
+        "integration-tests",
+        "--bin",
+        "smc-scale",
     ]))?;
     let helper = release.join("smc-bench-helper");
     for tool in [

@@ -127,6 +127,9 @@ struct Conn<'a> {
     /// The last proof socket cgroup id and its quota bucket (a process's sockets nearly always
     /// share one cgroup: no global lookup per registration).
     cg_last: Option<(u64, Arc<CgroupUsage>)>,
+    /// The kernel dropped the fds passed with the current request (`MSG_CTRUNC`: the daemon is
+    /// out of descriptors): its missing socket is a `Mem` failure, not a client's error.
+    fds_dropped: bool,
     held: HashMap<u64, Held>,
 }
 
@@ -152,6 +155,7 @@ pub(crate) async fn serve_conn(
         uid,
         cg: shared.reg.cgroup(&cg_path),
         cg_last: None,
+        fds_dropped: false,
         held: HashMap::new(),
     };
     // SAFETY: the OwnedFd is moved into the AsyncFd, which neither replaces nor closes it while
@@ -264,6 +268,7 @@ impl Conn<'_> {
                     return;
                 }
             };
+            self.fds_dropped = r.fds_dropped;
             let pass = self
                 .handle(&buf[..r.len], r.truncated, r.fd, &mut out, stop)
                 .await;
@@ -483,8 +488,17 @@ impl Conn<'_> {
         cg
     }
 
+    /// The socket a request passed, or why there is none.
+    fn passed<T>(&self, fd: Option<T>) -> Result<T, Fail> {
+        match fd {
+            Some(fd) => Ok(fd),
+            None if self.fds_dropped => Err(Fail::Memfd(libc::EMFILE)),
+            None => Err(Fail::BadSocket),
+        }
+    }
+
     fn register(&mut self, size_code: u8, fd: Option<OwnedFd>) -> Result<Arc<DmbObj>, Fail> {
-        let fd = fd.ok_or(Fail::BadSocket)?;
+        let fd = self.passed(fd)?;
         let sh = self.shared;
         let res = sys::inspect_tcp(fd.as_fd()).map(|id| {
             let info =
@@ -504,7 +518,7 @@ impl Conn<'_> {
     /// Inspects the attacher's socket (and its cgroup, when the configuration compares
     /// cgroups). The caller hands the socket to the closer.
     fn proof(&mut self, fd: &Option<OwnedFd>) -> Result<(TcpIdentity, Option<String>), Fail> {
-        let fd = fd.as_ref().ok_or(Fail::BadSocket)?;
+        let fd = self.passed(fd.as_ref())?;
         let sh = self.shared;
         let res = sys::inspect_tcp(fd.as_fd()).map(|id| {
             let cg = if sh.reg.needs_attacher_cgroup() {

@@ -431,7 +431,68 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
         },
     ];
     v.extend(close_cases);
+    v.extend(scale_cases(&helper));
     Ok(v)
+}
+
+/// Many concurrent connections (issue 14): `smc-scale` (tests/src/bin/smc-scale.rs, built next
+/// to `smc-bench-helper`), one epoll server and one epoll client of N connections, each pinging
+/// 64 B once a second for 3 rounds: connections on SMC-D, setup rate, p99 ping, memory per
+/// connection (RSS and PSS of client, server and daemon together, divided by N), descriptors.
+/// N = 1000 and 10 000; 65 536 with `SMC_BENCH_SCALE_65K=1` (it needs the daemon's and the
+/// programs' `RLIMIT_NOFILE` and `vm.max_map_count` raised: see docs/ARCHITECTURE.md, "Scale").
+fn scale_cases(helper: &str) -> Vec<Case> {
+    let bin = Path::new(helper)
+        .with_file_name("smc-scale")
+        .to_string_lossy()
+        .into_owned();
+    let mut ns = vec![1000u32, 10_000];
+    if std::env::var_os("SMC_BENCH_SCALE_65K").is_some_and(|v| v == "1") {
+        ns.push(65_536);
+    }
+    ns.into_iter()
+        .map(|n| {
+            let (b1, b2) = (bin.clone(), bin.clone());
+            let k = if n >= 65_536 {
+                "65k".to_string()
+            } else {
+                format!("{}k", n / 1000)
+            };
+            Case {
+                id: format!("scale-{k}").leak(),
+                title: format!("{n} concurrent connections pinging 64 B once a second").leak(),
+                metrics: vec![
+                    metric("smcd_conns", "connections on SMC-D", "conns", true),
+                    metric("setup_per_sec", "setup rate", "conn/s", true),
+                    metric("p99_us", "p99 ping", "us", false),
+                    metric(
+                        "rss_bytes_per_conn",
+                        "RSS per connection (all 3)",
+                        "B",
+                        false,
+                    ),
+                    metric(
+                        "pss_bytes_per_conn",
+                        "PSS per connection (all 3)",
+                        "B",
+                        false,
+                    ),
+                    metric("resets", "connections reset", "conns", false),
+                    metric("client_cpu_ms", "client CPU in the rounds", "ms", false),
+                ],
+                units: None,
+                fallback: false,
+                server: argv(move |port| sv(&[&b1, "server", &port.to_string()])),
+                client: argv(move |port| {
+                    sv(&[&b2, "client", &port.to_string(), &n.to_string(), "3"])
+                }),
+                parse: parse_json_line,
+                timeout: Duration::from_secs(120 + u64::from(n) / 100),
+                smc_env: vec![],
+                policy_tcp: false,
+            }
+        })
+        .collect()
 }
 
 pub(crate) fn sv(a: &[&str]) -> Vec<String> {

@@ -1,0 +1,205 @@
+//! Many concurrent connections (issue 14, "Scale"): `smc-scale` (tests/src/bin/smc-scale.rs),
+//! an epoll server and an epoll client holding N connections that each ping 64 bytes per round,
+//! both under the data path in an ism-attached cgroup with the test's own daemon.
+//!
+//! - 1000 connections: every one is SMC-D on both ends, every ping is answered with its own
+//!   bytes, none is reset.
+//! - The client's memory mappings run out (`vm.max_map_count`, reached by taking all mappings
+//!   but a few before connecting, as 20 000+ connections would): the connections that cannot
+//!   map their DMBs fall back to TCP with a `MEM` decline, cleanly (every ping answered, no
+//!   reset), and the others stay SMC-D.
+//!
+//! - The daemon runs out of descriptors (its `RLIMIT_NOFILE` lowered while it runs): the
+//!   registrations it cannot take (no memfd, or the socket passed with the request dropped by
+//!   the kernel, `MSG_CTRUNC`) decline with `MEM`, never `INTERR`, and fall back cleanly.
+//!
+//! Needs root (cgroups, eBPF). Build first: `cargo build --release -p smc-ctl -p smc-preload
+//! -p integration-tests --bins`, then `cargo test --release -p integration-tests --test
+//! scale_smc`.
+use integration_tests::{
+    bin, brief, fallbacks, free_port, run_to_end, spawn_logged, wait_listening, SmcWorld, Snapshot,
+};
+use smc_common::diag::Diag;
+use std::time::Duration;
+
+/// Bound of every wait for a program or a condition.
+const T: Duration = Duration::from_secs(120);
+
+struct Run {
+    out: serde_json::Value,
+    client: Snapshot,
+    server: Snapshot,
+}
+
+/// Runs the server and a client of `n` connections and `rounds` rounds (`map_room`: mappings
+/// left to the client below `vm.max_map_count`).
+fn scale_run(w: &SmcWorld, n: u32, rounds: u32, map_room: Option<u32>) -> Run {
+    let port = free_port();
+    let logs = w.subdir("logs");
+    let mut s = w.run(bin("smc-scale"));
+    s.arg("server").arg(port.to_string());
+    let slog = logs.join("scale-server.log");
+    let mut server = spawn_logged(s, &slog);
+    wait_listening(&mut server, port, T, "smc-scale server", Some(&slog));
+    let mut c = w.run(bin("smc-scale"));
+    c.args([
+        "client",
+        &port.to_string(),
+        &n.to_string(),
+        &rounds.to_string(),
+        "500",
+    ]);
+    if let Some(r) = map_room {
+        c.env("SMC_SCALE_MAP_ROOM", r.to_string());
+    }
+    let f = run_to_end(c, &logs, None, T).ok();
+    let out: serde_json::Value = serde_json::from_str(f.text().trim())
+        .unwrap_or_else(|e| panic!("smc-scale client output ({e}): {}", f.text()));
+    let client = w.stats_of(f.pid, "smc-scale client");
+    let server = w.stats_of(server.0.id(), "smc-scale server");
+    Run {
+        out,
+        client,
+        server,
+    }
+}
+
+fn num(v: &serde_json::Value, k: &str) -> u64 {
+    v[k].as_u64()
+        .unwrap_or_else(|| panic!("smc-scale printed no {k}: {v}"))
+}
+
+/// Every connection up, every ping answered with its own bytes, nothing reset.
+fn assert_clean(r: &Run, n: u64) {
+    let o = &r.out;
+    assert_eq!(num(o, "established"), n, "connections set up: {o}");
+    assert_eq!(num(o, "connect_errors"), 0, "{o}");
+    assert_eq!(num(o, "resets"), 0, "connections reset or closed: {o}");
+    assert_eq!(num(o, "wrong"), 0, "answers with wrong bytes: {o}");
+    assert_eq!(num(o, "unanswered"), 0, "pings never answered: {o}");
+    // The setup ping of each connection, then every ping of the rounds.
+    assert_eq!(num(o, "answered"), n + num(o, "pings"), "{o}");
+    assert!(num(o, "pings") > 0, "no ping in the rounds: {o}");
+}
+
+#[test]
+fn thousand_connections_all_smcd() {
+    let w = SmcWorld::new();
+    let n = 1000;
+    let r = scale_run(&w, n as u32, 2, None);
+    assert_clean(&r, n);
+    for (what, s, key) in [
+        ("client", &r.client, "smcd_client"),
+        ("server", &r.server, "smcd_server"),
+    ] {
+        assert_eq!(
+            s.get(key),
+            n,
+            "{what}: not every connection is SMC-D: {}",
+            brief(s)
+        );
+        assert_eq!(fallbacks(s), 0, "{what} fell back: {}", brief(s));
+        assert_eq!(s.get("handshake_errors"), 0, "{what}: {}", brief(s));
+    }
+    assert_eq!(
+        num(&r.out, "smcd_conns"),
+        n,
+        "client DMB mappings: {}",
+        r.out
+    );
+}
+
+#[test]
+fn mappings_exhausted_fall_back_with_mem() {
+    let w = SmcWorld::new();
+    let n = 600;
+    // Three mappings per SMC-D connection end (its DMB, the peer's, its shared state): room
+    // for a few hundred, not for 600.
+    let r = scale_run(&w, n as u32, 1, Some(900));
+    assert_clean(&r, n);
+    let (c, s) = (&r.client, &r.server);
+    let smcd = c.get("smcd_client");
+    let fb = c.get("fallback_client");
+    assert!(
+        smcd > 0 && fb > 0,
+        "expected both SMC-D and MEM fallbacks: {}",
+        brief(c)
+    );
+    assert_eq!(smcd + fb, n, "client: {}", brief(c));
+    let mem = Diag::Mem.code();
+    let by_reason: u64 = c.reasons.iter().map(|(_, v)| v).sum();
+    let mem_n: u64 = c
+        .reasons
+        .iter()
+        .filter(|(k, _)| **k == mem)
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(
+        mem_n,
+        by_reason,
+        "every fallback must be MEM ({mem:#010x}): {}",
+        brief(c)
+    );
+    assert_eq!(mem_n, fb, "client: {}", brief(c));
+    // The server saw the same split: its SMC-D connections are exactly the client's.
+    assert_eq!(s.get("smcd_server"), smcd, "server: {}", brief(s));
+    assert_eq!(s.get("fallback_server"), fb, "server: {}", brief(s));
+}
+
+/// Every fallback of `s` was declined with `MEM`; returns how many.
+fn all_mem(what: &str, s: &Snapshot) -> u64 {
+    let mem = Diag::Mem.code();
+    let all: u64 = s.reasons.iter().map(|(_, v)| v).sum();
+    let mem_n: u64 = s
+        .reasons
+        .iter()
+        .filter(|(k, _)| **k == mem)
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(
+        mem_n,
+        all,
+        "{what}: every fallback must be MEM: {}",
+        brief(s)
+    );
+    mem_n
+}
+
+#[test]
+fn daemon_out_of_descriptors_declines_mem() {
+    let w = SmcWorld::new();
+    // Room for about 150 DMBs (one memfd each) besides what the daemon holds already.
+    let open = std::fs::read_dir(format!("/proc/{}/fd", w.daemon_pid()))
+        .expect("daemon fds")
+        .count() as u64;
+    let lim = libc::rlimit {
+        rlim_cur: (open + 150) as libc::rlim_t,
+        rlim_max: (open + 150) as libc::rlim_t,
+    };
+    // SAFETY: prlimit on the daemon's pid with a valid struct, no old value wanted.
+    let r = unsafe {
+        libc::prlimit(
+            w.daemon_pid() as libc::pid_t,
+            libc::RLIMIT_NOFILE,
+            &lim,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let n = 300;
+    let r = scale_run(&w, n as u32, 1, None);
+    assert_clean(&r, n);
+    let c = &r.client;
+    let (smcd, fb) = (c.get("smcd_client"), c.get("fallback_client"));
+    assert!(
+        smcd > 0 && fb > 0,
+        "expected both SMC-D and fallbacks: {}",
+        brief(c)
+    );
+    assert_eq!(smcd + fb, n, "client: {}", brief(c));
+    assert_eq!(all_mem("client", c), fb);
+    assert_eq!(
+        all_mem("server", &r.server),
+        r.server.get("fallback_server")
+    );
+}
