@@ -127,7 +127,7 @@ fn mappings_exhausted_fall_back_with_mem() {
     );
     assert_eq!(smcd + fb, n, "client: {}", brief(c));
     let mem = Diag::Mem.code();
-    let by_reason: u64 = c.reasons.iter().map(|(_, v)| v).sum();
+    let by_reason: u64 = c.reasons.values().sum();
     let mem_n: u64 = c
         .reasons
         .iter()
@@ -149,7 +149,7 @@ fn mappings_exhausted_fall_back_with_mem() {
 /// Every fallback of `s` was declined with `MEM`; returns how many.
 fn all_mem(what: &str, s: &Snapshot) -> u64 {
     let mem = Diag::Mem.code();
-    let all: u64 = s.reasons.iter().map(|(_, v)| v).sum();
+    let all: u64 = s.reasons.values().sum();
     let mem_n: u64 = s
         .reasons
         .iter()
