@@ -641,14 +641,22 @@ impl Client {
         if self.inflight.is_empty() {
             return Ok(());
         }
+        // Only DMB requests are pipelined: their replies are short.
+        let mut buf = [0u8; 1024];
+        let (seq, len, fd) = self.read_next(&mut buf)?;
+        self.stash.push((seq, buf[..len].to_vec(), fd));
+        Ok(())
+    }
+
+    /// Reads the next reply record into `buf`: the oldest outstanding request's (anything else
+    /// breaks the connection). Returns its seq, length and passed fd.
+    fn read_next(&mut self, buf: &mut [u8]) -> Result<(u32, usize, Option<OwnedFd>), IsmError> {
         let bad = |s: &mut Client, what| {
             s.disconnect();
             Err(IsmError::Protocol(what))
         };
-        // Only DMB requests are pipelined: their replies are short.
-        let mut buf = [0u8; 1024];
         let fd = self.raw()?;
-        let r = match sys::recv_record(fd, &mut buf, 0) {
+        let r = match sys::recv_record(fd, buf, 0) {
             Ok(r) => r,
             Err(e) => return Err(self.broken(e)),
         };
@@ -666,8 +674,7 @@ impl Client {
             return bad(self, "reply out of sequence");
         }
         self.inflight.pop_front();
-        self.stash.push((h.seq, buf[..r.len].to_vec(), r.fd));
-        Ok(())
+        Ok((h.seq, r.len, r.fd))
     }
 
     /// Reads the reply to `seq` into `reply`; replies to earlier requests read on the way are
@@ -681,35 +688,13 @@ impl Client {
             reply[..rec.len()].copy_from_slice(&rec);
             return self.check_reply(seq, op, reply, rec.len(), fd);
         }
-        let bad = |s: &mut Client, what| {
-            s.disconnect();
-            Err(IsmError::Protocol(what))
-        };
         loop {
-            let fd = self.raw()?;
-            let r = match sys::recv_record(fd, reply, 0) {
-                Ok(r) => r,
-                Err(e) => return Err(self.broken(e)),
-            };
-            if r.len == 0 {
-                self.disconnect();
-                return Err(IsmError::Disconnected);
-            }
-            if r.truncated {
-                return bad(self, "reply too large");
-            }
-            let Some(h) = Header::decode(&reply[..r.len]) else {
-                return bad(self, "short reply");
-            };
-            if self.inflight.front() != Some(&h.seq) {
-                return bad(self, "reply out of sequence");
-            }
-            self.inflight.pop_front();
-            if h.seq == seq {
-                return self.check_reply(seq, op, reply, r.len, r.fd);
+            let (s, len, fd) = self.read_next(reply)?;
+            if s == seq {
+                return self.check_reply(seq, op, reply, len, fd);
             }
             // Another ticket's reply: keep it for its finish.
-            self.stash.push((h.seq, reply[..r.len].to_vec(), r.fd));
+            self.stash.push((s, reply[..len].to_vec(), fd));
         }
     }
 
