@@ -365,6 +365,9 @@ pub struct Handshake {
     peer_smc: bool,
     /// The local device is unavailable: decline with this code.
     no_device: Option<Diag>,
+    /// The socket was handed over ([`Handshake::withdraw`]): decline with this code at our next
+    /// message.
+    withdrawn: Option<Diag>,
     st: St,
 }
 
@@ -404,6 +407,7 @@ impl Handshake {
             cfg,
             peer_smc: peer_announced_smc,
             no_device: None,
+            withdrawn: None,
             st: St::Init,
         }
     }
@@ -415,6 +419,7 @@ impl Handshake {
             cfg,
             peer_smc: peer_announced_smc,
             no_device: None,
+            withdrawn: None,
             st: St::Init,
         }
     }
@@ -426,6 +431,16 @@ impl Handshake {
     pub fn device_unavailable(mut self, diag: Diag) -> Handshake {
         self.no_device = Some(diag);
         self
+    }
+
+    /// The socket leaves the end that runs this handshake (passed to another process, which
+    /// cannot take over our DMB mappings): from now on, our next message is a Decline with
+    /// `diag` wherever the protocol still allows one — a client declines instead of proposing
+    /// or of confirming, a server instead of accepting — so both ends continue on plain TCP
+    /// with the stream in sync. A server whose Accept is out already cannot withdraw: the
+    /// client's Confirm decides.
+    pub fn withdraw(&mut self, diag: Diag) {
+        self.withdrawn = Some(diag);
     }
 
     /// Client, while asked to register its DMB (and after): the server's DMB named in its
@@ -487,18 +502,23 @@ impl Handshake {
                 in_sync: true,
             })];
         }
-        match (self.role, self.no_device) {
+        let decline = match (self.no_device, self.withdrawn) {
+            (Some(diag), _) => Some((diag, FallbackReason::NoLocalDevice { diag })),
+            (None, Some(diag)) => Some((diag, FallbackReason::DeclinedByUs { diag })),
+            (None, None) => None,
+        };
+        match (self.role, decline) {
             (Role::Server, _) => {
                 self.st = St::ServerWaitProposal;
                 Vec::new()
             }
-            (Role::Client, Some(diag)) => {
+            (Role::Client, Some((diag, reason))) => {
                 // The server waits for a CLC message: our decline is its answer.
                 self.st = St::Done(false);
                 vec![
                     Action::Send(Decline::new(SMC_V2, diag.code(), self.cfg.peer_id).encode()),
                     Action::Fallback(Fallback {
-                        reason: FallbackReason::NoLocalDevice { diag },
+                        reason,
                         sent_decline: Some(diag.code()),
                         in_sync: true,
                     }),
@@ -697,6 +717,9 @@ impl Handshake {
         if let Some(diag) = self.no_device {
             return Err(Fail::declined(FallbackReason::NoLocalDevice { diag }, diag));
         }
+        if let Some(diag) = self.withdrawn {
+            return Err(Fail::protocol(diag, true));
+        }
         if p.version == SMC_V1 {
             return Err(Fail::declined(
                 FallbackReason::VersionMismatch,
@@ -805,6 +828,9 @@ impl Handshake {
     }
 
     fn on_accept(&mut self, a: AcceptConfirm) -> Result<(St, Vec<Action>), Fail> {
+        if let Some(diag) = self.withdrawn {
+            return Err(Fail::protocol(diag, true));
+        }
         // We offered large DMBs; the server uses one only when it echoes the bit.
         let large =
             a.v2.as_ref()

@@ -146,6 +146,12 @@ impl Driver {
         self.fd = fd;
     }
 
+    /// The socket is handed to another process: decline at our next message where the
+    /// protocol allows it ([`Handshake::withdraw`]).
+    pub fn withdraw(&mut self) {
+        self.m.withdraw(smc_common::diag::Diag::OptUnsupp);
+    }
+
     pub fn step(&mut self, block: bool) -> Progress {
         if !self.started {
             self.started = true;

@@ -98,8 +98,26 @@ pub fn withdraw_listeners_for_exec() -> Withdrawn {
     w
 }
 
+/// Before an exec or a spawn: sockets whose handshake is under way and that the next image
+/// inherits are decided first, declined where the protocol allows it
+/// ([`setup::settle_leaving`]): that image cannot continue the handshake, and would read CLC
+/// bytes as data. Not in a `vfork` child: that runs in its parent's memory and must leave the
+/// parent's state alone (a documented residual).
+fn settle_for_exec() {
+    if in_vfork_child() || !fdtable::any_objects() {
+        return;
+    }
+    for (fd, o) in fdtable::all_objects() {
+        if matches!(&*o, Obj::Handshake(_) | Obj::Pending(_)) && !cloexec(fd) {
+            drop(o);
+            setup::settle_leaving(fd);
+        }
+    }
+}
+
 /// Runs `exec` (which returns only when it failed) with the listeners withdrawn around it.
 fn around_exec(exec: impl FnOnce() -> c_int) -> c_int {
+    settle_for_exec();
     let w = withdraw_listeners_for_exec();
     let r = exec();
     let e = real::errno();
@@ -165,6 +183,7 @@ pub unsafe fn posix_spawn(
     envp: *const *mut c_char,
     search_path: bool,
 ) -> c_int {
+    settle_for_exec();
     let w = withdraw_listeners_for_exec();
     // SAFETY: the caller's arguments, passed on unchanged.
     let r = unsafe {
@@ -357,8 +376,13 @@ pub unsafe fn fds_sending(m: &libc::msghdr) -> usize {
             if fdtable::raw(fd) < 8 {
                 return;
             }
-            // A socket in its handshake is not carried on here: our own daemon requests pass
-            // the handshaking socket as their proof (and hold its driver meanwhile).
+            // A socket in its handshake is decided before it leaves: the receiver may be
+            // another process, which cannot continue it. (Our own daemon requests pass the
+            // handshaking socket as their proof with the raw system call, not through here.)
+            if fdtable::get(fd).is_some_and(|o| matches!(&*o, Obj::Handshake(_) | Obj::Pending(_)))
+            {
+                setup::settle_leaving(fd);
+            }
             let Some(o) = fdtable::get(fd) else { return };
             let Obj::Conn(c) = &*o else { return };
             let Some(ck) = cookie(fd) else { return };

@@ -125,7 +125,7 @@ pub(crate) fn pipelining() -> bool {
 }
 
 /// The server handshake continues after `accept` returns when its client's next message is not
-/// there yet (`SMC_ACCEPT_ASYNC=0`: it completes inside `accept`).
+/// there yet (`SMC_ACCEPT_ASYNC=0`: it completes inside `accept` for blocking sockets).
 fn accept_async() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("SMC_ACCEPT_ASYNC").is_none_or(|v| v != "0"))
@@ -897,11 +897,12 @@ pub fn client_after_connect(fd: i32, nonblock: Option<bool>, dest: Option<Dest>)
 }
 
 /// Server side, right after accept: `fd` is the accepted socket, `nonblock` its O_NONBLOCK.
-/// A blocking socket (thread- or process-per-connection servers) completes the handshake
-/// here. A non-blocking one (an event loop) runs it as far as the client's messages are
-/// there; the rest happens at the fd's next operation or poll ([`Obj::Handshake`]), so the
-/// loop is never held up waiting for a client. (Such an fd handed to `exec` before its first
-/// operation would leave the handshake unfinished: event loops do not do that.)
+/// The handshake runs as far as the client's messages are there; the rest happens at the fd's
+/// next operation or poll ([`Obj::Handshake`]), so an accept loop is never held up waiting for
+/// a client (a same-host client that announces SMC and stays silent would stall it for the CLC
+/// timeout per connection, blocking sockets included; `SMC_ACCEPT_ASYNC=0` completes it here).
+/// An fd that leaves the process before its first operation (passed
+/// with `SCM_RIGHTS`, kept across `exec`) is decided before it goes ([`settle_leaving`]).
 pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
     let peer = peer_smc(fd);
     if peer == PeerSmc::No {
@@ -925,7 +926,7 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
     // connected to our listener and continues at its next operation, maybe in this thread:
     // waiting for its Confirm here could wait for ourselves).
     let own_client = own_client_handshake(fd);
-    let block = !(own_client || nonblock && accept_async()) && peer == PeerSmc::SameHost;
+    let block = !(own_client || accept_async()) && peer == PeerSmc::SameHost;
     match d.step(block) {
         Progress::Done(out) => finish(fd, true, out, nonblock),
         Progress::WouldBlock => {
@@ -1080,10 +1081,18 @@ pub fn client_start(fd: i32, nonblock: bool, dest: Option<Dest>) {
 /// Carry an accepted connection's handshake on. `block`: wait for the client (until done);
 /// otherwise only what is there. True when it is decided (the fd's slot changed).
 pub fn progress(fd: i32, h: &crate::obj::Handshake, block: bool) -> bool {
+    progress_or_withdraw(fd, h, block, false)
+}
+
+/// [`progress`]; `withdraw`: decline at our next message ([`Driver::withdraw`]).
+fn progress_or_withdraw(fd: i32, h: &crate::obj::Handshake, block: bool, withdraw: bool) -> bool {
     let mut g = h.driver.lock().unwrap_or_else(|e| e.into_inner());
     let Some(d) = g.as_mut() else {
         return true;
     };
+    if withdraw {
+        d.withdraw();
+    }
     // The handshake's I/O goes through the fd of this call: the one it started on may have
     // been closed after a dup, and its number reused by another file.
     d.set_fd(fd);
@@ -1107,6 +1116,79 @@ pub fn progress(fd: i32, h: &crate::obj::Handshake, block: bool) -> bool {
             drop(d);
             true
         }
+    }
+}
+
+/// `fd` is about to be shared with another process (passed with `SCM_RIGHTS`, inherited across
+/// `exec`), which cannot continue its handshake: our driver and the DMB mappings stay in this
+/// process, and the CLC bytes still to come would reach the other one as data. So it is
+/// decided first, declining wherever the protocol still allows it ([`Driver::withdraw`]): it
+/// travels as plain TCP with its stream in sync. Only a server whose Accept is out already
+/// ends on SMC when its client confirms (then the other process gets an SMC connection, which
+/// fails cleanly there). Waits at most the CLC timeout for the peer's next message or for a
+/// non-blocking connect to complete. errno is preserved.
+pub fn settle_leaving(fd: i32) {
+    let Some(o) = fdtable::get(fd) else { return };
+    let e0 = real::errno();
+    match &*o {
+        Obj::Handshake(h) => {
+            debug!("fd {fd}: leaves the process during its handshake: declined, stays TCP");
+            progress_or_withdraw(fd, h, true, true);
+        }
+        Obj::Pending(p) => {
+            let mut done = p.lock.lock().unwrap_or_else(|e| e.into_inner());
+            if !*done {
+                let mut pfd = libc::pollfd {
+                    fd,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                let ms = clc_timeout().as_millis().min(i32::MAX as u128) as i32;
+                // SAFETY: one pollfd.
+                if unsafe { real::poll(&mut pfd, 1, ms) } > 0 {
+                    *done = true;
+                    drop(done);
+                    debug!("fd {fd}: leaves the process before its handshake: declined, stays TCP");
+                    if so_error(fd) != 0 {
+                        settle_plain(fd);
+                    } else {
+                        client_declines(fd, p.dest);
+                    }
+                    if p.shared.load(Ordering::Relaxed) {
+                        crate::ops::share_decision(fd, &o);
+                    }
+                } else {
+                    debug!(
+                        "fd {fd}: leaves the process while its connect is still under way: \
+                         its handshake cannot be settled"
+                    );
+                }
+            }
+        }
+        _ => {}
+    }
+    real::set_errno(e0);
+}
+
+/// A client whose connection is established declines instead of proposing (the server waits
+/// for a CLC message: a Decline is its answer), and stays on TCP.
+fn client_declines(fd: i32, dest: Option<Dest>) {
+    if peer_smc(fd) == PeerSmc::No {
+        note_dest(dest, false);
+        fallback(
+            fd,
+            false,
+            Diag::PeerNoSmc.code(),
+            "peer did not announce SMC",
+            false,
+        );
+        return;
+    }
+    let sc = size_code_for(fd, None);
+    let mut d = Driver::new(machine(false, sc), fd, false, sc);
+    d.withdraw();
+    if let Progress::Done(out) = d.step(true) {
+        finish(fd, false, out, nonblocking(fd));
     }
 }
 

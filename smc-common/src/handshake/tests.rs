@@ -615,3 +615,59 @@ fn no_large_dmbs_without_the_offer() {
         vec![Action::RegisterDmb { size_code: 6 }]
     );
 }
+
+#[test]
+fn withdrawn_handshake_declines_at_its_next_message() {
+    let send = |a: &[Action]| match a.first() {
+        Some(Action::Send(b)) => b.clone(),
+        _ => unreachable!(),
+    };
+    let withdrawn = |a: &[Action]| {
+        assert_eq!(declined_with(a), Diag::OptUnsupp.code());
+        assert!(!a.iter().any(|x| matches!(x, Action::RegisterDmb { .. })));
+        assert!(matches!(
+            a.last(),
+            Some(Action::Fallback(f)) if f.in_sync
+                && f.reason == FallbackReason::DeclinedByUs { diag: Diag::OptUnsupp }
+        ));
+    };
+    // A client withdrawn before it starts declines instead of proposing; the server waiting
+    // for its proposal falls back in sync.
+    let mut c = Handshake::client(cfg(GID), true);
+    c.withdraw(Diag::OptUnsupp);
+    let a = c.start();
+    withdrawn(&a);
+    let mut s = Handshake::server(cfg(GID), true);
+    s.start();
+    let a = s.handle(Input::Message(&send(&a)));
+    assert!(matches!(a.last(), Some(Action::Fallback(f)) if f.in_sync));
+    // A server withdrawn while the proposal is on its way declines it.
+    let mut c = Handshake::client(cfg(GID), true);
+    let prop = send(&c.start());
+    let mut s = Handshake::server(cfg(GID), true);
+    s.start();
+    s.withdraw(Diag::OptUnsupp);
+    let a = s.handle(Input::Message(&prop));
+    withdrawn(&a);
+    let a = c.handle(Input::Message(&send(&a)));
+    assert!(matches!(a.last(), Some(Action::Fallback(f)) if f.in_sync));
+    // A client withdrawn while the accept is on its way declines instead of confirming; the
+    // server gives back the DMB it registered.
+    let mut c = Handshake::client(cfg(GID), true);
+    let prop = send(&c.start());
+    let mut s = Handshake::server(cfg(GID), true);
+    let a = s.handle(Input::Message(&prop));
+    assert!(matches!(a.last(), Some(Action::RegisterDmb { .. })));
+    let local = LocalDmb {
+        token: 7,
+        idx: 0,
+        size_code: 0,
+    };
+    let acc = send(&s.handle(Input::DmbRegistered(local)));
+    c.withdraw(Diag::OptUnsupp);
+    let a = c.handle(Input::Message(&acc));
+    withdrawn(&a);
+    let a = s.handle(Input::Message(&send(&a)));
+    assert!(a.contains(&Action::ReleaseDmb(local)));
+    assert!(matches!(a.last(), Some(Action::Fallback(f)) if f.in_sync));
+}

@@ -526,6 +526,11 @@ fn main() {
         eprintln!("usage: smc-conform list | smc-conform NAME");
         std::process::exit(2);
     };
+    if name == "__serve_fd" {
+        let n = |i: usize| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(-1);
+        scenarios::serve_inherited_fd(n(2), n(3));
+        return;
+    }
     if name == "list" {
         for s in scenarios::ALL {
             println!("{} {}", s.name, s.smc);

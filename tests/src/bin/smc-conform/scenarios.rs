@@ -81,6 +81,11 @@ scenarios! {
     epoll_connect_lt_in_out: 1;
     poll_connect_quiet_server: 1;
     accept_nonblock_empty: 0;
+    blocking_accept_silent_client: 1;
+    // fd passing
+    scm_rights_client_mid_handshake: 0;
+    scm_rights_accepted_mid_handshake: 0;
+    spawn_accepted_mid_handshake: 0;
     // data calls
     msg_peek: 1;
     msg_waitall: 1;
@@ -1690,6 +1695,273 @@ fn epoll_close_while_dup_open() {
     rd("read(dup)", d, 10);
     close(d);
     close(ep);
+}
+
+// ── fd passing ───────────────────────────────────────────────────────────────────────────────
+
+/// Sends `fd` over the Unix socket `u` with `SCM_RIGHTS` (one byte of data).
+fn send_fd(u: c_int, fd: c_int) -> isize {
+    let mut x = 0u8;
+    let mut io = libc::iovec {
+        iov_base: (&mut x as *mut u8).cast(),
+        iov_len: 1,
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr is plain data; the pointers are valid for the call.
+    let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
+    mh.msg_iov = &mut io;
+    mh.msg_iovlen = 1;
+    mh.msg_control = cbuf.as_mut_ptr().cast();
+    // SAFETY: CMSG_* on our own buffer, large enough for one int.
+    unsafe {
+        mh.msg_controllen = libc::CMSG_SPACE(4) as usize;
+        let c = libc::CMSG_FIRSTHDR(&mh);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut c_int, fd);
+        libc::sendmsg(u, &mh, 0)
+    }
+}
+
+/// Receives one fd sent with [`send_fd`] (-1 if none came).
+fn recv_fd(u: c_int) -> c_int {
+    let mut x = 0u8;
+    let mut io = libc::iovec {
+        iov_base: (&mut x as *mut u8).cast(),
+        iov_len: 1,
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr is plain data; the pointers are valid for the call.
+    let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
+    mh.msg_iov = &mut io;
+    mh.msg_iovlen = 1;
+    mh.msg_control = cbuf.as_mut_ptr().cast();
+    mh.msg_controllen = std::mem::size_of_val(&cbuf);
+    // SAFETY: as above; CMSG_* walk our own buffer as the kernel filled it.
+    unsafe {
+        if libc::recvmsg(u, &mut mh, 0) != 1 {
+            return -1;
+        }
+        let c = libc::CMSG_FIRSTHDR(&mh);
+        if c.is_null() || (*c).cmsg_type != libc::SCM_RIGHTS {
+            return -1;
+        }
+        std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const c_int)
+    }
+}
+
+/// A socket whose handshake is under way goes to another process (forked before the
+/// connection existed, as a pre-forked worker is) and is closed here; `hand_over` makes it
+/// (runs in a thread of this process once the other process is ready) and returns it, `serve`
+/// is the other process's use of it.
+fn pass_to_other_process(hand_over: impl FnOnce() -> c_int + Send + 'static, serve: fn(c_int)) {
+    let mut sp = [0; 2];
+    // SAFETY: out array of two ints.
+    assert_eq!(
+        unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, sp.as_mut_ptr()) },
+        0
+    );
+    let (here, there) = (sp[0], sp[1]);
+    let sender = std::thread::spawn(move || {
+        read_n(here, 1);
+        let fd = hand_over();
+        let sent = send_fd(here, fd);
+        close(fd);
+        sent
+    });
+    in_child(move || {
+        close(here);
+        write_all(there, b"r");
+        let fd = recv_fd(there);
+        log(format!("received an fd = {}", fd >= 0));
+        serve(fd);
+        close(fd);
+    });
+    r("sendmsg(SCM_RIGHTS)", sender.join().unwrap());
+    close(here);
+    close(there);
+}
+
+fn scm_rights_client_mid_handshake() {
+    // A non-blocking connect, passed on at once: the other process reads the server's bytes
+    // exactly (never CLC bytes) and its answer reaches the server.
+    let (l, port) = listener();
+    let srv = std::thread::spawn(move || {
+        let s = accept_fd(l);
+        write_all(s, b"hello from the server");
+        let got = read_n(s, 2);
+        close(s);
+        close(l);
+        got
+    });
+    pass_to_other_process(
+        move || nonblock_client(port),
+        |c| {
+            set_nonblock(c, false);
+            let got = read_n(c, 21);
+            log(format!("read {} bytes, digest {}", got.len(), digest(&got)));
+            write_all(c, b"ok");
+            rd("read(c) at the end", c, 10);
+        },
+    );
+    let got = srv.join().unwrap();
+    log(format!("server read {:?}", String::from_utf8_lossy(&got)));
+}
+
+fn scm_rights_accepted_mid_handshake() {
+    // A pre-forked worker receives an accepted socket from its parent, which closes it: the
+    // client's bytes reach the worker exactly and the worker's answer reaches the client.
+    let (l, port) = listener();
+    let cl = std::thread::spawn(move || {
+        let c = tcp_socket();
+        connect_to(c, port);
+        write_all(c, b"hello from the client");
+        let got = read_n(c, 2);
+        close(c);
+        got
+    });
+    pass_to_other_process(
+        move || {
+            let s = accept_fd(l);
+            close(l);
+            s
+        },
+        |s| {
+            let got = read_n(s, 21);
+            log(format!("read {} bytes, digest {}", got.len(), digest(&got)));
+            write_all(s, b"ok");
+        },
+    );
+    let got = cl.join().unwrap();
+    log(format!("client read {:?}", String::from_utf8_lossy(&got)));
+}
+
+/// The other image of [`spawn_accepted_mid_handshake`] (`smc-conform __serve_fd FD LOG`):
+/// reads the client's 21 bytes from the inherited socket and answers; its trace lines go to
+/// the inherited pipe `LOG`.
+pub fn serve_inherited_fd(fd: c_int, log_fd: c_int) {
+    CHILD_PIPE.store(log_fd, Ordering::Relaxed);
+    let got = read_n(fd, 21);
+    log(format!("read {} bytes, digest {}", got.len(), digest(&got)));
+    write_all(fd, b"ok");
+    close(fd);
+}
+
+fn spawn_accepted_mid_handshake() {
+    // An inetd-style server: the accepted socket is handed to a new image (posix_spawn, as
+    // CPython's subprocess and Java do) at once; the client's bytes reach it exactly.
+    let (l, port) = listener();
+    let cl = std::thread::spawn(move || {
+        let c = tcp_socket();
+        connect_to(c, port);
+        write_all(c, b"hello from the client");
+        let got = read_n(c, 2);
+        close(c);
+        got
+    });
+    let s = accept_fd(l);
+    close(l);
+    let (rp, wp) = pipe();
+    let exe = std::ffi::CString::new(
+        std::env::current_exe()
+            .unwrap()
+            .into_os_string()
+            .into_encoded_bytes(),
+    )
+    .unwrap();
+    let args: Vec<std::ffi::CString> = [
+        "smc-conform".to_string(),
+        "__serve_fd".into(),
+        s.to_string(),
+        wp.to_string(),
+    ]
+    .into_iter()
+    .map(|a| std::ffi::CString::new(a).unwrap())
+    .collect();
+    let mut argv: Vec<*mut libc::c_char> = args
+        .iter()
+        .map(|a| a.as_ptr() as *mut libc::c_char)
+        .collect();
+    argv.push(std::ptr::null_mut());
+    extern "C" {
+        static environ: *const *mut libc::c_char;
+    }
+    let mut pid = 0;
+    // SAFETY: valid path, argv and environment, NULL-terminated; no file actions or attributes.
+    let rc = unsafe {
+        libc::posix_spawn(
+            &mut pid,
+            exe.as_ptr(),
+            std::ptr::null(),
+            std::ptr::null(),
+            argv.as_ptr(),
+            environ,
+        )
+    };
+    log(format!("posix_spawn = {rc}"));
+    close(wp);
+    close(s);
+    let out = read_n(rp, 1 << 16);
+    close(rp);
+    for l in String::from_utf8_lossy(&out).lines() {
+        log(format!("child: {l}"));
+    }
+    let mut st = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    log(format!("child exit {}", libc::WEXITSTATUS(st)));
+    let got = cl.join().unwrap();
+    log(format!("client read {:?}", String::from_utf8_lossy(&got)));
+}
+
+fn blocking_accept_silent_client() {
+    // A same-host client that announces SMC and never speaks (made with raw system calls, as
+    // a program without the library would) must not hold up a blocking accept loop: accept
+    // returns at once, the next client is served, and nothing is ever sent to the silent one
+    // (before the fix, accept waited 2 s for its Proposal and then sent it a Decline).
+    let (l, port) = listener();
+    // SAFETY: raw system calls with valid arguments; the library does not see them.
+    let raw =
+        unsafe { libc::syscall(libc::SYS_socket, libc::AF_INET, libc::SOCK_STREAM, 0) } as c_int;
+    let on: u32 = 1;
+    let a = sa(port);
+    // SAFETY: as above (the option fails where no eBPF program serves it: plain TCP).
+    unsafe {
+        libc::syscall(
+            libc::SYS_setsockopt,
+            raw,
+            smc_common::bpf::SOL_SMC_BPF,
+            smc_common::bpf::SMC_SO_ENABLE,
+            &on as *const u32,
+            4,
+        );
+        assert_eq!(
+            libc::syscall(
+                libc::SYS_connect,
+                raw,
+                &a as *const libc::sockaddr_in,
+                SALEN
+            ),
+            0
+        );
+    }
+    let silent = accept_fd(l);
+    log(format!("accept(silent client) = {}", silent >= 0));
+    let h = std::thread::spawn(move || accept_fd(l));
+    let c = tcp_socket();
+    connect_to(c, port);
+    let s = h.join().unwrap();
+    write_all(c, b"ping");
+    rd("read(s) from the next client", s, 10);
+    write_all(s, b"pong");
+    rd("read(c)", c, 10);
+    pl("poll(silent client, IN)", raw, libc::POLLIN, 0);
+    close(c);
+    close(s);
+    close(silent);
+    close(raw);
+    close(l);
 }
 
 fn accept_nonblock_empty() {
