@@ -1361,35 +1361,24 @@ pub fn install_conn(fd: c_int, c: Conn) -> Arc<Obj> {
     o
 }
 
-/// At load: SMC connections inherited from the image before `exec` cannot be served (their
-/// rings went with it); make them fail cleanly instead of reading doorbells as data. They are
-/// recognised by the eBPF socket state (opted in, peer SMC, shortcut enabled after a
-/// handshake) when the pre-exec image of this pid had live SMC connections.
+/// At load: SMC connections inherited from another image cannot be served (their rings and
+/// local state stay with it); make them fail cleanly (reads `ECONNRESET`, writes `EPIPE`)
+/// instead of reading doorbells as data or waiting forever for bytes that travel in rings.
+/// They are recognised by the eBPF socket state (opted in, peer SMC, shortcut enabled after a
+/// handshake). Inherited across an `exec` of this very pid whose old image had live SMC
+/// connections (its statistics file says so), the old image is gone: the socket is shut down
+/// too, so the peer learns it at once. Inherited by a new process (`posix_spawn`, `fork` +
+/// `exec`: an inetd-style server, a child that inherited fds without `O_CLOEXEC`), the
+/// connection may still be served by the process that made it: only our view is an orphan.
 pub fn adopt_orphans_after_exec() {
-    let dir = std::env::var("SMC_PROCS_DIR").unwrap_or_else(|_| "/run/smc/procs".to_string());
-    // The old image's file: in the top directory (its owner, root), else in its uid's own.
-    // SAFETY: no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    let pid = crate::pid();
-    let top = format!("{dir}/{pid}");
-    let own = format!("{dir}/{}/{pid}", smc_stats::uid_dir_name(euid));
-    let Some(b) = [top, own].iter().find_map(|p| std::fs::read(p).ok()) else {
-        return;
-    };
-    let Some(v) = smc_stats::Snapshot::parse(&b) else {
-        return;
-    };
-    if v.pid != crate::pid() as u64
-        || v.get("smcd_client") + v.get("smcd_server") <= v.get("closed_conns")
-    {
-        return;
-    }
     let Ok(rd) = std::fs::read_dir("/proc/self/fd") else {
         return;
     };
     let fds: Vec<c_int> = rd
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&fd| fd > 2)
         .collect();
+    let mut old_image_gone: Option<bool> = None;
     for fd in fds {
         // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -1397,16 +1386,45 @@ pub fn adopt_orphans_after_exec() {
         if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
             continue;
         }
-        if setup::looks_like_smc_conn(fd) {
-            crate::debug!("fd {fd}: SMC connection inherited across exec: fails cleanly");
-            // The peer learns it at once (EOF on its doorbell channel), and so does any poll of
-            // ours (POLLIN|POLLHUP).
+        if !setup::looks_like_smc_conn(fd) {
+            continue;
+        }
+        let gone = *old_image_gone.get_or_insert_with(same_pid_image_had_conns);
+        crate::debug!(
+            "fd {fd}: SMC connection inherited from another image: fails cleanly{}",
+            if gone {
+                " (its old image is gone: shut down)"
+            } else {
+                ""
+            }
+        );
+        if gone {
+            // The peer learns it at once (EOF on its doorbell channel), and so does any poll
+            // of ours (POLLIN|POLLHUP).
             // SAFETY: plain syscall.
             unsafe { real::shutdown(fd, libc::SHUT_RDWR) };
-            drop(fdtable::replace(
-                fd,
-                Slot::Obj(Arc::new(Obj::Orphan(crate::obj::Skip::new(false)))),
-            ));
         }
+        drop(fdtable::replace(
+            fd,
+            Slot::Obj(Arc::new(Obj::Orphan(crate::obj::Skip::new(false)))),
+        ));
     }
+}
+
+/// Whether the image this pid ran before its `exec` had live SMC connections (its statistics
+/// file, in the top directory or its uid's own, says so).
+fn same_pid_image_had_conns() -> bool {
+    let dir = std::env::var("SMC_PROCS_DIR").unwrap_or_else(|_| "/run/smc/procs".to_string());
+    // SAFETY: no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let pid = crate::pid();
+    let top = format!("{dir}/{pid}");
+    let own = format!("{dir}/{}/{pid}", smc_stats::uid_dir_name(euid));
+    let Some(b) = [top, own].iter().find_map(|p| std::fs::read(p).ok()) else {
+        return false;
+    };
+    let Some(v) = smc_stats::Snapshot::parse(&b) else {
+        return false;
+    };
+    v.pid == pid as u64 && v.get("smcd_client") + v.get("smcd_server") > v.get("closed_conns")
 }

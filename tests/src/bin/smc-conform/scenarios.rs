@@ -1844,7 +1844,7 @@ pub fn serve_inherited_fd(fd: c_int, log_fd: c_int) {
     CHILD_PIPE.store(log_fd, Ordering::Relaxed);
     let got = read_n(fd, 21);
     log(format!("read {} bytes, digest {}", got.len(), digest(&got)));
-    write_all(fd, b"ok");
+    r("write(fd)", wr(fd, b"ok"));
     close(fd);
 }
 
@@ -1917,9 +1917,10 @@ fn spawn_accepted_mid_handshake() {
 
 fn blocking_accept_silent_client() {
     // A same-host client that announces SMC and never speaks (made with raw system calls, as
-    // a program without the library would) must not hold up a blocking accept loop: accept
-    // returns at once, the next client is served, and nothing is ever sent to the silent one
-    // (before the fix, accept waited 2 s for its Proposal and then sent it a Decline).
+    // a program without the library would) must not hold up a blocking accept loop while the
+    // next client waits in the queue: accept returns at once, the next client is served, and
+    // nothing is sent to the silent one (before the fix, accept waited 2 s for its Proposal
+    // and then sent it a Decline).
     let (l, port) = listener();
     // SAFETY: raw system calls with valid arguments; the library does not see them.
     let raw =
@@ -1946,18 +1947,49 @@ fn blocking_accept_silent_client() {
             0
         );
     }
+    // The next client, in its own thread (a blocking connect): queued behind the silent one
+    // before the first accept (the listener's TCP_INFO counts its accept queue).
+    let cl = std::thread::spawn(move || {
+        let c = tcp_socket();
+        connect_to(c, port);
+        write_all(c, b"ping");
+        let got = read_n(c, 4);
+        close(c);
+        got
+    });
+    let t = Instant::now();
+    loop {
+        // SAFETY: tcp_info is plain data; valid out buffer and length.
+        let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        // SAFETY: as above.
+        unsafe {
+            libc::getsockopt(
+                l,
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                (&mut ti as *mut libc::tcp_info).cast(),
+                &mut len,
+            )
+        };
+        if ti.tcpi_unacked >= 2 || t.elapsed() > Duration::from_secs(5) {
+            log(format!("accept queue = {}", ti.tcpi_unacked));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let silent = accept_fd(l);
     log(format!("accept(silent client) = {}", silent >= 0));
-    let h = std::thread::spawn(move || accept_fd(l));
-    let c = tcp_socket();
-    connect_to(c, port);
-    let s = h.join().unwrap();
-    write_all(c, b"ping");
+    let s = accept_fd(l);
+    log(format!("accept(next client) = {}", s >= 0));
     rd("read(s) from the next client", s, 10);
     write_all(s, b"pong");
-    rd("read(c)", c, 10);
+    let got = cl.join().unwrap();
+    log(format!(
+        "next client read {:?}",
+        String::from_utf8_lossy(&got)
+    ));
     pl("poll(silent client, IN)", raw, libc::POLLIN, 0);
-    close(c);
     close(s);
     close(silent);
     close(raw);
