@@ -1078,6 +1078,25 @@ impl Conn {
         }
     }
 
+    /// `getsockopt(SO_ERROR)`: the error pending on this end (a reset by the peer, or the
+    /// `EPIPE` a write after the peer's close left), reported once as TCP reports `sk_err`:
+    /// taken, the next read or write does not report it again. 0 if none.
+    pub fn take_so_error(&self) -> Errno {
+        if !self.readiness().error {
+            return 0;
+        }
+        if self.flags() & F_WROTE_AFTER_CLOSE != 0
+            && self.set_flag(F_EPIPE_REPORTED) & F_EPIPE_REPORTED == 0
+        {
+            return libc::EPIPE;
+        }
+        if self.set_flag(F_RST_REPORTED) & F_RST_REPORTED == 0 {
+            crate::debug!("SO_ERROR gives ECONNRESET: {}", self.describe());
+            return libc::ECONNRESET;
+        }
+        0
+    }
+
     /// `Some(errno)` if writing is impossible.
     fn write_state(&self) -> Option<Errno> {
         let f = self.flags();

@@ -469,6 +469,19 @@ pub unsafe extern "C" fn setsockopt(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::getsockopt` has the contract
+    // of libc's `getsockopt`.
+    unsafe { ops::getsockopt(fd, level, name, val, len) }
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn sigaction(
     sig: c_int,
     act: *const libc::sigaction,

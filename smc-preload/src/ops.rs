@@ -1302,6 +1302,35 @@ pub unsafe fn splice(
 // ---------------------------------------------------------------------------------------
 // options and signals
 
+/// `getsockopt(2)`: `SO_ERROR` of an SMC connection reports (and clears) the error pending on
+/// the data path, as TCP's `sk_err`; everything else is the TCP socket's own.
+pub unsafe fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
+    // `getsockopt`.
+    let r = unsafe { real::getsockopt(fd, level, name, val, len) };
+    if r != 0 || level != libc::SOL_SOCKET || name != libc::SO_ERROR || !slow(fd) {
+        return r;
+    }
+    let Some(o) = fdtable::get(fd) else { return r };
+    let Obj::Conn(c) = &*o else { return r };
+    let e = c.take_so_error();
+    // The kernel just wrote the TCP socket's own error through `val` (with `len` ≥ 4 then).
+    // SAFETY: `val`/`len` were valid for the kernel's write (it succeeded); only an int that fits
+    // the length it reported is written.
+    unsafe {
+        if e != 0 && !val.is_null() && !len.is_null() && *len as usize >= 4 {
+            std::ptr::write_unaligned(val as *mut c_int, e);
+        }
+    }
+    r
+}
+
 pub unsafe fn setsockopt(
     fd: c_int,
     level: c_int,
