@@ -41,10 +41,48 @@ const BPFFS: &str = "/sys/fs/bpf";
 
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/smc"));
 
-/// FNV-1a of the embedded eBPF object: programs pinned by another build are not ours to reuse.
+/// What identifies the embedded eBPF object for the pins: FNV-1a over what the kernel gets from
+/// it — the program sections with their relocations (offset and target symbol), the map
+/// definitions, license and data sections. Debug info and BTF are left out: they name the build
+/// directory, and two checkouts of the same sources must agree (their tests share the pins).
+/// Programs pinned by another object are not ours to reuse.
 fn object_hash() -> u64 {
-    EBPF_OBJECT.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    use object::{
+        Object as _, ObjectSection as _, ObjectSymbol as _, RelocationTarget, SectionKind,
+    };
+    fn fnv(h: u64, b: &[u8]) -> u64 {
+        b.iter()
+            .fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+    }
+    let h = 0xcbf2_9ce4_8422_2325u64;
+    let Ok(f) = object::File::parse(EBPF_OBJECT) else {
+        return fnv(h, EBPF_OBJECT);
+    };
+    f.sections().fold(h, |mut h, s| {
+        let name = s.name().unwrap_or_default();
+        let kept = s.kind() == SectionKind::Text
+            || matches!(
+                name,
+                "maps" | ".maps" | "license" | ".rodata" | ".data" | ".bss"
+            );
+        if !kept {
+            return h;
+        }
+        h = fnv(h, name.as_bytes());
+        h = fnv(h, s.data().unwrap_or_default());
+        for (off, r) in s.relocations() {
+            h = fnv(h, &off.to_le_bytes());
+            if let RelocationTarget::Symbol(i) = r.target() {
+                let sym = f.symbol_by_index(i).ok();
+                h = fnv(
+                    h,
+                    sym.and_then(|s| s.name().ok())
+                        .unwrap_or_default()
+                        .as_bytes(),
+                );
+            }
+        }
+        h
     })
 }
 
@@ -425,6 +463,8 @@ pub fn counters() -> Result<BTreeMap<&'static str, u64>> {
 pub struct Status {
     pub loaded: bool,
     pub pin_root: &'static str,
+    /// This build's pin layout marker; programs pinned under another are another build's.
+    pub layout: String,
     pub programs: BTreeMap<String, u32>,
     pub cgroups: Vec<Attached>,
     pub counters: BTreeMap<&'static str, u64>,
@@ -463,6 +503,7 @@ pub fn status() -> Result<Status> {
     Ok(Status {
         loaded,
         pin_root: PIN_ROOT,
+        layout: layout_marker_name(),
         programs,
         cgroups,
         counters: counters()?,
