@@ -22,7 +22,6 @@ const EXPECTED: &[(&str, &str)] = &[
     ("epoll_close_while_dup_open", "close() of an SMC fd whose open file another fd (a dup) keeps alive: the data path removes the closed number's epoll registration (TCP keeps it until the file goes, reporting events for a number that was closed); never an event with data the program did not register"),
     ("epoll_nested", "an epoll fd in another epoll set: the outer wait sees the inner set's kernel readiness, which for an SMC fd is only its doorbells, rung only while a waiter armed the ring (not fixed yet)"),
     ("poll_nested_epoll", "the same with poll on the epoll fd (not fixed yet)"),
-    ("linger0_so_error", "SO_ERROR is the TCP socket's own (getsockopt is not interposed): reading it does not consume the data path's pending reset, so the next read still says ECONNRESET"),
     ("close_while_recv_blocked", "close() while another thread blocks in recv: the data path closes the SMC connection at once (TCP keeps the socket until the blocked call returns), the blocked recv gets EOF; the reused fd number is not touched"),
     ("siocoutq_unread", "SIOCOUTQ counts bytes the peer has not consumed (SMC's send-buffer meaning); loopback TCP counts unacknowledged bytes, 0 at once"),
     ("so_rcvlowat", "SO_RCVLOWAT is not honoured by poll/epoll readiness of an SMC fd (not fixed yet)"),
