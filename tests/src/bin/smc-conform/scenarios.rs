@@ -1758,10 +1758,8 @@ fn recv_fd(u: c_int) -> c_int {
 fn pass_to_other_process(hand_over: impl FnOnce() -> c_int + Send + 'static, serve: fn(c_int)) {
     let mut sp = [0; 2];
     // SAFETY: out array of two ints.
-    assert_eq!(
-        unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, sp.as_mut_ptr()) },
-        0
-    );
+    let rc = unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, sp.as_mut_ptr()) };
+    assert_eq!(rc, 0);
     let (here, there) = (sp[0], sp[1]);
     let sender = std::thread::spawn(move || {
         read_n(here, 1);
