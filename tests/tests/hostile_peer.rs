@@ -16,7 +16,8 @@
 //!   connection, for `SMC_HOSTILE_SECS` seconds (`cargo xtask test` sets 60; a direct
 //!   `cargo test` run takes 10).
 //!
-//! Asserted: the victim never dies (a read out of its mappings would be a SIGSEGV/SIGBUS) and
+//! Asserted: the victim never dies (a read out of its mappings would be a SIGSEGV/SIGBUS), what
+//! it echoes under forged but valid cursors is exactly its ring's bytes between them, and it
 //! never hangs (every attacked connection ends — reset, error or EOF — within a bound after the
 //! attacker is gone, waited for as a condition); the library logged why it reset connections;
 //! the honest connections stay byte-exact to their end; every DMB is given back. No timing is
@@ -171,6 +172,15 @@ fn hostile_peer_scribbling_shared_memory_resets_only_its_own_connection() {
     assert!(
         !out.contains("truncate=ALLOWED"),
         "the attacker resized a sealed DMB memfd:\n{out}"
+    );
+    // Under forged but valid cursors the victim read exactly its ring between its cursors.
+    assert!(
+        !out.contains("echo=BAD"),
+        "the victim echoed bytes that were not in its ring where its cursors said:\n{out}"
+    );
+    assert!(
+        num(summary, "echoed") > 0,
+        "no echo of the plausible profile was checked:\n{out}"
     );
 
     // The attacker is gone: every connection it had ends at the victim, which is still up.

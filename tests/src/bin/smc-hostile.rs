@@ -10,9 +10,10 @@
 //!                                       "HONEST ok bytes=<n>" (exit 0) or "HONEST BAD ..." (exit 1)
 //! smc-hostile peer ADDR:PORT SECS SEED
 //!     -> per connection "ATTACK <n> port=<local port> profile=<p> legit=<ok|bad> iters=<n>
-//!        doorbells=<n> holes=<n> junk=<bool> truncate=<refused|ALLOWED> ended=<victim|timer>"
-//!        (or "NOSMC <n> port=<p> <why>"), then "HOSTILE conns=<n> established=<n> legit=<n>
-//!        victim_ended=<n> iters=<n> doorbells=<n> holes=<n>"
+//!        doorbells=<n> holes=<n> junk=<bool> truncate=<refused|ALLOWED> echoed=<n>
+//!        echo=<ok|BAD(...)> ended=<victim|timer>" (or "NOSMC <n> port=<p> <why>"), then
+//!        "HOSTILE conns=<n> established=<n> legit=<n> victim_ended=<n> iters=<n>
+//!        doorbells=<n> holes=<n> echoed=<n>"
 //! ```
 //!
 //! `victim` (an echo server) and `honest` (a checked stream through it) are ordinary socket
@@ -32,8 +33,9 @@
 //! random bytes into the victim's ring, rarely punches holes into the victim's memfd, and rings
 //! doorbells over the TCP connection (in one connection of 20, once, a byte that is not a
 //! doorbell). Per connection a profile: `chaos` (all of it), `plausible` (only cursors the
-//! victim should accept: it then echoes the forged ring contents back) or `flags` (flags and
-//! wait bits only). A connection ends when the victim closes it or the while is over; then the
+//! victim should accept, over a ring filled with a pattern that names each offset: every byte
+//! the victim echoes back is checked against the offset it must have come from) or `flags`
+//! (flags and wait bits only). A connection ends when the victim closes it or the while is over; then the
 //! next one, until SECS.
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -46,7 +48,7 @@ use std::{
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     process::exit,
     sync::{
-        atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering},
+        atomic::{fence, AtomicBool, AtomicU64, AtomicU8, Ordering},
         Arc,
     },
     time::{Duration, Instant},
@@ -688,8 +690,11 @@ fn drain_gone(fd: i32) -> bool {
 
 /// The legitimate part: `n` bytes into the victim's ring, a doorbell, wait (bounded) for its
 /// echo in ours, check it, confirm it. Returns whether the echo was exact.
+/// Bytes of the legitimate exchange.
+const LEGIT_N: usize = 1000;
+
 fn legit_exchange(fd: i32, own: &Mapped, peer: &Mapped, rng: &mut Rng) -> bool {
-    const N: usize = 1000;
+    const N: usize = LEGIT_N;
     let data: Vec<u8> = (0..N).map(|_| rng.next() as u8).collect();
     // Our header in the victim's DMB: the type byte (as the data path's `Conn::new`).
     peer.word(0).store(
@@ -822,7 +827,15 @@ fn plausible_ahead(rng: &mut Rng, ring: Ring, from: Cursor, limit: Cursor, slack
     }
 }
 
+/// What a plausible connection writes into the victim's ring: a byte naming its offset.
+fn pattern(off: usize) -> u8 {
+    (off % 251 + 1) as u8
+}
+
 struct Tally {
+    /// Bytes the victim echoed that were checked against [`pattern`], and the first mismatch.
+    echoed: u64,
+    echo_bad: Option<String>,
     iters: u64,
     doorbells: u64,
     /// Holes punched into the victim's DMB (its memfd: pages that read as zeros).
@@ -841,6 +854,8 @@ fn scribble(
     rng: &mut Rng,
 ) -> Tally {
     let mut t = Tally {
+        echoed: 0,
+        echo_bad: None,
         iters: 0,
         doorbells: 0,
         holes: 0,
@@ -853,6 +868,15 @@ fn scribble(
     let mut our_prod = CursorWord::from_u64(legit_prod).cursor;
     let mut our_cons = CursorWord::from_u64(legit_cons).cursor;
     let (vlen, hlen) = (peer.ring.len(), own.ring.len());
+    if profile == Profile::Plausible {
+        // The victim consumed the legitimate bytes: its whole ring now holds a pattern that
+        // names each offset, and every byte it echoes from now on is checked against it.
+        for off in 0..vlen as usize {
+            peer.byte(CDC_HEADER_LEN + off)
+                .store(pattern(off), Ordering::Relaxed);
+        }
+        fence(Ordering::Release);
+    }
     loop {
         for _ in 0..64 {
             t.iters += 1;
@@ -938,9 +962,25 @@ fn scribble(
                         peer.word(PROD_WORD_OFFSET)
                             .store(w.to_u64(), Ordering::Release);
                     }
-                    // Consume what it echoed into our ring (without reading it).
+                    // Consume what it echoed into our ring, checking every byte: the victim
+                    // reads exactly its ring between its cursors, which holds the pattern.
                     3..=4 => {
-                        our_cons = plausible_ahead(rng, own.ring, our_cons, own.prod().cursor, 0);
+                        let next = plausible_ahead(rng, own.ring, our_cons, own.prod().cursor, 0);
+                        let n = own.ring.diff(our_cons, next).unwrap_or(0);
+                        for i in 0..n {
+                            let off = own.ring.offset(own.ring.add(our_cons, i));
+                            let got = own.byte(CDC_HEADER_LEN + off).load(Ordering::Relaxed);
+                            let src = (LEGIT_N as u64 + t.echoed) % vlen as u64;
+                            if got != pattern(src as usize) && t.echo_bad.is_none() {
+                                t.echo_bad = Some(format!(
+                                    "echoed byte {} is {got:#04x}, ring offset {src} holds {:#04x}",
+                                    t.echoed,
+                                    pattern(src as usize)
+                                ));
+                            }
+                            t.echoed += 1;
+                        }
+                        our_cons = next;
                         let mut w = peer.cons();
                         w.cursor = our_cons;
                         peer.word(CONS_WORD_OFFSET)
@@ -1006,6 +1046,7 @@ fn peer(addr: &str, secs: u64, seed: u64) {
     let mut rng = Rng::new(seed);
     let (mut conns, mut established, mut legit, mut ended, mut iters, mut bells, mut holes) =
         (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut echoed = 0u64;
     while Instant::now() < deadline {
         conns += 1;
         let cycle = Instant::now();
@@ -1018,9 +1059,13 @@ fn peer(addr: &str, secs: u64, seed: u64) {
                 established += 1;
                 let ok = legit_exchange(raw, &own, &peer, &mut rng);
                 legit += ok as u64;
-                let profile = match rng.below(20) {
-                    0..=9 => Profile::Chaos,
-                    10..=16 => Profile::Plausible,
+                // The first three connections take one profile each, then at random.
+                let profile = match (established, rng.below(20)) {
+                    (1, _) => Profile::Plausible,
+                    (2, _) => Profile::Chaos,
+                    (3, _) => Profile::Flags,
+                    (_, 0..=9) => Profile::Chaos,
+                    (_, 10..=16) => Profile::Plausible,
                     _ => Profile::Flags,
                 };
                 // The memfds are sealed: neither may be shrunk or grown under the victim
@@ -1044,15 +1089,20 @@ fn peer(addr: &str, secs: u64, seed: u64) {
                 bells += t.doorbells;
                 ended += t.victim_ended as u64;
                 holes += t.holes;
+                echoed += t.echoed;
                 say(format!(
                     "ATTACK {conns} port={port} profile={profile:?} legit={} iters={} \
-                     doorbells={} holes={} junk={} truncate={} ended={}",
+                     doorbells={} holes={} junk={} truncate={} echoed={} echo={} ended={}",
                     if ok { "ok" } else { "bad" },
                     t.iters,
                     t.doorbells,
                     t.holes,
                     junk_at.is_some(),
                     if truncated { "ALLOWED" } else { "refused" },
+                    t.echoed,
+                    t.echo_bad
+                        .as_deref()
+                        .map_or("ok".into(), |b| format!("BAD({b})")),
                     if t.victim_ended { "victim" } else { "timer" }
                 ));
                 // Our references go back; the victim's mapping keeps its memory.
@@ -1069,7 +1119,7 @@ fn peer(addr: &str, secs: u64, seed: u64) {
     }
     say(format!(
         "HOSTILE conns={conns} established={established} legit={legit} victim_ended={ended} \
-         iters={iters} doorbells={bells} holes={holes}"
+         iters={iters} doorbells={bells} holes={holes} echoed={echoed}"
     ));
 }
 
