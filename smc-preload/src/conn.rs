@@ -998,7 +998,7 @@ impl Conn {
         let mut done = 0usize;
         let mut deadline: Option<Option<Instant>> = None;
         loop {
-            let r0 = self.write_state();
+            let r0 = self.write_state(done == 0);
             if r0 == Some(0) {
                 if want == 0 {
                     return Ok(0);
@@ -1097,8 +1097,11 @@ impl Conn {
         0
     }
 
-    /// `Some(errno)` if writing is impossible.
-    fn write_state(&self) -> Option<Errno> {
+    /// `Some(errno)` if writing is impossible. `report`: the call returns that error (it wrote
+    /// nothing yet), so a pending reset or broken pipe counts as reported; a call that already
+    /// wrote part of its buffer returns that count and leaves the report to the next call, as
+    /// TCP leaves `sk_err` pending across a partial `sendmsg`.
+    fn write_state(&self, report: bool) -> Option<Errno> {
         let f = self.flags();
         if f & F_SHUT_WR != 0 {
             return Some(libc::EPIPE);
@@ -1109,6 +1112,9 @@ impl Conn {
             || (f & F_PEER_RST != 0 && !graceful)
             || ps.contains(ConnStateFlags::PEER_CONN_ABORT)
         {
+            if !report {
+                return Some(libc::ECONNRESET);
+            }
             if self.set_flag(F_RST_REPORTED) & F_RST_REPORTED == 0 {
                 crate::debug!("write gives ECONNRESET: {}", self.describe());
                 return Some(libc::ECONNRESET);
@@ -1121,7 +1127,9 @@ impl Conn {
                 // reset): it succeeds, the bytes go nowhere.
                 return Some(0);
             }
-            self.set_flag(F_EPIPE_REPORTED);
+            if report {
+                self.set_flag(F_EPIPE_REPORTED);
+            }
             return Some(libc::EPIPE);
         }
         None

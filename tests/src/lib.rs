@@ -935,3 +935,117 @@ pub fn pseudo_random(len: usize, seed: u64, printable: bool) -> Vec<u8> {
         })
         .collect()
 }
+
+/// A long-running program driven line by line: stdin piped (the test says when to stop),
+/// stdout and stderr into files of a directory (read as they grow; no pipe can fill up).
+/// Killed on drop.
+pub struct Driven {
+    pub proc: Proc,
+    pub what: String,
+    pub out: PathBuf,
+    pub err: PathBuf,
+}
+
+impl Driven {
+    pub fn spawn(mut c: Command, dir: &Path, name: &str) -> Driven {
+        let (out, err) = (
+            dir.join(format!("{name}.out")),
+            dir.join(format!("{name}.err")),
+        );
+        let fo = fs::File::create(&out).expect("create stdout file");
+        let fe = fs::File::create(&err).expect("create stderr file");
+        let child = c
+            .stdin(Stdio::piped())
+            .stdout(fo)
+            .stderr(fe)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        Driven {
+            proc: Proc(child),
+            what: name.to_string(),
+            out,
+            err,
+        }
+    }
+
+    /// The complete lines written to stdout so far.
+    pub fn lines(&self) -> Vec<String> {
+        let t = fs::read(&self.out).unwrap_or_default();
+        let t = String::from_utf8_lossy(&t);
+        let complete = t.rfind('\n').map_or("", |i| &t[..i]);
+        complete.lines().map(str::to_string).collect()
+    }
+
+    /// What it wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&fs::read(&self.err).unwrap_or_default()).into_owned()
+    }
+
+    /// Waits (bounded) until `cond` holds for stdout's lines; fails at once if the program
+    /// exited meanwhile (with its status: a signal is a crash), or after `timeout`.
+    pub fn wait_for<T>(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        mut cond: impl FnMut(&[String]) -> Option<T>,
+    ) -> T {
+        let t = Instant::now();
+        loop {
+            if let Some(v) = cond(&self.lines()) {
+                return v;
+            }
+            if let Ok(Some(st)) = self.proc.0.try_wait() {
+                if let Some(v) = cond(&self.lines()) {
+                    return v;
+                }
+                panic!(
+                    "{} exited ({st}) while waiting for {what}{}{}",
+                    self.what,
+                    log_tail(&self.out),
+                    log_tail(&self.err)
+                );
+            }
+            if t.elapsed() > timeout {
+                panic!(
+                    "{}: timed out after {timeout:?} waiting for {what}{}{}",
+                    self.what,
+                    log_tail(&self.out),
+                    log_tail(&self.err)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether it still runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.proc.0.try_wait(), Ok(None))
+    }
+
+    /// Writes one line to its stdin.
+    pub fn tell(&mut self, line: &str) {
+        use std::io::Write as _;
+        let stdin = self.proc.0.stdin.as_mut().expect("piped stdin");
+        writeln!(stdin, "{line}").unwrap_or_else(|e| panic!("tell {}: {e}", self.what));
+        stdin.flush().expect("flush stdin");
+    }
+
+    /// Waits (bounded) for its exit; its status.
+    pub fn finish(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let t = Instant::now();
+        loop {
+            if let Some(st) = self.proc.0.try_wait().expect("wait") {
+                return st;
+            }
+            if t.elapsed() > timeout {
+                panic!(
+                    "{} did not exit within {timeout:?}{}{}",
+                    self.what,
+                    log_tail(&self.out),
+                    log_tail(&self.err)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}

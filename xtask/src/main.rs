@@ -362,6 +362,8 @@ fn test(fuzz_seconds: u32, filter: Option<String>) -> Result<()> {
     // Tests that skip themselves without root (so that a plain `cargo test` works as any user)
     // must run here.
     t.env("SMC_TESTS_NEED_ROOT", "1");
+    // The hostile peer scribbles on shared memory for a minute (a direct `cargo test` run: 10 s).
+    t.env("SMC_HOSTILE_SECS", "60");
     if let Some(f) = &filter {
         t.args(["--", f.as_str()]);
     }

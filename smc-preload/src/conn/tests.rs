@@ -678,3 +678,38 @@ fn accepted_cursor_never_moves_back() {
     advance(&w, ring, seen, Cursor::new(0xFFFF, 950));
     assert_eq!(unpack(w.load(Ordering::Relaxed)), Cursor::new(0, 300));
 }
+
+/// A reset noticed by a blocking write that had already written part of its buffer: that call
+/// returns the partial count and the *next* write reports `ECONNRESET` (then `EPIPE`), as TCP
+/// does (`sk_err` stays pending across a partial `sendmsg`). Found by the hostile-peer fuzz
+/// (`tests/tests/hostile_peer.rs`): the report was consumed by the partial call, so an echo
+/// server's `write_all` saw only `EPIPE` and never learnt that the peer reset the connection.
+#[test]
+fn reset_during_partial_write_is_reported_by_the_next_write() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    let ring = a.tx_ring_len();
+    let data = vec![3u8; 40_000];
+    std::thread::scope(|s| {
+        let h = s.spawn(|| a.send(fa, &iov(&data), libc::MSG_NOSIGNAL));
+        // The writer filled the ring (and waits for room): part of its buffer is written.
+        let t = Instant::now();
+        while b.inq() < ring {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "the writer wrote nothing"
+            );
+            std::thread::yield_now();
+        }
+        // The peer forges a consumer cursor far ahead (a reset) and rings.
+        b.peer_hdr()
+            .store_cons(CursorWord::from_cursor(Cursor::new(9, 5)));
+        b.ring_doorbell(fb);
+        assert_eq!(h.join().unwrap(), Ok(ring as usize));
+    });
+    assert_eq!(
+        a.send(fa, &iov(b"x"), libc::MSG_NOSIGNAL),
+        Err(libc::ECONNRESET)
+    );
+    assert_eq!(a.send(fa, &iov(b"x"), libc::MSG_NOSIGNAL), Err(libc::EPIPE));
+}
