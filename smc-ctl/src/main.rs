@@ -4,13 +4,14 @@
 //! - sources: [`sys`] (host: root, cgroup v2 directories, /proc), [`bpf`] (the pinned eBPF
 //!   programs, maps and links), [`procs`] (the data path's per-process statistics files); the
 //!   daemon is reached through `smc_ism::Client`, `/proc/net` and the socket maps by [`conns`];
-//! - commands: attach/detach/status/trace (`bpf`), [`daemon`], [`run`](mod@run), [`stats`], [`conns`].
+//! - commands: attach/detach/status/trace (`bpf`), [`daemon`], [`agent`] (Kubernetes), [`run`](mod@run), [`stats`], [`conns`].
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
 use smc_common::bpf::Mode;
 
+mod agent;
 mod bpf;
 mod conns;
 mod daemon;
@@ -96,6 +97,9 @@ enum Cmd {
     },
     /// The loopback-ism device: allocates, shares and frees DMBs for the data path.
     Daemon(daemon::DaemonArgs),
+    /// Kubernetes node agent: enables the pods selected by label or annotation as the kubelet
+    /// creates their cgroups, forgets removed ones, serves per-pod metrics.
+    Agent(agent::AgentArgs),
     /// Connection and fallback figures like `smcd stats`: show, reset, json.
     Stats(stats::StatsArgs),
     /// The TCP connections of the attached cgroups with their mode, like `smcss`.
@@ -169,6 +173,7 @@ fn run(cli: Cli) -> Result<()> {
             println!("{}", bpf::detach(&t.resolve()?)?)
         }
         Cmd::Daemon(args) => daemon::run(args)?,
+        Cmd::Agent(args) => agent::run(args)?,
         Cmd::Trace { seconds } => bpf::trace(seconds.map(std::time::Duration::from_secs))?,
         Cmd::Run { cgroup, cmd } => run::exec(&cmd, cgroup.as_deref())?,
         Cmd::Stats(args) => stats::run(args)?,

@@ -754,3 +754,206 @@ impl Drop for DirGuard {
         }
     }
 }
+
+/// `GET /metrics` from a Prometheus endpoint (bounded); the body.
+fn scrape(addr: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("{addr}: {e}"));
+    s.set_read_timeout(Some(T)).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut r = String::new();
+    s.read_to_string(&mut r).unwrap();
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    r.split_once("\r\n\r\n").map(|x| x.1.to_string()).unwrap_or_default()
+}
+
+/// The value of the sample `name{labels}` in a text exposition.
+fn sample(text: &str, name: &str, labels: &str) -> Option<u64> {
+    let want = format!("{name}{{{labels}}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&want))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// A Pod object as the kubelet's `/pods` lists it (only what the agent reads).
+fn pod_json(uid: &str, ns: &str, name: &str, labels: &str, annotations: &str) -> String {
+    format!(
+        r#"{{"kind":"Pod","apiVersion":"v1","metadata":{{"uid":"{uid}","namespace":"{ns}","name":"{name}","labels":{{{labels}}},"annotations":{{{annotations}}}}},"spec":{{"nodeName":"node-1"}}}}"#
+    )
+}
+
+#[test]
+fn kubernetes_agent_enables_selected_pods_of_a_kubepods_tree() {
+    require_root();
+    let _l = lock();
+    // A node's kubelet tree, for real, under a test cgroup: systemd driver (burstable and
+    // besteffort slices) and cgroupfs driver.
+    let node = Cgroup::new();
+    let _subtree = scopeguard(&node.path);
+    let dir = Path::new("/run/smc").join(unique("k8s-test-"));
+    let guard = DirGuard(dir.clone());
+    let (pods, procs) = (dir.join("pods"), dir.join("procs"));
+    fs::create_dir_all(&pods).unwrap();
+    fs::create_dir_all(&procs).unwrap();
+    let sock = dir.join("ctl.sock");
+    let mut dc = daemon_command(&sock, &dir);
+    dc.arg("--procs-dir").arg(&procs);
+    let dlog = dir.join("daemon.log");
+    let mut daemon = spawn_logged(dc, &dlog);
+    let t = Instant::now();
+    while !seqpacket_accepts(&sock) {
+        assert!(daemon.0.try_wait().unwrap().is_none(), "daemon exited{}", log_tail(&dlog));
+        assert!(t.elapsed() < T, "daemon not up{}", log_tail(&dlog));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let seed = format!("{:08x}", std::process::id());
+    let uid = |n: u8| format!("{seed}-0000-4000-8000-0000000000{n:02x}");
+    let (ua, ub, uc) = (uid(0xa), uid(0xb), uid(0xc));
+    let cid = |n: u8| format!("{seed}{n:02x}{}", "ef".repeat(27));
+    let pod_a = node.path.join(format!(
+        "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
+        ua.replace('-', "_")
+    ));
+    let ctr_a = pod_a.join(format!("cri-containerd-{}.scope", cid(0xa)));
+    let pod_b = node.path.join(format!(
+        "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice",
+        ub.replace('-', "_")
+    ));
+    let pod_c = node.path.join(format!("kubepods/burstable/pod{uc}"));
+    let ctr_c = pod_c.join(cid(0xc));
+    for d in [&ctr_a, &pod_b.join(format!("cri-containerd-{}.scope", cid(0xb)))] {
+        fs::create_dir_all(d).unwrap();
+    }
+    // a: selected by label; b: not selected (another value); c comes later, by annotation.
+    fs::write(
+        pods.join("kubelet-pods.json"),
+        format!(
+            r#"{{"kind":"PodList","apiVersion":"v1","items":[{},{}]}}"#,
+            pod_json(&ua, "shop", "frontend-1", r#""smc-rs.io/enabled":"true","app":"fe""#, ""),
+            pod_json(&ub, "shop", "batch-1", r#""smc-rs.io/enabled":"false""#, ""),
+        ),
+    )
+    .unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let maddr = format!("127.0.0.1:{port}");
+    let alog = dir.join("agent.log");
+    let mut ac = Command::new(bin("smc-ctl"));
+    ac.arg("agent")
+        .arg("--cgroup-root")
+        .arg(&node.path)
+        .arg("--pods-dir")
+        .arg(&pods)
+        .args(["--interval-ms", "100", "--detach-on-exit", "--metrics", &maddr])
+        .arg("--socket")
+        .arg(&sock)
+        .arg("--procs-dir")
+        .arg(&procs);
+    let mut agent = spawn_logged(ac, &alog);
+    let attached = |p: &Path| attached_cgroups().contains(&p.display().to_string());
+    let wait = |what: &str, cond: &dyn Fn() -> bool, agent: &mut Proc| {
+        let t = Instant::now();
+        while !cond() {
+            if let Ok(Some(st)) = agent.0.try_wait() {
+                panic!("agent exited ({st}){}", log_tail(&alog));
+            }
+            assert!(t.elapsed() < T, "{what}{}", log_tail(&alog));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait("pod a not enabled", &|| attached(&pod_a), &mut agent);
+
+    // A pod added while the agent runs: the cgroup first, its metadata later.
+    fs::create_dir_all(&ctr_c).unwrap();
+    fs::write(
+        pods.join("static-c.json"),
+        pod_json(&uc, "kube-system", "proxy-c", "", r#""smc-rs.io/enabled":"true""#),
+    )
+    .unwrap();
+    wait("pod c not enabled", &|| attached(&pod_c), &mut agent);
+    // Decided in the same passes as a and c: b stays TCP.
+    assert!(!attached(&pod_b), "pod b enabled: {:?}", attached_cgroups());
+
+    // Traffic inside pod a's container: both ends over SMC-D.
+    let env = |c: &mut Command| {
+        c.env("SMC_CTL_SOCK", &sock)
+            .env("SMC_PROCS_DIR", &procs)
+            .env("SMC_STATS_KEEP", "1");
+    };
+    let mut sc = Command::new(bin("smc-ctl"));
+    sc.arg("run")
+        .arg("--cgroup")
+        .arg(&ctr_a)
+        .arg("--")
+        .arg(bin("smc-testprog"))
+        .args(["server", "127.0.0.1:0", "--reply", "1000"]);
+    env(&mut sc);
+    let mut server = Proc::spawn(sc);
+    let line = server.read_line();
+    let sport = line.strip_prefix("PORT ").unwrap_or_else(|| panic!("server said {line:?}"));
+    let mut cc = Command::new(bin("smc-ctl"));
+    cc.arg("run")
+        .arg("--cgroup")
+        .arg(&ctr_a)
+        .arg("--")
+        .arg(bin("smc-testprog"))
+        .args(["client", &format!("127.0.0.1:{sport}"), "200000", "3"]);
+    env(&mut cc);
+    let out = Proc::spawn(cc).wait_output(T).expect("client");
+    assert!(out.starts_with("OK 200000 "), "client: {out}");
+    server.wait_output(T).expect("server");
+
+    // The metrics carry the pods' labels: a's connections, c present with none, b absent.
+    let la = format!(r#"namespace="shop",pod="frontend-1",uid="{ua}""#);
+    let lc = format!(r#"namespace="kube-system",pod="proxy-c",uid="{uc}""#);
+    let t = Instant::now();
+    let m = loop {
+        let m = scrape(&maddr);
+        if sample(&m, "smc_connections_smcd_client", &la) == Some(1)
+            && sample(&m, "smc_connections_smcd_server", &la) == Some(1)
+        {
+            break m;
+        }
+        assert!(t.elapsed() < T, "no SMC-D figures for pod a:\n{m}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(sample(&m, "smc_rx_bytes", &la), Some(201_000), "{m}");
+    assert_eq!(sample(&m, "smc_connections_smcd_client", &lc), Some(0), "{m}");
+    assert!(!m.contains("batch-1") && !m.contains(&ub), "pod b in the metrics:\n{m}");
+    // One HELP/TYPE per family (the exposition is valid with several pods).
+    assert_eq!(m.matches("# TYPE smc_connections_smcd_client ").count(), 1, "{m}");
+
+    // A pod removed while the agent runs: forgotten, its links unpinned, gone from the metrics.
+    fs::remove_dir(&ctr_c).unwrap();
+    fs::remove_dir(&pod_c).unwrap();
+    wait(
+        "pod c not forgotten",
+        &|| fs::read_to_string(&alog).unwrap_or_default().contains(&format!("forgot pod kube-system/proxy-c ({uc})")),
+        &mut agent,
+    );
+    let m = scrape(&maddr);
+    assert!(!m.contains("proxy-c"), "removed pod c in the metrics:\n{m}");
+    assert!(sample(&m, "smc_connections_smcd_client", &la).is_some(), "{m}");
+
+    // SIGTERM with --detach-on-exit: pod a is detached, nothing of this node stays attached.
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    let st = loop {
+        if let Some(st) = agent.0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t.elapsed() < T, "agent did not stop{}", log_tail(&alog));
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(st.success(), "agent exit {st}{}", log_tail(&alog));
+    let left: Vec<String> = attached_cgroups()
+        .into_iter()
+        .filter(|c| c.starts_with(&node.path.display().to_string()))
+        .collect();
+    assert!(left.is_empty(), "still attached: {left:?}");
+    drop(daemon);
+    drop(guard);
+}

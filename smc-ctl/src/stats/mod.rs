@@ -38,7 +38,7 @@ use self::baseline::{cgroup_key, load_baseline, save_baseline};
 use self::collect::{gather, now_unix, raw_of, scope_of, Scope};
 use self::model::figures;
 use self::text::print_text;
-pub use prometheus::prometheus;
+pub use prometheus::{cgroup_families, prometheus, render as render_metrics, Labels};
 
 /// Default baseline file of `reset`.
 pub const DEFAULT_BASELINE: &str = "/run/smc/stats.baseline.json";
