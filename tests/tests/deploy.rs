@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
+    collections::BTreeMap,
     fs,
     os::unix::{fs::PermissionsExt as _, net::UnixDatagram},
     path::{Path, PathBuf},
@@ -956,4 +957,127 @@ fn kubernetes_agent_enables_selected_pods_of_a_kubepods_tree() {
     assert!(left.is_empty(), "still attached: {left:?}");
     drop(daemon);
     drop(guard);
+}
+
+/// `tests/k8s_validate.py FILES`: the documents as JSON, or the validator's complaints.
+fn k8s_validate(files: &[PathBuf]) -> Result<serde_json::Value, String> {
+    let py = Path::new("/usr/bin/python3");
+    let probe = Command::new(py).args(["-c", "import kubernetes, yaml"]).output();
+    assert!(
+        probe.is_ok_and(|o| o.status.success()),
+        "the manifests are validated with the Kubernetes API models of python3-kubernetes: \
+         apt-get install python3-kubernetes (cargo xtask setup does)"
+    );
+    let o = output(
+        Command::new(py)
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s_validate.py"))
+            .args(files),
+    );
+    if o.status.success() {
+        Ok(serde_json::from_slice(&o.stdout).expect("validator output"))
+    } else {
+        Err(String::from_utf8_lossy(&o.stderr).into_owned())
+    }
+}
+
+#[test]
+fn kubernetes_manifests_validate_and_fit_together() {
+    let k8s = packaging().join("kubernetes");
+    let (ds_file, pod_file) = (k8s.join("smc-rs.yaml"), k8s.join("example-pod.yaml"));
+    let docs = k8s_validate(&[ds_file.clone(), pod_file.clone()])
+        .unwrap_or_else(|e| panic!("manifests do not validate:\n{e}"));
+    let docs = docs.as_array().unwrap();
+    let find = |kind: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind}"))
+    };
+    // The validator can fail: a misspelt key and a missing required field.
+    let dir = std::env::temp_dir().join(unique("smc-k8s-"));
+    fs::create_dir_all(&dir).unwrap();
+    let body = fs::read_to_string(&ds_file).unwrap();
+    for (i, (from, to, want)) in [
+        ("mountPropagation:", "mountPropagaton:", "mountPropagaton: unknown field"),
+        ("- name: daemon", "- image: x", "Invalid value for `name`, must not be `None`"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let bad = dir.join(format!("bad{i}.yaml"));
+        fs::write(&bad, body.replace(from, to)).unwrap();
+        let e = k8s_validate(&[bad]).expect_err("a broken manifest validates");
+        assert!(e.contains(want), "want {want:?} in: {e}");
+    }
+    let _ = fs::remove_dir_all(&dir);
+
+    let ds = find("DaemonSet");
+    let spec = &ds["spec"]["template"]["spec"];
+    assert_eq!(spec["hostPID"], true, "the daemon and agent see every pod's processes");
+    let host_paths: Vec<&str> = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["hostPath"]["path"].as_str())
+        .collect();
+    for p in ["/sys/fs/bpf", "/sys/fs/cgroup", "/run/smc", "/var/lib/smc", "/opt/smc/lib"] {
+        assert!(host_paths.contains(&p), "no hostPath {p}: {host_paths:?}");
+    }
+    let container = |name: &str| {
+        spec["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no container {name}"))
+    };
+    // What the containers run is what smc-ctl accepts.
+    let mut args_of = BTreeMap::new();
+    for name in ["daemon", "agent"] {
+        let cmd: Vec<String> = container(name)["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(cmd[0], "/usr/bin/smc-ctl", "{name}: {cmd:?}");
+        let o = output(Command::new(bin("smc-ctl")).args(&cmd[1..]).arg("--help"));
+        assert!(o.status.success(), "{name}: smc-ctl {cmd:?} --help: {}", text(&o));
+        args_of.insert(name, cmd);
+    }
+    assert_eq!(container("agent")["securityContext"]["privileged"], true);
+    let arg = |name: &str, flag: &str| -> String {
+        let cmd = &args_of[name];
+        let i = cmd.iter().position(|a| a == flag).unwrap_or_else(|| panic!("{name}: no {flag}"));
+        cmd[i + 1].clone()
+    };
+    // The example pod: selected by the agent's label, the library and the daemon's socket
+    // where its LD_PRELOAD and the library's default look.
+    let pod = find("Pod");
+    let label = arg("agent", "--label");
+    let (k, v) = label.split_once('=').unwrap();
+    assert_eq!(pod["metadata"]["labels"][k], v, "example pod not selected by {label}");
+    let app = &pod["spec"]["containers"][0];
+    let mount = |name: &str| {
+        app["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == name)
+            .unwrap_or_else(|| panic!("no mount {name}"))
+    };
+    let preload = app["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "LD_PRELOAD")
+        .and_then(|e| e["value"].as_str())
+        .unwrap();
+    let lib_dir = mount("smc-lib")["mountPath"].as_str().unwrap();
+    assert_eq!(preload, format!("{lib_dir}/libsmc_preload.so"));
+    assert_eq!(mount("smc-sock")["mountPath"], arg("daemon", "--socket").as_str());
+    assert_eq!(mount("smc-sock")["mountPath"], "/run/smc/ctl.sock", "the library's default");
+    assert_eq!(mount("smc-lib")["readOnly"], true);
+    assert_eq!(mount("smc-sock")["readOnly"], true);
+    assert_eq!(mount("smc-procs")["mountPath"], "/run/smc/procs");
+    assert!(docs.iter().any(|d| d["kind"] == "ClusterRoleBinding"));
 }

@@ -103,6 +103,8 @@ const APT_PACKAGES: &[&str] = &[
     "wrk",
     // systemd-analyze: the tests verify the packaged units offline.
     "systemd",
+    // The Kubernetes API models: the tests validate the manifests offline.
+    "python3-kubernetes",
 ];
 
 fn main() -> Result<()> {
