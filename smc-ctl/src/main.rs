@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
 use smc_common::bpf::Mode;
 
 mod agent;
@@ -130,6 +130,17 @@ enum Cmd {
         #[arg(long, value_name = "SECS")]
         seconds: Option<u64>,
     },
+    /// Print the shell completion script of smc-ctl (install it as the shell expects, e.g.
+    /// /usr/share/bash-completion/completions/smc-ctl).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages, smc-ctl.8 and smc-ctl-COMMAND.8, into DIR.
+    Man {
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
     /// Run CMD with its TCP connections on the accelerated path (LD_PRELOAD interposition).
     Run {
         /// Move into this cgroup v2 directory (which must be attached, or below an attached one)
@@ -177,6 +188,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Trace { seconds } => bpf::trace(seconds.map(std::time::Duration::from_secs))?,
         Cmd::Run { cgroup, cmd } => run::exec(&cmd, cgroup.as_deref())?,
         Cmd::Stats(args) => stats::run(args)?,
+        Cmd::Completions { shell } => print!("{}", completions(shell)),
+        Cmd::Man { dir } => man_pages(&dir)?,
         Cmd::Conns {
             details,
             json,
@@ -203,6 +216,45 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// The completion script of `shell`.
+fn completions(shell: clap_complete::Shell) -> String {
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "smc-ctl", &mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    // clap_complete's bash script spells the state of a subcommand of a hyphenated binary in
+    // two ways (`smc__ctl__subcmd__X` in the loop, `smc__subcmd__ctl__subcmd__X` in the case
+    // arms), so no option of a command ever completes (clap-rs/clap#6421): use one spelling.
+    match shell {
+        clap_complete::Shell::Bash => text.replace("smc__subcmd__ctl", "smc__ctl"),
+        _ => text,
+    }
+}
+
+/// The man pages (section 8: system administration) of smc-ctl and of each command.
+fn man_pages(dir: &std::path::Path) -> Result<()> {
+    use anyhow::Context as _;
+    std::fs::create_dir_all(dir).with_context(|| format!("mkdir {}", dir.display()))?;
+    let mut cmd = Cli::command();
+    cmd.build();
+    let mut pages = vec![("smc-ctl".to_string(), cmd.clone())];
+    for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+        let name = format!("smc-ctl-{}", sub.get_name());
+        pages.push((name, sub.clone()));
+    }
+    let n = pages.len();
+    for (name, page) in pages {
+        let path = dir.join(format!("{name}.8"));
+        let mut out = Vec::new();
+        clap_mangen::Man::new(page)
+            .section("8")
+            .render(&mut out)
+            .with_context(|| format!("render {name}"))?;
+        std::fs::write(&path, out).with_context(|| format!("write {}", path.display()))?;
+    }
+    println!("{n} man pages written to {}", dir.display());
     Ok(())
 }
 

@@ -1081,3 +1081,72 @@ fn kubernetes_manifests_validate_and_fit_together() {
     assert_eq!(mount("smc-procs")["mountPath"], "/run/smc/procs");
     assert!(docs.iter().any(|d| d["kind"] == "ClusterRoleBinding"));
 }
+
+#[test]
+fn shell_completions_and_man_pages_from_clap() {
+    // The commands, from `smc-ctl --help`.
+    let o = smc_ctl(&["--help"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let help = String::from_utf8_lossy(&o.stdout).into_owned();
+    let commands: Vec<String> = help
+        .split_once("Commands:")
+        .unwrap()
+        .1
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(str::to_string)
+        .collect();
+    assert!(commands.len() >= 10 && commands.contains(&"agent".to_string()), "{commands:?}");
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let o = smc_ctl(&["completions", shell]);
+        assert!(o.status.success(), "{shell}: {}", text(&o));
+        let s = String::from_utf8_lossy(&o.stdout);
+        for c in &commands {
+            assert!(s.contains(c.as_str()), "{shell} completion lacks {c}");
+        }
+    }
+    // bash really completes: a command prefix, then an option of that command.
+    // (clap-rs/clap#6421: the second one needs smc-ctl's workaround.)
+    let o = output(Command::new("bash").arg("-c").arg(format!(
+        "set -e\nsource <({} completions bash)\nf=$(complete -p smc-ctl | sed -E 's/.*-F ([^ ]+) .*/\\1/')\n\
+         COMP_WORDS=(smc-ctl ag); COMP_CWORD=1; $f smc-ctl ag smc-ctl; echo \"${{COMPREPLY[*]}}\"\n\
+         COMP_WORDS=(smc-ctl agent --pods); COMP_CWORD=2; $f smc-ctl --pods agent; echo \"${{COMPREPLY[*]}}\"\n",
+        bin("smc-ctl").display()
+    )));
+    assert!(o.status.success(), "bash completion: {}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.first(), Some(&"agent"), "{out}");
+    assert_eq!(lines.get(1), Some(&"--pods-dir"), "{out}");
+
+    // Man pages: smc-ctl.8 and one per command, which man renders.
+    let dir = std::env::temp_dir().join(unique("smc-man-"));
+    let o = output(Command::new(bin("smc-ctl")).arg("man").arg(&dir));
+    assert!(o.status.success(), "{}", text(&o));
+    let man = require_tool("man", "man-db");
+    for page in std::iter::once("smc-ctl".to_string())
+        .chain(commands.iter().map(|c| format!("smc-ctl-{c}")))
+    {
+        let f = dir.join(format!("{page}.8"));
+        assert!(f.exists(), "no {}", f.display());
+        let o = output(
+            Command::new(&man)
+                .arg("-l")
+                .arg(&f)
+                .env("MANPAGER", "cat")
+                .env("MANWIDTH", "100"),
+        );
+        assert!(o.status.success(), "man -l {}: {}", f.display(), text(&o));
+        let t = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            t.contains("NAME") && t.contains("SYNOPSIS") && t.contains(&format!("{page}(8)")),
+            "{page}: {t}"
+        );
+    }
+    let t = fs::read_to_string(dir.join("smc-ctl-agent.8")).unwrap();
+    assert!(t.contains("pods\\-dir"), "{t}");
+    let _ = fs::remove_dir_all(&dir);
+}
