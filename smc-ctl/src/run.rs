@@ -15,7 +15,8 @@ use crate::{bpf, sys};
 /// File name of the interposition library.
 pub const PRELOAD_LIB: &str = "libsmc_preload.so";
 
-/// The library next to this binary, or where `SMC_PRELOAD_LIB` says.
+/// The library next to this binary (or in `../lib/smc`, `../lib`: an installed package), or
+/// where `SMC_PRELOAD_LIB` says.
 pub fn preload_lib() -> Result<PathBuf> {
     if let Some(p) = env::var_os("SMC_PRELOAD_LIB") {
         return Ok(PathBuf::from(p));
@@ -24,7 +25,11 @@ pub fn preload_lib() -> Result<PathBuf> {
     let dir = exe
         .parent()
         .ok_or_else(|| anyhow!("no directory for {}", exe.display()))?;
-    for cand in [dir.join(PRELOAD_LIB), dir.join("../lib").join(PRELOAD_LIB)] {
+    for cand in [
+        dir.join(PRELOAD_LIB),
+        dir.join("../lib/smc").join(PRELOAD_LIB),
+        dir.join("../lib").join(PRELOAD_LIB),
+    ] {
         if cand.exists() {
             return Ok(cand.canonicalize()?);
         }

@@ -1150,3 +1150,123 @@ fn shell_completions_and_man_pages_from_clap() {
     assert!(t.contains("pods\\-dir"), "{t}");
     let _ = fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn dist_tarball_installs_into_a_fresh_root() {
+    let dir = std::env::temp_dir().join(unique("smc-dist-"));
+    let guard = DirGuard(dir.clone());
+    let (out, unpack, root) = (dir.join("out"), dir.join("unpack"), dir.join("root"));
+    fs::create_dir_all(&unpack).unwrap();
+    // The tarball, built by what `cargo xtask dist` runs, from the binaries under test.
+    let o = output(
+        Command::new("sh")
+            .arg(packaging().join("dist.sh"))
+            .arg(bin("smc-ctl").parent().unwrap())
+            .arg(&out)
+            .arg(env!("CARGO_PKG_VERSION")),
+    );
+    assert!(o.status.success(), "dist.sh: {}", text(&o));
+    let tarball = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+    assert!(tarball.exists(), "{}", text(&o));
+    let o = output(Command::new("tar").arg("-C").arg(&unpack).arg("-xzf").arg(&tarball));
+    assert!(o.status.success(), "tar: {}", text(&o));
+    let top = unpack.join(tarball.file_name().unwrap().to_str().unwrap().trim_end_matches(".tar.gz"));
+    // A machine with systemd but no Rust toolchain: the host's system units, a bare PATH.
+    fs::create_dir_all(root.join("usr/lib/systemd")).unwrap();
+    let o = output(
+        Command::new("cp")
+            .arg("-a")
+            .arg("/usr/lib/systemd/system")
+            .arg(root.join("usr/lib/systemd/")),
+    );
+    assert!(o.status.success(), "cp: {}", text(&o));
+    let o = output(
+        Command::new("/bin/sh")
+            .arg(top.join("install.sh"))
+            .arg("--root")
+            .arg(&root)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin"),
+    );
+    assert!(o.status.success(), "install.sh: {}", text(&o));
+    let manifest = fs::read_to_string(top.join("MANIFEST")).unwrap();
+    for want in [
+        "/usr/bin/smc-ctl",
+        "/usr/lib/smc/libsmc_preload.so",
+        "/usr/lib/systemd/system/smc-daemon.service",
+        "/usr/lib/systemd/system/smc-attach@.service",
+        "/usr/lib/systemd/system/smc.slice",
+        "/usr/share/smc/systemd/smc-enable.conf",
+        "/usr/share/man/man8/smc-ctl.8.gz",
+        "/usr/share/man/man8/smc-ctl-agent.8.gz",
+        "/usr/share/bash-completion/completions/smc-ctl",
+        "/usr/share/zsh/vendor-completions/_smc-ctl",
+        "/usr/share/fish/vendor_completions.d/smc-ctl.fish",
+        "/usr/share/smc/kubernetes/smc-rs.yaml",
+    ] {
+        assert!(manifest.lines().any(|l| l == want), "{want} not in MANIFEST:\n{manifest}");
+    }
+    for f in manifest.lines() {
+        let (a, b) = (top.join(format!("files{f}")), root.join(&f[1..]));
+        assert_eq!(fs::read(&a).unwrap(), fs::read(&b).unwrap_or_default(), "{f} installed");
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&a), mode(&b), "{f}: mode");
+    }
+    // The installed binary runs, and finds the installed library.
+    let smc = root.join("usr/bin/smc-ctl");
+    let o = output(Command::new(&smc).arg("--version"));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        format!("smc-ctl {}", env!("CARGO_PKG_VERSION"))
+    );
+    let o = output(
+        Command::new(&smc)
+            .args(["run", "--", "sh", "-c", "echo \"$LD_PRELOAD\""])
+            .env_remove("SMC_PRELOAD_LIB")
+            .env_remove("LD_PRELOAD"),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let lib = fs::canonicalize(root.join("usr/lib/smc/libsmc_preload.so")).unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), lib.display().to_string());
+    // The installed units verify in that root (ExecStart= is the installed binary).
+    let tool = require_tool("systemd-analyze", "systemd");
+    let verify_in_root = |names: &[&str]| {
+        output(
+            Command::new(&tool)
+                .arg("verify")
+                .arg(format!("--root={}", root.display()))
+                .arg("--man=no")
+                .args(names)
+                .env("SYSTEMD_LOG_COLOR", "0"),
+        )
+    };
+    let o = verify_in_root(&[
+        "smc-daemon.service",
+        "smc.slice",
+        "smc-attach@sys-fs-cgroup-smc.slice.service",
+    ]);
+    assert!(o.status.success() && o.stderr.is_empty(), "systemd-analyze verify: {}", text(&o));
+    // The check can fail: without the binary, ExecStart= is reported.
+    fs::remove_file(&smc).unwrap();
+    let o = verify_in_root(&["smc-daemon.service"]);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("/usr/bin/smc-ctl is not executable"),
+        "{}",
+        text(&o)
+    );
+    // The man pages render from where man looks for them.
+    let man = require_tool("man", "man-db");
+    let o = output(
+        Command::new(man)
+            .arg("-l")
+            .arg(root.join("usr/share/man/man8/smc-ctl-agent.8.gz"))
+            .env("MANPAGER", "cat"),
+    );
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("smc-ctl-agent(8)"),
+        "{}",
+        text(&o)
+    );
+    drop(guard);
+}

@@ -37,6 +37,10 @@ enum Cmd {
     Setup,
     /// Build smc-ctl (with the eBPF programs) and the interposition library, release mode.
     Build,
+    /// The release tarball (target/dist/smc-rs-VERSION-ARCH-linux.tar.gz): smc-ctl, the
+    /// library, the systemd units, man pages, shell completions, the Kubernetes manifests and
+    /// install.sh (packaging/dist.sh).
+    Dist,
     /// Format and lint checks, including clippy on the eBPF crate for the BPF target.
     Lint,
     /// Checks, unit tests, integration tests and bounded fuzzing.
@@ -113,6 +117,11 @@ fn main() -> Result<()> {
         Cmd::Build => {
             setup()?;
             build()
+        }
+        Cmd::Dist => {
+            setup()?;
+            build()?;
+            dist()
         }
         Cmd::Lint => {
             setup()?;
@@ -275,6 +284,17 @@ fn cargo() -> Command {
 fn build() -> Result<()> {
     step("building smc-ctl (eBPF programs included) and libsmc_preload.so");
     run(cargo().args(["build", "--release", "-p", "smc-ctl", "-p", "smc-preload"]))
+}
+
+/// packaging/dist.sh over the release binaries, into target/dist.
+fn dist() -> Result<()> {
+    let root = workspace_root();
+    step("packaging the release tarball (packaging/dist.sh)");
+    run(Command::new("sh")
+        .arg(root.join("packaging/dist.sh"))
+        .arg(root.join("target/release"))
+        .arg(root.join("target/dist"))
+        .arg(env!("CARGO_PKG_VERSION")))
 }
 
 /// Every crate but smc-ebpf, which only builds for the BPF target (through smc-ctl's build
