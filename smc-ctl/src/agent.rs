@@ -112,10 +112,13 @@ fn pods_of_json(v: &Value, out: &mut BTreeMap<String, PodMeta>) {
     );
 }
 
+/// What tells a file changed: mtime (s, ns), size, inode.
+type Stamp = (i64, i64, u64, u64);
+
 /// The pod metadata files, re-read only when they change.
 #[derive(Default)]
 struct PodSource {
-    files: BTreeMap<PathBuf, ((i64, i64, u64, u64), BTreeMap<String, PodMeta>)>,
+    files: BTreeMap<PathBuf, (Stamp, BTreeMap<String, PodMeta>)>,
     warned: BTreeMap<PathBuf, String>,
 }
 
@@ -177,7 +180,9 @@ fn parse_selector(s: &str) -> Selector {
 }
 
 fn matches(m: &BTreeMap<String, String>, (k, v): &Selector) -> bool {
-    !k.is_empty() && m.get(k).is_some_and(|have| v.as_ref().is_none_or(|v| v == have))
+    !k.is_empty()
+        && m.get(k)
+            .is_some_and(|have| v.as_ref().is_none_or(|v| v == have))
 }
 
 /// The pod cgroups under `root` (`kubepods.slice` and `kubepods`, at most three levels), with

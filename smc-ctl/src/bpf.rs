@@ -284,6 +284,8 @@ pub fn attach(cgroup: &Path, mode: Mode) -> Result<String> {
     sys::require_root()?;
     let cg = sys::check_cgroup2_dir(cgroup)?;
     let ino = fs::metadata(&cg)?.ino();
+    // What the kernel lacks, said clearly instead of a verifier dump or a bare EPERM.
+    crate::probe::require()?;
     let _lock = sys::lock()?;
     ensure_loaded()?;
     // Links of cgroups removed while attached are defunct: drop them (an inode may be reused).

@@ -15,6 +15,7 @@ mod agent;
 mod bpf;
 mod conns;
 mod daemon;
+mod probe;
 mod procs;
 mod run;
 mod stats;
@@ -89,6 +90,12 @@ enum Cmd {
         /// Every attached cgroup (also those removed while attached).
         #[arg(long, conflicts_with_all = ["cgroup", "pid", "container_id"])]
         all: bool,
+    },
+    /// Whether this kernel has the eBPF program types, maps, helpers and links smc-rs needs
+    /// (`attach` checks the same before loading anything).
+    Probe {
+        #[arg(long)]
+        json: bool,
     },
     /// Enabled cgroups, program ids, modes and counters.
     Status {
@@ -184,6 +191,7 @@ fn run(cli: Cli) -> Result<()> {
             println!("{}", bpf::detach(&t.resolve()?)?)
         }
         Cmd::Daemon(args) => daemon::run(args)?,
+        Cmd::Probe { json } => probe::run(json)?,
         Cmd::Agent(args) => agent::run(args)?,
         Cmd::Trace { seconds } => bpf::trace(seconds.map(std::time::Duration::from_secs))?,
         Cmd::Run { cgroup, cmd } => run::exec(&cmd, cgroup.as_deref())?,

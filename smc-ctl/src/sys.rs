@@ -164,9 +164,9 @@ pub mod bpf_syscall {
     pub const BPF_CGROUP_SETSOCKOPT: u32 = 22;
 
     #[repr(C, align(8))]
-    struct Attr([u8; 128]);
+    pub(crate) struct Attr(pub(crate) [u8; 128]);
 
-    fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<i64> {
+    pub(crate) fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<i64> {
         // SAFETY: attr is a zero-initialised bpf_attr of sufficient size.
         let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.0.as_mut_ptr(), attr.0.len()) };
         if r < 0 {
@@ -176,11 +176,11 @@ pub mod bpf_syscall {
         }
     }
 
-    fn put_u32(a: &mut Attr, off: usize, v: u32) {
+    pub(crate) fn put_u32(a: &mut Attr, off: usize, v: u32) {
         a.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
     }
 
-    fn put_u64(a: &mut Attr, off: usize, v: u64) {
+    pub(crate) fn put_u64(a: &mut Attr, off: usize, v: u64) {
         a.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
     }
 

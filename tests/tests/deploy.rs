@@ -761,11 +761,17 @@ fn scrape(addr: &str) -> String {
     use std::io::{Read as _, Write as _};
     let mut s = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("{addr}: {e}"));
     s.set_read_timeout(Some(T)).unwrap();
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut r = String::new();
     s.read_to_string(&mut r).unwrap();
     assert!(r.starts_with("HTTP/1.1 200"), "{r}");
-    r.split_once("\r\n\r\n").map(|x| x.1.to_string()).unwrap_or_default()
+    r.split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or_default()
 }
 
 /// The value of the sample `name{labels}` in a text exposition.
@@ -803,7 +809,11 @@ fn kubernetes_agent_enables_selected_pods_of_a_kubepods_tree() {
     let mut daemon = spawn_logged(dc, &dlog);
     let t = Instant::now();
     while !seqpacket_accepts(&sock) {
-        assert!(daemon.0.try_wait().unwrap().is_none(), "daemon exited{}", log_tail(&dlog));
+        assert!(
+            daemon.0.try_wait().unwrap().is_none(),
+            "daemon exited{}",
+            log_tail(&dlog)
+        );
         assert!(t.elapsed() < T, "daemon not up{}", log_tail(&dlog));
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -822,7 +832,10 @@ fn kubernetes_agent_enables_selected_pods_of_a_kubepods_tree() {
     ));
     let pod_c = node.path.join(format!("kubepods/burstable/pod{uc}"));
     let ctr_c = pod_c.join(cid(0xc));
-    for d in [&ctr_a, &pod_b.join(format!("cri-containerd-{}.scope", cid(0xb)))] {
+    for d in [
+        &ctr_a,
+        &pod_b.join(format!("cri-containerd-{}.scope", cid(0xb))),
+    ] {
         fs::create_dir_all(d).unwrap();
     }
     // a: selected by label; b: not selected (another value); c comes later, by annotation.
@@ -830,7 +843,13 @@ fn kubernetes_agent_enables_selected_pods_of_a_kubepods_tree() {
         pods.join("kubelet-pods.json"),
         format!(
             r#"{{"kind":"PodList","apiVersion":"v1","items":[{},{}]}}"#,
-            pod_json(&ua, "shop", "frontend-1", r#""smc-rs.io/enabled":"true","app":"fe""#, ""),
+            pod_json(
+                &ua,
+                "shop",
+                "frontend-1",
+                r#""smc-rs.io/enabled":"true","app":"fe""#,
+                ""
+            ),
             pod_json(&ub, "shop", "batch-1", r#""smc-rs.io/enabled":"false""#, ""),
         ),
     )
@@ -847,7 +866,13 @@ fn kubernetes_agent_enables_selected_pods_of_a_kubepods_tree() {
         .arg(&node.path)
         .arg("--pods-dir")
         .arg(&pods)
-        .args(["--interval-ms", "100", "--detach-on-exit", "--metrics", &maddr])
+        .args([
+            "--interval-ms",
+            "100",
+            "--detach-on-exit",
+            "--metrics",
+            &maddr,
+        ])
         .arg("--socket")
         .arg(&sock)
         .arg("--procs-dir")
@@ -870,7 +895,13 @@ fn kubernetes_agent_enables_selected_pods_of_a_kubepods_tree() {
     fs::create_dir_all(&ctr_c).unwrap();
     fs::write(
         pods.join("static-c.json"),
-        pod_json(&uc, "kube-system", "proxy-c", "", r#""smc-rs.io/enabled":"true""#),
+        pod_json(
+            &uc,
+            "kube-system",
+            "proxy-c",
+            "",
+            r#""smc-rs.io/enabled":"true""#,
+        ),
     )
     .unwrap();
     wait("pod c not enabled", &|| attached(&pod_c), &mut agent);
@@ -893,7 +924,9 @@ fn kubernetes_agent_enables_selected_pods_of_a_kubepods_tree() {
     env(&mut sc);
     let mut server = Proc::spawn(sc);
     let line = server.read_line();
-    let sport = line.strip_prefix("PORT ").unwrap_or_else(|| panic!("server said {line:?}"));
+    let sport = line
+        .strip_prefix("PORT ")
+        .unwrap_or_else(|| panic!("server said {line:?}"));
     let mut cc = Command::new(bin("smc-ctl"));
     cc.arg("run")
         .arg("--cgroup")
@@ -921,22 +954,40 @@ fn kubernetes_agent_enables_selected_pods_of_a_kubepods_tree() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert_eq!(sample(&m, "smc_rx_bytes", &la), Some(201_000), "{m}");
-    assert_eq!(sample(&m, "smc_connections_smcd_client", &lc), Some(0), "{m}");
-    assert!(!m.contains("batch-1") && !m.contains(&ub), "pod b in the metrics:\n{m}");
+    assert_eq!(
+        sample(&m, "smc_connections_smcd_client", &lc),
+        Some(0),
+        "{m}"
+    );
+    assert!(
+        !m.contains("batch-1") && !m.contains(&ub),
+        "pod b in the metrics:\n{m}"
+    );
     // One HELP/TYPE per family (the exposition is valid with several pods).
-    assert_eq!(m.matches("# TYPE smc_connections_smcd_client ").count(), 1, "{m}");
+    assert_eq!(
+        m.matches("# TYPE smc_connections_smcd_client ").count(),
+        1,
+        "{m}"
+    );
 
     // A pod removed while the agent runs: forgotten, its links unpinned, gone from the metrics.
     fs::remove_dir(&ctr_c).unwrap();
     fs::remove_dir(&pod_c).unwrap();
     wait(
         "pod c not forgotten",
-        &|| fs::read_to_string(&alog).unwrap_or_default().contains(&format!("forgot pod kube-system/proxy-c ({uc})")),
+        &|| {
+            fs::read_to_string(&alog)
+                .unwrap_or_default()
+                .contains(&format!("forgot pod kube-system/proxy-c ({uc})"))
+        },
         &mut agent,
     );
     let m = scrape(&maddr);
     assert!(!m.contains("proxy-c"), "removed pod c in the metrics:\n{m}");
-    assert!(sample(&m, "smc_connections_smcd_client", &la).is_some(), "{m}");
+    assert!(
+        sample(&m, "smc_connections_smcd_client", &la).is_some(),
+        "{m}"
+    );
 
     // SIGTERM with --detach-on-exit: pod a is detached, nothing of this node stays attached.
     // SAFETY: a signal to our own child.
@@ -962,7 +1013,9 @@ fn kubernetes_agent_enables_selected_pods_of_a_kubepods_tree() {
 /// `tests/k8s_validate.py FILES`: the documents as JSON, or the validator's complaints.
 fn k8s_validate(files: &[PathBuf]) -> Result<serde_json::Value, String> {
     let py = Path::new("/usr/bin/python3");
-    let probe = Command::new(py).args(["-c", "import kubernetes, yaml"]).output();
+    let probe = Command::new(py)
+        .args(["-c", "import kubernetes, yaml"])
+        .output();
     assert!(
         probe.is_ok_and(|o| o.status.success()),
         "the manifests are validated with the Kubernetes API models of python3-kubernetes: \
@@ -997,8 +1050,16 @@ fn kubernetes_manifests_validate_and_fit_together() {
     fs::create_dir_all(&dir).unwrap();
     let body = fs::read_to_string(&ds_file).unwrap();
     for (i, (from, to, want)) in [
-        ("mountPropagation:", "mountPropagaton:", "mountPropagaton: unknown field"),
-        ("- name: daemon", "- image: x", "Invalid value for `name`, must not be `None`"),
+        (
+            "mountPropagation:",
+            "mountPropagaton:",
+            "mountPropagaton: unknown field",
+        ),
+        (
+            "- name: daemon",
+            "- image: x",
+            "Invalid value for `name`, must not be `None`",
+        ),
     ]
     .into_iter()
     .enumerate()
@@ -1012,14 +1073,23 @@ fn kubernetes_manifests_validate_and_fit_together() {
 
     let ds = find("DaemonSet");
     let spec = &ds["spec"]["template"]["spec"];
-    assert_eq!(spec["hostPID"], true, "the daemon and agent see every pod's processes");
+    assert_eq!(
+        spec["hostPID"], true,
+        "the daemon and agent see every pod's processes"
+    );
     let host_paths: Vec<&str> = spec["volumes"]
         .as_array()
         .unwrap()
         .iter()
         .filter_map(|v| v["hostPath"]["path"].as_str())
         .collect();
-    for p in ["/sys/fs/bpf", "/sys/fs/cgroup", "/run/smc", "/var/lib/smc", "/opt/smc/lib"] {
+    for p in [
+        "/sys/fs/bpf",
+        "/sys/fs/cgroup",
+        "/run/smc",
+        "/var/lib/smc",
+        "/opt/smc/lib",
+    ] {
         assert!(host_paths.contains(&p), "no hostPath {p}: {host_paths:?}");
     }
     let container = |name: &str| {
@@ -1041,13 +1111,20 @@ fn kubernetes_manifests_validate_and_fit_together() {
             .collect();
         assert_eq!(cmd[0], "/usr/bin/smc-ctl", "{name}: {cmd:?}");
         let o = output(Command::new(bin("smc-ctl")).args(&cmd[1..]).arg("--help"));
-        assert!(o.status.success(), "{name}: smc-ctl {cmd:?} --help: {}", text(&o));
+        assert!(
+            o.status.success(),
+            "{name}: smc-ctl {cmd:?} --help: {}",
+            text(&o)
+        );
         args_of.insert(name, cmd);
     }
     assert_eq!(container("agent")["securityContext"]["privileged"], true);
     let arg = |name: &str, flag: &str| -> String {
         let cmd = &args_of[name];
-        let i = cmd.iter().position(|a| a == flag).unwrap_or_else(|| panic!("{name}: no {flag}"));
+        let i = cmd
+            .iter()
+            .position(|a| a == flag)
+            .unwrap_or_else(|| panic!("{name}: no {flag}"));
         cmd[i + 1].clone()
     };
     // The example pod: selected by the agent's label, the library and the daemon's socket
@@ -1055,7 +1132,10 @@ fn kubernetes_manifests_validate_and_fit_together() {
     let pod = find("Pod");
     let label = arg("agent", "--label");
     let (k, v) = label.split_once('=').unwrap();
-    assert_eq!(pod["metadata"]["labels"][k], v, "example pod not selected by {label}");
+    assert_eq!(
+        pod["metadata"]["labels"][k], v,
+        "example pod not selected by {label}"
+    );
     let app = &pod["spec"]["containers"][0];
     let mount = |name: &str| {
         app["volumeMounts"]
@@ -1074,8 +1154,15 @@ fn kubernetes_manifests_validate_and_fit_together() {
         .unwrap();
     let lib_dir = mount("smc-lib")["mountPath"].as_str().unwrap();
     assert_eq!(preload, format!("{lib_dir}/libsmc_preload.so"));
-    assert_eq!(mount("smc-sock")["mountPath"], arg("daemon", "--socket").as_str());
-    assert_eq!(mount("smc-sock")["mountPath"], "/run/smc/ctl.sock", "the library's default");
+    assert_eq!(
+        mount("smc-sock")["mountPath"],
+        arg("daemon", "--socket").as_str()
+    );
+    assert_eq!(
+        mount("smc-sock")["mountPath"],
+        "/run/smc/ctl.sock",
+        "the library's default"
+    );
     assert_eq!(mount("smc-lib")["readOnly"], true);
     assert_eq!(mount("smc-sock")["readOnly"], true);
     assert_eq!(mount("smc-procs")["mountPath"], "/run/smc/procs");
@@ -1099,7 +1186,10 @@ fn shell_completions_and_man_pages_from_clap() {
         .filter(|c| *c != "help")
         .map(str::to_string)
         .collect();
-    assert!(commands.len() >= 10 && commands.contains(&"agent".to_string()), "{commands:?}");
+    assert!(
+        commands.len() >= 10 && commands.contains(&"agent".to_string()),
+        "{commands:?}"
+    );
     for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
         let o = smc_ctl(&["completions", shell]);
         assert!(o.status.success(), "{shell}: {}", text(&o));
@@ -1168,9 +1258,22 @@ fn dist_tarball_installs_into_a_fresh_root() {
     assert!(o.status.success(), "dist.sh: {}", text(&o));
     let tarball = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
     assert!(tarball.exists(), "{}", text(&o));
-    let o = output(Command::new("tar").arg("-C").arg(&unpack).arg("-xzf").arg(&tarball));
+    let o = output(
+        Command::new("tar")
+            .arg("-C")
+            .arg(&unpack)
+            .arg("-xzf")
+            .arg(&tarball),
+    );
     assert!(o.status.success(), "tar: {}", text(&o));
-    let top = unpack.join(tarball.file_name().unwrap().to_str().unwrap().trim_end_matches(".tar.gz"));
+    let top = unpack.join(
+        tarball
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .trim_end_matches(".tar.gz"),
+    );
     // A machine with systemd but no Rust toolchain: the host's system units, a bare PATH.
     fs::create_dir_all(root.join("usr/lib/systemd")).unwrap();
     let o = output(
@@ -1204,11 +1307,18 @@ fn dist_tarball_installs_into_a_fresh_root() {
         "/usr/share/fish/vendor_completions.d/smc-ctl.fish",
         "/usr/share/smc/kubernetes/smc-rs.yaml",
     ] {
-        assert!(manifest.lines().any(|l| l == want), "{want} not in MANIFEST:\n{manifest}");
+        assert!(
+            manifest.lines().any(|l| l == want),
+            "{want} not in MANIFEST:\n{manifest}"
+        );
     }
     for f in manifest.lines() {
         let (a, b) = (top.join(format!("files{f}")), root.join(&f[1..]));
-        assert_eq!(fs::read(&a).unwrap(), fs::read(&b).unwrap_or_default(), "{f} installed");
+        assert_eq!(
+            fs::read(&a).unwrap(),
+            fs::read(&b).unwrap_or_default(),
+            "{f} installed"
+        );
         let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&a), mode(&b), "{f}: mode");
     }
@@ -1228,7 +1338,10 @@ fn dist_tarball_installs_into_a_fresh_root() {
     );
     assert!(o.status.success(), "{}", text(&o));
     let lib = fs::canonicalize(root.join("usr/lib/smc/libsmc_preload.so")).unwrap();
-    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), lib.display().to_string());
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        lib.display().to_string()
+    );
     // The installed units verify in that root (ExecStart= is the installed binary).
     let tool = require_tool("systemd-analyze", "systemd");
     let verify_in_root = |names: &[&str]| {
@@ -1246,7 +1359,11 @@ fn dist_tarball_installs_into_a_fresh_root() {
         "smc.slice",
         "smc-attach@sys-fs-cgroup-smc.slice.service",
     ]);
-    assert!(o.status.success() && o.stderr.is_empty(), "systemd-analyze verify: {}", text(&o));
+    assert!(
+        o.status.success() && o.stderr.is_empty(),
+        "systemd-analyze verify: {}",
+        text(&o)
+    );
     // The check can fail: without the binary, ExecStart= is reported.
     fs::remove_file(&smc).unwrap();
     let o = verify_in_root(&["smc-daemon.service"]);
@@ -1269,4 +1386,55 @@ fn dist_tarball_installs_into_a_fresh_root() {
         text(&o)
     );
     drop(guard);
+}
+
+#[test]
+fn kernel_probe_before_attach_says_what_is_missing() {
+    require_root();
+    // This kernel has everything: `smc-ctl probe` lists each feature as there.
+    let o = smc_ctl(&["probe", "--json"]);
+    assert!(o.status.success(), "smc-ctl probe: {}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["supported"], true, "{v}");
+    let features = v["features"].as_array().unwrap();
+    for want in [
+        "program type sock_ops",
+        "program type cgroup_sockopt",
+        "program type sk_msg",
+        "cgroup bpf_link (BPF_LINK_CREATE)",
+        "sock_ops: TCP header options (bpf_store_hdr_opt)",
+        "sk_msg: bpf_msg_redirect_hash",
+    ] {
+        assert!(
+            features
+                .iter()
+                .any(|f| f["feature"] == want && f["available"] == true),
+            "{want}: {v}"
+        );
+    }
+    // A root without CAP_BPF and CAP_SYS_ADMIN, for real: the kernel refuses every load, and
+    // attach says why and what it needs, before loading or attaching anything.
+    let cg = Cgroup::new();
+    let o = output(
+        Command::new("setpriv")
+            .args([
+                "--inh-caps=-all",
+                "--bounding-set=-bpf,-sys_admin,-perfmon",
+                "--",
+            ])
+            .arg(bin("smc-ctl"))
+            .args(["attach", "--cgroup", cg.path.to_str().unwrap()]),
+    );
+    assert!(!o.status.success(), "attach without CAP_BPF: {}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("does not let smc-ctl load eBPF programs (EPERM)")
+            && err.contains("CAP_BPF and CAP_NET_ADMIN"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("verifier") && err.lines().count() <= 3,
+        "{err}"
+    );
+    assert!(!attached_cgroups().contains(&cg.path.display().to_string()));
 }

@@ -77,7 +77,9 @@ pub fn render(sets: &[(Labels, Vec<Family>)]) -> String {
     }
     let mut out = String::new();
     for (name, kind, help) in order {
-        out.push_str(&format!("# HELP smc_{name} {help}\n# TYPE smc_{name} {kind}\n"));
+        out.push_str(&format!(
+            "# HELP smc_{name} {help}\n# TYPE smc_{name} {kind}\n"
+        ));
         for (set_labels, fams) in sets {
             for f in fams.iter().filter(|f| f.name == name) {
                 for (labels, v) in &f.samples {
@@ -205,10 +207,7 @@ pub fn families(f: &Value) -> Vec<Family> {
     }
     for dir in ["rx", "tx"] {
         if let Some(m) = f[dir]["ring_hist"].as_object() {
-            let samples = m
-                .iter()
-                .map(|(b, v)| (l(&[("bucket", b)]), n(v)))
-                .collect();
+            let samples = m.iter().map(|(b, v)| (l(&[("bucket", b)]), n(v))).collect();
             metric(
                 &format!("{dir}_ring_hist"),
                 "counter",
