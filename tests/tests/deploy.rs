@@ -793,6 +793,10 @@ fn pod_json(uid: &str, ns: &str, name: &str, labels: &str, annotations: &str) ->
 fn kubernetes_agent_enables_selected_pods_of_a_kubepods_tree() {
     require_root();
     let _l = lock();
+    // This build's programs loaded (waiting while another build's are) and kept loaded while
+    // the agent attaches and detaches pods: a cgroup of its own stays attached meanwhile.
+    let holder = Cgroup::new();
+    let _hold = attach_waiting(&holder, "ism", Duration::from_secs(600));
     // A node's kubelet tree, for real, under a test cgroup: systemd driver (burstable and
     // besteffort slices) and cgroupfs driver.
     let node = Cgroup::new();
