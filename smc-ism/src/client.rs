@@ -286,6 +286,22 @@ impl Client {
         self.start(proto::OP_ATTACH_PEER, &[], Some(sock_fd))
     }
 
+    /// `OP_ADOPT`: for a process that now holds `sock_fd`, a connected TCP socket another
+    /// process (or an earlier image of this one) registered a DMB with: attaches that DMB (its
+    /// receive ring; `peer` false) or the other end's DMB (its send ring; `peer` true). Only a
+    /// client of the registering client's uid, cgroup and pid namespace gets it
+    /// ([`IsmError::BadProof`] otherwise); [`IsmError::StaleToken`] when there is none (any
+    /// more). [`IsmError::UnknownOp`] when the daemon does not offer it.
+    pub fn adopt_dmb(&mut self, sock_fd: RawFd, peer: bool) -> Result<Dmb, IsmError> {
+        if self.features()? & proto::FEATURE_ADOPT == 0 {
+            return Err(IsmError::UnknownOp);
+        }
+        let mut payload = [0u8; 8];
+        payload[0] = u8::from(peer);
+        let t = self.start(proto::OP_ADOPT, &payload, Some(sock_fd))?;
+        self.finish_dmb(t)
+    }
+
     /// Reads the reply of a `*_start` request.
     pub fn finish_dmb(&mut self, t: Ticket) -> Result<Dmb, IsmError> {
         if t.generation != self.generation || self.fd.is_none() {

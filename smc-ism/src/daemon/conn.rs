@@ -18,7 +18,7 @@ use smc_common::clc::LOOPBACK_CHID;
 
 use super::closer::Closer;
 use super::diag::{self, CgroupKeys};
-use super::registry::{CgroupUsage, DmbObj, Fail, RefKind, Registry, UidUsage};
+use super::registry::{CgroupUsage, ClientIdentity, DmbObj, Fail, RefKind, Registry, UidUsage};
 
 /// State shared by all connection tasks.
 pub(crate) struct Shared {
@@ -117,6 +117,14 @@ pub(crate) fn read_cgroup(pid: i32) -> String {
         .unwrap_or_else(|| "/".to_owned())
 }
 
+/// Inode of the pid namespace of `pid` (as the daemon sees it), sampled when it connects.
+fn read_pidns(pid: i32) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .map(|m| m.ino())
+}
+
 struct Conn<'a> {
     shared: &'a Shared,
     /// The caller's uid (SO_PEERCRED when it connected; unforgeable), with its usage.
@@ -124,6 +132,9 @@ struct Conn<'a> {
     /// Quota bucket when the proof socket's cgroup cannot be found (the caller's cgroup when
     /// it connected).
     cg: Arc<CgroupUsage>,
+    /// The caller's cgroup (as `cg`) and pid namespace, recorded with the DMBs it registers:
+    /// an adopter must share them.
+    ident: ClientIdentity,
     /// The last proof socket cgroup id and its quota bucket (a process's sockets nearly always
     /// share one cgroup: no global lookup per registration).
     cg_last: Option<(u64, Arc<CgroupUsage>)>,
@@ -150,10 +161,16 @@ pub(crate) async fn serve_conn(
         .map(|c| read_cgroup(c.pid))
         .unwrap_or_else(|| "/".to_owned());
     let uid_n = uid.uid;
+    let cg = shared.reg.cgroup(&cg_path);
+    let ident = ClientIdentity {
+        cgroup: cg.clone(),
+        pidns: cred.and_then(|c| read_pidns(c.pid)),
+    };
     let mut conn = Conn {
         shared: &shared,
         uid,
-        cg: shared.reg.cgroup(&cg_path),
+        cg,
+        ident,
         cg_last: None,
         fds_dropped: false,
         held: HashMap::new(),
@@ -352,6 +369,7 @@ impl Conn<'_> {
             R::Register { size_code } => (&c.register, self.register(size_code, fd).map(Some)),
             R::Attach { token } => (&c.attach, self.attach(token, fd).map(Some)),
             R::AttachPeer => (&c.attach, self.attach_peer(fd).map(Some)),
+            R::Adopt { peer } => (&c.attach, self.adopt(peer, fd).map(Some)),
             R::Release { own, peer } => {
                 // Counted as the unregister and the detach it stands for.
                 let mut res = Ok(());
@@ -460,7 +478,7 @@ impl Conn<'_> {
         match op {
             proto::OP_QUERY_GID => &c.query_gid,
             proto::OP_REGISTER => &c.register,
-            proto::OP_ATTACH | proto::OP_ATTACH_PEER => &c.attach,
+            proto::OP_ATTACH | proto::OP_ATTACH_PEER | proto::OP_ADOPT => &c.attach,
             proto::OP_DETACH => &c.detach,
             proto::OP_UNREGISTER => &c.unregister,
             proto::OP_STATS => &c.stats,
@@ -510,7 +528,7 @@ impl Conn<'_> {
         let cg = self.bucket(info.owner_cgroup);
         let dmb = sh
             .reg
-            .register(size_code, id, info.peer_cookie, &cg, &self.uid)?;
+            .register(size_code, id, info.peer_cookie, &cg, &self.uid, &self.ident)?;
         self.held.entry(dmb.token).or_default().owner = true;
         Ok(dmb)
     }
@@ -573,6 +591,19 @@ impl Conn<'_> {
                 Err(f)
             }
         }
+    }
+
+    /// Attaches a DMB of the connection whose socket moved to the caller (`OP_ADOPT`).
+    fn adopt(&mut self, peer: bool, fd: Option<OwnedFd>) -> Result<Arc<DmbObj>, Fail> {
+        let proof = self.proof(&fd);
+        self.dispose(fd);
+        let (id, _) = proof?;
+        let dmb = self
+            .shared
+            .reg
+            .adopt(&id, peer, self.uid.uid, &self.ident)?;
+        self.held.entry(dmb.token).or_default().attaches += 1;
+        Ok(dmb)
     }
 
     fn release_token(&mut self, token: u64, kind: RefKind) -> Result<(), Fail> {
