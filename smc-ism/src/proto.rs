@@ -36,8 +36,12 @@
 //!   and both sockets in one network namespace, where a mirrored 4-tuple cannot be forged), so
 //!   that a server can attach before the client's token arrives in the CLC confirm (it then
 //!   checks the token). Result: [`DmbReply`] + the memfd; `StaleToken` when there is none.
-//! - `OP_ADOPT`: `which: u8` (0: the DMB the caller's socket registered, its receive ring; 1:
-//!   the DMB of the other end, its send ring), `reserved: [u8; 7]` + the caller's connected TCP
+//! - `OP_REGISTER` may carry a second fd after the socket: a memfd of the owner's local state
+//!   page (4 KiB, checked to be a shmem file of that size, else closed), kept with the DMB for
+//!   `OP_ADOPT` and closed with it.
+//! - `OP_ADOPT`: `which: u8` ([`ADOPT_OWN`]: the DMB the caller's socket registered, its
+//!   receive ring; [`ADOPT_PEER`]: the DMB of the other end, its send ring; [`ADOPT_STATE`]:
+//!   the state page registered with the first), `reserved: [u8; 7]` + the caller's connected TCP
 //!   socket. For a process the socket moved to (`SCM_RIGHTS`, `exec`): the DMB whose owner
 //!   socket *is* this socket (same `SO_COOKIE`), registered by a client of the caller's uid,
 //!   cgroup and pid namespace, while its record lives (also after its owner's unregister, as
@@ -105,6 +109,14 @@ pub const OP_ATTACH_PEER: u16 = 10;
 pub const OP_ADOPT: u16 = 11;
 /// Highest op code.
 pub const OP_MAX: u16 = OP_ADOPT;
+/// `OP_ADOPT`: the DMB registered with the caller's socket.
+pub const ADOPT_OWN: u8 = 0;
+/// `OP_ADOPT`: the DMB of the other end of the caller's connection.
+pub const ADOPT_PEER: u8 = 1;
+/// `OP_ADOPT`: the local state page registered with the caller's socket.
+pub const ADOPT_STATE: u8 = 2;
+/// Size of the local state page a `REGISTER` may carry.
+pub const STATE_PAGE: u64 = 4096;
 
 /// Feature: `OP_RELEASE`.
 pub const FEATURE_RELEASE: u32 = 1 << 0;
@@ -302,8 +314,8 @@ pub enum Request {
     AttachPeer,
     /// `OP_ADOPT`.
     Adopt {
-        /// false: the DMB the socket registered (receive ring); true: the peer's (send ring).
-        peer: bool,
+        /// [`ADOPT_OWN`], [`ADOPT_PEER`] or [`ADOPT_STATE`].
+        which: u8,
     },
     /// `OP_DETACH`.
     Detach {
@@ -431,8 +443,8 @@ pub fn decode_request(rec: &[u8], truncated: bool) -> Decoded {
         }),
         OP_ATTACH_PEER => Ok(Request::AttachPeer),
         OP_ADOPT if !need(8) => bad(Status::Malformed, false),
-        OP_ADOPT if p[0] > 1 => bad(Status::Malformed, false),
-        OP_ADOPT => Ok(Request::Adopt { peer: p[0] == 1 }),
+        OP_ADOPT if p[0] > ADOPT_STATE => bad(Status::Malformed, false),
+        OP_ADOPT => Ok(Request::Adopt { which: p[0] }),
         OP_DETACH | OP_UNREGISTER if !need(8) => bad(Status::Malformed, false),
         OP_DETACH => Ok(Request::Detach {
             token: get_u64(p, 0),

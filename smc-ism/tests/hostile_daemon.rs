@@ -502,7 +502,14 @@ fn only_the_owners_tenant_adopts_a_moved_socket() {
     let (a, b) = tcp_pair();
     let mut owner = client(&dir);
     let mut peer = client(&dir);
-    let own = owner.register_dmb(0, b.as_raw_fd()).unwrap();
+    // The owner hands over its local state page (a sealed 4 KiB memfd) with the registration.
+    let state = sealed_page();
+    let own = owner
+        .register_dmb_state(0, b.as_raw_fd(), state.as_raw_fd())
+        .unwrap();
+    let state_map = smc_ism::DmbMap::new(state.as_raw_fd(), 4096).unwrap();
+    drop(state);
+    write_bytes(&state_map, 0, b"owner's local state");
     let theirs = peer.register_dmb(1, a.as_raw_fd()).unwrap();
     let att_own = owner.attach_dmb(theirs.token, b.as_raw_fd()).unwrap();
     let att_peer = peer.attach_dmb(own.token, a.as_raw_fd()).unwrap();
@@ -518,19 +525,23 @@ fn only_the_owners_tenant_adopts_a_moved_socket() {
             return 91;
         };
         let mut got = 0;
-        for (bit, peer) in [(1, false), (2, true)] {
-            match c.adopt_dmb(bfd, peer) {
+        for (bit, which) in [
+            (1, proto::ADOPT_OWN),
+            (2, proto::ADOPT_PEER),
+            (4, proto::ADOPT_STATE),
+        ] {
+            match c.adopt_dmb(bfd, which) {
                 Ok(_) => got |= bit,
                 Err(IsmError::BadProof) => {}
-                Err(_) => got |= bit << 2,
+                Err(_) => got |= bit << 3,
             }
         }
         got
     });
     assert_eq!(
         code, 0,
-        "another uid holding the socket: bit 0/1 own/peer DMB granted, bits 2/3 other errors \
-         than BadProof, 9x setup"
+        "another uid holding the socket: bit 0/1/2 own/peer DMB/state granted, bits 3-5 other \
+         errors than BadProof, 9x setup"
     );
 
     // A client of the owner's uid, cgroup and pid namespace (here: this process) gets both,
@@ -538,19 +549,33 @@ fn only_the_owners_tenant_adopts_a_moved_socket() {
     owner.detach_dmb(att_own.token).unwrap();
     owner.unregister_dmb(own.token).unwrap();
     let mut adopter = client(&dir);
-    let mine = adopter.adopt_dmb(b.as_raw_fd(), false).unwrap();
-    let tx = adopter.adopt_dmb(b.as_raw_fd(), true).unwrap();
+    let mine = adopter.adopt_dmb(b.as_raw_fd(), proto::ADOPT_OWN).unwrap();
+    let tx = adopter.adopt_dmb(b.as_raw_fd(), proto::ADOPT_PEER).unwrap();
+    let st = adopter
+        .adopt_dmb(b.as_raw_fd(), proto::ADOPT_STATE)
+        .unwrap();
+    assert_eq!(
+        read_bytes(
+            &smc_ism::DmbMap::new(st.fd.as_raw_fd(), 4096).unwrap(),
+            0,
+            19
+        ),
+        b"owner's local state"
+    );
     assert_eq!((mine.token, tx.token), (own.token, theirs.token));
     assert_eq!(
         read_bytes(&mine.map().unwrap(), 0, 20),
         b"owner's receive ring"
     );
-    assert_eq!(read_bytes(&tx.map().unwrap(), 0, 19), b"peer's receive ring");
+    assert_eq!(
+        read_bytes(&tx.map().unwrap(), 0, 19),
+        b"peer's receive ring"
+    );
 
     // A socket that registered nothing: nothing to adopt.
     let (x, _y) = tcp_pair();
     assert!(matches!(
-        adopter.adopt_dmb(x.as_raw_fd(), false),
+        adopter.adopt_dmb(x.as_raw_fd(), proto::ADOPT_OWN),
         Err(IsmError::StaleToken)
     ));
     // The adopter's references are its own to release.
@@ -561,8 +586,34 @@ fn only_the_owners_tenant_adopts_a_moved_socket() {
     peer.detach_dmb(att_peer.token).unwrap();
     peer.unregister_dmb(theirs.token).unwrap();
     drop((owner, peer, adopter));
-    drop((own_map, their_map));
+    drop((own_map, their_map, state_map));
     let mut c = client(&dir);
     wait_idle(&mut c, 1);
     d.shutdown().unwrap();
+}
+
+/// A 4 KiB memfd sealed against shrinking and growing (a local state page).
+fn sealed_page() -> OwnedFd {
+    // SAFETY: valid C string; the fd is owned at once.
+    let fd = unsafe {
+        let fd = libc::memfd_create(
+            c"state".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        );
+        assert!(fd >= 0, "memfd_create");
+        OwnedFd::from_raw_fd(fd)
+    };
+    // SAFETY: plain calls on our fd.
+    unsafe {
+        assert_eq!(libc::ftruncate(fd.as_raw_fd(), 4096), 0);
+        assert_eq!(
+            libc::fcntl(
+                fd.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW
+            ),
+            0
+        );
+    }
+    fd
 }

@@ -359,6 +359,8 @@ impl Drop for Charge {
 /// A live DMB. Field order is drop order: memfd, then slot, then charges.
 pub(crate) struct DmbObj {
     pub memfd: OwnedFd,
+    /// The owner's local state page (a 4 KiB memfd it passed at registration), for `OP_ADOPT`.
+    pub state: Option<OwnedFd>,
     slot: SlotGuard,
     _charge: Charge,
     _uid_charge: Option<UidCharge>,
@@ -677,6 +679,7 @@ impl Registry {
         cg: &Arc<CgroupUsage>,
         uid: &Arc<UidUsage>,
         client: &ClientIdentity,
+        state: Option<OwnedFd>,
     ) -> Result<Arc<DmbObj>, Fail> {
         let size = dmb_size_from_code_large(size_code).ok_or(Fail::BadSize)? as u64;
         let uid_charge = self.charge_uid(uid)?;
@@ -686,6 +689,7 @@ impl Registry {
             sys::create_dmb_memfd(size).map_err(|e| Fail::Memfd(e.raw_os_error().unwrap_or(0)))?;
         let mut obj = DmbObj {
             memfd,
+            state,
             slot,
             _charge: charge,
             _uid_charge: uid_charge,
@@ -790,7 +794,7 @@ impl Registry {
     pub(crate) fn adopt(
         &self,
         who: &TcpIdentity,
-        peer: bool,
+        which: u8,
         uid: u32,
         client: &ClientIdentity,
     ) -> Result<Arc<DmbObj>, Fail> {
@@ -806,14 +810,23 @@ impl Registry {
             let mut shard = lock(self.shard(token));
             let rec = shard.get_mut(&token).ok_or(Fail::StaleToken)?;
             let d = &rec.dmb;
-            if d.owner.cookie != Some(cookie) || d.owner.local != who.local || d.owner.peer != who.peer
+            if d.owner.cookie != Some(cookie)
+                || d.owner.local != who.local
+                || d.owner.peer != who.peer
             {
                 return Err(Fail::StaleToken);
             }
             if d.owner_uid != uid || !d.owner_client.same(client) {
                 return Err(Fail::BadProof);
             }
-            if !peer {
+            if which == crate::proto::ADOPT_STATE {
+                // No reference: the page lives on in the mappings of the processes using it.
+                return match d.state {
+                    Some(_) => Ok(rec.dmb.clone()),
+                    None => Err(Fail::StaleToken),
+                };
+            }
+            if which == crate::proto::ADOPT_OWN {
                 rec.refs = rec.refs.checked_add(1).ok_or(Fail::Internal)?;
                 self.totals.live_attachments.fetch_add(1, AcqRel);
                 return Ok(rec.dmb.clone());
