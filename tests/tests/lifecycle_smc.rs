@@ -450,14 +450,10 @@ fn handoff_case(w: &SmcWorld, mode: &str, smc: bool) -> String {
 }
 
 /// A pre-forked worker given an accepted connection with `SCM_RIGHTS`, and an inetd-style
-/// handler image inheriting it: with the library, both serve the client byte-exact both ways,
-/// as with plain TCP. Today the SMC-D connection cannot move to another process and the
-/// handlers fail cleanly instead (smc-preload/DESIGN.md, *Moving an established connection to
-/// another process*).
+/// handler image inheriting it (`subprocess` with `pass_fds`: vfork + exec): with the library,
+/// both serve the client byte-exact both ways, as with plain TCP (the receiving process adopts
+/// the SMC-D connection through the daemon; before, the handlers read `ECONNRESET`).
 #[test]
-#[ignore = "not yet served: an established SMC-D connection cannot move to another process \
-            (smc-preload/DESIGN.md, Moving an established connection to another process); \
-            run with --ignored"]
 fn prefork_and_inetd_servers_move_bytes_like_tcp() {
     let w = SmcWorld::new();
     let mut differ = Vec::new();
