@@ -526,6 +526,15 @@ fn fd_arrived(fd: c_int) {
         if same >= 0 {
             crate::debug!("fd {fd}: received our own SMC connection (fd {same}): shared");
             ops::copy_slot(same, fd);
+            // The copy counted a reference for this fd; the one that travelled (from another
+            // process) is it.
+            if let Some(o) = fdtable::get(fd) {
+                if let Obj::Conn(c) = &*o {
+                    if c.take_in_flight() {
+                        c.drop_ref();
+                    }
+                }
+            }
             return;
         }
     }
