@@ -286,6 +286,41 @@ impl Client {
         self.start(proto::OP_ATTACH_PEER, &[], Some(sock_fd))
     }
 
+    /// `OP_ADOPT`: for a process that now holds `sock_fd`, a connected TCP socket another
+    /// process (or an earlier image of this one) registered a DMB with: attaches that DMB
+    /// ([`proto::ADOPT_OWN`], its receive ring), the other end's DMB ([`proto::ADOPT_PEER`], its
+    /// send ring), or gets the local state page the owner handed over at registration
+    /// ([`proto::ADOPT_STATE`]; its [`Dmb::size`] is the DMB's, the page is 4 KiB). Only a
+    /// client of the registering client's uid, cgroup and pid namespace gets it
+    /// ([`IsmError::BadProof`] otherwise); [`IsmError::StaleToken`] when there is none (any
+    /// more). [`IsmError::UnknownOp`] when the daemon does not offer it.
+    pub fn adopt_dmb(&mut self, sock_fd: RawFd, which: u8) -> Result<Dmb, IsmError> {
+        if self.features()? & proto::FEATURE_ADOPT == 0 {
+            return Err(IsmError::UnknownOp);
+        }
+        let mut payload = [0u8; 8];
+        payload[0] = which;
+        let t = self.start(proto::OP_ADOPT, &payload, Some(sock_fd))?;
+        self.finish_dmb(t)
+    }
+
+    /// `REGISTER` that also hands the daemon `state_fd` (see
+    /// [`crate::SharedClient::register_dmb_state_start`]).
+    pub fn register_dmb_state(
+        &mut self,
+        size_code: u8,
+        sock_fd: RawFd,
+        state_fd: RawFd,
+    ) -> Result<Dmb, IsmError> {
+        let mut payload = [0u8; 8];
+        payload[0] = size_code;
+        self.ensure_connected()?;
+        let mut reply = [0u8; 128];
+        let seq = self.send_request_fds(proto::OP_REGISTER, &payload, &[sock_fd, state_fd])?;
+        let a = self.reply(seq, proto::OP_REGISTER, &mut reply)?;
+        self.dmb_answer(&reply, a)
+    }
+
     /// Reads the reply of a `*_start` request.
     pub fn finish_dmb(&mut self, t: Ticket) -> Result<Dmb, IsmError> {
         if t.generation != self.generation || self.fd.is_none() {
@@ -505,7 +540,7 @@ impl Client {
             return Err(IsmError::Protocol("raw_request with requests in flight"));
         }
         let fd = self.raw()?;
-        if let Err(e) = sys::send_record(fd, record, pass, 0) {
+        if let Err(e) = sys::send_record(fd, record, pass.as_slice(), 0) {
             return Err(self.send_failed(e));
         }
         let mut buf = vec![0u8; REPLY_BUF];
@@ -619,6 +654,15 @@ impl Client {
         op: u16,
         payload: &[u8],
         pass: Option<RawFd>,
+    ) -> Result<u32, IsmError> {
+        self.send_request_fds(op, payload, pass.as_slice())
+    }
+
+    fn send_request_fds(
+        &mut self,
+        op: u16,
+        payload: &[u8],
+        pass: &[RawFd],
     ) -> Result<u32, IsmError> {
         let fd = self.raw()?;
         self.seq = self.seq.wrapping_add(1);

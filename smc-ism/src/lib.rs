@@ -46,6 +46,13 @@
 //!   recorded at registration, so nothing is granted that the token path would refuse. The data path's server sends it
 //!   right after its CLC accept (its client registered while the accept was in flight) and
 //!   checks the token against the confirm.
+//! - `adopt` (`OP_ADOPT`, [`Client::adopt_dmb`]): for a process an established connection's
+//!   socket moved to (`SCM_RIGHTS`, `exec`): an attach of the DMB registered with that very
+//!   socket (same `SO_COOKIE`), of the other end's DMB of that connection, or the owner's local
+//!   state page (a sealed 4 KiB memfd it may pass with `register_dmb`, kept with the DMB) —
+//!   only to a client of the registering client's uid, cgroup and pid namespace, so another
+//!   tenant that got hold of the socket gets nothing. Found for as long as the DMB lives (also
+//!   after its owner's unregister, while the peer holds it).
 //! - `detach_dmb` / `unregister_dmb`: −1 reference. At 0 the token leaves the table and the
 //!   daemon's memfd is closed, then the slot bit and the quota are released (in that order, by
 //!   RAII), so a slot or token is reused only after the release. The memory itself lives on while

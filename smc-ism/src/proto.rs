@@ -36,6 +36,18 @@
 //!   and both sockets in one network namespace, where a mirrored 4-tuple cannot be forged), so
 //!   that a server can attach before the client's token arrives in the CLC confirm (it then
 //!   checks the token). Result: [`DmbReply`] + the memfd; `StaleToken` when there is none.
+//! - `OP_REGISTER` may carry a second fd after the socket: a memfd of the owner's local state
+//!   page (4 KiB, checked to be a shmem file of that size, else closed), kept with the DMB for
+//!   `OP_ADOPT` and closed with it.
+//! - `OP_ADOPT`: `which: u8` ([`ADOPT_OWN`]: the DMB the caller's socket registered, its
+//!   receive ring; [`ADOPT_PEER`]: the DMB of the other end, its send ring; [`ADOPT_STATE`]:
+//!   the state page registered with the first), `reserved: [u8; 7]` + the caller's connected TCP
+//!   socket. For a process the socket moved to (`SCM_RIGHTS`, `exec`): the DMB whose owner
+//!   socket *is* this socket (same `SO_COOKIE`), registered by a client of the caller's uid,
+//!   cgroup and pid namespace, while its record lives (also after its owner's unregister, as
+//!   long as the peer still holds it). Grants an attach reference. Result: [`DmbReply`] + the
+//!   memfd; `StaleToken` when there is none, `BadProof` when the caller is not the owner's
+//!   uid/cgroup/pid namespace.
 //! - `OP_STATS`: empty. Result: [`Stats`](crate::Stats) as JSON.
 //! - `OP_WAIT`: `generation: u64, timeout_ms: u32, reserved: u32`. The daemon answers once its
 //!   release generation differs from `generation` or the timeout (capped at 60 s) expires.
@@ -93,8 +105,18 @@ pub const OP_LIST: u16 = 8;
 pub const OP_RELEASE: u16 = 9;
 /// Attach the DMB registered by the other end of the caller's TCP connection.
 pub const OP_ATTACH_PEER: u16 = 10;
+/// Attach a DMB of the connection whose socket the caller now holds (moved to it).
+pub const OP_ADOPT: u16 = 11;
 /// Highest op code.
-pub const OP_MAX: u16 = OP_ATTACH_PEER;
+pub const OP_MAX: u16 = OP_ADOPT;
+/// `OP_ADOPT`: the DMB registered with the caller's socket.
+pub const ADOPT_OWN: u8 = 0;
+/// `OP_ADOPT`: the DMB of the other end of the caller's connection.
+pub const ADOPT_PEER: u8 = 1;
+/// `OP_ADOPT`: the local state page registered with the caller's socket.
+pub const ADOPT_STATE: u8 = 2;
+/// Size of the local state page a `REGISTER` may carry.
+pub const STATE_PAGE: u64 = 4096;
 
 /// Feature: `OP_RELEASE`.
 pub const FEATURE_RELEASE: u32 = 1 << 0;
@@ -102,8 +124,10 @@ pub const FEATURE_RELEASE: u32 = 1 << 0;
 pub const FEATURE_NOREPLY: u32 = 1 << 1;
 /// Feature: `OP_ATTACH_PEER`.
 pub const FEATURE_ATTACH_PEER: u32 = 1 << 2;
+/// Feature: `OP_ADOPT`.
+pub const FEATURE_ADOPT: u32 = 1 << 3;
 /// Every feature this crate's daemon offers.
-pub const FEATURES: u32 = FEATURE_RELEASE | FEATURE_NOREPLY | FEATURE_ATTACH_PEER;
+pub const FEATURES: u32 = FEATURE_RELEASE | FEATURE_NOREPLY | FEATURE_ATTACH_PEER | FEATURE_ADOPT;
 
 /// Largest page of `OP_LIST`.
 pub const LIST_PAGE_MAX: u32 = 128;
@@ -288,6 +312,11 @@ pub enum Request {
     },
     /// `OP_ATTACH_PEER`.
     AttachPeer,
+    /// `OP_ADOPT`.
+    Adopt {
+        /// [`ADOPT_OWN`], [`ADOPT_PEER`] or [`ADOPT_STATE`].
+        which: u8,
+    },
     /// `OP_DETACH`.
     Detach {
         /// The token of the attach reference.
@@ -328,7 +357,10 @@ impl Request {
     pub fn takes_socket(&self) -> bool {
         matches!(
             self,
-            Request::Register { .. } | Request::Attach { .. } | Request::AttachPeer
+            Request::Register { .. }
+                | Request::Attach { .. }
+                | Request::AttachPeer
+                | Request::Adopt { .. }
         )
     }
 }
@@ -410,6 +442,9 @@ pub fn decode_request(rec: &[u8], truncated: bool) -> Decoded {
             token: get_u64(p, 0),
         }),
         OP_ATTACH_PEER => Ok(Request::AttachPeer),
+        OP_ADOPT if !need(8) => bad(Status::Malformed, false),
+        OP_ADOPT if p[0] > ADOPT_STATE => bad(Status::Malformed, false),
+        OP_ADOPT => Ok(Request::Adopt { which: p[0] }),
         OP_DETACH | OP_UNREGISTER if !need(8) => bad(Status::Malformed, false),
         OP_DETACH => Ok(Request::Detach {
             token: get_u64(p, 0),

@@ -157,7 +157,7 @@ impl SharedClient {
 
     /// Sends one request without waiting for its reply (a full socket buffer is waited on,
     /// within the timeout); its seq is queued for a reply unless it carries `NOREPLY_BIT`.
-    fn send(&self, op: u16, payload: &[u8], pass: Option<RawFd>) -> Result<Ticket, IsmError> {
+    fn send(&self, op: u16, payload: &[u8], pass: &[RawFd]) -> Result<Ticket, IsmError> {
         let reused = self.lock().fd.is_some();
         match self.send_once(op, payload, pass) {
             // A connection the daemon closed (it restarted): once more on a new one.
@@ -166,7 +166,7 @@ impl SharedClient {
         }
     }
 
-    fn send_once(&self, op: u16, payload: &[u8], pass: Option<RawFd>) -> Result<Ticket, IsmError> {
+    fn send_once(&self, op: u16, payload: &[u8], pass: &[RawFd]) -> Result<Ticket, IsmError> {
         let mut st = self.connection()?;
         // At most MAX_INFLIGHT replies outstanding: an event loop with hundreds of handshakes
         // under way would otherwise fill the socket with replies, the daemon would block
@@ -349,7 +349,7 @@ impl SharedClient {
         payload: &[u8],
         pass: Option<RawFd>,
     ) -> Result<(Vec<u8>, client::Answer), IsmError> {
-        let t = self.send(op, payload, pass)?;
+        let t = self.send(op, payload, pass.as_slice())?;
         self.finish(t)
     }
 
@@ -393,12 +393,38 @@ impl SharedClient {
     pub fn register_dmb_start(&self, size_code: u8, sock_fd: RawFd) -> Result<Ticket, IsmError> {
         let mut payload = [0u8; 8];
         payload[0] = size_code;
-        self.send(proto::OP_REGISTER, &payload, Some(sock_fd))
+        self.send(proto::OP_REGISTER, &payload, &[sock_fd])
+    }
+
+    /// Sends a `REGISTER` that also hands the daemon `state_fd`, the memfd of this end's local
+    /// state page (4 KiB), kept with the DMB for a process the socket moves to
+    /// ([`SharedClient::adopt_dmb`]). A daemon that does not keep it closes it.
+    pub fn register_dmb_state_start(
+        &self,
+        size_code: u8,
+        sock_fd: RawFd,
+        state_fd: RawFd,
+    ) -> Result<Ticket, IsmError> {
+        let mut payload = [0u8; 8];
+        payload[0] = size_code;
+        self.send(proto::OP_REGISTER, &payload, &[sock_fd, state_fd])
+    }
+
+    /// `OP_ADOPT` and its reply (see [`crate::Client::adopt_dmb`]): `which` is
+    /// [`proto::ADOPT_OWN`], [`proto::ADOPT_PEER`] or [`proto::ADOPT_STATE`].
+    pub fn adopt_dmb(&self, sock_fd: RawFd, which: u8) -> Result<Dmb, IsmError> {
+        if self.features()? & proto::FEATURE_ADOPT == 0 {
+            return Err(IsmError::UnknownOp);
+        }
+        let mut payload = [0u8; 8];
+        payload[0] = which;
+        let t = self.send(proto::OP_ADOPT, &payload, &[sock_fd])?;
+        self.finish_dmb(t)
     }
 
     /// Sends an `ATTACH` without waiting (see [`crate::Client::attach_dmb_start`]).
     pub fn attach_dmb_start(&self, token: u64, sock_fd: RawFd) -> Result<Ticket, IsmError> {
-        self.send(proto::OP_ATTACH, &token.to_le_bytes(), Some(sock_fd))
+        self.send(proto::OP_ATTACH, &token.to_le_bytes(), &[sock_fd])
     }
 
     /// Sends an `ATTACH_PEER` without waiting (see [`crate::Client::attach_peer_start`]).
@@ -406,7 +432,7 @@ impl SharedClient {
         if self.features()? & proto::FEATURE_ATTACH_PEER == 0 {
             return Err(IsmError::UnknownOp);
         }
-        self.send(proto::OP_ATTACH_PEER, &[], Some(sock_fd))
+        self.send(proto::OP_ATTACH_PEER, &[], &[sock_fd])
     }
 
     /// Waits for the reply of a `*_start` request: the DMB it granted.
@@ -448,7 +474,7 @@ impl SharedClient {
         let mut payload = [0u8; 16];
         payload[0..8].copy_from_slice(&own.unwrap_or(0).to_le_bytes());
         payload[8..16].copy_from_slice(&peer.unwrap_or(0).to_le_bytes());
-        self.send(proto::OP_RELEASE | proto::NOREPLY_BIT, &payload, None)
+        self.send(proto::OP_RELEASE | proto::NOREPLY_BIT, &payload, &[])
             .map(|_| ())
     }
 }

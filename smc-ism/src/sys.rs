@@ -39,13 +39,16 @@ struct CmsgBuf([u8; 64]);
 #[repr(C, align(8))]
 struct RecvCmsgBuf([u8; 1040]);
 
-/// Sends one record, optionally with one fd as SCM_RIGHTS. Never raises SIGPIPE.
+/// Sends one record, with the fds of `pass` (at most 2) as SCM_RIGHTS. Never raises SIGPIPE.
 pub(crate) fn send_record(
     sock: RawFd,
     data: &[u8],
-    pass: Option<RawFd>,
+    pass: &[RawFd],
     flags: libc::c_int,
 ) -> io::Result<()> {
+    if pass.len() > 2 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
@@ -55,17 +58,21 @@ pub(crate) fn send_record(
     let mut msg: libc::msghdr = unsafe { mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    if let Some(fd) = pass {
-        // SAFETY: the buffer is large and aligned enough for one cmsghdr carrying one int.
+    if !pass.is_empty() {
+        let bytes = mem::size_of_val(pass) as u32;
+        // SAFETY: the buffer is large and aligned enough for one cmsghdr carrying two ints.
         unsafe {
-            let space = libc::CMSG_SPACE(mem::size_of::<libc::c_int>() as u32) as usize;
+            let space = libc::CMSG_SPACE(bytes) as usize;
             msg.msg_control = cbuf.0.as_mut_ptr().cast();
             msg.msg_controllen = space as _;
             let c = libc::CMSG_FIRSTHDR(&msg);
             (*c).cmsg_level = libc::SOL_SOCKET;
             (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(mem::size_of::<libc::c_int>() as u32) as _;
-            ptr::write_unaligned(libc::CMSG_DATA(c) as *mut libc::c_int, fd);
+            (*c).cmsg_len = libc::CMSG_LEN(bytes) as _;
+            let data = libc::CMSG_DATA(c) as *mut libc::c_int;
+            for (i, &fd) in pass.iter().enumerate() {
+                ptr::write_unaligned(data.add(i), fd);
+            }
         }
     }
     loop {
@@ -216,6 +223,22 @@ pub(crate) fn recv_record(sock: RawFd, buf: &mut [u8], flags: libc::c_int) -> io
             extra,
         });
     }
+}
+
+/// Whether a passed fd is a local state page: a shmem file (`F_GET_SEALS` answers only for
+/// those, without asking any filesystem) sealed against shrinking, of exactly `size` bytes, so
+/// that its owner cannot truncate it under the process that adopts it (SIGBUS).
+pub(crate) fn is_state_page(fd: BorrowedFd<'_>, size: u64) -> bool {
+    // SAFETY: F_GET_SEALS has no argument.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        return false;
+    }
+    // SAFETY: `libc::stat` is plain integers; valid out buffer; a shmem file's fstat does not
+    // block.
+    let mut st: libc::stat = unsafe { mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::fstat(fd.as_raw_fd(), &mut st) == 0 && st.st_size as u64 == size }
 }
 
 /// Creates a sealed memfd of `size` bytes: zero-filled, pages committed only when touched,

@@ -485,3 +485,135 @@ fn per_uid_limits_keep_root_served() {
     assert!(st.failures.uid_dmbs >= 1, "{:?}", st.failures);
     d.shutdown().unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// OP_ADOPT (a connection's socket moved to another process): a client of the owner's uid,
+// cgroup and pid namespace that holds the very socket gets both DMBs, also after the owner's
+// own references are gone (its image exec'd) while the peer still holds them; `nobody` holding
+// the same socket (it inherited it) gets neither; a socket that is not the owner's gets nothing.
+
+#[test]
+fn only_the_owners_tenant_adopts_a_moved_socket() {
+    if !root_or_skip("only_the_owners_tenant_adopts_a_moved_socket") {
+        return;
+    }
+    let dir = TestDir::new("hostile-adopt");
+    let d = start(&dir, |c| c.bpf_peers_map = None);
+    let (a, b) = tcp_pair();
+    let mut owner = client(&dir);
+    let mut peer = client(&dir);
+    // The owner hands over its local state page (a sealed 4 KiB memfd) with the registration.
+    let state = sealed_page();
+    let own = owner
+        .register_dmb_state(0, b.as_raw_fd(), state.as_raw_fd())
+        .unwrap();
+    let state_map = smc_ism::DmbMap::new(state.as_raw_fd(), 4096).unwrap();
+    drop(state);
+    write_bytes(&state_map, 0, b"owner's local state");
+    let theirs = peer.register_dmb(1, a.as_raw_fd()).unwrap();
+    let att_own = owner.attach_dmb(theirs.token, b.as_raw_fd()).unwrap();
+    let att_peer = peer.attach_dmb(own.token, a.as_raw_fd()).unwrap();
+    let (own_map, their_map) = (own.map().unwrap(), theirs.map().unwrap());
+    write_bytes(&own_map, 0, b"owner's receive ring");
+    write_bytes(&their_map, 0, b"peer's receive ring");
+
+    // `nobody` holds the owner's very socket (inherited across fork) and asks for both.
+    let sock = dir.sock();
+    let bfd = b.as_raw_fd();
+    let code = as_nobody(move || {
+        let Ok(mut c) = Client::connect(&sock) else {
+            return 91;
+        };
+        let mut got = 0;
+        for (bit, which) in [
+            (1, proto::ADOPT_OWN),
+            (2, proto::ADOPT_PEER),
+            (4, proto::ADOPT_STATE),
+        ] {
+            match c.adopt_dmb(bfd, which) {
+                Ok(_) => got |= bit,
+                Err(IsmError::BadProof) => {}
+                Err(_) => got |= bit << 3,
+            }
+        }
+        got
+    });
+    assert_eq!(
+        code, 0,
+        "another uid holding the socket: bit 0/1/2 own/peer DMB/state granted, bits 3-5 other \
+         errors than BadProof, 9x setup"
+    );
+
+    // A client of the owner's uid, cgroup and pid namespace (here: this process) gets both,
+    // the same DMBs, also once the owner's references are gone (its image exec'd).
+    owner.detach_dmb(att_own.token).unwrap();
+    owner.unregister_dmb(own.token).unwrap();
+    let mut adopter = client(&dir);
+    let mine = adopter.adopt_dmb(b.as_raw_fd(), proto::ADOPT_OWN).unwrap();
+    let tx = adopter.adopt_dmb(b.as_raw_fd(), proto::ADOPT_PEER).unwrap();
+    let st = adopter
+        .adopt_dmb(b.as_raw_fd(), proto::ADOPT_STATE)
+        .unwrap();
+    assert_eq!(
+        read_bytes(
+            &smc_ism::DmbMap::new(st.fd.as_raw_fd(), 4096).unwrap(),
+            0,
+            19
+        ),
+        b"owner's local state"
+    );
+    assert_eq!((mine.token, tx.token), (own.token, theirs.token));
+    assert_eq!(
+        read_bytes(&mine.map().unwrap(), 0, 20),
+        b"owner's receive ring"
+    );
+    assert_eq!(
+        read_bytes(&tx.map().unwrap(), 0, 19),
+        b"peer's receive ring"
+    );
+
+    // A socket that registered nothing: nothing to adopt.
+    let (x, _y) = tcp_pair();
+    assert!(matches!(
+        adopter.adopt_dmb(x.as_raw_fd(), proto::ADOPT_OWN),
+        Err(IsmError::StaleToken)
+    ));
+    // The adopter's references are its own to release.
+    adopter.detach_dmb(mine.token).unwrap();
+    adopter.detach_dmb(tx.token).unwrap();
+    let st = adopter.stats().unwrap();
+    assert!(st.failures.bad_proof >= 2, "{:?}", st.failures);
+    peer.detach_dmb(att_peer.token).unwrap();
+    peer.unregister_dmb(theirs.token).unwrap();
+    drop((owner, peer, adopter));
+    drop((own_map, their_map, state_map));
+    let mut c = client(&dir);
+    wait_idle(&mut c, 1);
+    d.shutdown().unwrap();
+}
+
+/// A 4 KiB memfd sealed against shrinking and growing (a local state page).
+fn sealed_page() -> OwnedFd {
+    // SAFETY: valid C string; the fd is owned at once.
+    let fd = unsafe {
+        let fd = libc::memfd_create(
+            c"state".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        );
+        assert!(fd >= 0, "memfd_create");
+        OwnedFd::from_raw_fd(fd)
+    };
+    // SAFETY: plain calls on our fd.
+    unsafe {
+        assert_eq!(libc::ftruncate(fd.as_raw_fd(), 4096), 0);
+        assert_eq!(
+            libc::fcntl(
+                fd.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW
+            ),
+            0
+        );
+    }
+    fd
+}

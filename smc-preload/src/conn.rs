@@ -12,8 +12,10 @@
 //!   the bit off and, if it was set, rings the doorbell: one byte over the TCP connection.
 //! - `R.dmb[32..]`: the data ring.
 //!
-//! Local state ([`Shared`]) lives in an anonymous `MAP_SHARED` page created at handshake time,
-//! so threads and forked children see the same cursors, locks and flags.
+//! Local state ([`Shared`]) lives in a `MAP_SHARED` page of a sealed memfd created at handshake
+//! time, so threads and forked children see the same cursors, locks and flags; the memfd goes
+//! to the daemon with the registration, so that a process the socket moves to (`SCM_RIGHTS`,
+//! `exec`) shares it too ([`Conn::adopt`]).
 
 use crate::iov::IovCursor;
 use crate::real;
@@ -103,6 +105,12 @@ pub struct Shared {
     /// poller, an application's poll/select/epoll_wait — plus [`DRAINING`] while doorbells are
     /// being drained. See [`Conn::sleep_enter`].
     ksleep: AtomicU32,
+    /// References in `refs` that travel with a socket leaving a process (`SCM_RIGHTS`, `exec`,
+    /// `posix_spawn`): the process that receives it takes one instead of adding a reference
+    /// ([`Conn::take_in_flight`]).
+    in_flight: AtomicU32,
+    /// 1: this end is the server.
+    role: AtomicU32,
 }
 
 /// [`Shared::ksleep`]: a drain of the doorbells is under way.
@@ -286,6 +294,7 @@ impl Conn {
     pub fn new(
         own: Mapping,
         peer: Mapping,
+        state: Option<Mapping>,
         role: Role,
         nonblock: bool,
         release: Option<Box<dyn Release>>,
@@ -294,7 +303,10 @@ impl Conn {
             .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
         let tx = Ring::for_dmb(peer.len())
             .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-        let shared = Mapping::anon_shared(4096)?;
+        let shared = match state {
+            Some(m) if m.len() >= 4096 => m,
+            _ => Mapping::anon_shared(4096)?,
+        };
         let c = Conn {
             own,
             peer,
@@ -310,6 +322,8 @@ impl Conn {
         let s = c.sh();
         s.magic.store(SHARED_MAGIC, Ordering::Relaxed);
         s.refs.store(1, Ordering::Relaxed);
+        s.role
+            .store(u32::from(role == Role::Server), Ordering::Relaxed);
         if nonblock {
             s.flags.fetch_or(F_NONBLOCK, Ordering::Relaxed);
         }
@@ -321,6 +335,64 @@ impl Conn {
             Ordering::Release,
         );
         Ok(c)
+    }
+
+    /// The connection of a socket that moved to this process (`SCM_RIGHTS`, `exec`): its
+    /// DMBs and the local state page its first process set up, which the daemon handed over
+    /// (`OP_ADOPT`); shared from now on as with a forked child. Nothing is initialised: the
+    /// page is live. Refused unless the page carries the state's magic.
+    pub fn adopt(
+        own: Mapping,
+        peer: Mapping,
+        state: Mapping,
+        release: Option<Box<dyn Release>>,
+    ) -> std::io::Result<Conn> {
+        let bad = || std::io::Error::from_raw_os_error(libc::EINVAL);
+        let rx = Ring::for_dmb(own.len()).ok_or_else(bad)?;
+        let tx = Ring::for_dmb(peer.len()).ok_or_else(bad)?;
+        if state.len() < 4096 {
+            return Err(bad());
+        }
+        let mut c = Conn {
+            own,
+            peer,
+            shared: state,
+            rx,
+            tx,
+            role: Role::Client,
+            spin: Spin::new(),
+            release,
+            own_token: 0,
+            peer_token: 0,
+        };
+        let s = c.sh();
+        if s.magic.load(Ordering::Acquire) != SHARED_MAGIC {
+            return Err(bad());
+        }
+        if s.role.load(Ordering::Relaxed) == 1 {
+            c.role = Role::Server;
+        }
+        Ok(c)
+    }
+
+    /// One more reference travels with the socket to another process (the caller counted it
+    /// in `refs`, or the fd's own reference travels, across `exec`).
+    pub fn mark_in_flight(&self) {
+        self.sh().in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Takes a reference that travelled with the socket; false when none is left (the
+    /// receiver then adds its own).
+    pub fn take_in_flight(&self) -> bool {
+        let f = &self.sh().in_flight;
+        let mut old = f.load(Ordering::Acquire);
+        while old > 0 {
+            match f.compare_exchange_weak(old, old - 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(o) => old = o,
+            }
+        }
+        false
     }
 
     #[inline]
@@ -1605,6 +1677,7 @@ pub fn test_pair(
     let a = Conn::new(
         Mapping::new(ma.as_raw_fd(), dmb_a)?,
         Mapping::new(mb.as_raw_fd(), dmb_b)?,
+        None,
         Role::Client,
         false,
         None,
@@ -1612,6 +1685,7 @@ pub fn test_pair(
     let b = Conn::new(
         Mapping::new(mb.as_raw_fd(), dmb_b)?,
         Mapping::new(ma.as_raw_fd(), dmb_a)?,
+        None,
         Role::Server,
         false,
         None,

@@ -22,6 +22,7 @@ use smc_common::handshake::{
     Action, DmbFailure, Established, Fallback, Handshake, Input, LocalDmb,
 };
 use std::collections::VecDeque;
+use std::os::fd::AsRawFd as _;
 use std::time::{Duration, Instant};
 
 /// Larger than any CLC message (a proposal is at most 652 bytes).
@@ -32,6 +33,8 @@ const MAX_MSG: usize = 1024;
 pub struct HeldDmb {
     pub token: u64,
     pub map: Mapping,
+    /// Our own DMB: the local state page registered with it (see [`crate::shm::state_page`]).
+    pub state: Option<Mapping>,
 }
 
 impl HeldDmb {
@@ -41,6 +44,7 @@ impl HeldDmb {
             Ok(map) => Ok(HeldDmb {
                 token: d.token,
                 map,
+                state: None,
             }),
             Err(_) => Err(d.token),
         }
@@ -107,6 +111,8 @@ pub struct Driver {
     todo: VecDeque<Action>,
     own: Option<HeldDmb>,
     peer: Option<HeldDmb>,
+    /// The local state page sent with our registration (its memfd went to the daemon).
+    state: Option<Mapping>,
     /// The message awaited and the deadline for it.
     wait: Option<(MsgType, Instant)>,
     started: bool,
@@ -126,6 +132,7 @@ impl Driver {
             todo: VecDeque::new(),
             own: None,
             peer: None,
+            state: None,
             wait: None,
             started: false,
             timeout: setup::clc_timeout(),
@@ -325,10 +332,33 @@ impl Driver {
         let fd = self.fd;
         let sc = self.size_code;
         let t = match kind {
-            Ahead::Register => with_dev(|c| c.register_dmb_start(sc, fd)),
+            Ahead::Register => self.register_start(sc),
             Ahead::AttachPeer => with_dev(|c| c.attach_peer_start(fd)),
         };
         self.ahead = t.ok().map(|t| (kind, t));
+    }
+
+    /// Sends our registration. The first one carries a fresh local state page (the daemon
+    /// keeps it for a process our socket may move to); a repeated one (another size code) goes
+    /// without, and that connection cannot move.
+    fn register_start(&mut self, sc: u8) -> Result<smc_ism::Ticket, u32> {
+        let fd = self.fd;
+        if self.state.is_none() {
+            if let Ok((sfd, map)) = crate::shm::state_page() {
+                let t = with_dev(|c| c.register_dmb_state_start(sc, fd, sfd.as_raw_fd()));
+                if t.is_ok() {
+                    self.state = Some(map);
+                }
+                return t;
+            }
+        }
+        with_dev(|c| c.register_dmb_start(sc, fd))
+    }
+
+    /// Registers and waits for the reply.
+    fn register_now(&mut self, sc: u8) -> Result<smc_ism::Dmb, u32> {
+        self.register_start(sc)
+            .and_then(|t| with_dev(|c| c.finish_dmb(t)))
     }
 
     /// The request sent ahead, if it is of this kind.
@@ -359,11 +389,11 @@ impl Driver {
                 Ok(d) if d.size_code == size_code => Ok(d),
                 Ok(d) => {
                     setup::release_dmbs(Some(d.token), None);
-                    with_dev(|c| c.register_dmb(size_code, fd))
+                    self.register_now(size_code)
                 }
-                Err(_) => with_dev(|c| c.register_dmb(size_code, fd)),
+                Err(_) => self.register_now(size_code),
             },
-            None => with_dev(|c| c.register_dmb(size_code, fd)),
+            None => self.register_now(size_code),
         };
         let peer = attach.map(|a| a.and_then(|t| with_dev(|c| c.finish_dmb(t))));
         let own = match own {
@@ -381,7 +411,11 @@ impl Driver {
             size_code: own.size_code,
         };
         let peer = peer.map(|r| r.map(HeldDmb::map));
-        let own = HeldDmb::map(own);
+        let state = self.state.take();
+        let own = HeldDmb::map(own).map(|mut o| {
+            o.state = state;
+            o
+        });
         match (own, peer) {
             (Ok(o), None) => {
                 self.own = Some(o);
@@ -453,7 +487,11 @@ impl Driver {
                 }
                 let map = Mapping::anon_shared(est.peer_dmb_size as usize)
                     .map_err(|_| "no memory for a stand-in DMB")?;
-                self.peer = Some(HeldDmb { token: 0, map });
+                self.peer = Some(HeldDmb {
+                    token: 0,
+                    map,
+                    state: None,
+                });
                 return Ok(());
             }
         };

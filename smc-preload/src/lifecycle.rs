@@ -17,9 +17,12 @@
 //!   `fclose` are interposed so that those closes are seen at all.
 //! - **fd passing.** A socket received with `SCM_RIGHTS` ([`fds_received`]): a listening TCP
 //!   socket is served (announces SMC), one of our own SMC connections (same process, another
-//!   number) is shared like a `dup`, an SMC connection of another process cannot be served
-//!   (its rings and cursors are that process's) and fails cleanly (`ECONNRESET`/`EPIPE`), never
-//!   hands out doorbells as data.
+//!   number) is shared like a `dup`, an SMC connection of another process is adopted (the
+//!   daemon hands its DMBs and local state page to a process of the same uid, cgroup and pid
+//!   namespace holding the socket: [`setup::adopt`]) and otherwise fails cleanly
+//!   (`ECONNRESET`/`EPIPE`), never hands out doorbells as data. The reference a socket holds
+//!   while it travels (`SCM_RIGHTS`, `exec`, `posix_spawn`) is marked in the connection's
+//!   shared page, so that the receiver, in whatever process, takes it over.
 //! - **io_uring.** A ring set up through `syscall(SYS_io_uring_setup)` (libuv, tokio-uring,
 //!   monoio) submits socket I/O we never see: SMC is disabled for the process from then on
 //!   (its listeners stop announcing, connections not yet decided stay TCP).
@@ -115,12 +118,63 @@ fn settle_for_exec() {
     }
 }
 
+/// SMC connections whose sockets the next image inherits: each fd's reference travels with it
+/// (marked in the shared page, [`Conn::mark_in_flight`]) for the image to take over when it
+/// adopts the connection. Restored if the exec or spawn fails. No allocation: this may run in
+/// a `vfork` child.
+struct Travelling {
+    fds: [c_int; MAX_WITHDRAWN],
+    n: usize,
+    /// A reference was added for each (the child's fd table is a copy: `vfork`, `posix_spawn`).
+    added: bool,
+}
+
+impl Travelling {
+    fn mark(added: bool) -> Travelling {
+        let mut t = Travelling {
+            fds: [-1; MAX_WITHDRAWN],
+            n: 0,
+            added,
+        };
+        fdtable::for_each_object(|fd, o| {
+            if let Obj::Conn(c) = &**o {
+                if t.n < MAX_WITHDRAWN && !cloexec(fd) {
+                    if added {
+                        c.add_ref(1);
+                    }
+                    c.mark_in_flight();
+                    t.fds[t.n] = fd;
+                    t.n += 1;
+                }
+            }
+        });
+        t
+    }
+
+    /// The exec or spawn failed: nothing travelled.
+    fn restore(&self) {
+        for &fd in &self.fds[..self.n.min(MAX_WITHDRAWN)] {
+            if let Some(o) = fdtable::get(fd) {
+                if let Obj::Conn(c) = &*o {
+                    if c.take_in_flight() && self.added {
+                        c.drop_ref();
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Runs `exec` (which returns only when it failed) with the listeners withdrawn around it.
 fn around_exec(exec: impl FnOnce() -> c_int) -> c_int {
     settle_for_exec();
     let w = withdraw_listeners_for_exec();
+    // A vfork child's fds are copies of its parent's (one more reference each); a process's
+    // own exec takes its references along.
+    let t = Travelling::mark(in_vfork_child());
     let r = exec();
     let e = real::errno();
+    t.restore();
     w.restore();
     real::set_errno(e);
     r
@@ -185,6 +239,8 @@ pub unsafe fn posix_spawn(
 ) -> c_int {
     settle_for_exec();
     let w = withdraw_listeners_for_exec();
+    // The child's inherited fds are copies: one more reference each, travelling.
+    let t = Travelling::mark(true);
     // SAFETY: the caller's arguments, passed on unchanged.
     let r = unsafe {
         if search_path {
@@ -194,6 +250,7 @@ pub unsafe fn posix_spawn(
         }
     };
     if r != 0 {
+        t.restore();
         w.restore();
     }
     r
@@ -357,9 +414,13 @@ pub(crate) fn after_fork_locks() {
     IN_FLIGHT.after_fork();
 }
 
+/// An in-flight entry let go (the list is full, or the `sendmsg` failed): its travelling
+/// reference is dropped unless a receiver (in any process) has taken it over.
 fn release(o: &Obj) {
     if let Obj::Conn(c) = o {
-        c.drop_ref();
+        if c.take_in_flight() {
+            c.drop_ref();
+        }
     }
 }
 
@@ -387,6 +448,7 @@ pub unsafe fn fds_sending(m: &libc::msghdr) -> usize {
             let Obj::Conn(c) = &*o else { return };
             let Some(ck) = cookie(fd) else { return };
             c.add_ref(1);
+            c.mark_in_flight();
             let mut l = in_flight().lock();
             if l.len() >= MAX_IN_FLIGHT {
                 if let Some(old) = l.pop_front() {
@@ -445,6 +507,12 @@ fn fd_arrived(fd: c_int) {
     if let Some(ck) = cookie(fd) {
         if let Some(o) = take_in_flight(ck) {
             crate::debug!("fd {fd}: received our own SMC connection back");
+            if let Obj::Conn(c) = &*o {
+                // The travelling reference becomes this fd's, unless another receiver took it.
+                if !c.take_in_flight() {
+                    c.add_ref(1);
+                }
+            }
             drop(fdtable::replace(fd, Slot::Obj(o)));
             return;
         }
@@ -458,8 +526,21 @@ fn fd_arrived(fd: c_int) {
         if same >= 0 {
             crate::debug!("fd {fd}: received our own SMC connection (fd {same}): shared");
             ops::copy_slot(same, fd);
+            // The copy counted a reference for this fd; the one that travelled (from another
+            // process) is it.
+            if let Some(o) = fdtable::get(fd) {
+                if let Obj::Conn(c) = &*o {
+                    if c.take_in_flight() {
+                        c.drop_ref();
+                    }
+                }
+            }
             return;
         }
+    }
+    if let Some(c) = setup::adopt(fd) {
+        drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Conn(c)))));
+        return;
     }
     crate::debug!("fd {fd}: received another process's SMC connection: fails cleanly");
     drop(fdtable::replace(

@@ -1418,6 +1418,11 @@ pub fn adopt_orphans_after_exec() {
         if !setup::looks_like_smc_conn(fd) {
             continue;
         }
+        // The image that made it, or the process that spawned us, handed it over.
+        if let Some(c) = setup::adopt(fd) {
+            drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Conn(c)))));
+            continue;
+        }
         let gone = *old_image_gone.get_or_insert_with(same_pid_image_had_conns);
         crate::debug!(
             "fd {fd}: SMC connection inherited from another image: fails cleanly{}",

@@ -31,6 +31,7 @@ use smc_common::clc::MsgType;
 use smc_common::diag::Diag;
 use smc_common::handshake::{Config, Fallback, FallbackReason, Handshake};
 use std::collections::HashMap;
+use std::os::fd::AsRawFd as _;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -698,6 +699,79 @@ impl Release for DmbRelease {
     }
 }
 
+/// The references of an adopted connection ([`adopt`]): two attach references.
+struct AdoptedRelease {
+    own: u64,
+    peer: u64,
+}
+
+impl Release for AdoptedRelease {
+    fn release(&self) {
+        release_dmbs(None, Some(self.own));
+        release_dmbs(None, Some(self.peer));
+    }
+}
+
+/// The SMC connection of socket `fd`, which moved to this process from another one (passed
+/// with `SCM_RIGHTS`, inherited across `exec` or `posix_spawn`): the daemon hands over its
+/// DMBs and its local state page only to a process of the registering process's uid, cgroup
+/// and pid namespace that holds this very socket (`OP_ADOPT`); from then on it is shared as
+/// with a forked child. The reference that travelled with the socket is taken, or one is
+/// added. `None` (the caller fails it cleanly) when the daemon refuses or is not there, or
+/// anything does not fit.
+pub(crate) fn adopt(fd: i32) -> Option<Conn> {
+    use smc_ism::proto::{ADOPT_OWN, ADOPT_PEER, ADOPT_STATE};
+    let own = with_dev(|c| c.adopt_dmb(fd, ADOPT_OWN)).ok()?;
+    let peer = match with_dev(|c| c.adopt_dmb(fd, ADOPT_PEER)) {
+        Ok(p) => p,
+        Err(_) => {
+            release_dmbs(None, Some(own.token));
+            return None;
+        }
+    };
+    let rel = AdoptedRelease {
+        own: own.token,
+        peer: peer.token,
+    };
+    let (ot, pt) = (own.token, peer.token);
+    // From here on `rel` gives both references back if anything fails (on drop of the Conn
+    // or right here).
+    let conn = (|| {
+        let st = with_dev(|c| c.adopt_dmb(fd, ADOPT_STATE)).ok()?;
+        // The page's size is checked (sealed by its creator, checked by the daemon): a shorter
+        // file would fault on access.
+        let len = file_size(st.fd.as_raw_fd())?;
+        if len < 4096 {
+            return None;
+        }
+        let state = crate::shm::Mapping::new(st.fd.as_raw_fd(), 4096).ok()?;
+        let (o, p) = (own.map().ok()?, peer.map().ok()?);
+        Some((o, p, state))
+    })();
+    let Some((o, p, state)) = conn else {
+        rel.release();
+        return None;
+    };
+    let mut c = match Conn::adopt(o, p, state, Some(Box::new(rel))) {
+        Ok(c) => c,
+        Err(_) => return None,
+    };
+    c.own_token = ot;
+    c.peer_token = pt;
+    if !c.take_in_flight() {
+        c.add_ref(1);
+    }
+    debug!("fd {fd}: adopted the SMC-D connection ({:?})", c.role);
+    Some(c)
+}
+
+fn file_size(fd: i32) -> Option<u64> {
+    // SAFETY: `libc::stat` is plain integers; valid out buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st.st_size as u64)
+}
+
 /// Give back our owner reference of `own` and our attach reference of `peer` (one record, no
 /// reply awaited, when the daemon offers it).
 pub(crate) fn release_dmbs(own: Option<u64>, peer: Option<u64>) {
@@ -784,7 +858,14 @@ fn nonblocking(fd: i32) -> bool {
 fn install(fd: i32, own: HeldDmb, peer: HeldDmb, role: Role, nonblock: bool) -> bool {
     let (ot, pt) = (own.token, peer.token);
     let rel = DmbRelease { own: ot, peer: pt };
-    let mut c = match Conn::new(own.map, peer.map, role, nonblock, Some(Box::new(rel))) {
+    let mut c = match Conn::new(
+        own.map,
+        peer.map,
+        own.state,
+        role,
+        nonblock,
+        Some(Box::new(rel)),
+    ) {
         Ok(c) => c,
         Err(_) => {
             release_dmbs(Some(ot), Some(pt).filter(|&t| t != 0));

@@ -24,6 +24,38 @@ pub fn memfd(name: &str, len: usize) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// A connection's local state page: a 4 KiB memfd sealed against shrinking and growing (so
+/// that no process holding it can make the others' accesses fault), mapped. The fd goes to the
+/// daemon with the registration and is closed then; the mapping keeps the memory.
+pub fn state_page() -> io::Result<(OwnedFd, Mapping)> {
+    // SAFETY: valid C string; the real call (no fd bookkeeping for our own fd).
+    let fd = unsafe {
+        crate::real::memfd_create(
+            c"smc-state".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh fd we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain calls on our fd.
+    let ok = unsafe {
+        libc::ftruncate(fd.as_raw_fd(), 4096) == 0
+            && libc::fcntl(
+                fd.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+            ) == 0
+    };
+    if !ok {
+        return Err(io::Error::last_os_error());
+    }
+    let map = Mapping::new(fd.as_raw_fd(), 4096)?;
+    Ok((fd, map))
+}
+
 pub fn futex_wait(word: &AtomicU32, val: u32, timeout_ms: u64) {
     let ts = libc::timespec {
         tv_sec: (timeout_ms / 1000) as libc::time_t,

@@ -28,8 +28,6 @@ const EXPECTED: &[(&str, &str)] = &[
     ("msg_oob", "no urgent data on SMC-D: send(MSG_OOB) fails with EOPNOTSUPP instead of sending one byte out of band"),
     ("restart_per_handler", "which signal interrupted the data path's internal poll is unknown without wrapping handlers: EINTR when any handler without SA_RESTART exists"),
     ("connect_own_listener_one_thread", "a blocking connect to a listener of the same process accepted later by the same thread: the client handshake still waits for the server inside connect (2 s CLC timeout, then TCP); non-blocking connects are fixed"),
-    ("scm_rights_accepted_mid_handshake", "an accepted socket passed to another process right after a blocking accept: accept completed the handshake (it waits for its client while no other connection is queued), and an SMC connection cannot move to another process yet (its rings and local state are this process's): the receiver's calls fail cleanly (EOF/EPIPE), never CLC bytes as data; sockets passed during their handshake are fixed (scm_rights_client_mid_handshake)"),
-    ("spawn_accepted_mid_handshake", "the same for an accepted socket inherited by a posix_spawn'ed image (inetd style): it fails cleanly there"),
 ];
 
 struct Outcome {

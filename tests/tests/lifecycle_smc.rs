@@ -256,8 +256,7 @@ fn a_close_through_syscall_then_fd_reuse_reads_the_new_file() {
 
 /// A server hands each accepted SMC-D connection over a Unix socket (`SCM_RIGHTS`): to itself
 /// (the connection is the same, under another number: it keeps working) and to a process that
-/// has never seen it (its rings are not there: the connection fails cleanly, the client never
-/// gets wrong bytes).
+/// has never seen it (it adopts the connection through the daemon: it keeps working too).
 const PASSING_SERVER: &str = r#"
 import socket, os, sys, array
 ls = socket.socket()
@@ -283,6 +282,7 @@ if pid == 0:
     try:
         d = c3.recv(100)
         print("CHILD", "EOF" if d == b"" else "DATA %r" % d, flush=True)
+        c3.sendall(d.upper())
     except ConnectionResetError:
         print("CHILD RESET", flush=True)
     c3.close()
@@ -305,13 +305,13 @@ s = socket.create_connection(("127.0.0.1", port))
 s.sendall(b"other process")
 try:
     r = s.recv(100)
-    print("SECOND", "EOF" if r == b"" else "DATA %r" % r, flush=True)
+    print("SECOND", "EOF" if r == b"" else r.decode(), flush=True)
 except ConnectionResetError:
     print("SECOND RESET", flush=True)
 "#;
 
 #[test]
-fn connections_passed_with_scm_rights_keep_working_or_fail_cleanly() {
+fn connections_passed_with_scm_rights_keep_working() {
     let w = SmcWorld::new();
     let srv_py = script(&w, "server.py", PASSING_SERVER);
     let cl_py = script(&w, "client.py", TWO_CONN_CLIENT);
@@ -322,16 +322,251 @@ fn connections_passed_with_scm_rights_keep_working_or_fail_cleanly() {
     let out = Proc::spawn(c).wait_output(T).expect("client");
     let sout = srv.wait_output(T).expect("server");
     assert!(out.contains("FIRST SAME PROCESS"), "client: {out}");
+    assert!(out.contains("SECOND OTHER PROCESS"), "client: {out}");
     assert!(
-        out.contains("SECOND RESET") || out.contains("SECOND EOF"),
-        "client: {out}"
-    );
-    assert!(
-        sout.contains("CHILD RESET") || sout.contains("CHILD EOF"),
+        sout.contains("CHILD DATA b'other process'"),
         "server: {sout}"
     );
     let sum = w.stats_sum();
     assert!(sum.get("smcd_server") >= 2, "{}", brief(&sum));
+}
+
+/// Servers that hand each accepted connection to another process, as real servers do: `prefork`
+/// (a worker forked before any connection receives it with `SCM_RIGHTS` from the parent, which
+/// accepted it blocking and closes its copy) and `inetd` (a handler image started with
+/// `subprocess` and `pass_fds`, the parent closes its copy). The handler reads a length-prefixed
+/// request and answers with its digest and the request reversed.
+const HANDOFF_SERVER: &str = r#"
+import socket, os, sys, hashlib, subprocess
+
+def recv_n(c, n):
+    b = bytearray()
+    while len(b) < n:
+        d = c.recv(min(65536, n - len(b)))
+        if not d:
+            raise EOFError
+        b += d
+    return bytes(b)
+
+def serve(c, who):
+    try:
+        n = int.from_bytes(recv_n(c, 4), "big")
+        req = recv_n(c, n)
+        c.sendall(hashlib.sha256(req).digest() + req[::-1])
+        print(who, "OK", n, flush=True)
+    except ConnectionResetError:
+        print(who, "RESET", flush=True)
+    except BrokenPipeError:
+        print(who, "EPIPE", flush=True)
+    except EOFError:
+        print(who, "EOF", flush=True)
+    c.close()
+
+if sys.argv[1] == "handler":
+    serve(socket.socket(fileno=int(sys.argv[2])), "HANDLER")
+    sys.exit(0)
+mode, n = sys.argv[1], int(sys.argv[2])
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+pid = 0
+if mode == "prefork":
+    pid = os.fork()
+    if pid == 0:
+        ls.close()
+        a.close()
+        for i in range(n):
+            _, fds, _, _ = socket.recv_fds(b, 1, 1)
+            serve(socket.socket(fileno=fds[0]), "WORKER")
+        os._exit(0)
+print("READY", ls.getsockname()[1], flush=True)
+for i in range(n):
+    c, _ = ls.accept()
+    if mode == "prefork":
+        socket.send_fds(a, [b"x"], [c.fileno()])
+        c.close()
+    else:
+        p = subprocess.Popen([sys.executable, sys.argv[0], "handler", str(c.fileno())],
+                             pass_fds=[c.fileno()])
+        c.close()
+        p.wait()
+if pid:
+    os.waitpid(pid, 0)
+print("SERVER DONE", flush=True)
+"#;
+
+/// `n` requests of 300 000 pseudo-random bytes, one connection each; the answer is checked
+/// byte-exact.
+const HANDOFF_CLIENT: &str = r#"
+import socket, sys, random, hashlib
+port, n = int(sys.argv[1]), int(sys.argv[2])
+rnd = random.Random(11)
+for i in range(n):
+    req = rnd.randbytes(300000)
+    s = socket.create_connection(("127.0.0.1", port))
+    try:
+        s.sendall(len(req).to_bytes(4, "big") + req)
+        got = bytearray()
+        while len(got) < 32 + len(req):
+            d = s.recv(65536)
+            if not d:
+                break
+            got += d
+        ok = bytes(got) == hashlib.sha256(req).digest() + req[::-1]
+        print("CLIENT", i, "OK" if ok else "BAD %d bytes" % len(got), flush=True)
+    except ConnectionResetError:
+        print("CLIENT", i, "RESET", flush=True)
+    s.close()
+"#;
+
+/// Runs the hand-off server in `mode` (`prefork`, `inetd`) and its client, with the library
+/// (`w`) or as plain TCP (`None`); returns both outputs, each line sorted.
+fn handoff_case(w: &SmcWorld, mode: &str, smc: bool) -> String {
+    let srv_py = script(w, "handoff_server.py", HANDOFF_SERVER);
+    let cl_py = script(w, "handoff_client.py", HANDOFF_CLIENT);
+    let cmd = |script: &Path| {
+        let mut c = if smc {
+            python(w, script)
+        } else {
+            let mut c = Command::new("python3");
+            c.arg(script);
+            c
+        };
+        c.env_remove("LD_PRELOAD");
+        c
+    };
+    let mut c = cmd(&srv_py);
+    c.args([mode, "2"]);
+    let mut srv = Proc::spawn(c);
+    let port = ready_port(&mut srv);
+    let mut c = cmd(&cl_py);
+    c.args([port.to_string(), "2".into()]);
+    let out = Proc::spawn(c).wait_output(T).expect("client");
+    let sout = srv.wait_output(T).expect("server");
+    let mut lines: Vec<&str> = out.lines().chain(sout.lines()).collect();
+    lines.sort_unstable();
+    lines.join("\n")
+}
+
+/// A pre-forked worker given an accepted connection with `SCM_RIGHTS`, and an inetd-style
+/// handler image inheriting it (`subprocess` with `pass_fds`: vfork + exec): with the library,
+/// both serve the client byte-exact both ways, as with plain TCP (the receiving process adopts
+/// the SMC-D connection through the daemon; before, the handlers read `ECONNRESET`).
+#[test]
+fn prefork_and_inetd_servers_move_bytes_like_tcp() {
+    let w = SmcWorld::new();
+    let mut differ = Vec::new();
+    for mode in ["prefork", "inetd"] {
+        let tcp = handoff_case(&w, mode, false);
+        assert!(
+            tcp.matches(" OK").count() == 4 && tcp.contains("SERVER DONE"),
+            "{mode}, plain TCP: {tcp}"
+        );
+        let before = w.stats_sum().get("smcd_server");
+        let smc = handoff_case(&w, mode, true);
+        let sum = w.stats_sum();
+        assert!(
+            sum.get("smcd_server") >= before + 2,
+            "{mode}: the connections were not SMC-D: {}",
+            brief(&sum)
+        );
+        if smc != tcp {
+            differ.push(format!(
+                "{mode}:\n  library:   {smc:?}\n  plain TCP: {tcp:?}"
+            ));
+        }
+    }
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+}
+
+/// A process of another uid that is given an SMC-D connection (here by a root server that
+/// passes it on over a Unix socket it also gave that process) must never get at its rings: it
+/// reads no byte of the client's through shared memory, and fails cleanly (`ECONNRESET` or
+/// EOF, `EPIPE`). Guards the adoption of moved connections (smc-preload/DESIGN.md), which must
+/// refuse a requester whose uid, cgroup or pid namespace is not the owner's.
+const OTHER_UID_SERVER: &str = r#"
+import socket, os, sys
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+pid = os.fork()
+if pid == 0:
+    ls.close()
+    a.close()
+    os.setgroups([])
+    os.setgid(int(sys.argv[2]))
+    os.setuid(int(sys.argv[1]))
+    # The library in this process is the one loaded before the uid change; the daemon sees
+    # the new uid only on a new connection to it: re-exec under the same environment.
+    os.dup2(b.fileno(), 9)
+    os.execv("/usr/bin/python3", ["/usr/bin/python3", "-c", RECEIVER])
+print("READY", ls.getsockname()[1], flush=True)
+c, _ = ls.accept()
+socket.send_fds(a, [b"x"], [c.fileno()])
+c.close()
+os.waitpid(pid, 0)
+print("SERVER DONE", flush=True)
+"#;
+
+const OTHER_UID_RECEIVER: &str = r#"
+import socket, os
+b = socket.socket(fileno=9)
+_, fds, _, _ = socket.recv_fds(b, 1, 1)
+c = socket.socket(fileno=fds[0])
+try:
+    d = c.recv(100)
+    print("OTHER UID", "EOF" if d == b"" else "DATA %r" % d, os.getuid(), flush=True)
+except ConnectionResetError:
+    print("OTHER UID RESET", os.getuid(), flush=True)
+try:
+    c.sendall(b"from the other uid")
+    print("OTHER UID WROTE", flush=True)
+except (BrokenPipeError, ConnectionResetError):
+    print("OTHER UID EPIPE", flush=True)
+c.close()
+"#;
+
+const SECRET_CLIENT: &str = r#"
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"secret of root")
+try:
+    r = s.recv(100)
+    print("CLIENT", "EOF" if r == b"" else "DATA %r" % r, flush=True)
+except ConnectionResetError:
+    print("CLIENT RESET", flush=True)
+"#;
+
+#[test]
+fn another_uids_process_given_an_smc_socket_never_reads_its_rings() {
+    let w = SmcWorld::new();
+    let (uid, gid) = integration_tests::nobody();
+    let text = OTHER_UID_SERVER.replace(
+        "RECEIVER])",
+        &format!("{:?}])", OTHER_UID_RECEIVER.trim_start()),
+    );
+    let srv_py = script(&w, "other_uid_server.py", &text);
+    let cl_py = script(&w, "secret_client.py", SECRET_CLIENT);
+    let mut c = python(&w, &srv_py);
+    c.args([uid.to_string(), gid.to_string()]);
+    let mut srv = Proc::spawn(c);
+    let port = ready_port(&mut srv);
+    let mut c = python(&w, &cl_py);
+    c.arg(port.to_string());
+    let out = Proc::spawn(c).wait_output(T).expect("client");
+    let sout = srv.wait_output(T).expect("server");
+    assert!(
+        sout.contains(&format!("OTHER UID RESET {uid}"))
+            || sout.contains(&format!("OTHER UID EOF {uid}")),
+        "the other uid's process read the connection: {sout}"
+    );
+    assert!(!sout.contains("secret of root"), "server: {sout}");
+    assert!(sout.contains("OTHER UID EPIPE"), "server: {sout}");
+    assert!(!out.contains("from the other uid"), "client: {out}");
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_server") >= 1, "{}", brief(&sum));
 }
 
 /// An echo server for any number of sequential connections on all addresses.

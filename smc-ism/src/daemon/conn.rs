@@ -18,7 +18,7 @@ use smc_common::clc::LOOPBACK_CHID;
 
 use super::closer::Closer;
 use super::diag::{self, CgroupKeys};
-use super::registry::{CgroupUsage, DmbObj, Fail, RefKind, Registry, UidUsage};
+use super::registry::{CgroupUsage, ClientIdentity, DmbObj, Fail, RefKind, Registry, UidUsage};
 
 /// State shared by all connection tasks.
 pub(crate) struct Shared {
@@ -117,6 +117,14 @@ pub(crate) fn read_cgroup(pid: i32) -> String {
         .unwrap_or_else(|| "/".to_owned())
 }
 
+/// Inode of the pid namespace of `pid` (as the daemon sees it), sampled when it connects.
+fn read_pidns(pid: i32) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .map(|m| m.ino())
+}
+
 struct Conn<'a> {
     shared: &'a Shared,
     /// The caller's uid (SO_PEERCRED when it connected; unforgeable), with its usage.
@@ -124,6 +132,13 @@ struct Conn<'a> {
     /// Quota bucket when the proof socket's cgroup cannot be found (the caller's cgroup when
     /// it connected).
     cg: Arc<CgroupUsage>,
+    /// The caller's cgroup (as `cg`) and pid namespace, recorded with the DMBs it registers:
+    /// an adopter must share them.
+    ident: ClientIdentity,
+    /// The second fd passed with the current request (a `REGISTER`'s state page).
+    second: Option<OwnedFd>,
+    /// The reply to the current request passes the DMB's state page, not its memfd.
+    pass_state: bool,
     /// The last proof socket cgroup id and its quota bucket (a process's sockets nearly always
     /// share one cgroup: no global lookup per registration).
     cg_last: Option<(u64, Arc<CgroupUsage>)>,
@@ -150,10 +165,18 @@ pub(crate) async fn serve_conn(
         .map(|c| read_cgroup(c.pid))
         .unwrap_or_else(|| "/".to_owned());
     let uid_n = uid.uid;
+    let cg = shared.reg.cgroup(&cg_path);
+    let ident = ClientIdentity {
+        cgroup: cg.clone(),
+        pidns: cred.and_then(|c| read_pidns(c.pid)),
+    };
     let mut conn = Conn {
         shared: &shared,
         uid,
-        cg: shared.reg.cgroup(&cg_path),
+        cg,
+        ident,
+        second: None,
+        pass_state: false,
         cg_last: None,
         fds_dropped: false,
         held: HashMap::new(),
@@ -195,8 +218,9 @@ async fn recv(afd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<sys::Receive
 async fn send(afd: &AsyncFd<OwnedFd>, data: &[u8], pass: Option<RawFd>) -> io::Result<()> {
     loop {
         let mut g = afd.writable().await?;
-        match g.try_io(|inner| sys::send_record(inner.as_raw_fd(), data, pass, libc::MSG_DONTWAIT))
-        {
+        match g.try_io(|inner| {
+            sys::send_record(inner.as_raw_fd(), data, pass.as_slice(), libc::MSG_DONTWAIT)
+        }) {
             Ok(r) => return r,
             Err(_would_block) => continue,
         }
@@ -257,8 +281,12 @@ impl Conn<'_> {
                     return;
                 }
                 Ok(mut r) => {
-                    // No request takes more than one fd.
-                    for f in std::mem::take(&mut r.extra) {
+                    // No request takes more than two fds (REGISTER: the socket and a state
+                    // page); the second is kept for `handle`, which disposes of it unless the
+                    // request is a REGISTER.
+                    let mut extra = std::mem::take(&mut r.extra).into_iter();
+                    self.second = extra.next();
+                    for f in extra {
                         self.dispose(Some(f));
                     }
                     r
@@ -280,7 +308,13 @@ impl Conn<'_> {
             let res = tokio::select! {
                 biased;
                 _ = stop.wait_for(|s| *s) => return,
-                r = send(afd, &out, pass.as_ref().map(|d| d.memfd.as_raw_fd())) => r,
+                r = send(afd, &out, pass.as_ref().and_then(|d| {
+                    if self.pass_state {
+                        d.state.as_ref().map(|s| s.as_raw_fd())
+                    } else {
+                        Some(d.memfd.as_raw_fd())
+                    }
+                })) => r,
             };
             drop(pass);
             if let Err(e) = res {
@@ -311,6 +345,15 @@ impl Conn<'_> {
         out.clear();
         let d = proto::decode_request(rec, truncated);
         let (op, seq, noreply) = (d.op, d.seq, d.noreply);
+        self.pass_state = false;
+        let second = self.second.take();
+        let state = match d.request {
+            Ok(proto::Request::Register { .. }) => second,
+            _ => {
+                self.dispose(second);
+                None
+            }
+        };
         // Only REGISTER, ATTACH and ATTACH_PEER take an fd; anything else passed is disposed
         // of now, before any work.
         let (fd, req) = match d.request {
@@ -349,9 +392,12 @@ impl Conn<'_> {
                 encode_reply(out, op, seq, Status::Ok, 0, &b);
                 return None;
             }
-            R::Register { size_code } => (&c.register, self.register(size_code, fd).map(Some)),
+            R::Register { size_code } => {
+                (&c.register, self.register(size_code, fd, state).map(Some))
+            }
             R::Attach { token } => (&c.attach, self.attach(token, fd).map(Some)),
             R::AttachPeer => (&c.attach, self.attach_peer(fd).map(Some)),
+            R::Adopt { which } => (&c.attach, self.adopt(which, fd).map(Some)),
             R::Release { own, peer } => {
                 // Counted as the unregister and the detach it stands for.
                 let mut res = Ok(());
@@ -460,7 +506,7 @@ impl Conn<'_> {
         match op {
             proto::OP_QUERY_GID => &c.query_gid,
             proto::OP_REGISTER => &c.register,
-            proto::OP_ATTACH | proto::OP_ATTACH_PEER => &c.attach,
+            proto::OP_ATTACH | proto::OP_ATTACH_PEER | proto::OP_ADOPT => &c.attach,
             proto::OP_DETACH => &c.detach,
             proto::OP_UNREGISTER => &c.unregister,
             proto::OP_STATS => &c.stats,
@@ -497,7 +543,21 @@ impl Conn<'_> {
         }
     }
 
-    fn register(&mut self, size_code: u8, fd: Option<OwnedFd>) -> Result<Arc<DmbObj>, Fail> {
+    fn register(
+        &mut self,
+        size_code: u8,
+        fd: Option<OwnedFd>,
+        state: Option<OwnedFd>,
+    ) -> Result<Arc<DmbObj>, Fail> {
+        // A state page is kept only if it is one (a shmem file of its size); anything else
+        // goes to the closer, and the DMB is registered without it.
+        let state = match state {
+            Some(s) if sys::is_state_page(s.as_fd(), proto::STATE_PAGE) => Some(s),
+            other => {
+                self.dispose(other);
+                None
+            }
+        };
         let fd = self.passed(fd)?;
         let sh = self.shared;
         let res = sys::inspect_tcp(fd.as_fd()).map(|id| {
@@ -508,9 +568,15 @@ impl Conn<'_> {
         self.dispose(Some(fd));
         let (id, info) = res.map_err(|_| Fail::BadSocket)?;
         let cg = self.bucket(info.owner_cgroup);
-        let dmb = sh
-            .reg
-            .register(size_code, id, info.peer_cookie, &cg, &self.uid)?;
+        let dmb = sh.reg.register(
+            size_code,
+            id,
+            info.peer_cookie,
+            &cg,
+            &self.uid,
+            &self.ident,
+            state,
+        )?;
         self.held.entry(dmb.token).or_default().owner = true;
         Ok(dmb)
     }
@@ -573,6 +639,24 @@ impl Conn<'_> {
                 Err(f)
             }
         }
+    }
+
+    /// Attaches a DMB of the connection whose socket moved to the caller (`OP_ADOPT`).
+    /// (`ADOPT_STATE`: the state page registered with it, no reference taken.)
+    fn adopt(&mut self, which: u8, fd: Option<OwnedFd>) -> Result<Arc<DmbObj>, Fail> {
+        let proof = self.proof(&fd);
+        self.dispose(fd);
+        let (id, _) = proof?;
+        let dmb = self
+            .shared
+            .reg
+            .adopt(&id, which, self.uid.uid, &self.ident)?;
+        if which == proto::ADOPT_STATE {
+            self.pass_state = true;
+        } else {
+            self.held.entry(dmb.token).or_default().attaches += 1;
+        }
+        Ok(dmb)
     }
 
     fn release_token(&mut self, token: u64, kind: RefKind) -> Result<(), Fail> {

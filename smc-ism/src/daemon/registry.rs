@@ -359,6 +359,8 @@ impl Drop for Charge {
 /// A live DMB. Field order is drop order: memfd, then slot, then charges.
 pub(crate) struct DmbObj {
     pub memfd: OwnedFd,
+    /// The owner's local state page (a 4 KiB memfd it passed at registration), for `OP_ADOPT`.
+    pub state: Option<OwnedFd>,
     slot: SlotGuard,
     _charge: Charge,
     _uid_charge: Option<UidCharge>,
@@ -371,6 +373,26 @@ pub(crate) struct DmbObj {
     pub peer_cookie: Option<u64>,
     pub owner_uid: u32,
     pub owner_cgroup: Arc<CgroupUsage>,
+    /// The registering client: its cgroup when it connected and its pid namespace, which an
+    /// adopter (`OP_ADOPT`) must share.
+    pub owner_client: ClientIdentity,
+}
+
+/// Who a client is beyond its uid, sampled when it connected (for `OP_ADOPT`).
+#[derive(Clone)]
+pub(crate) struct ClientIdentity {
+    /// Its cgroup's usage entry (by its path when it connected).
+    pub cgroup: Arc<CgroupUsage>,
+    /// Inode of its pid namespace (`/proc/PID/ns/pid`); `None` when unknown (never matches).
+    pub pidns: Option<u64>,
+}
+
+impl ClientIdentity {
+    /// Same cgroup and the same, known, pid namespace.
+    fn same(&self, o: &ClientIdentity) -> bool {
+        Arc::ptr_eq(&self.cgroup, &o.cgroup)
+            && matches!((self.pidns, o.pidns), (Some(a), Some(b)) if a == b)
+    }
 }
 
 impl DmbObj {
@@ -429,6 +451,9 @@ pub(crate) struct Registry {
     /// Live registrations by their owner's connection, for `attach_peer` (the latest
     /// registration of a connection wins; the token is checked again under its shard lock).
     owners: Box<[Mutex<HashMap<Tuple, u64>>]>,
+    /// Live records by their owner socket's `SO_COOKIE`, for `OP_ADOPT`: kept for the record's
+    /// life (after its owner's unregister too, while the peer still holds it).
+    by_cookie: Box<[Mutex<HashMap<u64, u64>>]>,
     slots: Arc<SlotMap>,
     pub totals: Arc<Totals>,
     cgroups: Mutex<HashMap<String, Weak<CgroupUsage>>>,
@@ -460,6 +485,7 @@ impl Registry {
         Registry {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             owners: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            by_cookie: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             slots: Arc::new(SlotMap::new(cfg.max_dmbs)),
             totals: Arc::default(),
             cgroups: Mutex::new(HashMap::new()),
@@ -487,6 +513,11 @@ impl Registry {
     fn shard(&self, token: u64) -> &Mutex<HashMap<u64, Record>> {
         // Tokens are uniformly random: any bits select a shard evenly.
         &self.shards[(token as usize) % SHARDS]
+    }
+
+    fn cookie_shard(&self, cookie: u64) -> &Mutex<HashMap<u64, u64>> {
+        // Socket cookies are sequential: mix them before selecting a shard.
+        &self.by_cookie[(cookie.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS]
     }
 
     fn owner_shard(&self, t: &Tuple) -> &Mutex<HashMap<Tuple, u64>> {
@@ -640,6 +671,8 @@ impl Registry {
     }
 
     /// Registers a DMB owned by the caller: quota, slot, memfd, token, refcount 1.
+    // Each argument is one fact of the registration, from a different source.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn register(
         &self,
         size_code: u8,
@@ -647,6 +680,8 @@ impl Registry {
         peer_cookie: Option<u64>,
         cg: &Arc<CgroupUsage>,
         uid: &Arc<UidUsage>,
+        client: &ClientIdentity,
+        state: Option<OwnedFd>,
     ) -> Result<Arc<DmbObj>, Fail> {
         let size = dmb_size_from_code_large(size_code).ok_or(Fail::BadSize)? as u64;
         let uid_charge = self.charge_uid(uid)?;
@@ -656,6 +691,7 @@ impl Registry {
             sys::create_dmb_memfd(size).map_err(|e| Fail::Memfd(e.raw_os_error().unwrap_or(0)))?;
         let mut obj = DmbObj {
             memfd,
+            state,
             slot,
             _charge: charge,
             _uid_charge: uid_charge,
@@ -666,6 +702,7 @@ impl Registry {
             peer_cookie,
             owner_uid: uid.uid,
             owner_cgroup: cg.clone(),
+            owner_client: client.clone(),
         };
         loop {
             let token = sys::random_u64().map_err(|_| Fail::Internal)?;
@@ -685,6 +722,9 @@ impl Registry {
                 drop(shard);
                 let t = (dmb.owner.local, dmb.owner.peer);
                 lock(self.owner_shard(&t)).insert(t, token);
+                if let Some(c) = dmb.owner.cookie {
+                    lock(self.cookie_shard(c)).insert(c, token);
+                }
                 return Ok(dmb);
             }
             // Clash with a live token: draw again.
@@ -748,6 +788,69 @@ impl Registry {
         self.attach(token, who, cg)
     }
 
+    /// `OP_ADOPT`: takes an attach reference on the DMB registered with `who`'s very socket
+    /// (same `SO_COOKIE` and addresses: the socket moved to the caller), or with `peer`, on
+    /// the DMB of the other end of that connection. Only for a caller of the owner's uid,
+    /// cgroup and pid namespace: a process of another tenant that holds the socket gets
+    /// nothing (`BadProof`).
+    pub(crate) fn adopt(
+        &self,
+        who: &TcpIdentity,
+        which: u8,
+        uid: u32,
+        client: &ClientIdentity,
+    ) -> Result<Arc<DmbObj>, Fail> {
+        let cookie = who.cookie.ok_or(Fail::BadProof)?;
+        let find = |c: u64| {
+            lock(self.cookie_shard(c))
+                .get(&c)
+                .copied()
+                .ok_or(Fail::StaleToken)
+        };
+        let token = find(cookie)?;
+        let peer_cookie = {
+            let mut shard = lock(self.shard(token));
+            let rec = shard.get_mut(&token).ok_or(Fail::StaleToken)?;
+            let d = &rec.dmb;
+            if d.owner.cookie != Some(cookie)
+                || d.owner.local != who.local
+                || d.owner.peer != who.peer
+            {
+                return Err(Fail::StaleToken);
+            }
+            if d.owner_uid != uid || !d.owner_client.same(client) {
+                return Err(Fail::BadProof);
+            }
+            if which == crate::proto::ADOPT_STATE {
+                // No reference: the page lives on in the mappings of the processes using it.
+                return match d.state {
+                    Some(_) => Ok(rec.dmb.clone()),
+                    None => Err(Fail::StaleToken),
+                };
+            }
+            if which == crate::proto::ADOPT_OWN {
+                rec.refs = rec.refs.checked_add(1).ok_or(Fail::Internal)?;
+                self.totals.live_attachments.fetch_add(1, AcqRel);
+                return Ok(rec.dmb.clone());
+            }
+            d.peer_cookie.ok_or(Fail::PeerUnknown)?
+        };
+        let ptoken = find(peer_cookie)?;
+        let mut shard = lock(self.shard(ptoken));
+        let rec = shard.get_mut(&ptoken).ok_or(Fail::StaleToken)?;
+        // The other end's registration of this very connection: its owner socket is the peer
+        // recorded for ours, and it recorded ours as its peer.
+        if rec.dmb.owner.cookie != Some(peer_cookie)
+            || rec.dmb.peer_cookie != Some(cookie)
+            || !is_mirror(&rec.dmb.owner, who)
+        {
+            return Err(Fail::StaleToken);
+        }
+        rec.refs = rec.refs.checked_add(1).ok_or(Fail::Internal)?;
+        self.totals.live_attachments.fetch_add(1, AcqRel);
+        Ok(rec.dmb.clone())
+    }
+
     fn forget_owner(&self, dmb: &DmbObj) {
         let t = (dmb.owner.local, dmb.owner.peer);
         let mut m = lock(self.owner_shard(&t));
@@ -775,6 +878,12 @@ impl Registry {
         if rec.refs == 0 {
             let rec = shard.remove(&token);
             drop(shard);
+            if let Some(c) = rec.as_ref().and_then(|r| r.dmb.owner.cookie) {
+                let mut m = lock(self.cookie_shard(c));
+                if m.get(&c) == Some(&token) {
+                    m.remove(&c);
+                }
+            }
             // Last reference: the memfd, then the slot, then the charge are released here.
             drop(rec);
         } else {

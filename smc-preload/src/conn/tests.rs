@@ -713,3 +713,49 @@ fn reset_during_partial_write_is_reported_by_the_next_write() {
     );
     assert_eq!(a.send(fa, &iov(b"x"), libc::MSG_NOSIGNAL), Err(libc::EPIPE));
 }
+
+/// A connection end adopted from its state page (as by a process its socket moved to) shares
+/// the first end's state: role, references, and the references that travelled with the socket
+/// are taken once each. A page without the state's magic is refused.
+#[test]
+fn adopted_end_shares_state_and_takes_travelling_references() {
+    let own = crate::shm::memfd("own", 64 << 10).unwrap();
+    let peer = crate::shm::memfd("peer", 64 << 10).unwrap();
+    let map = |fd: &std::os::fd::OwnedFd| Mapping::new(fd.as_raw_fd(), 64 << 10).unwrap();
+    let (sfd, state) = crate::shm::state_page().unwrap();
+    let a = Conn::new(
+        map(&own),
+        map(&peer),
+        Some(state),
+        Role::Server,
+        false,
+        None,
+    )
+    .unwrap();
+    // The sender passes the socket on: one reference travels.
+    a.add_ref(1);
+    a.mark_in_flight();
+    let b = Conn::adopt(
+        map(&own),
+        map(&peer),
+        Mapping::new(sfd.as_raw_fd(), 4096).unwrap(),
+        None,
+    )
+    .unwrap();
+    assert_eq!(b.role, Role::Server);
+    assert!(b.take_in_flight(), "the travelling reference is there");
+    assert!(!b.take_in_flight(), "only once");
+    assert!(!a.take_in_flight());
+    // Two fds in all (the sender's, now the receiver's): the second close is the last.
+    assert!(!a.drop_ref());
+    assert!(b.drop_ref());
+    // A page that is not a connection's state.
+    let (other, _m) = crate::shm::state_page().unwrap();
+    assert!(Conn::adopt(
+        map(&own),
+        map(&peer),
+        Mapping::new(other.as_raw_fd(), 4096).unwrap(),
+        None
+    )
+    .is_err());
+}

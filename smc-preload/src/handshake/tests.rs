@@ -318,6 +318,7 @@ fn server_stands_in_for_a_client_that_already_left() {
     d.own = Some(HeldDmb {
         token: 0,
         map: Mapping::anon_shared(32 << 10).unwrap(),
+        state: None,
     });
     assert!(d.attach_client(&est).is_err());
     // The client's close recorded (as its final close does before it releases its DMB): a
@@ -329,7 +330,11 @@ fn server_stands_in_for_a_client_that_already_left() {
     };
     // SAFETY: a fresh page-aligned mapping of 32 KiB.
     unsafe { CdcHeader::from_ptr(own.as_ptr()) }.store_cons(w);
-    d.own = Some(HeldDmb { token: 0, map: own });
+    d.own = Some(HeldDmb {
+        token: 0,
+        map: own,
+        state: None,
+    });
     d.attach_client(&est).unwrap();
     let p = d.peer.take().unwrap();
     assert_eq!(p.token, 0);

@@ -84,8 +84,8 @@ scenarios! {
     blocking_accept_silent_client: 1;
     // fd passing
     scm_rights_client_mid_handshake: 0;
-    scm_rights_accepted_mid_handshake: 0;
-    spawn_accepted_mid_handshake: 0;
+    scm_rights_accepted_mid_handshake: 1;
+    spawn_accepted_mid_handshake: 1;
     // data calls
     msg_peek: 1;
     msg_waitall: 1;
