@@ -10,6 +10,10 @@
 //! stops (each lasts until 8 children got through it, longer than the daemon client's
 //! timeout), and children that first close every descriptor they inherited (the threads' SMC
 //! connections among them, as a program about to `exec` does).
+//!
+//! Shared connection: a process and the children it forks meanwhile read one SMC-D connection
+//! at once (TCP semantics: every byte goes to exactly one reader), children leaving after a
+//! few reads, busy loops in the cgroup, 16 KiB rings.
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -122,13 +126,7 @@ fn fork_storm_while_threads_handshake_and_the_daemon_stalls() {
 fn fork_stress_with_daemon_stalls_busy_cpus_small_rings_and_closing_children() {
     let w = SmcWorld::new();
     // Busy loops in the test's cgroup: threads and children are preempted anywhere.
-    let hogs: Vec<Proc> = (0..2)
-        .map(|_| {
-            let mut c = w.cgroup().command("sh");
-            c.args(["-c", "while :; do :; done"]);
-            Proc::spawn(c)
-        })
-        .collect();
+    let hogs = hogs(&w, 2);
     storm(
         &w,
         // 16 KiB rings: the 20 000 bytes of a connection wrap the cursors.
@@ -146,4 +144,67 @@ fn fork_stress_with_daemon_stalls_busy_cpus_small_rings_and_closing_children() {
         240 + 6 * 8,
     );
     drop(hogs);
+}
+
+/// Busy loops in `w`'s cgroup (killed when dropped): the test's processes are preempted
+/// anywhere.
+fn hogs(w: &SmcWorld, n: usize) -> Vec<Proc> {
+    (0..n)
+        .map(|_| {
+            let mut c = w.cgroup().command("sh");
+            c.args(["-c", "while :; do :; done"]);
+            Proc::spawn(c)
+        })
+        .collect()
+}
+
+#[test]
+fn parent_and_forked_children_read_one_connection_each_byte_once() {
+    let w = SmcWorld::new();
+    let _hogs = hogs(&w, 2);
+    let env = [("SMC_DMB_SIZE", "16384")];
+    let port = free_port();
+    let log = w.dir.join("logs/server.log");
+    let mut s = w.run(bin("preload-prog"));
+    s.args(["server", &port.to_string(), "thread", "1"])
+        .envs(env);
+    let mut srv = spawn_logged(s, &log);
+    wait_listening(
+        &mut srv,
+        port,
+        Duration::from_secs(30),
+        "server",
+        Some(&log),
+    );
+    let total: u64 = 48 << 20;
+    let mut c = w.run(bin("preload-prog"));
+    c.args([
+        "share",
+        "127.0.0.1",
+        &port.to_string(),
+        &total.to_string(),
+        "4",
+    ])
+    .envs(env);
+    let share = Proc::spawn(c);
+    let share_pid = share.0.id();
+    let out = share.wait_output(Duration::from_secs(300)).expect("share");
+    eprintln!("{out}");
+    assert_eq!(field(&out, "total"), total, "{out}");
+    assert_eq!(field(&out, "dup"), 0, "bytes read twice: {out}");
+    assert_eq!(
+        field(&out, "bad"),
+        0,
+        "chunks that are not the stream: {out}"
+    );
+    assert_eq!(field(&out, "read"), total, "bytes read in all: {out}");
+    assert_eq!(
+        field(&out, "holes"),
+        field(&out, "small"),
+        "bytes never read: {out}"
+    );
+    assert!(field(&out, "forks") >= 50, "{out}");
+    // The connection was SMC-D (not a fallback, where the kernel shares the socket).
+    let st = w.stats_of(share_pid, "the reading process");
+    assert_eq!(st.get("smcd_client"), 1, "{st:?}");
 }

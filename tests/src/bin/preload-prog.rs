@@ -10,6 +10,7 @@
 //! preload-prog client HOST PORT SEND RECV SEED
 //! preload-prog storm HOST PORT THREADS FORKS BYTES [stops=N] [stop_children=N] [close=1]
 //!                    [ballast=MIB]
+//! preload-prog share HOST PORT BYTES READERS
 //! ```
 //!
 //! `storm`: THREADS threads make connections back to back (each sends 4 KiB, receives BYTES,
@@ -22,9 +23,18 @@
 //! continues). With `close=1` each child first closes every descriptor it inherited above 2
 //! (`close_range`, as a program about to `exec` does), the threads' connections among them.
 //! `ballast=MIB` touches that much memory first, so that each fork takes longer (the page
-//! tables are copied) while the threads go on. At the end: `STORM forks=<n> ok=<n> bad=<n> reset=<n> hung=<n> conns=<n> badconns=<n>
-//! resetconns=<n>` (`bad`: every call succeeded but the bytes were wrong; `reset`: a call
-//! failed). A failed connection prints `STORM-BAD pid <pid>: <why>` on stderr.
+//! tables are copied) while the threads go on. At the end: `STORM forks=<n> ok=<n> bad=<n>
+//! reset=<n> hung=<n> conns=<n> badconns=<n> resetconns=<n>` (`bad`: every call succeeded but
+//! the bytes were wrong; `reset`: a call failed). A failed connection prints `STORM-BAD pid
+//! <pid>: <why>` on stderr.
+//!
+//! `share`: asks the server for BYTES of the counter stream (seed bit 63: 8-byte words
+//! `offset / 8 ^ mask`, so that 15 bytes tell where they are) and reads the connection in this
+//! process and in children forked meanwhile (at most READERS at a time, each does 1 to 20 reads
+//! of random sizes, closes its descriptor and exits). Every chunk is placed in the stream and
+//! marked in a bitmap shared by all: `SHARE total= read= dup= bad= small= holes= reads= forks=`
+//! (`dup`: bytes read twice; `bad`: chunks that are no piece of the stream; `small`: bytes of
+//! chunks too short to place, which must equal the `holes` left in the bitmap).
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -107,7 +117,11 @@ fn serve_blocking(s: TcpStream) -> std::io::Result<String> {
     // A dup'd fd for the writer thread: exercises dup + two threads on one connection.
     let mut w = s.try_clone()?;
     let t = std::thread::spawn(move || -> std::io::Result<String> {
-        let sha = send_stream(&mut w, seed ^ 0x5555, want)?;
+        let sha = if seed & COUNTER_STREAM != 0 {
+            send_counter(&mut w, seed ^ 0x5555, want)?
+        } else {
+            send_stream(&mut w, seed ^ 0x5555, want)?
+        };
         w.shutdown(Shutdown::Write)?;
         Ok(sha)
     });
@@ -553,6 +567,207 @@ fn storm_fork(
     0
 }
 
+/// Seed bit of the request header: the server sends the counter stream ([`counter_byte`])
+/// instead of the seed's random one.
+const COUNTER_STREAM: u64 = 1 << 63;
+const COUNTER_MASK: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// Byte `p` of the counter stream: 8-byte little-endian words `p / 8 ^ COUNTER_MASK`, so that
+/// any 15 bytes of it tell where they are.
+fn counter_byte(p: u64) -> u8 {
+    ((p / 8) ^ COUNTER_MASK).to_le_bytes()[(p % 8) as usize]
+}
+
+/// Sends `total` bytes of the counter stream in writes of random sizes (up to 64 KiB).
+fn send_counter(w: &mut impl Write, seed: u64, total: u64) -> std::io::Result<String> {
+    let mut g = Gen::new(seed);
+    let mut h = Sha256::new();
+    let mut sent = 0u64;
+    let mut buf = Vec::new();
+    while sent < total {
+        let n = ((g.next() % 65536) + 1).min(total - sent);
+        buf.clear();
+        buf.extend((sent..sent + n).map(counter_byte));
+        w.write_all(&buf)?;
+        h.update(&buf);
+        sent += n;
+    }
+    Ok(hex(&h.finalize()))
+}
+
+/// Where a chunk read from the counter stream of `total` bytes starts, if it can tell (a
+/// chunk of 15 bytes or more always can; a chunk that matches nowhere is `Err`).
+fn counter_position(c: &[u8], total: u64) -> Result<Option<u64>, ()> {
+    for k in 0..8usize {
+        let Some(w) = c.get(k..k + 8) else { break };
+        let v = u64::from_le_bytes(w.try_into().unwrap()) ^ COUNTER_MASK;
+        let Some(p) = v.checked_mul(8).and_then(|x| x.checked_sub(k as u64)) else {
+            continue;
+        };
+        if p.checked_add(c.len() as u64).is_some_and(|e| e <= total)
+            && c.iter()
+                .enumerate()
+                .all(|(i, &b)| b == counter_byte(p + i as u64))
+        {
+            return Ok(Some(p));
+        }
+    }
+    if c.len() >= 15 {
+        Err(())
+    } else {
+        Ok(None)
+    }
+}
+
+/// What the readers of `share` record, in a page shared by all of them.
+#[repr(C)]
+struct ShareArea {
+    read: std::sync::atomic::AtomicU64,
+    /// Bytes of chunks too short to place (counted, checked against the holes at the end).
+    small: std::sync::atomic::AtomicU64,
+    /// Bytes read twice.
+    dup: std::sync::atomic::AtomicU64,
+    /// Chunks that are not a piece of the stream.
+    bad: std::sync::atomic::AtomicU64,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+/// `share`: one connection read by this process and by children it forks meanwhile (at most
+/// READERS at a time, each doing a few reads and leaving), every chunk placed in the stream
+/// and marked in a bitmap shared by all: each byte must come exactly once, to one of them.
+fn share(host: &str, port: u16, total: u64, readers: usize) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let words = (total as usize).div_ceil(64);
+    let len = std::mem::size_of::<ShareArea>() + words * 8;
+    // SAFETY: a fresh anonymous shared mapping (zero-filled), checked below.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(base, libc::MAP_FAILED, "mmap");
+    // SAFETY: the mapping starts with a zeroed ShareArea (atomics only) and then `words`
+    // zeroed u64 words; it lives until the process exits.
+    let (area, bits) = unsafe {
+        (
+            &*(base as *const ShareArea),
+            std::slice::from_raw_parts(
+                (base as *const u8).add(std::mem::size_of::<ShareArea>()) as *const AtomicU64,
+                words,
+            ),
+        )
+    };
+    let mut s = TcpStream::connect((host, port)).expect("connect");
+    let mut hdr = [0u8; 16];
+    hdr[..8].copy_from_slice(&COUNTER_STREAM.to_le_bytes());
+    hdr[8..].copy_from_slice(&total.to_le_bytes());
+    s.write_all(&hdr).expect("header");
+    s.shutdown(Shutdown::Write).expect("shutdown");
+    let fd = s.as_raw_fd();
+    // One read of up to 64 KiB, recorded; false at EOF.
+    let read_one = |g: &mut Gen, buf: &mut [u8]| -> bool {
+        let n = (g.next() % buf.len() as u64) as usize + 1;
+        // SAFETY: `buf` is ours, `n` within it.
+        let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), n, 0) };
+        assert!(r >= 0, "recv: {}", std::io::Error::last_os_error());
+        if r == 0 {
+            return false;
+        }
+        let c = &buf[..r as usize];
+        area.reads.fetch_add(1, Ordering::Relaxed);
+        area.read.fetch_add(c.len() as u64, Ordering::Relaxed);
+        match counter_position(c, total) {
+            Err(()) => {
+                area.bad.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(None) => {
+                area.small.fetch_add(c.len() as u64, Ordering::Relaxed);
+            }
+            Ok(Some(p)) => {
+                for i in p..p + c.len() as u64 {
+                    let m = 1u64 << (i % 64);
+                    if bits[(i / 64) as usize].fetch_or(m, Ordering::Relaxed) & m != 0 {
+                        area.dup.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        true
+    };
+    let mut g = Gen::new(std::process::id() as u64);
+    let mut buf = vec![0u8; 65536];
+    let mut live: Vec<libc::pid_t> = Vec::new();
+    let mut forks = 0u64;
+    loop {
+        live.retain(|&p| {
+            let mut st = 0;
+            // SAFETY: our child.
+            let r = unsafe { libc::waitpid(p, &mut st, libc::WNOHANG) };
+            if r == p {
+                assert!(
+                    libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+                    "reader {p} failed: {st:#x}"
+                );
+            }
+            r != p
+        });
+        if live.len() < readers {
+            let reads = g.next() % 20 + 1;
+            // SAFETY: the child only reads the connection, records in the shared page, closes
+            // its descriptor and leaves with _exit.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                let mut g = Gen::new(std::process::id() as u64 ^ 0x5ade);
+                for _ in 0..reads {
+                    if !read_one(&mut g, &mut buf) {
+                        break;
+                    }
+                }
+                // SAFETY: our copy of the connection's descriptor; then leave.
+                unsafe {
+                    libc::close(fd);
+                    libc::_exit(0);
+                }
+            }
+            assert!(pid > 0, "fork");
+            live.push(pid);
+            forks += 1;
+        }
+        if !read_one(&mut g, &mut buf) {
+            break;
+        }
+    }
+    for p in live {
+        let mut st = 0;
+        // SAFETY: our child.
+        unsafe { libc::waitpid(p, &mut st, 0) };
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+            "reader {p} failed: {st:#x}"
+        );
+    }
+    let mut holes = 0u64;
+    for (i, w) in bits.iter().enumerate() {
+        let v = w.load(Ordering::Relaxed);
+        let valid = (total - i as u64 * 64).min(64);
+        let mask = if valid == 64 { !0 } else { (1u64 << valid) - 1 };
+        holes += (!v & mask).count_ones() as u64;
+    }
+    println!(
+        "SHARE total={total} read={} dup={} bad={} small={} holes={holes} reads={} forks={forks}",
+        area.read.load(Ordering::Relaxed),
+        area.dup.load(Ordering::Relaxed),
+        area.bad.load(Ordering::Relaxed),
+        area.small.load(Ordering::Relaxed),
+        area.reads.load(Ordering::Relaxed),
+    );
+}
+
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     match a.get(1).map(String::as_str) {
@@ -659,6 +874,12 @@ fn main() {
                 bytes,
                 &StormOpts::parse(&a[7..]),
             );
+        }
+        Some("share") => {
+            let port: u16 = a[3].parse().unwrap();
+            let total: u64 = a[4].parse().unwrap();
+            let readers: usize = a[5].parse().unwrap();
+            share(&a[2], port, total, readers);
         }
         Some("sink") => {
             // Connect, read until EOF or error, report how it ended.
