@@ -126,8 +126,11 @@ impl SharedClient {
 
     /// Forgets the connection and everything in flight on it; wakes every waiter.
     fn disconnect(&self, st: &mut State) {
+        // `raw` first: a fork between the two must not leave the child a number that this
+        // close frees and another thread may reuse ([`SharedClient::forget_after_fork`] would
+        // close that file in the child).
+        self.raw.store(-1, Ordering::SeqCst);
         st.fd = None;
-        self.raw.store(-1, Ordering::Relaxed);
         st.features = None;
         st.max_size_code = None;
         st.inflight.clear();

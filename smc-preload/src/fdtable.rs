@@ -5,10 +5,15 @@
 //! - a small even tag below 8 ([`TAG_TCP`]): a TCP socket created by `socket()` that may opt in;
 //! - otherwise an `Arc<Obj>` pointer (`Arc::into_raw`, 8-byte aligned) whose bit 0 is a tiny
 //!   per-slot lock, held only while the strong count is bumped. No global lock anywhere.
+//!
+//! While a thread forks, the other threads' changes of slots wait ([`freeze_for_fork`]), so
+//! that the references `fork` counts for the child are exactly the objects in the child's
+//! copy of the table.
 
 use crate::obj::Obj;
+use std::cell::Cell;
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 const CHUNK_BITS: usize = 12;
@@ -119,7 +124,83 @@ pub fn get(fd: i32) -> Option<Arc<Obj>> {
     Some(a)
 }
 
-/// Replace the content of `fd`'s slot, returning what was there.
+/// 1 while a thread forks ([`freeze_for_fork`]): other threads' [`replace`] waits.
+static FROZEN: AtomicU32 = AtomicU32::new(0);
+
+thread_local! {
+    /// This thread froze the table (its own changes, e.g. from `pthread_atfork` handlers that
+    /// run inside `fork`, go through).
+    static FREEZER: Cell<bool> = const { Cell::new(false) };
+}
+
+fn frozen_for_me() -> bool {
+    FROZEN.load(Ordering::SeqCst) != 0 && !FREEZER.with(Cell::get)
+}
+
+fn wait_thawed() {
+    while frozen_for_me() {
+        crate::shm::futex_wait(&FROZEN, 1, 10);
+    }
+}
+
+/// The table stands still for other threads until this is dropped (see [`freeze_for_fork`]);
+/// `false`: a nested freeze, which leaves the outer one in place.
+pub struct Frozen(bool);
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        if self.0 {
+            FREEZER.with(|f| f.set(false));
+            FROZEN.store(0, Ordering::SeqCst);
+            crate::shm::futex_wake(&FROZEN, i32::MAX);
+        }
+    }
+}
+
+/// Before `fork`: makes every other thread's slot change ([`replace`]) wait until the returned
+/// guard is dropped (after the fork, in the parent; in the child it only resets the state), and
+/// waits for the changes already under way. `fork` counts a reference for each connection in
+/// the table before it forks (the child's copy of the table names them): a connection another
+/// thread installed (or dup'd) between that count and the fork reached the child uncounted, and
+/// the child's close of it (a program closing its inherited descriptors before `exec`) was
+/// then taken for the last one: the peer was told the connection closed while the parent still
+/// used it, and its stream ended early without an error (seen with the fork stress test). Reads
+/// and writes do not change slots and never wait.
+pub fn freeze_for_fork() -> Frozen {
+    if FREEZER.with(Cell::get) {
+        // Nested (a fork from an atfork handler of our own fork): already frozen by us.
+        return Frozen(false);
+    }
+    while FROZEN
+        .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+        .is_err()
+    {
+        // Another thread forks: after it.
+        crate::shm::futex_wait(&FROZEN, 1, 10);
+    }
+    FREEZER.with(|f| f.set(true));
+    // Pairs with the fence in `replace`: a chunk published by a thread that still saw the
+    // table unfrozen is seen by the walk below.
+    fence(Ordering::SeqCst);
+    // A change that saw the table unfrozen holds its slot's lock until it is stored: taking
+    // every slot's lock once waits for it.
+    for t in TABLE.iter() {
+        let c = t.load(Ordering::Acquire);
+        if c.is_null() {
+            continue;
+        }
+        // SAFETY: chunks are never freed.
+        let chunk = unsafe { &*c };
+        for s in chunk.iter() {
+            let v = lock(s);
+            s.store(v, Ordering::Release);
+        }
+    }
+    Frozen(true)
+}
+
+/// Replace the content of `fd`'s slot, returning what was there. Waits while another thread
+/// forks ([`freeze_for_fork`]).
 pub fn replace(fd: i32, new: Slot) -> Slot {
     let s = match &new {
         Slot::Empty => match slot(fd) {
@@ -131,7 +212,16 @@ pub fn replace(fd: i32, new: Slot) -> Slot {
             None => return Slot::Empty,
         },
     };
-    let old = lock(s);
+    let old = loop {
+        let v = lock(s);
+        // Pairs with the fence in `freeze_for_fork` (see there).
+        fence(Ordering::SeqCst);
+        if !frozen_for_me() {
+            break v;
+        }
+        s.store(v, Ordering::Release);
+        wait_thawed();
+    };
     let nv = match new {
         Slot::Empty => 0,
         Slot::Tag(t) => t,
@@ -195,8 +285,11 @@ pub fn for_each_object(mut f: impl FnMut(i32, &Arc<Obj>)) {
 }
 
 /// In a child after fork: a thread of the parent may have held a slot lock at the moment of
-/// the fork; that thread does not exist here, so release every lock bit.
+/// the fork; that thread does not exist here, so release every lock bit. The table is not
+/// frozen here (the thread that froze it is the child's one thread).
 pub fn unlock_all_after_fork() {
+    FREEZER.with(|f| f.set(false));
+    FROZEN.store(0, Ordering::SeqCst);
     for t in TABLE.iter() {
         let c = t.load(Ordering::Acquire);
         if c.is_null() {

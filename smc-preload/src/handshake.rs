@@ -118,7 +118,23 @@ pub struct Driver {
     started: bool,
     /// Wait at most this long for a peer message (the server's Confirm: twice).
     timeout: Duration,
+    /// Server: the client confirmed (it is on SMC-D from then on) but the daemon did not
+    /// answer the attach of its DMB: the confirmed handshake and until when the daemon is
+    /// waited for ([`setup::committed_wait`]) before the connection is reset.
+    committed: Option<(Established, Instant)>,
+    /// A step does not wait for the daemon in that case ([`Progress::WouldBlock`]): the
+    /// caller is an accept that must not hold up its loop.
+    defer_daemon: bool,
     buf: [u8; MAX_MSG],
+}
+
+/// Why the server has no DMB of its client yet.
+#[derive(Debug)]
+enum AttachErr {
+    /// The daemon refused it, or it could not be mapped: the connection cannot go on.
+    Failed(&'static str),
+    /// The daemon did not answer (stopped, hung, restarting): worth another try.
+    Unanswered,
 }
 
 impl Driver {
@@ -136,8 +152,16 @@ impl Driver {
             wait: None,
             started: false,
             timeout: setup::clc_timeout(),
+            committed: None,
+            defer_daemon: false,
             buf: [0; MAX_MSG],
         }
+    }
+
+    /// Whether a step returns [`Progress::WouldBlock`] instead of waiting for a daemon that
+    /// does not answer the attach of a client that confirmed (see `committed`).
+    pub fn defer_daemon(&mut self, on: bool) {
+        self.defer_daemon = on;
     }
 
     /// Another CLC timeout than `SMC_CLC_TIMEOUT_MS`.
@@ -170,6 +194,12 @@ impl Driver {
                 if let Some(out) = self.act(a) {
                     return Progress::Done(out);
                 }
+                if self.committed.is_some() {
+                    return self.attach_committed(block);
+                }
+            }
+            if self.committed.is_some() {
+                return self.attach_committed(block);
             }
             let Some(t) = self.m.waiting_for() else {
                 // Finished without a terminal action carried out, or waiting for a DMB (which
@@ -282,26 +312,85 @@ impl Driver {
             }
             Action::Established(est) => {
                 if self.server && self.peer.is_none() {
-                    if let Err(why) = self.attach_client(&est) {
-                        self.release_all();
-                        return Some(Outcome::Broken(why));
+                    match self.attach_client(&est) {
+                        Ok(()) => {}
+                        Err(AttachErr::Failed(why)) => {
+                            self.release_all();
+                            return Some(Outcome::Broken(why));
+                        }
+                        Err(AttachErr::Unanswered) => {
+                            // The client is on SMC-D already: a reset would end its
+                            // connection, so the daemon is waited for (bounded).
+                            crate::debug!(
+                                "fd {}: the daemon does not answer the attach of the client's \
+                                 DMB: waiting for it",
+                                self.fd
+                            );
+                            self.committed = Some((est, Instant::now() + setup::committed_wait()));
+                            return None;
+                        }
                     }
                 }
-                match (self.own.take(), self.peer.take()) {
-                    (Some(own), Some(peer)) => Some(Outcome::Established { est, own, peer }),
-                    // The machine only establishes with the DMB we registered.
-                    (own, peer) => {
-                        self.own = own;
-                        self.peer = peer;
-                        self.release_all();
-                        Some(Outcome::Broken("internal: DMBs missing"))
-                    }
-                }
+                Some(self.established(est))
             }
             Action::Fallback(fb) => {
                 let awaited = self.wait.map(|(t, _)| t);
                 self.release_all();
                 Some(Outcome::Fallback { fb, awaited })
+            }
+        }
+    }
+
+    /// Both DMBs are there: the connection.
+    fn established(&mut self, est: Established) -> Outcome {
+        match (self.own.take(), self.peer.take()) {
+            (Some(own), Some(peer)) => Outcome::Established { est, own, peer },
+            // The machine only establishes with the DMB we registered.
+            (own, peer) => {
+                self.own = own;
+                self.peer = peer;
+                self.release_all();
+                Outcome::Broken("internal: DMBs missing")
+            }
+        }
+    }
+
+    /// Server, after its client confirmed: attach the client's DMB again until the daemon
+    /// answers or `committed` expires (then the connection is reset: never a hang). `block`:
+    /// wait between tries (unless the daemon wait is deferred); otherwise one try per step.
+    fn attach_committed(&mut self, block: bool) -> Progress {
+        loop {
+            let Some((est, deadline)) = self.committed.take() else {
+                self.release_all();
+                return Progress::Done(Outcome::Broken("internal: no confirmed handshake"));
+            };
+            match self.attach_client(&est) {
+                Ok(()) => {
+                    crate::debug!(
+                        "fd {}: the daemon answered: the client's DMB is attached",
+                        self.fd
+                    );
+                    return Progress::Done(self.established(est));
+                }
+                Err(AttachErr::Failed(why)) => {
+                    self.release_all();
+                    return Progress::Done(Outcome::Broken(why));
+                }
+                Err(AttachErr::Unanswered) if Instant::now() >= deadline => {
+                    self.release_all();
+                    return Progress::Done(Outcome::Broken(
+                        "the daemon did not answer the attach of the client's DMB",
+                    ));
+                }
+                Err(AttachErr::Unanswered) => {
+                    self.committed = Some((est, deadline));
+                    if !block || self.defer_daemon {
+                        return Progress::WouldBlock;
+                    }
+                    // A try that reached a stopped daemon waited for its timeout; one that
+                    // found it unreachable (or within the back-off after a timeout) did not.
+                    std::thread::sleep(Duration::from_millis(20));
+                }
             }
         }
     }
@@ -448,7 +537,7 @@ impl Driver {
     /// confirmed one, else attached by the confirmed token; mapped. A client that already
     /// closed (it wrote and left at once) released its DMB: its close is recorded in ours, and
     /// a private stand-in takes its place (our reads see its data, then EOF; writes `EPIPE`).
-    fn attach_client(&mut self, est: &Established) -> Result<(), &'static str> {
+    fn attach_client(&mut self, est: &Established) -> Result<(), AttachErr> {
         let fd = self.fd;
         let token = est.peer_token;
         let ahead = match self.take_ahead(Ahead::AttachPeer) {
@@ -477,16 +566,19 @@ impl Driver {
         };
         let d = match d {
             Ok(d) => d,
-            Err(_) => {
+            Err(code) => {
                 let gone = self
                     .own
                     .as_ref()
                     .is_some_and(|o| crate::conn::peer_closed_in(&o.map));
                 if !gone {
-                    return Err("attach of the client's DMB failed");
+                    if code == Diag::NoSmcdDev.code() {
+                        return Err(AttachErr::Unanswered);
+                    }
+                    return Err(AttachErr::Failed("attach of the client's DMB failed"));
                 }
                 let map = Mapping::anon_shared(est.peer_dmb_size as usize)
-                    .map_err(|_| "no memory for a stand-in DMB")?;
+                    .map_err(|_| AttachErr::Failed("no memory for a stand-in DMB"))?;
                 self.peer = Some(HeldDmb {
                     token: 0,
                     map,
@@ -502,7 +594,7 @@ impl Driver {
             }
             Err(t) => {
                 setup::release_dmbs(None, Some(t));
-                Err("mapping of the client's DMB failed")
+                Err(AttachErr::Failed("mapping of the client's DMB failed"))
             }
         }
     }

@@ -931,6 +931,9 @@ pub unsafe fn fork() -> libc::pid_t {
             setup::progress(fd, h, true);
         }
     }
+    // From here to the fork the table stands still for the other threads: the child's copy
+    // names exactly the connections counted here.
+    let frozen = fdtable::freeze_for_fork();
     let objs = fdtable::all_objects();
     for (_, o) in &objs {
         if let Obj::Conn(c) = &**o {
@@ -940,6 +943,7 @@ pub unsafe fn fork() -> libc::pid_t {
     // SAFETY: fork(2) has no arguments; the child only resets our per-process state before
     // returning.
     let r = unsafe { real::fork() };
+    drop(frozen);
     if r == 0 {
         crate::reset_pid();
         fdtable::unlock_all_after_fork();

@@ -48,6 +48,13 @@ pub(crate) fn clc_timeout() -> Duration {
     Duration::from_millis(*T.get_or_init(|| env_u64("SMC_CLC_TIMEOUT_MS", 2000)))
 }
 
+/// How long a server whose client confirmed (the client is on SMC-D from then on) waits for a
+/// daemon that does not answer the attach of the client's DMB before it resets the
+/// connection: ten CLC timeouts (20 s by default).
+pub(crate) fn committed_wait() -> Duration {
+    clc_timeout() * 10
+}
+
 /// How long `connect` waits for a non-blocking connect to complete before leaving the
 /// decision to the first operation.
 pub fn connect_wait_ms() -> i32 {
@@ -1014,6 +1021,9 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
     // announces SMC and stays silent must not hold up the connections queued behind it.
     // Handed back undecided, its handshake continues at its first operation.
     let alone = block && accept_async();
+    // A daemon that does not answer the attach of a client that confirmed is waited for at
+    // the fd's next operation, not here: the accept loop goes on meanwhile.
+    d.defer_daemon(true);
     let mut step = d.step(block && !alone);
     while alone && matches!(step, Progress::WouldBlock) {
         if !crate::handshake::wait_readable_unless(fd, lfd, 100) {
@@ -1025,6 +1035,7 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
     match step {
         Progress::Done(out) => finish(fd, true, out, nonblock),
         Progress::WouldBlock => {
+            d.defer_daemon(false);
             debug!("fd {fd}: server handshake continues at the next operation");
             drop(fdtable::replace(
                 fd,

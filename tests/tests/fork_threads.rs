@@ -3,15 +3,23 @@
 //! of them while the loopback-ism daemon is stopped (SIGSTOP), so that threads are waiting for
 //! it at the fork. Every child makes one connection through the library and exits: none may
 //! hang (a lock held by a thread of the parent is never released in the child), and every
-//! byte of every connection is exact.
+//! byte of every connection is exact; no connection fails.
+//!
+//! The stress runs the same storm harder: more threads, short connections (mostly handshakes)
+//! over the smallest DMBs (the cursors wrap), busy loops in the test's cgroup, six daemon
+//! stops (each lasts until 8 children got through it, longer than the daemon client's
+//! timeout), and children that first close every descriptor they inherited (the threads' SMC
+//! connections among them, as a program about to `exec` does).
+//!
+//! Shared connection: a process and the children it forks meanwhile read one SMC-D connection
+//! at once (TCP semantics: every byte goes to exactly one reader), children leaving after a
+//! few reads, busy loops in the cgroup, 16 KiB rings.
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{io::Write as _, process::Stdio, time::Duration};
 
 use integration_tests::{bin, free_port, spawn_logged, wait_listening, Proc, SmcWorld};
-
-const FORKS: u64 = 200;
 
 fn field(out: &str, key: &str) -> u64 {
     out.split_whitespace()
@@ -20,13 +28,26 @@ fn field(out: &str, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {key}= in {out:?}"))
 }
 
-#[test]
-fn fork_storm_while_threads_handshake_and_the_daemon_stalls() {
-    let w = SmcWorld::new();
+/// The daemon continues when this is dropped (it must not stay stopped after a failure).
+struct Cont(libc::pid_t);
+
+impl Drop for Cont {
+    fn drop(&mut self) {
+        // SAFETY: plain kill of our own daemon.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// Runs `preload-prog storm` with `args` (after HOST PORT; `stops` stop phases) against a
+/// thread-per-connection server of `w`, stopping the daemon during each stop phase, and checks
+/// that every child and every thread's connection was exact and that no child hung, and that
+/// each child went through the data path (one client decision of its own).
+fn storm(w: &SmcWorld, env: &[(&str, &str)], args: &[&str], stops: usize, forks: u64) {
     let port = free_port();
     let log = w.dir.join("logs/server.log");
     let mut s = w.run(bin("preload-prog"));
-    s.args(["server", &port.to_string(), "thread"]);
+    s.args(["server", &port.to_string(), "thread"])
+        .envs(env.iter().copied());
     let mut srv = spawn_logged(s, &log);
     wait_listening(
         &mut srv,
@@ -36,40 +57,44 @@ fn fork_storm_while_threads_handshake_and_the_daemon_stalls() {
         Some(&log),
     );
     let mut c = w.run(bin("preload-prog"));
-    c.args([
-        "storm",
-        "127.0.0.1",
-        &port.to_string(),
-        "4",
-        &FORKS.to_string(),
-        "65536",
-    ])
-    .stdin(Stdio::piped());
+    c.args(["storm", "127.0.0.1", &port.to_string()])
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped());
     let mut storm = Proc::spawn(c);
     let storm_pid = storm.0.id();
     let daemon = w.daemon_pid() as libc::pid_t;
+    let _cont = Cont(daemon);
     let mut stdin = storm.0.stdin.take().expect("storm stdin");
-    for (want, sig) in [("PHASE stop", libc::SIGSTOP), ("PHASE cont", libc::SIGCONT)] {
-        let line = storm.read_line();
-        assert_eq!(line.trim(), want, "storm said {line:?}");
-        // SAFETY: plain kill of our own daemon.
-        assert_eq!(unsafe { libc::kill(daemon, sig) }, 0);
-        stdin.write_all(b"go\n").expect("tell the storm");
+    for _ in 0..stops {
+        for (want, sig) in [("PHASE stop", libc::SIGSTOP), ("PHASE cont", libc::SIGCONT)] {
+            let line = storm.read_line();
+            assert_eq!(line.trim(), want, "storm said {line:?}");
+            // SAFETY: plain kill of our own daemon.
+            assert_eq!(unsafe { libc::kill(daemon, sig) }, 0);
+            stdin.write_all(b"go\n").expect("tell the storm");
+        }
     }
-    let out = storm.wait_output(Duration::from_secs(600));
-    // SAFETY: as above (the daemon must not stay stopped when the storm failed).
-    unsafe { libc::kill(daemon, libc::SIGCONT) };
-    let out = out.expect("storm");
+    let out = storm.wait_output(Duration::from_secs(600)).expect("storm");
     eprintln!("{out}");
-    let forks = FORKS + 16;
     assert_eq!(field(&out, "forks"), forks, "{out}");
     assert_eq!(field(&out, "hung"), 0, "children hung after fork: {out}");
     assert_eq!(field(&out, "bad"), 0, "children with wrong bytes: {out}");
+    assert_eq!(
+        field(&out, "reset"),
+        0,
+        "children whose connection failed: {out}"
+    );
     assert_eq!(field(&out, "ok"), forks, "{out}");
     assert_eq!(
         field(&out, "badconns"),
         0,
         "threads with wrong bytes: {out}"
+    );
+    assert_eq!(
+        field(&out, "resetconns"),
+        0,
+        "threads whose connection failed: {out}"
     );
     assert!(field(&out, "conns") > 0, "{out}");
     // Every child went through the data path: its own statistics file with its one
@@ -89,4 +114,97 @@ fn fork_storm_while_threads_handshake_and_the_daemon_stalls() {
     eprintln!("children with a statistics file: {children}, on SMC-D: {smcd}");
     assert_eq!(children, forks, "children seen by the data path");
     assert!(smcd > 0, "no child connection was SMC-D");
+}
+
+#[test]
+fn fork_storm_while_threads_handshake_and_the_daemon_stalls() {
+    let w = SmcWorld::new();
+    storm(&w, &[], &["4", "200", "65536"], 1, 200 + 16);
+}
+
+#[test]
+fn fork_stress_with_daemon_stalls_busy_cpus_small_rings_and_closing_children() {
+    let w = SmcWorld::new();
+    // Busy loops in the test's cgroup: threads and children are preempted anywhere.
+    let hogs = hogs(&w, 2);
+    storm(
+        &w,
+        // 16 KiB rings: the 20 000 bytes of a connection wrap the cursors.
+        &[("SMC_DMB_SIZE", "16384")],
+        &[
+            "8",
+            "240",
+            "20000",
+            "stops=6",
+            "stop_children=8",
+            "close=1",
+            "ballast=256",
+        ],
+        6,
+        240 + 6 * 8,
+    );
+    drop(hogs);
+}
+
+/// Busy loops in `w`'s cgroup (killed when dropped): the test's processes are preempted
+/// anywhere.
+fn hogs(w: &SmcWorld, n: usize) -> Vec<Proc> {
+    (0..n)
+        .map(|_| {
+            let mut c = w.cgroup().command("sh");
+            c.args(["-c", "while :; do :; done"]);
+            Proc::spawn(c)
+        })
+        .collect()
+}
+
+#[test]
+fn parent_and_forked_children_read_one_connection_each_byte_once() {
+    let w = SmcWorld::new();
+    let _hogs = hogs(&w, 2);
+    let env = [("SMC_DMB_SIZE", "16384")];
+    let port = free_port();
+    let log = w.dir.join("logs/server.log");
+    let mut s = w.run(bin("preload-prog"));
+    s.args(["server", &port.to_string(), "thread", "1"])
+        .envs(env);
+    let mut srv = spawn_logged(s, &log);
+    wait_listening(
+        &mut srv,
+        port,
+        Duration::from_secs(30),
+        "server",
+        Some(&log),
+    );
+    let total: u64 = 48 << 20;
+    let mut c = w.run(bin("preload-prog"));
+    c.args([
+        "share",
+        "127.0.0.1",
+        &port.to_string(),
+        &total.to_string(),
+        "4",
+    ])
+    .envs(env);
+    let share = Proc::spawn(c);
+    let share_pid = share.0.id();
+    let out = share.wait_output(Duration::from_secs(300)).expect("share");
+    eprintln!("{out}");
+    assert_eq!(field(&out, "total"), total, "{out}");
+    assert_eq!(field(&out, "dup"), 0, "bytes read twice: {out}");
+    assert_eq!(
+        field(&out, "bad"),
+        0,
+        "chunks that are not the stream: {out}"
+    );
+    assert_eq!(field(&out, "read"), total, "bytes read in all: {out}");
+    assert_eq!(
+        field(&out, "holes"),
+        field(&out, "small"),
+        "bytes never read: {out}"
+    );
+    assert!(field(&out, "forks") >= 50, "{out}");
+    // The connection was SMC-D (not a fallback, where the kernel shares the socket).
+    let st = w.stats_of(share_pid, "the reading process");
+    assert_eq!(st.get("smcd_client"), 1, "{st:?}");
 }

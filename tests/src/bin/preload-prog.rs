@@ -8,17 +8,33 @@
 //! ```text
 //! preload-prog server PORT thread|fork|epoll|poll [MAX_CONNS]
 //! preload-prog client HOST PORT SEND RECV SEED
-//! preload-prog storm HOST PORT THREADS FORKS BYTES
+//! preload-prog storm HOST PORT THREADS FORKS BYTES [stops=N] [stop_children=N] [close=1]
+//!                    [ballast=MIB]
+//! preload-prog share HOST PORT BYTES READERS
 //! ```
 //!
 //! `storm`: THREADS threads make connections back to back (each sends 4 KiB, receives BYTES,
 //! both checked) while the main thread forks FORKS children, at most 8 at a time; each child
-//! makes one such connection and exits (0: exact, 1: wrong bytes or error). A child not done
-//! 30 s after its fork is killed and counted as hung. After FORKS/4 forks it prints
-//! `PHASE stop` and waits for a line on stdin (the test stops the daemon), forks 16 more and
-//! prints `PHASE cont` and waits again (the daemon continues). At the end:
-//! `STORM forks=<n> ok=<n> bad=<n> hung=<n> conns=<n> badconns=<n>`. A failed connection prints
-//! `STORM-BAD pid <pid>: <why>` on stderr.
+//! makes one such connection and exits (0: exact, 1: wrong bytes, 2: an error such as a
+//! reset). A child not done 30 s after its fork is killed and counted as hung. At `stops`
+//! (default 1) points, the first after FORKS/4 forks and the others spread over the rest, it
+//! prints `PHASE stop` and waits for a line on stdin (the test stops the daemon), forks
+//! `stop_children` (default 16) more, prints `PHASE cont` and waits again (the daemon
+//! continues). With `close=1` each child first closes every descriptor it inherited above 2
+//! (`close_range`, as a program about to `exec` does), the threads' connections among them.
+//! `ballast=MIB` touches that much memory first, so that each fork takes longer (the page
+//! tables are copied) while the threads go on. At the end: `STORM forks=<n> ok=<n> bad=<n>
+//! reset=<n> hung=<n> conns=<n> badconns=<n> resetconns=<n>` (`bad`: every call succeeded but
+//! the bytes were wrong; `reset`: a call failed). A failed connection prints `STORM-BAD pid
+//! <pid>: <why>` on stderr.
+//!
+//! `share`: asks the server for BYTES of the counter stream (seed bit 63: 8-byte words
+//! `offset / 8 ^ mask`, so that 15 bytes tell where they are) and reads the connection in this
+//! process and in children forked meanwhile (at most READERS at a time, each does 1 to 20 reads
+//! of random sizes, closes its descriptor and exits). Every chunk is placed in the stream and
+//! marked in a bitmap shared by all: `SHARE total= read= dup= bad= small= holes= reads= forks=`
+//! (`dup`: bytes read twice; `bad`: chunks that are no piece of the stream; `small`: bytes of
+//! chunks too short to place, which must equal the `holes` left in the bitmap).
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -101,7 +117,11 @@ fn serve_blocking(s: TcpStream) -> std::io::Result<String> {
     // A dup'd fd for the writer thread: exercises dup + two threads on one connection.
     let mut w = s.try_clone()?;
     let t = std::thread::spawn(move || -> std::io::Result<String> {
-        let sha = send_stream(&mut w, seed ^ 0x5555, want)?;
+        let sha = if seed & COUNTER_STREAM != 0 {
+            send_counter(&mut w, seed ^ 0x5555, want)?
+        } else {
+            send_stream(&mut w, seed ^ 0x5555, want)?
+        };
         w.shutdown(Shutdown::Write)?;
         Ok(sha)
     });
@@ -332,9 +352,19 @@ fn serve_epoll(l: TcpListener, max: usize) -> std::io::Result<()> {
     Ok(())
 }
 
+/// How one storm connection ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StormEnd {
+    Exact,
+    /// Every call succeeded but the bytes received were not the server's stream.
+    Wrong,
+    /// A call failed (a reset, a refused connection, ...).
+    Error,
+}
+
 /// One storm connection: sends 4 KiB, receives `bytes`; whether both are exact.
-fn storm_conn(host: &str, port: u16, seed: u64, bytes: u64, want_sha: &str) -> bool {
-    let run = || -> std::io::Result<bool> {
+fn storm_conn(host: &str, port: u16, seed: u64, bytes: u64, want_sha: &str) -> StormEnd {
+    let run = || -> std::io::Result<StormEnd> {
         let mut s = TcpStream::connect((host, port))?;
         let mut hdr = [0u8; 16];
         hdr[..8].copy_from_slice(&seed.to_le_bytes());
@@ -351,56 +381,94 @@ fn storm_conn(host: &str, port: u16, seed: u64, bytes: u64, want_sha: &str) -> b
                 "STORM-BAD pid {}: {n} bytes received, sha {sha}",
                 std::process::id()
             );
-            return Ok(false);
+            return Ok(StormEnd::Wrong);
         }
-        Ok(true)
+        Ok(StormEnd::Exact)
     };
     run().unwrap_or_else(|e| {
         eprintln!("STORM-BAD pid {}: {e}", std::process::id());
-        false
+        StormEnd::Error
     })
 }
 
-fn storm(host: &str, port: u16, threads: usize, forks: usize, bytes: u64) {
+/// Options of `storm` after its positional arguments.
+struct StormOpts {
+    stops: usize,
+    stop_children: usize,
+    close: bool,
+    ballast_mib: usize,
+}
+
+impl StormOpts {
+    fn parse(args: &[String]) -> StormOpts {
+        let mut o = StormOpts {
+            stops: 1,
+            stop_children: 16,
+            close: false,
+            ballast_mib: 0,
+        };
+        for a in args {
+            match a.split_once('=') {
+                Some(("stops", v)) => o.stops = v.parse().unwrap(),
+                Some(("stop_children", v)) => o.stop_children = v.parse().unwrap(),
+                Some(("close", v)) => o.close = v == "1",
+                Some(("ballast", v)) => o.ballast_mib = v.parse().unwrap(),
+                _ => panic!("storm: unknown option {a:?}"),
+            }
+        }
+        o
+    }
+}
+
+fn storm(host: &str, port: u16, threads: usize, forks: usize, bytes: u64, opts: &StormOpts) {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
     let seed = 0x5eed;
     // What the server sends for `seed` (preload-prog server: the stream of seed ^ 0x5555).
     let want = send_stream(&mut std::io::sink(), seed ^ 0x5555, bytes).unwrap();
+    let ballast = vec![1u8; opts.ballast_mib << 20];
     let stop = Arc::new(AtomicBool::new(false));
     let conns = Arc::new(AtomicU64::new(0));
     let bad_conns = Arc::new(AtomicU64::new(0));
+    let reset_conns = Arc::new(AtomicU64::new(0));
     let mut workers = Vec::new();
     for _ in 0..threads {
-        let (stop, conns, bad) = (stop.clone(), conns.clone(), bad_conns.clone());
+        let (stop, conns, bad, reset) = (
+            stop.clone(),
+            conns.clone(),
+            bad_conns.clone(),
+            reset_conns.clone(),
+        );
         let (host, want) = (host.to_string(), want.clone());
         workers.push(std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                if !storm_conn(&host, port, seed, bytes, &want) {
-                    bad.fetch_add(1, Ordering::Relaxed);
+                match storm_conn(&host, port, seed, bytes, &want) {
+                    StormEnd::Exact => {}
+                    StormEnd::Wrong => {
+                        bad.fetch_add(1, Ordering::Relaxed);
+                    }
+                    StormEnd::Error => {
+                        reset.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
                 conns.fetch_add(1, Ordering::Relaxed);
             }
         }));
     }
-    let (mut ok, mut bad, mut hung) = (0u64, 0u64, 0u64);
+    let (mut ok, mut bad, mut reset, mut hung) = (0u64, 0u64, 0u64, 0u64);
     let mut live: Vec<(libc::pid_t, Instant)> = Vec::new();
-    let reap = |live: &mut Vec<(libc::pid_t, Instant)>,
-                ok: &mut u64,
-                bad: &mut u64,
-                hung: &mut u64,
-                max: usize| {
+    let mut reap = |live: &mut Vec<(libc::pid_t, Instant)>, max: usize| {
         while live.len() > max {
             live.retain(|&(pid, at)| {
                 let mut st = 0;
                 // SAFETY: our child.
                 let r = unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) };
                 if r == pid {
-                    if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0 {
-                        *ok += 1;
-                    } else {
-                        *bad += 1;
+                    match (libc::WIFEXITED(st), libc::WEXITSTATUS(st)) {
+                        (true, 0) => ok += 1,
+                        (true, 2) => reset += 1,
+                        _ => bad += 1,
                     }
                     return false;
                 }
@@ -410,7 +478,7 @@ fn storm(host: &str, port: u16, threads: usize, forks: usize, bytes: u64) {
                         libc::kill(pid, libc::SIGKILL);
                         libc::waitpid(pid, &mut st, 0);
                     }
-                    *hung += 1;
+                    hung += 1;
                     return false;
                 }
                 true
@@ -426,38 +494,277 @@ fn storm(host: &str, port: u16, threads: usize, forks: usize, bytes: u64) {
         let mut line = String::new();
         let _ = std::io::stdin().read_line(&mut line);
     };
-    let stop_at = forks / 4;
-    for i in 0..forks + 16 {
-        if i == stop_at {
+    // After how many of the FORKS children each stop starts: the first after a quarter, the
+    // others spread over the rest.
+    let starts: Vec<usize> = (0..opts.stops)
+        .map(|k| forks / 4 + k * (forks - forks / 4) / opts.stops)
+        .collect();
+    let (mut total, mut no_fork) = (0usize, 0u64);
+    for n in 0..=forks {
+        if starts.contains(&n) {
             phase("stop");
-        }
-        if i == stop_at + 16 {
+            for _ in 0..opts.stop_children {
+                reap(&mut live, 7);
+                no_fork += storm_fork(&mut live, opts, || {
+                    storm_conn(host, port, seed, bytes, &want)
+                });
+                total += 1;
+            }
             phase("cont");
         }
-        reap(&mut live, &mut ok, &mut bad, &mut hung, 7);
-        // SAFETY: the child only makes one connection and leaves with _exit.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            let good = storm_conn(host, port, seed, bytes, &want);
-            // SAFETY: leaving the child without running the parent's exit handlers twice.
-            unsafe { libc::_exit(if good { 0 } else { 1 }) };
+        if n == forks {
+            break;
         }
-        if pid < 0 {
-            bad += 1;
-            continue;
-        }
-        live.push((pid, Instant::now()));
+        reap(&mut live, 7);
+        no_fork += storm_fork(&mut live, opts, || {
+            storm_conn(host, port, seed, bytes, &want)
+        });
+        total += 1;
     }
-    reap(&mut live, &mut ok, &mut bad, &mut hung, 0);
+    reap(&mut live, 0);
+    drop(ballast);
+    // A failed fork counts as a child that failed.
+    let reset = reset + no_fork;
     stop.store(true, Ordering::Relaxed);
     for w in workers {
         let _ = w.join();
     }
     println!(
-        "STORM forks={} ok={ok} bad={bad} hung={hung} conns={} badconns={}",
-        forks + 16,
+        "STORM forks={total} ok={ok} bad={bad} reset={reset} hung={hung} conns={} badconns={} \
+         resetconns={}",
         conns.load(Ordering::Relaxed),
-        bad_conns.load(Ordering::Relaxed)
+        bad_conns.load(Ordering::Relaxed),
+        reset_conns.load(Ordering::Relaxed)
+    );
+}
+
+/// Forks one storm child that runs `conn` and exits with how it ended (0 exact, 1 wrong, 2
+/// error); 1 when the fork failed.
+fn storm_fork(
+    live: &mut Vec<(libc::pid_t, std::time::Instant)>,
+    opts: &StormOpts,
+    conn: impl FnOnce() -> StormEnd,
+) -> u64 {
+    // SAFETY: the child only makes one connection and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        if opts.close {
+            // SAFETY: closing descriptors this child does not use (its stdio stays).
+            unsafe { libc::close_range(3, u32::MAX, 0) };
+        }
+        let code = match conn() {
+            StormEnd::Exact => 0,
+            StormEnd::Wrong => 1,
+            StormEnd::Error => 2,
+        };
+        // SAFETY: leaving the child without running the parent's exit handlers twice.
+        unsafe { libc::_exit(code) };
+    }
+    if pid < 0 {
+        return 1;
+    }
+    live.push((pid, std::time::Instant::now()));
+    0
+}
+
+/// Seed bit of the request header: the server sends the counter stream ([`counter_byte`])
+/// instead of the seed's random one.
+const COUNTER_STREAM: u64 = 1 << 63;
+const COUNTER_MASK: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// Byte `p` of the counter stream: 8-byte little-endian words `p / 8 ^ COUNTER_MASK`, so that
+/// any 15 bytes of it tell where they are.
+fn counter_byte(p: u64) -> u8 {
+    ((p / 8) ^ COUNTER_MASK).to_le_bytes()[(p % 8) as usize]
+}
+
+/// Sends `total` bytes of the counter stream in writes of random sizes (up to 64 KiB).
+fn send_counter(w: &mut impl Write, seed: u64, total: u64) -> std::io::Result<String> {
+    let mut g = Gen::new(seed);
+    let mut h = Sha256::new();
+    let mut sent = 0u64;
+    let mut buf = Vec::new();
+    while sent < total {
+        let n = ((g.next() % 65536) + 1).min(total - sent);
+        buf.clear();
+        buf.extend((sent..sent + n).map(counter_byte));
+        w.write_all(&buf)?;
+        h.update(&buf);
+        sent += n;
+    }
+    Ok(hex(&h.finalize()))
+}
+
+/// Where a chunk read from the counter stream of `total` bytes starts, if it can tell (a
+/// chunk of 15 bytes or more always can; a chunk that matches nowhere is `Err`).
+fn counter_position(c: &[u8], total: u64) -> Result<Option<u64>, ()> {
+    for k in 0..8usize {
+        let Some(w) = c.get(k..k + 8) else { break };
+        let v = u64::from_le_bytes(w.try_into().unwrap()) ^ COUNTER_MASK;
+        let Some(p) = v.checked_mul(8).and_then(|x| x.checked_sub(k as u64)) else {
+            continue;
+        };
+        if p.checked_add(c.len() as u64).is_some_and(|e| e <= total)
+            && c.iter()
+                .enumerate()
+                .all(|(i, &b)| b == counter_byte(p + i as u64))
+        {
+            return Ok(Some(p));
+        }
+    }
+    if c.len() >= 15 {
+        Err(())
+    } else {
+        Ok(None)
+    }
+}
+
+/// What the readers of `share` record, in a page shared by all of them.
+#[repr(C)]
+struct ShareArea {
+    read: std::sync::atomic::AtomicU64,
+    /// Bytes of chunks too short to place (counted, checked against the holes at the end).
+    small: std::sync::atomic::AtomicU64,
+    /// Bytes read twice.
+    dup: std::sync::atomic::AtomicU64,
+    /// Chunks that are not a piece of the stream.
+    bad: std::sync::atomic::AtomicU64,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+/// `share`: one connection read by this process and by children it forks meanwhile (at most
+/// READERS at a time, each doing a few reads and leaving), every chunk placed in the stream
+/// and marked in a bitmap shared by all: each byte must come exactly once, to one of them.
+fn share(host: &str, port: u16, total: u64, readers: usize) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let words = (total as usize).div_ceil(64);
+    let len = std::mem::size_of::<ShareArea>() + words * 8;
+    // SAFETY: a fresh anonymous shared mapping (zero-filled), checked below.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(base, libc::MAP_FAILED, "mmap");
+    // SAFETY: the mapping starts with a zeroed ShareArea (atomics only) and then `words`
+    // zeroed u64 words; it lives until the process exits.
+    let (area, bits) = unsafe {
+        (
+            &*(base as *const ShareArea),
+            std::slice::from_raw_parts(
+                (base as *const u8).add(std::mem::size_of::<ShareArea>()) as *const AtomicU64,
+                words,
+            ),
+        )
+    };
+    let mut s = TcpStream::connect((host, port)).expect("connect");
+    let mut hdr = [0u8; 16];
+    hdr[..8].copy_from_slice(&COUNTER_STREAM.to_le_bytes());
+    hdr[8..].copy_from_slice(&total.to_le_bytes());
+    s.write_all(&hdr).expect("header");
+    s.shutdown(Shutdown::Write).expect("shutdown");
+    let fd = s.as_raw_fd();
+    // One read of up to 64 KiB, recorded; false at EOF.
+    let read_one = |g: &mut Gen, buf: &mut [u8]| -> bool {
+        let n = (g.next() % buf.len() as u64) as usize + 1;
+        // SAFETY: `buf` is ours, `n` within it.
+        let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), n, 0) };
+        assert!(r >= 0, "recv: {}", std::io::Error::last_os_error());
+        if r == 0 {
+            return false;
+        }
+        let c = &buf[..r as usize];
+        area.reads.fetch_add(1, Ordering::Relaxed);
+        area.read.fetch_add(c.len() as u64, Ordering::Relaxed);
+        match counter_position(c, total) {
+            Err(()) => {
+                area.bad.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(None) => {
+                area.small.fetch_add(c.len() as u64, Ordering::Relaxed);
+            }
+            Ok(Some(p)) => {
+                for i in p..p + c.len() as u64 {
+                    let m = 1u64 << (i % 64);
+                    if bits[(i / 64) as usize].fetch_or(m, Ordering::Relaxed) & m != 0 {
+                        area.dup.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        true
+    };
+    let mut g = Gen::new(std::process::id() as u64);
+    let mut buf = vec![0u8; 65536];
+    let mut live: Vec<libc::pid_t> = Vec::new();
+    let mut forks = 0u64;
+    loop {
+        live.retain(|&p| {
+            let mut st = 0;
+            // SAFETY: our child.
+            let r = unsafe { libc::waitpid(p, &mut st, libc::WNOHANG) };
+            if r == p {
+                assert!(
+                    libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+                    "reader {p} failed: {st:#x}"
+                );
+            }
+            r != p
+        });
+        if live.len() < readers {
+            let reads = g.next() % 20 + 1;
+            // SAFETY: the child only reads the connection, records in the shared page, closes
+            // its descriptor and leaves with _exit.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                let mut g = Gen::new(std::process::id() as u64 ^ 0x5ade);
+                for _ in 0..reads {
+                    if !read_one(&mut g, &mut buf) {
+                        break;
+                    }
+                }
+                // SAFETY: our copy of the connection's descriptor; then leave.
+                unsafe {
+                    libc::close(fd);
+                    libc::_exit(0);
+                }
+            }
+            assert!(pid > 0, "fork");
+            live.push(pid);
+            forks += 1;
+        }
+        if !read_one(&mut g, &mut buf) {
+            break;
+        }
+    }
+    for p in live {
+        let mut st = 0;
+        // SAFETY: our child.
+        unsafe { libc::waitpid(p, &mut st, 0) };
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+            "reader {p} failed: {st:#x}"
+        );
+    }
+    let mut holes = 0u64;
+    for (i, w) in bits.iter().enumerate() {
+        let v = w.load(Ordering::Relaxed);
+        let valid = (total - i as u64 * 64).min(64);
+        let mask = if valid == 64 { !0 } else { (1u64 << valid) - 1 };
+        holes += (!v & mask).count_ones() as u64;
+    }
+    println!(
+        "SHARE total={total} read={} dup={} bad={} small={} holes={holes} reads={} forks={forks}",
+        area.read.load(Ordering::Relaxed),
+        area.dup.load(Ordering::Relaxed),
+        area.bad.load(Ordering::Relaxed),
+        area.small.load(Ordering::Relaxed),
+        area.reads.load(Ordering::Relaxed),
     );
 }
 
@@ -559,7 +866,20 @@ fn main() {
             let threads: usize = a[4].parse().unwrap();
             let forks: usize = a[5].parse().unwrap();
             let bytes: u64 = a[6].parse().unwrap();
-            storm(&a[2], port, threads, forks, bytes);
+            storm(
+                &a[2],
+                port,
+                threads,
+                forks,
+                bytes,
+                &StormOpts::parse(&a[7..]),
+            );
+        }
+        Some("share") => {
+            let port: u16 = a[3].parse().unwrap();
+            let total: u64 = a[4].parse().unwrap();
+            let readers: usize = a[5].parse().unwrap();
+            share(&a[2], port, total, readers);
         }
         Some("sink") => {
             // Connect, read until EOF or error, report how it ended.
