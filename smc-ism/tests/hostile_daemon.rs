@@ -16,6 +16,16 @@ use smc_ism::{Client, IsmError};
 
 const NOBODY: u32 = 65534;
 
+/// The tests here fork while the harness runs the others on other threads: a child would inherit
+/// another test's sockets (no exec closes them) and keep them open past that test's `drop`, so a
+/// reset is not sent, a port stays bound, a lingering close outlives its test. Every test holds
+/// this lock for its whole run; they take well under a second each.
+static FORKS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    FORKS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Forks; the child drops to `nobody` and exits with `f()`'s code (99: could not drop).
 /// Returns the child's exit code.
 fn as_nobody(f: impl FnOnce() -> i32) -> i32 {
@@ -130,6 +140,7 @@ fn rebuilt_tuple_cannot_attach() {
     if !root_or_skip("rebuilt_tuple_cannot_attach") {
         return;
     }
+    let _serial = serial();
     let dir = TestDir::new("hostile-tuple");
     let d = start(&dir, |c| c.bpf_peers_map = None);
     let mut owner = client(&dir);
@@ -205,6 +216,7 @@ fn list_and_stats_hide_other_uids() {
     if !root_or_skip("list_and_stats_hide_other_uids") {
         return;
     }
+    let _serial = serial();
     let dir = TestDir::new("hostile-list");
     let d = start(&dir, |_| {});
     let mut root = client(&dir);
@@ -316,6 +328,7 @@ fn blocking_closes_do_not_stop_the_daemon() {
     if !root_or_skip("blocking_closes_do_not_stop_the_daemon") {
         return;
     }
+    let _serial = serial();
     let dir = TestDir::new("hostile-close");
     let d = start(&dir, |_| {});
     let sock = dir.sock();
@@ -401,6 +414,7 @@ fn per_uid_limits_keep_root_served() {
     if !root_or_skip("per_uid_limits_keep_root_served") {
         return;
     }
+    let _serial = serial();
     let dir = TestDir::new("hostile-limits");
     let d = start(&dir, |c| {
         c.max_clients = 32;
@@ -497,6 +511,7 @@ fn only_the_owners_tenant_adopts_a_moved_socket() {
     if !root_or_skip("only_the_owners_tenant_adopts_a_moved_socket") {
         return;
     }
+    let _serial = serial();
     let dir = TestDir::new("hostile-adopt");
     let d = start(&dir, |c| c.bpf_peers_map = None);
     let (a, b) = tcp_pair();
