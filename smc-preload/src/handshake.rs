@@ -685,6 +685,36 @@ fn wait_readable(fd: i32, deadline: Instant) {
     unsafe { real::poll(&mut p, 1, ms) };
 }
 
+/// Wait up to `ms` for `fd` to be readable, unless `other` is or becomes readable first (then
+/// false, at once).
+pub fn wait_readable_unless(fd: i32, other: i32, ms: i32) -> bool {
+    let mut p = [
+        libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: other,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let mut one = [0u8; 1];
+    // A partial message makes `fd` readable: only `other` is asked then, without waiting.
+    let partial = recv(fd, &mut one, libc::MSG_PEEK | libc::MSG_DONTWAIT).is_ok_and(|n| n > 0);
+    let (n, ms) = if partial { (1, 0) } else { (2, ms) };
+    // SAFETY: `n` ≤ 2 pollfds of our array.
+    unsafe { real::poll(p.as_mut_ptr().add(2 - n), n as libc::nfds_t, ms) };
+    if p[1].revents & libc::POLLIN != 0 {
+        return false;
+    }
+    if partial {
+        std::thread::sleep(Duration::from_micros(20));
+    }
+    true
+}
+
 /// Write all of `b` (a CLC message: it fits the socket buffer of a fresh connection).
 pub fn send_all(fd: i32, mut b: &[u8], deadline: Instant) -> bool {
     while !b.is_empty() {

@@ -133,7 +133,17 @@ fn conn_of_op(fd: c_int, read: Option<bool>) -> Option<Arc<Obj>> {
                 return Some(o);
             }
             drop(o);
-            fdtable::get(fd).filter(|o| o.conn().is_some())
+            // Decided: SMC-D, plain TCP, or a fallback whose peer may still send a late CLC
+            // message (`Skip`: it must be skipped before this very call reads).
+            let o = fdtable::get(fd)?;
+            match &*o {
+                Obj::Conn(_) => Some(o),
+                Obj::Skip(_) => {
+                    drop(o);
+                    conn_of_op(fd, read)
+                }
+                _ => None,
+            }
         }
         Obj::Skip(s) => {
             match read {

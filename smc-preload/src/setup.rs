@@ -985,14 +985,13 @@ pub fn client_after_connect(fd: i32, nonblock: Option<bool>, dest: Option<Dest>)
 }
 
 /// Server side, right after accept: `fd` is the accepted socket, `nonblock` its O_NONBLOCK.
-/// A blocking socket (thread- or process-per-connection servers) completes the handshake here.
-/// A non-blocking one (an event loop) runs it as far as the client's messages are there, and
-/// the rest happens at the fd's next operation or poll ([`Obj::Handshake`]), so the loop is
-/// never held up waiting for a client. (Open: a same-host client that announces SMC and stays
-/// silent holds up a blocking accept loop for the CLC timeout; handing blocking sockets back
-/// undecided made `fork_threads`' storm read a late Decline as request bytes, so it was taken
-/// back.) An fd that leaves the process before its first operation (passed with `SCM_RIGHTS`,
-/// kept across `exec`) is decided before it goes ([`settle_leaving`]).
+/// A blocking socket (thread- or process-per-connection servers) completes the handshake here
+/// while no other connection waits in the listener's queue; a non-blocking one (an event
+/// loop), or a blocking one with others queued behind it, runs it as far as the client's
+/// messages are there, and the rest happens at the fd's next operation or poll
+/// ([`Obj::Handshake`]): an accept loop is never held up by a client that announces SMC and
+/// stays silent (`SMC_ACCEPT_ASYNC=0`: every accepted socket completes it here). An fd that leaves the process before its first operation (passed
+/// with `SCM_RIGHTS`, kept across `exec`) is decided before it goes ([`settle_leaving`]).
 pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
     let peer = peer_smc(fd);
     if peer == PeerSmc::No {
@@ -1017,10 +1016,22 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
     // waiting for its Confirm here could wait for ourselves).
     let own_client = own_client_handshake(fd);
     let block = !(own_client || nonblock && accept_async()) && peer == PeerSmc::SameHost;
+    // A blocking socket (thread- or process-per-connection servers) waits here for its
+    // client's CLC messages, but only while nobody else waits to be accepted: a client that
+    // announces SMC and stays silent must not hold up the connections queued behind it.
+    // Handed back undecided, its handshake continues at its first operation.
+    let alone = block && accept_async();
     // A daemon that does not answer the attach of a client that confirmed is waited for at
     // the fd's next operation, not here: the accept loop goes on meanwhile.
     d.defer_daemon(true);
-    let step = d.step(block);
+    let mut step = d.step(block && !alone);
+    while alone && matches!(step, Progress::WouldBlock) {
+        if !crate::handshake::wait_readable_unless(fd, lfd, 100) {
+            debug!("fd {fd}: another connection waits to be accepted: the handshake continues at the next operation");
+            break;
+        }
+        step = d.step(false);
+    }
     match step {
         Progress::Done(out) => finish(fd, true, out, nonblock),
         Progress::WouldBlock => {
