@@ -45,6 +45,9 @@ pub struct Handshake {
     /// Another fd names it too (`dup`, `dup2`, `F_DUPFD`, `SCM_RIGHTS`): the decision is
     /// copied to every such fd ([`crate::ops::share_decision`]).
     pub shared: std::sync::atomic::AtomicBool,
+    /// A server end being driven by its client, a connection of this same process
+    /// (`setup::nudge_own_server`): a close of the fd waits until that step is over.
+    pub nudged: std::sync::atomic::AtomicBool,
 }
 
 pub struct Pending {

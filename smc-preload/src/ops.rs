@@ -693,6 +693,15 @@ pub fn forget_stale(fd: c_int) {
 fn forget_slot(fd: c_int, io_fd: c_int) {
     match fdtable::replace(fd, Slot::Empty) {
         Slot::Obj(o) => {
+            if let Obj::Handshake(h) = &*o {
+                // Its client (a connection of ours) may be driving it through this number
+                // right now: the number is closed only after that step (microseconds).
+                let mut i = 0u32;
+                while h.nudged.load(Ordering::SeqCst) && i < 100_000 {
+                    std::thread::yield_now();
+                    i += 1;
+                }
+            }
             epoll::on_close(fd, io_fd >= 0);
             if let Obj::Conn(c) = &*o {
                 if c.drop_ref() {

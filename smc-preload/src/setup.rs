@@ -1037,16 +1037,18 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
         Progress::WouldBlock => {
             d.defer_daemon(false);
             debug!("fd {fd}: server handshake continues at the next operation");
-            drop(fdtable::replace(
-                fd,
-                Slot::Obj(Arc::new(Obj::Handshake(crate::obj::Handshake {
-                    driver: Mutex::new(Some(Box::new(d))),
-                    nonblock: std::sync::atomic::AtomicBool::new(nonblock),
-                    server: true,
-                    peer_local: false,
-                    shared: std::sync::atomic::AtomicBool::new(false),
-                }))),
-            ));
+            let o = Arc::new(Obj::Handshake(crate::obj::Handshake {
+                driver: Mutex::new(Some(Box::new(d))),
+                nonblock: std::sync::atomic::AtomicBool::new(nonblock),
+                server: true,
+                peer_local: false,
+                shared: std::sync::atomic::AtomicBool::new(false),
+                nudged: std::sync::atomic::AtomicBool::new(false),
+            }));
+            if own_client {
+                note_own_server(port_of(fd, true), fd, &o);
+            }
+            drop(fdtable::replace(fd, Slot::Obj(o)));
         }
     }
 }
@@ -1058,6 +1060,76 @@ static OWN_CLIENTS: ForkMutex<Vec<u16>> = ForkMutex::new(Vec::new);
 static OWN_CLIENTS_N: AtomicU64 = AtomicU64::new(0);
 static OWN_LISTENERS: ForkMutex<Vec<u16>> = ForkMutex::new(Vec::new);
 static OWN_LISTENERS_N: AtomicU64 = AtomicU64::new(0);
+
+/// Accepted sockets of this process whose client is a connection of this process too, left
+/// undecided by `accept` (it must not wait for a client that may be its own thread): the
+/// client's port, the server's fd and its object. The client drives them
+/// ([`nudge_own_server`]). At most 64; dead and decided ones are pruned as they are seen.
+type OwnServer = (u16, i32, std::sync::Weak<Obj>);
+static OWN_SERVERS: ForkMutex<Vec<OwnServer>> = ForkMutex::new(Vec::new);
+static OWN_SERVERS_N: AtomicU64 = AtomicU64::new(0);
+
+fn note_own_server(client_port: Option<u16>, fd: i32, o: &Arc<Obj>) {
+    let Some(p) = client_port else { return };
+    let mut v = OWN_SERVERS.lock();
+    v.retain(|(_, _, w)| w.strong_count() > 0);
+    if v.len() >= 64 {
+        v.remove(0);
+    }
+    v.push((p, fd, Arc::downgrade(o)));
+    OWN_SERVERS_N.store(v.len() as u64, Ordering::Relaxed);
+}
+
+/// Drive, without waiting, the undecided server end of our client `fd` when it is an accepted
+/// socket of this process (true when it was stepped). Skipped while another thread drives it
+/// (its lock is held). The server's number is used only while our table still holds that very
+/// object there, and a close of it waits until we are done ([`crate::obj::Handshake::nudged`]),
+/// so the step never reads or writes a file that reused the number.
+fn nudge_own_server(fd: i32) -> bool {
+    let Some(port) = port_of(fd, false) else {
+        return false;
+    };
+    let found = {
+        let mut v = OWN_SERVERS.lock();
+        v.retain(|(_, _, w)| w.strong_count() > 0);
+        OWN_SERVERS_N.store(v.len() as u64, Ordering::Relaxed);
+        v.iter()
+            .find(|(p, _, _)| *p == port)
+            .and_then(|(_, sfd, w)| Some((*sfd, w.upgrade()?)))
+    };
+    let Some((sfd, o)) = found else {
+        return false;
+    };
+    let Obj::Handshake(sh) = &*o else {
+        return false;
+    };
+    let Ok(g) = sh.driver.try_lock() else {
+        return false;
+    };
+    if g.is_none() {
+        return false;
+    }
+    sh.nudged.store(true, Ordering::SeqCst);
+    let stepped = if fdtable::get(sfd).is_some_and(|x| Arc::ptr_eq(&x, &o)) {
+        let mut g = g;
+        let step = match g.as_mut() {
+            Some(d) => {
+                d.set_fd(sfd);
+                d.step(false)
+            }
+            None => Progress::WouldBlock,
+        };
+        if settle(sfd, sh, g, step) {
+            debug!("fd {sfd}: server handshake decided by its own process's client fd {fd}");
+        }
+        true
+    } else {
+        drop(g);
+        false
+    };
+    sh.nudged.store(false, Ordering::SeqCst);
+    stepped
+}
 
 fn port_of(fd: i32, peer: bool) -> Option<u16> {
     // SAFETY: a zeroed sockaddr_storage is valid; out pointers are ours.
@@ -1177,6 +1249,7 @@ pub fn client_start(fd: i32, nonblock: bool, dest: Option<Dest>) {
                     server: false,
                     peer_local,
                     shared: std::sync::atomic::AtomicBool::new(false),
+                    nudged: std::sync::atomic::AtomicBool::new(false),
                 }))),
             ));
             crate::epoll::refresh(fd);
@@ -1202,7 +1275,29 @@ fn progress_or_withdraw(fd: i32, h: &crate::obj::Handshake, block: bool, withdra
     // The handshake's I/O goes through the fd of this call: the one it started on may have
     // been closed after a dup, and its number reused by another file.
     d.set_fd(fd);
-    match d.step(block) {
+    // A client of our own listener: the server end may be an accepted socket of this process
+    // that no thread touches yet (its thread waits for something else): it answers our
+    // Proposal only when driven, so we drive it as far as it goes without waiting.
+    let own = !h.server && h.peer_local && OWN_SERVERS_N.load(Ordering::Relaxed) > 0;
+    if own {
+        nudge_own_server(fd);
+    }
+    let mut step = d.step(block);
+    if own && matches!(step, Progress::WouldBlock) && nudge_own_server(fd) {
+        step = d.step(false);
+    }
+    settle(fd, h, g, step)
+}
+
+/// The end of one step of `h`'s driver (`g`: its lock, held): the decision is applied when
+/// there is one. True when decided.
+fn settle(
+    fd: i32,
+    h: &crate::obj::Handshake,
+    mut g: std::sync::MutexGuard<'_, Option<Box<Driver>>>,
+    step: Progress,
+) -> bool {
+    match step {
         Progress::WouldBlock => false,
         Progress::Done(out) => {
             let d = g.take();

@@ -28,7 +28,6 @@ const EXPECTED: &[(&str, &str)] = &[
     ("msg_oob", "no urgent data on SMC-D: send(MSG_OOB) fails with EOPNOTSUPP instead of sending one byte out of band"),
     ("restart_per_handler", "which signal interrupted the data path's internal poll is unknown without wrapping handlers: EINTR when any handler without SA_RESTART exists"),
     ("connect_own_listener_one_thread", "a blocking connect to a listener of the same process accepted later by the same thread: the client handshake still waits for the server inside connect (2 s CLC timeout, then TCP); non-blocking connects are fixed"),
-    ("epoll_connect_lt_in_out", "timing-dependent, open bug: in about 1 run of 8 the second level-triggered wait (IN|OUT, 300 ms) of a client whose handshake is decided during that wait reports nothing where TCP reports OUT (seen with the library of the previous session too; the epoll emulation rework is to fix it)"),
 ];
 
 struct Outcome {
