@@ -101,6 +101,12 @@ impl SharedClient {
         }
     }
 
+    /// The descriptor of the daemon connection (-1: none), so that a library using this
+    /// client can keep an application's `close`/`close_range` off it.
+    pub fn raw_fd(&self) -> RawFd {
+        self.raw.load(Ordering::SeqCst)
+    }
+
     /// Connects now when not connected (fails fast when the daemon is not there).
     pub fn connect(&self) -> Result<(), IsmError> {
         self.connection().map(|_| ())

@@ -738,6 +738,10 @@ pub unsafe fn close(fd: c_int) -> c_int {
     if fdtable::raw(fd) != 0 && !lifecycle::in_vfork_child() {
         forget_fd(fd);
     }
+    if !lifecycle::in_vfork_child() && setup::is_daemon_fd(fd) {
+        // Ours, never handed to the application: for it that number is not open.
+        return fail(libc::EBADF) as c_int;
+    }
     // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
     // `close`.
     unsafe { real::close(fd) }
@@ -755,8 +759,28 @@ pub unsafe fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int)
             }
         }
     }
-    // SAFETY: integer arguments only (close_range(2)).
-    unsafe { real::close_range(first, last, flags) }
+    // Our daemon connection may lie in the range (it may even have been opened by the closes
+    // above, which give DMBs back): the range is closed around it.
+    let d = setup::daemon_fd_in(first, last);
+    match d {
+        Some(d)
+            if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && !lifecycle::in_vfork_child() =>
+        {
+            let d = d as libc::c_uint;
+            let mut r = 0;
+            if d > first {
+                // SAFETY: integer arguments only (close_range(2)).
+                r = unsafe { real::close_range(first, d - 1, flags) };
+            }
+            if r == 0 && d < last {
+                // SAFETY: as above.
+                r = unsafe { real::close_range(d + 1, last, flags) };
+            }
+            r
+        }
+        // SAFETY: integer arguments only (close_range(2)).
+        _ => unsafe { real::close_range(first, last, flags) },
+    }
 }
 
 pub(crate) fn copy_slot(from: c_int, to: c_int) {

@@ -616,6 +616,29 @@ fn dev() -> &'static Dev {
     }
 }
 
+/// Whether `fd` is this process's connection to the daemon: an application's `close` or
+/// `close_range` must not close it (a forked child that closes every inherited descriptor
+/// would take it away from under a request, or, after the number was reused by a socket of
+/// its own, have us read and close that socket).
+pub(crate) fn is_daemon_fd(fd: i32) -> bool {
+    let p = DEV.load(Ordering::Acquire);
+    // SAFETY: published and never freed (a replaced one is leaked).
+    match unsafe { p.as_ref() } {
+        Some(d) => fd >= 0 && d.pid == crate::pid() && d.client.raw_fd() == fd,
+        None => false,
+    }
+}
+
+/// This process's daemon connection when it lies in `first..=last`.
+pub(crate) fn daemon_fd_in(first: libc::c_uint, last: libc::c_uint) -> Option<i32> {
+    let p = DEV.load(Ordering::Acquire);
+    // SAFETY: published and never freed (a replaced one is leaked).
+    let d = unsafe { p.as_ref() }?;
+    let fd = d.client.raw_fd();
+    (fd >= 0 && d.pid == crate::pid() && (first..=last).contains(&(fd as libc::c_uint)))
+        .then_some(fd)
+}
+
 pub(crate) fn with_dev<T>(
     f: impl FnOnce(&smc_ism::SharedClient) -> Result<T, smc_ism::IsmError>,
 ) -> Result<T, u32> {

@@ -109,6 +109,8 @@ scenarios! {
     eintr_without_restart: 1;
     sa_restart_restarts: 1;
     restart_per_handler: 1;
+    // a forked child that closes every inherited descriptor, then connects
+    fork_child_closes_all_then_connects: 1;
     // buffering
     write_before_read_both: 1;
     write_before_read_3mb: 1;
@@ -2501,4 +2503,45 @@ fn write_before_read(n: usize) {
     log(format!("s got [{}] want [{da}]", digest(&gs)));
     close(c);
     close(s);
+}
+
+fn fork_child_closes_all_then_connects() {
+    // A child that closes every descriptor it inherited (close_range, as a program about to
+    // exec does) while it holds the last reference of its parent's connection, then makes
+    // connections of its own: the descriptors it gets must be its own sockets only.
+    let (c, s) = pair();
+    write_all(c, b"abc");
+    rd("read(s)", s, 10);
+    let (forked_r, forked_w) = pipe();
+    let (closed_r, closed_w) = pipe();
+    let closer = std::thread::spawn(move || {
+        read_n(forked_r, 1);
+        close(c);
+        close(s);
+        write_all(closed_w, b"g");
+    });
+    in_child(move || {
+        write_all(forked_w, b"f");
+        read_n(closed_r, 1);
+        let keep = CHILD_PIPE.load(Ordering::Relaxed) as libc::c_uint;
+        // SAFETY: integer arguments only; the trace pipe stays open.
+        let r1 = unsafe { libc::close_range(3, keep - 1, 0) };
+        // SAFETY: as above.
+        let r2 = unsafe { libc::close_range(keep + 1, u32::MAX, 0) };
+        r("close_range(3..) around the trace pipe", (r1 | r2) as isize);
+        for _ in 0..3 {
+            let (c2, s2) = pair();
+            write_all(c2, b"ping");
+            rd("child: read(s2)", s2, 10);
+            write_all(s2, b"pong");
+            rd("child: read(c2)", c2, 10);
+            r("child: close(c2)", close(c2) as isize);
+            r("child: close(s2)", close(s2) as isize);
+        }
+    });
+    closer.join().unwrap();
+    close(forked_r);
+    close(forked_w);
+    close(closed_r);
+    close(closed_w);
 }
