@@ -955,8 +955,17 @@ fn after_fallback(fd: i32, server: bool, fb: Fallback, awaited: Option<MsgType>)
         return fallback(fd, server, code, &format!("{:?}", fb.reason), true);
     }
     match (fb.reason, awaited) {
-        // The socket is at EOF or broken: the application learns it from the socket itself.
-        (FallbackReason::Aborted, _) => fallback(fd, server, code, "connection lost", true),
+        // The socket is at EOF or broken: the application learns it from the socket itself,
+        // but only after what the peer sent before it went, which may be CLC messages (its
+        // late answer, the Decline of its own timeout: seen with a client that came back
+        // after its server had given up, declined and reset): skipped, never read as data.
+        (FallbackReason::Aborted, _) => {
+            fallback(fd, server, code, "connection lost", true);
+            drop(fdtable::replace(
+                fd,
+                Slot::Obj(Arc::new(Obj::Skip(Skip::new(server)))),
+            ));
+        }
         // Our decline answers the message the peer waits for; its late message (and a
         // Decline of its own timeout after it) is skipped.
         (FallbackReason::Timeout, Some(MsgType::Accept | MsgType::Proposal)) => {

@@ -692,3 +692,28 @@ fn a_process_that_sets_up_an_io_uring_stays_on_tcp() {
     assert!(fallbacks(&sum) >= 1, "{}", brief(&sum));
     assert_eq!(sum.get("handshake_errors"), 0, "{}", brief(&sum));
 }
+
+/// A client that comes back after its server gave up (`tests/redteam/late_client.py`): a
+/// non-blocking connect sent the Proposal, the client then did nothing until its server (a
+/// blocking accept in another process) had timed out waiting for the Confirm, declined,
+/// reset, failed its greeting and closed. The client's handshake then fails (its socket is no
+/// longer established, its own Decline cannot be sent): it used to leave the socket plain and
+/// the application read the server's Decline (44 bytes of CLC) as data, 5 of 5 connections.
+/// The connection may end (the server gave up), but never with CLC bytes as data.
+#[test]
+fn a_client_back_after_its_server_gave_up_never_reads_clc_bytes() {
+    let w = SmcWorld::new();
+    let py = script(
+        &w,
+        "late_client.py",
+        include_str!("../redteam/late_client.py"),
+    );
+    let mut c = python(&w, &py);
+    // Short CLC timeouts: the server gives up after 0.6 s instead of 4 s.
+    c.arg("5").env("SMC_CLC_TIMEOUT_MS", "300");
+    let out = Proc::spawn(c)
+        .wait_output(T)
+        .unwrap_or_else(|e| panic!("late_client.py: {e}; figures: {}", brief(&w.stats_sum())));
+    assert!(out.contains("CLC_AS_DATA 0"), "{out}");
+    assert_eq!(out.matches("client read").count(), 5, "{out}");
+}

@@ -82,6 +82,8 @@ scenarios! {
     poll_connect_quiet_server: 1;
     accept_nonblock_empty: 0;
     blocking_accept_silent_client: 1;
+    own_client_server_speaks_first: 1;
+    idle_client_server_speaks_first: 1;
     // fd passing
     scm_rights_client_mid_handshake: 0;
     scm_rights_accepted_mid_handshake: 1;
@@ -1913,6 +1915,74 @@ fn spawn_accepted_mid_handshake() {
     log(format!("child exit {}", libc::WEXITSTATUS(st)));
     let got = cl.join().unwrap();
     log(format!("client read {:?}", String::from_utf8_lossy(&got)));
+}
+
+fn send_nosig(what: &str, fd: c_int, b: &[u8]) -> isize {
+    // SAFETY: valid buffer.
+    r(what, unsafe {
+        libc::send(fd, b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL)
+    })
+}
+
+fn own_client_server_speaks_first() {
+    // One thread: a non-blocking connect to our own listener, the accept, and the server
+    // greets before the client's next call (SMTP, FTP, MySQL speak first). TCP: the greeting
+    // is sent at once and read by the client.
+    let (l, port) = listener();
+    let c = nonblock_client(port);
+    pl("poll(c, OUT)", c, libc::POLLOUT, 5000);
+    let s = accept_fd(l);
+    send_nosig("send(s, greeting)", s, b"220 hello\r\n");
+    set_nonblock(c, false);
+    rd("read(c)", c, 100);
+    send_nosig("send(c)", c, b"ok");
+    rd("read(s)", s, 100);
+    close(c);
+    close(s);
+    close(l);
+}
+
+fn idle_client_server_speaks_first() {
+    // A connection pool: the client connects non-blocking (a connect timeout), its first call
+    // finds nothing, and it keeps the connection idle while its server (another process, a
+    // blocking accept) greets; it reads later. TCP: the greeting is there.
+    let (l, port) = listener();
+    let (go_r, go_w) = pipe();
+    let (done_r, done_w) = pipe();
+    let (log_r, log_w) = pipe();
+    // SAFETY: the child only runs the server and exits; no other thread exists yet.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        close(log_r);
+        CHILD_PIPE.store(log_w, Ordering::Relaxed);
+        read_n(go_r, 1);
+        let s = accept_fd(l);
+        log(format!("accept = {}", s >= 0));
+        send_nosig("send(s, greeting)", s, b"220 hello\r\n");
+        close(s);
+        write_all(done_w, b"d");
+        // SAFETY: plain exit without destructors (fork child).
+        unsafe { libc::_exit(0) };
+    }
+    close(log_w);
+    close(l);
+    let c = nonblock_client(port);
+    pl("poll(c, OUT)", c, libc::POLLOUT, 5000);
+    recv_l("recv(c, DONTWAIT)", c, 100, libc::MSG_DONTWAIT);
+    write_all(go_w, b"g");
+    read_n(done_r, 1);
+    let mut st = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    for line in String::from_utf8_lossy(&read_n(log_r, 1 << 16)).lines() {
+        log(format!("server: {line}"));
+    }
+    set_nonblock(c, false);
+    rd("read(c)", c, 100);
+    rd("read(c) again", c, 100);
+    for fd in [c, go_r, go_w, done_r, done_w, log_r] {
+        close(fd);
+    }
 }
 
 fn blocking_accept_silent_client() {
