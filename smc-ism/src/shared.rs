@@ -12,8 +12,9 @@
 //! So concurrent handshakes overlap their round trips, and no lock is ever held across a wait.
 //!
 //! References granted through it belong to its connection, as with [`crate::Client`]: when the
-//! connection closes (a timeout, a broken daemon connection, the process exits) the daemon
-//! releases them; the next request connects anew.
+//! connection closes (a broken daemon connection, the process exits) the daemon releases them;
+//! the next request connects anew. A timeout does not close it (other threads' references
+//! stay valid): the request is abandoned.
 //!
 //! It does not handle `fork` itself: a child must not use its parent's instance (make a new one
 //! and forget the old one with [`SharedClient::forget_after_fork`]).
@@ -269,6 +270,12 @@ impl SharedClient {
         }
         let r = match r {
             Ok(r) => r,
+            // The daemon is slow (stopped, overloaded): nothing was read, the connection stays.
+            // Closing it would make the daemon release every reference of this process,
+            // among them the DMBs of other threads' handshakes that their peers are about to
+            // attach by token (their connections would be reset); the waiter gives its request
+            // up instead (`abandoned`).
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return (st, Ok(())),
             Err(e) => {
                 self.disconnect(&mut st);
                 let e = match e.raw_os_error() {
@@ -337,6 +344,9 @@ impl SharedClient {
         deadline: Instant,
     ) -> (MutexGuard<'a, State>, Result<bool, IsmError>) {
         if !st.reading {
+            if Instant::now() >= deadline {
+                return (st, Ok(false));
+            }
             let (g, r) = self.read_one(st);
             return (g, r.map(|()| true));
         }
