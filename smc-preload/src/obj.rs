@@ -39,9 +39,13 @@ pub struct Handshake {
     pub nonblock: std::sync::atomic::AtomicBool,
     /// The server side (else the client's).
     pub server: bool,
-    /// A client whose server is a listener of this process: its non-blocking writes do not
-    /// wait for the server (`EAGAIN`), which may be this very thread.
+    /// A client whose server is a listener of this process: its other operations (not only
+    /// reads and writes) do not wait for the server when non-blocking, which may be this very
+    /// thread.
     pub peer_local: bool,
+    /// A non-blocking write said `EAGAIN` (the handshake waits for the peer): poll reports the
+    /// fd writable only once it is decided, so that the program does not spin on it.
+    pub write_waits: std::sync::atomic::AtomicBool,
     /// Another fd names it too (`dup`, `dup2`, `F_DUPFD`, `SCM_RIGHTS`): the decision is
     /// copied to every such fd ([`crate::ops::share_decision`]).
     pub shared: std::sync::atomic::AtomicBool,

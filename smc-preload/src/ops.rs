@@ -103,14 +103,28 @@ pub(crate) fn share_decision(fd: c_int, old: &Arc<Obj>) {
 /// server handshake first.
 #[inline]
 fn conn_of(fd: c_int) -> Option<Arc<Obj>> {
-    conn_of_op(fd, None)
+    conn_of_op(fd, Op::Other)
 }
 
-/// As [`conn_of`]; `read`: `Some(dontwait)` for a read, which does not wait for a server
-/// handshake to complete when the socket or the call is non-blocking (`None` with `EAGAIN`
-/// set means: report `EAGAIN`).
+/// What an operation on an fd whose handshake is under way may wait for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// A read (`dontwait`: `MSG_DONTWAIT`): waits for the handshake only when blocking.
+    Read { dontwait: bool },
+    /// A write (`dontwait`: `MSG_DONTWAIT` / `SPLICE_F_NONBLOCK`): as a read. A non-blocking
+    /// write never waits for the peer's CLC answer: `EAGAIN` until the handshake is decided,
+    /// and poll/epoll report the fd writable only once it is (as for a full socket).
+    Write { dontwait: bool },
+    /// Anything else (shutdown, `FIONREAD`, reads of a file into a socket, ...): completes the
+    /// handshake first, except a non-blocking client of our own listener (which may be served
+    /// by this very thread).
+    Other,
+}
+
+/// As [`conn_of`], for an operation of kind `op`. `None` with `EAGAIN` set, or `Some` of a
+/// handshake still under way with `EAGAIN` set, means: report `EAGAIN`.
 #[inline]
-fn conn_of_op(fd: c_int, read: Option<bool>) -> Option<Arc<Obj>> {
+fn conn_of_op(fd: c_int, op: Op) -> Option<Arc<Obj>> {
     let mut o = fdtable::get(fd)?;
     if let Obj::Pending(_) = &*o {
         drop(o);
@@ -121,14 +135,16 @@ fn conn_of_op(fd: c_int, read: Option<bool>) -> Option<Arc<Obj>> {
         Obj::Conn(_) => Some(o),
         Obj::Pending(_) => None,
         Obj::Handshake(h) => {
-            let block = match read {
-                Some(dontwait) => !dontwait && !h.nonblock.load(Ordering::Relaxed),
-                // A write on a non-blocking client socket of our own listener waits for no
-                // server (it may be this thread): EAGAIN until the server's answer is there.
-                None => h.server || !h.peer_local || !h.nonblock.load(Ordering::Relaxed),
+            let nonblock = h.nonblock.load(Ordering::Relaxed);
+            let block = match op {
+                Op::Read { dontwait } | Op::Write { dontwait } => !dontwait && !nonblock,
+                Op::Other => h.server || !h.peer_local || !nonblock,
             };
             if !setup::progress(fd, h, block) {
-                // Still waiting for the client: nothing to read yet.
+                // Still waiting for the peer: nothing to read yet, no room to write yet.
+                if matches!(op, Op::Write { .. }) {
+                    h.write_waits.store(true, Ordering::Relaxed);
+                }
                 real::set_errno(libc::EAGAIN);
                 return Some(o);
             }
@@ -140,16 +156,16 @@ fn conn_of_op(fd: c_int, read: Option<bool>) -> Option<Arc<Obj>> {
                 Obj::Conn(_) => Some(o),
                 Obj::Skip(_) => {
                     drop(o);
-                    conn_of_op(fd, read)
+                    conn_of_op(fd, op)
                 }
                 _ => None,
             }
         }
         Obj::Skip(s) => {
-            match read {
+            match op {
                 // A write never waits for the peer's late CLC messages.
-                None => setup::skip_late_clc(fd, s),
-                Some(dontwait) => {
+                Op::Write { .. } | Op::Other => setup::skip_late_clc(fd, s),
+                Op::Read { dontwait } => {
                     if !setup::skip_before_read(fd, s, dontwait) {
                         // Nothing to read yet (EAGAIN), or the error of the wait.
                         return Some(o);
@@ -205,7 +221,12 @@ pub unsafe fn recv_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
     if let Some(r) = orphan(fd, false) {
         return Some(r);
     }
-    let Some(o) = conn_of_op(fd, Some(flags & libc::MSG_DONTWAIT != 0)) else {
+    let Some(o) = conn_of_op(
+        fd,
+        Op::Read {
+            dontwait: flags & libc::MSG_DONTWAIT != 0,
+        },
+    ) else {
         // A connection that fell back after its handshake started (skipped or not).
         let member = fdtable::get(fd).is_some_and(|o| matches!(&*o, Obj::Tcp | Obj::Skip(_)));
         // SAFETY: the caller's buffers.
@@ -228,10 +249,15 @@ pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
         }
         return Some(r);
     }
-    let o = conn_of(fd)?;
+    let o = conn_of_op(
+        fd,
+        Op::Write {
+            dontwait: flags & libc::MSG_DONTWAIT != 0,
+        },
+    )?;
     let Some(c) = o.conn() else {
-        // A handshake still waiting for its peer (a non-blocking client of our own listener):
-        // EAGAIN, and not one byte onto the TCP stream, which still carries CLC messages.
+        // A handshake still waiting for its peer (non-blocking): EAGAIN, and not one byte
+        // onto the TCP stream, which still carries CLC messages.
         return Some(-1);
     };
     if !user_range_ok(iov) {
@@ -513,7 +539,8 @@ pub unsafe fn sendmmsg(
     n: libc::c_uint,
     flags: c_int,
 ) -> c_int {
-    if slow(fd) && conn_of(fd).is_some() && !msgs.is_null() {
+    let dontwait = flags & libc::MSG_DONTWAIT != 0;
+    if slow(fd) && conn_of_op(fd, Op::Write { dontwait }).is_some() && !msgs.is_null() {
         let mut done = 0u32;
         for i in 0..n {
             // SAFETY: `msgs` is non-null (checked above) and, by sendmmsg(2)'s contract, holds `n >
@@ -1143,8 +1170,24 @@ pub unsafe fn epoll_wait(
 
 const XFER: usize = 64 * 1024;
 
+/// For a call that writes into `fd` after taking bytes from elsewhere (sendfile, splice):
+/// whether `fd` is an SMC connection, or `Err` (errno `EAGAIN`) when a non-blocking one is
+/// still in its handshake: nothing may be taken from the source then.
+fn write_target(fd: c_int, dontwait: bool) -> Result<bool, ()> {
+    if !slow(fd) {
+        return Ok(false);
+    }
+    match conn_of_op(fd, Op::Write { dontwait }) {
+        Some(o) if o.conn().is_some() => Ok(true),
+        Some(_) => Err(()),
+        None => Ok(false),
+    }
+}
+
 pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t) -> ssize_t {
-    let out_smc = slow(out) && conn_of(out).is_some();
+    let Ok(out_smc) = write_target(out, false) else {
+        return -1;
+    };
     let in_smc = slow(inp) && conn_of(inp).is_some();
     if !out_smc && !in_smc {
         // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
@@ -1244,7 +1287,9 @@ pub unsafe fn splice(
     n: size_t,
     flags: libc::c_uint,
 ) -> ssize_t {
-    let out_smc = slow(fout) && conn_of(fout).is_some();
+    let Ok(out_smc) = write_target(fout, flags & libc::SPLICE_F_NONBLOCK != 0) else {
+        return -1;
+    };
     let in_smc = slow(fin) && conn_of(fin).is_some();
     if !out_smc && !in_smc {
         // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of

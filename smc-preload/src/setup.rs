@@ -1074,6 +1074,7 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
                 nonblock: std::sync::atomic::AtomicBool::new(nonblock),
                 server: true,
                 peer_local: false,
+                write_waits: std::sync::atomic::AtomicBool::new(false),
                 shared: std::sync::atomic::AtomicBool::new(false),
                 nudged: std::sync::atomic::AtomicBool::new(false),
             }));
@@ -1280,6 +1281,7 @@ pub fn client_start(fd: i32, nonblock: bool, dest: Option<Dest>) {
                     nonblock: std::sync::atomic::AtomicBool::new(nonblock),
                     server: false,
                     peer_local,
+                    write_waits: std::sync::atomic::AtomicBool::new(false),
                     shared: std::sync::atomic::AtomicBool::new(false),
                     nudged: std::sync::atomic::AtomicBool::new(false),
                 }))),

@@ -76,6 +76,7 @@ scenarios! {
     setfl_between_connect_and_use: 1;
     connect_timeout_then_blocking: 1;
     nonblock_connect_write_at_once: 1;
+    nonblock_write_server_not_accepting: 1;
     connect_own_listener_one_thread: 1;
     epoll_connect_quiet_server: 1;
     epoll_connect_lt_in_out: 1;
@@ -1554,6 +1555,79 @@ fn nonblock_connect_write_at_once() {
     }
     let got = srv.join().unwrap();
     log(format!("server got [{}]", digest(&got)));
+    close(c);
+}
+
+fn nonblock_write_server_not_accepting() {
+    // A non-blocking write never waits: here the first one comes while the server (another
+    // process, so not a listener of ours) has not accepted the connection yet, and it accepts
+    // only once that write has returned. TCP takes the bytes at once; a data path whose
+    // handshake still waits for the server may say EAGAIN meanwhile (logged alike: the program
+    // then waits for POLLOUT as for a full socket), but must not wait inside the write.
+    let (port_r, port_w) = pipe();
+    let (go_r, go_w) = pipe();
+    let (res_r, res_w) = pipe();
+    // SAFETY: the child runs socket calls only and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        close(port_r);
+        close(go_w);
+        close(res_r);
+        let (l, port) = listener();
+        write_all(port_w, &port.to_ne_bytes());
+        read_n(go_r, 1);
+        let s = accept_fd(l);
+        let got = read_n(s, 5);
+        write_all(res_w, digest(&got).as_bytes());
+        close(s);
+        close(l);
+        // SAFETY: plain exit without destructors (fork child).
+        unsafe { libc::_exit(0) };
+    }
+    close(port_w);
+    close(go_r);
+    close(res_w);
+    let p = read_n(port_r, 2);
+    let port = u16::from_ne_bytes([p[0], p[1]]);
+    let c = tcp_socket();
+    set_nonblock(c, true);
+    let rc = connect_to(c, port);
+    log(format!(
+        "connect = {}",
+        if rc == 0 { "0".into() } else { ename(errno()) }
+    ));
+    pl("poll(c,OUT)", c, libc::POLLOUT, 5000);
+    let n = wr(c, b"hello");
+    let e = errno();
+    log(format!(
+        "first write returned without waiting for the accept: {}",
+        if n > 0 || e == libc::EAGAIN {
+            "bytes or EAGAIN".to_string()
+        } else {
+            ename(e)
+        }
+    ));
+    let mut sent = n.max(0) as usize;
+    write_all(go_w, b"g");
+    while sent < 5 {
+        let n = wr(c, &b"hello"[sent..]);
+        if n > 0 {
+            sent += n as usize;
+        } else if errno() == libc::EAGAIN {
+            poll_raw(c, libc::POLLOUT, 5000);
+        } else {
+            r("write", n);
+            break;
+        }
+    }
+    let got = read_n(res_r, 8);
+    log(format!("server got [{}]", String::from_utf8_lossy(&got)));
+    let mut st = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    close(go_w);
+    close(res_r);
+    close(port_r);
     close(c);
 }
 
