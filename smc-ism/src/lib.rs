@@ -38,8 +38,18 @@
 //!   also marks the attacher's socket in the eBPF socket storage as allowed to switch on the
 //!   `sk_msg` shortcut (`SOCK_SHORTCUT_GRANTED`, through the map `smc-ctl attach` pinned,
 //!   [`DaemonConfig::bpf_sock_state_map`]): nothing else may enable it in an `ism` cgroup.
-//! - DMBs and memfds are never reused: every registration gets a fresh memfd, so no ring ever
-//!   shows an earlier connection's bytes to a new mapper.
+//! - A registration gets a fresh memfd. A DMB is used again only from its owner's pool
+//!   (`OP_RELEASE` with `RELEASE_POOL_OWN`, then `OP_PAIR`): for a new connection of the same
+//!   owner (client connection) whose other end is the one client connection that ever attached
+//!   it, once that one released its attach (and never after a `RELEASE_TAINT_PEER` or a second
+//!   attacher). So no ring shows an earlier connection's bytes to a process that could not map
+//!   it before; the owner clears the CDC header before its peer learns the DMB is in use again.
+//!   Pooled DMBs stay charged to their quotas and are freed after `pool_idle_ms` unused.
+//! - `pair` (`OP_PAIR`): both ends of a connection pass their sockets; the second to ask
+//!   completes both (a DMB for each end, each attached by the other), so a connection costs one
+//!   request per end. The proof is the mirror of `attach`: the two sockets are the two ends of
+//!   one connection (mirrored 4-tuples in one namespace while the first socket, kept open while
+//!   it waits, is still established; or the kernel's peer cookie between namespaces).
 //! - `attach_peer` (`OP_ATTACH_PEER`): the same attach, of the live DMB that the other end of
 //!   the caller's very TCP connection registered, without the token — only when both sockets
 //!   are in one network namespace, and — like every attach — only to the very peer socket

@@ -147,6 +147,11 @@ pub struct Stats {
     pub max_dmbs: u64,
     /// References released because their client's connection closed.
     pub released_on_disconnect: u64,
+    /// DMBs bound again to a new connection from their owner's pool (`PAIR`), instead of
+    /// registered anew.
+    pub dmbs_reused: u64,
+    /// DMBs currently pooled (registered, unbound, waiting for reuse).
+    pub dmbs_pooled: u64,
     /// Per-op counters.
     pub ops: OpsStats,
     /// Per-reason failure counters.

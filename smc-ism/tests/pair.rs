@@ -84,7 +84,9 @@ fn pooled_dmb_is_reused_for_the_same_peer_only() {
         Err(IsmError::BadProof)
     ));
     let mut s = client(&dir);
-    assert_eq!(s.stats().unwrap().live_dmbs, 2, "no new registration");
+    let st = s.stats().unwrap();
+    assert_eq!(st.live_dmbs, 2, "no new registration");
+    assert_eq!((st.dmbs_reused, st.dmbs_pooled), (2, 0));
     a.release_flags(Some(a2.token), Some(ap2.token), proto::RELEASE_POOL_OWN)
         .unwrap();
     b.release_flags(Some(b2.token), Some(bp2.token), proto::RELEASE_POOL_OWN)
@@ -94,7 +96,9 @@ fn pooled_dmb_is_reused_for_the_same_peer_only() {
     let ((a3, _), (c3, _)) = pair(&a, &c, &x3, &y3);
     assert_ne!(a3.id, a1.id, "a DMB b attached is not bound for c");
     assert_ne!(c3.id, b1.id);
-    assert_eq!(s.stats().unwrap().live_dmbs, 4, "two pooled, two new");
+    let st = s.stats().unwrap();
+    assert_eq!(st.live_dmbs, 4, "two pooled, two new");
+    assert_eq!((st.dmbs_reused, st.dmbs_pooled), (2, 2));
     drop((a, b, c));
     wait_idle(&mut s, 2);
     d.shutdown().unwrap();
@@ -201,6 +205,24 @@ fn a_pair_is_not_granted_to_a_socket_of_another_connection() {
     assert!(matches!(b.finish_pair(tb, None), Err(IsmError::NoPeer)));
     let mut c = client(&dir);
     assert_eq!(c.stats().unwrap().live_dmbs, 0);
+    drop((a, b));
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn pooled_dmbs_are_freed_when_unused() {
+    let dir = TestDir::new("pair-idle");
+    let d = start(&dir, |c| c.pool_idle_ms = 50);
+    let (a, b) = (shared(&dir), shared(&dir));
+    let (x, y) = tcp_pair();
+    let ((a1, ap1), (b1, bp1)) = pair(&a, &b, &x, &y);
+    a.release_flags(Some(a1.token), Some(ap1.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    b.release_flags(Some(b1.token), Some(bp1.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    // Both clients stay connected: their pools are freed after the idle time all the same.
+    let mut c = client(&dir);
+    wait_idle(&mut c, 3);
     drop((a, b));
     d.shutdown().unwrap();
 }

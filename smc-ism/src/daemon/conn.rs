@@ -45,6 +45,8 @@ pub(crate) struct Shared {
     pub next_conn: AtomicU64,
     /// Pooled DMBs per client connection at most.
     pub pool_max: usize,
+    /// How long a DMB stays pooled unused before it is freed.
+    pub pool_idle: Duration,
 }
 
 /// A generation counter with waiters: every state change bumps it; `WAIT` requests sleep until
@@ -344,7 +346,10 @@ impl Conn<'_> {
                     _ = tokio::time::sleep(Duration::from_millis(50)) => {}
                 }
             }
-            let next = self.parked.iter().map(|p| p.2).min();
+            let pool_next = pair::lock(&self.pool)
+                .front()
+                .map(|p| tokio::time::Instant::from_std(p.1 + self.shared.pool_idle));
+            let next = self.parked.iter().map(|p| p.2).chain(pool_next).min();
             let ev = tokio::select! {
                 biased;
                 _ = stop.wait_for(|s| *s) => return,
@@ -357,6 +362,7 @@ impl Conn<'_> {
             let pass = match ev {
                 Event::Deferred(d) => self.deferred(d, &mut out),
                 Event::Expired => {
+                    self.expire_pool();
                     self.expire(&mut out);
                     Vec::new()
                 }
@@ -447,6 +453,28 @@ impl Conn<'_> {
                 fail_reply(out, proto::OP_PAIR, seq, fail);
                 Vec::new()
             }
+        }
+    }
+
+    /// Frees the DMBs pooled longer than `pool_idle` unused.
+    fn expire_pool(&mut self) {
+        let now = std::time::Instant::now();
+        let idle = self.shared.pool_idle;
+        let old: Vec<u64> = {
+            let mut p = pair::lock(&self.pool);
+            let mut v = Vec::new();
+            while p.front().is_some_and(|e| e.1 + idle <= now) {
+                if let Some((t, _)) = p.pop_front() {
+                    v.push(t);
+                }
+            }
+            v
+        };
+        if !old.is_empty() {
+            for t in old {
+                self.shared.reg.release(t, RefKind::Owner, false);
+            }
+            self.shared.events.bump();
         }
     }
 
@@ -1082,14 +1110,14 @@ impl Conn<'_> {
         }
         let evicted = {
             let mut p = pair::lock(&self.pool);
-            p.push_back(token);
+            p.push_back((token, std::time::Instant::now()));
             if p.len() > self.shared.pool_max {
                 p.pop_front()
             } else {
                 None
             }
         };
-        if let Some(old) = evicted {
+        if let Some((old, _)) = evicted {
             self.shared.reg.release(old, RefKind::Owner, false);
         }
         true
@@ -1210,7 +1238,7 @@ impl Conn<'_> {
                 n += 1;
             }
         }
-        let pooled: Vec<u64> = pair::lock(&self.pool).drain(..).collect();
+        let pooled: Vec<u64> = pair::lock(&self.pool).drain(..).map(|e| e.0).collect();
         for token in pooled {
             self.shared.reg.release(token, RefKind::Owner, false);
             n += 1;
@@ -1281,7 +1309,7 @@ fn own_dmb(
         while i < p.len() {
             match sh
                 .reg
-                .bind_pooled(p[i], size_code, *who, peer_cookie, peer_conn)
+                .bind_pooled(p[i].0, size_code, *who, peer_cookie, peer_conn)
             {
                 Ok(d) => {
                     p.remove(i);
@@ -1289,7 +1317,7 @@ fn own_dmb(
                     break;
                 }
                 Err(BindMiss::Gone) => {
-                    if let Some(t) = p.remove(i) {
+                    if let Some((t, _)) = p.remove(i) {
                         gone.push(t);
                     }
                 }

@@ -109,6 +109,9 @@ pub struct DaemonConfig {
     /// `RELEASE_POOL_OWN`; default 64, 0: none). They stay registered and charged to their
     /// quotas while pooled.
     pub pool_max_per_client: u32,
+    /// Milliseconds a pooled DMB stays unused before it is freed (default 1000): an idle
+    /// process does not keep its pool.
+    pub pool_idle_ms: u64,
 }
 
 /// What the daemon does for each new client before serving it, on a blocking thread (`smc-ctl
@@ -153,6 +156,7 @@ impl Default for DaemonConfig {
             metrics_hook: None,
             client_hook: None,
             pool_max_per_client: 64,
+            pool_idle_ms: 1000,
         }
     }
 }
@@ -360,6 +364,7 @@ fn bind(cfg: DaemonConfig) -> Result<Bound, IsmError> {
             rdv: std::sync::Mutex::new(pair::Rendezvous::default()),
             next_conn: std::sync::atomic::AtomicU64::new(1),
             pool_max: cfg.pool_max_per_client as usize,
+            pool_idle: Duration::from_millis(cfg.pool_idle_ms),
         }),
         listener,
         _lock: lock,

@@ -33,8 +33,9 @@ use crate::sys::TcpIdentity;
 use super::conn::Shared;
 use super::registry::{CgroupUsage, ClientIdentity, DmbObj, Fail, RefKind, UidUsage};
 
-/// A client connection's pooled DMBs (tokens, oldest first).
-pub(crate) type Pool = Arc<Mutex<VecDeque<u64>>>;
+/// A client connection's pooled DMBs (token, when pooled), oldest first. The pool holds their
+/// owner references.
+pub(crate) type Pool = Arc<Mutex<VecDeque<(u64, std::time::Instant)>>>;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

@@ -209,6 +209,7 @@ pub(crate) struct Counters {
     pub clients_refused: AtomicU64,
     pub clients_refused_uid: AtomicU64,
     pub released_on_disconnect: AtomicU64,
+    pub dmbs_reused: AtomicU64,
 }
 
 /// Device-wide gauges.
@@ -223,6 +224,8 @@ pub(crate) struct Totals {
     pub extra: AtomicU64,
     /// From the last sample: committed bytes of all live DMBs (`st_blocks`).
     pub committed: AtomicU64,
+    /// Live DMBs in their owners' pools.
+    pub pooled: AtomicU64,
 }
 
 /// What a DMB is charged against the byte quotas when it is registered: one 16 KiB unit (the
@@ -942,6 +945,11 @@ impl Registry {
         }
         rec.tainted |= taint;
         rec.refs -= 1;
+        if kind == RefKind::Owner && rec.pooled {
+            // Freed from its pool.
+            rec.pooled = false;
+            self.totals.pooled.fetch_sub(1, AcqRel);
+        }
         let owner = owner_gone.then_some(rec.owner);
         if rec.refs == 0 {
             let rec = shard.remove(&token);
@@ -971,6 +979,7 @@ impl Registry {
             return false;
         }
         rec.pooled = true;
+        self.totals.pooled.fetch_add(1, AcqRel);
         let o = rec.owner;
         drop(shard);
         self.forget_owner(token, &o);
@@ -1005,6 +1014,8 @@ impl Registry {
             return Err(BindMiss::NotNow);
         }
         rec.pooled = false;
+        self.totals.pooled.fetch_sub(1, AcqRel);
+        self.counters.dmbs_reused.fetch_add(1, Relaxed);
         rec.owner = owner;
         rec.peer_cookie = Some(peer_cookie);
         let dmb = rec.dmb.clone();
@@ -1098,6 +1109,8 @@ impl Registry {
             live_attachments: self.totals.live_attachments.load(Relaxed),
             max_dmbs: self.max_dmbs as u64,
             released_on_disconnect: c.released_on_disconnect.load(Relaxed),
+            dmbs_reused: c.dmbs_reused.load(Relaxed),
+            dmbs_pooled: self.totals.pooled.load(Relaxed),
             ops: OpsStats {
                 query_gid: c.query_gid.snapshot(),
                 register: c.register.snapshot(),

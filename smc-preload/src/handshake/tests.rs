@@ -317,7 +317,8 @@ fn server_stands_in_for_a_client_that_already_left() {
     let mut d = server(s.as_raw_fd());
     d.own = Some(HeldDmb {
         token: 0,
-        map: Mapping::anon_shared(32 << 10).unwrap(),
+        id: 0,
+        map: Mapping::anon_shared(32 << 10).unwrap().into(),
         state: None,
     });
     assert!(d.attach_client(&est).is_err());
@@ -332,7 +333,8 @@ fn server_stands_in_for_a_client_that_already_left() {
     unsafe { CdcHeader::from_ptr(own.as_ptr()) }.store_cons(w);
     d.own = Some(HeldDmb {
         token: 0,
-        map: own,
+        id: 0,
+        map: own.into(),
         state: None,
     });
     d.attach_client(&est).unwrap();
