@@ -106,14 +106,20 @@ fn conn_of(fd: c_int) -> Option<Arc<Obj>> {
     conn_of_op(fd, Op::Other)
 }
 
+/// How long a non-blocking write on an accepted socket waits for its handshake (see
+/// [`conn_of_op`]) before it says `EAGAIN`.
+const SERVER_WRITE_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// What an operation on an fd whose handshake is under way may wait for.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Op {
     /// A read (`dontwait`: `MSG_DONTWAIT`): waits for the handshake only when blocking.
     Read { dontwait: bool },
     /// A write (`dontwait`: `MSG_DONTWAIT` / `SPLICE_F_NONBLOCK`): as a read. A non-blocking
-    /// write never waits for the peer's CLC answer: `EAGAIN` until the handshake is decided,
-    /// and poll/epoll report the fd writable only once it is (as for a full socket).
+    /// write on a client whose handshake is under way says `EAGAIN`: for the program its
+    /// connect is still under way (poll/epoll report it writable once decided); on an accepted
+    /// socket it waits at most [`SERVER_WRITE_WAIT`] for the client's Confirm, then `EAGAIN`
+    /// (and the fd is writable again once decided).
     Write { dontwait: bool },
     /// Anything else (shutdown, `FIONREAD`, reads of a file into a socket, ...): completes the
     /// handshake first, except a non-blocking client of our own listener (which may be served
@@ -136,11 +142,20 @@ fn conn_of_op(fd: c_int, op: Op) -> Option<Arc<Obj>> {
         Obj::Pending(_) => None,
         Obj::Handshake(h) => {
             let nonblock = h.nonblock.load(Ordering::Relaxed);
-            let block = match op {
-                Op::Read { dontwait } | Op::Write { dontwait } => !dontwait && !nonblock,
-                Op::Other => h.server || !h.peer_local || !nonblock,
+            let wait = match op {
+                Op::Read { dontwait } | Op::Write { dontwait } if !dontwait && !nonblock => {
+                    Some(None)
+                }
+                // An accepted socket is writable at once, as on TCP: its client's Confirm is
+                // normally a moment away, so a non-blocking write waits a little for it
+                // rather than say EAGAIN where TCP would not.
+                Op::Write { .. } if h.server && h.out_while_undecided() => {
+                    Some(Some(std::time::Instant::now() + SERVER_WRITE_WAIT))
+                }
+                Op::Read { .. } | Op::Write { .. } => None,
+                Op::Other => (h.server || !h.peer_local || !nonblock).then_some(None),
             };
-            if !setup::progress(fd, h, block) {
+            if !setup::progress_until(fd, h, wait) {
                 // Still waiting for the peer: nothing to read yet, no room to write yet.
                 if matches!(op, Op::Write { .. }) {
                     h.write_waits.store(true, Ordering::Relaxed);

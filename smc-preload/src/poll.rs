@@ -105,8 +105,8 @@ enum Und {
     Connecting,
     /// The handshake is under way.
     Handshake,
-    /// The handshake is under way and a non-blocking write said `EAGAIN`: not writable until
-    /// it is decided (the program would spin on write and poll otherwise).
+    /// The handshake is under way and the fd is not writable until it is decided (a client's
+    /// connect completes then; see [`crate::obj::Handshake::out_while_undecided`]).
     WriteWaits,
 }
 
@@ -138,9 +138,7 @@ fn classify(fd: i32) -> Kind {
     }
     match &*o {
         Obj::Pending(_) => Kind::Undecided(Und::Connecting),
-        Obj::Handshake(h) if h.write_waits.load(std::sync::atomic::Ordering::Relaxed) => {
-            Kind::Undecided(Und::WriteWaits)
-        }
+        Obj::Handshake(h) if !h.out_while_undecided() => Kind::Undecided(Und::WriteWaits),
         Obj::Handshake(_) => Kind::Undecided(Und::Handshake),
         _ => Kind::Plain,
     }
