@@ -220,20 +220,38 @@ impl SharedClient {
                 if e.raw_os_error() == Some(libc::EAGAIN) {
                     // The socket's send buffer is full: the daemon is behind (a burst of
                     // registrations and releases, e.g. when many handshakes decline at once; the
-                    // releases expect no reply, so `MAX_INFLIGHT` does not bound them). Wait for
-                    // room without the lock, within the timeout, then send again (with the seq of
-                    // that moment): a transient backlog is not a missing device.
+                    // releases expect no reply, so `MAX_INFLIGHT` does not bound them), or it
+                    // waits to send us replies nobody reads (cancelled pairs): those are read
+                    // meanwhile. Wait for room without the lock, within the timeout, then send
+                    // again (with the seq of that moment): a transient backlog is not a missing
+                    // device.
                     let Some(conn) = st.fd.clone() else {
                         return Err(IsmError::Disconnected);
                     };
+                    let reading = st.reading;
                     drop(st);
                     let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() || !sys::wait_writable(conn.as_raw_fd(), left) {
+                    let want = if reading {
+                        libc::POLLOUT
+                    } else {
+                        libc::POLLOUT | libc::POLLIN
+                    };
+                    let ev = if left.is_zero() {
+                        0
+                    } else {
+                        sys::wait_for(conn.as_raw_fd(), want, left)
+                    };
+                    if ev == 0 {
                         return Err(IsmError::Timeout);
                     }
                     st = self.lock();
                     if !st.fd.as_ref().is_some_and(|f| Arc::ptr_eq(f, &conn)) {
                         return Err(IsmError::Disconnected);
+                    }
+                    if ev & libc::POLLIN != 0 && !st.reading {
+                        let (g, r) = self.read_one(st, deadline);
+                        st = g;
+                        r?;
                     }
                     continue;
                 }
@@ -367,10 +385,22 @@ impl SharedClient {
             if !r? {
                 if st.inflight.contains(&t.seq) {
                     st.abandoned.push((t.seq, t.op));
+                    if t.op == proto::OP_PAIR {
+                        // It may still wait for its peer in the daemon: no longer.
+                        drop(st);
+                        self.cancel(t.seq);
+                    }
                 }
                 return Err(IsmError::Timeout);
             }
         }
+    }
+
+    /// `OP_CANCEL` of the `PAIR` `seq` (no reply).
+    fn cancel(&self, seq: u32) {
+        let mut payload = [0u8; 8];
+        payload[0..4].copy_from_slice(&seq.to_le_bytes());
+        let _ = self.send_once(proto::OP_CANCEL | proto::NOREPLY_BIT, &payload, &[]);
     }
 
     fn finish(&self, t: Ticket) -> Result<(Vec<u8>, client::Answer), IsmError> {
@@ -395,9 +425,7 @@ impl SharedClient {
         }
         drop(st);
         if cancel {
-            let mut payload = [0u8; 8];
-            payload[0..4].copy_from_slice(&t.seq.to_le_bytes());
-            let _ = self.send_once(proto::OP_CANCEL | proto::NOREPLY_BIT, &payload, &[]);
+            self.cancel(t.seq);
         }
         self.flush_releases();
     }

@@ -119,24 +119,21 @@ pub(crate) struct Received {
     pub fds_dropped: bool,
 }
 
-/// Waits until `fd` is writable (or has an error or hang-up), at most `timeout`; false on
-/// timeout. The system call itself (`ppoll`), not the libc symbol: inside the interposition
-/// library, `poll` is the application's emulated one.
-pub(crate) fn wait_writable(fd: RawFd, timeout: std::time::Duration) -> bool {
-    wait_for(fd, libc::POLLOUT, timeout)
-}
-
-/// As [`wait_writable`], for readability.
+/// Waits until `fd` is readable (or has an error or hang-up), at most `timeout`; false on
+/// timeout.
 pub(crate) fn wait_readable(fd: RawFd, timeout: std::time::Duration) -> bool {
-    wait_for(fd, libc::POLLIN, timeout)
+    wait_for(fd, libc::POLLIN, timeout) != 0
 }
 
-fn wait_for(fd: RawFd, events: libc::c_short, timeout: std::time::Duration) -> bool {
+/// Waits until one of `events` (or an error or hang-up) is there, at most `timeout`: the
+/// `revents` (0 on timeout). The system call itself (`ppoll`), not the libc symbol: inside the
+/// interposition library, `poll` is the application's emulated one.
+pub(crate) fn wait_for(fd: RawFd, events: libc::c_short, timeout: std::time::Duration) -> i16 {
     let deadline = std::time::Instant::now() + timeout;
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
-            return false;
+            return 0;
         }
         let ts = libc::timespec {
             tv_sec: left.as_secs().min(i64::MAX as u64) as libc::time_t,
@@ -159,12 +156,12 @@ fn wait_for(fd: RawFd, events: libc::c_short, timeout: std::time::Duration) -> b
             )
         };
         if r > 0 {
-            return true;
+            return p.revents;
         }
         if r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
             continue;
         }
-        return false;
+        return 0;
     }
 }
 

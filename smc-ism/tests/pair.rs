@@ -226,3 +226,27 @@ fn pooled_dmbs_are_freed_when_unused() {
     drop((a, b));
     d.shutdown().unwrap();
 }
+
+#[test]
+fn waiting_pairs_are_bounded_per_client() {
+    let dir = TestDir::new("pair-bound");
+    let d = start(&dir, |_| {});
+    let a = shared(&dir);
+    let (x, _y) = tcp_pair();
+    // 2048 wait (each keeps the socket open in the daemon); the next is told NoPeer at once.
+    let ts: Vec<_> = (0..2048)
+        .map(|_| a.pair_start(0, PARK, x.as_raw_fd()).unwrap())
+        .collect();
+    let t = a.pair_start(0, PARK, x.as_raw_fd()).unwrap();
+    assert!(matches!(
+        a.finish_pair(t, Some(Duration::from_secs(5))),
+        Err(IsmError::NoPeer)
+    ));
+    for t in ts {
+        a.abandon(t);
+    }
+    drop(a);
+    let mut c = client(&dir);
+    wait_idle(&mut c, 1);
+    d.shutdown().unwrap();
+}

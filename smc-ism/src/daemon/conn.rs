@@ -303,6 +303,10 @@ fn pair_pass(own: Arc<DmbObj>, peer: Arc<DmbObj>) -> Vec<PassFd> {
     v
 }
 
+/// `PAIR` requests of one client that wait for their peers at most (each keeps its socket
+/// open in the daemon); beyond, `NoPeer` at once.
+const MAX_PARKED: usize = 2048;
+
 /// A `PAIR`'s answer: our DMB and the peer's.
 type PairDmbs = (Arc<DmbObj>, Arc<DmbObj>);
 
@@ -879,7 +883,17 @@ impl Conn<'_> {
                     match found {
                         Some(y) => y,
                         None => {
+                            // Bounded per client and per uid: each waits with its socket open.
+                            let charge = (self.parked.len() < MAX_PARKED)
+                                .then(|| pair::ParkCharge::new(&self.uid))
+                                .flatten();
+                            let Some(charge) = charge else {
+                                drop(rdv);
+                                self.dispose(Some(fd));
+                                return Err(Fail::NoPeer);
+                            };
                             let id = rdv.insert(Parked {
+                                _charge: charge,
                                 conn: self.id,
                                 seq,
                                 size_code,

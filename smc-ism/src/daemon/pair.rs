@@ -59,6 +59,35 @@ pub(crate) struct Parked {
     pub ident: ClientIdentity,
     /// Its task's queue of answers.
     pub tx: mpsc::UnboundedSender<Deferred>,
+    /// Counts it against its uid's parked requests while it lives.
+    pub _charge: ParkCharge,
+}
+
+/// Requests of one uid that wait for their peers at most (each keeps its socket open in the
+/// daemon).
+pub(crate) const MAX_PARKED_PER_UID: u64 = 4096;
+
+/// One parked request of a uid ([`UidUsage::parked`]); released on drop.
+pub(crate) struct ParkCharge(Arc<UidUsage>);
+
+impl ParkCharge {
+    /// Charges one parked request to `uid`, unless it has [`MAX_PARKED_PER_UID`].
+    pub(crate) fn new(uid: &Arc<UidUsage>) -> Option<ParkCharge> {
+        use std::sync::atomic::Ordering::AcqRel;
+        if uid.parked.fetch_add(1, AcqRel) >= MAX_PARKED_PER_UID {
+            uid.parked.fetch_sub(1, AcqRel);
+            return None;
+        }
+        Some(ParkCharge(uid.clone()))
+    }
+}
+
+impl Drop for ParkCharge {
+    fn drop(&mut self) {
+        self.0
+            .parked
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 type TupleKey = (u64, SocketAddr, SocketAddr);

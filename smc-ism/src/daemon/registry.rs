@@ -332,6 +332,8 @@ pub(crate) struct UidUsage {
     pub uid: u32,
     pub conns: AtomicU64,
     dmbs: AtomicU64,
+    /// Its `PAIR` requests waiting for their peers (each with a socket open in the daemon).
+    pub parked: AtomicU64,
 }
 
 /// One DMB charged to a uid; released on drop.
@@ -603,6 +605,7 @@ impl Registry {
             uid,
             conns: AtomicU64::new(0),
             dmbs: AtomicU64::new(0),
+            parked: AtomicU64::new(0),
         });
         map.insert(uid, Arc::downgrade(&u));
         u
