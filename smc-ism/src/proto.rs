@@ -53,8 +53,11 @@
 //!   long as the peer still holds it). Grants an attach reference. Result: [`DmbReply`] + the
 //!   memfd; `StaleToken` when there is none, `BadProof` when the caller is not the owner's
 //!   uid/cgroup/pid namespace.
-//! - `OP_PAIR`: `size_code: u8, reserved: [u8; 3], park_ms: u32, reserved: u64` + the caller's
-//!   connected TCP socket ([`FEATURE_PAIR`]). Both ends of a connection send it (the client
+//! - `OP_PAIR`: `size_code: u8, reserved: [u8; 3], park_ms: u32, reserved: u64`, then up to
+//!   [`PAIR_RELEASES_MAX`] releases of 24 bytes each (`own: u64, peer: u64, flags: u32,
+//!   reserved: u32`, handled first, as `OP_RELEASE` records: a process sends the releases of
+//!   its finished short connections with its next pair, one record and one wakeup of the
+//!   daemon instead of several) + the caller's connected TCP socket ([`FEATURE_PAIR`]). Both ends of a connection send it (the client
 //!   with its CLC proposal, the server when it reads the proposal): the daemon answers both
 //!   once the second arrives, each with its own DMB (registered, or one of its pooled DMBs that
 //!   only this peer's process ever attached, bound to this connection) and the peer's, attached
@@ -175,6 +178,12 @@ pub const RELEASE_TAINT_PEER: u32 = 1 << 1;
 
 /// Longest wait of an `OP_PAIR` for its peer.
 pub const PAIR_PARK_MAX_MS: u32 = 10_000;
+
+/// Releases carried by one `OP_PAIR` at most.
+pub const PAIR_RELEASES_MAX: usize = 8;
+
+/// One release carried by an `OP_PAIR`: own, peer, flags (see `OP_RELEASE`).
+pub type PairRelease = (u64, u64, u32);
 
 /// Largest page of `OP_LIST`.
 pub const LIST_PAGE_MAX: u32 = 128;
@@ -399,6 +408,10 @@ pub enum Request {
         size_code: u8,
         /// How long to wait for the peer.
         park_ms: u32,
+        /// Releases to handle first (the first `n_releases`).
+        releases: [PairRelease; PAIR_RELEASES_MAX],
+        /// How many of `releases` there are.
+        n_releases: u8,
     },
     /// `OP_CANCEL`.
     Cancel {
@@ -532,10 +545,24 @@ pub fn decode_request(rec: &[u8], truncated: bool) -> Decoded {
         }),
         OP_PAIR if !need(8) => bad(Status::Malformed, false),
         OP_PAIR if p[0] > smc_common::cdc::DMB_MAX_SIZE_CODE_LARGE => bad(Status::BadSize, false),
-        OP_PAIR => Ok(Request::Pair {
-            size_code: p[0],
-            park_ms: get_u32(p, 4).min(PAIR_PARK_MAX_MS),
-        }),
+        OP_PAIR if p.len() > 16 && !(p.len() - 16).is_multiple_of(24) => {
+            bad(Status::Malformed, false)
+        }
+        OP_PAIR if p.len() > 16 + 24 * PAIR_RELEASES_MAX => bad(Status::Malformed, false),
+        OP_PAIR => {
+            let mut releases = [(0, 0, 0); PAIR_RELEASES_MAX];
+            let n = p.len().saturating_sub(16) / 24;
+            for (i, r) in releases.iter_mut().enumerate().take(n) {
+                let o = 16 + 24 * i;
+                *r = (get_u64(p, o), get_u64(p, o + 8), get_u32(p, o + 16));
+            }
+            Ok(Request::Pair {
+                size_code: p[0],
+                park_ms: get_u32(p, 4).min(PAIR_PARK_MAX_MS),
+                releases,
+                n_releases: n as u8,
+            })
+        }
         OP_CANCEL if !need(4) => bad(Status::Malformed, false),
         OP_CANCEL => Ok(Request::Cancel { seq: get_u32(p, 0) }),
         OP_STATS => Ok(Request::Stats),
@@ -651,6 +678,61 @@ mod tests {
         let d = decode_request(&record(OP_QUERY_GID, &[]), true);
         assert_eq!(d.request.unwrap_err().status, Status::Oversized);
         assert_eq!(decode_request(&[1, 2, 3], false).op, 0);
+    }
+
+    #[test]
+    fn pair_records() {
+        let mut p = vec![3u8, 0, 0, 0];
+        p.extend_from_slice(&99_999u32.to_le_bytes());
+        p.extend_from_slice(&[0; 8]);
+        match decode_request(&record(OP_PAIR, &p), false).request {
+            Ok(Request::Pair {
+                size_code: 3,
+                park_ms: PAIR_PARK_MAX_MS,
+                n_releases: 0,
+                ..
+            }) => {}
+            r => panic!("{r:?}"),
+        }
+        // Two releases carried.
+        for (own, peer, flags) in [(1u64, 2u64, 1u32), (3, 0, 2)] {
+            p.extend_from_slice(&own.to_le_bytes());
+            p.extend_from_slice(&peer.to_le_bytes());
+            p.extend_from_slice(&flags.to_le_bytes());
+            p.extend_from_slice(&[0; 4]);
+        }
+        match decode_request(&record(OP_PAIR, &p), false).request {
+            Ok(Request::Pair {
+                releases,
+                n_releases: 2,
+                ..
+            }) => assert_eq!(&releases[..2], &[(1, 2, 1), (3, 0, 2)]),
+            r => panic!("{r:?}"),
+        }
+        // A partial release, too many releases, a short record, a bad size code.
+        let d = decode_request(&record(OP_PAIR, &p[..p.len() - 1]), false);
+        assert_eq!(d.request.unwrap_err().status, Status::Malformed);
+        // (9 releases still fit a record: 16 + 16 + 9 * 24 = 248 bytes.)
+        let mut long = p.clone();
+        for _ in 2..=PAIR_RELEASES_MAX {
+            long.extend_from_slice(&[0; 24]);
+        }
+        let d = decode_request(&record(OP_PAIR, &long), false);
+        assert_eq!(d.request.unwrap_err().status, Status::Malformed);
+        let d = decode_request(&record(OP_PAIR, &p[..7]), false);
+        assert_eq!(d.request.unwrap_err().status, Status::Malformed);
+        p[0] = 11;
+        let d = decode_request(&record(OP_PAIR, &p), false);
+        assert_eq!(d.request.unwrap_err().status, Status::BadSize);
+        // CANCEL may want no reply.
+        let d = decode_request(
+            &record(OP_CANCEL | NOREPLY_BIT, &[5, 0, 0, 0, 0, 0, 0, 0]),
+            false,
+        );
+        assert_eq!(
+            (d.noreply, d.request),
+            (true, Ok(Request::Cancel { seq: 5 }))
+        );
     }
 
     #[test]

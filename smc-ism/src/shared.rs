@@ -209,7 +209,7 @@ impl SharedClient {
                 return Err(IsmError::Disconnected);
             };
             let seq = st.seq.wrapping_add(1);
-            let mut req = [0u8; proto::HEADER_LEN + 32];
+            let mut req = [0u8; proto::MAX_REQUEST];
             let n = proto::HEADER_LEN + payload.len();
             if n > req.len() {
                 return Err(IsmError::Protocol("request too large"));
@@ -292,17 +292,23 @@ impl SharedClient {
         st.reading = true;
         let generation = st.generation;
         drop(st);
-        // The wait: without the lock. SO_RCVTIMEO bounds it, or an earlier deadline.
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left < self.timeout && !sys::wait_readable(fd.as_raw_fd(), left) {
-            drop(fd);
-            let mut st = self.lock();
-            st.reading = false;
-            self.changed.notify_all();
-            return (st, Ok(()));
-        }
+        // The wait: without the lock. SO_RCVTIMEO bounds it, or an earlier deadline (a reply
+        // already there is read at once).
         let mut buf = vec![0u8; REPLY_MAX];
-        let r = sys::recv_record(fd.as_raw_fd(), &mut buf, 0);
+        let mut r = sys::recv_record(fd.as_raw_fd(), &mut buf, libc::MSG_DONTWAIT);
+        if r.as_ref()
+            .is_err_and(|e| e.raw_os_error() == Some(libc::EAGAIN))
+        {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left < self.timeout && !sys::wait_readable(fd.as_raw_fd(), left) {
+                drop(fd);
+                let mut st = self.lock();
+                st.reading = false;
+                self.changed.notify_all();
+                return (st, Ok(()));
+            }
+            r = sys::recv_record(fd.as_raw_fd(), &mut buf, 0);
+        }
         drop(fd);
         let mut st = self.lock();
         st.reading = false;
@@ -580,14 +586,45 @@ impl SharedClient {
         park: Duration,
         sock_fd: RawFd,
     ) -> Result<Ticket, IsmError> {
+        self.pair_start_releasing(size_code, park, sock_fd, &[])
+    }
+
+    /// As [`SharedClient::pair_start`], with releases the daemon handles first (at most
+    /// [`proto::PAIR_RELEASES_MAX`]; more are sent as `OP_RELEASE` records before it).
+    pub fn pair_start_releasing(
+        &self,
+        size_code: u8,
+        park: Duration,
+        sock_fd: RawFd,
+        releases: &[proto::PairRelease],
+    ) -> Result<Ticket, IsmError> {
         if self.features()? & proto::FEATURE_PAIR == 0 {
             return Err(IsmError::UnknownOp);
         }
-        let mut payload = [0u8; 16];
+        let (carried, before) = if releases.len() > proto::PAIR_RELEASES_MAX {
+            releases.split_at(proto::PAIR_RELEASES_MAX)
+        } else {
+            (releases, &[][..])
+        };
+        for &(own, peer, flags) in before {
+            let _ = self.release_flags(
+                Some(own).filter(|&t| t != 0),
+                Some(peer).filter(|&t| t != 0),
+                flags,
+            );
+        }
+        let mut payload = [0u8; 16 + 24 * proto::PAIR_RELEASES_MAX];
         payload[0] = size_code;
         let ms = park.as_millis().min(proto::PAIR_PARK_MAX_MS as u128) as u32;
         payload[4..8].copy_from_slice(&ms.to_le_bytes());
-        self.send(proto::OP_PAIR, &payload, &[sock_fd])
+        for (i, &(own, peer, flags)) in carried.iter().enumerate() {
+            let o = 16 + 24 * i;
+            payload[o..o + 8].copy_from_slice(&own.to_le_bytes());
+            payload[o + 8..o + 16].copy_from_slice(&peer.to_le_bytes());
+            payload[o + 16..o + 20].copy_from_slice(&flags.to_le_bytes());
+        }
+        let n = 16 + 24 * carried.len();
+        self.send(proto::OP_PAIR, &payload[..n], &[sock_fd])
     }
 
     /// Waits (at most `wait`, else the client's timeout) for the reply of a `PAIR`: our DMB and

@@ -250,3 +250,43 @@ fn waiting_pairs_are_bounded_per_client() {
     wait_idle(&mut c, 1);
     d.shutdown().unwrap();
 }
+
+#[test]
+fn releases_carried_by_a_pair_are_handled_first() {
+    let dir = TestDir::new("pair-carry");
+    let d = start(&dir, |_| {});
+    let (a, b) = (shared(&dir), shared(&dir));
+    let (x, y) = tcp_pair();
+    let ((a1, ap1), (b1, bp1)) = pair(&a, &b, &x, &y);
+    // The next pair of each carries the release of the previous connection: the DMBs are
+    // pooled first, then bound again for the new connection.
+    let (x2, y2) = tcp_pair();
+    let ta = a
+        .pair_start_releasing(
+            0,
+            PARK,
+            x2.as_raw_fd(),
+            &[(a1.token, ap1.token, proto::RELEASE_POOL_OWN)],
+        )
+        .unwrap();
+    let tb = b
+        .pair_start_releasing(
+            0,
+            PARK,
+            y2.as_raw_fd(),
+            &[(b1.token, bp1.token, proto::RELEASE_POOL_OWN)],
+        )
+        .unwrap();
+    let (a2, _) = a.finish_pair(ta, None).unwrap();
+    let (b2, _) = b.finish_pair(tb, None).unwrap();
+    let mut c = client(&dir);
+    let st = c.stats().unwrap();
+    // The pairing happens at the second pair, when both releases were handled: both reused.
+    assert_eq!((a2.id, b2.id), (a1.id, b1.id), "{st:?}");
+    assert_eq!((st.live_dmbs, st.dmbs_reused), (2, 2));
+    assert_eq!(st.ops.unregister.ok, 2);
+    assert_eq!(st.ops.detach.ok, 2);
+    drop((a, b));
+    wait_idle(&mut c, 1);
+    d.shutdown().unwrap();
+}

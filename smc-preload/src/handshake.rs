@@ -485,7 +485,14 @@ impl Driver {
             self.timeout
         };
         let (kind, t) = match kind {
-            Ahead::Pair if setup::pairing() => (kind, with_dev(|c| c.pair_start(sc, park, fd))),
+            Ahead::Pair if setup::pairing() => {
+                let rel = setup::take_releases();
+                let t = with_dev(|c| c.pair_start_releasing(sc, park, fd, &rel));
+                if t.is_err() {
+                    setup::release_each(&rel);
+                }
+                (kind, t)
+            }
             Ahead::Register | Ahead::Pair => (Ahead::Register, self.register_start(sc)),
             Ahead::AttachPeer => (kind, with_dev(|c| c.attach_peer_start(fd))),
         };
@@ -527,7 +534,12 @@ impl Driver {
                 && setup::pairing() =>
             {
                 let fd = self.fd;
-                with_dev(|c| c.pair_start(size_code, SERVER_PAIR_WAIT, fd)).ok()?
+                let rel = setup::take_releases();
+                let t = with_dev(|c| c.pair_start_releasing(size_code, SERVER_PAIR_WAIT, fd, &rel));
+                if t.is_err() {
+                    setup::release_each(&rel);
+                }
+                t.ok()?
             }
             None => return None,
         };

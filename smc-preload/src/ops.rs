@@ -1047,6 +1047,8 @@ pub unsafe fn fork() -> libc::pid_t {
 // readiness
 
 pub unsafe fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
+    // The process may sleep now: releases it kept back go out first.
+    setup::flush_releases();
     if fdtable::any_objects() && !fds.is_null() && n > 0 {
         // SAFETY: `fds` is non-null (checked) and, by poll(2)'s contract, points to `n` pollfds.
         let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
@@ -1077,6 +1079,8 @@ pub unsafe fn ppoll(
     t: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
+    // The process may sleep now: releases it kept back go out first.
+    setup::flush_releases();
     if fdtable::any_objects() && !fds.is_null() && n > 0 {
         // SAFETY: `fds` is non-null (checked) and, by ppoll(2)'s contract, points to `n` pollfds.
         let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
@@ -1098,6 +1102,8 @@ pub unsafe fn select(
     e: *mut libc::fd_set,
     t: *mut libc::timeval,
 ) -> c_int {
+    // The process may sleep now: releases it kept back go out first.
+    setup::flush_releases();
     // SAFETY: `r`/`w`/`e` are the caller's fd_sets or null (select(2)'s contract).
     if unsafe { poll::select_has_smc(nfds, r, w, e) } {
         let ms = if t.is_null() {
@@ -1134,6 +1140,8 @@ pub unsafe fn pselect(
     t: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
+    // The process may sleep now: releases it kept back go out first.
+    setup::flush_releases();
     // SAFETY: `r`/`w`/`e` are the caller's fd_sets or null (pselect(2)'s contract).
     if unsafe { poll::select_has_smc(nfds, r, w, e) } {
         let m = if mask.is_null() { None } else { Some(mask) };
@@ -1165,6 +1173,8 @@ pub unsafe fn epoll_wait(
     timeout: c_int,
     mask: Option<*const libc::sigset_t>,
 ) -> c_int {
+    // The process may sleep now: releases it kept back go out first.
+    setup::flush_releases();
     if let Some(so) = epoll::wants(ep) {
         // SAFETY: `ev`/`max` are the caller's event array (epoll_wait(2)'s contract); `mask` its
         // signal mask or None.

@@ -685,6 +685,9 @@ fn local_gid() -> Result<smc_ism::Gid, u32> {
 /// In the child after fork: its own daemon connection (the parent's references stay the
 /// parent's); the global locks are reset by [`crate::forklock::after_fork_child`].
 pub fn after_fork_child() {
+    // The parent's pending releases are its own (references of its daemon connection).
+    PENDING_RELEASES.lock().clear();
+    PENDING_N.store(0, Ordering::Relaxed);
     if !DEV.load(Ordering::Acquire).is_null() {
         // Closes our copy of the parent's connection now.
         let _ = dev();
@@ -723,6 +726,7 @@ pub fn after_fork_child() {
 }
 
 pub(crate) fn after_fork_locks() {
+    PENDING_RELEASES.after_fork();
     NO_SMC_DESTS.after_fork();
     HINTS.after_fork();
     OWN_CLIENTS.after_fork();
@@ -762,7 +766,62 @@ impl Release for DmbRelease {
                 crate::dmbs::keep(false, self.peer_id, c.peer_map().clone(), None);
             }
         }
-        let _ = with_dev(|d| d.release_flags(Some(self.own), peer, flags));
+        if flags & RELEASE_POOL_OWN != 0 {
+            // A short connection's: sent with the next daemon request (see `defer_release`).
+            defer_release(self.own, peer.unwrap_or(0), flags);
+        } else {
+            flush_releases();
+            let _ = with_dev(|d| d.release_flags(Some(self.own), peer, flags));
+        }
+    }
+}
+
+/// Releases of short connections not sent yet (own, peer, flags).
+static PENDING_RELEASES: ForkMutex<Vec<(u64, u64, u32)>> = ForkMutex::new(Vec::new);
+static PENDING_N: AtomicU64 = AtomicU64::new(0);
+/// Pending releases at most (as many as one `PAIR` carries): beyond, they are sent at once.
+const PENDING_MAX: usize = smc_ism::proto::PAIR_RELEASES_MAX;
+
+/// The release of a short connection's DMBs waits for the next `PAIR` of this process, which
+/// carries it (one record, one wakeup of the daemon: most of a request's cost on a busy host),
+/// or until the process waits in poll/select/epoll, or until [`PENDING_MAX`] are pending. Meanwhile the DMBs stay bound to their finished
+/// connections, used by nobody (the connection closed in every process); the daemon pools
+/// them when the release comes (and releases everything when the process goes).
+fn defer_release(own: u64, peer: u64, flags: u32) {
+    let full = {
+        let mut v = PENDING_RELEASES.lock();
+        v.push((own, peer, flags));
+        PENDING_N.store(v.len() as u64, Ordering::Relaxed);
+        v.len() >= PENDING_MAX
+    };
+    if full {
+        flush_releases();
+    }
+}
+
+/// The pending releases, taken (to go with a `PAIR`; at most `PAIR_RELEASES_MAX` are pending).
+pub(crate) fn take_releases() -> Vec<smc_ism::proto::PairRelease> {
+    if PENDING_N.load(Ordering::Relaxed) == 0 {
+        return Vec::new();
+    }
+    let mut v = PENDING_RELEASES.lock();
+    PENDING_N.store(0, Ordering::Relaxed);
+    std::mem::take(&mut *v)
+}
+
+/// Send the pending releases (one record each, no reply).
+pub fn flush_releases() {
+    if PENDING_N.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    release_each(&take_releases());
+}
+
+/// Send these releases, one record each (no reply).
+pub(crate) fn release_each(rel: &[smc_ism::proto::PairRelease]) {
+    for &(own, peer, flags) in rel {
+        let peer = Some(peer).filter(|&t| t != 0);
+        let _ = with_dev(|d| d.release_flags(Some(own), peer, flags));
     }
 }
 

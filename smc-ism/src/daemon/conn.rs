@@ -568,7 +568,21 @@ impl Conn<'_> {
             R::Attach { token } => (&c.attach, self.attach(token, fd).map(Some)),
             R::AttachPeer => (&c.attach, self.attach_peer(fd).map(Some)),
             R::Adopt { which } => (&c.attach, self.adopt(which, fd).map(Some)),
-            R::Pair { size_code, park_ms } => {
+            R::Pair {
+                size_code,
+                park_ms,
+                releases,
+                n_releases,
+            } => {
+                // The releases it carries first (a pooled DMB among them may serve this pair).
+                let mut released = false;
+                for &(own, peer, flags) in releases.iter().take(n_releases as usize) {
+                    let _ = self.release(own, peer, flags);
+                    released = true;
+                }
+                if released {
+                    self.shared.events.bump();
+                }
                 let r = self.pair(size_code, park_ms, fd, seq);
                 c.pair.add_time(t0.elapsed());
                 return match r {
@@ -601,35 +615,7 @@ impl Conn<'_> {
                 return Vec::new();
             }
             R::Release { own, peer, flags } => {
-                // Counted as the unregister and the detach it stands for (a DMB kept in the
-                // pool too: the connection's use of it ended).
-                let mut res = Ok(());
-                let taint = flags & proto::RELEASE_TAINT_PEER != 0;
-                if own != 0 && flags & proto::RELEASE_POOL_OWN != 0 && self.pool_own(own) {
-                    c.unregister.record(true);
-                } else if own != 0 {
-                    match self.release_token(own, RefKind::Owner, false) {
-                        Ok(()) => c.unregister.record(true),
-                        Err(f) => {
-                            c.unregister.record(false);
-                            c.failures.count(f);
-                            res = Err(f);
-                        }
-                    }
-                }
-                for (token, kind, counter) in [(peer, RefKind::Attach, &c.detach)] {
-                    if token == 0 {
-                        continue;
-                    }
-                    match self.release_token(token, kind, taint) {
-                        Ok(()) => counter.record(true),
-                        Err(f) => {
-                            counter.record(false);
-                            c.failures.count(f);
-                            res = Err(f);
-                        }
-                    }
-                }
+                let res = self.release(own, peer, flags);
                 self.shared.events.bump();
                 if !noreply {
                     match res {
@@ -710,6 +696,39 @@ impl Conn<'_> {
                 Vec::new()
             }
         }
+    }
+
+    /// `OP_RELEASE` (also carried by `OP_PAIR`): our owner reference of `own` (kept in our
+    /// pool with `RELEASE_POOL_OWN` when it may be reused) and attach reference of `peer` (0:
+    /// none). Counted as the unregister and the detach it stands for (a DMB kept in the pool
+    /// too: the connection's use of it ended).
+    fn release(&mut self, own: u64, peer: u64, flags: u32) -> Result<(), Fail> {
+        let c = &self.shared.reg.counters;
+        let mut res = Ok(());
+        let taint = flags & proto::RELEASE_TAINT_PEER != 0;
+        if own != 0 && flags & proto::RELEASE_POOL_OWN != 0 && self.pool_own(own) {
+            c.unregister.record(true);
+        } else if own != 0 {
+            match self.release_token(own, RefKind::Owner, false) {
+                Ok(()) => c.unregister.record(true),
+                Err(f) => {
+                    c.unregister.record(false);
+                    c.failures.count(f);
+                    res = Err(f);
+                }
+            }
+        }
+        if peer != 0 {
+            match self.release_token(peer, RefKind::Attach, taint) {
+                Ok(()) => c.detach.record(true),
+                Err(f) => {
+                    c.detach.record(false);
+                    c.failures.count(f);
+                    res = Err(f);
+                }
+            }
+        }
+        res
     }
 
     /// Hands a client's fd to the closer (never closed on this worker: its last close may
