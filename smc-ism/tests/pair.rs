@@ -290,3 +290,119 @@ fn releases_carried_by_a_pair_are_handled_first() {
     wait_idle(&mut c, 1);
     d.shutdown().unwrap();
 }
+
+/// Inode and size of a passed memfd.
+fn inode_and_size(fd: &std::os::fd::OwnedFd) -> (u64, i64) {
+    // SAFETY: `libc::stat` is plain integers; valid out buffer; our own fd.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
+    (st.st_ino, st.st_size)
+}
+
+fn pwrite(fd: &std::os::fd::OwnedFd, off: i64, data: &[u8]) {
+    // SAFETY: valid buffer of that length; our own fd.
+    let n = unsafe { libc::pwrite(fd.as_raw_fd(), data.as_ptr().cast(), data.len(), off) };
+    assert_eq!(n, data.len() as isize);
+}
+
+fn pread(fd: &std::os::fd::OwnedFd, off: i64, len: usize) -> Vec<u8> {
+    let mut b = vec![0u8; len];
+    // SAFETY: valid buffer of that length; our own fd.
+    let n = unsafe { libc::pread(fd.as_raw_fd(), b.as_mut_ptr().cast(), len, off) };
+    assert_eq!(n, len as isize);
+    b
+}
+
+/// A connection end registered through `PAIR` moves to another process like one registered
+/// with `REGISTER`: its own DMB comes with the local state page the daemon keeps for it, and
+/// `OP_ADOPT` through its socket hands over its DMB, the peer's and that very page. A DMB
+/// another client adopted (own or peer) is never bound again; one that was not keeps its page
+/// when it is bound again, and is adopted only through the socket of the connection it is
+/// bound to (pooled: through none).
+#[test]
+fn a_paired_end_is_adopted_with_its_state_page() {
+    let dir = TestDir::new("pair-adopt");
+    let d = start(&dir, |_| {});
+    let (a, b) = (shared(&dir), shared(&dir));
+    // Another process of the same uid, cgroup and pid namespace, that the socket moved to.
+    let mut m = client(&dir);
+    let (x, y) = tcp_pair();
+    let ((a1, ap1), (b1, bp1)) = pair(&a, &b, &x, &y);
+    let st = a1
+        .state
+        .as_ref()
+        .expect("the own DMB comes with its state page");
+    assert!(b1.state.is_some(), "the other end's too");
+    assert!(
+        ap1.state.is_none() && bp1.state.is_none(),
+        "never the peer's"
+    );
+    assert_eq!(inode_and_size(st).1, 4096);
+    pwrite(st, 100, b"a's connection state");
+    let own = m.adopt_dmb(x.as_raw_fd(), proto::ADOPT_OWN).unwrap();
+    let peer = m.adopt_dmb(x.as_raw_fd(), proto::ADOPT_PEER).unwrap();
+    let page = m.adopt_dmb(x.as_raw_fd(), proto::ADOPT_STATE).unwrap();
+    assert_eq!((own.token, peer.token), (a1.token, b1.token));
+    assert_eq!(
+        inode_and_size(&page.fd).0,
+        inode_and_size(st).0,
+        "the very page"
+    );
+    assert_eq!(pread(&page.fd, 100, 20), b"a's connection state");
+    // The same memory: what the adopter writes into a's receive ring, a reads.
+    write_bytes(&own.map().unwrap(), 64, b"from the adopter");
+    assert_eq!(read_bytes(&a1.map().unwrap(), 64, 16), b"from the adopter");
+    // Everybody lets go (the adopter first, and synchronously); both ends pool their own DMBs.
+    m.detach_dmb(own.token).unwrap();
+    m.detach_dmb(peer.token).unwrap();
+    a.release_flags(Some(a1.token), Some(ap1.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    b.release_flags(Some(b1.token), Some(bp1.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    let (x2, y2) = tcp_pair();
+    let ((a2, ap2), (b2, bp2)) = pair(&a, &b, &x2, &y2);
+    assert_ne!(
+        a2.id, a1.id,
+        "a's DMB, adopted by another client, is not bound again"
+    );
+    assert_ne!(
+        b2.id, b1.id,
+        "b's DMB, adopted as the peer's, is not bound again"
+    );
+    // Not adopted: pooled, then bound again with its page.
+    let st2 = a2.state.as_ref().unwrap();
+    pwrite(st2, 100, b"second connection");
+    a.release_flags(Some(a2.token), Some(ap2.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    b.release_flags(Some(b2.token), Some(bp2.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    // Pooled (the releases need no reply: waited for): bound to no connection, adopted
+    // through none.
+    let mut s = client(&dir);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while s.stats().unwrap().dmbs_pooled != 2 {
+        assert!(std::time::Instant::now() < deadline, "both DMBs pooled");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(matches!(
+        m.adopt_dmb(x2.as_raw_fd(), proto::ADOPT_OWN),
+        Err(IsmError::StaleToken)
+    ));
+    let (x3, y3) = tcp_pair();
+    let ((a3, _), _) = pair(&a, &b, &x3, &y3);
+    assert_eq!(a3.id, a2.id, "reused");
+    let st3 = a3.state.as_ref().expect("a pooled DMB keeps its page");
+    assert_eq!(inode_and_size(st3).0, inode_and_size(st2).0);
+    // Through the socket of the connection it served before: nothing; of the new one: it.
+    assert!(matches!(
+        m.adopt_dmb(x2.as_raw_fd(), proto::ADOPT_STATE),
+        Err(IsmError::StaleToken)
+    ));
+    let page = m.adopt_dmb(x3.as_raw_fd(), proto::ADOPT_STATE).unwrap();
+    assert_eq!(inode_and_size(&page.fd).0, inode_and_size(st2).0);
+    assert_eq!(pread(&page.fd, 100, 17), b"second connection");
+    drop((a, b, m));
+    wait_idle(&mut s, 1);
+    d.shutdown().unwrap();
+}
