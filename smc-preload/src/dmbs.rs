@@ -76,7 +76,8 @@ fn prune(k: &mut Kept, now: Instant) -> Vec<Entry> {
 }
 
 /// The kept mapping of DMB `id` (our own with `own`, else a peer's) of `len` bytes, taken out
-/// of the cache, with the local state page kept with it (zeroed).
+/// of the cache, with the local state page kept with it (the caller clears both, see
+/// [`clear_header`] and [`clear_state`]).
 pub fn take(own: bool, id: u64, len: usize) -> Option<(Arc<Mapping>, Option<Arc<Mapping>>)> {
     if id == 0 {
         return None;
@@ -94,15 +95,7 @@ pub fn take(own: bool, id: u64, len: usize) -> Option<(Arc<Mapping>, Option<Arc<
         (found, gone)
     };
     drop(gone);
-    let (m, state) = found.filter(|(m, _)| m.len() == len)?;
-    if let Some(st) = &state {
-        // SAFETY: a 4 KiB mapping of ours that nobody uses any more: its connection closed in
-        // every process (only then is it kept), and the daemon bound its DMB to our new
-        // connection, so no other process was handed the page since (an adopted DMB is never
-        // bound again).
-        unsafe { std::ptr::write_bytes(st.as_ptr(), 0, st.len()) };
-    }
-    Some((m, state))
+    found.filter(|(m, _)| m.len() == len)
 }
 
 /// Keep the mapping of DMB `id` (with our own DMB: its local state page) for a later
@@ -125,6 +118,16 @@ pub fn keep(own: bool, id: u64, m: Arc<Mapping>, state: Option<Arc<Mapping>>) {
         gone
     };
     drop(gone);
+}
+
+/// Zero the local state page of our own DMB before our connection uses it (a pooled DMB's
+/// page, kept with it by the daemon, holds its earlier connection's state).
+pub fn clear_state(st: &Mapping) {
+    // SAFETY: a 4 KiB mapping of ours that nobody uses: a new DMB's page, or a pooled one's,
+    // whose earlier connection closed in every process (only then is the DMB pooled), and the
+    // daemon bound the DMB to our new connection, so no other process was handed the page
+    // since (an adopted DMB is never bound again).
+    unsafe { std::ptr::write_bytes(st.as_ptr(), 0, st.len()) };
 }
 
 /// Zero a reused DMB's CDC header (cursors, flags, wakeup bits of its earlier connection)

@@ -43,18 +43,16 @@ pub struct HeldDmb {
 
 impl HeldDmb {
     /// Map a DMB the daemon granted (`own`: ours, else the peer's), or take the mapping kept
-    /// of it; our own reused DMB's header is cleared. Our own DMB's local state page: the one
-    /// kept with its mapping (cleared), else the one the daemon sent with it (`PAIR`): the page
-    /// the daemon keeps with the DMB is the one we use, never another (a process our socket
-    /// moves to adopts that page), so a page we cannot map fails the DMB.
+    /// of it. Our own DMB from a `PAIR` (`id` known) may be a pooled one, whose memory and
+    /// local state page still hold its earlier connection's header and state (cursors, close
+    /// flags): both are cleared, whether its mapping was kept here or not (the daemon's pool
+    /// may outlive our cache of mappings). Our own DMB's local state page: the one kept with
+    /// its mapping, else the one the daemon sent with it (`PAIR`): the page the daemon keeps
+    /// with the DMB is the one we use, never another (a process our socket moves to adopts
+    /// that page), so a page we cannot map fails the DMB.
     fn map(d: smc_ism::Dmb, own: bool) -> Result<HeldDmb, u64> {
         let (map, kept_state) = match crate::dmbs::take(own, d.id, d.size) {
-            Some((m, st)) => {
-                if own {
-                    crate::dmbs::clear_header(&m);
-                }
-                (m, st)
-            }
+            Some((m, st)) => (m, st),
             None => (Arc::new(d.map().map_err(|_| d.token)?), None),
         };
         let state = match (kept_state, &d.state) {
@@ -64,6 +62,12 @@ impl HeldDmb {
             )),
             (None, _) => None,
         };
+        if own && d.id != 0 {
+            crate::dmbs::clear_header(&map);
+            if let Some(st) = &state {
+                crate::dmbs::clear_state(st);
+            }
+        }
         Ok(HeldDmb {
             token: d.token,
             id: d.id,

@@ -348,3 +348,81 @@ fn server_stands_in_for_a_client_that_already_left() {
     assert_eq!(p.map.len(), 16 << 10);
     d.own = None;
 }
+
+/// Establishes one connection between a client and a server driver: (client own, client peer,
+/// server own, server peer).
+fn establish() -> (HeldDmb, HeldDmb, HeldDmb, HeldDmb) {
+    let (c, s) = pair();
+    let sfd = s.as_raw_fd();
+    let t = std::thread::spawn(move || {
+        let o = done(server(sfd).step(true));
+        drop(s);
+        o
+    });
+    let co = done(client(c.as_raw_fd()).step(true));
+    match (co, t.join().unwrap()) {
+        (
+            Outcome::Established {
+                own: cown,
+                peer: cpeer,
+                ..
+            },
+            Outcome::Established {
+                own: sown,
+                peer: speer,
+                ..
+            },
+        ) => (cown, cpeer, sown, speer),
+        _ => panic!("both ends establish"),
+    }
+}
+
+#[test]
+fn a_pooled_dmb_bound_again_starts_clean_without_a_kept_mapping() {
+    daemon();
+    let _g = COUNT.lock().unwrap_or_else(|e| e.into_inner());
+    let (cown, cpeer, sown, speer) = establish();
+    // The connection ran: its cursors and close flags are in the client DMB's CDC header, its
+    // state in the local state page the daemon keeps with that DMB.
+    // SAFETY: our own mappings of at least 4 KiB, used by no connection any more.
+    unsafe {
+        std::ptr::write_bytes(cown.map.as_ptr(), 0xa5, smc_common::cdc::CDC_HEADER_LEN);
+        let st = cown
+            .state
+            .as_ref()
+            .expect("a PAIR DMB comes with its state page");
+        std::ptr::write_bytes(st.as_ptr(), 0x5a, st.len());
+    }
+    let token = cown.token;
+    // Pooled by the daemon, but its mapping is not kept here (as when the process dropped it
+    // from its cache while the daemon, stopped meanwhile, still pooled the DMB).
+    drop(cown);
+    with_dev(|c| {
+        c.release_flags(
+            Some(token),
+            Some(cpeer.token),
+            smc_ism::proto::RELEASE_POOL_OWN,
+        )
+    })
+    .unwrap();
+    setup::release_dmbs(Some(sown.token), Some(speer.token));
+    let (cown, cpeer, sown, speer) = establish();
+    assert_eq!(cown.token, token, "the pooled DMB is bound again");
+    let hdr: Vec<u8> = (0..smc_common::cdc::CDC_HEADER_LEN)
+        // SAFETY: within the mapping; nobody writes it (the peer has not been told yet).
+        .map(|i| unsafe { std::ptr::read_volatile(cown.map.as_ptr().add(i)) })
+        .collect();
+    assert!(
+        hdr.iter().all(|&b| b == 0),
+        "the earlier connection's CDC header is left: {hdr:x?}"
+    );
+    let st = cown.state.as_ref().expect("its state page");
+    // SAFETY: as above, a 4 KiB page of ours.
+    let page = unsafe { std::slice::from_raw_parts(st.as_ptr() as *const u8, st.len()) };
+    assert!(
+        page.iter().all(|&b| b == 0),
+        "the earlier connection's state page is left"
+    );
+    setup::release_dmbs(Some(cown.token), Some(cpeer.token));
+    setup::release_dmbs(Some(sown.token), Some(speer.token));
+}
