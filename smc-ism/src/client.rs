@@ -48,9 +48,15 @@ pub struct Dmb {
     pub size: usize,
     /// SMC size code.
     pub size_code: u8,
+    /// The DMB's id, never reused by any daemon instance (0: the reply did not say; only
+    /// `PAIR` replies do): a mapping kept across uses of a pooled DMB is recognised by it.
+    pub id: u64,
     /// The memfd holding the memory: map it `MAP_SHARED` (see [`Dmb::map`]). Sealed against
     /// shrinking and growing.
     pub fd: OwnedFd,
+    /// `PAIR`, own DMB: the connection end's local state page the daemon keeps with the DMB
+    /// (a sealed 4 KiB memfd; handed to a process the socket moves to, `OP_ADOPT`).
+    pub state: Option<OwnedFd>,
 }
 
 impl fmt::Debug for Dmb {
@@ -61,7 +67,9 @@ impl fmt::Debug for Dmb {
             .field("slot", &self.slot)
             .field("size", &self.size)
             .field("size_code", &self.size_code)
+            .field("id", &self.id)
             .field("fd", &self.fd)
+            .field("state", &self.state)
             .finish()
     }
 }
@@ -795,8 +803,13 @@ pub(crate) fn check_reply(
 
 /// The DMB a successful REGISTER/ATTACH reply grants.
 pub(crate) fn dmb_answer(buf: &[u8], a: Answer) -> Result<Dmb, IsmError> {
-    let r = DmbReply::decode(&buf[a.start..a.end]).ok_or(IsmError::Protocol("short DMB reply"))?;
     let fd = a.fd.ok_or(IsmError::Protocol("DMB reply without memfd"))?;
+    dmb_of(buf.get(a.start..a.end).unwrap_or(&[]), 0, fd)
+}
+
+/// One DMB of a reply: its [`DmbReply`] at the start of `r`, with `id` and `fd`.
+pub(crate) fn dmb_of(r: &[u8], id: u64, fd: OwnedFd) -> Result<Dmb, IsmError> {
+    let r = DmbReply::decode(r).ok_or(IsmError::Protocol("short DMB reply"))?;
     let size = dmb_size_from_code_large(r.size_code)
         .ok_or(IsmError::Protocol("bad size code in reply"))? as usize;
     if size as u64 != r.size {
@@ -808,7 +821,9 @@ pub(crate) fn dmb_answer(buf: &[u8], a: Answer) -> Result<Dmb, IsmError> {
         slot: r.slot,
         size,
         size_code: r.size_code,
+        id,
         fd,
+        state: None,
     })
 }
 

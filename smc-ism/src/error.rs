@@ -106,6 +106,12 @@ pub enum IsmError {
     /// The daemon is shutting down.
     #[error("loopback-ism daemon is shutting down")]
     ShuttingDown,
+    /// `PAIR`: the other end of the connection did not ask within the wait.
+    #[error("the peer did not ask for its DMB in time")]
+    NoPeer,
+    /// `PAIR`: cancelled by the caller.
+    #[error("pairing cancelled")]
+    Cancelled,
     /// Unexpected daemon-side failure.
     #[error("internal daemon error")]
     Internal,
@@ -173,6 +179,8 @@ impl IsmError {
             Status::BadProof => IsmError::BadProof,
             Status::NotHeld => IsmError::NotHeld,
             Status::ShuttingDown => IsmError::ShuttingDown,
+            Status::NoPeer => IsmError::NoPeer,
+            Status::Cancelled => IsmError::Cancelled,
         }
     }
 }

@@ -38,8 +38,21 @@
 //!   also marks the attacher's socket in the eBPF socket storage as allowed to switch on the
 //!   `sk_msg` shortcut (`SOCK_SHORTCUT_GRANTED`, through the map `smc-ctl attach` pinned,
 //!   [`DaemonConfig::bpf_sock_state_map`]): nothing else may enable it in an `ism` cgroup.
-//! - DMBs and memfds are never reused: every registration gets a fresh memfd, so no ring ever
-//!   shows an earlier connection's bytes to a new mapper.
+//! - A registration gets a fresh memfd. A DMB is used again only from its owner's pool
+//!   (`OP_RELEASE` with `RELEASE_POOL_OWN`, then `OP_PAIR`): for a new connection of the same
+//!   owner (client connection) whose other end is the one client connection that ever attached
+//!   it, once that one released its attach (and never after a `RELEASE_TAINT_PEER` or a second
+//!   attacher). So no ring shows an earlier connection's bytes to a process that could not map
+//!   it before; the owner clears the CDC header before its peer learns the DMB is in use again.
+//!   A DMB a process the socket moved to adopted (`OP_ADOPT`, below) is never bound again.
+//!   Pooled DMBs stay charged to their quotas and are freed after `pool_idle_ms` unused.
+//! - `pair` (`OP_PAIR`): both ends of a connection pass their sockets; the second to ask
+//!   completes both (a DMB for each end, each attached by the other), so a connection costs one
+//!   request per end. The proof is the mirror of `attach`: the two sockets are the two ends of
+//!   one connection (mirrored 4-tuples in one namespace while the first socket, kept open while
+//!   it waits, is still established; or the kernel's peer cookie between namespaces). A DMB it
+//!   registers comes with a local state page the daemon creates (what `register_dmb` may carry,
+//!   for `adopt`), handed to the owner with the reply ([`Dmb::state`]); a pooled DMB keeps it.
 //! - `attach_peer` (`OP_ATTACH_PEER`): the same attach, of the live DMB that the other end of
 //!   the caller's very TCP connection registered, without the token — only when both sockets
 //!   are in one network namespace, and — like every attach — only to the very peer socket
@@ -49,7 +62,8 @@
 //! - `adopt` (`OP_ADOPT`, [`Client::adopt_dmb`]): for a process an established connection's
 //!   socket moved to (`SCM_RIGHTS`, `exec`): an attach of the DMB registered with that very
 //!   socket (same `SO_COOKIE`), of the other end's DMB of that connection, or the owner's local
-//!   state page (a sealed 4 KiB memfd it may pass with `register_dmb`, kept with the DMB) —
+//!   state page (a sealed 4 KiB memfd it may pass with `register_dmb`, or the one `pair` created,
+//!   kept with the DMB) —
 //!   only to a client of the registering client's uid, cgroup and pid namespace, so another
 //!   tenant that got hold of the socket gets nothing. Found for as long as the DMB lives (also
 //!   after its owner's unregister, while the peer holds it).

@@ -28,9 +28,14 @@
 //! - `OP_ATTACH`: `token: u64` + the caller's end of the same TCP connection (its `SO_COOKIE`
 //!   must be the recorded peer cookie). Result: [`DmbReply`] + the memfd.
 //! - `OP_DETACH`, `OP_UNREGISTER`: `token: u64`. Result: empty.
-//! - `OP_RELEASE`: `own: u64, peer: u64` (0: none): drops the owner reference of `own` and
-//!   the attach reference of `peer` in one record (counted as an unregister and a detach).
-//!   Result: empty; `NotHeld` if either was not held (the other is still released).
+//! - `OP_RELEASE`: `own: u64, peer: u64` (0: none), optionally `flags: u32, reserved: u32`:
+//!   drops the owner reference of `own` and the attach reference of `peer` in one record
+//!   (counted as an unregister and a detach). Flags ([`FEATURE_POOL`]): [`RELEASE_POOL_OWN`]
+//!   keeps `own` registered, unbound, in the caller's pool of DMBs (see `OP_PAIR`) instead of
+//!   freeing it, when the pool has room and the DMB may be reused; [`RELEASE_TAINT_PEER`]: the
+//!   caller may still write into `peer` (another process shares the connection), so it is
+//!   never reused. Result: empty; `NotHeld` if either was not held (the other is still
+//!   released).
 //! - `OP_ATTACH_PEER`: empty + the caller's connected TCP socket. Attaches the live DMB that
 //!   the other end of this very connection registered (the same mirror proof as `OP_ATTACH`,
 //!   and both sockets in one network namespace, where a mirrored 4-tuple cannot be forged), so
@@ -48,6 +53,30 @@
 //!   long as the peer still holds it). Grants an attach reference. Result: [`DmbReply`] + the
 //!   memfd; `StaleToken` when there is none, `BadProof` when the caller is not the owner's
 //!   uid/cgroup/pid namespace.
+//! - `OP_PAIR`: `size_code: u8, reserved: [u8; 3], park_ms: u32, reserved: u64`, then up to
+//!   [`PAIR_RELEASES_MAX`] releases of 24 bytes each (`own: u64, peer: u64, flags: u32,
+//!   reserved: u32`, handled first, as `OP_RELEASE` records: a process sends the releases of
+//!   its finished short connections with its next pair, one record and one wakeup of the
+//!   daemon instead of several) + the caller's connected TCP socket ([`FEATURE_PAIR`]). Both ends of a connection send it (the client
+//!   with its CLC proposal, the server when it reads the proposal): the daemon answers both
+//!   once the second arrives, each with its own DMB (registered, or one of its pooled DMBs that
+//!   only this peer's process ever attached, bound to this connection) and the peer's, attached
+//!   (the mirror proof of `OP_ATTACH`: the two sockets are the two ends of one connection).
+//!   The first to arrive waits at most `park_ms` (capped at 10 s; [`Status::NoPeer`] then), so
+//!   **its reply may come after replies to later requests** of the same connection: replies
+//!   carry the request's sequence number. A peer that registers with `OP_REGISTER` instead
+//!   completes a waiting `OP_PAIR` too, and an `OP_PAIR` attaches a DMB the peer registered
+//!   so. Result: [`PAIR_REPLY_LEN`] bytes, own [`DmbReply`] + own id (u64) + peer
+//!   [`DmbReply`] + peer id (u64) + `flags: u32, reserved: u32`; the two memfds, own first,
+//!   then, with [`PAIR_OWN_STATE`], the own DMB's local state page: a sealed 4 KiB memfd the
+//!   daemon created with the DMB (a pooled DMB keeps its page), which the owner uses as that
+//!   end's local state and which `OP_ADOPT` hands to a process the socket moves to, as the
+//!   one a `REGISTER` carries. A DMB id is never reused by any daemon instance (random
+//!   start), so a process may keep a mapping of a DMB (and of its state page) across its
+//!   bindings and recognise it by id.
+//! - `OP_CANCEL`: `seq: u32, reserved: u32`: the caller's `OP_PAIR` of that sequence number
+//!   no longer waits (its reply comes at once, [`Status::Cancelled`], unless it was answered
+//!   already). Usually with [`NOREPLY_BIT`].
 //! - `OP_STATS`: empty. Result: [`Stats`](crate::Stats) as JSON.
 //! - `OP_WAIT`: `generation: u64, timeout_ms: u32, reserved: u32`. The daemon answers once its
 //!   release generation differs from `generation` or the timeout (capped at 60 s) expires.
@@ -65,7 +94,7 @@
 //! Requests larger than [`MAX_REQUEST`] bytes are answered with [`Status::Oversized`].
 //!
 //! A request whose op carries [`NOREPLY_BIT`] gets no reply at all (only `OP_DETACH`,
-//! `OP_UNREGISTER` and `OP_RELEASE`; with any other op the bit makes the request
+//! `OP_UNREGISTER`, `OP_RELEASE` and `OP_CANCEL`; with any other op the bit makes the request
 //! `Malformed`, answered as usual): the data path releases DMBs at close without waiting.
 //!
 //! The `QUERY_GID` result's last `u32` is a feature mask ([`FEATURE_RELEASE`],
@@ -107,8 +136,12 @@ pub const OP_RELEASE: u16 = 9;
 pub const OP_ATTACH_PEER: u16 = 10;
 /// Attach a DMB of the connection whose socket the caller now holds (moved to it).
 pub const OP_ADOPT: u16 = 11;
+/// Register (or reuse a pooled) DMB and attach the peer's, both ends at once.
+pub const OP_PAIR: u16 = 12;
+/// Stop waiting for a peer in an `OP_PAIR`.
+pub const OP_CANCEL: u16 = 13;
 /// Highest op code.
-pub const OP_MAX: u16 = OP_ADOPT;
+pub const OP_MAX: u16 = OP_CANCEL;
 /// `OP_ADOPT`: the DMB registered with the caller's socket.
 pub const ADOPT_OWN: u8 = 0;
 /// `OP_ADOPT`: the DMB of the other end of the caller's connection.
@@ -126,8 +159,31 @@ pub const FEATURE_NOREPLY: u32 = 1 << 1;
 pub const FEATURE_ATTACH_PEER: u32 = 1 << 2;
 /// Feature: `OP_ADOPT`.
 pub const FEATURE_ADOPT: u32 = 1 << 3;
+/// Feature: `OP_PAIR` and `OP_CANCEL` (replies of `OP_PAIR` may come out of order).
+pub const FEATURE_PAIR: u32 = 1 << 4;
+/// Feature: the flags of `OP_RELEASE` (pooled DMBs).
+pub const FEATURE_POOL: u32 = 1 << 5;
 /// Every feature this crate's daemon offers.
-pub const FEATURES: u32 = FEATURE_RELEASE | FEATURE_NOREPLY | FEATURE_ATTACH_PEER | FEATURE_ADOPT;
+pub const FEATURES: u32 = FEATURE_RELEASE
+    | FEATURE_NOREPLY
+    | FEATURE_ATTACH_PEER
+    | FEATURE_ADOPT
+    | FEATURE_PAIR
+    | FEATURE_POOL;
+
+/// `OP_RELEASE` flag: keep the released own DMB in the caller's pool.
+pub const RELEASE_POOL_OWN: u32 = 1 << 0;
+/// `OP_RELEASE` flag: never reuse the released peer DMB.
+pub const RELEASE_TAINT_PEER: u32 = 1 << 1;
+
+/// Longest wait of an `OP_PAIR` for its peer.
+pub const PAIR_PARK_MAX_MS: u32 = 10_000;
+
+/// Releases carried by one `OP_PAIR` at most.
+pub const PAIR_RELEASES_MAX: usize = 8;
+
+/// One release carried by an `OP_PAIR`: own, peer, flags (see `OP_RELEASE`).
+pub type PairRelease = (u64, u64, u32);
 
 /// Largest page of `OP_LIST`.
 pub const LIST_PAGE_MAX: u32 = 128;
@@ -138,6 +194,10 @@ pub const STATUS_LEN: usize = 8;
 pub const DMB_REPLY_LEN: usize = 24;
 /// Length of the `QUERY_GID` result.
 pub const GID_REPLY_LEN: usize = 24;
+/// Length of the `OP_PAIR` result.
+pub const PAIR_REPLY_LEN: usize = 72;
+/// `OP_PAIR` result flag: a third fd, the own DMB's local state page, follows the memfds.
+pub const PAIR_OWN_STATE: u32 = 1 << 0;
 
 /// Reply status codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,6 +236,10 @@ pub enum Status {
     Internal = 14,
     /// The daemon is shutting down.
     ShuttingDown = 15,
+    /// `OP_PAIR`: the peer did not ask within the wait.
+    NoPeer = 16,
+    /// `OP_PAIR`: cancelled by the caller (`OP_CANCEL`).
+    Cancelled = 17,
 }
 
 impl Status {
@@ -198,6 +262,8 @@ impl Status {
             12 => BadProof,
             13 => NotHeld,
             15 => ShuttingDown,
+            16 => NoPeer,
+            17 => Cancelled,
             _ => Internal,
         }
     }
@@ -333,6 +399,24 @@ pub enum Request {
         own: u64,
         /// Attach reference to drop.
         peer: u64,
+        /// `RELEASE_*` flags.
+        flags: u32,
+    },
+    /// `OP_PAIR` (`park_ms` capped at [`PAIR_PARK_MAX_MS`]).
+    Pair {
+        /// `16 KiB << size_code` bytes.
+        size_code: u8,
+        /// How long to wait for the peer.
+        park_ms: u32,
+        /// Releases to handle first (the first `n_releases`).
+        releases: [PairRelease; PAIR_RELEASES_MAX],
+        /// How many of `releases` there are.
+        n_releases: u8,
+    },
+    /// `OP_CANCEL`.
+    Cancel {
+        /// The sequence number of the `OP_PAIR`.
+        seq: u32,
     },
     /// `OP_STATS`.
     Stats,
@@ -361,6 +445,7 @@ impl Request {
                 | Request::Attach { .. }
                 | Request::AttachPeer
                 | Request::Adopt { .. }
+                | Request::Pair { .. }
         )
     }
 }
@@ -398,7 +483,7 @@ pub fn decode_request(rec: &[u8], truncated: bool) -> Decoded {
         && hdr.is_some_and(|h| h.magic == MAGIC && h.version == VERSION)
         && matches!(
             raw_op & !NOREPLY_BIT,
-            OP_DETACH | OP_UNREGISTER | OP_RELEASE
+            OP_DETACH | OP_UNREGISTER | OP_RELEASE | OP_CANCEL
         );
     let op = if noreply {
         raw_op & !NOREPLY_BIT
@@ -456,7 +541,30 @@ pub fn decode_request(rec: &[u8], truncated: bool) -> Decoded {
         OP_RELEASE => Ok(Request::Release {
             own: get_u64(p, 0),
             peer: get_u64(p, 8),
+            flags: get_u32(p, 16),
         }),
+        OP_PAIR if !need(8) => bad(Status::Malformed, false),
+        OP_PAIR if p[0] > smc_common::cdc::DMB_MAX_SIZE_CODE_LARGE => bad(Status::BadSize, false),
+        OP_PAIR if p.len() > 16 && !(p.len() - 16).is_multiple_of(24) => {
+            bad(Status::Malformed, false)
+        }
+        OP_PAIR if p.len() > 16 + 24 * PAIR_RELEASES_MAX => bad(Status::Malformed, false),
+        OP_PAIR => {
+            let mut releases = [(0, 0, 0); PAIR_RELEASES_MAX];
+            let n = p.len().saturating_sub(16) / 24;
+            for (i, r) in releases.iter_mut().enumerate().take(n) {
+                let o = 16 + 24 * i;
+                *r = (get_u64(p, o), get_u64(p, o + 8), get_u32(p, o + 16));
+            }
+            Ok(Request::Pair {
+                size_code: p[0],
+                park_ms: get_u32(p, 4).min(PAIR_PARK_MAX_MS),
+                releases,
+                n_releases: n as u8,
+            })
+        }
+        OP_CANCEL if !need(4) => bad(Status::Malformed, false),
+        OP_CANCEL => Ok(Request::Cancel { seq: get_u32(p, 0) }),
         OP_STATS => Ok(Request::Stats),
         OP_WAIT if !need(16) => bad(Status::Malformed, false),
         OP_WAIT => Ok(Request::Wait {
@@ -546,7 +654,14 @@ mod tests {
         );
         let d = decode_request(&record(OP_RELEASE | NOREPLY_BIT, &[0; 16]), false);
         assert!(d.noreply);
-        assert_eq!(d.request, Ok(Request::Release { own: 0, peer: 0 }));
+        assert_eq!(
+            d.request,
+            Ok(Request::Release {
+                own: 0,
+                peer: 0,
+                flags: 0
+            })
+        );
         let d = decode_request(&record(OP_STATS | NOREPLY_BIT, &[]), false);
         assert!(!d.noreply);
         assert!(d.request.unwrap_err().header);
@@ -566,10 +681,65 @@ mod tests {
     }
 
     #[test]
+    fn pair_records() {
+        let mut p = vec![3u8, 0, 0, 0];
+        p.extend_from_slice(&99_999u32.to_le_bytes());
+        p.extend_from_slice(&[0; 8]);
+        match decode_request(&record(OP_PAIR, &p), false).request {
+            Ok(Request::Pair {
+                size_code: 3,
+                park_ms: PAIR_PARK_MAX_MS,
+                n_releases: 0,
+                ..
+            }) => {}
+            r => panic!("{r:?}"),
+        }
+        // Two releases carried.
+        for (own, peer, flags) in [(1u64, 2u64, 1u32), (3, 0, 2)] {
+            p.extend_from_slice(&own.to_le_bytes());
+            p.extend_from_slice(&peer.to_le_bytes());
+            p.extend_from_slice(&flags.to_le_bytes());
+            p.extend_from_slice(&[0; 4]);
+        }
+        match decode_request(&record(OP_PAIR, &p), false).request {
+            Ok(Request::Pair {
+                releases,
+                n_releases: 2,
+                ..
+            }) => assert_eq!(&releases[..2], &[(1, 2, 1), (3, 0, 2)]),
+            r => panic!("{r:?}"),
+        }
+        // A partial release, too many releases, a short record, a bad size code.
+        let d = decode_request(&record(OP_PAIR, &p[..p.len() - 1]), false);
+        assert_eq!(d.request.unwrap_err().status, Status::Malformed);
+        // (9 releases still fit a record: 16 + 16 + 9 * 24 = 248 bytes.)
+        let mut long = p.clone();
+        for _ in 2..=PAIR_RELEASES_MAX {
+            long.extend_from_slice(&[0; 24]);
+        }
+        let d = decode_request(&record(OP_PAIR, &long), false);
+        assert_eq!(d.request.unwrap_err().status, Status::Malformed);
+        let d = decode_request(&record(OP_PAIR, &p[..7]), false);
+        assert_eq!(d.request.unwrap_err().status, Status::Malformed);
+        p[0] = 11;
+        let d = decode_request(&record(OP_PAIR, &p), false);
+        assert_eq!(d.request.unwrap_err().status, Status::BadSize);
+        // CANCEL may want no reply.
+        let d = decode_request(
+            &record(OP_CANCEL | NOREPLY_BIT, &[5, 0, 0, 0, 0, 0, 0, 0]),
+            false,
+        );
+        assert_eq!(
+            (d.noreply, d.request),
+            (true, Ok(Request::Cancel { seq: 5 }))
+        );
+    }
+
+    #[test]
     fn status_codes() {
         for v in 0..20u32 {
             let s = Status::from_u32(v);
-            if v <= 15 && v != 14 {
+            if v <= 17 && v != 14 {
                 assert_eq!(s as u32, v);
             } else {
                 assert_eq!(s, Status::Internal);

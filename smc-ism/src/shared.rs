@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::client::{self, check_reply, dmb_answer, Dmb, Gid, Ticket, DEFAULT_TIMEOUT};
+use crate::client::{self, check_reply, dmb_answer, dmb_of, Dmb, Gid, Ticket, DEFAULT_TIMEOUT};
 use crate::error::IsmError;
 use crate::proto::{self, Header};
 use crate::sys;
@@ -38,8 +38,8 @@ static GENERATION: AtomicU64 = AtomicU64::new(1);
 /// Largest reply record read through a shared client (DMB and GID replies are far smaller).
 const REPLY_MAX: usize = 256;
 
-/// A reply filed for its ticket's waiter.
-type Filed = (Vec<u8>, Option<OwnedFd>);
+/// A reply filed for its ticket's waiter: the record and the fds that came with it.
+type Filed = (Vec<u8>, Option<OwnedFd>, Vec<OwnedFd>);
 
 struct State {
     /// The connection (shared with a reader that reads it without the lock).
@@ -51,14 +51,19 @@ struct State {
     max_size_code: Option<u8>,
     /// Requests whose replies are still to be read, oldest first.
     inflight: VecDeque<u32>,
+    /// How many of them are `PAIR` requests (answered when their peer asks: they do not count
+    /// against [`client::MAX_INFLIGHT`], whose replies would otherwise fill the socket).
+    pairs: usize,
     /// Replies read for tickets not finished yet.
     filed: HashMap<u32, Filed>,
     /// A thread is reading the socket.
     reading: bool,
-    /// Requests whose waiter gave up (timeout): their replies are dropped when read (a
-    /// reference they grant stays held until the connection closes, as with an unfinished
-    /// [`Ticket`]).
-    abandoned: Vec<u32>,
+    /// Requests whose waiter gave up (timeout, [`SharedClient::abandon`]), with their op:
+    /// their replies are dropped when read, and the references they grant given back.
+    abandoned: Vec<(u32, u16)>,
+    /// References granted by abandoned requests, given back with the next request (not
+    /// while the lock is held).
+    to_release: Vec<(u64, u64)>,
 }
 
 /// A thread-safe daemon connection; see the module documentation.
@@ -93,9 +98,11 @@ impl SharedClient {
                 features: None,
                 max_size_code: None,
                 inflight: VecDeque::new(),
+                pairs: 0,
                 filed: HashMap::new(),
                 reading: false,
                 abandoned: Vec::new(),
+                to_release: Vec::new(),
             }),
             changed: Condvar::new(),
             raw: AtomicI32::new(-1),
@@ -141,8 +148,11 @@ impl SharedClient {
         st.features = None;
         st.max_size_code = None;
         st.inflight.clear();
+        st.pairs = 0;
         st.filed.clear();
         st.abandoned.clear();
+        // The daemon released everything the connection held.
+        st.to_release.clear();
         st.generation = GENERATION.fetch_add(1, Ordering::Relaxed);
         self.changed.notify_all();
     }
@@ -168,6 +178,7 @@ impl SharedClient {
     /// Sends one request without waiting for its reply (a full socket buffer is waited on,
     /// within the timeout); its seq is queued for a reply unless it carries `NOREPLY_BIT`.
     fn send(&self, op: u16, payload: &[u8], pass: &[RawFd]) -> Result<Ticket, IsmError> {
+        self.flush_releases();
         let reused = self.lock().fd.is_some();
         match self.send_once(op, payload, pass) {
             // A connection the daemon closed (it restarted): once more on a new one.
@@ -184,7 +195,7 @@ impl SharedClient {
         // oldest reply is read and filed for its ticket first).
         let deadline = Instant::now() + self.timeout;
         loop {
-            while st.inflight.len() >= client::MAX_INFLIGHT {
+            while st.inflight.len() - st.pairs >= client::MAX_INFLIGHT {
                 let (g, r) = self.wait_step(st, deadline);
                 st = g;
                 if !r? {
@@ -198,7 +209,7 @@ impl SharedClient {
                 return Err(IsmError::Disconnected);
             };
             let seq = st.seq.wrapping_add(1);
-            let mut req = [0u8; proto::HEADER_LEN + 32];
+            let mut req = [0u8; proto::MAX_REQUEST];
             let n = proto::HEADER_LEN + payload.len();
             if n > req.len() {
                 return Err(IsmError::Protocol("request too large"));
@@ -209,20 +220,38 @@ impl SharedClient {
                 if e.raw_os_error() == Some(libc::EAGAIN) {
                     // The socket's send buffer is full: the daemon is behind (a burst of
                     // registrations and releases, e.g. when many handshakes decline at once; the
-                    // releases expect no reply, so `MAX_INFLIGHT` does not bound them). Wait for
-                    // room without the lock, within the timeout, then send again (with the seq of
-                    // that moment): a transient backlog is not a missing device.
+                    // releases expect no reply, so `MAX_INFLIGHT` does not bound them), or it
+                    // waits to send us replies nobody reads (cancelled pairs): those are read
+                    // meanwhile. Wait for room without the lock, within the timeout, then send
+                    // again (with the seq of that moment): a transient backlog is not a missing
+                    // device.
                     let Some(conn) = st.fd.clone() else {
                         return Err(IsmError::Disconnected);
                     };
+                    let reading = st.reading;
                     drop(st);
                     let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() || !sys::wait_writable(conn.as_raw_fd(), left) {
+                    let want = if reading {
+                        libc::POLLOUT
+                    } else {
+                        libc::POLLOUT | libc::POLLIN
+                    };
+                    let ev = if left.is_zero() {
+                        0
+                    } else {
+                        sys::wait_for(conn.as_raw_fd(), want, left)
+                    };
+                    if ev == 0 {
                         return Err(IsmError::Timeout);
                     }
                     st = self.lock();
                     if !st.fd.as_ref().is_some_and(|f| Arc::ptr_eq(f, &conn)) {
                         return Err(IsmError::Disconnected);
+                    }
+                    if ev & libc::POLLIN != 0 && !st.reading {
+                        let (g, r) = self.read_one(st, deadline);
+                        st = g;
+                        r?;
                     }
                     continue;
                 }
@@ -237,6 +266,9 @@ impl SharedClient {
             st.seq = seq;
             if op & proto::NOREPLY_BIT == 0 {
                 st.inflight.push_back(seq);
+                if op == proto::OP_PAIR {
+                    st.pairs += 1;
+                }
             }
             return Ok(Ticket {
                 seq,
@@ -246,11 +278,13 @@ impl SharedClient {
         }
     }
 
-    /// Reads the oldest outstanding reply, without the lock while waiting, and files it for its
-    /// ticket (or drops it when its waiter gave up). The caller saw no other reader.
+    /// Reads the next reply, without the lock while waiting, and files it for its ticket (or
+    /// drops it when its waiter gave up). The caller saw no other reader. Nothing is read when
+    /// none comes before `deadline` (a `PAIR` reply may take that long; not an error).
     fn read_one<'a>(
         &'a self,
         mut st: MutexGuard<'a, State>,
+        deadline: Instant,
     ) -> (MutexGuard<'a, State>, Result<(), IsmError>) {
         let Some(fd) = st.fd.clone() else {
             return (st, Err(IsmError::Disconnected));
@@ -258,9 +292,23 @@ impl SharedClient {
         st.reading = true;
         let generation = st.generation;
         drop(st);
-        // The wait: without the lock. SO_RCVTIMEO bounds it.
+        // The wait: without the lock. SO_RCVTIMEO bounds it, or an earlier deadline (a reply
+        // already there is read at once).
         let mut buf = vec![0u8; REPLY_MAX];
-        let r = sys::recv_record(fd.as_raw_fd(), &mut buf, 0);
+        let mut r = sys::recv_record(fd.as_raw_fd(), &mut buf, libc::MSG_DONTWAIT);
+        if r.as_ref()
+            .is_err_and(|e| e.raw_os_error() == Some(libc::EAGAIN))
+        {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left < self.timeout && !sys::wait_readable(fd.as_raw_fd(), left) {
+                drop(fd);
+                let mut st = self.lock();
+                st.reading = false;
+                self.changed.notify_all();
+                return (st, Ok(()));
+            }
+            r = sys::recv_record(fd.as_raw_fd(), &mut buf, 0);
+        }
         drop(fd);
         let mut st = self.lock();
         st.reading = false;
@@ -292,47 +340,116 @@ impl SharedClient {
             self.disconnect(&mut st);
             return (st, Err(IsmError::Disconnected));
         }
+        // Replies come in request order, except those of PAIR requests (answered when the
+        // peer asks): any outstanding request may be answered.
         let seq = Header::decode(&buf[..r.len]).map(|h| h.seq);
-        if r.truncated || seq.is_none() || st.inflight.front().copied() != seq {
+        let at = seq.and_then(|s| st.inflight.iter().position(|&x| x == s));
+        let (Some(seq), Some(at), false) = (seq, at, r.truncated) else {
             self.disconnect(&mut st);
             return (st, Err(IsmError::Protocol("reply out of sequence")));
+        };
+        st.inflight.remove(at);
+        if Header::decode(&buf[..r.len]).is_some_and(|h| h.op == proto::OP_PAIR | proto::REPLY_BIT)
+        {
+            st.pairs = st.pairs.saturating_sub(1);
         }
-        st.inflight.pop_front();
         buf.truncate(r.len);
-        let seq = seq.unwrap_or(0);
-        if let Some(i) = st.abandoned.iter().position(|&s| s == seq) {
-            st.abandoned.swap_remove(i);
+        if let Some(i) = st.abandoned.iter().position(|&(s, _)| s == seq) {
+            let (_, op) = st.abandoned.swap_remove(i);
+            if let Some(g) = granted(&buf, op) {
+                st.to_release.push(g);
+            }
         } else {
-            st.filed.insert(seq, (buf, r.fd));
+            st.filed.insert(seq, (buf, r.fd, r.extra));
         }
         (st, Ok(()))
     }
 
-    /// Waits for the reply of `t` (bounded by the timeout): the record, and where its result
-    /// and fd are.
-    fn finish(&self, t: Ticket) -> Result<(Vec<u8>, client::Answer), IsmError> {
-        let deadline = Instant::now() + self.timeout;
+    /// Waits for the reply of `t` (bounded by `wait`, else the timeout): the record, where its
+    /// result and first fd are, and its further fds.
+    fn finish_within(
+        &self,
+        t: Ticket,
+        wait: Option<Duration>,
+    ) -> Result<(Vec<u8>, client::Answer, Vec<OwnedFd>), IsmError> {
+        let deadline = Instant::now() + wait.unwrap_or(self.timeout);
         let mut st = self.lock();
         loop {
             if st.generation != t.generation || st.fd.is_none() {
                 // The daemon released whatever it granted when that connection closed.
                 return Err(IsmError::Disconnected);
             }
-            if let Some((rec, fd)) = st.filed.remove(&t.seq) {
+            if let Some((rec, fd, extra)) = st.filed.remove(&t.seq) {
                 let r = check_reply(t.seq, t.op, &rec, rec.len(), fd);
                 if let Err(IsmError::Protocol(_)) = r {
                     self.disconnect(&mut st);
                 }
-                return r.map(|a| (rec, a));
+                return r.map(|a| (rec, a, extra));
             }
             let (g, r) = self.wait_step(st, deadline);
             st = g;
             if !r? {
                 if st.inflight.contains(&t.seq) {
-                    st.abandoned.push(t.seq);
+                    st.abandoned.push((t.seq, t.op));
+                    if t.op == proto::OP_PAIR {
+                        // It may still wait for its peer in the daemon: no longer.
+                        drop(st);
+                        self.cancel(t.seq);
+                    }
                 }
                 return Err(IsmError::Timeout);
             }
+        }
+    }
+
+    /// `OP_CANCEL` of the `PAIR` `seq` (no reply).
+    fn cancel(&self, seq: u32) {
+        let mut payload = [0u8; 8];
+        payload[0..4].copy_from_slice(&seq.to_le_bytes());
+        let _ = self.send_once(proto::OP_CANCEL | proto::NOREPLY_BIT, &payload, &[]);
+    }
+
+    fn finish(&self, t: Ticket) -> Result<(Vec<u8>, client::Answer), IsmError> {
+        self.finish_within(t, None).map(|(rec, a, _)| (rec, a))
+    }
+
+    /// The reply of `t` is no longer wanted: dropped when it comes (now, if it is there), and
+    /// whatever it grants given back; a waiting `PAIR` is cancelled. Never waits.
+    pub fn abandon(&self, t: Ticket) {
+        let mut st = self.lock();
+        if st.generation != t.generation || st.fd.is_none() {
+            return; // the daemon released everything of that connection
+        }
+        let mut cancel = false;
+        if let Some((rec, _, _)) = st.filed.remove(&t.seq) {
+            if let Some(g) = granted(&rec, t.op) {
+                st.to_release.push(g);
+            }
+        } else if st.inflight.contains(&t.seq) {
+            st.abandoned.push((t.seq, t.op));
+            cancel = t.op == proto::OP_PAIR;
+        }
+        drop(st);
+        if cancel {
+            self.cancel(t.seq);
+        }
+        self.flush_releases();
+    }
+
+    /// Gives back what abandoned requests were granted (one record each, no reply).
+    fn flush_releases(&self) {
+        let todo = {
+            let mut st = self.lock();
+            if st.to_release.is_empty() {
+                return;
+            }
+            std::mem::take(&mut st.to_release)
+        };
+        for (own, peer) in todo {
+            let mut payload = [0u8; 16];
+            payload[0..8].copy_from_slice(&own.to_le_bytes());
+            payload[8..16].copy_from_slice(&peer.to_le_bytes());
+            let _ = self.send_once(proto::OP_RELEASE | proto::NOREPLY_BIT, &payload, &[]);
         }
     }
 
@@ -347,7 +464,7 @@ impl SharedClient {
             if Instant::now() >= deadline {
                 return (st, Ok(false));
             }
-            let (g, r) = self.read_one(st);
+            let (g, r) = self.read_one(st, deadline);
             return (g, r.map(|()| true));
         }
         let now = Instant::now();
@@ -460,6 +577,83 @@ impl SharedClient {
         dmb_answer(&buf, a)
     }
 
+    /// Sends a `PAIR` without waiting (see [`crate::proto`]): the daemon answers once the
+    /// other end of `sock_fd`'s connection asks too (at most `park` later: then
+    /// [`IsmError::NoPeer`]). [`IsmError::UnknownOp`] when the daemon does not offer it.
+    pub fn pair_start(
+        &self,
+        size_code: u8,
+        park: Duration,
+        sock_fd: RawFd,
+    ) -> Result<Ticket, IsmError> {
+        self.pair_start_releasing(size_code, park, sock_fd, &[])
+    }
+
+    /// As [`SharedClient::pair_start`], with releases the daemon handles first (at most
+    /// [`proto::PAIR_RELEASES_MAX`]; more are sent as `OP_RELEASE` records before it).
+    pub fn pair_start_releasing(
+        &self,
+        size_code: u8,
+        park: Duration,
+        sock_fd: RawFd,
+        releases: &[proto::PairRelease],
+    ) -> Result<Ticket, IsmError> {
+        if self.features()? & proto::FEATURE_PAIR == 0 {
+            return Err(IsmError::UnknownOp);
+        }
+        let (carried, before) = if releases.len() > proto::PAIR_RELEASES_MAX {
+            releases.split_at(proto::PAIR_RELEASES_MAX)
+        } else {
+            (releases, &[][..])
+        };
+        for &(own, peer, flags) in before {
+            let _ = self.release_flags(
+                Some(own).filter(|&t| t != 0),
+                Some(peer).filter(|&t| t != 0),
+                flags,
+            );
+        }
+        let mut payload = [0u8; 16 + 24 * proto::PAIR_RELEASES_MAX];
+        payload[0] = size_code;
+        let ms = park.as_millis().min(proto::PAIR_PARK_MAX_MS as u128) as u32;
+        payload[4..8].copy_from_slice(&ms.to_le_bytes());
+        for (i, &(own, peer, flags)) in carried.iter().enumerate() {
+            let o = 16 + 24 * i;
+            payload[o..o + 8].copy_from_slice(&own.to_le_bytes());
+            payload[o + 8..o + 16].copy_from_slice(&peer.to_le_bytes());
+            payload[o + 16..o + 20].copy_from_slice(&flags.to_le_bytes());
+        }
+        let n = 16 + 24 * carried.len();
+        self.send(proto::OP_PAIR, &payload[..n], &[sock_fd])
+    }
+
+    /// Waits (at most `wait`, else the client's timeout) for the reply of a `PAIR`: our DMB and
+    /// the peer's (attached), each with its id; ours with its local state page ([`Dmb::state`])
+    /// when the daemon keeps one.
+    pub fn finish_pair(&self, t: Ticket, wait: Option<Duration>) -> Result<(Dmb, Dmb), IsmError> {
+        let (buf, a, mut extra) = self.finish_within(t, wait)?;
+        let r = buf.get(a.start..a.end).unwrap_or(&[]);
+        if r.len() < proto::PAIR_REPLY_LEN {
+            return Err(IsmError::Protocol("short PAIR reply"));
+        }
+        let own_fd =
+            a.fd.ok_or(IsmError::Protocol("PAIR reply without memfds"))?;
+        let mut extra = std::mem::take(&mut extra).into_iter();
+        let peer_fd = extra
+            .next()
+            .ok_or(IsmError::Protocol("PAIR reply without the peer's memfd"))?;
+        let mut own = dmb_of(&r[0..24], proto::get_u64(r, 24), own_fd)?;
+        if proto::get_u32(r, 64) & proto::PAIR_OWN_STATE != 0 {
+            own.state = Some(
+                extra
+                    .next()
+                    .ok_or(IsmError::Protocol("PAIR reply without the state page"))?,
+            );
+        }
+        let peer = dmb_of(&r[32..56], proto::get_u64(r, 56), peer_fd)?;
+        Ok((own, peer))
+    }
+
     /// `REGISTER` and its reply (see [`crate::Client::register_dmb`]).
     pub fn register_dmb(&self, size_code: u8, sock_fd: RawFd) -> Result<Dmb, IsmError> {
         let t = self.register_dmb_start(size_code, sock_fd)?;
@@ -495,5 +689,43 @@ impl SharedClient {
         payload[8..16].copy_from_slice(&peer.unwrap_or(0).to_le_bytes());
         self.send(proto::OP_RELEASE | proto::NOREPLY_BIT, &payload, &[])
             .map(|_| ())
+    }
+
+    /// As [`SharedClient::release_nowait`], with `RELEASE_*` flags (ignored by a daemon
+    /// without [`proto::FEATURE_POOL`]: `own` is then freed, as without them).
+    pub fn release_flags(
+        &self,
+        own: Option<u64>,
+        peer: Option<u64>,
+        flags: u32,
+    ) -> Result<(), IsmError> {
+        if flags == 0 || self.features()? & proto::FEATURE_POOL == 0 {
+            return self.release_nowait(own, peer);
+        }
+        let mut payload = [0u8; 24];
+        payload[0..8].copy_from_slice(&own.unwrap_or(0).to_le_bytes());
+        payload[8..16].copy_from_slice(&peer.unwrap_or(0).to_le_bytes());
+        payload[16..20].copy_from_slice(&flags.to_le_bytes());
+        self.send(proto::OP_RELEASE | proto::NOREPLY_BIT, &payload, &[])
+            .map(|_| ())
+    }
+}
+
+/// The references a successful reply of `op` grants: (own, peer) tokens, 0 for none.
+fn granted(rec: &[u8], op: u16) -> Option<(u64, u64)> {
+    let h = Header::decode(rec)?;
+    let base = proto::HEADER_LEN + proto::STATUS_LEN;
+    if h.op != op | proto::REPLY_BIT
+        || proto::get_u32(rec, proto::HEADER_LEN) != proto::Status::Ok as u32
+        || rec.len() < base + proto::DMB_REPLY_LEN
+    {
+        return None;
+    }
+    let first = proto::get_u64(rec, base);
+    match op {
+        proto::OP_REGISTER => Some((first, 0)),
+        proto::OP_ATTACH | proto::OP_ATTACH_PEER => Some((0, first)),
+        proto::OP_PAIR => Some((first, proto::get_u64(rec, base + 32))),
+        _ => None,
     }
 }

@@ -41,6 +41,9 @@ pub struct OpsStats {
     pub wait: OpStats,
     /// `LIST`.
     pub list: OpStats,
+    /// `PAIR`: `requests` records, `ok` connection ends served (two per connection: each end's
+    /// reply, with its own DMB and the peer's), `nanos` the time of the pairings.
+    pub pair: OpStats,
     /// Records that could not be attributed to an op (malformed, oversized, bad version,
     /// unknown op).
     pub invalid: OpStats,
@@ -87,6 +90,8 @@ pub struct FailureStats {
     pub bad_version: u64,
     /// Unknown op.
     pub unknown_op: u64,
+    /// `PAIR` found no peer within its wait.
+    pub no_peer: u64,
     /// Reply could not be sent (client gone).
     pub send_failed: u64,
     /// Unexpected errors.
@@ -142,6 +147,11 @@ pub struct Stats {
     pub max_dmbs: u64,
     /// References released because their client's connection closed.
     pub released_on_disconnect: u64,
+    /// DMBs bound again to a new connection from their owner's pool (`PAIR`), instead of
+    /// registered anew.
+    pub dmbs_reused: u64,
+    /// DMBs currently pooled (registered, unbound, waiting for reuse).
+    pub dmbs_pooled: u64,
     /// Per-op counters.
     pub ops: OpsStats,
     /// Per-reason failure counters.

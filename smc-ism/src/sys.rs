@@ -39,14 +39,14 @@ struct CmsgBuf([u8; 64]);
 #[repr(C, align(8))]
 struct RecvCmsgBuf([u8; 1040]);
 
-/// Sends one record, with the fds of `pass` (at most 2) as SCM_RIGHTS. Never raises SIGPIPE.
+/// Sends one record, with the fds of `pass` (at most 4) as SCM_RIGHTS. Never raises SIGPIPE.
 pub(crate) fn send_record(
     sock: RawFd,
     data: &[u8],
     pass: &[RawFd],
     flags: libc::c_int,
 ) -> io::Result<()> {
-    if pass.len() > 2 {
+    if pass.len() > 4 {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     let mut iov = libc::iovec {
@@ -60,7 +60,8 @@ pub(crate) fn send_record(
     msg.msg_iovlen = 1;
     if !pass.is_empty() {
         let bytes = mem::size_of_val(pass) as u32;
-        // SAFETY: the buffer is large and aligned enough for one cmsghdr carrying two ints.
+        // SAFETY: the buffer (64 bytes, aligned for cmsghdr) holds one cmsghdr carrying up to
+        // four ints (CMSG_SPACE(16) = 32).
         unsafe {
             let space = libc::CMSG_SPACE(bytes) as usize;
             msg.msg_control = cbuf.0.as_mut_ptr().cast();
@@ -69,9 +70,9 @@ pub(crate) fn send_record(
             (*c).cmsg_level = libc::SOL_SOCKET;
             (*c).cmsg_type = libc::SCM_RIGHTS;
             (*c).cmsg_len = libc::CMSG_LEN(bytes) as _;
-            let data = libc::CMSG_DATA(c) as *mut libc::c_int;
-            for (i, &fd) in pass.iter().enumerate() {
-                ptr::write_unaligned(data.add(i), fd);
+            let d = libc::CMSG_DATA(c) as *mut libc::c_int;
+            for (i, fd) in pass.iter().enumerate() {
+                ptr::write_unaligned(d.add(i), *fd);
             }
         }
     }
@@ -118,15 +119,21 @@ pub(crate) struct Received {
     pub fds_dropped: bool,
 }
 
-/// Waits until `fd` is writable (or has an error or hang-up), at most `timeout`; false on
-/// timeout. The system call itself (`ppoll`), not the libc symbol: inside the interposition
-/// library, `poll` is the application's emulated one.
-pub(crate) fn wait_writable(fd: RawFd, timeout: std::time::Duration) -> bool {
+/// Waits until `fd` is readable (or has an error or hang-up), at most `timeout`; false on
+/// timeout.
+pub(crate) fn wait_readable(fd: RawFd, timeout: std::time::Duration) -> bool {
+    wait_for(fd, libc::POLLIN, timeout) != 0
+}
+
+/// Waits until one of `events` (or an error or hang-up) is there, at most `timeout`: the
+/// `revents` (0 on timeout). The system call itself (`ppoll`), not the libc symbol: inside the
+/// interposition library, `poll` is the application's emulated one.
+pub(crate) fn wait_for(fd: RawFd, events: libc::c_short, timeout: std::time::Duration) -> i16 {
     let deadline = std::time::Instant::now() + timeout;
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
-            return false;
+            return 0;
         }
         let ts = libc::timespec {
             tv_sec: left.as_secs().min(i64::MAX as u64) as libc::time_t,
@@ -134,7 +141,7 @@ pub(crate) fn wait_writable(fd: RawFd, timeout: std::time::Duration) -> bool {
         };
         let mut p = libc::pollfd {
             fd,
-            events: libc::POLLOUT,
+            events,
             revents: 0,
         };
         // SAFETY: one valid pollfd, a valid timespec, no signal mask.
@@ -149,12 +156,12 @@ pub(crate) fn wait_writable(fd: RawFd, timeout: std::time::Duration) -> bool {
             )
         };
         if r > 0 {
-            return true;
+            return p.revents;
         }
         if r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
             continue;
         }
-        return false;
+        return 0;
     }
 }
 
@@ -245,9 +252,18 @@ pub(crate) fn is_state_page(fd: BorrowedFd<'_>, size: u64) -> bool {
 /// and neither shrinkable nor growable by anybody (a peer shrinking it would SIGBUS the other
 /// side).
 pub(crate) fn create_dmb_memfd(size: u64) -> io::Result<OwnedFd> {
+    create_sealed_memfd(c"smc-dmb", size)
+}
+
+/// Creates a connection end's local state page as [`create_dmb_memfd`] does a DMB (what
+/// [`is_state_page`] accepts).
+pub(crate) fn create_state_memfd(size: u64) -> io::Result<OwnedFd> {
+    create_sealed_memfd(c"smc-state", size)
+}
+
+fn create_sealed_memfd(name: &std::ffi::CStr, size: u64) -> io::Result<OwnedFd> {
     use std::sync::atomic::{AtomicBool, Ordering};
     static NO_NOEXEC_SEAL: AtomicBool = AtomicBool::new(false);
-    let name = c"smc-dmb";
     let base = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     let mut fd = -1;
     if !NO_NOEXEC_SEAL.load(Ordering::Relaxed) {
@@ -404,6 +420,13 @@ pub(crate) fn inspect_tcp(fd: BorrowedFd<'_>) -> Result<TcpIdentity, SocketCheck
         cookie: getsockopt::<u64>(fd, libc::SOL_SOCKET, SO_COOKIE).ok(),
         netns_cookie: getsockopt::<u64>(fd, libc::SOL_SOCKET, SO_NETNS_COOKIE).ok(),
     })
+}
+
+/// Whether a socket that [`inspect_tcp`] accepted is still an established TCP socket.
+#[cfg(feature = "daemon")]
+pub(crate) fn still_established(fd: BorrowedFd<'_>) -> bool {
+    getsockopt::<[u8; 8]>(fd, libc::IPPROTO_TCP, libc::TCP_INFO)
+        .is_ok_and(|info| info[0] == TCP_ESTABLISHED)
 }
 
 fn sock_name(fd: BorrowedFd<'_>, peer: bool) -> Option<SocketAddr> {

@@ -22,6 +22,7 @@ use crate::real;
 use crate::shm::{Mapping, ShmLock};
 use smc_common::cdc::{CdcHeader, ConnStateFlags, Cursor, CursorWord, ProdFlags, Ring};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The reader of this DMB sleeps waiting for data.
@@ -250,15 +251,16 @@ pub enum Role {
     Server,
 }
 
-/// What the handshake left for cleanup (daemon tokens), kept opaque here.
+/// What the handshake left for cleanup (daemon tokens), kept opaque here; given the
+/// connection as it goes (its mappings may be kept for a later connection).
 pub trait Release: Send + Sync {
-    fn release(&self);
+    fn release(&self, c: &Conn);
 }
 
 pub struct Conn {
-    own: Mapping,
-    peer: Mapping,
-    shared: Mapping,
+    own: Arc<Mapping>,
+    peer: Arc<Mapping>,
+    shared: Arc<Mapping>,
     rx: Ring,
     tx: Ring,
     pub role: Role,
@@ -292,20 +294,23 @@ pub struct Readiness {
 impl Conn {
     /// Build a connection over our DMB `own` and the peer's DMB `peer`.
     pub fn new(
-        own: Mapping,
-        peer: Mapping,
-        state: Option<Mapping>,
+        own: impl Into<Arc<Mapping>>,
+        peer: impl Into<Arc<Mapping>>,
+        state: Option<Arc<Mapping>>,
         role: Role,
         nonblock: bool,
         release: Option<Box<dyn Release>>,
     ) -> std::io::Result<Conn> {
+        let (own, peer) = (own.into(), peer.into());
         let rx = Ring::for_dmb(own.len())
             .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
         let tx = Ring::for_dmb(peer.len())
             .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        // The state page registered with our DMB, else an anonymous one (that connection
+        // cannot move to another process).
         let shared = match state {
             Some(m) if m.len() >= 4096 => m,
-            _ => Mapping::anon_shared(4096)?,
+            _ => Arc::new(Mapping::anon_shared(4096)?),
         };
         let c = Conn {
             own,
@@ -347,6 +352,7 @@ impl Conn {
         state: Mapping,
         release: Option<Box<dyn Release>>,
     ) -> std::io::Result<Conn> {
+        let (own, peer, state) = (Arc::new(own), Arc::new(peer), Arc::new(state));
         let bad = || std::io::Error::from_raw_os_error(libc::EINVAL);
         let rx = Ring::for_dmb(own.len()).ok_or_else(bad)?;
         let tx = Ring::for_dmb(peer.len()).ok_or_else(bad)?;
@@ -1599,10 +1605,51 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// Our DMB's mapping.
+    pub fn own_map(&self) -> &Arc<Mapping> {
+        &self.own
+    }
+
+    /// The peer's DMB's mapping.
+    pub fn peer_map(&self) -> &Arc<Mapping> {
+        &self.peer
+    }
+
+    /// The local state page's mapping.
+    pub fn state_map(&self) -> &Arc<Mapping> {
+        &self.shared
+    }
+
+    /// The last fd of the connection closed in every process ([`Conn::final_close`] ran):
+    /// nobody reads or writes its rings any more.
+    pub fn closed_everywhere(&self) -> bool {
+        self.flags() & F_CLOSED != 0
+    }
+
+    /// How far into each ring the connection wrote (receive ring: as far as the peer's
+    /// producer cursor we accepted; send ring: ours), in bytes from its start: the pages it
+    /// touched.
+    pub fn rings_touched(&self) -> (u64, u64) {
+        let [_, _, peer_prod, prod, _] = self.cursors();
+        let extent = |c: Cursor, len: u32| {
+            if c.wrap > 0 {
+                len as u64
+            } else {
+                c.count.min(len) as u64
+            }
+        };
+        (
+            extent(peer_prod, self.rx.len()),
+            extent(prod, self.tx.len()),
+        )
+    }
+}
+
 impl Drop for Conn {
     fn drop(&mut self) {
         if let Some(r) = self.release.take() {
-            r.release();
+            r.release(self);
         }
     }
 }

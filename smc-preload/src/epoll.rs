@@ -597,7 +597,7 @@ fn translate(
         // decision with EAGAIN), never readable (CLC bytes are not data). Reported on the
         // kernel's edge; a one-shot entry hears of it when decided.
         let out_ev = libc::EPOLLOUT as u32;
-        let established = matches!(fdtable::get(fd).as_deref(), Some(Obj::Handshake(_)));
+        let established = matches!(fdtable::get(fd).as_deref(), Some(Obj::Handshake(h)) if h.out_while_undecided());
         if established && kernel & events & out_ev != 0 && events & ONESHOT == 0 {
             out.push(libc::epoll_event {
                 events: out_ev,

@@ -75,6 +75,7 @@ impl<T> ForkMutex<T> {
 /// Every global lock of the library, reset in a forked child (see the module documentation).
 pub fn after_fork_child() {
     crate::setup::after_fork_locks();
+    crate::dmbs::after_fork_locks();
     crate::stats::after_fork_locks();
     crate::epoll::after_fork_locks();
     crate::lifecycle::after_fork_locks();

@@ -23,31 +23,57 @@ use smc_common::handshake::{
 };
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd as _;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Larger than any CLC message (a proposal is at most 652 bytes).
 const MAX_MSG: usize = 1024;
 
 /// A DMB we hold a daemon reference on (`token`; 0: none, a stand-in), mapped. Its memfd is
-/// closed once mapped: the mapping keeps the memory.
+/// closed once mapped: the mapping keeps the memory. `id`: the daemon's id of it (0: not
+/// known), under which its mapping may be kept for a later connection ([`crate::dmbs`]).
 pub struct HeldDmb {
     pub token: u64,
-    pub map: Mapping,
-    /// Our own DMB: the local state page registered with it (see [`crate::shm::state_page`]).
-    pub state: Option<Mapping>,
+    pub id: u64,
+    pub map: Arc<Mapping>,
+    /// Our own DMB: the local state page registered with it (see [`crate::shm::state_page`]),
+    /// or the one the daemon keeps with it (`PAIR`).
+    pub state: Option<Arc<Mapping>>,
 }
 
 impl HeldDmb {
-    /// Map a DMB the daemon granted.
-    fn map(d: smc_ism::Dmb) -> Result<HeldDmb, u64> {
-        match d.map() {
-            Ok(map) => Ok(HeldDmb {
-                token: d.token,
-                map,
-                state: None,
-            }),
-            Err(_) => Err(d.token),
+    /// Map a DMB the daemon granted (`own`: ours, else the peer's), or take the mapping kept
+    /// of it. Our own DMB from a `PAIR` (`id` known) may be a pooled one, whose memory and
+    /// local state page still hold its earlier connection's header and state (cursors, close
+    /// flags): both are cleared, whether its mapping was kept here or not (the daemon's pool
+    /// may outlive our cache of mappings). Our own DMB's local state page: the one kept with
+    /// its mapping, else the one the daemon sent with it (`PAIR`): the page the daemon keeps
+    /// with the DMB is the one we use, never another (a process our socket moves to adopts
+    /// that page), so a page we cannot map fails the DMB.
+    fn map(d: smc_ism::Dmb, own: bool) -> Result<HeldDmb, u64> {
+        let (map, kept_state) = match crate::dmbs::take(own, d.id, d.size) {
+            Some((m, st)) => (m, st),
+            None => (Arc::new(d.map().map_err(|_| d.token)?), None),
+        };
+        let state = match (kept_state, &d.state) {
+            (Some(s), _) => Some(s),
+            (None, Some(fd)) if own => Some(Arc::new(
+                Mapping::new(fd.as_raw_fd(), 4096).map_err(|_| d.token)?,
+            )),
+            (None, _) => None,
+        };
+        if own && d.id != 0 {
+            crate::dmbs::clear_header(&map);
+            if let Some(st) = &state {
+                crate::dmbs::clear_state(st);
+            }
         }
+        Ok(HeldDmb {
+            token: d.token,
+            id: d.id,
+            map,
+            state,
+        })
     }
 }
 
@@ -81,7 +107,14 @@ pub enum Progress {
 enum Ahead {
     Register,
     AttachPeer,
+    /// `OP_PAIR`: our DMB and the peer's in one request, answered once both ends asked.
+    Pair,
 }
+
+/// How long a server waits in the daemon for its client's `PAIR` (sent right after the
+/// client's proposal, so normally there already) before it registers alone: a client that
+/// does not pair (pipelining off) costs an event loop at most this.
+const SERVER_PAIR_WAIT: Duration = Duration::from_millis(100);
 
 /// What the socket holds.
 enum Rd {
@@ -113,6 +146,9 @@ pub struct Driver {
     peer: Option<HeldDmb>,
     /// The local state page sent with our registration (its memfd went to the daemon).
     state: Option<Mapping>,
+    /// Server: the client's DMB the daemon attached with our `PAIR` (checked against the
+    /// confirmed token).
+    paired: Option<HeldDmb>,
     /// The message awaited and the deadline for it.
     wait: Option<(MsgType, Instant)>,
     started: bool,
@@ -149,6 +185,7 @@ impl Driver {
             own: None,
             peer: None,
             state: None,
+            paired: None,
             wait: None,
             started: false,
             timeout: setup::clc_timeout(),
@@ -184,6 +221,14 @@ impl Driver {
     }
 
     pub fn step(&mut self, block: bool) -> Progress {
+        self.step_until(block.then_some(None))
+    }
+
+    /// As [`Driver::step`]; `wait`: `None` does not wait for the peer, `Some(None)` waits (up to
+    /// the CLC timeout of each message), `Some(Some(t))` waits until `t` at most.
+    pub fn step_until(&mut self, wait: Option<Option<Instant>>) -> Progress {
+        let block = wait.is_some();
+        let limit = wait.flatten();
         if !self.started {
             self.started = true;
             let a = self.m.start();
@@ -247,8 +292,8 @@ impl Driver {
                 }
                 Rd::Nothing => {
                     if self.server && t == MsgType::Proposal {
-                        // The proposal is on its way: register meanwhile.
-                        self.send_ahead(Ahead::Register);
+                        // The proposal is on its way: pair (or register) meanwhile.
+                        self.send_ahead(Ahead::Pair);
                     }
                     let now = Instant::now();
                     if now >= deadline {
@@ -256,10 +301,10 @@ impl Driver {
                         self.todo.extend(a);
                         continue;
                     }
-                    if !block {
+                    if !block || limit.is_some_and(|l| now >= l) {
                         return Progress::WouldBlock;
                     }
-                    wait_readable(self.fd, deadline);
+                    wait_readable(self.fd, limit.map_or(deadline, |l| l.min(deadline)));
                     None
                 }
             };
@@ -289,8 +334,10 @@ impl Driver {
                     return None;
                 }
                 match (self.server, self.m.waiting_for()) {
-                    (false, Some(MsgType::Accept)) => self.send_ahead(Ahead::Register),
-                    (true, Some(MsgType::Confirm)) => self.send_ahead(Ahead::AttachPeer),
+                    (false, Some(MsgType::Accept)) => self.send_ahead(Ahead::Pair),
+                    (true, Some(MsgType::Confirm)) if self.paired.is_none() => {
+                        self.send_ahead(Ahead::AttachPeer)
+                    }
                     _ => {}
                 }
                 None
@@ -400,11 +447,26 @@ impl Driver {
     fn release_all(&mut self) {
         let mut own = self.own.take().map(|o| o.token).filter(|&t| t != 0);
         let mut peer = self.peer.take().map(|p| p.token).filter(|&t| t != 0);
+        if let Some(p) = self.paired.take() {
+            setup::release_dmbs(None, Some(p.token));
+        }
         if let Some((kind, t)) = self.ahead.take() {
-            if let Ok(d) = with_dev(|c| c.finish_dmb(t)) {
-                match kind {
-                    Ahead::AttachPeer => peer = peer.or(Some(d.token)),
-                    Ahead::Register => own = own.or(Some(d.token)),
+            match kind {
+                // It may wait for a peer that will not come: never waited for here (what it is
+                // granted, if anything, is given back when its reply comes).
+                Ahead::Pair => {
+                    let _ = with_dev(|c| {
+                        c.abandon(t);
+                        Ok(())
+                    });
+                }
+                Ahead::AttachPeer | Ahead::Register => {
+                    if let Ok(d) = with_dev(|c| c.finish_dmb(t)) {
+                        match kind {
+                            Ahead::AttachPeer => peer = peer.or(Some(d.token)),
+                            _ => own = own.or(Some(d.token)),
+                        }
+                    }
                 }
             }
         }
@@ -413,16 +475,30 @@ impl Driver {
         }
     }
 
-    /// Start the daemon request the next step will need, unless one is out already.
+    /// Start the daemon request the next step will need, unless one is out already (a
+    /// `Pair` becomes a `Register` with a daemon that does not pair).
     fn send_ahead(&mut self, kind: Ahead) {
         if self.ahead.is_some() || !setup::pipelining() {
             return;
         }
         let fd = self.fd;
         let sc = self.size_code;
-        let t = match kind {
-            Ahead::Register => self.register_start(sc),
-            Ahead::AttachPeer => with_dev(|c| c.attach_peer_start(fd)),
+        let park = if self.server {
+            SERVER_PAIR_WAIT
+        } else {
+            self.timeout
+        };
+        let (kind, t) = match kind {
+            Ahead::Pair if setup::pairing() => {
+                let rel = setup::take_releases();
+                let t = with_dev(|c| c.pair_start_releasing(sc, park, fd, &rel));
+                if t.is_err() {
+                    setup::release_each(&rel);
+                }
+                (kind, t)
+            }
+            Ahead::Register | Ahead::Pair => (Ahead::Register, self.register_start(sc)),
+            Ahead::AttachPeer => (kind, with_dev(|c| c.attach_peer_start(fd))),
         };
         self.ahead = t.ok().map(|t| (kind, t));
     }
@@ -450,6 +526,57 @@ impl Driver {
             .and_then(|t| with_dev(|c| c.finish_dmb(t)))
     }
 
+    /// Finish a `PAIR` sent ahead (the server sends one now if none is out): our DMB and the
+    /// peer's, mapped. `None`: no pairing (not offered, no peer, refused, or a size we did not
+    /// ask for): the caller registers and attaches alone, what a pair granted is given back.
+    fn finish_pair(&mut self, size_code: u8) -> Option<(LocalDmb, HeldDmb, HeldDmb)> {
+        let t = match self.take_ahead(Ahead::Pair) {
+            Some(t) => t,
+            None if self.server
+                && self.ahead.is_none()
+                && setup::pipelining()
+                && setup::pairing() =>
+            {
+                let fd = self.fd;
+                let rel = setup::take_releases();
+                let t = with_dev(|c| c.pair_start_releasing(size_code, SERVER_PAIR_WAIT, fd, &rel));
+                if t.is_err() {
+                    setup::release_each(&rel);
+                }
+                t.ok()?
+            }
+            None => return None,
+        };
+        // The client waits at most what is left of the CLC timeout (the peer's answer came,
+        // so its pair did too); the server what it told the daemon.
+        let wait = if self.server {
+            SERVER_PAIR_WAIT + Duration::from_millis(50)
+        } else {
+            self.timeout
+        };
+        let (own, peer) = with_dev(|c| c.finish_pair(t, Some(wait))).ok()?;
+        if own.size_code != size_code {
+            setup::release_dmbs(Some(own.token), Some(peer.token));
+            return None;
+        }
+        let l = LocalDmb {
+            token: own.token,
+            idx: own.idx,
+            size_code: own.size_code,
+        };
+        match (HeldDmb::map(own, true), HeldDmb::map(peer, false)) {
+            (Ok(o), Ok(p)) => Some((l, o, p)),
+            (o, p) => {
+                let tok = |r: Result<HeldDmb, u64>| match r {
+                    Ok(h) => h.token,
+                    Err(t) => t,
+                };
+                setup::release_dmbs(Some(tok(o)), Some(tok(p)));
+                None
+            }
+        }
+    }
+
     /// The request sent ahead, if it is of this kind.
     fn take_ahead(&mut self, kind: Ahead) -> Option<smc_ism::Ticket> {
         match self.ahead.take() {
@@ -464,6 +591,26 @@ impl Driver {
     /// Register (and map) our DMB; the client also attaches and maps the server's (before it
     /// confirms, so that a refused attach is still a clean decline).
     fn register(&mut self, size_code: u8) -> Result<LocalDmb, DmbFailure> {
+        if let Some((l, own, peer)) = self.finish_pair(size_code) {
+            // The client checks the peer's DMB against the accept; the server after the confirm.
+            let want = self.m.peer_dmb().map(|p| p.token);
+            if self.server {
+                self.own = Some(own);
+                self.paired = Some(peer);
+                return Ok(l);
+            }
+            if want == Some(peer.token) {
+                self.own = Some(own);
+                self.peer = Some(peer);
+                return Ok(l);
+            }
+            crate::debug!(
+                "fd {}: the daemon paired us with another DMB than the accept names: \
+                 registering and attaching alone",
+                self.fd
+            );
+            setup::release_dmbs(Some(own.token), Some(peer.token));
+        }
         let fd = self.fd;
         // Client: the attach goes out first, then the registration sent with the proposal is
         // collected (its reply is there by now), then the attach's.
@@ -499,10 +646,10 @@ impl Driver {
             idx: own.idx,
             size_code: own.size_code,
         };
-        let peer = peer.map(|r| r.map(HeldDmb::map));
+        let peer = peer.map(|r| r.map(|d| HeldDmb::map(d, false)));
         let state = self.state.take();
-        let own = HeldDmb::map(own).map(|mut o| {
-            o.state = state;
+        let own = HeldDmb::map(own, true).map(|mut o| {
+            o.state = state.map(Arc::new);
             o
         });
         match (own, peer) {
@@ -540,6 +687,13 @@ impl Driver {
     fn attach_client(&mut self, est: &Established) -> Result<(), AttachErr> {
         let fd = self.fd;
         let token = est.peer_token;
+        if let Some(p) = self.paired.take() {
+            if p.token == token {
+                self.peer = Some(p);
+                return Ok(());
+            }
+            setup::release_dmbs(None, Some(p.token));
+        }
         let ahead = match self.take_ahead(Ahead::AttachPeer) {
             Some(t) => match with_dev(|c| c.finish_dmb(t)) {
                 Ok(d) if d.token == token => Some(d),
@@ -581,13 +735,14 @@ impl Driver {
                     .map_err(|_| AttachErr::Failed("no memory for a stand-in DMB"))?;
                 self.peer = Some(HeldDmb {
                     token: 0,
-                    map,
+                    id: 0,
+                    map: Arc::new(map),
                     state: None,
                 });
                 return Ok(());
             }
         };
-        match HeldDmb::map(d) {
+        match HeldDmb::map(d, false) {
             Ok(p) => {
                 self.peer = Some(p);
                 Ok(())

@@ -349,6 +349,8 @@ pub unsafe extern "C" fn epoll_pwait2(
     t: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
+    // The process may sleep now: releases it kept back go out first.
+    crate::setup::flush_releases();
     if crate::epoll::wants(ep).is_none() {
         // SAFETY: the application's arguments, passed on unchanged to libc's function of the same
         // name and signature.

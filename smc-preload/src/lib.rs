@@ -20,6 +20,7 @@
 //! - `interpose` (feature `interpose`, not in unit tests): the exported libc symbols.
 
 pub mod conn;
+pub mod dmbs;
 pub mod epoll;
 pub mod fdtable;
 pub mod forklock;

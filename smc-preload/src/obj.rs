@@ -39,15 +39,34 @@ pub struct Handshake {
     pub nonblock: std::sync::atomic::AtomicBool,
     /// The server side (else the client's).
     pub server: bool,
-    /// A client whose server is a listener of this process: its non-blocking writes do not
-    /// wait for the server (`EAGAIN`), which may be this very thread.
+    /// A client whose server is a listener of this process: its other operations (not only
+    /// reads and writes) do not wait for the server when non-blocking, which may be this very
+    /// thread.
     pub peer_local: bool,
+    /// A non-blocking write said `EAGAIN` (the handshake waits for the peer): poll/epoll report
+    /// the fd writable only once it is decided ([`Handshake::out_while_undecided`]), so that
+    /// the program does not spin on it.
+    pub write_waits: std::sync::atomic::AtomicBool,
     /// Another fd names it too (`dup`, `dup2`, `F_DUPFD`, `SCM_RIGHTS`): the decision is
     /// copied to every such fd ([`crate::ops::share_decision`]).
     pub shared: std::sync::atomic::AtomicBool,
     /// A server end being driven by its client, a connection of this same process
     /// (`setup::nudge_own_server`): a close of the fd waits until that step is over.
     pub nudged: std::sync::atomic::AtomicBool,
+}
+
+impl Handshake {
+    /// Whether poll/epoll report this undecided fd writable (as TCP does once the connection
+    /// is established). A client's connect completes, for the program, when its handshake is
+    /// decided: until then it is not writable and a non-blocking write says `EAGAIN`, as for a
+    /// TCP connect still under way, so that a program that waits for `POLLOUT` before its first
+    /// write never sees `EAGAIN` there. Exceptions: a client of our own listener (its server
+    /// may be this very thread, which must be told that the connection is up); a server, whose
+    /// accepted socket is writable at once, until a write had to say `EAGAIN`.
+    pub fn out_while_undecided(&self) -> bool {
+        (self.server || self.peer_local)
+            && !self.write_waits.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 pub struct Pending {

@@ -103,14 +103,34 @@ pub(crate) fn share_decision(fd: c_int, old: &Arc<Obj>) {
 /// server handshake first.
 #[inline]
 fn conn_of(fd: c_int) -> Option<Arc<Obj>> {
-    conn_of_op(fd, None)
+    conn_of_op(fd, Op::Other)
 }
 
-/// As [`conn_of`]; `read`: `Some(dontwait)` for a read, which does not wait for a server
-/// handshake to complete when the socket or the call is non-blocking (`None` with `EAGAIN`
-/// set means: report `EAGAIN`).
+/// How long a non-blocking write on an accepted socket waits for its handshake (see
+/// [`conn_of_op`]) before it says `EAGAIN`.
+const SERVER_WRITE_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// What an operation on an fd whose handshake is under way may wait for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// A read (`dontwait`: `MSG_DONTWAIT`): waits for the handshake only when blocking.
+    Read { dontwait: bool },
+    /// A write (`dontwait`: `MSG_DONTWAIT` / `SPLICE_F_NONBLOCK`): as a read. A non-blocking
+    /// write on a client whose handshake is under way says `EAGAIN`: for the program its
+    /// connect is still under way (poll/epoll report it writable once decided); on an accepted
+    /// socket it waits at most [`SERVER_WRITE_WAIT`] for the client's Confirm, then `EAGAIN`
+    /// (and the fd is writable again once decided).
+    Write { dontwait: bool },
+    /// Anything else (shutdown, `FIONREAD`, reads of a file into a socket, ...): completes the
+    /// handshake first, except a non-blocking client of our own listener (which may be served
+    /// by this very thread).
+    Other,
+}
+
+/// As [`conn_of`], for an operation of kind `op`. `None` with `EAGAIN` set, or `Some` of a
+/// handshake still under way with `EAGAIN` set, means: report `EAGAIN`.
 #[inline]
-fn conn_of_op(fd: c_int, read: Option<bool>) -> Option<Arc<Obj>> {
+fn conn_of_op(fd: c_int, op: Op) -> Option<Arc<Obj>> {
     let mut o = fdtable::get(fd)?;
     if let Obj::Pending(_) = &*o {
         drop(o);
@@ -121,14 +141,25 @@ fn conn_of_op(fd: c_int, read: Option<bool>) -> Option<Arc<Obj>> {
         Obj::Conn(_) => Some(o),
         Obj::Pending(_) => None,
         Obj::Handshake(h) => {
-            let block = match read {
-                Some(dontwait) => !dontwait && !h.nonblock.load(Ordering::Relaxed),
-                // A write on a non-blocking client socket of our own listener waits for no
-                // server (it may be this thread): EAGAIN until the server's answer is there.
-                None => h.server || !h.peer_local || !h.nonblock.load(Ordering::Relaxed),
+            let nonblock = h.nonblock.load(Ordering::Relaxed);
+            let wait = match op {
+                Op::Read { dontwait } | Op::Write { dontwait } if !dontwait && !nonblock => {
+                    Some(None)
+                }
+                // An accepted socket is writable at once, as on TCP: its client's Confirm is
+                // normally a moment away, so a non-blocking write waits a little for it
+                // rather than say EAGAIN where TCP would not.
+                Op::Write { .. } if h.server && h.out_while_undecided() => {
+                    Some(Some(std::time::Instant::now() + SERVER_WRITE_WAIT))
+                }
+                Op::Read { .. } | Op::Write { .. } => None,
+                Op::Other => (h.server || !h.peer_local || !nonblock).then_some(None),
             };
-            if !setup::progress(fd, h, block) {
-                // Still waiting for the client: nothing to read yet.
+            if !setup::progress_until(fd, h, wait) {
+                // Still waiting for the peer: nothing to read yet, no room to write yet.
+                if matches!(op, Op::Write { .. }) {
+                    h.write_waits.store(true, Ordering::Relaxed);
+                }
                 real::set_errno(libc::EAGAIN);
                 return Some(o);
             }
@@ -140,16 +171,16 @@ fn conn_of_op(fd: c_int, read: Option<bool>) -> Option<Arc<Obj>> {
                 Obj::Conn(_) => Some(o),
                 Obj::Skip(_) => {
                     drop(o);
-                    conn_of_op(fd, read)
+                    conn_of_op(fd, op)
                 }
                 _ => None,
             }
         }
         Obj::Skip(s) => {
-            match read {
+            match op {
                 // A write never waits for the peer's late CLC messages.
-                None => setup::skip_late_clc(fd, s),
-                Some(dontwait) => {
+                Op::Write { .. } | Op::Other => setup::skip_late_clc(fd, s),
+                Op::Read { dontwait } => {
                     if !setup::skip_before_read(fd, s, dontwait) {
                         // Nothing to read yet (EAGAIN), or the error of the wait.
                         return Some(o);
@@ -205,7 +236,12 @@ pub unsafe fn recv_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
     if let Some(r) = orphan(fd, false) {
         return Some(r);
     }
-    let Some(o) = conn_of_op(fd, Some(flags & libc::MSG_DONTWAIT != 0)) else {
+    let Some(o) = conn_of_op(
+        fd,
+        Op::Read {
+            dontwait: flags & libc::MSG_DONTWAIT != 0,
+        },
+    ) else {
         // A connection that fell back after its handshake started (skipped or not).
         let member = fdtable::get(fd).is_some_and(|o| matches!(&*o, Obj::Tcp | Obj::Skip(_)));
         // SAFETY: the caller's buffers.
@@ -228,10 +264,15 @@ pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
         }
         return Some(r);
     }
-    let o = conn_of(fd)?;
+    let o = conn_of_op(
+        fd,
+        Op::Write {
+            dontwait: flags & libc::MSG_DONTWAIT != 0,
+        },
+    )?;
     let Some(c) = o.conn() else {
-        // A handshake still waiting for its peer (a non-blocking client of our own listener):
-        // EAGAIN, and not one byte onto the TCP stream, which still carries CLC messages.
+        // A handshake still waiting for its peer (non-blocking): EAGAIN, and not one byte
+        // onto the TCP stream, which still carries CLC messages.
         return Some(-1);
     };
     if !user_range_ok(iov) {
@@ -513,7 +554,8 @@ pub unsafe fn sendmmsg(
     n: libc::c_uint,
     flags: c_int,
 ) -> c_int {
-    if slow(fd) && conn_of(fd).is_some() && !msgs.is_null() {
+    let dontwait = flags & libc::MSG_DONTWAIT != 0;
+    if slow(fd) && conn_of_op(fd, Op::Write { dontwait }).is_some() && !msgs.is_null() {
         let mut done = 0u32;
         for i in 0..n {
             // SAFETY: `msgs` is non-null (checked above) and, by sendmmsg(2)'s contract, holds `n >
@@ -1005,6 +1047,8 @@ pub unsafe fn fork() -> libc::pid_t {
 // readiness
 
 pub unsafe fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
+    // The process may sleep now: releases it kept back go out first.
+    setup::flush_releases();
     if fdtable::any_objects() && !fds.is_null() && n > 0 {
         // SAFETY: `fds` is non-null (checked) and, by poll(2)'s contract, points to `n` pollfds.
         let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
@@ -1035,6 +1079,8 @@ pub unsafe fn ppoll(
     t: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
+    // The process may sleep now: releases it kept back go out first.
+    setup::flush_releases();
     if fdtable::any_objects() && !fds.is_null() && n > 0 {
         // SAFETY: `fds` is non-null (checked) and, by ppoll(2)'s contract, points to `n` pollfds.
         let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
@@ -1056,6 +1102,8 @@ pub unsafe fn select(
     e: *mut libc::fd_set,
     t: *mut libc::timeval,
 ) -> c_int {
+    // The process may sleep now: releases it kept back go out first.
+    setup::flush_releases();
     // SAFETY: `r`/`w`/`e` are the caller's fd_sets or null (select(2)'s contract).
     if unsafe { poll::select_has_smc(nfds, r, w, e) } {
         let ms = if t.is_null() {
@@ -1092,6 +1140,8 @@ pub unsafe fn pselect(
     t: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
+    // The process may sleep now: releases it kept back go out first.
+    setup::flush_releases();
     // SAFETY: `r`/`w`/`e` are the caller's fd_sets or null (pselect(2)'s contract).
     if unsafe { poll::select_has_smc(nfds, r, w, e) } {
         let m = if mask.is_null() { None } else { Some(mask) };
@@ -1123,6 +1173,8 @@ pub unsafe fn epoll_wait(
     timeout: c_int,
     mask: Option<*const libc::sigset_t>,
 ) -> c_int {
+    // The process may sleep now: releases it kept back go out first.
+    setup::flush_releases();
     if let Some(so) = epoll::wants(ep) {
         // SAFETY: `ev`/`max` are the caller's event array (epoll_wait(2)'s contract); `mask` its
         // signal mask or None.
@@ -1143,8 +1195,24 @@ pub unsafe fn epoll_wait(
 
 const XFER: usize = 64 * 1024;
 
+/// For a call that writes into `fd` after taking bytes from elsewhere (sendfile, splice):
+/// whether `fd` is an SMC connection, or `Err` (errno `EAGAIN`) when a non-blocking one is
+/// still in its handshake: nothing may be taken from the source then.
+fn write_target(fd: c_int, dontwait: bool) -> Result<bool, ()> {
+    if !slow(fd) {
+        return Ok(false);
+    }
+    match conn_of_op(fd, Op::Write { dontwait }) {
+        Some(o) if o.conn().is_some() => Ok(true),
+        Some(_) => Err(()),
+        None => Ok(false),
+    }
+}
+
 pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t) -> ssize_t {
-    let out_smc = slow(out) && conn_of(out).is_some();
+    let Ok(out_smc) = write_target(out, false) else {
+        return -1;
+    };
     let in_smc = slow(inp) && conn_of(inp).is_some();
     if !out_smc && !in_smc {
         // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
@@ -1244,7 +1312,9 @@ pub unsafe fn splice(
     n: size_t,
     flags: libc::c_uint,
 ) -> ssize_t {
-    let out_smc = slow(fout) && conn_of(fout).is_some();
+    let Ok(out_smc) = write_target(fout, flags & libc::SPLICE_F_NONBLOCK != 0) else {
+        return -1;
+    };
     let in_smc = slow(fin) && conn_of(fin).is_some();
     if !out_smc && !in_smc {
         // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of

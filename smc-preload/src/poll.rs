@@ -95,7 +95,19 @@ enum Kind {
     /// (connect completion, the peer's CLC message) drive it. The application sees `POLLOUT`
     /// once the TCP connection is established (as TCP says; a write then waits for the
     /// decision with `EAGAIN`), never `POLLIN`: CLC bytes are not data.
-    Undecided(bool),
+    Undecided(Und),
+}
+
+/// Which step of its setup an undecided fd is in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Und {
+    /// The TCP connect is not complete.
+    Connecting,
+    /// The handshake is under way.
+    Handshake,
+    /// The handshake is under way and the fd is not writable until it is decided (a client's
+    /// connect completes then; see [`crate::obj::Handshake::out_while_undecided`]).
+    WriteWaits,
 }
 
 fn classify(fd: i32) -> Kind {
@@ -125,19 +137,20 @@ fn classify(fd: i32) -> Kind {
         return Kind::Smc(o);
     }
     match &*o {
-        Obj::Pending(_) => Kind::Undecided(true),
-        Obj::Handshake(_) => Kind::Undecided(false),
+        Obj::Pending(_) => Kind::Undecided(Und::Connecting),
+        Obj::Handshake(h) if !h.out_while_undecided() => Kind::Undecided(Und::WriteWaits),
+        Obj::Handshake(_) => Kind::Undecided(Und::Handshake),
         _ => Kind::Plain,
     }
 }
 
 /// What the kernel is asked about an undecided fd: connect completion, then the peer's CLC
 /// messages (and writability, when the application asks for it).
-fn undecided_events(pending: bool, app: i16) -> i16 {
-    if pending {
-        libc::POLLOUT
-    } else {
-        libc::POLLIN | (app & libc::POLLOUT)
+fn undecided_events(und: Und, app: i16) -> i16 {
+    match und {
+        Und::Connecting => libc::POLLOUT,
+        Und::Handshake => libc::POLLIN | (app & libc::POLLOUT),
+        Und::WriteWaits => libc::POLLIN,
     }
 }
 
@@ -191,8 +204,8 @@ unsafe fn poll_once(
         match k {
             // The kernel only wakes us on doorbells (and EOF/reset of the channel).
             Kind::Smc(_) => t.events = libc::POLLIN,
-            Kind::Undecided(pending) => {
-                t.events = undecided_events(*pending, p.events);
+            Kind::Undecided(und) => {
+                t.events = undecided_events(*und, p.events);
                 p.revents = 0;
             }
             Kind::Plain => {}
@@ -323,9 +336,9 @@ unsafe fn poll_once(
             match k {
                 Kind::Smc(_) => {}
                 Kind::Plain => p.revents = t.revents,
-                Kind::Undecided(pending) => {
+                Kind::Undecided(und) => {
                     let out = libc::POLLOUT;
-                    if *pending || t.revents & !out != 0 {
+                    if *und == Und::Connecting || t.revents & !out != 0 {
                         // Connected, a CLC message, or the connection broke: drive it.
                         moved |= t.revents != 0;
                     } else {
@@ -411,7 +424,7 @@ unsafe fn merge_plain(
                 any = true;
             }
             // An established connection in its handshake is writable as far as TCP goes.
-            Kind::Undecided(false) if p.events & libc::POLLOUT != 0 => {
+            Kind::Undecided(Und::Handshake) if p.events & libc::POLLOUT != 0 => {
                 t.fd = p.fd;
                 t.events = libc::POLLOUT;
                 any = true;
@@ -449,7 +462,7 @@ unsafe fn merge_plain(
     for ((t, k), p) in tmp.iter_mut().zip(kinds).zip(fds.iter()) {
         match k {
             Kind::Smc(_) => t.events = libc::POLLIN,
-            Kind::Undecided(pending) => t.events = undecided_events(*pending, p.events),
+            Kind::Undecided(und) => t.events = undecided_events(*und, p.events),
             Kind::Plain => {}
         }
     }

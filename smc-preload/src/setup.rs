@@ -113,6 +113,7 @@ pub(crate) fn daemon_path() -> &'static std::path::Path {
 pub fn init_env() {
     let _ = daemon_path();
     let _ = pipelining();
+    let _ = pairing_env();
     let _ = accept_async();
     let _ = clc_timeout();
     let _ = connect_wait_ms();
@@ -130,6 +131,17 @@ pub fn init_env() {
 pub(crate) fn pipelining() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("SMC_PIPELINE").is_none_or(|v| v != "0"))
+}
+
+fn pairing_env() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SMC_PAIR").is_none_or(|v| v != "0"))
+}
+
+/// Daemon `PAIR` requests (both ends' DMBs in one request each) when the daemon offers them
+/// (`SMC_PAIR=0` disables, for measurements).
+pub(crate) fn pairing() -> bool {
+    pairing_env() && with_dev(|c| c.features()).is_ok_and(|f| f & smc_ism::proto::FEATURE_PAIR != 0)
 }
 
 /// The server handshake continues after `accept` returns when its client's next message is not
@@ -673,6 +685,9 @@ fn local_gid() -> Result<smc_ism::Gid, u32> {
 /// In the child after fork: its own daemon connection (the parent's references stay the
 /// parent's); the global locks are reset by [`crate::forklock::after_fork_child`].
 pub fn after_fork_child() {
+    // The parent's pending releases are its own (references of its daemon connection).
+    PENDING_RELEASES.lock().clear();
+    PENDING_N.store(0, Ordering::Relaxed);
     if !DEV.load(Ordering::Acquire).is_null() {
         // Closes our copy of the parent's connection now.
         let _ = dev();
@@ -711,6 +726,7 @@ pub fn after_fork_child() {
 }
 
 pub(crate) fn after_fork_locks() {
+    PENDING_RELEASES.after_fork();
     NO_SMC_DESTS.after_fork();
     HINTS.after_fork();
     OWN_CLIENTS.after_fork();
@@ -720,12 +736,92 @@ pub(crate) fn after_fork_locks() {
 struct DmbRelease {
     own: u64,
     peer: u64,
+    own_id: u64,
+    peer_id: u64,
+    /// The connection's local state page is the one registered with our DMB (kept with it,
+    /// and used again with it: the daemon hands that page to a process the socket moves to).
+    own_state: bool,
 }
 
 impl Release for DmbRelease {
-    fn release(&self) {
+    fn release(&self, c: &Conn) {
+        use smc_ism::proto::{RELEASE_POOL_OWN, RELEASE_TAINT_PEER};
         // peer 0: a stand-in for a client that had already gone.
-        release_dmbs(Some(self.own), Some(self.peer).filter(|&t| t != 0));
+        let peer = Some(self.peer).filter(|&t| t != 0);
+        let mut flags = 0;
+        if !c.closed_everywhere() {
+            // Another process (a forked child) still has the connection and may write into
+            // the peer's ring: never to be bound again.
+            flags |= RELEASE_TAINT_PEER;
+        } else {
+            // Nobody uses the rings any more: a short connection's DMBs are kept for the next
+            // connection to the same peer (pooled by the daemon, mapped here).
+            let (rx, tx) = c.rings_touched();
+            if rx <= crate::dmbs::SMALL && self.own_id != 0 {
+                flags |= RELEASE_POOL_OWN;
+                let state = self.own_state.then(|| c.state_map().clone());
+                crate::dmbs::keep(true, self.own_id, c.own_map().clone(), state);
+            }
+            if tx <= crate::dmbs::SMALL && self.peer_id != 0 && peer.is_some() {
+                crate::dmbs::keep(false, self.peer_id, c.peer_map().clone(), None);
+            }
+        }
+        if flags & RELEASE_POOL_OWN != 0 {
+            // A short connection's: sent with the next daemon request (see `defer_release`).
+            defer_release(self.own, peer.unwrap_or(0), flags);
+        } else {
+            flush_releases();
+            let _ = with_dev(|d| d.release_flags(Some(self.own), peer, flags));
+        }
+    }
+}
+
+/// Releases of short connections not sent yet (own, peer, flags).
+static PENDING_RELEASES: ForkMutex<Vec<(u64, u64, u32)>> = ForkMutex::new(Vec::new);
+static PENDING_N: AtomicU64 = AtomicU64::new(0);
+/// Pending releases at most (as many as one `PAIR` carries): beyond, they are sent at once.
+const PENDING_MAX: usize = smc_ism::proto::PAIR_RELEASES_MAX;
+
+/// The release of a short connection's DMBs waits for the next `PAIR` of this process, which
+/// carries it (one record, one wakeup of the daemon: most of a request's cost on a busy host),
+/// or until the process waits in poll/select/epoll, or until [`PENDING_MAX`] are pending. Meanwhile the DMBs stay bound to their finished
+/// connections, used by nobody (the connection closed in every process); the daemon pools
+/// them when the release comes (and releases everything when the process goes).
+fn defer_release(own: u64, peer: u64, flags: u32) {
+    let full = {
+        let mut v = PENDING_RELEASES.lock();
+        v.push((own, peer, flags));
+        PENDING_N.store(v.len() as u64, Ordering::Relaxed);
+        v.len() >= PENDING_MAX
+    };
+    if full {
+        flush_releases();
+    }
+}
+
+/// The pending releases, taken (to go with a `PAIR`; at most `PAIR_RELEASES_MAX` are pending).
+pub(crate) fn take_releases() -> Vec<smc_ism::proto::PairRelease> {
+    if PENDING_N.load(Ordering::Relaxed) == 0 {
+        return Vec::new();
+    }
+    let mut v = PENDING_RELEASES.lock();
+    PENDING_N.store(0, Ordering::Relaxed);
+    std::mem::take(&mut *v)
+}
+
+/// Send the pending releases (one record each, no reply).
+pub fn flush_releases() {
+    if PENDING_N.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    release_each(&take_releases());
+}
+
+/// Send these releases, one record each (no reply).
+pub(crate) fn release_each(rel: &[smc_ism::proto::PairRelease]) {
+    for &(own, peer, flags) in rel {
+        let peer = Some(peer).filter(|&t| t != 0);
+        let _ = with_dev(|d| d.release_flags(Some(own), peer, flags));
     }
 }
 
@@ -735,10 +831,16 @@ struct AdoptedRelease {
     peer: u64,
 }
 
-impl Release for AdoptedRelease {
-    fn release(&self) {
+impl AdoptedRelease {
+    fn give_back(&self) {
         release_dmbs(None, Some(self.own));
         release_dmbs(None, Some(self.peer));
+    }
+}
+
+impl Release for AdoptedRelease {
+    fn release(&self, _c: &Conn) {
+        self.give_back();
     }
 }
 
@@ -779,7 +881,7 @@ pub(crate) fn adopt(fd: i32) -> Option<Conn> {
         Some((o, p, state))
     })();
     let Some((o, p, state)) = conn else {
-        rel.release();
+        rel.give_back();
         return None;
     };
     let mut c = match Conn::adopt(o, p, state, Some(Box::new(rel))) {
@@ -887,7 +989,13 @@ fn nonblocking(fd: i32) -> bool {
 
 fn install(fd: i32, own: HeldDmb, peer: HeldDmb, role: Role, nonblock: bool) -> bool {
     let (ot, pt) = (own.token, peer.token);
-    let rel = DmbRelease { own: ot, peer: pt };
+    let rel = DmbRelease {
+        own: ot,
+        peer: pt,
+        own_id: own.id,
+        peer_id: peer.id,
+        own_state: own.state.is_some(),
+    };
     let mut c = match Conn::new(
         own.map,
         peer.map,
@@ -1074,6 +1182,7 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
                 nonblock: std::sync::atomic::AtomicBool::new(nonblock),
                 server: true,
                 peer_local: false,
+                write_waits: std::sync::atomic::AtomicBool::new(false),
                 shared: std::sync::atomic::AtomicBool::new(false),
                 nudged: std::sync::atomic::AtomicBool::new(false),
             }));
@@ -1280,6 +1389,7 @@ pub fn client_start(fd: i32, nonblock: bool, dest: Option<Dest>) {
                     nonblock: std::sync::atomic::AtomicBool::new(nonblock),
                     server: false,
                     peer_local,
+                    write_waits: std::sync::atomic::AtomicBool::new(false),
                     shared: std::sync::atomic::AtomicBool::new(false),
                     nudged: std::sync::atomic::AtomicBool::new(false),
                 }))),
@@ -1292,11 +1402,22 @@ pub fn client_start(fd: i32, nonblock: bool, dest: Option<Dest>) {
 /// Carry an accepted connection's handshake on. `block`: wait for the client (until done);
 /// otherwise only what is there. True when it is decided (the fd's slot changed).
 pub fn progress(fd: i32, h: &crate::obj::Handshake, block: bool) -> bool {
-    progress_or_withdraw(fd, h, block, false)
+    progress_until(fd, h, block.then_some(None))
 }
 
-/// [`progress`]; `withdraw`: decline at our next message ([`Driver::withdraw`]).
-fn progress_or_withdraw(fd: i32, h: &crate::obj::Handshake, block: bool, withdraw: bool) -> bool {
+/// As [`progress`]; `wait` as in [`Driver::step_until`] (`Some(Some(t))`: wait until `t` at
+/// most).
+pub fn progress_until(fd: i32, h: &crate::obj::Handshake, wait: Option<Option<Instant>>) -> bool {
+    progress_or_withdraw(fd, h, wait, false)
+}
+
+/// [`progress_until`]; `withdraw`: decline at our next message ([`Driver::withdraw`]).
+fn progress_or_withdraw(
+    fd: i32,
+    h: &crate::obj::Handshake,
+    wait: Option<Option<Instant>>,
+    withdraw: bool,
+) -> bool {
     let mut g = h.driver.lock().unwrap_or_else(|e| e.into_inner());
     let Some(d) = g.as_mut() else {
         return true;
@@ -1314,7 +1435,7 @@ fn progress_or_withdraw(fd: i32, h: &crate::obj::Handshake, block: bool, withdra
     if own {
         nudge_own_server(fd);
     }
-    let mut step = d.step(block);
+    let mut step = d.step_until(wait);
     if own && matches!(step, Progress::WouldBlock) && nudge_own_server(fd) {
         step = d.step(false);
     }
@@ -1366,7 +1487,7 @@ pub fn settle_leaving(fd: i32) {
     match &*o {
         Obj::Handshake(h) => {
             debug!("fd {fd}: leaves the process during its handshake: declined, stays TCP");
-            progress_or_withdraw(fd, h, true, true);
+            progress_or_withdraw(fd, h, Some(None), true);
         }
         Obj::Pending(p) => {
             let mut done = p.lock.lock().unwrap_or_else(|e| e.into_inner());

@@ -9,6 +9,12 @@
 //! the client read ECONNRESET; seen as a flake of `fork_threads` while its daemon was
 //! SIGSTOPped); now the server waits for the daemon (bounded) and the connection is exact. A
 //! daemon that never answers again still ends the connection with a reset, never a hang.
+//!
+//! With `OP_PAIR` (the default) the server gets its client's DMB with its own, before it sends
+//! its Accept: once the client is committed nothing is left to ask the daemon. The attach after
+//! the Accept remains for a server whose daemon does not pair, or whose pair did not come
+//! through: the server here does not pair (`SMC_PAIR=0`); its client does (the server's
+//! `REGISTER` completes the client's waiting `PAIR`).
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -286,6 +292,7 @@ fn serve_one(w: &SmcWorld, proxy: &Proxy, env: &[(&str, &str)]) -> (String, Stri
     let mut s = w.run(bin("preload-prog"));
     s.args(["server", "0", "thread", "1"])
         .env("SMC_CTL_SOCK", &proxy.path)
+        .env("SMC_PAIR", "0")
         .envs(env.iter().copied());
     let mut srv = Proc::spawn(s);
     let line = srv.read_line();

@@ -281,8 +281,10 @@ fn stats_counts_connections_bytes_and_reset() {
     assert!(u(&f["rx"]["requests"]) > 0 && u(&f["tx"]["requests"]) > 0);
     assert!(c["avg_requests_per_conn"].as_f64().unwrap() > 0.0);
     assert_eq!(f["daemon"]["running"], true, "{f:#}");
+    // A DMB for each connection end: registered, or taken in a PAIR.
+    let fig = &f["daemon"]["figures"];
     assert!(
-        u(&f["daemon"]["figures"]["ops_register_ok"]) >= 2 * n,
+        u(&fig["ops_register_ok"]) + u(&fig["ops_pair_ok"]) >= 2 * n,
         "{f:#}"
     );
     // The files of the exited processes were folded, none was lost.
@@ -530,8 +532,9 @@ fn stats_conns_live_modes_and_cgroups() {
     assert_eq!(u(&f0["live"]["tcp"]), 0, "{f0:#}");
     assert!(f0["ebpf"].is_null(), "host-wide only");
     // The daemon is host-wide, shown in every scope, with this cgroup's usage.
+    let fig0 = &f0["daemon"]["figures"];
     assert!(
-        u(&f0["daemon"]["figures"]["ops_register_ok"]) >= 2,
+        u(&fig0["ops_register_ok"]) + u(&fig0["ops_pair_ok"]) >= 2,
         "{f0:#}"
     );
     assert_eq!(u(&f0["daemon"]["cgroup"]["dmbs"]), 2, "{f0:#}");
@@ -600,7 +603,7 @@ fn stats_metrics_endpoint() {
     assert_eq!(metric("smc_connections_smcd_client"), 2);
     assert_eq!(metric("smc_connections_smcd_server"), 2);
     assert_eq!(metric("smc_rx_bytes"), 2 * (16 + 100_000 + 200_000));
-    assert!(metric("smc_ism_ops_register_ok") >= 4);
+    assert!(metric("smc_ism_ops_register_ok") + metric("smc_ism_ops_pair_ok") >= 4);
     // The DMBs are released when the connections close (the daemon notices asynchronously).
     let t = Instant::now();
     loop {

@@ -255,6 +255,12 @@ pub(crate) fn print_text(f: &Value, details: bool) {
             n(&g["ops_attach_failed"])
         );
         println!(
+            "  Pairs (ends served)        {:>12} (failed {}, DMBs reused {})",
+            n(&g["ops_pair_ok"]),
+            n(&g["ops_pair_failed"]),
+            n(&g["dmbs_reused"])
+        );
+        println!(
             "  Clients                    {:>12} connected ({} total)",
             n(&g["clients_connected"]),
             n(&g["clients_total"])

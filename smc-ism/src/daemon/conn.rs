@@ -3,13 +3,13 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::unix::AsyncFd;
-use tokio::sync::{watch, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 
 use crate::proto::{self, DmbReply, Header, Status};
 use crate::sys::{self, TcpIdentity};
@@ -18,7 +18,10 @@ use smc_common::clc::LOOPBACK_CHID;
 
 use super::closer::Closer;
 use super::diag::{self, CgroupKeys};
-use super::registry::{CgroupUsage, ClientIdentity, DmbObj, Fail, RefKind, Registry, UidUsage};
+use super::pair::{self, Deferred, Grant, Parked, Pool, Rendezvous};
+use super::registry::{
+    BindMiss, CgroupUsage, ClientIdentity, DmbObj, Fail, RefKind, Registry, UidUsage,
+};
 
 /// State shared by all connection tasks.
 pub(crate) struct Shared {
@@ -36,6 +39,14 @@ pub(crate) struct Shared {
     pub client_hook: Option<super::ClientHook>,
     /// The pinned eBPF socket storage, for the shortcut grant (see `grant`).
     pub sock_state_map: Option<std::path::PathBuf>,
+    /// `OP_PAIR` requests waiting for the other end of their connection.
+    pub rdv: Mutex<Rendezvous>,
+    /// The next client connection id (never reused).
+    pub next_conn: AtomicU64,
+    /// Pooled DMBs per client connection at most.
+    pub pool_max: usize,
+    /// How long a DMB stays pooled unused before it is freed.
+    pub pool_idle: Duration,
 }
 
 /// A generation counter with waiters: every state change bumps it; `WAIT` requests sleep until
@@ -127,6 +138,15 @@ fn read_pidns(pid: i32) -> Option<u64> {
 
 struct Conn<'a> {
     shared: &'a Shared,
+    arc: Arc<Shared>,
+    /// This client connection (unique for the daemon's life).
+    id: u64,
+    /// Its DMBs given back for reuse (it holds their owner references through the pool).
+    pool: Pool,
+    /// Answers to its parked `PAIR` requests, sent by other tasks.
+    tx: mpsc::UnboundedSender<Deferred>,
+    /// Its parked `PAIR` requests: (seq, park id, deadline).
+    parked: Vec<(u32, u64, tokio::time::Instant)>,
     /// The caller's uid (SO_PEERCRED when it connected; unforgeable), with its usage.
     uid: Arc<UidUsage>,
     /// Quota bucket when the proof socket's cgroup cannot be found (the caller's cgroup when
@@ -170,8 +190,14 @@ pub(crate) async fn serve_conn(
         cgroup: cg.clone(),
         pidns: cred.and_then(|c| read_pidns(c.pid)),
     };
+    let (tx, mut rx) = mpsc::unbounded_channel();
     let mut conn = Conn {
         shared: &shared,
+        arc: shared.clone(),
+        id: shared.next_conn.fetch_add(1, Relaxed),
+        pool: Pool::default(),
+        tx,
+        parked: Vec::new(),
         uid,
         cg,
         ident,
@@ -191,7 +217,7 @@ pub(crate) async fn serve_conn(
                 cred.map(|c| c.uid),
                 cg_path
             );
-            conn.run(&afd, &mut stop).await;
+            conn.run(&afd, &mut stop, &mut rx).await;
             afd.into_inner()
         }
         Err(e) => {
@@ -215,12 +241,11 @@ async fn recv(afd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<sys::Receive
     }
 }
 
-async fn send(afd: &AsyncFd<OwnedFd>, data: &[u8], pass: Option<RawFd>) -> io::Result<()> {
+async fn send(afd: &AsyncFd<OwnedFd>, data: &[u8], pass: &[RawFd]) -> io::Result<()> {
     loop {
         let mut g = afd.writable().await?;
-        match g.try_io(|inner| {
-            sys::send_record(inner.as_raw_fd(), data, pass.as_slice(), libc::MSG_DONTWAIT)
-        }) {
+        match g.try_io(|inner| sys::send_record(inner.as_raw_fd(), data, pass, libc::MSG_DONTWAIT))
+        {
             Ok(r) => return r,
             Err(_would_block) => continue,
         }
@@ -241,6 +266,58 @@ fn fail_reply(out: &mut Vec<u8>, op: u16, seq: u32, f: Fail) {
     encode_reply(out, op, seq, s, d, &[]);
 }
 
+/// The `PAIR` result: own DMB and id, peer DMB and id.
+fn pair_result(own: &DmbObj, peer: &DmbObj) -> [u8; proto::PAIR_REPLY_LEN] {
+    let mut b = [0u8; proto::PAIR_REPLY_LEN];
+    b[0..24].copy_from_slice(&dmb_result(own));
+    b[24..32].copy_from_slice(&own.id.to_le_bytes());
+    b[32..56].copy_from_slice(&dmb_result(peer));
+    b[56..64].copy_from_slice(&peer.id.to_le_bytes());
+    if own.state.is_some() {
+        b[64..68].copy_from_slice(&proto::PAIR_OWN_STATE.to_le_bytes());
+    }
+    b
+}
+
+/// An fd that goes with a reply: a DMB's memfd, or the state page registered with it.
+enum PassFd {
+    Memfd(Arc<DmbObj>),
+    State(Arc<DmbObj>),
+}
+
+impl PassFd {
+    fn raw(&self) -> Option<RawFd> {
+        match self {
+            PassFd::Memfd(d) => Some(d.memfd.as_raw_fd()),
+            PassFd::State(d) => d.state.as_ref().map(|s| s.as_raw_fd()),
+        }
+    }
+}
+
+/// The fds of a `PAIR` reply: own memfd, peer memfd, own state page (if it has one: see
+/// [`proto::PAIR_OWN_STATE`]).
+fn pair_pass(own: Arc<DmbObj>, peer: Arc<DmbObj>) -> Vec<PassFd> {
+    let state = own.state.is_some().then(|| PassFd::State(own.clone()));
+    let mut v = vec![PassFd::Memfd(own), PassFd::Memfd(peer)];
+    v.extend(state);
+    v
+}
+
+/// `PAIR` requests of one client that wait for their peers at most (each keeps its socket
+/// open in the daemon); beyond, `NoPeer` at once.
+const MAX_PARKED: usize = 2048;
+
+/// A `PAIR`'s answer: our DMB and the peer's.
+type PairDmbs = (Arc<DmbObj>, Arc<DmbObj>);
+
+/// What woke a client's task.
+enum Event {
+    Request(io::Result<sys::Received>),
+    Deferred(Deferred),
+    /// A parked `PAIR` may have waited long enough.
+    Expired,
+}
+
 fn dmb_result(d: &DmbObj) -> [u8; proto::DMB_REPLY_LEN] {
     let mut b = [0u8; proto::DMB_REPLY_LEN];
     DmbReply {
@@ -255,9 +332,14 @@ fn dmb_result(d: &DmbObj) -> [u8; proto::DMB_REPLY_LEN] {
 }
 
 impl Conn<'_> {
-    async fn run(&mut self, afd: &AsyncFd<OwnedFd>, stop: &mut watch::Receiver<bool>) {
+    async fn run(
+        &mut self,
+        afd: &AsyncFd<OwnedFd>,
+        stop: &mut watch::Receiver<bool>,
+        rx: &mut mpsc::UnboundedReceiver<Deferred>,
+    ) {
         let mut buf = vec![0u8; proto::MAX_REQUEST + 1];
-        let mut out = Vec::with_capacity(64);
+        let mut out = Vec::with_capacity(96);
         loop {
             // A uid whose handed-over fds do not close is not read from until they do: its
             // further fds wait in its own socket buffer, not in the daemon's fd table.
@@ -268,53 +350,65 @@ impl Conn<'_> {
                     _ = tokio::time::sleep(Duration::from_millis(50)) => {}
                 }
             }
-            let r = tokio::select! {
+            let pool_next = pair::lock(&self.pool)
+                .front()
+                .map(|p| tokio::time::Instant::from_std(p.1 + self.shared.pool_idle));
+            let next = self.parked.iter().map(|p| p.2).chain(pool_next).min();
+            let ev = tokio::select! {
                 biased;
                 _ = stop.wait_for(|s| *s) => return,
-                r = recv(afd, &mut buf) => r,
+                Some(d) = rx.recv() => Event::Deferred(d),
+                _ = tokio::time::sleep_until(next.unwrap_or_else(tokio::time::Instant::now)),
+                    if next.is_some() => Event::Expired,
+                r = recv(afd, &mut buf) => Event::Request(r),
             };
-            let r = match r {
-                Ok(r) if r.len == 0 => {
-                    // EOF (or an empty record: treated alike)
-                    self.dispose(r.fd);
-                    r.extra.into_iter().for_each(|f| self.dispose(Some(f)));
-                    return;
+            out.clear();
+            let pass = match ev {
+                Event::Deferred(d) => self.deferred(d, &mut out),
+                Event::Expired => {
+                    self.expire_pool();
+                    self.expire(&mut out);
+                    Vec::new()
                 }
-                Ok(mut r) => {
-                    // No request takes more than two fds (REGISTER: the socket and a state
-                    // page); the second is kept for `handle`, which disposes of it unless the
-                    // request is a REGISTER.
-                    let mut extra = std::mem::take(&mut r.extra).into_iter();
-                    self.second = extra.next();
-                    for f in extra {
-                        self.dispose(Some(f));
-                    }
-                    r
-                }
-                Err(e) => {
-                    log::debug!("client recv: {e}");
-                    return;
+                Event::Request(r) => {
+                    let r = match r {
+                        Ok(r) if r.len == 0 => {
+                            // EOF (or an empty record: treated alike)
+                            self.dispose(r.fd);
+                            r.extra.into_iter().for_each(|f| self.dispose(Some(f)));
+                            return;
+                        }
+                        Ok(mut r) => {
+                            // No request takes more than two fds (REGISTER: the socket and a
+                            // state page); the second is kept for `handle`, which disposes of
+                            // it unless the request is a REGISTER.
+                            let mut extra = std::mem::take(&mut r.extra).into_iter();
+                            self.second = extra.next();
+                            for f in extra {
+                                self.dispose(Some(f));
+                            }
+                            r
+                        }
+                        Err(e) => {
+                            log::debug!("client recv: {e}");
+                            return;
+                        }
+                    };
+                    self.fds_dropped = r.fds_dropped;
+                    self.handle(&buf[..r.len], r.truncated, r.fd, &mut out, stop)
+                        .await
                 }
             };
-            self.fds_dropped = r.fds_dropped;
-            let pass = self
-                .handle(&buf[..r.len], r.truncated, r.fd, &mut out, stop)
-                .await;
             if out.is_empty() {
-                // A request that wants no reply (NOREPLY_BIT).
+                // A request that wants no reply (NOREPLY_BIT), or a PAIR that waits.
                 continue;
             }
+            let fds: Vec<RawFd> = pass.iter().filter_map(PassFd::raw).collect();
             // A client that stops reading its replies must not hold up the daemon's shutdown.
             let res = tokio::select! {
                 biased;
                 _ = stop.wait_for(|s| *s) => return,
-                r = send(afd, &out, pass.as_ref().and_then(|d| {
-                    if self.pass_state {
-                        d.state.as_ref().map(|s| s.as_raw_fd())
-                    } else {
-                        Some(d.memfd.as_raw_fd())
-                    }
-                })) => r,
+                r = send(afd, &out, &fds) => r,
             };
             drop(pass);
             if let Err(e) = res {
@@ -331,7 +425,83 @@ impl Conn<'_> {
         }
     }
 
-    /// Handles one record, writes the reply into `out`; returns the DMB whose memfd goes along.
+    /// The answer to one of our parked `PAIR` requests, from the task that paired it.
+    fn deferred(&mut self, d: Deferred, out: &mut Vec<u8>) -> Vec<PassFd> {
+        let seq = d.seq();
+        self.parked.retain(|p| p.0 != seq);
+        let c = &self.shared.reg.counters;
+        match d {
+            Deferred::Paired { seq, own, peer } => {
+                let (own, own_new) = own.take();
+                let (peer, peer_new) = peer.take();
+                if own_new {
+                    self.held.entry(own.token).or_default().owner = true;
+                }
+                if peer_new {
+                    self.held.entry(peer.token).or_default().attaches += 1;
+                }
+                c.pair.record(true);
+                encode_reply(
+                    out,
+                    proto::OP_PAIR,
+                    seq,
+                    Status::Ok,
+                    0,
+                    &pair_result(&own, &peer),
+                );
+                pair_pass(own, peer)
+            }
+            Deferred::Failed { seq, fail } => {
+                c.pair.record(false);
+                c.failures.count(fail);
+                fail_reply(out, proto::OP_PAIR, seq, fail);
+                Vec::new()
+            }
+        }
+    }
+
+    /// Frees the DMBs pooled longer than `pool_idle` unused.
+    fn expire_pool(&mut self) {
+        let now = std::time::Instant::now();
+        let idle = self.shared.pool_idle;
+        let old: Vec<u64> = {
+            let mut p = pair::lock(&self.pool);
+            let mut v = Vec::new();
+            while p.front().is_some_and(|e| e.1 + idle <= now) {
+                if let Some((t, _)) = p.pop_front() {
+                    v.push(t);
+                }
+            }
+            v
+        };
+        if !old.is_empty() {
+            for t in old {
+                self.shared.reg.release(t, RefKind::Owner, false);
+            }
+            self.shared.events.bump();
+        }
+    }
+
+    /// Answers the first of our parked `PAIR` requests whose wait is over (`NoPeer`), unless
+    /// another task took it meanwhile (its answer is on its way).
+    fn expire(&mut self, out: &mut Vec<u8>) {
+        let now = tokio::time::Instant::now();
+        let Some(i) = self.parked.iter().position(|p| p.2 <= now) else {
+            return;
+        };
+        let (seq, id, _) = self.parked.swap_remove(i);
+        let taken = pair::lock(&self.shared.rdv).take(id);
+        if let Some(p) = taken {
+            self.dispose(Some(p.sock));
+            let c = &self.shared.reg.counters;
+            c.pair.record(false);
+            c.failures.count(Fail::NoPeer);
+            fail_reply(out, proto::OP_PAIR, seq, Fail::NoPeer);
+        }
+    }
+
+    /// Handles one record, writes the reply into `out` (nothing for a request that wants
+    /// none, or a `PAIR` that waits); returns the fds that go along.
     async fn handle(
         &mut self,
         rec: &[u8],
@@ -339,7 +509,7 @@ impl Conn<'_> {
         fd: Option<OwnedFd>,
         out: &mut Vec<u8>,
         stop: &mut watch::Receiver<bool>,
-    ) -> Option<Arc<DmbObj>> {
+    ) -> Vec<PassFd> {
         let reg = &self.shared.reg;
         let c = &reg.counters;
         out.clear();
@@ -373,7 +543,7 @@ impl Conn<'_> {
                         if !noreply {
                             fail_reply(out, op, seq, f);
                         }
-                        return None;
+                        return Vec::new();
                     }
                 }
             }
@@ -390,7 +560,7 @@ impl Conn<'_> {
                 b[20..24].copy_from_slice(&proto::FEATURES.to_le_bytes());
                 c.query_gid.record(true);
                 encode_reply(out, op, seq, Status::Ok, 0, &b);
-                return None;
+                return Vec::new();
             }
             R::Register { size_code } => {
                 (&c.register, self.register(size_code, fd, state).map(Some))
@@ -398,25 +568,54 @@ impl Conn<'_> {
             R::Attach { token } => (&c.attach, self.attach(token, fd).map(Some)),
             R::AttachPeer => (&c.attach, self.attach_peer(fd).map(Some)),
             R::Adopt { which } => (&c.attach, self.adopt(which, fd).map(Some)),
-            R::Release { own, peer } => {
-                // Counted as the unregister and the detach it stands for.
-                let mut res = Ok(());
-                for (token, kind, counter) in [
-                    (peer, RefKind::Attach, &c.detach),
-                    (own, RefKind::Owner, &c.unregister),
-                ] {
-                    if token == 0 {
-                        continue;
+            R::Pair {
+                size_code,
+                park_ms,
+                releases,
+                n_releases,
+            } => {
+                // The releases it carries first (a pooled DMB among them may serve this pair).
+                let mut released = false;
+                for &(own, peer, flags) in releases.iter().take(n_releases as usize) {
+                    let _ = self.release(own, peer, flags);
+                    released = true;
+                }
+                if released {
+                    self.shared.events.bump();
+                }
+                let r = self.pair(size_code, park_ms, fd, seq);
+                c.pair.add_time(t0.elapsed());
+                return match r {
+                    Ok(Some((own, peer))) => {
+                        c.pair.record(true);
+                        self.shared.events.bump();
+                        encode_reply(out, op, seq, Status::Ok, 0, &pair_result(&own, &peer));
+                        pair_pass(own, peer)
                     }
-                    match self.release_token(token, kind) {
-                        Ok(()) => counter.record(true),
-                        Err(f) => {
-                            counter.record(false);
-                            c.failures.count(f);
-                            res = Err(f);
-                        }
+                    // Parked: answered when the other end asks, or at the end of the wait.
+                    Ok(None) => Vec::new(),
+                    Err(f) => {
+                        c.pair.record(false);
+                        c.failures.count(f);
+                        fail_reply(out, op, seq, f);
+                        Vec::new()
+                    }
+                };
+            }
+            R::Cancel { seq: which } => {
+                // No reply of its own: the cancelled PAIR gets its answer (Cancelled).
+                if let Some(i) = self.parked.iter().position(|p| p.0 == which) {
+                    let (_, id, _) = self.parked.swap_remove(i);
+                    let taken = pair::lock(&self.shared.rdv).take(id);
+                    if let Some(p) = taken {
+                        self.dispose(Some(p.sock));
+                        encode_reply(out, proto::OP_PAIR, which, Status::Cancelled, 0, &[]);
                     }
                 }
+                return Vec::new();
+            }
+            R::Release { own, peer, flags } => {
+                let res = self.release(own, peer, flags);
                 self.shared.events.bump();
                 if !noreply {
                     match res {
@@ -424,15 +623,17 @@ impl Conn<'_> {
                         Err(f) => fail_reply(out, op, seq, f),
                     }
                 }
-                return None;
+                return Vec::new();
             }
             R::Detach { token } => (
                 &c.detach,
-                self.release_token(token, RefKind::Attach).map(|_| None),
+                self.release_token(token, RefKind::Attach, false)
+                    .map(|_| None),
             ),
             R::Unregister { token } => (
                 &c.unregister,
-                self.release_token(token, RefKind::Owner).map(|_| None),
+                self.release_token(token, RefKind::Owner, false)
+                    .map(|_| None),
             ),
             R::Stats | R::Wait { .. } => {
                 let counter = if op == proto::OP_STATS {
@@ -456,7 +657,7 @@ impl Conn<'_> {
                     Ok(json) => encode_reply(out, op, seq, Status::Ok, 0, &json),
                     Err(_) => fail_reply(out, op, seq, Fail::Internal),
                 }
-                return None;
+                return Vec::new();
             }
             R::List { start, max } => {
                 let list = reg.list(start, max as usize, Some(self.uid.uid));
@@ -465,7 +666,7 @@ impl Conn<'_> {
                     Ok(json) => encode_reply(out, op, seq, Status::Ok, 0, &json),
                     Err(_) => fail_reply(out, op, seq, Fail::Internal),
                 }
-                return None;
+                return Vec::new();
             }
         };
         counter.add_time(t0.elapsed());
@@ -474,13 +675,17 @@ impl Conn<'_> {
                 counter.record(true);
                 self.shared.events.bump();
                 if noreply {
-                    return None;
+                    return Vec::new();
                 }
                 match &dmb {
                     Some(d) => encode_reply(out, op, seq, Status::Ok, 0, &dmb_result(d)),
                     None => encode_reply(out, op, seq, Status::Ok, 0, &[]),
                 }
-                dmb
+                match dmb {
+                    Some(d) if self.pass_state => vec![PassFd::State(d)],
+                    Some(d) => vec![PassFd::Memfd(d)],
+                    None => Vec::new(),
+                }
             }
             Err(f) => {
                 counter.record(false);
@@ -488,9 +693,42 @@ impl Conn<'_> {
                 if !noreply {
                     fail_reply(out, op, seq, f);
                 }
-                None
+                Vec::new()
             }
         }
+    }
+
+    /// `OP_RELEASE` (also carried by `OP_PAIR`): our owner reference of `own` (kept in our
+    /// pool with `RELEASE_POOL_OWN` when it may be reused) and attach reference of `peer` (0:
+    /// none). Counted as the unregister and the detach it stands for (a DMB kept in the pool
+    /// too: the connection's use of it ended).
+    fn release(&mut self, own: u64, peer: u64, flags: u32) -> Result<(), Fail> {
+        let c = &self.shared.reg.counters;
+        let mut res = Ok(());
+        let taint = flags & proto::RELEASE_TAINT_PEER != 0;
+        if own != 0 && flags & proto::RELEASE_POOL_OWN != 0 && self.pool_own(own) {
+            c.unregister.record(true);
+        } else if own != 0 {
+            match self.release_token(own, RefKind::Owner, false) {
+                Ok(()) => c.unregister.record(true),
+                Err(f) => {
+                    c.unregister.record(false);
+                    c.failures.count(f);
+                    res = Err(f);
+                }
+            }
+        }
+        if peer != 0 {
+            match self.release_token(peer, RefKind::Attach, taint) {
+                Ok(()) => c.detach.record(true),
+                Err(f) => {
+                    c.detach.record(false);
+                    c.failures.count(f);
+                    res = Err(f);
+                }
+            }
+        }
+        res
     }
 
     /// Hands a client's fd to the closer (never closed on this worker: its last close may
@@ -512,6 +750,7 @@ impl Conn<'_> {
             proto::OP_STATS => &c.stats,
             proto::OP_WAIT => &c.wait,
             proto::OP_LIST => &c.list,
+            proto::OP_PAIR => &c.pair,
             _ => &c.invalid,
         }
     }
@@ -565,10 +804,15 @@ impl Conn<'_> {
                 diag::conn_info(fd.as_fd(), &id, sh.own_netns, sh.peers_map.as_deref(), true);
             (id, info)
         });
-        self.dispose(Some(fd));
-        let (id, info) = res.map_err(|_| Fail::BadSocket)?;
+        let (id, info) = match res {
+            Ok(r) => r,
+            Err(_) => {
+                self.dispose(Some(fd));
+                return Err(Fail::BadSocket);
+            }
+        };
         let cg = self.bucket(info.owner_cgroup);
-        let dmb = sh.reg.register(
+        let dmb = match sh.reg.register(
             size_code,
             id,
             info.peer_cookie,
@@ -576,9 +820,340 @@ impl Conn<'_> {
             &self.uid,
             &self.ident,
             state,
-        )?;
+        ) {
+            Ok(d) => d,
+            Err(f) => {
+                self.dispose(Some(fd));
+                return Err(f);
+            }
+        };
         self.held.entry(dmb.token).or_default().owner = true;
+        // The other end may wait in a PAIR (a peer of a newer version): it gets its DMB and
+        // this one now.
+        let partner = {
+            let mut rdv = pair::lock(&sh.rdv);
+            rdv.take_mirror(&id)
+                .or_else(|| info.peer_cookie.and_then(|c| rdv.take_cookie(c)))
+        };
+        if let Some(y) = partner {
+            if pair_proof(&y, &id, info.peer_cookie) {
+                self.serve_parked(y, &dmb, &id, None);
+            } else {
+                fail_parked(sh, y, Fail::NoPeer);
+            }
+        }
+        self.dispose(Some(fd));
         Ok(dmb)
+    }
+
+    /// `PAIR`: `Some((own, peer))` when the other end asked already (its answer goes to its
+    /// task), `None` when this request waits for it (parked).
+    fn pair(
+        &mut self,
+        size_code: u8,
+        park_ms: u32,
+        fd: Option<OwnedFd>,
+        seq: u32,
+    ) -> Result<Option<PairDmbs>, Fail> {
+        let fd = self.passed(fd)?;
+        let sh = self.shared;
+        let xid = match sys::inspect_tcp(fd.as_fd()) {
+            Ok(i) => i,
+            Err(_) => {
+                self.dispose(Some(fd));
+                return Err(Fail::BadSocket);
+            }
+        };
+        let mut partner = pair::lock(&sh.rdv).take_mirror(&xid);
+        // Between namespaces (a loopback connection never is) the kernel's connection table
+        // says who the other end is.
+        let mut x_peer_cookie = None;
+        if partner.is_none() {
+            if let Some(token) = sh.reg.peer_token(&xid) {
+                // The other end registered with OP_REGISTER (an older data path): attach it.
+                let r = self.pair_registered(size_code, &xid, fd.as_fd(), token);
+                if r.is_ok() {
+                    self.granted(Some(fd));
+                } else {
+                    self.dispose(Some(fd));
+                }
+                return r.map(Some);
+            }
+            let loopback = xid.local.ip().is_loopback() && xid.peer.ip().is_loopback();
+            if !loopback {
+                x_peer_cookie = diag::conn_info(
+                    fd.as_fd(),
+                    &xid,
+                    sh.own_netns,
+                    sh.peers_map.as_deref(),
+                    false,
+                )
+                .peer_cookie;
+            }
+        }
+        let y = loop {
+            let y = match partner.take() {
+                Some(y) => y,
+                None => {
+                    let mut rdv = pair::lock(&sh.rdv);
+                    let found = rdv
+                        .take_mirror(&xid)
+                        .or_else(|| x_peer_cookie.and_then(|c| rdv.take_cookie(c)));
+                    match found {
+                        Some(y) => y,
+                        None => {
+                            // Bounded per client and per uid: each waits with its socket open.
+                            let charge = (self.parked.len() < MAX_PARKED)
+                                .then(|| pair::ParkCharge::new(&self.uid))
+                                .flatten();
+                            let Some(charge) = charge else {
+                                drop(rdv);
+                                self.dispose(Some(fd));
+                                return Err(Fail::NoPeer);
+                            };
+                            let id = rdv.insert(Parked {
+                                _charge: charge,
+                                conn: self.id,
+                                seq,
+                                size_code,
+                                who: xid,
+                                sock: fd,
+                                pool: self.pool.clone(),
+                                uid: self.uid.clone(),
+                                cg: self.cg.clone(),
+                                ident: self.ident.clone(),
+                                tx: self.tx.clone(),
+                            });
+                            drop(rdv);
+                            let wait = Duration::from_millis(park_ms as u64);
+                            self.parked
+                                .push((seq, id, tokio::time::Instant::now() + wait));
+                            return Ok(None);
+                        }
+                    }
+                }
+            };
+            if pair_proof(&y, &xid, x_peer_cookie) {
+                break y;
+            }
+            // Its connection is gone (or it was not our peer after all): it gets NoPeer, we
+            // wait for our peer.
+            fail_parked(sh, y, Fail::NoPeer);
+        };
+        let r = self.complete(size_code, &xid, fd.as_fd(), y);
+        if r.is_ok() {
+            self.granted(Some(fd));
+        } else {
+            self.dispose(Some(fd));
+        }
+        r.map(Some)
+    }
+
+    /// Pairs our request (`xid`, socket `xfd`) with the parked `y`: a DMB for each end, each
+    /// attached by the other; `y`'s answer goes to its task.
+    fn complete(
+        &mut self,
+        size_code: u8,
+        xid: &TcpIdentity,
+        xfd: BorrowedFd<'_>,
+        y: Parked,
+    ) -> Result<PairDmbs, Fail> {
+        let sh = self.shared;
+        let Some(y_cookie) = y.who.cookie else {
+            fail_parked(sh, y, Fail::BadProof);
+            return Err(Fail::BadProof);
+        };
+        let cg = self.cg.clone();
+        let own = own_dmb(
+            sh,
+            &self.pool,
+            size_code,
+            xid,
+            xfd,
+            y_cookie,
+            y.conn,
+            &self.uid,
+            &cg,
+            &self.ident,
+        );
+        let own = match own {
+            Ok(o) => o,
+            Err(f) => {
+                fail_parked(sh, y, f);
+                return Err(f);
+            }
+        };
+        self.held.entry(own.token).or_default().owner = true;
+        match self.serve_parked(y, &own, xid, Some(xfd)) {
+            Some(peer) => Ok((own, peer)),
+            None => {
+                let _ = self.release_token(own.token, RefKind::Owner, false);
+                Err(Fail::Internal)
+            }
+        }
+    }
+
+    /// The parked `y` gets its DMB (pooled or new) and attaches `x_own` (ours, bound to our
+    /// socket `xid`); with our socket `x_attach`, we attach its DMB too (returned, else
+    /// `x_own`). `y`'s answer (or failure) goes to its task; its socket is granted the
+    /// shortcut and closed. `None`: failed (y was answered so).
+    fn serve_parked(
+        &mut self,
+        y: Parked,
+        x_own: &Arc<DmbObj>,
+        xid: &TcpIdentity,
+        x_attach: Option<BorrowedFd<'_>>,
+    ) -> Option<Arc<DmbObj>> {
+        let sh = self.shared;
+        let Some(x_cookie) = xid.cookie else {
+            fail_parked(sh, y, Fail::BadProof);
+            return None;
+        };
+        let y_own = own_dmb(
+            sh,
+            &y.pool,
+            y.size_code,
+            &y.who,
+            y.sock.as_fd(),
+            x_cookie,
+            self.id,
+            &y.uid,
+            &y.cg,
+            &y.ident,
+        );
+        let y_own = match y_own {
+            Ok(o) => o,
+            Err(f) => {
+                fail_parked(sh, y, f);
+                return None;
+            }
+        };
+        let y_grant_own = Grant::new(self.arc.clone(), y_own.clone(), RefKind::Owner, true);
+        // y attaches ours (the proof: its socket is the other end of ours).
+        let y_peer = match sh.reg.attach(
+            x_own.token,
+            &y.who,
+            attacher_cg(sh, y.sock.as_fd(), &y.who).as_deref(),
+            y.conn,
+        ) {
+            Ok(d) => Grant::new(self.arc.clone(), d, RefKind::Attach, true),
+            Err(f) => {
+                drop(y_grant_own);
+                fail_parked(sh, y, f);
+                return None;
+            }
+        };
+        // We attach y's.
+        let x_peer = if let Some(xfd) = x_attach {
+            match sh.reg.attach(
+                y_own.token,
+                xid,
+                attacher_cg(sh, xfd, xid).as_deref(),
+                self.id,
+            ) {
+                Ok(d) => {
+                    self.held.entry(d.token).or_default().attaches += 1;
+                    Some(d)
+                }
+                Err(f) => {
+                    drop(y_peer);
+                    drop(y_grant_own);
+                    fail_parked(sh, y, f);
+                    return None;
+                }
+            }
+        } else {
+            Some(x_own.clone())
+        };
+        if let Some(map) = sh.sock_state_map.as_deref() {
+            super::grant::grant_shortcut(map, y.sock.as_fd());
+        }
+        let Parked {
+            seq, sock, uid, tx, ..
+        } = y;
+        sh.closer.close(uid.uid, sock);
+        // A closed queue (its client left) drops the grants: released then.
+        let _ = tx.send(Deferred::Paired {
+            seq,
+            own: y_grant_own,
+            peer: y_peer,
+        });
+        sh.events.bump();
+        x_peer
+    }
+
+    /// `PAIR` of ours whose other end registered with `OP_REGISTER`: our DMB (pooled only if
+    /// nobody ever attached it) and an attach of theirs.
+    fn pair_registered(
+        &mut self,
+        size_code: u8,
+        xid: &TcpIdentity,
+        xfd: BorrowedFd<'_>,
+        token: u64,
+    ) -> Result<PairDmbs, Fail> {
+        let sh = self.shared;
+        let peer = sh
+            .reg
+            .attach(token, xid, attacher_cg(sh, xfd, xid).as_deref(), self.id)?;
+        self.held.entry(token).or_default().attaches += 1;
+        let info = diag::conn_info(xfd, xid, sh.own_netns, sh.peers_map.as_deref(), false);
+        let Some(pc) = info.peer_cookie else {
+            let _ = self.release_token(token, RefKind::Attach, false);
+            return Err(Fail::PeerUnknown);
+        };
+        let cg = self.cg.clone();
+        match own_dmb(
+            sh,
+            &self.pool,
+            size_code,
+            xid,
+            xfd,
+            pc,
+            u64::MAX,
+            &self.uid,
+            &cg,
+            &self.ident,
+        ) {
+            Ok(own) => {
+                self.held.entry(own.token).or_default().owner = true;
+                Ok((own, peer))
+            }
+            Err(f) => {
+                let _ = self.release_token(token, RefKind::Attach, false);
+                Err(f)
+            }
+        }
+    }
+
+    /// `OP_RELEASE` with `RELEASE_POOL_OWN`: our DMB `token` goes into our pool (which holds
+    /// its owner reference from now on). False when it may not be reused (it is released then
+    /// by the caller).
+    fn pool_own(&mut self, token: u64) -> bool {
+        if self.shared.pool_max == 0 || !self.held.get(&token).is_some_and(|h| h.owner) {
+            return false;
+        }
+        if !self.shared.reg.pool(token) {
+            return false;
+        }
+        if let Some(h) = self.held.get_mut(&token) {
+            h.owner = false;
+            if h.attaches == 0 {
+                self.held.remove(&token);
+            }
+        }
+        let evicted = {
+            let mut p = pair::lock(&self.pool);
+            p.push_back((token, std::time::Instant::now()));
+            if p.len() > self.shared.pool_max {
+                p.pop_front()
+            } else {
+                None
+            }
+        };
+        if let Some((old, _)) = evicted {
+            self.shared.reg.release(old, RefKind::Owner, false);
+        }
+        true
     }
 
     /// Inspects the attacher's socket (and its cgroup, when the configuration compares
@@ -610,7 +1185,9 @@ impl Conn<'_> {
 
     fn attach(&mut self, token: u64, fd: Option<OwnedFd>) -> Result<Arc<DmbObj>, Fail> {
         let proof = self.proof(&fd);
-        let dmb = proof.and_then(|(id, cg)| self.shared.reg.attach(token, &id, cg.as_deref()));
+        let conn = self.id;
+        let dmb =
+            proof.and_then(|(id, cg)| self.shared.reg.attach(token, &id, cg.as_deref(), conn));
         match dmb {
             Ok(dmb) => {
                 self.granted(fd);
@@ -627,7 +1204,8 @@ impl Conn<'_> {
     /// Attaches the DMB the other end of the caller's connection registered.
     fn attach_peer(&mut self, fd: Option<OwnedFd>) -> Result<Arc<DmbObj>, Fail> {
         let proof = self.proof(&fd);
-        let dmb = proof.and_then(|(id, cg)| self.shared.reg.attach_peer(&id, cg.as_deref()));
+        let conn = self.id;
+        let dmb = proof.and_then(|(id, cg)| self.shared.reg.attach_peer(&id, cg.as_deref(), conn));
         match dmb {
             Ok(dmb) => {
                 self.granted(fd);
@@ -659,7 +1237,7 @@ impl Conn<'_> {
         Ok(dmb)
     }
 
-    fn release_token(&mut self, token: u64, kind: RefKind) -> Result<(), Fail> {
+    fn release_token(&mut self, token: u64, kind: RefKind, taint: bool) -> Result<(), Fail> {
         let h = self.held.get_mut(&token).ok_or(Fail::NotHeld)?;
         match kind {
             RefKind::Owner if h.owner => h.owner = false,
@@ -669,22 +1247,34 @@ impl Conn<'_> {
         if !h.owner && h.attaches == 0 {
             self.held.remove(&token);
         }
-        self.shared.reg.release(token, kind);
+        self.shared.reg.release(token, kind, taint);
         Ok(())
     }
 
-    /// Releases every reference of this client; called once, from `Drop`.
+    /// Releases every reference of this client, its pool and its parked requests; called
+    /// once, from `Drop`.
     fn release_all(&mut self) {
+        for (_, id, _) in std::mem::take(&mut self.parked) {
+            let taken = pair::lock(&self.shared.rdv).take(id);
+            if let Some(p) = taken {
+                self.dispose(Some(p.sock));
+            }
+        }
         let mut n = 0u64;
         for (token, h) in self.held.drain() {
             for _ in 0..h.attaches {
-                self.shared.reg.release(token, RefKind::Attach);
+                self.shared.reg.release(token, RefKind::Attach, false);
                 n += 1;
             }
             if h.owner {
-                self.shared.reg.release(token, RefKind::Owner);
+                self.shared.reg.release(token, RefKind::Owner, false);
                 n += 1;
             }
+        }
+        let pooled: Vec<u64> = pair::lock(&self.pool).drain(..).map(|e| e.0).collect();
+        for token in pooled {
+            self.shared.reg.release(token, RefKind::Owner, false);
+            n += 1;
         }
         if n > 0 {
             self.shared
@@ -694,6 +1284,107 @@ impl Conn<'_> {
                 .fetch_add(n, Relaxed);
         }
     }
+}
+
+/// The quota key of an attacher's socket, when the configuration compares cgroups.
+fn attacher_cg(sh: &Shared, fd: BorrowedFd<'_>, id: &TcpIdentity) -> Option<String> {
+    if !sh.reg.needs_attacher_cgroup() {
+        return None;
+    }
+    diag::socket_cgroup(fd, id, sh.own_netns)
+        .and_then(|c| sh.keys.key(c))
+        .map(|k| sh.reg.cgroup(&k).path.clone())
+}
+
+/// Whether the parked `y` is the other end of `xid`'s connection: the mirrored 4-tuple in one
+/// namespace while `y`'s socket is still established, or the peer cookie the kernel gave for
+/// `xid`'s socket.
+fn pair_proof(y: &Parked, xid: &TcpIdentity, x_peer_cookie: Option<u64>) -> bool {
+    if pair::same_ns_mirror(&y.who, xid) {
+        return sys::still_established(y.sock.as_fd());
+    }
+    x_peer_cookie.is_some() && x_peer_cookie == y.who.cookie
+}
+
+/// The parked `y` cannot be served: its task answers `fail`; its socket is closed.
+fn fail_parked(sh: &Shared, y: Parked, fail: Fail) {
+    let Parked {
+        seq, sock, uid, tx, ..
+    } = y;
+    sh.closer.close(uid.uid, sock);
+    let _ = tx.send(Deferred::Failed { seq, fail });
+}
+
+/// A DMB for the end `who` (socket `sock`) of a connection whose other end is the socket
+/// `peer_cookie` of client connection `peer_conn`: from `pool` when one may be bound for that
+/// peer ([`Registry::bind_pooled`]), else registered (charged to the socket's cgroup, or
+/// `cg`, and `uid`) with a new local state page for the owner (see [`proto::PAIR_OWN_STATE`];
+/// `client`: the owner's client, who alone may adopt it). The owner reference is the
+/// caller's to record for the owner.
+#[allow(clippy::too_many_arguments)]
+fn own_dmb(
+    sh: &Shared,
+    pool: &Pool,
+    size_code: u8,
+    who: &TcpIdentity,
+    sock: BorrowedFd<'_>,
+    peer_cookie: u64,
+    peer_conn: u64,
+    uid: &Arc<UidUsage>,
+    cg: &Arc<CgroupUsage>,
+    client: &ClientIdentity,
+) -> Result<Arc<DmbObj>, Fail> {
+    let mut gone = Vec::new();
+    let bound = {
+        let mut p = pair::lock(pool);
+        let mut found = None;
+        let mut i = 0;
+        while i < p.len() {
+            match sh
+                .reg
+                .bind_pooled(p[i].0, size_code, *who, peer_cookie, peer_conn)
+            {
+                Ok(d) => {
+                    p.remove(i);
+                    found = Some(d);
+                    break;
+                }
+                Err(BindMiss::Gone) => {
+                    if let Some((t, _)) = p.remove(i) {
+                        gone.push(t);
+                    }
+                }
+                Err(BindMiss::NotNow) => i += 1,
+            }
+        }
+        found
+    };
+    // The pool held their owner references.
+    for t in gone {
+        sh.reg.release(t, RefKind::Owner, false);
+    }
+    if let Some(d) = bound {
+        // The pool's owner reference passes to the connection.
+        return Ok(d);
+    }
+    let info = diag::conn_info(sock, who, sh.own_netns, sh.peers_map.as_deref(), true);
+    let bucket = info
+        .owner_cgroup
+        .and_then(|id| sh.keys.key(id))
+        .map_or_else(|| cg.clone(), |k| sh.reg.cgroup(&k));
+    // The owner's local state page, kept with the DMB for a process its socket may move to
+    // (`OP_ADOPT`) and handed to the owner with the reply; a pooled DMB keeps its page. Without
+    // one (no memory for it) the connection works but cannot move.
+    let state = sys::create_state_memfd(proto::STATE_PAGE).ok();
+    sh.reg.register(
+        size_code,
+        *who,
+        Some(peer_cookie),
+        &bucket,
+        uid,
+        client,
+        state,
+    )
 }
 
 impl Drop for Conn<'_> {

@@ -6,6 +6,7 @@ mod diag;
 mod gid;
 mod grant;
 mod metrics;
+mod pair;
 mod registry;
 
 pub use metrics::MetricsHook;
@@ -104,6 +105,13 @@ pub struct DaemonConfig {
     /// Called with each client's uid and gid (`SO_PEERCRED`) on a blocking thread before its
     /// first request is served (see [`ClientHook`]).
     pub client_hook: Option<ClientHook>,
+    /// DMBs one client connection may keep pooled for reuse (`OP_RELEASE` with
+    /// `RELEASE_POOL_OWN`; default 64, 0: none). They stay registered and charged to their
+    /// quotas while pooled.
+    pub pool_max_per_client: u32,
+    /// Milliseconds a pooled DMB stays unused before it is freed (default 1000): an idle
+    /// process does not keep its pool.
+    pub pool_idle_ms: u64,
 }
 
 /// What the daemon does for each new client before serving it, on a blocking thread (`smc-ctl
@@ -147,6 +155,8 @@ impl Default for DaemonConfig {
             metrics_addr: None,
             metrics_hook: None,
             client_hook: None,
+            pool_max_per_client: 64,
+            pool_idle_ms: 1000,
         }
     }
 }
@@ -351,6 +361,10 @@ fn bind(cfg: DaemonConfig) -> Result<Bound, IsmError> {
             peers_map: cfg.bpf_peers_map.clone(),
             client_hook: cfg.client_hook.clone(),
             sock_state_map: cfg.bpf_sock_state_map.clone(),
+            rdv: std::sync::Mutex::new(pair::Rendezvous::default()),
+            next_conn: std::sync::atomic::AtomicU64::new(1),
+            pool_max: cfg.pool_max_per_client as usize,
+            pool_idle: Duration::from_millis(cfg.pool_idle_ms),
         }),
         listener,
         _lock: lock,

@@ -46,6 +46,8 @@ pub(crate) enum Fail {
     BadProof,
     /// The owner's peer socket was not found when it registered: nobody may attach.
     PeerUnknown,
+    /// `PAIR`: the other end did not ask within the wait.
+    NoPeer,
     OtherCgroup,
     NotHeld,
     Malformed,
@@ -80,6 +82,7 @@ impl Fail {
             Fail::BadSocket => (Status::BadSocket, 0),
             Fail::StaleToken => (Status::StaleToken, 0),
             Fail::BadProof | Fail::PeerUnknown | Fail::OtherCgroup => (Status::BadProof, 0),
+            Fail::NoPeer => (Status::NoPeer, 0),
             Fail::NotHeld => (Status::NotHeld, 0),
             Fail::Malformed => (Status::Malformed, 0),
             Fail::Oversized => (Status::Oversized, 0),
@@ -120,6 +123,7 @@ failure_counters!(
     oversized,
     bad_version,
     unknown_op,
+    no_peer,
     send_failed,
     internal,
 );
@@ -139,6 +143,7 @@ impl Failures {
             Fail::StaleToken => &self.stale_token,
             Fail::BadProof => &self.bad_proof,
             Fail::PeerUnknown => &self.peer_unknown,
+            Fail::NoPeer => &self.no_peer,
             Fail::OtherCgroup => &self.other_cgroup,
             Fail::NotHeld => &self.not_held,
             Fail::Malformed => &self.malformed,
@@ -196,6 +201,7 @@ pub(crate) struct Counters {
     pub stats: OpCounter,
     pub wait: OpCounter,
     pub list: OpCounter,
+    pub pair: OpCounter,
     pub invalid: OpCounter,
     pub failures: Failures,
     pub clients_connected: AtomicU64,
@@ -203,6 +209,7 @@ pub(crate) struct Counters {
     pub clients_refused: AtomicU64,
     pub clients_refused_uid: AtomicU64,
     pub released_on_disconnect: AtomicU64,
+    pub dmbs_reused: AtomicU64,
 }
 
 /// Device-wide gauges.
@@ -217,6 +224,8 @@ pub(crate) struct Totals {
     pub extra: AtomicU64,
     /// From the last sample: committed bytes of all live DMBs (`st_blocks`).
     pub committed: AtomicU64,
+    /// Live DMBs in their owners' pools.
+    pub pooled: AtomicU64,
 }
 
 /// What a DMB is charged against the byte quotas when it is registered: one 16 KiB unit (the
@@ -323,6 +332,8 @@ pub(crate) struct UidUsage {
     pub uid: u32,
     pub conns: AtomicU64,
     dmbs: AtomicU64,
+    /// Its `PAIR` requests waiting for their peers (each with a socket open in the daemon).
+    pub parked: AtomicU64,
 }
 
 /// One DMB charged to a uid; released on drop.
@@ -365,12 +376,11 @@ pub(crate) struct DmbObj {
     _charge: Charge,
     _uid_charge: Option<UidCharge>,
     pub token: u64,
+    /// Never reused, by any daemon instance (random start): a process that keeps a mapping of
+    /// this DMB across its bindings (pooled DMBs) recognises it by id.
+    pub id: u64,
     pub size_code: u8,
     pub size: u64,
-    pub owner: TcpIdentity,
-    /// `SO_COOKIE` of the socket at the other end of the owner's connection, found in the
-    /// kernel's connection table when the owner registered: the only socket that may attach.
-    pub peer_cookie: Option<u64>,
     pub owner_uid: u32,
     pub owner_cgroup: Arc<CgroupUsage>,
     /// The registering client: its cgroup when it connected and its pid namespace, which an
@@ -405,6 +415,30 @@ struct Record {
     dmb: Arc<DmbObj>,
     refs: u32,
     unregistered: bool,
+    /// The owner's socket of the connection the DMB is bound to (for a pooled DMB: the last
+    /// one; nobody may attach then).
+    owner: TcpIdentity,
+    /// `SO_COOKIE` of the socket at the other end of the owner's connection (found in the
+    /// kernel's connection table, or the other end of an `OP_PAIR`): the only socket that may
+    /// attach.
+    peer_cookie: Option<u64>,
+    /// In its owner's pool: unbound, no attach, may be bound to a new connection of the owner
+    /// whose peer is [`Record::attached_by`] (or anyone, if nobody ever attached).
+    pooled: bool,
+    /// The one client connection that ever attached it (see [`Registry::bind_pooled`]).
+    attached_by: Option<u64>,
+    /// Never to be bound again: attached by two client connections, or released by one that
+    /// may still write into it.
+    tainted: bool,
+}
+
+/// Why a pooled DMB could not be bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BindMiss {
+    /// Not for this peer (yet): another process attached it, or an attach is still held.
+    NotNow,
+    /// Gone, or never to be bound again: forget it.
+    Gone,
 }
 
 /// Which reference a release drops.
@@ -464,6 +498,8 @@ pub(crate) struct Registry {
     sample_interval_ms: u64,
     pub counters: Counters,
     pub gid: Gid,
+    /// The next DMB id (random start, see [`DmbObj::id`]).
+    next_id: AtomicU64,
     started: Instant,
     max_dmbs: u32,
     max_total_bytes: u64,
@@ -499,6 +535,12 @@ impl Registry {
             sample_interval_ms: cfg.commit_sample_ms,
             counters: Counters::default(),
             gid,
+            next_id: AtomicU64::new(sys::random_u64().unwrap_or_else(|_| {
+                // No randomness: the clock still differs between daemon instances.
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64)
+            })),
             started: Instant::now(),
             max_dmbs: cfg.max_dmbs,
             max_total_bytes: cfg.max_total_bytes,
@@ -563,6 +605,7 @@ impl Registry {
             uid,
             conns: AtomicU64::new(0),
             dmbs: AtomicU64::new(0),
+            parked: AtomicU64::new(0),
         });
         map.insert(uid, Arc::downgrade(&u));
         u
@@ -696,10 +739,9 @@ impl Registry {
             _charge: charge,
             _uid_charge: uid_charge,
             token: 0,
+            id: self.next_id.fetch_add(1, Relaxed),
             size_code,
             size,
-            owner,
-            peer_cookie,
             owner_uid: uid.uid,
             owner_cgroup: cg.clone(),
             owner_client: client.clone(),
@@ -718,11 +760,16 @@ impl Registry {
                     dmb: dmb.clone(),
                     refs: 1,
                     unregistered: false,
+                    owner,
+                    peer_cookie,
+                    pooled: false,
+                    attached_by: None,
+                    tainted: false,
                 });
                 drop(shard);
-                let t = (dmb.owner.local, dmb.owner.peer);
+                let t = (owner.local, owner.peer);
                 lock(self.owner_shard(&t)).insert(t, token);
-                if let Some(c) = dmb.owner.cookie {
+                if let Some(c) = owner.cookie {
                     lock(self.cookie_shard(c)).insert(c, token);
                 }
                 return Ok(dmb);
@@ -734,21 +781,24 @@ impl Registry {
     /// Takes an attach reference if `who` is the mirror of the owner's connection.
     /// `cg`: the quota key of the attacher's socket, asked for only when
     /// [`Registry::require_same_cgroup`] (see [`Registry::needs_attacher_cgroup`]).
+    /// `conn`: the attaching client connection (a pooled DMB is bound again only for a
+    /// connection whose peer is the one client that ever attached it).
     pub(crate) fn attach(
         &self,
         token: u64,
         who: &TcpIdentity,
         cg: Option<&str>,
+        conn: u64,
     ) -> Result<Arc<DmbObj>, Fail> {
         let mut shard = lock(self.shard(token));
         let rec = shard
             .get_mut(&token)
-            .filter(|r| !r.unregistered)
+            .filter(|r| !r.unregistered && !r.pooled)
             .ok_or(Fail::StaleToken)?;
-        if !is_mirror(&rec.dmb.owner, who) {
+        if !is_mirror(&rec.owner, who) {
             return Err(Fail::BadProof);
         }
-        match rec.dmb.peer_cookie {
+        match rec.peer_cookie {
             None => return Err(Fail::PeerUnknown),
             Some(c) if who.cookie != Some(c) => return Err(Fail::BadProof),
             Some(_) => {}
@@ -757,6 +807,11 @@ impl Registry {
             return Err(Fail::OtherCgroup);
         }
         rec.refs = rec.refs.checked_add(1).ok_or(Fail::Internal)?;
+        match rec.attached_by {
+            None => rec.attached_by = Some(conn),
+            Some(c) if c != conn => rec.tainted = true,
+            Some(_) => {}
+        }
         self.totals.live_attachments.fetch_add(1, AcqRel);
         Ok(rec.dmb.clone())
     }
@@ -768,24 +823,10 @@ impl Registry {
         &self,
         who: &TcpIdentity,
         cg: Option<&str>,
+        conn: u64,
     ) -> Result<Arc<DmbObj>, Fail> {
-        let t = (who.peer, who.local);
-        let token = lock(self.owner_shard(&t))
-            .get(&t)
-            .copied()
-            .ok_or(Fail::StaleToken)?;
-        {
-            let shard = lock(self.shard(token));
-            let rec = shard.get(&token).ok_or(Fail::StaleToken)?;
-            let same_ns = matches!(
-                (rec.dmb.owner.netns_cookie, who.netns_cookie),
-                (Some(a), Some(b)) if a == b
-            );
-            if !same_ns {
-                return Err(Fail::BadProof);
-            }
-        }
-        self.attach(token, who, cg)
+        let token = self.peer_token(who).ok_or(Fail::StaleToken)?;
+        self.attach(token, who, cg, conn)
     }
 
     /// `OP_ADOPT`: takes an attach reference on the DMB registered with `who`'s very socket
@@ -811,56 +852,88 @@ impl Registry {
         let peer_cookie = {
             let mut shard = lock(self.shard(token));
             let rec = shard.get_mut(&token).ok_or(Fail::StaleToken)?;
-            let d = &rec.dmb;
-            if d.owner.cookie != Some(cookie)
-                || d.owner.local != who.local
-                || d.owner.peer != who.peer
+            // A pooled DMB is bound to no connection (its owner socket is gone).
+            if rec.pooled
+                || rec.owner.cookie != Some(cookie)
+                || rec.owner.local != who.local
+                || rec.owner.peer != who.peer
             {
                 return Err(Fail::StaleToken);
             }
-            if d.owner_uid != uid || !d.owner_client.same(client) {
+            if rec.dmb.owner_uid != uid || !rec.dmb.owner_client.same(client) {
                 return Err(Fail::BadProof);
             }
             if which == crate::proto::ADOPT_STATE {
                 // No reference: the page lives on in the mappings of the processes using it.
-                return match d.state {
-                    Some(_) => Ok(rec.dmb.clone()),
+                // Another process maps it from now on: the DMB (and with it the page) is never
+                // bound to another connection of its owner.
+                return match rec.dmb.state {
+                    Some(_) => {
+                        rec.tainted = true;
+                        Ok(rec.dmb.clone())
+                    }
                     None => Err(Fail::StaleToken),
                 };
             }
             if which == crate::proto::ADOPT_OWN {
                 rec.refs = rec.refs.checked_add(1).ok_or(Fail::Internal)?;
+                rec.tainted = true;
                 self.totals.live_attachments.fetch_add(1, AcqRel);
                 return Ok(rec.dmb.clone());
             }
-            d.peer_cookie.ok_or(Fail::PeerUnknown)?
+            rec.peer_cookie.ok_or(Fail::PeerUnknown)?
         };
         let ptoken = find(peer_cookie)?;
         let mut shard = lock(self.shard(ptoken));
         let rec = shard.get_mut(&ptoken).ok_or(Fail::StaleToken)?;
         // The other end's registration of this very connection: its owner socket is the peer
         // recorded for ours, and it recorded ours as its peer.
-        if rec.dmb.owner.cookie != Some(peer_cookie)
-            || rec.dmb.peer_cookie != Some(cookie)
-            || !is_mirror(&rec.dmb.owner, who)
+        if rec.pooled
+            || rec.owner.cookie != Some(peer_cookie)
+            || rec.peer_cookie != Some(cookie)
+            || !is_mirror(&rec.owner, who)
         {
             return Err(Fail::StaleToken);
         }
         rec.refs = rec.refs.checked_add(1).ok_or(Fail::Internal)?;
+        // A third process maps it: never bound to another connection of its owner.
+        rec.tainted = true;
         self.totals.live_attachments.fetch_add(1, AcqRel);
         Ok(rec.dmb.clone())
     }
 
-    fn forget_owner(&self, dmb: &DmbObj) {
-        let t = (dmb.owner.local, dmb.owner.peer);
+    /// The live, bound DMB registered by the other end of `who`'s connection, in `who`'s
+    /// network namespace.
+    pub(crate) fn peer_token(&self, who: &TcpIdentity) -> Option<u64> {
+        let t = (who.peer, who.local);
+        let token = lock(self.owner_shard(&t)).get(&t).copied()?;
+        let shard = lock(self.shard(token));
+        let rec = shard.get(&token)?;
+        let same_ns = matches!(
+            (rec.owner.netns_cookie, who.netns_cookie),
+            (Some(a), Some(b)) if a == b
+        );
+        (same_ns && !rec.pooled && !rec.unregistered).then_some(token)
+    }
+
+    fn forget_cookie(&self, token: u64, cookie: u64) {
+        let mut m = lock(self.cookie_shard(cookie));
+        if m.get(&cookie) == Some(&token) {
+            m.remove(&cookie);
+        }
+    }
+
+    fn forget_owner(&self, token: u64, owner: &TcpIdentity) {
+        let t = (owner.local, owner.peer);
         let mut m = lock(self.owner_shard(&t));
-        if m.get(&t) == Some(&dmb.token) {
+        if m.get(&t) == Some(&token) {
             m.remove(&t);
         }
     }
 
-    /// Drops one reference; frees the DMB when it was the last one.
-    pub(crate) fn release(&self, token: u64, kind: RefKind) {
+    /// Drops one reference; frees the DMB when it was the last one. `taint`: the releaser may
+    /// still write into it (another process shares the connection): never bind it again.
+    pub(crate) fn release(&self, token: u64, kind: RefKind, taint: bool) {
         let mut shard = lock(self.shard(token));
         let Some(rec) = shard.get_mut(&token) else {
             debug_assert!(false, "release of a reference that is not in the table");
@@ -873,26 +946,89 @@ impl Registry {
                 self.totals.live_attachments.fetch_sub(1, AcqRel);
             }
         }
+        rec.tainted |= taint;
         rec.refs -= 1;
-        let owner = owner_gone.then(|| rec.dmb.clone());
+        if kind == RefKind::Owner && rec.pooled {
+            // Freed from its pool.
+            rec.pooled = false;
+            self.totals.pooled.fetch_sub(1, AcqRel);
+        }
+        let owner = owner_gone.then_some(rec.owner);
         if rec.refs == 0 {
             let rec = shard.remove(&token);
             drop(shard);
-            if let Some(c) = rec.as_ref().and_then(|r| r.dmb.owner.cookie) {
-                let mut m = lock(self.cookie_shard(c));
-                if m.get(&c) == Some(&token) {
-                    m.remove(&c);
-                }
+            if let Some(c) = rec.as_ref().and_then(|r| r.owner.cookie) {
+                self.forget_cookie(token, c);
             }
             // Last reference: the memfd, then the slot, then the charge are released here.
             drop(rec);
         } else {
             drop(shard);
         }
-        if let Some(dmb) = owner {
+        if let Some(o) = owner {
             // No new attach after the owner's unregister.
-            self.forget_owner(&dmb);
+            self.forget_owner(token, &o);
         }
+    }
+
+    /// The owner gives its DMB back into its pool (it keeps the owner reference): unbound, no
+    /// attach from now on. False (nothing changed) when it may not be bound again.
+    pub(crate) fn pool(&self, token: u64) -> bool {
+        let mut shard = lock(self.shard(token));
+        let Some(rec) = shard.get_mut(&token) else {
+            return false;
+        };
+        if rec.unregistered || rec.pooled || rec.tainted {
+            return false;
+        }
+        rec.pooled = true;
+        self.totals.pooled.fetch_add(1, AcqRel);
+        let o = rec.owner;
+        drop(shard);
+        self.forget_owner(token, &o);
+        // Nor adopted through the socket of the connection it served.
+        if let Some(c) = o.cookie {
+            self.forget_cookie(token, c);
+        }
+        true
+    }
+
+    /// Binds a pooled DMB to a new connection of its owner: `owner` is the owner's socket,
+    /// `peer_cookie` the other end's, `peer_conn` the client connection of the other end (the
+    /// only one that may have mapped it before, see [`Record::attached_by`]). Only when no
+    /// attach is held (its last attacher released it: it writes no more).
+    pub(crate) fn bind_pooled(
+        &self,
+        token: u64,
+        size_code: u8,
+        owner: TcpIdentity,
+        peer_cookie: u64,
+        peer_conn: u64,
+    ) -> Result<Arc<DmbObj>, BindMiss> {
+        let mut shard = lock(self.shard(token));
+        let rec = shard.get_mut(&token).ok_or(BindMiss::Gone)?;
+        if !rec.pooled || rec.unregistered || rec.tainted {
+            return Err(BindMiss::Gone);
+        }
+        if rec.dmb.size_code != size_code {
+            return Err(BindMiss::NotNow);
+        }
+        if rec.refs != 1 || rec.attached_by.is_some_and(|c| c != peer_conn) {
+            return Err(BindMiss::NotNow);
+        }
+        rec.pooled = false;
+        self.totals.pooled.fetch_sub(1, AcqRel);
+        self.counters.dmbs_reused.fetch_add(1, Relaxed);
+        rec.owner = owner;
+        rec.peer_cookie = Some(peer_cookie);
+        let dmb = rec.dmb.clone();
+        drop(shard);
+        let t = (owner.local, owner.peer);
+        lock(self.owner_shard(&t)).insert(t, token);
+        if let Some(c) = owner.cookie {
+            lock(self.cookie_shard(c)).insert(c, token);
+        }
+        Ok(dmb)
     }
 
     /// Whether an attach needs the attacher socket's cgroup.
@@ -920,8 +1056,8 @@ impl Registry {
                         size_code: r.dmb.size_code,
                         refs: r.refs,
                         unregistered: r.unregistered,
-                        owner_local: r.dmb.owner.local.to_string(),
-                        owner_peer: r.dmb.owner.peer.to_string(),
+                        owner_local: r.owner.local.to_string(),
+                        owner_peer: r.owner.peer.to_string(),
                         owner_cgroup: truncate_path(&r.dmb.owner_cgroup.path),
                         token: with_token.then_some(r.dmb.token),
                         inode: if with_token {
@@ -976,6 +1112,8 @@ impl Registry {
             live_attachments: self.totals.live_attachments.load(Relaxed),
             max_dmbs: self.max_dmbs as u64,
             released_on_disconnect: c.released_on_disconnect.load(Relaxed),
+            dmbs_reused: c.dmbs_reused.load(Relaxed),
+            dmbs_pooled: self.totals.pooled.load(Relaxed),
             ops: OpsStats {
                 query_gid: c.query_gid.snapshot(),
                 register: c.register.snapshot(),
@@ -985,6 +1123,7 @@ impl Registry {
                 stats: c.stats.snapshot(),
                 wait: c.wait.snapshot(),
                 list: c.list.snapshot(),
+                pair: c.pair.snapshot(),
                 invalid: c.invalid.snapshot(),
             },
             failures: c.failures.snapshot(),

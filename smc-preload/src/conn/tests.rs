@@ -726,7 +726,7 @@ fn adopted_end_shares_state_and_takes_travelling_references() {
     let a = Conn::new(
         map(&own),
         map(&peer),
-        Some(state),
+        Some(state.into()),
         Role::Server,
         false,
         None,

@@ -53,12 +53,13 @@ fn fell_back(o: Outcome) -> (Fallback, Option<MsgType>) {
     }
 }
 
-/// The daemon's live DMBs and attachments.
+/// The daemon's live DMBs in use (pooled ones of finished connections of other tests come and
+/// go on their own) and attachments.
 fn live() -> (u64, u64) {
     let s = smc_ism::Client::connect(setup::daemon_path())
         .and_then(|mut c| c.stats())
         .unwrap();
-    (s.live_dmbs, s.live_attachments)
+    (s.live_dmbs - s.dmbs_pooled, s.live_attachments)
 }
 
 /// Read one CLC message from a plain socket.
@@ -75,6 +76,8 @@ fn read_clc(s: &mut TcpStream) -> ClcMessage {
 #[test]
 fn client_and_server_establish() {
     daemon();
+    // Its DMBs stay registered (never released here): not while DMBs are counted.
+    let _g = COUNT.lock().unwrap_or_else(|e| e.into_inner());
     let (c, s) = pair();
     let sfd = s.as_raw_fd();
     let t = std::thread::spawn(move || {
@@ -173,6 +176,8 @@ fn garbage_instead_of_an_accept_is_out_of_sync() {
 #[test]
 fn server_steps_without_blocking() {
     daemon();
+    // Its DMBs stay registered (never released here): not while DMBs are counted.
+    let _g = COUNT.lock().unwrap_or_else(|e| e.into_inner());
     let (c, s) = pair();
     let mut sd = server(s.as_raw_fd());
     assert!(matches!(sd.step(false), Progress::WouldBlock));
@@ -317,7 +322,8 @@ fn server_stands_in_for_a_client_that_already_left() {
     let mut d = server(s.as_raw_fd());
     d.own = Some(HeldDmb {
         token: 0,
-        map: Mapping::anon_shared(32 << 10).unwrap(),
+        id: 0,
+        map: Mapping::anon_shared(32 << 10).unwrap().into(),
         state: None,
     });
     assert!(d.attach_client(&est).is_err());
@@ -332,7 +338,8 @@ fn server_stands_in_for_a_client_that_already_left() {
     unsafe { CdcHeader::from_ptr(own.as_ptr()) }.store_cons(w);
     d.own = Some(HeldDmb {
         token: 0,
-        map: own,
+        id: 0,
+        map: own.into(),
         state: None,
     });
     d.attach_client(&est).unwrap();
@@ -340,4 +347,82 @@ fn server_stands_in_for_a_client_that_already_left() {
     assert_eq!(p.token, 0);
     assert_eq!(p.map.len(), 16 << 10);
     d.own = None;
+}
+
+/// Establishes one connection between a client and a server driver: (client own, client peer,
+/// server own, server peer).
+fn establish() -> (HeldDmb, HeldDmb, HeldDmb, HeldDmb) {
+    let (c, s) = pair();
+    let sfd = s.as_raw_fd();
+    let t = std::thread::spawn(move || {
+        let o = done(server(sfd).step(true));
+        drop(s);
+        o
+    });
+    let co = done(client(c.as_raw_fd()).step(true));
+    match (co, t.join().unwrap()) {
+        (
+            Outcome::Established {
+                own: cown,
+                peer: cpeer,
+                ..
+            },
+            Outcome::Established {
+                own: sown,
+                peer: speer,
+                ..
+            },
+        ) => (cown, cpeer, sown, speer),
+        _ => panic!("both ends establish"),
+    }
+}
+
+#[test]
+fn a_pooled_dmb_bound_again_starts_clean_without_a_kept_mapping() {
+    daemon();
+    let _g = COUNT.lock().unwrap_or_else(|e| e.into_inner());
+    let (cown, cpeer, sown, speer) = establish();
+    // The connection ran: its cursors and close flags are in the client DMB's CDC header, its
+    // state in the local state page the daemon keeps with that DMB.
+    // SAFETY: our own mappings of at least 4 KiB, used by no connection any more.
+    unsafe {
+        std::ptr::write_bytes(cown.map.as_ptr(), 0xa5, smc_common::cdc::CDC_HEADER_LEN);
+        let st = cown
+            .state
+            .as_ref()
+            .expect("a PAIR DMB comes with its state page");
+        std::ptr::write_bytes(st.as_ptr(), 0x5a, st.len());
+    }
+    let token = cown.token;
+    // Pooled by the daemon, but its mapping is not kept here (as when the process dropped it
+    // from its cache while the daemon, stopped meanwhile, still pooled the DMB).
+    drop(cown);
+    with_dev(|c| {
+        c.release_flags(
+            Some(token),
+            Some(cpeer.token),
+            smc_ism::proto::RELEASE_POOL_OWN,
+        )
+    })
+    .unwrap();
+    setup::release_dmbs(Some(sown.token), Some(speer.token));
+    let (cown, cpeer, sown, speer) = establish();
+    assert_eq!(cown.token, token, "the pooled DMB is bound again");
+    let hdr: Vec<u8> = (0..smc_common::cdc::CDC_HEADER_LEN)
+        // SAFETY: within the mapping; nobody writes it (the peer has not been told yet).
+        .map(|i| unsafe { std::ptr::read_volatile(cown.map.as_ptr().add(i)) })
+        .collect();
+    assert!(
+        hdr.iter().all(|&b| b == 0),
+        "the earlier connection's CDC header is left: {hdr:x?}"
+    );
+    let st = cown.state.as_ref().expect("its state page");
+    // SAFETY: as above, a 4 KiB page of ours.
+    let page = unsafe { std::slice::from_raw_parts(st.as_ptr() as *const u8, st.len()) };
+    assert!(
+        page.iter().all(|&b| b == 0),
+        "the earlier connection's state page is left"
+    );
+    setup::release_dmbs(Some(cown.token), Some(cpeer.token));
+    setup::release_dmbs(Some(sown.token), Some(speer.token));
 }

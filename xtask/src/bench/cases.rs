@@ -361,6 +361,7 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
                 metric("connect_p99_us", "p99 connect() alone", "us", false),
                 metric("daemon_register_us", "daemon REGISTER, mean", "us", false),
                 metric("daemon_attach_us", "daemon ATTACH, mean", "us", false),
+                metric("daemon_pair_us", "daemon PAIR, mean", "us", false),
                 metric("ebpf_ns_per_unit", "eBPF ns per connection", "ns", false),
             ],
             units: Some("total_connections"),

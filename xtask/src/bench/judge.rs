@@ -212,7 +212,8 @@ pub(crate) fn judge(expect: Expect, o: &Outcome) -> Verdict {
     let p = &o.preload;
     let smcd = get(p, "smcd_client") + get(p, "smcd_server");
     let fallback = get(p, "fallback_client") + get(p, "fallback_server");
-    let attached = get(&o.daemon, "ops.attach.ok");
+    // Attaches, and connection ends served by a PAIR (each attaches the peer's DMB).
+    let attached = get(&o.daemon, "ops.attach.ok") + get(&o.daemon, "ops.pair.ok");
     let reasons = || {
         let r: Vec<String> = p
             .iter()
@@ -311,7 +312,9 @@ const POLICY_SHORT: u32 = 0x7F00_0001;
 /// Figures computed from the counters of a run, per unit of work (connection or request):
 /// `ebpf_ns_per_unit` / `ebpf_runs_per_unit` (the `smc_*` programs' run time and runs,
 /// `kernel.bpf_stats_enabled`; host-wide, but the bench holds the test lock), and the daemon's
-/// mean handling time of a REGISTER and an ATTACH (`daemon_register_us`, `daemon_attach_us`).
+/// mean handling time of a REGISTER, an ATTACH and a PAIR request (`daemon_register_us`,
+/// `daemon_attach_us`, `daemon_pair_us`: a PAIR is one per connection end, its DMB and the
+/// peer's).
 /// Always present (0 where nothing ran), so that every column has the row.
 pub(crate) fn derived_metrics(case: &Case, o: &mut Outcome) {
     let units = o.units(case).unwrap_or(0.0);
@@ -326,7 +329,7 @@ pub(crate) fn derived_metrics(case: &Case, o: &mut Outcome) {
     let per = |x: f64| if units > 0.0 { x / units } else { 0.0 };
     o.metrics.insert("ebpf_ns_per_unit".into(), per(ns));
     o.metrics.insert("ebpf_runs_per_unit".into(), per(runs));
-    for op in ["register", "attach"] {
+    for op in ["register", "attach", "pair"] {
         let n = get(&o.daemon, &format!("ops.{op}.requests"));
         let t = get(&o.daemon, &format!("ops.{op}.nanos"));
         let us = if n > 0.0 { t / n / 1000.0 } else { 0.0 };

@@ -76,6 +76,9 @@ scenarios! {
     setfl_between_connect_and_use: 1;
     connect_timeout_then_blocking: 1;
     nonblock_connect_write_at_once: 1;
+    nonblock_write_server_not_accepting: 1;
+    nonblock_first_write_after_pollout: 1;
+    nonblock_first_write_after_epollout: 1;
     connect_own_listener_one_thread: 1;
     epoll_connect_quiet_server: 1;
     epoll_connect_lt_in_out: 1;
@@ -1554,6 +1557,112 @@ fn nonblock_connect_write_at_once() {
     }
     let got = srv.join().unwrap();
     log(format!("server got [{}]", digest(&got)));
+    close(c);
+}
+
+/// A server in a forked child (another process, so not a listener of ours): it accepts once
+/// `go` says so (at once without it), reads 5 bytes and writes their digest to the returned
+/// pipe. (port, go writer, result reader, child pid).
+fn child_server(wait_go: bool) -> (u16, c_int, c_int, libc::pid_t) {
+    let (port_r, port_w) = pipe();
+    let (go_r, go_w) = pipe();
+    let (res_r, res_w) = pipe();
+    // SAFETY: the child runs socket calls only and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        close(port_r);
+        close(go_w);
+        close(res_r);
+        let (l, port) = listener();
+        write_all(port_w, &port.to_ne_bytes());
+        if wait_go {
+            read_n(go_r, 1);
+        }
+        let s = accept_fd(l);
+        let got = read_n(s, 5);
+        write_all(res_w, digest(&got).as_bytes());
+        close(s);
+        close(l);
+        // SAFETY: plain exit without destructors (fork child).
+        unsafe { libc::_exit(0) };
+    }
+    close(port_w);
+    close(go_r);
+    close(res_w);
+    let p = read_n(port_r, 2);
+    close(port_r);
+    (u16::from_ne_bytes([p[0], p[1]]), go_w, res_r, pid)
+}
+
+fn child_server_done(go: c_int, res: c_int, pid: libc::pid_t) {
+    let got = read_n(res, 8);
+    log(format!("server got [{}]", String::from_utf8_lossy(&got)));
+    let mut st = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    close(go);
+    close(res);
+}
+
+fn nonblock_first_write_after_pollout() {
+    // A non-blocking connect, POLLOUT, then the first write: on TCP it takes the 5 bytes
+    // (smc-scale and redis-benchmark count anything else as a failure). The data path
+    // reports POLLOUT once its handshake is decided, so the write goes through too.
+    let (port, go, res, pid) = child_server(false);
+    let c = nonblock_client(port);
+    pl("poll(c,OUT)", c, libc::POLLOUT, 5000);
+    r("write(c) after POLLOUT", wr(c, b"hello"));
+    child_server_done(go, res, pid);
+    close(c);
+}
+
+fn nonblock_first_write_after_epollout() {
+    // wrk's pattern: IN|OUT level-triggered, write on the first OUT.
+    let (port, go, res, pid) = child_server(false);
+    let c = nonblock_client(port);
+    let ep = ep_create();
+    let io = (libc::EPOLLIN | libc::EPOLLOUT) as u32;
+    ep_ctl("ADD c IN|OUT", ep, libc::EPOLL_CTL_ADD, c, io, 0);
+    ep_wait("wait IN|OUT", ep, 8, 5000, &names(CS));
+    r("write(c) after EPOLLOUT", wr(c, b"hello"));
+    child_server_done(go, res, pid);
+    close(ep);
+    close(c);
+}
+
+fn nonblock_write_server_not_accepting() {
+    // A non-blocking write never waits: here the first one comes right after the connect,
+    // while the server (another process, so not a listener of ours) has not accepted the
+    // connection yet, and it accepts only once that write has returned. TCP takes the bytes
+    // (or says EAGAIN if its handshake is not through yet); the data path, whose handshake
+    // waits for the server, says EAGAIN (its connect is still under way: POLLOUT comes when
+    // it is decided), logged alike. It must not wait inside the write.
+    let (port, go, res, pid) = child_server(true);
+    let c = nonblock_client(port);
+    let n = wr(c, b"hello");
+    let e = errno();
+    log(format!(
+        "first write returned without waiting for the accept: {}",
+        if n > 0 || e == libc::EAGAIN {
+            "bytes or EAGAIN".to_string()
+        } else {
+            ename(e)
+        }
+    ));
+    let mut sent = n.max(0) as usize;
+    write_all(go, b"g");
+    while sent < 5 {
+        let n = wr(c, &b"hello"[sent..]);
+        if n > 0 {
+            sent += n as usize;
+        } else if errno() == libc::EAGAIN {
+            poll_raw(c, libc::POLLOUT, 5000);
+        } else {
+            r("write", n);
+            break;
+        }
+    }
+    child_server_done(go, res, pid);
     close(c);
 }
 

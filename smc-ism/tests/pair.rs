@@ -1,0 +1,408 @@
+//! `OP_PAIR` (both ends of a connection ask, the second completes both), pooled DMBs and their
+//! reuse rule, `OP_CANCEL`, and the interplay with `OP_REGISTER`.
+// Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use common::*;
+use smc_ism::proto;
+use smc_ism::{Dmb, IsmError, SharedClient};
+
+const PARK: Duration = Duration::from_secs(5);
+
+fn shared(dir: &TestDir) -> SharedClient {
+    let c = SharedClient::new(&dir.sock());
+    c.connect().unwrap();
+    c
+}
+
+/// Both ends of one connection pair: (a's own, a's peer), (b's own, b's peer).
+fn pair(
+    a: &SharedClient,
+    b: &SharedClient,
+    x: &std::net::TcpStream,
+    y: &std::net::TcpStream,
+) -> ((Dmb, Dmb), (Dmb, Dmb)) {
+    let ta = a.pair_start(0, PARK, x.as_raw_fd()).unwrap();
+    let tb = b.pair_start(0, PARK, y.as_raw_fd()).unwrap();
+    let rb = b.finish_pair(tb, None).unwrap();
+    let ra = a.finish_pair(ta, None).unwrap();
+    (ra, rb)
+}
+
+#[test]
+fn pair_serves_both_ends_with_each_others_dmb() {
+    let dir = TestDir::new("pair-both");
+    let d = start(&dir, |_| {});
+    let (a, b) = (shared(&dir), shared(&dir));
+    let (x, y) = tcp_pair();
+    let ((a_own, a_peer), (b_own, b_peer)) = pair(&a, &b, &x, &y);
+    assert_eq!(a_peer.token, b_own.token);
+    assert_eq!(b_peer.token, a_own.token);
+    assert_eq!((a_peer.id, b_peer.id), (b_own.id, a_own.id));
+    assert_ne!(a_own.id, b_own.id);
+    assert_eq!(a_own.size, 16 << 10);
+    // The same memory at both ends.
+    let (m1, m2) = (a_peer.map().unwrap(), b_own.map().unwrap());
+    write_bytes(&m1, 64, b"through the pair");
+    assert_eq!(read_bytes(&m2, 64, 16), b"through the pair");
+    let mut c = client(&dir);
+    let st = c.stats().unwrap();
+    assert_eq!(st.ops.pair.ok, 2, "{:?}", st.ops.pair);
+    assert_eq!(st.ops.pair.requests, 2);
+    assert_eq!((st.live_dmbs, st.live_attachments), (2, 2));
+    drop((a, b));
+    wait_idle(&mut c, 1);
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn pooled_dmb_is_reused_for_the_same_peer_only() {
+    let dir = TestDir::new("pair-pool");
+    let d = start(&dir, |_| {});
+    let (a, b, c) = (shared(&dir), shared(&dir), shared(&dir));
+    let (x, y) = tcp_pair();
+    let ((a1, ap1), (b1, bp1)) = pair(&a, &b, &x, &y);
+    // Both ends give their DMBs back into their pools.
+    a.release_flags(Some(a1.token), Some(ap1.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    b.release_flags(Some(b1.token), Some(bp1.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    // The next connection between the same two clients gets the same DMBs.
+    let (x2, y2) = tcp_pair();
+    let ((a2, ap2), (b2, bp2)) = pair(&a, &b, &x2, &y2);
+    assert_eq!((a2.id, b2.id), (a1.id, b1.id), "reused");
+    assert_eq!((ap2.id, bp2.id), (b1.id, a1.id));
+    // Bound to the new connection: the old one's socket cannot attach it any more.
+    let mut old = client(&dir);
+    assert!(matches!(
+        old.attach_dmb(a2.token, y.as_raw_fd()),
+        Err(IsmError::BadProof)
+    ));
+    let mut s = client(&dir);
+    let st = s.stats().unwrap();
+    assert_eq!(st.live_dmbs, 2, "no new registration");
+    assert_eq!((st.dmbs_reused, st.dmbs_pooled), (2, 0));
+    a.release_flags(Some(a2.token), Some(ap2.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    b.release_flags(Some(b2.token), Some(bp2.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    // Another peer never gets a DMB that b mapped: a registers a new one for c.
+    let (x3, y3) = tcp_pair();
+    let ((a3, _), (c3, _)) = pair(&a, &c, &x3, &y3);
+    assert_ne!(a3.id, a1.id, "a DMB b attached is not bound for c");
+    assert_ne!(c3.id, b1.id);
+    let st = s.stats().unwrap();
+    assert_eq!(st.live_dmbs, 4, "two pooled, two new");
+    assert_eq!((st.dmbs_reused, st.dmbs_pooled), (2, 2));
+    drop((a, b, c));
+    wait_idle(&mut s, 2);
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn a_tainted_or_still_attached_dmb_is_not_reused() {
+    let dir = TestDir::new("pair-taint");
+    let d = start(&dir, |_| {});
+    let (a, b) = (shared(&dir), shared(&dir));
+    let (x, y) = tcp_pair();
+    let ((a1, ap1), (b1, bp1)) = pair(&a, &b, &x, &y);
+    // b gives back its attach of a's DMB saying it may still write into it (a forked child
+    // shares the connection): a's DMB is never bound again.
+    a.release_flags(Some(a1.token), Some(ap1.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    b.release_flags(Some(b1.token), Some(bp1.token), proto::RELEASE_TAINT_PEER)
+        .unwrap();
+    let (x2, y2) = tcp_pair();
+    let ((a2, ap2), (b2, _)) = pair(&a, &b, &x2, &y2);
+    assert_ne!(a2.id, a1.id, "tainted: not reused");
+    assert_ne!(b2.id, b1.id, "b did not pool its own");
+    // a pools its DMB while b still holds its attach: not bound for the next connection.
+    a.release_flags(Some(a2.token), Some(ap2.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    let (x3, y3) = tcp_pair();
+    let ((a3, _), _) = pair(&a, &b, &x3, &y3);
+    assert_ne!(a3.id, a2.id, "still attached: not reused");
+    drop((a, b));
+    let mut s = client(&dir);
+    wait_idle(&mut s, 1);
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn a_pair_without_peer_ends_and_a_cancelled_one_at_once() {
+    let dir = TestDir::new("pair-alone");
+    let d = start(&dir, |_| {});
+    let a = shared(&dir);
+    let (x, _y) = tcp_pair();
+    let t = a
+        .pair_start(0, Duration::from_millis(50), x.as_raw_fd())
+        .unwrap();
+    assert!(matches!(a.finish_pair(t, None), Err(IsmError::NoPeer)));
+    // A waiting pair cancelled: its answer never reaches us, and a later request is answered
+    // as usual (out of order replies are matched by sequence number).
+    let t = a.pair_start(0, PARK, x.as_raw_fd()).unwrap();
+    a.abandon(t);
+    let mut c = client(&dir);
+    let st = c.stats().unwrap();
+    assert_eq!(st.live_dmbs, 0);
+    let t = a
+        .pair_start(0, Duration::from_millis(20), x.as_raw_fd())
+        .unwrap();
+    assert!(matches!(a.finish_pair(t, None), Err(IsmError::NoPeer)));
+    assert_eq!(c.stats().unwrap().failures.no_peer, 2);
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn register_and_pair_meet_either_way() {
+    let dir = TestDir::new("pair-register");
+    let d = start(&dir, |_| {});
+    let a = shared(&dir);
+    let mut b = client(&dir);
+    // a waits; then the other end registers (an older data path; here on a's own daemon
+    // connection, so that the daemon sees the pair first): the waiting pair gets the
+    // registered DMB, whose owner attaches a's by token.
+    let (x, y) = tcp_pair();
+    let t = a.pair_start(0, PARK, x.as_raw_fd()).unwrap();
+    let yd = a.register_dmb(0, y.as_raw_fd()).unwrap();
+    let (a_own, a_peer) = a.finish_pair(t, None).unwrap();
+    assert_eq!(a_peer.token, yd.token);
+    let att = a.attach_dmb(a_own.token, y.as_raw_fd()).unwrap();
+    assert_eq!(att.token, a_own.token);
+    // b registers first; a's pair attaches it at once.
+    let (x2, y2) = tcp_pair();
+    let bd2 = b.register_dmb(0, y2.as_raw_fd()).unwrap();
+    let t = a.pair_start(0, PARK, x2.as_raw_fd()).unwrap();
+    let (a_own2, a_peer2) = a.finish_pair(t, None).unwrap();
+    assert_eq!(a_peer2.token, bd2.token);
+    assert!(b.attach_dmb(a_own2.token, y2.as_raw_fd()).is_ok());
+    drop((a, b));
+    let mut c = client(&dir);
+    wait_idle(&mut c, 1);
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn a_pair_is_not_granted_to_a_socket_of_another_connection() {
+    let dir = TestDir::new("pair-proof");
+    let d = start(&dir, |_| {});
+    let (a, b) = (shared(&dir), shared(&dir));
+    // Two different connections: their ends never meet.
+    let (x, _y) = tcp_pair();
+    let (_x2, y2) = tcp_pair();
+    let ta = a
+        .pair_start(0, Duration::from_millis(100), x.as_raw_fd())
+        .unwrap();
+    let tb = b
+        .pair_start(0, Duration::from_millis(100), y2.as_raw_fd())
+        .unwrap();
+    assert!(matches!(a.finish_pair(ta, None), Err(IsmError::NoPeer)));
+    assert!(matches!(b.finish_pair(tb, None), Err(IsmError::NoPeer)));
+    let mut c = client(&dir);
+    assert_eq!(c.stats().unwrap().live_dmbs, 0);
+    drop((a, b));
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn pooled_dmbs_are_freed_when_unused() {
+    let dir = TestDir::new("pair-idle");
+    let d = start(&dir, |c| c.pool_idle_ms = 50);
+    let (a, b) = (shared(&dir), shared(&dir));
+    let (x, y) = tcp_pair();
+    let ((a1, ap1), (b1, bp1)) = pair(&a, &b, &x, &y);
+    a.release_flags(Some(a1.token), Some(ap1.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    b.release_flags(Some(b1.token), Some(bp1.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    // Both clients stay connected: their pools are freed after the idle time all the same.
+    let mut c = client(&dir);
+    wait_idle(&mut c, 3);
+    drop((a, b));
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn waiting_pairs_are_bounded_per_client() {
+    let dir = TestDir::new("pair-bound");
+    let d = start(&dir, |_| {});
+    let a = shared(&dir);
+    let (x, _y) = tcp_pair();
+    // 2048 wait (each keeps the socket open in the daemon); the next is told NoPeer at once.
+    let ts: Vec<_> = (0..2048)
+        .map(|_| a.pair_start(0, PARK, x.as_raw_fd()).unwrap())
+        .collect();
+    let t = a.pair_start(0, PARK, x.as_raw_fd()).unwrap();
+    assert!(matches!(
+        a.finish_pair(t, Some(Duration::from_secs(5))),
+        Err(IsmError::NoPeer)
+    ));
+    for t in ts {
+        a.abandon(t);
+    }
+    drop(a);
+    let mut c = client(&dir);
+    wait_idle(&mut c, 1);
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn releases_carried_by_a_pair_are_handled_first() {
+    let dir = TestDir::new("pair-carry");
+    let d = start(&dir, |_| {});
+    let (a, b) = (shared(&dir), shared(&dir));
+    let (x, y) = tcp_pair();
+    let ((a1, ap1), (b1, bp1)) = pair(&a, &b, &x, &y);
+    // The next pair of each carries the release of the previous connection: the DMBs are
+    // pooled first, then bound again for the new connection.
+    let (x2, y2) = tcp_pair();
+    let ta = a
+        .pair_start_releasing(
+            0,
+            PARK,
+            x2.as_raw_fd(),
+            &[(a1.token, ap1.token, proto::RELEASE_POOL_OWN)],
+        )
+        .unwrap();
+    let tb = b
+        .pair_start_releasing(
+            0,
+            PARK,
+            y2.as_raw_fd(),
+            &[(b1.token, bp1.token, proto::RELEASE_POOL_OWN)],
+        )
+        .unwrap();
+    let (a2, _) = a.finish_pair(ta, None).unwrap();
+    let (b2, _) = b.finish_pair(tb, None).unwrap();
+    let mut c = client(&dir);
+    let st = c.stats().unwrap();
+    // The pairing happens at the second pair, when both releases were handled: both reused.
+    assert_eq!((a2.id, b2.id), (a1.id, b1.id), "{st:?}");
+    assert_eq!((st.live_dmbs, st.dmbs_reused), (2, 2));
+    assert_eq!(st.ops.unregister.ok, 2);
+    assert_eq!(st.ops.detach.ok, 2);
+    drop((a, b));
+    wait_idle(&mut c, 1);
+    d.shutdown().unwrap();
+}
+
+/// Inode and size of a passed memfd.
+fn inode_and_size(fd: &std::os::fd::OwnedFd) -> (u64, i64) {
+    // SAFETY: `libc::stat` is plain integers; valid out buffer; our own fd.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
+    (st.st_ino, st.st_size)
+}
+
+fn pwrite(fd: &std::os::fd::OwnedFd, off: i64, data: &[u8]) {
+    // SAFETY: valid buffer of that length; our own fd.
+    let n = unsafe { libc::pwrite(fd.as_raw_fd(), data.as_ptr().cast(), data.len(), off) };
+    assert_eq!(n, data.len() as isize);
+}
+
+fn pread(fd: &std::os::fd::OwnedFd, off: i64, len: usize) -> Vec<u8> {
+    let mut b = vec![0u8; len];
+    // SAFETY: valid buffer of that length; our own fd.
+    let n = unsafe { libc::pread(fd.as_raw_fd(), b.as_mut_ptr().cast(), len, off) };
+    assert_eq!(n, len as isize);
+    b
+}
+
+/// A connection end registered through `PAIR` moves to another process like one registered
+/// with `REGISTER`: its own DMB comes with the local state page the daemon keeps for it, and
+/// `OP_ADOPT` through its socket hands over its DMB, the peer's and that very page. A DMB
+/// another client adopted (own or peer) is never bound again; one that was not keeps its page
+/// when it is bound again, and is adopted only through the socket of the connection it is
+/// bound to (pooled: through none).
+#[test]
+fn a_paired_end_is_adopted_with_its_state_page() {
+    let dir = TestDir::new("pair-adopt");
+    let d = start(&dir, |_| {});
+    let (a, b) = (shared(&dir), shared(&dir));
+    // Another process of the same uid, cgroup and pid namespace, that the socket moved to.
+    let mut m = client(&dir);
+    let (x, y) = tcp_pair();
+    let ((a1, ap1), (b1, bp1)) = pair(&a, &b, &x, &y);
+    let st = a1
+        .state
+        .as_ref()
+        .expect("the own DMB comes with its state page");
+    assert!(b1.state.is_some(), "the other end's too");
+    assert!(
+        ap1.state.is_none() && bp1.state.is_none(),
+        "never the peer's"
+    );
+    assert_eq!(inode_and_size(st).1, 4096);
+    pwrite(st, 100, b"a's connection state");
+    let own = m.adopt_dmb(x.as_raw_fd(), proto::ADOPT_OWN).unwrap();
+    let peer = m.adopt_dmb(x.as_raw_fd(), proto::ADOPT_PEER).unwrap();
+    let page = m.adopt_dmb(x.as_raw_fd(), proto::ADOPT_STATE).unwrap();
+    assert_eq!((own.token, peer.token), (a1.token, b1.token));
+    assert_eq!(
+        inode_and_size(&page.fd).0,
+        inode_and_size(st).0,
+        "the very page"
+    );
+    assert_eq!(pread(&page.fd, 100, 20), b"a's connection state");
+    // The same memory: what the adopter writes into a's receive ring, a reads.
+    write_bytes(&own.map().unwrap(), 64, b"from the adopter");
+    assert_eq!(read_bytes(&a1.map().unwrap(), 64, 16), b"from the adopter");
+    // Everybody lets go (the adopter first, and synchronously); both ends pool their own DMBs.
+    m.detach_dmb(own.token).unwrap();
+    m.detach_dmb(peer.token).unwrap();
+    a.release_flags(Some(a1.token), Some(ap1.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    b.release_flags(Some(b1.token), Some(bp1.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    let (x2, y2) = tcp_pair();
+    let ((a2, ap2), (b2, bp2)) = pair(&a, &b, &x2, &y2);
+    assert_ne!(
+        a2.id, a1.id,
+        "a's DMB, adopted by another client, is not bound again"
+    );
+    assert_ne!(
+        b2.id, b1.id,
+        "b's DMB, adopted as the peer's, is not bound again"
+    );
+    // Not adopted: pooled, then bound again with its page.
+    let st2 = a2.state.as_ref().unwrap();
+    pwrite(st2, 100, b"second connection");
+    a.release_flags(Some(a2.token), Some(ap2.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    b.release_flags(Some(b2.token), Some(bp2.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    // Pooled (the releases need no reply: waited for): bound to no connection, adopted
+    // through none.
+    let mut s = client(&dir);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while s.stats().unwrap().dmbs_pooled != 2 {
+        assert!(std::time::Instant::now() < deadline, "both DMBs pooled");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(matches!(
+        m.adopt_dmb(x2.as_raw_fd(), proto::ADOPT_OWN),
+        Err(IsmError::StaleToken)
+    ));
+    let (x3, y3) = tcp_pair();
+    let ((a3, _), _) = pair(&a, &b, &x3, &y3);
+    assert_eq!(a3.id, a2.id, "reused");
+    let st3 = a3.state.as_ref().expect("a pooled DMB keeps its page");
+    assert_eq!(inode_and_size(st3).0, inode_and_size(st2).0);
+    // Through the socket of the connection it served before: nothing; of the new one: it.
+    assert!(matches!(
+        m.adopt_dmb(x2.as_raw_fd(), proto::ADOPT_STATE),
+        Err(IsmError::StaleToken)
+    ));
+    let page = m.adopt_dmb(x3.as_raw_fd(), proto::ADOPT_STATE).unwrap();
+    assert_eq!(inode_and_size(&page.fd).0, inode_and_size(st2).0);
+    assert_eq!(pread(&page.fd, 100, 17), b"second connection");
+    drop((a, b, m));
+    wait_idle(&mut s, 1);
+    d.shutdown().unwrap();
+}
