@@ -11,7 +11,7 @@ libfuzzer_sys::fuzz_target!(|input: (bool, Vec<u8>)| {
         assert_eq!(d.op & proto::NOREPLY_BIT, 0);
         assert!(matches!(
             d.op,
-            proto::OP_DETACH | proto::OP_UNREGISTER | proto::OP_RELEASE
+            proto::OP_DETACH | proto::OP_UNREGISTER | proto::OP_RELEASE | proto::OP_CANCEL
         ));
     }
     if let Ok(req) = d.request {
@@ -29,6 +29,25 @@ libfuzzer_sys::fuzz_target!(|input: (bool, Vec<u8>)| {
             }
             Request::Attach { .. } => proto::OP_ATTACH,
             Request::AttachPeer => proto::OP_ATTACH_PEER,
+            Request::Adopt { which } => {
+                assert!(matches!(
+                    which,
+                    proto::ADOPT_OWN | proto::ADOPT_PEER | proto::ADOPT_STATE
+                ));
+                proto::OP_ADOPT
+            }
+            Request::Pair {
+                size_code,
+                park_ms,
+                n_releases,
+                ..
+            } => {
+                assert!(size_code <= smc_common::cdc::DMB_MAX_SIZE_CODE_LARGE);
+                assert!(park_ms <= proto::PAIR_PARK_MAX_MS);
+                assert!(n_releases as usize <= proto::PAIR_RELEASES_MAX);
+                proto::OP_PAIR
+            }
+            Request::Cancel { .. } => proto::OP_CANCEL,
             Request::Detach { .. } => proto::OP_DETACH,
             Request::Unregister { .. } => proto::OP_UNREGISTER,
             Request::Release { .. } => proto::OP_RELEASE,
@@ -45,7 +64,14 @@ libfuzzer_sys::fuzz_target!(|input: (bool, Vec<u8>)| {
         assert_eq!(op, d.op);
         assert_eq!(
             req.takes_socket(),
-            matches!(op, proto::OP_REGISTER | proto::OP_ATTACH | proto::OP_ATTACH_PEER)
+            matches!(
+                op,
+                proto::OP_REGISTER
+                    | proto::OP_ATTACH
+                    | proto::OP_ATTACH_PEER
+                    | proto::OP_ADOPT
+                    | proto::OP_PAIR
+            )
         );
     }
 });
