@@ -16,7 +16,8 @@
 //!   a stale slot first ([`fd_created`]), without any I/O on the number, and `syscall` and
 //!   `fclose` are interposed so that those closes are seen at all.
 //! - **fd passing.** A socket received with `SCM_RIGHTS` ([`fds_received`]): a listening TCP
-//!   socket is served (announces SMC), one of our own SMC connections (same process, another
+//!   socket is served (announces SMC), an unconnected one (bound, not yet listening: Node's
+//!   cluster workers) may opt in at its `listen` or `connect`, one of our own SMC connections (same process, another
 //!   number) is shared like a `dup`, an SMC connection of another process is adopted (the
 //!   daemon hands its DMBs and local state page to a process of the same uid, cgroup and pid
 //!   namespace holding the socket: [`setup::adopt`]) and otherwise fails cleanly
@@ -315,6 +316,38 @@ fn is_tcp_listener(fd: c_int) -> bool {
     yes
 }
 
+/// Whether `fd` is a TCP socket (IPv4 or IPv6) that neither listens nor has started to connect
+/// (state `TCP_CLOSE`: created, perhaps bound).
+fn is_unconnected_tcp(fd: c_int) -> bool {
+    /// `TCP_CLOSE` of the kernel's TCP states (`tcpi_state`).
+    const TCP_CLOSE: u8 = 7;
+    let e0 = real::errno();
+    let tcp = sockopt_int(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP)
+        && matches!(
+            sockopt_int(fd, libc::SOL_SOCKET, libc::SO_DOMAIN),
+            Some(libc::AF_INET | libc::AF_INET6)
+        )
+        && sockopt_int(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN) == Some(0);
+    // `struct tcp_info` starts with `tcpi_state`; the kernel copies as much as asked for.
+    let mut info = [0u8; 8];
+    let mut len = info.len() as libc::socklen_t;
+    // SAFETY: valid out buffer and length.
+    let state = tcp
+        && unsafe {
+            real::getsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                info.as_mut_ptr() as *mut libc::c_void,
+                &mut len,
+            )
+        } == 0
+        && len >= 1
+        && info[0] == TCP_CLOSE;
+    real::set_errno(e0);
+    state
+}
+
 /// Withdraws the announcement of every listener of ours (SMC disabled for this process).
 pub fn withdraw_all_listeners() {
     fdtable::for_each_object(|fd, o| {
@@ -497,6 +530,15 @@ fn fd_arrived(fd: c_int) {
     }
     if is_tcp_listener(fd) {
         adopt_if_listener(fd);
+        return;
+    }
+    if is_unconnected_tcp(fd) {
+        // Neither listening nor connected yet: Node's cluster primary binds the listener and
+        // passes it to its workers, which call `listen` on it. It may opt in like a socket
+        // this process created.
+        crate::debug!("fd {fd}: received an unconnected TCP socket: may opt in");
+        fdtable::set_tag(fd, fdtable::TAG_TCP);
+        setup::forget_rcvbuf(fd);
         return;
     }
     if !setup::looks_like_smc_conn(fd) {
