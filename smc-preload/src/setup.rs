@@ -1041,10 +1041,14 @@ fn after_fallback(fd: i32, server: bool, fb: Fallback, awaited: Option<MsgType>)
         FallbackReason::DeclinedByPeer { diag } => diag,
         r => r.diag_code(),
     };
-    if matches!(
-        fb.reason,
-        FallbackReason::Timeout | FallbackReason::DeclinedByUs { .. } | FallbackReason::Aborted
-    ) {
+    // A withdrawal (`Driver::withdraw`: the socket leaves the process mid-handshake) is a
+    // decision, not an error.
+    let error = match fb.reason {
+        FallbackReason::Timeout | FallbackReason::Aborted => true,
+        FallbackReason::DeclinedByUs { diag } => diag != Diag::OptUnsupp,
+        _ => false,
+    };
+    if error {
         stats::handshake_error();
     }
     // Both ends announced SMC (the handshake ran), so the socket is in the SOCKHASH.

@@ -717,3 +717,68 @@ fn a_client_back_after_its_server_gave_up_never_reads_clc_bytes() {
     assert!(out.contains("CLC_AS_DATA 0"), "{out}");
     assert_eq!(out.matches("client read").count(), 5, "{out}");
 }
+
+/// A client hands its socket to a helper while the non-blocking connect is still under way
+/// (fd-passing proxies, Node cluster's primary with an accepted socket): the library decides
+/// the handshake before the socket leaves, declining (`OPTUNSUPP`), and the helper talks plain
+/// TCP, byte-exact. That decline is a decision, not an error: no handshake error is counted
+/// (before, every such withdrawal counted one, so `smc-ctl stats` reported errors for a Node
+/// cluster that worked as it should).
+const LEAVING_CLIENT: &str = r#"
+import socket, os, errno, sys
+port = int(sys.argv[1])
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+pid = os.fork()
+if pid == 0:
+    a.close()
+    _, fds, _, _ = socket.recv_fds(b, 1, 1)
+    s = socket.socket(fileno=fds[0])
+    s.setblocking(True)
+    s.sendall(b"from the helper")
+    s.shutdown(socket.SHUT_WR)
+    got = b""
+    while True:
+        d = s.recv(100)
+        if not d:
+            break
+        got += d
+    print("HELPER GOT", got.decode(), flush=True)
+    os._exit(0)
+s = socket.socket()
+s.setblocking(False)
+r = s.connect_ex(("127.0.0.1", port))
+assert r in (0, errno.EINPROGRESS), r
+socket.send_fds(a, [b"x"], [s.fileno()])
+s.close()
+os.waitpid(pid, 0)
+"#;
+
+#[test]
+fn a_client_socket_handed_on_mid_connect_declines_without_an_error() {
+    let w = SmcWorld::new();
+    let srv_py = script(&w, "server.py", ECHO_SERVER);
+    let cl_py = script(&w, "leaving_client.py", LEAVING_CLIENT);
+    let mut srv = Proc::spawn(python(&w, &srv_py));
+    let port = ready_port(&mut srv);
+    let mut c = python(&w, &cl_py);
+    c.arg(port.to_string());
+    let out = Proc::spawn(c)
+        .wait_output(T)
+        .unwrap_or_else(|e| panic!("client: {e}; figures: {}", brief(&w.stats_sum())));
+    assert!(out.contains("HELPER GOT from the helper"), "client: {out}");
+    let sum = w.stats_sum();
+    let optunsupp = smc_common::diag::Diag::OptUnsupp.code();
+    assert_eq!(
+        sum.reasons_client.get(&optunsupp).copied().unwrap_or(0),
+        1,
+        "the client declined with OPTUNSUPP: {}",
+        brief(&sum)
+    );
+    assert_eq!(
+        sum.get("smcd_client") + sum.get("smcd_server"),
+        0,
+        "{}",
+        brief(&sum)
+    );
+    assert_eq!(sum.get("handshake_errors"), 0, "{}", brief(&sum));
+}
