@@ -105,6 +105,13 @@ const APT_PACKAGES: &[&str] = &[
     "redis-tools",
     "nginx",
     "wrk",
+    // The real-program matrix (tests/tests/matrix_smc.rs).
+    "nodejs",
+    "postgresql",
+    "memcached",
+    "libmemcached-tools",
+    "socat",
+    "golang-go",
     // systemd-analyze: the tests verify the packaged units offline.
     "systemd",
     // The Kubernetes API models: the tests validate the manifests offline.
