@@ -1580,6 +1580,22 @@ impl Conn {
         }
     }
 
+    /// Drop one fd reference unless it is the last one anywhere; whether it was dropped.
+    pub fn drop_ref_unless_last(&self) -> bool {
+        let s = self.sh();
+        let mut old = s.refs.load(Ordering::Acquire);
+        while old > 1 {
+            match s
+                .refs
+                .compare_exchange_weak(old, old - 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(o) => old = o,
+            }
+        }
+        false
+    }
+
     /// Cursor snapshot for diagnostics: (cons, cons_pub, peer_prod, prod, peer_cons).
     pub fn cursors(&self) -> [Cursor; 5] {
         let s = self.sh();

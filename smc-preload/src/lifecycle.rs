@@ -121,13 +121,19 @@ fn settle_for_exec() {
 
 /// SMC connections whose sockets the next image inherits: each fd's reference travels with it
 /// (marked in the shared page, [`Conn::mark_in_flight`]) for the image to take over when it
-/// adopts the connection. Restored if the exec or spawn fails. No allocation: this may run in
-/// a `vfork` child.
+/// adopts the connection. The reference of a close-on-exec fd of a process's own exec is
+/// dropped (the kernel closes that fd), unless it is the connection's last one: an
+/// inetd-style child (`dup2(conn, 0)`, `dup2(conn, 1)`, the accepted fd close-on-exec) would
+/// otherwise leave one behind, and its handler's closes would never end the connection.
+/// Restored if the exec or spawn fails. No allocation: this may run in a `vfork` child.
 struct Travelling {
     fds: [c_int; MAX_WITHDRAWN],
     n: usize,
     /// A reference was added for each (the child's fd table is a copy: `vfork`, `posix_spawn`).
     added: bool,
+    /// Close-on-exec fds whose reference was dropped.
+    dropped: [c_int; MAX_WITHDRAWN],
+    nd: usize,
 }
 
 impl Travelling {
@@ -136,10 +142,18 @@ impl Travelling {
             fds: [-1; MAX_WITHDRAWN],
             n: 0,
             added,
+            dropped: [-1; MAX_WITHDRAWN],
+            nd: 0,
         };
         fdtable::for_each_object(|fd, o| {
             if let Obj::Conn(c) = &**o {
-                if t.n < MAX_WITHDRAWN && !cloexec(fd) {
+                if cloexec(fd) {
+                    // In a copy of the fd table (`added`) no reference was counted for it.
+                    if !added && t.nd < MAX_WITHDRAWN && c.drop_ref_unless_last() {
+                        t.dropped[t.nd] = fd;
+                        t.nd += 1;
+                    }
+                } else if t.n < MAX_WITHDRAWN {
                     if added {
                         c.add_ref(1);
                     }
@@ -152,7 +166,7 @@ impl Travelling {
         t
     }
 
-    /// The exec or spawn failed: nothing travelled.
+    /// The exec or spawn failed: nothing travelled, no fd was closed.
     fn restore(&self) {
         for &fd in &self.fds[..self.n.min(MAX_WITHDRAWN)] {
             if let Some(o) = fdtable::get(fd) {
@@ -160,6 +174,13 @@ impl Travelling {
                     if c.take_in_flight() && self.added {
                         c.drop_ref();
                     }
+                }
+            }
+        }
+        for &fd in &self.dropped[..self.nd.min(MAX_WITHDRAWN)] {
+            if let Some(o) = fdtable::get(fd) {
+                if let Obj::Conn(c) = &*o {
+                    c.add_ref(1);
                 }
             }
         }
@@ -369,7 +390,7 @@ pub fn fd_created(fd: c_int) {
 }
 
 /// Socket cookie of `fd` (errno preserved).
-fn cookie(fd: c_int) -> Option<u64> {
+pub(crate) fn cookie(fd: c_int) -> Option<u64> {
     let mut v: u64 = 0;
     let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
     let e0 = real::errno();

@@ -1520,11 +1520,13 @@ pub fn adopt_orphans_after_exec() {
     let Ok(rd) = std::fs::read_dir("/proc/self/fd") else {
         return;
     };
+    // Every fd, 0 to 2 too: an inetd-style handler gets its connection as stdin and stdout.
     let fds: Vec<c_int> = rd
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .filter(|&fd| fd > 2)
         .collect();
     let mut old_image_gone: Option<bool> = None;
+    // Sockets adopted in this scan, by cookie, with their fd.
+    let mut adopted: Vec<(u64, c_int)> = Vec::new();
     for fd in fds {
         // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -1535,9 +1537,27 @@ pub fn adopt_orphans_after_exec() {
         if !setup::looks_like_smc_conn(fd) {
             continue;
         }
+        let ck = lifecycle::cookie(fd);
+        // Another number of a socket adopted just now (`dup2(conn, 0); dup2(conn, 1)`):
+        // shared as `dup` shares it; the reference that travelled with this number is the one
+        // the copy counted.
+        if let Some(&(_, same)) = ck.and_then(|ck| adopted.iter().find(|(c, _)| *c == ck)) {
+            copy_slot(same, fd);
+            if let Some(o) = fdtable::get(fd) {
+                if let Obj::Conn(c) = &*o {
+                    if c.take_in_flight() {
+                        c.drop_ref();
+                    }
+                }
+            }
+            continue;
+        }
         // The image that made it, or the process that spawned us, handed it over.
         if let Some(c) = setup::adopt(fd) {
             drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Conn(c)))));
+            if let Some(ck) = ck {
+                adopted.push((ck, fd));
+            }
             continue;
         }
         let gone = *old_image_gone.get_or_insert_with(same_pid_image_had_conns);
