@@ -14,7 +14,7 @@
 //! | nginx binary upgrade (USR2, WINCH, QUIT), new binary without / with the library | listeners inherited across `exec` | SMC-D before; TCP / SMC-D after |
 //! | postgres (uid `postgres`) + pgbench + psql `COPY` | fork per connection, non-root statistics | SMC-D, counted |
 //! | memcached + memccp / memccat / memcslap | libevent threads | SMC-D |
-//! | socat, both ends (file upload, echo through `EXEC:cat`) | half-close, a forked child | SMC-D |
+//! | socat, both ends (file upload, echo through `EXEC:cat`, inetd style: `fork` + `EXEC:cat,nofork`) | half-close; a connection as stdin/stdout of an exec'd image | SMC-D |
 //! | Go `net/http` and echo server (raw system calls) | the library loaded but never called | TCP (the client falls back) |
 //!
 //! The rest of the matrix lives next to the programs' other tests: redis (redis-benchmark,
@@ -241,8 +241,8 @@ fn spawn_ready(mut c: Command, log: &Path, what: &str) -> (Proc, u16) {
 // ──────────────────────────────────────────── socat ──────────────────────────────────────────
 
 /// One socat run: a file uploaded to a `socat -u TCP-LISTEN … CREATE:` server, then the same
-/// file through an echo server (`EXEC:cat`) and back. Returns the transcript (what arrived) and, in
-/// Smc mode, the pids of the four socat processes.
+/// file through two echo servers and back ([`socat_echo`]). Returns the transcript (what
+/// arrived) and the pids of the socat processes (client, server, client, …).
 fn socat_run(m: &Matrix, mode: Mode, src: &Path) -> (String, Vec<u32>) {
     let socat = require_tool("socat", "socat");
     let d = m.dir(mode, "socat");
@@ -273,14 +273,40 @@ fn socat_run(m: &Matrix, mode: Mode, src: &Path) -> (String, Vec<u32>) {
 
     // Echo: the server relays the connection through `cat` (a child on a socketpair, which
     // carries the half-close); the client sends the file from stdin and writes what comes back
-    // to stdout. Both wait up to 60 s after one side's EOF for the other (`-t`; the default
-    // 0.5 s could cut off what is still in flight), and end at the other side's EOF.
+    // to stdout.
+    let (line, cpid, spid) = socat_echo(m, mode, src, "echo", "", "EXEC:cat");
+    out += &line;
+    pids.extend([cpid, spid]);
+    // inetd style: the server forks for the connection and the child executes `cat` with the
+    // connection as its stdin and stdout (`nofork`: `dup2` onto 0 and 1, then `exec`).
+    let (line, cpid, spid) = socat_echo(m, mode, src, "inetd", ",fork", "EXEC:cat,nofork");
+    out += &line;
+    pids.extend([cpid, spid]);
+    (out, pids)
+}
+
+/// The file through a socat echo server (`TCP-LISTEN:PORT<listen_opts>` relayed to `to`) and
+/// back to a socat client: the transcript line, the client's and the server's pid.
+fn socat_echo(
+    m: &Matrix,
+    mode: Mode,
+    src: &Path,
+    name: &str,
+    listen_opts: &str,
+    to: &str,
+) -> (String, u32, u32) {
+    let socat = require_tool("socat", "socat");
+    let d = m.dir(mode, "socat");
     let port = free_port();
+    // Both ends wait up to 60 s after one side's EOF for the other (`-t`; the default 0.5 s
+    // could cut off what is still in flight), and end at the other side's EOF.
     let mut c = m.cmd(mode, &socat);
     c.args(["-t", "60"])
-        .arg(format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr"))
-        .arg("EXEC:cat");
-    let log = d.join("echo-server.log");
+        .arg(format!(
+            "TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr{listen_opts}"
+        ))
+        .arg(to);
+    let log = d.join(format!("{name}-server.log"));
     let mut srv = spawn_logged(c, &log);
     wait_listening(&mut srv, port, T, "socat echo server", Some(&log));
     let mut c = m.cmd(mode, &socat);
@@ -294,14 +320,25 @@ fn socat_run(m: &Matrix, mode: Mode, src: &Path) -> (String, Vec<u32>) {
     )
     .ok();
     let spid = srv.0.id();
-    srv.wait_output(T).expect("socat echo server");
-    out += &format!("echo {} {}\n", cl.stdout.len(), sha256_hex(&cl.stdout));
-    pids.extend([cl.pid, spid]);
-    (out, pids)
+    if listen_opts.contains("fork") {
+        // A forking server serves until stopped; its child for this connection has ended
+        // (the client saw its EOF).
+        drop(srv);
+    } else {
+        srv.wait_output(T).expect("socat echo server");
+    }
+    (
+        format!("{name} {} {}\n", cl.stdout.len(), sha256_hex(&cl.stdout)),
+        cl.pid,
+        spid,
+    )
 }
 
-/// socat at both ends relays a 6 MB file (upload, and an echo round trip through `EXEC:cat`):
-/// byte-exact as over plain TCP, each of the two connections SMC-D at both ends.
+/// socat at both ends relays a 6 MB file: an upload, an echo round trip through `EXEC:cat`, and
+/// one through an inetd-style server (`fork`, then `cat` executed with the connection as its
+/// stdin and stdout: before, that image never adopted the connection, and the client read
+/// nothing back, exit status 0): byte-exact as over plain TCP, each of the three connections
+/// SMC-D at both ends.
 #[test]
 fn socat_file_relay_and_echo() {
     let m = Matrix::new("socat");
@@ -309,7 +346,7 @@ fn socat_file_relay_and_echo() {
     let src = m.w.subdir("files").join("src.bin");
     std::fs::write(&src, &body).unwrap();
     let want = format!(
-        "upload {n} {h}\necho {n} {h}\n",
+        "upload {n} {h}\necho {n} {h}\ninetd {n} {h}\n",
         n = body.len(),
         h = sha256_hex(&body)
     );
@@ -327,14 +364,14 @@ fn socat_file_relay_and_echo() {
         assert_eq!(smcd(&s), want, "{what}: {}", brief(&s));
     }
     let sum = world_closed(&m);
-    // Upload: the file once; echo: once each way.
+    // Upload: the file once; echo and inetd: once each way.
     assert!(
-        sum.get("tx_bytes") >= 3 * body.len() as u64,
+        sum.get("tx_bytes") >= 5 * body.len() as u64,
         "{}",
         brief(&sum)
     );
     m.report(&format!(
-        "SMC-D {:?}, 3 x {} bytes compared",
+        "SMC-D {:?}, 5 x {} bytes compared",
         smcd(&sum),
         body.len()
     ));
