@@ -161,6 +161,9 @@ pub struct Driver {
     /// A step does not wait for the daemon in that case ([`Progress::WouldBlock`]): the
     /// caller is an accept that must not hold up its loop.
     defer_daemon: bool,
+    /// An accepted socket handed back undecided: counted until the driver goes (decided or
+    /// closed), see [`setup::DeferredServer`].
+    deferred: Option<setup::DeferredServer>,
     buf: [u8; MAX_MSG],
 }
 
@@ -191,7 +194,15 @@ impl Driver {
             timeout: setup::clc_timeout(),
             committed: None,
             defer_daemon: false,
+            deferred: None,
             buf: [0; MAX_MSG],
+        }
+    }
+
+    /// This server handshake continues after `accept` returned ([`setup::DeferredServer`]).
+    pub fn count_deferred(&mut self) {
+        if self.deferred.is_none() {
+            self.deferred = Some(setup::DeferredServer::new());
         }
     }
 

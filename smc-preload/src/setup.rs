@@ -1170,6 +1170,14 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
     d.defer_daemon(true);
     let mut step = d.step(block && !alone);
     while alone && matches!(step, Progress::WouldBlock) {
+        // Connections accepted earlier are still in their handshakes: their clients wait for
+        // our answers, which this thread gives only after this accept. If one of them is a
+        // process that also holds this client (an asyncio client blocked in the write of its
+        // first connection), each side would wait for the other until the CLC timeout.
+        if DEFERRED_SERVERS.load(Ordering::Relaxed) > 0 {
+            debug!("fd {fd}: other accepted connections are in their handshakes: this one continues at its next operation");
+            break;
+        }
         if !crate::handshake::wait_readable_unless(fd, lfd, 100) {
             debug!("fd {fd}: another connection waits to be accepted: the handshake continues at the next operation");
             break;
@@ -1180,6 +1188,7 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
         Progress::Done(out) => finish(fd, true, out, nonblock),
         Progress::WouldBlock => {
             d.defer_daemon(false);
+            d.count_deferred();
             debug!("fd {fd}: server handshake continues at the next operation");
             let o = Arc::new(Obj::Handshake(crate::obj::Handshake {
                 driver: Mutex::new(Some(Box::new(d))),
@@ -1195,6 +1204,28 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
             }
             drop(fdtable::replace(fd, Slot::Obj(o)));
         }
+    }
+}
+
+/// Accepted sockets of this process whose handshake continues after `accept` returned
+/// ([`server_after_accept`]): a blocking `accept` does not wait for its own client while any
+/// is undecided. Counted by a token the handshake's driver holds until it goes (decided, or
+/// the fd closed); a forked child's copy of a driver counts in the child.
+static DEFERRED_SERVERS: AtomicU64 = AtomicU64::new(0);
+
+/// One count of [`DEFERRED_SERVERS`], for as long as it lives.
+pub struct DeferredServer(());
+
+impl DeferredServer {
+    pub fn new() -> DeferredServer {
+        DEFERRED_SERVERS.fetch_add(1, Ordering::Relaxed);
+        DeferredServer(())
+    }
+}
+
+impl Drop for DeferredServer {
+    fn drop(&mut self) {
+        DEFERRED_SERVERS.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
