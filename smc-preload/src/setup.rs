@@ -1214,10 +1214,10 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
 static DEFERRED_SERVERS: AtomicU64 = AtomicU64::new(0);
 
 /// One count of [`DEFERRED_SERVERS`], for as long as it lives.
-pub struct DeferredServer(());
+pub(crate) struct DeferredServer(());
 
 impl DeferredServer {
-    pub fn new() -> DeferredServer {
+    pub(crate) fn new() -> DeferredServer {
         DEFERRED_SERVERS.fetch_add(1, Ordering::Relaxed);
         DeferredServer(())
     }
