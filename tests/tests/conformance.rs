@@ -18,6 +18,13 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 /// Scenarios whose trace under the data path differs from TCP, and why.
+/// Scenarios whose connection may take either path by timing, both correct: the trace must
+/// still match TCP. `scm_rights_client_mid_handshake`: a client passed on right after its
+/// non-blocking connect is declined when its handshake is still under way (0 SMC-D) and moves
+/// as an SMC-D connection (adopted by the receiver) when it was already decided (1; seen in
+/// about 1 run of 15 on a loaded machine).
+const SMC_EITHER: &[&str] = &["scm_rights_client_mid_handshake"];
+
 const EXPECTED: &[(&str, &str)] = &[
     ("epoll_close_while_dup_open", "close() of an SMC fd whose open file another fd (a dup) keeps alive: the data path removes the closed number's epoll registration (TCP keeps it until the file goes, reporting events for a number that was closed); never an event with data the program did not register"),
     ("epoll_nested", "an epoll fd in another epoll set: the outer wait sees the inner set's kernel readiness, which for an SMC fd is only its doorbells, rung only while a waiter armed the ring (not fixed yet)"),
@@ -146,7 +153,8 @@ fn conformance() {
     let mut failures = Vec::new();
     let (mut same, mut listed) = (0, 0);
     for o in &results {
-        let smc_ok = o.ism_smc == o.want_smc;
+        let smc_ok =
+            o.ism_smc == o.want_smc || (SMC_EITHER.contains(&o.name.as_str()) && o.ism_smc <= 1);
         let ism_same = o.ism == o.tcp && smc_ok;
         let expected = EXPECTED.iter().find(|(n, _)| *n == o.name);
         let ism_col = match (ism_same, expected) {
