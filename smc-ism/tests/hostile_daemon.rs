@@ -144,57 +144,69 @@ fn rebuilt_tuple_cannot_attach() {
     let dir = TestDir::new("hostile-tuple");
     let d = start(&dir, |c| c.bpf_peers_map = None);
     let mut owner = client(&dir);
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let server_addr = l.local_addr().unwrap();
-    let a = TcpStream::connect(server_addr).unwrap();
-    let (mut b, _) = l.accept().unwrap();
-    let dmb = owner.register_dmb(0, b.as_raw_fd()).unwrap();
-    let map = dmb.map().unwrap();
-    let pattern: Vec<u8> = (0..map.len()).map(|i| (i * 7 + 3) as u8).collect();
-    write_bytes(&map, 0, &pattern);
+    // The rebuilt tuple needs the reset client's port, which another process's connection may
+    // take meanwhile (the kernel picks ephemeral ports at random; busy machines): then the
+    // attack could not be made (code 90) and it is made again with a fresh connection.
+    let mut attempt = 0;
+    let (code, dmb, map, pattern, _b, _l) = loop {
+        attempt += 1;
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let server_addr = l.local_addr().unwrap();
+        let a = TcpStream::connect(server_addr).unwrap();
+        let (mut b, _) = l.accept().unwrap();
+        let dmb = owner.register_dmb(0, b.as_raw_fd()).unwrap();
+        let map = dmb.map().unwrap();
+        let pattern: Vec<u8> = (0..map.len()).map(|i| (i * 7 + 3) as u8).collect();
+        write_bytes(&map, 0, &pattern);
 
-    // The real peer may attach (and sees the owner's bytes).
-    let mut peer = client(&dir);
-    let pd = peer.attach_dmb(dmb.token, a.as_raw_fd()).unwrap();
-    assert_eq!(read_bytes(&pd.map().unwrap(), 0, 64), pattern[..64]);
-    peer.detach_dmb(pd.token).unwrap();
+        // The real peer may attach (and sees the owner's bytes).
+        let mut peer = client(&dir);
+        let pd = peer.attach_dmb(dmb.token, a.as_raw_fd()).unwrap();
+        assert_eq!(read_bytes(&pd.map().unwrap(), 0, 64), pattern[..64]);
+        peer.detach_dmb(pd.token).unwrap();
 
-    // The peer resets the connection: the owner's socket leaves the table, its fd stays open.
-    let client_addr = a.local_addr().unwrap();
-    set_linger(a.as_raw_fd(), true, 0);
-    drop(a);
-    b.set_read_timeout(Some(WAIT)).unwrap();
-    let e = b.read(&mut [0u8; 1]).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::ConnectionReset, "owner sees the reset");
+        // The peer resets the connection: the owner's socket leaves the table, its fd stays open.
+        let client_addr = a.local_addr().unwrap();
+        set_linger(a.as_raw_fd(), true, 0);
+        drop(a);
+        b.set_read_timeout(Some(WAIT)).unwrap();
+        let e = b.read(&mut [0u8; 1]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ConnectionReset, "owner sees the reset");
 
-    let sock = dir.sock();
-    let token = dmb.token;
-    let code = as_nobody(move || {
-        // The mirror of the owner's (local, peer): local = the reset client's address, peer =
-        // the server's; the server's listener completes the handshake.
-        let x = match connect_from(client_addr, server_addr) {
-            Ok(x) => x,
-            Err(_) => return 90,
-        };
-        let Ok(mut c) = Client::connect(&sock) else {
-            return 91;
-        };
-        let mut got = 0;
-        match c
-            .attach_peer_start(x.as_raw_fd())
-            .and_then(|t| c.finish_dmb(t))
-        {
-            Ok(_) => got |= 1,
-            Err(IsmError::BadProof) => {}
-            Err(_) => got |= 4,
+        let sock = dir.sock();
+        let token = dmb.token;
+        let code = as_nobody(move || {
+            // The mirror of the owner's (local, peer): local = the reset client's address, peer =
+            // the server's; the server's listener completes the handshake.
+            let x = match connect_from(client_addr, server_addr) {
+                Ok(x) => x,
+                Err(_) => return 90,
+            };
+            let Ok(mut c) = Client::connect(&sock) else {
+                return 91;
+            };
+            let mut got = 0;
+            match c
+                .attach_peer_start(x.as_raw_fd())
+                .and_then(|t| c.finish_dmb(t))
+            {
+                Ok(_) => got |= 1,
+                Err(IsmError::BadProof) => {}
+                Err(_) => got |= 4,
+            }
+            match c.attach_dmb(token, x.as_raw_fd()) {
+                Ok(_) => got |= 2,
+                Err(IsmError::BadProof) => {}
+                Err(_) => got |= 8,
+            }
+            got
+        });
+        if code != 90 || attempt == 5 {
+            break (code, dmb, map, pattern, b, l);
         }
-        match c.attach_dmb(token, x.as_raw_fd()) {
-            Ok(_) => got |= 2,
-            Err(IsmError::BadProof) => {}
-            Err(_) => got |= 8,
-        }
-        got
-    });
+        drop(map);
+        owner.unregister_dmb(dmb.token).unwrap();
+    };
     assert_eq!(
         code, 0,
         "rebuilt tuple: bit 0 ATTACH_PEER granted, bit 1 ATTACH by token granted, bits 2/3 other \
