@@ -801,28 +801,32 @@ impl SmcWorld {
         }
     }
 
+    /// `smc-ctl stats json -a` over this world's daemon and statistics directory.
+    pub fn stats_json(&self) -> serde_json::Value {
+        let out = Command::new(bin("smc-ctl"))
+            .args(["stats", "json", "-a", "--socket"])
+            .arg(&self.sock)
+            .arg("--procs-dir")
+            .arg(self.dir.join("procs"))
+            .arg("--baseline")
+            .arg(self.dir.join("baseline.json"))
+            .output()
+            .expect("run smc-ctl stats json");
+        assert!(
+            out.status.success(),
+            "smc-ctl stats json: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("smc-ctl stats json output")
+    }
+
     /// Waits until this world's daemon holds no DMB any more (every SMC-D connection's shared
     /// memory was released), as `smc-ctl stats json` reports it (`daemon.figures.live_dmbs`).
     /// Call it last: `smc-ctl stats` may fold the files of exited processes.
     pub fn wait_no_live_dmbs(&self, timeout: Duration) {
         let t = Instant::now();
         loop {
-            let out = Command::new(bin("smc-ctl"))
-                .args(["stats", "json", "-a", "--socket"])
-                .arg(&self.sock)
-                .arg("--procs-dir")
-                .arg(self.dir.join("procs"))
-                .arg("--baseline")
-                .arg(self.dir.join("baseline.json"))
-                .output()
-                .expect("run smc-ctl stats json");
-            assert!(
-                out.status.success(),
-                "smc-ctl stats json: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let v: serde_json::Value =
-                serde_json::from_slice(&out.stdout).expect("smc-ctl stats json output");
+            let v = self.stats_json();
             assert_eq!(v["daemon"]["running"], true, "daemon: {}", v["daemon"]);
             let live = v["daemon"]["figures"]["live_dmbs"]
                 .as_u64()

@@ -201,21 +201,7 @@ fn world_closed(m: &Matrix) -> Snapshot {
 
 /// `smc-ctl stats json -a` over this world's daemon and statistics directory.
 fn ctl_stats(m: &Matrix) -> serde_json::Value {
-    let out = Command::new(integration_tests::bin("smc-ctl"))
-        .args(["stats", "json", "-a", "--socket"])
-        .arg(&m.w.sock)
-        .arg("--procs-dir")
-        .arg(m.w.dir.join("procs"))
-        .arg("--baseline")
-        .arg(m.w.dir.join("baseline.json"))
-        .output()
-        .expect("run smc-ctl stats json");
-    assert!(
-        out.status.success(),
-        "smc-ctl stats json: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("smc-ctl stats json output")
+    m.w.stats_json()
 }
 
 /// `READY <port>` printed by a server as its first line.
