@@ -166,7 +166,7 @@ pub fn spin_pause(i: u32) {
 }
 
 pub fn tune() -> &'static Tune {
-    static T: std::sync::OnceLock<Tune> = std::sync::OnceLock::new();
+    static T: crate::forklock::ForkOnce<Tune> = crate::forklock::ForkOnce::new();
     T.get_or_init(|| {
         let spin_us = std::env::var("SMC_SPIN_US")
             .ok()

@@ -13,12 +13,13 @@
 
 use crate::fdtable::{self, Slot};
 use crate::forklock::ForkMutex;
+use crate::forklock::ForkOnce;
 use crate::obj::Obj;
 use crate::poll::{self, ERR, HUP, IN, RDHUP};
 use crate::real;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 const ET: u32 = libc::EPOLLET as u32;
@@ -30,7 +31,7 @@ const KBUF: usize = 1024;
 
 /// High 32 bits of the kernel epoll_data of an SMC fd (random per process).
 fn cookie() -> u64 {
-    static C: OnceLock<u64> = OnceLock::new();
+    static C: ForkOnce<u64> = ForkOnce::new();
     *C.get_or_init(|| {
         let mut b = [0u8; 4];
         // SAFETY: valid buffer.

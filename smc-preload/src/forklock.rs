@@ -9,7 +9,9 @@
 //! None of these locks is held across I/O that waits; the daemon connection has its own
 //! replacement ([`crate::setup`]).
 
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::cell::UnsafeCell;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 /// A global mutex, created on first use with `init`, reset in a forked child when held.
@@ -72,6 +74,115 @@ impl<T> ForkMutex<T> {
     }
 }
 
+/// A value computed once per memory image, like [`std::sync::OnceLock`], that a forked child
+/// can use. A `OnceLock` that a thread of the parent was initialising at the fork stays
+/// "being initialised" in the child for ever, and the child's first use waits for a thread
+/// that does not exist there (seen: forked children hung in the statistics' identity). Here the
+/// initialiser's pid is recorded: a process that finds another process's initialisation in
+/// progress (its parent's, copied by `fork`) computes the value itself; threads of one process
+/// wait for each other. A `vfork` child shares the memory and the cached pid
+/// ([`crate::pid`]), so it waits for its parent's thread as a thread of the parent would.
+pub struct ForkOnce<T> {
+    /// [`EMPTY`], [`DONE`], or `pid << 1` of the process whose thread is computing the value.
+    state: AtomicU64,
+    val: UnsafeCell<MaybeUninit<T>>,
+}
+
+const EMPTY: u64 = 0;
+const DONE: u64 = 1;
+
+// SAFETY: the value is written once, by the one thread that won the state, before `DONE` is
+// published with Release; readers read it only after seeing `DONE` with Acquire.
+unsafe impl<T: Send + Sync> Sync for ForkOnce<T> {}
+
+impl<T> ForkOnce<T> {
+    pub const fn new() -> ForkOnce<T> {
+        ForkOnce {
+            state: AtomicU64::new(EMPTY),
+            val: UnsafeCell::new(MaybeUninit::uninit()),
+        }
+    }
+
+    /// The value, when it was computed.
+    pub fn get(&self) -> Option<&T> {
+        if self.state.load(Ordering::Acquire) == DONE {
+            // SAFETY: `DONE` is published only after the value was written, never undone.
+            Some(unsafe { (*self.val.get()).assume_init_ref() })
+        } else {
+            None
+        }
+    }
+
+    /// The value, computed by `f` when nobody did. Another thread of this process computing it
+    /// is waited for (yielding: values here take microseconds).
+    pub fn get_or_init(&self, f: impl FnOnce() -> T) -> &T {
+        let mut f = Some(f);
+        loop {
+            if let Some(v) = self.get() {
+                return v;
+            }
+            let s = self.state.load(Ordering::Acquire);
+            let me = u64::from(crate::pid()) << 1;
+            if s == me {
+                std::thread::yield_now();
+                continue;
+            }
+            // Empty, or another process's thread was computing it (our parent's, before fork).
+            if self
+                .state
+                .compare_exchange(s, me, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                continue;
+            }
+            // Reset to empty if `f` unwinds, so that the other threads do not wait for ever.
+            struct Undo<'a>(&'a AtomicU64);
+            impl Drop for Undo<'_> {
+                fn drop(&mut self) {
+                    self.0.store(EMPTY, Ordering::Release);
+                }
+            }
+            let undo = Undo(&self.state);
+            let Some(f) = f.take() else {
+                continue;
+            };
+            let v = f();
+            // SAFETY: this thread won the state; nobody reads the value before `DONE`.
+            let v = unsafe { (*self.val.get()).write(v) };
+            std::mem::forget(undo);
+            self.state.store(DONE, Ordering::Release);
+            return v;
+        }
+    }
+
+    /// Sets the value when nobody did; `Err(value)` when it was set or is being set.
+    pub fn set(&self, v: T) -> Result<(), T> {
+        let me = u64::from(crate::pid()) << 1;
+        loop {
+            let s = self.state.load(Ordering::Acquire);
+            if s == DONE || s == me {
+                return Err(v);
+            }
+            if self
+                .state
+                .compare_exchange(s, me, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                // SAFETY: this thread won the state; nobody reads the value before `DONE`.
+                unsafe { (*self.val.get()).write(v) };
+                self.state.store(DONE, Ordering::Release);
+                return Ok(());
+            }
+        }
+    }
+}
+
+impl<T> Default for ForkOnce<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Every global lock of the library, reset in a forked child (see the module documentation).
 pub fn after_fork_child() {
     crate::setup::after_fork_locks();
@@ -97,5 +208,44 @@ mod tests {
         M.after_fork();
         assert!(M.lock().is_empty(), "held: a fresh lock around fresh data");
         drop(g);
+    }
+
+    /// A thread of this process is inside `get_or_init` when another forks: the child (one
+    /// thread, the initialiser absent) computes the value itself instead of waiting for ever,
+    /// and the parent gets the initialiser's value.
+    #[test]
+    fn a_child_forked_during_initialisation_computes_the_value_itself() {
+        static O: ForkOnce<u32> = ForkOnce::new();
+        let (inside_tx, inside_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            *O.get_or_init(|| {
+                inside_tx.send(()).unwrap();
+                go_rx.recv().unwrap();
+                1
+            })
+        });
+        inside_rx.recv().unwrap();
+        // SAFETY: the child only calls `get_or_init` (atomics, its own closure) and `_exit`.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            crate::reset_pid();
+            let v = *O.get_or_init(|| 2);
+            // SAFETY: leaving the forked child without running the harness's exit handlers.
+            unsafe { libc::_exit(if v == 2 { 0 } else { 1 }) };
+        }
+        let mut st = 0;
+        // The child would hang here if it waited for the parent's initialiser.
+        // SAFETY: our child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+            "child status {st}"
+        );
+        go_tx.send(()).unwrap();
+        assert_eq!(t.join().unwrap(), 1);
+        assert_eq!(O.get(), Some(&1));
+        assert_eq!(O.set(3), Err(3));
     }
 }

@@ -20,6 +20,7 @@
 use crate::conn::{Conn, Release, Role};
 use crate::fdtable::{self, Slot, TAG_TCP};
 use crate::forklock::ForkMutex;
+use crate::forklock::ForkOnce;
 use crate::handshake::{Driver, HeldDmb, Outcome, Progress};
 use crate::obj::{Obj, Skip};
 use crate::{debug, real, stats};
@@ -33,7 +34,7 @@ use smc_common::handshake::{Config, Fallback, FallbackReason, Handshake};
 use std::collections::HashMap;
 use std::os::fd::AsRawFd as _;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -44,7 +45,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 }
 
 pub(crate) fn clc_timeout() -> Duration {
-    static T: OnceLock<u64> = OnceLock::new();
+    static T: ForkOnce<u64> = ForkOnce::new();
     Duration::from_millis(*T.get_or_init(|| env_u64("SMC_CLC_TIMEOUT_MS", 2000)))
 }
 
@@ -58,7 +59,7 @@ pub(crate) fn committed_wait() -> Duration {
 /// How long `connect` waits for a non-blocking connect to complete before leaving the
 /// decision to the first operation.
 pub fn connect_wait_ms() -> i32 {
-    static T: OnceLock<u64> = OnceLock::new();
+    static T: ForkOnce<u64> = ForkOnce::new();
     *T.get_or_init(|| env_u64("SMC_CONNECT_WAIT_MS", 200)) as i32
 }
 
@@ -67,7 +68,7 @@ pub fn connect_wait_ms() -> i32 {
 /// with Debian's defaults), at least 1 MiB. Codes above 6 are used only with a peer that
 /// offers the large-DMB extension (and a daemon that registers them).
 fn default_size_code() -> u8 {
-    static T: OnceLock<u8> = OnceLock::new();
+    static T: ForkOnce<u8> = ForkOnce::new();
     *T.get_or_init(|| {
         let v = env_u64("SMC_DMB_SIZE", tcp_capacity().max(1 << 20));
         smc_common::cdc::dmb_size_code_large(v.min(u32::MAX as u64) as u32)
@@ -104,7 +105,7 @@ fn clamp_to_device(code: u8) -> u8 {
 /// The daemon's socket, from the environment at load time (servers such as nginx clear the
 /// environment of their workers).
 pub(crate) fn daemon_path() -> &'static std::path::Path {
-    static P: OnceLock<std::path::PathBuf> = OnceLock::new();
+    static P: ForkOnce<std::path::PathBuf> = ForkOnce::new();
     P.get_or_init(smc_ism::default_socket_path)
 }
 
@@ -129,12 +130,12 @@ pub fn init_env() {
 
 /// Daemon requests sent ahead of need (`SMC_PIPELINE=0` disables, for measurements).
 pub(crate) fn pipelining() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
+    static ON: ForkOnce<bool> = ForkOnce::new();
     *ON.get_or_init(|| std::env::var_os("SMC_PIPELINE").is_none_or(|v| v != "0"))
 }
 
 fn pairing_env() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
+    static ON: ForkOnce<bool> = ForkOnce::new();
     *ON.get_or_init(|| std::env::var_os("SMC_PAIR").is_none_or(|v| v != "0"))
 }
 
@@ -147,12 +148,12 @@ pub(crate) fn pairing() -> bool {
 /// The server handshake continues after `accept` returns when its client's next message is not
 /// there yet (`SMC_ACCEPT_ASYNC=0`: it completes inside `accept` for blocking sockets).
 fn accept_async() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
+    static ON: ForkOnce<bool> = ForkOnce::new();
     *ON.get_or_init(|| std::env::var_os("SMC_ACCEPT_ASYNC").is_none_or(|v| v != "0"))
 }
 
 fn no_shortcut() -> bool {
-    static OFF: OnceLock<bool> = OnceLock::new();
+    static OFF: ForkOnce<bool> = ForkOnce::new();
     *OFF.get_or_init(|| std::env::var_os("SMC_NO_SHORTCUT").is_some_and(|v| v == "1"))
 }
 
@@ -168,7 +169,7 @@ static SHORT_RUN: AtomicU64 = AtomicU64::new(0);
 static SKIPPED: AtomicU64 = AtomicU64::new(0);
 
 fn short_bytes() -> u64 {
-    static T: OnceLock<u64> = OnceLock::new();
+    static T: ForkOnce<u64> = ForkOnce::new();
     *T.get_or_init(|| env_u64("SMC_SHORT_BYTES", 16 * 1024))
 }
 
@@ -184,7 +185,7 @@ pub fn note_client_conn_bytes(bytes: u64) {
 /// Every how many connections the policy keeps on TCP one probes SMC again
 /// (`SMC_SHORT_PROBE`, default 256; 0: never).
 fn short_probe() -> u64 {
-    static T: OnceLock<u64> = OnceLock::new();
+    static T: ForkOnce<u64> = ForkOnce::new();
     *T.get_or_init(|| env_u64("SMC_SHORT_PROBE", 256))
 }
 
@@ -192,7 +193,7 @@ fn short_probe() -> u64 {
 /// single-threaded event-loop client (wrk, redis-benchmark) waits, so at high connection rates
 /// a count alone would make probes a measurable share of its time.
 fn probe_due() -> bool {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    static EPOCH: ForkOnce<Instant> = ForkOnce::new();
     static LAST_MS: AtomicU64 = AtomicU64::new(0);
     let now = EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 100;
     let last = LAST_MS.load(Ordering::Relaxed);
@@ -381,7 +382,7 @@ fn sock_state(fd: i32) -> Option<SockState> {
 }
 
 fn assume_peer() -> bool {
-    static A: OnceLock<bool> = OnceLock::new();
+    static A: ForkOnce<bool> = ForkOnce::new();
     *A.get_or_init(|| std::env::var_os("SMC_PRELOAD_ASSUME_PEER").is_some_and(|v| v == "1"))
 }
 
@@ -578,7 +579,7 @@ struct Dev {
     client: smc_ism::SharedClient,
     /// The process it belongs to.
     pid: u32,
-    gid: OnceLock<smc_ism::Gid>,
+    gid: ForkOnce<smc_ism::Gid>,
     /// Milliseconds since [`epoch`] before which a dead daemon is not retried (0: none).
     retry_after: AtomicU64,
 }
@@ -586,7 +587,7 @@ struct Dev {
 static DEV: AtomicPtr<Dev> = AtomicPtr::new(std::ptr::null_mut());
 
 fn epoch_ms() -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    static EPOCH: ForkOnce<Instant> = ForkOnce::new();
     EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
 }
 
@@ -594,7 +595,7 @@ fn new_dev(pid: u32) -> *mut Dev {
     Box::into_raw(Box::new(Dev {
         client: smc_ism::SharedClient::new(daemon_path()),
         pid,
-        gid: OnceLock::new(),
+        gid: ForkOnce::new(),
         retry_after: AtomicU64::new(0),
     }))
 }
@@ -914,7 +915,7 @@ pub(crate) fn release_dmbs(own: Option<u64>, peer: Option<u64>) {
 // the handshake
 
 fn peer_id() -> [u8; 8] {
-    static P: OnceLock<[u8; 8]> = OnceLock::new();
+    static P: ForkOnce<[u8; 8]> = ForkOnce::new();
     *P.get_or_init(|| {
         let mut b = [0u8; 8];
         // SAFETY: valid buffer.

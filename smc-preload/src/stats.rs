@@ -40,7 +40,7 @@ pub(crate) fn after_fork_locks() {
 static FAST: AtomicU64 = AtomicU64::new(0);
 
 pub fn procs_dir() -> &'static str {
-    static D: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    static D: crate::forklock::ForkOnce<String> = crate::forklock::ForkOnce::new();
     D.get_or_init(|| {
         std::env::var("SMC_PROCS_DIR").unwrap_or_else(|_| "/run/smc/procs".to_string())
     })
@@ -48,7 +48,7 @@ pub fn procs_dir() -> &'static str {
 
 /// `SMC_STATS_KEEP=1`, read at load time.
 pub fn keep() -> bool {
-    static K: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    static K: crate::forklock::ForkOnce<bool> = crate::forklock::ForkOnce::new();
     *K.get_or_init(|| std::env::var_os("SMC_STATS_KEEP").is_some_and(|v| v == "1"))
 }
 
@@ -124,7 +124,7 @@ fn open_area(pid: u32) -> *mut Stats {
 /// This process's identity. The cgroup and the PID namespace are read once and inherited by
 /// forked children (which start in their parent's); the start time is the process's own.
 fn identity(pid: u32) -> Identity {
-    static INHERITED: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+    static INHERITED: crate::forklock::ForkOnce<(u64, u64)> = crate::forklock::ForkOnce::new();
     let &(cgroup_id, pid_ns) = INHERITED.get_or_init(|| {
         (
             procstats::proc_cgroup_id("self").unwrap_or(0),

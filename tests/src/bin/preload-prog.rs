@@ -16,7 +16,8 @@
 //! `storm`: THREADS threads make connections back to back (each sends 4 KiB, receives BYTES,
 //! both checked) while the main thread forks FORKS children, at most 8 at a time; each child
 //! makes one such connection and exits (0: exact, 1: wrong bytes, 2: an error such as a
-//! reset). A child not done 30 s after its fork is killed and counted as hung. At `stops`
+//! reset). A child not done 30 s after its fork is killed and counted as hung (its
+//! stacks are printed first when `gdb` is installed). At `stops`
 //! (default 1) points, the first after FORKS/4 forks and the others spread over the rest, it
 //! prints `PHASE stop` and waits for a line on stdin (the test stops the daemon), forks
 //! `stop_children` (default 16) more, prints `PHASE cont` and waits again (the daemon
@@ -391,6 +392,23 @@ fn storm_conn(host: &str, port: u16, seed: u64, bytes: u64, want_sha: &str) -> S
     })
 }
 
+/// The stacks of a hung child on stderr (which the test does not read), when `gdb` is installed: where it hung is the first
+/// thing a failed run must tell.
+fn dump_stacks(pid: libc::pid_t) {
+    let _ = std::process::Command::new("gdb")
+        .args([
+            "-batch",
+            "-p",
+            &pid.to_string(),
+            "-ex",
+            "thread apply all bt",
+        ])
+        .stdout(std::io::stderr())
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
 /// Options of `storm` after its positional arguments.
 struct StormOpts {
     stops: usize,
@@ -473,6 +491,7 @@ fn storm(host: &str, port: u16, threads: usize, forks: usize, bytes: u64, opts: 
                     return false;
                 }
                 if at.elapsed() > Duration::from_secs(30) {
+                    dump_stacks(pid);
                     // SAFETY: our child.
                     unsafe {
                         libc::kill(pid, libc::SIGKILL);
