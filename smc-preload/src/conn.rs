@@ -1084,7 +1084,10 @@ impl Conn {
                 if done > 0 {
                     return Ok(done);
                 }
-                self.set_flag(F_WROTE_AFTER_CLOSE);
+                if self.set_flag(F_WROTE_AFTER_CLOSE) & F_WROTE_AFTER_CLOSE == 0 {
+                    // EPOLLERR | EPOLLHUP from now on, as TCP's reset would say.
+                    crate::epoll::conn_changed(fd, self);
+                }
                 return Ok(want);
             }
             if let Some(e) = r0 {
@@ -1132,6 +1135,15 @@ impl Conn {
             }
             s.tx_full.fetch_add(1, Ordering::Relaxed);
             if nonblock {
+                // The ring is full: ask the peer to ring when it makes room, then look again
+                // (Dekker with its consume). An epoll set may have parked this connection, and
+                // an edge-triggered application waits for that room after a short write or
+                // EAGAIN without any further call that would arm it.
+                self.peer_wait().fetch_or(WAIT_SPACE, Ordering::SeqCst);
+                fence(Ordering::SeqCst);
+                if self.room() > 0 && self.write_state(false).is_none() {
+                    continue;
+                }
                 return if done > 0 {
                     Ok(done)
                 } else {
