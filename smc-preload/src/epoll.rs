@@ -807,8 +807,7 @@ type Warm = (Arc<Obj>, u32, u32);
 /// `EPOLLET` ones on an edge, `EPOLLONESHOT` ones once (they leave the list). An entry that
 /// reports nothing stays on the list unarmed (into `warm`) for [`WARM_CHECKS`] checks; then,
 /// or at once with `park`, its wakeups are armed and it is checked again: still nothing, it
-/// leaves the list until the kernel reports its socket. True when entries were left unchecked
-/// (`max` reached).
+/// leaves the list until the kernel reports its socket.
 fn collect(
     g: &mut EpInner,
     out: &mut Vec<libc::epoll_event>,
@@ -816,7 +815,7 @@ fn collect(
     fresh: bool,
     park: bool,
     warm: &mut Vec<Warm>,
-) -> bool {
+) {
     if fresh {
         g.pass = g.pass.wrapping_add(1);
     }
@@ -825,7 +824,7 @@ fn collect(
     let n = ready.len();
     for _ in 0..n {
         if out.len() >= max {
-            return true;
+            return;
         }
         let Some(fd) = ready.pop_front() else {
             break;
@@ -895,7 +894,6 @@ fn collect(
             break;
         }
     }
-    false
 }
 
 /// Handles what the kernel reported: the emulated fds whose socket saw a doorbell (or EOF)
@@ -1030,13 +1028,14 @@ pub unsafe fn wait(
         let n = kbuf.len();
         kwait_n(kbuf, n, t, mask)
     };
-    // Copies the events out; entries left unchecked (`max` reached) are another sleeping
-    // thread's to report: one is woken.
-    let finish = |out: &Vec<libc::epoll_event>, more: bool| -> i32 {
+    // Copies the events out. Another thread asleep on the set is woken while entries remain on
+    // the ready list (left unchecked at `max`, or level-triggered and ready: TCP's entry
+    // stays on the kernel's ready list and wakes the next waiter too).
+    let finish = |out: &Vec<libc::epoll_event>| -> i32 {
         let n = out.len().min(max);
         // SAFETY: the caller's array holds max entries.
         unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), events, n) };
-        if more && set.sleeping.load(Ordering::SeqCst) > 0 {
+        if set.sleeping.load(Ordering::SeqCst) > 0 {
             let first = lock(&set.inner).ready.front().copied();
             if let Some(fd) = first {
                 kick(ep, fd);
@@ -1051,7 +1050,7 @@ pub unsafe fn wait(
         let sharing = set.sharing();
         out.clear();
         warm.clear();
-        let mut more = {
+        {
             let mut g = lock(&set.inner);
             if sharing == Sharing::Shared || before == Sharing::Shared as u32 {
                 // Shared: the other process may have taken any entry's event from the kernel.
@@ -1075,13 +1074,13 @@ pub unsafe fn wait(
                 if r > 0 && out.len() < max {
                     // The entries the kernel just reported (each checked once per call).
                     let mut g = lock(&set.inner);
-                    more |= collect(&mut g, &mut out, max, false, false, &mut warm);
+                    collect(&mut g, &mut out, max, false, false, &mut warm);
                 }
                 if !decided {
                     break;
                 }
             }
-            return finish(&out, more);
+            return finish(&out);
         }
         // Doorbells another waiter of the connection had to drain: drained before anything is
         // parked (the drain may find the peer gone, which no new event would tell).
@@ -1117,7 +1116,7 @@ pub unsafe fn wait(
                         if moved || r > 0 {
                             let mut w2 = Vec::new();
                             let mut g = lock(&set.inner);
-                            more = collect(&mut g, &mut out, max, true, false, &mut w2);
+                            collect(&mut g, &mut out, max, true, false, &mut w2);
                             if !out.is_empty() {
                                 hit = true;
                                 break;
@@ -1128,7 +1127,7 @@ pub unsafe fn wait(
                 }
                 poll::spin_result(hit);
                 if hit {
-                    return finish(&out, more);
+                    return finish(&out);
                 }
             }
         }
@@ -1136,10 +1135,10 @@ pub unsafe fn wait(
         {
             let mut g = lock(&set.inner);
             let mut w2 = Vec::new();
-            more = collect(&mut g, &mut out, max, true, true, &mut w2);
+            collect(&mut g, &mut out, max, true, true, &mut w2);
         }
         if !out.is_empty() {
-            return finish(&out, more);
+            return finish(&out);
         }
         let rem = poll::remaining_ms(deadline);
         if deadline.is_some() && rem == 0 {
@@ -1173,10 +1172,10 @@ pub unsafe fn wait(
         let room = max.saturating_sub(out.len());
         if room > 0 {
             let mut g = lock(&set.inner);
-            more = collect(&mut g, &mut out, max, true, false, &mut warm);
+            collect(&mut g, &mut out, max, true, false, &mut warm);
         }
         if !out.is_empty() {
-            return finish(&out, more);
+            return finish(&out);
         }
         if deadline.is_some() && poll::remaining_ms(deadline) == 0 {
             return 0;

@@ -55,6 +55,11 @@ scenarios! {
     epoll_del: 1;
     epoll_out_after_full: 1;
     epoll_close_while_dup_open: 1;
+    epoll_et_out_parked_then_full: 1;
+    epoll_shutdown_wakes_waiter: 1;
+    epoll_shutdown_dup_wakes_waiter: 1;
+    epoll_threads_lt_both_woken: 1;
+    epoll_fork_shared_set: 1;
     // poll / select
     poll_out_initial: 1;
     poll_peer_close: 1;
@@ -1097,6 +1102,170 @@ fn epoll_del() {
     ep_ctl("DEL s", ep, libc::EPOLL_CTL_DEL, s, 0, 0);
     ep_wait("wait(0) after DEL", ep, 8, 0, &names(CS));
     ep_ctl("DEL s again", ep, libc::EPOLL_CTL_DEL, s, 0, 0);
+    close(ep);
+    close(c);
+    close(s);
+}
+
+/// Edge-triggered `IN|OUT` (nginx's registration): the entry was reported writable and the
+/// set slept since (the emulation parks it: nothing armed for room, there was room). Then the
+/// program fills the send buffer (`EAGAIN`) and waits for the edge while the peer drains it.
+fn epoll_et_out_parked_then_full() {
+    let (c, s) = pair();
+    set_nonblock(c, true);
+    let ep = ep_create();
+    ep_ctl(
+        "ADD c IN|OUT|ET",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        c,
+        (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLET) as u32,
+        0,
+    );
+    ep_wait("wait writable", ep, 8, 5000, &names(CS));
+    ep_wait("wait(50) idle", ep, 8, 50, &names(CS));
+    let chunk = vec![7u8; 65536];
+    let mut total = 0usize;
+    loop {
+        let n = wr(c, &chunk);
+        if n < 0 {
+            log(format!("write until full: {}", ename(errno())));
+            break;
+        }
+        total += n as usize;
+    }
+    let reader = std::thread::spawn(move || read_n(s, total).len() == total);
+    ep_wait("wait writable again", ep, 8, 5000, &names(CS));
+    log(format!("drained all: {}", reader.join().expect("reader")));
+    close(ep);
+    close(c);
+    close(s);
+}
+
+/// A thread waits for `c` (full send buffer: not writable) while another shuts it for writing
+/// (through `via`, `c` itself or a dup): TCP wakes the waiter with `EPOLLOUT`.
+fn shutdown_wakes_waiter(dup: bool) {
+    let (c, s) = pair();
+    set_nonblock(c, true);
+    let chunk = vec![7u8; 65536];
+    loop {
+        if wr(c, &chunk) < 0 {
+            log(format!("write until full: {}", ename(errno())));
+            break;
+        }
+    }
+    let ep = ep_create();
+    ep_ctl(
+        "ADD c IN|OUT",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        c,
+        (libc::EPOLLIN | libc::EPOLLOUT) as u32,
+        0,
+    );
+    ep_wait("wait(0) full", ep, 8, 0, &names(CS));
+    // SAFETY: plain dup.
+    let via = if dup { unsafe { libc::dup(c) } } else { c };
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        // SAFETY: 4 entries.
+        let n = unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), 4, 5000) };
+        (n, if n > 0 { ev[0].events } else { 0 })
+    });
+    wait_blocked(&T);
+    // SAFETY: plain shutdown.
+    r("shutdown(SHUT_WR)", unsafe { libc::shutdown(via, libc::SHUT_WR) } as isize);
+    let (n, m) = h.join().expect("waiter");
+    log(format!("waiter = {n} {}", mask_names(m)));
+    if dup {
+        close(via);
+    }
+    close(ep);
+    close(c);
+    close(s);
+}
+
+fn epoll_shutdown_wakes_waiter() {
+    shutdown_wakes_waiter(false);
+}
+
+fn epoll_shutdown_dup_wakes_waiter() {
+    shutdown_wakes_waiter(true);
+}
+
+/// Two threads wait on one set (maxevents 1) for one level-triggered connection that becomes
+/// readable: both are woken with it (TCP keeps a level-triggered entry on the kernel's ready
+/// list and wakes the next waiter).
+fn epoll_threads_lt_both_woken() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl("ADD s IN", ep, libc::EPOLL_CTL_ADD, s, libc::EPOLLIN as u32, 1);
+    static T1: AtomicI32 = AtomicI32::new(0);
+    static T2: AtomicI32 = AtomicI32::new(0);
+    let w = |t: &'static AtomicI32| {
+        std::thread::spawn(move || {
+            t.store(gettid(), Ordering::Release);
+            let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 1];
+            // Without a timeout: a waiter left asleep is a hang (the watchdog ends it), not a
+            // late return that would look the same in the trace.
+            // SAFETY: 1 entry.
+            unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), 1, -1) }
+        })
+    };
+    let h1 = w(&T1);
+    let h2 = w(&T2);
+    wait_blocked(&T1);
+    wait_blocked(&T2);
+    write_all(c, b"one");
+    let (n1, n2) = (h1.join().expect("t1"), h2.join().expect("t2"));
+    log(format!("threads woken with an event: {}", (n1 == 1) as u32 + (n2 == 1) as u32));
+    close(ep);
+    close(c);
+    close(s);
+}
+
+/// A set copied by `fork`, waited on in both processes at once (level-triggered): both see
+/// the connection become readable.
+fn epoll_fork_shared_set() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl("ADD s IN", ep, libc::EPOLL_CTL_ADD, s, libc::EPOLLIN as u32, 1);
+    ep_wait("wait(0) before fork", ep, 8, 0, &names(CS));
+    let (rp, wp) = pipe();
+    // SAFETY: the child only waits on the set, writes one line and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        close(rp);
+        let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        // SAFETY: 4 entries.
+        let n = unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), 4, 5000) };
+        let line = format!("{n} {}", if n > 0 { mask_names(ev[0].events) } else { String::new() });
+        write_all(wp, line.as_bytes());
+        // SAFETY: plain exit without destructors (fork child).
+        unsafe { libc::_exit(0) };
+    }
+    close(wp);
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        // SAFETY: 4 entries.
+        let n = unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), 4, 5000) };
+        (n, if n > 0 { ev[0].events } else { 0 })
+    });
+    wait_blocked(&T);
+    wait_pid_blocked(pid);
+    write_all(c, b"both");
+    let (n, m) = h.join().expect("waiter");
+    log(format!("parent = {n} {}", mask_names(m)));
+    let child = read_n(rp, 256);
+    close(rp);
+    let mut st = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    log(format!("child = {}", String::from_utf8_lossy(&child).trim()));
     close(ep);
     close(c);
     close(s);
