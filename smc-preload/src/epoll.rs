@@ -16,7 +16,7 @@
 //! report, or new bits appeared) — and readiness is computed from the rings for those only.
 //! An entry found not ready stays on the list unarmed for a few waits (a busy connection then
 //! costs its peer no doorbell), and is *parked* when the set sleeps or after
-//! [`WARM_CHECKS`]: its wakeups are armed (the peer rings a doorbell at its next change), the
+//! [`WARM_US`]: its wakeups are armed (the peer rings a doorbell at its next change), the
 //! rings are checked once more, and it leaves the list until the kernel reports its socket.
 //! Changes this process makes itself without the peer (`shutdown`, a write after the peer
 //! closed) put the entry back on the list ([`conn_changed`]). `EPOLLONESHOT` entries leave
@@ -50,9 +50,10 @@ const ONESHOT: u32 = libc::EPOLLONESHOT as u32;
 const EP_MAX_EVENTS: usize = i32::MAX as usize / std::mem::size_of::<libc::epoll_event>();
 /// Kernel events fetched per call at most.
 const KBUF: usize = 1024;
-/// An entry found not ready this many times in a row, without the set sleeping in between,
-/// is parked (its wakeups armed) instead of checked again at every wait.
-const WARM_CHECKS: u8 = 8;
+/// An entry that reported nothing for this long (µs), without the set sleeping in between, is
+/// parked (its wakeups armed) instead of checked again at every wait: a connection busy with
+/// requests every few hundred µs stays on the list unarmed and costs its peer no doorbell.
+const WARM_US: u32 = 2000;
 /// A set waited on by two processes (copied by `fork`) sleeps at most this long at a time.
 const SHARED_TICK_MS: i32 = 20;
 /// A set copied by `fork` that only this process waited on so far sleeps at most this long at
@@ -97,8 +98,8 @@ pub struct Entry {
     disabled: bool,
     /// On the ready list (emulated entries only).
     hot: bool,
-    /// Checks in a row that reported nothing, while on the ready list unarmed.
-    idle: u8,
+    /// When it last reported, or went on the ready list ([`now_us`]).
+    active_us: u32,
     /// The pass of the wait call that last checked it (at most one report per call).
     seen: u32,
 }
@@ -178,10 +179,19 @@ enum Sharing {
     Shared = 2,
 }
 
+fn epoch() -> Instant {
+    static T0: OnceLock<Instant> = OnceLock::new();
+    *T0.get_or_init(Instant::now)
+}
+
 /// Milliseconds since the first call (monotonic).
 fn now_ms() -> u64 {
-    static T0: OnceLock<Instant> = OnceLock::new();
-    T0.get_or_init(Instant::now).elapsed().as_millis() as u64
+    epoch().elapsed().as_millis() as u64
+}
+
+/// Microseconds since the first call, wrapping (compare with `wrapping_sub`).
+fn now_us() -> u32 {
+    epoch().elapsed().as_micros() as u32
 }
 
 /// A fork page word: the pid in the low 32 bits, this bit when that process waited on the set.
@@ -366,7 +376,7 @@ fn make_hot(g: &mut EpInner, fd: i32) {
     if let Some(e) = g.entries.get_mut(&fd) {
         if e.mode == Mode::Emulated && !e.disabled && !e.hot {
             e.hot = true;
-            e.idle = 0;
+            e.active_us = now_us();
             g.ready.push_back(fd);
         }
     }
@@ -385,10 +395,11 @@ fn unlist(g: &mut EpInner, fd: i32) {
 /// Every emulated entry on the ready list (a set shared with another process).
 fn all_hot(g: &mut EpInner) {
     let EpInner { entries, ready, .. } = g;
+    let now = now_us();
     for (&fd, e) in entries.iter_mut() {
         if e.mode == Mode::Emulated && !e.disabled && !e.hot {
             e.hot = true;
-            e.idle = 0;
+            e.active_us = now;
             ready.push_back(fd);
         }
     }
@@ -507,7 +518,7 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
                     last_mask: 0,
                     disabled: false,
                     hot: false,
-                    idle: 0,
+                    active_us: 0,
                     seen: 0,
                 },
             );
@@ -805,7 +816,7 @@ type Warm = (Arc<Obj>, u32, u32);
 /// Checks the entries on the ready list (each at most once per wait call: `fresh` starts a new
 /// call's pass) and reports into `out`, at most `max`: level-triggered entries while ready,
 /// `EPOLLET` ones on an edge, `EPOLLONESHOT` ones once (they leave the list). An entry that
-/// reports nothing stays on the list unarmed (into `warm`) for [`WARM_CHECKS`] checks; then,
+/// reports nothing stays on the list unarmed (into `warm`) for [`WARM_US`]; then,
 /// or at once with `park`, its wakeups are armed and it is checked again: still nothing, it
 /// leaves the list until the kernel reports its socket.
 fn collect(
@@ -820,6 +831,7 @@ fn collect(
         g.pass = g.pass.wrapping_add(1);
     }
     let pass = g.pass;
+    let now = now_us();
     let EpInner { entries, ready, .. } = g;
     let n = ready.len();
     for _ in 0..n {
@@ -872,12 +884,12 @@ fn collect(
                     e.disabled = true;
                     e.hot = false;
                 } else {
-                    e.idle = 0;
+                    e.active_us = now;
                     ready.push_back(fd);
                 }
                 break;
             }
-            if !armed && (park || e.idle >= WARM_CHECKS) {
+            if !armed && (park || now.wrapping_sub(e.active_us) >= WARM_US) {
                 // Park: the peer rings from now on, or its change is seen by this check.
                 poll::arm(c, fd, e.events);
                 armed = true;
@@ -885,9 +897,7 @@ fn collect(
             }
             if armed {
                 e.hot = false;
-                e.idle = 0;
             } else {
-                e.idle += 1;
                 warm.push((o.clone(), want, mask));
                 ready.push_back(fd);
             }
@@ -917,7 +927,10 @@ fn translate(set: &EpollSet, kev: &[libc::epoll_event], out: &mut Vec<libc::epol
                     obj,
                     ..
                 }) => {
-                    if let Some(o) = obj.as_ref().filter(|o| o.conn().is_some()) {
+                    // Only a readable socket holds doorbells (or EOF) to drain; `EPOLLOUT`
+                    // alone is a (re-)registration, a kick, or doorbells another waiter took.
+                    let rang = k.events & (IN | RDHUP | ERR | HUP) != 0;
+                    if let Some(o) = obj.as_ref().filter(|o| rang && o.conn().is_some()) {
                         if let Some(c) = o.conn() {
                             if !c.try_drain(fd) {
                                 let o = o.clone();
