@@ -33,6 +33,7 @@ scenarios! {
     readv_writev: 1;
     sendmmsg_recvmmsg: 1;
     dup_then_close_original: 1;
+    fork_child_keeps_closed_conn: 4;
     dup_mid_handshake_both_used: 1;
     dup_mid_handshake_number_reused: 2;
     // epoll
@@ -571,6 +572,46 @@ fn dup_mid_handshake_number_reused() {
 // ── epoll ───────────────────────────────────────────────────────────────────────────────────
 
 const CS: &[&str] = &["c", "s", "p0", "p1", "p2", "ep"];
+
+/// A forked child keeps serving a connection whose fd the parent closed, while the parent makes
+/// and closes other connections meanwhile (their local state must not take the child's).
+fn fork_child_keeps_closed_conn() {
+    let (c, s) = pair();
+    let (rp, wp) = pipe();
+    // SAFETY: the child only waits for the go, echoes once on `s` and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        close(c);
+        close(wp);
+        let mut b = [0u8; 1];
+        // SAFETY: valid buffer.
+        unsafe { libc::read(rp, b.as_mut_ptr().cast(), 1) };
+        let got = read_n(s, 5);
+        write_all(s, &got);
+        close(s);
+        // SAFETY: plain exit without destructors (fork child).
+        unsafe { libc::_exit(0) };
+    }
+    close(rp);
+    r("close(s) in the parent", close(s) as isize);
+    for i in 0..3 {
+        let (c2, s2) = pair();
+        write_all(c2, b"other");
+        log(format!("other connection {i}: {}", read_n(s2, 5) == b"other"));
+        close(c2);
+        close(s2);
+    }
+    write_all(wp, b"g");
+    close(wp);
+    write_all(c, b"hello");
+    let echo = read_n(c, 5);
+    log(format!("echo from the child: {:?}", String::from_utf8_lossy(&echo)));
+    let mut st = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    log(format!("child exit {}", libc::WEXITSTATUS(st)));
+    close(c);
+}
 
 fn epoll_lt() {
     let (c, s) = pair();
