@@ -134,6 +134,8 @@ pub struct EpollSet {
     owner: AtomicU32,
     /// Other processes may hold a copy (a `fork` happened): waits consult [`EpollSet::sharing`].
     forked: AtomicBool,
+    /// The process that last recorded in the fork page that it waits on the set.
+    noted: AtomicU32,
     /// The copies could not be told apart (no fork page, or a full one): always [`Sharing::Shared`].
     always_shared: AtomicBool,
     /// The last sharing a wait found ([`Sharing`] as u32) and when the processes named in the
@@ -157,6 +159,7 @@ impl Default for EpollSet {
             waited_once: AtomicBool::new(false),
             owner: AtomicU32::new(crate::pid()),
             forked: AtomicBool::new(false),
+            noted: AtomicU32::new(0),
             always_shared: AtomicBool::new(false),
             last_sharing: AtomicU32::new(Sharing::Alone as u32),
             pruned_ms: std::sync::atomic::AtomicU64::new(0),
@@ -263,15 +266,14 @@ impl EpollSet {
             // Copied by a fork without a page (it could not be made): be safe.
             return Sharing::Shared;
         };
-        if self.owner.load(Ordering::Relaxed) != me {
-            // The first wait on a copy inherited by this process.
+        if self.noted.load(Ordering::Relaxed) != me {
+            // The first wait of this process on the set since a fork: the copies learn it.
             if !self.note_pid(me, true) {
                 self.always_shared.store(true, Ordering::Relaxed);
             }
+            self.noted.store(me, Ordering::Relaxed);
             self.owner.store(me, Ordering::Relaxed);
             self.forked.store(true, Ordering::Relaxed);
-        } else {
-            self.note_pid(me, true);
         }
         let now = now_ms();
         let prune = now.saturating_sub(self.pruned_ms.load(Ordering::Relaxed)) >= PRUNE_MS;
