@@ -438,8 +438,9 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
 
 /// Many concurrent connections (issue 14): `smc-scale` (tests/src/bin/smc-scale.rs, built next
 /// to `smc-bench-helper`), one epoll server and one epoll client of N connections, each pinging
-/// 64 B once a second for 3 rounds: connections on SMC-D, setup rate, p99 ping, memory per
-/// connection (RSS and PSS of client, server and daemon together, divided by N), descriptors.
+/// 64 B once a second for 3 rounds: connections on SMC-D, setup rate, p50 and p99 ping, memory
+/// per connection (RSS and PSS of client, server and daemon together, divided by N),
+/// descriptors.
 /// N = 1000 and 10 000; 65 536 with `SMC_BENCH_SCALE_65K=1` (it needs the daemon's and the
 /// programs' `RLIMIT_NOFILE` and `vm.max_map_count` raised: see docs/ARCHITECTURE.md, "Scale").
 fn scale_cases(helper: &str) -> Vec<Case> {
@@ -465,6 +466,7 @@ fn scale_cases(helper: &str) -> Vec<Case> {
                 metrics: vec![
                     metric("smcd_conns", "connections on SMC-D", "conns", true),
                     metric("setup_per_sec", "setup rate", "conn/s", true),
+                    metric("p50_us", "p50 ping", "us", false),
                     metric("p99_us", "p99 ping", "us", false),
                     metric(
                         "rss_bytes_per_conn",
