@@ -102,6 +102,8 @@ pub struct Entry {
     active_us: u32,
     /// The pass of the wait call that last checked it (at most one report per call).
     seen: u32,
+    /// The bits it showed at its last check.
+    last_seen: u32,
 }
 
 #[derive(Default)]
@@ -522,6 +524,7 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
                     hot: false,
                     active_us: 0,
                     seen: 0,
+                    last_seen: 0,
                 },
             );
             tally(set, mode, true);
@@ -854,57 +857,79 @@ fn collect(
             continue;
         }
         e.seen = pass;
-        let Some(o) = e.obj.clone().filter(|o| o.conn().is_some()) else {
-            e.hot = false;
-            continue;
-        };
-        let Some(c) = o.conn() else {
-            e.hot = false;
-            continue;
-        };
         if e.disabled || e.mode != Mode::Emulated {
             e.hot = false;
             continue;
         }
-        let want = e.events | ERR | HUP;
-        let mut armed = false;
-        loop {
-            let mask = poll::conn_mask(c) & want;
-            if mask == 0 {
-                e.last_mask = 0;
+        // Taken out while it is checked (no reference count traffic), put back below.
+        let Some(o) = e.obj.take() else {
+            e.hot = false;
+            continue;
+        };
+        let keep = match o.conn() {
+            Some(c) => check(e, c, fd, now, park, out),
+            None => {
+                e.hot = false;
+                false
             }
-            if let Some(tok) = reports(e, c, mask) {
-                if e.events & ET != 0 {
-                    e.last_token = tok;
-                    e.last_mask = mask;
-                }
-                out.push(libc::epoll_event {
-                    events: mask,
-                    u64: e.data,
-                });
-                if e.events & ONESHOT != 0 {
-                    e.disabled = true;
-                    e.hot = false;
-                } else {
-                    e.active_us = now;
-                    ready.push_back(fd);
-                }
-                break;
+        };
+        if e.hot {
+            ready.push_back(fd);
+            if keep {
+                warm.push((o.clone(), e.events | ERR | HUP, e.last_seen));
             }
-            if !armed && (park || now.wrapping_sub(e.active_us) >= WARM_US) {
-                // Park: the peer rings from now on, or its change is seen by this check.
-                poll::arm(c, fd, e.events);
-                armed = true;
-                continue;
+        }
+        e.obj = Some(o);
+    }
+}
+
+/// One check of an entry on the ready list (see [`collect`]): reports it into `out`, keeps it
+/// on the list (`e.hot`) or parks it. True when it stays on the list unarmed without a report
+/// (for the spin; `e.last_seen` is what it showed).
+fn check(
+    e: &mut Entry,
+    c: &crate::conn::Conn,
+    fd: i32,
+    now: u32,
+    park: bool,
+    out: &mut Vec<libc::epoll_event>,
+) -> bool {
+    let want = e.events | ERR | HUP;
+    let mut armed = false;
+    loop {
+        let mask = poll::conn_mask(c) & want;
+        if mask == 0 {
+            e.last_mask = 0;
+        }
+        e.last_seen = mask;
+        if let Some(tok) = reports(e, c, mask) {
+            if e.events & ET != 0 {
+                e.last_token = tok;
+                e.last_mask = mask;
             }
-            if armed {
+            out.push(libc::epoll_event {
+                events: mask,
+                u64: e.data,
+            });
+            if e.events & ONESHOT != 0 {
+                e.disabled = true;
                 e.hot = false;
             } else {
-                warm.push((o.clone(), want, mask));
-                ready.push_back(fd);
+                e.active_us = now;
             }
-            break;
+            return false;
         }
+        if !armed && (park || now.wrapping_sub(e.active_us) >= WARM_US) {
+            // Park: the peer rings from now on, or its change is seen by this check.
+            poll::arm(c, fd, e.events);
+            armed = true;
+            continue;
+        }
+        if armed {
+            e.hot = false;
+            return false;
+        }
+        return true;
     }
 }
 
