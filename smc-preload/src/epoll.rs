@@ -289,9 +289,7 @@ impl EpollSet {
             if pid == 0 || pid == me {
                 continue;
             }
-            // SAFETY: kill with signal 0 sends nothing (existence and permission check only).
-            if prune && unsafe { libc::kill(pid as i32, 0) } != 0 && real::errno() == libc::ESRCH
-            {
+            if prune && process_gone(pid) {
                 let _ = w.compare_exchange(v, 0, Ordering::SeqCst, Ordering::SeqCst);
                 continue;
             }
@@ -315,6 +313,15 @@ impl EpollSet {
         self.last_sharing.store(s as u32, Ordering::Relaxed);
         s
     }
+}
+
+/// Whether no process `pid` exists any more (a zombie still exists until it is reaped).
+fn process_gone(pid: u32) -> bool {
+    let e0 = real::errno();
+    // SAFETY: kill with signal 0 sends nothing (an existence and permission check).
+    let gone = unsafe { libc::kill(pid as i32, 0) } != 0 && real::errno() == libc::ESRCH;
+    real::set_errno(e0);
+    gone
 }
 
 /// While a handshake of the set is undecided, a blocking wait wakes at least this often to let
@@ -1144,8 +1151,7 @@ pub unsafe fn wait(
                 let mut i = 0u32;
                 while (start.elapsed().as_nanos() as u64) < budget {
                     let moved = warm.iter().any(|(o, want, had)| {
-                        o.conn()
-                            .is_some_and(|c| poll::conn_mask(c) & want != *had)
+                        o.conn().is_some_and(|c| poll::conn_mask(c) & want != *had)
                     });
                     i += 1;
                     if moved || i & 31 == 0 {

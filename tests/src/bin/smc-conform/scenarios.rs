@@ -597,7 +597,10 @@ fn fork_child_keeps_closed_conn() {
     for i in 0..3 {
         let (c2, s2) = pair();
         write_all(c2, b"other");
-        log(format!("other connection {i}: {}", read_n(s2, 5) == b"other"));
+        log(format!(
+            "other connection {i}: {}",
+            read_n(s2, 5) == b"other"
+        ));
         close(c2);
         close(s2);
     }
@@ -605,7 +608,10 @@ fn fork_child_keeps_closed_conn() {
     close(wp);
     write_all(c, b"hello");
     let echo = read_n(c, 5);
-    log(format!("echo from the child: {:?}", String::from_utf8_lossy(&echo)));
+    log(format!(
+        "echo from the child: {:?}",
+        String::from_utf8_lossy(&echo)
+    ));
     let mut st = 0;
     // SAFETY: our child.
     unsafe { libc::waitpid(pid, &mut st, 0) };
@@ -1217,7 +1223,10 @@ fn shutdown_wakes_waiter(dup: bool) {
     });
     wait_blocked(&T);
     // SAFETY: plain shutdown.
-    r("shutdown(SHUT_WR)", unsafe { libc::shutdown(via, libc::SHUT_WR) } as isize);
+    r(
+        "shutdown(SHUT_WR)",
+        unsafe { libc::shutdown(via, libc::SHUT_WR) } as isize,
+    );
     let (n, m) = h.join().expect("waiter");
     log(format!("waiter = {n} {}", mask_names(m)));
     if dup {
@@ -1242,7 +1251,14 @@ fn epoll_shutdown_dup_wakes_waiter() {
 fn epoll_threads_lt_both_woken() {
     let (c, s) = pair();
     let ep = ep_create();
-    ep_ctl("ADD s IN", ep, libc::EPOLL_CTL_ADD, s, libc::EPOLLIN as u32, 1);
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
     static T1: AtomicI32 = AtomicI32::new(0);
     static T2: AtomicI32 = AtomicI32::new(0);
     let w = |t: &'static AtomicI32| {
@@ -1261,7 +1277,10 @@ fn epoll_threads_lt_both_woken() {
     wait_blocked(&T2);
     write_all(c, b"one");
     let (n1, n2) = (h1.join().expect("t1"), h2.join().expect("t2"));
-    log(format!("threads woken with an event: {}", (n1 == 1) as u32 + (n2 == 1) as u32));
+    log(format!(
+        "threads woken with an event: {}",
+        (n1 == 1) as u32 + (n2 == 1) as u32
+    ));
     close(ep);
     close(c);
     close(s);
@@ -1272,7 +1291,14 @@ fn epoll_threads_lt_both_woken() {
 fn epoll_fork_shared_set() {
     let (c, s) = pair();
     let ep = ep_create();
-    ep_ctl("ADD s IN", ep, libc::EPOLL_CTL_ADD, s, libc::EPOLLIN as u32, 1);
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
     ep_wait("wait(0) before fork", ep, 8, 0, &names(CS));
     let (rp, wp) = pipe();
     // SAFETY: the child only waits on the set, writes one line and exits.
@@ -1282,7 +1308,14 @@ fn epoll_fork_shared_set() {
         let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
         // SAFETY: 4 entries.
         let n = unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), 4, 5000) };
-        let line = format!("{n} {}", if n > 0 { mask_names(ev[0].events) } else { String::new() });
+        let line = format!(
+            "{n} {}",
+            if n > 0 {
+                mask_names(ev[0].events)
+            } else {
+                String::new()
+            }
+        );
         write_all(wp, line.as_bytes());
         // SAFETY: plain exit without destructors (fork child).
         unsafe { libc::_exit(0) };
@@ -1306,7 +1339,10 @@ fn epoll_fork_shared_set() {
     let mut st = 0;
     // SAFETY: our child.
     unsafe { libc::waitpid(pid, &mut st, 0) };
-    log(format!("child = {}", String::from_utf8_lossy(&child).trim()));
+    log(format!(
+        "child = {}",
+        String::from_utf8_lossy(&child).trim()
+    ));
     close(ep);
     close(c);
     close(s);
