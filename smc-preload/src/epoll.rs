@@ -1141,13 +1141,17 @@ pub unsafe fn wait(
             continue;
         }
         // Spinning is for the rings of the entries just found idle (the others are armed:
-        // their peers ring).
+        // their peers ring). Events the kernel reports meanwhile (other connections' doorbells)
+        // end the spin but do not count as its success: with many connections they come every
+        // few µs, and counting them would keep every wait spinning (a core busy for events
+        // that a sleep would have waited for just as well).
         if !spun && !warm.is_empty() {
             spun = true;
             let budget = poll::spin_budget();
             if budget > 0 {
                 let start = Instant::now();
                 let mut hit = false;
+                let mut warm_hit = false;
                 let mut i = 0u32;
                 while (start.elapsed().as_nanos() as u64) < budget {
                     let moved = warm.iter().any(|(o, want, had)| {
@@ -1165,13 +1169,14 @@ pub unsafe fn wait(
                             collect(&mut g, &mut out, max, true, false, &mut w2);
                             if !out.is_empty() {
                                 hit = true;
+                                warm_hit = moved;
                                 break;
                             }
                         }
                     }
                     crate::conn::spin_pause(i);
                 }
-                poll::spin_result(hit);
+                poll::spin_result(warm_hit);
                 if hit {
                     return finish(&out);
                 }
