@@ -113,8 +113,8 @@ fn thousand_connections_all_smcd() {
 fn mappings_exhausted_fall_back_with_mem() {
     let w = SmcWorld::new();
     let n = 600;
-    // Two mappings per SMC-D connection end (its DMB, the peer's; the local state is a slot of
-    // a shared chunk): room for about 450, not for 600.
+    // Three mappings per SMC-D connection end (its DMB, the peer's, its shared state): room
+    // for a few hundred, not for 600.
     let r = scale_run(&w, n as u32, 1, Some(900));
     assert_clean(&r, n);
     let (c, s) = (&r.client, &r.server);
