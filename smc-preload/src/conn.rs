@@ -270,6 +270,10 @@ pub struct Conn {
     /// Informational (for `conns`): the daemon tokens of our DMB and the peer's.
     pub own_token: u64,
     pub peer_token: u64,
+    /// An epoll set of this process parked an entry of this connection (its epoll fd and the
+    /// entry's fd, packed; 0: none): our next write puts it back on the set's ready list
+    /// ([`crate::epoll::rewarm`]).
+    pub epoll_parked: AtomicU64,
 }
 
 /// Result of a readiness check.
@@ -323,6 +327,7 @@ impl Conn {
             release,
             own_token: 0,
             peer_token: 0,
+            epoll_parked: AtomicU64::new(0),
         };
         let s = c.sh();
         s.magic.store(SHARED_MAGIC, Ordering::Relaxed);
@@ -370,6 +375,7 @@ impl Conn {
             release,
             own_token: 0,
             peer_token: 0,
+            epoll_parked: AtomicU64::new(0),
         };
         let s = c.sh();
         if s.magic.load(Ordering::Acquire) != SHARED_MAGIC {
@@ -1129,6 +1135,9 @@ impl Conn {
             }
             if done > 0 {
                 self.after_produce(fd);
+                if self.epoll_parked.load(Ordering::Relaxed) != 0 {
+                    crate::epoll::rewarm(fd, self);
+                }
             }
             if done == want {
                 return Ok(done);

@@ -833,6 +833,7 @@ type Warm = (Arc<Obj>, u32, u32);
 /// leaves the list until the kernel reports its socket.
 fn collect(
     g: &mut EpInner,
+    ep: i32,
     out: &mut Vec<libc::epoll_event>,
     max: usize,
     fresh: bool,
@@ -874,7 +875,7 @@ fn collect(
             continue;
         };
         let keep = match o.conn() {
-            Some(c) => check(e, c, fd, now, park, out),
+            Some(c) => check(e, c, ep, fd, now, park, out),
             None => {
                 e.hot = false;
                 false
@@ -896,6 +897,7 @@ fn collect(
 fn check(
     e: &mut Entry,
     c: &crate::conn::Conn,
+    ep: i32,
     fd: i32,
     now: u32,
     park: bool,
@@ -934,9 +936,67 @@ fn check(
         }
         if armed {
             e.hot = false;
+            note_parked(c, ep, fd);
             return false;
         }
         return true;
+    }
+}
+
+/// [`crate::conn::Conn::epoll_parked`]: entries of the connection were parked in more than one
+/// set (looked up by the writing fd then).
+const PARKED_MANY: u64 = u64::MAX;
+
+/// The entry of `fd` in set `ep` was parked: the connection's next write puts it back on the
+/// ready list ([`rewarm`]).
+fn note_parked(c: &crate::conn::Conn, ep: i32, fd: i32) {
+    // Both are descriptors (non-negative) and differ: never 0, never PARKED_MANY.
+    let v = (u64::from(ep as u32) << 32) | u64::from(fd as u32);
+    if let Err(old) = c
+        .epoll_parked
+        .compare_exchange(0, v, Ordering::Relaxed, Ordering::Relaxed)
+    {
+        if old != v {
+            c.epoll_parked.store(PARKED_MANY, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The application wrote on `fd`, a connection one of whose entries a set parked while it was
+/// idle: a request went out, an answer is likely soon. The entry goes back on its set's ready
+/// list (still armed), so that the next wait spins on its ring before it sleeps (as it does
+/// for a connection active in the last [`WARM_US`]) rather than waking through the kernel when
+/// the answer's doorbell arrives (ping every millisecond among idle connections: p50 63 µs
+/// without, see docs/PERF.md). A heuristic for speed only: wakeups stay armed either way.
+pub fn rewarm(fd: i32, c: &crate::conn::Conn) {
+    let v = c.epoll_parked.swap(0, Ordering::Relaxed);
+    if v == 0 {
+        return;
+    }
+    let targets: Vec<(i32, i32)> = if v == PARKED_MANY {
+        members()
+            .lock()
+            .get(&fd)
+            .map(|eps| eps.iter().map(|&ep| (ep, fd)).collect())
+            .unwrap_or_default()
+    } else {
+        vec![((v >> 32) as u32 as i32, v as u32 as i32)]
+    };
+    for (ep, f) in targets {
+        let Some(so) = set_of(ep, false) else {
+            continue;
+        };
+        let set = as_set(&so);
+        let mut g = lock(&set.inner);
+        let ours = g.entries.get(&f).is_some_and(|e| {
+            e.obj
+                .as_ref()
+                .and_then(|o| o.conn())
+                .is_some_and(|x| std::ptr::eq(x, c))
+        });
+        if ours {
+            make_hot(&mut g, f);
+        }
     }
 }
 
@@ -1104,7 +1164,7 @@ pub unsafe fn wait(
                 // Just unshared: what it took meanwhile is found by one full check.
                 all_hot(&mut g);
             }
-            collect(&mut g, &mut out, max, true, false, &mut warm)
+            collect(&mut g, ep, &mut out, max, true, false, &mut warm)
         };
         if !out.is_empty() || timeout == 0 {
             // A handshake decided here may make its fd ready at once (from the rings, or from
@@ -1121,7 +1181,7 @@ pub unsafe fn wait(
                 if r > 0 && out.len() < max {
                     // The entries the kernel just reported (each checked once per call).
                     let mut g = lock(&set.inner);
-                    collect(&mut g, &mut out, max, false, false, &mut warm);
+                    collect(&mut g, ep, &mut out, max, false, false, &mut warm);
                 }
                 if !decided {
                     break;
@@ -1166,7 +1226,7 @@ pub unsafe fn wait(
                         if moved || r > 0 {
                             let mut w2 = Vec::new();
                             let mut g = lock(&set.inner);
-                            collect(&mut g, &mut out, max, true, false, &mut w2);
+                            collect(&mut g, ep, &mut out, max, true, false, &mut w2);
                             if !out.is_empty() {
                                 hit = true;
                                 warm_hit = moved;
@@ -1186,7 +1246,7 @@ pub unsafe fn wait(
         {
             let mut g = lock(&set.inner);
             let mut w2 = Vec::new();
-            collect(&mut g, &mut out, max, true, true, &mut w2);
+            collect(&mut g, ep, &mut out, max, true, true, &mut w2);
         }
         if !out.is_empty() {
             return finish(&out);
@@ -1223,7 +1283,7 @@ pub unsafe fn wait(
         let room = max.saturating_sub(out.len());
         if room > 0 {
             let mut g = lock(&set.inner);
-            collect(&mut g, &mut out, max, true, false, &mut warm);
+            collect(&mut g, ep, &mut out, max, true, false, &mut warm);
         }
         if !out.is_empty() {
             return finish(&out);
