@@ -17,7 +17,9 @@
 //! An entry found not ready stays on the list unarmed for a few waits (a busy connection then
 //! costs its peer no doorbell), and is *parked* when the set sleeps or after
 //! [`WARM_US`]: its wakeups are armed (the peer rings a doorbell at its next change), the
-//! rings are checked once more, and it leaves the list until the kernel reports its socket.
+//! rings are checked once more, and it leaves the list until the kernel reports its socket or
+//! the application writes on it ([`rewarm`]: the answer to a request is then caught by the
+//! spin before the next sleep).
 //! Changes this process makes itself without the peer (`shutdown`, a write after the peer
 //! closed) put the entry back on the list ([`conn_changed`]). `EPOLLONESHOT` entries leave
 //! the list when reported, until `EPOLL_CTL_MOD`.
