@@ -690,7 +690,13 @@ impl Conn {
     /// last close) call it: a drain behind the back of a thread asleep on the socket would
     /// take its wakeup.
     fn drain(&self, fd: i32) {
-        self.drain_bytes(fd);
+        self.drain_to(fd, false);
+    }
+
+    /// [`Conn::drain`]; `to_end`: read until the socket says `EAGAIN`, EOF or an error even
+    /// after a short read (an EOF behind the doorbells is noticed now).
+    fn drain_to(&self, fd: i32, to_end: bool) {
+        self.drain_bytes(fd, to_end);
         let s = self.sh();
         s.wake_seq.fetch_add(1, Ordering::AcqRel);
         if s.waiters.load(Ordering::Acquire) > 0 {
@@ -698,7 +704,7 @@ impl Conn {
         }
     }
 
-    fn drain_bytes(&self, fd: i32) {
+    fn drain_bytes(&self, fd: i32, to_end: bool) {
         let mut buf = [0u8; 256];
         loop {
             let e0 = real::errno();
@@ -729,7 +735,7 @@ impl Conn {
                             .unwrap_or(0)
                     ));
                 }
-                if n < buf.len() {
+                if n < buf.len() && !to_end {
                     real::set_errno(e0);
                     return;
                 }
@@ -797,6 +803,11 @@ impl Conn {
     /// Drain the doorbells if no thread sleeps on the socket (they were all woken and left).
     /// Whether it did.
     pub fn try_drain(&self, fd: i32) -> bool {
+        self.try_drain_to(fd, false)
+    }
+
+    /// [`Conn::try_drain`]; `to_end`: as [`Conn::drain_to`].
+    pub fn try_drain_to(&self, fd: i32, to_end: bool) -> bool {
         let s = self.sh();
         if s.ksleep
             .compare_exchange(0, DRAINING, Ordering::SeqCst, Ordering::Relaxed)
@@ -804,7 +815,7 @@ impl Conn {
         {
             return false;
         }
-        self.drain(fd);
+        self.drain_to(fd, to_end);
         s.ksleep.fetch_and(!DRAINING, Ordering::SeqCst);
         true
     }
@@ -898,6 +909,10 @@ impl Conn {
                     self.describe()
                 );
             }
+            // What the connection reports changed without a doorbell: an epoll set of ours
+            // that parked it (its registration is edge-triggered, and the EOF or reset may have
+            // been drained here, by another waiter) checks it again.
+            crate::epoll::conn_changed(fd, self);
         }
     }
 

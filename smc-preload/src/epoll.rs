@@ -625,7 +625,8 @@ pub fn is_member(fd: i32) -> bool {
 /// A registration with our tag is removed from the kernel too: the kernel keeps an epoll
 /// registration as long as the open file lives, and another reference may keep it alive after
 /// the application's close (the daemon checking the socket it was sent, a dup, a fork): its
-/// events would reach the application with our tag as its data (nginx took it for a pointer).
+/// events would reach the application with our tag as its data (nginx took it for a pointer)
+/// if a wait did not drop them.
 pub fn on_close(fd: i32, live: bool) {
     if MEMBERS_N.load(Ordering::Relaxed) == 0 {
         return;
@@ -1003,15 +1004,17 @@ pub fn rewarm(fd: i32, c: &crate::conn::Conn) {
 }
 
 /// Handles what the kernel reported: the emulated fds whose socket saw a doorbell (or EOF)
-/// go on the ready list, their doorbells drained unless another thread sleeps on the socket
-/// (the last one out drains: [`crate::conn::Conn::sleep_enter`]); the handshakes of the
-/// undecided ones are driven; plain events are passed on. True when a handshake was decided
-/// (its fd's readiness is then to be collected again: from the rings, or from the kernel after
-/// its re-registration).
+/// go on the ready list, their doorbells drained (outside the set's lock) unless another
+/// thread sleeps on the socket (the last one out drains: [`crate::conn::Conn::sleep_enter`]);
+/// the handshakes of the undecided ones are driven; plain events are passed on. True when a
+/// handshake was decided (its fd's readiness is then to be collected again: from the rings, or
+/// from the kernel after its re-registration).
 fn translate(set: &EpollSet, kev: &[libc::epoll_event], out: &mut Vec<libc::epoll_event>) -> bool {
     let ck = cookie();
     let mut g = None;
     let mut undecided = Vec::new();
+    // (fd, connection, to the end): sockets to drain once the lock is released.
+    let mut drains: Vec<(i32, Arc<Obj>, bool)> = Vec::new();
     for k in kev {
         let d = k.u64;
         if d & 0xFFFF_FFFF_0000_0000 == ck {
@@ -1027,13 +1030,11 @@ fn translate(set: &EpollSet, kev: &[libc::epoll_event], out: &mut Vec<libc::epol
                     // alone is a (re-)registration, a kick, or doorbells another waiter took.
                     let rang = k.events & (IN | RDHUP | ERR | HUP) != 0;
                     if let Some(o) = obj.as_ref().filter(|o| rang && o.conn().is_some()) {
-                        if let Some(c) = o.conn() {
-                            if !c.try_drain(fd) {
-                                let o = o.clone();
-                                let seq = c.wake_seq();
-                                g.undrained.push((fd, o, seq));
-                            }
-                        }
+                        // The peer's FIN (or an error) is there: drained up to it, even behind
+                        // doorbells. This registration is edge-triggered: no later event would
+                        // tell of an EOF a short drain left queued.
+                        let to_end = k.events & (RDHUP | ERR | HUP) != 0;
+                        drains.push((fd, o.clone(), to_end));
                     }
                     make_hot(g, fd);
                     continue;
@@ -1057,6 +1058,18 @@ fn translate(set: &EpollSet, kev: &[libc::epoll_event], out: &mut Vec<libc::epol
         out.push(*k);
     }
     drop(g);
+    let mut left = Vec::new();
+    for (fd, o, to_end) in drains {
+        if let Some(c) = o.conn() {
+            if !c.try_drain_to(fd, to_end) {
+                let seq = c.wake_seq();
+                left.push((fd, o, seq));
+            }
+        }
+    }
+    if !left.is_empty() {
+        lock(&set.inner).undrained.extend(left);
+    }
     let mut decided = false;
     for (fd, kernel, events, data) in undecided {
         if drive(fd) {

@@ -61,6 +61,7 @@ scenarios! {
     epoll_shutdown_dup_wakes_waiter: 1;
     epoll_threads_lt_both_woken: 1;
     epoll_fork_shared_set: 1;
+    epoll_peer_exit_after_write: 1;
     // poll / select
     poll_out_initial: 1;
     poll_peer_close: 1;
@@ -1346,6 +1347,79 @@ fn epoll_fork_shared_set() {
     close(ep);
     close(c);
     close(s);
+}
+
+/// The peer writes and exits without closing (a crash: nothing in the CDC header) while this
+/// side's entry sleeps parked: its doorbell and the TCP FIN arrive together. A non-blocking
+/// epoll loop reads the bytes and then the EOF (TCP: the read after the bytes returns 0). (The
+/// set is made after the fork: the child has no copy of it.)
+fn epoll_peer_exit_after_write() {
+    let (c, s) = pair();
+    let (rp, wp) = pipe();
+    // SAFETY: the child only waits for the go, writes on `c` and exits without closing it.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        close(s);
+        close(wp);
+        let mut b = [0u8; 1];
+        // SAFETY: valid buffer.
+        unsafe { libc::read(rp, b.as_mut_ptr().cast(), 1) };
+        write_all(c, b"hello");
+        // SAFETY: exit without closing `c` (as a crash would).
+        unsafe { libc::_exit(0) };
+    }
+    close(c);
+    close(rp);
+    set_nonblock(s, true);
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    // Nothing to read: the set sleeps (the entry is parked, its wakeups armed).
+    ep_wait("wait(50) idle", ep, 8, 50, &names(CS));
+    write_all(wp, b"g");
+    close(wp);
+    let mut st = 0;
+    // SAFETY: our child; once it is reaped its socket is closed (FIN sent).
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    let (bytes, eof) = epoll_read_to_eof(ep, s);
+    log(format!("bytes {bytes}, EOF seen: {eof}"));
+    close(ep);
+    close(s);
+}
+
+/// An epoll loop over one non-blocking fd: wait (2 s at most), read until `EAGAIN` or EOF; three
+/// rounds at most. The bytes read and whether EOF was seen.
+fn epoll_read_to_eof(ep: c_int, fd: c_int) -> (usize, bool) {
+    let (mut bytes, mut eof) = (0usize, false);
+    for _ in 0..3 {
+        if eof {
+            break;
+        }
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        // SAFETY: 8 entries.
+        let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 8, 2000) };
+        if n <= 0 {
+            continue;
+        }
+        loop {
+            let mut b = [0u8; 64];
+            // SAFETY: valid buffer.
+            let k = unsafe { libc::read(fd, b.as_mut_ptr().cast(), b.len()) };
+            if k > 0 {
+                bytes += k as usize;
+                continue;
+            }
+            eof = k == 0;
+            break;
+        }
+    }
+    (bytes, eof)
 }
 
 fn epoll_out_after_full() {
