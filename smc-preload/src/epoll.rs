@@ -240,6 +240,12 @@ impl EpollSet {
         })
     }
 
+    /// Another process may hold a copy of this set (this one was copied by `fork`, or a child
+    /// copied it and may still live).
+    fn copied_by_fork(&self) -> bool {
+        self.owner.load(Ordering::Relaxed) != crate::pid() || self.forked.load(Ordering::Relaxed)
+    }
+
     /// Before `fork` (in the parent): the page the copies will share.
     pub fn before_fork(&self) {
         self.fork_page
@@ -626,7 +632,10 @@ pub fn is_member(fd: i32) -> bool {
 /// registration as long as the open file lives, and another reference may keep it alive after
 /// the application's close (the daemon checking the socket it was sent, a dup, a fork): its
 /// events would reach the application with our tag as its data (nginx took it for a pointer)
-/// if a wait did not drop them.
+/// if a wait did not drop them. Not when another process holds a copy of the set (`fork`): the
+/// kernel's epoll instance and the open file are shared, and the registration is the other
+/// process's too (TCP: a child's close leaves its parent's registration alone); our waits
+/// drop the events it still queues here.
 pub fn on_close(fd: i32, live: bool) {
     if MEMBERS_N.load(Ordering::Relaxed) == 0 {
         return;
@@ -639,7 +648,7 @@ pub fn on_close(fd: i32, live: bool) {
             let mut g = lock(&set.inner);
             let ours = g.entries.get(&fd).is_some_and(|e| e.mode != Mode::App);
             remove_entry(set, &mut g, fd);
-            if ours && live {
+            if ours && live && !set.copied_by_fork() {
                 let mut kev = libc::epoll_event { events: 0, u64: 0 };
                 // SAFETY: valid event; `fd` is still open (closed after this returns).
                 unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_DEL, fd, &mut kev) };

@@ -62,6 +62,7 @@ scenarios! {
     epoll_threads_lt_both_woken: 1;
     epoll_fork_shared_set: 1;
     epoll_peer_exit_after_write: 1;
+    epoll_fork_child_closes_conn: 1;
     // poll / select
     poll_out_initial: 1;
     poll_peer_close: 1;
@@ -1420,6 +1421,41 @@ fn epoll_read_to_eof(ep: c_int, fd: c_int) -> (usize, bool) {
         }
     }
     (bytes, eof)
+}
+
+/// A child forked while the set watches `s` closes its copies of `s` and of the set and exits;
+/// then the peer writes and closes: the parent's set reports it (TCP: the child's close of its
+/// descriptor leaves the parent's registration alone, the open file lives on).
+fn epoll_fork_child_closes_conn() {
+    let (c, s) = pair();
+    set_nonblock(s, true);
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    ep_wait("wait(0)", ep, 8, 0, &names(CS));
+    // SAFETY: the child only closes two descriptors and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        close(s);
+        close(ep);
+        // SAFETY: plain exit without destructors (fork child).
+        unsafe { libc::_exit(0) };
+    }
+    let mut st = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    write_all(c, b"hello");
+    close(c);
+    let (bytes, eof) = epoll_read_to_eof(ep, s);
+    log(format!("bytes {bytes}, EOF seen: {eof}"));
+    close(ep);
+    close(s);
 }
 
 fn epoll_out_after_full() {
