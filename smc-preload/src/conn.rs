@@ -912,7 +912,7 @@ impl Conn {
             // What the connection reports changed without a doorbell: an epoll set of ours
             // that parked it (its registration is edge-triggered, and the EOF or reset may have
             // been drained here, by another waiter) checks it again.
-            crate::epoll::conn_changed(fd, self);
+            crate::epoll::conn_changed_fd(fd, self);
         }
     }
 

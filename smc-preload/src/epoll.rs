@@ -721,12 +721,22 @@ pub fn refresh(fd: i32) {
 /// registration makes the kernel queue an event: the socket is writable). The entries of other
 /// fds of the connection (`dup`) are looked up only when there are any.
 pub fn conn_changed(fd: i32, c: &crate::conn::Conn) {
+    changed(fd, c, true);
+}
+
+/// [`conn_changed`] for the entries of `fd` only (the peer found gone by a drain of `fd`: an
+/// entry of another fd of the connection hears of it from its own registration's event).
+pub fn conn_changed_fd(fd: i32, c: &crate::conn::Conn) {
+    changed(fd, c, false);
+}
+
+fn changed(fd: i32, c: &crate::conn::Conn, all_fds: bool) {
     if MEMBERS_N.load(Ordering::Relaxed) == 0 {
         return;
     }
     let targets: Vec<(i32, i32)> = {
         let m = members().lock();
-        if c.sh().refs.load(Ordering::Relaxed) > 1 {
+        if all_fds && c.sh().refs.load(Ordering::Relaxed) > 1 {
             m.iter()
                 .flat_map(|(&f, eps)| eps.iter().map(move |&ep| (ep, f)))
                 .collect()
