@@ -270,6 +270,10 @@ pub struct Conn {
     /// Informational (for `conns`): the daemon tokens of our DMB and the peer's.
     pub own_token: u64,
     pub peer_token: u64,
+    /// An epoll set of this process parked an entry of this connection (its epoll fd and the
+    /// entry's fd, packed; 0: none): our next write puts it back on the set's ready list
+    /// ([`crate::epoll::rewarm`]).
+    pub epoll_parked: AtomicU64,
 }
 
 /// Result of a readiness check.
@@ -323,6 +327,7 @@ impl Conn {
             release,
             own_token: 0,
             peer_token: 0,
+            epoll_parked: AtomicU64::new(0),
         };
         let s = c.sh();
         s.magic.store(SHARED_MAGIC, Ordering::Relaxed);
@@ -370,6 +375,7 @@ impl Conn {
             release,
             own_token: 0,
             peer_token: 0,
+            epoll_parked: AtomicU64::new(0),
         };
         let s = c.sh();
         if s.magic.load(Ordering::Acquire) != SHARED_MAGIC {
@@ -684,7 +690,13 @@ impl Conn {
     /// last close) call it: a drain behind the back of a thread asleep on the socket would
     /// take its wakeup.
     fn drain(&self, fd: i32) {
-        self.drain_bytes(fd);
+        self.drain_to(fd, false);
+    }
+
+    /// [`Conn::drain`]; `to_end`: read until the socket says `EAGAIN`, EOF or an error even
+    /// after a short read (an EOF behind the doorbells is noticed now).
+    fn drain_to(&self, fd: i32, to_end: bool) {
+        self.drain_bytes(fd, to_end);
         let s = self.sh();
         s.wake_seq.fetch_add(1, Ordering::AcqRel);
         if s.waiters.load(Ordering::Acquire) > 0 {
@@ -692,7 +704,7 @@ impl Conn {
         }
     }
 
-    fn drain_bytes(&self, fd: i32) {
+    fn drain_bytes(&self, fd: i32, to_end: bool) {
         let mut buf = [0u8; 256];
         loop {
             let e0 = real::errno();
@@ -723,7 +735,7 @@ impl Conn {
                             .unwrap_or(0)
                     ));
                 }
-                if n < buf.len() {
+                if n < buf.len() && !to_end {
                     real::set_errno(e0);
                     return;
                 }
@@ -791,6 +803,11 @@ impl Conn {
     /// Drain the doorbells if no thread sleeps on the socket (they were all woken and left).
     /// Whether it did.
     pub fn try_drain(&self, fd: i32) -> bool {
+        self.try_drain_to(fd, false)
+    }
+
+    /// [`Conn::try_drain`]; `to_end`: as [`Conn::drain_to`].
+    pub fn try_drain_to(&self, fd: i32, to_end: bool) -> bool {
         let s = self.sh();
         if s.ksleep
             .compare_exchange(0, DRAINING, Ordering::SeqCst, Ordering::Relaxed)
@@ -798,7 +815,7 @@ impl Conn {
         {
             return false;
         }
-        self.drain(fd);
+        self.drain_to(fd, to_end);
         s.ksleep.fetch_and(!DRAINING, Ordering::SeqCst);
         true
     }
@@ -892,6 +909,10 @@ impl Conn {
                     self.describe()
                 );
             }
+            // What the connection reports changed without a doorbell: an epoll set of ours
+            // that parked it (its registration is edge-triggered, and the EOF or reset may have
+            // been drained here, by another waiter) checks it again.
+            crate::epoll::conn_changed_fd(fd, self);
         }
     }
 
@@ -1084,7 +1105,10 @@ impl Conn {
                 if done > 0 {
                     return Ok(done);
                 }
-                self.set_flag(F_WROTE_AFTER_CLOSE);
+                if self.set_flag(F_WROTE_AFTER_CLOSE) & F_WROTE_AFTER_CLOSE == 0 {
+                    // EPOLLERR | EPOLLHUP from now on, as TCP's reset would say.
+                    crate::epoll::conn_changed(fd, self);
+                }
                 return Ok(want);
             }
             if let Some(e) = r0 {
@@ -1126,12 +1150,24 @@ impl Conn {
             }
             if done > 0 {
                 self.after_produce(fd);
+                if self.epoll_parked.load(Ordering::Relaxed) != 0 {
+                    crate::epoll::rewarm(fd, self);
+                }
             }
             if done == want {
                 return Ok(done);
             }
             s.tx_full.fetch_add(1, Ordering::Relaxed);
             if nonblock {
+                // The ring is full: ask the peer to ring when it makes room, then look again
+                // (Dekker with its consume). An epoll set may have parked this connection, and
+                // an edge-triggered application waits for that room after a short write or
+                // EAGAIN without any further call that would arm it.
+                self.peer_wait().fetch_or(WAIT_SPACE, Ordering::SeqCst);
+                fence(Ordering::SeqCst);
+                if self.room() > 0 && self.write_state(false).is_none() {
+                    continue;
+                }
                 return if done > 0 {
                     Ok(done)
                 } else {

@@ -1,10 +1,34 @@
 //! epoll emulation for SMC connections.
 //!
-//! An SMC fd is registered with the kernel for `EPOLLIN | EPOLLRDHUP` only (doorbells and the
-//! channel's EOF wake us) with our own tag as `epoll_data`; the application's events and data
-//! are kept here. `epoll_wait` computes readiness from the rings, emulates `EPOLLET` (a new edge
-//! only when the peer moved a cursor or a flag since the last report) and `EPOLLONESHOT`, and
-//! hands back the application's data. Sockets that may still become SMC are tracked too: a
+//! An SMC fd is registered with the kernel edge-triggered for `EPOLLIN | EPOLLOUT |
+//! EPOLLRDHUP` with our own tag as `epoll_data`; the application's events and data are kept
+//! here. The kernel registration is only a wakeup: every doorbell (and the channel's EOF or
+//! reset) that lands on the socket queues one event for the set, and since the socket is
+//! writable the kernel reports it even when another waiter of the connection (a blocking read,
+//! a `poll`, another set) drained the doorbell first — so the set needs no share in the
+//! connection's sleeper protocol ([`crate::conn::Conn::sleep_enter`]) and its wakeups cannot be
+//! taken by others.
+//!
+//! `epoll_wait` costs in proportion to the ready entries, not the registered ones: each set
+//! keeps a ready list of the emulated entries to check — new or modified ones, the ones whose
+//! socket the kernel reported, the ones found ready (level-triggered: reported while ready;
+//! `EPOLLET`: once per edge, a new edge when the peer moved a cursor or a flag since the last
+//! report, or new bits appeared) — and readiness is computed from the rings for those only.
+//! An entry found not ready stays on the list unarmed for a few waits (a busy connection then
+//! costs its peer no doorbell), and is *parked* when the set sleeps or after
+//! [`WARM_US`]: its wakeups are armed (the peer rings a doorbell at its next change), the
+//! rings are checked once more, and it leaves the list until the kernel reports its socket or
+//! the application writes on it ([`rewarm`]: the answer to a request is then caught by the
+//! spin before the next sleep).
+//! Changes this process makes itself without the peer (`shutdown`, a write after the peer
+//! closed) put the entry back on the list ([`conn_changed`]). `EPOLLONESHOT` entries leave
+//! the list when reported, until `EPOLL_CTL_MOD`.
+//!
+//! A set copied by `fork` and waited on in two processes cannot share the ready list: then
+//! both copies check every entry at each wait and sleep at most [`SHARED_TICK_MS`] at a time
+//! (an event one process took from the kernel is seen by the other at its next check).
+//!
+//! Sockets that may still become SMC are tracked too: a
 //! TCP socket not yet connected is registered as the application asked; one whose connect or
 //! handshake is under way (`Pending`, `Handshake`) is registered with our tag, edge-triggered,
 //! and its events drive the handshake instead of reaching the application (the CLC messages
@@ -15,10 +39,11 @@ use crate::fdtable::{self, Slot};
 use crate::forklock::ForkMutex;
 use crate::forklock::ForkOnce;
 use crate::obj::Obj;
-use crate::poll::{self, ERR, HUP, IN, RDHUP};
+use crate::poll::{self, ERR, HUP, IN, OUT, RDHUP};
 use crate::real;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use crate::shm::Mapping;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -28,6 +53,15 @@ const ONESHOT: u32 = libc::EPOLLONESHOT as u32;
 const EP_MAX_EVENTS: usize = i32::MAX as usize / std::mem::size_of::<libc::epoll_event>();
 /// Kernel events fetched per call at most.
 const KBUF: usize = 1024;
+/// An entry that reported nothing for this long (µs), without the set sleeping in between, is
+/// parked (its wakeups armed) instead of checked again at every wait: a connection busy with
+/// requests every few hundred µs stays on the list unarmed and costs its peer no doorbell.
+const WARM_US: u32 = 2000;
+/// A set waited on by two processes (copied by `fork`) sleeps at most this long at a time.
+const SHARED_TICK_MS: i32 = 20;
+/// A set copied by `fork` that only this process waited on so far sleeps at most this long at
+/// a time, to notice when the other copy starts waiting too.
+const FORKED_TICK_MS: i32 = 100;
 
 /// High 32 bits of the kernel epoll_data of an SMC fd (random per process).
 fn cookie() -> u64 {
@@ -65,17 +99,28 @@ pub struct Entry {
     last_token: (u64, u64),
     last_mask: u32,
     disabled: bool,
+    /// On the ready list (emulated entries only).
+    hot: bool,
+    /// When it last reported, or went on the ready list ([`now_us`]).
+    active_us: u32,
+    /// The pass of the wait call that last checked it (at most one report per call).
+    seen: u32,
+    /// The bits it showed at its last check.
+    last_seen: u32,
 }
 
 #[derive(Default)]
 pub struct EpInner {
     entries: HashMap<i32, Entry>,
-    /// fds of emulated entries, for a fair scan.
-    order: Vec<i32>,
-    rr: usize,
+    /// Emulated entries to check at the next wait (each at most once: `Entry::hot`).
+    ready: VecDeque<i32>,
+    /// Entries whose doorbells the kernel reported while another waiter of the connection slept
+    /// on its socket (it drains them): `(fd, connection, wake_seq)`. A wait makes sure they
+    /// were drained before it parks anything (the drain may find the peer gone).
+    undrained: Vec<(i32, Arc<Obj>, u32)>,
+    pass: u32,
 }
 
-#[derive(Default)]
 pub struct EpollSet {
     inner: Mutex<EpInner>,
     /// Emulated entries.
@@ -85,6 +130,207 @@ pub struct EpollSet {
     /// A registration with our tag was made: from then on every wait is ours, so that an event
     /// still carrying the tag (queued before its entry went) never reaches the application.
     tagged: AtomicBool,
+    /// Threads of this process asleep in the kernel wait of this set.
+    sleeping: AtomicU32,
+    /// This process waited on the set at least once (its copies' processes learn it at fork).
+    waited_once: AtomicBool,
+    /// The process whose copy of the set this is (a `fork` child finds its parent's pid here
+    /// until its first wait).
+    owner: AtomicU32,
+    /// Other processes may hold a copy (a `fork` happened): waits consult [`EpollSet::sharing`].
+    forked: AtomicBool,
+    /// The process that last recorded in the fork page that it waits on the set.
+    noted: AtomicU32,
+    /// The copies could not be told apart (no fork page, or a full one): always [`Sharing::Shared`].
+    always_shared: AtomicBool,
+    /// The last sharing a wait found ([`Sharing`] as u32) and when the processes named in the
+    /// fork page were last checked for life ([`now_ms`]).
+    last_sharing: AtomicU32,
+    pruned_ms: std::sync::atomic::AtomicU64,
+    /// A page shared with the copies in other processes (made before the first `fork` that
+    /// copies the set): one word per process holding a copy, its pid and whether it waited on
+    /// the set ([`WAITED`]).
+    fork_page: ForkOnce<Option<Mapping>>,
+}
+
+impl Default for EpollSet {
+    fn default() -> Self {
+        EpollSet {
+            inner: Mutex::new(EpInner::default()),
+            smc: AtomicUsize::new(0),
+            undecided: AtomicUsize::new(0),
+            tagged: AtomicBool::new(false),
+            sleeping: AtomicU32::new(0),
+            waited_once: AtomicBool::new(false),
+            owner: AtomicU32::new(crate::pid()),
+            forked: AtomicBool::new(false),
+            noted: AtomicU32::new(0),
+            always_shared: AtomicBool::new(false),
+            last_sharing: AtomicU32::new(Sharing::Alone as u32),
+            pruned_ms: std::sync::atomic::AtomicU64::new(0),
+            fork_page: ForkOnce::new(),
+        }
+    }
+}
+
+/// How a wait treats the set with respect to copies of it in other processes (`fork`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Sharing {
+    /// Only this process has it: the ready list is the truth.
+    Alone = 0,
+    /// A copy exists in another live process that never waited on it: sleeps are capped
+    /// ([`FORKED_TICK_MS`]) to notice when it does.
+    Forked = 1,
+    /// Another live process waited on its copy too: every entry is checked at every wait and
+    /// sleeps are capped ([`SHARED_TICK_MS`]): an event the other process took from the kernel
+    /// is seen here at the next check.
+    Shared = 2,
+}
+
+fn epoch() -> Instant {
+    static T0: ForkOnce<Instant> = ForkOnce::new();
+    *T0.get_or_init(Instant::now)
+}
+
+/// Milliseconds since the first call (monotonic).
+fn now_ms() -> u64 {
+    epoch().elapsed().as_millis() as u64
+}
+
+/// Microseconds since the first call, wrapping (compare with `wrapping_sub`).
+fn now_us() -> u32 {
+    epoch().elapsed().as_micros() as u32
+}
+
+/// A fork page word: the pid in the low 32 bits, this bit when that process waited on the set.
+const WAITED: u64 = 1 << 32;
+/// Dead processes are looked for in the fork page at most this often.
+const PRUNE_MS: u64 = 1000;
+
+impl EpollSet {
+    fn fork_slots(&self) -> Option<&[std::sync::atomic::AtomicU64]> {
+        let m = self.fork_page.get()?.as_ref()?;
+        // SAFETY: a page-aligned shared mapping of 4096 bytes made for this purpose, only
+        // accessed atomically (by this process and the forked ones that share it).
+        Some(unsafe {
+            std::slice::from_raw_parts(
+                m.as_ptr() as *const std::sync::atomic::AtomicU64,
+                m.len() / 8,
+            )
+        })
+    }
+
+    /// Records `pid` (`waited`: it waits on the set) in the fork page; false when it is full.
+    fn note_pid(&self, pid: u32, waited: bool) -> bool {
+        let Some(slots) = self.fork_slots() else {
+            return false;
+        };
+        let want = pid as u64 | if waited { WAITED } else { 0 };
+        for w in slots {
+            let v = w.load(Ordering::SeqCst);
+            if v as u32 == pid {
+                if waited {
+                    w.fetch_or(WAITED, Ordering::SeqCst);
+                }
+                return true;
+            }
+        }
+        slots.iter().any(|w| {
+            w.compare_exchange(0, want, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        })
+    }
+
+    /// Another process may hold a copy of this set (this one was copied by `fork`, or a child
+    /// copied it and may still live).
+    fn copied_by_fork(&self) -> bool {
+        self.owner.load(Ordering::Relaxed) != crate::pid() || self.forked.load(Ordering::Relaxed)
+    }
+
+    /// Before `fork` (in the parent): the page the copies will share.
+    pub fn before_fork(&self) {
+        self.fork_page
+            .get_or_init(|| Mapping::anon_shared(4096).ok());
+        let me = crate::pid();
+        if self.owner.load(Ordering::Relaxed) == me {
+            self.note_pid(me, self.waited_once.load(Ordering::Relaxed));
+        }
+    }
+
+    /// After `fork` in the parent: `child` holds a copy now.
+    pub fn after_fork_parent(&self, child: u32) {
+        if !self.note_pid(child, false) {
+            // No page (or a full one): the copies cannot tell each other apart; both check
+            // every entry at every wait from now on.
+            self.always_shared.store(true, Ordering::Relaxed);
+        }
+        self.forked.store(true, Ordering::SeqCst);
+    }
+
+    /// How this wait treats the set (see [`Sharing`]); cheap when no `fork` copied it.
+    fn sharing(&self) -> Sharing {
+        let me = crate::pid();
+        if self.owner.load(Ordering::Relaxed) == me && !self.forked.load(Ordering::Relaxed) {
+            return Sharing::Alone;
+        }
+        let Some(slots) = self.fork_slots() else {
+            // Copied by a fork without a page (it could not be made): be safe.
+            return Sharing::Shared;
+        };
+        if self.noted.load(Ordering::Relaxed) != me {
+            // The first wait of this process on the set since a fork: the copies learn it.
+            if !self.note_pid(me, true) {
+                self.always_shared.store(true, Ordering::Relaxed);
+            }
+            self.noted.store(me, Ordering::Relaxed);
+            self.owner.store(me, Ordering::Relaxed);
+            self.forked.store(true, Ordering::Relaxed);
+        }
+        let now = now_ms();
+        let prune = now.saturating_sub(self.pruned_ms.load(Ordering::Relaxed)) >= PRUNE_MS;
+        if prune {
+            self.pruned_ms.store(now, Ordering::Relaxed);
+        }
+        let (mut waiting, mut holding) = (false, false);
+        for w in slots {
+            let v = w.load(Ordering::SeqCst);
+            let pid = v as u32;
+            if pid == 0 || pid == me {
+                continue;
+            }
+            if prune && process_gone(pid) {
+                let _ = w.compare_exchange(v, 0, Ordering::SeqCst, Ordering::SeqCst);
+                continue;
+            }
+            if v & WAITED != 0 {
+                waiting = true;
+            } else {
+                holding = true;
+            }
+        }
+        let s = if waiting || self.always_shared.load(Ordering::Relaxed) {
+            Sharing::Shared
+        } else if holding {
+            Sharing::Forked
+        } else {
+            Sharing::Alone
+        };
+        if s == Sharing::Alone {
+            // Every other copy's process is gone: back to the fast path.
+            self.forked.store(false, Ordering::Relaxed);
+        }
+        self.last_sharing.store(s as u32, Ordering::Relaxed);
+        s
+    }
+}
+
+/// Whether no process `pid` exists any more (a zombie still exists until it is reaped).
+fn process_gone(pid: u32) -> bool {
+    let e0 = real::errno();
+    // SAFETY: kill with signal 0 sends nothing (an existence and permission check).
+    let gone = unsafe { libc::kill(pid as i32, 0) } != 0 && real::errno() == libc::ESRCH;
+    real::set_errno(e0);
+    gone
 }
 
 /// While a handshake of the set is undecided, a blocking wait wakes at least this often to let
@@ -113,40 +359,68 @@ fn mode_of(fd: i32, app_events: u32) -> (Mode, Option<Arc<Obj>>) {
 fn kernel_event(fd: i32, mode: Mode, events: u32, data: u64) -> libc::epoll_event {
     match mode {
         Mode::App => libc::epoll_event { events, u64: data },
+        // Every doorbell and the channel's EOF/reset queue an event (edge-triggered); OUT makes
+        // the kernel report it even when another waiter drained the doorbell first (the socket
+        // carries only doorbells: it is writable).
         Mode::Emulated => libc::epoll_event {
-            events: IN | RDHUP,
+            events: IN | OUT | RDHUP | ET,
             u64: tag(fd),
         },
         // Connect completion (OUT) and the peer's CLC messages (IN), each edge once.
         Mode::Undecided => libc::epoll_event {
-            events: IN | libc::EPOLLOUT as u32 | RDHUP | ET,
+            events: IN | OUT | RDHUP | ET,
             u64: tag(fd),
         },
     }
 }
 
 /// Count an entry's mode in and out of the set's tallies.
-fn tally(set: &EpollSet, g: &mut EpInner, fd: i32, mode: Mode, add: bool) {
+fn tally(set: &EpollSet, mode: Mode, add: bool) {
     if add && mode != Mode::App {
         set.tagged.store(true, Ordering::Relaxed);
     }
-    match mode {
-        Mode::App => {}
-        Mode::Emulated => {
-            if add {
-                g.order.push(fd);
-                set.smc.fetch_add(1, Ordering::Relaxed);
-            } else {
-                g.order.retain(|&x| x != fd);
-                set.smc.fetch_sub(1, Ordering::Relaxed);
-            }
+    let n = match mode {
+        Mode::App => return,
+        Mode::Emulated => &set.smc,
+        Mode::Undecided => &set.undecided,
+    };
+    if add {
+        n.fetch_add(1, Ordering::Relaxed);
+    } else {
+        n.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Puts an emulated entry on the ready list (checked at the next wait).
+fn make_hot(g: &mut EpInner, fd: i32) {
+    if let Some(e) = g.entries.get_mut(&fd) {
+        if e.mode == Mode::Emulated && !e.disabled && !e.hot {
+            e.hot = true;
+            e.active_us = now_us();
+            g.ready.push_back(fd);
         }
-        Mode::Undecided => {
-            if add {
-                set.undecided.fetch_add(1, Ordering::Relaxed);
-            } else {
-                set.undecided.fetch_sub(1, Ordering::Relaxed);
-            }
+    }
+}
+
+/// Takes an entry off the ready list.
+fn unlist(g: &mut EpInner, fd: i32) {
+    if let Some(e) = g.entries.get_mut(&fd) {
+        if e.hot {
+            e.hot = false;
+            g.ready.retain(|&x| x != fd);
+        }
+    }
+}
+
+/// Every emulated entry on the ready list (a set shared with another process).
+fn all_hot(g: &mut EpInner) {
+    let EpInner { entries, ready, .. } = g;
+    let now = now_us();
+    for (&fd, e) in entries.iter_mut() {
+        if e.mode == Mode::Emulated && !e.disabled && !e.hot {
+            e.hot = true;
+            e.active_us = now;
+            ready.push_back(fd);
         }
     }
 }
@@ -252,9 +526,7 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
             if r != 0 {
                 return Some(r);
             }
-            if let Some(old) = g.entries.remove(&fd) {
-                tally(set, &mut g, fd, old.mode, false);
-            }
+            remove_entry(set, &mut g, fd);
             g.entries.insert(
                 fd,
                 Entry {
@@ -265,9 +537,15 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
                     last_token: (0, 0),
                     last_mask: 0,
                     disabled: false,
+                    hot: false,
+                    active_us: 0,
+                    seen: 0,
+                    last_seen: 0,
                 },
             );
-            tally(set, &mut g, fd, mode, true);
+            tally(set, mode, true);
+            make_hot(&mut g, fd);
+            drop(g);
             let mut m = members().lock();
             let v = m.entry(fd).or_default();
             if !v.contains(&ep) {
@@ -286,8 +564,9 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
             let old = g.entries.get(&fd).map(|e| e.mode);
             if let Some(old) = old {
                 if old != mode {
-                    tally(set, &mut g, fd, old, false);
-                    tally(set, &mut g, fd, mode, true);
+                    unlist(&mut g, fd);
+                    tally(set, old, false);
+                    tally(set, mode, true);
                 }
             }
             if let Some(e) = g.entries.get_mut(&fd) {
@@ -299,6 +578,7 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
                 e.last_mask = 0;
                 e.last_token = (0, 0);
             }
+            make_hot(&mut g, fd);
             Some(0)
         }
         libc::EPOLL_CTL_DEL => {
@@ -315,9 +595,11 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
 }
 
 fn remove_entry(set: &EpollSet, g: &mut EpInner, fd: i32) {
+    unlist(g, fd);
     if let Some(e) = g.entries.remove(&fd) {
-        tally(set, g, fd, e.mode, false);
+        tally(set, e.mode, false);
     }
+    g.undrained.retain(|(x, _, _)| *x != fd);
 }
 
 fn unmember(fd: i32, ep: i32) {
@@ -350,7 +632,11 @@ pub fn is_member(fd: i32) -> bool {
 /// A registration with our tag is removed from the kernel too: the kernel keeps an epoll
 /// registration as long as the open file lives, and another reference may keep it alive after
 /// the application's close (the daemon checking the socket it was sent, a dup, a fork): its
-/// events would reach the application with our tag as its data (nginx took it for a pointer).
+/// events would reach the application with our tag as its data (nginx took it for a pointer)
+/// if a wait did not drop them. Not when another process holds a copy of the set (`fork`): the
+/// kernel's epoll instance and the open file are shared, and the registration is the other
+/// process's too (TCP: a child's close leaves its parent's registration alone); our waits
+/// drop the events it still queues here.
 pub fn on_close(fd: i32, live: bool) {
     if MEMBERS_N.load(Ordering::Relaxed) == 0 {
         return;
@@ -363,7 +649,7 @@ pub fn on_close(fd: i32, live: bool) {
             let mut g = lock(&set.inner);
             let ours = g.entries.get(&fd).is_some_and(|e| e.mode != Mode::App);
             remove_entry(set, &mut g, fd);
-            if ours && live {
+            if ours && live && !set.copied_by_fork() {
                 let mut kev = libc::epoll_event { events: 0, u64: 0 };
                 // SAFETY: valid event; `fd` is still open (closed after this returns).
                 unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_DEL, fd, &mut kev) };
@@ -417,15 +703,82 @@ pub fn refresh(fd: i32) {
         if r != 0 {
             continue;
         }
-        tally(set, &mut g, fd, old, false);
-        tally(set, &mut g, fd, mode, true);
+        unlist(&mut g, fd);
+        tally(set, old, false);
+        tally(set, mode, true);
         if let Some(e) = g.entries.get_mut(&fd) {
             e.mode = mode;
             e.obj = obj;
             e.last_token = (0, 0);
             e.last_mask = 0;
         }
+        make_hot(&mut g, fd);
     }
+}
+
+/// Our own call changed what the connection behind `fd` reports without the peer (a
+/// `shutdown`, a write after the peer closed): its emulated entries go back on their sets'
+/// ready lists, and a thread asleep in such a set is woken (`EPOLL_CTL_MOD` of our
+/// registration makes the kernel queue an event: the socket is writable). The entries of other
+/// fds of the connection (`dup`) are looked up only when there are any.
+pub fn conn_changed(fd: i32, c: &crate::conn::Conn) {
+    changed(fd, c, true);
+}
+
+/// [`conn_changed`] for the entries of `fd` only (the peer found gone by a drain of `fd`: an
+/// entry of another fd of the connection hears of it from its own registration's event).
+pub fn conn_changed_fd(fd: i32, c: &crate::conn::Conn) {
+    changed(fd, c, false);
+}
+
+fn changed(fd: i32, c: &crate::conn::Conn, all_fds: bool) {
+    if MEMBERS_N.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let targets: Vec<(i32, i32)> = {
+        let m = members().lock();
+        if all_fds && c.sh().refs.load(Ordering::Relaxed) > 1 {
+            m.iter()
+                .flat_map(|(&f, eps)| eps.iter().map(move |&ep| (ep, f)))
+                .collect()
+        } else {
+            m.get(&fd)
+                .map(|eps| eps.iter().map(|&ep| (ep, fd)).collect())
+                .unwrap_or_default()
+        }
+    };
+    for (ep, f) in targets {
+        let Some(so) = set_of(ep, false) else {
+            continue;
+        };
+        let set = as_set(&so);
+        let mut g = lock(&set.inner);
+        let ours = g.entries.get(&f).is_some_and(|e| {
+            e.mode == Mode::Emulated
+                && e.obj
+                    .as_ref()
+                    .and_then(|o| o.conn())
+                    .is_some_and(|x| std::ptr::eq(x, c))
+        });
+        if !ours {
+            continue;
+        }
+        make_hot(&mut g, f);
+        drop(g);
+        if set.sleeping.load(Ordering::SeqCst) > 0 {
+            kick(ep, f);
+        }
+    }
+}
+
+/// Wakes a thread asleep in the kernel wait of `ep` through `fd`'s registration with our tag
+/// (re-armed as it is: the socket is writable, so the kernel queues an event for it).
+fn kick(ep: i32, fd: i32) {
+    let mut kev = kernel_event(fd, Mode::Emulated, 0, 0);
+    let e0 = real::errno();
+    // SAFETY: valid event; a stale fd number only makes the kernel say ENOENT/EBADF.
+    unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_MOD, fd, &mut kev) };
+    real::set_errno(e0);
 }
 
 /// Carry on the connect or handshake of `fd` as far as it goes without waiting; true when it
@@ -478,74 +831,210 @@ pub fn wants(ep: i32) -> Option<Arc<Obj>> {
     }
 }
 
-/// Fill `out` with ready emulated entries (ET/ONESHOT rules), at most `max`.
-fn collect(set: &EpollSet, out: &mut Vec<libc::epoll_event>, max: usize, arm: bool) {
-    let mut g = lock(&set.inner);
-    let n = g.order.len();
-    if n == 0 {
-        return;
+/// Whether an entry reporting `mask` now is reported (level-triggered: whenever ready;
+/// `EPOLLET`: on an edge); `Some` of its edge token then.
+fn reports(e: &Entry, c: &crate::conn::Conn, mask: u32) -> Option<(u64, u64)> {
+    if mask == 0 {
+        return None;
     }
-    let start = g.rr % n;
-    let mut advanced = 0;
-    for i in 0..n {
-        if out.len() >= max {
-            break;
-        }
-        let fd = g.order[(start + i) % n];
-        let Some(e) = g.entries.get_mut(&fd) else {
-            continue;
-        };
-        if e.disabled {
-            continue;
-        }
-        let Some(o) = &e.obj else { continue };
-        let Some(c) = o.conn() else { continue };
-        let want = e.events | ERR | HUP;
-        let mask = if arm {
-            poll::arm(c, fd, e.events)
-        } else {
-            poll::conn_mask(c)
-        } & want;
-        if mask == 0 {
-            e.last_mask = 0;
-            continue;
-        }
-        if e.events & ET != 0 {
-            let tok = c.edge_token();
-            if tok == e.last_token && mask & !e.last_mask == 0 {
-                continue;
-            }
-            e.last_token = tok;
-            e.last_mask = mask;
-        }
-        if e.events & ONESHOT != 0 {
-            e.disabled = true;
-        }
-        out.push(libc::epoll_event {
-            events: mask,
-            u64: e.data,
-        });
-        advanced = i + 1;
+    if e.events & ET == 0 {
+        return Some((0, 0));
     }
-    g.rr = start + advanced;
+    let tok = c.edge_token();
+    (tok != e.last_token || mask & !e.last_mask != 0).then_some(tok)
 }
 
-/// Drain doorbells of the emulated fds the kernel reported, drive the handshakes of the
-/// undecided ones, pass plain events on. True when a handshake was decided (its fd's readiness
-/// is then to be collected again: from the rings, or from the kernel after its re-registration).
-///
-/// The emulated fds the kernel reported (their doorbells rang) go to `rang` when given, else
-/// their doorbells are drained unless another thread sleeps on the socket (it was woken by them
-/// and drains them: [`crate::conn::Conn::sleep_enter`]).
-fn translate(
-    set: &EpollSet,
-    kev: &[libc::epoll_event],
+/// An entry found not ready and left on the ready list unarmed, for the spin: its connection,
+/// the bits it waits for and the bits it had.
+type Warm = (Arc<Obj>, u32, u32);
+
+/// Checks the entries on the ready list (each at most once per wait call: `fresh` starts a new
+/// call's pass) and reports into `out`, at most `max`: level-triggered entries while ready,
+/// `EPOLLET` ones on an edge, `EPOLLONESHOT` ones once (they leave the list). An entry that
+/// reports nothing stays on the list unarmed (into `warm`) for [`WARM_US`]; then,
+/// or at once with `park`, its wakeups are armed and it is checked again: still nothing, it
+/// leaves the list until the kernel reports its socket.
+fn collect(
+    g: &mut EpInner,
+    ep: i32,
     out: &mut Vec<libc::epoll_event>,
-    mut rang: Option<&mut Vec<(i32, Arc<Obj>)>>,
+    max: usize,
+    fresh: bool,
+    park: bool,
+    warm: &mut Vec<Warm>,
+) {
+    if fresh {
+        g.pass = g.pass.wrapping_add(1);
+    }
+    let pass = g.pass;
+    let now = now_us();
+    let EpInner { entries, ready, .. } = g;
+    let n = ready.len();
+    for _ in 0..n {
+        if out.len() >= max {
+            return;
+        }
+        let Some(fd) = ready.pop_front() else {
+            break;
+        };
+        let Some(e) = entries.get_mut(&fd) else {
+            continue;
+        };
+        if !e.hot {
+            continue;
+        }
+        if e.seen == pass {
+            ready.push_back(fd);
+            continue;
+        }
+        e.seen = pass;
+        if e.disabled || e.mode != Mode::Emulated {
+            e.hot = false;
+            continue;
+        }
+        // Taken out while it is checked (no reference count traffic), put back below.
+        let Some(o) = e.obj.take() else {
+            e.hot = false;
+            continue;
+        };
+        let keep = match o.conn() {
+            Some(c) => check(e, c, ep, fd, now, park, out),
+            None => {
+                e.hot = false;
+                false
+            }
+        };
+        if e.hot {
+            ready.push_back(fd);
+            if keep {
+                warm.push((o.clone(), e.events | ERR | HUP, e.last_seen));
+            }
+        }
+        e.obj = Some(o);
+    }
+}
+
+/// One check of an entry on the ready list (see [`collect`]): reports it into `out`, keeps it
+/// on the list (`e.hot`) or parks it. True when it stays on the list unarmed without a report
+/// (for the spin; `e.last_seen` is what it showed).
+fn check(
+    e: &mut Entry,
+    c: &crate::conn::Conn,
+    ep: i32,
+    fd: i32,
+    now: u32,
+    park: bool,
+    out: &mut Vec<libc::epoll_event>,
 ) -> bool {
+    let want = e.events | ERR | HUP;
+    let mut armed = false;
+    loop {
+        let mask = poll::conn_mask(c) & want;
+        if mask == 0 {
+            e.last_mask = 0;
+        }
+        e.last_seen = mask;
+        if let Some(tok) = reports(e, c, mask) {
+            if e.events & ET != 0 {
+                e.last_token = tok;
+                e.last_mask = mask;
+            }
+            out.push(libc::epoll_event {
+                events: mask,
+                u64: e.data,
+            });
+            if e.events & ONESHOT != 0 {
+                e.disabled = true;
+                e.hot = false;
+            } else {
+                e.active_us = now;
+            }
+            return false;
+        }
+        if !armed && (park || now.wrapping_sub(e.active_us) >= WARM_US) {
+            // Park: the peer rings from now on, or its change is seen by this check.
+            poll::arm(c, fd, e.events);
+            armed = true;
+            continue;
+        }
+        if armed {
+            e.hot = false;
+            note_parked(c, ep, fd);
+            return false;
+        }
+        return true;
+    }
+}
+
+/// [`crate::conn::Conn::epoll_parked`]: entries of the connection were parked in more than one
+/// set (looked up by the writing fd then).
+const PARKED_MANY: u64 = u64::MAX;
+
+/// The entry of `fd` in set `ep` was parked: the connection's next write puts it back on the
+/// ready list ([`rewarm`]).
+fn note_parked(c: &crate::conn::Conn, ep: i32, fd: i32) {
+    // Both are descriptors (non-negative) and differ: never 0, never PARKED_MANY.
+    let v = (u64::from(ep as u32) << 32) | u64::from(fd as u32);
+    if let Err(old) = c
+        .epoll_parked
+        .compare_exchange(0, v, Ordering::Relaxed, Ordering::Relaxed)
+    {
+        if old != v {
+            c.epoll_parked.store(PARKED_MANY, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The application wrote on `fd`, a connection one of whose entries a set parked while it was
+/// idle: a request went out, an answer is likely soon. The entry goes back on its set's ready
+/// list (still armed), so that the next wait spins on its ring before it sleeps (as it does
+/// for a connection active in the last [`WARM_US`]) rather than waking through the kernel when
+/// the answer's doorbell arrives (ping every millisecond among idle connections: p50 63 µs
+/// without, see docs/PERF.md). A heuristic for speed only: wakeups stay armed either way.
+pub fn rewarm(fd: i32, c: &crate::conn::Conn) {
+    let v = c.epoll_parked.swap(0, Ordering::Relaxed);
+    if v == 0 {
+        return;
+    }
+    let targets: Vec<(i32, i32)> = if v == PARKED_MANY {
+        members()
+            .lock()
+            .get(&fd)
+            .map(|eps| eps.iter().map(|&ep| (ep, fd)).collect())
+            .unwrap_or_default()
+    } else {
+        vec![((v >> 32) as u32 as i32, v as u32 as i32)]
+    };
+    for (ep, f) in targets {
+        let Some(so) = set_of(ep, false) else {
+            continue;
+        };
+        let set = as_set(&so);
+        let mut g = lock(&set.inner);
+        let ours = g.entries.get(&f).is_some_and(|e| {
+            e.obj
+                .as_ref()
+                .and_then(|o| o.conn())
+                .is_some_and(|x| std::ptr::eq(x, c))
+        });
+        if ours {
+            make_hot(&mut g, f);
+        }
+    }
+}
+
+/// Handles what the kernel reported: the emulated fds whose socket saw a doorbell (or EOF)
+/// go on the ready list, their doorbells drained (outside the set's lock) unless another
+/// thread sleeps on the socket (the last one out drains: [`crate::conn::Conn::sleep_enter`]);
+/// the handshakes of the undecided ones are driven; plain events are passed on. True when a
+/// handshake was decided (its fd's readiness is then to be collected again: from the rings, or
+/// from the kernel after its re-registration).
+fn translate(set: &EpollSet, kev: &[libc::epoll_event], out: &mut Vec<libc::epoll_event>) -> bool {
     let ck = cookie();
     let mut g = None;
     let mut undecided = Vec::new();
+    // (fd, connection, to the end): sockets to drain once the lock is released.
+    let mut drains: Vec<(i32, Arc<Obj>, bool)> = Vec::new();
     for k in kev {
         let d = k.u64;
         if d & 0xFFFF_FFFF_0000_0000 == ck {
@@ -557,16 +1046,17 @@ fn translate(
                     obj,
                     ..
                 }) => {
-                    if let Some(o) = obj.as_ref().filter(|o| o.conn().is_some()) {
-                        match rang.as_deref_mut() {
-                            Some(r) => r.push((fd, o.clone())),
-                            None => {
-                                if let Some(c) = o.conn() {
-                                    c.try_drain(fd);
-                                }
-                            }
-                        }
+                    // Only a readable socket holds doorbells (or EOF) to drain; `EPOLLOUT`
+                    // alone is a (re-)registration, a kick, or doorbells another waiter took.
+                    let rang = k.events & (IN | RDHUP | ERR | HUP) != 0;
+                    if let Some(o) = obj.as_ref().filter(|o| rang && o.conn().is_some()) {
+                        // The peer's FIN (or an error) is there: drained up to it, even behind
+                        // doorbells. This registration is edge-triggered: no later event would
+                        // tell of an EOF a short drain left queued.
+                        let to_end = k.events & (RDHUP | ERR | HUP) != 0;
+                        drains.push((fd, o.clone(), to_end));
                     }
+                    make_hot(g, fd);
                     continue;
                 }
                 Some(Entry {
@@ -588,6 +1078,18 @@ fn translate(
         out.push(*k);
     }
     drop(g);
+    let mut left = Vec::new();
+    for (fd, o, to_end) in drains {
+        if let Some(c) = o.conn() {
+            if !c.try_drain_to(fd, to_end) {
+                let seq = c.wake_seq();
+                left.push((fd, o, seq));
+            }
+        }
+    }
+    if !left.is_empty() {
+        lock(&set.inner).undrained.extend(left);
+    }
     let mut decided = false;
     for (fd, kernel, events, data) in undecided {
         if drive(fd) {
@@ -642,6 +1144,7 @@ pub unsafe fn wait(
         return -1;
     }
     let set = as_set(so);
+    set.waited_once.store(true, Ordering::Relaxed);
     let max = max as usize;
     let deadline = poll::deadline_ms(timeout);
     // At most KBUF events per call from the kernel (the rest stay queued there for the next
@@ -667,16 +1170,37 @@ pub unsafe fn wait(
         let n = kbuf.len();
         kwait_n(kbuf, n, t, mask)
     };
+    // Copies the events out. Another thread asleep on the set is woken while entries remain on
+    // the ready list (left unchecked at `max`, or level-triggered and ready: TCP's entry
+    // stays on the kernel's ready list and wakes the next waiter too).
     let finish = |out: &Vec<libc::epoll_event>| -> i32 {
         let n = out.len().min(max);
         // SAFETY: the caller's array holds max entries.
         unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), events, n) };
+        if set.sleeping.load(Ordering::SeqCst) > 0 {
+            let first = lock(&set.inner).ready.front().copied();
+            if let Some(fd) = first {
+                kick(ep, fd);
+            }
+        }
         n as i32
     };
     let mut spun = false;
+    let mut warm: Vec<Warm> = Vec::new();
     loop {
+        let before = set.last_sharing.load(Ordering::Relaxed);
+        let sharing = set.sharing();
         out.clear();
-        collect(set, &mut out, max, false);
+        warm.clear();
+        {
+            let mut g = lock(&set.inner);
+            if sharing == Sharing::Shared || before == Sharing::Shared as u32 {
+                // Shared: the other process may have taken any entry's event from the kernel.
+                // Just unshared: what it took meanwhile is found by one full check.
+                all_hot(&mut g);
+            }
+            collect(&mut g, ep, &mut out, max, true, false, &mut warm)
+        };
         if !out.is_empty() || timeout == 0 {
             // A handshake decided here may make its fd ready at once (from the rings, or from
             // the kernel after its re-registration): one more round then.
@@ -688,10 +1212,11 @@ pub unsafe fn wait(
                 // Only as many kernel events as there is room for: the kernel keeps the others
                 // (an edge-triggered plain fd's event dropped here would be lost for good).
                 let r = kwait_n(&mut kbuf, room, 0, None);
-                let decided = r > 0 && translate(set, &kbuf[..r as usize], &mut out, None);
-                if out.is_empty() {
-                    // Doorbells may have made something ready.
-                    collect(set, &mut out, max, false);
+                let decided = r > 0 && translate(set, &kbuf[..r as usize], &mut out);
+                if r > 0 && out.len() < max {
+                    // The entries the kernel just reported (each checked once per call).
+                    let mut g = lock(&set.inner);
+                    collect(&mut g, ep, &mut out, max, false, false, &mut warm);
                 }
                 if !decided {
                     break;
@@ -699,106 +1224,101 @@ pub unsafe fn wait(
             }
             return finish(&out);
         }
-        // Spinning is for the rings; a set of plain fds only (its connections gone, or still
-        // in their handshakes) sleeps in the kernel at once.
-        if !spun && set.smc.load(Ordering::Relaxed) > 0 {
+        // Doorbells another waiter of the connection had to drain: drained before anything is
+        // parked (the drain may find the peer gone, which no new event would tell).
+        let undrained = std::mem::take(&mut lock(&set.inner).undrained);
+        if !undrained.is_empty() {
+            let mut pending: Vec<(Arc<Obj>, i32, u32)> =
+                undrained.into_iter().map(|(fd, o, s)| (o, fd, s)).collect();
+            poll::settle(&mut pending, || {
+                deadline.is_some() && poll::remaining_ms(deadline) == 0
+            });
+            continue;
+        }
+        // Spinning is for the rings of the entries just found idle (the others are armed:
+        // their peers ring). Events the kernel reports meanwhile (other connections' doorbells)
+        // end the spin but do not count as its success: with many connections they come every
+        // few µs, and counting them would keep every wait spinning (a core busy for events
+        // that a sleep would have waited for just as well).
+        if !spun && !warm.is_empty() {
             spun = true;
             let budget = poll::spin_budget();
             if budget > 0 {
                 let start = Instant::now();
                 let mut hit = false;
+                let mut warm_hit = false;
                 let mut i = 0u32;
                 while (start.elapsed().as_nanos() as u64) < budget {
-                    collect(set, &mut out, max, false);
-                    if !out.is_empty() {
-                        hit = true;
-                        break;
-                    }
+                    let moved = warm.iter().any(|(o, want, had)| {
+                        o.conn().is_some_and(|c| poll::conn_mask(c) & want != *had)
+                    });
                     i += 1;
-                    if i & 31 == 0 {
-                        let r = kwait(&mut kbuf, 0, None);
+                    if moved || i & 31 == 0 {
+                        let r = if moved { 0 } else { kwait(&mut kbuf, 0, None) };
                         if r > 0 {
-                            translate(set, &kbuf[..r as usize], &mut out, None);
-                            collect(set, &mut out, max, false);
+                            translate(set, &kbuf[..r.max(0) as usize], &mut out);
+                        }
+                        if moved || r > 0 {
+                            let mut w2 = Vec::new();
+                            let mut g = lock(&set.inner);
+                            collect(&mut g, ep, &mut out, max, true, false, &mut w2);
                             if !out.is_empty() {
                                 hit = true;
+                                warm_hit = moved;
                                 break;
                             }
                         }
                     }
                     crate::conn::spin_pause(i);
                 }
-                poll::spin_result(hit);
+                poll::spin_result(warm_hit);
                 if hit {
                     return finish(&out);
                 }
             }
         }
-        // Register as a sleeper on every emulated socket, arm every emulated entry and
-        // recheck.
-        let sleepers = sleepers(set);
-        for (_, o) in &sleepers {
-            if let Some(c) = o.conn() {
-                c.sleep_enter();
-            }
+        // Park every entry still on the list (arm, recheck); one found ready is reported.
+        {
+            let mut g = lock(&set.inner);
+            let mut w2 = Vec::new();
+            collect(&mut g, ep, &mut out, max, true, true, &mut w2);
         }
-        let leave = |rang: &[(i32, Arc<Obj>)]| {
-            let mut pending = Vec::new();
-            for (fd, o) in &sleepers {
-                if let Some(c) = o.conn() {
-                    if c.sleep_leave(*fd, rang.iter().any(|(r, _)| r == fd)) {
-                        pending.push((o.clone(), *fd, c.wake_seq()));
-                    }
-                }
-            }
-            // Sockets the kernel watches for an entry we did not wait on (a disabled
-            // one-shot entry): drained as well, or the next sleep would return at once.
-            for (fd, o) in rang {
-                if !sleepers.iter().any(|(s, _)| s == fd) {
-                    if let Some(c) = o.conn() {
-                        if !c.try_drain(*fd) {
-                            pending.push((o.clone(), *fd, c.wake_seq()));
-                        }
-                    }
-                }
-            }
-            pending
-        };
-        out.clear();
-        collect(set, &mut out, max, true);
         if !out.is_empty() {
-            leave(&[]);
             return finish(&out);
         }
         let rem = poll::remaining_ms(deadline);
         if deadline.is_some() && rem == 0 {
-            leave(&[]);
             return 0;
         }
         let ticking = set.undecided.load(Ordering::Relaxed) > 0;
-        let t = if ticking && !(0..=HS_TICK_MS).contains(&rem) {
-            HS_TICK_MS
+        let mut cap = if ticking { HS_TICK_MS } else { -1 };
+        let tick = match sharing {
+            Sharing::Alone => -1,
+            Sharing::Forked => FORKED_TICK_MS,
+            Sharing::Shared => SHARED_TICK_MS,
+        };
+        if tick >= 0 && (cap < 0 || tick < cap) {
+            cap = tick;
+        }
+        let t = if cap >= 0 && !(0..=cap).contains(&rem) {
+            cap
         } else {
             rem
         };
+        set.sleeping.fetch_add(1, Ordering::SeqCst);
         let r = kwait(&mut kbuf, t, sigmask);
+        set.sleeping.fetch_sub(1, Ordering::SeqCst);
         if r < 0 {
-            leave(&[]);
             return r;
         }
-        let mut rang = Vec::new();
-        let decided = translate(set, &kbuf[..r as usize], &mut out, Some(&mut rang));
-        // The last sleeper of a socket drains its doorbells; those left to other sleepers
-        // must be gone before we sleep on that socket again.
-        let mut pending = leave(&rang);
+        let decided = translate(set, &kbuf[..r as usize], &mut out);
         if r == 0 && ticking {
             drive_all(set);
         }
         let room = max.saturating_sub(out.len());
         if room > 0 {
-            let mut mine = Vec::new();
-            collect(set, &mut mine, room, false);
-            out.extend(mine);
+            let mut g = lock(&set.inner);
+            collect(&mut g, ep, &mut out, max, true, false, &mut warm);
         }
         if !out.is_empty() {
             return finish(&out);
@@ -806,32 +1326,6 @@ pub unsafe fn wait(
         if deadline.is_some() && poll::remaining_ms(deadline) == 0 {
             return 0;
         }
-        if decided {
-            continue;
-        }
-        let ready = poll::settle(&mut pending, || {
-            collect(set, &mut out, max, false);
-            !out.is_empty() || (deadline.is_some() && poll::remaining_ms(deadline) == 0)
-        });
-        if ready {
-            return finish(&out);
-        }
+        let _ = decided;
     }
-}
-
-/// The emulated entries of `set` that a sleep waits on.
-fn sleepers(set: &EpollSet) -> Vec<(i32, Arc<Obj>)> {
-    let g = lock(&set.inner);
-    g.order
-        .iter()
-        .filter_map(|fd| {
-            let e = g.entries.get(fd)?;
-            if e.disabled || e.mode != Mode::Emulated {
-                return None;
-            }
-            let o = e.obj.as_ref()?;
-            o.conn()?;
-            Some((*fd, o.clone()))
-        })
-        .collect()
 }

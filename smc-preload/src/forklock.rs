@@ -177,6 +177,15 @@ impl<T> ForkOnce<T> {
     }
 }
 
+impl<T> Drop for ForkOnce<T> {
+    fn drop(&mut self) {
+        if *self.state.get_mut() == DONE {
+            // SAFETY: `DONE`: the value was written; dropped once, here.
+            unsafe { self.val.get_mut().assume_init_drop() };
+        }
+    }
+}
+
 impl<T> Default for ForkOnce<T> {
     fn default() -> Self {
         Self::new()
@@ -247,5 +256,15 @@ mod tests {
         assert_eq!(t.join().unwrap(), 1);
         assert_eq!(O.get(), Some(&1));
         assert_eq!(O.set(3), Err(3));
+    }
+
+    #[test]
+    fn a_once_drops_its_value() {
+        let v = std::sync::Arc::new(());
+        let o = ForkOnce::new();
+        o.get_or_init(|| v.clone());
+        assert_eq!(std::sync::Arc::strong_count(&v), 2);
+        drop(o);
+        assert_eq!(std::sync::Arc::strong_count(&v), 1);
     }
 }

@@ -999,7 +999,11 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
             // machine sees the end of the stream and falls back or resets.)
             if let Some(c) = o.conn() {
                 return match c.shutdown(fd, how) {
-                    Ok(()) => 0,
+                    Ok(()) => {
+                        // TCP wakes the socket's waiters at a shutdown; ours may be parked.
+                        crate::epoll::conn_changed(fd, c);
+                        0
+                    }
                     Err(e) => fail(e) as c_int,
                 };
             }
@@ -1021,8 +1025,10 @@ pub unsafe fn fork() -> libc::pid_t {
     let frozen = fdtable::freeze_for_fork();
     let objs = fdtable::all_objects();
     for (_, o) in &objs {
-        if let Obj::Conn(c) = &**o {
-            c.add_ref(1);
+        match &**o {
+            Obj::Conn(c) => c.add_ref(1),
+            Obj::Epoll(s) => s.before_fork(),
+            _ => {}
         }
     }
     // SAFETY: fork(2) has no arguments; the child only resets our per-process state before
@@ -1033,7 +1039,13 @@ pub unsafe fn fork() -> libc::pid_t {
         crate::reset_pid();
         fdtable::unlock_all_after_fork();
         setup::after_fork_child();
-    } else if r < 0 {
+    } else if r > 0 {
+        for (_, o) in &objs {
+            if let Obj::Epoll(s) = &**o {
+                s.after_fork_parent(r as u32);
+            }
+        }
+    } else {
         for (_, o) in &objs {
             if let Obj::Conn(c) = &**o {
                 c.drop_ref();

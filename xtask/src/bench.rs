@@ -38,7 +38,9 @@
 //! sockperf-pp, sockperf-tp, iperf3, redis, nginx-keepalive, msgrate, connrate, connrate-policy,
 //! fallback-pp, fallback-conn, and `nginx-close[-smcd][-16k][-c1000]` (Connection: close with
 //! the short-connection policy on / off (`-smcd`: every connection SMC-D), 1 KiB / 16 KiB
-//! bodies, 50 / 1000 connections).
+//! bodies, 50 / 1000 connections), `scale-1k`, `scale-10k` (N connections pinging once a
+//! second), `scale-idle-10`, `scale-idle-1k`, `scale-idle-4k` (N connections in one epoll set,
+//! one of them pinging every millisecond).
 use std::{
     cell::Cell as StdCell,
     collections::BTreeMap,

@@ -6,10 +6,10 @@
 //! - `smc-scale server PORT`: accepts every connection, answers each 64-byte message with the
 //!   same 64 bytes; a message starting with `P` is answered with its pid instead (the client
 //!   reads the server's memory figures from `/proc`).
-//! - `smc-scale client PORT N ROUNDS [INTERVAL_MS]`: opens N connections (non-blocking, at most
-//!   512 connects in flight), pings once on each (setup: connect to the first answer), then
-//!   ROUNDS rounds in which every connection pings once, spread evenly over INTERVAL_MS (default
-//!   1000); checks every answer (content, no reset, no loss); then prints one JSON object:
+//! - `smc-scale client PORT N ROUNDS [INTERVAL_MS [ACTIVE]]`: opens N connections (non-blocking,
+//!   at most 512 connects in flight), pings once on each (setup: connect to the first answer),
+//!   then ROUNDS rounds in which every connection (the first ACTIVE only, when given: the others
+//!   stay idle in the set) pings once, spread evenly over INTERVAL_MS (default 1000); checks every answer (content, no reset, no loss); then prints one JSON object:
 //!   connections, resets, unanswered and wrong answers, setup rate and latency, ping
 //!   percentiles, and for the client, the server and the loopback-ism daemon (`SO_PEERCRED` of
 //!   `$SMC_CTL_SOCK`, when set): RSS, its anonymous and shared parts, PSS, descriptors, memory
@@ -36,10 +36,13 @@ fn main() -> ExitCode {
     let a: Vec<&str> = args.iter().map(String::as_str).collect();
     let res = match a.as_slice() {
         ["server", port] => server(num(port)),
-        ["client", port, n, rounds] => client(num(port), num(n), num(rounds), 1000),
-        ["client", port, n, rounds, ms] => client(num(port), num(n), num(rounds), num(ms)),
+        ["client", port, n, rounds] => client(num(port), num(n), num(rounds), 1000, None),
+        ["client", port, n, rounds, ms] => client(num(port), num(n), num(rounds), num(ms), None),
+        ["client", port, n, rounds, ms, active] => {
+            client(num(port), num(n), num(rounds), num(ms), Some(num(active)))
+        }
         _ => {
-            eprintln!("usage: smc-scale server PORT | client PORT N ROUNDS [INTERVAL_MS]");
+            eprintln!("usage: smc-scale server PORT | client PORT N ROUNDS [INTERVAL_MS [ACTIVE]]");
             return ExitCode::from(2);
         }
     };
@@ -468,7 +471,13 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1e6
 }
 
-fn client(port: u16, n: usize, rounds: u32, interval_ms: u64) -> Result<(), String> {
+fn client(
+    port: u16,
+    n: usize,
+    rounds: u32,
+    interval_ms: u64,
+    active: Option<usize>,
+) -> Result<(), String> {
     let limit = raise_nofile(n as u64 + 256);
     if limit < n as u64 + 16 {
         return Err(format!(
@@ -582,13 +591,17 @@ fn client(port: u16, n: usize, rounds: u32, interval_ms: u64) -> Result<(), Stri
     }
     let setup_secs = t0.elapsed().as_secs_f64();
 
-    // Rounds: every live connection pings once per interval, spread evenly.
+    // Rounds: every live connection (the first `active` of them) pings once per interval,
+    // spread evenly.
     let interval = Duration::from_millis(interval_ms.max(1));
     let mut sent = 0u64;
     let mut late = 0u64;
-    let live: Vec<usize> = (0..conns.len())
+    let mut live: Vec<usize> = (0..conns.len())
         .filter(|&i| !conns[i].dead && conns[i].state == State::Idle)
         .collect();
+    if let Some(k) = active {
+        live.truncate(k);
+    }
     let cpu0 = [cpu_ticks(std::process::id())];
     let srv_pid = server_pid(&mut conns, &live, &mut t, ep, &mut evs);
     let daemon = daemon_pid();
@@ -671,7 +684,7 @@ fn client(port: u16, n: usize, rounds: u32, interval_ms: u64) -> Result<(), Stri
          \"pings\": {sent}, \"answered\": {}, \"setup_secs\": {setup_secs:.3}, \
          \"setup_per_sec\": {:.1}, \"setup_p50_us\": {:.1}, \"setup_p99_us\": {:.1}, \
          \"p50_us\": {:.1}, \"p99_us\": {:.1}, \"max_us\": {:.1}, \"rounds_secs\": {rounds_secs:.3}, \
-         \"smcd_conns\": {}, \"client_cpu_ms\": {:.0}",
+         \"smcd_conns\": {}, \"active\": {}, \"client_cpu_ms\": {:.0}",
         t.connect_errors,
         t.resets,
         t.wrong,
@@ -683,6 +696,7 @@ fn client(port: u16, n: usize, rounds: u32, interval_ms: u64) -> Result<(), Stri
         pct(&lat, 0.99),
         lat.last().map_or(0.0, |d| d.as_secs_f64() * 1e6),
         me.dmb_inodes / 2,
+        live.len(),
         cpu_cli as f64 * 1000.0 / tck,
     );
     for (who, m, cpu) in [

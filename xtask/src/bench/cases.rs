@@ -433,13 +433,15 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
     ];
     v.extend(close_cases);
     v.extend(scale_cases(&helper));
+    v.extend(scale_idle_cases(&helper));
     Ok(v)
 }
 
 /// Many concurrent connections (issue 14): `smc-scale` (tests/src/bin/smc-scale.rs, built next
 /// to `smc-bench-helper`), one epoll server and one epoll client of N connections, each pinging
-/// 64 B once a second for 3 rounds: connections on SMC-D, setup rate, p99 ping, memory per
-/// connection (RSS and PSS of client, server and daemon together, divided by N), descriptors.
+/// 64 B once a second for 3 rounds: connections on SMC-D, setup rate, p50 and p99 ping, memory
+/// per connection (RSS and PSS of client, server and daemon together, divided by N),
+/// descriptors.
 /// N = 1000 and 10 000; 65 536 with `SMC_BENCH_SCALE_65K=1` (it needs the daemon's and the
 /// programs' `RLIMIT_NOFILE` and `vm.max_map_count` raised: see docs/ARCHITECTURE.md, "Scale").
 fn scale_cases(helper: &str) -> Vec<Case> {
@@ -465,6 +467,7 @@ fn scale_cases(helper: &str) -> Vec<Case> {
                 metrics: vec![
                     metric("smcd_conns", "connections on SMC-D", "conns", true),
                     metric("setup_per_sec", "setup rate", "conn/s", true),
+                    metric("p50_us", "p50 ping", "us", false),
                     metric("p99_us", "p99 ping", "us", false),
                     metric(
                         "rss_bytes_per_conn",
@@ -486,6 +489,72 @@ fn scale_cases(helper: &str) -> Vec<Case> {
                 server: argv(move |port| sv(&[&b1, "server", &port.to_string()])),
                 client: argv(move |port| {
                     sv(&[&b2, "client", &port.to_string(), &n.to_string(), "3"])
+                }),
+                parse: parse_json_line,
+                timeout: Duration::from_secs(120 + u64::from(n) / 100),
+                smc_env: vec![],
+                policy_tcp: false,
+            }
+        })
+        .collect()
+}
+
+/// What an epoll wait costs with many idle connections in the set (issue 14): `smc-scale` with
+/// N connections in one epoll set on each side, of which one pings 64 B every millisecond for
+/// 2000 rounds while the others stay idle: p50 and p99 of that ping, and the CPU time of both
+/// programs in those 2 s (each wait of theirs pays for the idle entries if it scans them), and
+/// the memory per idle connection. N = 10, 1000, 4000 (4000 connections hold 16 000 descriptors
+/// in the daemon, a DMB and a state page per end: within a hard `RLIMIT_NOFILE` of 20 000).
+fn scale_idle_cases(helper: &str) -> Vec<Case> {
+    let bin = Path::new(helper)
+        .with_file_name("smc-scale")
+        .to_string_lossy()
+        .into_owned();
+    [10u32, 1000, 4000]
+        .into_iter()
+        .map(|n| {
+            let (b1, b2) = (bin.clone(), bin.clone());
+            let k = if n >= 1000 {
+                format!("{}k", n / 1000)
+            } else {
+                n.to_string()
+            };
+            Case {
+                id: format!("scale-idle-{k}").leak(),
+                title: format!("{n} connections in one epoll set, one pinging 64 B every ms")
+                    .leak(),
+                metrics: vec![
+                    metric("smcd_conns", "connections on SMC-D", "conns", true),
+                    metric("p50_us", "p50 ping", "us", false),
+                    metric("p99_us", "p99 ping", "us", false),
+                    metric("client_cpu_ms", "client CPU in the 2 s", "ms", false),
+                    metric("server_cpu_ms", "server CPU in the 2 s", "ms", false),
+                    metric(
+                        "pss_bytes_per_conn",
+                        "PSS per connection (all 3)",
+                        "B",
+                        false,
+                    ),
+                    metric(
+                        "rss_bytes_per_conn",
+                        "RSS per connection (all 3)",
+                        "B",
+                        false,
+                    ),
+                ],
+                units: None,
+                fallback: false,
+                server: argv(move |port| sv(&[&b1, "server", &port.to_string()])),
+                client: argv(move |port| {
+                    sv(&[
+                        &b2,
+                        "client",
+                        &port.to_string(),
+                        &n.to_string(),
+                        "2000",
+                        "1",
+                        "1",
+                    ])
                 }),
                 parse: parse_json_line,
                 timeout: Duration::from_secs(120 + u64::from(n) / 100),

@@ -234,7 +234,11 @@ impl Daemon {
             .arg("--socket")
             .arg(&socket)
             .arg("--state-dir")
-            .arg(&state);
+            .arg(&state)
+            // The scale cases hold every connection's two DMBs at once (65 536 connections:
+            // 131 072 DMBs in the bench's one cgroup); the default quotas (4096 DMBs per
+            // cgroup) would decline most of them with MAX_DMB and measure TCP instead.
+            .args(["--max-dmbs", "262144", "--cgroup-max-dmbs", "262144"]);
         let log = dir.join("daemon.log");
         let mut p = Proc::spawn("smc-ctl daemon", cmd, &log)?;
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -363,19 +363,29 @@ fn gettid() -> i32 {
 /// Waits (bounded) until thread `tid` sleeps in the kernel (after it announced that it is about
 /// to make a blocking call): the call is then really blocked, not about to start.
 fn wait_blocked(tid: &AtomicI32) {
+    wait_stat_sleeping(|| {
+        let id = tid.load(Ordering::Acquire);
+        (id > 0).then(|| format!("/proc/self/task/{id}/stat"))
+    });
+}
+
+/// Waits (bounded) until the main thread of process `pid` (a forked child that announced that
+/// it is about to make a blocking call) sleeps in the kernel.
+fn wait_pid_blocked(pid: i32) {
+    wait_stat_sleeping(|| Some(format!("/proc/{pid}/stat")));
+}
+
+fn wait_stat_sleeping(path: impl Fn() -> Option<String>) {
     let t = Instant::now();
     loop {
-        let id = tid.load(Ordering::Acquire);
-        if id > 0 {
-            let st =
-                std::fs::read_to_string(format!("/proc/self/task/{id}/stat")).unwrap_or_default();
+        if let Some(p) = path() {
+            let st = std::fs::read_to_string(&p).unwrap_or_default();
             // state is the field after the parenthesised name
             if let Some(rest) = st.rsplit_once(") ") {
                 if rest.1.starts_with('S') {
                     // Seen sleeping twice 2 ms apart: not a passing lock.
                     std::thread::sleep(Duration::from_millis(2));
-                    let st2 = std::fs::read_to_string(format!("/proc/self/task/{id}/stat"))
-                        .unwrap_or_default();
+                    let st2 = std::fs::read_to_string(&p).unwrap_or_default();
                     if st2.rsplit_once(") ").is_some_and(|r| r.1.starts_with('S')) {
                         return;
                     }

@@ -33,6 +33,7 @@ scenarios! {
     readv_writev: 1;
     sendmmsg_recvmmsg: 1;
     dup_then_close_original: 1;
+    fork_child_keeps_closed_conn: 4;
     dup_mid_handshake_both_used: 1;
     dup_mid_handshake_number_reused: 2;
     // epoll
@@ -55,6 +56,13 @@ scenarios! {
     epoll_del: 1;
     epoll_out_after_full: 1;
     epoll_close_while_dup_open: 1;
+    epoll_et_out_parked_then_full: 1;
+    epoll_shutdown_wakes_waiter: 1;
+    epoll_shutdown_dup_wakes_waiter: 1;
+    epoll_threads_lt_both_woken: 1;
+    epoll_fork_shared_set: 1;
+    epoll_peer_exit_after_write: 1;
+    epoll_fork_child_closes_conn: 1;
     // poll / select
     poll_out_initial: 1;
     poll_peer_close: 1;
@@ -566,6 +574,52 @@ fn dup_mid_handshake_number_reused() {
 // ── epoll ───────────────────────────────────────────────────────────────────────────────────
 
 const CS: &[&str] = &["c", "s", "p0", "p1", "p2", "ep"];
+
+/// A forked child keeps serving a connection whose fd the parent closed, while the parent makes
+/// and closes other connections meanwhile (their local state must not take the child's).
+fn fork_child_keeps_closed_conn() {
+    let (c, s) = pair();
+    let (rp, wp) = pipe();
+    // SAFETY: the child only waits for the go, echoes once on `s` and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        close(c);
+        close(wp);
+        let mut b = [0u8; 1];
+        // SAFETY: valid buffer.
+        unsafe { libc::read(rp, b.as_mut_ptr().cast(), 1) };
+        let got = read_n(s, 5);
+        write_all(s, &got);
+        close(s);
+        // SAFETY: plain exit without destructors (fork child).
+        unsafe { libc::_exit(0) };
+    }
+    close(rp);
+    r("close(s) in the parent", close(s) as isize);
+    for i in 0..3 {
+        let (c2, s2) = pair();
+        write_all(c2, b"other");
+        log(format!(
+            "other connection {i}: {}",
+            read_n(s2, 5) == b"other"
+        ));
+        close(c2);
+        close(s2);
+    }
+    write_all(wp, b"g");
+    close(wp);
+    write_all(c, b"hello");
+    let echo = read_n(c, 5);
+    log(format!(
+        "echo from the child: {:?}",
+        String::from_utf8_lossy(&echo)
+    ));
+    let mut st = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    log(format!("child exit {}", libc::WEXITSTATUS(st)));
+    close(c);
+}
 
 fn epoll_lt() {
     let (c, s) = pair();
@@ -1099,6 +1153,308 @@ fn epoll_del() {
     ep_ctl("DEL s again", ep, libc::EPOLL_CTL_DEL, s, 0, 0);
     close(ep);
     close(c);
+    close(s);
+}
+
+/// Edge-triggered `IN|OUT` (nginx's registration): the entry was reported writable and the
+/// set slept since (the emulation parks it: nothing armed for room, there was room). Then the
+/// program fills the send buffer (`EAGAIN`) and waits for the edge while the peer drains it.
+fn epoll_et_out_parked_then_full() {
+    let (c, s) = pair();
+    set_nonblock(c, true);
+    let ep = ep_create();
+    ep_ctl(
+        "ADD c IN|OUT|ET",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        c,
+        (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLET) as u32,
+        0,
+    );
+    ep_wait("wait writable", ep, 8, 5000, &names(CS));
+    ep_wait("wait(50) idle", ep, 8, 50, &names(CS));
+    let chunk = vec![7u8; 65536];
+    let mut total = 0usize;
+    loop {
+        let n = wr(c, &chunk);
+        if n < 0 {
+            log(format!("write until full: {}", ename(errno())));
+            break;
+        }
+        total += n as usize;
+    }
+    let reader = std::thread::spawn(move || read_n(s, total).len() == total);
+    ep_wait("wait writable again", ep, 8, 5000, &names(CS));
+    log(format!("drained all: {}", reader.join().expect("reader")));
+    close(ep);
+    close(c);
+    close(s);
+}
+
+/// A thread waits for `c` (full send buffer: not writable) while another shuts it for writing
+/// (through `via`, `c` itself or a dup): TCP wakes the waiter with `EPOLLOUT`.
+fn shutdown_wakes_waiter(dup: bool) {
+    let (c, s) = pair();
+    set_nonblock(c, true);
+    let chunk = vec![7u8; 65536];
+    loop {
+        if wr(c, &chunk) < 0 {
+            log(format!("write until full: {}", ename(errno())));
+            break;
+        }
+    }
+    let ep = ep_create();
+    ep_ctl(
+        "ADD c IN|OUT",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        c,
+        (libc::EPOLLIN | libc::EPOLLOUT) as u32,
+        0,
+    );
+    ep_wait("wait(0) full", ep, 8, 0, &names(CS));
+    // SAFETY: plain dup.
+    let via = if dup { unsafe { libc::dup(c) } } else { c };
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        // SAFETY: 4 entries.
+        let n = unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), 4, 5000) };
+        (n, if n > 0 { ev[0].events } else { 0 })
+    });
+    wait_blocked(&T);
+    // SAFETY: plain shutdown.
+    r(
+        "shutdown(SHUT_WR)",
+        unsafe { libc::shutdown(via, libc::SHUT_WR) } as isize,
+    );
+    let (n, m) = h.join().expect("waiter");
+    log(format!("waiter = {n} {}", mask_names(m)));
+    if dup {
+        close(via);
+    }
+    close(ep);
+    close(c);
+    close(s);
+}
+
+fn epoll_shutdown_wakes_waiter() {
+    shutdown_wakes_waiter(false);
+}
+
+fn epoll_shutdown_dup_wakes_waiter() {
+    shutdown_wakes_waiter(true);
+}
+
+/// Two threads wait on one set (maxevents 1) for one level-triggered connection that becomes
+/// readable: both are woken with it (TCP keeps a level-triggered entry on the kernel's ready
+/// list and wakes the next waiter).
+fn epoll_threads_lt_both_woken() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    static T1: AtomicI32 = AtomicI32::new(0);
+    static T2: AtomicI32 = AtomicI32::new(0);
+    let w = |t: &'static AtomicI32| {
+        std::thread::spawn(move || {
+            t.store(gettid(), Ordering::Release);
+            let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 1];
+            // Without a timeout: a waiter left asleep is a hang (the watchdog ends it), not a
+            // late return that would look the same in the trace.
+            // SAFETY: 1 entry.
+            unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), 1, -1) }
+        })
+    };
+    let h1 = w(&T1);
+    let h2 = w(&T2);
+    wait_blocked(&T1);
+    wait_blocked(&T2);
+    write_all(c, b"one");
+    let (n1, n2) = (h1.join().expect("t1"), h2.join().expect("t2"));
+    log(format!(
+        "threads woken with an event: {}",
+        (n1 == 1) as u32 + (n2 == 1) as u32
+    ));
+    close(ep);
+    close(c);
+    close(s);
+}
+
+/// A set copied by `fork`, waited on in both processes at once (level-triggered): both see
+/// the connection become readable.
+fn epoll_fork_shared_set() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    ep_wait("wait(0) before fork", ep, 8, 0, &names(CS));
+    let (rp, wp) = pipe();
+    // SAFETY: the child only waits on the set, writes one line and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        close(rp);
+        let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        // SAFETY: 4 entries.
+        let n = unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), 4, 5000) };
+        let line = format!(
+            "{n} {}",
+            if n > 0 {
+                mask_names(ev[0].events)
+            } else {
+                String::new()
+            }
+        );
+        write_all(wp, line.as_bytes());
+        // SAFETY: plain exit without destructors (fork child).
+        unsafe { libc::_exit(0) };
+    }
+    close(wp);
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        // SAFETY: 4 entries.
+        let n = unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), 4, 5000) };
+        (n, if n > 0 { ev[0].events } else { 0 })
+    });
+    wait_blocked(&T);
+    wait_pid_blocked(pid);
+    write_all(c, b"both");
+    let (n, m) = h.join().expect("waiter");
+    log(format!("parent = {n} {}", mask_names(m)));
+    let child = read_n(rp, 256);
+    close(rp);
+    let mut st = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    log(format!(
+        "child = {}",
+        String::from_utf8_lossy(&child).trim()
+    ));
+    close(ep);
+    close(c);
+    close(s);
+}
+
+/// The peer writes and exits without closing (a crash: nothing in the CDC header) while this
+/// side's entry sleeps parked: its doorbell and the TCP FIN arrive together. A non-blocking
+/// epoll loop reads the bytes and then the EOF (TCP: the read after the bytes returns 0). (The
+/// set is made after the fork: the child has no copy of it.)
+fn epoll_peer_exit_after_write() {
+    let (c, s) = pair();
+    let (rp, wp) = pipe();
+    // SAFETY: the child only waits for the go, writes on `c` and exits without closing it.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        close(s);
+        close(wp);
+        let mut b = [0u8; 1];
+        // SAFETY: valid buffer.
+        unsafe { libc::read(rp, b.as_mut_ptr().cast(), 1) };
+        write_all(c, b"hello");
+        // SAFETY: exit without closing `c` (as a crash would).
+        unsafe { libc::_exit(0) };
+    }
+    close(c);
+    close(rp);
+    set_nonblock(s, true);
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    // Nothing to read: the set sleeps (the entry is parked, its wakeups armed).
+    ep_wait("wait(50) idle", ep, 8, 50, &names(CS));
+    write_all(wp, b"g");
+    close(wp);
+    let mut st = 0;
+    // SAFETY: our child; once it is reaped its socket is closed (FIN sent).
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    let (bytes, eof) = epoll_read_to_eof(ep, s);
+    log(format!("bytes {bytes}, EOF seen: {eof}"));
+    close(ep);
+    close(s);
+}
+
+/// An epoll loop over one non-blocking fd: wait (2 s at most), read until `EAGAIN` or EOF; three
+/// rounds at most. The bytes read and whether EOF was seen.
+fn epoll_read_to_eof(ep: c_int, fd: c_int) -> (usize, bool) {
+    let (mut bytes, mut eof) = (0usize, false);
+    for _ in 0..3 {
+        if eof {
+            break;
+        }
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        // SAFETY: 8 entries.
+        let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 8, 2000) };
+        if n <= 0 {
+            continue;
+        }
+        loop {
+            let mut b = [0u8; 64];
+            // SAFETY: valid buffer.
+            let k = unsafe { libc::read(fd, b.as_mut_ptr().cast(), b.len()) };
+            if k > 0 {
+                bytes += k as usize;
+                continue;
+            }
+            eof = k == 0;
+            break;
+        }
+    }
+    (bytes, eof)
+}
+
+/// A child forked while the set watches `s` closes its copies of `s` and of the set and exits;
+/// then the peer writes and closes: the parent's set reports it (TCP: the child's close of its
+/// descriptor leaves the parent's registration alone, the open file lives on).
+fn epoll_fork_child_closes_conn() {
+    let (c, s) = pair();
+    set_nonblock(s, true);
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    ep_wait("wait(0)", ep, 8, 0, &names(CS));
+    // SAFETY: the child only closes two descriptors and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        close(s);
+        close(ep);
+        // SAFETY: plain exit without destructors (fork child).
+        unsafe { libc::_exit(0) };
+    }
+    let mut st = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    write_all(c, b"hello");
+    close(c);
+    let (bytes, eof) = epoll_read_to_eof(ep, s);
+    log(format!("bytes {bytes}, EOF seen: {eof}"));
+    close(ep);
     close(s);
 }
 
