@@ -359,6 +359,10 @@ pub fn opt_in(fd: i32) -> bool {
         }
         return false;
     }
+    // The statistics file now, not at the first decision: a process at its descriptor limit
+    // (an event loop that accepted or connected everything at once) may have none to spare by
+    // then, and its figures would stay in an anonymous page nobody reads.
+    let _ = crate::stats::get();
     true
 }
 
@@ -649,6 +653,19 @@ pub(crate) fn daemon_fd_in(first: libc::c_uint, last: libc::c_uint) -> Option<i3
     let fd = d.client.raw_fd();
     (fd >= 0 && d.pid == crate::pid() && (first..=last).contains(&(fd as libc::c_uint)))
         .then_some(fd)
+}
+
+/// After the application found no descriptor left (`EMFILE`): the memfds this process holds
+/// for other handshakes' daemon replies not taken yet are closed (those handshakes decline
+/// with `MEM`); true when there were any, so that the call may be tried again. Nothing when
+/// this process has no daemon connection.
+pub(crate) fn give_back_descriptors() -> bool {
+    let p = DEV.load(Ordering::Acquire);
+    // SAFETY: published by `dev`, never freed.
+    let Some(d) = (unsafe { p.as_ref() }) else {
+        return false;
+    };
+    d.pid == crate::pid() && d.client.give_back_filed() > 0
 }
 
 pub(crate) fn with_dev<T>(
