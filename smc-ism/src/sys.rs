@@ -179,6 +179,24 @@ pub(crate) fn placeholder_fd() -> Option<OwnedFd> {
     Some(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
 }
 
+/// Whether this process has fewer than `headroom` descriptors left below its soft
+/// `RLIMIT_NOFILE` (or none at all): the lowest free descriptor number against the limit
+/// (the table below it is full; a daemon's table has few holes).
+pub(crate) fn near_fd_limit(headroom: u64) -> bool {
+    // SAFETY: getrlimit into a valid struct.
+    let mut rl: libc::rlimit = unsafe { mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
+        return false;
+    }
+    let Some(probe) = placeholder_fd() else {
+        return true;
+    };
+    let lowest = probe.as_raw_fd() as u64;
+    drop(probe);
+    lowest + headroom >= rl.rlim_cur as u64
+}
+
 /// The sequence number of the next record on `fd`, peeked (`MSG_PEEK`) without control
 /// buffer: nothing is consumed and no fd passed with it is installed (they stay queued with
 /// it). `None` when nothing is there. The system call itself, as [`recv_record`].

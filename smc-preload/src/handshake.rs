@@ -502,15 +502,16 @@ impl Driver {
     }
 
     /// Start the daemon request the next step will need, unless one is out already (a
-    /// `Pair` becomes a `Register` with a daemon that does not pair) or the daemon connection
-    /// has no room for it without reading another's reply (whose memfd this process would
-    /// then hold across the application's calls, one per handshake under way: an event loop
-    /// that opens its connections at once, at its descriptor limit, found none left for its
-    /// own sockets). That step then sends it itself.
+    /// `Pair` becomes a `Register` with a daemon that does not pair) or, but for a `Pair`, the
+    /// daemon connection has no room for it without reading another's reply (whose memfd this
+    /// process would then hold across the application's calls, one per handshake under way:
+    /// an event loop that opens its connections at once, at its descriptor limit, found none
+    /// left for its own sockets). That step then sends it itself.
     fn send_ahead(&mut self, kind: Ahead) {
+        // A `PAIR` goes regardless: the peer's own waits for it in the daemon.
         if self.ahead.is_some()
             || !setup::pipelining()
-            || !with_dev(|c| Ok(c.has_room())).unwrap_or(false)
+            || (kind != Ahead::Pair && !with_dev(|c| Ok(c.has_room())).unwrap_or(false))
         {
             return;
         }
@@ -521,8 +522,13 @@ impl Driver {
         } else {
             self.timeout
         };
+        let pairing = if self.server {
+            setup::server_pairing()
+        } else {
+            setup::pairing()
+        };
         let (kind, t) = match kind {
-            Ahead::Pair if setup::pairing() => {
+            Ahead::Pair if pairing => {
                 let rel = setup::take_releases();
                 let t = with_dev(|c| c.pair_start_releasing(sc, park, fd, &rel));
                 if t.is_err() {
@@ -600,7 +606,7 @@ impl Driver {
             None if self.server
                 && self.ahead.is_none()
                 && setup::pipelining()
-                && setup::pairing() =>
+                && setup::server_pairing() =>
             {
                 let fd = self.fd;
                 let rel = setup::take_releases();
@@ -619,7 +625,22 @@ impl Driver {
         } else {
             self.timeout
         };
-        let (own, peer) = with_dev(|c| c.finish_pair(t, Some(wait))).ok()?;
+        // (The error goes through `with_dev`, which backs off from a daemon that timed out.)
+        let mut unpaired = false;
+        let r = with_dev(|c| {
+            c.finish_pair(t, Some(wait)).inspect_err(|e| {
+                unpaired = matches!(e, smc_ism::IsmError::NoPeer | smc_ism::IsmError::Timeout)
+            })
+        });
+        let Ok((own, peer)) = r else {
+            if unpaired && self.server {
+                // Our client's PAIR never came (it does not pair, or the daemon, out of
+                // descriptors, could not take it): the next servers register alone for a
+                // while instead of waiting for theirs in turn.
+                setup::server_unpaired();
+            }
+            return None;
+        };
         if own.size_code != size_code {
             setup::release_dmbs(Some(own.token), Some(peer.token));
             return None;

@@ -144,6 +144,24 @@ pub(crate) fn pairing() -> bool {
     pairing_env() && with_dev(|c| c.features()).is_ok_and(|f| f & smc_ism::proto::FEATURE_PAIR != 0)
 }
 
+/// Until when (ms since [`epoch_ms`]'s epoch) this process's servers do not pair: one waited
+/// in vain for its client's `PAIR` ([`server_unpaired`]).
+static SERVER_UNPAIRED_UNTIL: AtomicU64 = AtomicU64::new(0);
+
+/// Whether a server end pairs: [`pairing`], unless a server of this process waited in vain for
+/// its client's `PAIR` within the last second (clients that do not pair, or a daemon out of
+/// descriptors that dropped their requests): each such wait holds an event loop up to
+/// `SERVER_PAIR_WAIT`, so the next servers register alone meanwhile (the daemon still serves a
+/// client's `PAIR` waiting for them then).
+pub(crate) fn server_pairing() -> bool {
+    epoch_ms() >= SERVER_UNPAIRED_UNTIL.load(Ordering::Relaxed) && pairing()
+}
+
+/// A server waited in vain for its client's `PAIR`: see [`server_pairing`].
+pub(crate) fn server_unpaired() {
+    SERVER_UNPAIRED_UNTIL.store(epoch_ms() + 1000, Ordering::Relaxed);
+}
+
 /// The server handshake continues after `accept` returns when its client's next message is not
 /// there yet (`SMC_ACCEPT_ASYNC=0`: it completes inside `accept` for blocking sockets).
 fn accept_async() -> bool {

@@ -318,6 +318,11 @@ fn pair_pass(own: Arc<DmbObj>, peer: Arc<DmbObj>) -> Vec<PassFd> {
 /// open in the daemon); beyond, `NoPeer` at once.
 const MAX_PARKED: usize = 2048;
 
+/// Descriptors the daemon keeps free below its limit when a `PAIR` would wait for its peer
+/// (see `pair`): more than a new DMB leaves (`registry::RECEIVE_HEADROOM`), so that a parked
+/// request's peer finds one to complete the pair.
+const PARK_HEADROOM: u64 = 64;
+
 /// A `PAIR`'s answer: our DMB and the peer's.
 type PairDmbs = (Arc<DmbObj>, Arc<DmbObj>);
 
@@ -929,11 +934,28 @@ impl Conn<'_> {
                     match found {
                         Some(y) => y,
                         None => {
+                            // Waiting keeps the socket open: not with the daemon at its
+                            // descriptor limit, where the peer's request may have been dropped
+                            // by the kernel (no socket, so nobody can tell it that its peer
+                            // is gone) and would keep this one waiting in vain.
+                            // The other end's was refused: it will not come.
+                            if rdv.take_refused_mirror(&xid) {
+                                drop(rdv);
+                                self.dispose(Some(fd));
+                                return Err(Fail::NoPeer);
+                            }
+                            if sys::near_fd_limit(PARK_HEADROOM) {
+                                rdv.refuse(&xid);
+                                drop(rdv);
+                                self.dispose(Some(fd));
+                                return Err(Fail::Memfd(libc::EMFILE));
+                            }
                             // Bounded per client and per uid: each waits with its socket open.
                             let charge = (self.parked.len() < MAX_PARKED)
                                 .then(|| pair::ParkCharge::new(&self.uid))
                                 .flatten();
                             let Some(charge) = charge else {
+                                rdv.refuse(&xid);
                                 drop(rdv);
                                 self.dispose(Some(fd));
                                 return Err(Fail::NoPeer);
