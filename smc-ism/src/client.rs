@@ -309,7 +309,9 @@ impl Client {
         let mut payload = [0u8; 8];
         payload[0] = which;
         let t = self.start(proto::OP_ADOPT, &payload, Some(sock_fd))?;
-        self.finish_dmb(t)
+        // A state page comes with no reference.
+        let op = if which == proto::ADOPT_STATE { 0 } else { t.op };
+        self.finish_dmb_as(t, op)
     }
 
     /// `REGISTER` that also hands the daemon `state_fd` (see
@@ -326,18 +328,24 @@ impl Client {
         let mut reply = [0u8; 128];
         let seq = self.send_request_fds(proto::OP_REGISTER, &payload, &[sock_fd, state_fd])?;
         let a = self.reply(seq, proto::OP_REGISTER, &mut reply)?;
-        self.dmb_answer(&reply, a)
+        self.dmb_answer(proto::OP_REGISTER, &reply, a)
     }
 
     /// Reads the reply of a `*_start` request.
     pub fn finish_dmb(&mut self, t: Ticket) -> Result<Dmb, IsmError> {
+        let op = t.op;
+        self.finish_dmb_as(t, op)
+    }
+
+    /// As [`Client::finish_dmb`]; `op` tells which reference a grant gave (see `dmb_answer`).
+    fn finish_dmb_as(&mut self, t: Ticket, op: u16) -> Result<Dmb, IsmError> {
         if t.generation != self.generation || self.fd.is_none() {
             // The daemon released whatever it granted when that connection closed.
             return Err(IsmError::Disconnected);
         }
         let mut buf = [0u8; 128];
         let a = self.reply(t.seq, t.op, &mut buf)?;
-        self.dmb_answer(&buf, a)
+        self.dmb_answer(op, &buf, a)
     }
 
     /// Gives back the owner reference of `own` and the attach reference of `peer` without
@@ -571,10 +579,21 @@ impl Client {
     fn dmb_op(&mut self, op: u16, payload: &[u8], sock_fd: RawFd) -> Result<Dmb, IsmError> {
         let mut buf = [0u8; 128];
         let a = self.transact(op, payload, Some(sock_fd), &mut buf, true)?;
-        self.dmb_answer(&buf, a)
+        self.dmb_answer(op, &buf, a)
     }
 
-    fn dmb_answer(&mut self, buf: &[u8], a: Answer) -> Result<Dmb, IsmError> {
+    /// The DMB a reply to `op` granted; one whose memfd this process had no descriptor for
+    /// gives its reference back and fails with `Mem` (see [`granted_without_memfd`]).
+    fn dmb_answer(&mut self, op: u16, buf: &[u8], a: Answer) -> Result<Dmb, IsmError> {
+        if let Some(token) = granted_without_memfd(buf, &a) {
+            let (own, peer) = granted_ref(op, token);
+            if own.is_some() || peer.is_some() {
+                let _ = self.release_nowait(own, peer);
+            }
+            return Err(IsmError::Mem {
+                errno: libc::EMFILE,
+            });
+        }
         dmb_answer(buf, a)
     }
 
@@ -799,6 +818,30 @@ pub(crate) fn check_reply(
         end,
         fd,
     })
+}
+
+/// The token of the reference a successful REGISTER/ATTACH reply granted when its memfd did
+/// not arrive: the daemon always sends one, so the kernel dropped it (`MSG_CTRUNC`: this
+/// process is at `RLIMIT_NOFILE`). Not a protocol error: the caller gives the reference back
+/// and reports `Mem` (the connection falls back to TCP with that decline), keeping the daemon
+/// connection and every other reference it holds.
+pub(crate) fn granted_without_memfd(buf: &[u8], a: &Answer) -> Option<u64> {
+    if a.fd.is_some() {
+        return None;
+    }
+    let r = DmbReply::decode(buf.get(a.start..a.end)?)?;
+    (r.token != 0).then_some(r.token)
+}
+
+/// The reference a grant of `token` in reply to `op` gave the connection, as `(own, peer)` for
+/// a release: the owner's for `REGISTER`, an attach one for `ATTACH`, `ATTACH_PEER` and an
+/// `ADOPT` of a DMB, none for op 0 (an `ADOPT` of a state page).
+pub(crate) fn granted_ref(op: u16, token: u64) -> (Option<u64>, Option<u64>) {
+    match op {
+        proto::OP_REGISTER => (Some(token), None),
+        0 => (None, None),
+        _ => (None, Some(token)),
+    }
 }
 
 /// The DMB a successful REGISTER/ATTACH reply grants.

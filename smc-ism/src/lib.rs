@@ -67,6 +67,13 @@
 //!   only to a client of the registering client's uid, cgroup and pid namespace, so another
 //!   tenant that got hold of the socket gets nothing. Found for as long as the DMB lives (also
 //!   after its owner's unregister, while the peer holds it).
+//! - Recorded proof (`REGISTER_RECORD_PROOF`, [`proto::FEATURE_RECORDED_PROOF`]): a server's
+//!   registration records what its socket proved (identity, cgroup key; not the socket); its
+//!   attach of the client's DMB, which comes after the client's CLC confirm when it can no
+//!   longer decline, passes its socket and names its own token: when the kernel dropped that
+//!   socket (the daemon out of descriptors), the record of that registration of the same
+//!   daemon connection stands in for it. The record goes at that attach's success or with the
+//!   owner reference.
 //! - `detach_dmb` / `unregister_dmb`: −1 reference. At 0 the token leaves the table and the
 //!   daemon's memfd is closed, then the slot bit and the quota are released (in that order, by
 //!   RAII), so a slot or token is reused only after the release. The memory itself lives on while

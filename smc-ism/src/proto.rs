@@ -23,10 +23,18 @@
 //! Request payloads:
 //! - `OP_QUERY_GID`: empty. Result: `gid: u64, gid_ext: u64, chid: u16, max_size_code: u8,
 //!   reserved: u8, features: u32`.
-//! - `OP_REGISTER`: `size_code: u8, reserved: [u8; 7]` + the caller's connected TCP socket
-//!   (whose peer socket's cookie the daemon records). Result: [`DmbReply`] + the memfd.
+//! - `OP_REGISTER`: `size_code: u8, flags: u8, reserved: [u8; 6]` + the caller's connected TCP
+//!   socket (whose peer socket's cookie the daemon records). Result: [`DmbReply`] + the memfd.
+//!   Flag [`REGISTER_RECORD_PROOF`]: the daemon records what the socket proves (its identity;
+//!   the socket itself goes to the closer as always) with the registration, for this client's
+//!   attach of its peer's DMB (`own` below): a server that has sent its CLC accept cannot
+//!   decline any more, and must not fail when the daemon is out of descriptors. The record
+//!   goes at that attach's success, or when the owner reference goes.
 //! - `OP_ATTACH`: `token: u64` + the caller's end of the same TCP connection (its `SO_COOKIE`
-//!   must be the recorded peer cookie). Result: [`DmbReply`] + the memfd.
+//!   must be the recorded peer cookie). Result: [`DmbReply`] + the memfd. Or `token: u64,
+//!   own: u64`: when the kernel dropped the socket passed (`MSG_CTRUNC`, the daemon out of
+//!   descriptors) and `own` is a registration of this client recorded with
+//!   [`REGISTER_RECORD_PROOF`], its record is the proof.
 //! - `OP_DETACH`, `OP_UNREGISTER`: `token: u64`. Result: empty.
 //! - `OP_RELEASE`: `own: u64, peer: u64` (0: none), optionally `flags: u32, reserved: u32`:
 //!   drops the owner reference of `own` and the attach reference of `peer` in one record
@@ -41,6 +49,7 @@
 //!   and both sockets in one network namespace, where a mirrored 4-tuple cannot be forged), so
 //!   that a server can attach before the client's token arrives in the CLC confirm (it then
 //!   checks the token). Result: [`DmbReply`] + the memfd; `StaleToken` when there is none.
+//!   Or `own: u64`: a record for a socket dropped, as for `OP_ATTACH`.
 //! - `OP_REGISTER` may carry a second fd after the socket: a memfd of the owner's local state
 //!   page (4 KiB, checked to be a shmem file of that size, else closed), kept with the DMB for
 //!   `OP_ADOPT` and closed with it.
@@ -98,7 +107,8 @@
 //! `Malformed`, answered as usual): the data path releases DMBs at close without waiting.
 //!
 //! The `QUERY_GID` result's last `u32` is a feature mask ([`FEATURE_RELEASE`],
-//! [`FEATURE_NOREPLY`], [`FEATURE_ATTACH_PEER`]); daemons that predate them send 0, so a client
+//! [`FEATURE_NOREPLY`], [`FEATURE_ATTACH_PEER`], [`FEATURE_ADOPT`], [`FEATURE_PAIR`],
+//! [`FEATURE_POOL`], [`FEATURE_RECORDED_PROOF`]); daemons that predate them send 0, so a client
 //! uses those requests only after a `QUERY_GID` on the same connection advertised them.
 
 /// `"SMCI"` as a little-endian u32.
@@ -163,13 +173,20 @@ pub const FEATURE_ADOPT: u32 = 1 << 3;
 pub const FEATURE_PAIR: u32 = 1 << 4;
 /// Feature: the flags of `OP_RELEASE` (pooled DMBs).
 pub const FEATURE_POOL: u32 = 1 << 5;
+/// Feature: [`REGISTER_RECORD_PROOF`] and the attaches it proves (`own`).
+pub const FEATURE_RECORDED_PROOF: u32 = 1 << 6;
 /// Every feature this crate's daemon offers.
 pub const FEATURES: u32 = FEATURE_RELEASE
     | FEATURE_NOREPLY
     | FEATURE_ATTACH_PEER
     | FEATURE_ADOPT
     | FEATURE_PAIR
-    | FEATURE_POOL;
+    | FEATURE_POOL
+    | FEATURE_RECORDED_PROOF;
+
+/// `OP_REGISTER` flag: record what the passed socket proves, for a later attach whose socket
+/// the daemon could not receive (see the module documentation).
+pub const REGISTER_RECORD_PROOF: u8 = 1 << 0;
 
 /// `OP_RELEASE` flag: keep the released own DMB in the caller's pool.
 pub const RELEASE_POOL_OWN: u32 = 1 << 0;
@@ -370,14 +387,22 @@ pub enum Request {
     Register {
         /// `16 KiB << size_code` bytes.
         size_code: u8,
+        /// [`REGISTER_RECORD_PROOF`].
+        record: bool,
     },
     /// `OP_ATTACH`.
     Attach {
         /// The owner's token.
         token: u64,
+        /// The caller's registration whose recorded proof stands in for a socket dropped
+        /// (0: none).
+        own: u64,
     },
     /// `OP_ATTACH_PEER`.
-    AttachPeer,
+    AttachPeer {
+        /// As for [`Request::Attach`].
+        own: u64,
+    },
     /// `OP_ADOPT`.
     Adopt {
         /// [`ADOPT_OWN`], [`ADOPT_PEER`] or [`ADOPT_STATE`].
@@ -443,7 +468,7 @@ impl Request {
             self,
             Request::Register { .. }
                 | Request::Attach { .. }
-                | Request::AttachPeer
+                | Request::AttachPeer { .. }
                 | Request::Adopt { .. }
                 | Request::Pair { .. }
         )
@@ -521,12 +546,16 @@ pub fn decode_request(rec: &[u8], truncated: bool) -> Decoded {
         OP_REGISTER if p[0] > smc_common::cdc::DMB_MAX_SIZE_CODE_LARGE => {
             bad(Status::BadSize, false)
         }
-        OP_REGISTER => Ok(Request::Register { size_code: p[0] }),
+        OP_REGISTER => Ok(Request::Register {
+            size_code: p[0],
+            record: p[1] & REGISTER_RECORD_PROOF != 0,
+        }),
         OP_ATTACH if !need(8) => bad(Status::Malformed, false),
         OP_ATTACH => Ok(Request::Attach {
             token: get_u64(p, 0),
+            own: get_u64(p, 8),
         }),
-        OP_ATTACH_PEER => Ok(Request::AttachPeer),
+        OP_ATTACH_PEER => Ok(Request::AttachPeer { own: get_u64(p, 0) }),
         OP_ADOPT if !need(8) => bad(Status::Malformed, false),
         OP_ADOPT if p[0] > ADOPT_STATE => bad(Status::Malformed, false),
         OP_ADOPT => Ok(Request::Adopt { which: p[0] }),
@@ -638,10 +667,33 @@ mod tests {
     #[test]
     fn decode_requests() {
         let d = decode_request(&record(OP_REGISTER, &[6, 0, 0, 0, 0, 0, 0, 0]), false);
-        assert_eq!(d.request, Ok(Request::Register { size_code: 6 }));
+        assert_eq!(
+            d.request,
+            Ok(Request::Register {
+                size_code: 6,
+                record: false
+            })
+        );
         assert_eq!((d.op, d.seq, d.noreply), (OP_REGISTER, 9, false));
-        let d = decode_request(&record(OP_REGISTER, &[10, 0, 0, 0, 0, 0, 0, 0]), false);
-        assert_eq!(d.request, Ok(Request::Register { size_code: 10 }));
+        let d = decode_request(&record(OP_REGISTER, &[10, 1, 0, 0, 0, 0, 0, 0]), false);
+        assert_eq!(
+            d.request,
+            Ok(Request::Register {
+                size_code: 10,
+                record: true
+            })
+        );
+        // An attach may name the registration whose record proves it, or none (8 bytes).
+        let d = decode_request(&record(OP_ATTACH, &[7; 8]), false);
+        assert!(matches!(d.request, Ok(Request::Attach { own: 0, .. })));
+        let mut p = [0u8; 16];
+        p[8] = 5;
+        let d = decode_request(&record(OP_ATTACH, &p), false);
+        assert!(matches!(d.request, Ok(Request::Attach { own: 5, .. })));
+        let d = decode_request(&record(OP_ATTACH_PEER, &[]), false);
+        assert_eq!(d.request, Ok(Request::AttachPeer { own: 0 }));
+        let d = decode_request(&record(OP_ATTACH_PEER, &5u64.to_le_bytes()), false);
+        assert_eq!(d.request, Ok(Request::AttachPeer { own: 5 }));
         let d = decode_request(&record(OP_REGISTER, &[11, 0, 0, 0, 0, 0, 0, 0]), false);
         assert_eq!(d.request.unwrap_err().status, Status::BadSize);
         let d = decode_request(&record(OP_ATTACH, &[1; 4]), false);

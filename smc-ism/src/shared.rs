@@ -38,8 +38,17 @@ static GENERATION: AtomicU64 = AtomicU64::new(1);
 /// Largest reply record read through a shared client (DMB and GID replies are far smaller).
 const REPLY_MAX: usize = 256;
 
-/// A reply filed for its ticket's waiter: the record and the fds that came with it.
-type Filed = (Vec<u8>, Option<OwnedFd>, Vec<OwnedFd>);
+/// A reply filed for its ticket's waiter: the record, the fds that came with it, and a
+/// placeholder descriptor taken again for the ticket's reserve when the reply brought no fd
+/// (see `reserves`). `reserved`: the request was sent with a reserve (a waiter that can no
+/// longer decline), whose memfd is never given back ([`SharedClient::give_back_filed`]).
+struct Filed {
+    rec: Vec<u8>,
+    fd: Option<OwnedFd>,
+    extra: Vec<OwnedFd>,
+    reserve: Option<OwnedFd>,
+    reserved: bool,
+}
 
 struct State {
     /// The connection (shared with a reader that reads it without the lock).
@@ -64,6 +73,11 @@ struct State {
     /// References granted by abandoned requests, given back with the next request (not
     /// while the lock is held).
     to_release: Vec<(u64, u64)>,
+    /// Descriptors held for the memfd of a request's reply, by seq: the reader closes one only
+    /// once that very reply is the next to read and reads it at once, so that a process at
+    /// `RLIMIT_NOFILE` (its application took every free descriptor meanwhile) still receives
+    /// it.
+    reserves: HashMap<u32, OwnedFd>,
 }
 
 /// A thread-safe daemon connection; see the module documentation.
@@ -103,6 +117,7 @@ impl SharedClient {
                 reading: false,
                 abandoned: Vec::new(),
                 to_release: Vec::new(),
+                reserves: HashMap::new(),
             }),
             changed: Condvar::new(),
             raw: AtomicI32::new(-1),
@@ -153,6 +168,7 @@ impl SharedClient {
         st.abandoned.clear();
         // The daemon released everything the connection held.
         st.to_release.clear();
+        st.reserves.clear();
         st.generation = GENERATION.fetch_add(1, Ordering::Relaxed);
         self.changed.notify_all();
     }
@@ -178,16 +194,39 @@ impl SharedClient {
     /// Sends one request without waiting for its reply (a full socket buffer is waited on,
     /// within the timeout); its seq is queued for a reply unless it carries `NOREPLY_BIT`.
     fn send(&self, op: u16, payload: &[u8], pass: &[RawFd]) -> Result<Ticket, IsmError> {
+        self.send_reserved(op, payload, pass, &mut None)
+    }
+
+    /// As `send`; `reserve` (taken when the request is sent) is held for the reply's memfd.
+    fn send_reserved(
+        &self,
+        op: u16,
+        payload: &[u8],
+        pass: &[RawFd],
+        reserve: &mut Option<OwnedFd>,
+    ) -> Result<Ticket, IsmError> {
         self.flush_releases();
         let reused = self.lock().fd.is_some();
-        match self.send_once(op, payload, pass) {
+        match self.send_once_reserved(op, payload, pass, reserve) {
             // A connection the daemon closed (it restarted): once more on a new one.
-            Err(IsmError::Disconnected) if reused => self.send_once(op, payload, pass),
+            Err(IsmError::Disconnected) if reused => {
+                self.send_once_reserved(op, payload, pass, reserve)
+            }
             r => r,
         }
     }
 
     fn send_once(&self, op: u16, payload: &[u8], pass: &[RawFd]) -> Result<Ticket, IsmError> {
+        self.send_once_reserved(op, payload, pass, &mut None)
+    }
+
+    fn send_once_reserved(
+        &self,
+        op: u16,
+        payload: &[u8],
+        pass: &[RawFd],
+        reserve: &mut Option<OwnedFd>,
+    ) -> Result<Ticket, IsmError> {
         let mut st = self.connection()?;
         // At most MAX_INFLIGHT replies outstanding: an event loop with hundreds of handshakes
         // under way would otherwise fill the socket with replies, the daemon would block
@@ -269,6 +308,9 @@ impl SharedClient {
                 if op == proto::OP_PAIR {
                     st.pairs += 1;
                 }
+                if let Some(r) = reserve.take() {
+                    st.reserves.insert(seq, r);
+                }
             }
             return Ok(Ticket {
                 seq,
@@ -291,10 +333,30 @@ impl SharedClient {
         };
         st.reading = true;
         let generation = st.generation;
+        let reserves = !st.reserves.is_empty();
         drop(st);
         // The wait: without the lock. SO_RCVTIMEO bounds it, or an earlier deadline (a reply
         // already there is read at once).
         let mut buf = vec![0u8; REPLY_MAX];
+        // A descriptor held for the memfd of the reply that is next (replies may come out of
+        // order: its seq is peeked, its fds left queued) is freed just before it is read.
+        let mut had_reserve = false;
+        if reserves {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !sys::wait_readable(fd.as_raw_fd(), left.min(self.timeout)) {
+                // Nothing came in time (one wait, as below): nothing read.
+                drop(fd);
+                let mut st = self.lock();
+                st.reading = false;
+                self.changed.notify_all();
+                return (st, Ok(()));
+            }
+            if let Some(next) = sys::peek_seq(fd.as_raw_fd()) {
+                let res = self.lock().reserves.remove(&next);
+                had_reserve = res.is_some();
+                drop(res);
+            }
+        }
         let mut r = sys::recv_record(fd.as_raw_fd(), &mut buf, libc::MSG_DONTWAIT);
         if r.as_ref()
             .is_err_and(|e| e.raw_os_error() == Some(libc::EAGAIN))
@@ -309,6 +371,12 @@ impl SharedClient {
             }
             r = sys::recv_record(fd.as_raw_fd(), &mut buf, 0);
         }
+        // A reply without a memfd (a refusal) leaves the ticket's reserve to be taken again,
+        // at once, for its next request (the slot freed above is still free).
+        let reserve_back = match &r {
+            Ok(rec) if had_reserve && rec.fd.is_none() => sys::placeholder_fd(),
+            _ => None,
+        };
         drop(fd);
         let mut st = self.lock();
         st.reading = false;
@@ -360,7 +428,14 @@ impl SharedClient {
                 st.to_release.push(g);
             }
         } else {
-            st.filed.insert(seq, (buf, r.fd, r.extra));
+            let f = Filed {
+                rec: buf,
+                fd: r.fd,
+                extra: r.extra,
+                reserve: reserve_back,
+                reserved: had_reserve,
+            };
+            st.filed.insert(seq, f);
         }
         (st, Ok(()))
     }
@@ -372,6 +447,17 @@ impl SharedClient {
         t: Ticket,
         wait: Option<Duration>,
     ) -> Result<(Vec<u8>, client::Answer, Vec<OwnedFd>), IsmError> {
+        self.finish_reserved(t, wait, &mut None)
+    }
+
+    /// As `finish_within`; `reserve` gets the placeholder taken again for the ticket's
+    /// reserve (a refusal), or the reserve itself when the reply did not come in time.
+    fn finish_reserved(
+        &self,
+        t: Ticket,
+        wait: Option<Duration>,
+        reserve: &mut Option<OwnedFd>,
+    ) -> Result<(Vec<u8>, client::Answer, Vec<OwnedFd>), IsmError> {
         let deadline = Instant::now() + wait.unwrap_or(self.timeout);
         let mut st = self.lock();
         loop {
@@ -379,7 +465,17 @@ impl SharedClient {
                 // The daemon released whatever it granted when that connection closed.
                 return Err(IsmError::Disconnected);
             }
-            if let Some((rec, fd, extra)) = st.filed.remove(&t.seq) {
+            if let Some(Filed {
+                rec,
+                fd,
+                extra,
+                reserve: back,
+                ..
+            }) = st.filed.remove(&t.seq)
+            {
+                if back.is_some() {
+                    *reserve = back;
+                }
                 let r = check_reply(t.seq, t.op, &rec, rec.len(), fd);
                 if let Err(IsmError::Protocol(_)) = r {
                     self.disconnect(&mut st);
@@ -389,6 +485,10 @@ impl SharedClient {
             let (g, r) = self.wait_step(st, deadline);
             st = g;
             if !r? {
+                // The descriptor held for its memfd goes back to the caller, for another try.
+                if let Some(res) = st.reserves.remove(&t.seq) {
+                    *reserve = Some(res);
+                }
                 if st.inflight.contains(&t.seq) {
                     st.abandoned.push((t.seq, t.op));
                     if t.op == proto::OP_PAIR {
@@ -421,8 +521,9 @@ impl SharedClient {
             return; // the daemon released everything of that connection
         }
         let mut cancel = false;
-        if let Some((rec, _, _)) = st.filed.remove(&t.seq) {
-            if let Some(g) = granted(&rec, t.op) {
+        st.reserves.remove(&t.seq);
+        if let Some(f) = st.filed.remove(&t.seq) {
+            if let Some(g) = granted(&f.rec, t.op) {
                 st.to_release.push(g);
             }
         } else if st.inflight.contains(&t.seq) {
@@ -541,9 +642,31 @@ impl SharedClient {
         sock_fd: RawFd,
         state_fd: RawFd,
     ) -> Result<Ticket, IsmError> {
+        self.register_dmb_start_with(size_code, sock_fd, Some(state_fd), false)
+    }
+
+    /// Sends a `REGISTER`, with the local state page `state_fd` (see
+    /// [`SharedClient::register_dmb_state_start`]), and, `record`, asking the daemon to record
+    /// what `sock_fd` proves, for this client's later attach of the peer's DMB
+    /// ([`SharedClient::attach_dmb_start_reserved`]) whose socket it may not be able to
+    /// receive, when it offers that ([`proto::FEATURE_RECORDED_PROOF`]; otherwise `record` is
+    /// ignored).
+    pub fn register_dmb_start_with(
+        &self,
+        size_code: u8,
+        sock_fd: RawFd,
+        state_fd: Option<RawFd>,
+        record: bool,
+    ) -> Result<Ticket, IsmError> {
         let mut payload = [0u8; 8];
         payload[0] = size_code;
-        self.send(proto::OP_REGISTER, &payload, &[sock_fd, state_fd])
+        if record && self.features()? & proto::FEATURE_RECORDED_PROOF != 0 {
+            payload[1] = proto::REGISTER_RECORD_PROOF;
+        }
+        match state_fd {
+            Some(s) => self.send(proto::OP_REGISTER, &payload, &[sock_fd, s]),
+            None => self.send(proto::OP_REGISTER, &payload, &[sock_fd]),
+        }
     }
 
     /// `OP_ADOPT` and its reply (see [`crate::Client::adopt_dmb`]): `which` is
@@ -555,12 +678,54 @@ impl SharedClient {
         let mut payload = [0u8; 8];
         payload[0] = which;
         let t = self.send(proto::OP_ADOPT, &payload, &[sock_fd])?;
-        self.finish_dmb(t)
+        // A state page comes with no reference.
+        let op = if which == proto::ADOPT_STATE { 0 } else { t.op };
+        self.finish_dmb_as(t, &mut None, op)
     }
 
     /// Sends an `ATTACH` without waiting (see [`crate::Client::attach_dmb_start`]).
     pub fn attach_dmb_start(&self, token: u64, sock_fd: RawFd) -> Result<Ticket, IsmError> {
         self.send(proto::OP_ATTACH, &token.to_le_bytes(), &[sock_fd])
+    }
+
+    /// Sends an `ATTACH` of `token` passing `sock_fd`, as [`SharedClient::attach_dmb_start`],
+    /// for the caller that can no longer decline (a server past its CLC accept):
+    /// - `own` (≠ 0), its registration recorded with `REGISTER_RECORD_PROOF`
+    ///   ([`SharedClient::register_dmb_start_with`]), proves it when the daemon, out of
+    ///   descriptors, cannot receive `sock_fd`;
+    /// - `reserve`, a descriptor the caller held since its registration
+    ///   ([`SharedClient::reserve`]), is closed just before the reply is read, so that its memfd
+    ///   has a free descriptor even when the process is at `RLIMIT_NOFILE`. Taken when the
+    ///   request is sent; finish with [`SharedClient::finish_dmb_reserved`], which gives it back
+    ///   when the reply brought no memfd or did not come in time.
+    pub fn attach_dmb_start_reserved(
+        &self,
+        token: u64,
+        sock_fd: RawFd,
+        own: u64,
+        reserve: &mut Option<OwnedFd>,
+    ) -> Result<Ticket, IsmError> {
+        let mut payload = [0u8; 16];
+        payload[0..8].copy_from_slice(&token.to_le_bytes());
+        payload[8..16].copy_from_slice(&own.to_le_bytes());
+        let len = if own != 0 { 16 } else { 8 };
+        self.send_reserved(proto::OP_ATTACH, &payload[..len], &[sock_fd], reserve)
+    }
+
+    /// Sends an `ATTACH_PEER` passing `sock_fd`, with `own` and `reserve` as
+    /// [`SharedClient::attach_dmb_start_reserved`].
+    pub fn attach_peer_start_reserved(
+        &self,
+        sock_fd: RawFd,
+        own: u64,
+        reserve: &mut Option<OwnedFd>,
+    ) -> Result<Ticket, IsmError> {
+        if self.features()? & proto::FEATURE_ATTACH_PEER == 0 {
+            return Err(IsmError::UnknownOp);
+        }
+        let payload = own.to_le_bytes();
+        let len = if own != 0 { 8 } else { 0 };
+        self.send_reserved(proto::OP_ATTACH_PEER, &payload[..len], &[sock_fd], reserve)
     }
 
     /// Sends an `ATTACH_PEER` without waiting (see [`crate::Client::attach_peer_start`]).
@@ -571,10 +736,96 @@ impl SharedClient {
         self.send(proto::OP_ATTACH_PEER, &[], &[sock_fd])
     }
 
-    /// Waits for the reply of a `*_start` request: the DMB it granted.
+    /// Waits for the reply of a `*_start` request: the DMB it granted. A granted DMB whose
+    /// memfd this process had no descriptor for (the kernel dropped it, `MSG_CTRUNC`) is given
+    /// back at once: `Mem` (`EMFILE`).
     pub fn finish_dmb(&self, t: Ticket) -> Result<Dmb, IsmError> {
-        let (buf, a) = self.finish(t)?;
+        self.finish_dmb_reserved(t, &mut None)
+    }
+
+    /// As [`SharedClient::finish_dmb`] for a request sent with a reserve: when the reply brought
+    /// no memfd (a refusal) or did not come in time, `reserve` holds a descriptor again for the
+    /// next request, if one could be taken.
+    pub fn finish_dmb_reserved(
+        &self,
+        t: Ticket,
+        reserve: &mut Option<OwnedFd>,
+    ) -> Result<Dmb, IsmError> {
+        let op = t.op;
+        self.finish_dmb_as(t, reserve, op)
+    }
+
+    /// As [`SharedClient::finish_dmb_reserved`]; `op` tells which reference a grant gave
+    /// (`client::granted_ref`).
+    fn finish_dmb_as(
+        &self,
+        t: Ticket,
+        reserve: &mut Option<OwnedFd>,
+        op: u16,
+    ) -> Result<Dmb, IsmError> {
+        let (buf, a, _) = self.finish_reserved(t, None, reserve)?;
+        if let Some(token) = client::granted_without_memfd(&buf, &a) {
+            let (own, peer) = client::granted_ref(op, token);
+            if own.is_some() || peer.is_some() {
+                let _ = self.release_nowait(own, peer);
+            }
+            return Err(IsmError::Mem {
+                errno: libc::EMFILE,
+            });
+        }
         dmb_answer(&buf, a)
+    }
+
+    /// A descriptor held for the memfd of a later reply (see
+    /// [`SharedClient::attach_dmb_start_reserved`]): `Mem` when this process has none to
+    /// spare.
+    pub fn reserve(&self) -> Result<OwnedFd, IsmError> {
+        sys::placeholder_fd().ok_or_else(|| IsmError::Mem {
+            errno: std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EMFILE),
+        })
+    }
+
+    /// Closes the memfds of the replies filed for tickets whose waiters have not taken them yet
+    /// (read by another thread or handshake on the way to its own): each such waiter then finds
+    /// its DMBs granted without their memfds, gives the references back and fails with `Mem`
+    /// ([`SharedClient::finish_dmb`], [`SharedClient::finish_pair`]), as when the kernel
+    /// dropped them; not those of requests sent with a reserve (their waiters can no longer
+    /// decline). For an application that found no descriptor left (`EMFILE`) while these held
+    /// some. Returns how many.
+    pub fn give_back_filed(&self) -> usize {
+        let mut fds = Vec::new();
+        {
+            let mut st = self.lock();
+            for f in st.filed.values_mut().filter(|f| !f.reserved) {
+                fds.extend(f.fd.take());
+                fds.append(&mut f.extra);
+            }
+        }
+        // Closed without the lock.
+        let n = fds.len();
+        drop(fds);
+        n
+    }
+
+    /// Whether a request can be sent now without first reading an outstanding reply (fewer
+    /// than [`client::MAX_INFLIGHT`] of those that count are outstanding). A reply read for
+    /// another ticket is filed with its memfd, which then takes a descriptor of this process
+    /// until that ticket's waiter takes it: a request that is only an optimisation (sent ahead
+    /// of need) is not worth that descriptor, which an application at its `RLIMIT_NOFILE`
+    /// needs for itself.
+    pub fn has_room(&self) -> bool {
+        let st = self.lock();
+        st.inflight.len() - st.pairs < client::MAX_INFLIGHT
+    }
+
+    /// Whether the daemon records a registration's proof for a later attach
+    /// ([`proto::FEATURE_RECORDED_PROOF`]; asks with `QUERY_GID` the first time on a
+    /// connection).
+    pub fn recorded_proof(&self) -> bool {
+        self.features()
+            .is_ok_and(|f| f & proto::FEATURE_RECORDED_PROOF != 0)
     }
 
     /// Sends a `PAIR` without waiting (see [`crate::proto`]): the daemon answers once the
@@ -635,6 +886,17 @@ impl SharedClient {
         let r = buf.get(a.start..a.end).unwrap_or(&[]);
         if r.len() < proto::PAIR_REPLY_LEN {
             return Err(IsmError::Protocol("short PAIR reply"));
+        }
+        let want = 2 + usize::from(proto::get_u32(r, 64) & proto::PAIR_OWN_STATE != 0);
+        if usize::from(a.fd.is_some()) + extra.len() < want {
+            // The kernel dropped memfds (this process at `RLIMIT_NOFILE`), or they were given
+            // back ([`SharedClient::give_back_filed`]): both references go back, `Mem`.
+            let own = Some(proto::get_u64(r, 0)).filter(|&t| t != 0);
+            let peer = Some(proto::get_u64(r, 32)).filter(|&t| t != 0);
+            let _ = self.release_nowait(own, peer);
+            return Err(IsmError::Mem {
+                errno: libc::EMFILE,
+            });
         }
         let own_fd =
             a.fd.ok_or(IsmError::Protocol("PAIR reply without memfds"))?;

@@ -165,6 +165,61 @@ pub(crate) fn wait_for(fd: RawFd, events: libc::c_short, timeout: std::time::Dur
     }
 }
 
+/// A placeholder that holds one slot of the descriptor table: an eventfd, which refers to
+/// nothing else (a copy of a socket would keep that connection open after its owner closed
+/// it, also in a forked child). The system call itself: inside the interposition library
+/// `eventfd` is the application's.
+pub(crate) fn placeholder_fd() -> Option<OwnedFd> {
+    // SAFETY: eventfd2 creates a descriptor or fails; nothing else is touched.
+    let r = unsafe { libc::syscall(libc::SYS_eventfd2, 0, libc::EFD_CLOEXEC) };
+    if r < 0 {
+        return None;
+    }
+    // SAFETY: a new descriptor of ours.
+    Some(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+}
+
+/// Whether this process has fewer than `headroom` descriptors left below its soft
+/// `RLIMIT_NOFILE` (or none at all): the lowest free descriptor number against the limit
+/// (the table below it is full; a daemon's table has few holes).
+pub(crate) fn near_fd_limit(headroom: u64) -> bool {
+    // SAFETY: getrlimit into a valid struct.
+    let mut rl: libc::rlimit = unsafe { mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
+        return false;
+    }
+    let Some(probe) = placeholder_fd() else {
+        return true;
+    };
+    let lowest = probe.as_raw_fd() as u64;
+    drop(probe);
+    lowest + headroom >= rl.rlim_cur as u64
+}
+
+/// The sequence number of the next record on `fd`, peeked (`MSG_PEEK`) without control
+/// buffer: nothing is consumed and no fd passed with it is installed (they stay queued with
+/// it). `None` when nothing is there. The system call itself, as [`recv_record`].
+pub(crate) fn peek_seq(fd: RawFd) -> Option<u32> {
+    let mut hdr = [0u8; crate::proto::HEADER_LEN];
+    // SAFETY: a valid buffer of its length, no address, no control buffer.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_recvfrom,
+            fd,
+            hdr.as_mut_ptr(),
+            hdr.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            std::ptr::null_mut::<libc::sockaddr>(),
+            std::ptr::null_mut::<libc::socklen_t>(),
+        )
+    };
+    if r < hdr.len() as libc::c_long {
+        return None;
+    }
+    crate::proto::Header::decode(&hdr).map(|h| h.seq)
+}
+
 /// Receives one record; fds are received with `MSG_CMSG_CLOEXEC`, the first in `fd`, any others
 /// in `extra` (closing them is the caller's business: the daemon does not close a client's fds
 /// on its request path). `EINTR` is retried; `EAGAIN` is returned to the caller.

@@ -22,7 +22,7 @@ use smc_common::handshake::{
     Action, DmbFailure, Established, Fallback, Handshake, Input, LocalDmb,
 };
 use std::collections::VecDeque;
-use std::os::fd::AsRawFd as _;
+use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -144,11 +144,23 @@ pub struct Driver {
     todo: VecDeque<Action>,
     own: Option<HeldDmb>,
     peer: Option<HeldDmb>,
-    /// The local state page sent with our registration (its memfd went to the daemon).
+    /// The local state page sent with our registration (its memfd went to the daemon), or an
+    /// anonymous one: taken with our DMB, while we can still decline (after the client's
+    /// confirm, for the server, or our own, for the client, no mapping may fail).
     state: Option<Mapping>,
     /// Server: the client's DMB the daemon attached with our `PAIR` (checked against the
     /// confirmed token).
     paired: Option<HeldDmb>,
+    /// Server: the daemon records what the socket of our registration proves, for our attach
+    /// of the client's DMB (`FEATURE_RECORDED_PROOF`; asked once). That attach (without a
+    /// pairing) comes after the client confirmed, when we can no longer decline: a daemon out
+    /// of descriptors, which cannot receive the socket passed with it, takes the record.
+    record: Option<bool>,
+    /// Server: a descriptor held from our registration until the attach of the client's DMB,
+    /// for its memfd (closed just before that reply is read), so that an application at
+    /// `RLIMIT_NOFILE` (it takes every descriptor freed meanwhile) does not leave the confirmed
+    /// connection without one.
+    reserve: Option<OwnedFd>,
     /// The message awaited and the deadline for it.
     wait: Option<(MsgType, Instant)>,
     started: bool,
@@ -189,6 +201,8 @@ impl Driver {
             peer: None,
             state: None,
             paired: None,
+            record: None,
+            reserve: None,
             wait: None,
             started: false,
             timeout: setup::clc_timeout(),
@@ -456,6 +470,7 @@ impl Driver {
     /// Give back what we hold (a handshake that did not finish, or fell back), including what
     /// a request sent ahead may have been granted.
     fn release_all(&mut self) {
+        self.reserve = None;
         let mut own = self.own.take().map(|o| o.token).filter(|&t| t != 0);
         let mut peer = self.peer.take().map(|p| p.token).filter(|&t| t != 0);
         if let Some(p) = self.paired.take() {
@@ -487,9 +502,17 @@ impl Driver {
     }
 
     /// Start the daemon request the next step will need, unless one is out already (a
-    /// `Pair` becomes a `Register` with a daemon that does not pair).
+    /// `Pair` becomes a `Register` with a daemon that does not pair) or, but for a `Pair`, the
+    /// daemon connection has no room for it without reading another's reply (whose memfd this
+    /// process would then hold across the application's calls, one per handshake under way:
+    /// an event loop that opens its connections at once, at its descriptor limit, found none
+    /// left for its own sockets). That step then sends it itself.
     fn send_ahead(&mut self, kind: Ahead) {
-        if self.ahead.is_some() || !setup::pipelining() {
+        // A `PAIR` goes regardless: the peer's own waits for it in the daemon.
+        if self.ahead.is_some()
+            || !setup::pipelining()
+            || (kind != Ahead::Pair && !with_dev(|c| Ok(c.has_room())).unwrap_or(false))
+        {
             return;
         }
         let fd = self.fd;
@@ -499,8 +522,13 @@ impl Driver {
         } else {
             self.timeout
         };
+        let pairing = if self.server {
+            setup::server_pairing()
+        } else {
+            setup::pairing()
+        };
         let (kind, t) = match kind {
-            Ahead::Pair if setup::pairing() => {
+            Ahead::Pair if pairing => {
                 let rel = setup::take_releases();
                 let t = with_dev(|c| c.pair_start_releasing(sc, park, fd, &rel));
                 if t.is_err() {
@@ -509,26 +537,58 @@ impl Driver {
                 (kind, t)
             }
             Ahead::Register | Ahead::Pair => (Ahead::Register, self.register_start(sc)),
-            Ahead::AttachPeer => (kind, with_dev(|c| c.attach_peer_start(fd))),
+            Ahead::AttachPeer => {
+                let own = self.recorded_own();
+                let r = &mut self.reserve;
+                (kind, with_dev(|c| c.attach_peer_start_reserved(fd, own, r)))
+            }
         };
         self.ahead = t.ok().map(|t| (kind, t));
     }
 
+    /// Whether our registration asks the daemon to record its proof (see `record`). A daemon
+    /// that does not answer is asked again next time (and backed off from by `with_dev`).
+    fn record(&mut self) -> bool {
+        if !self.server {
+            return false;
+        }
+        if let Some(r) = self.record {
+            return r;
+        }
+        match with_dev(|c| c.features()) {
+            Ok(f) => *self
+                .record
+                .insert(f & smc_ism::proto::FEATURE_RECORDED_PROOF != 0),
+            Err(_) => false,
+        }
+    }
+
+    /// The token of our registration when its proof was recorded (see `record`), else 0.
+    fn recorded_own(&mut self) -> u64 {
+        match self.own.as_ref().map(|o| o.token) {
+            Some(own) if self.record() => own,
+            _ => 0,
+        }
+    }
+
     /// Sends our registration. The first one carries a fresh local state page (the daemon
     /// keeps it for a process our socket may move to); a repeated one (another size code) goes
-    /// without, and that connection cannot move.
+    /// without, and that connection cannot move. The server asks the daemon to record its
+    /// proof (see `record`).
     fn register_start(&mut self, sc: u8) -> Result<smc_ism::Ticket, u32> {
         let fd = self.fd;
+        let record = self.record();
         if self.state.is_none() {
             if let Ok((sfd, map)) = crate::shm::state_page() {
-                let t = with_dev(|c| c.register_dmb_state_start(sc, fd, sfd.as_raw_fd()));
+                let t =
+                    with_dev(|c| c.register_dmb_start_with(sc, fd, Some(sfd.as_raw_fd()), record));
                 if t.is_ok() {
                     self.state = Some(map);
                 }
                 return t;
             }
         }
-        with_dev(|c| c.register_dmb_start(sc, fd))
+        with_dev(|c| c.register_dmb_start_with(sc, fd, None, record))
     }
 
     /// Registers and waits for the reply.
@@ -546,7 +606,7 @@ impl Driver {
             None if self.server
                 && self.ahead.is_none()
                 && setup::pipelining()
-                && setup::pairing() =>
+                && setup::server_pairing() =>
             {
                 let fd = self.fd;
                 let rel = setup::take_releases();
@@ -565,7 +625,22 @@ impl Driver {
         } else {
             self.timeout
         };
-        let (own, peer) = with_dev(|c| c.finish_pair(t, Some(wait))).ok()?;
+        // (The error goes through `with_dev`, which backs off from a daemon that timed out.)
+        let mut unpaired = false;
+        let r = with_dev(|c| {
+            c.finish_pair(t, Some(wait)).inspect_err(|e| {
+                unpaired = matches!(e, smc_ism::IsmError::NoPeer | smc_ism::IsmError::Timeout)
+            })
+        });
+        let Ok((own, peer)) = r else {
+            if unpaired && self.server {
+                // Our client's PAIR never came (it does not pair, or the daemon, out of
+                // descriptors, could not take it): the next servers register alone for a
+                // while instead of waiting for theirs in turn.
+                setup::server_unpaired();
+            }
+            return None;
+        };
         if own.size_code != size_code {
             setup::release_dmbs(Some(own.token), Some(peer.token));
             return None;
@@ -658,21 +733,10 @@ impl Driver {
             size_code: own.size_code,
         };
         let peer = peer.map(|r| r.map(|d| HeldDmb::map(d, false)));
-        let state = self.state.take();
-        let own = HeldDmb::map(own, true).map(|mut o| {
-            o.state = state.map(Arc::new);
-            o
-        });
-        match (own, peer) {
-            (Ok(o), None) => {
-                self.own = Some(o);
-                Ok(l)
-            }
-            (Ok(o), Some(Ok(Ok(p)))) => {
-                self.own = Some(o);
-                self.peer = Some(p);
-                Ok(l)
-            }
+        let own = HeldDmb::map(own, true);
+        let (mut own, peer) = match (own, peer) {
+            (Ok(o), None) => (o, None),
+            (Ok(o), Some(Ok(Ok(p)))) => (o, Some(p)),
             // The machine never learns of `own` unless it is reported: give back all here.
             (o, p) => {
                 let ot = match o {
@@ -686,9 +750,39 @@ impl Driver {
                     None => (None, DmbFailure::Mem),
                 };
                 setup::release_dmbs(Some(ot), pt);
-                Err(why)
+                return Err(why);
+            }
+        };
+        match self.reserve_rest() {
+            Ok((reserve, state)) => {
+                own.state = Some(Arc::new(state));
+                self.own = Some(own);
+                self.peer = peer;
+                self.reserve = reserve;
+                Ok(l)
+            }
+            Err(code) => {
+                setup::release_dmbs(Some(own.token), peer.map(|p| p.token));
+                Err(failure(code))
             }
         }
+    }
+
+    /// What this end needs once it can no longer decline (the server after its accept, the
+    /// client after its confirm), taken while it still can: the local state page (the one
+    /// registered, else an anonymous one), and for the server a descriptor for the memfd of
+    /// the client's DMB (see `reserve`). `Err`: the decline code.
+    fn reserve_rest(&mut self) -> Result<(Option<OwnedFd>, Mapping), u32> {
+        let fd = if self.server {
+            Some(with_dev(|c| c.reserve())?)
+        } else {
+            None
+        };
+        let state = match self.state.take() {
+            Some(m) => m,
+            None => Mapping::anon_shared(4096).map_err(|_| Diag::Mem.code())?,
+        };
+        Ok((fd, state))
     }
 
     /// Server, after the confirm: the client's DMB, from the attach sent ahead when it is the
@@ -705,10 +799,13 @@ impl Driver {
             }
             setup::release_dmbs(None, Some(p.token));
         }
+        let mut reserve = self.reserve.take();
+        let own = self.recorded_own();
         let ahead = match self.take_ahead(Ahead::AttachPeer) {
-            Some(t) => match with_dev(|c| c.finish_dmb(t)) {
+            Some(t) => match with_dev(|c| c.finish_dmb_reserved(t, &mut reserve)) {
                 Ok(d) if d.token == token => Some(d),
                 Ok(d) => {
+                    // A DMB the client gave up (it registered again).
                     setup::release_dmbs(None, Some(d.token));
                     None
                 }
@@ -727,11 +824,16 @@ impl Driver {
         };
         let d = match ahead {
             Some(d) => Ok(d),
-            None => with_dev(|c| c.attach_dmb(token, fd)),
+            None => with_dev(|c| {
+                let t = c.attach_dmb_start_reserved(token, fd, own, &mut reserve)?;
+                c.finish_dmb_reserved(t, &mut reserve)
+            }),
         };
         let d = match d {
             Ok(d) => d,
             Err(code) => {
+                // Another try (a daemon that did not answer) has the descriptor again.
+                self.reserve = reserve;
                 let gone = self
                     .own
                     .as_ref()

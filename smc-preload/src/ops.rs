@@ -584,7 +584,12 @@ pub unsafe fn sendmmsg(
 
 pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
     // SAFETY: integer arguments only.
-    let fd = unsafe { real::socket(domain, ty, proto) };
+    let mut fd = unsafe { real::socket(domain, ty, proto) };
+    if fd < 0 && real::errno() == libc::EMFILE && setup::give_back_descriptors() {
+        // Descriptors the library held for other handshakes (their memfds) are free again.
+        // SAFETY: integer arguments only.
+        fd = unsafe { real::socket(domain, ty, proto) };
+    }
     if fd >= 0 {
         let tcp = (domain == libc::AF_INET || domain == libc::AF_INET6)
             && ty & 0xf == libc::SOCK_STREAM
@@ -687,15 +692,22 @@ pub unsafe fn accept4(
     flags: c_int,
     four: bool,
 ) -> c_int {
-    let r = if four {
-        // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
-        // libc's `accept4`.
-        unsafe { real::accept4(fd, addr, alen, flags) }
-    } else {
-        // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
-        // libc's `accept`.
-        unsafe { real::accept(fd, addr, alen) }
+    let call = || {
+        if four {
+            // SAFETY: the caller's arguments, passed on unchanged: this function has the
+            // contract of libc's `accept4`.
+            unsafe { real::accept4(fd, addr, alen, flags) }
+        } else {
+            // SAFETY: the caller's arguments, passed on unchanged: this function has the
+            // contract of libc's `accept`.
+            unsafe { real::accept(fd, addr, alen) }
+        }
     };
+    let mut r = call();
+    if r < 0 && real::errno() == libc::EMFILE && setup::give_back_descriptors() {
+        // Descriptors the library held for other handshakes (their memfds) are free again.
+        r = call();
+    }
     if r < 0 {
         return r;
     }

@@ -145,6 +145,24 @@ pub(crate) fn pairing() -> bool {
     pairing_env() && with_dev(|c| c.features()).is_ok_and(|f| f & smc_ism::proto::FEATURE_PAIR != 0)
 }
 
+/// Until when (ms since [`epoch_ms`]'s epoch) this process's servers do not pair: one waited
+/// in vain for its client's `PAIR` ([`server_unpaired`]).
+static SERVER_UNPAIRED_UNTIL: AtomicU64 = AtomicU64::new(0);
+
+/// Whether a server end pairs: [`pairing`], unless a server of this process waited in vain for
+/// its client's `PAIR` within the last second (clients that do not pair, or a daemon out of
+/// descriptors that dropped their requests): each such wait holds an event loop up to
+/// `SERVER_PAIR_WAIT`, so the next servers register alone meanwhile (the daemon still serves a
+/// client's `PAIR` waiting for them then).
+pub(crate) fn server_pairing() -> bool {
+    epoch_ms() >= SERVER_UNPAIRED_UNTIL.load(Ordering::Relaxed) && pairing()
+}
+
+/// A server waited in vain for its client's `PAIR`: see [`server_pairing`].
+pub(crate) fn server_unpaired() {
+    SERVER_UNPAIRED_UNTIL.store(epoch_ms() + 1000, Ordering::Relaxed);
+}
+
 /// The server handshake continues after `accept` returns when its client's next message is not
 /// there yet (`SMC_ACCEPT_ASYNC=0`: it completes inside `accept` for blocking sockets).
 fn accept_async() -> bool {
@@ -360,6 +378,10 @@ pub fn opt_in(fd: i32) -> bool {
         }
         return false;
     }
+    // The statistics file now, not at the first decision: a process at its descriptor limit
+    // (an event loop that accepted or connected everything at once) may have none to spare by
+    // then, and its figures would stay in an anonymous page nobody reads.
+    let _ = crate::stats::get();
     true
 }
 
@@ -650,6 +672,19 @@ pub(crate) fn daemon_fd_in(first: libc::c_uint, last: libc::c_uint) -> Option<i3
     let fd = d.client.raw_fd();
     (fd >= 0 && d.pid == crate::pid() && (first..=last).contains(&(fd as libc::c_uint)))
         .then_some(fd)
+}
+
+/// After the application found no descriptor left (`EMFILE`): the memfds this process holds
+/// for other handshakes' daemon replies not taken yet are closed (those handshakes decline
+/// with `MEM`); true when there were any, so that the call may be tried again. Nothing when
+/// this process has no daemon connection.
+pub(crate) fn give_back_descriptors() -> bool {
+    let p = DEV.load(Ordering::Acquire);
+    // SAFETY: published by `dev`, never freed.
+    let Some(d) = (unsafe { p.as_ref() }) else {
+        return false;
+    };
+    d.pid == crate::pid() && d.client.give_back_filed() > 0
 }
 
 pub(crate) fn with_dev<T>(

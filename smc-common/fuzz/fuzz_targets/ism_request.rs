@@ -23,12 +23,12 @@ libfuzzer_sys::fuzz_target!(|input: (bool, Vec<u8>)| {
         assert_eq!(h.seq, d.seq);
         let op = match req {
             Request::QueryGid => proto::OP_QUERY_GID,
-            Request::Register { size_code } => {
+            Request::Register { size_code, .. } => {
                 assert!(size_code <= smc_common::cdc::DMB_MAX_SIZE_CODE_LARGE);
                 proto::OP_REGISTER
             }
             Request::Attach { .. } => proto::OP_ATTACH,
-            Request::AttachPeer => proto::OP_ATTACH_PEER,
+            Request::AttachPeer { .. } => proto::OP_ATTACH_PEER,
             Request::Adopt { which } => {
                 assert!(matches!(
                     which,

@@ -23,6 +23,10 @@ use super::registry::{
     BindMiss, CgroupUsage, ClientIdentity, DmbObj, Fail, RefKind, Registry, UidUsage,
 };
 
+/// What an attacher's socket proved: its identity, and its cgroup's quota key when the
+/// configuration compares cgroups.
+type Proof = (TcpIdentity, Option<String>);
+
 /// State shared by all connection tasks.
 pub(crate) struct Shared {
     pub reg: Registry,
@@ -166,6 +170,12 @@ struct Conn<'a> {
     /// out of descriptors): its missing socket is a `Mem` failure, not a client's error.
     fds_dropped: bool,
     held: HashMap<u64, Held>,
+    /// The proofs made of the sockets of this client's registrations that asked for it
+    /// (`REGISTER_RECORD_PROOF`), by token: they prove its later attach of the peer's DMB when
+    /// the socket passed with that attach did not arrive (this daemon out of descriptors, a
+    /// server past its CLC accept that can no longer decline). No socket is kept (its FIN
+    /// would wait for us); each goes at that attach's success or with its owner reference.
+    recorded: HashMap<u64, Proof>,
 }
 
 /// Serves one client until it disconnects or the daemon stops, then releases everything it held.
@@ -206,6 +216,7 @@ pub(crate) async fn serve_conn(
         cg_last: None,
         fds_dropped: false,
         held: HashMap::new(),
+        recorded: HashMap::new(),
     };
     // SAFETY: the OwnedFd is moved into the AsyncFd, which neither replaces nor closes it while
     // registered.
@@ -306,6 +317,11 @@ fn pair_pass(own: Arc<DmbObj>, peer: Arc<DmbObj>) -> Vec<PassFd> {
 /// `PAIR` requests of one client that wait for their peers at most (each keeps its socket
 /// open in the daemon); beyond, `NoPeer` at once.
 const MAX_PARKED: usize = 2048;
+
+/// Descriptors the daemon keeps free below its limit when a `PAIR` would wait for its peer
+/// (see `pair`): more than a new DMB leaves (`registry::RECEIVE_HEADROOM`), so that a parked
+/// request's peer finds one to complete the pair.
+const PARK_HEADROOM: u64 = 64;
 
 /// A `PAIR`'s answer: our DMB and the peer's.
 type PairDmbs = (Arc<DmbObj>, Arc<DmbObj>);
@@ -562,11 +578,12 @@ impl Conn<'_> {
                 encode_reply(out, op, seq, Status::Ok, 0, &b);
                 return Vec::new();
             }
-            R::Register { size_code } => {
-                (&c.register, self.register(size_code, fd, state).map(Some))
-            }
-            R::Attach { token } => (&c.attach, self.attach(token, fd).map(Some)),
-            R::AttachPeer => (&c.attach, self.attach_peer(fd).map(Some)),
+            R::Register { size_code, record } => (
+                &c.register,
+                self.register(size_code, record, fd, state).map(Some),
+            ),
+            R::Attach { token, own } => (&c.attach, self.attach(Some(token), own, fd).map(Some)),
+            R::AttachPeer { own } => (&c.attach, self.attach(None, own, fd).map(Some)),
             R::Adopt { which } => (&c.attach, self.adopt(which, fd).map(Some)),
             R::Pair {
                 size_code,
@@ -785,6 +802,7 @@ impl Conn<'_> {
     fn register(
         &mut self,
         size_code: u8,
+        record: bool,
         fd: Option<OwnedFd>,
         state: Option<OwnedFd>,
     ) -> Result<Arc<DmbObj>, Fail> {
@@ -811,6 +829,14 @@ impl Conn<'_> {
                 return Err(Fail::BadSocket);
             }
         };
+        if info.no_descriptor {
+            // The peer's cookie could not be looked up for want of a descriptor: registered
+            // without it, the DMB could never be attached (a decline INTERR, or a reset of a
+            // server past its accept). Declined with MEM now instead.
+            self.dispose(Some(fd));
+            self.dispose(state);
+            return Err(Fail::Memfd(libc::EMFILE));
+        }
         let cg = self.bucket(info.owner_cgroup);
         let dmb = match sh.reg.register(
             size_code,
@@ -840,6 +866,12 @@ impl Conn<'_> {
                 self.serve_parked(y, &dmb, &id, None);
             } else {
                 fail_parked(sh, y, Fail::NoPeer);
+            }
+        }
+        if record {
+            // Bounded like the registrations themselves (quotas): one per DMB it owns.
+            if let Ok(p) = self.proof(fd.as_fd()) {
+                self.recorded.insert(dmb.token, p);
             }
         }
         self.dispose(Some(fd));
@@ -902,11 +934,28 @@ impl Conn<'_> {
                     match found {
                         Some(y) => y,
                         None => {
+                            // Waiting keeps the socket open: not with the daemon at its
+                            // descriptor limit, where the peer's request may have been dropped
+                            // by the kernel (no socket, so nobody can tell it that its peer
+                            // is gone) and would keep this one waiting in vain.
+                            // The other end's was refused: it will not come.
+                            if rdv.take_refused_mirror(&xid) {
+                                drop(rdv);
+                                self.dispose(Some(fd));
+                                return Err(Fail::NoPeer);
+                            }
+                            if sys::near_fd_limit(PARK_HEADROOM) {
+                                rdv.refuse(&xid);
+                                drop(rdv);
+                                self.dispose(Some(fd));
+                                return Err(Fail::Memfd(libc::EMFILE));
+                            }
                             // Bounded per client and per uid: each waits with its socket open.
                             let charge = (self.parked.len() < MAX_PARKED)
                                 .then(|| pair::ParkCharge::new(&self.uid))
                                 .flatten();
                             let Some(charge) = charge else {
+                                rdv.refuse(&xid);
                                 drop(rdv);
                                 self.dispose(Some(fd));
                                 return Err(Fail::NoPeer);
@@ -1158,8 +1207,7 @@ impl Conn<'_> {
 
     /// Inspects the attacher's socket (and its cgroup, when the configuration compares
     /// cgroups). The caller hands the socket to the closer.
-    fn proof(&mut self, fd: &Option<OwnedFd>) -> Result<(TcpIdentity, Option<String>), Fail> {
-        let fd = self.passed(fd.as_ref())?;
+    fn proof(&mut self, fd: BorrowedFd<'_>) -> Result<Proof, Fail> {
         let sh = self.shared;
         let res = sys::inspect_tcp(fd.as_fd()).map(|id| {
             let cg = if sh.reg.needs_attacher_cgroup() {
@@ -1183,47 +1231,62 @@ impl Conn<'_> {
         self.dispose(fd);
     }
 
-    fn attach(&mut self, token: u64, fd: Option<OwnedFd>) -> Result<Arc<DmbObj>, Fail> {
-        let proof = self.proof(&fd);
+    /// Attaches the DMB `token`, or (`None`) the one the other end of the caller's connection
+    /// registered. The proof is the socket passed, or, when the kernel dropped it (this daemon
+    /// out of descriptors) and `own` names a registration of this client whose proof was
+    /// recorded, that record. A passed socket, the exact peer of the DMB owner's socket, may
+    /// enable the `sk_msg` shortcut (see `grant`); then it goes to the closer.
+    fn attach(
+        &mut self,
+        token: Option<u64>,
+        own: u64,
+        fd: Option<OwnedFd>,
+    ) -> Result<Arc<DmbObj>, Fail> {
+        let (sock, proof) = match fd {
+            Some(sock) => {
+                let p = self.proof(sock.as_fd());
+                (Some(sock), p)
+            }
+            None => {
+                let rec = self
+                    .recorded
+                    .get(&own)
+                    .filter(|_| self.fds_dropped && own != 0);
+                match rec {
+                    Some(p) => (None, Ok(p.clone())),
+                    None => {
+                        return Err(self
+                            .passed(None::<OwnedFd>)
+                            .err()
+                            .unwrap_or(Fail::BadSocket))
+                    }
+                }
+            }
+        };
         let conn = self.id;
-        let dmb =
-            proof.and_then(|(id, cg)| self.shared.reg.attach(token, &id, cg.as_deref(), conn));
-        match dmb {
-            Ok(dmb) => {
-                self.granted(fd);
-                self.held.entry(token).or_default().attaches += 1;
-                Ok(dmb)
-            }
-            Err(f) => {
-                self.dispose(fd);
-                Err(f)
-            }
+        let dmb = proof.and_then(|(id, cg)| match token {
+            Some(t) => self.shared.reg.attach(t, &id, cg.as_deref(), conn),
+            None => self.shared.reg.attach_peer(&id, cg.as_deref(), conn),
+        });
+        if dmb.is_ok() {
+            self.granted(sock);
+        } else {
+            self.dispose(sock);
         }
-    }
-
-    /// Attaches the DMB the other end of the caller's connection registered.
-    fn attach_peer(&mut self, fd: Option<OwnedFd>) -> Result<Arc<DmbObj>, Fail> {
-        let proof = self.proof(&fd);
-        let conn = self.id;
-        let dmb = proof.and_then(|(id, cg)| self.shared.reg.attach_peer(&id, cg.as_deref(), conn));
-        match dmb {
-            Ok(dmb) => {
-                self.granted(fd);
-                self.held.entry(dmb.token).or_default().attaches += 1;
-                Ok(dmb)
-            }
-            Err(f) => {
-                self.dispose(fd);
-                Err(f)
-            }
+        let dmb = dmb?;
+        self.held.entry(dmb.token).or_default().attaches += 1;
+        if own != 0 {
+            self.recorded.remove(&own);
         }
+        Ok(dmb)
     }
 
     /// Attaches a DMB of the connection whose socket moved to the caller (`OP_ADOPT`).
     /// (`ADOPT_STATE`: the state page registered with it, no reference taken.)
     fn adopt(&mut self, which: u8, fd: Option<OwnedFd>) -> Result<Arc<DmbObj>, Fail> {
-        let proof = self.proof(&fd);
-        self.dispose(fd);
+        let sock = self.passed(fd)?;
+        let proof = self.proof(sock.as_fd());
+        self.dispose(Some(sock));
         let (id, _) = proof?;
         let dmb = self
             .shared
@@ -1247,6 +1310,9 @@ impl Conn<'_> {
         if !h.owner && h.attaches == 0 {
             self.held.remove(&token);
         }
+        if kind == RefKind::Owner {
+            self.recorded.remove(&token);
+        }
         self.shared.reg.release(token, kind, taint);
         Ok(())
     }
@@ -1260,6 +1326,7 @@ impl Conn<'_> {
                 self.dispose(Some(p.sock));
             }
         }
+        self.recorded.clear();
         let mut n = 0u64;
         for (token, h) in self.held.drain() {
             for _ in 0..h.attaches {

@@ -39,6 +39,9 @@ pub(crate) struct ConnInfo {
     pub peer_cookie: Option<u64>,
     /// cgroup v2 id of the owner's socket (fixed when the socket was created).
     pub owner_cgroup: Option<u64>,
+    /// The lookup found no descriptor for its netlink socket (`EMFILE`, `ENFILE`: the daemon
+    /// at its limit): `peer_cookie` is unknown, not absent.
+    pub no_descriptor: bool,
 }
 
 thread_local! {
@@ -322,10 +325,12 @@ pub(crate) fn conn_info(
     peers_map: Option<&Path>,
     want_cgroup: bool,
 ) -> ConnInfo {
+    let mut no_descriptor = false;
     let (peer, own) = match diag(sock, id, own_netns, want_cgroup) {
         Ok(r) => r,
         Err(e) => {
             log::debug!("sock_diag: {e}");
+            no_descriptor = matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE));
             (None, None)
         }
     };
@@ -336,6 +341,7 @@ pub(crate) fn conn_info(
         owner_cgroup: own
             .filter(|o| Some(o.cookie) == id.cookie)
             .and_then(|o| o.cgroup),
+        no_descriptor,
     };
     let loopback = id.local.ip().is_loopback() && id.peer.ip().is_loopback();
     if info.peer_cookie.is_none() && !loopback {

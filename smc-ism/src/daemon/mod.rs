@@ -50,7 +50,8 @@ pub struct DaemonConfig {
     /// State directory (default [`DEFAULT_STATE_DIR`]); holds the persistent GID.
     pub state_dir: PathBuf,
     /// Device slots, i.e. live DMBs on the host (default 65535, at most 1 << 20). The daemon
-    /// keeps one memfd per DMB open, so it raises its `RLIMIT_NOFILE` accordingly.
+    /// keeps two descriptors per DMB open (its memfd and the owner's state page), so it raises
+    /// its `RLIMIT_NOFILE` accordingly.
     pub max_dmbs: u32,
     /// Committed bytes of all live DMBs together (default: half of the host's memory,
     /// `MemTotal`; 8 GiB when unknown). The byte quotas count memory in use, not nominal DMB
@@ -215,9 +216,17 @@ struct Bound {
     metrics: Option<(std::net::TcpListener, Option<MetricsHook>)>,
 }
 
+/// Descriptors the daemon may hold with every slot in use: per live DMB its memfd and the
+/// state page its owner registered with it (`OP_REGISTER`'s second fd, kept for `OP_ADOPT`);
+/// one socket per client; and room for the listener, the metrics, the closer's queue and the
+/// fds of a request being received.
+fn nofile_need(cfg: &DaemonConfig) -> u64 {
+    2 * cfg.max_dmbs as u64 + cfg.max_clients + 256
+}
+
 /// Raises the soft `RLIMIT_NOFILE` towards what the configuration needs.
 fn raise_nofile(cfg: &DaemonConfig) {
-    let want = cfg.max_dmbs as u64 + cfg.max_clients + 256;
+    let want = nofile_need(cfg);
     // SAFETY: plain getrlimit/setrlimit with a valid struct.
     unsafe {
         let mut rl: libc::rlimit = std::mem::zeroed();
@@ -238,7 +247,7 @@ fn raise_nofile(cfg: &DaemonConfig) {
                 return;
             }
             log::warn!(
-                "RLIMIT_NOFILE hard limit {} is below the {} descriptors max_dmbs + max_clients need",
+                "RLIMIT_NOFILE hard limit {} is below the {} descriptors 2 * max_dmbs + max_clients need",
                 rl.rlim_max,
                 want
             );

@@ -99,7 +99,15 @@ pub(crate) struct Rendezvous {
     entries: HashMap<u64, Parked>,
     by_tuple: HashMap<TupleKey, u64>,
     by_cookie: HashMap<u64, u64>,
+    /// Requests refused instead of parked (the daemon out of descriptors, parking quotas), by
+    /// 4-tuple, with when: the other end's request is answered at once instead of waiting for
+    /// a peer that will not come (an event-loop server waits for its `PAIR`). The oldest
+    /// [`REFUSED_MAX`], for [`proto::PAIR_PARK_MAX_MS`].
+    refused: VecDeque<(TupleKey, std::time::Instant)>,
 }
+
+/// Refused requests remembered at most (see [`Rendezvous::refuse`]).
+const REFUSED_MAX: usize = 4096;
 
 fn tuple_key(netns: Option<u64>, local: SocketAddr, peer: SocketAddr) -> TupleKey {
     (netns.unwrap_or(0), local, peer)
@@ -140,6 +148,35 @@ impl Rendezvous {
             .by_tuple
             .get(&tuple_key(who.netns_cookie, who.peer, who.local))?;
         self.take(id)
+    }
+
+    /// Remembers that the request of `who` was refused rather than parked.
+    pub(crate) fn refuse(&mut self, who: &TcpIdentity) {
+        let now = std::time::Instant::now();
+        let ttl = std::time::Duration::from_millis(crate::proto::PAIR_PARK_MAX_MS as u64);
+        while self
+            .refused
+            .front()
+            .is_some_and(|&(_, at)| now.duration_since(at) > ttl)
+            || self.refused.len() >= REFUSED_MAX
+        {
+            self.refused.pop_front();
+        }
+        self.refused
+            .push_back((tuple_key(who.netns_cookie, who.local, who.peer), now));
+    }
+
+    /// Whether the request of the other end of `who`'s connection was refused (forgotten
+    /// once asked).
+    pub(crate) fn take_refused_mirror(&mut self, who: &TcpIdentity) -> bool {
+        let k = tuple_key(who.netns_cookie, who.peer, who.local);
+        match self.refused.iter().position(|(r, _)| *r == k) {
+            Some(i) => {
+                self.refused.remove(i);
+                true
+            }
+            None => false,
+        }
     }
 
     /// The parked request whose socket has cookie `cookie`.

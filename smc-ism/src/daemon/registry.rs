@@ -479,6 +479,10 @@ fn read_mem_available() -> Option<u64> {
 /// Key of the owner index: the owner's (local, peer) addresses.
 type Tuple = (std::net::SocketAddr, std::net::SocketAddr);
 
+/// Descriptors below the daemon's `RLIMIT_NOFILE` no new DMB takes: kept for the sockets
+/// passed with requests (see `register`).
+pub(crate) const RECEIVE_HEADROOM: u64 = 32;
+
 /// The whole device state.
 pub(crate) struct Registry {
     shards: Box<[Mutex<HashMap<u64, Record>>]>,
@@ -730,6 +734,12 @@ impl Registry {
         let uid_charge = self.charge_uid(uid)?;
         let charge = self.charge(cg, size)?;
         let slot = self.slots.alloc().ok_or(Fail::MaxDmb)?;
+        // The last descriptors below the daemon's limit stay free for the sockets requests
+        // pass: one the kernel drops leaves the daemon unable to tell which connection asked
+        // (a PAIR's peer would wait for it in vain); refused here, the request is answered.
+        if sys::near_fd_limit(RECEIVE_HEADROOM) {
+            return Err(Fail::Memfd(libc::EMFILE));
+        }
         let memfd =
             sys::create_dmb_memfd(size).map_err(|e| Fail::Memfd(e.raw_os_error().unwrap_or(0)))?;
         let mut obj = DmbObj {

@@ -16,6 +16,9 @@
 //!   mappings, DMB mappings (`memfd:smc-dmb`), CPU time used during the rounds. `smcd_conns` is
 //!   the number of client connection ends with their two DMBs mapped (distinct DMB inodes / 2).
 //!
+//! `SMC_SCALE_NOFILE_ROOM=R` instead lowers it to leave exactly R descriptors above those open
+//! at the start (a program sized for its own needs, at its limit).
+//!
 //! Both raise their soft `RLIMIT_NOFILE` to the hard limit (root: the hard limit too, when N
 //! needs it).
 use std::{
@@ -97,6 +100,27 @@ fn raise_nofile(want: u64) -> u64 {
         };
         libc::setrlimit(libc::RLIMIT_NOFILE, &soft);
         rl.rlim_max as u64
+    }
+}
+
+/// `SMC_SCALE_NOFILE_ROOM=R`: the soft `RLIMIT_NOFILE` lowered to leave room for exactly R
+/// descriptors besides those open now (the program at its limit, as one sized for its own needs is); the
+/// new limit.
+fn nofile_room() -> Option<u64> {
+    let room: u64 = env::var("SMC_SCALE_NOFILE_ROOM").ok()?.parse().ok()?;
+    // Less the directory's own descriptor.
+    let open = fs::read_dir("/proc/self/fd").ok()?.count() as u64 - 1;
+    // SAFETY: setrlimit with a valid struct.
+    unsafe {
+        let mut rl: libc::rlimit = mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) != 0 {
+            return None;
+        }
+        rl.rlim_cur = (open + room) as libc::rlim_t;
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &rl) != 0 {
+            return None;
+        }
+        Some(rl.rlim_cur as u64)
     }
 }
 
@@ -211,12 +235,14 @@ fn server(port: u16) -> Result<(), String> {
         }
         (lfd, ep)
     };
+    let limit = nofile_room().unwrap_or(limit);
     eprintln!("smc-scale server: port {port}, RLIMIT_NOFILE {limit}");
     epoll_add(ep, lfd, libc::EPOLLIN as u32).map_err(|e| format!("epoll_ctl: {e}"))?;
     let mut conns: Vec<Option<SrvConn>> = Vec::new();
     let mut evs = vec![libc::epoll_event { events: 0, u64: 0 }; 1024];
     let pid = std::process::id();
     let mut buf = [0u8; 4096];
+    let mut emfile = 0u64;
     loop {
         let n = epoll_wait(ep, &mut evs, -1).map_err(|e| format!("epoll_wait: {e}"))?;
         for ev in &evs[..n] {
@@ -238,7 +264,11 @@ fn server(port: u16) -> Result<(), String> {
                         match err.raw_os_error() {
                             Some(libc::EAGAIN) | Some(libc::ECONNABORTED) => break,
                             Some(libc::EMFILE) | Some(libc::ENFILE) => {
-                                eprintln!("smc-scale server: accept: {err}");
+                                // Tried again at the next wait (the listener stays readable).
+                                emfile += 1;
+                                if emfile.is_power_of_two() {
+                                    eprintln!("smc-scale server: accept: {err} ({emfile} times)");
+                                }
                                 break;
                             }
                             _ => return Err(format!("accept: {err}")),
@@ -502,6 +532,9 @@ fn client(
     {
         let eaten = eat_maps(room)?;
         eprintln!("smc-scale client: {eaten} mappings taken, {room} left below vm.max_map_count");
+    }
+    if let Some(l) = nofile_room() {
+        eprintln!("smc-scale client: RLIMIT_NOFILE {l}");
     }
 
     // Setup: connect, first ping answered.
