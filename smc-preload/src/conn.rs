@@ -112,6 +112,9 @@ pub struct Shared {
     in_flight: AtomicU32,
     /// 1: this end is the server.
     role: AtomicU32,
+    /// The socket's `SO_RCVLOWAT` (0 or 1: any byte), as the kernel holds it
+    /// ([`Conn::set_rcvlowat`]); shared like the socket by every process holding it.
+    rcvlowat: AtomicU32,
 }
 
 /// [`Shared::ksleep`]: a drain of the doorbells is under way.
@@ -949,14 +952,40 @@ impl Conn {
         }
     }
 
+    /// Takes the socket's `SO_RCVLOWAT` as the kernel holds it (after it clamped the value):
+    /// poll/select/epoll report `IN` from that many bytes on, and a blocking read waits for
+    /// that many (or the bytes asked for, when fewer), as `tcp_poll` and `tcp_recvmsg` do.
+    pub fn set_rcvlowat(&self, fd: i32) {
+        let mut v: libc::c_int = 1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        let e0 = real::errno();
+        // SAFETY: valid out-pointers of the right size.
+        let r = unsafe {
+            real::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                &mut v as *mut libc::c_int as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        real::set_errno(e0);
+        let v = if r == 0 { v.max(1) as u32 } else { 1 };
+        self.sh().rcvlowat.store(v, Ordering::Relaxed);
+    }
+
+    /// The bytes that make the connection readable: `SO_RCVLOWAT`, at most a full ring (the
+    /// peer cannot send more before we read; TCP caps it at half its largest buffer).
+    pub fn rcvlowat(&self) -> u32 {
+        self.sh()
+            .rcvlowat
+            .load(Ordering::Relaxed)
+            .clamp(1, self.rx.len().max(1))
+    }
+
     /// Bytes readable now (FIONREAD / SIOCINQ).
     pub fn inq(&self) -> u32 {
         self.avail()
-    }
-
-    /// Bytes written but not yet consumed by the peer (SIOCOUTQ).
-    pub fn outq(&self) -> u32 {
-        self.tx.len() - self.room().min(self.tx.len())
     }
 
     /// recv/read/recvmsg. `nonblock` is the call's own MSG_DONTWAIT; the fd's O_NONBLOCK is
@@ -975,6 +1004,22 @@ impl Conn {
         // the peer cannot send more until we read (TCP's autotuned buffer would hold them;
         // waiting for them here hung forever, issue 10).
         let peek_all = want.min(self.rx.len() as usize);
+        // SO_RCVLOWAT: a blocking read returns once this many bytes were read (tcp_recvmsg's
+        // target: the low-water mark or the bytes asked for, whichever is less; all of them
+        // with MSG_WAITALL). A non-blocking one returns what is there.
+        let target = if nonblock {
+            1
+        } else if waitall {
+            want
+        } else {
+            (self.rcvlowat() as usize).min(want)
+        };
+        // What a MSG_PEEK must find before it returns (it cannot read on to wait for more).
+        let peek_need = if waitall {
+            peek_all
+        } else {
+            target.min(self.rx.len() as usize)
+        };
         let s = self.sh();
         s.rx_calls.fetch_add(1, Ordering::Relaxed);
         if want == 0 {
@@ -991,9 +1036,7 @@ impl Conn {
                     Some((c, p)) => (c, self.rx.readable(c, p).unwrap_or(0)),
                     None => (unpack(s.cons.load(Ordering::Acquire)), 0),
                 };
-                let need_all = peek && waitall;
-                if avail > 0
-                    && !(need_all && (avail as usize) < peek_all && !self.readiness().rd_eof)
+                if avail > 0 && !(peek && (avail as usize) < peek_need && !self.readiness().rd_eof)
                 {
                     if peek {
                         let n = (avail as usize).min(want);
@@ -1014,7 +1057,7 @@ impl Conn {
                     }
                     self.after_consume(fd, nc, n as u32 == avail);
                     done += n;
-                    if done == want || !waitall {
+                    if done >= target {
                         return Ok(done);
                     }
                     continue;
@@ -1022,7 +1065,7 @@ impl Conn {
             }
             // Nothing (more) to read.
             let r = self.readiness();
-            if r.readable > 0 && !(peek && waitall) {
+            if r.readable > 0 && !(peek && (r.readable as usize) < peek_need) {
                 continue;
             }
             if r.error && r.readable == 0 {
@@ -1053,7 +1096,7 @@ impl Conn {
                     Err(libc::EAGAIN)
                 };
             }
-            let need = if peek && waitall { peek_all as u32 } else { 1 };
+            let need = if peek { peek_need as u32 } else { 1 };
             let dl = *deadline
                 .get_or_insert_with(|| deadline_of(self.sock_timeout(fd, libc::SO_RCVTIMEO)));
             match self.wait(fd, true, need, dl) {

@@ -979,9 +979,13 @@ pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int 
                     if arg == 0 {
                         return fail(libc::EFAULT) as c_int;
                     }
+                    // SIOCOUTQ: TCP counts the bytes its peer's kernel has not acknowledged,
+                    // 0 on loopback once they sit in the peer's receive queue. A write here puts
+                    // its bytes straight into the peer's receive ring (the DMB) or waits for
+                    // room, so nothing is ever in flight: 0, as TCP.
                     // SAFETY: TIOCOUTQ's argument is the caller's writable int pointer (ioctl's
                     // contract), non-null (checked).
-                    unsafe { *(arg as *mut c_int) = c.outq() as c_int };
+                    unsafe { *(arg as *mut c_int) = 0 };
                     return 0;
                 }
                 libc::FIONBIO => {
@@ -1492,6 +1496,12 @@ pub unsafe fn setsockopt(
         // SAFETY: `val` is non-null with `len >= 4` (checked) and the kernel just read it without
         // EFAULT.
         setup::note_rcvbuf(fd, unsafe { *(val as *const c_int) });
+    }
+    if r == 0 && level == libc::SOL_SOCKET && name == libc::SO_RCVLOWAT && fdtable::raw(fd) != 0 {
+        // A socket still in its handshake takes the value when it becomes SMC.
+        if let Some(c) = fdtable::get(fd).as_deref().and_then(Obj::conn) {
+            c.set_rcvlowat(fd);
+        }
     }
     r
 }

@@ -25,7 +25,8 @@ pub const WRNORM: u32 = libc::EPOLLWRNORM as u32;
 pub fn conn_mask(c: &Conn) -> u32 {
     let r = c.readiness();
     let mut m = 0;
-    if r.readable > 0 || r.rd_eof || r.error {
+    // SO_RCVLOWAT: readable from that many bytes on (tcp_poll), or at EOF/error.
+    if (r.readable > 0 && r.readable >= c.rcvlowat()) || r.rd_eof || r.error {
         m |= IN | RDNORM;
     }
     if r.rcv_shut || r.error {

@@ -1048,6 +1048,8 @@ fn install(fd: i32, own: HeldDmb, peer: HeldDmb, role: Role, nonblock: bool) -> 
     };
     c.own_token = ot;
     c.peer_token = pt;
+    // Set before the connection became SMC (or inherited from the listener).
+    c.set_rcvlowat(fd);
     shortcut(fd);
     let o = Arc::new(Obj::Conn(c));
     drop(fdtable::replace(fd, Slot::Obj(o.clone())));

@@ -30,8 +30,6 @@ const EXPECTED: &[(&str, &str)] = &[
     ("epoll_nested", "an epoll fd in another epoll set: the outer wait sees the inner set's kernel readiness, which for an SMC fd is only its doorbells, rung only while a waiter armed the ring (not fixed yet)"),
     ("poll_nested_epoll", "the same with poll on the epoll fd (not fixed yet)"),
     ("close_while_recv_blocked", "close() while another thread blocks in recv: the data path closes the SMC connection at once (TCP keeps the socket until the blocked call returns), the blocked recv gets EOF; the reused fd number is not touched"),
-    ("siocoutq_unread", "SIOCOUTQ counts bytes the peer has not consumed (SMC's send-buffer meaning); loopback TCP counts unacknowledged bytes, 0 at once"),
-    ("so_rcvlowat", "SO_RCVLOWAT is not honoured by poll/epoll readiness of an SMC fd (not fixed yet)"),
     ("msg_oob", "no urgent data on SMC-D: send(MSG_OOB) fails with EOPNOTSUPP instead of sending one byte out of band"),
     ("restart_per_handler", "which signal interrupted the data path's internal poll is unknown without wrapping handlers: EINTR when any handler without SA_RESTART exists"),
     ("connect_own_listener_one_thread", "a blocking connect to a listener of the same process accepted later by the same thread: the client handshake still waits for the server inside connect (2 s CLC timeout, then TCP); non-blocking connects are fixed"),

@@ -110,6 +110,8 @@ scenarios! {
     so_rcvtimeo: 1;
     so_sndtimeo: 1;
     so_rcvlowat: 1;
+    so_rcvlowat_blocking_read: 1;
+    so_rcvlowat_epoll: 1;
     fionbio: 1;
     read_chk_buflen: 1;
     recv_chk_buflen: 1;
@@ -2715,6 +2717,74 @@ fn so_rcvlowat() {
     write_all(c, b"5678");
     pl("poll(s,IN) 8 bytes", s, libc::POLLIN, 5000);
     rd("read(s)", s, 100);
+    close(c);
+    close(s);
+}
+
+fn so_rcvlowat_blocking_read() {
+    // A blocking read waits for SO_RCVLOWAT bytes (tcp_recvmsg's target), not for the first
+    // byte; MSG_DONTWAIT returns what is there.
+    let (c, s) = pair();
+    let v: c_int = 8;
+    r(
+        "SO_RCVLOWAT 8",
+        setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_RCVLOWAT, &v) as isize,
+    );
+    write_all(c, b"12");
+    recv_l("recv(s, 1, DONTWAIT)", s, 1, libc::MSG_DONTWAIT);
+    write_all(c, b"34");
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        rd("read(s) blocks until 8 bytes", s, 100)
+    });
+    wait_blocked(&T);
+    write_all(c, b"5678");
+    let _ = h.join();
+    recv_l("recv(s, DONTWAIT) nothing left", s, 100, libc::MSG_DONTWAIT);
+    // Fewer bytes asked than the mark: the read returns them.
+    write_all(c, b"abc");
+    rd("read(s, 2) < lowat", s, 2);
+    close(c);
+    close(s);
+}
+
+fn so_rcvlowat_epoll() {
+    // epoll reports IN only from SO_RCVLOWAT bytes on, level- and edge-triggered.
+    let (c, s) = pair();
+    let v: c_int = 6;
+    r(
+        "SO_RCVLOWAT 6",
+        setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_RCVLOWAT, &v) as isize,
+    );
+    let nm = names(&["", "s", "s(ET)"]);
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    let et = ep_create();
+    ep_ctl(
+        "ADD s IN|ET",
+        et,
+        libc::EPOLL_CTL_ADD,
+        s,
+        (libc::EPOLLIN | libc::EPOLLET) as u32,
+        2,
+    );
+    write_all(c, b"123");
+    ep_wait("epoll_wait 3 bytes < lowat", ep, 4, 50, &nm);
+    ep_wait("epoll_wait ET 3 bytes < lowat", et, 4, 50, &nm);
+    write_all(c, b"456");
+    ep_wait("epoll_wait 6 bytes", ep, 4, 5000, &nm);
+    ep_wait("epoll_wait ET 6 bytes", et, 4, 5000, &nm);
+    rd("read(s)", s, 100);
+    close(ep);
+    close(et);
     close(c);
     close(s);
 }
