@@ -28,6 +28,11 @@
 //! both copies check every entry at each wait and sleep at most [`SHARED_TICK_MS`] at a time
 //! (an event one process took from the kernel is seen by the other at its next check).
 //!
+//! A set waited on through another wait (registered in another set, or its fd polled or
+//! selected) is seen there only by its kernel readiness. Before such a wait sleeps, every
+//! emulated entry of the set is armed and the set is kicked when one would report now
+//! ([`prepare_indirect`]): never a missed wakeup, at worst a spurious one.
+//!
 //! Sockets that may still become SMC are tracked too: a
 //! TCP socket not yet connected is registered as the application asked; one whose connect or
 //! handshake is under way (`Pending`, `Handshake`) is registered with our tag, edge-triggered,
@@ -119,6 +124,9 @@ pub struct EpInner {
     /// were drained before it parks anything (the drain may find the peer gone).
     undrained: Vec<(i32, Arc<Obj>, u32)>,
     pass: u32,
+    /// Epoll sets registered in this one (their fds): before a wait sleeps, each is made
+    /// kernel-ready when it has something to report ([`prepare_indirect`]).
+    nested: Vec<i32>,
 }
 
 pub struct EpollSet {
@@ -472,6 +480,97 @@ fn as_set(o: &Obj) -> &EpollSet {
     }
 }
 
+fn is_set(o: &Obj) -> bool {
+    matches!(o, Obj::Epoll(_))
+}
+
+/// Whether `fd` is an epoll instance (an fd we know nothing of: asked of `/proc`, once per
+/// `EPOLL_CTL_ADD` of a non-socket fd).
+fn is_epoll_fd(fd: i32) -> bool {
+    let path = format!("/proc/self/fd/{fd}\0");
+    let mut buf = [0u8; 32];
+    let e0 = real::errno();
+    // SAFETY: NUL-terminated path, `buf` writable for its length.
+    let n = unsafe { libc::readlink(path.as_ptr().cast(), buf.as_mut_ptr().cast(), buf.len()) };
+    real::set_errno(e0);
+    n > 0 && buf.get(..n as usize) == Some(b"anon_inode:[eventpoll]".as_slice())
+}
+
+/// `inner`, an epoll set, is being registered in `ep` (the kernel judges the call itself):
+/// both become sets of ours, `ep`'s waits ours, so that before one sleeps `inner` is made
+/// kernel-ready when an emulated entry of it has something to report ([`prepare_indirect`]).
+/// Without it the outer wait sees only `inner`'s kernel readiness, which for an SMC entry is
+/// its doorbells, rung only while a waiter armed the ring (an outer wait could sleep on data
+/// that was there).
+fn note_nested(ep: i32, inner: i32, known: Option<&Obj>) {
+    if known.is_none() && !is_epoll_fd(inner) {
+        return;
+    }
+    if set_of(inner, true).is_none() {
+        return;
+    }
+    let Some(so) = set_of(ep, true) else {
+        return;
+    };
+    let set = as_set(&so);
+    let mut g = lock(&set.inner);
+    if !g.nested.contains(&inner) {
+        g.nested.push(inner);
+    }
+    set.tagged.store(true, Ordering::Relaxed);
+}
+
+/// Depth of nested sets followed by [`prepare_indirect`] (the kernel allows 5 levels).
+const NESTED_MAX: u32 = 5;
+
+/// The set `ep` is about to be waited on through another wait (its fd polled or selected, or
+/// registered in a set whose wait is about to sleep), which sees only its kernel readiness:
+/// that must never be less than what its own wait would report. Every emulated entry is armed
+/// (its peer rings at its next change: a kernel event for the set); when one would report now,
+/// the set is kicked (the kernel queues an event for it). The kernel may then call the set
+/// ready when no entry reports (a registration's own event): its wait returns nothing —
+/// spurious, never a missed wakeup.
+pub fn prepare_indirect(ep: i32, depth: u32) {
+    let Some(so) = set_of(ep, false) else {
+        return;
+    };
+    let set = as_set(&so);
+    let mut ready = None;
+    let nested = {
+        let mut g = lock(&set.inner);
+        for (&fd, e) in g.entries.iter() {
+            if e.disabled || e.mode != Mode::Emulated {
+                continue;
+            }
+            let Some(c) = e.obj.as_ref().and_then(|o| o.conn()) else {
+                continue;
+            };
+            let mask = poll::arm(c, fd, e.events) & (e.events | ERR | HUP);
+            if reports(e, c, mask).is_some() {
+                ready = Some(fd);
+                break;
+            }
+        }
+        if ready.is_some() {
+            // Armed or not, it is checked at the set's next wait.
+            if let Some(fd) = ready {
+                make_hot(&mut g, fd);
+            }
+        }
+        g.nested.clone()
+    };
+    if let Some(fd) = ready {
+        kick(ep, fd);
+    }
+    if depth < NESTED_MAX {
+        for n in nested {
+            if n != ep {
+                prepare_indirect(n, depth + 1);
+            }
+        }
+    }
+}
+
 /// Our epoll_ctl. Returns `None` when the call is not ours (pass it through).
 ///
 /// # Safety
@@ -488,6 +587,14 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
         if op == libc::EPOLL_CTL_DEL && MEMBERS_N.load(Ordering::Relaxed) > 0 {
             if let Some(so) = set_of(ep, false) {
                 forget(as_set(&so), ep, fd);
+            }
+        }
+        if op == libc::EPOLL_CTL_ADD && (raw == 0 || obj.as_deref().is_some_and(is_set)) {
+            note_nested(ep, fd, obj.as_deref());
+        }
+        if op == libc::EPOLL_CTL_DEL && obj.as_deref().is_some_and(is_set) {
+            if let Some(so) = set_of(ep, false) {
+                lock(&as_set(&so).inner).nested.retain(|&n| n != fd);
             }
         }
         return None;
@@ -1111,6 +1218,23 @@ fn translate(set: &EpollSet, kev: &[libc::epoll_event], out: &mut Vec<libc::epol
     decided
 }
 
+/// The sets registered in `set` ([`EpInner::nested`]) made kernel-ready when they have
+/// something to report, before `set`'s kernel wait.
+fn prepare_nested(set: &EpollSet, ep: i32) {
+    let nested = {
+        let g = lock(&set.inner);
+        if g.nested.is_empty() {
+            return;
+        }
+        g.nested.clone()
+    };
+    for n in nested {
+        if n != ep {
+            prepare_indirect(n, 1);
+        }
+    }
+}
+
 /// Our epoll_wait / epoll_pwait.
 ///
 /// # Safety
@@ -1202,6 +1326,9 @@ pub unsafe fn wait(
             collect(&mut g, ep, &mut out, max, true, false, &mut warm)
         };
         if !out.is_empty() || timeout == 0 {
+            if timeout == 0 {
+                prepare_nested(set, ep);
+            }
             // A handshake decided here may make its fd ready at once (from the rings, or from
             // the kernel after its re-registration): one more round then.
             for _ in 0..2 {
@@ -1305,6 +1432,7 @@ pub unsafe fn wait(
         } else {
             rem
         };
+        prepare_nested(set, ep);
         set.sleeping.fetch_add(1, Ordering::SeqCst);
         let r = kwait(&mut kbuf, t, sigmask);
         set.sleeping.fetch_sub(1, Ordering::SeqCst);

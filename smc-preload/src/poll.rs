@@ -129,6 +129,12 @@ fn classify(fd: i32) -> Kind {
             crate::setup::progress(fd, h, false);
             drop(o);
         }
+        // An epoll set of ours: the kernel's answer for it must include its emulated entries.
+        Obj::Epoll(_) => {
+            drop(o);
+            crate::epoll::prepare_indirect(fd, 0);
+            return Kind::Plain;
+        }
         _ => return Kind::Plain,
     }
     let Some(o) = fdtable::get(fd) else {

@@ -47,6 +47,8 @@ scenarios! {
     epoll_peer_shutdown_wr_mask: 1;
     epoll_maxevents_mixed: 1;
     epoll_nested: 1;
+    epoll_nested_lt_data_left: 1;
+    epoll_nested_wakes_on_write: 1;
     poll_nested_epoll: 1;
     epoll_pwait2: 1;
     epoll_pwait2_timeout: 1;
@@ -948,6 +950,91 @@ fn epoll_nested() {
     write_all(c, b"nested");
     ep_wait("outer wait", outer, 8, 2000, &names(CS));
     ep_wait("inner wait(0)", inner, 8, 0, &names(CS));
+    close(outer);
+    close(inner);
+    close(c);
+    close(s);
+}
+
+fn epoll_nested_lt_data_left() {
+    // A level-triggered entry of an inner set still has data after a partial read: the outer
+    // wait (and a poll of the inner set) must see the inner set ready at once, as TCP's entry
+    // stays on the inner set's ready list.
+    let (c, s) = pair();
+    let inner = ep_create();
+    let outer = ep_create();
+    ep_ctl(
+        "inner ADD s IN",
+        inner,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    ep_ctl(
+        "outer ADD inner IN",
+        outer,
+        libc::EPOLL_CTL_ADD,
+        inner,
+        libc::EPOLLIN as u32,
+        5,
+    );
+    write_all(c, b"abcdef");
+    ep_wait("outer wait", outer, 8, 5000, &names(CS));
+    ep_wait("inner wait", inner, 8, 5000, &names(CS));
+    rd("read(s, 2)", s, 2);
+    ep_wait("outer wait, 4 bytes left", outer, 8, 2000, &names(CS));
+    ep_wait("inner wait", inner, 8, 0, &names(CS));
+    pl("poll(inner,IN), 4 bytes left", inner, libc::POLLIN, 2000);
+    ep_wait("inner wait", inner, 8, 0, &names(CS));
+    rd("read(s)", s, 100);
+    close(outer);
+    close(inner);
+    close(c);
+    close(s);
+}
+
+fn epoll_nested_wakes_on_write() {
+    // An outer wait asleep while the inner set's connection was active a moment ago: the
+    // peer's next write must wake it.
+    let (c, s) = pair();
+    let inner = ep_create();
+    let outer = ep_create();
+    ep_ctl(
+        "inner ADD s IN",
+        inner,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    ep_ctl(
+        "outer ADD inner IN",
+        outer,
+        libc::EPOLL_CTL_ADD,
+        inner,
+        libc::EPOLLIN as u32,
+        5,
+    );
+    write_all(c, b"x");
+    ep_wait("outer wait", outer, 8, 5000, &names(CS));
+    ep_wait("inner wait", inner, 8, 5000, &names(CS));
+    rd("read(s)", s, 10);
+    ep_wait("inner wait(0) drained", inner, 8, 0, &names(CS));
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        // SAFETY: 4 entries.
+        let n = unsafe { libc::epoll_wait(outer, ev.as_mut_ptr(), 4, 3000) };
+        (n, if n > 0 { ev[0].events } else { 0 })
+    });
+    wait_blocked(&T);
+    write_all(c, b"y");
+    let (n, m) = h.join().unwrap();
+    log(format!("outer wait in a thread = {n} [{}]", mask_names(m)));
+    ep_wait("inner wait", inner, 8, 5000, &names(CS));
+    rd("read(s)", s, 10);
     close(outer);
     close(inner);
     close(c);
