@@ -443,7 +443,7 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
 /// per connection (RSS and PSS of client, server and daemon together, divided by N),
 /// descriptors.
 /// N = 1000 and 10 000; 65 536 with `SMC_BENCH_SCALE_65K=1` (it needs the daemon's and the
-/// programs' `RLIMIT_NOFILE` and `vm.max_map_count` raised: see docs/ARCHITECTURE.md, "Scale").
+/// programs' `RLIMIT_NOFILE` and `vm.max_map_count` raised: see docs/OPERATIONS.md).
 fn scale_cases(helper: &str) -> Vec<Case> {
     let bin = Path::new(helper)
         .with_file_name("smc-scale")
