@@ -1,10 +1,12 @@
 //! `smc-ctl`: the control binary of the SMC accelerator.
 //!
 //! Modules, data sources first, then commands:
-//! - sources: [`sys`] (host: root, cgroup v2 directories, /proc), [`bpf`] (the pinned eBPF
-//!   programs, maps and links), [`procs`] (the data path's per-process statistics files); the
-//!   daemon is reached through `smc_ism::Client`, `/proc/net` and the socket maps by [`conns`];
-//! - commands: attach/detach/status/trace (`bpf`), [`daemon`], [`agent`] (Kubernetes), [`run`](mod@run), [`stats`], [`conns`].
+//! - sources: [`sys`] (host: root, cgroup v2 directories, /proc, the raw `bpf` syscall),
+//!   [`probe`] (what the kernel offers), [`bpf`] (the pinned eBPF programs, maps and links),
+//!   [`procs`] (the data path's per-process statistics files); the daemon is reached through
+//!   `smc_ism::Client`, `/proc/net` and the socket maps by [`conns`];
+//! - commands: attach/detach/status/trace ([`bpf`]), probe ([`probe`]), [`daemon`], [`agent`]
+//!   (Kubernetes), [`run`](mod@run), [`stats`], [`conns`]; completions and man pages here.
 use std::path::PathBuf;
 
 use anyhow::Result;

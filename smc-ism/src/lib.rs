@@ -17,8 +17,17 @@
 //!   [`Ticket`] finished later), so that a handshake overlaps a daemon round trip with waiting
 //!   for its peer, and references can be given back without waiting
 //!   ([`Client::release_nowait`]: one record, no reply).
+//! - **Shared client** ([`SharedClient`], what the data path uses): one daemon connection for all
+//!   threads of a process, no lock held while a thread waits for a reply.
 //! - **Protocol** ([`proto`]): `SOCK_SEQPACKET`, a 16-byte versioned header (magic, version, op,
 //!   length, sequence), a status in every reply, fds as `SCM_RIGHTS`.
+//!
+//! Modules: `client`, `shared`, [`proto`], `error` (errors and their decline reasons), `stats`
+//! (the daemon's counters), `sys` (SCM_RIGHTS, memfds, socket inspection); the daemon's
+//! `daemon/` holds `mod.rs` (configuration, listener, shutdown), `conn` (one client
+//! connection), `registry` (the DMB table, quotas), `pair` (`OP_PAIR`), `diag` (sock_diag peer
+//! lookups, quota cgroups), `grant` (the shortcut grant), `closer` (closing what clients pass),
+//! `gid`, `metrics`.
 //!
 //! # Device semantics (as Linux's `smc_loopback.c`)
 //!

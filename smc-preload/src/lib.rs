@@ -6,11 +6,13 @@
 //! - [`fdtable`]: the lock-free per-fd table; [`obj`]: what an fd can be for us (SMC-D
 //!   connection, listener, pending connect, handshake under way, fallback skipping a late CLC
 //!   message, fallen-back sockmap member, orphan, epoll set).
-//! - [`shm`]: mappings, memfds, a process-shared futex lock.
+//! - [`shm`]: mappings, memfds, a process-shared futex lock; [`forklock`]: the library's global
+//!   locks and once-values, which a forked child replaces when another thread held them.
 //! - [`conn`]: one SMC connection: rings, cursors, read/write/peek/shutdown/close, wakeups;
 //!   [`iov`]: a cursor over an iovec array.
 //! - [`setup`]: opt-in (at `connect`/`listen`), the eBPF socket state, the connection policies;
-//!   [`handshake`]: the CLC handshake's I/O; [`member`]: reads of a fallen-back sockmap member.
+//!   [`handshake`]: the CLC handshake's I/O; [`dmbs`]: mappings of pooled DMBs kept for the next
+//!   connection; [`member`]: reads of a fallen-back sockmap member.
 //! - [`poll`], [`epoll`]: readiness and the poll/select/epoll emulation; [`signals`]: which
 //!   signals interrupt a blocking call.
 //! - [`ops`]: the behaviour of every interposed function; [`lifecycle`]: `vfork` children,

@@ -13,10 +13,14 @@ fn resolve(name: &'static [u8]) -> usize {
     // SAFETY: `name` is NUL-terminated; dlsym is thread-safe.
     let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr() as *const libc::c_char) };
     if p.is_null() {
-        // Last resort: the default search order, for a library loaded after libc (dlopen),
-        // where RTLD_NEXT finds nothing. Known limitation: when this library was preloaded,
-        // RTLD_DEFAULT finds our own export first, and calling it recurses until the stack
-        // overflows (a symbol libc lacks); only a symbol found nowhere aborts with a message.
+        // RTLD_NEXT finds nothing only when no object after this library defines the symbol:
+        // in practice a libc older than the function (`memfd_create`: glibc 2.27;
+        // `close_range`, `execveat`: 2.34; `epoll_pwait2`: 2.35), called by the library itself
+        // (`shm` creates memfds) or by a program that found our export. (A `dlopen`ed copy of
+        // this library finds libc through RTLD_NEXT too: libc is its dependency.) The default
+        // search order below then finds the main program's definition if it has one, else our
+        // own export, as this library is preloaded: calling that recurses until the stack
+        // overflows. Only a symbol found nowhere aborts with a message.
         // SAFETY: `name` is NUL-terminated; dlsym is thread-safe.
         let p2 = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr() as *const libc::c_char) };
         if p2.is_null() {

@@ -1,6 +1,6 @@
 //! The statistics directory tree, safe against other local users.
 //!
-//! The threat is a local process of another uid (issue 12): it must not be able to block an
+//! The threat is a local process of another uid (docs/SECURITY.md): it must not be able to block an
 //! exiting writer or a reader, make a reader hang or exhaust its memory, redirect it, or
 //! truncate a writer's shared page. The rules:
 //!
