@@ -2,12 +2,16 @@
 //!
 //! - `setup`: installs what a fresh Debian 12 machine lacks (idempotent, says what it does).
 //! - `build`: builds smc-ctl (with the eBPF programs) and the interposition library.
+//! - `dist`: the release tarball (`packaging/dist.sh`).
 //! - `lint`: `cargo fmt --check`, clippy on the workspace, and clippy on `smc-ebpf` for the BPF
 //!   target.
 //! - `test`: the lint checks, unit tests, the integration tests (root), bounded fuzzing.
 //! - `demo`: the accelerated path against plain TCP, with the counters.
 //! - `bench`: the side-by-side benchmarks.
 //! - `soak`: the long full-duplex soak of the data path (100 GiB, 1024 connections, mixed APIs).
+//!
+//! Modules: this file (setup, build, dist, lint, test), `demo`, `bench` (with its own
+//! modules), `soak`, and `harness` (RAII guards: cgroups, the daemon, processes).
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
