@@ -1,12 +1,13 @@
 //! Per-process statistics in shared memory, for `smc-ctl stats` / `conns`.
 //!
-//! Each process that loads the library and makes a TCP decision maps one file
-//! `/run/smc/procs/<pid>` (`$SMC_PROCS_DIR/<pid>`; `.../uid-<euid>/<pid>` for a uid that does not
-//! own the directory, see `smc_stats::StatsDir`), 4096 bytes, `MAP_SHARED`. When no
+//! Each process that loads the library and opts a socket in (or decides a connection) maps one
+//! file `/run/smc/procs/<pid>` (`$SMC_PROCS_DIR/<pid>`; `.../uid-<euid>/<pid>` for a uid that
+//! does not own the directory, see `smc_stats::StatsDir`), 4096 bytes, `MAP_SHARED`. When no
 //! directory can be used the same layout lives in anonymous memory (nothing to read from
 //! outside).
 //! Readers must treat the file as a snapshot: every field is an 8-byte little-endian counter
-//! updated with atomic adds. A file whose pid no longer exists is stale; readers may delete it.
+//! updated with atomic adds. A file whose pid no longer exists is stale; a reader that may write
+//! the directory folds it into its cgroup's aggregate and removes it (`smc_stats::StatsDir`).
 //!
 //! The layout is `smc_stats` (version 1 plus extension 1): this writer records its
 //! identity (cgroup id, start time, PID namespace: `VALID_IDENTITY`) when it creates the file, so
