@@ -1142,9 +1142,22 @@ fn after_fallback(fd: i32, server: bool, fb: Fallback, awaited: Option<MsgType>)
 /// Client side, right after the TCP connection is established. `nonblock`: O_NONBLOCK of the
 /// socket, when the caller knows it.
 pub fn client_after_connect(fd: i32, nonblock: Option<bool>, dest: Option<Dest>) {
-    // Whether the server is on this host cannot be told yet (its end becomes established when
-    // our ACK arrives, maybe after connect returned): the server decides that (see
-    // `server_after_accept`) and declines a Proposal from another host.
+    let Some(mut d) = client_driver(fd, dest) else {
+        return;
+    };
+    let Progress::Done(out) = d.step(true) else {
+        unreachable!("a blocking step finishes")
+    };
+    let nb = nonblock.unwrap_or_else(|| nonblocking(fd));
+    finish(fd, false, out, nb);
+}
+
+/// The client's handshake driver once its TCP connect completed; `None` when the server did
+/// not announce SMC (the fd falls back: plain TCP). Whether the server is on this host cannot
+/// be told yet (its end becomes established when our ACK arrives, maybe after connect
+/// returned): the server decides that (see `server_after_accept`) and declines a Proposal from
+/// another host.
+fn client_driver(fd: i32, dest: Option<Dest>) -> Option<Driver> {
     if peer_smc(fd) == PeerSmc::No {
         note_dest(dest, false);
         fallback(
@@ -1154,16 +1167,11 @@ pub fn client_after_connect(fd: i32, nonblock: Option<bool>, dest: Option<Dest>)
             "peer did not announce SMC",
             false,
         );
-        return;
+        return None;
     }
     note_dest(dest, true);
     let sc = size_code_for(fd, None);
-    let mut d = Driver::new(machine(false, sc), fd, false, sc);
-    let Progress::Done(out) = d.step(true) else {
-        unreachable!("a blocking step finishes")
-    };
-    let nb = nonblock.unwrap_or_else(|| nonblocking(fd));
-    finish(fd, false, out, nb);
+    Some(Driver::new(machine(false, sc), fd, false, sc))
 }
 
 /// Server side, right after accept: `fd` is the accepted socket, `nonblock` its O_NONBLOCK.
@@ -1426,20 +1434,9 @@ fn forget_own_client(port: Option<u16>) {
 /// ([`Obj::Handshake`]) — a non-blocking connect returns at once, also when the server accepts
 /// much later or is this very thread. `nonblock`: O_NONBLOCK of the socket.
 pub fn client_start(fd: i32, nonblock: bool, dest: Option<Dest>) {
-    if peer_smc(fd) == PeerSmc::No {
-        note_dest(dest, false);
-        fallback(
-            fd,
-            false,
-            Diag::PeerNoSmc.code(),
-            "peer did not announce SMC",
-            false,
-        );
+    let Some(mut d) = client_driver(fd, dest) else {
         return;
-    }
-    note_dest(dest, true);
-    let sc = size_code_for(fd, None);
-    let mut d = Driver::new(machine(false, sc), fd, false, sc);
+    };
     // Known before the Proposal goes out: our accepting thread must find it.
     let peer_local = to_own_listener(dest);
     let port = if peer_local { port_of(fd, false) } else { None };
