@@ -12,28 +12,134 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 fn resolve(name: &'static [u8]) -> usize {
     // SAFETY: `name` is NUL-terminated; dlsym is thread-safe.
     let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr() as *const libc::c_char) };
-    if p.is_null() {
-        // RTLD_NEXT finds nothing only when no object after this library defines the symbol:
-        // in practice a libc older than the function (`memfd_create`: glibc 2.27;
-        // `close_range`, `execveat`: 2.34; `epoll_pwait2`: 2.35), called by the library itself
-        // (`shm` creates memfds) or by a program that found our export. (A `dlopen`ed copy of
-        // this library finds libc through RTLD_NEXT too: libc is its dependency.) The default
-        // search order below then finds the main program's definition if it has one, else our
-        // own export, as this library is preloaded: calling that recurses until the stack
-        // overflows. Only a symbol found nowhere aborts with a message.
-        // SAFETY: `name` is NUL-terminated; dlsym is thread-safe.
-        let p2 = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr() as *const libc::c_char) };
-        if p2.is_null() {
-            let msg = b"smc-preload: cannot resolve a libc symbol\n";
-            // SAFETY: a valid buffer. (This reaches our own `syscall`, which passes SYS_write
-            // on to libc's, always resolvable.)
-            unsafe { libc::syscall(libc::SYS_write, 2, msg.as_ptr(), msg.len()) };
-            // SAFETY: abort has no preconditions; nothing can be done without the libc symbol.
-            unsafe { libc::abort() };
-        }
-        return p2 as usize;
+    if !p.is_null() {
+        return p as usize;
     }
-    p as usize
+    // RTLD_NEXT finds nothing only when no object after this library defines the symbol: in
+    // practice a libc older than the function (`memfd_create`: glibc 2.27; `close_range`,
+    // `execveat`: 2.34; `epoll_pwait2`: 2.35), called by the library itself (`shm` creates
+    // memfds) or by a program that found our export. (A `dlopen`ed copy of this library finds
+    // libc through RTLD_NEXT too: libc is its dependency.) Those four are system calls with
+    // the same arguments: a shim makes the call itself. Any other: the default search order
+    // finds the main program's definition if it has one; our own export (this library is
+    // preloaded) would recurse until the stack overflows, so that, or nothing, aborts with a
+    // message.
+    if let Some(shim) = syscall_shim(name) {
+        return shim;
+    }
+    // SAFETY: `name` is NUL-terminated; dlsym is thread-safe.
+    let p2 = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr() as *const libc::c_char) };
+    if p2.is_null() || is_ours(p2) {
+        let msg = b"smc-preload: cannot resolve a libc symbol (libc too old?)\n";
+        // SAFETY: a valid buffer, through libc's `syscall` (always resolvable).
+        unsafe {
+            syscall(
+                libc::SYS_write,
+                2,
+                msg.as_ptr() as libc::c_long,
+                msg.len() as libc::c_long,
+                0,
+                0,
+                0,
+            )
+        };
+        // SAFETY: abort has no preconditions; nothing can be done without the libc symbol.
+        unsafe { libc::abort() };
+    }
+    p2 as usize
+}
+
+/// Whether `p` lies in this library (our own export of a symbol).
+fn is_ours(p: *mut c_void) -> bool {
+    // SAFETY: zeroed Dl_info is valid output space; dladdr only reads the loader's tables.
+    let (mut a, mut b): (libc::Dl_info, libc::Dl_info) = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; `resolve` is a function of this library.
+    unsafe {
+        libc::dladdr(p, &mut a) != 0
+            && libc::dladdr(resolve as *const c_void, &mut b) != 0
+            && a.dli_fbase == b.dli_fbase
+    }
+}
+
+/// The system-call shim for a function a too-old libc lacks (see [`resolve`]).
+fn syscall_shim(name: &[u8]) -> Option<usize> {
+    extern "C" fn memfd_create_sys(name: *const libc::c_char, flags: c_uint) -> c_int {
+        // SAFETY: the caller's arguments, as the system call takes them.
+        unsafe {
+            syscall(
+                libc::SYS_memfd_create,
+                name as libc::c_long,
+                flags as libc::c_long,
+                0,
+                0,
+                0,
+                0,
+            ) as c_int
+        }
+    }
+    extern "C" fn close_range_sys(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+        // SAFETY: as above.
+        unsafe {
+            syscall(
+                libc::SYS_close_range,
+                first as libc::c_long,
+                last as libc::c_long,
+                flags as libc::c_long,
+                0,
+                0,
+                0,
+            ) as c_int
+        }
+    }
+    extern "C" fn execveat_sys(
+        dirfd: c_int,
+        path: *const libc::c_char,
+        argv: *const *const libc::c_char,
+        envp: *const *const libc::c_char,
+        flags: c_int,
+    ) -> c_int {
+        // SAFETY: as above.
+        unsafe {
+            syscall(
+                libc::SYS_execveat,
+                dirfd as libc::c_long,
+                path as libc::c_long,
+                argv as libc::c_long,
+                envp as libc::c_long,
+                flags as libc::c_long,
+                0,
+            ) as c_int
+        }
+    }
+    extern "C" fn epoll_pwait2_sys(
+        ep: c_int,
+        ev: *mut epoll_event,
+        max: c_int,
+        t: *const timespec,
+        mask: *const sigset_t,
+    ) -> c_int {
+        // The kernel's sigsetsize argument: 8 bytes (64 signals), as glibc passes it.
+        // SAFETY: as above.
+        unsafe {
+            syscall(
+                libc::SYS_epoll_pwait2,
+                ep as libc::c_long,
+                ev as libc::c_long,
+                max as libc::c_long,
+                t as libc::c_long,
+                mask as libc::c_long,
+                8,
+            ) as c_int
+        }
+    }
+    let f: usize = match name {
+        b"memfd_create\0" => memfd_create_sys as *const () as usize,
+        b"close_range\0" => close_range_sys as *const () as usize,
+        b"execveat\0" => execveat_sys as *const () as usize,
+        b"epoll_pwait2\0" => epoll_pwait2_sys as *const () as usize,
+        _ => return None,
+    };
+    Some(f)
 }
 
 macro_rules! real_fns {
@@ -219,4 +325,49 @@ pub fn errno() -> c_int {
 pub fn set_errno(e: c_int) {
     // SAFETY: always valid for the calling thread.
     unsafe { *libc::__errno_location() = e }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shims make the system call themselves: a memfd and an epoll_pwait2 through them
+    /// work as libc's would (what a libc older than the functions gets).
+    #[test]
+    fn syscall_shims_work_and_our_own_symbols_are_told_apart() {
+        let p = syscall_shim(b"memfd_create\0").expect("a shim");
+        // SAFETY: the shim has memfd_create's C signature.
+        let f: unsafe extern "C" fn(*const libc::c_char, c_uint) -> c_int =
+            unsafe { std::mem::transmute(p) };
+        // SAFETY: a NUL-terminated name.
+        let fd = unsafe { f(c"shim-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0, "memfd_create through the shim: {}", errno());
+        let p = syscall_shim(b"epoll_pwait2\0").expect("a shim");
+        // SAFETY: the shim has epoll_pwait2's C signature.
+        let w: unsafe extern "C" fn(
+            c_int,
+            *mut epoll_event,
+            c_int,
+            *const timespec,
+            *const sigset_t,
+        ) -> c_int = unsafe { std::mem::transmute(p) };
+        // SAFETY: plain syscall.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        let t = timespec {
+            tv_sec: 0,
+            tv_nsec: 1000,
+        };
+        let mut ev = [epoll_event { events: 0, u64: 0 }; 1];
+        // SAFETY: one event, a valid timespec, no mask.
+        let n = unsafe { w(ep, ev.as_mut_ptr(), 1, &t, std::ptr::null()) };
+        assert_eq!(n, 0);
+        // SAFETY: our fds.
+        unsafe {
+            libc::close(fd);
+            libc::close(ep);
+        }
+        assert!(syscall_shim(b"read\0").is_none());
+        assert!(is_ours(resolve as *const () as *mut c_void));
+        assert!(!is_ours(libc::read as *const () as *mut c_void));
+    }
 }
