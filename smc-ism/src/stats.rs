@@ -29,8 +29,12 @@ pub struct OpsStats {
     pub query_gid: OpStats,
     /// `REGISTER`.
     pub register: OpStats,
-    /// `ATTACH`.
+    /// `ATTACH` (by token) and `ADOPT`.
     pub attach: OpStats,
+    /// `ATTACH_PEER` (by connection). A failure is mostly by design: the data path's server asks
+    /// right after its CLC accept, and when its client had not registered yet it attaches by
+    /// token after the confirm (counted under `attach`).
+    pub attach_peer: OpStats,
     /// `DETACH`.
     pub detach: OpStats,
     /// `UNREGISTER`.

@@ -250,9 +250,14 @@ pub(crate) fn print_text(f: &Value, details: bool) {
             n(&g["ops_register_failed"])
         );
         println!(
-            "  Attaches                   {:>12} (failed {})",
+            "  Attaches by token          {:>12} (failed {})",
             n(&g["ops_attach_requests"]),
             n(&g["ops_attach_failed"])
+        );
+        println!(
+            "  Attaches by connection     {:>12} ({} before the peer registered: then by token)",
+            n(&g["ops_attach_peer_requests"]),
+            n(&g["ops_attach_peer_failed"])
         );
         println!(
             "  Pairs (ends served)        {:>12} (failed {}, DMBs reused {})",

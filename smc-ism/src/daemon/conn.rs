@@ -583,7 +583,7 @@ impl Conn<'_> {
                 self.register(size_code, record, fd, state).map(Some),
             ),
             R::Attach { token, own } => (&c.attach, self.attach(Some(token), own, fd).map(Some)),
-            R::AttachPeer { own } => (&c.attach, self.attach(None, own, fd).map(Some)),
+            R::AttachPeer { own } => (&c.attach_peer, self.attach(None, own, fd).map(Some)),
             R::Adopt { which } => (&c.attach, self.adopt(which, fd).map(Some)),
             R::Pair {
                 size_code,

@@ -213,7 +213,9 @@ pub(crate) fn judge(expect: Expect, o: &Outcome) -> Verdict {
     let smcd = get(p, "smcd_client") + get(p, "smcd_server");
     let fallback = get(p, "fallback_client") + get(p, "fallback_server");
     // Attaches, and connection ends served by a PAIR (each attaches the peer's DMB).
-    let attached = get(&o.daemon, "ops.attach.ok") + get(&o.daemon, "ops.pair.ok");
+    let attached = get(&o.daemon, "ops.attach.ok")
+        + get(&o.daemon, "ops.attach_peer.ok")
+        + get(&o.daemon, "ops.pair.ok");
     let reasons = || {
         let r: Vec<String> = p
             .iter()
