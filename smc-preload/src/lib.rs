@@ -21,51 +21,24 @@
 //! - [`stats`]: the per-process statistics file; [`log`]: `SMC_DEBUG` lines.
 //! - `interpose` (feature `interpose`, not in unit tests): the exported libc symbols.
 
-pub mod conn;
-pub mod dmbs;
-pub mod epoll;
-pub mod fdtable;
-pub mod forklock;
-pub mod handshake;
-pub mod iov;
-pub mod lifecycle;
-pub mod log;
-pub mod member;
-pub mod obj;
-pub mod ops;
-pub mod poll;
-pub mod real;
-pub mod setup;
+// The layers, top down: interposition (`interpose`, this file's constructor), dispatch,
+// socket objects, the SMC connection core, shared memory; `util` is used by all. A layer uses
+// only the ones below it (checked by `tests/layers.rs`); the flat names below are the
+// modules' paths inside the crate.
+pub mod dispatch;
 pub mod shm;
-pub mod signals;
-pub mod stats;
+pub mod smc;
+pub mod socket;
+pub mod util;
+
+pub use dispatch::ops;
+pub use smc::{conn, dmbs, iov};
+pub use socket::{epoll, fdtable, handshake, lifecycle, member, obj, poll, setup, stats};
+pub(crate) use util::PID;
+pub use util::{forklock, log, pid, real, reset_pid, signals};
 
 #[cfg(all(feature = "interpose", not(test)))]
 mod interpose;
-
-use std::sync::atomic::{AtomicU32, Ordering};
-
-pub(crate) static PID: AtomicU32 = AtomicU32::new(0);
-
-/// Our pid (cached; reset in the child after fork).
-pub fn pid() -> u32 {
-    let p = PID.load(Ordering::Relaxed);
-    if p != 0 {
-        return p;
-    }
-    // SAFETY: plain syscall.
-    let p = unsafe { libc::getpid() } as u32;
-    PID.store(p, Ordering::Relaxed);
-    p
-}
-
-/// Cache our own pid again (child after fork). It is stored at once rather than forgotten: a
-/// `vfork` child shares this memory, and [`lifecycle::in_vfork_child`] tells it apart by
-/// comparing its pid with the cached one, so the cache must never be filled lazily by a child.
-pub fn reset_pid() {
-    // SAFETY: plain syscall.
-    PID.store(unsafe { libc::getpid() } as u32, Ordering::Relaxed);
-}
 
 /// Library constructor: environment knobs, liburing detection, SMC sockets and listeners
 /// inherited across `exec`, exit cleanup.
