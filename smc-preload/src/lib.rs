@@ -1,39 +1,39 @@
 //! Interposition library for `smc-ctl run`: moves same-host TCP connections onto shared-memory
 //! rings (SMC-D over a loopback-ism device), transparently, with TCP fallback.
 //!
-//! Module map:
-//! - [`real`]: the real libc functions (`dlsym(RTLD_NEXT)`).
-//! - [`fdtable`]: the lock-free per-fd table; [`obj`]: what an fd can be for us (SMC-D
-//!   connection, listener, pending connect, handshake under way, fallback skipping a late CLC
-//!   message, fallen-back sockmap member, orphan, epoll set).
-//! - [`shm`]: mappings, memfds, a process-shared futex lock; [`forklock`]: the library's global
-//!   locks and once-values, which a forked child replaces when another thread held them.
-//! - [`conn`]: one SMC connection: rings, cursors, read/write/peek/shutdown/close, wakeups;
-//!   [`iov`]: a cursor over an iovec array.
-//! - [`setup`]: opt-in (at `connect`/`listen`), the eBPF socket state, the connection policies;
-//!   [`handshake`]: the CLC handshake's I/O; [`dmbs`]: mappings of pooled DMBs kept for the next
-//!   connection; [`member`]: reads of a fallen-back sockmap member.
-//! - [`poll`], [`epoll`]: readiness and the poll/select/epoll emulation; [`signals`]: which
-//!   signals interrupt a blocking call.
-//! - [`ops`]: the behaviour of every interposed function; [`lifecycle`]: `vfork` children,
-//!   listeners across `exec`, closes behind our back, fds received with `SCM_RIGHTS`, io_uring
-//!   setup.
-//! - [`stats`]: the per-process statistics file; [`log`]: `SMC_DEBUG` lines.
-//! - `interpose` (feature `interpose`, not in unit tests): the exported libc symbols.
+//! The folders are the layers, top down; a layer uses only the layers below it (checked by
+//! `tests/layers.rs`), and what a lower layer must tell an upper one goes through a hook the
+//! upper one registers ([`conn::Hooks`], as the kernel's socket callbacks):
+//!
+//! ```text
+//!  interposition   interpose.rs (the exported libc symbols), lib.rs (constructor, atfork, atexit)
+//!        |
+//!  dispatch/       ops (what every call does), lifecycle (fork, vfork, exec, SCM_RIGHTS, io_uring)
+//!        |
+//!  socket/         fdtable, obj (what an fd is for us), setup (opt-in at connect/listen, the
+//!        |         decisions, the daemon client), handshake (CLC I/O), member (fallen-back
+//!        |         sockmap members), poll, epoll (readiness, the poll/select/epoll emulation),
+//!        |         stats (the per-process statistics file)
+//!  smc/            conn (one connection: rings, cursors, CDC, wakeups), dmbs (DMB mappings kept
+//!        |         for the next connection), iov (an iovec cursor)
+//!  shm/            mappings, memfds, a process-shared futex lock
+//!
+//!  util/           used by all: real (the real libc functions), log (`SMC_DEBUG`), forklock
+//!                  (fork-safe locks and once-values), signals (which interrupt a blocking
+//!                  call), pid
+//! ```
+//!
+//! Inside the crate the modules keep flat paths (`crate::conn`, `crate::setup`, ...).
 
-// The layers, top down: interposition (`interpose`, this file's constructor), dispatch,
-// socket objects, the SMC connection core, shared memory; `util` is used by all. A layer uses
-// only the ones below it (checked by `tests/layers.rs`); the flat names below are the
-// modules' paths inside the crate.
 pub mod dispatch;
 pub mod shm;
 pub mod smc;
 pub mod socket;
 pub mod util;
 
-pub use dispatch::ops;
+pub use dispatch::{lifecycle, ops};
 pub use smc::{conn, dmbs, iov};
-pub use socket::{epoll, fdtable, handshake, lifecycle, member, obj, poll, setup, stats};
+pub use socket::{epoll, fdtable, handshake, member, obj, poll, setup, stats};
 pub(crate) use util::PID;
 pub use util::{forklock, log, pid, real, reset_pid, signals};
 
@@ -45,12 +45,12 @@ mod interpose;
 #[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]
 extern "C" fn init() {
     if std::env::var_os("SMC_DISABLE").is_some_and(|v| v == "1") {
-        ops::disable("SMC_DISABLE=1");
+        setup::disable("SMC_DISABLE=1");
     }
     // io_uring submits socket I/O without any libc call we could see: a program linked with
     // liburing keeps all its connections on TCP.
     if uses_liburing() {
-        ops::disable("liburing is loaded (io_uring bypasses the interposition)");
+        setup::disable("liburing is loaded (io_uring bypasses the interposition)");
     }
     // Cached now, before any child can exist (see `reset_pid`).
     let _ = pid();
@@ -78,8 +78,17 @@ extern "C" fn at_exit() {
 extern "C" fn after_fork_child() {
     reset_pid();
     fdtable::unlock_all_after_fork();
-    forklock::after_fork_child();
+    after_fork_locks();
     setup::after_fork_child();
+}
+
+/// Every global lock of the library, reset in a forked child (see [`forklock`]).
+fn after_fork_locks() {
+    setup::after_fork_locks();
+    dmbs::after_fork_locks();
+    stats::after_fork_locks();
+    epoll::after_fork_locks();
+    lifecycle::after_fork_locks();
 }
 
 #[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]

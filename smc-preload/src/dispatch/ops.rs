@@ -14,24 +14,8 @@ use crate::obj::Obj;
 use crate::real;
 use crate::{epoll, lifecycle, poll, setup, stats};
 use libc::{c_int, c_void, iovec, size_t, sockaddr, socklen_t, ssize_t};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-/// SMC disabled for this process (SMC_DISABLE=1, io_uring seen, or nothing attached).
-static DISABLED: AtomicBool = AtomicBool::new(false);
-
-pub fn disable(why: &str) {
-    if !DISABLED.swap(true, Ordering::Relaxed) {
-        crate::debug!("SMC disabled for this process: {why}");
-        // Our listeners stop announcing; connections they accept from now on whose client saw
-        // an earlier announcement are declined (`setup::machine`), never left reading CLC.
-        lifecycle::withdraw_all_listeners();
-    }
-}
-
-pub fn enabled() -> bool {
-    !DISABLED.load(Ordering::Relaxed)
-}
 
 #[inline]
 fn fail(e: c_int) -> ssize_t {
@@ -42,61 +26,6 @@ fn fail(e: c_int) -> ssize_t {
 #[inline]
 fn slow(fd: c_int) -> bool {
     fdtable::raw(fd) >= 8
-}
-
-/// Decide a pending client socket (non-blocking connect not complete when connect returned).
-pub fn resolve_pending(fd: c_int) {
-    let Some(o) = fdtable::get(fd) else { return };
-    let Obj::Pending(p) = &*o else { return };
-    let dest = p.dest;
-    let mut done = p.lock.lock().unwrap_or_else(|e| e.into_inner());
-    if *done {
-        return;
-    }
-    // Connected yet?
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLOUT,
-        revents: 0,
-    };
-    let e0 = real::errno();
-    // SAFETY: one pollfd.
-    let r = unsafe { real::poll(&mut pfd, 1, 0) };
-    real::set_errno(e0);
-    if r <= 0 {
-        return; // still connecting: stay pending
-    }
-    *done = true;
-    drop(done);
-    if setup::so_error(fd) != 0 {
-        setup::settle_plain(fd);
-    } else {
-        setup::client_start(fd, true, dest);
-    }
-    if p.shared.load(Ordering::Relaxed) {
-        share_decision(fd, &o);
-    }
-}
-
-/// `fd`'s slot moved on from `old` (a pending connect or a handshake that other fds name too,
-/// after a `dup`): every other fd whose slot still holds `old` gets what `fd` has now (the
-/// connection with its own reference, the handshake that continues, or the TCP tag), so that
-/// no fd keeps an object that will never be decided (its reads would go to the TCP socket:
-/// CLC bytes or doorbells as data, or a wait for data that travels in the rings).
-pub(crate) fn share_decision(fd: c_int, old: &Arc<Obj>) {
-    let mut others = Vec::new();
-    fdtable::for_each_object(|ofd, o| {
-        if ofd != fd && Arc::ptr_eq(o, old) {
-            others.push(ofd);
-        }
-    });
-    for ofd in others {
-        // Only a slot that still holds `old` (not closed and reused meanwhile).
-        if fdtable::get(ofd).is_some_and(|o| Arc::ptr_eq(&o, old)) {
-            copy_slot(fd, ofd);
-            epoll::refresh(ofd);
-        }
-    }
 }
 
 /// The connection object of `fd` if it is SMC, resolving a pending connect or completing a
@@ -134,7 +63,7 @@ fn conn_of_op(fd: c_int, op: Op) -> Option<Arc<Obj>> {
     let mut o = fdtable::get(fd)?;
     if let Obj::Pending(_) = &*o {
         drop(o);
-        resolve_pending(fd);
+        setup::resolve_pending(fd);
         o = fdtable::get(fd)?;
     }
     match &*o {
@@ -595,7 +524,7 @@ pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
             && ty & 0xf == libc::SOCK_STREAM
             && (proto == 0 || proto == libc::IPPROTO_TCP);
         lifecycle::fd_created(fd);
-        if tcp && enabled() {
+        if tcp && setup::enabled() {
             fdtable::set_tag(fd, TAG_TCP);
             setup::forget_rcvbuf(fd);
         }
@@ -605,7 +534,7 @@ pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
 
 pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     let tagged = fdtable::raw(fd) & !1 == TAG_TCP;
-    if !tagged || !enabled() {
+    if !tagged || !setup::enabled() {
         // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
         // libc's `connect`.
         return unsafe { real::connect(fd, addr, len) };
@@ -672,7 +601,7 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
 
 pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
     let tagged = fdtable::raw(fd) & !1 == TAG_TCP;
-    if tagged && enabled() && setup::opt_in(fd) {
+    if tagged && setup::enabled() && setup::opt_in(fd) {
         // SAFETY: integer arguments only.
         let r = unsafe { real::listen(fd, backlog) };
         if r == 0 {
@@ -837,40 +766,11 @@ pub unsafe fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int)
     }
 }
 
-pub(crate) fn copy_slot(from: c_int, to: c_int) {
-    let v = fdtable::raw(from) & !1;
-    if v == 0 {
-        if fdtable::raw(to) != 0 {
-            drop(fdtable::replace(to, Slot::Empty));
-        }
-        return;
-    }
-    if v < 8 {
-        drop(fdtable::replace(to, Slot::Tag(v)));
-        return;
-    }
-    if let Some(o) = fdtable::get(from) {
-        match &*o {
-            Obj::Conn(c) => c.add_ref(1),
-            // The decision will be copied here too (share_decision).
-            Obj::Handshake(h) => h.shared.store(true, Ordering::Relaxed),
-            Obj::Pending(p) => p.shared.store(true, Ordering::Relaxed),
-            Obj::Epoll(_) => {
-                // A dup'd epoll fd is the same instance, but our bookkeeping is keyed by fd:
-                // keep it simple and let the copy go to the kernel unemulated only when it has
-                // no SMC member (rare; documented).
-            }
-            _ => {}
-        }
-        drop(fdtable::replace(to, Slot::Obj(o)));
-    }
-}
-
 pub unsafe fn dup(fd: c_int) -> c_int {
     // SAFETY: an fd number only.
     let r = unsafe { real::dup(fd) };
     if r >= 0 && (fdtable::raw(fd) != 0 || fdtable::raw(r) != 0) && !lifecycle::in_vfork_child() {
-        copy_slot(fd, r);
+        setup::copy_slot(fd, r);
     }
     r
 }
@@ -898,7 +798,7 @@ pub unsafe fn dup3(fd: c_int, fd2: c_int, flags: c_int, three: bool) -> c_int {
         unsafe { real::dup2(fd, fd2) }
     };
     if r >= 0 && fdtable::raw(fd) != 0 {
-        copy_slot(fd, r);
+        setup::copy_slot(fd, r);
     }
     r
 }
@@ -919,7 +819,7 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
         return r;
     }
     match cmd {
-        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => copy_slot(fd, r),
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => setup::copy_slot(fd, r),
         libc::F_SETFL => {
             if let Some(o) = fdtable::get(fd) {
                 let on = arg as c_int & libc::O_NONBLOCK != 0;
@@ -1576,7 +1476,7 @@ pub fn adopt_orphans_after_exec() {
         // shared as `dup` shares it; the reference that travelled with this number is the one
         // the copy counted.
         if let Some(&(_, same)) = ck.and_then(|ck| adopted.iter().find(|(c, _)| *c == ck)) {
-            copy_slot(same, fd);
+            setup::copy_slot(same, fd);
             if let Some(o) = fdtable::get(fd) {
                 if let Obj::Conn(c) = &*o {
                     if c.take_in_flight() {

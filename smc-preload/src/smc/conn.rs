@@ -260,6 +260,27 @@ pub trait Release: Send + Sync {
     fn release(&self, c: &Conn);
 }
 
+/// What the socket layer above wants to hear from a connection, registered by it (the epoll
+/// emulation, when it makes its first set), as the kernel's socket callbacks
+/// (`sk_data_ready`, `sk_state_change`) let the layers above a protocol hear of it. Unset,
+/// nobody listens: nothing to tell.
+pub struct Hooks {
+    /// The readiness changed without a doorbell from the peer (our own `shutdown`, a write
+    /// after the peer closed): every fd of the connection.
+    pub changed: fn(i32, &Conn),
+    /// The same, found by a drain of this fd (the peer gone): the entries of this fd only.
+    pub changed_fd: fn(i32, &Conn),
+    /// This process wrote on a connection an epoll set parked ([`Conn::epoll_parked`]).
+    pub wrote: fn(i32, &Conn),
+}
+
+static HOOKS: crate::forklock::ForkOnce<Hooks> = crate::forklock::ForkOnce::new();
+
+/// Registers the socket layer's [`Hooks`] (the first registration stays).
+pub fn set_hooks(h: Hooks) {
+    let _ = HOOKS.set(h);
+}
+
 pub struct Conn {
     own: Arc<Mapping>,
     peer: Arc<Mapping>,
@@ -275,7 +296,7 @@ pub struct Conn {
     pub peer_token: u64,
     /// An epoll set of this process parked an entry of this connection (its epoll fd and the
     /// entry's fd, packed; 0: none): our next write puts it back on the set's ready list
-    /// ([`crate::epoll::rewarm`]).
+    /// ([`Hooks::wrote`]).
     pub epoll_parked: AtomicU64,
 }
 
@@ -915,7 +936,9 @@ impl Conn {
             // What the connection reports changed without a doorbell: an epoll set of ours
             // that parked it (its registration is edge-triggered, and the EOF or reset may have
             // been drained here, by another waiter) checks it again.
-            crate::epoll::conn_changed_fd(fd, self);
+            if let Some(h) = HOOKS.get() {
+                (h.changed_fd)(fd, self);
+            }
         }
     }
 
@@ -1150,7 +1173,9 @@ impl Conn {
                 }
                 if self.set_flag(F_WROTE_AFTER_CLOSE) & F_WROTE_AFTER_CLOSE == 0 {
                     // EPOLLERR | EPOLLHUP from now on, as TCP's reset would say.
-                    crate::epoll::conn_changed(fd, self);
+                    if let Some(h) = HOOKS.get() {
+                        (h.changed)(fd, self);
+                    }
                 }
                 return Ok(want);
             }
@@ -1194,7 +1219,9 @@ impl Conn {
             if done > 0 {
                 self.after_produce(fd);
                 if self.epoll_parked.load(Ordering::Relaxed) != 0 {
-                    crate::epoll::rewarm(fd, self);
+                    if let Some(h) = HOOKS.get() {
+                        (h.wrote)(fd, self);
+                    }
                 }
             }
             if done == want {

@@ -468,6 +468,12 @@ fn set_of(ep: i32, create: bool) -> Option<Arc<Obj>> {
             _ => None,
         };
     }
+    // From the first set on, connections tell us what changed without a doorbell.
+    crate::conn::set_hooks(crate::conn::Hooks {
+        changed: conn_changed,
+        changed_fd: conn_changed_fd,
+        wrote: rewarm,
+    });
     let o = Arc::new(Obj::Epoll(EpollSet::default()));
     drop(fdtable::replace(ep, Slot::Obj(o.clone())));
     Some(o)
@@ -897,7 +903,7 @@ fn drive(fd: i32) -> bool {
     let decided = match &*o {
         Obj::Pending(_) => {
             drop(o);
-            crate::ops::resolve_pending(fd);
+            crate::setup::resolve_pending(fd);
             !matches!(fdtable::get(fd).as_deref(), Some(Obj::Pending(_)))
         }
         Obj::Handshake(h) => crate::setup::progress(fd, h, false),

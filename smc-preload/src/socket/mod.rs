@@ -3,13 +3,11 @@
 //! [`fdtable`] and [`obj`] (the per-fd objects), [`setup`] (opt-in at connect/listen, the
 //! decisions, the daemon client) and [`handshake`] (the CLC handshake's I/O), [`member`]
 //! (fallen-back sockmap members), [`poll`] and [`epoll`] (readiness and the poll/epoll
-//! emulation over the objects), [`lifecycle`] (fds crossing `fork`/`vfork`/`exec`/`SCM_RIGHTS`),
-//! [`stats`] (the per-process statistics file).
+//! emulation over the objects), [`stats`] (the per-process statistics file).
 
 pub mod epoll;
 pub mod fdtable;
 pub mod handshake;
-pub mod lifecycle;
 pub mod member;
 pub mod obj;
 pub mod poll;

@@ -48,7 +48,7 @@ pub struct Handshake {
     /// the program does not spin on it.
     pub write_waits: std::sync::atomic::AtomicBool,
     /// Another fd names it too (`dup`, `dup2`, `F_DUPFD`, `SCM_RIGHTS`): the decision is
-    /// copied to every such fd ([`crate::ops::share_decision`]).
+    /// copied to every such fd ([`crate::setup::share_decision`]).
     pub shared: std::sync::atomic::AtomicBool,
     /// A server end being driven by its client, a connection of this same process
     /// (`setup::nudge_own_server`): a close of the fd waits until that step is over.

@@ -122,7 +122,7 @@ fn classify(fd: i32) -> Kind {
         Obj::Conn(_) => return Kind::Smc(o),
         Obj::Pending(_) => {
             drop(o);
-            crate::ops::resolve_pending(fd);
+            crate::setup::resolve_pending(fd);
         }
         // What has arrived is processed.
         Obj::Handshake(h) => {

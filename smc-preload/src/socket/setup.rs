@@ -374,7 +374,7 @@ pub fn opt_in(fd: i32) -> bool {
     if r != 0 {
         if e == libc::ENOPROTOOPT || e == libc::EOPNOTSUPP {
             NO_BPF.store(true, Ordering::Relaxed);
-            crate::ops::disable("no eBPF programs attached to this cgroup (ENOPROTOOPT)");
+            disable("no eBPF programs attached to this cgroup (ENOPROTOOPT)");
         }
         return false;
     }
@@ -719,7 +719,7 @@ fn local_gid() -> Result<smc_ism::Gid, u32> {
 }
 
 /// In the child after fork: its own daemon connection (the parent's references stay the
-/// parent's); the global locks are reset by [`crate::forklock::after_fork_child`].
+/// parent's); the global locks are reset by the crate root's `after_fork_locks`.
 pub fn after_fork_child() {
     // The parent's pending releases are its own (references of its daemon connection).
     PENDING_RELEASES.lock().clear();
@@ -982,7 +982,7 @@ pub(crate) fn machine(server: bool, size_code: u8) -> Handshake {
     match unavailable {
         Some(d) => m.device_unavailable(d),
         // SMC was disabled after this connection's listener announced it (io_uring set up).
-        None if !crate::ops::enabled() => m.device_unavailable(Diag::NoSmcdDev),
+        None if !enabled() => m.device_unavailable(Diag::NoSmcdDev),
         None => m,
     }
 }
@@ -1534,7 +1534,7 @@ fn settle(
             };
             finish(fd, h.server, out, h.nonblock.load(Ordering::Relaxed));
             if let Some(old) = old {
-                crate::ops::share_decision(fd, &old);
+                share_decision(fd, &old);
             }
             drop(g);
             drop(d);
@@ -1579,7 +1579,7 @@ pub fn settle_leaving(fd: i32) {
                         client_declines(fd, p.dest);
                     }
                     if p.shared.load(Ordering::Relaxed) {
-                        crate::ops::share_decision(fd, &o);
+                        share_decision(fd, &o);
                     }
                 } else {
                     debug!(
@@ -1726,5 +1726,119 @@ pub fn skip_before_read(fd: i32, s: &Skip, dontwait: bool) -> bool {
                 return false;
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The process's switch, and fd objects moving on
+
+/// SMC disabled for this process (SMC_DISABLE=1, io_uring seen, or nothing attached).
+static DISABLED: AtomicBool = AtomicBool::new(false);
+
+pub fn disable(why: &str) {
+    if !DISABLED.swap(true, Ordering::Relaxed) {
+        crate::debug!("SMC disabled for this process: {why}");
+        // Our listeners stop announcing; connections they accept from now on whose client saw
+        // an earlier announcement are declined (`setup::machine`), never left reading CLC.
+        withdraw_all_listeners();
+    }
+}
+
+pub fn enabled() -> bool {
+    !DISABLED.load(Ordering::Relaxed)
+}
+
+/// Withdraws the announcement of every listener of ours (SMC disabled for this process).
+pub fn withdraw_all_listeners() {
+    fdtable::for_each_object(|fd, o| {
+        if matches!(&**o, Obj::Listener) {
+            announce(fd, false);
+        }
+    });
+}
+
+/// Decide a pending client socket (non-blocking connect not complete when connect returned).
+pub fn resolve_pending(fd: i32) {
+    let Some(o) = fdtable::get(fd) else { return };
+    let Obj::Pending(p) = &*o else { return };
+    let dest = p.dest;
+    let mut done = p.lock.lock().unwrap_or_else(|e| e.into_inner());
+    if *done {
+        return;
+    }
+    // Connected yet?
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    let e0 = real::errno();
+    // SAFETY: one pollfd.
+    let r = unsafe { real::poll(&mut pfd, 1, 0) };
+    real::set_errno(e0);
+    if r <= 0 {
+        return; // still connecting: stay pending
+    }
+    *done = true;
+    drop(done);
+    if so_error(fd) != 0 {
+        settle_plain(fd);
+    } else {
+        client_start(fd, true, dest);
+    }
+    if p.shared.load(Ordering::Relaxed) {
+        share_decision(fd, &o);
+    }
+}
+
+/// `fd`'s slot moved on from `old` (a pending connect or a handshake that other fds name too,
+/// after a `dup`): every other fd whose slot still holds `old` gets what `fd` has now (the
+/// connection with its own reference, the handshake that continues, or the TCP tag), so that
+/// no fd keeps an object that will never be decided (its reads would go to the TCP socket:
+/// CLC bytes or doorbells as data, or a wait for data that travels in the rings).
+pub(crate) fn share_decision(fd: i32, old: &Arc<Obj>) {
+    let mut others = Vec::new();
+    fdtable::for_each_object(|ofd, o| {
+        if ofd != fd && Arc::ptr_eq(o, old) {
+            others.push(ofd);
+        }
+    });
+    for ofd in others {
+        // Only a slot that still holds `old` (not closed and reused meanwhile).
+        if fdtable::get(ofd).is_some_and(|o| Arc::ptr_eq(&o, old)) {
+            copy_slot(fd, ofd);
+            crate::epoll::refresh(ofd);
+        }
+    }
+}
+
+/// `to` names what `from` names now (after `dup`, `dup2`, a decision shared with the fds of a
+/// `dup`, ...): the TCP tag, or the object with its own reference.
+pub(crate) fn copy_slot(from: i32, to: i32) {
+    let v = fdtable::raw(from) & !1;
+    if v == 0 {
+        if fdtable::raw(to) != 0 {
+            drop(fdtable::replace(to, Slot::Empty));
+        }
+        return;
+    }
+    if v < 8 {
+        drop(fdtable::replace(to, Slot::Tag(v)));
+        return;
+    }
+    if let Some(o) = fdtable::get(from) {
+        match &*o {
+            Obj::Conn(c) => c.add_ref(1),
+            // The decision will be copied here too (share_decision).
+            Obj::Handshake(h) => h.shared.store(true, Ordering::Relaxed),
+            Obj::Pending(p) => p.shared.store(true, Ordering::Relaxed),
+            Obj::Epoll(_) => {
+                // A dup'd epoll fd is the same instance, but our bookkeeping is keyed by fd:
+                // keep it simple and let the copy go to the kernel unemulated only when it has
+                // no SMC member (rare; documented).
+            }
+            _ => {}
+        }
+        drop(fdtable::replace(to, Slot::Obj(o)));
     }
 }

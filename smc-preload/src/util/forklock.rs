@@ -2,7 +2,8 @@
 //!
 //! After `fork` in a threaded process the child has one thread; a mutex that another thread
 //! of the parent held at that moment stays locked in the child forever. Every global lock of
-//! the library is a [`ForkMutex`]: [`after_fork_child`] (run in the child, single-threaded)
+//! the library is a [`ForkMutex`]: `after_fork_child` of the crate root (run in the child,
+//! single-threaded)
 //! replaces each one that is held by a fresh lock around fresh data (the old data may be
 //! half-updated; it is leaked, never touched again). One that is free is kept as is.
 //!
@@ -190,15 +191,6 @@ impl<T> Default for ForkOnce<T> {
     fn default() -> Self {
         Self::new()
     }
-}
-
-/// Every global lock of the library, reset in a forked child (see the module documentation).
-pub fn after_fork_child() {
-    crate::setup::after_fork_locks();
-    crate::dmbs::after_fork_locks();
-    crate::stats::after_fork_locks();
-    crate::epoll::after_fork_locks();
-    crate::lifecycle::after_fork_locks();
 }
 
 #[cfg(test)]

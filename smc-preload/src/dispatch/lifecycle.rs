@@ -284,7 +284,7 @@ pub unsafe fn posix_spawn(
 /// announced (opted in after `listen`) gets no option into its SYN-ACKs: its connections stay
 /// TCP, as before.
 pub fn adopt_inherited_listeners() {
-    if !ops::enabled() {
+    if !setup::enabled() {
         return;
     }
     let Ok(rd) = std::fs::read_dir("/proc/self/fd") else {
@@ -300,7 +300,7 @@ pub fn adopt_inherited_listeners() {
 
 /// `fd` becomes one of our listeners if it is a listening TCP socket (inherited or received).
 pub fn adopt_if_listener(fd: c_int) {
-    if fdtable::raw(fd) != 0 || !is_tcp_listener(fd) || !ops::enabled() {
+    if fdtable::raw(fd) != 0 || !is_tcp_listener(fd) || !setup::enabled() {
         return;
     }
     if setup::opt_in(fd) {
@@ -367,15 +367,6 @@ fn is_unconnected_tcp(fd: c_int) -> bool {
         && info[0] == TCP_CLOSE;
     real::set_errno(e0);
     state
-}
-
-/// Withdraws the announcement of every listener of ours (SMC disabled for this process).
-pub fn withdraw_all_listeners() {
-    fdtable::for_each_object(|fd, o| {
-        if matches!(&**o, Obj::Listener) {
-            setup::announce(fd, false);
-        }
-    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -540,7 +531,7 @@ fn take_in_flight(ck: u64) -> Option<Arc<Obj>> {
 /// One fd received from another process (or from ourselves) with `SCM_RIGHTS`.
 fn fd_arrived(fd: c_int) {
     fd_created(fd);
-    if in_vfork_child() || !ops::enabled() {
+    if in_vfork_child() || !setup::enabled() {
         return;
     }
     // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.
@@ -588,7 +579,7 @@ fn fd_arrived(fd: c_int) {
         });
         if same >= 0 {
             crate::debug!("fd {fd}: received our own SMC connection (fd {same}): shared");
-            ops::copy_slot(same, fd);
+            setup::copy_slot(same, fd);
             // The copy counted a reference for this fd; the one that travelled (from another
             // process) is it.
             if let Some(o) = fdtable::get(fd) {
@@ -661,7 +652,7 @@ pub unsafe fn syscall(
 
 /// An io_uring instance exists in this process: its submissions bypass us.
 pub fn io_uring_seen() {
-    if ops::enabled() && fdtable::any_objects() {
+    if setup::enabled() && fdtable::any_objects() {
         let mut n = 0;
         fdtable::for_each_object(|_, o| n += usize::from(matches!(&**o, Obj::Conn(_))));
         if n > 0 {
@@ -671,7 +662,7 @@ pub fn io_uring_seen() {
             );
         }
     }
-    ops::disable("an io_uring instance was set up (its submissions bypass the interposition)");
+    setup::disable("an io_uring instance was set up (its submissions bypass the interposition)");
 }
 
 /// `fclose(3)`: a `FILE` made by `fdopen` on one of our sockets closes it inside libc.
