@@ -1846,7 +1846,8 @@ impl Conn {
         // checked the flag before we set it).
         let start = Instant::now();
         let mut i = 0u32;
-        while (s.bells.load(Ordering::SeqCst) != 0 || s.ksleep.load(Ordering::SeqCst) & DRAINING != 0)
+        while (s.bells.load(Ordering::SeqCst) != 0
+            || s.ksleep.load(Ordering::SeqCst) & DRAINING != 0)
             && start.elapsed() < Duration::from_millis(SETTLE_MAX_MS)
         {
             i += 1;
@@ -1881,11 +1882,16 @@ impl Conn {
         {
             // The peer closed (or is gone): what it wrote last is in our ring, and it cannot
             // send it again. (A peer that only shut its writing can: it still runs.)
-            crate::debug!("fd {fd}: switch to TCP impossible, the peer closed: {}", self.describe());
+            crate::debug!(
+                "fd {fd}: switch to TCP impossible, the peer closed: {}",
+                self.describe()
+            );
             return Switched::Reset;
         }
         if !leave() {
-            crate::debug!("fd {fd}: switch to TCP impossible: the socket cannot leave the SOCKHASH");
+            crate::debug!(
+                "fd {fd}: switch to TCP impossible: the socket cannot leave the SOCKHASH"
+            );
             return Switched::Reset;
         }
         if !send_all(fd, &[SWITCH_TCP], deadline) {
@@ -1905,7 +1911,9 @@ impl Conn {
         let last = unpack(s.peer_cons.load(Ordering::Acquire));
         let new = self.own_hdr().load_cons().cursor;
         let Ok(pc) = self.tx.accept_peer_cons(prod, last, new) else {
-            crate::debug!("fd {fd}: switch to TCP: the peer's final consumer cursor {new:?} is not valid");
+            crate::debug!(
+                "fd {fd}: switch to TCP: the peer's final consumer cursor {new:?} is not valid"
+            );
             return Switched::Reset;
         };
         let n = self.tx.diff(pc, prod).unwrap_or(0);
@@ -1918,7 +1926,9 @@ impl Conn {
             // SAFETY: the segment lies inside the peer's ring, which we map.
             let seg = unsafe { std::slice::from_raw_parts(base.add(off), len) };
             if !send_all(fd, seg, deadline) {
-                crate::debug!("fd {fd}: switch to TCP: {n} unread bytes could not be sent again in time");
+                crate::debug!(
+                    "fd {fd}: switch to TCP: {n} unread bytes could not be sent again in time"
+                );
                 return Switched::Reset;
             }
         }

@@ -207,8 +207,12 @@ enum Image {
 
 /// Whether `envp` (the environment the next image gets) preloads this library.
 fn env_preloads_us(envp: *const *const c_char) -> bool {
-    // SAFETY: reads the process's environment pointer.
-    let envp = if envp.is_null() { unsafe { environ } } else { envp };
+    let envp = if envp.is_null() {
+        // SAFETY: reads the process's environment pointer.
+        unsafe { environ }
+    } else {
+        envp
+    };
     if envp.is_null() {
         return false;
     }
@@ -315,7 +319,9 @@ fn image_drops_preload(fd: c_int) -> bool {
         return false;
     }
     let u16at = |b: &[u8], i: usize| u16::from_le_bytes([b[i], b[i + 1]]) as usize;
-    let phoff = u64::from_le_bytes([eh[32], eh[33], eh[34], eh[35], eh[36], eh[37], eh[38], eh[39]]);
+    let phoff = u64::from_le_bytes([
+        eh[32], eh[33], eh[34], eh[35], eh[36], eh[37], eh[38], eh[39],
+    ]);
     let (phentsize, phnum) = (u16at(&eh, 54), u16at(&eh, 56));
     if phentsize < 4 || phnum == 0 {
         return false;
@@ -447,9 +453,11 @@ pub unsafe fn execve(
 
 pub unsafe fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
     // SAFETY: as above.
-    around_exec(Image::Path(libc::AT_FDCWD, path), std::ptr::null(), || unsafe {
-        real::execv(path, argv)
-    })
+    around_exec(
+        Image::Path(libc::AT_FDCWD, path),
+        std::ptr::null(),
+        || unsafe { real::execv(path, argv) },
+    )
 }
 
 pub unsafe fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
@@ -472,7 +480,9 @@ pub unsafe fn execvpe(
 
 pub unsafe fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
     // SAFETY: as above.
-    around_exec(Image::Fd(fd), envp, || unsafe { real::fexecve(fd, argv, envp) })
+    around_exec(Image::Fd(fd), envp, || unsafe {
+        real::fexecve(fd, argv, envp)
+    })
 }
 
 pub unsafe fn execveat(
@@ -482,13 +492,14 @@ pub unsafe fn execveat(
     envp: *const *const c_char,
     flags: c_int,
 ) -> c_int {
-    // SAFETY: as above.
+    // SAFETY: a non-NULL path is a C string (execveat's contract).
     let empty = !path.is_null() && unsafe { *path } == 0 && flags & libc::AT_EMPTY_PATH != 0;
     let img = if empty {
         Image::Fd(dirfd)
     } else {
         Image::Path(dirfd, path)
     };
+    // SAFETY: as above.
     around_exec(img, envp, || unsafe {
         real::execveat(dirfd, path, argv, envp, flags)
     })

@@ -903,7 +903,9 @@ fn exec_handoff_case(w: &SmcWorld, side: &str, how: &str, smc: bool) -> String {
         .write_all(b"GO\n")
         .expect("GO");
     let out = stay.wait_output(T).expect("the staying peer");
-    leave.wait_output(T).expect("the leaving side and its handler");
+    leave
+        .wait_output(T)
+        .expect("the leaving side and its handler");
     out
 }
 

@@ -1651,5 +1651,8 @@ fn socat_inetd_handler_without_the_library() {
     // It was an SMC-D connection (then switched to TCP for `cat`).
     let sum = world_closed(&m);
     assert_eq!(smcd(&sum), (1, 1), "{}", brief(&sum));
-    m.report(&format!("SMC-D {:?}, switched to TCP for the handler", smcd(&sum)));
+    m.report(&format!(
+        "SMC-D {:?}, switched to TCP for the handler",
+        smcd(&sum)
+    ));
 }

@@ -161,7 +161,12 @@ fn key_addr(ss: &libc::sockaddr_storage) -> Option<([u32; 4], u32)> {
             // SAFETY: the family says this storage holds a sockaddr_in.
             let a = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
             Some((
-                [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff]), a.sin_addr.s_addr],
+                [
+                    0,
+                    0,
+                    u32::from_ne_bytes([0, 0, 0xff, 0xff]),
+                    a.sin_addr.s_addr,
+                ],
                 u16::from_be(a.sin_port) as u32,
             ))
         }
