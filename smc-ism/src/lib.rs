@@ -76,6 +76,13 @@
 //!   only to a client of the registering client's uid, cgroup and pid namespace, so another
 //!   tenant that got hold of the socket gets nothing. Found for as long as the DMB lives (also
 //!   after its owner's unregister, while the peer holds it).
+//! - `leave_shortcut` (`OP_LEAVE_SHORTCUT`, [`proto::FEATURE_LEAVE_SHORTCUT`],
+//!   [`SharedClient::leave_shortcut`]): the daemon (root) deletes the passed TCP socket from the
+//!   pinned eBPF SOCKHASH (next to `SMC_SOCK_STATE`), keyed by its 4-tuple: the data path
+//!   switches that SMC-D connection to TCP mid-stream (smc-preload DESIGN.md *Switch to TCP*),
+//!   and a SOCKHASH member reads through `tcp_bpf`, which is not quite TCP (an established SMC-D
+//!   socket gets no more `sock_ops` callbacks that would take it out). Only the caller's own
+//!   socket; a redirect to it then falls back to TCP.
 //! - Recorded proof (`REGISTER_RECORD_PROOF`, [`proto::FEATURE_RECORDED_PROOF`]): a server's
 //!   registration records what its socket proved (identity, cgroup key; not the socket); its
 //!   attach of the client's DMB, which comes after the client's CLC confirm when it can no

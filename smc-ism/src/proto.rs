@@ -150,8 +150,13 @@ pub const OP_ADOPT: u16 = 11;
 pub const OP_PAIR: u16 = 12;
 /// Stop waiting for a peer in an `OP_PAIR`.
 pub const OP_CANCEL: u16 = 13;
+/// Take the caller's TCP socket out of the eBPF SOCKHASH: its SMC-D connection continues on
+/// plain TCP (the data path's switch to TCP, `smc-preload` DESIGN.md *Switch to TCP*), and a
+/// SOCKHASH member reads through `tcp_bpf`, which is not quite TCP. Empty payload, empty
+/// result; the socket goes along as the proof.
+pub const OP_LEAVE_SHORTCUT: u16 = 14;
 /// Highest op code.
-pub const OP_MAX: u16 = OP_CANCEL;
+pub const OP_MAX: u16 = OP_LEAVE_SHORTCUT;
 /// `OP_ADOPT`: the DMB registered with the caller's socket.
 pub const ADOPT_OWN: u8 = 0;
 /// `OP_ADOPT`: the DMB of the other end of the caller's connection.
@@ -175,8 +180,11 @@ pub const FEATURE_PAIR: u32 = 1 << 4;
 pub const FEATURE_POOL: u32 = 1 << 5;
 /// Feature: [`REGISTER_RECORD_PROOF`] and the attaches it proves (`own`).
 pub const FEATURE_RECORDED_PROOF: u32 = 1 << 6;
+/// Feature: `OP_LEAVE_SHORTCUT`.
+pub const FEATURE_LEAVE_SHORTCUT: u32 = 1 << 7;
 /// Every feature this crate's daemon offers.
 pub const FEATURES: u32 = FEATURE_RELEASE
+    | FEATURE_LEAVE_SHORTCUT
     | FEATURE_NOREPLY
     | FEATURE_ATTACH_PEER
     | FEATURE_ADOPT
@@ -443,6 +451,8 @@ pub enum Request {
         /// The sequence number of the `OP_PAIR`.
         seq: u32,
     },
+    /// `OP_LEAVE_SHORTCUT`.
+    LeaveShortcut,
     /// `OP_STATS`.
     Stats,
     /// `OP_WAIT` (timeout capped at 60 s).
@@ -471,6 +481,7 @@ impl Request {
                 | Request::AttachPeer { .. }
                 | Request::Adopt { .. }
                 | Request::Pair { .. }
+                | Request::LeaveShortcut
         )
     }
 }
@@ -595,6 +606,7 @@ pub fn decode_request(rec: &[u8], truncated: bool) -> Decoded {
         OP_CANCEL if !need(4) => bad(Status::Malformed, false),
         OP_CANCEL => Ok(Request::Cancel { seq: get_u32(p, 0) }),
         OP_STATS => Ok(Request::Stats),
+        OP_LEAVE_SHORTCUT => Ok(Request::LeaveShortcut),
         OP_WAIT if !need(16) => bad(Status::Malformed, false),
         OP_WAIT => Ok(Request::Wait {
             generation: get_u64(p, 0),

@@ -683,6 +683,16 @@ impl SharedClient {
         self.finish_dmb_as(t, &mut None, op)
     }
 
+    /// `OP_LEAVE_SHORTCUT`: the daemon takes `sock_fd` out of the eBPF SOCKHASH (its SMC-D
+    /// connection continues on plain TCP). `UnknownOp` from a daemon that does not offer it.
+    pub fn leave_shortcut(&self, sock_fd: RawFd) -> Result<(), IsmError> {
+        if self.features()? & proto::FEATURE_LEAVE_SHORTCUT == 0 {
+            return Err(IsmError::UnknownOp);
+        }
+        self.transact(proto::OP_LEAVE_SHORTCUT, &[], Some(sock_fd))
+            .map(|_| ())
+    }
+
     /// Sends an `ATTACH` without waiting (see [`crate::Client::attach_dmb_start`]).
     pub fn attach_dmb_start(&self, token: u64, sock_fd: RawFd) -> Result<Ticket, IsmError> {
         self.send(proto::OP_ATTACH, &token.to_le_bytes(), &[sock_fd])

@@ -782,3 +782,159 @@ fn a_client_socket_handed_on_mid_connect_declines_without_an_error() {
     );
     assert_eq!(sum.get("handshake_errors"), 0, "{}", brief(&sum));
 }
+
+/// A process hands its connection (as fds 0 and 1) to an image that does not run the library,
+/// with unread bytes in flight both ways: the peer's 200 000 bytes sit unread in its receive
+/// ring (it waits for at least 60 000), and its own 200 000 bytes unread in the peer's. `execve` with an explicit empty
+/// environment, or `env -i` (which runs the library, clears the environment and execs the
+/// handler). The handler (plain Python, no library) reads fd 0 to EOF and answers with the
+/// digest and length of everything it read, then 300 000 bytes of its own. The staying peer
+/// waits (for the harness's `GO`, after `EXEC`) before it reads, writes 100 000 more bytes,
+/// shuts its writing and checks everything it reads.
+const EXEC_HANDOFF: &str = r#"
+import socket, os, sys, hashlib, random, fcntl, termios, struct, time
+role, side, how = sys.argv[1], sys.argv[2], sys.argv[3]
+N1, N2 = 200000, 100000
+def blob(seed, n):
+    return random.Random(seed).randbytes(n)
+A1, A2, B1 = blob(1, N1), blob(2, N2), blob(3, N1)
+HANDLER = r'''
+import os, hashlib
+d = bytearray()
+while True:
+    b = os.read(0, 65536)
+    if not b:
+        break
+    d += b
+out = hashlib.sha256(d).hexdigest().encode() + b" %d\n" % len(d)
+out += b"".join(hashlib.sha256(b"%d" % i).digest() for i in range(300000 // 32))
+v = memoryview(out)
+while v:
+    v = v[os.write(1, v):]
+'''
+def handler_output(d):
+    out = hashlib.sha256(d).hexdigest().encode() + b" %d\n" % len(d)
+    return out + b"".join(hashlib.sha256(b"%d" % i).digest() for i in range(300000 // 32))
+def conn():
+    if side == "server":
+        ls = socket.socket()
+        ls.bind(("127.0.0.1", 0))
+        ls.listen(8)
+        print("READY", ls.getsockname()[1], flush=True)
+        c, _ = ls.accept()
+        ls.close()
+        return c
+    return socket.create_connection(("127.0.0.1", int(sys.argv[4])))
+c = conn()
+if role == "leave":
+    # The peer's A1 unread in our receive ring (over TCP: as much of it as the receive
+    # buffer holds).
+    deadline = time.monotonic() + 30
+    while struct.unpack("i", fcntl.ioctl(c.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0] < 60000:
+        if time.monotonic() > deadline:
+            print("LEAVE A1 NEVER ARRIVED", flush=True)
+            sys.exit(1)
+        time.sleep(0.001)
+    c.sendall(B1)
+    print("EXEC", flush=True)
+    os.dup2(c.fileno(), 0)
+    os.dup2(c.fileno(), 1)
+    if how == "execve":
+        os.execve(sys.executable, [sys.executable, "-c", HANDLER], {})
+    os.execvp("env", ["env", "-i", sys.executable, "-c", HANDLER])
+c.sendall(A1)
+if sys.stdin.readline().strip() != "GO":
+    sys.exit(1)
+c.sendall(A2)
+c.shutdown(socket.SHUT_WR)
+got = bytearray()
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    got += b
+want = B1 + handler_output(A1 + A2)
+if got == want:
+    print("PEER OK", len(got), flush=True)
+else:
+    i = next((i for i in range(min(len(got), len(want))) if got[i] != want[i]), min(len(got), len(want)))
+    print("PEER MISMATCH got", len(got), "want", len(want), "first difference at", i, flush=True)
+"#;
+
+/// One run of [`EXEC_HANDOFF`]: `side` (`server`, `client`) leaves for the handler `how`
+/// (`execve`, `env`), with the library (`smc`) or as plain TCP. The staying peer's output.
+fn exec_handoff_case(w: &SmcWorld, side: &str, how: &str, smc: bool) -> String {
+    let py = script(w, "exec_handoff.py", EXEC_HANDOFF);
+    let cmd = |args: &[&str]| {
+        let mut c = if smc {
+            python(w, &py)
+        } else {
+            let mut c = Command::new("python3");
+            c.arg(&py);
+            c
+        };
+        if !smc {
+            c.env_remove("LD_PRELOAD");
+        }
+        c.args(args);
+        c
+    };
+    let other = if side == "server" { "client" } else { "server" };
+    let (mut leave, mut stay) = if side == "server" {
+        let mut l = Proc::spawn(cmd(&["leave", "server", how]));
+        let port = ready_port(&mut l).to_string();
+        let mut c = cmd(&["stay", other, how, &port]);
+        c.stdin(std::process::Stdio::piped());
+        (l, Proc::spawn(c))
+    } else {
+        let mut c = cmd(&["stay", other, how]);
+        c.stdin(std::process::Stdio::piped());
+        let mut s = Proc::spawn(c);
+        let port = ready_port(&mut s).to_string();
+        (Proc::spawn(cmd(&["leave", "client", how, &port])), s)
+    };
+    let line = leave.read_line();
+    assert_eq!(line, "EXEC", "the leaving {side} said {line:?}");
+    use std::io::Write as _;
+    stay.0
+        .stdin
+        .as_mut()
+        .expect("piped stdin")
+        .write_all(b"GO\n")
+        .expect("GO");
+    let out = stay.wait_output(T).expect("the staying peer");
+    leave
+        .wait_output(T)
+        .expect("the leaving side and its handler");
+    out
+}
+
+/// [`EXEC_HANDOFF`] both ways round and both ways to clear the environment: with the library
+/// the connection switches to TCP mid-stream before the exec (smc-preload DESIGN.md *Switch to
+/// TCP*) and every byte arrives in order, as over plain TCP. Before, the handler read the TCP
+/// socket where nothing ever came (the bytes were in the rings), and the peer waited for ever.
+#[test]
+fn an_exec_without_the_library_switches_the_connection_to_tcp() {
+    let w = SmcWorld::new();
+    let mut differ = Vec::new();
+    for side in ["server", "client"] {
+        for how in ["execve", "env"] {
+            let tcp = exec_handoff_case(&w, side, how, false);
+            assert!(tcp.starts_with("PEER OK"), "{side} {how}, plain TCP: {tcp}");
+            let before = w.stats_sum().get("smcd_server");
+            let smc = exec_handoff_case(&w, side, how, true);
+            let sum = w.stats_sum();
+            assert!(
+                sum.get("smcd_server") > before,
+                "{side} {how}: the connection was not SMC-D: {}",
+                brief(&sum)
+            );
+            if smc != tcp {
+                differ.push(format!(
+                    "{side} leaves with {how}:\n  library:   {smc:?}\n  plain TCP: {tcp:?}"
+                ));
+            }
+        }
+    }
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+}

@@ -619,6 +619,22 @@ impl Conn<'_> {
                     }
                 };
             }
+            R::LeaveShortcut => {
+                // The caller's own socket (it holds it: it passed it), out of the SOCKHASH: its
+                // connection continues on plain TCP. Harmless for anyone else: a redirect to
+                // it fails over to TCP.
+                let ok = match (fd.as_ref(), self.shared.sock_state_map.as_deref()) {
+                    (Some(f), Some(map)) => super::grant::leave_sockhash(map, f.as_fd()),
+                    _ => false,
+                };
+                self.dispose(fd);
+                if ok {
+                    encode_reply(out, op, seq, Status::Ok, 0, &[]);
+                } else {
+                    fail_reply(out, op, seq, Fail::Internal);
+                }
+                return Vec::new();
+            }
             R::Cancel { seq: which } => {
                 // No reply of its own: the cancelled PAIR gets its answer (Cancelled).
                 if let Some(i) = self.parked.iter().position(|p| p.0 == which) {

@@ -124,3 +124,102 @@ fn grant_with(map: BorrowedFd<'_>, sock: BorrowedFd<'_>) -> bool {
     attr[3] = BPF_ANY;
     bpf(BPF_MAP_UPDATE_ELEM, &mut attr) == 0
 }
+
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_MAP_TYPE_SOCKHASH: u32 = 18;
+/// `size_of::<smc_common::bpf::SockKey>()`: two IPv6 addresses, two u32 ports.
+const SOCK_KEY_LEN: usize = 40;
+
+/// The pinned SOCKHASH next to the socket-storage map at `sock_state_map` (same pin directory,
+/// `smc_common::bpf::MAP_SOCKHASH`), when it is one of our layout.
+fn open_sockhash(sock_state_map: &Path) -> Option<OwnedFd> {
+    let path = sock_state_map.with_file_name(smc_common::bpf::MAP_SOCKHASH);
+    let cpath = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    let mut attr = [0u64; 16];
+    attr[0] = cpath.as_ptr() as u64;
+    let fd = bpf(BPF_OBJ_GET, &mut attr);
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a new fd of ours.
+    let map = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    let mut info = [0u32; 32];
+    let mut attr = [0u64; 16];
+    attr[0] = map.as_raw_fd() as u32 as u64 | ((mem::size_of_val(&info) as u64) << 32);
+    attr[1] = info.as_mut_ptr() as u64;
+    if bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) != 0 {
+        return None;
+    }
+    (info[0] == BPF_MAP_TYPE_SOCKHASH && info[2] == SOCK_KEY_LEN as u32).then_some(map)
+}
+
+/// An address as the eBPF programs key it: IPv6 in network byte order, IPv4 v4-mapped; the
+/// port in host byte order.
+fn key_addr(ss: &libc::sockaddr_storage) -> Option<([u32; 4], u32)> {
+    match ss.ss_family as i32 {
+        libc::AF_INET => {
+            // SAFETY: the family says this storage holds a sockaddr_in.
+            let a = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
+            Some((
+                [
+                    0,
+                    0,
+                    u32::from_ne_bytes([0, 0, 0xff, 0xff]),
+                    a.sin_addr.s_addr,
+                ],
+                u16::from_be(a.sin_port) as u32,
+            ))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says this storage holds a sockaddr_in6.
+            let a = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
+            let b = a.sin6_addr.s6_addr;
+            let w = |i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+            Some(([w(0), w(4), w(8), w(12)], u16::from_be(a.sin6_port) as u32))
+        }
+        _ => None,
+    }
+}
+
+fn sock_addr(sock: BorrowedFd<'_>, peer: bool) -> Option<([u32; 4], u32)> {
+    // SAFETY: plain old data, all-zero valid.
+    let mut ss: libc::sockaddr_storage = unsafe { mem::zeroed() };
+    let mut len = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let p = &mut ss as *mut _ as *mut libc::sockaddr;
+    // SAFETY: valid out buffer and length.
+    let r = unsafe {
+        if peer {
+            libc::getpeername(sock.as_raw_fd(), p, &mut len)
+        } else {
+            libc::getsockname(sock.as_raw_fd(), p, &mut len)
+        }
+    };
+    if r != 0 {
+        return None;
+    }
+    key_addr(&ss)
+}
+
+/// Takes the TCP socket `sock` out of the pinned SOCKHASH (`OP_LEAVE_SHORTCUT`): from then on
+/// it reads and writes as plain TCP (no `tcp_bpf`), and nothing is redirected to it. True when
+/// it is not (or no longer) a member.
+pub(crate) fn leave_sockhash(sock_state_map: &Path, sock: BorrowedFd<'_>) -> bool {
+    let (Some((lip, lport)), Some((rip, rport))) = (sock_addr(sock, false), sock_addr(sock, true))
+    else {
+        return false;
+    };
+    let Some(map) = open_sockhash(sock_state_map) else {
+        return false;
+    };
+    let mut key = [0u32; SOCK_KEY_LEN / 4];
+    key[0..4].copy_from_slice(&lip);
+    key[4..8].copy_from_slice(&rip);
+    key[8] = lport;
+    key[9] = rport;
+    let mut attr = [0u64; 16];
+    attr[0] = map.as_raw_fd() as u32 as u64;
+    attr[1] = key.as_ptr() as u64;
+    let r = bpf(BPF_MAP_DELETE_ELEM, &mut attr);
+    // SAFETY: reads the calling thread's errno.
+    r == 0 || unsafe { *libc::__errno_location() } == libc::ENOENT
+}

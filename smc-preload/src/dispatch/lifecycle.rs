@@ -187,9 +187,247 @@ impl Travelling {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// exec into an image without the library: SMC connections switch to TCP first
+
+extern "C" {
+    static environ: *const *const c_char;
+}
+
+/// The file an exec runs.
+#[derive(Clone, Copy)]
+enum Image {
+    /// A path (relative to the working directory, or to `dirfd` of `execveat`).
+    Path(c_int, *const c_char),
+    /// A path searched in `PATH` when it has no slash (`execvp`, `execvpe`).
+    Search(*const c_char),
+    /// An open file (`fexecve`, `execveat` with `AT_EMPTY_PATH`).
+    Fd(c_int),
+}
+
+/// Whether `envp` (the environment the next image gets) preloads this library.
+fn env_preloads_us(envp: *const *const c_char) -> bool {
+    let envp = if envp.is_null() {
+        // SAFETY: reads the process's environment pointer.
+        unsafe { environ }
+    } else {
+        envp
+    };
+    if envp.is_null() {
+        return false;
+    }
+    const KEY: &[u8] = b"LD_PRELOAD=";
+    const LIB: &[u8] = b"smc_preload";
+    let mut i = 0;
+    loop {
+        // SAFETY: a NULL-terminated array of C strings (exec's contract).
+        let e = unsafe { *envp.add(i) };
+        if e.is_null() {
+            return false;
+        }
+        // SAFETY: a C string of the array.
+        let b = unsafe { std::ffi::CStr::from_ptr(e) }.to_bytes();
+        if let Some(v) = b.strip_prefix(KEY) {
+            if v.windows(LIB.len()).any(|w| w == LIB) {
+                return true;
+            }
+        }
+        i += 1;
+    }
+}
+
+/// Opens the file an exec would run (read-only, close-on-exec; a `PATH` search like
+/// `execvp`'s). No allocation: this may run in a `vfork` child.
+fn open_image(img: Image) -> Option<c_int> {
+    let open = |dir: c_int, p: *const c_char| -> Option<c_int> {
+        // SAFETY: a C string; the raw system call (our `open` would note a new fd).
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_openat,
+                dir,
+                p,
+                libc::O_RDONLY | libc::O_CLOEXEC,
+                0,
+            )
+        };
+        (r >= 0).then_some(r as c_int)
+    };
+    match img {
+        Image::Fd(_) => None,
+        Image::Path(dir, p) => open(dir, p),
+        Image::Search(f) => {
+            // SAFETY: a C string (exec's contract).
+            let name = unsafe { std::ffi::CStr::from_ptr(f) }.to_bytes();
+            if name.contains(&b'/') || name.is_empty() {
+                return open(libc::AT_FDCWD, f);
+            }
+            // SAFETY: getenv returns a pointer into the environment or NULL.
+            let path = unsafe { libc::getenv(c"PATH".as_ptr()) };
+            let path: &[u8] = if path.is_null() {
+                b"/bin:/usr/bin"
+            } else {
+                // SAFETY: a C string of the environment.
+                unsafe { std::ffi::CStr::from_ptr(path) }.to_bytes()
+            };
+            let mut buf = [0u8; 4096];
+            for dir in path.split(|&b| b == b':') {
+                let dir: &[u8] = if dir.is_empty() { b"." } else { dir };
+                let n = dir.len() + 1 + name.len();
+                if n + 1 > buf.len() {
+                    continue;
+                }
+                buf[..dir.len()].copy_from_slice(dir);
+                buf[dir.len()] = b'/';
+                buf[dir.len() + 1..n].copy_from_slice(name);
+                buf[n] = 0;
+                let p = buf.as_ptr() as *const c_char;
+                // SAFETY: a C string in our buffer.
+                if unsafe { libc::access(p, libc::X_OK) } == 0 {
+                    return open(libc::AT_FDCWD, p);
+                }
+            }
+            None
+        }
+    }
+}
+
+/// Whether the file open at `fd` runs without this library even with `LD_PRELOAD` set: the
+/// loader ignores it for a setuid or setgid file or one with file capabilities (secure
+/// mode), and a static ELF executable has no loader at all.
+fn image_drops_preload(fd: c_int) -> bool {
+    // SAFETY: plain old data, all-zero valid.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out buffer.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return false;
+    }
+    if st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
+        return true;
+    }
+    // SAFETY: a C string name, no buffer (size query).
+    if unsafe { libc::fgetxattr(fd, c"security.capability".as_ptr(), std::ptr::null_mut(), 0) } > 0
+    {
+        return true;
+    }
+    // ELF64 without a PT_INTERP program header: static.
+    let mut eh = [0u8; 64];
+    // SAFETY: valid buffer.
+    if unsafe { libc::pread(fd, eh.as_mut_ptr() as *mut libc::c_void, 64, 0) } != 64
+        || eh[..4] != *b"\x7fELF"
+        || eh[4] != 2
+    {
+        return false;
+    }
+    let u16at = |b: &[u8], i: usize| u16::from_le_bytes([b[i], b[i + 1]]) as usize;
+    let phoff = u64::from_le_bytes([
+        eh[32], eh[33], eh[34], eh[35], eh[36], eh[37], eh[38], eh[39],
+    ]);
+    let (phentsize, phnum) = (u16at(&eh, 54), u16at(&eh, 56));
+    if phentsize < 4 || phnum == 0 {
+        return false;
+    }
+    let mut ph = [0u8; 4096];
+    let len = (phentsize * phnum).min(ph.len());
+    // SAFETY: valid buffer of at least `len` bytes.
+    let got = unsafe { libc::pread(fd, ph.as_mut_ptr() as *mut libc::c_void, len, phoff as i64) };
+    if got < 0 {
+        return false;
+    }
+    let got = got as usize;
+    let interp = (0..phnum)
+        .map(|i| i * phentsize)
+        .take_while(|&o| o + 4 <= got)
+        .any(|o| u32::from_le_bytes([ph[o], ph[o + 1], ph[o + 2], ph[o + 3]]) == 3);
+    !interp
+}
+
+/// Whether the image an exec starts runs this library's data path.
+fn image_runs_library(img: Image, envp: *const *const c_char) -> bool {
+    if !env_preloads_us(envp) {
+        return false;
+    }
+    match img {
+        Image::Fd(fd) => !image_drops_preload(fd),
+        _ => match open_image(img) {
+            Some(fd) => {
+                let drops = image_drops_preload(fd);
+                // SAFETY: our own fd.
+                unsafe { libc::syscall(libc::SYS_close, fd) };
+                !drops
+            }
+            // Not found: the exec fails.
+            None => true,
+        },
+    }
+}
+
+/// How long a switch to TCP waits for the peer's answer (its next operation on the
+/// connection) before it resets the connection.
+fn switch_wait() -> std::time::Duration {
+    setup::clc_timeout() * 5
+}
+
+/// `o` (the connection of `fd`) continues on TCP: the peer asked, or the socket leaves for an
+/// image without the library. Switches it ([`Conn::switch_to_tcp`]) and makes every fd of
+/// this process that names it plain TCP. True when the fd is plain now (the caller runs its
+/// call on the socket); false when the connection was reset instead (its calls fail).
+pub(crate) fn continue_on_tcp(fd: c_int, o: &Arc<Obj>) -> bool {
+    let Obj::Conn(c) = &**o else { return false };
+    let deadline = std::time::Instant::now() + switch_wait();
+    match c.switch_to_tcp(fd, deadline, || setup::leave_shortcut_for_tcp(fd)) {
+        crate::conn::Switched::Reset => return false,
+        crate::conn::Switched::Already => {}
+        // Counted as closed here, once per connection end: its closes are plain TCP ones.
+        crate::conn::Switched::Tcp => crate::stats::conn_closed(c),
+    }
+    if in_vfork_child() {
+        return true;
+    }
+    let mut fds = Vec::new();
+    fdtable::for_each_object(|ofd, x| {
+        if Arc::ptr_eq(x, o) {
+            fds.push(ofd);
+        }
+    });
+    for ofd in fds {
+        if fdtable::get(ofd).is_some_and(|x| Arc::ptr_eq(&x, o)) {
+            setup::settle_plain(ofd);
+        }
+    }
+    true
+}
+
+/// Before an exec into an image that does not run the library: the SMC connections it
+/// inherits switch to TCP, so that it reads and writes them as plain TCP sockets (otherwise
+/// it would read doorbells, or wait for bytes that travel in the rings). In a `vfork` child,
+/// which must not allocate or touch its parent's bookkeeping, they are reset instead (clean
+/// failure on both ends, a documented residual).
+fn switch_for_exec(img: Image, envp: *const *const c_char) {
+    if !fdtable::any_objects() || image_runs_library(img, envp) {
+        return;
+    }
+    if in_vfork_child() {
+        fdtable::for_each_object(|fd, o| {
+            if let Obj::Conn(c) = &**o {
+                if !cloexec(fd) {
+                    c.reset_now(fd);
+                }
+            }
+        });
+        return;
+    }
+    for (fd, o) in fdtable::all_objects() {
+        if matches!(&*o, Obj::Conn(_)) && !cloexec(fd) {
+            crate::debug!("fd {fd}: the next image does not run the library: switch to TCP");
+            continue_on_tcp(fd, &o);
+        }
+    }
+}
+
 /// Runs `exec` (which returns only when it failed) with the listeners withdrawn around it.
-fn around_exec(exec: impl FnOnce() -> c_int) -> c_int {
+fn around_exec(img: Image, envp: *const *const c_char, exec: impl FnOnce() -> c_int) -> c_int {
     settle_for_exec();
+    switch_for_exec(img, envp);
     let w = withdraw_listeners_for_exec();
     // A vfork child's fds are copies of its parent's (one more reference each); a process's
     // own exec takes its references along.
@@ -208,17 +446,25 @@ pub unsafe fn execve(
     envp: *const *const c_char,
 ) -> c_int {
     // SAFETY: the caller's arguments, passed on unchanged.
-    around_exec(|| unsafe { real::execve(path, argv, envp) })
+    around_exec(Image::Path(libc::AT_FDCWD, path), envp, || unsafe {
+        real::execve(path, argv, envp)
+    })
 }
 
 pub unsafe fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
     // SAFETY: as above.
-    around_exec(|| unsafe { real::execv(path, argv) })
+    around_exec(
+        Image::Path(libc::AT_FDCWD, path),
+        std::ptr::null(),
+        || unsafe { real::execv(path, argv) },
+    )
 }
 
 pub unsafe fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
     // SAFETY: as above.
-    around_exec(|| unsafe { real::execvp(file, argv) })
+    around_exec(Image::Search(file), std::ptr::null(), || unsafe {
+        real::execvp(file, argv)
+    })
 }
 
 pub unsafe fn execvpe(
@@ -227,12 +473,16 @@ pub unsafe fn execvpe(
     envp: *const *const c_char,
 ) -> c_int {
     // SAFETY: as above.
-    around_exec(|| unsafe { real::execvpe(file, argv, envp) })
+    around_exec(Image::Search(file), envp, || unsafe {
+        real::execvpe(file, argv, envp)
+    })
 }
 
 pub unsafe fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
     // SAFETY: as above.
-    around_exec(|| unsafe { real::fexecve(fd, argv, envp) })
+    around_exec(Image::Fd(fd), envp, || unsafe {
+        real::fexecve(fd, argv, envp)
+    })
 }
 
 pub unsafe fn execveat(
@@ -242,8 +492,17 @@ pub unsafe fn execveat(
     envp: *const *const c_char,
     flags: c_int,
 ) -> c_int {
+    // SAFETY: a non-NULL path is a C string (execveat's contract).
+    let empty = !path.is_null() && unsafe { *path } == 0 && flags & libc::AT_EMPTY_PATH != 0;
+    let img = if empty {
+        Image::Fd(dirfd)
+    } else {
+        Image::Path(dirfd, path)
+    };
     // SAFETY: as above.
-    around_exec(|| unsafe { real::execveat(dirfd, path, argv, envp, flags) })
+    around_exec(img, envp, || unsafe {
+        real::execveat(dirfd, path, argv, envp, flags)
+    })
 }
 
 /// `posix_spawn`/`posix_spawnp`: the child execs before the call returns; on success it holds
@@ -260,6 +519,12 @@ pub unsafe fn posix_spawn(
     search_path: bool,
 ) -> c_int {
     settle_for_exec();
+    let img = if search_path {
+        Image::Search(path)
+    } else {
+        Image::Path(libc::AT_FDCWD, path)
+    };
+    switch_for_exec(img, envp as *const *const c_char);
     let w = withdraw_listeners_for_exec();
     // The child's inherited fds are copies: one more reference each, travelling.
     let t = Travelling::mark(true);

@@ -67,6 +67,15 @@ fn conn_of_op(fd: c_int, op: Op) -> Option<Arc<Obj>> {
         o = fdtable::get(fd)?;
     }
     match &*o {
+        Obj::Conn(c) if c.switching() => {
+            // The peer switches the connection to TCP (or it did): our answer first; then
+            // the call goes to the socket.
+            if crate::lifecycle::continue_on_tcp(fd, &o) {
+                None
+            } else {
+                Some(o)
+            }
+        }
         Obj::Conn(_) => Some(o),
         Obj::Pending(_) => None,
         Obj::Handshake(h) => {
@@ -183,7 +192,14 @@ pub unsafe fn recv_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
     if flags & libc::MSG_TRUNC == 0 && !user_range_ok(iov) {
         return Some(fail(libc::EFAULT));
     }
-    Some(ret(c.recv(fd, iov, flags)))
+    match c.recv(fd, iov, flags) {
+        Err(crate::conn::E_TCP) if crate::lifecycle::continue_on_tcp(fd, &o) => {
+            // SAFETY: the caller's buffers.
+            Some(unsafe { crate::member::recv(fd, iov, flags) })
+        }
+        Err(crate::conn::E_TCP) => Some(ret(c.recv(fd, iov, flags))),
+        r => Some(ret(r)),
+    }
 }
 
 pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t> {
@@ -207,7 +223,18 @@ pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
     if !user_range_ok(iov) {
         return Some(fail(libc::EFAULT));
     }
-    Some(ret(c.send(fd, iov, flags)))
+    match c.send(fd, iov, flags) {
+        Err(crate::conn::E_TCP) if crate::lifecycle::continue_on_tcp(fd, &o) => {
+            // SAFETY: plain old data.
+            let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+            m.msg_iov = iov.as_ptr() as *mut iovec;
+            m.msg_iovlen = iov.len() as _;
+            // SAFETY: the caller's buffers.
+            Some(unsafe { real::sendmsg(fd, &m, flags) })
+        }
+        Err(crate::conn::E_TCP) => Some(ret(c.send(fd, iov, flags))),
+        r => Some(ret(r)),
+    }
 }
 
 pub unsafe fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
@@ -687,7 +714,8 @@ fn forget_slot(fd: c_int, io_fd: c_int) {
             }
             epoll::on_close(fd, io_fd >= 0);
             if let Obj::Conn(c) = &*o {
-                if c.drop_ref() {
+                // A connection switched to TCP closes as TCP (counted when it switched).
+                if c.drop_ref() && !c.switched() {
                     let sh = c.sh();
                     crate::debug!(
                         "fd {fd}: close: rx {} B/{} calls, tx {} B/{} calls, doorbells sent {} rcvd {}, spin hits {}, sleeps {}, tx full {}",

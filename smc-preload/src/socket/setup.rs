@@ -479,6 +479,33 @@ fn leave_shortcut(fd: i32) {
     set_bpf_flag(fd, SMC_SO_TCP);
 }
 
+/// The connection switches to TCP mid-stream (`Conn::switch_to_tcp`): the doorbell shortcut
+/// off and, through the daemon (root: `OP_LEAVE_SHORTCUT`), the socket out of the SOCKHASH, so
+/// that it reads and writes as plain TCP for whatever image holds it (a SOCKHASH member reads
+/// through `tcp_bpf`, see `member.rs`; an established SMC-D socket gets no more `sock_ops`
+/// callbacks that would take it out). False when that could not be done.
+pub(crate) fn leave_shortcut_for_tcp(fd: i32) -> bool {
+    let zero: u32 = 0;
+    let e0 = real::errno();
+    // SAFETY: valid option buffer.
+    unsafe {
+        real::setsockopt(
+            fd,
+            SOL_SMC_BPF,
+            SMC_SO_SHORTCUT,
+            &zero as *const u32 as *const libc::c_void,
+            4,
+        )
+    };
+    real::set_errno(e0);
+    set_bpf_flag(fd, SMC_SO_TCP);
+    let r = with_dev(|d| d.leave_shortcut(fd));
+    if let Err(e) = &r {
+        debug!("fd {fd}: the daemon did not take the socket out of the SOCKHASH: {e}");
+    }
+    r.is_ok()
+}
+
 /// `setsockopt(fd, SOL_SMC_BPF, name, 1)`, errno preserved (outside an attached cgroup the
 /// kernel refuses it, which changes nothing).
 fn set_bpf_flag(fd: i32, name: i32) {
