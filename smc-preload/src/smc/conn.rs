@@ -799,7 +799,9 @@ impl Conn {
                         // answered with ours (our next operation does, `switch_to_tcp`).
                         self.set_flag(F_PEER_SWITCH);
                         crate::debug!("fd {fd}: the peer switches the connection to TCP");
-                        crate::epoll::conn_changed_fd(fd, self);
+                        if let Some(h) = HOOKS.get() {
+                            (h.changed_fd)(fd, self);
+                        }
                         real::set_errno(e0);
                         return;
                     }
@@ -1899,7 +1901,9 @@ impl Conn {
         s.flags.fetch_and(!clear, Ordering::AcqRel);
         s.wake_seq.fetch_add(1, Ordering::AcqRel);
         crate::shm::futex_wake(&s.wake_seq, i32::MAX);
-        crate::epoll::conn_changed_fd(fd, self);
+        if let Some(h) = HOOKS.get() {
+            (h.changed_fd)(fd, self);
+        }
         r
     }
 
