@@ -119,13 +119,32 @@ fn conformance() {
                 let mut c = Command::new(&prog);
                 c.arg(&name);
                 let tcp = run_to_end(c, &dir, None, timeout);
-                let mut c = world.run(&prog);
-                c.arg(&name).env("SMC_SHORT_BYTES", "0");
-                let ism = run_to_end(c, &dir, None, timeout);
-                let ism_smc = world
-                    .stats_files()
-                    .get(&ism.pid.to_string())
-                    .map_or(0, |s| s.get("smcd_client"));
+                // The run under the data path. Its trace is the semantics; the count of SMC-D
+                // client connections only says that the scenario took that path. A handshake
+                // slower than the CLC timeout on a loaded machine (3 scenarios run at once)
+                // falls back, transparently: the same trace over TCP. Such a run is made again
+                // (at most twice), so that the count means what it says.
+                let run_ism = || {
+                    let mut c = world.run(&prog);
+                    c.arg(&name).env("SMC_SHORT_BYTES", "0");
+                    let ism = run_to_end(c, &dir, None, timeout);
+                    let n = world
+                        .stats_files()
+                        .get(&ism.pid.to_string())
+                        .map_or(0, |s| s.get("smcd_client"));
+                    (ism, n)
+                };
+                let (mut ism, mut ism_smc) = run_ism();
+                for _ in 0..2 {
+                    if ism_smc == want
+                        || SMC_EITHER.contains(&name.as_str())
+                        || trace_of(&ism) != trace_of(&tcp)
+                    {
+                        break;
+                    }
+                    eprintln!("{name}: {ism_smc} SMC-D client connections instead of {want}, same trace: run again");
+                    (ism, ism_smc) = run_ism();
+                }
                 let mut c = sc_cg.command(&prog);
                 c.arg(&name).env_remove("LD_PRELOAD");
                 let sct = run_to_end(c, &dir, None, timeout);
