@@ -1392,13 +1392,24 @@ pub unsafe fn getsockopt(
     }
     let Some(o) = fdtable::get(fd) else { return r };
     let Obj::Conn(c) = &*o else { return r };
+    // An error this connection already reported (a read's ECONNRESET, a write's EPIPE) is the
+    // event the TCP socket's own `sk_err` stands for too: TCP's read would have taken it, ours
+    // never reads that socket's error, so it is not reported a second time here.
+    let reported = c.flags() & (crate::conn::F_RST_REPORTED | crate::conn::F_EPIPE_REPORTED) != 0;
     let e = c.take_so_error();
+    let e = if e == 0 && reported {
+        Some(0)
+    } else {
+        (e != 0).then_some(e)
+    };
     // The kernel just wrote the TCP socket's own error through `val` (with `len` ≥ 4 then).
     // SAFETY: `val`/`len` were valid for the kernel's write (it succeeded); only an int that fits
     // the length it reported is written.
     unsafe {
-        if e != 0 && !val.is_null() && !len.is_null() && *len as usize >= 4 {
-            std::ptr::write_unaligned(val as *mut c_int, e);
+        if let Some(e) = e {
+            if !val.is_null() && !len.is_null() && *len as usize >= 4 {
+                std::ptr::write_unaligned(val as *mut c_int, e);
+            }
         }
     }
     r
@@ -1429,6 +1440,9 @@ pub unsafe fn setsockopt(
         // A socket still in its handshake takes the value when it becomes SMC.
         if let Some(c) = fdtable::get(fd).as_deref().and_then(Obj::conn) {
             c.set_rcvlowat(fd);
+            // A lower mark can make it readable now (tcp_set_rcvlowat wakes the readers): the
+            // epoll sets check it again (a poll finds it at its next tick).
+            epoll::conn_changed(fd, c);
         }
     }
     r

@@ -1561,7 +1561,10 @@ impl Conn {
             if s.waiters.load(Ordering::Acquire) > 0 {
                 crate::shm::futex_wake(&s.wake_seq, i32::MAX);
             }
-            if r < 0 && e == libc::EINTR && crate::signals::interrupts() {
+            // EINTR as TCP says it: when a handler without SA_RESTART exists, and always on a
+            // socket with a timeout (`deadline`: SO_RCVTIMEO/SO_SNDTIMEO), which the kernel
+            // never restarts (sock_intr_errno, signal(7)).
+            if r < 0 && e == libc::EINTR && (crate::signals::interrupts() || deadline.is_some()) {
                 if !data {
                     self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
                 }

@@ -165,6 +165,12 @@ fn undecided_events(und: Und, app: i16) -> i16 {
 /// peer went quiet time out (and fall back) as it would in a read.
 const HS_TICK_MS: i32 = 100;
 
+/// A change this process makes to a connection without its peer (`shutdown` in another
+/// thread, a lower `SO_RCVLOWAT`) rings no doorbell, and the kernel wakes a `poll` only for
+/// the socket's own events: a poll sleeping on SMC fds checks their rings again at least this
+/// often (TCP wakes it at once; an epoll wait is kicked instead).
+const LOCAL_TICK_MS: i32 = 200;
+
 /// Whether any of `fds` is an SMC connection (or may become one).
 pub fn any_smc(fds: &[libc::pollfd]) -> bool {
     fds.iter().any(|p| fdtable::raw(p.fd) >= 8)
@@ -312,11 +318,8 @@ unsafe fn poll_once(
             }
             return Some(0);
         }
-        let t = if ticking && !(0..=HS_TICK_MS).contains(&rem) {
-            HS_TICK_MS
-        } else {
-            rem
-        };
+        let cap = if ticking { HS_TICK_MS } else { LOCAL_TICK_MS };
+        let t = if !(0..=cap).contains(&rem) { cap } else { rem };
         for t in tmp.iter_mut() {
             t.revents = 0;
         }

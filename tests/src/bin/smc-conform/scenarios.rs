@@ -114,6 +114,11 @@ scenarios! {
     so_rcvlowat: 1;
     so_rcvlowat_blocking_read: 1;
     so_rcvlowat_epoll: 1;
+    so_rcvlowat_lowered_wakes_poll: 1;
+    so_rcvlowat_lowered_wakes_epoll: 1;
+    shutdown_rd_wakes_poll: 1;
+    rcvtimeo_sa_restart_eintr: 1;
+    so_error_after_reported_reset: 1;
     fionbio: 1;
     read_chk_buflen: 1;
     recv_chk_buflen: 1;
@@ -2873,6 +2878,136 @@ fn so_rcvlowat_epoll() {
     close(ep);
     close(et);
     close(c);
+    close(s);
+}
+
+/// Runs `f` in a thread once the calling thread sleeps in the kernel (after `start`).
+fn when_blocked(f: impl FnOnce() + Send + 'static) -> std::thread::JoinHandle<()> {
+    static ME: AtomicI32 = AtomicI32::new(0);
+    ME.store(gettid(), Ordering::Release);
+    std::thread::spawn(move || {
+        wait_blocked(&ME);
+        f();
+    })
+}
+
+fn so_rcvlowat_lowered_wakes_poll() {
+    // Another thread lowers SO_RCVLOWAT below what is queued: the sleeping poll wakes
+    // (tcp_set_rcvlowat wakes the readers).
+    let (c, s) = pair();
+    let v: c_int = 1000;
+    r(
+        "SO_RCVLOWAT 1000",
+        setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_RCVLOWAT, &v) as isize,
+    );
+    write_all(c, b"0123456789");
+    let h = when_blocked(move || {
+        let v: c_int = 1;
+        setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_RCVLOWAT, &v);
+    });
+    pl(
+        "poll(s,IN) until the mark is lowered",
+        s,
+        libc::POLLIN,
+        5000,
+    );
+    h.join().unwrap();
+    rd("read(s)", s, 100);
+    close(c);
+    close(s);
+}
+
+fn so_rcvlowat_lowered_wakes_epoll() {
+    let (c, s) = pair();
+    let v: c_int = 1000;
+    r(
+        "SO_RCVLOWAT 1000",
+        setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_RCVLOWAT, &v) as isize,
+    );
+    write_all(c, b"0123456789");
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    let h = when_blocked(move || {
+        let v: c_int = 1;
+        setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_RCVLOWAT, &v);
+    });
+    ep_wait(
+        "epoll_wait until the mark is lowered",
+        ep,
+        4,
+        5000,
+        &names(&["", "s"]),
+    );
+    h.join().unwrap();
+    rd("read(s)", s, 100);
+    close(ep);
+    close(c);
+    close(s);
+}
+
+fn shutdown_rd_wakes_poll() {
+    // Another thread shuts the reading side of a socket this thread polls: it wakes with
+    // IN|RDHUP, as TCP's shutdown wakes its sleepers.
+    let (c, s) = pair();
+    let h = when_blocked(move || {
+        // SAFETY: plain call.
+        unsafe { libc::shutdown(s, libc::SHUT_RD) };
+    });
+    pl(
+        "poll(s,IN|RDHUP) until shut",
+        s,
+        libc::POLLIN | libc::POLLRDHUP,
+        5000,
+    );
+    h.join().unwrap();
+    rd("read(s)", s, 10);
+    close(c);
+    close(s);
+}
+
+fn rcvtimeo_sa_restart_eintr() {
+    // A socket with SO_RCVTIMEO is never restarted after a signal, SA_RESTART or not
+    // (sock_intr_errno, signal(7)): EINTR.
+    handle(libc::SIGUSR1, true);
+    let (c, s) = pair();
+    let t = tv(5000);
+    r(
+        "SO_RCVTIMEO 5s",
+        setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &t) as isize,
+    );
+    // SAFETY: plain call.
+    let me = unsafe { libc::pthread_self() };
+    let h = when_blocked(move || {
+        // SAFETY: the main thread is alive (it joins this one).
+        unsafe { libc::pthread_kill(me, libc::SIGUSR1) };
+    });
+    recv_l("recv(s) blocking, SA_RESTART signal", s, 10, 0);
+    h.join().unwrap();
+    write_all(c, b"data");
+    rd("read(s)", s, 10);
+    close(c);
+    close(s);
+}
+
+fn so_error_after_reported_reset() {
+    // The peer aborts (SO_LINGER 0) after writing: the data, ECONNRESET, then EOF; SO_ERROR has
+    // nothing left to report.
+    let (c, s) = pair();
+    write_all(c, b"0123456789");
+    linger0(c);
+    close(c);
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    rd("read(s)", s, 100);
+    rd("read(s) again", s, 100);
+    rd("read(s) a third time", s, 100);
+    so_error("SO_ERROR(s)", s);
     close(s);
 }
 
