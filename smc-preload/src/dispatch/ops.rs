@@ -1453,26 +1453,61 @@ pub unsafe fn sigaction(
     act: *const libc::sigaction,
     old: *mut libc::sigaction,
 ) -> c_int {
-    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
-    // `sigaction`.
-    let r = unsafe { real::sigaction(sig, act, old) };
-    if r == 0 && !act.is_null() && !lifecycle::in_vfork_child() {
-        // SAFETY: `act` is non-null (checked) and the caller's sigaction, just read by libc.
-        let a = unsafe { &*act };
-        crate::signals::note(sig, a.sa_sigaction, a.sa_flags);
+    // A vfork child shares our memory: it installs what it asks, unwrapped, and notes nothing.
+    if lifecycle::in_vfork_child() {
+        // SAFETY: the caller's arguments, passed on unchanged: this function has the contract
+        // of libc's `sigaction`.
+        return unsafe { real::sigaction(sig, act, old) };
+    }
+    let (r, prev) = if act.is_null() {
+        // SAFETY: as above (a query).
+        (
+            unsafe { real::sigaction(sig, act, old) },
+            crate::signals::previous(sig),
+        )
+    } else {
+        // SAFETY: `act` is non-null (checked) and the caller's sigaction (sigaction's contract).
+        let a = unsafe { std::ptr::read(act) };
+        // The program's handler runs through our trampoline (which notes the signal for the
+        // EINTR decision of a blocking call, see `signals`).
+        let (ours, prev) = crate::signals::wrap(sig, &a);
+        // SAFETY: `ours` is a valid sigaction; `old` is the caller's (or null).
+        let r = unsafe { real::sigaction(sig, &ours, old) };
+        if r == 0 {
+            crate::signals::note(sig, a.sa_sigaction, a.sa_flags);
+        }
+        (r, prev)
+    };
+    if r == 0 && !old.is_null() {
+        // SAFETY: `old` is the caller's sigaction, just written by libc.
+        crate::signals::unwrap_old(unsafe { &mut *old }, prev);
     }
     r
 }
 
 pub unsafe fn signal(sig: c_int, h: libc::sighandler_t) -> libc::sighandler_t {
-    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
-    // `signal`.
-    let r = unsafe { real::signal(sig, h) };
-    if r != libc::SIG_ERR && !lifecycle::in_vfork_child() {
-        // glibc's signal() installs BSD semantics: SA_RESTART.
-        crate::signals::note(sig, h, libc::SA_RESTART);
+    if lifecycle::in_vfork_child() {
+        // SAFETY: the caller's arguments, passed on unchanged: this function has the contract
+        // of libc's `signal`.
+        return unsafe { real::signal(sig, h) };
     }
-    r
+    // glibc's signal(): BSD semantics, SA_RESTART, the signal blocked while its handler runs.
+    // SAFETY: a zeroed sigaction is valid; the mask is filled by libc.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = h;
+    act.sa_flags = libc::SA_RESTART;
+    // SAFETY: valid mask pointer.
+    unsafe {
+        libc::sigemptyset(&mut act.sa_mask);
+        libc::sigaddset(&mut act.sa_mask, sig);
+    }
+    // SAFETY: a zeroed sigaction is valid output space.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers: this is sigaction's contract.
+    if unsafe { sigaction(sig, &act, &mut old) } != 0 {
+        return libc::SIG_ERR;
+    }
+    old.sa_sigaction
 }
 
 /// For tests: install a connection at `fd` (e.g. a socketpair end).
@@ -1574,4 +1609,50 @@ fn same_pid_image_had_conns() -> bool {
         return false;
     };
     v.pid == pid as u64 && v.get("smcd_client") + v.get("smcd_server") > v.get("closed_conns")
+}
+
+#[cfg(test)]
+mod signal_tests {
+    use super::*;
+
+    static RAN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    extern "C" fn on_usr2(_: c_int) {
+        RAN.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The program's handler runs (through our trampoline), `sigaction` reports it back as
+    /// installed, and the signal's own SA_RESTART decides (read from the kernel).
+    #[test]
+    fn a_wrapped_handler_runs_reports_itself_and_decides_by_its_own_flags() {
+        // SAFETY: zeroed sigactions are valid; valid pointers throughout.
+        unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = on_usr2 as *const () as usize;
+            act.sa_flags = libc::SA_RESTART;
+            assert_eq!(sigaction(libc::SIGUSR2, &act, std::ptr::null_mut()), 0);
+            let mut old: libc::sigaction = std::mem::zeroed();
+            assert_eq!(sigaction(libc::SIGUSR2, std::ptr::null(), &mut old), 0);
+            assert_eq!(
+                old.sa_sigaction, on_usr2 as *const () as usize,
+                "our handler shown"
+            );
+            assert_eq!(old.sa_flags & libc::SA_SIGINFO, 0);
+            crate::signals::wait_begins();
+            libc::raise(libc::SIGUSR2);
+            assert_eq!(RAN.load(Ordering::SeqCst), 1, "the program's handler ran");
+            assert!(!crate::signals::interrupted(), "SA_RESTART: restarted");
+            // siginterrupt-like change behind sigaction: the kernel's flags decide.
+            let mut k: libc::sigaction = std::mem::zeroed();
+            real::sigaction(libc::SIGUSR2, std::ptr::null(), &mut k);
+            k.sa_flags &= !libc::SA_RESTART;
+            real::sigaction(libc::SIGUSR2, &k, std::ptr::null_mut());
+            crate::signals::wait_begins();
+            libc::raise(libc::SIGUSR2);
+            assert_eq!(RAN.load(Ordering::SeqCst), 2);
+            assert!(crate::signals::interrupted(), "no SA_RESTART: EINTR");
+            let dfl: libc::sigaction = std::mem::zeroed();
+            assert_eq!(sigaction(libc::SIGUSR2, &dfl, &mut old), 0);
+            assert_eq!(old.sa_sigaction, on_usr2 as *const () as usize);
+        }
+    }
 }

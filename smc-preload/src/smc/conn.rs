@@ -1546,6 +1546,7 @@ impl Conn {
             } else {
                 s.sleeps.fetch_add(1, Ordering::Relaxed);
                 let e0 = real::errno();
+                crate::signals::wait_begins();
                 // SAFETY: one valid pollfd.
                 let r = unsafe { real::poll(&mut pfd, 1, timeout) };
                 let e = real::errno();
@@ -1561,10 +1562,10 @@ impl Conn {
             if s.waiters.load(Ordering::Acquire) > 0 {
                 crate::shm::futex_wake(&s.wake_seq, i32::MAX);
             }
-            // EINTR as TCP says it: when a handler without SA_RESTART exists, and always on a
+            // EINTR as TCP says it: when the signal's handler has no SA_RESTART, and always on a
             // socket with a timeout (`deadline`: SO_RCVTIMEO/SO_SNDTIMEO), which the kernel
             // never restarts (sock_intr_errno, signal(7)).
-            if r < 0 && e == libc::EINTR && (crate::signals::interrupts() || deadline.is_some()) {
+            if r < 0 && e == libc::EINTR && (crate::signals::interrupted() || deadline.is_some()) {
                 if !data {
                     self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
                 }

@@ -1,14 +1,39 @@
 //! Which signals interrupt a blocking socket call.
 //!
 //! A blocking `recv` in the kernel is restarted after a handler installed with `SA_RESTART` and
-//! fails with `EINTR` otherwise. Our blocking waits sleep in `poll`, which never restarts, so we
-//! track the handlers the program installs (our `sigaction`/`signal`) and report `EINTR` only
-//! when some handler without `SA_RESTART` exists.
+//! fails with `EINTR` otherwise (always with a socket timeout). Our blocking waits sleep in
+//! `poll`, which never restarts, so the data path must know which signal interrupted it. The
+//! handlers the program installs through our `sigaction`/`signal` are run by a trampoline of
+//! ours ([`wrap`]) that notes the signal in a thread-local before it calls the program's
+//! handler; the flags of that very signal's action, read from the kernel, then decide
+//! ([`interrupted`]). `sigaction` reports the program's own handler back, never ours. Fault
+//! signals are left alone (runtimes inspect those handlers; they never interrupt another
+//! thread's call). A signal we did not see installed (its handler set before we loaded, or by
+//! libc itself) falls back to the process-wide view: `EINTR` when any handler without
+//! `SA_RESTART` exists.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Bit `n` set: signal `n` has a handler without SA_RESTART.
 static NORESTART: AtomicU64 = AtomicU64::new(0);
+
+/// The program's handler of each signal our trampoline stands in for (0: none).
+static APP: [AtomicUsize; 65] = [const { AtomicUsize::new(0) }; 65];
+/// Bit `n` set: the program's handler of signal `n` takes `(sig, info, context)`.
+static APP_SIGINFO: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The last signal our trampoline ran on this thread (0: none since [`wait_begins`]).
+    static LAST: Cell<i32> = const { Cell::new(0) };
+}
+
+fn fault(sig: i32) -> bool {
+    matches!(
+        sig,
+        libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE | libc::SIGTRAP | libc::SIGSYS
+    )
+}
 
 /// Record a handler change.
 pub fn note(sig: i32, handler: libc::sighandler_t, flags: i32) {
@@ -17,10 +42,7 @@ pub fn note(sig: i32, handler: libc::sighandler_t, flags: i32) {
     }
     // Fault signals (a runtime's stack-overflow or crash handler) are synchronous to the
     // faulting thread: they never interrupt a blocking call of another.
-    if matches!(
-        sig,
-        libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE | libc::SIGTRAP | libc::SIGSYS
-    ) {
+    if fault(sig) {
         return;
     }
     let bit = 1u64 << sig;
@@ -32,7 +54,103 @@ pub fn note(sig: i32, handler: libc::sighandler_t, flags: i32) {
     }
 }
 
-/// Whether a poll interrupted by a signal should surface as EINTR.
+extern "C" fn trampoline(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // A const-initialised thread-local without destructor: a plain TLS access (its block was
+    // touched by `wait_begins` before any wait), safe in a handler.
+    LAST.with(|l| l.set(sig));
+    let Some(slot) = APP.get(sig as usize) else {
+        return;
+    };
+    let h = slot.load(Ordering::Acquire);
+    if h == 0 || h == libc::SIG_DFL || h == libc::SIG_IGN {
+        return;
+    }
+    if APP_SIGINFO.load(Ordering::Acquire) & (1u64 << sig) != 0 {
+        // SAFETY: the program installed `h` with SA_SIGINFO: it takes these arguments.
+        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+            unsafe { std::mem::transmute(h) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: the program installed `h` as a plain handler.
+        let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
+        f(sig);
+    }
+}
+
+fn trampoline_addr() -> usize {
+    trampoline as *const () as usize
+}
+
+/// The action to give the kernel for the program's `act` on `sig`: ours in place of a handler
+/// (the program's is noted first, so that a signal arriving meanwhile runs it), else `act`
+/// itself. Returns the program's previous handler and whether it took `SA_SIGINFO`, for
+/// [`unwrap_old`].
+pub fn wrap(sig: i32, act: &libc::sigaction) -> (libc::sigaction, (usize, bool)) {
+    let prev = previous(sig);
+    let h = act.sa_sigaction;
+    if !(1..64).contains(&sig) || fault(sig) || h == libc::SIG_DFL || h == libc::SIG_IGN {
+        if let Some(slot) = APP.get(sig as usize) {
+            slot.store(0, Ordering::Release);
+        }
+        return (*act, prev);
+    }
+    let bit = 1u64 << sig;
+    if act.sa_flags & libc::SA_SIGINFO != 0 {
+        APP_SIGINFO.fetch_or(bit, Ordering::AcqRel);
+    } else {
+        APP_SIGINFO.fetch_and(!bit, Ordering::AcqRel);
+    }
+    if let Some(slot) = APP.get(sig as usize) {
+        slot.store(h, Ordering::Release);
+    }
+    let mut ours = *act;
+    ours.sa_sigaction = trampoline_addr();
+    ours.sa_flags |= libc::SA_SIGINFO;
+    (ours, prev)
+}
+
+/// The program's current handler of `sig` (0: none of ours) and whether it takes SA_SIGINFO.
+pub fn previous(sig: i32) -> (usize, bool) {
+    let h = APP
+        .get(sig.max(0) as usize)
+        .map_or(0, |s| s.load(Ordering::Acquire));
+    let si = (1..64).contains(&sig) && APP_SIGINFO.load(Ordering::Acquire) & (1u64 << sig) != 0;
+    (h, si)
+}
+
+/// `old` as the kernel reported it: our trampoline is shown as the program's handler `prev`.
+pub fn unwrap_old(old: &mut libc::sigaction, prev: (usize, bool)) {
+    if old.sa_sigaction == trampoline_addr() && prev.0 != 0 {
+        old.sa_sigaction = prev.0;
+        if !prev.1 {
+            old.sa_flags &= !libc::SA_SIGINFO;
+        }
+    }
+}
+
+/// A blocking wait is about to sleep: forget the signals this thread ran before.
+pub fn wait_begins() {
+    LAST.with(|l| l.set(0));
+}
+
+/// Whether the signal that just interrupted this thread's wait (`EINTR`) ends the call with
+/// `EINTR`: its action has no `SA_RESTART` (read from the kernel: `siginterrupt` and the like
+/// change it behind `sigaction`). Unknown signal: when any handler lacks `SA_RESTART`.
+pub fn interrupted() -> bool {
+    let sig = LAST.with(|l| l.get());
+    if sig <= 0 {
+        return NORESTART.load(Ordering::Relaxed) != 0;
+    }
+    // SAFETY: a zeroed sigaction is valid output space; querying only.
+    let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer; no new action.
+    if unsafe { crate::real::sigaction(sig, std::ptr::null(), &mut cur) } != 0 {
+        return NORESTART.load(Ordering::Relaxed) != 0;
+    }
+    cur.sa_flags & libc::SA_RESTART == 0
+}
+
+/// Whether a poll interrupted by a signal should surface as EINTR (process-wide view).
 pub fn interrupts() -> bool {
     NORESTART.load(Ordering::Relaxed) != 0
 }
