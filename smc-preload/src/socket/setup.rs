@@ -13,9 +13,12 @@
 //! follow: after a timeout while the peer had to answer (client waiting for the Accept, server
 //! for the Proposal) the Decline the machine sent is the peer's answer, and the late message
 //! (then the peer's own timeout Decline) is skipped at the first read ([`Obj::Skip`]); after
-//! any other Decline of ours, a Decline of the peer that crossed it is; anything else (the
-//! server timed out waiting for the Confirm — the client may already be on SMC —, or bytes
-//! that do not frame as CLC) resets the connection: never a byte of the wrong stream.
+//! any other Decline of ours, a Decline of the peer that crossed it is (also after a server
+//! withdrew its Accept when its wait for the Confirm ended, see
+//! [`smc_common::handshake`] *Withdrawn accept*); anything else (the server timed out waiting
+//! for the Confirm of a client that cannot be told of a withdrawal — it may already be on SMC
+//! —, or bytes that do not frame as CLC) resets the connection: never a byte of the wrong
+//! stream.
 
 use crate::conn::{Conn, Release, Role};
 use crate::fdtable::{self, Slot, TAG_TCP};
