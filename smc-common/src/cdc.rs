@@ -726,7 +726,9 @@ impl CdcHeader {
     /// Client, right before it sends its CLC Confirm: claims the server's DMB (see *Handshake
     /// arbitration*). True: the Confirm is to be sent (also when this end had claimed it
     /// already); false: the server withdrew its Accept first (its Decline follows the Accept),
-    /// or the word holds something neither end writes (a peer's doing): no Confirm.
+    /// or the word holds something neither end writes (a peer's doing): no Confirm. (Not on
+    /// the eBPF target, which has no compare-exchange.)
+    #[cfg(not(target_arch = "bpf"))]
     pub fn claim_confirm(&self) -> bool {
         match self.type_word.compare_exchange(
             0,
@@ -742,6 +744,7 @@ impl CdcHeader {
     /// Server, when its wait for the client's Confirm is over: withdraws its Accept in its own
     /// DMB (see *Handshake arbitration*). True: withdrawn (send a Decline, fall back to TCP);
     /// false: the client claimed first (its Confirm is on its way) or wrote something else.
+    #[cfg(not(target_arch = "bpf"))]
     pub fn claim_withdraw(&self) -> bool {
         self.type_word
             .compare_exchange(0, ARBITER_WITHDRAWN, Ordering::AcqRel, Ordering::Acquire)
