@@ -35,6 +35,23 @@
 //! producer word are sent as zero and ignored. Interoperable writers should do the same;
 //! [`CdcMsg::flags`] reads them from the consumer word.
 //!
+//! # Handshake arbitration (this implementation's extension)
+//!
+//! Before the connection exists, the first word (type byte and `res1`) of the **server's**
+//! DMB decides a race the CLC messages alone cannot: a client that read the server's Accept
+//! late (it was idle) confirming, against the server giving up waiting for that Confirm
+//! ([`crate::clc::FEATURE_ACCEPT_WITHDRAW`]). The server's DMB is zero there until then (fresh,
+//! or cleared by its owner before the Accept names it), and both ends have it mapped: the
+//! server from its registration, the client before its Confirm. Each end compare-exchanges it
+//! from zero, once: the client to [`ARBITER_CONFIRMED`] (the type word it writes anyway when
+//! the connection is set up) right before it sends its Confirm
+//! ([`CdcHeader::claim_confirm`]), the server to [`ARBITER_WITHDRAWN`] when its wait for the
+//! Confirm is over ([`CdcHeader::claim_withdraw`]). Whoever comes first decides: the client
+//! confirms and the server waits for that Confirm (a moment away), or the server sends a
+//! Decline after its Accept and the client, which then does not confirm, reads Accept and
+//! Decline and falls back to TCP with the server. The word is written by both ends: a value
+//! other than these is the peer's doing, and costs only the peer's own connection.
+//!
 //! # Direction
 //!
 //! Each side writes the header of the **peer's** DMB: its producer word says how far the writer
@@ -101,6 +118,13 @@ pub const DMB_MAX_SIZE_CODE: u8 = 6;
 /// used only between two ends that both offered [`crate::clc::FEATURE_LARGE_DMB`] (Linux
 /// masks that bit off, so it never sees a code above [`DMB_MAX_SIZE_CODE`]).
 pub const DMB_MAX_SIZE_CODE_LARGE: u8 = 10;
+
+/// The first header word of the server's DMB once the client decided to confirm (see
+/// *Handshake arbitration*): the CDC type byte, as the client's connection writes it.
+pub const ARBITER_CONFIRMED: u64 = u64::from_ne_bytes([CDC_MSG_TYPE, 0, 0, 0, 0, 0, 0, 0]);
+/// The first header word of the server's DMB once the server withdrew its Accept (see
+/// *Handshake arbitration*): type byte 0 (no CDC message), then `"WDRAW"`.
+pub const ARBITER_WITHDRAWN: u64 = u64::from_ne_bytes([0, b'W', b'D', b'R', b'A', b'W', 0, 0]);
 
 /// Minimum consumer-cursor update threshold: Linux's `SOCK_MIN_SNDBUF / 2` on x86-64
 /// (`2 * (2048 + SKB_DATA_ALIGN(sizeof(struct sk_buff)))/2 = 2304`), used by
@@ -699,6 +723,34 @@ impl CdcHeader {
         }
     }
 
+    /// Client, right before it sends its CLC Confirm: claims the server's DMB (see *Handshake
+    /// arbitration*). True: the Confirm is to be sent (also when this end had claimed it
+    /// already); false: the server withdrew its Accept first (its Decline follows the Accept),
+    /// or the word holds something neither end writes (a peer's doing): no Confirm. (Not on
+    /// the eBPF target, which has no compare-exchange.)
+    #[cfg(not(target_arch = "bpf"))]
+    pub fn claim_confirm(&self) -> bool {
+        match self.type_word.compare_exchange(
+            0,
+            ARBITER_CONFIRMED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => true,
+            Err(v) => v == ARBITER_CONFIRMED,
+        }
+    }
+
+    /// Server, when its wait for the client's Confirm is over: withdraws its Accept in its own
+    /// DMB (see *Handshake arbitration*). True: withdrawn (send a Decline, fall back to TCP);
+    /// false: the client claimed first (its Confirm is on its way) or wrote something else.
+    #[cfg(not(target_arch = "bpf"))]
+    pub fn claim_withdraw(&self) -> bool {
+        self.type_word
+            .compare_exchange(0, ARBITER_WITHDRAWN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
     /// The type byte (`0xFE` once the peer has written the header, `0` before).
     pub fn msg_type(&self) -> u8 {
         self.type_word.load(Ordering::Acquire).to_ne_bytes()[0]
@@ -986,5 +1038,45 @@ mod tests {
         assert_eq!(dmb_size_code_large(u32::MAX), 10);
         assert_eq!(dmb_size_from_code_large(9), Some(8 << 20));
         assert_eq!(dmb_size_from_code_large(11), None);
+    }
+
+    #[test]
+    fn arbiter_first_claim_decides() {
+        // The client first: the server's withdrawal fails, a repeated claim still confirms.
+        let h = CdcHeader::zeroed();
+        assert!(h.claim_confirm());
+        assert!(!h.claim_withdraw());
+        assert!(h.claim_confirm());
+        assert_eq!(h.msg_type(), CDC_MSG_TYPE);
+        // The server first: the client does not confirm.
+        let h = CdcHeader::zeroed();
+        assert!(h.claim_withdraw());
+        assert!(!h.claim_confirm());
+        assert!(!h.claim_withdraw());
+        assert_ne!(h.msg_type(), CDC_MSG_TYPE);
+        // Something neither end writes: neither claims.
+        let h = CdcHeader::zeroed();
+        h.type_word.store(0x55, Ordering::Relaxed);
+        assert!(!h.claim_confirm());
+        assert!(!h.claim_withdraw());
+    }
+
+    #[test]
+    fn arbiter_crossing_claims_have_one_winner() {
+        // Both claims at the same moment (released together), many times: exactly one wins.
+        for _ in 0..2000 {
+            let h = CdcHeader::zeroed();
+            let go = std::sync::Barrier::new(2);
+            let (c, s) = std::thread::scope(|sc| {
+                let c = sc.spawn(|| {
+                    go.wait();
+                    h.claim_confirm()
+                });
+                go.wait();
+                let s = h.claim_withdraw();
+                (c.join().unwrap(), s)
+            });
+            assert!(c != s, "confirm {c}, withdraw {s}");
+        }
     }
 }

@@ -146,6 +146,14 @@ pub const FEATURE_EMULATED_ISM: u16 = 1 << 0;
 /// from the peer. A server uses such a code only when the proposal offered the bit and echoes
 /// it in its accept; a client only when the accept echoed it.
 pub const FEATURE_LARGE_DMB: u16 = 1 << 15;
+/// This implementation's accept-withdrawal extension in the v2 feature mask (a bit Linux does
+/// not define, masked off by a Linux server like [`FEATURE_LARGE_DMB`]): the client decides
+/// its Confirm against the server's give-up in the server's DMB
+/// ([`crate::cdc::CdcHeader::claim_confirm`]) before it sends it, so that a server that waited
+/// for the Confirm in vain (an idle client) may withdraw its Accept with a Decline and both ends
+/// continue on TCP, in sync, instead of resetting the connection. A server withdraws only when
+/// the proposal offered the bit (echoing it in its accept); a client always decides first.
+pub const FEATURE_ACCEPT_WITHDRAW: u16 = 1 << 14;
 /// CHID of Linux's loopback-ism (`SMC_LO_RESERVED_CHID`).
 pub const LOOPBACK_CHID: u16 = 0xFFFF;
 /// `SMC_FIRST_CONTACT_MASK` within `typev2`.

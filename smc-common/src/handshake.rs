@@ -36,6 +36,16 @@
 //! the one late CLC message: the Decline sent on the timeout is the peer's answer, and each
 //! side sends exactly one message per message received before any application byte.
 //!
+//! **Withdrawn accept** ([`FEATURE_ACCEPT_WITHDRAW`], this implementation's extension). A
+//! server that waited for the Confirm in vain (its client went idle after its Proposal: the
+//! client's handshake advances only inside its calls) would have to reset the connection, since
+//! a Confirm may be crossing its Decline. Instead both ends decide in the server's DMB, which
+//! both have mapped, who came first ([`crate::cdc::CdcHeader::claim_confirm`] /
+//! [`crate::cdc::CdcHeader::claim_withdraw`]) and tell the machine with
+//! [`Input::AcceptWithdrawn`] when the server did: the server sends a Decline after its Accept
+//! and falls back in sync; the client sends nothing more, reads the Decline and falls back in
+//! sync. When the client came first, the server keeps waiting for its (imminent) Confirm.
+//!
 //! **Device and peer DMB.** The client attaches the peer's DMB when it is asked to register
 //! its own ([`Handshake::peer_dmb`] names it), so a failed attach is still a clean decline
 //! ([`Input::DmbFailed`]). A side whose local device is unavailable
@@ -45,8 +55,8 @@ use crate::cdc::{dmb_size_from_code_large, DMB_MAX_SIZE_CODE, DMB_MAX_SIZE_CODE_
 use crate::clc::{
     decode, message_len, padded32, AcceptConfirm, AcceptConfirmV2, ClcMessage, Decline, Eid,
     FirstContactExt, Gid, GidChid, MsgType, Proposal, ProposalV2Ext, SmcType, SmcdV2Ext,
-    FEATURE_EMULATED_ISM, FEATURE_LARGE_DMB, HEADER_LEN, LOOPBACK_CHID, OS_LINUX, SMC_RELEASE_1,
-    SMC_V1, SMC_V2,
+    FEATURE_ACCEPT_WITHDRAW, FEATURE_EMULATED_ISM, FEATURE_LARGE_DMB, HEADER_LEN, LOOPBACK_CHID,
+    OS_LINUX, SMC_RELEASE_1, SMC_V1, SMC_V2,
 };
 use crate::diag::Diag;
 use std::vec::Vec;
@@ -162,6 +172,13 @@ pub enum Input<'a> {
     DmbFailed(DmbFailure),
     /// The I/O layer gives up (socket error, peer closed, shutdown): no more bytes are sent.
     Abort,
+    /// The server's Accept is withdrawn, as decided in the server's DMB
+    /// ([`crate::cdc::CdcHeader::claim_withdraw`]; see *Withdrawn accept* above). Server,
+    /// waiting for the Confirm (its timer expired and its claim won): decline, in sync. Client,
+    /// asked to register its DMB (its claim before the Confirm lost): no Confirm; it waits for
+    /// the server's Decline, which follows the Accept. Anywhere else, and for a server whose
+    /// client did not offer [`FEATURE_ACCEPT_WITHDRAW`]: as [`Input::Timeout`].
+    AcceptWithdrawn,
 }
 
 /// What the I/O layer must do, in order.
@@ -346,6 +363,8 @@ enum St {
         accept: AcceptConfirm,
         neg: Negotiated,
     },
+    /// The server withdrew its Accept: its Decline follows.
+    ClientWaitDecline,
     ServerWaitProposal,
     ServerWaitDmb {
         neg: Negotiated,
@@ -456,6 +475,13 @@ impl Handshake {
         }
     }
 
+    /// Server waiting for the Confirm of a client that offered [`FEATURE_ACCEPT_WITHDRAW`]:
+    /// when its wait is over, the I/O layer may withdraw the Accept (see *Withdrawn accept*).
+    pub fn may_withdraw_accept(&self) -> bool {
+        matches!(&self.st, St::ServerWaitConfirm { neg, .. }
+            if neg.feature_mask & FEATURE_ACCEPT_WITHDRAW != 0)
+    }
+
     /// The role.
     pub fn role(&self) -> Role {
         self.role
@@ -466,6 +492,7 @@ impl Handshake {
         match &self.st {
             St::Init => State::Init,
             St::ClientWaitAccept => State::WaitMessage(MsgType::Accept),
+            St::ClientWaitDecline => State::WaitMessage(MsgType::Decline),
             St::ServerWaitProposal => State::WaitMessage(MsgType::Proposal),
             St::ServerWaitConfirm { .. } => State::WaitMessage(MsgType::Confirm),
             St::ClientWaitDmb { .. } | St::ServerWaitDmb { .. } => State::WaitDmb,
@@ -560,6 +587,28 @@ impl Handshake {
                 decline: None,
                 in_sync: false,
             }),
+            Input::AcceptWithdrawn => match &st {
+                St::ServerWaitConfirm { neg, .. }
+                    if neg.feature_mask & FEATURE_ACCEPT_WITHDRAW != 0 =>
+                {
+                    Err(Fail {
+                        reason: FallbackReason::Timeout,
+                        decline: Some(Diag::TimeoutCl.code()),
+                        in_sync: true,
+                    })
+                }
+                St::ClientWaitDmb { .. } => Ok((St::ClientWaitDecline, Vec::new())),
+                _ => {
+                    self.st = st;
+                    out.extend(self.handle(Input::Timeout));
+                    return out;
+                }
+            },
+            Input::Timeout if st == St::ClientWaitDecline => Err(Fail {
+                reason: FallbackReason::Timeout,
+                decline: None,
+                in_sync: false,
+            }),
             Input::Timeout => {
                 // Waiting for the local DMB: the peer waits for us, so a decline keeps the
                 // stream in sync. Waiting for the peer: it may still be sending.
@@ -578,6 +627,22 @@ impl Handshake {
                 }
                 _ => Err(Fail::protocol(Diag::IntErr, true)),
             },
+        };
+        // After the server withdrew its Accept its Decline is all that may come: anything else
+        // is out of sync, and nothing is sent (our Decline would follow the server's last CLC
+        // message and reach its application).
+        let res = match res {
+            Err(f)
+                if st == St::ClientWaitDecline
+                    && !matches!(f.reason, FallbackReason::DeclinedByPeer { .. }) =>
+            {
+                Err(Fail {
+                    decline: None,
+                    in_sync: false,
+                    ..f
+                })
+            }
+            r => r,
         };
         let local = match &st {
             St::ServerWaitConfirm { local, .. } => Some(*local),
@@ -643,7 +708,7 @@ impl Handshake {
                 max_conns: 0,
                 max_links: 0,
                 // We accept a peer's large DMB whatever our own size.
-                feature_mask: FEATURE_EMULATED_ISM | FEATURE_LARGE_DMB,
+                feature_mask: FEATURE_EMULATED_ISM | FEATURE_LARGE_DMB | FEATURE_ACCEPT_WITHDRAW,
                 ueids: c.ueids.clone(),
                 smcd: Some(SmcdV2Ext {
                     system_eid: c.system_eid.unwrap_or([0; 32]),
@@ -737,7 +802,8 @@ impl Handshake {
             return Err(Fail::device(DeviceMismatch::NoEidOffered));
         }
         let release = v2.release.min(self.cfg.release);
-        let feature_mask = v2.feature_mask & (FEATURE_EMULATED_ISM | FEATURE_LARGE_DMB);
+        let feature_mask =
+            v2.feature_mask & (FEATURE_EMULATED_ISM | FEATURE_LARGE_DMB | FEATURE_ACCEPT_WITHDRAW);
         let devices = smcd.devices();
         let ours = devices
             .iter()
@@ -853,7 +919,7 @@ impl Handshake {
             return Err(Fail::device(DeviceMismatch::ReleaseTooOld));
         }
         let feature_mask = v2.fce.as_ref().map_or(FEATURE_EMULATED_ISM, |f| {
-            f.feature_mask & (FEATURE_EMULATED_ISM | FEATURE_LARGE_DMB)
+            f.feature_mask & (FEATURE_EMULATED_ISM | FEATURE_LARGE_DMB | FEATURE_ACCEPT_WITHDRAW)
         });
         let neg = Negotiated {
             eid: v2.eid,

@@ -65,6 +65,8 @@ pub enum Op {
     DmbFail(bool),
     /// I/O abort.
     Abort,
+    /// The accept withdrawn (decided in the server's DMB).
+    AcceptWithdrawn,
 }
 
 /// A handshake fuzz case.
@@ -179,6 +181,7 @@ pub fn check_handshake(case: &HandshakeCase) {
                 DmbFailure::Mem
             })),
             Op::Abort => h.handle(Input::Abort),
+            Op::AcceptWithdrawn => h.handle(Input::AcceptWithdrawn),
         };
         record(&acts, &mut terminal);
         let sends: Vec<Action> = acts

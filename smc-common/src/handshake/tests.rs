@@ -671,3 +671,124 @@ fn withdrawn_handshake_declines_at_its_next_message() {
     assert!(a.contains(&Action::ReleaseDmb(local)));
     assert!(matches!(a.last(), Some(Action::Fallback(f)) if f.in_sync));
 }
+
+/// Client and server up to the server waiting for the confirm: (client, server, accept bytes,
+/// the server's DMB).
+fn up_to_accept(offer_withdraw: bool) -> (Handshake, Handshake, Vec<u8>, LocalDmb) {
+    let mut c = Handshake::client(cfg(GID), true);
+    let mut prop = match &c.start()[0] {
+        Action::Send(b) => b.clone(),
+        _ => unreachable!(),
+    };
+    if !offer_withdraw {
+        let mut p = match decode(&prop).unwrap() {
+            ClcMessage::Proposal(p) => p,
+            _ => unreachable!(),
+        };
+        p.v2.as_mut().unwrap().feature_mask &= !FEATURE_ACCEPT_WITHDRAW;
+        prop = p.encode().unwrap();
+    }
+    let mut s = Handshake::server(cfg(GID), true);
+    s.handle(Input::Message(&prop));
+    let local = LocalDmb {
+        token: 0x5151,
+        idx: 0,
+        size_code: 1,
+    };
+    let acc = match &s.handle(Input::DmbRegistered(local))[0] {
+        Action::Send(b) => b.clone(),
+        _ => unreachable!(),
+    };
+    assert_eq!(s.waiting_for(), Some(MsgType::Confirm));
+    (c, s, acc, local)
+}
+
+#[test]
+fn withdrawn_accept_falls_back_in_sync_on_both_ends() {
+    let (mut c, mut s, acc, local) = up_to_accept(true);
+    // The accept echoes the offer.
+    let ClcMessage::Accept(a) = decode(&acc).unwrap() else {
+        unreachable!()
+    };
+    let fm = a.v2.unwrap().fce.unwrap().feature_mask;
+    assert_ne!(fm & FEATURE_ACCEPT_WITHDRAW, 0);
+    // The server's wait is over and its claim won: a decline after the accept, in sync.
+    let a = s.handle(Input::AcceptWithdrawn);
+    assert_eq!(declined_with(&a), Diag::TimeoutCl.code());
+    assert!(a.contains(&Action::ReleaseDmb(local)));
+    assert!(matches!(a.last(), Some(Action::Fallback(f))
+        if f.in_sync && f.reason == FallbackReason::Timeout && f.sent_decline.is_some()));
+    let decl = match &a[0] {
+        Action::Send(b) => b.clone(),
+        _ => unreachable!(),
+    };
+    // The client reads the accept late; its claim loses: nothing sent, the decline awaited.
+    assert_eq!(
+        c.handle(Input::Message(&acc)),
+        vec![Action::RegisterDmb { size_code: 2 }]
+    );
+    assert!(c.handle(Input::AcceptWithdrawn).is_empty());
+    assert_eq!(c.waiting_for(), Some(MsgType::Decline));
+    assert_eq!(c.peer_dmb(), None);
+    let a = c.handle(Input::Message(&decl));
+    assert_eq!(
+        a,
+        vec![Action::Fallback(Fallback {
+            reason: FallbackReason::DeclinedByPeer {
+                diag: Diag::TimeoutCl.code()
+            },
+            sent_decline: None,
+            in_sync: true,
+        })]
+    );
+}
+
+#[test]
+fn client_waiting_for_the_decline_never_sends() {
+    // Timeout: out of sync, no decline of ours after the server's last CLC message.
+    let (mut c, _s, acc, _) = up_to_accept(true);
+    c.handle(Input::Message(&acc));
+    c.handle(Input::AcceptWithdrawn);
+    let a = c.handle(Input::Timeout);
+    assert_eq!(
+        a,
+        vec![Action::Fallback(Fallback {
+            reason: FallbackReason::Timeout,
+            sent_decline: None,
+            in_sync: false,
+        })]
+    );
+    // Anything but a decline (another accept, garbage): out of sync, nothing sent.
+    for bad in [acc.clone(), b"\xE2\xD4\xC3\xC4garbage!".to_vec()] {
+        let (mut c, _s, acc, _) = up_to_accept(true);
+        c.handle(Input::Message(&acc));
+        c.handle(Input::AcceptWithdrawn);
+        let a = c.handle(Input::Message(&bad));
+        assert!(!a.iter().any(|x| matches!(x, Action::Send(_))), "{a:?}");
+        assert!(matches!(a.last(), Some(Action::Fallback(f)) if !f.in_sync));
+    }
+}
+
+#[test]
+fn withdrawal_not_offered_is_a_timeout() {
+    // A client that did not offer the extension may confirm at any time: the server's wait
+    // ends as a timeout, out of sync (the connection is reset), as before.
+    let (_c, mut s, acc, local) = up_to_accept(false);
+    let ClcMessage::Accept(a) = decode(&acc).unwrap() else {
+        unreachable!()
+    };
+    assert_eq!(
+        a.v2.unwrap().fce.unwrap().feature_mask & FEATURE_ACCEPT_WITHDRAW,
+        0
+    );
+    let a = s.handle(Input::AcceptWithdrawn);
+    assert!(a.contains(&Action::ReleaseDmb(local)));
+    assert!(matches!(a.last(), Some(Action::Fallback(f))
+        if f.reason == FallbackReason::Timeout && !f.in_sync));
+    // Elsewhere it is a timeout too.
+    let mut c = Handshake::client(cfg(GID), true);
+    c.start();
+    let a = c.handle(Input::AcceptWithdrawn);
+    assert_eq!(declined_with(&a), Diag::TimeoutCl.code());
+    assert!(matches!(a.last(), Some(Action::Fallback(f)) if !f.in_sync));
+}

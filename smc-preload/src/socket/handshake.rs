@@ -166,6 +166,10 @@ pub struct Driver {
     started: bool,
     /// Wait at most this long for a peer message (the server's Confirm: twice).
     timeout: Duration,
+    /// Server: its wait for the Confirm ended once already and the client had decided to
+    /// confirm (`smc_common::cdc::CdcHeader::claim_withdraw` lost): the Confirm is a moment
+    /// away, one more timeout is waited for it.
+    withdraw_lost: bool,
     /// Server: the client confirmed (it is on SMC-D from then on) but the daemon did not
     /// answer the attach of its DMB: the confirmed handshake and until when the daemon is
     /// waited for ([`setup::committed_wait`]) before the connection is reset.
@@ -206,6 +210,7 @@ impl Driver {
             wait: None,
             started: false,
             timeout: setup::clc_timeout(),
+            withdraw_lost: false,
             committed: None,
             defer_daemon: false,
             deferred: None,
@@ -322,6 +327,29 @@ impl Driver {
                     }
                     let now = Instant::now();
                     if now >= deadline {
+                        if t == MsgType::Confirm && self.server && !self.withdraw_lost {
+                            match self.claim_withdraw() {
+                                Some(true) => {
+                                    crate::debug!(
+                                        "fd {}: no Confirm: the Accept is withdrawn (Decline),                                          TCP",
+                                        self.fd
+                                    );
+                                    let a = self.m.handle(Input::AcceptWithdrawn);
+                                    self.todo.extend(a);
+                                    continue;
+                                }
+                                Some(false) => {
+                                    crate::debug!(
+                                        "fd {}: no Confirm yet, but the client decided to                                          confirm: waiting for it",
+                                        self.fd
+                                    );
+                                    self.withdraw_lost = true;
+                                    self.wait = Some((t, now + self.timeout));
+                                    continue;
+                                }
+                                None => {}
+                            }
+                        }
                         let a = self.m.handle(Input::Timeout);
                         self.todo.extend(a);
                         continue;
@@ -368,11 +396,38 @@ impl Driver {
                 None
             }
             Action::RegisterDmb { size_code } => {
+                let mut decline = None;
                 let input = match self.register(size_code) {
+                    Ok(_) if !self.server && !self.claim_confirm() => {
+                        // The server withdrew its Accept before we could confirm (we read it
+                        // late): no Confirm; its Decline follows the Accept.
+                        crate::debug!(
+                            "fd {}: the server withdrew its Accept: no Confirm, its Decline                              is read",
+                            self.fd
+                        );
+                        self.release_all();
+                        Input::AcceptWithdrawn
+                    }
                     Ok(l) => Input::DmbRegistered(l),
-                    Err(f) => Input::DmbFailed(f),
+                    Err(f) => {
+                        // A server that withdrew its Accept released its DMB (the attach of
+                        // a client that does not pair fails): its Decline, already behind the
+                        // Accept, is the answer, and ours would follow its last CLC message.
+                        decline = if self.server {
+                            None
+                        } else {
+                            self.queued_decline()
+                        };
+                        match &decline {
+                            Some(_) => Input::AcceptWithdrawn,
+                            None => Input::DmbFailed(f),
+                        }
+                    }
                 };
-                let a = self.m.handle(input);
+                let mut a = self.m.handle(input);
+                if let Some(d) = decline {
+                    a.extend(self.m.handle(Input::Message(&d)));
+                }
                 self.todo.extend(a);
                 None
             }
@@ -464,6 +519,42 @@ impl Driver {
                     std::thread::sleep(Duration::from_millis(20));
                 }
             }
+        }
+    }
+
+    /// Client, right before its Confirm: decides against the server's withdrawal of its Accept
+    /// in the server's DMB (`smc_common::cdc` *Handshake arbitration*). False: withdrawn.
+    fn claim_confirm(&self) -> bool {
+        self.peer
+            .as_ref()
+            .is_none_or(|p| dmb_header(&p.map).claim_confirm())
+    }
+
+    /// Server, its wait for the Confirm over: withdraws its Accept in its own DMB unless the
+    /// client decided to confirm first. `None`: no withdrawal possible (the client did not
+    /// offer it, or no DMB of ours): the wait ends as a timeout.
+    fn claim_withdraw(&self) -> Option<bool> {
+        if !self.m.may_withdraw_accept() {
+            return None;
+        }
+        let own = self.own.as_ref()?;
+        Some(dmb_header(&own.map).claim_withdraw())
+    }
+
+    /// Client: a whole CLC Decline at the head of the stream (consumed), without waiting.
+    fn queued_decline(&mut self) -> Option<Vec<u8>> {
+        let n = recv(self.fd, &mut self.buf, libc::MSG_PEEK | libc::MSG_DONTWAIT).ok()?;
+        let hdr = self.buf.get(..n)?.first_chunk::<HEADER_LEN>()?;
+        if hdr[..4] != clc::EYECATCHER_SMCR[..] && hdr[..4] != clc::EYECATCHER_SMCD[..] {
+            return None;
+        }
+        if MsgType::from_u8(hdr[4]) != Some(MsgType::Decline) {
+            return None;
+        }
+        let len = clc::message_len(hdr).ok().filter(|&l| l <= n)?;
+        match recv(self.fd, &mut self.buf[..len], libc::MSG_DONTWAIT) {
+            Ok(r) if r == len => Some(self.buf[..len].to_vec()),
+            _ => None,
         }
     }
 
@@ -905,6 +996,13 @@ impl Drop for Driver {
     fn drop(&mut self) {
         self.release_all();
     }
+}
+
+/// The CDC header of a mapped DMB.
+fn dmb_header(m: &Mapping) -> &smc_common::cdc::CdcHeader {
+    // SAFETY: a DMB mapping is page aligned and at least 16 KiB, valid while `m` lives; its
+    // header is accessed only atomically (by both ends).
+    unsafe { smc_common::cdc::CdcHeader::from_ptr(m.as_ptr()) }
 }
 
 /// The decline reason for a daemon error.

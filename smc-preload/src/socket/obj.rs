@@ -41,7 +41,8 @@ pub struct Handshake {
     pub server: bool,
     /// A client whose server is a listener of this process: its other operations (not only
     /// reads and writes) do not wait for the server when non-blocking, which may be this very
-    /// thread.
+    /// thread. A server whose client is a connection of this process: it drives that client's
+    /// handshake (`setup::nudge_own_peer`).
     pub peer_local: bool,
     /// A non-blocking write said `EAGAIN` (the handshake waits for the peer): poll/epoll report
     /// the fd writable only once it is decided ([`Handshake::out_while_undecided`]), so that
@@ -50,8 +51,8 @@ pub struct Handshake {
     /// Another fd names it too (`dup`, `dup2`, `F_DUPFD`, `SCM_RIGHTS`): the decision is
     /// copied to every such fd ([`crate::setup::share_decision`]).
     pub shared: std::sync::atomic::AtomicBool,
-    /// A server end being driven by its client, a connection of this same process
-    /// (`setup::nudge_own_server`): a close of the fd waits until that step is over.
+    /// An end being driven by the other end of its connection, in this same process
+    /// (`setup::nudge_own_peer`): a close of the fd waits until that step is over.
     pub nudged: std::sync::atomic::AtomicBool,
 }
 

@@ -13,9 +13,12 @@
 //! follow: after a timeout while the peer had to answer (client waiting for the Accept, server
 //! for the Proposal) the Decline the machine sent is the peer's answer, and the late message
 //! (then the peer's own timeout Decline) is skipped at the first read ([`Obj::Skip`]); after
-//! any other Decline of ours, a Decline of the peer that crossed it is; anything else (the
-//! server timed out waiting for the Confirm — the client may already be on SMC —, or bytes
-//! that do not frame as CLC) resets the connection: never a byte of the wrong stream.
+//! any other Decline of ours, a Decline of the peer that crossed it is (also after a server
+//! withdrew its Accept when its wait for the Confirm ended, see
+//! [`smc_common::handshake`] *Withdrawn accept*); anything else (the server timed out waiting
+//! for the Confirm of a client that cannot be told of a withdrawal — it may already be on SMC
+//! —, or bytes that do not frame as CLC) resets the connection: never a byte of the wrong
+//! stream.
 
 use crate::conn::{Conn, Release, Role};
 use crate::fdtable::{self, Slot, TAG_TCP};
@@ -794,6 +797,8 @@ pub(crate) fn after_fork_locks() {
     HINTS.after_fork();
     OWN_CLIENTS.after_fork();
     OWN_LISTENERS.after_fork();
+    OWN_SERVERS.after_fork();
+    OWN_CLIENT_ENDS.after_fork();
 }
 
 struct DmbRelease {
@@ -1267,13 +1272,13 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
                 driver: Mutex::new(Some(Box::new(d))),
                 nonblock: std::sync::atomic::AtomicBool::new(nonblock),
                 server: true,
-                peer_local: false,
+                peer_local: own_client,
                 write_waits: std::sync::atomic::AtomicBool::new(false),
                 shared: std::sync::atomic::AtomicBool::new(false),
                 nudged: std::sync::atomic::AtomicBool::new(false),
             }));
             if own_client {
-                note_own_server(port_of(fd, true), fd, &o);
+                note_own_end(true, port_of(fd, true), fd, &o);
             }
             drop(fdtable::replace(fd, Slot::Obj(o)));
         }
@@ -1313,35 +1318,58 @@ static OWN_LISTENERS_N: AtomicU64 = AtomicU64::new(0);
 /// Accepted sockets of this process whose client is a connection of this process too, left
 /// undecided by `accept` (it must not wait for a client that may be its own thread): the
 /// client's port, the server's fd and its object. The client drives them
-/// ([`nudge_own_server`]). At most 64; dead and decided ones are pruned as they are seen.
-type OwnServer = (u16, i32, std::sync::Weak<Obj>);
-static OWN_SERVERS: ForkMutex<Vec<OwnServer>> = ForkMutex::new(Vec::new);
+/// ([`nudge_own_peer`]). At most 64; dead and decided ones are pruned as they are seen.
+type OwnEnd = (u16, i32, std::sync::Weak<Obj>);
+static OWN_SERVERS: ForkMutex<Vec<OwnEnd>> = ForkMutex::new(Vec::new);
 static OWN_SERVERS_N: AtomicU64 = AtomicU64::new(0);
+/// Likewise the client ends (by their port) of this process's connections to its own
+/// listeners, left undecided by a non-blocking `connect`: their server ends drive them, so that
+/// a server that speaks first (its write waits for the Confirm) in the thread that also holds
+/// the client is not left waiting for a client nobody drives.
+static OWN_CLIENT_ENDS: ForkMutex<Vec<OwnEnd>> = ForkMutex::new(Vec::new);
+static OWN_CLIENT_ENDS_N: AtomicU64 = AtomicU64::new(0);
 
-fn note_own_server(client_port: Option<u16>, fd: i32, o: &Arc<Obj>) {
+/// The undecided ends of this process's own connections that the other end, a server end
+/// (`server`) or a client end, drives.
+fn own_ends(server: bool) -> (&'static ForkMutex<Vec<OwnEnd>>, &'static AtomicU64) {
+    if server {
+        (&OWN_CLIENT_ENDS, &OWN_CLIENT_ENDS_N)
+    } else {
+        (&OWN_SERVERS, &OWN_SERVERS_N)
+    }
+}
+
+/// Remembers an undecided end (`server`: a server end, for its client to drive; else a
+/// client end, for its server) of a connection of this process to itself, by the client's
+/// port.
+fn note_own_end(server: bool, client_port: Option<u16>, fd: i32, o: &Arc<Obj>) {
     let Some(p) = client_port else { return };
-    let mut v = OWN_SERVERS.lock();
+    let (list, n) = own_ends(!server);
+    let mut v = list.lock();
     v.retain(|(_, _, w)| w.strong_count() > 0);
     if v.len() >= 64 {
         v.remove(0);
     }
     v.push((p, fd, Arc::downgrade(o)));
-    OWN_SERVERS_N.store(v.len() as u64, Ordering::Relaxed);
+    n.store(v.len() as u64, Ordering::Relaxed);
 }
 
-/// Drive, without waiting, the undecided server end of our client `fd` when it is an accepted
-/// socket of this process (true when it was stepped). Skipped while another thread drives it
-/// (its lock is held). The server's number is used only while our table still holds that very
-/// object there, and a close of it waits until we are done ([`crate::obj::Handshake::nudged`]),
-/// so the step never reads or writes a file that reused the number.
-fn nudge_own_server(fd: i32) -> bool {
-    let Some(port) = port_of(fd, false) else {
+/// Drive, without waiting, the undecided other end of our own connection `fd` (a server end
+/// when `server`, else a client end) when it is a socket of this process (true when it was
+/// stepped). Skipped while another thread drives it (its lock is held). The other end's number
+/// is used only while our table still holds that very object there, and a close of it waits
+/// until we are done ([`crate::obj::Handshake::nudged`]), so the step never reads or writes a
+/// file that reused the number.
+fn nudge_own_peer(fd: i32, server: bool) -> bool {
+    // The client's port: its local one, or the server's peer port.
+    let Some(port) = port_of(fd, server) else {
         return false;
     };
+    let (list, n) = own_ends(server);
     let found = {
-        let mut v = OWN_SERVERS.lock();
+        let mut v = list.lock();
         v.retain(|(_, _, w)| w.strong_count() > 0);
-        OWN_SERVERS_N.store(v.len() as u64, Ordering::Relaxed);
+        n.store(v.len() as u64, Ordering::Relaxed);
         v.iter()
             .find(|(p, _, _)| *p == port)
             .and_then(|(_, sfd, w)| Some((*sfd, w.upgrade()?)))
@@ -1369,7 +1397,7 @@ fn nudge_own_server(fd: i32) -> bool {
             None => Progress::WouldBlock,
         };
         if settle(sfd, sh, g, step) {
-            debug!("fd {sfd}: server handshake decided by its own process's client fd {fd}");
+            debug!("fd {sfd}: handshake decided by the other end of its own process, fd {fd}");
         }
         true
     } else {
@@ -1479,18 +1507,19 @@ pub fn client_start(fd: i32, nonblock: bool, dest: Option<Dest>) {
         }
         Progress::WouldBlock => {
             debug!("fd {fd}: client handshake continues at the next operation");
-            drop(fdtable::replace(
-                fd,
-                Slot::Obj(Arc::new(Obj::Handshake(crate::obj::Handshake {
-                    driver: Mutex::new(Some(Box::new(d))),
-                    nonblock: std::sync::atomic::AtomicBool::new(nonblock),
-                    server: false,
-                    peer_local,
-                    write_waits: std::sync::atomic::AtomicBool::new(false),
-                    shared: std::sync::atomic::AtomicBool::new(false),
-                    nudged: std::sync::atomic::AtomicBool::new(false),
-                }))),
-            ));
+            let o = Arc::new(Obj::Handshake(crate::obj::Handshake {
+                driver: Mutex::new(Some(Box::new(d))),
+                nonblock: std::sync::atomic::AtomicBool::new(nonblock),
+                server: false,
+                peer_local,
+                write_waits: std::sync::atomic::AtomicBool::new(false),
+                shared: std::sync::atomic::AtomicBool::new(false),
+                nudged: std::sync::atomic::AtomicBool::new(false),
+            }));
+            if peer_local {
+                note_own_end(false, port, fd, &o);
+            }
+            drop(fdtable::replace(fd, Slot::Obj(o)));
             crate::epoll::refresh(fd);
         }
     }
@@ -1527,13 +1556,15 @@ fn progress_or_withdraw(
     d.set_fd(fd);
     // A client of our own listener: the server end may be an accepted socket of this process
     // that no thread touches yet (its thread waits for something else): it answers our
-    // Proposal only when driven, so we drive it as far as it goes without waiting.
-    let own = !h.server && h.peer_local && OWN_SERVERS_N.load(Ordering::Relaxed) > 0;
+    // Proposal only when driven, so we drive it as far as it goes without waiting. Likewise a
+    // server end drives its client end of this process, which confirms only when driven (the
+    // server may speak first, in the thread that holds the client).
+    let own = h.peer_local && own_ends(h.server).1.load(Ordering::Relaxed) > 0;
     if own {
-        nudge_own_server(fd);
+        nudge_own_peer(fd, h.server);
     }
     let mut step = d.step_until(wait);
-    if own && matches!(step, Progress::WouldBlock) && nudge_own_server(fd) {
+    if own && matches!(step, Progress::WouldBlock) && nudge_own_peer(fd, h.server) {
         step = d.step(false);
     }
     settle(fd, h, g, step)
@@ -1551,7 +1582,7 @@ fn settle(
         Progress::WouldBlock => false,
         Progress::Done(out) => {
             let d = g.take();
-            if h.peer_local {
+            if h.peer_local && !h.server {
                 forget_own_client(port_of(fd, false));
             }
             let old = if h.shared.load(Ordering::Relaxed) {

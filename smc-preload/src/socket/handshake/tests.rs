@@ -426,3 +426,185 @@ fn a_pooled_dmb_bound_again_starts_clean_without_a_kept_mapping() {
     setup::release_dmbs(Some(cown.token), Some(cpeer.token));
     setup::release_dmbs(Some(sown.token), Some(speer.token));
 }
+
+/// The raw bytes of one CLC message from a plain socket.
+fn read_clc_bytes(s: &mut TcpStream) -> Vec<u8> {
+    let mut h = [0u8; HEADER_LEN];
+    s.read_exact(&mut h).unwrap();
+    let n = clc::message_len(&h).unwrap();
+    let mut b = h.to_vec();
+    b.resize(n, 0);
+    s.read_exact(&mut b[HEADER_LEN..]).unwrap();
+    b
+}
+
+/// Nothing more arrives on `s` (a socket of ours whose peer has finished its handshake).
+fn nothing_more(s: &TcpStream) {
+    s.set_nonblocking(true).unwrap();
+    let mut x = [0u8; 1];
+    assert_eq!(
+        (&*s).read(&mut x).map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::WouldBlock),
+        "no CLC message after the peer's last one"
+    );
+    s.set_nonblocking(false).unwrap();
+}
+
+fn wait_live(before: (u64, u64)) {
+    // Releases need no reply: wait for the daemon to have processed them.
+    let start = Instant::now();
+    while live() != before {
+        assert!(start.elapsed() < Duration::from_secs(5), "{:?}", live());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A client that went idle after its Proposal (a connection pool): its server's wait for the
+/// Confirm ends, the server withdraws its Accept (a Decline after it) and falls back in sync
+/// instead of resetting; the client, stepped later, reads the Accept, finds the withdrawal in
+/// the server's DMB, sends nothing and reads the Decline: both on TCP, the server's greeting
+/// intact, every DMB given back.
+#[test]
+fn idle_client_reads_a_withdrawn_accept_and_both_fall_back_in_sync() {
+    daemon();
+    let _g = COUNT.lock().unwrap_or_else(|e| e.into_inner());
+    let before = live();
+    let (mut c, mut s) = pair();
+    let mut cd = client(c.as_raw_fd());
+    assert!(matches!(cd.step(false), Progress::WouldBlock));
+    let mut sd = server(s.as_raw_fd()).with_timeout(Duration::from_millis(20));
+    let (fb, awaited) = fell_back(done(sd.step(true)));
+    assert_eq!(fb.reason, FallbackReason::Timeout);
+    assert!(
+        fb.in_sync,
+        "the server withdraws its Accept, it does not reset"
+    );
+    assert_eq!(fb.sent_decline, Some(Diag::TimeoutCl.code()));
+    assert_eq!(awaited, Some(MsgType::Confirm));
+    drop(sd);
+    s.write_all(b"220 hello\r\n").unwrap();
+    let (fb, _) = fell_back(done(cd.step(true)));
+    assert_eq!(
+        fb.reason,
+        FallbackReason::DeclinedByPeer {
+            diag: Diag::TimeoutCl.code()
+        }
+    );
+    assert!(fb.in_sync);
+    assert_eq!(fb.sent_decline, None);
+    drop(cd);
+    let mut b = [0u8; 11];
+    c.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"220 hello\r\n");
+    nothing_more(&s);
+    wait_live(before);
+}
+
+/// The crossing: the client decided to confirm (its claim in the server's DMB, made right
+/// before it sends its Confirm) but the Confirm is not there yet when the server's wait ends.
+/// The server must not withdraw: it waits for the Confirm, and both ends establish. The order
+/// is forced (claim, then the server's deadline, then the Confirm), not timed.
+#[test]
+fn confirm_decided_as_the_servers_wait_ends_is_waited_for() {
+    daemon();
+    let _g = COUNT.lock().unwrap_or_else(|e| e.into_inner());
+    let (c, s) = pair();
+    let mut cd = client(c.as_raw_fd());
+    assert!(matches!(cd.step(false), Progress::WouldBlock));
+    let mut sd = server(s.as_raw_fd()).with_timeout(Duration::from_millis(20));
+    let start = Instant::now();
+    let step = |sd: &mut Driver| match sd
+        .step_until(Some(Some(Instant::now() + Duration::from_millis(5))))
+    {
+        Progress::WouldBlock => assert!(start.elapsed() < Duration::from_secs(5)),
+        Progress::Done(_) => panic!("the server decided without the Confirm"),
+    };
+    while sd.m.waiting_for() != Some(MsgType::Confirm) {
+        step(&mut sd);
+    }
+    let own = sd.own.as_ref().expect("the server's DMB").map.clone();
+    assert!(dmb_header(&own).claim_confirm(), "the client decides first");
+    while !sd.withdraw_lost {
+        step(&mut sd);
+    }
+    assert!(!dmb_header(&own).claim_withdraw());
+    // Now the client confirms (its own claim finds its decision) and the server takes it.
+    let co = done(cd.step(true));
+    let so = done(sd.step(true));
+    let (
+        Outcome::Established {
+            own: cown,
+            peer: cpeer,
+            ..
+        },
+        Outcome::Established {
+            own: sown,
+            peer: speer,
+            ..
+        },
+    ) = (co, so)
+    else {
+        panic!("both ends establish");
+    };
+    assert_eq!(cpeer.token, sown.token);
+    assert_eq!(speer.token, cown.token);
+    setup::release_dmbs(Some(cown.token), Some(cpeer.token));
+    setup::release_dmbs(Some(sown.token), Some(speer.token));
+    drop((c, s));
+}
+
+/// A client whose attach of the server's DMB fails (a server that does not pair released it
+/// when it withdrew its Accept) takes the Decline already queued behind the Accept as the
+/// answer: it sends no Decline of its own after the server's last CLC message.
+#[test]
+fn client_takes_a_decline_queued_behind_the_accept_as_the_answer() {
+    daemon();
+    let _g = COUNT.lock().unwrap_or_else(|e| e.into_inner());
+    let before = live();
+    let (mut c, mut s) = pair();
+    let mut cd = client(c.as_raw_fd());
+    assert!(matches!(cd.step(false), Progress::WouldBlock));
+    let prop = read_clc_bytes(&mut s);
+    // A server that does not pair registers alone (which completes the client's pairing), but
+    // its Accept names a DMB that is gone: the client gives the pairing back, registers and
+    // attaches by the Accept's token, which fails.
+    let mut alone = smc_ism::Client::connect(setup::daemon_path()).unwrap();
+    let reg = alone.register_dmb(1, s.as_raw_fd()).unwrap();
+    let mut m = setup::machine(true, 1);
+    assert!(matches!(
+        m.handle(Input::Message(&prop)).as_slice(),
+        [Action::RegisterDmb { .. }]
+    ));
+    let gone = LocalDmb {
+        token: reg.token ^ 0x5eed,
+        idx: 0,
+        size_code: 1,
+    };
+    for a in m
+        .handle(Input::DmbRegistered(gone))
+        .into_iter()
+        .chain(m.handle(Input::AcceptWithdrawn))
+    {
+        if let Action::Send(b) = a {
+            s.write_all(&b).unwrap();
+        }
+    }
+    s.write_all(b"220 hello\r\n").unwrap();
+    let (fb, _) = fell_back(done(cd.step(true)));
+    assert_eq!(
+        fb.reason,
+        FallbackReason::DeclinedByPeer {
+            diag: Diag::TimeoutCl.code()
+        }
+    );
+    assert!(fb.in_sync);
+    assert_eq!(fb.sent_decline, None);
+    drop(cd);
+    let mut b = [0u8; 11];
+    c.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"220 hello\r\n");
+    nothing_more(&s);
+    // Its connection's end gives back what it registered.
+    drop(alone);
+    wait_live(before);
+}

@@ -96,7 +96,10 @@ scenarios! {
     accept_nonblock_empty: 0;
     blocking_accept_silent_client: 1;
     own_client_server_speaks_first: 1;
-    idle_client_server_speaks_first: 1;
+    // The client is idle past its server's wait for the Confirm: the server withdraws its
+    // Accept and both ends continue on TCP (no SMC-D connection, nothing lost).
+    idle_client_server_speaks_first: 0;
+    epoll_server_greets_idle_client: 0;
     // fd passing
     scm_rights_client_mid_handshake: 0;
     scm_rights_accepted_mid_handshake: 1;
@@ -2519,6 +2522,100 @@ fn idle_client_server_speaks_first() {
         log(format!("accept = {}", s >= 0));
         send_nosig("send(s, greeting)", s, b"220 hello\r\n");
         close(s);
+        write_all(done_w, b"d");
+        // SAFETY: plain exit without destructors (fork child).
+        unsafe { libc::_exit(0) };
+    }
+    close(log_w);
+    close(l);
+    let c = nonblock_client(port);
+    pl("poll(c, OUT)", c, libc::POLLOUT, 5000);
+    recv_l("recv(c, DONTWAIT)", c, 100, libc::MSG_DONTWAIT);
+    write_all(go_w, b"g");
+    read_n(done_r, 1);
+    let mut st = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    for line in String::from_utf8_lossy(&read_n(log_r, 1 << 16)).lines() {
+        log(format!("server: {line}"));
+    }
+    set_nonblock(c, false);
+    rd("read(c)", c, 100);
+    rd("read(c) again", c, 100);
+    for fd in [c, go_r, go_w, done_r, done_w, log_r] {
+        close(fd);
+    }
+}
+
+fn epoll_server_greets_idle_client() {
+    // The same idle client, served by an event loop (another process, non-blocking sockets,
+    // epoll): it accepts, waits for EPOLLOUT, greets (a write that says EAGAIN waits for the
+    // next EPOLLOUT, as any event loop does; only the final result is logged) and closes. TCP:
+    // the greeting goes out at once and is there when the client reads.
+    let (l, port) = listener();
+    set_nonblock(l, true);
+    let (go_r, go_w) = pipe();
+    let (done_r, done_w) = pipe();
+    let (log_r, log_w) = pipe();
+    // SAFETY: the child only runs the server and exits; no other thread exists yet.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        close(log_r);
+        CHILD_PIPE.store(log_w, Ordering::Relaxed);
+        read_n(go_r, 1);
+        let ep = ep_create();
+        ep_ctl(
+            "ADD l IN",
+            ep,
+            libc::EPOLL_CTL_ADD,
+            l,
+            libc::EPOLLIN as u32,
+            0,
+        );
+        ep_wait("epoll_wait (listener)", ep, 4, 5000, &names(&["l", "s"]));
+        // SAFETY: no address wanted.
+        let s = unsafe {
+            libc::accept4(
+                l,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_NONBLOCK,
+            )
+        };
+        log(format!("accept4 = {}", s >= 0));
+        ep_ctl(
+            "ADD s OUT",
+            ep,
+            libc::EPOLL_CTL_ADD,
+            s,
+            libc::EPOLLOUT as u32,
+            1,
+        );
+        let greeting = b"220 hello\r\n";
+        let mut sent = -1;
+        for _ in 0..100 {
+            let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+            // SAFETY: 4 entries.
+            let n = unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), 4, 10_000) };
+            if n <= 0 {
+                break;
+            }
+            // SAFETY: valid buffer.
+            sent = unsafe {
+                libc::send(
+                    s,
+                    greeting.as_ptr().cast(),
+                    greeting.len(),
+                    libc::MSG_NOSIGNAL,
+                )
+            };
+            if sent >= 0 || errno() != libc::EAGAIN {
+                break;
+            }
+        }
+        r("send(s, greeting) once writable", sent);
+        close(s);
+        close(ep);
         write_all(done_w, b"d");
         // SAFETY: plain exit without destructors (fork child).
         unsafe { libc::_exit(0) };
