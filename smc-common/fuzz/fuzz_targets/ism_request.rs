@@ -48,6 +48,7 @@ libfuzzer_sys::fuzz_target!(|input: (bool, Vec<u8>)| {
                 proto::OP_PAIR
             }
             Request::Cancel { .. } => proto::OP_CANCEL,
+            Request::LeaveShortcut => proto::OP_LEAVE_SHORTCUT,
             Request::Detach { .. } => proto::OP_DETACH,
             Request::Unregister { .. } => proto::OP_UNREGISTER,
             Request::Release { .. } => proto::OP_RELEASE,
@@ -71,6 +72,7 @@ libfuzzer_sys::fuzz_target!(|input: (bool, Vec<u8>)| {
                     | proto::OP_ATTACH_PEER
                     | proto::OP_ADOPT
                     | proto::OP_PAIR
+                    | proto::OP_LEAVE_SHORTCUT
             )
         );
     }
