@@ -1,0 +1,210 @@
+//! smc_rx: reading our ring (copy out, the consumer cursor, `SO_RCVLOWAT`).
+
+use super::*;
+
+impl Conn {
+    /// After consuming: publish the consumer cursor if the 10% rule says so, the ring is
+    /// drained, or the writer waits; ring the doorbell if it was waiting.
+    pub(super) fn after_consume(&self, fd: i32, cons: Cursor, ring_empty: bool) {
+        let s = self.sh();
+        let published = unpack(s.cons_pub.load(Ordering::Acquire));
+        let peer_flags = self.own_hdr().load_cons().prod_flags;
+        let writer_waits = self.own_wait().load(Ordering::Relaxed) & WAIT_SPACE != 0;
+        if cons != published
+            && (ring_empty || writer_waits || self.rx.need_cons_update(published, cons, peer_flags))
+        {
+            self.publish_cons(cons);
+        }
+        fence(Ordering::SeqCst);
+        if self.own_wait().load(Ordering::Relaxed) & WAIT_SPACE != 0 {
+            if unpack(s.cons_pub.load(Ordering::Acquire)) != cons {
+                self.publish_cons(cons);
+            }
+            if self.own_wait().fetch_and(!WAIT_SPACE, Ordering::SeqCst) & WAIT_SPACE != 0 {
+                self.ring_doorbell(fd);
+            }
+        }
+    }
+
+    /// Takes the socket's `SO_RCVLOWAT` as the kernel holds it (after it clamped the value):
+    /// poll/select/epoll report `IN` from that many bytes on, and a blocking read waits for
+    /// that many (or the bytes asked for, when fewer), as `tcp_poll` and `tcp_recvmsg` do.
+    pub fn set_rcvlowat(&self, fd: i32) {
+        let mut v: libc::c_int = 1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        let e0 = real::errno();
+        // SAFETY: valid out-pointers of the right size.
+        let r = unsafe {
+            real::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                &mut v as *mut libc::c_int as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        real::set_errno(e0);
+        let v = if r == 0 { v.max(1) as u32 } else { 1 };
+        self.sh().rcvlowat.store(v, Ordering::Relaxed);
+    }
+
+    /// The bytes that make the connection readable: `SO_RCVLOWAT`, at most a full ring (the
+    /// peer cannot send more before we read; TCP caps it at half its largest buffer).
+    pub fn rcvlowat(&self) -> u32 {
+        self.sh()
+            .rcvlowat
+            .load(Ordering::Relaxed)
+            .clamp(1, self.rx.len().max(1))
+    }
+
+    /// Bytes readable now (FIONREAD / SIOCINQ).
+    pub fn inq(&self) -> u32 {
+        self.avail()
+    }
+
+    /// recv/read/recvmsg. `nonblock` is the call's own MSG_DONTWAIT; the fd's O_NONBLOCK is
+    /// known here.
+    pub fn recv(&self, fd: i32, iov: &[libc::iovec], flags: i32) -> Result<usize, Errno> {
+        if flags & libc::MSG_OOB != 0 {
+            return Err(libc::EINVAL);
+        }
+        let peek = flags & libc::MSG_PEEK != 0;
+        let trunc = flags & libc::MSG_TRUNC != 0;
+        let nonblock = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
+        let mut cur = IovCursor::new(iov);
+        let want = cur.remaining();
+        let waitall = flags & libc::MSG_WAITALL != 0 && !nonblock;
+        // MSG_PEEK|MSG_WAITALL waits for `want` bytes, but never for more than the ring holds:
+        // the peer cannot send more until we read (TCP's autotuned buffer would hold them;
+        // waiting for them here hung forever, issue 10).
+        let peek_all = want.min(self.rx.len() as usize);
+        // SO_RCVLOWAT: a blocking read returns once this many bytes were read (tcp_recvmsg's
+        // target: the low-water mark or the bytes asked for, whichever is less; all of them
+        // with MSG_WAITALL). A non-blocking one returns what is there.
+        let target = if nonblock {
+            1
+        } else if waitall {
+            want
+        } else {
+            (self.rcvlowat() as usize).min(want)
+        };
+        // What a MSG_PEEK must find before it returns (it cannot read on to wait for more).
+        let peek_need = if waitall {
+            peek_all
+        } else {
+            target.min(self.rx.len() as usize)
+        };
+        let s = self.sh();
+        s.rx_calls.fetch_add(1, Ordering::Relaxed);
+        if want == 0 {
+            return Ok(0);
+        }
+        let mut done = 0usize;
+        // SO_RCVTIMEO is only looked up once we have to sleep.
+        let mut deadline: Option<Option<Instant>> = None;
+        loop {
+            if self.flags() & (F_PEER_SWITCH | F_SWITCHED) != 0 {
+                return if done > 0 { Ok(done) } else { Err(E_TCP) };
+            }
+            {
+                let _g = s.rx_lock.lock();
+                if self.flags() & (F_PEER_SWITCH | F_SWITCHED) != 0 {
+                    // Switched while we waited for the lock: the ring's bytes come over TCP.
+                    continue;
+                }
+                // Under rx_lock our consumer cursor stands still.
+                let (cons, avail) = match self.rx_cursors() {
+                    Some((c, p)) => (c, self.rx.readable(c, p).unwrap_or(0)),
+                    None => (unpack(s.cons.load(Ordering::Acquire)), 0),
+                };
+                if avail > 0 && !(peek && (avail as usize) < peek_need && !self.readiness().rd_eof)
+                {
+                    if peek {
+                        let n = (avail as usize).min(want);
+                        if !trunc {
+                            self.copy_out(cons, n, &mut cur);
+                        }
+                        return Ok(n);
+                    }
+                    let n = (avail as usize).min(want - done);
+                    if !trunc {
+                        self.copy_out(cons, n, &mut cur);
+                    }
+                    let nc = self.rx.add(cons, n as u32);
+                    s.cons.store(pack(nc), Ordering::Release);
+                    s.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    if avail as usize == self.rx.len() as usize {
+                        s.rx_full.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.after_consume(fd, nc, n as u32 == avail);
+                    done += n;
+                    if done >= target {
+                        return Ok(done);
+                    }
+                    continue;
+                }
+            }
+            // Nothing (more) to read.
+            let r = self.readiness();
+            if r.readable > 0 && !(peek && (r.readable as usize) < peek_need) {
+                continue;
+            }
+            if r.error && r.readable == 0 {
+                if done > 0 {
+                    return Ok(done);
+                }
+                if self.flags() & F_WROTE_AFTER_CLOSE != 0
+                    && self.set_flag(F_EPIPE_REPORTED) & F_EPIPE_REPORTED == 0
+                {
+                    return Err(libc::EPIPE);
+                }
+                let old = self.set_flag(F_RST_REPORTED);
+                if old & F_RST_REPORTED == 0 {
+                    crate::debug!("fd {fd}: read gives ECONNRESET: {}", self.describe());
+                }
+                return Err(libc::ECONNRESET);
+            }
+            if r.rd_eof {
+                if peek && r.readable > 0 {
+                    continue;
+                }
+                return Ok(done);
+            }
+            if nonblock {
+                return if done > 0 {
+                    Ok(done)
+                } else {
+                    Err(libc::EAGAIN)
+                };
+            }
+            let need = if peek { peek_need as u32 } else { 1 };
+            let dl = *deadline
+                .get_or_insert_with(|| deadline_of(self.sock_timeout(fd, libc::SO_RCVTIMEO)));
+            match self.wait(fd, true, need, dl) {
+                Woke::Ready => {}
+                Woke::Timeout => {
+                    return if done > 0 {
+                        Ok(done)
+                    } else {
+                        Err(libc::EAGAIN)
+                    };
+                }
+                Woke::Intr => {
+                    return if done > 0 { Ok(done) } else { Err(libc::EINTR) };
+                }
+            }
+        }
+    }
+
+    pub(super) fn copy_out(&self, cons: Cursor, n: usize, cur: &mut IovCursor<'_>) {
+        // SAFETY: `own` is our mapped DMB, longer than its CDC header (`Ring::for_dmb` accepted its
+        // length), so the ring starts inside the mapping.
+        let base = unsafe { self.own.as_ptr().add(smc_common::cdc::CDC_HEADER_LEN) };
+        for (off, len) in self.rx.segments(cons, n as u32) {
+            if len > 0 {
+                // SAFETY: segments are inside the ring; the iovecs are the caller's buffers.
+                unsafe { cur.fill_from(base.add(off), len) };
+            }
+        }
+    }
+}

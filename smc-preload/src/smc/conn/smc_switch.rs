@@ -1,0 +1,305 @@
+//! The switch to TCP mid-stream (this project's CDC extension, see DESIGN.md *Switch to TCP*):
+//! before an exec into an image without the library both ends agree on final cursors, resend
+//! what the reader did not consume over TCP, and continue there.
+
+use super::*;
+
+/// How a switch to TCP ended ([`Conn::switch_to_tcp`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Switched {
+    /// Both ends continue on the TCP socket, in order, nothing lost; this call switched it.
+    Tcp,
+    /// It was switched already (another thread or process of this end did it).
+    Already,
+    /// It could not be done (the peer did not answer in time, is gone, or broke the
+    /// protocol; the socket could not leave the SOCKHASH): the connection was reset, both
+    /// ends fail cleanly.
+    Reset,
+}
+
+impl Conn {
+    /// Whether this connection continues on TCP (switched).
+    pub fn switched(&self) -> bool {
+        self.flags() & F_SWITCHED != 0
+    }
+
+    /// Whether this connection continues (or is about to continue) on TCP.
+    pub fn switching(&self) -> bool {
+        self.flags() & (F_SWITCHING | F_PEER_SWITCH | F_SWITCHED) != 0
+    }
+
+    /// Reset the connection at once (both ends fail cleanly): a socket that leaves for an
+    /// image without the library from a `vfork` child, which cannot switch it. No allocation.
+    pub fn reset_now(&self, fd: i32) {
+        self.set_flag(F_PROTO);
+        set_linger_reset(fd);
+        // SAFETY: plain syscall.
+        unsafe { real::shutdown(fd, libc::SHUT_RDWR) };
+    }
+
+    /// Switch the connection to plain TCP, mid-stream (this project's CDC extension, see
+    /// [`SWITCH_TCP`] and DESIGN.md *Switch to TCP*): for a socket that leaves for an image
+    /// that does not run the data path (an `exec` without the library), or because the peer
+    /// asked ([`F_PEER_SWITCH`]). Both ends run the same steps; whoever starts, the other
+    /// answers at its next operation on the connection (its marker wakes it: any wait on the
+    /// socket returns):
+    /// 1. under both ring locks, stop the rings ([`F_SWITCHING`]: no doorbell, no drain any
+    ///    more) and publish our consumer cursor: it is final;
+    /// 2. `leave()`: the doorbell shortcut off and the socket out of the SOCKHASH (after this
+    ///    everything we send goes over TCP, and our reads are the kernel's plain TCP ones);
+    ///    false: it could not, and the connection is reset instead;
+    /// 3. our marker, then wait for the peer's (consuming only doorbells before it);
+    /// 4. send the bytes of our send ring the peer did not consume (from its final consumer
+    ///    cursor, which it published before its marker, up to our producer cursor): they are
+    ///    the first bytes after our marker, before anything we write later;
+    /// 5. [`F_SWITCHED`]: every holder of this end, in every process, continues on the socket.
+    ///
+    /// Bytes in our receive ring that we did not read come from the peer the same way. Waits
+    /// at most until `deadline` for the peer; then, or on any violation, the connection is
+    /// reset (linger 0): never a hang, never a wrong byte.
+    pub fn switch_to_tcp(
+        &self,
+        fd: i32,
+        deadline: Instant,
+        leave: impl FnOnce() -> bool,
+    ) -> Switched {
+        let s = self.sh();
+        let _rg = s.rx_lock.lock();
+        let _tg = s.tx_lock.lock();
+        let f = self.flags();
+        if f & F_SWITCHED != 0 {
+            return Switched::Already;
+        }
+        if f & (F_CLOSED | F_PROTO) != 0 {
+            return Switched::Reset;
+        }
+        self.set_flag(F_SWITCHING);
+        fence(Ordering::SeqCst);
+        // Doorbells on their way finish first, and so does a drain under way (its thread
+        // checked the flag before we set it).
+        let start = Instant::now();
+        let mut i = 0u32;
+        while (s.bells.load(Ordering::SeqCst) != 0
+            || s.ksleep.load(Ordering::SeqCst) & DRAINING != 0)
+            && start.elapsed() < Duration::from_millis(SETTLE_MAX_MS)
+        {
+            i += 1;
+            spin_pause(i);
+        }
+        let cons = unpack(s.cons.load(Ordering::Acquire));
+        self.publish_cons(cons);
+        let r = self.switch_steps(fd, deadline, leave);
+        if r == Switched::Reset {
+            self.set_flag(F_PROTO);
+            set_linger_reset(fd);
+            // SAFETY: plain syscall.
+            unsafe { real::shutdown(fd, libc::SHUT_RDWR) };
+        } else {
+            self.set_flag(F_SWITCHED);
+        }
+        let clear = if r == Switched::Reset {
+            F_SWITCHING | F_PEER_SWITCH
+        } else {
+            F_SWITCHING
+        };
+        s.flags.fetch_and(!clear, Ordering::AcqRel);
+        s.wake_seq.fetch_add(1, Ordering::AcqRel);
+        crate::shm::futex_wake(&s.wake_seq, i32::MAX);
+        if let Some(h) = HOOKS.get() {
+            (h.changed_fd)(fd, self);
+        }
+        r
+    }
+
+    fn switch_steps(&self, fd: i32, deadline: Instant, leave: impl FnOnce() -> bool) -> Switched {
+        let s = self.sh();
+        if self.flags() & (F_PROTO | F_PEER_GONE | F_PEER_RST) != 0 || self.peer_state().any_close()
+        {
+            // The peer closed (or is gone): what it wrote last is in our ring, and it cannot
+            // send it again. (A peer that only shut its writing can: it still runs.)
+            crate::debug!(
+                "fd {fd}: switch to TCP impossible, the peer closed: {}",
+                self.describe()
+            );
+            return Switched::Reset;
+        }
+        if !leave() {
+            crate::debug!(
+                "fd {fd}: switch to TCP impossible: the socket cannot leave the SOCKHASH"
+            );
+            return Switched::Reset;
+        }
+        if !send_all(fd, &[SWITCH_TCP], deadline) {
+            crate::debug!("fd {fd}: switch to TCP: our marker could not be sent");
+            return Switched::Reset;
+        }
+        if self.flags() & F_PEER_SWITCH == 0 && !read_to_marker(fd, deadline) {
+            crate::debug!(
+                "fd {fd}: switch to TCP: no marker from the peer in time: {}",
+                self.describe()
+            );
+            return Switched::Reset;
+        }
+        self.set_flag(F_PEER_SWITCH);
+        // The peer's final consumer cursor of our send ring, published before its marker.
+        let prod = unpack(s.prod.load(Ordering::Acquire));
+        let last = unpack(s.peer_cons.load(Ordering::Acquire));
+        let new = self.own_hdr().load_cons().cursor;
+        let Ok(pc) = self.tx.accept_peer_cons(prod, last, new) else {
+            crate::debug!(
+                "fd {fd}: switch to TCP: the peer's final consumer cursor {new:?} is not valid"
+            );
+            return Switched::Reset;
+        };
+        let n = self.tx.diff(pc, prod).unwrap_or(0);
+        // SAFETY: `peer` is the peer's mapped DMB, longer than its CDC header.
+        let base = unsafe { self.peer.as_ptr().add(smc_common::cdc::CDC_HEADER_LEN) };
+        for (off, len) in self.tx.segments(pc, n) {
+            if len == 0 {
+                continue;
+            }
+            // SAFETY: the segment lies inside the peer's ring, which we map.
+            let seg = unsafe { std::slice::from_raw_parts(base.add(off), len) };
+            if !send_all(fd, seg, deadline) {
+                crate::debug!(
+                    "fd {fd}: switch to TCP: {n} unread bytes could not be sent again in time"
+                );
+                return Switched::Reset;
+            }
+        }
+        if self.flags() & F_SHUT_WR != 0 {
+            // Our half-close (`peer_done_writing`, a flag in the rings) becomes TCP's FIN,
+            // after the last byte.
+            // SAFETY: plain syscall.
+            unsafe { real::shutdown(fd, libc::SHUT_WR) };
+        }
+        crate::debug!(
+            "fd {fd}: switched to TCP ({n} bytes the peer had not read sent again): {}",
+            self.describe()
+        );
+        Switched::Tcp
+    }
+}
+
+/// Sends all of `b` on the socket (blocking with poll, no SIGPIPE) before `deadline`.
+fn send_all(fd: i32, mut b: &[u8], deadline: Instant) -> bool {
+    let e0 = real::errno();
+    let ok = loop {
+        if b.is_empty() {
+            break true;
+        }
+        // SAFETY: valid buffer.
+        let r = unsafe {
+            real::send(
+                fd,
+                b.as_ptr() as *const libc::c_void,
+                b.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if r > 0 {
+            b = &b[r as usize..];
+            continue;
+        }
+        let e = real::errno();
+        if r < 0 && e != libc::EAGAIN && e != libc::EINTR {
+            break false;
+        }
+        if !wait_fd(fd, libc::POLLOUT, deadline) {
+            break false;
+        }
+    };
+    real::set_errno(e0);
+    ok
+}
+
+/// Waits for `ev` on `fd` until `deadline`; false when it passed.
+fn wait_fd(fd: i32, ev: i16, deadline: Instant) -> bool {
+    let now = Instant::now();
+    if now >= deadline {
+        return false;
+    }
+    let ms = (deadline - now).as_millis().min(1000) as i32 + 1;
+    let mut p = libc::pollfd {
+        fd,
+        events: ev,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { real::poll(&mut p, 1, ms) };
+    true
+}
+
+/// Consumes doorbells up to and including the peer's [`SWITCH_TCP`] marker, nothing after it
+/// (peeks first). False at the deadline, at EOF or an error, or on any other byte.
+fn read_to_marker(fd: i32, deadline: Instant) -> bool {
+    let e0 = real::errno();
+    let mut buf = [0u8; 256];
+    let ok = loop {
+        // SAFETY: valid buffer.
+        let r = unsafe {
+            real::recv(
+                fd,
+                buf.as_mut_ptr() as *mut libc::c_void,
+                buf.len(),
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if r == 0 {
+            break false;
+        }
+        if r < 0 {
+            let e = real::errno();
+            if e != libc::EAGAIN && e != libc::EINTR {
+                break false;
+            }
+            if !wait_fd(fd, libc::POLLIN, deadline) {
+                break false;
+            }
+            continue;
+        }
+        let n = r as usize;
+        let stop = buf[..n].iter().position(|&b| b != DOORBELL);
+        let take = stop.map_or(n, |i| i + 1);
+        if stop.is_some_and(|i| buf[i] != SWITCH_TCP) {
+            break false;
+        }
+        // SAFETY: valid buffer; consumes exactly what was peeked (doorbells, the marker).
+        let got = unsafe {
+            real::recv(
+                fd,
+                buf.as_mut_ptr() as *mut libc::c_void,
+                take,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if got != take as isize {
+            break false;
+        }
+        if stop.is_some() {
+            break true;
+        }
+    };
+    real::set_errno(e0);
+    ok
+}
+
+/// `SO_LINGER {1, 0}`: the close (or shutdown) sends a reset.
+fn set_linger_reset(fd: i32) {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    let e0 = real::errno();
+    // SAFETY: valid option buffer.
+    unsafe {
+        real::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &l as *const libc::linger as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    real::set_errno(e0);
+}

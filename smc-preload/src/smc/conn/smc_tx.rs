@@ -1,0 +1,249 @@
+//! smc_tx: writing into the peer's ring (copy in, the producer cursor, the errors a write
+//! reports) and giving idle send-ring pages back.
+
+use super::*;
+
+impl Conn {
+    /// After producing: wake the reader if it sleeps.
+    pub(super) fn after_produce(&self, fd: i32) {
+        fence(Ordering::SeqCst);
+        if self.peer_wait().load(Ordering::Relaxed) & WAIT_DATA != 0
+            && self.peer_wait().fetch_and(!WAIT_DATA, Ordering::SeqCst) & WAIT_DATA != 0
+        {
+            self.ring_doorbell(fd);
+        }
+    }
+
+    /// send/write/sendmsg. Returns bytes written; raises SIGPIPE itself unless MSG_NOSIGNAL.
+    pub fn send(&self, fd: i32, iov: &[libc::iovec], flags: i32) -> Result<usize, Errno> {
+        if flags & libc::MSG_OOB != 0 {
+            return Err(libc::EOPNOTSUPP);
+        }
+        let nonblock = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
+        let mut cur = IovCursor::new(iov);
+        let want = cur.remaining();
+        let s = self.sh();
+        s.tx_calls.fetch_add(1, Ordering::Relaxed);
+        let mut done = 0usize;
+        let mut deadline: Option<Option<Instant>> = None;
+        loop {
+            let r0 = self.write_state(done == 0);
+            if r0 == Some(0) {
+                if want == 0 {
+                    return Ok(0);
+                }
+                if done > 0 {
+                    return Ok(done);
+                }
+                if self.set_flag(F_WROTE_AFTER_CLOSE) & F_WROTE_AFTER_CLOSE == 0 {
+                    // EPOLLERR | EPOLLHUP from now on, as TCP's reset would say.
+                    if let Some(h) = HOOKS.get() {
+                        (h.changed)(fd, self);
+                    }
+                }
+                return Ok(want);
+            }
+            if let Some(e) = r0 {
+                if done > 0 {
+                    return Ok(done);
+                }
+                if e == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
+                    raise_sigpipe();
+                }
+                return Err(e);
+            }
+            if want == 0 {
+                return Ok(0);
+            }
+            {
+                let _g = s.tx_lock.lock();
+                if self.flags() & (F_PEER_SWITCH | F_SWITCHED) != 0 {
+                    continue;
+                }
+                // Under tx_lock our producer cursor stands still.
+                let (prod, room) = match self.tx_cursors() {
+                    Some((p, c)) => (p, self.tx.free_space(p, c).unwrap_or(0)),
+                    None => (unpack(s.prod.load(Ordering::Acquire)), 0),
+                };
+                let n = (room as usize).min(want - done);
+                if n > 0 {
+                    // SAFETY: `peer` is the peer's mapped DMB, longer than its CDC header
+                    // (`Ring::for_dmb` accepted its length), so the ring starts inside the mapping.
+                    let base = unsafe { self.peer.as_ptr().add(smc_common::cdc::CDC_HEADER_LEN) };
+                    for (off, len) in self.tx.segments(prod, n as u32) {
+                        if len > 0 {
+                            // SAFETY: segments are inside the peer's ring.
+                            unsafe { cur.drain_to(base.add(off), len) };
+                        }
+                    }
+                    let np = self.tx.add(prod, n as u32);
+                    s.prod.store(pack(np), Ordering::Release);
+                    self.peer_hdr().store_prod(CursorWord::from_cursor(np));
+                    s.tx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    done += n;
+                }
+            }
+            if done > 0 {
+                self.after_produce(fd);
+                if self.epoll_parked.load(Ordering::Relaxed) != 0 {
+                    if let Some(h) = HOOKS.get() {
+                        (h.wrote)(fd, self);
+                    }
+                }
+            }
+            if done == want {
+                return Ok(done);
+            }
+            s.tx_full.fetch_add(1, Ordering::Relaxed);
+            if nonblock {
+                // The ring is full: ask the peer to ring when it makes room, then look again
+                // (Dekker with its consume). An epoll set may have parked this connection, and
+                // an edge-triggered application waits for that room after a short write or
+                // EAGAIN without any further call that would arm it.
+                self.peer_wait().fetch_or(WAIT_SPACE, Ordering::SeqCst);
+                fence(Ordering::SeqCst);
+                if self.room() > 0 && self.write_state(false).is_none() {
+                    continue;
+                }
+                return if done > 0 {
+                    Ok(done)
+                } else {
+                    Err(libc::EAGAIN)
+                };
+            }
+            let dl = *deadline
+                .get_or_insert_with(|| deadline_of(self.sock_timeout(fd, libc::SO_SNDTIMEO)));
+            match self.wait(fd, false, 1, dl) {
+                Woke::Ready => {}
+                Woke::Timeout => {
+                    return if done > 0 {
+                        Ok(done)
+                    } else {
+                        Err(libc::EAGAIN)
+                    };
+                }
+                Woke::Intr => {
+                    return if done > 0 { Ok(done) } else { Err(libc::EINTR) };
+                }
+            }
+        }
+    }
+
+    /// `getsockopt(SO_ERROR)`: the error pending on this end (a reset by the peer, or the
+    /// `EPIPE` a write after the peer's close left), reported once as TCP reports `sk_err`:
+    /// taken, the next read or write does not report it again. 0 if none.
+    pub fn take_so_error(&self) -> Errno {
+        if !self.readiness().error {
+            return 0;
+        }
+        if self.flags() & F_WROTE_AFTER_CLOSE != 0
+            && self.set_flag(F_EPIPE_REPORTED) & F_EPIPE_REPORTED == 0
+        {
+            return libc::EPIPE;
+        }
+        if self.set_flag(F_RST_REPORTED) & F_RST_REPORTED == 0 {
+            crate::debug!("SO_ERROR gives ECONNRESET: {}", self.describe());
+            return libc::ECONNRESET;
+        }
+        0
+    }
+
+    /// `Some(errno)` if writing is impossible. `report`: the call returns that error (it wrote
+    /// nothing yet), so a pending reset or broken pipe counts as reported; a call that already
+    /// wrote part of its buffer returns that count and leaves the report to the next call, as
+    /// TCP leaves `sk_err` pending across a partial `sendmsg`.
+    pub(super) fn write_state(&self, report: bool) -> Option<Errno> {
+        let f = self.flags();
+        if f & (F_PEER_SWITCH | F_SWITCHED) != 0 {
+            return Some(E_TCP);
+        }
+        if f & F_SHUT_WR != 0 {
+            return Some(libc::EPIPE);
+        }
+        let ps = self.peer_state();
+        let graceful = ps.any_close_or_done() && !ps.contains(ConnStateFlags::PEER_CONN_ABORT);
+        if f & F_PROTO != 0
+            || (f & F_PEER_RST != 0 && !graceful)
+            || ps.contains(ConnStateFlags::PEER_CONN_ABORT)
+        {
+            if !report {
+                return Some(libc::ECONNRESET);
+            }
+            if self.set_flag(F_RST_REPORTED) & F_RST_REPORTED == 0 {
+                crate::debug!("write gives ECONNRESET: {}", self.describe());
+                return Some(libc::ECONNRESET);
+            }
+            return Some(libc::EPIPE);
+        }
+        if ps.any_close() || f & F_PEER_GONE != 0 {
+            if f & F_WROTE_AFTER_CLOSE == 0 {
+                // TCP takes the first write after the peer's close (the peer answers with a
+                // reset): it succeeds, the bytes go nowhere.
+                return Some(0);
+            }
+            if report {
+                self.set_flag(F_EPIPE_REPORTED);
+            }
+            return Some(libc::EPIPE);
+        }
+        None
+    }
+
+    /// Whether our producer cursor moved by at least a page since the last
+    /// [`Conn::reclaim_tx`] (so that there may be pages to give back).
+    pub fn reclaim_due(&self) -> bool {
+        let s = self.sh();
+        let prod = unpack(s.prod.load(Ordering::Relaxed));
+        let last = unpack(s.tx_reclaimed.load(Ordering::Relaxed));
+        self.tx
+            .diff(last, prod)
+            .map_or(true, |d| d as usize >= PAGE)
+    }
+
+    /// Give back the pages of the send ring (the peer's DMB) that hold no data: the free space
+    /// from `RECLAIM_WARM` after our producer cursor up to the peer's published consumer
+    /// cursor, page by page (`MADV_REMOVE` on the shared mapping punches a hole in the memfd;
+    /// those pages read as zeros and cost nothing until written again). Race-free: the peer
+    /// only reads between its consumer cursor and our producer cursor, and we hold the writer
+    /// lock, so nobody writes there meanwhile. Skipped when a writer of ours is busy.
+    /// Returns the bytes given back.
+    pub fn reclaim_tx(&self) -> usize {
+        let s = self.sh();
+        let Some(_g) = s.tx_lock.try_lock() else {
+            return 0;
+        };
+        // Under the writer lock the producer cursor stands still.
+        let Some((prod, cons)) = self.tx_cursors() else {
+            return 0;
+        };
+        s.tx_reclaimed.store(pack(prod), Ordering::Relaxed);
+        let free = self.tx.free_space(prod, cons).unwrap_or(0);
+        if free <= RECLAIM_WARM {
+            return 0;
+        }
+        let start = self.tx.add(prod, RECLAIM_WARM);
+        let mut done = 0;
+        for (off, len) in self.tx.segments(start, free - RECLAIM_WARM) {
+            let a = (smc_common::cdc::CDC_HEADER_LEN + off).next_multiple_of(PAGE);
+            let b = (smc_common::cdc::CDC_HEADER_LEN + off + len) / PAGE * PAGE;
+            if len == 0 || b <= a || b > self.peer.len() {
+                continue;
+            }
+            // SAFETY: [a, b) is page aligned inside our mapping of the peer's DMB, past the
+            // header page; it holds no data (see above).
+            let r = unsafe {
+                libc::madvise(
+                    self.peer.as_ptr().add(a) as *mut libc::c_void,
+                    b - a,
+                    libc::MADV_REMOVE,
+                )
+            };
+            if r == 0 {
+                done += b - a;
+            }
+        }
+        s.tx_reclaimed_bytes
+            .fetch_add(done as u64, Ordering::Relaxed);
+        done
+    }
+}

@@ -1,0 +1,509 @@
+//! Wakeups: doorbells (one byte over the TCP socket, rung when the other end's wait bit was
+//! set), their drains, the sleepers of a connection (one poller on the TCP socket, the others
+//! on a futex), and the blocking wait of a read or write.
+
+use super::*;
+
+impl Conn {
+    /// Send a doorbell byte (non-blocking, no SIGPIPE).
+    pub fn ring_doorbell(&self, fd: i32) {
+        let s = self.sh();
+        // Dekker with the switch to TCP: either it sees us here and waits, or we see its flag
+        // and stay silent (no doorbell may follow its marker on the stream).
+        s.bells.fetch_add(1, Ordering::SeqCst);
+        if s.flags.load(Ordering::SeqCst) & (F_SWITCHING | F_SWITCHED) == 0 {
+            self.ring_doorbell_now(fd);
+        }
+        s.bells.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    pub(super) fn ring_doorbell_now(&self, fd: i32) {
+        let b = [DOORBELL];
+        // SAFETY: valid buffer.
+        let r = unsafe {
+            real::send(
+                fd,
+                b.as_ptr() as *const libc::c_void,
+                1,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if r == 1 {
+            self.sh().doorbells_sent.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Consume doorbell bytes waiting on the TCP socket; note EOF / reset. Waiters asleep on
+    /// the futex are woken (the ring state may have changed). Only [`Conn::try_drain`] (and the
+    /// last close) call it: a drain behind the back of a thread asleep on the socket would
+    /// take its wakeup.
+    pub(super) fn drain(&self, fd: i32) {
+        self.drain_to(fd, false);
+    }
+
+    /// [`Conn::drain`]; `to_end`: read until the socket says `EAGAIN`, EOF or an error even
+    /// after a short read (an EOF behind the doorbells is noticed now).
+    pub(super) fn drain_to(&self, fd: i32, to_end: bool) {
+        self.drain_bytes(fd, to_end);
+        let s = self.sh();
+        s.wake_seq.fetch_add(1, Ordering::AcqRel);
+        if s.waiters.load(Ordering::Acquire) > 0 {
+            crate::shm::futex_wake(&s.wake_seq, i32::MAX);
+        }
+    }
+
+    pub(super) fn drain_bytes(&self, fd: i32, to_end: bool) {
+        let mut buf = [0u8; 256];
+        loop {
+            // After the peer's switch marker the stream is data: never drained.
+            if self.flags() & (F_SWITCHING | F_PEER_SWITCH | F_SWITCHED) != 0 {
+                return;
+            }
+            let e0 = real::errno();
+            // SAFETY: valid buffer.
+            let r = unsafe {
+                real::recv(
+                    fd,
+                    buf.as_mut_ptr() as *mut libc::c_void,
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if r > 0 {
+                let n = r as usize;
+                self.sh()
+                    .doorbells_rcvd
+                    .fetch_add(n as u64, Ordering::Relaxed);
+                if let Some(i) = buf[..n].iter().position(|&b| b == SWITCH_TCP) {
+                    if buf[..i].iter().all(|&b| b == DOORBELL) && i + 1 == n {
+                        // The peer switches to TCP: nothing follows its marker until we
+                        // answered with ours (our next operation does, `switch_to_tcp`).
+                        self.set_flag(F_PEER_SWITCH);
+                        crate::debug!("fd {fd}: the peer switches the connection to TCP");
+                        if let Some(h) = HOOKS.get() {
+                            (h.changed_fd)(fd, self);
+                        }
+                        real::set_errno(e0);
+                        return;
+                    }
+                }
+                if buf[..n].iter().any(|&b| b != DOORBELL) {
+                    // Anything but a doorbell (e.g. a late CLC Decline) on an established SMC
+                    // connection: we cannot honour it, abort rather than deliver wrong bytes.
+                    self.protocol_error(format_args!(
+                        "fd {fd}: {n} bytes on the doorbell channel that are not doorbells \
+                         (first {:#04x})",
+                        buf[..n]
+                            .iter()
+                            .find(|&&b| b != DOORBELL)
+                            .copied()
+                            .unwrap_or(0)
+                    ));
+                }
+                if n < buf.len() && !to_end {
+                    real::set_errno(e0);
+                    return;
+                }
+                continue;
+            }
+            let e = real::errno();
+            real::set_errno(e0);
+            if r == 0 {
+                self.peer_gone(fd, 0, "EOF on the TCP socket");
+            } else if e == libc::EAGAIN || e == libc::EINTR {
+                // nothing more
+            } else if e == libc::ECONNRESET || e == libc::EPIPE || e == libc::ETIMEDOUT {
+                self.peer_gone(fd, F_PEER_RST, "error on the TCP socket");
+                crate::debug!("fd {fd}: the TCP socket said errno {e}");
+            } else if self.flags() & F_REAL_SHUT == 0 {
+                self.peer_gone(fd, 0, "error on the TCP socket");
+                crate::debug!("fd {fd}: the TCP socket said errno {e}");
+            }
+            return;
+        }
+    }
+
+    /// Register as a sleeper on the TCP socket (the doorbell channel), before the last
+    /// recheck of the rings that precedes the real `poll`/`epoll_wait`. Several threads may
+    /// sleep on the socket at once (full duplex: one waits for data, one for room; or several
+    /// poll/epoll waiters) and one doorbell wakes them all, but the kernel re-checks the
+    /// socket before it returns: a doorbell drained by one of them before another looked would
+    /// be lost to that one. So doorbells are drained only when no sleeper is left
+    /// ([`Conn::try_drain`]): the last one out drains. A drain that runs while a thread
+    /// registers makes the newcomer wait for its end, so that its recheck comes after every
+    /// doorbell the drain takes (whose ring changes came before them).
+    pub fn sleep_enter(&self) {
+        let s = self.sh();
+        if s.ksleep.fetch_add(1, Ordering::SeqCst) & DRAINING != 0 {
+            let start = Instant::now();
+            let mut i = 0u32;
+            // A drain is one non-blocking recv; bounded in case its thread died in it.
+            while s.ksleep.load(Ordering::SeqCst) & DRAINING != 0 {
+                if start.elapsed() >= Duration::from_millis(SETTLE_MAX_MS) {
+                    s.ksleep.fetch_and(!DRAINING, Ordering::SeqCst);
+                    break;
+                }
+                i += 1;
+                spin_pause(i);
+            }
+        }
+    }
+
+    /// Unregister after the sleep; `rang`: the kernel reported the socket readable. Drains the
+    /// doorbells when no other sleeper is left; true when they were left to the others — the
+    /// caller must then not sleep on the socket again before [`Conn::settled`] (it would
+    /// return at once).
+    #[must_use]
+    pub fn sleep_leave(&self, fd: i32, rang: bool) -> bool {
+        let s = self.sh();
+        // Never below zero (the count of a sleeper that died is healed by a forced drain).
+        let _ = s
+            .ksleep
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                (v & !DRAINING != 0).then(|| v - 1)
+            });
+        rang && !self.try_drain(fd)
+    }
+
+    /// Drain the doorbells if no thread sleeps on the socket (they were all woken and left).
+    /// Whether it did.
+    pub fn try_drain(&self, fd: i32) -> bool {
+        self.try_drain_to(fd, false)
+    }
+
+    /// [`Conn::try_drain`]; `to_end`: as [`Conn::drain_to`].
+    pub fn try_drain_to(&self, fd: i32, to_end: bool) -> bool {
+        let s = self.sh();
+        if s.ksleep
+            .compare_exchange(0, DRAINING, Ordering::SeqCst, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        self.drain_to(fd, to_end);
+        s.ksleep.fetch_and(!DRAINING, Ordering::SeqCst);
+        true
+    }
+
+    /// Whether doorbells left to other sleepers ([`Conn::sleep_leave`] said true; `seq` is
+    /// the `wake_seq` read after that) are gone: someone drained (or the socket holds no
+    /// doorbell any more), or nobody sleeps on the socket now and we drained them.
+    pub fn settled(&self, fd: i32, seq: u32) -> bool {
+        self.sh().wake_seq.load(Ordering::Acquire) != seq
+            || !self.doorbells_queued(fd)
+            || self.try_drain(fd)
+    }
+
+    /// The `wake_seq` to pass to [`Conn::settled`].
+    pub fn wake_seq(&self) -> u32 {
+        self.sh().wake_seq.load(Ordering::Acquire)
+    }
+
+    /// Sleep (futex) until [`Conn::settled`], at most `max_ms`; true when settled.
+    pub fn await_settled(&self, fd: i32, seq: u32, max_ms: u64) -> bool {
+        let s = self.sh();
+        if self.settled(fd, seq) {
+            return true;
+        }
+        s.waiters.fetch_add(1, Ordering::AcqRel);
+        crate::shm::futex_wait(&s.wake_seq, seq, max_ms);
+        s.waiters.fetch_sub(1, Ordering::AcqRel);
+        self.settled(fd, seq)
+    }
+
+    /// The other sleepers did not take the doorbells they were woken by within
+    /// [`SETTLE_MAX_MS`]: one of them does not run (stopped, or killed while asleep, which
+    /// leaves its count behind). Drain anyway, and heal one stale count.
+    pub fn force_drain(&self, fd: i32) {
+        let s = self.sh();
+        // A DRAINING bit set for that long was left by a drainer that died: taken over.
+        let v = s.ksleep.fetch_or(DRAINING, Ordering::SeqCst);
+        crate::debug!(
+            "fd {fd}: doorbells drained after {SETTLE_MAX_MS} ms with {} sleepers",
+            v & !DRAINING
+        );
+        self.drain(fd);
+        let _ = s
+            .ksleep
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                let n = if v & !DRAINING != 0 { v - 1 } else { v };
+                Some(n & !DRAINING)
+            });
+    }
+
+    /// Full wait for [`Conn::settled`] of a thread that can sleep on nothing else.
+    pub(super) fn settle(&self, fd: i32, seq: u32) {
+        if !self.await_settled(fd, seq, SETTLE_MAX_MS) {
+            self.force_drain(fd);
+        }
+    }
+
+    /// Whether doorbell bytes are queued on the socket (EOF and errors count as no: they are
+    /// not consumed by a drain).
+    pub(super) fn doorbells_queued(&self, fd: i32) -> bool {
+        let mut b = [0u8; 1];
+        let e0 = real::errno();
+        // SAFETY: valid buffer.
+        let r = unsafe {
+            real::recv(
+                fd,
+                b.as_mut_ptr() as *mut libc::c_void,
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        real::set_errno(e0);
+        r > 0
+    }
+
+    /// The TCP socket (the doorbell channel) reached EOF or an error: the peer is gone.
+    /// Logged once, with whether the peer had said goodbye in its CDC header.
+    pub(super) fn peer_gone(&self, fd: i32, extra: u32, what: &str) {
+        let old = self.set_flag(F_PEER_GONE | extra);
+        if old & (F_PEER_GONE | extra) != F_PEER_GONE | extra {
+            let ps = self.peer_state();
+            if !ps.any_close_or_done() || ps.contains(ConnStateFlags::PEER_CONN_ABORT) || extra != 0
+            {
+                crate::debug!(
+                    "fd {fd}: {what}{}: {}",
+                    if ps.any_close_or_done() {
+                        ""
+                    } else {
+                        " before the peer closed or shut down in the CDC header"
+                    },
+                    self.describe()
+                );
+            }
+            // What the connection reports changed without a doorbell: an epoll set of ours
+            // that parked it (its registration is edge-triggered, and the EOF or reset may have
+            // been drained here, by another waiter) checks it again.
+            if let Some(h) = HOOKS.get() {
+                (h.changed_fd)(fd, self);
+            }
+        }
+    }
+
+    /// SO_RCVTIMEO / SO_SNDTIMEO of the socket in ms (-1: none).
+    pub(super) fn sock_timeout(&self, fd: i32, opt: i32) -> i64 {
+        let mut tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        };
+        let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+        let e0 = real::errno();
+        // SAFETY: valid out pointers.
+        let r = unsafe {
+            real::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                &mut tv as *mut _ as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        real::set_errno(e0);
+        if r != 0 || (tv.tv_sec == 0 && tv.tv_usec == 0) {
+            -1
+        } else {
+            tv.tv_sec * 1000 + (tv.tv_usec + 999) / 1000
+        }
+    }
+
+    /// Condition for a waiter: data (at least `need` bytes, or EOF) or room.
+    pub(super) fn ready_for(&self, data: bool, need: u32) -> bool {
+        let r = self.readiness();
+        if data {
+            r.readable >= need || r.rd_eof || r.error
+        } else {
+            r.writable > 0 || r.wr_closed || r.error
+        }
+    }
+
+    /// Block until data (`data`) or room is there, the deadline passes, or a signal arrives.
+    /// Spins adaptively first, then announces itself with the wait bit and sleeps in `poll` on
+    /// the TCP socket, where the peer's doorbell lands.
+    pub fn wait(&self, fd: i32, data: bool, need: u32, deadline: Option<Instant>) -> Woke {
+        let s = self.sh();
+        // Spin first when waiting for data: a peer that answers within the budget costs no
+        // syscall on either side (request/response). A writer that filled the ring does not
+        // spin (SMC_SPIN_ROOM_US, default 0): the reader has a whole ring to copy, and on a
+        // small machine the spinning writer takes the CPU the reader needs (docs/PERF.md).
+        let budget = if data {
+            self.spin.budget()
+        } else {
+            tune().spin_room_ns
+        };
+        if budget > 0 {
+            let start = Instant::now();
+            let mut i = 0u32;
+            loop {
+                if self.ready_for(data, need) {
+                    s.spin_hits.fetch_add(1, Ordering::Relaxed);
+                    if data {
+                        self.spin.record(true);
+                    }
+                    return Woke::Ready;
+                }
+                i += 1;
+                if i & 31 == 0 && start.elapsed().as_nanos() as u64 >= budget {
+                    break;
+                }
+                spin_pause(i);
+            }
+            if data {
+                self.spin.record(false);
+            }
+        }
+        loop {
+            // Announce, then recheck (the other side swaps the bit after changing the ring).
+            if data {
+                self.own_wait().fetch_or(WAIT_DATA, Ordering::SeqCst);
+            } else {
+                self.peer_wait().fetch_or(WAIT_SPACE, Ordering::SeqCst);
+                self.update_peer_flags(ProdFlags::WRITE_BLOCKED.0, 0, 0);
+            }
+            fence(Ordering::SeqCst);
+            if self.ready_for(data, need) {
+                if !data {
+                    self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
+                }
+                return Woke::Ready;
+            }
+            // Pre-sleep duty: the writer into our ring may wait for a cursor we have not
+            // published yet.
+            if let Some(_g) = s.rx_lock.try_lock() {
+                let cons = unpack(s.cons.load(Ordering::Acquire));
+                self.after_consume(fd, cons, true);
+            }
+            let mut timeout = match deadline {
+                None => -1,
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        if !data {
+                            self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
+                        }
+                        return Woke::Timeout;
+                    }
+                    (d - now).as_millis().min(i32::MAX as u128) as i32 + 1
+                }
+            };
+            if self.flags() & (F_PEER_GONE | F_REAL_SHUT) != 0 {
+                // The TCP socket is at EOF and always readable: sleep instead of spinning.
+                timeout = if timeout < 0 { 1 } else { timeout.min(1) };
+                std::thread::sleep(Duration::from_millis(timeout as u64));
+                continue;
+            }
+            // One poller per connection end sleeps on the TCP socket (and drains the
+            // doorbells); every other waiter (thread or process) sleeps on a futex that the
+            // poller bumps after each wakeup, so no doorbell is consumed behind a sleeper's back.
+            let seq = s.wake_seq.load(Ordering::Acquire);
+            if s.poller
+                .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+            {
+                s.waiters.fetch_add(1, Ordering::AcqRel);
+                if !self.ready_for(data, need) {
+                    let t = if timeout < 0 { 500 } else { timeout.min(500) };
+                    crate::shm::futex_wait(&s.wake_seq, seq, t as u64);
+                }
+                s.waiters.fetch_sub(1, Ordering::AcqRel);
+                if self.ready_for(data, need) {
+                    if !data {
+                        self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
+                    }
+                    return Woke::Ready;
+                }
+                continue;
+            }
+            // A safety net: a lost wakeup (there should be none) costs at most half a second.
+            timeout = if timeout < 0 { 500 } else { timeout.min(500) };
+            // Idle: after a short first sleep, give the send ring's pages back.
+            let reclaim = data && self.reclaim_due();
+            if reclaim {
+                timeout = timeout.min(RECLAIM_IDLE_MS);
+            }
+            let mut pfd = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // Other threads (the application's poll/epoll) may sleep on the socket too: the
+            // last one to leave drains the doorbells (see `sleep_enter`).
+            self.sleep_enter();
+            let slept = !self.ready_for(data, need);
+            let (r, e) = if !slept {
+                (0, 0)
+            } else {
+                s.sleeps.fetch_add(1, Ordering::Relaxed);
+                let e0 = real::errno();
+                crate::signals::wait_begins();
+                // SAFETY: one valid pollfd.
+                let r = unsafe { real::poll(&mut pfd, 1, timeout) };
+                let e = real::errno();
+                real::set_errno(e0);
+                (r, e)
+            };
+            let left = self.sleep_leave(fd, r > 0);
+            if slept && r == 0 && reclaim {
+                self.reclaim_tx();
+            }
+            s.poller.store(0, Ordering::Release);
+            s.wake_seq.fetch_add(1, Ordering::AcqRel);
+            if s.waiters.load(Ordering::Acquire) > 0 {
+                crate::shm::futex_wake(&s.wake_seq, i32::MAX);
+            }
+            // EINTR as TCP says it: when the signal's handler has no SA_RESTART, and always on a
+            // socket with a timeout (`deadline`: SO_RCVTIMEO/SO_SNDTIMEO), which the kernel
+            // never restarts (sock_intr_errno, signal(7)).
+            if r < 0 && e == libc::EINTR && (crate::signals::interrupted() || deadline.is_some()) {
+                if !data {
+                    self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
+                }
+                return Woke::Intr;
+            }
+            if left && !self.ready_for(data, need) {
+                // The doorbells are the other sleepers' to drain: sleeping on the socket now
+                // would return at once.
+                self.settle(fd, s.wake_seq.load(Ordering::Acquire));
+            }
+            if self.ready_for(data, need) {
+                if !data {
+                    self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
+                }
+                return Woke::Ready;
+            }
+        }
+    }
+
+    /// Announce that this process is about to sleep in poll/epoll waiting for data
+    /// (`data`) and/or room (`space`), so the peer rings the doorbell. The caller rechecks
+    /// readiness afterwards.
+    pub fn arm(&self, fd: i32, data: bool, space: bool) {
+        if data {
+            self.own_wait().fetch_or(WAIT_DATA, Ordering::SeqCst);
+        }
+        if space && self.room() == 0 {
+            self.peer_wait().fetch_or(WAIT_SPACE, Ordering::SeqCst);
+        }
+        fence(Ordering::SeqCst);
+        if let Some(_g) = self.sh().rx_lock.try_lock() {
+            let cons = unpack(self.sh().cons.load(Ordering::Acquire));
+            self.after_consume(fd, cons, true);
+        }
+        if data {
+            let s = self.sh();
+            let prod = unpack(s.prod.load(Ordering::Relaxed));
+            let last = unpack(s.tx_reclaimed.load(Ordering::Relaxed));
+            let drained = unpack(s.peer_cons.load(Ordering::Relaxed)) == prod;
+            if drained
+                && self
+                    .tx
+                    .diff(last, prod)
+                    .map_or(true, |d| d >= RECLAIM_ARMED_MIN)
+            {
+                self.reclaim_tx();
+            }
+        }
+    }
+}
