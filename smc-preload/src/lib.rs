@@ -44,7 +44,8 @@ mod interpose;
 /// inherited across `exec`, exit cleanup.
 #[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]
 extern "C" fn init() {
-    if std::env::var_os("SMC_DISABLE").is_some_and(|v| v == "1") {
+    util::config::load();
+    if util::config::config().disable {
         setup::disable("SMC_DISABLE=1");
     }
     // io_uring submits socket I/O without any libc call we could see: a program linked with

@@ -1596,7 +1596,7 @@ pub fn adopt_orphans_after_exec() {
 /// Whether the image this pid ran before its `exec` had live SMC connections (its statistics
 /// file, in the top directory or its uid's own, says so).
 fn same_pid_image_had_conns() -> bool {
-    let dir = std::env::var("SMC_PROCS_DIR").unwrap_or_else(|_| "/run/smc/procs".to_string());
+    let dir = crate::stats::procs_dir();
     // SAFETY: no preconditions.
     let euid = unsafe { libc::geteuid() };
     let pid = crate::pid();

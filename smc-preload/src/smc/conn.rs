@@ -200,20 +200,12 @@ pub fn spin_pause(i: u32) {
 pub fn tune() -> &'static Tune {
     static T: crate::forklock::ForkOnce<Tune> = crate::forklock::ForkOnce::new();
     T.get_or_init(|| {
-        let spin_us = std::env::var("SMC_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(100);
+        let cfg = crate::util::config::config();
+        let spin_us = cfg.spin_us;
         // SAFETY: plain sysconf.
         let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-        let spin_yield = std::env::var("SMC_SPIN_YIELD")
-            .ok()
-            .and_then(|v| v.parse::<u32>().ok())
-            .unwrap_or(64);
-        let room_us = std::env::var("SMC_SPIN_ROOM_US")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0);
+        let spin_yield = cfg.spin_yield;
+        let room_us = cfg.spin_room_us;
         Tune {
             spin_max_ns: if cpus > 1 { spin_us * 1000 } else { 0 },
             spin_yield,

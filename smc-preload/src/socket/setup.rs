@@ -26,6 +26,7 @@ use crate::forklock::ForkMutex;
 use crate::forklock::ForkOnce;
 use crate::handshake::{Driver, HeldDmb, Outcome, Progress};
 use crate::obj::{Obj, Skip};
+use crate::util::config::config;
 use crate::{debug, real, stats};
 use smc_common::bpf::{
     SockState, SMC_SO_ENABLE, SMC_SO_SHORTCUT, SMC_SO_STATE, SMC_SO_TCP, SOCK_PEER_SMC,
@@ -40,16 +41,8 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 pub(crate) fn clc_timeout() -> Duration {
-    static T: ForkOnce<u64> = ForkOnce::new();
-    Duration::from_millis(*T.get_or_init(|| env_u64("SMC_CLC_TIMEOUT_MS", 2000)))
+    Duration::from_millis(config().clc_timeout_ms)
 }
 
 /// How long a server whose client confirmed (the client is on SMC-D from then on) waits for a
@@ -62,8 +55,7 @@ pub(crate) fn committed_wait() -> Duration {
 /// How long `connect` waits for a non-blocking connect to complete before leaving the
 /// decision to the first operation.
 pub fn connect_wait_ms() -> i32 {
-    static T: ForkOnce<u64> = ForkOnce::new();
-    *T.get_or_init(|| env_u64("SMC_CONNECT_WAIT_MS", 200)) as i32
+    config().connect_wait_ms.min(i32::MAX as u64) as i32
 }
 
 /// Default DMB size code: `SMC_DMB_SIZE`, else what TCP on this host holds for a connection
@@ -73,7 +65,9 @@ pub fn connect_wait_ms() -> i32 {
 fn default_size_code() -> u8 {
     static T: ForkOnce<u8> = ForkOnce::new();
     *T.get_or_init(|| {
-        let v = env_u64("SMC_DMB_SIZE", tcp_capacity().max(1 << 20));
+        let v = config()
+            .dmb_size
+            .unwrap_or_else(|| tcp_capacity().max(1 << 20));
         smc_common::cdc::dmb_size_code_large(v.min(u32::MAX as u64) as u32)
     })
 }
@@ -108,38 +102,22 @@ fn clamp_to_device(code: u8) -> u8 {
 /// The daemon's socket, from the environment at load time (servers such as nginx clear the
 /// environment of their workers).
 pub(crate) fn daemon_path() -> &'static std::path::Path {
-    static P: ForkOnce<std::path::PathBuf> = ForkOnce::new();
-    P.get_or_init(smc_ism::default_socket_path)
+    crate::util::config::daemon_path()
 }
 
-/// Read every environment knob now, at load time, while the environment is the one the
-/// program was started with.
+/// What load time settles beyond the environment ([`crate::util::config`]): the default DMB
+/// size from this host's TCP buffers.
 pub fn init_env() {
-    let _ = daemon_path();
-    let _ = pipelining();
-    let _ = pairing_env();
-    let _ = accept_async();
-    let _ = clc_timeout();
-    let _ = connect_wait_ms();
     let _ = default_size_code();
-    let _ = assume_peer();
-    let _ = short_bytes();
-    let _ = short_probe();
-    let _ = no_shortcut();
-    let _ = crate::conn::tune();
-    let _ = crate::log::enabled();
-    let _ = crate::stats::procs_dir();
 }
 
 /// Daemon requests sent ahead of need (`SMC_PIPELINE=0` disables, for measurements).
 pub(crate) fn pipelining() -> bool {
-    static ON: ForkOnce<bool> = ForkOnce::new();
-    *ON.get_or_init(|| std::env::var_os("SMC_PIPELINE").is_none_or(|v| v != "0"))
+    config().pipeline
 }
 
 fn pairing_env() -> bool {
-    static ON: ForkOnce<bool> = ForkOnce::new();
-    *ON.get_or_init(|| std::env::var_os("SMC_PAIR").is_none_or(|v| v != "0"))
+    config().pair
 }
 
 /// Daemon `PAIR` requests (both ends' DMBs in one request each) when the daemon offers them
@@ -169,13 +147,11 @@ pub(crate) fn server_unpaired() {
 /// The server handshake continues after `accept` returns when its client's next message is not
 /// there yet (`SMC_ACCEPT_ASYNC=0`: it completes inside `accept` for blocking sockets).
 fn accept_async() -> bool {
-    static ON: ForkOnce<bool> = ForkOnce::new();
-    *ON.get_or_init(|| std::env::var_os("SMC_ACCEPT_ASYNC").is_none_or(|v| v != "0"))
+    config().accept_async
 }
 
 fn no_shortcut() -> bool {
-    static OFF: ForkOnce<bool> = ForkOnce::new();
-    *OFF.get_or_init(|| std::env::var_os("SMC_NO_SHORTCUT").is_some_and(|v| v == "1"))
+    config().no_shortcut
 }
 
 // Fallback reason counted when the short-connection policy keeps a connection on TCP.
@@ -190,8 +166,7 @@ static SHORT_RUN: AtomicU64 = AtomicU64::new(0);
 static SKIPPED: AtomicU64 = AtomicU64::new(0);
 
 fn short_bytes() -> u64 {
-    static T: ForkOnce<u64> = ForkOnce::new();
-    *T.get_or_init(|| env_u64("SMC_SHORT_BYTES", 16 * 1024))
+    config().short_bytes
 }
 
 /// A client SMC connection ended having moved `bytes`.
@@ -206,8 +181,7 @@ pub fn note_client_conn_bytes(bytes: u64) {
 /// Every how many connections the policy keeps on TCP one probes SMC again
 /// (`SMC_SHORT_PROBE`, default 256; 0: never).
 fn short_probe() -> u64 {
-    static T: ForkOnce<u64> = ForkOnce::new();
-    *T.get_or_init(|| env_u64("SMC_SHORT_PROBE", 256))
+    config().short_probe
 }
 
 /// At most one policy probe per 100 ms: a probe is a whole SMC handshake, during which a
@@ -407,8 +381,7 @@ fn sock_state(fd: i32) -> Option<SockState> {
 }
 
 fn assume_peer() -> bool {
-    static A: ForkOnce<bool> = ForkOnce::new();
-    *A.get_or_init(|| std::env::var_os("SMC_PRELOAD_ASSUME_PEER").is_some_and(|v| v == "1"))
+    config().assume_peer
 }
 
 /// What the programs saw of the peer: no SMC announcement, one from another host, or one from

@@ -41,16 +41,12 @@ pub(crate) fn after_fork_locks() {
 static FAST: AtomicU64 = AtomicU64::new(0);
 
 pub fn procs_dir() -> &'static str {
-    static D: crate::forklock::ForkOnce<String> = crate::forklock::ForkOnce::new();
-    D.get_or_init(|| {
-        std::env::var("SMC_PROCS_DIR").unwrap_or_else(|_| "/run/smc/procs".to_string())
-    })
+    &crate::util::config::config().procs_dir
 }
 
 /// `SMC_STATS_KEEP=1`, read at load time.
 pub fn keep() -> bool {
-    static K: crate::forklock::ForkOnce<bool> = crate::forklock::ForkOnce::new();
-    *K.get_or_init(|| std::env::var_os("SMC_STATS_KEEP").is_some_and(|v| v == "1"))
+    crate::util::config::config().stats_keep
 }
 
 /// The directory this process writes to (`procstats::StatsDir::for_writer`): the top

@@ -9,9 +9,7 @@ pub fn enabled() -> bool {
     if l != 255 {
         return l > 0;
     }
-    let on = std::env::var_os("SMC_DEBUG")
-        .map(|v| !v.is_empty() && v != "0")
-        .unwrap_or(false);
+    let on = crate::util::config::config().debug;
     LEVEL.store(on as u8, Ordering::Relaxed);
     on
 }

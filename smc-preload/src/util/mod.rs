@@ -1,7 +1,8 @@
 //! Leaves any layer may use: the real libc functions ([`real`]), `SMC_DEBUG` lines ([`log`]),
-//! fork-safe globals ([`forklock`]), which signals interrupt a blocking call ([`signals`]), the
+//! the environment knobs read once at load ([`config`]), fork-safe globals ([`forklock`]), which signals interrupt a blocking call ([`signals`]), the
 //! cached pid ([`pid`]).
 
+pub mod config;
 pub mod forklock;
 pub mod log;
 pub mod real;

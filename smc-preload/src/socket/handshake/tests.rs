@@ -17,6 +17,7 @@ fn daemon() {
         let _ = std::fs::create_dir_all(&dir);
         let sock = dir.join("ctl.sock");
         std::env::set_var("SMC_CTL_SOCK", &sock);
+        let _ = crate::util::config::TEST_DAEMON.set(sock.clone());
         let mut cfg = smc_ism::DaemonConfig::with_paths(&sock, dir.join("state"));
         cfg.min_available_bytes = 0;
         smc_ism::spawn(cfg).expect("daemon")
