@@ -501,6 +501,21 @@ pub unsafe extern "C" fn signal(sig: c_int, h: libc::sighandler_t) -> libc::sigh
     unsafe { ops::signal(sig, h) }
 }
 
+macro_rules! signal_like {
+    ($($name:ident),*) => {
+        $(
+            #[no_mangle]
+            pub unsafe extern "C" fn $name(sig: c_int, h: libc::sighandler_t) -> libc::sighandler_t {
+                // SAFETY: the application's arguments, passed on unchanged: `ops::signal_like`
+                // has the contract of libc's function of this name, which it calls.
+                unsafe { ops::signal_like(sig, h, |s, h| crate::real::$name(s, h)) }
+            }
+        )*
+    };
+}
+
+signal_like!(sysv_signal, __sysv_signal, bsd_signal, sigset);
+
 // ---------------------------------------------------------------------------------------------
 // exec: listeners stop announcing SMC across it (see `lifecycle`)
 

@@ -480,6 +480,27 @@ fn prefork_and_inetd_servers_move_bytes_like_tcp() {
     assert!(differ.is_empty(), "{}", differ.join("\n"));
 }
 
+/// The staying peer answers the switch with its write and shutdown, though it reads only
+/// much later (longer than the leaving end waits for its answer: 5 CLC timeouts, 5 s here).
+/// Before, only a read answered: the leaving end reset the connection after its wait, and the
+/// handler read a clean EOF with the peer's bytes lost.
+#[test]
+fn an_exec_switch_is_answered_by_a_peer_that_only_writes() {
+    let w = SmcWorld::new();
+    let env = [("STAY_PAUSE", "6"), ("SMC_CLC_TIMEOUT_MS", "1000")];
+    let tcp = exec_handoff_case_env(&w, "server", "execve", false, &env);
+    assert!(tcp.starts_with("PEER OK"), "plain TCP: {tcp}");
+    let before = w.stats_sum().get("smcd_server");
+    let smc = exec_handoff_case_env(&w, "server", "execve", true, &env);
+    let sum = w.stats_sum();
+    assert!(
+        sum.get("smcd_server") > before,
+        "the connection was not SMC-D: {}",
+        brief(&sum)
+    );
+    assert_eq!(smc, tcp, "library against plain TCP");
+}
+
 /// A process of another uid that is given an SMC-D connection (here by a root server that
 /// passes it on over a Unix socket it also gave that process) must never get at its rings: it
 /// reads no byte of the client's through shared memory, and fails cleanly (`ECONNRESET` or
@@ -860,6 +881,8 @@ if sys.stdin.readline().strip() != "GO":
     sys.exit(1)
 c.sendall(A2)
 c.shutdown(socket.SHUT_WR)
+# A peer that only writes for a while (STAY_PAUSE seconds) before it reads.
+time.sleep(float(os.environ.get("STAY_PAUSE", "0")))
 got = bytearray()
 while True:
     b = c.recv(65536)
@@ -877,6 +900,17 @@ else:
 /// One run of [`EXEC_HANDOFF`]: `side` (`server`, `client`) leaves for the handler `how`
 /// (`execve`, `env`), with the library (`smc`) or as plain TCP. The staying peer's output.
 fn exec_handoff_case(w: &SmcWorld, side: &str, how: &str, smc: bool) -> String {
+    exec_handoff_case_env(w, side, how, smc, &[])
+}
+
+/// [`exec_handoff_case`] with environment variables for both processes.
+fn exec_handoff_case_env(
+    w: &SmcWorld,
+    side: &str,
+    how: &str,
+    smc: bool,
+    env: &[(&str, &str)],
+) -> String {
     let py = script(w, "exec_handoff.py", EXEC_HANDOFF);
     let cmd = |args: &[&str]| {
         let mut c = if smc {
@@ -889,7 +923,7 @@ fn exec_handoff_case(w: &SmcWorld, side: &str, how: &str, smc: bool) -> String {
         if !smc {
             c.env_remove("LD_PRELOAD");
         }
-        c.args(args);
+        c.args(args).envs(env.iter().copied());
         c
     };
     let other = if side == "server" { "client" } else { "server" };

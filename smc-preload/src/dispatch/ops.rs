@@ -66,6 +66,11 @@ fn conn_of_op(fd: c_int, op: Op) -> Option<Arc<Obj>> {
         setup::resolve_pending(fd);
         o = fdtable::get(fd)?;
     }
+    if let Obj::Conn(c) = &*o {
+        // A peer that started a switch to TCP is answered by any operation, also a write or
+        // a shutdown that would not read the socket.
+        c.notice_switch(fd);
+    }
     match &*o {
         Obj::Conn(c) if c.switching() => {
             // The peer switches the connection to TCP (or it did): our answer first; then
@@ -1486,28 +1491,50 @@ pub unsafe fn sigaction(
 }
 
 pub unsafe fn signal(sig: c_int, h: libc::sighandler_t) -> libc::sighandler_t {
-    if lifecycle::in_vfork_child() {
-        // SAFETY: the caller's arguments, passed on unchanged: this function has the contract
-        // of libc's `signal`.
-        return unsafe { real::signal(sig, h) };
+    // SAFETY: the caller's arguments: this function has the contract of libc's `signal`.
+    unsafe { through_libc(sig, h, |s, h| real::signal(s, h)) }
+}
+
+/// `sysv_signal`, `__sysv_signal` (a `-std=c99` program's `signal`), `bsd_signal`, `sigset`:
+/// each as `signal`.
+///
+/// # Safety
+/// The contract of libc's function of that name.
+pub unsafe fn signal_like(
+    sig: c_int,
+    h: libc::sighandler_t,
+    real_fn: unsafe fn(c_int, libc::sighandler_t) -> libc::sighandler_t,
+) -> libc::sighandler_t {
+    // SAFETY: as above.
+    unsafe { through_libc(sig, h, |s, h| real_fn(s, h)) }
+}
+
+/// libc's own function first (it checks the arguments and chooses the flags: `signal`'s BSD
+/// semantics and a prior `siginterrupt`, `sysv_signal`'s one-shot handler, `sigset`'s
+/// `SIG_HOLD`); then the action it installed again through our `sigaction`, so that the
+/// handler runs through the trampoline (see `signals`). The old handler is the program's.
+unsafe fn through_libc(
+    sig: c_int,
+    h: libc::sighandler_t,
+    f: impl FnOnce(c_int, libc::sighandler_t) -> libc::sighandler_t,
+) -> libc::sighandler_t {
+    let prev = crate::signals::previous(sig);
+    let old = f(sig, h);
+    if old == libc::SIG_ERR || lifecycle::in_vfork_child() {
+        return old;
     }
-    // glibc's signal(): BSD semantics, SA_RESTART, the signal blocked while its handler runs.
-    // SAFETY: a zeroed sigaction is valid; the mask is filled by libc.
-    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
-    act.sa_sigaction = h;
-    act.sa_flags = libc::SA_RESTART;
-    // SAFETY: valid mask pointer.
-    unsafe {
-        libc::sigemptyset(&mut act.sa_mask);
-        libc::sigaddset(&mut act.sa_mask, sig);
+    // SAFETY: a zeroed sigaction is valid output space; querying only.
+    let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer; no new action.
+    if unsafe { real::sigaction(sig, std::ptr::null(), &mut cur) } == 0 {
+        // SAFETY: `cur` is a valid sigaction.
+        unsafe { sigaction(sig, &cur, std::ptr::null_mut()) };
     }
-    // SAFETY: a zeroed sigaction is valid output space.
-    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointers: this is sigaction's contract.
-    if unsafe { sigaction(sig, &act, &mut old) } != 0 {
-        return libc::SIG_ERR;
-    }
-    old.sa_sigaction
+    // SAFETY: a zeroed sigaction is valid.
+    let mut o: libc::sigaction = unsafe { std::mem::zeroed() };
+    o.sa_sigaction = old;
+    crate::signals::unwrap_old(&mut o, prev);
+    o.sa_sigaction
 }
 
 /// For tests: install a connection at `fd` (e.g. a socketpair end).

@@ -30,6 +30,11 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The owner of this DMB is switching the connection to TCP ([`Conn::switch_to_tcp`]): its
+/// marker is on the way over the socket. A peer that only writes would never read it: its
+/// writes and shutdown look here and drain the socket ([`Conn::notice_switch`]).
+pub const WAIT_SWITCH: u64 = 4;
+
 /// The reader of this DMB sleeps waiting for data.
 pub const WAIT_DATA: u64 = 1;
 /// The writer into this DMB sleeps waiting for room.

@@ -203,6 +203,10 @@ real_fns! {
     setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
     sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int;
     signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
+    sysv_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
+    __sysv_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
+    bsd_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
+    sigset(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
     execve(path: *const libc::c_char, argv: *const *const libc::c_char, envp: *const *const libc::c_char) -> c_int;
     execv(path: *const libc::c_char, argv: *const *const libc::c_char) -> c_int;
     execvp(file: *const libc::c_char, argv: *const *const libc::c_char) -> c_int;

@@ -62,7 +62,7 @@ extern "C" fn trampoline(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
         return;
     };
     let h = slot.load(Ordering::Acquire);
-    if h == 0 || h == libc::SIG_DFL || h == libc::SIG_IGN {
+    if h == 0 || h == libc::SIG_DFL || h == libc::SIG_IGN || h == trampoline_addr() {
         return;
     }
     if APP_SIGINFO.load(Ordering::Acquire) & (1u64 << sig) != 0 {
@@ -88,6 +88,12 @@ fn trampoline_addr() -> usize {
 pub fn wrap(sig: i32, act: &libc::sigaction) -> (libc::sigaction, (usize, bool)) {
     let prev = previous(sig);
     let h = act.sa_sigaction;
+    if h == trampoline_addr() {
+        // Our trampoline handed back by a call that does not translate it (`sysv_signal`,
+        // `bsd_signal`, `sigset` return what the kernel holds): the program restores the
+        // handler it had, which the trampoline still runs.
+        return (*act, prev);
+    }
     if !(1..64).contains(&sig) || fault(sig) || h == libc::SIG_DFL || h == libc::SIG_IGN {
         if let Some(slot) = APP.get(sig as usize) {
             slot.store(0, Ordering::Release);
@@ -125,6 +131,10 @@ pub fn unwrap_old(old: &mut libc::sigaction, prev: (usize, bool)) {
         if !prev.1 {
             old.sa_flags &= !libc::SA_SIGINFO;
         }
+    } else if old.sa_sigaction == libc::SIG_DFL && prev.0 != 0 && !prev.1 {
+        // Reset by the kernel after one delivery (SA_RESETHAND): the flags are still the ones
+        // we installed the trampoline with.
+        old.sa_flags &= !libc::SA_SIGINFO;
     }
 }
 
@@ -139,7 +149,7 @@ pub fn wait_begins() {
 pub fn interrupted() -> bool {
     let sig = LAST.with(|l| l.get());
     if sig <= 0 {
-        return NORESTART.load(Ordering::Relaxed) != 0;
+        return any_handler_without_restart();
     }
     // SAFETY: a zeroed sigaction is valid output space; querying only.
     let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -148,6 +158,28 @@ pub fn interrupted() -> bool {
         return NORESTART.load(Ordering::Relaxed) != 0;
     }
     cur.sa_flags & libc::SA_RESTART == 0
+}
+
+/// The signal is unknown (its handler was installed without us: `sysv_signal`, `sigset`, raw
+/// system calls): EINTR when any signal's action, as the kernel holds it, has a handler
+/// without `SA_RESTART`.
+fn any_handler_without_restart() -> bool {
+    for sig in 1..65 {
+        if fault(sig) || sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: a zeroed sigaction is valid output space; querying only.
+        let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: valid pointer; no new action.
+        if unsafe { crate::real::sigaction(sig, std::ptr::null(), &mut cur) } != 0 {
+            continue;
+        }
+        let h = cur.sa_sigaction;
+        if h != libc::SIG_DFL && h != libc::SIG_IGN && cur.sa_flags & libc::SA_RESTART == 0 {
+            return true;
+        }
+    }
+    false
 }
 
 /// Whether a poll interrupted by a signal should surface as EINTR (process-wide view).

@@ -28,13 +28,22 @@ impl Conn {
         self.flags() & (F_SWITCHING | F_PEER_SWITCH | F_SWITCHED) != 0
     }
 
+    /// The peer started a switch to TCP ([`WAIT_SWITCH`] in its DMB): drain the socket up to
+    /// its marker now (when no other thread sleeps on it, which the marker wakes), so that a
+    /// write or shutdown answers it ([`F_PEER_SWITCH`]) instead of going on into the ring.
+    pub fn notice_switch(&self, fd: i32) {
+        if self.peer_wait().load(Ordering::Relaxed) & WAIT_SWITCH != 0
+            && self.flags() & (F_SWITCHING | F_PEER_SWITCH | F_SWITCHED) == 0
+        {
+            self.try_drain(fd);
+        }
+    }
+
     /// Reset the connection at once (both ends fail cleanly): a socket that leaves for an
     /// image without the library from a `vfork` child, which cannot switch it. No allocation.
     pub fn reset_now(&self, fd: i32) {
         self.set_flag(F_PROTO);
-        set_linger_reset(fd);
-        // SAFETY: plain syscall.
-        unsafe { real::shutdown(fd, libc::SHUT_RDWR) };
+        reset_socket(fd);
     }
 
     /// Switch the connection to plain TCP, mid-stream (this project's CDC extension, see
@@ -91,9 +100,7 @@ impl Conn {
         let r = self.switch_steps(fd, deadline, leave);
         if r == Switched::Reset {
             self.set_flag(F_PROTO);
-            set_linger_reset(fd);
-            // SAFETY: plain syscall.
-            unsafe { real::shutdown(fd, libc::SHUT_RDWR) };
+            reset_socket(fd);
         } else {
             self.set_flag(F_SWITCHED);
         }
@@ -121,6 +128,9 @@ impl Conn {
                 "fd {fd}: switch to TCP impossible, the peer closed: {}",
                 self.describe()
             );
+            // Out of the SOCKHASH all the same, so that the image's reads are plain TCP ones
+            // (the reset's ECONNRESET, not the sockmap's EAGAIN).
+            let _ = leave();
             return Switched::Reset;
         }
         if !leave() {
@@ -129,6 +139,8 @@ impl Conn {
             );
             return Switched::Reset;
         }
+        // A peer that only writes learns it from its next write (`notice_switch`).
+        self.own_wait().fetch_or(WAIT_SWITCH, Ordering::SeqCst);
         if !send_all(fd, &[SWITCH_TCP], deadline) {
             crate::debug!("fd {fd}: switch to TCP: our marker could not be sent");
             return Switched::Reset;
@@ -282,6 +294,30 @@ fn read_to_marker(fd: i32, deadline: Instant) -> bool {
     };
     real::set_errno(e0);
     ok
+}
+
+/// Resets the TCP connection of `fd`, which stays open (it goes on to an image without the
+/// library): `connect(AF_UNSPEC)` disconnects it, the peer gets a reset and this socket's next
+/// read says ECONNRESET (then ENOTCONN), never a clean end of stream. Else linger 0 and
+/// shutdown (the peer gets a reset; our reads say EOF).
+fn reset_socket(fd: i32) {
+    // SAFETY: a zeroed sockaddr is valid; AF_UNSPEC is 0.
+    let sa: libc::sockaddr = unsafe { std::mem::zeroed() };
+    let e0 = real::errno();
+    // SAFETY: a valid address of its length.
+    let r = unsafe {
+        real::connect(
+            fd,
+            &sa,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        set_linger_reset(fd);
+        // SAFETY: plain syscall.
+        unsafe { real::shutdown(fd, libc::SHUT_RDWR) };
+    }
+    real::set_errno(e0);
 }
 
 /// `SO_LINGER {1, 0}`: the close (or shutdown) sends a reset.
