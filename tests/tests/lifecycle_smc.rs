@@ -480,14 +480,15 @@ fn prefork_and_inetd_servers_move_bytes_like_tcp() {
     assert!(differ.is_empty(), "{}", differ.join("\n"));
 }
 
-/// The staying peer answers the switch with its write and shutdown, though it reads only
-/// much later (longer than the leaving end waits for its answer: 5 CLC timeouts, 5 s here).
-/// Before, only a read answered: the leaving end reset the connection after its wait, and the
-/// handler read a clean EOF with the peer's bytes lost.
+/// The staying peer answers the switch with its writes, though it reads only much later: it
+/// writes a piece every 100 ms for 6 s, longer than the leaving end waits for its answer (5 CLC
+/// timeouts, 5 s here), so a write comes after the switch began whenever it began. Before, only
+/// a read answered: the leaving end reset the connection after its wait, and the handler read
+/// a clean EOF with the peer's bytes lost.
 #[test]
 fn an_exec_switch_is_answered_by_a_peer_that_only_writes() {
     let w = SmcWorld::new();
-    let env = [("STAY_PAUSE", "6"), ("SMC_CLC_TIMEOUT_MS", "1000")];
+    let env = [("STAY_TRICKLE", "1"), ("SMC_CLC_TIMEOUT_MS", "1000")];
     let tcp = exec_handoff_case_env(&w, "server", "execve", false, &env);
     assert!(tcp.starts_with("PEER OK"), "plain TCP: {tcp}");
     let before = w.stats_sum().get("smcd_server");
@@ -879,10 +880,15 @@ if role == "leave":
 c.sendall(A1)
 if sys.stdin.readline().strip() != "GO":
     sys.exit(1)
-c.sendall(A2)
+# A peer that only writes for a while before it reads (STAY_TRICKLE=1: A2 in 60 pieces, one
+# every 100 ms).
+if os.environ.get("STAY_TRICKLE") == "1":
+    for k in range(60):
+        c.sendall(A2[k * len(A2) // 60:(k + 1) * len(A2) // 60])
+        time.sleep(0.1)
+else:
+    c.sendall(A2)
 c.shutdown(socket.SHUT_WR)
-# A peer that only writes for a while (STAY_PAUSE seconds) before it reads.
-time.sleep(float(os.environ.get("STAY_PAUSE", "0")))
 got = bytearray()
 while True:
     b = c.recv(65536)
