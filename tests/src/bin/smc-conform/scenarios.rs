@@ -134,6 +134,8 @@ scenarios! {
     eintr_without_restart: 1;
     sa_restart_restarts: 1;
     restart_per_handler: 1;
+    sysv_signal_interrupts: 1;
+    sysv_signal_handler_restored: 0;
     // a forked child that closes every inherited descriptor, then connects
     fork_child_closes_all_then_connects: 1;
     // buffering
@@ -3395,6 +3397,37 @@ fn restart_per_handler() {
     handle(libc::SIGUSR1, true);
     handle(libc::SIGUSR2, false);
     blocked_recv_with_signal(&[libc::SIGUSR1]);
+}
+
+extern "C" {
+    /// glibc's System V `signal` (what a `-std=c99` program's `signal` is): one-shot handler,
+    /// no SA_RESTART.
+    fn __sysv_signal(sig: c_int, h: libc::sighandler_t) -> libc::sighandler_t;
+}
+
+fn sysv_signal_interrupts() {
+    // A handler installed with the System V `signal` has no SA_RESTART: the blocked recv ends
+    // with EINTR.
+    // SAFETY: an async-signal-safe handler.
+    unsafe { __sysv_signal(libc::SIGUSR1, on_signal as *const () as usize) };
+    blocked_recv_with_signal(&[libc::SIGUSR1]);
+}
+
+fn sysv_signal_handler_restored() {
+    // The old handler `__sysv_signal` returns is the program's (never ours), and putting it
+    // back with `signal` runs it once per signal.
+    handle(libc::SIGUSR1, true);
+    // SAFETY: async-signal-safe handlers; raise delivers synchronously.
+    unsafe {
+        let old = __sysv_signal(libc::SIGUSR1, libc::SIG_IGN);
+        log(format!(
+            "old is a handler = {}",
+            old != libc::SIG_DFL && old != libc::SIG_IGN && old != libc::SIG_ERR
+        ));
+        libc::signal(libc::SIGUSR1, old);
+        libc::raise(libc::SIGUSR1);
+    }
+    log(format!("handled USR1 x{}", SIGUSR1S.load(Ordering::SeqCst)));
 }
 
 // ── buffering ───────────────────────────────────────────────────────────────────────────────
