@@ -49,8 +49,9 @@ fn bpf(cmd: libc::c_long, attr: &mut [u64; 16]) -> libc::c_long {
     }
 }
 
-/// The pinned socket-storage map at `path`, when it is one of our layout.
-fn open_map(path: &Path) -> Option<OwnedFd> {
+/// The pinned map at `path` and its `struct bpf_map_info` (type, id, key_size, value_size, as
+/// u32 words first).
+fn open_pinned(path: &Path) -> Option<(OwnedFd, [u32; 32])> {
     let cpath = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
     let mut attr = [0u64; 16];
     attr[0] = cpath.as_ptr() as u64;
@@ -60,7 +61,6 @@ fn open_map(path: &Path) -> Option<OwnedFd> {
     }
     // SAFETY: a new fd of ours.
     let map = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
-    // struct bpf_map_info: type, id, key_size, value_size (u32 each), ...
     let mut info = [0u32; 32];
     let mut attr = [0u64; 16];
     attr[0] = map.as_raw_fd() as u32 as u64 | ((mem::size_of_val(&info) as u64) << 32);
@@ -68,6 +68,12 @@ fn open_map(path: &Path) -> Option<OwnedFd> {
     if bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) != 0 {
         return None;
     }
+    Some((map, info))
+}
+
+/// The pinned socket-storage map at `path`, when it is one of our layout.
+fn open_map(path: &Path) -> Option<OwnedFd> {
+    let (map, info) = open_pinned(path)?;
     (info[0] == BPF_MAP_TYPE_SK_STORAGE && info[2] == 4 && info[3] == VALUE_LEN as u32)
         .then_some(map)
 }
@@ -134,22 +140,7 @@ const SOCK_KEY_LEN: usize = 40;
 /// `smc_common::bpf::MAP_SOCKHASH`), when it is one of our layout.
 fn open_sockhash(sock_state_map: &Path) -> Option<OwnedFd> {
     let path = sock_state_map.with_file_name(smc_common::bpf::MAP_SOCKHASH);
-    let cpath = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-    let mut attr = [0u64; 16];
-    attr[0] = cpath.as_ptr() as u64;
-    let fd = bpf(BPF_OBJ_GET, &mut attr);
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: a new fd of ours.
-    let map = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
-    let mut info = [0u32; 32];
-    let mut attr = [0u64; 16];
-    attr[0] = map.as_raw_fd() as u32 as u64 | ((mem::size_of_val(&info) as u64) << 32);
-    attr[1] = info.as_mut_ptr() as u64;
-    if bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) != 0 {
-        return None;
-    }
+    let (map, info) = open_pinned(&path)?;
     (info[0] == BPF_MAP_TYPE_SOCKHASH && info[2] == SOCK_KEY_LEN as u32).then_some(map)
 }
 

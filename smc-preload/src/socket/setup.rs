@@ -461,20 +461,8 @@ fn leave_shortcut(fd: i32) {
 /// through `tcp_bpf`, see `member.rs`; an established SMC-D socket gets no more `sock_ops`
 /// callbacks that would take it out). False when that could not be done.
 pub(crate) fn leave_shortcut_for_tcp(fd: i32) -> bool {
-    let zero: u32 = 0;
-    let e0 = real::errno();
-    // SAFETY: valid option buffer.
-    unsafe {
-        real::setsockopt(
-            fd,
-            SOL_SMC_BPF,
-            SMC_SO_SHORTCUT,
-            &zero as *const u32 as *const libc::c_void,
-            4,
-        )
-    };
-    real::set_errno(e0);
-    set_bpf_flag(fd, SMC_SO_TCP);
+    set_bpf_opt(fd, SMC_SO_SHORTCUT, 0);
+    leave_shortcut(fd);
     let r = with_dev(|d| d.leave_shortcut(fd));
     if let Err(e) = &r {
         debug!("fd {fd}: the daemon did not take the socket out of the SOCKHASH: {e}");
@@ -485,7 +473,11 @@ pub(crate) fn leave_shortcut_for_tcp(fd: i32) -> bool {
 /// `setsockopt(fd, SOL_SMC_BPF, name, 1)`, errno preserved (outside an attached cgroup the
 /// kernel refuses it, which changes nothing).
 fn set_bpf_flag(fd: i32, name: i32) {
-    let one: u32 = 1;
+    set_bpf_opt(fd, name, 1);
+}
+
+/// `setsockopt(fd, SOL_SMC_BPF, name, value)`, errno preserved.
+fn set_bpf_opt(fd: i32, name: i32, value: u32) {
     let e0 = real::errno();
     // SAFETY: valid option buffer.
     unsafe {
@@ -493,7 +485,7 @@ fn set_bpf_flag(fd: i32, name: i32) {
             fd,
             SOL_SMC_BPF,
             name,
-            &one as *const u32 as *const libc::c_void,
+            &value as *const u32 as *const libc::c_void,
             4,
         )
     };
