@@ -734,7 +734,8 @@ fn forget_slot(fd: c_int, io_fd: c_int) {
                         sh.sleeps.load(Ordering::Relaxed),
                         sh.tx_full.load(Ordering::Relaxed),
                     );
-                    c.final_close(io_fd);
+                    // Counted before the final close: once it finished, the state page may
+                    // be pooled and reused by the process that registered it.
                     stats::conn_closed(c);
                     if c.role == crate::conn::Role::Client {
                         setup::note_client_conn_bytes(
@@ -742,6 +743,7 @@ fn forget_slot(fd: c_int, io_fd: c_int) {
                                 + sh.tx_bytes.load(Ordering::Relaxed),
                         );
                     }
+                    c.final_close(io_fd);
                 }
             }
         }

@@ -76,6 +76,16 @@ pub const F_SWITCHING: u32 = 1 << 11;
 pub const F_PEER_SWITCH: u32 = 1 << 12;
 /// The connection continues on plain TCP, for every holder of this end in every process.
 pub const F_SWITCHED: u32 = 1 << 13;
+/// The final close ([`Conn::final_close`]) finished: no process writes into either DMB or the
+/// local state page for this connection any more. [`F_CLOSED`] is set when it starts, and the
+/// process that runs it may be preempted before its last write into the peer's DMB (its close
+/// flags) while another process that held the connection releases its DMB references: that
+/// release must not take [`F_CLOSED`] for "nobody writes here any more" (it pooled our DMB and
+/// untainted the peer's, the daemon bound both to a new connection, and the late close flags
+/// landed in that connection's header: its server swallowed its reply as written after the
+/// peer's close, and its client read EOF with no byte: what one CI run of the fork stress test
+/// showed; not reproduced on demand in 40 runs).
+pub const F_CLOSE_DONE: u32 = 1 << 14;
 
 /// This project's CDC extension "switch to TCP" (Linux net/smc has no such message): the one
 /// byte, sent on the TCP socket after the sender's last doorbell, that ends the doorbell
@@ -612,10 +622,11 @@ impl Conn {
         &self.shared
     }
 
-    /// The last fd of the connection closed in every process ([`Conn::final_close`] ran):
-    /// nobody reads or writes its rings any more.
+    /// The last fd of the connection closed in every process and its [`Conn::final_close`]
+    /// finished ([`F_CLOSE_DONE`]): nobody reads or writes its rings or its local state page
+    /// any more.
     pub fn closed_everywhere(&self) -> bool {
-        self.flags() & F_CLOSED != 0
+        self.flags() & F_CLOSE_DONE != 0
     }
 
     /// How far into each ring the connection wrote (receive ring: as far as the peer's

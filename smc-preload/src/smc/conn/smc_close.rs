@@ -68,6 +68,9 @@ impl Conn {
         }
         // Unread doorbells in our receive queue would turn our FIN into a RST.
         self.drain(fd);
+        // Last: from here on the DMBs and the state page may be pooled and bound to another
+        // connection (see `F_CLOSE_DONE`).
+        self.set_flag(F_CLOSE_DONE);
     }
 
     /// Count one more fd referring to this connection (dup, fork).

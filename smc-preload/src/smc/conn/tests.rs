@@ -759,3 +759,25 @@ fn adopted_end_shares_state_and_takes_travelling_references() {
     )
     .is_err());
 }
+
+/// A final close under way in another process (`F_CLOSED` set, its close flags not yet in the
+/// peer's DMB) is not "closed everywhere": a process that releases its references meanwhile
+/// must not pool our DMB nor untaint the peer's (the late close flags would land in the next
+/// connection bound to them). Only a finished final close is.
+#[test]
+fn a_final_close_under_way_is_not_closed_everywhere() {
+    let (a, _b, fa, _fb) = test_pair(16384, 16384).unwrap();
+    assert!(!a.closed_everywhere());
+    // Where another process's final close stands after its first step.
+    a.set_flag(F_CLOSED);
+    assert!(!a.closed_everywhere());
+    let (c, d, fc, fd) = test_pair(16384, 16384).unwrap();
+    c.final_close(fc.as_raw_fd());
+    assert!(c.closed_everywhere());
+    // Its close flags reached the peer before it counted as finished.
+    let r = d.readiness();
+    assert!(r.rd_eof && !r.error, "{r:?}");
+    let mut buf = [0u8; 8];
+    assert_eq!(d.recv(fd.as_raw_fd(), &iov_mut(&mut buf), 0), Ok(0));
+    drop(fa);
+}
