@@ -123,7 +123,8 @@ pub struct Shared {
     pub flags: AtomicU32,
     /// Waiters (threads of any process) sleeping on `wake_seq`.
     pub waiters: AtomicU32,
-    /// 1 while one waiter sleeps in poll on the TCP socket.
+    /// The task id (`gettid`) of the one waiter that sleeps in poll on the TCP socket, 0: none.
+    /// A waiter that finds it set to a task that no longer exists takes over.
     pub poller: AtomicU32,
     /// Bumped by the poller after each wakeup and by every drain of doorbells (futex word of
     /// the other waiters).

@@ -398,9 +398,10 @@ impl Conn {
             // doorbells); every other waiter (thread or process) sleeps on a futex that the
             // poller bumps after each wakeup, so no doorbell is consumed behind a sleeper's back.
             let seq = s.wake_seq.load(Ordering::Acquire);
-            if s.poller
-                .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
-                .is_err()
+            let me = gettid();
+            if let Err(poller) =
+                s.poller
+                    .compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed)
             {
                 s.waiters.fetch_add(1, Ordering::AcqRel);
                 if !self.ready_for(data, need) {
@@ -413,6 +414,18 @@ impl Conn {
                         self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
                     }
                     return Woke::Ready;
+                }
+                if s.wake_seq.load(Ordering::Acquire) == seq && !task_alive(poller) {
+                    // The poller died asleep (its process killed, its thread cancelled): the
+                    // word names a task that no longer exists and nobody would ever bump
+                    // `wake_seq` again. Taken over (every later wait would otherwise cost
+                    // half a second).
+                    crate::debug!(
+                        "fd {fd}: the poller (task {poller}) is gone: another waiter takes over"
+                    );
+                    let _ =
+                        s.poller
+                            .compare_exchange(poller, 0, Ordering::AcqRel, Ordering::Relaxed);
                 }
                 continue;
             }
@@ -448,7 +461,11 @@ impl Conn {
             if slept && r == 0 && reclaim {
                 self.reclaim_tx();
             }
-            s.poller.store(0, Ordering::Release);
+            // Ours unless a waiter took it over meanwhile (it believed us gone: never while
+            // we live, but a task id can come back to another task).
+            let _ = s
+                .poller
+                .compare_exchange(me, 0, Ordering::AcqRel, Ordering::Relaxed);
             s.wake_seq.fetch_add(1, Ordering::AcqRel);
             if s.waiters.load(Ordering::Acquire) > 0 {
                 crate::shm::futex_wake(&s.wake_seq, i32::MAX);
@@ -506,4 +523,25 @@ impl Conn {
             }
         }
     }
+}
+
+/// The calling thread's kernel task id (never 0): the [`Shared::poller`] word.
+pub(super) fn gettid() -> u32 {
+    // SAFETY: gettid(2) has no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+/// Whether task `tid` (a thread of this or another process sharing the connection) still
+/// exists. A task we may not signal exists; a task id reused by an unrelated task reads as
+/// alive (the waiter then keeps its half-second sleeps, as before this check).
+fn task_alive(tid: u32) -> bool {
+    if tid == 0 || tid > i32::MAX as u32 {
+        return false;
+    }
+    let e0 = real::errno();
+    // SAFETY: signal 0 only checks that the task exists (kill(2) accepts any thread's id).
+    let r = unsafe { libc::kill(tid as libc::pid_t, 0) };
+    let alive = r == 0 || real::errno() != libc::ESRCH;
+    real::set_errno(e0);
+    alive
 }

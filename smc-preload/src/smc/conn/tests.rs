@@ -781,3 +781,61 @@ fn a_final_close_under_way_is_not_closed_everywhere() {
     assert_eq!(d.recv(fd.as_raw_fd(), &iov_mut(&mut buf), 0), Ok(0));
     drop(fa);
 }
+
+/// A process that shares the connection and was killed while it slept as the poller (on the
+/// TCP socket) leaves the poller word behind: the next waiter finds its task gone and takes
+/// over (before, every later wait of every other holder slept its half-second safety net,
+/// since nobody would bump the futex again).
+#[test]
+fn a_killed_poller_is_taken_over() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    let poller = |want: Option<u32>| {
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            let p = b.sh().poller.load(Ordering::Acquire);
+            if want.map_or(p != 0, |w| p == w) || Instant::now() > end {
+                return p;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    // SAFETY: the child only blocks in recv until it is killed.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let mut buf = [0u8; 16];
+        let _ = b.recv(fb, &iov_mut(&mut buf), 0);
+        // SAFETY: in the forked child: leave without running the parent's destructors.
+        unsafe { libc::_exit(0) };
+    }
+    /// Kills and reaps the child when dropped (also when an assertion fails first).
+    struct Child(libc::pid_t);
+    impl Drop for Child {
+        fn drop(&mut self) {
+            // SAFETY: our child.
+            unsafe {
+                libc::kill(self.0, libc::SIGKILL);
+                libc::waitpid(self.0, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+    let child = Child(pid);
+    assert_eq!(poller(None), pid as u32, "the child sleeps as the poller");
+    drop(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|sc| {
+        let reader = sc.spawn(|| {
+            tx.send(super::smc_wake::gettid()).unwrap();
+            let mut buf = [0u8; 16];
+            b.recv(fb, &iov_mut(&mut buf), 0).map(|n| buf[..n].to_vec())
+        });
+        let tid = rx.recv().unwrap();
+        assert_eq!(
+            poller(Some(tid)),
+            tid,
+            "the reader took the dead poller's place"
+        );
+        assert_eq!(a.send(fa, &iov(b"after"), 0), Ok(5));
+        assert_eq!(reader.join().unwrap(), Ok(b"after".to_vec()));
+    });
+}
