@@ -8,6 +8,8 @@
 //   child's copy finishes. TCP: the child's recv returns conn1's bytes, conn2 delivers every
 //   byte. Checked: what the child read, what conn2 delivered to each side.
 // sendfault: the same with the child's thread inside send (its copy-in faults).
+// sendstop: the child's thread waits for room in send (no userfaultfd: job control stops the
+//   child while the parent closes, the server reads to the end, conn2 is made).
 // rawfork: a child made with syscall(SYS_fork) (no atfork handlers, no fork() interposition)
 //   closes its inherited copy of the connection; the parent then uses it, and makes a second
 //   connection to the same server.
@@ -34,6 +36,7 @@
 
 #define N1 700
 #define N2 1000
+#define SBIG 200000
 static int lport;
 
 static void die(const char *m) { printf("FATAL %s: %s\n", m, strerror(errno)); fflush(stdout); _exit(2); }
@@ -42,6 +45,8 @@ static int listener(void) {
   int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
   setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, 4);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001)};
+  int rb = 16384;  // small rings: a short connection's DMBs are pooled
+  setsockopt(l, SOL_SOCKET, SO_RCVBUF, &rb, 4);
   if (bind(l, (void *)&a, sizeof a) || listen(l, 16)) die("listen");
   socklen_t al = sizeof a;
   getsockname(l, (void *)&a, &al);
@@ -96,6 +101,8 @@ static void check(const char *who, int conn, const unsigned char *b, ssize_t n, 
 
 // Server process: conn1 (sends N1 bytes, reads to the end), then conn2 (sends N2 bytes, shuts
 // its write side, reads to the end). Reports on `rep` after each.
+static int server_go = -1;
+static int waitbyte(int fd, int ms);
 static void server(int l, int rep) {
   unsigned char *b = malloc(1 << 20), out[N2];
   for (int c = 1; c <= 2; c++) {
@@ -105,9 +112,14 @@ static void server(int l, int rep) {
     for (size_t i = 0; i < n; i++) out[i] = pat(c, i);
     if (writeall(s, out, n)) printf("server conn%d: write failed: %s\n", c, strerror(errno));
     if (c == 2) shutdown(s, SHUT_WR);
+    if (c == 1 && server_go >= 0) waitbyte(server_go, 10000);
     int err;
     ssize_t r = readall(s, b, 1 << 20, &err);
-    check("server got on", c + 2, b, r, c == 1 ? 0 : N2, err);
+    if (c == 1 && server_go >= 0) {
+      // sendstop: conn1 carries the child's bytes (pattern 6).
+      check("server got on", 6, b, r, SBIG, err);
+    } else
+      check("server got on", c + 2, b, r, c == 1 ? 0 : N2, err);
     close(s);
     char k = 'a' + c;
     write(rep, &k, 1);
@@ -229,6 +241,73 @@ static int faulting(int is_send) {
   return 0;
 }
 
+// Scenario sendstop: the child's thread blocks in send (the server does not read yet, its
+// receive buffer is small), the child closes its fd, the parent stops the child (SIGSTOP,
+// job control), closes the last fd, lets the server read conn1 to its end, makes conn2, and
+// continues the child.
+static void *big_send(void *arg) {
+  (void)arg;
+  unsigned char *m = malloc(SBIG);
+  for (int i = 0; i < SBIG; i++) m[i] = pat(6, i);
+  child_r = send(cfd, m, SBIG, MSG_NOSIGNAL);
+  child_e = errno;
+  return NULL;
+}
+
+static int sendstop(void) {
+  int rep[2], fromc[2], go[2];
+  pipe(rep); pipe(fromc); pipe(go);
+  int l = listener();
+  pid_t sp = fork();
+  if (sp == 0) { close(rep[0]); server_go = go[0]; server(l, rep[1]); }
+  close(rep[1]);
+  int c1 = dial();
+  unsigned char *b = malloc(1 << 20);
+  pid_t cp = fork();
+  if (cp == 0) {
+    cfd = c1;
+    pthread_t t;
+    pthread_create(&t, NULL, big_send, NULL);
+    usleep(300000);            // the thread fills the ring and waits for room
+    close(c1);                 // the thread still uses the connection
+    write(fromc[1], "f", 1);
+    pthread_join(t, NULL);
+    printf("child send on conn1: %zd (%s)\n", child_r, child_r < 0 ? strerror(child_e) : "ok");
+    fflush(stdout);
+    _exit(0);
+  }
+  if (waitbyte(fromc[0], 6000) != 'f') printf("parent: child not ready\n");
+  kill(cp, SIGSTOP);
+  int st;
+  waitpid(cp, &st, WUNTRACED);
+  close(c1);
+  write(go[1], "r", 1);
+  int k = waitbyte(rep[0], 1500);
+  printf("parent: server %s conn1 before conn2\n", k == 'b' ? "finished" : "had not finished");
+  int c2 = dial();
+  struct pollfd pp = {c2, POLLIN, 0};
+  poll(&pp, 1, 3000);
+  kill(cp, SIGCONT);
+  for (int i = 0; i < 50 && waitpid(cp, &st, WNOHANG) == 0; i++) usleep(100000);
+  if (waitpid(cp, &st, WNOHANG) == 0) {
+    printf("child: still in send 5 s after SIGCONT\n");
+    kill(cp, SIGKILL);
+    waitpid(cp, &st, 0);
+  }
+  if (k != 'b') waitbyte(rep[0], 5000);
+  unsigned char out[N2];
+  for (int i = 0; i < N2; i++) out[i] = pat(4, i);
+  if (writeall(c2, out, N2)) printf("parent conn2: write failed: %s\n", strerror(errno));
+  shutdown(c2, SHUT_WR);
+  int err;
+  ssize_t r = readall(c2, b, 1 << 20, &err);
+  check("parent got on", 2, b, r, N2, err);
+  close(c2);
+  waitbyte(rep[0], 5000);
+  waitpid(sp, &st, 0);
+  return 0;
+}
+
 // Scenario rawfork.
 static int rawfork(void) {
   int rep[2], fromc[2];
@@ -278,6 +357,7 @@ int main(int argc, char **argv) {
   if (!strcmp(s, "recvfault")) return faulting(0);
   if (!strcmp(s, "sendfault")) return faulting(1);
   if (!strcmp(s, "rawfork")) return rawfork();
+  if (!strcmp(s, "sendstop")) return sendstop();
   printf("unknown scenario %s\n", s);
   return 2;
 }
