@@ -975,9 +975,17 @@ pub unsafe fn fork() -> libc::pid_t {
     // names exactly the connections counted here.
     let frozen = fdtable::freeze_for_fork();
     let objs = fdtable::all_objects();
+    // Each connection object once (dup'd fds share it): the child's copy holds it too.
+    let mut held: Vec<Arc<Obj>> = Vec::new();
     for (_, o) in &objs {
         match &**o {
-            Obj::Conn(c) => c.add_ref(1),
+            Obj::Conn(c) => {
+                c.add_ref(1);
+                if !held.iter().any(|h| Arc::ptr_eq(h, o)) {
+                    c.add_holder();
+                    held.push(o.clone());
+                }
+            }
             Obj::Epoll(s) => s.before_fork(),
             _ => {}
         }
@@ -988,6 +996,11 @@ pub unsafe fn fork() -> libc::pid_t {
     drop(frozen);
     if r == 0 {
         crate::reset_pid();
+        for o in &held {
+            if let Obj::Conn(c) = &**o {
+                c.holder_forked();
+            }
+        }
         fdtable::unlock_all_after_fork();
         setup::after_fork_child();
     } else if r > 0 {
@@ -1000,6 +1013,11 @@ pub unsafe fn fork() -> libc::pid_t {
         for (_, o) in &objs {
             if let Obj::Conn(c) = &**o {
                 c.drop_ref();
+            }
+        }
+        for o in &held {
+            if let Obj::Conn(c) = &**o {
+                c.leave_holders();
             }
         }
     }

@@ -160,6 +160,11 @@ pub struct Shared {
     /// Doorbells being sent right now ([`Conn::ring_doorbell`]): a switch to TCP waits for
     /// them, so that no doorbell follows its marker.
     bells: AtomicU32,
+    /// Processes whose [`Conn`] of this end is alive (see [`Conn::unheld`]): `refs` counts
+    /// fds, and a thread still inside a call (or stopped there) keeps using the rings and
+    /// this page after the last fd of its process closed; within one process its `Arc`
+    /// keeps the `Conn`, across processes this count does.
+    holders: AtomicU32,
 }
 
 /// [`Shared::ksleep`]: a drain of the doorbells is under way.
@@ -335,6 +340,9 @@ pub struct Conn {
     /// entry's fd, packed; 0: none): our next write puts it back on the set's ready list
     /// ([`Hooks::wrote`]).
     pub epoll_parked: AtomicU64,
+    /// The process whose holder this object is counted as in [`Shared::holders`] (0: none,
+    /// e.g. a forked child's copy of an object only a thread of its parent held).
+    holder_pid: AtomicU32,
 }
 
 /// Result of a readiness check.
@@ -389,10 +397,12 @@ impl Conn {
             own_token: 0,
             peer_token: 0,
             epoll_parked: AtomicU64::new(0),
+            holder_pid: AtomicU32::new(crate::pid()),
         };
         let s = c.sh();
         s.magic.store(SHARED_MAGIC, Ordering::Relaxed);
         s.refs.store(1, Ordering::Relaxed);
+        s.holders.store(1, Ordering::Relaxed);
         s.role
             .store(u32::from(role == Role::Server), Ordering::Relaxed);
         if nonblock {
@@ -437,11 +447,14 @@ impl Conn {
             own_token: 0,
             peer_token: 0,
             epoll_parked: AtomicU64::new(0),
+            holder_pid: AtomicU32::new(0),
         };
         let s = c.sh();
         if s.magic.load(Ordering::Acquire) != SHARED_MAGIC {
             return Err(bad());
         }
+        s.holders.fetch_add(1, Ordering::AcqRel);
+        c.holder_pid.store(crate::pid(), Ordering::Relaxed);
         if s.role.load(Ordering::Relaxed) == 1 {
             c.role = Role::Server;
         }
@@ -630,6 +643,45 @@ impl Conn {
         self.flags() & F_CLOSE_DONE != 0
     }
 
+    /// Before `fork`: the child's copy of this object will be a holder too (once per object,
+    /// however many fds name it); [`Conn::holder_forked`] in the child, [`Conn::leave_holders`]
+    /// in the parent if the fork failed.
+    pub fn add_holder(&self) {
+        self.sh().holders.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// In the child after `fork`: this copy is the holder [`Conn::add_holder`] counted.
+    pub fn holder_forked(&self) {
+        self.holder_pid.store(crate::pid(), Ordering::Relaxed);
+    }
+
+    /// This process's object stops holding the connection (its drop, or a failed fork's
+    /// count); no-op for a copy that was never counted.
+    pub fn leave_holders(&self) {
+        let s = self.sh();
+        let mut old = s.holders.load(Ordering::Acquire);
+        while old > 0 {
+            match s
+                .holders
+                .compare_exchange_weak(old, old - 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return,
+                Err(o) => old = o,
+            }
+        }
+    }
+
+    /// No process but the caller's (whose object is going) holds this end any more: no
+    /// thread anywhere is inside a call on it. With [`Conn::closed_everywhere`], nobody
+    /// writes into either DMB or the state page again (they may be pooled). A forked child
+    /// whose thread was inside `recv` across the last close stored its consumer cursor into
+    /// the page and the peer's DMB after both were bound to the next connection between the
+    /// same two processes: that connection lost bytes, the child read its bytes
+    /// (`tests/redteam/rt4.c recvfault`, `sendstop`).
+    pub fn unheld(&self) -> bool {
+        self.sh().holders.load(Ordering::Acquire) == 0
+    }
+
     /// How far into each ring the connection wrote (receive ring: as far as the peer's
     /// producer cursor we accepted; send ring: ours), in bytes from its start: the pages it
     /// touched.
@@ -651,6 +703,9 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
+        if self.holder_pid.swap(0, Ordering::AcqRel) == crate::pid() {
+            self.leave_holders();
+        }
         if let Some(r) = self.release.take() {
             r.release(self);
         }

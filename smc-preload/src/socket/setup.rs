@@ -782,9 +782,10 @@ impl Release for DmbRelease {
         // peer 0: a stand-in for a client that had already gone.
         let peer = Some(self.peer).filter(|&t| t != 0);
         let mut flags = 0;
-        if !c.closed_everywhere() {
-            // Another process (a forked child) still has the connection and may write into
-            // the peer's ring: never to be bound again.
+        if !c.closed_everywhere() || !c.unheld() {
+            // Another process (a forked child) still has the connection, or a thread of it
+            // is still inside a call, and may write into the peer's ring: never to be bound
+            // again.
             flags |= RELEASE_TAINT_PEER;
         } else {
             // Nobody uses the rings any more: a short connection's DMBs are kept for the next

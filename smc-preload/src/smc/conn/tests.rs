@@ -839,3 +839,25 @@ fn a_killed_poller_is_taken_over() {
         assert_eq!(reader.join().unwrap(), Ok(b"after".to_vec()));
     });
 }
+
+/// A forked child's object of the connection (counted by `ops::fork`) keeps it held after
+/// this process's object went, though the final close finished: a thread of the child may
+/// still be inside a call on it (`tests/redteam/rt4.c recvfault`), so neither DMB nor the
+/// state page may be pooled yet.
+#[test]
+fn a_holder_in_another_process_keeps_the_end_held() {
+    let (a, _b, fa, _fb) = test_pair(16384, 16384).unwrap();
+    assert!(!a.unheld(), "our own object holds it");
+    a.add_holder();
+    a.final_close(fa.as_raw_fd());
+    assert!(a.closed_everywhere());
+    // Our object goes (what its drop does first): the child's is still there.
+    a.leave_holders();
+    assert!(!a.unheld());
+    // The child's goes.
+    a.leave_holders();
+    assert!(a.unheld());
+    // Never below zero.
+    a.leave_holders();
+    assert!(a.unheld());
+}
