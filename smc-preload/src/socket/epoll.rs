@@ -1194,6 +1194,12 @@ fn translate(set: &EpollSet, kev: &[libc::epoll_event], out: &mut Vec<libc::epol
     let mut left = Vec::new();
     for (fd, o, to_end) in drains {
         if let Some(c) = o.conn() {
+            // Only through a number that still names the connection, or its private
+            // duplicate (the number closed under a call in flight).
+            let call = crate::obj::InCall::enter(fd, o.clone());
+            if call.is_none() && !c.io_redirected() {
+                continue;
+            }
             if !c.try_drain_to(fd, to_end) {
                 let seq = c.wake_seq();
                 left.push((fd, o, seq));

@@ -227,6 +227,9 @@ pub fn replace(fd: i32, new: Slot) -> Slot {
         Slot::Tag(t) => t,
         Slot::Obj(a) => {
             OBJECTS.fetch_add(1, Ordering::Relaxed);
+            if let Some(c) = a.conn() {
+                c.count_number(true);
+            }
             Arc::into_raw(a) as usize
         }
     };
@@ -237,7 +240,11 @@ pub fn replace(fd: i32, new: Slot) -> Slot {
         p => {
             OBJECTS.fetch_sub(1, Ordering::Relaxed);
             // SAFETY: the slot owned this strong count; ownership moves to the caller.
-            Slot::Obj(unsafe { Arc::from_raw(p as *const Obj) })
+            let o = unsafe { Arc::from_raw(p as *const Obj) };
+            if let Some(c) = o.conn() {
+                c.count_number(false);
+            }
+            Slot::Obj(o)
         }
     }
 }
