@@ -741,7 +741,7 @@ fn forget_slot(fd: c_int, io_fd: c_int) {
                     i += 1;
                 }
             }
-            epoll::on_close(fd, io_fd >= 0);
+            let kept = epoll::on_close(fd, io_fd >= 0, Some(&o));
             if let Obj::Conn(c) = &*o {
                 // Pairs with the one in `InCall::enter`: a call that registered before the slot
                 // was emptied is seen here, one that did not sees the slot empty and leaves.
@@ -762,11 +762,18 @@ fn forget_slot(fd: c_int, io_fd: c_int) {
                         c.set_private_io(crate::conn::IO_GONE);
                     }
                 } else {
+                    if kept {
+                        // An epoll registration of the number lives on with the connection (as
+                        // TCP's with the open file): its drains go through our own descriptor.
+                        private_io(fd, &o, c);
+                    }
                     crate::obj::release_ref(fd, io_fd, c);
                 }
             }
         }
-        Slot::Tag(_) => epoll::on_close(fd, io_fd >= 0),
+        Slot::Tag(_) => {
+            epoll::on_close(fd, io_fd >= 0, None);
+        }
         Slot::Empty => {}
     }
 }
@@ -1089,8 +1096,7 @@ pub fn conns_after_fork_child() {
     fdtable::for_each_object(|fd, o| match &**o {
         Obj::Conn(c) => c.forget_calls_after_fork(),
         Obj::Private(w)
-            if w
-                .upgrade()
+            if w.upgrade()
                 .is_none_or(|x| x.conn().is_none_or(|c| c.numbers() == 0)) =>
         {
             gone.push((fd, w.clone()));

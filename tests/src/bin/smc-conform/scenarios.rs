@@ -58,6 +58,8 @@ scenarios! {
     epoll_del: 1;
     epoll_out_after_full: 1;
     epoll_close_while_dup_open: 1;
+    epoll_close_while_dup_open_then_dup_closed: 1;
+    epoll_et_close_while_dup_open: 1;
     epoll_et_out_parked_then_full: 1;
     epoll_shutdown_wakes_waiter: 1;
     epoll_shutdown_dup_wakes_waiter: 1;
@@ -2448,6 +2450,85 @@ fn epoll_close_while_dup_open() {
     );
     rd("read(dup)", d, 10);
     close(d);
+    close(ep);
+}
+
+fn epoll_close_while_dup_open_then_dup_closed() {
+    // The registration lives with the open file: under the closed number's data while the dup
+    // keeps the file, gone with the file.
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    // SAFETY: plain dup.
+    let d = unsafe { libc::dup(s) };
+    close(s);
+    write_all(c, b"x");
+    ep_wait("wait, data after close(s)", ep, 8, 5000, &names(CS));
+    rd("read(dup)", d, 10);
+    ep_wait("wait, drained", ep, 8, 0, &names(CS));
+    write_all(c, b"y");
+    ep_wait("wait, more data", ep, 8, 5000, &names(CS));
+    rd("read(dup)", d, 10);
+    ep_ctl(
+        "MOD s (closed number)",
+        ep,
+        libc::EPOLL_CTL_MOD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    ep_ctl("DEL s (closed number)", ep, libc::EPOLL_CTL_DEL, s, 0, 0);
+    close(d);
+    // The open file is gone, and its registration with it.
+    write_all(c, b"z");
+    ep_wait("wait after close(dup)", ep, 8, 100, &names(CS));
+    // The number is free: a pipe registered there is a new registration.
+    let (rp, wp) = pipe_at(s);
+    ep_ctl(
+        "ADD pipe at the number",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        rp,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    write_all(wp, b"p");
+    ep_wait("wait, the pipe", ep, 8, 5000, &names(CS));
+    close(rp);
+    close(wp);
+    close(c);
+    close(ep);
+}
+
+fn epoll_et_close_while_dup_open() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN|ET",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        (libc::EPOLLIN | libc::EPOLLET) as u32,
+        1,
+    );
+    // SAFETY: plain dup.
+    let d = unsafe { libc::dup(s) };
+    close(s);
+    write_all(c, b"x");
+    ep_wait("wait, data after close(s)", ep, 8, 5000, &names(CS));
+    ep_wait("wait again, no new edge", ep, 8, 0, &names(CS));
+    write_all(c, b"y");
+    ep_wait("wait, new data", ep, 8, 5000, &names(CS));
+    rd("read(dup)", d, 10);
+    close(d);
+    close(c);
     close(ep);
 }
 
