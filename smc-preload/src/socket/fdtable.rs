@@ -81,6 +81,16 @@ pub fn raw(fd: i32) -> usize {
     }
 }
 
+/// [`raw`] as a sequentially consistent load (the check of a call that registered on an object,
+/// against a close that empties the slot and then looks for calls: `obj::InCall`).
+#[inline]
+pub fn raw_seqcst(fd: i32) -> usize {
+    match slot(fd) {
+        Some(s) => s.load(Ordering::SeqCst),
+        None => 0,
+    }
+}
+
 fn lock(s: &AtomicUsize) -> usize {
     let mut spins = 0u32;
     loop {

@@ -88,7 +88,7 @@ impl InCall {
         let call = InCall { obj, fd };
         // Pairs with the fence of the close (`ops::forget_slot`): either it sees this call, or
         // this sees the number's slot emptied.
-        if crate::fdtable::raw(fd) & !1 != Arc::as_ptr(&call.obj) as usize {
+        if crate::fdtable::raw_seqcst(fd) & !1 != Arc::as_ptr(&call.obj) as usize {
             return None;
         }
         Some(call)
