@@ -130,10 +130,10 @@ pub struct EpInner {
     /// Epoll sets registered in this one (their fds): before a wait sleeps, each is made
     /// kernel-ready when it has something to report ([`prepare_indirect`]).
     nested: Vec<i32>,
-    /// Emulated entries whose number was closed while the connection lives on in this process
-    /// (another fd, a call in flight): as the kernel keeps a registration while its open file
-    /// lives, they report under their data until the connection's last number closes; checked
-    /// at every wait (by the number they had: their kernel registration still carries it).
+    /// Emulated entries whose number was closed while another fd of this process still names
+    /// the connection: as the kernel keeps a registration while its open file lives, they
+    /// report under their data until the connection's last number closes; checked at every
+    /// wait (by the number they had: their kernel registration still carries it).
     closed: Vec<(i32, Entry)>,
 }
 
@@ -785,9 +785,10 @@ pub fn is_member(fd: i32) -> bool {
 /// process's too (TCP: a child's close leaves its parent's registration alone); our waits
 /// drop the events it still queues here.
 ///
-/// An emulated entry of a connection that another fd of this process still names is kept instead, with its kernel registration, as TCP's registration
-/// lives as long as the open file: it goes on reporting under its data until the connection's
-/// last number closes (conformance `epoll_close_while_dup_open`). True when one was kept: the
+/// An emulated entry of a connection that another fd of this process still names is kept
+/// instead, with its kernel registration, as TCP's registration lives as long as the open file:
+/// it goes on reporting under its data until the connection's last number closes (conformance
+/// `epoll_close_while_dup_open`). True when one was kept: the
 /// caller moves the connection's own I/O off the number before it closes (its doorbells are
 /// drained through that registration's events). `obj`: what the number named.
 pub fn on_close(fd: i32, live: bool, obj: Option<&Arc<Obj>>) -> bool {
