@@ -26,7 +26,7 @@ use crate::iov::IovCursor;
 use crate::real;
 use crate::shm::{Mapping, ShmLock};
 use smc_common::cdc::{CdcHeader, ConnStateFlags, Cursor, CursorWord, ProdFlags, Ring};
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -343,6 +343,18 @@ pub struct Conn {
     /// The process whose holder this object is counted as in [`Shared::holders`] (0: none,
     /// e.g. a forked child's copy of an object only a thread of its parent held).
     holder_pid: AtomicU32,
+    /// This process's own hold on the connection besides its fd numbers (`smc_close`): calls
+    /// in flight (low 32 bits) and the fd references of numbers closed under them (high 32
+    /// bits), dropped when the last of those calls returns.
+    users: AtomicU64,
+    /// Numbers of this process's fd table that name the connection.
+    numbers: AtomicU32,
+    /// The descriptor our own I/O on the socket goes through ([`Conn::with_io`]): [`NO_IO`]
+    /// (the number of the call), a private duplicate of the socket made when a number was
+    /// closed while the connection stayed in use, or [`IO_GONE`].
+    io_fd: AtomicI32,
+    /// System calls under way on the caller's number ([`Conn::with_io`]).
+    io_busy: AtomicU32,
 }
 
 /// Result of a readiness check.
@@ -398,6 +410,10 @@ impl Conn {
             peer_token: 0,
             epoll_parked: AtomicU64::new(0),
             holder_pid: AtomicU32::new(crate::pid()),
+            users: AtomicU64::new(0),
+            numbers: AtomicU32::new(0),
+            io_fd: AtomicI32::new(NO_IO),
+            io_busy: AtomicU32::new(0),
         };
         let s = c.sh();
         s.magic.store(SHARED_MAGIC, Ordering::Relaxed);
@@ -448,6 +464,10 @@ impl Conn {
             peer_token: 0,
             epoll_parked: AtomicU64::new(0),
             holder_pid: AtomicU32::new(0),
+            users: AtomicU64::new(0),
+            numbers: AtomicU32::new(0),
+            io_fd: AtomicI32::new(NO_IO),
+            io_busy: AtomicU32::new(0),
         };
         let s = c.sh();
         if s.magic.load(Ordering::Acquire) != SHARED_MAGIC {
@@ -824,6 +844,7 @@ mod smc_switch;
 mod smc_tx;
 mod smc_wake;
 
+pub use smc_close::{IO_GONE, NO_IO};
 pub use smc_switch::Switched;
 
 #[cfg(test)]

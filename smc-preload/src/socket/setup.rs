@@ -1861,6 +1861,11 @@ pub(crate) fn copy_slot(from: i32, to: i32) {
                 // keep it simple and let the copy go to the kernel unemulated only when it has
                 // no SMC member (rare; documented).
             }
+            // A copy of our private descriptor is the application's own (plain) socket fd.
+            Obj::Private(_) => {
+                drop(fdtable::replace(to, Slot::Empty));
+                return;
+            }
             _ => {}
         }
         drop(fdtable::replace(to, Slot::Obj(o)));

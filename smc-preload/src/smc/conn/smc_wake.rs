@@ -20,14 +20,14 @@ impl Conn {
     pub(super) fn ring_doorbell_now(&self, fd: i32) {
         let b = [DOORBELL];
         // SAFETY: valid buffer.
-        let r = unsafe {
+        let r = self.with_io(fd, |io| unsafe {
             real::send(
-                fd,
+                io,
                 b.as_ptr() as *const libc::c_void,
                 1,
                 libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
             )
-        };
+        });
         if r == 1 {
             self.sh().doorbells_sent.fetch_add(1, Ordering::Relaxed);
         }
@@ -55,20 +55,23 @@ impl Conn {
     pub(super) fn drain_bytes(&self, fd: i32, to_end: bool) {
         let mut buf = [0u8; 256];
         loop {
-            // After the peer's switch marker the stream is data: never drained.
-            if self.flags() & (F_SWITCHING | F_PEER_SWITCH | F_SWITCHED) != 0 {
+            // After the peer's switch marker the stream is data: never drained. No descriptor
+            // of ours names the socket any more (`IO_GONE`): nothing to drain.
+            if self.flags() & (F_SWITCHING | F_PEER_SWITCH | F_SWITCHED) != 0
+                || self.io_fd.load(Ordering::Relaxed) == IO_GONE
+            {
                 return;
             }
             let e0 = real::errno();
             // SAFETY: valid buffer.
-            let r = unsafe {
+            let r = self.with_io(fd, |io| unsafe {
                 real::recv(
-                    fd,
+                    io,
                     buf.as_mut_ptr() as *mut libc::c_void,
                     buf.len(),
                     libc::MSG_DONTWAIT,
                 )
-            };
+            });
             if r > 0 {
                 let n = r as usize;
                 self.sh()
@@ -244,14 +247,14 @@ impl Conn {
         let mut b = [0u8; 1];
         let e0 = real::errno();
         // SAFETY: valid buffer.
-        let r = unsafe {
+        let r = self.with_io(fd, |io| unsafe {
             real::recv(
-                fd,
+                io,
                 b.as_mut_ptr() as *mut libc::c_void,
                 1,
                 libc::MSG_PEEK | libc::MSG_DONTWAIT,
             )
-        };
+        });
         real::set_errno(e0);
         r > 0
     }
@@ -292,15 +295,15 @@ impl Conn {
         let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
         let e0 = real::errno();
         // SAFETY: valid out pointers.
-        let r = unsafe {
+        let r = self.with_io(fd, |io| unsafe {
             real::getsockopt(
-                fd,
+                io,
                 libc::SOL_SOCKET,
                 opt,
                 &mut tv as *mut _ as *mut libc::c_void,
                 &mut len,
             )
-        };
+        });
         real::set_errno(e0);
         if r != 0 || (tv.tv_sec == 0 && tv.tv_usec == 0) {
             -1
@@ -436,8 +439,9 @@ impl Conn {
             if reclaim {
                 timeout = timeout.min(RECLAIM_IDLE_MS);
             }
+            // The sleep holds the socket: a number closed meanwhile is only looked at.
             let mut pfd = libc::pollfd {
-                fd,
+                fd: self.io_now(fd),
                 events: libc::POLLIN,
                 revents: 0,
             };

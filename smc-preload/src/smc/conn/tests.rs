@@ -861,3 +861,45 @@ fn a_holder_in_another_process_keeps_the_end_held() {
     a.leave_holders();
     assert!(a.unheld());
 }
+
+#[test]
+fn a_close_under_calls_in_flight_leaves_its_reference_to_the_last_call() {
+    let (a, _b, _fa, _fb) = test_pair(16384, 16384).unwrap();
+    // No call in flight: the close drops its reference itself.
+    assert!(!a.defer_close());
+    // Two calls in flight, two numbers closed under them (a dup and the original).
+    a.call_enter();
+    a.call_enter();
+    assert!(a.calls_in_flight());
+    assert!(a.defer_close());
+    assert!(a.defer_close());
+    // The first call out leaves them to the second; the last one out takes both.
+    assert_eq!(a.call_leave(), 0);
+    assert_eq!(a.call_leave(), 2);
+    assert!(!a.calls_in_flight());
+    // Taken once: a new call and its end owe nothing.
+    a.call_enter();
+    assert_eq!(a.call_leave(), 0);
+}
+
+#[test]
+fn the_own_io_moves_off_the_callers_number_once_redirected() {
+    let (a, _b, fa, _fb) = test_pair(16384, 16384).unwrap();
+    let fd = fa.as_raw_fd();
+    assert_eq!(a.with_io(fd, |io| io), fd, "the caller's number by default");
+    assert!(!a.io_redirected());
+    // SAFETY: plain dup of our own socketpair end.
+    let p = unsafe { libc::dup(fd) };
+    assert!(p >= 0);
+    assert!(a.set_private_io(p));
+    assert!(!a.set_private_io(p), "once");
+    assert_eq!(a.with_io(fd, |io| io), p);
+    assert_eq!(a.io_now(fd), p);
+    assert_eq!(a.private_io(), Some(p));
+    // A dup2 onto the private number moves it.
+    assert!(a.move_private_io(p, IO_GONE));
+    assert_eq!(a.with_io(fd, |io| io), IO_GONE);
+    assert_eq!(a.private_io(), None);
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(p) };
+}
