@@ -14,8 +14,7 @@
 //!   the quota charge, so a slot or quota is reusable only once the memory reference is gone.
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
@@ -25,6 +24,7 @@ use crate::stats::{CgroupStats, DmbInfo, DmbList, FailureStats, OpStats, OpsStat
 use crate::sys::{self, TcpIdentity};
 use smc_common::cdc::dmb_size_from_code_large;
 
+use super::shelf::KeptFile;
 use super::DaemonConfig;
 
 const SHARDS: usize = 64;
@@ -227,6 +227,8 @@ pub(crate) struct Totals {
     pub committed: AtomicU64,
     /// Live DMBs in their owners' pools.
     pub pooled: AtomicU64,
+    /// Live DMBs whose memfd is shelved (kept without a descriptor, see `shelf`).
+    pub shelved: AtomicU64,
 }
 
 /// What a DMB is charged against the byte quotas when it is registered: one 16 KiB unit (the
@@ -370,9 +372,11 @@ impl Drop for Charge {
 
 /// A live DMB. Field order is drop order: memfd, then slot, then charges.
 pub(crate) struct DmbObj {
-    pub memfd: OwnedFd,
-    /// The owner's local state page (a 4 KiB memfd it passed at registration), for `OP_ADOPT`.
-    pub state: Option<OwnedFd>,
+    /// Its memfd, by descriptor or shelved (see `shelf`).
+    pub memfd: KeptFile,
+    /// The owner's local state (a 4 KiB memfd it passed at registration, or what the daemon
+    /// made for a `PAIR`: a page, or a slot of a page), for `OP_ADOPT`; kept as the memfd is.
+    pub state: Option<LocalState>,
     slot: SlotGuard,
     _charge: Charge,
     _uid_charge: Option<UidCharge>,
@@ -387,6 +391,99 @@ pub(crate) struct DmbObj {
     /// The registering client: its cgroup when it connected and its pid namespace, which an
     /// adopter (`OP_ADOPT`) must share.
     pub owner_client: ClientIdentity,
+}
+
+/// A connection end's local state (`smc-preload`'s `conn::Shared`): a page of its own, or a
+/// slot of a page shared with other ends of the same client connection (see [`StateSlots`]).
+pub(crate) enum LocalState {
+    Page(KeptFile),
+    Slot {
+        chunk: Arc<StateChunk>,
+        /// Its offset in the page ([`crate::proto::STATE_SLOT`] bytes from there).
+        off: u32,
+    },
+}
+
+impl LocalState {
+    /// The file to pass (the page, or the page holding the slot).
+    pub(crate) fn file(&self) -> &KeptFile {
+        match self {
+            LocalState::Page(f) => f,
+            LocalState::Slot { chunk, .. } => &chunk.file,
+        }
+    }
+
+    /// The slot's offset, if it is one.
+    pub(crate) fn slot_off(&self) -> Option<u32> {
+        match self {
+            LocalState::Page(_) => None,
+            LocalState::Slot { off, .. } => Some(*off),
+        }
+    }
+
+    /// Shelves its file: a page at once; a page of slots once all its slots are handed out
+    /// (before, the next `PAIR` of its client would open it again), or `force`d.
+    fn shelve(&self, force: bool) {
+        match self {
+            LocalState::Page(f) => {
+                f.shelve();
+            }
+            LocalState::Slot { chunk, .. } => {
+                if force || chunk.taken.load(Acquire) >= SLOTS_PER_CHUNK {
+                    chunk.file.shelve();
+                }
+            }
+        }
+    }
+}
+
+/// Slots in a page of local state.
+const SLOTS_PER_CHUNK: u32 = (crate::proto::STATE_PAGE / crate::proto::STATE_SLOT) as u32;
+
+/// A page of local state slots (a sealed 4 KiB memfd), handed out in order to the DMBs one
+/// client connection registers, each slot once: a slot is never reused for another
+/// connection end (a process that kept mapping it, a forked child the library did not see,
+/// never finds another connection's state there). The page lives while the DMB of any of its
+/// slots does (they hold it), and in the processes that map it.
+///
+/// Who maps it: the processes of the client connection that asked (one process, and the
+/// children it forks), and those an adopter of one of its slots (same uid, cgroup and pid
+/// namespace as the registering client): such an adopter maps the page, and with it the local
+/// state of up to 15 other connection ends of that process: cursors, locks and counters,
+/// never their bytes (rings are one memfd per DMB).
+pub(crate) struct StateChunk {
+    pub file: KeptFile,
+    /// Slots handed out.
+    taken: AtomicU32,
+}
+
+/// A client connection's page of local state slots being handed out (see [`StateChunk`]).
+#[derive(Default)]
+pub(crate) struct StateSlots(Mutex<Option<Arc<StateChunk>>>);
+
+impl StateSlots {
+    /// The next slot of the current page (a new page when it is full); `None` when no page
+    /// can be made (the connection end then has no local state with the daemon and cannot
+    /// move to another process).
+    pub(crate) fn take(&self) -> Option<LocalState> {
+        let mut cur = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let full = cur
+            .as_ref()
+            .is_none_or(|c| c.taken.load(Acquire) >= SLOTS_PER_CHUNK);
+        if full {
+            let f = sys::create_state_memfd(crate::proto::STATE_PAGE).ok()?;
+            *cur = Some(Arc::new(StateChunk {
+                file: KeptFile::new(f, crate::proto::STATE_PAGE),
+                taken: AtomicU32::new(0),
+            }));
+        }
+        let chunk = cur.as_ref()?.clone();
+        let i = chunk.taken.fetch_add(1, AcqRel);
+        Some(LocalState::Slot {
+            chunk,
+            off: i * crate::proto::STATE_SLOT as u32,
+        })
+    }
 }
 
 /// Who a client is beyond its uid, sampled when it connected (for `OP_ADOPT`).
@@ -409,6 +506,27 @@ impl ClientIdentity {
 impl DmbObj {
     pub(crate) fn slot(&self) -> u32 {
         self.slot.slot
+    }
+
+    /// Shelves its memfd and state page (see `shelf`); false when its memfd keeps its
+    /// descriptor.
+    fn shelve(&self) -> bool {
+        let r = self.memfd.shelve();
+        if r == Some(true) {
+            self._charge.totals.shelved.fetch_add(1, AcqRel);
+        }
+        if let Some(s) = &self.state {
+            s.shelve(false);
+        }
+        r.is_some()
+    }
+}
+
+impl Drop for DmbObj {
+    fn drop(&mut self) {
+        if self.memfd.is_shelved() {
+            self._charge.totals.shelved.fetch_sub(1, AcqRel);
+        }
     }
 }
 
@@ -484,6 +602,14 @@ type Tuple = (std::net::SocketAddr, std::net::SocketAddr);
 /// passed with requests (see `register`).
 pub(crate) const RECEIVE_HEADROOM: u64 = 32;
 
+/// With fewer descriptors than this left, a registration first shelves the files of the
+/// oldest DMBs not shelved yet, whatever their age ([`SHELVE_BATCH`] at a time).
+const SHELVE_HEADROOM: u64 = 1024;
+/// DMBs shelved at once when descriptors run short.
+const SHELVE_BATCH: usize = 128;
+/// Shelved DMBs sampled (through their mappings) per sample of committed memory, about.
+const SHELVED_PER_SAMPLE: u64 = 512;
+
 /// The whole device state.
 pub(crate) struct Registry {
     shards: Box<[Mutex<HashMap<u64, Record>>]>,
@@ -501,6 +627,12 @@ pub(crate) struct Registry {
     /// Milliseconds since `started` of the last sample of committed memory (0: never).
     sampled_ms: AtomicU64,
     sample_interval_ms: u64,
+    /// Which turn of the shelved DMBs the next sample refreshes.
+    sample_turn: AtomicU64,
+    /// DMBs whose files were not shelved yet, oldest first (see `shelf`).
+    young: Mutex<std::collections::VecDeque<(Instant, Weak<DmbObj>)>>,
+    /// How long a DMB keeps its descriptors (`None`: for ever).
+    shelve_after: Option<std::time::Duration>,
     pub counters: Counters,
     pub gid: Gid,
     /// The next DMB id (random start, see [`DmbObj::id`]).
@@ -538,6 +670,12 @@ impl Registry {
             },
             sampled_ms: AtomicU64::new(0),
             sample_interval_ms: cfg.commit_sample_ms,
+            sample_turn: AtomicU64::new(0),
+            young: Mutex::new(std::collections::VecDeque::new()),
+            shelve_after: cfg
+                .shelve_after_ms
+                .filter(|_| super::shelf::available())
+                .map(std::time::Duration::from_millis),
             counters: Counters::default(),
             gid,
             next_id: AtomicU64::new(sys::random_u64().unwrap_or_else(|_| {
@@ -652,10 +790,16 @@ impl Registry {
         for sh in self.shards.iter() {
             dmbs.extend(lock(sh).values().map(|r| r.dmb.clone()));
         }
+        // A shelved DMB is sampled through its mapping (~5 µs, ten times an `fstat`): at most
+        // about SHELVED_PER_SAMPLE of them per sample, in turn by id; the others count as
+        // last sampled.
+        let shelved = self.totals.shelved.load(Relaxed);
+        let turns = shelved.div_ceil(SHELVED_PER_SAMPLE).max(1);
+        let turn = self.sample_turn.fetch_add(1, Relaxed) % turns;
         let mut per_cg: HashMap<*const CgroupUsage, (Arc<CgroupUsage>, u64, u64)> = HashMap::new();
         let (mut extra, mut committed) = (0u64, 0u64);
         for d in &dmbs {
-            let c = fd_committed(&d.memfd).unwrap_or(0);
+            let c = d.memfd.committed(d.id % turns == turn);
             let x = c.saturating_sub(reserve_of(d.size));
             committed += c;
             extra += x;
@@ -729,12 +873,15 @@ impl Registry {
         cg: &Arc<CgroupUsage>,
         uid: &Arc<UidUsage>,
         client: &ClientIdentity,
-        state: Option<OwnedFd>,
+        state: Option<LocalState>,
     ) -> Result<Arc<DmbObj>, Fail> {
         let size = dmb_size_from_code_large(size_code).ok_or(Fail::BadSize)? as u64;
         let uid_charge = self.charge_uid(uid)?;
         let charge = self.charge(cg, size)?;
         let slot = self.slots.alloc().ok_or(Fail::MaxDmb)?;
+        if self.shelve_after.is_some() && sys::near_fd_limit(SHELVE_HEADROOM) {
+            self.shelve_oldest(SHELVE_BATCH);
+        }
         // The last descriptors below the daemon's limit stay free for the sockets requests
         // pass: one the kernel drops leaves the daemon unable to tell which connection asked
         // (a PAIR's peer would wait for it in vain); refused here, the request is answered.
@@ -744,7 +891,7 @@ impl Registry {
         let memfd =
             sys::create_dmb_memfd(size).map_err(|e| Fail::Memfd(e.raw_os_error().unwrap_or(0)))?;
         let mut obj = DmbObj {
-            memfd,
+            memfd: KeptFile::new(memfd, size),
             state,
             slot,
             _charge: charge,
@@ -783,10 +930,72 @@ impl Registry {
                 if let Some(c) = owner.cookie {
                     lock(self.cookie_shard(c)).insert(c, token);
                 }
+                match self.shelve_after {
+                    Some(after) if after.is_zero() => {
+                        dmb.shelve();
+                        if let Some(s) = &dmb.state {
+                            s.shelve(true);
+                        }
+                    }
+                    Some(_) => lock(&self.young).push_back((Instant::now(), Arc::downgrade(&dmb))),
+                    None => {}
+                }
                 return Ok(dmb);
             }
             // Clash with a live token: draw again.
         }
+    }
+
+    /// Shelves the files of the DMBs registered at least `shelve_after` before `now`, at most
+    /// `max`; how many are left to look at (call again).
+    pub(crate) fn shelve_aged(&self, now: Instant, max: usize) -> usize {
+        let Some(after) = self.shelve_after else {
+            return 0;
+        };
+        let due: Vec<Weak<DmbObj>> = {
+            let mut q = lock(&self.young);
+            let mut v = Vec::new();
+            while v.len() < max && q.front().is_some_and(|e| e.0 + after <= now) {
+                v.extend(q.pop_front().map(|e| e.1));
+            }
+            v
+        };
+        let n = due.len();
+        for d in due {
+            if let Some(d) = d.upgrade() {
+                d.shelve();
+            }
+        }
+        if n < max {
+            0
+        } else {
+            lock(&self.young).len()
+        }
+    }
+
+    /// Shelves the files of the `n` oldest DMBs not shelved yet, whatever their age (the
+    /// daemon's descriptors run short).
+    fn shelve_oldest(&self, n: usize) {
+        let due: Vec<Weak<DmbObj>> = {
+            let mut q = lock(&self.young);
+            let k = n.min(q.len());
+            q.drain(..k).map(|e| e.1).collect()
+        };
+        for d in due {
+            if let Some(d) = d.upgrade() {
+                d.shelve();
+            }
+        }
+    }
+
+    /// How often the files of aged DMBs are looked at (`None`: never shelved by age).
+    pub(crate) fn shelve_tick(&self) -> Option<std::time::Duration> {
+        self.shelve_after.filter(|a| !a.is_zero()).map(|a| {
+            (a / 4).clamp(
+                std::time::Duration::from_millis(50),
+                std::time::Duration::from_millis(500),
+            )
+        })
     }
 
     /// Takes an attach reference if `who` is the mirror of the owner's connection.
@@ -849,6 +1058,7 @@ impl Registry {
         &self,
         who: &TcpIdentity,
         which: u8,
+        slot_ok: bool,
         uid: u32,
         client: &ClientIdentity,
     ) -> Result<Arc<DmbObj>, Fail> {
@@ -878,12 +1088,14 @@ impl Registry {
                 // No reference: the page lives on in the mappings of the processes using it.
                 // Another process maps it from now on: the DMB (and with it the page) is never
                 // bound to another connection of its owner.
-                return match rec.dmb.state {
-                    Some(_) => {
+                // A slot only to a caller that takes one (an older one would use the page's
+                // first slot, another connection's).
+                return match &rec.dmb.state {
+                    Some(s) if slot_ok || s.slot_off().is_none() => {
                         rec.tainted = true;
                         Ok(rec.dmb.clone())
                     }
-                    None => Err(Fail::StaleToken),
+                    _ => Err(Fail::StaleToken),
                 };
             }
             if which == crate::proto::ADOPT_OWN {
@@ -1071,11 +1283,7 @@ impl Registry {
                         owner_peer: r.owner.peer.to_string(),
                         owner_cgroup: truncate_path(&r.dmb.owner_cgroup.path),
                         token: with_token.then_some(r.dmb.token),
-                        inode: if with_token {
-                            fd_inode(&r.dmb.memfd)
-                        } else {
-                            None
-                        },
+                        inode: with_token.then(|| r.dmb.memfd.ino()),
                     }),
             );
         }
@@ -1125,6 +1333,7 @@ impl Registry {
             released_on_disconnect: c.released_on_disconnect.load(Relaxed),
             dmbs_reused: c.dmbs_reused.load(Relaxed),
             dmbs_pooled: self.totals.pooled.load(Relaxed),
+            dmbs_shelved: self.totals.shelved.load(Relaxed),
             ops: OpsStats {
                 query_gid: c.query_gid.snapshot(),
                 register: c.register.snapshot(),
@@ -1142,24 +1351,6 @@ impl Registry {
             cgroups,
         }
     }
-}
-
-/// Bytes of an open file that exist in memory (`st_blocks` × 512: a memfd's touched pages).
-fn fd_committed(fd: &OwnedFd) -> Option<u64> {
-    use std::os::fd::AsRawFd as _;
-    // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is an open fd we own (borrowed for the call), `st` a writable stat.
-    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some(st.st_blocks as u64 * 512)
-}
-
-/// Inode of an open file (a DMB's memfd).
-fn fd_inode(fd: &OwnedFd) -> Option<u64> {
-    use std::os::fd::AsRawFd as _;
-    // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is an open fd we own (borrowed for the call), `st` a writable stat.
-    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some(st.st_ino as u64)
 }
 
 /// At most this many cgroups are listed in [`Stats`] (the busiest first).
