@@ -462,7 +462,10 @@ fn state_slots_are_handed_out_once_and_adopted_with_their_offset() {
         let ((a_own, a_peer), (b_own, b_peer)) = pair(&a, &b, &x, &y);
         let off = a_own.state_slot.expect("a slot");
         assert_eq!(off, (i % 16) * proto::STATE_SLOT as usize, "connection {i}");
-        assert!(b_own.state.is_some() && b_own.state_slot.is_none(), "b: a page");
+        assert!(
+            b_own.state.is_some() && b_own.state_slot.is_none(),
+            "b: a page"
+        );
         let ino = inode_and_size(a_own.state.as_ref().unwrap()).0;
         // 16 slots to a page.
         if i % 16 != 0 {

@@ -12,10 +12,11 @@
 //!   the bit off and, if it was set, rings the doorbell: one byte over the TCP connection.
 //! - `R.dmb[32..]`: the data ring.
 //!
-//! Local state ([`Shared`]) lives in a `MAP_SHARED` page of a sealed memfd created at handshake
-//! time, so threads and forked children see the same cursors, locks and flags; the memfd goes
-//! to the daemon with the registration, so that a process the socket moves to (`SCM_RIGHTS`,
-//! `exec`) shares it too ([`Conn::adopt`]).
+//! Local state ([`Shared`]) lives in `MAP_SHARED` memory the daemon keeps with our DMB: a
+//! 256-byte slot of a sealed page it shares among this process's connection ends (`PAIR`), or a
+//! sealed 4 KiB page of its own (`REGISTER`), so threads and forked children see the same
+//! cursors, locks and flags, and a process the socket moves to (`SCM_RIGHTS`, `exec`) shares
+//! it too ([`Conn::adopt`]).
 //!
 //! Split as Linux `net/smc` splits it: this file holds the connection, its shared state and its
 //! readiness; `smc_cdc` the cursors of the CDC headers, `smc_rx` reads, `smc_tx` writes,
