@@ -1248,6 +1248,7 @@ impl Conn<'_> {
             h.owner = false;
             if h.attaches == 0 {
                 self.held.remove(&token);
+                super::registry::shrink_sparse(&mut self.held);
             }
         }
         let evicted = {
@@ -1375,6 +1376,7 @@ impl Conn<'_> {
         }
         if !h.owner && h.attaches == 0 {
             self.held.remove(&token);
+            super::registry::shrink_sparse(&mut self.held);
         }
         if kind == RefKind::Owner {
             self.recorded.remove(&token);

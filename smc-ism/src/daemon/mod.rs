@@ -114,11 +114,12 @@ pub struct DaemonConfig {
     /// Milliseconds a pooled DMB stays unused before it is freed (default 1000): an idle
     /// process does not keep its pool.
     pub pool_idle_ms: u64,
-    /// Milliseconds after its registration a DMB's memfd and state page are *shelved*: kept
+    /// Milliseconds after its registration a DMB's memfd and state page may be *shelved*: kept
     /// in a `PROT_NONE` mapping of the daemon instead of a descriptor, and opened again
     /// through it when a client needs them (`OP_ADOPT`, a pooled DMB bound again), so that
-    /// established connections cost the daemon no descriptor (default 1000; 0: at once;
-    /// `None`: never). Also at once, oldest first, when descriptors run short. Needs
+    /// established connections cost the daemon no descriptor (default 1000; 0: every one at
+    /// once; `None`: never). They are, once such files hold half of the daemon's descriptors
+    /// (any age above three quarters, and at once when only a few are left). Needs
     /// `CAP_SYS_ADMIN` or `CAP_CHECKPOINT_RESTORE` (`/proc/self/map_files`); without, the
     /// descriptors are kept. Each shelved file costs a mapping (`vm.max_map_count`).
     pub shelve_after_ms: Option<u64>,
@@ -426,9 +427,7 @@ impl Bound {
                 stop_rx.clone(),
             ));
         }
-        if let Some(tick) = self.shared.reg.shelve_tick() {
-            tasks.spawn(shelve_aged(self.shared.clone(), tick, stop_rx.clone()));
-        }
+        tasks.spawn(sweep(self.shared.clone(), stop_rx.clone()));
         let counters = &self.shared.reg.counters;
         tokio::pin!(shutdown);
         loop {
@@ -523,17 +522,21 @@ impl Bound {
     }
 }
 
-/// Shelves the files of aged DMBs every `tick` (see `shelf`), a batch at a time so that a
-/// worker is never held for long.
-async fn shelve_aged(shared: Arc<Shared>, tick: Duration, mut stop: watch::Receiver<bool>) {
+/// The background sweep: the shelves (`Registry::shelve_tick`), every 10 ms while it finds
+/// work, else every 100 ms (a turn shelves at most a few hundred files, ~1 ms), and the heap
+/// given back after a burst (`Registry::trim_after_burst`).
+async fn sweep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let mut busy = false;
     loop {
+        let tick = Duration::from_millis(if busy { 10 } else { 100 });
         tokio::select! {
             biased;
             _ = stop.wait_for(|s| *s) => return,
             _ = tokio::time::sleep(tick) => {}
         }
-        while shared.reg.shelve_aged(std::time::Instant::now(), 256) > 0 {
-            tokio::task::yield_now().await;
+        busy = shared.reg.shelve_tick();
+        if !busy {
+            shared.reg.trim_after_burst();
         }
     }
 }

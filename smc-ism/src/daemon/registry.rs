@@ -384,6 +384,8 @@ pub(crate) struct DmbObj {
     /// Never reused, by any daemon instance (random start): a process that keeps a mapping of
     /// this DMB across its bindings (pooled DMBs) recognises it by id.
     pub id: u64,
+    /// When it was registered (since the registry started).
+    born: std::time::Duration,
     pub size_code: u8,
     pub size: u64,
     pub owner_uid: u32,
@@ -602,11 +604,12 @@ type Tuple = (std::net::SocketAddr, std::net::SocketAddr);
 /// passed with requests (see `register`).
 pub(crate) const RECEIVE_HEADROOM: u64 = 32;
 
-/// With fewer descriptors than this left, a registration first shelves the files of the
-/// oldest DMBs not shelved yet, whatever their age ([`SHELVE_BATCH`] at a time).
-const SHELVE_HEADROOM: u64 = 1024;
+/// With fewer descriptors than this left, a registration first shelves the files of
+/// [`SHELVE_BATCH`] DMBs not shelved yet, whatever their age (the background sweep, see
+/// [`Registry::shelve_tick`], did not keep up).
+const SHELVE_HEADROOM: u64 = 256;
 /// DMBs shelved at once when descriptors run short.
-const SHELVE_BATCH: usize = 128;
+const SHELVE_BATCH: usize = 64;
 /// Shelved DMBs sampled (through their mappings) per sample of committed memory, about.
 const SHELVED_PER_SAMPLE: u64 = 512;
 
@@ -629,8 +632,10 @@ pub(crate) struct Registry {
     sample_interval_ms: u64,
     /// Which turn of the shelved DMBs the next sample refreshes.
     sample_turn: AtomicU64,
-    /// DMBs whose files were not shelved yet, oldest first (see `shelf`).
-    young: Mutex<std::collections::VecDeque<(Instant, Weak<DmbObj>)>>,
+    /// The shard the next walk for DMBs to shelve starts at.
+    sweep_shard: AtomicUsize,
+    /// The most live DMBs since the heap was last trimmed ([`Registry::trim_after_burst`]).
+    peak_dmbs: AtomicU64,
     /// How long a DMB keeps its descriptors (`None`: for ever).
     shelve_after: Option<std::time::Duration>,
     pub counters: Counters,
@@ -645,6 +650,14 @@ pub(crate) struct Registry {
     uid_max_dmbs: u64,
     min_available_bytes: u64,
     require_same_cgroup: bool,
+}
+
+/// Gives a map's memory back once it holds less than a quarter of what it has room for (a
+/// burst of connections is over): amortised, a map never shrinks twice without having grown.
+pub(crate) fn shrink_sparse<K: std::hash::Hash + Eq, V>(m: &mut HashMap<K, V>) {
+    if m.capacity() > 64 && m.len() < m.capacity() / 4 {
+        m.shrink_to(m.len() * 2);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -671,7 +684,8 @@ impl Registry {
             sampled_ms: AtomicU64::new(0),
             sample_interval_ms: cfg.commit_sample_ms,
             sample_turn: AtomicU64::new(0),
-            young: Mutex::new(std::collections::VecDeque::new()),
+            sweep_shard: AtomicUsize::new(0),
+            peak_dmbs: AtomicU64::new(0),
             shelve_after: cfg
                 .shelve_after_ms
                 .filter(|_| super::shelf::available())
@@ -880,7 +894,7 @@ impl Registry {
         let charge = self.charge(cg, size)?;
         let slot = self.slots.alloc().ok_or(Fail::MaxDmb)?;
         if self.shelve_after.is_some() && sys::near_fd_limit(SHELVE_HEADROOM) {
-            self.shelve_oldest(SHELVE_BATCH);
+            self.shelve_some(SHELVE_BATCH, None);
         }
         // The last descriptors below the daemon's limit stay free for the sockets requests
         // pass: one the kernel drops leaves the daemon unable to tell which connection asked
@@ -898,6 +912,7 @@ impl Registry {
             _uid_charge: uid_charge,
             token: 0,
             id: self.next_id.fetch_add(1, Relaxed),
+            born: self.started.elapsed(),
             size_code,
             size,
             owner_uid: uid.uid,
@@ -930,15 +945,11 @@ impl Registry {
                 if let Some(c) = owner.cookie {
                     lock(self.cookie_shard(c)).insert(c, token);
                 }
-                match self.shelve_after {
-                    Some(after) if after.is_zero() => {
-                        dmb.shelve();
-                        if let Some(s) = &dmb.state {
-                            s.shelve(true);
-                        }
+                if self.shelve_after.is_some_and(|a| a.is_zero()) {
+                    dmb.shelve();
+                    if let Some(s) = &dmb.state {
+                        s.shelve(true);
                     }
-                    Some(_) => lock(&self.young).push_back((Instant::now(), Arc::downgrade(&dmb))),
-                    None => {}
                 }
                 return Ok(dmb);
             }
@@ -946,56 +957,64 @@ impl Registry {
         }
     }
 
-    /// Shelves the files of the DMBs registered at least `shelve_after` before `now`, at most
-    /// `max`; how many are left to look at (call again).
-    pub(crate) fn shelve_aged(&self, now: Instant, max: usize) -> usize {
-        let Some(after) = self.shelve_after else {
-            return 0;
-        };
-        let due: Vec<Weak<DmbObj>> = {
-            let mut q = lock(&self.young);
-            let mut v = Vec::new();
-            while v.len() < max && q.front().is_some_and(|e| e.0 + after <= now) {
-                v.extend(q.pop_front().map(|e| e.1));
-            }
-            v
-        };
-        let n = due.len();
-        for d in due {
-            if let Some(d) = d.upgrade() {
-                d.shelve();
+    /// Shelves the files of at most `max` DMBs not shelved yet that were registered at least
+    /// `min_age` ago (`None`: any), walking at most 8 shards from where the last walk stopped
+    /// (a shard is locked only while its candidates are collected); how many it shelved.
+    fn shelve_some(&self, max: usize, min_age: Option<std::time::Duration>) -> usize {
+        let now = self.started.elapsed();
+        let mut done = 0;
+        for _ in 0..8 {
+            let i = self.sweep_shard.fetch_add(1, Relaxed) % SHARDS;
+            let due: Vec<Arc<DmbObj>> = lock(&self.shards[i])
+                .values()
+                .filter(|r| !r.dmb.memfd.is_shelved())
+                .filter(|r| min_age.is_none_or(|a| now.saturating_sub(r.dmb.born) >= a))
+                .take(max - done)
+                .map(|r| r.dmb.clone())
+                .collect();
+            done += due.into_iter().filter(|d| d.shelve()).count();
+            if done >= max {
+                break;
             }
         }
-        if n < max {
-            0
+        done
+    }
+
+    /// One turn of the background sweep (see `shelf`): with more than half of the daemon's
+    /// descriptors held by DMB files, shelves those of DMBs older than `shelve_after` (a few
+    /// at a time, so that the daemon never takes a CPU from the connections for long), and
+    /// above three quarters those of any age. Whether there may be more to do at once.
+    pub(crate) fn shelve_tick(&self) -> bool {
+        let Some(after) = self.shelve_after.filter(|a| !a.is_zero()) else {
+            return false;
+        };
+        let limit = sys::nofile_soft_limit();
+        let held = super::shelf::held_descriptors();
+        if held.saturating_mul(2) < limit {
+            return false;
+        }
+        let n = if held.saturating_mul(4) >= limit.saturating_mul(3) {
+            self.shelve_some(4 * SHELVE_BATCH, None)
         } else {
-            lock(&self.young).len()
-        }
+            self.shelve_some(SHELVE_BATCH, Some(after))
+        };
+        n > 0
     }
 
-    /// Shelves the files of the `n` oldest DMBs not shelved yet, whatever their age (the
-    /// daemon's descriptors run short).
-    fn shelve_oldest(&self, n: usize) {
-        let due: Vec<Weak<DmbObj>> = {
-            let mut q = lock(&self.young);
-            let k = n.min(q.len());
-            q.drain(..k).map(|e| e.1).collect()
-        };
-        for d in due {
-            if let Some(d) = d.upgrade() {
-                d.shelve();
+    /// Gives the heap's free memory back to the system (`malloc_trim`) once the live DMBs
+    /// fell to half of their peak since the last time (a burst of connections ended: the
+    /// maps shrank as they emptied, see [`shrink_sparse`]); called by the sweep.
+    pub(crate) fn trim_after_burst(&self) {
+        let live = self.totals.live_dmbs.load(Relaxed);
+        let peak = self.peak_dmbs.fetch_max(live, Relaxed).max(live);
+        if peak >= 2048 && live <= peak / 2 {
+            self.peak_dmbs.store(live, Relaxed);
+            // SAFETY: no preconditions; glibc walks its arenas under their locks.
+            #[cfg(target_env = "gnu")]
+            unsafe {
+                libc::malloc_trim(0);
             }
         }
-    }
-
-    /// How often the files of aged DMBs are looked at (`None`: never shelved by age).
-    pub(crate) fn shelve_tick(&self) -> Option<std::time::Duration> {
-        self.shelve_after.filter(|a| !a.is_zero()).map(|a| {
-            (a / 4).clamp(
-                std::time::Duration::from_millis(50),
-                std::time::Duration::from_millis(500),
-            )
-        })
     }
 
     /// Takes an attach reference if `who` is the mirror of the owner's connection.
@@ -1143,6 +1162,7 @@ impl Registry {
         let mut m = lock(self.cookie_shard(cookie));
         if m.get(&cookie) == Some(&token) {
             m.remove(&cookie);
+            shrink_sparse(&mut m);
         }
     }
 
@@ -1151,6 +1171,7 @@ impl Registry {
         let mut m = lock(self.owner_shard(&t));
         if m.get(&t) == Some(&token) {
             m.remove(&t);
+            shrink_sparse(&mut m);
         }
     }
 
@@ -1179,6 +1200,7 @@ impl Registry {
         let owner = owner_gone.then_some(rec.owner);
         if rec.refs == 0 {
             let rec = shard.remove(&token);
+            shrink_sparse(&mut shard);
             drop(shard);
             if let Some(c) = rec.as_ref().and_then(|r| r.owner.cookie) {
                 self.forget_cookie(token, c);
