@@ -81,6 +81,7 @@ extern "C" fn after_fork_child() {
     fdtable::unlock_all_after_fork();
     after_fork_locks();
     setup::after_fork_child();
+    ops::conns_after_fork_child();
 }
 
 /// Every global lock of the library, reset in a forked child (see [`forklock`]).

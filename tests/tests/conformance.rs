@@ -26,10 +26,8 @@ use std::time::Duration;
 const SMC_EITHER: &[&str] = &["scm_rights_client_mid_handshake"];
 
 const EXPECTED: &[(&str, &str)] = &[
-    ("epoll_close_while_dup_open", "close() of an SMC fd whose open file another fd (a dup) keeps alive: the data path removes the closed number's epoll registration (TCP keeps it until the file goes, reporting events for a number that was closed); never an event with data the program did not register"),
     ("epoll_nested", "an epoll fd in another epoll set: the outer wait may see the inner set ready when no entry of it reports (our registration's own event, e.g. right after EPOLL_CTL_ADD: the kernel's view of the set), and the inner wait then returns nothing: a spurious wakeup, never a missed one (epoll_nested_lt_data_left and epoll_nested_wakes_on_write match TCP)"),
     ("poll_nested_epoll", "the same with poll on the epoll fd: POLLIN for an idle set right after EPOLL_CTL_ADD (spurious; data left or arriving is always seen)"),
-    ("close_while_recv_blocked", "close() while another thread blocks in recv: the data path closes the SMC connection at once (TCP keeps the socket until the blocked call returns), the blocked recv gets EOF; the reused fd number is not touched"),
     ("msg_oob", "no urgent data on SMC-D: send(MSG_OOB) fails with EOPNOTSUPP instead of sending one byte out of band"),
     ("connect_own_listener_one_thread", "a blocking connect to a listener of the same process accepted later by the same thread: the client handshake still waits for the server inside connect (2 s CLC timeout, then TCP); non-blocking connects are fixed"),
 ];

@@ -374,7 +374,7 @@ fn switch_wait() -> std::time::Duration {
 pub(crate) fn continue_on_tcp(fd: c_int, o: &Arc<Obj>) -> bool {
     let Obj::Conn(c) = &**o else { return false };
     let deadline = std::time::Instant::now() + switch_wait();
-    match c.switch_to_tcp(fd, deadline, || setup::leave_shortcut_for_tcp(fd)) {
+    match c.switch_to_tcp(fd, deadline, || setup::leave_shortcut_for_tcp(c.io_now(fd))) {
         crate::conn::Switched::Reset => return false,
         crate::conn::Switched::Already => {}
         // Counted as closed here, once per connection end: its closes are plain TCP ones.

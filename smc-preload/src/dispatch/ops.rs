@@ -10,7 +10,7 @@
 
 use crate::conn::Conn;
 use crate::fdtable::{self, Slot, TAG_TCP};
-use crate::obj::Obj;
+use crate::obj::{InCall, Obj};
 use crate::real;
 use crate::{epoll, lifecycle, poll, setup, stats};
 use libc::{c_int, c_void, iovec, size_t, sockaddr, socklen_t, ssize_t};
@@ -190,17 +190,23 @@ pub unsafe fn recv_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
         // SAFETY: the caller's buffers.
         return member.then(|| unsafe { crate::member::recv(fd, iov, flags) });
     };
-    let Some(c) = o.conn() else {
+    if o.conn().is_none() {
         // A server handshake still waiting for its client (non-blocking): EAGAIN.
         return Some(-1);
+    }
+    let Some(call) = InCall::enter(fd, o) else {
+        // The number was closed meanwhile: the call goes to what it names now.
+        // SAFETY: the caller's buffers.
+        return unsafe { recv_iov(fd, iov, flags) };
     };
+    let (c, o) = (call.conn(), call.obj());
     if flags & libc::MSG_TRUNC == 0 && !user_range_ok(iov) {
         return Some(fail(libc::EFAULT));
     }
     match c.recv(fd, iov, flags) {
-        Err(crate::conn::E_TCP) if crate::lifecycle::continue_on_tcp(fd, &o) => {
+        Err(crate::conn::E_TCP) if crate::lifecycle::continue_on_tcp(fd, o) => {
             // SAFETY: the caller's buffers.
-            Some(unsafe { crate::member::recv(fd, iov, flags) })
+            Some(unsafe { crate::member::recv(c.io_now(fd), iov, flags) })
         }
         Err(crate::conn::E_TCP) => Some(ret(c.recv(fd, iov, flags))),
         r => Some(ret(r)),
@@ -220,22 +226,28 @@ pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
             dontwait: flags & libc::MSG_DONTWAIT != 0,
         },
     )?;
-    let Some(c) = o.conn() else {
+    if o.conn().is_none() {
         // A handshake still waiting for its peer (non-blocking): EAGAIN, and not one byte
         // onto the TCP stream, which still carries CLC messages.
         return Some(-1);
+    }
+    let Some(call) = InCall::enter(fd, o) else {
+        // The number was closed meanwhile: the call goes to what it names now.
+        // SAFETY: the caller's buffers.
+        return unsafe { send_iov(fd, iov, flags) };
     };
+    let (c, o) = (call.conn(), call.obj());
     if !user_range_ok(iov) {
         return Some(fail(libc::EFAULT));
     }
     match c.send(fd, iov, flags) {
-        Err(crate::conn::E_TCP) if crate::lifecycle::continue_on_tcp(fd, &o) => {
+        Err(crate::conn::E_TCP) if crate::lifecycle::continue_on_tcp(fd, o) => {
             // SAFETY: plain old data.
             let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
             m.msg_iov = iov.as_ptr() as *mut iovec;
             m.msg_iovlen = iov.len() as _;
             // SAFETY: the caller's buffers.
-            Some(unsafe { real::sendmsg(fd, &m, flags) })
+            Some(unsafe { real::sendmsg(c.io_now(fd), &m, flags) })
         }
         Err(crate::conn::E_TCP) => Some(ret(c.send(fd, iov, flags))),
         r => Some(ret(r)),
@@ -707,6 +719,18 @@ pub fn forget_stale(fd: c_int) {
 
 fn forget_slot(fd: c_int, io_fd: c_int) {
     match fdtable::replace(fd, Slot::Empty) {
+        Slot::Obj(o) if matches!(&*o, Obj::Private(_)) => {
+            if io_fd >= 0 {
+                // Ours, never the application's (callers keep it from closing them): put back.
+                drop(fdtable::replace(fd, Slot::Obj(o)));
+            } else if let Obj::Private(w) = &*o {
+                // Closed behind our back (a raw system call): the connection's own I/O has no
+                // descriptor any more.
+                if let Some(Obj::Conn(c)) = w.upgrade().as_deref() {
+                    c.move_private_io(fd, crate::conn::IO_GONE);
+                }
+            }
+        }
         Slot::Obj(o) => {
             if let Obj::Handshake(h) = &*o {
                 // Its client (a connection of ours) may be driving it through this number
@@ -717,40 +741,119 @@ fn forget_slot(fd: c_int, io_fd: c_int) {
                     i += 1;
                 }
             }
-            epoll::on_close(fd, io_fd >= 0);
+            let kept = epoll::on_close(fd, io_fd >= 0, Some(&o));
             if let Obj::Conn(c) = &*o {
-                // A connection switched to TCP closes as TCP (counted when it switched).
-                if c.drop_ref() && !c.switched() {
-                    let sh = c.sh();
+                // Pairs with the one in `InCall::enter`: a call that registered before the slot
+                // was emptied is seen here, one that did not sees the slot empty and leaves.
+                std::sync::atomic::fence(Ordering::SeqCst);
+                if c.defer_close() {
+                    // A call of this process is under way on the connection (a thread blocked
+                    // in recv): as on TCP it goes on, and the connection closes when it returns
+                    // (`InCall`). The number is free for the application from now on, so the
+                    // call's own I/O moves to a private duplicate of the socket first.
                     crate::debug!(
-                        "fd {fd}: close: rx {} B/{} calls, tx {} B/{} calls, doorbells sent {} rcvd {}, spin hits {}, sleeps {}, tx full {}",
-                        sh.rx_bytes.load(Ordering::Relaxed),
-                        sh.rx_calls.load(Ordering::Relaxed),
-                        sh.tx_bytes.load(Ordering::Relaxed),
-                        sh.tx_calls.load(Ordering::Relaxed),
-                        sh.doorbells_sent.load(Ordering::Relaxed),
-                        sh.doorbells_rcvd.load(Ordering::Relaxed),
-                        sh.spin_hits.load(Ordering::Relaxed),
-                        sh.sleeps.load(Ordering::Relaxed),
-                        sh.tx_full.load(Ordering::Relaxed),
+                        "fd {fd}: closed while a call is under way on it: the connection stays \
+                         open until that call returns"
                     );
-                    c.final_close(io_fd);
-                    stats::conn_closed(c);
-                    if c.role == crate::conn::Role::Client {
-                        setup::note_client_conn_bytes(
-                            sh.rx_bytes.load(Ordering::Relaxed)
-                                + sh.tx_bytes.load(Ordering::Relaxed),
-                        );
+                    if io_fd >= 0 {
+                        private_io(fd, &o, c);
+                    } else if c.numbers() == 0 {
+                        // Closed behind our back: the number names something else already.
+                        c.set_private_io(crate::conn::IO_GONE);
                     }
+                } else {
+                    if kept {
+                        // An epoll registration of the number lives on with the connection (as
+                        // TCP's with the open file): its drains go through our own descriptor.
+                        private_io(fd, &o, c);
+                    }
+                    crate::obj::release_ref(fd, io_fd, c);
                 }
             }
         }
-        Slot::Tag(_) => epoll::on_close(fd, io_fd >= 0),
+        Slot::Tag(_) => {
+            epoll::on_close(fd, io_fd >= 0, None);
+        }
         Slot::Empty => {}
     }
 }
 
+/// A private duplicate of the socket of `c` (an SMC connection whose number `fd` is about to
+/// close while the connection stays in use in this process), for its own I/O from now on
+/// ([`Conn::with_io`]). At a high number, out of the way of the application's lowest-free
+/// allocations; the number is marked ours ([`Obj::Private`]). None can be made (the process at
+/// its descriptor limit): the connection's I/O fails as on a socket that went.
+fn private_io(fd: c_int, o: &Arc<Obj>, c: &Conn) {
+    if c.io_redirected() {
+        return;
+    }
+    let p = dup_private(fd, Arc::downgrade(o));
+    if p < 0 {
+        crate::debug!("fd {fd}: no descriptor left for the connection's own I/O");
+        c.set_private_io(crate::conn::IO_GONE);
+        return;
+    }
+    if !c.set_private_io(p) {
+        crate::obj::close_private(p);
+    }
+}
+
+/// A close-on-exec duplicate of `fd` at a high number, marked ours for the connection `owner`
+/// (-1: none could be made).
+fn dup_private(fd: c_int, owner: std::sync::Weak<Obj>) -> c_int {
+    let e0 = real::errno();
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid out pointer.
+    let cur = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur.min(i32::MAX as u64) as c_int
+    } else {
+        1024
+    };
+    let base = (cur / 2).clamp(3, 1024);
+    // SAFETY: plain fcntl on a number that names the socket (the close has not happened).
+    let mut p = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, base as libc::c_ulong) };
+    if p < 0 {
+        // SAFETY: as above.
+        p = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    }
+    real::set_errno(e0);
+    if p >= 0 {
+        if fdtable::raw(p) != 0 {
+            forget_stale(p);
+        }
+        drop(fdtable::replace(
+            p,
+            Slot::Obj(Arc::new(Obj::Private(owner))),
+        ));
+    }
+    p
+}
+
+/// The application makes `p`, one of our private descriptors, name another file (`dup2` onto
+/// a number it believes free): the connection's own I/O moves to a new duplicate first.
+fn move_private(p: c_int) {
+    let Some(o) = fdtable::get(p) else { return };
+    let Obj::Private(w) = &*o else { return };
+    let owner = w.upgrade();
+    let p2 = dup_private(p, w.clone());
+    drop(fdtable::replace(p, Slot::Empty));
+    let moved = match owner.as_deref() {
+        Some(Obj::Conn(c)) => c.move_private_io(p, if p2 >= 0 { p2 } else { crate::conn::IO_GONE }),
+        _ => false,
+    };
+    if !moved && p2 >= 0 {
+        crate::obj::close_private(p2);
+    }
+}
+
 pub unsafe fn close(fd: c_int) -> c_int {
+    if fdtable::raw(fd) >= 8 && !lifecycle::in_vfork_child() && crate::obj::is_private(fd) {
+        // Ours, never handed to the application: for it that number is not open.
+        return fail(libc::EBADF) as c_int;
+    }
     if fdtable::raw(fd) != 0 && !lifecycle::in_vfork_child() {
         forget_fd(fd);
     }
@@ -764,39 +867,52 @@ pub unsafe fn close(fd: c_int) -> c_int {
 }
 
 pub unsafe fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int) -> c_int {
-    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0
-        && fdtable::any_objects()
-        && !lifecycle::in_vfork_child()
-    {
+    let closing = flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && !lifecycle::in_vfork_child();
+    // Our own descriptors in the range (private duplicates of sockets) stay open.
+    let mut ours: Vec<libc::c_uint> = Vec::new();
+    if closing && fdtable::any_objects() {
         let hi = (last as u64).min(fdtable::MAX_FDS as u64 - 1);
-        for (fd, _) in fdtable::all_objects() {
+        for (fd, o) in fdtable::all_objects() {
             if (fd as u64) >= first as u64 && (fd as u64) <= hi {
-                forget_fd(fd);
+                if matches!(&*o, Obj::Private(_)) {
+                    ours.push(fd as libc::c_uint);
+                } else {
+                    forget_fd(fd);
+                }
             }
         }
     }
     // Our daemon connection may lie in the range (it may even have been opened by the closes
     // above, which give DMBs back): the range is closed around it.
-    let d = setup::daemon_fd_in(first, last);
-    match d {
-        Some(d)
-            if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && !lifecycle::in_vfork_child() =>
-        {
-            let d = d as libc::c_uint;
-            let mut r = 0;
-            if d > first {
-                // SAFETY: integer arguments only (close_range(2)).
-                r = unsafe { real::close_range(first, d - 1, flags) };
-            }
-            if r == 0 && d < last {
-                // SAFETY: as above.
-                r = unsafe { real::close_range(d + 1, last, flags) };
-            }
-            r
+    if closing {
+        if let Some(d) = setup::daemon_fd_in(first, last) {
+            ours.push(d as libc::c_uint);
         }
-        // SAFETY: integer arguments only (close_range(2)).
-        _ => unsafe { real::close_range(first, last, flags) },
     }
+    if ours.is_empty() {
+        // SAFETY: integer arguments only (close_range(2)).
+        return unsafe { real::close_range(first, last, flags) };
+    }
+    ours.sort_unstable();
+    let mut from = first;
+    for d in ours {
+        if d > from {
+            // SAFETY: integer arguments only (close_range(2)).
+            let r = unsafe { real::close_range(from, d - 1, flags) };
+            if r != 0 {
+                return r;
+            }
+        }
+        if d == libc::c_uint::MAX {
+            return 0;
+        }
+        from = from.max(d + 1);
+    }
+    if from <= last {
+        // SAFETY: integer arguments only (close_range(2)).
+        return unsafe { real::close_range(from, last, flags) };
+    }
+    0
 }
 
 pub unsafe fn dup(fd: c_int) -> c_int {
@@ -820,7 +936,11 @@ pub unsafe fn dup3(fd: c_int, fd2: c_int, flags: c_int, three: bool) -> c_int {
     }
     // The old content of fd2 is closed by dup2: do our close part first, while fd2 still
     // names that socket.
-    if fdtable::raw(fd2) != 0 && fcntl_valid(fd) {
+    if fdtable::raw(fd2) >= 8 && crate::obj::is_private(fd2) {
+        if fcntl_valid(fd) {
+            move_private(fd2);
+        }
+    } else if fdtable::raw(fd2) != 0 && fcntl_valid(fd) {
         forget_fd(fd2);
     }
     let r = if three {
@@ -946,7 +1066,13 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
         if let Some(o) = conn_of(fd) {
             // (A handshake still waiting for its peer is shut as a TCP socket: the peer's
             // machine sees the end of the stream and falls back or resets.)
-            if let Some(c) = o.conn() {
+            if o.conn().is_some() {
+                let Some(call) = InCall::enter(fd, o) else {
+                    // Closed meanwhile: the call goes to what the number names now.
+                    // SAFETY: integer arguments only.
+                    return unsafe { shutdown(fd, how) };
+                };
+                let c = call.conn();
                 return match c.shutdown(fd, how) {
                     Ok(()) => {
                         // TCP wakes the socket's waiters at a shutdown; ours may be parked.
@@ -962,6 +1088,29 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
     unsafe { real::shutdown(fd, how) }
 }
 
+/// In a forked child: the calls in flight on our connections were the parent's threads' (they do
+/// not exist here), and a private duplicate of a socket whose connection no number of the child
+/// names is closed (it would hold the socket open for as long as the child lives).
+pub fn conns_after_fork_child() {
+    let mut gone = Vec::new();
+    fdtable::for_each_object(|fd, o| match &**o {
+        Obj::Conn(c) => c.forget_calls_after_fork(),
+        Obj::Private(w)
+            if w.upgrade()
+                .is_none_or(|x| x.conn().is_none_or(|c| c.numbers() == 0)) =>
+        {
+            gone.push((fd, w.clone()));
+        }
+        _ => {}
+    });
+    for (p, w) in gone {
+        if let Some(Obj::Conn(c)) = w.upgrade().as_deref() {
+            c.move_private_io(p, crate::conn::IO_GONE);
+        }
+        crate::obj::close_private(p);
+    }
+}
+
 pub unsafe fn fork() -> libc::pid_t {
     // Handshakes under way are finished first: parent and child must agree on what the fd is.
     for (fd, o) in fdtable::all_objects() {
@@ -973,9 +1122,17 @@ pub unsafe fn fork() -> libc::pid_t {
     // names exactly the connections counted here.
     let frozen = fdtable::freeze_for_fork();
     let objs = fdtable::all_objects();
+    // Each connection object once (dup'd fds share it): the child's copy holds it too.
+    let mut held: Vec<Arc<Obj>> = Vec::new();
     for (_, o) in &objs {
         match &**o {
-            Obj::Conn(c) => c.add_ref(1),
+            Obj::Conn(c) => {
+                c.add_ref(1);
+                if !held.iter().any(|h| Arc::ptr_eq(h, o)) {
+                    c.add_holder();
+                    held.push(o.clone());
+                }
+            }
             Obj::Epoll(s) => s.before_fork(),
             _ => {}
         }
@@ -986,8 +1143,14 @@ pub unsafe fn fork() -> libc::pid_t {
     drop(frozen);
     if r == 0 {
         crate::reset_pid();
+        for o in &held {
+            if let Obj::Conn(c) = &**o {
+                c.holder_forked();
+            }
+        }
         fdtable::unlock_all_after_fork();
         setup::after_fork_child();
+        conns_after_fork_child();
     } else if r > 0 {
         for (_, o) in &objs {
             if let Obj::Epoll(s) = &**o {
@@ -998,6 +1161,11 @@ pub unsafe fn fork() -> libc::pid_t {
         for (_, o) in &objs {
             if let Obj::Conn(c) = &**o {
                 c.drop_ref();
+            }
+        }
+        for o in &held {
+            if let Obj::Conn(c) = &**o {
+                c.leave_holders();
             }
         }
     }
@@ -1328,8 +1496,9 @@ pub unsafe fn splice(
     // Into an SMC socket from a pipe or file: read only what the ring takes now (bytes taken
     // from a pipe cannot be put back), then write all of it.
     let mut want = want;
-    if let Some(o) = conn_of(fout) {
-        if let Some(c) = o.conn() {
+    if let Some(call) = conn_of(fout).and_then(|o| InCall::enter(fout, o)) {
+        let c = call.conn();
+        {
             loop {
                 let r = c.readiness();
                 if r.wr_closed || r.error || r.writable > 0 {

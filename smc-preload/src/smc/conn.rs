@@ -27,7 +27,7 @@ use crate::iov::IovCursor;
 use crate::real;
 use crate::shm::{Mapping, ShmLock};
 use smc_common::cdc::{CdcHeader, ConnStateFlags, Cursor, CursorWord, ProdFlags, Ring};
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -77,6 +77,16 @@ pub const F_SWITCHING: u32 = 1 << 11;
 pub const F_PEER_SWITCH: u32 = 1 << 12;
 /// The connection continues on plain TCP, for every holder of this end in every process.
 pub const F_SWITCHED: u32 = 1 << 13;
+/// The final close ([`Conn::final_close`]) finished: no process writes into either DMB or the
+/// local state page for this connection any more. [`F_CLOSED`] is set when it starts, and the
+/// process that runs it may be preempted before its last write into the peer's DMB (its close
+/// flags) while another process that held the connection releases its DMB references: that
+/// release must not take [`F_CLOSED`] for "nobody writes here any more" (it pooled our DMB and
+/// untainted the peer's, the daemon bound both to a new connection, and the late close flags
+/// landed in that connection's header: its server swallowed its reply as written after the
+/// peer's close, and its client read EOF with no byte: what one CI run of the fork stress test
+/// showed; not reproduced on demand in 40 runs).
+pub const F_CLOSE_DONE: u32 = 1 << 14;
 
 /// This project's CDC extension "switch to TCP" (Linux net/smc has no such message): the one
 /// byte, sent on the TCP socket after the sender's last doorbell, that ends the doorbell
@@ -114,7 +124,8 @@ pub struct Shared {
     pub flags: AtomicU32,
     /// Waiters (threads of any process) sleeping on `wake_seq`.
     pub waiters: AtomicU32,
-    /// 1 while one waiter sleeps in poll on the TCP socket.
+    /// The task id (`gettid`) of the one waiter that sleeps in poll on the TCP socket, 0: none.
+    /// A waiter that finds it set to a task that no longer exists takes over.
     pub poller: AtomicU32,
     /// Bumped by the poller after each wakeup and by every drain of doorbells (futex word of
     /// the other waiters).
@@ -150,6 +161,11 @@ pub struct Shared {
     /// Doorbells being sent right now ([`Conn::ring_doorbell`]): a switch to TCP waits for
     /// them, so that no doorbell follows its marker.
     bells: AtomicU32,
+    /// Processes whose [`Conn`] of this end is alive (see [`Conn::unheld`]): `refs` counts
+    /// fds, and a thread still inside a call (or stopped there) keeps using the rings and
+    /// this page after the last fd of its process closed; within one process its `Arc`
+    /// keeps the `Conn`, across processes this count does.
+    holders: AtomicU32,
 }
 
 /// [`Shared::ksleep`]: a drain of the doorbells is under way.
@@ -326,6 +342,21 @@ pub struct Conn {
     /// entry's fd, packed; 0: none): our next write puts it back on the set's ready list
     /// ([`Hooks::wrote`]).
     pub epoll_parked: AtomicU64,
+    /// The process whose holder this object is counted as in [`Shared::holders`] (0: none,
+    /// e.g. a forked child's copy of an object only a thread of its parent held).
+    holder_pid: AtomicU32,
+    /// This process's own hold on the connection besides its fd numbers (`smc_close`): calls
+    /// in flight (low 32 bits) and the fd references of numbers closed under them (high 32
+    /// bits), dropped when the last of those calls returns.
+    users: AtomicU64,
+    /// Numbers of this process's fd table that name the connection.
+    numbers: AtomicU32,
+    /// The descriptor our own I/O on the socket goes through ([`Conn::with_io`]): [`NO_IO`]
+    /// (the number of the call), a private duplicate of the socket made when a number was
+    /// closed while the connection stayed in use, or [`IO_GONE`].
+    io_fd: AtomicI32,
+    /// System calls under way on the caller's number ([`Conn::with_io`]).
+    io_busy: AtomicU32,
 }
 
 /// Result of a readiness check.
@@ -380,10 +411,16 @@ impl Conn {
             own_token: 0,
             peer_token: 0,
             epoll_parked: AtomicU64::new(0),
+            holder_pid: AtomicU32::new(crate::pid()),
+            users: AtomicU64::new(0),
+            numbers: AtomicU32::new(0),
+            io_fd: AtomicI32::new(NO_IO),
+            io_busy: AtomicU32::new(0),
         };
         let s = c.sh();
         s.magic.store(SHARED_MAGIC, Ordering::Relaxed);
         s.refs.store(1, Ordering::Relaxed);
+        s.holders.store(1, Ordering::Relaxed);
         s.role
             .store(u32::from(role == Role::Server), Ordering::Relaxed);
         if nonblock {
@@ -428,11 +465,18 @@ impl Conn {
             own_token: 0,
             peer_token: 0,
             epoll_parked: AtomicU64::new(0),
+            holder_pid: AtomicU32::new(0),
+            users: AtomicU64::new(0),
+            numbers: AtomicU32::new(0),
+            io_fd: AtomicI32::new(NO_IO),
+            io_busy: AtomicU32::new(0),
         };
         let s = c.sh();
         if s.magic.load(Ordering::Acquire) != SHARED_MAGIC {
             return Err(bad());
         }
+        s.holders.fetch_add(1, Ordering::AcqRel);
+        c.holder_pid.store(crate::pid(), Ordering::Relaxed);
         if s.role.load(Ordering::Relaxed) == 1 {
             c.role = Role::Server;
         }
@@ -615,10 +659,50 @@ impl Conn {
         &self.shared
     }
 
-    /// The last fd of the connection closed in every process ([`Conn::final_close`] ran):
-    /// nobody reads or writes its rings any more.
+    /// The last fd of the connection closed in every process and its [`Conn::final_close`]
+    /// finished ([`F_CLOSE_DONE`]): nobody reads or writes its rings or its local state page
+    /// any more.
     pub fn closed_everywhere(&self) -> bool {
-        self.flags() & F_CLOSED != 0
+        self.flags() & F_CLOSE_DONE != 0
+    }
+
+    /// Before `fork`: the child's copy of this object will be a holder too (once per object,
+    /// however many fds name it); [`Conn::holder_forked`] in the child, [`Conn::leave_holders`]
+    /// in the parent if the fork failed.
+    pub fn add_holder(&self) {
+        self.sh().holders.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// In the child after `fork`: this copy is the holder [`Conn::add_holder`] counted.
+    pub fn holder_forked(&self) {
+        self.holder_pid.store(crate::pid(), Ordering::Relaxed);
+    }
+
+    /// This process's object stops holding the connection (its drop, or a failed fork's
+    /// count); no-op for a copy that was never counted.
+    pub fn leave_holders(&self) {
+        let s = self.sh();
+        let mut old = s.holders.load(Ordering::Acquire);
+        while old > 0 {
+            match s
+                .holders
+                .compare_exchange_weak(old, old - 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return,
+                Err(o) => old = o,
+            }
+        }
+    }
+
+    /// No process but the caller's (whose object is going) holds this end any more: no
+    /// thread anywhere is inside a call on it. With [`Conn::closed_everywhere`], nobody
+    /// writes into either DMB or the state page again (they may be pooled). A forked child
+    /// whose thread was inside `recv` across the last close stored its consumer cursor into
+    /// the page and the peer's DMB after both were bound to the next connection between the
+    /// same two processes: that connection lost bytes, the child read its bytes
+    /// (`tests/redteam/rt4.c recvfault`, `sendstop`).
+    pub fn unheld(&self) -> bool {
+        self.sh().holders.load(Ordering::Acquire) == 0
     }
 
     /// How far into each ring the connection wrote (receive ring: as far as the peer's
@@ -642,6 +726,9 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
+        if self.holder_pid.swap(0, Ordering::AcqRel) == crate::pid() {
+            self.leave_holders();
+        }
         if let Some(r) = self.release.take() {
             r.release(self);
         }
@@ -760,6 +847,7 @@ mod smc_switch;
 mod smc_tx;
 mod smc_wake;
 
+pub use smc_close::{IO_GONE, NO_IO};
 pub use smc_switch::Switched;
 
 #[cfg(test)]

@@ -64,6 +64,9 @@ const KBUF: usize = 1024;
 const WARM_US: u32 = 2000;
 /// A set waited on by two processes (copied by `fork`) sleeps at most this long at a time.
 const SHARED_TICK_MS: i32 = 20;
+/// A set with entries kept after their number closed ([`EpInner::closed`]) sleeps at most this
+/// long at a time.
+const KEPT_TICK_MS: i32 = 200;
 /// A set copied by `fork` that only this process waited on so far sleeps at most this long at
 /// a time, to notice when the other copy starts waiting too.
 const FORKED_TICK_MS: i32 = 100;
@@ -127,7 +130,22 @@ pub struct EpInner {
     /// Epoll sets registered in this one (their fds): before a wait sleeps, each is made
     /// kernel-ready when it has something to report ([`prepare_indirect`]).
     nested: Vec<i32>,
+    /// Emulated entries whose number was closed while another fd of this process still names
+    /// the connection: as the kernel keeps a registration while its open file lives, they
+    /// report under their data until the connection's last number closes; checked at every
+    /// wait (by the number they had: their kernel registration still carries it).
+    closed: Vec<(i32, Entry)>,
 }
+
+impl Drop for EpInner {
+    fn drop(&mut self) {
+        KEPT.fetch_sub(self.closed.len(), Ordering::Relaxed);
+    }
+}
+
+/// Entries kept in [`EpInner::closed`], over all sets (a hint: a connection's last close looks
+/// for them only when there are any).
+static KEPT: AtomicUsize = AtomicUsize::new(0);
 
 pub struct EpollSet {
     inner: Mutex<EpInner>,
@@ -563,6 +581,22 @@ pub fn prepare_indirect(ep: i32, depth: u32) {
                 make_hot(&mut g, fd);
             }
         }
+        // Entries kept after their number closed: armed (their registration has no number to
+        // be kicked through; one that reports already is kicked through a live one, if any).
+        let mut closed_ready = false;
+        for (old, e) in g.closed.iter() {
+            if let Some(c) = e.obj.as_ref().and_then(|o| o.conn()) {
+                let mask = poll::arm(c, *old, e.events) & (e.events | ERR | HUP);
+                closed_ready |= !e.disabled && reports(e, c, mask).is_some();
+            }
+        }
+        if closed_ready && ready.is_none() {
+            ready = g
+                .entries
+                .iter()
+                .find(|(_, e)| e.mode == Mode::Emulated)
+                .map(|(&fd, _)| fd);
+        }
         g.nested.clone()
     };
     if let Some(fd) = ready {
@@ -750,17 +784,53 @@ pub fn is_member(fd: i32) -> bool {
 /// kernel's epoll instance and the open file are shared, and the registration is the other
 /// process's too (TCP: a child's close leaves its parent's registration alone); our waits
 /// drop the events it still queues here.
-pub fn on_close(fd: i32, live: bool) {
-    if MEMBERS_N.load(Ordering::Relaxed) == 0 {
-        return;
+///
+/// An emulated entry of a connection that another fd of this process still names is kept
+/// instead, with its kernel registration, as TCP's registration lives as long as the open file:
+/// it goes on reporting under its data until the connection's last number closes (conformance
+/// `epoll_close_while_dup_open`). True when one was kept: the
+/// caller moves the connection's own I/O off the number before it closes (its doorbells are
+/// drained through that registration's events). `obj`: what the number named.
+pub fn on_close(fd: i32, live: bool, obj: Option<&Arc<Obj>>) -> bool {
+    let conn = obj.and_then(|o| o.conn());
+    if let Some(c) = conn {
+        if c.numbers() == 0 && KEPT.load(Ordering::Relaxed) > 0 {
+            // Its last number: the entries kept for it go (the open file goes here).
+            drop_kept(c);
+        }
     }
+    if MEMBERS_N.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    let lives_on = live && conn.is_some_and(|c| c.numbers() > 0);
     let eps = members().lock().remove(&fd).unwrap_or_default();
     MEMBERS_N.fetch_sub(eps.len(), Ordering::Relaxed);
+    let mut kept = false;
     for ep in eps {
         if let Some(so) = set_of(ep, false) {
             let set = as_set(&so);
             let mut g = lock(&set.inner);
             let ours = g.entries.get(&fd).is_some_and(|e| e.mode != Mode::App);
+            let keep = lives_on
+                && !set.copied_by_fork()
+                && g.entries.get(&fd).is_some_and(|e| {
+                    e.mode == Mode::Emulated
+                        && e.obj
+                            .as_ref()
+                            .zip(obj)
+                            .is_some_and(|(a, b)| Arc::ptr_eq(a, b))
+                });
+            if keep {
+                unlist(&mut g, fd);
+                g.undrained.retain(|(x, _, _)| *x != fd);
+                if let Some(e) = g.entries.remove(&fd) {
+                    tally(set, e.mode, false);
+                    g.closed.push((fd, e));
+                    KEPT.fetch_add(1, Ordering::Relaxed);
+                    kept = true;
+                }
+                continue;
+            }
             remove_entry(set, &mut g, fd);
             if ours && live && !set.copied_by_fork() {
                 let mut kev = libc::epoll_event { events: 0, u64: 0 };
@@ -769,6 +839,34 @@ pub fn on_close(fd: i32, live: bool) {
             }
         }
     }
+    kept
+}
+
+/// The last number of `c` in this process closed: the entries kept for it after earlier
+/// closes ([`EpInner::closed`]) go.
+fn drop_kept(c: &crate::conn::Conn) {
+    let mut gone = Vec::new();
+    fdtable::for_each_object(|_, o| {
+        if let Obj::Epoll(set) = &**o {
+            let mut g = lock(&set.inner);
+            let before = g.closed.len();
+            let EpInner { closed, .. } = &mut *g;
+            closed.retain_mut(|(_, e)| {
+                let mine = e
+                    .obj
+                    .as_ref()
+                    .and_then(|o| o.conn())
+                    .is_some_and(|x| std::ptr::eq(x, c));
+                if mine {
+                    // Dropped outside the lock (it may be the connection's last reference).
+                    gone.extend(e.obj.take());
+                }
+                !mine
+            });
+            KEPT.fetch_sub(before - g.closed.len(), Ordering::Relaxed);
+        }
+    });
+    drop(gone);
 }
 
 /// `fd` became an SMC connection: switch its registrations to emulation.
@@ -1025,6 +1123,32 @@ fn collect(
         }
         e.obj = Some(o);
     }
+    // Entries kept after their number closed: checked at every wait, armed before it sleeps;
+    // gone once no number of the process names the connection (or it continues on TCP).
+    let before = g.closed.len();
+    g.closed.retain(|(_, e)| {
+        e.obj
+            .as_ref()
+            .and_then(|o| o.conn())
+            .is_some_and(|c| c.numbers() > 0 && !c.switching())
+    });
+    if g.closed.len() < before {
+        KEPT.fetch_sub(before - g.closed.len(), Ordering::Relaxed);
+    }
+    for (old, e) in g.closed.iter_mut() {
+        if out.len() >= max {
+            return;
+        }
+        if e.seen == pass || e.disabled {
+            continue;
+        }
+        e.seen = pass;
+        let Some(o) = e.obj.take() else { continue };
+        if let Some(c) = o.conn() {
+            check(e, c, ep, *old, now, park, out);
+        }
+        e.obj = Some(o);
+    }
 }
 
 /// One check of an entry on the ready list (see [`collect`]): reports it into `out`, keeps it
@@ -1153,6 +1277,15 @@ fn translate(set: &EpollSet, kev: &[libc::epoll_event], out: &mut Vec<libc::epol
         if d & 0xFFFF_FFFF_0000_0000 == ck {
             let fd = d as u32 as i32;
             let g = g.get_or_insert_with(|| lock(&set.inner));
+            // An entry kept after its number closed, registered under that number: its
+            // doorbells are drained (through the connection's own descriptor); it is checked at
+            // every wait.
+            let rang = k.events & (IN | RDHUP | ERR | HUP) != 0;
+            for (_, e) in g.closed.iter().filter(|(old, _)| *old == fd) {
+                if let Some(o) = e.obj.as_ref().filter(|o| rang && o.conn().is_some()) {
+                    drains.push((fd, o.clone(), k.events & (RDHUP | ERR | HUP) != 0));
+                }
+            }
             match g.entries.get(&fd) {
                 Some(Entry {
                     mode: Mode::Emulated,
@@ -1194,6 +1327,12 @@ fn translate(set: &EpollSet, kev: &[libc::epoll_event], out: &mut Vec<libc::epol
     let mut left = Vec::new();
     for (fd, o, to_end) in drains {
         if let Some(c) = o.conn() {
+            // Only through a number that still names the connection, or its private
+            // duplicate (the number closed under a call in flight).
+            let call = crate::obj::InCall::enter(fd, o.clone());
+            if call.is_none() && !c.io_redirected() {
+                continue;
+            }
             if !c.try_drain_to(fd, to_end) {
                 let seq = c.wake_seq();
                 left.push((fd, o, seq));
@@ -1432,6 +1571,11 @@ pub unsafe fn wait(
         };
         if tick >= 0 && (cap < 0 || tick < cap) {
             cap = tick;
+        }
+        // An entry kept after its number closed cannot be kicked (its registration has no
+        // number any more): a change of ours without the peer (a shutdown) is seen at a tick.
+        if !lock(&set.inner).closed.is_empty() && !(0..=KEPT_TICK_MS).contains(&cap) {
+            cap = KEPT_TICK_MS;
         }
         let t = if cap >= 0 && !(0..=cap).contains(&rem) {
             cap

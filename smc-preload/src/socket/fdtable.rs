@@ -81,6 +81,16 @@ pub fn raw(fd: i32) -> usize {
     }
 }
 
+/// [`raw`] as a sequentially consistent load (the check of a call that registered on an object,
+/// against a close that empties the slot and then looks for calls: `obj::InCall`).
+#[inline]
+pub fn raw_seqcst(fd: i32) -> usize {
+    match slot(fd) {
+        Some(s) => s.load(Ordering::SeqCst),
+        None => 0,
+    }
+}
+
 fn lock(s: &AtomicUsize) -> usize {
     let mut spins = 0u32;
     loop {
@@ -227,6 +237,9 @@ pub fn replace(fd: i32, new: Slot) -> Slot {
         Slot::Tag(t) => t,
         Slot::Obj(a) => {
             OBJECTS.fetch_add(1, Ordering::Relaxed);
+            if let Some(c) = a.conn() {
+                c.count_number(true);
+            }
             Arc::into_raw(a) as usize
         }
     };
@@ -237,7 +250,11 @@ pub fn replace(fd: i32, new: Slot) -> Slot {
         p => {
             OBJECTS.fetch_sub(1, Ordering::Relaxed);
             // SAFETY: the slot owned this strong count; ownership moves to the caller.
-            Slot::Obj(unsafe { Arc::from_raw(p as *const Obj) })
+            let o = unsafe { Arc::from_raw(p as *const Obj) };
+            if let Some(c) = o.conn() {
+                c.count_number(false);
+            }
+            Slot::Obj(o)
         }
     }
 }

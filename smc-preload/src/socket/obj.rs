@@ -2,8 +2,9 @@
 
 use crate::conn::Conn;
 use crate::epoll::EpollSet;
+use crate::real;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
 
 pub enum Obj {
     /// An established SMC connection (shared by dup'd fds).
@@ -30,6 +31,124 @@ pub enum Obj {
     /// its TCP socket carries only doorbells. Reads fail with `ECONNRESET` (then EOF), writes
     /// with `EPIPE`; never a doorbell byte as data.
     Orphan(Skip),
+    /// Our private duplicate of the socket of the connection `.0` (see [`Conn::with_io`]),
+    /// made when a number of it was closed while it stayed in use: for the application this
+    /// number is not open (its `close` says `EBADF`, `close_range` leaves it, a `dup2` onto it
+    /// moves it first), and it is closed with the connection's object.
+    Private(Weak<Obj>),
+}
+
+impl Drop for Obj {
+    fn drop(&mut self) {
+        // The connection's object goes (its last fd closed, its last call returned): its
+        // private duplicate of the socket goes with it, as the kernel drops the file reference
+        // a call held.
+        if let Obj::Conn(c) = self {
+            if let Some(p) = c.take_private_io() {
+                close_private(p);
+            }
+        }
+    }
+}
+
+/// Closes our private descriptor `p` (an [`Obj::Private`] slot).
+pub fn close_private(p: i32) {
+    if matches!(crate::fdtable::get(p).as_deref(), Some(Obj::Private(_))) {
+        drop(crate::fdtable::replace(p, crate::fdtable::Slot::Empty));
+        let e0 = real::errno();
+        // SAFETY: our own descriptor, never handed to the application.
+        unsafe { real::close(p) };
+        real::set_errno(e0);
+    }
+}
+
+/// Whether `fd` is one of our private descriptors ([`Obj::Private`]).
+pub fn is_private(fd: i32) -> bool {
+    crate::fdtable::raw(fd) >= 8
+        && matches!(crate::fdtable::get(fd).as_deref(), Some(Obj::Private(_)))
+}
+
+/// A call in flight on an SMC connection, made through the number `fd`: as the kernel's file
+/// reference of a system call (`fdget`), it keeps the connection open when another thread
+/// closes the number meanwhile ([`Conn::call_enter`]); the last fd reference closed under it is
+/// dropped when it ends (and the connection closed, when that was the last one anywhere).
+pub struct InCall {
+    obj: Arc<Obj>,
+    fd: i32,
+}
+
+impl InCall {
+    /// Registers a call on the connection `obj`, which the caller found at `fd`; `None` when it
+    /// is not a connection, or `fd` no longer names it (closed meanwhile: the call is to be
+    /// made on whatever the number names now).
+    #[inline]
+    pub fn enter(fd: i32, obj: Arc<Obj>) -> Option<InCall> {
+        let c = obj.conn()?;
+        c.call_enter();
+        let call = InCall { obj, fd };
+        // Pairs with the fence of the close (`ops::forget_slot`): either it sees this call, or
+        // this sees the number's slot emptied.
+        if crate::fdtable::raw_seqcst(fd) & !1 != Arc::as_ptr(&call.obj) as usize {
+            return None;
+        }
+        Some(call)
+    }
+
+    pub fn obj(&self) -> &Arc<Obj> {
+        &self.obj
+    }
+
+    pub fn conn(&self) -> &Conn {
+        match &*self.obj {
+            Obj::Conn(c) => c,
+            // `enter` made it only for a connection.
+            _ => unreachable!(),
+        }
+    }
+}
+
+impl Drop for InCall {
+    fn drop(&mut self) {
+        if let Obj::Conn(c) = &*self.obj {
+            for _ in 0..c.call_leave() {
+                release_ref(self.fd, self.fd, c);
+            }
+        }
+    }
+}
+
+/// Drops one fd reference of `c`: the close of `fd`, or the end of the last call a close left
+/// its reference to (the number names another file or none then: the I/O of the final close
+/// goes through the connection's private duplicate of the socket). The last reference anywhere
+/// closes the connection (the peer learns it from the CDC header). `io_fd`: the number to use
+/// for that close's I/O (-1: none, a close behind our back).
+pub fn release_ref(fd: i32, io_fd: i32, c: &Conn) {
+    // A connection switched to TCP closes as TCP (counted when it switched).
+    if !c.drop_ref() || c.switched() {
+        return;
+    }
+    let sh = c.sh();
+    crate::debug!(
+        "fd {fd}: close: rx {} B/{} calls, tx {} B/{} calls, doorbells sent {} rcvd {}, spin hits {}, sleeps {}, tx full {}",
+        sh.rx_bytes.load(Ordering::Relaxed),
+        sh.rx_calls.load(Ordering::Relaxed),
+        sh.tx_bytes.load(Ordering::Relaxed),
+        sh.tx_calls.load(Ordering::Relaxed),
+        sh.doorbells_sent.load(Ordering::Relaxed),
+        sh.doorbells_rcvd.load(Ordering::Relaxed),
+        sh.spin_hits.load(Ordering::Relaxed),
+        sh.sleeps.load(Ordering::Relaxed),
+        sh.tx_full.load(Ordering::Relaxed),
+    );
+    // Counted before the final close: once it finished, the state page may be pooled and
+    // reused by the process that registered it.
+    crate::stats::conn_closed(c);
+    if c.role == crate::conn::Role::Client {
+        crate::setup::note_client_conn_bytes(
+            sh.rx_bytes.load(Ordering::Relaxed) + sh.tx_bytes.load(Ordering::Relaxed),
+        );
+    }
+    c.final_close(io_fd);
 }
 
 pub struct Handshake {

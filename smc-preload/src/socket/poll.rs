@@ -8,7 +8,7 @@
 
 use crate::conn::Conn;
 use crate::fdtable;
-use crate::obj::Obj;
+use crate::obj::{InCall, Obj};
 use crate::real;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -91,7 +91,10 @@ pub fn deadline_ms(timeout: i32) -> Option<Instant> {
 /// What one pollfd is for us.
 enum Kind {
     Plain,
-    Smc(Arc<Obj>),
+    /// An SMC connection; the wait holds it as a call in flight (as the kernel's poll holds the
+    /// files it sleeps on): a close of the number meanwhile leaves it open until the wait ends,
+    /// and moves its I/O off the number.
+    Smc(InCall),
     /// Connect (`true`: not established yet) or handshake under way: the kernel's events on it
     /// (connect completion, the peer's CLC message) drive it. The application sees `POLLOUT`
     /// once the TCP connection is established (as TCP says; a write then waits for the
@@ -119,7 +122,7 @@ fn classify(fd: i32) -> Kind {
         return Kind::Plain;
     };
     match &*o {
-        Obj::Conn(_) => return Kind::Smc(o),
+        Obj::Conn(_) => return smc_kind(fd, o),
         Obj::Pending(_) => {
             drop(o);
             crate::setup::resolve_pending(fd);
@@ -141,13 +144,22 @@ fn classify(fd: i32) -> Kind {
         return Kind::Plain;
     };
     if o.conn().is_some() {
-        return Kind::Smc(o);
+        return smc_kind(fd, o);
     }
     match &*o {
         Obj::Pending(_) => Kind::Undecided(Und::Connecting),
         Obj::Handshake(h) if !h.out_while_undecided() => Kind::Undecided(Und::WriteWaits),
         Obj::Handshake(_) => Kind::Undecided(Und::Handshake),
         _ => Kind::Plain,
+    }
+}
+
+/// An SMC connection held for the wait; plain when its number was closed meanwhile (the
+/// kernel's poll then answers for what the number names now).
+fn smc_kind(fd: i32, o: Arc<Obj>) -> Kind {
+    match InCall::enter(fd, o) {
+        Some(call) => Kind::Smc(call),
+        None => Kind::Plain,
     }
 }
 
@@ -229,7 +241,7 @@ unsafe fn poll_once(
         let mut n = 0;
         for (p, k) in fds.iter_mut().zip(&kinds) {
             if let Some(c) = match k {
-                Kind::Smc(o) => o.conn(),
+                Kind::Smc(call) => Some(call.conn()),
                 _ => None,
             } {
                 let want = p.events as u32 | ERR | HUP;
@@ -288,18 +300,14 @@ unsafe fn poll_once(
         }
         // Register as sleepers on the SMC sockets, arm and recheck.
         for k in &kinds {
-            if let Kind::Smc(o) = k {
-                if let Some(c) = o.conn() {
-                    c.sleep_enter();
-                }
+            if let Kind::Smc(call) = k {
+                call.conn().sleep_enter();
             }
         }
         let leave_all = || {
             for (t, k) in tmp.iter().zip(&kinds) {
-                if let Kind::Smc(o) = k {
-                    if let Some(c) = o.conn() {
-                        let _ = c.sleep_leave(t.fd, false);
-                    }
+                if let Kind::Smc(call) = k {
+                    let _ = call.conn().sleep_leave(t.fd, false);
                 }
             }
         };
@@ -329,11 +337,10 @@ unsafe fn poll_once(
         // sleepers must be gone before we sleep on that socket again.
         let mut pending = Vec::new();
         for (t, k) in tmp.iter().zip(&kinds) {
-            if let Kind::Smc(o) = k {
-                if let Some(c) = o.conn() {
-                    if c.sleep_leave(t.fd, r > 0 && t.revents != 0) {
-                        pending.push((o.clone(), t.fd, c.wake_seq()));
-                    }
+            if let Kind::Smc(call) = k {
+                let c = call.conn();
+                if c.sleep_leave(t.fd, r > 0 && t.revents != 0) {
+                    pending.push((call.obj().clone(), t.fd, c.wake_seq()));
                 }
             }
         }
@@ -342,9 +349,13 @@ unsafe fn poll_once(
         }
         // Recompute everything.
         let mut moved = r == 0 && ticking;
+        let mut closed = false;
         for ((t, k), p) in tmp.iter().zip(&kinds).zip(fds.iter_mut()) {
             match k {
-                Kind::Smc(_) => {}
+                // The number was closed (by another thread) during the sleep: the kernel's
+                // poll answers for what it names now (`POLLNVAL` when nothing), as it does for a
+                // TCP socket closed under a poll.
+                Kind::Smc(_) => closed |= t.revents & libc::POLLNVAL != 0,
                 Kind::Plain => p.revents = t.revents,
                 Kind::Undecided(und) => {
                     let out = libc::POLLOUT;
@@ -356,6 +367,9 @@ unsafe fn poll_once(
                     }
                 }
             }
+        }
+        if closed {
+            return None;
         }
         let plain = fds
             .iter()
@@ -394,6 +408,16 @@ unsafe fn poll_once(
 /// at once. At most [`crate::conn::SETTLE_MAX_MS`], then they are drained anyway. Stops early
 /// (true) when `ready` says the wait is over for other reasons.
 pub fn settle(pending: &mut Vec<(Arc<Obj>, i32, u32)>, mut ready: impl FnMut() -> bool) -> bool {
+    // Held as calls in flight; a connection whose number was closed meanwhile (and that has
+    // no private duplicate of its socket) is not drained through that number.
+    let mut calls = Vec::with_capacity(pending.len());
+    pending.retain(|(o, fd, _)| match InCall::enter(*fd, o.clone()) {
+        Some(call) => {
+            calls.push(call);
+            true
+        }
+        None => o.conn().is_some_and(|c| c.io_redirected()),
+    });
     let start = Instant::now();
     loop {
         pending.retain(|(o, fd, seq)| !o.conn().is_some_and(|c| c.settled(*fd, *seq)));

@@ -784,9 +784,10 @@ impl Release for DmbRelease {
         // peer 0: a stand-in for a client that had already gone.
         let peer = Some(self.peer).filter(|&t| t != 0);
         let mut flags = 0;
-        if !c.closed_everywhere() {
-            // Another process (a forked child) still has the connection and may write into
-            // the peer's ring: never to be bound again.
+        if !c.closed_everywhere() || !c.unheld() {
+            // Another process (a forked child) still has the connection, or a thread of it
+            // is still inside a call, and may write into the peer's ring: never to be bound
+            // again.
             flags |= RELEASE_TAINT_PEER;
         } else {
             // Nobody uses the rings any more: a short connection's DMBs are kept for the next
@@ -1861,6 +1862,11 @@ pub(crate) fn copy_slot(from: i32, to: i32) {
                 // A dup'd epoll fd is the same instance, but our bookkeeping is keyed by fd:
                 // keep it simple and let the copy go to the kernel unemulated only when it has
                 // no SMC member (rare; documented).
+            }
+            // A copy of our private descriptor is the application's own (plain) socket fd.
+            Obj::Private(_) => {
+                drop(fdtable::replace(to, Slot::Empty));
+                return;
             }
             _ => {}
         }

@@ -1,7 +1,205 @@
 //! smc_close: `shutdown`, the references of the fds that name the connection, and its final
 //! close.
+//!
+//! As a TCP socket, an SMC connection lives as long as its open file: while an fd names it
+//! (in any process, `Shared::refs`) and while a call that started on it is under way — a
+//! blocked `recv` keeps it open after another thread closed the number (the kernel's `fdget`
+//! holds the file). Here a call registers ([`Conn::call_enter`]); a close of a number while
+//! calls of this process are in flight leaves its reference to the last of them
+//! ([`Conn::defer_close`], [`Conn::call_leave`]), which then makes the final close. From that
+//! close on, the number may name another file at any moment: our own I/O on the socket (the
+//! doorbells, their drains, the waits, the socket options we read) goes through a private
+//! duplicate of the socket ([`Conn::with_io`]), made before the number was closed and closed
+//! with the connection's object (as the kernel drops the call's file reference).
 
 use super::*;
+
+/// [`Conn::io_fd`]: our I/O goes through the number the caller names.
+pub const NO_IO: i32 = -1;
+/// [`Conn::io_fd`]: no descriptor of this process names the socket any more (a close behind
+/// our back, or none could be made): our I/O on it fails (`EBADF`), as on a socket that went.
+pub const IO_GONE: i32 = -2;
+
+const CALLS: u64 = 0xFFFF_FFFF;
+const DEFERRED: u64 = 1 << 32;
+
+impl Conn {
+    /// Runs `f` with the descriptor our I/O on the socket goes through: `fd` (the number of the
+    /// call), or, once a number of the connection was closed while it stayed in use, the
+    /// private duplicate of the socket ([`Conn::set_private_io`] waits for every call made
+    /// through a number before that number may close). Only for short, non-blocking calls.
+    #[inline]
+    pub fn with_io<R>(&self, fd: i32, f: impl FnOnce(i32) -> R) -> R {
+        self.io_busy.fetch_add(1, Ordering::SeqCst);
+        let p = self.io_fd.load(Ordering::SeqCst);
+        let r = f(if p == NO_IO { fd } else { p });
+        self.io_busy.fetch_sub(1, Ordering::Release);
+        r
+    }
+
+    /// The descriptor a sleep in `poll` uses (see [`Conn::with_io`]). Not protected: a
+    /// number closed during the sleep is only looked at by the kernel (`poll` reads no file),
+    /// and the sleep itself holds the socket.
+    #[inline]
+    pub fn io_now(&self, fd: i32) -> i32 {
+        let p = self.io_fd.load(Ordering::Acquire);
+        if p == NO_IO {
+            fd
+        } else {
+            p
+        }
+    }
+
+    /// The private duplicate of the socket, if one was made.
+    pub fn private_io(&self) -> Option<i32> {
+        let p = self.io_fd.load(Ordering::Acquire);
+        (p >= 0).then_some(p)
+    }
+
+    /// Whether our I/O no longer goes through the caller's number.
+    pub fn io_redirected(&self) -> bool {
+        self.io_fd.load(Ordering::Acquire) != NO_IO
+    }
+
+    /// From now on our I/O goes through `p` (a private duplicate of the socket, or
+    /// [`IO_GONE`]); returns when no call through a caller's number is under way any more, so
+    /// that the number may close. False (and nothing changed) when it was redirected already.
+    pub fn set_private_io(&self, p: i32) -> bool {
+        if self
+            .io_fd
+            .compare_exchange(NO_IO, p, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            return false;
+        }
+        self.wait_io_idle();
+        true
+    }
+
+    /// Moves our I/O from the private duplicate `old` to `new` (the application is about to
+    /// make `old`'s number name another file, `dup2`); waits as [`Conn::set_private_io`].
+    pub fn move_private_io(&self, old: i32, new: i32) -> bool {
+        if self
+            .io_fd
+            .compare_exchange(old, new, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            return false;
+        }
+        self.wait_io_idle();
+        true
+    }
+
+    /// Takes the private duplicate for closing (the connection's object goes).
+    pub fn take_private_io(&self) -> Option<i32> {
+        let p = self.io_fd.swap(IO_GONE, Ordering::SeqCst);
+        (p >= 0).then_some(p)
+    }
+
+    /// Waits until no I/O call through a descriptor loaded before now is under way (each is
+    /// one non-blocking system call; bounded all the same).
+    fn wait_io_idle(&self) {
+        let start = Instant::now();
+        let mut i = 0u32;
+        while self.io_busy.load(Ordering::SeqCst) != 0
+            && start.elapsed() < Duration::from_millis(100)
+        {
+            i += 1;
+            if i > 64 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// A call of this process starts on the connection (it holds the connection open, as the
+    /// kernel's `fdget` holds the file). The caller checks afterwards that its number still
+    /// names the connection, else it leaves at once: a close that did not see it may have
+    /// dropped the reference already.
+    #[inline]
+    pub fn call_enter(&self) {
+        self.users.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The call ends. Returns the fd references closed under the calls in flight that the
+    /// caller, the last of them, must now drop (each as a close would).
+    #[inline]
+    #[must_use]
+    pub fn call_leave(&self) -> u32 {
+        let mut u = self.users.fetch_sub(1, Ordering::SeqCst).wrapping_sub(1);
+        loop {
+            if u & CALLS != 0 || u < DEFERRED {
+                return 0;
+            }
+            match self
+                .users
+                .compare_exchange(u, 0, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => return (u >> 32) as u32,
+                Err(now) => u = now,
+            }
+        }
+    }
+
+    /// A number of this process that named the connection was closed (its slot is already
+    /// empty): when calls of this process are in flight, its reference stays until the last
+    /// of them returns ([`Conn::call_leave`]) and this says true; false: drop it now.
+    pub fn defer_close(&self) -> bool {
+        let mut u = self.users.load(Ordering::SeqCst);
+        loop {
+            if u & CALLS == 0 {
+                return false;
+            }
+            match self
+                .users
+                .compare_exchange(u, u + DEFERRED, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => return true,
+                Err(now) => u = now,
+            }
+        }
+    }
+
+    /// Whether calls of this process are in flight on the connection.
+    pub fn calls_in_flight(&self) -> bool {
+        self.users.load(Ordering::SeqCst) & CALLS != 0
+    }
+
+    /// A number of this process's fd table names the connection now (`add`) or no more;
+    /// returns how many name it after the change.
+    pub fn count_number(&self, add: bool) -> u32 {
+        if add {
+            self.numbers.fetch_add(1, Ordering::AcqRel) + 1
+        } else {
+            let mut n = self.numbers.load(Ordering::Acquire);
+            while n > 0 {
+                match self.numbers.compare_exchange_weak(
+                    n,
+                    n - 1,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => return n - 1,
+                    Err(o) => n = o,
+                }
+            }
+            0
+        }
+    }
+
+    /// Numbers of this process's fd table that name the connection.
+    pub fn numbers(&self) -> u32 {
+        self.numbers.load(Ordering::Acquire)
+    }
+
+    /// In a forked child: the calls in flight were the parent's threads' (they do not exist
+    /// here), and so were the references they held back.
+    pub fn forget_calls_after_fork(&self) {
+        self.users.store(0, Ordering::SeqCst);
+        self.io_busy.store(0, Ordering::SeqCst);
+    }
+}
 
 impl Conn {
     /// shutdown(2).
@@ -27,7 +225,7 @@ impl Conn {
             // wakes local threads sleeping on it.
             self.set_flag(F_REAL_SHUT);
             // SAFETY: plain syscall.
-            unsafe { real::shutdown(fd, libc::SHUT_RDWR) };
+            self.with_io(fd, |io| unsafe { real::shutdown(io, libc::SHUT_RDWR) });
         }
         Ok(())
     }
@@ -40,7 +238,7 @@ impl Conn {
         }
         // Unread data, or SO_LINGER {1, 0}: TCP sends a reset, the peer sees ECONNRESET.
         let unread = self.avail();
-        let linger0 = linger_zero(fd);
+        let linger0 = self.with_io(fd, linger_zero);
         if unread > 0 || linger0 {
             crate::debug!(
                 "fd {fd}: closed with {unread} unread bytes{}: abort (the peer gets \
@@ -68,6 +266,9 @@ impl Conn {
         }
         // Unread doorbells in our receive queue would turn our FIN into a RST.
         self.drain(fd);
+        // Last: from here on the DMBs and the state page may be pooled and bound to another
+        // connection (see `F_CLOSE_DONE`).
+        self.set_flag(F_CLOSE_DONE);
     }
 
     /// Count one more fd referring to this connection (dup, fork).

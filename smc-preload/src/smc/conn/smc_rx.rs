@@ -34,15 +34,15 @@ impl Conn {
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
         let e0 = real::errno();
         // SAFETY: valid out-pointers of the right size.
-        let r = unsafe {
+        let r = self.with_io(fd, |io| unsafe {
             real::getsockopt(
-                fd,
+                io,
                 libc::SOL_SOCKET,
                 libc::SO_RCVLOWAT,
                 &mut v as *mut libc::c_int as *mut libc::c_void,
                 &mut len,
             )
-        };
+        });
         real::set_errno(e0);
         let v = if r == 0 { v.max(1) as u32 } else { 1 };
         self.sh().rcvlowat.store(v, Ordering::Relaxed);

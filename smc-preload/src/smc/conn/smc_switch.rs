@@ -43,7 +43,7 @@ impl Conn {
     /// image without the library from a `vfork` child, which cannot switch it. No allocation.
     pub fn reset_now(&self, fd: i32) {
         self.set_flag(F_PROTO);
-        reset_socket(fd);
+        reset_socket(self.io_now(fd));
     }
 
     /// Switch the connection to plain TCP, mid-stream (this project's CDC extension, see
@@ -97,10 +97,12 @@ impl Conn {
         }
         let cons = unpack(s.cons.load(Ordering::Acquire));
         self.publish_cons(cons);
-        let r = self.switch_steps(fd, deadline, leave);
+        // The socket itself (a number closed under a call in flight may name another file).
+        let io = self.io_now(fd);
+        let r = self.switch_steps(io, deadline, leave);
         if r == Switched::Reset {
             self.set_flag(F_PROTO);
-            reset_socket(fd);
+            reset_socket(io);
         } else {
             self.set_flag(F_SWITCHED);
         }

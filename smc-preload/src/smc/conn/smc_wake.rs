@@ -20,14 +20,14 @@ impl Conn {
     pub(super) fn ring_doorbell_now(&self, fd: i32) {
         let b = [DOORBELL];
         // SAFETY: valid buffer.
-        let r = unsafe {
+        let r = self.with_io(fd, |io| unsafe {
             real::send(
-                fd,
+                io,
                 b.as_ptr() as *const libc::c_void,
                 1,
                 libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
             )
-        };
+        });
         if r == 1 {
             self.sh().doorbells_sent.fetch_add(1, Ordering::Relaxed);
         }
@@ -55,20 +55,23 @@ impl Conn {
     pub(super) fn drain_bytes(&self, fd: i32, to_end: bool) {
         let mut buf = [0u8; 256];
         loop {
-            // After the peer's switch marker the stream is data: never drained.
-            if self.flags() & (F_SWITCHING | F_PEER_SWITCH | F_SWITCHED) != 0 {
+            // After the peer's switch marker the stream is data: never drained. No descriptor
+            // of ours names the socket any more (`IO_GONE`): nothing to drain.
+            if self.flags() & (F_SWITCHING | F_PEER_SWITCH | F_SWITCHED) != 0
+                || self.io_fd.load(Ordering::Relaxed) == IO_GONE
+            {
                 return;
             }
             let e0 = real::errno();
             // SAFETY: valid buffer.
-            let r = unsafe {
+            let r = self.with_io(fd, |io| unsafe {
                 real::recv(
-                    fd,
+                    io,
                     buf.as_mut_ptr() as *mut libc::c_void,
                     buf.len(),
                     libc::MSG_DONTWAIT,
                 )
-            };
+            });
             if r > 0 {
                 let n = r as usize;
                 self.sh()
@@ -244,14 +247,14 @@ impl Conn {
         let mut b = [0u8; 1];
         let e0 = real::errno();
         // SAFETY: valid buffer.
-        let r = unsafe {
+        let r = self.with_io(fd, |io| unsafe {
             real::recv(
-                fd,
+                io,
                 b.as_mut_ptr() as *mut libc::c_void,
                 1,
                 libc::MSG_PEEK | libc::MSG_DONTWAIT,
             )
-        };
+        });
         real::set_errno(e0);
         r > 0
     }
@@ -292,15 +295,15 @@ impl Conn {
         let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
         let e0 = real::errno();
         // SAFETY: valid out pointers.
-        let r = unsafe {
+        let r = self.with_io(fd, |io| unsafe {
             real::getsockopt(
-                fd,
+                io,
                 libc::SOL_SOCKET,
                 opt,
                 &mut tv as *mut _ as *mut libc::c_void,
                 &mut len,
             )
-        };
+        });
         real::set_errno(e0);
         if r != 0 || (tv.tv_sec == 0 && tv.tv_usec == 0) {
             -1
@@ -398,9 +401,10 @@ impl Conn {
             // doorbells); every other waiter (thread or process) sleeps on a futex that the
             // poller bumps after each wakeup, so no doorbell is consumed behind a sleeper's back.
             let seq = s.wake_seq.load(Ordering::Acquire);
-            if s.poller
-                .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
-                .is_err()
+            let me = gettid();
+            if let Err(poller) =
+                s.poller
+                    .compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed)
             {
                 s.waiters.fetch_add(1, Ordering::AcqRel);
                 if !self.ready_for(data, need) {
@@ -414,6 +418,18 @@ impl Conn {
                     }
                     return Woke::Ready;
                 }
+                if s.wake_seq.load(Ordering::Acquire) == seq && !task_alive(poller) {
+                    // The poller died asleep (its process killed, its thread cancelled): the
+                    // word names a task that no longer exists and nobody would ever bump
+                    // `wake_seq` again. Taken over (every later wait would otherwise cost
+                    // half a second).
+                    crate::debug!(
+                        "fd {fd}: the poller (task {poller}) is gone: another waiter takes over"
+                    );
+                    let _ =
+                        s.poller
+                            .compare_exchange(poller, 0, Ordering::AcqRel, Ordering::Relaxed);
+                }
                 continue;
             }
             // A safety net: a lost wakeup (there should be none) costs at most half a second.
@@ -423,8 +439,9 @@ impl Conn {
             if reclaim {
                 timeout = timeout.min(RECLAIM_IDLE_MS);
             }
+            // The sleep holds the socket: a number closed meanwhile is only looked at.
             let mut pfd = libc::pollfd {
-                fd,
+                fd: self.io_now(fd),
                 events: libc::POLLIN,
                 revents: 0,
             };
@@ -448,7 +465,11 @@ impl Conn {
             if slept && r == 0 && reclaim {
                 self.reclaim_tx();
             }
-            s.poller.store(0, Ordering::Release);
+            // Ours unless a waiter took it over meanwhile (it believed us gone: never while
+            // we live, but a task id can come back to another task).
+            let _ = s
+                .poller
+                .compare_exchange(me, 0, Ordering::AcqRel, Ordering::Relaxed);
             s.wake_seq.fetch_add(1, Ordering::AcqRel);
             if s.waiters.load(Ordering::Acquire) > 0 {
                 crate::shm::futex_wake(&s.wake_seq, i32::MAX);
@@ -506,4 +527,25 @@ impl Conn {
             }
         }
     }
+}
+
+/// The calling thread's kernel task id (never 0): the [`Shared::poller`] word.
+pub(super) fn gettid() -> u32 {
+    // SAFETY: gettid(2) has no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+/// Whether task `tid` (a thread of this or another process sharing the connection) still
+/// exists. A task we may not signal exists; a task id reused by an unrelated task reads as
+/// alive (the waiter then keeps its half-second sleeps, as before this check).
+fn task_alive(tid: u32) -> bool {
+    if tid == 0 || tid > i32::MAX as u32 {
+        return false;
+    }
+    let e0 = real::errno();
+    // SAFETY: signal 0 only checks that the task exists (kill(2) accepts any thread's id).
+    let r = unsafe { libc::kill(tid as libc::pid_t, 0) };
+    let alive = r == 0 || real::errno() != libc::ESRCH;
+    real::set_errno(e0);
+    alive
 }

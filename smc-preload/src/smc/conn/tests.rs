@@ -759,3 +759,147 @@ fn adopted_end_shares_state_and_takes_travelling_references() {
     )
     .is_err());
 }
+
+/// A final close under way in another process (`F_CLOSED` set, its close flags not yet in the
+/// peer's DMB) is not "closed everywhere": a process that releases its references meanwhile
+/// must not pool our DMB nor untaint the peer's (the late close flags would land in the next
+/// connection bound to them). Only a finished final close is.
+#[test]
+fn a_final_close_under_way_is_not_closed_everywhere() {
+    let (a, _b, fa, _fb) = test_pair(16384, 16384).unwrap();
+    assert!(!a.closed_everywhere());
+    // Where another process's final close stands after its first step.
+    a.set_flag(F_CLOSED);
+    assert!(!a.closed_everywhere());
+    let (c, d, fc, fd) = test_pair(16384, 16384).unwrap();
+    c.final_close(fc.as_raw_fd());
+    assert!(c.closed_everywhere());
+    // Its close flags reached the peer before it counted as finished.
+    let r = d.readiness();
+    assert!(r.rd_eof && !r.error, "{r:?}");
+    let mut buf = [0u8; 8];
+    assert_eq!(d.recv(fd.as_raw_fd(), &iov_mut(&mut buf), 0), Ok(0));
+    drop(fa);
+}
+
+/// A process that shares the connection and was killed while it slept as the poller (on the
+/// TCP socket) leaves the poller word behind: the next waiter finds its task gone and takes
+/// over (before, every later wait of every other holder slept its half-second safety net,
+/// since nobody would bump the futex again).
+#[test]
+fn a_killed_poller_is_taken_over() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    let poller = |want: Option<u32>| {
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            let p = b.sh().poller.load(Ordering::Acquire);
+            if want.map_or(p != 0, |w| p == w) || Instant::now() > end {
+                return p;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    // SAFETY: the child only blocks in recv until it is killed.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let mut buf = [0u8; 16];
+        let _ = b.recv(fb, &iov_mut(&mut buf), 0);
+        // SAFETY: in the forked child: leave without running the parent's destructors.
+        unsafe { libc::_exit(0) };
+    }
+    /// Kills and reaps the child when dropped (also when an assertion fails first).
+    struct Child(libc::pid_t);
+    impl Drop for Child {
+        fn drop(&mut self) {
+            // SAFETY: our child.
+            unsafe {
+                libc::kill(self.0, libc::SIGKILL);
+                libc::waitpid(self.0, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+    let child = Child(pid);
+    assert_eq!(poller(None), pid as u32, "the child sleeps as the poller");
+    drop(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|sc| {
+        let reader = sc.spawn(|| {
+            tx.send(super::smc_wake::gettid()).unwrap();
+            let mut buf = [0u8; 16];
+            b.recv(fb, &iov_mut(&mut buf), 0).map(|n| buf[..n].to_vec())
+        });
+        let tid = rx.recv().unwrap();
+        assert_eq!(
+            poller(Some(tid)),
+            tid,
+            "the reader took the dead poller's place"
+        );
+        assert_eq!(a.send(fa, &iov(b"after"), 0), Ok(5));
+        assert_eq!(reader.join().unwrap(), Ok(b"after".to_vec()));
+    });
+}
+
+/// A forked child's object of the connection (counted by `ops::fork`) keeps it held after
+/// this process's object went, though the final close finished: a thread of the child may
+/// still be inside a call on it (`tests/redteam/rt4.c recvfault`), so neither DMB nor the
+/// state page may be pooled yet.
+#[test]
+fn a_holder_in_another_process_keeps_the_end_held() {
+    let (a, _b, fa, _fb) = test_pair(16384, 16384).unwrap();
+    assert!(!a.unheld(), "our own object holds it");
+    a.add_holder();
+    a.final_close(fa.as_raw_fd());
+    assert!(a.closed_everywhere());
+    // Our object goes (what its drop does first): the child's is still there.
+    a.leave_holders();
+    assert!(!a.unheld());
+    // The child's goes.
+    a.leave_holders();
+    assert!(a.unheld());
+    // Never below zero.
+    a.leave_holders();
+    assert!(a.unheld());
+}
+
+#[test]
+fn a_close_under_calls_in_flight_leaves_its_reference_to_the_last_call() {
+    let (a, _b, _fa, _fb) = test_pair(16384, 16384).unwrap();
+    // No call in flight: the close drops its reference itself.
+    assert!(!a.defer_close());
+    // Two calls in flight, two numbers closed under them (a dup and the original).
+    a.call_enter();
+    a.call_enter();
+    assert!(a.calls_in_flight());
+    assert!(a.defer_close());
+    assert!(a.defer_close());
+    // The first call out leaves them to the second; the last one out takes both.
+    assert_eq!(a.call_leave(), 0);
+    assert_eq!(a.call_leave(), 2);
+    assert!(!a.calls_in_flight());
+    // Taken once: a new call and its end owe nothing.
+    a.call_enter();
+    assert_eq!(a.call_leave(), 0);
+}
+
+#[test]
+fn the_own_io_moves_off_the_callers_number_once_redirected() {
+    let (a, _b, fa, _fb) = test_pair(16384, 16384).unwrap();
+    let fd = fa.as_raw_fd();
+    assert_eq!(a.with_io(fd, |io| io), fd, "the caller's number by default");
+    assert!(!a.io_redirected());
+    // SAFETY: plain dup of our own socketpair end.
+    let p = unsafe { libc::dup(fd) };
+    assert!(p >= 0);
+    assert!(a.set_private_io(p));
+    assert!(!a.set_private_io(p), "once");
+    assert_eq!(a.with_io(fd, |io| io), p);
+    assert_eq!(a.io_now(fd), p);
+    assert_eq!(a.private_io(), Some(p));
+    // A dup2 onto the private number moves it.
+    assert!(a.move_private_io(p, IO_GONE));
+    assert_eq!(a.with_io(fd, |io| io), IO_GONE);
+    assert_eq!(a.private_io(), None);
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(p) };
+}

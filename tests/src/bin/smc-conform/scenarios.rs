@@ -58,6 +58,8 @@ scenarios! {
     epoll_del: 1;
     epoll_out_after_full: 1;
     epoll_close_while_dup_open: 1;
+    epoll_close_while_dup_open_then_dup_closed: 1;
+    epoll_et_close_while_dup_open: 1;
     epoll_et_out_parked_then_full: 1;
     epoll_shutdown_wakes_waiter: 1;
     epoll_shutdown_dup_wakes_waiter: 1;
@@ -79,6 +81,11 @@ scenarios! {
     shutdown_wr_then_write: 1;
     write_after_peer_close_nosignal: 1;
     close_while_recv_blocked: 1;
+    close_while_recv_blocked_peer_writes_on: 1;
+    dup2_over_recv_blocked: 1;
+    socket_reuses_number_while_recv_blocked: 2;
+    close_while_send_blocked: 1;
+    close_while_poll_blocked: 1;
     double_close: 1;
     // connect
     connect_refused: 0;
@@ -1857,19 +1864,24 @@ fn write_after_peer_close_nosignal() {
     close(c);
 }
 
-fn close_while_recv_blocked() {
-    let (c, s) = pair();
-    static T: AtomicI32 = AtomicI32::new(0);
-    let h = std::thread::spawn(move || {
-        T.store(gettid(), Ordering::Release);
-        let mut b = [0u8; 16];
+/// A thread blocked in `recv(s, n, flags)` (announced through `t`): its result and digest.
+fn blocked_recv(
+    t: &'static AtomicI32,
+    s: c_int,
+    n: usize,
+    flags: c_int,
+) -> std::thread::JoinHandle<(isize, String)> {
+    std::thread::spawn(move || {
+        t.store(gettid(), Ordering::Release);
+        let mut b = vec![0u8; n];
         // SAFETY: valid buffer.
-        let k = unsafe { libc::recv(s, b.as_mut_ptr().cast(), 16, 0) };
+        let k = unsafe { libc::recv(s, b.as_mut_ptr().cast(), n, flags) };
         (k, digest(&b[..k.max(0) as usize]))
-    });
-    wait_blocked(&T);
-    r("close(s) while recv blocks", close(s) as isize);
-    // The number is free again: a pipe takes it.
+    })
+}
+
+/// A pipe whose read end takes the number `s` (free again), its write end above it.
+fn pipe_at(s: c_int) -> (c_int, c_int) {
     let (rp0, wp0) = pipe();
     // SAFETY: plain fcntl: the write end above the number, the read end on it.
     let wp = unsafe { libc::fcntl(wp0, libc::F_DUPFD, s + 1) };
@@ -1883,6 +1895,22 @@ fn close_while_recv_blocked() {
         rp
     };
     log(format!("pipe reuses the number: {}", rp == s));
+    (rp, wp)
+}
+
+// A close() of the number while another thread blocks in a call on it: the call holds the
+// socket (the kernel's file reference), goes on as if nothing happened, and the socket closes
+// when it returns; the number is the application's to reuse at once, and nothing of ours may
+// touch what it names now.
+
+fn close_while_recv_blocked() {
+    let (c, s) = pair();
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = blocked_recv(&T, s, 16, 0);
+    wait_blocked(&T);
+    r("close(s) while recv blocks", close(s) as isize);
+    // The number is free again: a pipe takes it.
+    let (rp, wp) = pipe_at(s);
     write_all(wp, b"pipe data");
     write_all(c, b"late");
     let (k, d) = h.join().unwrap();
@@ -1890,6 +1918,166 @@ fn close_while_recv_blocked() {
     rd("read(pipe)", rp, 100);
     close(rp);
     close(wp);
+    close(c);
+}
+
+fn close_while_recv_blocked_peer_writes_on() {
+    let (c, s) = pair();
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = blocked_recv(&T, s, 64, libc::MSG_WAITALL);
+    wait_blocked(&T);
+    r("close(s) while recv(WAITALL) blocks", close(s) as isize);
+    // The number is reused by a pipe that stays empty (a file that is not ready).
+    let (rp, wp) = pipe_at(s);
+    // The peer sees nothing of the close: the socket is still open.
+    pl(
+        "poll(c,IN|RDHUP) after the close",
+        c,
+        libc::POLLIN | libc::POLLRDHUP,
+        0,
+    );
+    write_all(c, b"written after the close, ");
+    pl(
+        "poll(c,IN|RDHUP) after a write",
+        c,
+        libc::POLLIN | libc::POLLRDHUP,
+        0,
+    );
+    write_all(c, b"and more");
+    // SAFETY: plain syscall.
+    r(
+        "shutdown(c,WR)",
+        unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize,
+    );
+    let (k, d) = h.join().unwrap();
+    log(format!("blocked recv = {k} [{d}]"));
+    // The call returned: the socket went with it.
+    pl("poll(c,IN) after the call returned", c, libc::POLLIN, 5000);
+    rd("read(c)", c, 10);
+    pl("poll(pipe,IN) untouched", rp, libc::POLLIN, 0);
+    close(rp);
+    close(wp);
+    close(c);
+}
+
+fn dup2_over_recv_blocked() {
+    let (c, s) = pair();
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = blocked_recv(&T, s, 16, 0);
+    wait_blocked(&T);
+    let (rp, wp) = pipe();
+    // SAFETY: plain dup2: the pipe's read end replaces the socket at its number.
+    let d = unsafe { libc::dup2(rp, s) };
+    log(format!("dup2(pipe, s) while recv blocks: {}", d == s));
+    close(rp);
+    write_all(wp, b"pipe data");
+    write_all(c, b"late");
+    let (k, d) = h.join().unwrap();
+    log(format!("blocked recv = {k} [{d}]"));
+    rd("read(s), the pipe now", s, 100);
+    pl("poll(c,IN) after the call returned", c, libc::POLLIN, 5000);
+    rd("read(c)", c, 10);
+    close(s);
+    close(wp);
+    close(c);
+}
+
+fn socket_reuses_number_while_recv_blocked() {
+    let (c, s) = pair();
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = blocked_recv(&T, s, 16, 0);
+    wait_blocked(&T);
+    r("close(s) while recv blocks", close(s) as isize);
+    // A new connection one of whose ends takes the number (moved there if another socket of
+    // its making took it).
+    let (c2, s2) = pair();
+    let (n, other) = if c2 == s {
+        (c2, s2)
+    } else if s2 == s {
+        (s2, c2)
+    } else {
+        // SAFETY: plain dup2 onto the free number.
+        let n = unsafe { libc::dup2(s2, s) };
+        close(s2);
+        (n, c2)
+    };
+    log(format!("new socket at the number: {}", n == s));
+    write_all(other, b"to the new one");
+    rd("read(new)", n, 100);
+    // The old peer wakes the old call.
+    write_all(c, b"late");
+    let (k, d) = h.join().unwrap();
+    log(format!("blocked recv = {k} [{d}]"));
+    write_all(n, b"back");
+    rd("read(other end)", other, 100);
+    pl("poll(other end,IN) nothing more", other, libc::POLLIN, 0);
+    pl("poll(new,IN) nothing more", n, libc::POLLIN, 0);
+    so_error("SO_ERROR(other end)", other);
+    so_error("SO_ERROR(new)", n);
+    pl(
+        "poll(c,IN) after the old call returned",
+        c,
+        libc::POLLIN,
+        5000,
+    );
+    rd("read(c)", c, 10);
+    close(n);
+    close(other);
+    close(c);
+}
+
+fn close_while_send_blocked() {
+    let (c, s) = pair();
+    static T: AtomicI32 = AtomicI32::new(0);
+    // More than the peer's socket and ring hold: the write blocks until the peer reads.
+    let data: Vec<u8> = (0..(24usize << 20))
+        .map(|i| (i ^ (i >> 11)) as u8)
+        .collect();
+    let want = digest(&data);
+    let h = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        // SAFETY: valid buffer.
+        unsafe { libc::write(s, data.as_ptr().cast(), data.len()) }
+    });
+    wait_blocked(&T);
+    r("close(s) while write blocks", close(s) as isize);
+    let (rp, wp) = pipe_at(s);
+    // Everything the call writes arrives, then the end of the stream.
+    let got = read_n(c, 32 << 20);
+    let k = h.join().unwrap();
+    log(format!("blocked write = {k}"));
+    log(format!(
+        "peer got {} [{}] want [{want}]",
+        got.len(),
+        digest(&got)
+    ));
+    pl("poll(pipe,IN) untouched", rp, libc::POLLIN, 0);
+    close(rp);
+    close(wp);
+    close(c);
+}
+
+fn close_while_poll_blocked() {
+    let (c, s) = pair();
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        // Its number is closed during the wait: the kernel says so (POLLNVAL) at the next wakeup.
+        let (n, rev) = poll_raw(s, libc::POLLIN, 5000);
+        (n, mask_names(rev as u16 as u32))
+    });
+    wait_blocked(&T);
+    r("close(s) while poll blocks", close(s) as isize);
+    write_all(c, b"late");
+    let (n, m) = h.join().unwrap();
+    log(format!("blocked poll = {n} {m}"));
+    // The poll held the socket only while it waited.
+    pl(
+        "poll(c,IN|RDHUP) after the poll returned",
+        c,
+        libc::POLLIN | libc::POLLRDHUP,
+        5000,
+    );
     close(c);
 }
 
@@ -2262,6 +2450,85 @@ fn epoll_close_while_dup_open() {
     );
     rd("read(dup)", d, 10);
     close(d);
+    close(ep);
+}
+
+fn epoll_close_while_dup_open_then_dup_closed() {
+    // The registration lives with the open file: under the closed number's data while the dup
+    // keeps the file, gone with the file.
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    // SAFETY: plain dup.
+    let d = unsafe { libc::dup(s) };
+    close(s);
+    write_all(c, b"x");
+    ep_wait("wait, data after close(s)", ep, 8, 5000, &names(CS));
+    rd("read(dup)", d, 10);
+    ep_wait("wait, drained", ep, 8, 0, &names(CS));
+    write_all(c, b"y");
+    ep_wait("wait, more data", ep, 8, 5000, &names(CS));
+    rd("read(dup)", d, 10);
+    ep_ctl(
+        "MOD s (closed number)",
+        ep,
+        libc::EPOLL_CTL_MOD,
+        s,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    ep_ctl("DEL s (closed number)", ep, libc::EPOLL_CTL_DEL, s, 0, 0);
+    close(d);
+    // The open file is gone, and its registration with it.
+    write_all(c, b"z");
+    ep_wait("wait after close(dup)", ep, 8, 100, &names(CS));
+    // The number is free: a pipe registered there is a new registration.
+    let (rp, wp) = pipe_at(s);
+    ep_ctl(
+        "ADD pipe at the number",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        rp,
+        libc::EPOLLIN as u32,
+        1,
+    );
+    write_all(wp, b"p");
+    ep_wait("wait, the pipe", ep, 8, 5000, &names(CS));
+    close(rp);
+    close(wp);
+    close(c);
+    close(ep);
+}
+
+fn epoll_et_close_while_dup_open() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl(
+        "ADD s IN|ET",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        (libc::EPOLLIN | libc::EPOLLET) as u32,
+        1,
+    );
+    // SAFETY: plain dup.
+    let d = unsafe { libc::dup(s) };
+    close(s);
+    write_all(c, b"x");
+    ep_wait("wait, data after close(s)", ep, 8, 5000, &names(CS));
+    ep_wait("wait again, no new edge", ep, 8, 0, &names(CS));
+    write_all(c, b"y");
+    ep_wait("wait, new data", ep, 8, 5000, &names(CS));
+    rd("read(dup)", d, 10);
+    close(d);
+    close(c);
     close(ep);
 }
 
