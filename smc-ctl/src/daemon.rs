@@ -29,6 +29,11 @@ pub struct DaemonArgs {
     /// Bytes of live DMBs per cgroup at most.
     #[arg(long)]
     cgroup_max_bytes: Option<u64>,
+    /// Milliseconds after which a DMB's memfd and state page are kept without a descriptor
+    /// (shelved in a mapping of the daemon, opened again when needed), or `never`; also at
+    /// once when descriptors run short. Default 1000.
+    #[arg(long, value_name = "MS|never", value_parser = parse_shelve)]
+    shelve_after_ms: Option<Shelve>,
     /// Serve the figures of `smc-ctl stats` and the daemon's own as Prometheus text on
     /// http://ADDR/metrics (a local address, e.g. 127.0.0.1:9464). Off by default.
     #[arg(long, value_name = "ADDR")]
@@ -37,6 +42,18 @@ pub struct DaemonArgs {
     /// uid gets its own `uid-<n>` subdirectory).
     #[arg(long, default_value_os_t = smc_stats::default_dir())]
     procs_dir: PathBuf,
+}
+
+#[derive(Clone, Copy)]
+struct Shelve(Option<u64>);
+
+fn parse_shelve(s: &str) -> Result<Shelve, String> {
+    if s == "never" {
+        return Ok(Shelve(None));
+    }
+    s.parse()
+        .map(|ms| Shelve(Some(ms)))
+        .map_err(|e| format!("{s}: milliseconds or `never` ({e})"))
 }
 
 fn parse_octal(s: &str) -> Result<u32, String> {
@@ -61,6 +78,9 @@ pub fn run(a: DaemonArgs) -> Result<()> {
     }
     if let Some(v) = a.cgroup_max_bytes {
         cfg.cgroup_max_bytes = v;
+    }
+    if let Some(Shelve(v)) = a.shelve_after_ms {
+        cfg.shelve_after_ms = v;
     }
     // A process of another uid cannot create its statistics directory under a root-owned one:
     // the daemon makes it when a client of that uid connects.

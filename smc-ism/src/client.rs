@@ -57,6 +57,10 @@ pub struct Dmb {
     /// `PAIR`, own DMB: the connection end's local state page the daemon keeps with the DMB
     /// (a sealed 4 KiB memfd; handed to a process the socket moves to, `OP_ADOPT`).
     pub state: Option<OwnedFd>,
+    /// The local state is not that whole page but the [`proto::STATE_SLOT`] bytes at this
+    /// offset of it ([`proto::PAIR_STATE_SLOT`]; for an `ADOPT_STATE` reply, of [`Dmb::fd`]):
+    /// map it with [`Dmb::map_state`].
+    pub state_slot: Option<usize>,
 }
 
 impl fmt::Debug for Dmb {
@@ -70,6 +74,7 @@ impl fmt::Debug for Dmb {
             .field("id", &self.id)
             .field("fd", &self.fd)
             .field("state", &self.state)
+            .field("state_slot", &self.state_slot)
             .finish()
     }
 }
@@ -79,6 +84,25 @@ impl Dmb {
     pub fn map(&self) -> io::Result<DmbMap> {
         DmbMap::new(self.fd.as_raw_fd(), self.size)
     }
+
+    /// Maps the local state that came with this reply: of a `PAIR`'s own DMB, [`Dmb::state`];
+    /// of an `ADOPT_STATE`, [`Dmb::fd`]. The whole 4 KiB page, or, for a slot
+    /// ([`Dmb::state_slot`]), the page holding it, seen as just the slot (its [`DmbMap::as_ptr`]
+    /// and [`DmbMap::len`]).
+    pub fn map_state(&self) -> io::Result<DmbMap> {
+        let fd = self.state.as_ref().unwrap_or(&self.fd).as_raw_fd();
+        let page = proto::STATE_PAGE as usize;
+        match self.state_slot {
+            None => DmbMap::new(fd, page),
+            Some(off) => {
+                let slot = proto::STATE_SLOT as usize;
+                if !off.is_multiple_of(slot) || off + slot > page {
+                    return Err(io::Error::from_raw_os_error(libc::EINVAL));
+                }
+                DmbMap::view(fd, page, off, slot)
+            }
+        }
+    }
 }
 
 /// A `MAP_SHARED` read-write mapping of a DMB (or of other shared memory); unmapped on drop,
@@ -87,7 +111,11 @@ impl Dmb {
 /// data path (`smc-preload`) maps its DMBs with it too.
 #[derive(Debug)]
 pub struct DmbMap {
-    ptr: NonNull<u8>,
+    /// The mapping (`map_len` bytes).
+    base: NonNull<u8>,
+    map_len: usize,
+    /// What it shows: `len` bytes from `base + off` (the whole mapping but for a view).
+    off: usize,
     len: usize,
 }
 
@@ -100,6 +128,18 @@ impl DmbMap {
     /// Maps `len` bytes of `fd` read-write, shared.
     pub fn new(fd: RawFd, len: usize) -> io::Result<DmbMap> {
         Self::mmap(fd, libc::MAP_SHARED, len)
+    }
+
+    /// Maps `map_len` bytes of `fd` read-write, shared, showing only the `len` bytes at `off`
+    /// ([`DmbMap::as_ptr`], [`DmbMap::len`]); the whole mapping is unmapped on drop.
+    pub fn view(fd: RawFd, map_len: usize, off: usize, len: usize) -> io::Result<DmbMap> {
+        if off.checked_add(len).is_none_or(|end| end > map_len) {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let mut m = Self::mmap(fd, libc::MAP_SHARED, map_len)?;
+        m.off = off;
+        m.len = len;
+        Ok(m)
     }
 
     /// Anonymous shared memory (zero-filled), shared with children forked later.
@@ -124,14 +164,17 @@ impl DmbMap {
             return Err(io::Error::last_os_error());
         }
         Ok(DmbMap {
-            ptr: NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned NULL"))?,
+            base: NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned NULL"))?,
+            map_len: len,
+            off: 0,
             len,
         })
     }
 
-    /// Start of the mapping.
+    /// Start of the mapping (of the view).
     pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        // SAFETY: `off + len <= map_len`: within the mapping.
+        unsafe { self.base.as_ptr().add(self.off) }
     }
 
     /// Length in bytes.
@@ -149,7 +192,7 @@ impl Drop for DmbMap {
     fn drop(&mut self) {
         // SAFETY: unmapping exactly what new() mapped.
         unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+            libc::munmap(self.base.as_ptr().cast(), self.map_len);
         }
     }
 }
@@ -303,11 +346,26 @@ impl Client {
     /// ([`IsmError::BadProof`] otherwise); [`IsmError::StaleToken`] when there is none (any
     /// more). [`IsmError::UnknownOp`] when the daemon does not offer it.
     pub fn adopt_dmb(&mut self, sock_fd: RawFd, which: u8) -> Result<Dmb, IsmError> {
-        if self.features()? & proto::FEATURE_ADOPT == 0 {
+        self.adopt_dmb_with(sock_fd, which, false)
+    }
+
+    /// [`Client::adopt_dmb`]; `slot_ok`: a local state that is a slot is taken too (see
+    /// [`proto::ADOPT_FLAG_SLOT`], [`Dmb::state_slot`]), when the daemon offers it.
+    pub fn adopt_dmb_with(
+        &mut self,
+        sock_fd: RawFd,
+        which: u8,
+        slot_ok: bool,
+    ) -> Result<Dmb, IsmError> {
+        let f = self.features()?;
+        if f & proto::FEATURE_ADOPT == 0 {
             return Err(IsmError::UnknownOp);
         }
         let mut payload = [0u8; 8];
         payload[0] = which;
+        if slot_ok && f & proto::FEATURE_STATE_SLOTS != 0 {
+            payload[1] = proto::ADOPT_FLAG_SLOT;
+        }
         let t = self.start(proto::OP_ADOPT, &payload, Some(sock_fd))?;
         // A state page comes with no reference.
         let op = if which == proto::ADOPT_STATE { 0 } else { t.op };
@@ -844,10 +902,17 @@ pub(crate) fn granted_ref(op: u16, token: u64) -> (Option<u64>, Option<u64>) {
     }
 }
 
-/// The DMB a successful REGISTER/ATTACH reply grants.
+/// The DMB a successful REGISTER/ATTACH reply grants (for an `ADOPT_STATE` asked with
+/// [`proto::ADOPT_FLAG_SLOT`]: where the state is, [`Dmb::state_slot`]).
 pub(crate) fn dmb_answer(buf: &[u8], a: Answer) -> Result<Dmb, IsmError> {
     let fd = a.fd.ok_or(IsmError::Protocol("DMB reply without memfd"))?;
-    dmb_of(buf.get(a.start..a.end).unwrap_or(&[]), 0, fd)
+    let r = buf.get(a.start..a.end).unwrap_or(&[]);
+    let mut d = dmb_of(r, 0, fd)?;
+    if r.len() >= proto::ADOPT_STATE_REPLY_LEN && proto::get_u32(r, 28) & proto::STATE_IS_SLOT != 0
+    {
+        d.state_slot = Some(proto::get_u32(r, 24) as usize);
+    }
+    Ok(d)
 }
 
 /// One DMB of a reply: its [`DmbReply`] at the start of `r`, with `id` and `fd`.
@@ -867,6 +932,7 @@ pub(crate) fn dmb_of(r: &[u8], id: u64, fd: OwnedFd) -> Result<Dmb, IsmError> {
         id,
         fd,
         state: None,
+        state_slot: None,
     })
 }
 

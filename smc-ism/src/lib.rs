@@ -60,8 +60,11 @@
 //!   request per end. The proof is the mirror of `attach`: the two sockets are the two ends of
 //!   one connection (mirrored 4-tuples in one namespace while the first socket, kept open while
 //!   it waits, is still established; or the kernel's peer cookie between namespaces). A DMB it
-//!   registers comes with a local state page the daemon creates (what `register_dmb` may carry,
-//!   for `adopt`), handed to the owner with the reply ([`Dmb::state`]); a pooled DMB keeps it.
+//!   registers comes with a local state the daemon creates (what `register_dmb` may carry, for
+//!   `adopt`), handed to the owner with the reply ([`Dmb::state`]); a pooled DMB keeps it. For
+//!   a client that asks ([`SharedClient::set_state_slots`]) it is a 256-byte slot of a page the
+//!   daemon hands out slot by slot, in order and never twice, to that client connection's DMBs
+//!   ([`Dmb::state_slot`], [`Dmb::map_state`]); else a 4 KiB page of its own.
 //! - `attach_peer` (`OP_ATTACH_PEER`): the same attach, of the live DMB that the other end of
 //!   the caller's very TCP connection registered, without the token — only when both sockets
 //!   are in one network namespace, and — like every attach — only to the very peer socket
@@ -94,6 +97,12 @@
 //!   daemon's memfd is closed, then the slot bit and the quota are released (in that order, by
 //!   RAII), so a slot or token is reused only after the release. The memory itself lives on while
 //!   any process still maps it.
+//! - Shelves (`daemon/shelf.rs`): the daemon keeps a DMB's memfd and its state page as a
+//!   `PROT_NONE` mapping of its own instead of a descriptor once the DMB has lived
+//!   [`DaemonConfig::shelve_after_ms`] (at once when descriptors run short), and opens them
+//!   again through `/proc/self/map_files` (its inode checked) when a client needs them: an
+//!   established connection costs the daemon no descriptor, so its `RLIMIT_NOFILE` bounds only
+//!   the connections being set up.
 //! - A client only ever releases references *it* holds: the daemon tracks, per connection, the
 //!   owner and attach references it granted; releasing anything else is `NotHeld`. When the
 //!   connection closes — the process exited, crashed or was SIGKILLed — the daemon releases all
@@ -198,6 +207,10 @@
 //! - A peer that is attached can write anything into the DMB: the data path must treat every
 //!   cursor and byte read from shared memory as untrusted input.
 //! - Processes running as root can do anything regardless (read `/proc/PID/mem`, etc.).
+//! - A local state slot's page holds the slots of up to 15 other connection ends of the same
+//!   client connection (process): an adopter of one of them (which must be of that client's
+//!   uid, cgroup and pid namespace) maps the page, and with it their cursors, locks, flags and
+//!   counters — never their bytes (a DMB is one memfd, and two connections never share one).
 
 #![warn(missing_docs)]
 

@@ -55,14 +55,21 @@
 //!   `OP_ADOPT` and closed with it.
 //! - `OP_ADOPT`: `which: u8` ([`ADOPT_OWN`]: the DMB the caller's socket registered, its
 //!   receive ring; [`ADOPT_PEER`]: the DMB of the other end, its send ring; [`ADOPT_STATE`]:
-//!   the state page registered with the first), `reserved: [u8; 7]` + the caller's connected TCP
-//!   socket. For a process the socket moved to (`SCM_RIGHTS`, `exec`): the DMB whose owner
+//!   the state page registered with the first), `flags: u8` ([`ADOPT_FLAG_SLOT`]: the caller
+//!   takes a local state that is a slot of a shared page, [`FEATURE_STATE_SLOTS`]),
+//!   `reserved: [u8; 6]` + the caller's connected TCP socket. For a process the socket moved to (`SCM_RIGHTS`, `exec`): the DMB whose owner
 //!   socket *is* this socket (same `SO_COOKIE`), registered by a client of the caller's uid,
 //!   cgroup and pid namespace, while its record lives (also after its owner's unregister, as
 //!   long as the peer still holds it). Grants an attach reference. Result: [`DmbReply`] + the
 //!   memfd; `StaleToken` when there is none, `BadProof` when the caller is not the owner's
-//!   uid/cgroup/pid namespace.
-//! - `OP_PAIR`: `size_code: u8, reserved: [u8; 3], park_ms: u32, reserved: u64`, then up to
+//!   uid/cgroup/pid namespace. An `ADOPT_STATE` with [`ADOPT_FLAG_SLOT`] is answered with
+//!   [`ADOPT_STATE_REPLY_LEN`] bytes: the [`DmbReply`], then `state_off: u32, flags: u32`
+//!   ([`STATE_IS_SLOT`]: the state is the [`STATE_SLOT`] bytes at `state_off` of the memfd, a
+//!   page shared with other connection ends of the registering client; else the whole page);
+//!   without the flag, a state that is a slot is not handed over (`StaleToken`).
+//! - `OP_PAIR`: `size_code: u8, flags: u8, reserved: [u8; 2], park_ms: u32, reserved: u64`
+//!   (flag [`PAIR_FLAG_STATE_SLOT`]: a DMB registered for the caller comes with a local state
+//!   that is a slot, see below), then up to
 //!   [`PAIR_RELEASES_MAX`] releases of 24 bytes each (`own: u64, peer: u64, flags: u32,
 //!   reserved: u32`, handled first, as `OP_RELEASE` records: a process sends the releases of
 //!   its finished short connections with its next pair, one record and one wakeup of the
@@ -82,7 +89,13 @@
 //!   end's local state and which `OP_ADOPT` hands to a process the socket moves to, as the
 //!   one a `REGISTER` carries. A DMB id is never reused by any daemon instance (random
 //!   start), so a process may keep a mapping of a DMB (and of its state page) across its
-//!   bindings and recognise it by id.
+//!   bindings and recognise it by id. With [`PAIR_STATE_SLOT`] (asked for with
+//!   [`PAIR_FLAG_STATE_SLOT`]) the local state is not a page of its own but the [`STATE_SLOT`]
+//!   bytes at `state_off` (the result's last `u32`) of that memfd: a page of 16 slots the
+//!   daemon hands out, in order and never twice, to the DMBs it registers for one client
+//!   connection (one process), so that an idle connection end costs 256 bytes of state
+//!   instead of 4 KiB. A slot lives with its DMB (a pooled DMB keeps it); the page lives while
+//!   any of its slots' DMBs does, or a process maps it.
 //! - `OP_CANCEL`: `seq: u32, reserved: u32`: the caller's `OP_PAIR` of that sequence number
 //!   no longer waits (its reply comes at once, [`Status::Cancelled`], unless it was answered
 //!   already). Usually with [`NOREPLY_BIT`].
@@ -165,6 +178,16 @@ pub const ADOPT_PEER: u8 = 1;
 pub const ADOPT_STATE: u8 = 2;
 /// Size of the local state page a `REGISTER` may carry.
 pub const STATE_PAGE: u64 = 4096;
+/// Size of a local state slot ([`PAIR_STATE_SLOT`]); slots of one page are this far apart.
+pub const STATE_SLOT: u64 = 256;
+/// `OP_PAIR` request flag: a DMB registered for the caller may come with a state slot.
+pub const PAIR_FLAG_STATE_SLOT: u8 = 1 << 0;
+/// `OP_ADOPT` request flag: the caller takes a state slot (see [`ADOPT_STATE_REPLY_LEN`]).
+pub const ADOPT_FLAG_SLOT: u8 = 1 << 0;
+/// Length of the result of an `ADOPT_STATE` asked with [`ADOPT_FLAG_SLOT`].
+pub const ADOPT_STATE_REPLY_LEN: usize = DMB_REPLY_LEN + 8;
+/// Flag of an `ADOPT_STATE` result: the state is a slot of the page (`state_off`).
+pub const STATE_IS_SLOT: u32 = 1 << 0;
 
 /// Feature: `OP_RELEASE`.
 pub const FEATURE_RELEASE: u32 = 1 << 0;
@@ -182,6 +205,8 @@ pub const FEATURE_POOL: u32 = 1 << 5;
 pub const FEATURE_RECORDED_PROOF: u32 = 1 << 6;
 /// Feature: `OP_LEAVE_SHORTCUT`.
 pub const FEATURE_LEAVE_SHORTCUT: u32 = 1 << 7;
+/// Feature: local state slots ([`PAIR_FLAG_STATE_SLOT`], [`ADOPT_FLAG_SLOT`]).
+pub const FEATURE_STATE_SLOTS: u32 = 1 << 8;
 /// Every feature this crate's daemon offers.
 pub const FEATURES: u32 = FEATURE_RELEASE
     | FEATURE_LEAVE_SHORTCUT
@@ -190,7 +215,8 @@ pub const FEATURES: u32 = FEATURE_RELEASE
     | FEATURE_ADOPT
     | FEATURE_PAIR
     | FEATURE_POOL
-    | FEATURE_RECORDED_PROOF;
+    | FEATURE_RECORDED_PROOF
+    | FEATURE_STATE_SLOTS;
 
 /// `OP_REGISTER` flag: record what the passed socket proves, for a later attach whose socket
 /// the daemon could not receive (see the module documentation).
@@ -223,6 +249,9 @@ pub const GID_REPLY_LEN: usize = 24;
 pub const PAIR_REPLY_LEN: usize = 72;
 /// `OP_PAIR` result flag: a third fd, the own DMB's local state page, follows the memfds.
 pub const PAIR_OWN_STATE: u32 = 1 << 0;
+/// `OP_PAIR` result flag (with [`PAIR_OWN_STATE`]): the local state is the [`STATE_SLOT`]
+/// bytes at `state_off` (the result's last `u32`) of that memfd.
+pub const PAIR_STATE_SLOT: u32 = 1 << 1;
 
 /// Reply status codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -415,6 +444,8 @@ pub enum Request {
     Adopt {
         /// [`ADOPT_OWN`], [`ADOPT_PEER`] or [`ADOPT_STATE`].
         which: u8,
+        /// [`ADOPT_FLAG_SLOT`]: the caller takes a state slot.
+        slot_ok: bool,
     },
     /// `OP_DETACH`.
     Detach {
@@ -445,6 +476,8 @@ pub enum Request {
         releases: [PairRelease; PAIR_RELEASES_MAX],
         /// How many of `releases` there are.
         n_releases: u8,
+        /// [`PAIR_FLAG_STATE_SLOT`].
+        state_slot: bool,
     },
     /// `OP_CANCEL`.
     Cancel {
@@ -569,7 +602,10 @@ pub fn decode_request(rec: &[u8], truncated: bool) -> Decoded {
         OP_ATTACH_PEER => Ok(Request::AttachPeer { own: get_u64(p, 0) }),
         OP_ADOPT if !need(8) => bad(Status::Malformed, false),
         OP_ADOPT if p[0] > ADOPT_STATE => bad(Status::Malformed, false),
-        OP_ADOPT => Ok(Request::Adopt { which: p[0] }),
+        OP_ADOPT => Ok(Request::Adopt {
+            which: p[0],
+            slot_ok: p[1] & ADOPT_FLAG_SLOT != 0,
+        }),
         OP_DETACH | OP_UNREGISTER if !need(8) => bad(Status::Malformed, false),
         OP_DETACH => Ok(Request::Detach {
             token: get_u64(p, 0),
@@ -601,6 +637,7 @@ pub fn decode_request(rec: &[u8], truncated: bool) -> Decoded {
                 park_ms: get_u32(p, 4).min(PAIR_PARK_MAX_MS),
                 releases,
                 n_releases: n as u8,
+                state_slot: p[1] & PAIR_FLAG_STATE_SLOT != 0,
             })
         }
         OP_CANCEL if !need(4) => bad(Status::Malformed, false),
@@ -754,10 +791,27 @@ mod tests {
                 size_code: 3,
                 park_ms: PAIR_PARK_MAX_MS,
                 n_releases: 0,
+                state_slot: false,
                 ..
             }) => {}
             r => panic!("{r:?}"),
         }
+        let mut slot = p.clone();
+        slot[1] = PAIR_FLAG_STATE_SLOT;
+        assert!(matches!(
+            decode_request(&record(OP_PAIR, &slot), false).request,
+            Ok(Request::Pair {
+                state_slot: true,
+                ..
+            })
+        ));
+        assert_eq!(
+            decode_request(&record(OP_ADOPT, &[2, 1, 0, 0, 0, 0, 0, 0]), false).request,
+            Ok(Request::Adopt {
+                which: ADOPT_STATE,
+                slot_ok: true
+            })
+        );
         // Two releases carried.
         for (own, peer, flags) in [(1u64, 2u64, 1u32), (3, 0, 2)] {
             p.extend_from_slice(&own.to_le_bytes());

@@ -89,6 +89,8 @@ pub struct SharedClient {
     changed: Condvar,
     /// The connection's descriptor, for [`SharedClient::forget_after_fork`] (-1: none).
     raw: AtomicI32,
+    /// Ask for local state slots ([`SharedClient::set_state_slots`]).
+    state_slots: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for SharedClient {
@@ -121,6 +123,7 @@ impl SharedClient {
             }),
             changed: Condvar::new(),
             raw: AtomicI32::new(-1),
+            state_slots: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -669,14 +672,32 @@ impl SharedClient {
         }
     }
 
+    /// The local state of the DMBs `PAIR` registers for this client may be a slot of a page
+    /// shared with its other connection ends (256 bytes instead of a 4 KiB page each; see
+    /// [`proto::PAIR_STATE_SLOT`]), and an `ADOPT_STATE` takes one (map them with
+    /// [`Dmb::map_state`]); when the daemon offers it ([`proto::FEATURE_STATE_SLOTS`]).
+    pub fn set_state_slots(&self, on: bool) {
+        self.state_slots.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether to ask for state slots (see [`SharedClient::set_state_slots`]).
+    fn slots_wanted(&self) -> Result<bool, IsmError> {
+        Ok(self.state_slots.load(Ordering::Relaxed)
+            && self.features()? & proto::FEATURE_STATE_SLOTS != 0)
+    }
+
     /// `OP_ADOPT` and its reply (see [`crate::Client::adopt_dmb`]): `which` is
-    /// [`proto::ADOPT_OWN`], [`proto::ADOPT_PEER`] or [`proto::ADOPT_STATE`].
+    /// [`proto::ADOPT_OWN`], [`proto::ADOPT_PEER`] or [`proto::ADOPT_STATE`] (a slot, when
+    /// [`SharedClient::set_state_slots`]: [`Dmb::state_slot`]).
     pub fn adopt_dmb(&self, sock_fd: RawFd, which: u8) -> Result<Dmb, IsmError> {
         if self.features()? & proto::FEATURE_ADOPT == 0 {
             return Err(IsmError::UnknownOp);
         }
         let mut payload = [0u8; 8];
         payload[0] = which;
+        if which == proto::ADOPT_STATE && self.slots_wanted()? {
+            payload[1] = proto::ADOPT_FLAG_SLOT;
+        }
         let t = self.send(proto::OP_ADOPT, &payload, &[sock_fd])?;
         // A state page comes with no reference.
         let op = if which == proto::ADOPT_STATE { 0 } else { t.op };
@@ -876,6 +897,9 @@ impl SharedClient {
         }
         let mut payload = [0u8; 16 + 24 * proto::PAIR_RELEASES_MAX];
         payload[0] = size_code;
+        if self.slots_wanted()? {
+            payload[1] = proto::PAIR_FLAG_STATE_SLOT;
+        }
         let ms = park.as_millis().min(proto::PAIR_PARK_MAX_MS as u128) as u32;
         payload[4..8].copy_from_slice(&ms.to_le_bytes());
         for (i, &(own, peer, flags)) in carried.iter().enumerate() {
@@ -915,12 +939,16 @@ impl SharedClient {
             .next()
             .ok_or(IsmError::Protocol("PAIR reply without the peer's memfd"))?;
         let mut own = dmb_of(&r[0..24], proto::get_u64(r, 24), own_fd)?;
-        if proto::get_u32(r, 64) & proto::PAIR_OWN_STATE != 0 {
+        let flags = proto::get_u32(r, 64);
+        if flags & proto::PAIR_OWN_STATE != 0 {
             own.state = Some(
                 extra
                     .next()
                     .ok_or(IsmError::Protocol("PAIR reply without the state page"))?,
             );
+            if flags & proto::PAIR_STATE_SLOT != 0 {
+                own.state_slot = Some(proto::get_u32(r, 68) as usize);
+            }
         }
         let peer = dmb_of(&r[32..56], proto::get_u64(r, 56), peer_fd)?;
         Ok((own, peer))

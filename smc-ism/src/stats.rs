@@ -156,6 +156,9 @@ pub struct Stats {
     pub dmbs_reused: u64,
     /// DMBs currently pooled (registered, unbound, waiting for reuse).
     pub dmbs_pooled: u64,
+    /// Live DMBs whose memfd (and state page) the daemon keeps without a descriptor (shelved
+    /// in a mapping of its own, opened again when needed).
+    pub dmbs_shelved: u64,
     /// Per-op counters.
     pub ops: OpsStats,
     /// Per-reason failure counters.
@@ -176,6 +179,7 @@ impl Stats {
         "live_bytes",
         "live_attachments",
         "max_dmbs",
+        "dmbs_shelved",
     ];
 
     /// Every numeric figure by its flattened name (`ops_register_ok`, `live_dmbs`: nested field

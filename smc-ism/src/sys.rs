@@ -179,6 +179,17 @@ pub(crate) fn placeholder_fd() -> Option<OwnedFd> {
     Some(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
 }
 
+/// The soft `RLIMIT_NOFILE` of this process (`u64::MAX` when unknown or unlimited).
+pub(crate) fn nofile_soft_limit() -> u64 {
+    // SAFETY: getrlimit into a valid struct.
+    let mut rl: libc::rlimit = unsafe { mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
+        return u64::MAX;
+    }
+    rl.rlim_cur as u64
+}
+
 /// Whether this process has fewer than `headroom` descriptors left below its soft
 /// `RLIMIT_NOFILE` (or none at all): the lowest free descriptor number against the limit
 /// (the table below it is full; a daemon's table has few holes).

@@ -62,8 +62,19 @@ fn pair_serves_both_ends_with_each_others_dmb() {
 
 #[test]
 fn pooled_dmb_is_reused_for_the_same_peer_only() {
+    pooled_reuse(Some(1000));
+}
+
+/// The same with every DMB's files shelved as soon as they are registered (the daemon holds no
+/// descriptor of them: each reply opens them again through its mapping).
+#[test]
+fn pooled_dmb_is_reused_with_its_files_shelved() {
+    pooled_reuse(Some(0));
+}
+
+fn pooled_reuse(shelve: Option<u64>) {
     let dir = TestDir::new("pair-pool");
-    let d = start(&dir, |_| {});
+    let d = start(&dir, |c| c.shelve_after_ms = shelve);
     let (a, b, c) = (shared(&dir), shared(&dir), shared(&dir));
     let (x, y) = tcp_pair();
     let ((a1, ap1), (b1, bp1)) = pair(&a, &b, &x, &y);
@@ -87,6 +98,10 @@ fn pooled_dmb_is_reused_for_the_same_peer_only() {
     let st = s.stats().unwrap();
     assert_eq!(st.live_dmbs, 2, "no new registration");
     assert_eq!((st.dmbs_reused, st.dmbs_pooled), (2, 0));
+    assert_shelved(&st, shelve);
+    // The same memory at both ends, through files opened again when shelved.
+    write_bytes(&ap2.map().unwrap(), 64, b"second binding");
+    assert_eq!(read_bytes(&b1.map().unwrap(), 64, 14), b"second binding");
     a.release_flags(Some(a2.token), Some(ap2.token), proto::RELEASE_POOL_OWN)
         .unwrap();
     b.release_flags(Some(b2.token), Some(bp2.token), proto::RELEASE_POOL_OWN)
@@ -322,8 +337,28 @@ fn pread(fd: &std::os::fd::OwnedFd, off: i64, len: usize) -> Vec<u8> {
 /// bound to (pooled: through none).
 #[test]
 fn a_paired_end_is_adopted_with_its_state_page() {
+    adopted_with_state_page(Some(1000));
+}
+
+/// The same with every DMB's files shelved at once: what an adopter gets (the DMBs, the very
+/// state page) is opened again through the daemon's mappings.
+#[test]
+fn a_paired_end_is_adopted_with_its_files_shelved() {
+    adopted_with_state_page(Some(0));
+}
+
+/// Every live DMB shelved (`Some(0)`), or none (shelved only after a second).
+fn assert_shelved(st: &smc_ism::Stats, shelve: Option<u64>) {
+    if shelve == Some(0) {
+        assert_eq!(st.dmbs_shelved, st.live_dmbs, "every DMB shelved");
+    } else {
+        assert_eq!(st.dmbs_shelved, 0, "nothing shelved yet");
+    }
+}
+
+fn adopted_with_state_page(shelve: Option<u64>) {
     let dir = TestDir::new("pair-adopt");
-    let d = start(&dir, |_| {});
+    let d = start(&dir, |c| c.shelve_after_ms = shelve);
     let (a, b) = (shared(&dir), shared(&dir));
     // Another process of the same uid, cgroup and pid namespace, that the socket moved to.
     let mut m = client(&dir);
@@ -340,6 +375,7 @@ fn a_paired_end_is_adopted_with_its_state_page() {
     );
     assert_eq!(inode_and_size(st).1, 4096);
     pwrite(st, 100, b"a's connection state");
+    assert_shelved(&client(&dir).stats().unwrap(), shelve);
     let own = m.adopt_dmb(x.as_raw_fd(), proto::ADOPT_OWN).unwrap();
     let peer = m.adopt_dmb(x.as_raw_fd(), proto::ADOPT_PEER).unwrap();
     let page = m.adopt_dmb(x.as_raw_fd(), proto::ADOPT_STATE).unwrap();
@@ -404,5 +440,72 @@ fn a_paired_end_is_adopted_with_its_state_page() {
     assert_eq!(pread(&page.fd, 100, 17), b"second connection");
     drop((a, b, m));
     wait_idle(&mut s, 1);
+    d.shutdown().unwrap();
+}
+
+/// Local state slots (`PAIR_FLAG_STATE_SLOT`): the DMBs registered for one client get the
+/// slots of one page in order, each once (a slot whose DMB is freed is not handed out again),
+/// and 16 to a page; an adopter that takes slots gets the slot of its socket's end (the page,
+/// and where in it), one that does not gets nothing (it would use the page's first slot,
+/// another connection's). A pooled DMB keeps its slot.
+#[test]
+fn state_slots_are_handed_out_once_and_adopted_with_their_offset() {
+    let dir = TestDir::new("pair-slots");
+    let d = start(&dir, |_| {});
+    let (a, b) = (shared(&dir), shared(&dir));
+    a.set_state_slots(true);
+    let mut m = client(&dir);
+    let mut seen = Vec::new();
+    let mut conns = Vec::new();
+    for i in 0..18 {
+        let (x, y) = tcp_pair();
+        let ((a_own, a_peer), (b_own, b_peer)) = pair(&a, &b, &x, &y);
+        let off = a_own.state_slot.expect("a slot");
+        assert_eq!(off, (i % 16) * proto::STATE_SLOT as usize, "connection {i}");
+        assert!(
+            b_own.state.is_some() && b_own.state_slot.is_none(),
+            "b: a page"
+        );
+        let ino = inode_and_size(a_own.state.as_ref().unwrap()).0;
+        // 16 slots to a page.
+        if i % 16 != 0 {
+            assert_eq!(ino, seen.last().map(|s: &(u64, usize)| s.0).unwrap());
+        } else {
+            assert!(seen.iter().all(|s| s.0 != ino), "a new page");
+        }
+        seen.push((ino, off));
+        let st = a_own.map_state().unwrap();
+        assert_eq!(st.len(), proto::STATE_SLOT as usize);
+        write_bytes(&st, 0, format!("end {i:02}").as_bytes());
+        if i == 0 {
+            // The first connection ends (its DMBs are freed); its slot is not handed out again
+            // to another DMB: the next connection gets the next one.
+            a.release_flags(Some(a_own.token), Some(a_peer.token), 0)
+                .unwrap();
+            b.release_flags(Some(b_own.token), Some(b_peer.token), 0)
+                .unwrap();
+            continue;
+        }
+        conns.push((x, y, a_own));
+    }
+    // An adopter of the end of connection 5 (slot 5 of the first page).
+    let (x5, _, a5) = &conns[4];
+    assert_eq!(a5.state_slot, Some(5 * proto::STATE_SLOT as usize));
+    assert!(matches!(
+        m.adopt_dmb(x5.as_raw_fd(), proto::ADOPT_STATE),
+        Err(IsmError::StaleToken)
+    ));
+    let page = m
+        .adopt_dmb_with(x5.as_raw_fd(), proto::ADOPT_STATE, true)
+        .unwrap();
+    assert_eq!(page.state_slot, a5.state_slot);
+    assert_eq!(
+        inode_and_size(&page.fd).0,
+        inode_and_size(a5.state.as_ref().unwrap()).0
+    );
+    let st = page.map_state().unwrap();
+    assert_eq!(read_bytes(&st, 0, 6), b"end 05");
+    drop((conns, a, b, m));
+    wait_idle(&mut client(&dir), 1);
     d.shutdown().unwrap();
 }

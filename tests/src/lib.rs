@@ -637,6 +637,11 @@ pub struct SmcWorld {
 
 impl SmcWorld {
     pub fn new() -> SmcWorld {
+        SmcWorld::with_daemon_args(&[])
+    }
+
+    /// A world whose daemon gets extra arguments (e.g. `--shelve-after-ms 0`).
+    pub fn with_daemon_args(args: &[&str]) -> SmcWorld {
         require_root();
         let lock = lock();
         let cg = Cgroup::new();
@@ -648,6 +653,7 @@ impl SmcWorld {
         let mut c = daemon_command(&sock, &dir);
         // The daemon makes each client uid's statistics subdirectory in this world's directory.
         c.arg("--procs-dir").arg(dir.join("procs"));
+        c.args(args);
         let log = dir.join("logs/daemon.log");
         let mut daemon = spawn_logged(c, &log);
         let t = Instant::now();

@@ -15,6 +15,10 @@
 //!   server that sent its accept is never reset (its attach after the client's confirm, whose
 //!   socket the daemon cannot receive, is proved by the record of its registration).
 //!
+//! - The daemon below four descriptors per connection (its limit 1500 above its start, 2000
+//!   connections): every connection SMC-D, the daemon holding fewer descriptors than
+//!   connections (their files shelved, see `smc_ism`'s `daemon/shelf.rs`).
+//!
 //! - The application itself at its descriptor limit (the server, or the client, sized for its
 //!   own connections and one descriptor more, the library's daemon connection): differential,
 //!   as plain programs under the same limits they observe the same (every connection up, every
@@ -259,6 +263,67 @@ fn daemon_out_of_descriptors_declines_mem() {
         all_mem("server", &r.server),
         r.server.get("fallback_server")
     );
+}
+
+/// The daemon's descriptors bound nothing that is established (issue 14): it kept a DMB's memfd
+/// and its state page open for as long as the DMB lived, four descriptors per connection, and
+/// under this VM's hard `RLIMIT_NOFILE` of 20 000 half of 10 000 connections fell back. Now it
+/// shelves them (a mapping of its own instead of a descriptor). 2000 connections under a limit
+/// of 1500 descriptors above those it holds at the start (room for 375 connections at four
+/// each): every one SMC-D on both ends, every ping answered, and the daemon holds fewer
+/// descriptors than there are connections. With `--shelve-after-ms never` (the old daemon's
+/// descriptors), 1425 of the 2000 fell back with `MEM` (1 run).
+#[test]
+fn a_daemon_below_four_descriptors_per_connection_keeps_every_one_on_smcd() {
+    daemon_limit_case(&[], |r, n, daemon_fds| {
+        assert_clean(r, n);
+        for (what, s, key) in [
+            ("client", &r.client, "smcd_client"),
+            ("server", &r.server, "smcd_server"),
+        ] {
+            assert_eq!(s.get(key), n, "{what}: {}", brief(s));
+        }
+        assert!(
+            daemon_fds < n,
+            "the daemon holds {daemon_fds} descriptors for {n} connections"
+        );
+    });
+}
+
+/// Runs 2000 connections with the daemon's `RLIMIT_NOFILE` (soft and hard) 1500 above what it
+/// holds at the start; `check(run, n, the daemon's descriptors at the end of the rounds)`.
+fn daemon_limit_case(daemon_args: &[&str], check: impl FnOnce(&Run, u64, u64)) {
+    let w = SmcWorld::with_daemon_args(daemon_args);
+    let dpid = w.daemon_pid();
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{dpid}/fd"))
+            .expect("daemon fds")
+            .count() as u64
+    };
+    let lim = libc::rlimit {
+        rlim_cur: (fds() + 1500) as libc::rlim_t,
+        rlim_max: (fds() + 1500) as libc::rlim_t,
+    };
+    // SAFETY: prlimit on the daemon's pid with a valid struct, no old value wanted.
+    let r = unsafe {
+        libc::prlimit(
+            dpid as libc::pid_t,
+            libc::RLIMIT_NOFILE,
+            &lim,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let n = 2000;
+    let r = scale_run(&w, n as u32, 1, None);
+    eprintln!(
+        "daemon below 4 descriptors per connection: client {} | server {} | smc-scale daemon_fds {}",
+        brief(&r.client),
+        brief(&r.server),
+        r.out["daemon_fds"]
+    );
+    let daemon_fds = num(&r.out, "daemon_fds");
+    check(&r, n, daemon_fds);
 }
 
 /// The application itself at its descriptor limit (`SMC_SCALE_NOFILE_ROOM`: exactly its own

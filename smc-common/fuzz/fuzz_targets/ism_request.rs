@@ -29,7 +29,7 @@ libfuzzer_sys::fuzz_target!(|input: (bool, Vec<u8>)| {
             }
             Request::Attach { .. } => proto::OP_ATTACH,
             Request::AttachPeer { .. } => proto::OP_ATTACH_PEER,
-            Request::Adopt { which } => {
+            Request::Adopt { which, .. } => {
                 assert!(matches!(
                     which,
                     proto::ADOPT_OWN | proto::ADOPT_PEER | proto::ADOPT_STATE

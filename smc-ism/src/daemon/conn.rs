@@ -20,8 +20,10 @@ use super::closer::Closer;
 use super::diag::{self, CgroupKeys};
 use super::pair::{self, Deferred, Grant, Parked, Pool, Rendezvous};
 use super::registry::{
-    BindMiss, CgroupUsage, ClientIdentity, DmbObj, Fail, RefKind, Registry, UidUsage,
+    BindMiss, CgroupUsage, ClientIdentity, DmbObj, Fail, LocalState, RefKind, Registry, StateSlots,
+    UidUsage,
 };
+use super::shelf::KeptFile;
 
 /// What an attacher's socket proved: its identity, and its cgroup's quota key when the
 /// configuration compares cgroups.
@@ -163,6 +165,10 @@ struct Conn<'a> {
     second: Option<OwnedFd>,
     /// The reply to the current request passes the DMB's state page, not its memfd.
     pass_state: bool,
+    /// ... and says where in it the state is (`ADOPT_FLAG_SLOT`).
+    state_off_reply: bool,
+    /// The page of local state slots its DMBs get (`PAIR_FLAG_STATE_SLOT`).
+    slots: Arc<StateSlots>,
     /// The last proof socket cgroup id and its quota bucket (a process's sockets nearly always
     /// share one cgroup: no global lookup per registration).
     cg_last: Option<(u64, Arc<CgroupUsage>)>,
@@ -213,6 +219,8 @@ pub(crate) async fn serve_conn(
         ident,
         second: None,
         pass_state: false,
+        state_off_reply: false,
+        slots: Arc::default(),
         cg_last: None,
         fds_dropped: false,
         held: HashMap::new(),
@@ -284,33 +292,48 @@ fn pair_result(own: &DmbObj, peer: &DmbObj) -> [u8; proto::PAIR_REPLY_LEN] {
     b[24..32].copy_from_slice(&own.id.to_le_bytes());
     b[32..56].copy_from_slice(&dmb_result(peer));
     b[56..64].copy_from_slice(&peer.id.to_le_bytes());
-    if own.state.is_some() {
-        b[64..68].copy_from_slice(&proto::PAIR_OWN_STATE.to_le_bytes());
+    if let Some(st) = &own.state {
+        let (flags, off) = match st.slot_off() {
+            Some(off) => (proto::PAIR_OWN_STATE | proto::PAIR_STATE_SLOT, off),
+            None => (proto::PAIR_OWN_STATE, 0),
+        };
+        b[64..68].copy_from_slice(&flags.to_le_bytes());
+        b[68..72].copy_from_slice(&off.to_le_bytes());
     }
     b
 }
 
-/// An fd that goes with a reply: a DMB's memfd, or the state page registered with it.
-enum PassFd {
-    Memfd(Arc<DmbObj>),
-    State(Arc<DmbObj>),
+/// An fd that goes with a reply: a DMB's memfd, or the state page registered with it, open
+/// until the reply is sent (also when the file is shelved meanwhile: see `shelf`).
+type PassFd = Arc<OwnedFd>;
+
+/// The memfd of `d` for a reply (opened again when shelved). Should that fail, the reply goes
+/// without it: the client gives the references back and declines with `MEM`.
+fn pass_memfd(d: &DmbObj) -> Option<PassFd> {
+    d.memfd
+        .fd()
+        .map_err(|e| log::error!("a DMB's memfd cannot be opened again: {e}"))
+        .ok()
 }
 
-impl PassFd {
-    fn raw(&self) -> Option<RawFd> {
-        match self {
-            PassFd::Memfd(d) => Some(d.memfd.as_raw_fd()),
-            PassFd::State(d) => d.state.as_ref().map(|s| s.as_raw_fd()),
-        }
-    }
+/// The state page of `d` (or the page of its slot) for a reply (as [`pass_memfd`]).
+fn pass_state(d: &DmbObj) -> Option<PassFd> {
+    d.state.as_ref().and_then(|s| {
+        s.file()
+            .fd()
+            .map_err(|e| log::error!("a state page cannot be opened again: {e}"))
+            .ok()
+    })
 }
 
 /// The fds of a `PAIR` reply: own memfd, peer memfd, own state page (if it has one: see
 /// [`proto::PAIR_OWN_STATE`]).
 fn pair_pass(own: Arc<DmbObj>, peer: Arc<DmbObj>) -> Vec<PassFd> {
-    let state = own.state.is_some().then(|| PassFd::State(own.clone()));
-    let mut v = vec![PassFd::Memfd(own), PassFd::Memfd(peer)];
-    v.extend(state);
+    let mut v: Vec<PassFd> = pass_memfd(&own).into_iter().collect();
+    v.extend(pass_memfd(&peer));
+    if own.state.is_some() {
+        v.extend(pass_state(&own));
+    }
     v
 }
 
@@ -419,7 +442,7 @@ impl Conn<'_> {
                 // A request that wants no reply (NOREPLY_BIT), or a PAIR that waits.
                 continue;
             }
-            let fds: Vec<RawFd> = pass.iter().filter_map(PassFd::raw).collect();
+            let fds: Vec<RawFd> = pass.iter().map(|f| f.as_raw_fd()).collect();
             // A client that stops reading its replies must not hold up the daemon's shutdown.
             let res = tokio::select! {
                 biased;
@@ -532,6 +555,7 @@ impl Conn<'_> {
         let d = proto::decode_request(rec, truncated);
         let (op, seq, noreply) = (d.op, d.seq, d.noreply);
         self.pass_state = false;
+        self.state_off_reply = false;
         let second = self.second.take();
         let state = match d.request {
             Ok(proto::Request::Register { .. }) => second,
@@ -584,12 +608,13 @@ impl Conn<'_> {
             ),
             R::Attach { token, own } => (&c.attach, self.attach(Some(token), own, fd).map(Some)),
             R::AttachPeer { own } => (&c.attach_peer, self.attach(None, own, fd).map(Some)),
-            R::Adopt { which } => (&c.attach, self.adopt(which, fd).map(Some)),
+            R::Adopt { which, slot_ok } => (&c.attach, self.adopt(which, slot_ok, fd).map(Some)),
             R::Pair {
                 size_code,
                 park_ms,
                 releases,
                 n_releases,
+                state_slot,
             } => {
                 // The releases it carries first (a pooled DMB among them may serve this pair).
                 let mut released = false;
@@ -600,7 +625,8 @@ impl Conn<'_> {
                 if released {
                     self.shared.events.bump();
                 }
-                let r = self.pair(size_code, park_ms, fd, seq);
+                let slots = state_slot.then(|| self.slots.clone());
+                let r = self.pair(size_code, park_ms, fd, seq, slots);
                 c.pair.add_time(t0.elapsed());
                 return match r {
                     Ok(Some((own, peer))) => {
@@ -711,12 +737,21 @@ impl Conn<'_> {
                     return Vec::new();
                 }
                 match &dmb {
+                    Some(d) if self.state_off_reply => {
+                        let mut b = [0u8; proto::ADOPT_STATE_REPLY_LEN];
+                        b[..proto::DMB_REPLY_LEN].copy_from_slice(&dmb_result(d));
+                        if let Some(off) = d.state.as_ref().and_then(LocalState::slot_off) {
+                            b[24..28].copy_from_slice(&off.to_le_bytes());
+                            b[28..32].copy_from_slice(&proto::STATE_IS_SLOT.to_le_bytes());
+                        }
+                        encode_reply(out, op, seq, Status::Ok, 0, &b)
+                    }
                     Some(d) => encode_reply(out, op, seq, Status::Ok, 0, &dmb_result(d)),
                     None => encode_reply(out, op, seq, Status::Ok, 0, &[]),
                 }
                 match dmb {
-                    Some(d) if self.pass_state => vec![PassFd::State(d)],
-                    Some(d) => vec![PassFd::Memfd(d)],
+                    Some(d) if self.pass_state => pass_state(&d).into_iter().collect(),
+                    Some(d) => pass_memfd(&d).into_iter().collect(),
                     None => Vec::new(),
                 }
             }
@@ -825,7 +860,9 @@ impl Conn<'_> {
         // A state page is kept only if it is one (a shmem file of its size); anything else
         // goes to the closer, and the DMB is registered without it.
         let state = match state {
-            Some(s) if sys::is_state_page(s.as_fd(), proto::STATE_PAGE) => Some(s),
+            Some(s) if sys::is_state_page(s.as_fd(), proto::STATE_PAGE) => {
+                Some(LocalState::Page(KeptFile::new(s, proto::STATE_PAGE)))
+            }
             other => {
                 self.dispose(other);
                 None
@@ -850,7 +887,7 @@ impl Conn<'_> {
             // without it, the DMB could never be attached (a decline INTERR, or a reset of a
             // server past its accept). Declined with MEM now instead.
             self.dispose(Some(fd));
-            self.dispose(state);
+            drop(state);
             return Err(Fail::Memfd(libc::EMFILE));
         }
         let cg = self.bucket(info.owner_cgroup);
@@ -902,6 +939,7 @@ impl Conn<'_> {
         park_ms: u32,
         fd: Option<OwnedFd>,
         seq: u32,
+        slots: Option<Arc<StateSlots>>,
     ) -> Result<Option<PairDmbs>, Fail> {
         let fd = self.passed(fd)?;
         let sh = self.shared;
@@ -919,7 +957,7 @@ impl Conn<'_> {
         if partner.is_none() {
             if let Some(token) = sh.reg.peer_token(&xid) {
                 // The other end registered with OP_REGISTER (an older data path): attach it.
-                let r = self.pair_registered(size_code, &xid, fd.as_fd(), token);
+                let r = self.pair_registered(size_code, &xid, fd.as_fd(), token, slots);
                 if r.is_ok() {
                     self.granted(Some(fd));
                 } else {
@@ -987,6 +1025,7 @@ impl Conn<'_> {
                                 uid: self.uid.clone(),
                                 cg: self.cg.clone(),
                                 ident: self.ident.clone(),
+                                slots,
                                 tx: self.tx.clone(),
                             });
                             drop(rdv);
@@ -1005,7 +1044,7 @@ impl Conn<'_> {
             // wait for our peer.
             fail_parked(sh, y, Fail::NoPeer);
         };
-        let r = self.complete(size_code, &xid, fd.as_fd(), y);
+        let r = self.complete(size_code, &xid, fd.as_fd(), y, slots);
         if r.is_ok() {
             self.granted(Some(fd));
         } else {
@@ -1022,6 +1061,7 @@ impl Conn<'_> {
         xid: &TcpIdentity,
         xfd: BorrowedFd<'_>,
         y: Parked,
+        slots: Option<Arc<StateSlots>>,
     ) -> Result<PairDmbs, Fail> {
         let sh = self.shared;
         let Some(y_cookie) = y.who.cookie else {
@@ -1037,6 +1077,7 @@ impl Conn<'_> {
             xfd,
             y_cookie,
             y.conn,
+            slots.as_deref(),
             &self.uid,
             &cg,
             &self.ident,
@@ -1082,6 +1123,7 @@ impl Conn<'_> {
             y.sock.as_fd(),
             x_cookie,
             self.id,
+            y.slots.as_deref(),
             &y.uid,
             &y.cg,
             &y.ident,
@@ -1155,6 +1197,7 @@ impl Conn<'_> {
         xid: &TcpIdentity,
         xfd: BorrowedFd<'_>,
         token: u64,
+        slots: Option<Arc<StateSlots>>,
     ) -> Result<PairDmbs, Fail> {
         let sh = self.shared;
         let peer = sh
@@ -1175,6 +1218,7 @@ impl Conn<'_> {
             xfd,
             pc,
             u64::MAX,
+            slots.as_deref(),
             &self.uid,
             &cg,
             &self.ident,
@@ -1204,6 +1248,7 @@ impl Conn<'_> {
             h.owner = false;
             if h.attaches == 0 {
                 self.held.remove(&token);
+                super::registry::shrink_sparse(&mut self.held);
             }
         }
         let evicted = {
@@ -1299,7 +1344,12 @@ impl Conn<'_> {
 
     /// Attaches a DMB of the connection whose socket moved to the caller (`OP_ADOPT`).
     /// (`ADOPT_STATE`: the state page registered with it, no reference taken.)
-    fn adopt(&mut self, which: u8, fd: Option<OwnedFd>) -> Result<Arc<DmbObj>, Fail> {
+    fn adopt(
+        &mut self,
+        which: u8,
+        slot_ok: bool,
+        fd: Option<OwnedFd>,
+    ) -> Result<Arc<DmbObj>, Fail> {
         let sock = self.passed(fd)?;
         let proof = self.proof(sock.as_fd());
         self.dispose(Some(sock));
@@ -1307,9 +1357,10 @@ impl Conn<'_> {
         let dmb = self
             .shared
             .reg
-            .adopt(&id, which, self.uid.uid, &self.ident)?;
+            .adopt(&id, which, slot_ok, self.uid.uid, &self.ident)?;
         if which == proto::ADOPT_STATE {
             self.pass_state = true;
+            self.state_off_reply = slot_ok;
         } else {
             self.held.entry(dmb.token).or_default().attaches += 1;
         }
@@ -1325,6 +1376,7 @@ impl Conn<'_> {
         }
         if !h.owner && h.attaches == 0 {
             self.held.remove(&token);
+            super::registry::shrink_sparse(&mut self.held);
         }
         if kind == RefKind::Owner {
             self.recorded.remove(&token);
@@ -1401,9 +1453,9 @@ fn fail_parked(sh: &Shared, y: Parked, fail: Fail) {
 /// A DMB for the end `who` (socket `sock`) of a connection whose other end is the socket
 /// `peer_cookie` of client connection `peer_conn`: from `pool` when one may be bound for that
 /// peer ([`Registry::bind_pooled`]), else registered (charged to the socket's cgroup, or
-/// `cg`, and `uid`) with a new local state page for the owner (see [`proto::PAIR_OWN_STATE`];
-/// `client`: the owner's client, who alone may adopt it). The owner reference is the
-/// caller's to record for the owner.
+/// `cg`, and `uid`) with a new local state for the owner (see [`proto::PAIR_OWN_STATE`]: the
+/// next slot of `slots`, else a page of its own; `client`: the owner's client, who alone may
+/// adopt it). The owner reference is the caller's to record for the owner.
 #[allow(clippy::too_many_arguments)]
 fn own_dmb(
     sh: &Shared,
@@ -1413,6 +1465,7 @@ fn own_dmb(
     sock: BorrowedFd<'_>,
     peer_cookie: u64,
     peer_conn: u64,
+    slots: Option<&StateSlots>,
     uid: &Arc<UidUsage>,
     cg: &Arc<CgroupUsage>,
     client: &ClientIdentity,
@@ -1455,10 +1508,15 @@ fn own_dmb(
         .owner_cgroup
         .and_then(|id| sh.keys.key(id))
         .map_or_else(|| cg.clone(), |k| sh.reg.cgroup(&k));
-    // The owner's local state page, kept with the DMB for a process its socket may move to
-    // (`OP_ADOPT`) and handed to the owner with the reply; a pooled DMB keeps its page. Without
-    // one (no memory for it) the connection works but cannot move.
-    let state = sys::create_state_memfd(proto::STATE_PAGE).ok();
+    // The owner's local state, kept with the DMB for a process its socket may move to
+    // (`OP_ADOPT`) and handed to the owner with the reply; a pooled DMB keeps it. Without one
+    // (no memory for it) the connection works but cannot move.
+    let state = match slots {
+        Some(s) => s.take(),
+        None => sys::create_state_memfd(proto::STATE_PAGE)
+            .ok()
+            .map(|f| LocalState::Page(KeptFile::new(f, proto::STATE_PAGE))),
+    };
     sh.reg.register(
         size_code,
         *who,

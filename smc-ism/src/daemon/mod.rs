@@ -8,6 +8,7 @@ mod grant;
 mod metrics;
 mod pair;
 mod registry;
+mod shelf;
 
 pub use metrics::MetricsHook;
 
@@ -49,9 +50,9 @@ pub struct DaemonConfig {
     pub socket_gid: Option<u32>,
     /// State directory (default [`DEFAULT_STATE_DIR`]); holds the persistent GID.
     pub state_dir: PathBuf,
-    /// Device slots, i.e. live DMBs on the host (default 65535, at most 1 << 20). The daemon
-    /// keeps two descriptors per DMB open (its memfd and the owner's state page), so it raises
-    /// its `RLIMIT_NOFILE` accordingly.
+    /// Device slots, i.e. live DMBs on the host (default 65535, at most 1 << 20). A DMB's
+    /// memfd and its owner's state page cost the daemon a descriptor each until they are
+    /// shelved (see `shelve_after_ms`); it raises its `RLIMIT_NOFILE` towards two per slot.
     pub max_dmbs: u32,
     /// Committed bytes of all live DMBs together (default: half of the host's memory,
     /// `MemTotal`; 8 GiB when unknown). The byte quotas count memory in use, not nominal DMB
@@ -113,6 +114,15 @@ pub struct DaemonConfig {
     /// Milliseconds a pooled DMB stays unused before it is freed (default 1000): an idle
     /// process does not keep its pool.
     pub pool_idle_ms: u64,
+    /// Milliseconds after its registration a DMB's memfd and state page may be *shelved*: kept
+    /// in a `PROT_NONE` mapping of the daemon instead of a descriptor, and opened again
+    /// through it when a client needs them (`OP_ADOPT`, a pooled DMB bound again), so that
+    /// established connections cost the daemon no descriptor (default 1000; 0: every one at
+    /// once; `None`: never). They are, once such files hold half of the daemon's descriptors
+    /// (any age above three quarters, and at once when only a few are left). Needs
+    /// `CAP_SYS_ADMIN` or `CAP_CHECKPOINT_RESTORE` (`/proc/self/map_files`); without, the
+    /// descriptors are kept. Each shelved file costs a mapping (`vm.max_map_count`).
+    pub shelve_after_ms: Option<u64>,
 }
 
 /// What the daemon does for each new client before serving it, on a blocking thread (`smc-ctl
@@ -158,6 +168,7 @@ impl Default for DaemonConfig {
             client_hook: None,
             pool_max_per_client: 64,
             pool_idle_ms: 1000,
+            shelve_after_ms: Some(1000),
         }
     }
 }
@@ -216,10 +227,11 @@ struct Bound {
     metrics: Option<(std::net::TcpListener, Option<MetricsHook>)>,
 }
 
-/// Descriptors the daemon may hold with every slot in use: per live DMB its memfd and the
-/// state page its owner registered with it (`OP_REGISTER`'s second fd, kept for `OP_ADOPT`);
-/// one socket per client; and room for the listener, the metrics, the closer's queue and the
-/// fds of a request being received.
+/// Descriptors the daemon may hold with every slot in use and nothing shelved: per live DMB
+/// its memfd and the state page its owner registered with it (kept for `OP_ADOPT`); one
+/// socket per client; and room for the listener, the metrics, the closer's queue and the fds
+/// of a request being received. With shelves (see `shelf`) an established connection needs
+/// none: then this only raises the soft limit as far as it goes.
 fn nofile_need(cfg: &DaemonConfig) -> u64 {
     2 * cfg.max_dmbs as u64 + cfg.max_clients + 256
 }
@@ -246,11 +258,20 @@ fn raise_nofile(cfg: &DaemonConfig) {
             if libc::setrlimit(libc::RLIMIT_NOFILE, &hard) == 0 {
                 return;
             }
-            log::warn!(
-                "RLIMIT_NOFILE hard limit {} is below the {} descriptors 2 * max_dmbs + max_clients need",
-                rl.rlim_max,
-                want
-            );
+            if cfg.shelve_after_ms.is_some() && shelf::available() {
+                log::info!(
+                    "RLIMIT_NOFILE hard limit {}: DMB files are shelved (kept without a \
+                     descriptor) after {} ms, or sooner when descriptors run short",
+                    rl.rlim_max,
+                    cfg.shelve_after_ms.unwrap_or(0)
+                );
+            } else {
+                log::warn!(
+                    "RLIMIT_NOFILE hard limit {} is below the {} descriptors 2 * max_dmbs + max_clients need",
+                    rl.rlim_max,
+                    want
+                );
+            }
         }
         libc::setrlimit(libc::RLIMIT_NOFILE, &target);
     }
@@ -406,6 +427,7 @@ impl Bound {
                 stop_rx.clone(),
             ));
         }
+        tasks.spawn(sweep(self.shared.clone(), stop_rx.clone()));
         let counters = &self.shared.reg.counters;
         tokio::pin!(shutdown);
         loop {
@@ -497,6 +519,25 @@ impl Bound {
         let _ = stop_tx.send(true);
         while tasks.join_next().await.is_some() {}
         Ok(())
+    }
+}
+
+/// The background sweep: the shelves (`Registry::shelve_tick`), every 10 ms while it finds
+/// work, else every 100 ms (a turn shelves at most a few hundred files, ~1 ms), and the heap
+/// given back after a burst (`Registry::trim_after_burst`).
+async fn sweep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let mut busy = false;
+    loop {
+        let tick = Duration::from_millis(if busy { 10 } else { 100 });
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => return,
+            _ = tokio::time::sleep(tick) => {}
+        }
+        busy = shared.reg.shelve_tick();
+        if !busy {
+            shared.reg.trim_after_burst();
+        }
     }
 }
 

@@ -57,6 +57,8 @@ pub(crate) struct Parked {
     pub cg: Arc<CgroupUsage>,
     /// Who its client is (recorded with its DMB: who may adopt it).
     pub ident: ClientIdentity,
+    /// Its client's page of local state slots, when it asked for a slot.
+    pub slots: Option<Arc<super::registry::StateSlots>>,
     /// Its task's queue of answers.
     pub tx: mpsc::UnboundedSender<Deferred>,
     /// Counts it against its uid's parked requests while it lives.

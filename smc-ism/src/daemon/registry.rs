@@ -14,8 +14,7 @@
 //!   the quota charge, so a slot or quota is reusable only once the memory reference is gone.
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
@@ -25,6 +24,7 @@ use crate::stats::{CgroupStats, DmbInfo, DmbList, FailureStats, OpStats, OpsStat
 use crate::sys::{self, TcpIdentity};
 use smc_common::cdc::dmb_size_from_code_large;
 
+use super::shelf::KeptFile;
 use super::DaemonConfig;
 
 const SHARDS: usize = 64;
@@ -227,6 +227,8 @@ pub(crate) struct Totals {
     pub committed: AtomicU64,
     /// Live DMBs in their owners' pools.
     pub pooled: AtomicU64,
+    /// Live DMBs whose memfd is shelved (kept without a descriptor, see `shelf`).
+    pub shelved: AtomicU64,
 }
 
 /// What a DMB is charged against the byte quotas when it is registered: one 16 KiB unit (the
@@ -370,9 +372,11 @@ impl Drop for Charge {
 
 /// A live DMB. Field order is drop order: memfd, then slot, then charges.
 pub(crate) struct DmbObj {
-    pub memfd: OwnedFd,
-    /// The owner's local state page (a 4 KiB memfd it passed at registration), for `OP_ADOPT`.
-    pub state: Option<OwnedFd>,
+    /// Its memfd, by descriptor or shelved (see `shelf`).
+    pub memfd: KeptFile,
+    /// The owner's local state (a 4 KiB memfd it passed at registration, or what the daemon
+    /// made for a `PAIR`: a page, or a slot of a page), for `OP_ADOPT`; kept as the memfd is.
+    pub state: Option<LocalState>,
     slot: SlotGuard,
     _charge: Charge,
     _uid_charge: Option<UidCharge>,
@@ -380,6 +384,8 @@ pub(crate) struct DmbObj {
     /// Never reused, by any daemon instance (random start): a process that keeps a mapping of
     /// this DMB across its bindings (pooled DMBs) recognises it by id.
     pub id: u64,
+    /// When it was registered (since the registry started).
+    born: std::time::Duration,
     pub size_code: u8,
     pub size: u64,
     pub owner_uid: u32,
@@ -387,6 +393,99 @@ pub(crate) struct DmbObj {
     /// The registering client: its cgroup when it connected and its pid namespace, which an
     /// adopter (`OP_ADOPT`) must share.
     pub owner_client: ClientIdentity,
+}
+
+/// A connection end's local state (`smc-preload`'s `conn::Shared`): a page of its own, or a
+/// slot of a page shared with other ends of the same client connection (see [`StateSlots`]).
+pub(crate) enum LocalState {
+    Page(KeptFile),
+    Slot {
+        chunk: Arc<StateChunk>,
+        /// Its offset in the page ([`crate::proto::STATE_SLOT`] bytes from there).
+        off: u32,
+    },
+}
+
+impl LocalState {
+    /// The file to pass (the page, or the page holding the slot).
+    pub(crate) fn file(&self) -> &KeptFile {
+        match self {
+            LocalState::Page(f) => f,
+            LocalState::Slot { chunk, .. } => &chunk.file,
+        }
+    }
+
+    /// The slot's offset, if it is one.
+    pub(crate) fn slot_off(&self) -> Option<u32> {
+        match self {
+            LocalState::Page(_) => None,
+            LocalState::Slot { off, .. } => Some(*off),
+        }
+    }
+
+    /// Shelves its file: a page at once; a page of slots once all its slots are handed out
+    /// (before, the next `PAIR` of its client would open it again), or `force`d.
+    fn shelve(&self, force: bool) {
+        match self {
+            LocalState::Page(f) => {
+                f.shelve();
+            }
+            LocalState::Slot { chunk, .. } => {
+                if force || chunk.taken.load(Acquire) >= SLOTS_PER_CHUNK {
+                    chunk.file.shelve();
+                }
+            }
+        }
+    }
+}
+
+/// Slots in a page of local state.
+const SLOTS_PER_CHUNK: u32 = (crate::proto::STATE_PAGE / crate::proto::STATE_SLOT) as u32;
+
+/// A page of local state slots (a sealed 4 KiB memfd), handed out in order to the DMBs one
+/// client connection registers, each slot once: a slot is never reused for another
+/// connection end (a process that kept mapping it, a forked child the library did not see,
+/// never finds another connection's state there). The page lives while the DMB of any of its
+/// slots does (they hold it), and in the processes that map it.
+///
+/// Who maps it: the processes of the client connection that asked (one process, and the
+/// children it forks), and those an adopter of one of its slots (same uid, cgroup and pid
+/// namespace as the registering client): such an adopter maps the page, and with it the local
+/// state of up to 15 other connection ends of that process: cursors, locks and counters,
+/// never their bytes (rings are one memfd per DMB).
+pub(crate) struct StateChunk {
+    pub file: KeptFile,
+    /// Slots handed out.
+    taken: AtomicU32,
+}
+
+/// A client connection's page of local state slots being handed out (see [`StateChunk`]).
+#[derive(Default)]
+pub(crate) struct StateSlots(Mutex<Option<Arc<StateChunk>>>);
+
+impl StateSlots {
+    /// The next slot of the current page (a new page when it is full); `None` when no page
+    /// can be made (the connection end then has no local state with the daemon and cannot
+    /// move to another process).
+    pub(crate) fn take(&self) -> Option<LocalState> {
+        let mut cur = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let full = cur
+            .as_ref()
+            .is_none_or(|c| c.taken.load(Acquire) >= SLOTS_PER_CHUNK);
+        if full {
+            let f = sys::create_state_memfd(crate::proto::STATE_PAGE).ok()?;
+            *cur = Some(Arc::new(StateChunk {
+                file: KeptFile::new(f, crate::proto::STATE_PAGE),
+                taken: AtomicU32::new(0),
+            }));
+        }
+        let chunk = cur.as_ref()?.clone();
+        let i = chunk.taken.fetch_add(1, AcqRel);
+        Some(LocalState::Slot {
+            chunk,
+            off: i * crate::proto::STATE_SLOT as u32,
+        })
+    }
 }
 
 /// Who a client is beyond its uid, sampled when it connected (for `OP_ADOPT`).
@@ -409,6 +508,27 @@ impl ClientIdentity {
 impl DmbObj {
     pub(crate) fn slot(&self) -> u32 {
         self.slot.slot
+    }
+
+    /// Shelves its memfd and state page (see `shelf`); false when its memfd keeps its
+    /// descriptor.
+    fn shelve(&self) -> bool {
+        let r = self.memfd.shelve();
+        if r == Some(true) {
+            self._charge.totals.shelved.fetch_add(1, AcqRel);
+        }
+        if let Some(s) = &self.state {
+            s.shelve(false);
+        }
+        r.is_some()
+    }
+}
+
+impl Drop for DmbObj {
+    fn drop(&mut self) {
+        if self.memfd.is_shelved() {
+            self._charge.totals.shelved.fetch_sub(1, AcqRel);
+        }
     }
 }
 
@@ -484,6 +604,15 @@ type Tuple = (std::net::SocketAddr, std::net::SocketAddr);
 /// passed with requests (see `register`).
 pub(crate) const RECEIVE_HEADROOM: u64 = 32;
 
+/// With fewer descriptors than this left, a registration first shelves the files of
+/// [`SHELVE_BATCH`] DMBs not shelved yet, whatever their age (the background sweep, see
+/// [`Registry::shelve_tick`], did not keep up).
+const SHELVE_HEADROOM: u64 = 256;
+/// DMBs shelved at once when descriptors run short.
+const SHELVE_BATCH: usize = 64;
+/// Shelved DMBs sampled (through their mappings) per sample of committed memory, about.
+const SHELVED_PER_SAMPLE: u64 = 512;
+
 /// The whole device state.
 pub(crate) struct Registry {
     shards: Box<[Mutex<HashMap<u64, Record>>]>,
@@ -501,6 +630,14 @@ pub(crate) struct Registry {
     /// Milliseconds since `started` of the last sample of committed memory (0: never).
     sampled_ms: AtomicU64,
     sample_interval_ms: u64,
+    /// Which turn of the shelved DMBs the next sample refreshes.
+    sample_turn: AtomicU64,
+    /// The shard the next walk for DMBs to shelve starts at.
+    sweep_shard: AtomicUsize,
+    /// The most live DMBs since the heap was last trimmed ([`Registry::trim_after_burst`]).
+    peak_dmbs: AtomicU64,
+    /// How long a DMB keeps its descriptors (`None`: for ever).
+    shelve_after: Option<std::time::Duration>,
     pub counters: Counters,
     pub gid: Gid,
     /// The next DMB id (random start, see [`DmbObj::id`]).
@@ -513,6 +650,14 @@ pub(crate) struct Registry {
     uid_max_dmbs: u64,
     min_available_bytes: u64,
     require_same_cgroup: bool,
+}
+
+/// Gives a map's memory back once it holds less than a quarter of what it has room for (a
+/// burst of connections is over): amortised, a map never shrinks twice without having grown.
+pub(crate) fn shrink_sparse<K: std::hash::Hash + Eq, V>(m: &mut HashMap<K, V>) {
+    if m.capacity() > 64 && m.len() < m.capacity() / 4 {
+        m.shrink_to(m.len() * 2);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -538,6 +683,13 @@ impl Registry {
             },
             sampled_ms: AtomicU64::new(0),
             sample_interval_ms: cfg.commit_sample_ms,
+            sample_turn: AtomicU64::new(0),
+            sweep_shard: AtomicUsize::new(0),
+            peak_dmbs: AtomicU64::new(0),
+            shelve_after: cfg
+                .shelve_after_ms
+                .filter(|_| super::shelf::available())
+                .map(std::time::Duration::from_millis),
             counters: Counters::default(),
             gid,
             next_id: AtomicU64::new(sys::random_u64().unwrap_or_else(|_| {
@@ -652,10 +804,16 @@ impl Registry {
         for sh in self.shards.iter() {
             dmbs.extend(lock(sh).values().map(|r| r.dmb.clone()));
         }
+        // A shelved DMB is sampled through its mapping (~5 µs, ten times an `fstat`): at most
+        // about SHELVED_PER_SAMPLE of them per sample, in turn by id; the others count as
+        // last sampled.
+        let shelved = self.totals.shelved.load(Relaxed);
+        let turns = shelved.div_ceil(SHELVED_PER_SAMPLE).max(1);
+        let turn = self.sample_turn.fetch_add(1, Relaxed) % turns;
         let mut per_cg: HashMap<*const CgroupUsage, (Arc<CgroupUsage>, u64, u64)> = HashMap::new();
         let (mut extra, mut committed) = (0u64, 0u64);
         for d in &dmbs {
-            let c = fd_committed(&d.memfd).unwrap_or(0);
+            let c = d.memfd.committed(d.id % turns == turn);
             let x = c.saturating_sub(reserve_of(d.size));
             committed += c;
             extra += x;
@@ -729,12 +887,15 @@ impl Registry {
         cg: &Arc<CgroupUsage>,
         uid: &Arc<UidUsage>,
         client: &ClientIdentity,
-        state: Option<OwnedFd>,
+        state: Option<LocalState>,
     ) -> Result<Arc<DmbObj>, Fail> {
         let size = dmb_size_from_code_large(size_code).ok_or(Fail::BadSize)? as u64;
         let uid_charge = self.charge_uid(uid)?;
         let charge = self.charge(cg, size)?;
         let slot = self.slots.alloc().ok_or(Fail::MaxDmb)?;
+        if self.shelve_after.is_some() && sys::near_fd_limit(SHELVE_HEADROOM) {
+            self.shelve_some(SHELVE_BATCH, None);
+        }
         // The last descriptors below the daemon's limit stay free for the sockets requests
         // pass: one the kernel drops leaves the daemon unable to tell which connection asked
         // (a PAIR's peer would wait for it in vain); refused here, the request is answered.
@@ -744,13 +905,14 @@ impl Registry {
         let memfd =
             sys::create_dmb_memfd(size).map_err(|e| Fail::Memfd(e.raw_os_error().unwrap_or(0)))?;
         let mut obj = DmbObj {
-            memfd,
+            memfd: KeptFile::new(memfd, size),
             state,
             slot,
             _charge: charge,
             _uid_charge: uid_charge,
             token: 0,
             id: self.next_id.fetch_add(1, Relaxed),
+            born: self.started.elapsed(),
             size_code,
             size,
             owner_uid: uid.uid,
@@ -783,9 +945,75 @@ impl Registry {
                 if let Some(c) = owner.cookie {
                     lock(self.cookie_shard(c)).insert(c, token);
                 }
+                if self.shelve_after.is_some_and(|a| a.is_zero()) {
+                    dmb.shelve();
+                    if let Some(s) = &dmb.state {
+                        s.shelve(true);
+                    }
+                }
                 return Ok(dmb);
             }
             // Clash with a live token: draw again.
+        }
+    }
+
+    /// Shelves the files of at most `max` DMBs not shelved yet that were registered at least
+    /// `min_age` ago (`None`: any), walking at most 8 shards from where the last walk stopped
+    /// (a shard is locked only while its candidates are collected); how many it shelved.
+    fn shelve_some(&self, max: usize, min_age: Option<std::time::Duration>) -> usize {
+        let now = self.started.elapsed();
+        let mut done = 0;
+        for _ in 0..8 {
+            let i = self.sweep_shard.fetch_add(1, Relaxed) % SHARDS;
+            let due: Vec<Arc<DmbObj>> = lock(&self.shards[i])
+                .values()
+                .filter(|r| !r.dmb.memfd.is_shelved())
+                .filter(|r| min_age.is_none_or(|a| now.saturating_sub(r.dmb.born) >= a))
+                .take(max - done)
+                .map(|r| r.dmb.clone())
+                .collect();
+            done += due.into_iter().filter(|d| d.shelve()).count();
+            if done >= max {
+                break;
+            }
+        }
+        done
+    }
+
+    /// One turn of the background sweep (see `shelf`): with more than half of the daemon's
+    /// descriptors held by DMB files, shelves those of DMBs older than `shelve_after` (a few
+    /// at a time, so that the daemon never takes a CPU from the connections for long), and
+    /// above three quarters those of any age. Whether there may be more to do at once.
+    pub(crate) fn shelve_tick(&self) -> bool {
+        let Some(after) = self.shelve_after.filter(|a| !a.is_zero()) else {
+            return false;
+        };
+        let limit = sys::nofile_soft_limit();
+        let held = super::shelf::held_descriptors();
+        if held.saturating_mul(2) < limit {
+            return false;
+        }
+        let n = if held.saturating_mul(4) >= limit.saturating_mul(3) {
+            self.shelve_some(4 * SHELVE_BATCH, None)
+        } else {
+            self.shelve_some(SHELVE_BATCH, Some(after))
+        };
+        n > 0
+    }
+
+    /// Gives the heap's free memory back to the system (`malloc_trim`) once the live DMBs
+    /// fell to half of their peak since the last time (a burst of connections ended: the
+    /// maps shrank as they emptied, see [`shrink_sparse`]); called by the sweep.
+    pub(crate) fn trim_after_burst(&self) {
+        let live = self.totals.live_dmbs.load(Relaxed);
+        let peak = self.peak_dmbs.fetch_max(live, Relaxed).max(live);
+        if peak >= 2048 && live <= peak / 2 {
+            self.peak_dmbs.store(live, Relaxed);
+            // SAFETY: no preconditions; glibc walks its arenas under their locks.
+            #[cfg(target_env = "gnu")]
+            unsafe {
+                libc::malloc_trim(0);
+            }
         }
     }
 
@@ -849,6 +1077,7 @@ impl Registry {
         &self,
         who: &TcpIdentity,
         which: u8,
+        slot_ok: bool,
         uid: u32,
         client: &ClientIdentity,
     ) -> Result<Arc<DmbObj>, Fail> {
@@ -878,12 +1107,14 @@ impl Registry {
                 // No reference: the page lives on in the mappings of the processes using it.
                 // Another process maps it from now on: the DMB (and with it the page) is never
                 // bound to another connection of its owner.
-                return match rec.dmb.state {
-                    Some(_) => {
+                // A slot only to a caller that takes one (an older one would use the page's
+                // first slot, another connection's).
+                return match &rec.dmb.state {
+                    Some(s) if slot_ok || s.slot_off().is_none() => {
                         rec.tainted = true;
                         Ok(rec.dmb.clone())
                     }
-                    None => Err(Fail::StaleToken),
+                    _ => Err(Fail::StaleToken),
                 };
             }
             if which == crate::proto::ADOPT_OWN {
@@ -931,6 +1162,7 @@ impl Registry {
         let mut m = lock(self.cookie_shard(cookie));
         if m.get(&cookie) == Some(&token) {
             m.remove(&cookie);
+            shrink_sparse(&mut m);
         }
     }
 
@@ -939,6 +1171,7 @@ impl Registry {
         let mut m = lock(self.owner_shard(&t));
         if m.get(&t) == Some(&token) {
             m.remove(&t);
+            shrink_sparse(&mut m);
         }
     }
 
@@ -967,6 +1200,7 @@ impl Registry {
         let owner = owner_gone.then_some(rec.owner);
         if rec.refs == 0 {
             let rec = shard.remove(&token);
+            shrink_sparse(&mut shard);
             drop(shard);
             if let Some(c) = rec.as_ref().and_then(|r| r.owner.cookie) {
                 self.forget_cookie(token, c);
@@ -1071,11 +1305,7 @@ impl Registry {
                         owner_peer: r.owner.peer.to_string(),
                         owner_cgroup: truncate_path(&r.dmb.owner_cgroup.path),
                         token: with_token.then_some(r.dmb.token),
-                        inode: if with_token {
-                            fd_inode(&r.dmb.memfd)
-                        } else {
-                            None
-                        },
+                        inode: with_token.then(|| r.dmb.memfd.ino()),
                     }),
             );
         }
@@ -1125,6 +1355,7 @@ impl Registry {
             released_on_disconnect: c.released_on_disconnect.load(Relaxed),
             dmbs_reused: c.dmbs_reused.load(Relaxed),
             dmbs_pooled: self.totals.pooled.load(Relaxed),
+            dmbs_shelved: self.totals.shelved.load(Relaxed),
             ops: OpsStats {
                 query_gid: c.query_gid.snapshot(),
                 register: c.register.snapshot(),
@@ -1142,24 +1373,6 @@ impl Registry {
             cgroups,
         }
     }
-}
-
-/// Bytes of an open file that exist in memory (`st_blocks` × 512: a memfd's touched pages).
-fn fd_committed(fd: &OwnedFd) -> Option<u64> {
-    use std::os::fd::AsRawFd as _;
-    // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is an open fd we own (borrowed for the call), `st` a writable stat.
-    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some(st.st_blocks as u64 * 512)
-}
-
-/// Inode of an open file (a DMB's memfd).
-fn fd_inode(fd: &OwnedFd) -> Option<u64> {
-    use std::os::fd::AsRawFd as _;
-    // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is an open fd we own (borrowed for the call), `st` a writable stat.
-    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some(st.st_ino as u64)
 }
 
 /// At most this many cgroups are listed in [`Stats`] (the busiest first).

@@ -12,10 +12,11 @@
 //!   the bit off and, if it was set, rings the doorbell: one byte over the TCP connection.
 //! - `R.dmb[32..]`: the data ring.
 //!
-//! Local state ([`Shared`]) lives in a `MAP_SHARED` page of a sealed memfd created at handshake
-//! time, so threads and forked children see the same cursors, locks and flags; the memfd goes
-//! to the daemon with the registration, so that a process the socket moves to (`SCM_RIGHTS`,
-//! `exec`) shares it too ([`Conn::adopt`]).
+//! Local state ([`Shared`]) lives in `MAP_SHARED` memory the daemon keeps with our DMB: a
+//! 256-byte slot of a sealed page it shares among this process's connection ends (`PAIR`), or a
+//! sealed 4 KiB page of its own (`REGISTER`), so threads and forked children see the same
+//! cursors, locks and flags, and a process the socket moves to (`SCM_RIGHTS`, `exec`) shares
+//! it too ([`Conn::adopt`]).
 //!
 //! Split as Linux `net/smc` splits it: this file holds the connection, its shared state and its
 //! readiness; `smc_cdc` the cursors of the CDC headers, `smc_rx` reads, `smc_tx` writes,
@@ -174,7 +175,8 @@ const DRAINING: u32 = 1 << 31;
 /// sleeper that does not run — stopped, or killed while asleep — must not stall the others).
 pub const SETTLE_MAX_MS: u64 = 20;
 
-const _: () = assert!(std::mem::size_of::<Shared>() <= 4096);
+// It fits the slot the daemon hands out (`smc_ism::proto::STATE_SLOT`).
+const _: () = assert!(std::mem::size_of::<Shared>() <= smc_ism::proto::STATE_SLOT as usize);
 
 fn pack(c: Cursor) -> u64 {
     ((c.wrap as u64) << 32) | c.count as u64
@@ -391,10 +393,10 @@ impl Conn {
             .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
         let tx = Ring::for_dmb(peer.len())
             .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-        // The state page registered with our DMB, else an anonymous one (that connection
-        // cannot move to another process).
+        // The state registered with our DMB (a page, or a slot of one), else an anonymous page
+        // (that connection cannot move to another process).
         let shared = match state {
-            Some(m) if m.len() >= 4096 => m,
+            Some(m) if m.len() >= std::mem::size_of::<Shared>() => m,
             _ => Arc::new(Mapping::anon_shared(4096)?),
         };
         let c = Conn {
@@ -448,7 +450,7 @@ impl Conn {
         let bad = || std::io::Error::from_raw_os_error(libc::EINVAL);
         let rx = Ring::for_dmb(own.len()).ok_or_else(bad)?;
         let tx = Ring::for_dmb(peer.len()).ok_or_else(bad)?;
-        if state.len() < 4096 {
+        if state.len() < std::mem::size_of::<Shared>() {
             return Err(bad());
         }
         let mut c = Conn {
@@ -503,7 +505,8 @@ impl Conn {
 
     #[inline]
     pub fn sh(&self) -> &Shared {
-        // SAFETY: a private 4 KiB shared mapping holding one Shared (all atomics, zero-valid).
+        // SAFETY: a shared mapping (a page, or a slot of one) of at least one Shared (all
+        // atomics, zero-valid), checked when the connection was made; slots are 256-aligned.
         unsafe { &*(self.shared.as_ptr() as *const Shared) }
     }
 

@@ -120,10 +120,12 @@ pub fn keep(own: bool, id: u64, m: Arc<Mapping>, state: Option<Arc<Mapping>>) {
     drop(gone);
 }
 
-/// Zero the local state page of our own DMB before our connection uses it (a pooled DMB's
-/// page, kept with it by the daemon, holds its earlier connection's state).
+/// Zero the local state of our own DMB before our connection uses it (a pooled DMB's page, or
+/// its slot of a shared page, kept with it by the daemon, holds its earlier connection's
+/// state). Only the state's own bytes: a slot's page holds other connections' slots.
 pub fn clear_state(st: &Mapping) {
-    // SAFETY: a 4 KiB mapping of ours that nobody uses: a new DMB's page, or a pooled one's,
+    // SAFETY: a mapping of ours (a page, or the view of one slot: `st.len()` bytes from
+    // `as_ptr`) that nobody uses: a new DMB's state, or a pooled one's,
     // whose earlier connection closed in every process (only then is the DMB pooled), and the
     // daemon bound the DMB to our new connection, so no other process was handed the page
     // since (an adopted DMB is never bound again).

@@ -57,9 +57,7 @@ impl HeldDmb {
         };
         let state = match (kept_state, &d.state) {
             (Some(s), _) => Some(s),
-            (None, Some(fd)) if own => Some(Arc::new(
-                Mapping::new(fd.as_raw_fd(), 4096).map_err(|_| d.token)?,
-            )),
+            (None, Some(_)) if own => Some(Arc::new(d.map_state().map_err(|_| d.token)?)),
             (None, _) => None,
         };
         if own && d.id != 0 {

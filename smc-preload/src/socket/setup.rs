@@ -609,8 +609,10 @@ fn epoch_ms() -> u64 {
 }
 
 fn new_dev(pid: u32) -> *mut Dev {
+    let client = smc_ism::SharedClient::new(daemon_path());
+    client.set_state_slots(crate::util::config::config().state_slots);
     Box::into_raw(Box::new(Dev {
-        client: smc_ism::SharedClient::new(daemon_path()),
+        client,
         pid,
         gid: ForkOnce::new(),
         retry_after: AtomicU64::new(0),
@@ -910,7 +912,7 @@ pub(crate) fn adopt(fd: i32) -> Option<Conn> {
         if len < 4096 {
             return None;
         }
-        let state = crate::shm::Mapping::new(st.fd.as_raw_fd(), 4096).ok()?;
+        let state = st.map_state().ok()?;
         let (o, p) = (own.map().ok()?, peer.map().ok()?);
         Some((o, p, state))
     })();

@@ -23,6 +23,10 @@ pub struct Config {
     pub pipeline: bool,
     /// `SMC_PAIR` (not `0`): daemon `PAIR` requests when the daemon offers them.
     pub pair: bool,
+    /// `SMC_STATE_SLOTS` (not `0`): a connection end's local state is a 256-byte slot of a
+    /// page the daemon shares among this process's connection ends, when it offers that
+    /// (else a 4 KiB page each).
+    pub state_slots: bool,
     /// `SMC_ACCEPT_ASYNC` (not `0`): an accepted socket's handshake may continue after `accept`.
     pub accept_async: bool,
     /// `SMC_NO_SHORTCUT=1`: no sk_msg doorbell shortcut.
@@ -74,6 +78,7 @@ impl Config {
             dmb_size: var("SMC_DMB_SIZE").and_then(|v| v.parse().ok()),
             pipeline: not_0("SMC_PIPELINE"),
             pair: not_0("SMC_PAIR"),
+            state_slots: not_0("SMC_STATE_SLOTS"),
             accept_async: not_0("SMC_ACCEPT_ASYNC"),
             no_shortcut: is_1("SMC_NO_SHORTCUT"),
             short_bytes: num("SMC_SHORT_BYTES", 16 * 1024),

@@ -385,7 +385,8 @@ fn a_pooled_dmb_bound_again_starts_clean_without_a_kept_mapping() {
     let (cown, cpeer, sown, speer) = establish();
     // The connection ran: its cursors and close flags are in the client DMB's CDC header, its
     // state in the local state page the daemon keeps with that DMB.
-    // SAFETY: our own mappings of at least 4 KiB, used by no connection any more.
+    // SAFETY: our own mappings (the DMB's, and its state: a page or a slot, `st.len()` bytes),
+    // used by no connection any more.
     unsafe {
         std::ptr::write_bytes(cown.map.as_ptr(), 0xa5, smc_common::cdc::CDC_HEADER_LEN);
         let st = cown
@@ -418,7 +419,7 @@ fn a_pooled_dmb_bound_again_starts_clean_without_a_kept_mapping() {
         "the earlier connection's CDC header is left: {hdr:x?}"
     );
     let st = cown.state.as_ref().expect("its state page");
-    // SAFETY: as above, a 4 KiB page of ours.
+    // SAFETY: as above, our state mapping of `st.len()` bytes.
     let page = unsafe { std::slice::from_raw_parts(st.as_ptr() as *const u8, st.len()) };
     assert!(
         page.iter().all(|&b| b == 0),

@@ -1,0 +1,303 @@
+//! Files the daemon keeps without holding a descriptor for each: a DMB's memfd and a local
+//! state page stay reachable for as long as their record lives (for `OP_ADOPT`, a pooled DMB
+//! bound again, the samples of committed memory), but an established connection must not cost
+//! the daemon four descriptors (a DMB and a state page per end): under a hard
+//! `RLIMIT_NOFILE` of 20 000 that daemon served at most ~4 500 connections.
+//!
+//! A file is *shelved*: the daemon maps it (`PROT_NONE`, `MAP_SHARED`: never touched, no page
+//! of it counted to the daemon, only a VMA of the kernel's) and closes its descriptor; the
+//! mapping keeps the file alive. When the file is needed again, it is opened anew through the
+//! mapping (`/proc/self/map_files/START-END`, which `CAP_SYS_ADMIN` or
+//! `CAP_CHECKPOINT_RESTORE` may open: the daemon runs with them) and checked to be the same
+//! inode. The daemon's own mapping is the only way to it, so what it opens is what it shelved:
+//! nothing a client does can put another file there. What a client receives is unchanged (a
+//! descriptor of the same file, with its seals).
+//!
+//! When: only once kept files hold half of the daemon's descriptors (a daemon with a high
+//! limit never pays for it), and then those of DMBs that have lived
+//! [`super::DaemonConfig::shelve_after_ms`] (so that a short connection, and a pooled DMB bound
+//! again at once, never do), by a background sweep a few at a time (a burst of thousands took
+//! a CPU from the connections' pings for milliseconds); above three quarters, of any age; with
+//! only a few descriptors left, at once in the registration. Where the mapping cannot be made
+//! or opened (no capability, `vm.max_map_count` reached), the descriptor is kept, as before.
+//! Costs (this VM): `mmap` ~2 µs, the reopen ~5 µs, `munmap` at the end ~5 µs.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+/// Kept files that hold a descriptor of the daemon's (not shelved).
+static HELD: AtomicU64 = AtomicU64::new(0);
+
+/// How many descriptors kept files hold now.
+pub(crate) fn held_descriptors() -> u64 {
+    HELD.load(Relaxed)
+}
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+/// A file the daemon keeps: by descriptor, or shelved (see the module docs).
+pub(crate) struct KeptFile {
+    hold: Mutex<Hold>,
+    /// Mirrors `hold` (a lock-free check for the sweep).
+    shelved: AtomicBool,
+    /// Its size (that of the mapping when shelved).
+    len: usize,
+    /// Its inode (checked when it is opened again).
+    ino: u64,
+    /// Its committed bytes (`st_blocks` × 512) at the last sample.
+    committed: AtomicU64,
+}
+
+enum Hold {
+    /// Shared with the replies under way that pass it: closed when the last one is sent.
+    Fd(Arc<OwnedFd>),
+    /// The address of our `PROT_NONE` mapping of `len` bytes.
+    Shelved(usize),
+}
+
+fn lock(m: &Mutex<Hold>) -> MutexGuard<'_, Hold> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl KeptFile {
+    /// Keeps `fd`, a file of `len` bytes (a multiple of the page size).
+    pub(crate) fn new(fd: OwnedFd, len: u64) -> KeptFile {
+        let (ino, blocks) = stat(fd.as_fd()).unwrap_or((0, 0));
+        HELD.fetch_add(1, Relaxed);
+        KeptFile {
+            hold: Mutex::new(Hold::Fd(Arc::new(fd))),
+            shelved: AtomicBool::new(false),
+            len: len as usize,
+            ino,
+            committed: AtomicU64::new(blocks),
+        }
+    }
+
+    /// A descriptor of the file: the one kept, or, when shelved, a new one opened through the
+    /// mapping.
+    pub(crate) fn fd(&self) -> io::Result<Arc<OwnedFd>> {
+        let addr = match &*lock(&self.hold) {
+            Hold::Fd(f) => return Ok(f.clone()),
+            Hold::Shelved(a) => *a,
+        };
+        let f = open_mapping(addr, self.len)?;
+        match stat(f.as_fd()) {
+            Some((ino, _)) if ino == self.ino => Ok(Arc::new(f)),
+            _ => Err(io::Error::other("a shelved file reopened as another inode")),
+        }
+    }
+
+    /// Shelves the file: `Some(true)` when shelved now, `Some(false)` when it was already,
+    /// `None` when it keeps its descriptor (shelves do not work here, or the mapping failed).
+    pub(crate) fn shelve(&self) -> Option<bool> {
+        if !available() {
+            return None;
+        }
+        let mut h = lock(&self.hold);
+        let fd = match &*h {
+            Hold::Shelved(_) => return Some(false),
+            Hold::Fd(f) => f.clone(),
+        };
+        match map_none(fd.as_fd(), self.len) {
+            Ok(addr) => {
+                // Our descriptor goes (closed here, or once the replies using it are sent).
+                *h = Hold::Shelved(addr);
+                self.shelved.store(true, Relaxed);
+                HELD.fetch_sub(1, Relaxed);
+                Some(true)
+            }
+            Err(e) => {
+                log::debug!("cannot shelve a file of {} bytes: {e}", self.len);
+                None
+            }
+        }
+    }
+
+    pub(crate) fn is_shelved(&self) -> bool {
+        self.shelved.load(Relaxed)
+    }
+
+    /// Its inode.
+    pub(crate) fn ino(&self) -> u64 {
+        self.ino
+    }
+
+    /// Its committed bytes: sampled now when it has a descriptor (one `fstat`) or `refresh`
+    /// (shelved: a `stat` through the mapping, ~5 µs), else as last sampled.
+    pub(crate) fn committed(&self, refresh: bool) -> u64 {
+        let now = match &*lock(&self.hold) {
+            Hold::Fd(f) => stat(f.as_fd()).map(|s| s.1),
+            Hold::Shelved(a) if refresh => stat_mapping(*a, self.len).map(|s| s.1),
+            Hold::Shelved(_) => None,
+        };
+        match now {
+            Some(c) => {
+                self.committed.store(c, Relaxed);
+                c
+            }
+            None => self.committed.load(Relaxed),
+        }
+    }
+}
+
+impl Drop for KeptFile {
+    fn drop(&mut self) {
+        match *lock(&self.hold) {
+            // SAFETY: our own mapping of `len` bytes at `addr`, made by `map_none`, never
+            // handed out, unmapped once (here).
+            Hold::Shelved(addr) => unsafe {
+                libc::munmap(addr as *mut libc::c_void, self.len);
+            },
+            Hold::Fd(_) => {
+                HELD.fetch_sub(1, Relaxed);
+            }
+        }
+    }
+}
+
+/// Whether files can be shelved here (checked once: a memfd shelved and opened again).
+pub(crate) fn available() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        let direct = || -> io::Result<()> {
+            let f = crate::sys::create_state_memfd(4096)?;
+            let addr = map_none(f.as_fd(), 4096)?;
+            let r = open_mapping(addr, 4096).map(drop);
+            // SAFETY: the mapping just made, unmapped once.
+            unsafe { libc::munmap(addr as *mut libc::c_void, 4096) };
+            r
+        };
+        match direct() {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!(
+                    "cannot reopen files through /proc/self/map_files ({e}): the daemon keeps a \
+                     descriptor per DMB and per state page (CAP_SYS_ADMIN or \
+                     CAP_CHECKPOINT_RESTORE lifts this)"
+                );
+                false
+            }
+        }
+    })
+}
+
+/// Maps `len` bytes of `fd` shared, without access.
+fn map_none(fd: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+    // SAFETY: a new mapping chosen by the kernel; nothing of ours is replaced; `PROT_NONE`: it
+    // is never accessed.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p as usize)
+}
+
+fn map_path(addr: usize, len: usize) -> std::ffi::CString {
+    let s = format!("/proc/self/map_files/{:x}-{:x}", addr, addr + len);
+    // No NUL in a formatted path.
+    std::ffi::CString::new(s).unwrap_or_default()
+}
+
+/// Opens the file mapped at `addr` (our mapping of `len` bytes) read-write.
+fn open_mapping(addr: usize, len: usize) -> io::Result<OwnedFd> {
+    let p = map_path(addr, len);
+    // SAFETY: a valid C string; a new descriptor or an error.
+    let fd = unsafe { libc::open(p.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor of ours.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Inode and committed bytes of an open file.
+fn stat(fd: BorrowedFd<'_>) -> Option<(u64, u64)> {
+    // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open (borrowed for the call), `st` a writable stat.
+    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0)
+        .then_some((st.st_ino as u64, st.st_blocks as u64 * 512))
+}
+
+/// The same of the file mapped at `addr`, through the mapping (no descriptor).
+fn stat_mapping(addr: usize, len: usize) -> Option<(u64, u64)> {
+    let p = map_path(addr, len);
+    // SAFETY: as in `stat`.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and a writable stat.
+    (unsafe { libc::stat(p.as_ptr(), &mut st) } == 0)
+        .then_some((st.st_ino as u64, st.st_blocks as u64 * 512))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_at(fd: BorrowedFd<'_>, off: i64, b: &[u8]) {
+        // SAFETY: a valid buffer of its length.
+        let r = unsafe { libc::pwrite(fd.as_raw_fd(), b.as_ptr().cast(), b.len(), off) };
+        assert_eq!(r, b.len() as isize);
+    }
+
+    fn read_at(fd: BorrowedFd<'_>, off: i64, n: usize) -> Vec<u8> {
+        let mut b = vec![0u8; n];
+        // SAFETY: a valid buffer of its length.
+        let r = unsafe { libc::pread(fd.as_raw_fd(), b.as_mut_ptr().cast(), n, off) };
+        assert_eq!(r, n as isize);
+        b
+    }
+
+    /// Descriptors of this process open on the file of inode `ino` (other tests run
+    /// alongside: only this file's are counted).
+    fn fds_of(ino: u64) -> usize {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::metadata(e.ok()?.path()).ok())
+            .filter(|m| m.ino() == ino && m.nlink() == 0)
+            .count()
+    }
+
+    #[test]
+    fn a_shelved_file_is_the_same_file_without_a_descriptor() {
+        if !available() {
+            eprintln!("skipped: /proc/self/map_files cannot be opened here (not root?)");
+            return;
+        }
+        let f = crate::sys::create_dmb_memfd(64 * 1024).unwrap();
+        write_at(f.as_fd(), 20_000, b"kept");
+        let k = KeptFile::new(f, 64 * 1024);
+        let before = k.committed(false);
+        assert!(before >= 4096, "{before}");
+        let held = k.fd().unwrap();
+        assert_eq!(fds_of(k.ino()), 1);
+        assert_eq!(k.shelve(), Some(true));
+        assert!(k.is_shelved());
+        assert_eq!(k.shelve(), Some(false));
+        // A reply under way still has its descriptor; then ours is gone.
+        assert_eq!(read_at(held.as_fd(), 20_000, 4), b"kept");
+        drop(held);
+        assert_eq!(fds_of(k.ino()), 0, "the daemon's descriptor is gone");
+        let again = k.fd().unwrap();
+        assert_eq!(read_at(again.as_fd(), 20_000, 4), b"kept");
+        write_at(again.as_fd(), 100, b"back");
+        drop(again);
+        let third = k.fd().unwrap();
+        assert_eq!(read_at(third.as_fd(), 100, 4), b"back");
+        // Still sealed: it cannot grow or shrink.
+        // SAFETY: ftruncate of our descriptor.
+        assert_ne!(unsafe { libc::ftruncate(third.as_raw_fd(), 4096) }, 0);
+        drop(third);
+        assert_eq!(k.committed(true), 8192);
+        assert_eq!(fds_of(k.ino()), 0);
+    }
+}
