@@ -199,17 +199,52 @@ pub unsafe fn recv_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
         // SAFETY: the caller's buffers.
         return unsafe { recv_iov(fd, iov, flags) };
     };
+    // SAFETY: the caller's buffers.
+    Some(unsafe { recv_in(&call, fd, iov, flags) })
+}
+
+/// A read on the connection of `call`, made through the number `fd` (which another thread may
+/// have closed since: the connection stays `call`'s, never what the number names now).
+unsafe fn recv_in(call: &InCall, fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
     let (c, o) = (call.conn(), call.obj());
     if flags & libc::MSG_TRUNC == 0 && !user_range_ok(iov) {
-        return Some(fail(libc::EFAULT));
+        return fail(libc::EFAULT);
     }
     match c.recv(fd, iov, flags) {
         Err(crate::conn::E_TCP) if crate::lifecycle::continue_on_tcp(fd, o) => {
             // SAFETY: the caller's buffers.
-            Some(unsafe { crate::member::recv(c.io_now(fd), iov, flags) })
+            unsafe { crate::member::recv(c.io_now(fd), iov, flags) }
         }
-        Err(crate::conn::E_TCP) => Some(ret(c.recv(fd, iov, flags))),
-        r => Some(ret(r)),
+        Err(crate::conn::E_TCP) => ret(c.recv(fd, iov, flags)),
+        r => ret(r),
+    }
+}
+
+/// The connection at `fd`, held for a call made of several reads or writes (`sendfile`,
+/// `splice`, `recvmmsg`, `sendmmsg`): as the kernel holds the file for the whole system call,
+/// each part goes to this connection even when another thread closes the number meanwhile and
+/// it names another file (`tests/redteam/rt5.c sendfile_reuse`, `splice_reuse`,
+/// `sendmmsg_reuse`, `recvmmsg_reuse`). `None`: not an established SMC connection (yet).
+fn hold(fd: c_int, op: Op) -> Option<InCall> {
+    let o = conn_of_op(fd, op)?;
+    o.conn()?;
+    InCall::enter(fd, o)
+}
+
+/// `write(fd, b)` for a part of a composed call: on the held connection `call` when there is
+/// one ([`hold`]).
+unsafe fn write_part(call: Option<&InCall>, fd: c_int, b: &[u8]) -> ssize_t {
+    match call {
+        Some(call) => {
+            let v = [iovec {
+                iov_base: b.as_ptr() as *mut c_void,
+                iov_len: b.len(),
+            }];
+            // SAFETY: `v` is the caller's `b`, readable.
+            unsafe { send_in(call, fd, &v, 0) }
+        }
+        // SAFETY: `b` is readable for its length.
+        None => unsafe { write(fd, b.as_ptr() as *const c_void, b.len()) },
     }
 }
 
@@ -236,9 +271,15 @@ pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
         // SAFETY: the caller's buffers.
         return unsafe { send_iov(fd, iov, flags) };
     };
+    // SAFETY: the caller's buffers.
+    Some(unsafe { send_in(&call, fd, iov, flags) })
+}
+
+/// A write on the connection of `call`, made through the number `fd` (see [`recv_in`]).
+unsafe fn send_in(call: &InCall, fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
     let (c, o) = (call.conn(), call.obj());
     if !user_range_ok(iov) {
-        return Some(fail(libc::EFAULT));
+        return fail(libc::EFAULT);
     }
     match c.send(fd, iov, flags) {
         Err(crate::conn::E_TCP) if crate::lifecycle::continue_on_tcp(fd, o) => {
@@ -247,10 +288,10 @@ pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
             m.msg_iov = iov.as_ptr() as *mut iovec;
             m.msg_iovlen = iov.len() as _;
             // SAFETY: the caller's buffers.
-            Some(unsafe { real::sendmsg(c.io_now(fd), &m, flags) })
+            unsafe { real::sendmsg(c.io_now(fd), &m, flags) }
         }
-        Err(crate::conn::E_TCP) => Some(ret(c.send(fd, iov, flags))),
-        r => Some(ret(r)),
+        Err(crate::conn::E_TCP) => ret(c.send(fd, iov, flags)),
+        r => ret(r),
     }
 }
 
@@ -489,32 +530,69 @@ pub unsafe fn recvmmsg(
     flags: c_int,
     t: *mut libc::timespec,
 ) -> c_int {
-    if slow(fd) && conn_of(fd).is_some() && !msgs.is_null() {
-        let mut done = 0u32;
-        for i in 0..n {
-            let f = if done > 0 {
-                flags | libc::MSG_DONTWAIT
+    let dontwait = flags & libc::MSG_DONTWAIT != 0;
+    if slow(fd) && !msgs.is_null() && flags & libc::MSG_ERRQUEUE == 0 {
+        if let Some(call) = hold(fd, Op::Read { dontwait }) {
+            // As `__sys_recvmmsg`: every message blocks unless MSG_DONTWAIT (MSG_WAITFORONE:
+            // from the second on); the timeout is looked at only after a message, and what is
+            // left of it written back.
+            let deadline = if t.is_null() {
+                None
             } else {
-                flags
-            };
-            // SAFETY: `msgs` is non-null (checked above) and, by recvmmsg(2)'s contract, holds `n >
-            // i` writable mmsghdrs.
-            let mh = unsafe { &mut *msgs.add(i as usize) };
-            // SAFETY: `mh.msg_hdr` is one of the caller's msghdrs, with recvmsg(2)'s contract.
-            let r = unsafe { recvmsg(fd, &mut mh.msg_hdr, f) };
-            if r < 0 {
-                if done > 0 {
-                    break;
+                // SAFETY: `t` is non-null and the caller's timespec (recvmmsg(2)'s contract).
+                let ts = unsafe { *t };
+                if ts.tv_sec < 0 || !(0..1_000_000_000).contains(&ts.tv_nsec) {
+                    return fail(libc::EINVAL) as c_int;
                 }
-                return -1;
+                let d = std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32);
+                Some(std::time::Instant::now().checked_add(d))
+            };
+            let mut f = flags & !libc::MSG_WAITFORONE;
+            let mut done = 0u32;
+            while done < n {
+                // SAFETY: `msgs` is non-null (checked above) and, by recvmmsg(2)'s contract,
+                // holds `n > done` writable mmsghdrs.
+                let mh = unsafe { &mut *msgs.add(done as usize) };
+                let m = &mut mh.msg_hdr;
+                // SAFETY: the msghdr's iovec array, as the caller gave it.
+                let r = match unsafe { iov_slice(m.msg_iov, m.msg_iovlen as c_int) } {
+                    Ok(v) => {
+                        // SAFETY: the caller's iovecs over writable buffers.
+                        unsafe { recv_in(&call, fd, v, f) }
+                    }
+                    Err(e) => fail(e),
+                };
+                if r < 0 {
+                    if done > 0 {
+                        break;
+                    }
+                    return -1;
+                }
+                m.msg_namelen = 0;
+                m.msg_controllen = 0;
+                m.msg_flags = 0;
+                mh.msg_len = r as u32;
+                done += 1;
+                if flags & libc::MSG_WAITFORONE != 0 {
+                    f |= libc::MSG_DONTWAIT;
+                }
+                if let Some(d) = deadline {
+                    let left = d.map_or(std::time::Duration::MAX, |d| {
+                        d.saturating_duration_since(std::time::Instant::now())
+                    });
+                    // SAFETY: `t` is non-null (a deadline exists) and the caller's writable
+                    // timespec.
+                    unsafe {
+                        (*t).tv_sec = left.as_secs().min(i64::MAX as u64) as libc::time_t;
+                        (*t).tv_nsec = left.subsec_nanos() as libc::c_long;
+                    }
+                    if left.is_zero() {
+                        break;
+                    }
+                }
             }
-            mh.msg_len = r as u32;
-            done += 1;
-            if r == 0 {
-                break;
-            }
+            return done as c_int;
         }
-        return done as c_int;
     }
     // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
     // `recvmmsg`.
@@ -528,24 +606,33 @@ pub unsafe fn sendmmsg(
     flags: c_int,
 ) -> c_int {
     let dontwait = flags & libc::MSG_DONTWAIT != 0;
-    if slow(fd) && conn_of_op(fd, Op::Write { dontwait }).is_some() && !msgs.is_null() {
-        let mut done = 0u32;
-        for i in 0..n {
-            // SAFETY: `msgs` is non-null (checked above) and, by sendmmsg(2)'s contract, holds `n >
-            // i` mmsghdrs (their `msg_len` written back).
-            let mh = unsafe { &mut *msgs.add(i as usize) };
-            // SAFETY: `mh.msg_hdr` is one of the caller's msghdrs, with sendmsg(2)'s contract.
-            let r = unsafe { sendmsg(fd, &mh.msg_hdr, flags) };
-            if r < 0 {
-                if done > 0 {
-                    break;
+    if slow(fd) && !msgs.is_null() {
+        if let Some(call) = hold(fd, Op::Write { dontwait }) {
+            let mut done = 0u32;
+            while done < n {
+                // SAFETY: `msgs` is non-null (checked above) and, by sendmmsg(2)'s contract,
+                // holds `n > done` mmsghdrs (their `msg_len` written back).
+                let mh = unsafe { &mut *msgs.add(done as usize) };
+                let m = &mh.msg_hdr;
+                // SAFETY: the msghdr's iovec array, as the caller gave it.
+                let r = match unsafe { iov_slice(m.msg_iov, m.msg_iovlen as c_int) } {
+                    Ok(v) => {
+                        // SAFETY: the caller's iovecs over readable buffers.
+                        unsafe { send_in(&call, fd, v, flags) }
+                    }
+                    Err(e) => fail(e),
+                };
+                if r < 0 {
+                    if done > 0 {
+                        break;
+                    }
+                    return -1;
                 }
-                return -1;
+                mh.msg_len = r as u32;
+                done += 1;
             }
-            mh.msg_len = r as u32;
-            done += 1;
+            return done as c_int;
         }
-        return done as c_int;
     }
     // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
     // `sendmmsg`.
@@ -1364,6 +1451,18 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t)
             unsafe { libc::lseek(inp, p + done as i64, libc::SEEK_SET) };
         }
     };
+    // Each connection is held for the whole call: its parts never go to another file that
+    // took a number closed meanwhile (see [`hold`]).
+    let out_call = if out_smc {
+        hold(out, Op::Write { dontwait: false })
+    } else {
+        None
+    };
+    let in_call = if in_smc {
+        hold(inp, Op::Read { dontwait: false })
+    } else {
+        None
+    };
     let mut buf = vec![0u8; XFER.min(n.max(1))];
     let mut done = 0usize;
     while done < n {
@@ -1371,8 +1470,18 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t)
         let r = if in_smc {
             // sendfile from a socket: like read(); only a non-blocking first read may fail.
             let f = if done > 0 { libc::MSG_DONTWAIT } else { 0 };
-            // SAFETY: reads at most `want <= buf.len()` bytes into our own `buf`.
-            unsafe { recv(inp, buf.as_mut_ptr() as *mut c_void, want, f) }
+            match &in_call {
+                Some(call) => {
+                    let v = [iovec {
+                        iov_base: buf.as_mut_ptr() as *mut c_void,
+                        iov_len: want,
+                    }];
+                    // SAFETY: `v` is `want <= buf.len()` bytes of our own `buf`.
+                    unsafe { recv_in(call, inp, &v, f) }
+                }
+                // SAFETY: reads at most `want <= buf.len()` bytes into our own `buf`.
+                None => unsafe { recv(inp, buf.as_mut_ptr() as *mut c_void, want, f) },
+            }
         } else if let Some(p) = pos {
             // SAFETY: reads at most `want <= buf.len()` bytes into our own `buf`.
             unsafe { libc::pread(inp, buf.as_mut_ptr() as *mut c_void, want, p + done as i64) }
@@ -1402,9 +1511,8 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t)
         }
         let mut w = 0usize;
         while w < r as usize {
-            // SAFETY: `w < r <= buf.len()`: writes the `r - w` bytes of our own `buf` not yet
-            // written.
-            let x = unsafe { write(out, buf.as_ptr().add(w) as *const c_void, r as usize - w) };
+            // SAFETY: `w < r <= buf.len()`: the `r - w` bytes of our own `buf` not yet written.
+            let x = unsafe { write_part(out_call.as_ref(), out, &buf[w..r as usize]) };
             if x < 0 {
                 if done + w > 0 {
                     // Bytes read but not written are lost for a socket source; for a file we
@@ -1455,10 +1563,23 @@ pub unsafe fn splice(
     let want = n.min(XFER);
     let mut buf = vec![0u8; want.max(1)];
     if in_smc {
+        // Held for the whole call (see [`hold`]): the bytes consumed are those peeked.
+        let in_call = hold(fin, Op::Read { dontwait: nb });
+        let rd = |p: *mut c_void, len: usize, f: c_int| match &in_call {
+            Some(call) => {
+                let v = [iovec {
+                    iov_base: p,
+                    iov_len: len,
+                }];
+                // SAFETY: `v` is `len` bytes of our own `buf`, or nothing with MSG_TRUNC.
+                unsafe { recv_in(call, fin, &v, f) }
+            }
+            // SAFETY: as above.
+            None => unsafe { recv(fin, p, len, f) },
+        };
         // Peek first so that bytes the pipe cannot take stay in the ring.
         let f = libc::MSG_PEEK | if nb { libc::MSG_DONTWAIT } else { 0 };
-        // SAFETY: peeks at most `want <= buf.len()` bytes into our own `buf`.
-        let r = unsafe { recv(fin, buf.as_mut_ptr() as *mut c_void, want, f) };
+        let r = rd(buf.as_mut_ptr() as *mut c_void, want, f);
         if r <= 0 {
             return r;
         }
@@ -1480,23 +1601,20 @@ pub unsafe fn splice(
         if w <= 0 {
             return w;
         }
-        // Consume exactly what went out.
-        // SAFETY: MSG_TRUNC discards the bytes without copying them: the null buffer is never
-        // touched.
-        let _ = unsafe {
-            recv(
-                fin,
-                std::ptr::null_mut(),
-                w as usize,
-                libc::MSG_TRUNC | libc::MSG_DONTWAIT,
-            )
-        };
+        // Consume exactly what went out (MSG_TRUNC discards the bytes without copying them:
+        // the null buffer is never touched).
+        let _ = rd(
+            std::ptr::null_mut(),
+            w as usize,
+            libc::MSG_TRUNC | libc::MSG_DONTWAIT,
+        );
         return w;
     }
     // Into an SMC socket from a pipe or file: read only what the ring takes now (bytes taken
     // from a pipe cannot be put back), then write all of it.
     let mut want = want;
-    if let Some(call) = conn_of(fout).and_then(|o| InCall::enter(fout, o)) {
+    let out_call = conn_of(fout).and_then(|o| InCall::enter(fout, o));
+    if let Some(call) = &out_call {
         let c = call.conn();
         {
             loop {
@@ -1536,8 +1654,8 @@ pub unsafe fn splice(
     }
     let mut w = 0usize;
     while w < r as usize {
-        // SAFETY: `w < r <= buf.len()`: writes the `r - w` bytes of our own `buf` not yet written.
-        let x = unsafe { write(fout, buf.as_ptr().add(w) as *const c_void, r as usize - w) };
+        // SAFETY: `w < r <= buf.len()`: the `r - w` bytes of our own `buf` not yet written.
+        let x = unsafe { write_part(out_call.as_ref(), fout, &buf[w..r as usize]) };
         if x < 0 {
             return if w > 0 { w as ssize_t } else { -1 };
         }

@@ -32,6 +32,8 @@ scenarios! {
     full_duplex: 1;
     readv_writev: 1;
     sendmmsg_recvmmsg: 1;
+    recvmmsg_waits_for_every_message: 1;
+    recvmmsg_waitforone: 1;
     dup_then_close_original: 1;
     fork_child_keeps_closed_conn: 4;
     dup_mid_handshake_both_used: 1;
@@ -85,6 +87,7 @@ scenarios! {
     dup2_over_recv_blocked: 1;
     socket_reuses_number_while_recv_blocked: 2;
     close_while_send_blocked: 1;
+    close_while_sendfile_blocked: 1;
     close_while_poll_blocked: 1;
     double_close: 1;
     // connect
@@ -2055,6 +2058,94 @@ fn close_while_send_blocked() {
     close(rp);
     close(wp);
     close(c);
+}
+
+/// `sendfile` from a file into a socket whose peer does not read yet, blocked; another thread
+/// closes the socket's number and a pipe takes it: the call goes on with the socket it started
+/// on (the kernel holds the file for the whole call), never with what the number names now.
+fn close_while_sendfile_blocked() {
+    let (c, s) = pair();
+    static T: AtomicI32 = AtomicI32::new(0);
+    let data: Vec<u8> = (0..(24usize << 20))
+        .map(|i| (i ^ (i >> 13)) as u8)
+        .collect();
+    let want = digest(&data);
+    // SAFETY: a plain memfd, filled with `data` and rewound.
+    let f = unsafe { libc::memfd_create(c"conform-sendfile".as_ptr(), 0) };
+    write_all(f, &data);
+    // SAFETY: plain lseek on our memfd.
+    unsafe { libc::lseek(f, 0, libc::SEEK_SET) };
+    let n = data.len();
+    let h = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        // SAFETY: fd numbers and a NULL offset (the file's own).
+        unsafe { libc::sendfile(s, f, std::ptr::null_mut(), n) }
+    });
+    wait_blocked(&T);
+    r("close(s) while sendfile blocks", close(s) as isize);
+    let (rp, wp) = pipe_at(s);
+    let got = read_n(c, 32 << 20);
+    let k = h.join().unwrap();
+    log(format!("blocked sendfile = {k}"));
+    log(format!(
+        "peer got {} [{}] want [{want}]",
+        got.len(),
+        digest(&got)
+    ));
+    pl("poll(pipe,IN) untouched", rp, libc::POLLIN, 0);
+    close(rp);
+    close(wp);
+    close(f);
+    close(c);
+}
+
+/// recvmmsg with 3 messages of 4 bytes and no flags blocks until it has all three (as
+/// `__sys_recvmmsg` does: only MSG_WAITFORONE or MSG_DONTWAIT make the later ones not wait);
+/// the peer writes them 100 ms apart.
+fn recvmmsg_waits_for_every_message() {
+    recvmmsg_paced(0);
+}
+
+/// The same with MSG_WAITFORONE: it returns once the first message is in.
+fn recvmmsg_waitforone() {
+    recvmmsg_paced(libc::MSG_WAITFORONE);
+}
+
+fn recvmmsg_paced(flags: c_int) {
+    let (c, s) = pair();
+    static T: AtomicI32 = AtomicI32::new(0);
+    T.store(0, Ordering::Release);
+    let h = std::thread::spawn(move || {
+        let mut rb = [[0u8; 4]; 3];
+        let mut riov: Vec<libc::iovec> = rb
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: 4,
+            })
+            .collect();
+        // SAFETY: zeroed mmsghdr is valid.
+        let mut rm: Vec<libc::mmsghdr> = (0..3).map(|_| unsafe { std::mem::zeroed() }).collect();
+        for (m, io) in rm.iter_mut().zip(riov.iter_mut()) {
+            m.msg_hdr.msg_iov = io;
+            m.msg_hdr.msg_iovlen = 1;
+        }
+        T.store(gettid(), Ordering::Release);
+        // SAFETY: `rm` holds 3 mmsghdrs whose iovecs point into the writable `rb`; no timeout.
+        let n = unsafe { libc::recvmmsg(s, rm.as_mut_ptr(), 3, flags, std::ptr::null_mut()) };
+        let lens: Vec<u32> = rm.iter().map(|m| m.msg_len).collect();
+        (n, lens, digest(&rb.concat()))
+    });
+    wait_blocked(&T);
+    for m in [b"aaaa", b"bbbb", b"cccc"] {
+        write_all(c, m);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (n, lens, d) = h.join().unwrap();
+    log(format!("recvmmsg(s) = {n} lens {lens:?} [{d}]"));
+    close(c);
+    rd("read(s) rest, then the end", s, 100);
+    close(s);
 }
 
 fn close_while_poll_blocked() {
