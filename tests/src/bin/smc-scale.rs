@@ -16,6 +16,20 @@
 //!   mappings, DMB mappings (`memfd:smc-dmb`), CPU time used during the rounds. `smcd_conns` is
 //!   the number of client connection ends with their two DMBs mapped (distinct DMB inodes / 2).
 //!
+//! More connections than one process holds (a descriptor each, within `RLIMIT_NOFILE`; three
+//! mappings each, within `vm.max_map_count`) are spread over processes:
+//! - `smc-scale server PORT WORKERS` (WORKERS > 1) listens on 0.0.0.0 and forks WORKERS
+//!   processes that share the listener, each accepting up to its share (at most 16 000, see
+//!   `per_process`), answering `P` with the first process's pid;
+//! - the client forks as many workers as N needs (`SMC_SCALE_WORKERS=W` to choose), each with
+//!   its share of the N connections; they set up, wait for each other, ping their rounds at the
+//!   same time and send their figures to the first process, which prints the one JSON object
+//!   for all of them (percentiles over all pings; memory, descriptors and mappings summed over
+//!   all client and all server processes, plus `client_procs` and `server_procs`) while they
+//!   still hold their connections. Beyond 3/4 of the ephemeral ports
+//!   (`net.ipv4.ip_local_port_range`) the connections go to 127.0.0.1 … 127.0.0.A in turn (a
+//!   server with WORKERS > 1 listens on all of them).
+//!
 //! `SMC_SCALE_NOFILE_ROOM=R` instead lowers it to leave exactly R descriptors above those open
 //! at the start (a program sized for its own needs, at its limit).
 //!

@@ -442,8 +442,10 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
 /// 64 B once a second for 3 rounds: connections on SMC-D, setup rate, p50 and p99 ping, memory
 /// per connection (RSS and PSS of client, server and daemon together, divided by N),
 /// descriptors.
-/// N = 1000 and 10 000; 65 536 with `SMC_BENCH_SCALE_65K=1` (it needs the daemon's and the
-/// programs' `RLIMIT_NOFILE` and `vm.max_map_count` raised: see docs/OPERATIONS.md).
+/// N = 1000 and 10 000; 65 536 with `SMC_BENCH_SCALE_65K=1`, any others with
+/// `SMC_BENCH_SCALE_N=20000,40000`. Beyond 16 000 connections both programs spread them over
+/// processes (the hard `RLIMIT_NOFILE` of 20 000 here); 65 536 need `vm.max_map_count` raised
+/// for the daemon's shelved files (docs/OPERATIONS.md).
 fn scale_cases(helper: &str) -> Vec<Case> {
     let bin = Path::new(helper)
         .with_file_name("smc-scale")
