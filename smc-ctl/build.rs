@@ -29,6 +29,16 @@ fn main() -> anyhow::Result<()> {
         .no_deps()
         .exec()
         .context("cargo metadata")?;
+    // aya-build watches the eBPF crate's own directory only: the constants the programs take
+    // from smc-common (map sizes, layouts) must rebuild them too (a changed `MAX_SOCKETS` was
+    // left out of the object).
+    for p in &metadata.packages {
+        if p.name.as_str() == "smc-common" {
+            if let Some(dir) = p.manifest_path.parent() {
+                println!("cargo:rerun-if-changed={dir}");
+            }
+        }
+    }
     let ebpf = metadata
         .packages
         .into_iter()

@@ -154,8 +154,11 @@ pub const MAP_TRACE: &str = "SMC_TRACE";
 /// aya-log's ring buffer of those lines (the name is aya-log's).
 pub const MAP_LOGS: &str = "AYA_LOGS";
 
-/// Entries of the same-host map and of the SOCKHASH.
-pub const MAX_SOCKETS: u32 = 65536;
+/// Entries of the same-host maps and of the SOCKHASH: sockets, two per connection. Issue 14's
+/// 65 536 connections are 131 072 sockets; the same-host maps are LRU (an evicted live entry
+/// makes its connection's same-host checks fail), and `MAP_TCP_PEERS` keeps closed sockets
+/// until evicted, hence twice that. Each LRU map preallocates its entries (about 30 MB each).
+pub const MAX_SOCKETS: u32 = 262_144;
 
 /// Per-CPU counters, indices into [`MAP_COUNTERS`]. Keep [`Counter::ALL`] in order.
 #[repr(u32)]

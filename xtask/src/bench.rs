@@ -39,7 +39,8 @@
 //! fallback-pp, fallback-conn, and `nginx-close[-smcd][-16k][-c1000]` (Connection: close with
 //! the short-connection policy on / off (`-smcd`: every connection SMC-D), 1 KiB / 16 KiB
 //! bodies, 50 / 1000 connections), `scale-1k`, `scale-10k` (N connections pinging once a
-//! second), `scale-idle-10`, `scale-idle-1k`, `scale-idle-4k` (N connections in one epoll set,
+//! second; `scale-65k` with `SMC_BENCH_SCALE_65K=1`, `scale-20k`, `scale-40k`, … with
+//! `SMC_BENCH_SCALE_N=20000,40000`), `scale-idle-10`, `scale-idle-1k`, `scale-idle-4k` (N connections in one epoll set,
 //! one of them pinging every millisecond).
 use std::{
     cell::Cell as StdCell,

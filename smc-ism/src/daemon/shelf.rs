@@ -19,7 +19,8 @@
 //! again at once, never do), by a background sweep a few at a time (a burst of thousands took
 //! a CPU from the connections' pings for milliseconds); above three quarters, of any age; with
 //! only a few descriptors left, at once in the registration. Where the mapping cannot be made
-//! or opened (no capability, `vm.max_map_count` reached), the descriptor is kept, as before.
+//! or opened (no capability, `vm.max_map_count` less a reserve of 4096 reached), the
+//! descriptor is kept, as before.
 //! Costs (this VM): `mmap` ~2 µs, the reopen ~5 µs, `munmap` at the end ~5 µs.
 
 use std::io;
@@ -32,6 +33,41 @@ static HELD: AtomicU64 = AtomicU64::new(0);
 /// How many descriptors kept files hold now.
 pub(crate) fn held_descriptors() -> u64 {
     HELD.load(Relaxed)
+}
+
+/// Shelved files (a mapping each).
+static SHELVED: AtomicU64 = AtomicU64::new(0);
+
+/// Mappings below `vm.max_map_count` that shelves leave to the rest of the daemon: a thread it
+/// starts (tokio's blocking pool comes and goes) maps its stack and its signal stack, and
+/// Rust's runtime aborts the process when the latter fails (a daemon that shelved up to the
+/// limit, 65 530 mappings, aborted at its next thread: issue 14's 65 536 connections); malloc
+/// maps arenas and large blocks. 4096: about a thousand threads.
+const MAP_RESERVE: u64 = 4096;
+
+/// Whether one more file may be shelved within `vm.max_map_count` less [`MAP_RESERVE`] (read
+/// again near the limit: it may have been raised).
+fn shelf_room() -> bool {
+    static LIMIT: AtomicU64 = AtomicU64::new(0);
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let n = SHELVED.load(Relaxed);
+    let lim = LIMIT.load(Relaxed);
+    if lim != 0 && n + MAP_RESERVE < lim {
+        return true;
+    }
+    let lim = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(65_530);
+    LIMIT.store(lim, Relaxed);
+    let room = n + MAP_RESERVE < lim;
+    if !room && !WARNED.swap(true, Relaxed) {
+        log::warn!(
+            "{n} files shelved: vm.max_map_count ({lim}) leaves no room for more; new ones keep \
+             their descriptors (raise it: docs/OPERATIONS.md)"
+        );
+    }
+    room
 }
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -98,8 +134,12 @@ impl KeptFile {
             Hold::Shelved(_) => return Some(false),
             Hold::Fd(f) => f.clone(),
         };
+        if !shelf_room() {
+            return None;
+        }
         match map_none(fd.as_fd(), self.len) {
             Ok(addr) => {
+                SHELVED.fetch_add(1, Relaxed);
                 // Our descriptor goes (closed here, or once the replies using it are sent).
                 *h = Hold::Shelved(addr);
                 self.shelved.store(true, Relaxed);
@@ -143,11 +183,12 @@ impl KeptFile {
 impl Drop for KeptFile {
     fn drop(&mut self) {
         match *lock(&self.hold) {
-            // SAFETY: our own mapping of `len` bytes at `addr`, made by `map_none`, never
-            // handed out, unmapped once (here).
-            Hold::Shelved(addr) => unsafe {
-                libc::munmap(addr as *mut libc::c_void, self.len);
-            },
+            Hold::Shelved(addr) => {
+                // SAFETY: our own mapping of `len` bytes at `addr`, made by `map_none`, never
+                // handed out, unmapped once (here).
+                unsafe { libc::munmap(addr as *mut libc::c_void, self.len) };
+                SHELVED.fetch_sub(1, Relaxed);
+            }
             Hold::Fd(_) => {
                 HELD.fetch_sub(1, Relaxed);
             }

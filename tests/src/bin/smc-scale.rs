@@ -16,6 +16,20 @@
 //!   mappings, DMB mappings (`memfd:smc-dmb`), CPU time used during the rounds. `smcd_conns` is
 //!   the number of client connection ends with their two DMBs mapped (distinct DMB inodes / 2).
 //!
+//! More connections than one process holds (a descriptor each, within `RLIMIT_NOFILE`; three
+//! mappings each, within `vm.max_map_count`) are spread over processes:
+//! - `smc-scale server PORT WORKERS` (WORKERS > 1) listens on 0.0.0.0 and forks WORKERS
+//!   processes that share the listener, each accepting up to its share (at most 16 000, see
+//!   `per_process`), answering `P` with the first process's pid;
+//! - the client forks as many workers as N needs (`SMC_SCALE_WORKERS=W` to choose), each with
+//!   its share of the N connections; they set up, wait for each other, ping their rounds at the
+//!   same time and send their figures to the first process, which prints the one JSON object
+//!   for all of them (percentiles over all pings; memory, descriptors and mappings summed over
+//!   all client and all server processes, plus `client_procs` and `server_procs`) while they
+//!   still hold their connections. Beyond 3/4 of the ephemeral ports
+//!   (`net.ipv4.ip_local_port_range`) the connections go to 127.0.0.1 … 127.0.0.A in turn (a
+//!   server with WORKERS > 1 listens on all of them).
+//!
 //! `SMC_SCALE_NOFILE_ROOM=R` instead lowers it to leave exactly R descriptors above those open
 //! at the start (a program sized for its own needs, at its limit).
 //!
@@ -38,14 +52,15 @@ fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
     let a: Vec<&str> = args.iter().map(String::as_str).collect();
     let res = match a.as_slice() {
-        ["server", port] => server(num(port)),
+        ["server", port] => server(num(port), 1),
+        ["server", port, workers] => server(num(port), num(workers)),
         ["client", port, n, rounds] => client(num(port), num(n), num(rounds), 1000, None),
         ["client", port, n, rounds, ms] => client(num(port), num(n), num(rounds), num(ms), None),
         ["client", port, n, rounds, ms, active] => {
             client(num(port), num(n), num(rounds), num(ms), Some(num(active)))
         }
         _ => {
-            eprintln!("usage: smc-scale server PORT | client PORT N ROUNDS [INTERVAL_MS [ACTIVE]]");
+            eprintln!("usage: smc-scale server PORT [WORKERS] | client PORT N ROUNDS [INTERVAL_MS [ACTIVE]]");
             return ExitCode::from(2);
         }
     };
@@ -124,12 +139,12 @@ fn nofile_room() -> Option<u64> {
     }
 }
 
-fn sockaddr(port: u16) -> libc::sockaddr_in {
+fn sockaddr(addr: std::net::Ipv4Addr, port: u16) -> libc::sockaddr_in {
     // SAFETY: sockaddr_in is plain data; all-zero is valid.
     let mut sa: libc::sockaddr_in = unsafe { mem::zeroed() };
     sa.sin_family = libc::AF_INET as libc::sa_family_t;
     sa.sin_port = port.to_be();
-    sa.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+    sa.sin_addr.s_addr = u32::from(addr).to_be();
     sa
 }
 
@@ -193,14 +208,20 @@ struct SrvConn {
     out: Vec<u8>,
 }
 
-fn server(port: u16) -> Result<(), String> {
+fn server(port: u16, workers: usize) -> Result<(), String> {
     let limit = raise_nofile(1 << 20);
     let e = |what: &str| {
         let err = io::Error::last_os_error();
         format!("{what}: {err}")
     };
+    // Several workers: the connections' destinations are spread over 127.0.0.x (see `client`).
+    let addr = if workers > 1 {
+        std::net::Ipv4Addr::UNSPECIFIED
+    } else {
+        std::net::Ipv4Addr::LOCALHOST
+    };
     // SAFETY: plain socket calls on a descriptor this function owns.
-    let (lfd, ep) = unsafe {
+    let lfd = unsafe {
         let lfd = libc::socket(
             libc::AF_INET,
             libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
@@ -217,7 +238,7 @@ fn server(port: u16) -> Result<(), String> {
             (&one as *const libc::c_int).cast(),
             mem::size_of::<libc::c_int>() as libc::socklen_t,
         );
-        let sa = sockaddr(port);
+        let sa = sockaddr(addr, port);
         if libc::bind(
             lfd,
             (&sa as *const libc::sockaddr_in).cast(),
@@ -229,18 +250,87 @@ fn server(port: u16) -> Result<(), String> {
         if libc::listen(lfd, 65535) != 0 {
             return Err(e("listen"));
         }
-        let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
-        if ep < 0 {
-            return Err(e("epoll_create1"));
-        }
-        (lfd, ep)
+        lfd
     };
+    let main = std::process::id();
+    if workers <= 1 {
+        return serve(lfd, port, limit, None, main);
+    }
+    // Several processes share the one listener (forked after `listen`, so that every worker is
+    // there before the first connection); each accepts until it holds `cap` connections.
+    let cap = per_process(limit);
+    eprintln!(
+        "smc-scale server: port {port} on {addr}, {workers} workers of at most {cap} connections"
+    );
+    let mut pids = Vec::new();
+    for _ in 0..workers {
+        // SAFETY: fork; the child runs `serve` and exits, never returning here.
+        match unsafe { libc::fork() } {
+            -1 => return Err(e("fork")),
+            0 => {
+                die_with_parent();
+                let code = match serve(lfd, port, limit, Some(cap), main) {
+                    Ok(()) => 0,
+                    Err(err) => {
+                        eprintln!("smc-scale server worker: {err}");
+                        1
+                    }
+                };
+                std::process::exit(code);
+            }
+            pid => pids.push(pid),
+        }
+    }
+    // A worker never ends by itself: one that does ends the server.
+    let mut st = 0;
+    // SAFETY: waitpid for any child.
+    let pid = unsafe { libc::waitpid(-1, &mut st, 0) };
+    for &p in &pids {
+        // SAFETY: kill of this process's own children.
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    Err(format!("server worker {pid} ended (status {st:#x})"))
+}
+
+/// A forked worker ends with the process that forked it.
+fn die_with_parent() {
+    // SAFETY: prctl with plain integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+}
+
+/// `vm.max_map_count` (65 530 when unreadable).
+fn max_map_count() -> u64 {
+    fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(65_530)
+}
+
+/// How many connections one process holds here: at most 16 000, within its descriptor limit
+/// (less room for the library's own) and `vm.max_map_count` (three mappings per connection end:
+/// its two DMBs and a share of its state).
+fn per_process(nofile: u64) -> usize {
+    let maps = max_map_count().saturating_sub(4096) / 3;
+    16_000.min(nofile.saturating_sub(1024)).min(maps).max(1) as usize
+}
+
+fn serve(lfd: RawFd, port: u16, limit: u64, cap: Option<usize>, main: u32) -> Result<(), String> {
+    // SAFETY: plain epoll_create1.
+    let ep = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })
+        .map_err(|e| format!("epoll_create1: {e}"))?;
     let limit = nofile_room().unwrap_or(limit);
-    eprintln!("smc-scale server: port {port}, RLIMIT_NOFILE {limit}");
+    eprintln!(
+        "smc-scale server: port {port}, RLIMIT_NOFILE {limit}, pid {}",
+        std::process::id()
+    );
     epoll_add(ep, lfd, libc::EPOLLIN as u32).map_err(|e| format!("epoll_ctl: {e}"))?;
+    let mut listening = true;
+    let mut held = 0usize;
     let mut conns: Vec<Option<SrvConn>> = Vec::new();
     let mut evs = vec![libc::epoll_event { events: 0, u64: 0 }; 1024];
-    let pid = std::process::id();
+    // The pid a `P` message is answered with: the server's first process (its workers are its
+    // children).
+    let pid = main;
     let mut buf = [0u8; 4096];
     let mut emfile = 0u64;
     loop {
@@ -250,6 +340,17 @@ fn server(port: u16) -> Result<(), String> {
             let events = ev.events;
             if fd == lfd {
                 loop {
+                    if cap.is_some_and(|c| held >= c) {
+                        // Full: the other workers take the rest.
+                        if listening {
+                            // SAFETY: valid epoll and listener descriptors.
+                            unsafe {
+                                libc::epoll_ctl(ep, libc::EPOLL_CTL_DEL, lfd, std::ptr::null_mut())
+                            };
+                            listening = false;
+                        }
+                        break;
+                    }
                     // SAFETY: accept4 on the listener, no address wanted.
                     let c = unsafe {
                         libc::accept4(
@@ -279,9 +380,11 @@ fn server(port: u16) -> Result<(), String> {
                         conns.resize_with(i + 1, || None);
                     }
                     conns[i] = Some(SrvConn::default());
+                    held += 1;
                     if let Err(err) = epoll_add(ep, c, libc::EPOLLIN as u32) {
                         eprintln!("smc-scale server: epoll_ctl add: {err}");
                         conns[i] = None;
+                        held -= 1;
                         close_fd(c);
                     }
                 }
@@ -352,6 +455,10 @@ fn server(port: u16) -> Result<(), String> {
             if dead {
                 conns[fd as usize] = None;
                 close_fd(fd);
+                held -= 1;
+                if !listening && cap.is_some_and(|c| held < c) {
+                    listening = epoll_add(ep, lfd, libc::EPOLLIN as u32).is_ok();
+                }
             }
         }
     }
@@ -464,7 +571,7 @@ fn send_ping(c: &mut CliConn, i: usize, t: &mut Tally) {
     }
 }
 
-fn connect_one(ep: RawFd, port: u16) -> io::Result<RawFd> {
+fn connect_one(ep: RawFd, dst: std::net::Ipv4Addr, port: u16) -> io::Result<RawFd> {
     // SAFETY: plain socket calls on a descriptor this function owns.
     unsafe {
         let fd = cvt(libc::socket(
@@ -472,7 +579,7 @@ fn connect_one(ep: RawFd, port: u16) -> io::Result<RawFd> {
             libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
             0,
         ))?;
-        let sa = sockaddr(port);
+        let sa = sockaddr(dst, port);
         let r = libc::connect(
             fd,
             (&sa as *const libc::sockaddr_in).cast(),
@@ -501,6 +608,407 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1e6
 }
 
+/// The destination addresses: 127.0.0.1 alone while the ephemeral ports (at most 3/4 of
+/// `net.ipv4.ip_local_port_range` per destination) suffice, else 127.0.0.1 … 127.0.0.A (a
+/// port may be used again towards another address), which needs a server on 0.0.0.0.
+fn destinations(n: usize) -> Vec<std::net::Ipv4Addr> {
+    let ports = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let v: Vec<usize> = s
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            Some(v.get(1)?.saturating_sub(*v.first()?) + 1)
+        })
+        .unwrap_or(28_232);
+    let per = (ports * 3 / 4).max(1);
+    let a = n.div_ceil(per).clamp(1, 254);
+    (1..=a as u8)
+        .map(|k| std::net::Ipv4Addr::new(127, 0, 0, k))
+        .collect()
+}
+
+/// How many client processes N connections take: one while its descriptor limit and
+/// `vm.max_map_count` hold them all, else enough of [`per_process`] each
+/// (`SMC_SCALE_WORKERS=W` says how many).
+fn client_workers(n: usize, limit: u64) -> usize {
+    if let Some(w) = env::var("SMC_SCALE_WORKERS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        return w.clamp(1, n.max(1));
+    }
+    if n as u64 + 256 <= limit && n as u64 * 3 + 4096 <= max_map_count() {
+        1
+    } else {
+        n.div_ceil(per_process(limit)).max(1)
+    }
+}
+
+/// One process's share of the connections, set up, then pinged.
+struct Clients {
+    ep: RawFd,
+    port: u16,
+    dests: Vec<std::net::Ipv4Addr>,
+    /// Index of the first connection (destinations are spread by the overall index).
+    first: usize,
+    n: usize,
+    conns: Vec<CliConn>,
+    /// Descriptor → connection index.
+    by_fd: Vec<usize>,
+    t: Tally,
+    ready: usize,
+    setup_lat: Vec<Duration>,
+    lat: Vec<Duration>,
+    evs: Vec<libc::epoll_event>,
+    late: u64,
+    sent: u64,
+    live: Vec<usize>,
+}
+
+impl Clients {
+    fn new(
+        port: u16,
+        first: usize,
+        n: usize,
+        rounds: u32,
+        dests: Vec<std::net::Ipv4Addr>,
+    ) -> Result<Clients, String> {
+        // SAFETY: plain epoll_create1.
+        let ep = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })
+            .map_err(|e| format!("epoll_create1: {e}"))?;
+        Ok(Clients {
+            ep,
+            port,
+            dests,
+            first,
+            n,
+            conns: Vec::with_capacity(n),
+            by_fd: Vec::with_capacity(n + 1024),
+            t: Tally::default(),
+            ready: 0,
+            setup_lat: Vec::with_capacity(n),
+            lat: Vec::with_capacity(n * rounds as usize),
+            evs: vec![libc::epoll_event { events: 0, u64: 0 }; 1024],
+            late: 0,
+            sent: 0,
+            live: Vec::new(),
+        })
+    }
+
+    /// Setup: connect, first ping answered.
+    fn setup(&mut self) -> Result<(), String> {
+        let n = self.n;
+        let now = Instant::now();
+        let t0 = Instant::now();
+        let mut next = 0usize;
+        let mut connecting = 0usize;
+        let setup_deadline = t0 + Duration::from_secs(60 + n as u64 / 100);
+        let t = &mut self.t;
+        while self.ready + ((t.connect_errors + t.resets) as usize) < n {
+            while next < n && connecting < MAX_CONNECTING {
+                let g = self.first + next;
+                let dst = self.dests[g % self.dests.len()];
+                match connect_one(self.ep, dst, self.port) {
+                    Ok(fd) => {
+                        if self.by_fd.len() <= fd as usize {
+                            self.by_fd.resize(fd as usize + 1, usize::MAX);
+                        }
+                        self.by_fd[fd as usize] = self.conns.len();
+                        self.conns.push(CliConn {
+                            fd,
+                            state: State::Connecting,
+                            seq: 0,
+                            sent: now,
+                            got: 0,
+                            buf: [0; MSG],
+                            connect_at: Instant::now(),
+                            dead: false,
+                        });
+                        connecting += 1;
+                    }
+                    Err(e) => {
+                        eprintln!("smc-scale client: connect #{g}: {e}");
+                        t.connect_errors += 1;
+                    }
+                }
+                next += 1;
+            }
+            if Instant::now() > setup_deadline {
+                eprintln!(
+                    "smc-scale client: setup timed out: {} of {n} ready, {connecting} connecting",
+                    self.ready
+                );
+                break;
+            }
+            let k =
+                epoll_wait(self.ep, &mut self.evs, 100).map_err(|e| format!("epoll_wait: {e}"))?;
+            for ev in &self.evs[..k] {
+                let fd = ev.u64 as RawFd;
+                let Some(&i) = self.by_fd.get(fd as usize) else {
+                    continue;
+                };
+                let Some(c) = self.conns.get_mut(i) else {
+                    continue;
+                };
+                if c.dead {
+                    continue;
+                }
+                if c.state == State::Connecting {
+                    if ev.events & (libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP) as u32 == 0 {
+                        continue;
+                    }
+                    let mut err: libc::c_int = 0;
+                    let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
+                    // SAFETY: SO_ERROR into a c_int.
+                    unsafe {
+                        libc::getsockopt(
+                            fd,
+                            libc::SOL_SOCKET,
+                            libc::SO_ERROR,
+                            (&mut err as *mut libc::c_int).cast(),
+                            &mut len,
+                        )
+                    };
+                    connecting -= 1;
+                    if err != 0 {
+                        eprintln!(
+                            "smc-scale client: connect #{}: {}",
+                            self.first + i,
+                            io::Error::from_raw_os_error(err)
+                        );
+                        t.connect_errors += 1;
+                        c.dead = true;
+                        continue;
+                    }
+                    let _ = epoll_mod(self.ep, fd, libc::EPOLLIN as u32);
+                    send_ping(c, i, t);
+                    continue;
+                }
+                if on_readable(c, i, t).is_some() && c.seq == 1 {
+                    self.setup_lat.push(c.connect_at.elapsed());
+                    self.ready += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The connections that ping in the rounds (the first `active` live ones, when given); the
+    /// server's pid, asked on the first of them.
+    fn choose_live(&mut self, active: Option<usize>) -> Option<u32> {
+        let conns = &self.conns;
+        let mut live: Vec<usize> = (0..conns.len())
+            .filter(|&i| !conns[i].dead && conns[i].state == State::Idle)
+            .collect();
+        if let Some(k) = active {
+            live.truncate(k);
+        }
+        self.live = live;
+        server_pid(
+            &mut self.conns,
+            &self.live,
+            &mut self.t,
+            self.ep,
+            &mut self.evs,
+        )
+    }
+
+    /// Rounds: every live connection pings once per interval, spread evenly.
+    fn rounds(&mut self, rounds: u32, interval_ms: u64) -> Result<(), String> {
+        let interval = Duration::from_millis(interval_ms.max(1));
+        let live = &self.live;
+        let t = &mut self.t;
+        let r0 = Instant::now();
+        let total = live.len() as u64 * rounds as u64;
+        let mut due_idx = 0u64;
+        let end = r0 + interval * rounds;
+        loop {
+            let now = Instant::now();
+            // Pings due by now.
+            while due_idx < total {
+                let round = due_idx / live.len().max(1) as u64;
+                let pos = due_idx % live.len().max(1) as u64;
+                let at = r0
+                    + interval * round as u32
+                    + interval.mul_f64(pos as f64 / live.len().max(1) as f64);
+                if at > now {
+                    break;
+                }
+                let i = live[pos as usize];
+                let c = &mut self.conns[i];
+                if !c.dead {
+                    if c.state == State::Waiting {
+                        // The previous answer is still out: counted as late, not sent twice.
+                        self.late += 1;
+                    } else {
+                        send_ping(c, i, t);
+                        self.sent += 1;
+                    }
+                }
+                due_idx += 1;
+            }
+            if due_idx >= total && (t.outstanding == 0 || now > end + Duration::from_secs(10)) {
+                break;
+            }
+            let timeout = if due_idx < total {
+                1
+            } else {
+                (end + Duration::from_secs(10))
+                    .saturating_duration_since(now)
+                    .as_millis()
+                    .min(100) as i32
+            };
+            let k = epoll_wait(self.ep, &mut self.evs, timeout)
+                .map_err(|e| format!("epoll_wait: {e}"))?;
+            for ev in &self.evs[..k] {
+                let fd = ev.u64 as RawFd;
+                let Some(&i) = self.by_fd.get(fd as usize) else {
+                    continue;
+                };
+                let Some(c) = self.conns.get_mut(i) else {
+                    continue;
+                };
+                if c.dead {
+                    continue;
+                }
+                if let Some(d) = on_readable(c, i, t) {
+                    self.lat.push(d);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn part(&self) -> Part {
+        Part {
+            ready: self.ready as u64,
+            connect_errors: self.t.connect_errors,
+            resets: self.t.resets,
+            wrong: self.t.wrong,
+            answered: self.t.answered,
+            unanswered: self.t.outstanding,
+            late: self.late,
+            sent: self.sent,
+            live: self.live.len() as u64,
+            setup_lat: self.setup_lat.clone(),
+            lat: self.lat.clone(),
+        }
+    }
+}
+
+/// What one client process counted.
+#[derive(Default)]
+struct Part {
+    ready: u64,
+    connect_errors: u64,
+    resets: u64,
+    wrong: u64,
+    answered: u64,
+    unanswered: u64,
+    late: u64,
+    sent: u64,
+    live: u64,
+    setup_lat: Vec<Duration>,
+    lat: Vec<Duration>,
+}
+
+impl Part {
+    fn add(&mut self, o: Part) {
+        self.ready += o.ready;
+        self.connect_errors += o.connect_errors;
+        self.resets += o.resets;
+        self.wrong += o.wrong;
+        self.answered += o.answered;
+        self.unanswered += o.unanswered;
+        self.late += o.late;
+        self.sent += o.sent;
+        self.live += o.live;
+        self.setup_lat.extend(o.setup_lat);
+        self.lat.extend(o.lat);
+    }
+
+    /// As little-endian u64s: the counts, the two lengths, the latencies in nanoseconds.
+    fn encode(&self) -> Vec<u8> {
+        let mut v = vec![
+            self.ready,
+            self.connect_errors,
+            self.resets,
+            self.wrong,
+            self.answered,
+            self.unanswered,
+            self.late,
+            self.sent,
+            self.live,
+            self.setup_lat.len() as u64,
+            self.lat.len() as u64,
+        ];
+        v.extend(self.setup_lat.iter().map(|d| d.as_nanos() as u64));
+        v.extend(self.lat.iter().map(|d| d.as_nanos() as u64));
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn decode(fd: RawFd) -> io::Result<Part> {
+        let h = read_u64s(fd, 11)?;
+        let s = read_u64s(fd, h[9] as usize)?;
+        let l = read_u64s(fd, h[10] as usize)?;
+        Ok(Part {
+            ready: h[0],
+            connect_errors: h[1],
+            resets: h[2],
+            wrong: h[3],
+            answered: h[4],
+            unanswered: h[5],
+            late: h[6],
+            sent: h[7],
+            live: h[8],
+            setup_lat: s.into_iter().map(Duration::from_nanos).collect(),
+            lat: l.into_iter().map(Duration::from_nanos).collect(),
+        })
+    }
+}
+
+fn write_all(fd: RawFd, mut b: &[u8]) -> io::Result<()> {
+    while !b.is_empty() {
+        // SAFETY: b is valid for b.len() bytes.
+        let n = unsafe { libc::write(fd, b.as_ptr().cast(), b.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        b = &b[n as usize..];
+    }
+    Ok(())
+}
+
+fn read_u64s(fd: RawFd, k: usize) -> io::Result<Vec<u64>> {
+    let mut b = vec![0u8; k * 8];
+    let mut got = 0;
+    while got < b.len() {
+        match read_fd(fd, &mut b[got..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(r) => got += r,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(b.chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+        .collect())
+}
+
+fn pipe() -> Result<(RawFd, RawFd), String> {
+    let mut p = [0 as RawFd; 2];
+    // SAFETY: pipe2 into a two-element array.
+    cvt(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) })
+        .map_err(|e| format!("pipe: {e}"))?;
+    Ok((p[0], p[1]))
+}
+
 fn client(
     port: u16,
     n: usize,
@@ -509,23 +1017,17 @@ fn client(
     active: Option<usize>,
 ) -> Result<(), String> {
     let limit = raise_nofile(n as u64 + 256);
+    let workers = client_workers(n, limit);
+    let dests = destinations(n);
+    if workers > 1 {
+        return client_workers_run(port, n, rounds, interval_ms, active, workers, dests, limit);
+    }
     if limit < n as u64 + 16 {
         return Err(format!(
             "RLIMIT_NOFILE {limit} is too low for {n} connections"
         ));
     }
-    // SAFETY: plain epoll_create1.
-    let ep = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })
-        .map_err(|e| format!("epoll_create1: {e}"))?;
-    let now = Instant::now();
-    let mut conns: Vec<CliConn> = Vec::with_capacity(n);
-    // Descriptor → connection index.
-    let mut by_fd: Vec<usize> = Vec::new();
-    let mut t = Tally::default();
-    let mut setup_lat = Vec::with_capacity(n);
-    let mut evs = vec![libc::epoll_event { events: 0, u64: 0 }; 1024];
-    by_fd.reserve(n + 1024);
-    let mut lat = Vec::with_capacity(n * rounds as usize);
+    let mut cl = Clients::new(port, 0, n, rounds, dests)?;
     if let Some(room) = env::var("SMC_SCALE_MAP_ROOM")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -536,217 +1038,254 @@ fn client(
     if let Some(l) = nofile_room() {
         eprintln!("smc-scale client: RLIMIT_NOFILE {l}");
     }
-
-    // Setup: connect, first ping answered.
     let t0 = Instant::now();
-    let mut next = 0usize;
-    let mut connecting = 0usize;
-    let mut ready = 0usize;
-    let setup_deadline = t0 + Duration::from_secs(60 + n as u64 / 100);
-    while ready + ((t.connect_errors + t.resets) as usize) < n {
-        while next < n && connecting < MAX_CONNECTING {
-            match connect_one(ep, port) {
-                Ok(fd) => {
-                    if by_fd.len() <= fd as usize {
-                        by_fd.resize(fd as usize + 1, usize::MAX);
-                    }
-                    by_fd[fd as usize] = conns.len();
-                    conns.push(CliConn {
-                        fd,
-                        state: State::Connecting,
-                        seq: 0,
-                        sent: now,
-                        got: 0,
-                        buf: [0; MSG],
-                        connect_at: Instant::now(),
-                        dead: false,
-                    });
-                    connecting += 1;
-                }
-                Err(e) => {
-                    eprintln!("smc-scale client: connect #{next}: {e}");
-                    t.connect_errors += 1;
-                }
-            }
-            next += 1;
-        }
-        if Instant::now() > setup_deadline {
-            eprintln!(
-                "smc-scale client: setup timed out: {ready} of {n} ready, {connecting} connecting"
-            );
-            break;
-        }
-        let k = epoll_wait(ep, &mut evs, 100).map_err(|e| format!("epoll_wait: {e}"))?;
-        for ev in &evs[..k] {
-            let fd = ev.u64 as RawFd;
-            let Some(&i) = by_fd.get(fd as usize) else {
-                continue;
-            };
-            let Some(c) = conns.get_mut(i) else { continue };
-            if c.dead {
-                continue;
-            }
-            if c.state == State::Connecting {
-                if ev.events & (libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP) as u32 == 0 {
-                    continue;
-                }
-                let mut err: libc::c_int = 0;
-                let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
-                // SAFETY: SO_ERROR into a c_int.
-                unsafe {
-                    libc::getsockopt(
-                        fd,
-                        libc::SOL_SOCKET,
-                        libc::SO_ERROR,
-                        (&mut err as *mut libc::c_int).cast(),
-                        &mut len,
-                    )
-                };
-                connecting -= 1;
-                if err != 0 {
-                    eprintln!(
-                        "smc-scale client: connect #{i}: {}",
-                        io::Error::from_raw_os_error(err)
-                    );
-                    t.connect_errors += 1;
-                    c.dead = true;
-                    continue;
-                }
-                let _ = epoll_mod(ep, fd, libc::EPOLLIN as u32);
-                send_ping(c, i, &mut t);
-                continue;
-            }
-            if on_readable(c, i, &mut t).is_some() && c.seq == 1 {
-                setup_lat.push(c.connect_at.elapsed());
-                ready += 1;
-            }
-        }
-    }
+    cl.setup()?;
     let setup_secs = t0.elapsed().as_secs_f64();
-
-    // Rounds: every live connection (the first `active` of them) pings once per interval,
-    // spread evenly.
-    let interval = Duration::from_millis(interval_ms.max(1));
-    let mut sent = 0u64;
-    let mut late = 0u64;
-    let mut live: Vec<usize> = (0..conns.len())
-        .filter(|&i| !conns[i].dead && conns[i].state == State::Idle)
-        .collect();
-    if let Some(k) = active {
-        live.truncate(k);
-    }
-    let cpu0 = [cpu_ticks(std::process::id())];
-    let srv_pid = server_pid(&mut conns, &live, &mut t, ep, &mut evs);
+    let me = std::process::id();
+    let cpu0 = cpu_ticks(me);
+    let srv = cl.choose_live(active).map(server_group).unwrap_or_default();
     let daemon = daemon_pid();
-    let cpu_srv0 = srv_pid.map(cpu_ticks);
+    let cpu_srv0 = group_ticks(&srv);
     let cpu_dmn0 = daemon.map(cpu_ticks);
     let r0 = Instant::now();
-    let total = live.len() as u64 * rounds as u64;
-    let mut due_idx = 0u64;
-    let end = r0 + interval * rounds;
-    loop {
-        let now = Instant::now();
-        // Pings due by now.
-        while due_idx < total {
-            let round = due_idx / live.len().max(1) as u64;
-            let pos = due_idx % live.len().max(1) as u64;
-            let at = r0
-                + interval * round as u32
-                + interval.mul_f64(pos as f64 / live.len().max(1) as f64);
-            if at > now {
-                break;
-            }
-            let i = live[pos as usize];
-            let c = &mut conns[i];
-            if !c.dead {
-                if c.state == State::Waiting {
-                    // The previous answer is still out: counted as late, not sent twice.
-                    late += 1;
-                } else {
-                    send_ping(c, i, &mut t);
-                    sent += 1;
-                }
-            }
-            due_idx += 1;
-        }
-        if due_idx >= total && (t.outstanding == 0 || now > end + Duration::from_secs(10)) {
-            break;
-        }
-        let timeout = if due_idx < total {
-            1
-        } else {
-            (end + Duration::from_secs(10))
-                .saturating_duration_since(now)
-                .as_millis()
-                .min(100) as i32
-        };
-        let k = epoll_wait(ep, &mut evs, timeout).map_err(|e| format!("epoll_wait: {e}"))?;
-        for ev in &evs[..k] {
-            let fd = ev.u64 as RawFd;
-            let Some(&i) = by_fd.get(fd as usize) else {
-                continue;
-            };
-            let Some(c) = conns.get_mut(i) else { continue };
-            if c.dead {
-                continue;
-            }
-            if let Some(d) = on_readable(c, i, &mut t) {
-                lat.push(d);
-            }
-        }
-    }
+    cl.rounds(rounds, interval_ms)?;
     let rounds_secs = r0.elapsed().as_secs_f64();
-    let unanswered = t.outstanding;
-    let cpu_cli = cpu_ticks(std::process::id()).saturating_sub(cpu0[0]);
-    let cpu_srv = srv_pid
-        .zip(cpu_srv0)
-        .map(|(p, c)| cpu_ticks(p).saturating_sub(c));
+    let cpu_cli = cpu_ticks(me).saturating_sub(cpu0);
+    let cpu_srv = (!srv.is_empty()).then(|| group_ticks(&srv).saturating_sub(cpu_srv0));
     let cpu_dmn = daemon
         .zip(cpu_dmn0)
         .map(|(p, c)| cpu_ticks(p).saturating_sub(c));
-    lat.sort_unstable();
-    setup_lat.sort_unstable();
+    report(
+        n,
+        cl.part(),
+        setup_secs,
+        rounds_secs,
+        &[me],
+        &srv,
+        daemon,
+        [cpu_cli, cpu_srv.unwrap_or(0), cpu_dmn.unwrap_or(0)],
+        [true, cpu_srv.is_some(), cpu_dmn.is_some()],
+    )
+}
 
-    let me = mem_figures(std::process::id());
-    let srv = srv_pid.map(mem_figures);
+/// N connections over `workers` forked processes: each sets its share up, says so with its
+/// server's pid, waits for the others, pings its rounds, sends its figures, and keeps its
+/// connections until the memory of all is read.
+#[allow(clippy::too_many_arguments)]
+fn client_workers_run(
+    port: u16,
+    n: usize,
+    rounds: u32,
+    interval_ms: u64,
+    active: Option<usize>,
+    workers: usize,
+    dests: Vec<std::net::Ipv4Addr>,
+    limit: u64,
+) -> Result<(), String> {
+    eprintln!(
+        "smc-scale client: {n} connections over {workers} processes, to {} addresses, RLIMIT_NOFILE {limit}",
+        dests.len()
+    );
+    let t0 = Instant::now();
+    // (pid, reads from the worker, writes to it)
+    let mut kids: Vec<(u32, RawFd, RawFd)> = Vec::new();
+    let mut first = 0;
+    for w in 0..workers {
+        let share = n / workers + usize::from(w < n % workers);
+        let (up_r, up_w) = pipe()?;
+        let (down_r, down_w) = pipe()?;
+        // SAFETY: fork; the child runs its share and exits, never returning here.
+        match unsafe { libc::fork() } {
+            -1 => return Err(format!("fork: {}", io::Error::last_os_error())),
+            0 => {
+                die_with_parent();
+                for &(_, r, wr) in &kids {
+                    close_fd(r);
+                    close_fd(wr);
+                }
+                close_fd(up_r);
+                close_fd(down_w);
+                let act = active.map(|a| a.saturating_sub(first).min(share));
+                let code = match client_worker(
+                    port,
+                    first,
+                    share,
+                    rounds,
+                    interval_ms,
+                    act,
+                    dests.clone(),
+                    up_w,
+                    down_r,
+                ) {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        eprintln!("smc-scale client worker {w}: {e}");
+                        1
+                    }
+                };
+                std::process::exit(code);
+            }
+            pid => {
+                close_fd(up_w);
+                close_fd(down_r);
+                kids.push((pid as u32, up_r, down_w));
+            }
+        }
+        first += share;
+    }
+    let io = |e: io::Error| format!("client worker: {e}");
+    // Ready: every share set up.
+    let mut srv_pid = None;
+    for &(_, r, _) in &kids {
+        let h = read_u64s(r, 1).map_err(io)?;
+        if h[0] != 0 && srv_pid.is_none() {
+            srv_pid = Some(h[0] as u32);
+        }
+    }
+    let setup_secs = t0.elapsed().as_secs_f64();
+    let pids: Vec<u32> = std::iter::once(std::process::id())
+        .chain(kids.iter().map(|k| k.0))
+        .collect();
+    let srv = srv_pid.map(server_group).unwrap_or_default();
+    let daemon = daemon_pid();
+    let cpu0 = group_ticks(&pids);
+    let cpu_srv0 = group_ticks(&srv);
+    let cpu_dmn0 = daemon.map(cpu_ticks);
+    let r0 = Instant::now();
+    for &(_, _, wr) in &kids {
+        write_all(wr, b"g").map_err(io)?;
+    }
+    let mut all = Part::default();
+    for &(_, r, _) in &kids {
+        all.add(Part::decode(r).map_err(io)?);
+    }
+    let rounds_secs = r0.elapsed().as_secs_f64();
+    let cpu_cli = group_ticks(&pids).saturating_sub(cpu0);
+    let cpu_srv = (!srv.is_empty()).then(|| group_ticks(&srv).saturating_sub(cpu_srv0));
+    let cpu_dmn = daemon
+        .zip(cpu_dmn0)
+        .map(|(p, c)| cpu_ticks(p).saturating_sub(c));
+    let res = report(
+        n,
+        all,
+        setup_secs,
+        rounds_secs,
+        &pids,
+        &srv,
+        daemon,
+        [cpu_cli, cpu_srv.unwrap_or(0), cpu_dmn.unwrap_or(0)],
+        [true, cpu_srv.is_some(), cpu_dmn.is_some()],
+    );
+    for &(pid, r, wr) in &kids {
+        let _ = write_all(wr, b"x");
+        close_fd(wr);
+        close_fd(r);
+        let mut st = 0;
+        // SAFETY: waitpid for this process's own child.
+        unsafe { libc::waitpid(pid as i32, &mut st, 0) };
+    }
+    res
+}
+
+#[allow(clippy::too_many_arguments)]
+fn client_worker(
+    port: u16,
+    first: usize,
+    n: usize,
+    rounds: u32,
+    interval_ms: u64,
+    active: Option<usize>,
+    dests: Vec<std::net::Ipv4Addr>,
+    up: RawFd,
+    down: RawFd,
+) -> Result<(), String> {
+    let io = |e: io::Error| format!("parent: {e}");
+    let mut cl = Clients::new(port, first, n, rounds, dests)?;
+    cl.setup()?;
+    let srv = cl.choose_live(active);
+    write_all(up, &u64::from(srv.unwrap_or(0)).to_le_bytes()).map_err(io)?;
+    let mut b = [0u8; 1];
+    if read_fd(down, &mut b).map_err(io)? != 1 {
+        return Err("parent gone".into());
+    }
+    cl.rounds(rounds, interval_ms)?;
+    write_all(up, &cl.part().encode()).map_err(io)?;
+    // Kept until the parent has read the memory figures.
+    let _ = read_fd(down, &mut b);
+    Ok(())
+}
+
+/// The JSON line: the counts of all client processes, the memory of all client (`cli`) and
+/// server (`srv`) processes and the daemon.
+#[allow(clippy::too_many_arguments)]
+fn report(
+    n: usize,
+    mut p: Part,
+    setup_secs: f64,
+    rounds_secs: f64,
+    cli: &[u32],
+    srv: &[u32],
+    daemon: Option<u32>,
+    cpu: [u64; 3],
+    has_cpu: [bool; 3],
+) -> Result<(), String> {
+    p.lat.sort_unstable();
+    p.setup_lat.sort_unstable();
+    let (lat, setup_lat) = (&p.lat, &p.setup_lat);
+    let me = group_mem(cli);
+    let srv = (!srv.is_empty()).then(|| group_mem(srv));
     let dmn = daemon.map(mem_figures);
     let tck = ticks_per_sec();
+    let ready = p.ready;
     let mut out = format!(
         "{{\"connections\": {n}, \"established\": {ready}, \"connect_errors\": {}, \
-         \"resets\": {}, \"wrong\": {}, \"unanswered\": {unanswered}, \"late\": {late}, \
-         \"pings\": {sent}, \"answered\": {}, \"setup_secs\": {setup_secs:.3}, \
+         \"resets\": {}, \"wrong\": {}, \"unanswered\": {}, \"late\": {}, \
+         \"pings\": {}, \"answered\": {}, \"setup_secs\": {setup_secs:.3}, \
          \"setup_per_sec\": {:.1}, \"setup_p50_us\": {:.1}, \"setup_p99_us\": {:.1}, \
          \"p50_us\": {:.1}, \"p99_us\": {:.1}, \"max_us\": {:.1}, \"rounds_secs\": {rounds_secs:.3}, \
          \"smcd_conns\": {}, \"active\": {}, \"client_cpu_ms\": {:.0}",
-        t.connect_errors,
-        t.resets,
-        t.wrong,
-        t.answered,
+        p.connect_errors,
+        p.resets,
+        p.wrong,
+        p.unanswered,
+        p.late,
+        p.sent,
+        p.answered,
         ready as f64 / setup_secs.max(1e-9),
-        pct(&setup_lat, 0.5),
-        pct(&setup_lat, 0.99),
-        pct(&lat, 0.5),
-        pct(&lat, 0.99),
+        pct(setup_lat, 0.5),
+        pct(setup_lat, 0.99),
+        pct(lat, 0.5),
+        pct(lat, 0.99),
         lat.last().map_or(0.0, |d| d.as_secs_f64() * 1e6),
-        me.dmb_inodes / 2,
-        live.len(),
-        cpu_cli as f64 * 1000.0 / tck,
+        me.smcd_conns,
+        p.live,
+        cpu[0] as f64 * 1000.0 / tck,
     );
-    for (who, m, cpu) in [
-        ("client", Some(&me), None),
-        ("server", srv.as_ref(), cpu_srv),
-        ("daemon", dmn.as_ref(), cpu_dmn),
-    ] {
+    if cli.len() > 1 || srv.as_ref().is_some_and(|m| m.procs > 1) {
+        out.push_str(&format!(
+            ", \"client_procs\": {}, \"server_procs\": {}",
+            me.procs,
+            srv.as_ref().map_or(0, |m| m.procs)
+        ));
+    }
+    for (k, (who, m)) in [
+        ("client", Some(&me)),
+        ("server", srv.as_ref()),
+        ("daemon", dmn.as_ref()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let Some(m) = m else { continue };
         out.push_str(&format!(
             ", \"{who}_rss_kb\": {}, \"{who}_anon_kb\": {}, \"{who}_shmem_kb\": {}, \
              \"{who}_pss_kb\": {}, \"{who}_fds\": {}, \"{who}_maps\": {}, \"{who}_dmb_maps\": {}",
             m.rss_kb, m.anon_kb, m.shmem_kb, m.pss_kb, m.fds, m.maps, m.dmb_maps
         ));
-        if let Some(c) = cpu {
+        if k > 0 && has_cpu[k] {
             out.push_str(&format!(
                 ", \"{who}_cpu_ms\": {:.0}",
-                c as f64 * 1000.0 / tck
+                cpu[k] as f64 * 1000.0 / tck
             ));
         }
     }
@@ -764,6 +1303,49 @@ fn client(
     let _ = writeln!(so, "{out}");
     let _ = so.flush();
     Ok(())
+}
+
+/// The server's processes: the one that answered `P` and its children (its workers).
+fn server_group(pid: u32) -> Vec<u32> {
+    let mut v = vec![pid];
+    if let Ok(d) = fs::read_dir("/proc") {
+        for e in d.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let stat = fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            // Fields after the name: state, ppid.
+            if rest.split_whitespace().nth(1) == Some(&pid.to_string()) {
+                v.push(p);
+            }
+        }
+    }
+    v
+}
+
+fn group_ticks(pids: &[u32]) -> u64 {
+    pids.iter().map(|&p| cpu_ticks(p)).sum()
+}
+
+/// The memory figures of several processes, summed (`smcd_conns`: each one's distinct DMB
+/// inodes / 2).
+fn group_mem(pids: &[u32]) -> Mem {
+    let mut m = Mem::default();
+    for &p in pids {
+        let f = mem_figures(p);
+        m.rss_kb += f.rss_kb;
+        m.anon_kb += f.anon_kb;
+        m.shmem_kb += f.shmem_kb;
+        m.pss_kb += f.pss_kb;
+        m.fds += f.fds;
+        m.maps += f.maps;
+        m.dmb_maps += f.dmb_maps;
+        m.dmb_inodes += f.dmb_inodes;
+        m.smcd_conns += f.dmb_inodes / 2;
+        m.procs += 1;
+    }
+    m
 }
 
 /// Takes memory mappings until only `room` are left below `vm.max_map_count` (one anonymous
@@ -935,6 +1517,9 @@ struct Mem {
     maps: u64,
     dmb_maps: u64,
     dmb_inodes: u64,
+    /// Summed over processes ([`group_mem`]).
+    smcd_conns: u64,
+    procs: u64,
 }
 
 fn kb_field(text: &str, key: &str) -> u64 {
@@ -966,5 +1551,7 @@ fn mem_figures(pid: u32) -> Mem {
         maps: maps.lines().count() as u64,
         dmb_maps,
         dmb_inodes: inodes.len() as u64,
+        smcd_conns: inodes.len() as u64 / 2,
+        procs: 1,
     }
 }

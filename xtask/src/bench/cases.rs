@@ -442,8 +442,10 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
 /// 64 B once a second for 3 rounds: connections on SMC-D, setup rate, p50 and p99 ping, memory
 /// per connection (RSS and PSS of client, server and daemon together, divided by N),
 /// descriptors.
-/// N = 1000 and 10 000; 65 536 with `SMC_BENCH_SCALE_65K=1` (it needs the daemon's and the
-/// programs' `RLIMIT_NOFILE` and `vm.max_map_count` raised: see docs/OPERATIONS.md).
+/// N = 1000 and 10 000; 65 536 with `SMC_BENCH_SCALE_65K=1`, any others with
+/// `SMC_BENCH_SCALE_N=20000,40000`. Beyond 16 000 connections both programs spread them over
+/// processes (the hard `RLIMIT_NOFILE` of 20 000 here); 65 536 need `vm.max_map_count` raised
+/// for the daemon's shelved files (docs/OPERATIONS.md).
 fn scale_cases(helper: &str) -> Vec<Case> {
     let bin = Path::new(helper)
         .with_file_name("smc-scale")
@@ -453,9 +455,19 @@ fn scale_cases(helper: &str) -> Vec<Case> {
     if std::env::var_os("SMC_BENCH_SCALE_65K").is_some_and(|v| v == "1") {
         ns.push(65_536);
     }
+    // `SMC_BENCH_SCALE_N=20000,40000`: more sizes (case ids `scale-20k`, `scale-40k`).
+    if let Ok(more) = std::env::var("SMC_BENCH_SCALE_N") {
+        ns.extend(more.split(',').filter_map(|v| v.trim().parse::<u32>().ok()));
+        ns.sort_unstable();
+        ns.dedup();
+    }
     ns.into_iter()
         .map(|n| {
             let (b1, b2) = (bin.clone(), bin.clone());
+            // Beyond what one process holds (a hard RLIMIT_NOFILE of 20 000 here) the server
+            // runs several workers on one listener (on 0.0.0.0: the client then spreads its
+            // connections over 127.0.0.x for ephemeral ports) and the client forks its own.
+            let workers = if n > 16_000 { n.div_ceil(16_000) } else { 1 };
             let k = if n >= 65_536 {
                 "65k".to_string()
             } else {
@@ -486,7 +498,13 @@ fn scale_cases(helper: &str) -> Vec<Case> {
                 ],
                 units: None,
                 fallback: false,
-                server: argv(move |port| sv(&[&b1, "server", &port.to_string()])),
+                server: argv(move |port| {
+                    if workers > 1 {
+                        sv(&[&b1, "server", &port.to_string(), &workers.to_string()])
+                    } else {
+                        sv(&[&b1, "server", &port.to_string()])
+                    }
+                }),
                 client: argv(move |port| {
                     sv(&[&b2, "client", &port.to_string(), &n.to_string(), "3"])
                 }),
