@@ -38,6 +38,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -508,6 +509,330 @@ static int exec_close_2(int pa, pid_t sa) {
   return 0;
 }
 
+// ---------------------------------------------------------------- scm_many / exec_many
+// NC connections from one process, checked both ways after they moved to another process
+// (SCM_RIGHTS to a child forked before they existed, or an exec of the same process). With
+// DARGS="--shelve-after-ms 0" every DMB file and state page is shelved at once: the adopter's
+// OP_ADOPT reopens them through the daemon's mappings; more than 16 ends: two state pages.
+#define NC 20
+#define NB 3000
+static unsigned char pk(int k, size_t i) { return (unsigned char)(k * 37 + i * 7 + i / 251); }
+
+static void check_conn(const char *who, int k, int fd, int *bad) {
+  static unsigned char b[NB];
+  size_t n = 0;
+  while (n < NB) {
+    ssize_t r = read(fd, b + n, NB - n);
+    if (r <= 0) break;
+    n += r;
+  }
+  size_t diff = 0;
+  for (size_t i = 0; i < n; i++) diff += b[i] != pk(k, i);
+  unsigned char o[NB];
+  for (int i = 0; i < NB; i++) o[i] = pk(k + 100, i);
+  int w = writeall(fd, o, NB);
+  shutdown(fd, SHUT_WR);
+  char x;
+  ssize_t e = read(fd, &x, 1);
+  if (n != NB || diff || w || e != 0) {
+    (*bad)++;
+    printf("%s conn %d: read %zu/%d, %zu differ, write %s, end %s\n", who, k, n, NB, diff,
+           w ? strerror(errno) : "ok", e == 0 ? "EOF" : e < 0 ? strerror(errno) : "data");
+  }
+  close(fd);
+}
+
+static pid_t many_server(int l) {
+  pid_t p = fork();
+  if (p) return p;
+  int s[NC], bad = 0;
+  for (int k = 0; k < NC; k++) {
+    s[k] = accept(l, NULL, NULL);
+    unsigned char o[NB];
+    for (int i = 0; i < NB; i++) o[i] = pk(k, i);
+    writeall(s[k], o, NB);
+  }
+  for (int k = 0; k < NC; k++) {
+    static unsigned char b[NB + 1];
+    size_t n = 0, diff = 0;
+    for (;;) {
+      struct pollfd q = {s[k], POLLIN, 0};
+      if (poll(&q, 1, 5000) <= 0) break;
+      ssize_t r = read(s[k], b + n, NB + 1 - n);
+      if (r <= 0) break;
+      n += r;
+    }
+    for (size_t i = 0; i < n && i < NB; i++) diff += b[i] != pk(k + 100, i);
+    if (n != NB || diff) { bad++; printf("server conn %d: got %zu/%d bytes, %zu differ\n", k, n, NB, diff); }
+    close(s[k]);
+  }
+  printf("server: %d of %d connections bad\n", bad, NC);
+  _exit(0);
+}
+
+static int many(int exec_mode, char *self) {
+  int pa, la = listener(&pa), sv[2];
+  socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+  pid_t srv = many_server(la);
+  close(la);
+  pid_t ch = -1;
+  if (!exec_mode) {
+    ch = fork();
+    if (ch == 0) {
+      close(sv[0]);
+      int bad = 0, got = 0;
+      for (int k = 0; k < NC; k++) {
+        char c;
+        struct iovec v = {&c, 1};
+        char cb[CMSG_SPACE(sizeof(int))];
+        struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = cb, .msg_controllen = sizeof cb};
+        if (recvmsg(sv[1], &m, 0) != 1) break;
+        int fd;
+        memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof fd);
+        got++;
+        check_conn("receiver", c, fd, &bad);
+      }
+      printf("receiver: %d of %d connections bad\n", bad + NC - got, NC);
+      _exit(0);
+    }
+    close(sv[1]);
+  }
+  int c[NC];
+  for (int k = 0; k < NC; k++) c[k] = dial(pa);
+  msleep(100);
+  if (exec_mode) {
+    char arg[NC * 8 + 16] = "", *q = arg;
+    for (int k = 0; k < NC; k++) q += sprintf(q, "%d,", c[k]);
+    char sp[16];
+    snprintf(sp, sizeof sp, "%d", srv);
+    execl(self, self, "exec_many_2", arg, sp, (char *)NULL);
+    die("exec");
+  }
+  for (int k = 0; k < NC; k++) {
+    char x = k;
+    struct iovec v = {&x, 1};
+    char cb[CMSG_SPACE(sizeof(int))];
+    struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = cb, .msg_controllen = sizeof cb};
+    struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+    h->cmsg_level = SOL_SOCKET, h->cmsg_type = SCM_RIGHTS, h->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(h), &c[k], sizeof(int));
+    if (sendmsg(sv[0], &m, 0) != 1) die("sendmsg");
+    close(c[k]);
+  }
+  int ws;
+  waitpid(ch, &ws, 0);
+  waitpid(srv, &ws, 0);
+  return 0;
+}
+
+static int exec_many_2(char *arg, pid_t srv) {
+  int bad = 0, k = 0;
+  for (char *t = strtok(arg, ","); t; t = strtok(NULL, ","), k++) check_conn("exec image", k, atoi(t), &bad);
+  printf("exec image: %d of %d connections bad\n", bad, k);
+  int ws;
+  waitpid(srv, &ws, 0);
+  return 0;
+}
+
+// ---------------------------------------------------------------- seq_pool
+// 40 short connections one after the other between the same two processes (the library pools
+// the DMBs and binds them again; with DARGS="--shelve-after-ms 0" from shelved files), the
+// client closing first on even ones, the server first on odd ones; checked both ways.
+static int seq_pool(void) {
+  int pa, la = listener(&pa);
+  pid_t srv = fork();
+  if (srv == 0) {
+    int bad = 0;
+    for (int k = 0; k < 40; k++) {
+      int s = accept(la, NULL, NULL);
+      unsigned char o[NB];
+      for (int i = 0; i < NB; i++) o[i] = pk(k, i);
+      writeall(s, o, NB);
+      if (k & 1) shutdown(s, SHUT_WR);
+      static unsigned char b[NB + 1];
+      size_t n = 0, diff = 0;
+      for (;;) {
+        ssize_t r = read(s, b + n, NB + 1 - n);
+        if (r <= 0) break;
+        n += r;
+      }
+      for (size_t i = 0; i < n && i < NB; i++) diff += b[i] != pk(k + 100, i);
+      if (n != NB || diff) { bad++; printf("server conn %d: got %zu/%d bytes, %zu differ\n", k, n, NB, diff); }
+      close(s);
+    }
+    printf("server: %d of 40 bad\n", bad);
+    _exit(0);
+  }
+  close(la);
+  int bad = 0;
+  for (int k = 0; k < 40; k++) {
+    int c = dial(pa);
+    static unsigned char b[NB];
+    size_t n = 0, diff = 0;
+    while (n < NB) {
+      ssize_t r = read(c, b + n, NB - n);
+      if (r <= 0) break;
+      n += r;
+    }
+    for (size_t i = 0; i < n; i++) diff += b[i] != pk(k, i);
+    unsigned char o[NB];
+    for (int i = 0; i < NB; i++) o[i] = pk(k + 100, i);
+    writeall(c, o, NB);
+    shutdown(c, SHUT_WR);
+    if (k & 1) { char x; read(c, &x, 1); }
+    if (n != NB || diff) { bad++; printf("client conn %d: got %zu/%d bytes, %zu differ\n", k, n, NB, diff); }
+    close(c);
+  }
+  printf("client: %d of 40 bad\n", bad);
+  int ws;
+  waitpid(srv, &ws, 0);
+  return 0;
+}
+
+// ---------------------------------------------------------------- switch_inflight
+// A thread blocked in recv; another thread closes the number and opens a file there; then the
+// server execs an image without the library (env without LD_PRELOAD) on the socket, which
+// switches the connection to TCP, and that image writes "hello" and reads to the end.
+// TCP: recv returns "hello", the file stays empty, the image reads EOF.
+// switch_blocked: the same without the close (a control).
+static int sw_c, sw_f = -1;
+static ssize_t sw_r;
+static int sw_e;
+static char sw_b[64];
+static void *sw_reader(void *a) {
+  (void)a;
+  sw_r = recv(sw_c, sw_b, sizeof sw_b - 1, 0);
+  sw_e = errno;
+  return NULL;
+}
+
+static int switch_inflight(int do_close) {
+  int pa, la = listener(&pa), go[2], rep[2];
+  pipe(go);
+  pipe(rep);
+  pid_t srv = fork();
+  if (srv == 0) {
+    close(go[1]);
+    close(rep[0]);
+    int s = accept(la, NULL, NULL);
+    waitbyte(go[0], 5000);
+    dup2(s, 0);
+    dup2(s, 1);
+    dup2(rep[1], 3);
+    char *envp[] = {"PATH=/usr/bin:/bin", NULL};
+    char *av[] = {"sh", "-c", "printf hello; n=$(cat | wc -c); echo \"image read $n bytes then EOF\" >&3", NULL};
+    execve("/bin/sh", av, envp);  // (execle is variadic: not seen by the library, a residual)
+    die("exec");
+  }
+  close(la);
+  close(go[0]);
+  close(rep[1]);
+  sw_c = dial(pa);
+  pthread_t t;
+  pthread_create(&t, NULL, sw_reader, NULL);
+  msleep(200);
+  if (do_close) {
+    close(sw_c);
+    sw_f = memfd_create("victim", 0);
+  } else
+    sw_f = memfd_create("victim", 0);
+  write(go[1], "g", 1);
+  pthread_join(t, NULL);
+  if (!do_close) close(sw_c);
+  sw_b[sw_r > 0 ? sw_r : 0] = 0;
+  printf("recv returned %zd%s%s \"%s\"; file at the closed number (same: %s)", sw_r, sw_r < 0 ? " " : "",
+         sw_r < 0 ? strerror(sw_e) : "", sw_b, sw_f == sw_c ? "yes" : "no");
+  struct stat st;
+  fstat(sw_f, &st);
+  printf(" holds %ld bytes\n", (long)st.st_size);
+  char line[128] = "";
+  struct pollfd q = {rep[0], POLLIN, 0};
+  if (poll(&q, 1, 5000) > 0) {
+    ssize_t n = read(rep[0], line, sizeof line - 1);
+    line[n > 0 ? n : 0] = 0;
+  }
+  printf("%s", line[0] ? line : "the image said nothing in 5 s\n");
+  int ws;
+  waitpid(srv, &ws, 0);
+  return 0;
+}
+
+// ---------------------------------------------------------------- close_range_inflight
+// RLIMIT_NOFILE 64 (the library's private duplicate then goes at 32). A thread blocked in
+// recv(MSG_WAITALL, 100); close_range(c, ~0U, 0) closes the number (and all above); the
+// program opens files until one lands at 32 or above (F); then the server writes 100 bytes.
+// TCP: recv returns 100, F is the program's (empty, open until it closes it, close ok).
+// closeloop_inflight: the same with close() of every number from c to 63.
+static int cr_c;
+static ssize_t cr_r;
+static int cr_e;
+static void *cr_reader(void *a) {
+  (void)a;
+  char b[100];
+  cr_r = recv(cr_c, b, sizeof b, MSG_WAITALL);
+  cr_e = errno;
+  return NULL;
+}
+
+static int close_range_inflight(int loop) {
+  struct rlimit rl = {64, 64};
+  setrlimit(RLIMIT_NOFILE, &rl);
+  int pa, la = listener(&pa), go[2];
+  pipe(go);
+  pid_t sa = fork();
+  if (sa == 0) {
+    // As a server that drops a client it sees gone: before writing, is the client's end at EOF?
+    int s = accept(la, NULL, NULL);
+    waitbyte(go[0], 5000);
+    struct pollfd q = {s, POLLIN | POLLRDHUP, 0};
+    int pr = poll(&q, 1, 100);
+    char x;
+    ssize_t e = pr > 0 ? recv(s, &x, 1, MSG_DONTWAIT) : -1;
+    printf("server before writing: %s\n", pr == 0 ? "nothing from the client" : e == 0 ? "the client's end is at EOF" : "other");
+    unsigned char o[100];
+    for (int i = 0; i < 100; i++) o[i] = pat(1, i);
+    writeall(s, o, 100);
+    readcheck("server read", s, 3, 3000);
+    _exit(0);
+  }
+  close(la);
+  close(go[0]);
+  cr_c = dial(pa);
+  pthread_t t;
+  pthread_create(&t, NULL, cr_reader, NULL);
+  msleep(200);
+  int r = 0;
+  if (loop)
+    for (int i = cr_c; i < 64; i++) r |= close(i) && errno != EBADF;  // as programs that close all
+  else
+    r = close_range(cr_c, ~0U, 0);
+  int fds[64], n = 0, F = -1;
+  for (;;) {
+    int f = open("/tmp", O_TMPFILE | O_RDWR, 0600);
+    if (f < 0) break;
+    if (f >= 32) { F = f; break; }
+    fds[n++] = f;
+  }
+  for (int i = 0; i < n; i++) close(fds[i]);
+  printf("close_range %d; the program's file F at %s\n", r, F == 32 ? "32" : F > 32 ? ">32" : "none");
+  write(go[1], "g", 1);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  pthread_join(t, NULL);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+  printf("recv returned %zd%s%s after %s\n", cr_r, cr_r < 0 ? " " : "", cr_r < 0 ? strerror(cr_e) : "",
+         ms < 300 ? "<300 ms" : ">=300 ms");
+  msleep(100);
+  struct stat st;
+  int fv = fstat(F, &st);
+  printf("F after recv: %s, %ld bytes\n", fv ? strerror(errno) : "open", fv ? 0L : (long)st.st_size);
+  printf("close(F): %s\n", close(F) ? strerror(errno) : "ok");
+  int ws;
+  waitpid(sa, &ws, 0);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   signal(SIGPIPE, SIG_IGN);
@@ -522,6 +847,14 @@ int main(int argc, char **argv) {
   if (!strcmp(s, "privfd")) return privfd();
   if (!strcmp(s, "exec_close")) return exec_close(argv[0]);
   if (!strcmp(s, "exec_close_2") && argc > 3) return exec_close_2(atoi(argv[2]), atoi(argv[3]));
+  if (!strcmp(s, "scm_many")) return many(0, argv[0]);
+  if (!strcmp(s, "exec_many")) return many(1, argv[0]);
+  if (!strcmp(s, "exec_many_2") && argc > 3) return exec_many_2(argv[2], atoi(argv[3]));
+  if (!strcmp(s, "seq_pool")) return seq_pool();
+  if (!strcmp(s, "switch_inflight")) return switch_inflight(1);
+  if (!strcmp(s, "switch_blocked")) return switch_inflight(0);
+  if (!strcmp(s, "close_range_inflight")) return close_range_inflight(0);
+  if (!strcmp(s, "closeloop_inflight")) return close_range_inflight(1);
   printf("unknown scenario %s\n", s);
   return 2;
 }
