@@ -514,7 +514,8 @@ static int exec_close_2(int pa, pid_t sa) {
 // (SCM_RIGHTS to a child forked before they existed, or an exec of the same process). With
 // DARGS="--shelve-after-ms 0" every DMB file and state page is shelved at once: the adopter's
 // OP_ADOPT reopens them through the daemon's mappings; more than 16 ends: two state pages.
-#define NC 20
+#define NCMAX 400
+static int NC = 20;  // RT_NC=n: more connections
 #define NB 3000
 static unsigned char pk(int k, size_t i) { return (unsigned char)(k * 37 + i * 7 + i / 251); }
 
@@ -545,7 +546,7 @@ static void check_conn(const char *who, int k, int fd, int *bad) {
 static pid_t many_server(int l) {
   pid_t p = fork();
   if (p) return p;
-  int s[NC], bad = 0;
+  int s[NCMAX], bad = 0;
   for (int k = 0; k < NC; k++) {
     s[k] = accept(l, NULL, NULL);
     unsigned char o[NB];
@@ -597,11 +598,11 @@ static int many(int exec_mode, char *self) {
     }
     close(sv[1]);
   }
-  int c[NC];
+  int c[NCMAX];
   for (int k = 0; k < NC; k++) c[k] = dial(pa);
   msleep(100);
   if (exec_mode) {
-    char arg[NC * 8 + 16] = "", *q = arg;
+    char arg[NCMAX * 8 + 16] = "", *q = arg;
     for (int k = 0; k < NC; k++) q += sprintf(q, "%d,", c[k]);
     char sp[16];
     snprintf(sp, sizeof sp, "%d", srv);
@@ -833,8 +834,180 @@ static int close_range_inflight(int loop) {
   return 0;
 }
 
+// ---------------------------------------------------------------- splice_in_reuse
+// splice from a pipe (1000 bytes) into a socket whose send buffer / ring is full (filled with
+// MSG_DONTWAIT sends), blocked; another thread closes the number and opens a file there; the
+// server reads everything from 700 ms on. TCP: the server gets the fill and the 1000 bytes,
+// the file none.
+static int si_c, si_f = -1;
+static void *si_closer(void *a) {
+  (void)a;
+  msleep(200);
+  close(si_c);
+  si_f = memfd_create("victim", 0);
+  return NULL;
+}
+
+static int splice_in_reuse(void) {
+  int pa, la = listener(&pa);
+  pid_t sa = server(la, -1, 0, 0, 0, 700, 1, "server got", -1);
+  close(la);
+  si_c = dial(pa);
+  static unsigned char b[1 << 16];
+  size_t fill = 0;
+  for (;;) {
+    for (size_t i = 0; i < sizeof b; i++) b[i] = pat(1, fill + i);
+    ssize_t r = send(si_c, b, sizeof b, MSG_DONTWAIT);
+    if (r <= 0) break;
+    fill += r;
+  }
+  int p[2];
+  pipe(p);
+  for (size_t i = 0; i < 1000; i++) b[i] = pat(1, fill + i);
+  write(p[1], b, 1000);
+  pthread_t t;
+  pthread_create(&t, NULL, si_closer, NULL);
+  ssize_t r = splice(p[0], NULL, si_c, NULL, 1000, 0);
+  int e = errno;
+  pthread_join(t, NULL);
+  struct stat st;
+  fstat(si_f, &st);
+  printf("splice returned %zd%s%s; file at the closed number (same: %s) holds %ld bytes\n", r, r < 0 ? " " : "",
+         r < 0 ? strerror(e) : "", si_f == si_c ? "yes" : "no", (long)st.st_size);
+  printf("client: filled %s before the splice\n", fill > 0 ? "some bytes" : "nothing");
+  int ws;
+  waitpid(sa, &ws, 0);
+  return 0;
+}
+
+// ---------------------------------------------------------------- scm_inflight
+// A thread blocked in recv(MSG_WAITALL, 100); the main thread passes the socket with
+// SCM_RIGHTS to a child (forked before the connection) and closes its number. The server
+// writes 100 bytes at 300 ms, 100 more at 600 ms, then reads to the end. The child reads from
+// 800 ms on to EOF... after it wrote 500 bytes and shut its write side. TCP: the thread gets the
+// first 100, the child the second 100, the server the child's 500 and EOF.
+static int si2_c;
+static ssize_t si2_r;
+static unsigned char si2_b[100];
+static void *si2_reader(void *a) {
+  (void)a;
+  si2_r = recv(si2_c, si2_b, 100, MSG_WAITALL);
+  return NULL;
+}
+
+static int scm_inflight(void) {
+  int pa, la = listener(&pa), sv[2];
+  socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+  pid_t sa = fork();
+  if (sa == 0) {
+    int s = accept(la, NULL, NULL);
+    unsigned char o[200];
+    for (int i = 0; i < 200; i++) o[i] = pat(1, i);
+    msleep(300);
+    writeall(s, o, 100);
+    msleep(300);
+    writeall(s, o + 100, 100);
+    shutdown(s, SHUT_WR);
+    readcheck("server read", s, 2, 5000);
+    _exit(0);
+  }
+  close(la);
+  pid_t ch = fork();
+  if (ch == 0) {
+    close(sv[0]);
+    char c;
+    struct iovec v = {&c, 1};
+    char cb[CMSG_SPACE(sizeof(int))];
+    struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = cb, .msg_controllen = sizeof cb};
+    if (recvmsg(sv[1], &m, 0) != 1) die("recvmsg");
+    int fd;
+    memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof fd);
+    msleep(800);
+    unsigned char o[500];
+    for (int i = 0; i < 500; i++) o[i] = pat(2, i);
+    if (writeall(fd, o, 500)) printf("child: write %s\n", strerror(errno));
+    shutdown(fd, SHUT_WR);
+    static unsigned char b[1000];
+    size_t n = 0;
+    ssize_t r;
+    while ((r = read(fd, b + n, sizeof b - n)) > 0) n += r;
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += b[i] != pat(1, 100 + i);
+    printf("child read %zu bytes (%zu not the stream's bytes 100..), end %s\n", n, bad, r == 0 ? "EOF" : strerror(errno));
+    _exit(0);
+  }
+  close(sv[1]);
+  si2_c = dial(pa);
+  pthread_t t;
+  pthread_create(&t, NULL, si2_reader, NULL);
+  msleep(100);
+  char x = 1;
+  struct iovec v = {&x, 1};
+  char cb[CMSG_SPACE(sizeof(int))];
+  struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = cb, .msg_controllen = sizeof cb};
+  struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+  h->cmsg_level = SOL_SOCKET, h->cmsg_type = SCM_RIGHTS, h->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(h), &si2_c, sizeof(int));
+  if (sendmsg(sv[0], &m, 0) != 1) die("sendmsg");
+  close(si2_c);
+  pthread_join(t, NULL);
+  size_t bad = 0;
+  for (int i = 0; i < (si2_r > 0 ? si2_r : 0); i++) bad += si2_b[i] != pat(1, i);
+  printf("thread recv returned %zd (%zu differ)\n", si2_r, bad);
+  int ws;
+  waitpid(ch, &ws, 0);
+  waitpid(sa, &ws, 0);
+  return 0;
+}
+
+// ---------------------------------------------------------------- fork_inflight
+// A thread blocked in recv; the number closed; then fork: what the child sees open (numbers the
+// program never opened), and the child's exit before the parent's recv gets its bytes; the
+// server then sees EOF only when the parent's recv returned. TCP: nothing extra in the child.
+static int fork_inflight(void) {
+  int pa, la = listener(&pa), go[2];
+  pipe(go);
+  pid_t sa = fork();
+  if (sa == 0) {
+    int s = accept(la, NULL, NULL);
+    waitbyte(go[0], 5000);
+    struct pollfd q = {s, POLLIN | POLLRDHUP, 0};
+    int pr = poll(&q, 1, 100);
+    printf("server before writing: %s\n", pr == 0 ? "nothing from the client" : "the client's end is readable/EOF");
+    unsigned char o[100];
+    for (int i = 0; i < 100; i++) o[i] = pat(1, i);
+    writeall(s, o, 100);
+    readcheck("server read", s, 3, 3000);
+    _exit(0);
+  }
+  close(la);
+  close(go[0]);
+  static char before[4096];
+  pv_c = dial(pa);
+  for (int i = 3; i < 4096; i++) before[i] = i != pv_c && fcntl(i, F_GETFD) >= 0;
+  pthread_t t;
+  pthread_create(&t, NULL, pv_reader, NULL);
+  msleep(200);
+  close(pv_c);
+  pid_t ch = fork();
+  if (ch == 0) {
+    int extra = 0;
+    for (int i = 3; i < 4096; i++) extra += !before[i] && fcntl(i, F_GETFD) >= 0;
+    printf("child: %d numbers open that the program never opened\n", extra);
+    _exit(0);
+  }
+  int ws;
+  waitpid(ch, &ws, 0);
+  write(go[1], "g", 1);
+  pthread_join(t, NULL);
+  printf("recv returned %zd%s%s\n", pv_r, pv_r < 0 ? " " : "", pv_r < 0 ? strerror(pv_e) : "");
+  waitpid(sa, &ws, 0);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
+  if (getenv("RT_NC")) NC = atoi(getenv("RT_NC")) < NCMAX ? atoi(getenv("RT_NC")) : NCMAX;
   signal(SIGPIPE, SIG_IGN);
   const char *s = argc > 1 ? argv[1] : "";
   if (!strcmp(s, "sendfile_reuse")) return sendfile_reuse();
@@ -855,6 +1028,9 @@ int main(int argc, char **argv) {
   if (!strcmp(s, "switch_blocked")) return switch_inflight(0);
   if (!strcmp(s, "close_range_inflight")) return close_range_inflight(0);
   if (!strcmp(s, "closeloop_inflight")) return close_range_inflight(1);
+  if (!strcmp(s, "splice_in_reuse")) return splice_in_reuse();
+  if (!strcmp(s, "scm_inflight")) return scm_inflight();
+  if (!strcmp(s, "fork_inflight")) return fork_inflight();
   printf("unknown scenario %s\n", s);
   return 2;
 }
