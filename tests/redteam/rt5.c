@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -1005,6 +1006,94 @@ static int fork_inflight(void) {
   return 0;
 }
 
+// ---------------------------------------------------------------- epoll_close_range
+// An epoll registration of c (data 77) with a dup of c at a lower number; close_range(c, ~0U)
+// closes c: TCP keeps the registration (the open file lives) and reports under data 77 when
+// the server writes; the dup reads the bytes; then the dup closes and the server sees EOF.
+static int epoll_close_range(void) {
+  int pa, la = listener(&pa), go[2];
+  pipe(go);
+  pid_t sa = server(la, go[0], 100, 1, 0, 0, 3, "server read", 3000);
+  close(la);
+  close(go[0]);
+  int hole = open("/dev/null", O_RDONLY);
+  int ep = epoll_create1(0);
+  int c = dial(pa);
+  int d = dup2(c, hole);  // the dup below c
+  struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 77};
+  epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev);
+  int r = close_range(c, ~0U, 0);
+  write(go[1], "g", 1);
+  struct epoll_event out[4];
+  int n = epoll_wait(ep, out, 4, 2000);
+  printf("close_range %d; epoll_wait %d", r, n);
+  for (int i = 0; i < n; i++) printf(" [data %llu events %#x]", (unsigned long long)out[i].data.u64, out[i].events);
+  printf("\n");
+  char b[200];
+  ssize_t k = recv(d, b, sizeof b, MSG_DONTWAIT);
+  printf("the dup read %zd\n", k);
+  close(d);
+  int ws;
+  waitpid(sa, &ws, 0);
+  return 0;
+}
+
+// ---------------------------------------------------------------- shutdown_send_blocked
+// A thread blocked in send (1 MiB, the ring / send buffer filled first); another thread calls
+// shutdown(SHUT_WR) (or SHUT_RDWR with argv[2] "rdwr") at 200 ms; the server reads from
+// 1000 ms on. TCP: shutdown returns at once, send returns early.
+static int sb_c;
+static ssize_t sb_r;
+static int sb_e;
+static long sb_ms;
+static long now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+static void *sb_sender(void *a) {
+  (void)a;
+  static unsigned char b[1 << 20];
+  sb_r = send(sb_c, b, sizeof b, MSG_NOSIGNAL);
+  sb_e = errno;
+  sb_ms = now_ms();
+  return NULL;
+}
+
+static int shutdown_send_blocked(int how) {
+  int pa, la = listener(&pa);
+  pid_t sa = fork();
+  if (sa == 0) {
+    int s = accept(la, NULL, NULL);
+    msleep(1000);
+    static unsigned char b[1 << 16];
+    size_t n = 0;
+    ssize_t r;
+    while ((r = read(s, b, sizeof b)) > 0) n += r;
+    printf("server read %s, end %s\n", n > 0 ? "some bytes" : "nothing", r == 0 ? "EOF" : strerror(errno));
+    _exit(0);
+  }
+  close(la);
+  sb_c = dial(pa);
+  static unsigned char fb[1 << 16];
+  while (send(sb_c, fb, sizeof fb, MSG_DONTWAIT) > 0) {
+  }
+  pthread_t t;
+  pthread_create(&t, NULL, sb_sender, NULL);
+  msleep(200);
+  long t0 = now_ms();
+  int r = shutdown(sb_c, how);
+  long t1 = now_ms();
+  pthread_join(t, NULL);
+  printf("shutdown %d after %s; send returned %s%s, %s the shutdown returned\n", r, t1 - t0 < 100 ? "<100 ms" : ">=100 ms",
+         sb_r < 0 ? "-1 " : sb_r == (1 << 20) ? "all" : "part", sb_r < 0 ? strerror(sb_e) : "",
+         sb_ms - t1 < 100 ? "<100 ms after" : sb_ms - t1 < 600 ? "100-600 ms after" : ">=600 ms after (the server reads from 800 ms after)");
+  close(sb_c);
+  int ws;
+  waitpid(sa, &ws, 0);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (getenv("RT_NC")) NC = atoi(getenv("RT_NC")) < NCMAX ? atoi(getenv("RT_NC")) : NCMAX;
@@ -1031,6 +1120,8 @@ int main(int argc, char **argv) {
   if (!strcmp(s, "splice_in_reuse")) return splice_in_reuse();
   if (!strcmp(s, "scm_inflight")) return scm_inflight();
   if (!strcmp(s, "fork_inflight")) return fork_inflight();
+  if (!strcmp(s, "epoll_close_range")) return epoll_close_range();
+  if (!strcmp(s, "shutdown_send_blocked")) return shutdown_send_blocked(argc > 2 && !strcmp(argv[2], "rdwr") ? SHUT_RDWR : SHUT_WR);
   printf("unknown scenario %s\n", s);
   return 2;
 }
