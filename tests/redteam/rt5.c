@@ -31,6 +31,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1094,6 +1095,66 @@ static int shutdown_send_blocked(int how) {
   return 0;
 }
 
+// ---------------------------------------------------------------- longjmp_close
+// A thread blocked in recv leaves it by siglongjmp from a SIGUSR1 handler (as programs with
+// a timeout or cancellation scheme do); then the connection is closed. TCP: the server reads
+// EOF at once. (pthread_cancel with "cancel" as argv[2]: the thread is cancelled in recv;
+// "reread": the server writes 5 bytes at 500 ms, the main thread reads them before the close.)
+static sigjmp_buf lj_env;
+static int lj_c;
+static void lj_h(int sig) { (void)sig; siglongjmp(lj_env, 1); }
+static void *lj_reader(void *a) {
+  (void)a;
+  char b[100];
+  if (sigsetjmp(lj_env, 1) == 0) recv(lj_c, b, sizeof b, 0);
+  else printf("the thread left recv by siglongjmp\n");
+  pause();
+  return NULL;
+}
+
+static int longjmp_close(int cancel, int reread) {
+  int pa, la = listener(&pa);
+  pid_t sa = fork();
+  if (sa == 0) {
+    int s = accept(la, NULL, NULL);
+    if (reread) {
+      msleep(500);
+      write(s, "hello", 5);
+    }
+    long t0 = now_ms();
+    char x;
+    struct pollfd q = {s, POLLIN, 0};
+    int pr = poll(&q, 1, 3000);
+    ssize_t r = pr > 0 ? read(s, &x, 1) : -1;
+    printf("server: %s %s\n", pr == 0 ? "no EOF within 3 s" : r == 0 ? "EOF" : "other", pr == 0 ? "" : now_ms() - t0 < 600 ? "at once" : "late");
+    _exit(0);
+  }
+  close(la);
+  struct sigaction sa_ = {.sa_handler = lj_h};
+  sigaction(SIGUSR1, &sa_, NULL);
+  lj_c = dial(pa);
+  pthread_t t;
+  pthread_create(&t, NULL, lj_reader, NULL);
+  msleep(200);
+  if (cancel) {
+    pthread_cancel(t);
+    pthread_join(t, NULL);
+    printf("the thread was cancelled in recv\n");
+  } else
+    pthread_kill(t, SIGUSR1);
+  msleep(100);
+  if (reread) {
+    char b[16];
+    long t0 = now_ms();
+    ssize_t r = recv(lj_c, b, sizeof b, 0);
+    printf("main thread's recv after that: %zd after %s\n", r, now_ms() - t0 < 1000 ? "<1 s" : ">=1 s");
+  }
+  close(lj_c);
+  int ws;
+  waitpid(sa, &ws, 0);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (getenv("RT_NC")) NC = atoi(getenv("RT_NC")) < NCMAX ? atoi(getenv("RT_NC")) : NCMAX;
@@ -1122,6 +1183,7 @@ int main(int argc, char **argv) {
   if (!strcmp(s, "fork_inflight")) return fork_inflight();
   if (!strcmp(s, "epoll_close_range")) return epoll_close_range();
   if (!strcmp(s, "shutdown_send_blocked")) return shutdown_send_blocked(argc > 2 && !strcmp(argv[2], "rdwr") ? SHUT_RDWR : SHUT_WR);
+  if (!strcmp(s, "longjmp_close")) return longjmp_close(argc > 2 && !strcmp(argv[2], "cancel"), argc > 2 && !strcmp(argv[2], "reread"));
   printf("unknown scenario %s\n", s);
   return 2;
 }
