@@ -1194,6 +1194,47 @@ static int longjmp_pingpong(void) {
   return 0;
 }
 
+// ---------------------------------------------------------------- poll_reuse
+// A thread in poll(c, POLLIN, 1000); at 200 ms another thread closes c and connects a socket at
+// the same number to a server that greets with 1000 bytes. TCP: poll sleeps on the old file and
+// reports the number's new socket (POLLIN) at its timeout.
+static int pr_c, pr_d = -1, pr_pb;
+static int pr_r;
+static short pr_rev;
+static long pr_ms;
+static void *pr_poller(void *a) {
+  (void)a;
+  struct pollfd q = {pr_c, POLLIN, 0};
+  long t0 = now_ms();
+  pr_r = poll(&q, 1, 1000);
+  pr_ms = now_ms() - t0;
+  pr_rev = q.revents;
+  return NULL;
+}
+
+static int poll_reuse(void) {
+  int pa, la = listener(&pa), lb = listener(&pr_pb);
+  pid_t sa = server(la, -1, 0, 0, 0, 0, 3, "server A read", 3000);
+  pid_t sb = server(lb, -1, 1000, 2, 1, 0, 4, "server B read", 3000);
+  close(la);
+  close(lb);
+  pr_c = dial(pa);
+  pthread_t t;
+  pthread_create(&t, NULL, pr_poller, NULL);
+  msleep(200);
+  close(pr_c);
+  pr_d = dial(pr_pb);
+  pthread_join(t, NULL);
+  printf("poll returned %d revents %#x after %s; new socket at the number: %s\n", pr_r, pr_rev,
+         pr_ms < 900 ? "<900 ms" : pr_ms < 1200 ? "900-1200 ms" : ">=1200 ms", pr_d == pr_c ? "yes" : "no");
+  readcheck("the new socket read", pr_d, 2, 3000);
+  close(pr_d);
+  int ws;
+  waitpid(sa, &ws, 0);
+  waitpid(sb, &ws, 0);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (getenv("RT_NC")) NC = atoi(getenv("RT_NC")) < NCMAX ? atoi(getenv("RT_NC")) : NCMAX;
@@ -1224,6 +1265,7 @@ int main(int argc, char **argv) {
   if (!strcmp(s, "shutdown_send_blocked")) return shutdown_send_blocked(argc > 2 && !strcmp(argv[2], "rdwr") ? SHUT_RDWR : SHUT_WR);
   if (!strcmp(s, "longjmp_close")) return longjmp_close(argc > 2 && !strcmp(argv[2], "cancel"), argc > 2 && !strcmp(argv[2], "reread"));
   if (!strcmp(s, "longjmp_pingpong")) return longjmp_pingpong();
+  if (!strcmp(s, "poll_reuse")) return poll_reuse();
   printf("unknown scenario %s\n", s);
   return 2;
 }
