@@ -1235,6 +1235,34 @@ static int poll_reuse(void) {
   return 0;
 }
 
+// ---------------------------------------------------------------- closefrom_stale
+// A connection at fd 3 whose server sent 100 bytes; closefrom(3) (glibc: its internal
+// close_range, unseen); the program opens a file (fd 3 again), reads it, writes to a second
+// file opened at 4. TCP: read gives the file's bytes; the write lands in the file.
+static int closefrom_stale(void) {
+  int pa, la = listener(&pa);
+  pid_t sa = server(la, -1, 100, 1, 0, 0, 3, "server read", 2000);
+  close(la);
+  int c = dial(pa);
+  msleep(200);
+  closefrom(3);
+  int f = open("/tmp", O_TMPFILE | O_RDWR, 0600);
+  const char *msg = "file bytes\n";
+  pwrite(f, msg, strlen(msg), 0);
+  char b[200];
+  ssize_t r = read(f, b, sizeof b);
+  int same = r == (ssize_t)strlen(msg) && !memcmp(b, msg, r);
+  printf("connection was at %d, file at %d: read %zd bytes, %s\n", c, f, r, same ? "the file's" : "NOT the file's");
+  ssize_t w = write(f, "more\n", 5);
+  struct stat st;
+  fstat(f, &st);
+  printf("write %zd; the file holds %ld bytes\n", w, (long)st.st_size);
+  printf("close(file) %s\n", close(f) ? strerror(errno) : "ok");
+  int ws;
+  waitpid(sa, &ws, 0);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (getenv("RT_NC")) NC = atoi(getenv("RT_NC")) < NCMAX ? atoi(getenv("RT_NC")) : NCMAX;
@@ -1266,6 +1294,7 @@ int main(int argc, char **argv) {
   if (!strcmp(s, "longjmp_close")) return longjmp_close(argc > 2 && !strcmp(argv[2], "cancel"), argc > 2 && !strcmp(argv[2], "reread"));
   if (!strcmp(s, "longjmp_pingpong")) return longjmp_pingpong();
   if (!strcmp(s, "poll_reuse")) return poll_reuse();
+  if (!strcmp(s, "closefrom_stale")) return closefrom_stale();
   printf("unknown scenario %s\n", s);
   return 2;
 }
