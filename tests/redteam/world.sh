@@ -3,6 +3,7 @@
 # Runs <cmd> in a fresh attached cgroup with a private daemon; with "smc" under
 # LD_PRELOAD=libsmc_preload.so (SMC_SHORT_BYTES=0: every connection SMC-D), with
 # "tcp" without it (the baseline). Prints the stats summary for smc. Cleans up.
+# DARGS="...": extra daemon arguments (e.g. DARGS="--shelve-after-ms 0").
 set -u
 MODE=$1; shift
 B=${B:-$(cd "$(dirname "$0")/../.." && pwd)/target/release}
@@ -22,7 +23,7 @@ trap 'exit 130' INT TERM PIPE
 mkdir -p $CG $D/procs
 exec 9>/run/smc/tests.lock; flock 9
 $B/smc-ctl attach --cgroup $CG >/dev/null || exit 1
-$B/smc-ctl daemon --socket $D/ctl.sock --state-dir $D/state --procs-dir $D/procs 9>&- > $D/daemon.log 2>&1 &
+$B/smc-ctl daemon --socket $D/ctl.sock --state-dir $D/state --procs-dir $D/procs ${DARGS:-} 9>&- > $D/daemon.log 2>&1 &
 DP=$!
 for i in $(seq 50); do [ -S $D/ctl.sock ] && break; sleep 0.1; done
 export SMC_CTL_SOCK=$D/ctl.sock SMC_PROCS_DIR=$D/procs SMC_SHORT_BYTES=0 SMC_STATS_KEEP=1 RT_DIR=$D RT_CG=$CG

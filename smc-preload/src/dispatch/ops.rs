@@ -960,12 +960,21 @@ pub unsafe fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int)
     if closing && fdtable::any_objects() {
         let hi = (last as u64).min(fdtable::MAX_FDS as u64 - 1);
         for (fd, o) in fdtable::all_objects() {
-            if (fd as u64) >= first as u64 && (fd as u64) <= hi {
-                if matches!(&*o, Obj::Private(_)) {
-                    ours.push(fd as libc::c_uint);
-                } else {
-                    forget_fd(fd);
-                }
+            if (fd as u64) >= first as u64
+                && (fd as u64) <= hi
+                && !matches!(&*o, Obj::Private(_))
+            {
+                forget_fd(fd);
+            }
+        }
+        // Collected after those closes: a close under a call in flight makes a private
+        // duplicate, possibly inside the range (`tests/redteam/rt5.c close_range_inflight`).
+        for (fd, o) in fdtable::all_objects() {
+            if (fd as u64) >= first as u64
+                && (fd as u64) <= hi
+                && matches!(&*o, Obj::Private(_))
+            {
+                ours.push(fd as libc::c_uint);
             }
         }
     }

@@ -98,6 +98,11 @@ impl InCall {
         &self.obj
     }
 
+    /// Whether its number still names the connection (not closed, nor reused, meanwhile).
+    pub fn still_named(&self) -> bool {
+        crate::fdtable::raw_seqcst(self.fd) & !1 == Arc::as_ptr(&self.obj) as usize
+    }
+
     pub fn conn(&self) -> &Conn {
         match &*self.obj {
             Obj::Conn(c) => c,
