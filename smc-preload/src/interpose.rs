@@ -58,6 +58,15 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
     unsafe { ops::close_range(first, last, flags) }
 }
 
+/// glibc's `closefrom` closes through its internal `close_range`, which we would not see: our
+/// daemon connection and private duplicates closed behind our back, the daemon's next request
+/// written into whatever file took its number (`tests/redteam/rt5.c closefrom_pair`).
+#[no_mangle]
+pub unsafe extern "C" fn closefrom(lowfd: c_int) {
+    // SAFETY: integer argument only; `ops::closefrom` has the contract of glibc's `closefrom`.
+    unsafe { ops::closefrom(lowfd) }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     // SAFETY: the application's arguments, passed on unchanged: `ops::shutdown` has the contract of

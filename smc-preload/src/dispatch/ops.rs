@@ -953,6 +953,33 @@ pub unsafe fn close(fd: c_int) -> c_int {
     unsafe { real::close(fd) }
 }
 
+/// `closefrom(3)`: every number from `lowfd` on, through our [`close_range`] (which keeps our
+/// own descriptors); where the kernel has no `close_range`, one `close` per number below the
+/// descriptor limit, as glibc's fallback does.
+pub unsafe fn closefrom(lowfd: c_int) {
+    let first = lowfd.max(0) as libc::c_uint;
+    // SAFETY: integer arguments only.
+    if unsafe { close_range(first, libc::c_uint::MAX, 0) } == 0 {
+        return;
+    }
+    let e = real::errno();
+    // SAFETY: a zeroed rlimit is valid; getrlimit fills it.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out pointer.
+    let lim = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
+        rl.rlim_cur.min(1 << 20) as c_int
+    } else {
+        1024
+    };
+    for fd in lowfd.max(0)..lim {
+        if !setup::is_daemon_fd(fd) && !crate::obj::is_private(fd) {
+            // SAFETY: integer argument only.
+            unsafe { close(fd) };
+        }
+    }
+    real::set_errno(e);
+}
+
 pub unsafe fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int) -> c_int {
     let closing = flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && !lifecycle::in_vfork_child();
     // Our own descriptors in the range (private duplicates of sockets) stay open.
@@ -960,20 +987,14 @@ pub unsafe fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int)
     if closing && fdtable::any_objects() {
         let hi = (last as u64).min(fdtable::MAX_FDS as u64 - 1);
         for (fd, o) in fdtable::all_objects() {
-            if (fd as u64) >= first as u64
-                && (fd as u64) <= hi
-                && !matches!(&*o, Obj::Private(_))
-            {
+            if (fd as u64) >= first as u64 && (fd as u64) <= hi && !matches!(&*o, Obj::Private(_)) {
                 forget_fd(fd);
             }
         }
         // Collected after those closes: a close under a call in flight makes a private
         // duplicate, possibly inside the range (`tests/redteam/rt5.c close_range_inflight`).
         for (fd, o) in fdtable::all_objects() {
-            if (fd as u64) >= first as u64
-                && (fd as u64) <= hi
-                && matches!(&*o, Obj::Private(_))
-            {
+            if (fd as u64) >= first as u64 && (fd as u64) <= hi && matches!(&*o, Obj::Private(_)) {
                 ours.push(fd as libc::c_uint);
             }
         }

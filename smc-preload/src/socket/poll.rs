@@ -356,9 +356,7 @@ unsafe fn poll_once(
                 // poll answers for what it names now (`POLLNVAL` when nothing), as it does for a
                 // TCP socket closed under a poll; also when another file took the number, whose
                 // readiness the kernel just reported (`tests/redteam/rt5.c poll_reuse`).
-                Kind::Smc(call) => {
-                    closed |= t.revents & libc::POLLNVAL != 0 || !call.still_named()
-                }
+                Kind::Smc(call) => closed |= t.revents & libc::POLLNVAL != 0 || !call.still_named(),
                 Kind::Plain => p.revents = t.revents,
                 Kind::Undecided(und) => {
                     let out = libc::POLLOUT;
