@@ -2030,42 +2030,21 @@ fn socket_reuses_number_while_recv_blocked() {
 }
 
 fn close_while_send_blocked() {
-    let (c, s) = pair();
-    static T: AtomicI32 = AtomicI32::new(0);
     // More than the peer's socket and ring hold: the write blocks until the peer reads.
     let data: Vec<u8> = (0..(24usize << 20))
         .map(|i| (i ^ (i >> 11)) as u8)
         .collect();
     let want = digest(&data);
-    let h = std::thread::spawn(move || {
-        T.store(gettid(), Ordering::Release);
+    close_while_writing_blocked("write", want, move |s| {
         // SAFETY: valid buffer.
         unsafe { libc::write(s, data.as_ptr().cast(), data.len()) }
     });
-    wait_blocked(&T);
-    r("close(s) while write blocks", close(s) as isize);
-    let (rp, wp) = pipe_at(s);
-    // Everything the call writes arrives, then the end of the stream.
-    let got = read_n(c, 32 << 20);
-    let k = h.join().unwrap();
-    log(format!("blocked write = {k}"));
-    log(format!(
-        "peer got {} [{}] want [{want}]",
-        got.len(),
-        digest(&got)
-    ));
-    pl("poll(pipe,IN) untouched", rp, libc::POLLIN, 0);
-    close(rp);
-    close(wp);
-    close(c);
 }
 
 /// `sendfile` from a file into a socket whose peer does not read yet, blocked; another thread
 /// closes the socket's number and a pipe takes it: the call goes on with the socket it started
 /// on (the kernel holds the file for the whole call), never with what the number names now.
 fn close_while_sendfile_blocked() {
-    let (c, s) = pair();
-    static T: AtomicI32 = AtomicI32::new(0);
     let data: Vec<u8> = (0..(24usize << 20))
         .map(|i| (i ^ (i >> 13)) as u8)
         .collect();
@@ -2076,17 +2055,34 @@ fn close_while_sendfile_blocked() {
     // SAFETY: plain lseek on our memfd.
     unsafe { libc::lseek(f, 0, libc::SEEK_SET) };
     let n = data.len();
-    let h = std::thread::spawn(move || {
-        T.store(gettid(), Ordering::Release);
+    close_while_writing_blocked("sendfile", want, move |s| {
         // SAFETY: fd numbers and a NULL offset (the file's own).
         unsafe { libc::sendfile(s, f, std::ptr::null_mut(), n) }
     });
+    close(f);
+}
+
+/// A thread makes `call` (`write_blocked(s)`: more than the peer's socket and ring hold) on
+/// one end of a pair and blocks; the number is closed and a pipe takes it. Everything the call
+/// writes arrives (digest `want`), then the end of the stream; the pipe is untouched.
+fn close_while_writing_blocked(
+    call: &str,
+    want: String,
+    write_blocked: impl FnOnce(c_int) -> isize + Send + 'static,
+) {
+    let (c, s) = pair();
+    static T: AtomicI32 = AtomicI32::new(0);
+    T.store(0, Ordering::Release);
+    let h = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        write_blocked(s)
+    });
     wait_blocked(&T);
-    r("close(s) while sendfile blocks", close(s) as isize);
+    r(&format!("close(s) while {call} blocks"), close(s) as isize);
     let (rp, wp) = pipe_at(s);
     let got = read_n(c, 32 << 20);
     let k = h.join().unwrap();
-    log(format!("blocked sendfile = {k}"));
+    log(format!("blocked {call} = {k}"));
     log(format!(
         "peer got {} [{}] want [{want}]",
         got.len(),
@@ -2095,7 +2091,6 @@ fn close_while_sendfile_blocked() {
     pl("poll(pipe,IN) untouched", rp, libc::POLLIN, 0);
     close(rp);
     close(wp);
-    close(f);
     close(c);
 }
 
