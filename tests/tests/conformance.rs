@@ -29,7 +29,6 @@ const EXPECTED: &[(&str, &str)] = &[
     ("epoll_nested", "an epoll fd in another epoll set: the outer wait may see the inner set ready when no entry of it reports (our registration's own event, e.g. right after EPOLL_CTL_ADD: the kernel's view of the set), and the inner wait then returns nothing: a spurious wakeup, never a missed one (epoll_nested_lt_data_left and epoll_nested_wakes_on_write match TCP)"),
     ("poll_nested_epoll", "the same with poll on the epoll fd: POLLIN for an idle set right after EPOLL_CTL_ADD (spurious; data left or arriving is always seen)"),
     ("msg_oob", "no urgent data on SMC-D: send(MSG_OOB) fails with EOPNOTSUPP instead of sending one byte out of band"),
-    ("connect_own_listener_one_thread", "a blocking connect to a listener of the same process accepted later by the same thread: the client handshake still waits for the server inside connect (2 s CLC timeout, then TCP); non-blocking connects are fixed"),
 ];
 
 struct Outcome {

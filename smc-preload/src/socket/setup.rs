@@ -1457,23 +1457,51 @@ fn forget_own_client(port: Option<u16>) {
 /// ([`Obj::Handshake`]) — a non-blocking connect returns at once, also when the server accepts
 /// much later or is this very thread. `nonblock`: O_NONBLOCK of the socket.
 pub fn client_start(fd: i32, nonblock: bool, dest: Option<Dest>) {
+    client_start_until(fd, nonblock, dest, None)
+}
+
+/// How long a blocking connect to a listener of this process waits inside the call for the
+/// server's Accept ([`client_start_until`]): long enough for another thread's accept, short
+/// against the CLC timeout the same thread's later accept would otherwise cost.
+pub const OWN_CONNECT_WAIT: Duration = Duration::from_millis(20);
+
+/// [`client_start`]; `wait`: first wait for the server until then (a blocking connect to a
+/// listener of this process: another thread may be accepting, and then the handshake ends
+/// within the call as usual; if it does not within the wait, the accepting thread may be this
+/// one, after the call, and the handshake goes on at the fd's next operation).
+pub fn client_start_until(fd: i32, nonblock: bool, dest: Option<Dest>, wait: Option<Instant>) {
     let Some(mut d) = client_driver(fd, dest) else {
         return;
     };
-    // Known before the Proposal goes out: our accepting thread must find it.
     let peer_local = to_own_listener(dest);
     let port = if peer_local { port_of(fd, false) } else { None };
-    if let Some(p) = port {
-        let mut v = OWN_CLIENTS.lock();
-        v.push(p);
-        OWN_CLIENTS_N.store(v.len() as u64, Ordering::Relaxed);
+    let note_client = |p: Option<u16>| {
+        if let Some(p) = p {
+            let mut v = OWN_CLIENTS.lock();
+            v.push(p);
+            OWN_CLIENTS_N.store(v.len() as u64, Ordering::Relaxed);
+        }
+    };
+    // Known before the Proposal goes out: our accepting thread must find it. Not while we wait
+    // here ourselves: an accepting thread then waits for our Confirm as for any client's.
+    if wait.is_none() {
+        note_client(port);
     }
-    match d.step(false) {
+    let step = match wait {
+        None => d.step(false),
+        Some(t) => d.step_until(Some(Some(t))),
+    };
+    match step {
         Progress::Done(out) => {
-            forget_own_client(port);
+            if wait.is_none() {
+                forget_own_client(port);
+            }
             finish(fd, false, out, nonblock)
         }
         Progress::WouldBlock => {
+            if wait.is_some() {
+                note_client(port);
+            }
             debug!("fd {fd}: client handshake continues at the next operation");
             let o = Arc::new(Obj::Handshake(crate::obj::Handshake {
                 driver: Mutex::new(Some(Box::new(d))),
@@ -1527,12 +1555,32 @@ fn progress_or_withdraw(
     // Proposal only when driven, so we drive it as far as it goes without waiting. Likewise a
     // server end drives its client end of this process, which confirms only when driven (the
     // server may speak first, in the thread that holds the client).
-    let own = h.peer_local && own_ends(h.server).1.load(Ordering::Relaxed) > 0;
-    if own {
+    let own = || h.peer_local && own_ends(h.server).1.load(Ordering::Relaxed) > 0;
+    if own() {
         nudge_own_peer(fd, h.server);
     }
-    let mut step = d.step_until(wait);
-    if own && matches!(step, Progress::WouldBlock) && nudge_own_peer(fd, h.server) {
+    let mut step = match wait {
+        // A call that waits: the other end may be an accepted socket of ours that no thread
+        // drives (its thread may be this one, or wait for us elsewhere): wait in short slices
+        // and drive it in between.
+        Some(limit) if h.peer_local => {
+            let mut slice = Duration::from_micros(50);
+            loop {
+                let now = Instant::now();
+                let until = limit.map_or(now + slice, |l| l.min(now + slice));
+                let s = d.step_until(Some(Some(until)));
+                if matches!(s, Progress::Done(_)) || limit.is_some_and(|l| Instant::now() >= l) {
+                    break s;
+                }
+                if own() {
+                    nudge_own_peer(fd, h.server);
+                }
+                slice = (slice * 2).min(Duration::from_millis(5));
+            }
+        }
+        _ => d.step_until(wait),
+    };
+    if own() && matches!(step, Progress::WouldBlock) && nudge_own_peer(fd, h.server) {
         step = d.step(false);
     }
     settle(fd, h, g, step)
