@@ -689,17 +689,13 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     let e = real::errno();
     if r == 0 {
         // A TCP connect that completes at once was blocking (a non-blocking one always says
-        // EINPROGRESS). To a listener of this process, the thread that accepts may be this
-        // one, after the call: waiting here for its Accept would take the CLC timeout
-        // (conformance `connect_own_listener_one_thread`), so the wait is short and the
-        // handshake goes on at the next operation.
-        if setup::to_own_listener(dest) {
-            setup::client_start_until(
-                fd,
-                false,
-                dest,
-                Some(std::time::Instant::now() + setup::OWN_CONNECT_WAIT),
-            );
+        // EINPROGRESS). To a listener of a process with no other thread, only this thread can
+        // accept, after the call: waiting here for the Accept would take the CLC timeout
+        // (conformance `connect_own_listener_one_thread`), so the handshake goes on at the
+        // next operation, driving the accepted end. With other threads, one of them may be
+        // accepting: the handshake ends within the call as usual.
+        if setup::to_own_listener(dest) && setup::single_threaded() {
+            setup::client_start(fd, false, dest);
         } else {
             setup::client_after_connect(fd, Some(false), dest);
         }

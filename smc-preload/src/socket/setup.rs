@@ -1433,6 +1433,19 @@ pub fn note_listener(fd: i32) {
     }
 }
 
+/// Whether this process has one thread (`/proc/self/stat`, field 20; false when unreadable).
+/// A blocking connect to our own listener in such a process can only be accepted by this
+/// thread, after the call.
+pub fn single_threaded() -> bool {
+    let Ok(st) = std::fs::read_to_string("/proc/self/stat") else {
+        return false;
+    };
+    // Fields after the command name (which may hold spaces and parentheses): state is field 3.
+    st.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(20 - 3))
+        .is_some_and(|n| n == "1")
+}
+
 /// Whether `dest` is one of our own listeners' ports.
 pub fn to_own_listener(dest: Option<Dest>) -> bool {
     if OWN_LISTENERS_N.load(Ordering::Relaxed) == 0 {
@@ -1457,51 +1470,23 @@ fn forget_own_client(port: Option<u16>) {
 /// ([`Obj::Handshake`]) — a non-blocking connect returns at once, also when the server accepts
 /// much later or is this very thread. `nonblock`: O_NONBLOCK of the socket.
 pub fn client_start(fd: i32, nonblock: bool, dest: Option<Dest>) {
-    client_start_until(fd, nonblock, dest, None)
-}
-
-/// How long a blocking connect to a listener of this process waits inside the call for the
-/// server's Accept ([`client_start_until`]): long enough for another thread's accept, short
-/// against the CLC timeout the same thread's later accept would otherwise cost.
-pub const OWN_CONNECT_WAIT: Duration = Duration::from_millis(20);
-
-/// [`client_start`]; `wait`: first wait for the server until then (a blocking connect to a
-/// listener of this process: another thread may be accepting, and then the handshake ends
-/// within the call as usual; if it does not within the wait, the accepting thread may be this
-/// one, after the call, and the handshake goes on at the fd's next operation).
-pub fn client_start_until(fd: i32, nonblock: bool, dest: Option<Dest>, wait: Option<Instant>) {
     let Some(mut d) = client_driver(fd, dest) else {
         return;
     };
+    // Known before the Proposal goes out: our accepting thread must find it.
     let peer_local = to_own_listener(dest);
     let port = if peer_local { port_of(fd, false) } else { None };
-    let note_client = |p: Option<u16>| {
-        if let Some(p) = p {
-            let mut v = OWN_CLIENTS.lock();
-            v.push(p);
-            OWN_CLIENTS_N.store(v.len() as u64, Ordering::Relaxed);
-        }
-    };
-    // Known before the Proposal goes out: our accepting thread must find it. Not while we wait
-    // here ourselves: an accepting thread then waits for our Confirm as for any client's.
-    if wait.is_none() {
-        note_client(port);
+    if let Some(p) = port {
+        let mut v = OWN_CLIENTS.lock();
+        v.push(p);
+        OWN_CLIENTS_N.store(v.len() as u64, Ordering::Relaxed);
     }
-    let step = match wait {
-        None => d.step(false),
-        Some(t) => d.step_until(Some(Some(t))),
-    };
-    match step {
+    match d.step(false) {
         Progress::Done(out) => {
-            if wait.is_none() {
-                forget_own_client(port);
-            }
+            forget_own_client(port);
             finish(fd, false, out, nonblock)
         }
         Progress::WouldBlock => {
-            if wait.is_some() {
-                note_client(port);
-            }
             debug!("fd {fd}: client handshake continues at the next operation");
             let o = Arc::new(Obj::Handshake(crate::obj::Handshake {
                 driver: Mutex::new(Some(Box::new(d))),
