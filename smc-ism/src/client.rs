@@ -182,6 +182,22 @@ impl DmbMap {
         self.len
     }
 
+    /// Whether a child forked later inherits the mapping (`madvise` `MADV_DOFORK` /
+    /// `MADV_DONTFORK` over the whole mapping, also for a view).
+    pub fn set_inherited(&self, on: bool) -> io::Result<()> {
+        let advice = if on {
+            libc::MADV_DOFORK
+        } else {
+            libc::MADV_DONTFORK
+        };
+        // SAFETY: advice over exactly our own mapping (page aligned by mmap, `map_len` bytes);
+        // it changes only what fork(2) copies.
+        if unsafe { libc::madvise(self.base.as_ptr().cast(), self.map_len, advice) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Always false (DMBs are at least 16 KiB).
     pub fn is_empty(&self) -> bool {
         self.len == 0

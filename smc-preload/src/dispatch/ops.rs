@@ -1277,6 +1277,7 @@ pub unsafe fn fork() -> libc::pid_t {
         setup::after_fork_child();
         conns_after_fork_child();
     } else if r > 0 {
+        setup::after_fork_parent();
         for (_, o) in &objs {
             if let Obj::Epoll(s) = &**o {
                 s.after_fork_parent(r as u32);

@@ -95,13 +95,29 @@ pub fn take(own: bool, id: u64, len: usize) -> Option<(Arc<Mapping>, Option<Arc<
         (found, gone)
     };
     drop(gone);
-    found.filter(|(m, _)| m.len() == len)
+    let found = found.filter(|(m, _)| m.len() == len)?;
+    // In use again: a child forked from now on holds the connection, and its memory with it.
+    let _ = found.0.set_inherited(true);
+    if let Some(st) = &found.1 {
+        let _ = st.set_inherited(true);
+    }
+    Some(found)
 }
 
 /// Keep the mapping of DMB `id` (with our own DMB: its local state page) for a later
 /// connection.
 pub fn keep(own: bool, id: u64, m: Arc<Mapping>, state: Option<Arc<Mapping>>) {
     if id == 0 {
+        return;
+    }
+    // Kept for a later connection of this process only: a child forked meanwhile (one that
+    // drops its privileges, say) must not map the rings and state of our next connections
+    // (`tests/redteam/rt6.c keptfork`); a mapping that cannot be marked is not kept.
+    if m.set_inherited(false).is_err()
+        || state
+            .as_ref()
+            .is_some_and(|s| s.set_inherited(false).is_err())
+    {
         return;
     }
     let now = Instant::now();

@@ -610,7 +610,9 @@ fn epoch_ms() -> u64 {
 
 fn new_dev(pid: u32) -> *mut Dev {
     let client = smc_ism::SharedClient::new(daemon_path());
-    client.set_state_slots(crate::util::config::config().state_slots);
+    client.set_state_slots(
+        crate::util::config::config().state_slots && !FORKED_PARENT.load(Ordering::Relaxed),
+    );
     Box::into_raw(Box::new(Dev {
         client,
         pid,
@@ -717,6 +719,27 @@ fn local_gid() -> Result<smc_ism::Gid, u32> {
 
 /// In the child after fork: its own daemon connection (the parent's references stay the
 /// parent's); the global locks are reset by the crate root's `after_fork_locks`.
+/// This process forked a child that may still map the pages of local state slots we had:
+/// no more slots for us (see [`after_fork_parent`]).
+static FORKED_PARENT: AtomicBool = AtomicBool::new(false);
+
+/// In the parent after `fork`: the child maps the page of our current local state slots (it
+/// shares the connections whose slots are there), so our later connection ends must not get a
+/// slot of that page, nor a pooled DMB whose state is such a slot (a child that dropped its
+/// privileges would hold their locks and cursors, `tests/redteam/rt6.c slotfork`): from now on
+/// a 4 KiB state page per end (the daemon binds a pooled DMB with a slot only for a caller that
+/// takes slots).
+pub fn after_fork_parent() {
+    FORKED_PARENT.store(true, Ordering::Relaxed);
+    let p = DEV.load(Ordering::Acquire);
+    // SAFETY: published and never freed (a replaced one is leaked).
+    if let Some(d) = unsafe { p.as_ref() } {
+        if d.pid == crate::pid() {
+            d.client.set_state_slots(false);
+        }
+    }
+}
+
 pub fn after_fork_child() {
     // The parent's pending releases are its own (references of its daemon connection).
     PENDING_RELEASES.lock().clear();
