@@ -68,7 +68,11 @@
 //! - `attach_peer` (`OP_ATTACH_PEER`): the same attach, of the live DMB that the other end of
 //!   the caller's very TCP connection registered, without the token — only when both sockets
 //!   are in one network namespace, and — like every attach — only to the very peer socket
-//!   recorded at registration, so nothing is granted that the token path would refuse. The data path's server sends it
+//!   recorded at registration, so nothing is granted that the token path would refuse. Once a
+//!   DMB is attached, an attach (by token or by connection, or through `pair`) from another
+//!   client connection is granted only to the first attacher's uid, cgroup and pid namespace,
+//!   as `adopt`: another tenant given the peer socket does not map the ring its first holder
+//!   writes into. The data path's server sends it
 //!   right after its CLC accept (its client registered while the accept was in flight) and
 //!   checks the token against the confirm.
 //! - `adopt` (`OP_ADOPT`, [`Client::adopt_dmb`]): for a process an established connection's

@@ -547,6 +547,7 @@ fn only_the_owners_tenant_adopts_a_moved_socket() {
     // `nobody` holds the owner's very socket (inherited across fork) and asks for both.
     let sock = dir.sock();
     let bfd = b.as_raw_fd();
+    let their_token = theirs.token;
     let code = as_nobody(move || {
         let Ok(mut c) = Client::connect(&sock) else {
             return 91;
@@ -563,11 +564,25 @@ fn only_the_owners_tenant_adopts_a_moved_socket() {
                 Err(_) => got |= bit << 3,
             }
         }
+        // The same socket is the proof of an attach of the other end's DMB, which the owner's
+        // client attached: by connection (ATTACH_PEER) or by token, another tenant is
+        // refused as by OP_ADOPT (red6 rt6_attach: it read what the owner sent).
+        match c.attach_peer_start(bfd).and_then(|t| c.finish_dmb(t)) {
+            Ok(_) => got |= 1 << 6,
+            Err(IsmError::BadProof) => {}
+            Err(_) => got |= 1 << 8,
+        }
+        match c.attach_dmb(their_token, bfd) {
+            Ok(_) => got |= 1 << 7,
+            Err(IsmError::BadProof) => {}
+            Err(_) => got |= 1 << 9,
+        }
         got
     });
     assert_eq!(
         code, 0,
         "another uid holding the socket: bit 0/1/2 own/peer DMB/state granted, bits 3-5 other \
+         errors than BadProof, bit 6/7 peer DMB granted by ATTACH_PEER/ATTACH, bits 8/9 other \
          errors than BadProof, 9x setup"
     );
 

@@ -20,8 +20,8 @@ use super::closer::Closer;
 use super::diag::{self, CgroupKeys};
 use super::pair::{self, Deferred, Grant, Parked, Pool, Rendezvous};
 use super::registry::{
-    BindMiss, CgroupUsage, ClientIdentity, DmbObj, Fail, LocalState, RefKind, Registry, StateSlots,
-    UidUsage,
+    Attacher, BindMiss, CgroupUsage, ClientIdentity, DmbObj, Fail, LocalState, RefKind, Registry,
+    StateSlots, UidUsage,
 };
 use super::shelf::KeptFile;
 
@@ -841,6 +841,15 @@ impl Conn<'_> {
         cg
     }
 
+    /// This client as an attacher (see [`Registry::attach`]).
+    fn attacher(&self) -> Attacher<'_> {
+        Attacher {
+            conn: self.id,
+            uid: self.uid.uid,
+            ident: &self.ident,
+        }
+    }
+
     /// The socket a request passed, or why there is none.
     fn passed<T>(&self, fd: Option<T>) -> Result<T, Fail> {
         match fd {
@@ -1141,7 +1150,11 @@ impl Conn<'_> {
             x_own.token,
             &y.who,
             attacher_cg(sh, y.sock.as_fd(), &y.who).as_deref(),
-            y.conn,
+            Attacher {
+                conn: y.conn,
+                uid: y.uid.uid,
+                ident: &y.ident,
+            },
         ) {
             Ok(d) => Grant::new(self.arc.clone(), d, RefKind::Attach, true),
             Err(f) => {
@@ -1156,7 +1169,7 @@ impl Conn<'_> {
                 y_own.token,
                 xid,
                 attacher_cg(sh, xfd, xid).as_deref(),
-                self.id,
+                self.attacher(),
             ) {
                 Ok(d) => {
                     self.held.entry(d.token).or_default().attaches += 1;
@@ -1200,9 +1213,12 @@ impl Conn<'_> {
         slots: Option<Arc<StateSlots>>,
     ) -> Result<PairDmbs, Fail> {
         let sh = self.shared;
-        let peer = sh
-            .reg
-            .attach(token, xid, attacher_cg(sh, xfd, xid).as_deref(), self.id)?;
+        let peer = sh.reg.attach(
+            token,
+            xid,
+            attacher_cg(sh, xfd, xid).as_deref(),
+            self.attacher(),
+        )?;
         self.held.entry(token).or_default().attaches += 1;
         let info = diag::conn_info(xfd, xid, sh.own_netns, sh.peers_map.as_deref(), false);
         let Some(pc) = info.peer_cookie else {
@@ -1324,10 +1340,10 @@ impl Conn<'_> {
                 }
             }
         };
-        let conn = self.id;
+        let by = self.attacher();
         let dmb = proof.and_then(|(id, cg)| match token {
-            Some(t) => self.shared.reg.attach(t, &id, cg.as_deref(), conn),
-            None => self.shared.reg.attach_peer(&id, cg.as_deref(), conn),
+            Some(t) => self.shared.reg.attach(t, &id, cg.as_deref(), by),
+            None => self.shared.reg.attach_peer(&id, cg.as_deref(), by),
         });
         if dmb.is_ok() {
             self.granted(sock);

@@ -488,6 +488,15 @@ impl StateSlots {
     }
 }
 
+/// The client connection that attaches a DMB: its id, uid and identity (see
+/// [`Registry::attach`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Attacher<'a> {
+    pub conn: u64,
+    pub uid: u32,
+    pub ident: &'a ClientIdentity,
+}
+
 /// Who a client is beyond its uid, sampled when it connected (for `OP_ADOPT`).
 #[derive(Clone)]
 pub(crate) struct ClientIdentity {
@@ -548,6 +557,9 @@ struct Record {
     pooled: bool,
     /// The one client connection that ever attached it (see [`Registry::bind_pooled`]).
     attached_by: Option<u64>,
+    /// Its uid and identity: another client connection attaches only if it is of the same
+    /// tenant (see [`Registry::attach`]).
+    attached_tenant: Option<(u32, ClientIdentity)>,
     /// Never to be bound again: attached by two client connections, or released by one that
     /// may still write into it.
     tainted: bool,
@@ -937,6 +949,7 @@ impl Registry {
                     peer_cookie,
                     pooled: false,
                     attached_by: None,
+                    attached_tenant: None,
                     tainted: false,
                 });
                 drop(shard);
@@ -1020,14 +1033,18 @@ impl Registry {
     /// Takes an attach reference if `who` is the mirror of the owner's connection.
     /// `cg`: the quota key of the attacher's socket, asked for only when
     /// [`Registry::require_same_cgroup`] (see [`Registry::needs_attacher_cgroup`]).
-    /// `conn`: the attaching client connection (a pooled DMB is bound again only for a
-    /// connection whose peer is the one client that ever attached it).
+    /// `by`: the attaching client (a pooled DMB is bound again only for a connection whose
+    /// peer is the one client connection that ever attached it). Once attached, another client
+    /// connection that holds the peer socket too (it moved, `SCM_RIGHTS` or `exec`) attaches
+    /// only if it is of the first attacher's uid, cgroup and pid namespace, as `OP_ADOPT`
+    /// requires: another tenant given the socket must not map the ring its first holder
+    /// writes into (what it sent before, and sends after, the handover).
     pub(crate) fn attach(
         &self,
         token: u64,
         who: &TcpIdentity,
         cg: Option<&str>,
-        conn: u64,
+        by: Attacher<'_>,
     ) -> Result<Arc<DmbObj>, Fail> {
         let mut shard = lock(self.shard(token));
         let rec = shard
@@ -1045,11 +1062,21 @@ impl Registry {
         if self.require_same_cgroup && Some(rec.dmb.owner_cgroup.path.as_str()) != cg {
             return Err(Fail::OtherCgroup);
         }
+        let second = rec.attached_by.is_some_and(|c| c != by.conn);
+        if second
+            && !rec
+                .attached_tenant
+                .as_ref()
+                .is_some_and(|(uid, ident)| *uid == by.uid && ident.same(by.ident))
+        {
+            return Err(Fail::BadProof);
+        }
         rec.refs = rec.refs.checked_add(1).ok_or(Fail::Internal)?;
-        match rec.attached_by {
-            None => rec.attached_by = Some(conn),
-            Some(c) if c != conn => rec.tainted = true,
-            Some(_) => {}
+        if rec.attached_by.is_none() {
+            rec.attached_by = Some(by.conn);
+            rec.attached_tenant = Some((by.uid, by.ident.clone()));
+        } else if second {
+            rec.tainted = true;
         }
         self.totals.live_attachments.fetch_add(1, AcqRel);
         Ok(rec.dmb.clone())
@@ -1062,10 +1089,10 @@ impl Registry {
         &self,
         who: &TcpIdentity,
         cg: Option<&str>,
-        conn: u64,
+        by: Attacher<'_>,
     ) -> Result<Arc<DmbObj>, Fail> {
         let token = self.peer_token(who).ok_or(Fail::StaleToken)?;
-        self.attach(token, who, cg, conn)
+        self.attach(token, who, cg, by)
     }
 
     /// `OP_ADOPT`: takes an attach reference on the DMB registered with `who`'s very socket
