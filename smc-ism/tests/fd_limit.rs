@@ -409,8 +409,7 @@ fn sealed_page() -> OwnedFd {
 }
 
 /// Every slot in use, each DMB registered as the data path does (with its state page: two
-/// descriptors in the daemon while they are not shelved; here never) and attached by the other
-/// end of its connection: the daemon's own
+/// descriptors in the daemon while they are not shelved; here never): the daemon's own
 /// descriptor limit, raised at start from a low soft limit, holds them all; what bounds
 /// registrations is `max_dmbs` (`MaxDmb`), never a descriptor (`Mem`). (Counting one
 /// descriptor per DMB, the daemon ran out after about half of them.)
@@ -424,8 +423,7 @@ fn every_slot_fits_the_daemon_descriptor_limit() {
 /// The same under a hard limit of 300 descriptors, which the daemon cannot raise without
 /// `CAP_SYS_RESOURCE` (this VM's daemons have none: their hard limit of 20 000 held ~4 500
 /// connections): the files of the oldest DMBs are shelved when descriptors run short, so every
-/// slot is still registered. Without shelves, registration 125 of 600 fails with `Mem`. (The
-/// files of a DMB that waits for its peer's attach are not shelved: the DMBs are attached.)
+/// slot is still registered. Without shelves, registration 125 of 600 fails with `Mem`.
 #[test]
 fn every_slot_fits_a_descriptor_limit_below_two_per_dmb() {
     every_slot_registered(&[("ISM_CHILD_NOFILE", "300".into())], |fds, st| {
@@ -434,8 +432,7 @@ fn every_slot_fits_a_descriptor_limit_below_two_per_dmb() {
     });
 }
 
-/// Shelved at once (a DMB once its peer attached it), DMBs cost the daemon no descriptor at
-/// all.
+/// Shelved at once, DMBs cost the daemon no descriptor at all.
 #[test]
 fn shelved_dmbs_hold_no_descriptor() {
     every_slot_registered(&[("ISM_CHILD_SHELVE_AFTER_MS", "0".into())], |fds, st| {
@@ -450,9 +447,8 @@ fn shelved_dmbs_hold_no_descriptor() {
 const SLOTS: u64 = 600;
 
 /// Registers `SLOTS` DMBs with their state pages in a daemon child started with `env` (its
-/// soft `RLIMIT_NOFILE` at 64), each attached by the other end of its connection (its memfd
-/// closed here at once: the reference stays), checks the descriptors it holds then
-/// (`check(fds, stats)`), and that one more finds no slot.
+/// soft `RLIMIT_NOFILE` at 64), checks the descriptors it holds then (`check(fds, stats)`),
+/// and that one more finds no slot.
 fn every_slot_registered(env: &[(&str, String)], check: impl FnOnce(u64, smc_ism::Stats)) {
     let _serial = serial();
     // This process holds both ends of every connection.
@@ -477,7 +473,6 @@ fn every_slot_registered(env: &[(&str, String)], check: impl FnOnce(u64, smc_ism
     env.push(("ISM_CHILD_MAX_CLIENTS", "4".to_string()));
     let daemon = DaemonProc::start_with(&dir, &env, Some(64));
     let server = SharedClient::new(&dir.sock());
-    let peer = SharedClient::new(&dir.sock());
     let mut conns = Vec::new();
     for i in 0..SLOTS {
         let (a, b) = tcp_pair();
@@ -487,8 +482,6 @@ fn every_slot_registered(env: &[(&str, String)], check: impl FnOnce(u64, smc_ism
             .unwrap();
         let r = server.finish_dmb(t);
         assert!(r.is_ok(), "registration {i} of {SLOTS}: {r:?}");
-        let r = peer.attach_dmb(r.unwrap().token, a.as_raw_fd());
-        assert!(r.is_ok(), "attach {i} of {SLOTS}: {r:?}");
         conns.push((a, b));
     }
     let fds = std::fs::read_dir(format!("/proc/{}/fd", daemon.pid()))
@@ -506,7 +499,7 @@ fn every_slot_registered(env: &[(&str, String)], check: impl FnOnce(u64, smc_ism
         matches!(r, Err(IsmError::MaxDmb)),
         "beyond the slots: {r:?}"
     );
-    drop((server, peer));
+    drop(server);
     drop(daemon);
 }
 

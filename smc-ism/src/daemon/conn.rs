@@ -900,10 +900,14 @@ impl Conn<'_> {
             return Err(Fail::Memfd(libc::EMFILE));
         }
         let cg = self.bucket(info.owner_cgroup);
+        // A registration that records its proof is a server's before its accept: the attach it
+        // waits for is its client's, which can still decline (its files may be shelved
+        // meanwhile). Any other may be a client's, attached by a server past its accept.
         let dmb = match sh.reg.register(
             size_code,
             id,
             info.peer_cookie,
+            !record,
             &cg,
             &self.uid,
             &self.ident,
@@ -1550,6 +1554,7 @@ fn own_dmb(
         size_code,
         *who,
         Some(peer_cookie),
+        true,
         &bucket,
         uid,
         client,

@@ -424,18 +424,20 @@ impl LocalState {
     }
 
     /// Shelves its file: a page at once; a page of slots once all its slots are handed out
-    /// (before, the next `PAIR` of its client would open it again), or `force`d.
-    fn shelve(&self, force: bool) {
-        match self {
-            LocalState::Page(f) => {
-                f.shelve();
-            }
+    /// (before, the next `PAIR` of its client would open it again), or `force`d. Whether it
+    /// was shelved now.
+    fn shelve(&self, force: bool) -> bool {
+        let r = match self {
+            LocalState::Page(f) => f.shelve(),
             LocalState::Slot { chunk, .. } => {
                 if force || chunk.taken.load(Acquire) >= SLOTS_PER_CHUNK {
-                    chunk.file.shelve();
+                    chunk.file.shelve()
+                } else {
+                    None
                 }
             }
-        }
+        };
+        r == Some(true)
     }
 }
 
@@ -552,7 +554,8 @@ struct Record {
     /// may still write into it.
     tainted: bool,
     /// Since when (registry time) it waits for the first attach by the other end of the
-    /// connection it is bound to (`None`: attached, or nobody may attach it). Its files are not
+    /// connection it is bound to (`None`: attached, nobody may attach it, or a server's
+    /// registration before its accept, whose client can still decline). Its files are not
     /// shelved meanwhile (for [`ATTACH_GRACE`] at most): that attach may come from a server
     /// past its CLC accept, which can no longer decline, when the daemon has no descriptor
     /// left to open a shelved file again (issue 14: resets, server `INTERR`).
@@ -896,7 +899,9 @@ impl Registry {
         Ok(charge)
     }
 
-    /// Registers a DMB owned by the caller: quota, slot, memfd, token, refcount 1.
+    /// Registers a DMB owned by the caller: quota, slot, memfd, token, refcount 1. `keep`: its
+    /// files stay unshelved until the other end attaches it (see [`Record::awaiting`]; moot
+    /// without `peer_cookie`: nobody may).
     // Each argument is one fact of the registration, from a different source.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn register(
@@ -904,6 +909,7 @@ impl Registry {
         size_code: u8,
         owner: TcpIdentity,
         peer_cookie: Option<u64>,
+        keep: bool,
         cg: &Arc<CgroupUsage>,
         uid: &Arc<UidUsage>,
         client: &ClientIdentity,
@@ -958,7 +964,7 @@ impl Registry {
                     pooled: false,
                     attached_by: None,
                     tainted: false,
-                    awaiting: peer_cookie.map(|_| dmb.born),
+                    awaiting: peer_cookie.filter(|_| keep).map(|_| dmb.born),
                 });
                 drop(shard);
                 let t = (owner.local, owner.peer);
@@ -969,7 +975,7 @@ impl Registry {
                 if self.shelve_after.is_some_and(|a| a.is_zero()) {
                     // A DMB the other end is to attach keeps its memfd's descriptor until then
                     // (see `Record::awaiting`): shelved at that attach.
-                    if peer_cookie.is_none() {
+                    if peer_cookie.is_none() || !keep {
                         dmb.shelve();
                     }
                     if let Some(s) = &dmb.state {
@@ -1006,14 +1012,22 @@ impl Registry {
         let mut done = 0;
         for _ in 0..8 {
             let i = self.sweep_shard.fetch_add(1, Relaxed) % SHARDS;
-            let due: Vec<Arc<DmbObj>> = lock(&self.shards[i])
+            let due: Vec<(Arc<DmbObj>, bool)> = lock(&self.shards[i])
                 .values()
-                .filter(|r| !r.dmb.memfd.is_shelved() && !r.awaits_attach(now))
+                .filter(|r| !r.dmb.memfd.is_shelved())
                 .filter(|r| min_age.is_none_or(|a| now.saturating_sub(r.dmb.born) >= a))
                 .take(max - done)
-                .map(|r| r.dmb.clone())
+                .map(|r| (r.dmb.clone(), r.awaits_attach(now)))
                 .collect();
-            done += due.into_iter().filter(|d| d.shelve()).count();
+            // One that waits for its attach: its state page only (the attach does not pass it).
+            done += due
+                .into_iter()
+                .filter(|(d, awaits)| match (awaits, &d.state) {
+                    (false, _) => d.shelve(),
+                    (true, Some(s)) => s.shelve(false),
+                    (true, None) => false,
+                })
+                .count();
             if done >= max {
                 break;
             }
