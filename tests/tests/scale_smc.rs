@@ -220,11 +220,30 @@ fn all_mem(what: &str, s: &Snapshot) -> u64 {
 
 #[test]
 fn daemon_out_of_descriptors_declines_mem() {
-    let w = SmcWorld::new();
+    daemon_out_of_descriptors(&[]);
+}
+
+/// The same with every DMB's files shelved (`--shelve-after-ms 0`, as a daemon that shelves
+/// under a low limit): a server past its accept whose attach found the client's memfd shelved
+/// and the daemon without a descriptor to open it again was reset (issue 14: server `INTERR`,
+/// the daemon logging "a DMB's memfd cannot be opened again: Too many open files"; 76 of 1000
+/// in a first run of this setup, none in 9 runs of this test: all SMC-D in 3 of them, which it
+/// fails too, for want of fallbacks). That DMB now keeps its descriptor until that attach
+/// (`a_server_past_its_accept_attaches_at_the_daemons_descriptor_limit` makes the case
+/// deterministically): none reset, the rest `MEM`.
+#[test]
+fn daemon_out_of_descriptors_with_shelved_files_declines_mem() {
+    daemon_out_of_descriptors(&["--shelve-after-ms", "0"]);
+}
+
+/// 1000 connections with the daemon's `RLIMIT_NOFILE` 150 above what it holds at the start
+/// (`daemon_args`: its extra arguments): some SMC-D, the rest `MEM`, none reset.
+fn daemon_out_of_descriptors(daemon_args: &[&str]) {
+    let w = SmcWorld::with_daemon_args(daemon_args);
     // Room for 150 descriptors besides those the daemon holds already: about 37 connections
     // (a memfd and a state page per DMB).
     let open = std::fs::read_dir(format!("/proc/{}/fd", w.daemon_pid()))
-        .expect("daemon fds")
+        .unwrap_or_else(|e| panic!("daemon fds: {e}"))
         .count() as u64;
     let lim = libc::rlimit {
         rlim_cur: (open + 150) as libc::rlim_t,
@@ -246,8 +265,14 @@ fn daemon_out_of_descriptors_declines_mem() {
     let n = 1000;
     let r = scale_run(&w, n as u32, 1, None);
     eprintln!(
-        "daemon at its limit: client {} | server {}",
+        "daemon at its limit {daemon_args:?}: client {} | server {}",
         brief(&r.client),
+        brief(&r.server)
+    );
+    assert_eq!(
+        r.server.get("handshake_errors"),
+        0,
+        "servers reset past their accept: {}",
         brief(&r.server)
     );
     assert_clean(&r, n);
