@@ -32,7 +32,9 @@ pub struct DaemonArgs {
     /// Once DMB files hold half of the daemon's descriptor limit: the age in milliseconds
     /// after which a DMB's memfd and state page are kept without a descriptor (shelved in a
     /// mapping of the daemon, opened again when needed), or `never`; `0`: every DMB at
-    /// registration. Any age when descriptors run short. Default 1000.
+    /// registration (a client's: once its server attached it). Any age when descriptors run
+    /// short, but never a client's DMB before its server's attach (a minute at most). Default
+    /// 1000.
     #[arg(long, value_name = "MS|never", value_parser = parse_shelve)]
     shelve_after_ms: Option<Shelve>,
     /// Serve the figures of `smc-ctl stats` and the daemon's own as Prometheus text on

@@ -167,6 +167,10 @@ struct Conn<'a> {
     pass_state: bool,
     /// ... and says where in it the state is (`ADOPT_FLAG_SLOT`).
     state_off_reply: bool,
+    /// The memfd the reply to the current request passes, taken with its reference (an
+    /// attach: see `Registry::attach_passing`); else it is taken (or opened again) for the
+    /// reply.
+    pass_fd: Option<PassFd>,
     /// The page of local state slots its DMBs get (`PAIR_FLAG_STATE_SLOT`).
     slots: Arc<StateSlots>,
     /// The last proof socket cgroup id and its quota bucket (a process's sockets nearly always
@@ -220,6 +224,7 @@ pub(crate) async fn serve_conn(
         second: None,
         pass_state: false,
         state_off_reply: false,
+        pass_fd: None,
         slots: Arc::default(),
         cg_last: None,
         fds_dropped: false,
@@ -307,20 +312,20 @@ fn pair_result(own: &DmbObj, peer: &DmbObj) -> [u8; proto::PAIR_REPLY_LEN] {
 /// until the reply is sent (also when the file is shelved meanwhile: see `shelf`).
 type PassFd = Arc<OwnedFd>;
 
-/// The memfd of `d` for a reply (opened again when shelved). Should that fail, the reply goes
-/// without it: the client gives the references back and declines with `MEM`.
-fn pass_memfd(d: &DmbObj) -> Option<PassFd> {
-    d.memfd
-        .fd()
+/// The memfd of `d` for a reply (opened again when shelved: see [`Registry::reopen`]). Should
+/// that fail, the reply goes without it: the client gives the references back and declines
+/// with `MEM` (a request no server past its accept makes: its attach gets the descriptor kept,
+/// `Registry::attach_passing`).
+fn pass_memfd(reg: &Registry, d: &DmbObj) -> Option<PassFd> {
+    reg.reopen(&d.memfd)
         .map_err(|e| log::error!("a DMB's memfd cannot be opened again: {e}"))
         .ok()
 }
 
 /// The state page of `d` (or the page of its slot) for a reply (as [`pass_memfd`]).
-fn pass_state(d: &DmbObj) -> Option<PassFd> {
+fn pass_state(reg: &Registry, d: &DmbObj) -> Option<PassFd> {
     d.state.as_ref().and_then(|s| {
-        s.file()
-            .fd()
+        reg.reopen(s.file())
             .map_err(|e| log::error!("a state page cannot be opened again: {e}"))
             .ok()
     })
@@ -328,11 +333,11 @@ fn pass_state(d: &DmbObj) -> Option<PassFd> {
 
 /// The fds of a `PAIR` reply: own memfd, peer memfd, own state page (if it has one: see
 /// [`proto::PAIR_OWN_STATE`]).
-fn pair_pass(own: Arc<DmbObj>, peer: Arc<DmbObj>) -> Vec<PassFd> {
-    let mut v: Vec<PassFd> = pass_memfd(&own).into_iter().collect();
-    v.extend(pass_memfd(&peer));
+fn pair_pass(reg: &Registry, own: Arc<DmbObj>, peer: Arc<DmbObj>) -> Vec<PassFd> {
+    let mut v: Vec<PassFd> = pass_memfd(reg, &own).into_iter().collect();
+    v.extend(pass_memfd(reg, &peer));
     if own.state.is_some() {
-        v.extend(pass_state(&own));
+        v.extend(pass_state(reg, &own));
     }
     v
 }
@@ -488,7 +493,7 @@ impl Conn<'_> {
                     0,
                     &pair_result(&own, &peer),
                 );
-                pair_pass(own, peer)
+                pair_pass(&self.shared.reg, own, peer)
             }
             Deferred::Failed { seq, fail } => {
                 c.pair.record(false);
@@ -556,6 +561,7 @@ impl Conn<'_> {
         let (op, seq, noreply) = (d.op, d.seq, d.noreply);
         self.pass_state = false;
         self.state_off_reply = false;
+        self.pass_fd = None;
         let second = self.second.take();
         let state = match d.request {
             Ok(proto::Request::Register { .. }) => second,
@@ -633,7 +639,7 @@ impl Conn<'_> {
                         c.pair.record(true);
                         self.shared.events.bump();
                         encode_reply(out, op, seq, Status::Ok, 0, &pair_result(&own, &peer));
-                        pair_pass(own, peer)
+                        pair_pass(&self.shared.reg, own, peer)
                     }
                     // Parked: answered when the other end asks, or at the end of the wait.
                     Ok(None) => Vec::new(),
@@ -750,8 +756,11 @@ impl Conn<'_> {
                     None => encode_reply(out, op, seq, Status::Ok, 0, &[]),
                 }
                 match dmb {
-                    Some(d) if self.pass_state => pass_state(&d).into_iter().collect(),
-                    Some(d) => pass_memfd(&d).into_iter().collect(),
+                    Some(d) if self.pass_state => pass_state(reg, &d).into_iter().collect(),
+                    Some(d) => match self.pass_fd.take() {
+                        Some(f) => vec![f],
+                        None => pass_memfd(reg, &d).into_iter().collect(),
+                    },
                     None => Vec::new(),
                 }
             }
@@ -900,10 +909,14 @@ impl Conn<'_> {
             return Err(Fail::Memfd(libc::EMFILE));
         }
         let cg = self.bucket(info.owner_cgroup);
+        // A registration that records its proof is a server's before its accept: the attach it
+        // waits for is its client's, which can still decline (its files may be shelved
+        // meanwhile). Any other may be a client's, attached by a server past its accept.
         let dmb = match sh.reg.register(
             size_code,
             id,
             info.peer_cookie,
+            !record,
             &cg,
             &self.uid,
             &self.ident,
@@ -1308,10 +1321,25 @@ impl Conn<'_> {
         self.dispose(fd);
     }
 
+    /// The proof of this client's registration `own` (it holds the owner reference) that its
+    /// registry record keeps (the owner's socket): for an attach of the peer's DMB by a
+    /// server past its accept whose socket the daemon could not receive, when `own` came with
+    /// a `PAIR` (no proof recorded: see `recorded`) and the server attaches the DMB its client
+    /// registered alone after all.
+    fn owner_proof(&self, own: u64) -> Option<Proof> {
+        if !self.held.get(&own).is_some_and(|h| h.owner) {
+            return None;
+        }
+        self.shared.reg.owner_proof(own)
+    }
+
     /// Attaches the DMB `token`, or (`None`) the one the other end of the caller's connection
     /// registered. The proof is the socket passed, or, when the kernel dropped it (this daemon
     /// out of descriptors) and `own` names a registration of this client whose proof was
-    /// recorded, that record. A passed socket, the exact peer of the DMB owner's socket, may
+    /// recorded, that record (one that came with a `PAIR`: its registry record, see
+    /// [`Conn::owner_proof`]). The reply passes the memfd's descriptor taken with the
+    /// reference (a DMB that waited for this attach kept it: nothing to open at the limit).
+    /// A passed socket, the exact peer of the DMB owner's socket, may
     /// enable the `sk_msg` shortcut (see `grant`); then it goes to the closer.
     fn attach(
         &mut self,
@@ -1325,12 +1353,16 @@ impl Conn<'_> {
                 (Some(sock), p)
             }
             None => {
-                let rec = self
-                    .recorded
-                    .get(&own)
-                    .filter(|_| self.fds_dropped && own != 0);
+                let rec = if self.fds_dropped && own != 0 {
+                    self.recorded
+                        .get(&own)
+                        .cloned()
+                        .or_else(|| self.owner_proof(own))
+                } else {
+                    None
+                };
                 match rec {
-                    Some(p) => (None, Ok(p.clone())),
+                    Some(p) => (None, Ok(p)),
                     None => {
                         return Err(self
                             .passed(None::<OwnedFd>)
@@ -1342,7 +1374,7 @@ impl Conn<'_> {
         };
         let by = self.attacher();
         let dmb = proof.and_then(|(id, cg)| match token {
-            Some(t) => self.shared.reg.attach(t, &id, cg.as_deref(), by),
+            Some(t) => self.shared.reg.attach_passing(t, &id, cg.as_deref(), by),
             None => self.shared.reg.attach_peer(&id, cg.as_deref(), by),
         });
         if dmb.is_ok() {
@@ -1350,7 +1382,8 @@ impl Conn<'_> {
         } else {
             self.dispose(sock);
         }
-        let dmb = dmb?;
+        let (dmb, fd) = dmb?;
+        self.pass_fd = fd;
         self.held.entry(dmb.token).or_default().attaches += 1;
         if own != 0 {
             self.recorded.remove(&own);
@@ -1537,6 +1570,7 @@ fn own_dmb(
         size_code,
         *who,
         Some(peer_cookie),
+        true,
         &bucket,
         uid,
         client,

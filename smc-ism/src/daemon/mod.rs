@@ -119,7 +119,10 @@ pub struct DaemonConfig {
     /// through it when a client needs them (`OP_ADOPT`, a pooled DMB bound again), so that
     /// established connections cost the daemon no descriptor (default 1000; 0: every one at
     /// once; `None`: never). They are, once such files hold half of the daemon's descriptors
-    /// (any age above three quarters, and at once when only a few are left). Needs
+    /// (any age above three quarters, and at once when only a few are left); never those of a
+    /// client's DMB that waits for its first attach (for a minute at most; with 0, shelved at
+    /// that attach): a server past its CLC accept makes it, when the daemon may have no
+    /// descriptor left to open a shelved file again. Needs
     /// `CAP_SYS_ADMIN` or `CAP_CHECKPOINT_RESTORE` (`/proc/self/map_files`); without, the
     /// descriptors are kept. Each shelved file costs a mapping (`vm.max_map_count`).
     pub shelve_after_ms: Option<u64>,

@@ -424,18 +424,20 @@ impl LocalState {
     }
 
     /// Shelves its file: a page at once; a page of slots once all its slots are handed out
-    /// (before, the next `PAIR` of its client would open it again), or `force`d.
-    fn shelve(&self, force: bool) {
-        match self {
-            LocalState::Page(f) => {
-                f.shelve();
-            }
+    /// (before, the next `PAIR` of its client would open it again), or `force`d. Whether it
+    /// was shelved now.
+    fn shelve(&self, force: bool) -> bool {
+        let r = match self {
+            LocalState::Page(f) => f.shelve(),
             LocalState::Slot { chunk, .. } => {
                 if force || chunk.taken.load(Acquire) >= SLOTS_PER_CHUNK {
-                    chunk.file.shelve();
+                    chunk.file.shelve()
+                } else {
+                    None
                 }
             }
-        }
+        };
+        r == Some(true)
     }
 }
 
@@ -563,7 +565,28 @@ struct Record {
     /// Never to be bound again: attached by two client connections, or released by one that
     /// may still write into it.
     tainted: bool,
+    /// Since when (registry time) it waits for the first attach by the other end of the
+    /// connection it is bound to (`None`: attached, nobody may attach it, or a server's
+    /// registration before its accept, whose client can still decline). Its files are not
+    /// shelved meanwhile (for [`ATTACH_GRACE`] at most): that attach may come from a server
+    /// past its CLC accept, which can no longer decline, when the daemon has no descriptor
+    /// left to open a shelved file again (issue 14: resets, server `INTERR`).
+    awaiting: Option<std::time::Duration>,
 }
+
+impl Record {
+    /// Whether its files stay unshelved for an attach to come (see [`Record::awaiting`]).
+    fn awaits_attach(&self, now: std::time::Duration) -> bool {
+        self.awaiting
+            .is_some_and(|t| now.saturating_sub(t) < ATTACH_GRACE)
+    }
+}
+
+/// How long a DMB that waits for its first attach keeps its descriptors at most (see
+/// [`Record::awaiting`]): longer than a server waits for its client's confirm and then for the
+/// daemon (`smc-preload`'s `committed_wait`, ten CLC timeouts: 20 s by default). A DMB whose
+/// peer never attaches (its connection failed) is released by its owner long before.
+const ATTACH_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Why a pooled DMB could not be bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -888,7 +911,9 @@ impl Registry {
         Ok(charge)
     }
 
-    /// Registers a DMB owned by the caller: quota, slot, memfd, token, refcount 1.
+    /// Registers a DMB owned by the caller: quota, slot, memfd, token, refcount 1. `keep`: its
+    /// files stay unshelved until the other end attaches it (see [`Record::awaiting`]; moot
+    /// without `peer_cookie`: nobody may).
     // Each argument is one fact of the registration, from a different source.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn register(
@@ -896,6 +921,7 @@ impl Registry {
         size_code: u8,
         owner: TcpIdentity,
         peer_cookie: Option<u64>,
+        keep: bool,
         cg: &Arc<CgroupUsage>,
         uid: &Arc<UidUsage>,
         client: &ClientIdentity,
@@ -951,6 +977,7 @@ impl Registry {
                     attached_by: None,
                     attached_tenant: None,
                     tainted: false,
+                    awaiting: peer_cookie.filter(|_| keep).map(|_| dmb.born),
                 });
                 drop(shard);
                 let t = (owner.local, owner.peer);
@@ -959,7 +986,11 @@ impl Registry {
                     lock(self.cookie_shard(c)).insert(c, token);
                 }
                 if self.shelve_after.is_some_and(|a| a.is_zero()) {
-                    dmb.shelve();
+                    // A DMB the other end is to attach keeps its memfd's descriptor until then
+                    // (see `Record::awaiting`): shelved at that attach.
+                    if peer_cookie.is_none() || !keep {
+                        dmb.shelve();
+                    }
                     if let Some(s) = &dmb.state {
                         s.shelve(true);
                     }
@@ -967,6 +998,22 @@ impl Registry {
                 return Ok(dmb);
             }
             // Clash with a live token: draw again.
+        }
+    }
+
+    /// A descriptor of `f` for a reply: the one kept, else opened again through its shelf;
+    /// when that finds no descriptor left (`EMFILE`), the files of a batch of other DMBs are
+    /// shelved first (their descriptors go, as far as `vm.max_map_count` leaves room) and it
+    /// is tried once more.
+    pub(crate) fn reopen(&self, f: &KeptFile) -> std::io::Result<Arc<std::os::fd::OwnedFd>> {
+        match f.fd() {
+            Err(e) if e.raw_os_error() == Some(libc::EMFILE) && self.shelve_after.is_some() => {
+                if self.shelve_some(SHELVE_BATCH, None) == 0 {
+                    return Err(e);
+                }
+                f.fd()
+            }
+            r => r,
         }
     }
 
@@ -978,14 +1025,22 @@ impl Registry {
         let mut done = 0;
         for _ in 0..8 {
             let i = self.sweep_shard.fetch_add(1, Relaxed) % SHARDS;
-            let due: Vec<Arc<DmbObj>> = lock(&self.shards[i])
+            let due: Vec<(Arc<DmbObj>, bool)> = lock(&self.shards[i])
                 .values()
                 .filter(|r| !r.dmb.memfd.is_shelved())
                 .filter(|r| min_age.is_none_or(|a| now.saturating_sub(r.dmb.born) >= a))
                 .take(max - done)
-                .map(|r| r.dmb.clone())
+                .map(|r| (r.dmb.clone(), r.awaits_attach(now)))
                 .collect();
-            done += due.into_iter().filter(|d| d.shelve()).count();
+            // One that waits for its attach: its state page only (the attach does not pass it).
+            done += due
+                .into_iter()
+                .filter(|(d, awaits)| match (awaits, &d.state) {
+                    (false, _) => d.shelve(),
+                    (true, Some(s)) => s.shelve(false),
+                    (true, None) => false,
+                })
+                .count();
             if done >= max {
                 break;
             }
@@ -1046,6 +1101,20 @@ impl Registry {
         cg: Option<&str>,
         by: Attacher<'_>,
     ) -> Result<Arc<DmbObj>, Fail> {
+        self.attach_passing(token, who, cg, by).map(|a| a.0)
+    }
+
+    /// As [`Registry::attach`], with the descriptor of the DMB's memfd for the reply when it
+    /// has one: taken with the reference, so that a shelving meanwhile (the DMB no longer
+    /// waits for its attach, see [`Record::awaiting`]) cannot leave the reply to open the file
+    /// again, which needs a descriptor the daemon at its limit does not have.
+    pub(crate) fn attach_passing(
+        &self,
+        token: u64,
+        who: &TcpIdentity,
+        cg: Option<&str>,
+        by: Attacher<'_>,
+    ) -> Result<(Arc<DmbObj>, Option<Arc<std::os::fd::OwnedFd>>), Fail> {
         let mut shard = lock(self.shard(token));
         let rec = shard
             .get_mut(&token)
@@ -1078,8 +1147,16 @@ impl Registry {
         } else if second {
             rec.tainted = true;
         }
+        let first = rec.awaiting.take().is_some();
         self.totals.live_attachments.fetch_add(1, AcqRel);
-        Ok(rec.dmb.clone())
+        let dmb = rec.dmb.clone();
+        let fd = dmb.memfd.held();
+        drop(shard);
+        if first && self.shelve_after.is_some_and(|a| a.is_zero()) {
+            // Kept for this attach (see `register`); the reply still has `fd`.
+            dmb.shelve();
+        }
+        Ok((dmb, fd))
     }
 
     /// Takes an attach reference on the live DMB registered by the other end of `who`'s
@@ -1090,9 +1167,23 @@ impl Registry {
         who: &TcpIdentity,
         cg: Option<&str>,
         by: Attacher<'_>,
-    ) -> Result<Arc<DmbObj>, Fail> {
+    ) -> Result<(Arc<DmbObj>, Option<Arc<std::os::fd::OwnedFd>>), Fail> {
         let token = self.peer_token(who).ok_or(Fail::StaleToken)?;
-        self.attach(token, who, cg, by)
+        self.attach_passing(token, who, cg, by)
+    }
+
+    /// The proof an attach by the owner of `token` would make with the socket of its
+    /// registration (the owner's socket and, when cgroups are compared, its quota key): for an
+    /// attach whose socket the daemon could not receive (out of descriptors), when the caller
+    /// holds the owner reference of `token` (checked by the caller). `None` when it is not
+    /// bound to a connection.
+    pub(crate) fn owner_proof(&self, token: u64) -> Option<(TcpIdentity, Option<String>)> {
+        let shard = lock(self.shard(token));
+        let rec = shard.get(&token).filter(|r| !r.unregistered && !r.pooled)?;
+        let cg = self
+            .require_same_cgroup
+            .then(|| rec.dmb.owner_cgroup.path.clone());
+        Some((rec.owner, cg))
     }
 
     /// `OP_ADOPT`: takes an attach reference on the DMB registered with `who`'s very socket
@@ -1212,7 +1303,10 @@ impl Registry {
         };
         let owner_gone = kind == RefKind::Owner && !rec.unregistered;
         match kind {
-            RefKind::Owner => rec.unregistered = true,
+            RefKind::Owner => {
+                rec.unregistered = true;
+                rec.awaiting = None;
+            }
             RefKind::Attach => {
                 self.totals.live_attachments.fetch_sub(1, AcqRel);
             }
@@ -1254,6 +1348,7 @@ impl Registry {
             return false;
         }
         rec.pooled = true;
+        rec.awaiting = None;
         self.totals.pooled.fetch_add(1, AcqRel);
         let o = rec.owner;
         drop(shard);
@@ -1293,6 +1388,7 @@ impl Registry {
         self.counters.dmbs_reused.fetch_add(1, Relaxed);
         rec.owner = owner;
         rec.peer_cookie = Some(peer_cookie);
+        rec.awaiting = Some(self.started.elapsed());
         let dmb = rec.dmb.clone();
         drop(shard);
         let t = (owner.local, owner.peer);

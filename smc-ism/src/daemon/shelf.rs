@@ -18,7 +18,10 @@
 //! [`super::DaemonConfig::shelve_after_ms`] (so that a short connection, and a pooled DMB bound
 //! again at once, never do), by a background sweep a few at a time (a burst of thousands took
 //! a CPU from the connections' pings for milliseconds); above three quarters, of any age; with
-//! only a few descriptors left, at once in the registration. Where the mapping cannot be made
+//! only a few descriptors left, at once in the registration. Never those of a client's DMB
+//! that waits for its first attach (see `registry::Record::awaiting`): that attach may be a server's past
+//! its CLC accept, whose reply must not need a descriptor to open the file again (the daemon
+//! at its limit has none: issue 14's resets). Where the mapping cannot be made
 //! or opened (no capability, `vm.max_map_count` less a reserve of 4096 reached), the
 //! descriptor is kept, as before.
 //! Costs (this VM): `mmap` ~2 µs, the reopen ~5 µs, `munmap` at the end ~5 µs.
@@ -120,6 +123,14 @@ impl KeptFile {
         match stat(f.as_fd()) {
             Some((ino, _)) if ino == self.ino => Ok(Arc::new(f)),
             _ => Err(io::Error::other("a shelved file reopened as another inode")),
+        }
+    }
+
+    /// The descriptor kept, if it is not shelved (never opens anything).
+    pub(crate) fn held(&self) -> Option<Arc<OwnedFd>> {
+        match &*lock(&self.hold) {
+            Hold::Fd(f) => Some(f.clone()),
+            Hold::Shelved(_) => None,
         }
     }
 
