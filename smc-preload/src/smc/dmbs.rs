@@ -59,8 +59,12 @@ fn prune(k: &mut Kept, now: Instant) -> Vec<Entry> {
     let mut gone = Vec::new();
     if k.pid != pid {
         k.pid = pid;
-        gone.extend(k.own.drain(..));
-        gone.extend(k.peer.drain(..));
+        // A forked child's copy of the parent's entries: their mappings are `MADV_DONTFORK`
+        // ([`keep`]), absent here; unmapping their ranges would take whatever this process
+        // mapped there since (a DMB, its statistics page). Forgotten, never dropped.
+        for e in k.own.drain(..).chain(k.peer.drain(..)) {
+            std::mem::forget(e);
+        }
     }
     for q in [&mut k.own, &mut k.peer] {
         while q
