@@ -453,6 +453,29 @@ fn readv_writev() {
     close(s);
 }
 
+/// One iovec over each 4-byte buffer of `rb`.
+fn iovecs_of(rb: &mut [[u8; 4]]) -> Vec<libc::iovec> {
+    rb.iter_mut()
+        .map(|b| libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: b.len(),
+        })
+        .collect()
+}
+
+/// One mmsghdr per iovec of `iovs` (which must outlive the headers' use).
+fn mmsg_headers(iovs: &mut [libc::iovec]) -> Vec<libc::mmsghdr> {
+    iovs.iter_mut()
+        .map(|io| {
+            // SAFETY: zeroed mmsghdr is valid.
+            let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            m.msg_hdr.msg_iov = io;
+            m.msg_hdr.msg_iovlen = 1;
+            m
+        })
+        .collect()
+}
+
 fn sendmmsg_recvmmsg() {
     let (c, s) = pair();
     let bufs = [b"one".to_vec(), b"two2".to_vec(), b"three".to_vec()];
@@ -463,12 +486,7 @@ fn sendmmsg_recvmmsg() {
             iov_len: b.len(),
         })
         .collect();
-    // SAFETY: zeroed mmsghdr is valid.
-    let mut msgs: Vec<libc::mmsghdr> = (0..3).map(|_| unsafe { std::mem::zeroed() }).collect();
-    for (m, io) in msgs.iter_mut().zip(iovs.iter_mut()) {
-        m.msg_hdr.msg_iov = io;
-        m.msg_hdr.msg_iovlen = 1;
-    }
+    let mut msgs = mmsg_headers(&mut iovs);
     r(
         "sendmmsg(c)",
         // SAFETY: `msgs` holds 3 mmsghdrs whose iovecs point into `bufs`, alive for the call.
@@ -483,19 +501,8 @@ fn sendmmsg_recvmmsg() {
     write_all(c, b"0123456789");
     pl("poll(s,IN)", s, libc::POLLIN, 5000);
     let mut rb = [[0u8; 4]; 2];
-    let mut riov: Vec<libc::iovec> = rb
-        .iter_mut()
-        .map(|b| libc::iovec {
-            iov_base: b.as_mut_ptr().cast(),
-            iov_len: 4,
-        })
-        .collect();
-    // SAFETY: zeroed mmsghdr is valid.
-    let mut rm: Vec<libc::mmsghdr> = (0..2).map(|_| unsafe { std::mem::zeroed() }).collect();
-    for (m, io) in rm.iter_mut().zip(riov.iter_mut()) {
-        m.msg_hdr.msg_iov = io;
-        m.msg_hdr.msg_iovlen = 1;
-    }
+    let mut riov = iovecs_of(&mut rb);
+    let mut rm = mmsg_headers(&mut riov);
     r(
         "recvmmsg(s)",
         // SAFETY: `rm` holds 2 mmsghdrs whose iovecs point into the writable `rb`; no timeout.
@@ -2112,19 +2119,8 @@ fn recvmmsg_paced(flags: c_int) {
     T.store(0, Ordering::Release);
     let h = std::thread::spawn(move || {
         let mut rb = [[0u8; 4]; 3];
-        let mut riov: Vec<libc::iovec> = rb
-            .iter_mut()
-            .map(|b| libc::iovec {
-                iov_base: b.as_mut_ptr().cast(),
-                iov_len: 4,
-            })
-            .collect();
-        // SAFETY: zeroed mmsghdr is valid.
-        let mut rm: Vec<libc::mmsghdr> = (0..3).map(|_| unsafe { std::mem::zeroed() }).collect();
-        for (m, io) in rm.iter_mut().zip(riov.iter_mut()) {
-            m.msg_hdr.msg_iov = io;
-            m.msg_hdr.msg_iovlen = 1;
-        }
+        let mut riov = iovecs_of(&mut rb);
+        let mut rm = mmsg_headers(&mut riov);
         T.store(gettid(), Ordering::Release);
         // SAFETY: `rm` holds 3 mmsghdrs whose iovecs point into the writable `rb`; no timeout.
         let n = unsafe { libc::recvmmsg(s, rm.as_mut_ptr(), 3, flags, std::ptr::null_mut()) };
