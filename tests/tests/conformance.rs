@@ -231,6 +231,10 @@ fn conformance() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results");
     let _ = std::fs::create_dir_all(&path);
     let _ = std::fs::write(path.join("conformance.txt"), &table);
+    // The differences first: a log cut to its head and tail still shows them.
+    for f in &failures {
+        println!("DIFFERENCE {f}");
+    }
     println!("{table}");
     if std::env::var_os("SMC_CONFORM_SHOW").is_some() {
         for o in &results {
