@@ -473,11 +473,7 @@ pub fn collect(o: &Options) -> Result<(Vec<ConnInfo>, Notes)> {
             }
         }
     }
-    let files = crate::procs::live_files(&o.procs_dir);
-    notes.processes_with_records = files
-        .values()
-        .filter(|s| s.valid & procstats::VALID_CONN_TABLE != 0)
-        .count();
+    let mut files = crate::procs::ProcFiles::open(&o.procs_dir);
 
     // One TCP table per network namespace.
     let mut tables: HashMap<u64, HashMap<u64, TcpEntry>> = HashMap::new();
@@ -502,7 +498,15 @@ pub fn collect(o: &Options) -> Result<(Vec<ConnInfo>, Notes)> {
         let uid = fs::metadata(format!("/proc/{}", p.pid))
             .map(|m| m.uid())
             .unwrap_or(0);
-        let file = files.get(&p.pid);
+        // Read now, for this process only (and dropped after it).
+        let file = files.get(p.pid);
+        if file
+            .as_ref()
+            .is_some_and(|s| s.valid & procstats::VALID_CONN_TABLE != 0)
+        {
+            notes.processes_with_records += 1;
+        }
+        let file = file.as_ref();
         let mut maps_checked = None;
         for ino in inodes {
             let Some(t) = table.get(&ino) else {

@@ -2,7 +2,7 @@
 //! [`smc_stats`]): the folded sums per cgroup for `smc-ctl stats`, the live files by pid for
 //! `smc-ctl conns`.
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet},
     fs,
     path::{Path, PathBuf},
 };
@@ -44,7 +44,8 @@ pub struct ProcScan {
 /// than [`procstats::READER_LOCK_WAIT`] per directory, nor read a FIFO, device or oversized
 /// file: such entries are skipped with a warning.
 pub fn scan_procs(dir: &Path) -> ProcScan {
-    let mut scan = scan_one(dir);
+    let mut writers = procstats::Writers::new();
+    let mut scan = scan_one(dir, &mut writers);
     let Ok(rd) = fs::read_dir(dir) else {
         return scan;
     };
@@ -60,7 +61,7 @@ pub fn scan_procs(dir: &Path) -> ProcScan {
         .collect();
     subs.sort();
     for sub in subs {
-        let s = scan_one(&sub);
+        let s = scan_one(&sub, &mut writers);
         for (cg, snap) in s.per_cgroup {
             scan.per_cgroup
                 .entry(cg)
@@ -83,7 +84,7 @@ pub fn scan_procs(dir: &Path) -> ProcScan {
     scan
 }
 
-pub(crate) fn scan_one(dir: &Path) -> ProcScan {
+pub(crate) fn scan_one(dir: &Path, writers: &mut procstats::Writers) -> ProcScan {
     let mut scan = ProcScan {
         dir: dir.display().to_string(),
         ..Default::default()
@@ -94,7 +95,7 @@ pub(crate) fn scan_one(dir: &Path) -> ProcScan {
     };
     scan.warnings = warnings;
     for d in &dirs {
-        scan_dir(&mut scan, d);
+        scan_dir(&mut scan, d, writers);
     }
     scan
 }
@@ -116,7 +117,35 @@ pub(crate) fn add_to_scan(scan: &mut ProcScan, cg: u64, s: &Snapshot, live: bool
     }
 }
 
-pub(crate) fn scan_dir(scan: &mut ProcScan, d: &procstats::StatsDir) {
+/// The cgroup that figures of a file of `d` claiming `cgroup_id` count for: the claim itself in
+/// a directory of root; in a uid's directory only where a process of that uid runs now (a uid
+/// cannot attribute figures to another tenant's cgroup), otherwise 0 (unattributed: they
+/// still count in the host's totals), with a warning.
+fn attributed(
+    scan: &mut ProcScan,
+    d: &procstats::StatsDir,
+    cgroup_id: u64,
+    writers: &mut procstats::Writers,
+) -> u64 {
+    if d.owner() == 0 || cgroup_id == 0 || writers.uid_in_cgroup(d.owner(), cgroup_id) {
+        return cgroup_id;
+    }
+    let w = format!(
+        "{}: figures of uid {} for cgroup {cgroup_id}, where no process of that uid runs, counted as unattributed",
+        d.path().display(),
+        d.owner()
+    );
+    if !scan.warnings.contains(&w) {
+        scan.warnings.push(w);
+    }
+    0
+}
+
+pub(crate) fn scan_dir(
+    scan: &mut ProcScan,
+    d: &procstats::StatsDir,
+    writers: &mut procstats::Writers,
+) {
     // Without write access nothing is folded and stale files are read as they are. A lock held
     // for longer than the wait (only the directory's owner or root can hold it) leaves this
     // directory read without folding: a uid can only disturb its own figures.
@@ -153,15 +182,18 @@ pub(crate) fn scan_dir(scan: &mut ProcScan, d: &procstats::StatsDir) {
                 continue;
             }
         };
-        if procstats::is_live(&s) {
+        // A file is a running process's only under that process's pid and where it may
+        // write (see `procstats::Writers`): a uid's file named after another uid's process is
+        // that uid's stale figures.
+        let named = name.parse::<u64>().is_ok_and(|n| n == s.pid);
+        if let (true, procstats::Writer::Live { cgroup_id, .. }) =
+            (named, writers.writer(&s, d.owner()))
+        {
             scan.live_processes += 1;
-            let cg = if s.valid & procstats::VALID_IDENTITY != 0 && s.cgroup_id != 0 {
-                s.cgroup_id
-            } else {
+            if d.owner() != 0 || s.valid & procstats::VALID_IDENTITY == 0 || s.cgroup_id == 0 {
                 scan.cgroup_from_proc += 1;
-                procstats::proc_cgroup_id(&s.pid.to_string()).unwrap_or(0)
-            };
-            add_to_scan(scan, cg, &s, true);
+            }
+            add_to_scan(scan, cgroup_id, &s, true);
             continue;
         }
         // Gone: fold into its cgroup's aggregate when we may write, else count as it is.
@@ -178,7 +210,8 @@ pub(crate) fn scan_dir(scan: &mut ProcScan, d: &procstats::StatsDir) {
             }
         }
         scan.stale_kept += 1;
-        add_to_scan(scan, s.cgroup_id, &s, false);
+        let cg = attributed(scan, d, s.cgroup_id, writers);
+        add_to_scan(scan, cg, &s, false);
     }
     // The aggregates, re-listed: folding may have created some.
     aggregates.extend(
@@ -193,7 +226,8 @@ pub(crate) fn scan_dir(scan: &mut ProcScan, d: &procstats::StatsDir) {
         match d.read_snapshot(&name) {
             Ok((_, s)) => {
                 scan.exited_aggregates += 1;
-                add_to_scan(scan, s.cgroup_id, &s, false);
+                let cg = attributed(scan, d, s.cgroup_id, writers);
+                add_to_scan(scan, cg, &s, false);
             }
             Err(e) if e.not_found() => {}
             Err(e) => scan
@@ -252,32 +286,65 @@ impl ProcScan {
     }
 }
 
-/// The per-process files of the tree `dir` by pid, for `smc-ctl conns` (live writers only; entries that are not
-/// regular files of the directory's owner, or too large, are skipped: see
-/// [`procstats::StatsDir`]).
-pub fn live_files(dir: &Path) -> HashMap<u32, Snapshot> {
-    let mut out = HashMap::new();
-    let mut warnings = Vec::new();
-    let Ok(dirs) = procstats::StatsDir::tree(dir, &mut warnings) else {
-        return out;
-    };
-    for d in &dirs {
-        for name in d.names() {
-            let Ok(pid) = name.parse::<u32>() else {
-                continue;
-            };
-            match d.read_snapshot(&name) {
-                Ok((_, s)) if procstats::is_live(&s) => {
-                    out.insert(pid, s);
+/// The per-process files of the tree `dir` (the top directory, its `uid-<n>` subdirectories,
+/// and the per-container subdirectories with theirs), looked up one process at a time, for
+/// `smc-ctl conns`: only the files of the processes listed are read, one at a time, so that
+/// the memory of a reader does not follow what other uids put into their directories.
+pub struct ProcFiles {
+    dirs: Vec<procstats::StatsDir>,
+    writers: procstats::Writers,
+}
+
+impl ProcFiles {
+    pub fn open(dir: &Path) -> ProcFiles {
+        let mut warnings = Vec::new();
+        let mut dirs = procstats::StatsDir::tree(dir, &mut warnings).unwrap_or_default();
+        if let Ok(rd) = fs::read_dir(dir) {
+            let mut subs: Vec<PathBuf> = rd
+                .flatten()
+                .filter(|e| {
+                    e.file_type().is_ok_and(|t| t.is_dir())
+                        && !e.file_name().as_encoded_bytes().starts_with(b".")
+                        && !e.file_name().as_encoded_bytes().starts_with(b"uid-")
+                })
+                .map(|e| e.path())
+                .collect();
+            subs.sort();
+            for sub in subs {
+                if let Ok(v) = procstats::StatsDir::tree(&sub, &mut warnings) {
+                    dirs.extend(v);
                 }
-                Ok(_) => {}
-                Err(e) if e.not_found() => {}
-                Err(e) => warnings.push(format!("ignored {}: {e}", d.path().join(&name).display())),
             }
         }
+        for w in warnings {
+            eprintln!("warning: {w}");
+        }
+        ProcFiles {
+            dirs,
+            writers: procstats::Writers::new(),
+        }
     }
-    for w in warnings {
-        eprintln!("warning: {w}");
+
+    /// The file of the running process `pid` (a host pid): named after its pid in its own PID
+    /// namespace, in a directory it may write, and written by it ([`procstats::Writers`]).
+    pub fn get(&mut self, pid: u32) -> Option<Snapshot> {
+        let (_, ns_pid) = self.writers.ns_pid(pid as u64)?;
+        let name = if ns_pid != 0 { ns_pid } else { pid as u64 }.to_string();
+        for d in &self.dirs {
+            match d.read_snapshot(&name) {
+                Ok((_, s)) => {
+                    if let procstats::Writer::Live { pid: p, .. } =
+                        self.writers.writer(&s, d.owner())
+                    {
+                        if p == pid as u64 && s.pid.to_string() == name {
+                            return Some(s);
+                        }
+                    }
+                }
+                Err(e) if e.not_found() => {}
+                Err(e) => eprintln!("warning: ignored {}: {e}", d.path().join(&name).display()),
+            }
+        }
+        None
     }
-    out
 }

@@ -7,7 +7,7 @@
 //! - [`dir`]: the directory tree, safe against other local users ([`StatsDir`], the per-uid
 //!   subdirectories, the bounded directory lock [`DirLock`]);
 //! - [`process`]: what comes from `/proc`: a process's [`Identity`], whether a file's writer
-//!   still runs ([`is_live`]).
+//!   still runs ([`is_live`]), and whether it may have written where its file is ([`Writers`]).
 //!
 //! Everything is re-exported at the crate root.
 

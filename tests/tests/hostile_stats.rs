@@ -351,13 +351,10 @@ fn planted_fifo_symlink_and_huge_file_are_skipped() {
         .arg(&w.sock)
         .arg("--procs-dir")
         .arg(w.dir.join("procs"));
+    // `conns` completes; it reads only the files of the processes it lists, so the planted
+    // entries (no such process) are not even opened.
     let f = run_to_end(c, &w.subdir("logs"), None, T).ok();
-    assert!(
-        f.stderr
-            .contains(&format!("ignored {}", own.join("4000001").display())),
-        "{}",
-        f.stderr
-    );
+    assert!(!f.stderr.contains("4000001"), "{}", f.stderr);
 }
 
 /// (c) A process of a non-root uid is counted: `nobody` runs a client/server pair under
@@ -423,4 +420,198 @@ fn non_root_processes_are_counted() {
         files.iter().all(|n| n.starts_with("exited-")),
         "files of exited processes left behind: {files:?}"
     );
+}
+
+/// Plants, in its own `uid-<uid>` directory: (1) a copy of a root process's file under that
+/// process's pid, its figures and its connection records' byte counts inflated; (2) an
+/// aggregate claiming a million SMC-D connections for the victim's cgroup; (3) N files of the
+/// largest accepted size, each with a full connection table, claiming pids of another PID
+/// namespace (which a reader cannot see directly). argv: top, victim pid, victim cgroup id, N.
+const PLANT_CLAIMS: &str = r#"
+import os, struct, sys, json
+top, victim, cg, n, port = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+own = os.path.join(top, "uid-%d" % os.getuid())
+def w64(b, off, v): b[off:off + 8] = struct.pack("<Q", v)
+peer = None
+for l in open("/proc/net/tcp").read().splitlines()[1:]:
+    f = l.split()
+    if f[1] == "0100007F:%04X" % port and f[3] == "01":
+        peer = int(f[2].split(":")[1], 16)
+lo = int.from_bytes(bytes([0, 0, 0xff, 0xff, 127, 0, 0, 1]), "little")
+rec = bytearray(128)
+for i, v in enumerate([2, 2 | 1 << 8 | 5 << 32, port << 32 | (peer or 0) << 48, 0, lo, 0, lo,
+                       0x1111, 0x2222, 65536 | 65536 << 32, 999999999, 999999999, 1]):
+    w64(rec, i * 8, v)
+b = bytearray(open(os.path.join(top, victim), "rb").read()[:4096])
+w64(b, 24, 1000000); w64(b, 32, 1000000)
+w64(b, 456, struct.unpack_from("<Q", b, 456)[0] | 1 << 6)
+w64(b, 1296, 1); w64(b, 1304, 4096); w64(b, 1312, 128)
+with open(os.path.join(own, victim), "wb") as f: f.write(bytes(b) + bytes(rec))
+a = bytearray(b)
+for o in range(16, 424, 8): w64(a, o, 0)
+w64(a, 24, 5000000); w64(a, 32, 5000000); w64(a, 432, cg); w64(a, 448, 1); w64(a, 1296, 0)
+with open(os.path.join(own, "exited-%d" % cg), "wb") as f: f.write(a)
+big = bytearray(b)
+w64(big, 1296, 8192); w64(big, 1320, 1)
+table = bytes(rec) * 8192
+for i in range(n):
+    w64(big, 16, 300000 + i); w64(big, 440, 1)
+    with open(os.path.join(own, str(300000 + i)), "wb") as f: f.write(bytes(big) + table)
+print(json.dumps({"peer": peer, "files": n + 2}), flush=True)
+"#;
+
+/// Runs `smc-ctl ARGS` under `/usr/bin/time`: its output, warnings and peak RSS in KiB.
+fn ctl_measured<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> (String, String, u64) {
+    let mut c = Command::new("/usr/bin/time");
+    c.args(["-f", "MAXRSS_KB %M"])
+        .arg(bin("smc-ctl"))
+        .args(args);
+    let out = c
+        .output()
+        .expect("/usr/bin/time smc-ctl (apt-get install -y time)");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "smc-ctl {args:?}: {stderr}");
+    let rss = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("MAXRSS_KB "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no peak RSS in {stderr}"));
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr,
+        rss,
+    )
+}
+
+/// (d) What `nobody` writes in its own directory claims nothing of others: a copy of a root
+/// process's file under that process's pid, an aggregate of the root process's cgroup and 200
+/// files of another PID namespace with full connection tables (200 MiB). `smc-ctl stats
+/// --cgroup` of the victim counts only the victim's figures, `smc-ctl conns` shows the root
+/// process's own record, and neither reads what it does not need: their peak memory stays
+/// far below the planted bytes (before the fix, every file of a foreign PID namespace counted
+/// as a running process and `stats`/`conns` held all their tables: about 1 GB for 1000).
+#[test]
+fn planted_claims_count_for_nobody_else() {
+    let w = SmcWorld::new();
+    let nb = nobody();
+    smc_stats::ensure_uid_dir(&w.dir.join("procs"), nb.0, nb.1).expect("nobody's directory");
+    // A live SMC-D connection of root: `source` streams to `sink` until killed.
+    let mut c = w.run(bin("preload-prog"));
+    c.args(["source", "0"]).env_remove("SMC_STATS_KEEP");
+    let mut srv = Proc::spawn(c);
+    let line = srv.read_line();
+    let port = line
+        .strip_prefix("READY ")
+        .map(|p| p.trim().to_owned())
+        .unwrap_or_else(|| panic!("source said {line:?}"));
+    let mut c = w.run(bin("preload-prog"));
+    c.args(["sink", "127.0.0.1", &port])
+        .env_remove("SMC_STATS_KEEP");
+    let mut sink = Proc::spawn(c);
+    let spid = srv.0.id().to_string();
+    let file = w.dir.join("procs").join(&spid);
+    // Connected when the sink's process has made its SMC-D client connection.
+    let t0 = std::time::Instant::now();
+    while smcd(&stats_json(&w).0) != (1, 1) {
+        assert!(
+            t0.elapsed() < T,
+            "no SMC-D connection: {}",
+            stats_json(&w).1
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(file.exists(), "{}", file.display());
+    let cg = std::fs::metadata(&w.cgroup().path).unwrap().ino();
+    let cg_s = cg.to_string();
+    let procs = w.dir.join("procs");
+    let procs_s = procs.to_str().unwrap();
+    let sock_s = w.sock.to_str().unwrap();
+    let scope = |extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = ["stats", "json", "--socket", sock_s, "--procs-dir", procs_s]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let cg_path = w.cgroup().path.to_str().unwrap().to_owned();
+    let (before, _, _) = ctl_measured(&scope(&["--cgroup", &cg_path]));
+    let before: Value = serde_json::from_str(&before).expect("stats json");
+    assert_eq!(smcd(&before), (1, 1), "the root pair: {before:#}");
+    assert_eq!(u(&before["sources"]["live_processes"]), 2, "{before:#}");
+
+    let other = Cgroup::new();
+    let mut c = other.command("/usr/bin/python3");
+    c.arg("-c")
+        .arg(PLANT_CLAIMS)
+        .args([procs_s, &spid, &cg_s, "200", &port])
+        .stdin(Stdio::null());
+    as_user(&mut c, nb);
+    let out = run_to_end(c, &w.subdir("logs"), None, T).ok();
+    let report: Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("attacker report");
+    assert!(
+        report["peer"].is_u64(),
+        "the connection's peer port: {report}"
+    );
+
+    let (after, warnings, rss) = ctl_measured(&scope(&["--cgroup", &cg_path]));
+    let after: Value = serde_json::from_str(&after).expect("stats json");
+    assert_eq!(
+        smcd(&after),
+        (1, 1),
+        "nobody's claims counted for root's cgroup: {after:#}\n{warnings}"
+    );
+    assert_eq!(u(&after["sources"]["live_processes"]), 2, "{after:#}");
+    assert!(
+        warnings.contains("counted as unattributed"),
+        "no warning about the unattributed claims: {warnings}"
+    );
+    assert!(rss < 96 * 1024, "smc-ctl stats peaked at {rss} KiB");
+    // The host's totals still hold nobody's own (false) figures: a uid can always lie about
+    // itself, not about others.
+    let (all, _, _) = ctl_measured(&scope(&["-a"]));
+    let all: Value = serde_json::from_str(&all).expect("stats json");
+    assert!(
+        smcd(&all).0 >= 1_000_000,
+        "nobody's figures vanished: {all:#}"
+    );
+
+    let (conns, warnings, rss) = ctl_measured(&[
+        "conns",
+        "--json",
+        "-d",
+        "--socket",
+        sock_s,
+        "--procs-dir",
+        procs_s,
+    ]);
+    assert!(
+        rss < 96 * 1024,
+        "smc-ctl conns peaked at {rss} KiB: {warnings}"
+    );
+    let conns: Value = serde_json::from_str(&conns).expect("conns json");
+    let mine: Vec<&Value> = conns
+        .as_array()
+        .or_else(|| conns["connections"].as_array())
+        .expect("connections")
+        .iter()
+        .filter(|c| c["pid"].as_u64() == Some(srv.0.id() as u64))
+        .collect();
+    assert!(
+        !mine.is_empty(),
+        "the server's connection is not listed: {conns:#}"
+    );
+    for c in mine {
+        assert_ne!(c["source"], "record", "nobody's record shown: {c:#}");
+        assert_ne!(
+            c["rx_bytes"].as_u64(),
+            Some(999_999_999),
+            "nobody's record shown: {c:#}"
+        );
+    }
+    sink.0.kill().unwrap();
+    srv.0.kill().unwrap();
+    let _ = sink.0.wait();
+    let _ = srv.0.wait();
 }

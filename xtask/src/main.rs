@@ -120,6 +120,8 @@ const APT_PACKAGES: &[&str] = &[
     "systemd",
     // The Kubernetes API models: the tests validate the manifests offline.
     "python3-kubernetes",
+    // GNU time: the peak memory of `smc-ctl` under planted statistics files.
+    "time",
 ];
 
 fn main() -> Result<()> {
