@@ -945,14 +945,15 @@ fn move_private(p: c_int) {
 }
 
 pub unsafe fn close(fd: c_int) -> c_int {
-    if fdtable::raw(fd) >= 8 && !lifecycle::in_vfork_child() && crate::obj::is_private(fd) {
+    // (`in_vfork_child` costs a system call: asked last, only when it matters.)
+    if fdtable::raw(fd) >= 8 && crate::obj::is_private(fd) && !lifecycle::in_vfork_child() {
         // Ours, never handed to the application: for it that number is not open.
         return fail(libc::EBADF) as c_int;
     }
     if fdtable::raw(fd) != 0 && !lifecycle::in_vfork_child() {
         forget_fd(fd);
     }
-    if !lifecycle::in_vfork_child() && setup::is_daemon_fd(fd) {
+    if setup::is_daemon_fd(fd) && !lifecycle::in_vfork_child() {
         // Ours, never handed to the application: for it that number is not open.
         return fail(libc::EBADF) as c_int;
     }
@@ -1093,17 +1094,24 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
     // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
     // `fcntl`.
     let r = unsafe { real::fcntl(fd, cmd, arg) };
-    if r < 0 || fdtable::raw(fd) == 0 || lifecycle::in_vfork_child() {
+    if r < 0 || fdtable::raw(fd) == 0 {
         return r;
     }
     match cmd {
-        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => setup::copy_slot(fd, r),
+        // Not in a vfork child, whose numbers are not its parent's (`in_vfork_child`, a system
+        // call, asked only where it matters: `F_GETFL`/`F_SETFL` are an event loop's calls per
+        // connection).
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC if !lifecycle::in_vfork_child() => {
+            setup::copy_slot(fd, r)
+        }
         libc::F_SETFL => {
             if let Some(o) = fdtable::get(fd) {
                 let on = arg as c_int & libc::O_NONBLOCK != 0;
                 match &*o {
-                    Obj::Conn(c) => c.set_nonblocking(on),
-                    Obj::Handshake(h) => h.nonblock.store(on, Ordering::Relaxed),
+                    Obj::Conn(c) if !lifecycle::in_vfork_child() => c.set_nonblocking(on),
+                    Obj::Handshake(h) if !lifecycle::in_vfork_child() => {
+                        h.nonblock.store(on, Ordering::Relaxed)
+                    }
                     _ => {}
                 }
             }

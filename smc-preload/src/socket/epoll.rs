@@ -508,12 +508,28 @@ fn is_set(o: &Obj) -> bool {
     matches!(o, Obj::Epoll(_))
 }
 
-/// Whether `fd` is an epoll instance (an fd we know nothing of: asked of `/proc`, once per
-/// `EPOLL_CTL_ADD` of a non-socket fd).
+/// Whether `fd` is an epoll instance (an fd we know nothing of: its type asked with `fstat`,
+/// and then of `/proc` when it has none, once per `EPOLL_CTL_ADD`).
 fn is_epoll_fd(fd: i32) -> bool {
+    let e0 = real::errno();
+    // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out pointer.
+    let r = unsafe { libc::fstat(fd, &mut st) };
+    // A socket, pipe or device (what event loops register most, one per connection) is no
+    // epoll set: told by one `fstat`, without the walk through `/proc` (an epoll set is an
+    // anonymous inode, of no file type on current kernels).
+    if r != 0
+        || matches!(
+            st.st_mode & libc::S_IFMT,
+            libc::S_IFSOCK | libc::S_IFIFO | libc::S_IFCHR
+        )
+    {
+        real::set_errno(e0);
+        return false;
+    }
     let path = format!("/proc/self/fd/{fd}\0");
     let mut buf = [0u8; 32];
-    let e0 = real::errno();
     // SAFETY: NUL-terminated path, `buf` writable for its length.
     let n = unsafe { libc::readlink(path.as_ptr().cast(), buf.as_mut_ptr().cast(), buf.len()) };
     real::set_errno(e0);
