@@ -46,21 +46,7 @@ pub struct ProcScan {
 pub fn scan_procs(dir: &Path) -> ProcScan {
     let mut writers = procstats::Writers::new();
     let mut scan = scan_one(dir, &mut writers);
-    let Ok(rd) = fs::read_dir(dir) else {
-        return scan;
-    };
-    let mut subs: Vec<PathBuf> = rd
-        .flatten()
-        .filter(|e| {
-            e.file_type().is_ok_and(|t| t.is_dir())
-                && !e.file_name().as_encoded_bytes().starts_with(b".")
-                // The per-uid subdirectories are part of `scan_one(dir)` already.
-                && !e.file_name().as_encoded_bytes().starts_with(b"uid-")
-        })
-        .map(|e| e.path())
-        .collect();
-    subs.sort();
-    for sub in subs {
+    for sub in container_dirs(dir) {
         let s = scan_one(&sub, &mut writers);
         for (cg, snap) in s.per_cgroup {
             scan.per_cgroup
@@ -82,6 +68,25 @@ pub fn scan_procs(dir: &Path) -> ProcScan {
         scan.warnings.extend(s.warnings);
     }
     scan
+}
+
+/// The per-container subdirectories of the top directory `dir` (sorted; not the `uid-<n>` ones,
+/// which belong to the top directory's tree, nor hidden entries).
+fn container_dirs(dir: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut subs: Vec<PathBuf> = rd
+        .flatten()
+        .filter(|e| {
+            e.file_type().is_ok_and(|t| t.is_dir())
+                && !e.file_name().as_encoded_bytes().starts_with(b".")
+                && !e.file_name().as_encoded_bytes().starts_with(b"uid-")
+        })
+        .map(|e| e.path())
+        .collect();
+    subs.sort();
+    subs
 }
 
 pub(crate) fn scan_one(dir: &Path, writers: &mut procstats::Writers) -> ProcScan {
@@ -299,21 +304,9 @@ impl ProcFiles {
     pub fn open(dir: &Path) -> ProcFiles {
         let mut warnings = Vec::new();
         let mut dirs = procstats::StatsDir::tree(dir, &mut warnings).unwrap_or_default();
-        if let Ok(rd) = fs::read_dir(dir) {
-            let mut subs: Vec<PathBuf> = rd
-                .flatten()
-                .filter(|e| {
-                    e.file_type().is_ok_and(|t| t.is_dir())
-                        && !e.file_name().as_encoded_bytes().starts_with(b".")
-                        && !e.file_name().as_encoded_bytes().starts_with(b"uid-")
-                })
-                .map(|e| e.path())
-                .collect();
-            subs.sort();
-            for sub in subs {
-                if let Ok(v) = procstats::StatsDir::tree(&sub, &mut warnings) {
-                    dirs.extend(v);
-                }
+        for sub in container_dirs(dir) {
+            if let Ok(v) = procstats::StatsDir::tree(&sub, &mut warnings) {
+                dirs.extend(v);
             }
         }
         for w in warnings {
