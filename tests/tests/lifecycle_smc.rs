@@ -1016,3 +1016,110 @@ fn an_exec_without_the_library_switches_the_connection_to_tcp() {
     }
     assert!(differ.is_empty(), "{}", differ.join("\n"));
 }
+
+/// A forked child that drops to another uid (a privilege-separated worker that never uses the
+/// network) after a short connection of its parent, and reads every shared-memory mapping it
+/// inherited while the parent makes its next connection to the same server
+/// (`tests/redteam/rt6.c keptfork`). The DMBs of the first connection are pooled and bound
+/// again for the second: a child that inherited their mappings read both directions of it
+/// (5/5 before 1776be1). It must see neither.
+const KEPT_FORK: &str = r#"
+import ctypes, os, socket, sys
+CS = b"CLIENT-SECRET-5b1e8d"
+SS = b"SERVER-SECRET-7f3a9c"
+uid, gid = int(sys.argv[1]), int(sys.argv[2])
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+port = ls.getsockname()[1]
+sp = os.fork()
+if sp == 0:
+    for i in (1, 2):
+        c, _ = ls.accept()
+        while c.recv(65536):
+            pass
+        c.sendall(SS + b" conn%d" % i)
+        c.close()
+    os._exit(0)
+ls.close()
+def dial(msg):
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(msg)
+    c.shutdown(socket.SHUT_WR)
+    r = b""
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        r += b
+    c.close()
+    return r
+print("CONN1", dial(b"hi").decode(), flush=True)
+r1, w1 = os.pipe()
+r2, w2 = os.pipe()
+cp = os.fork()
+if cp == 0:
+    maps = []
+    for l in open("/proc/self/maps"):
+        f = l.split()
+        if "/memfd:smc-" in l and f[1][0] == "r":
+            a, b = (int(x, 16) for x in f[0].split("-"))
+            maps.append((a, b - a))
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    for fd in range(3, 1024):
+        if fd not in (r1, w2):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    os.write(w2, b"r")
+    os.read(r1, 1)
+    seen_c = seen_s = False
+    for a, n in maps:
+        m = ctypes.string_at(a, n)
+        seen_c |= CS in m
+        seen_s |= SS + b" conn2" in m
+    print("CHILD uid", os.getuid(), "client secret", "READ" if seen_c else "not seen",
+          "server secret", "READ" if seen_s else "not seen", flush=True)
+    os._exit(0)
+os.read(r2, 1)
+print("CONN2", dial(CS + b" for the server only").decode(), flush=True)
+os.write(w1, b"g")
+os.waitpid(cp, 0)
+os.waitpid(sp, 0)
+"#;
+
+#[test]
+fn a_forked_child_that_drops_privileges_never_sees_the_parents_next_connection() {
+    let w = SmcWorld::new();
+    let (uid, gid) = integration_tests::nobody();
+    let py = script(&w, "kept_fork.py", KEPT_FORK);
+    let before = w.stats_sum().get("smcd_client");
+    let mut c = python(&w, &py);
+    c.args([uid.to_string(), gid.to_string()]);
+    let out = Proc::spawn(c).wait_output(T).expect("kept_fork.py");
+    let mut c = Command::new("python3");
+    c.arg(&py).args([uid.to_string(), gid.to_string()]);
+    let tcp = Proc::spawn(c)
+        .wait_output(T)
+        .expect("kept_fork.py over TCP");
+    let sum = w.stats_sum();
+    assert!(
+        sum.get("smcd_client") >= before + 2,
+        "the two connections were not SMC-D: {}\n{out}",
+        brief(&sum)
+    );
+    assert!(
+        out.contains("CONN2 SERVER-SECRET-7f3a9c conn2"),
+        "the parent's second connection: {out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "CHILD uid {uid} client secret not seen server secret not seen"
+        )),
+        "the child read the parent's next connection: {out}"
+    );
+    assert_eq!(out, tcp, "library against plain TCP");
+}

@@ -1270,9 +1270,15 @@ pub unsafe fn fork() -> libc::pid_t {
             _ => {}
         }
     }
+    let kept = crate::dmbs::before_fork();
     // SAFETY: fork(2) has no arguments; the child only resets our per-process state before
     // returning.
     let r = unsafe { real::fork() };
+    if r == 0 {
+        crate::dmbs::after_fork_child(kept);
+    } else {
+        crate::dmbs::after_fork_parent(kept);
+    }
     drop(frozen);
     if r == 0 {
         crate::reset_pid();

@@ -59,9 +59,10 @@ fn prune(k: &mut Kept, now: Instant) -> Vec<Entry> {
     let mut gone = Vec::new();
     if k.pid != pid {
         k.pid = pid;
-        // A forked child's copy of the parent's entries: their mappings are `MADV_DONTFORK`
-        // ([`keep`]), absent here; unmapping their ranges would take whatever this process
-        // mapped there since (a DMB, its statistics page). Forgotten, never dropped.
+        // A forked child's copy of the parent's entries (a fork we did not see: ours empties
+        // the child's cache, see [`before_fork`]): their ranges may be mapped here or not;
+        // unmapping them could take whatever this process mapped there since (a DMB, its
+        // statistics page). Forgotten, never dropped.
         for e in k.own.drain(..).chain(k.peer.drain(..)) {
             std::mem::forget(e);
         }
@@ -99,13 +100,7 @@ pub fn take(own: bool, id: u64, len: usize) -> Option<(Arc<Mapping>, Option<Arc<
         (found, gone)
     };
     drop(gone);
-    let found = found.filter(|(m, _)| m.len() == len)?;
-    // In use again: a child forked from now on holds the connection, and its memory with it.
-    let _ = found.0.set_inherited(true);
-    if let Some(st) = &found.1 {
-        let _ = st.set_inherited(true);
-    }
-    Some(found)
+    found.filter(|(m, _)| m.len() == len)
 }
 
 /// Keep the mapping of DMB `id` (with our own DMB: its local state page) for a later
@@ -116,14 +111,7 @@ pub fn keep(own: bool, id: u64, m: Arc<Mapping>, state: Option<Arc<Mapping>>) {
     }
     // Kept for a later connection of this process only: a child forked meanwhile (one that
     // drops its privileges, say) must not map the rings and state of our next connections
-    // (`tests/redteam/rt6.c keptfork`); a mapping that cannot be marked is not kept.
-    if m.set_inherited(false).is_err()
-        || state
-            .as_ref()
-            .is_some_and(|s| s.set_inherited(false).is_err())
-    {
-        return;
-    }
+    // (`tests/redteam/rt6.c keptfork`): see [`before_fork`].
     let now = Instant::now();
     let gone = {
         let mut k = KEPT.lock();
@@ -138,6 +126,49 @@ pub fn keep(own: bool, id: u64, m: Arc<Mapping>, state: Option<Arc<Mapping>>) {
         gone
     };
     drop(gone);
+}
+
+/// The cache held across a `fork` ([`before_fork`]).
+pub(crate) struct ForkHold {
+    kept: std::sync::MutexGuard<'static, Kept>,
+}
+
+/// Before this process forks (our `fork`, with the table frozen): the kept mappings are made
+/// `MADV_DONTFORK` for the fork alone, so that the child (one that drops its privileges, say)
+/// gets none of the memory of this process's later connections (`tests/redteam/rt6.c
+/// keptfork`). A mapping that cannot be marked is dropped (unmapped) first. The cache stays
+/// locked until [`after_fork_parent`]; in the child it is a fresh, empty one
+/// ([`after_fork_locks`]). Done at the fork rather than at each keep and take: two `madvise`
+/// per mapping per fork instead of per connection (3 mappings each way, on every short
+/// connection).
+pub(crate) fn before_fork() -> ForkHold {
+    let mut kept = KEPT.lock();
+    let k = &mut *kept;
+    for q in [&mut k.own, &mut k.peer] {
+        q.retain(|e| {
+            e.1.set_inherited(false).is_ok()
+                && e.2.as_ref().is_none_or(|s| s.set_inherited(false).is_ok())
+        });
+    }
+    ForkHold { kept }
+}
+
+/// In the parent after the fork: the kept mappings are inherited again by default (a taken one
+/// becomes a connection's, which its children hold).
+pub(crate) fn after_fork_parent(h: ForkHold) {
+    for q in [&h.kept.own, &h.kept.peer] {
+        for e in q {
+            let _ = e.1.set_inherited(true);
+            if let Some(st) = &e.2 {
+                let _ = st.set_inherited(true);
+            }
+        }
+    }
+}
+
+/// In the child: the hold is on the parent's lock, replaced here already; never released.
+pub(crate) fn after_fork_child(h: ForkHold) {
+    std::mem::forget(h);
 }
 
 /// Zero the local state of our own DMB before our connection uses it (a pooled DMB's page, or
