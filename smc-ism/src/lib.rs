@@ -139,7 +139,7 @@
 //!
 //! Proof design:
 //! 1. At `register_dmb` the owner passes its connected TCP socket over `SCM_RIGHTS`. The daemon
-//!    checks, with socket options only (`SO_DOMAIN` fails for a non-socket without asking its
+//!    checks, with socket options only (`SO_TYPE` fails for a non-socket without asking its
 //!    filesystem; an `fstat` of a FUSE file waits for its server), that it is an
 //!    AF_INET/AF_INET6 `SOCK_STREAM` TCP socket in ESTABLISHED state (`TCP_INFO`), records its
 //!    `getsockname`/`getpeername` (IPv4-mapped IPv6 normalised to IPv4), `SO_COOKIE` and

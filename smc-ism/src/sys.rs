@@ -190,6 +190,29 @@ pub(crate) fn nofile_soft_limit() -> u64 {
     rl.rlim_cur as u64
 }
 
+/// [`nofile_soft_limit`], read again at most once a second (the daemon sets its limit at
+/// start; an administrator's `prlimit` later is seen within a second).
+pub(crate) fn nofile_soft_limit_cached() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    use std::sync::OnceLock;
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    static LIMIT: AtomicU64 = AtomicU64::new(0);
+    static READ_AT_MS: AtomicU64 = AtomicU64::new(0);
+    let now_ms = START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+        + 1;
+    let at = READ_AT_MS.load(Relaxed);
+    if at != 0 && now_ms.saturating_sub(at) < 1000 {
+        return LIMIT.load(Relaxed);
+    }
+    let l = nofile_soft_limit();
+    LIMIT.store(l, Relaxed);
+    READ_AT_MS.store(now_ms, Relaxed);
+    l
+}
+
 /// Whether this process has fewer than `headroom` descriptors left below its soft
 /// `RLIMIT_NOFILE` (or none at all): the lowest free descriptor number against the limit
 /// (the table below it is full; a daemon's table has few holes).
@@ -453,17 +476,13 @@ pub(crate) enum SocketCheck {
 
 /// Inspects a passed fd: must be an AF_INET/AF_INET6 TCP stream socket in ESTABLISHED state.
 ///
-/// The type is checked first, with socket options only: `SO_DOMAIN` fails with `ENOTSOCK` for
+/// The type is checked first, with socket options only: `SO_TYPE` fails with `ENOTSOCK` for
 /// anything that is not a socket without asking its filesystem (an `fstat` of a FUSE file is a
-/// GETATTR request that its server may never answer), then `SO_TYPE` (stream) and
-/// `SO_PROTOCOL` (TCP; MPTCP and others refused). Then `TCP_INFO` (state), the addresses, the
-/// cookies. Every call here is on the critical path of a connection's setup.
+/// GETATTR request that its server may never answer), then it must be a stream and
+/// `SO_PROTOCOL` TCP (MPTCP and others refused): only an `AF_INET`/`AF_INET6` socket is both
+/// (the addresses below are read as those families only). Then `TCP_INFO` (state), the
+/// addresses, the cookies. Every call here is on the critical path of a connection's setup.
 pub(crate) fn inspect_tcp(fd: BorrowedFd<'_>) -> Result<TcpIdentity, SocketCheck> {
-    let domain = getsockopt::<libc::c_int>(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)
-        .map_err(|_| SocketCheck::NotTcp)?;
-    if domain != libc::AF_INET && domain != libc::AF_INET6 {
-        return Err(SocketCheck::NotTcp);
-    }
     let ty = getsockopt::<libc::c_int>(fd, libc::SOL_SOCKET, libc::SO_TYPE)
         .map_err(|_| SocketCheck::NotTcp)?;
     let proto = getsockopt::<libc::c_int>(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL)

@@ -931,17 +931,23 @@ impl Registry {
         let uid_charge = self.charge_uid(uid)?;
         let charge = self.charge(cg, size)?;
         let slot = self.slots.alloc().ok_or(Fail::MaxDmb)?;
-        if self.shelve_after.is_some() && sys::near_fd_limit(SHELVE_HEADROOM) {
+        let memfd =
+            sys::create_dmb_memfd(size).map_err(|e| Fail::Memfd(e.raw_os_error().unwrap_or(0)))?;
+        // The new file's number was the lowest free one: how close the table is to the limit,
+        // without a probe of its own (`sys::near_fd_limit`) on every registration.
+        let limit = sys::nofile_soft_limit_cached();
+        let lowest = std::os::fd::AsRawFd::as_raw_fd(&memfd) as u64;
+        let mut near = lowest.saturating_add(RECEIVE_HEADROOM) >= limit;
+        if self.shelve_after.is_some() && lowest.saturating_add(SHELVE_HEADROOM) >= limit {
             self.shelve_some(SHELVE_BATCH, None);
+            near = sys::near_fd_limit(RECEIVE_HEADROOM);
         }
         // The last descriptors below the daemon's limit stay free for the sockets requests
         // pass: one the kernel drops leaves the daemon unable to tell which connection asked
         // (a PAIR's peer would wait for it in vain); refused here, the request is answered.
-        if sys::near_fd_limit(RECEIVE_HEADROOM) {
+        if near {
             return Err(Fail::Memfd(libc::EMFILE));
         }
-        let memfd =
-            sys::create_dmb_memfd(size).map_err(|e| Fail::Memfd(e.raw_os_error().unwrap_or(0)))?;
         let mut obj = DmbObj {
             memfd: KeptFile::new(memfd, size),
             state,
