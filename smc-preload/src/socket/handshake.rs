@@ -50,7 +50,18 @@ impl HeldDmb {
     /// its mapping, else the one the daemon sent with it (`PAIR`): the page the daemon keeps
     /// with the DMB is the one we use, never another (a process our socket moves to adopts
     /// that page), so a page we cannot map fails the DMB.
-    fn map(d: smc_ism::Dmb, own: bool) -> Result<HeldDmb, u64> {
+    ///
+    /// The DMB's descriptors go to `closing`: closed once the step that maps it has sent its
+    /// CLC message ([`Driver::step_until`]), not before it on the peer's critical path.
+    fn map(d: smc_ism::Dmb, own: bool, closing: &mut Vec<OwnedFd>) -> Result<HeldDmb, u64> {
+        let r = HeldDmb::map_now(&d, own);
+        let smc_ism::Dmb { fd, state, .. } = d;
+        closing.push(fd);
+        closing.extend(state);
+        r
+    }
+
+    fn map_now(d: &smc_ism::Dmb, own: bool) -> Result<HeldDmb, u64> {
         let (map, kept_state) = match crate::dmbs::take(own, d.id, d.size) {
             Some((m, st)) => (m, st),
             None => (Arc::new(d.map().map_err(|_| d.token)?), None),
@@ -178,6 +189,8 @@ pub struct Driver {
     /// An accepted socket handed back undecided: counted until the driver goes (decided or
     /// closed), see [`setup::DeferredServer`].
     deferred: Option<setup::DeferredServer>,
+    /// Descriptors of DMBs mapped in this step, closed at its end ([`HeldDmb::map`]).
+    closing: Vec<OwnedFd>,
     buf: [u8; MAX_MSG],
 }
 
@@ -212,6 +225,7 @@ impl Driver {
             committed: None,
             defer_daemon: false,
             deferred: None,
+            closing: Vec::new(),
             buf: [0; MAX_MSG],
         }
     }
@@ -255,6 +269,13 @@ impl Driver {
     /// As [`Driver::step`]; `wait`: `None` does not wait for the peer, `Some(None)` waits (up to
     /// the CLC timeout of each message), `Some(Some(t))` waits until `t` at most.
     pub fn step_until(&mut self, wait: Option<Option<Instant>>) -> Progress {
+        let p = self.step_inner(wait);
+        // After the step's CLC message went out (see [`HeldDmb::map`]).
+        self.closing.clear();
+        p
+    }
+
+    fn step_inner(&mut self, wait: Option<Option<Instant>>) -> Progress {
         let block = wait.is_some();
         let limit = wait.flatten();
         if !self.started {
@@ -739,7 +760,10 @@ impl Driver {
             idx: own.idx,
             size_code: own.size_code,
         };
-        match (HeldDmb::map(own, true), HeldDmb::map(peer, false)) {
+        match (
+            HeldDmb::map(own, true, &mut self.closing),
+            HeldDmb::map(peer, false, &mut self.closing),
+        ) {
             (Ok(o), Ok(p)) => Some((l, o, p)),
             (o, p) => {
                 let tok = |r: Result<HeldDmb, u64>| match r {
@@ -821,8 +845,9 @@ impl Driver {
             idx: own.idx,
             size_code: own.size_code,
         };
-        let peer = peer.map(|r| r.map(|d| HeldDmb::map(d, false)));
-        let own = HeldDmb::map(own, true);
+        let closing = &mut self.closing;
+        let peer = peer.map(|r| r.map(|d| HeldDmb::map(d, false, closing)));
+        let own = HeldDmb::map(own, true, &mut self.closing);
         let (mut own, peer) = match (own, peer) {
             (Ok(o), None) => (o, None),
             (Ok(o), Some(Ok(Ok(p)))) => (o, Some(p)),
@@ -944,7 +969,7 @@ impl Driver {
                 return Ok(());
             }
         };
-        match HeldDmb::map(d, false) {
+        match HeldDmb::map(d, false, &mut self.closing) {
             Ok(p) => {
                 self.peer = Some(p);
                 Ok(())
