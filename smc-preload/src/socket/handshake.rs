@@ -398,7 +398,7 @@ impl Driver {
     fn act(&mut self, a: Action) -> Option<Outcome> {
         match a {
             Action::Send(b) => {
-                if !send_all(self.fd, &b, Instant::now() + self.timeout) {
+                if !crate::util::send_all(self.fd, &b, Instant::now() + self.timeout) {
                     let a = self.m.handle(Input::Abort);
                     // Whatever the machine wanted next is moot: the socket is broken.
                     self.todo.clear();
@@ -1100,46 +1100,6 @@ pub fn wait_readable_unless(fd: i32, other: i32, ms: i32) -> bool {
     }
     if partial {
         std::thread::sleep(Duration::from_micros(20));
-    }
-    true
-}
-
-/// Write all of `b` (a CLC message: it fits the socket buffer of a fresh connection).
-pub fn send_all(fd: i32, mut b: &[u8], deadline: Instant) -> bool {
-    while !b.is_empty() {
-        // SAFETY: valid buffer.
-        let r = unsafe {
-            real::send(
-                fd,
-                b.as_ptr() as *const libc::c_void,
-                b.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        if r > 0 {
-            b = &b[r as usize..];
-            continue;
-        }
-        let e = real::errno();
-        if r < 0 && e == libc::EINTR {
-            continue;
-        }
-        if r < 0 && e == libc::EAGAIN {
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            let mut p = libc::pollfd {
-                fd,
-                events: libc::POLLOUT,
-                revents: 0,
-            };
-            let ms = (deadline - now).as_millis().clamp(1, i32::MAX as u128) as i32;
-            // SAFETY: one pollfd.
-            unsafe { real::poll(&mut p, 1, ms) };
-            continue;
-        }
-        return false;
     }
     true
 }

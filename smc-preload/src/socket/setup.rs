@@ -1724,7 +1724,7 @@ fn finish_outcome(fd: i32, server: bool, out: Outcome, nonblock: bool) {
 fn broken(fd: i32, server: bool, why: &str) {
     let code = Diag::IntErr.code();
     let decl = smc_common::clc::Decline::new(smc_common::clc::SMC_V2, code, peer_id());
-    let _ = crate::handshake::send_all(fd, &decl.encode(), Instant::now() + clc_timeout());
+    let _ = crate::util::send_all(fd, &decl.encode(), Instant::now() + clc_timeout());
     stats::handshake_error();
     debug!("fd {fd}: {why}: connection reset");
     stats::fallback(server, code);

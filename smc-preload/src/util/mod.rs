@@ -1,6 +1,6 @@
 //! Leaves any layer may use: the real libc functions ([`real`]), `SMC_DEBUG` lines ([`log`]),
 //! the environment knobs read once at load ([`config`]), fork-safe globals ([`forklock`]), which signals interrupt a blocking call ([`signals`]), the
-//! cached pid ([`pid`]).
+//! cached pid ([`pid`]), a socket write that must go out whole before a deadline ([`send_all`]).
 
 pub mod config;
 pub mod forklock;
@@ -30,4 +30,51 @@ pub fn pid() -> u32 {
 pub fn reset_pid() {
     // SAFETY: plain syscall.
     PID.store(unsafe { libc::getpid() } as u32, Ordering::Relaxed);
+}
+
+/// Sends all of `b` on the socket `fd` (non-blocking sends, `poll` for room in between, no
+/// SIGPIPE) before `deadline`: a CLC message, or the bytes of a switch to TCP. False on an
+/// error or at the deadline. errno is preserved.
+pub fn send_all(fd: i32, mut b: &[u8], deadline: std::time::Instant) -> bool {
+    let e0 = real::errno();
+    let ok = loop {
+        if b.is_empty() {
+            break true;
+        }
+        // SAFETY: valid buffer of its length.
+        let r = unsafe {
+            real::send(
+                fd,
+                b.as_ptr() as *const libc::c_void,
+                b.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if r > 0 {
+            b = b.get(r as usize..).unwrap_or_default();
+            continue;
+        }
+        let e = real::errno();
+        if r < 0 && e == libc::EINTR {
+            continue;
+        }
+        if r < 0 && e == libc::EAGAIN {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                break false;
+            }
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLOUT,
+                revents: 0,
+            };
+            let ms = (deadline - now).as_millis().clamp(1, 1000) as i32;
+            // SAFETY: one pollfd.
+            unsafe { real::poll(&mut p, 1, ms) };
+            continue;
+        }
+        break false;
+    };
+    real::set_errno(e0);
+    ok
 }

@@ -143,7 +143,7 @@ impl Conn {
         }
         // A peer that only writes learns it from its next write (`notice_switch`).
         self.own_wait().fetch_or(WAIT_SWITCH, Ordering::SeqCst);
-        if !send_all(fd, &[SWITCH_TCP], deadline) {
+        if !crate::util::send_all(fd, &[SWITCH_TCP], deadline) {
             crate::debug!("fd {fd}: switch to TCP: our marker could not be sent");
             return Switched::Reset;
         }
@@ -174,7 +174,7 @@ impl Conn {
             }
             // SAFETY: the segment lies inside the peer's ring, which we map.
             let seg = unsafe { std::slice::from_raw_parts(base.add(off), len) };
-            if !send_all(fd, seg, deadline) {
+            if !crate::util::send_all(fd, seg, deadline) {
                 crate::debug!(
                     "fd {fd}: switch to TCP: {n} unread bytes could not be sent again in time"
                 );
@@ -193,38 +193,6 @@ impl Conn {
         );
         Switched::Tcp
     }
-}
-
-/// Sends all of `b` on the socket (blocking with poll, no SIGPIPE) before `deadline`.
-fn send_all(fd: i32, mut b: &[u8], deadline: Instant) -> bool {
-    let e0 = real::errno();
-    let ok = loop {
-        if b.is_empty() {
-            break true;
-        }
-        // SAFETY: valid buffer.
-        let r = unsafe {
-            real::send(
-                fd,
-                b.as_ptr() as *const libc::c_void,
-                b.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        if r > 0 {
-            b = &b[r as usize..];
-            continue;
-        }
-        let e = real::errno();
-        if r < 0 && e != libc::EAGAIN && e != libc::EINTR {
-            break false;
-        }
-        if !wait_fd(fd, libc::POLLOUT, deadline) {
-            break false;
-        }
-    };
-    real::set_errno(e0);
-    ok
 }
 
 /// Waits for `ev` on `fd` until `deadline`; false when it passed.
