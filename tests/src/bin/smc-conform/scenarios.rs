@@ -1914,7 +1914,7 @@ fn pipe_at(s: c_int) -> (c_int, c_int) {
 // touch what it names now.
 
 fn close_while_recv_blocked() {
-    let (c, s) = pair();
+    let (c, s) = pair_settled();
     static T: AtomicI32 = AtomicI32::new(0);
     let h = blocked_recv(&T, s, 16, 0);
     wait_blocked(&T);
@@ -1932,7 +1932,7 @@ fn close_while_recv_blocked() {
 }
 
 fn close_while_recv_blocked_peer_writes_on() {
-    let (c, s) = pair();
+    let (c, s) = pair_settled();
     static T: AtomicI32 = AtomicI32::new(0);
     let h = blocked_recv(&T, s, 64, libc::MSG_WAITALL);
     wait_blocked(&T);
@@ -1971,7 +1971,7 @@ fn close_while_recv_blocked_peer_writes_on() {
 }
 
 fn dup2_over_recv_blocked() {
-    let (c, s) = pair();
+    let (c, s) = pair_settled();
     static T: AtomicI32 = AtomicI32::new(0);
     let h = blocked_recv(&T, s, 16, 0);
     wait_blocked(&T);
@@ -1993,7 +1993,7 @@ fn dup2_over_recv_blocked() {
 }
 
 fn socket_reuses_number_while_recv_blocked() {
-    let (c, s) = pair();
+    let (c, s) = pair_settled();
     static T: AtomicI32 = AtomicI32::new(0);
     let h = blocked_recv(&T, s, 16, 0);
     wait_blocked(&T);
@@ -2077,7 +2077,7 @@ fn close_while_writing_blocked(
     want: String,
     write_blocked: impl FnOnce(c_int) -> isize + Send + 'static,
 ) {
-    let (c, s) = pair();
+    let (c, s) = pair_settled();
     static T: AtomicI32 = AtomicI32::new(0);
     T.store(0, Ordering::Release);
     let h = std::thread::spawn(move || {
@@ -2140,7 +2140,7 @@ fn recvmmsg_paced(flags: c_int) {
 }
 
 fn close_while_poll_blocked() {
-    let (c, s) = pair();
+    let (c, s) = pair_settled();
     static T: AtomicI32 = AtomicI32::new(0);
     let h = std::thread::spawn(move || {
         T.store(gettid(), Ordering::Release);
