@@ -195,7 +195,7 @@ fn pair() -> (c_int, c_int) {
 }
 
 /// [`pair`], with both ends' handshakes decided (one byte each way, unlogged): for scenarios
-/// about a call blocked on an established connection. A close or `dup2` of a number while a
+/// about a `recv` blocked on an established connection. A close or `dup2` of a number while a
 /// call drives that socket's handshake is another case (the handshake's I/O goes through the
 /// number: that connection resets, see smc-preload/DESIGN.md, *Known gaps*), which a call
 /// made right after `pair` can hit when the client's handshake was deferred to its next call.

@@ -533,6 +533,9 @@ fn dup_then_close_original() {
 
 /// A server thread for the dup scenarios: accepts one connection, writes `first`, waits for
 /// 4 bytes, writes `second`, reads until EOF. Nothing is logged here (thread order).
+/// Connections [`dup_server`] threads accepted (this process runs one scenario).
+static DUP_ACCEPTED: AtomicU32 = AtomicU32::new(0);
+
 fn dup_server(
     l: c_int,
     first: &'static [u8],
@@ -541,6 +544,7 @@ fn dup_server(
     std::thread::spawn(move || {
         let s = accept_fd(l);
         assert!(s >= 0, "accept: {}", std::io::Error::last_os_error());
+        DUP_ACCEPTED.fetch_add(1, Ordering::AcqRel);
         write_all(s, first);
         let _ = read_n(s, 4);
         write_all(s, second);
@@ -580,6 +584,12 @@ fn dup_mid_handshake_number_reused() {
     let a = tcp_socket();
     set_nonblock(a, true);
     let _ = connect_to(a, port);
+    // The server has its socket for `a` before `a`'s number is freed: its accept takes no
+    // number meanwhile, so `b` gets `a`'s (the lowest free) on TCP as under the library.
+    let t = Instant::now();
+    while DUP_ACCEPTED.load(Ordering::Acquire) < 1 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     // SAFETY: plain dup.
     let d = unsafe { libc::dup(a) };
     close(a);
@@ -2077,7 +2087,7 @@ fn close_while_writing_blocked(
     want: String,
     write_blocked: impl FnOnce(c_int) -> isize + Send + 'static,
 ) {
-    let (c, s) = pair_settled();
+    let (c, s) = pair();
     static T: AtomicI32 = AtomicI32::new(0);
     T.store(0, Ordering::Release);
     let h = std::thread::spawn(move || {
@@ -2140,7 +2150,7 @@ fn recvmmsg_paced(flags: c_int) {
 }
 
 fn close_while_poll_blocked() {
-    let (c, s) = pair_settled();
+    let (c, s) = pair();
     static T: AtomicI32 = AtomicI32::new(0);
     let h = std::thread::spawn(move || {
         T.store(gettid(), Ordering::Release);
