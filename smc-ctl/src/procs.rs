@@ -123,16 +123,22 @@ pub(crate) fn add_to_scan(scan: &mut ProcScan, cg: u64, s: &Snapshot, live: bool
 }
 
 /// The cgroup that figures of a file of `d` claiming `cgroup_id` count for: the claim itself in
-/// a directory of root; in a uid's directory only where a process of that uid runs now (a uid
-/// cannot attribute figures to another tenant's cgroup), otherwise 0 (unattributed: they
-/// still count in the host's totals), with a warning.
+/// a directory of root or of the reader's own uid; in another uid's directory only where a
+/// process of that uid runs now (a uid cannot attribute figures to another tenant's cgroup),
+/// otherwise 0 (unattributed: they still count in the host's totals), with a warning.
 fn attributed(
     scan: &mut ProcScan,
     d: &procstats::StatsDir,
     cgroup_id: u64,
     writers: &mut procstats::Writers,
 ) -> u64 {
-    if d.owner() == 0 || cgroup_id == 0 || writers.uid_in_cgroup(d.owner(), cgroup_id) {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if d.owner() == 0
+        || d.owner() == me
+        || cgroup_id == 0
+        || writers.uid_in_cgroup(d.owner(), cgroup_id)
+    {
         return cgroup_id;
     }
     let w = format!(

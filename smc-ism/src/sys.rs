@@ -190,29 +190,6 @@ pub(crate) fn nofile_soft_limit() -> u64 {
     rl.rlim_cur as u64
 }
 
-/// [`nofile_soft_limit`], read again at most once a second (the daemon sets its limit at
-/// start; an administrator's `prlimit` later is seen within a second).
-pub(crate) fn nofile_soft_limit_cached() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-    use std::sync::OnceLock;
-    static START: OnceLock<std::time::Instant> = OnceLock::new();
-    static LIMIT: AtomicU64 = AtomicU64::new(0);
-    static READ_AT_MS: AtomicU64 = AtomicU64::new(0);
-    let now_ms = START
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_millis() as u64
-        + 1;
-    let at = READ_AT_MS.load(Relaxed);
-    if at != 0 && now_ms.saturating_sub(at) < 1000 {
-        return LIMIT.load(Relaxed);
-    }
-    let l = nofile_soft_limit();
-    LIMIT.store(l, Relaxed);
-    READ_AT_MS.store(now_ms, Relaxed);
-    l
-}
-
 /// Whether this process has fewer than `headroom` descriptors left below its soft
 /// `RLIMIT_NOFILE` (or none at all): the lowest free descriptor number against the limit
 /// (the table below it is full; a daemon's table has few holes).

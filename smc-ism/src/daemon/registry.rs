@@ -934,8 +934,8 @@ impl Registry {
         let memfd =
             sys::create_dmb_memfd(size).map_err(|e| Fail::Memfd(e.raw_os_error().unwrap_or(0)))?;
         // The new file's number was the lowest free one: how close the table is to the limit,
-        // without a probe of its own (`sys::near_fd_limit`) on every registration.
-        let limit = sys::nofile_soft_limit_cached();
+        // without a probe descriptor of its own (`sys::near_fd_limit`) on every registration.
+        let limit = sys::nofile_soft_limit();
         let lowest = std::os::fd::AsRawFd::as_raw_fd(&memfd) as u64;
         let mut near = lowest.saturating_add(RECEIVE_HEADROOM) >= limit;
         if self.shelve_after.is_some() && lowest.saturating_add(SHELVE_HEADROOM) >= limit {
