@@ -419,7 +419,14 @@ mod tests {
                 std::env::var_os("SMC_TESTS_NEED_ROOT").is_none(),
                 "needs root (SMC_TESTS_NEED_ROOT is set)"
             );
-            eprintln!("helper_probe_tells_present_from_absent: SKIPPED: needs root");
+            // Straight to stderr, past the test harness's capture (which keeps what
+            // `eprintln!` prints of a passing test), so that a passing run shows it.
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
+                "helper_probe_tells_present_from_absent: SKIPPED: needs root: the probe loads \
+                 eBPF programs (CAP_BPF, CAP_NET_ADMIN) (run the tests as root: cargo xtask test)"
+            );
             return;
         }
         let h = |t, a, h| {

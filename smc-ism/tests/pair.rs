@@ -69,7 +69,9 @@ fn pooled_dmb_is_reused_for_the_same_peer_only() {
 /// descriptor of them: each reply opens them again through its mapping).
 #[test]
 fn pooled_dmb_is_reused_with_its_files_shelved() {
-    pooled_reuse(Some(0));
+    if shelving_or_skip("pooled_dmb_is_reused_with_its_files_shelved") {
+        pooled_reuse(Some(0));
+    }
 }
 
 fn pooled_reuse(shelve: Option<u64>) {
@@ -344,7 +346,9 @@ fn a_paired_end_is_adopted_with_its_state_page() {
 /// state page) is opened again through the daemon's mappings.
 #[test]
 fn a_paired_end_is_adopted_with_its_files_shelved() {
-    adopted_with_state_page(Some(0));
+    if shelving_or_skip("a_paired_end_is_adopted_with_its_files_shelved") {
+        adopted_with_state_page(Some(0));
+    }
 }
 
 /// Every live DMB shelved (`Some(0)`), or none (shelved only after a second).

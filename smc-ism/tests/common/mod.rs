@@ -4,6 +4,7 @@
 use std::fs;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -22,17 +23,80 @@ pub const NEED_ROOT_ENV: &str = "SMC_TESTS_NEED_ROOT";
 /// [`NEED_ROOT_ENV`] set, a missing root fails the test.
 pub fn root_or_skip(test: &str) -> bool {
     // SAFETY: no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
+    let root = unsafe { libc::geteuid() } == 0;
+    root || skip_without_root(test, None)
+}
+
+/// Whether a test of shelved files (`DaemonConfig::shelve_after_ms`: the daemon keeps a DMB's
+/// files in mappings, without descriptors) can run; skipped as [`root_or_skip`] where the
+/// daemon cannot shelve (see [`can_shelve`]): it then keeps a descriptor per file and shelves
+/// none, as designed.
+pub fn shelving_or_skip(test: &str) -> bool {
+    can_shelve()
+        || skip_without_root(
+            test,
+            Some(
+                "the daemon shelves files by reopening them through /proc/self/map_files, \
+                 which needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE",
+            ),
+        )
+}
+
+/// Whether this process may open a file again through its mapping
+/// (`/proc/self/map_files/START-END`), as the daemon does to shelve one (its own probe is
+/// `shelf::available`); a daemon of these tests runs in this process or in a child with its
+/// credentials. The kernel refuses it (`EPERM`) without `CAP_SYS_ADMIN` or
+/// `CAP_CHECKPOINT_RESTORE` in the initial user namespace: a normal user, even in a user
+/// namespace of its own, cannot. Takes two descriptors for a moment.
+pub fn can_shelve() -> bool {
+    // SAFETY: a valid C string; the descriptor is owned at once.
+    let f = unsafe {
+        let fd = libc::memfd_create(c"shelf-probe".as_ptr(), libc::MFD_CLOEXEC);
+        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+        OwnedFd::from_raw_fd(fd)
+    };
+    // SAFETY: ftruncate of our descriptor.
+    assert_eq!(unsafe { libc::ftruncate(f.as_raw_fd(), 4096) }, 0);
+    // SAFETY: a new mapping chosen by the kernel, nothing of ours replaced; `PROT_NONE`: never
+    // accessed; unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_NONE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    let path = format!(
+        "/proc/self/map_files/{:x}-{:x}",
+        p as usize,
+        p as usize + 4096
+    );
+    let r = fs::OpenOptions::new().read(true).write(true).open(&path);
+    // SAFETY: the mapping made above, unmapped once.
+    unsafe { libc::munmap(p, 4096) };
+    match r {
+        Ok(_) => true,
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => false,
+        Err(e) => panic!("{path}: {e}"),
     }
+}
+
+/// Skips `test` for want of root, with a message on stderr (`why`: what needs it), unless
+/// [`NEED_ROOT_ENV`] is set: then it fails. Returns false.
+fn skip_without_root(test: &str, why: Option<&str>) -> bool {
+    let why = why.map(|w| format!(": {w}")).unwrap_or_default();
     assert!(
         std::env::var_os(NEED_ROOT_ENV).is_none(),
-        "{test} needs root ({NEED_ROOT_ENV} is set)"
+        "{test} needs root{why} ({NEED_ROOT_ENV} is set)"
     );
     // Straight to stderr, past the test harness's capture, so that a passing run shows it.
     let _ = writeln!(
         std::io::stderr(),
-        "{test}: SKIPPED: needs root (run the tests as root: cargo xtask test)"
+        "{test}: SKIPPED: needs root{why} (run the tests as root: cargo xtask test)"
     );
     false
 }
