@@ -56,22 +56,58 @@ enum Op {
     Other,
 }
 
+/// A call whose number another thread closed while the call drove its connection's handshake:
+/// the handshake went on, and was decided, on a private duplicate of the socket
+/// ([`setup::progress_call`]); the call goes on with the connection there, as a call on TCP
+/// goes on with the socket it started on, and the duplicate is closed when the call ends (the
+/// reference the application's close left to the call).
+struct Moved {
+    fd: c_int,
+    ino: u64,
+}
+
+impl Drop for Moved {
+    fn drop(&mut self) {
+        crate::obj::close_moved(self.fd, self.ino);
+    }
+}
+
 /// As [`conn_of`], for an operation of kind `op`. `None` with `EAGAIN` set, or `Some` of a
 /// handshake still under way with `EAGAIN` set, means: report `EAGAIN`.
 #[inline]
 fn conn_of_op(fd: c_int, op: Op) -> Option<Arc<Obj>> {
-    let mut o = fdtable::get(fd)?;
+    match conn_of_call(fd, op) {
+        Ok(o) => o,
+        Err(m) => {
+            // This call does not go on with the connection: it closes now, and the call goes
+            // to what the number names now.
+            drop(m);
+            conn_of_op(fd, op)
+        }
+    }
+}
+
+/// As [`conn_of_op`], for a call that can go on with the connection on another descriptor
+/// when its number was closed under it ([`Moved`]).
+#[inline]
+fn conn_of_call(fd: c_int, op: Op) -> Result<Option<Arc<Obj>>, Moved> {
+    let Some(mut o) = fdtable::get(fd) else {
+        return Ok(None);
+    };
     if let Obj::Pending(_) = &*o {
         drop(o);
         setup::resolve_pending(fd);
-        o = fdtable::get(fd)?;
+        let Some(n) = fdtable::get(fd) else {
+            return Ok(None);
+        };
+        o = n;
     }
     if let Obj::Conn(c) = &*o {
         // A peer that started a switch to TCP is answered by any operation, also a write or
         // a shutdown that would not read the socket.
         c.notice_switch(fd);
     }
-    match &*o {
+    Ok(match &*o {
         Obj::Conn(c) if c.switching() => {
             // The peer switches the connection to TCP (or it did): our answer first; then
             // the call goes to the socket.
@@ -98,23 +134,29 @@ fn conn_of_op(fd: c_int, op: Op) -> Option<Arc<Obj>> {
                 Op::Read { .. } | Op::Write { .. } => None,
                 Op::Other => (h.server || !h.peer_local || !nonblock).then_some(None),
             };
-            if !setup::progress_until(fd, h, wait) {
+            if !setup::progress_call(fd, h, wait) {
                 // Still waiting for the peer: nothing to read yet, no room to write yet.
                 if matches!(op, Op::Write { .. }) {
                     h.write_waits.store(true, Ordering::Relaxed);
                 }
                 real::set_errno(libc::EAGAIN);
-                return Some(o);
+                return Ok(Some(o));
+            }
+            let moved = h.moved.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some((fd, ino)) = moved {
+                return Err(Moved { fd, ino });
             }
             drop(o);
             // Decided: SMC-D, plain TCP, or a fallback whose peer may still send a late CLC
             // message (`Skip`: it must be skipped before this very call reads).
-            let o = fdtable::get(fd)?;
+            let Some(o) = fdtable::get(fd) else {
+                return Ok(None);
+            };
             match &*o {
                 Obj::Conn(_) => Some(o),
                 Obj::Skip(_) => {
                     drop(o);
-                    conn_of_op(fd, op)
+                    return conn_of_call(fd, op);
                 }
                 _ => None,
             }
@@ -126,14 +168,14 @@ fn conn_of_op(fd: c_int, op: Op) -> Option<Arc<Obj>> {
                 Op::Read { dontwait } => {
                     if !setup::skip_before_read(fd, s, dontwait) {
                         // Nothing to read yet (EAGAIN), or the error of the wait.
-                        return Some(o);
+                        return Ok(Some(o));
                     }
                 }
             }
             None
         }
         _ => None,
-    }
+    })
 }
 
 /// Data calls on an orphaned SMC connection (inherited across exec).
@@ -179,12 +221,24 @@ pub unsafe fn recv_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
     if let Some(r) = orphan(fd, false) {
         return Some(r);
     }
-    let Some(o) = conn_of_op(
+    let found = conn_of_call(
         fd,
         Op::Read {
             dontwait: flags & libc::MSG_DONTWAIT != 0,
         },
-    ) else {
+    );
+    let found = match found {
+        Ok(f) => f,
+        Err(m) => {
+            // SAFETY: the caller's buffers; the call goes on with its connection on `m.fd`.
+            let r = unsafe { recv_iov(m.fd, iov, flags) }
+                // SAFETY: as above (a plain TCP socket).
+                .unwrap_or_else(|| unsafe { crate::member::recv(m.fd, iov, flags) });
+            drop(m);
+            return Some(r);
+        }
+    };
+    let Some(o) = found else {
         // A connection that fell back after its handshake started (skipped or not).
         let member = fdtable::get(fd).is_some_and(|o| matches!(&*o, Obj::Tcp | Obj::Skip(_)));
         // SAFETY: the caller's buffers.
@@ -255,12 +309,28 @@ pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
         }
         return Some(r);
     }
-    let o = conn_of_op(
+    let found = conn_of_call(
         fd,
         Op::Write {
             dontwait: flags & libc::MSG_DONTWAIT != 0,
         },
-    )?;
+    );
+    let o = match found {
+        Ok(o) => o?,
+        Err(m) => {
+            // SAFETY: the caller's buffers; the call goes on with its connection on `m.fd`.
+            let r = unsafe { send_iov(m.fd, iov, flags) }.unwrap_or_else(|| {
+                // SAFETY: plain old data.
+                let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+                h.msg_iov = iov.as_ptr() as *mut iovec;
+                h.msg_iovlen = iov.len() as _;
+                // SAFETY: the caller's buffers (a plain TCP socket).
+                unsafe { real::sendmsg(m.fd, &h, flags) }
+            });
+            drop(m);
+            return Some(r);
+        }
+    };
     if o.conn().is_none() {
         // A handshake still waiting for its peer (non-blocking): EAGAIN, and not one byte
         // onto the TCP stream, which still carries CLC messages.
@@ -819,10 +889,10 @@ fn forget_slot(fd: c_int, io_fd: c_int) {
                 // Ours, never the application's (callers keep it from closing them): put back.
                 drop(fdtable::replace(fd, Slot::Obj(o)));
             } else if let Obj::Private(w) = &*o {
-                // Closed behind our back (a raw system call): the connection's own I/O has no
-                // descriptor any more.
-                if let Some(Obj::Conn(c)) = w.upgrade().as_deref() {
-                    c.move_private_io(fd, crate::conn::IO_GONE);
+                // Closed behind our back (a raw system call): the connection's (or handshake's)
+                // own I/O has no descriptor any more.
+                if let Some(owner) = w.upgrade() {
+                    owner.move_private_io(fd, crate::conn::IO_GONE);
                 }
             }
         }
@@ -834,6 +904,28 @@ fn forget_slot(fd: c_int, io_fd: c_int) {
                 while h.nudged.load(Ordering::SeqCst) && i < 100_000 {
                     std::thread::yield_now();
                     i += 1;
+                }
+                // Pairs with the fence of `setup::progress_call`: a call that registered before
+                // the slot was emptied is seen here, one that did not sees the slot empty and
+                // leaves the handshake alone. A call drives it through this number right now:
+                // the number is free for the application from now on, so the handshake's I/O
+                // (and its decision) moves to a private duplicate of the socket first.
+                std::sync::atomic::fence(Ordering::SeqCst);
+                if h.calls.load(Ordering::SeqCst) > 0 && !h.io.redirected() {
+                    crate::debug!(
+                        "fd {fd}: closed while a call drives its handshake: the handshake goes \
+                         on through a private duplicate"
+                    );
+                    let p = if io_fd >= 0 {
+                        dup_private(fd, Arc::downgrade(&o))
+                    } else {
+                        -1
+                    };
+                    if p < 0 {
+                        h.io.set_private(crate::conn::IO_GONE);
+                    } else if !h.io.set_private(p) {
+                        crate::obj::close_private(p);
+                    }
                 }
             }
             let kept = epoll::on_close(fd, io_fd >= 0, Some(&o));
@@ -935,10 +1027,9 @@ fn move_private(p: c_int) {
     let owner = w.upgrade();
     let p2 = dup_private(p, w.clone());
     drop(fdtable::replace(p, Slot::Empty));
-    let moved = match owner.as_deref() {
-        Some(Obj::Conn(c)) => c.move_private_io(p, if p2 >= 0 { p2 } else { crate::conn::IO_GONE }),
-        _ => false,
-    };
+    let moved = owner
+        .as_deref()
+        .is_some_and(|o| o.move_private_io(p, if p2 >= 0 { p2 } else { crate::conn::IO_GONE }));
     if !moved && p2 >= 0 {
         crate::obj::close_private(p2);
     }
@@ -1228,6 +1319,10 @@ pub fn conns_after_fork_child() {
     let mut gone = Vec::new();
     fdtable::for_each_object(|fd, o| match &**o {
         Obj::Conn(c) => c.forget_calls_after_fork(),
+        Obj::Handshake(h) => {
+            h.calls.store(0, Ordering::SeqCst);
+            h.io.forget_calls_after_fork();
+        }
         Obj::Private(w)
             if w.upgrade()
                 .is_none_or(|x| x.conn().is_none_or(|c| c.numbers() == 0)) =>
@@ -1237,8 +1332,8 @@ pub fn conns_after_fork_child() {
         _ => {}
     });
     for (p, w) in gone {
-        if let Some(Obj::Conn(c)) = w.upgrade().as_deref() {
-            c.move_private_io(p, crate::conn::IO_GONE);
+        if let Some(owner) = w.upgrade() {
+            owner.move_private_io(p, crate::conn::IO_GONE);
         }
         crate::obj::close_private(p);
     }

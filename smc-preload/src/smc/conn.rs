@@ -27,7 +27,7 @@ use crate::iov::IovCursor;
 use crate::real;
 use crate::shm::{Mapping, ShmLock};
 use smc_common::cdc::{CdcHeader, ConnStateFlags, Cursor, CursorWord, ProdFlags, Ring};
-use std::sync::atomic::{fence, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -351,12 +351,10 @@ pub struct Conn {
     users: AtomicU64,
     /// Numbers of this process's fd table that name the connection.
     numbers: AtomicU32,
-    /// The descriptor our own I/O on the socket goes through ([`Conn::with_io`]): [`NO_IO`]
-    /// (the number of the call), a private duplicate of the socket made when a number was
-    /// closed while the connection stayed in use, or [`IO_GONE`].
-    io_fd: AtomicI32,
-    /// System calls under way on the caller's number ([`Conn::with_io`]).
-    io_busy: AtomicU32,
+    /// The descriptor our own I/O on the socket goes through ([`Conn::with_io`]): the number
+    /// of the call, or a private duplicate of the socket made when a number was closed while
+    /// the connection stayed in use.
+    io: crate::util::io_path::IoPath,
 }
 
 /// Result of a readiness check.
@@ -414,8 +412,7 @@ impl Conn {
             holder_pid: AtomicU32::new(crate::pid()),
             users: AtomicU64::new(0),
             numbers: AtomicU32::new(0),
-            io_fd: AtomicI32::new(NO_IO),
-            io_busy: AtomicU32::new(0),
+            io: crate::util::io_path::IoPath::new(),
         };
         let s = c.sh();
         s.magic.store(SHARED_MAGIC, Ordering::Relaxed);
@@ -468,8 +465,7 @@ impl Conn {
             holder_pid: AtomicU32::new(0),
             users: AtomicU64::new(0),
             numbers: AtomicU32::new(0),
-            io_fd: AtomicI32::new(NO_IO),
-            io_busy: AtomicU32::new(0),
+            io: crate::util::io_path::IoPath::new(),
         };
         let s = c.sh();
         if s.magic.load(Ordering::Acquire) != SHARED_MAGIC {
@@ -847,7 +843,7 @@ mod smc_switch;
 mod smc_tx;
 mod smc_wake;
 
-pub use smc_close::{IO_GONE, NO_IO};
+pub use crate::util::io_path::{IO_GONE, NO_IO};
 pub use smc_switch::Switched;
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 
 use crate::setup;
 use crate::shm::Mapping;
+use crate::util::io_path::IoPath;
 use crate::{real, setup::with_dev};
 use smc_common::clc::{self, MsgType, HEADER_LEN};
 use smc_common::diag::Diag;
@@ -28,6 +29,10 @@ use std::time::{Duration, Instant};
 
 /// Larger than any CLC message (a proposal is at most 652 bytes).
 const MAX_MSG: usize = 1024;
+
+/// The longest sleep of a wait for the peer before the descriptor it waits on is looked up
+/// again (see [`wait_readable`]).
+const IO_SLICE: Duration = Duration::from_millis(100);
 
 /// A DMB we hold a daemon reference on (`token`; 0: none, a stand-in), mapped. Its memfd is
 /// closed once mapped: the mapping keeps the memory. `id`: the daemon's id of it (0: not
@@ -141,6 +146,10 @@ enum Rd {
 pub struct Driver {
     m: Handshake,
     fd: i32,
+    /// The descriptor our I/O goes through when not `fd` (a private duplicate, once another
+    /// thread closed the number while a call of ours drove the handshake): shared with the
+    /// handshake's object ([`crate::obj::Handshake::io`]), which redirects it.
+    io: Arc<IoPath>,
     server: bool,
     /// The size code of our DMB (as configured in the machine).
     size_code: u8,
@@ -208,6 +217,7 @@ impl Driver {
         Driver {
             m,
             fd,
+            io: Arc::new(IoPath::new()),
             server,
             size_code,
             ahead: None,
@@ -254,6 +264,11 @@ impl Driver {
     /// The fd the handshake's I/O goes through from now on (another fd of the same socket).
     pub fn set_fd(&mut self, fd: i32) {
         self.fd = fd;
+    }
+
+    /// Where the handshake's I/O goes once the number is closed under it (see `io`).
+    pub fn io_path(&self) -> Arc<IoPath> {
+        self.io.clone()
     }
 
     /// The socket is handed to another process: decline at our next message where the
@@ -376,7 +391,11 @@ impl Driver {
                     if !block || limit.is_some_and(|l| now >= l) {
                         return Progress::WouldBlock;
                     }
-                    wait_readable(self.fd, limit.map_or(deadline, |l| l.min(deadline)));
+                    wait_readable(
+                        &self.io,
+                        self.fd,
+                        limit.map_or(deadline, |l| l.min(deadline)),
+                    );
                     None
                 }
             };
@@ -398,7 +417,7 @@ impl Driver {
     fn act(&mut self, a: Action) -> Option<Outcome> {
         match a {
             Action::Send(b) => {
-                if !crate::util::send_all(self.fd, &b, Instant::now() + self.timeout) {
+                if !crate::util::send_all_io(&self.io, self.fd, &b, Instant::now() + self.timeout) {
                     let a = self.m.handle(Input::Abort);
                     // Whatever the machine wanted next is moot: the socket is broken.
                     self.todo.clear();
@@ -562,7 +581,12 @@ impl Driver {
 
     /// Client: a whole CLC Decline at the head of the stream (consumed), without waiting.
     fn queued_decline(&mut self) -> Option<Vec<u8>> {
-        let n = recv(self.fd, &mut self.buf, libc::MSG_PEEK | libc::MSG_DONTWAIT).ok()?;
+        let (fd, io) = (self.fd, &self.io);
+        let n = io
+            .with(fd, |fd| {
+                recv(fd, &mut self.buf, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+            })
+            .ok()?;
         let hdr = self.buf.get(..n)?.first_chunk::<HEADER_LEN>()?;
         if hdr[..4] != clc::EYECATCHER_SMCR[..] && hdr[..4] != clc::EYECATCHER_SMCD[..] {
             return None;
@@ -571,7 +595,7 @@ impl Driver {
             return None;
         }
         let len = clc::message_len(hdr).ok().filter(|&l| l <= n)?;
-        match recv(self.fd, &mut self.buf[..len], libc::MSG_DONTWAIT) {
+        match io.with(fd, |fd| recv(fd, &mut self.buf[..len], libc::MSG_DONTWAIT)) {
             Ok(r) if r == len => Some(self.buf[..len].to_vec()),
             _ => None,
         }
@@ -640,7 +664,9 @@ impl Driver {
         let (kind, t) = match kind {
             Ahead::Pair if pairing => {
                 let rel = setup::take_releases();
-                let t = with_dev(|c| c.pair_start_releasing(sc, park, fd, &rel));
+                let t = self.io.with(fd, |fd| {
+                    with_dev(|c| c.pair_start_releasing(sc, park, fd, &rel))
+                });
                 if t.is_err() {
                     setup::release_each(&rel);
                 }
@@ -650,7 +676,10 @@ impl Driver {
             Ahead::AttachPeer => {
                 let own = self.recorded_own();
                 let r = &mut self.reserve;
-                (kind, with_dev(|c| c.attach_peer_start_reserved(fd, own, r)))
+                let t = self.io.with(fd, |fd| {
+                    with_dev(|c| c.attach_peer_start_reserved(fd, own, r))
+                });
+                (kind, t)
             }
         };
         self.ahead = t.ok().map(|t| (kind, t));
@@ -690,15 +719,18 @@ impl Driver {
         let record = self.record();
         if self.state.is_none() {
             if let Ok((sfd, map)) = crate::shm::state_page() {
-                let t =
-                    with_dev(|c| c.register_dmb_start_with(sc, fd, Some(sfd.as_raw_fd()), record));
+                let t = self.io.with(fd, |fd| {
+                    with_dev(|c| c.register_dmb_start_with(sc, fd, Some(sfd.as_raw_fd()), record))
+                });
                 if t.is_ok() {
                     self.state = Some(map);
                 }
                 return t;
             }
         }
-        with_dev(|c| c.register_dmb_start_with(sc, fd, None, record))
+        self.io.with(fd, |fd| {
+            with_dev(|c| c.register_dmb_start_with(sc, fd, None, record))
+        })
     }
 
     /// Registers and waits for the reply.
@@ -720,7 +752,9 @@ impl Driver {
             {
                 let fd = self.fd;
                 let rel = setup::take_releases();
-                let t = with_dev(|c| c.pair_start_releasing(size_code, SERVER_PAIR_WAIT, fd, &rel));
+                let t = self.io.with(fd, |fd| {
+                    with_dev(|c| c.pair_start_releasing(size_code, SERVER_PAIR_WAIT, fd, &rel))
+                });
                 if t.is_err() {
                     setup::release_each(&rel);
                 }
@@ -817,7 +851,10 @@ impl Driver {
             None
         } else {
             let p = self.m.peer_dmb().ok_or(DmbFailure::Internal)?;
-            Some(with_dev(|c| c.attach_dmb_start(p.token, fd)))
+            Some(
+                self.io
+                    .with(fd, |fd| with_dev(|c| c.attach_dmb_start(p.token, fd))),
+            )
         };
         let own = match self.take_ahead(Ahead::Register) {
             Some(t) => match with_dev(|c| c.finish_dmb(t)) {
@@ -939,7 +976,9 @@ impl Driver {
         let d = match ahead {
             Some(d) => Ok(d),
             None => with_dev(|c| {
-                let t = c.attach_dmb_start_reserved(token, fd, own, &mut reserve)?;
+                let t = self.io.with(fd, |fd| {
+                    c.attach_dmb_start_reserved(token, fd, own, &mut reserve)
+                })?;
                 c.finish_dmb_reserved(t, &mut reserve)
             }),
         };
@@ -983,8 +1022,10 @@ impl Driver {
 
     /// Frame one CLC message from the socket without consuming anything else.
     fn read_msg(&mut self) -> Rd {
-        let fd = self.fd;
-        let n = match recv(fd, &mut self.buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+        let (fd, io) = (self.fd, &self.io);
+        let n = match io.with(fd, |fd| {
+            recv(fd, &mut self.buf, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+        }) {
             Ok(0) => return Rd::Gone,
             Ok(n) => n,
             Err(e) if e == libc::EAGAIN || e == libc::EWOULDBLOCK => return Rd::Nothing,
@@ -1008,7 +1049,7 @@ impl Driver {
             return Rd::Nothing;
         }
         // Consume exactly this message (application bytes may follow a decline).
-        match recv(fd, &mut self.buf[..len], libc::MSG_DONTWAIT) {
+        match io.with(fd, |fd| recv(fd, &mut self.buf[..len], libc::MSG_DONTWAIT)) {
             Ok(r) if r == len => Rd::Msg(len),
             _ => Rd::Gone,
         }
@@ -1054,19 +1095,31 @@ fn recv(fd: i32, buf: &mut [u8], flags: i32) -> Result<usize, i32> {
 
 /// Wait until the socket is readable or `deadline`; a partial message already queued makes
 /// it readable at once, so then pause briefly instead.
-fn wait_readable(fd: i32, deadline: Instant) {
+///
+/// Through `io` ([`IoPath`]): the sleep is at most [`IO_SLICE`], after which the caller looks
+/// again, so that a number closed during it (the kernel's `poll` then looks at whatever the
+/// number names, or at nothing) costs at most that.
+fn wait_readable(io: &IoPath, fd: i32, deadline: Instant) {
     let now = Instant::now();
     if now >= deadline {
         return;
     }
     let mut one = [0u8; 1];
-    if recv(fd, &mut one, libc::MSG_PEEK | libc::MSG_DONTWAIT).is_ok_and(|n| n > 0) {
+    if io
+        .with(fd, |fd| {
+            recv(fd, &mut one, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+        })
+        .is_ok_and(|n| n > 0)
+    {
         std::thread::sleep(Duration::from_micros(20));
         return;
     }
-    let ms = (deadline - now).as_millis().clamp(1, i32::MAX as u128) as i32;
+    let ms = (deadline - now)
+        .min(IO_SLICE)
+        .as_millis()
+        .clamp(1, i32::MAX as u128) as i32;
     let mut p = libc::pollfd {
-        fd,
+        fd: io.now(fd),
         events: libc::POLLIN,
         revents: 0,
     };

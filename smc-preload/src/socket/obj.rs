@@ -48,7 +48,49 @@ impl Drop for Obj {
                 close_private(p);
             }
         }
+        // A handshake whose number was closed under a call that drove it, and which that call
+        // left undecided: nothing can drive it any more, the socket goes with its duplicate.
+        if let Obj::Handshake(h) = self {
+            if let Some(p) = h.io.take_private() {
+                close_private(p);
+            }
+        }
     }
+}
+
+/// Closes `p`, the private duplicate that carried a handshake decided after the application
+/// closed the number it was made on ([`Handshake::moved`]; `ino`: the socket's inode). The
+/// reference of the closed number goes now: an SMC connection's last one closes it. When `p`
+/// names another file by now (the application made it name one with `dup2`, whose close
+/// dropped our reference already) nothing is done.
+pub fn close_moved(p: i32, ino: u64) {
+    if socket_ino(p) != Some(ino) {
+        crate::debug!("fd {p}: names another file now: left open");
+        return;
+    }
+    crate::debug!("fd {p}: the call that went on with the connection returned: closed");
+    let old = crate::fdtable::replace(p, crate::fdtable::Slot::Empty);
+    if let crate::fdtable::Slot::Obj(o) = &old {
+        if let Obj::Conn(c) = &**o {
+            release_ref(p, p, c);
+        }
+    }
+    drop(old);
+    let e0 = real::errno();
+    // SAFETY: our own descriptor, never handed to the application.
+    unsafe { real::close(p) };
+    real::set_errno(e0);
+}
+
+/// The inode of the file `fd` names (a socket's identity while it is open).
+pub fn socket_ino(fd: i32) -> Option<u64> {
+    let e0 = real::errno();
+    // SAFETY: a zeroed stat is valid; out pointer is ours.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out pointer.
+    let r = unsafe { libc::fstat(fd, &mut st) };
+    real::set_errno(e0);
+    (r == 0).then_some(st.st_ino)
 }
 
 /// Closes our private descriptor `p` (an [`Obj::Private`] slot).
@@ -178,9 +220,41 @@ pub struct Handshake {
     /// An end being driven by the other end of its connection, in this same process
     /// (`setup::nudge_own_peer`): a close of the fd waits until that step is over.
     pub nudged: std::sync::atomic::AtomicBool,
+    /// The descriptor the driver's I/O goes through (shared with it): a close of the number
+    /// while a call drives the handshake ([`Handshake::calls`]) redirects it to a private
+    /// duplicate of the socket first, so that the handshake never reads from, writes to or
+    /// decides on whatever the number names next.
+    pub io: Arc<crate::util::io_path::IoPath>,
+    /// Calls of this process driving the handshake right now (`setup::progress_until`).
+    pub calls: AtomicU32,
+    /// Decided on the private duplicate (its number was closed under the call that decided
+    /// it): the duplicate and the socket's inode, for the call to continue on and then close
+    /// ([`close_moved`]).
+    pub moved: Mutex<Option<(i32, u64)>>,
 }
 
 impl Handshake {
+    /// The object of a handshake under way, driven by `driver`.
+    pub fn new(
+        driver: Box<crate::handshake::Driver>,
+        nonblock: bool,
+        server: bool,
+        peer_local: bool,
+    ) -> Handshake {
+        Handshake {
+            io: driver.io_path(),
+            driver: Mutex::new(Some(driver)),
+            nonblock: std::sync::atomic::AtomicBool::new(nonblock),
+            server,
+            peer_local,
+            write_waits: std::sync::atomic::AtomicBool::new(false),
+            shared: std::sync::atomic::AtomicBool::new(false),
+            nudged: std::sync::atomic::AtomicBool::new(false),
+            calls: AtomicU32::new(0),
+            moved: Mutex::new(None),
+        }
+    }
+
     /// Whether poll/epoll report this undecided fd writable (as TCP does once the connection
     /// is established). A client's connect completes, for the program, when its handshake is
     /// decided: until then it is not writable and a non-blocking write says `EAGAIN`, as for a
@@ -247,6 +321,16 @@ impl Skip {
 }
 
 impl Obj {
+    /// Moves the I/O of the connection or handshake that owns our private duplicate `old` to
+    /// `new` (another duplicate, or `IO_GONE`); false when it did not go through `old`.
+    pub fn move_private_io(&self, old: i32, new: i32) -> bool {
+        match self {
+            Obj::Conn(c) => c.move_private_io(old, new),
+            Obj::Handshake(h) => h.io.move_private(old, new),
+            _ => false,
+        }
+    }
+
     pub fn conn(&self) -> Option<&Conn> {
         match self {
             Obj::Conn(c) => Some(c),

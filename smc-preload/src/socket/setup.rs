@@ -38,7 +38,7 @@ use smc_common::handshake::{Config, Fallback, FallbackReason, Handshake};
 use std::collections::HashMap;
 use std::os::fd::AsRawFd as _;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub(crate) fn clc_timeout() -> Duration {
@@ -1259,15 +1259,12 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
             d.defer_daemon(false);
             d.count_deferred();
             debug!("fd {fd}: server handshake continues at the next operation");
-            let o = Arc::new(Obj::Handshake(crate::obj::Handshake {
-                driver: Mutex::new(Some(Box::new(d))),
-                nonblock: std::sync::atomic::AtomicBool::new(nonblock),
-                server: true,
-                peer_local: own_client,
-                write_waits: std::sync::atomic::AtomicBool::new(false),
-                shared: std::sync::atomic::AtomicBool::new(false),
-                nudged: std::sync::atomic::AtomicBool::new(false),
-            }));
+            let o = Arc::new(Obj::Handshake(crate::obj::Handshake::new(
+                Box::new(d),
+                nonblock,
+                true,
+                own_client,
+            )));
             if own_client {
                 note_own_end(true, port_of(fd, true), fd, &o);
             }
@@ -1511,15 +1508,12 @@ pub fn client_start(fd: i32, nonblock: bool, dest: Option<Dest>) {
         }
         Progress::WouldBlock => {
             debug!("fd {fd}: client handshake continues at the next operation");
-            let o = Arc::new(Obj::Handshake(crate::obj::Handshake {
-                driver: Mutex::new(Some(Box::new(d))),
-                nonblock: std::sync::atomic::AtomicBool::new(nonblock),
-                server: false,
+            let o = Arc::new(Obj::Handshake(crate::obj::Handshake::new(
+                Box::new(d),
+                nonblock,
+                false,
                 peer_local,
-                write_waits: std::sync::atomic::AtomicBool::new(false),
-                shared: std::sync::atomic::AtomicBool::new(false),
-                nudged: std::sync::atomic::AtomicBool::new(false),
-            }));
+            )));
             if peer_local {
                 note_own_end(false, port, fd, &o);
             }
@@ -1538,16 +1532,45 @@ pub fn progress(fd: i32, h: &crate::obj::Handshake, block: bool) -> bool {
 /// As [`progress`]; `wait` as in [`Driver::step_until`] (`Some(Some(t))`: wait until `t` at
 /// most).
 pub fn progress_until(fd: i32, h: &crate::obj::Handshake, wait: Option<Option<Instant>>) -> bool {
-    progress_or_withdraw(fd, h, wait, false)
+    progress_or_withdraw(fd, h, wait, false, false)
 }
 
-/// [`progress_until`]; `withdraw`: decline at our next message ([`Driver::withdraw`]).
+/// As [`progress_until`], for a call that goes on with the connection once it is decided:
+/// when another thread closed the number meanwhile, the decision is made on the private
+/// duplicate that took the handshake's I/O, and left in [`crate::obj::Handshake::moved`] for
+/// the call to continue on and then close.
+pub fn progress_call(fd: i32, h: &crate::obj::Handshake, wait: Option<Option<Instant>>) -> bool {
+    progress_or_withdraw(fd, h, wait, false, true)
+}
+
+/// One call driving a handshake ([`crate::obj::Handshake::calls`]).
+struct Driving<'a>(&'a crate::obj::Handshake);
+
+impl Drop for Driving<'_> {
+    fn drop(&mut self) {
+        self.0.calls.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// [`progress_until`]; `withdraw`: decline at our next message ([`Driver::withdraw`]);
+/// `continues`: as [`progress_call`].
 fn progress_or_withdraw(
     fd: i32,
     h: &crate::obj::Handshake,
     wait: Option<Option<Instant>>,
     withdraw: bool,
+    continues: bool,
 ) -> bool {
+    // Registered before the number is checked, as a close empties the slot before it looks for
+    // calls (`ops::forget_slot`): either that close sees this call and redirects the
+    // handshake's I/O to a private duplicate first, or this call sees the number closed and
+    // does not touch the handshake (the call goes to what the number names now).
+    h.calls.fetch_add(1, Ordering::SeqCst);
+    let _driving = Driving(h);
+    std::sync::atomic::fence(Ordering::SeqCst);
+    if !fdtable::get(fd).is_some_and(|o| matches!(&*o, Obj::Handshake(x) if std::ptr::eq(x, h))) {
+        return true;
+    }
     let mut g = h.driver.lock().unwrap_or_else(|e| e.into_inner());
     let Some(d) = g.as_mut() else {
         return true;
@@ -1556,7 +1579,8 @@ fn progress_or_withdraw(
         d.withdraw();
     }
     // The handshake's I/O goes through the fd of this call: the one it started on may have
-    // been closed after a dup, and its number reused by another file.
+    // been closed after a dup, and its number reused by another file. (Once a number was
+    // closed under a call, through the private duplicate instead: `Handshake::io`.)
     d.set_fd(fd);
     // A client of our own listener: the server end may be an accepted socket of this process
     // that no thread touches yet (its thread waits for something else): it answers our
@@ -1565,7 +1589,7 @@ fn progress_or_withdraw(
     // server may speak first, in the thread that holds the client).
     let own = || h.peer_local && own_ends(h.server).1.load(Ordering::Relaxed) > 0;
     if own() {
-        nudge_own_peer(fd, h.server);
+        nudge_own_peer(h.io.now(fd), h.server);
     }
     let mut step = match wait {
         // A call that waits: the other end may be an accepted socket of ours that no thread
@@ -1581,17 +1605,17 @@ fn progress_or_withdraw(
                     break s;
                 }
                 if own() {
-                    nudge_own_peer(fd, h.server);
+                    nudge_own_peer(h.io.now(fd), h.server);
                 }
                 slice = (slice * 2).min(Duration::from_millis(5));
             }
         }
         _ => d.step_until(wait),
     };
-    if own() && matches!(step, Progress::WouldBlock) && nudge_own_peer(fd, h.server) {
+    if own() && matches!(step, Progress::WouldBlock) && nudge_own_peer(h.io.now(fd), h.server) {
         step = d.step(false);
     }
-    settle(fd, h, g, step)
+    settle_as(fd, h, g, step, continues)
 }
 
 /// The end of one step of `h`'s driver (`g`: its lock, held): the decision is applied when
@@ -1599,24 +1623,63 @@ fn progress_or_withdraw(
 fn settle(
     fd: i32,
     h: &crate::obj::Handshake,
+    g: std::sync::MutexGuard<'_, Option<Box<Driver>>>,
+    step: Progress,
+) -> bool {
+    settle_as(fd, h, g, step, false)
+}
+
+/// [`settle`]; `continues`: as [`progress_call`].
+fn settle_as(
+    fd: i32,
+    h: &crate::obj::Handshake,
     mut g: std::sync::MutexGuard<'_, Option<Box<Driver>>>,
     step: Progress,
+    continues: bool,
 ) -> bool {
     match step {
         Progress::WouldBlock => false,
         Progress::Done(out) => {
             let d = g.take();
+            // The number was closed under this step: the handshake's I/O went to our private
+            // duplicate, and so does its decision; the number (whatever it names now) is not
+            // touched.
+            let moved = h.io.take_private();
+            let at = moved.unwrap_or(fd);
             if h.peer_local && !h.server {
-                forget_own_client(port_of(fd, false));
+                forget_own_client(port_of(at, false));
             }
-            let old = if h.shared.load(Ordering::Relaxed) {
-                fdtable::get(fd).filter(|o| matches!(&**o, Obj::Handshake(x) if std::ptr::eq(x, h)))
-            } else {
-                None
+            let old = match moved {
+                Some(p) => match fdtable::get(p).as_deref() {
+                    Some(Obj::Private(w)) => w.upgrade(),
+                    _ => None,
+                },
+                None if h.shared.load(Ordering::Relaxed) => fdtable::get(fd)
+                    .filter(|o| matches!(&**o, Obj::Handshake(x) if std::ptr::eq(x, h))),
+                None => None,
             };
-            finish(fd, h.server, out, h.nonblock.load(Ordering::Relaxed));
-            if let Some(old) = old {
-                share_decision(fd, &old);
+            if let Some(p) = moved {
+                debug!(
+                    "fd {fd}: closed while a call drove its handshake: decided on our duplicate \
+                     {p}"
+                );
+                drop(fdtable::replace(p, Slot::Empty));
+            }
+            finish(at, h.server, out, h.nonblock.load(Ordering::Relaxed));
+            if let Some(old) = &old {
+                share_decision(at, old);
+            }
+            if let Some(p) = moved {
+                // An object the call goes on with.
+                if fdtable::raw(p) < 8 {
+                    drop(fdtable::replace(p, Slot::Obj(Arc::new(Obj::Tcp))));
+                }
+                let ino = crate::obj::socket_ino(p).unwrap_or(0);
+                if continues {
+                    *h.moved.lock().unwrap_or_else(|e| e.into_inner()) = Some((p, ino));
+                } else {
+                    crate::obj::close_moved(p, ino);
+                }
             }
             drop(g);
             drop(d);
@@ -1639,7 +1702,7 @@ pub fn settle_leaving(fd: i32) {
     match &*o {
         Obj::Handshake(h) => {
             debug!("fd {fd}: leaves the process during its handshake: declined, stays TCP");
-            progress_or_withdraw(fd, h, Some(None), true);
+            progress_or_withdraw(fd, h, Some(None), true, false);
         }
         Obj::Pending(p) => {
             let mut done = p.lock.lock().unwrap_or_else(|e| e.into_inner());

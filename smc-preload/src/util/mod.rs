@@ -1,9 +1,11 @@
 //! Leaves any layer may use: the real libc functions ([`real`]), `SMC_DEBUG` lines ([`log`]),
-//! the environment knobs read once at load ([`config`]), fork-safe globals ([`forklock`]), which signals interrupt a blocking call ([`signals`]), the
+//! the environment knobs read once at load ([`config`]), the descriptor our I/O on a socket goes
+//! through ([`io_path`]), fork-safe globals ([`forklock`]), which signals interrupt a blocking call ([`signals`]), the
 //! cached pid ([`pid`]), a socket write that must go out whole before a deadline ([`send_all`]).
 
 pub mod config;
 pub mod forklock;
+pub mod io_path;
 pub mod log;
 pub mod real;
 pub mod signals;
@@ -35,21 +37,34 @@ pub fn reset_pid() {
 /// Sends all of `b` on the socket `fd` (non-blocking sends, `poll` for room in between, no
 /// SIGPIPE) before `deadline`: a CLC message, or the bytes of a switch to TCP. False on an
 /// error or at the deadline. errno is preserved.
-pub fn send_all(fd: i32, mut b: &[u8], deadline: std::time::Instant) -> bool {
+pub fn send_all(fd: i32, b: &[u8], deadline: std::time::Instant) -> bool {
+    send_all_io(&io_path::IoPath::new(), fd, b, deadline)
+}
+
+/// [`send_all`] through `io` ([`io_path::IoPath`]): each send on the descriptor our I/O goes
+/// through at that moment, each wait for room at most 100 ms before it is looked up again.
+pub fn send_all_io(
+    io: &io_path::IoPath,
+    fd: i32,
+    mut b: &[u8],
+    deadline: std::time::Instant,
+) -> bool {
     let e0 = real::errno();
     let ok = loop {
         if b.is_empty() {
             break true;
         }
-        // SAFETY: valid buffer of its length.
-        let r = unsafe {
-            real::send(
-                fd,
-                b.as_ptr() as *const libc::c_void,
-                b.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
+        let r = io.with(fd, |fd| {
+            // SAFETY: valid buffer of its length.
+            unsafe {
+                real::send(
+                    fd,
+                    b.as_ptr() as *const libc::c_void,
+                    b.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            }
+        });
         if r > 0 {
             b = b.get(r as usize..).unwrap_or_default();
             continue;
@@ -64,11 +79,11 @@ pub fn send_all(fd: i32, mut b: &[u8], deadline: std::time::Instant) -> bool {
                 break false;
             }
             let mut p = libc::pollfd {
-                fd,
+                fd: io.now(fd),
                 events: libc::POLLOUT,
                 revents: 0,
             };
-            let ms = (deadline - now).as_millis().clamp(1, 1000) as i32;
+            let ms = (deadline - now).as_millis().clamp(1, 100) as i32;
             // SAFETY: one pollfd.
             unsafe { real::poll(&mut p, 1, ms) };
             continue;

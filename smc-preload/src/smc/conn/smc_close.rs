@@ -14,12 +14,6 @@
 
 use super::*;
 
-/// [`Conn::io_fd`]: our I/O goes through the number the caller names.
-pub const NO_IO: i32 = -1;
-/// [`Conn::io_fd`]: no descriptor of this process names the socket any more (a close behind
-/// our back, or none could be made): our I/O on it fails (`EBADF`), as on a socket that went.
-pub const IO_GONE: i32 = -2;
-
 const CALLS: u64 = 0xFFFF_FFFF;
 const DEFERRED: u64 = 1 << 32;
 
@@ -30,87 +24,43 @@ impl Conn {
     /// through a number before that number may close). Only for short, non-blocking calls.
     #[inline]
     pub fn with_io<R>(&self, fd: i32, f: impl FnOnce(i32) -> R) -> R {
-        self.io_busy.fetch_add(1, Ordering::SeqCst);
-        let p = self.io_fd.load(Ordering::SeqCst);
-        let r = f(if p == NO_IO { fd } else { p });
-        self.io_busy.fetch_sub(1, Ordering::Release);
-        r
+        self.io.with(fd, f)
     }
 
-    /// The descriptor a sleep in `poll` uses (see [`Conn::with_io`]). Not protected: a
-    /// number closed during the sleep is only looked at by the kernel (`poll` reads no file),
-    /// and the sleep itself holds the socket.
+    /// The descriptor a sleep in `poll` uses (see [`crate::util::io_path::IoPath::now`]).
     #[inline]
     pub fn io_now(&self, fd: i32) -> i32 {
-        let p = self.io_fd.load(Ordering::Acquire);
-        if p == NO_IO {
-            fd
-        } else {
-            p
-        }
+        self.io.now(fd)
     }
 
     /// The private duplicate of the socket, if one was made.
     pub fn private_io(&self) -> Option<i32> {
-        let p = self.io_fd.load(Ordering::Acquire);
-        (p >= 0).then_some(p)
+        self.io.private()
     }
 
     /// Whether our I/O no longer goes through the caller's number.
     pub fn io_redirected(&self) -> bool {
-        self.io_fd.load(Ordering::Acquire) != NO_IO
+        self.io.redirected()
     }
 
-    /// From now on our I/O goes through `p` (a private duplicate of the socket, or
-    /// [`IO_GONE`]); returns when no call through a caller's number is under way any more, so
-    /// that the number may close. False (and nothing changed) when it was redirected already.
+    /// Whether no descriptor of this process names the socket for us any more.
+    pub fn io_gone(&self) -> bool {
+        self.io.gone()
+    }
+
+    /// From now on our I/O goes through `p` (see [`crate::util::io_path::IoPath::set_private`]).
     pub fn set_private_io(&self, p: i32) -> bool {
-        if self
-            .io_fd
-            .compare_exchange(NO_IO, p, Ordering::SeqCst, Ordering::SeqCst)
-            .is_err()
-        {
-            return false;
-        }
-        self.wait_io_idle();
-        true
+        self.io.set_private(p)
     }
 
-    /// Moves our I/O from the private duplicate `old` to `new` (the application is about to
-    /// make `old`'s number name another file, `dup2`); waits as [`Conn::set_private_io`].
+    /// Moves our I/O from the private duplicate `old` to `new` (see [`crate::util::io_path::IoPath::move_private`]).
     pub fn move_private_io(&self, old: i32, new: i32) -> bool {
-        if self
-            .io_fd
-            .compare_exchange(old, new, Ordering::SeqCst, Ordering::SeqCst)
-            .is_err()
-        {
-            return false;
-        }
-        self.wait_io_idle();
-        true
+        self.io.move_private(old, new)
     }
 
     /// Takes the private duplicate for closing (the connection's object goes).
     pub fn take_private_io(&self) -> Option<i32> {
-        let p = self.io_fd.swap(IO_GONE, Ordering::SeqCst);
-        (p >= 0).then_some(p)
-    }
-
-    /// Waits until no I/O call through a descriptor loaded before now is under way (each is
-    /// one non-blocking system call; bounded all the same).
-    fn wait_io_idle(&self) {
-        let start = Instant::now();
-        let mut i = 0u32;
-        while self.io_busy.load(Ordering::SeqCst) != 0
-            && start.elapsed() < Duration::from_millis(100)
-        {
-            i += 1;
-            if i > 64 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-        }
+        self.io.take_private()
     }
 
     /// A call of this process starts on the connection (it holds the connection open, as the
@@ -197,7 +147,7 @@ impl Conn {
     /// here), and so were the references they held back.
     pub fn forget_calls_after_fork(&self) {
         self.users.store(0, Ordering::SeqCst);
-        self.io_busy.store(0, Ordering::SeqCst);
+        self.io.forget_calls_after_fork();
     }
 }
 

@@ -57,9 +57,7 @@ impl Conn {
         loop {
             // After the peer's switch marker the stream is data: never drained. No descriptor
             // of ours names the socket any more (`IO_GONE`): nothing to drain.
-            if self.flags() & (F_SWITCHING | F_PEER_SWITCH | F_SWITCHED) != 0
-                || self.io_fd.load(Ordering::Relaxed) == IO_GONE
-            {
+            if self.flags() & (F_SWITCHING | F_PEER_SWITCH | F_SWITCHED) != 0 || self.io_gone() {
                 return;
             }
             let e0 = real::errno();

@@ -86,6 +86,8 @@ scenarios! {
     close_while_recv_blocked_peer_writes_on: 1;
     dup2_over_recv_blocked: 1;
     socket_reuses_number_while_recv_blocked: 2;
+    dup2_over_recv_in_handshake: 1;
+    socket_reuses_number_while_recv_in_handshake: 2;
     close_while_send_blocked: 1;
     close_while_sendfile_blocked: 1;
     close_while_poll_blocked: 1;
@@ -2000,6 +2002,105 @@ fn dup2_over_recv_blocked() {
     close(s);
     close(wp);
     close(c);
+}
+
+/// A client whose connect returned before the server accepted (non-blocking connect, then
+/// blocking again): its first `recv` blocks until the server speaks, and under the data path it
+/// drives the connection's handshake meanwhile. Another thread makes the number name a pipe:
+/// as on TCP, the blocked call goes on with the socket it started on (it gets the server's
+/// bytes, never the pipe's), and the socket closes when it returns.
+fn handshake_window_client() -> (c_int, c_int, u16) {
+    let (l, port) = listener();
+    let c = tcp_socket();
+    set_nonblock(c, true);
+    let rc = connect_to(c, port);
+    let e = errno();
+    log(format!(
+        "connect(c) nonblocking = {}",
+        if rc == 0 { "0".into() } else { ename(e) }
+    ));
+    pl("poll(c,OUT)", c, libc::POLLOUT, 5000);
+    set_nonblock(c, false);
+    (l, c, port)
+}
+
+fn dup2_over_recv_in_handshake() {
+    let (l, c, _) = handshake_window_client();
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = blocked_recv(&T, c, 16, 0);
+    wait_blocked(&T);
+    let (rp, wp) = pipe();
+    // SAFETY: plain dup2: the pipe's read end replaces the socket at its number.
+    let d = unsafe { libc::dup2(rp, c) };
+    log(format!("dup2(pipe, c) while recv blocks: {}", d == c));
+    close(rp);
+    write_all(wp, b"pipe data");
+    let s = accept_fd(l);
+    log(format!("accept ok = {}", s >= 0));
+    write_all(s, b"late");
+    let (k, d) = h.join().unwrap();
+    log(format!("blocked recv = {k} [{d}]"));
+    rd("read(c), the pipe now", c, 100);
+    pl("poll(s,IN) after the call returned", s, libc::POLLIN, 5000);
+    rd("read(s)", s, 10);
+    close(c);
+    close(wp);
+    close(s);
+    close(l);
+}
+
+fn socket_reuses_number_while_recv_in_handshake() {
+    let (l, c, port) = handshake_window_client();
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = blocked_recv(&T, c, 16, 0);
+    wait_blocked(&T);
+    r("close(c) while recv blocks", close(c) as isize);
+    // A new client takes the number (moved there if it did not get it).
+    let n0 = tcp_socket();
+    let n = if n0 == c {
+        n0
+    } else {
+        // SAFETY: plain dup2 onto the free number.
+        let n = unsafe { libc::dup2(n0, c) };
+        close(n0);
+        n
+    };
+    log(format!("new socket at the number: {}", n == c));
+    // Non-blocking as well: the old client's handshake waits for an accept that only comes
+    // after this connect (a blocking one would wait for its own, too).
+    set_nonblock(n, true);
+    let rc = connect_to(n, port);
+    let e = errno();
+    log(format!(
+        "connect(new) nonblocking = {}",
+        if rc == 0 { "0".into() } else { ename(e) }
+    ));
+    pl("poll(new,OUT)", n, libc::POLLOUT, 5000);
+    set_nonblock(n, false);
+    // The listener's first connection is the old client's, the second the new one's.
+    let s = accept_fd(l);
+    let s2 = accept_fd(l);
+    log(format!("accept ok = {} {}", s >= 0, s2 >= 0));
+    write_all(n, b"to the new one");
+    rd("read(new's server end)", s2, 100);
+    write_all(s, b"late");
+    let (k, d) = h.join().unwrap();
+    log(format!("blocked recv = {k} [{d}]"));
+    write_all(s2, b"back");
+    rd("read(new)", n, 100);
+    pl("poll(new,IN) nothing more", n, libc::POLLIN, 0);
+    so_error("SO_ERROR(new)", n);
+    pl(
+        "poll(s,IN) after the old call returned",
+        s,
+        libc::POLLIN,
+        5000,
+    );
+    rd("read(s)", s, 10);
+    close(n);
+    close(s);
+    close(s2);
+    close(l);
 }
 
 fn socket_reuses_number_while_recv_blocked() {
