@@ -195,10 +195,8 @@ fn pair() -> (c_int, c_int) {
 }
 
 /// [`pair`], with both ends' handshakes decided (one byte each way, unlogged): for scenarios
-/// about a `recv` blocked on an established connection. A close or `dup2` of a number while a
-/// call drives that socket's handshake is another case (the handshake's I/O goes through the
-/// number: that connection resets, see smc-preload/DESIGN.md, *Known gaps*), which a call
-/// made right after `pair` can hit when the client's handshake was deferred to its next call.
+/// about a `recv` blocked on an established connection (the handshake window has scenarios of
+/// its own: `dup2_over_recv_in_handshake`, `socket_reuses_number_while_recv_in_handshake`).
 fn pair_settled() -> (c_int, c_int) {
     let (c, s) = pair();
     write_all(c, b"s");
