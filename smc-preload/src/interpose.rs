@@ -639,6 +639,13 @@ pub unsafe extern "C" fn syscall(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
+    // SAFETY: the application's arguments, passed on unchanged: `lifecycle::fdopen` has the
+    // contract of libc's `fdopen`.
+    unsafe { lifecycle::fdopen(fd, mode) }
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn fclose(f: *mut libc::FILE) -> c_int {
     // SAFETY: the application's arguments, passed on unchanged: `lifecycle::fclose` has the
     // contract of libc's `fclose`.

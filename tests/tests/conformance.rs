@@ -28,7 +28,7 @@ const SMC_EITHER: &[&str] = &["scm_rights_client_mid_handshake"];
 const EXPECTED: &[(&str, &str)] = &[
     ("epoll_nested", "an epoll fd in another epoll set: the outer wait may see the inner set ready when no entry of it reports (our registration's own event, e.g. right after EPOLL_CTL_ADD: the kernel's view of the set), and the inner wait then returns nothing: a spurious wakeup, never a missed one (epoll_nested_lt_data_left and epoll_nested_wakes_on_write match TCP)"),
     ("poll_nested_epoll", "the same with poll on the epoll fd: POLLIN for an idle set right after EPOLL_CTL_ADD (spurious; data left or arriving is always seen)"),
-    ("msg_oob", "no urgent data on SMC-D: send(MSG_OOB) fails with EOPNOTSUPP instead of sending one byte out of band"),
+    ("msg_oob", "urgent data is not implemented on the data path: send(MSG_OOB) fails with EOPNOTSUPP (nothing sent, the stream intact) instead of sending one byte out of band. It could be: Linux SMC carries it in the CDC producer flags (urg_data_pending, urg_data_present) and the receiver keeps an urgent cursor (smc_rx_recv_urg)"),
 ];
 
 struct Outcome {

@@ -930,6 +930,32 @@ pub fn io_uring_seen() {
     setup::disable("an io_uring instance was set up (its submissions bypass the interposition)");
 }
 
+/// `fdopen(3)`: stdio reads and writes a `FILE` through libc's internal `read` and `write`,
+/// which the interposition never sees, so a stream on an SMC connection would read doorbells
+/// and write into a socket whose peer reads its ring. The connection continues on TCP first,
+/// as before an exec into an image without the library ([`continue_on_tcp`]: the peer answers
+/// at its next operation; one that does not within the switch wait gets the connection reset,
+/// a clean failure on both ends); a handshake under way is decided first, declined where the
+/// protocol still allows it ([`setup::settle_leaving`]).
+///
+/// # Safety
+/// `mode` is the caller's string.
+pub unsafe fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
+    if fdtable::raw(fd) != 0 && !in_vfork_child() {
+        setup::settle_leaving(fd);
+        if let Some(o) = fdtable::get(fd).filter(|o| matches!(&**o, Obj::Conn(_))) {
+            crate::debug!("fd {fd}: fdopen: stdio bypasses the interposition: the connection continues on TCP");
+            let e0 = real::errno();
+            if !continue_on_tcp(fd, &o) {
+                crate::debug!("fd {fd}: the switch to TCP failed: the connection was reset");
+            }
+            real::set_errno(e0);
+        }
+    }
+    // SAFETY: as above.
+    unsafe { real::fdopen(fd, mode) }
+}
+
 /// `fclose(3)`: a `FILE` made by `fdopen` on one of our sockets closes it inside libc.
 ///
 /// # Safety

@@ -142,6 +142,7 @@ scenarios! {
     splice_pipe_to_socket_short: 1;
     sendfile_offset: 1;
     msg_oob: 1;
+    fdopen_stdio_server: 1;
     // signals
     eintr_without_restart: 1;
     sa_restart_restarts: 1;
@@ -3788,6 +3789,53 @@ fn msg_oob() {
     let got = read_n(s, 100);
     log(format!("read(s) [{}]", digest(&got)));
     close(s);
+}
+
+/// A server that serves its accepted socket through stdio (`fdopen`, `fgets`, `fputs`): libc's
+/// internal reads and writes never reach the interposition, so the connection must be plain
+/// TCP by then. The client, another thread, writes a request and blocks reading the reply.
+fn fdopen_stdio_server() {
+    let (c, s) = pair();
+    let h = std::thread::spawn(move || {
+        write_all(c, b"GET one\n");
+        let a = read_n(c, 9);
+        write_all(c, b"GET two\n");
+        let b = read_n(c, 9);
+        let e = read_n(c, 100);
+        close(c);
+        (a, b, e)
+    });
+    // SAFETY: a valid mode string; the FILE is closed below.
+    let f = unsafe { libc::fdopen(s, c"r+".as_ptr()) };
+    log(format!("fdopen(s) ok = {}", !f.is_null()));
+    for _ in 0..2 {
+        let mut line = [0u8; 64];
+        // SAFETY: a buffer of its length; the FILE is open.
+        let p = unsafe { libc::fgets(line.as_mut_ptr().cast(), line.len() as c_int, f) };
+        let got = if p.is_null() {
+            String::from("(null)")
+        } else {
+            // SAFETY: fgets NUL-terminates.
+            unsafe { std::ffi::CStr::from_ptr(line.as_ptr().cast()) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        log(format!("fgets = {got:?}"));
+        // SAFETY: valid strings; the FILE is open.
+        unsafe {
+            libc::fputs(c"reply ok\n".as_ptr(), f);
+            libc::fflush(f);
+        }
+    }
+    // SAFETY: the FILE from fdopen (closes s).
+    log(format!("fclose = {}", unsafe { libc::fclose(f) }));
+    let (a, b, e) = h.join().unwrap();
+    log(format!(
+        "client got [{}] [{}] then {} bytes (EOF)",
+        String::from_utf8_lossy(&a).trim_end(),
+        String::from_utf8_lossy(&b).trim_end(),
+        e.len()
+    ));
 }
 
 // ── signals ─────────────────────────────────────────────────────────────────────────────────
