@@ -66,10 +66,35 @@ struct Moved {
     ino: u64,
 }
 
+/// The duplicates calls of this process go on with right now ([`Moved`]): a forked child
+/// closes its copies (the calls are its parent's threads', [`conns_after_fork_child`]).
+static MOVED: crate::forklock::ForkMutex<Vec<(c_int, u64)>> =
+    crate::forklock::ForkMutex::new(Vec::new);
+
+impl Moved {
+    fn new(fd: c_int, ino: u64) -> Moved {
+        MOVED.lock().push((fd, ino));
+        Moved { fd, ino }
+    }
+}
+
 impl Drop for Moved {
     fn drop(&mut self) {
+        MOVED.lock().retain(|&(p, _)| p != self.fd);
         crate::obj::close_moved(self.fd, self.ino);
     }
+}
+
+/// For a call of kind `op` about to look at `fd`: when its socket's handshake is under way, it
+/// is driven first, as the call's own lookup would; `Some` when another thread closed the
+/// number meanwhile and the connection was decided on our duplicate ([`Moved`]): the caller
+/// makes its whole call there instead, as a TCP call goes on with the socket it started on
+/// (`tests/redteam/rt7.c`: `sendfile`, `splice`, `sendmmsg`, `recvmmsg`, `shutdown`, `ioctl`).
+fn moved_first(fd: c_int, op: Op) -> Option<Moved> {
+    if !matches!(fdtable::get(fd).as_deref(), Some(Obj::Handshake(_))) {
+        return None;
+    }
+    conn_of_call(fd, op).err()
 }
 
 /// As [`conn_of`], for an operation of kind `op`. `None` with `EAGAIN` set, or `Some` of a
@@ -144,7 +169,7 @@ fn conn_of_call(fd: c_int, op: Op) -> Result<Option<Arc<Obj>>, Moved> {
             }
             let moved = h.moved.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some((fd, ino)) = moved {
-                return Err(Moved { fd, ino });
+                return Err(Moved::new(fd, ino));
             }
             drop(o);
             // Decided: SMC-D, plain TCP, or a fallback whose peer may still send a late CLC
@@ -602,6 +627,10 @@ pub unsafe fn recvmmsg(
 ) -> c_int {
     let dontwait = flags & libc::MSG_DONTWAIT != 0;
     if slow(fd) && !msgs.is_null() && flags & libc::MSG_ERRQUEUE == 0 {
+        if let Some(m) = moved_first(fd, Op::Read { dontwait }) {
+            // SAFETY: the caller's arguments, on the connection's own descriptor.
+            return unsafe { recvmmsg(m.fd, msgs, n, flags, t) };
+        }
         if let Some(call) = hold(fd, Op::Read { dontwait }) {
             // As `__sys_recvmmsg`: every message blocks unless MSG_DONTWAIT (MSG_WAITFORONE:
             // from the second on); the timeout is looked at only after a message, and what is
@@ -677,6 +706,10 @@ pub unsafe fn sendmmsg(
 ) -> c_int {
     let dontwait = flags & libc::MSG_DONTWAIT != 0;
     if slow(fd) && !msgs.is_null() {
+        if let Some(m) = moved_first(fd, Op::Write { dontwait }) {
+            // SAFETY: the caller's arguments, on the connection's own descriptor.
+            return unsafe { sendmmsg(m.fd, msgs, n, flags) };
+        }
         if let Some(call) = hold(fd, Op::Write { dontwait }) {
             let mut done = 0u32;
             while done < n {
@@ -1230,6 +1263,10 @@ pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int 
         }
     }
     if slow(fd) {
+        if let Some(m) = moved_first(fd, Op::Other) {
+            // SAFETY: the caller's arguments, on the connection's own descriptor.
+            return unsafe { ioctl(m.fd, req, arg) };
+        }
         if let Some(o) = conn_of(fd) {
             let Some(c) = o.conn() else {
                 // A handshake still waiting for its peer: nothing to read or unsent yet.
@@ -1287,6 +1324,10 @@ pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int 
 
 pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
     if slow(fd) {
+        if let Some(m) = moved_first(fd, Op::Other) {
+            // SAFETY: integer arguments only, on the connection's own descriptor.
+            return unsafe { shutdown(m.fd, how) };
+        }
         if let Some(o) = conn_of(fd) {
             // (A handshake still waiting for its peer is shut as a TCP socket: the peer's
             // machine sees the end of the stream and falls back or resets.)
@@ -1316,6 +1357,13 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
 /// not exist here), and a private duplicate of a socket whose connection no number of the child
 /// names is closed (it would hold the socket open for as long as the child lives).
 pub fn conns_after_fork_child() {
+    // Duplicates calls of the parent went on with: the child's copies go (the calls do not
+    // exist here; the peer must see the close when the parent's call ends, not when the child
+    // exits).
+    let moved = std::mem::take(&mut *MOVED.lock());
+    for (p, ino) in moved {
+        crate::obj::close_moved(p, ino);
+    }
     let mut gone = Vec::new();
     fdtable::for_each_object(|fd, o| match &**o {
         Obj::Conn(c) => c.forget_calls_after_fork(),
@@ -1574,6 +1622,18 @@ fn write_target(fd: c_int, dontwait: bool) -> Result<bool, ()> {
 }
 
 pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t) -> ssize_t {
+    if slow(out) {
+        if let Some(m) = moved_first(out, Op::Write { dontwait: false }) {
+            // SAFETY: the caller's arguments, on the connection's own descriptor.
+            return unsafe { sendfile(m.fd, inp, off, n) };
+        }
+    }
+    if slow(inp) {
+        if let Some(m) = moved_first(inp, Op::Other) {
+            // SAFETY: as above.
+            return unsafe { sendfile(out, m.fd, off, n) };
+        }
+    }
     let Ok(out_smc) = write_target(out, false) else {
         return -1;
     };
@@ -1697,7 +1757,20 @@ pub unsafe fn splice(
     n: size_t,
     flags: libc::c_uint,
 ) -> ssize_t {
-    let Ok(out_smc) = write_target(fout, flags & libc::SPLICE_F_NONBLOCK != 0) else {
+    let nb = flags & libc::SPLICE_F_NONBLOCK != 0;
+    if slow(fout) {
+        if let Some(m) = moved_first(fout, Op::Write { dontwait: nb }) {
+            // SAFETY: the caller's arguments, on the connection's own descriptor.
+            return unsafe { splice(fin, offin, m.fd, offout, n, flags) };
+        }
+    }
+    if slow(fin) {
+        if let Some(m) = moved_first(fin, Op::Other) {
+            // SAFETY: as above.
+            return unsafe { splice(m.fd, offin, fout, offout, n, flags) };
+        }
+    }
+    let Ok(out_smc) = write_target(fout, nb) else {
         return -1;
     };
     let in_smc = slow(fin) && conn_of(fin).is_some();
@@ -1707,7 +1780,6 @@ pub unsafe fn splice(
         return unsafe { real::splice(fin, offin, fout, offout, n, flags) };
     }
     stats::special(stats::Special::Splice);
-    let nb = flags & libc::SPLICE_F_NONBLOCK != 0;
     let want = n.min(XFER);
     let mut buf = vec![0u8; want.max(1)];
     if in_smc {

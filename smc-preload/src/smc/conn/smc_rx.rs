@@ -153,10 +153,15 @@ impl Conn {
                 if done > 0 {
                     return Ok(done);
                 }
-                if self.flags() & F_WROTE_AFTER_CLOSE != 0
-                    && self.set_flag(F_EPIPE_REPORTED) & F_EPIPE_REPORTED == 0
-                {
-                    return Err(libc::EPIPE);
+                let f = self.flags();
+                let ps = self.peer_state();
+                let graceful =
+                    ps.any_close_or_done() && !ps.contains(ConnStateFlags::PEER_CONN_ABORT);
+                if f & F_WROTE_AFTER_CLOSE != 0 && f & F_PROTO == 0 && graceful {
+                    // TCP: the peer's FIN came before the reset our write drew (`SOCK_DONE`),
+                    // so a read is at the end of the stream; the `EPIPE` the reset left stays
+                    // pending for the next write or `SO_ERROR`.
+                    return Ok(0);
                 }
                 let old = self.set_flag(F_RST_REPORTED);
                 if old & F_RST_REPORTED == 0 {

@@ -88,6 +88,9 @@ scenarios! {
     socket_reuses_number_while_recv_blocked: 2;
     dup2_over_recv_in_handshake: 1;
     socket_reuses_number_while_recv_in_handshake: 2;
+    dup2_over_sendfile_in_handshake: 1;
+    dup2_over_recvmmsg_in_handshake: 1;
+    read_after_write_after_peer_close: 1;
     close_while_send_blocked: 1;
     close_while_sendfile_blocked: 1;
     close_while_poll_blocked: 1;
@@ -2048,6 +2051,104 @@ fn dup2_over_recv_in_handshake() {
     close(wp);
     close(s);
     close(l);
+}
+
+/// As [`dup2_over_recv_in_handshake`] with `sendfile` from a file: on TCP the call does not
+/// wait (the connection is up) and its bytes are the server's; under the data path it waits for
+/// the handshake, and must still send them to the server, never into the pipe at the number.
+fn dup2_over_sendfile_in_handshake() {
+    let (l, c, _) = handshake_window_client();
+    // SAFETY: a plain memfd with 8 bytes, rewound.
+    let f = unsafe { libc::memfd_create(c"conform-sendfile".as_ptr(), 0) };
+    write_all(f, b"FILEDATA");
+    // SAFETY: plain lseek on our memfd.
+    unsafe { libc::lseek(f, 0, libc::SEEK_SET) };
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        // SAFETY: fd numbers and a NULL offset (the file's own).
+        unsafe { libc::sendfile(c, f, std::ptr::null_mut(), 8) }
+    });
+    wait_blocked_or_done(&T, &h);
+    let (rp, wp) = pipe();
+    // SAFETY: plain dup2: the pipe's read end replaces the socket at its number.
+    let d = unsafe { libc::dup2(rp, c) };
+    log(format!("dup2(pipe, c) during sendfile: {}", d == c));
+    close(rp);
+    write_all(wp, b"pipe data");
+    let s = accept_fd(l);
+    log(format!("accept ok = {}", s >= 0));
+    log(format!("sendfile = {}", h.join().unwrap()));
+    rd("read(s)", s, 100);
+    rd("read(c), the pipe now", c, 100);
+    pl("poll(s,IN) after the call returned", s, libc::POLLIN, 5000);
+    rd("read(s) again", s, 10);
+    close(c);
+    close(wp);
+    close(s);
+    close(f);
+    close(l);
+}
+
+/// As [`dup2_over_recv_in_handshake`] with `recvmmsg` (a call made of several reads).
+fn dup2_over_recvmmsg_in_handshake() {
+    let (l, c, _) = handshake_window_client();
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        let mut b = [0u8; 16];
+        let mut v = libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: b.len(),
+        };
+        // SAFETY: plain old data.
+        let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+        m.msg_hdr.msg_iov = &mut v;
+        m.msg_hdr.msg_iovlen = 1;
+        // SAFETY: one mmsghdr over our buffer.
+        let k = unsafe { libc::recvmmsg(c, &mut m, 1, 0, std::ptr::null_mut()) };
+        (k, m.msg_len, digest(&b[..(m.msg_len as usize).min(16)]))
+    });
+    wait_blocked(&T);
+    let (rp, wp) = pipe();
+    // SAFETY: plain dup2: the pipe's read end replaces the socket at its number.
+    let d = unsafe { libc::dup2(rp, c) };
+    log(format!("dup2(pipe, c) while recvmmsg blocks: {}", d == c));
+    close(rp);
+    write_all(wp, b"pipe data");
+    let s = accept_fd(l);
+    log(format!("accept ok = {}", s >= 0));
+    write_all(s, b"late");
+    let (k, n, d) = h.join().unwrap();
+    log(format!("blocked recvmmsg = {k}, msg_len {n} [{d}]"));
+    rd("read(c), the pipe now", c, 100);
+    pl("poll(s,IN) after the call returned", s, libc::POLLIN, 5000);
+    rd("read(s)", s, 10);
+    close(c);
+    close(wp);
+    close(s);
+    close(l);
+}
+
+/// The peer sent its last bytes and closed; a write of ours after that draws its reset. On TCP
+/// the peer's FIN came first: reads give its bytes, then the end of the stream (not the error),
+/// and the `EPIPE` stays pending for `SO_ERROR` and the next write (`tests/redteam/rt7_ctl.py`).
+fn read_after_write_after_peer_close() {
+    count_sigpipe();
+    let (c, s) = pair();
+    write_all(c, b"WRITDATA");
+    close(c);
+    pl("poll(s,IN|RDHUP)", s, libc::POLLIN | libc::POLLRDHUP, 5000);
+    r("write(s) after the peer's close", wr(s, b"late"));
+    pl("poll(s,IN) after the write", s, libc::POLLIN, 5000);
+    rd("read(s)", s, 100);
+    rd("read(s) at the end", s, 100);
+    rd("read(s) again", s, 100);
+    so_error("SO_ERROR(s)", s);
+    so_error("SO_ERROR(s) again", s);
+    r("write(s) then", wr(s, b"more"));
+    log_sigpipes();
+    close(s);
 }
 
 fn socket_reuses_number_while_recv_in_handshake() {
