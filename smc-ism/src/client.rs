@@ -238,7 +238,7 @@ impl Drop for DmbMap {
 /// [`Client::attach_peer_start`] send a request and return a [`Ticket`]; the reply is read by
 /// [`Client::finish_dmb`] (replies of other tickets read on the way are kept for them), so a
 /// handshake can overlap a daemon round trip with waiting for its peer. With
-/// [`MAX_INFLIGHT`] replies outstanding, a new request first reads the oldest one (kept).
+/// `MAX_INFLIGHT` (64) replies outstanding, a new request first reads the oldest one (kept).
 /// [`Client::release_nowait`] gives references back without waiting for a reply.
 #[derive(Debug)]
 pub struct Client {

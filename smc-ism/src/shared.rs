@@ -841,7 +841,7 @@ impl SharedClient {
     }
 
     /// Whether a request can be sent now without first reading an outstanding reply (fewer
-    /// than [`client::MAX_INFLIGHT`] of those that count are outstanding). A reply read for
+    /// than `client::MAX_INFLIGHT` of those that count are outstanding). A reply read for
     /// another ticket is filed with its memfd, which then takes a descriptor of this process
     /// until that ticket's waiter takes it: a request that is only an optimisation (sent ahead
     /// of need) is not worth that descriptor, which an application at its `RLIMIT_NOFILE`

@@ -20,10 +20,15 @@
 //!
 //!  util/           used by all: real (the real libc functions), log (`SMC_DEBUG`), forklock
 //!                  (fork-safe locks and once-values), signals (which interrupt a blocking
-//!                  call), pid
+//!                  call), io_path (the descriptor our I/O on a socket goes through), pid
 //! ```
 //!
 //! Inside the crate the modules keep flat paths (`crate::conn`, `crate::setup`, ...).
+//!
+//! The library's only interface is the libc symbols it exports; its Rust items are public for
+//! its tests and tools, and their documentation is for its maintainers: it links private items
+//! freely (read it with `cargo doc --document-private-items`).
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod dispatch;
 pub mod shm;

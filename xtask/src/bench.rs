@@ -29,7 +29,7 @@
 //! Results: `<root>/results/bench-<UTC timestamp>/` with `table.txt`, `results.json` (every run,
 //! its command, output metrics and counter deltas), `plot.svg` and the logs of every process.
 //!
-//! Modules: [`cases`] (what each case runs and measures), [`parsers`] (the tools' output),
+//! Modules: [`cases`](mod@cases) (what each case runs and measures), [`parsers`] (the tools' output),
 //! [`judge`] (the checks above and the verdict), [`report`] (table, JSON, plot), [`sys`]
 //! (cgroups, processes, the daemon, the network namespace); the helper program is
 //! `src/bin/smc-bench-helper.rs`.
