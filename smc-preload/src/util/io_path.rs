@@ -121,18 +121,30 @@ impl IoPath {
         self.busy.store(0, Ordering::SeqCst);
     }
 
-    /// Waits until no system call through a descriptor loaded before now is under way (each
-    /// is one non-blocking system call; bounded all the same).
+    /// Waits until no system call through a descriptor loaded before now is under way. Each is
+    /// one non-blocking system call, over in microseconds, but its thread may be preempted
+    /// between loading the number and making the call: on a loaded machine (CI, 2 vCPUs and a
+    /// dozen runnable threads) that took over 100 ms once, and the call then reached the file
+    /// that had taken the number. So the wait yields, then sleeps in 1 ms steps, for up to
+    /// 2 s; the bound is for a call that never ends its part (a signal handler of the same
+    /// thread closing the number it interrupted), which then costs those 2 s.
     fn wait_idle(&self) {
         let start = Instant::now();
         let mut i = 0u32;
-        while self.busy.load(Ordering::SeqCst) != 0 && start.elapsed() < Duration::from_millis(100)
-        {
+        while self.busy.load(Ordering::SeqCst) != 0 {
             i += 1;
-            if i > 64 {
-                std::thread::yield_now();
-            } else {
+            if i <= 64 {
                 std::hint::spin_loop();
+            } else if i <= 256 {
+                std::thread::yield_now();
+            } else if start.elapsed() < Duration::from_secs(2) {
+                std::thread::sleep(Duration::from_millis(1));
+            } else {
+                crate::debug!(
+                    "a system call through a number being closed did not end within 2 s: \
+                     closing it anyway"
+                );
+                return;
             }
         }
     }

@@ -191,14 +191,7 @@ fn nonblock_connect_accept_later() {
     // the program accepts afterwards (as an event loop would), then talks.
     let (l, port) = listener();
     let c = tcp_socket();
-    set_nonblock(c, true);
-    let rc = connect_to(c, port);
-    let e = errno();
-    log(format!(
-        "connect(c) nonblocking = {}",
-        if rc == 0 { "0".into() } else { ename(e) }
-    ));
-    pl("poll(c,OUT)", c, libc::POLLOUT, 5000);
+    connect_nonblocking("c", c, port);
     so_error("SO_ERROR(c)", c);
     let s = accept_fd(l);
     log(format!("accept ok = {}", s >= 0));
@@ -1991,12 +1984,7 @@ fn dup2_over_recv_blocked() {
     static T: AtomicI32 = AtomicI32::new(0);
     let h = blocked_recv(&T, s, 16, 0);
     wait_blocked(&T);
-    let (rp, wp) = pipe();
-    // SAFETY: plain dup2: the pipe's read end replaces the socket at its number.
-    let d = unsafe { libc::dup2(rp, s) };
-    log(format!("dup2(pipe, s) while recv blocks: {}", d == s));
-    close(rp);
-    write_all(wp, b"pipe data");
+    let wp = pipe_over("dup2(pipe, s) while recv blocks", s);
     write_all(c, b"late");
     let (k, d) = h.join().unwrap();
     log(format!("blocked recv = {k} [{d}]"));
@@ -2008,6 +1996,31 @@ fn dup2_over_recv_blocked() {
     close(c);
 }
 
+/// A non-blocking connect of `c` (named `name` in the trace) to `port`, logged, then a wait
+/// until it is writable.
+fn connect_nonblocking(name: &str, c: c_int, port: u16) {
+    set_nonblock(c, true);
+    let rc = connect_to(c, port);
+    let e = errno();
+    log(format!(
+        "connect({name}) nonblocking = {}",
+        if rc == 0 { "0".into() } else { ename(e) }
+    ));
+    pl(&format!("poll({name},OUT)"), c, libc::POLLOUT, 5000);
+}
+
+/// A pipe whose read end replaces the socket at its number `fd` (`what`: the trace line), with
+/// "pipe data" in it; returns its write end.
+fn pipe_over(what: &str, fd: c_int) -> c_int {
+    let (rp, wp) = pipe();
+    // SAFETY: plain dup2: the pipe's read end replaces the socket at its number.
+    let d = unsafe { libc::dup2(rp, fd) };
+    log(format!("{what}: {}", d == fd));
+    close(rp);
+    write_all(wp, b"pipe data");
+    wp
+}
+
 /// A client whose connect returned before the server accepted (non-blocking connect, then
 /// blocking again): its first `recv` blocks until the server speaks, and under the data path it
 /// drives the connection's handshake meanwhile. Another thread makes the number name a pipe:
@@ -2016,14 +2029,7 @@ fn dup2_over_recv_blocked() {
 fn handshake_window_client() -> (c_int, c_int, u16) {
     let (l, port) = listener();
     let c = tcp_socket();
-    set_nonblock(c, true);
-    let rc = connect_to(c, port);
-    let e = errno();
-    log(format!(
-        "connect(c) nonblocking = {}",
-        if rc == 0 { "0".into() } else { ename(e) }
-    ));
-    pl("poll(c,OUT)", c, libc::POLLOUT, 5000);
+    connect_nonblocking("c", c, port);
     set_nonblock(c, false);
     (l, c, port)
 }
@@ -2033,12 +2039,7 @@ fn dup2_over_recv_in_handshake() {
     static T: AtomicI32 = AtomicI32::new(0);
     let h = blocked_recv(&T, c, 16, 0);
     wait_blocked(&T);
-    let (rp, wp) = pipe();
-    // SAFETY: plain dup2: the pipe's read end replaces the socket at its number.
-    let d = unsafe { libc::dup2(rp, c) };
-    log(format!("dup2(pipe, c) while recv blocks: {}", d == c));
-    close(rp);
-    write_all(wp, b"pipe data");
+    let wp = pipe_over("dup2(pipe, c) while recv blocks", c);
     let s = accept_fd(l);
     log(format!("accept ok = {}", s >= 0));
     write_all(s, b"late");
@@ -2070,12 +2071,7 @@ fn dup2_over_sendfile_in_handshake() {
         unsafe { libc::sendfile(c, f, std::ptr::null_mut(), 8) }
     });
     wait_blocked_or_done(&T, &h);
-    let (rp, wp) = pipe();
-    // SAFETY: plain dup2: the pipe's read end replaces the socket at its number.
-    let d = unsafe { libc::dup2(rp, c) };
-    log(format!("dup2(pipe, c) during sendfile: {}", d == c));
-    close(rp);
-    write_all(wp, b"pipe data");
+    let wp = pipe_over("dup2(pipe, c) during sendfile", c);
     let s = accept_fd(l);
     log(format!("accept ok = {}", s >= 0));
     log(format!("sendfile = {}", h.join().unwrap()));
@@ -2110,12 +2106,7 @@ fn dup2_over_recvmmsg_in_handshake() {
         (k, m.msg_len, digest(&b[..(m.msg_len as usize).min(16)]))
     });
     wait_blocked(&T);
-    let (rp, wp) = pipe();
-    // SAFETY: plain dup2: the pipe's read end replaces the socket at its number.
-    let d = unsafe { libc::dup2(rp, c) };
-    log(format!("dup2(pipe, c) while recvmmsg blocks: {}", d == c));
-    close(rp);
-    write_all(wp, b"pipe data");
+    let wp = pipe_over("dup2(pipe, c) while recvmmsg blocks", c);
     let s = accept_fd(l);
     log(format!("accept ok = {}", s >= 0));
     write_all(s, b"late");
@@ -2170,14 +2161,7 @@ fn socket_reuses_number_while_recv_in_handshake() {
     log(format!("new socket at the number: {}", n == c));
     // Non-blocking as well: the old client's handshake waits for an accept that only comes
     // after this connect (a blocking one would wait for its own, too).
-    set_nonblock(n, true);
-    let rc = connect_to(n, port);
-    let e = errno();
-    log(format!(
-        "connect(new) nonblocking = {}",
-        if rc == 0 { "0".into() } else { ename(e) }
-    ));
-    pl("poll(new,OUT)", n, libc::POLLOUT, 5000);
+    connect_nonblocking("new", n, port);
     set_nonblock(n, false);
     // The listener's first connection is the old client's, the second the new one's.
     let s = accept_fd(l);
