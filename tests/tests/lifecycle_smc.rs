@@ -334,6 +334,77 @@ fn scm_rights_case(w: &SmcWorld) {
     assert!(sum.get("smcd_server") >= 2, "{}", brief(&sum));
 }
 
+/// A server under the library hands an accepted SMC-D connection (`SCM_RIGHTS`, over a Unix
+/// socket the receiver connected to) to a program that does not run the library (started with
+/// a clean environment): the connection must reach it as plain TCP, the client's bytes
+/// included, never as doorbells. Before, the receiver read the raw socket: the client's bytes
+/// were in the ring, and it got nothing.
+const PASSING_TO_PLAIN_SERVER: &str = r#"
+import socket, os, sys, subprocess
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+path = sys.argv[1]
+us = socket.socket(socket.AF_UNIX)
+us.bind(path)
+us.listen(1)
+r = subprocess.Popen([sys.executable, sys.argv[2], path], env={"PATH": "/usr/bin:/bin"})
+u, _ = us.accept()
+print("READY", ls.getsockname()[1], flush=True)
+c, _ = ls.accept()
+socket.send_fds(u, [b"x"], [c.fileno()])
+c.close()
+r.wait()
+print("SERVER DONE", flush=True)
+"#;
+
+const PLAIN_RECEIVER: &str = r#"
+import socket, sys, os
+assert "LD_PRELOAD" not in os.environ
+u = socket.socket(socket.AF_UNIX)
+u.connect(sys.argv[1])
+_, fds, _, _ = socket.recv_fds(u, 1, 1)
+c = socket.socket(fileno=fds[0])
+c.settimeout(20)
+d = c.recv(100)
+print("RECEIVER", "EOF" if d == b"" else "DATA %r" % d, flush=True)
+c.sendall(d.upper())
+c.close()
+"#;
+
+const ONE_CONN_CLIENT: &str = r#"
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"to a plain process")
+s.settimeout(20)
+r = s.recv(100)
+print("CLIENT", "EOF" if r == b"" else r.decode(), flush=True)
+"#;
+
+#[test]
+fn a_connection_passed_to_a_process_without_the_library_continues_on_tcp() {
+    let w = SmcWorld::new();
+    let srv_py = script(&w, "plain_server.py", PASSING_TO_PLAIN_SERVER);
+    let rcv_py = script(&w, "plain_receiver.py", PLAIN_RECEIVER);
+    let cl_py = script(&w, "one_client.py", ONE_CONN_CLIENT);
+    let sock = w.subdir("py").join("pass.sock");
+    let mut c = python(&w, &srv_py);
+    c.arg(&sock).arg(&rcv_py);
+    let mut srv = Proc::spawn(c);
+    let port = ready_port(&mut srv);
+    let mut c = python(&w, &cl_py);
+    c.arg(port.to_string());
+    let out = Proc::spawn(c).wait_output(T).expect("client");
+    let sout = srv.wait_output(T).expect("server");
+    assert!(out.contains("CLIENT TO A PLAIN PROCESS"), "client: {out}");
+    assert!(
+        sout.contains("RECEIVER DATA b'to a plain process'"),
+        "server and receiver: {sout}"
+    );
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_server") >= 1, "{}", brief(&sum));
+}
+
 /// Servers that hand each accepted connection to another process, as real servers do: `prefork`
 /// (a worker forked before any connection receives it with `SCM_RIGHTS` from the parent, which
 /// accepted it blocking and closes its copy) and `inetd` (a handler image started with

@@ -734,13 +734,67 @@ fn release(o: &Obj) {
     }
 }
 
-/// Before a `sendmsg`: our connections among its `SCM_RIGHTS` fds go in flight. Returns how
-/// many, for [`fds_not_sent`].
+/// Whether the process at the other end of the Unix socket `via` runs this library, as far as
+/// can be told: the peer's pid as the kernel recorded it (`SO_PEERCRED`: the process that
+/// connected, listened or made the pair) maps a library of our file name. `None`: not known
+/// (no peer credentials, a datagram socket, its maps not readable).
+fn receiver_runs_library(via: c_int) -> Option<bool> {
+    // SAFETY: a zeroed ucred is valid output space.
+    let mut cr: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    let e0 = real::errno();
+    // SAFETY: valid out pointers of their lengths.
+    let r = unsafe {
+        real::getsockopt(
+            via,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cr as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    real::set_errno(e0);
+    if r != 0 || cr.pid <= 0 {
+        return None;
+    }
+    if cr.pid as u32 == crate::pid() {
+        return Some(true);
+    }
+    let name = library_name()?;
+    let maps = std::fs::read(format!("/proc/{}/maps", cr.pid)).ok()?;
+    Some(maps.windows(name.len()).any(|w| w == name.as_slice()))
+}
+
+/// The file name of this library (`/libsmc_preload.so`, as the dynamic linker mapped it).
+fn library_name() -> Option<Vec<u8>> {
+    static NAME: crate::forklock::ForkOnce<Option<Vec<u8>>> = crate::forklock::ForkOnce::new();
+    NAME.get_or_init(|| {
+        // SAFETY: a zeroed Dl_info is valid output space; the address is one of our functions.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::dladdr(library_name as *const libc::c_void, &mut info) } == 0
+            || info.dli_fname.is_null()
+        {
+            return None;
+        }
+        // SAFETY: dladdr gives a NUL-terminated path.
+        let path = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_bytes();
+        let base = path.rsplit(|&b| b == b'/').next()?;
+        (!base.is_empty()).then(|| [b"/", base].concat())
+    })
+    .clone()
+}
+
+/// Before a `sendmsg` on `via`: our connections among its `SCM_RIGHTS` fds go in flight.
+/// Returns how many, for [`fds_not_sent`]. An SMC connection bound for a process that does not
+/// run the library ([`receiver_runs_library`]: a program without it, which would read the
+/// doorbells as data) continues on TCP first, as before an exec into such an image.
 ///
 /// # Safety
 /// `m` is the application's msghdr for `sendmsg`.
-pub unsafe fn fds_sending(m: &libc::msghdr) -> usize {
+pub unsafe fn fds_sending(via: c_int, m: &libc::msghdr) -> usize {
     let mut n = 0;
+    let mut receiver: Option<Option<bool>> = None;
     // SAFETY: the caller's contract.
     unsafe {
         for_each_passed_fd(m, |fd| {
@@ -756,6 +810,18 @@ pub unsafe fn fds_sending(m: &libc::msghdr) -> usize {
             }
             let Some(o) = fdtable::get(fd) else { return };
             let Obj::Conn(c) = &*o else { return };
+            if *receiver.get_or_insert_with(|| receiver_runs_library(via)) == Some(false) {
+                crate::debug!(
+                    "fd {fd}: passed to a process that does not run the library: the \
+                     connection continues on TCP"
+                );
+                let e0 = real::errno();
+                if !continue_on_tcp(fd, &o) {
+                    crate::debug!("fd {fd}: the switch to TCP failed: the connection was reset");
+                }
+                real::set_errno(e0);
+                return;
+            }
             let Some(ck) = cookie(fd) else { return };
             c.add_ref(1);
             c.mark_in_flight();

@@ -606,7 +606,7 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssiz
         return unsafe { real::sendmsg(fd, msg, flags) };
     }
     // SAFETY: the application's msghdr (checked non-null).
-    let passing = unsafe { lifecycle::fds_sending(&*msg) };
+    let passing = unsafe { lifecycle::fds_sending(fd, &*msg) };
     // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
     // `sendmsg`.
     let r = unsafe { real::sendmsg(fd, msg, flags) };
