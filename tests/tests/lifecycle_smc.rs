@@ -405,6 +405,60 @@ fn a_connection_passed_to_a_process_without_the_library_continues_on_tcp() {
     assert!(sum.get("smcd_server") >= 1, "{}", brief(&sum));
 }
 
+/// A server under the library runs a handler without it on an accepted SMC-D connection with
+/// `subprocess.run(pass_fds=...)`: CPython execs from a `vfork` child, which must not touch the
+/// parent's state and so cannot switch the connection to TCP; it resets it instead. The
+/// handler must fail at once (`ECONNRESET`), never hang: before, its `read` waited for ever
+/// (the socket stayed in the SOCKHASH and `tcp_bpf` waited on its ingress queue).
+const VFORK_HANDLER_SERVER: &str = r#"
+import socket, subprocess, sys, time
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+print("READY", ls.getsockname()[1], flush=True)
+c, _ = ls.accept()
+code = "import os,sys\nf=int(sys.argv[1])\ntry:\n d=os.read(f,100); os.write(f,d.upper()); print('HANDLER', d, flush=True)\nexcept OSError as e:\n print('HANDLER ERR', e.errno, flush=True)"
+t0 = time.monotonic()
+r = subprocess.run([sys.executable, "-c", code, str(c.fileno())], pass_fds=[c.fileno()],
+                   env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.DEVNULL, timeout=20)
+print("HANDLER DONE in %.1f s" % (time.monotonic() - t0), flush=True)
+c.close()
+"#;
+
+/// [`ONE_CONN_CLIENT`] that reports a reset instead of failing.
+const ONE_CONN_CLIENT_OR_RESET: &str = r#"
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"to a plain process")
+s.settimeout(20)
+try:
+    r = s.recv(100)
+    print("CLIENT", "EOF" if r == b"" else r.decode(), flush=True)
+except ConnectionResetError:
+    print("CLIENT RESET", flush=True)
+"#;
+
+#[test]
+fn a_handler_exec_from_vfork_without_the_library_fails_at_once() {
+    let w = SmcWorld::new();
+    let srv_py = script(&w, "vfork_server.py", VFORK_HANDLER_SERVER);
+    let cl_py = script(&w, "reset_client.py", ONE_CONN_CLIENT_OR_RESET);
+    let mut srv = Proc::spawn(python(&w, &srv_py));
+    let port = ready_port(&mut srv);
+    let mut c = python(&w, &cl_py);
+    c.arg(port.to_string());
+    let out = Proc::spawn(c).wait_output(T).expect("client");
+    let sout = srv.wait_output(T).expect("server");
+    // Either it worked as on TCP, or both ends failed cleanly: never a hang (the server's
+    // `subprocess.run` gives up after 20 s and fails), never doorbells.
+    let worked =
+        out.contains("CLIENT TO A PLAIN PROCESS") && sout.contains("HANDLER b'to a plain process'");
+    let failed = (sout.contains("HANDLER ERR 104") || sout.contains("HANDLER b''"))
+        && (out.contains("CLIENT RESET") || out.contains("CLIENT EOF"));
+    assert!(worked || failed, "client: {out}\nserver: {sout}");
+    assert!(sout.contains("HANDLER DONE"), "server: {sout}");
+}
+
 /// Servers that hand each accepted connection to another process, as real servers do: `prefork`
 /// (a worker forked before any connection receives it with `SCM_RIGHTS` from the parent, which
 /// accepted it blocking and closes its copy) and `inetd` (a handler image started with

@@ -284,9 +284,13 @@ fn reset_socket(fd: i32) {
     };
     if r != 0 {
         set_linger_reset(fd);
-        // SAFETY: plain syscall.
-        unsafe { real::shutdown(fd, libc::SHUT_RDWR) };
     }
+    // Also after a disconnect: a socket still in the SOCKHASH is read by `tcp_bpf`, which waits
+    // for its ingress queue on a disconnected socket unless the receive side is shut (a Python
+    // handler exec'd from a `vfork` child blocked in `read` for ever); on a closed socket the
+    // kernel still marks it shut (`inet_shutdown`, then `ENOTCONN`).
+    // SAFETY: plain syscall.
+    unsafe { real::shutdown(fd, libc::SHUT_RDWR) };
     real::set_errno(e0);
 }
 
