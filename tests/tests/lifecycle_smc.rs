@@ -459,6 +459,57 @@ fn a_handler_exec_from_vfork_without_the_library_fails_at_once() {
     assert!(sout.contains("HANDLER DONE"), "server: {sout}");
 }
 
+/// An inetd-style handler that uses C stdio on its standard streams: `sed` gets the accepted
+/// SMC-D connection as stdin and stdout (`subprocess` with `stdin=conn, stdout=conn`) and runs
+/// the library. glibc's stdio reads and writes through its internal calls, which the
+/// interposition never sees: the connection must continue on TCP when it becomes a standard
+/// stream. Before, `sed` read no byte (red team rt8: `rt8_spawn spawn_lib` with `sed`, `wc`).
+const STDIO_HANDLER_SERVER: &str = r#"
+import socket, subprocess, sys
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+print("READY", ls.getsockname()[1], flush=True)
+c, _ = ls.accept()
+r = subprocess.run(["sed", "s/x/y/g"], stdin=c, stdout=c, timeout=20)
+c.close()
+print("HANDLER DONE", r.returncode, flush=True)
+"#;
+
+const STDIO_CLIENT: &str = r#"
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+data = b"".join(b"line %d xx\n" % i for i in range(20000))
+s.sendall(data)
+s.shutdown(socket.SHUT_WR)
+s.settimeout(20)
+got = b""
+while True:
+    b = s.recv(65536)
+    if not b:
+        break
+    got += b
+want = data.replace(b"x", b"y")
+print("CLIENT", "SAME" if got == want else "DIFFERS %d of %d bytes" % (len(got), len(want)), flush=True)
+"#;
+
+#[test]
+fn an_inetd_handler_using_stdio_on_its_standard_streams_works() {
+    let w = SmcWorld::new();
+    let srv_py = script(&w, "stdio_server.py", STDIO_HANDLER_SERVER);
+    let cl_py = script(&w, "stdio_client.py", STDIO_CLIENT);
+    let mut srv = Proc::spawn(python(&w, &srv_py));
+    let port = ready_port(&mut srv);
+    let mut c = python(&w, &cl_py);
+    c.arg(port.to_string());
+    let out = Proc::spawn(c).wait_output(T).expect("client");
+    let sout = srv.wait_output(T).expect("server");
+    assert!(out.contains("CLIENT SAME"), "client: {out}\nserver: {sout}");
+    assert!(sout.contains("HANDLER DONE 0"), "server: {sout}");
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_server") >= 1, "{}", brief(&sum));
+}
+
 /// Servers that hand each accepted connection to another process, as real servers do: `prefork`
 /// (a worker forked before any connection receives it with `SCM_RIGHTS` from the parent, which
 /// accepted it blocking and closes its copy) and `inetd` (a handler image started with

@@ -14,9 +14,9 @@
 //! | nginx binary upgrade (USR2, WINCH, QUIT), new binary without / with the library | listeners inherited across `exec` | SMC-D before; TCP / SMC-D after |
 //! | postgres (uid `postgres`) + pgbench + psql `COPY` | fork per connection, non-root statistics | SMC-D, counted |
 //! | memcached + memccp / memccat / memcslap | libevent threads | SMC-D |
-//! | socat, both ends (file upload, echo through `EXEC:cat`, inetd style: `fork` + `EXEC:cat,nofork`) | half-close; a connection as stdin/stdout of an exec'd image | SMC-D |
+//! | socat, both ends (file upload, echo through `EXEC:cat`, inetd style: `fork` + `EXEC:cat,nofork`) | half-close; a connection as stdin/stdout of an exec'd image | SMC-D (the inetd leg continues on TCP at its `dup2` onto stdin/stdout) |
 //! | Go `net/http` and echo server (raw system calls) | the library loaded but never called | TCP (the client falls back) |
-//! | socat inetd style, the handler exec'd without the library (`env -i cat`) | an SMC-D connection as stdin/stdout of an image that cannot read the rings | known failure (`#[ignore]`): hangs, then a clean EOF with 0 bytes |
+//! | socat inetd style, the handler exec'd without the library (`env -i cat`) | an SMC-D connection as stdin/stdout of an image that cannot read the rings | byte-exact: the connection continues on TCP (at the `dup2` onto stdin/stdout, or before the exec) |
 //!
 //! The rest of the matrix lives next to the programs' other tests: redis (redis-benchmark,
 //! redis-cli) and curl (against nginx) in `apps_smc.rs`, the prefork + exec and inetd servers
@@ -325,7 +325,9 @@ fn socat_echo(
 /// one through an inetd-style server (`fork`, then `cat` executed with the connection as its
 /// stdin and stdout: before, that image never adopted the connection, and the client read
 /// nothing back, exit status 0): byte-exact as over plain TCP, each of the three connections
-/// SMC-D at both ends.
+/// SMC-D at both ends. The inetd one continues on TCP once it becomes a standard stream (stdio
+/// would bypass the interposition: `lifecycle::std_stream_takes`), so its bytes do not count as
+/// ring bytes.
 #[test]
 fn socat_file_relay_and_echo() {
     let m = Matrix::new("socat");
@@ -351,9 +353,9 @@ fn socat_file_relay_and_echo() {
         assert_eq!(smcd(&s), want, "{what}: {}", brief(&s));
     }
     let sum = world_closed(&m);
-    // Upload: the file once; echo and inetd: once each way.
+    // Upload: the file once; echo: once each way (inetd: over TCP, see above).
     assert!(
-        sum.get("tx_bytes") >= 5 * body.len() as u64,
+        sum.get("tx_bytes") >= 3 * body.len() as u64,
         "{}",
         brief(&sum)
     );

@@ -859,10 +859,66 @@ fn take_in_flight(ck: u64) -> Option<Arc<Obj>> {
     l.remove(i).map(|x| x.obj)
 }
 
+/// [`fd_arrived`] in a process whose data path is off: an SMC connection received is adopted
+/// and switched to TCP at once ([`continue_on_tcp`]); one that cannot be adopted fails cleanly
+/// (`ECONNRESET`, then EOF).
+fn disabled_receives(fd: c_int) {
+    // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out buffer.
+    if unsafe { libc::fstat(fd, &mut st) } != 0
+        || st.st_mode & libc::S_IFMT != libc::S_IFSOCK
+        || !setup::looks_like_smc_conn(fd)
+    {
+        return;
+    }
+    match setup::adopt(fd) {
+        Some(c) => {
+            let o = Arc::new(Obj::Conn(c));
+            drop(fdtable::replace(fd, Slot::Obj(o.clone())));
+            crate::debug!("fd {fd}: received an SMC connection with the data path off: TCP");
+            let e0 = real::errno();
+            continue_on_tcp(fd, &o);
+            real::set_errno(e0);
+        }
+        None => {
+            crate::debug!("fd {fd}: received another process's SMC connection: fails cleanly");
+            drop(fdtable::replace(
+                fd,
+                Slot::Obj(Arc::new(Obj::Orphan(crate::obj::Skip::new(false)))),
+            ));
+        }
+    }
+}
+
+/// A standard stream (fd 0, 1 or 2) is about to name the SMC connection `o` of `fd`: stdio and
+/// `dprintf` read and write it through libc's internal calls, which the interposition never
+/// sees, so it continues on TCP first (an inetd-style handler, `dup2(conn, 1); printf`). A
+/// handshake under way is decided first.
+pub fn std_stream_takes(fd: c_int) {
+    if fdtable::raw(fd) < 8 || in_vfork_child() {
+        return;
+    }
+    setup::settle_leaving(fd);
+    if let Some(o) = fdtable::get(fd).filter(|o| matches!(&**o, Obj::Conn(_))) {
+        crate::debug!("fd {fd}: becomes a standard stream (stdio bypasses us): TCP");
+        let e0 = real::errno();
+        continue_on_tcp(fd, &o);
+        real::set_errno(e0);
+    }
+}
+
 /// One fd received from another process (or from ourselves) with `SCM_RIGHTS`.
 fn fd_arrived(fd: c_int) {
     fd_created(fd);
-    if in_vfork_child() || !setup::enabled() {
+    if in_vfork_child() {
+        return;
+    }
+    if !setup::enabled() {
+        // The data path is off here (`SMC_DISABLE`, io_uring), but another process's SMC
+        // connection must still not be read as a raw socket (its bytes are in the rings, its
+        // TCP stream carries doorbells): taken over, then continued on TCP.
+        disabled_receives(fd);
         return;
     }
     // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.

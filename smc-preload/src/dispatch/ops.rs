@@ -1184,6 +1184,9 @@ pub unsafe fn dup3(fd: c_int, fd2: c_int, flags: c_int, three: bool) -> c_int {
             unsafe { real::dup2(fd, fd2) }
         };
     }
+    if (0..=2).contains(&fd2) && fdtable::raw(fd) >= 8 {
+        lifecycle::std_stream_takes(fd);
+    }
     // The old content of fd2 is closed by dup2: do our close part first, while fd2 still
     // names that socket.
     if fdtable::raw(fd2) >= 8 && crate::obj::is_private(fd2) {
@@ -2102,6 +2105,10 @@ pub fn adopt_orphans_after_exec() {
             drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Conn(c)))));
             if let Some(ck) = ck {
                 adopted.push((ck, fd));
+            }
+            if (0..=2).contains(&fd) {
+                // A standard stream (an inetd-style handler): stdio bypasses us, TCP it is.
+                lifecycle::std_stream_takes(fd);
             }
             continue;
         }
