@@ -639,6 +639,17 @@ pub unsafe extern "C" fn syscall(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn posix_spawn_file_actions_adddup2(
+    fa: *mut libc::posix_spawn_file_actions_t,
+    fd: c_int,
+    newfd: c_int,
+) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged:
+    // `lifecycle::posix_spawn_file_actions_adddup2` has the contract of libc's.
+    unsafe { lifecycle::posix_spawn_file_actions_adddup2(fa, fd, newfd) }
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
     // SAFETY: the application's arguments, passed on unchanged: `lifecycle::fdopen` has the
     // contract of libc's `fdopen`.

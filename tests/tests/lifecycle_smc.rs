@@ -510,6 +510,40 @@ fn an_inetd_handler_using_stdio_on_its_standard_streams_works() {
     assert!(sum.get("smcd_server") >= 1, "{}", brief(&sum));
 }
 
+/// `posix_spawn` with file actions that put an accepted (close-on-exec) SMC-D connection on the
+/// handler's stdin and stdout, the parent closing its copy at once: the handler (`sed`, stdio)
+/// must get every byte. Before, the parent's close ended the connection before the handler
+/// adopted it (red team rt8 `spawn_lib_cloexec`: broken pipe after 8192 bytes, 0 back).
+const SPAWN_STDIO_SERVER: &str = r#"
+import socket, os
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+print("READY", ls.getsockname()[1], flush=True)
+c, _ = ls.accept()
+assert not c.get_inheritable()
+fa = [(os.POSIX_SPAWN_DUP2, c.fileno(), 0), (os.POSIX_SPAWN_DUP2, c.fileno(), 1)]
+pid = os.posix_spawnp("sed", ["sed", "s/x/y/g"], os.environ, file_actions=fa)
+c.close()
+_, st = os.waitpid(pid, 0)
+print("HANDLER DONE", os.waitstatus_to_exitcode(st), flush=True)
+"#;
+
+#[test]
+fn a_handler_spawned_with_the_connection_as_its_stdio_gets_every_byte() {
+    let w = SmcWorld::new();
+    let srv_py = script(&w, "spawn_server.py", SPAWN_STDIO_SERVER);
+    let cl_py = script(&w, "stdio_client.py", STDIO_CLIENT);
+    let mut srv = Proc::spawn(python(&w, &srv_py));
+    let port = ready_port(&mut srv);
+    let mut c = python(&w, &cl_py);
+    c.arg(port.to_string());
+    let out = Proc::spawn(c).wait_output(T).expect("client");
+    let sout = srv.wait_output(T).expect("server");
+    assert!(out.contains("CLIENT SAME"), "client: {out}\nserver: {sout}");
+    assert!(sout.contains("HANDLER DONE 0"), "server: {sout}");
+}
+
 /// Servers that hand each accepted connection to another process, as real servers do: `prefork`
 /// (a worker forked before any connection receives it with `SCM_RIGHTS` from the parent, which
 /// accepted it blocking and closes its copy) and `inetd` (a handler image started with

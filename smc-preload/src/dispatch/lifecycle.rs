@@ -908,6 +908,27 @@ pub fn std_stream_takes(fd: c_int) {
     }
 }
 
+/// `posix_spawn_file_actions_adddup2(3)`: a spawned child will have `fd` as `newfd`. As a
+/// standard stream (0-2) an SMC connection continues on TCP now, in the parent
+/// ([`std_stream_takes`]): the child's image may use stdio on it, and a close-on-exec `fd`
+/// (the usual `accept4(SOCK_CLOEXEC)`) would not even travel as an SMC connection (the
+/// parent's close right after the spawn ended it before the child adopted it: red team rt8
+/// `spawn_lib_cloexec`).
+///
+/// # Safety
+/// `fa` is the caller's initialised file actions object.
+pub unsafe fn posix_spawn_file_actions_adddup2(
+    fa: *mut libc::posix_spawn_file_actions_t,
+    fd: c_int,
+    newfd: c_int,
+) -> c_int {
+    if (0..=2).contains(&newfd) {
+        std_stream_takes(fd);
+    }
+    // SAFETY: as above.
+    unsafe { real::posix_spawn_file_actions_adddup2(fa, fd, newfd) }
+}
+
 /// One fd received from another process (or from ourselves) with `SCM_RIGHTS`.
 fn fd_arrived(fd: c_int) {
     fd_created(fd);
