@@ -334,6 +334,28 @@ fn scm_rights_case(w: &SmcWorld) {
     assert!(sum.get("smcd_server") >= 2, "{}", brief(&sum));
 }
 
+/// Runs the Python server `srv` (`READY <port>` first; `args` after its script) and then the
+/// Python client `cl` against that port, both under the library; returns the outputs of the
+/// client and of the server.
+fn server_and_client(
+    w: &SmcWorld,
+    srv: (&str, &str),
+    cl: (&str, &str),
+    args: &[&std::ffi::OsStr],
+) -> (String, String) {
+    let srv_py = script(w, srv.0, srv.1);
+    let cl_py = script(w, cl.0, cl.1);
+    let mut c = python(w, &srv_py);
+    c.args(args);
+    let mut srv = Proc::spawn(c);
+    let port = ready_port(&mut srv);
+    let mut c = python(w, &cl_py);
+    c.arg(port.to_string());
+    let out = Proc::spawn(c).wait_output(T).expect("client");
+    let sout = srv.wait_output(T).expect("server");
+    (out, sout)
+}
+
 /// A server under the library hands an accepted SMC-D connection (`SCM_RIGHTS`, over a Unix
 /// socket the receiver connected to) to a program that does not run the library (started with
 /// a clean environment): the connection must reach it as plain TCP, the client's bytes
@@ -384,18 +406,14 @@ print("CLIENT", "EOF" if r == b"" else r.decode(), flush=True)
 #[test]
 fn a_connection_passed_to_a_process_without_the_library_continues_on_tcp() {
     let w = SmcWorld::new();
-    let srv_py = script(&w, "plain_server.py", PASSING_TO_PLAIN_SERVER);
     let rcv_py = script(&w, "plain_receiver.py", PLAIN_RECEIVER);
-    let cl_py = script(&w, "one_client.py", ONE_CONN_CLIENT);
     let sock = w.subdir("py").join("pass.sock");
-    let mut c = python(&w, &srv_py);
-    c.arg(&sock).arg(&rcv_py);
-    let mut srv = Proc::spawn(c);
-    let port = ready_port(&mut srv);
-    let mut c = python(&w, &cl_py);
-    c.arg(port.to_string());
-    let out = Proc::spawn(c).wait_output(T).expect("client");
-    let sout = srv.wait_output(T).expect("server");
+    let (out, sout) = server_and_client(
+        &w,
+        ("plain_server.py", PASSING_TO_PLAIN_SERVER),
+        ("one_client.py", ONE_CONN_CLIENT),
+        &[sock.as_os_str(), rcv_py.as_os_str()],
+    );
     assert!(out.contains("CLIENT TO A PLAIN PROCESS"), "client: {out}");
     assert!(
         sout.contains("RECEIVER DATA b'to a plain process'"),
@@ -441,14 +459,12 @@ except ConnectionResetError:
 #[test]
 fn a_handler_exec_from_vfork_without_the_library_fails_at_once() {
     let w = SmcWorld::new();
-    let srv_py = script(&w, "vfork_server.py", VFORK_HANDLER_SERVER);
-    let cl_py = script(&w, "reset_client.py", ONE_CONN_CLIENT_OR_RESET);
-    let mut srv = Proc::spawn(python(&w, &srv_py));
-    let port = ready_port(&mut srv);
-    let mut c = python(&w, &cl_py);
-    c.arg(port.to_string());
-    let out = Proc::spawn(c).wait_output(T).expect("client");
-    let sout = srv.wait_output(T).expect("server");
+    let (out, sout) = server_and_client(
+        &w,
+        ("vfork_server.py", VFORK_HANDLER_SERVER),
+        ("reset_client.py", ONE_CONN_CLIENT_OR_RESET),
+        &[],
+    );
     // Either it worked as on TCP, or both ends failed cleanly: never a hang (the server's
     // `subprocess.run` gives up after 20 s and fails), never doorbells.
     let worked =
@@ -496,14 +512,12 @@ print("CLIENT", "SAME" if got == want else "DIFFERS %d of %d bytes" % (len(got),
 #[test]
 fn an_inetd_handler_using_stdio_on_its_standard_streams_works() {
     let w = SmcWorld::new();
-    let srv_py = script(&w, "stdio_server.py", STDIO_HANDLER_SERVER);
-    let cl_py = script(&w, "stdio_client.py", STDIO_CLIENT);
-    let mut srv = Proc::spawn(python(&w, &srv_py));
-    let port = ready_port(&mut srv);
-    let mut c = python(&w, &cl_py);
-    c.arg(port.to_string());
-    let out = Proc::spawn(c).wait_output(T).expect("client");
-    let sout = srv.wait_output(T).expect("server");
+    let (out, sout) = server_and_client(
+        &w,
+        ("stdio_server.py", STDIO_HANDLER_SERVER),
+        ("stdio_client.py", STDIO_CLIENT),
+        &[],
+    );
     assert!(out.contains("CLIENT SAME"), "client: {out}\nserver: {sout}");
     assert!(sout.contains("HANDLER DONE 0"), "server: {sout}");
     let sum = w.stats_sum();
@@ -532,14 +546,12 @@ print("HANDLER DONE", os.waitstatus_to_exitcode(st), flush=True)
 #[test]
 fn a_handler_spawned_with_the_connection_as_its_stdio_gets_every_byte() {
     let w = SmcWorld::new();
-    let srv_py = script(&w, "spawn_server.py", SPAWN_STDIO_SERVER);
-    let cl_py = script(&w, "stdio_client.py", STDIO_CLIENT);
-    let mut srv = Proc::spawn(python(&w, &srv_py));
-    let port = ready_port(&mut srv);
-    let mut c = python(&w, &cl_py);
-    c.arg(port.to_string());
-    let out = Proc::spawn(c).wait_output(T).expect("client");
-    let sout = srv.wait_output(T).expect("server");
+    let (out, sout) = server_and_client(
+        &w,
+        ("spawn_server.py", SPAWN_STDIO_SERVER),
+        ("stdio_client.py", STDIO_CLIENT),
+        &[],
+    );
     assert!(out.contains("CLIENT SAME"), "client: {out}\nserver: {sout}");
     assert!(sout.contains("HANDLER DONE 0"), "server: {sout}");
 }
