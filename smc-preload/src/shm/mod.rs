@@ -1,5 +1,7 @@
 //! Shared-memory helpers: mappings, memfds, and a process-shared futex lock.
 
+pub mod room;
+
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -28,6 +30,9 @@ pub fn memfd(name: &str, len: usize) -> io::Result<OwnedFd> {
 /// that no process holding it can make the others' accesses fault), mapped. The fd goes to the
 /// daemon with the registration and is closed then; the mapping keeps the memory.
 pub fn state_page() -> io::Result<(OwnedFd, Mapping)> {
+    if room::exhausted() {
+        return Err(io::Error::from_raw_os_error(libc::ENOMEM));
+    }
     // SAFETY: valid C string; the real call (no fd bookkeeping for our own fd).
     let fd = unsafe {
         crate::real::memfd_create(
@@ -52,7 +57,7 @@ pub fn state_page() -> io::Result<(OwnedFd, Mapping)> {
     if !ok {
         return Err(io::Error::last_os_error());
     }
-    let map = Mapping::new(fd.as_raw_fd(), 4096)?;
+    let map = Mapping::new(fd.as_raw_fd(), 4096).inspect_err(room::on_map_error)?;
     Ok((fd, map))
 }
 

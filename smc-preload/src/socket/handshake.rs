@@ -67,13 +67,20 @@ impl HeldDmb {
     }
 
     fn map_now(d: &smc_ism::Dmb, own: bool) -> Result<HeldDmb, u64> {
+        // Out of mappings (`shm::room`): none of ours may take the application's last ones.
+        let failed = |e: std::io::Error| {
+            crate::shm::room::on_map_error(&e);
+            d.token
+        };
         let (map, kept_state) = match crate::dmbs::take(own, d.id, d.size) {
             Some((m, st)) => (m, st),
-            None => (Arc::new(d.map().map_err(|_| d.token)?), None),
+            None if crate::shm::room::exhausted() => return Err(d.token),
+            None => (Arc::new(d.map().map_err(failed)?), None),
         };
         let state = match (kept_state, &d.state) {
             (Some(s), _) => Some(s),
-            (None, Some(_)) if own => Some(Arc::new(d.map_state().map_err(|_| d.token)?)),
+            (None, Some(_)) if own && crate::shm::room::exhausted() => return Err(d.token),
+            (None, Some(_)) if own => Some(Arc::new(d.map_state().map_err(failed)?)),
             (None, _) => None,
         };
         if own && d.id != 0 {
@@ -214,6 +221,8 @@ enum AttachErr {
 
 impl Driver {
     pub fn new(m: Handshake, fd: i32, server: bool, size_code: u8) -> Driver {
+        // Mappings set aside for the application before any of ours (`shm::room`).
+        crate::shm::room::arm();
         Driver {
             m,
             fd,
