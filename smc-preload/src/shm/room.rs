@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// Mappings set aside for the application.
-pub const RESERVE_MAPS: usize = 32;
+pub const RESERVE_MAPS: usize = 16;
 /// How often a new reserve is tried while exhausted.
 const REARM: Duration = Duration::from_secs(1);
 
