@@ -1227,7 +1227,7 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
     // connection's first operation); a client of this very process in its own handshake (it
     // connected to our listener and continues at its next operation, maybe in this thread:
     // waiting for its Confirm here could wait for ourselves).
-    let own_client = own_client_handshake(fd);
+    let mut own_client = own_client_handshake(fd);
     let block = !(own_client || nonblock && accept_async()) && peer == PeerSmc::SameHost;
     // A blocking socket (thread- or process-per-connection servers) waits here for its
     // client's CLC messages, but only while nobody else waits to be accepted: a client that
@@ -1238,7 +1238,18 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
     // the fd's next operation, not here: the accept loop goes on meanwhile.
     d.defer_daemon(true);
     let mut step = d.step(block && !alone);
+    let mut slice = 1;
     while alone && matches!(step, Progress::WouldBlock) {
+        // Our own client's `connect` notes its port only when the kernel's connect returned,
+        // and this accept may have woken before that: looked at again between short waits
+        // (1, 2, 4 … 100 ms), as waiting for its Confirm here would wait for a client that its
+        // own thread drives (a thread that may wait for this accept: a stall of the CLC
+        // timeout, then TCP).
+        if own_client_handshake(fd) {
+            own_client = true;
+            debug!("fd {fd}: the client is a connection of this process: its handshake continues at the next operation");
+            break;
+        }
         // Connections accepted earlier are still in their handshakes: their clients wait for
         // our answers, which this thread gives only after this accept. If one of them is a
         // process that also holds this client (an asyncio client blocked in the write of its
@@ -1247,10 +1258,11 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
             debug!("fd {fd}: other accepted connections are in their handshakes: this one continues at its next operation");
             break;
         }
-        if !crate::handshake::wait_readable_unless(fd, lfd, 100) {
+        if !crate::handshake::wait_readable_unless(fd, lfd, slice) {
             debug!("fd {fd}: another connection waits to be accepted: the handshake continues at the next operation");
             break;
         }
+        slice = (slice * 2).min(100);
         step = d.step(false);
     }
     match step {
@@ -1375,7 +1387,30 @@ fn nudge_own_peer(fd: i32, server: bool) -> bool {
         return false;
     }
     sh.nudged.store(true, Ordering::SeqCst);
-    let stepped = if fdtable::get(sfd).is_some_and(|x| Arc::ptr_eq(&x, &o)) {
+    // The number it was noted under, or another one naming it now: a `dup` then `close` of
+    // that number moved it (and the number may name another socket now). Without this, its
+    // server waited out the CLC timeout for a Confirm nobody drove, then fell back to TCP.
+    let sfd = if fdtable::get(sfd).is_some_and(|x| Arc::ptr_eq(&x, &o)) {
+        Some(sfd)
+    } else {
+        let mut now = None;
+        fdtable::for_each_object(|f, x| {
+            if now.is_none() && Arc::ptr_eq(x, &o) {
+                now = Some(f);
+            }
+        });
+        if let Some(f) = now {
+            let mut v = list.lock();
+            if let Some(e) = v
+                .iter_mut()
+                .find(|(_, _, w)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&o)))
+            {
+                e.1 = f;
+            }
+        }
+        now
+    };
+    let stepped = if let Some(sfd) = sfd {
         let mut g = g;
         let step = match g.as_mut() {
             Some(d) => {
