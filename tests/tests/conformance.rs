@@ -28,7 +28,7 @@ const SMC_EITHER: &[&str] = &["scm_rights_client_mid_handshake"];
 const EXPECTED: &[(&str, &str)] = &[
     ("epoll_nested", "an epoll fd in another epoll set: the outer wait may see the inner set ready when no entry of it reports (our registration's own event, e.g. right after EPOLL_CTL_ADD: the kernel's view of the set), and the inner wait then returns nothing: a spurious wakeup, never a missed one (epoll_nested_lt_data_left and epoll_nested_wakes_on_write match TCP)"),
     ("poll_nested_epoll", "the same with poll on the epoll fd: POLLIN for an idle set right after EPOLL_CTL_ADD (spurious; data left or arriving is always seen)"),
-    ("dup2_over_recv_in_handshake", "intermittent, under CI load only (2 of 4 CI runs of the suite, 0 of over 70 local runs, with CPU hogs too): the connection was reset (the server's write got EPIPE, 0 SMC-D) instead of the blocked recv getting the server's bytes; the pipe at the number kept its bytes (the trace of the first failure). Cause not found yet: see smc-preload/DESIGN.md, Closing a number while the connection is in use. Before the handshake's I/O moved to a private duplicate, this scenario always reset"),
+    ("dup2_over_recv_in_handshake", "intermittent, under CI load only (2 of 5 CI runs of the suite before it was listed, 0 of over 230 local runs, with CPU hogs and parallel builds too): the connection was reset (the server's write got EPIPE, 0 SMC-D) instead of the blocked recv getting the server's bytes; the pipe at the number kept its bytes. The cause is open: this harness now prints the library's SMC_DEBUG account of such a run"),
     ("msg_oob", "urgent data is not implemented on the data path: send(MSG_OOB) fails with EOPNOTSUPP (nothing sent, the stream intact) instead of sending one byte out of band. It could be: Linux SMC carries it in the CDC producer flags (urg_data_pending, urg_data_present) and the receiver keeps an urgent cursor (smc_rx_recv_urg)"),
 ];
 
@@ -39,6 +39,15 @@ struct Outcome {
     ism_smc: u64,
     want_smc: u64,
     shortcut: String,
+    /// The end of the data-path run's stderr: its `SMC_DEBUG` lines (every decision and reset
+    /// says why), so that a difference seen once in CI carries its own explanation.
+    ism_log: String,
+}
+
+/// The last `n` lines of `s`.
+fn tail(s: &str, n: usize) -> String {
+    let l: Vec<&str> = s.lines().collect();
+    l[l.len().saturating_sub(n)..].join("\n")
 }
 
 fn trace_of(f: &integration_tests::Finished) -> String {
@@ -121,7 +130,9 @@ fn conformance() {
                 // (at most twice), so that the count means what it says.
                 let run_ism = || {
                     let mut c = world.run(&prog);
-                    c.arg(&name).env("SMC_SHORT_BYTES", "0");
+                    c.arg(&name)
+                        .env("SMC_SHORT_BYTES", "0")
+                        .env("SMC_DEBUG", "1");
                     let ism = run_to_end(c, &dir, None, timeout);
                     let n = world
                         .stats_files()
@@ -150,6 +161,7 @@ fn conformance() {
                     ism_smc,
                     want_smc: want,
                     shortcut: trace_of(&sct),
+                    ism_log: tail(&ism.stderr, 80),
                 });
             });
         }
@@ -186,11 +198,19 @@ fn conformance() {
             }
             (false, Some(_)) => {
                 listed += 1;
+                // Its trace and the library's account of it, for a listed difference whose
+                // cause is still open (it shows in some runs only).
+                eprintln!(
+                    "{} (listed) differs in this run:\n{}\nthe data-path run's stderr (SMC_DEBUG), last lines:\n{}\n",
+                    o.name,
+                    diff(&o.tcp, &o.ism),
+                    tail(&o.ism_log, 30)
+                );
                 "differs (listed)".into()
             }
             (false, None) => {
                 failures.push(format!(
-                    "{}: differs from TCP{}\n{}",
+                    "{}: differs from TCP{}\n{}\nthe data-path run's stderr (SMC_DEBUG), last lines:\n{}\n",
                     o.name,
                     if smc_ok {
                         String::new()
@@ -200,7 +220,8 @@ fn conformance() {
                             o.ism_smc, o.want_smc
                         )
                     },
-                    diff(&o.tcp, &o.ism)
+                    diff(&o.tcp, &o.ism),
+                    o.ism_log
                 ));
                 if smc_ok {
                     "DIFFERS".into()
