@@ -728,3 +728,90 @@ creates_fd_pair! {
     pipe2(fds: *mut c_int, flags: c_int) => fds;
     socketpair(d: c_int, t: c_int, p: c_int, sv: *mut c_int) => sv;
 }
+
+// ---------------------------------------------------------------------------------------------
+// dprintf, vdprintf: glibc writes their output through its internal `write`, which we would
+// not see (the bytes would go into an SMC connection's TCP socket, which carries doorbells).
+// Variadic, so defined in C (`interpose_variadic.c`, compiled by build.rs), which asks and
+// writes through the two functions below. rustc's version script keeps the C symbols of the
+// cdylib local: each libc name is exported here as a jump to its C definition (the arguments,
+// registers and stack, untouched: a tail call).
+
+/// `interpose_variadic.c` asks whether the library handles the bytes of `fd`
+/// ([`ops::handles_writes`]): 1 (it formats and writes them itself) or 0 (libc's function).
+#[no_mangle]
+pub extern "C" fn smc_preload_fd_emulated(fd: c_int) -> c_int {
+    c_int::from(ops::handles_writes(fd))
+}
+
+/// `interpose_variadic.c` writes formatted output: all `len` bytes of `buf` through our
+/// `write` ([`ops::write_all`]); 0, or -1 with errno.
+#[no_mangle]
+pub unsafe extern "C" fn smc_preload_write_all(
+    fd: c_int,
+    buf: *const c_char,
+    len: size_t,
+) -> c_int {
+    let bytes: &[u8] = if buf.is_null() || len == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller's buffer of `len` readable bytes (the output vasprintf made), not
+        // written while this call runs.
+        unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }
+    };
+    match ops::write_all(fd, bytes) {
+        Ok(()) => 0,
+        Err(e) => {
+            crate::real::set_errno(e.errno());
+            -1
+        }
+    }
+}
+
+extern "C" {
+    fn smc_preload_c_dprintf();
+    fn smc_preload_c_vdprintf();
+    fn smc_preload_c_dprintf_chk();
+    fn smc_preload_c_vdprintf_chk();
+}
+
+/// Exports `$name` as a jump to the C function `$target` of the same signature (never called
+/// from Rust: the empty parameter list only names the symbol).
+#[cfg(target_arch = "x86_64")]
+macro_rules! jump_to_c {
+    ($($name:ident => $target:ident;)*) => {
+        $(
+            #[unsafe(naked)]
+            #[no_mangle]
+            pub unsafe extern "C" fn $name() {
+                core::arch::naked_asm!("jmp {f}", f = sym $target)
+            }
+        )*
+    };
+}
+
+#[cfg(target_arch = "aarch64")]
+macro_rules! jump_to_c {
+    ($($name:ident => $target:ident;)*) => {
+        $(
+            #[unsafe(naked)]
+            #[no_mangle]
+            pub unsafe extern "C" fn $name() {
+                core::arch::naked_asm!("b {f}", f = sym $target)
+            }
+        )*
+    };
+}
+
+/// Elsewhere the four stay libc's (glibc's behaviour on an SMC fd: the connection resets).
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+macro_rules! jump_to_c {
+    ($($name:ident => $target:ident;)*) => {};
+}
+
+jump_to_c! {
+    dprintf => smc_preload_c_dprintf;
+    vdprintf => smc_preload_c_vdprintf;
+    __dprintf_chk => smc_preload_c_dprintf_chk;
+    __vdprintf_chk => smc_preload_c_vdprintf_chk;
+}

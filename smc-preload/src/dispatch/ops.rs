@@ -422,6 +422,54 @@ pub unsafe fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     unsafe { real::write(fd, buf, n) }
 }
 
+/// Why [`write_all`] stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteAllError {
+    /// A write failed with this errno; the bytes before it were written.
+    Write(c_int),
+    /// A write of a non-empty buffer wrote nothing (not seen on a socket; no endless loop).
+    NoProgress,
+}
+
+impl WriteAllError {
+    /// The errno the application sees.
+    pub fn errno(self) -> c_int {
+        match self {
+            WriteAllError::Write(e) => e,
+            WriteAllError::NoProgress => libc::EIO,
+        }
+    }
+}
+
+/// Whether the library handles the bytes [`write`] sends on `fd` (its slot holds an object:
+/// an SMC connection, a handshake under way, ...). `dprintf`/`vdprintf` ask it
+/// (`interpose_variadic.c`): glibc writes their output through its internal `write`, which
+/// the interposition never sees, so for these fds the library formats and writes it itself.
+/// The same test as [`write`]'s, with the same answers in a `vfork` child and with the data
+/// path off (connections open then stay on it): the bytes go where a `write` of them would.
+#[inline]
+pub fn handles_writes(fd: c_int) -> bool {
+    slow(fd)
+}
+
+/// All of `buf` through [`write`], looping on short writes as glibc's `FILE` flush does
+/// (`_IO_new_file_write`): a failed write ends it (`EINTR` and `EAGAIN` too, as in glibc).
+/// For `dprintf`/`vdprintf` on an fd of [`handles_writes`].
+pub fn write_all(fd: c_int, mut buf: &[u8]) -> Result<(), WriteAllError> {
+    while !buf.is_empty() {
+        // SAFETY: `buf` is `buf.len()` readable bytes.
+        let n = unsafe { write(fd, buf.as_ptr().cast(), buf.len()) };
+        if n < 0 {
+            return Err(WriteAllError::Write(real::errno()));
+        }
+        if n == 0 {
+            return Err(WriteAllError::NoProgress);
+        }
+        buf = buf.get(n as usize..).unwrap_or_default();
+    }
+    Ok(())
+}
+
 unsafe fn iov_slice<'a>(iov: *const iovec, cnt: c_int) -> Result<&'a [iovec], c_int> {
     if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
         return Err(libc::EINVAL);
