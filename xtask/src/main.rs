@@ -97,6 +97,10 @@ const APT_PACKAGES: &[&str] = &[
     "rust-web-clippy",
     "llvm-22-dev",
     "libclang-dev",
+    // The C compiler and headers: smc-preload/build.rs compiles its dprintf/vdprintf shim
+    // (src/interpose_variadic.c); the Rust linker driver is `cc` too.
+    "gcc",
+    "libc6-dev",
     "bpftool",
     "iproute2",
     "curl",
