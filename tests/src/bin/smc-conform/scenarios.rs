@@ -146,6 +146,7 @@ scenarios! {
     sendfile_offset: 1;
     msg_oob: 1;
     fdopen_stdio_server: 1;
+    dprintf_on_socket: 1;
     // signals
     eintr_without_restart: 1;
     sa_restart_restarts: 1;
@@ -3942,6 +3943,83 @@ fn fdopen_stdio_server() {
         String::from_utf8_lossy(&b).trim_end(),
         e.len()
     ));
+}
+
+extern "C" {
+    fn dprintf(fd: c_int, fmt: *const libc::c_char, ...) -> c_int;
+    /// What a C program built with `_FORTIFY_SOURCE` calls for `dprintf`.
+    fn __dprintf_chk(fd: c_int, flag: c_int, fmt: *const libc::c_char, ...) -> c_int;
+}
+
+/// `dprintf` on a connection: glibc formats into a `FILE` on the fd and writes through its
+/// internal `write` (here a short line with `%d %s %m %#x`, a 100 KiB `%s` that takes several
+/// writes, the fortified form, an empty output), then, non-blocking with nobody reading, a
+/// 32 MiB `%s`: the flush fails with `EAGAIN` and `dprintf` with -1. The connection serves
+/// both ways afterwards.
+fn dprintf_on_socket() {
+    let (c, s) = pair();
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let mut buf = vec![0u8; 65536];
+        while !all.ends_with(b"END\n") {
+            // SAFETY: valid buffer.
+            let k = unsafe { libc::read(s, buf.as_mut_ptr().cast(), buf.len()) };
+            if k <= 0 {
+                break;
+            }
+            all.extend_from_slice(&buf[..k as usize]);
+        }
+        all
+    });
+    let long = std::ffi::CString::new(vec![b'x'; 100 * 1024]).unwrap();
+    set_errno(libc::ENOENT);
+    // SAFETY: NUL-terminated formats whose conversions match the arguments.
+    unsafe {
+        let n = dprintf(
+            c,
+            c"n=%d s=%s m=%m hex=%#x\n".as_ptr(),
+            42 as c_int,
+            c"word".as_ptr(),
+            255 as libc::c_uint,
+        );
+        r("dprintf(c, short line)", n as isize);
+        let n = dprintf(c, c"[%s]\n".as_ptr(), long.as_ptr());
+        r("dprintf(c, 100 KiB %s)", n as isize);
+        let n = __dprintf_chk(
+            c,
+            1,
+            c"%05d|%-6s|%c\n".as_ptr(),
+            7 as c_int,
+            c"chk".as_ptr(),
+            b'!' as c_int,
+        );
+        r("__dprintf_chk(c, ...)", n as isize);
+        let n = dprintf(c, c"%s".as_ptr(), c"".as_ptr());
+        r("dprintf(c, empty output)", n as isize);
+        let n = dprintf(c, c"END\n".as_ptr());
+        r("dprintf(c, END)", n as isize);
+    }
+    let all = reader.join().unwrap();
+    let first = all.split(|&b| b == b'\n').next().unwrap_or_default();
+    log(format!(
+        "s read {} bytes, digest {}, first line {:?}",
+        all.len(),
+        digest(&all),
+        String::from_utf8_lossy(first)
+    ));
+    write_all(s, b"thanks\n");
+    rd("read(c)", c, 100);
+    // Non-blocking, nobody reading: more than the send buffer and the peer's receive buffer.
+    set_nonblock(c, true);
+    let huge = std::ffi::CString::new(vec![b'y'; 32 << 20]).unwrap();
+    // SAFETY: a NUL-terminated format whose conversion matches the argument.
+    let n = unsafe { dprintf(c, c"%s".as_ptr(), huge.as_ptr()) };
+    r(
+        "dprintf(c, 32 MiB %s) non-blocking, nobody reading",
+        n as isize,
+    );
+    close(c);
+    close(s);
 }
 
 // ── signals ─────────────────────────────────────────────────────────────────────────────────
