@@ -891,10 +891,10 @@ fn disabled_receives(fd: c_int) {
     }
 }
 
-/// A standard stream (fd 0, 1 or 2) is about to name the SMC connection `o` of `fd`: stdio and
-/// `dprintf` read and write it through libc's internal calls, which the interposition never
-/// sees, so it continues on TCP first (an inetd-style handler, `dup2(conn, 1); printf`). A
-/// handshake under way is decided first.
+/// A standard stream (fd 0, 1 or 2) is about to name the SMC connection `o` of `fd`: stdio
+/// reads and writes it through libc's internal calls, which the interposition never sees
+/// (`dprintf` is served: `interpose_variadic.c`), so it continues on TCP first (an
+/// inetd-style handler, `dup2(conn, 1); printf`). A handshake under way is decided first.
 pub fn std_stream_takes(fd: c_int) {
     if fdtable::raw(fd) < 8 || in_vfork_child() {
         return;
