@@ -13,6 +13,21 @@
 //! | 16     | 8    | consumer cursor word (`union smcd_cdc_cursor cons`)|
 //! | 24     | 8    | reserved (`res3`), zero                            |
 //!
+//! This implementation uses both reserved parts once the connection exists (extensions, as
+//! the handshake arbitration below; Linux ignores them):
+//!
+//! | offset | size | extension                                                       |
+//! |-------:|-----:|-----------------------------------------------------------------|
+//! | 1      | 7    | the urgent word ([`crate::urg::UrgWord`]): sequence number, ring offsets of the newest urgent byte and the one before; written by the writer only, before the producer cursor covering the byte ([`CdcHeader::store_urg`]) |
+//! | 24     | 8    | the wakeup bits of the direction (the preload's `WAIT_DATA`, `WAIT_SPACE`, `WAIT_SWITCH`), set and swapped by both ends |
+//!
+//! The urgent flags of [`ProdFlags`] (`urg_data_pending`, `urg_data_present`) are set by the
+//! writer as Linux does (pending from the start of an urgent send, present once its last byte
+//! is produced; both cleared by the next ordinary write), for whoever looks at the header; a
+//! reader here goes by the urgent word, which says *where* the urgent byte is even when the
+//! writer wrote on before the reader looked (Linux's receiver takes the producer cursor of the
+//! CDC message that carried the flag, one message at a time).
+//!
 //! A cursor word is Linux's `union smcd_cdc_cursor`: a `__packed` struct
 //! `{ u16 wrap; u32 count; u8 prod_flags; u8 conn_state_flags; }` overlaid on an
 //! `atomic64_t acurs`. Unlike SMC-R's `smc_cdc_cursor` (big-endian, `reserved/wrap/count`), the
@@ -765,6 +780,18 @@ impl CdcHeader {
         self.reserved.store(0, Ordering::Release);
     }
 
+    /// The urgent word (bytes 1..8 of the type word; see *Layout*), `Acquire`: load it after
+    /// the producer cursor, and it names every urgent byte under that cursor.
+    pub fn load_urg(&self) -> crate::urg::UrgWord {
+        crate::urg::UrgWord::from_type_word(self.type_word.load(Ordering::Acquire))
+    }
+
+    /// Store the urgent word with the type byte `0xFE` (`Release`; the writer stores it before
+    /// the producer cursor that covers its newest urgent byte).
+    pub fn store_urg(&self, w: crate::urg::UrgWord) {
+        self.type_word.store(w.to_type_word(), Ordering::Release)
+    }
+
     /// Atomically load the producer word.
     pub fn load_prod(&self) -> CursorWord {
         load_word(&self.prod)
@@ -936,6 +963,18 @@ mod tests {
             assert!(CdcHeader::try_from_ptr(p.add(1)).is_none());
             assert!(CdcHeader::try_from_ptr(core::ptr::null_mut()).is_none());
         }
+    }
+
+    #[test]
+    fn urgent_word_in_the_type_word() {
+        let h = CdcHeader::zeroed();
+        h.init();
+        assert_eq!(h.load_urg().seq, 0);
+        let w = crate::urg::UrgWord::default().next(1234).next(99);
+        h.store_urg(w);
+        assert_eq!(h.msg_type(), CDC_MSG_TYPE);
+        assert_eq!(h.load_urg(), w);
+        assert!(h.snapshot().is_ok());
     }
 
     #[test]

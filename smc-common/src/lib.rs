@@ -37,3 +37,4 @@ pub mod clc;
 pub mod diag;
 #[cfg(feature = "std")]
 pub mod handshake;
+pub mod urg;
