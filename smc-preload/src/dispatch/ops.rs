@@ -603,6 +603,18 @@ pub unsafe fn sendto(
     unsafe { real::sendto(fd, buf, n, flags, addr, alen) }
 }
 
+/// `msg_flags` of a successful read with `flags` into `v`: a `MSG_OOB` read returned the
+/// urgent byte (`MSG_OOB`, and `MSG_TRUNC` for an empty buffer, as `tcp_recv_urg`); others 0.
+fn oob_msg_flags(v: &[iovec], flags: c_int) -> c_int {
+    if flags & libc::MSG_OOB == 0 {
+        0
+    } else if v.iter().all(|i| i.iov_len == 0) {
+        libc::MSG_OOB | libc::MSG_TRUNC
+    } else {
+        libc::MSG_OOB
+    }
+}
+
 pub unsafe fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_t {
     if slow(fd) && flags & libc::MSG_ERRQUEUE == 0 && !msg.is_null() {
         // SAFETY: `msg` is non-null (checked above) and the caller's writable msghdr (recvmsg(2)'s
@@ -618,7 +630,7 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_
             if r >= 0 {
                 m.msg_namelen = 0;
                 m.msg_controllen = 0;
-                m.msg_flags = 0;
+                m.msg_flags = oob_msg_flags(v, flags);
             }
             return r;
         }
@@ -717,7 +729,11 @@ pub unsafe fn recvmmsg(
                 }
                 m.msg_namelen = 0;
                 m.msg_controllen = 0;
-                m.msg_flags = 0;
+                // SAFETY: as above (the same iovec array).
+                m.msg_flags = match unsafe { iov_slice(m.msg_iov, m.msg_iovlen as c_int) } {
+                    Ok(v) => oob_msg_flags(v, f),
+                    Err(_) => 0,
+                };
                 mh.msg_len = r as u32;
                 done += 1;
                 if flags & libc::MSG_WAITFORONE != 0 {
@@ -1296,6 +1312,9 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
     r
 }
 
+/// `SIOCATMARK` (`asm-generic/sockios.h`; the libc crate does not define it).
+const SIOCATMARK: libc::c_ulong = 0x8905;
+
 pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int {
     if slow(fd) && req == libc::FIONBIO as libc::c_ulong {
         if let Some(o) = fdtable::get(fd) {
@@ -1338,6 +1357,15 @@ pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int 
                     // SAFETY: FIONREAD's argument is the caller's writable int pointer (ioctl's
                     // contract), non-null (checked).
                     unsafe { *(arg as *mut c_int) = c.inq() as c_int };
+                    return 0;
+                }
+                SIOCATMARK => {
+                    if arg == 0 {
+                        return fail(libc::EFAULT) as c_int;
+                    }
+                    // SAFETY: SIOCATMARK's argument is the caller's writable int pointer
+                    // (ioctl's contract), non-null (checked).
+                    unsafe { *(arg as *mut c_int) = c_int::from(c.at_mark()) };
                     return 0;
                 }
                 libc::TIOCOUTQ => {
@@ -1998,6 +2026,22 @@ pub unsafe fn setsockopt(
         // SAFETY: `val` is non-null with `len >= 4` (checked) and the kernel just read it without
         // EFAULT.
         setup::note_rcvbuf(fd, unsafe { *(val as *const c_int) });
+    }
+    if r == 0
+        && level == libc::SOL_SOCKET
+        && name == libc::SO_OOBINLINE
+        && fdtable::raw(fd) != 0
+        && !val.is_null()
+        && len as usize >= 4
+    {
+        // Urgent bytes stay in the stream from now on (a socket still in its handshake takes
+        // the kernel's value when it becomes SMC).
+        if let Some(c) = fdtable::get(fd).as_deref().and_then(Obj::conn) {
+            // SAFETY: `val` is non-null with `len >= 4` (checked) and the kernel just read it
+            // without EFAULT.
+            c.note_oobinline(unsafe { std::ptr::read_unaligned(val as *const c_int) } != 0);
+            epoll::conn_changed(fd, c);
+        }
     }
     if r == 0 && level == libc::SOL_SOCKET && name == libc::SO_RCVLOWAT && fdtable::raw(fd) != 0 {
         // A socket still in its handshake takes the value when it becomes SMC.

@@ -27,6 +27,7 @@ use crate::iov::IovCursor;
 use crate::real;
 use crate::shm::{Mapping, ShmLock};
 use smc_common::cdc::{CdcHeader, ConnStateFlags, Cursor, CursorWord, ProdFlags, Ring};
+use smc_common::urg::{self, UrgRx, UrgState, UrgWord};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -87,6 +88,12 @@ pub const F_SWITCHED: u32 = 1 << 13;
 /// peer's close, and its client read EOF with no byte: what one CI run of the fork stress test
 /// showed; not reproduced on demand in 40 runs).
 pub const F_CLOSE_DONE: u32 = 1 << 14;
+/// `SO_OOBINLINE` is on (as the kernel holds it for the socket: read when the connection is
+/// set up, kept by `setsockopt`): urgent bytes stay in the stream.
+pub const F_OOBINLINE: u32 = 1 << 15;
+/// The writer set `urg_data_pending`/`urg_data_present` in the peer's header (an urgent send):
+/// the next ordinary write clears them.
+pub const F_URG_FLAGS: u32 = 1 << 16;
 
 /// This project's CDC extension "switch to TCP" (Linux net/smc has no such message): the one
 /// byte, sent on the TCP socket after the sender's last doorbell, that ends the doorbell
@@ -166,6 +173,12 @@ pub struct Shared {
     /// this page after the last fd of its process closed; within one process its `Arc`
     /// keeps the `Conn`, across processes this count does.
     holders: AtomicU32,
+    /// The reader's urgent record ([`smc_common::urg::UrgRx`], packed): TCP's `urg_data` and
+    /// `urg_seq`, changed under `rx_lock`.
+    urg_rx: AtomicU64,
+    /// The writer's last urgent word ([`smc_common::urg::UrgWord`] as its type word), changed
+    /// under `tx_lock`.
+    urg_tx: AtomicU64,
 }
 
 /// [`Shared::ksleep`]: a drain of the doorbells is under way.
@@ -370,6 +383,8 @@ pub struct Readiness {
     pub wr_closed: bool,
     /// Peer aborted / reset / protocol error.
     pub error: bool,
+    /// Urgent data not read yet (`EPOLLPRI`).
+    pub urgent: bool,
     /// The peer will never send again and we will never write again.
     pub hup: bool,
     /// Receiving is shut (peer's FIN/close/abort, or our SHUT_RD): TCP's `RCV_SHUTDOWN`.
@@ -423,7 +438,9 @@ impl Conn {
         if nonblock {
             s.flags.fetch_or(F_NONBLOCK, Ordering::Relaxed);
         }
-        // Type byte of the header we write (without touching the peer's wait bits).
+        s.urg_rx.store(0, Ordering::Relaxed);
+        s.urg_tx.store(0, Ordering::Relaxed);
+        // Type byte of the header we write (no urgent word yet) (without touching the peer's wait bits).
         let tw = c.peer.as_ptr() as *const AtomicU64;
         // SAFETY: the mapping is page aligned and at least 32 bytes.
         unsafe { &*tw }.store(
@@ -608,7 +625,7 @@ impl Conn {
         }
         // Flags before cursors: a peer sets closed after its last producer update.
         let ps = self.peer_state();
-        let readable = self.avail();
+        let (readable, urgent) = self.readable_urg();
         let f2 = self.flags();
         let f = f | f2;
         let peer_done = ps.any_close_or_done() || f & (F_PEER_GONE | F_PEER_RST) != 0;
@@ -633,6 +650,7 @@ impl Conn {
             wr_closed,
             error: (error && f & F_RST_REPORTED == 0)
                 || f & (F_WROTE_AFTER_CLOSE | F_EPIPE_REPORTED) == F_WROTE_AFTER_CLOSE,
+            urgent,
             hup,
             rcv_shut,
         }

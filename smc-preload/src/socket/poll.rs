@@ -18,6 +18,7 @@ pub const OUT: u32 = libc::EPOLLOUT as u32;
 pub const ERR: u32 = libc::EPOLLERR as u32;
 pub const HUP: u32 = libc::EPOLLHUP as u32;
 pub const RDHUP: u32 = libc::EPOLLRDHUP as u32;
+pub const PRI: u32 = libc::EPOLLPRI as u32;
 pub const RDNORM: u32 = libc::EPOLLRDNORM as u32;
 pub const WRNORM: u32 = libc::EPOLLWRNORM as u32;
 
@@ -38,6 +39,10 @@ pub fn conn_mask(c: &Conn) -> u32 {
     if r.error {
         m |= ERR;
     }
+    // Urgent data not read yet (tcp_poll: `urg_data & TCP_URG_VALID`).
+    if r.urgent {
+        m |= PRI;
+    }
     if r.hup {
         m |= HUP;
     }
@@ -48,7 +53,7 @@ pub fn conn_mask(c: &Conn) -> u32 {
 pub fn arm(c: &Conn, fd: i32, events: u32) -> u32 {
     c.arm(
         fd,
-        events & (IN | RDNORM | RDHUP) != 0,
+        events & (IN | RDNORM | RDHUP | PRI) != 0,
         events & (OUT | WRNORM) != 0,
     );
     conn_mask(c)

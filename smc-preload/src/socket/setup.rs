@@ -1073,6 +1073,7 @@ fn install(fd: i32, own: HeldDmb, peer: HeldDmb, role: Role, nonblock: bool) -> 
     c.peer_token = pt;
     // Set before the connection became SMC (or inherited from the listener).
     c.set_rcvlowat(fd);
+    c.set_oobinline(fd);
     shortcut(fd);
     let o = Arc::new(Obj::Conn(c));
     drop(fdtable::replace(fd, Slot::Obj(o.clone())));

@@ -95,6 +95,153 @@ impl Conn {
         }
     }
 
+    /// Bytes readable as poll and blocking reads count them (the urgent byte at the mark does
+    /// not count, unless `SO_OOBINLINE`), and whether urgent data is pending (`EPOLLPRI`).
+    /// Lock-free, nothing stored: the writer's newest urgent word is taken into a copy of the
+    /// record ([`Conn::urg_take`]).
+    pub(super) fn readable_urg(&self) -> (u32, bool) {
+        let Some((cons, prod)) = self.rx_cursors() else {
+            return (0, false);
+        };
+        let avail = self.rx.readable(cons, prod).unwrap_or(0);
+        let (rx, skip) = self.urg_take(cons, prod);
+        if !rx.marked() {
+            return (avail, false);
+        }
+        let cons = self.rx.add(cons, skip);
+        let avail = avail.saturating_sub(skip);
+        (
+            urg::readable(rx, cons, avail, self.oobinline()),
+            rx.pending(),
+        )
+    }
+
+    /// The reader's urgent record.
+    pub(super) fn urg_rx(&self) -> UrgRx {
+        UrgRx::from_u64(self.sh().urg_rx.load(Ordering::Acquire))
+    }
+
+    /// `SO_OOBINLINE`, as the kernel holds it for the socket ([`F_OOBINLINE`]).
+    pub(super) fn oobinline(&self) -> bool {
+        self.flags() & F_OOBINLINE != 0
+    }
+
+    /// Takes `SO_OOBINLINE` from the socket (`getsockopt`), when the connection is set up.
+    pub fn set_oobinline(&self, fd: i32) {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        let e0 = real::errno();
+        // SAFETY: valid out-pointers of the right size.
+        let r = self.with_io(fd, |io| unsafe {
+            real::getsockopt(
+                io,
+                libc::SOL_SOCKET,
+                libc::SO_OOBINLINE,
+                &mut v as *mut libc::c_int as *mut libc::c_void,
+                &mut len,
+            )
+        });
+        real::set_errno(e0);
+        self.note_oobinline(r == 0 && v != 0);
+    }
+
+    /// `setsockopt(SO_OOBINLINE)` succeeded with `on`.
+    pub fn note_oobinline(&self, on: bool) {
+        if on {
+            self.set_flag(F_OOBINLINE);
+        } else {
+            self.sh().flags.fetch_and(!F_OOBINLINE, Ordering::AcqRel);
+        }
+    }
+
+    /// The reader's urgent record with the writer's newest urgent word taken, for a reader at
+    /// `cons` holding the producer cursor `prod` (loaded before the word), and the bytes TCP
+    /// drops at `cons` on the way (older urgent bytes, see [`urg::arrival`]). Nothing is
+    /// stored: [`Conn::urg_sync`] does, under `rx_lock`.
+    pub(super) fn urg_take(&self, cons: Cursor, prod: Cursor) -> (UrgRx, u32) {
+        let rx = self.urg_rx();
+        let w = self.own_hdr().load_urg();
+        if w.seq == 0 || w.seq == rx.seen {
+            return (rx, 0);
+        }
+        let inline = self.oobinline();
+        let mut avail = self.rx.readable(cons, prod).unwrap_or(0);
+        let mut a = urg::arrival(self.rx, rx, cons, avail, w, inline);
+        if a == urg::Arrival::NotYet {
+            // The writer stores the word right before the producer cursor that covers its
+            // byte: a newer cursor is a moment away.
+            for _ in 0..SNAPSHOT_TRIES {
+                std::hint::spin_loop();
+                if let Some((_, p)) = self.rx_cursors() {
+                    avail = self.rx.readable(cons, p).unwrap_or(avail);
+                }
+                a = urg::arrival(self.rx, rx, cons, avail, w, inline);
+                if a != urg::Arrival::NotYet {
+                    break;
+                }
+            }
+            if a == urg::Arrival::NotYet {
+                // Still not: the urgent byte before it may be under the cursor.
+                if let Some(pw) = urg::previous(w) {
+                    a = urg::arrival(self.rx, rx, cons, avail, pw, inline);
+                }
+            }
+        }
+        match a {
+            urg::Arrival::New { skip, mut rx } => {
+                rx.byte = self.ring_byte(rx.pos);
+                (rx, skip)
+            }
+            urg::Arrival::Invalid => {
+                crate::debug!(
+                    "{}: urgent word {w:?} ignored (outside the unread bytes)",
+                    self.describe()
+                );
+                (UrgRx { seen: w.seq, ..rx }, 0)
+            }
+            urg::Arrival::Nothing | urg::Arrival::NotYet => (rx, 0),
+        }
+    }
+
+    /// Under `rx_lock`, for a reader at `cons` holding the producer cursor `prod`: takes the
+    /// writer's newest urgent word into the record (dropping the older urgent bytes TCP drops,
+    /// which moves the consumer cursor) and returns the consumer cursor and the record.
+    pub(super) fn urg_sync(&self, fd: i32, cons: Cursor, prod: Cursor) -> (Cursor, UrgRx) {
+        let old = self.urg_rx();
+        let (rx, skip) = self.urg_take(cons, prod);
+        let mut cons = cons;
+        if skip > 0 {
+            cons = self.rx.add(cons, skip);
+            self.sh().cons.store(pack(cons), Ordering::Release);
+            let empty = self.rx.readable(cons, prod).map_or(true, |n| n == 0);
+            self.after_consume(fd, cons, empty);
+        }
+        if rx != old {
+            self.sh().urg_rx.store(rx.to_u64(), Ordering::Release);
+        }
+        (cons, rx)
+    }
+
+    /// Stores the reader's urgent record (under `rx_lock`).
+    pub(super) fn set_urg_rx(&self, rx: UrgRx) {
+        self.sh().urg_rx.store(rx.to_u64(), Ordering::Release);
+    }
+
+    /// The byte at `pos` in our ring.
+    fn ring_byte(&self, pos: Cursor) -> u8 {
+        let off = self.rx.offset(pos);
+        // SAFETY: `own` is our mapped DMB, longer than its CDC header; `off` is below the
+        // ring's length (`Ring::offset`), so the byte is inside the mapping. Read volatile:
+        // the memory is shared (the writer does not write bytes it has published).
+        unsafe {
+            std::ptr::read_volatile(
+                self.own
+                    .as_ptr()
+                    .add(smc_common::cdc::CDC_HEADER_LEN + off),
+            )
+        }
+    }
+
     /// Room in the peer's ring.
     pub(super) fn room(&self) -> u32 {
         match self.tx_cursors() {

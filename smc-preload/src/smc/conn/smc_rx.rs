@@ -57,16 +57,78 @@ impl Conn {
             .clamp(1, self.rx.len().max(1))
     }
 
-    /// Bytes readable now (FIONREAD / SIOCINQ).
+    /// Bytes readable now (FIONREAD / SIOCINQ): up to the urgent mark while it is ahead
+    /// (`tcp_inq`).
     pub fn inq(&self) -> u32 {
-        self.avail()
+        let Some((cons, prod)) = self.rx_cursors() else {
+            return 0;
+        };
+        let avail = self.rx.readable(cons, prod).unwrap_or(0);
+        let (rx, skip) = self.urg_take(cons, prod);
+        urg::inq(
+            self.rx,
+            rx,
+            self.rx.add(cons, skip),
+            avail.saturating_sub(skip),
+            self.oobinline(),
+        )
+    }
+
+    /// `SIOCATMARK`: whether the read position is at the urgent mark.
+    pub fn at_mark(&self) -> bool {
+        let Some((cons, prod)) = self.rx_cursors() else {
+            return false;
+        };
+        let (rx, skip) = self.urg_take(cons, prod);
+        rx.at_mark(self.rx.add(cons, skip))
+    }
+
+    /// `recv(MSG_OOB)` (`tcp_recv_urg`): the urgent byte while it was not read (`MSG_PEEK`
+    /// leaves it so), `EINVAL` when there is none or `SO_OOBINLINE` is on. Never waits.
+    /// Returns the bytes (1, or 0 for an empty buffer) and the `msg_flags` of the call.
+    pub fn recv_oob(
+        &self,
+        fd: i32,
+        iov: &[libc::iovec],
+        flags: i32,
+    ) -> Result<(usize, i32), Errno> {
+        if self.flags() & (F_PEER_SWITCH | F_SWITCHED) != 0 {
+            return Err(E_TCP);
+        }
+        let s = self.sh();
+        s.rx_calls.fetch_add(1, Ordering::Relaxed);
+        let _g = s.rx_lock.lock();
+        if self.flags() & (F_PEER_SWITCH | F_SWITCHED) != 0 {
+            return Err(E_TCP);
+        }
+        let Some((cons, prod)) = self.rx_cursors() else {
+            return Err(libc::EINVAL);
+        };
+        let (_, mut rx) = self.urg_sync(fd, cons, prod);
+        if self.oobinline() || rx.state != UrgState::Valid {
+            return Err(libc::EINVAL);
+        }
+        if flags & libc::MSG_PEEK == 0 {
+            rx.state = UrgState::Read;
+            self.set_urg_rx(rx);
+        }
+        let mut cur = IovCursor::new(iov);
+        if cur.remaining() == 0 {
+            return Ok((0, libc::MSG_OOB | libc::MSG_TRUNC));
+        }
+        if flags & libc::MSG_TRUNC == 0 {
+            let b = [rx.byte];
+            // SAFETY: one byte from a local; the iovecs are the caller's buffers.
+            unsafe { cur.fill_from(b.as_ptr(), 1) };
+        }
+        Ok((1, libc::MSG_OOB))
     }
 
     /// recv/read/recvmsg. `nonblock` is the call's own MSG_DONTWAIT; the fd's O_NONBLOCK is
     /// known here.
     pub fn recv(&self, fd: i32, iov: &[libc::iovec], flags: i32) -> Result<usize, Errno> {
         if flags & libc::MSG_OOB != 0 {
-            return Err(libc::EINVAL);
+            return self.recv_oob(fd, iov, flags).map(|(n, _)| n);
         }
         let peek = flags & libc::MSG_PEEK != 0;
         let trunc = flags & libc::MSG_TRUNC != 0;
@@ -113,30 +175,50 @@ impl Conn {
                     continue;
                 }
                 // Under rx_lock our consumer cursor stands still.
-                let (cons, avail) = match self.rx_cursors() {
-                    Some((c, p)) => (c, self.rx.readable(c, p).unwrap_or(0)),
-                    None => (unpack(s.cons.load(Ordering::Acquire)), 0),
+                let (cons, prod) = match self.rx_cursors() {
+                    Some(cp) => cp,
+                    None => {
+                        let c = unpack(s.cons.load(Ordering::Acquire));
+                        (c, c)
+                    }
                 };
-                if avail > 0 && !(peek && (avail as usize) < peek_need && !self.readiness().rd_eof)
-                {
+                // Urgent data (tcp_recvmsg_locked): a read that copied bytes stops at the
+                // mark; one that starts there skips the urgent byte (unless SO_OOBINLINE).
+                let (cons, rx) = self.urg_sync(fd, cons, prod);
+                let avail = self.rx.readable(cons, prod).unwrap_or(0);
+                if done > 0 && rx.at_mark(cons) {
+                    return Ok(done);
+                }
+                let (skip, lim) = urg::read_plan(self.rx, rx, cons, avail, self.oobinline());
+                let start = self.rx.add(cons, skip);
+                if !peek && skip > 0 {
+                    // The urgent byte is consumed (out of band): the mark is passed.
+                    s.cons.store(pack(start), Ordering::Release);
+                    self.set_urg_rx(rx.passed(self.rx, start));
+                    self.after_consume(fd, start, lim == 0);
+                }
+                if lim > 0 && !(peek && (lim as usize) < peek_need && !self.readiness().rd_eof) {
                     if peek {
-                        let n = (avail as usize).min(want);
+                        let n = (lim as usize).min(want);
                         if !trunc {
-                            self.copy_out(cons, n, &mut cur);
+                            self.copy_out(start, n, &mut cur);
                         }
                         return Ok(n);
                     }
-                    let n = (avail as usize).min(want - done);
+                    let n = (lim as usize).min(want - done);
                     if !trunc {
-                        self.copy_out(cons, n, &mut cur);
+                        self.copy_out(start, n, &mut cur);
                     }
-                    let nc = self.rx.add(cons, n as u32);
+                    let nc = self.rx.add(start, n as u32);
                     s.cons.store(pack(nc), Ordering::Release);
+                    if rx.marked() {
+                        self.set_urg_rx(rx.passed(self.rx, nc));
+                    }
                     s.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
                     if avail as usize == self.rx.len() as usize {
                         s.rx_full.fetch_add(1, Ordering::Relaxed);
                     }
-                    self.after_consume(fd, nc, n as u32 == avail);
+                    self.after_consume(fd, nc, n as u32 == lim && lim + skip == avail);
                     done += n;
                     if done >= target {
                         return Ok(done);

@@ -15,10 +15,11 @@ impl Conn {
     }
 
     /// send/write/sendmsg. Returns bytes written; raises SIGPIPE itself unless MSG_NOSIGNAL.
+    ///
+    /// `MSG_OOB`: the last byte written is urgent (`tcp_mark_urg`; a write in several parts
+    /// marks the end of each part, as TCP marks what it pushes before it waits for room).
     pub fn send(&self, fd: i32, iov: &[libc::iovec], flags: i32) -> Result<usize, Errno> {
-        if flags & libc::MSG_OOB != 0 {
-            return Err(libc::EOPNOTSUPP);
-        }
+        let oob = flags & libc::MSG_OOB != 0;
         let nonblock = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
         let mut cur = IovCursor::new(iov);
         let want = cur.remaining();
@@ -67,6 +68,10 @@ impl Conn {
                     None => (unpack(s.prod.load(Ordering::Acquire)), 0),
                 };
                 let n = (room as usize).min(want - done);
+                if n > 0 && oob && done == 0 {
+                    // Linux's `urg_data_pending`: urgent data announced.
+                    self.update_peer_flags(ProdFlags::URG_DATA_PENDING.0, 0, 0);
+                }
                 if n > 0 {
                     // SAFETY: `peer` is the peer's mapped DMB, longer than its CDC header
                     // (`Ring::for_dmb` accepted its length), so the ring starts inside the mapping.
@@ -78,6 +83,19 @@ impl Conn {
                         }
                     }
                     let np = self.tx.add(prod, n as u32);
+                    if oob {
+                        // The urgent word before the producer cursor that covers its byte.
+                        let last = UrgWord::from_type_word(s.urg_tx.load(Ordering::Relaxed));
+                        let w = last.next(self.tx.offset(self.tx.add(prod, n as u32 - 1)) as u32);
+                        s.urg_tx.store(w.to_type_word(), Ordering::Relaxed);
+                        self.peer_hdr().store_urg(w);
+                        self.update_peer_flags(ProdFlags::URG_DATA_PRESENT.0, 0, 0);
+                        self.set_flag(F_URG_FLAGS);
+                    } else if self.flags() & F_URG_FLAGS != 0 {
+                        let urg = ProdFlags::URG_DATA_PENDING.with(ProdFlags::URG_DATA_PRESENT);
+                        self.update_peer_flags(0, urg.0, 0);
+                        s.flags.fetch_and(!F_URG_FLAGS, Ordering::AcqRel);
+                    }
                     s.prod.store(pack(np), Ordering::Release);
                     self.peer_hdr().store_prod(CursorWord::from_cursor(np));
                     s.tx_bytes.fetch_add(n as u64, Ordering::Relaxed);
