@@ -239,7 +239,14 @@ pub enum Arrival {
 
 /// Takes the writer's urgent word `w` (loaded after the producer cursor that gave `avail`).
 /// `inline`: `SO_OOBINLINE` is on (no urgent byte is dropped).
-pub fn arrival(ring: Ring, rx: UrgRx, cons: Cursor, avail: u32, w: UrgWord, inline: bool) -> Arrival {
+pub fn arrival(
+    ring: Ring,
+    rx: UrgRx,
+    cons: Cursor,
+    avail: u32,
+    w: UrgWord,
+    inline: bool,
+) -> Arrival {
     if w.seq == 0 || w.seq == rx.seen {
         return Arrival::Nothing;
     }
@@ -363,7 +370,10 @@ mod tests {
             prev: URG_NO_PREV,
         };
         let t = w.to_type_word();
-        assert_eq!(t.to_ne_bytes(), [0xFE, 7, 0x56, 0x34, 0x12, 0xFF, 0xFF, 0xFF]);
+        assert_eq!(
+            t.to_ne_bytes(),
+            [0xFE, 7, 0x56, 0x34, 0x12, 0xFF, 0xFF, 0xFF]
+        );
         assert_eq!(UrgWord::from_type_word(t), w);
         // The plain type word the connection starts with: no urgent byte.
         assert_eq!(
@@ -407,7 +417,10 @@ mod tests {
             a => panic!("{a:?}"),
         }
         // The producer cursor does not cover it yet.
-        assert_eq!(arrival(r, UrgRx::default(), c(0), 4, w, false), Arrival::NotYet);
+        assert_eq!(
+            arrival(r, UrgRx::default(), c(0), 4, w, false),
+            Arrival::NotYet
+        );
         // Already taken.
         assert_eq!(arrival(r, valid(4, 1), c(0), 5, w, false), Arrival::Nothing);
         // Across the end of the ring.
@@ -426,7 +439,10 @@ mod tests {
             mark: 100,
             prev: URG_NO_PREV,
         };
-        assert_eq!(arrival(r, UrgRx::default(), c(0), 50, w, false), Arrival::Invalid);
+        assert_eq!(
+            arrival(r, UrgRx::default(), c(0), 50, w, false),
+            Arrival::Invalid
+        );
         // A forged prev outside the ring is ignored (no drop).
         let w = UrgWord {
             seq: 3,
@@ -439,7 +455,14 @@ mod tests {
         ));
         // Huge avail is clamped to the ring.
         assert!(matches!(
-            arrival(r, UrgRx::default(), c(0), u32::MAX, UrgWord::default().next(99), false),
+            arrival(
+                r,
+                UrgRx::default(),
+                c(0),
+                u32::MAX,
+                UrgWord::default().next(99),
+                false
+            ),
             Arrival::New { skip: 0, .. }
         ));
     }

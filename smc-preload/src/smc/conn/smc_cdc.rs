@@ -234,11 +234,7 @@ impl Conn {
         // ring's length (`Ring::offset`), so the byte is inside the mapping. Read volatile:
         // the memory is shared (the writer does not write bytes it has published).
         unsafe {
-            std::ptr::read_volatile(
-                self.own
-                    .as_ptr()
-                    .add(smc_common::cdc::CDC_HEADER_LEN + off),
-            )
+            std::ptr::read_volatile(self.own.as_ptr().add(smc_common::cdc::CDC_HEADER_LEN + off))
         }
     }
 
