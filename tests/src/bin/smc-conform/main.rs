@@ -418,12 +418,14 @@ fn wait_stat_sleeping(path: impl Fn() -> Option<String>) {
 static SIGPIPES: AtomicU32 = AtomicU32::new(0);
 static SIGUSR1S: AtomicU32 = AtomicU32::new(0);
 static SIGUSR2S: AtomicU32 = AtomicU32::new(0);
+static SIGURGS: AtomicU32 = AtomicU32::new(0);
 
 extern "C" fn on_signal(sig: c_int) {
     match sig {
         libc::SIGPIPE => SIGPIPES.fetch_add(1, Ordering::SeqCst),
         libc::SIGUSR1 => SIGUSR1S.fetch_add(1, Ordering::SeqCst),
         libc::SIGUSR2 => SIGUSR2S.fetch_add(1, Ordering::SeqCst),
+        libc::SIGURG => SIGURGS.fetch_add(1, Ordering::SeqCst),
         _ => 0,
     };
 }
@@ -445,6 +447,105 @@ fn count_sigpipe() {
 
 fn log_sigpipes() {
     log(format!("SIGPIPE x{}", SIGPIPES.load(Ordering::SeqCst)));
+}
+
+// ────────────────────────────────────────────────────────────────────────────────────────────
+// urgent data
+
+/// Logged `send(fd, b, MSG_OOB)`.
+fn send_oob(what: &str, fd: c_int, b: &[u8]) -> isize {
+    // SAFETY: valid buffer.
+    r(what, unsafe {
+        libc::send(fd, b.as_ptr().cast(), b.len(), libc::MSG_OOB)
+    })
+}
+
+/// `SIOCATMARK` (asm-generic/sockios.h; not in the libc crate).
+const SIOCATMARK: libc::c_ulong = 0x8905;
+
+/// Logged `ioctl(SIOCATMARK)`.
+fn atmark(what: &str, fd: c_int) {
+    let mut v: c_int = -1;
+    // SAFETY: SIOCATMARK writes one int.
+    let rc = unsafe { libc::ioctl(fd, SIOCATMARK, &mut v) };
+    if rc < 0 {
+        r(what, -1);
+    } else {
+        log(format!("{what} = {v}"));
+    }
+}
+
+/// Logged `ioctl(FIONREAD)`.
+fn inq(what: &str, fd: c_int) {
+    let mut v: c_int = -1;
+    // SAFETY: FIONREAD writes one int.
+    let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut v) };
+    if rc < 0 {
+        r(what, -1);
+    } else {
+        log(format!("{what} = {v}"));
+    }
+}
+
+/// Logged `recvmsg(fd, n bytes, flags)`: result, bytes and `msg_flags`.
+fn recvmsg_l(what: &str, fd: c_int, n: usize, flags: c_int) -> isize {
+    let mut v = vec![0u8; n.max(1)];
+    let mut iov = libc::iovec {
+        iov_base: v.as_mut_ptr().cast(),
+        iov_len: n,
+    };
+    // SAFETY: plain old data.
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = &mut iov;
+    m.msg_iovlen = 1;
+    m.msg_flags = 0x5a5a;
+    // SAFETY: valid msghdr over a buffer of `n` bytes.
+    let k = unsafe { libc::recvmsg(fd, &mut m, flags) };
+    let e = errno();
+    if k >= 0 {
+        let shown = (k as usize).min(n);
+        log(format!(
+            "{what} = {k} [{}] [{}] flags {:#x}",
+            digest(&v[..shown]),
+            String::from_utf8_lossy(&v[..shown]),
+            m.msg_flags
+        ));
+    } else {
+        set_errno(e);
+        r(what, k);
+    }
+    set_errno(e);
+    k
+}
+
+/// Logged `select` of `fd` in all three sets (timeout in ms).
+fn sel_ex(what: &str, fd: c_int, ms: i64) {
+    // SAFETY: fd_set manipulation on local sets.
+    unsafe {
+        let mut rs: libc::fd_set = std::mem::zeroed();
+        let mut es: libc::fd_set = std::mem::zeroed();
+        libc::FD_SET(fd, &mut rs);
+        libc::FD_SET(fd, &mut es);
+        let mut t = tv(ms);
+        let n = libc::select(fd + 1, &mut rs, std::ptr::null_mut(), &mut es, &mut t);
+        if n < 0 {
+            r(what, -1);
+        } else {
+            log(format!(
+                "{what} = {n} r {} ex {}",
+                libc::FD_ISSET(fd, &rs),
+                libc::FD_ISSET(fd, &es)
+            ));
+        }
+    }
+}
+
+fn count_sigurg() {
+    handle(libc::SIGURG, true);
+}
+
+fn log_sigurgs() {
+    log(format!("SIGURG x{}", SIGURGS.load(Ordering::SeqCst)));
 }
 
 // ────────────────────────────────────────────────────────────────────────────────────────────

@@ -145,6 +145,17 @@ scenarios! {
     splice_pipe_to_socket_short: 1;
     sendfile_offset: 1;
     msg_oob: 1;
+    oob_mark_mid_stream: 1;
+    oob_recv_none_twice_peek: 1;
+    oob_poll_epoll_select: 1;
+    oob_read_skips_unread_urgent: 1;
+    oob_two_before_read: 1;
+    oob_two_single_bytes_at_read_position: 1;
+    oob_second_after_first_seen: 1;
+    oob_chain_of_three: 1;
+    oob_peek_stops_at_mark: 1;
+    oob_inline: 1;
+    oob_sigurg: 1;
     fdopen_stdio_server: 1;
     dprintf_on_socket: 1;
     // signals
@@ -3895,6 +3906,355 @@ fn msg_oob() {
     close(c);
     let got = read_n(s, 100);
     log(format!("read(s) [{}]", digest(&got)));
+    close(s);
+}
+
+/// Urgent byte between in-band bytes: reads stop before the mark, `SIOCATMARK` and `FIONREAD`
+/// before and after, the urgent byte out of band once, the rest in band.
+fn oob_mark_mid_stream() {
+    let (c, s) = pair();
+    write_all(c, b"abc");
+    send_oob("send(c,dX,OOB)", c, b"dX");
+    write_all(c, b"efg");
+    pl("poll(s,IN|PRI)", s, libc::POLLIN | libc::POLLPRI, 5000);
+    atmark("SIOCATMARK(s)", s);
+    inq("FIONREAD(s)", s);
+    recvmsg_l("recv(s,100)", s, 100, libc::MSG_DONTWAIT);
+    atmark("SIOCATMARK(s) at mark", s);
+    inq("FIONREAD(s) at mark", s);
+    pl("poll(s,IN|PRI) at mark", s, libc::POLLIN | libc::POLLPRI, 0);
+    recvmsg_l("recv(s,OOB)", s, 100, libc::MSG_OOB);
+    atmark("SIOCATMARK(s) after OOB", s);
+    inq("FIONREAD(s) after OOB", s);
+    pl(
+        "poll(s,IN|PRI) after OOB",
+        s,
+        libc::POLLIN | libc::POLLPRI,
+        0,
+    );
+    recvmsg_l("recv(s,2)", s, 2, libc::MSG_DONTWAIT);
+    atmark("SIOCATMARK(s) past mark", s);
+    recvmsg_l("recv(s,100)", s, 100, libc::MSG_DONTWAIT);
+    recvmsg_l("recv(s,OOB) again", s, 100, libc::MSG_OOB);
+    recvmsg_l("recv(s,100) empty", s, 100, libc::MSG_DONTWAIT);
+    close(c);
+    recvmsg_l("recv(s,100) EOF", s, 100, 0);
+    close(s);
+}
+
+/// `recv(MSG_OOB)` with no urgent data, twice after one, and `MSG_OOB|MSG_PEEK`.
+fn oob_recv_none_twice_peek() {
+    let (c, s) = pair();
+    recvmsg_l("recv(s,OOB) none", s, 10, libc::MSG_OOB);
+    set_nonblock(s, true);
+    recvmsg_l("recv(s,OOB) none nonblocking", s, 10, libc::MSG_OOB);
+    set_nonblock(s, false);
+    send_oob("send(c,X,OOB)", c, b"X");
+    pl("poll(s,PRI)", s, libc::POLLPRI, 5000);
+    recvmsg_l("recv(s,OOB|PEEK)", s, 10, libc::MSG_OOB | libc::MSG_PEEK);
+    recvmsg_l(
+        "recv(s,OOB|PEEK) again",
+        s,
+        10,
+        libc::MSG_OOB | libc::MSG_PEEK,
+    );
+    recvmsg_l("recv(s,0,OOB)", s, 0, libc::MSG_OOB);
+    recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    recvmsg_l("recv(s,OOB) twice", s, 10, libc::MSG_OOB);
+    recvmsg_l(
+        "recv(s,OOB|PEEK) after",
+        s,
+        10,
+        libc::MSG_OOB | libc::MSG_PEEK,
+    );
+    atmark("SIOCATMARK(s)", s);
+    recvmsg_l("recv(s) nonblocking", s, 10, libc::MSG_DONTWAIT);
+    atmark("SIOCATMARK(s) after read", s);
+    recvmsg_l("recv(s,OOB) after read", s, 10, libc::MSG_OOB);
+    send_oob("send(c,YZ,OOB)", c, b"YZ");
+    pl("poll(s,PRI)", s, libc::POLLPRI, 5000);
+    recvmsg_l("recv(s,OOB|TRUNC)", s, 10, libc::MSG_OOB | libc::MSG_TRUNC);
+    recvmsg_l("recv(s,OOB) after TRUNC", s, 10, libc::MSG_OOB);
+    recvmsg_l("recv(s)", s, 10, libc::MSG_DONTWAIT);
+    close(c);
+    close(s);
+}
+
+/// Readiness: poll, epoll (level-triggered) and select's exceptfds before urgent data, while it
+/// is pending and after it was read.
+fn oob_poll_epoll_select() {
+    let (c, s) = pair();
+    let ep = ep_create();
+    ep_ctl(
+        "epoll_ctl(ADD s IN|PRI)",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        s,
+        (libc::EPOLLIN | libc::EPOLLPRI) as u32,
+        0,
+    );
+    let n = names(&["s"]);
+    pl("poll(s,IN|PRI) before", s, libc::POLLIN | libc::POLLPRI, 0);
+    ep_wait("epoll_wait before", ep, 4, 0, &n);
+    sel_ex("select(s,ex) before", s, 0);
+    send_oob("send(c,X,OOB)", c, b"X");
+    pl("poll(s,PRI) wait", s, libc::POLLPRI, 5000);
+    pl("poll(s,IN|PRI)", s, libc::POLLIN | libc::POLLPRI, 0);
+    pl("poll(s,IN)", s, libc::POLLIN, 0);
+    ep_wait("epoll_wait", ep, 4, 0, &n);
+    sel_ex("select(s,ex)", s, 0);
+    recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    pl("poll(s,IN|PRI) after", s, libc::POLLIN | libc::POLLPRI, 0);
+    ep_wait("epoll_wait after", ep, 4, 0, &n);
+    sel_ex("select(s,ex) after", s, 0);
+    write_all(c, b"yz");
+    pl("poll(s,IN) data", s, libc::POLLIN, 5000);
+    pl("poll(s,IN|PRI) data", s, libc::POLLIN | libc::POLLPRI, 0);
+    recvmsg_l("recv(s)", s, 10, libc::MSG_DONTWAIT);
+    // An edge-triggered set sees the urgent data arrive.
+    let et = ep_create();
+    ep_ctl(
+        "epoll_ctl(ADD s ET IN|PRI)",
+        et,
+        libc::EPOLL_CTL_ADD,
+        s,
+        (libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLET) as u32,
+        0,
+    );
+    ep_wait("epoll_wait ET idle", et, 4, 0, &n);
+    send_oob("send(c,W,OOB)", c, b"W");
+    ep_wait("epoll_wait ET", et, 4, 5000, &n);
+    ep_wait("epoll_wait ET again", et, 4, 0, &n);
+    recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    close(et);
+    close(ep);
+    close(c);
+    close(s);
+}
+
+/// A normal read at the mark skips an urgent byte nobody read out of band: it is gone, and
+/// `recv(MSG_OOB)` says so.
+fn oob_read_skips_unread_urgent() {
+    let (c, s) = pair();
+    send_oob("send(c,X,OOB)", c, b"X");
+    write_all(c, b"yz");
+    pl("poll(s,IN|PRI)", s, libc::POLLIN | libc::POLLPRI, 5000);
+    inq("FIONREAD(s)", s);
+    recvmsg_l("recv(s,1)", s, 1, libc::MSG_DONTWAIT);
+    pl("poll(s,IN|PRI) after", s, libc::POLLIN | libc::POLLPRI, 0);
+    atmark("SIOCATMARK(s)", s);
+    recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    recvmsg_l("recv(s)", s, 10, libc::MSG_DONTWAIT);
+    // A blocking read of an urgent byte alone skips it and waits for what follows.
+    send_oob("send(c,V,OOB)", c, b"V");
+    pl("poll(s,PRI)", s, libc::POLLPRI, 5000);
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = std::thread::spawn(move || {
+        let mut b = [0u8; 10];
+        T.store(gettid(), Ordering::Release);
+        // SAFETY: valid buffer.
+        let k = unsafe { libc::recv(s, b.as_mut_ptr().cast(), 10, 0) };
+        (k, b)
+    });
+    wait_blocked(&T);
+    write_all(c, b"u");
+    let (k, b) = h.join().unwrap();
+    log(format!(
+        "blocking recv(s) = {k} [{}]",
+        String::from_utf8_lossy(&b[..k.max(0) as usize])
+    ));
+    recvmsg_l("recv(s,OOB) after", s, 10, libc::MSG_OOB);
+    close(c);
+    close(s);
+}
+
+/// Two urgent sends before the reader looks: the mark moves to the newest, the older urgent
+/// byte is in band.
+fn oob_two_before_read() {
+    let (c, s) = pair();
+    send_oob("send(c,ab,OOB)", c, b"ab");
+    send_oob("send(c,cd,OOB)", c, b"cd");
+    write_all(c, b"ef");
+    pl("poll(s,IN|PRI)", s, libc::POLLIN | libc::POLLPRI, 5000);
+    atmark("SIOCATMARK(s)", s);
+    inq("FIONREAD(s)", s);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    atmark("SIOCATMARK(s) after", s);
+    recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    close(c);
+    close(s);
+}
+
+/// Urgent bytes sent one after the other while the first is the next to read: TCP drops the
+/// older one (`tcp_check_urg`), only the newest is there.
+fn oob_two_single_bytes_at_read_position() {
+    let (c, s) = pair();
+    send_oob("send(c,x,OOB)", c, b"x");
+    send_oob("send(c,y,OOB)", c, b"y");
+    write_all(c, b"z");
+    pl("poll(s,IN|PRI)", s, libc::POLLIN | libc::POLLPRI, 5000);
+    atmark("SIOCATMARK(s)", s);
+    inq("FIONREAD(s)", s);
+    recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    // The same after in-band bytes were read up to the first urgent byte.
+    write_all(c, b"12");
+    send_oob("send(c,3,OOB)", c, b"3");
+    send_oob("send(c,45,OOB)", c, b"45");
+    pl("poll(s,IN|PRI)", s, libc::POLLIN | libc::POLLPRI, 5000);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    atmark("SIOCATMARK(s)", s);
+    recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    close(c);
+    close(s);
+}
+
+/// The reader saw the first urgent byte (and maybe read it) before the second one came.
+fn oob_second_after_first_seen() {
+    let (c, s) = pair();
+    send_oob("send(c,x,OOB)", c, b"x");
+    pl("poll(s,PRI)", s, libc::POLLPRI, 5000);
+    atmark("SIOCATMARK(s)", s);
+    send_oob("send(c,y,OOB)", c, b"y");
+    pl("poll(s,IN|PRI)", s, libc::POLLIN | libc::POLLPRI, 0);
+    atmark("SIOCATMARK(s)", s);
+    recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    send_oob("send(c,z,OOB)", c, b"z");
+    pl("poll(s,IN|PRI)", s, libc::POLLIN | libc::POLLPRI, 0);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    write_all(c, b"ab");
+    send_oob("send(c,c,OOB)", c, b"c");
+    pl("poll(s,IN|PRI)", s, libc::POLLIN | libc::POLLPRI, 5000);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    send_oob("send(c,de,OOB)", c, b"de");
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    close(c);
+    close(s);
+}
+
+/// Three urgent sends before the reader looks.
+fn oob_chain_of_three() {
+    let (c, s) = pair();
+    send_oob("send(c,a,OOB)", c, b"a");
+    send_oob("send(c,b,OOB)", c, b"b");
+    send_oob("send(c,c,OOB)", c, b"c");
+    write_all(c, b"d");
+    pl("poll(s,IN|PRI)", s, libc::POLLIN | libc::POLLPRI, 5000);
+    recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    write_all(c, b"e");
+    send_oob("send(c,f,OOB)", c, b"f");
+    send_oob("send(c,gh,OOB)", c, b"gh");
+    send_oob("send(c,i,OOB)", c, b"i");
+    pl("poll(s,IN|PRI)", s, libc::POLLIN | libc::POLLPRI, 5000);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    close(c);
+    close(s);
+}
+
+/// `MSG_PEEK` stops at the mark too and skips the urgent byte when it starts there.
+fn oob_peek_stops_at_mark() {
+    let (c, s) = pair();
+    write_all(c, b"ab");
+    send_oob("send(c,cX,OOB)", c, b"cX");
+    write_all(c, b"de");
+    pl("poll(s,IN|PRI)", s, libc::POLLIN | libc::POLLPRI, 5000);
+    recvmsg_l("recv(s,PEEK)", s, 100, libc::MSG_PEEK | libc::MSG_DONTWAIT);
+    recvmsg_l("recv(s,2)", s, 2, libc::MSG_DONTWAIT);
+    recvmsg_l("recv(s,PEEK)", s, 100, libc::MSG_PEEK | libc::MSG_DONTWAIT);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    recvmsg_l(
+        "recv(s,PEEK) at mark",
+        s,
+        100,
+        libc::MSG_PEEK | libc::MSG_DONTWAIT,
+    );
+    atmark("SIOCATMARK(s)", s);
+    recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    recvmsg_l(
+        "recv(s,PEEK) after OOB",
+        s,
+        100,
+        libc::MSG_PEEK | libc::MSG_DONTWAIT,
+    );
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    close(c);
+    close(s);
+}
+
+/// `SO_OOBINLINE`: the urgent byte stays in the stream, reads still stop at the mark.
+fn oob_inline() {
+    let (c, s) = pair();
+    let one: c_int = 1;
+    r(
+        "setsockopt(s,SO_OOBINLINE,1)",
+        setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_OOBINLINE, &one) as isize,
+    );
+    let (rc, v) = getsockopt_int(s, libc::SOL_SOCKET, libc::SO_OOBINLINE);
+    log(format!("getsockopt(s,SO_OOBINLINE) = {rc} {v}"));
+    write_all(c, b"abc");
+    send_oob("send(c,dX,OOB)", c, b"dX");
+    write_all(c, b"ef");
+    pl("poll(s,IN|PRI)", s, libc::POLLIN | libc::POLLPRI, 5000);
+    inq("FIONREAD(s)", s);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    atmark("SIOCATMARK(s)", s);
+    inq("FIONREAD(s) at mark", s);
+    pl("poll(s,IN|PRI) at mark", s, libc::POLLIN | libc::POLLPRI, 0);
+    recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    recvmsg_l("recv(s,PEEK)", s, 100, libc::MSG_PEEK | libc::MSG_DONTWAIT);
+    recvmsg_l("recv(s,1)", s, 1, libc::MSG_DONTWAIT);
+    atmark("SIOCATMARK(s) past", s);
+    pl("poll(s,IN|PRI) past", s, libc::POLLIN | libc::POLLPRI, 0);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    send_oob("send(c,g,OOB)", c, b"g");
+    send_oob("send(c,h,OOB)", c, b"h");
+    pl("poll(s,IN|PRI)", s, libc::POLLIN | libc::POLLPRI, 5000);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    // Turned off again: the next urgent byte is out of band.
+    let zero: c_int = 0;
+    r(
+        "setsockopt(s,SO_OOBINLINE,0)",
+        setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_OOBINLINE, &zero) as isize,
+    );
+    send_oob("send(c,iJ,OOB)", c, b"iJ");
+    pl("poll(s,IN|PRI)", s, libc::POLLIN | libc::POLLPRI, 5000);
+    recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    close(c);
+    close(s);
+}
+
+/// `SIGURG` to the socket's owner (`F_SETOWN`) when urgent data arrives.
+fn oob_sigurg() {
+    count_sigurg();
+    let (c, s) = pair();
+    // SAFETY: plain fcntl.
+    r(
+        "fcntl(s,F_SETOWN,pid)",
+        unsafe { libc::fcntl(s, libc::F_SETOWN, libc::getpid()) } as isize,
+    );
+    write_all(c, b"a");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    log_sigurgs();
+    send_oob("send(c,X,OOB)", c, b"X");
+    pl("poll(s,PRI)", s, libc::POLLPRI, 5000);
+    // The signal is process-directed: give it a moment to be delivered to some thread.
+    let t0 = Instant::now();
+    while SIGURGS.load(Ordering::SeqCst) == 0 && t0.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    log_sigurgs();
+    recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    close(c);
     close(s);
 }
 
