@@ -427,6 +427,7 @@ impl Driver {
         match a {
             Action::Send(b) => {
                 if !crate::util::send_all_io(&self.io, self.fd, &b, Instant::now() + self.timeout) {
+                    crate::debug!("fd {}: handshake: sending our CLC message failed", self.fd);
                     let a = self.m.handle(Input::Abort);
                     // Whatever the machine wanted next is moot: the socket is broken.
                     self.todo.clear();
@@ -1035,10 +1036,18 @@ impl Driver {
         let n = match io.with(fd, |fd| {
             recv(fd, &mut self.buf, libc::MSG_PEEK | libc::MSG_DONTWAIT)
         }) {
-            Ok(0) => return Rd::Gone,
+            Ok(0) => {
+                crate::debug!("fd {fd}: handshake: the peer closed (EOF) before its CLC message");
+                return Rd::Gone;
+            }
             Ok(n) => n,
             Err(e) if e == libc::EAGAIN || e == libc::EWOULDBLOCK => return Rd::Nothing,
-            Err(_) => return Rd::Gone,
+            Err(e) => {
+                crate::debug!(
+                    "fd {fd}: handshake: reading the peer's CLC message failed: errno {e}"
+                );
+                return Rd::Gone;
+            }
         };
         let eye = &self.buf[..n.min(4)];
         if eye != &clc::EYECATCHER_SMCD[..eye.len()] && eye != &clc::EYECATCHER_SMCR[..eye.len()] {
@@ -1060,7 +1069,13 @@ impl Driver {
         // Consume exactly this message (application bytes may follow a decline).
         match io.with(fd, |fd| recv(fd, &mut self.buf[..len], libc::MSG_DONTWAIT)) {
             Ok(r) if r == len => Rd::Msg(len),
-            _ => Rd::Gone,
+            r => {
+                crate::debug!(
+                    "fd {fd}: handshake: {n} bytes peeked, but consuming the {len}-byte CLC \
+                     message got {r:?}"
+                );
+                Rd::Gone
+            }
         }
     }
 }

@@ -76,6 +76,7 @@ pub fn send_all_io(
         if r < 0 && e == libc::EAGAIN {
             let now = std::time::Instant::now();
             if now >= deadline {
+                crate::debug!("fd {fd}: send: no room before the deadline");
                 break false;
             }
             let mut p = libc::pollfd {
@@ -88,6 +89,7 @@ pub fn send_all_io(
             unsafe { real::poll(&mut p, 1, ms) };
             continue;
         }
+        crate::debug!("fd {fd}: send failed: {r}, errno {e}");
         break false;
     };
     real::set_errno(e0);
