@@ -577,22 +577,6 @@ static void s_cork(void) {
   P("then plain send: readable=%d n=%ld", readable(s, 1000), (msleep(10), recv(s, b, 100, MSG_DONTWAIT)));
   close(c); close(s);
 }
-static void s_preadv(void) {
-  int c, s; char b[100];
-  pair(&c, &s);
-  send(c, "0123456789", 10, 0); msleep(20);
-  struct iovec v = {b, 100};
-  long r = R("preadv2(off -1)", preadv2(s, &v, 1, -1, 0)); if (r > 0) P("  [%.*s]", (int)r, b);
-  r = R("preadv2(off -1) again DONTWAIT", preadv2(s, &v, 1, -1, RWF_NOWAIT)); if (r > 0) P("  [%.*s]", (int)r, b);
-  struct iovec w = {"pwv", 3};
-  R("pwritev2(off -1)", pwritev2(c, &w, 1, -1, 0));
-  readable(s, 1000); r = R("recv after pwritev2", recv(s, b, 100, MSG_DONTWAIT)); if (r > 0) P("  [%.*s]", (int)r, b);
-  send(c, "abcdef", 6, 0); msleep(20);
-  r = R("syscall(SYS_read)", syscall(SYS_read, s, b, 100)); if (r > 0) P("  [%.*s]", (int)r, b);
-  R("syscall(SYS_write)", syscall(SYS_write, c, "sys", 3));
-  readable(s, 1000); r = R("recv after SYS_write", recv(s, b, 100, MSG_DONTWAIT)); if (r > 0) P("  [%.*s]", (int)r, b);
-  close(c); close(s);
-}
 static void s_aio(void) {
   int c, s; char b[100] = {0};
   pair(&c, &s);
@@ -960,7 +944,7 @@ struct sc { const char *n; void (*f)(void); } SC[] = {
   {"tcpinfo", s_tcpinfo}, {"states", s_states}, {"rst", s_rst}, {"polls", s_polls}, {"cmsg", s_cmsg},
   {"zerocopy", s_zerocopy}, {"peekoff", s_peekoff}, {"sigio", s_sigio}, {"waitall_sig", s_waitall_sig},
   {"send_sig", s_send_sig}, {"disconnect", s_disconnect}, {"misuse", s_misuse}, {"flags", s_flags},
-  {"iov", s_iov}, {"fl", s_fl}, {"ioctl", s_ioctl}, {"bufs", s_bufs}, {"cork", s_cork}, {"preadv", s_preadv},
+  {"iov", s_iov}, {"fl", s_fl}, {"ioctl", s_ioctl}, {"bufs", s_bufs}, {"cork", s_cork},
   {"aio", s_aio}, {"splice", s_splice}, {"selectbig", s_selectbig}, {"reuseport", s_reuseport},
   {"fastopen", s_fastopen}, {"opts", s_opts}, {"linger", s_linger}, {"epollflags", s_epollflags}, {"bypass", s_bypass}, {"zerolen", s_zerolen},
   {"shutrdwr_send", s_shutrdwr_send}, {"finrst", s_finrst}, {"peekwaitall", s_peekwaitall}, {"iovmax", s_iovmax}, {"early", s_early},
