@@ -619,6 +619,20 @@ pub unsafe extern "C" fn posix_spawnp(
     unsafe { lifecycle::posix_spawn(pid, file, fa, at, argv, envp, true) }
 }
 
+#[no_mangle]
+pub unsafe extern "C" fn system(cmd: *const c_char) -> c_int {
+    // SAFETY: the application's argument, passed on unchanged: `lifecycle::system` has the
+    // contract of libc's `system`.
+    unsafe { lifecycle::system(cmd) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn popen(cmd: *const c_char, mode: *const c_char) -> *mut libc::FILE {
+    // SAFETY: the application's arguments, passed on unchanged: `lifecycle::popen` has the
+    // contract of libc's `popen`.
+    unsafe { lifecycle::popen(cmd, mode) }
+}
+
 // ---------------------------------------------------------------------------------------------
 // closes we would not see otherwise, and the calls that hand out fd numbers (a slot still
 // holding an object at a new number is stale: see `lifecycle::fd_created`)

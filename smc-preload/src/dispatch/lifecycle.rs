@@ -543,6 +543,62 @@ pub unsafe fn posix_spawn(
     r
 }
 
+/// `system(3)` and `popen(3)`: glibc starts `/bin/sh -c CMD` with its internal spawn, which
+/// the interposition never sees, with every fd that is not close-on-exec. As for
+/// [`posix_spawn`]: handshakes are decided and connections the shell would not serve switch to
+/// TCP first, listeners are withdrawn, and each inherited connection's reference travels with
+/// the child (one more reference, marked for the shell's library to adopt at load). Without
+/// that reference, a parent that closed its copy as soon as `popen` returned (the usual
+/// shape: `popen` then `close`) closed the connection before the shell had adopted it.
+/// `sh` gets the process's environment (`environ`).
+fn around_shell<T>(failed: impl Fn(&T) -> bool, spawn: impl FnOnce() -> T) -> T {
+    if in_vfork_child() || !fdtable::any_objects() {
+        return spawn();
+    }
+    settle_for_exec();
+    switch_for_exec(
+        Image::Path(libc::AT_FDCWD, c"/bin/sh".as_ptr()),
+        std::ptr::null(),
+    );
+    let w = withdraw_listeners_for_exec();
+    let t = Travelling::mark(true);
+    let r = spawn();
+    if failed(&r) {
+        let e = real::errno();
+        t.restore();
+        w.restore();
+        real::set_errno(e);
+    }
+    r
+}
+
+/// `system(3)`; see [`around_shell`]. A NULL command only asks whether a shell exists.
+///
+/// # Safety
+/// `cmd` is the caller's string or NULL.
+pub unsafe fn system(cmd: *const c_char) -> c_int {
+    if cmd.is_null() {
+        // SAFETY: as above.
+        return unsafe { real::system(cmd) };
+    }
+    // The shell could not be started: -1 (status 127 means it ran and exec of it failed, in
+    // which case the child's copies went with it).
+    // SAFETY: as above.
+    around_shell(|&r| r == -1, || unsafe { real::system(cmd) })
+}
+
+/// `popen(3)`; see [`around_shell`].
+///
+/// # Safety
+/// `cmd` and `mode` are the caller's strings.
+pub unsafe fn popen(cmd: *const c_char, mode: *const c_char) -> *mut libc::FILE {
+    // SAFETY: as above.
+    around_shell(
+        |f: &*mut libc::FILE| f.is_null(),
+        || unsafe { real::popen(cmd, mode) },
+    )
+}
+
 /// At load: listening TCP sockets this image inherited (across exec from an image that
 /// withdrew their announcement, from systemd socket activation, ...) are served by this image's
 /// data path, so they announce SMC (again) and become our listeners. A listener that never

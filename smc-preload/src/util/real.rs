@@ -215,6 +215,8 @@ real_fns! {
     execveat(dirfd: c_int, path: *const libc::c_char, argv: *const *const libc::c_char, envp: *const *const libc::c_char, flags: c_int) -> c_int;
     posix_spawn(pid: *mut libc::pid_t, path: *const libc::c_char, fa: *const libc::posix_spawn_file_actions_t, at: *const libc::posix_spawnattr_t, argv: *const *mut libc::c_char, envp: *const *mut libc::c_char) -> c_int;
     fclose(f: *mut libc::FILE) -> c_int;
+    system(cmd: *const libc::c_char) -> c_int;
+    popen(cmd: *const libc::c_char, mode: *const libc::c_char) -> *mut libc::FILE;
     posix_spawn_file_actions_adddup2(fa: *mut libc::posix_spawn_file_actions_t, fd: c_int, newfd: c_int) -> c_int;
     fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE;
     creat(path: *const libc::c_char, mode: libc::mode_t) -> c_int;

@@ -158,6 +158,7 @@ scenarios! {
     oob_sigurg: 1;
     fdopen_stdio_server: 1;
     dprintf_on_socket: 1;
+    popen_handler_parent_closes_at_once: 1;
     // signals
     eintr_without_restart: 1;
     sa_restart_restarts: 1;
@@ -4255,6 +4256,46 @@ fn oob_sigurg() {
     log_sigurgs();
     recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
     close(c);
+    close(s);
+}
+
+/// `popen` of a shell command that serves the connection with a program without the library
+/// (`env -u LD_PRELOAD wc -c`, the socket as its stdin and stdout), and the parent closes its
+/// copy as soon as `popen` returned: the shell's copy keeps the connection, as on TCP. glibc
+/// spawns the shell with its internal `posix_spawn`, which the interposition does not see
+/// (before: the parent's close closed the connection before the shell adopted it, and `wc`
+/// read `ECONNRESET`).
+fn popen_handler_parent_closes_at_once() {
+    let (c, s) = pair();
+    // dash redirects single-digit descriptors only: the connection at a free one below 10.
+    // SAFETY: plain fcntl/dup2 on our own numbers.
+    let n = (3..10)
+        .rev()
+        .find(|&n| unsafe { libc::fcntl(n, libc::F_GETFD) } == -1)
+        .expect("a free descriptor below 10");
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::dup2(c, n) }, n);
+    close(c);
+    let cmd = std::ffi::CString::new(format!("env -u LD_PRELOAD wc -c <&{n} >&{n}")).unwrap();
+    // SAFETY: valid strings; the FILE is closed below with pclose.
+    let f = unsafe { libc::popen(cmd.as_ptr(), c"r".as_ptr()) };
+    log(format!("popen ok = {}", !f.is_null()));
+    close(n);
+    let data = vec![b'x'; 100_000];
+    write_all(s, &data);
+    // SAFETY: plain shutdown of our socket.
+    r(
+        "shutdown(s, WR)",
+        unsafe { libc::shutdown(s, libc::SHUT_WR) } as isize,
+    );
+    let got = read_n(s, 100);
+    log(format!(
+        "the handler counted {:?}",
+        String::from_utf8_lossy(&got)
+    ));
+    // SAFETY: the FILE from popen.
+    let st = unsafe { libc::pclose(f) };
+    log(format!("pclose = {st}"));
     close(s);
 }
 
