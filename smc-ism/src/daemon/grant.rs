@@ -21,13 +21,10 @@ use std::mem;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
-/// `smc_common::bpf::SOCK_SHORTCUT_GRANTED`, a copy kept equal by hand (this module was
-/// written before smc-ism depended on smc-common; the same holds for the two values below).
-pub(crate) const SOCK_SHORTCUT_GRANTED: u32 = 1 << 6;
-/// `smc_common::bpf::SOCK_STATE_VERSION`.
-const SOCK_STATE_VERSION: u32 = 2;
-/// `size_of::<smc_common::bpf::SockState>()`: flags u32, version u32, two u64 counters.
-const VALUE_LEN: usize = 24;
+use smc_common::bpf::{SockState, SOCK_SHORTCUT_GRANTED, SOCK_STATE_VERSION};
+
+/// The socket storage value, [`SockState`]: flags u32, version u32, two u64 counters.
+const VALUE_LEN: usize = mem::size_of::<SockState>();
 
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
