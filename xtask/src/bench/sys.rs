@@ -5,14 +5,14 @@ use std::{
     collections::BTreeMap,
     fs,
     io::Read as _,
-    os::unix::{ffi::OsStrExt as _, process::CommandExt as _},
+    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::{anyhow, bail, Context as _, Result};
+use anyhow::{bail, Context as _, Result};
 
 pub use crate::harness::{cgroup2_root, remove_stale_cgroups, smc_ctl, Cgroup, CGROUP_PREFIX};
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -263,74 +263,12 @@ impl Daemon {
     }
 }
 
-/// `OP_STATS` of the loopback-ism protocol (smc-ism/src/proto.rs): one SEQPACKET record with the
-/// 16-byte header, answered by status, detail and the daemon's counters as JSON. Spoken here
-/// directly so that xtask depends on no workspace crate (it must build while they change).
+/// The daemon's counters (`OP_STATS`, through the loopback-ism client) as JSON.
 pub fn daemon_stats(socket: &Path) -> Result<serde_json::Value> {
-    const OP_STATS: u16 = 6;
-    const REPLY_BIT: u16 = 0x8000;
-    let path = socket.as_os_str().as_bytes();
-    // SAFETY: sockaddr_un is plain data; zeroed is valid.
-    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    if path.len() >= sa.sun_path.len() {
-        bail!("socket path too long: {}", socket.display());
-    }
-    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (d, s) in sa.sun_path.iter_mut().zip(path) {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: plain socket syscalls on an fd we own and close below.
-    unsafe {
-        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error().into());
-        }
-        let fd = <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd);
-        use std::os::fd::AsRawFd as _;
-        let raw = fd.as_raw_fd();
-        let tv = libc::timeval {
-            tv_sec: 2,
-            tv_usec: 0,
-        };
-        for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
-            libc::setsockopt(
-                raw,
-                libc::SOL_SOCKET,
-                opt,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            );
-        }
-        if libc::connect(
-            raw,
-            (&sa as *const libc::sockaddr_un).cast(),
-            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
-        ) != 0
-        {
-            return Err(std::io::Error::last_os_error()).context("connect to the ism daemon");
-        }
-        let mut req = [0u8; 16];
-        req[0..4].copy_from_slice(b"SMCI");
-        req[4..6].copy_from_slice(&1u16.to_le_bytes());
-        req[6..8].copy_from_slice(&OP_STATS.to_le_bytes());
-        req[12..16].copy_from_slice(&1u32.to_le_bytes());
-        if libc::send(raw, req.as_ptr().cast(), req.len(), libc::MSG_NOSIGNAL) != req.len() as isize
-        {
-            return Err(std::io::Error::last_os_error()).context("send STATS");
-        }
-        let mut buf = vec![0u8; 1 << 20];
-        let n = libc::recv(raw, buf.as_mut_ptr().cast(), buf.len(), 0);
-        if n < 24 {
-            bail!("short or no STATS reply ({n})");
-        }
-        let n = n as usize;
-        let op = u16::from_le_bytes([buf[6], buf[7]]);
-        let status = u32::from_le_bytes([buf[16], buf[17], buf[18], buf[19]]);
-        if &buf[0..4] != b"SMCI" || op != OP_STATS | REPLY_BIT || status != 0 {
-            bail!("bad STATS reply (op {op:#x}, status {status})");
-        }
-        serde_json::from_slice(&buf[24..n]).map_err(|e| anyhow!("STATS payload: {e}"))
-    }
+    let stats = smc_ism::Client::connect(socket)
+        .and_then(|mut c| c.stats())
+        .context("STATS of the ism daemon")?;
+    Ok(serde_json::to_value(stats)?)
 }
 
 /// Every numeric leaf of a JSON value, keyed by its dotted path.
