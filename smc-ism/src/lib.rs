@@ -239,6 +239,6 @@ pub use stats::{CgroupStats, DmbInfo, DmbList, FailureStats, OpStats, OpsStats, 
 
 #[cfg(feature = "daemon")]
 pub use daemon::{
-    run_blocking, serve, serve_until, spawn, ClientHook, DaemonConfig, DaemonHandle, MetricsHook,
-    DEFAULT_STATE_DIR,
+    escape_label_value, run_blocking, serve, serve_until, spawn, ClientHook, DaemonConfig,
+    DaemonHandle, MetricsHook, DEFAULT_STATE_DIR,
 };

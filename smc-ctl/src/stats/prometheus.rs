@@ -57,13 +57,6 @@ pub fn cgroup_families(procs_dir: &Path, socket: &Path, cgroup: &Path) -> Option
     Some(families(&figures(&a, &inp, &scope, None)))
 }
 
-/// A label value escaped as the text format wants (backslash, double quote, newline).
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
 /// The text exposition of labelled sets of families: each family once (`# HELP`, `# TYPE`),
 /// with the samples of every set, each carrying its set's labels before its own.
 pub fn render(sets: &[(Labels, Vec<Family>)]) -> String {
@@ -86,7 +79,7 @@ pub fn render(sets: &[(Labels, Vec<Family>)]) -> String {
                     let all: Vec<String> = set_labels
                         .iter()
                         .chain(labels)
-                        .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+                        .map(|(k, v)| format!("{k}=\"{}\"", smc_ism::escape_label_value(v)))
                         .collect();
                     let labels = if all.is_empty() {
                         String::new()

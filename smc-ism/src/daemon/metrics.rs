@@ -37,7 +37,9 @@ const MAX_HEAD: usize = 8192;
 const DEADLINE: Duration = Duration::from_secs(5);
 const MAX_CONCURRENT: usize = 8;
 
-fn escape(s: &str) -> String {
+/// A Prometheus label value escaped as the text format wants (backslash, double quote,
+/// newline); `smc-ctl`'s metric families use it too.
+pub fn escape_label_value(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
@@ -62,7 +64,7 @@ pub(crate) fn render_daemon(shared: &Shared) -> String {
     let _ = writeln!(
         out,
         "# HELP smc_ism_info loopback-ism device identity\n# TYPE smc_ism_info gauge\nsmc_ism_info{{gid=\"{}\"}} 1",
-        escape(&stats.gid)
+        escape_label_value(&stats.gid)
     );
     type Figure = fn(&crate::CgroupStats) -> u64;
     let figures: [(&str, &str, Figure); 3] = [
@@ -83,7 +85,7 @@ pub(crate) fn render_daemon(shared: &Shared) -> String {
             let _ = writeln!(
                 out,
                 "smc_ism_cgroup_{name}{{cgroup=\"{}\"}} {}",
-                escape(&c.path),
+                escape_label_value(&c.path),
                 get(c)
             );
         }

@@ -10,7 +10,7 @@ mod pair;
 mod registry;
 mod shelf;
 
-pub use metrics::MetricsHook;
+pub use metrics::{escape_label_value, MetricsHook};
 
 use std::fs;
 use std::future::Future;
