@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, fs, path::Path};
 use anyhow::{Context as _, Result};
 use serde::{Deserialize, Serialize};
 
-use super::collect::Scope;
+use super::collect::{cgroup_key, Scope};
 use super::raw::Raw;
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -52,8 +52,4 @@ pub(crate) fn scope_base(b: &Baseline, scope: &Scope) -> Option<(u64, Raw)> {
         r.daemon_started = h.daemon_started;
     }
     out
-}
-
-pub(crate) fn cgroup_key(id: u64) -> String {
-    format!("cgroup:{id}")
 }

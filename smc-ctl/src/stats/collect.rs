@@ -11,7 +11,6 @@ use std::{
 use anyhow::{Context as _, Result};
 use smc_stats::{self as procstats, HIST_BUCKETS};
 
-use super::baseline::cgroup_key;
 use super::raw::{raw_from_snapshot, Raw};
 use super::StatsArgs;
 use crate::procs::{scan_procs, ProcScan};
@@ -73,10 +72,16 @@ pub(crate) fn now_unix() -> u64 {
 
 /// Which processes a scope covers.
 pub(crate) struct Scope {
+    /// `host`, or [`cgroup_key`] of the cgroup: the scope's entry in the baseline.
     pub(crate) key: String,
     pub(crate) cgroup: Option<PathBuf>,
     /// Cgroup ids (the directory and its descendants); `None` = host.
     pub(crate) ids: Option<BTreeSet<u64>>,
+}
+
+/// The key of a cgroup's scope (`cgroup:<id>`).
+pub(crate) fn cgroup_key(id: u64) -> String {
+    format!("cgroup:{id}")
 }
 
 pub(crate) fn scope_of(cgroup: Option<&Path>) -> Result<Scope> {

@@ -34,8 +34,8 @@ mod raw;
 mod tests;
 mod text;
 
-use self::baseline::{cgroup_key, load_baseline, save_baseline};
-use self::collect::{gather, now_unix, raw_of, scope_of, Scope};
+use self::baseline::{load_baseline, save_baseline};
+use self::collect::{cgroup_key, gather, now_unix, raw_of, scope_of, Scope};
 use self::model::figures;
 use self::text::print_text;
 pub use prometheus::{cgroup_families, prometheus, render as render_metrics, Labels};

@@ -2,8 +2,8 @@ use std::fs;
 
 use smc_stats::{self as procstats};
 
-use super::baseline::{cgroup_key, scope_base, Baseline};
-use super::collect::Scope;
+use super::baseline::{scope_base, Baseline};
+use super::collect::{cgroup_key, Scope};
 use super::raw::Raw;
 use super::text::abbrev;
 use crate::procs::{scan_procs, PRUNE_AGGREGATES_ABOVE};
