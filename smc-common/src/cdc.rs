@@ -689,8 +689,9 @@ impl CdcMsg {
 /// aligned). All accessors take `&self`: the memory is shared and mutated concurrently.
 #[repr(C, align(8))]
 pub struct CdcHeader {
-    /// Bytes 0..8: type byte then 7 reserved bytes.
-    type_word: AtomicU64,
+    /// Bytes 0..8: type byte then 7 bytes, the urgent word (its accessors,
+    /// `CdcHeader::load_urg` and `store_urg`, are in [`crate::urg`]).
+    pub(crate) type_word: AtomicU64,
     /// Bytes 8..16.
     prod: AtomicU64,
     /// Bytes 16..24.
@@ -778,18 +779,6 @@ impl CdcHeader {
         self.type_word
             .store(u64::from_ne_bytes(b), Ordering::Release);
         self.reserved.store(0, Ordering::Release);
-    }
-
-    /// The urgent word (bytes 1..8 of the type word; see *Layout*), `Acquire`: load it after
-    /// the producer cursor, and it names every urgent byte under that cursor.
-    pub fn load_urg(&self) -> crate::urg::UrgWord {
-        crate::urg::UrgWord::from_type_word(self.type_word.load(Ordering::Acquire))
-    }
-
-    /// Store the urgent word with the type byte `0xFE` (`Release`; the writer stores it before
-    /// the producer cursor that covers its newest urgent byte).
-    pub fn store_urg(&self, w: crate::urg::UrgWord) {
-        self.type_word.store(w.to_type_word(), Ordering::Release)
     }
 
     /// Atomically load the producer word.
@@ -963,18 +952,6 @@ mod tests {
             assert!(CdcHeader::try_from_ptr(p.add(1)).is_none());
             assert!(CdcHeader::try_from_ptr(core::ptr::null_mut()).is_none());
         }
-    }
-
-    #[test]
-    fn urgent_word_in_the_type_word() {
-        let h = CdcHeader::zeroed();
-        h.init();
-        assert_eq!(h.load_urg().seq, 0);
-        let w = crate::urg::UrgWord::default().next(1234).next(99);
-        h.store_urg(w);
-        assert_eq!(h.msg_type(), CDC_MSG_TYPE);
-        assert_eq!(h.load_urg(), w);
-        assert!(h.snapshot().is_ok());
     }
 
     #[test]

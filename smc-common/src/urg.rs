@@ -34,7 +34,9 @@
 //! first position at or after its consumer cursor with that offset, unique because everything
 //! unread lies within one ring length of it.
 
-use crate::cdc::{Cursor, Ring, CDC_MSG_TYPE};
+use core::sync::atomic::Ordering;
+
+use crate::cdc::{CdcHeader, Cursor, Ring, CDC_MSG_TYPE};
 
 /// [`UrgWord::prev`] when the writer sent no urgent byte before.
 pub const URG_NO_PREV: u32 = 0xFF_FFFF;
@@ -55,6 +57,23 @@ pub struct UrgWord {
     pub mark: u32,
     /// Ring offset of the urgent byte sent before it ([`URG_NO_PREV`]: none).
     pub prev: u32,
+}
+
+/// The urgent word's accessors of the CDC header (bytes 1..8 of its type word, see
+/// [`crate::cdc`] *Layout*): beside the urgent word, so that the header module does not depend
+/// on this one.
+impl CdcHeader {
+    /// The urgent word (bytes 1..8 of the type word), `Acquire`: load it after the producer
+    /// cursor, and it names every urgent byte under that cursor.
+    pub fn load_urg(&self) -> UrgWord {
+        UrgWord::from_type_word(self.type_word.load(Ordering::Acquire))
+    }
+
+    /// Store the urgent word with the type byte `0xFE` (`Release`; the writer stores it before
+    /// the producer cursor that covers its newest urgent byte).
+    pub fn store_urg(&self, w: UrgWord) {
+        self.type_word.store(w.to_type_word(), Ordering::Release)
+    }
 }
 
 impl UrgWord {
@@ -344,6 +363,7 @@ pub fn inq(ring: Ring, rx: UrgRx, cons: Cursor, avail: u32, inline: bool) -> u32
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cdc::CdcHeader;
 
     fn ring() -> Ring {
         Ring::new(100).unwrap()
@@ -564,5 +584,17 @@ mod tests {
         assert_eq!(m.passed(r, c(4)), m);
         assert_eq!(m.passed(r, c(5)).state, UrgState::None);
         assert!(!m.passed(r, c(5)).at_mark(c(5)));
+    }
+
+    #[test]
+    fn urgent_word_in_the_type_word() {
+        let h = CdcHeader::zeroed();
+        h.init();
+        assert_eq!(h.load_urg().seq, 0);
+        let w = UrgWord::default().next(1234).next(99);
+        h.store_urg(w);
+        assert_eq!(h.msg_type(), CDC_MSG_TYPE);
+        assert_eq!(h.load_urg(), w);
+        assert!(h.snapshot().is_ok());
     }
 }
