@@ -16,6 +16,9 @@
 //! - [`cgroup`] (feature `std`): the cgroup v2 mount (from `/proc/self/mountinfo`), the cgroup
 //!   of a process, of a container (runtime layouts) and of a kubelet pod, and joining a cgroup
 //!   between fork and exec.
+//! - [`urg`]: TCP urgent data (`MSG_OOB`) over a CDC ring as Linux TCP shows it (the mark,
+//!   the reader's urgent state, the urgent word in the CDC header's type word). `no_std`,
+//!   sans-IO.
 //! - [`handshake`] (feature `std`): sans-IO client and server CLC state machines for SMC-Dv2
 //!   over a loopback-ism-like device (CHID [`clc::LOOPBACK_CHID`], 128-bit [`clc::Gid`]); timeouts, DMB registration
 //!   and I/O errors are inputs, messages to send and the outcome are outputs.

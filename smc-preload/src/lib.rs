@@ -16,11 +16,13 @@
 //!        |         stats (the per-process statistics file)
 //!  smc/            conn (one connection: rings, cursors, CDC, wakeups), dmbs (DMB mappings kept
 //!        |         for the next connection), iov (an iovec cursor)
-//!  shm/            mappings, memfds, a process-shared futex lock
+//!  shm/            mappings, memfds, a process-shared futex lock; room (mappings set aside
+//!                  for the application when ours exhaust `vm.max_map_count`)
 //!
-//!  util/           used by all: real (the real libc functions), log (`SMC_DEBUG`), forklock
-//!                  (fork-safe locks and once-values), signals (which interrupt a blocking
-//!                  call), io_path (the descriptor our I/O on a socket goes through), pid
+//!  util/           used by all: real (the real libc functions), log (`SMC_DEBUG`), config
+//!                  (the environment knobs, read once at load), forklock (fork-safe locks and
+//!                  once-values), signals (which interrupt a blocking call), io_path (the
+//!                  descriptor our I/O on a socket goes through), pid
 //! ```
 //!
 //! Inside the crate the modules keep flat paths (`crate::conn`, `crate::setup`, ...).

@@ -24,7 +24,7 @@
 //! at its limit has none: issue 14's resets). Where the mapping cannot be made
 //! or opened (no capability, `vm.max_map_count` less a reserve of 4096 reached), the
 //! descriptor is kept, as before.
-//! Costs (this VM): `mmap` ~2 µs, the reopen ~5 µs, `munmap` at the end ~5 µs.
+//! What a shelf costs (the `mmap`, the reopen, the `munmap`, as measured): docs/PERF.md.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
