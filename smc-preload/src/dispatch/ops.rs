@@ -441,18 +441,18 @@ impl WriteAllError {
     }
 }
 
-/// Whether the library handles the bytes [`write`] sends on `fd` (its slot holds an object:
+/// Whether the library handles the bytes [`write`](fn@write) sends on `fd` (its slot holds an object:
 /// an SMC connection, a handshake under way, ...). `dprintf`/`vdprintf` ask it
 /// (`interpose_variadic.c`): glibc writes their output through its internal `write`, which
 /// the interposition never sees, so for these fds the library formats and writes it itself.
-/// The same test as [`write`]'s, with the same answers in a `vfork` child and with the data
+/// The same test as [`write`](fn@write)'s, with the same answers in a `vfork` child and with the data
 /// path off (connections open then stay on it): the bytes go where a `write` of them would.
 #[inline]
 pub fn handles_writes(fd: c_int) -> bool {
     slow(fd)
 }
 
-/// All of `buf` through [`write`], looping on short writes as glibc's `FILE` flush does
+/// All of `buf` through [`write`](fn@write), looping on short writes as glibc's `FILE` flush does
 /// (`_IO_new_file_write`): a failed write ends it (`EINTR` and `EAGAIN` too, as in glibc).
 /// For `dprintf`/`vdprintf` on an fd of [`handles_writes`].
 pub fn write_all(fd: c_int, mut buf: &[u8]) -> Result<(), WriteAllError> {
