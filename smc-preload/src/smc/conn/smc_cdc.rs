@@ -128,21 +128,10 @@ impl Conn {
 
     /// Takes `SO_OOBINLINE` from the socket (`getsockopt`), when the connection is set up.
     pub fn set_oobinline(&self, fd: i32) {
-        let mut v: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        let e0 = real::errno();
-        // SAFETY: valid out-pointers of the right size.
-        let r = self.with_io(fd, |io| unsafe {
-            real::getsockopt(
-                io,
-                libc::SOL_SOCKET,
-                libc::SO_OOBINLINE,
-                &mut v as *mut libc::c_int as *mut libc::c_void,
-                &mut len,
-            )
-        });
-        real::set_errno(e0);
-        self.note_oobinline(r == 0 && v != 0);
+        self.note_oobinline(
+            self.sockopt_int(fd, libc::SO_OOBINLINE)
+                .is_some_and(|v| v != 0),
+        );
     }
 
     /// `setsockopt(SO_OOBINLINE)` succeeded with `on`.

@@ -30,21 +30,9 @@ impl Conn {
     /// poll/select/epoll report `IN` from that many bytes on, and a blocking read waits for
     /// that many (or the bytes asked for, when fewer), as `tcp_poll` and `tcp_recvmsg` do.
     pub fn set_rcvlowat(&self, fd: i32) {
-        let mut v: libc::c_int = 1;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        let e0 = real::errno();
-        // SAFETY: valid out-pointers of the right size.
-        let r = self.with_io(fd, |io| unsafe {
-            real::getsockopt(
-                io,
-                libc::SOL_SOCKET,
-                libc::SO_RCVLOWAT,
-                &mut v as *mut libc::c_int as *mut libc::c_void,
-                &mut len,
-            )
-        });
-        real::set_errno(e0);
-        let v = if r == 0 { v.max(1) as u32 } else { 1 };
+        let v = self
+            .sockopt_int(fd, libc::SO_RCVLOWAT)
+            .map_or(1, |v| v.max(1) as u32);
         self.sh().rcvlowat.store(v, Ordering::Relaxed);
     }
 

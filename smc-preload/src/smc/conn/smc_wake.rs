@@ -284,6 +284,26 @@ impl Conn {
         }
     }
 
+    /// An `int` socket option at `SOL_SOCKET` of the connection's socket (through its I/O
+    /// path), the caller's `errno` kept; `None` when `getsockopt` fails.
+    pub(super) fn sockopt_int(&self, fd: i32, opt: i32) -> Option<libc::c_int> {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        let e0 = real::errno();
+        // SAFETY: valid out-pointers of the right size.
+        let r = self.with_io(fd, |io| unsafe {
+            real::getsockopt(
+                io,
+                libc::SOL_SOCKET,
+                opt,
+                &mut v as *mut libc::c_int as *mut libc::c_void,
+                &mut len,
+            )
+        });
+        real::set_errno(e0);
+        (r == 0).then_some(v)
+    }
+
     /// SO_RCVTIMEO / SO_SNDTIMEO of the socket in ms (-1: none).
     pub(super) fn sock_timeout(&self, fd: i32, opt: i32) -> i64 {
         let mut tv = libc::timeval {
