@@ -635,6 +635,14 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_
             return r;
         }
     }
+    if slow(fd) && flags & libc::MSG_ERRQUEUE != 0 && !msg.is_null() {
+        if let Some(c) = conn_of(fd).as_deref().and_then(Obj::conn) {
+            // SAFETY: `msg` is non-null (checked) and the caller's writable msghdr.
+            if let Some(r) = unsafe { zerocopy_notification(c, fd, &mut *msg) } {
+                return r;
+            }
+        }
+    }
     // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
     // `recvmsg`.
     let r = unsafe { real::recvmsg(fd, msg, flags) };
@@ -643,6 +651,69 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_
         unsafe { lifecycle::fds_received(&*msg) };
     }
     r
+}
+
+/// `linux/errqueue.h` (not in the libc crate).
+const SO_EE_ORIGIN_ZEROCOPY: u8 = 5;
+const SO_EE_CODE_ZEROCOPY_COPIED: u8 = 1;
+
+/// `recvmsg(MSG_ERRQUEUE)` on an SMC connection with completions of `send(MSG_ZEROCOPY)`
+/// pending ([`Conn::take_zerocopy`]): TCP's notification, one control message
+/// (`IP_RECVERR`/`IPV6_RECVERR`, `SO_EE_ORIGIN_ZEROCOPY`, the id range in `ee_info..=ee_data`,
+/// `SO_EE_CODE_ZEROCOPY_COPIED`: the bytes were copied, as on loopback), no data. `None`:
+/// nothing pending (the kernel's error queue answers).
+///
+/// # Safety
+/// `m` is the caller's msghdr, its control buffer `msg_controllen` writable bytes.
+unsafe fn zerocopy_notification(c: &Conn, fd: c_int, m: &mut libc::msghdr) -> Option<ssize_t> {
+    c.take_zerocopy(false)?;
+    // SAFETY: a zeroed sockaddr_storage is valid; out pointers are ours.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: valid out buffers.
+    unsafe { libc::getsockname(fd, (&mut ss as *mut libc::sockaddr_storage).cast(), &mut sl) };
+    let (level, ty) = if c_int::from(ss.ss_family) == libc::AF_INET6 {
+        (libc::SOL_IPV6, libc::IPV6_RECVERR)
+    } else {
+        (libc::SOL_IP, libc::IP_RECVERR)
+    };
+    let ee_len = std::mem::size_of::<libc::sock_extended_err>();
+    // SAFETY: CMSG_SPACE is arithmetic.
+    let space = unsafe { libc::CMSG_SPACE(ee_len as u32) } as usize;
+    m.msg_flags = libc::MSG_ERRQUEUE;
+    m.msg_namelen = 0;
+    if m.msg_control.is_null() || (m.msg_controllen as usize) < space {
+        // TCP dequeues the notification all the same and says the control data was cut.
+        c.take_zerocopy(true)?;
+        m.msg_controllen = 0;
+        m.msg_flags |= libc::MSG_CTRUNC;
+        return Some(0);
+    }
+    let (lo, hi) = c.take_zerocopy(true)?;
+    let ee = libc::sock_extended_err {
+        ee_errno: 0,
+        ee_origin: SO_EE_ORIGIN_ZEROCOPY,
+        ee_type: 0,
+        ee_code: SO_EE_CODE_ZEROCOPY_COPIED,
+        ee_pad: 0,
+        ee_info: lo,
+        ee_data: hi,
+    };
+    // SAFETY: the control buffer holds at least CMSG_SPACE(ee_len) bytes (checked above), so
+    // the first header and its data fit; the caller's buffer may be unaligned for the data, so
+    // it is written unaligned.
+    unsafe {
+        let h = libc::CMSG_FIRSTHDR(m);
+        if h.is_null() {
+            return Some(0);
+        }
+        (*h).cmsg_level = level;
+        (*h).cmsg_type = ty;
+        (*h).cmsg_len = libc::CMSG_LEN(ee_len as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(h).cast::<libc::sock_extended_err>(), ee);
+    }
+    m.msg_controllen = space as _;
+    Some(0)
 }
 
 pub unsafe fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t {

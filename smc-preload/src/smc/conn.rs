@@ -368,6 +368,10 @@ pub struct Conn {
     /// of the call, or a private duplicate of the socket made when a number was closed while
     /// the connection stayed in use.
     io: crate::util::io_path::IoPath,
+    /// `send(MSG_ZEROCOPY)` calls of this process on the connection, and how many of their
+    /// completions were reported (`smc_tx`, [`Conn::take_zerocopy`]).
+    zc_sent: AtomicU32,
+    zc_done: AtomicU32,
 }
 
 /// Result of a readiness check.
@@ -425,6 +429,8 @@ impl Conn {
             peer_token: 0,
             epoll_parked: AtomicU64::new(0),
             holder_pid: AtomicU32::new(crate::pid()),
+            zc_sent: AtomicU32::new(0),
+            zc_done: AtomicU32::new(0),
             users: AtomicU64::new(0),
             numbers: AtomicU32::new(0),
             io: crate::util::io_path::IoPath::new(),
@@ -480,6 +486,8 @@ impl Conn {
             peer_token: 0,
             epoll_parked: AtomicU64::new(0),
             holder_pid: AtomicU32::new(0),
+            zc_sent: AtomicU32::new(0),
+            zc_done: AtomicU32::new(0),
             users: AtomicU64::new(0),
             numbers: AtomicU32::new(0),
             io: crate::util::io_path::IoPath::new(),

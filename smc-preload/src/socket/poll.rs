@@ -36,7 +36,8 @@ pub fn conn_mask(c: &Conn) -> u32 {
     if r.writable > 0 || r.wr_closed {
         m |= OUT | WRNORM;
     }
-    if r.error {
+    // An error pending, or completions of `send(MSG_ZEROCOPY)` on the error queue.
+    if r.error || c.take_zerocopy(false).is_some() {
         m |= ERR;
     }
     // Urgent data not read yet (tcp_poll: `urg_data & TCP_URG_VALID`).

@@ -19,6 +19,59 @@ impl Conn {
     /// `MSG_OOB`: the last byte written is urgent (`tcp_mark_urg`; a write in several parts
     /// marks the end of each part, as TCP marks what it pushes before it waits for room).
     pub fn send(&self, fd: i32, iov: &[libc::iovec], flags: i32) -> Result<usize, Errno> {
+        let r = self.send_bytes(fd, iov, flags);
+        if flags & libc::MSG_ZEROCOPY != 0 && r.is_ok_and(|n| n > 0) {
+            self.zerocopy_sent(fd);
+        }
+        r
+    }
+
+    /// `send(MSG_ZEROCOPY)` wrote bytes: with `SO_ZEROCOPY` on (else TCP ignores the flag), TCP
+    /// queues a completion for this call on the socket's error queue (`POLLERR`, read with
+    /// `recvmsg(MSG_ERRQUEUE)`), which a program waits for before it reuses its buffer. The
+    /// ring took a copy at once, so the completion is due at once: counted here, reported by
+    /// [`Conn::take_zerocopy`] as TCP reports a copied range (`SO_EE_CODE_ZEROCOPY_COPIED`).
+    fn zerocopy_sent(&self, fd: i32) {
+        let mut on: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        let e0 = crate::real::errno();
+        // SAFETY: valid out buffers of their lengths.
+        let r = self.with_io(fd, |io| unsafe {
+            crate::real::getsockopt(
+                io,
+                libc::SOL_SOCKET,
+                libc::SO_ZEROCOPY,
+                (&mut on as *mut libc::c_int).cast(),
+                &mut len,
+            ) as isize
+        });
+        crate::real::set_errno(e0);
+        if r == 0 && on != 0 {
+            self.zc_sent.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Completions of `send(MSG_ZEROCOPY)` calls not reported yet: the range of their ids
+    /// (`lo..=hi`, counted from 0 as TCP does), taken (reported) when `take`.
+    pub fn take_zerocopy(&self, take: bool) -> Option<(u32, u32)> {
+        loop {
+            let sent = self.zc_sent.load(Ordering::Acquire);
+            let done = self.zc_done.load(Ordering::Acquire);
+            if sent == done {
+                return None;
+            }
+            if !take
+                || self
+                    .zc_done
+                    .compare_exchange(done, sent, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                return Some((done, sent.wrapping_sub(1)));
+            }
+        }
+    }
+
+    fn send_bytes(&self, fd: i32, iov: &[libc::iovec], flags: i32) -> Result<usize, Errno> {
         let oob = flags & libc::MSG_OOB != 0;
         let nonblock = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
         let mut cur = IovCursor::new(iov);

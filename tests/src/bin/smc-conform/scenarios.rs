@@ -159,6 +159,7 @@ scenarios! {
     fdopen_stdio_server: 1;
     dprintf_on_socket: 1;
     popen_handler_parent_closes_at_once: 1;
+    msg_zerocopy_completion: 1;
     // signals
     eintr_without_restart: 1;
     sa_restart_restarts: 1;
@@ -4255,6 +4256,72 @@ fn oob_sigurg() {
     }
     log_sigurgs();
     recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    close(c);
+    close(s);
+}
+
+/// `send(MSG_ZEROCOPY)` with `SO_ZEROCOPY` on: the completion arrives on the error queue
+/// (`POLLERR`, then `recvmsg(MSG_ERRQUEUE)`: origin zerocopy, the range of call ids, copied as
+/// on loopback), and a second read of the queue finds it empty. A program waits for it before
+/// it reuses its buffer (before: it never came).
+fn msg_zerocopy_completion() {
+    let (c, s) = pair();
+    let one: c_int = 1;
+    // SAFETY: a valid option value of its length.
+    r("setsockopt(SO_ZEROCOPY)", unsafe {
+        libc::setsockopt(
+            c,
+            libc::SOL_SOCKET,
+            libc::SO_ZEROCOPY,
+            (&one as *const c_int).cast(),
+            4,
+        )
+    } as isize);
+    let big = vec![b'z'; 20_000];
+    for _ in 0..2 {
+        // SAFETY: a buffer of its length.
+        r("send(MSG_ZEROCOPY)", unsafe {
+            libc::send(c, big.as_ptr().cast(), big.len(), libc::MSG_ZEROCOPY)
+        });
+    }
+    let got = read_n(s, 2 * big.len());
+    log(format!("peer got {} bytes", got.len()));
+    pl("poll(c, 0) for the error queue", c, 0, 2000);
+    for _ in 0..2 {
+        let mut cb = [0u64; 16];
+        let mut b = [0u8; 16];
+        let mut v = libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: b.len(),
+        };
+        // SAFETY: plain old data.
+        let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+        m.msg_iov = &mut v;
+        m.msg_iovlen = 1;
+        m.msg_control = cb.as_mut_ptr().cast();
+        m.msg_controllen = std::mem::size_of_val(&cb) as _;
+        // SAFETY: the msghdr describes our buffers.
+        let k = r("recvmsg(c, MSG_ERRQUEUE)", unsafe {
+            libc::recvmsg(c, &mut m, libc::MSG_ERRQUEUE)
+        });
+        if k >= 0 {
+            // SAFETY: the kernel (or the library) filled the control buffer.
+            let h = unsafe { libc::CMSG_FIRSTHDR(&m) };
+            if h.is_null() {
+                log("no control message");
+            } else {
+                // SAFETY: a control message of the buffer, its data a sock_extended_err.
+                let ee: libc::sock_extended_err =
+                    unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(h).cast()) };
+                // SAFETY: as above.
+                let (lvl, ty) = unsafe { ((*h).cmsg_level, (*h).cmsg_type) };
+                log(format!(
+                    "cmsg level {lvl} type {ty}: errno {} origin {} code {} ids {}..={} flags {:#x}",
+                    ee.ee_errno, ee.ee_origin, ee.ee_code, ee.ee_info, ee.ee_data, m.msg_flags
+                ));
+            }
+        }
+    }
     close(c);
     close(s);
 }
