@@ -682,7 +682,7 @@ unsafe fn zerocopy_notification(c: &Conn, fd: c_int, m: &mut libc::msghdr) -> Op
     let space = unsafe { libc::CMSG_SPACE(ee_len as u32) } as usize;
     m.msg_flags = libc::MSG_ERRQUEUE;
     m.msg_namelen = 0;
-    if m.msg_control.is_null() || (m.msg_controllen as usize) < space {
+    if m.msg_control.is_null() || m.msg_controllen < space {
         // TCP dequeues the notification all the same and says the control data was cut.
         c.take_zerocopy(true)?;
         m.msg_controllen = 0;
