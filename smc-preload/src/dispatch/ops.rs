@@ -1051,6 +1051,9 @@ pub fn forget_stale(fd: c_int) {
 }
 
 fn forget_slot(fd: c_int, io_fd: c_int) {
+    // A call of this thread left by a jump (`siglongjmp` out of a signal handler) is released
+    // first: the close of its connection is not deferred to it (`util::unwound`).
+    crate::obj::reap_unwound();
     match fdtable::replace(fd, Slot::Empty) {
         Slot::Obj(o) if matches!(&*o, Obj::Private(_)) => {
             if io_fd >= 0 {

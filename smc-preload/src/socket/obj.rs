@@ -3,6 +3,8 @@
 use crate::conn::Conn;
 use crate::epoll::EpollSet;
 use crate::real;
+use crate::util::unwound;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -114,9 +116,15 @@ pub fn is_private(fd: i32) -> bool {
 /// reference of a system call (`fdget`), it keeps the connection open when another thread
 /// closes the number meanwhile ([`Conn::call_enter`]); the last fd reference closed under it is
 /// dropped when it ends (and the connection closed, when that was the last one anywhere).
+///
+/// A call left by a jump (`siglongjmp` out of a signal handler) runs no destructor: its thread
+/// releases it at its next entry into the library ([`reap_unwound`], `util::unwound`).
 pub struct InCall {
-    obj: Arc<Obj>,
+    /// Dropped by [`InCall`]'s `Drop`, or by [`reap_unwound`] when the call was left by a
+    /// jump (never both: `util::unwound::pop` says which).
+    obj: ManuallyDrop<Arc<Obj>>,
     fd: i32,
+    entry: unwound::Entry,
 }
 
 impl InCall {
@@ -126,8 +134,14 @@ impl InCall {
     #[inline]
     pub fn enter(fd: i32, obj: Arc<Obj>) -> Option<InCall> {
         let c = obj.conn()?;
+        reap_unwound();
         c.call_enter();
-        let call = InCall { obj, fd };
+        let entry = unwound::push(Arc::as_ptr(&obj) as usize, c as *const Conn as usize, fd);
+        let call = InCall {
+            obj: ManuallyDrop::new(obj),
+            fd,
+            entry,
+        };
         // Pairs with the fence of the close (`ops::forget_slot`): either it sees this call, or
         // this sees the number's slot emptied.
         if crate::fdtable::raw_seqcst(fd) & !1 != Arc::as_ptr(&call.obj) as usize {
@@ -146,7 +160,7 @@ impl InCall {
     }
 
     pub fn conn(&self) -> &Conn {
-        match &*self.obj {
+        match &**self.obj {
             Obj::Conn(c) => c,
             // `enter` made it only for a connection.
             _ => unreachable!(),
@@ -156,11 +170,47 @@ impl InCall {
 
 impl Drop for InCall {
     fn drop(&mut self) {
-        if let Obj::Conn(c) = &*self.obj {
+        if !unwound::pop(self.entry) {
+            // Judged left by a jump and released already (its thread entered the library again
+            // from above its frames): never twice.
+            return;
+        }
+        if let Obj::Conn(c) = &**self.obj {
             for _ in 0..c.call_leave() {
                 release_ref(self.fd, self.fd, c);
             }
         }
+        // SAFETY: dropped once, here (the entry was ours: no reaper took it).
+        unsafe { ManuallyDrop::drop(&mut self.obj) };
+    }
+}
+
+/// Releases the calls of this thread that a jump left (`siglongjmp` out of a signal handler
+/// while they slept; see `util::unwound`), as their ends would have: their sleep's holdings
+/// on the connection (the poller role, the sleeper and waiter counts), their registration
+/// (with the fd references closed under them: the connection's deferred last close), the
+/// object they held. To be called on entry (before this call registers): one thread-local
+/// load when the thread has no call in flight.
+#[inline]
+pub fn reap_unwound() {
+    if unwound::any() {
+        unwound::reap(&mut |u| {
+            // SAFETY: `u.obj` is the `Arc::as_ptr` of the `Arc<Obj>` an `InCall` held (its
+            // `ManuallyDrop`), whose frame is gone; the reaper took its entry, so that `InCall`
+            // never drops it (`unwound::pop` says so): this consumes that strong reference once.
+            let obj = unsafe { Arc::from_raw(u.obj as *const Obj) };
+            if let Obj::Conn(c) = &*obj {
+                crate::debug!(
+                    "fd {}: a call left by a jump (siglongjmp out of a signal handler) is released",
+                    u.fd
+                );
+                c.forget_sleeper(u.fd, u.held);
+                for _ in 0..c.call_leave() {
+                    release_ref(u.fd, u.fd, c);
+                }
+            }
+            drop(obj);
+        });
     }
 }
 

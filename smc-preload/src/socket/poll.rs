@@ -10,6 +10,7 @@ use crate::conn::Conn;
 use crate::fdtable;
 use crate::obj::{InCall, Obj};
 use crate::real;
+use crate::util::unwound;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -304,10 +305,19 @@ unsafe fn poll_once(
                 }
             }
         }
-        // Register as sleepers on the SMC sockets, arm and recheck.
+        // Register as sleepers on the SMC sockets, arm and recheck. Each call is noted asleep
+        // there (`util::unwound`: a `siglongjmp` out of a signal handler skips the leaves below,
+        // its thread makes them at its next entry into the library).
+        let depth = 0u8;
+        let depth = std::hint::black_box(&depth) as *const u8 as usize;
+        let mut naps = Vec::new();
         for k in &kinds {
             if let Kind::Smc(call) = k {
                 call.conn().sleep_enter();
+                if let Some(a) = unwound::asleep(call.conn() as *const _ as usize, depth) {
+                    a.hold(unwound::KSLEEP);
+                    naps.push(a);
+                }
             }
         }
         let leave_all = || {
@@ -319,6 +329,7 @@ unsafe fn poll_once(
         };
         let n = user_ready(fds, true);
         if n > 0 {
+            drop(naps);
             leave_all();
             // SAFETY: `fds` and `tmp` are live slices of equal length, `kinds` classifies `fds`; no
             // mask.
@@ -326,6 +337,7 @@ unsafe fn poll_once(
         }
         let rem = remaining_ms(deadline);
         if deadline.is_some() && rem == 0 {
+            drop(naps);
             leave_all();
             for p in fds.iter_mut() {
                 p.revents = 0;
@@ -339,6 +351,7 @@ unsafe fn poll_once(
         }
         // SAFETY: `tmp` is a live pollfd slice; `sigmask` is the caller's mask or None.
         let r = unsafe { real_poll(&mut tmp, t, sigmask) };
+        drop(naps);
         // Leave; the last sleeper of a socket drains its doorbells. Doorbells left to other
         // sleepers must be gone before we sleep on that socket again.
         let mut pending = Vec::new();

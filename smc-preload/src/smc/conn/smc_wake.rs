@@ -3,6 +3,7 @@
 //! on a futex), and the blocking wait of a read or write.
 
 use super::*;
+use crate::util::unwound;
 
 impl Conn {
     /// Send a doorbell byte (non-blocking, no SIGPIPE).
@@ -345,6 +346,24 @@ impl Conn {
     /// the TCP socket, where the peer's doorbell lands.
     pub fn wait(&self, fd: i32, data: bool, need: u32, deadline: Option<Instant>) -> Woke {
         let s = self.sh();
+        // Noted as asleep, with the depth of this frame and what it holds while asleep: a
+        // signal handler that leaves it by `siglongjmp` runs none of the releases below, its
+        // thread does them at its next entry (`util::unwound`).
+        let depth = 0u8;
+        let asleep = unwound::asleep(
+            self as *const Conn as usize,
+            std::hint::black_box(&depth) as *const u8 as usize,
+        );
+        let hold = |what: u8| {
+            if let Some(a) = &asleep {
+                a.hold(what);
+            }
+        };
+        let release = |what: u8| {
+            if let Some(a) = &asleep {
+                a.release(what);
+            }
+        };
         // Spin first when waiting for data: a peer that answers within the budget costs no
         // syscall on either side (request/response). A writer that filled the ring does not
         // spin (SMC_SPIN_ROOM_US, default 0): the reader has a whole ring to copy, and on a
@@ -425,10 +444,12 @@ impl Conn {
                     .compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed)
             {
                 s.waiters.fetch_add(1, Ordering::AcqRel);
+                hold(unwound::WAITER);
                 if !self.ready_for(data, need) {
                     let t = if timeout < 0 { 500 } else { timeout.min(500) };
                     crate::shm::futex_wait(&s.wake_seq, seq, t as u64);
                 }
+                release(unwound::WAITER);
                 s.waiters.fetch_sub(1, Ordering::AcqRel);
                 if self.ready_for(data, need) {
                     if !data {
@@ -450,6 +471,7 @@ impl Conn {
                 }
                 continue;
             }
+            hold(unwound::POLLER);
             // A safety net: a lost wakeup (there should be none) costs at most half a second.
             timeout = if timeout < 0 { 500 } else { timeout.min(500) };
             // Idle: after a short first sleep, give the send ring's pages back.
@@ -466,6 +488,7 @@ impl Conn {
             // Other threads (the application's poll/epoll) may sleep on the socket too: the
             // last one to leave drains the doorbells (see `sleep_enter`).
             self.sleep_enter();
+            hold(unwound::KSLEEP);
             let slept = !self.ready_for(data, need);
             let (r, e) = if !slept {
                 (0, 0)
@@ -479,12 +502,14 @@ impl Conn {
                 real::set_errno(e0);
                 (r, e)
             };
+            release(unwound::KSLEEP);
             let left = self.sleep_leave(fd, r > 0);
             if slept && r == 0 && reclaim {
                 self.reclaim_tx();
             }
             // Ours unless a waiter took it over meanwhile (it believed us gone: never while
             // we live, but a task id can come back to another task).
+            release(unwound::POLLER);
             let _ = s
                 .poller
                 .compare_exchange(me, 0, Ordering::AcqRel, Ordering::Relaxed);
@@ -511,6 +536,31 @@ impl Conn {
                     self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
                 }
                 return Woke::Ready;
+            }
+        }
+    }
+
+    /// A wait of this thread on the connection was left by a jump (`siglongjmp` out of a
+    /// signal handler) while it held `held` (`util::unwound`): given back as its end would
+    /// have. The poller role goes (the futex waiters are woken: one of them takes it), the
+    /// counts as a sleeper on the socket and as a futex waiter are dropped.
+    pub fn forget_sleeper(&self, fd: i32, held: u8) {
+        let s = self.sh();
+        if held & unwound::KSLEEP != 0 {
+            // Not "rang": the doorbells are drained by the next sleeper, whose poll returns at
+            // once.
+            let _ = self.sleep_leave(fd, false);
+        }
+        if held & unwound::WAITER != 0 {
+            s.waiters.fetch_sub(1, Ordering::AcqRel);
+        }
+        if held & unwound::POLLER != 0 {
+            let _ = s
+                .poller
+                .compare_exchange(gettid(), 0, Ordering::AcqRel, Ordering::Relaxed);
+            s.wake_seq.fetch_add(1, Ordering::AcqRel);
+            if s.waiters.load(Ordering::Acquire) > 0 {
+                crate::shm::futex_wake(&s.wake_seq, i32::MAX);
             }
         }
     }
