@@ -166,6 +166,12 @@ scenarios! {
     restart_per_handler: 1;
     sysv_signal_interrupts: 1;
     sysv_signal_handler_restored: 0;
+    // a blocking recv left by siglongjmp from a signal handler (old-style timeouts)
+    longjmp_recv_then_close: 1;
+    longjmp_recv_then_pingpong: 1;
+    // a handler that makes a blocking recv inside an interrupted one (nothing is left)
+    signal_handler_recv_inside_recv: 2;
+    signal_handler_recv_inside_recv_altstack: 2;
     // a forked child that closes every inherited descriptor, then connects
     fork_child_closes_all_then_connects: 1;
     // buffering
@@ -4661,4 +4667,262 @@ fn fork_child_closes_all_then_connects() {
     close(forked_w);
     close(closed_r);
     close(closed_w);
+}
+
+// ── siglongjmp out of a blocking call ───────────────────────────────────────────────────────
+
+// `sigsetjmp` cannot be called from Rust (it returns twice): this assembly frame calls it and
+// then `f(arg)`; it returns 0 when `f` returned, 1 when a signal handler `siglongjmp`'d to
+// `env` meanwhile (the frames of `f` are left without returning, as in a C program).
+#[cfg(target_arch = "x86_64")]
+std::arch::global_asm!(
+    ".globl smc_conform_escapable",
+    ".type smc_conform_escapable,@function",
+    "smc_conform_escapable:",
+    "push rbx",
+    "push r12",
+    "push r13",
+    "mov rbx, rdi",
+    "mov r12, rsi",
+    "mov r13, rdx",
+    "mov rdi, rbx",
+    "mov esi, 1",
+    "call __sigsetjmp@PLT",
+    "test eax, eax",
+    "jnz 2f",
+    "mov rdi, r13",
+    "call r12",
+    "xor eax, eax",
+    "2:",
+    "pop r13",
+    "pop r12",
+    "pop rbx",
+    "ret",
+    ".size smc_conform_escapable, .-smc_conform_escapable",
+);
+
+#[cfg(target_arch = "x86_64")]
+extern "C" {
+    fn smc_conform_escapable(
+        env: *mut libc::c_void,
+        f: extern "C" fn(*mut libc::c_void),
+        arg: *mut libc::c_void,
+    ) -> c_int;
+    fn siglongjmp(env: *mut libc::c_void, val: c_int) -> !;
+}
+
+/// The `sigjmp_buf` of the scenario's jump (glibc's is 200 bytes on x86_64).
+struct JmpBuf(std::cell::UnsafeCell<[u64; 64]>);
+// SAFETY: written by sigsetjmp in one thread, read by siglongjmp in a handler of that thread.
+unsafe impl Sync for JmpBuf {}
+static JMP: JmpBuf = JmpBuf(std::cell::UnsafeCell::new([0; 64]));
+
+extern "C" fn jump_out(_: c_int) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `JMP` was filled by sigsetjmp in a frame of this thread that is still live
+    // (`smc_conform_escapable`, which runs the call the signal interrupts).
+    unsafe {
+        siglongjmp(JMP.0.get().cast(), 1)
+    }
+}
+
+/// A blocking `recv` of 16 bytes on the fd `arg`; no destructor in its frame (it may be left
+/// by a jump).
+extern "C" fn recv16(arg: *mut libc::c_void) {
+    let mut b = [0u8; 16];
+    // SAFETY: valid buffer.
+    unsafe { libc::recv(arg as usize as c_int, b.as_mut_ptr().cast(), 16, 0) };
+}
+
+/// Runs `recv16(fd)`; whether a signal handler left it by `siglongjmp` ([`jump_out`]).
+fn recv_or_jump(fd: c_int) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `JMP` is ours; `recv16` holds nothing that needs dropping.
+    return unsafe { smc_conform_escapable(JMP.0.get().cast(), recv16, fd as usize as *mut _) }
+        == 1;
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = fd;
+        false
+    }
+}
+
+/// `sig` runs `h` with `flags`.
+fn on(sig: c_int, h: extern "C" fn(c_int), flags: c_int) {
+    // SAFETY: a valid sigaction.
+    unsafe {
+        let mut a: libc::sigaction = std::mem::zeroed();
+        a.sa_sigaction = h as *const () as usize;
+        a.sa_flags = flags;
+        libc::sigemptyset(&mut a.sa_mask);
+        assert_eq!(libc::sigaction(sig, &a, std::ptr::null_mut()), 0);
+    }
+}
+
+/// A thread blocked in `recv` on `s` leaves it by `siglongjmp` from a SIGALRM handler, then
+/// runs `after` (its own calls on the connection).
+fn jump_out_of_recv(s: c_int, after: impl FnOnce() + Send + 'static) {
+    use std::os::unix::thread::JoinHandleExt;
+    on(libc::SIGALRM, jump_out, 0);
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        let jumped = recv_or_jump(s);
+        log(format!("recv left by siglongjmp: {jumped}"));
+        after();
+    });
+    wait_blocked(&T);
+    // SAFETY: a live thread of ours.
+    unsafe { libc::pthread_kill(h.as_pthread_t(), libc::SIGALRM) };
+    h.join().unwrap();
+}
+
+fn longjmp_recv_then_close() {
+    // `alarm` + `siglongjmp` around a blocking recv, then the close of the timed-out
+    // connection by the same thread: the peer reads EOF.
+    let (c, s) = pair_settled();
+    jump_out_of_recv(s, move || {
+        r("close(s) after the jump", close(s) as isize);
+    });
+    if pl("poll(c,IN) after the close", c, libc::POLLIN, 5000) != 0 {
+        rd("read(c)", c, 16);
+    }
+    close(c);
+}
+
+fn longjmp_recv_then_pingpong() {
+    // After the jump the same thread goes on with the connection: 20 request/response rounds,
+    // each with a blocking recv that sleeps (the peer answers after 10 ms), then its close.
+    let (c, s) = pair_settled();
+    let server = std::thread::spawn(move || {
+        let mut n = 0;
+        loop {
+            let b = read_n(c, 1);
+            if b.is_empty() {
+                break;
+            }
+            // Later than any spin: the reader sleeps for each answer.
+            std::thread::sleep(Duration::from_millis(10));
+            write_all(c, &b);
+            n += 1;
+        }
+        close(c);
+        n
+    });
+    jump_out_of_recv(s, move || {
+        let t = Instant::now();
+        let mut ok = 0;
+        for i in 0..20u8 {
+            write_all(s, &[b'a' + i]);
+            let mut y = [0u8; 1];
+            // SAFETY: valid buffer.
+            let k = unsafe { libc::recv(s, y.as_mut_ptr().cast(), 1, 0) };
+            ok += (k == 1 && y[0] == b'a' + i) as u32;
+        }
+        // 20 rounds take 200 ms; with waits that only the 500 ms safety net ends, 10 s.
+        log(format!(
+            "20 rounds: {ok} answered right, within 4 s: {}",
+            t.elapsed() < Duration::from_secs(4)
+        ));
+        r("close(s)", close(s) as isize);
+    });
+    let n = server.join().unwrap();
+    log(format!("server: {n} rounds answered, then EOF"));
+}
+
+static NESTED_FD: AtomicI32 = AtomicI32::new(-1);
+static NESTED_IN: AtomicBool = AtomicBool::new(false);
+static NESTED_GOT: AtomicI32 = AtomicI32::new(-2);
+
+/// A handler that makes a blocking recv of its own (on `NESTED_FD`) and returns.
+extern "C" fn recv_in_handler(_: c_int) {
+    NESTED_IN.store(true, Ordering::SeqCst);
+    let mut b = [0u8; 16];
+    // SAFETY: valid buffer.
+    let k = unsafe {
+        libc::recv(
+            NESTED_FD.load(Ordering::SeqCst),
+            b.as_mut_ptr().cast(),
+            16,
+            0,
+        )
+    };
+    NESTED_GOT.store(k as i32, Ordering::SeqCst);
+}
+
+/// A thread blocked in recv on one connection is interrupted by a handler (`SA_RESTART`; on an
+/// alternate signal stack inside the thread's own stack, above its blocked frames, when
+/// `altstack`) that blocks in a recv on another connection. The interrupted call is not taken
+/// for one left by a jump (`util::unwound`): it returns with its data, and the close after it
+/// ends the connection.
+fn handler_recv_inside_recv(altstack: bool) {
+    use std::os::unix::thread::JoinHandleExt;
+    let (c1, s1) = pair_settled();
+    let (c2, s2) = pair_settled();
+    NESTED_FD.store(s2, Ordering::SeqCst);
+    let flags = libc::SA_RESTART | if altstack { libc::SA_ONSTACK } else { 0 };
+    on(libc::SIGUSR1, recv_in_handler, flags);
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = std::thread::spawn(move || {
+        // The alternate stack is a local of this frame: above the frames of the recv below.
+        let mut stack = [0u8; 256 * 1024];
+        let mut old: libc::stack_t = libc::stack_t {
+            ss_sp: std::ptr::null_mut(),
+            ss_flags: 0,
+            ss_size: 0,
+        };
+        if altstack {
+            let ss = libc::stack_t {
+                ss_sp: stack.as_mut_ptr().cast(),
+                ss_flags: 0,
+                ss_size: stack.len(),
+            };
+            // SAFETY: valid stack_t pointers; the stack outlives its use (reset below).
+            assert_eq!(unsafe { libc::sigaltstack(&ss, &mut old) }, 0);
+        }
+        T.store(gettid(), Ordering::Release);
+        let mut b = [0u8; 16];
+        // SAFETY: valid buffer.
+        let k = unsafe { libc::recv(s1, b.as_mut_ptr().cast(), 16, 0) };
+        if altstack {
+            // SAFETY: the stack_t the thread had.
+            unsafe { libc::sigaltstack(&old, std::ptr::null_mut()) };
+        }
+        std::hint::black_box(&mut stack);
+        (k, digest(&b[..k.max(0) as usize]))
+    });
+    wait_blocked(&T);
+    // SAFETY: a live thread of ours.
+    unsafe { libc::pthread_kill(h.as_pthread_t(), libc::SIGUSR1) };
+    let t = Instant::now();
+    while !NESTED_IN.load(Ordering::SeqCst) && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    wait_blocked(&T);
+    // (No close of s1 now: a TCP call interrupted by a handler holds its file only again when
+    // it restarts, so the close would end the connection at once; the library's call keeps it
+    // across the handler, a difference of its own.)
+    write_all(c1, b"first");
+    write_all(c2, b"second");
+    let (k, d) = h.join().unwrap();
+    log(format!(
+        "handler's recv(s2) = {}",
+        NESTED_GOT.load(Ordering::SeqCst)
+    ));
+    log(format!("interrupted recv(s1) = {k} [{d}]"));
+    r("close(s1)", close(s1) as isize);
+    if pl("poll(c1,IN) after the close", c1, libc::POLLIN, 5000) != 0 {
+        rd("read(c1)", c1, 16);
+    }
+    close(c1);
+    close(c2);
+    close(s2);
+}
+
+fn signal_handler_recv_inside_recv() {
+    handler_recv_inside_recv(false);
+}
+
+fn signal_handler_recv_inside_recv_altstack() {
+    handler_recv_inside_recv(true);
 }
