@@ -52,6 +52,7 @@ mod interpose;
 #[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]
 extern "C" fn init() {
     util::config::load();
+    util::unwound::init(obj::release_unwound);
     if util::config::config().disable {
         setup::disable("SMC_DISABLE=1");
     }

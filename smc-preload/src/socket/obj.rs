@@ -194,24 +194,27 @@ impl Drop for InCall {
 #[inline]
 pub fn reap_unwound() {
     if unwound::any() {
-        unwound::reap(&mut |u| {
-            // SAFETY: `u.obj` is the `Arc::as_ptr` of the `Arc<Obj>` an `InCall` held (its
-            // `ManuallyDrop`), whose frame is gone; the reaper took its entry, so that `InCall`
-            // never drops it (`unwound::pop` says so): this consumes that strong reference once.
-            let obj = unsafe { Arc::from_raw(u.obj as *const Obj) };
-            if let Obj::Conn(c) = &*obj {
-                crate::debug!(
-                    "fd {}: a call left by a jump (siglongjmp out of a signal handler) is released",
-                    u.fd
-                );
-                c.forget_sleeper(u.fd, u.held);
-                for _ in 0..c.call_leave() {
-                    release_ref(u.fd, u.fd, c);
-                }
-            }
-            drop(obj);
-        });
+        unwound::reap(&mut release_unwound);
     }
+}
+
+/// Gives back one call left by a jump (see [`reap_unwound`]; also at its thread's end).
+pub fn release_unwound(u: unwound::Unwound) {
+    // SAFETY: `u.obj` is the `Arc::as_ptr` of the `Arc<Obj>` an `InCall` held (its
+    // `ManuallyDrop`), whose frame is gone; the reaper took its entry, so that `InCall` never
+    // drops it (`unwound::pop` says so): this consumes that strong reference once.
+    let obj = unsafe { Arc::from_raw(u.obj as *const Obj) };
+    if let Obj::Conn(c) = &*obj {
+        crate::debug!(
+            "fd {}: a call left by a jump (siglongjmp out of a signal handler) is released",
+            u.fd
+        );
+        c.forget_sleeper(u.fd, u.held);
+        for _ in 0..c.call_leave() {
+            release_ref(u.fd, u.fd, c);
+        }
+    }
+    drop(obj);
 }
 
 /// Drops one fd reference of `c`: the close of `fd`, or the end of the last call a close left

@@ -25,7 +25,9 @@
 //! Cost: one thread-local load at each check while the thread has no call in flight, a few
 //! stores per call. The table is fixed (no allocation; [`CAP`] calls deep, beyond that a call
 //! is not tracked and a jump out of it leaves it registered, as before). A thread that leaves a
-//! call this way and never calls into the library again keeps it registered.
+//! call this way and never calls into the library again from above it keeps it registered
+//! until it ends ([`thread_ends`]); meanwhile another thread's close of the connection stays
+//! deferred (nothing tells another thread, soundly and cheaply, that the call is gone).
 
 use std::cell::Cell;
 use std::sync::atomic::{compiler_fence, AtomicU8, AtomicUsize, Ordering};
@@ -76,6 +78,8 @@ struct Table {
     recs: [Rec; CAP],
     /// The thread's stack (low, high), once asked (0, 0: not yet; (1, 0): unknown).
     bounds: Cell<(usize, usize)>,
+    /// The thread's end releases what is left ([`thread_ends`]): armed at its first sleep.
+    armed: Cell<bool>,
 }
 
 thread_local! {
@@ -86,6 +90,7 @@ thread_local! {
             next: Cell::new(0),
             recs: [const { Rec::empty() }; CAP],
             bounds: Cell::new((0, 0)),
+            armed: Cell::new(false),
         }
     };
 }
@@ -191,6 +196,10 @@ pub fn asleep(conn: usize, depth: usize) -> Option<Asleep> {
                     r.held.store(0, Ordering::Relaxed);
                     compiler_fence(Ordering::SeqCst);
                     r.sp.store(depth, Ordering::Relaxed);
+                    if !t.armed.get() {
+                        arm_thread_end();
+                        t.armed.set(true);
+                    }
                     return Some(Asleep {
                         slot: slot as u8,
                         token,
@@ -304,6 +313,71 @@ pub fn reap(release: &mut dyn FnMut(Unwound)) {
                 .is_ok()
             {
                 compiler_fence(Ordering::SeqCst);
+                release(u);
+            }
+        }
+        trim(t);
+    });
+}
+
+/// The key whose destructor runs at each thread's end (its value + 1; 0: none).
+static EXIT_KEY: AtomicUsize = AtomicUsize::new(0);
+/// What gives back a call left behind (`fn(Unwound)`; 0: none).
+static RELEASE: AtomicUsize = AtomicUsize::new(0);
+
+/// At load: `release` gives back the calls a thread leaves behind when it ends (left by a jump,
+/// and no later entry of the thread took them: [`thread_ends`]).
+pub fn init(release: fn(Unwound)) {
+    RELEASE.store(release as usize, Ordering::Release);
+    let mut k: libc::pthread_key_t = 0;
+    // SAFETY: valid out pointer; the destructor is a plain extern "C" function of ours.
+    if unsafe { libc::pthread_key_create(&mut k, Some(thread_ends)) } == 0 {
+        EXIT_KEY.store(k as usize + 1, Ordering::Release);
+    }
+}
+
+/// This thread's end runs [`thread_ends`]. (`pthread_setspecific` of a key made at load, among
+/// the first ones, takes no allocation in glibc: safe in a signal handler.)
+fn arm_thread_end() {
+    let k = EXIT_KEY.load(Ordering::Acquire);
+    if k != 0 {
+        // SAFETY: a key made by `init`; any non-null value.
+        unsafe {
+            libc::pthread_setspecific(
+                (k - 1) as libc::pthread_key_t,
+                std::ptr::dangling::<libc::c_void>(),
+            )
+        };
+    }
+}
+
+/// The thread ends: a call still in its table has no frame any more (a call it leaves by
+/// unwinding, `pthread_exit` or `pthread_cancel`, releases itself on the way), whatever the
+/// depths: each is given back.
+unsafe extern "C" fn thread_ends(_: *mut libc::c_void) {
+    let f = RELEASE.load(Ordering::Acquire);
+    if f == 0 {
+        return;
+    }
+    // SAFETY: stored by `init` from a `fn(Unwound)`.
+    let release: fn(Unwound) = unsafe { std::mem::transmute::<usize, fn(Unwound)>(f) };
+    let _ = TABLE.try_with(|t| {
+        let n = t.len.load(Ordering::Relaxed).min(CAP);
+        for slot in (0..n).rev() {
+            let r = &t.recs[slot];
+            let token = r.token.load(Ordering::Relaxed);
+            if token == 0 {
+                continue;
+            }
+            let u = Unwound {
+                obj: r.obj.load(Ordering::Relaxed),
+                fd: r.fd.load(Ordering::Relaxed) as u32 as i32,
+                held: r.held.load(Ordering::Relaxed),
+            };
+            if r.token
+                .compare_exchange(token, 0, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
                 release(u);
             }
         }

@@ -445,29 +445,44 @@ impl Conn {
             {
                 s.waiters.fetch_add(1, Ordering::AcqRel);
                 hold(unwound::WAITER);
+                let mut slept_out = false;
                 if !self.ready_for(data, need) {
                     let t = if timeout < 0 { 500 } else { timeout.min(500) };
+                    let t0 = Instant::now();
                     crate::shm::futex_wait(&s.wake_seq, seq, t as u64);
+                    slept_out = t0.elapsed() >= Duration::from_millis(t as u64);
                 }
                 release(unwound::WAITER);
                 s.waiters.fetch_sub(1, Ordering::AcqRel);
-                if self.ready_for(data, need) {
-                    if !data {
-                        self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
-                    }
-                    return Woke::Ready;
-                }
-                if s.wake_seq.load(Ordering::Acquire) == seq && !task_alive(poller) {
+                let ready = self.ready_for(data, need);
+                // Nobody bumped `wake_seq` while we slept (to the end, or we are still not
+                // ready): is there a poller at all?
+                if s.wake_seq.load(Ordering::Acquire) == seq
+                    && (slept_out || !ready)
+                    && (!task_alive(poller) || not_polling(poller))
+                {
                     // The poller died asleep (its process killed, its thread cancelled): the
                     // word names a task that no longer exists and nobody would ever bump
-                    // `wake_seq` again. Taken over (every later wait would otherwise cost
-                    // half a second).
+                    // `wake_seq` again. Or a thread of ours that no longer sleeps in `poll`
+                    // holds it: it left its wait by `siglongjmp` out of a signal handler
+                    // (`util::unwound` releases it only at that thread's next entry) — or runs
+                    // a handler inside it, when a second poller is harmless (several threads
+                    // may sleep on the socket, `sleep_enter`; its own release then finds the
+                    // word taken). Taken over (every later wait would otherwise cost half a
+                    // second).
                     crate::debug!(
-                        "fd {fd}: the poller (task {poller}) is gone: another waiter takes over"
+                        "fd {fd}: the poller (task {poller}) is gone or not asleep in poll: \
+                         another waiter takes over"
                     );
                     let _ =
                         s.poller
                             .compare_exchange(poller, 0, Ordering::AcqRel, Ordering::Relaxed);
+                }
+                if ready {
+                    if !data {
+                        self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
+                    }
+                    return Woke::Ready;
                 }
                 continue;
             }
@@ -595,6 +610,28 @@ impl Conn {
             }
         }
     }
+}
+
+/// Whether task `tid`, a thread of this process, is blocked in a system call other than the
+/// `poll`/`ppoll` a poller sleeps in (`/proc/self/task/TID/syscall`; false when unknown: a
+/// task of another process, one running in user space, no such file).
+fn not_polling(tid: u32) -> bool {
+    let e0 = real::errno();
+    let st = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall"));
+    real::set_errno(e0);
+    let Some(Ok(nr)) = st
+        .as_deref()
+        .ok()
+        .and_then(|s| s.split_whitespace().next())
+        .map(str::parse::<libc::c_long>)
+    else {
+        return false;
+    };
+    #[cfg(target_arch = "x86_64")]
+    let poll = nr == libc::SYS_poll;
+    #[cfg(not(target_arch = "x86_64"))]
+    let poll = false;
+    nr >= 0 && !poll && nr != libc::SYS_ppoll
 }
 
 /// The calling thread's kernel task id (never 0): the [`Shared::poller`] word.

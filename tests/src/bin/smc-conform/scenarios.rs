@@ -169,6 +169,7 @@ scenarios! {
     // a blocking recv left by siglongjmp from a signal handler (old-style timeouts)
     longjmp_recv_then_close: 1;
     longjmp_recv_then_pingpong: 1;
+    longjmp_recv_then_thread_ends: 1;
     // a handler that makes a blocking recv inside an interrupted one (nothing is left)
     signal_handler_recv_inside_recv: 2;
     signal_handler_recv_inside_recv_altstack: 2;
@@ -4828,6 +4829,18 @@ fn longjmp_recv_then_pingpong() {
     });
     let n = server.join().unwrap();
     log(format!("server: {n} rounds answered, then EOF"));
+}
+
+fn longjmp_recv_then_thread_ends() {
+    // The thread that left the recv by the jump ends without another call; then another
+    // thread closes the connection: the peer reads EOF.
+    let (c, s) = pair_settled();
+    jump_out_of_recv(s, || {});
+    r("close(s) after the thread ended", close(s) as isize);
+    if pl("poll(c,IN) after the close", c, libc::POLLIN, 5000) != 0 {
+        rd("read(c)", c, 16);
+    }
+    close(c);
 }
 
 static NESTED_FD: AtomicI32 = AtomicI32::new(-1);
