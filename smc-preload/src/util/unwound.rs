@@ -297,27 +297,34 @@ pub fn reap(release: &mut dyn FnMut(Unwound)) {
         }
         for slot in (0..n).rev() {
             let r = &t.recs[slot];
-            let token = r.token.load(Ordering::Relaxed);
             if !candidate(r) || !inside(r.sp.load(Ordering::Relaxed)) {
                 continue;
             }
-            let u = Unwound {
-                obj: r.obj.load(Ordering::Relaxed),
-                fd: r.fd.load(Ordering::Relaxed) as u32 as i32,
-                held: r.held.load(Ordering::Relaxed),
-            };
-            // Claimed once: the entry is free from here on (a handler interrupting us sees it
-            // free, or claimed it first).
-            if r.token
-                .compare_exchange(token, 0, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-            {
+            if let Some(u) = claim(r) {
                 compiler_fence(Ordering::SeqCst);
                 release(u);
             }
         }
         trim(t);
     });
+}
+
+/// Takes the call of entry `r` for releasing, once: the entry is free from here on (a handler
+/// interrupting us sees it free, or claimed it first). `None`: free already.
+fn claim(r: &Rec) -> Option<Unwound> {
+    let token = r.token.load(Ordering::Relaxed);
+    if token == 0 {
+        return None;
+    }
+    let u = Unwound {
+        obj: r.obj.load(Ordering::Relaxed),
+        fd: r.fd.load(Ordering::Relaxed) as u32 as i32,
+        held: r.held.load(Ordering::Relaxed),
+    };
+    r.token
+        .compare_exchange(token, 0, Ordering::Relaxed, Ordering::Relaxed)
+        .is_ok()
+        .then_some(u)
 }
 
 /// The key whose destructor runs at each thread's end (its value + 1; 0: none).
@@ -364,20 +371,7 @@ unsafe extern "C" fn thread_ends(_: *mut libc::c_void) {
     let _ = TABLE.try_with(|t| {
         let n = t.len.load(Ordering::Relaxed).min(CAP);
         for slot in (0..n).rev() {
-            let r = &t.recs[slot];
-            let token = r.token.load(Ordering::Relaxed);
-            if token == 0 {
-                continue;
-            }
-            let u = Unwound {
-                obj: r.obj.load(Ordering::Relaxed),
-                fd: r.fd.load(Ordering::Relaxed) as u32 as i32,
-                held: r.held.load(Ordering::Relaxed),
-            };
-            if r.token
-                .compare_exchange(token, 0, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-            {
+            if let Some(u) = claim(&t.recs[slot]) {
                 release(u);
             }
         }

@@ -32,21 +32,10 @@ impl Conn {
     /// ring took a copy at once, so the completion is due at once: counted here, reported by
     /// [`Conn::take_zerocopy`] as TCP reports a copied range (`SO_EE_CODE_ZEROCOPY_COPIED`).
     fn zerocopy_sent(&self, fd: i32) {
-        let mut on: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        let e0 = crate::real::errno();
-        // SAFETY: valid out buffers of their lengths.
-        let r = self.with_io(fd, |io| unsafe {
-            crate::real::getsockopt(
-                io,
-                libc::SOL_SOCKET,
-                libc::SO_ZEROCOPY,
-                (&mut on as *mut libc::c_int).cast(),
-                &mut len,
-            ) as isize
-        });
-        crate::real::set_errno(e0);
-        if r == 0 && on != 0 {
+        if self
+            .sockopt_int(fd, libc::SO_ZEROCOPY)
+            .is_some_and(|on| on != 0)
+        {
             self.zc_sent.fetch_add(1, Ordering::AcqRel);
         }
     }
