@@ -902,8 +902,18 @@ pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
 }
 
 pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    let tagged = fdtable::raw(fd) & !1 == TAG_TCP;
-    if !tagged || !setup::enabled() {
+    let raw = fdtable::raw(fd);
+    if raw != 0 && !addr.is_null() && len as usize >= std::mem::size_of::<libc::sa_family_t>() {
+        // SAFETY: `addr` is non-null and, by connect(2)'s contract, readable for `len` bytes,
+        // which hold at least the family.
+        let family = unsafe { std::ptr::read_unaligned(addr as *const libc::sa_family_t) };
+        if c_int::from(family) == libc::AF_UNSPEC {
+            // SAFETY: the caller's arguments.
+            return unsafe { disconnect(fd, addr, len) };
+        }
+    }
+    let tagged = raw & !1 == TAG_TCP;
+    if !tagged || !setup::enabled() || setup::retired(fd) {
         // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
         // libc's `connect`.
         return unsafe { real::connect(fd, addr, len) };
@@ -974,6 +984,61 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     }
     real::set_errno(e);
     r
+}
+
+/// `connect(fd, {AF_UNSPEC})` (TCP's `tcp_disconnect`) on a socket of ours. An SMC-D
+/// connection is reset for its peer as by an abortive close and continues, in every process
+/// that holds it, as the plain TCP socket the kernel disconnected (`Conn::disconnect`); that
+/// socket, like one that fell back, may connect again, as plain TCP ([`setup::retire`]). A
+/// socket that never connected only does not opt in.
+unsafe fn disconnect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    // SAFETY: the caller's arguments, passed on unchanged: the contract of libc's `connect`.
+    let real_connect = |io: c_int| unsafe { real::connect(io, addr, len) };
+    let Some(o) = fdtable::get(fd) else {
+        return real_connect(fd);
+    };
+    match &*o {
+        Obj::Conn(_) => {
+            let Some(call) = InCall::enter(fd, o.clone()) else {
+                // The number was closed meanwhile: the call goes to what it names now.
+                // SAFETY: the caller's arguments.
+                return unsafe { connect(fd, addr, len) };
+            };
+            let c = call.conn();
+            let r = match c.disconnect(fd, setup::leave_shortcut_for_tcp, real_connect) {
+                Some(r) => {
+                    stats::conn_closed(c);
+                    r
+                }
+                None => real_connect(c.io_now(fd)),
+            };
+            let e = real::errno();
+            let mut fds = Vec::new();
+            fdtable::for_each_object(|ofd, x| {
+                if Arc::ptr_eq(x, &o) {
+                    fds.push(ofd);
+                }
+            });
+            for ofd in fds {
+                if fdtable::get(ofd).is_some_and(|x| Arc::ptr_eq(&x, &o)) {
+                    setup::retire(ofd);
+                }
+            }
+            drop(call);
+            real::set_errno(e);
+            r
+        }
+        Obj::Tcp | Obj::Skip(_) => {
+            // Fell back: a plain TCP socket from now on (a late CLC message of the old peer
+            // never comes: the kernel drops the receive queue).
+            let r = real_connect(fd);
+            let e = real::errno();
+            setup::retire(fd);
+            real::set_errno(e);
+            r
+        }
+        _ => real_connect(fd),
+    }
 }
 
 pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
@@ -1054,6 +1119,7 @@ fn forget_slot(fd: c_int, io_fd: c_int) {
     // A call of this thread left by a jump (`siglongjmp` out of a signal handler) is released
     // first: the close of its connection is not deferred to it (`util::unwound`).
     crate::obj::reap_unwound();
+    setup::unretire(fd);
     match fdtable::replace(fd, Slot::Empty) {
         Slot::Obj(o) if matches!(&*o, Obj::Private(_)) => {
             if io_fd >= 0 {

@@ -1040,6 +1040,44 @@ pub(crate) fn settle_plain(fd: i32) {
     crate::epoll::refresh(fd);
 }
 
+/// Sockets of this process that were SMC-D connections and go on as plain TCP sockets while
+/// an epoll set of ours tracks them (their slot keeps the tag, [`settle_plain`]): a later
+/// `connect` of such a socket (after `connect(AF_UNSPEC)`) must not opt in again, since its
+/// eBPF socket state still says what the first connection's handshake found (the flags are
+/// only ever added to). Forgotten when the number closes ([`unretire`]).
+static RETIRED: ForkMutex<Vec<i32>> = ForkMutex::new(Vec::new);
+static RETIRED_N: AtomicU64 = AtomicU64::new(0);
+
+/// The socket of `fd`, once an SMC-D connection, continues as a plain TCP socket that may
+/// connect again (`connect(AF_UNSPEC)`): it no longer announces SMC (its next SYN carries no
+/// option, so that no server expects a CLC message from it), its number is plain (tagged only
+/// while an epoll set tracks it), and its `connect`s go straight to the kernel.
+pub(crate) fn retire(fd: i32) {
+    set_bpf_opt(fd, SMC_SO_ENABLE, 0);
+    settle_plain(fd);
+    if fdtable::raw(fd) & !1 == TAG_TCP {
+        let mut v = RETIRED.lock();
+        if !v.contains(&fd) {
+            v.push(fd);
+        }
+        RETIRED_N.store(v.len() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Whether `fd` is a socket [`retire`]d while an epoll set tracks it.
+pub(crate) fn retired(fd: i32) -> bool {
+    RETIRED_N.load(Ordering::Relaxed) != 0 && RETIRED.lock().contains(&fd)
+}
+
+/// The number `fd` closes (or names something else now): it is no retired socket any more.
+pub(crate) fn unretire(fd: i32) {
+    if RETIRED_N.load(Ordering::Relaxed) != 0 {
+        let mut v = RETIRED.lock();
+        v.retain(|&x| x != fd);
+        RETIRED_N.store(v.len() as u64, Ordering::Relaxed);
+    }
+}
+
 fn nonblocking(fd: i32) -> bool {
     // SAFETY: F_GETFL has no argument.
     let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };

@@ -82,19 +82,7 @@ impl Conn {
         if f & (F_CLOSED | F_PROTO) != 0 {
             return Switched::Reset;
         }
-        self.set_flag(F_SWITCHING);
-        fence(Ordering::SeqCst);
-        // Doorbells on their way finish first, and so does a drain under way (its thread
-        // checked the flag before we set it).
-        let start = Instant::now();
-        let mut i = 0u32;
-        while (s.bells.load(Ordering::SeqCst) != 0
-            || s.ksleep.load(Ordering::SeqCst) & DRAINING != 0)
-            && start.elapsed() < Duration::from_millis(SETTLE_MAX_MS)
-        {
-            i += 1;
-            spin_pause(i);
-        }
+        self.stop_rings();
         let cons = unpack(s.cons.load(Ordering::Acquire));
         self.publish_cons(cons);
         // The socket itself (a number closed under a call in flight may name another file).
@@ -118,6 +106,77 @@ impl Conn {
             (h.changed_fd)(fd, self);
         }
         r
+    }
+
+    /// Under both ring locks: [`F_SWITCHING`] (no doorbell goes out, no drain reads the
+    /// socket any more), then waits for the doorbells on their way and a drain under way (its
+    /// thread checked the flag before we set it).
+    fn stop_rings(&self) {
+        let s = self.sh();
+        self.set_flag(F_SWITCHING);
+        fence(Ordering::SeqCst);
+        let start = Instant::now();
+        let mut i = 0u32;
+        while (s.bells.load(Ordering::SeqCst) != 0
+            || s.ksleep.load(Ordering::SeqCst) & DRAINING != 0)
+            && start.elapsed() < Duration::from_millis(SETTLE_MAX_MS)
+        {
+            i += 1;
+            spin_pause(i);
+        }
+    }
+
+    /// `connect(AF_UNSPEC)` on the connection (TCP's `tcp_disconnect`): the peer is reset as
+    /// by an abortive close (`peer_conn_abort`, and the socket's own reset), and this end
+    /// continues on its TCP socket, now disconnected, for every holder in every process
+    /// ([`F_SWITCHED`]: their next call makes their fds plain and goes to the socket, whose
+    /// reads say `ECONNRESET` then `ENOTCONN` and writes `EPIPE`, TCP's own answers). The rings
+    /// stop first, so that no drain of ours takes the reset's error from the socket and no
+    /// doorbell follows. `leave` takes the socket out of the SOCKHASH (so that it reads and
+    /// writes as plain TCP when it connects again); `disconnect` is the real call on the socket,
+    /// whose result (errno kept) is returned. `None`: the connection was on TCP already
+    /// (switched), nothing was done.
+    pub fn disconnect(
+        &self,
+        fd: i32,
+        leave: impl FnOnce(i32) -> bool,
+        disconnect: impl FnOnce(i32) -> i32,
+    ) -> Option<i32> {
+        let s = self.sh();
+        let _rg = s.rx_lock.lock();
+        let _tg = s.tx_lock.lock();
+        if self.flags() & F_SWITCHED != 0 {
+            return None;
+        }
+        self.stop_rings();
+        crate::debug!(
+            "fd {fd}: connect(AF_UNSPEC): the connection is reset (the peer gets ECONNRESET) and \
+             continues as a plain TCP socket: {}",
+            self.describe()
+        );
+        self.update_peer_flags(
+            0,
+            ProdFlags::WRITE_BLOCKED.0,
+            ConnStateFlags::PEER_CONN_ABORT.0 | ConnStateFlags::PEER_CONN_CLOSED.0,
+        );
+        let io = self.io_now(fd);
+        leave(io);
+        let r = disconnect(io);
+        let e = real::errno();
+        if r != 0 {
+            // Not disconnected (never for a TCP socket): the peer was told of the abort, so
+            // the socket must not carry on either.
+            reset_socket(io);
+        }
+        self.set_flag(F_SWITCHED);
+        s.flags.fetch_and(!F_SWITCHING, Ordering::AcqRel);
+        s.wake_seq.fetch_add(1, Ordering::AcqRel);
+        crate::shm::futex_wake(&s.wake_seq, i32::MAX);
+        if let Some(h) = HOOKS.get() {
+            (h.changed_fd)(fd, self);
+        }
+        real::set_errno(e);
+        Some(r)
     }
 
     fn switch_steps(&self, fd: i32, deadline: Instant, leave: impl FnOnce() -> bool) -> Switched {

@@ -137,6 +137,8 @@ scenarios! {
     shutdown_rd_wakes_poll: 1;
     rcvtimeo_sa_restart_eintr: 1;
     so_error_after_reported_reset: 1;
+    connect_unspec_disconnects: 1;
+    connect_unspec_dup_epoll_reconnect: 1;
     fionbio: 1;
     read_chk_buflen: 1;
     recv_chk_buflen: 1;
@@ -3696,6 +3698,111 @@ fn so_error_after_reported_reset() {
     rd("read(s) a third time", s, 100);
     so_error("SO_ERROR(s)", s);
     close(s);
+}
+
+/// `connect(AF_UNSPEC)` on an established connection (`tcp_disconnect`): the peer gets a
+/// reset, this end's read says `ECONNRESET` then `ENOTCONN`, its write `EPIPE`; the same
+/// socket then connects to another server as a fresh connection, and its bytes go there.
+fn connect_unspec_disconnects() {
+    count_sigpipe();
+    let (c, s) = pair_settled();
+    write_all(s, b"unread");
+    pl("poll(c,IN)", c, libc::POLLIN, 5000);
+    // SAFETY: a zeroed sockaddr is valid (AF_UNSPEC is 0).
+    let u: libc::sockaddr = unsafe { std::mem::zeroed() };
+    r(
+        "connect(c,AF_UNSPEC)",
+        // SAFETY: a valid address of its length.
+        unsafe { libc::connect(c, &u, std::mem::size_of::<libc::sockaddr>() as _) } as isize,
+    );
+    pl(
+        "poll(s,IN|RDHUP) after the disconnect",
+        s,
+        libc::POLLIN | libc::POLLRDHUP,
+        5000,
+    );
+    rd("read(s)", s, 10);
+    rd("read(s) again", s, 10);
+    r("write(s)", wr(s, b"y"));
+    pl(
+        "poll(c,IN|OUT|RDHUP)",
+        c,
+        libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP,
+        0,
+    );
+    rd("read(c)", c, 10);
+    rd("read(c) again", c, 10);
+    r("write(c)", wr(c, b"x"));
+    // SAFETY: plain old data.
+    let mut a: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut al = SALEN;
+    r(
+        "getpeername(c)",
+        // SAFETY: valid out buffers.
+        unsafe { libc::getpeername(c, &mut a as *mut _ as *mut libc::sockaddr, &mut al) } as isize,
+    );
+    log_sigpipes();
+    close(s);
+    let (l2, port2) = listener();
+    r(
+        "connect(c) to another server",
+        connect_to(c, port2) as isize,
+    );
+    let s2 = accept_fd(l2);
+    r("write(c,hello)", wr(c, b"hello"));
+    pl("poll(s2,IN)", s2, libc::POLLIN, 5000);
+    rd("read(s2)", s2, 10);
+    r("write(s2,world)", wr(s2, b"world"));
+    pl("poll(c,IN)", c, libc::POLLIN, 5000);
+    rd("read(c) from the new server", c, 10);
+    close(c);
+    close(s2);
+    close(l2);
+}
+
+/// [`connect_unspec_disconnects`] with a second number of the socket (`dup`) and the socket
+/// in an epoll set: both numbers see the disconnected socket (one `ECONNRESET` between them),
+/// the set reports it as TCP's, and after it connected to another server the set reports the
+/// new server's bytes, read through the other number.
+fn connect_unspec_dup_epoll_reconnect() {
+    const CS: &[&str] = &["c"];
+    let (c, s) = pair_settled();
+    // SAFETY: plain syscall.
+    let d = unsafe { libc::dup(c) };
+    let ep = ep_create();
+    ep_ctl("add c", ep, libc::EPOLL_CTL_ADD, c, libc::EPOLLIN as u32, 0);
+    ep_wait("wait(0) idle", ep, 8, 0, &names(CS));
+    // SAFETY: a zeroed sockaddr is valid (AF_UNSPEC is 0).
+    let u: libc::sockaddr = unsafe { std::mem::zeroed() };
+    r(
+        "connect(c,AF_UNSPEC)",
+        // SAFETY: a valid address of its length.
+        unsafe { libc::connect(c, &u, std::mem::size_of::<libc::sockaddr>() as _) } as isize,
+    );
+    ep_wait("wait after the disconnect", ep, 8, 5000, &names(CS));
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    rd("read(s)", s, 10);
+    rd("read(dup of c)", d, 10);
+    rd("read(c)", c, 10);
+    close(s);
+    let (l2, port2) = listener();
+    r(
+        "connect(c) to another server",
+        connect_to(c, port2) as isize,
+    );
+    let s2 = accept_fd(l2);
+    ep_wait("wait(0) connected, idle", ep, 8, 0, &names(CS));
+    write_all(s2, b"world");
+    ep_wait("wait for the new server's bytes", ep, 8, 5000, &names(CS));
+    rd("read(dup of c)", d, 10);
+    r("write(dup of c)", wr(d, b"hello"));
+    pl("poll(s2,IN)", s2, libc::POLLIN, 5000);
+    rd("read(s2)", s2, 10);
+    close(ep);
+    close(d);
+    close(c);
+    close(s2);
+    close(l2);
 }
 
 fn fionbio() {
