@@ -620,6 +620,28 @@ impl Conn {
         self.own_hdr().load_cons().conn_state
     }
 
+    /// The peer shut its writing, then reset the connection (a close with our bytes unread,
+    /// or `SO_LINGER {1, 0}`, after its `shutdown(SHUT_WR)`): TCP's reader got the FIN before
+    /// the reset, so its reads are at the end of the stream (`SOCK_DONE`), and the reset left
+    /// `EPIPE` pending in CLOSE_WAIT (`tcp_reset`; `ECONNRESET` once we shut our writing too).
+    /// An abort never sets `peer_done_writing` itself (`Conn::final_close`), so both flags
+    /// together say that order.
+    fn fin_before_reset(&self) -> bool {
+        let ps = self.peer_state();
+        self.flags() & F_PROTO == 0
+            && ps.contains(ConnStateFlags::PEER_DONE_WRITING)
+            && ps.contains(ConnStateFlags::PEER_CONN_ABORT)
+    }
+
+    /// The errno the peer's reset leaves pending (see [`Conn::fin_before_reset`]).
+    fn reset_errno(&self) -> Errno {
+        if self.fin_before_reset() && self.flags() & F_SHUT_WR == 0 {
+            libc::EPIPE
+        } else {
+            libc::ECONNRESET
+        }
+    }
+
     /// The whole readiness picture, without locks or syscalls.
     pub fn readiness(&self) -> Readiness {
         let f = self.flags();

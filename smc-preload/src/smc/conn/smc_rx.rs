@@ -233,6 +233,11 @@ impl Conn {
                     // pending for the next write or `SO_ERROR`.
                     return Ok(0);
                 }
+                if self.fin_before_reset() {
+                    // The peer's FIN came before its reset (`SOCK_DONE`): the end of the
+                    // stream; the reset's error stays pending for `SO_ERROR` or a write.
+                    return Ok(0);
+                }
                 let old = self.set_flag(F_RST_REPORTED);
                 if old & F_RST_REPORTED == 0 {
                     crate::debug!("fd {fd}: read gives ECONNRESET: {}", self.describe());

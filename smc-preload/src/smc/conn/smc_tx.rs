@@ -203,8 +203,9 @@ impl Conn {
             return libc::EPIPE;
         }
         if self.set_flag(F_RST_REPORTED) & F_RST_REPORTED == 0 {
-            crate::debug!("SO_ERROR gives ECONNRESET: {}", self.describe());
-            return libc::ECONNRESET;
+            let e = self.reset_errno();
+            crate::debug!("SO_ERROR gives errno {e}: {}", self.describe());
+            return e;
         }
         0
     }
@@ -231,8 +232,9 @@ impl Conn {
                 return Some(libc::ECONNRESET);
             }
             if self.set_flag(F_RST_REPORTED) & F_RST_REPORTED == 0 {
-                crate::debug!("write gives ECONNRESET: {}", self.describe());
-                return Some(libc::ECONNRESET);
+                let e = self.reset_errno();
+                crate::debug!("write gives errno {e}: {}", self.describe());
+                return Some(e);
             }
             return Some(libc::EPIPE);
         }

@@ -139,6 +139,7 @@ scenarios! {
     so_error_after_reported_reset: 1;
     connect_unspec_disconnects: 1;
     connect_unspec_dup_epoll_reconnect: 1;
+    peer_fin_then_reset: 2;
     fionbio: 1;
     read_chk_buflen: 1;
     recv_chk_buflen: 1;
@@ -3803,6 +3804,52 @@ fn connect_unspec_dup_epoll_reconnect() {
     close(c);
     close(s2);
     close(l2);
+}
+
+/// The peer shuts writing, then closes with our bytes unread (a reset): its FIN came first,
+/// so a read is at the end of the stream (`SOCK_DONE`), blocking or not, and the reset leaves
+/// `EPIPE` pending (`tcp_reset` in CLOSE_WAIT) for `SO_ERROR` or the next write.
+fn peer_fin_then_reset() {
+    count_sigpipe();
+    for so_error_first in [true, false] {
+        let (c, s) = pair_settled();
+        write_all(c, b"abc");
+        write_all(s, b"xyz");
+        pl("poll(s,IN)", s, libc::POLLIN, 5000);
+        pl("poll(c,IN)", c, libc::POLLIN, 5000);
+        r(
+            "shutdown(s,WR)",
+            // SAFETY: `s` is a socket fd this scenario owns; shutdown touches no memory.
+            unsafe { libc::shutdown(s, libc::SHUT_WR) } as isize,
+        );
+        r("close(s) with unread data", close(s) as isize);
+        pl(
+            "poll(c,IN|OUT|RDHUP)",
+            c,
+            libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP,
+            5000,
+        );
+        rd("read(c) data", c, 10);
+        rd("read(c) after FIN and reset", c, 10);
+        rd("read(c) again", c, 10);
+        if so_error_first {
+            so_error("SO_ERROR(c)", c);
+            so_error("SO_ERROR(c) again", c);
+            r("write(c)", wr(c, b"q"));
+        } else {
+            r("write(c)", wr(c, b"q"));
+            so_error("SO_ERROR(c)", c);
+            r("write(c) again", wr(c, b"q"));
+        }
+        pl(
+            "poll(c,IN|OUT|RDHUP) at the end",
+            c,
+            libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP,
+            0,
+        );
+        log_sigpipes();
+        close(c);
+    }
 }
 
 fn fionbio() {
