@@ -95,6 +95,14 @@ pub const F_OOBINLINE: u32 = 1 << 15;
 /// the next ordinary write clears them.
 pub const F_URG_FLAGS: u32 = 1 << 16;
 
+/// This project's CDC extension (a reserved bit of Linux's `conn_state_flags` byte, which
+/// Linux ignores): the writer of this consumer word shut its reading side (`SHUT_RD`). With
+/// `peer_done_writing` its TCP socket would be in FIN_WAIT with `RCV_SHUTDOWN`, where the kernel
+/// answers new data with a reset (`tcp_rcv_state_process`, `TCPAbortOnData`): our next write
+/// is taken and goes nowhere, the peer reads `ECONNRESET`, and we `EPIPE` from then on, as
+/// after the peer's close ([`F_WROTE_AFTER_CLOSE`]).
+pub const PEER_DONE_READING: u8 = 0x10;
+
 /// This project's CDC extension "switch to TCP" (Linux net/smc has no such message): the one
 /// byte, sent on the TCP socket after the sender's last doorbell, that ends the doorbell
 /// channel. The sender no longer reads or writes the rings: the consumer cursor it published

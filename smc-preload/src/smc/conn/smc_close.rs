@@ -161,6 +161,11 @@ impl Conn {
             _ => return Err(libc::EINVAL),
         };
         let old = self.set_flag(f);
+        if f & F_SHUT_RD != 0 && old & F_SHUT_RD == 0 {
+            // The writer learns that new bytes would be answered with a reset once we shut
+            // our writing too ([`PEER_DONE_READING`]); what it wrote before stays readable.
+            self.update_peer_flags(0, 0, PEER_DONE_READING);
+        }
         if f & F_SHUT_WR != 0 && old & F_SHUT_WR == 0 {
             // Wait for in-flight writers so the flag follows their last cursor.
             let _g = self.sh().tx_lock.lock();

@@ -80,6 +80,22 @@ impl Conn {
                     return Ok(done);
                 }
                 if self.set_flag(F_WROTE_AFTER_CLOSE) & F_WROTE_AFTER_CLOSE == 0 {
+                    let ps = self.peer_state();
+                    if !ps.any_close() && peer_shut_both(ps) {
+                        // The peer shut both ways but holds the connection: its kernel would
+                        // answer these bytes with a reset, which it reads as `ECONNRESET`.
+                        {
+                            let _g = s.tx_lock.lock();
+                            self.update_peer_flags(0, 0, ConnStateFlags::PEER_CONN_ABORT.0);
+                        }
+                        if self
+                            .peer_wait()
+                            .fetch_and(!(WAIT_DATA | WAIT_SPACE), Ordering::SeqCst)
+                            != 0
+                        {
+                            self.ring_doorbell(fd);
+                        }
+                    }
                     // EPOLLERR | EPOLLHUP from now on, as TCP's reset would say.
                     if let Some(h) = HOOKS.get() {
                         (h.changed)(fd, self);
@@ -238,7 +254,7 @@ impl Conn {
             }
             return Some(libc::EPIPE);
         }
-        if ps.any_close() || f & F_PEER_GONE != 0 {
+        if ps.any_close() || f & F_PEER_GONE != 0 || peer_shut_both(ps) {
             if f & F_WROTE_AFTER_CLOSE == 0 {
                 // TCP takes the first write after the peer's close (the peer answers with a
                 // reset): it succeeds, the bytes go nowhere.
@@ -309,4 +325,10 @@ impl Conn {
             .fetch_add(done as u64, Ordering::Relaxed);
         done
     }
+}
+
+/// The peer shut its reading and its writing without closing ([`PEER_DONE_READING`] and
+/// `peer_done_writing`): TCP's peer is in FIN_WAIT with `RCV_SHUTDOWN` and resets at new data.
+fn peer_shut_both(ps: ConnStateFlags) -> bool {
+    ps.contains(ConnStateFlags::PEER_DONE_WRITING) && ps.0 & PEER_DONE_READING != 0
 }

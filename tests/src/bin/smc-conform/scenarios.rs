@@ -139,6 +139,7 @@ scenarios! {
     so_error_after_reported_reset: 1;
     connect_unspec_disconnects: 1;
     connect_unspec_dup_epoll_reconnect: 1;
+    write_to_peer_shut_rdwr: 1;
     peer_fin_then_reset: 2;
     fionbio: 1;
     read_chk_buflen: 1;
@@ -3804,6 +3805,45 @@ fn connect_unspec_dup_epoll_reconnect() {
     close(c);
     close(s2);
     close(l2);
+}
+
+/// Writing to a peer that shut both ways without closing (`shutdown(SHUT_RDWR)`): its kernel
+/// answers data after its `SHUT_RD` with a reset (`tcp_rcv_state_process`, FIN_WAIT with
+/// `RCV_SHUTDOWN`): the first write succeeds, the next says `EPIPE`, and the peer reads
+/// `ECONNRESET`.
+fn write_to_peer_shut_rdwr() {
+    count_sigpipe();
+    let (c, s) = pair_settled();
+    r(
+        "shutdown(c,RDWR)",
+        // SAFETY: `c` is a socket fd this scenario owns; shutdown touches no memory.
+        unsafe { libc::shutdown(c, libc::SHUT_RDWR) } as isize,
+    );
+    pl("poll(s,IN|RDHUP)", s, libc::POLLIN | libc::POLLRDHUP, 5000);
+    rd("read(s) at EOF", s, 10);
+    r("write(s) 1st", wr(s, b"hello"));
+    pl(
+        "poll(s,IN|OUT) after 1st write",
+        s,
+        libc::POLLIN | libc::POLLOUT,
+        5000,
+    );
+    r("write(s) 2nd", wr(s, b"hello"));
+    set_nonblock(s, true);
+    r("write(s) 3rd, non-blocking", wr(s, b"hello"));
+    log_sigpipes();
+    so_error("SO_ERROR(s)", s);
+    rd("read(s)", s, 10);
+    pl(
+        "poll(c,IN|OUT|RDHUP)",
+        c,
+        libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP,
+        5000,
+    );
+    rd("read(c)", c, 10);
+    rd("read(c) again", c, 10);
+    close(c);
+    close(s);
 }
 
 /// The peer shuts writing, then closes with our bytes unread (a reset): its FIN came first,
