@@ -390,12 +390,23 @@ unsafe fn send_in(call: &InCall, fd: c_int, iov: &[iovec], flags: c_int) -> ssiz
     }
 }
 
+/// `read`/`readv` of nothing on one of our sockets: `sock_read_iter` returns 0 before the
+/// protocol sees the call (never waits, never `EAGAIN`), unlike a `recv` of nothing, which
+/// `tcp_recvmsg` treats as a read.
+fn reads_nothing(fd: c_int, v: &[iovec]) -> bool {
+    v.iter().all(|i| i.iov_len == 0)
+        && fdtable::get(fd).is_some_and(|o| !matches!(&*o, Obj::Epoll(_) | Obj::Private(_)))
+}
+
 pub unsafe fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     if slow(fd) {
         let v = [iovec {
             iov_base: buf,
             iov_len: n,
         }];
+        if reads_nothing(fd, &v) {
+            return 0;
+        }
         // SAFETY: `v` describes the caller's buffer of `n` writable bytes (read(2)'s contract).
         if let Some(r) = unsafe { recv_iov(fd, &v, 0) } {
             return r;
@@ -492,6 +503,9 @@ pub unsafe fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
             Ok(v) => v,
             Err(e) => return fail(e),
         };
+        if reads_nothing(fd, v) {
+            return 0;
+        }
         // SAFETY: `v` is the caller's iovecs over writable buffers (readv(2)'s contract).
         if let Some(r) = unsafe { recv_iov(fd, v, 0) } {
             return r;

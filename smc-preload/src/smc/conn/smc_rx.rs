@@ -146,12 +146,13 @@ impl Conn {
         };
         let s = self.sh();
         s.rx_calls.fetch_add(1, Ordering::Relaxed);
-        if want == 0 {
-            return Ok(0);
-        }
         let mut done = 0usize;
         // SO_RCVTIMEO is only looked up once we have to sleep.
         let mut deadline: Option<Option<Instant>> = None;
+        // A peek that waited for more than there is and gave up (timeout or signal): it
+        // returns the bytes there are, as TCP's peek returns what it copied before the wait;
+        // with none, the error of the wait.
+        let mut gave_up: Option<Errno> = None;
         loop {
             if self.flags() & (F_PEER_SWITCH | F_SWITCHED) != 0 {
                 return if done > 0 { Ok(done) } else { Err(E_TCP) };
@@ -174,6 +175,11 @@ impl Conn {
                 // mark; one that starts there skips the urgent byte (unless SO_OOBINLINE).
                 let (cons, rx) = self.urg_sync(fd, cons, prod);
                 let avail = self.rx.readable(cons, prod).unwrap_or(0);
+                if want == 0 && avail > 0 {
+                    // `tcp_recvmsg` with nothing asked for and bytes queued: 0, nothing
+                    // consumed (not even an urgent byte at the read position).
+                    return Ok(0);
+                }
                 if done > 0 && rx.at_mark(cons) {
                     return Ok(done);
                 }
@@ -185,7 +191,12 @@ impl Conn {
                     self.set_urg_rx(rx.passed(self.rx, start));
                     self.after_consume(fd, start, lim == 0);
                 }
-                if lim > 0 && !(peek && (lim as usize) < peek_need && !self.readiness().rd_eof) {
+                if lim > 0
+                    && !(peek
+                        && (lim as usize) < peek_need
+                        && gave_up.is_none()
+                        && !self.readiness().rd_eof)
+                {
                     if peek {
                         let n = (lim as usize).min(want);
                         if !trunc {
@@ -215,6 +226,9 @@ impl Conn {
                 }
             }
             // Nothing (more) to read.
+            if let Some(e) = gave_up {
+                return Err(e);
+            }
             let r = self.readiness();
             if r.readable > 0 && !(peek && (r.readable as usize) < peek_need) {
                 continue;
@@ -257,22 +271,29 @@ impl Conn {
                     Err(libc::EAGAIN)
                 };
             }
-            let need = if peek { peek_need as u32 } else { 1 };
+            let need = if peek { (peek_need as u32).max(1) } else { 1 };
             let dl = *deadline
                 .get_or_insert_with(|| deadline_of(self.sock_timeout(fd, libc::SO_RCVTIMEO)));
-            match self.wait(fd, true, need, dl) {
-                Woke::Ready => {}
-                Woke::Timeout => {
-                    return if done > 0 {
-                        Ok(done)
-                    } else {
-                        Err(libc::EAGAIN)
-                    };
-                }
-                Woke::Intr => {
-                    return if done > 0 { Ok(done) } else { Err(libc::EINTR) };
-                }
+            let woke = self.wait(fd, true, need, dl);
+            if want == 0 {
+                // `tcp_recvmsg` with nothing asked for waits once (data, the end, a timeout
+                // or a signal) and returns 0 whatever woke it.
+                return Ok(0);
             }
+            let e = match woke {
+                Woke::Ready => continue,
+                Woke::Timeout => libc::EAGAIN,
+                Woke::Intr => libc::EINTR,
+            };
+            if done > 0 {
+                return Ok(done);
+            }
+            if peek {
+                // Look once more: the bytes there are now, if any, are the answer.
+                gave_up = Some(e);
+                continue;
+            }
+            return Err(e);
         }
     }
 

@@ -182,6 +182,9 @@ scenarios! {
     // buffering
     write_before_read_both: 1;
     write_before_read_3mb: 1;
+    // red-team round 9 (rt9x)
+    zero_len_recv: 1;
+    peek_waitall_partial: 1;
 }
 
 // ── probes ──────────────────────────────────────────────────────────────────────────────────
@@ -5132,4 +5135,126 @@ fn signal_handler_recv_inside_recv() {
 
 fn signal_handler_recv_inside_recv_altstack() {
     handler_recv_inside_recv(true);
+/// Logged `recv(fd, buf, 0, flags)`.
+fn recv0(what: &str, fd: c_int, flags: c_int) -> isize {
+    let mut b = [0u8; 1];
+    // SAFETY: a zero-length read into a live buffer.
+    r(what, unsafe {
+        libc::recv(fd, b.as_mut_ptr().cast(), 0, flags)
+    })
+}
+
+/// A zero-length `recv` is a read for `tcp_recvmsg`: `EAGAIN` on an empty socket when it may
+/// not wait, 0 with bytes queued (none consumed) or at the end; a blocking one waits once
+/// (data, timeout) and says 0. `read`/`readv` of nothing say 0 at once (`sock_read_iter`).
+fn zero_len_recv() {
+    let (c, s) = pair();
+    recv0("recv(s,0,DONTWAIT) empty", s, libc::MSG_DONTWAIT);
+    recv0(
+        "recv(s,0,PEEK|DONTWAIT) empty",
+        s,
+        libc::MSG_PEEK | libc::MSG_DONTWAIT,
+    );
+    // SAFETY: plain old data.
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    // SAFETY: a msghdr without iovecs.
+    r("recvmsg(s,iovlen 0,DONTWAIT) empty", unsafe {
+        libc::recvmsg(s, &mut m, libc::MSG_DONTWAIT)
+    });
+    rd("read(s,0) blocking empty", s, 0);
+    let mut b = [0u8; 1];
+    let v = libc::iovec {
+        iov_base: b.as_mut_ptr().cast(),
+        iov_len: 0,
+    };
+    // SAFETY: one zero-length iovec.
+    r("readv(s,[0]) blocking empty", unsafe {
+        libc::readv(s, &v, 1)
+    });
+    set_nonblock(s, true);
+    recv0("recv(s,0) O_NONBLOCK empty", s, 0);
+    rd("read(s,0) O_NONBLOCK empty", s, 0);
+    set_nonblock(s, false);
+    let t = tv(100);
+    setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &t);
+    recv0("recv(s,0) blocking empty, SO_RCVTIMEO", s, 0);
+    let t = tv(0);
+    setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &t);
+    let h = when_blocked(move || write_all(c, b"late"));
+    recv0("recv(s,0) blocking empty until data", s, 0);
+    h.join().unwrap();
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    recv0("recv(s,0,DONTWAIT) data", s, libc::MSG_DONTWAIT);
+    recv0("recv(s,0) data", s, 0);
+    recv_l("recv(s,100)", s, 100, 0);
+    r("shutdown(c,WR)", libc_shutdown(c, libc::SHUT_WR));
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    recv0("recv(s,0,DONTWAIT) at EOF", s, libc::MSG_DONTWAIT);
+    recv0("recv(s,0) at EOF", s, 0);
+    close(c);
+    close(s);
+}
+
+fn libc_shutdown(fd: c_int, how: c_int) -> isize {
+    // SAFETY: integer arguments only.
+    unsafe { libc::shutdown(fd, how) as isize }
+}
+
+/// `MSG_PEEK|MSG_WAITALL` (or a peek below `SO_RCVLOWAT`) with fewer bytes than asked: at the
+/// timeout or a signal TCP's peek returns what it copied before its wait.
+fn peek_waitall_partial() {
+    handle(libc::SIGUSR1, false);
+    let (c, s) = pair();
+    let t = tv(100);
+    setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &t);
+    recv_l(
+        "recv(s,10,PEEK|WAITALL) empty, SO_RCVTIMEO",
+        s,
+        10,
+        libc::MSG_PEEK | libc::MSG_WAITALL,
+    );
+    write_all(c, b"abc");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    recv_l(
+        "recv(s,10,PEEK|WAITALL) 3 there, SO_RCVTIMEO",
+        s,
+        10,
+        libc::MSG_PEEK | libc::MSG_WAITALL,
+    );
+    let v: c_int = 5;
+    setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_RCVLOWAT, &v);
+    recv_l(
+        "recv(s,10,PEEK) 3 there, RCVLOWAT 5, SO_RCVTIMEO",
+        s,
+        10,
+        libc::MSG_PEEK,
+    );
+    let v: c_int = 1;
+    setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_RCVLOWAT, &v);
+    let t = tv(0);
+    setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &t);
+    // SAFETY: plain call.
+    let me = unsafe { libc::pthread_self() };
+    let h = when_blocked(move || {
+        // SAFETY: the main thread is alive (it joins this one).
+        unsafe { libc::pthread_kill(me, libc::SIGUSR1) };
+    });
+    recv_l(
+        "recv(s,10,PEEK|WAITALL) 3 there, signal",
+        s,
+        10,
+        libc::MSG_PEEK | libc::MSG_WAITALL,
+    );
+    h.join().unwrap();
+    r("shutdown(c,WR)", libc_shutdown(c, libc::SHUT_WR));
+    pl("poll(s,IN|RDHUP)", s, libc::POLLIN | libc::POLLRDHUP, 5000);
+    recv_l(
+        "recv(s,10,PEEK|WAITALL) 3 there and EOF",
+        s,
+        10,
+        libc::MSG_PEEK | libc::MSG_WAITALL,
+    );
+    recv_l("recv(s,100)", s, 100, 0);
+    close(c);
+    close(s);
 }
