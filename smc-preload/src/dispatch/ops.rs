@@ -496,6 +496,16 @@ unsafe fn iov_slice<'a>(iov: *const iovec, cnt: c_int) -> Result<&'a [iovec], c_
     Ok(unsafe { std::slice::from_raw_parts(iov, cnt as usize) })
 }
 
+/// The iovecs of a msghdr: as [`iov_slice`], but more than `UIO_MAXIOV` is `EMSGSIZE`
+/// (`__copy_msghdr`), and the length is the kernel's `size_t` (not truncated to an int).
+unsafe fn msg_iov_slice<'a>(iov: *const iovec, cnt: usize) -> Result<&'a [iovec], c_int> {
+    if cnt > libc::UIO_MAXIOV as usize {
+        return Err(libc::EMSGSIZE);
+    }
+    // SAFETY: the caller's contract, `cnt <= UIO_MAXIOV` fits an int.
+    unsafe { iov_slice(iov, cnt as c_int) }
+}
+
 pub unsafe fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     if slow(fd) {
         // SAFETY: `iov`/`cnt` are the caller's iovec array (readv(2)'s contract).
@@ -635,7 +645,7 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_
         // contract).
         let m = unsafe { &mut *msg };
         // SAFETY: the msghdr's iovec array, as the caller gave it (recvmsg(2)'s contract).
-        let v = match unsafe { iov_slice(m.msg_iov, m.msg_iovlen as c_int) } {
+        let v = match unsafe { msg_iov_slice(m.msg_iov, m.msg_iovlen as usize) } {
             Ok(v) => v,
             Err(e) => return fail(e),
         };
@@ -736,7 +746,7 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssiz
         // contract).
         let m = unsafe { &*msg };
         // SAFETY: the msghdr's iovec array, as the caller gave it (sendmsg(2)'s contract).
-        let v = match unsafe { iov_slice(m.msg_iov, m.msg_iovlen as c_int) } {
+        let v = match unsafe { msg_iov_slice(m.msg_iov, m.msg_iovlen as usize) } {
             Ok(v) => v,
             Err(e) => return fail(e),
         };
@@ -799,7 +809,7 @@ pub unsafe fn recvmmsg(
                 let mh = unsafe { &mut *msgs.add(done as usize) };
                 let m = &mut mh.msg_hdr;
                 // SAFETY: the msghdr's iovec array, as the caller gave it.
-                let r = match unsafe { iov_slice(m.msg_iov, m.msg_iovlen as c_int) } {
+                let r = match unsafe { msg_iov_slice(m.msg_iov, m.msg_iovlen as usize) } {
                     Ok(v) => {
                         // SAFETY: the caller's iovecs over writable buffers.
                         unsafe { recv_in(&call, fd, v, f) }
@@ -815,7 +825,7 @@ pub unsafe fn recvmmsg(
                 m.msg_namelen = 0;
                 m.msg_controllen = 0;
                 // SAFETY: as above (the same iovec array).
-                m.msg_flags = match unsafe { iov_slice(m.msg_iov, m.msg_iovlen as c_int) } {
+                m.msg_flags = match unsafe { msg_iov_slice(m.msg_iov, m.msg_iovlen as usize) } {
                     Ok(v) => oob_msg_flags(v, f),
                     Err(_) => 0,
                 };
@@ -867,7 +877,7 @@ pub unsafe fn sendmmsg(
                 let mh = unsafe { &mut *msgs.add(done as usize) };
                 let m = &mh.msg_hdr;
                 // SAFETY: the msghdr's iovec array, as the caller gave it.
-                let r = match unsafe { iov_slice(m.msg_iov, m.msg_iovlen as c_int) } {
+                let r = match unsafe { msg_iov_slice(m.msg_iov, m.msg_iovlen as usize) } {
                     Ok(v) => {
                         // SAFETY: the caller's iovecs over readable buffers.
                         unsafe { send_in(&call, fd, v, flags) }
@@ -1854,6 +1864,87 @@ fn write_target(fd: c_int, dontwait: bool) -> Result<bool, ()> {
     }
 }
 
+/// The open file behind `fd` as `fdget` and `do_splice` see it: its status flags and
+/// whether it is a pipe (or FIFO), or `EBADF` (not open, or an `O_PATH` descriptor).
+fn file_of(fd: c_int) -> Result<(c_int, bool), c_int> {
+    // SAFETY: an integer command without argument.
+    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+    if fl < 0 || fl & libc::O_PATH != 0 {
+        return Err(libc::EBADF);
+    }
+    // SAFETY: plain old data, filled by fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer.
+    let fifo =
+        unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_mode & libc::S_IFMT == libc::S_IFIFO;
+    Ok((fl, fifo))
+}
+
+/// A pointer the kernel's `copy_from_user` would refuse at no cost (see [`user_range_ok`]).
+fn bad_user_ptr<T>(p: *const T) -> bool {
+    !p.is_null() && (p as usize) < 0x1_0000
+}
+
+/// `do_sendfile`'s checks when the source is one of our connections, before any byte moves:
+/// a socket cannot be read at an offset (`ESPIPE`), the target must be open for writing
+/// (`EBADF`), and a socket feeds only a pipe (`splice_direct_to_actor` takes regular files
+/// and block devices only: `EINVAL`).
+fn sendfile_from_socket_check(out: c_int, off: *const libc::off_t) -> Result<(), c_int> {
+    if bad_user_ptr(off) {
+        return Err(libc::EFAULT);
+    }
+    if !off.is_null() {
+        return Err(libc::ESPIPE);
+    }
+    let (fl, fifo) = file_of(out)?;
+    if fl & libc::O_ACCMODE == libc::O_RDONLY {
+        return Err(libc::EBADF);
+    }
+    if !fifo {
+        return Err(libc::EINVAL);
+    }
+    Ok(())
+}
+
+/// `splice(2)`'s checks (`SYSCALL_DEFINE6(splice)`, `__do_splice`, `do_splice`) when one end
+/// is one of our connections, before any byte moves: `Ok(true)` when nothing is to move
+/// (`len` 0), `Ok(false)` to go on. A socket has no offset (`EINVAL`), a pipe none either
+/// (`ESPIPE`), and one end must be a pipe (`EINVAL`).
+fn splice_check(
+    fin: c_int,
+    offin: *const libc::loff_t,
+    fout: c_int,
+    offout: *const libc::loff_t,
+    n: size_t,
+    flags: libc::c_uint,
+) -> Result<bool, c_int> {
+    const SPLICE_F_ALL: libc::c_uint =
+        libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK | libc::SPLICE_F_MORE | libc::SPLICE_F_GIFT;
+    if n == 0 {
+        return Ok(true);
+    }
+    if flags & !SPLICE_F_ALL != 0 {
+        return Err(libc::EINVAL);
+    }
+    let (ifl, ipipe) = file_of(fin)?;
+    let (ofl, opipe) = file_of(fout)?;
+    if (ipipe && !offin.is_null()) || (opipe && !offout.is_null()) {
+        return Err(libc::ESPIPE);
+    }
+    if bad_user_ptr(offin) || bad_user_ptr(offout) {
+        return Err(libc::EFAULT);
+    }
+    if ifl & libc::O_ACCMODE == libc::O_WRONLY || ofl & libc::O_ACCMODE == libc::O_RDONLY {
+        return Err(libc::EBADF);
+    }
+    // One end is our socket: no FMODE_PREAD/FMODE_PWRITE, so an offset for it is EINVAL, and
+    // without a pipe at the other end there is nothing to splice through.
+    if ipipe && !offout.is_null() || opipe && !offin.is_null() || !ipipe && !opipe {
+        return Err(libc::EINVAL);
+    }
+    Ok(false)
+}
+
 pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t) -> ssize_t {
     if slow(out) {
         if let Some(m) = moved_first(out, Op::Write { dontwait: false }) {
@@ -1867,10 +1958,15 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t)
             return unsafe { sendfile(out, m.fd, off, n) };
         }
     }
+    let in_smc = slow(inp) && conn_of(inp).is_some();
+    if in_smc {
+        if let Err(e) = sendfile_from_socket_check(out, off) {
+            return fail(e);
+        }
+    }
     let Ok(out_smc) = write_target(out, false) else {
         return -1;
     };
-    let in_smc = slow(inp) && conn_of(inp).is_some();
     if !out_smc && !in_smc {
         // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
         // libc's `sendfile`.
@@ -2012,12 +2108,30 @@ pub unsafe fn splice(
         // libc's `splice`.
         return unsafe { real::splice(fin, offin, fout, offout, n, flags) };
     }
+    match splice_check(fin, offin, fout, offout, n, flags) {
+        Ok(true) => return 0,
+        Ok(false) => {}
+        Err(e) => return fail(e),
+    }
     stats::special(stats::Special::Splice);
     let want = n.min(XFER);
     let mut buf = vec![0u8; want.max(1)];
     if in_smc {
+        // SPLICE_F_NONBLOCK is for the pipe (`wait_for_space`; the socket waits by its own
+        // O_NONBLOCK, `tcp_splice_read`): a full pipe says EAGAIN before anything is read.
+        if nb {
+            let mut p = libc::pollfd {
+                fd: fout,
+                events: libc::POLLOUT,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd, no wait.
+            if unsafe { real::poll(&mut p, 1, 0) } == 0 {
+                return fail(libc::EAGAIN);
+            }
+        }
         // Held for the whole call (see [`hold`]): the bytes consumed are those peeked.
-        let in_call = hold(fin, Op::Read { dontwait: nb });
+        let in_call = hold(fin, Op::Read { dontwait: false });
         let rd = |p: *mut c_void, len: usize, f: c_int| match &in_call {
             Some(call) => {
                 let v = [iovec {
@@ -2031,8 +2145,7 @@ pub unsafe fn splice(
             None => unsafe { recv(fin, p, len, f) },
         };
         // Peek first so that bytes the pipe cannot take stay in the ring.
-        let f = libc::MSG_PEEK | if nb { libc::MSG_DONTWAIT } else { 0 };
-        let r = rd(buf.as_mut_ptr() as *mut c_void, want, f);
+        let r = rd(buf.as_mut_ptr() as *mut c_void, want, libc::MSG_PEEK);
         if r <= 0 {
             return r;
         }

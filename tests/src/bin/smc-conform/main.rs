@@ -67,6 +67,7 @@ fn ename(e: i32) -> String {
         libc::ETIMEDOUT => "ETIMEDOUT",
         libc::EOPNOTSUPP => "EOPNOTSUPP",
         libc::ESPIPE => "ESPIPE",
+        libc::EMSGSIZE => "EMSGSIZE",
         libc::EEXIST => "EEXIST",
         libc::ENOENT => "ENOENT",
         libc::ENOTSOCK => "ENOTSOCK",

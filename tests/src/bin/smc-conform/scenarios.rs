@@ -185,6 +185,8 @@ scenarios! {
     // red-team round 9 (rt9x)
     zero_len_recv: 1;
     peek_waitall_partial: 1;
+    msg_iovlen_over_max: 1;
+    sendfile_splice_socket_edges: 1;
 }
 
 // ── probes ──────────────────────────────────────────────────────────────────────────────────
@@ -5255,6 +5257,163 @@ fn peek_waitall_partial() {
         libc::MSG_PEEK | libc::MSG_WAITALL,
     );
     recv_l("recv(s,100)", s, 100, 0);
+    close(c);
+    close(s);
+}
+
+/// More than `UIO_MAXIOV` iovecs: `EMSGSIZE` for the msghdr calls (`__copy_msghdr`, the
+/// length taken as the `size_t` it is), `EINVAL` for `readv`/`writev`.
+fn msg_iovlen_over_max() {
+    let (c, s) = pair();
+    let mut b = [0u8; 4];
+    let z: Vec<libc::iovec> = (0..1025)
+        .map(|_| libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: 0,
+        })
+        .collect();
+    for (what, len) in [("1025", 1025usize), ("2^32+1", (1usize << 32) + 1)] {
+        // SAFETY: plain old data.
+        let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+        m.msg_iov = z.as_ptr() as *mut libc::iovec;
+        m.msg_iovlen = len as _;
+        // SAFETY: the msghdr names `z`; the kernel refuses the length before reading it.
+        r(&format!("recvmsg(s) iovlen {what}"), unsafe {
+            libc::recvmsg(s, &mut m, libc::MSG_DONTWAIT)
+        });
+        // SAFETY: as above.
+        r(&format!("sendmsg(c) iovlen {what}"), unsafe {
+            libc::sendmsg(c, &m, 0)
+        });
+        // SAFETY: plain old data.
+        let mut mm: libc::mmsghdr = unsafe { std::mem::zeroed() };
+        mm.msg_hdr = m;
+        // SAFETY: one mmsghdr as above.
+        r(&format!("sendmmsg(c) iovlen {what}"), unsafe {
+            libc::sendmmsg(c, &mut mm, 1, 0) as isize
+        });
+        // SAFETY: as above.
+        r(&format!("recvmmsg(s) iovlen {what}"), unsafe {
+            libc::recvmmsg(s, &mut mm, 1, libc::MSG_DONTWAIT, std::ptr::null_mut()) as isize
+        });
+    }
+    // SAFETY: 1025 iovecs in `z`.
+    r("readv(s) 1025", unsafe { libc::readv(s, z.as_ptr(), 1025) });
+    // SAFETY: as above.
+    r("writev(c) 1025", unsafe {
+        libc::writev(c, z.as_ptr(), 1025)
+    });
+    write_all(c, b"still there");
+    rd("read(s)", s, 100);
+    close(c);
+    close(s);
+}
+
+/// `sendfile` and `splice` with the socket as source or with arguments TCP refuses: the
+/// refusal comes before any byte moves (`EINVAL`, `ESPIPE`, `EBADF`), and
+/// `SPLICE_F_NONBLOCK` is for the pipe only: an empty blocking socket waits for data.
+fn sendfile_splice_socket_edges() {
+    let (c, s) = pair();
+    let tmp = c"/tmp";
+    // SAFETY: a valid path.
+    let f = unsafe { libc::open(tmp.as_ptr(), libc::O_TMPFILE | libc::O_RDWR, 0o600) };
+    assert!(f >= 0, "O_TMPFILE");
+    write_all(c, b"0123456789");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    let (pr, pw) = pipe();
+    let null = std::ptr::null_mut::<libc::loff_t>();
+    let mut off: libc::off_t = 0;
+    let mut lo: libc::loff_t = 0;
+    // SAFETY (each call below): descriptors and valid offset pointers or NULL.
+    unsafe {
+        r(
+            "sendfile(file <- s, NULL)",
+            libc::sendfile(f, s, std::ptr::null_mut(), 100),
+        );
+        r(
+            "sendfile(file <- s, &off)",
+            libc::sendfile(f, s, &mut off, 100),
+        );
+        r(
+            "sendfile(-1 <- s, NULL)",
+            libc::sendfile(-1, s, std::ptr::null_mut(), 100),
+        );
+        r(
+            "sendfile(c <- s, NULL)",
+            libc::sendfile(c, s, std::ptr::null_mut(), 100),
+        );
+        r(
+            "sendfile(pipe read end <- s)",
+            libc::sendfile(pr, s, std::ptr::null_mut(), 100),
+        );
+        r(
+            "splice(s -> pipe, off_in)",
+            libc::splice(s, &mut lo, pw, null, 100, 0),
+        );
+        r(
+            "splice(s -> pipe, off_out)",
+            libc::splice(s, null, pw, &mut lo, 100, 0),
+        );
+        r("splice(s -> c)", libc::splice(s, null, c, null, 100, 0));
+        r("splice(s -> file)", libc::splice(s, null, f, null, 100, 0));
+        r(
+            "splice(s -> pipe read end)",
+            libc::splice(s, null, pr, null, 100, 0),
+        );
+        r(
+            "splice(s -> pipe, len 0)",
+            libc::splice(s, null, pw, null, 0, 0),
+        );
+        r(
+            "splice(s -> pipe, flags 0x100)",
+            libc::splice(s, null, pw, null, 100, 0x100),
+        );
+    }
+    rd("read(s): nothing was taken", s, 100);
+    write_all(f, b"filedata");
+    write_all(pw, b"pipedata");
+    // SAFETY (each call below): as above.
+    unsafe {
+        lo = 0;
+        r(
+            "splice(file -> c, off_in)",
+            libc::splice(f, &mut lo, c, null, 100, 0),
+        );
+        r(
+            "splice(pipe -> c, off_out)",
+            libc::splice(pr, null, c, &mut lo, 100, 0),
+        );
+        r(
+            "splice(pipe -> c, off_in)",
+            libc::splice(pr, &mut lo, c, null, 100, 0),
+        );
+        r("splice(pipe -> c)", libc::splice(pr, null, c, null, 100, 0));
+    }
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    rd("read(s)", s, 100);
+    write_all(c, b"abcdef");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    // SAFETY: socket -> pipe, NULL offset.
+    r("sendfile(pipe <- s, NULL, 3)", unsafe {
+        libc::sendfile(pw, s, std::ptr::null_mut(), 3)
+    });
+    rd("read(pipe)", pr, 100);
+    // SAFETY: socket -> pipe.
+    r("splice(s -> pipe, NONBLOCK)", unsafe {
+        libc::splice(s, null, pw, null, 100, libc::SPLICE_F_NONBLOCK)
+    });
+    rd("read(pipe)", pr, 100);
+    let h = when_blocked(move || write_all(c, b"late"));
+    // SAFETY: socket -> pipe.
+    r(
+        "splice(s -> pipe, NONBLOCK) blocking socket, empty until data",
+        unsafe { libc::splice(s, null, pw, null, 100, libc::SPLICE_F_NONBLOCK) },
+    );
+    h.join().unwrap();
+    rd("read(pipe)", pr, 100);
+    close(f);
+    close(pr);
+    close(pw);
     close(c);
     close(s);
 }
