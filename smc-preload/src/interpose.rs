@@ -131,6 +131,56 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn preadv2(
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    off: libc::off_t,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::preadv2` has the contract
+    // of libc's `preadv2`.
+    unsafe { ops::preadv2(fd, iov, cnt, off, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn preadv64v2(
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    off: libc::off_t,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: as `preadv2` (the same function where `off_t` is 64 bits).
+    unsafe { ops::preadv2(fd, iov, cnt, off, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pwritev2(
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    off: libc::off_t,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::pwritev2` has the
+    // contract of libc's `pwritev2`.
+    unsafe { ops::pwritev2(fd, iov, cnt, off, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pwritev64v2(
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    off: libc::off_t,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: as `pwritev2` (the same function where `off_t` is 64 bits).
+    unsafe { ops::pwritev2(fd, iov, cnt, off, flags) }
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
     // SAFETY: the application's arguments, passed on unchanged: `ops::recv` has the contract of
     // libc's `recv`.

@@ -1100,6 +1100,49 @@ pub unsafe fn syscall(
         libc::SYS_dup3 => unsafe {
             ops::dup3(a1 as c_int, a2 as c_int, a3 as c_int, true) as libc::c_long
         },
+        // The data calls, made through `syscall` (a program that bypasses libc's wrappers):
+        // on an SMC connection they go where the wrappers go, else to the kernel.
+        // SAFETY (each): the caller's arguments with the meaning the system call gives them;
+        // each `ops` function has the contract of that system call's libc wrapper, with its
+        // errno convention (-1 and `errno`), which is `syscall`'s too.
+        libc::SYS_read => unsafe {
+            ops::read(a1 as c_int, a2 as *mut libc::c_void, a3 as libc::size_t) as libc::c_long
+        },
+        libc::SYS_write => unsafe {
+            ops::write(a1 as c_int, a2 as *const libc::c_void, a3 as libc::size_t) as libc::c_long
+        },
+        libc::SYS_readv => unsafe {
+            ops::readv(a1 as c_int, a2 as *const libc::iovec, a3 as c_int) as libc::c_long
+        },
+        libc::SYS_writev => unsafe {
+            ops::writev(a1 as c_int, a2 as *const libc::iovec, a3 as c_int) as libc::c_long
+        },
+        libc::SYS_recvfrom => unsafe {
+            ops::recvfrom(
+                a1 as c_int,
+                a2 as *mut libc::c_void,
+                a3 as libc::size_t,
+                a4 as c_int,
+                a5 as *mut libc::sockaddr,
+                a6 as *mut libc::socklen_t,
+            ) as libc::c_long
+        },
+        libc::SYS_sendto => unsafe {
+            ops::sendto(
+                a1 as c_int,
+                a2 as *const libc::c_void,
+                a3 as libc::size_t,
+                a4 as c_int,
+                a5 as *const libc::sockaddr,
+                a6 as libc::socklen_t,
+            ) as libc::c_long
+        },
+        libc::SYS_recvmsg => unsafe {
+            ops::recvmsg(a1 as c_int, a2 as *mut libc::msghdr, a3 as c_int) as libc::c_long
+        },
+        libc::SYS_sendmsg => unsafe {
+            ops::sendmsg(a1 as c_int, a2 as *const libc::msghdr, a3 as c_int) as libc::c_long
+        },
         libc::SYS_io_uring_setup => {
             // SAFETY: the caller's arguments, with the meaning the system call gives them.
             let r = unsafe { real::syscall(n, a1, a2, a3, a4, a5, a6) };

@@ -543,6 +543,112 @@ pub unsafe fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     unsafe { real::writev(fd, iov, cnt) }
 }
 
+/// The `RWF_*` flags a socket takes (`kiocb_set_rw_flags`): `RWF_ATOMIC` and `RWF_DONTCACHE`
+/// need file support it has not, unknown bits are refused: `EOPNOTSUPP`.
+const RWF_SOCKET: c_int = libc::RWF_HIPRI
+    | libc::RWF_DSYNC
+    | libc::RWF_SYNC
+    | libc::RWF_NOWAIT
+    | libc::RWF_APPEND
+    | libc::RWF_NOAPPEND;
+
+/// The iovecs and `send`/`recv` flags of a `preadv2`/`pwritev2` at the current position
+/// (offset -1) on one of our sockets, as `do_readv`/`do_writev` and `sock_read_iter`/
+/// `sock_write_iter` take them: `Ok(None)` for a call of nothing (0 at once).
+unsafe fn rw2_args<'a>(
+    iov: *const iovec,
+    cnt: c_int,
+    flags: c_int,
+) -> Result<Option<(&'a [iovec], c_int)>, c_int> {
+    // SAFETY: the caller's iovec array (preadv2(2)'s contract).
+    let v = unsafe { iov_slice(iov, cnt) }?;
+    if v.iter().all(|i| i.iov_len == 0) {
+        return Ok(None);
+    }
+    if flags & !RWF_SOCKET != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let f = if flags & libc::RWF_NOWAIT != 0 {
+        libc::MSG_DONTWAIT
+    } else {
+        0
+    };
+    Ok(Some((v, f)))
+}
+
+/// Whether `fd` is one of our connections (established, in its handshake or fallen back).
+fn is_stream(fd: c_int) -> bool {
+    fdtable::get(fd).is_some_and(|o| {
+        matches!(
+            &*o,
+            Obj::Conn(_)
+                | Obj::Handshake(_)
+                | Obj::Pending(_)
+                | Obj::Skip(_)
+                | Obj::Tcp
+                | Obj::Orphan(_)
+        )
+    })
+}
+
+/// `preadv2(2)`: at offset -1 a socket reads as `readv` (`RWF_NOWAIT`: without waiting);
+/// other offsets go to the kernel (`ESPIPE`, `EINVAL` below -1).
+pub unsafe fn preadv2(
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    off: libc::off_t,
+    flags: c_int,
+) -> ssize_t {
+    if off == -1 && slow(fd) {
+        if is_stream(fd) {
+            // SAFETY: the caller's iovec array (preadv2(2)'s contract).
+            match unsafe { rw2_args(iov, cnt, flags) } {
+                Err(e) => return fail(e),
+                Ok(None) => return 0,
+                Ok(Some((v, f))) => {
+                    // SAFETY: the caller's iovecs over writable buffers.
+                    if let Some(r) = unsafe { recv_iov(fd, v, f) } {
+                        return r;
+                    }
+                }
+            }
+        }
+    }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
+    // libc's `preadv2`.
+    unsafe { real::preadv2(fd, iov, cnt, off, flags) }
+}
+
+/// `pwritev2(2)`: at offset -1 a socket writes as `writev` (`RWF_NOWAIT`: without waiting);
+/// other offsets go to the kernel.
+pub unsafe fn pwritev2(
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    off: libc::off_t,
+    flags: c_int,
+) -> ssize_t {
+    if off == -1 && slow(fd) {
+        if is_stream(fd) {
+            // SAFETY: the caller's iovec array (pwritev2(2)'s contract).
+            match unsafe { rw2_args(iov, cnt, flags) } {
+                Err(e) => return fail(e),
+                Ok(None) => return 0,
+                Ok(Some((v, f))) => {
+                    // SAFETY: the caller's iovecs over readable buffers.
+                    if let Some(r) = unsafe { send_iov(fd, v, f) } {
+                        return r;
+                    }
+                }
+            }
+        }
+    }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
+    // libc's `pwritev2`.
+    unsafe { real::pwritev2(fd, iov, cnt, off, flags) }
+}
+
 pub unsafe fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
     if slow(fd) && flags & libc::MSG_ERRQUEUE == 0 {
         let v = [iovec {

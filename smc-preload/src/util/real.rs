@@ -177,6 +177,8 @@ real_fns! {
     write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;
     readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
     writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
+    preadv2(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
+    pwritev2(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
     recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t;
     send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t;
     recvfrom(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t;

@@ -187,6 +187,7 @@ scenarios! {
     peek_waitall_partial: 1;
     msg_iovlen_over_max: 1;
     sendfile_splice_socket_edges: 1;
+    preadv2_and_raw_syscalls: 1;
 }
 
 // ── probes ──────────────────────────────────────────────────────────────────────────────────
@@ -5414,6 +5415,140 @@ fn sendfile_splice_socket_edges() {
     close(f);
     close(pr);
     close(pw);
+    close(c);
+    close(s);
+}
+
+/// Logged read result with the bytes' digest.
+fn got(what: &str, k: isize, b: &[u8]) {
+    if k > 0 {
+        log(format!("{what} = {k} [{}]", digest(&b[..k as usize])));
+    } else {
+        r(what, k);
+    }
+}
+
+/// Calls that reach a socket without libc's `read`/`write`/`recv`/`send` wrappers:
+/// `preadv2`/`pwritev2` at offset -1 (`readv`/`writev`; `RWF_NOWAIT` does not wait; other
+/// offsets `ESPIPE`/`EINVAL`, unknown flags `EOPNOTSUPP`), and the data system calls made
+/// through `syscall(2)`.
+fn preadv2_and_raw_syscalls() {
+    let (c, s) = pair();
+    let mut b = [0u8; 100];
+    let v = libc::iovec {
+        iov_base: b.as_mut_ptr().cast(),
+        iov_len: b.len(),
+    };
+    let v0 = libc::iovec {
+        iov_base: b.as_mut_ptr().cast(),
+        iov_len: 0,
+    };
+    let w = libc::iovec {
+        iov_base: b"pwv".as_ptr() as *mut libc::c_void,
+        iov_len: 3,
+    };
+    write_all(c, b"0123456789");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    // SAFETY (each call below): one iovec over `b` (writable) or a static (readable).
+    unsafe {
+        r("preadv2(s, off 0)", libc::preadv2(s, &v, 1, 0, 0));
+        r("preadv2(s, off -2)", libc::preadv2(s, &v, 1, -2, 0));
+        r(
+            "preadv2(s, off -1, flags 0x1000)",
+            libc::preadv2(s, &v, 1, -1, 0x1000),
+        );
+        r(
+            "preadv2(s, off -1, nothing)",
+            libc::preadv2(s, &v0, 1, -1, 0),
+        );
+        let k = libc::preadv2(s, &v, 1, -1, libc::RWF_HIPRI);
+        got("preadv2(s, off -1, HIPRI)", k, &b);
+        r(
+            "preadv2(s, off -1, NOWAIT) empty",
+            libc::preadv2(s, &v, 1, -1, libc::RWF_NOWAIT),
+        );
+        r("pwritev2(c, off 0)", libc::pwritev2(c, &w, 1, 0, 0));
+        r(
+            "pwritev2(c, off -1, flags 0x1000)",
+            libc::pwritev2(c, &w, 1, -1, 0x1000),
+        );
+        r(
+            "pwritev2(c, off -1, DSYNC)",
+            libc::pwritev2(c, &w, 1, -1, libc::RWF_DSYNC),
+        );
+        r(
+            "pwritev2(c, off -1, NOWAIT)",
+            libc::pwritev2(c, &w, 1, -1, libc::RWF_NOWAIT),
+        );
+    }
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    rd("read(s)", s, 100);
+    let h = when_blocked(move || write_all(c, b"late"));
+    // SAFETY: one iovec over `b`.
+    let k = unsafe { libc::preadv2(s, &v, 1, -1, 0) };
+    got("preadv2(s, off -1) blocking, empty until data", k, &b);
+    h.join().unwrap();
+    let sys = |n: libc::c_long, a: [libc::c_long; 6]| -> isize {
+        // SAFETY: the arguments each call below gives the system call: descriptors, buffers
+        // of their lengths, NULL addresses.
+        unsafe { libc::syscall(n, a[0], a[1], a[2], a[3], a[4], a[5]) as isize }
+    };
+    let (cl, sl) = (c as libc::c_long, s as libc::c_long);
+    let bp = b.as_mut_ptr() as libc::c_long;
+    r(
+        "syscall(SYS_write, c)",
+        sys(libc::SYS_write, [cl, b"sys".as_ptr() as _, 3, 0, 0, 0]),
+    );
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    let k = sys(libc::SYS_read, [sl, bp, 100, 0, 0, 0]);
+    got("syscall(SYS_read, s)", k, &b);
+    r("syscall(SYS_read, s, DONTWAIT via O_NONBLOCK) empty", {
+        set_nonblock(s, true);
+        let k = sys(libc::SYS_read, [sl, bp, 100, 0, 0, 0]);
+        let e = errno();
+        set_nonblock(s, false);
+        set_errno(e);
+        k
+    });
+    let wv = &w as *const libc::iovec as libc::c_long;
+    let rv = &v as *const libc::iovec as libc::c_long;
+    r(
+        "syscall(SYS_writev, c)",
+        sys(libc::SYS_writev, [cl, wv, 1, 0, 0, 0]),
+    );
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    let k = sys(libc::SYS_readv, [sl, rv, 1, 0, 0, 0]);
+    got("syscall(SYS_readv, s)", k, &b);
+    r(
+        "syscall(SYS_sendto, c)",
+        sys(libc::SYS_sendto, [cl, b"sendto".as_ptr() as _, 6, 0, 0, 0]),
+    );
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    let k = sys(libc::SYS_recvfrom, [sl, bp, 100, libc::MSG_PEEK as _, 0, 0]);
+    got("syscall(SYS_recvfrom, s, PEEK)", k, &b);
+    let k = sys(libc::SYS_recvfrom, [sl, bp, 100, 0, 0, 0]);
+    got("syscall(SYS_recvfrom, s)", k, &b);
+    // SAFETY: plain old data.
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = &w as *const libc::iovec as *mut libc::iovec;
+    m.msg_iovlen = 1;
+    let mp = &mut m as *mut libc::msghdr as libc::c_long;
+    r(
+        "syscall(SYS_sendmsg, c)",
+        sys(libc::SYS_sendmsg, [cl, mp, 0, 0, 0, 0]),
+    );
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    // SAFETY: plain old data.
+    let mut mr: libc::msghdr = unsafe { std::mem::zeroed() };
+    mr.msg_iov = &v as *const libc::iovec as *mut libc::iovec;
+    mr.msg_iovlen = 1;
+    let mrp = &mut mr as *mut libc::msghdr as libc::c_long;
+    let k = sys(libc::SYS_recvmsg, [sl, mrp, 0, 0, 0, 0]);
+    got("syscall(SYS_recvmsg, s)", k, &b);
+    let h = when_blocked(move || write_all(c, b"later"));
+    let k = sys(libc::SYS_read, [sl, bp, 100, 0, 0, 0]);
+    got("syscall(SYS_read, s) blocking, empty until data", k, &b);
+    h.join().unwrap();
     close(c);
     close(s);
 }
