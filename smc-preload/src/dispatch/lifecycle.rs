@@ -1102,21 +1102,25 @@ pub unsafe fn syscall(
         },
         // The data calls, made through `syscall` (a program that bypasses libc's wrappers):
         // on an SMC connection they go where the wrappers go, else to the kernel.
-        // SAFETY (each): the caller's arguments with the meaning the system call gives them;
-        // each `ops` function has the contract of that system call's libc wrapper, with its
+        // Each `ops` function has the contract of that system call's libc wrapper, with its
         // errno convention (-1 and `errno`), which is `syscall`'s too.
+        // SAFETY: the caller's arguments, with the meaning `read(2)` gives them.
         libc::SYS_read => unsafe {
             ops::read(a1 as c_int, a2 as *mut libc::c_void, a3 as libc::size_t) as libc::c_long
         },
+        // SAFETY: the caller's arguments, with the meaning `write(2)` gives them.
         libc::SYS_write => unsafe {
             ops::write(a1 as c_int, a2 as *const libc::c_void, a3 as libc::size_t) as libc::c_long
         },
+        // SAFETY: the caller's arguments, with the meaning `readv(2)` gives them.
         libc::SYS_readv => unsafe {
             ops::readv(a1 as c_int, a2 as *const libc::iovec, a3 as c_int) as libc::c_long
         },
+        // SAFETY: the caller's arguments, with the meaning `writev(2)` gives them.
         libc::SYS_writev => unsafe {
             ops::writev(a1 as c_int, a2 as *const libc::iovec, a3 as c_int) as libc::c_long
         },
+        // SAFETY: the caller's arguments, with the meaning `recvfrom(2)` gives them.
         libc::SYS_recvfrom => unsafe {
             ops::recvfrom(
                 a1 as c_int,
@@ -1127,6 +1131,7 @@ pub unsafe fn syscall(
                 a6 as *mut libc::socklen_t,
             ) as libc::c_long
         },
+        // SAFETY: the caller's arguments, with the meaning `sendto(2)` gives them.
         libc::SYS_sendto => unsafe {
             ops::sendto(
                 a1 as c_int,
@@ -1137,9 +1142,11 @@ pub unsafe fn syscall(
                 a6 as libc::socklen_t,
             ) as libc::c_long
         },
+        // SAFETY: the caller's arguments, with the meaning `recvmsg(2)` gives them.
         libc::SYS_recvmsg => unsafe {
             ops::recvmsg(a1 as c_int, a2 as *mut libc::msghdr, a3 as c_int) as libc::c_long
         },
+        // SAFETY: the caller's arguments, with the meaning `sendmsg(2)` gives them.
         libc::SYS_sendmsg => unsafe {
             ops::sendmsg(a1 as c_int, a2 as *const libc::msghdr, a3 as c_int) as libc::c_long
         },

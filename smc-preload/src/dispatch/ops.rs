@@ -600,17 +600,15 @@ pub unsafe fn preadv2(
     off: libc::off_t,
     flags: c_int,
 ) -> ssize_t {
-    if off == -1 && slow(fd) {
-        if is_stream(fd) {
-            // SAFETY: the caller's iovec array (preadv2(2)'s contract).
-            match unsafe { rw2_args(iov, cnt, flags) } {
-                Err(e) => return fail(e),
-                Ok(None) => return 0,
-                Ok(Some((v, f))) => {
-                    // SAFETY: the caller's iovecs over writable buffers.
-                    if let Some(r) = unsafe { recv_iov(fd, v, f) } {
-                        return r;
-                    }
+    if off == -1 && slow(fd) && is_stream(fd) {
+        // SAFETY: the caller's iovec array (preadv2(2)'s contract).
+        match unsafe { rw2_args(iov, cnt, flags) } {
+            Err(e) => return fail(e),
+            Ok(None) => return 0,
+            Ok(Some((v, f))) => {
+                // SAFETY: the caller's iovecs over writable buffers.
+                if let Some(r) = unsafe { recv_iov(fd, v, f) } {
+                    return r;
                 }
             }
         }
@@ -629,17 +627,15 @@ pub unsafe fn pwritev2(
     off: libc::off_t,
     flags: c_int,
 ) -> ssize_t {
-    if off == -1 && slow(fd) {
-        if is_stream(fd) {
-            // SAFETY: the caller's iovec array (pwritev2(2)'s contract).
-            match unsafe { rw2_args(iov, cnt, flags) } {
-                Err(e) => return fail(e),
-                Ok(None) => return 0,
-                Ok(Some((v, f))) => {
-                    // SAFETY: the caller's iovecs over readable buffers.
-                    if let Some(r) = unsafe { send_iov(fd, v, f) } {
-                        return r;
-                    }
+    if off == -1 && slow(fd) && is_stream(fd) {
+        // SAFETY: the caller's iovec array (pwritev2(2)'s contract).
+        match unsafe { rw2_args(iov, cnt, flags) } {
+            Err(e) => return fail(e),
+            Ok(None) => return 0,
+            Ok(Some((v, f))) => {
+                // SAFETY: the caller's iovecs over readable buffers.
+                if let Some(r) = unsafe { send_iov(fd, v, f) } {
+                    return r;
                 }
             }
         }
@@ -751,7 +747,7 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_
         // contract).
         let m = unsafe { &mut *msg };
         // SAFETY: the msghdr's iovec array, as the caller gave it (recvmsg(2)'s contract).
-        let v = match unsafe { msg_iov_slice(m.msg_iov, m.msg_iovlen as usize) } {
+        let v = match unsafe { msg_iov_slice(m.msg_iov, m.msg_iovlen) } {
             Ok(v) => v,
             Err(e) => return fail(e),
         };
@@ -852,7 +848,7 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssiz
         // contract).
         let m = unsafe { &*msg };
         // SAFETY: the msghdr's iovec array, as the caller gave it (sendmsg(2)'s contract).
-        let v = match unsafe { msg_iov_slice(m.msg_iov, m.msg_iovlen as usize) } {
+        let v = match unsafe { msg_iov_slice(m.msg_iov, m.msg_iovlen) } {
             Ok(v) => v,
             Err(e) => return fail(e),
         };
@@ -915,7 +911,7 @@ pub unsafe fn recvmmsg(
                 let mh = unsafe { &mut *msgs.add(done as usize) };
                 let m = &mut mh.msg_hdr;
                 // SAFETY: the msghdr's iovec array, as the caller gave it.
-                let r = match unsafe { msg_iov_slice(m.msg_iov, m.msg_iovlen as usize) } {
+                let r = match unsafe { msg_iov_slice(m.msg_iov, m.msg_iovlen) } {
                     Ok(v) => {
                         // SAFETY: the caller's iovecs over writable buffers.
                         unsafe { recv_in(&call, fd, v, f) }
@@ -931,7 +927,7 @@ pub unsafe fn recvmmsg(
                 m.msg_namelen = 0;
                 m.msg_controllen = 0;
                 // SAFETY: as above (the same iovec array).
-                m.msg_flags = match unsafe { msg_iov_slice(m.msg_iov, m.msg_iovlen as usize) } {
+                m.msg_flags = match unsafe { msg_iov_slice(m.msg_iov, m.msg_iovlen) } {
                     Ok(v) => oob_msg_flags(v, f),
                     Err(_) => 0,
                 };
@@ -983,7 +979,7 @@ pub unsafe fn sendmmsg(
                 let mh = unsafe { &mut *msgs.add(done as usize) };
                 let m = &mh.msg_hdr;
                 // SAFETY: the msghdr's iovec array, as the caller gave it.
-                let r = match unsafe { msg_iov_slice(m.msg_iov, m.msg_iovlen as usize) } {
+                let r = match unsafe { msg_iov_slice(m.msg_iov, m.msg_iovlen) } {
                     Ok(v) => {
                         // SAFETY: the caller's iovecs over readable buffers.
                         unsafe { send_in(&call, fd, v, flags) }

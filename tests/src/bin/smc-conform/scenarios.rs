@@ -5325,7 +5325,7 @@ fn sendfile_splice_socket_edges() {
     let null = std::ptr::null_mut::<libc::loff_t>();
     let mut off: libc::off_t = 0;
     let mut lo: libc::loff_t = 0;
-    // SAFETY (each call below): descriptors and valid offset pointers or NULL.
+    // SAFETY: each call below: descriptors and valid offset pointers or NULL.
     unsafe {
         r(
             "sendfile(file <- s, NULL)",
@@ -5373,7 +5373,7 @@ fn sendfile_splice_socket_edges() {
     rd("read(s): nothing was taken", s, 100);
     write_all(f, b"filedata");
     write_all(pw, b"pipedata");
-    // SAFETY (each call below): as above.
+    // SAFETY: each call below: as above.
     unsafe {
         lo = 0;
         r(
@@ -5449,7 +5449,7 @@ fn preadv2_and_raw_syscalls() {
     };
     write_all(c, b"0123456789");
     pl("poll(s,IN)", s, libc::POLLIN, 5000);
-    // SAFETY (each call below): one iovec over `b` (writable) or a static (readable).
+    // SAFETY: each call below: one iovec over `b` (writable) or a static (readable).
     unsafe {
         r("preadv2(s, off 0)", libc::preadv2(s, &v, 1, 0, 0));
         r("preadv2(s, off -2)", libc::preadv2(s, &v, 1, -2, 0));
