@@ -729,6 +729,51 @@ pub unsafe fn sendto(
     unsafe { real::sendto(fd, buf, n, flags, addr, alen) }
 }
 
+/// The control data of a successful read on the connection at `fd` (`tcp_recvmsg`): a
+/// `TCP_CM_INQ` message when `TCP_INQ` is on, written as `put_cmsg` writes it (cut to the
+/// buffer with `MSG_CTRUNC`, nothing and `MSG_CTRUNC` without room for a header); else none.
+/// Sets `msg_controllen` to the bytes used and adds to `msg_flags`.
+fn put_control(fd: c_int, m: &mut libc::msghdr) {
+    let inq = fdtable::get(fd)
+        .as_deref()
+        .and_then(Obj::conn)
+        .and_then(Conn::inq_hint);
+    let avail = m.msg_controllen;
+    m.msg_controllen = 0;
+    let Some(inq) = inq else { return };
+    let hdr = std::mem::size_of::<libc::cmsghdr>();
+    let data = std::mem::size_of::<c_int>();
+    let align = std::mem::size_of::<usize>();
+    let space = hdr + data.div_ceil(align) * align;
+    let p = m.msg_control as *mut u8;
+    if p.is_null() || avail < hdr {
+        m.msg_flags |= libc::MSG_CTRUNC;
+        return;
+    }
+    if (p as usize) < 0x1_0000 {
+        // copy_to_user fails: put_cmsg gives up, tcp_recvmsg does not care.
+        return;
+    }
+    let mut cmlen = hdr + data;
+    if avail < cmlen {
+        m.msg_flags |= libc::MSG_CTRUNC;
+        cmlen = avail;
+    }
+    // SAFETY: plain old data.
+    let mut h: libc::cmsghdr = unsafe { std::mem::zeroed() };
+    h.cmsg_len = cmlen as _;
+    h.cmsg_level = libc::SOL_TCP;
+    h.cmsg_type = libc::TCP_CM_INQ;
+    let v = inq.to_ne_bytes();
+    // SAFETY: the caller's control buffer of `avail >= cmlen` bytes (recvmsg(2)'s contract):
+    // a header, then what fits of the value; unaligned writes.
+    unsafe {
+        std::ptr::write_unaligned(p as *mut libc::cmsghdr, h);
+        std::ptr::copy_nonoverlapping(v.as_ptr(), p.add(hdr), cmlen - hdr);
+    }
+    m.msg_controllen = space.min(avail) as _;
+}
+
 /// `msg_flags` of a successful read with `flags` into `v`: a `MSG_OOB` read returned the
 /// urgent byte (`MSG_OOB`, and `MSG_TRUNC` for an empty buffer, as `tcp_recv_urg`); others 0.
 fn oob_msg_flags(v: &[iovec], flags: c_int) -> c_int {
@@ -755,8 +800,8 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_
         if let Some(r) = unsafe { recv_iov(fd, v, flags) } {
             if r >= 0 {
                 m.msg_namelen = 0;
-                m.msg_controllen = 0;
                 m.msg_flags = oob_msg_flags(v, flags);
+                put_control(fd, m);
             }
             return r;
         }
@@ -925,12 +970,12 @@ pub unsafe fn recvmmsg(
                     return -1;
                 }
                 m.msg_namelen = 0;
-                m.msg_controllen = 0;
                 // SAFETY: as above (the same iovec array).
                 m.msg_flags = match unsafe { msg_iov_slice(m.msg_iov, m.msg_iovlen) } {
                     Ok(v) => oob_msg_flags(v, f),
                     Err(_) => 0,
                 };
+                put_control(fd, m);
                 mh.msg_len = r as u32;
                 done += 1;
                 if flags & libc::MSG_WAITFORONE != 0 {
@@ -2410,6 +2455,20 @@ pub unsafe fn setsockopt(
             // without EFAULT.
             c.note_oobinline(unsafe { std::ptr::read_unaligned(val as *const c_int) } != 0);
             epoll::conn_changed(fd, c);
+        }
+    }
+    if r == 0
+        && level == libc::IPPROTO_TCP
+        && name == libc::TCP_INQ
+        && fdtable::raw(fd) != 0
+        && !val.is_null()
+        && len as usize >= 4
+    {
+        // A socket still in its handshake takes the kernel's value when it becomes SMC.
+        if let Some(c) = fdtable::get(fd).as_deref().and_then(Obj::conn) {
+            // SAFETY: `val` is non-null with `len >= 4` (checked) and the kernel just read it
+            // without EFAULT.
+            c.note_tcp_inq(unsafe { std::ptr::read_unaligned(val as *const c_int) } != 0);
         }
     }
     if r == 0 && level == libc::SOL_SOCKET && name == libc::SO_RCVLOWAT && fdtable::raw(fd) != 0 {

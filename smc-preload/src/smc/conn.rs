@@ -94,6 +94,10 @@ pub const F_OOBINLINE: u32 = 1 << 15;
 /// The writer set `urg_data_pending`/`urg_data_present` in the peer's header (an urgent send):
 /// the next ordinary write clears them.
 pub const F_URG_FLAGS: u32 = 1 << 16;
+/// `TCP_INQ` is on (as the kernel holds it for the socket: read when the connection is set
+/// up, kept by `setsockopt`): a successful `recvmsg` carries a `TCP_CM_INQ` message. (A high
+/// bit: other branches add flags after 16.)
+pub const F_TCP_INQ: u32 = 1 << 24;
 
 /// This project's CDC extension (a reserved bit of Linux's `conn_state_flags` byte, which
 /// Linux ignores): the writer of this consumer word shut its reading side (`SHUT_RD`). With

@@ -1112,6 +1112,7 @@ fn install(fd: i32, own: HeldDmb, peer: HeldDmb, role: Role, nonblock: bool) -> 
     // Set before the connection became SMC (or inherited from the listener).
     c.set_rcvlowat(fd);
     c.set_oobinline(fd);
+    c.set_tcp_inq(fd);
     shortcut(fd);
     let o = Arc::new(Obj::Conn(c));
     drop(fdtable::replace(fd, Slot::Obj(o.clone())));

@@ -143,6 +143,50 @@ impl Conn {
         }
     }
 
+    /// Takes `TCP_INQ` from the socket (`getsockopt`), when the connection is set up.
+    pub fn set_tcp_inq(&self, fd: i32) {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        let e0 = real::errno();
+        // SAFETY: valid out-pointers of the right size.
+        let r = self.with_io(fd, |io| unsafe {
+            real::getsockopt(
+                io,
+                libc::IPPROTO_TCP,
+                libc::TCP_INQ,
+                &mut v as *mut libc::c_int as *mut libc::c_void,
+                &mut len,
+            )
+        });
+        real::set_errno(e0);
+        self.note_tcp_inq(r == 0 && v != 0);
+    }
+
+    /// `setsockopt(TCP_INQ)` succeeded on the socket with this value.
+    pub fn note_tcp_inq(&self, on: bool) {
+        if on {
+            self.set_flag(F_TCP_INQ);
+        } else {
+            self.sh().flags.fetch_and(!F_TCP_INQ, Ordering::AcqRel);
+        }
+    }
+
+    /// The `TCP_CM_INQ` value a `recvmsg` reports, `None` when `TCP_INQ` is off: as
+    /// `tcp_inq_hint`, the bytes still queued, plus one once the peer's FIN came (its sequence
+    /// number counts until read; at the end of the stream the value is 1).
+    pub fn inq_hint(&self) -> Option<i32> {
+        if self.flags() & F_TCP_INQ == 0 {
+            return None;
+        }
+        let ps = self.peer_state();
+        let avail = self
+            .rx_cursors()
+            .and_then(|(cons, prod)| self.rx.readable(cons, prod).ok())
+            .unwrap_or(0);
+        let fin = ps.any_close_or_done() && !ps.contains(ConnStateFlags::PEER_CONN_ABORT);
+        Some((avail as i32).saturating_add(i32::from(fin)))
+    }
+
     /// The reader's urgent record with the writer's newest urgent word taken, for a reader at
     /// `cons` holding the producer cursor `prod` (loaded before the word), and the bytes TCP
     /// drops at `cons` on the way (older urgent bytes, see [`urg::arrival`]). Nothing is

@@ -188,6 +188,7 @@ scenarios! {
     msg_iovlen_over_max: 1;
     sendfile_splice_socket_edges: 1;
     preadv2_and_raw_syscalls: 1;
+    tcp_inq_cmsg: 1;
 }
 
 // ── probes ──────────────────────────────────────────────────────────────────────────────────
@@ -5549,6 +5550,134 @@ fn preadv2_and_raw_syscalls() {
     let k = sys(libc::SYS_read, [sl, bp, 100, 0, 0, 0]);
     got("syscall(SYS_read, s) blocking, empty until data", k, &b);
     h.join().unwrap();
+    close(c);
+    close(s);
+}
+
+/// Logged `recvmsg` of up to `n` bytes with a control buffer of `ctl` bytes (`None`: NULL):
+/// result, `msg_controllen`, `msg_flags` and the first control message as far as it came.
+fn recvmsg_ctl(what: &str, fd: c_int, n: usize, flags: c_int, ctl: Option<usize>) -> isize {
+    let mut b = vec![0u8; n.max(1)];
+    let mut cb = [0x55u8; 64];
+    let mut v = libc::iovec {
+        iov_base: b.as_mut_ptr().cast(),
+        iov_len: n,
+    };
+    // SAFETY: plain old data.
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = &mut v;
+    m.msg_iovlen = 1;
+    if let Some(l) = ctl {
+        m.msg_control = cb.as_mut_ptr().cast();
+        m.msg_controllen = l.min(cb.len()) as _;
+    }
+    m.msg_flags = 0x5a5a;
+    // SAFETY: a msghdr over live buffers of the lengths it gives.
+    let k = unsafe { libc::recvmsg(fd, &mut m, flags) };
+    let e = errno();
+    if k < 0 {
+        set_errno(e);
+        return r(what, k);
+    }
+    let mut line = format!(
+        "{what} = {k} [{}] controllen {} flags {:#x}",
+        digest(&b[..k as usize]),
+        m.msg_controllen,
+        m.msg_flags
+    );
+    let hdr = std::mem::size_of::<libc::cmsghdr>();
+    if m.msg_controllen as usize >= hdr {
+        // SAFETY: at least a header was written into `cb`.
+        let h: libc::cmsghdr = unsafe { std::ptr::read_unaligned(cb.as_ptr().cast()) };
+        line += &format!(
+            " cmsg len {} level {} type {} data {:02x?}",
+            h.cmsg_len,
+            h.cmsg_level,
+            h.cmsg_type,
+            &cb[hdr..(h.cmsg_len as usize).min(cb.len())]
+        );
+    }
+    log(line);
+    k
+}
+
+/// `TCP_INQ` on (gRPC sets it): each successful `recvmsg`/`recvmmsg` carries `TCP_CM_INQ`,
+/// the bytes still queued (plus one once the FIN came), cut to a short control buffer as
+/// `put_cmsg` cuts (`MSG_CTRUNC`); set before the connection (the client) or after it (the
+/// server), and off again.
+fn tcp_inq_cmsg() {
+    let (l, port) = listener();
+    let h = std::thread::spawn(move || accept_fd(l));
+    let c = tcp_socket();
+    let on: c_int = 1;
+    let off: c_int = 0;
+    r(
+        "TCP_INQ 1 on the client before connect",
+        setsockopt_raw(c, libc::IPPROTO_TCP, libc::TCP_INQ, &on) as isize,
+    );
+    r("connect", connect_to(c, port) as isize);
+    let s = h.join().unwrap();
+    close(l);
+    write_all(s, b"hello");
+    pl("poll(c,IN)", c, libc::POLLIN, 5000);
+    recvmsg_ctl("recvmsg(c,2)", c, 2, 0, Some(64));
+    r(
+        "TCP_INQ 1 on the server",
+        setsockopt_raw(s, libc::IPPROTO_TCP, libc::TCP_INQ, &on) as isize,
+    );
+    let two: c_int = 2;
+    r(
+        "TCP_INQ 2",
+        setsockopt_raw(s, libc::IPPROTO_TCP, libc::TCP_INQ, &two) as isize,
+    );
+    recvmsg_ctl(
+        "recvmsg(s) empty, DONTWAIT",
+        s,
+        4,
+        libc::MSG_DONTWAIT,
+        Some(64),
+    );
+    write_all(c, b"0123456789");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    recvmsg_ctl("recvmsg(s,4)", s, 4, 0, Some(64));
+    recvmsg_ctl("recvmsg(s,2,PEEK)", s, 2, libc::MSG_PEEK, Some(64));
+    recvmsg_ctl("recvmsg(s,1) no control buffer", s, 1, 0, None);
+    for l in [10, 16, 18, 20] {
+        recvmsg_ctl(&format!("recvmsg(s,1) control {l}"), s, 1, 0, Some(l));
+    }
+    r("shutdown(c,WR)", libc_shutdown(c, libc::SHUT_WR));
+    pl("poll(s,IN|RDHUP)", s, libc::POLLIN | libc::POLLRDHUP, 5000);
+    recvmsg_ctl("recvmsg(s,1) after FIN", s, 1, 0, Some(64));
+    recvmsg_ctl("recvmsg(s,100) at EOF", s, 100, 0, Some(64));
+    recvmsg_ctl("recvmsg(s,0) at EOF", s, 0, 0, Some(64));
+    r(
+        "TCP_INQ 0 on the server",
+        setsockopt_raw(s, libc::IPPROTO_TCP, libc::TCP_INQ, &off) as isize,
+    );
+    recvmsg_ctl("recvmsg(s) off", s, 100, 0, Some(64));
+    write_all(s, b"abc");
+    pl("poll(c,IN)", c, libc::POLLIN, 5000);
+    let mut b = [0u8; 8];
+    let mut cb = [0u8; 64];
+    let mut v = libc::iovec {
+        iov_base: b.as_mut_ptr().cast(),
+        iov_len: 2,
+    };
+    // SAFETY: plain old data.
+    let mut mm: libc::mmsghdr = unsafe { std::mem::zeroed() };
+    mm.msg_hdr.msg_iov = &mut v;
+    mm.msg_hdr.msg_iovlen = 1;
+    mm.msg_hdr.msg_control = cb.as_mut_ptr().cast();
+    mm.msg_hdr.msg_controllen = cb.len() as _;
+    // SAFETY: one mmsghdr over live buffers.
+    let k = unsafe { libc::recvmmsg(c, &mut mm, 1, 0, std::ptr::null_mut()) };
+    let hdr = std::mem::size_of::<libc::cmsghdr>();
+    log(format!(
+        "recvmmsg(c) = {k}, len {}, controllen {}, inq {:?}",
+        mm.msg_len,
+        mm.msg_hdr.msg_controllen,
+        &cb[hdr..hdr + 4]
+    ));
     close(c);
     close(s);
 }
