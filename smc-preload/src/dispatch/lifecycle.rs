@@ -1085,6 +1085,24 @@ pub unsafe fn syscall(
     a5: libc::c_long,
     a6: libc::c_long,
 ) -> libc::c_long {
+    let data_call = matches!(
+        n,
+        libc::SYS_read
+            | libc::SYS_write
+            | libc::SYS_readv
+            | libc::SYS_writev
+            | libc::SYS_recvfrom
+            | libc::SYS_sendto
+            | libc::SYS_recvmsg
+            | libc::SYS_sendmsg
+    );
+    if data_call && !ops::is_stream(a1 as c_int) {
+        // Not one of our connections: the system call itself. The library's own messages to
+        // its daemon go this way (`smc_ism::sys`: our `sendmsg` would take the socket it
+        // passes for an application's `SCM_RIGHTS` and deadlock on its handshake).
+        // SAFETY: the caller's arguments, with the meaning the system call gives them.
+        return unsafe { real::syscall(n, a1, a2, a3, a4, a5, a6) };
+    }
     match n {
         // SAFETY: an fd number only; ops::close has the contract of close(2).
         libc::SYS_close => unsafe { ops::close(a1 as c_int) as libc::c_long },
@@ -1100,8 +1118,8 @@ pub unsafe fn syscall(
         libc::SYS_dup3 => unsafe {
             ops::dup3(a1 as c_int, a2 as c_int, a3 as c_int, true) as libc::c_long
         },
-        // The data calls, made through `syscall` (a program that bypasses libc's wrappers):
-        // on an SMC connection they go where the wrappers go, else to the kernel.
+        // The data calls on our connections, made through `syscall` (a program that bypasses
+        // libc's wrappers): they go where the wrappers go.
         // Each `ops` function has the contract of that system call's libc wrapper, with its
         // errno convention (-1 and `errno`), which is `syscall`'s too.
         // SAFETY: the caller's arguments, with the meaning `read(2)` gives them.

@@ -577,7 +577,7 @@ unsafe fn rw2_args<'a>(
 }
 
 /// Whether `fd` is one of our connections (established, in its handshake or fallen back).
-fn is_stream(fd: c_int) -> bool {
+pub(crate) fn is_stream(fd: c_int) -> bool {
     fdtable::get(fd).is_some_and(|o| {
         matches!(
             &*o,
