@@ -5139,6 +5139,8 @@ fn signal_handler_recv_inside_recv() {
 
 fn signal_handler_recv_inside_recv_altstack() {
     handler_recv_inside_recv(true);
+}
+
 /// Logged `recv(fd, buf, 0, flags)`.
 fn recv0(what: &str, fd: c_int, flags: c_int) -> isize {
     let mut b = [0u8; 1];
