@@ -8,7 +8,7 @@
 //! Each thread keeps the calls it has in flight in a fixed table of its own ([`push`], [`pop`]);
 //! a call that goes to sleep ([`asleep`]) notes there the address of a local of its wait (its
 //! stack depth) and what it holds while asleep ([`Asleep::hold`]). At its next entry into the
-//! library ([`check`]), a thread whose stack pointer is *above* (the stack grows down:
+//! library ([`reap`]), a thread whose stack pointer is *above* (the stack grows down:
 //! shallower than) the depth a sleeping call of its own noted can no longer be inside that
 //! call: a signal handler that runs inside it (and calls us) runs deeper on the same stack; the
 //! call's frames were unwound without returning. Such a call is taken out of the table
@@ -259,7 +259,7 @@ pub struct Unwound {
     pub held: u8,
 }
 
-/// Whether this thread has calls in flight (the only cost of [`check`] when it has none).
+/// Whether this thread has calls in flight (the only cost of [`reap`] when it has none).
 #[inline]
 pub fn any() -> bool {
     TABLE
