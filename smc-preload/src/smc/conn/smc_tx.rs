@@ -220,7 +220,7 @@ impl Conn {
         }
         if self.set_flag(F_RST_REPORTED) & F_RST_REPORTED == 0 {
             let e = self.reset_errno();
-            crate::debug!("SO_ERROR gives errno {e}: {}", self.describe());
+            crate::debug!("SO_ERROR gives {}: {}", reset_name(e), self.describe());
             return e;
         }
         0
@@ -249,7 +249,7 @@ impl Conn {
             }
             if self.set_flag(F_RST_REPORTED) & F_RST_REPORTED == 0 {
                 let e = self.reset_errno();
-                crate::debug!("write gives errno {e}: {}", self.describe());
+                crate::debug!("write gives {}: {}", reset_name(e), self.describe());
                 return Some(e);
             }
             return Some(libc::EPIPE);
@@ -331,4 +331,14 @@ impl Conn {
 /// `peer_done_writing`): TCP's peer is in FIN_WAIT with `RCV_SHUTDOWN` and resets at new data.
 fn peer_shut_both(ps: ConnStateFlags) -> bool {
     ps.contains(ConnStateFlags::PEER_DONE_WRITING) && ps.0 & PEER_DONE_READING != 0
+}
+
+/// The name of a reset's errno in the debug log (`ECONNRESET`, or `EPIPE` after the peer's
+/// FIN): operators and tests grep for it.
+fn reset_name(e: Errno) -> &'static str {
+    match e {
+        libc::ECONNRESET => "ECONNRESET",
+        libc::EPIPE => "EPIPE",
+        _ => "an error",
+    }
 }
