@@ -50,6 +50,7 @@ pub fn in_vfork_child() -> bool {
 
 use crate::fdtable::{self, Slot};
 use crate::obj::Obj;
+use crate::util::sockopt_int;
 use crate::{ops, real, setup};
 use libc::{c_char, c_int};
 use std::sync::Arc;
@@ -628,22 +629,6 @@ pub fn adopt_if_listener(fd: c_int) {
         crate::debug!("fd {fd}: inherited TCP listener: announces SMC");
         drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Listener))));
     }
-}
-
-fn sockopt_int(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
-    let mut v: c_int = 0;
-    let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
-    // SAFETY: valid out buffer and length.
-    let r = unsafe {
-        real::getsockopt(
-            fd,
-            level,
-            name,
-            &mut v as *mut c_int as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    (r == 0).then_some(v)
 }
 
 fn is_tcp_listener(fd: c_int) -> bool {

@@ -96,3 +96,21 @@ pub fn send_all_io(
     real::set_errno(e0);
     ok
 }
+
+/// An `int` socket option of `fd` (`getsockopt` at `level`); `None` when it fails (errno as
+/// `getsockopt` left it).
+pub fn sockopt_int(fd: i32, level: i32, name: i32) -> Option<libc::c_int> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: valid out buffer and length.
+    let r = unsafe {
+        real::getsockopt(
+            fd,
+            level,
+            name,
+            (&mut v as *mut libc::c_int).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    (r == 0).then_some(v)
+}

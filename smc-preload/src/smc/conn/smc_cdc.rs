@@ -145,21 +145,10 @@ impl Conn {
 
     /// Takes `TCP_INQ` from the socket (`getsockopt`), when the connection is set up.
     pub fn set_tcp_inq(&self, fd: i32) {
-        let mut v: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        let e0 = real::errno();
-        // SAFETY: valid out-pointers of the right size.
-        let r = self.with_io(fd, |io| unsafe {
-            real::getsockopt(
-                io,
-                libc::IPPROTO_TCP,
-                libc::TCP_INQ,
-                &mut v as *mut libc::c_int as *mut libc::c_void,
-                &mut len,
-            )
-        });
-        real::set_errno(e0);
-        self.note_tcp_inq(r == 0 && v != 0);
+        let on = self
+            .sockopt_int_at(fd, libc::IPPROTO_TCP, libc::TCP_INQ)
+            .is_some_and(|v| v != 0);
+        self.note_tcp_inq(on);
     }
 
     /// `setsockopt(TCP_INQ)` succeeded on the socket with this value.

@@ -285,24 +285,18 @@ impl Conn {
         }
     }
 
-    /// An `int` socket option at `SOL_SOCKET` of the connection's socket (through its I/O
+    /// An `int` socket option of the connection's socket at `SOL_SOCKET` (through its I/O
     /// path), the caller's `errno` kept; `None` when `getsockopt` fails.
     pub(super) fn sockopt_int(&self, fd: i32, opt: i32) -> Option<libc::c_int> {
-        let mut v: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        self.sockopt_int_at(fd, libc::SOL_SOCKET, opt)
+    }
+
+    /// As [`Conn::sockopt_int`] at another `level`.
+    pub(super) fn sockopt_int_at(&self, fd: i32, level: i32, opt: i32) -> Option<libc::c_int> {
         let e0 = real::errno();
-        // SAFETY: valid out-pointers of the right size.
-        let r = self.with_io(fd, |io| unsafe {
-            real::getsockopt(
-                io,
-                libc::SOL_SOCKET,
-                opt,
-                &mut v as *mut libc::c_int as *mut libc::c_void,
-                &mut len,
-            )
-        });
+        let v = self.with_io(fd, |io| crate::util::sockopt_int(io, level, opt));
         real::set_errno(e0);
-        (r == 0).then_some(v)
+        v
     }
 
     /// SO_RCVTIMEO / SO_SNDTIMEO of the socket in ms (-1: none).
