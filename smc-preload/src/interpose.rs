@@ -720,6 +720,74 @@ pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut li
     unsafe { lifecycle::fdopen(fd, mode) }
 }
 
+// POSIX aio: the requests that read or write; `aio_error`, `aio_return`, `aio_suspend`,
+// `aio_cancel` and `aio_fsync` move no bytes of the stream and are not interposed. The 64
+// forms take `struct aiocb64`, whose first fields (all we read) are those of `struct aiocb`.
+
+#[no_mangle]
+pub unsafe extern "C" fn aio_read(cb: *mut libc::aiocb) -> c_int {
+    // SAFETY: the application's control block, as libc's `aio_read` takes it.
+    unsafe {
+        lifecycle::aio_takes(cb.cast());
+        crate::real::aio_read(cb)
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aio_read64(cb: *mut libc::aiocb) -> c_int {
+    // SAFETY: as above (`aio_read64`).
+    unsafe {
+        lifecycle::aio_takes(cb.cast());
+        crate::real::aio_read64(cb)
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aio_write(cb: *mut libc::aiocb) -> c_int {
+    // SAFETY: as above (`aio_write`).
+    unsafe {
+        lifecycle::aio_takes(cb.cast());
+        crate::real::aio_write(cb)
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aio_write64(cb: *mut libc::aiocb) -> c_int {
+    // SAFETY: as above (`aio_write64`).
+    unsafe {
+        lifecycle::aio_takes(cb.cast());
+        crate::real::aio_write64(cb)
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn lio_listio(
+    mode: c_int,
+    list: *const *mut libc::aiocb,
+    n: c_int,
+    sev: *mut libc::sigevent,
+) -> c_int {
+    // SAFETY: the application's list of `n` control blocks, as libc's `lio_listio` takes it.
+    unsafe {
+        lifecycle::lio_takes(list.cast(), n);
+        crate::real::lio_listio(mode, list, n, sev)
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn lio_listio64(
+    mode: c_int,
+    list: *const *mut libc::aiocb,
+    n: c_int,
+    sev: *mut libc::sigevent,
+) -> c_int {
+    // SAFETY: as above (`lio_listio64`).
+    unsafe {
+        lifecycle::lio_takes(list.cast(), n);
+        crate::real::lio_listio64(mode, list, n, sev)
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn fclose(f: *mut libc::FILE) -> c_int {
     // SAFETY: the application's arguments, passed on unchanged: `lifecycle::fclose` has the

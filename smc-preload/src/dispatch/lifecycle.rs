@@ -1184,19 +1184,31 @@ pub fn io_uring_seen() {
 
 /// `fdopen(3)`: stdio reads and writes a `FILE` through libc's internal `read` and `write`,
 /// which the interposition never sees, so a stream on an SMC connection would read doorbells
-/// and write into a socket whose peer reads its ring. The connection continues on TCP first,
-/// as before an exec into an image without the library ([`continue_on_tcp`]: the peer answers
-/// at its next operation; one that does not within the switch wait gets the connection reset,
-/// a clean failure on both ends); a handshake under way is decided first, declined where the
-/// protocol still allows it ([`setup::settle_leaving`]).
+/// and write into a socket whose peer reads its ring. The connection continues on TCP first
+/// ([`libc_takes`]).
 ///
 /// # Safety
 /// `mode` is the caller's string.
 pub unsafe fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
+    libc_takes(fd, "fdopen: stdio");
+    // SAFETY: as above.
+    unsafe { real::fdopen(fd, mode) }
+}
+
+/// `fd` is about to be read or written by libc itself, through its internal calls that never
+/// reach the interposition (stdio after `fdopen`, the threads of POSIX aio): an SMC connection
+/// continues on TCP first, as before an exec into an image without the library
+/// ([`continue_on_tcp`]: the peer answers at its next operation; one that does not within the
+/// switch wait gets the connection reset, a clean failure on both ends); a handshake under way
+/// is decided first, declined where the protocol still allows it ([`setup::settle_leaving`]).
+/// Any other fd costs one look at its slot. errno is preserved.
+fn libc_takes(fd: c_int, who: &str) {
     if fdtable::raw(fd) != 0 && !in_vfork_child() {
         setup::settle_leaving(fd);
         if let Some(o) = fdtable::get(fd).filter(|o| matches!(&**o, Obj::Conn(_))) {
-            crate::debug!("fd {fd}: fdopen: stdio bypasses the interposition: the connection continues on TCP");
+            crate::debug!(
+                "fd {fd}: {who} bypasses the interposition: the connection continues on TCP"
+            );
             let e0 = real::errno();
             if !continue_on_tcp(fd, &o) {
                 crate::debug!("fd {fd}: the switch to TCP failed: the connection was reset");
@@ -1204,8 +1216,54 @@ pub unsafe fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
             real::set_errno(e0);
         }
     }
-    // SAFETY: as above.
-    unsafe { real::fdopen(fd, mode) }
+}
+
+/// The first two fields of glibc's `struct aiocb` and `struct aiocb64` (the same in both, on
+/// every architecture): all the library reads of a control block.
+#[repr(C)]
+pub struct AiocbHead {
+    aio_fildes: c_int,
+    aio_lio_opcode: c_int,
+}
+
+/// `aio_read`, `aio_write` (and their 64 forms): glibc's aio threads run the transfer with its
+/// internal `pread`/`read`/`pwrite`/`write` (on a socket `pread` fails with `ESPIPE` and it
+/// reads instead), which bypass the interposition: the connection continues on TCP before
+/// glibc sees the request ([`libc_takes`]).
+///
+/// # Safety
+/// `cb` is the caller's control block (null or valid, as libc's contract says).
+pub unsafe fn aio_takes(cb: *const AiocbHead) {
+    if cb.is_null() || !fdtable::any_objects() {
+        return;
+    }
+    // SAFETY: a valid control block (the caller's contract, which glibc relies on too).
+    let fd = unsafe { std::ptr::addr_of!((*cb).aio_fildes).read() };
+    libc_takes(fd, "POSIX aio");
+}
+
+/// `lio_listio` (and `lio_listio64`): each request of the list that reads or writes
+/// (`LIO_NOP` and null entries are skipped, as glibc does) as in [`aio_takes`].
+///
+/// # Safety
+/// `list` is the caller's array of `n` control block pointers (null entries allowed).
+pub unsafe fn lio_takes(list: *const *const AiocbHead, n: c_int) {
+    if list.is_null() || n <= 0 || !fdtable::any_objects() {
+        return;
+    }
+    for i in 0..n as usize {
+        // SAFETY: `list` has `n` entries (the caller's contract).
+        let cb = unsafe { list.add(i).read() };
+        if cb.is_null() {
+            continue;
+        }
+        // SAFETY: a valid control block (as above).
+        let op = unsafe { std::ptr::addr_of!((*cb).aio_lio_opcode).read() };
+        if op != libc::LIO_NOP {
+            // SAFETY: as above.
+            unsafe { aio_takes(cb) };
+        }
+    }
 }
 
 /// `fclose(3)`: a `FILE` made by `fdopen` on one of our sockets closes it inside libc.

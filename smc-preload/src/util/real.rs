@@ -221,6 +221,12 @@ real_fns! {
     popen(cmd: *const libc::c_char, mode: *const libc::c_char) -> *mut libc::FILE;
     posix_spawn_file_actions_adddup2(fa: *mut libc::posix_spawn_file_actions_t, fd: c_int, newfd: c_int) -> c_int;
     fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE;
+    aio_read(cb: *mut libc::aiocb) -> c_int;
+    aio_write(cb: *mut libc::aiocb) -> c_int;
+    aio_read64(cb: *mut libc::aiocb) -> c_int;
+    aio_write64(cb: *mut libc::aiocb) -> c_int;
+    lio_listio(mode: c_int, list: *const *mut libc::aiocb, n: c_int, sev: *mut libc::sigevent) -> c_int;
+    lio_listio64(mode: c_int, list: *const *mut libc::aiocb, n: c_int, sev: *mut libc::sigevent) -> c_int;
     creat(path: *const libc::c_char, mode: libc::mode_t) -> c_int;
     creat64(path: *const libc::c_char, mode: libc::mode_t) -> c_int;
     pipe(fds: *mut c_int) -> c_int;

@@ -162,6 +162,10 @@ scenarios! {
     oob_sigurg: 1;
     fdopen_stdio_server: 1;
     dprintf_on_socket: 1;
+    aio_write_to_blocked_reader: 1;
+    aio_read_before_peer_writes: 1;
+    lio_listio_mixed: 2;
+    aio_suspend_two_server_ends: 2;
     popen_handler_parent_closes_at_once: 1;
     msg_zerocopy_completion: 1;
     // signals
@@ -4696,6 +4700,294 @@ fn dprintf_on_socket() {
     );
     close(c);
     close(s);
+}
+
+// ── POSIX aio ───────────────────────────────────────────────────────────────────────────────
+// glibc's aio threads read and write through its internal `pread`/`read`/`write`, which never
+// reach an interposition: the connection must be plain TCP by the time they run.
+
+extern "C" {
+    fn aio_read64(cb: *mut libc::aiocb) -> c_int;
+    fn aio_write64(cb: *mut libc::aiocb) -> c_int;
+    fn lio_listio64(
+        mode: c_int,
+        list: *const *mut libc::aiocb,
+        n: c_int,
+        sev: *mut libc::sigevent,
+    ) -> c_int;
+}
+
+/// A control block for `op` on `fd` over `buf` (no notification), alive for the rest of the
+/// process: glibc writes its result into it even if the scenario gave up waiting.
+fn aiocb_for(fd: c_int, op: c_int, buf: &'static mut [u8]) -> *mut libc::aiocb {
+    // SAFETY: an all-zero aiocb is a valid value (glibc's own initialiser is zeroes).
+    let mut cb: libc::aiocb = unsafe { std::mem::zeroed() };
+    cb.aio_fildes = fd;
+    cb.aio_lio_opcode = op;
+    cb.aio_buf = buf.as_mut_ptr().cast();
+    cb.aio_nbytes = buf.len();
+    cb.aio_sigevent.sigev_notify = libc::SIGEV_NONE;
+    Box::leak(Box::new(cb))
+}
+
+fn aio_buf(b: &[u8]) -> &'static mut [u8] {
+    Box::leak(b.to_vec().into_boxed_slice())
+}
+
+fn aio_err_name(e: c_int) -> String {
+    if e == 0 {
+        String::from("0")
+    } else {
+        ename(e)
+    }
+}
+
+/// Waits (`aio_suspend`, bounded) for `cb` to complete; logs its error and return value, and
+/// the bytes it read.
+fn aio_wait(what: &str, cb: *mut libc::aiocb) {
+    let list = [cb as *const libc::aiocb];
+    let t = libc::timespec {
+        tv_sec: 5,
+        tv_nsec: 0,
+    };
+    let start = Instant::now();
+    // SAFETY: a live control block (leaked), a list of one, a valid timeout.
+    while unsafe { libc::aio_error(cb) } == libc::EINPROGRESS
+        && start.elapsed() < Duration::from_secs(8)
+    {
+        // SAFETY: as above.
+        unsafe { libc::aio_suspend(list.as_ptr(), 1, &t) };
+    }
+    // SAFETY: as above.
+    let e = unsafe { libc::aio_error(cb) };
+    if e == libc::EINPROGRESS {
+        log(format!("{what}: still in progress after 8 s"));
+        return;
+    }
+    // SAFETY: as above; completed, so its result is final.
+    let n = unsafe { libc::aio_return(cb) };
+    // SAFETY: a live control block.
+    let (op, buf) = unsafe { ((*cb).aio_lio_opcode, (*cb).aio_buf) };
+    let got = if op == libc::LIO_READ && n > 0 {
+        // SAFETY: the read's buffer, of which the first n bytes were filled.
+        let b = unsafe { std::slice::from_raw_parts(buf as *const u8, n as usize) };
+        format!(" [{}]", String::from_utf8_lossy(b))
+    } else {
+        String::new()
+    };
+    log(format!(
+        "{what}: aio_error = {}, aio_return = {n}{got}",
+        aio_err_name(e)
+    ));
+}
+
+/// The client writes with `aio_write` (then 100 KiB with `aio_write64`) while the server is
+/// already blocked in a read waiting for exactly those bytes: the order in which a switch to
+/// TCP must not deadlock. The connection then serves both ways with plain calls.
+fn aio_write_to_blocked_reader() {
+    let (c, s) = pair_settled();
+    static T: AtomicI32 = AtomicI32::new(0);
+    let big: Vec<u8> = (0..100 * 1024).map(|i| (i % 251) as u8).collect();
+    let want = big.len() + 9;
+    let h = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        let got = read_n(s, want);
+        write_all(s, b"back");
+        got
+    });
+    wait_blocked(&T);
+    let a = aiocb_for(c, libc::LIO_WRITE, aio_buf(b"aio write"));
+    // SAFETY: a live control block over a live buffer.
+    r("aio_write(c)", unsafe { libc::aio_write(a) } as isize);
+    aio_wait("aio_write(c)", a);
+    let b = aiocb_for(c, libc::LIO_WRITE, aio_buf(&big));
+    // SAFETY: as above (aiocb64 is aiocb on LP64).
+    r("aio_write64(c, 100 KiB)", unsafe { aio_write64(b) }
+        as isize);
+    aio_wait("aio_write64(c, 100 KiB)", b);
+    let got = h.join().unwrap();
+    log(format!(
+        "s read {} bytes, first [{}], rest digest {} (sent {})",
+        got.len(),
+        String::from_utf8_lossy(&got[..got.len().min(9)]),
+        digest(got.get(9..).unwrap_or_default()),
+        digest(&big)
+    ));
+    rd("read(c)", c, 100);
+    close(c);
+    rd("read(s) after the peer closed", s, 100);
+    close(s);
+}
+
+/// The client starts an `aio_read` before anything was sent to it (the server blocks reading
+/// a request), then sends the request with a plain `write`; the server answers, and the read
+/// completes with the answer.
+fn aio_read_before_peer_writes() {
+    let (c, s) = pair_settled();
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        let req = read_n(s, 4);
+        write_all(s, b"reply to ");
+        write_all(s, &req);
+        let rest = read_n(s, 100);
+        close(s);
+        (req, rest)
+    });
+    wait_blocked(&T);
+    let a = aiocb_for(c, libc::LIO_READ, aio_buf(&[0u8; 64]));
+    // SAFETY: a live control block over a live buffer.
+    r("aio_read(c)", unsafe { libc::aio_read(a) } as isize);
+    // SAFETY: as above.
+    let e = unsafe { libc::aio_error(a) };
+    log(format!(
+        "aio_error before the request = {}",
+        aio_err_name(e)
+    ));
+    write_all(c, b"req!");
+    aio_wait("aio_read(c)", a);
+    let b = aiocb_for(c, libc::LIO_READ, aio_buf(&[0u8; 64]));
+    // SAFETY: as above (aiocb64 is aiocb on LP64).
+    r("aio_read64(c)", unsafe { aio_read64(b) } as isize);
+    r("write(c, bye)", wr(c, b"bye"));
+    // SAFETY: plain shutdown of our socket.
+    r(
+        "shutdown(c, WR)",
+        unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize,
+    );
+    aio_wait("aio_read64(c) at the peer's EOF", b);
+    let (req, rest) = h.join().unwrap();
+    log(format!(
+        "s read [{}] then [{}] then EOF",
+        String::from_utf8_lossy(&req),
+        String::from_utf8_lossy(&rest)
+    ));
+    close(c);
+}
+
+/// One `lio_listio` (no wait) over two connections and a pipe: a write then a read on the
+/// first (its server answers what it read), a `LIO_NOP`, a write on the second, a write into
+/// the pipe; then `lio_listio64` with `LIO_WAIT` on the second connection.
+fn lio_listio_mixed() {
+    let (c, s) = pair_settled();
+    let (c2, s2) = pair_settled();
+    let (rp, wp) = pipe();
+    static TA: AtomicI32 = AtomicI32::new(0);
+    static TB: AtomicI32 = AtomicI32::new(0);
+    let ha = std::thread::spawn(move || {
+        TA.store(gettid(), Ordering::Release);
+        let got = read_n(s, 6);
+        write_all(s, b"pong!");
+        got
+    });
+    let hb = std::thread::spawn(move || {
+        TB.store(gettid(), Ordering::Release);
+        read_n(s2, 8)
+    });
+    wait_blocked(&TA);
+    wait_blocked(&TB);
+    let w = aiocb_for(c, libc::LIO_WRITE, aio_buf(b"ping!!"));
+    let nop = aiocb_for(c, libc::LIO_NOP, aio_buf(&[0u8; 1]));
+    let rdb = aiocb_for(c, libc::LIO_READ, aio_buf(&[0u8; 5]));
+    let w2 = aiocb_for(c2, libc::LIO_WRITE, aio_buf(b"two2"));
+    let wpipe = aiocb_for(wp, libc::LIO_WRITE, aio_buf(b"pipe"));
+    let list = [w, nop, rdb, w2, wpipe];
+    r(
+        "lio_listio(LIO_NOWAIT, 5)",
+        // SAFETY: live control blocks; no list notification.
+        unsafe { libc::lio_listio(libc::LIO_NOWAIT, list.as_ptr(), 5, std::ptr::null_mut()) }
+            as isize,
+    );
+    aio_wait("write(c)", w);
+    aio_wait("read(c)", rdb);
+    aio_wait("write(c2)", w2);
+    aio_wait("write(pipe)", wpipe);
+    rd("read(pipe)", rp, 100);
+    let more = aiocb_for(c2, libc::LIO_WRITE, aio_buf(b"more"));
+    let list2 = [more];
+    r(
+        "lio_listio64(LIO_WAIT, 1)",
+        // SAFETY: as above.
+        unsafe { lio_listio64(libc::LIO_WAIT, list2.as_ptr(), 1, std::ptr::null_mut()) } as isize,
+    );
+    aio_wait("write(c2) more", more);
+    let a = ha.join().unwrap();
+    let b = hb.join().unwrap();
+    log(format!(
+        "s read [{}], s2 read [{}]",
+        String::from_utf8_lossy(&a),
+        String::from_utf8_lossy(&b)
+    ));
+    for fd in [c, s, c2, s2, rp, wp] {
+        close(fd);
+    }
+}
+
+/// A server reads two connections with `aio_read` and waits with `aio_suspend` on both: a
+/// timeout while no client has written, then the second client's request completes only the
+/// second read, then the first; `aio_cancel` finds nothing left to cancel.
+fn aio_suspend_two_server_ends() {
+    let (c, s) = pair_settled();
+    let (c2, s2) = pair_settled();
+    static TA: AtomicI32 = AtomicI32::new(0);
+    static TB: AtomicI32 = AtomicI32::new(0);
+    // The clients wait for a go byte (blocked in a read), then write their request.
+    let ha = std::thread::spawn(move || {
+        TA.store(gettid(), Ordering::Release);
+        let go = read_n(c, 1);
+        write_all(c, b"first");
+        go
+    });
+    let hb = std::thread::spawn(move || {
+        TB.store(gettid(), Ordering::Release);
+        let go = read_n(c2, 1);
+        write_all(c2, b"second");
+        go
+    });
+    wait_blocked(&TA);
+    wait_blocked(&TB);
+    let a = aiocb_for(s, libc::LIO_READ, aio_buf(&[0u8; 16]));
+    let b = aiocb_for(s2, libc::LIO_READ, aio_buf(&[0u8; 16]));
+    // SAFETY: live control blocks over live buffers.
+    r("aio_read(s)", unsafe { libc::aio_read(a) } as isize);
+    // SAFETY: as above.
+    r("aio_read(s2)", unsafe { libc::aio_read(b) } as isize);
+    let list = [a as *const libc::aiocb, b as *const libc::aiocb];
+    let short = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 100_000_000,
+    };
+    // SAFETY: live control blocks, a valid timeout.
+    r(
+        "aio_suspend(both, 100 ms)",
+        unsafe { libc::aio_suspend(list.as_ptr(), 2, &short) } as isize,
+    );
+    // The second client goes: its request completes the second read only.
+    write_all(s2, b"g");
+    aio_wait("aio_read(s2)", b);
+    // SAFETY: as above.
+    let e = unsafe { libc::aio_error(a) };
+    log(format!("aio_error(s) meanwhile = {}", aio_err_name(e)));
+    write_all(s, b"g");
+    aio_wait("aio_read(s)", a);
+    // SAFETY: nothing in flight on s (a plain call with no control block).
+    let k = unsafe { libc::aio_cancel(s, std::ptr::null_mut()) };
+    log(format!(
+        "aio_cancel(s, NULL) = {}",
+        if k == libc::AIO_ALLDONE {
+            "AIO_ALLDONE".to_string()
+        } else {
+            k.to_string()
+        }
+    ));
+    let ga = ha.join().unwrap();
+    let gb = hb.join().unwrap();
+    log(format!("clients got go bytes {} {}", ga.len(), gb.len()));
+    write_all(c, b"x");
+    rd("read(s) after aio", s, 100);
+    for fd in [c, s, c2, s2] {
+        close(fd);
+    }
 }
 
 // ── signals ─────────────────────────────────────────────────────────────────────────────────
