@@ -166,6 +166,8 @@ scenarios! {
     aio_read_before_peer_writes: 1;
     lio_listio_mixed: 2;
     aio_suspend_two_server_ends: 2;
+    aio_write_first_call: 1;
+    aio_read_after_peer_shut_wr: 1;
     popen_handler_parent_closes_at_once: 1;
     msg_zerocopy_completion: 1;
     // signals
@@ -4988,6 +4990,65 @@ fn aio_suspend_two_server_ends() {
     for fd in [c, s, c2, s2] {
         close(fd);
     }
+}
+
+/// `aio_write` is the client's first call on a new connection (its handshake may be under
+/// way) while the server blocks reading; then both ways with plain calls.
+fn aio_write_first_call() {
+    let (c, s) = pair();
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        let got = read_n(s, 10);
+        write_all(s, b"answer");
+        got
+    });
+    wait_blocked(&T);
+    let a = aiocb_for(c, libc::LIO_WRITE, aio_buf(b"first call"));
+    // SAFETY: a live control block over a live buffer.
+    r("aio_write(c)", unsafe { libc::aio_write(a) } as isize);
+    aio_wait("aio_write(c)", a);
+    let got = h.join().unwrap();
+    log(format!("s read [{}]", String::from_utf8_lossy(&got)));
+    rd("read(c)", c, 100);
+    close(c);
+    rd("read(s) after the peer closed", s, 100);
+    close(s);
+}
+
+/// The client sends its request and half-closes, then blocks reading the reply; the server
+/// reads the request and the EOF with `aio_read`, then answers with `aio_write`.
+fn aio_read_after_peer_shut_wr() {
+    let (c, s) = pair_settled();
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = std::thread::spawn(move || {
+        write_all(c, b"request");
+        // SAFETY: plain shutdown of our socket.
+        unsafe { libc::shutdown(c, libc::SHUT_WR) };
+        T.store(gettid(), Ordering::Release);
+        let got = read_n(c, 100);
+        close(c);
+        got
+    });
+    wait_blocked(&T);
+    let a = aiocb_for(s, libc::LIO_READ, aio_buf(&[0u8; 64]));
+    // SAFETY: a live control block over a live buffer.
+    r("aio_read(s)", unsafe { libc::aio_read(a) } as isize);
+    aio_wait("aio_read(s)", a);
+    let b = aiocb_for(s, libc::LIO_READ, aio_buf(&[0u8; 64]));
+    // SAFETY: as above.
+    r("aio_read(s) again", unsafe { libc::aio_read(b) } as isize);
+    aio_wait("aio_read(s) again", b);
+    let w = aiocb_for(s, libc::LIO_WRITE, aio_buf(b"response"));
+    // SAFETY: as above.
+    r("aio_write(s)", unsafe { libc::aio_write(w) } as isize);
+    aio_wait("aio_write(s)", w);
+    close(s);
+    let got = h.join().unwrap();
+    log(format!(
+        "c read [{}] then EOF",
+        String::from_utf8_lossy(&got)
+    ));
 }
 
 // ── signals ─────────────────────────────────────────────────────────────────────────────────
