@@ -168,6 +168,7 @@ scenarios! {
     aio_suspend_two_server_ends: 2;
     aio_write_first_call: 1;
     aio_read_after_peer_shut_wr: 1;
+    aio_write_to_epoll_server: 1;
     popen_handler_parent_closes_at_once: 1;
     msg_zerocopy_completion: 1;
     // signals
@@ -5049,6 +5050,59 @@ fn aio_read_after_peer_shut_wr() {
         "c read [{}] then EOF",
         String::from_utf8_lossy(&got)
     ));
+}
+
+/// The server is an event loop (non-blocking socket, `epoll_wait` for input, read until
+/// `EAGAIN`) already asleep when the client's `aio_write` comes; it echoes what it read. How
+/// often the loop wakes is not logged (a wakeup that finds nothing is allowed), only what it
+/// read.
+fn aio_write_to_epoll_server() {
+    let (c, s) = pair_settled();
+    static T: AtomicI32 = AtomicI32::new(0);
+    let h = std::thread::spawn(move || {
+        set_nonblock(s, true);
+        let ep = ep_create();
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 1,
+        };
+        // SAFETY: valid event.
+        unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, s, &mut ev) };
+        T.store(gettid(), Ordering::Release);
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        let start = Instant::now();
+        while got.len() < 12 && start.elapsed() < Duration::from_secs(10) {
+            let mut evs = [libc::epoll_event { events: 0, u64: 0 }];
+            // SAFETY: one entry.
+            unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 1, 1000) };
+            loop {
+                // SAFETY: valid buffer.
+                let k = unsafe { libc::read(s, buf.as_mut_ptr().cast(), buf.len()) };
+                if k <= 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..k as usize]);
+            }
+        }
+        close(ep);
+        set_nonblock(s, false);
+        write_all(s, &got);
+        got
+    });
+    wait_blocked(&T);
+    let a = aiocb_for(c, libc::LIO_WRITE, aio_buf(b"event loop!\n"));
+    // SAFETY: a live control block over a live buffer.
+    r("aio_write(c)", unsafe { libc::aio_write(a) } as isize);
+    aio_wait("aio_write(c)", a);
+    let got = h.join().unwrap();
+    log(format!(
+        "s read [{}]",
+        String::from_utf8_lossy(&got).trim_end()
+    ));
+    rd("read(c) the echo", c, 100);
+    close(c);
+    close(s);
 }
 
 // ── signals ─────────────────────────────────────────────────────────────────────────────────
