@@ -13,9 +13,6 @@
 //!   Accept/Confirm v1/v2 with the first-contact extension, Decline v1/v2), byte-exact with
 //!   Linux `net/smc/smc_clc.h`; framing ([`clc::message_len`]) and strict decoding
 //!   ([`clc::decode`]) with typed errors that map to decline codes.
-//! - [`cgroup`] (feature `std`): the cgroup v2 mount (from `/proc/self/mountinfo`), the cgroup
-//!   of a process, of a container (runtime layouts) and of a kubelet pod, and joining a cgroup
-//!   between fork and exec.
 //! - [`urg`]: TCP urgent data (`MSG_OOB`) over a CDC ring as Linux TCP shows it (the mark,
 //!   the reader's urgent state, the urgent word in the CDC header's type word). `no_std`,
 //!   sans-IO.
@@ -33,8 +30,6 @@
 
 pub mod bpf;
 pub mod cdc;
-#[cfg(feature = "std")]
-pub mod cgroup;
 #[cfg(feature = "std")]
 pub mod clc;
 pub mod diag;

@@ -197,7 +197,7 @@ fn pod_cgroups(root: &Path) -> BTreeMap<String, PathBuf> {
         let Ok(rel) = dir.strip_prefix(root) else {
             continue;
         };
-        if let Some(pod) = smc_common::cgroup::pod_of_cgroup(rel) {
+        if let Some(pod) = smc_cgroup::pod_of_cgroup(rel) {
             out.insert(pod.uid, dir);
             continue;
         }

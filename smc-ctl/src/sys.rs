@@ -28,7 +28,7 @@ fn statfs_type(path: &Path) -> Result<i64> {
 
 /// Where cgroup v2 is mounted (from `/proc/self/mountinfo`), or a clear error.
 pub fn cgroup2_root() -> Result<PathBuf> {
-    Ok(smc_common::cgroup::cgroup2_root()?)
+    Ok(smc_cgroup::cgroup2_root()?)
 }
 
 /// Attaching needs root (CAP_SYS_ADMIN / CAP_BPF + CAP_NET_ADMIN): say so clearly.
@@ -237,7 +237,7 @@ pub struct Target {
 impl Target {
     /// The cgroup directory this target names (not yet checked to be a cgroup v2 directory).
     pub fn resolve(&self) -> Result<PathBuf> {
-        use smc_common::cgroup;
+        use smc_cgroup as cgroup;
         if let Some(d) = &self.cgroup {
             return Ok(d.clone());
         }

@@ -860,7 +860,7 @@ fn forked_child_reconnects() {
 // refused even with the mirror socket.
 
 fn cgroup2_root() -> Option<std::path::PathBuf> {
-    smc_common::cgroup::cgroup2_root().ok()
+    smc_cgroup::cgroup2_root().ok()
 }
 
 fn child_cgroup(port: u16) {
@@ -895,7 +895,7 @@ fn run_cgroup_child(sock: &std::path::Path, cgroup: Option<&std::path::Path>, to
         &[("ISM_PORT", port.to_string())],
     );
     if let Some(cg) = cgroup {
-        smc_common::cgroup::join_before_exec(&mut cmd, cg);
+        smc_cgroup::join_before_exec(&mut cmd, cg);
     }
     let child = cmd.spawn().unwrap();
     let (mut tcp, _) = l.accept().unwrap();

@@ -51,7 +51,7 @@ pub fn is_live(s: &Snapshot) -> bool {
 /// `/proc/<pid>/cgroup` and the cgroup2 mounts in `/proc/<pid>/mountinfo` (the first whose
 /// directory exists).
 pub fn proc_cgroup_id(pid: &str) -> Option<u64> {
-    use smc_common::cgroup;
+    use smc_cgroup as cgroup;
     use std::os::unix::fs::MetadataExt as _;
     let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
     let rel = cgroup::parse_proc_cgroup(&cg)?.trim();

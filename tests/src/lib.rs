@@ -17,7 +17,7 @@ use anyhow::{anyhow, bail, Context as _, Result};
 
 /// Where cgroup v2 is mounted (`/proc/self/mountinfo`); fails the test clearly if it is not.
 pub fn cgroup2_root() -> PathBuf {
-    smc_common::cgroup::cgroup2_root().unwrap_or_else(|e| panic!("{e}"))
+    smc_cgroup::cgroup2_root().unwrap_or_else(|e| panic!("{e}"))
 }
 pub const PIN_ROOT: &str = "/sys/fs/bpf/smc";
 
@@ -101,7 +101,7 @@ impl Cgroup {
     /// A command whose process joins this cgroup before it executes.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new(program);
-        smc_common::cgroup::join_before_exec(&mut c, &self.path);
+        smc_cgroup::join_before_exec(&mut c, &self.path);
         c
     }
 }

@@ -86,7 +86,7 @@ fn remove_subtree(dir: &Path) {
 /// A command run in the cgroup v2 root (joined before exec).
 fn in_root_cgroup(program: &Path) -> Command {
     let mut c = Command::new(program);
-    smc_common::cgroup::join_before_exec(&mut c, &cgroup2_root());
+    smc_cgroup::join_before_exec(&mut c, &cgroup2_root());
     c
 }
 

@@ -10,9 +10,9 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-/// Where cgroup v2 is mounted (from `/proc/self/mountinfo`, see `smc_common::cgroup`).
+/// Where cgroup v2 is mounted (from `/proc/self/mountinfo`, see `smc_cgroup`).
 pub fn cgroup2_root() -> Result<PathBuf> {
-    Ok(smc_common::cgroup::cgroup2_root()?)
+    Ok(smc_cgroup::cgroup2_root()?)
 }
 
 /// The release binaries `cargo xtask build` produced.
@@ -89,7 +89,7 @@ impl Cgroup {
 
     /// Makes `cmd` join this cgroup between fork and exec.
     pub fn enter(&self, cmd: &mut Command) {
-        smc_common::cgroup::join_before_exec(cmd, &self.path);
+        smc_cgroup::join_before_exec(cmd, &self.path);
     }
 
     /// Kills every process of the cgroup (servers that daemonised or forked included).

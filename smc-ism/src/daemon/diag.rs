@@ -519,7 +519,7 @@ impl CgroupKeys {
 
 /// The cgroup2 mount point, from /proc/self/mountinfo.
 fn cgroup2_mount() -> Option<PathBuf> {
-    smc_common::cgroup::cgroup2_root().ok()
+    smc_cgroup::cgroup2_root().ok()
 }
 
 /// The path of the cgroup directory with kernfs id `id` (`open_by_handle_at`, root only).

@@ -1,6 +1,8 @@
 //! Where cgroup v2 lives on this host, which cgroup a process or a container is in.
 //!
-//! One place for what `smc-ctl`, the integration tests and `xtask` need (feature `std`):
+//! One place for what `smc-ctl`, the daemon, the statistics readers, the integration tests and
+//! `xtask` need (host plumbing, so not in `smc-common`, which is the eBPF ABI and the wire
+//! protocol):
 //! - [`cgroup2_mount`] / [`cgroup2_root`]: the cgroup v2 mount, read from `/proc/self/mountinfo`
 //!   (`/sys/fs/cgroup` on a unified host, `/sys/fs/cgroup/unified` in hybrid mode, anything else
 //!   in a container), never assumed;
