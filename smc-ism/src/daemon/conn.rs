@@ -31,7 +31,8 @@ type Proof = (TcpIdentity, Option<String>);
 
 /// State shared by all connection tasks.
 pub(crate) struct Shared {
-    pub reg: Registry,
+    /// Shared with the grants of parked requests (`pair::Grant`), which release through it.
+    pub reg: Arc<Registry>,
     pub events: Events,
     /// Closes every fd a client handed over, off the request path.
     pub closer: Closer,
@@ -1157,7 +1158,7 @@ impl Conn<'_> {
                 return None;
             }
         };
-        let y_grant_own = Grant::new(self.arc.clone(), y_own.clone(), RefKind::Owner, true);
+        let y_grant_own = Grant::new(self.arc.reg.clone(), y_own.clone(), RefKind::Owner, true);
         // y attaches ours (the proof: its socket is the other end of ours).
         let y_peer = match sh.reg.attach(
             x_own.token,
@@ -1169,7 +1170,7 @@ impl Conn<'_> {
                 ident: &y.ident,
             },
         ) {
-            Ok(d) => Grant::new(self.arc.clone(), d, RefKind::Attach, true),
+            Ok(d) => Grant::new(self.arc.reg.clone(), d, RefKind::Attach, true),
             Err(f) => {
                 drop(y_grant_own);
                 fail_parked(sh, y, f);

@@ -386,7 +386,7 @@ fn bind(cfg: DaemonConfig) -> Result<Bound, IsmError> {
     );
     Ok(Bound {
         shared: Arc::new(Shared {
-            reg: Registry::new(&cfg, gid),
+            reg: Arc::new(Registry::new(&cfg, gid)),
             events: Events::new(),
             closer: closer::Closer::new(),
             keys: diag::CgroupKeys::new(cfg.bpf_links_dir.clone()),

@@ -30,8 +30,7 @@ use tokio::sync::mpsc;
 
 use crate::sys::TcpIdentity;
 
-use super::conn::Shared;
-use super::registry::{CgroupUsage, ClientIdentity, DmbObj, Fail, RefKind, UidUsage};
+use super::registry::{CgroupUsage, ClientIdentity, DmbObj, Fail, RefKind, Registry, UidUsage};
 
 /// A client connection's pooled DMBs (token, when pooled), oldest first. The pool holds their
 /// owner references.
@@ -191,7 +190,7 @@ impl Rendezvous {
 /// A reference granted to a parked request's client by another task: released when dropped
 /// unless that client's task took it ([`Grant::take`]).
 pub(crate) struct Grant {
-    shared: Arc<Shared>,
+    reg: Arc<Registry>,
     pub dmb: Arc<DmbObj>,
     kind: RefKind,
     /// A new reference (else one the client holds already: its pooled DMB).
@@ -200,9 +199,9 @@ pub(crate) struct Grant {
 }
 
 impl Grant {
-    pub(crate) fn new(shared: Arc<Shared>, dmb: Arc<DmbObj>, kind: RefKind, new_ref: bool) -> Self {
+    pub(crate) fn new(reg: Arc<Registry>, dmb: Arc<DmbObj>, kind: RefKind, new_ref: bool) -> Self {
         Grant {
-            shared,
+            reg,
             dmb,
             kind,
             new_ref,
@@ -220,7 +219,7 @@ impl Grant {
 impl Drop for Grant {
     fn drop(&mut self) {
         if self.armed && self.new_ref {
-            self.shared.reg.release(self.dmb.token, self.kind, false);
+            self.reg.release(self.dmb.token, self.kind, false);
         }
     }
 }
