@@ -1610,7 +1610,14 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
             if let Some(o) = fdtable::get(fd) {
                 let on = arg as c_int & libc::O_NONBLOCK != 0;
                 match &*o {
-                    Obj::Conn(c) if !lifecycle::in_vfork_child() => c.set_nonblocking(on),
+                    Obj::Conn(c) if !lifecycle::in_vfork_child() => {
+                        c.set_nonblocking(on);
+                        // O_ASYNC: the kernel took it (`sock_fasync`); the writer must ring.
+                        let asy = arg as c_int & libc::O_ASYNC != 0;
+                        if asy != (c.flags() & crate::conn::F_ASYNC != 0) {
+                            c.set_async(asy);
+                        }
+                    }
                     Obj::Handshake(h) if !lifecycle::in_vfork_child() => {
                         h.nonblock.store(on, Ordering::Relaxed)
                     }
@@ -1700,6 +1707,17 @@ pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int 
                         // SAFETY: FIONBIO's argument is the caller's int pointer, non-null
                         // (checked) and just read by the kernel without EFAULT.
                         c.set_nonblocking(unsafe { *(arg as *const c_int) } != 0);
+                    }
+                    return r;
+                }
+                libc::FIOASYNC => {
+                    // SAFETY: the caller's arguments, passed on unchanged: this function has the
+                    // contract of libc's `ioctl`.
+                    let r = unsafe { real::ioctl(fd, req, arg) };
+                    if r == 0 && arg != 0 {
+                        // SAFETY: FIOASYNC's argument is the caller's int pointer, non-null
+                        // (checked) and just read by the kernel without EFAULT.
+                        c.set_async(unsafe { *(arg as *const c_int) } != 0);
                     }
                     return r;
                 }

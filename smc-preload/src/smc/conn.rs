@@ -41,6 +41,15 @@ pub const WAIT_SWITCH: u64 = 4;
 pub const WAIT_DATA: u64 = 1;
 /// The writer into this DMB sleeps waiting for room.
 pub const WAIT_SPACE: u64 = 2;
+/// The reader of this DMB has `O_ASYNC` on (`F_SETFL`, `FIOASYNC`): a write rings the
+/// doorbell while [`ASYNC_RUNG`] is clear, so that the reader's kernel sends `SIGIO` (or the
+/// `F_SETSIG` signal) to the socket's owner as data arrives, as TCP's `sock_def_readable`
+/// does. Set and cleared by the reader only; the writer never swaps it off.
+pub const WAIT_ASYNC: u64 = 8;
+/// Set by the writer with the doorbell it rang for [`WAIT_ASYNC`]; cleared by the reader when
+/// it reads ([`Conn::async_looked`]): one doorbell per arrival after the reader last looked,
+/// however many writes come before it looks again (queued doorbells stay bounded).
+pub const ASYNC_RUNG: u64 = 16;
 
 /// A reclaim leaves this much of the send ring after our producer cursor in place, so the next
 /// writes land on existing pages.
@@ -98,6 +107,10 @@ pub const F_URG_FLAGS: u32 = 1 << 16;
 /// up, kept by `setsockopt`): a successful `recvmsg` carries a `TCP_CM_INQ` message. (A high
 /// bit: other branches add flags after 16.)
 pub const F_TCP_INQ: u32 = 1 << 24;
+/// `O_ASYNC` is on for the socket (as the kernel holds it for the open file: read when the
+/// connection is set up, kept by `F_SETFL` and `FIOASYNC`): [`WAIT_ASYNC`] is set in our
+/// DMB, and a read clears [`ASYNC_RUNG`] ([`Conn::async_looked`]).
+pub const F_ASYNC: u32 = 1 << 26;
 
 /// This project's CDC extension (a reserved bit of Linux's `conn_state_flags` byte, which
 /// Linux ignores): the writer of this consumer word shut its reading side (`SHUT_RD`). With

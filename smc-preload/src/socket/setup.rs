@@ -1113,6 +1113,12 @@ fn install(fd: i32, own: HeldDmb, peer: HeldDmb, role: Role, nonblock: bool) -> 
     c.set_rcvlowat(fd);
     c.set_oobinline(fd);
     c.set_tcp_inq(fd);
+    // O_ASYNC set before the connection became SMC (an accepted socket does not inherit it).
+    // SAFETY: F_GETFL has no argument.
+    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+    if fl >= 0 && fl & libc::O_ASYNC != 0 {
+        c.set_async(true);
+    }
     shortcut(fd);
     let o = Arc::new(Obj::Conn(c));
     drop(fdtable::replace(fd, Slot::Obj(o.clone())));

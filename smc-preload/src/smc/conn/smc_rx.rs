@@ -120,7 +120,11 @@ impl Conn {
         }
         let peek = flags & libc::MSG_PEEK != 0;
         let trunc = flags & libc::MSG_TRUNC != 0;
-        let nonblock = flags & libc::MSG_DONTWAIT != 0 || self.nonblocking();
+        let local = self.sh().flags.load(Ordering::Relaxed);
+        let nonblock = flags & libc::MSG_DONTWAIT != 0 || local & F_NONBLOCK != 0;
+        if local & F_ASYNC != 0 {
+            self.async_looked(fd);
+        }
         let mut cur = IovCursor::new(iov);
         let want = cur.remaining();
         let waitall = flags & libc::MSG_WAITALL != 0 && !nonblock;

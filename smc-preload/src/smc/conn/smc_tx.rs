@@ -7,9 +7,21 @@ impl Conn {
     /// After producing: wake the reader if it sleeps.
     pub(super) fn after_produce(&self, fd: i32) {
         fence(Ordering::SeqCst);
-        if self.peer_wait().load(Ordering::Relaxed) & WAIT_DATA != 0
-            && self.peer_wait().fetch_and(!WAIT_DATA, Ordering::SeqCst) & WAIT_DATA != 0
-        {
+        let w = self.peer_wait().load(Ordering::Relaxed);
+        if w & (WAIT_DATA | WAIT_ASYNC) != 0 {
+            self.wake_reader(fd, w);
+        }
+    }
+
+    /// The reader sleeps ([`WAIT_DATA`], swapped off) or has `O_ASYNC` on ([`WAIT_ASYNC`]:
+    /// one doorbell until it reads again, [`ASYNC_RUNG`]): ring.
+    #[cold]
+    fn wake_reader(&self, fd: i32, w: u64) {
+        let sleeps = w & WAIT_DATA != 0
+            && self.peer_wait().fetch_and(!WAIT_DATA, Ordering::SeqCst) & WAIT_DATA != 0;
+        let signal = w & WAIT_ASYNC != 0
+            && self.peer_wait().fetch_or(ASYNC_RUNG, Ordering::SeqCst) & ASYNC_RUNG == 0;
+        if sleeps || signal {
             self.ring_doorbell(fd);
         }
     }
@@ -158,6 +170,11 @@ impl Conn {
                     self.peer_hdr().store_prod(CursorWord::from_cursor(np));
                     s.tx_bytes.fetch_add(n as u64, Ordering::Relaxed);
                     done += n;
+                    if oob {
+                        // Readable now: the reader's kernel may send SIGURG (still under
+                        // tx_lock: one urgent doorbell at a time, see `ring_urgent`).
+                        self.ring_urgent(fd);
+                    }
                 }
             }
             if done > 0 {

@@ -34,6 +34,74 @@ impl Conn {
         }
     }
 
+    /// An urgent send published its byte (word and producer cursor): one doorbell sent as a
+    /// real TCP urgent byte (`MSG_OOB`), past the `sk_msg` shortcut (switched off around it:
+    /// a redirected message lands as ordinary data), so that the reader's kernel sends
+    /// `SIGURG` to the socket's owner (`F_SETOWN`) as TCP's `tcp_check_urg` does, and
+    /// `POLL_PRI` to an `O_ASYNC` owner. The reader needs nothing of it: its drains read past
+    /// it like any doorbell (out of band the kernel skips it and clears its urgent state as
+    /// the read passes it; with `SO_OOBINLINE` it is a doorbell byte in the stream). Called
+    /// under `tx_lock`, so two urgent sends do not switch the shortcut under each other;
+    /// doorbells other threads ring meanwhile go over TCP, which the reader drains as well.
+    /// Counted in `bells` as a doorbell: a switch to TCP sends its marker after it.
+    pub(super) fn ring_urgent(&self, fd: i32) {
+        let s = self.sh();
+        s.bells.fetch_add(1, Ordering::SeqCst);
+        if s.flags.load(Ordering::SeqCst) & (F_SWITCHING | F_SWITCHED) == 0 {
+            let shortcut = !crate::util::config::config().no_shortcut;
+            let b = [DOORBELL];
+            let e0 = real::errno();
+            let r = self.with_io(fd, |io| {
+                if shortcut {
+                    set_shortcut(io, 0);
+                }
+                // SAFETY: valid buffer.
+                let r = unsafe {
+                    real::send(
+                        io,
+                        b.as_ptr() as *const libc::c_void,
+                        1,
+                        libc::MSG_OOB | libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                    )
+                };
+                if shortcut {
+                    set_shortcut(io, 1);
+                }
+                r
+            });
+            real::set_errno(e0);
+            if r == 1 {
+                s.doorbells_sent.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        s.bells.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// `O_ASYNC` on or off for the socket ([`F_ASYNC`], [`WAIT_ASYNC`] in our DMB for the
+    /// writer).
+    pub fn set_async(&self, on: bool) {
+        if on {
+            self.own_wait().fetch_and(!ASYNC_RUNG, Ordering::SeqCst);
+            self.own_wait().fetch_or(WAIT_ASYNC, Ordering::SeqCst);
+            self.set_flag(F_ASYNC);
+        } else {
+            self.sh().flags.fetch_and(!F_ASYNC, Ordering::AcqRel);
+            self.own_wait()
+                .fetch_and(!(WAIT_ASYNC | ASYNC_RUNG), Ordering::SeqCst);
+        }
+    }
+
+    /// A read of an `O_ASYNC` end, before it looks at the ring: the writer's next bytes ring
+    /// again ([`ASYNC_RUNG`] off, Dekker with [`Conn::after_produce`]: bytes produced before
+    /// this are seen by the read, the ones after it ring), and the doorbell rung for the
+    /// earlier ones is drained (no thread of ours may ever sleep on the socket to drain it).
+    pub(super) fn async_looked(&self, fd: i32) {
+        if self.own_wait().fetch_and(!ASYNC_RUNG, Ordering::SeqCst) & ASYNC_RUNG != 0 {
+            self.try_drain(fd);
+        }
+        fence(Ordering::SeqCst);
+    }
+
     /// Consume doorbell bytes waiting on the TCP socket; note EOF / reset. Waiters asleep on
     /// the futex are woken (the ring state may have changed). Only [`Conn::try_drain`] (and the
     /// last close) call it: a drain behind the back of a thread asleep on the socket would
@@ -647,4 +715,20 @@ fn task_alive(tid: u32) -> bool {
     let alive = r == 0 || real::errno() != libc::ESRCH;
     real::set_errno(e0);
     alive
+}
+
+/// `setsockopt(io, SOL_SMC_BPF, SMC_SO_SHORTCUT, on)` (the `sk_msg` redirect of this
+/// socket's messages; off is always accepted, on again because the daemon granted it when the
+/// connection was set up).
+fn set_shortcut(io: i32, on: u32) {
+    // SAFETY: a valid 4-byte option buffer.
+    unsafe {
+        real::setsockopt(
+            io,
+            smc_common::bpf::SOL_SMC_BPF,
+            smc_common::bpf::SMC_SO_SHORTCUT,
+            &on as *const u32 as *const libc::c_void,
+            4,
+        )
+    };
 }

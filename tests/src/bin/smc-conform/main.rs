@@ -17,7 +17,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use libc::c_int;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -547,6 +547,112 @@ fn count_sigurg() {
 
 fn log_sigurgs() {
     log(format!("SIGURG x{}", SIGURGS.load(Ordering::SeqCst)));
+}
+
+// ────────────────────────────────────────────────────────────────────────────────────────────
+// signal-driven I/O (O_ASYNC, F_SETOWN, F_SETSIG)
+
+static SIGIOS: AtomicU32 = AtomicU32::new(0);
+static SIGIO_CODE: AtomicI32 = AtomicI32::new(0);
+static SIGIO_BAND: AtomicI64 = AtomicI64::new(0);
+static SIGIO_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// SA_SIGINFO handler of `SIGIO` and of the `F_SETSIG` signal: counts, and keeps the last
+/// `si_code`, `si_band`, `si_fd` (the `sigpoll` member of the union, at offset 16 on 64-bit).
+extern "C" fn on_sigio(_sig: c_int, si: *mut libc::siginfo_t, _u: *mut libc::c_void) {
+    // SAFETY: the kernel's siginfo for this signal; `_sigpoll` is { long si_band; int si_fd }
+    // at the union's start (offset 16), read as plain integers whatever the signal's origin.
+    unsafe {
+        let p = si as *const u8;
+        SIGIO_CODE.store((*si).si_code, Ordering::SeqCst);
+        SIGIO_BAND.store(
+            std::ptr::read_unaligned(p.add(16) as *const i64),
+            Ordering::SeqCst,
+        );
+        SIGIO_FD.store(
+            std::ptr::read_unaligned(p.add(24) as *const i32),
+            Ordering::SeqCst,
+        );
+    }
+    SIGIOS.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Counts `sig` (`SIGIO` or an `F_SETSIG` signal) with [`on_sigio`].
+fn count_sigio(sig: c_int) {
+    // SAFETY: a valid sigaction with an async-signal-safe handler.
+    unsafe {
+        let mut a: libc::sigaction = std::mem::zeroed();
+        a.sa_sigaction = on_sigio as *const () as usize;
+        a.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut a.sa_mask);
+        assert_eq!(libc::sigaction(sig, &a, std::ptr::null_mut()), 0);
+    }
+}
+
+/// Waits (at most 5 s) until more than `from` signals were counted in `n` (process-directed:
+/// delivered to some thread a moment after the event), then logs whether one came.
+fn await_signal(what: &str, n: &AtomicU32, from: u32) {
+    let t0 = Instant::now();
+    while n.load(Ordering::SeqCst) <= from && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let got = n.load(Ordering::SeqCst) > from;
+    log(format!("{what}: {}", if got { "yes" } else { "none" }));
+}
+
+/// [`await_signal`] for [`on_sigio`], with the last signal's `si_code`, `si_band` and whether
+/// `si_fd` is `fd`.
+fn await_sigio_info(what: &str, from: u32, fd: c_int) {
+    await_signal(what, &SIGIOS, from);
+    log(format!(
+        "  si_code {} si_band {} si_fd is the socket {}",
+        SIGIO_CODE.load(Ordering::SeqCst),
+        mask_names(SIGIO_BAND.load(Ordering::SeqCst) as u32),
+        SIGIO_FD.load(Ordering::SeqCst) == fd
+    ));
+}
+
+/// `fcntl` commands and the owner type the libc crate does not define (`asm-generic/fcntl.h`).
+const F_SETSIG: c_int = 10;
+const F_SETOWN_EX: c_int = 15;
+const F_OWNER_PID: c_int = 1;
+
+/// `struct f_owner_ex`.
+#[repr(C)]
+struct FOwnerEx {
+    type_: c_int,
+    pid: c_int,
+}
+
+/// Logged `fcntl(fd, F_SETOWN_EX, {F_OWNER_PID, getpid()})`.
+fn own_ex(what: &str, fd: c_int) {
+    let own = FOwnerEx {
+        type_: F_OWNER_PID,
+        // SAFETY: plain syscall.
+        pid: unsafe { libc::getpid() },
+    };
+    // SAFETY: a valid f_owner_ex.
+    r(what, unsafe { libc::fcntl(fd, F_SETOWN_EX, &own) } as isize);
+}
+
+/// Logged `fcntl(fd, F_SETOWN, getpid())` and `F_SETFL | O_ASYNC`.
+fn own_async(fd: c_int) {
+    // SAFETY: plain fcntl calls.
+    unsafe {
+        r(
+            "fcntl(F_SETOWN,pid)",
+            libc::fcntl(fd, libc::F_SETOWN, libc::getpid()) as isize,
+        );
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        r(
+            "fcntl(F_SETFL,|O_ASYNC)",
+            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_ASYNC) as isize,
+        );
+        log(format!(
+            "F_GETFL has O_ASYNC {}",
+            libc::fcntl(fd, libc::F_GETFL) & libc::O_ASYNC != 0
+        ));
+    }
 }
 
 // ────────────────────────────────────────────────────────────────────────────────────────────

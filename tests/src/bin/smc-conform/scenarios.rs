@@ -160,6 +160,14 @@ scenarios! {
     oob_peek_stops_at_mark: 1;
     oob_inline: 1;
     oob_sigurg: 1;
+    oob_sigurg_setown_ex: 1;
+    // signal-driven I/O (O_ASYNC)
+    sigio_on_data: 1;
+    sigio_on_peer_shutdown: 1;
+    sigio_on_peer_close: 1;
+    sigio_fsetsig_siginfo: 1;
+    sigio_fioasync: 1;
+    sigio_set_before_connect: 1;
     fdopen_stdio_server: 1;
     dprintf_on_socket: 1;
     aio_write_to_blocked_reader: 1;
@@ -4471,6 +4479,145 @@ fn oob_sigurg() {
     }
     log_sigurgs();
     recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    close(c);
+    close(s);
+}
+
+/// `SIGURG` to the owner set with `F_SETOWN_EX` (a process), for each of two urgent sends
+/// with a read between, the byte readable with `MSG_OOB` by then.
+fn oob_sigurg_setown_ex() {
+    count_sigurg();
+    let (c, s) = pair();
+    own_ex("fcntl(s,F_SETOWN_EX,pid)", s);
+    for b in [b"aX", b"bY"] {
+        let n = SIGURGS.load(Ordering::SeqCst);
+        send_oob("send(c,OOB)", c, b);
+        await_signal("SIGURG", &SIGURGS, n);
+        pl("poll(s,PRI)", s, libc::POLLPRI, 5000);
+        recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+        recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    }
+    close(c);
+    close(s);
+}
+
+/// `O_ASYNC` with `F_SETOWN`: `SIGIO` as data arrives, again for data arriving after a read
+/// (TCP's `sock_def_readable`), and the bytes are there to read.
+fn sigio_on_data() {
+    count_sigio(libc::SIGIO);
+    let (c, s) = pair();
+    own_async(s);
+    for b in [&b"abc"[..], b"defgh", b"i"] {
+        let n = SIGIOS.load(Ordering::SeqCst);
+        write_all(c, b);
+        await_signal("SIGIO", &SIGIOS, n);
+        rd("read(s)", s, 100);
+    }
+    close(c);
+    close(s);
+}
+
+/// `SIGIO` when the peer shuts its writing (the FIN), after its last bytes were read.
+fn sigio_on_peer_shutdown() {
+    count_sigio(libc::SIGIO);
+    let (c, s) = pair();
+    own_async(s);
+    let n = SIGIOS.load(Ordering::SeqCst);
+    write_all(c, b"last");
+    await_signal("SIGIO", &SIGIOS, n);
+    rd("read(s)", s, 100);
+    let n = SIGIOS.load(Ordering::SeqCst);
+    // SAFETY: plain syscall.
+    r("shutdown(c,WR)", unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize);
+    await_signal("SIGIO at the FIN", &SIGIOS, n);
+    rd("read(s)", s, 100);
+    close(c);
+    close(s);
+}
+
+/// `SIGIO` when the peer closes (nothing unread).
+fn sigio_on_peer_close() {
+    count_sigio(libc::SIGIO);
+    let (c, s) = pair();
+    own_async(s);
+    let n = SIGIOS.load(Ordering::SeqCst);
+    close(c);
+    await_signal("SIGIO at the close", &SIGIOS, n);
+    rd("read(s)", s, 100);
+    close(s);
+}
+
+/// `F_SETSIG` (a real-time signal): `si_code` `POLL_IN`, `si_band` `IN|RDNORM`, `si_fd` the
+/// socket, for data and for the peer's FIN.
+fn sigio_fsetsig_siginfo() {
+    let sig = libc::SIGRTMIN() + 1;
+    count_sigio(sig);
+    let (c, s) = pair();
+    own_async(s);
+    // SAFETY: plain fcntl.
+    r("fcntl(s,F_SETSIG,RTMIN+1)", unsafe {
+        libc::fcntl(s, F_SETSIG, sig)
+    } as isize);
+    let n = SIGIOS.load(Ordering::SeqCst);
+    write_all(c, b"abc");
+    await_sigio_info("F_SETSIG signal", n, s);
+    rd("read(s)", s, 100);
+    let n = SIGIOS.load(Ordering::SeqCst);
+    // SAFETY: plain syscall.
+    r("shutdown(c,WR)", unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize);
+    await_sigio_info("F_SETSIG signal at the FIN", n, s);
+    rd("read(s)", s, 100);
+    close(c);
+    close(s);
+}
+
+/// `ioctl(FIOASYNC)` and `F_SETOWN_EX` instead of `F_SETFL` and `F_SETOWN`.
+fn sigio_fioasync() {
+    count_sigio(libc::SIGIO);
+    let (c, s) = pair();
+    own_ex("fcntl(s,F_SETOWN_EX,pid)", s);
+    let one: c_int = 1;
+    // SAFETY: FIOASYNC reads one int.
+    r("ioctl(s,FIOASYNC,1)", unsafe {
+        libc::ioctl(s, libc::FIOASYNC, &one)
+    } as isize);
+    // SAFETY: plain fcntl.
+    let fl = unsafe { libc::fcntl(s, libc::F_GETFL) };
+    log(format!("F_GETFL has O_ASYNC {}", fl & libc::O_ASYNC != 0));
+    let n = SIGIOS.load(Ordering::SeqCst);
+    write_all(c, b"abc");
+    await_signal("SIGIO", &SIGIOS, n);
+    rd("read(s)", s, 100);
+    close(c);
+    close(s);
+}
+
+/// `O_ASYNC` and the owner set on the client socket before `connect`: `SIGIO` for the server's
+/// bytes once connected (the handshake's own signals are consumed before the first step).
+fn sigio_set_before_connect() {
+    count_sigio(libc::SIGIO);
+    let (l, port) = listener();
+    let h = std::thread::spawn(move || accept_fd(l));
+    let c = tcp_socket();
+    // SAFETY: plain fcntl calls.
+    unsafe {
+        libc::fcntl(c, libc::F_SETOWN, libc::getpid());
+        libc::fcntl(c, libc::F_SETFL, libc::fcntl(c, libc::F_GETFL) | libc::O_ASYNC);
+    }
+    assert_eq!(connect_to(c, port), 0);
+    let s = h.join().expect("accept thread");
+    close(l);
+    // Settle: one byte each way, then every signal of the setup has been counted.
+    write_all(c, b"s");
+    assert_eq!(read_n(s, 1), b"s");
+    let n = SIGIOS.load(Ordering::SeqCst);
+    write_all(s, b"c");
+    await_signal("SIGIO", &SIGIOS, n);
+    rd("read(c)", c, 100);
+    let n = SIGIOS.load(Ordering::SeqCst);
+    write_all(s, b"more");
+    await_signal("SIGIO", &SIGIOS, n);
+    rd("read(c)", c, 100);
     close(c);
     close(s);
 }
