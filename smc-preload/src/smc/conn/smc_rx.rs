@@ -122,9 +122,7 @@ impl Conn {
         let trunc = flags & libc::MSG_TRUNC != 0;
         let local = self.sh().flags.load(Ordering::Relaxed);
         let nonblock = flags & libc::MSG_DONTWAIT != 0 || local & F_NONBLOCK != 0;
-        if local & F_ASYNC != 0 {
-            self.async_looked(fd);
-        }
+        let async_io = local & F_ASYNC != 0;
         let mut cur = IovCursor::new(iov);
         let want = cur.remaining();
         let waitall = flags & libc::MSG_WAITALL != 0 && !nonblock;
@@ -160,6 +158,10 @@ impl Conn {
         loop {
             if self.flags() & (F_PEER_SWITCH | F_SWITCHED) != 0 {
                 return if done > 0 { Ok(done) } else { Err(E_TCP) };
+            }
+            if async_io {
+                // Each look at the ring (also after a wait a doorbell ended).
+                self.async_looked(fd);
             }
             {
                 let _g = s.rx_lock.lock();

@@ -168,6 +168,9 @@ scenarios! {
     sigio_fsetsig_siginfo: 1;
     sigio_fioasync: 1;
     sigio_set_before_connect: 1;
+    sigio_on_write_space: 1;
+    sigio_not_while_read_waits_one_thread: 1;
+    oob_sigurg_inline: 1;
     fdopen_stdio_server: 1;
     dprintf_on_socket: 1;
     aio_write_to_blocked_reader: 1;
@@ -4618,6 +4621,134 @@ fn sigio_set_before_connect() {
     write_all(s, b"more");
     await_signal("SIGIO", &SIGIOS, n);
     rd("read(c)", c, 100);
+    close(c);
+    close(s);
+}
+
+/// `SIGIO` to a non-blocking writer that filled the connection once the reader made room
+/// (plain `SIGIO`: TCP's `sk_stream_write_space` says `POLL_OUT`, which only `F_SETSIG` shows).
+fn sigio_on_write_space() {
+    count_sigio(libc::SIGIO);
+    let (c, s) = pair();
+    own_async(c);
+    set_nonblock(c, true);
+    let chunk = vec![b'w'; 65536];
+    let mut total = 0usize;
+    loop {
+        let n = wr(c, &chunk);
+        if n < 0 {
+            log(format!("write(c) until {}", ename(errno())));
+            break;
+        }
+        total += n as usize;
+    }
+    let n = SIGIOS.load(Ordering::SeqCst);
+    let got = read_n(s, total);
+    log(format!("read everything written: {}", got.len() == total));
+    await_signal("SIGIO to the writer", &SIGIOS, n);
+    r("write(c) again", wr(c, b"x"));
+    close(c);
+    close(s);
+}
+
+/// A blocking read waits on an `O_ASYNC` socket when the data comes: TCP sends no `SIGIO`
+/// for it (`sk_wait_data` sets `SOCKWQ_ASYNC_WAITDATA`, `sock_wake_async` then stays
+/// silent); with none waiting, it does. `SIGIO` is blocked in the one thread and looked for as
+/// pending (the writer is a forked child that writes once the read sleeps).
+fn sigio_not_while_read_waits_one_thread() {
+    count_sigio(libc::SIGIO);
+    // SAFETY: sigset manipulation on a local set, the calling thread's mask.
+    let pending = || unsafe {
+        let mut p: libc::sigset_t = std::mem::zeroed();
+        libc::sigpending(&mut p);
+        libc::sigismember(&p, libc::SIGIO) == 1
+    };
+    // SAFETY: as above.
+    let take = || unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGIO);
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        libc::sigtimedwait(&set, std::ptr::null_mut(), &ts);
+    };
+    // SAFETY: as above.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGIO);
+        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    let (l, port) = listener();
+    let c = tcp_socket();
+    r("connect(own listener)", connect_to(c, port) as isize);
+    let s = accept_fd(l);
+    close(l);
+    write_all(c, b"s");
+    assert_eq!(read_n(s, 1), b"s");
+    own_async(s);
+    take();
+    // SAFETY: plain syscall.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: the child only waits, writes and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        wait_pid_blocked(parent);
+        write_all(c, b"abc");
+        // SAFETY: plain exit without destructors (fork child).
+        unsafe { libc::_exit(0) };
+    }
+    rd("read(s) blocked until the child writes", s, 3);
+    log(format!("SIGIO pending after the read: {}", pending()));
+    let mut st = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    take();
+    write_all(c, b"de");
+    let t0 = Instant::now();
+    while !pending() && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    log(format!("SIGIO pending with no read waiting: {}", pending()));
+    rd("read(s)", s, 100);
+    take();
+    close(c);
+    close(s);
+}
+
+/// `SIGURG` with `SO_OOBINLINE` on: the urgent byte stays in the stream, the signal comes all
+/// the same, and the stream around it is intact.
+fn oob_sigurg_inline() {
+    count_sigurg();
+    let (c, s) = pair();
+    let one: c_int = 1;
+    r(
+        "setsockopt(s,SO_OOBINLINE,1)",
+        setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_OOBINLINE, &one) as isize,
+    );
+    // SAFETY: plain fcntl.
+    r(
+        "fcntl(s,F_SETOWN,pid)",
+        unsafe { libc::fcntl(s, libc::F_SETOWN, libc::getpid()) } as isize,
+    );
+    let n = SIGURGS.load(Ordering::SeqCst);
+    write_all(c, b"abc");
+    send_oob("send(c,dX,OOB)", c, b"dX");
+    write_all(c, b"ef");
+    await_signal("SIGURG", &SIGURGS, n);
+    pl("poll(s,IN|PRI)", s, libc::POLLIN | libc::POLLPRI, 5000);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    atmark("SIOCATMARK(s)", s);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    let n = SIGURGS.load(Ordering::SeqCst);
+    send_oob("send(c,g,OOB)", c, b"g");
+    await_signal("SIGURG", &SIGURGS, n);
+    write_all(c, &[b'h'; 5000]);
+    let got = read_n(s, 5001);
+    log(format!("read {} [{}]", got.len(), digest(&got)));
     close(c);
     close(s);
 }
