@@ -10,6 +10,8 @@
 //!   bits of this direction, set and swapped by both ends: [`WAIT_DATA`] (R sleeps waiting for
 //!   data) and [`WAIT_SPACE`] (W sleeps waiting for room). Whoever changes the ring state swaps
 //!   the bit off and, if it was set, rings the doorbell: one byte over the TCP connection.
+//!   R's `O_ASYNC` adds [`WAIT_ASYNC`] (W rings once per look of R, [`ASYNC_RUNG`]), so that
+//!   R's kernel sends `SIGIO` as data arrives.
 //! - `R.dmb[32..]`: the data ring.
 //!
 //! Local state ([`Shared`]) lives in `MAP_SHARED` memory the daemon keeps with our DMB: a

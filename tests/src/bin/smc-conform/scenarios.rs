@@ -4531,7 +4531,10 @@ fn sigio_on_peer_shutdown() {
     rd("read(s)", s, 100);
     let n = SIGIOS.load(Ordering::SeqCst);
     // SAFETY: plain syscall.
-    r("shutdown(c,WR)", unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize);
+    r(
+        "shutdown(c,WR)",
+        unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize,
+    );
     await_signal("SIGIO at the FIN", &SIGIOS, n);
     rd("read(s)", s, 100);
     close(c);
@@ -4558,16 +4561,20 @@ fn sigio_fsetsig_siginfo() {
     let (c, s) = pair();
     own_async(s);
     // SAFETY: plain fcntl.
-    r("fcntl(s,F_SETSIG,RTMIN+1)", unsafe {
-        libc::fcntl(s, F_SETSIG, sig)
-    } as isize);
+    r(
+        "fcntl(s,F_SETSIG,RTMIN+1)",
+        unsafe { libc::fcntl(s, F_SETSIG, sig) } as isize,
+    );
     let n = SIGIOS.load(Ordering::SeqCst);
     write_all(c, b"abc");
     await_sigio_info("F_SETSIG signal", n, s);
     rd("read(s)", s, 100);
     let n = SIGIOS.load(Ordering::SeqCst);
     // SAFETY: plain syscall.
-    r("shutdown(c,WR)", unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize);
+    r(
+        "shutdown(c,WR)",
+        unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize,
+    );
     await_sigio_info("F_SETSIG signal at the FIN", n, s);
     rd("read(s)", s, 100);
     close(c);
@@ -4581,9 +4588,10 @@ fn sigio_fioasync() {
     own_ex("fcntl(s,F_SETOWN_EX,pid)", s);
     let one: c_int = 1;
     // SAFETY: FIOASYNC reads one int.
-    r("ioctl(s,FIOASYNC,1)", unsafe {
-        libc::ioctl(s, libc::FIOASYNC, &one)
-    } as isize);
+    r(
+        "ioctl(s,FIOASYNC,1)",
+        unsafe { libc::ioctl(s, libc::FIOASYNC, &one) } as isize,
+    );
     // SAFETY: plain fcntl.
     let fl = unsafe { libc::fcntl(s, libc::F_GETFL) };
     log(format!("F_GETFL has O_ASYNC {}", fl & libc::O_ASYNC != 0));
@@ -4605,7 +4613,11 @@ fn sigio_set_before_connect() {
     // SAFETY: plain fcntl calls.
     unsafe {
         libc::fcntl(c, libc::F_SETOWN, libc::getpid());
-        libc::fcntl(c, libc::F_SETFL, libc::fcntl(c, libc::F_GETFL) | libc::O_ASYNC);
+        libc::fcntl(
+            c,
+            libc::F_SETFL,
+            libc::fcntl(c, libc::F_GETFL) | libc::O_ASYNC,
+        );
     }
     assert_eq!(connect_to(c, port), 0);
     let s = h.join().expect("accept thread");
