@@ -903,3 +903,52 @@ fn the_own_io_moves_off_the_callers_number_once_redirected() {
     // SAFETY: our own descriptor.
     unsafe { libc::close(p) };
 }
+
+/// Doorbell bytes queued on `fd` (read and counted).
+fn queued_bells(fd: i32) -> usize {
+    let mut buf = [0u8; 64];
+    // SAFETY: valid buffer.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    n.max(0) as usize
+}
+
+#[test]
+fn o_async_rings_once_per_read() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    // Without O_ASYNC and nobody asleep: no doorbell.
+    assert_eq!(a.send(fa, &iov(b"x"), 0), Ok(1));
+    assert_eq!(queued_bells(fb), 0);
+    b.set_async(true);
+    // One doorbell for the first arrival, none for the ones before the reader looks.
+    for _ in 0..3 {
+        assert_eq!(a.send(fa, &iov(b"abc"), 0), Ok(3));
+    }
+    assert_eq!(queued_bells(fb), 1);
+    let mut buf = [0u8; 64];
+    assert_eq!(b.recv(fb, &iov_mut(&mut buf), 0), Ok(10));
+    // The read looked: the next arrival rings again; a read that finds nothing too.
+    assert_eq!(a.send(fa, &iov(b"d"), 0), Ok(1));
+    assert_eq!(queued_bells(fb), 1);
+    // A doorbell left queued is drained by the read that clears the bit.
+    assert_eq!(b.recv(fb, &iov_mut(&mut buf), 0), Ok(1));
+    assert_eq!(a.send(fa, &iov(b"e"), 0), Ok(1));
+    assert_eq!(b.recv(fb, &iov_mut(&mut buf), 0), Ok(1));
+    assert_eq!(queued_bells(fb), 0);
+    assert_eq!(
+        b.recv(fb, &iov_mut(&mut buf), libc::MSG_DONTWAIT),
+        Err(libc::EAGAIN)
+    );
+    // The peer's FIN rings too.
+    assert_eq!(a.shutdown(fa, libc::SHUT_WR), Ok(()));
+    assert_eq!(queued_bells(fb), 1);
+    assert_eq!(b.recv(fb, &iov_mut(&mut buf), 0), Ok(0));
+    // Off: silent again.
+    b.set_async(false);
+    let (c, d, fc, fd) = test_pair(16384, 16384).unwrap();
+    let (fc, fd) = (fc.as_raw_fd(), fd.as_raw_fd());
+    d.set_async(true);
+    d.set_async(false);
+    assert_eq!(c.send(fc, &iov(b"x"), 0), Ok(1));
+    assert_eq!(queued_bells(fd), 0);
+}
