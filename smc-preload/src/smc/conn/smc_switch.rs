@@ -83,7 +83,7 @@ impl Conn {
             return Switched::Reset;
         }
         self.stop_rings();
-        let cons = unpack(s.cons.load(Ordering::Acquire));
+        let cons = self.cons_past_oob_byte(fd);
         self.publish_cons(cons);
         // The socket itself (a number closed under a call in flight may name another file).
         let io = self.io_now(fd);
@@ -106,6 +106,26 @@ impl Conn {
             (h.changed_fd)(fd, self);
         }
         r
+    }
+
+    /// Our final consumer cursor (under `rx_lock`, the rings stopped): an urgent byte at the
+    /// read position that is out of band (read with `MSG_OOB`, or not yet) is passed, as the
+    /// next read would pass it (`tcp_recvmsg` skips it): otherwise the writer would send it
+    /// again over TCP as an ordinary byte of the stream.
+    fn cons_past_oob_byte(&self, fd: i32) -> Cursor {
+        let s = self.sh();
+        let cons = unpack(s.cons.load(Ordering::Acquire));
+        let Some((_, prod)) = self.rx_cursors() else {
+            return cons;
+        };
+        let (cons, rx) = self.urg_sync(fd, cons, prod);
+        if self.oobinline() || !rx.at_mark(cons) || self.rx.readable(cons, prod).unwrap_or(0) == 0 {
+            return cons;
+        }
+        let past = self.rx.add(cons, 1);
+        s.cons.store(pack(past), Ordering::Release);
+        self.set_urg_rx(rx.passed(self.rx, past));
+        past
     }
 
     /// Under both ring locks: [`F_SWITCHING`] (no doorbell goes out, no drain reads the

@@ -171,6 +171,7 @@ scenarios! {
     sigio_on_write_space: 1;
     sigio_not_while_read_waits_one_thread: 1;
     oob_sigurg_inline: 1;
+    oob_sigurg_then_fdopen: 1;
     fdopen_stdio_server: 1;
     dprintf_on_socket: 1;
     aio_write_to_blocked_reader: 1;
@@ -4763,6 +4764,81 @@ fn oob_sigurg_inline() {
     log(format!("read {} [{}]", got.len(), digest(&got)));
     close(c);
     close(s);
+}
+
+/// Urgent data with an owner, then the receiving end goes to stdio (`fdopen`): the stream
+/// after it is intact and holds no trace of the urgent signalling (no urgent byte left for
+/// `recv(MSG_OOB)`, no mark), and urgent data sent afterwards signals and reads as before.
+fn oob_sigurg_then_fdopen() {
+    count_sigurg();
+    let (c, s) = pair();
+    // SAFETY: plain fcntl.
+    r(
+        "fcntl(s,F_SETOWN,pid)",
+        unsafe { libc::fcntl(s, libc::F_SETOWN, libc::getpid()) } as isize,
+    );
+    let n = SIGURGS.load(Ordering::SeqCst);
+    send_oob("send(c,aX,OOB)", c, b"aX");
+    await_signal("SIGURG", &SIGURGS, n);
+    pl("poll(s,PRI)", s, libc::POLLPRI, 5000);
+    recvmsg_l("recv(s)", s, 100, libc::MSG_DONTWAIT);
+    recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    let h = std::thread::spawn(move || {
+        write_all(
+            c,
+            b"line one
+",
+        );
+        let a = read_n(c, 3);
+        let n = SIGURGS.load(Ordering::SeqCst);
+        send_oob("send(c,bY,OOB)", c, b"bY");
+        await_signal("SIGURG", &SIGURGS, n);
+        write_all(
+            c,
+            b"line two
+",
+        );
+        (c, a)
+    });
+    // SAFETY: a valid mode string; the FILE is closed below.
+    let f = unsafe { libc::fdopen(s, c"r+".as_ptr()) };
+    log(format!("fdopen(s) ok = {}", !f.is_null()));
+    let mut line = [0u8; 64];
+    // SAFETY: a buffer of its length; the FILE is open.
+    let p = unsafe { libc::fgets(line.as_mut_ptr().cast(), line.len() as c_int, f) };
+    // SAFETY: fgets NUL-terminates.
+    let got = (!p.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(line.as_ptr().cast()) });
+    log(format!("fgets = {got:?}"));
+    // SAFETY: valid strings; the FILE is open.
+    unsafe {
+        libc::fputs(c"ok\n".as_ptr(), f);
+        libc::fflush(f);
+    }
+    let (c, a) = h.join().unwrap();
+    log(format!(
+        "client got [{}]",
+        String::from_utf8_lossy(&a).trim_end()
+    ));
+    pl("poll(s,IN|PRI)", s, libc::POLLIN | libc::POLLPRI, 5000);
+    recvmsg_l("recv(s,OOB)", s, 10, libc::MSG_OOB);
+    let mut all = Vec::new();
+    while all.len() < 10 {
+        let mut b = [0u8; 64];
+        // SAFETY: a buffer of its length.
+        let k = unsafe { libc::recv(s, b.as_mut_ptr().cast(), b.len(), 0) };
+        if k <= 0 {
+            break;
+        }
+        all.extend_from_slice(&b[..k as usize]);
+    }
+    log(format!(
+        "then read [{}]",
+        String::from_utf8_lossy(&all).escape_debug()
+    ));
+    recvmsg_l("recv(s,OOB) again", s, 10, libc::MSG_OOB);
+    close(c);
+    // SAFETY: the FILE from fdopen (closes s).
+    log(format!("fclose = {}", unsafe { libc::fclose(f) }));
 }
 
 /// `send(MSG_ZEROCOPY)` with `SO_ZEROCOPY` on: the completion arrives on the error queue
