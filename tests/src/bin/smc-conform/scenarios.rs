@@ -169,6 +169,7 @@ scenarios! {
     sigio_fioasync: 1;
     sigio_set_before_connect: 1;
     sigio_on_write_space: 1;
+    sigio_fsetsig_write_space: 1;
     sigio_not_while_read_waits_one_thread: 1;
     oob_sigurg_inline: 1;
     oob_sigurg_then_fdopen: 1;
@@ -4660,6 +4661,37 @@ fn sigio_on_write_space() {
     log(format!("read everything written: {}", got.len() == total));
     await_signal("SIGIO to the writer", &SIGIOS, n);
     r("write(c) again", wr(c, b"x"));
+    close(c);
+    close(s);
+}
+
+/// [`sigio_on_write_space`] with `F_SETSIG`: TCP's signal for the room says `POLL_OUT`,
+/// `si_band` `OUT|WRNORM|WRBAND`.
+fn sigio_fsetsig_write_space() {
+    let sig = libc::SIGRTMIN() + 1;
+    count_sigio(sig);
+    let (c, s) = pair();
+    own_async(c);
+    // SAFETY: plain fcntl.
+    r(
+        "fcntl(c,F_SETSIG,RTMIN+1)",
+        unsafe { libc::fcntl(c, F_SETSIG, sig) } as isize,
+    );
+    set_nonblock(c, true);
+    let chunk = vec![b'w'; 65536];
+    let mut total = 0usize;
+    loop {
+        let n = wr(c, &chunk);
+        if n < 0 {
+            log(format!("write(c) until {}", ename(errno())));
+            break;
+        }
+        total += n as usize;
+    }
+    let n = SIGIOS.load(Ordering::SeqCst);
+    let got = read_n(s, total);
+    log(format!("read everything written: {}", got.len() == total));
+    await_sigio_info("F_SETSIG signal to the writer", n, c);
     close(c);
     close(s);
 }
