@@ -543,6 +543,17 @@ pub unsafe extern "C" fn getsockopt(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn getpeername(
+    fd: c_int,
+    addr: *mut libc::sockaddr,
+    len: *mut socklen_t,
+) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged: `ops::getpeername` has the
+    // contract of libc's `getpeername`.
+    unsafe { ops::getpeername(fd, addr, len) }
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn sigaction(
     sig: c_int,
     act: *const libc::sigaction,

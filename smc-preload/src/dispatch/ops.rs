@@ -1746,7 +1746,14 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
                     return unsafe { shutdown(fd, how) };
                 };
                 let c = call.conn();
+                // `inet_shutdown` on a socket in CLOSE (reset, or both FINs) still shuts it
+                // but says ENOTCONN.
+                let closed = c.tcp_state() == Some(crate::conn::TCP_CLOSE);
                 return match c.shutdown(fd, how) {
+                    Ok(()) if closed => {
+                        crate::epoll::conn_changed(fd, c);
+                        fail(libc::ENOTCONN) as c_int
+                    }
                     Ok(()) => {
                         // TCP wakes the socket's waiters at a shutdown; ours may be parked.
                         crate::epoll::conn_changed(fd, c);
@@ -2410,7 +2417,34 @@ pub unsafe fn getsockopt(
     // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
     // `getsockopt`.
     let r = unsafe { real::getsockopt(fd, level, name, val, len) };
-    if r != 0 || level != libc::SOL_SOCKET || name != libc::SO_ERROR || !slow(fd) {
+    if r != 0 || !slow(fd) || val.is_null() || len.is_null() {
+        return r;
+    }
+    if level == libc::IPPROTO_TCP && name == libc::TCP_INFO {
+        if let Some(o) = fdtable::get(fd) {
+            if let Obj::Conn(c) = &*o {
+                // SAFETY: the kernel just wrote `*len` bytes of `tcp_info` through `val`.
+                unsafe { tcp_info_of_stream(c, val as *mut u8, *len as usize) };
+            }
+        }
+        return r;
+    }
+    if level == libc::SOL_SOCKET && name == libc::SO_PEEK_OFF {
+        if let Some(o) = fdtable::get(fd) {
+            if let Obj::Conn(c) = &*o {
+                // The kernel wrote the socket's own value (off: we keep it, see setsockopt).
+                // SAFETY: `val`/`len` were valid for the kernel's write (it succeeded); only an
+                // int that fits the length it reported is written.
+                unsafe {
+                    if *len as usize >= 4 {
+                        std::ptr::write_unaligned(val as *mut c_int, c.peek_off());
+                    }
+                }
+            }
+        }
+        return r;
+    }
+    if level != libc::SOL_SOCKET || name != libc::SO_ERROR {
         return r;
     }
     let Some(o) = fdtable::get(fd) else { return r };
@@ -2438,6 +2472,54 @@ pub unsafe fn getsockopt(
     r
 }
 
+/// `TCP_INFO` of an SMC connection: the kernel's answer about the TCP socket (which carried
+/// the CLC handshake and carries doorbells, not the stream), with what the stream shows put
+/// in: `tcpi_state` ([`Conn::tcp_state`]) and the byte counts ([`Conn::tcp_bytes`]).
+/// Timing, window and segment fields stay the socket's.
+///
+/// # Safety
+/// `info` points to `len` writable bytes.
+unsafe fn tcp_info_of_stream(c: &Conn, info: *mut u8, len: usize) {
+    // Offsets in `struct tcp_info` (`include/uapi/linux/tcp.h`).
+    const STATE: usize = 0;
+    const BYTES_ACKED: usize = 120;
+    const BYTES_RECEIVED: usize = 128;
+    const BYTES_SENT: usize = 200;
+    let Some(st) = c.tcp_state() else { return };
+    let put = |off: usize, v: u64| {
+        if len >= off + 8 {
+            // SAFETY: inside the caller's `len` bytes (checked).
+            unsafe { std::ptr::write_unaligned(info.add(off) as *mut u64, v) };
+        }
+    };
+    if len > STATE {
+        // SAFETY: inside the caller's `len` bytes (checked).
+        unsafe { *info.add(STATE) = st };
+    }
+    if let Some((sent, acked, received)) = c.tcp_bytes() {
+        put(BYTES_ACKED, acked);
+        put(BYTES_RECEIVED, received);
+        put(BYTES_SENT, sent);
+    }
+}
+
+/// `getpeername(2)`: `ENOTCONN` once an SMC connection's stream ended as TCP's would have
+/// ended in CLOSE (a reset, or both ends' FIN: `inet_getname`); else the TCP socket's truth.
+pub unsafe fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if slow(fd) {
+        if let Some(o) = fdtable::get(fd) {
+            if let Obj::Conn(c) = &*o {
+                if c.tcp_state() == Some(crate::conn::TCP_CLOSE) {
+                    return fail(libc::ENOTCONN) as c_int;
+                }
+            }
+        }
+    }
+    // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
+    // libc's `getpeername`.
+    unsafe { real::getpeername(fd, addr, len) }
+}
+
 pub unsafe fn setsockopt(
     fd: c_int,
     level: c_int,
@@ -2448,6 +2530,24 @@ pub unsafe fn setsockopt(
     // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
     // `setsockopt`.
     let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+    if r == 0
+        && level == libc::SOL_SOCKET
+        && name == libc::SO_PEEK_OFF
+        && fdtable::raw(fd) != 0
+        && !val.is_null()
+        && len as usize >= 4
+    {
+        // SAFETY: `val` is non-null with `len >= 4` (checked) and the kernel just read it
+        // without EFAULT.
+        let v = unsafe { std::ptr::read_unaligned(val as *const c_int) };
+        setup::note_peek_off();
+        if let Some(c) = fdtable::get(fd).as_deref().and_then(Obj::conn) {
+            // The stream's peeks are ours (`smc_rx`); the socket's own stays off, for the
+            // library's peeks at the doorbell channel.
+            c.set_peek_off(v);
+            setup::peek_off_off(fd);
+        }
+    }
     if r == 0
         && level == libc::SOL_SOCKET
         && name == libc::SO_RCVBUF

@@ -206,6 +206,10 @@ pub struct Shared {
     /// The writer's last urgent word ([`smc_common::urg::UrgWord`] as its type word), changed
     /// under `tx_lock`.
     urg_tx: AtomicU64,
+    /// The socket's `SO_PEEK_OFF` (an `i32`; negative: off), as TCP's `sk_peek_off`: a
+    /// `MSG_PEEK` starts this far past the read position and moves it on, a read moves it
+    /// back (`smc_rx`). Shared like the socket by every process holding it.
+    peek_off: AtomicU32,
 }
 
 /// [`Shared::ksleep`]: a drain of the doorbells is under way.
@@ -473,6 +477,7 @@ impl Conn {
         }
         s.urg_rx.store(0, Ordering::Relaxed);
         s.urg_tx.store(0, Ordering::Relaxed);
+        s.peek_off.store(-1i32 as u32, Ordering::Relaxed);
         // Type byte of the header we write (no urgent word yet) (without touching the peer's wait bits).
         let tw = c.peer.as_ptr() as *const AtomicU64;
         // SAFETY: the mapping is page aligned and at least 32 bytes.
@@ -919,6 +924,7 @@ mod smc_tx;
 mod smc_wake;
 
 pub use crate::util::io_path::{IO_GONE, NO_IO};
+pub use smc_close::{TCP_CLOSE, TCP_CLOSE_WAIT, TCP_ESTABLISHED, TCP_FIN_WAIT2};
 pub use smc_switch::Switched;
 
 #[cfg(test)]

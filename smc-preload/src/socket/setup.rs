@@ -526,7 +526,7 @@ pub fn so_error_peek(fd: i32) -> i32 {
     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     let e0 = real::errno();
     // SAFETY: valid out buffer.
-    let r = unsafe { libc::getpeername(fd, &mut ss as *mut _ as *mut libc::sockaddr, &mut len) };
+    let r = unsafe { real::getpeername(fd, &mut ss as *mut _ as *mut libc::sockaddr, &mut len) };
     real::set_errno(e0);
     if r == 0 {
         0
@@ -548,6 +548,33 @@ fn hints() -> &'static ForkMutex<HashMap<i32, i32>> {
     &HINTS
 }
 static HINTS_N: AtomicU64 = AtomicU64::new(0);
+
+/// Some socket of this process was given `SO_PEEK_OFF` (a connection set up from now on takes
+/// the value its socket holds: [`install`]).
+static PEEK_OFF_USED: AtomicBool = AtomicBool::new(false);
+
+pub fn note_peek_off() {
+    PEEK_OFF_USED.store(true, Ordering::Relaxed);
+}
+
+/// Turns the socket's own `SO_PEEK_OFF` off: an SMC connection keeps the value for its
+/// stream (`Conn::set_peek_off`), and the library's peeks at the socket (the doorbell
+/// channel, the switch marker) must start at its read position.
+pub fn peek_off_off(fd: i32) {
+    let off: libc::c_int = -1;
+    let e0 = real::errno();
+    // SAFETY: a valid int and its length.
+    unsafe {
+        real::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEEK_OFF,
+            &off as *const libc::c_int as *const libc::c_void,
+            4,
+        )
+    };
+    real::set_errno(e0);
+}
 
 pub fn note_rcvbuf(fd: i32, v: i32) {
     let mut h = hints().lock();
@@ -1119,6 +1146,17 @@ fn install(fd: i32, own: HeldDmb, peer: HeldDmb, role: Role, nonblock: bool) -> 
     if fl >= 0 && fl & libc::O_ASYNC != 0 {
         c.set_async(true);
     }
+    if PEEK_OFF_USED.load(Ordering::Relaxed) {
+        let e0 = real::errno();
+        let v = crate::util::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF);
+        real::set_errno(e0);
+        if let Some(v) = v {
+            if v >= 0 {
+                c.set_peek_off(v);
+                peek_off_off(fd);
+            }
+        }
+    }
     shortcut(fd);
     let o = Arc::new(Obj::Conn(c));
     drop(fdtable::replace(fd, Slot::Obj(o.clone())));
@@ -1486,7 +1524,7 @@ fn port_of(fd: i32, peer: bool) -> Option<u16> {
     // SAFETY: valid out buffers.
     let r = unsafe {
         if peer {
-            libc::getpeername(fd, p, &mut len)
+            real::getpeername(fd, p, &mut len)
         } else {
             libc::getsockname(fd, p, &mut len)
         }

@@ -203,6 +203,7 @@ real_fns! {
     splice(fin: c_int, offin: *mut libc::loff_t, fout: c_int, offout: *mut libc::loff_t, n: size_t, flags: c_uint) -> ssize_t;
     getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
     setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
+    getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
     sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int;
     signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
     sysv_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;

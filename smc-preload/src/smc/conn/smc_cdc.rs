@@ -313,6 +313,30 @@ impl Conn {
         ]
     }
 
+    /// `TCP_INFO`'s byte counts of the stream (`tcpi_bytes_sent`, `tcpi_bytes_acked`,
+    /// `tcpi_bytes_received`), as TCP counts them over loopback: what we put into the peer's
+    /// ring is sent and acknowledged (it sits in the peer's receive queue), plus a client's
+    /// SYN (a server's SYN-ACK is acknowledged in SYN_RECV, where `tcp_rcv_state_process` does
+    /// not count it) and our FIN, once sent and not reset; what the
+    /// peer put into ours is received, read or not. From the cursors (both start at 0 and only
+    /// move forward; `Shared::rx_bytes`/`tx_bytes` are statistics a fork takes away): exact
+    /// up to 2^16 times the ring's size (then they start again from 0, as the cursors' wrap
+    /// counts do). `None` on a protocol violation.
+    pub fn tcp_bytes(&self) -> Option<(u64, u64, u64)> {
+        let total = |c: Cursor, len: u32| u64::from(c.wrap) * u64::from(len) + u64::from(c.count);
+        let (prod, _) = self.tx_cursors()?;
+        let (_, peer_prod) = self.rx_cursors()?;
+        let sent = total(prod, self.tx.len());
+        let fin = self
+            .stream_ends()
+            .is_some_and(|(reset, our_fin, _)| our_fin && !reset);
+        Some((
+            sent,
+            sent + u64::from(self.role == Role::Client) + u64::from(fin),
+            total(peer_prod, self.rx.len()),
+        ))
+    }
+
     /// Edge-detection token for epoll ET emulation: changes whenever the peer moved a cursor
     /// or a flag that matters.
     pub fn edge_token(&self) -> (u64, u64) {

@@ -151,7 +151,53 @@ impl Conn {
     }
 }
 
+/// TCP states as `tcp_info.tcpi_state` numbers them (`include/net/tcp_states.h`).
+pub const TCP_ESTABLISHED: u8 = 1;
+pub const TCP_FIN_WAIT2: u8 = 5;
+pub const TCP_CLOSE: u8 = 7;
+pub const TCP_CLOSE_WAIT: u8 = 8;
+
 impl Conn {
+    /// The state a TCP socket would be in after what this stream went through, as
+    /// `TCP_INFO`'s `tcpi_state` and the calls that look at it (`getpeername`, `shutdown`)
+    /// show it; `None` once the connection continues on TCP (the socket's own state is the
+    /// truth then). Our TCP socket sees none of the stream's ends (a `shutdown` goes into the
+    /// CDC header, a reset too): it stays ESTABLISHED, or CLOSE_WAIT after the peer's close.
+    ///
+    /// On loopback the peer's kernel acknowledges a FIN at once (or within its delayed-ACK
+    /// time, `TCP_DELACK_MIN`), so the transient states (FIN_WAIT1, LAST_ACK, CLOSING) are
+    /// never shown: after our `SHUT_WR` FIN_WAIT2, after the peer's CLOSE_WAIT, after both
+    /// CLOSE (TCP's socket went to TIME_WAIT, whose full socket `tcp_done` leaves in CLOSE, or
+    /// through LAST_ACK to CLOSE), and after a reset either way (the peer's abort, our write
+    /// after its close or its `SHUT_RDWR`, a protocol error) CLOSE (`tcp_reset`). The peer's
+    /// `SHUT_RD` or ours sends nothing: no change.
+    pub fn tcp_state(&self) -> Option<u8> {
+        let (reset, our_fin, peer_fin) = self.stream_ends()?;
+        Some(match (reset, our_fin, peer_fin) {
+            (true, _, _) | (false, true, true) => TCP_CLOSE,
+            (false, true, false) => TCP_FIN_WAIT2,
+            (false, false, true) => TCP_CLOSE_WAIT,
+            (false, false, false) => TCP_ESTABLISHED,
+        })
+    }
+
+    /// How the stream ended so far: (reset either way, our FIN (`SHUT_WR`), the peer's FIN
+    /// or close); `None` once the connection continues on TCP.
+    pub(super) fn stream_ends(&self) -> Option<(bool, bool, bool)> {
+        let f = self.flags();
+        if f & (F_PEER_SWITCH | F_SWITCHED) != 0 {
+            return None;
+        }
+        let ps = self.peer_state();
+        let abort = ps.contains(ConnStateFlags::PEER_CONN_ABORT);
+        let graceful = ps.any_close_or_done() && !abort;
+        let reset = abort
+            || f & (F_PROTO | F_WROTE_AFTER_CLOSE) != 0
+            || (f & F_PEER_RST != 0 && !graceful);
+        let peer_fin = ps.any_close_or_done() || f & (F_PEER_GONE | F_PEER_RST) != 0;
+        Some((reset, f & F_SHUT_WR != 0, peer_fin))
+    }
+
     /// shutdown(2).
     pub fn shutdown(&self, fd: i32, how: i32) -> Result<(), Errno> {
         let f = match how {

@@ -45,6 +45,19 @@ impl Conn {
             .clamp(1, self.rx.len().max(1))
     }
 
+    /// `SO_PEEK_OFF` as the socket holds it (negative: off).
+    pub fn peek_off(&self) -> i32 {
+        self.sh().peek_off.load(Ordering::Relaxed) as i32
+    }
+
+    /// `setsockopt(SO_PEEK_OFF)` succeeded with `v` (`sk_set_peek_off`: any value, negative
+    /// turns it off), or the value the socket held when the connection was set up.
+    pub fn set_peek_off(&self, v: i32) {
+        let s = self.sh();
+        let _g = s.rx_lock.lock();
+        s.peek_off.store(v as u32, Ordering::Relaxed);
+    }
+
     /// Bytes readable now (FIONREAD / SIOCINQ): up to the urgent mark while it is ahead
     /// (`tcp_inq`).
     pub fn inq(&self) -> u32 {
@@ -155,6 +168,9 @@ impl Conn {
         // returns the bytes there are, as TCP's peek returns what it copied before the wait;
         // with none, the error of the wait.
         let mut gave_up: Option<Errno> = None;
+        // SO_PEEK_OFF (`sk_peek_offset`): where a peek starts past the read position, read
+        // under `rx_lock` (0 when off or for a read).
+        let mut poff = 0u32;
         loop {
             if self.flags() & (F_PEER_SWITCH | F_SWITCHED) != 0 {
                 return if done > 0 { Ok(done) } else { Err(E_TCP) };
@@ -191,22 +207,35 @@ impl Conn {
                 }
                 let (skip, lim) = urg::read_plan(self.rx, rx, cons, avail, self.oobinline());
                 let start = self.rx.add(cons, skip);
+                if peek {
+                    poff = self.peek_off().max(0) as u32;
+                }
                 if !peek && skip > 0 {
                     // The urgent byte is consumed (out of band): the mark is passed.
                     s.cons.store(pack(start), Ordering::Release);
                     self.set_urg_rx(rx.passed(self.rx, start));
                     self.after_consume(fd, start, lim == 0);
                 }
-                if lim > 0
+                // What a peek finds past its offset (the read position for a read).
+                let plim = if peek { lim.saturating_sub(poff) } else { lim };
+                if plim > 0
                     && !(peek
-                        && (lim as usize) < peek_need
+                        && (plim as usize) < peek_need
                         && gave_up.is_none()
                         && !self.readiness().rd_eof)
                 {
                     if peek {
-                        let n = (lim as usize).min(want);
+                        let n = (plim as usize).min(want);
                         if !trunc {
-                            self.copy_out(start, n, &mut cur);
+                            self.copy_out(self.rx.add(start, poff), n, &mut cur);
+                        }
+                        // `sk_peek_offset_fwd`: the next peek starts after these bytes.
+                        let po = self.peek_off();
+                        if po >= 0 {
+                            s.peek_off.store(
+                                po.saturating_add(n as i32) as u32,
+                                Ordering::Relaxed,
+                            );
                         }
                         return Ok(n);
                     }
@@ -220,6 +249,12 @@ impl Conn {
                         self.set_urg_rx(rx.passed(self.rx, nc));
                     }
                     s.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    // `sk_peek_offset_bwd`: the peek offset counts from the read position.
+                    let po = self.peek_off();
+                    if po > 0 {
+                        s.peek_off
+                            .store(po.saturating_sub(n as i32).max(0) as u32, Ordering::Relaxed);
+                    }
                     if avail as usize == self.rx.len() as usize {
                         s.rx_full.fetch_add(1, Ordering::Relaxed);
                     }
@@ -236,7 +271,13 @@ impl Conn {
                 return Err(e);
             }
             let r = self.readiness();
-            if r.readable > 0 && !(peek && (r.readable as usize) < peek_need) {
+            // The bytes a look again needs: one for a read, past the offset for a peek.
+            let need = if peek {
+                poff.saturating_add((peek_need as u32).max(1))
+            } else {
+                1
+            };
+            if r.readable >= need {
                 continue;
             }
             if r.error && r.readable == 0 {
@@ -265,7 +306,7 @@ impl Conn {
                 return Err(libc::ECONNRESET);
             }
             if r.rd_eof {
-                if peek && r.readable > 0 {
+                if peek && r.readable > poff {
                     continue;
                 }
                 return Ok(done);
@@ -277,7 +318,6 @@ impl Conn {
                     Err(libc::EAGAIN)
                 };
             }
-            let need = if peek { (peek_need as u32).max(1) } else { 1 };
             let dl = *deadline
                 .get_or_insert_with(|| deadline_of(self.sock_timeout(fd, libc::SO_RCVTIMEO)));
             let woke = self.wait(fd, true, need, dl);
