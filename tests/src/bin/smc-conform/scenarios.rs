@@ -209,6 +209,10 @@ scenarios! {
     sendfile_splice_socket_edges: 1;
     preadv2_and_raw_syscalls: 1;
     tcp_inq_cmsg: 1;
+    tcp_state_orderly_close: 2;
+    tcp_state_after_reset: 3;
+    tcp_info_byte_counts: 1;
+    so_peek_off: 2;
 }
 
 // ── probes ──────────────────────────────────────────────────────────────────────────────────
@@ -6485,6 +6489,281 @@ fn tcp_inq_cmsg() {
         mm.msg_hdr.msg_controllen,
         &cb[hdr..hdr + 4]
     ));
+    close(c);
+    close(s);
+}
+
+// ── the stream's state as TCP shows it (rt9 `states`, `rst`, `tcpinfo`, `peekoff`) ─────────
+
+/// TCP states by `tcpi_state` (`include/net/tcp_states.h`).
+fn tcp_state_name(st: u8) -> String {
+    const N: [&str; 12] = [
+        "?",
+        "ESTABLISHED",
+        "SYN_SENT",
+        "SYN_RECV",
+        "FIN_WAIT1",
+        "FIN_WAIT2",
+        "TIME_WAIT",
+        "CLOSE",
+        "CLOSE_WAIT",
+        "LAST_ACK",
+        "LISTEN",
+        "CLOSING",
+    ];
+    N.get(st as usize)
+        .map_or_else(|| format!("state{st}"), |n| n.to_string())
+}
+
+/// `TCP_INFO` of `fd` (the whole struct as the kernel fills it, zeros past what it wrote).
+fn tcp_info_raw(fd: c_int) -> Option<[u8; 256]> {
+    let mut b = [0u8; 256];
+    let mut l = b.len() as libc::socklen_t;
+    // SAFETY: valid out buffer and length.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            b.as_mut_ptr().cast(),
+            &mut l,
+        )
+    };
+    (rc == 0).then_some(b)
+}
+
+/// Logs `tcpi_state` of `fd` once it left the states a FIN or its ACK is still on the way in
+/// (FIN_WAIT1, LAST_ACK, CLOSING: the peer's kernel may delay the ACK of a FIN by its
+/// delayed-ACK time): waits for that, up to 5 s.
+fn tcp_state(what: &str, fd: c_int) {
+    let t = Instant::now();
+    loop {
+        let Some(b) = tcp_info_raw(fd) else {
+            r(&format!("{what} TCP_INFO"), -1);
+            return;
+        };
+        if !matches!(b[0], 4 | 9 | 11) || t.elapsed() > Duration::from_secs(5) {
+            log(format!("{what} tcpi_state = {}", tcp_state_name(b[0])));
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn getpeername_l(what: &str, fd: c_int) {
+    // SAFETY: plain old data.
+    let mut a: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut l = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: valid out buffers.
+    let rc = unsafe { libc::getpeername(fd, (&mut a as *mut libc::sockaddr_in).cast(), &mut l) };
+    if rc == 0 {
+        log(format!("{what} = 0, port is the peer's: {}", a.sin_port != 0));
+    } else {
+        r(what, -1);
+    }
+}
+
+/// Both ends shut writing in turn, then a connection whose ends shut reading only: the state
+/// at each step (FIN_WAIT2 / CLOSE_WAIT, then CLOSE both: TIME_WAIT's full socket and LAST_ACK
+/// acknowledged), and in CLOSE `getpeername` and `shutdown` say `ENOTCONN`.
+fn tcp_state_orderly_close() {
+    let (c, s) = pair_settled();
+    tcp_state("fresh c", c);
+    tcp_state("fresh s", s);
+    r("shutdown(c,WR)", libc_shutdown(c, libc::SHUT_WR));
+    pl("poll(s,IN|RDHUP)", s, libc::POLLIN | libc::POLLRDHUP, 5000);
+    rd("read(s) EOF", s, 10);
+    tcp_state("after c SHUT_WR: c", c);
+    tcp_state("after c SHUT_WR: s", s);
+    getpeername_l("getpeername(s) in CLOSE_WAIT", s);
+    write_all(s, b"late");
+    assert_eq!(read_n(c, 4), b"late");
+    r("shutdown(s,WR)", libc_shutdown(s, libc::SHUT_WR));
+    pl("poll(c,IN|RDHUP)", c, libc::POLLIN | libc::POLLRDHUP, 5000);
+    rd("read(c) EOF", c, 10);
+    tcp_state("after both SHUT_WR: c", c);
+    tcp_state("after both SHUT_WR: s", s);
+    getpeername_l("getpeername(c)", c);
+    getpeername_l("getpeername(s)", s);
+    r("shutdown(c,RD) in CLOSE", libc_shutdown(c, libc::SHUT_RD));
+    r("shutdown(s,RDWR) in CLOSE", libc_shutdown(s, libc::SHUT_RDWR));
+    // SAFETY: valid buffer.
+    let k = unsafe { libc::send(s, b"x".as_ptr().cast(), 1, libc::MSG_NOSIGNAL) };
+    r("send(s) in CLOSE", k);
+    close(c);
+    close(s);
+    let (c, s) = pair_settled();
+    r("shutdown(s,RD)", libc_shutdown(s, libc::SHUT_RD));
+    r("shutdown(c,RD)", libc_shutdown(c, libc::SHUT_RD));
+    tcp_state("after both SHUT_RD: s", s);
+    tcp_state("after both SHUT_RD: c", c);
+    getpeername_l("getpeername(c) after SHUT_RD", c);
+    close(c);
+    close(s);
+}
+
+/// A reset either way: the peer's close with `SO_LINGER {1, 0}`, its close with our bytes
+/// unread, our write after its orderly close: CLOSE, `getpeername` and `shutdown` `ENOTCONN`
+/// (`getsockname` still the local address).
+fn tcp_state_after_reset() {
+    let (c, s) = pair_settled();
+    linger0(c);
+    close(c);
+    pl("poll(s,IN) after the peer's linger-0 close", s, libc::POLLIN, 5000);
+    tcp_state("after the reset: s", s);
+    getpeername_l("getpeername(s)", s);
+    // SAFETY: plain old data.
+    let mut a: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut l = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: valid out buffers.
+    let rc = unsafe { libc::getsockname(s, (&mut a as *mut libc::sockaddr_in).cast(), &mut l) };
+    r("getsockname(s)", rc as isize);
+    rd("read(s)", s, 10);
+    r("shutdown(s,WR)", libc_shutdown(s, libc::SHUT_WR));
+    close(s);
+    let (c, s) = pair_settled();
+    write_all(s, b"unread");
+    pl("poll(c,IN)", c, libc::POLLIN, 5000);
+    close(c);
+    pl("poll(s,IN) after the peer closed with bytes unread", s, libc::POLLIN, 5000);
+    tcp_state("after the abort: s", s);
+    getpeername_l("getpeername(s)", s);
+    r("shutdown(s,RD)", libc_shutdown(s, libc::SHUT_RD));
+    close(s);
+    let (c, s) = pair_settled();
+    close(c);
+    pl("poll(s,IN|RDHUP)", s, libc::POLLIN | libc::POLLRDHUP, 5000);
+    tcp_state("after the peer's close: s", s);
+    getpeername_l("getpeername(s) in CLOSE_WAIT", s);
+    // SAFETY: valid buffer.
+    let k = unsafe { libc::send(s, b"x".as_ptr().cast(), 1, libc::MSG_NOSIGNAL) };
+    r("send(s) after the peer's close", k);
+    // The peer's kernel answers with a reset: both directions shut (POLLHUP).
+    pl("poll(s,0) for the reset", s, 0, 5000);
+    tcp_state("after the reset it drew: s", s);
+    getpeername_l("getpeername(s)", s);
+    r("shutdown(s,WR)", libc_shutdown(s, libc::SHUT_WR));
+    close(s);
+}
+
+/// `TCP_INFO`'s byte counts while established: sent, acknowledged (the peer's reply
+/// acknowledges all before it, and a client's SYN counts), received.
+fn tcp_info_byte_counts() {
+    let (c, s) = pair();
+    let big = vec![7u8; 100_000];
+    let h = std::thread::spawn(move || write_all(c, &big));
+    assert_eq!(read_n(s, 100_000).len(), 100_000);
+    h.join().unwrap();
+    write_all(s, &[9u8; 5000]);
+    assert_eq!(read_n(c, 5000).len(), 5000);
+    let bytes = |what: &str, fd: c_int| {
+        let Some(b) = tcp_info_raw(fd) else {
+            r(&format!("{what} TCP_INFO"), -1);
+            return;
+        };
+        let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
+        log(format!(
+            "{what}: state {} bytes_acked {} bytes_received {} bytes_sent {}",
+            tcp_state_name(b[0]),
+            u64_at(120),
+            u64_at(128),
+            u64_at(200)
+        ));
+    };
+    bytes("c after its 100000 and the reply", c);
+    write_all(c, b"k");
+    assert_eq!(read_n(s, 1), b"k");
+    bytes("s after its 5000 and the reply", s);
+    close(c);
+    close(s);
+}
+
+fn peek_l(what: &str, fd: c_int, n: usize, flags: c_int) {
+    recv_l(what, fd, n, libc::MSG_PEEK | flags);
+}
+
+fn peek_off_l(what: &str, fd: c_int) {
+    let (rc, v) = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF);
+    if rc != 0 {
+        r(what, -1);
+    } else {
+        log(format!("{what} = {v}"));
+    }
+}
+
+/// `SO_PEEK_OFF` (TCP since Linux 6.9): successive peeks go on where the last one stopped, a
+/// read moves the offset back by what it took; past the bytes there a peek waits (`EAGAIN`
+/// without waiting) or, after the FIN, says 0; negative turns it off. Set after the
+/// connection, and on a client before it connects.
+fn so_peek_off() {
+    let (c, s) = pair_settled();
+    peek_off_l("SO_PEEK_OFF(s) at first", s);
+    let zero: c_int = 0;
+    r(
+        "SO_PEEK_OFF(s) 0",
+        setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_PEEK_OFF, &zero) as isize,
+    );
+    write_all(c, b"0123456789");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    inq("FIONREAD(s)", s);
+    peek_l("peek(s,3)", s, 3, 0);
+    peek_l("peek(s,3) again", s, 3, 0);
+    peek_off_l("SO_PEEK_OFF(s)", s);
+    recv_l("recv(s,2)", s, 2, 0);
+    peek_off_l("SO_PEEK_OFF(s) after the read", s);
+    peek_l("peek(s,3)", s, 3, 0);
+    peek_l("peek(s,10,DONTWAIT)", s, 10, libc::MSG_DONTWAIT);
+    peek_l("peek(s,10,DONTWAIT) past the bytes", s, 10, libc::MSG_DONTWAIT);
+    peek_l("peek(s,10,DONTWAIT|TRUNC) past the bytes", s, 10, libc::MSG_DONTWAIT | libc::MSG_TRUNC);
+    inq("FIONREAD(s)", s);
+    recv_l("recv(s,100)", s, 100, 0);
+    peek_off_l("SO_PEEK_OFF(s) after reading all", s);
+    write_all(c, b"abcdef");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    peek_l("peek(s,2,TRUNC)", s, 2, libc::MSG_TRUNC);
+    peek_off_l("SO_PEEK_OFF(s) after a TRUNC peek", s);
+    let off: c_int = -1;
+    r(
+        "SO_PEEK_OFF(s) -1",
+        setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_PEEK_OFF, &off) as isize,
+    );
+    peek_l("peek(s,2) off", s, 2, 0);
+    peek_l("peek(s,2) off again", s, 2, 0);
+    recv_l("recv(s,1) off", s, 1, 0);
+    peek_off_l("SO_PEEK_OFF(s) off", s);
+    let four: c_int = 4;
+    r(
+        "SO_PEEK_OFF(s) 4",
+        setsockopt_raw(s, libc::SOL_SOCKET, libc::SO_PEEK_OFF, &four) as isize,
+    );
+    peek_l("peek(s,10) from 4", s, 10, 0);
+    r("shutdown(c,WR)", libc_shutdown(c, libc::SHUT_WR));
+    pl("poll(s,IN|RDHUP)", s, libc::POLLIN | libc::POLLRDHUP, 5000);
+    peek_l("peek(s,10) past the bytes at EOF", s, 10, 0);
+    recv_l("recv(s,100)", s, 100, 0);
+    peek_off_l("SO_PEEK_OFF(s) at the end", s);
+    recv_l("recv(s,100) EOF", s, 100, 0);
+    close(c);
+    close(s);
+    // Set on the client before it connects.
+    let (l, port) = listener();
+    let h = std::thread::spawn(move || accept_fd(l));
+    let c = tcp_socket();
+    r(
+        "SO_PEEK_OFF(c) 0 before connect",
+        setsockopt_raw(c, libc::SOL_SOCKET, libc::SO_PEEK_OFF, &zero) as isize,
+    );
+    r("connect", connect_to(c, port) as isize);
+    let s = h.join().unwrap();
+    close(l);
+    write_all(s, b"xyzw");
+    pl("poll(c,IN)", c, libc::POLLIN, 5000);
+    peek_off_l("SO_PEEK_OFF(c) connected", c);
+    peek_l("peek(c,2)", c, 2, 0);
+    peek_l("peek(c,2) again", c, 2, 0);
+    recv_l("recv(c,10)", c, 10, 0);
+    write_all(c, b"pong");
+    assert_eq!(read_n(s, 4), b"pong");
     close(c);
     close(s);
 }
