@@ -191,9 +191,8 @@ impl Conn {
         let ps = self.peer_state();
         let abort = ps.contains(ConnStateFlags::PEER_CONN_ABORT);
         let graceful = ps.any_close_or_done() && !abort;
-        let reset = abort
-            || f & (F_PROTO | F_WROTE_AFTER_CLOSE) != 0
-            || (f & F_PEER_RST != 0 && !graceful);
+        let reset =
+            abort || f & (F_PROTO | F_WROTE_AFTER_CLOSE) != 0 || (f & F_PEER_RST != 0 && !graceful);
         let peer_fin = ps.any_close_or_done() || f & (F_PEER_GONE | F_PEER_RST) != 0;
         Some((reset, f & F_SHUT_WR != 0, peer_fin))
     }

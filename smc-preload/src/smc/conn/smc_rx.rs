@@ -232,10 +232,8 @@ impl Conn {
                         // `sk_peek_offset_fwd`: the next peek starts after these bytes.
                         let po = self.peek_off();
                         if po >= 0 {
-                            s.peek_off.store(
-                                po.saturating_add(n as i32) as u32,
-                                Ordering::Relaxed,
-                            );
+                            s.peek_off
+                                .store(po.saturating_add(n as i32) as u32, Ordering::Relaxed);
                         }
                         return Ok(n);
                     }

@@ -6557,7 +6557,10 @@ fn getpeername_l(what: &str, fd: c_int) {
     // SAFETY: valid out buffers.
     let rc = unsafe { libc::getpeername(fd, (&mut a as *mut libc::sockaddr_in).cast(), &mut l) };
     if rc == 0 {
-        log(format!("{what} = 0, port is the peer's: {}", a.sin_port != 0));
+        log(format!(
+            "{what} = 0, port is the peer's: {}",
+            a.sin_port != 0
+        ));
     } else {
         r(what, -1);
     }
@@ -6586,7 +6589,10 @@ fn tcp_state_orderly_close() {
     getpeername_l("getpeername(c)", c);
     getpeername_l("getpeername(s)", s);
     r("shutdown(c,RD) in CLOSE", libc_shutdown(c, libc::SHUT_RD));
-    r("shutdown(s,RDWR) in CLOSE", libc_shutdown(s, libc::SHUT_RDWR));
+    r(
+        "shutdown(s,RDWR) in CLOSE",
+        libc_shutdown(s, libc::SHUT_RDWR),
+    );
     // SAFETY: valid buffer.
     let k = unsafe { libc::send(s, b"x".as_ptr().cast(), 1, libc::MSG_NOSIGNAL) };
     r("send(s) in CLOSE", k);
@@ -6609,7 +6615,12 @@ fn tcp_state_after_reset() {
     let (c, s) = pair_settled();
     linger0(c);
     close(c);
-    pl("poll(s,IN) after the peer's linger-0 close", s, libc::POLLIN, 5000);
+    pl(
+        "poll(s,IN) after the peer's linger-0 close",
+        s,
+        libc::POLLIN,
+        5000,
+    );
     tcp_state("after the reset: s", s);
     getpeername_l("getpeername(s)", s);
     // SAFETY: plain old data.
@@ -6625,7 +6636,12 @@ fn tcp_state_after_reset() {
     write_all(s, b"unread");
     pl("poll(c,IN)", c, libc::POLLIN, 5000);
     close(c);
-    pl("poll(s,IN) after the peer closed with bytes unread", s, libc::POLLIN, 5000);
+    pl(
+        "poll(s,IN) after the peer closed with bytes unread",
+        s,
+        libc::POLLIN,
+        5000,
+    );
     tcp_state("after the abort: s", s);
     getpeername_l("getpeername(s)", s);
     r("shutdown(s,RD)", libc_shutdown(s, libc::SHUT_RD));
@@ -6713,8 +6729,18 @@ fn so_peek_off() {
     peek_off_l("SO_PEEK_OFF(s) after the read", s);
     peek_l("peek(s,3)", s, 3, 0);
     peek_l("peek(s,10,DONTWAIT)", s, 10, libc::MSG_DONTWAIT);
-    peek_l("peek(s,10,DONTWAIT) past the bytes", s, 10, libc::MSG_DONTWAIT);
-    peek_l("peek(s,10,DONTWAIT|TRUNC) past the bytes", s, 10, libc::MSG_DONTWAIT | libc::MSG_TRUNC);
+    peek_l(
+        "peek(s,10,DONTWAIT) past the bytes",
+        s,
+        10,
+        libc::MSG_DONTWAIT,
+    );
+    peek_l(
+        "peek(s,10,DONTWAIT|TRUNC) past the bytes",
+        s,
+        10,
+        libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+    );
     inq("FIONREAD(s)", s);
     recv_l("recv(s,100)", s, 100, 0);
     peek_off_l("SO_PEEK_OFF(s) after reading all", s);
