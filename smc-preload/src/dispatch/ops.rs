@@ -2540,7 +2540,6 @@ pub unsafe fn setsockopt(
         // SAFETY: `val` is non-null with `len >= 4` (checked) and the kernel just read it
         // without EFAULT.
         let v = unsafe { std::ptr::read_unaligned(val as *const c_int) };
-        setup::note_peek_off();
         if let Some(c) = fdtable::get(fd).as_deref().and_then(Obj::conn) {
             // The stream's peeks are ours (`smc_rx`); the socket's own stays off, for the
             // library's peeks at the doorbell channel.

@@ -549,14 +549,6 @@ fn hints() -> &'static ForkMutex<HashMap<i32, i32>> {
 }
 static HINTS_N: AtomicU64 = AtomicU64::new(0);
 
-/// Some socket of this process was given `SO_PEEK_OFF` (a connection set up from now on takes
-/// the value its socket holds: [`install`]).
-static PEEK_OFF_USED: AtomicBool = AtomicBool::new(false);
-
-pub fn note_peek_off() {
-    PEEK_OFF_USED.store(true, Ordering::Relaxed);
-}
-
 /// Turns the socket's own `SO_PEEK_OFF` off: an SMC connection keeps the value for its
 /// stream (`Conn::set_peek_off`), and the library's peeks at the socket (the doorbell
 /// channel, the switch marker) must start at its read position.
@@ -1146,16 +1138,14 @@ fn install(fd: i32, own: HeldDmb, peer: HeldDmb, role: Role, nonblock: bool) -> 
     if fl >= 0 && fl & libc::O_ASYNC != 0 {
         c.set_async(true);
     }
-    if PEEK_OFF_USED.load(Ordering::Relaxed) {
-        let e0 = real::errno();
-        let v = crate::util::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF);
-        real::set_errno(e0);
-        if let Some(v) = v {
-            if v >= 0 {
-                c.set_peek_off(v);
-                peek_off_off(fd);
-            }
-        }
+    // SO_PEEK_OFF, as the socket holds it (set before, or inherited from the listener): the
+    // stream's from now on, the socket's own off.
+    let e0 = real::errno();
+    let po = crate::util::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF);
+    real::set_errno(e0);
+    if let Some(v) = po.filter(|&v| v >= 0) {
+        c.set_peek_off(v);
+        peek_off_off(fd);
     }
     shortcut(fd);
     let o = Arc::new(Obj::Conn(c));

@@ -39,6 +39,27 @@ impl Conn {
         }
     }
 
+    /// The stream's `SO_PEEK_OFF` back to the socket, which carries the stream from now on
+    /// (the socket's own was off while the rings carried it, `smc_rx`).
+    fn peek_off_to_socket(&self, io: i32) {
+        let v = self.peek_off();
+        if v < 0 {
+            return;
+        }
+        let e0 = real::errno();
+        // SAFETY: a valid int and its length.
+        unsafe {
+            real::setsockopt(
+                io,
+                libc::SOL_SOCKET,
+                libc::SO_PEEK_OFF,
+                &v as *const i32 as *const libc::c_void,
+                4,
+            )
+        };
+        real::set_errno(e0);
+    }
+
     /// Reset the connection at once (both ends fail cleanly): a socket that leaves for an
     /// image without the library from a `vfork` child, which cannot switch it. No allocation.
     pub fn reset_now(&self, fd: i32) {
@@ -92,6 +113,7 @@ impl Conn {
             self.set_flag(F_PROTO);
             reset_socket(io);
         } else {
+            self.peek_off_to_socket(io);
             self.set_flag(F_SWITCHED);
         }
         let clear = if r == Switched::Reset {
@@ -188,6 +210,7 @@ impl Conn {
             // the socket must not carry on either.
             reset_socket(io);
         }
+        self.peek_off_to_socket(io);
         self.set_flag(F_SWITCHED);
         s.flags.fetch_and(!F_SWITCHING, Ordering::AcqRel);
         s.wake_seq.fetch_add(1, Ordering::AcqRel);
