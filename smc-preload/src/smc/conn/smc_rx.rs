@@ -52,10 +52,10 @@ impl Conn {
 
     /// `setsockopt(SO_PEEK_OFF)` succeeded with `v` (`sk_set_peek_off`: any value, negative
     /// turns it off), or the value the socket held when the connection was set up.
+    /// No lock (a signal handler may call it while its thread holds `rx_lock`): a peek in
+    /// flight elsewhere moves on from whichever value it read, as `sk_peek_offset_fwd` does.
     pub fn set_peek_off(&self, v: i32) {
-        let s = self.sh();
-        let _g = s.rx_lock.lock();
-        s.peek_off.store(v as u32, Ordering::Relaxed);
+        self.sh().peek_off.store(v as u32, Ordering::Relaxed);
     }
 
     /// Bytes readable now (FIONREAD / SIOCINQ): up to the urgent mark while it is ahead
