@@ -952,3 +952,46 @@ fn o_async_rings_once_per_read() {
     assert_eq!(c.send(fc, &iov(b"x"), 0), Ok(1));
     assert_eq!(queued_bells(fd), 0);
 }
+
+#[test]
+fn peek_offset_across_the_ring_end() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    // Bring both cursors close to the ring's end, so the next bytes wrap.
+    let ring = b.rx_ring_len() as usize;
+    let fill = vec![1u8; ring - 4];
+    assert_eq!(a.send(fa, &iov(&fill), 0), Ok(ring - 4));
+    let mut sink = vec![0u8; ring];
+    assert_eq!(b.recv(fb, &iov_mut(&mut sink), 0), Ok(ring - 4));
+    assert_eq!(a.send(fa, &iov(b"0123456789"), 0), Ok(10));
+    assert_eq!(b.peek_off(), -1);
+    b.set_peek_off(0);
+    let mut buf = [0u8; 3];
+    let peek = libc::MSG_PEEK | libc::MSG_DONTWAIT;
+    assert_eq!(b.recv(fb, &iov_mut(&mut buf), peek), Ok(3));
+    assert_eq!(&buf, b"012");
+    assert_eq!(b.recv(fb, &iov_mut(&mut buf), peek), Ok(3));
+    assert_eq!(&buf, b"345");
+    assert_eq!(b.peek_off(), 6);
+    let mut two = [0u8; 2];
+    assert_eq!(b.recv(fb, &iov_mut(&mut two), 0), Ok(2));
+    assert_eq!(b.peek_off(), 4);
+    let mut rest = [0u8; 10];
+    assert_eq!(b.recv(fb, &iov_mut(&mut rest), peek), Ok(4));
+    assert_eq!(&rest[..4], b"6789");
+    assert_eq!(b.recv(fb, &iov_mut(&mut rest), peek), Err(libc::EAGAIN));
+    a.shutdown(fa, libc::SHUT_WR).unwrap();
+    assert_eq!(b.recv(fb, &iov_mut(&mut rest), peek), Ok(0));
+    assert_eq!(b.recv(fb, &iov_mut(&mut rest), 0), Ok(8));
+    assert_eq!(b.peek_off(), 0);
+    // The stream's state and counts as TCP_INFO shows them.
+    assert_eq!(a.tcp_state(), Some(TCP_FIN_WAIT2));
+    assert_eq!(b.tcp_state(), Some(TCP_CLOSE_WAIT));
+    let n = (ring + 6) as u64;
+    // (sent, acked: a client's SYN and its FIN, received)
+    assert_eq!(a.tcp_bytes(), Some((n, n + 2, 0)));
+    assert_eq!(b.tcp_bytes(), Some((0, 0, n)));
+    b.shutdown(fb, libc::SHUT_WR).unwrap();
+    assert_eq!(a.tcp_state(), Some(TCP_CLOSE));
+    assert_eq!(b.tcp_state(), Some(TCP_CLOSE));
+}
