@@ -372,10 +372,54 @@ fn switch_wait() -> std::time::Duration {
 /// image without the library. Switches it ([`Conn::switch_to_tcp`]) and makes every fd of
 /// this process that names it plain TCP. True when the fd is plain now (the caller runs its
 /// call on the socket); false when the connection was reset instead (its calls fail).
+///
+/// When this process holds the peer's end too (both ends of one connection, e.g. a program
+/// that talks to itself and then hands one end to stdio or aio, or execs without the library),
+/// the peer's end is switched by this call as well, once our marker is out: its next operation
+/// may only come from the thread that is waiting here (before: that thread waited the whole
+/// switch wait for itself, then both ends were reset).
 pub(crate) fn continue_on_tcp(fd: c_int, o: &Arc<Obj>) -> bool {
+    switch_end(fd, o, true)
+}
+
+/// The end of this process's connection whose DMBs are `c`'s, crossed (its own is `c`'s
+/// peer's and the other way round): one of its numbers and its object.
+fn own_peer_end(c: &crate::conn::Conn) -> Option<(c_int, Arc<Obj>)> {
+    if c.own_token == 0 || c.peer_token == 0 {
+        return None;
+    }
+    let mut found = None;
+    fdtable::for_each_object(|ofd, x| {
+        if found.is_none() {
+            if let Obj::Conn(p) = &**x {
+                if p.own_token == c.peer_token && p.peer_token == c.own_token {
+                    found = Some((ofd, x.clone()));
+                }
+            }
+        }
+    });
+    found
+}
+
+fn switch_end(fd: c_int, o: &Arc<Obj>, drive_own_peer: bool) -> bool {
     let Obj::Conn(c) = &**o else { return false };
     let deadline = std::time::Instant::now() + switch_wait();
-    match c.switch_to_tcp(fd, deadline, || setup::leave_shortcut_for_tcp(c.io_now(fd))) {
+    let peer_here = || {
+        if !drive_own_peer || in_vfork_child() {
+            return;
+        }
+        if let Some((pfd, po)) = own_peer_end(c) {
+            crate::debug!("fd {fd}: the peer's end is ours (fd {pfd}): it switches too");
+            // Never back to this end (its locks are held here): `drive_own_peer` false.
+            let _ = switch_end(pfd, &po, false);
+        }
+    };
+    match c.switch_to_tcp(
+        fd,
+        deadline,
+        || setup::leave_shortcut_for_tcp(c.io_now(fd)),
+        peer_here,
+    ) {
         crate::conn::Switched::Reset => return false,
         crate::conn::Switched::Already => {}
         // Counted as closed here, once per connection end: its closes are plain TCP ones.

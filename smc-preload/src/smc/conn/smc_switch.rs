@@ -87,11 +87,17 @@ impl Conn {
     /// Bytes in our receive ring that we did not read come from the peer the same way. Waits
     /// at most until `deadline` for the peer; then, or on any violation, the connection is
     /// reset (linger 0): never a hang, never a wrong byte.
+    ///
+    /// `peer_here` runs once our marker is sent, before the wait for the peer's, unless the
+    /// peer's marker came already: the caller switches the peer's end there when this process
+    /// holds it too (its marker, its unread bytes, then ours are read here), so that one thread
+    /// that holds both ends never waits for itself.
     pub fn switch_to_tcp(
         &self,
         fd: i32,
         deadline: Instant,
         leave: impl FnOnce() -> bool,
+        peer_here: impl FnOnce(),
     ) -> Switched {
         let s = self.sh();
         let _rg = s.rx_lock.lock();
@@ -108,7 +114,7 @@ impl Conn {
         self.publish_cons(cons);
         // The socket itself (a number closed under a call in flight may name another file).
         let io = self.io_now(fd);
-        let r = self.switch_steps(io, deadline, leave);
+        let r = self.switch_steps(io, deadline, leave, peer_here);
         if r == Switched::Reset {
             self.set_flag(F_PROTO);
             reset_socket(io);
@@ -222,7 +228,13 @@ impl Conn {
         Some(r)
     }
 
-    fn switch_steps(&self, fd: i32, deadline: Instant, leave: impl FnOnce() -> bool) -> Switched {
+    fn switch_steps(
+        &self,
+        fd: i32,
+        deadline: Instant,
+        leave: impl FnOnce() -> bool,
+        peer_here: impl FnOnce(),
+    ) -> Switched {
         let s = self.sh();
         if self.flags() & (F_PROTO | F_PEER_GONE | F_PEER_RST) != 0 || self.peer_state().any_close()
         {
@@ -248,6 +260,9 @@ impl Conn {
         if !crate::util::send_all(fd, &[SWITCH_TCP], deadline) {
             crate::debug!("fd {fd}: switch to TCP: our marker could not be sent");
             return Switched::Reset;
+        }
+        if self.flags() & F_PEER_SWITCH == 0 {
+            peer_here();
         }
         if self.flags() & F_PEER_SWITCH == 0 && !read_to_marker(fd, deadline) {
             crate::debug!(

@@ -182,6 +182,8 @@ scenarios! {
     aio_write_first_call: 1;
     aio_read_after_peer_shut_wr: 1;
     aio_write_to_epoll_server: 1;
+    fdopen_both_ends_one_thread: 1;
+    aio_write_both_ends_one_thread: 1;
     popen_handler_parent_closes_at_once: 1;
     msg_zerocopy_completion: 1;
     // signals
@@ -6791,5 +6793,70 @@ fn so_peek_off() {
     write_all(c, b"pong");
     assert_eq!(read_n(s, 4), b"pong");
     close(c);
+    close(s);
+}
+
+/// One thread holds both ends of a connection (a program that talks to itself) and hands them
+/// to stdio: the first `fdopen` switches the connection to TCP, and nobody else could answer
+/// for the peer's end but this thread, which is inside that call. Bytes written before and
+/// left unread in each direction come first, in order.
+fn fdopen_both_ends_one_thread() {
+    let (c, s) = pair_settled();
+    write_all(c, b"unread to s, ");
+    write_all(s, b"unread to c, ");
+    // SAFETY: valid mode strings; the FILEs are closed below.
+    let fc = unsafe { libc::fdopen(c, c"r+".as_ptr()) };
+    log(format!("fdopen(c) ok = {}", !fc.is_null()));
+    // SAFETY: as above.
+    let fs = unsafe { libc::fdopen(s, c"r+".as_ptr()) };
+    log(format!("fdopen(s) ok = {}", !fs.is_null()));
+    let line = |f: *mut libc::FILE| {
+        let mut b = [0u8; 128];
+        // SAFETY: a buffer of its length; the FILE is open.
+        let p = unsafe { libc::fgets(b.as_mut_ptr().cast(), b.len() as c_int, f) };
+        if p.is_null() {
+            String::from("(null)")
+        } else {
+            // SAFETY: fgets NUL-terminates.
+            unsafe { std::ffi::CStr::from_ptr(b.as_ptr().cast()) }
+                .to_string_lossy()
+                .into_owned()
+        }
+    };
+    // SAFETY: valid strings; the FILEs are open.
+    unsafe {
+        libc::fputs(c"then stdio to s\n".as_ptr(), fc);
+        libc::fflush(fc);
+    }
+    log(format!("fgets(s) = {:?}", line(fs)));
+    // SAFETY: as above.
+    unsafe {
+        libc::fputs(c"then stdio to c\n".as_ptr(), fs);
+        libc::fflush(fs);
+    }
+    log(format!("fgets(c) = {:?}", line(fc)));
+    // SAFETY: the FILEs from fdopen (they close c and s).
+    let (a, b) = unsafe { (libc::fclose(fc), libc::fclose(fs)) };
+    log(format!("fclose = {a} {b}"));
+}
+
+/// One thread holds both ends and starts an `aio_write` on one: the switch to TCP it needs is
+/// answered for the other end by the same call (nobody else could); then a plain `read` of the
+/// other end gets the ring's unread bytes, then the aio's.
+fn aio_write_both_ends_one_thread() {
+    let (c, s) = pair_settled();
+    write_all(c, b"ring bytes, ");
+    let a = aiocb_for(c, libc::LIO_WRITE, aio_buf(b"aio bytes"));
+    // SAFETY: a live control block over a live buffer.
+    r("aio_write(c)", unsafe { libc::aio_write(a) } as isize);
+    aio_wait("aio_write(c)", a);
+    log(format!(
+        "read(s) = [{}]",
+        String::from_utf8_lossy(&read_n(s, 21))
+    ));
+    write_all(s, b"answer");
+    rd("read(c)", c, 100);
+    close(c);
+    rd("read(s) after the peer closed", s, 100);
     close(s);
 }
