@@ -1117,8 +1117,42 @@ fn recv(fd: i32, buf: &mut [u8], flags: i32) -> Result<usize, i32> {
     }
 }
 
+/// What the socket holds for a caller that found no whole CLC message at its last look.
+#[derive(PartialEq, Eq)]
+enum Queued {
+    /// Nothing (or an error: the next read tells it).
+    Nothing,
+    /// The start of a CLC message, not all of it: the socket is readable, but the rest is
+    /// still on its way.
+    Partial,
+    /// A whole message, or bytes that are no CLC message: the next read decides at once.
+    Decidable,
+}
+
+/// Peeks at the socket (never consuming): see [`Queued`]. A message that arrived whole
+/// between the caller's read and this look is `Decidable` (it is not waited for).
+fn queued(fd: i32) -> Queued {
+    let mut buf = [0u8; MAX_MSG];
+    let n = match recv(fd, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+        Ok(n) if n > 0 => n,
+        _ => return Queued::Nothing,
+    };
+    let eye = &buf[..n.min(4)];
+    if eye != &clc::EYECATCHER_SMCD[..eye.len()] && eye != &clc::EYECATCHER_SMCR[..eye.len()] {
+        return Queued::Decidable;
+    }
+    let Some(hdr) = buf.get(..n).and_then(|b| b.first_chunk::<HEADER_LEN>()) else {
+        return Queued::Partial;
+    };
+    match clc::message_len(hdr) {
+        Ok(l) if l <= n => Queued::Decidable,
+        Ok(l) if l <= MAX_MSG => Queued::Partial,
+        _ => Queued::Decidable,
+    }
+}
+
 /// Wait until the socket is readable or `deadline`; a partial message already queued makes
-/// it readable at once, so then pause briefly instead.
+/// it readable at once, so then pause briefly instead (a whole one returns at once).
 ///
 /// Through `io` ([`IoPath`]): the sleep is at most [`IO_SLICE`], after which the caller looks
 /// again, so that a number closed during it (the kernel's `poll` then looks at whatever the
@@ -1128,15 +1162,13 @@ fn wait_readable(io: &IoPath, fd: i32, deadline: Instant) {
     if now >= deadline {
         return;
     }
-    let mut one = [0u8; 1];
-    if io
-        .with(fd, |fd| {
-            recv(fd, &mut one, libc::MSG_PEEK | libc::MSG_DONTWAIT)
-        })
-        .is_ok_and(|n| n > 0)
-    {
-        std::thread::sleep(Duration::from_micros(20));
-        return;
+    match io.with(fd, queued) {
+        Queued::Decidable => return,
+        Queued::Partial => {
+            std::thread::sleep(Duration::from_micros(20));
+            return;
+        }
+        Queued::Nothing => {}
     }
     let ms = (deadline - now)
         .min(IO_SLICE)
@@ -1166,9 +1198,13 @@ pub fn wait_readable_unless(fd: i32, other: i32, ms: i32) -> bool {
             revents: 0,
         },
     ];
-    let mut one = [0u8; 1];
-    // A partial message makes `fd` readable: only `other` is asked then, without waiting.
-    let partial = recv(fd, &mut one, libc::MSG_PEEK | libc::MSG_DONTWAIT).is_ok_and(|n| n > 0);
+    // A partial message makes `fd` readable: only `other` is asked then, without waiting. A
+    // whole one (it arrived since the caller looked) is read at once, without a pause.
+    let partial = match queued(fd) {
+        Queued::Nothing => false,
+        Queued::Partial => true,
+        Queued::Decidable => return true,
+    };
     let (n, ms) = if partial { (1, 0) } else { (2, ms) };
     // SAFETY: `n` ≤ 2 pollfds of our array.
     unsafe { real::poll(p.as_mut_ptr().add(2 - n), n as libc::nfds_t, ms) };
