@@ -78,6 +78,10 @@ struct State {
     /// `RLIMIT_NOFILE` (its application took every free descriptor meanwhile) still receives
     /// it.
     reserves: HashMap<u32, OwnedFd>,
+    /// Threads asleep on `changed` (counted under the lock): a notification with none costs a
+    /// `futex` system call for nothing (std's `Condvar` makes one on every `notify_all`), on
+    /// the path from a daemon reply to the CLC message it lets a handshake send.
+    waiters: usize,
 }
 
 /// A thread-safe daemon connection; see the module documentation.
@@ -120,6 +124,7 @@ impl SharedClient {
                 abandoned: Vec::new(),
                 to_release: Vec::new(),
                 reserves: HashMap::new(),
+                waiters: 0,
             }),
             changed: Condvar::new(),
             raw: AtomicI32::new(-1),
@@ -156,6 +161,14 @@ impl SharedClient {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Wakes the threads waiting on `changed`, if any (`st`: the state, locked: a waiter
+    /// counts itself under the lock before it sleeps, so none is missed).
+    fn wake(&self, st: &State) {
+        if st.waiters > 0 {
+            self.changed.notify_all();
+        }
+    }
+
     /// Forgets the connection and everything in flight on it; wakes every waiter.
     fn disconnect(&self, st: &mut State) {
         // `raw` first: a fork between the two must not leave the child a number that this
@@ -173,7 +186,7 @@ impl SharedClient {
         st.to_release.clear();
         st.reserves.clear();
         st.generation = GENERATION.fetch_add(1, Ordering::Relaxed);
-        self.changed.notify_all();
+        self.wake(st);
     }
 
     /// The state with a connection (made outside the lock when there is none).
@@ -351,7 +364,7 @@ impl SharedClient {
                 drop(fd);
                 let mut st = self.lock();
                 st.reading = false;
-                self.changed.notify_all();
+                self.wake(&st);
                 return (st, Ok(()));
             }
             if let Some(next) = sys::peek_seq(fd.as_raw_fd()) {
@@ -369,7 +382,7 @@ impl SharedClient {
                 drop(fd);
                 let mut st = self.lock();
                 st.reading = false;
-                self.changed.notify_all();
+                self.wake(&st);
                 return (st, Ok(()));
             }
             r = sys::recv_record(fd.as_raw_fd(), &mut buf, 0);
@@ -383,7 +396,7 @@ impl SharedClient {
         drop(fd);
         let mut st = self.lock();
         st.reading = false;
-        self.changed.notify_all();
+        self.wake(&st);
         if st.generation != generation {
             return (st, Ok(())); // the connection changed meanwhile: what was read is void
         }
@@ -575,11 +588,14 @@ impl SharedClient {
         if now >= deadline {
             return (st, Ok(false));
         }
-        let g = self
+        let mut st = st;
+        st.waiters += 1;
+        let mut g = self
             .changed
             .wait_timeout(st, deadline - now)
             .map(|(g, _)| g)
             .unwrap_or_else(|e| e.into_inner().0);
+        g.waiters = g.waiters.saturating_sub(1);
         (g, Ok(true))
     }
 

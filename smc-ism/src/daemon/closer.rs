@@ -71,8 +71,30 @@ impl Closer {
 
     /// Closes `fd` on a closer thread, on behalf of `uid`.
     pub(crate) fn close(&self, uid: u32, fd: OwnedFd) {
+        self.close_all(vec![(uid, fd)]);
+    }
+
+    /// Closes each fd on a closer thread, on behalf of its uid; one thread woken (or started)
+    /// per uid among them, not per fd.
+    pub(crate) fn close_all(&self, fds: Vec<(u32, OwnedFd)>) {
+        let mut uids: Vec<u32> = Vec::with_capacity(2);
+        {
+            let mut s = lock(&self.inner.state);
+            for (uid, fd) in fds {
+                s.uids.entry(uid).or_default().queue.push_back(fd);
+                if !uids.contains(&uid) {
+                    uids.push(uid);
+                }
+            }
+        }
+        for _ in uids {
+            self.wake_one();
+        }
+    }
+
+    /// Wakes an idle closer thread, or starts one when none is idle (below [`MAX_THREADS`]).
+    fn wake_one(&self) {
         let mut s = lock(&self.inner.state);
-        s.uids.entry(uid).or_default().queue.push_back(fd);
         if s.idle == 0 && s.threads < MAX_THREADS {
             s.threads += 1;
             let inner = self.inner.clone();

@@ -180,6 +180,10 @@ struct Conn<'a> {
     /// The kernel dropped the fds passed with the current request (`MSG_CTRUNC`: the daemon is
     /// out of descriptors): its missing socket is a `Mem` failure, not a client's error.
     fds_dropped: bool,
+    /// Fds handed over with the current request, to go to the closer once its reply is sent
+    /// ([`Conn::flush_closes`]): waking a closer thread is a system call and a thread to run on
+    /// a busy machine, which the reply (a handshake waiting for it) need not wait for.
+    closing: Vec<(u32, OwnedFd)>,
     held: HashMap<u64, Held>,
     /// The proofs made of the sockets of this client's registrations that asked for it
     /// (`REGISTER_RECORD_PROOF`), by token: they prove its later attach of the peer's DMB when
@@ -229,6 +233,7 @@ pub(crate) async fn serve_conn(
         slots: Arc::default(),
         cg_last: None,
         fds_dropped: false,
+        closing: Vec::new(),
         held: HashMap::new(),
         recorded: HashMap::new(),
     };
@@ -446,6 +451,7 @@ impl Conn<'_> {
             };
             if out.is_empty() {
                 // A request that wants no reply (NOREPLY_BIT), or a PAIR that waits.
+                self.flush_closes();
                 continue;
             }
             let fds: Vec<RawFd> = pass.iter().map(|f| f.as_raw_fd()).collect();
@@ -456,6 +462,7 @@ impl Conn<'_> {
                 r = send(afd, &out, &fds) => r,
             };
             drop(pass);
+            self.flush_closes();
             if let Err(e) = res {
                 // The reference stays recorded in `held` and is released below with the rest.
                 log::debug!("client send: {e}");
@@ -810,10 +817,19 @@ impl Conn<'_> {
     }
 
     /// Hands a client's fd to the closer (never closed on this worker: its last close may
-    /// block).
-    fn dispose(&self, fd: Option<OwnedFd>) {
+    /// block), once the reply to the current request is sent ([`Conn::flush_closes`]).
+    fn dispose(&mut self, fd: Option<OwnedFd>) {
         if let Some(fd) = fd {
-            self.shared.closer.close(self.uid.uid, fd);
+            self.closing.push((self.uid.uid, fd));
+        }
+    }
+
+    /// The fds disposed of since the last call go to the closer (one wakeup for all).
+    fn flush_closes(&mut self) {
+        if !self.closing.is_empty() {
+            self.shared
+                .closer
+                .close_all(std::mem::take(&mut self.closing));
         }
     }
 
@@ -1205,7 +1221,7 @@ impl Conn<'_> {
         let Parked {
             seq, sock, uid, tx, ..
         } = y;
-        sh.closer.close(uid.uid, sock);
+        self.closing.push((uid.uid, sock));
         // A closed queue (its client left) drops the grants: released then.
         let _ = tx.send(Deferred::Paired {
             seq,
@@ -1315,7 +1331,7 @@ impl Conn<'_> {
 
     /// The attacher's socket proved to be the exact peer of the DMB owner's socket: it may
     /// enable the `sk_msg` shortcut (see `grant`); then it goes to the closer.
-    fn granted(&self, fd: Option<OwnedFd>) {
+    fn granted(&mut self, fd: Option<OwnedFd>) {
         if let (Some(f), Some(map)) = (fd.as_ref(), self.shared.sock_state_map.as_deref()) {
             super::grant::grant_shortcut(map, f.as_fd());
         }
@@ -1582,6 +1598,7 @@ fn own_dmb(
 impl Drop for Conn<'_> {
     fn drop(&mut self) {
         self.release_all();
+        self.flush_closes();
         self.uid.conns.fetch_sub(1, AcqRel);
         self.shared
             .reg
