@@ -168,6 +168,8 @@
 //! every client connection at its end (its queue may hold passed fds), is closed on closer
 //! threads (at most 64, at most 4 per uid, so one uid's stuck closes delay only its own), never
 //! on the async workers; a uid with 256 closes outstanding is not read from until they finish.
+//! The fds of one request go to the closer after its reply is sent (one closer wakeup per uid
+//! among them): a handshake waiting for that reply does not wait for the wakeups too.
 //! The receive buffer holds `SCM_MAX_FD` fds, so the kernel never drops (and closes) passed
 //! fds in the daemon's thread. `SO_LINGER {1, 0}` set by the daemon would avoid the wait but
 //! would also make the owner's own close reset a legitimate connection. The owner needs no proof beyond its own socket; it only ever receives its own

@@ -928,6 +928,69 @@ impl SharedClient {
         self.send(proto::OP_PAIR, &payload[..n], &[sock_fd])
     }
 
+    /// As [`SharedClient::pair_start_releasing`], but only if the request goes at once:
+    /// `Ok(None)` (nothing sent) when the connection is not made yet, its features are not
+    /// known yet (that would be a round trip), the releases do not fit in the record, the
+    /// replies outstanding are at their bound, or the socket would not take the record without
+    /// waiting. For a client that asks before its proposal goes out: the proposal must never
+    /// wait for the daemon (a stalled daemon would hold it up past its server's CLC timeout).
+    pub fn pair_start_now(
+        &self,
+        size_code: u8,
+        park: Duration,
+        sock_fd: RawFd,
+        releases: &[proto::PairRelease],
+    ) -> Result<Option<Ticket>, IsmError> {
+        if releases.len() > proto::PAIR_RELEASES_MAX {
+            return Ok(None);
+        }
+        let mut st = self.lock();
+        let (Some(fd), Some(features)) = (st.fd.as_ref().map(|f| f.as_raw_fd()), st.features)
+        else {
+            return Ok(None);
+        };
+        if features & proto::FEATURE_PAIR == 0
+            || st.inflight.len() - st.pairs >= client::MAX_INFLIGHT
+        {
+            return Ok(None);
+        }
+        let mut payload = [0u8; 16 + 24 * proto::PAIR_RELEASES_MAX];
+        payload[0] = size_code;
+        if self.state_slots.load(Ordering::Relaxed) && features & proto::FEATURE_STATE_SLOTS != 0 {
+            payload[1] = proto::PAIR_FLAG_STATE_SLOT;
+        }
+        let ms = park.as_millis().min(proto::PAIR_PARK_MAX_MS as u128) as u32;
+        payload[4..8].copy_from_slice(&ms.to_le_bytes());
+        for (i, &(own, peer, flags)) in releases.iter().enumerate() {
+            let o = 16 + 24 * i;
+            payload[o..o + 8].copy_from_slice(&own.to_le_bytes());
+            payload[o + 8..o + 16].copy_from_slice(&peer.to_le_bytes());
+            payload[o + 16..o + 20].copy_from_slice(&flags.to_le_bytes());
+        }
+        let len = 16 + 24 * releases.len();
+        let seq = st.seq.wrapping_add(1);
+        let mut req = [0u8; proto::MAX_REQUEST];
+        let n = proto::HEADER_LEN + len;
+        if n > req.len() {
+            return Ok(None);
+        }
+        Header::new(proto::OP_PAIR, len, seq).encode(&mut req);
+        req[proto::HEADER_LEN..n].copy_from_slice(&payload[..len]);
+        // Any failure (a full socket, a connection the daemon closed) leaves the request to the
+        // ordinary path, which waits or reconnects as it does for every request.
+        if sys::send_record(fd, &req[..n], &[sock_fd], libc::MSG_DONTWAIT).is_err() {
+            return Ok(None);
+        }
+        st.seq = seq;
+        st.inflight.push_back(seq);
+        st.pairs += 1;
+        Ok(Some(Ticket {
+            seq,
+            op: proto::OP_PAIR,
+            generation: st.generation,
+        }))
+    }
+
     /// Waits (at most `wait`, else the client's timeout) for the reply of a `PAIR`: our DMB and
     /// the peer's (attached), each with its id; ours with its local state page ([`Dmb::state`])
     /// when the daemon keeps one.

@@ -426,6 +426,9 @@ impl Driver {
     fn act(&mut self, a: Action) -> Option<Outcome> {
         match a {
             Action::Send(b) => {
+                if !self.server && b.get(4).copied() == Some(MsgType::Proposal as u8) {
+                    self.pair_before_proposal();
+                }
                 if !crate::util::send_all_io(&self.io, self.fd, &b, Instant::now() + self.timeout) {
                     crate::debug!("fd {}: handshake: sending our CLC message failed", self.fd);
                     let a = self.m.handle(Input::Abort);
@@ -693,6 +696,29 @@ impl Driver {
             }
         };
         self.ahead = t.ok().map(|t| (kind, t));
+    }
+
+    /// Client: our `PAIR` goes out before the proposal when it can go at once
+    /// ([`smc_ism::SharedClient::pair_start_now`]): the server usually asked already (it pairs
+    /// when it finds no proposal yet after `accept`), so the daemon answers both ends while the
+    /// proposal travels, and the server sends its accept as soon as it read the proposal.
+    /// Sent after the proposal (by [`Driver::send_ahead`]) the pairing waited for the sending
+    /// of the proposal (which runs the server's receive path) and then for the daemon. Never
+    /// waits: a request that would (no connection or features yet, a full socket, a stalled
+    /// daemon) goes after the proposal as before.
+    fn pair_before_proposal(&mut self) {
+        if self.ahead.is_some() || !setup::pipelining() || !setup::pairing_env() {
+            return;
+        }
+        let (fd, sc, park) = (self.fd, self.size_code, self.timeout);
+        let rel = setup::take_releases();
+        let t = self
+            .io
+            .with(fd, |fd| with_dev(|c| c.pair_start_now(sc, park, fd, &rel)));
+        match t {
+            Ok(Some(t)) => self.ahead = Some((Ahead::Pair, t)),
+            _ => setup::untake_releases(rel),
+        }
     }
 
     /// Whether our registration asks the daemon to record its proof (see `record`). A daemon

@@ -116,7 +116,8 @@ pub(crate) fn pipelining() -> bool {
     config().pipeline
 }
 
-fn pairing_env() -> bool {
+/// `SMC_PAIR` (on unless `0`), without asking the daemon.
+pub(crate) fn pairing_env() -> bool {
     config().pair
 }
 
@@ -885,6 +886,16 @@ pub(crate) fn take_releases() -> Vec<smc_ism::proto::PairRelease> {
     let mut v = PENDING_RELEASES.lock();
     PENDING_N.store(0, Ordering::Relaxed);
     std::mem::take(&mut *v)
+}
+
+/// Releases taken with [`take_releases`] for a `PAIR` that was not sent: pending again.
+pub(crate) fn untake_releases(rel: Vec<smc_ism::proto::PairRelease>) {
+    if rel.is_empty() {
+        return;
+    }
+    let mut v = PENDING_RELEASES.lock();
+    v.extend(rel);
+    PENDING_N.store(v.len() as u64, Ordering::Relaxed);
 }
 
 /// Send the pending releases (one record each, no reply).
