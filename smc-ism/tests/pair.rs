@@ -513,3 +513,49 @@ fn state_slots_are_handed_out_once_and_adopted_with_their_offset() {
     wait_idle(&mut client(&dir), 1);
     d.shutdown().unwrap();
 }
+
+/// `pair_start_now` sends nothing until the connection and its features are known (a client
+/// asks before its proposal, which must not wait for the daemon), and then pairs as
+/// `pair_start` does, with the releases it carries.
+#[test]
+fn pair_start_now_goes_only_when_it_need_not_wait() {
+    let dir = TestDir::new("pair-now");
+    let d = start(&dir, |_| {});
+    let (x, y) = tcp_pair();
+    // Not connected yet: nothing sent (no connect, no feature query on this path).
+    let fresh = SharedClient::new(&dir.sock());
+    assert!(fresh
+        .pair_start_now(0, PARK, x.as_raw_fd(), &[])
+        .unwrap()
+        .is_none());
+    // Connected but the features not asked yet: nothing sent either.
+    fresh.connect().unwrap();
+    assert!(fresh
+        .pair_start_now(0, PARK, x.as_raw_fd(), &[])
+        .unwrap()
+        .is_none());
+    let mut c = client(&dir);
+    assert_eq!(c.stats().unwrap().ops.pair.requests, 0);
+    // Known: it goes, and pairs with the other end's ordinary PAIR.
+    fresh.features().unwrap();
+    let b = shared(&dir);
+    let ta = fresh
+        .pair_start_now(0, PARK, x.as_raw_fd(), &[])
+        .unwrap()
+        .expect("sent at once");
+    let tb = b.pair_start(0, PARK, y.as_raw_fd()).unwrap();
+    let (b_own, b_peer) = b.finish_pair(tb, None).unwrap();
+    let (a_own, a_peer) = fresh.finish_pair(ta, None).unwrap();
+    assert_eq!((a_peer.token, b_peer.token), (b_own.token, a_own.token));
+    // More releases than one record carries: left to the ordinary path.
+    let many = vec![(1u64, 2u64, 0u32); proto::PAIR_RELEASES_MAX + 1];
+    assert!(fresh
+        .pair_start_now(0, PARK, x.as_raw_fd(), &many)
+        .unwrap()
+        .is_none());
+    let st = c.stats().unwrap();
+    assert_eq!(st.ops.pair.ok, 2, "{:?}", st.ops.pair);
+    drop((fresh, b));
+    wait_idle(&mut c, 1);
+    d.shutdown().unwrap();
+}
