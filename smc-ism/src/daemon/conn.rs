@@ -719,6 +719,8 @@ impl Conn<'_> {
                     timeout_ms: ms,
                 } = req
                 {
+                    // Whatever was passed with it is not kept open across the wait.
+                    self.flush_closes();
                     tokio::select! {
                         _ = self.shared.events.wait_change(since, Duration::from_millis(ms as u64)) => {}
                         _ = stop.wait_for(|s| *s) => {}
