@@ -144,7 +144,10 @@ pub fn cgroup_paths_by_inode(mut wanted: BTreeSet<u64>) -> BTreeMap<u64, PathBuf
 }
 
 /// The three `bpf(2)` commands aya does not offer for every program type here: open a pinned
-/// object, create a cgroup link, pin an object.
+/// object, create a cgroup link, pin an object. (aya 0.14 pins the link of a `SockOps`
+/// program — `from_pin`, `attach`, `take_link`, `FdLink::pin` — but a `CgroupSockopt` link
+/// converts to no `FdLink` and `FdLink::new` is crate-private, so the sockopt programs would
+/// need these calls anyway: one path for all three.)
 pub mod bpf_syscall {
     use std::{
         ffi::CString,
