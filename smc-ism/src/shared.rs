@@ -911,20 +911,7 @@ impl SharedClient {
                 flags,
             );
         }
-        let mut payload = [0u8; 16 + 24 * proto::PAIR_RELEASES_MAX];
-        payload[0] = size_code;
-        if self.slots_wanted()? {
-            payload[1] = proto::PAIR_FLAG_STATE_SLOT;
-        }
-        let ms = park.as_millis().min(proto::PAIR_PARK_MAX_MS as u128) as u32;
-        payload[4..8].copy_from_slice(&ms.to_le_bytes());
-        for (i, &(own, peer, flags)) in carried.iter().enumerate() {
-            let o = 16 + 24 * i;
-            payload[o..o + 8].copy_from_slice(&own.to_le_bytes());
-            payload[o + 8..o + 16].copy_from_slice(&peer.to_le_bytes());
-            payload[o + 16..o + 20].copy_from_slice(&flags.to_le_bytes());
-        }
-        let n = 16 + 24 * carried.len();
+        let (payload, n) = pair_payload(size_code, self.slots_wanted()?, park, carried);
         self.send(proto::OP_PAIR, &payload[..n], &[sock_fd])
     }
 
@@ -954,20 +941,9 @@ impl SharedClient {
         {
             return Ok(None);
         }
-        let mut payload = [0u8; 16 + 24 * proto::PAIR_RELEASES_MAX];
-        payload[0] = size_code;
-        if self.state_slots.load(Ordering::Relaxed) && features & proto::FEATURE_STATE_SLOTS != 0 {
-            payload[1] = proto::PAIR_FLAG_STATE_SLOT;
-        }
-        let ms = park.as_millis().min(proto::PAIR_PARK_MAX_MS as u128) as u32;
-        payload[4..8].copy_from_slice(&ms.to_le_bytes());
-        for (i, &(own, peer, flags)) in releases.iter().enumerate() {
-            let o = 16 + 24 * i;
-            payload[o..o + 8].copy_from_slice(&own.to_le_bytes());
-            payload[o + 8..o + 16].copy_from_slice(&peer.to_le_bytes());
-            payload[o + 16..o + 20].copy_from_slice(&flags.to_le_bytes());
-        }
-        let len = 16 + 24 * releases.len();
+        let slot =
+            self.state_slots.load(Ordering::Relaxed) && features & proto::FEATURE_STATE_SLOTS != 0;
+        let (payload, len) = pair_payload(size_code, slot, park, releases);
         let seq = st.seq.wrapping_add(1);
         let mut req = [0u8; proto::MAX_REQUEST];
         let n = proto::HEADER_LEN + len;
@@ -1107,4 +1083,30 @@ fn granted(rec: &[u8], op: u16) -> Option<(u64, u64)> {
         proto::OP_PAIR => Some((first, proto::get_u64(rec, base + 32))),
         _ => None,
     }
+}
+
+/// The payload of an `OP_PAIR` request: DMB size code, the state-slot flag, the park time (at
+/// most `PAIR_PARK_MAX_MS`) and the releases it carries (at most `PAIR_RELEASES_MAX`, 24 bytes
+/// each); the buffer and its used length.
+fn pair_payload(
+    size_code: u8,
+    slot: bool,
+    park: Duration,
+    releases: &[proto::PairRelease],
+) -> ([u8; 16 + 24 * proto::PAIR_RELEASES_MAX], usize) {
+    let mut payload = [0u8; 16 + 24 * proto::PAIR_RELEASES_MAX];
+    payload[0] = size_code;
+    if slot {
+        payload[1] = proto::PAIR_FLAG_STATE_SLOT;
+    }
+    let ms = park.as_millis().min(proto::PAIR_PARK_MAX_MS as u128) as u32;
+    payload[4..8].copy_from_slice(&ms.to_le_bytes());
+    let carried = &releases[..releases.len().min(proto::PAIR_RELEASES_MAX)];
+    for (i, &(own, peer, flags)) in carried.iter().enumerate() {
+        let o = 16 + 24 * i;
+        payload[o..o + 8].copy_from_slice(&own.to_le_bytes());
+        payload[o + 8..o + 16].copy_from_slice(&peer.to_le_bytes());
+        payload[o + 16..o + 20].copy_from_slice(&flags.to_le_bytes());
+    }
+    (payload, 16 + 24 * carried.len())
 }
