@@ -554,19 +554,7 @@ static HINTS_N: AtomicU64 = AtomicU64::new(0);
 /// stream (`Conn::set_peek_off`), and the library's peeks at the socket (the doorbell
 /// channel, the switch marker) must start at its read position.
 pub fn peek_off_off(fd: i32) {
-    let off: libc::c_int = -1;
-    let e0 = real::errno();
-    // SAFETY: a valid int and its length.
-    unsafe {
-        real::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_PEEK_OFF,
-            &off as *const libc::c_int as *const libc::c_void,
-            4,
-        )
-    };
-    real::set_errno(e0);
+    crate::util::set_sockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, -1);
 }
 
 pub fn note_rcvbuf(fd: i32, v: i32) {
@@ -1170,7 +1158,7 @@ fn install(fd: i32, own: HeldDmb, peer: HeldDmb, role: Role, nonblock: bool) -> 
 /// Reset a connection whose byte stream can no longer be trusted (both ends must stop): the
 /// peer sees EOF (then RST), our application `ECONNRESET` then EOF, `EPIPE` on writes.
 fn reset(fd: i32) {
-    set_linger_reset(fd);
+    crate::util::set_linger_reset(fd);
     // SAFETY: plain syscall.
     unsafe { real::shutdown(fd, libc::SHUT_RDWR) };
     drop(fdtable::replace(
@@ -1912,23 +1900,6 @@ fn broken(fd: i32, server: bool, why: &str) {
     debug!("fd {fd}: {why}: connection reset");
     stats::fallback(server, code);
     reset(fd);
-}
-
-fn set_linger_reset(fd: i32) {
-    let l = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: valid option.
-    unsafe {
-        real::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            &l as *const libc::linger as *const libc::c_void,
-            std::mem::size_of::<libc::linger>() as u32,
-        )
-    };
 }
 
 /// A connection that fell back after a Decline of ours: consume the CLC messages of the peer

@@ -97,6 +97,43 @@ pub fn send_all_io(
     ok
 }
 
+/// Sets an `int` socket option of `fd` (`setsockopt` at `level`); errno preserved (a failure
+/// changes nothing the caller relies on).
+pub fn set_sockopt_int(fd: i32, level: i32, name: i32, v: libc::c_int) {
+    let e0 = real::errno();
+    // SAFETY: a valid int and its length.
+    unsafe {
+        real::setsockopt(
+            fd,
+            level,
+            name,
+            (&v as *const libc::c_int).cast::<libc::c_void>(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    real::set_errno(e0);
+}
+
+/// `SO_LINGER {1, 0}`: the close (or shutdown) of `fd` sends a reset. errno preserved.
+pub fn set_linger_reset(fd: i32) {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    let e0 = real::errno();
+    // SAFETY: valid option buffer and its length.
+    unsafe {
+        real::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast::<libc::c_void>(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    real::set_errno(e0);
+}
+
 /// An `int` socket option of `fd` (`getsockopt` at `level`); `None` when it fails (errno as
 /// `getsockopt` left it).
 pub fn sockopt_int(fd: i32, level: i32, name: i32) -> Option<libc::c_int> {

@@ -46,18 +46,7 @@ impl Conn {
         if v < 0 {
             return;
         }
-        let e0 = real::errno();
-        // SAFETY: a valid int and its length.
-        unsafe {
-            real::setsockopt(
-                io,
-                libc::SOL_SOCKET,
-                libc::SO_PEEK_OFF,
-                &v as *const i32 as *const libc::c_void,
-                4,
-            )
-        };
-        real::set_errno(e0);
+        crate::util::set_sockopt_int(io, libc::SOL_SOCKET, libc::SO_PEEK_OFF, v);
     }
 
     /// Reset the connection at once (both ends fail cleanly): a socket that leaves for an
@@ -400,7 +389,7 @@ fn reset_socket(fd: i32) {
         )
     };
     if r != 0 {
-        set_linger_reset(fd);
+        crate::util::set_linger_reset(fd);
     }
     // Also after a disconnect: a socket still in the SOCKHASH is read by `tcp_bpf`, which waits
     // for its ingress queue on a disconnected socket unless the receive side is shut (a Python
@@ -408,25 +397,5 @@ fn reset_socket(fd: i32) {
     // kernel still marks it shut (`inet_shutdown`, then `ENOTCONN`).
     // SAFETY: plain syscall.
     unsafe { real::shutdown(fd, libc::SHUT_RDWR) };
-    real::set_errno(e0);
-}
-
-/// `SO_LINGER {1, 0}`: the close (or shutdown) sends a reset.
-fn set_linger_reset(fd: i32) {
-    let l = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    let e0 = real::errno();
-    // SAFETY: valid option buffer.
-    unsafe {
-        real::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            &l as *const libc::linger as *const libc::c_void,
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
     real::set_errno(e0);
 }
