@@ -81,6 +81,13 @@ impl Moved {
 impl Drop for Moved {
     fn drop(&mut self) {
         MOVED.lock().retain(|&(p, _)| p != self.fd);
+        if let Some(o) = fdtable::get(self.fd) {
+            if let Obj::Skip(s) = &*o {
+                // Late CLC messages already there go before the close: unread, they would
+                // make it a reset.
+                setup::skip_late_clc(self.fd, self.fd, &o, s);
+            }
+        }
         crate::obj::close_moved(self.fd, self.ino);
     }
 }
@@ -189,11 +196,36 @@ fn conn_of_call(fd: c_int, op: Op) -> Result<Option<Arc<Obj>>, Moved> {
         Obj::Skip(s) => {
             match op {
                 // A write never waits for the peer's late CLC messages.
-                Op::Write { .. } | Op::Other => setup::skip_late_clc(fd, s),
+                Op::Write { .. } | Op::Other => {
+                    setup::skip_late_clc(fd, fd, &o, s);
+                }
                 Op::Read { dontwait } => {
-                    if !setup::skip_before_read(fd, s, dontwait) {
-                        // Nothing to read yet (EAGAIN), or the error of the wait.
-                        return Ok(Some(o));
+                    if !setup::skip_late_clc(fd, fd, &o, s) {
+                        if !setup::skip_read_blocks(fd, dontwait) {
+                            // Nothing to read yet: the head of the stream is nothing, or part
+                            // of a CLC message, which must not be read as data.
+                            real::set_errno(libc::EAGAIN);
+                            return Ok(Some(o));
+                        }
+                        // The read waits for the peer. As on TCP, where the kernel holds the
+                        // file for the whole call, another thread's close of the number (or
+                        // a dup2 over it) must not end it nor send it to another file: it
+                        // waits, and then reads, through a private duplicate of the socket.
+                        let p = dup_private(fd, Arc::downgrade(&o));
+                        if p < 0 {
+                            // None can be made (the descriptor limit): through the number.
+                            if !setup::skip_before_read(fd, fd, &o, s) {
+                                return Ok(Some(o));
+                            }
+                            return Ok(None);
+                        }
+                        let m = Moved::new(p, crate::obj::socket_ino(p).unwrap_or(0));
+                        if !setup::skip_before_read(p, fd, &o, s) {
+                            // The error of the wait (a receive timeout), kept across the close.
+                            drop(m);
+                            return Ok(Some(o));
+                        }
+                        return Err(m);
                     }
                 }
             }
@@ -1305,6 +1337,11 @@ fn forget_slot(fd: c_int, io_fd: c_int) {
             }
         }
         Slot::Obj(o) => {
+            if let (Obj::Skip(s), true) = (&*o, io_fd >= 0) {
+                // Late CLC messages already there go before the close: unread, they would
+                // make it a reset.
+                setup::skip_late_clc(io_fd, fd, &o, s);
+            }
             if let Obj::Handshake(h) = &*o {
                 // Its client (a connection of ours) may be driving it through this number
                 // right now: the number is closed only after that step (microseconds).

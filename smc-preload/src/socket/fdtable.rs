@@ -209,23 +209,53 @@ pub fn freeze_for_fork() -> Frozen {
     Frozen(true)
 }
 
+/// Replaces `fd`'s slot with `new` only while it still holds `expect` (the same object, not
+/// another one the number was given since: a socket's identity, not its number); false, and
+/// nothing changed, otherwise. Waits while another thread forks, as [`replace`].
+pub fn replace_if(fd: i32, expect: &Arc<Obj>, new: Slot) -> bool {
+    let want = Arc::as_ptr(expect) as usize;
+    match swap(fd, new, Some(want)) {
+        Ok(old) => {
+            drop(old);
+            true
+        }
+        Err(new) => {
+            drop(new);
+            false
+        }
+    }
+}
+
 /// Replace the content of `fd`'s slot, returning what was there. Waits while another thread
 /// forks ([`freeze_for_fork`]).
 pub fn replace(fd: i32, new: Slot) -> Slot {
+    match swap(fd, new, None) {
+        Ok(old) | Err(old) => old,
+    }
+}
+
+/// [`replace`], only while the slot's content is `expect` when that is given: `Err(new)` back
+/// otherwise (also when there is no slot for `fd`: `Err` of what would not be stored).
+fn swap(fd: i32, new: Slot, expect: Option<usize>) -> Result<Slot, Slot> {
     let s = match &new {
-        Slot::Empty => match slot(fd) {
-            Some(s) => s,
-            None => return Slot::Empty,
-        },
-        _ => match slot_alloc(fd) {
-            Some(s) => s,
-            None => return Slot::Empty,
-        },
+        Slot::Empty => slot(fd),
+        _ => slot_alloc(fd),
+    };
+    let Some(s) = s else {
+        return if expect.is_some() {
+            Err(new)
+        } else {
+            Ok(Slot::Empty)
+        };
     };
     let old = loop {
         let v = lock(s);
         // Pairs with the fence in `freeze_for_fork` (see there).
         fence(Ordering::SeqCst);
+        if expect.is_some_and(|e| e != v) {
+            s.store(v, Ordering::Release);
+            return Err(new);
+        }
         if !frozen_for_me() {
             break v;
         }
@@ -244,7 +274,7 @@ pub fn replace(fd: i32, new: Slot) -> Slot {
         }
     };
     s.store(nv, Ordering::Release);
-    match old {
+    Ok(match old {
         0 => Slot::Empty,
         t if t < 8 => Slot::Tag(t),
         p => {
@@ -256,7 +286,7 @@ pub fn replace(fd: i32, new: Slot) -> Slot {
             }
             Slot::Obj(o)
         }
-    }
+    })
 }
 
 /// Set a tag (no object) on `fd`.

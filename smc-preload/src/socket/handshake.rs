@@ -410,6 +410,25 @@ impl Driver {
             };
             if let Some(n) = input_len {
                 let msg = self.buf[..n].to_vec();
+                if self.server
+                    && t == MsgType::Proposal
+                    && msg.get(4) == Some(&(MsgType::Proposal as u8))
+                {
+                    // A client that gave up waiting before its Proposal was read (accepted
+                    // late) sent its timeout Decline behind it: the Decline is the answer, and
+                    // no Accept goes out, which the client would have to skip, or which would
+                    // reach its socket after its close (a reset).
+                    if let Some(d) = self.queued_decline() {
+                        crate::debug!(
+                            "fd {}: the client declined before its Proposal was read: no \
+                             answer, TCP",
+                            self.fd
+                        );
+                        let a = self.m.handle(Input::Message(&d));
+                        self.todo.extend(a);
+                        continue;
+                    }
+                }
                 let a = self.m.handle(Input::Message(&msg));
                 self.todo.extend(a);
             }
@@ -592,7 +611,7 @@ impl Driver {
         Some(dmb_header(&own.map).claim_withdraw())
     }
 
-    /// Client: a whole CLC Decline at the head of the stream (consumed), without waiting.
+    /// A whole CLC Decline at the head of the stream (consumed), without waiting.
     fn queued_decline(&mut self) -> Option<Vec<u8>> {
         let (fd, io) = (self.fd, &self.io);
         let n = io

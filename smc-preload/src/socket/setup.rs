@@ -1903,16 +1903,19 @@ fn broken(fd: i32, server: bool, why: &str) {
 }
 
 /// A connection that fell back after a Decline of ours: consume the CLC messages of the peer
-/// that crossed it ([`Skip`]), as far as they are there, before the application reads.
-pub fn skip_late_clc(fd: i32, s: &Skip) {
+/// that crossed it ([`Skip`]), as far as they are there, before the application reads. `io`:
+/// the descriptor to read them through (`fd`, or a private duplicate of its socket); `o`: the
+/// skip's object at `fd`, which becomes plain TCP there when done (only while the number still
+/// holds it). True when done.
+pub fn skip_late_clc(io: i32, fd: i32, o: &Arc<Obj>, s: &Skip) -> bool {
     let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         let st = s.state.load(Ordering::Acquire);
         if st == crate::obj::SKIP_DONE {
-            return;
+            return true;
         }
-        match crate::handshake::skip_one(fd, st == crate::obj::SKIP_LATE) {
-            None => return, // not there yet (or partial): decide at the next operation
+        match crate::handshake::skip_one(io, st == crate::obj::SKIP_LATE) {
+            None => return false, // not there yet (or partial): decide at the next operation
             Some(None) => break,
             Some(Some(t)) => {
                 debug!("fd {fd}: late CLC message skipped ({t:?})");
@@ -1925,32 +1928,32 @@ pub fn skip_late_clc(fd: i32, s: &Skip) {
     }
     s.state.store(crate::obj::SKIP_DONE, Ordering::Release);
     // Both ends announced SMC: the socket may still be a SOCKHASH member (see `member`).
-    drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Tcp))));
+    fdtable::replace_if(fd, o, Slot::Obj(Arc::new(Obj::Tcp)));
+    true
 }
 
-/// Before a read of a connection with CLC messages still to skip: true when decided (the
-/// read goes on with the application's data). A non-blocking read (`dontwait`, or the socket
-/// is) that cannot decide yet gets false with `EAGAIN` (the head of the stream is nothing, or
-/// part of a CLC message, which must not be read as data); a blocking one waits until it can
-/// decide (without the skip's lock: a writer thread of the same socket is never held up), and
-/// gets false only with the error that ended its wait (a receive timeout).
-pub fn skip_before_read(fd: i32, s: &Skip, dontwait: bool) -> bool {
-    let block = !dontwait && !nonblocking(fd);
+/// Whether a read of `fd` with CLC messages still to skip waits for them (a blocking read: not
+/// `dontwait`, and the socket is blocking).
+pub fn skip_read_blocks(fd: i32, dontwait: bool) -> bool {
+    !dontwait && !nonblocking(fd)
+}
+
+/// A blocking read of a connection with CLC messages still to skip ([`skip_late_clc`] could
+/// not decide yet): waits, through `io`, until it can decide (without the skip's lock: a
+/// writer thread of the same socket is never held up). True when decided (the read goes on
+/// with the application's data); false only with the error that ended the wait (a receive
+/// timeout), errno set.
+pub fn skip_before_read(io: i32, fd: i32, o: &Arc<Obj>, s: &Skip) -> bool {
     loop {
-        skip_late_clc(fd, s);
-        if s.done() {
+        if skip_late_clc(io, fd, o, s) {
             return true;
         }
-        if !block {
-            real::set_errno(libc::EAGAIN);
-            return false;
-        }
-        match crate::handshake::wait_head(fd) {
+        match crate::handshake::wait_head(io) {
             Ok(()) => {}
-            Err(e) if e == libc::EAGAIN && !crate::member::has_rcvtimeo(fd) => {
+            Err(e) if e == libc::EAGAIN && !crate::member::has_rcvtimeo(io) => {
                 // tcp_bpf's spurious EAGAIN of a blocking read (see `member`): wait, decide.
                 let mut p = libc::pollfd {
-                    fd,
+                    fd: io,
                     events: libc::POLLIN,
                     revents: 0,
                 };

@@ -88,6 +88,8 @@ scenarios! {
     socket_reuses_number_while_recv_blocked: 2;
     dup2_over_recv_in_handshake: 1;
     socket_reuses_number_while_recv_in_handshake: 2;
+    dup2_over_recv_after_clc_timeout: 0;
+    socket_reuses_number_while_recv_after_clc_timeout: 0;
     dup2_over_sendfile_in_handshake: 1;
     dup2_over_recvmmsg_in_handshake: 1;
     read_after_write_after_peer_close: 1;
@@ -2219,6 +2221,41 @@ fn read_after_write_after_peer_close() {
     r("write(s) then", wr(s, b"more"));
     log_sigpipes();
     close(s);
+}
+
+/// Runs this scenario again (the same process image and arguments) with `SMC_CLC_TIMEOUT_MS=1`,
+/// unless it runs so already: the library reads its configuration when it loads. Over TCP the
+/// variable means nothing.
+fn with_clc_timeout_1ms() {
+    use std::os::unix::process::CommandExt as _;
+    if std::env::var("SMC_CLC_TIMEOUT_MS").as_deref() == Ok("1") {
+        return;
+    }
+    let mut args = std::env::args_os();
+    let _ = args.next();
+    let err = std::process::Command::new("/proc/self/exe")
+        .args(args)
+        .env("SMC_CLC_TIMEOUT_MS", "1")
+        .exec();
+    panic!("re-exec with SMC_CLC_TIMEOUT_MS=1: {err}");
+}
+
+/// [`dup2_over_recv_in_handshake`] where the client's handshake gives up first (a CLC timeout
+/// of 1 ms, before the server accepts): the client falls back and its blocked `recv` waits to
+/// skip the server's late Accept, then reads the server's bytes. A dup2 over the number during
+/// that wait must not end the call (it did: the skip went on through the number, which named
+/// the pipe, and the socket closed under the call with the Accept unread: reset).
+fn dup2_over_recv_after_clc_timeout() {
+    with_clc_timeout_1ms();
+    dup2_over_recv_in_handshake();
+}
+
+/// [`socket_reuses_number_while_recv_in_handshake`] with a CLC timeout of 1 ms, as
+/// [`dup2_over_recv_after_clc_timeout`]: the blocked `recv` skips its late Accept through its
+/// own socket, never through the new client at the number.
+fn socket_reuses_number_while_recv_after_clc_timeout() {
+    with_clc_timeout_1ms();
+    socket_reuses_number_while_recv_in_handshake();
 }
 
 fn socket_reuses_number_while_recv_in_handshake() {
