@@ -1356,6 +1356,13 @@ fn forget_slot(fd: c_int, io_fd: c_int) {
                 // the number is free for the application from now on, so the handshake's I/O
                 // (and its decision) moves to a private duplicate of the socket first.
                 std::sync::atomic::fence(Ordering::SeqCst);
+                // A call applies its decision to this number right now (`setup::settle_as`):
+                // after it, what the number became is closed too (below).
+                let mut i = 0u32;
+                while h.deciding.load(Ordering::SeqCst) && i < 2_000_000 {
+                    std::thread::yield_now();
+                    i += 1;
+                }
                 if h.calls.load(Ordering::SeqCst) > 0 && !h.io.redirected() {
                     crate::debug!(
                         "fd {fd}: closed while a call drives its handshake: the handshake goes \
@@ -1401,6 +1408,11 @@ fn forget_slot(fd: c_int, io_fd: c_int) {
                     }
                     crate::obj::release_ref(fd, io_fd, c);
                 }
+            }
+            if matches!(&*o, Obj::Handshake(_)) && fdtable::raw(fd) >= 8 {
+                // The decision a call applied to this number while it was being closed (the
+                // number is not free before the real close): closed as well.
+                forget_slot(fd, io_fd);
             }
         }
         Slot::Tag(_) => {

@@ -377,6 +377,10 @@ fn mode_of(fd: i32, app_events: u32) -> (Mode, Option<Arc<Obj>>) {
         Obj::Pending(_) | Obj::Handshake(_) if app_events & libc::EPOLLEXCLUSIVE as u32 == 0 => {
             (Mode::Undecided, None)
         }
+        // A fallback whose peer may still send late CLC messages: they are no data.
+        Obj::Skip(s) if !s.done() && app_events & libc::EPOLLEXCLUSIVE as u32 == 0 => {
+            (Mode::Undecided, None)
+        }
         _ => (Mode::App, None),
     }
 }
@@ -1021,6 +1025,7 @@ fn drive(fd: i32) -> bool {
             !matches!(fdtable::get(fd).as_deref(), Some(Obj::Pending(_)))
         }
         Obj::Handshake(h) => crate::setup::progress(fd, h, false),
+        Obj::Skip(s) => crate::setup::skip_late_clc(fd, fd, &o, s),
         _ => true,
     };
     // A state reached by any path (progress, resolve, another thread) takes effect here.
@@ -1368,7 +1373,11 @@ fn translate(set: &EpollSet, kev: &[libc::epoll_event], out: &mut Vec<libc::epol
         // decision with EAGAIN), never readable (CLC bytes are not data). Reported on the
         // kernel's edge; a one-shot entry hears of it when decided.
         let out_ev = libc::EPOLLOUT as u32;
-        let established = matches!(fdtable::get(fd).as_deref(), Some(Obj::Handshake(h)) if h.out_while_undecided());
+        let established = match fdtable::get(fd).as_deref() {
+            Some(Obj::Handshake(h)) => h.out_while_undecided(),
+            Some(Obj::Skip(_)) => true,
+            _ => false,
+        };
         if established && kernel & events & out_ev != 0 && events & ONESHOT == 0 {
             out.push(libc::epoll_event {
                 events: out_ev,

@@ -1267,6 +1267,40 @@ pub fn wait_readable_unless(fd: i32, other: i32, ms: i32) -> bool {
 /// does not start with one (application data, or its end); `None`: not decidable yet (errno
 /// from the peek when nothing is there).
 pub fn skip_one(fd: i32, any: bool) -> Option<Option<MsgType>> {
+    // A socket error must stay for the application's own call: a read, even a peek, takes it
+    // (`sock_error`) and the next read would say EOF. Only data is looked at: none yet is
+    // `None`; an error or the end with nothing before it is not a CLC message.
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd of our own, no wait.
+    if unsafe { real::poll(&mut p, 1, 0) } != 1 {
+        return None;
+    }
+    if p.revents & libc::POLLERR != 0 {
+        // A peek finds queued bytes before it looks at the error: only an empty queue is left
+        // alone.
+        let mut queued: libc::c_int = 0;
+        // SAFETY: SIOCINQ writes one int to our local.
+        let r = unsafe {
+            real::ioctl(
+                fd,
+                libc::FIONREAD as libc::c_ulong,
+                std::ptr::from_mut(&mut queued) as libc::c_ulong,
+            )
+        };
+        if r != 0 || queued <= 0 {
+            return Some(None);
+        }
+    } else if p.revents & libc::POLLIN == 0 {
+        return if p.revents & libc::POLLHUP != 0 {
+            Some(None)
+        } else {
+            None
+        };
+    }
     let mut buf = [0u8; MAX_MSG];
     let n = recv(fd, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT).ok()?;
     if n == 0 {

@@ -280,6 +280,10 @@ pub struct Handshake {
     pub io: Arc<crate::util::io_path::IoPath>,
     /// Calls of this process driving the handshake right now (`setup::progress_until`).
     pub calls: AtomicU32,
+    /// A call applies the decision to the number it was made on right now (`setup::settle`):
+    /// a close of that number waits until it is applied, then closes what it became, so that
+    /// the decision's I/O never reaches what the number names next.
+    pub deciding: std::sync::atomic::AtomicBool,
     /// Decided on the private duplicate (its number was closed under the call that decided
     /// it): the duplicate and the socket's inode, for the call to continue on and then close
     /// ([`close_moved`]).
@@ -304,6 +308,7 @@ impl Handshake {
             shared: std::sync::atomic::AtomicBool::new(false),
             nudged: std::sync::atomic::AtomicBool::new(false),
             calls: AtomicU32::new(0),
+            deciding: std::sync::atomic::AtomicBool::new(false),
             moved: Mutex::new(None),
         }
     }

@@ -119,6 +119,9 @@ enum Und {
     /// The handshake is under way and the fd is not writable until it is decided (a client's
     /// connect completes then; see [`crate::obj::Handshake::out_while_undecided`]).
     WriteWaits,
+    /// A fallback whose peer may still send late CLC messages ([`Obj::Skip`]): writable as
+    /// TCP says, readable only once they are skipped and data (or the end) follows.
+    Skipping,
 }
 
 fn classify(fd: i32) -> Kind {
@@ -138,6 +141,13 @@ fn classify(fd: i32) -> Kind {
         Obj::Handshake(h) => {
             crate::setup::progress(fd, h, false);
             drop(o);
+        }
+        // Late CLC messages that are there are skipped; while more may come they are no data.
+        Obj::Skip(sk) => {
+            if crate::setup::skip_late_clc(fd, fd, &o, sk) {
+                return Kind::Plain;
+            }
+            return Kind::Undecided(Und::Skipping);
         }
         // An epoll set of ours: the kernel's answer for it must include its emulated entries.
         Obj::Epoll(_) => {
@@ -175,7 +185,7 @@ fn smc_kind(fd: i32, o: Arc<Obj>) -> Kind {
 fn undecided_events(und: Und, app: i16) -> i16 {
     match und {
         Und::Connecting => libc::POLLOUT,
-        Und::Handshake => libc::POLLIN | (app & libc::POLLOUT),
+        Und::Handshake | Und::Skipping => libc::POLLIN | (app & libc::POLLOUT),
         Und::WriteWaits => libc::POLLIN,
     }
 }
@@ -243,7 +253,10 @@ unsafe fn poll_once(
             Kind::Plain => {}
         }
     }
-    let ticking = kinds.iter().any(|k| matches!(k, Kind::Undecided(_)));
+    // (A skip has no timer: the kernel's event for its socket drives it.)
+    let ticking = kinds
+        .iter()
+        .any(|k| matches!(k, Kind::Undecided(u) if *u != Und::Skipping));
     let user_ready = |fds: &mut [libc::pollfd], arm_too: bool| -> i32 {
         let mut n = 0;
         for (p, k) in fds.iter_mut().zip(&kinds) {

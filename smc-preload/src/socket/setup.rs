@@ -1749,6 +1749,21 @@ fn settle_as(
         Progress::WouldBlock => false,
         Progress::Done(out) => {
             let d = g.take();
+            // Pairs with the fence of `ops::forget_slot`: either its close of the number sees
+            // this decision under way and waits for it (then closes what the number became),
+            // or this sees the number closed, and that close is moving the handshake's I/O to
+            // a private duplicate (this call is counted in `calls`): the decision goes there.
+            let deciding = !h.io.redirected();
+            if deciding {
+                h.deciding.store(true, Ordering::SeqCst);
+                std::sync::atomic::fence(Ordering::SeqCst);
+                let ours = fdtable::get(fd)
+                    .is_some_and(|o| matches!(&*o, Obj::Handshake(x) if std::ptr::eq(x, h)));
+                if !ours {
+                    h.deciding.store(false, Ordering::SeqCst);
+                    wait_redirected(&h.io);
+                }
+            }
             // The number was closed under this step: the handshake's I/O went to our private
             // duplicate, and so does its decision; the number (whatever it names now) is not
             // touched.
@@ -1777,6 +1792,9 @@ fn settle_as(
             if let Some(old) = &old {
                 share_decision(at, old);
             }
+            if deciding {
+                h.deciding.store(false, Ordering::SeqCst);
+            }
             if let Some(p) = moved {
                 // An object the call goes on with.
                 if fdtable::raw(p) < 8 {
@@ -1792,6 +1810,24 @@ fn settle_as(
             drop(g);
             drop(d);
             true
+        }
+    }
+}
+
+/// Waits until a close of the number a handshake was driven through has moved the handshake's
+/// I/O off it (that close saw the call driving it: `ops::forget_slot`). Microseconds (one
+/// `fcntl`); bounded at 2 s for a closing thread that never gets there.
+fn wait_redirected(io: &crate::util::io_path::IoPath) {
+    let start = Instant::now();
+    let mut i = 0u32;
+    while !io.redirected() && start.elapsed() < Duration::from_secs(2) {
+        i += 1;
+        if i < 64 {
+            std::hint::spin_loop();
+        } else if i < 256 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 }
