@@ -490,8 +490,9 @@ unsafe fn merge_plain(
                 t.events = p.events;
                 any = true;
             }
-            // An established connection in its handshake is writable as far as TCP goes.
-            Kind::Undecided(Und::Handshake) if p.events & libc::POLLOUT != 0 => {
+            // An established connection in its handshake (or skipping late CLC messages) is
+            // writable as far as TCP goes.
+            Kind::Undecided(Und::Handshake | Und::Skipping) if p.events & libc::POLLOUT != 0 => {
                 t.fd = p.fd;
                 t.events = libc::POLLOUT;
                 any = true;
