@@ -5,7 +5,10 @@
 //! have taken SMC-D for as many client connections as the scenario says (the library's own
 //! per-process statistics). Scenarios that cannot match from userspace are listed in
 //! [`EXPECTED`] with the reason; a listed scenario that matches in a run is reported, not
-//! failed (some listed differences depend on timing). The `shortcut` column (sk_msg mode, no library) is informational.
+//! failed (some listed differences depend on timing). Each scenario runs under the data path a
+//! second time with the CLC timeout cut to 1, 5 or 20 ms (by turns): handshakes then fall back
+//! at every step, and the program must still see exactly what it sees over TCP (the path taken
+//! is not checked there). The `shortcut` column (sk_msg mode, no library) is informational.
 //!
 //! The table goes to `results/conformance.txt` and to the test's output.
 //! `SMC_CONFORM_ONLY=a,b` runs only the named scenarios.
@@ -45,6 +48,12 @@ struct Outcome {
     ism_smc: u64,
     want_smc: u64,
     shortcut: String,
+    /// The run under the data path with a CLC timeout of [`Outcome::timer_ms`]: handshakes race
+    /// their timer and fall back at every step (the path each connection takes is not checked,
+    /// only that the program sees what it sees over TCP).
+    timer: String,
+    timer_ms: u32,
+    timer_log: String,
     /// The end of the data-path run's stderr: its `SMC_DEBUG` lines (every decision and reset
     /// says why), so that a difference seen once in CI carries its own explanation.
     ism_log: String,
@@ -118,12 +127,12 @@ fn conformance() {
     let dir = world.subdir("conform");
     let timeout = Duration::from_secs(40);
 
-    let queue = Mutex::new(scenarios.clone().into_iter());
+    let queue = Mutex::new(scenarios.clone().into_iter().enumerate());
     let results = Mutex::new(Vec::new());
     std::thread::scope(|sc| {
         for _ in 0..3 {
             sc.spawn(|| loop {
-                let Some((name, want)) = queue.lock().unwrap().next() else {
+                let Some((idx, (name, want))) = queue.lock().unwrap().next() else {
                     return;
                 };
                 let mut c = Command::new(&prog);
@@ -157,6 +166,16 @@ fn conformance() {
                     eprintln!("{name}: {ism_smc} SMC-D client connections instead of {want}, same trace: run again");
                     (ism, ism_smc) = run_ism();
                 }
+                // The same with the CLC timeout cut to 1, 5 or 20 ms (by turns): fallbacks
+                // after a timeout at every step of the handshake, late CLC messages to skip,
+                // decisions racing the scenario's own closes and dup2s.
+                let timer_ms = [1u32, 5, 20][idx % 3];
+                let mut c = world.run(&prog);
+                c.arg(&name)
+                    .env("SMC_SHORT_BYTES", "0")
+                    .env("SMC_DEBUG", "1")
+                    .env("SMC_CLC_TIMEOUT_MS", timer_ms.to_string());
+                let timer = run_to_end(c, &dir, None, timeout);
                 let mut c = sc_cg.command(&prog);
                 c.arg(&name).env_remove("LD_PRELOAD");
                 let sct = run_to_end(c, &dir, None, timeout);
@@ -167,6 +186,9 @@ fn conformance() {
                     ism_smc,
                     want_smc: want,
                     shortcut: trace_of(&sct),
+                    timer: trace_of(&timer),
+                    timer_ms,
+                    timer_log: tail(&timer.stderr, 80),
                     ism_log: tail(&ism.stderr, 80),
                 });
             });
@@ -177,8 +199,8 @@ fn conformance() {
     results.sort_by_key(|o| order.iter().position(|n| **n == o.name));
 
     let mut table = String::from(
-        "scenario                              | TCP | ism                      | shortcut\n\
-         --------------------------------------|-----|--------------------------|---------\n",
+        "scenario                              | TCP | ism                      | ism, CLC timer   | shortcut\n\
+         --------------------------------------|-----|--------------------------|------------------|---------\n",
     );
     let mut failures = Vec::new();
     let (mut same, mut listed) = (0, 0);
@@ -236,14 +258,28 @@ fn conformance() {
                 }
             }
         };
+        let timer_col = match (o.timer == o.tcp, expected.is_some()) {
+            (true, _) => "same",
+            (false, true) => "differs (listed)",
+            (false, false) => {
+                failures.push(format!(
+                    "{}: differs from TCP with a CLC timeout of {} ms\n{}\nthe data-path run's stderr (SMC_DEBUG), last lines:\n{}\n",
+                    o.name,
+                    o.timer_ms,
+                    diff(&o.tcp, &o.timer),
+                    o.timer_log
+                ));
+                "DIFFERS"
+            }
+        };
         let sc_col = if o.shortcut == o.tcp {
             "same"
         } else {
             "differs"
         };
         table.push_str(&format!(
-            "{:<38}| ok  | {:<25}| {}\n",
-            o.name, ism_col, sc_col
+            "{:<38}| ok  | {:<25}| {:<17}| {}\n",
+            o.name, ism_col, timer_col, sc_col
         ));
     }
     table.push_str(&format!(

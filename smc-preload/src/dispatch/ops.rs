@@ -2582,6 +2582,16 @@ pub unsafe fn setsockopt(
     if r == 0
         && level == libc::SOL_SOCKET
         && name == libc::SO_PEEK_OFF
+        && !val.is_null()
+        && len as usize >= 4
+    {
+        // SAFETY: `val` is non-null with `len >= 4` (checked) and the kernel just read it
+        // without EFAULT.
+        crate::util::note_peek_off(unsafe { std::ptr::read_unaligned(val as *const c_int) });
+    }
+    if r == 0
+        && level == libc::SOL_SOCKET
+        && name == libc::SO_PEEK_OFF
         && fdtable::raw(fd) != 0
         && !val.is_null()
         && len as usize >= 4

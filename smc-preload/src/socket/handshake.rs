@@ -1150,15 +1150,27 @@ fn failure(code: u32) -> DmbFailure {
 
 fn recv(fd: i32, buf: &mut [u8], flags: i32) -> Result<usize, i32> {
     loop {
+        match recv_once(fd, buf, flags) {
+            Err(libc::EINTR) => {}
+            r => return r,
+        }
+    }
+}
+
+/// One `recv` (a peek looks at the head of the stream: [`crate::util::recv_peek_head`]);
+/// `EINTR` is the caller's.
+fn recv_once(fd: i32, buf: &mut [u8], flags: i32) -> Result<usize, i32> {
+    let r = if flags & libc::MSG_PEEK != 0 {
         // SAFETY: valid buffer.
-        let r = unsafe { real::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), flags) };
-        if r >= 0 {
-            return Ok(r as usize);
-        }
-        let e = real::errno();
-        if e != libc::EINTR {
-            return Err(e);
-        }
+        unsafe { crate::util::recv_peek_head(fd, buf.as_mut_ptr().cast(), buf.len(), flags) }
+    } else {
+        // SAFETY: valid buffer.
+        unsafe { real::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) }
+    };
+    if r >= 0 {
+        Ok(r as usize)
+    } else {
+        Err(real::errno())
     }
 }
 
@@ -1330,10 +1342,10 @@ pub fn skip_one(fd: i32, any: bool) -> Option<Option<MsgType>> {
 
 /// Blocks (a blocking socket) until [`skip_one`] can decide: the stream starts with a whole
 /// CLC message, with something else, or ends. Consumes nothing. `Err`: the errno that ended
-/// the wait (a receive timeout, a socket error).
+/// the wait (a receive timeout, a socket error, a signal: `EINTR`).
 pub fn wait_head(fd: i32) -> Result<(), i32> {
     let mut buf = [0u8; MAX_MSG];
-    let n = recv(fd, &mut buf, libc::MSG_PEEK)?;
+    let n = recv_once(fd, &mut buf, libc::MSG_PEEK)?;
     let eye = &buf[..n.min(4)];
     if n == 0
         || (eye != &clc::EYECATCHER_SMCD[..eye.len()] && eye != &clc::EYECATCHER_SMCR[..eye.len()])
@@ -1342,7 +1354,7 @@ pub fn wait_head(fd: i32) -> Result<(), i32> {
     }
     let mut n = n;
     if n < HEADER_LEN {
-        n = recv(
+        n = recv_once(
             fd,
             &mut buf[..HEADER_LEN],
             libc::MSG_PEEK | libc::MSG_WAITALL,
@@ -1356,7 +1368,7 @@ pub fn wait_head(fd: i32) -> Result<(), i32> {
     };
     match clc::message_len(hdr) {
         Ok(len) if len <= MAX_MSG && n < len => {
-            recv(fd, &mut buf[..len], libc::MSG_PEEK | libc::MSG_WAITALL)?;
+            recv_once(fd, &mut buf[..len], libc::MSG_PEEK | libc::MSG_WAITALL)?;
             Ok(())
         }
         _ => Ok(()),

@@ -29,7 +29,7 @@ pub unsafe fn recv(fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
         }
         let e = real::errno();
         if r == 0 {
-            if iov.iter().all(|v| v.iov_len == 0) || !bytes_queued(fd) {
+            if iov.iter().all(|v| v.iov_len == 0) || !bytes_queued(fd, flags) {
                 return 0;
             }
             continue; // 0 with bytes still queued: not the end of the stream
@@ -49,20 +49,27 @@ pub unsafe fn recv(fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
     }
 }
 
-fn bytes_queued(fd: c_int) -> bool {
-    let mut b = 0u8;
+/// Whether bytes are queued for a read of `flags` (a peek starts at the application's
+/// `SO_PEEK_OFF` when it set one). Asked with `SIOCINQ`, not a peek: a peek would move that
+/// offset.
+fn bytes_queued(fd: c_int, flags: c_int) -> bool {
     let e0 = real::errno();
-    // SAFETY: one byte of our own.
+    let mut q: c_int = 0;
+    // SAFETY: SIOCINQ writes one int to our local.
     let r = unsafe {
-        real::recv(
+        real::ioctl(
             fd,
-            &mut b as *mut u8 as *mut c_void,
-            1,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            libc::FIONREAD as libc::c_ulong,
+            std::ptr::from_mut(&mut q) as libc::c_ulong,
         )
     };
+    let from = if flags & libc::MSG_PEEK != 0 {
+        crate::util::peek_off_of(fd).unwrap_or(0)
+    } else {
+        0
+    };
     real::set_errno(e0);
-    r > 0
+    r == 0 && q > from
 }
 
 fn readable(fd: c_int, timeout_ms: c_int) -> bool {

@@ -1984,8 +1984,13 @@ pub fn skip_before_read(io: i32, fd: i32, o: &Arc<Obj>, s: &Skip) -> bool {
         if skip_late_clc(io, fd, o, s) {
             return true;
         }
+        crate::signals::wait_begins();
         match crate::handshake::wait_head(io) {
             Ok(()) => {}
+            // A signal ends the read with EINTR as it ends TCP's: its handler has no
+            // SA_RESTART, or the socket has a receive timeout (never restarted).
+            Err(libc::EINTR)
+                if !crate::signals::interrupted() && !crate::member::has_rcvtimeo(io) => {}
             Err(e) if e == libc::EAGAIN && !crate::member::has_rcvtimeo(io) => {
                 // tcp_bpf's spurious EAGAIN of a blocking read (see `member`): wait, decide.
                 let mut p = libc::pollfd {

@@ -151,3 +151,53 @@ pub fn sockopt_int(fd: i32, level: i32, name: i32) -> Option<libc::c_int> {
     };
     (r == 0).then_some(v)
 }
+
+/// Set once a socket of this process had `SO_PEEK_OFF` turned on by the application (see
+/// [`recv_peek_head`]).
+static PEEK_OFF_SEEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The application set `SO_PEEK_OFF` to `v` on one of its sockets.
+pub fn note_peek_off(v: libc::c_int) {
+    if v >= 0 {
+        PEEK_OFF_SEEN.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The application's `SO_PEEK_OFF` of `fd` when it is on (never asked in a process that did not
+/// turn it on anywhere).
+pub fn peek_off_of(fd: i32) -> Option<libc::c_int> {
+    if !PEEK_OFF_SEEN.load(Ordering::Relaxed) {
+        return None;
+    }
+    let e0 = real::errno();
+    let v = sockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF).filter(|&v| v >= 0);
+    real::set_errno(e0);
+    v
+}
+
+/// A `recv` with `MSG_PEEK` in `flags` that looks at the head of the socket's stream, as the
+/// library's own peeks must (a CLC message, the head of a fallback's stream), and leaves the
+/// application's `SO_PEEK_OFF` where it was: with the option on, the kernel starts a peek at
+/// the offset and moves it past what was peeked. Only a process that turned the option on pays
+/// the two extra `setsockopt`s and one `getsockopt`.
+///
+/// # Safety
+/// `buf` is valid for writes of `len` bytes.
+pub unsafe fn recv_peek_head(
+    fd: i32,
+    buf: *mut libc::c_void,
+    len: usize,
+    flags: libc::c_int,
+) -> isize {
+    let off = peek_off_of(fd);
+    if off.is_some() {
+        set_sockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, -1);
+    }
+    // SAFETY: the caller's buffer.
+    let r = unsafe { real::recv(fd, buf, len, flags) };
+    if let Some(v) = off {
+        // errno of the peek kept (`set_sockopt_int` preserves it).
+        set_sockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, v);
+    }
+    r
+}
