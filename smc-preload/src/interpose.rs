@@ -58,6 +58,18 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
     unsafe { ops::close_range(first, last, flags) }
 }
 
+/// A thread that takes a descriptor table of its own (`CLONE_FILES`) closes and re-points its
+/// numbers there only: noted, so that those leave the process's sockets alone.
+#[no_mangle]
+pub unsafe extern "C" fn unshare(flags: c_int) -> c_int {
+    // SAFETY: an integer argument, passed on unchanged.
+    let r = unsafe { crate::real::unshare(flags) };
+    if r == 0 && flags & libc::CLONE_FILES != 0 {
+        crate::lifecycle::fd_table_unshared();
+    }
+    r
+}
+
 /// glibc's `closefrom` closes through its internal `close_range`, which we would not see: our
 /// daemon connection and private duplicates closed behind our back, the daemon's next request
 /// written into whatever file took its number (`tests/redteam/rt5.c closefrom_pair`).

@@ -45,6 +45,98 @@ pub fn in_vfork_child() -> bool {
     cached != 0 && cached != now
 }
 
+thread_local! {
+    /// This thread has a descriptor table of its own (`unshare(CLONE_FILES)`,
+    /// `close_range(.., CLOSE_RANGE_UNSHARE)`): its closes and `dup2`s change its numbers only.
+    static OWN_TABLE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// This thread's descriptor table is no longer the process's.
+pub fn fd_table_unshared() {
+    OWN_TABLE.with(|o| o.set(true));
+}
+
+/// Whether this thread's descriptor table is not the one our slots describe: a `vfork` child's
+/// copy ([`in_vfork_child`], one system call) or an unshared table. Its closes and `dup2`s
+/// leave the slots alone and shadow the numbers instead ([`vfork_shadow`]).
+pub fn own_fd_table() -> bool {
+    OWN_TABLE.with(std::cell::Cell::get) || in_vfork_child()
+}
+
+// ---------------------------------------------------------------------------------------------
+// vfork children's own numbers
+
+/// Threads whose `vfork` child re-pointed numbers ([`vfork_shadow`]) that have not been back in
+/// the library since: while 0, [`vfork_shadowed`] is one load.
+static SHADOWS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Room for this many re-pointed numbers; more make every number the child's own.
+const SHADOW_MAX: usize = 16;
+
+thread_local! {
+    /// A `vfork` child runs on its parent's thread (same memory, same thread-local storage)
+    /// with its own copy of the descriptor table: the pid of such a child that made numbers
+    /// name other files (`dup2` onto them, `close`), 0 when none. The parent's thread finds
+    /// it there when it is back (the child exec'd or exited) and clears it.
+    static SHADOW_PID: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// Those numbers (`SHADOW_N` of them; more than [`SHADOW_MAX`]: all).
+    static SHADOW_FDS: std::cell::Cell<[c_int; SHADOW_MAX]> = const { std::cell::Cell::new([-1; SHADOW_MAX]) };
+    static SHADOW_N: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// In a `vfork` child (the caller checked [`in_vfork_child`]): `fd` names another file from
+/// now on, in this child only (`fd < 0`: every number, e.g. `close_range`). The parent's slot
+/// stays; the child's data calls on the number go to the kernel unchanged, never to the
+/// parent's connection ([`vfork_shadowed`]).
+pub fn vfork_shadow(fd: c_int) {
+    // SAFETY: plain system call.
+    let me = unsafe { libc::getpid() } as u32;
+    if SHADOW_PID.with(|p| p.replace(me)) != me {
+        SHADOW_N.with(|n| n.set(0));
+        SHADOWS.fetch_add(1, Ordering::SeqCst);
+    }
+    let n = SHADOW_N.with(std::cell::Cell::get);
+    if n > SHADOW_MAX {
+        return;
+    }
+    let mut fds = SHADOW_FDS.with(std::cell::Cell::get);
+    if fds[..n].contains(&fd) {
+        return;
+    }
+    match fds.get_mut(n) {
+        Some(slot) if fd >= 0 => {
+            *slot = fd;
+            SHADOW_FDS.with(|f| f.set(fds));
+            SHADOW_N.with(|c| c.set(n + 1));
+        }
+        _ => SHADOW_N.with(|c| c.set(SHADOW_MAX + 1)),
+    }
+}
+
+/// Whether `fd`, in this `vfork` child, names a file of its own ([`vfork_shadow`]): then no
+/// slot of the parent applies to it.
+#[inline]
+pub fn vfork_shadowed(fd: c_int) -> bool {
+    SHADOWS.load(Ordering::Relaxed) != 0 && shadowed(fd)
+}
+
+#[cold]
+fn shadowed(fd: c_int) -> bool {
+    let p = SHADOW_PID.with(std::cell::Cell::get);
+    if p == 0 {
+        return false;
+    }
+    // SAFETY: plain system call.
+    if unsafe { libc::getpid() } as u32 != p {
+        // The parent's thread, back: its child exec'd or exited.
+        SHADOW_PID.with(|c| c.set(0));
+        SHADOWS.fetch_sub(1, Ordering::SeqCst);
+        return false;
+    }
+    let n = SHADOW_N.with(std::cell::Cell::get);
+    n > SHADOW_MAX || SHADOW_FDS.with(|f| f.get()[..n].contains(&fd))
+}
+
 // ---------------------------------------------------------------------------------------------
 // exec
 
@@ -725,8 +817,14 @@ fn is_unconnected_tcp(fd: c_int) -> bool {
 /// The kernel just handed out `fd` (open, pipe, eventfd, ...): a slot still holding an object
 /// there is stale, its close happened behind our back.
 pub fn fd_created(fd: c_int) {
-    if fd >= 0 && fdtable::raw(fd) != 0 && !in_vfork_child() {
-        ops::forget_stale(fd);
+    if fd >= 0 && fdtable::raw(fd) != 0 {
+        if own_fd_table() {
+            // In this thread's own table only (a vfork child, an unshared table): the
+            // process's socket at that number is not stale; the number is this thread's.
+            vfork_shadow(fd);
+        } else {
+            ops::forget_stale(fd);
+        }
     }
 }
 
@@ -1135,6 +1233,14 @@ pub unsafe fn syscall(
     match n {
         // SAFETY: an fd number only; ops::close has the contract of close(2).
         libc::SYS_close => unsafe { ops::close(a1 as c_int) as libc::c_long },
+        // SAFETY: an integer argument only, with the meaning unshare(2) gives it.
+        libc::SYS_unshare => unsafe {
+            let r = real::syscall(n, a1, a2, a3, a4, a5, a6);
+            if r == 0 && a1 & libc::CLONE_FILES as libc::c_long != 0 {
+                fd_table_unshared();
+            }
+            r
+        },
         // SAFETY: fd numbers and flags only; ops::close_range has the contract of close_range(2).
         libc::SYS_close_range => unsafe {
             ops::close_range(a1 as libc::c_uint, a2 as libc::c_uint, a3 as c_int) as libc::c_long

@@ -25,7 +25,7 @@ fn fail(e: c_int) -> ssize_t {
 
 #[inline]
 fn slow(fd: c_int) -> bool {
-    fdtable::raw(fd) >= 8
+    fdtable::raw(fd) >= 8 && !lifecycle::vfork_shadowed(fd)
 }
 
 /// The connection object of `fd` if it is SMC, resolving a pending connect or completing a
@@ -1493,15 +1493,21 @@ fn move_private(p: c_int) {
 }
 
 pub unsafe fn close(fd: c_int) -> c_int {
-    // (`in_vfork_child` costs a system call: asked last, only when it matters.)
-    if fdtable::raw(fd) >= 8 && crate::obj::is_private(fd) && !lifecycle::in_vfork_child() {
+    // (`own_fd_table` costs a system call: asked last, only when it matters.)
+    if fdtable::raw(fd) >= 8 && crate::obj::is_private(fd) && !lifecycle::own_fd_table() {
         // Ours, never handed to the application: for it that number is not open.
         return fail(libc::EBADF) as c_int;
     }
-    if fdtable::raw(fd) != 0 && !lifecycle::in_vfork_child() {
-        forget_fd(fd);
+    if fdtable::raw(fd) != 0 {
+        if lifecycle::own_fd_table() {
+            // A table of this thread's own (a vfork child, an unshared one): the number may
+            // name another file next, here only.
+            lifecycle::vfork_shadow(fd);
+        } else {
+            forget_fd(fd);
+        }
     }
-    if setup::is_daemon_fd(fd) && !lifecycle::in_vfork_child() {
+    if setup::is_daemon_fd(fd) && !lifecycle::own_fd_table() {
         // Ours, never handed to the application: for it that number is not open.
         return fail(libc::EBADF) as c_int;
     }
@@ -1538,7 +1544,21 @@ pub unsafe fn closefrom(lowfd: c_int) {
 }
 
 pub unsafe fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int) -> c_int {
-    let closing = flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && !lifecycle::in_vfork_child();
+    if flags & libc::CLOSE_RANGE_UNSHARE as c_int != 0 {
+        // The kernel gives this thread a table of its own first, and closes in it.
+        lifecycle::fd_table_unshared();
+    }
+    let closing = flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && !lifecycle::own_fd_table();
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && !closing && fdtable::any_objects() {
+        // Closed in this thread's own table only: the numbers of our sockets in the range may
+        // name other files there next.
+        let hi = (last as u64).min(fdtable::MAX_FDS as u64 - 1);
+        for (fd, _) in fdtable::all_objects() {
+            if (fd as u64) >= first as u64 && (fd as u64) <= hi {
+                lifecycle::vfork_shadow(fd);
+            }
+        }
+    }
     // Our own descriptors in the range (private duplicates of sockets) stay open.
     let mut ours: Vec<libc::c_uint> = Vec::new();
     if closing && fdtable::any_objects() {
@@ -1592,14 +1612,18 @@ pub unsafe fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int)
 pub unsafe fn dup(fd: c_int) -> c_int {
     // SAFETY: an fd number only.
     let r = unsafe { real::dup(fd) };
-    if r >= 0 && (fdtable::raw(fd) != 0 || fdtable::raw(r) != 0) && !lifecycle::in_vfork_child() {
+    if r >= 0 && (fdtable::raw(fd) != 0 || fdtable::raw(r) != 0) && !lifecycle::own_fd_table() {
         setup::copy_slot(fd, r);
     }
     r
 }
 
 pub unsafe fn dup3(fd: c_int, fd2: c_int, flags: c_int, three: bool) -> c_int {
-    if fd == fd2 || (fdtable::raw(fd) | fdtable::raw(fd2) != 0 && lifecycle::in_vfork_child()) {
+    if fd == fd2 || (fdtable::raw(fd) | fdtable::raw(fd2) != 0 && lifecycle::own_fd_table()) {
+        if fd != fd2 && fdtable::raw(fd2) != 0 {
+            // A vfork child's own table: the number names what it dup'd there, in it only.
+            lifecycle::vfork_shadow(fd2);
+        }
         return if three {
             // SAFETY: integer arguments only (dup3(2)).
             unsafe { real::dup3(fd, fd2, flags) }
@@ -1652,14 +1676,14 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
         // Not in a vfork child, whose numbers are not its parent's (`in_vfork_child`, a system
         // call, asked only where it matters: `F_GETFL`/`F_SETFL` are an event loop's calls per
         // connection).
-        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC if !lifecycle::in_vfork_child() => {
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC if !lifecycle::own_fd_table() => {
             setup::copy_slot(fd, r)
         }
         libc::F_SETFL => {
             if let Some(o) = fdtable::get(fd) {
                 let on = arg as c_int & libc::O_NONBLOCK != 0;
                 match &*o {
-                    Obj::Conn(c) if !lifecycle::in_vfork_child() => {
+                    Obj::Conn(c) if !lifecycle::own_fd_table() => {
                         c.set_nonblocking(on);
                         // O_ASYNC: the kernel took it (`sock_fasync`); the writer must ring.
                         let asy = arg as c_int & libc::O_ASYNC != 0;
@@ -1667,7 +1691,7 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
                             c.set_async(asy);
                         }
                     }
-                    Obj::Handshake(h) if !lifecycle::in_vfork_child() => {
+                    Obj::Handshake(h) if !lifecycle::own_fd_table() => {
                         h.nonblock.store(on, Ordering::Relaxed)
                     }
                     _ => {}

@@ -172,6 +172,7 @@ real_fns! {
     listen(fd: c_int, backlog: c_int) -> c_int;
     close(fd: c_int) -> c_int;
     close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
+    unshare(flags: c_int) -> c_int;
     shutdown(fd: c_int, how: c_int) -> c_int;
     read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
     write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;

@@ -36,6 +36,9 @@ scenarios! {
     recvmmsg_waitforone: 1;
     dup_then_close_original: 1;
     fork_child_keeps_closed_conn: 4;
+    vfork_child_dup2_pipe_write: 1;
+    unshare_files_thread_close: 1;
+    close_range_unshare_thread_close: 1;
     dup_mid_handshake_both_used: 1;
     dup_mid_handshake_number_reused: 2;
     // epoll
@@ -652,6 +655,108 @@ fn socket_at_number(n: c_int) -> c_int {
         close(h);
     }
     b
+}
+
+/// What a `vfork` child does before its exec (a `clone(CLONE_VM | CLONE_VFORK)` child on its
+/// own stack, as `posix_spawn` makes it): makes the connection's number name the write end of
+/// a pipe and writes there. Its table is its own: the bytes go into the pipe, never into its
+/// parent's connection, which goes on.
+fn vfork_child_dup2_pipe_write() {
+    let (c, s) = pair_settled();
+    let mut pp = [0 as c_int; 2];
+    // SAFETY: valid out array.
+    assert_eq!(unsafe { libc::pipe(pp.as_mut_ptr()) }, 0);
+    struct Args {
+        c: c_int,
+        w: c_int,
+    }
+    extern "C" fn child(a: *mut libc::c_void) -> c_int {
+        // SAFETY: `a` points to the parent's `Args`, alive: the parent waits (CLONE_VFORK).
+        let a = unsafe { &*(a as *const Args) };
+        // SAFETY: plain system calls on numbers, then _exit: nothing else runs in the child.
+        unsafe {
+            libc::dup2(a.w, a.c);
+            let ok = libc::write(a.c, b"PIPEDATA".as_ptr().cast(), 8) == 8;
+            libc::_exit(if ok { 0 } else { 3 })
+        }
+    }
+    let mut args = Args { c, w: pp[1] };
+    let mut stack = vec![0u8; 256 << 10];
+    // SAFETY: the top of our own stack buffer (16-byte aligned below), a child function that
+    // only makes system calls and exits, and its argument, alive until the child is gone.
+    let pid = unsafe {
+        let top = stack.as_mut_ptr().add(stack.len()) as usize & !15;
+        libc::clone(
+            child,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&mut args as *mut Args).cast(),
+        )
+    };
+    assert!(pid > 0, "clone: {}", std::io::Error::last_os_error());
+    let mut st = 0;
+    // SAFETY: valid out pointer.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    log(format!("child exit {}", libc::WEXITSTATUS(st)));
+    close(pp[1]);
+    rd("read(pipe)", pp[0], 64);
+    pl("poll(s,IN) nothing from the child", s, libc::POLLIN, 200);
+    r("send(c) after the child", wr(c, b"conn"));
+    rd("read(s)", s, 64);
+    close(c);
+    close(s);
+    close(pp[0]);
+}
+
+/// A thread that takes a descriptor table of its own, closes the connection's number there
+/// and opens `/dev/null` at it: the process's connection is untouched and goes on.
+fn unshare_files_thread_close() {
+    thread_own_table_close(|c| {
+        // SAFETY: plain system calls.
+        unsafe {
+            if libc::unshare(libc::CLONE_FILES) != 0 {
+                return -1;
+            }
+            libc::close(c)
+        }
+    });
+}
+
+/// [`unshare_files_thread_close`] through `close_range(c, c, CLOSE_RANGE_UNSHARE)`.
+fn close_range_unshare_thread_close() {
+    thread_own_table_close(|c| {
+        // SAFETY: plain system call.
+        unsafe { libc::close_range(c as u32, c as u32, libc::CLOSE_RANGE_UNSHARE as c_int) }
+    });
+}
+
+fn thread_own_table_close(close_own: fn(c_int) -> c_int) {
+    let (c, s) = pair_settled();
+    let h = std::thread::spawn(move || {
+        let r = close_own(c);
+        // SAFETY: a plain open of /dev/null.
+        let f = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY) };
+        // At the number itself, whatever the lowest free one was.
+        // SAFETY: plain system call.
+        let d = if f == c {
+            c
+        } else {
+            unsafe { libc::dup2(f, c) }
+        };
+        let w = wr(c, b"NULLDATA");
+        (r, d == c, w)
+    });
+    let (r0, at, w) = h.join().unwrap();
+    log(format!(
+        "thread: close {r0}, /dev/null at the number {at}, write {w}"
+    ));
+    pl("poll(s,IN) nothing", s, libc::POLLIN, 200);
+    r("send(c) still", wr(c, b"still"));
+    rd("read(s)", s, 64);
+    r("send(s) back", wr(s, b"back"));
+    rd("read(c)", c, 64);
+    close(c);
+    close(s);
 }
 
 fn dup_mid_handshake_number_reused() {
