@@ -737,10 +737,10 @@ fn thread_own_table_close(close_own: fn(c_int) -> c_int) {
         // SAFETY: a plain open of /dev/null.
         let f = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY) };
         // At the number itself, whatever the lowest free one was.
-        // SAFETY: plain system call.
         let d = if f == c {
             c
         } else {
+            // SAFETY: plain system call.
             unsafe { libc::dup2(f, c) }
         };
         let w = wr(c, b"NULLDATA");
