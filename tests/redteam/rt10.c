@@ -759,6 +759,177 @@ static void s_idle_burst(void) {
   close(c); close(s);
 }
 
+// ---- listeners reaching an image without the library ----
+// the helper as a server: accept one connection on fd 20, show what it reads, answer
+static int serve(int l) {
+  struct pollfd q = {l, POLLIN, 0};
+  if (poll(&q, 1, 5000) <= 0) { P("helper: no connection"); return 1; }
+  int a = accept(l, 0, 0);
+  if (a < 0) { P("helper accept failed"); return 1; }
+  return helper(a);
+}
+static void client_of(int port, pid_t p) {
+  int c = socket(AF_INET, SOCK_STREAM, 0);
+  R("client connect", connect_to(c, port));
+  R("client send", send(c, "ping\n", 5, MSG_NOSIGNAL));
+  show("client", c, 4000);
+  close(c);
+  int st; waitpid(p, &st, 0);
+}
+static void s_listener_execl_static(void) {
+  int port, l = listener(&port);
+  fflush(stdout);
+  pid_t p = fork();
+  if (p == 0) { dup2(l, 20); close(l); execl(SELFS, SELFS, "serve", (char *)0); _exit(127); }
+  close(l);
+  client_of(port, p);
+}
+static void s_listener_exec_static(void) {
+  int port, l = listener(&port);
+  fflush(stdout);
+  pid_t p = fork();
+  if (p == 0) { dup2(l, 20); close(l); char *argv[] = {SELFS, "serve", 0}; execv(SELFS, argv); _exit(127); }
+  close(l);
+  client_of(port, p);
+}
+// the same, the parent keeps its copy open until the end (no close of the listener)
+static void s_listener_exec_static_keep(void) {
+  int port, l = listener(&port);
+  fflush(stdout);
+  pid_t p = fork();
+  if (p == 0) { dup2(l, 20); close(l); char *argv[] = {SELFS, "serve", 0}; execv(SELFS, argv); _exit(127); }
+  usleep(200000);
+  client_of(port, p);
+  close(l);
+}
+// the parent waits for the exec to be done before it closes its copy
+static void s_listener_exec_static_close_late(void) {
+  int port, l = listener(&port);
+  fflush(stdout);
+  pid_t p = fork();
+  if (p == 0) { dup2(l, 20); close(l); char *argv[] = {SELFS, "serve", 0}; execv(SELFS, argv); _exit(127); }
+  usleep(200000);
+  close(l);
+  client_of(port, p);
+}
+// a connection already queued in the listener's backlog when the image without the library
+// starts (the client is another process: connected and sent before the fork)
+static void s_listener_backlog_exec(void) {
+  int port, l = listener(&port);
+  int cp[2]; if (pipe(cp)) die("pipe");
+  fflush(stdout);
+  pid_t cl = fork();
+  if (cl == 0) {
+    close(l);
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    R("client connect", connect_to(c, port));
+    R("client send", send(c, "ping\n", 5, MSG_NOSIGNAL));
+    if (write(cp[1], "c", 1)) {}
+    show("client", c, 5000);
+    _exit(0);
+  }
+  char x; if (read(cp[0], &x, 1) != 1) die("sync");
+  usleep(100000);
+  pid_t p = fork();
+  if (p == 0) { dup2(l, 20); close(l); char *argv[] = {SELFS, "serve", 0}; execv(SELFS, argv); _exit(127); }
+  close(l);
+  int st; waitpid(p, &st, 0); waitpid(cl, &st, 0);
+}
+// the listener at its own number, fd 20 for the helper made by the raw system call (not seen)
+static void s_listener_exec_static_nodup(void) {
+  int port, l = listener(&port);
+  fflush(stdout);
+  pid_t p = fork();
+  if (p == 0) { if (l != 20) { syscall(SYS_dup2, l, 20); } char *argv[] = {SELFS, "serve", 0}; execv(SELFS, argv); _exit(127); }
+  close(l);
+  client_of(port, p);
+}
+static void s_listener_script_static(void) {
+  char path[] = "/tmp/rt10lscript.XXXXXX";
+  int f = mkstemp(path);
+  dprintf(f, "#!%s serve\n", SELFS);
+  fchmod(f, 0755); close(f);
+  int port, l = listener(&port);
+  fflush(stdout);
+  pid_t p = fork();
+  if (p == 0) { dup2(l, 20); close(l); char *argv[] = {path, 0}; execv(path, argv); _exit(127); }
+  close(l);
+  client_of(port, p);
+  unlink(path);
+}
+// SCM_RIGHTS over a socketpair made before the fork whose child execs without the library
+static void s_listener_scm_nolib(void) {
+  int u[2]; if (socketpair(AF_UNIX, SOCK_STREAM, 0, u)) die("socketpair");
+  fflush(stdout);
+  pid_t p = fork();
+  if (p == 0) {
+    close(u[0]); dup2(u[1], 6);
+    char *argv[] = {SELF, "lrecv", 0}, *envp[] = {"X=1", 0};
+    execve(SELF, argv, envp);
+    _exit(127);
+  }
+  close(u[1]);
+  int port, l = listener(&port);
+  char ctl[CMSG_SPACE(sizeof(int))]; memset(ctl, 0, sizeof ctl);
+  struct iovec v = {"f", 1};
+  struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+  struct cmsghdr *h = CMSG_FIRSTHDR(&m); h->cmsg_level = SOL_SOCKET; h->cmsg_type = SCM_RIGHTS; h->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(h), &l, sizeof l);
+  R("sendmsg listener", sendmsg(u[0], &m, 0));
+  close(l);
+  client_of(port, p);
+}
+static int lrecv(void) {
+  char x, ctl[CMSG_SPACE(sizeof(int))]; memset(ctl, 0, sizeof ctl);
+  struct iovec v = {&x, 1};
+  struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+  if (recvmsg(6, &m, 0) != 1) return 1;
+  int fd; memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof fd);
+  return serve(fd);
+}
+
+// ---- a writer killed while blocked on a full connection: the reader gets a prefix, then the end ----
+static void s_kill9_writer(void) {
+  int c, s; pair(&c, &s);
+  fflush(stdout);
+  pid_t p = fork();
+  if (p == 0) {
+    close(s);
+    unsigned char b[65536]; long i = 0;
+    for (;;) { for (int k = 0; k < (int)sizeof b; k++) b[k] = pat(i + k); int w = write(c, b, sizeof b); if (w <= 0) _exit(3); i += w; }
+  }
+  close(c);
+  usleep(500000);
+  kill(p, SIGKILL);
+  int st; waitpid(p, &st, 0);
+  unsigned char b[50000]; long i = 0, bad = -1; int r, e = 0;
+  for (;;) { r = read(s, b, sizeof b); if (r <= 0) { e = errno; break; } for (int k = 0; k < r; k++) if (bad < 0 && b[k] != pat(i + k)) bad = i + k; i += r; }
+  P("reader: %s, first bad %ld, end %s", i > 0 ? "some bytes" : "nothing", bad, r < 0 ? en(e) : "EOF");
+  close(s);
+}
+
+// ---- splice socket -> pipe, tee, splice pipe -> socket ----
+static void s_splice_tee(void) {
+  int c, s; pair(&c, &s);
+  int p1[2], p2[2]; if (pipe(p1) || pipe(p2)) die("pipe");
+  R("server send", send(s, "spliced-bytes", 13, 0));
+  usleep(50000);
+  R("splice c->pipe", splice(c, 0, p1[1], 0, 100, SPLICE_F_NONBLOCK));
+  R("tee pipe->pipe", tee(p1[0], p2[1], 100, SPLICE_F_NONBLOCK));
+  R("splice pipe->c", splice(p1[0], 0, c, 0, 100, 0));
+  show("server", s, 300);
+  char b[32] = {0};
+  R("pipe2 read", read(p2[0], b, sizeof b));
+  P("pipe2 [%s]", b);
+  fcntl(c, F_SETFL, O_NONBLOCK);
+  R("splice c->pipe (empty, O_NONBLOCK)", splice(c, 0, p1[1], 0, 100, SPLICE_F_NONBLOCK));
+  struct iovec v = {"vmspliced", 9};
+  R("vmsplice", vmsplice(p1[1], &v, 1, 0));
+  R("splice pipe->c", splice(p1[0], 0, c, 0, 100, SPLICE_F_MORE));
+  show("server", s, 300);
+  close(c); close(s);
+}
+
 struct sc { const char *n; void (*f)(void); };
 static struct sc ALL[] = {
   {"exec_static", s_exec_static}, {"execl_static", s_execl_static}, {"exec_noenv", s_exec_noenv},
@@ -774,13 +945,15 @@ static struct sc ALL[] = {
   {"vfork_close_exec", s_vfork_close_exec}, {"clone_vm", s_clone_vm}, {"clone_files_close", s_clone_files_close},
   {"uring_syscall", s_uring_syscall}, {"uring_asm", s_uring_asm}, {"uring_then_connect", s_uring_then_connect},
   {"self_connect", s_self_connect}, {"self_connect_after_pair", s_self_connect_after_pair},
-  {"scm_bounce_nolib", s_scm_bounce_nolib}, {"idle_burst", s_idle_burst},
+  {"scm_bounce_nolib", s_scm_bounce_nolib}, {"listener_execl_static", s_listener_execl_static}, {"listener_exec_static", s_listener_exec_static}, {"listener_backlog_exec", s_listener_backlog_exec}, {"listener_exec_static_keep", s_listener_exec_static_keep}, {"listener_exec_static_close_late", s_listener_exec_static_close_late}, {"listener_exec_static_nodup", s_listener_exec_static_nodup}, {"listener_script_static", s_listener_script_static}, {"listener_scm_nolib", s_listener_scm_nolib}, {"kill9_writer", s_kill9_writer}, {"splice_tee", s_splice_tee}, {"idle_burst", s_idle_burst},
 };
 int main(int argc, char **argv) {
   setvbuf(stdout, 0, _IOLBF, 0);
   if (argc > 1 && !strcmp(argv[1], "helper")) return helper(20);
   if (argc > 1 && argv[1][0] == '/') return helper(20);  // as a script's interpreter
   if (argc > 1 && !strcmp(argv[1], "bounce")) return bounce();
+  if (argc > 1 && !strcmp(argv[1], "serve")) return serve(20);
+  if (argc > 1 && !strcmp(argv[1], "lrecv")) return lrecv();
   if (readlink("/proc/self/exe", SELF, sizeof SELF - 1) < 0) die("readlink");
   snprintf(SELFS, sizeof SELFS, "%ss", SELF);
   if (argc < 2) { for (unsigned i = 0; i < sizeof ALL / sizeof *ALL; i++) printf("%s ", ALL[i].n); printf("\n"); return 0; }
