@@ -185,6 +185,24 @@ static void spawn5(int cloexec) {
   serve_child(s, p);
   close(s);
 }
+static void s_spawn_script_static(void) {
+  char path[] = "/tmp/rt10sscript.XXXXXX";
+  int f = mkstemp(path);
+  dprintf(f, "#!%s\n", SELFS);
+  fchmod(f, 0755); close(f);
+  int c, s; pair(&c, &s);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, c, 20);
+  char *argv[] = {path, 0};
+  pid_t p;
+  fflush(stdout);
+  R("posix_spawn", posix_spawn(&p, path, &fa, 0, argv, environ));
+  close(c);
+  serve_child(s, p);
+  close(s);
+  unlink(path);
+}
 static void s_spawn_dup5_noenv(void) { spawn5(0); }
 static void s_spawn_dup5_noenv_cloexec(void) { spawn5(1); }
 // vfork, dup2(c, 20), exec the static helper
@@ -203,6 +221,8 @@ static void s_vfork_exec_static(void) {
   close(s);
 }
 
+static unsigned char pat(long i) { return (unsigned char)(i * 7 + (i >> 9)); }
+static void on_alrm(int sig) { (void)sig; }
 // ---- processes that end without a close ----
 // The only holder of c leaves with unread bytes: TCP resets the peer.
 static void end_unread(int how) {
@@ -252,7 +272,6 @@ static void s_exit_read_all(void) {
   R("server send again", send(s, "x", 1, MSG_NOSIGNAL));
   close(s);
 }
-static void on_alrm(int sig) { (void)sig; }
 // The only holder is killed (nothing unread); the peer asks without waiting: poll, then recv
 static void end_nb(int unread) {
   int c, s; pair(&c, &s);
@@ -326,6 +345,68 @@ static void spin(int use_poll) {
 }
 static void s_exit_spin_recv(void) { spin(0); }
 static void s_exit_spin_poll0(void) { spin(1); }
+// the peer's process is gone (_exit, nothing unread): epoll_wait(0) and select(0)
+#include <sys/select.h>
+static void s_exit_epoll0_select0(void) {
+  int c, s; pair(&c, &s);
+  fflush(stdout);
+  pid_t p = fork();
+  if (p == 0) { close(s); _exit(0); }
+  close(c);
+  int st; waitpid(p, &st, 0);
+  usleep(300000);
+  int ep = epoll_create1(0);
+  struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP, .data.fd = s}, o = {0};
+  epoll_ctl(ep, EPOLL_CTL_ADD, s, &e);
+  int r = epoll_wait(ep, &o, 1, 0);
+  P("epoll_wait(0) -> %d events%s%s", r, o.events & EPOLLIN ? " IN" : "", o.events & EPOLLRDHUP ? " RDHUP" : "");
+  fd_set rs; FD_ZERO(&rs); FD_SET(s, &rs);
+  struct timeval tv = {0, 0};
+  R("select(0)", select(s + 1, &rs, 0, 0, &tv));
+  close(ep); close(s);
+}
+// the peer's process is killed while our send waits for room (its ring full, bytes unread)
+static void s_kill9_reader_blocked_writer(void) {
+  int c, s; pair(&c, &s);
+  fflush(stdout);
+  pid_t p = fork();
+  if (p == 0) { close(s); for (;;) pause(); }
+  close(c);
+  pid_t k = fork();
+  if (k == 0) { usleep(700000); kill(p, SIGKILL); _exit(0); }
+  static char b[1 << 20];
+  long sent = 0; int w;
+  struct sigaction sa = {.sa_handler = on_alrm};
+  sigaction(SIGALRM, &sa, 0);
+  alarm(5);
+  while ((w = send(s, b, sizeof b, MSG_NOSIGNAL)) > 0) sent += w;
+  int e = errno;
+  alarm(0);
+  P("blocked writer: send -> -1 %s (after some bytes: %d)", en(e), sent > 0);
+  R("send again", send(s, b, 1, MSG_NOSIGNAL));
+  int st; waitpid(p, &st, 0); waitpid(k, &st, 0);
+  close(s);
+}
+// the writer's process ends right after its last write (no close): every byte, then EOF
+static void s_exit_after_write(void) {
+  int c, s; pair(&c, &s);
+  fflush(stdout);
+  pid_t p = fork();
+  if (p == 0) {
+    close(s);
+    unsigned char b[100000];
+    for (int k = 0; k < (int)sizeof b; k++) b[k] = pat(k);
+    if (write(c, b, sizeof b) != sizeof b) _exit(3);
+    _exit(0);
+  }
+  close(c);
+  int st; waitpid(p, &st, 0);
+  P("writer status %d", WEXITSTATUS(st));
+  unsigned char b[50000]; long i = 0, bad = -1; int r, e = 0;
+  for (;;) { r = read(s, b, sizeof b); if (r <= 0) { e = errno; break; } for (int k = 0; k < r; k++) if (bad < 0 && b[k] != pat(i + k)) bad = i + k; i += r; }
+  P("reader: %ld bytes, first bad %ld, end %s", i, bad, r < 0 ? en(e) : "EOF");
+  close(s);
+}
 // an exec whose close-on-exec fd (set with close_range) was the last holder, the data unread
 static void s_exec_cloexec_last_unread(void) {
   int c, s; pair(&c, &s);
@@ -372,7 +453,6 @@ static void s_exec_cloexec_last(void) {
 }
 
 // ---- one connection in two processes ----
-static unsigned char pat(long i) { return (unsigned char)(i * 7 + (i >> 9)); }
 #define SPLIT (2 << 20)
 // the child writes, the parent reads, the server end echoes (a thread)
 static void *echo_thread(void *a) {
@@ -934,9 +1014,9 @@ struct sc { const char *n; void (*f)(void); };
 static struct sc ALL[] = {
   {"exec_static", s_exec_static}, {"execl_static", s_execl_static}, {"exec_noenv", s_exec_noenv},
   {"exec_script_static", s_exec_script_static}, {"exec_env_i", s_exec_env_i}, {"exec_setgid", s_exec_setgid},
-  {"spawn_dup5_noenv", s_spawn_dup5_noenv}, {"spawn_dup5_noenv_cloexec", s_spawn_dup5_noenv_cloexec},
+  {"spawn_dup5_noenv", s_spawn_dup5_noenv}, {"spawn_script_static", s_spawn_script_static}, {"spawn_dup5_noenv_cloexec", s_spawn_dup5_noenv_cloexec},
   {"vfork_exec_static", s_vfork_exec_static},
-  {"exit_unread", s_exit_unread}, {"kill9_unread", s_kill9_unread}, {"exit_read_all", s_exit_read_all}, {"kill9_nb", s_kill9_nb}, {"exit_spin_recv", s_exit_spin_recv}, {"exit_spin_poll0", s_exit_spin_poll0}, {"exit_while_poll", s_exit_while_poll}, {"exit_while_epoll", s_exit_while_epoll}, {"exit_then_poll", s_exit_then_poll}, {"exit_then_epoll", s_exit_then_epoll}, {"kill9_nb_unread", s_kill9_nb_unread},
+  {"exit_unread", s_exit_unread}, {"kill9_unread", s_kill9_unread}, {"exit_read_all", s_exit_read_all}, {"kill9_nb", s_kill9_nb}, {"exit_after_write", s_exit_after_write}, {"exit_epoll0_select0", s_exit_epoll0_select0}, {"kill9_reader_blocked_writer", s_kill9_reader_blocked_writer}, {"exit_spin_recv", s_exit_spin_recv}, {"exit_spin_poll0", s_exit_spin_poll0}, {"exit_while_poll", s_exit_while_poll}, {"exit_while_epoll", s_exit_while_epoll}, {"exit_then_poll", s_exit_then_poll}, {"exit_then_epoll", s_exit_then_epoll}, {"kill9_nb_unread", s_kill9_nb_unread},
   {"exec_cloexec_last", s_exec_cloexec_last}, {"exec_cloexec_last_unread", s_exec_cloexec_last_unread},
   {"fork_child_writes", s_fork_child_writes}, {"fork_parent_writes", s_fork_parent_writes},
   {"fork_both_read_fed", s_fork_both_read_fed},
