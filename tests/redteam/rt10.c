@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -296,7 +297,6 @@ static void end_nb(int unread) {
 static void s_kill9_nb(void) { end_nb(0); }
 static void s_kill9_nb_unread(void) { end_nb(1); }
 // The only holder ends (SIGKILL or _exit, nothing unread) while the peer waits in poll/epoll
-#include <sys/epoll.h>
 static void end_wait(int use_epoll, int before) {
   int c, s; pair(&c, &s);
   fflush(stdout);
@@ -668,6 +668,109 @@ static void s_clone_files_close(void) {
   close(n); close(CS);
 }
 
+// a vfork child closes the connection's number, opens a file there and writes the file
+static void s_vfork_close_open_write(void) {
+  int c, s; pair(&c, &s);
+  char path[] = "/tmp/rt10file.XXXXXX";
+  int t = mkstemp(path); close(t);
+  static volatile int same;
+  fflush(stdout);
+  pid_t p = vfork();
+  if (p == 0) {
+    close(c);
+    int f = open(path, O_WRONLY | O_TRUNC);
+    same = f == c;
+    if (write(f, "FILEDATA", 8) != 8) same = -1;
+    char b[8];
+    if (read(f, b, 8) >= 0) same = -2;  // write-only: EBADF
+    _exit(0);
+  }
+  int st; waitpid(p, &st, 0);
+  P("child's file at the connection's number: %d", same);
+  char b[64] = {0};
+  int f = open(path, O_RDONLY);
+  R("file read", read(f, b, sizeof b - 1));
+  P("file [%s]", b);
+  close(f); unlink(path);
+  show("server", s, 300);
+  R("parent send", send(c, "conn", 4, MSG_NOSIGNAL));
+  show("server", s, 300);
+  close(c); close(s);
+}
+// a vfork child dup2()s a pipe onto the connection's number and writes there (a hand-made
+// spawn redirecting an fd), then the parent uses its connection
+static void s_vfork_dup2_pipe_write(void) {
+  int c, s; pair(&c, &s);
+  int pp[2]; if (pipe(pp)) die("pipe");
+  fflush(stdout);
+  pid_t p = vfork();
+  if (p == 0) {
+    dup2(pp[1], c);
+    if (write(c, "PIPEDATA", 8) != 8) _exit(3);
+    _exit(0);
+  }
+  int st; waitpid(p, &st, 0);
+  P("child status %d", WEXITSTATUS(st));
+  close(pp[1]);
+  char b[64] = {0};
+  struct pollfd q = {pp[0], POLLIN, 0};
+  if (poll(&q, 1, 300) > 0) R("pipe read", read(pp[0], b, sizeof b - 1)); else P("pipe: nothing");
+  P("pipe [%s]", b);
+  show("server", s, 300);
+  R("parent send", send(c, "conn", 4, MSG_NOSIGNAL));
+  show("server", s, 300);
+  close(c); close(s); close(pp[0]);
+}
+// the same with clone(CLONE_VM) (no CLONE_VFORK, no CLONE_FILES): close, open a file, write
+static char CPATH[64];
+static volatile int cl_same;
+static int clone_open_fn(void *a) {
+  (void)a;
+  close(CC);
+  int f = open(CPATH, O_WRONLY | O_TRUNC);
+  cl_same = f == CC;
+  if (write(f, "FILEDATA", 8) != 8) cl_same = -1;
+  return 0;
+}
+static void s_clone_vm_close_open_write(void) {
+  pair(&CC, &CS);
+  strcpy(CPATH, "/tmp/rt10cfile.XXXXXX");
+  int t = mkstemp(CPATH); close(t);
+  char *stk = mmap(0, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  fflush(stdout);
+  pid_t p = clone(clone_open_fn, stk + (1 << 20), CLONE_VM | SIGCHLD, 0);
+  int st; waitpid(p, &st, 0);
+  P("child's file at the connection's number: %d", cl_same);
+  char b[64] = {0};
+  int f = open(CPATH, O_RDONLY);
+  R("file read", read(f, b, sizeof b - 1));
+  P("file [%s]", b);
+  close(f); unlink(CPATH);
+  show("server", CS, 300);
+  R("parent send", send(CC, "conn", 4, MSG_NOSIGNAL));
+  show("server", CS, 300);
+  close(CC); close(CS);
+}
+// a thread with its own fd table (unshare(CLONE_FILES)) closes the connection in it
+static void *unshare_close(void *a) {
+  int c = *(int *)a;
+  if (unshare(CLONE_FILES)) { P("unshare failed"); return 0; }
+  R("thread close (own table)", close(c));
+  int f = open("/dev/null", O_WRONLY);
+  P("thread's /dev/null at the number: %s", f == c ? "same" : "other");
+  R("thread write /dev/null", write(f, "NULLDATA", 8));
+  return 0;
+}
+static void s_unshare_files_close(void) {
+  int c, s; pair(&c, &s);
+  pthread_t t; pthread_create(&t, 0, unshare_close, &c); pthread_join(t, 0);
+  show("server", s, 300);
+  R("main send", send(c, "still", 5, MSG_NOSIGNAL));
+  show("server", s, 300);
+  R("server send", send(s, "back", 4, MSG_NOSIGNAL));
+  show("main", c, 300);
+  close(c); close(s);
+}
 // ---- io_uring after connections exist (raw system calls) ----
 struct ring { int fd; unsigned *sq_head, *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail, *cq_mask; struct io_uring_sqe *sqes; struct io_uring_cqe *cqes; };
 static int ring_init(struct ring *r, int raw) {
@@ -727,6 +830,31 @@ static void uring(int raw) {
 }
 static void s_uring_syscall(void) { uring(0); }
 static void s_uring_asm(void) { uring(1); }
+// io_uring set up after the connection, then IORING_OP_EPOLL_CTL adds it to an epoll set
+// (libuv's batching), waited for with the interposed epoll_wait
+static void s_uring_epoll_ctl(void) {
+  int c, s; pair(&c, &s);
+  struct ring r;
+  if (ring_init(&r, 0)) { P("io_uring_setup failed"); return; }
+  int ep = epoll_create1(0);
+  struct epoll_event e = {.events = EPOLLIN, .data.fd = c}, o = {0};
+  unsigned t = *r.sq_tail, i = t & *r.sq_mask;
+  struct io_uring_sqe *q = &r.sqes[i];
+  memset(q, 0, sizeof *q);
+  q->opcode = IORING_OP_EPOLL_CTL; q->fd = ep; q->len = EPOLL_CTL_ADD; q->off = c; q->addr = (uintptr_t)&e;
+  r.sq_array[i] = i;
+  __atomic_store_n(r.sq_tail, t + 1, __ATOMIC_RELEASE);
+  syscall(__NR_io_uring_enter, r.fd, 1, 1, IORING_ENTER_GETEVENTS, 0, 0);
+  unsigned h = *r.cq_head;
+  P("uring epoll_ctl -> %d", h != *r.cq_tail ? r.cqes[h & *r.cq_mask].res : -99999);
+  R("server send", send(s, "ready", 5, 0));
+  int n = epoll_wait(ep, &o, 1, 2000);
+  P("epoll_wait(2 s) -> %d%s", n, n > 0 && (o.events & EPOLLIN) ? " IN" : "");
+  char b[16] = {0};
+  R("recv", recv(c, b, sizeof b, MSG_DONTWAIT));
+  P("bytes [%s]", b);
+  close(ep); close(c); close(s);
+}
 // a new connection made after the ring exists: TCP (must match either way)
 static void s_uring_then_connect(void) {
   struct ring r;
@@ -1022,8 +1150,8 @@ static struct sc ALL[] = {
   {"fork_both_read_fed", s_fork_both_read_fed},
   {"shut_rd_other_proc", s_shut_rd_other_proc}, {"shut_rdwr_other_proc", s_shut_rdwr_other_proc},
   {"child_shut_wr", s_child_shut_wr}, {"vfork_write", s_vfork_write}, {"vfork_read", s_vfork_read},
-  {"vfork_close_exec", s_vfork_close_exec}, {"clone_vm", s_clone_vm}, {"clone_files_close", s_clone_files_close},
-  {"uring_syscall", s_uring_syscall}, {"uring_asm", s_uring_asm}, {"uring_then_connect", s_uring_then_connect},
+  {"vfork_close_exec", s_vfork_close_exec}, {"clone_vm", s_clone_vm}, {"clone_files_close", s_clone_files_close}, {"vfork_close_open_write", s_vfork_close_open_write}, {"vfork_dup2_pipe_write", s_vfork_dup2_pipe_write}, {"clone_vm_close_open_write", s_clone_vm_close_open_write}, {"unshare_files_close", s_unshare_files_close},
+  {"uring_syscall", s_uring_syscall}, {"uring_asm", s_uring_asm}, {"uring_then_connect", s_uring_then_connect}, {"uring_epoll_ctl", s_uring_epoll_ctl},
   {"self_connect", s_self_connect}, {"self_connect_after_pair", s_self_connect_after_pair},
   {"scm_bounce_nolib", s_scm_bounce_nolib}, {"listener_execl_static", s_listener_execl_static}, {"listener_exec_static", s_listener_exec_static}, {"listener_backlog_exec", s_listener_backlog_exec}, {"listener_exec_static_keep", s_listener_exec_static_keep}, {"listener_exec_static_close_late", s_listener_exec_static_close_late}, {"listener_exec_static_nodup", s_listener_exec_static_nodup}, {"listener_script_static", s_listener_script_static}, {"listener_scm_nolib", s_listener_scm_nolib}, {"kill9_writer", s_kill9_writer}, {"splice_tee", s_splice_tee}, {"idle_burst", s_idle_burst},
 };
