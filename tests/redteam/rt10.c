@@ -171,6 +171,49 @@ static void s_exec_setgid(void) {
   fork_exec5(c, s, path, argv, 0, 0);
   unlink(path);
 }
+// one process of two holding the connection execs an image without the library (the switch
+// to TCP), the other (a fork sibling with the library) goes on using it afterwards
+static void s_sibling_after_nolib_exec(void) {
+  int c, s; pair(&c, &s);
+  fflush(stdout);
+  pid_t sib = fork();
+  if (sib == 0) {  // the sibling: waits for the helper to be done, then talks
+    close(s);
+    usleep(1500000);
+    R("sibling send", send(c, "fromC\n", 6, MSG_NOSIGNAL));
+    show("sibling", c, 2000);
+    _exit(0);
+  }
+  pid_t p = fork();
+  if (p == 0) {
+    close(s);
+    dup2(c, 20);
+    close(c);
+    char *argv[] = {SELFS, "helper", 0};
+    execv(SELFS, argv);
+    _exit(127);
+  }
+  close(c);
+  R("server send", send(s, "ping\n", 5, MSG_NOSIGNAL));
+  show("server (helper's answer, the sibling's)", s, 2500);
+  R("server send", send(s, "toC", 3, MSG_NOSIGNAL));
+  int st; waitpid(p, &st, 0);
+  waitpid(sib, &st, 0);
+  close(s);
+}
+// the same shape where the peer end's process waits for the exec'd child before it reads
+// (DESIGN's residual: the switch waits for the peer's next call, 10 s, then resets)
+static void s_exec_nolib_peer_in_waitpid(void) {
+  int c, s; pair(&c, &s);
+  fflush(stdout);
+  pid_t p = fork();
+  if (p == 0) { close(s); dup2(c, 20); close(c); char *argv[] = {SELFS, "helper", 0}; execv(SELFS, argv); _exit(127); }
+  close(c);
+  R("server send", send(s, "ping\n", 5, MSG_NOSIGNAL));
+  int st; waitpid(p, &st, 0);
+  show("server (after waitpid)", s, 500);
+  close(s);
+}
 // posix_spawn, file action dup2(c, 20), the environment without the library
 static void spawn5(int cloexec) {
   int c, s; pair(&c, &s);
@@ -1141,7 +1184,7 @@ static void s_splice_tee(void) {
 struct sc { const char *n; void (*f)(void); };
 static struct sc ALL[] = {
   {"exec_static", s_exec_static}, {"execl_static", s_execl_static}, {"exec_noenv", s_exec_noenv},
-  {"exec_script_static", s_exec_script_static}, {"exec_env_i", s_exec_env_i}, {"exec_setgid", s_exec_setgid},
+  {"exec_script_static", s_exec_script_static}, {"exec_env_i", s_exec_env_i}, {"exec_setgid", s_exec_setgid}, {"sibling_after_nolib_exec", s_sibling_after_nolib_exec}, {"exec_nolib_peer_in_waitpid", s_exec_nolib_peer_in_waitpid},
   {"spawn_dup5_noenv", s_spawn_dup5_noenv}, {"spawn_script_static", s_spawn_script_static}, {"spawn_dup5_noenv_cloexec", s_spawn_dup5_noenv_cloexec},
   {"vfork_exec_static", s_vfork_exec_static},
   {"exit_unread", s_exit_unread}, {"kill9_unread", s_kill9_unread}, {"exit_read_all", s_exit_read_all}, {"kill9_nb", s_kill9_nb}, {"exit_after_write", s_exit_after_write}, {"exit_epoll0_select0", s_exit_epoll0_select0}, {"kill9_reader_blocked_writer", s_kill9_reader_blocked_writer}, {"exit_spin_recv", s_exit_spin_recv}, {"exit_spin_poll0", s_exit_spin_poll0}, {"exit_while_poll", s_exit_while_poll}, {"exit_while_epoll", s_exit_while_epoll}, {"exit_then_poll", s_exit_then_poll}, {"exit_then_epoll", s_exit_then_epoll}, {"kill9_nb_unread", s_kill9_nb_unread},
