@@ -804,6 +804,22 @@ static void *unshare_close(void *a) {
   R("thread write /dev/null", write(f, "NULLDATA", 8));
   return 0;
 }
+static void *close_range_unshare_libc(void *a) {
+  int c = *(int *)a;
+  R("thread close_range(c, c, CLOSE_RANGE_UNSHARE) (libc)", close_range(c, c, 2));
+  return 0;
+}
+static void unshare_cr(void *(*fn)(void *)) {
+  int c, s; pair(&c, &s);
+  pthread_t t; pthread_create(&t, 0, fn, &c); pthread_join(t, 0);
+  show("server", s, 300);
+  R("main send", send(c, "still", 5, MSG_NOSIGNAL));
+  show("server", s, 300);
+  R("server send", send(s, "back", 4, MSG_NOSIGNAL));
+  show("main", c, 300);
+  close(c); close(s);
+}
+static void s_close_range_unshare(void) { unshare_cr(close_range_unshare_libc); }
 static void s_unshare_files_close(void) {
   int c, s; pair(&c, &s);
   pthread_t t; pthread_create(&t, 0, unshare_close, &c); pthread_join(t, 0);
@@ -1193,7 +1209,7 @@ static struct sc ALL[] = {
   {"fork_both_read_fed", s_fork_both_read_fed},
   {"shut_rd_other_proc", s_shut_rd_other_proc}, {"shut_rdwr_other_proc", s_shut_rdwr_other_proc},
   {"child_shut_wr", s_child_shut_wr}, {"vfork_write", s_vfork_write}, {"vfork_read", s_vfork_read},
-  {"vfork_close_exec", s_vfork_close_exec}, {"clone_vm", s_clone_vm}, {"clone_files_close", s_clone_files_close}, {"vfork_close_open_write", s_vfork_close_open_write}, {"vfork_dup2_pipe_write", s_vfork_dup2_pipe_write}, {"clone_vm_close_open_write", s_clone_vm_close_open_write}, {"unshare_files_close", s_unshare_files_close},
+  {"vfork_close_exec", s_vfork_close_exec}, {"clone_vm", s_clone_vm}, {"clone_files_close", s_clone_files_close}, {"vfork_close_open_write", s_vfork_close_open_write}, {"vfork_dup2_pipe_write", s_vfork_dup2_pipe_write}, {"clone_vm_close_open_write", s_clone_vm_close_open_write}, {"unshare_files_close", s_unshare_files_close}, {"close_range_unshare", s_close_range_unshare},
   {"uring_syscall", s_uring_syscall}, {"uring_asm", s_uring_asm}, {"uring_then_connect", s_uring_then_connect}, {"uring_epoll_ctl", s_uring_epoll_ctl},
   {"self_connect", s_self_connect}, {"self_connect_after_pair", s_self_connect_after_pair},
   {"scm_bounce_nolib", s_scm_bounce_nolib}, {"listener_execl_static", s_listener_execl_static}, {"listener_exec_static", s_listener_exec_static}, {"listener_backlog_exec", s_listener_backlog_exec}, {"listener_exec_static_keep", s_listener_exec_static_keep}, {"listener_exec_static_close_late", s_listener_exec_static_close_late}, {"listener_exec_static_nodup", s_listener_exec_static_nodup}, {"listener_script_static", s_listener_script_static}, {"listener_scm_nolib", s_listener_scm_nolib}, {"kill9_writer", s_kill9_writer}, {"splice_tee", s_splice_tee}, {"idle_burst", s_idle_burst},
