@@ -1002,6 +1002,101 @@ static int bounce(void) {
   return 0;
 }
 
+// ---- SCM_RIGHTS whose fds are never taken, truncated, or doubled ----
+static int send_fds(int u, int *fds, int n) {
+  char ctl[CMSG_SPACE(4 * sizeof(int))]; memset(ctl, 0, sizeof ctl);
+  struct iovec v = {"f", 1};
+  struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = CMSG_SPACE(n * sizeof(int))};
+  struct cmsghdr *h = CMSG_FIRSTHDR(&m); h->cmsg_level = SOL_SOCKET; h->cmsg_type = SCM_RIGHTS; h->cmsg_len = CMSG_LEN(n * sizeof(int));
+  memcpy(CMSG_DATA(h), fds, n * sizeof(int));
+  return sendmsg(u, &m, 0);
+}
+// the message with the connection is never received: the socketpair is closed with it queued
+static void s_scm_never_received(void) {
+  int c, s; pair(&c, &s);
+  int u[2]; if (socketpair(AF_UNIX, SOCK_STREAM, 0, u)) die("socketpair");
+  R("sendmsg", send_fds(u[0], &c, 1));
+  close(c);
+  close(u[0]); close(u[1]);
+  struct pollfd q = {s, POLLIN, 0};
+  R("server poll (EOF when the queued fd is dropped)", poll(&q, 1, 2000));
+  char b[8];
+  R("server recv", recv(s, b, sizeof b, MSG_DONTWAIT));
+  close(s);
+}
+// the same with a child that dies before it receives
+static void s_scm_receiver_dies(void) {
+  int c, s; pair(&c, &s);
+  int u[2]; if (socketpair(AF_UNIX, SOCK_STREAM, 0, u)) die("socketpair");
+  fflush(stdout);
+  pid_t p = fork();
+  if (p == 0) { close(u[0]); close(c); close(s); usleep(300000); _exit(0); }
+  close(u[1]);
+  R("sendmsg", send_fds(u[0], &c, 1));
+  close(c);
+  int st; waitpid(p, &st, 0);
+  close(u[0]);
+  struct pollfd q = {s, POLLIN, 0};
+  R("server poll", poll(&q, 1, 2000));
+  char b[8];
+  R("server recv", recv(s, b, sizeof b, MSG_DONTWAIT));
+  close(s);
+}
+// received with a control buffer too small (MSG_CTRUNC: the kernel closes what did not fit)
+static void s_scm_ctrunc(void) {
+  int c, s; pair(&c, &s);
+  int c2, s2; pair(&c2, &s2);
+  int u[2]; if (socketpair(AF_UNIX, SOCK_STREAM, 0, u)) die("socketpair");
+  int two[2] = {c, c2};
+  R("sendmsg two", send_fds(u[0], two, 2));
+  fflush(stdout);
+  pid_t p = fork();
+  if (p == 0) {
+    close(u[0]); close(c); close(s); close(c2); close(s2);
+    char x, ctl[CMSG_SPACE(sizeof(int))];
+    struct iovec v = {&x, 1};
+    struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = CMSG_LEN(sizeof(int))};
+    int r = recvmsg(u[1], &m, 0);
+    int fd = -1; struct cmsghdr *h = CMSG_FIRSTHDR(&m); if (h) memcpy(&fd, CMSG_DATA(h), sizeof fd);
+    P("child recvmsg -> %d ctrunc %d", r, !!(m.msg_flags & MSG_CTRUNC));
+    if (fd >= 0) { R("child send on the first", send(fd, "one", 3, MSG_NOSIGNAL)); close(fd); }
+    _exit(0);
+  }
+  close(u[1]);
+  close(c); close(c2);
+  int st; waitpid(p, &st, 0);
+  show("server 1", s, 1000);
+  show("server 2 (its fd closed by the kernel)", s2, 1500);
+  close(s); close(s2); close(u[0]);
+}
+// the same connection twice in one message; the receiver closes both
+static void s_scm_twice(void) {
+  int c, s; pair(&c, &s);
+  int u[2]; if (socketpair(AF_UNIX, SOCK_STREAM, 0, u)) die("socketpair");
+  int two[2] = {c, c};
+  R("sendmsg the same twice", send_fds(u[0], two, 2));
+  fflush(stdout);
+  pid_t p = fork();
+  if (p == 0) {
+    close(u[0]); close(c); close(s);
+    char x, ctl[CMSG_SPACE(2 * sizeof(int))];
+    struct iovec v = {&x, 1};
+    struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+    if (recvmsg(u[1], &m, 0) != 1) _exit(3);
+    int fds[2]; memcpy(fds, CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof fds);
+    R("child send on the second", send(fds[1], "two", 3, MSG_NOSIGNAL));
+    close(fds[0]);
+    R("child send on the second after closing the first", send(fds[1], "2nd", 3, MSG_NOSIGNAL));
+    close(fds[1]);
+    _exit(0);
+  }
+  close(u[1]);
+  close(c);
+  int st; waitpid(p, &st, 0);
+  show("server", s, 1500);
+  close(s); close(u[0]);
+}
+
 // ---- idle, then a burst each way at once ----
 static void *burst_thread(void *a) {
   int s = *(int *)a; unsigned char b[65536]; long i = 0;
@@ -1212,7 +1307,7 @@ static struct sc ALL[] = {
   {"vfork_close_exec", s_vfork_close_exec}, {"clone_vm", s_clone_vm}, {"clone_files_close", s_clone_files_close}, {"vfork_close_open_write", s_vfork_close_open_write}, {"vfork_dup2_pipe_write", s_vfork_dup2_pipe_write}, {"clone_vm_close_open_write", s_clone_vm_close_open_write}, {"unshare_files_close", s_unshare_files_close}, {"close_range_unshare", s_close_range_unshare},
   {"uring_syscall", s_uring_syscall}, {"uring_asm", s_uring_asm}, {"uring_then_connect", s_uring_then_connect}, {"uring_epoll_ctl", s_uring_epoll_ctl},
   {"self_connect", s_self_connect}, {"self_connect_after_pair", s_self_connect_after_pair},
-  {"scm_bounce_nolib", s_scm_bounce_nolib}, {"listener_execl_static", s_listener_execl_static}, {"listener_exec_static", s_listener_exec_static}, {"listener_backlog_exec", s_listener_backlog_exec}, {"listener_exec_static_keep", s_listener_exec_static_keep}, {"listener_exec_static_close_late", s_listener_exec_static_close_late}, {"listener_exec_static_nodup", s_listener_exec_static_nodup}, {"listener_script_static", s_listener_script_static}, {"listener_scm_nolib", s_listener_scm_nolib}, {"kill9_writer", s_kill9_writer}, {"splice_tee", s_splice_tee}, {"idle_burst", s_idle_burst},
+  {"scm_bounce_nolib", s_scm_bounce_nolib}, {"scm_never_received", s_scm_never_received}, {"scm_receiver_dies", s_scm_receiver_dies}, {"scm_ctrunc", s_scm_ctrunc}, {"scm_twice", s_scm_twice}, {"listener_execl_static", s_listener_execl_static}, {"listener_exec_static", s_listener_exec_static}, {"listener_backlog_exec", s_listener_backlog_exec}, {"listener_exec_static_keep", s_listener_exec_static_keep}, {"listener_exec_static_close_late", s_listener_exec_static_close_late}, {"listener_exec_static_nodup", s_listener_exec_static_nodup}, {"listener_script_static", s_listener_script_static}, {"listener_scm_nolib", s_listener_scm_nolib}, {"kill9_writer", s_kill9_writer}, {"splice_tee", s_splice_tee}, {"idle_burst", s_idle_burst},
 };
 int main(int argc, char **argv) {
   setvbuf(stdout, 0, _IOLBF, 0);
