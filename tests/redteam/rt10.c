@@ -27,6 +27,7 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef CLOSE_RANGE_CLOEXEC
@@ -1097,6 +1098,115 @@ static void s_scm_twice(void) {
   close(s); close(u[0]);
 }
 
+// ---- threads sharing one connection ----
+#define NREC 20000
+#define RECSZ 64
+static int MTC;
+static void *rec_writer(void *a) {
+  long id = (long)a; char r[RECSZ];
+  for (int i = 0; i < NREC; i++) {
+    memset(r, 'a' + id, RECSZ);
+    snprintf(r, RECSZ, "T%ld %08d ", id, i);
+    r[RECSZ - 1] = '\n';
+    if (write(MTC, r, RECSZ) != RECSZ) { P("short write"); break; }
+  }
+  return 0;
+}
+// two threads write 64-byte records at once: TCP keeps each small write whole
+static void s_mt_writers_records(void) {
+  int c, s; pair(&c, &s);
+  MTC = c;
+  pthread_t t1, t2;
+  pthread_create(&t1, 0, rec_writer, (void *)0);
+  pthread_create(&t2, 0, rec_writer, (void *)1);
+  char r[RECSZ]; long n = 0, torn = 0, order = 0; int next[2] = {0, 0};
+  while (n < 2L * NREC) {
+    int got = 0;
+    while (got < RECSZ) { int k = recv(s, r + got, RECSZ - got, 0); if (k <= 0) goto out; got += k; }
+    long id; int seq;
+    if (sscanf(r, "T%ld %d", &id, &seq) != 2 || id < 0 || id > 1 || r[RECSZ - 1] != '\n' || r[RECSZ - 2] != 'a' + id) { torn++; n++; continue; }
+    if (seq != next[id]) order++;
+    next[id] = seq + 1;
+    n++;
+  }
+out:
+  pthread_join(t1, 0); pthread_join(t2, 0);
+  P("records %ld torn %ld out of order %ld", n, torn, order);
+  close(c); close(s);
+}
+// two threads read one stream: every byte exactly once
+static int MTS; static long mt_cnt[2], mt_sum[2];
+static void *mt_reader(void *a) {
+  long id = (long)a; unsigned char b[1500];
+  for (;;) { int r = read(MTS, b, sizeof b); if (r <= 0) break; for (int k = 0; k < r; k++) mt_sum[id] += b[k]; mt_cnt[id] += r; }
+  return 0;
+}
+static void s_mt_readers(void) {
+  int c, s; pair(&c, &s);
+  MTS = c;
+  long want = 0; for (long i = 0; i < SPLIT; i++) want += pat(i);
+  pthread_t t1, t2, f;
+  pthread_create(&t1, 0, mt_reader, (void *)0);
+  pthread_create(&t2, 0, mt_reader, (void *)1);
+  pthread_create(&f, 0, feed_thread, &s);
+  pthread_join(f, 0); pthread_join(t1, 0); pthread_join(t2, 0);
+  P("two reader threads: %ld bytes (want %d) sum ok %d", mt_cnt[0] + mt_cnt[1], SPLIT, mt_sum[0] + mt_sum[1] == want);
+  close(c); close(s);
+}
+
+// a thread waits in epoll_wait on the connection; another closes it and a new connected
+// socket takes the number; both old peer and new peer write
+static int EPC, EPS, EPFD;
+static void *ep_waiter(void *a) {
+  (void)a;
+  struct epoll_event o[4];
+  struct timespec t0, t1; clock_gettime(CLOCK_MONOTONIC, &t0);
+  int n = epoll_wait(EPFD, o, 4, 1500);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+  P("epoll_wait -> %d%s after %s", n, n > 0 ? (o[0].events & EPOLLIN ? " IN" : " other") : "", ms >= 1450 ? "its timeout" : ms < 400 ? "< 400 ms" : "400..1450 ms");
+  return 0;
+}
+static void s_epoll_close_reuse(void) {
+  pair(&EPC, &EPS);
+  EPFD = epoll_create1(0);
+  struct epoll_event e = {.events = EPOLLIN, .data.fd = EPC};
+  epoll_ctl(EPFD, EPOLL_CTL_ADD, EPC, &e);
+  pthread_t t; pthread_create(&t, 0, ep_waiter, 0);
+  usleep(200000);
+  int old = EPC;
+  close(EPC);
+  int pp[2]; if (pipe(pp)) die("pipe");
+  int n2 = pp[0];
+  P("new pipe at the old number: %s", n2 == old ? "same" : "other");
+  R("old peer send", send(EPS, "old", 3, MSG_NOSIGNAL));
+  R("pipe write", write(pp[1], "new", 3));
+  pthread_join(t, 0);
+  struct epoll_event o[4];
+  int n = epoll_wait(EPFD, o, 4, 0);
+  P("epoll_wait again -> %d", n);
+  R("epoll_ctl ADD the pipe", epoll_ctl(EPFD, EPOLL_CTL_ADD, n2, &e));
+  n = epoll_wait(EPFD, o, 4, 500);
+  P("epoll_wait after ADD -> %d%s", n, n > 0 ? (o[0].events & EPOLLIN ? " IN" : " other") : "");
+  char b[8] = {0};
+  R("read pipe", read(n2, b, sizeof b));
+  P("pipe [%s]", b);
+  close(n2); close(pp[1]); close(EPS); close(EPFD);
+}
+// a process with a second thread connects to its own listener and accepts after connect in
+// the same thread (DESIGN's residual: the connect waits the 2 s CLC timeout, then TCP)
+static void *idle_thread(void *a) { (void)a; usleep(2500000); return 0; }
+static void s_own_listener_two_threads(void) {
+  pthread_t t; pthread_create(&t, 0, idle_thread, 0);
+  struct timespec t0, t1; clock_gettime(CLOCK_MONOTONIC, &t0);
+  int c, s; pair(&c, &s);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+  P("connect+accept+1 byte each way took %s", ms < 500 ? "< 500 ms" : ">= 500 ms");
+  pthread_join(t, 0);
+  close(c); close(s);
+}
+
 // ---- idle, then a burst each way at once ----
 static void *burst_thread(void *a) {
   int s = *(int *)a; unsigned char b[65536]; long i = 0;
@@ -1307,7 +1417,7 @@ static struct sc ALL[] = {
   {"vfork_close_exec", s_vfork_close_exec}, {"clone_vm", s_clone_vm}, {"clone_files_close", s_clone_files_close}, {"vfork_close_open_write", s_vfork_close_open_write}, {"vfork_dup2_pipe_write", s_vfork_dup2_pipe_write}, {"clone_vm_close_open_write", s_clone_vm_close_open_write}, {"unshare_files_close", s_unshare_files_close}, {"close_range_unshare", s_close_range_unshare},
   {"uring_syscall", s_uring_syscall}, {"uring_asm", s_uring_asm}, {"uring_then_connect", s_uring_then_connect}, {"uring_epoll_ctl", s_uring_epoll_ctl},
   {"self_connect", s_self_connect}, {"self_connect_after_pair", s_self_connect_after_pair},
-  {"scm_bounce_nolib", s_scm_bounce_nolib}, {"scm_never_received", s_scm_never_received}, {"scm_receiver_dies", s_scm_receiver_dies}, {"scm_ctrunc", s_scm_ctrunc}, {"scm_twice", s_scm_twice}, {"listener_execl_static", s_listener_execl_static}, {"listener_exec_static", s_listener_exec_static}, {"listener_backlog_exec", s_listener_backlog_exec}, {"listener_exec_static_keep", s_listener_exec_static_keep}, {"listener_exec_static_close_late", s_listener_exec_static_close_late}, {"listener_exec_static_nodup", s_listener_exec_static_nodup}, {"listener_script_static", s_listener_script_static}, {"listener_scm_nolib", s_listener_scm_nolib}, {"kill9_writer", s_kill9_writer}, {"splice_tee", s_splice_tee}, {"idle_burst", s_idle_burst},
+  {"scm_bounce_nolib", s_scm_bounce_nolib}, {"scm_never_received", s_scm_never_received}, {"scm_receiver_dies", s_scm_receiver_dies}, {"scm_ctrunc", s_scm_ctrunc}, {"scm_twice", s_scm_twice}, {"listener_execl_static", s_listener_execl_static}, {"listener_exec_static", s_listener_exec_static}, {"listener_backlog_exec", s_listener_backlog_exec}, {"listener_exec_static_keep", s_listener_exec_static_keep}, {"listener_exec_static_close_late", s_listener_exec_static_close_late}, {"listener_exec_static_nodup", s_listener_exec_static_nodup}, {"listener_script_static", s_listener_script_static}, {"listener_scm_nolib", s_listener_scm_nolib}, {"kill9_writer", s_kill9_writer}, {"splice_tee", s_splice_tee}, {"idle_burst", s_idle_burst}, {"epoll_close_reuse", s_epoll_close_reuse}, {"own_listener_two_threads", s_own_listener_two_threads}, {"mt_writers_records", s_mt_writers_records}, {"mt_readers", s_mt_readers},
 };
 int main(int argc, char **argv) {
   setvbuf(stdout, 0, _IOLBF, 0);
