@@ -1242,6 +1242,69 @@ static void s_own_listener_two_threads(void) {
   close(c); close(s);
 }
 
+// ---- calls made through syscall(2) that the library passes through ----
+static void s_raw_accept4(void) {
+  int port, l = listener(&port);
+  fflush(stdout);
+  pid_t p = fork();
+  if (p == 0) {  // the client, another process
+    close(l);
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    R("client connect", connect_to(c, port));
+    R("client send", send(c, "ping\n", 5, MSG_NOSIGNAL));
+    show("client", c, 3000);
+    _exit(0);
+  }
+  int a = syscall(SYS_accept4, l, 0, 0, 0);
+  if (a < 0) die("accept4");
+  helper(a);
+  close(a);
+  int st; waitpid(p, &st, 0);
+  close(l);
+}
+static void s_raw_epoll(void) {
+  int c, s; pair(&c, &s);
+  int ep = epoll_create1(0);
+  struct epoll_event e = {.events = EPOLLIN, .data.fd = c}, o[2];
+  R("epoll_ctl (syscall)", syscall(SYS_epoll_ctl, ep, EPOLL_CTL_ADD, c, &e));
+  R("server send", send(s, "data", 4, 0));
+  R("epoll_wait (libc, 1 s)", epoll_wait(ep, o, 2, 1000));
+  R("epoll_wait (syscall, 1 s)", syscall(SYS_epoll_wait, ep, o, 2, 1000));
+  char b[8] = {0};
+  R("recv", recv(c, b, sizeof b, MSG_DONTWAIT));
+  close(ep); close(c); close(s);
+}
+static void s_raw_poll(void) {
+  int c, s; pair(&c, &s);
+  R("server send", send(s, "data", 4, 0));
+  struct pollfd q = {c, POLLIN, 0};
+  R("poll (syscall, 1 s)", syscall(SYS_poll, &q, 1, 1000));
+  P("revents IN %d", !!(q.revents & POLLIN));
+  close(c); close(s);
+}
+static void s_raw_fcntl_nonblock(void) {
+  int c, s; pair(&c, &s);
+  R("recv (blocking, data there)", (R("server send", send(s, "a", 1, 0)), recv(c, (char[4]){0}, 4, 0)));
+  R("fcntl O_NONBLOCK (syscall)", syscall(SYS_fcntl, c, F_SETFL, O_NONBLOCK));
+  struct sigaction sa = {.sa_handler = on_alrm};
+  sigaction(SIGALRM, &sa, 0);
+  alarm(2);
+  char b[4];
+  R("recv (now non-blocking, nothing there)", recv(c, b, sizeof b, 0));
+  alarm(0);
+  close(c); close(s);
+}
+static void s_raw_shutdown(void) {
+  int c, s; pair(&c, &s);
+  R("send", send(c, "before", 6, 0));
+  R("shutdown WR (syscall)", syscall(SYS_shutdown, c, SHUT_WR));
+  show("server", s, 1000);
+  R("send after", send(c, "x", 1, MSG_NOSIGNAL));
+  R("server send", send(s, "back", 4, MSG_NOSIGNAL));
+  show("client", c, 500);
+  close(c); close(s);
+}
+
 // ---- idle, then a burst each way at once ----
 static void *burst_thread(void *a) {
   int s = *(int *)a; unsigned char b[65536]; long i = 0;
@@ -1452,7 +1515,7 @@ static struct sc ALL[] = {
   {"vfork_close_exec", s_vfork_close_exec}, {"clone_vm", s_clone_vm}, {"clone_files_close", s_clone_files_close}, {"vfork_close_open_write", s_vfork_close_open_write}, {"vfork_dup2_pipe_write", s_vfork_dup2_pipe_write}, {"clone_vm_close_open_write", s_clone_vm_close_open_write}, {"unshare_files_close", s_unshare_files_close}, {"close_range_unshare", s_close_range_unshare},
   {"uring_syscall", s_uring_syscall}, {"uring_asm", s_uring_asm}, {"uring_then_connect", s_uring_then_connect}, {"uring_epoll_ctl", s_uring_epoll_ctl},
   {"self_connect", s_self_connect}, {"self_connect_after_pair", s_self_connect_after_pair},
-  {"scm_bounce_nolib", s_scm_bounce_nolib}, {"scm_never_received", s_scm_never_received}, {"scm_receiver_dies", s_scm_receiver_dies}, {"scm_ctrunc", s_scm_ctrunc}, {"scm_twice", s_scm_twice}, {"listener_execl_static", s_listener_execl_static}, {"listener_exec_static", s_listener_exec_static}, {"listener_backlog_exec", s_listener_backlog_exec}, {"listener_exec_static_keep", s_listener_exec_static_keep}, {"listener_exec_static_close_late", s_listener_exec_static_close_late}, {"listener_exec_static_nodup", s_listener_exec_static_nodup}, {"listener_script_static", s_listener_script_static}, {"listener_scm_nolib", s_listener_scm_nolib}, {"kill9_writer", s_kill9_writer}, {"splice_tee", s_splice_tee}, {"idle_burst", s_idle_burst}, {"epoll_close_reuse", s_epoll_close_reuse}, {"own_listener_two_threads", s_own_listener_two_threads}, {"mt_writers_records", s_mt_writers_records}, {"mt_readers", s_mt_readers},
+  {"scm_bounce_nolib", s_scm_bounce_nolib}, {"scm_never_received", s_scm_never_received}, {"scm_receiver_dies", s_scm_receiver_dies}, {"scm_ctrunc", s_scm_ctrunc}, {"scm_twice", s_scm_twice}, {"listener_execl_static", s_listener_execl_static}, {"listener_exec_static", s_listener_exec_static}, {"listener_backlog_exec", s_listener_backlog_exec}, {"listener_exec_static_keep", s_listener_exec_static_keep}, {"listener_exec_static_close_late", s_listener_exec_static_close_late}, {"listener_exec_static_nodup", s_listener_exec_static_nodup}, {"listener_script_static", s_listener_script_static}, {"listener_scm_nolib", s_listener_scm_nolib}, {"kill9_writer", s_kill9_writer}, {"splice_tee", s_splice_tee}, {"idle_burst", s_idle_burst}, {"raw_accept4", s_raw_accept4}, {"raw_epoll", s_raw_epoll}, {"raw_poll", s_raw_poll}, {"raw_fcntl_nonblock", s_raw_fcntl_nonblock}, {"raw_shutdown", s_raw_shutdown}, {"epoll_close_reuse", s_epoll_close_reuse}, {"own_listener_two_threads", s_own_listener_two_threads}, {"mt_writers_records", s_mt_writers_records}, {"mt_readers", s_mt_readers},
 };
 int main(int argc, char **argv) {
   setvbuf(stdout, 0, _IOLBF, 0);
