@@ -67,6 +67,10 @@ const RECLAIM_ARMED_MIN: u32 = 256 * 1024;
 pub const DOORBELL: u8 = 0x01;
 
 // Local flags (Shared::flags).
+/// One call in this many of those that find nothing and do not wait reads the TCP socket for
+/// the peer's end ([`Conn::probe_peer_gone`]).
+pub const IDLE_PROBE: u32 = 16;
+
 pub const F_SHUT_RD: u32 = 1 << 0;
 pub const F_SHUT_WR: u32 = 1 << 1;
 pub const F_PEER_GONE: u32 = 1 << 2;
@@ -403,6 +407,8 @@ pub struct Conn {
     /// completions were reported (`smc_tx`, [`Conn::take_zerocopy`]).
     zc_sent: AtomicU32,
     zc_done: AtomicU32,
+    /// Calls that found nothing and did not wait ([`Conn::probe_peer_gone`]).
+    idle_looks: AtomicU32,
 }
 
 /// Result of a readiness check.
@@ -462,6 +468,7 @@ impl Conn {
             holder_pid: AtomicU32::new(crate::pid()),
             zc_sent: AtomicU32::new(0),
             zc_done: AtomicU32::new(0),
+            idle_looks: AtomicU32::new(0),
             users: AtomicU64::new(0),
             numbers: AtomicU32::new(0),
             io: crate::util::io_path::IoPath::new(),
@@ -520,6 +527,7 @@ impl Conn {
             holder_pid: AtomicU32::new(0),
             zc_sent: AtomicU32::new(0),
             zc_done: AtomicU32::new(0),
+            idle_looks: AtomicU32::new(0),
             users: AtomicU64::new(0),
             numbers: AtomicU32::new(0),
             io: crate::util::io_path::IoPath::new(),

@@ -113,6 +113,8 @@ pub struct Entry {
     active_us: u32,
     /// The pass of the wait call that last checked it (at most one report per call).
     seen: u32,
+    /// The pass in which it was reported (a re-check in that pass would report it twice).
+    reported: u32,
     /// The bits it showed at its last check.
     last_seen: u32,
 }
@@ -707,6 +709,7 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
                     hot: false,
                     active_us: 0,
                     seen: 0,
+                    reported: 0,
                     last_seen: 0,
                 },
             );
@@ -1129,6 +1132,7 @@ fn collect(
             e.hot = false;
             continue;
         };
+        let before = out.len();
         let keep = match o.conn() {
             Some(c) => check(e, c, ep, fd, now, park, out),
             None => {
@@ -1136,6 +1140,9 @@ fn collect(
                 false
             }
         };
+        if out.len() > before {
+            e.reported = pass;
+        }
         if e.hot {
             ready.push_back(fd);
             if keep {
@@ -1346,6 +1353,7 @@ fn translate(set: &EpollSet, kev: &[libc::epoll_event], out: &mut Vec<libc::epol
     }
     drop(g);
     let mut left = Vec::new();
+    let drained: Vec<i32> = drains.iter().map(|d| d.0).collect();
     for (fd, o, to_end) in drains {
         if let Some(c) = o.conn() {
             // Only through a number that still names the connection, or its private
@@ -1362,6 +1370,20 @@ fn translate(set: &EpollSet, kev: &[libc::epoll_event], out: &mut Vec<libc::epol
     }
     if !left.is_empty() {
         lock(&set.inner).undrained.extend(left);
+    }
+    if !drained.is_empty() {
+        // A drain may have found the peer's end (or reset) only now: an entry checked earlier
+        // in this call and not reported is checked again.
+        let mut g = lock(&set.inner);
+        let pass = g.pass;
+        for fd in drained {
+            if let Some(e) = g.entries.get_mut(&fd) {
+                if e.seen == pass && e.reported != pass {
+                    e.seen = pass.wrapping_sub(1);
+                }
+            }
+            make_hot(&mut g, fd);
+        }
     }
     let mut decided = false;
     for (fd, kernel, events, data) in undecided {

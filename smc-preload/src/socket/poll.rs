@@ -280,7 +280,19 @@ unsafe fn poll_once(
     };
     let mut spun = false;
     loop {
-        let n = user_ready(fds, false);
+        let mut n = user_ready(fds, false);
+        if n == 0 && timeout == 0 {
+            // Nothing, and no wait to read the sockets: the peers' ends may be there.
+            let mut changed = false;
+            for (p, k) in fds.iter().zip(&kinds) {
+                if let Kind::Smc(call) = k {
+                    changed |= call.conn().probe_peer_gone(p.fd);
+                }
+            }
+            if changed {
+                n = user_ready(fds, false);
+            }
+        }
         if n > 0 || timeout == 0 {
             // Collect the plain fds without blocking.
             // SAFETY: `fds` and `tmp` are live slices of equal length, `kinds` classifies `fds`; no

@@ -310,6 +310,9 @@ impl Conn {
                 return Ok(done);
             }
             if nonblock {
+                if done == 0 && self.probe_peer_gone(fd) {
+                    continue; // the peer's end or reset, seen on the TCP socket
+                }
                 return if done > 0 {
                     Ok(done)
                 } else {

@@ -112,7 +112,7 @@ impl Conn {
 
     /// [`Conn::drain`]; `to_end`: read until the socket says `EAGAIN`, EOF or an error even
     /// after a short read (an EOF behind the doorbells is noticed now).
-    pub(super) fn drain_to(&self, fd: i32, to_end: bool) {
+    pub(crate) fn drain_to(&self, fd: i32, to_end: bool) {
         self.drain_bytes(fd, to_end);
         let s = self.sh();
         s.wake_seq.fetch_add(1, Ordering::AcqRel);
@@ -179,7 +179,21 @@ impl Conn {
             let e = real::errno();
             real::set_errno(e0);
             if r == 0 {
-                self.peer_gone(fd, 0, "EOF on the TCP socket");
+                // Without a close in the CDC header, the peer's process ended (killed, exited,
+                // exec'd without the library) and its kernel closed the socket. TCP resets the
+                // connection when the closing end leaves bytes unread: ours, in its ring.
+                let ps = self.peer_state();
+                let unread =
+                    !ps.any_close() && self.tx_cursors().is_some_and(|(prod, cons)| prod != cons);
+                if unread {
+                    self.peer_gone(
+                        fd,
+                        F_PEER_RST,
+                        "EOF on the TCP socket with our bytes unread in the peer's ring (a reset)",
+                    );
+                } else {
+                    self.peer_gone(fd, 0, "EOF on the TCP socket");
+                }
             } else if e == libc::EAGAIN || e == libc::EINTR {
                 // nothing more
             } else if e == libc::ECONNRESET || e == libc::EPIPE || e == libc::ETIMEDOUT {
@@ -233,6 +247,22 @@ impl Conn {
                 (v & !DRAINING != 0).then(|| v - 1)
             });
         rang && !self.try_drain(fd)
+    }
+
+    /// A call that does not wait found nothing to report (`EAGAIN`, an empty poll): the
+    /// peer's end may be gone without a close in the CDC header (its process died, or exec'd
+    /// without the library), which only the TCP socket says (EOF, or a reset), and only a wait
+    /// would read it. Every [`IDLE_PROBE`]th such call (the first one too) reads it without
+    /// waiting: a loop of non-blocking reads or zero-timeout polls sees the end as on TCP,
+    /// a few calls late at most (as if the FIN were still on its way), for one system call
+    /// per [`IDLE_PROBE`] calls. True when something changed (data, the end or a reset may be
+    /// there now: look again).
+    pub fn probe_peer_gone(&self, fd: i32) -> bool {
+        if self.idle_looks.fetch_add(1, Ordering::Relaxed) % IDLE_PROBE != 0 {
+            return false;
+        }
+        let f0 = self.flags() & (F_PEER_GONE | F_PEER_RST);
+        self.try_drain_to(fd, true) && self.flags() & (F_PEER_GONE | F_PEER_RST) != f0
     }
 
     /// Drain the doorbells if no thread sleeps on the socket (they were all woken and left).

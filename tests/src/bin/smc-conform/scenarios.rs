@@ -39,6 +39,9 @@ scenarios! {
     vfork_child_dup2_pipe_write: 1;
     unshare_files_thread_close: 1;
     close_range_unshare_thread_close: 1;
+    peer_exits_with_bytes_unread: 1;
+    peer_exits_nonblocking_calls_see_end: 1;
+    peer_exited_then_epoll_wait_0: 1;
     dup_mid_handshake_both_used: 1;
     dup_mid_handshake_number_reused: 2;
     // epoll
@@ -803,6 +806,72 @@ fn dup_mid_handshake_number_reused() {
 // ── epoll ───────────────────────────────────────────────────────────────────────────────────
 
 const CS: &[&str] = &["c", "s", "p0", "p1", "p2", "ep"];
+
+/// Forks a child that holds `keep` alone (the parent's copy is closed) and runs `then`, then
+/// `_exit`s without closing it: the kernel closes the socket, as for a crash or a kill.
+/// Returns once the child is reaped (its socket's end is on the wire by then: loopback
+/// delivers it in the exiting task; 50 ms more for a loaded machine).
+fn child_ends_without_close(keep: c_int, drop_fd: c_int, then: fn(c_int)) {
+    // SAFETY: the child closes one number, makes plain calls on another and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        close(drop_fd);
+        then(keep);
+        // SAFETY: plain exit without destructors or closes (fork child).
+        unsafe { libc::_exit(0) };
+    }
+    close(keep);
+    let mut st = 0;
+    // SAFETY: valid out pointer.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    std::thread::sleep(Duration::from_millis(50));
+}
+
+/// The process holding one end reads 1 of 100 bytes and exits without closing: TCP resets
+/// the connection (the closing end left bytes unread), so the peer's read says `ECONNRESET`
+/// and its writes `EPIPE`, never a clean end of a response cut short.
+fn peer_exits_with_bytes_unread() {
+    let (c, s) = pair_settled();
+    write_all(s, &[7u8; 100]);
+    child_ends_without_close(c, s, |c| {
+        read_n(c, 1);
+    });
+    recv_l("recv(s) after the peer's end", s, 16, 0);
+    r("send(s)", wr(s, b"x"));
+    r("send(s) again", wr(s, b"x"));
+    close(s);
+}
+
+/// The process holding one end exits without closing; the other end only makes calls that do
+/// not wait: a non-blocking read, a zero-timeout poll, then again. TCP says the end at once
+/// (0, `POLLIN|POLLRDHUP`), never `EAGAIN` for ever.
+fn peer_exits_nonblocking_calls_see_end() {
+    let (c, s) = pair_settled();
+    child_ends_without_close(c, s, |_| {});
+    recv_l("recv(s, DONTWAIT)", s, 16, libc::MSG_DONTWAIT);
+    pl("poll(s,IN|RDHUP,0)", s, libc::POLLIN | libc::POLLRDHUP, 0);
+    recv_l("recv(s, DONTWAIT) again", s, 16, libc::MSG_DONTWAIT);
+    r("send(s)", wr(s, b"x"));
+    close(s);
+}
+
+/// The process holding one end exits without closing; the other end is then added to a new
+/// epoll set and waited for with timeout 0: `EPOLLIN|EPOLLRDHUP` at once, as on TCP.
+fn peer_exited_then_epoll_wait_0() {
+    let (c, s) = pair_settled();
+    child_ends_without_close(c, s, |_| {});
+    // SAFETY: plain system call.
+    let ep = unsafe { libc::epoll_create1(0) };
+    let mut e = libc::epoll_event {
+        events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+        u64: 1,
+    };
+    // SAFETY: valid event.
+    unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, s, &mut e) };
+    ep_wait("epoll_wait(0)", ep, 4, 0, &names(CS));
+    close(ep);
+    close(s);
+}
 
 /// A forked child keeps serving a connection whose fd the parent closed, while the parent makes
 /// and closes other connections meanwhile (their local state must not take the child's).
