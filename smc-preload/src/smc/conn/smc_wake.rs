@@ -258,7 +258,11 @@ impl Conn {
     /// per [`IDLE_PROBE`] calls. True when something changed (data, the end or a reset may be
     /// there now: look again).
     pub fn probe_peer_gone(&self, fd: i32) -> bool {
-        if self.idle_looks.fetch_add(1, Ordering::Relaxed) % IDLE_PROBE != 0 {
+        if !self
+            .idle_looks
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(IDLE_PROBE)
+        {
             return false;
         }
         let f0 = self.flags() & (F_PEER_GONE | F_PEER_RST);
