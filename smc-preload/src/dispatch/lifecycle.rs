@@ -1303,6 +1303,103 @@ pub unsafe fn syscall(
         libc::SYS_sendmsg => unsafe {
             ops::sendmsg(a1 as c_int, a2 as *const libc::msghdr, a3 as c_int) as libc::c_long
         },
+        // The socket calls the data path takes part in, made through `syscall` (a program
+        // or runtime that bypasses libc's wrappers): they go where the wrappers go. Each has
+        // the contract of its wrapper, with `syscall`'s errno convention.
+        // SAFETY: the caller's arguments, with the meaning `connect(2)` gives them.
+        libc::SYS_connect => unsafe {
+            ops::connect(
+                a1 as c_int,
+                a2 as *const libc::sockaddr,
+                a3 as libc::socklen_t,
+            ) as libc::c_long
+        },
+        // SAFETY: integer arguments only (`listen(2)`).
+        libc::SYS_listen => unsafe { ops::listen(a1 as c_int, a2 as c_int) as libc::c_long },
+        // SAFETY: the caller's arguments, with the meaning `accept(2)` gives them.
+        libc::SYS_accept => unsafe {
+            ops::accept4(
+                a1 as c_int,
+                a2 as *mut libc::sockaddr,
+                a3 as *mut libc::socklen_t,
+                0,
+                false,
+            ) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `accept4(2)` gives them.
+        libc::SYS_accept4 => unsafe {
+            ops::accept4(
+                a1 as c_int,
+                a2 as *mut libc::sockaddr,
+                a3 as *mut libc::socklen_t,
+                a4 as c_int,
+                true,
+            ) as libc::c_long
+        },
+        // SAFETY: integer arguments only (`shutdown(2)`).
+        libc::SYS_shutdown => unsafe { ops::shutdown(a1 as c_int, a2 as c_int) as libc::c_long },
+        // SAFETY: the caller's arguments, with the meaning `fcntl(2)` gives them.
+        libc::SYS_fcntl => unsafe {
+            ops::fcntl(a1 as c_int, a2 as c_int, a3 as libc::c_ulong) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `ioctl(2)` gives them.
+        libc::SYS_ioctl => unsafe {
+            ops::ioctl(a1 as c_int, a2 as libc::c_ulong, a3 as libc::c_ulong) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `getsockopt(2)` gives them.
+        libc::SYS_getsockopt => unsafe {
+            ops::getsockopt(
+                a1 as c_int,
+                a2 as c_int,
+                a3 as c_int,
+                a4 as *mut libc::c_void,
+                a5 as *mut libc::socklen_t,
+            ) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `setsockopt(2)` gives them.
+        libc::SYS_setsockopt => unsafe {
+            ops::setsockopt(
+                a1 as c_int,
+                a2 as c_int,
+                a3 as c_int,
+                a4 as *const libc::c_void,
+                a5 as libc::socklen_t,
+            ) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `poll(2)` gives them.
+        libc::SYS_poll => unsafe {
+            ops::poll(a1 as *mut libc::pollfd, a2 as libc::nfds_t, a3 as c_int) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `epoll_ctl(2)` gives them.
+        libc::SYS_epoll_ctl => unsafe {
+            ops::epoll_ctl(
+                a1 as c_int,
+                a2 as c_int,
+                a3 as c_int,
+                a4 as *mut libc::epoll_event,
+            ) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `epoll_wait(2)` gives them.
+        libc::SYS_epoll_wait => unsafe {
+            ops::epoll_wait(
+                a1 as c_int,
+                a2 as *mut libc::epoll_event,
+                a3 as c_int,
+                a4 as c_int,
+                None,
+            ) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `epoll_pwait(2)` gives them (the
+        // kernel's sixth argument, the mask's size, is the wrapper's to pass).
+        libc::SYS_epoll_pwait => unsafe {
+            ops::epoll_wait(
+                a1 as c_int,
+                a2 as *mut libc::epoll_event,
+                a3 as c_int,
+                a4 as c_int,
+                (a5 != 0).then_some(a5 as *const libc::sigset_t),
+            ) as libc::c_long
+        },
         libc::SYS_io_uring_setup => {
             // SAFETY: the caller's arguments, with the meaning the system call gives them.
             let r = unsafe { real::syscall(n, a1, a2, a3, a4, a5, a6) };

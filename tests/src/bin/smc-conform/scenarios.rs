@@ -42,6 +42,7 @@ scenarios! {
     peer_exits_with_bytes_unread: 1;
     peer_exits_nonblocking_calls_see_end: 1;
     peer_exited_then_epoll_wait_0: 1;
+    raw_syscalls_accept_fcntl_poll_shutdown: 1;
     dup_mid_handshake_both_used: 1;
     dup_mid_handshake_number_reused: 2;
     // epoll
@@ -806,6 +807,80 @@ fn dup_mid_handshake_number_reused() {
 // ── epoll ───────────────────────────────────────────────────────────────────────────────────
 
 const CS: &[&str] = &["c", "s", "p0", "p1", "p2", "ep"];
+
+/// A program (or runtime) that makes its socket calls through `syscall(2)`, past libc's
+/// wrappers: `accept4`, `fcntl(F_SETFL, O_NONBLOCK)`, `poll`, `epoll_ctl` + `epoll_wait` and
+/// `shutdown` behave as they do over TCP (the accepted socket never shows a CLC byte, the
+/// non-blocking read does not wait, the shutdown ends the stream).
+fn raw_syscalls_accept_fcntl_poll_shutdown() {
+    let (l, port) = listener();
+    let c = tcp_socket();
+    r("connect(c)", connect_to(c, port) as isize);
+    // SAFETY: the listener and null address pointers (accept4(2)).
+    let s = unsafe {
+        libc::syscall(
+            libc::SYS_accept4,
+            l,
+            std::ptr::null_mut::<libc::sockaddr>(),
+            std::ptr::null_mut::<libc::socklen_t>(),
+            0,
+        )
+    } as c_int;
+    log(format!("accept4 (syscall) ok = {}", s >= 0));
+    write_all(c, b"hello");
+    rd("read(s)", s, 64);
+    // SAFETY: integer arguments only.
+    let fl = unsafe { libc::syscall(libc::SYS_fcntl, s, libc::F_GETFL) } as c_int;
+    // SAFETY: integer arguments only.
+    let rc = unsafe { libc::syscall(libc::SYS_fcntl, s, libc::F_SETFL, fl | libc::O_NONBLOCK) };
+    r("fcntl(s, O_NONBLOCK) (syscall)", rc as isize);
+    recv_l("recv(s) nothing yet", s, 16, 0);
+    write_all(c, b"more");
+    let mut p = libc::pollfd {
+        fd: s,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd.
+    let n = unsafe { libc::syscall(libc::SYS_poll, &mut p as *mut libc::pollfd, 1, 2000) };
+    log(format!(
+        "poll(s) (syscall) = {n} {}",
+        mask_names(p.revents as u16 as u32)
+    ));
+    rd("read(s)", s, 64);
+    // SAFETY: plain system call.
+    let ep = unsafe { libc::epoll_create1(0) };
+    let mut e = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: 1,
+    };
+    // SAFETY: a valid event.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_epoll_ctl,
+            ep,
+            libc::EPOLL_CTL_ADD,
+            s,
+            &mut e as *mut libc::epoll_event,
+        )
+    };
+    r("epoll_ctl(ADD s) (syscall)", rc as isize);
+    write_all(c, b"again");
+    ep_wait("epoll_wait", ep, 4, 2000, &names(CS));
+    rd("read(s)", s, 64);
+    // SAFETY: integer arguments only.
+    let rc = unsafe { libc::syscall(libc::SYS_shutdown, c, libc::SHUT_WR) };
+    r("shutdown(c, WR) (syscall)", rc as isize);
+    pl("poll(s,IN)", s, libc::POLLIN, 2000);
+    rd("read(s) the end", s, 64);
+    // SAFETY: plain send with MSG_NOSIGNAL.
+    let k = unsafe { libc::send(c, b"x".as_ptr().cast(), 1, libc::MSG_NOSIGNAL) };
+    r("send(c) after its shutdown", k as isize);
+    close(ep);
+    close(c);
+    close(s);
+    close(l);
+}
 
 /// Forks a child that holds `keep` alone (the parent's copy is closed) and runs `then`, then
 /// `_exit`s without closing it: the kernel closes the socket, as for a crash or a kill.
