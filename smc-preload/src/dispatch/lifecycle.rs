@@ -321,11 +321,39 @@ fn env_preloads_us(envp: *const *const c_char) -> bool {
         // SAFETY: a C string of the array.
         let b = unsafe { std::ffi::CStr::from_ptr(e) }.to_bytes();
         if let Some(v) = b.strip_prefix(KEY) {
-            if v.windows(LIB.len()).any(|w| w == LIB) {
-                return true;
+            // Each entry naming the library: the loader must find it (after a `chroot` it
+            // may not exist in the new root; the loader then ignores it).
+            for entry in v.split(|&c| c == b':' || c == b' ') {
+                if entry.windows(LIB.len()).any(|w| w == LIB) && preload_reachable(entry) {
+                    return true;
+                }
             }
         }
         i += 1;
+    }
+}
+
+/// Whether the loader of a new image would find the `LD_PRELOAD` entry `entry`: a path must
+/// name a readable file (from the current root); a bare name is searched by the loader in its
+/// own paths (taken as found). No allocation: this may run in a `vfork` child.
+fn preload_reachable(entry: &[u8]) -> bool {
+    if !entry.contains(&b'/') {
+        return true;
+    }
+    let mut path = [0u8; 4096];
+    if entry.len() >= path.len() {
+        return true;
+    }
+    path[..entry.len()].copy_from_slice(entry);
+    // SAFETY: a NUL-terminated path in our buffer; integer arguments.
+    unsafe {
+        libc::syscall(
+            libc::SYS_faccessat,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::R_OK,
+            0,
+        ) == 0
     }
 }
 
@@ -388,6 +416,52 @@ fn open_image(img: Image) -> Option<c_int> {
 /// loader ignores it for a setuid or setgid file or one with file capabilities (secure
 /// mode), and a static ELF executable has no loader at all.
 fn image_drops_preload(fd: c_int) -> bool {
+    image_drops_preload_at(fd, 0)
+}
+
+/// [`image_drops_preload`]; a `#!` script runs its interpreter, whose file decides (the
+/// script's own set-id bits are ignored by the kernel), as deep as the kernel follows them.
+/// No allocation: this may run in a `vfork` child.
+fn image_drops_preload_at(fd: c_int, depth: u32) -> bool {
+    let mut head = [0u8; 256];
+    // SAFETY: valid buffer.
+    let n = unsafe { libc::pread(fd, head.as_mut_ptr() as *mut libc::c_void, head.len(), 0) };
+    if n >= 2 && head[..2] == *b"#!" {
+        // The interpreter: after `#!` and blanks, up to a blank or the end of the line.
+        let line = &head[2..n as usize];
+        let start = line
+            .iter()
+            .position(|&b| b != b' ' && b != b'\t')
+            .unwrap_or(line.len());
+        let rest = &line[start..];
+        let len = rest
+            .iter()
+            .position(|&b| b == b' ' || b == b'\t' || b == b'\n' || b == 0)
+            .unwrap_or(rest.len());
+        if len == 0 || len >= 255 || depth >= 4 {
+            return false;
+        }
+        let mut path = [0u8; 256];
+        path[..len].copy_from_slice(&rest[..len]);
+        // SAFETY: a NUL-terminated path in our buffer; the raw system call (our `open` would
+        // note a new fd).
+        let ifd = unsafe {
+            libc::syscall(
+                libc::SYS_openat,
+                libc::AT_FDCWD,
+                path.as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+                0,
+            )
+        };
+        if ifd < 0 {
+            return false; // the exec fails
+        }
+        let drops = image_drops_preload_at(ifd as c_int, depth + 1);
+        // SAFETY: our own fd.
+        unsafe { libc::syscall(libc::SYS_close, ifd) };
+        return drops;
+    }
     // SAFETY: plain old data, all-zero valid.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: valid out buffer.
