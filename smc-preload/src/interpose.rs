@@ -928,6 +928,9 @@ extern "C" {
     fn smc_preload_c_vdprintf();
     fn smc_preload_c_dprintf_chk();
     fn smc_preload_c_vdprintf_chk();
+    fn smc_preload_c_execl();
+    fn smc_preload_c_execlp();
+    fn smc_preload_c_execle();
 }
 
 /// Exports `$name` as a jump to the C function `$target` of the same signature (never called
@@ -969,4 +972,7 @@ jump_to_c! {
     vdprintf => smc_preload_c_vdprintf;
     __dprintf_chk => smc_preload_c_dprintf_chk;
     __vdprintf_chk => smc_preload_c_vdprintf_chk;
+    execl => smc_preload_c_execl;
+    execlp => smc_preload_c_execlp;
+    execle => smc_preload_c_execle;
 }

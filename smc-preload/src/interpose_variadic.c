@@ -117,3 +117,82 @@ HIDDEN int smc_preload_c_dprintf_chk(int fd, int flag, const char *fmt, ...) {
   va_end(ap);
   return r;
 }
+
+// execl(3), execlp(3), execle(3): glibc builds the argument array and calls its internal
+// execve, past the interposition, so an SMC connection would reach the new image unswitched
+// (an image without the library reads EOF, its writes are lost, the peer is reset). These
+// build the array as glibc does (on the stack, one pass to count) and call the library's own
+// execv, execvp and execve, which switch what must be switched first.
+
+extern int execv(const char *path, char *const argv[]);
+extern int execvp(const char *file, char *const argv[]);
+extern int execve(const char *path, char *const argv[], char *const envp[]);
+
+#define COUNT_ARGS(arg0, n)                                                                     \
+  do {                                                                                          \
+    va_list c;                                                                                  \
+    va_start(c, arg0);                                                                          \
+    n = 1;                                                                                      \
+    if (arg0 != NULL) {                                                                         \
+      while (va_arg(c, const char *) != NULL) {                                                 \
+        n++;                                                                                    \
+      }                                                                                         \
+    }                                                                                           \
+    va_end(c);                                                                                  \
+  } while (0)
+
+HIDDEN int smc_preload_c_execl(const char *path, const char *arg0, ...) {
+  size_t n;
+  COUNT_ARGS(arg0, n);
+  if (n > 65536) {
+    errno = E2BIG;
+    return -1;
+  }
+  const char *argv[n + 1];
+  va_list ap;
+  va_start(ap, arg0);
+  argv[0] = arg0;
+  for (size_t i = 1; i <= n; i++) {
+    argv[i] = i < n ? va_arg(ap, const char *) : NULL;
+  }
+  va_end(ap);
+  return execv(path, (char *const *)argv);
+}
+
+HIDDEN int smc_preload_c_execlp(const char *file, const char *arg0, ...) {
+  size_t n;
+  COUNT_ARGS(arg0, n);
+  if (n > 65536) {
+    errno = E2BIG;
+    return -1;
+  }
+  const char *argv[n + 1];
+  va_list ap;
+  va_start(ap, arg0);
+  argv[0] = arg0;
+  for (size_t i = 1; i <= n; i++) {
+    argv[i] = i < n ? va_arg(ap, const char *) : NULL;
+  }
+  va_end(ap);
+  return execvp(file, (char *const *)argv);
+}
+
+// execle: the environment follows the terminating NULL.
+HIDDEN int smc_preload_c_execle(const char *path, const char *arg0, ...) {
+  size_t n;
+  COUNT_ARGS(arg0, n);
+  if (n > 65536) {
+    errno = E2BIG;
+    return -1;
+  }
+  const char *argv[n + 1];
+  va_list ap;
+  va_start(ap, arg0);
+  argv[0] = arg0;
+  for (size_t i = 1; i <= n; i++) {
+    argv[i] = i < n ? va_arg(ap, const char *) : NULL;
+  }
+  char *const *envp = va_arg(ap, char *const *);
+  va_end(ap);
+  return execve(path, (char *const *)argv, envp);
+}
