@@ -1488,19 +1488,23 @@ pub unsafe fn syscall(
     }
 }
 
-/// An io_uring instance exists in this process: its submissions bypass us.
+/// An io_uring instance exists in this process: its submissions bypass us. New connections
+/// stay TCP; those open now continue on TCP ([`libc_takes`], as before an exec into an image
+/// without the library), so that any submission on them reads and writes plain TCP, never
+/// half a data path (a read that never completes, an `EPOLL_CTL` whose wait never wakes).
 pub fn io_uring_seen() {
-    if setup::enabled() && fdtable::any_objects() {
-        let mut n = 0;
-        fdtable::for_each_object(|_, o| n += usize::from(matches!(&**o, Obj::Conn(_))));
-        if n > 0 {
-            crate::debug!(
-                "io_uring set up with {n} SMC connections open: they stay on the data path; \
-                 only I/O through libc calls reaches them"
-            );
+    setup::disable("an io_uring instance was set up (its submissions bypass the interposition)");
+    if fdtable::any_objects() {
+        let mut fds = Vec::new();
+        fdtable::for_each_object(|fd, o| {
+            if matches!(&**o, Obj::Conn(_) | Obj::Handshake(_) | Obj::Pending(_)) {
+                fds.push(fd);
+            }
+        });
+        for fd in fds {
+            libc_takes(fd, "an io_uring instance");
         }
     }
-    setup::disable("an io_uring instance was set up (its submissions bypass the interposition)");
 }
 
 /// `fdopen(3)`: stdio reads and writes a `FILE` through libc's internal `read` and `write`,

@@ -43,6 +43,7 @@ scenarios! {
     peer_exits_nonblocking_calls_see_end: 1;
     peer_exited_then_epoll_wait_0: 1;
     raw_syscalls_accept_fcntl_poll_shutdown: 1;
+    io_uring_after_connection: 1;
     dup_mid_handshake_both_used: 1;
     dup_mid_handshake_number_reused: 2;
     // epoll
@@ -807,6 +808,214 @@ fn dup_mid_handshake_number_reused() {
 // ── epoll ───────────────────────────────────────────────────────────────────────────────────
 
 const CS: &[&str] = &["c", "s", "p0", "p1", "p2", "ep"];
+
+/// The kernel's io_uring ABI, as much as [`io_uring_after_connection`] uses.
+mod uring {
+    #[repr(C)]
+    #[derive(Default)]
+    pub struct Params {
+        pub sq_entries: u32,
+        pub cq_entries: u32,
+        pub flags: u32,
+        pub sq_thread_cpu: u32,
+        pub sq_thread_idle: u32,
+        pub features: u32,
+        pub wq_fd: u32,
+        pub resv: [u32; 3],
+        pub sq_off: [u32; 10],
+        pub cq_off: [u32; 10],
+    }
+    #[repr(C)]
+    #[derive(Default, Clone, Copy)]
+    pub struct Sqe {
+        pub opcode: u8,
+        pub flags: u8,
+        pub ioprio: u16,
+        pub fd: i32,
+        pub off: u64,
+        pub addr: u64,
+        pub len: u32,
+        pub op_flags: u32,
+        pub user_data: u64,
+        pub pad: [u64; 3],
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    pub struct Cqe {
+        pub user_data: u64,
+        pub res: i32,
+        pub flags: u32,
+    }
+    pub const OP_EPOLL_CTL: u8 = 29;
+    pub const OP_SEND: u8 = 26;
+    pub const OP_RECV: u8 = 27;
+    const OFF_CQ_RING: i64 = 0x800_0000;
+    const OFF_SQES: i64 = 0x1000_0000;
+
+    pub struct Ring {
+        fd: i32,
+        sq: *mut u8,
+        cq: *mut u8,
+        sqes: *mut Sqe,
+        p: Params,
+    }
+
+    impl Ring {
+        /// A ring of 8 entries, set up through `syscall(2)` as libuv does.
+        pub fn new() -> Option<Ring> {
+            let mut p = Params::default();
+            // SAFETY: valid params struct.
+            let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 8, &mut p as *mut Params) };
+            if fd < 0 {
+                return None;
+            }
+            let fd = fd as i32;
+            let map = |len: usize, off: i64| {
+                // SAFETY: a shared mapping of the ring's own fd at its documented offset.
+                unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        len,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_SHARED | libc::MAP_POPULATE,
+                        fd,
+                        off,
+                    )
+                }
+                .cast::<u8>()
+            };
+            let sq = map(p.sq_off[6] as usize + p.sq_entries as usize * 4, 0);
+            let cq = map(
+                p.cq_off[5] as usize + p.cq_entries as usize * std::mem::size_of::<Cqe>(),
+                OFF_CQ_RING,
+            );
+            let sqes = map(p.sq_entries as usize * std::mem::size_of::<Sqe>(), OFF_SQES).cast();
+            Some(Ring {
+                fd,
+                sq,
+                cq,
+                sqes,
+                p,
+            })
+        }
+
+        fn word(base: *mut u8, off: u32) -> &'static std::sync::atomic::AtomicU32 {
+            // SAFETY: `off` is a kernel-given offset of a u32 inside the mapped ring.
+            unsafe { &*(base.add(off as usize) as *const std::sync::atomic::AtomicU32) }
+        }
+
+        /// Submits `e` and waits (up to `ms`) for its completion: its result, or None.
+        pub fn run(&mut self, e: Sqe, ms: u64) -> Option<i32> {
+            use std::sync::atomic::Ordering;
+            let tail = Self::word(self.sq, self.p.sq_off[1]);
+            let mask = Self::word(self.sq, self.p.sq_off[2]).load(Ordering::Relaxed);
+            let t = tail.load(Ordering::Relaxed);
+            let i = t & mask;
+            // SAFETY: `i` is below the ring's entries (masked); both arrays are mapped.
+            unsafe {
+                *self.sqes.add(i as usize) = e;
+                *(self.sq.add(self.p.sq_off[6] as usize) as *mut u32).add(i as usize) = i;
+            }
+            tail.store(t.wrapping_add(1), Ordering::Release);
+            // SAFETY: the ring's fd, one submission, no wait.
+            unsafe { libc::syscall(libc::SYS_io_uring_enter, self.fd, 1, 0, 0, 0, 0) };
+            let head = Self::word(self.cq, self.p.cq_off[0]);
+            let ctail = Self::word(self.cq, self.p.cq_off[1]);
+            let cmask = Self::word(self.cq, self.p.cq_off[2]).load(Ordering::Relaxed);
+            let start = std::time::Instant::now();
+            loop {
+                let h = head.load(Ordering::Relaxed);
+                if ctail.load(Ordering::Acquire) != h {
+                    // SAFETY: the entry at the head, below the ring's entries (masked).
+                    let c = unsafe {
+                        *(self.cq.add(self.p.cq_off[5] as usize) as *const Cqe)
+                            .add((h & cmask) as usize)
+                    };
+                    head.store(h.wrapping_add(1), Ordering::Release);
+                    return Some(c.res);
+                }
+                if start.elapsed() > std::time::Duration::from_millis(ms) {
+                    return None;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+
+    impl Drop for Ring {
+        fn drop(&mut self) {
+            // SAFETY: the ring's own fd (its mappings go with the process).
+            unsafe { libc::close(self.fd) };
+        }
+    }
+}
+
+/// io_uring set up (through `syscall(2)`, as libuv does) after a connection exists; then
+/// `IORING_OP_RECV`, `IORING_OP_SEND` and `IORING_OP_EPOLL_CTL` on it. The ring's submissions
+/// bypass any interposition: the connection reads and writes as TCP for them (before, the
+/// receive never completed with the bytes in the ring and the epoll set never woke).
+fn io_uring_after_connection() {
+    let (c, s) = pair_settled();
+    let Some(mut ring) = uring::Ring::new() else {
+        log("io_uring_setup failed");
+        close(c);
+        close(s);
+        return;
+    };
+    write_all(s, b"hello");
+    let mut buf = [0u8; 64];
+    let res = ring.run(
+        uring::Sqe {
+            opcode: uring::OP_RECV,
+            fd: c,
+            addr: buf.as_mut_ptr() as u64,
+            len: 64,
+            ..Default::default()
+        },
+        3000,
+    );
+    log(format!(
+        "IORING_OP_RECV = {res:?} [{}]",
+        digest(&buf[..res.unwrap_or(0).max(0) as usize])
+    ));
+    let res = ring.run(
+        uring::Sqe {
+            opcode: uring::OP_SEND,
+            fd: c,
+            addr: b"world".as_ptr() as u64,
+            len: 5,
+            ..Default::default()
+        },
+        3000,
+    );
+    log(format!("IORING_OP_SEND = {res:?}"));
+    rd("read(s)", s, 64);
+    // SAFETY: plain system call.
+    let ep = unsafe { libc::epoll_create1(0) };
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: 0,
+    };
+    let res = ring.run(
+        uring::Sqe {
+            opcode: uring::OP_EPOLL_CTL,
+            fd: ep,
+            off: c as u64,
+            len: libc::EPOLL_CTL_ADD as u32,
+            addr: &mut ev as *mut libc::epoll_event as u64,
+            ..Default::default()
+        },
+        3000,
+    );
+    log(format!("IORING_OP_EPOLL_CTL(ADD c) = {res:?}"));
+    write_all(s, b"again");
+    ep_wait("epoll_wait", ep, 4, 2000, &names(CS));
+    rd("read(c)", c, 64);
+    drop(ring);
+    close(ep);
+    close(c);
+    close(s);
+}
 
 /// A program (or runtime) that makes its socket calls through `syscall(2)`, past libc's
 /// wrappers: `accept4`, `fcntl(F_SETFL, O_NONBLOCK)`, `poll`, `epoll_ctl` + `epoll_wait` and
