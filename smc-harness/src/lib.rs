@@ -1,0 +1,60 @@
+//! The harness of the integration tests (`tests`), `cargo xtask demo`, `cargo xtask soak` and
+//! `cargo xtask bench`: one home for what they all set up around the data path, each piece a
+//! guard that releases what it made when dropped, also when a test panics or a run fails.
+//!
+//! - [`Cgroup`]: a cgroup v2 directory below the mount `smc_cgroup` detects (never an assumed
+//!   `/sys/fs/cgroup`), optionally attached (`smc-ctl attach`, [`Attachment`]); on drop its
+//!   processes are killed, it is detached, then removed. [`Cgroup::launch`] builds a command
+//!   that runs in it, with [`DataPath`] under `smc-ctl run` (the preload library) on a daemon.
+//! - [`Daemon`]: `smc-ctl daemon` (the loopback-ism device) on a private socket and state
+//!   directory, started and waited for until its socket accepts.
+//! - [`Proc`]: a child process killed and reaped on drop (its process group when started with
+//!   [`Proc::spawn_group`]).
+//! - [`GlobalLock`]: `/run/smc/tests.lock`, taken by the tests and the bench around everything
+//!   that loads programs or reads the host-wide counters.
+//! - [`Netns`], [`ip`], [`tcp_listening`], [`wait_listening`]: network namespaces and listeners.
+//! - [`install_signal_handlers`] / [`check_interrupted`]: SIGINT, SIGTERM and SIGHUP become a
+//!   flag that the harness's waits check, so that the guards get to clean up.
+//!
+//! A process joins its cgroup between `fork` and `exec` without allocating
+//! (`smc_cgroup::join_before_exec`): the child of a multi-threaded parent must only make
+//! async-signal-safe calls.
+//!
+//! Errors are `anyhow` errors; the integration tests turn them into test failures. Nothing here
+//! needs root to build or to run its unit tests.
+
+mod cgroup;
+mod daemon;
+mod lock;
+mod net;
+mod proc;
+mod signals;
+
+pub use cgroup::{
+    attached_cgroups, ebpf_counters, remove_stale_cgroups, smc_ctl, smc_ctl_output, unique,
+    Attachment, Cgroup, DataPath,
+};
+pub use daemon::{daemon_command, seqpacket_accepts, Daemon, DAEMON_START_TIMEOUT};
+pub use lock::{GlobalLock, GLOBAL_LOCK};
+pub use net::{ip, tcp_listening, wait_listening, Netns};
+pub use proc::{last_lines, log_tail, log_to, Proc, ScratchDir};
+pub use signals::{check_interrupted, install_signal_handlers, interrupted};
+
+/// Where cgroup v2 is mounted (from `/proc/self/mountinfo`, see `smc_cgroup`).
+pub fn cgroup2_root() -> anyhow::Result<std::path::PathBuf> {
+    Ok(smc_cgroup::cgroup2_root()?)
+}
+
+/// Fails unless this process is root and cgroup v2 is usable; `not_root` is the message when it
+/// is not root (why root is needed, how to run it).
+pub fn require_root(not_root: &str) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        anyhow::bail!("{not_root}");
+    }
+    let root = cgroup2_root()?;
+    if !root.join("cgroup.procs").exists() {
+        anyhow::bail!("cgroup v2 is not usable at {}", root.display());
+    }
+    Ok(())
+}
