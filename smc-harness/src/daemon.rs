@@ -9,7 +9,7 @@ use std::{
 use anyhow::{bail, Result};
 
 use crate::{
-    proc::{log_tail, log_to, Proc},
+    proc::{log_tail, log_to, Proc, ScratchDir},
     signals::check_interrupted,
 };
 
@@ -26,10 +26,13 @@ pub fn daemon_command(smc_ctl: &Path, socket: &Path, dir: &Path) -> Command {
     c
 }
 
-/// A running daemon whose socket accepts; stopped (killed) on drop.
+/// A running daemon whose socket accepts; stopped (killed) on drop, then its directory removed
+/// if it was started in a [`ScratchDir`] ([`Daemon::start_scratch`]).
 pub struct Daemon {
     pub socket: PathBuf,
     pub proc: Proc,
+    // Dropped after `proc` (fields drop in order).
+    dir: Option<ScratchDir>,
 }
 
 impl Daemon {
@@ -55,6 +58,18 @@ impl Daemon {
         Daemon::ready(p, socket, log)
     }
 
+    /// [`Daemon::start`] in `dir`, which is removed when the daemon is dropped.
+    pub fn start_scratch<S: AsRef<OsStr>>(
+        smc_ctl: &Path,
+        dir: ScratchDir,
+        args: &[S],
+        log: Option<&Path>,
+    ) -> Result<Daemon> {
+        let mut d = Daemon::start(smc_ctl, &dir.0, args, log)?;
+        d.dir = Some(dir);
+        Ok(d)
+    }
+
     /// Waits (up to [`DAEMON_START_TIMEOUT`]) until the daemon `proc`, started elsewhere (in a
     /// process group, under setpriv, …), accepts on `socket`; fails at once if it exits, with
     /// the tail of its `log`.
@@ -76,7 +91,11 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        Ok(Daemon { socket, proc })
+        Ok(Daemon {
+            socket,
+            proc,
+            dir: None,
+        })
     }
 
     /// Its pid.

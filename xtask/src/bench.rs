@@ -31,7 +31,9 @@
 //!
 //! Modules: [`cases`](mod@cases) (what each case runs and measures), [`parsers`] (the tools' output),
 //! [`judge`] (the checks above and the verdict), [`report`] (table, JSON, plot), [`sys`]
-//! (cgroups, processes, the daemon, the network namespace); the helper program is
+//! (the bench's processes and logs, the daemon's counters, the network namespace, the data
+//! path's statistics files) over `smc-harness` (cgroups, attachments, the daemon, processes,
+//! shared with the integration tests); the helper program is
 //! `src/bin/smc-bench-helper.rs`.
 //!
 //! `SMC_BENCH_CASES=sockperf-pp,iperf3` (comma-separated case ids) runs only those cases:
@@ -67,7 +69,8 @@ use judge::{
     MIN_FALLBACK_TCP_SHARE, MIN_SMCD_COVERAGE,
 };
 use report::{Cell, Row, COLUMNS};
-use sys::{BpfStats, Cgroup, Daemon, Netns, PreloadSampler, Proc, TempDir};
+use smc_harness::{Cgroup, DataPath, GlobalLock};
+use sys::{BpfStats, Daemon, Netns, PreloadSampler, TempDir};
 
 struct Bench {
     smc_ctl: PathBuf,
@@ -87,15 +90,10 @@ struct Bench {
 }
 
 pub fn run(root: &Path, quick: bool) -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!("the bench attaches eBPF programs and creates cgroups: run it as root (sudo cargo xtask bench)");
-    }
-    let cg_root = sys::cgroup2_root()?;
-    if !cg_root.join("cgroup.procs").exists() {
-        bail!("cgroup v2 is not usable at {}", cg_root.display());
-    }
-    sys::install_signal_handlers();
+    smc_harness::require_root(
+        "the bench attaches eBPF programs and creates cgroups: run it as root (sudo cargo xtask bench)",
+    )?;
+    smc_harness::install_signal_handlers();
     let params = if quick {
         Params {
             reps: 3,
@@ -157,10 +155,11 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
     let logs = out_dir.join("logs");
     fs::create_dir_all(&logs).with_context(|| format!("mkdir {}", logs.display()))?;
 
-    let _lock = sys::lock()?;
-    sys::remove_stale_cgroups(&smc_ctl);
+    let _lock = GlobalLock::acquire()?;
+    smc_harness::remove_stale_cgroups(crate::CGROUP_PREFIX, &smc_ctl);
     sys::remove_stale_netns();
-    let tmp = TempDir::new("run")?;
+    let tmp =
+        TempDir::new(std::env::temp_dir().join(format!("smc-bench-{}-run", std::process::id())))?;
     let has_stats_cmd = Command::new(&smc_ctl)
         .args(["stats", "--help"])
         .stdout(std::process::Stdio::null())
@@ -178,12 +177,13 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
     eprintln!("==> network namespace, cgroups, attachments and the loopback-ism daemon");
     let bench = {
         let netns = Netns::new(&logs)?;
-        let cg_plain = Cgroup::new("tcp", &smc_ctl)?;
-        let mut cg_shortcut = Cgroup::new("shortcut", &smc_ctl)?;
-        cg_shortcut.attach("shortcut")?;
-        let mut cg_ism = Cgroup::new("ism", &smc_ctl)?;
-        cg_ism.attach("ism")?;
-        let daemon = Daemon::start(&smc_ctl, &tmp.0)?;
+        let cg_plain = crate::cgroup("tcp")?;
+        // What attach says on stderr (the shortcut's differences from TCP) is not repeated here.
+        let mut cg_shortcut = crate::cgroup("shortcut")?;
+        cg_shortcut.attach(&smc_ctl, "shortcut")?;
+        let mut cg_ism = crate::cgroup("ism")?;
+        cg_ism.attach(&smc_ctl, "ism")?;
+        let daemon = sys::start_daemon(&smc_ctl, &tmp.0)?;
         Bench {
             _bpf_stats: BpfStats::enable(),
             smc_ctl: smc_ctl.clone(),
@@ -226,7 +226,7 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
         );
         for rep in 0..params.reps {
             for (col, col_name) in COLUMNS.iter().enumerate() {
-                sys::check_interrupted()?;
+                smc_harness::check_interrupted()?;
                 let o = bench.run_once(case, col, rep);
                 eprintln!("    rep {} {:<8} {}", rep + 1, col_name, o.summary());
                 outcomes.entry((ci, col)).or_default().push(o);
@@ -338,19 +338,22 @@ impl Bench {
         procs: &Path,
         env: &[(&str, &str)],
     ) -> Command {
-        let mut c = Command::new("taskset");
-        c.arg("-c").arg(core.to_string());
-        if place == Place::Smc {
-            c.arg(&self.smc_ctl).args(["run", "--"]);
-            c.env("SMC_CTL_SOCK", &self.daemon.socket);
-            c.env("SMC_PROCS_DIR", procs);
-            // Keep the statistics file of a process that exits, for the count after the run.
-            c.env("SMC_STATS_KEEP", "1");
+        // The statistics file of a process that exits is kept, for the count after the run.
+        let data_path = (place == Place::Smc).then(|| DataPath {
+            smc_ctl: &self.smc_ctl,
+            socket: &self.daemon.socket,
+            procs: Some(procs),
+            clean_env: false,
+        });
+        let core = core.to_string();
+        let mut c =
+            self.cgroup(place)
+                .launch(&["taskset", "-c", &core], data_path.as_ref(), &argv[0]);
+        if data_path.is_some() {
             c.envs(env.iter().copied());
         }
-        c.args(argv);
+        c.args(&argv[1..]);
         self.netns.enter(&mut c);
-        self.cgroup(place).enter(&mut c);
         c
     }
 
@@ -360,7 +363,7 @@ impl Bench {
             .map(|(k, v)| (k, v as f64))
             .collect();
         ebpf.extend(sys::bpf_prog_stats());
-        let daemon = sys::flatten(&self.daemon.stats().context("daemon stats")?);
+        let daemon = sys::flatten(&sys::daemon_stats(&self.daemon.socket).context("daemon stats")?);
         let netns = self.netns.counters()?;
         Ok(Snapshot {
             ebpf,
@@ -407,7 +410,7 @@ impl Bench {
         o.server_cmd = cmd_line(&server_cmd);
         o.client_cmd = cmd_line(&client_cmd);
         let srv_log = self.logs.join(format!("{tag}.server.log"));
-        let mut server = Proc::spawn(&format!("{} server", case.id), server_cmd, &srv_log)?;
+        let mut server = sys::spawn_logged(&format!("{} server", case.id), server_cmd, &srv_log)?;
         self.netns.wait_listening(&mut server, port, &srv_log)?;
         let sampler = PreloadSampler::start(&procs);
         let before = self.snapshot()?;

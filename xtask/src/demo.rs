@@ -5,14 +5,16 @@
 //! in its own cgroup: none attached for TCP, `--mode shortcut`, and `--mode ism` with both ends
 //! under `smc-ctl run`. Everything is removed afterwards.
 use std::{
+    collections::BTreeMap,
     path::Path,
     process::{Command, Stdio},
     time::Duration,
 };
 
 use anyhow::{anyhow, bail, Context as _, Result};
+use smc_harness::{ebpf_counters, wait_listening, Cgroup, Daemon, DataPath, Proc};
 
-use crate::harness::{wait_listen, Bins, Cgroup, Daemon, Proc};
+use crate::Bins;
 
 const SECONDS: &str = "3";
 
@@ -36,34 +38,47 @@ impl Mode {
 struct Env<'a> {
     bins: &'a Bins,
     cg: &'a Cgroup,
-    mode: Mode,
     daemon: Option<&'a Daemon>,
 }
 
 impl Env<'_> {
     /// A command in this mode's cgroup, under `smc-ctl run` for SMC-D, pinned to `cpu`.
     fn command(&self, cpu: u32, prog: &str) -> Command {
-        let mut c = Command::new("taskset");
-        c.args(["-c", &cpu.to_string()]);
-        if self.mode == Mode::Smcd {
-            c.arg(&self.bins.smc_ctl).arg("run").arg("--");
-        }
-        c.arg(prog);
-        if let Some(d) = self.daemon {
-            c.env("SMC_CTL_SOCK", &d.socket);
-        }
-        self.cg.enter(&mut c);
+        let data_path = self.daemon.map(|d| DataPath {
+            smc_ctl: &self.bins.smc_ctl,
+            socket: &d.socket,
+            procs: None,
+            clean_env: false,
+        });
+        let cpu = cpu.to_string();
+        let mut c = self
+            .cg
+            .launch(&["taskset", "-c", &cpu], data_path.as_ref(), prog);
+        c.stdin(Stdio::null());
         c
     }
 }
 
+/// Waits until the server listens on `port` (in this namespace).
+fn wait_listen(srv: &mut Proc, port: u16) -> Result<()> {
+    let what = srv.name().to_owned();
+    wait_listening(
+        srv,
+        Path::new("/proc/self/net"),
+        port,
+        Duration::from_secs(10),
+        &what,
+    )
+}
+
 fn iperf3(env: &Env, port: u16) -> Result<f64> {
-    let _srv = Proc::spawn(
+    let mut srv = Proc::spawn(
+        "iperf3 server",
         env.command(0, "iperf3")
             .args(["-s", "-1", "-p", &port.to_string()])
             .stdout(Stdio::null()),
     )?;
-    wait_listen(port, Duration::from_secs(10))?;
+    wait_listen(&mut srv, port)?;
     let out = env
         .command(1, "iperf3")
         .args([
@@ -88,13 +103,14 @@ fn iperf3(env: &Env, port: u16) -> Result<f64> {
 }
 
 fn sockperf(env: &Env, port: u16) -> Result<(f64, f64)> {
-    let _srv = Proc::spawn(
+    let mut srv = Proc::spawn(
+        "sockperf server",
         env.command(0, "sockperf")
             .args(["sr", "--tcp", "-i", "127.0.0.1", "-p", &port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     )?;
-    wait_listen(port, Duration::from_secs(10))?;
+    wait_listen(&mut srv, port)?;
     let out = env
         .command(1, "sockperf")
         .args([
@@ -123,14 +139,6 @@ fn sockperf(env: &Env, port: u16) -> Result<(f64, f64)> {
     Ok((pct("50.000")?, pct("99.000")?))
 }
 
-fn status_counters(bins: &Bins) -> Result<serde_json::Value> {
-    let out = Command::new(&bins.smc_ctl)
-        .args(["status", "--json"])
-        .output()?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    Ok(v["counters"].clone())
-}
-
 struct Row {
     mode: Mode,
     gbps: Result<f64>,
@@ -139,47 +147,41 @@ struct Row {
 }
 
 fn run_mode(bins: &Bins, mode: Mode, port: u16) -> Result<Row> {
-    let mut cg = Cgroup::new(&format!("demo-{port}"), &bins.smc_ctl)?;
+    let mut cg = crate::cgroup(&format!("demo-{port}"))?;
+    // What attach says on stderr (the shortcut's differences from TCP) is not repeated here.
     match mode {
         Mode::Tcp => {}
-        Mode::Shortcut => cg.attach("shortcut")?,
-        Mode::Smcd => cg.attach("ism")?,
+        Mode::Shortcut => _ = cg.attach(&bins.smc_ctl, "shortcut")?,
+        Mode::Smcd => _ = cg.attach(&bins.smc_ctl, "ism")?,
     }
     let daemon = if mode == Mode::Smcd {
-        Some(Daemon::start(bins, "demo")?)
+        Some(crate::daemon(bins, "demo")?)
     } else {
         None
     };
     let env = Env {
         bins,
         cg: &cg,
-        mode,
         daemon: daemon.as_ref(),
     };
-    let before = status_counters(bins).unwrap_or_default();
+    let counters = || ebpf_counters(&bins.smc_ctl).unwrap_or_default();
+    let before = counters();
     let gbps = iperf3(&env, port);
     let lat = sockperf(&env, port + 1);
-    let after = status_counters(bins).unwrap_or_default();
+    let after = counters();
+    let d = |k: &str| {
+        let at = |m: &BTreeMap<String, u64>| m.get(k).copied().unwrap_or(0);
+        at(&after).saturating_sub(at(&before))
+    };
     if mode != Mode::Tcp {
         println!("eBPF counters during the {} runs:", mode.name());
-        if let Some(obj) = after.as_object() {
-            for (k, v) in obj {
-                let moved = v
-                    .as_u64()
-                    .unwrap_or(0)
-                    .saturating_sub(before[k].as_u64().unwrap_or(0));
-                if moved > 0 {
-                    println!("  {k:<28} +{moved}");
-                }
+        for k in after.keys() {
+            let moved = d(k);
+            if moved > 0 {
+                println!("  {k:<28} +{moved}");
             }
         }
     }
-    let d = |k: &str| {
-        after[k]
-            .as_u64()
-            .unwrap_or(0)
-            .saturating_sub(before[k].as_u64().unwrap_or(0))
-    };
     let note = match mode {
         Mode::Tcp => String::new(),
         Mode::Shortcut => format!("{} MiB redirected by sk_msg", d("bytes_redirected") >> 20),

@@ -11,7 +11,8 @@
 //! - `soak`: the long full-duplex soak of the data path (100 GiB, 1024 connections, mixed APIs).
 //!
 //! Modules: this file (setup, build, dist, lint, test), `demo`, `bench` (with its own
-//! modules), `soak`, and `harness` (RAII guards: cgroups, the daemon, processes).
+//! modules), `soak`. Cgroups, attachments, the daemon and processes are guards of the
+//! `smc-harness` crate, shared with the integration tests.
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -26,7 +27,6 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
-mod harness;
 mod soak;
 
 #[derive(Parser)]
@@ -192,6 +192,47 @@ fn main() -> Result<()> {
             )
         }
     }
+}
+
+/// The release binaries `cargo xtask build` produced.
+pub struct Bins {
+    pub smc_ctl: PathBuf,
+    pub preload: PathBuf,
+}
+
+impl Bins {
+    pub fn new(root: &Path) -> Result<Bins> {
+        let dir = env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"))
+            .join("release");
+        let b = Bins {
+            smc_ctl: dir.join("smc-ctl"),
+            preload: dir.join("libsmc_preload.so"),
+        };
+        for p in [&b.smc_ctl, &b.preload] {
+            if !p.exists() {
+                bail!("{} missing: run `cargo xtask build`", p.display());
+            }
+        }
+        Ok(b)
+    }
+}
+
+/// Prefix of every cgroup (and the bench's network namespace) xtask creates:
+/// `smc-xtask-<pid>-<role>`; what a killed run left behind is found by it.
+pub const CGROUP_PREFIX: &str = "smc-xtask-";
+
+/// The cgroup `smc-xtask-<pid>-<role>` (removed on drop).
+pub fn cgroup(role: &str) -> Result<smc_harness::Cgroup> {
+    smc_harness::Cgroup::new(&format!("{CGROUP_PREFIX}{}-{role}", std::process::id()))
+}
+
+/// The loopback-ism daemon in `/run/smc/<name>-<pid>` (removed on drop), its stderr ours.
+pub fn daemon(bins: &Bins, name: &str) -> Result<smc_harness::Daemon> {
+    let dir = PathBuf::from(format!("/run/smc/{name}-{}", std::process::id()));
+    let dir = smc_harness::ScratchDir::new(dir)?;
+    smc_harness::Daemon::start_scratch::<&str>(&bins.smc_ctl, dir, &[], None)
 }
 
 pub fn workspace_root() -> PathBuf {

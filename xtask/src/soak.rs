@@ -10,8 +10,9 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{bail, Context as _, Result};
+use smc_harness::{DataPath, Proc};
 
-use crate::harness::{Bins, Cgroup, Daemon, Proc};
+use crate::Bins;
 
 /// What to run.
 pub struct Opts {
@@ -46,21 +47,24 @@ pub fn run(root: &Path, o: &Opts) -> Result<()> {
     if !soak.exists() {
         bail!("{} missing", soak.display());
     }
-    let mut cg = Cgroup::new("soak", &bins.smc_ctl)?;
-    cg.attach("ism")?;
-    let daemon = Daemon::start(&bins, "soak")?;
+    let mut cg = crate::cgroup("soak")?;
+    cg.attach(&bins.smc_ctl, "ism")?;
+    let daemon = crate::daemon(&bins, "soak")?;
     let procs = daemon.socket.with_file_name("procs");
     std::fs::create_dir_all(&procs)?;
+    let data_path = DataPath {
+        smc_ctl: &bins.smc_ctl,
+        socket: &daemon.socket,
+        procs: Some(&procs),
+        clean_env: false,
+    };
     let cmd = |args: &[String]| {
-        let mut c = Command::new(&bins.smc_ctl);
-        c.arg("run").arg("--").arg(&soak).args(args);
-        c.env("SMC_CTL_SOCK", &daemon.socket)
-            .env("SMC_PROCS_DIR", &procs)
-            .env("SMC_STATS_KEEP", "1");
-        cg.enter(&mut c);
+        let mut c = cg.launch::<&str>(&[], Some(&data_path), &soak);
+        c.args(args).stdin(Stdio::null());
         c
     };
     let mut srv = Proc::spawn(
+        "smc-soak server",
         cmd(&["server".into(), "0".into(), o.conns.to_string()]).stdout(Stdio::piped()),
     )?;
     let mut lines = BufReader::new(srv.0.stdout.take().context("server stdout")?).lines();

@@ -1,5 +1,7 @@
-//! The machinery of the bench: cgroups, attachments, child processes, the loopback-ism daemon and
-//! its counters, signals. Every resource is held by a guard that releases it on drop, so an error
+//! What the bench adds to the shared harness (`smc-harness`: cgroups, attachments, processes,
+//! the daemon, the lock, interrupts): the bench's processes with their logs, the daemon's and
+//! the namespace's counters, the private network namespace, the data path's statistics files,
+//! the eBPF run times. Every resource is held by a guard that releases it on drop, so an error
 //! or an interruption (Ctrl-C) leaves nothing behind.
 use std::{
     collections::BTreeMap,
@@ -7,179 +9,36 @@ use std::{
     io::Read as _,
     os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     sync::atomic::{AtomicBool, Ordering},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{Context as _, Result};
+pub use smc_harness::{ebpf_counters, Daemon, Proc, ScratchDir as TempDir};
+use smc_harness::{ip, last_lines, log_to};
 
-pub use crate::harness::{cgroup2_root, remove_stale_cgroups, smc_ctl, Cgroup, CGROUP_PREFIX};
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+use crate::CGROUP_PREFIX;
 
-extern "C" fn on_signal(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
-/// Turns SIGINT/SIGTERM/SIGHUP into a flag the waiting loops check, so the guards get to clean up.
-pub fn install_signal_handlers() {
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: the handler only stores to an atomic (async-signal-safe).
-        unsafe {
-            libc::signal(sig, on_signal as *const () as libc::sighandler_t);
-        }
-    }
-}
-
-pub fn check_interrupted() -> Result<()> {
-    if INTERRUPTED.load(Ordering::SeqCst) {
-        bail!("interrupted");
-    }
-    Ok(())
-}
-
-/// The lock the integration tests take around everything that loads programs or reads the global
-/// counters: the bench takes it too, so neither disturbs the other's counter deltas.
-pub struct GlobalLock(#[allow(dead_code)] fs::File);
-
-pub fn lock() -> Result<GlobalLock> {
-    use std::os::fd::AsRawFd as _;
-    fs::create_dir_all("/run/smc").context("mkdir /run/smc")?;
-    let f = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open("/run/smc/tests.lock")
-        .context("open /run/smc/tests.lock")?;
-    // SAFETY: valid fd.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        eprintln!(
-            "==> waiting for /run/smc/tests.lock (integration tests or another bench are running)"
-        );
-        // A blocking flock queues like the tests' own waits (polling with LOCK_NB lost the lock
-        // to every blocking waiter on a busy machine); it waits on a helper thread so that
-        // SIGINT still ends the wait here.
-        let fd = f.as_raw_fd();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            // SAFETY: `fd` stays open while this process waits for the answer (on an interrupt
-            // the process exits; a lock taken then dies with it).
-            let r = unsafe { libc::flock(fd, libc::LOCK_EX) };
-            let _ = tx.send(r);
-        });
-        loop {
-            check_interrupted()?;
-            match rx.recv_timeout(Duration::from_millis(200)) {
-                Ok(0) => break,
-                Ok(_) => bail!("flock /run/smc/tests.lock failed"),
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                Err(e) => bail!("flock /run/smc/tests.lock: {e}"),
-            }
-        }
-    }
-    Ok(GlobalLock(f))
-}
-
-/// The eBPF counters (`smc-ctl status --json`).
-pub fn ebpf_counters(smc_ctl: &Path) -> Result<BTreeMap<String, u64>> {
-    let out = self::smc_ctl(smc_ctl, &["status", "--json"])?;
-    let v: serde_json::Value = serde_json::from_str(&out).context("smc-ctl status --json")?;
-    Ok(v["counters"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
-                .collect()
-        })
-        .unwrap_or_default())
-}
-
-/// A child process, killed (its whole process group) and reaped on drop.
-pub struct Proc {
-    pub name: String,
-    child: Child,
-}
-
-impl Proc {
-    /// Spawns `cmd` in its own process group, stdin from /dev/null, output to `log`.
-    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> Result<Proc> {
-        let f = fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
-        cmd.stdin(Stdio::null())
-            .stdout(f.try_clone()?)
-            .stderr(f)
-            .process_group(0);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("spawn {name}: {cmd:?}"))?;
-        Ok(Proc {
-            name: name.to_owned(),
-            child,
-        })
-    }
-
-    /// Still running?
-    pub fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    /// Waits (bounded) for the exit; the status must be success.
-    pub fn wait(&mut self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            check_interrupted()?;
-            if let Some(st) = self.child.try_wait()? {
-                if !st.success() {
-                    bail!("{} exited with {st}", self.name);
-                }
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("{} did not finish within {timeout:?}", self.name);
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    pub fn kill(&mut self) {
-        let pid = self.child.id() as i32;
-        if self.alive() {
-            // SAFETY: plain syscalls; the group is the child's own (process_group(0)).
-            unsafe {
-                libc::kill(-pid, libc::SIGKILL);
-            }
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// Spawns `cmd` in its own process group (killed as a whole on drop), stdin from /dev/null,
+/// output to `log`.
+pub fn spawn_logged(name: &str, mut cmd: Command, log: &Path) -> Result<Proc> {
+    log_to(&mut cmd, log)?;
+    Proc::spawn_group(name, &mut cmd)
 }
 
 /// Runs `cmd` to completion (bounded), returning its stdout; stderr goes to `log`.
 pub fn run_capture(name: &str, mut cmd: Command, timeout: Duration, log: &Path) -> Result<String> {
     let f = fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(f)
-        .process_group(0);
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("spawn {name}: {cmd:?}"))?;
-    let mut stdout = child.stdout.take().expect("piped");
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(f);
+    let mut p = Proc::spawn_group(name, &mut cmd)?;
+    let mut stdout = p.0.stdout.take().context("piped stdout")?;
     let reader = std::thread::spawn(move || {
         let mut s = Vec::new();
         let _ = stdout.read_to_end(&mut s);
         s
     });
-    let mut p = Proc {
-        name: name.to_owned(),
-        child,
-    };
-    let res = p.wait(timeout);
+    let res = p.wait_success(timeout);
     p.kill();
     let out = String::from_utf8_lossy(&reader.join().unwrap_or_default()).into_owned();
     let _ = fs::OpenOptions::new()
@@ -193,74 +52,23 @@ pub fn run_capture(name: &str, mut cmd: Command, timeout: Duration, log: &Path) 
     Ok(out)
 }
 
-/// The last lines of a log file, for error messages.
+/// The last lines of a log file on one line, for error messages.
 pub fn tail(log: &Path) -> String {
-    let s = fs::read_to_string(log).unwrap_or_default();
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(6)..].join(" | ")
+    last_lines(log, 6).join(" | ")
 }
 
-/// A directory removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> Result<TempDir> {
-        let p = std::env::temp_dir().join(format!("smc-bench-{}-{tag}", std::process::id()));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir_all(&p).with_context(|| format!("mkdir {}", p.display()))?;
-        Ok(TempDir(p))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-/// The loopback-ism daemon on a private socket.
-pub struct Daemon {
-    pub socket: PathBuf,
-    _proc: Proc,
-}
-
-impl Daemon {
-    pub fn start(smc_ctl: &Path, dir: &Path) -> Result<Daemon> {
-        let socket = dir.join("ism.sock");
-        let state = dir.join("ism-state");
-        fs::create_dir_all(&state)?;
-        let mut cmd = Command::new(smc_ctl);
-        cmd.arg("daemon")
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--state-dir")
-            .arg(&state)
-            // The scale cases hold every connection's two DMBs at once (65 536 connections:
-            // 131 072 DMBs in the bench's one cgroup); the default quotas (4096 DMBs per
-            // cgroup) would decline most of them with MAX_DMB and measure TCP instead.
-            .args(["--max-dmbs", "262144", "--cgroup-max-dmbs", "262144"]);
-        let log = dir.join("daemon.log");
-        let mut p = Proc::spawn("smc-ctl daemon", cmd, &log)?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while daemon_stats(&socket).is_err() {
-            check_interrupted()?;
-            if !p.alive() {
-                bail!("smc-ctl daemon exited: {}", tail(&log));
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "smc-ctl daemon does not answer on {} after 10 s",
-                    socket.display()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(Daemon { socket, _proc: p })
-    }
-
-    pub fn stats(&self) -> Result<serde_json::Value> {
-        daemon_stats(&self.socket)
-    }
+/// The loopback-ism daemon in `dir` (socket `ctl.sock`, state `state/`, log `daemon.log`), in
+/// its own process group.
+pub fn start_daemon(smc_ctl: &Path, dir: &Path) -> Result<Daemon> {
+    let socket = dir.join("ctl.sock");
+    let mut cmd = smc_harness::daemon_command(smc_ctl, &socket, dir);
+    // The scale cases hold every connection's two DMBs at once (65 536 connections: 131 072
+    // DMBs in the bench's one cgroup); the default quotas (4096 DMBs per cgroup) would decline
+    // most of them with MAX_DMB and measure TCP instead.
+    cmd.args(["--max-dmbs", "262144", "--cgroup-max-dmbs", "262144"]);
+    let log = dir.join("daemon.log");
+    let p = spawn_logged("smc-ctl daemon", cmd, &log)?;
+    Daemon::ready(p, socket, Some(&log))
 }
 
 /// The daemon's counters (`OP_STATS`, through the loopback-ism client) as JSON.
@@ -368,50 +176,28 @@ pub fn first_line(prog: &str, args: &[&str]) -> String {
 /// the bench runs in it, so that its TCP counters (`/proc/PID/net/{snmp,netstat}`) count the
 /// bench's traffic and nothing else of the host.
 pub struct Netns {
-    pub name: String,
-    fd: std::os::fd::OwnedFd,
     /// A process parked in the namespace: its `/proc/PID/net` is the namespace's.
     anchor: Option<Proc>,
-}
-
-fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .context("run ip (iproute2)")?;
-    if !out.status.success() {
-        bail!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
+    fd: std::os::fd::OwnedFd,
+    // Deleted after the anchor is gone (fields drop in order).
+    _ns: smc_harness::Netns,
 }
 
 impl Netns {
     pub fn new(log_dir: &Path) -> Result<Netns> {
-        let name = format!("{CGROUP_PREFIX}{}", std::process::id());
-        let _ = ip(&["netns", "del", &name]);
-        ip(&["netns", "add", &name])?;
-        let file = fs::File::open(Path::new("/run/netns").join(&name));
-        let mut ns = match file {
-            Ok(f) => Netns {
-                name,
-                fd: f.into(),
-                anchor: None,
-            },
-            Err(e) => {
-                let _ = ip(&["netns", "del", &name]);
-                return Err(e).context("open /run/netns");
-            }
+        let ns = smc_harness::Netns::new(&format!("{CGROUP_PREFIX}{}", std::process::id()))?;
+        let fd = fs::File::open(Path::new("/run/netns").join(&ns.name))
+            .context("open /run/netns")?
+            .into();
+        let mut ns = Netns {
+            anchor: None,
+            fd,
+            _ns: ns,
         };
-        ip(&["-n", &ns.name, "link", "set", "lo", "up"])?;
         let mut c = Command::new("sleep");
         c.arg("infinity");
         ns.enter(&mut c);
-        ns.anchor = Some(Proc::spawn(
+        ns.anchor = Some(spawn_logged(
             "netns anchor",
             c,
             &log_dir.join("netns-anchor.log"),
@@ -436,7 +222,7 @@ impl Netns {
 
     /// `/proc/<pid>/net` of a process inside the namespace.
     pub fn proc_net(&self) -> PathBuf {
-        let pid = self.anchor.as_ref().map(|p| p.child.id()).unwrap_or(0);
+        let pid = self.anchor.as_ref().map(Proc::id).unwrap_or(0);
         Path::new("/proc").join(pid.to_string()).join("net")
     }
 
@@ -468,54 +254,18 @@ impl Netns {
         Ok(out)
     }
 
-    /// Is something listening on `port` in the namespace? Reads /proc, so no connection is made.
-    pub fn listening(&self, port: u16) -> bool {
-        let want = format!(":{port:04X}");
-        ["tcp", "tcp6"].iter().any(|f| {
-            fs::read_to_string(self.proc_net().join(f)).is_ok_and(|s| {
-                s.lines().skip(1).any(|l| {
-                    let mut it = l.split_whitespace();
-                    let local = it.nth(1).unwrap_or("");
-                    let state = it.nth(1).unwrap_or("");
-                    state == "0A" && local.ends_with(&want)
-                })
-            })
-        })
-    }
-
-    /// Waits until `server` listens on `port`.
+    /// Waits until `server` listens on `port` in the namespace (read from /proc: no connection
+    /// is made).
     pub fn wait_listening(&self, server: &mut Proc, port: u16, log: &Path) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            check_interrupted()?;
-            if self.listening(port) {
-                return Ok(());
-            }
-            if !server.alive() {
-                bail!(
-                    "{} exited before listening on {port}: {}",
-                    server.name,
-                    tail(log)
-                );
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "{} does not listen on {port} after 15 s: {}",
-                    server.name,
-                    tail(log)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        drop(self.anchor.take());
-        if let Err(e) = ip(&["netns", "del", &self.name]) {
-            eprintln!("warning: {e:#}");
-        }
+        let what = server.name().to_owned();
+        smc_harness::wait_listening(
+            server,
+            &self.proc_net(),
+            port,
+            Duration::from_secs(15),
+            &what,
+        )
+        .map_err(|e| anyhow::anyhow!("{e}: {}", tail(log)))
     }
 }
 
