@@ -1,19 +1,23 @@
-//! Helpers shared by the integration tests: cgroups, attach guards, network namespaces, processes
-//! started inside a cgroup or namespace, and the counters. Every guard removes what it created
-//! when dropped, also when the test fails.
+//! Helpers shared by the integration tests: the harness of `smc-harness` (cgroups, attachments,
+//! the daemon, processes; shared with `cargo xtask demo`, `soak` and `bench`) with a test's
+//! defaults (binaries next to the test, failures as panics), network namespace pairs, real
+//! applications on the data path ([`SmcWorld`]), and the counters. Every guard removes what it
+//! created when dropped, also when the test fails.
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
     collections::BTreeMap,
+    ffi::OsString,
     fs,
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
-    sync::atomic::{AtomicU32, Ordering},
+    process::{Command, Output, Stdio},
     time::{Duration, Instant},
 };
 
-use anyhow::{anyhow, bail, Context as _, Result};
+use anyhow::Result;
+use smc_harness::{ip, Attachment, DataPath, GlobalLock};
+pub use smc_harness::{log_tail, seqpacket_accepts, unique, Cgroup, Daemon, Proc};
 
 /// Where cgroup v2 is mounted (`/proc/self/mountinfo`); fails the test clearly if it is not.
 pub fn cgroup2_root() -> PathBuf {
@@ -21,27 +25,12 @@ pub fn cgroup2_root() -> PathBuf {
 }
 pub const PIN_ROOT: &str = "/sys/fs/bpf/smc";
 
-static SEQ: AtomicU32 = AtomicU32::new(0);
-
-/// A unique short name for this test process: `<prefix><pid>x<n>`.
-pub fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}{}x{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
 /// Fails the test with a clear message unless it runs as root with cgroup v2 and BPF.
 pub fn require_root() {
-    // SAFETY: no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        panic!("this test loads eBPF programs and creates cgroups: it must run as root (cargo xtask test)");
-    }
-    let root = cgroup2_root();
-    if !root.join("cgroup.procs").exists() {
-        panic!("cgroup v2 is not usable at {}", root.display());
-    }
+    smc_harness::require_root(
+        "this test loads eBPF programs and creates cgroups: it must run as root (cargo xtask test)",
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// Directory of the binaries built with the tests (`target/<profile>`).
@@ -65,45 +54,18 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
-/// Serialises the tests that load programs or read the global counters, across test binaries.
-pub struct TestLock(#[allow(dead_code)] fs::File);
+/// Serialises the tests that load programs or read the global counters, across test binaries
+/// (and with `cargo xtask bench`).
+pub type TestLock = GlobalLock;
 
 pub fn lock() -> TestLock {
-    use std::os::fd::AsRawFd as _;
-    fs::create_dir_all("/run/smc").expect("mkdir /run/smc");
-    let f = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open("/run/smc/tests.lock")
-        .expect("open test lock");
-    assert_eq!(
-        // SAFETY: `f` is an open file we own for the call; flock only takes a lock on it.
-        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) },
-        0,
-        "flock"
-    );
-    TestLock(f)
+    GlobalLock::acquire().unwrap_or_else(|e| panic!("test lock: {e:#}"))
 }
 
-/// A cgroup v2 directory created for one test; its processes are killed and it is removed on drop.
-pub struct Cgroup {
-    pub path: PathBuf,
-}
-
-impl Cgroup {
-    pub fn new() -> Cgroup {
-        let path = cgroup2_root().join(unique("smc-test-"));
-        fs::create_dir(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
-        Cgroup { path }
-    }
-
-    /// A command whose process joins this cgroup before it executes.
-    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut c = Command::new(program);
-        smc_cgroup::join_before_exec(&mut c, &self.path);
-        c
-    }
+/// A cgroup v2 directory `smc-test-<pid>x<n>` for one test; its processes are killed and it is
+/// removed on drop.
+pub fn test_cgroup() -> Cgroup {
+    Cgroup::new(&unique("smc-test-")).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// uid and gid of `nobody`.
@@ -117,7 +79,7 @@ pub fn nobody() -> (u32, u32) {
 }
 
 /// Runs `c` as `uid`:`gid` without supplementary groups (after the cgroup join that
-/// `Cgroup::command` registered first).
+/// `Cgroup::command` registered first). Only system calls between fork and exec.
 pub fn as_user(c: &mut Command, (uid, gid): (u32, u32)) {
     use std::os::unix::process::CommandExt as _;
     // SAFETY: only async-signal-safe system calls between fork and exec.
@@ -134,35 +96,17 @@ pub fn as_user(c: &mut Command, (uid, gid): (u32, u32)) {
     }
 }
 
-impl Default for Cgroup {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        let _ = fs::write(self.path.join("cgroup.kill"), "1");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if fs::remove_dir(&self.path).is_ok() || !self.path.exists() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        eprintln!("warning: could not remove {}", self.path.display());
-    }
-}
-
 /// `smc-ctl daemon --socket SOCK --state-dir DIR/state`: a private loopback-ism device for one
 /// test (the caller adds options and spawns it).
 pub fn daemon_command(sock: &Path, dir: &Path) -> Command {
-    let mut c = Command::new(bin("smc-ctl"));
-    c.args(["daemon", "--socket"])
-        .arg(sock)
-        .arg("--state-dir")
-        .arg(dir.join("state"));
-    c
+    smc_harness::daemon_command(&bin("smc-ctl"), sock, dir)
+}
+
+/// Starts `smc-ctl daemon` (see [`daemon_command`]), its output appended to `log`, and waits
+/// until its socket accepts; fails with the log's tail if it exits first.
+pub fn start_daemon(c: Command, sock: &Path, log: &Path) -> Daemon {
+    let p = spawn_logged(c, log);
+    Daemon::ready(p, sock.to_path_buf(), Some(log)).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// Makes `c` (a `python3`) serve `root` over HTTP on `addr:port` (`python3 -m http.server`).
@@ -178,72 +122,32 @@ pub fn http_server_args(c: &mut Command, addr: &str, port: u16, root: &Path) {
     .arg(root);
 }
 
-/// `smc-ctl attach --cgroup CG --mode MODE`.
-fn attach(cg: &Cgroup, mode: &str) -> Output {
-    smc_ctl(&[
-        "attach",
-        "--cgroup",
-        cg.path.to_str().unwrap(),
-        "--mode",
-        mode,
-    ])
-}
-
 /// Runs `smc-ctl` with arguments, returning its output.
 pub fn smc_ctl(args: &[&str]) -> Output {
-    Command::new(bin("smc-ctl"))
-        .args(args)
-        .output()
-        .expect("run smc-ctl")
+    smc_harness::smc_ctl_output(&bin("smc-ctl"), args).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-/// `smc-ctl attach` on drop-detached terms.
-pub struct Attached {
-    pub cgroup: PathBuf,
-}
+/// `smc-ctl attach` of a test's cgroup, detached on drop.
+pub struct Attached(pub Attachment);
 
 impl Attached {
+    /// Attaches `cg` in `mode`; checks what `smc-ctl attach` says on stderr.
     pub fn new(cg: &Cgroup, mode: &str) -> Attached {
-        let out = attach(cg, mode);
-        assert!(
-            out.status.success(),
-            "smc-ctl attach failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let (a, err) =
+            Attachment::new(&bin("smc-ctl"), &cg.path, mode).unwrap_or_else(|e| panic!("{e:#}"));
         // The shortcut's differences from TCP are said at every attach, and only then.
-        let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(
             err.contains("EXPERIMENTAL") && err.contains("SO_RCVLOWAT"),
             mode == "shortcut",
             "attach --mode {mode} said on stderr: {err}"
         );
-        Attached {
-            cgroup: cg.path.clone(),
-        }
-    }
-}
-
-impl Drop for Attached {
-    fn drop(&mut self) {
-        let _ = smc_ctl(&["detach", "--cgroup", self.cgroup.to_str().unwrap()]);
+        Attached(a)
     }
 }
 
 /// The eBPF counters (`smc-ctl status --json`).
 pub fn counters() -> BTreeMap<String, u64> {
-    let out = smc_ctl(&["status", "--json"]);
-    assert!(
-        out.status.success(),
-        "smc-ctl status: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status json");
-    v["counters"]
-        .as_object()
-        .expect("counters")
-        .iter()
-        .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
-        .collect()
+    smc_harness::ebpf_counters(&bin("smc-ctl")).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// Difference of two counter snapshots.
@@ -251,46 +155,42 @@ pub fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>, key:
     after.get(key).copied().unwrap_or(0) - before.get(key).copied().unwrap_or(0)
 }
 
-/// Two network namespaces joined by a veth pair: `a` has `10.77.<n>.1`, `b` has `10.77.<n>.2`.
+/// Two network namespaces joined by a veth pair: `a` has `10.77.<n>.1`, `b` has `10.77.<n>.2`;
+/// both deleted on drop.
 pub struct NetnsPair {
     pub a: String,
     pub b: String,
     pub addr_a: String,
     pub addr_b: String,
-}
-
-fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .context("run ip (iproute2)")?;
-    if !out.status.success() {
-        bail!("ip {:?}: {}", args, String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(())
+    _ns: [smc_harness::Netns; 2],
 }
 
 impl NetnsPair {
     pub fn new() -> Result<NetnsPair> {
         let tag = unique("");
-        let n = (std::process::id() % 200) as u8 + SEQ.fetch_add(1, Ordering::Relaxed) as u8 % 50;
+        let seq: u32 = tag
+            .rsplit('x')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        let n = (std::process::id() % 200) as u8 + seq as u8 % 50;
+        let (a, b) = (format!("smct-a{tag}"), format!("smct-b{tag}"));
+        let ns = [smc_harness::Netns::new(&a)?, smc_harness::Netns::new(&b)?];
         let pair = NetnsPair {
-            a: format!("smct-a{tag}"),
-            b: format!("smct-b{tag}"),
+            a,
+            b,
             addr_a: format!("10.77.{n}.1"),
             addr_b: format!("10.77.{n}.2"),
+            _ns: ns,
         };
         let va = format!("smva{}", &tag[tag.len().saturating_sub(8)..]);
         let vb = format!("smvb{}", &tag[tag.len().saturating_sub(8)..]);
-        ip(&["netns", "add", &pair.a])?;
-        ip(&["netns", "add", &pair.b])?;
         ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
         ip(&["link", "set", &va, "netns", &pair.a])?;
         ip(&["link", "set", &vb, "netns", &pair.b])?;
         for (ns, dev, addr) in [(&pair.a, &va, &pair.addr_a), (&pair.b, &vb, &pair.addr_b)] {
             ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
             ip(&["-n", ns, "link", "set", dev, "up"])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
         }
         Ok(pair)
     }
@@ -306,64 +206,12 @@ impl NetnsPair {
     }
 }
 
-impl Drop for NetnsPair {
-    fn drop(&mut self) {
-        let _ = ip(&["netns", "del", &self.a]);
-        let _ = ip(&["netns", "del", &self.b]);
-    }
-}
-
-/// A child process killed on drop.
-pub struct Proc(pub Child);
-
-impl Proc {
-    pub fn spawn(mut c: Command) -> Proc {
-        Proc(
-            c.stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("spawn"),
-        )
-    }
-
-    /// Waits for exit (bounded) and returns stdout.
-    pub fn wait_output(mut self, timeout: Duration) -> Result<String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.0.try_wait()? {
-                let mut s = String::new();
-                use std::io::Read as _;
-                self.0.stdout.take().map(|mut o| o.read_to_string(&mut s));
-                if !status.success() {
-                    return Err(anyhow!("process failed: {status}; stdout: {s}"));
-                }
-                return Ok(s);
-            }
-            if Instant::now() > deadline {
-                bail!("process did not finish within {timeout:?}");
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// Reads the first line of stdout (e.g. "listening on PORT").
-    pub fn read_line(&mut self) -> String {
-        use std::io::Read as _;
-        let out = self.0.stdout.as_mut().expect("piped stdout");
-        let mut line = Vec::new();
-        let mut b = [0u8; 1];
-        while out.read(&mut b).map(|n| n == 1).unwrap_or(false) && b[0] != b'\n' {
-            line.push(b[0]);
-        }
-        String::from_utf8_lossy(&line).into_owned()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// Starts `c` with its stdout piped (read it with [`Proc::read_line`] or
+/// [`Proc::wait_output`]) and its stderr ours. Killed on drop.
+pub fn spawn_piped(mut c: Command) -> Proc {
+    let what = format!("{:?}", c.get_program());
+    c.stdout(Stdio::piped()).stderr(Stdio::inherit());
+    Proc::spawn(&what, &mut c).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 // ────────────────────────────────────────────────────────────────────────────────────────────
@@ -414,53 +262,18 @@ pub fn free_port() -> u16 {
 /// Whether a socket listens on `port` in the network namespace of process `pid` (read from
 /// `/proc/<pid>/net/tcp{,6}`: no connection is made, so nothing is counted by the data path).
 pub fn is_listening(pid: u32, port: u16) -> bool {
-    let want = format!(":{port:04X}");
-    ["tcp", "tcp6"].iter().any(|f| {
-        fs::read_to_string(format!("/proc/{pid}/net/{f}"))
-            .map(|t| {
-                t.lines().skip(1).any(|l| {
-                    let c: Vec<&str> = l.split_whitespace().collect();
-                    c.len() > 3 && c[1].ends_with(&want) && c[3] == "0A"
-                })
-            })
-            .unwrap_or(false)
-    })
+    smc_harness::tcp_listening(&proc_net(pid), port)
+}
+
+fn proc_net(pid: u32) -> PathBuf {
+    Path::new("/proc").join(pid.to_string()).join("net")
 }
 
 /// Waits until `p` listens on `port`; fails at once if it exited (with its log, if any).
 pub fn wait_listening(p: &mut Proc, port: u16, timeout: Duration, what: &str, log: Option<&Path>) {
-    let t = Instant::now();
-    loop {
-        if let Ok(Some(st)) = p.0.try_wait() {
-            panic!(
-                "{what} exited ({st}) before listening on port {port}{}",
-                log.map(log_tail).unwrap_or_default()
-            );
-        }
-        if is_listening(p.0.id(), port) {
-            return;
-        }
-        if t.elapsed() > timeout {
-            panic!(
-                "{what} does not listen on port {port} after {timeout:?}{}",
-                log.map(log_tail).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// The last lines of a log file, for failure messages.
-pub fn log_tail(path: &Path) -> String {
-    let t = fs::read(path).unwrap_or_default();
-    let t = String::from_utf8_lossy(&t);
-    let lines: Vec<&str> = t.lines().collect();
-    let from = lines.len().saturating_sub(30);
-    format!(
-        "\n--- last lines of {} ---\n{}",
-        path.display(),
-        lines[from..].join("\n")
-    )
+    let net = proc_net(p.id());
+    smc_harness::wait_listening(p, &net, port, timeout, what)
+        .unwrap_or_else(|e| panic!("{e}{}", log.map(log_tail).unwrap_or_default()));
 }
 
 /// Polls `cond` every 10 ms until it holds; fails with `what` after `timeout`.
@@ -477,19 +290,10 @@ pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool)
 /// Starts `c` with stdout and stderr appended to `log` (a server whose output nobody reads must
 /// not block on a full pipe). Killed on drop.
 pub fn spawn_logged(mut c: Command, log: &Path) -> Proc {
-    let f = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap_or_else(|e| panic!("open {}: {e}", log.display()));
-    let f2 = f.try_clone().expect("dup log fd");
-    Proc(
-        c.stdin(Stdio::null())
-            .stdout(f)
-            .stderr(f2)
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {:?}: {e}", c.get_program())),
-    )
+    let what = format!("{:?}", c.get_program());
+    smc_harness::log_to(&mut c, log)
+        .and_then(|()| Proc::spawn(&what, &mut c))
+        .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// A finished program: its pid (the key of its statistics file), status and output.
@@ -545,7 +349,10 @@ pub fn run_to_end(
         Some(f) => c.stdin(f),
         None => c.stdin(Stdio::null()),
     };
-    let mut p = Proc(c.spawn().unwrap_or_else(|e| panic!("spawn {what}: {e}")));
+    let mut p = Proc::new(
+        &what,
+        c.spawn().unwrap_or_else(|e| panic!("spawn {what}: {e}")),
+    );
     let pid = p.0.id();
     let t = Instant::now();
     let status = loop {
@@ -570,53 +377,12 @@ pub fn run_to_end(
     f
 }
 
-/// Whether a `SOCK_SEQPACKET` Unix socket at `path` accepts connections (the daemon listens).
-pub fn seqpacket_accepts(path: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt as _;
-    let b = path.as_os_str().as_bytes();
-    // SAFETY: a zeroed sockaddr_un is valid.
-    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    if b.len() >= sa.sun_path.len() {
-        return false;
-    }
-    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (d, s) in sa.sun_path.iter_mut().zip(b) {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: plain syscalls on our own fd.
-    unsafe {
-        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return false;
-        }
-        let r = libc::connect(
-            fd,
-            &sa as *const libc::sockaddr_un as *const libc::sockaddr,
-            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
-        );
-        libc::close(fd);
-        r == 0
-    }
-}
-
 /// `smc-ctl attach`, waiting (bounded) while the pinned programs belong to another build of
 /// smc-ctl: someone else's cgroup is attached with it, which must never be detached from here.
 pub fn attach_waiting(cg: &Cgroup, mode: &str, timeout: Duration) -> Attached {
-    let t = Instant::now();
-    loop {
-        let out = attach(cg, mode);
-        if out.status.success() {
-            return Attached {
-                cgroup: cg.path.clone(),
-            };
-        }
-        let err = String::from_utf8_lossy(&out.stderr);
-        if !err.contains("another build") || t.elapsed() > timeout {
-            panic!("smc-ctl attach failed: {err}");
-        }
-        eprintln!("smc-ctl attach: another build holds the programs; waiting: {err}");
-        std::thread::sleep(Duration::from_secs(2));
-    }
+    let (a, _) = Attachment::new_waiting(&bin("smc-ctl"), &cg.path, mode, timeout)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    Attached(a)
 }
 
 /// One test's world for real applications: the shared test lock, an ism-attached cgroup, a
@@ -629,9 +395,10 @@ pub fn attach_waiting(cg: &Cgroup, mode: &str, timeout: Duration) -> Attached {
 pub struct SmcWorld {
     pub dir: PathBuf,
     pub sock: PathBuf,
+    smc_ctl: PathBuf,
     cg: Option<Cgroup>,
     att: Option<Attached>,
-    daemon: Option<Proc>,
+    daemon: Option<Daemon>,
     _lock: TestLock,
 }
 
@@ -644,34 +411,21 @@ impl SmcWorld {
     pub fn with_daemon_args(args: &[&str]) -> SmcWorld {
         require_root();
         let lock = lock();
-        let cg = Cgroup::new();
+        let cg = test_cgroup();
         let att = attach_waiting(&cg, "ism", Duration::from_secs(600));
         let dir = Path::new("/run/smc").join(unique("apps-test-"));
         fs::create_dir_all(dir.join("procs")).expect("mkdir procs");
         fs::create_dir_all(dir.join("logs")).expect("mkdir logs");
-        let sock = dir.join("ctl.sock");
-        let mut c = daemon_command(&sock, &dir);
+        let smc_ctl = bin("smc-ctl");
         // The daemon makes each client uid's statistics subdirectory in this world's directory.
-        c.arg("--procs-dir").arg(dir.join("procs"));
-        c.args(args);
-        let log = dir.join("logs/daemon.log");
-        let mut daemon = spawn_logged(c, &log);
-        let t = Instant::now();
-        while !seqpacket_accepts(&sock) {
-            if let Ok(Some(st)) = daemon.0.try_wait() {
-                panic!("smc-ctl daemon exited ({st}){}", log_tail(&log));
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "smc-ctl daemon does not accept on {} after 10 s{}",
-                sock.display(),
-                log_tail(&log)
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let mut dargs: Vec<OsString> = vec!["--procs-dir".into(), dir.join("procs").into()];
+        dargs.extend(args.iter().map(OsString::from));
+        let daemon = Daemon::start(&smc_ctl, &dir, &dargs, Some(&dir.join("logs/daemon.log")))
+            .unwrap_or_else(|e| panic!("{e:#}"));
         SmcWorld {
             dir,
-            sock,
+            sock: daemon.socket.clone(),
+            smc_ctl,
             cg: Some(cg),
             att: Some(att),
             daemon: Some(daemon),
@@ -685,7 +439,7 @@ impl SmcWorld {
 
     /// The pid of this world's daemon (e.g. to stop it for a while).
     pub fn daemon_pid(&self) -> u32 {
-        self.daemon.as_ref().expect("daemon").0.id()
+        self.daemon.as_ref().expect("daemon").pid()
     }
 
     /// A directory for this test's files (created).
@@ -699,32 +453,31 @@ impl SmcWorld {
     /// library's defaults otherwise (knobs inherited from the caller's environment are dropped,
     /// except `SMC_PRELOAD_LIB` and `SMC_DEBUG`).
     pub fn env(&self, c: &mut Command) {
-        for (k, _) in std::env::vars_os() {
-            let k = k.to_string_lossy();
-            if k.starts_with("SMC_") && k != "SMC_PRELOAD_LIB" && k != "SMC_DEBUG" {
-                c.env_remove(k.as_ref());
-            }
+        self.data_path(&self.dir.join("procs")).set_env(c);
+    }
+
+    fn data_path<'a>(&'a self, procs: &'a Path) -> DataPath<'a> {
+        DataPath {
+            smc_ctl: &self.smc_ctl,
+            socket: &self.sock,
+            procs: Some(procs),
+            clean_env: true,
         }
-        c.env("SMC_CTL_SOCK", &self.sock)
-            .env("SMC_PROCS_DIR", self.dir.join("procs"))
-            .env("SMC_STATS_KEEP", "1")
-            .env_remove("LD_PRELOAD");
     }
 
     /// `smc-ctl run -- PROGRAM` inside the attached cgroup (arguments to be added).
     pub fn run(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut c = self.cgroup().command(bin("smc-ctl"));
-        c.arg("run").arg("--").arg(program);
-        self.env(&mut c);
-        c
+        let procs = self.dir.join("procs");
+        let dp = self.data_path(&procs);
+        self.cgroup().launch::<&str>(&[], Some(&dp), program)
     }
 
     /// `ip netns exec NS smc-ctl run -- PROGRAM` inside the attached cgroup.
     pub fn run_in_netns(&self, ns: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut c = NetnsPair::command(ns, Some(self.cgroup()), &bin("smc-ctl"));
-        c.arg("run").arg("--").arg(program);
-        self.env(&mut c);
-        c
+        let procs = self.dir.join("procs");
+        let dp = self.data_path(&procs);
+        self.cgroup()
+            .launch(&["ip", "netns", "exec", ns], Some(&dp), program)
     }
 
     /// Every statistics file of this world by name (`<pid>`, or an `exited-` aggregate, as
@@ -852,12 +605,7 @@ impl SmcWorld {
 
     /// The pids of the processes of this world's cgroup that are still running.
     pub fn live_pids(&self) -> Vec<u32> {
-        let cg = self.cgroup().path.join("cgroup.procs");
-        fs::read_to_string(cg)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect()
+        self.cgroup().pids().into_iter().map(|p| p as u32).collect()
     }
 }
 
@@ -872,16 +620,7 @@ impl Drop for SmcWorld {
         if let Some(cg) = &self.cg {
             // Every process of the test first (servers, workers, stragglers), then the daemon,
             // then the detach while the cgroup still exists, then the cgroup.
-            let _ = fs::write(cg.path.join("cgroup.kill"), "1");
-            let t = Instant::now();
-            while t.elapsed() < Duration::from_secs(5)
-                && !fs::read_to_string(cg.path.join("cgroup.procs"))
-                    .unwrap_or_default()
-                    .trim()
-                    .is_empty()
-            {
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            cg.kill_all();
         }
         self.daemon.take();
         self.att.take();
@@ -971,7 +710,7 @@ impl Driven {
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
         Driven {
-            proc: Proc(child),
+            proc: Proc::new(name, child),
             what: name.to_string(),
             out,
             err,

@@ -15,8 +15,8 @@
 
 use integration_tests::{
     brief, fallbacks, free_port, http_server_args, log_tail, pseudo_random, require_tool,
-    run_to_end, sha256_hex, smcd_open, spawn_logged, wait_listening, NetnsPair, Proc, SmcWorld,
-    Snapshot,
+    run_to_end, sha256_hex, smcd_open, spawn_logged, spawn_piped, wait_listening, NetnsPair, Proc,
+    SmcWorld, Snapshot,
 };
 use smc_stats::ConnState;
 use std::path::{Path, PathBuf};
@@ -799,7 +799,7 @@ fn testprog_pair(w: &SmcWorld, ns: &NetnsPair, smc: bool) -> (String, u32, u32) 
         "--reply",
         &DOWN.to_string(),
     ]);
-    let mut srv = Proc::spawn(c);
+    let mut srv = spawn_piped(c);
     let line = srv.read_line();
     let port: u16 = line
         .strip_prefix("PORT ")

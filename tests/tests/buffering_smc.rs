@@ -7,7 +7,7 @@
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use integration_tests::{brief, fallbacks, Proc, SmcWorld};
+use integration_tests::{brief, fallbacks, spawn_piped, SmcWorld};
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(120);
@@ -90,7 +90,7 @@ fn write_before_read_to_a_forking_echo_server_and_memory_given_back() {
     std::fs::write(&cl_py, CLIENT).expect("write client.py");
     let mut c = w.run("python3");
     c.arg(&srv_py);
-    let mut srv = Proc::spawn(c);
+    let mut srv = spawn_piped(c);
     let line = srv.read_line();
     let port = line
         .strip_prefix("READY ")
@@ -100,7 +100,7 @@ fn write_before_read_to_a_forking_echo_server_and_memory_given_back() {
     c.arg(&cl_py)
         .arg(port.to_string())
         .args(["3000000", "8000000"]);
-    let out = Proc::spawn(c)
+    let out = spawn_piped(c)
         .wait_output(T)
         .unwrap_or_else(|e| panic!("client: {e}; figures: {}", brief(&w.stats_sum())));
     eprintln!("client: {out}");

@@ -12,8 +12,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use integration_tests::{
-    bin, brief, free_port, log_tail, require_tool, run_to_end, spawn_logged, wait_until, Proc,
-    SmcWorld,
+    bin, brief, free_port, log_tail, require_tool, run_to_end, spawn_logged, spawn_piped,
+    wait_until, Proc, SmcWorld,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -165,7 +165,7 @@ fn clc_handshake_captured_on_lo_decodes_as_smc_without_malformed_packets() {
     let prog = bin("preload-prog");
     let mut c = w.run(&prog);
     c.args(["server", &port.to_string(), "thread", "1"]);
-    let mut srv = Proc::spawn(c);
+    let mut srv = spawn_piped(c);
     let line = srv.read_line();
     assert_eq!(line.trim(), format!("READY {port}"), "preload-prog server");
     let mut c = w.run(&prog);

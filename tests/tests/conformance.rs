@@ -15,7 +15,7 @@
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use integration_tests::{bin, run_to_end, Attached, Cgroup, SmcWorld};
+use integration_tests::{bin, run_to_end, test_cgroup, Attached, SmcWorld};
 use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -122,7 +122,7 @@ fn conformance() {
         );
     }
     // The sk_msg shortcut mode: same program, no library, in a cgroup attached in that mode.
-    let sc_cg = Cgroup::new();
+    let sc_cg = test_cgroup();
     let _sc_att = Attached::new(&sc_cg, "shortcut");
     let dir = world.subdir("conform");
     let timeout = Duration::from_secs(40);

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use integration_tests::{bin, Proc, SmcWorld};
+use integration_tests::{bin, spawn_piped, SmcWorld};
 
 /// The daemon protocol's op field (offset 6 of a record, little-endian) of `OP_ATTACH_PEER`
 /// (smc_ism::proto): the server's attach of its client's DMB, sent with its Accept.
@@ -294,7 +294,7 @@ fn serve_one(w: &SmcWorld, proxy: &Proxy, env: &[(&str, &str)]) -> (String, Stri
         .env("SMC_CTL_SOCK", &proxy.path)
         .env("SMC_PAIR", "0")
         .envs(env.iter().copied());
-    let mut srv = Proc::spawn(s);
+    let mut srv = spawn_piped(s);
     let line = srv.read_line();
     let port: u16 = line
         .strip_prefix("READY ")
@@ -312,7 +312,7 @@ fn serve_one(w: &SmcWorld, proxy: &Proxy, env: &[(&str, &str)]) -> (String, Stri
         "7",
     ])
     .envs(env.iter().copied());
-    let client = Proc::spawn(c)
+    let client = spawn_piped(c)
         .wait_output(Duration::from_secs(120))
         .expect("client");
     let server = srv.wait_output(Duration::from_secs(120)).expect("server");

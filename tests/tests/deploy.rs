@@ -17,7 +17,8 @@ use std::{
 
 use integration_tests::{
     attach_waiting, bin, cgroup2_root, daemon_command, lock, log_tail, require_root, require_tool,
-    seqpacket_accepts, smc_ctl, spawn_logged, unique, wait_listening, Cgroup, NetnsPair, Proc,
+    seqpacket_accepts, smc_ctl, spawn_logged, spawn_piped, start_daemon, test_cgroup, unique,
+    wait_listening, Cgroup, NetnsPair, Proc,
 };
 
 const T: Duration = Duration::from_secs(20);
@@ -95,7 +96,7 @@ fn run_cgroup_and_attach_pid_with_clear_errors() {
     require_root();
     let _l = lock();
     let root = cgroup2_root();
-    let cg = Cgroup::new();
+    let cg = test_cgroup();
     let dir = cg.path.to_str().unwrap().to_string();
 
     // Errors, each with its own message, before anything is attached.
@@ -195,8 +196,8 @@ fn run_cgroup_and_attach_pid_with_clear_errors() {
     fs::remove_dir(&child).unwrap();
 
     // attach/detach --pid: the cgroup of a running process.
-    let cg2 = Cgroup::new();
-    let mut sleeper = Proc::spawn({
+    let cg2 = test_cgroup();
+    let mut sleeper = spawn_piped({
         let mut c = cg2.command("sleep");
         c.arg("60");
         c
@@ -224,7 +225,7 @@ fn run_cgroup_and_attach_pid_with_clear_errors() {
 fn attach_container_id_in_runtime_layouts() {
     require_root();
     let _l = lock();
-    let cg = Cgroup::new();
+    let cg = test_cgroup();
     // Real cgroup directories in the layouts of docker (systemd driver), containerd under a
     // burstable kubepods slice, and the cgroupfs driver; ids made unique per run.
     let seed = format!(
@@ -591,16 +592,7 @@ fn hardened_daemon(sock: &Path, dir: &Path) -> Proc {
         .arg(d.get_program())
         .args(d.get_args());
     let log = dir.join("daemon.log");
-    let mut p = spawn_logged(c, &log);
-    let t = Instant::now();
-    while !seqpacket_accepts(sock) {
-        if let Ok(Some(st)) = p.0.try_wait() {
-            panic!("hardened daemon exited ({st}){}", log_tail(&log));
-        }
-        assert!(t.elapsed() < T, "daemon not up{}", log_tail(&log));
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    p
+    start_daemon(c, sock, &log).proc
 }
 
 /// `smc-ctl stats json -a --cgroup CG` over the statistics of every container.
@@ -634,7 +626,7 @@ fn containers_enabled_per_cgroup_talk_over_smcd_the_other_stays_tcp() {
     let ns = NetnsPair::new().expect("network namespaces (iproute2)");
     let third = ThirdNetns::new(&ns.a);
     // Three containers, each in its own cgroup; only a and b are enabled.
-    let (cg_a, cg_b, cg_c) = (Cgroup::new(), Cgroup::new(), Cgroup::new());
+    let (cg_a, cg_b, cg_c) = (test_cgroup(), test_cgroup(), test_cgroup());
     let _att_a = attach_waiting(&cg_a, "ism", Duration::from_secs(600));
     let _att_b = attach_waiting(&cg_b, "ism", Duration::from_secs(600));
     let init = dir.join("init.sh");
@@ -795,11 +787,11 @@ fn kubernetes_agent_enables_selected_pods_of_a_kubepods_tree() {
     let _l = lock();
     // This build's programs loaded (waiting while another build's are) and kept loaded while
     // the agent attaches and detaches pods: a cgroup of its own stays attached meanwhile.
-    let holder = Cgroup::new();
+    let holder = test_cgroup();
     let _hold = attach_waiting(&holder, "ism", Duration::from_secs(600));
     // A node's kubelet tree, for real, under a test cgroup: systemd driver (burstable and
     // besteffort slices) and cgroupfs driver.
-    let node = Cgroup::new();
+    let node = test_cgroup();
     let _subtree = scopeguard(&node.path);
     let dir = Path::new("/run/smc").join(unique("k8s-test-"));
     let guard = DirGuard(dir.clone());
@@ -810,17 +802,7 @@ fn kubernetes_agent_enables_selected_pods_of_a_kubepods_tree() {
     let mut dc = daemon_command(&sock, &dir);
     dc.arg("--procs-dir").arg(&procs);
     let dlog = dir.join("daemon.log");
-    let mut daemon = spawn_logged(dc, &dlog);
-    let t = Instant::now();
-    while !seqpacket_accepts(&sock) {
-        assert!(
-            daemon.0.try_wait().unwrap().is_none(),
-            "daemon exited{}",
-            log_tail(&dlog)
-        );
-        assert!(t.elapsed() < T, "daemon not up{}", log_tail(&dlog));
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let daemon = start_daemon(dc, &sock, &dlog);
     let seed = format!("{:08x}", std::process::id());
     let uid = |n: u8| format!("{seed}-0000-4000-8000-0000000000{n:02x}");
     let (ua, ub, uc) = (uid(0xa), uid(0xb), uid(0xc));
@@ -926,7 +908,7 @@ fn kubernetes_agent_enables_selected_pods_of_a_kubepods_tree() {
         .arg(bin("smc-testprog"))
         .args(["server", "127.0.0.1:0", "--reply", "1000"]);
     env(&mut sc);
-    let mut server = Proc::spawn(sc);
+    let mut server = spawn_piped(sc);
     let line = server.read_line();
     let sport = line
         .strip_prefix("PORT ")
@@ -939,7 +921,7 @@ fn kubernetes_agent_enables_selected_pods_of_a_kubepods_tree() {
         .arg(bin("smc-testprog"))
         .args(["client", &format!("127.0.0.1:{sport}"), "200000", "3"]);
     env(&mut cc);
-    let out = Proc::spawn(cc).wait_output(T).expect("client");
+    let out = spawn_piped(cc).wait_output(T).expect("client");
     assert!(out.starts_with("OK 200000 "), "client: {out}");
     server.wait_output(T).expect("server");
 
@@ -1418,7 +1400,7 @@ fn kernel_probe_before_attach_says_what_is_missing() {
     }
     // A root without CAP_BPF and CAP_SYS_ADMIN, for real: the kernel refuses every load, and
     // attach says why and what it needs, before loading or attaching anything.
-    let cg = Cgroup::new();
+    let cg = test_cgroup();
     let o = output(
         Command::new("setpriv")
             .args([

@@ -6,7 +6,8 @@
 use std::{path::Path, process::Command, time::Duration};
 
 use integration_tests::{
-    bin, counters, delta, lock, require_root, smc_ctl, Attached, Cgroup, NetnsPair, Proc, PIN_ROOT,
+    bin, counters, delta, lock, require_root, smc_ctl, spawn_piped, test_cgroup, Attached, Cgroup,
+    NetnsPair, Proc, PIN_ROOT,
 };
 use smc_common::bpf::{SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PEER_SMC, SOCK_SAME_HOST, SOCK_SHORTCUT};
 
@@ -28,7 +29,7 @@ fn pair(cg: &Cgroup, addr: &str, client_opt: bool, server_opt: bool) -> (u32, u3
     if server_opt {
         c.arg("--server-opt");
     }
-    let out = Proc::spawn(c).wait_output(T).expect("pair");
+    let out = spawn_piped(c).wait_output(T).expect("pair");
     (flags(&out, "client"), flags(&out, "server"))
 }
 
@@ -36,7 +37,7 @@ fn pair(cg: &Cgroup, addr: &str, client_opt: bool, server_opt: bool) -> (u32, u3
 fn option_negotiated_only_when_both_ends_opt_in() {
     require_root();
     let _l = lock();
-    let cg = Cgroup::new();
+    let cg = test_cgroup();
     let _a = Attached::new(&cg, "ism");
     for addr in ["127.0.0.1:0", "[::1]:0"] {
         let before = counters();
@@ -95,7 +96,7 @@ fn option_negotiated_only_when_both_ends_opt_in() {
 fn same_host_detected_over_loopback_v4_v6() {
     require_root();
     let _l = lock();
-    let cg = Cgroup::new();
+    let cg = test_cgroup();
     let _a = Attached::new(&cg, "ism");
     for addr in ["127.0.0.1:0", "[::1]:0"] {
         let before = counters();
@@ -109,7 +110,7 @@ fn same_host_detected_over_loopback_v4_v6() {
 }
 
 fn server(cmd: Command) -> (Proc, u16) {
-    let mut p = Proc::spawn(cmd);
+    let mut p = spawn_piped(cmd);
     let line = p.read_line();
     let port = line
         .strip_prefix("PORT ")
@@ -173,7 +174,7 @@ fn stream_with(
         "200000",
     ]);
     cli.args(cli_flags);
-    let cli_out = Proc::spawn(cli).wait_output(T).expect("client");
+    let cli_out = spawn_piped(cli).wait_output(T).expect("client");
     let srv_out = srv.wait_output(T).expect("server");
     let sent: Vec<&str> = cli_out.split_whitespace().collect();
     let got: Vec<&str> = srv_out.split_whitespace().collect();
@@ -204,7 +205,7 @@ fn testprog_in(cg: &Cgroup) -> Command {
 fn shortcut_delivers_identical_streams_with_half_close() {
     require_root();
     let _l = lock();
-    let cg = Cgroup::new();
+    let cg = test_cgroup();
     let _a = Attached::new(&cg, "shortcut");
     let mut s = testprog_in(&cg);
     s.args(["server", "127.0.0.1:0"]);
@@ -222,7 +223,7 @@ fn shortcut_delivers_identical_streams_with_half_close() {
 fn shortcut_v4_mapped_client_to_v4_server() {
     require_root();
     let _l = lock();
-    let cg = Cgroup::new();
+    let cg = test_cgroup();
     let _a = Attached::new(&cg, "shortcut");
     let mut s = testprog_in(&cg);
     s.args(["server", "0.0.0.0:0"]);
@@ -237,7 +238,7 @@ fn shortcut_v4_mapped_client_to_v4_server() {
 fn shortcut_one_end_outside_the_cgroup_stays_tcp() {
     require_root();
     let _l = lock();
-    let cg = Cgroup::new();
+    let cg = test_cgroup();
     let _a = Attached::new(&cg, "shortcut");
     // Server outside any attached cgroup, client inside.
     let mut s = Command::new(bin("smc-testprog"));
@@ -262,7 +263,7 @@ fn shortcut_one_end_outside_the_cgroup_stays_tcp() {
 fn same_host_across_network_namespaces_and_other_host_untouched() {
     require_root();
     let _l = lock();
-    let cg = Cgroup::new();
+    let cg = test_cgroup();
     let _a = Attached::new(&cg, "shortcut");
     let ns = NetnsPair::new().expect("netns pair");
     let prog = bin("smc-testprog");
@@ -307,7 +308,7 @@ fn ism_mode_never_redirects_application_payload() {
     // and stalled readers see plain TCP semantics (the two cases sockmap cannot make safe).
     require_root();
     let _l = lock();
-    let cg = Cgroup::new();
+    let cg = test_cgroup();
     let _a = Attached::new(&cg, "ism");
     let mut s = testprog_in(&cg);
     s.args(["server", "127.0.0.1:0", "--splice", "--opt-in"]);
@@ -319,7 +320,7 @@ fn ism_mode_never_redirects_application_payload() {
     assert_eq!(c.redirected + s.redirected, 0, "{c:?} {s:?}");
     let mut st = testprog_in(&cg);
     st.args(["stall", "127.0.0.1:0"]);
-    let out = Proc::spawn(st).wait_output(T).expect("stall");
+    let out = spawn_piped(st).wait_output(T).expect("stall");
     let queued: u64 = out
         .trim()
         .strip_prefix("QUEUED ")
@@ -335,10 +336,10 @@ fn ism_mode_never_redirects_application_payload() {
 fn process_outside_the_cgroup_is_untouched() {
     require_root();
     let _l = lock();
-    let cg = Cgroup::new();
+    let cg = test_cgroup();
     let _a = Attached::new(&cg, "shortcut");
     let before = counters();
-    let out = Proc::spawn({
+    let out = spawn_piped({
         let mut c = Command::new(bin("smc-testprog"));
         c.args(["pair", "127.0.0.1:0"]);
         c
@@ -372,8 +373,8 @@ fn pinned_links(cgs: &[&Cgroup]) -> Vec<String> {
 fn two_cgroups_attach_and_detach_independently_and_leave_nothing() {
     require_root();
     let _l = lock();
-    let a = Cgroup::new();
-    let b = Cgroup::new();
+    let a = test_cgroup();
+    let b = test_cgroup();
     let pa = a.path.to_str().unwrap();
     let pb = b.path.to_str().unwrap();
     assert!(smc_ctl(&["attach", "--cgroup", pa, "--mode", "shortcut"])
@@ -473,7 +474,7 @@ impl Uid for Command {
 fn a_cgroup_removed_while_attached_leaves_no_links() {
     require_root();
     let _l = lock();
-    let cg = Cgroup::new();
+    let cg = test_cgroup();
     let path = cg.path.to_str().unwrap().to_owned();
     let out = smc_ctl(&["attach", "--cgroup", &path, "--mode", "ism"]);
     assert!(
@@ -512,7 +513,7 @@ fn a_cgroup_removed_while_attached_leaves_no_links() {
 fn pair_port(cg: &Cgroup) -> u16 {
     let mut c = cg.command(bin("smc-testprog"));
     c.args(["pair", "127.0.0.1:0", "--client-opt"]);
-    let out = Proc::spawn(c).wait_output(T).expect("pair");
+    let out = spawn_piped(c).wait_output(T).expect("pair");
     out.split_whitespace()
         .find_map(|kv| kv.strip_prefix("port="))
         .and_then(|v| v.parse().ok())
@@ -535,7 +536,7 @@ fn start_trace() -> (Proc, std::sync::mpsc::Receiver<String>) {
     use std::io::BufRead as _;
     let mut c = Command::new(bin("smc-ctl"));
     c.arg("trace");
-    let mut p = Proc::spawn(c);
+    let mut p = spawn_piped(c);
     let out = p.0.stdout.take().expect("piped stdout");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -580,7 +581,7 @@ fn traced_connection(cg: &Cgroup, rx: &std::sync::mpsc::Receiver<String>) -> (Ve
 fn trace_says_why_a_connection_stayed_tcp() {
     require_root();
     let _l = lock();
-    let cg = Cgroup::new();
+    let cg = test_cgroup();
     let _a = Attached::new(&cg, "ism");
     let before = pair_port(&cg);
 

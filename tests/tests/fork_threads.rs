@@ -19,7 +19,9 @@
 
 use std::{io::Write as _, process::Stdio, time::Duration};
 
-use integration_tests::{bin, free_port, spawn_logged, wait_listening, Proc, SmcWorld};
+use integration_tests::{
+    bin, free_port, spawn_logged, spawn_piped, wait_listening, Proc, SmcWorld,
+};
 
 fn field(out: &str, key: &str) -> u64 {
     out.split_whitespace()
@@ -61,7 +63,7 @@ fn storm(w: &SmcWorld, env: &[(&str, &str)], args: &[&str], stops: usize, forks:
         .args(args)
         .envs(env.iter().copied())
         .stdin(Stdio::piped());
-    let mut storm = Proc::spawn(c);
+    let mut storm = spawn_piped(c);
     let storm_pid = storm.0.id();
     let daemon = w.daemon_pid() as libc::pid_t;
     let _cont = Cont(daemon);
@@ -153,7 +155,7 @@ fn hogs(w: &SmcWorld, n: usize) -> Vec<Proc> {
         .map(|_| {
             let mut c = w.cgroup().command("sh");
             c.args(["-c", "while :; do :; done"]);
-            Proc::spawn(c)
+            spawn_piped(c)
         })
         .collect()
 }
@@ -186,7 +188,7 @@ fn parent_and_forked_children_read_one_connection_each_byte_once() {
         "4",
     ])
     .envs(env);
-    let share = Proc::spawn(c);
+    let share = spawn_piped(c);
     let share_pid = share.0.id();
     let out = share.wait_output(Duration::from_secs(300)).expect("share");
     eprintln!("{out}");

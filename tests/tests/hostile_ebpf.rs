@@ -8,8 +8,8 @@
 use std::{io::Write as _, process::Stdio, time::Duration};
 
 use integration_tests::{
-    as_user, bin, brief, counters, delta, lock, nobody, require_root, Attached, Cgroup, Proc,
-    SmcWorld,
+    as_user, bin, brief, counters, delta, lock, nobody, require_root, spawn_piped, test_cgroup,
+    Attached, Cgroup, SmcWorld,
 };
 
 const T: Duration = Duration::from_secs(60);
@@ -59,7 +59,7 @@ fn flood(cg: &Cgroup, shortcut: bool) -> (i32, u64, u64, u64) {
     let mut v = cg.command(bin("smc-testprog"));
     v.args(["sink", "127.0.0.1:0", "--opt-in"])
         .stdin(Stdio::piped());
-    let mut victim = Proc::spawn(v);
+    let mut victim = spawn_piped(v);
     let line = victim.read_line();
     let port: u16 = line
         .strip_prefix("PORT ")
@@ -77,7 +77,7 @@ fn flood(cg: &Cgroup, shortcut: bool) -> (i32, u64, u64, u64) {
         a.arg("--shortcut");
     }
     as_user(&mut a, nobody());
-    let out = Proc::spawn(a).wait_output(T).expect("attacker");
+    let out = spawn_piped(a).wait_output(T).expect("attacker");
     eprintln!("attacker (shortcut asked: {shortcut}): {out}");
     let errno: i32 = field(&out, "SHORTCUT").parse().unwrap();
     let queued: u64 = field(&out, "QUEUED").parse().unwrap();
@@ -99,7 +99,7 @@ fn flood(cg: &Cgroup, shortcut: bool) -> (i32, u64, u64, u64) {
 fn unprivileged_process_cannot_enable_the_shortcut_for_itself() {
     require_root();
     let _l = lock();
-    let cg = Cgroup::new();
+    let cg = test_cgroup();
     let _a = Attached::new(&cg, "ism");
     let (rmem, wmem) = tcp_buffer_max();
     // Differential: the same flood without asking for the shortcut is plain TCP.
@@ -134,7 +134,7 @@ fn smcd_doorbells_still_take_the_shortcut() {
     let mut s = w.run(bin("preload-prog"));
     s.args(["server", "0", "thread", "1"])
         .env("SMC_DMB_SIZE", "16384");
-    let mut server = Proc::spawn(s);
+    let mut server = spawn_piped(s);
     let line = server.read_line();
     let port = line
         .strip_prefix("READY ")
@@ -144,7 +144,7 @@ fn smcd_doorbells_still_take_the_shortcut() {
     let mut c = w.run(bin("preload-prog"));
     c.args(["client", "127.0.0.1", &port, "4194304", "4194304", "7"])
         .env("SMC_DMB_SIZE", "16384");
-    let out = Proc::spawn(c).wait_output(T).expect("client");
+    let out = spawn_piped(c).wait_output(T).expect("client");
     let sout = server.wait_output(T).expect("server");
     let after = counters();
     eprintln!("client: {out}\nserver: {sout}");

@@ -16,7 +16,9 @@
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use integration_tests::{as_user, bin, nobody, run_to_end, Cgroup, Finished, Proc, SmcWorld};
+use integration_tests::{
+    as_user, bin, nobody, run_to_end, spawn_piped, test_cgroup, Cgroup, Finished, Proc, SmcWorld,
+};
 use serde_json::Value;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -35,7 +37,7 @@ fn server(w: &SmcWorld, user: Option<(u32, u32)>, conns: u32) -> (Proc, u16) {
     if let Some(u) = user {
         as_user(&mut c, u);
     }
-    let mut p = Proc::spawn(c);
+    let mut p = spawn_piped(c);
     let line = p.read_line();
     let port = line
         .strip_prefix("READY ")
@@ -113,7 +115,7 @@ fn attacker(w: &SmcWorld, cg: &Cgroup, script: &str, extra: &[&Path]) -> Proc {
     c.args(extra);
     c.stdin(Stdio::null());
     as_user(&mut c, nobody());
-    Proc::spawn(c)
+    spawn_piped(c)
 }
 
 /// Opens and `flock`s (exclusively, non-blocking) every file and directory it can under the
@@ -244,7 +246,7 @@ fn foreign_locks_block_no_exit_and_no_reader() {
     pair(&w, None, 1);
     pair(&w, Some(nb), 2);
     let (srv, port) = server(&w, None, 1);
-    let other = Cgroup::new();
+    let other = test_cgroup();
     let stop = w.dir.join("stop-attacker");
     let mut att = attacker(&w, &other, HOLD_EVERYTHING, &[&stop]);
     assert_eq!(att.read_line(), "READY", "the attacker did not start");
@@ -304,7 +306,7 @@ fn planted_fifo_symlink_and_huge_file_are_skipped() {
     let nb = nobody();
     pair(&w, None, 1);
     pair(&w, Some(nb), 2);
-    let other = Cgroup::new();
+    let other = test_cgroup();
     let att = attacker(&w, &other, PLANT, &[]);
     let out = att.wait_output(T).expect("planting attacker");
     let report: Value = serde_json::from_str(out.trim()).expect("attacker report");
@@ -498,7 +500,7 @@ fn planted_claims_count_for_nobody_else() {
     // A live SMC-D connection of root: `source` streams to `sink` until killed.
     let mut c = w.run(bin("preload-prog"));
     c.args(["source", "0"]).env_remove("SMC_STATS_KEEP");
-    let mut srv = Proc::spawn(c);
+    let mut srv = spawn_piped(c);
     let line = srv.read_line();
     let port = line
         .strip_prefix("READY ")
@@ -507,7 +509,7 @@ fn planted_claims_count_for_nobody_else() {
     let mut c = w.run(bin("preload-prog"));
     c.args(["sink", "127.0.0.1", &port])
         .env_remove("SMC_STATS_KEEP");
-    let mut sink = Proc::spawn(c);
+    let mut sink = spawn_piped(c);
     let spid = srv.0.id().to_string();
     let file = w.dir.join("procs").join(&spid);
     // Connected when the sink's process has made its SMC-D client connection.
@@ -540,7 +542,7 @@ fn planted_claims_count_for_nobody_else() {
     assert_eq!(smcd(&before), (1, 1), "the root pair: {before:#}");
     assert_eq!(u(&before["sources"]["live_processes"]), 2, "{before:#}");
 
-    let other = Cgroup::new();
+    let other = test_cgroup();
     let mut c = other.command("/usr/bin/python3");
     c.arg("-c")
         .arg(PLANT_CLAIMS)

@@ -6,7 +6,7 @@
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use integration_tests::{brief, fallbacks, require_tool, NetnsPair, Proc, SmcWorld};
+use integration_tests::{brief, fallbacks, require_tool, spawn_piped, NetnsPair, Proc, SmcWorld};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -93,11 +93,11 @@ fn vfork_children_of_a_python_server_leave_its_connection_alone() {
     let w = SmcWorld::new();
     let srv_py = script(&w, "server.py", SPAWNING_SERVER);
     let cl_py = script(&w, "client.py", ECHO_CLIENT);
-    let mut srv = Proc::spawn(python(&w, &srv_py));
+    let mut srv = spawn_piped(python(&w, &srv_py));
     let port = ready_port(&mut srv);
     let mut c = python(&w, &cl_py);
     c.args([port.to_string(), "40".into()]);
-    let out = Proc::spawn(c)
+    let out = spawn_piped(c)
         .wait_output(T)
         .unwrap_or_else(|e| panic!("echo client: {e}; figures: {}", brief(&w.stats_sum())));
     assert!(out.contains("CLIENT OK"), "client: {out}");
@@ -154,7 +154,7 @@ fn exec_server_case(keep_env: bool) -> (String, integration_tests::Snapshot) {
     let cl_py = script(&w, "client.py", ECHO_CLIENT);
     let mut c = python(&w, &srv_py);
     c.args(["launch", if keep_env { "1" } else { "0" }]);
-    let mut srv = Proc::spawn(c);
+    let mut srv = spawn_piped(c);
     let line = srv.read_line();
     let mut f = line.split_whitespace();
     assert_eq!(f.next(), Some("READY"), "server said {line:?}");
@@ -163,7 +163,7 @@ fn exec_server_case(keep_env: bool) -> (String, integration_tests::Snapshot) {
     assert_eq!(lib == "preload", keep_env, "server said {line:?}");
     let mut c = python(&w, &cl_py);
     c.args([port, "10".into()]);
-    let out = Proc::spawn(c)
+    let out = spawn_piped(c)
         .wait_output(T)
         .unwrap_or_else(|e| panic!("echo client: {e}; figures: {}", brief(&w.stats_sum())));
     assert!(out.contains("CLIENT OK"), "client: {out}");
@@ -237,11 +237,11 @@ fn a_close_through_syscall_then_fd_reuse_reads_the_new_file() {
     let cl_py = script(&w, "client.py", ONE_SHOT_CLIENT);
     let mut c = python(&w, &srv_py);
     c.arg(&file);
-    let mut srv = Proc::spawn(c);
+    let mut srv = spawn_piped(c);
     let port = ready_port(&mut srv);
     let mut c = python(&w, &cl_py);
     c.arg(port.to_string());
-    let cl = Proc::spawn(c);
+    let cl = spawn_piped(c);
     let sout = srv.wait_output(T).expect("server");
     assert!(sout.contains("file content"), "server: {sout}");
     let out = cl.wait_output(T).expect("client");
@@ -318,11 +318,11 @@ fn connections_passed_with_scm_rights_keep_working() {
 fn scm_rights_case(w: &SmcWorld) {
     let srv_py = script(w, "server.py", PASSING_SERVER);
     let cl_py = script(w, "client.py", TWO_CONN_CLIENT);
-    let mut srv = Proc::spawn(python(w, &srv_py));
+    let mut srv = spawn_piped(python(w, &srv_py));
     let port = ready_port(&mut srv);
     let mut c = python(w, &cl_py);
     c.arg(port.to_string());
-    let out = Proc::spawn(c).wait_output(T).expect("client");
+    let out = spawn_piped(c).wait_output(T).expect("client");
     let sout = srv.wait_output(T).expect("server");
     assert!(out.contains("FIRST SAME PROCESS"), "client: {out}");
     assert!(out.contains("SECOND OTHER PROCESS"), "client: {out}");
@@ -347,11 +347,11 @@ fn server_and_client(
     let cl_py = script(w, cl.0, cl.1);
     let mut c = python(w, &srv_py);
     c.args(args);
-    let mut srv = Proc::spawn(c);
+    let mut srv = spawn_piped(c);
     let port = ready_port(&mut srv);
     let mut c = python(w, &cl_py);
     c.arg(port.to_string());
-    let out = Proc::spawn(c).wait_output(T).expect("client");
+    let out = spawn_piped(c).wait_output(T).expect("client");
     let sout = srv.wait_output(T).expect("server");
     (out, sout)
 }
@@ -663,11 +663,11 @@ fn handoff_case(w: &SmcWorld, mode: &str, smc: bool) -> String {
     };
     let mut c = cmd(&srv_py);
     c.args([mode, "2"]);
-    let mut srv = Proc::spawn(c);
+    let mut srv = spawn_piped(c);
     let port = ready_port(&mut srv);
     let mut c = cmd(&cl_py);
     c.args([port.to_string(), "2".into()]);
-    let out = Proc::spawn(c).wait_output(T).expect("client");
+    let out = spawn_piped(c).wait_output(T).expect("client");
     let sout = srv.wait_output(T).expect("server");
     let mut lines: Vec<&str> = out.lines().chain(sout.lines()).collect();
     lines.sort_unstable();
@@ -820,11 +820,11 @@ fn another_uids_process_given_an_smc_socket_never_reads_its_rings() {
     let cl_py = script(&w, "secret_client.py", SECRET_CLIENT);
     let mut c = python(&w, &srv_py);
     c.args([uid.to_string(), gid.to_string()]);
-    let mut srv = Proc::spawn(c);
+    let mut srv = spawn_piped(c);
     let port = ready_port(&mut srv);
     let mut c = python(&w, &cl_py);
     c.arg(port.to_string());
-    let out = Proc::spawn(c).wait_output(T).expect("client");
+    let out = spawn_piped(c).wait_output(T).expect("client");
     let sout = srv.wait_output(T).expect("server");
     assert!(
         sout.contains(&format!("OTHER UID RESET {uid}"))
@@ -891,11 +891,11 @@ fn a_client_from_another_host_is_declined_and_stays_tcp() {
     let cl_py = script(&w, "client.py", ECHO_CLIENT);
     let mut c = w.run_in_netns(&ns.a, "python3");
     c.arg(&srv_py);
-    let mut srv = Proc::spawn(c);
+    let mut srv = spawn_piped(c);
     let port = ready_port(&mut srv);
     let mut c = w.run_in_netns(&ns.b, "python3");
     c.arg(&cl_py).args([port.to_string(), "5".into(), fake]);
-    let out = Proc::spawn(c)
+    let out = spawn_piped(c)
         .wait_output(T)
         .unwrap_or_else(|e| panic!("echo client: {e}; figures: {}", brief(&w.stats_sum())));
     assert!(out.contains("CLIENT OK"), "client: {out}");
@@ -947,11 +947,11 @@ fn a_process_that_sets_up_an_io_uring_stays_on_tcp() {
     let w = SmcWorld::new();
     let srv_py = script(&w, "server.py", URING_SERVER);
     let cl_py = script(&w, "client.py", ECHO_CLIENT);
-    let mut srv = Proc::spawn(python(&w, &srv_py));
+    let mut srv = spawn_piped(python(&w, &srv_py));
     let port = ready_port(&mut srv);
     let mut c = python(&w, &cl_py);
     c.args([port.to_string(), "5".into()]);
-    let out = Proc::spawn(c)
+    let out = spawn_piped(c)
         .wait_output(T)
         .unwrap_or_else(|e| panic!("echo client: {e}; figures: {}", brief(&w.stats_sum())));
     assert!(out.contains("CLIENT OK"), "client: {out}");
@@ -981,7 +981,7 @@ fn a_client_back_after_its_server_gave_up_never_reads_clc_bytes() {
     let mut c = python(&w, &py);
     // Short CLC timeouts: the server gives up after 0.6 s instead of 4 s.
     c.arg("5").env("SMC_CLC_TIMEOUT_MS", "300");
-    let out = Proc::spawn(c)
+    let out = spawn_piped(c)
         .wait_output(T)
         .unwrap_or_else(|e| panic!("late_client.py: {e}; figures: {}", brief(&w.stats_sum())));
     assert!(out.contains("CLC_AS_DATA 0"), "{out}");
@@ -1040,11 +1040,11 @@ fn a_client_socket_handed_on_mid_connect_declines_without_an_error() {
     let w = SmcWorld::new();
     let srv_py = script(&w, "server.py", ECHO_SERVER);
     let cl_py = script(&w, "leaving_client.py", LEAVING_CLIENT);
-    let mut srv = Proc::spawn(python(&w, &srv_py));
+    let mut srv = spawn_piped(python(&w, &srv_py));
     let port = ready_port(&mut srv);
     let mut c = python(&w, &cl_py);
     c.arg(port.to_string());
-    let out = Proc::spawn(c)
+    let out = spawn_piped(c)
         .wait_output(T)
         .unwrap_or_else(|e| panic!("client: {e}; figures: {}", brief(&w.stats_sum())));
     assert!(out.contains("HELPER GOT from the helper"), "client: {out}");
@@ -1181,17 +1181,17 @@ fn exec_handoff_case_env(
     };
     let other = if side == "server" { "client" } else { "server" };
     let (mut leave, mut stay) = if side == "server" {
-        let mut l = Proc::spawn(cmd(&["leave", "server", how]));
+        let mut l = spawn_piped(cmd(&["leave", "server", how]));
         let port = ready_port(&mut l).to_string();
         let mut c = cmd(&["stay", other, how, &port]);
         c.stdin(std::process::Stdio::piped());
-        (l, Proc::spawn(c))
+        (l, spawn_piped(c))
     } else {
         let mut c = cmd(&["stay", other, how]);
         c.stdin(std::process::Stdio::piped());
-        let mut s = Proc::spawn(c);
+        let mut s = spawn_piped(c);
         let port = ready_port(&mut s).to_string();
-        (Proc::spawn(cmd(&["leave", "client", how, &port])), s)
+        (spawn_piped(cmd(&["leave", "client", how, &port])), s)
     };
     let line = leave.read_line();
     assert_eq!(line, "EXEC", "the leaving {side} said {line:?}");
@@ -1321,10 +1321,10 @@ fn a_forked_child_that_drops_privileges_never_sees_the_parents_next_connection()
     let before = w.stats_sum().get("smcd_client");
     let mut c = python(&w, &py);
     c.args([uid.to_string(), gid.to_string()]);
-    let out = Proc::spawn(c).wait_output(T).expect("kept_fork.py");
+    let out = spawn_piped(c).wait_output(T).expect("kept_fork.py");
     let mut c = Command::new("python3");
     c.arg(&py).args([uid.to_string(), gid.to_string()]);
-    let tcp = Proc::spawn(c)
+    let tcp = spawn_piped(c)
         .wait_output(T)
         .expect("kept_fork.py over TCP");
     let sum = w.stats_sum();

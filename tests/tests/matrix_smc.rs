@@ -30,7 +30,7 @@
 
 use integration_tests::{
     brief, fallbacks, free_port, pseudo_random, require_tool, run_to_end, sha256_hex, smcd_open,
-    spawn_logged, wait_listening, Cgroup, Finished, Proc, SmcWorld, Snapshot,
+    spawn_logged, test_cgroup, wait_listening, Cgroup, Finished, Proc, SmcWorld, Snapshot,
 };
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -72,7 +72,7 @@ impl Matrix {
     fn new(case: &'static str) -> Matrix {
         let w = SmcWorld::new();
         Matrix {
-            plain: Cgroup::new(),
+            plain: test_cgroup(),
             w,
             case,
             t0: Instant::now(),
@@ -216,7 +216,8 @@ fn ready_port(p: &mut Proc, what: &str) -> u16 {
 fn spawn_ready(mut c: Command, log: &Path, what: &str) -> (Proc, u16) {
     let f = std::fs::File::create(log).expect("create log");
     c.stdin(std::process::Stdio::null()).stderr(f);
-    let mut p = Proc(
+    let mut p = Proc::new(
+        what,
         c.stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {what}: {e}")),
@@ -501,7 +502,8 @@ fn go_run(m: &Matrix, mode: Mode, exe: &Path, upload: &Path, echo_py: &Path) -> 
     let f = std::fs::File::create(d.join("server.log")).expect("create log");
     let mut c = c;
     c.stdin(std::process::Stdio::null()).stderr(f);
-    let mut srv = Proc(
+    let mut srv = Proc::new(
+        "the Go server",
         c.stdout(std::process::Stdio::piped())
             .spawn()
             .expect("spawn the Go server"),

@@ -9,8 +9,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use integration_tests::{
-    bin, bin_dir, counters, daemon_command, delta, http_server_args, lock, require_root, unique,
-    Attached, Cgroup, Proc,
+    bin, bin_dir, counters, daemon_command, delta, http_server_args, lock, require_root,
+    spawn_piped, start_daemon, test_cgroup, unique, Attached, Cgroup, Daemon, Proc,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,7 +36,7 @@ struct World {
     _lock: integration_tests::TestLock,
     cg: Cgroup,
     _att: Attached,
-    _daemon: Proc,
+    _daemon: Daemon,
     dir: PathBuf,
     sock: PathBuf,
 }
@@ -45,7 +45,7 @@ impl World {
     fn new() -> World {
         require_root();
         let lock = lock();
-        let cg = Cgroup::new();
+        let cg = test_cgroup();
         let att = Attached::new(&cg, "ism");
         let dir = Path::new("/run/smc").join(unique("preload-test-"));
         std::fs::create_dir_all(dir.join("procs")).unwrap();
@@ -53,15 +53,7 @@ impl World {
         let mut dc = daemon_command(&sock, &dir);
         // Where a client of another uid gets its own `uid-<n>` directory.
         dc.arg("--procs-dir").arg(dir.join("procs"));
-        let daemon = Proc::spawn(dc);
-        let t = Instant::now();
-        while !sock.exists() {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "daemon did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let daemon = start_daemon(dc, &sock, &dir.join("daemon.log"));
         World {
             _lock: lock,
             cg,
@@ -177,7 +169,7 @@ fn get(s: &BTreeMap<String, u64>, k: &str) -> u64 {
 }
 
 fn start_server(c: Command) -> (Proc, u16) {
-    let mut p = Proc::spawn(c);
+    let mut p = spawn_piped(c);
     let line = p.read_line();
     let port = line
         .strip_prefix("READY ")
@@ -223,7 +215,7 @@ fn client(
         &recv.to_string(),
         &seed.to_string(),
     ]);
-    let out = Proc::spawn(c)
+    let out = spawn_piped(c)
         .wait_output(Duration::from_secs(300))
         .unwrap();
     let f = fields(&out, "CLIENT ");
@@ -328,7 +320,7 @@ fn preload_epoll_edge_triggered_server_many_clients() {
                 &(4_000_000 - i * 7).to_string(),
                 &(1000 + i).to_string(),
             ]);
-            Proc::spawn(c)
+            spawn_piped(c)
         })
         .collect();
     let cs: Vec<_> = hs
@@ -370,7 +362,7 @@ fn preload_fallback_client_without_library() {
         "2000000",
         "9",
     ]);
-    let out = Proc::spawn(c).wait_output(Duration::from_secs(60)).unwrap();
+    let out = spawn_piped(c).wait_output(Duration::from_secs(60)).unwrap();
     let cl = fields(&out, "CLIENT ")[0].clone();
     let s = server_lines(&w, srv, &cl);
     check_pair(&cl, &s[0]);
@@ -458,7 +450,7 @@ fn preload_library_outside_attached_cgroup_is_plain_tcp() {
         "1000000",
         "3",
     ]);
-    let out = Proc::spawn(c).wait_output(Duration::from_secs(60)).unwrap();
+    let out = spawn_piped(c).wait_output(Duration::from_secs(60)).unwrap();
     let cl = fields(&out, "CLIENT ")[0].clone();
     let s = server_lines(&w, srv, &cl);
     check_pair(&cl, &s[0]);
@@ -481,7 +473,7 @@ fn preload_peer_killed_mid_transfer_is_eof_not_hang() {
     let prog = bin("preload-prog");
     let mut c = w.smc(&prog);
     c.args(["sink", "127.0.0.1", &port.to_string()]);
-    let sink = Proc::spawn(c);
+    let sink = spawn_piped(c);
     std::thread::sleep(Duration::from_millis(500));
     // SAFETY: plain kill of our child.
     unsafe { libc::kill(srv.0.id() as i32, libc::SIGKILL) };
@@ -508,7 +500,7 @@ fn preload_reader_killed_writer_gets_epipe() {
     let prog = bin("preload-prog");
     let mut c = w.smc(&prog);
     c.args(["sink", "127.0.0.1", &port.to_string()]);
-    let mut sink = Proc::spawn(c);
+    let mut sink = spawn_piped(c);
     std::thread::sleep(Duration::from_millis(500));
     // SAFETY: plain kill of our child.
     unsafe { libc::kill(sink.0.id() as i32, libc::SIGKILL) };
@@ -540,7 +532,7 @@ fn preload_curl_against_python_http_server() {
     let port = 20000 + (std::process::id() % 20000) as u16;
     let mut c = w.smc("python3");
     http_server_args(&mut c, "127.0.0.1", port, &root);
-    let _srv = Proc::spawn(c);
+    let _srv = spawn_piped(c);
     let out_file = w.dir.join("got.bin");
     let t = Instant::now();
     loop {
@@ -589,7 +581,7 @@ fn exec_with_inherited_smc_socket(not_root: bool) {
     let prog = bin("preload-prog");
     let mut c = w.smc(&prog);
     c.args(["client", "127.0.0.1", &port.to_string(), "100000", "0", "5"]);
-    let cl = Proc::spawn(c);
+    let cl = spawn_piped(c);
     let out = srv.wait_output(Duration::from_secs(30)).unwrap();
     // The new image adopts the connection (the daemon kept its DMBs and local state page):
     // it reads the client's 16-byte header and 100 000 bytes, then EOF, as over TCP — never

@@ -8,7 +8,7 @@
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use integration_tests::{bin, fallbacks, Proc, SmcWorld};
+use integration_tests::{bin, fallbacks, spawn_piped, SmcWorld};
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -49,7 +49,7 @@ fn soak(
     let mut sc = wrap(&prog);
     sc.args(["server", "0", &CONNS.to_string()])
         .stdout(Stdio::piped());
-    let mut srv = Proc::spawn(sc);
+    let mut srv = spawn_piped(sc);
     let line = srv.read_line();
     let port = line
         .strip_prefix("READY ")
@@ -73,7 +73,7 @@ fn soak(
         "60",
     ])
     .stdout(Stdio::piped());
-    let cli = Proc::spawn(cc);
+    let cli = spawn_piped(cc);
     let (cpid, spid) = (cli.0.id(), srv.0.id());
     let cout = cli.wait_output(T).expect("soak client");
     let sout = srv.wait_output(T).expect("soak server");

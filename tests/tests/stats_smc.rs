@@ -9,8 +9,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use integration_tests::{
-    bin, bin_dir, daemon_command, http_server_args, lock, require_root, unique, Attached, Cgroup,
-    Proc,
+    bin, bin_dir, daemon_command, http_server_args, lock, require_root, spawn_piped, start_daemon,
+    test_cgroup, unique, Attached, Cgroup, Daemon, Proc,
 };
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -36,7 +36,7 @@ fn preload_lib() -> PathBuf {
 struct World {
     _lock: integration_tests::TestLock,
     cgs: Vec<(Cgroup, Attached)>,
-    daemon: Option<Proc>,
+    daemon: Option<Daemon>,
     dir: PathBuf,
     sock: PathBuf,
     metrics: Option<String>,
@@ -49,7 +49,7 @@ impl World {
         let cgs = modes
             .iter()
             .map(|m| {
-                let cg = Cgroup::new();
+                let cg = test_cgroup();
                 let a = Attached::new(&cg, m);
                 (cg, a)
             })
@@ -81,15 +81,7 @@ impl World {
         if let Some(a) = metrics {
             c.args(["--metrics", a]);
         }
-        self.daemon = Some(Proc::spawn(c));
-        let t = Instant::now();
-        while !self.sock.exists() {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "daemon did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.daemon = Some(start_daemon(c, &self.sock, &self.dir.join("daemon.log")));
     }
 
     fn cg(&self, i: usize) -> &Cgroup {
@@ -169,7 +161,7 @@ impl Drop for World {
 }
 
 fn start_server(c: Command) -> (Proc, u16) {
-    let mut p = Proc::spawn(c);
+    let mut p = spawn_piped(c);
     let line = p.read_line();
     let port = line
         .strip_prefix("READY ")
@@ -193,7 +185,7 @@ fn fields(out: &str, prefix: &str) -> Vec<BTreeMap<String, String>> {
 }
 
 fn run_client(c: Command) -> BTreeMap<String, String> {
-    let out = Proc::spawn(c)
+    let out = spawn_piped(c)
         .wait_output(Duration::from_secs(120))
         .unwrap();
     let f = fields(&out, "CLIENT ");
@@ -373,7 +365,7 @@ fn stats_fallback_reason_peernosmc() {
     };
     let mut c = w.cg(0).command("python3");
     http_server_args(&mut c, "127.0.0.1", port, &root);
-    let _srv = Proc::spawn(c);
+    let _srv = spawn_piped(c);
     let t = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
@@ -424,13 +416,13 @@ fn stats_conns_live_modes_and_cgroups() {
     let w = World::new(&["ism", "ism", "shortcut"], false);
     // cgroup 0: an SMC-D pair.
     let (mut src, port) = start_server(w.prog(0, true, &["source", "0"]));
-    let sink = Proc::spawn(w.prog(0, true, &["sink", "127.0.0.1", &port.to_string()]));
+    let sink = spawn_piped(w.prog(0, true, &["sink", "127.0.0.1", &port.to_string()]));
     // cgroup 1: the library on the server only → TCP (PEERNOSMC / NOT_ENABLED).
     let (src1, port1) = start_server(w.prog(1, true, &["source", "0"]));
-    let sink1 = Proc::spawn(w.prog(1, false, &["sink", "127.0.0.1", &port1.to_string()]));
+    let sink1 = spawn_piped(w.prog(1, false, &["sink", "127.0.0.1", &port1.to_string()]));
     // cgroup 2 (shortcut mode): no library, both ends on the sk_msg shortcut.
     let (src2, port2) = start_server(w.prog(2, false, &["source", "0"]));
-    let sink2 = Proc::spawn(w.prog(2, false, &["sink", "127.0.0.1", &port2.to_string()]));
+    let sink2 = spawn_piped(w.prog(2, false, &["sink", "127.0.0.1", &port2.to_string()]));
     std::thread::sleep(Duration::from_millis(500));
 
     let pid = |p: &Proc| p.0.id() as u64;

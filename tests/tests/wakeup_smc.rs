@@ -12,7 +12,7 @@
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use integration_tests::{bin, Proc, SmcWorld};
+use integration_tests::{bin, spawn_piped, SmcWorld};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ const T: Duration = Duration::from_secs(240);
 /// Runs `c`; the rounds it completed, or its failure.
 fn run(mut c: Command) -> (Result<String, String>, u32) {
     c.stdout(Stdio::piped());
-    let p = Proc::spawn(c);
+    let p = spawn_piped(c);
     let pid = p.0.id();
     let r = match p.wait_output(T) {
         Ok(out) if out.lines().any(|l| l == format!("OK rounds={ROUNDS}")) => Ok(out),
