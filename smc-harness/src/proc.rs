@@ -120,6 +120,15 @@ impl Proc {
         String::from_utf8_lossy(&line).into_owned()
     }
 
+    /// The port of `READY <port>`, the first line the test servers print on their (piped)
+    /// stdout once they listen.
+    pub fn read_ready_port(&mut self) -> Result<u16> {
+        let line = self.read_line();
+        line.strip_prefix("READY ")
+            .and_then(|p| p.trim().parse().ok())
+            .ok_or_else(|| anyhow!("{} said {line:?} instead of READY <port>", self.1.name))
+    }
+
     /// Kills it (its group, see [`Proc::spawn_group`]) and reaps it.
     pub fn kill(&mut self) {
         if self.1.group && self.alive() {
@@ -235,6 +244,13 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(gone(), "the group's other process survived");
+
+        let mut c = Command::new("echo");
+        c.arg("READY 4242\nother").stdout(Stdio::piped());
+        let mut p = Proc::spawn("echo", &mut c).unwrap();
+        assert_eq!(p.read_ready_port().unwrap(), 4242);
+        let e = p.read_ready_port().unwrap_err();
+        assert!(e.to_string().contains("echo said \"other\""), "{e}");
 
         let mut c = Command::new("echo");
         c.arg("hi").stdout(Stdio::piped());

@@ -214,6 +214,11 @@ pub fn spawn_piped(mut c: Command) -> Proc {
     Proc::spawn(&what, &mut c).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
+/// The port of the `READY <port>` line a test server prints first (see [`spawn_piped`]).
+pub fn ready_port(p: &mut Proc) -> u16 {
+    p.read_ready_port().unwrap_or_else(|e| panic!("{e:#}"))
+}
+
 // ────────────────────────────────────────────────────────────────────────────────────────────
 // Real applications on the data path (`apps_smc.rs`, `clc_capture.rs`): a world with its own
 // attached cgroup and loopback-ism daemon, programs started under `smc-ctl run`, the data

@@ -7,7 +7,7 @@
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use integration_tests::{brief, fallbacks, spawn_piped, SmcWorld};
+use integration_tests::{brief, fallbacks, ready_port, spawn_piped, SmcWorld};
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(120);
@@ -91,11 +91,7 @@ fn write_before_read_to_a_forking_echo_server_and_memory_given_back() {
     let mut c = w.run("python3");
     c.arg(&srv_py);
     let mut srv = spawn_piped(c);
-    let line = srv.read_line();
-    let port = line
-        .strip_prefix("READY ")
-        .and_then(|s| s.trim().parse::<u16>().ok())
-        .unwrap_or_else(|| panic!("server said {line:?}"));
+    let port = ready_port(&mut srv);
     let mut c = w.run("python3");
     c.arg(&cl_py)
         .arg(port.to_string())

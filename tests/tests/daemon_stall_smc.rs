@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use integration_tests::{bin, spawn_piped, SmcWorld};
+use integration_tests::{bin, ready_port, spawn_piped, SmcWorld};
 
 /// The daemon protocol's op field (offset 6 of a record, little-endian) of `OP_ATTACH_PEER`
 /// (smc_ism::proto): the server's attach of its client's DMB, sent with its Accept.
@@ -295,13 +295,7 @@ fn serve_one(w: &SmcWorld, proxy: &Proxy, env: &[(&str, &str)]) -> (String, Stri
         .env("SMC_PAIR", "0")
         .envs(env.iter().copied());
     let mut srv = spawn_piped(s);
-    let line = srv.read_line();
-    let port: u16 = line
-        .strip_prefix("READY ")
-        .unwrap_or_else(|| panic!("server said {line:?}"))
-        .trim()
-        .parse()
-        .unwrap();
+    let port = ready_port(&mut srv);
     let mut c = w.run(bin("preload-prog"));
     c.args([
         "client",

@@ -8,8 +8,8 @@
 use std::{io::Write as _, process::Stdio, time::Duration};
 
 use integration_tests::{
-    as_user, bin, brief, counters, delta, lock, nobody, require_root, spawn_piped, test_cgroup,
-    Attached, Cgroup, SmcWorld,
+    as_user, bin, brief, counters, delta, lock, nobody, ready_port, require_root, spawn_piped,
+    test_cgroup, Attached, Cgroup, SmcWorld,
 };
 
 const T: Duration = Duration::from_secs(60);
@@ -135,11 +135,7 @@ fn smcd_doorbells_still_take_the_shortcut() {
     s.args(["server", "0", "thread", "1"])
         .env("SMC_DMB_SIZE", "16384");
     let mut server = spawn_piped(s);
-    let line = server.read_line();
-    let port = line
-        .strip_prefix("READY ")
-        .map(|p| p.trim().to_string())
-        .unwrap_or_else(|| panic!("server said {line:?}"));
+    let port = ready_port(&mut server).to_string();
     let before = counters();
     let mut c = w.run(bin("preload-prog"));
     c.args(["client", "127.0.0.1", &port, "4194304", "4194304", "7"])

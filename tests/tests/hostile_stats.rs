@@ -17,7 +17,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use integration_tests::{
-    as_user, bin, nobody, run_to_end, spawn_piped, test_cgroup, Cgroup, Finished, Proc, SmcWorld,
+    as_user, bin, nobody, ready_port, run_to_end, spawn_piped, test_cgroup, Cgroup, Finished, Proc,
+    SmcWorld,
 };
 use serde_json::Value;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
@@ -38,11 +39,7 @@ fn server(w: &SmcWorld, user: Option<(u32, u32)>, conns: u32) -> (Proc, u16) {
         as_user(&mut c, u);
     }
     let mut p = spawn_piped(c);
-    let line = p.read_line();
-    let port = line
-        .strip_prefix("READY ")
-        .and_then(|p| p.trim().parse().ok())
-        .unwrap_or_else(|| panic!("server said {line:?}"));
+    let port = ready_port(&mut p);
     (p, port)
 }
 
@@ -501,11 +498,7 @@ fn planted_claims_count_for_nobody_else() {
     let mut c = w.run(bin("preload-prog"));
     c.args(["source", "0"]).env_remove("SMC_STATS_KEEP");
     let mut srv = spawn_piped(c);
-    let line = srv.read_line();
-    let port = line
-        .strip_prefix("READY ")
-        .map(|p| p.trim().to_owned())
-        .unwrap_or_else(|| panic!("source said {line:?}"));
+    let port = ready_port(&mut srv).to_string();
     let mut c = w.run(bin("preload-prog"));
     c.args(["sink", "127.0.0.1", &port])
         .env_remove("SMC_STATS_KEEP");

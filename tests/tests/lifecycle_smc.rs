@@ -6,7 +6,9 @@
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use integration_tests::{brief, fallbacks, require_tool, spawn_piped, NetnsPair, Proc, SmcWorld};
+use integration_tests::{
+    brief, fallbacks, ready_port, require_tool, spawn_piped, NetnsPair, SmcWorld,
+};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -23,14 +25,6 @@ fn script(w: &SmcWorld, name: &str, text: &str) -> std::path::PathBuf {
     let p = w.subdir("py").join(name);
     std::fs::write(&p, text).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
     p
-}
-
-/// The port a server printed as `READY <port>`.
-fn ready_port(p: &mut Proc) -> u16 {
-    let line = p.read_line();
-    line.strip_prefix("READY ")
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or_else(|| panic!("server said {line:?} instead of READY <port>"))
 }
 
 /// An echo client: `n` messages of pseudo-random sizes, each read back whole and compared.

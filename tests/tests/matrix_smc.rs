@@ -29,8 +29,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use integration_tests::{
-    brief, fallbacks, free_port, pseudo_random, require_tool, run_to_end, sha256_hex, smcd_open,
-    spawn_logged, test_cgroup, wait_listening, Cgroup, Finished, Proc, SmcWorld, Snapshot,
+    brief, fallbacks, free_port, pseudo_random, ready_port, require_tool, run_to_end, sha256_hex,
+    smcd_open, spawn_logged, test_cgroup, wait_listening, Cgroup, Finished, Proc, SmcWorld,
+    Snapshot,
 };
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -204,14 +205,6 @@ fn ctl_stats(m: &Matrix) -> serde_json::Value {
     m.w.stats_json()
 }
 
-/// `READY <port>` printed by a server as its first line.
-fn ready_port(p: &mut Proc, what: &str) -> u16 {
-    let line = p.read_line();
-    line.strip_prefix("READY ")
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{what} said {line:?} instead of READY <port>"))
-}
-
 /// A server started with stdout piped (it prints `READY <port>`) and stderr into a log.
 fn spawn_ready(mut c: Command, log: &Path, what: &str) -> (Proc, u16) {
     let f = std::fs::File::create(log).expect("create log");
@@ -222,7 +215,7 @@ fn spawn_ready(mut c: Command, log: &Path, what: &str) -> (Proc, u16) {
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {what}: {e}")),
     );
-    let port = ready_port(&mut p, what);
+    let port = ready_port(&mut p);
     (p, port)
 }
 

@@ -9,8 +9,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use integration_tests::{
-    bin, bin_dir, counters, daemon_command, delta, http_server_args, lock, require_root,
-    spawn_piped, start_daemon, test_cgroup, unique, Attached, Cgroup, Daemon, Proc,
+    bin, bin_dir, counters, daemon_command, delta, http_server_args, lock, ready_port,
+    require_root, spawn_piped, start_daemon, test_cgroup, unique, Attached, Cgroup, Daemon, Proc,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -170,13 +170,7 @@ fn get(s: &BTreeMap<String, u64>, k: &str) -> u64 {
 
 fn start_server(c: Command) -> (Proc, u16) {
     let mut p = spawn_piped(c);
-    let line = p.read_line();
-    let port = line
-        .strip_prefix("READY ")
-        .unwrap_or_else(|| panic!("server said {line:?}"))
-        .trim()
-        .parse()
-        .unwrap();
+    let port = ready_port(&mut p);
     (p, port)
 }
 

@@ -8,7 +8,7 @@
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use integration_tests::{bin, fallbacks, spawn_piped, SmcWorld};
+use integration_tests::{bin, fallbacks, ready_port, spawn_piped, SmcWorld};
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -50,12 +50,7 @@ fn soak(
     sc.args(["server", "0", &CONNS.to_string()])
         .stdout(Stdio::piped());
     let mut srv = spawn_piped(sc);
-    let line = srv.read_line();
-    let port = line
-        .strip_prefix("READY ")
-        .unwrap_or_else(|| panic!("{what}: server said {line:?}"))
-        .trim()
-        .to_string();
+    let port = ready_port(&mut srv).to_string();
     let mut cc = wrap(&prog);
     cc.args([
         "client",

@@ -67,13 +67,8 @@ pub fn run(root: &Path, o: &Opts) -> Result<()> {
         "smc-soak server",
         cmd(&["server".into(), "0".into(), o.conns.to_string()]).stdout(Stdio::piped()),
     )?;
-    let mut lines = BufReader::new(srv.0.stdout.take().context("server stdout")?).lines();
-    let ready = lines.next().context("server said nothing")??;
-    let port = ready
-        .strip_prefix("READY ")
-        .with_context(|| format!("server said {ready:?}"))?
-        .trim()
-        .to_string();
+    let port = srv.read_ready_port()?.to_string();
+    let lines = BufReader::new(srv.0.stdout.take().context("server stdout")?).lines();
     eprintln!(
         "==> soak: {} connections, {} at a time, {} each way, modes {}",
         o.conns, o.par, o.bytes, o.modes
