@@ -13,6 +13,7 @@
 //! - [`GlobalLock`]: `/run/smc/tests.lock`, taken by the tests and the bench around everything
 //!   that loads programs or reads the host-wide counters.
 //! - [`Netns`], [`ip`], [`tcp_listening`], [`wait_listening`]: network namespaces and listeners.
+//! - [`find_tool`]: a program on `PATH` or in the usual system directories.
 //! - [`install_signal_handlers`] / [`check_interrupted`]: SIGINT, SIGTERM and SIGHUP become a
 //!   flag that the harness's waits check, so that the guards get to clean up.
 //!
@@ -39,6 +40,27 @@ pub use lock::{GlobalLock, GLOBAL_LOCK};
 pub use net::{ip, tcp_listening, wait_listening, Netns};
 pub use proc::{last_lines, log_tail, log_to, Proc, ScratchDir};
 pub use signals::{check_interrupted, install_signal_handlers, interrupted};
+
+/// The executable `tool` on `PATH` or in the usual system directories (`sbin` ones included,
+/// which a normal user's `PATH` may lack).
+pub fn find_tool(tool: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let usual = [
+        "/usr/local/sbin",
+        "/usr/local/bin",
+        "/usr/sbin",
+        "/usr/bin",
+        "/sbin",
+        "/bin",
+    ];
+    std::env::split_paths(&path)
+        .chain(usual.map(std::path::PathBuf::from))
+        .map(|d| d.join(tool))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
 
 /// Where cgroup v2 is mounted (from `/proc/self/mountinfo`, see `smc_cgroup`).
 pub fn cgroup2_root() -> anyhow::Result<std::path::PathBuf> {

@@ -34,9 +34,9 @@ impl GlobalLock {
         let fd = f.as_raw_fd();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            // SAFETY: `fd` stays open while this thread's caller waits for the answer; on an
-            // interrupt the caller returns and the file is closed: the call then fails with
-            // EBADF or takes a lock that dies with the file.
+            // SAFETY: flock only takes a lock on the descriptor. `fd` stays open while the caller
+            // waits for the answer; only an interrupt ends that wait early, and then the caller
+            // fails and its program is about to exit (a lock taken then dies with it).
             let r = unsafe { libc::flock(fd, libc::LOCK_EX) };
             let _ = tx.send(r);
         });

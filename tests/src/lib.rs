@@ -230,24 +230,8 @@ pub use smc_stats::Snapshot;
 /// The executable `tool` (on `PATH` or in the usual system directories), or a test failure that
 /// says how to install it.
 pub fn require_tool(tool: &str, package: &str) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt as _;
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let dirs = std::env::split_paths(&path).chain(
-        [
-            "/usr/local/sbin",
-            "/usr/local/bin",
-            "/usr/sbin",
-            "/usr/bin",
-            "/sbin",
-            "/bin",
-        ]
-        .map(PathBuf::from),
-    );
-    for d in dirs {
-        let p = d.join(tool);
-        if fs::metadata(&p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0) {
-            return p;
-        }
+    if let Some(p) = smc_harness::find_tool(tool) {
+        return p;
     }
     panic!(
         "{tool} is not installed: `cargo xtask setup` installs the test tools \

@@ -145,7 +145,7 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
         "nginx",
         "wrk",
     ] {
-        if which(tool).is_none() {
+        if smc_harness::find_tool(tool).is_none() {
             bail!("{tool} is not installed (cargo xtask setup installs it)");
         }
     }
@@ -556,15 +556,6 @@ fn target_dir(root: &Path) -> Result<PathBuf> {
         .as_str()
         .map(PathBuf::from)
         .ok_or_else(|| anyhow!("cargo metadata: no target_directory"))
-}
-
-fn which(tool: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .chain(["/usr/sbin".into(), "/sbin".into()])
-        .map(|d| d.join(tool))
-        .find(|p| p.is_file())
 }
 
 fn machine(root: &Path) -> Value {
