@@ -99,11 +99,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sees_a_listener_without_connecting() {
+    fn sees_a_listener_not_a_connection() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
-        assert!(tcp_listening(Path::new("/proc/self/net"), port));
-        drop(l);
-        assert!(!tcp_listening(Path::new("/proc/self/net"), port));
+        // A connected socket's port: held by us and not listening (no other process can take
+        // it while we hold it, so this does not depend on what else runs on the host).
+        let c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let client_port = c.local_addr().unwrap().port();
+        let net = Path::new("/proc/self/net");
+        assert!(tcp_listening(net, port));
+        assert!(!tcp_listening(net, client_port));
     }
 }
