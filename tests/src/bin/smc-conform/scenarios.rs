@@ -1023,18 +1023,23 @@ fn io_uring_after_connection() {
 /// non-blocking read does not wait, the shutdown ends the stream).
 fn raw_syscalls_accept_fcntl_poll_shutdown() {
     let (l, port) = listener();
+    // The accept waits in a thread, as in `pair` (a blocking connect to a listener of this
+    // process waits for its handshake within the call).
+    let h = std::thread::spawn(move || {
+        // SAFETY: the listener and null address pointers (accept4(2)).
+        unsafe {
+            libc::syscall(
+                libc::SYS_accept4,
+                l,
+                std::ptr::null_mut::<libc::sockaddr>(),
+                std::ptr::null_mut::<libc::socklen_t>(),
+                0,
+            )
+        }
+    });
     let c = tcp_socket();
     r("connect(c)", connect_to(c, port) as isize);
-    // SAFETY: the listener and null address pointers (accept4(2)).
-    let s = unsafe {
-        libc::syscall(
-            libc::SYS_accept4,
-            l,
-            std::ptr::null_mut::<libc::sockaddr>(),
-            std::ptr::null_mut::<libc::socklen_t>(),
-            0,
-        )
-    } as c_int;
+    let s = h.join().unwrap() as c_int;
     log(format!("accept4 (syscall) ok = {}", s >= 0));
     write_all(c, b"hello");
     rd("read(s)", s, 64);
