@@ -932,6 +932,90 @@ pub(crate) fn dmb_answer(buf: &[u8], a: Answer) -> Result<Dmb, IsmError> {
 }
 
 /// One DMB of a reply: its [`DmbReply`] at the start of `r`, with `id` and `fd`.
+/// A DMB of a `PAIR` reply that came without its memfd (and, our own, without its state
+/// page): an earlier reply on this daemon connection passed them, and the caller said it keeps
+/// the DMBs of its pairs mapped ([`crate::SharedClient::set_keeps_mapped`],
+/// [`proto::PAIR_OWN_KEPT`], [`proto::PAIR_PEER_KEPT`]): it uses its mapping of the DMB with
+/// this id, or gives the references back. Its `Debug` output leaves the token out.
+pub struct KeptDmb {
+    /// As [`Dmb::token`].
+    pub token: u64,
+    /// As [`Dmb::idx`].
+    pub idx: u8,
+    /// As [`Dmb::slot`].
+    pub slot: u32,
+    /// As [`Dmb::size`].
+    pub size: usize,
+    /// As [`Dmb::size_code`].
+    pub size_code: u8,
+    /// As [`Dmb::id`] (never 0).
+    pub id: u64,
+    /// Our own DMB: it has a local state page (or slot, [`KeptDmb::state_slot`]) the daemon
+    /// keeps with it, which the caller kept mapped with the DMB.
+    pub has_state: bool,
+    /// As [`Dmb::state_slot`].
+    pub state_slot: Option<usize>,
+}
+
+impl fmt::Debug for KeptDmb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeptDmb")
+            .field("token", &"<redacted>")
+            .field("slot", &self.slot)
+            .field("size_code", &self.size_code)
+            .field("id", &self.id)
+            .field("has_state", &self.has_state)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One DMB of a `PAIR` reply: with its memfd, or without ([`KeptDmb`]).
+#[derive(Debug)]
+pub enum PairDmb {
+    /// The memfd (and our own DMB's state page) came with the reply.
+    Passed(Dmb),
+    /// Mapped already by the caller (see [`KeptDmb`]).
+    Kept(KeptDmb),
+}
+
+impl PairDmb {
+    /// Its token.
+    pub fn token(&self) -> u64 {
+        match self {
+            PairDmb::Passed(d) => d.token,
+            PairDmb::Kept(k) => k.token,
+        }
+    }
+
+    /// Its size code.
+    pub fn size_code(&self) -> u8 {
+        match self {
+            PairDmb::Passed(d) => d.size_code,
+            PairDmb::Kept(k) => k.size_code,
+        }
+    }
+}
+
+/// A [`KeptDmb`] from a `PAIR` reply's DMB part `r` and id.
+pub(crate) fn kept_dmb_of(r: &[u8], id: u64) -> Result<KeptDmb, IsmError> {
+    let r = DmbReply::decode(r).ok_or(IsmError::Protocol("short DMB reply"))?;
+    let size = dmb_size_from_code_large(r.size_code)
+        .ok_or(IsmError::Protocol("bad size code in reply"))? as usize;
+    if size as u64 != r.size || id == 0 {
+        return Err(IsmError::Protocol("inconsistent kept DMB"));
+    }
+    Ok(KeptDmb {
+        token: r.token,
+        idx: r.idx,
+        slot: r.slot,
+        size,
+        size_code: r.size_code,
+        id,
+        has_state: false,
+        state_slot: None,
+    })
+}
+
 pub(crate) fn dmb_of(r: &[u8], id: u64, fd: OwnedFd) -> Result<Dmb, IsmError> {
     let r = DmbReply::decode(r).ok_or(IsmError::Protocol("short DMB reply"))?;
     let size = dmb_size_from_code_large(r.size_code)
