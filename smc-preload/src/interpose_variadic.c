@@ -128,6 +128,8 @@ extern int execv(const char *path, char *const argv[]);
 extern int execvp(const char *file, char *const argv[]);
 extern int execve(const char *path, char *const argv[], char *const envp[]);
 
+// The arguments after `arg0` up to the terminating NULL, counted (with `arg0`), so that the
+// caller can size its array.
 #define COUNT_ARGS(arg0, n)                                                                     \
   do {                                                                                          \
     va_list c;                                                                                  \
@@ -141,57 +143,42 @@ extern int execve(const char *path, char *const argv[], char *const envp[]);
     va_end(c);                                                                                  \
   } while (0)
 
+// In a function `(name, arg0, ...)`: `argv` (on the stack, as glibc builds it) holds `arg0`
+// and the arguments after it, NULL-terminated; `ap` is left after the terminating NULL (for
+// execle's environment), the caller's to `va_end`.
+#define ARGV_FROM_VARARGS(arg0)                                                                 \
+  size_t n;                                                                                     \
+  COUNT_ARGS(arg0, n);                                                                          \
+  if (n > 65536) {                                                                              \
+    errno = E2BIG;                                                                              \
+    return -1;                                                                                  \
+  }                                                                                             \
+  const char *argv[n + 1];                                                                      \
+  va_list ap;                                                                                   \
+  va_start(ap, arg0);                                                                           \
+  argv[0] = arg0;                                                                               \
+  for (size_t i = 1; i <= n; i++) {                                                             \
+    argv[i] = i < n ? va_arg(ap, const char *) : NULL;                                          \
+  }                                                                                             \
+  if (arg0 != NULL) {                                                                           \
+    (void)va_arg(ap, const char *); /* the terminating NULL (arg0 is it when NULL) */           \
+  }
+
 HIDDEN int smc_preload_c_execl(const char *path, const char *arg0, ...) {
-  size_t n;
-  COUNT_ARGS(arg0, n);
-  if (n > 65536) {
-    errno = E2BIG;
-    return -1;
-  }
-  const char *argv[n + 1];
-  va_list ap;
-  va_start(ap, arg0);
-  argv[0] = arg0;
-  for (size_t i = 1; i <= n; i++) {
-    argv[i] = i < n ? va_arg(ap, const char *) : NULL;
-  }
+  ARGV_FROM_VARARGS(arg0);
   va_end(ap);
   return execv(path, (char *const *)argv);
 }
 
 HIDDEN int smc_preload_c_execlp(const char *file, const char *arg0, ...) {
-  size_t n;
-  COUNT_ARGS(arg0, n);
-  if (n > 65536) {
-    errno = E2BIG;
-    return -1;
-  }
-  const char *argv[n + 1];
-  va_list ap;
-  va_start(ap, arg0);
-  argv[0] = arg0;
-  for (size_t i = 1; i <= n; i++) {
-    argv[i] = i < n ? va_arg(ap, const char *) : NULL;
-  }
+  ARGV_FROM_VARARGS(arg0);
   va_end(ap);
   return execvp(file, (char *const *)argv);
 }
 
 // execle: the environment follows the terminating NULL.
 HIDDEN int smc_preload_c_execle(const char *path, const char *arg0, ...) {
-  size_t n;
-  COUNT_ARGS(arg0, n);
-  if (n > 65536) {
-    errno = E2BIG;
-    return -1;
-  }
-  const char *argv[n + 1];
-  va_list ap;
-  va_start(ap, arg0);
-  argv[0] = arg0;
-  for (size_t i = 1; i <= n; i++) {
-    argv[i] = i < n ? va_arg(ap, const char *) : NULL;
-  }
+  ARGV_FROM_VARARGS(arg0);
   char *const *envp = va_arg(ap, char *const *);
   va_end(ap);
   return execve(path, (char *const *)argv, envp);
