@@ -389,7 +389,7 @@ fn establish() -> (HeldDmb, HeldDmb, HeldDmb, HeldDmb) {
 }
 
 #[test]
-fn a_pooled_dmb_without_a_kept_mapping_gives_way_to_a_clean_one() {
+fn a_pooled_dmb_bound_again_starts_clean_without_a_kept_mapping() {
     daemon();
     let _g = COUNT.lock().unwrap_or_else(|e| e.into_inner());
     let (cown, cpeer, sown, speer) = establish();
@@ -419,14 +419,7 @@ fn a_pooled_dmb_without_a_kept_mapping_gives_way_to_a_clean_one() {
     .unwrap();
     setup::release_dmbs(Some(sown.token), Some(speer.token));
     let (cown, cpeer, sown, speer) = establish();
-    // Our `PAIR` asks the daemon to leave out the files it passed us before
-    // (`PAIR_FLAG_KEPT`): the pooled DMB would come as an id and a token only, which this
-    // process has no mapping of any more. That pairing is given back and the connection
-    // registers a DMB alone: a fresh one, clean like any (checked below).
-    assert_ne!(
-        cown.token, token,
-        "a pooled DMB whose mapping is not kept is not bound again"
-    );
+    assert_eq!(cown.token, token, "the pooled DMB is bound again");
     let hdr: Vec<u8> = (0..smc_common::cdc::CDC_HEADER_LEN)
         // SAFETY: within the mapping; nobody writes it (the peer has not been told yet).
         .map(|i| unsafe { std::ptr::read_volatile(cown.map.as_ptr().add(i)) })
