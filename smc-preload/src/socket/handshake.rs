@@ -81,10 +81,6 @@ impl HeldDmb {
             smc_ism::PairDmb::Kept(k) => k,
         };
         let Some((map, state)) = crate::dmbs::take(own, k.id, k.size) else {
-            crate::debug!(
-                "a DMB bound again ({}) is not among our kept mappings: pairing given back",
-                if own { "ours" } else { "the peer's" }
-            );
             return Err(k.token);
         };
         let state = match state {
@@ -97,15 +93,11 @@ impl HeldDmb {
                     smc_ism::proto::STATE_PAGE
                 };
                 if st.len() as u64 != want {
-                    crate::debug!("our DMB bound again was kept with another state: given back");
                     return Err(k.token);
                 }
                 Some(st)
             }
-            None if own && k.has_state => {
-                crate::debug!("our DMB bound again was kept without its state: pairing given back");
-                return Err(k.token);
-            }
+            None if own && k.has_state => return Err(k.token),
             _ => None,
         };
         if own {
