@@ -235,8 +235,8 @@ mod sys;
 mod daemon;
 
 pub use client::{
-    default_socket_path, Client, Dmb, DmbMap, Gid, KeptDmb, PairDmb, Ticket, DEFAULT_SOCKET_PATH,
-    DEFAULT_TIMEOUT, SOCKET_ENV,
+    default_socket_path, Client, Dmb, DmbMap, Gid, Ticket, DEFAULT_SOCKET_PATH, DEFAULT_TIMEOUT,
+    SOCKET_ENV,
 };
 pub use error::{DeclineReason, IsmError};
 pub use shared::SharedClient;

@@ -69,9 +69,7 @@
 //!   without the flag, a state that is a slot is not handed over (`StaleToken`).
 //! - `OP_PAIR`: `size_code: u8, flags: u8, reserved: [u8; 2], park_ms: u32, reserved: u64`
 //!   (flag [`PAIR_FLAG_STATE_SLOT`]: a DMB registered for the caller comes with a local state
-//!   that is a slot, see below; flag [`PAIR_FLAG_KEPT`]: no memfd, nor state page, for a DMB
-//!   whose memfd an earlier `PAIR` reply on this client connection passed, see
-//!   [`PAIR_OWN_KEPT`]), then up to
+//!   that is a slot, see below), then up to
 //!   [`PAIR_RELEASES_MAX`] releases of 24 bytes each (`own: u64, peer: u64, flags: u32,
 //!   reserved: u32`, handled first, as `OP_RELEASE` records: a process sends the releases of
 //!   its finished short connections with its next pair, one record and one wakeup of the
@@ -184,10 +182,6 @@ pub const STATE_PAGE: u64 = 4096;
 pub const STATE_SLOT: u64 = 256;
 /// `OP_PAIR` request flag: a DMB registered for the caller may come with a state slot.
 pub const PAIR_FLAG_STATE_SLOT: u8 = 1 << 0;
-/// `OP_PAIR` request flag: the caller keeps the DMBs of its earlier `PAIR`s mapped (by id):
-/// a DMB whose memfd an earlier `PAIR` reply on this client connection passed comes without
-/// it ([`PAIR_OWN_KEPT`], [`PAIR_PEER_KEPT`]). A daemon without it passes the memfds anyway.
-pub const PAIR_FLAG_KEPT: u8 = 1 << 1;
 /// `OP_ADOPT` request flag: the caller takes a state slot (see [`ADOPT_STATE_REPLY_LEN`]).
 pub const ADOPT_FLAG_SLOT: u8 = 1 << 0;
 /// Length of the result of an `ADOPT_STATE` asked with [`ADOPT_FLAG_SLOT`].
@@ -258,14 +252,6 @@ pub const PAIR_OWN_STATE: u32 = 1 << 0;
 /// `OP_PAIR` result flag (with [`PAIR_OWN_STATE`]): the local state is the [`STATE_SLOT`]
 /// bytes at `state_off` (the result's last `u32`) of that memfd.
 pub const PAIR_STATE_SLOT: u32 = 1 << 1;
-/// `OP_PAIR` result flag (asked for with [`PAIR_FLAG_KEPT`]): the own DMB's memfd and its
-/// state page are not passed (an earlier reply on this client connection passed them): the
-/// fds of the reply start with the peer's memfd, and [`PAIR_OWN_STATE`] says only whether
-/// the DMB has a state page (and [`PAIR_STATE_SLOT`] where its slot is).
-pub const PAIR_OWN_KEPT: u32 = 1 << 2;
-/// `OP_PAIR` result flag (asked for with [`PAIR_FLAG_KEPT`]): the peer DMB's memfd is not
-/// passed (an earlier reply on this client connection passed it).
-pub const PAIR_PEER_KEPT: u32 = 1 << 3;
 
 /// Reply status codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -492,8 +478,6 @@ pub enum Request {
         n_releases: u8,
         /// [`PAIR_FLAG_STATE_SLOT`].
         state_slot: bool,
-        /// [`PAIR_FLAG_KEPT`].
-        kept: bool,
     },
     /// `OP_CANCEL`.
     Cancel {
@@ -654,7 +638,6 @@ pub fn decode_request(rec: &[u8], truncated: bool) -> Decoded {
                 releases,
                 n_releases: n as u8,
                 state_slot: p[1] & PAIR_FLAG_STATE_SLOT != 0,
-                kept: p[1] & PAIR_FLAG_KEPT != 0,
             })
         }
         OP_CANCEL if !need(4) => bad(Status::Malformed, false),
@@ -809,7 +792,6 @@ mod tests {
                 park_ms: PAIR_PARK_MAX_MS,
                 n_releases: 0,
                 state_slot: false,
-                kept: false,
                 ..
             }) => {}
             r => panic!("{r:?}"),
@@ -820,16 +802,6 @@ mod tests {
             decode_request(&record(OP_PAIR, &slot), false).request,
             Ok(Request::Pair {
                 state_slot: true,
-                kept: false,
-                ..
-            })
-        ));
-        slot[1] = PAIR_FLAG_STATE_SLOT | PAIR_FLAG_KEPT;
-        assert!(matches!(
-            decode_request(&record(OP_PAIR, &slot), false).request,
-            Ok(Request::Pair {
-                state_slot: true,
-                kept: true,
                 ..
             })
         ));

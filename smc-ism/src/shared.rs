@@ -26,9 +26,7 @@ use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::client::{
-    self, check_reply, dmb_answer, dmb_of, Dmb, Gid, PairDmb, Ticket, DEFAULT_TIMEOUT,
-};
+use crate::client::{self, check_reply, dmb_answer, dmb_of, Dmb, Gid, Ticket, DEFAULT_TIMEOUT};
 use crate::error::IsmError;
 use crate::proto::{self, Header};
 use crate::sys;
@@ -97,9 +95,6 @@ pub struct SharedClient {
     raw: AtomicI32,
     /// Ask for local state slots ([`SharedClient::set_state_slots`]).
     state_slots: std::sync::atomic::AtomicBool,
-    /// Ask for `PAIR` replies without the memfds passed before
-    /// ([`SharedClient::set_keeps_mapped`]).
-    keeps_mapped: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for SharedClient {
@@ -134,7 +129,6 @@ impl SharedClient {
             changed: Condvar::new(),
             raw: AtomicI32::new(-1),
             state_slots: std::sync::atomic::AtomicBool::new(false),
-            keeps_mapped: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -702,26 +696,6 @@ impl SharedClient {
         self.state_slots.store(on, Ordering::Relaxed);
     }
 
-    /// The caller keeps the DMBs of its `PAIR`s mapped (by id): a `PAIR` reply may leave out
-    /// the memfds (and state page) an earlier reply on this daemon connection passed
-    /// ([`proto::PAIR_FLAG_KEPT`]; read it with [`SharedClient::finish_pair_any`], which
-    /// returns those as [`PairDmb::Kept`]; [`SharedClient::finish_pair`] fails them).
-    pub fn set_keeps_mapped(&self, on: bool) {
-        self.keeps_mapped.store(on, Ordering::Relaxed);
-    }
-
-    /// The `PAIR` request flags: state slot, kept mappings.
-    fn pair_flags(&self, slot: bool) -> u8 {
-        let mut f = 0;
-        if slot {
-            f |= proto::PAIR_FLAG_STATE_SLOT;
-        }
-        if self.keeps_mapped.load(Ordering::Relaxed) {
-            f |= proto::PAIR_FLAG_KEPT;
-        }
-        f
-    }
-
     /// Whether to ask for state slots (see [`SharedClient::set_state_slots`]).
     fn slots_wanted(&self) -> Result<bool, IsmError> {
         Ok(self.state_slots.load(Ordering::Relaxed)
@@ -937,8 +911,7 @@ impl SharedClient {
                 flags,
             );
         }
-        let flags = self.pair_flags(self.slots_wanted()?);
-        let (payload, n) = pair_payload(size_code, flags, park, carried);
+        let (payload, n) = pair_payload(size_code, self.slots_wanted()?, park, carried);
         self.send(proto::OP_PAIR, &payload[..n], &[sock_fd])
     }
 
@@ -970,7 +943,7 @@ impl SharedClient {
         }
         let slot =
             self.state_slots.load(Ordering::Relaxed) && features & proto::FEATURE_STATE_SLOTS != 0;
-        let (payload, len) = pair_payload(size_code, self.pair_flags(slot), park, releases);
+        let (payload, len) = pair_payload(size_code, slot, park, releases);
         let seq = st.seq.wrapping_add(1);
         let mut req = [0u8; proto::MAX_REQUEST];
         let n = proto::HEADER_LEN + len;
@@ -996,43 +969,15 @@ impl SharedClient {
 
     /// Waits (at most `wait`, else the client's timeout) for the reply of a `PAIR`: our DMB and
     /// the peer's (attached), each with its id; ours with its local state page ([`Dmb::state`])
-    /// when the daemon keeps one. A DMB the reply passes no memfd for
-    /// ([`SharedClient::set_keeps_mapped`]) is a `Protocol` error (its references go back):
-    /// see [`SharedClient::finish_pair_any`].
+    /// when the daemon keeps one.
     pub fn finish_pair(&self, t: Ticket, wait: Option<Duration>) -> Result<(Dmb, Dmb), IsmError> {
-        match self.finish_pair_any(t, wait)? {
-            (PairDmb::Passed(own), PairDmb::Passed(peer)) => Ok((own, peer)),
-            (own, peer) => {
-                let _ = self.release_nowait(Some(own.token()), Some(peer.token()));
-                Err(IsmError::Protocol("PAIR reply without memfds"))
-            }
-        }
-    }
-
-    /// As [`SharedClient::finish_pair`], where the daemon may leave out the memfds it passed
-    /// this connection before ([`SharedClient::set_keeps_mapped`]): those DMBs come as
-    /// [`PairDmb::Kept`], for the caller to find among its mappings by id.
-    pub fn finish_pair_any(
-        &self,
-        t: Ticket,
-        wait: Option<Duration>,
-    ) -> Result<(PairDmb, PairDmb), IsmError> {
-        let (buf, a, extra) = self.finish_within(t, wait)?;
+        let (buf, a, mut extra) = self.finish_within(t, wait)?;
         let r = buf.get(a.start..a.end).unwrap_or(&[]);
         if r.len() < proto::PAIR_REPLY_LEN {
             return Err(IsmError::Protocol("short PAIR reply"));
         }
-        let flags = proto::get_u32(r, 64);
-        let own_kept = flags & proto::PAIR_OWN_KEPT != 0;
-        let peer_kept = flags & proto::PAIR_PEER_KEPT != 0;
-        let want = usize::from(!own_kept)
-            + usize::from(!peer_kept)
-            + usize::from(!own_kept && flags & proto::PAIR_OWN_STATE != 0);
-        let mut fds = a.fd.into_iter().chain(extra);
-        let got: Vec<OwnedFd> = fds.by_ref().take(want).collect();
-        // (More fds than the flags name: closed here.)
-        drop(fds);
-        if got.len() < want {
+        let want = 2 + usize::from(proto::get_u32(r, 64) & proto::PAIR_OWN_STATE != 0);
+        if usize::from(a.fd.is_some()) + extra.len() < want {
             // The kernel dropped memfds (this process at `RLIMIT_NOFILE`), or they were given
             // back ([`SharedClient::give_back_filed`]): both references go back, `Mem`.
             let own = Some(proto::get_u64(r, 0)).filter(|&t| t != 0);
@@ -1042,40 +987,25 @@ impl SharedClient {
                 errno: libc::EMFILE,
             });
         }
-        let mut got = got.into_iter();
-        let slot = (flags & proto::PAIR_OWN_STATE != 0 && flags & proto::PAIR_STATE_SLOT != 0)
-            .then(|| proto::get_u32(r, 68) as usize);
-        let own = if own_kept {
-            let mut k = client::kept_dmb_of(&r[0..24], proto::get_u64(r, 24))?;
-            k.has_state = flags & proto::PAIR_OWN_STATE != 0;
-            k.state_slot = slot;
-            PairDmb::Kept(k)
-        } else {
-            let fd = got
-                .next()
-                .ok_or(IsmError::Protocol("PAIR reply without memfds"))?;
-            let mut own = dmb_of(&r[0..24], proto::get_u64(r, 24), fd)?;
-            own.state_slot = slot;
-            PairDmb::Passed(own)
-        };
-        let peer = if peer_kept {
-            PairDmb::Kept(client::kept_dmb_of(&r[32..56], proto::get_u64(r, 56))?)
-        } else {
-            let fd = got
-                .next()
-                .ok_or(IsmError::Protocol("PAIR reply without the peer's memfd"))?;
-            PairDmb::Passed(dmb_of(&r[32..56], proto::get_u64(r, 56), fd)?)
-        };
-        let own = match own {
-            PairDmb::Passed(mut d) if flags & proto::PAIR_OWN_STATE != 0 => {
-                d.state = Some(
-                    got.next()
-                        .ok_or(IsmError::Protocol("PAIR reply without the state page"))?,
-                );
-                PairDmb::Passed(d)
+        let own_fd =
+            a.fd.ok_or(IsmError::Protocol("PAIR reply without memfds"))?;
+        let mut extra = std::mem::take(&mut extra).into_iter();
+        let peer_fd = extra
+            .next()
+            .ok_or(IsmError::Protocol("PAIR reply without the peer's memfd"))?;
+        let mut own = dmb_of(&r[0..24], proto::get_u64(r, 24), own_fd)?;
+        let flags = proto::get_u32(r, 64);
+        if flags & proto::PAIR_OWN_STATE != 0 {
+            own.state = Some(
+                extra
+                    .next()
+                    .ok_or(IsmError::Protocol("PAIR reply without the state page"))?,
+            );
+            if flags & proto::PAIR_STATE_SLOT != 0 {
+                own.state_slot = Some(proto::get_u32(r, 68) as usize);
             }
-            other => other,
-        };
+        }
+        let peer = dmb_of(&r[32..56], proto::get_u64(r, 56), peer_fd)?;
         Ok((own, peer))
     }
 
@@ -1155,18 +1085,20 @@ fn granted(rec: &[u8], op: u16) -> Option<(u64, u64)> {
     }
 }
 
-/// The payload of an `OP_PAIR` request: DMB size code, the request flags
-/// (`PAIR_FLAG_*`), the park time (at most `PAIR_PARK_MAX_MS`) and the releases it carries (at
-/// most `PAIR_RELEASES_MAX`, 24 bytes each); the buffer and its used length.
+/// The payload of an `OP_PAIR` request: DMB size code, the state-slot flag, the park time (at
+/// most `PAIR_PARK_MAX_MS`) and the releases it carries (at most `PAIR_RELEASES_MAX`, 24 bytes
+/// each); the buffer and its used length.
 fn pair_payload(
     size_code: u8,
-    flags: u8,
+    slot: bool,
     park: Duration,
     releases: &[proto::PairRelease],
 ) -> ([u8; 16 + 24 * proto::PAIR_RELEASES_MAX], usize) {
     let mut payload = [0u8; 16 + 24 * proto::PAIR_RELEASES_MAX];
     payload[0] = size_code;
-    payload[1] = flags;
+    if slot {
+        payload[1] = proto::PAIR_FLAG_STATE_SLOT;
+    }
     let ms = park.as_millis().min(proto::PAIR_PARK_MAX_MS as u128) as u32;
     payload[4..8].copy_from_slice(&ms.to_le_bytes());
     let carried = &releases[..releases.len().min(proto::PAIR_RELEASES_MAX)];

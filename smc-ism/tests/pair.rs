@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use smc_ism::proto;
-use smc_ism::{Dmb, IsmError, PairDmb, SharedClient};
+use smc_ism::{Dmb, IsmError, SharedClient};
 
 const PARK: Duration = Duration::from_secs(5);
 
@@ -118,109 +118,6 @@ fn pooled_reuse(shelve: Option<u64>) {
     assert_eq!((st.dmbs_reused, st.dmbs_pooled), (2, 2));
     drop((a, b, c));
     wait_idle(&mut s, 2);
-    d.shutdown().unwrap();
-}
-
-/// Both ends of one connection pair, replies read with `finish_pair_any`.
-fn pair_any(
-    a: &SharedClient,
-    b: &SharedClient,
-    x: &std::net::TcpStream,
-    y: &std::net::TcpStream,
-) -> ((PairDmb, PairDmb), (PairDmb, PairDmb)) {
-    let ta = a.pair_start(0, PARK, x.as_raw_fd()).unwrap();
-    let tb = b.pair_start(0, PARK, y.as_raw_fd()).unwrap();
-    let rb = b.finish_pair_any(tb, None).unwrap();
-    let ra = a.finish_pair_any(ta, None).unwrap();
-    (ra, rb)
-}
-
-fn passed(d: PairDmb) -> Dmb {
-    match d {
-        PairDmb::Passed(d) => d,
-        PairDmb::Kept(k) => panic!("memfd not passed: {k:?}"),
-    }
-}
-
-fn kept(d: PairDmb) -> smc_ism::KeptDmb {
-    match d {
-        PairDmb::Passed(d) => panic!("memfd passed again: {d:?}"),
-        PairDmb::Kept(k) => k,
-    }
-}
-
-/// A client that keeps its DMBs mapped gets no memfd again for a DMB bound again to it (own
-/// pooled, or the peer's it attached before), and its state page neither; a new DMB, or one
-/// whose memfd this client connection was never passed, comes with its files. A client that
-/// did not ask gets them all, as before.
-#[test]
-fn a_rebound_dmb_comes_without_its_files_to_a_client_that_keeps_them() {
-    let dir = TestDir::new("pair-kept");
-    let d = start(&dir, |_| {});
-    let (a, b, c) = (shared(&dir), shared(&dir), shared(&dir));
-    a.set_keeps_mapped(true);
-    b.set_keeps_mapped(true);
-    c.set_keeps_mapped(true);
-    let (x, y) = tcp_pair();
-    let ((a1, ap1), (b1, bp1)) = pair_any(&a, &b, &x, &y);
-    // First binding: everything passed (the own state page too).
-    let (a1, ap1, b1, bp1) = (passed(a1), passed(ap1), passed(b1), passed(bp1));
-    assert!(a1.state.is_some() && b1.state.is_some());
-    let b_map = b1.map().unwrap();
-    let ap_map = ap1.map().unwrap();
-    a.release_flags(Some(a1.token), Some(ap1.token), proto::RELEASE_POOL_OWN)
-        .unwrap();
-    b.release_flags(Some(b1.token), Some(bp1.token), proto::RELEASE_POOL_OWN)
-        .unwrap();
-    let (ida, idb) = (a1.id, b1.id);
-    drop((a1, ap1, b1, bp1));
-    let (x2, y2) = tcp_pair();
-    let ((a2, ap2), (b2, bp2)) = pair_any(&a, &b, &x2, &y2);
-    let (a2, ap2, b2, bp2) = (kept(a2), kept(ap2), kept(b2), kept(bp2));
-    assert_eq!((a2.id, b2.id, ap2.id, bp2.id), (ida, idb, idb, ida));
-    assert!(
-        a2.has_state && b2.has_state,
-        "the state page stays with the DMB"
-    );
-    assert!(!ap2.has_state);
-    assert_eq!((a2.size, a2.size_code), (16 << 10, 0));
-    // The kept mappings are the memory of the new binding.
-    write_bytes(&ap_map, 128, b"kept mapping");
-    assert_eq!(read_bytes(&b_map, 128, 12), b"kept mapping");
-    a.release_flags(Some(a2.token), Some(ap2.token), proto::RELEASE_POOL_OWN)
-        .unwrap();
-    b.release_flags(Some(b2.token), Some(bp2.token), proto::RELEASE_POOL_OWN)
-        .unwrap();
-    // c never held a's DMB: a's next connection with c gets a new one, with its files, and c
-    // gets every file too.
-    let (x3, y3) = tcp_pair();
-    let ((a3, ap3), (c3, cp3)) = pair_any(&a, &c, &x3, &y3);
-    let (a3, ap3, c3, cp3) = (passed(a3), passed(ap3), passed(c3), passed(cp3));
-    assert_ne!(a3.id, a2.id);
-    assert_eq!((ap3.id, cp3.id), (c3.id, a3.id));
-    // A client that does not ask gets its files on a rebinding.
-    let e = shared(&dir);
-    let (x4, y4) = tcp_pair();
-    let ((b4, bp4), (e4, ep4)) = pair_any(&b, &e, &x4, &y4);
-    let (b4, e4) = (passed(b4), passed(e4));
-    let (bp4, ep4) = (passed(bp4), passed(ep4));
-    b.release_flags(Some(b4.token), Some(bp4.token), proto::RELEASE_POOL_OWN)
-        .unwrap();
-    e.release_flags(Some(e4.token), Some(ep4.token), proto::RELEASE_POOL_OWN)
-        .unwrap();
-    let (x5, y5) = tcp_pair();
-    let ((b5, bp5), (e5, ep5)) = pair_any(&b, &e, &x5, &y5);
-    assert_eq!(
-        kept(b5).id,
-        b4.id,
-        "b keeps its mapping: rebound without files"
-    );
-    assert_eq!(passed(e5).id, e4.id, "e did not ask: its files again");
-    assert_eq!(passed(ep5).id, b4.id);
-    assert_eq!(kept(bp5).id, e4.id);
-    drop((a, b, c, e));
-    let mut s = client(&dir);
-    wait_idle(&mut s, 1);
     d.shutdown().unwrap();
 }
 

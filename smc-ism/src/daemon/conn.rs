@@ -191,17 +191,7 @@ struct Conn<'a> {
     /// server past its CLC accept that can no longer decline). No socket is kept (its FIN
     /// would wait for us); each goes at that attach's success or with its owner reference.
     recorded: HashMap<u64, Proof>,
-    /// A `PAIR` of this client asked for [`proto::PAIR_FLAG_KEPT`]: the DMBs in `passed_ids`
-    /// go without their memfds from then on.
-    kept_asked: bool,
-    /// The ids of the DMBs whose memfds `PAIR` replies passed this client, the last
-    /// [`PASSED_IDS_MAX`] (ids are never reused).
-    passed_ids: std::collections::VecDeque<u64>,
 }
-
-/// DMB ids remembered per client as passed ([`Conn::passed_ids`]): more than the client keeps
-/// mapped (64 own, 64 peers') and the daemon pools.
-const PASSED_IDS_MAX: usize = 256;
 
 /// Serves one client until it disconnects or the daemon stops, then releases everything it held.
 /// `uid` is already charged with this connection (released when it ends).
@@ -246,8 +236,6 @@ pub(crate) async fn serve_conn(
         closing: Vec::new(),
         held: HashMap::new(),
         recorded: HashMap::new(),
-        kept_asked: false,
-        passed_ids: std::collections::VecDeque::new(),
     };
     // SAFETY: the OwnedFd is moved into the AsyncFd, which neither replaces nor closes it while
     // registered.
@@ -308,9 +296,8 @@ fn fail_reply(out: &mut Vec<u8>, op: u16, seq: u32, f: Fail) {
     encode_reply(out, op, seq, s, d, &[]);
 }
 
-/// The `PAIR` result: own DMB and id, peer DMB and id; `kept`: the result flags
-/// [`proto::PAIR_OWN_KEPT`] / [`proto::PAIR_PEER_KEPT`] of the memfds not passed.
-fn pair_result(own: &DmbObj, peer: &DmbObj, kept: u32) -> [u8; proto::PAIR_REPLY_LEN] {
+/// The `PAIR` result: own DMB and id, peer DMB and id.
+fn pair_result(own: &DmbObj, peer: &DmbObj) -> [u8; proto::PAIR_REPLY_LEN] {
     let mut b = [0u8; proto::PAIR_REPLY_LEN];
     b[0..24].copy_from_slice(&dmb_result(own));
     b[24..32].copy_from_slice(&own.id.to_le_bytes());
@@ -321,10 +308,8 @@ fn pair_result(own: &DmbObj, peer: &DmbObj, kept: u32) -> [u8; proto::PAIR_REPLY
             Some(off) => (proto::PAIR_OWN_STATE | proto::PAIR_STATE_SLOT, off),
             None => (proto::PAIR_OWN_STATE, 0),
         };
-        b[64..68].copy_from_slice(&(flags | kept).to_le_bytes());
+        b[64..68].copy_from_slice(&flags.to_le_bytes());
         b[68..72].copy_from_slice(&off.to_le_bytes());
-    } else {
-        b[64..68].copy_from_slice(&kept.to_le_bytes());
     }
     b
 }
@@ -353,18 +338,11 @@ fn pass_state(reg: &Registry, d: &DmbObj) -> Option<PassFd> {
 }
 
 /// The fds of a `PAIR` reply: own memfd, peer memfd, own state page (if it has one: see
-/// [`proto::PAIR_OWN_STATE`]); without those `kept` names ([`proto::PAIR_OWN_KEPT`]: the own
-/// memfd and state page, [`proto::PAIR_PEER_KEPT`]: the peer's memfd).
-fn pair_pass(reg: &Registry, own: Arc<DmbObj>, peer: Arc<DmbObj>, kept: u32) -> Vec<PassFd> {
-    let own_kept = kept & proto::PAIR_OWN_KEPT != 0;
-    let mut v: Vec<PassFd> = Vec::with_capacity(3);
-    if !own_kept {
-        v.extend(pass_memfd(reg, &own));
-    }
-    if kept & proto::PAIR_PEER_KEPT == 0 {
-        v.extend(pass_memfd(reg, &peer));
-    }
-    if own.state.is_some() && !own_kept {
+/// [`proto::PAIR_OWN_STATE`]).
+fn pair_pass(reg: &Registry, own: Arc<DmbObj>, peer: Arc<DmbObj>) -> Vec<PassFd> {
+    let mut v: Vec<PassFd> = pass_memfd(reg, &own).into_iter().collect();
+    v.extend(pass_memfd(reg, &peer));
+    if own.state.is_some() {
         v.extend(pass_state(reg, &own));
     }
     v
@@ -515,7 +493,15 @@ impl Conn<'_> {
                     self.held.entry(peer.token).or_default().attaches += 1;
                 }
                 c.pair.record(true);
-                self.pair_reply(out, seq, own, peer)
+                encode_reply(
+                    out,
+                    proto::OP_PAIR,
+                    seq,
+                    Status::Ok,
+                    0,
+                    &pair_result(&own, &peer),
+                );
+                pair_pass(&self.shared.reg, own, peer)
             }
             Deferred::Failed { seq, fail } => {
                 c.pair.record(false);
@@ -524,47 +510,6 @@ impl Conn<'_> {
                 Vec::new()
             }
         }
-    }
-
-    /// A `PAIR`'s successful reply into `out`, and its fds: without the memfds an earlier
-    /// `PAIR` reply passed this client, when it asked for that ([`proto::PAIR_FLAG_KEPT`]: it
-    /// keeps them mapped). Only ever less than a full reply: nothing is granted by it.
-    fn pair_reply(
-        &mut self,
-        out: &mut Vec<u8>,
-        seq: u32,
-        own: Arc<DmbObj>,
-        peer: Arc<DmbObj>,
-    ) -> Vec<PassFd> {
-        let mut kept = 0;
-        if self.kept_asked {
-            if self.passed_ids.contains(&own.id) {
-                kept |= proto::PAIR_OWN_KEPT;
-            }
-            if self.passed_ids.contains(&peer.id) {
-                kept |= proto::PAIR_PEER_KEPT;
-            }
-        }
-        encode_reply(
-            out,
-            proto::OP_PAIR,
-            seq,
-            Status::Ok,
-            0,
-            &pair_result(&own, &peer, kept),
-        );
-        for (id, bit) in [
-            (own.id, proto::PAIR_OWN_KEPT),
-            (peer.id, proto::PAIR_PEER_KEPT),
-        ] {
-            if kept & bit == 0 {
-                if self.passed_ids.len() >= PASSED_IDS_MAX {
-                    self.passed_ids.pop_front();
-                }
-                self.passed_ids.push_back(id);
-            }
-        }
-        pair_pass(&self.shared.reg, own, peer, kept)
     }
 
     /// Frees the DMBs pooled longer than `pool_idle` unused.
@@ -684,9 +629,7 @@ impl Conn<'_> {
                 releases,
                 n_releases,
                 state_slot,
-                kept,
             } => {
-                self.kept_asked |= kept;
                 // The releases it carries first (a pooled DMB among them may serve this pair).
                 let mut released = false;
                 for &(own, peer, flags) in releases.iter().take(n_releases as usize) {
@@ -703,7 +646,8 @@ impl Conn<'_> {
                     Ok(Some((own, peer))) => {
                         c.pair.record(true);
                         self.shared.events.bump();
-                        self.pair_reply(out, seq, own, peer)
+                        encode_reply(out, op, seq, Status::Ok, 0, &pair_result(&own, &peer));
+                        pair_pass(&self.shared.reg, own, peer)
                     }
                     // Parked: answered when the other end asks, or at the end of the wait.
                     Ok(None) => Vec::new(),

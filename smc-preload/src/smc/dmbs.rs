@@ -8,10 +8,6 @@
 //! What is kept is bounded ([`KEEP_MAX`] per side) and only for connections whose rings stayed
 //! within [`SMALL`] bytes (so only a few pages each), and entries unused for [`KEEP_IDLE`] are
 //! dropped at the next use of the cache (the daemon frees pooled DMBs after a second too).
-//! Since we keep them, our `PAIR`s ask the daemon not to pass again the memfds (and state
-//! pages) it passed this process's daemon connection before (`PAIR_FLAG_KEPT`): a DMB bound
-//! again comes as an id and a token only, and is found here; one our cache dropped meanwhile
-//! fails that pairing (its references go back, the handshake registers alone).
 //!
 //! Our own DMB's entry keeps the connection's local state page with it when that page is the one
 //! the daemon keeps with the DMB (see `smc_ism::proto`, `PAIR_OWN_STATE`): the next connection

@@ -66,54 +66,6 @@ impl HeldDmb {
         r
     }
 
-    /// As [`HeldDmb::map`], for a DMB of a `PAIR` reply, which may come without its memfd
-    /// because we kept it mapped ([`smc_ism::PairDmb::Kept`]): then the mapping kept of it by
-    /// id (and, our own, its state page) is taken, cleared as a pooled DMB's is; none kept (our
-    /// cache dropped it before the daemon's pool did): `Err`, the references go back and the
-    /// handshake registers alone.
-    fn map_pair(
-        d: smc_ism::PairDmb,
-        own: bool,
-        closing: &mut Vec<OwnedFd>,
-    ) -> Result<HeldDmb, u64> {
-        let k = match d {
-            smc_ism::PairDmb::Passed(d) => return HeldDmb::map(d, own, closing),
-            smc_ism::PairDmb::Kept(k) => k,
-        };
-        let Some((map, state)) = crate::dmbs::take(own, k.id, k.size) else {
-            return Err(k.token);
-        };
-        let state = match state {
-            // Our own DMB's page (or slot view) is the one kept with it; the daemon keeps it
-            // with the DMB, so a DMB with a state comes back with the page we kept.
-            Some(st) if own && k.has_state => {
-                let want = if k.state_slot.is_some() {
-                    smc_ism::proto::STATE_SLOT
-                } else {
-                    smc_ism::proto::STATE_PAGE
-                };
-                if st.len() as u64 != want {
-                    return Err(k.token);
-                }
-                Some(st)
-            }
-            None if own && k.has_state => return Err(k.token),
-            _ => None,
-        };
-        if own {
-            crate::dmbs::clear_header(&map);
-            if let Some(st) = &state {
-                crate::dmbs::clear_state(st);
-            }
-        }
-        Ok(HeldDmb {
-            token: k.token,
-            id: k.id,
-            map,
-            state,
-        })
-    }
-
     fn map_now(d: &smc_ism::Dmb, own: bool) -> Result<HeldDmb, u64> {
         // Out of mappings (`shm::room`): none of ours may take the application's last ones.
         let failed = |e: std::io::Error| {
@@ -875,7 +827,7 @@ impl Driver {
         // (The error goes through `with_dev`, which backs off from a daemon that timed out.)
         let mut unpaired = false;
         let r = with_dev(|c| {
-            c.finish_pair_any(t, Some(wait)).inspect_err(|e| {
+            c.finish_pair(t, Some(wait)).inspect_err(|e| {
                 unpaired = matches!(e, smc_ism::IsmError::NoPeer | smc_ism::IsmError::Timeout)
             })
         });
@@ -888,25 +840,18 @@ impl Driver {
             }
             return None;
         };
-        if own.size_code() != size_code {
-            setup::release_dmbs(Some(own.token()), Some(peer.token()));
+        if own.size_code != size_code {
+            setup::release_dmbs(Some(own.token), Some(peer.token));
             return None;
         }
-        let l = match &own {
-            smc_ism::PairDmb::Passed(d) => LocalDmb {
-                token: d.token,
-                idx: d.idx,
-                size_code: d.size_code,
-            },
-            smc_ism::PairDmb::Kept(k) => LocalDmb {
-                token: k.token,
-                idx: k.idx,
-                size_code: k.size_code,
-            },
+        let l = LocalDmb {
+            token: own.token,
+            idx: own.idx,
+            size_code: own.size_code,
         };
         match (
-            HeldDmb::map_pair(own, true, &mut self.closing),
-            HeldDmb::map_pair(peer, false, &mut self.closing),
+            HeldDmb::map(own, true, &mut self.closing),
+            HeldDmb::map(peer, false, &mut self.closing),
         ) {
             (Ok(o), Ok(p)) => Some((l, o, p)),
             (o, p) => {

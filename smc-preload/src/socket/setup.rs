@@ -618,9 +618,6 @@ fn epoch_ms() -> u64 {
 
 fn new_dev(pid: u32) -> *mut Dev {
     let client = smc_ism::SharedClient::new(daemon_path());
-    // Our DMBs' mappings are kept across connections (`crate::dmbs`): a `PAIR` reply need not
-    // pass the memfds of the DMBs it bound again.
-    client.set_keeps_mapped(true);
     client.set_state_slots(
         crate::util::config::config().state_slots && !FORKED_PARENT.load(Ordering::Relaxed),
     );
