@@ -716,11 +716,30 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
             tally(set, mode, true);
             make_hot(&mut g, fd);
             drop(g);
-            let mut m = members().lock();
-            let v = m.entry(fd).or_default();
-            if !v.contains(&ep) {
-                v.push(ep);
-                MEMBERS_N.fetch_add(1, Ordering::Relaxed);
+            let pause = crate::util::config::config().test_epoll_ctl_pause_ms;
+            if pause > 0 && mode != Mode::Emulated {
+                std::thread::sleep(std::time::Duration::from_millis(pause));
+            }
+            {
+                let mut m = members().lock();
+                let v = m.entry(fd).or_default();
+                if !v.contains(&ep) {
+                    v.push(ep);
+                    MEMBERS_N.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            // A decision made by another thread (a server end of this process driving its own
+            // client, a connect completing) since `mode_of` above found no membership to
+            // refresh: its state is installed before its refresh looks the members up, so it
+            // is seen here. Without this the entry stayed on the TCP socket of an SMC
+            // connection whose doorbells nothing arms (a wait missed its data for good).
+            let now = if mode == Mode::Emulated {
+                Mode::Emulated
+            } else {
+                mode_of(fd, events).0
+            };
+            if now != mode {
+                refresh(fd);
             }
             Some(0)
         }

@@ -37,6 +37,11 @@ pub struct Config {
     pub short_probe: u64,
     /// `SMC_PRELOAD_ASSUME_PEER=1` (tests): take every peer for one that announced SMC.
     pub assume_peer: bool,
+    /// `SMC_TEST_EPOLL_CTL_PAUSE_MS` (tests, 0): a pause inside `epoll_ctl(ADD)` of a socket
+    /// not yet on SMC, between its registration and its membership, that widens the window in
+    /// which another thread decides its handshake (the conformance suite's
+    /// `epoll_exclusive_decided_during_ctl`).
+    pub test_epoll_ctl_pause_ms: u64,
     /// `SMC_SPIN_US` (100): the spin budget before a wait sleeps.
     pub spin_us: u64,
     /// `SMC_SPIN_YIELD` (64): spins between yields.
@@ -84,6 +89,7 @@ impl Config {
             short_bytes: num("SMC_SHORT_BYTES", 16 * 1024),
             short_probe: num("SMC_SHORT_PROBE", 256),
             assume_peer: is_1("SMC_PRELOAD_ASSUME_PEER"),
+            test_epoll_ctl_pause_ms: num("SMC_TEST_EPOLL_CTL_PAUSE_MS", 0),
             spin_us: num("SMC_SPIN_US", 100),
             spin_yield: num("SMC_SPIN_YIELD", 64),
             spin_room_us: num("SMC_SPIN_ROOM_US", 0),

@@ -52,6 +52,7 @@ scenarios! {
     epoll_oneshot_mod: 1;
     epoll_exclusive: 1;
     epoll_exclusive_mid_handshake: 1;
+    epoll_exclusive_decided_during_ctl: 1;
     epoll_two_sets: 1;
     epoll_peer_close_mask: 1;
     epoll_peer_shutdown_wr_mask: 1;
@@ -2693,17 +2694,33 @@ fn read_after_write_after_peer_close() {
 /// unless it runs so already: the library reads its configuration when it loads. Over TCP the
 /// variable means nothing.
 fn with_clc_timeout_1ms() {
+    reexec_with("SMC_CLC_TIMEOUT_MS", "1");
+}
+
+/// Runs the scenario again in a fresh image with `var=value` in its environment (the library
+/// reads its knobs at load), unless it has that already.
+fn reexec_with(var: &str, value: &str) {
     use std::os::unix::process::CommandExt as _;
-    if std::env::var("SMC_CLC_TIMEOUT_MS").as_deref() == Ok("1") {
+    if std::env::var(var).as_deref() == Ok(value) {
         return;
     }
     let mut args = std::env::args_os();
     let _ = args.next();
     let err = std::process::Command::new("/proc/self/exe")
         .args(args)
-        .env("SMC_CLC_TIMEOUT_MS", "1")
+        .env(var, value)
         .exec();
-    panic!("re-exec with SMC_CLC_TIMEOUT_MS=1: {err}");
+    panic!("re-exec with {var}={value}: {err}");
+}
+
+/// [`epoll_exclusive_mid_handshake`] with the server thread deciding the client's handshake
+/// while the client's `epoll_ctl(ADD)` is under way (the library pauses 50 ms inside it, after
+/// the registration and before the set knows the fd: `SMC_TEST_EPOLL_CTL_PAUSE_MS`). The
+/// entry stayed on the TCP socket of an SMC connection whose doorbells nothing armed: the
+/// first read waited its whole 5 s (seen once in CI under a CLC timeout of 1 ms).
+fn epoll_exclusive_decided_during_ctl() {
+    reexec_with("SMC_TEST_EPOLL_CTL_PAUSE_MS", "50");
+    epoll_exclusive_mid_handshake();
 }
 
 /// [`dup2_over_recv_in_handshake`] where the client's handshake gives up first (a CLC timeout
