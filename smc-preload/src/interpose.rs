@@ -422,20 +422,34 @@ pub unsafe extern "C" fn epoll_pwait2(
 ) -> c_int {
     // The process may sleep now: releases it kept back go out first.
     crate::setup::flush_releases();
-    if crate::epoll::wants(ep).is_none() {
-        // SAFETY: the application's arguments, passed on unchanged to libc's function of the same
-        // name and signature.
-        return unsafe { crate::real::epoll_pwait2(ep, ev, max, t, mask) };
-    }
-    let ms = if t.is_null() {
-        -1
-    } else {
-        // SAFETY: `t` is non-null (checked above) and, by epoll_pwait2's contract, points to the
-        // application's timespec.
-        let t = unsafe { &*t };
-        (t.tv_sec * 1000 + (t.tv_nsec + 999_999) / 1_000_000).clamp(0, i32::MAX as i64) as c_int
+    let ms = || {
+        if t.is_null() {
+            -1
+        } else {
+            // SAFETY: `t` is non-null (checked above) and, by epoll_pwait2's contract, points to
+            // the application's timespec.
+            let t = unsafe { &*t };
+            (t.tv_sec * 1000 + (t.tv_nsec + 999_999) / 1_000_000).clamp(0, i32::MAX as i64) as c_int
+        }
     };
     let m = if mask.is_null() { None } else { Some(mask) };
+    if crate::epoll::wants(ep).is_none() {
+        let start = crate::epoll::ever_tagged().then(std::time::Instant::now);
+        // SAFETY: the application's arguments, passed on unchanged to libc's function of the same
+        // name and signature.
+        let r = unsafe { crate::real::epoll_pwait2(ep, ev, max, t, mask) };
+        if r > 0 && crate::epoll::ever_tagged() {
+            let e0 = crate::real::errno();
+            let rem = || ops::remaining_of(ms(), start);
+            // SAFETY: the kernel wrote `r` entries of the caller's array of `max`.
+            if let Some(r) = unsafe { crate::epoll::after_plain_wait(ep, ev, r, max, rem, m) } {
+                return r;
+            }
+            crate::real::set_errno(e0);
+        }
+        return r;
+    }
+    let ms = ms();
     // SAFETY: the application's arguments, the timeout in ms: `ops::epoll_wait` has the contract of
     // libc's `epoll_pwait`.
     unsafe { ops::epoll_wait(ep, ev, max, ms, m) }

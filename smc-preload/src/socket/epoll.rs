@@ -387,8 +387,21 @@ fn mode_of(fd: i32, app_events: u32) -> (Mode, Option<Arc<Obj>>) {
     }
 }
 
+/// Set before the first registration of ours (with our tag) reaches the kernel: from then on a
+/// wait passed straight to the kernel checks what it got ([`after_plain_wait`]).
+static EVER_TAGGED: AtomicBool = AtomicBool::new(false);
+
+/// Whether a registration of ours was ever made in this process (a plain wait must then look
+/// for our tag in what the kernel returns).
+pub fn ever_tagged() -> bool {
+    EVER_TAGGED.load(Ordering::Acquire)
+}
+
 /// The kernel registration for `mode`.
 fn kernel_event(fd: i32, mode: Mode, events: u32, data: u64) -> libc::epoll_event {
+    if mode != Mode::App && !EVER_TAGGED.load(Ordering::Relaxed) {
+        EVER_TAGGED.store(true, Ordering::Release);
+    }
     match mode {
         Mode::App => libc::epoll_event { events, u64: data },
         // Every doorbell and the channel's EOF/reset queue an event (edge-triggered); OUT makes
@@ -641,10 +654,14 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
     let raw = fdtable::raw(fd) & !1;
     let obj = if raw >= 8 { fdtable::get(fd) } else { None };
     let emulated = obj.as_ref().is_some_and(|o| o.conn().is_some());
+    // A fallback still skipping the peer's late CLC messages too: registered as the
+    // application asked, a late message woke its waiters with nothing to read.
     let candidate = raw == fdtable::TAG_TCP
-        || obj
-            .as_ref()
-            .is_some_and(|o| matches!(&**o, Obj::Pending(_) | Obj::Handshake(_)));
+        || obj.as_ref().is_some_and(|o| match &**o {
+            Obj::Pending(_) | Obj::Handshake(_) => true,
+            Obj::Skip(s) => !s.done(),
+            _ => false,
+        });
     if !emulated && !candidate {
         if op == libc::EPOLL_CTL_DEL && MEMBERS_N.load(Ordering::Relaxed) > 0 {
             if let Some(so) = set_of(ep, false) {
@@ -1444,6 +1461,61 @@ fn prepare_nested(set: &EpollSet, ep: i32) {
             prepare_indirect(n, 1);
         }
     }
+}
+
+/// A wait passed straight to the kernel (the set had nothing of ours when it began: [`wants`])
+/// returned `n` events into `events`. Another thread may have made an entry of the set ours
+/// meanwhile (an `EPOLL_CTL_ADD` of a connecting socket, a connect, a decided handshake): an
+/// event of that registration carries our tag, not the application's data, and must not reach
+/// it. `None` when no event was ours (the common case: one pass over the events); else what
+/// the call returns instead, as [`wait`] would have: the application's events and the
+/// readiness of ours, or, when that is nothing, a wait of `rem_ms` more.
+///
+/// # Safety
+/// `events` is the caller's array of `max` entries, the first `n` written by the kernel.
+pub unsafe fn after_plain_wait(
+    ep: i32,
+    events: *mut libc::epoll_event,
+    n: i32,
+    max: i32,
+    rem_ms: impl FnOnce() -> i32,
+    sigmask: Option<*const libc::sigset_t>,
+) -> Option<i32> {
+    if n <= 0 || events.is_null() || n > max {
+        return None;
+    }
+    let ck = cookie();
+    // SAFETY: the kernel wrote `n` (<= `max`) entries of the caller's array.
+    let got = unsafe { std::slice::from_raw_parts(events, n as usize) };
+    if !got.iter().any(|e| e.u64 & 0xFFFF_FFFF_0000_0000 == ck) {
+        return None;
+    }
+    let kev = got.to_vec();
+    let mut out = Vec::with_capacity(kev.len());
+    let so = set_of(ep, false);
+    match so.as_deref() {
+        Some(Obj::Epoll(set)) => {
+            translate(set, &kev, &mut out);
+            let mut g = lock(&set.inner);
+            let mut warm = Vec::new();
+            collect(&mut g, ep, &mut out, max as usize, true, false, &mut warm);
+        }
+        // Not a set we know (cannot be: our tag is registered through one): ours dropped.
+        _ => out.extend(kev.iter().filter(|e| e.u64 & 0xFFFF_FFFF_0000_0000 != ck)),
+    }
+    if !out.is_empty() {
+        let k = out.len().min(max as usize);
+        // SAFETY: the caller's array holds `max` entries; `k` <= `max`.
+        unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), events, k) };
+        return Some(k as i32);
+    }
+    let rem = rem_ms();
+    Some(match so {
+        // SAFETY: the caller's array of `max` entries and signal mask, as for this function.
+        Some(so) => unsafe { wait(&so, ep, events, max, rem, sigmask) },
+        // SAFETY: as above.
+        None => unsafe { real::epoll_wait(ep, events, max, rem) },
+    })
 }
 
 /// Our epoll_wait / epoll_pwait.

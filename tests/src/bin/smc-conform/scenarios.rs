@@ -53,6 +53,7 @@ scenarios! {
     epoll_exclusive: 1;
     epoll_exclusive_mid_handshake: 1;
     epoll_exclusive_decided_during_ctl: 1;
+    epoll_add_while_other_thread_waits: 1;
     epoll_two_sets: 1;
     epoll_peer_close_mask: 1;
     epoll_peer_shutdown_wr_mask: 1;
@@ -1362,6 +1363,66 @@ fn epoll_exclusive_mid_handshake() {
     close(ep);
     close(c);
     srv.join().expect("server thread");
+    close(l);
+}
+
+/// A thread sleeps in `epoll_wait` on a set with nothing of ours in it (the library passes such
+/// a wait straight to the kernel) while another thread adds a client whose connect is under
+/// way: the sleeper must get the application's data with `EPOLLIN` once the server's bytes are
+/// there, and nothing else. The library's own registration's event reached it, with data the
+/// application never gave (a pointer, for nginx). (Adding the socket before its connect would
+/// race on TCP too: an unconnected socket reports `EPOLLHUP`.)
+fn epoll_add_while_other_thread_waits() {
+    let (l, port) = listener();
+    let srv = std::thread::spawn(move || {
+        let s = accept_fd(l);
+        assert!(s >= 0, "accept: {}", std::io::Error::last_os_error());
+        write_all(s, b"hello");
+        while !read_n(s, 1).is_empty() {}
+        close(s);
+    });
+    let ep = ep_create();
+    static T: AtomicI32 = AtomicI32::new(0);
+    let waiter = std::thread::spawn(move || {
+        T.store(gettid(), Ordering::Release);
+        let mut seen = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        // Until the client's event comes (at most 5 s): wakeups without it are allowed.
+        while Instant::now() < deadline && seen.is_empty() {
+            let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+            // SAFETY: 4 entries.
+            let n = unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), 4, 5000) };
+            if n <= 0 {
+                break;
+            }
+            // Every event the application was given, as it would read it.
+            seen.extend(
+                ev[..n as usize]
+                    .iter()
+                    .map(|e| (e.u64, mask_names(e.events))),
+            );
+        }
+        seen
+    });
+    wait_blocked(&T);
+    let c = tcp_socket();
+    set_nonblock(c, true);
+    let _ = connect_to(c, port);
+    ep_ctl(
+        "epoll_ctl(ADD c IN, data 7)",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        c,
+        libc::EPOLLIN as u32,
+        7,
+    );
+    let seen = waiter.join().expect("waiter");
+    log(format!("the waiting thread got {seen:?}"));
+    pl("poll(c,IN)", c, libc::POLLIN, 5000);
+    rd("read(c)", c, 100);
+    close(c);
+    srv.join().expect("server thread");
+    close(ep);
     close(l);
 }
 
