@@ -12,7 +12,8 @@
 //!   [`Proc::spawn_group`]).
 //! - [`GlobalLock`]: `/run/smc/tests.lock`, taken by the tests and the bench around everything
 //!   that loads programs or reads the host-wide counters.
-//! - [`Netns`], [`ip`], [`tcp_listening`], [`wait_listening`]: network namespaces and listeners.
+//! - [`Netns`], [`ip`], [`tcp_listening`], [`wait_listening`], [`free_port`]: network
+//!   namespaces, listeners and ports.
 //! - [`find_tool`]: a program on `PATH` or in the usual system directories.
 //! - [`install_signal_handlers`] / [`check_interrupted`]: SIGINT, SIGTERM and SIGHUP become a
 //!   flag that the harness's waits check, so that the guards get to clean up.
@@ -37,7 +38,7 @@ pub use cgroup::{
 };
 pub use daemon::{daemon_command, seqpacket_accepts, Daemon, DAEMON_START_TIMEOUT};
 pub use lock::{GlobalLock, GLOBAL_LOCK};
-pub use net::{ip, tcp_listening, wait_listening, Netns};
+pub use net::{free_port, ip, tcp_listening, wait_listening, Netns};
 pub use proc::{last_lines, log_tail, log_to, Proc, ScratchDir};
 pub use signals::{check_interrupted, install_signal_handlers, interrupted};
 

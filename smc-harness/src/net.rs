@@ -53,6 +53,16 @@ impl Drop for Netns {
     }
 }
 
+/// A TCP port of 127.0.0.1 that the kernel gave a moment ago (bound to port 0, then released),
+/// for a server that must be told its port: never a fixed one, which other users of the machine
+/// or packaged services may hold.
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .context("bind 127.0.0.1:0")?
+        .port())
+}
+
 /// Whether a TCP socket listens on `port` in the network namespace whose `/proc/…/net` is
 /// `net` (`/proc/net`: ours; `/proc/<pid>/net`: that process's). Read from `tcp` and `tcp6`:
 /// no connection is made (a probe would take the one accept of servers such as `iperf3 -1`, and

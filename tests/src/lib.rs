@@ -239,13 +239,9 @@ pub fn require_tool(tool: &str, package: &str) -> PathBuf {
     );
 }
 
-/// A TCP port of 127.0.0.1 that was free a moment ago (bound to 0 and released), for a server
-/// that must be told its port (never a default port: packaged services may run on those).
+/// A TCP port of 127.0.0.1 that was free a moment ago ([`smc_harness::free_port`]).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind 127.0.0.1:0")
-        .port()
+    smc_harness::free_port().expect("a free port")
 }
 
 /// Whether a socket listens on `port` in the network namespace of process `pid` (read from

@@ -59,7 +59,7 @@ use serde_json::{json, Value};
 
 mod cases;
 mod judge;
-mod parsers;
+pub(crate) mod parsers;
 mod report;
 mod sys;
 

@@ -2,7 +2,7 @@
 //! shared-memory data path (SMC-D over our loopback-ism daemon), side by side, with the counters.
 //!
 //! Each mode runs its server and client (iperf3 for throughput, sockperf ping-pong for latency)
-//! in its own cgroup: none attached for TCP, `--mode shortcut`, and `--mode ism` with both ends
+//! in its own cgroup, on ports the kernel picks at run time: none attached for TCP, `--mode shortcut`, and `--mode ism` with both ends
 //! under `smc-ctl run`. Everything is removed afterwards.
 use std::{
     collections::BTreeMap,
@@ -11,12 +11,13 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{anyhow, bail, Context as _, Result};
-use smc_harness::{ebpf_counters, wait_listening, Cgroup, Daemon, DataPath, Proc};
+use anyhow::{bail, Context as _, Result};
+use smc_harness::{ebpf_counters, free_port, wait_listening, Cgroup, Daemon, DataPath, Proc};
 
-use crate::Bins;
+use crate::bench::parsers::{parse_iperf3, parse_sockperf_pp};
+use crate::{load, Bins};
 
-const SECONDS: &str = "3";
+const SECONDS: u32 = 3;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
@@ -33,6 +34,15 @@ impl Mode {
             Mode::Smcd => "SMC-D (shared memory)",
         }
     }
+
+    /// The mode in a cgroup's name.
+    fn tag(self) -> &'static str {
+        match self {
+            Mode::Tcp => "tcp",
+            Mode::Shortcut => "shortcut",
+            Mode::Smcd => "smcd",
+        }
+    }
 }
 
 struct Env<'a> {
@@ -42,8 +52,9 @@ struct Env<'a> {
 }
 
 impl Env<'_> {
-    /// A command in this mode's cgroup, under `smc-ctl run` for SMC-D, pinned to `cpu`.
-    fn command(&self, cpu: u32, prog: &str) -> Command {
+    /// `argv` in this mode's cgroup, under `smc-ctl run` for SMC-D, pinned to `cpu`.
+    fn command(&self, cpu: u32, argv: &[String]) -> Result<Command> {
+        let (prog, args) = argv.split_first().context("an empty command line")?;
         let data_path = self.daemon.map(|d| DataPath {
             smc_ctl: &self.bins.smc_ctl,
             socket: &d.socket,
@@ -54,89 +65,70 @@ impl Env<'_> {
         let mut c = self
             .cg
             .launch(&["taskset", "-c", &cpu], data_path.as_ref(), prog);
-        c.stdin(Stdio::null());
-        c
+        c.args(args).stdin(Stdio::null());
+        Ok(c)
+    }
+
+    /// Starts the server `server(port)` on a port the kernel picks now, waits until it
+    /// listens, then runs the client `client(port)` to its end: its stdout and its stderr.
+    fn run(
+        &self,
+        what: &str,
+        server: fn(u16) -> Vec<String>,
+        client: impl Fn(u16) -> Vec<String>,
+    ) -> Result<(String, String)> {
+        let port = free_port()?;
+        let mut srv = Proc::spawn(
+            &format!("{what} server"),
+            self.command(0, &server(port))?
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )?;
+        let name = srv.name().to_owned();
+        wait_listening(
+            &mut srv,
+            Path::new("/proc/self/net"),
+            port,
+            Duration::from_secs(10),
+            &name,
+        )?;
+        let out = self
+            .command(1, &client(port))?
+            .output()
+            .with_context(|| format!("{what} client"))?;
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        if !out.status.success() {
+            bail!("{what} client failed: {stdout}{stderr}");
+        }
+        Ok((stdout, stderr))
     }
 }
 
-/// Waits until the server listens on `port` (in this namespace).
-fn wait_listen(srv: &mut Proc, port: u16) -> Result<()> {
-    let what = srv.name().to_owned();
-    wait_listening(
-        srv,
-        Path::new("/proc/self/net"),
-        port,
-        Duration::from_secs(10),
-        &what,
-    )
+/// iperf3, one stream: Gbit/s.
+fn iperf3(env: &Env) -> Result<f64> {
+    let (json, _) = env.run("iperf3", load::iperf3_server, |port| {
+        load::iperf3_client(port, SECONDS)
+    })?;
+    let m = parse_iperf3(&json)?;
+    m.get("gbps")
+        .copied()
+        .context("no throughput in iperf3 output")
 }
 
-fn iperf3(env: &Env, port: u16) -> Result<f64> {
-    let mut srv = Proc::spawn(
-        "iperf3 server",
-        env.command(0, "iperf3")
-            .args(["-s", "-1", "-p", &port.to_string()])
-            .stdout(Stdio::null()),
-    )?;
-    wait_listen(&mut srv, port)?;
-    let out = env
-        .command(1, "iperf3")
-        .args([
-            "-c",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-t",
-            SECONDS,
-            "-J",
-        ])
-        .output()
-        .context("iperf3 client")?;
-    if !out.status.success() {
-        bail!("iperf3 failed: {}", String::from_utf8_lossy(&out.stdout));
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    v["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .map(|b| b / 1e9)
-        .ok_or_else(|| anyhow!("no throughput in iperf3 output"))
-}
-
-fn sockperf(env: &Env, port: u16) -> Result<(f64, f64)> {
-    let mut srv = Proc::spawn(
-        "sockperf server",
-        env.command(0, "sockperf")
-            .args(["sr", "--tcp", "-i", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-    )?;
-    wait_listen(&mut srv, port)?;
-    let out = env
-        .command(1, "sockperf")
-        .args([
-            "pp",
-            "--tcp",
-            "-i",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-m",
-            "14",
-            "-t",
-            SECONDS,
-        ])
-        .output()
-        .context("sockperf client")?;
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    let pct = |p: &str| -> Result<f64> {
-        text.lines()
-            .find(|l| l.contains(&format!("percentile {p} =")))
-            .and_then(|l| l.rsplit('=').next())
-            .and_then(|v| v.trim().parse().ok())
-            .ok_or_else(|| anyhow!("no p{p} in sockperf output:\n{text}"))
+/// sockperf ping-pong, 14 B: p50 and p99 latency in µs.
+fn sockperf(env: &Env) -> Result<(f64, f64)> {
+    let (stdout, stderr) = env.run("sockperf", load::sockperf_server, |port| {
+        load::sockperf_ping_pong(port, SECONDS)
+    })?;
+    let out = stdout + &stderr;
+    let m = parse_sockperf_pp(&out)?;
+    let pct = |k: &str| {
+        m.get(k)
+            .copied()
+            .with_context(|| format!("no {k} in sockperf output:\n{out}"))
     };
-    Ok((pct("50.000")?, pct("99.000")?))
+    Ok((pct("p50_us")?, pct("p99_us")?))
 }
 
 struct Row {
@@ -146,8 +138,8 @@ struct Row {
     note: String,
 }
 
-fn run_mode(bins: &Bins, mode: Mode, port: u16) -> Result<Row> {
-    let mut cg = crate::cgroup(&format!("demo-{port}"))?;
+fn run_mode(bins: &Bins, mode: Mode) -> Result<Row> {
+    let mut cg = crate::cgroup(&format!("demo-{}", mode.tag()))?;
     // What attach says on stderr (the shortcut's differences from TCP) is not repeated here.
     match mode {
         Mode::Tcp => {}
@@ -166,8 +158,8 @@ fn run_mode(bins: &Bins, mode: Mode, port: u16) -> Result<Row> {
     };
     let counters = || ebpf_counters(&bins.smc_ctl).unwrap_or_default();
     let before = counters();
-    let gbps = iperf3(&env, port);
-    let lat = sockperf(&env, port + 1);
+    let gbps = iperf3(&env);
+    let lat = sockperf(&env);
     let after = counters();
     let d = |k: &str| {
         let at = |m: &BTreeMap<String, u64>| m.get(k).copied().unwrap_or(0);
@@ -216,15 +208,12 @@ fn run_mode(bins: &Bins, mode: Mode, port: u16) -> Result<Row> {
 pub fn run(root: &Path) -> Result<()> {
     let bins = Bins::new(root)?;
     let mut rows = Vec::new();
-    for (i, mode) in [Mode::Tcp, Mode::Shortcut, Mode::Smcd]
-        .into_iter()
-        .enumerate()
-    {
+    for mode in [Mode::Tcp, Mode::Shortcut, Mode::Smcd] {
         eprintln!(
             "==> {}: iperf3 {SECONDS}s, sockperf ping-pong 14 B {SECONDS}s",
             mode.name()
         );
-        rows.push(run_mode(&bins, mode, 42100 + 10 * i as u16)?);
+        rows.push(run_mode(&bins, mode)?);
     }
     let tcp_gbps = rows[0].gbps.as_ref().ok().copied();
     let tcp_p50 = rows[0].lat.as_ref().ok().map(|l| l.0);

@@ -11,8 +11,9 @@
 //! - `soak`: the long full-duplex soak of the data path (100 GiB, 1024 connections, mixed APIs).
 //!
 //! Modules: this file (setup, build, dist, lint, test), `demo`, `bench` (with its own
-//! modules), `soak`. Cgroups, attachments, the daemon and processes are guards of the
-//! `smc-harness` crate, shared with the integration tests.
+//! modules), `soak`, `load` (the load tools' command lines, shared by demo and bench).
+//! Cgroups, attachments, the daemon and processes are guards of the `smc-harness` crate,
+//! shared with the integration tests.
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -27,6 +28,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod load;
 mod soak;
 
 #[derive(Parser)]

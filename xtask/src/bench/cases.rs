@@ -5,6 +5,7 @@ use std::{collections::BTreeMap, ffi::OsString, fs, path::Path, time::Duration};
 use super::parsers::{
     parse_iperf3, parse_json_line, parse_redis, parse_sockperf_pp, parse_sockperf_tp, parse_wrk,
 };
+use crate::load;
 use anyhow::Result;
 
 pub(crate) struct Metric {
@@ -74,39 +75,8 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
     let secs = p.secs;
     let timed = Duration::from_secs(u64::from(secs) * 3 + 60);
     let helper = helper.to_string_lossy().into_owned();
-    let sockperf_server = || {
-        argv(|port| {
-            sv(&[
-                "sockperf",
-                "sr",
-                "--tcp",
-                "-i",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-            ])
-        })
-    };
-    let pp_client = move || {
-        argv(move |port| {
-            sv(&[
-                "sockperf",
-                "pp",
-                "--tcp",
-                "-i",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-                "-m",
-                "14",
-                // sockperf sizes its sequence table from the message rate; at the shared-memory
-                // path's sub-µs round trips the default overflows (`_seqN > m_maxSequenceNo`).
-                "--mps=5000000",
-                "-t",
-                &secs.to_string(),
-            ])
-        })
-    };
+    let sockperf_server = || argv(load::sockperf_server);
+    let pp_client = move || argv(move |port| load::sockperf_ping_pong(port, secs));
     let h = helper.clone();
     let conn_server = move || {
         let h = h.clone();
@@ -192,23 +162,39 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
             }
         }
     }
+    // The same workload measured plainly and as a fallback row (server plain, client accelerated).
+    let pp_case = |id, title, fallback| Case {
+        id,
+        title,
+        metrics: vec![
+            metric("p50_us", "p50 latency", "us", false),
+            metric("p99_us", "p99 latency", "us", false),
+        ],
+        units: Some("sent_messages"),
+        fallback,
+        server: sockperf_server(),
+        client: pp_client(),
+        parse: parse_sockperf_pp,
+        timeout: timed,
+        smc_env: vec![],
+        policy_tcp: false,
+    };
+    // Connection setup (our helper's conn-server and conn-client), measured by `metrics`.
+    let conn_case = |id, title, metrics| Case {
+        id,
+        title,
+        metrics,
+        units: Some("total_connections"),
+        fallback: false,
+        server: conn_server(),
+        client: conn_client(),
+        parse: parse_json_line,
+        timeout: timed,
+        smc_env: vec![],
+        policy_tcp: false,
+    };
     let mut v = vec![
-        Case {
-            id: "sockperf-pp",
-            title: "sockperf ping-pong 14 B",
-            metrics: vec![
-                metric("p50_us", "p50 latency", "us", false),
-                metric("p99_us", "p99 latency", "us", false),
-            ],
-            units: Some("sent_messages"),
-            fallback: false,
-            server: sockperf_server(),
-            client: pp_client(),
-            parse: parse_sockperf_pp,
-            timeout: timed,
-            smc_env: vec![],
-            policy_tcp: false,
-        },
+        pp_case("sockperf-pp", "sockperf ping-pong 14 B", false),
         Case {
             id: "sockperf-tp",
             title: "sockperf throughput 64000 B",
@@ -216,21 +202,7 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
             units: Some("sent_messages"),
             fallback: false,
             server: sockperf_server(),
-            client: argv(move |port| {
-                sv(&[
-                    "sockperf",
-                    "tp",
-                    "--tcp",
-                    "-i",
-                    "127.0.0.1",
-                    "-p",
-                    &port.to_string(),
-                    "-m",
-                    "64000",
-                    "-t",
-                    &secs.to_string(),
-                ])
-            }),
+            client: argv(move |port| load::sockperf_throughput(port, 64000, secs)),
             parse: parse_sockperf_tp,
             timeout: timed,
             smc_env: vec![],
@@ -242,19 +214,8 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
             metrics: vec![metric("gbps", "bitrate", "Gbit/s", true)],
             units: Some("bytes"),
             fallback: false,
-            server: argv(|port| sv(&["iperf3", "-s", "-p", &port.to_string()])),
-            client: argv(move |port| {
-                sv(&[
-                    "iperf3",
-                    "-c",
-                    "127.0.0.1",
-                    "-p",
-                    &port.to_string(),
-                    "-t",
-                    &secs.to_string(),
-                    "-J",
-                ])
-            }),
+            server: argv(load::iperf3_server),
+            client: argv(move |port| load::iperf3_client(port, secs)),
             parse: parse_iperf3,
             timeout: timed,
             smc_env: vec![],
@@ -351,84 +312,54 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
             policy_tcp: false,
         },
         Case {
-            id: "connrate",
-            title: "connection setup, policy off: all SMC-D (connect, 1 B each way, close)",
-            metrics: vec![
-                metric("conn_per_sec", "connections", "conn/s", true),
-                metric("p50_us", "p50 connect to first byte", "us", false),
-                metric("p99_us", "p99 connect to first byte", "us", false),
-                metric("connect_p50_us", "p50 connect() alone", "us", false),
-                metric("connect_p99_us", "p99 connect() alone", "us", false),
-                metric("daemon_register_us", "daemon REGISTER, mean", "us", false),
-                metric("daemon_attach_us", "daemon ATTACH, mean", "us", false),
-                metric("daemon_pair_us", "daemon PAIR, mean", "us", false),
-                metric("ebpf_ns_per_unit", "eBPF ns per connection", "ns", false),
-            ],
-            units: Some("total_connections"),
-            fallback: false,
-            server: conn_server(),
-            client: conn_client(),
-            parse: parse_json_line,
-            timeout: timed,
             smc_env: vec![("SMC_SHORT_BYTES", "0")],
-            policy_tcp: false,
+            ..conn_case(
+                "connrate",
+                "connection setup, policy off: all SMC-D (connect, 1 B each way, close)",
+                vec![
+                    metric("conn_per_sec", "connections", "conn/s", true),
+                    metric("p50_us", "p50 connect to first byte", "us", false),
+                    metric("p99_us", "p99 connect to first byte", "us", false),
+                    metric("connect_p50_us", "p50 connect() alone", "us", false),
+                    metric("connect_p99_us", "p99 connect() alone", "us", false),
+                    metric("daemon_register_us", "daemon REGISTER, mean", "us", false),
+                    metric("daemon_attach_us", "daemon ATTACH, mean", "us", false),
+                    metric("daemon_pair_us", "daemon PAIR, mean", "us", false),
+                    metric("ebpf_ns_per_unit", "eBPF ns per connection", "ns", false),
+                ],
+            )
         },
         Case {
-            id: "connrate-policy",
-            title: "connection setup, policy on: stays TCP in an attached cgroup",
-            metrics: vec![
-                metric("conn_per_sec", "connections", "conn/s", true),
-                metric("p50_us", "p50 connect to first byte", "us", false),
-                metric("p99_us", "p99 connect to first byte", "us", false),
-                metric("ebpf_ns_per_unit", "eBPF ns per connection", "ns", false),
-                metric(
-                    "ebpf_runs_per_unit",
-                    "eBPF runs per connection",
-                    "runs",
-                    false,
-                ),
-            ],
-            units: Some("total_connections"),
-            fallback: false,
-            server: conn_server(),
-            client: conn_client(),
-            parse: parse_json_line,
-            timeout: timed,
-            smc_env: vec![],
             policy_tcp: true,
+            ..conn_case(
+                "connrate-policy",
+                "connection setup, policy on: stays TCP in an attached cgroup",
+                vec![
+                    metric("conn_per_sec", "connections", "conn/s", true),
+                    metric("p50_us", "p50 connect to first byte", "us", false),
+                    metric("p99_us", "p99 connect to first byte", "us", false),
+                    metric("ebpf_ns_per_unit", "eBPF ns per connection", "ns", false),
+                    metric(
+                        "ebpf_runs_per_unit",
+                        "eBPF runs per connection",
+                        "runs",
+                        false,
+                    ),
+                ],
+            )
         },
+        pp_case("fallback-pp", "fallback: sockperf ping-pong 14 B", true),
         Case {
-            id: "fallback-pp",
-            title: "fallback: sockperf ping-pong 14 B",
-            metrics: vec![
-                metric("p50_us", "p50 latency", "us", false),
-                metric("p99_us", "p99 latency", "us", false),
-            ],
-            units: Some("sent_messages"),
             fallback: true,
-            server: sockperf_server(),
-            client: pp_client(),
-            parse: parse_sockperf_pp,
-            timeout: timed,
-            smc_env: vec![],
-            policy_tcp: false,
-        },
-        Case {
-            id: "fallback-conn",
-            title: "fallback: connection setup",
-            metrics: vec![
-                metric("conn_per_sec", "connections", "conn/s", true),
-                metric("p50_us", "p50 setup latency", "us", false),
-                metric("ebpf_ns_per_unit", "eBPF ns per connection", "ns", false),
-            ],
-            units: Some("total_connections"),
-            fallback: true,
-            server: conn_server(),
-            client: conn_client(),
-            parse: parse_json_line,
-            timeout: timed,
-            smc_env: vec![],
-            policy_tcp: false,
+            ..conn_case(
+                "fallback-conn",
+                "fallback: connection setup",
+                vec![
+                    metric("conn_per_sec", "connections", "conn/s", true),
+                    metric("p50_us", "p50 setup latency", "us", false),
+                    metric("ebpf_ns_per_unit", "eBPF ns per connection", "ns", false),
+                ],
+            )
         },
     ];
     v.extend(close_cases);
