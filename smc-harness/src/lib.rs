@@ -14,6 +14,8 @@
 //!   that loads programs or reads the host-wide counters.
 //! - [`Netns`], [`ip`], [`tcp_listening`], [`wait_listening`], [`free_port`]: network
 //!   namespaces, listeners and ports.
+//! - [`SoakSummary`]: the summary line of the soak program, and which of its counters are
+//!   failures.
 //! - [`find_tool`]: a program on `PATH` or in the usual system directories.
 //! - [`install_signal_handlers`] / [`check_interrupted`]: SIGINT, SIGTERM and SIGHUP become a
 //!   flag that the harness's waits check, so that the guards get to clean up.
@@ -31,6 +33,7 @@ mod lock;
 mod net;
 mod proc;
 mod signals;
+mod soak;
 
 pub use cgroup::{
     attached_cgroups, ebpf_counters, remove_stale_cgroups, smc_ctl, smc_ctl_output, unique,
@@ -41,6 +44,7 @@ pub use lock::{GlobalLock, GLOBAL_LOCK};
 pub use net::{free_port, ip, tcp_listening, wait_listening, Netns};
 pub use proc::{last_lines, log_tail, log_to, Proc, ScratchDir};
 pub use signals::{check_interrupted, install_signal_handlers, interrupted};
+pub use soak::{SoakSummary, SOAK_FAILURES};
 
 /// The executable `tool` on `PATH` or in the usual system directories (`sbin` ones included,
 /// which a normal user's `PATH` may lack).

@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use integration_tests::{bin, fallbacks, ready_port, spawn_piped, SmcWorld};
-use std::collections::BTreeMap;
+use smc_harness::{SoakSummary, SOAK_FAILURES};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -20,22 +20,13 @@ const BYTES: &str = "96m";
 const MODES: &str = "rw,vec,sr,msg,poll,epoll,epoll1";
 const T: Duration = Duration::from_secs(300);
 
-/// The fields of the `SOAK` summary line of `out`.
-fn summary(out: &str, who: &str) -> BTreeMap<String, String> {
-    let l = out
-        .lines()
-        .find(|l| l.starts_with("SOAK "))
-        .unwrap_or_else(|| panic!("{who} printed no summary line:\n{out}"));
-    l.split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+/// The `SOAK` summary line of `out`.
+fn summary(out: &str, who: &str) -> SoakSummary {
+    SoakSummary::find(out).unwrap_or_else(|| panic!("{who} printed no summary line:\n{out}"))
 }
 
-fn n(s: &BTreeMap<String, String>, k: &str) -> u64 {
-    s.get(k)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {k} in {s:?}"))
+fn n(s: &SoakSummary, k: &str) -> u64 {
+    s.get(k).unwrap_or_else(|| panic!("no {k} in {s:?}"))
 }
 
 /// Runs server and client (`wrap` turns the program into the command to run) and checks
@@ -44,7 +35,7 @@ fn n(s: &BTreeMap<String, String>, k: &str) -> u64 {
 fn soak(
     wrap: impl Fn(&std::path::Path) -> Command,
     what: &str,
-) -> (BTreeMap<String, String>, BTreeMap<String, String>, u32, u32) {
+) -> (SoakSummary, SoakSummary, u32, u32) {
     let prog = bin("smc-soak");
     let mut sc = wrap(&prog);
     sc.args(["server", "0", &CONNS.to_string()])
@@ -80,15 +71,7 @@ fn soak(
     );
     for (side, x) in [("client", &c), ("server", &s)] {
         assert_eq!(n(x, "conns"), CONNS, "{side} connections; {all}");
-        for k in [
-            "resets",
-            "errors",
-            "short",
-            "diff_bytes",
-            "peek_diff",
-            "stalls",
-            "lost_wakeups",
-        ] {
+        for k in SOAK_FAILURES {
             assert_eq!(n(x, k), 0, "{side} {k}; {all}");
         }
     }

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{bail, Context as _, Result};
-use smc_harness::{DataPath, Proc};
+use smc_harness::{DataPath, Proc, SoakSummary};
 
 use crate::Bins;
 
@@ -21,24 +21,6 @@ pub struct Opts {
     pub bytes: String,
     pub modes: String,
     pub seed: u64,
-}
-
-/// `key=value` fields of the `SOAK` summary line in `out`.
-fn summary(out: &str) -> Option<Vec<(String, String)>> {
-    let l = out.lines().find(|l| l.starts_with("SOAK "))?;
-    Some(
-        l.split_whitespace()
-            .filter_map(|kv| kv.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    )
-}
-
-fn field(s: &[(String, String)], k: &str) -> u64 {
-    s.iter()
-        .find(|(x, _)| x == k)
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(u64::MAX)
 }
 
 pub fn run(root: &Path, o: &Opts) -> Result<()> {
@@ -105,25 +87,15 @@ pub fn run(root: &Path, o: &Opts) -> Result<()> {
         .output()
         .context("smc-ctl stats")?;
     println!("{}", String::from_utf8_lossy(&stats.stdout));
-    let (Some(c), Some(s)) = (summary(&cout), summary(&sout)) else {
+    let (Some(c), Some(s)) = (SoakSummary::find(&cout), SoakSummary::find(&sout)) else {
         bail!("no summary line from the client or the server");
     };
-    let bad: u64 = [
-        "resets",
-        "errors",
-        "short",
-        "diff_bytes",
-        "peek_diff",
-        "stalls",
-        "lost_wakeups",
-    ]
-    .iter()
-    .map(|k| field(&c, k).saturating_add(field(&s, k)))
-    .fold(0u64, u64::saturating_add);
-    let done = field(&c, "conns").min(field(&s, "conns"));
+    let bad = c.failures().saturating_add(s.failures());
+    let n = |x: &SoakSummary, k: &str| x.get(k).unwrap_or(u64::MAX);
+    let done = n(&c, "conns").min(n(&s, "conns"));
     println!(
         "soak: {done} connections, {:.1} GiB verified, {bad} failures, {:.0} s",
-        field(&c, "bytes") as f64 / f64::from(1u32 << 30),
+        n(&c, "bytes") as f64 / f64::from(1u32 << 30),
         t0.elapsed().as_secs_f64()
     );
     if bad != 0 || done != o.conns || !cli.status.success() {
