@@ -100,12 +100,7 @@ fn msg_client(port: u16, size: usize, secs: Duration) -> std::io::Result<()> {
         }
         Ok(())
     };
-    let warm = Instant::now();
-    let mut warmup = 0u64;
-    while warm.elapsed() < WARMUP {
-        round(&mut s)?;
-        warmup += 1;
-    }
+    let warmup = warm_up(|| round(&mut s))?;
     let mut lat = Vec::with_capacity(1 << 20);
     let start = Instant::now();
     let mut last = start;
@@ -163,12 +158,7 @@ fn conn_client(port: u16, secs: Duration) -> std::io::Result<()> {
         while s.read(&mut rest)? != 0 {}
         Ok((dt, dc))
     };
-    let warm = Instant::now();
-    let mut warmup = 0u64;
-    while warm.elapsed() < WARMUP {
-        once()?;
-        warmup += 1;
-    }
+    let warmup = warm_up(|| once().map(drop))?;
     let mut lat = Vec::with_capacity(1 << 16);
     let mut conn = Vec::with_capacity(1 << 16);
     let start = Instant::now();
@@ -189,6 +179,17 @@ fn conn_client(port: u16, secs: Duration) -> std::io::Result<()> {
         pct(&mut conn, 99.0)
     );
     Ok(())
+}
+
+/// Runs `step` for [`WARMUP`], unmeasured; returns how many times.
+fn warm_up(mut step: impl FnMut() -> std::io::Result<()>) -> std::io::Result<u64> {
+    let warm = Instant::now();
+    let mut n = 0u64;
+    while warm.elapsed() < WARMUP {
+        step()?;
+        n += 1;
+    }
+    Ok(n)
 }
 
 /// Percentile of nanosecond samples, in microseconds.
