@@ -722,7 +722,7 @@ pub unsafe extern "C" fn popen(cmd: *const c_char, mode: *const c_char) -> *mut 
 
 // ---------------------------------------------------------------------------------------------
 // closes we would not see otherwise, and the calls that hand out fd numbers (a slot still
-// holding an object at a new number is stale: see `lifecycle::fd_created`)
+// holding an object at a new number is stale: see `ops::fd_created`)
 
 #[no_mangle]
 pub unsafe extern "C" fn syscall(
@@ -734,9 +734,9 @@ pub unsafe extern "C" fn syscall(
     a5: libc::c_long,
     a6: libc::c_long,
 ) -> libc::c_long {
-    // SAFETY: the application's arguments, passed on unchanged: `lifecycle::syscall` has the
+    // SAFETY: the application's arguments, passed on unchanged: `ops::syscall` has the
     // contract of libc's `syscall`.
-    unsafe { lifecycle::syscall(n, a1, a2, a3, a4, a5, a6) }
+    unsafe { ops::syscall(n, a1, a2, a3, a4, a5, a6) }
 }
 
 #[no_mangle]
@@ -827,9 +827,9 @@ pub unsafe extern "C" fn lio_listio64(
 
 #[no_mangle]
 pub unsafe extern "C" fn fclose(f: *mut libc::FILE) -> c_int {
-    // SAFETY: the application's arguments, passed on unchanged: `lifecycle::fclose` has the
+    // SAFETY: the application's arguments, passed on unchanged: `ops::fclose` has the
     // contract of libc's `fclose`.
-    unsafe { lifecycle::fclose(f) }
+    unsafe { ops::fclose(f) }
 }
 
 /// A call that returns a new fd (or -1).
@@ -843,7 +843,7 @@ macro_rules! creates_fd {
                 let r = unsafe { crate::real::$name($($arg),*) };
                 if r >= 0 {
                     let e = crate::real::errno();
-                    lifecycle::fd_created(r);
+                    ops::fd_created(r);
                     crate::real::set_errno(e);
                 }
                 r
@@ -865,8 +865,8 @@ macro_rules! creates_fd_pair {
                     let e = crate::real::errno();
                     // SAFETY: the call succeeded, so it filled both entries.
                     let (a, b) = unsafe { (*$fds, *$fds.add(1)) };
-                    lifecycle::fd_created(a);
-                    lifecycle::fd_created(b);
+                    ops::fd_created(a);
+                    ops::fd_created(b);
                     crate::real::set_errno(e);
                 }
                 r

@@ -13,7 +13,7 @@
 //! - **fds we did not see close.** `syscall(SYS_close)` (libuv), `fclose` of an `fdopen`ed
 //!   socket, a close inside a runtime: the slot of that number still holds the connection
 //!   when the kernel hands the number out again. Every fd-creating call we interpose drops such
-//!   a stale slot first ([`fd_created`]), without any I/O on the number, and `syscall` and
+//!   a stale slot first (`ops::fd_created`), without any I/O on the number, and `syscall` and
 //!   `fclose` are interposed so that those closes are seen at all.
 //! - **fd passing.** A socket received with `SCM_RIGHTS` ([`fds_received`]): a listening TCP
 //!   socket is served (announces SMC), an unconnected one (bound, not yet listening: Node's
@@ -143,7 +143,7 @@ fn shadowed(fd: c_int) -> bool {
 use crate::fdtable::{self, Slot};
 use crate::obj::Obj;
 use crate::util::sockopt_int;
-use crate::{ops, real, setup};
+use crate::{real, setup};
 use libc::{c_char, c_int};
 use std::sync::Arc;
 
@@ -888,20 +888,6 @@ fn is_unconnected_tcp(fd: c_int) -> bool {
 // ---------------------------------------------------------------------------------------------
 // fd identity
 
-/// The kernel just handed out `fd` (open, pipe, eventfd, ...): a slot still holding an object
-/// there is stale, its close happened behind our back.
-pub fn fd_created(fd: c_int) {
-    if fd >= 0 && fdtable::raw(fd) != 0 {
-        if own_fd_table() {
-            // In this thread's own table only (a vfork child, an unshared table): the
-            // process's socket at that number is not stale; the number is this thread's.
-            vfork_shadow(fd);
-        } else {
-            ops::forget_stale(fd);
-        }
-    }
-}
-
 /// Socket cookie of `fd` (errno preserved).
 pub(crate) fn cookie(fd: c_int) -> Option<u64> {
     let mut v: u64 = 0;
@@ -949,13 +935,19 @@ unsafe fn for_each_passed_fd(m: &libc::msghdr, mut f: impl FnMut(c_int)) {
     }
 }
 
-/// The fds of the `SCM_RIGHTS` messages the kernel just put into `m`.
+/// The fds of the `SCM_RIGHTS` messages the kernel just put into `m`, each first given to
+/// `created` (`ops::fd_created`, from the layer above: a stale slot at that number is dropped).
 ///
 /// # Safety
 /// `m` is a msghdr the kernel just filled.
-pub unsafe fn fds_received(m: &libc::msghdr) {
+pub unsafe fn fds_received(m: &libc::msghdr, created: fn(c_int)) {
     // SAFETY: the caller's contract.
-    unsafe { for_each_passed_fd(m, fd_arrived) };
+    unsafe {
+        for_each_passed_fd(m, |fd| {
+            created(fd);
+            fd_arrived(fd);
+        })
+    };
 }
 
 /// SMC connections on their way through a Unix socket: each holds one reference of its
@@ -1188,7 +1180,6 @@ pub unsafe fn posix_spawn_file_actions_adddup2(
 
 /// One fd received from another process (or from ourselves) with `SCM_RIGHTS`.
 fn fd_arrived(fd: c_int) {
-    fd_created(fd);
     if in_vfork_child() {
         return;
     }
@@ -1269,224 +1260,7 @@ fn fd_arrived(fd: c_int) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// syscall(2), fclose(3) and the fd-creating calls
-
-/// `syscall(2)`: the closes, dups and the io_uring setup that runtimes issue through it are
-/// seen; everything else goes straight to libc.
-///
-/// # Safety
-/// The arguments of the system call `n`, as the caller passed them.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn syscall(
-    n: libc::c_long,
-    a1: libc::c_long,
-    a2: libc::c_long,
-    a3: libc::c_long,
-    a4: libc::c_long,
-    a5: libc::c_long,
-    a6: libc::c_long,
-) -> libc::c_long {
-    let data_call = matches!(
-        n,
-        libc::SYS_read
-            | libc::SYS_write
-            | libc::SYS_readv
-            | libc::SYS_writev
-            | libc::SYS_recvfrom
-            | libc::SYS_sendto
-            | libc::SYS_recvmsg
-            | libc::SYS_sendmsg
-    );
-    if data_call && !ops::is_stream(a1 as c_int) {
-        // Not one of our connections: the system call itself. The library's own messages to
-        // its daemon go this way (`smc_ism::sys`: our `sendmsg` would take the socket it
-        // passes for an application's `SCM_RIGHTS` and deadlock on its handshake).
-        // SAFETY: the caller's arguments, with the meaning the system call gives them.
-        return unsafe { real::syscall(n, a1, a2, a3, a4, a5, a6) };
-    }
-    match n {
-        // SAFETY: an fd number only; ops::close has the contract of close(2).
-        libc::SYS_close => unsafe { ops::close(a1 as c_int) as libc::c_long },
-        // SAFETY: an integer argument only, with the meaning unshare(2) gives it.
-        libc::SYS_unshare => unsafe {
-            let r = real::syscall(n, a1, a2, a3, a4, a5, a6);
-            if r == 0 && a1 & libc::CLONE_FILES as libc::c_long != 0 {
-                fd_table_unshared();
-            }
-            r
-        },
-        // SAFETY: fd numbers and flags only; ops::close_range has the contract of close_range(2).
-        libc::SYS_close_range => unsafe {
-            ops::close_range(a1 as libc::c_uint, a2 as libc::c_uint, a3 as c_int) as libc::c_long
-        },
-        // SAFETY: an fd number only; ops::dup has the contract of dup(2).
-        libc::SYS_dup => unsafe { ops::dup(a1 as c_int) as libc::c_long },
-        // SAFETY: fd numbers only; ops::dup3 has the contract of dup2(2).
-        libc::SYS_dup2 => unsafe { ops::dup3(a1 as c_int, a2 as c_int, 0, false) as libc::c_long },
-        // SAFETY: fd numbers and flags only; ops::dup3 has the contract of dup3(2).
-        libc::SYS_dup3 => unsafe {
-            ops::dup3(a1 as c_int, a2 as c_int, a3 as c_int, true) as libc::c_long
-        },
-        // The data calls on our connections, made through `syscall` (a program that bypasses
-        // libc's wrappers): they go where the wrappers go.
-        // Each `ops` function has the contract of that system call's libc wrapper, with its
-        // errno convention (-1 and `errno`), which is `syscall`'s too.
-        // SAFETY: the caller's arguments, with the meaning `read(2)` gives them.
-        libc::SYS_read => unsafe {
-            ops::read(a1 as c_int, a2 as *mut libc::c_void, a3 as libc::size_t) as libc::c_long
-        },
-        // SAFETY: the caller's arguments, with the meaning `write(2)` gives them.
-        libc::SYS_write => unsafe {
-            ops::write(a1 as c_int, a2 as *const libc::c_void, a3 as libc::size_t) as libc::c_long
-        },
-        // SAFETY: the caller's arguments, with the meaning `readv(2)` gives them.
-        libc::SYS_readv => unsafe {
-            ops::readv(a1 as c_int, a2 as *const libc::iovec, a3 as c_int) as libc::c_long
-        },
-        // SAFETY: the caller's arguments, with the meaning `writev(2)` gives them.
-        libc::SYS_writev => unsafe {
-            ops::writev(a1 as c_int, a2 as *const libc::iovec, a3 as c_int) as libc::c_long
-        },
-        // SAFETY: the caller's arguments, with the meaning `recvfrom(2)` gives them.
-        libc::SYS_recvfrom => unsafe {
-            ops::recvfrom(
-                a1 as c_int,
-                a2 as *mut libc::c_void,
-                a3 as libc::size_t,
-                a4 as c_int,
-                a5 as *mut libc::sockaddr,
-                a6 as *mut libc::socklen_t,
-            ) as libc::c_long
-        },
-        // SAFETY: the caller's arguments, with the meaning `sendto(2)` gives them.
-        libc::SYS_sendto => unsafe {
-            ops::sendto(
-                a1 as c_int,
-                a2 as *const libc::c_void,
-                a3 as libc::size_t,
-                a4 as c_int,
-                a5 as *const libc::sockaddr,
-                a6 as libc::socklen_t,
-            ) as libc::c_long
-        },
-        // SAFETY: the caller's arguments, with the meaning `recvmsg(2)` gives them.
-        libc::SYS_recvmsg => unsafe {
-            ops::recvmsg(a1 as c_int, a2 as *mut libc::msghdr, a3 as c_int) as libc::c_long
-        },
-        // SAFETY: the caller's arguments, with the meaning `sendmsg(2)` gives them.
-        libc::SYS_sendmsg => unsafe {
-            ops::sendmsg(a1 as c_int, a2 as *const libc::msghdr, a3 as c_int) as libc::c_long
-        },
-        // The socket calls the data path takes part in, made through `syscall` (a program
-        // or runtime that bypasses libc's wrappers): they go where the wrappers go. Each has
-        // the contract of its wrapper, with `syscall`'s errno convention.
-        // SAFETY: the caller's arguments, with the meaning `connect(2)` gives them.
-        libc::SYS_connect => unsafe {
-            ops::connect(
-                a1 as c_int,
-                a2 as *const libc::sockaddr,
-                a3 as libc::socklen_t,
-            ) as libc::c_long
-        },
-        // SAFETY: integer arguments only (`listen(2)`).
-        libc::SYS_listen => unsafe { ops::listen(a1 as c_int, a2 as c_int) as libc::c_long },
-        // SAFETY: the caller's arguments, with the meaning `accept(2)` gives them.
-        libc::SYS_accept => unsafe {
-            ops::accept4(
-                a1 as c_int,
-                a2 as *mut libc::sockaddr,
-                a3 as *mut libc::socklen_t,
-                0,
-                false,
-            ) as libc::c_long
-        },
-        // SAFETY: the caller's arguments, with the meaning `accept4(2)` gives them.
-        libc::SYS_accept4 => unsafe {
-            ops::accept4(
-                a1 as c_int,
-                a2 as *mut libc::sockaddr,
-                a3 as *mut libc::socklen_t,
-                a4 as c_int,
-                true,
-            ) as libc::c_long
-        },
-        // SAFETY: integer arguments only (`shutdown(2)`).
-        libc::SYS_shutdown => unsafe { ops::shutdown(a1 as c_int, a2 as c_int) as libc::c_long },
-        // SAFETY: the caller's arguments, with the meaning `fcntl(2)` gives them.
-        libc::SYS_fcntl => unsafe {
-            ops::fcntl(a1 as c_int, a2 as c_int, a3 as libc::c_ulong) as libc::c_long
-        },
-        // SAFETY: the caller's arguments, with the meaning `ioctl(2)` gives them.
-        libc::SYS_ioctl => unsafe {
-            ops::ioctl(a1 as c_int, a2 as libc::c_ulong, a3 as libc::c_ulong) as libc::c_long
-        },
-        // SAFETY: the caller's arguments, with the meaning `getsockopt(2)` gives them.
-        libc::SYS_getsockopt => unsafe {
-            ops::getsockopt(
-                a1 as c_int,
-                a2 as c_int,
-                a3 as c_int,
-                a4 as *mut libc::c_void,
-                a5 as *mut libc::socklen_t,
-            ) as libc::c_long
-        },
-        // SAFETY: the caller's arguments, with the meaning `setsockopt(2)` gives them.
-        libc::SYS_setsockopt => unsafe {
-            ops::setsockopt(
-                a1 as c_int,
-                a2 as c_int,
-                a3 as c_int,
-                a4 as *const libc::c_void,
-                a5 as libc::socklen_t,
-            ) as libc::c_long
-        },
-        // SAFETY: the caller's arguments, with the meaning `poll(2)` gives them.
-        libc::SYS_poll => unsafe {
-            ops::poll(a1 as *mut libc::pollfd, a2 as libc::nfds_t, a3 as c_int) as libc::c_long
-        },
-        // SAFETY: the caller's arguments, with the meaning `epoll_ctl(2)` gives them.
-        libc::SYS_epoll_ctl => unsafe {
-            ops::epoll_ctl(
-                a1 as c_int,
-                a2 as c_int,
-                a3 as c_int,
-                a4 as *mut libc::epoll_event,
-            ) as libc::c_long
-        },
-        // SAFETY: the caller's arguments, with the meaning `epoll_wait(2)` gives them.
-        libc::SYS_epoll_wait => unsafe {
-            ops::epoll_wait(
-                a1 as c_int,
-                a2 as *mut libc::epoll_event,
-                a3 as c_int,
-                a4 as c_int,
-                None,
-            ) as libc::c_long
-        },
-        // SAFETY: the caller's arguments, with the meaning `epoll_pwait(2)` gives them (the
-        // kernel's sixth argument, the mask's size, is the wrapper's to pass).
-        libc::SYS_epoll_pwait => unsafe {
-            ops::epoll_wait(
-                a1 as c_int,
-                a2 as *mut libc::epoll_event,
-                a3 as c_int,
-                a4 as c_int,
-                (a5 != 0).then_some(a5 as *const libc::sigset_t),
-            ) as libc::c_long
-        },
-        libc::SYS_io_uring_setup => {
-            // SAFETY: the caller's arguments, with the meaning the system call gives them.
-            let r = unsafe { real::syscall(n, a1, a2, a3, a4, a5, a6) };
-            if r >= 0 {
-                fd_created(r as c_int);
-                io_uring_seen();
-            }
-            r
-        }
-        // SAFETY: the caller's arguments, with the meaning the system call gives them.
-        _ => unsafe { real::syscall(n, a1, a2, a3, a4, a5, a6) },
-    }
-}
+// io_uring, fdopen(3) and AIO: I/O we do not see
 
 /// An io_uring instance exists in this process: its submissions bypass us. New connections
 /// stay TCP; those open now continue on TCP ([`libc_takes`], as before an exec into an image
@@ -1589,21 +1363,4 @@ pub unsafe fn lio_takes(list: *const *const AiocbHead, n: c_int) {
             unsafe { aio_takes(cb) };
         }
     }
-}
-
-/// `fclose(3)`: a `FILE` made by `fdopen` on one of our sockets closes it inside libc.
-///
-/// # Safety
-/// `f` is the caller's `FILE`.
-pub unsafe fn fclose(f: *mut libc::FILE) -> c_int {
-    if !f.is_null() && fdtable::any_objects() {
-        // SAFETY: a valid FILE (the caller's contract).
-        let fd = unsafe { libc::fileno(f) };
-        if fd >= 0 && fdtable::raw(fd) != 0 && !in_vfork_child() {
-            // The fd still names the socket: our close part runs as for close(2).
-            ops::forget_fd(fd);
-        }
-    }
-    // SAFETY: as above.
-    unsafe { real::fclose(f) }
 }

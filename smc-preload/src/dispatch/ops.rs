@@ -851,7 +851,7 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_
     let r = unsafe { real::recvmsg(fd, msg, flags) };
     if r >= 0 && !msg.is_null() {
         // SAFETY: the kernel filled the application's msghdr.
-        unsafe { lifecycle::fds_received(&*msg) };
+        unsafe { lifecycle::fds_received(&*msg, fd_created) };
     }
     r
 }
@@ -1095,7 +1095,7 @@ pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
         let tcp = (domain == libc::AF_INET || domain == libc::AF_INET6)
             && ty & 0xf == libc::SOCK_STREAM
             && (proto == 0 || proto == libc::IPPROTO_TCP);
-        lifecycle::fd_created(fd);
+        fd_created(fd);
         if tcp && setup::enabled() {
             fdtable::set_tag(fd, TAG_TCP);
             setup::forget_rcvbuf(fd);
@@ -1286,7 +1286,7 @@ pub unsafe fn accept4(
         return r;
     }
     let e = real::errno();
-    lifecycle::fd_created(r);
+    fd_created(r);
     if slow(fd) {
         if let Some(o) = fdtable::get(fd) {
             if let Obj::Listener = &*o {
@@ -1304,6 +1304,20 @@ pub unsafe fn accept4(
 
 // ---------------------------------------------------------------------------------------
 // fd lifetime
+
+/// The kernel just handed out `fd` (open, pipe, eventfd, ...): a slot still holding an object
+/// there is stale, its close happened behind our back.
+pub fn fd_created(fd: c_int) {
+    if fd >= 0 && fdtable::raw(fd) != 0 {
+        if lifecycle::own_fd_table() {
+            // In this thread's own table only (a vfork child, an unshared table): the
+            // process's socket at that number is not stale; the number is this thread's.
+            lifecycle::vfork_shadow(fd);
+        } else {
+            forget_stale(fd);
+        }
+    }
+}
 
 /// Our part of closing `fd` (before the real close).
 pub(crate) fn forget_fd(fd: c_int) {
@@ -1941,6 +1955,243 @@ pub unsafe fn fork() -> libc::pid_t {
         }
     }
     r
+}
+
+// ---------------------------------------------------------------------------------------
+// syscall(2) and fclose(3): closes behind the application's calls
+
+/// `syscall(2)`: the closes, dups and the io_uring setup that runtimes issue through it are
+/// seen; everything else goes straight to libc.
+///
+/// # Safety
+/// The arguments of the system call `n`, as the caller passed them.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn syscall(
+    n: libc::c_long,
+    a1: libc::c_long,
+    a2: libc::c_long,
+    a3: libc::c_long,
+    a4: libc::c_long,
+    a5: libc::c_long,
+    a6: libc::c_long,
+) -> libc::c_long {
+    let data_call = matches!(
+        n,
+        libc::SYS_read
+            | libc::SYS_write
+            | libc::SYS_readv
+            | libc::SYS_writev
+            | libc::SYS_recvfrom
+            | libc::SYS_sendto
+            | libc::SYS_recvmsg
+            | libc::SYS_sendmsg
+    );
+    if data_call && !is_stream(a1 as c_int) {
+        // Not one of our connections: the system call itself. The library's own messages to
+        // its daemon go this way (`smc_ism::sys`: our `sendmsg` would take the socket it
+        // passes for an application's `SCM_RIGHTS` and deadlock on its handshake).
+        // SAFETY: the caller's arguments, with the meaning the system call gives them.
+        return unsafe { real::syscall(n, a1, a2, a3, a4, a5, a6) };
+    }
+    match n {
+        // SAFETY: an fd number only; close has the contract of close(2).
+        libc::SYS_close => unsafe { close(a1 as c_int) as libc::c_long },
+        // SAFETY: an integer argument only, with the meaning unshare(2) gives it.
+        libc::SYS_unshare => unsafe {
+            let r = real::syscall(n, a1, a2, a3, a4, a5, a6);
+            if r == 0 && a1 & libc::CLONE_FILES as libc::c_long != 0 {
+                lifecycle::fd_table_unshared();
+            }
+            r
+        },
+        // SAFETY: fd numbers and flags only; close_range has the contract of close_range(2).
+        libc::SYS_close_range => unsafe {
+            close_range(a1 as libc::c_uint, a2 as libc::c_uint, a3 as c_int) as libc::c_long
+        },
+        // SAFETY: an fd number only; dup has the contract of dup(2).
+        libc::SYS_dup => unsafe { dup(a1 as c_int) as libc::c_long },
+        // SAFETY: fd numbers only; dup3 has the contract of dup2(2).
+        libc::SYS_dup2 => unsafe { dup3(a1 as c_int, a2 as c_int, 0, false) as libc::c_long },
+        // SAFETY: fd numbers and flags only; dup3 has the contract of dup3(2).
+        libc::SYS_dup3 => unsafe {
+            dup3(a1 as c_int, a2 as c_int, a3 as c_int, true) as libc::c_long
+        },
+        // The data calls on our connections, made through `syscall` (a program that bypasses
+        // libc's wrappers): they go where the wrappers go.
+        // Each `ops` function has the contract of that system call's libc wrapper, with its
+        // errno convention (-1 and `errno`), which is `syscall`'s too.
+        // SAFETY: the caller's arguments, with the meaning `read(2)` gives them.
+        libc::SYS_read => unsafe {
+            read(a1 as c_int, a2 as *mut libc::c_void, a3 as libc::size_t) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `write(2)` gives them.
+        libc::SYS_write => unsafe {
+            write(a1 as c_int, a2 as *const libc::c_void, a3 as libc::size_t) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `readv(2)` gives them.
+        libc::SYS_readv => unsafe {
+            readv(a1 as c_int, a2 as *const libc::iovec, a3 as c_int) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `writev(2)` gives them.
+        libc::SYS_writev => unsafe {
+            writev(a1 as c_int, a2 as *const libc::iovec, a3 as c_int) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `recvfrom(2)` gives them.
+        libc::SYS_recvfrom => unsafe {
+            recvfrom(
+                a1 as c_int,
+                a2 as *mut libc::c_void,
+                a3 as libc::size_t,
+                a4 as c_int,
+                a5 as *mut libc::sockaddr,
+                a6 as *mut libc::socklen_t,
+            ) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `sendto(2)` gives them.
+        libc::SYS_sendto => unsafe {
+            sendto(
+                a1 as c_int,
+                a2 as *const libc::c_void,
+                a3 as libc::size_t,
+                a4 as c_int,
+                a5 as *const libc::sockaddr,
+                a6 as libc::socklen_t,
+            ) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `recvmsg(2)` gives them.
+        libc::SYS_recvmsg => unsafe {
+            recvmsg(a1 as c_int, a2 as *mut libc::msghdr, a3 as c_int) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `sendmsg(2)` gives them.
+        libc::SYS_sendmsg => unsafe {
+            sendmsg(a1 as c_int, a2 as *const libc::msghdr, a3 as c_int) as libc::c_long
+        },
+        // The socket calls the data path takes part in, made through `syscall` (a program
+        // or runtime that bypasses libc's wrappers): they go where the wrappers go. Each has
+        // the contract of its wrapper, with `syscall`'s errno convention.
+        // SAFETY: the caller's arguments, with the meaning `connect(2)` gives them.
+        libc::SYS_connect => unsafe {
+            connect(
+                a1 as c_int,
+                a2 as *const libc::sockaddr,
+                a3 as libc::socklen_t,
+            ) as libc::c_long
+        },
+        // SAFETY: integer arguments only (`listen(2)`).
+        libc::SYS_listen => unsafe { listen(a1 as c_int, a2 as c_int) as libc::c_long },
+        // SAFETY: the caller's arguments, with the meaning `accept(2)` gives them.
+        libc::SYS_accept => unsafe {
+            accept4(
+                a1 as c_int,
+                a2 as *mut libc::sockaddr,
+                a3 as *mut libc::socklen_t,
+                0,
+                false,
+            ) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `accept4(2)` gives them.
+        libc::SYS_accept4 => unsafe {
+            accept4(
+                a1 as c_int,
+                a2 as *mut libc::sockaddr,
+                a3 as *mut libc::socklen_t,
+                a4 as c_int,
+                true,
+            ) as libc::c_long
+        },
+        // SAFETY: integer arguments only (`shutdown(2)`).
+        libc::SYS_shutdown => unsafe { shutdown(a1 as c_int, a2 as c_int) as libc::c_long },
+        // SAFETY: the caller's arguments, with the meaning `fcntl(2)` gives them.
+        libc::SYS_fcntl => unsafe {
+            fcntl(a1 as c_int, a2 as c_int, a3 as libc::c_ulong) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `ioctl(2)` gives them.
+        libc::SYS_ioctl => unsafe {
+            ioctl(a1 as c_int, a2 as libc::c_ulong, a3 as libc::c_ulong) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `getsockopt(2)` gives them.
+        libc::SYS_getsockopt => unsafe {
+            getsockopt(
+                a1 as c_int,
+                a2 as c_int,
+                a3 as c_int,
+                a4 as *mut libc::c_void,
+                a5 as *mut libc::socklen_t,
+            ) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `setsockopt(2)` gives them.
+        libc::SYS_setsockopt => unsafe {
+            setsockopt(
+                a1 as c_int,
+                a2 as c_int,
+                a3 as c_int,
+                a4 as *const libc::c_void,
+                a5 as libc::socklen_t,
+            ) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `poll(2)` gives them.
+        libc::SYS_poll => unsafe {
+            poll(a1 as *mut libc::pollfd, a2 as libc::nfds_t, a3 as c_int) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `epoll_ctl(2)` gives them.
+        libc::SYS_epoll_ctl => unsafe {
+            epoll_ctl(
+                a1 as c_int,
+                a2 as c_int,
+                a3 as c_int,
+                a4 as *mut libc::epoll_event,
+            ) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `epoll_wait(2)` gives them.
+        libc::SYS_epoll_wait => unsafe {
+            epoll_wait(
+                a1 as c_int,
+                a2 as *mut libc::epoll_event,
+                a3 as c_int,
+                a4 as c_int,
+                None,
+            ) as libc::c_long
+        },
+        // SAFETY: the caller's arguments, with the meaning `epoll_pwait(2)` gives them (the
+        // kernel's sixth argument, the mask's size, is the wrapper's to pass).
+        libc::SYS_epoll_pwait => unsafe {
+            epoll_wait(
+                a1 as c_int,
+                a2 as *mut libc::epoll_event,
+                a3 as c_int,
+                a4 as c_int,
+                (a5 != 0).then_some(a5 as *const libc::sigset_t),
+            ) as libc::c_long
+        },
+        libc::SYS_io_uring_setup => {
+            // SAFETY: the caller's arguments, with the meaning the system call gives them.
+            let r = unsafe { real::syscall(n, a1, a2, a3, a4, a5, a6) };
+            if r >= 0 {
+                fd_created(r as c_int);
+                lifecycle::io_uring_seen();
+            }
+            r
+        }
+        // SAFETY: the caller's arguments, with the meaning the system call gives them.
+        _ => unsafe { real::syscall(n, a1, a2, a3, a4, a5, a6) },
+    }
+}
+
+/// `fclose(3)`: a `FILE` made by `fdopen` on one of our sockets closes it inside libc.
+///
+/// # Safety
+/// `f` is the caller's `FILE`.
+pub unsafe fn fclose(f: *mut libc::FILE) -> c_int {
+    if !f.is_null() && fdtable::any_objects() {
+        // SAFETY: a valid FILE (the caller's contract).
+        let fd = unsafe { libc::fileno(f) };
+        if fd >= 0 && fdtable::raw(fd) != 0 && !lifecycle::in_vfork_child() {
+            // The fd still names the socket: our close part runs as for close(2).
+            forget_fd(fd);
+        }
+    }
+    // SAFETY: as above.
+    unsafe { real::fclose(f) }
 }
 
 // ---------------------------------------------------------------------------------------
