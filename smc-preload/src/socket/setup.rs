@@ -99,12 +99,6 @@ fn clamp_to_device(code: u8) -> u8 {
     code.min(with_dev(|c| c.max_size_code()).unwrap_or(smc_common::cdc::DMB_MAX_SIZE_CODE))
 }
 
-/// The daemon's socket, from the environment at load time (servers such as nginx clear the
-/// environment of their workers).
-pub(crate) fn daemon_path() -> &'static std::path::Path {
-    crate::util::config::daemon_path()
-}
-
 /// What load time settles beyond the environment ([`crate::util::config`]): the default DMB
 /// size from this host's TCP buffers.
 pub fn init_env() {
@@ -617,7 +611,7 @@ fn epoch_ms() -> u64 {
 }
 
 fn new_dev(pid: u32) -> *mut Dev {
-    let client = smc_ism::SharedClient::new(daemon_path());
+    let client = smc_ism::SharedClient::new(crate::util::config::daemon_path());
     client.set_state_slots(
         crate::util::config::config().state_slots && !FORKED_PARENT.load(Ordering::Relaxed),
     );

@@ -56,7 +56,7 @@ fn writer_dir() -> Option<procstats::StatsDir> {
     // SAFETY: no preconditions.
     let euid = unsafe { libc::geteuid() };
     let ask_daemon = || {
-        smc_ism::Client::connect(crate::setup::daemon_path())
+        smc_ism::Client::connect(crate::util::config::daemon_path())
             .and_then(|mut c| c.features())
             .is_ok()
     };

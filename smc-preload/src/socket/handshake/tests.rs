@@ -57,7 +57,7 @@ fn fell_back(o: Outcome) -> (Fallback, Option<MsgType>) {
 /// The daemon's live DMBs in use (pooled ones of finished connections of other tests come and
 /// go on their own) and attachments.
 fn live() -> (u64, u64) {
-    let s = smc_ism::Client::connect(setup::daemon_path())
+    let s = smc_ism::Client::connect(crate::util::config::daemon_path())
         .and_then(|mut c| c.stats())
         .unwrap();
     (s.live_dmbs - s.dmbs_pooled, s.live_attachments)
@@ -580,7 +580,7 @@ fn client_takes_a_decline_queued_behind_the_accept_as_the_answer() {
     // A server that does not pair registers alone (which completes the client's pairing), but
     // its Accept names a DMB that is gone: the client gives the pairing back, registers and
     // attaches by the Accept's token, which fails.
-    let mut alone = smc_ism::Client::connect(setup::daemon_path()).unwrap();
+    let mut alone = smc_ism::Client::connect(crate::util::config::daemon_path()).unwrap();
     let reg = alone.register_dmb(1, s.as_raw_fd()).unwrap();
     let mut m = setup::machine(true, 1);
     assert!(matches!(
