@@ -40,7 +40,7 @@ pub mod util;
 
 pub use dispatch::{lifecycle, ops};
 pub use smc::{conn, dmbs, iov};
-pub use socket::{epoll, fdtable, handshake, member, obj, poll, setup, stats};
+pub use socket::{epoll, fdtable, handshake, member, obj, poll, ready, setup, stats};
 pub(crate) use util::PID;
 pub use util::{forklock, log, pid, real, reset_pid, signals};
 

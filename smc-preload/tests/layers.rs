@@ -23,8 +23,8 @@ fn layer_of_file(rel: &Path) -> u8 {
 fn layer_of_name(name: &str) -> Option<u8> {
     Some(match name {
         "dispatch" | "ops" | "lifecycle" => 2,
-        "socket" | "epoll" | "fdtable" | "handshake" | "member" | "obj" | "poll" | "setup"
-        | "stats" => 3,
+        "socket" | "epoll" | "fdtable" | "handshake" | "member" | "obj" | "poll" | "ready"
+        | "setup" | "stats" => 3,
         "smc" | "conn" | "dmbs" | "iov" => 4,
         "shm" => 5,
         "util" | "forklock" | "log" | "real" | "signals" | "pid" | "reset_pid" | "PID"

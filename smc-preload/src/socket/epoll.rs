@@ -44,7 +44,7 @@ use crate::fdtable::{self, Slot};
 use crate::forklock::ForkMutex;
 use crate::forklock::ForkOnce;
 use crate::obj::Obj;
-use crate::poll::{self, ERR, HUP, IN, OUT, RDHUP};
+use crate::ready::{self, ERR, HUP, IN, OUT, RDHUP};
 use crate::real;
 use crate::shm::Mapping;
 use std::collections::{HashMap, VecDeque};
@@ -604,7 +604,7 @@ pub fn prepare_indirect(ep: i32, depth: u32) {
             let Some(c) = e.obj.as_ref().and_then(|o| o.conn()) else {
                 continue;
             };
-            let mask = poll::arm(c, fd, e.events) & (e.events | ERR | HUP);
+            let mask = ready::arm(c, fd, e.events) & (e.events | ERR | HUP);
             if reports(e, c, mask).is_some() {
                 ready = Some(fd);
                 break;
@@ -621,7 +621,7 @@ pub fn prepare_indirect(ep: i32, depth: u32) {
         let mut closed_ready = false;
         for (old, e) in g.closed.iter() {
             if let Some(c) = e.obj.as_ref().and_then(|o| o.conn()) {
-                let mask = poll::arm(c, *old, e.events) & (e.events | ERR | HUP);
+                let mask = ready::arm(c, *old, e.events) & (e.events | ERR | HUP);
                 closed_ready |= !e.disabled && reports(e, c, mask).is_some();
             }
         }
@@ -1230,7 +1230,7 @@ fn check(
     let want = e.events | ERR | HUP;
     let mut armed = false;
     loop {
-        let mask = poll::conn_mask(c) & want;
+        let mask = ready::conn_mask(c) & want;
         if mask == 0 {
             e.last_mask = 0;
         }
@@ -1254,7 +1254,7 @@ fn check(
         }
         if !armed && (park || now.wrapping_sub(e.active_us) >= WARM_US) {
             // Park: the peer rings from now on, or its change is seen by this check.
-            poll::arm(c, fd, e.events);
+            ready::arm(c, fd, e.events);
             armed = true;
             continue;
         }
@@ -1553,7 +1553,7 @@ pub unsafe fn wait(
     let set = as_set(so);
     set.waited_once.store(true, Ordering::Relaxed);
     let max = max as usize;
-    let deadline = poll::deadline_ms(timeout);
+    let deadline = ready::deadline_ms(timeout);
     // At most KBUF events per call from the kernel (the rest stay queued there for the next
     // call, as with a smaller maxevents): a huge maxevents must not allocate its size.
     let mut out: Vec<libc::epoll_event> = Vec::with_capacity(max.min(KBUF));
@@ -1640,8 +1640,8 @@ pub unsafe fn wait(
         if !undrained.is_empty() {
             let mut pending: Vec<(Arc<Obj>, i32, u32)> =
                 undrained.into_iter().map(|(fd, o, s)| (o, fd, s)).collect();
-            poll::settle(&mut pending, || {
-                deadline.is_some() && poll::remaining_ms(deadline) == 0
+            ready::settle(&mut pending, || {
+                deadline.is_some() && ready::remaining_ms(deadline) == 0
             });
             continue;
         }
@@ -1652,7 +1652,7 @@ pub unsafe fn wait(
         // that a sleep would have waited for just as well).
         if !spun && !warm.is_empty() {
             spun = true;
-            let budget = poll::spin_budget();
+            let budget = ready::spin_budget();
             if budget > 0 {
                 let start = Instant::now();
                 let mut hit = false;
@@ -1660,7 +1660,7 @@ pub unsafe fn wait(
                 let mut i = 0u32;
                 while (start.elapsed().as_nanos() as u64) < budget {
                     let moved = warm.iter().any(|(o, want, had)| {
-                        o.conn().is_some_and(|c| poll::conn_mask(c) & want != *had)
+                        o.conn().is_some_and(|c| ready::conn_mask(c) & want != *had)
                     });
                     i += 1;
                     if moved || i & 31 == 0 {
@@ -1681,7 +1681,7 @@ pub unsafe fn wait(
                     }
                     crate::conn::spin_pause(i);
                 }
-                poll::spin_result(warm_hit);
+                ready::spin_result(warm_hit);
                 if hit {
                     return finish(&out);
                 }
@@ -1696,7 +1696,7 @@ pub unsafe fn wait(
         if !out.is_empty() {
             return finish(&out);
         }
-        let rem = poll::remaining_ms(deadline);
+        let rem = ready::remaining_ms(deadline);
         if deadline.is_some() && rem == 0 {
             return 0;
         }
@@ -1739,7 +1739,7 @@ pub unsafe fn wait(
         if !out.is_empty() {
             return finish(&out);
         }
-        if deadline.is_some() && poll::remaining_ms(deadline) == 0 {
+        if deadline.is_some() && ready::remaining_ms(deadline) == 0 {
             return 0;
         }
         let _ = decided;

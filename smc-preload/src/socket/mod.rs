@@ -2,8 +2,9 @@
 //!
 //! [`fdtable`] and [`obj`] (the per-fd objects), [`setup`] (opt-in at connect/listen, the
 //! decisions, the daemon client) and [`handshake`] (the CLC handshake's I/O), [`member`]
-//! (fallen-back sockmap members), [`poll`] and [`epoll`] (readiness and the poll/epoll
-//! emulation over the objects), [`stats`] (the per-process statistics file).
+//! (fallen-back sockmap members), [`ready`] (readiness of one connection), [`poll`] and
+//! [`epoll`] (the poll/select and epoll emulation over the objects), [`stats`] (the
+//! per-process statistics file).
 
 pub mod epoll;
 pub mod fdtable;
@@ -11,5 +12,6 @@ pub mod handshake;
 pub mod member;
 pub mod obj;
 pub mod poll;
+pub mod ready;
 pub mod setup;
 pub mod stats;

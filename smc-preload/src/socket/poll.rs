@@ -1,4 +1,4 @@
-//! Readiness of SMC connections and the `poll`/`select` emulation.
+//! The `poll`/`select` emulation over the readiness of SMC connections ([`crate::ready`]).
 //!
 //! The TCP socket of an SMC connection carries only doorbells, so the kernel's view of it is
 //! only a wakeup hint. Readiness is computed from the rings: readable only when data or EOF is
@@ -6,94 +6,15 @@
 //! announces itself (wait bit in shared memory, rechecked afterwards), so a peer that changes
 //! the ring rings the doorbell and wakes us.
 
-use crate::conn::Conn;
 use crate::fdtable;
 use crate::obj::{InCall, Obj};
+use crate::ready::{
+    arm, conn_mask, deadline_ms, remaining_ms, settle, spin_budget, spin_result, ERR, HUP,
+};
 use crate::real;
 use crate::util::unwound;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-pub const IN: u32 = libc::EPOLLIN as u32;
-pub const OUT: u32 = libc::EPOLLOUT as u32;
-pub const ERR: u32 = libc::EPOLLERR as u32;
-pub const HUP: u32 = libc::EPOLLHUP as u32;
-pub const RDHUP: u32 = libc::EPOLLRDHUP as u32;
-pub const PRI: u32 = libc::EPOLLPRI as u32;
-pub const RDNORM: u32 = libc::EPOLLRDNORM as u32;
-pub const WRNORM: u32 = libc::EPOLLWRNORM as u32;
-
-/// Readiness of an SMC connection as epoll/poll bits (they share values).
-pub fn conn_mask(c: &Conn) -> u32 {
-    let r = c.readiness();
-    let mut m = 0;
-    // SO_RCVLOWAT: readable from that many bytes on (tcp_poll), or at EOF/error.
-    if (r.readable > 0 && r.readable >= c.rcvlowat()) || r.rd_eof || r.error {
-        m |= IN | RDNORM;
-    }
-    if r.rcv_shut || r.error {
-        m |= RDHUP;
-    }
-    if r.writable > 0 || r.wr_closed {
-        m |= OUT | WRNORM;
-    }
-    // An error pending, or completions of `send(MSG_ZEROCOPY)` on the error queue.
-    if r.error || c.take_zerocopy(false).is_some() {
-        m |= ERR;
-    }
-    // Urgent data not read yet (tcp_poll: `urg_data & TCP_URG_VALID`).
-    if r.urgent {
-        m |= PRI;
-    }
-    if r.hup {
-        m |= HUP;
-    }
-    m
-}
-
-/// Arm the wakeups of `c` for the events the caller waits for, then recheck.
-pub fn arm(c: &Conn, fd: i32, events: u32) -> u32 {
-    c.arm(
-        fd,
-        events & (IN | RDNORM | RDHUP | PRI) != 0,
-        events & (OUT | WRNORM) != 0,
-    );
-    conn_mask(c)
-}
-
-/// Process-wide spin policy of poll/select/epoll waits.
-static SPIN: crate::conn::Spin = crate::conn::Spin::new();
-
-pub fn spin_budget() -> u64 {
-    SPIN.budget()
-}
-
-pub fn spin_result(hit: bool) {
-    SPIN.record(hit)
-}
-
-/// Remaining milliseconds until `deadline` for a real poll (-1: infinite).
-pub fn remaining_ms(deadline: Option<Instant>) -> i32 {
-    match deadline {
-        None => -1,
-        Some(d) => {
-            let now = Instant::now();
-            if now >= d {
-                0
-            } else {
-                ((d - now).as_micros().div_ceil(1000)).min(i32::MAX as u128) as i32
-            }
-        }
-    }
-}
-
-pub fn deadline_ms(timeout: i32) -> Option<Instant> {
-    if timeout < 0 {
-        None
-    } else {
-        Some(Instant::now() + Duration::from_millis(timeout as u64))
-    }
-}
+use std::time::Instant;
 
 /// What one pollfd is for us.
 enum Kind {
@@ -443,45 +364,6 @@ unsafe fn poll_once(
             // SAFETY: `fds` and `tmp` are live slices of equal length, `kinds` classifies `fds`; no
             // mask.
             return Some(n + unsafe { merge_plain(fds, &mut tmp, &kinds, 0, None) });
-        }
-    }
-}
-
-/// Waits until the doorbells that this thread's last sleep left to the other sleepers of a
-/// connection (`(obj, fd, wake_seq)`, from [`Conn::sleep_leave`]) are drained — they were woken
-/// by them, the last of them drains — so that the next sleep on those sockets does not return
-/// at once. At most [`crate::conn::SETTLE_MAX_MS`], then they are drained anyway. Stops early
-/// (true) when `ready` says the wait is over for other reasons.
-pub fn settle(pending: &mut Vec<(Arc<Obj>, i32, u32)>, mut ready: impl FnMut() -> bool) -> bool {
-    // Held as calls in flight; a connection whose number was closed meanwhile (and that has
-    // no private duplicate of its socket) is not drained through that number.
-    let mut calls = Vec::with_capacity(pending.len());
-    pending.retain(|(o, fd, _)| match InCall::enter(*fd, o.clone()) {
-        Some(call) => {
-            calls.push(call);
-            true
-        }
-        None => o.conn().is_some_and(|c| c.io_redirected()),
-    });
-    let start = Instant::now();
-    loop {
-        pending.retain(|(o, fd, seq)| !o.conn().is_some_and(|c| c.settled(*fd, *seq)));
-        let Some((o, fd, seq)) = pending.first() else {
-            return false;
-        };
-        if ready() {
-            return true;
-        }
-        if start.elapsed() >= Duration::from_millis(crate::conn::SETTLE_MAX_MS) {
-            for (o, fd, _) in pending.drain(..) {
-                if let Some(c) = o.conn() {
-                    c.force_drain(fd);
-                }
-            }
-            return false;
-        }
-        if let Some(c) = o.conn() {
-            c.await_settled(*fd, *seq, 1);
         }
     }
 }
