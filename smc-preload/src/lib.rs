@@ -80,7 +80,8 @@ extern "C" fn at_exit() {
     if lifecycle::in_vfork_child() {
         return;
     }
-    stats::at_exit();
+    let open = fdtable::all_objects();
+    stats::at_exit(open.iter().filter_map(|(_, o)| o.conn()));
 }
 
 #[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]

@@ -161,19 +161,17 @@ pub fn get() -> &'static Stats {
     unsafe { &*a.ptr }
 }
 
-/// At exit: the connections still open are closed by the kernel with the process, so their
-/// bytes are counted now; then (unless `SMC_STATS_KEEP=1` leaves the file for a reader) the file
+/// At exit: the connections still open (`open`, each seen once or more: one per number) are
+/// closed by the kernel with the process, so their bytes are counted now; then (unless `SMC_STATS_KEEP=1` leaves the file for a reader) the file
 /// is folded into its cgroup's `exited-<id>` aggregate and removed, so the figures of exited
 /// processes keep counting and the directory does not grow with every process.
-pub fn at_exit() {
-    let mut seen: Vec<*const crate::obj::Obj> = Vec::new();
-    for (_, o) in crate::fdtable::all_objects() {
-        if let crate::obj::Obj::Conn(c) = &*o {
-            let p = std::sync::Arc::as_ptr(&o);
-            if !seen.contains(&p) {
-                seen.push(p);
-                take_counts(c);
-            }
+pub fn at_exit<'a>(open: impl IntoIterator<Item = &'a Conn>) {
+    let mut seen: Vec<*const Conn> = Vec::new();
+    for c in open {
+        let p = c as *const Conn;
+        if !seen.contains(&p) {
+            seen.push(p);
+            take_counts(c);
         }
     }
     if keep() {
