@@ -254,18 +254,81 @@ pub struct Tune {
     pub spin_yield: u32,
     /// Spin of a writer waiting for room, in nanoseconds.
     pub spin_room_ns: u64,
+    /// A yield that let another task run ends the spin ([`spin_pause`]).
+    pub give_way: bool,
 }
 
-/// One spin iteration: a pause, and every `spin_yield` iterations a `sched_yield`.
+/// A `sched_yield` inside a spin that took longer than this let another task run on our CPU
+/// (alone on it, the call returns in well under a microsecond; handing the CPU to another task
+/// and getting it back takes a few, docs/PERF.md): that task wanted the CPU the spin holds.
+const YIELD_TAKEN_NS: u64 = 2_000;
+/// After a spin that gave the CPU away, the thread's next `2^streak` waits sleep at once,
+/// `streak` growing with each such spin in a row up to this.
+const GIVE_WAY_MAX_SHIFT: u32 = 10;
+
+thread_local! {
+    /// This thread's record of spins that gave the CPU away: waits left that sleep without
+    /// spinning, and how many spins in a row gave way (see [`spin_pause`]).
+    static GAVE_WAY: std::cell::Cell<(u32, u32)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// Whether this thread's next wait may spin: not while it backs off after spins that gave the
+/// CPU to other tasks ([`spin_pause`]); each call counts one wait of the back-off.
 #[inline]
-pub fn spin_pause(i: u32) {
-    let y = tune().spin_yield;
+pub fn spin_allowed() -> bool {
+    GAVE_WAY
+        .try_with(|g| {
+            let (skip, streak) = g.get();
+            if skip == 0 {
+                return true;
+            }
+            g.set((skip - 1, streak));
+            false
+        })
+        .unwrap_or(true)
+}
+
+/// A spin of this thread ended in success (what it waited for came) without giving the CPU
+/// away: the back-off is over.
+#[inline]
+pub fn spin_won() {
+    let _ = GAVE_WAY.try_with(|g| {
+        if g.get() != (0, 0) {
+            g.set((0, 0));
+        }
+    });
+}
+
+fn gave_way() {
+    let _ = GAVE_WAY.try_with(|g| {
+        let streak = (g.get().1 + 1).min(GIVE_WAY_MAX_SHIFT);
+        g.set((1 << streak, streak));
+    });
+}
+
+/// One spin iteration: a pause, and every `spin_yield` iterations a `sched_yield`. True when
+/// that yield let another task run on this CPU: the spin takes time another task wants (other
+/// processes pinned to the same core, a loaded machine), so the caller stops spinning and
+/// sleeps, and the thread's next waits sleep at once ([`spin_allowed`], a back-off doubling
+/// with each spin in a row that gives way) until a spin succeeds without giving way
+/// ([`spin_won`]). Like the kernel's adaptive mutex, which spins only while nobody else needs
+/// the CPU. `SMC_SPIN_GIVE_WAY=0`: spin the whole budget regardless.
+#[inline]
+pub fn spin_pause(i: u32) -> bool {
+    let t = tune();
+    let y = t.spin_yield;
     if y != 0 && i.is_multiple_of(y) {
+        let t0 = Instant::now();
         // SAFETY: plain syscall.
         unsafe { libc::sched_yield() };
+        if t.give_way && t0.elapsed().as_nanos() as u64 > YIELD_TAKEN_NS {
+            gave_way();
+            return true;
+        }
     } else {
         std::hint::spin_loop();
     }
+    false
 }
 
 pub fn tune() -> &'static Tune {
@@ -281,6 +344,7 @@ pub fn tune() -> &'static Tune {
             spin_max_ns: if cpus > 1 { spin_us * 1000 } else { 0 },
             spin_yield,
             spin_room_ns: if cpus > 1 { room_us * 1000 } else { 0 },
+            give_way: cfg.spin_give_way,
         }
     })
 }
@@ -288,7 +352,8 @@ pub fn tune() -> &'static Tune {
 /// Spin policy: spin the full budget (`SMC_SPIN_US`, default 100 µs) while spinning pays off
 /// at least now and then; after 64 waits in a row that had to sleep anyway (an idle or
 /// throughput-bound connection) spin only an eighth of it, until a spin succeeds again. Never
-/// spins on a single-CPU machine.
+/// spins on a single-CPU machine, nor while the thread backs off after spins that gave the CPU
+/// to other tasks ([`spin_pause`]).
 pub struct Spin {
     misses: AtomicU32,
 }
@@ -306,8 +371,12 @@ impl Spin {
         }
     }
 
+    /// The budget of the next wait in nanoseconds (0: sleep at once).
     pub fn budget(&self) -> u64 {
         let t = tune();
+        if t.spin_max_ns == 0 || !spin_allowed() {
+            return 0;
+        }
         if self.misses.load(Ordering::Relaxed) < 64 {
             t.spin_max_ns
         } else {
@@ -317,6 +386,7 @@ impl Spin {
 
     pub fn record(&self, hit: bool) {
         if hit {
+            spin_won();
             if self.misses.load(Ordering::Relaxed) != 0 {
                 self.misses.store(0, Ordering::Relaxed);
             }

@@ -1679,7 +1679,9 @@ pub unsafe fn wait(
                             }
                         }
                     }
-                    crate::conn::spin_pause(i);
+                    if crate::conn::spin_pause(i) {
+                        break;
+                    }
                 }
                 ready::spin_result(warm_hit);
                 if hit {

@@ -243,7 +243,9 @@ unsafe fn poll_once(
                             break;
                         }
                     }
-                    crate::conn::spin_pause(i);
+                    if crate::conn::spin_pause(i) {
+                        break;
+                    }
                 }
                 spin_result(hit);
                 if hit {

@@ -48,6 +48,9 @@ pub struct Config {
     pub spin_yield: u32,
     /// `SMC_SPIN_ROOM_US` (0): the spin budget of a writer waiting for room.
     pub spin_room_us: u64,
+    /// `SMC_SPIN_GIVE_WAY` (not `0`): a spin whose yield let another task run ends there, and
+    /// the thread spins less until a spin succeeds without that (`conn::spin_pause`).
+    pub spin_give_way: bool,
     /// `SMC_PROCS_DIR` (`/run/smc/procs`): the statistics directory.
     pub procs_dir: String,
     /// `SMC_STATS_KEEP=1`: leave the statistics file at exit.
@@ -93,6 +96,7 @@ impl Config {
             spin_us: num("SMC_SPIN_US", 100),
             spin_yield: num("SMC_SPIN_YIELD", 64),
             spin_room_us: num("SMC_SPIN_ROOM_US", 0),
+            spin_give_way: not_0("SMC_SPIN_GIVE_WAY"),
             procs_dir: var("SMC_PROCS_DIR").unwrap_or_else(|| "/run/smc/procs".to_string()),
             stats_keep: is_1("SMC_STATS_KEEP"),
             daemon_path: smc_ism::default_socket_path(),

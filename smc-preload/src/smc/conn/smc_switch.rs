@@ -159,7 +159,7 @@ impl Conn {
             && start.elapsed() < Duration::from_millis(SETTLE_MAX_MS)
         {
             i += 1;
-            spin_pause(i);
+            let _ = spin_pause(i);
         }
     }
 

@@ -228,7 +228,7 @@ impl Conn {
                     break;
                 }
                 i += 1;
-                spin_pause(i);
+                let _ = spin_pause(i);
             }
         }
     }
@@ -484,7 +484,10 @@ impl Conn {
                 if i & 31 == 0 && start.elapsed().as_nanos() as u64 >= budget {
                     break;
                 }
-                spin_pause(i);
+                if spin_pause(i) {
+                    // Another task wants this CPU: sleep, and let it run.
+                    break;
+                }
             }
             if data {
                 self.spin.record(false);
