@@ -1683,7 +1683,7 @@ pub unsafe fn wait(
                         break;
                     }
                 }
-                ready::spin_result(warm_hit);
+                ready::spin_result(warm_hit, start);
                 if hit {
                     return finish(&out);
                 }

@@ -247,7 +247,7 @@ unsafe fn poll_once(
                         break;
                     }
                 }
-                spin_result(hit);
+                spin_result(hit, start);
                 if hit {
                     continue;
                 }

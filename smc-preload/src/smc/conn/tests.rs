@@ -995,3 +995,115 @@ fn peek_offset_across_the_ring_end() {
     assert_eq!(a.tcp_state(), Some(TCP_CLOSE));
     assert_eq!(b.tcp_state(), Some(TCP_CLOSE));
 }
+
+#[test]
+fn spin_backs_off_after_giving_way_until_a_spin_wins() {
+    // The back-off is the thread's own: a fresh thread starts without one.
+    std::thread::spawn(|| {
+        assert!(spin_allowed());
+        gave_way();
+        assert!(!spin_allowed());
+        assert!(!spin_allowed());
+        assert!(spin_allowed());
+        // A second spin in a row that gives way doubles the back-off.
+        gave_way();
+        for _ in 0..4 {
+            assert!(!spin_allowed());
+        }
+        assert!(spin_allowed());
+        // A spin that succeeded without giving way ends the streak.
+        spin_won();
+        gave_way();
+        assert!(!spin_allowed());
+        assert!(!spin_allowed());
+        assert!(spin_allowed());
+        // The back-off stops growing.
+        for _ in 0..3 * GIVE_WAY_MAX_SHIFT {
+            gave_way();
+        }
+        let skipped = std::iter::repeat_with(spin_allowed)
+            .take_while(|allowed| !allowed)
+            .count();
+        assert_eq!(skipped, 1 << GIVE_WAY_MAX_SHIFT);
+        spin_won();
+        assert!(spin_allowed());
+    })
+    .join()
+    .unwrap();
+}
+
+/// A spinner that shares its CPU with a busy thread gives the CPU away at one of its yields
+/// (the real scheduler: both threads pinned to one CPU).
+#[test]
+fn spin_gives_way_to_a_thread_on_its_cpu() {
+    if tune().spin_yield == 0 || !tune().give_way {
+        eprintln!("SMC_SPIN_YIELD=0 or SMC_SPIN_GIVE_WAY=0: nothing to test");
+        return;
+    }
+    // SAFETY: plain syscall.
+    let cpu = unsafe { libc::sched_getcpu() }.max(0) as usize;
+    let pin = move || {
+        // SAFETY: a zeroed cpu_set_t is valid; CPU_SET within its size; the calling thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            assert_eq!(
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                0
+            );
+        }
+    };
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let running = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            pin();
+            running.store(true, Ordering::SeqCst);
+            while !done.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+        let gave = s
+            .spawn(|| {
+                pin();
+                while !running.load(Ordering::SeqCst) {
+                    // SAFETY: plain syscall.
+                    unsafe { libc::sched_yield() };
+                }
+                let y = tune().spin_yield;
+                let gave = (0..100_000).any(|_| spin_pause(y));
+                done.store(true, Ordering::Relaxed);
+                // Having given way, this thread's next wait sleeps at once.
+                gave && !spin_allowed()
+            })
+            .join()
+            .unwrap();
+        done.store(true, Ordering::Relaxed);
+        assert!(
+            gave,
+            "100 000 yields on a CPU shared with a busy thread never gave it way (or no back-off)"
+        );
+    });
+}
+
+#[test]
+fn slow_spin_hits_shrink_the_budget_a_quick_one_restores_it() {
+    std::thread::spawn(|| {
+        let s = Spin::new();
+        let full = s.budget();
+        if full == 0 {
+            eprintln!("no spin here (single CPU or SMC_SPIN_US=0): nothing to test");
+            return;
+        }
+        for _ in 0..63 {
+            s.record(true, SPIN_SLOW_NS);
+        }
+        assert_eq!(s.budget(), full);
+        s.record(false, 0);
+        assert_eq!(s.budget(), full / 8);
+        s.record(true, SPIN_SLOW_NS - 1);
+        assert_eq!(s.budget(), full);
+    })
+    .join()
+    .unwrap();
+}
