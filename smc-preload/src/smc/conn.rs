@@ -349,18 +349,11 @@ pub fn tune() -> &'static Tune {
     })
 }
 
-/// A spin that succeeded only after this long cost more CPU than the sleep it saved (a sleep
-/// and its wakeup take a few µs here): it counts as a miss ([`Spin::record`]). A peer that
-/// answers at once (ping-pong, both ends spinning) is seen within a µs or two; one that was
-/// asleep itself answers after its own wakeup, tens of µs later (docs/PERF.md).
-pub const SPIN_SLOW_NS: u64 = 20_000;
-
 /// Spin policy: spin the full budget (`SMC_SPIN_US`, default 100 µs) while spinning pays off
-/// at least now and then; after 64 waits in a row that had to sleep anyway, or whose spin
-/// succeeded only after [`SPIN_SLOW_NS`] (an idle or throughput-bound connection, a peer that
-/// sleeps between its answers), spin only an eighth of it, until a spin succeeds quickly
-/// again. Never spins on a single-CPU machine, nor while the thread backs off after spins that
-/// gave the CPU to other tasks ([`spin_pause`]).
+/// at least now and then; after 64 waits in a row that had to sleep anyway (an idle or
+/// throughput-bound connection) spin only an eighth of it, until a spin succeeds again. Never
+/// spins on a single-CPU machine, nor while the thread backs off after spins that gave the CPU
+/// to other tasks ([`spin_pause`]).
 pub struct Spin {
     misses: AtomicU32,
 }
@@ -391,12 +384,9 @@ impl Spin {
         }
     }
 
-    /// The outcome of a spin: `hit`, what it waited for came, after `spun_ns`.
-    pub fn record(&self, hit: bool, spun_ns: u64) {
+    pub fn record(&self, hit: bool) {
         if hit {
             spin_won();
-        }
-        if hit && spun_ns < SPIN_SLOW_NS {
             if self.misses.load(Ordering::Relaxed) != 0 {
                 self.misses.store(0, Ordering::Relaxed);
             }

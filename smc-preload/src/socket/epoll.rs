@@ -1683,7 +1683,7 @@ pub unsafe fn wait(
                         break;
                     }
                 }
-                ready::spin_result(warm_hit, start);
+                ready::spin_result(warm_hit);
                 if hit {
                     return finish(&out);
                 }

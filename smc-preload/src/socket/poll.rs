@@ -247,7 +247,7 @@ unsafe fn poll_once(
                         break;
                     }
                 }
-                spin_result(hit, start);
+                spin_result(hit);
                 if hit {
                     continue;
                 }

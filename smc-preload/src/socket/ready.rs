@@ -62,9 +62,8 @@ pub fn spin_budget() -> u64 {
     SPIN.budget()
 }
 
-/// The outcome of a spin that started at `start` (`hit`: what it waited for came).
-pub fn spin_result(hit: bool, start: Instant) {
-    SPIN.record(hit, start.elapsed().as_nanos() as u64)
+pub fn spin_result(hit: bool) {
+    SPIN.record(hit)
 }
 
 /// Remaining milliseconds until `deadline` for a real poll (-1: infinite).

@@ -476,7 +476,7 @@ impl Conn {
                 if self.ready_for(data, need) {
                     s.spin_hits.fetch_add(1, Ordering::Relaxed);
                     if data {
-                        self.spin.record(true, start.elapsed().as_nanos() as u64);
+                        self.spin.record(true);
                     }
                     return Woke::Ready;
                 }
@@ -490,7 +490,7 @@ impl Conn {
                 }
             }
             if data {
-                self.spin.record(false, 0);
+                self.spin.record(false);
             }
         }
         loop {
