@@ -44,6 +44,10 @@ const SERVER_WRITE_WAIT: std::time::Duration = std::time::Duration::from_millis(
 enum Op {
     /// A read (`dontwait`: `MSG_DONTWAIT`): waits for the handshake only when blocking.
     Read { dontwait: bool },
+    /// A `MSG_OOB` read: as a read, except that a fallback still skipping the peer's late CLC
+    /// messages does not wait for them (urgent data is out of band, the messages in band: TCP
+    /// says `EINVAL` at once when nothing urgent is there).
+    ReadOob { dontwait: bool },
     /// A write (`dontwait`: `MSG_DONTWAIT` / `SPLICE_F_NONBLOCK`): as a read. A non-blocking
     /// write on a client whose handshake is under way says `EAGAIN`: for the program its
     /// connect is still under way (poll/epoll report it writable once decided); on an accepted
@@ -154,7 +158,9 @@ fn conn_of_call(fd: c_int, op: Op) -> Result<Option<Arc<Obj>>, Moved> {
         Obj::Handshake(h) => {
             let nonblock = h.nonblock.load(Ordering::Relaxed);
             let wait = match op {
-                Op::Read { dontwait } | Op::Write { dontwait } if !dontwait && !nonblock => {
+                Op::Read { dontwait } | Op::ReadOob { dontwait } | Op::Write { dontwait }
+                    if !dontwait && !nonblock =>
+                {
                     Some(None)
                 }
                 // An accepted socket is writable at once, as on TCP: its client's Confirm is
@@ -163,7 +169,7 @@ fn conn_of_call(fd: c_int, op: Op) -> Result<Option<Arc<Obj>>, Moved> {
                 Op::Write { .. } if h.server && h.out_while_undecided() => {
                     Some(Some(std::time::Instant::now() + SERVER_WRITE_WAIT))
                 }
-                Op::Read { .. } | Op::Write { .. } => None,
+                Op::Read { .. } | Op::ReadOob { .. } | Op::Write { .. } => None,
                 Op::Other => (h.server || !h.peer_local || !nonblock).then_some(None),
             };
             if !setup::progress_call(fd, h, wait) {
@@ -195,8 +201,8 @@ fn conn_of_call(fd: c_int, op: Op) -> Result<Option<Arc<Obj>>, Moved> {
         }
         Obj::Skip(s) => {
             match op {
-                // A write never waits for the peer's late CLC messages.
-                Op::Write { .. } | Op::Other => {
+                // A write never waits for the peer's late CLC messages, nor an urgent read.
+                Op::Write { .. } | Op::ReadOob { .. } | Op::Other => {
                     setup::skip_late_clc(fd, fd, &o, s);
                 }
                 Op::Read { dontwait } => {
@@ -278,12 +284,13 @@ pub unsafe fn recv_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
     if let Some(r) = orphan(fd, false) {
         return Some(r);
     }
-    let found = conn_of_call(
-        fd,
-        Op::Read {
-            dontwait: flags & libc::MSG_DONTWAIT != 0,
-        },
-    );
+    let dontwait = flags & libc::MSG_DONTWAIT != 0;
+    let op = if flags & libc::MSG_OOB != 0 {
+        Op::ReadOob { dontwait }
+    } else {
+        Op::Read { dontwait }
+    };
+    let found = conn_of_call(fd, op);
     let found = match found {
         Ok(f) => f,
         Err(m) => {
@@ -298,6 +305,13 @@ pub unsafe fn recv_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
     let Some(o) = found else {
         // A connection that fell back after its handshake started (skipped or not).
         let member = fdtable::get(fd).is_some_and(|o| matches!(&*o, Obj::Tcp | Obj::Skip(_)));
+        if member && flags & libc::MSG_OOB != 0 {
+            // `tcp_bpf` reads a SOCKHASH member's urgent byte as in-band data, and a `MSG_OOB`
+            // read on its empty queue waits for in-band bytes (TCP answers at once: the byte,
+            // `EINVAL` or `EAGAIN`): the socket leaves the SOCKHASH first (once; a socket no
+            // longer in it is left as it is).
+            setup::leave_shortcut_for_tcp(fd);
+        }
         // SAFETY: the caller's buffers.
         return member.then(|| unsafe { crate::member::recv(fd, iov, flags) });
     };

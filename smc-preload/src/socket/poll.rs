@@ -106,7 +106,9 @@ fn smc_kind(fd: i32, o: Arc<Obj>) -> Kind {
 fn undecided_events(und: Und, app: i16) -> i16 {
     match und {
         Und::Connecting => libc::POLLOUT,
-        Und::Handshake | Und::Skipping => libc::POLLIN | (app & libc::POLLOUT),
+        Und::Handshake => libc::POLLIN | (app & libc::POLLOUT),
+        // A fallback: urgent data (out of band) is TCP's, whatever is still to skip in band.
+        Und::Skipping => libc::POLLIN | (app & (libc::POLLOUT | libc::POLLPRI)),
         Und::WriteWaits => libc::POLLIN,
     }
 }
@@ -387,8 +389,13 @@ unsafe fn merge_plain(
                 any = true;
             }
             // An established connection in its handshake (or skipping late CLC messages) is
-            // writable as far as TCP goes.
-            Kind::Undecided(Und::Handshake | Und::Skipping) if p.events & libc::POLLOUT != 0 => {
+            // writable as far as TCP goes; a fallback's urgent data is TCP's too.
+            Kind::Undecided(Und::Skipping) if p.events & (libc::POLLOUT | libc::POLLPRI) != 0 => {
+                t.fd = p.fd;
+                t.events = p.events & (libc::POLLOUT | libc::POLLPRI);
+                any = true;
+            }
+            Kind::Undecided(Und::Handshake) if p.events & libc::POLLOUT != 0 => {
                 t.fd = p.fd;
                 t.events = libc::POLLOUT;
                 any = true;
@@ -410,7 +417,9 @@ unsafe fn merge_plain(
             for ((t, k), p) in tmp.iter().zip(kinds).zip(fds.iter_mut()) {
                 p.revents = match k {
                     Kind::Plain => t.revents,
-                    Kind::Undecided(_) if t.fd >= 0 => t.revents & libc::POLLOUT,
+                    Kind::Undecided(_) if t.fd >= 0 => {
+                        t.revents & (libc::POLLOUT | libc::POLLPRI) & t.events
+                    }
                     _ => continue,
                 };
                 if p.revents != 0 {

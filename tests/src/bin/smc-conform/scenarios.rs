@@ -163,6 +163,7 @@ scenarios! {
     msg_oob: 1;
     oob_mark_mid_stream: 1;
     oob_recv_none_twice_peek: 1;
+    oob_recv_while_skipping_late_clc: 0;
     oob_poll_epoll_select: 1;
     oob_read_skips_unread_urgent: 1;
     oob_two_before_read: 1;
@@ -4795,6 +4796,28 @@ fn oob_recv_none_twice_peek() {
     recvmsg_l("recv(s)", s, 10, libc::MSG_DONTWAIT);
     close(c);
     close(s);
+}
+
+/// A blocking `recv(MSG_OOB)` with nothing urgent, on a client whose handshake gives up (a CLC
+/// timeout of 1 ms, before the server accepts) and then waits to skip the server's late
+/// answer: TCP says `EINVAL` at once; the call waited for CLC bytes that come only once the
+/// server accepts, which this server does after the call (the watchdog ended it). Urgent data
+/// then still arrives as on TCP, and the in-band bytes after it.
+fn oob_recv_while_skipping_late_clc() {
+    with_clc_timeout_1ms();
+    let (l, c, _) = handshake_window_client();
+    recvmsg_l("recv(c,OOB) none", c, 10, libc::MSG_OOB);
+    let s = accept_fd(l);
+    log(format!("accept ok = {}", s >= 0));
+    send_oob("send(s,X,OOB)", s, b"X");
+    pl("poll(c,PRI)", c, libc::POLLPRI, 5000);
+    recvmsg_l("recv(c,OOB)", c, 10, libc::MSG_OOB);
+    write_all(s, b"data");
+    pl("poll(c,IN)", c, libc::POLLIN, 5000);
+    rd("read(c)", c, 100);
+    close(c);
+    close(s);
+    close(l);
 }
 
 /// Readiness: poll, epoll (level-triggered) and select's exceptfds before urgent data, while it
