@@ -88,6 +88,16 @@ fn classify(fd: i32) -> Kind {
         Obj::Pending(_) => Kind::Undecided(Und::Connecting),
         Obj::Handshake(h) if !h.out_while_undecided() => Kind::Undecided(Und::WriteWaits),
         Obj::Handshake(_) => Kind::Undecided(Und::Handshake),
+        // Just fallen back with late CLC messages to skip (the handshake timed out above): as
+        // a `Skip` found at the start. Taken for plain, the kernel reported the late message as
+        // data to read, and the read that followed skipped it and said `EAGAIN`.
+        Obj::Skip(sk) => {
+            if crate::setup::skip_late_clc(fd, fd, &o, sk) {
+                Kind::Plain
+            } else {
+                Kind::Undecided(Und::Skipping)
+            }
+        }
         _ => Kind::Plain,
     }
 }
