@@ -44,7 +44,7 @@ use crate::fdtable::{self, Slot};
 use crate::forklock::ForkMutex;
 use crate::forklock::ForkOnce;
 use crate::obj::Obj;
-use crate::ready::{self, ERR, HUP, IN, OUT, RDHUP};
+use crate::ready::{self, ERR, HUP, IN, OUT, PRI, RDHUP};
 use crate::real;
 use crate::shm::Mapping;
 use std::collections::{HashMap, VecDeque};
@@ -411,9 +411,10 @@ fn kernel_event(fd: i32, mode: Mode, events: u32, data: u64) -> libc::epoll_even
             events: IN | OUT | RDHUP | ET,
             u64: tag(fd),
         },
-        // Connect completion (OUT) and the peer's CLC messages (IN), each edge once.
+        // Connect completion (OUT) and the peer's CLC messages (IN), each edge once; urgent
+        // data when the application asks for it (a fallback's is TCP's).
         Mode::Undecided => libc::epoll_event {
-            events: IN | OUT | RDHUP | ET,
+            events: IN | OUT | RDHUP | ET | (events & PRI),
             u64: tag(fd),
         },
     }
@@ -1430,15 +1431,23 @@ fn translate(set: &EpollSet, kev: &[libc::epoll_event], out: &mut Vec<libc::epol
         // Established, handshake under way: writable as far as TCP goes (a write waits for the
         // decision with EAGAIN), never readable (CLC bytes are not data). Reported on the
         // kernel's edge; a one-shot entry hears of it when decided.
-        let out_ev = libc::EPOLLOUT as u32;
-        let established = match fdtable::get(fd).as_deref() {
-            Some(Obj::Handshake(h)) => h.out_while_undecided(),
-            Some(Obj::Skip(_)) => true,
-            _ => false,
+        // A fallback still skipping late CLC messages: its urgent data (out of band) is TCP's,
+        // reported on the kernel's edge too.
+        let (established, skipping) = match fdtable::get(fd).as_deref() {
+            Some(Obj::Handshake(h)) => (h.out_while_undecided(), false),
+            Some(Obj::Skip(_)) => (true, true),
+            _ => (false, false),
         };
-        if established && kernel & events & out_ev != 0 && events & ONESHOT == 0 {
+        let mut ev = 0;
+        if established {
+            ev |= kernel & events & OUT;
+        }
+        if skipping {
+            ev |= kernel & events & PRI;
+        }
+        if ev != 0 && events & ONESHOT == 0 {
             out.push(libc::epoll_event {
-                events: out_ev,
+                events: ev,
                 u64: data,
             });
         }

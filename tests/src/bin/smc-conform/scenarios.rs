@@ -164,6 +164,7 @@ scenarios! {
     oob_mark_mid_stream: 1;
     oob_recv_none_twice_peek: 1;
     oob_recv_while_skipping_late_clc: 0;
+    oob_epoll_while_skipping_late_clc: 0;
     oob_poll_epoll_select: 1;
     oob_read_skips_unread_urgent: 1;
     oob_two_before_read: 1;
@@ -4815,6 +4816,36 @@ fn oob_recv_while_skipping_late_clc() {
     write_all(s, b"data");
     pl("poll(c,IN)", c, libc::POLLIN, 5000);
     rd("read(c)", c, 100);
+    close(c);
+    close(s);
+    close(l);
+}
+
+/// [`oob_recv_while_skipping_late_clc`] seen through epoll: the urgent byte's `EPOLLPRI` while
+/// the fallback still skips the server's late answer (its entry watched on the handshake's
+/// behalf), then `EPOLLIN` for the in-band bytes.
+fn oob_epoll_while_skipping_late_clc() {
+    with_clc_timeout_1ms();
+    let (l, c, _) = handshake_window_client();
+    let ep = ep_create();
+    ep_ctl(
+        "epoll_ctl(ADD c IN|PRI)",
+        ep,
+        libc::EPOLL_CTL_ADD,
+        c,
+        (libc::EPOLLIN | libc::EPOLLPRI) as u32,
+        0,
+    );
+    recvmsg_l("recv(c,OOB) none", c, 10, libc::MSG_OOB);
+    let s = accept_fd(l);
+    log(format!("accept ok = {}", s >= 0));
+    send_oob("send(s,X,OOB)", s, b"X");
+    ep_wait("epoll_wait (urgent byte)", ep, 4, 5000, &names(&["c"]));
+    recvmsg_l("recv(c,OOB)", c, 10, libc::MSG_OOB);
+    write_all(s, b"data");
+    ep_wait("epoll_wait (data)", ep, 4, 5000, &names(&["c"]));
+    rd("read(c)", c, 100);
+    close(ep);
     close(c);
     close(s);
     close(l);
