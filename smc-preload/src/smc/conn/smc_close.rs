@@ -256,11 +256,18 @@ impl Conn {
             let _g = self.sh().tx_lock.lock();
             self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, st);
         }
-        // Wake the peer if it waits; the TCP FIN that follows wakes it too.
+        // Wake the peer if it waits; the TCP FIN that follows wakes it too. A peer that closed
+        // its end waits for nothing, whatever wait it announced last: a doorbell would reach a
+        // closed socket, which answers it with a reset in place of our FIN (seen in a capture).
+        let ps = self.peer_state();
+        let peer_closed = ps.contains(ConnStateFlags::PEER_CONN_CLOSED)
+            || ps.contains(ConnStateFlags::PEER_CONN_ABORT)
+            || self.flags() & F_PEER_GONE != 0;
         if self
             .peer_wait()
             .fetch_and(!(WAIT_DATA | WAIT_SPACE), Ordering::SeqCst)
             != 0
+            && !peer_closed
         {
             self.ring_doorbell(fd);
         }
