@@ -1158,9 +1158,12 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
         // accept, after the call: waiting here for the Accept would take the CLC timeout
         // (conformance `connect_own_listener_one_thread`), so the handshake goes on at the
         // next operation, driving the accepted end. With other threads, one of them may be
-        // accepting: the handshake ends within the call as usual.
+        // accepting: the handshake ends within the call as usual, unless none of them comes
+        // to `accept` (`connect_own_listener_idle_thread`).
         if setup::to_own_listener(dest) && setup::single_threaded() {
             setup::client_start(fd, false, dest);
+        } else if setup::to_own_listener(dest) {
+            setup::client_connect_own(fd, dest);
         } else {
             setup::client_after_connect(fd, Some(false), dest);
         }
@@ -1291,11 +1294,17 @@ pub unsafe fn accept4(
             unsafe { real::accept(fd, addr, alen) }
         }
     };
+    // A thread in `accept` on our listener is counted while it waits there: a blocking
+    // connect of this process to that listener waits for its handshake within the call only
+    // when one is (`setup::someone_accepting`).
+    let listener = slow(fd) && fdtable::get(fd).is_some_and(|o| matches!(&*o, Obj::Listener));
+    let waiter = listener.then(setup::accept_waiter);
     let mut r = call();
     if r < 0 && real::errno() == libc::EMFILE && setup::give_back_descriptors() {
         // Descriptors the library held for other handshakes (their memfds) are free again.
         r = call();
     }
+    drop(waiter);
     if r < 0 {
         return r;
     }
@@ -1532,6 +1541,15 @@ pub unsafe fn close(fd: c_int) -> c_int {
             // name another file next, here only.
             lifecycle::vfork_shadow(fd);
         } else {
+            if let Some(o) = fdtable::get(fd) {
+                if let Obj::Handshake(h) = &*o {
+                    // The other end is a socket of this process: the handshake is decided
+                    // first, driving that end (microseconds), so that the close is the
+                    // connection's (a close with the other end's CLC message unread would
+                    // reset it, where TCP sends a FIN).
+                    setup::decide_own_before_close(fd, h);
+                }
+            }
             forget_fd(fd);
         }
     }

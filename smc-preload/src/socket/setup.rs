@@ -743,6 +743,8 @@ pub fn after_fork_parent() {
 }
 
 pub fn after_fork_child() {
+    // The threads of the parent waiting in `accept` do not exist here.
+    ACCEPTING.store(0, Ordering::SeqCst);
     // The parent's pending releases are its own (references of its daemon connection).
     PENDING_RELEASES.lock().clear();
     PENDING_N.store(0, Ordering::Relaxed);
@@ -1568,6 +1570,75 @@ pub fn single_threaded() -> bool {
         .is_some_and(|n| n == "1")
 }
 
+/// Threads of this process inside an `accept` on a listener of ours (a blocking one waits
+/// there for the next connection).
+static ACCEPTING: AtomicU64 = AtomicU64::new(0);
+
+/// Held by a thread for the duration of its `accept` on a listener of ours
+/// ([`accept_waiter`]).
+pub struct AcceptWaiter(());
+
+impl Drop for AcceptWaiter {
+    fn drop(&mut self) {
+        ACCEPTING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Counts the calling thread as accepting until the guard drops.
+pub fn accept_waiter() -> AcceptWaiter {
+    ACCEPTING.fetch_add(1, Ordering::SeqCst);
+    AcceptWaiter(())
+}
+
+/// How long a blocking connect to our own listener waits inside the call while no thread of
+/// this process is in `accept` on one of our listeners ([`client_connect_own`]).
+const OWN_CONNECT_IDLE: Duration = Duration::from_millis(50);
+
+/// A blocking connect to a listener of this process, in a process with other threads: the
+/// handshake ends within the call, as for any server, while another thread is in `accept` (or
+/// gets there within [`OWN_CONNECT_IDLE`]). When none does, the thread that accepts may be
+/// this one, after the call (a worker thread waits for something else): waiting on would take
+/// the CLC timeout and a fallback, so the handshake goes on at the fd's next operation, as
+/// after a non-blocking connect, and the accepting end drives it ([`nudge_own_peer`]).
+pub fn client_connect_own(fd: i32, dest: Option<Dest>) {
+    let Some(mut d) = client_driver(fd, dest) else {
+        return;
+    };
+    let mut idle_since = Instant::now();
+    let mut slice = Duration::from_micros(50);
+    loop {
+        let now = Instant::now();
+        if let Progress::Done(out) = d.step_until(Some(Some(now + slice))) {
+            return finish(fd, false, out, false);
+        }
+        let now = Instant::now();
+        if ACCEPTING.load(Ordering::SeqCst) > 0 {
+            idle_since = now;
+        } else if now.duration_since(idle_since) >= OWN_CONNECT_IDLE {
+            break;
+        }
+        slice = (slice * 2).min(Duration::from_millis(5));
+    }
+    // Known to an accept from now on; one that took the connection meanwhile waits for our
+    // Confirm in short slices and finds it among ours between them (`server_after_accept`).
+    let port = port_of(fd, false);
+    if let Some(p) = port {
+        let mut v = OWN_CLIENTS.lock();
+        v.push(p);
+        OWN_CLIENTS_N.store(v.len() as u64, Ordering::Relaxed);
+    }
+    debug!("fd {fd}: no thread accepts our own listener: the handshake continues at the next operation");
+    let o = Arc::new(Obj::Handshake(crate::obj::Handshake::new(
+        Box::new(d),
+        false,
+        false,
+        true,
+    )));
+    note_own_end(false, port, fd, &o);
+    drop(fdtable::replace(fd, Slot::Obj(o)));
+    crate::epoll::refresh(fd);
+}
+
 /// Whether `dest` is one of our own listeners' ports.
 pub fn to_own_listener(dest: Option<Dest>) -> bool {
     if OWN_LISTENERS_N.load(Ordering::Relaxed) == 0 {
@@ -1635,6 +1706,26 @@ pub fn progress(fd: i32, h: &crate::obj::Handshake, block: bool) -> bool {
 /// most).
 pub fn progress_until(fd: i32, h: &crate::obj::Handshake, wait: Option<Option<Instant>>) -> bool {
     progress_or_withdraw(fd, h, wait, false, false)
+}
+
+/// How long a close of a handshake whose other end is a socket of this process drives both
+/// ends to their decision ([`decide_own_before_close`]): the other end's driver may be held
+/// by another thread for a step.
+const OWN_CLOSE_WAIT: Duration = Duration::from_millis(100);
+
+/// Before the close of `fd`, whose handshake `h` is undecided: when the other end is a socket
+/// of this process, both ends are driven to their decision (the close then is an SMC-D
+/// connection's, or a fallback's that skipped the late CLC messages), at most
+/// [`OWN_CLOSE_WAIT`]. Another end is left alone: waiting for it would hold up the close.
+pub fn decide_own_before_close(fd: i32, h: &crate::obj::Handshake) {
+    // A call of another thread driving it right now (its step holds the driver for as long as
+    // it waits) decides it: the close goes on as for any call under way (`ops::forget_slot`).
+    if h.peer_local
+        && h.calls.load(Ordering::SeqCst) == 0
+        && own_ends(h.server).1.load(Ordering::Relaxed) > 0
+    {
+        progress_until(fd, h, Some(Some(Instant::now() + OWN_CLOSE_WAIT)));
+    }
 }
 
 /// As [`progress_until`], for a call that goes on with the connection once it is decided:

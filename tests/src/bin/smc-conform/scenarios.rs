@@ -117,6 +117,8 @@ scenarios! {
     nonblock_first_write_after_pollout: 1;
     nonblock_first_write_after_epollout: 1;
     connect_own_listener_one_thread: 1;
+    connect_own_listener_idle_thread: 1;
+    own_listener_close_before_use_one_thread: 1;
     epoll_connect_quiet_server: 1;
     epoll_connect_lt_in_out: 1;
     poll_connect_quiet_server: 1;
@@ -3264,6 +3266,43 @@ fn connect_own_listener_one_thread() {
     close(c);
     close(s);
     close(l);
+}
+
+fn own_listener_close_before_use_one_thread() {
+    // The same, and the client end is closed before either end is used: both handshakes are
+    // still under way (each end waits for the other's next operation). The server end reads
+    // EOF, as on TCP, not a reset (the client's socket held the server's Accept unread).
+    let (l, port) = listener();
+    let c = tcp_socket();
+    r("connect(own listener)", connect_to(c, port) as isize);
+    let s = accept_fd(l);
+    log(format!("accept ok = {}", s >= 0));
+    close(c);
+    rd("read(s)", s, 10);
+    rd("read(s)", s, 10);
+    pl(
+        "poll(s,IN|OUT|RDHUP)",
+        s,
+        libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP,
+        0,
+    );
+    close(s);
+    close(l);
+}
+
+fn connect_own_listener_idle_thread() {
+    // The same in a process with another thread, which never accepts (a worker waiting for
+    // work): the connect does not wait for an Accept that only this thread can make, after
+    // the call (it took the 2 s CLC timeout and fell back to TCP).
+    let (stop_r, stop_w) = pipe();
+    let idle = std::thread::spawn(move || {
+        read_n(stop_r, 1);
+        close(stop_r);
+    });
+    connect_own_listener_one_thread();
+    write_all(stop_w, b"x");
+    close(stop_w);
+    let _ = idle.join();
 }
 
 /// A server (here a thread) that accepts and stays quiet until told to answer: the client's
