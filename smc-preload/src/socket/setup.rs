@@ -1622,21 +1622,12 @@ pub fn client_connect_own(fd: i32, dest: Option<Dest>) {
     // Known to an accept from now on; one that took the connection meanwhile waits for our
     // Confirm in short slices and finds it among ours between them (`server_after_accept`).
     let port = port_of(fd, false);
-    if let Some(p) = port {
-        let mut v = OWN_CLIENTS.lock();
-        v.push(p);
-        OWN_CLIENTS_N.store(v.len() as u64, Ordering::Relaxed);
-    }
-    debug!("fd {fd}: no thread accepts our own listener: the handshake continues at the next operation");
-    let o = Arc::new(Obj::Handshake(crate::obj::Handshake::new(
-        Box::new(d),
-        false,
-        false,
-        true,
-    )));
-    note_own_end(false, port, fd, &o);
-    drop(fdtable::replace(fd, Slot::Obj(o)));
-    crate::epoll::refresh(fd);
+    note_own_client(port);
+    debug!(
+        "fd {fd}: no thread accepts our own listener: the handshake continues at the next \
+         operation"
+    );
+    client_continues(fd, d, false, Some(port));
 }
 
 /// Whether `dest` is one of our own listeners' ports.
@@ -1669,11 +1660,7 @@ pub fn client_start(fd: i32, nonblock: bool, dest: Option<Dest>) {
     // Known before the Proposal goes out: our accepting thread must find it.
     let peer_local = to_own_listener(dest);
     let port = if peer_local { port_of(fd, false) } else { None };
-    if let Some(p) = port {
-        let mut v = OWN_CLIENTS.lock();
-        v.push(p);
-        OWN_CLIENTS_N.store(v.len() as u64, Ordering::Relaxed);
-    }
+    note_own_client(port);
     match d.step(false) {
         Progress::Done(out) => {
             forget_own_client(port);
@@ -1681,19 +1668,36 @@ pub fn client_start(fd: i32, nonblock: bool, dest: Option<Dest>) {
         }
         Progress::WouldBlock => {
             debug!("fd {fd}: client handshake continues at the next operation");
-            let o = Arc::new(Obj::Handshake(crate::obj::Handshake::new(
-                Box::new(d),
-                nonblock,
-                false,
-                peer_local,
-            )));
-            if peer_local {
-                note_own_end(false, port, fd, &o);
-            }
-            drop(fdtable::replace(fd, Slot::Obj(o)));
-            crate::epoll::refresh(fd);
+            client_continues(fd, d, nonblock, peer_local.then_some(port));
         }
     }
+}
+
+/// `port` (a client connection's local port) belongs to a connection of this process to its
+/// own listener whose handshake is under way: an accept of it must not wait for it.
+fn note_own_client(port: Option<u16>) {
+    if let Some(p) = port {
+        let mut v = OWN_CLIENTS.lock();
+        v.push(p);
+        OWN_CLIENTS_N.store(v.len() as u64, Ordering::Relaxed);
+    }
+}
+
+/// The client handshake `d` of `fd` goes on at the fd's next operation ([`Obj::Handshake`]);
+/// `own`: the server end is a socket of this process (`Some` of the client's port), which
+/// drives it ([`nudge_own_peer`]).
+fn client_continues(fd: i32, d: Driver, nonblock: bool, own: Option<Option<u16>>) {
+    let o = Arc::new(Obj::Handshake(crate::obj::Handshake::new(
+        Box::new(d),
+        nonblock,
+        false,
+        own.is_some(),
+    )));
+    if let Some(port) = own {
+        note_own_end(false, port, fd, &o);
+    }
+    drop(fdtable::replace(fd, Slot::Obj(o)));
+    crate::epoll::refresh(fd);
 }
 
 /// Carry an accepted connection's handshake on. `block`: wait for the client (until done);

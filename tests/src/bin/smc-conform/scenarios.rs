@@ -440,6 +440,11 @@ fn write_zero_len() {
 
 fn eof_twice() {
     let (c, s) = pair();
+    eof_twice_after_close(c, s);
+}
+
+/// `c` is closed; the other end `s` reads EOF twice, then polls. Closes `s`.
+fn eof_twice_after_close(c: c_int, s: c_int) {
     close(c);
     rd("read(s)", s, 10);
     rd("read(s)", s, 10);
@@ -3277,16 +3282,7 @@ fn own_listener_close_before_use_one_thread() {
     r("connect(own listener)", connect_to(c, port) as isize);
     let s = accept_fd(l);
     log(format!("accept ok = {}", s >= 0));
-    close(c);
-    rd("read(s)", s, 10);
-    rd("read(s)", s, 10);
-    pl(
-        "poll(s,IN|OUT|RDHUP)",
-        s,
-        libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP,
-        0,
-    );
-    close(s);
+    eof_twice_after_close(c, s);
     close(l);
 }
 
