@@ -137,6 +137,64 @@ fn shadowed(fd: c_int) -> bool {
     n > SHADOW_MAX || SHADOW_FDS.with(|f| f.get()[..n].contains(&fd))
 }
 
+/// Room for this many numbers a `vfork` child made name one of its parent's objects.
+const VFORK_DUPS_MAX: usize = 16;
+
+thread_local! {
+    /// In a `vfork` child (`VFORK_DUPS_PID`): numbers it made name one of the parent's objects
+    /// with `dup2`/`dup3` (`dup2(conn, 0)` before an exec, as CPython's `subprocess` and
+    /// inetd-style servers do), each with the number of that object in the parent's table.
+    /// The parent's slots do not change ([`vfork_shadow`]), so this is how the child's `exec`
+    /// finds the connections the next image inherits at other numbers.
+    static VFORK_DUPS: std::cell::Cell<[(c_int, c_int); VFORK_DUPS_MAX]> = const { std::cell::Cell::new([(-1, -1); VFORK_DUPS_MAX]) };
+    static VFORK_DUPS_N: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static VFORK_DUPS_PID: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// This `vfork` child's entries of [`VFORK_DUPS`] (none in any other process: a parent's
+/// thread back from its child finds the child's pid there). No allocation.
+fn vfork_dups() -> ([(c_int, c_int); VFORK_DUPS_MAX], usize) {
+    // SAFETY: plain system call.
+    let me = unsafe { libc::getpid() } as u32;
+    if VFORK_DUPS_PID.with(std::cell::Cell::get) != me {
+        return ([(-1, -1); VFORK_DUPS_MAX], 0);
+    }
+    (
+        VFORK_DUPS.with(std::cell::Cell::get),
+        VFORK_DUPS_N.with(std::cell::Cell::get).min(VFORK_DUPS_MAX),
+    )
+}
+
+/// In a `vfork` child (the caller checked [`own_fd_table`]): `dst` names what `src` names from
+/// now on (`src` < 0: something that is none of the parent's objects, e.g. after `close`).
+/// No allocation.
+pub fn vfork_dup(src: c_int, dst: c_int) {
+    let (mut v, mut n) = vfork_dups();
+    // What `src` names: the parent's object at that number, unless this child re-pointed it
+    // (to another of the parent's objects, or to a file of its own).
+    let origin = if src < 0 {
+        -1
+    } else if let Some(&(_, o)) = v[..n].iter().find(|&&(t, _)| t == src) {
+        o
+    } else if fdtable::raw(src) >= 8 && !vfork_shadowed(src) {
+        src
+    } else {
+        -1
+    };
+    if let Some(i) = v[..n].iter().position(|&(t, _)| t == dst) {
+        v[i] = v[n - 1];
+        n -= 1;
+    }
+    if origin >= 0 && dst >= 0 && n < VFORK_DUPS_MAX {
+        v[n] = (dst, origin);
+        n += 1;
+    }
+    // SAFETY: plain system call.
+    VFORK_DUPS_PID.with(|p| p.set(unsafe { libc::getpid() } as u32));
+    VFORK_DUPS.with(|c| c.set(v));
+    VFORK_DUPS_N.with(|c| c.set(n));
+}
+
 // ---------------------------------------------------------------------------------------------
 // exec
 
@@ -163,6 +221,15 @@ impl Withdrawn {
             setup::announce(fd, true);
         }
     }
+}
+
+/// Whether `fd` is open (errno preserved).
+fn is_open(fd: c_int) -> bool {
+    let e0 = real::errno();
+    // SAFETY: F_GETFD has no argument.
+    let r = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
+    real::set_errno(e0);
+    r >= 0
 }
 
 /// Whether `fd` is closed at exec (errno preserved; an invalid fd counts as closed).
@@ -570,11 +637,17 @@ fn own_peer_end(c: &crate::conn::Conn) -> Option<(c_int, Arc<Obj>)> {
 fn switch_end(fd: c_int, o: &Arc<Obj>, drive_own_peer: bool) -> bool {
     let Obj::Conn(c) = &**o else { return false };
     let deadline = std::time::Instant::now() + switch_wait();
+    let vforked = in_vfork_child();
     let peer_here = || {
-        if !drive_own_peer || in_vfork_child() {
+        if !drive_own_peer {
             return;
         }
         if let Some((pfd, po)) = own_peer_end(c) {
+            if vforked && (vfork_shadowed(pfd) || !is_open(pfd)) {
+                // A vfork child whose parent (suspended) holds the peer's end: switched here
+                // through the parent's number, which must name that socket in this child too.
+                return;
+            }
             crate::debug!("fd {fd}: the peer's end is ours (fd {pfd}): it switches too");
             // Never back to this end (its locks are held here): `drive_own_peer` false.
             let _ = switch_end(pfd, &po, false);
@@ -583,7 +656,7 @@ fn switch_end(fd: c_int, o: &Arc<Obj>, drive_own_peer: bool) -> bool {
     match c.switch_to_tcp(
         fd,
         deadline,
-        || setup::leave_shortcut_for_tcp(c.io_now(fd)),
+        || setup::leave_shortcut_for_tcp(c.io_now(fd), vforked),
         peer_here,
     ) {
         crate::conn::Switched::Reset => return false,
@@ -591,7 +664,7 @@ fn switch_end(fd: c_int, o: &Arc<Obj>, drive_own_peer: bool) -> bool {
         // Counted as closed here, once per connection end: its closes are plain TCP ones.
         crate::conn::Switched::Tcp => crate::stats::conn_closed(c),
     }
-    if in_vfork_child() {
+    if vforked {
         return true;
     }
     let mut fds = Vec::new();
@@ -610,21 +683,40 @@ fn switch_end(fd: c_int, o: &Arc<Obj>, drive_own_peer: bool) -> bool {
 
 /// Before an exec into an image that does not run the library: the SMC connections it
 /// inherits switch to TCP, so that it reads and writes them as plain TCP sockets (otherwise
-/// it would read doorbells, or wait for bytes that travel in the rings). In a `vfork` child,
-/// which must not allocate or touch its parent's bookkeeping, they are reset instead (clean
-/// failure on both ends, a documented residual).
+/// it would read doorbells, or wait for bytes that travel in the rings). Also from a `vfork`
+/// child, which leaves its parent's slots alone (see below).
 fn switch_for_exec(img: Image, envp: *const *const c_char) {
     if !fdtable::any_objects() || image_runs_library(img, envp) {
         return;
     }
     if in_vfork_child() {
-        fdtable::for_each_object(|fd, o| {
-            if let Obj::Conn(c) = &**o {
-                if !cloexec(fd) {
-                    c.reset_now(fd);
+        // The child's table is a copy: a connection reaches the next image at a number of the
+        // parent's that this child left alone, or at one it made name it (`dup2(conn, 0)`).
+        // The switch is the connection's, shared with the suspended parent (same memory):
+        // from now on every holder continues on the socket (`F_SWITCHED`); the parent's slots
+        // change at its next call, not here.
+        let mut inherited: Vec<(c_int, Arc<Obj>)> = Vec::new();
+        for (fd, o) in fdtable::all_objects() {
+            if matches!(&*o, Obj::Conn(_)) && !vfork_shadowed(fd) && !cloexec(fd) {
+                inherited.push((fd, o));
+            }
+        }
+        let (dups, n) = vfork_dups();
+        for &(t, origin) in &dups[..n] {
+            if let Some(o) = fdtable::get(origin) {
+                let known = inherited.iter().any(|(_, x)| Arc::ptr_eq(x, &o));
+                if matches!(&*o, Obj::Conn(_)) && !known && !cloexec(t) {
+                    inherited.push((t, o));
                 }
             }
-        });
+        }
+        for (fd, o) in inherited {
+            crate::debug!(
+                "fd {fd}: the next image (exec in a vfork child) does not run the library: \
+                 switch to TCP"
+            );
+            continue_on_tcp(fd, &o);
+        }
         return;
     }
     for (fd, o) in fdtable::all_objects() {

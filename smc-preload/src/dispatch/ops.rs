@@ -310,7 +310,7 @@ pub unsafe fn recv_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
             // read on its empty queue waits for in-band bytes (TCP answers at once: the byte,
             // `EINVAL` or `EAGAIN`): the socket leaves the SOCKHASH first (once; a socket no
             // longer in it is left as it is).
-            setup::leave_shortcut_for_tcp(fd);
+            setup::leave_shortcut_for_tcp(fd, false);
         }
         // SAFETY: the caller's buffers.
         return member.then(|| unsafe { crate::member::recv(fd, iov, flags) });
@@ -1225,7 +1225,11 @@ unsafe fn disconnect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int 
                 return unsafe { connect(fd, addr, len) };
             };
             let c = call.conn();
-            let r = match c.disconnect(fd, setup::leave_shortcut_for_tcp, real_connect) {
+            let r = match c.disconnect(
+                fd,
+                |s| setup::leave_shortcut_for_tcp(s, false),
+                real_connect,
+            ) {
                 Some(r) => {
                     stats::conn_closed(c);
                     r
@@ -1670,13 +1674,21 @@ pub unsafe fn dup3(fd: c_int, fd2: c_int, flags: c_int, three: bool) -> c_int {
             // A vfork child's own table: the number names what it dup'd there, in it only.
             lifecycle::vfork_shadow(fd2);
         }
-        return if three {
+        let r = if three {
             // SAFETY: integer arguments only (dup3(2)).
             unsafe { real::dup3(fd, fd2, flags) }
         } else {
             // SAFETY: fd numbers only (dup2(2)).
             unsafe { real::dup2(fd, fd2) }
         };
+        if r >= 0 && fd != fd2 {
+            // Where the parent's connections are in this table, for an exec (the slots are
+            // the parent's).
+            let e = real::errno();
+            lifecycle::vfork_dup(fd, fd2);
+            real::set_errno(e);
+        }
+        return r;
     }
     if (0..=2).contains(&fd2) && fdtable::raw(fd) >= 8 {
         lifecycle::std_stream_takes(fd);

@@ -454,11 +454,20 @@ fn leave_shortcut(fd: i32) {
 /// off and, through the daemon (root: `OP_LEAVE_SHORTCUT`), the socket out of the SOCKHASH, so
 /// that it reads and writes as plain TCP for whatever image holds it (a SOCKHASH member reads
 /// through `tcp_bpf`, see `member.rs`; an established SMC-D socket gets no more `sock_ops`
-/// callbacks that would take it out). False when that could not be done.
-pub(crate) fn leave_shortcut_for_tcp(fd: i32) -> bool {
+/// callbacks that would take it out). False when that could not be done. `vforked`: the
+/// caller runs in a `vfork` child, whose descriptor table is a copy that may no longer hold
+/// (or may reuse) the number of its parent's daemon connection: the request goes over a
+/// connection of its own, closed after it.
+pub(crate) fn leave_shortcut_for_tcp(fd: i32, vforked: bool) -> bool {
     set_bpf_opt(fd, SMC_SO_SHORTCUT, 0);
     leave_shortcut(fd);
-    let r = with_dev(|d| d.leave_shortcut(fd));
+    let r = if vforked {
+        smc_ism::SharedClient::new(crate::util::config::daemon_path())
+            .leave_shortcut(fd)
+            .map_err(|e| e.decline_reason().diagnosis())
+    } else {
+        with_dev(|d| d.leave_shortcut(fd))
+    };
     if let Err(e) = &r {
         debug!("fd {fd}: the daemon did not take the socket out of the SOCKHASH: {e}");
     }
