@@ -1623,7 +1623,7 @@ pub unsafe fn wait(
             }
             // A handshake decided here may make its fd ready at once (from the rings, or from
             // the kernel after its re-registration): one more round then.
-            for _ in 0..2 {
+            for round in 0..2 {
                 let room = max - out.len();
                 if room == 0 {
                     break;
@@ -1631,7 +1631,25 @@ pub unsafe fn wait(
                 // Only as many kernel events as there is room for: the kernel keeps the others
                 // (an edge-triggered plain fd's event dropped here would be lost for good).
                 let r = kwait_n(&mut kbuf, room, 0, None);
+                let had = out.len();
                 let decided = r > 0 && translate(set, &kbuf[..r as usize], &mut out);
+                if round > 0 {
+                    // The kernel reports a level-triggered entry that is still ready again: one
+                    // call reports each entry once (`ep_send_events`). An event equal to one
+                    // already here (same data, same mask) tells the program nothing new.
+                    let mut i = had;
+                    while i < out.len() {
+                        let e = out[i];
+                        if out[..had]
+                            .iter()
+                            .any(|x| x.u64 == e.u64 && x.events == e.events)
+                        {
+                            out.remove(i);
+                        } else {
+                            i += 1;
+                        }
+                    }
+                }
                 if r > 0 && out.len() < max {
                     // The entries the kernel just reported (each checked once per call).
                     let mut g = lock(&set.inner);

@@ -121,6 +121,7 @@ scenarios! {
     own_listener_close_before_use_one_thread: 1;
     epoll_connect_quiet_server: 1;
     epoll_connect_lt_in_out: 1;
+    epoll_wait0_reports_each_entry_once: 500;
     poll_connect_quiet_server: 1;
     accept_nonblock_empty: 0;
     blocking_accept_silent_client: 1;
@@ -3352,6 +3353,75 @@ fn epoll_connect_quiet_server() {
     close(go);
     close(ep);
     close(c);
+}
+
+fn epoll_wait0_reports_each_entry_once() {
+    // Python's selectors and many event loops: a set with a readable pipe (level-triggered)
+    // and a non-blocking client whose handshake is under way, waited on with timeout 0 until
+    // the client is writable. One call reports each entry at most once (a decision made inside
+    // the call, then a second look at the kernel's set, reported the pipe twice: red team
+    // round 11, `rt11_epdup.py`, about 1 call in 100 such connections).
+    let (l, port) = listener();
+    const N: usize = 500;
+    let srv = std::thread::spawn(move || {
+        for _ in 0..N {
+            let s = accept_fd(l);
+            let mut b = [0u8; 10];
+            // SAFETY: valid buffer.
+            unsafe { libc::read(s, b.as_mut_ptr().cast(), b.len()) };
+            close(s);
+        }
+        close(l);
+    });
+    let (pr, pw) = pipe();
+    write_all(pw, b"x");
+    let mut twice = 0;
+    let mut writable = 0;
+    for _ in 0..N {
+        let ep = ep_create();
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 1,
+        };
+        // SAFETY: valid event.
+        unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, pr, &mut ev) };
+        let c = tcp_socket();
+        set_nonblock(c, true);
+        connect_to(c, port);
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLOUT) as u32,
+            u64: 2,
+        };
+        // SAFETY: valid event.
+        unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, c, &mut ev) };
+        for _ in 0..1_000_000 {
+            let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
+            // SAFETY: 8 entries.
+            let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 8, 0) }.max(0) as usize;
+            let got = &evs[..n];
+            if got.iter().filter(|e| e.u64 == 1).count() > 1
+                || got.iter().filter(|e| e.u64 == 2).count() > 1
+            {
+                twice += 1;
+            }
+            if got
+                .iter()
+                .any(|e| e.u64 == 2 && e.events & libc::EPOLLOUT as u32 != 0)
+            {
+                writable += 1;
+                break;
+            }
+        }
+        set_nonblock(c, false);
+        write_all(c, b"hi");
+        close(ep);
+        close(c);
+    }
+    log(format!("clients writable = {writable} of {N}"));
+    log(format!("calls reporting an entry twice = {twice}"));
+    let _ = srv.join();
+    close(pr);
+    close(pw);
 }
 
 fn epoll_connect_lt_in_out() {
