@@ -452,7 +452,7 @@ except ConnectionResetError:
 "#;
 
 #[test]
-fn a_handler_exec_from_vfork_without_the_library_fails_at_once() {
+fn a_handler_exec_from_vfork_without_the_library_continues_on_tcp() {
     let w = SmcWorld::new();
     let (out, sout) = server_and_client(
         &w,
