@@ -3,7 +3,7 @@
 # exit codes; timings on stderr). usage: world.sh tcp|smc tests/redteam/rt11_apps.sh [CASE...]
 # cases: socat_fork openssl iperf3 redis memcached http
 set -u
-T=$(mktemp -d /tmp/rt11apps.XXXX); trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf $T' EXIT
+T=$(mktemp -d /tmp/rt11apps.XXXX); chmod 755 $T; trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf $T' EXIT
 head -c 3000000 /dev/urandom > $T/blob; WANT=$(sha256sum < $T/blob | cut -c1-16)
 port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 waitport() { for i in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.05; done; return 1; }
@@ -25,7 +25,7 @@ openssl_tls() {
   local p=$(port)
   openssl req -x509 -newkey rsa:2048 -nodes -keyout $T/k.pem -out $T/c.pem -days 1 -subj /CN=x 2>/dev/null
   openssl s_server -quiet -accept 127.0.0.1:$p -cert $T/c.pem -key $T/k.pem -naccept 1 > $T/srv.out 2>/dev/null & local sp=$!
-  waitport $p
+  sleep 1  # a one-shot server: no probe connection
   timeout 20 openssl s_client -quiet -connect 127.0.0.1:$p < $T/blob > /dev/null 2>&1 & local cp=$!
   for i in $(seq 200); do [ $(stat -c %s $T/srv.out) -ge 3000000 ] && break; sleep 0.05; done
   kill $cp $sp 2>/dev/null
@@ -34,7 +34,7 @@ openssl_tls() {
 iperf() {
   local p=$(port)
   iperf3 -s -1 -p $p -B 127.0.0.1 > /dev/null 2>&1 & local sp=$!
-  waitport $p; sleep 0.2
+  sleep 1  # a one-shot server: no probe connection
   timeout 20 iperf3 -c 127.0.0.1 -p $p -P 4 --bidir -t 2 -J > $T/ip.json 2>&1; local rc=$?
   python3 -c "
 import json,sys
