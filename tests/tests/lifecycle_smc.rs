@@ -468,41 +468,6 @@ fn a_handler_exec_from_vfork_without_the_library_continues_on_tcp() {
     assert!(sout.contains("HANDLER DONE"), "server: {sout}");
 }
 
-/// The inetd shape from a `vfork` child: `subprocess.run` with the accepted SMC-D connection
-/// as the handler's stdin and stdout, and an environment without the library (here `sed`; a
-/// static program, setuid one or other runtime is the same). The child `dup2`s the connection
-/// onto 0 and 1 and closes every other number (`close_range`), so the connection reaches the
-/// image only at numbers the parent's slots never name: the exec finds them through the
-/// child's own `dup2`s and switches the connection to TCP. Before, the handler read nothing and
-/// the client waited (the bytes sat in the rings).
-const VFORK_STDIO_NOLIB_SERVER: &str = r#"
-import socket, subprocess, sys
-ls = socket.socket()
-ls.bind(("127.0.0.1", 0))
-ls.listen(8)
-print("READY", ls.getsockname()[1], flush=True)
-c, _ = ls.accept()
-r = subprocess.run(["sed", "s/x/y/g"], stdin=c, stdout=c, env={"PATH": "/usr/bin:/bin"},
-                   timeout=20)
-c.close()
-print("HANDLER DONE", r.returncode, flush=True)
-"#;
-
-#[test]
-fn a_handler_without_the_library_given_the_connection_as_stdio_from_vfork_gets_every_byte() {
-    let w = SmcWorld::new();
-    let (out, sout) = server_and_client(
-        &w,
-        ("vfork_stdio_server.py", VFORK_STDIO_NOLIB_SERVER),
-        ("stdio_client.py", STDIO_CLIENT),
-        &[],
-    );
-    assert!(out.contains("CLIENT SAME"), "client: {out}\nserver: {sout}");
-    assert!(sout.contains("HANDLER DONE 0"), "server: {sout}");
-    let sum = w.stats_sum();
-    assert!(sum.get("smcd_server") >= 1, "{}", brief(&sum));
-}
-
 /// An inetd-style handler that uses C stdio on its standard streams: `sed` gets the accepted
 /// SMC-D connection as stdin and stdout (`subprocess` with `stdin=conn, stdout=conn`) and runs
 /// the library. glibc's stdio reads and writes through its internal calls, which the
@@ -515,7 +480,8 @@ ls.bind(("127.0.0.1", 0))
 ls.listen(8)
 print("READY", ls.getsockname()[1], flush=True)
 c, _ = ls.accept()
-r = subprocess.run(["sed", "s/x/y/g"], stdin=c, stdout=c, timeout=20)
+env = {"PATH": "/usr/bin:/bin"} if sys.argv[1:] == ["nolib"] else None
+r = subprocess.run(["sed", "s/x/y/g"], stdin=c, stdout=c, env=env, timeout=20)
 c.close()
 print("HANDLER DONE", r.returncode, flush=True)
 "#;
@@ -537,19 +503,36 @@ want = data.replace(b"x", b"y")
 print("CLIENT", "SAME" if got == want else "DIFFERS %d of %d bytes" % (len(got), len(want)), flush=True)
 "#;
 
-#[test]
-fn an_inetd_handler_using_stdio_on_its_standard_streams_works() {
+/// [`STDIO_HANDLER_SERVER`]: `nolib` runs the handler without the library (a clean environment).
+fn stdio_handler_case(nolib: bool) {
     let w = SmcWorld::new();
+    let args: &[&std::ffi::OsStr] = if nolib { &["nolib".as_ref()] } else { &[] };
     let (out, sout) = server_and_client(
         &w,
         ("stdio_server.py", STDIO_HANDLER_SERVER),
         ("stdio_client.py", STDIO_CLIENT),
-        &[],
+        args,
     );
     assert!(out.contains("CLIENT SAME"), "client: {out}\nserver: {sout}");
     assert!(sout.contains("HANDLER DONE 0"), "server: {sout}");
     let sum = w.stats_sum();
     assert!(sum.get("smcd_server") >= 1, "{}", brief(&sum));
+}
+
+#[test]
+fn an_inetd_handler_using_stdio_on_its_standard_streams_works() {
+    stdio_handler_case(false);
+}
+
+/// The inetd shape from a `vfork` child with a handler that does not run the library (a clean
+/// environment; a static program, setuid one or other runtime is the same): CPython's child
+/// `dup2`s the connection onto 0 and 1 and closes every other number (`close_range`), so the
+/// connection reaches the image only at numbers the parent's slots never name; the exec finds
+/// them through the child's own `dup2`s and switches the connection to TCP. Before, the
+/// handler read nothing and the client was reset after 20 s (the bytes sat in the rings).
+#[test]
+fn a_handler_without_the_library_given_the_connection_as_stdio_from_vfork_gets_every_byte() {
+    stdio_handler_case(true);
 }
 
 /// `posix_spawn` with file actions that put an accepted (close-on-exec) SMC-D connection on the
