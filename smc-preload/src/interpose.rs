@@ -421,7 +421,7 @@ pub unsafe extern "C" fn epoll_pwait2(
     mask: *const libc::sigset_t,
 ) -> c_int {
     // The process may sleep now: releases it kept back go out first.
-    crate::setup::flush_releases();
+    crate::daemon::flush_releases();
     let ms = || {
         if t.is_null() {
             -1

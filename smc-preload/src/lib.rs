@@ -10,9 +10,10 @@
 //!        |
 //!  dispatch/       ops (what every call does), lifecycle (fork, vfork, exec, SCM_RIGHTS, io_uring)
 //!        |
-//!  socket/         fdtable, obj (what an fd is for us), setup (opt-in at connect/listen, the
-//!        |         decisions, the daemon client), handshake (CLC I/O), member (fallen-back
-//!        |         sockmap members), poll, epoll (readiness, the poll/select/epoll emulation),
+//!  socket/         poll, epoll (readiness, the poll/select/epoll emulation), setup (opt-in at
+//!        |         connect/listen, the decisions), ready, fdtable, obj (what an fd is for us),
+//!        |         handshake (CLC I/O), member (fallen-back sockmap members), policy (which
+//!        |         connections try SMC), daemon (the loopback-ism device: the daemon client),
 //!        |         stats (the per-process statistics file)
 //!  smc/            conn (one connection: rings, cursors, CDC, wakeups), dmbs (DMB mappings kept
 //!        |         for the next connection), iov (an iovec cursor)
@@ -40,7 +41,9 @@ pub mod util;
 
 pub use dispatch::{lifecycle, ops};
 pub use smc::{conn, dmbs, iov};
-pub use socket::{epoll, fdtable, handshake, member, obj, poll, ready, setup, stats};
+pub use socket::{
+    daemon, epoll, fdtable, handshake, member, obj, policy, poll, ready, setup, stats,
+};
 pub(crate) use util::PID;
 pub use util::{forklock, log, pid, real, reset_pid, signals};
 

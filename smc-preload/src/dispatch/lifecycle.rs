@@ -20,7 +20,7 @@
 //!   cluster workers) may opt in at its `listen` or `connect`, one of our own SMC connections (same process, another
 //!   number) is shared like a `dup`, an SMC connection of another process is adopted (the
 //!   daemon hands its DMBs and local state page to a process of the same uid, cgroup and pid
-//!   namespace holding the socket: [`setup::adopt`]) and otherwise fails cleanly
+//!   namespace holding the socket: [`daemon::adopt`]) and otherwise fails cleanly
 //!   (`ECONNRESET`/`EPIPE`), never hands out doorbells as data. The reference a socket holds
 //!   while it travels (`SCM_RIGHTS`, `exec`, `posix_spawn`) is marked in the connection's
 //!   shared page, so that the receiver, in whatever process, takes it over.
@@ -201,7 +201,7 @@ pub fn vfork_dup(src: c_int, dst: c_int) {
 use crate::fdtable::{self, Slot};
 use crate::obj::Obj;
 use crate::util::sockopt_int;
-use crate::{real, setup};
+use crate::{daemon, handshake, policy, real, setup};
 use libc::{c_char, c_int};
 use std::sync::Arc;
 
@@ -598,7 +598,7 @@ fn image_runs_library(img: Image, envp: *const *const c_char) -> bool {
 /// How long a switch to TCP waits for the peer's answer (its next operation on the
 /// connection) before it resets the connection.
 fn switch_wait() -> std::time::Duration {
-    setup::clc_timeout() * 5
+    handshake::clc_timeout() * 5
 }
 
 /// `o` (the connection of `fd`) continues on TCP: the peer asked, or the socket leaves for an
@@ -908,7 +908,7 @@ pub unsafe fn popen(cmd: *const c_char, mode: *const c_char) -> *mut libc::FILE 
 /// announced (opted in after `listen`) gets no option into its SYN-ACKs: its connections stay
 /// TCP, as before.
 pub fn adopt_inherited_listeners() {
-    if !setup::enabled() {
+    if !policy::enabled() {
         return;
     }
     let Ok(rd) = std::fs::read_dir("/proc/self/fd") else {
@@ -924,7 +924,7 @@ pub fn adopt_inherited_listeners() {
 
 /// `fd` becomes one of our listeners if it is a listening TCP socket (inherited or received).
 pub fn adopt_if_listener(fd: c_int) {
-    if fdtable::raw(fd) != 0 || !is_tcp_listener(fd) || !setup::enabled() {
+    if fdtable::raw(fd) != 0 || !is_tcp_listener(fd) || !policy::enabled() {
         return;
     }
     if setup::opt_in(fd) {
@@ -1213,7 +1213,7 @@ fn disabled_receives(fd: c_int) {
     {
         return;
     }
-    match setup::adopt(fd) {
+    match daemon::adopt(fd) {
         Some(c) => {
             let o = Arc::new(Obj::Conn(c));
             drop(fdtable::replace(fd, Slot::Obj(o.clone())));
@@ -1275,7 +1275,7 @@ fn fd_arrived(fd: c_int) {
     if in_vfork_child() {
         return;
     }
-    if !setup::enabled() {
+    if !policy::enabled() {
         // The data path is off here (`SMC_DISABLE`, io_uring), but another process's SMC
         // connection must still not be read as a raw socket (its bytes are in the rings, its
         // TCP stream carries doorbells): taken over, then continued on TCP.
@@ -1340,7 +1340,7 @@ fn fd_arrived(fd: c_int) {
             return;
         }
     }
-    if let Some(c) = setup::adopt(fd) {
+    if let Some(c) = daemon::adopt(fd) {
         drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Conn(c)))));
         return;
     }

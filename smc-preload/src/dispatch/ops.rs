@@ -12,7 +12,7 @@ use crate::conn::Conn;
 use crate::fdtable::{self, Slot, TAG_TCP};
 use crate::obj::{InCall, Obj};
 use crate::real;
-use crate::{epoll, lifecycle, poll, setup, stats};
+use crate::{daemon, epoll, lifecycle, policy, poll, setup, stats};
 use libc::{c_int, c_void, iovec, size_t, sockaddr, socklen_t, ssize_t};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -1100,7 +1100,7 @@ pub unsafe fn sendmmsg(
 pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
     // SAFETY: integer arguments only.
     let mut fd = unsafe { real::socket(domain, ty, proto) };
-    if fd < 0 && real::errno() == libc::EMFILE && setup::give_back_descriptors() {
+    if fd < 0 && real::errno() == libc::EMFILE && daemon::give_back_descriptors() {
         // Descriptors the library held for other handshakes (their memfds) are free again.
         // SAFETY: integer arguments only.
         fd = unsafe { real::socket(domain, ty, proto) };
@@ -1110,7 +1110,7 @@ pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
             && ty & 0xf == libc::SOCK_STREAM
             && (proto == 0 || proto == libc::IPPROTO_TCP);
         fd_created(fd);
-        if tcp && setup::enabled() {
+        if tcp && policy::enabled() {
             fdtable::set_tag(fd, TAG_TCP);
             setup::forget_rcvbuf(fd);
         }
@@ -1130,15 +1130,15 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
         }
     }
     let tagged = raw & !1 == TAG_TCP;
-    if !tagged || !setup::enabled() || setup::retired(fd) {
+    if !tagged || !policy::enabled() || setup::retired(fd) {
         // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
         // libc's `connect`.
         return unsafe { real::connect(fd, addr, len) };
     }
     // SAFETY: `addr`/`len` are the caller's address (connect(2)'s contract); `Dest::of` reads at
     // most `len` bytes of it (or nothing if null).
-    let dest = unsafe { setup::Dest::of(addr, len) };
-    if setup::policy_keeps_tcp() || setup::known_no_smc(dest) {
+    let dest = unsafe { policy::Dest::of(addr, len) };
+    if policy::policy_keeps_tcp() || policy::known_no_smc(dest) {
         drop(fdtable::replace(fd, Slot::Empty));
         // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
         // libc's `connect`.
@@ -1267,7 +1267,7 @@ unsafe fn disconnect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int 
 
 pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
     let tagged = fdtable::raw(fd) & !1 == TAG_TCP;
-    if tagged && setup::enabled() && setup::opt_in(fd) {
+    if tagged && policy::enabled() && setup::opt_in(fd) {
         // SAFETY: integer arguments only.
         let r = unsafe { real::listen(fd, backlog) };
         if r == 0 {
@@ -1304,7 +1304,7 @@ pub unsafe fn accept4(
     let listener = slow(fd) && fdtable::get(fd).is_some_and(|o| matches!(&*o, Obj::Listener));
     let waiter = listener.then(setup::accept_waiter);
     let mut r = call();
-    if r < 0 && real::errno() == libc::EMFILE && setup::give_back_descriptors() {
+    if r < 0 && real::errno() == libc::EMFILE && daemon::give_back_descriptors() {
         // Descriptors the library held for other handshakes (their memfds) are free again.
         r = call();
     }
@@ -1557,7 +1557,7 @@ pub unsafe fn close(fd: c_int) -> c_int {
             forget_fd(fd);
         }
     }
-    if setup::is_daemon_fd(fd) && !lifecycle::own_fd_table() {
+    if daemon::is_daemon_fd(fd) && !lifecycle::own_fd_table() {
         // Ours, never handed to the application: for it that number is not open.
         return fail(libc::EBADF) as c_int;
     }
@@ -1585,7 +1585,7 @@ pub unsafe fn closefrom(lowfd: c_int) {
         1024
     };
     for fd in lowfd.max(0)..lim {
-        if !setup::is_daemon_fd(fd) && !crate::obj::is_private(fd) {
+        if !daemon::is_daemon_fd(fd) && !crate::obj::is_private(fd) {
             // SAFETY: integer argument only.
             unsafe { close(fd) };
         }
@@ -1629,7 +1629,7 @@ pub unsafe fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int)
     // Our daemon connection may lie in the range (it may even have been opened by the closes
     // above, which give DMBs back): the range is closed around it.
     if closing {
-        if let Some(d) = setup::daemon_fd_in(first, last) {
+        if let Some(d) = daemon::daemon_fd_in(first, last) {
             ours.push(d as libc::c_uint);
         }
     }
@@ -1980,7 +1980,7 @@ pub unsafe fn fork() -> libc::pid_t {
         setup::after_fork_child();
         conns_after_fork_child();
     } else if r > 0 {
-        setup::after_fork_parent();
+        daemon::after_fork_parent();
         for (_, o) in &objs {
             if let Obj::Epoll(s) = &**o {
                 s.after_fork_parent(r as u32);
@@ -2243,7 +2243,7 @@ pub unsafe fn fclose(f: *mut libc::FILE) -> c_int {
 
 pub unsafe fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
     // The process may sleep now: releases it kept back go out first.
-    setup::flush_releases();
+    daemon::flush_releases();
     if fdtable::any_objects() && !fds.is_null() && n > 0 {
         // SAFETY: `fds` is non-null (checked) and, by poll(2)'s contract, points to `n` pollfds.
         let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
@@ -2275,7 +2275,7 @@ pub unsafe fn ppoll(
     mask: *const libc::sigset_t,
 ) -> c_int {
     // The process may sleep now: releases it kept back go out first.
-    setup::flush_releases();
+    daemon::flush_releases();
     if fdtable::any_objects() && !fds.is_null() && n > 0 {
         // SAFETY: `fds` is non-null (checked) and, by ppoll(2)'s contract, points to `n` pollfds.
         let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
@@ -2298,7 +2298,7 @@ pub unsafe fn select(
     t: *mut libc::timeval,
 ) -> c_int {
     // The process may sleep now: releases it kept back go out first.
-    setup::flush_releases();
+    daemon::flush_releases();
     // SAFETY: `r`/`w`/`e` are the caller's fd_sets or null (select(2)'s contract).
     if unsafe { poll::select_has_smc(nfds, r, w, e) } {
         let ms = if t.is_null() {
@@ -2336,7 +2336,7 @@ pub unsafe fn pselect(
     mask: *const libc::sigset_t,
 ) -> c_int {
     // The process may sleep now: releases it kept back go out first.
-    setup::flush_releases();
+    daemon::flush_releases();
     // SAFETY: `r`/`w`/`e` are the caller's fd_sets or null (pselect(2)'s contract).
     if unsafe { poll::select_has_smc(nfds, r, w, e) } {
         let m = if mask.is_null() { None } else { Some(mask) };
@@ -2369,7 +2369,7 @@ pub unsafe fn epoll_wait(
     mask: Option<*const libc::sigset_t>,
 ) -> c_int {
     // The process may sleep now: releases it kept back go out first.
-    setup::flush_releases();
+    daemon::flush_releases();
     if let Some(so) = epoll::wants(ep) {
         // SAFETY: `ev`/`max` are the caller's event array (epoll_wait(2)'s contract); `mask` its
         // signal mask or None.
@@ -3137,7 +3137,7 @@ pub fn adopt_orphans_after_exec() {
             continue;
         }
         // The image that made it, or the process that spawned us, handed it over.
-        if let Some(c) = setup::adopt(fd) {
+        if let Some(c) = daemon::adopt(fd) {
             drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Conn(c)))));
             if let Some(ck) = ck {
                 adopted.push((ck, fd));

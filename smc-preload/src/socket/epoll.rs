@@ -512,6 +512,8 @@ fn set_of(ep: i32, create: bool) -> Option<Arc<Obj>> {
         changed_fd: conn_changed_fd,
         wrote: rewarm,
     });
+    // And the objects tell us when one changes.
+    fdtable::set_hooks(fdtable::Hooks { refresh, is_member });
     let o = Arc::new(Obj::Epoll(EpollSet::default()));
     drop(fdtable::replace(ep, Slot::Obj(o.clone())));
     Some(o)

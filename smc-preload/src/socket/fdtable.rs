@@ -10,6 +10,7 @@
 //! that the references `fork` counts for the child are exactly the objects in the child's
 //! copy of the table.
 
+use crate::forklock::ForkOnce;
 use crate::obj::Obj;
 use std::cell::Cell;
 use std::ptr;
@@ -30,6 +31,36 @@ type Chunk = [AtomicUsize; CHUNK];
 static TABLE: [AtomicPtr<Chunk>; TOP] = [const { AtomicPtr::new(ptr::null_mut()) }; TOP];
 /// Number of slots holding an object (any kind), to skip scans when zero.
 static OBJECTS: AtomicUsize = AtomicUsize::new(0);
+
+/// What the epoll emulation must hear of a number whose object changes (as [`crate::conn::Hooks`]
+/// for a connection's readiness): registered with the first epoll set of the process; unset, no
+/// set tracks any number and there is nothing to tell.
+pub struct Hooks {
+    /// `fd`'s object changed (connect under way, handshake started or decided, converted,
+    /// fallen back): its epoll registrations are brought in line (`epoll::refresh`).
+    pub refresh: fn(i32),
+    /// Whether an epoll set of this process tracks `fd` (`epoll::is_member`).
+    pub is_member: fn(i32) -> bool,
+}
+
+static HOOKS: ForkOnce<Hooks> = ForkOnce::new();
+
+/// Registers the epoll emulation's [`Hooks`] (the first registration stays).
+pub fn set_hooks(h: Hooks) {
+    let _ = HOOKS.set(h);
+}
+
+/// `fd`'s object changed: see [`Hooks::refresh`].
+pub fn epoll_refresh(fd: i32) {
+    if let Some(h) = HOOKS.get() {
+        (h.refresh)(fd);
+    }
+}
+
+/// See [`Hooks::is_member`].
+pub fn epoll_member(fd: i32) -> bool {
+    HOOKS.get().is_some_and(|h| (h.is_member)(fd))
+}
 
 /// What a slot holds.
 pub enum Slot {

@@ -13,17 +13,20 @@
 //! waits for a peer message that is not there yet, so a handshake can progress across several
 //! calls (an event-loop server is never held up waiting for its client).
 
-use crate::setup;
+use crate::daemon::{self, with_dev};
+use crate::forklock::ForkOnce;
+use crate::real;
 use crate::shm::Mapping;
+use crate::util::config::config;
 use crate::util::io_path::IoPath;
-use crate::{real, setup::with_dev};
 use smc_common::clc::{self, MsgType, HEADER_LEN};
 use smc_common::diag::Diag;
 use smc_common::handshake::{
-    Action, DmbFailure, Established, Fallback, Handshake, Input, LocalDmb,
+    Action, Config, DmbFailure, Established, Fallback, Handshake, Input, LocalDmb,
 };
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd as _, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,6 +36,79 @@ const MAX_MSG: usize = 1024;
 /// The longest sleep of a wait for the peer before the descriptor it waits on is looked up
 /// again (see [`wait_readable`]).
 const IO_SLICE: Duration = Duration::from_millis(100);
+
+/// How long a handshake waits for the peer's next CLC message (`SMC_CLC_TIMEOUT_MS`).
+pub(crate) fn clc_timeout() -> Duration {
+    Duration::from_millis(config().clc_timeout_ms)
+}
+
+/// How long a server whose client confirmed (the client is on SMC-D from then on) waits for a
+/// daemon that does not answer the attach of the client's DMB before it resets the
+/// connection: ten CLC timeouts (20 s by default).
+pub(crate) fn committed_wait() -> Duration {
+    clc_timeout() * 10
+}
+
+/// Accepted sockets of this process whose handshake continues after `accept` returned
+/// (`setup::server_after_accept`): a blocking `accept` does not wait for its own client while any
+/// is undecided. Counted by a token the handshake's driver holds until it goes (decided, or
+/// the fd closed); a forked child's copy of a driver counts in the child.
+pub(crate) static DEFERRED_SERVERS: AtomicU64 = AtomicU64::new(0);
+
+/// One count of [`DEFERRED_SERVERS`], for as long as it lives.
+pub(crate) struct DeferredServer(());
+
+impl DeferredServer {
+    pub(crate) fn new() -> DeferredServer {
+        DEFERRED_SERVERS.fetch_add(1, Ordering::Relaxed);
+        DeferredServer(())
+    }
+}
+
+impl Drop for DeferredServer {
+    fn drop(&mut self) {
+        DEFERRED_SERVERS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Our CLC peer id (random per process).
+pub(crate) fn peer_id() -> [u8; 8] {
+    static P: ForkOnce<[u8; 8]> = ForkOnce::new();
+    *P.get_or_init(|| {
+        let mut b = [0u8; 8];
+        // SAFETY: valid buffer.
+        unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, 8, 0) };
+        b
+    })
+}
+
+/// The state machine for one connection, with our device (or declining for want of one).
+pub(crate) fn machine(server: bool, size_code: u8) -> Handshake {
+    let (gid, unavailable) = match daemon::local_gid() {
+        Ok(g) => (g, None),
+        Err(code) => (
+            smc_ism::Gid::default(),
+            Some(Diag::from_code(code).unwrap_or(Diag::NoSmcdDev)),
+        ),
+    };
+    let mut cfg = Config::loopback(smc_common::clc::Gid {
+        gid: gid.gid,
+        gid_ext: gid.gid_ext,
+    });
+    cfg.peer_id = peer_id();
+    cfg.dmb_size_code = size_code;
+    let m = if server {
+        Handshake::server(cfg, true)
+    } else {
+        Handshake::client(cfg, true)
+    };
+    match unavailable {
+        Some(d) => m.device_unavailable(d),
+        // SMC was disabled after this connection's listener announced it (io_uring set up).
+        None if !crate::policy::enabled() => m.device_unavailable(Diag::NoSmcdDev),
+        None => m,
+    }
+}
 
 /// A DMB we hold a daemon reference on (`token`; 0: none, a stand-in), mapped. Its memfd is
 /// closed once mapped: the mapping keeps the memory. `id`: the daemon's id of it (0: not
@@ -197,14 +273,14 @@ pub struct Driver {
     withdraw_lost: bool,
     /// Server: the client confirmed (it is on SMC-D from then on) but the daemon did not
     /// answer the attach of its DMB: the confirmed handshake and until when the daemon is
-    /// waited for ([`setup::committed_wait`]) before the connection is reset.
+    /// waited for ([`committed_wait`]) before the connection is reset.
     committed: Option<(Established, Instant)>,
     /// A step does not wait for the daemon in that case ([`Progress::WouldBlock`]): the
     /// caller is an accept that must not hold up its loop.
     defer_daemon: bool,
     /// An accepted socket handed back undecided: counted until the driver goes (decided or
-    /// closed), see [`setup::DeferredServer`].
-    deferred: Option<setup::DeferredServer>,
+    /// closed), see [`DeferredServer`].
+    deferred: Option<DeferredServer>,
     /// Descriptors of DMBs mapped in this step, closed at its end ([`HeldDmb::map`]).
     closing: Vec<OwnedFd>,
     buf: [u8; MAX_MSG],
@@ -239,7 +315,7 @@ impl Driver {
             reserve: None,
             wait: None,
             started: false,
-            timeout: setup::clc_timeout(),
+            timeout: clc_timeout(),
             withdraw_lost: false,
             committed: None,
             defer_daemon: false,
@@ -249,10 +325,10 @@ impl Driver {
         }
     }
 
-    /// This server handshake continues after `accept` returned ([`setup::DeferredServer`]).
+    /// This server handshake continues after `accept` returned ([`DeferredServer`]).
     pub fn count_deferred(&mut self) {
         if self.deferred.is_none() {
-            self.deferred = Some(setup::DeferredServer::new());
+            self.deferred = Some(DeferredServer::new());
         }
     }
 
@@ -503,7 +579,7 @@ impl Driver {
             }
             Action::ReleaseDmb(l) => {
                 if let Some(o) = self.own.take_if(|o| o.token == l.token) {
-                    setup::release_dmbs(Some(o.token), None);
+                    daemon::release_dmbs(Some(o.token), None);
                 }
                 None
             }
@@ -523,7 +599,7 @@ impl Driver {
                                  DMB: waiting for it",
                                 self.fd
                             );
-                            self.committed = Some((est, Instant::now() + setup::committed_wait()));
+                            self.committed = Some((est, Instant::now() + committed_wait()));
                             return None;
                         }
                     }
@@ -640,7 +716,7 @@ impl Driver {
         let mut own = self.own.take().map(|o| o.token).filter(|&t| t != 0);
         let mut peer = self.peer.take().map(|p| p.token).filter(|&t| t != 0);
         if let Some(p) = self.paired.take() {
-            setup::release_dmbs(None, Some(p.token));
+            daemon::release_dmbs(None, Some(p.token));
         }
         if let Some((kind, t)) = self.ahead.take() {
             match kind {
@@ -663,7 +739,7 @@ impl Driver {
             }
         }
         if own.is_some() || peer.is_some() {
-            setup::release_dmbs(own, peer);
+            daemon::release_dmbs(own, peer);
         }
     }
 
@@ -676,7 +752,7 @@ impl Driver {
     fn send_ahead(&mut self, kind: Ahead) {
         // A `PAIR` goes regardless: the peer's own waits for it in the daemon.
         if self.ahead.is_some()
-            || !setup::pipelining()
+            || !daemon::pipelining()
             || (kind != Ahead::Pair && !with_dev(|c| Ok(c.has_room())).unwrap_or(false))
         {
             return;
@@ -689,18 +765,18 @@ impl Driver {
             self.timeout
         };
         let pairing = if self.server {
-            setup::server_pairing()
+            daemon::server_pairing()
         } else {
-            setup::pairing()
+            daemon::pairing()
         };
         let (kind, t) = match kind {
             Ahead::Pair if pairing => {
-                let rel = setup::take_releases();
+                let rel = daemon::take_releases();
                 let t = self.io.with(fd, |fd| {
                     with_dev(|c| c.pair_start_releasing(sc, park, fd, &rel))
                 });
                 if t.is_err() {
-                    setup::release_each(&rel);
+                    daemon::release_each(&rel);
                 }
                 (kind, t)
             }
@@ -726,17 +802,17 @@ impl Driver {
     /// waits: a request that would (no connection or features yet, a full socket, a stalled
     /// daemon) goes after the proposal as before.
     fn pair_before_proposal(&mut self) {
-        if self.ahead.is_some() || !setup::pipelining() || !setup::pairing_env() {
+        if self.ahead.is_some() || !daemon::pipelining() || !daemon::pairing_env() {
             return;
         }
         let (fd, sc, park) = (self.fd, self.size_code, self.timeout);
-        let rel = setup::take_releases();
+        let rel = daemon::take_releases();
         let t = self
             .io
             .with(fd, |fd| with_dev(|c| c.pair_start_now(sc, park, fd, &rel)));
         match t {
             Ok(Some(t)) => self.ahead = Some((Ahead::Pair, t)),
-            _ => setup::untake_releases(rel),
+            _ => daemon::untake_releases(rel),
         }
     }
 
@@ -802,16 +878,16 @@ impl Driver {
             Some(t) => t,
             None if self.server
                 && self.ahead.is_none()
-                && setup::pipelining()
-                && setup::server_pairing() =>
+                && daemon::pipelining()
+                && daemon::server_pairing() =>
             {
                 let fd = self.fd;
-                let rel = setup::take_releases();
+                let rel = daemon::take_releases();
                 let t = self.io.with(fd, |fd| {
                     with_dev(|c| c.pair_start_releasing(size_code, SERVER_PAIR_WAIT, fd, &rel))
                 });
                 if t.is_err() {
-                    setup::release_each(&rel);
+                    daemon::release_each(&rel);
                 }
                 t.ok()?
             }
@@ -836,12 +912,12 @@ impl Driver {
                 // Our client's PAIR never came (it does not pair, or the daemon, out of
                 // descriptors, could not take it): the next servers register alone for a
                 // while instead of waiting for theirs in turn.
-                setup::server_unpaired();
+                daemon::server_unpaired();
             }
             return None;
         };
         if own.size_code != size_code {
-            setup::release_dmbs(Some(own.token), Some(peer.token));
+            daemon::release_dmbs(Some(own.token), Some(peer.token));
             return None;
         }
         let l = LocalDmb {
@@ -859,7 +935,7 @@ impl Driver {
                     Ok(h) => h.token,
                     Err(t) => t,
                 };
-                setup::release_dmbs(Some(tok(o)), Some(tok(p)));
+                daemon::release_dmbs(Some(tok(o)), Some(tok(p)));
                 None
             }
         }
@@ -897,7 +973,7 @@ impl Driver {
                  registering and attaching alone",
                 self.fd
             );
-            setup::release_dmbs(Some(own.token), Some(peer.token));
+            daemon::release_dmbs(Some(own.token), Some(peer.token));
         }
         let fd = self.fd;
         // Client: the attach goes out first, then the registration sent with the proposal is
@@ -915,7 +991,7 @@ impl Driver {
             Some(t) => match with_dev(|c| c.finish_dmb(t)) {
                 Ok(d) if d.size_code == size_code => Ok(d),
                 Ok(d) => {
-                    setup::release_dmbs(Some(d.token), None);
+                    daemon::release_dmbs(Some(d.token), None);
                     self.register_now(size_code)
                 }
                 Err(_) => self.register_now(size_code),
@@ -927,7 +1003,7 @@ impl Driver {
             Ok(d) => d,
             Err(code) => {
                 if let Some(Ok(p)) = peer {
-                    setup::release_dmbs(None, Some(p.token));
+                    daemon::release_dmbs(None, Some(p.token));
                 }
                 return Err(failure(code));
             }
@@ -955,7 +1031,7 @@ impl Driver {
                     Some(Err(code)) => (None, failure(code)),
                     None => (None, DmbFailure::Mem),
                 };
-                setup::release_dmbs(Some(ot), pt);
+                daemon::release_dmbs(Some(ot), pt);
                 return Err(why);
             }
         };
@@ -968,7 +1044,7 @@ impl Driver {
                 Ok(l)
             }
             Err(code) => {
-                setup::release_dmbs(Some(own.token), peer.map(|p| p.token));
+                daemon::release_dmbs(Some(own.token), peer.map(|p| p.token));
                 Err(failure(code))
             }
         }
@@ -1003,7 +1079,7 @@ impl Driver {
                 self.peer = Some(p);
                 return Ok(());
             }
-            setup::release_dmbs(None, Some(p.token));
+            daemon::release_dmbs(None, Some(p.token));
         }
         let mut reserve = self.reserve.take();
         let own = self.recorded_own();
@@ -1012,7 +1088,7 @@ impl Driver {
                 Ok(d) if d.token == token => Some(d),
                 Ok(d) => {
                     // A DMB the client gave up (it registered again).
-                    setup::release_dmbs(None, Some(d.token));
+                    daemon::release_dmbs(None, Some(d.token));
                     None
                 }
                 Err(_) => {
@@ -1069,7 +1145,7 @@ impl Driver {
                 Ok(())
             }
             Err(t) => {
-                setup::release_dmbs(None, Some(t));
+                daemon::release_dmbs(None, Some(t));
                 Err(AttachErr::Failed("mapping of the client's DMB failed"))
             }
         }

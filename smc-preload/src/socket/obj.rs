@@ -244,7 +244,7 @@ pub fn release_ref(fd: i32, io_fd: i32, c: &Conn) {
     // reused by the process that registered it.
     crate::stats::conn_closed(c);
     if c.role == crate::conn::Role::Client {
-        crate::setup::note_client_conn_bytes(
+        crate::policy::note_client_conn_bytes(
             sh.rx_bytes.load(Ordering::Relaxed) + sh.tx_bytes.load(Ordering::Relaxed),
         );
     }
@@ -330,7 +330,7 @@ pub struct Pending {
     /// Serialises the resolution between threads.
     pub lock: Mutex<bool>,
     /// Where it connects to.
-    pub dest: Option<crate::setup::Dest>,
+    pub dest: Option<crate::policy::Dest>,
     /// Another fd names it too: as [`Handshake::shared`].
     pub shared: std::sync::atomic::AtomicBool,
 }

@@ -20,12 +20,15 @@
 //! —, or bytes that do not frame as CLC) resets the connection: never a byte of the wrong
 //! stream.
 
-use crate::conn::{Conn, Release, Role};
+use crate::conn::{Conn, Role};
+use crate::daemon::{release_dmbs, with_dev, DmbRelease};
 use crate::fdtable::{self, Slot, TAG_TCP};
 use crate::forklock::ForkMutex;
 use crate::forklock::ForkOnce;
+use crate::handshake::{clc_timeout, machine, peer_id, DEFERRED_SERVERS};
 use crate::handshake::{Driver, HeldDmb, Outcome, Progress};
 use crate::obj::{Obj, Skip};
+use crate::policy::{note_dest, Dest};
 use crate::util::config::config;
 use crate::{debug, real, stats};
 use smc_common::bpf::{
@@ -34,23 +37,11 @@ use smc_common::bpf::{
 };
 use smc_common::clc::MsgType;
 use smc_common::diag::Diag;
-use smc_common::handshake::{Config, Fallback, FallbackReason, Handshake};
+use smc_common::handshake::{Fallback, FallbackReason, Handshake};
 use std::collections::HashMap;
-use std::os::fd::AsRawFd as _;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-pub(crate) fn clc_timeout() -> Duration {
-    Duration::from_millis(config().clc_timeout_ms)
-}
-
-/// How long a server whose client confirmed (the client is on SMC-D from then on) waits for a
-/// daemon that does not answer the attach of the client's DMB before it resets the
-/// connection: ten CLC timeouts (20 s by default).
-pub(crate) fn committed_wait() -> Duration {
-    clc_timeout() * 10
-}
 
 /// How long `connect` waits for a non-blocking connect to complete before leaving the
 /// decision to the first operation.
@@ -105,40 +96,6 @@ pub fn init_env() {
     let _ = default_size_code();
 }
 
-/// Daemon requests sent ahead of need (`SMC_PIPELINE=0` disables, for measurements).
-pub(crate) fn pipelining() -> bool {
-    config().pipeline
-}
-
-/// `SMC_PAIR` (on unless `0`), without asking the daemon.
-pub(crate) fn pairing_env() -> bool {
-    config().pair
-}
-
-/// Daemon `PAIR` requests (both ends' DMBs in one request each) when the daemon offers them
-/// (`SMC_PAIR=0` disables, for measurements).
-pub(crate) fn pairing() -> bool {
-    pairing_env() && with_dev(|c| c.features()).is_ok_and(|f| f & smc_ism::proto::FEATURE_PAIR != 0)
-}
-
-/// Until when (ms since [`epoch_ms`]'s epoch) this process's servers do not pair: one waited
-/// in vain for its client's `PAIR` ([`server_unpaired`]).
-static SERVER_UNPAIRED_UNTIL: AtomicU64 = AtomicU64::new(0);
-
-/// Whether a server end pairs: [`pairing`], unless a server of this process waited in vain for
-/// its client's `PAIR` within the last second (clients that do not pair, or a daemon out of
-/// descriptors that dropped their requests): each such wait holds an event loop up to
-/// `SERVER_PAIR_WAIT`, so the next servers register alone meanwhile (the daemon still serves a
-/// client's `PAIR` waiting for them then).
-pub(crate) fn server_pairing() -> bool {
-    epoch_ms() >= SERVER_UNPAIRED_UNTIL.load(Ordering::Relaxed) && pairing()
-}
-
-/// A server waited in vain for its client's `PAIR`: see [`server_pairing`].
-pub(crate) fn server_unpaired() {
-    SERVER_UNPAIRED_UNTIL.store(epoch_ms() + 1000, Ordering::Relaxed);
-}
-
 /// The server handshake continues after `accept` returns when its client's next message is not
 /// there yet (`SMC_ACCEPT_ASYNC=0`: it completes inside `accept` for blocking sockets).
 fn accept_async() -> bool {
@@ -147,174 +104,6 @@ fn accept_async() -> bool {
 
 fn no_shortcut() -> bool {
     config().no_shortcut
-}
-
-// Fallback reason counted when the short-connection policy keeps a connection on TCP.
-use smc_common::diag::POLICY_SHORT;
-
-/// Short-connection policy: client connections whose whole life moved fewer than
-/// `SMC_SHORT_BYTES` (default 16 KiB) bytes lose more to the handshake than they gain. After 8
-/// such SMC connections in a row, new client connections stay on TCP (no SMC option in the
-/// SYN), except every 256th (`SMC_SHORT_PROBE`), at most one per 100 ms, which probes SMC
-/// again (a long probe resets the run). `SMC_SHORT_BYTES=0` disables the policy.
-static SHORT_RUN: AtomicU64 = AtomicU64::new(0);
-static SKIPPED: AtomicU64 = AtomicU64::new(0);
-
-fn short_bytes() -> u64 {
-    config().short_bytes
-}
-
-/// A client SMC connection ended having moved `bytes`.
-pub fn note_client_conn_bytes(bytes: u64) {
-    if bytes < short_bytes() {
-        SHORT_RUN.fetch_add(1, Ordering::Relaxed);
-    } else {
-        SHORT_RUN.store(0, Ordering::Relaxed);
-    }
-}
-
-/// Every how many connections the policy keeps on TCP one probes SMC again
-/// (`SMC_SHORT_PROBE`, default 256; 0: never).
-fn short_probe() -> u64 {
-    config().short_probe
-}
-
-/// At most one policy probe per 100 ms: a probe is a whole SMC handshake, during which a
-/// single-threaded event-loop client (wrk, redis-benchmark) waits, so at high connection rates
-/// a count alone would make probes a measurable share of its time.
-fn probe_due() -> bool {
-    static EPOCH: ForkOnce<Instant> = ForkOnce::new();
-    static LAST_MS: AtomicU64 = AtomicU64::new(0);
-    let now = EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 100;
-    let last = LAST_MS.load(Ordering::Relaxed);
-    now >= last + 100
-        && LAST_MS
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-}
-
-/// Whether the policy keeps this new client connection on TCP.
-pub fn policy_keeps_tcp() -> bool {
-    if short_bytes() == 0 || SHORT_RUN.load(Ordering::Relaxed) < 8 {
-        return false;
-    }
-    let n = SKIPPED.fetch_add(1, Ordering::Relaxed);
-    let every = short_probe();
-    if every != 0 && n % every == every - 1 && probe_due() {
-        return false; // probe
-    }
-    stats::fallback(false, POLICY_SHORT);
-    true
-}
-
-/// A connection's destination (address and port), for the non-SMC destination cache.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct Dest(u128, u16);
-
-impl Dest {
-    /// The destination of `connect(addr, len)`, for AF_INET/AF_INET6.
-    ///
-    /// # Safety
-    /// `addr` is the application's pointer, valid for `len` bytes (or null).
-    pub unsafe fn of(addr: *const libc::sockaddr, len: libc::socklen_t) -> Option<Dest> {
-        if addr.is_null() {
-            return None;
-        }
-        // SAFETY: the family field is within any sockaddr the caller passes.
-        match unsafe { (*addr).sa_family } as i32 {
-            libc::AF_INET if len as usize >= std::mem::size_of::<libc::sockaddr_in>() => {
-                // SAFETY: family and length say sockaddr_in.
-                let a = unsafe { &*(addr as *const libc::sockaddr_in) };
-                Some(Dest(a.sin_addr.s_addr as u128, a.sin_port))
-            }
-            libc::AF_INET6 if len as usize >= std::mem::size_of::<libc::sockaddr_in6>() => {
-                // SAFETY: family and length say sockaddr_in6.
-                let a = unsafe { &*(addr as *const libc::sockaddr_in6) };
-                // Bit 127 of a v4 key is never set (s_addr < 2^32): v6 keys are tagged so.
-                Some(Dest(
-                    u128::from_ne_bytes(a.sin6_addr.s6_addr) | 1 << 127,
-                    a.sin6_port,
-                ))
-            }
-            _ => None,
-        }
-    }
-
-    /// The port (host order).
-    pub fn port(&self) -> u16 {
-        u16::from_be(self.1)
-    }
-}
-
-/// Destinations whose server did not announce SMC: the next client connections to them do not
-/// opt in (no SMC option in the SYN, no state query: the cost of a fallback becomes nothing),
-/// except every 64th or after a second, which probes again. Counted as PEERNOSMC, the reason
-/// learned from the probe. Forgotten when a probe finds the peer SMC-capable.
-struct NoSmcDest {
-    dest: Dest,
-    skips: u32,
-    probed: Instant,
-}
-
-const NO_SMC_SLOTS: usize = 32;
-static NO_SMC_N: AtomicU64 = AtomicU64::new(0);
-
-static NO_SMC_DESTS: ForkMutex<Vec<NoSmcDest>> = ForkMutex::new(Vec::new);
-
-fn no_smc_dests() -> &'static ForkMutex<Vec<NoSmcDest>> {
-    &NO_SMC_DESTS
-}
-
-/// Whether a new client connection to `dest` stays plain TCP without asking (counted).
-pub fn known_no_smc(dest: Option<Dest>) -> bool {
-    let Some(dest) = dest else { return false };
-    if NO_SMC_N.load(Ordering::Relaxed) == 0 {
-        return false;
-    }
-    let mut v = no_smc_dests().lock();
-    let Some(e) = v.iter_mut().find(|e| e.dest == dest) else {
-        return false;
-    };
-    e.skips += 1;
-    if e.skips % 64 == 0 || e.probed.elapsed() > Duration::from_secs(1) {
-        e.probed = Instant::now();
-        return false; // probe
-    }
-    drop(v);
-    stats::fallback(false, Diag::PeerNoSmc.code());
-    true
-}
-
-/// What a client connection to `dest` learned about its server.
-fn note_dest(dest: Option<Dest>, smc_capable: bool) {
-    let Some(dest) = dest else { return };
-    if smc_capable && NO_SMC_N.load(Ordering::Relaxed) == 0 {
-        return;
-    }
-    let mut v = no_smc_dests().lock();
-    let at = v.iter().position(|e| e.dest == dest);
-    match (at, smc_capable) {
-        (Some(i), true) => {
-            v.swap_remove(i);
-        }
-        (Some(i), false) => v[i].probed = Instant::now(),
-        (None, true) => return,
-        (None, false) => {
-            let e = NoSmcDest {
-                dest,
-                skips: 0,
-                probed: Instant::now(),
-            };
-            if v.len() < NO_SMC_SLOTS {
-                v.push(e);
-            } else {
-                // Replace the entry probed longest ago.
-                let old = (0..v.len()).min_by_key(|&i| v[i].probed).unwrap_or(0);
-                v[old] = e;
-            }
-        }
-    }
-    NO_SMC_N.store(v.len() as u64, Ordering::Relaxed);
 }
 
 /// Without attached eBPF programs every opt-in fails with ENOPROTOOPT: stop trying.
@@ -594,173 +383,10 @@ fn size_code_for(fd: i32, listener: Option<i32>) -> u8 {
     clamp_to_device(default_size_code())
 }
 
-// ---------------------------------------------------------------------------------------
-// the loopback-ism device
-
-/// The loopback-ism device of this process: one daemon connection shared by every thread
-/// ([`smc_ism::SharedClient`]: no lock is held while a thread waits for the daemon, so
-/// concurrent handshakes overlap their round trips), its GID once known, and the back-off
-/// after the daemon was unreachable. One per process: a forked child makes its own
-/// ([`after_fork_child`]) and never touches its parent's, whose state a thread that does not
-/// exist in the child may have been using.
-struct Dev {
-    client: smc_ism::SharedClient,
-    /// The process it belongs to.
-    pid: u32,
-    gid: ForkOnce<smc_ism::Gid>,
-    /// Milliseconds since [`epoch`] before which a dead daemon is not retried (0: none).
-    retry_after: AtomicU64,
-}
-
-static DEV: AtomicPtr<Dev> = AtomicPtr::new(std::ptr::null_mut());
-
-fn epoch_ms() -> u64 {
-    static EPOCH: ForkOnce<Instant> = ForkOnce::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
-}
-
-fn new_dev(pid: u32) -> *mut Dev {
-    let client = smc_ism::SharedClient::new(crate::util::config::daemon_path());
-    client.set_state_slots(
-        crate::util::config::config().state_slots && !FORKED_PARENT.load(Ordering::Relaxed),
-    );
-    Box::into_raw(Box::new(Dev {
-        client,
-        pid,
-        gid: ForkOnce::new(),
-        retry_after: AtomicU64::new(0),
-    }))
-}
-
-/// This process's device (made on first use; a new one in a forked child).
-fn dev() -> &'static Dev {
-    let pid = crate::pid();
-    let p = DEV.load(Ordering::Acquire);
-    // SAFETY: published below and never freed (a replaced one is leaked).
-    if let Some(d) = unsafe { p.as_ref() } {
-        if d.pid == pid {
-            return d;
-        }
-    }
-    let fresh = new_dev(pid);
-    match DEV.compare_exchange(p, fresh, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(old) => {
-            // SAFETY: published, never freed; a parent's instance in a forked child.
-            if let Some(o) = unsafe { old.as_ref() } {
-                o.client.forget_after_fork();
-            }
-            // SAFETY: just published, never freed.
-            unsafe { &*fresh }
-        }
-        Err(other) => {
-            // SAFETY: ours, never published.
-            drop(unsafe { Box::from_raw(fresh) });
-            // SAFETY: published by the winner, never freed.
-            unsafe { &*other }
-        }
-    }
-}
-
-/// Whether `fd` is this process's connection to the daemon: an application's `close` or
-/// `close_range` must not close it (a forked child that closes every inherited descriptor
-/// would take it away from under a request, or, after the number was reused by a socket of
-/// its own, have us read and close that socket).
-pub(crate) fn is_daemon_fd(fd: i32) -> bool {
-    let p = DEV.load(Ordering::Acquire);
-    // SAFETY: published and never freed (a replaced one is leaked).
-    match unsafe { p.as_ref() } {
-        Some(d) => fd >= 0 && d.pid == crate::pid() && d.client.raw_fd() == fd,
-        None => false,
-    }
-}
-
-/// This process's daemon connection when it lies in `first..=last`.
-pub(crate) fn daemon_fd_in(first: libc::c_uint, last: libc::c_uint) -> Option<i32> {
-    let p = DEV.load(Ordering::Acquire);
-    // SAFETY: published and never freed (a replaced one is leaked).
-    let d = unsafe { p.as_ref() }?;
-    let fd = d.client.raw_fd();
-    (fd >= 0 && d.pid == crate::pid() && (first..=last).contains(&(fd as libc::c_uint)))
-        .then_some(fd)
-}
-
-/// After the application found no descriptor left (`EMFILE`): the memfds this process holds
-/// for other handshakes' daemon replies not taken yet are closed (those handshakes decline
-/// with `MEM`); true when there were any, so that the call may be tried again. Nothing when
-/// this process has no daemon connection.
-pub(crate) fn give_back_descriptors() -> bool {
-    let p = DEV.load(Ordering::Acquire);
-    // SAFETY: published by `dev`, never freed.
-    let Some(d) = (unsafe { p.as_ref() }) else {
-        return false;
-    };
-    d.pid == crate::pid() && d.client.give_back_filed() > 0
-}
-
-pub(crate) fn with_dev<T>(
-    f: impl FnOnce(&smc_ism::SharedClient) -> Result<T, smc_ism::IsmError>,
-) -> Result<T, u32> {
-    let d = dev();
-    let retry = d.retry_after.load(Ordering::Relaxed);
-    if retry != 0 && epoch_ms() < retry {
-        return Err(Diag::NoSmcdDev.code());
-    }
-    match f(&d.client) {
-        Ok(v) => Ok(v),
-        Err(e) => {
-            debug!("loopback-ism: {e}");
-            let code = e.decline_reason().diagnosis();
-            if e.is_unavailable() {
-                d.retry_after.store(epoch_ms() + 1000, Ordering::Relaxed);
-            }
-            Err(code)
-        }
-    }
-}
-
-fn local_gid() -> Result<smc_ism::Gid, u32> {
-    let d = dev();
-    if let Some(g) = d.gid.get() {
-        return Ok(*g);
-    }
-    let g = with_dev(|c| c.query_gid())?;
-    let _ = d.gid.set(g);
-    Ok(g)
-}
-
-/// In the child after fork: its own daemon connection (the parent's references stay the
-/// parent's); the global locks are reset by the crate root's `after_fork_locks`.
-/// This process forked a child that may still map the pages of local state slots we had:
-/// no more slots for us (see [`after_fork_parent`]).
-static FORKED_PARENT: AtomicBool = AtomicBool::new(false);
-
-/// In the parent after `fork`: the child maps the page of our current local state slots (it
-/// shares the connections whose slots are there), so our later connection ends must not get a
-/// slot of that page, nor a pooled DMB whose state is such a slot (a child that dropped its
-/// privileges would hold their locks and cursors, `tests/redteam/rt6.c slotfork`): from now on
-/// a 4 KiB state page per end (the daemon binds a pooled DMB with a slot only for a caller that
-/// takes slots).
-pub fn after_fork_parent() {
-    FORKED_PARENT.store(true, Ordering::Relaxed);
-    let p = DEV.load(Ordering::Acquire);
-    // SAFETY: published and never freed (a replaced one is leaked).
-    if let Some(d) = unsafe { p.as_ref() } {
-        if d.pid == crate::pid() {
-            d.client.set_state_slots(false);
-        }
-    }
-}
-
 pub fn after_fork_child() {
     // The threads of the parent waiting in `accept` do not exist here.
     ACCEPTING.store(0, Ordering::SeqCst);
-    // The parent's pending releases are its own (references of its daemon connection).
-    PENDING_RELEASES.lock().clear();
-    PENDING_N.store(0, Ordering::Relaxed);
-    if !DEV.load(Ordering::Acquire).is_null() {
-        // Closes our copy of the parent's connection now.
-        let _ = dev();
-    }
+    crate::daemon::after_fork_child();
     // A handshake still in the table: `fork` finished every one under way before forking
     // (`ops::fork`), so another thread of the parent started this one meanwhile (or a
     // pending connect's handshake, `Obj::Pending` decided or being decided). That thread does
@@ -795,8 +421,8 @@ pub fn after_fork_child() {
 }
 
 pub(crate) fn after_fork_locks() {
-    PENDING_RELEASES.after_fork();
-    NO_SMC_DESTS.after_fork();
+    crate::daemon::after_fork_locks();
+    crate::policy::after_fork_locks();
     HINTS.after_fork();
     OWN_CLIENTS.after_fork();
     OWN_LISTENERS.after_fork();
@@ -804,234 +430,8 @@ pub(crate) fn after_fork_locks() {
     OWN_CLIENT_ENDS.after_fork();
 }
 
-struct DmbRelease {
-    own: u64,
-    peer: u64,
-    own_id: u64,
-    peer_id: u64,
-    /// The connection's local state page is the one registered with our DMB (kept with it,
-    /// and used again with it: the daemon hands that page to a process the socket moves to).
-    own_state: bool,
-}
-
-impl Release for DmbRelease {
-    fn release(&self, c: &Conn) {
-        use smc_ism::proto::{RELEASE_POOL_OWN, RELEASE_TAINT_PEER};
-        // peer 0: a stand-in for a client that had already gone.
-        let peer = Some(self.peer).filter(|&t| t != 0);
-        let mut flags = 0;
-        if !c.closed_everywhere() || !c.unheld() {
-            // Another process (a forked child) still has the connection, or a thread of it
-            // is still inside a call, and may write into the peer's ring: never to be bound
-            // again.
-            flags |= RELEASE_TAINT_PEER;
-        } else {
-            // Nobody uses the rings any more: a short connection's DMBs are kept for the next
-            // connection to the same peer (pooled by the daemon, mapped here).
-            let (rx, tx) = c.rings_touched();
-            if rx <= crate::dmbs::SMALL && self.own_id != 0 {
-                flags |= RELEASE_POOL_OWN;
-                let state = self.own_state.then(|| c.state_map().clone());
-                crate::dmbs::keep(true, self.own_id, c.own_map().clone(), state);
-            }
-            if tx <= crate::dmbs::SMALL && self.peer_id != 0 && peer.is_some() {
-                crate::dmbs::keep(false, self.peer_id, c.peer_map().clone(), None);
-            }
-        }
-        if flags & RELEASE_POOL_OWN != 0 {
-            // A short connection's: sent with the next daemon request (see `defer_release`).
-            defer_release(self.own, peer.unwrap_or(0), flags);
-        } else {
-            flush_releases();
-            let _ = with_dev(|d| d.release_flags(Some(self.own), peer, flags));
-        }
-    }
-}
-
-/// Releases of short connections not sent yet (own, peer, flags).
-static PENDING_RELEASES: ForkMutex<Vec<(u64, u64, u32)>> = ForkMutex::new(Vec::new);
-static PENDING_N: AtomicU64 = AtomicU64::new(0);
-/// Pending releases at most (as many as one `PAIR` carries): beyond, they are sent at once.
-const PENDING_MAX: usize = smc_ism::proto::PAIR_RELEASES_MAX;
-
-/// The release of a short connection's DMBs waits for the next `PAIR` of this process, which
-/// carries it (one record, one wakeup of the daemon: most of a request's cost on a busy host),
-/// or until the process waits in poll/select/epoll, or until [`PENDING_MAX`] are pending. Meanwhile the DMBs stay bound to their finished
-/// connections, used by nobody (the connection closed in every process); the daemon pools
-/// them when the release comes (and releases everything when the process goes).
-fn defer_release(own: u64, peer: u64, flags: u32) {
-    let full = {
-        let mut v = PENDING_RELEASES.lock();
-        v.push((own, peer, flags));
-        PENDING_N.store(v.len() as u64, Ordering::Relaxed);
-        v.len() >= PENDING_MAX
-    };
-    if full {
-        flush_releases();
-    }
-}
-
-/// The pending releases, taken (to go with a `PAIR`; at most `PAIR_RELEASES_MAX` are pending).
-pub(crate) fn take_releases() -> Vec<smc_ism::proto::PairRelease> {
-    if PENDING_N.load(Ordering::Relaxed) == 0 {
-        return Vec::new();
-    }
-    let mut v = PENDING_RELEASES.lock();
-    PENDING_N.store(0, Ordering::Relaxed);
-    std::mem::take(&mut *v)
-}
-
-/// Releases taken with [`take_releases`] for a `PAIR` that was not sent: pending again.
-pub(crate) fn untake_releases(rel: Vec<smc_ism::proto::PairRelease>) {
-    if rel.is_empty() {
-        return;
-    }
-    let mut v = PENDING_RELEASES.lock();
-    v.extend(rel);
-    PENDING_N.store(v.len() as u64, Ordering::Relaxed);
-}
-
-/// Send the pending releases (one record each, no reply).
-pub fn flush_releases() {
-    if PENDING_N.load(Ordering::Relaxed) == 0 {
-        return;
-    }
-    release_each(&take_releases());
-}
-
-/// Send these releases, one record each (no reply).
-pub(crate) fn release_each(rel: &[smc_ism::proto::PairRelease]) {
-    for &(own, peer, flags) in rel {
-        let peer = Some(peer).filter(|&t| t != 0);
-        let _ = with_dev(|d| d.release_flags(Some(own), peer, flags));
-    }
-}
-
-/// The references of an adopted connection ([`adopt`]): two attach references.
-struct AdoptedRelease {
-    own: u64,
-    peer: u64,
-}
-
-impl AdoptedRelease {
-    fn give_back(&self) {
-        release_dmbs(None, Some(self.own));
-        release_dmbs(None, Some(self.peer));
-    }
-}
-
-impl Release for AdoptedRelease {
-    fn release(&self, _c: &Conn) {
-        self.give_back();
-    }
-}
-
-/// The SMC connection of socket `fd`, which moved to this process from another one (passed
-/// with `SCM_RIGHTS`, inherited across `exec` or `posix_spawn`): the daemon hands over its
-/// DMBs and its local state page only to a process of the registering process's uid, cgroup
-/// and pid namespace that holds this very socket (`OP_ADOPT`); from then on it is shared as
-/// with a forked child. The reference that travelled with the socket is taken, or one is
-/// added. `None` (the caller fails it cleanly) when the daemon refuses or is not there, or
-/// anything does not fit.
-pub(crate) fn adopt(fd: i32) -> Option<Conn> {
-    use smc_ism::proto::{ADOPT_OWN, ADOPT_PEER, ADOPT_STATE};
-    let own = with_dev(|c| c.adopt_dmb(fd, ADOPT_OWN)).ok()?;
-    let peer = match with_dev(|c| c.adopt_dmb(fd, ADOPT_PEER)) {
-        Ok(p) => p,
-        Err(_) => {
-            release_dmbs(None, Some(own.token));
-            return None;
-        }
-    };
-    let rel = AdoptedRelease {
-        own: own.token,
-        peer: peer.token,
-    };
-    let (ot, pt) = (own.token, peer.token);
-    // From here on `rel` gives both references back if anything fails (on drop of the Conn
-    // or right here).
-    let conn = (|| {
-        let st = with_dev(|c| c.adopt_dmb(fd, ADOPT_STATE)).ok()?;
-        // The page's size is checked (sealed by its creator, checked by the daemon): a shorter
-        // file would fault on access.
-        let len = file_size(st.fd.as_raw_fd())?;
-        if len < 4096 {
-            return None;
-        }
-        let state = st.map_state().ok()?;
-        let (o, p) = (own.map().ok()?, peer.map().ok()?);
-        Some((o, p, state))
-    })();
-    let Some((o, p, state)) = conn else {
-        rel.give_back();
-        return None;
-    };
-    let mut c = match Conn::adopt(o, p, state, Some(Box::new(rel))) {
-        Ok(c) => c,
-        Err(_) => return None,
-    };
-    c.own_token = ot;
-    c.peer_token = pt;
-    if !c.take_in_flight() {
-        c.add_ref(1);
-    }
-    debug!("fd {fd}: adopted the SMC-D connection ({:?})", c.role);
-    Some(c)
-}
-
-fn file_size(fd: i32) -> Option<u64> {
-    // SAFETY: `libc::stat` is plain integers; valid out buffer.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st.st_size as u64)
-}
-
-/// Give back our owner reference of `own` and our attach reference of `peer` (one record, no
-/// reply awaited, when the daemon offers it).
-pub(crate) fn release_dmbs(own: Option<u64>, peer: Option<u64>) {
-    let _ = with_dev(|c| c.release_nowait(own, peer));
-}
-
 // ---------------------------------------------------------------------------------------
 // the handshake
-
-fn peer_id() -> [u8; 8] {
-    static P: ForkOnce<[u8; 8]> = ForkOnce::new();
-    *P.get_or_init(|| {
-        let mut b = [0u8; 8];
-        // SAFETY: valid buffer.
-        unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, 8, 0) };
-        b
-    })
-}
-
-/// The state machine for one connection, with our device (or declining for want of one).
-pub(crate) fn machine(server: bool, size_code: u8) -> Handshake {
-    let (gid, unavailable) = match local_gid() {
-        Ok(g) => (g, None),
-        Err(code) => (
-            smc_ism::Gid::default(),
-            Some(Diag::from_code(code).unwrap_or(Diag::NoSmcdDev)),
-        ),
-    };
-    let mut cfg = Config::loopback(smc_common::clc::Gid {
-        gid: gid.gid,
-        gid_ext: gid.gid_ext,
-    });
-    cfg.peer_id = peer_id();
-    cfg.dmb_size_code = size_code;
-    let m = if server {
-        Handshake::server(cfg, true)
-    } else {
-        Handshake::client(cfg, true)
-    };
-    match unavailable {
-        Some(d) => m.device_unavailable(d),
-        // SMC was disabled after this connection's listener announced it (io_uring set up).
-        None if !enabled() => m.device_unavailable(Diag::NoSmcdDev),
-        None => m,
-    }
-}
 
 /// Counts a fallback and leaves the fd plain TCP. `member`: both ends had announced SMC, so the
 /// socket is in the SOCKHASH until its next outgoing segment and its reads need
@@ -1045,7 +445,7 @@ fn fallback(fd: i32, server: bool, code: u32, why: &str, member: bool) {
     stats::fallback(server, code);
     if member {
         drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Tcp))));
-        crate::epoll::refresh(fd);
+        fdtable::epoll_refresh(fd);
     } else {
         settle_plain(fd);
     }
@@ -1054,13 +454,13 @@ fn fallback(fd: i32, server: bool, code: u32, why: &str, member: bool) {
 /// The fd is plain TCP for good: nothing to look up on its calls any more. It keeps its tag
 /// only while an epoll set tracks it (so that its close cleans that up).
 pub(crate) fn settle_plain(fd: i32) {
-    let s = if crate::epoll::is_member(fd) {
+    let s = if fdtable::epoll_member(fd) {
         Slot::Tag(TAG_TCP)
     } else {
         Slot::Empty
     };
     drop(fdtable::replace(fd, s));
-    crate::epoll::refresh(fd);
+    fdtable::epoll_refresh(fd);
 }
 
 /// Sockets of this process that were SMC-D connections and go on as plain TCP sockets while
@@ -1154,7 +554,7 @@ fn install(fd: i32, own: HeldDmb, peer: HeldDmb, role: Role, nonblock: bool) -> 
     shortcut(fd);
     let o = Arc::new(Obj::Conn(c));
     drop(fdtable::replace(fd, Slot::Obj(o.clone())));
-    crate::epoll::on_convert(fd, &o);
+    fdtable::epoll_refresh(fd);
     stats::smc(role == Role::Server);
     debug!("fd {fd}: SMC-D established as {role:?}");
     true
@@ -1360,28 +760,6 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
             }
             drop(fdtable::replace(fd, Slot::Obj(o)));
         }
-    }
-}
-
-/// Accepted sockets of this process whose handshake continues after `accept` returned
-/// ([`server_after_accept`]): a blocking `accept` does not wait for its own client while any
-/// is undecided. Counted by a token the handshake's driver holds until it goes (decided, or
-/// the fd closed); a forked child's copy of a driver counts in the child.
-static DEFERRED_SERVERS: AtomicU64 = AtomicU64::new(0);
-
-/// One count of [`DEFERRED_SERVERS`], for as long as it lives.
-pub(crate) struct DeferredServer(());
-
-impl DeferredServer {
-    pub(crate) fn new() -> DeferredServer {
-        DEFERRED_SERVERS.fetch_add(1, Ordering::Relaxed);
-        DeferredServer(())
-    }
-}
-
-impl Drop for DeferredServer {
-    fn drop(&mut self) {
-        DEFERRED_SERVERS.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -1706,7 +1084,7 @@ fn client_continues(fd: i32, d: Driver, nonblock: bool, own: Option<Option<u16>>
         note_own_end(false, port, fd, &o);
     }
     drop(fdtable::replace(fd, Slot::Obj(o)));
-    crate::epoll::refresh(fd);
+    fdtable::epoll_refresh(fd);
 }
 
 /// Carry an accepted connection's handshake on. `block`: wait for the client (until done);
@@ -2007,7 +1385,7 @@ fn client_declines(fd: i32, dest: Option<Dest>) {
 fn finish(fd: i32, server: bool, out: Outcome, nonblock: bool) {
     finish_outcome(fd, server, out, nonblock);
     // An epoll set that watched the handshake for the application hands the fd back to it.
-    crate::epoll::refresh(fd);
+    fdtable::epoll_refresh(fd);
 }
 
 fn finish_outcome(fd: i32, server: bool, out: Outcome, nonblock: bool) {
@@ -2110,20 +1488,13 @@ pub fn skip_before_read(io: i32, fd: i32, o: &Arc<Obj>, s: &Skip) -> bool {
 // ---------------------------------------------------------------------------------------------
 // The process's switch, and fd objects moving on
 
-/// SMC disabled for this process (SMC_DISABLE=1, io_uring seen, or nothing attached).
-static DISABLED: AtomicBool = AtomicBool::new(false);
-
 pub fn disable(why: &str) {
-    if !DISABLED.swap(true, Ordering::Relaxed) {
+    if crate::policy::switch_off() {
         crate::debug!("SMC disabled for this process: {why}");
         // Our listeners stop announcing; connections they accept from now on whose client saw
-        // an earlier announcement are declined (`setup::machine`), never left reading CLC.
+        // an earlier announcement are declined (`handshake::machine`), never left reading CLC.
         withdraw_all_listeners();
     }
-}
-
-pub fn enabled() -> bool {
-    !DISABLED.load(Ordering::Relaxed)
 }
 
 /// Withdraws the announcement of every listener of ours (SMC disabled for this process).
@@ -2185,7 +1556,7 @@ pub(crate) fn share_decision(fd: i32, old: &Arc<Obj>) {
         // Only a slot that still holds `old` (not closed and reused meanwhile).
         if fdtable::get(ofd).is_some_and(|o| Arc::ptr_eq(&o, old)) {
             copy_slot(fd, ofd);
-            crate::epoll::refresh(ofd);
+            fdtable::epoll_refresh(ofd);
         }
     }
 }

@@ -32,11 +32,11 @@ fn pair() -> (TcpStream, TcpStream) {
 }
 
 fn client(fd: i32) -> Driver {
-    Driver::new(setup::machine(false, 0), fd, false, 0).with_timeout(Duration::from_secs(5))
+    Driver::new(machine(false, 0), fd, false, 0).with_timeout(Duration::from_secs(5))
 }
 
 fn server(fd: i32) -> Driver {
-    Driver::new(setup::machine(true, 1), fd, true, 1).with_timeout(Duration::from_secs(5))
+    Driver::new(machine(true, 1), fd, true, 1).with_timeout(Duration::from_secs(5))
 }
 
 fn done(p: Progress) -> Outcome {
@@ -111,8 +111,8 @@ fn client_and_server_establish() {
     assert_eq!(sown.map.len(), 32 << 10);
     assert_eq!(cpeer.map.len(), 32 << 10);
     assert_eq!(speer.map.len(), 16 << 10);
-    setup::release_dmbs(Some(cown.token), Some(cpeer.token));
-    setup::release_dmbs(Some(sown.token), Some(speer.token));
+    daemon::release_dmbs(Some(cown.token), Some(cpeer.token));
+    daemon::release_dmbs(Some(sown.token), Some(speer.token));
 }
 
 #[test]
@@ -278,7 +278,7 @@ fn nothing_is_left_registered_after_fallbacks() {
     let (mut c2, s2) = pair();
     let sfd = s2.as_raw_fd();
     let t = std::thread::spawn(move || done(server(sfd).step(true)));
-    let prop = Driver::new(setup::machine(false, 0), -1, false, 0)
+    let prop = Driver::new(machine(false, 0), -1, false, 0)
         .m
         .start()
         .into_iter()
@@ -417,7 +417,7 @@ fn a_pooled_dmb_bound_again_starts_clean_without_a_kept_mapping() {
         )
     })
     .unwrap();
-    setup::release_dmbs(Some(sown.token), Some(speer.token));
+    daemon::release_dmbs(Some(sown.token), Some(speer.token));
     let (cown, cpeer, sown, speer) = establish();
     assert_eq!(cown.token, token, "the pooled DMB is bound again");
     let hdr: Vec<u8> = (0..smc_common::cdc::CDC_HEADER_LEN)
@@ -435,8 +435,8 @@ fn a_pooled_dmb_bound_again_starts_clean_without_a_kept_mapping() {
         page.iter().all(|&b| b == 0),
         "the earlier connection's state page is left"
     );
-    setup::release_dmbs(Some(cown.token), Some(cpeer.token));
-    setup::release_dmbs(Some(sown.token), Some(speer.token));
+    daemon::release_dmbs(Some(cown.token), Some(cpeer.token));
+    daemon::release_dmbs(Some(sown.token), Some(speer.token));
 }
 
 /// The raw bytes of one CLC message from a plain socket.
@@ -560,8 +560,8 @@ fn confirm_decided_as_the_servers_wait_ends_is_waited_for() {
     };
     assert_eq!(cpeer.token, sown.token);
     assert_eq!(speer.token, cown.token);
-    setup::release_dmbs(Some(cown.token), Some(cpeer.token));
-    setup::release_dmbs(Some(sown.token), Some(speer.token));
+    daemon::release_dmbs(Some(cown.token), Some(cpeer.token));
+    daemon::release_dmbs(Some(sown.token), Some(speer.token));
     drop((c, s));
 }
 
@@ -582,7 +582,7 @@ fn client_takes_a_decline_queued_behind_the_accept_as_the_answer() {
     // attaches by the Accept's token, which fails.
     let mut alone = smc_ism::Client::connect(crate::util::config::daemon_path()).unwrap();
     let reg = alone.register_dmb(1, s.as_raw_fd()).unwrap();
-    let mut m = setup::machine(true, 1);
+    let mut m = machine(true, 1);
     assert!(matches!(
         m.handle(Input::Message(&prop)).as_slice(),
         [Action::RegisterDmb { .. }]

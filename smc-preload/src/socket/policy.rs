@@ -1,0 +1,195 @@
+//! Which new client connections try SMC at all: the short-connection policy (connections
+//! that move a few bytes lose more to the handshake than they gain) and the destinations whose
+//! server did not announce SMC.
+
+use crate::forklock::{ForkMutex, ForkOnce};
+use crate::stats;
+use crate::util::config::config;
+use smc_common::diag::Diag;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// SMC disabled for this process (SMC_DISABLE=1, io_uring seen, or nothing attached).
+static DISABLED: AtomicBool = AtomicBool::new(false);
+
+/// Turns SMC off for this process; true the first time (`setup::disable` then withdraws the
+/// announcements of its listeners).
+pub(crate) fn switch_off() -> bool {
+    !DISABLED.swap(true, Ordering::Relaxed)
+}
+
+pub fn enabled() -> bool {
+    !DISABLED.load(Ordering::Relaxed)
+}
+
+// Fallback reason counted when the short-connection policy keeps a connection on TCP.
+use smc_common::diag::POLICY_SHORT;
+
+/// Short-connection policy: client connections whose whole life moved fewer than
+/// `SMC_SHORT_BYTES` (default 16 KiB) bytes lose more to the handshake than they gain. After 8
+/// such SMC connections in a row, new client connections stay on TCP (no SMC option in the
+/// SYN), except every 256th (`SMC_SHORT_PROBE`), at most one per 100 ms, which probes SMC
+/// again (a long probe resets the run). `SMC_SHORT_BYTES=0` disables the policy.
+static SHORT_RUN: AtomicU64 = AtomicU64::new(0);
+static SKIPPED: AtomicU64 = AtomicU64::new(0);
+
+fn short_bytes() -> u64 {
+    config().short_bytes
+}
+
+/// A client SMC connection ended having moved `bytes`.
+pub fn note_client_conn_bytes(bytes: u64) {
+    if bytes < short_bytes() {
+        SHORT_RUN.fetch_add(1, Ordering::Relaxed);
+    } else {
+        SHORT_RUN.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Every how many connections the policy keeps on TCP one probes SMC again
+/// (`SMC_SHORT_PROBE`, default 256; 0: never).
+fn short_probe() -> u64 {
+    config().short_probe
+}
+
+/// At most one policy probe per 100 ms: a probe is a whole SMC handshake, during which a
+/// single-threaded event-loop client (wrk, redis-benchmark) waits, so at high connection rates
+/// a count alone would make probes a measurable share of its time.
+fn probe_due() -> bool {
+    static EPOCH: ForkOnce<Instant> = ForkOnce::new();
+    static LAST_MS: AtomicU64 = AtomicU64::new(0);
+    let now = EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 100;
+    let last = LAST_MS.load(Ordering::Relaxed);
+    now >= last + 100
+        && LAST_MS
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+}
+
+/// Whether the policy keeps this new client connection on TCP.
+pub fn policy_keeps_tcp() -> bool {
+    if short_bytes() == 0 || SHORT_RUN.load(Ordering::Relaxed) < 8 {
+        return false;
+    }
+    let n = SKIPPED.fetch_add(1, Ordering::Relaxed);
+    let every = short_probe();
+    if every != 0 && n % every == every - 1 && probe_due() {
+        return false; // probe
+    }
+    stats::fallback(false, POLICY_SHORT);
+    true
+}
+
+/// A connection's destination (address and port), for the non-SMC destination cache.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Dest(u128, u16);
+
+impl Dest {
+    /// The destination of `connect(addr, len)`, for AF_INET/AF_INET6.
+    ///
+    /// # Safety
+    /// `addr` is the application's pointer, valid for `len` bytes (or null).
+    pub unsafe fn of(addr: *const libc::sockaddr, len: libc::socklen_t) -> Option<Dest> {
+        if addr.is_null() {
+            return None;
+        }
+        // SAFETY: the family field is within any sockaddr the caller passes.
+        match unsafe { (*addr).sa_family } as i32 {
+            libc::AF_INET if len as usize >= std::mem::size_of::<libc::sockaddr_in>() => {
+                // SAFETY: family and length say sockaddr_in.
+                let a = unsafe { &*(addr as *const libc::sockaddr_in) };
+                Some(Dest(a.sin_addr.s_addr as u128, a.sin_port))
+            }
+            libc::AF_INET6 if len as usize >= std::mem::size_of::<libc::sockaddr_in6>() => {
+                // SAFETY: family and length say sockaddr_in6.
+                let a = unsafe { &*(addr as *const libc::sockaddr_in6) };
+                // Bit 127 of a v4 key is never set (s_addr < 2^32): v6 keys are tagged so.
+                Some(Dest(
+                    u128::from_ne_bytes(a.sin6_addr.s6_addr) | 1 << 127,
+                    a.sin6_port,
+                ))
+            }
+            _ => None,
+        }
+    }
+
+    /// The port (host order).
+    pub fn port(&self) -> u16 {
+        u16::from_be(self.1)
+    }
+}
+
+/// Destinations whose server did not announce SMC: the next client connections to them do not
+/// opt in (no SMC option in the SYN, no state query: the cost of a fallback becomes nothing),
+/// except every 64th or after a second, which probes again. Counted as PEERNOSMC, the reason
+/// learned from the probe. Forgotten when a probe finds the peer SMC-capable.
+struct NoSmcDest {
+    dest: Dest,
+    skips: u32,
+    probed: Instant,
+}
+
+const NO_SMC_SLOTS: usize = 32;
+static NO_SMC_N: AtomicU64 = AtomicU64::new(0);
+
+static NO_SMC_DESTS: ForkMutex<Vec<NoSmcDest>> = ForkMutex::new(Vec::new);
+
+fn no_smc_dests() -> &'static ForkMutex<Vec<NoSmcDest>> {
+    &NO_SMC_DESTS
+}
+
+/// Whether a new client connection to `dest` stays plain TCP without asking (counted).
+pub fn known_no_smc(dest: Option<Dest>) -> bool {
+    let Some(dest) = dest else { return false };
+    if NO_SMC_N.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    let mut v = no_smc_dests().lock();
+    let Some(e) = v.iter_mut().find(|e| e.dest == dest) else {
+        return false;
+    };
+    e.skips += 1;
+    if e.skips % 64 == 0 || e.probed.elapsed() > Duration::from_secs(1) {
+        e.probed = Instant::now();
+        return false; // probe
+    }
+    drop(v);
+    stats::fallback(false, Diag::PeerNoSmc.code());
+    true
+}
+
+/// What a client connection to `dest` learned about its server.
+pub(crate) fn note_dest(dest: Option<Dest>, smc_capable: bool) {
+    let Some(dest) = dest else { return };
+    if smc_capable && NO_SMC_N.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let mut v = no_smc_dests().lock();
+    let at = v.iter().position(|e| e.dest == dest);
+    match (at, smc_capable) {
+        (Some(i), true) => {
+            v.swap_remove(i);
+        }
+        (Some(i), false) => v[i].probed = Instant::now(),
+        (None, true) => return,
+        (None, false) => {
+            let e = NoSmcDest {
+                dest,
+                skips: 0,
+                probed: Instant::now(),
+            };
+            if v.len() < NO_SMC_SLOTS {
+                v.push(e);
+            } else {
+                // Replace the entry probed longest ago.
+                let old = (0..v.len()).min_by_key(|&i| v[i].probed).unwrap_or(0);
+                v[old] = e;
+            }
+        }
+    }
+    NO_SMC_N.store(v.len() as u64, Ordering::Relaxed);
+}
+
+pub(crate) fn after_fork_locks() {
+    NO_SMC_DESTS.after_fork();
+}
