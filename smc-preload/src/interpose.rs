@@ -434,20 +434,12 @@ pub unsafe extern "C" fn epoll_pwait2(
     };
     let m = if mask.is_null() { None } else { Some(mask) };
     if crate::epoll::wants(ep).is_none() {
-        let start = crate::epoll::ever_tagged().then(std::time::Instant::now);
-        // SAFETY: the application's arguments, passed on unchanged to libc's function of the same
-        // name and signature.
-        let r = unsafe { crate::real::epoll_pwait2(ep, ev, max, t, mask) };
-        if r > 0 && crate::epoll::ever_tagged() {
-            let e0 = crate::real::errno();
-            let rem = || ops::remaining_of(ms(), start);
-            // SAFETY: the kernel wrote `r` entries of the caller's array of `max`.
-            if let Some(r) = unsafe { crate::epoll::after_plain_wait(ep, ev, r, max, rem, m) } {
-                return r;
-            }
-            crate::real::set_errno(e0);
-        }
-        return r;
+        // SAFETY: the application's arguments, passed on unchanged to libc's function of the
+        // same name and signature.
+        let kernel_wait = || unsafe { crate::real::epoll_pwait2(ep, ev, max, t, mask) };
+        // SAFETY: `ev`/`max` are the application's event array (epoll_pwait2's contract), `m`
+        // its signal mask or None.
+        return unsafe { crate::epoll::plain_wait(ep, ev, max, ms, m, kernel_wait) };
     }
     let ms = ms();
     // SAFETY: the application's arguments, the timeout in ms: `ops::epoll_wait` has the contract of

@@ -2375,9 +2375,7 @@ pub unsafe fn epoll_wait(
         // signal mask or None.
         return unsafe { epoll::wait(&so, ep, ev, max, timeout, mask) };
     }
-    // Only when a registration of ours exists somewhere can the kernel return our tag.
-    let start = (timeout > 0 && epoll::ever_tagged()).then(std::time::Instant::now);
-    let r = match mask {
+    let kernel_wait = || match mask {
         // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
         // libc's `epoll_wait`.
         None => unsafe { real::epoll_wait(ep, ev, max, timeout) },
@@ -2385,25 +2383,9 @@ pub unsafe fn epoll_wait(
         // libc's `epoll_pwait`.
         Some(m) => unsafe { real::epoll_pwait(ep, ev, max, timeout, m) },
     };
-    if r > 0 && epoll::ever_tagged() {
-        let e0 = real::errno();
-        let rem = || remaining_of(timeout, start);
-        // SAFETY: the kernel wrote `r` entries of the caller's array of `max`.
-        if let Some(r) = unsafe { epoll::after_plain_wait(ep, ev, r, max, rem, mask) } {
-            return r;
-        }
-        real::set_errno(e0);
-    }
-    r
-}
-
-/// What is left of a wait of `timeout` ms (-1: for ever) begun at `start` (unknown: all).
-pub fn remaining_of(timeout: c_int, start: Option<std::time::Instant>) -> c_int {
-    match (timeout, start) {
-        (t, _) if t <= 0 => t,
-        (t, Some(s)) => (t as u128).saturating_sub(s.elapsed().as_millis()) as c_int,
-        (t, None) => t,
-    }
+    // SAFETY: `ev`/`max` are the caller's event array (epoll_wait(2)'s contract), `mask` its
+    // signal mask or None.
+    unsafe { epoll::plain_wait(ep, ev, max, || timeout, mask, kernel_wait) }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1474,6 +1474,46 @@ fn prepare_nested(set: &EpollSet, ep: i32) {
     }
 }
 
+/// A wait on a set that had nothing of ours when it began ([`wants`]), passed straight to the
+/// kernel: `kernel_wait` makes it (`epoll_wait`, `epoll_pwait`, `epoll_pwait2`), and what it
+/// returns is checked for events of ours ([`after_plain_wait`]). `timeout_ms`: the wait's
+/// timeout (ms, -1: for ever), asked only then.
+///
+/// # Safety
+/// `events` is the caller's array of `max` entries, into which `kernel_wait` lets the kernel
+/// write; `sigmask` the caller's signal mask or `None`.
+pub unsafe fn plain_wait(
+    ep: i32,
+    events: *mut libc::epoll_event,
+    max: i32,
+    timeout_ms: impl FnOnce() -> i32,
+    sigmask: Option<*const libc::sigset_t>,
+    kernel_wait: impl FnOnce() -> i32,
+) -> i32 {
+    // Only when a registration of ours exists somewhere can the kernel return our tag.
+    let start = ever_tagged().then(Instant::now);
+    let r = kernel_wait();
+    if r > 0 && ever_tagged() {
+        let e0 = real::errno();
+        let rem = || remaining_of(timeout_ms(), start);
+        // SAFETY: the kernel wrote `r` entries of the caller's array of `max`.
+        if let Some(r) = unsafe { after_plain_wait(ep, events, r, max, rem, sigmask) } {
+            return r;
+        }
+        real::set_errno(e0);
+    }
+    r
+}
+
+/// What is left of a wait of `timeout` ms (-1: for ever) begun at `start` (unknown: all).
+fn remaining_of(timeout: i32, start: Option<Instant>) -> i32 {
+    match (timeout, start) {
+        (t, _) if t <= 0 => t,
+        (t, Some(s)) => (t as u128).saturating_sub(s.elapsed().as_millis()) as i32,
+        (t, None) => t,
+    }
+}
+
 /// A wait passed straight to the kernel (the set had nothing of ours when it began: [`wants`])
 /// returned `n` events into `events`. Another thread may have made an entry of the set ours
 /// meanwhile (an `EPOLL_CTL_ADD` of a connecting socket, a connect, a decided handshake): an
@@ -1484,7 +1524,7 @@ fn prepare_nested(set: &EpollSet, ep: i32) {
 ///
 /// # Safety
 /// `events` is the caller's array of `max` entries, the first `n` written by the kernel.
-pub unsafe fn after_plain_wait(
+unsafe fn after_plain_wait(
     ep: i32,
     events: *mut libc::epoll_event,
     n: i32,
