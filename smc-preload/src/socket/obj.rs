@@ -5,6 +5,7 @@ use crate::epoll::EpollSet;
 use crate::real;
 use crate::util::unwound;
 use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -123,6 +124,8 @@ pub struct InCall {
     /// Dropped by [`InCall`]'s `Drop`, or by [`reap_unwound`] when the call was left by a
     /// jump (never both: `util::unwound::pop` says which).
     obj: ManuallyDrop<Arc<Obj>>,
+    /// The connection of `obj` (`Obj::Conn`), found once by [`InCall::enter`].
+    conn: NonNull<Conn>,
     fd: i32,
     entry: unwound::Entry,
 }
@@ -137,8 +140,10 @@ impl InCall {
         reap_unwound();
         c.call_enter();
         let entry = unwound::push(Arc::as_ptr(&obj) as usize, c as *const Conn as usize, fd);
+        let conn = NonNull::from(c);
         let call = InCall {
             obj: ManuallyDrop::new(obj),
+            conn,
             fd,
             entry,
         };
@@ -160,11 +165,11 @@ impl InCall {
     }
 
     pub fn conn(&self) -> &Conn {
-        match &**self.obj {
-            Obj::Conn(c) => c,
-            // `enter` made it only for a connection.
-            _ => unreachable!(),
-        }
+        // SAFETY: `conn` points into the object `obj` holds a strong reference to (`enter`
+        // took it from that `Obj::Conn`): an `Arc`'s value does not move, and `obj` is dropped
+        // only by `Drop` (or by the reaper of a call left by a jump, whose frame, holding this
+        // `InCall`, is gone), so it lives as long as `&self`.
+        unsafe { self.conn.as_ref() }
     }
 }
 
