@@ -280,7 +280,7 @@ fn settle_for_exec() {
 }
 
 /// SMC connections whose sockets the next image inherits: each fd's reference travels with it
-/// (marked in the shared page, [`Conn::mark_in_flight`]) for the image to take over when it
+/// (marked in the shared page, [`Conn::mark_in_flight`](crate::conn::Conn::mark_in_flight)) for the image to take over when it
 /// adopts the connection. The reference of a close-on-exec fd of a process's own exec is
 /// dropped (the kernel closes that fd), unless it is the connection's last one: an
 /// inetd-style child (`dup2(conn, 0)`, `dup2(conn, 1)`, the accepted fd close-on-exec) would
@@ -602,7 +602,7 @@ fn switch_wait() -> std::time::Duration {
 }
 
 /// `o` (the connection of `fd`) continues on TCP: the peer asked, or the socket leaves for an
-/// image without the library. Switches it ([`Conn::switch_to_tcp`]) and makes every fd of
+/// image without the library. Switches it ([`Conn::switch_to_tcp`](crate::conn::Conn::switch_to_tcp)) and makes every fd of
 /// this process that names it plain TCP. True when the fd is plain now (the caller runs its
 /// call on the socket); false when the connection was reset instead (its calls fail).
 ///

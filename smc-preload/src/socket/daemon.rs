@@ -58,7 +58,7 @@ struct Dev {
     /// The process it belongs to.
     pid: u32,
     gid: ForkOnce<smc_ism::Gid>,
-    /// Milliseconds since [`epoch`] before which a dead daemon is not retried (0: none).
+    /// Milliseconds since [`epoch_ms`]'s epoch before which a dead daemon is not retried (0: none).
     retry_after: AtomicU64,
 }
 
