@@ -16,6 +16,7 @@
 //!   namespaces, listeners and ports.
 //! - [`SoakSummary`]: the summary line of the soak program, and which of its counters are
 //!   failures.
+//! - [`Rng`]: the test programs' pseudo-random numbers (xorshift64, from a seed).
 //! - [`find_tool`]: a program on `PATH` or in the usual system directories.
 //! - [`install_signal_handlers`] / [`check_interrupted`]: SIGINT, SIGTERM and SIGHUP become a
 //!   flag that the harness's waits check, so that the guards get to clean up.
@@ -32,6 +33,7 @@ mod daemon;
 mod lock;
 mod net;
 mod proc;
+mod rng;
 mod signals;
 mod soak;
 
@@ -43,6 +45,7 @@ pub use daemon::{daemon_command, seqpacket_accepts, Daemon, DAEMON_START_TIMEOUT
 pub use lock::{GlobalLock, GLOBAL_LOCK};
 pub use net::{free_port, ip, tcp_listening, wait_listening, Netns};
 pub use proc::{last_lines, log_tail, log_to, Proc, ScratchDir};
+pub use rng::Rng;
 pub use signals::{check_interrupted, install_signal_handlers, interrupted};
 pub use soak::{SoakSummary, SOAK_FAILURES};
 

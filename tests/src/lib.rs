@@ -654,13 +654,10 @@ pub fn sha256_hex(b: &[u8]) -> String {
 /// Deterministic pseudo-random bytes (xorshift), `printable` limits them to `[0-9a-z]`.
 pub fn pseudo_random(len: usize, seed: u64, printable: bool) -> Vec<u8> {
     const ALNUM: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
-    let mut s = seed | 1;
+    let mut r = smc_harness::Rng::with_state(seed);
     (0..len)
         .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let b = (s >> 24) as u8;
+            let b = (r.next_u64() >> 24) as u8;
             if printable {
                 ALNUM[b as usize % ALNUM.len()]
             } else {

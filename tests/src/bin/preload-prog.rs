@@ -45,22 +45,19 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 
 struct Gen {
-    s: u64,
+    rng: smc_harness::Rng,
     buf: Vec<u8>,
 }
 
 impl Gen {
     fn new(seed: u64) -> Gen {
         Gen {
-            s: seed | 1,
+            rng: smc_harness::Rng::with_state(seed),
             buf: Vec::new(),
         }
     }
     fn next(&mut self) -> u64 {
-        self.s ^= self.s << 13;
-        self.s ^= self.s >> 7;
-        self.s ^= self.s << 17;
-        self.s
+        self.rng.next_u64()
     }
     /// Next chunk of the stream, of a random size up to `max`.
     fn chunk(&mut self, max: usize, remaining: u64) -> &[u8] {

@@ -40,6 +40,7 @@
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use smc_harness::Rng;
 use std::{
     collections::VecDeque,
     env,
@@ -69,26 +70,9 @@ fn die(msg: impl std::fmt::Display) -> ! {
     exit(2)
 }
 
-/// xorshift64.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Uniform-ish in `0..n` (`n > 0`).
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.below(hi - lo + 1)
-    }
+/// The generator of a run's `seed`.
+fn rng(seed: u64) -> Rng {
+    Rng::with_state(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
 /// The byte stream of `honest`: the same for writer and checker.
@@ -101,14 +85,14 @@ struct Stream {
 impl Stream {
     fn new(seed: u64) -> Stream {
         Stream {
-            rng: Rng::new(seed),
+            rng: rng(seed),
             word: [0; 8],
             pos: 8,
         }
     }
     fn next_byte(&mut self) -> u8 {
         if self.pos == 8 {
-            self.word = self.rng.next().to_le_bytes();
+            self.word = self.rng.next_u64().to_le_bytes();
             self.pos = 0;
         }
         self.pos += 1;
@@ -348,7 +332,7 @@ fn service(ep: i32, c: &mut EvConn, buf: &mut [u8]) -> Option<String> {
 /// Echoes until EOF or an error; the stream is closed when this returns.
 fn echo(id: u64, mut s: TcpStream) -> (String, u64, u64) {
     let fd = s.as_raw_fd();
-    let mut rng = Rng::new(id + 1);
+    let mut rng = rng(id + 1);
     let mut buf = vec![0u8; 64 * 1024];
     let (mut rx, mut tx) = (0u64, 0u64);
     loop {
@@ -414,7 +398,7 @@ fn honest(addr: &str, seed: u64) {
         let stop = stop.clone();
         std::thread::spawn(move || {
             let mut gen = Stream::new(seed);
-            let mut rng = Rng::new(seed ^ 0xABCD);
+            let mut rng = rng(seed ^ 0xABCD);
             let mut buf = Vec::new();
             let mut sent = 0u64;
             while !stop.load(Ordering::SeqCst) {
@@ -695,7 +679,7 @@ const LEGIT_N: usize = 1000;
 
 fn legit_exchange(fd: i32, own: &Mapped, peer: &Mapped, rng: &mut Rng) -> bool {
     const N: usize = LEGIT_N;
-    let data: Vec<u8> = (0..N).map(|_| rng.next() as u8).collect();
+    let data: Vec<u8> = (0..N).map(|_| rng.next_u64() as u8).collect();
     // Our header in the victim's DMB: the type byte (as the data path's `Conn::new`).
     peer.word(0).store(
         u64::from_ne_bytes([0xFE, 0, 0, 0, 0, 0, 0, 0]),
@@ -746,7 +730,7 @@ fn forge_cursor(rng: &mut Rng, cur: u64, len: u32, legit: u64) -> u64 {
     let c = w.cursor;
     let with = |c: Cursor| CursorWord { cursor: c, ..w }.to_u64();
     match rng.below(13) {
-        0 => rng.next(),
+        0 => rng.next_u64(),
         1 => [
             0,
             u64::MAX,
@@ -789,7 +773,7 @@ fn forge_cursor(rng: &mut Rng, cur: u64, len: u32, legit: u64) -> u64 {
                 ConnStateFlags::PEER_CONN_CLOSED,
                 ConnStateFlags::PEER_CONN_ABORT,
                 ConnStateFlags::EMPTY,
-                ConnStateFlags(rng.next() as u8),
+                ConnStateFlags(rng.next_u64() as u8),
             ][rng.below(5) as usize],
             ..w
         }
@@ -801,7 +785,7 @@ fn forge_cursor(rng: &mut Rng, cur: u64, len: u32, legit: u64) -> u64 {
                 ProdFlags::URG_DATA_PENDING,
                 ProdFlags::URG_DATA_PRESENT,
                 ProdFlags::EMPTY,
-                ProdFlags(rng.next() as u8),
+                ProdFlags(rng.next_u64() as u8),
             ][rng.below(6) as usize],
             ..w
         }
@@ -894,17 +878,17 @@ fn scribble(
                         w.store(v, Ordering::Release);
                     }
                     12 => peer.word(WAIT_WORD).store(
-                        [0, 1, 2, 3, rng.next()][rng.below(5) as usize],
+                        [0, 1, 2, 3, rng.next_u64()][rng.below(5) as usize],
                         Ordering::SeqCst,
                     ),
                     13 => peer.word(0).store(
-                        [rng.next(), 0, 0xFE, u64::MAX][rng.below(4) as usize],
+                        [rng.next_u64(), 0, 0xFE, u64::MAX][rng.below(4) as usize],
                         Ordering::Release,
                     ),
                     // Torn writes: one byte of the header.
                     14 => peer
                         .byte(rng.below(CDC_HEADER_LEN as u64) as usize)
-                        .store(rng.next() as u8, Ordering::Relaxed),
+                        .store(rng.next_u64() as u8, Ordering::Relaxed),
                     // Our own DMB, whose header the victim writes (and compare-and-swaps).
                     15 => {
                         let w = own.word(CONS_WORD_OFFSET);
@@ -917,12 +901,12 @@ fn scribble(
                         w.store(v, Ordering::Release);
                     }
                     17 => own.word(WAIT_WORD).store(
-                        [0, 1, 2, 3, rng.next()][rng.below(5) as usize],
+                        [0, 1, 2, 3, rng.next_u64()][rng.below(5) as usize],
                         Ordering::SeqCst,
                     ),
                     18 => own
                         .byte(rng.below(CDC_HEADER_LEN as u64) as usize)
-                        .store(rng.next() as u8, Ordering::Relaxed),
+                        .store(rng.next_u64() as u8, Ordering::Relaxed),
                     // The victim's ring: data is data. Rarely a hole punched into its
                     // memfd instead (the header page too): those pages read as zeros.
                     _ if rng.below(512) == 0 => {
@@ -942,7 +926,7 @@ fn scribble(
                     }
                     _ => peer
                         .byte(CDC_HEADER_LEN + rng.below(vlen as u64) as usize)
-                        .store(rng.next() as u8, Ordering::Relaxed),
+                        .store(rng.next_u64() as u8, Ordering::Relaxed),
                 },
                 Profile::Plausible => match rng.below(8) {
                     // Produce (garbage) into the victim's ring, never more than it has room
@@ -1043,7 +1027,7 @@ fn peer(addr: &str, secs: u64, seed: u64) {
     let gid = dev
         .query_gid()
         .unwrap_or_else(|e| die(format!("QUERY_GID: {e}")));
-    let mut rng = Rng::new(seed);
+    let mut rng = rng(seed);
     let (mut conns, mut established, mut legit, mut ended, mut iters, mut bells, mut holes) =
         (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
     let mut echoed = 0u64;

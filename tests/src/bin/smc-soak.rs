@@ -38,6 +38,7 @@
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use smc_harness::Rng;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, IntoRawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -105,32 +106,9 @@ fn fill(seed: u64, off: u64, buf: &mut [u8]) {
     }
 }
 
-/// Small xorshift generator for sizes and choices.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(mix(seed) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    /// A size in 1..=max: half uniform, half log-uniform (small sizes are common too).
-    fn size(&mut self, max: usize) -> usize {
-        if self.next() & 1 == 0 {
-            self.below(max as u64) as usize + 1
-        } else {
-            let bits = 64 - (max as u64).leading_zeros() as u64;
-            let b = self.below(bits) + 1;
-            (self.below(1u64 << b) as usize + 1).min(max)
-        }
-    }
+/// The generator of a run's `seed`, for sizes and choices.
+fn rng(seed: u64) -> Rng {
+    Rng::with_state(mix(seed))
 }
 
 fn errno() -> i32 {
@@ -562,7 +540,7 @@ fn run_end(e: End, t: &Tally) {
         total: e.tx_bytes,
         off: 0,
         max: e.max,
-        rng: Rng::new(e.tx_seed ^ salt),
+        rng: rng(e.tx_seed ^ salt),
         buf: vec![0; e.max],
         pos: 0,
         len: 0,
@@ -575,7 +553,7 @@ fn run_end(e: End, t: &Tally) {
         expect: e.rx_bytes,
         off: 0,
         max: e.max,
-        rng: Rng::new(e.rx_seed ^ salt ^ 0x100),
+        rng: rng(e.rx_seed ^ salt ^ 0x100),
         buf: vec![0; e.max],
         exp: vec![0; e.max],
         diff: 0,
