@@ -196,8 +196,6 @@ const KNOWN_UPWARD: &[(&str, &str)] = &[
     // The objects hold the state of the modules that work on them: `Obj::Epoll` an
     // `epoll::EpollSet` (whose entries hold objects in turn).
     ("obj", "epoll"),
-    // `close_moved`, `close_private`, `is_private` and `InCall` look numbers up in the table.
-    ("obj", "fdtable"),
 ];
 
 #[test]

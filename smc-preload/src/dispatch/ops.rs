@@ -9,8 +9,9 @@
 // meaning and validity the libc function of the same name requires.
 
 use crate::conn::Conn;
+use crate::fdtable::InCall;
 use crate::fdtable::{self, Slot, TAG_TCP};
-use crate::obj::{InCall, Obj};
+use crate::obj::Obj;
 use crate::real;
 use crate::{daemon, epoll, lifecycle, policy, poll, setup, stats};
 use libc::{c_int, c_void, iovec, size_t, sockaddr, socklen_t, ssize_t};
@@ -92,7 +93,7 @@ impl Drop for Moved {
                 setup::skip_late_clc(self.fd, self.fd, &o, s);
             }
         }
-        crate::obj::close_moved(self.fd, self.ino);
+        crate::fdtable::close_moved(self.fd, self.ino);
     }
 }
 
@@ -1417,7 +1418,7 @@ fn forget_slot(fd: c_int, io_fd: c_int) {
                     if p < 0 {
                         h.io.set_private(crate::conn::IO_GONE);
                     } else if !h.io.set_private(p) {
-                        crate::obj::close_private(p);
+                        crate::fdtable::close_private(p);
                     }
                 }
             }
@@ -1479,7 +1480,7 @@ fn private_io(fd: c_int, o: &Arc<Obj>, c: &Conn) {
         return;
     }
     if !c.set_private_io(p) {
-        crate::obj::close_private(p);
+        crate::fdtable::close_private(p);
     }
 }
 
@@ -1509,10 +1510,7 @@ fn dup_private(fd: c_int, owner: std::sync::Weak<Obj>) -> c_int {
         if fdtable::raw(p) != 0 {
             forget_stale(p);
         }
-        drop(fdtable::replace(
-            p,
-            Slot::Obj(Arc::new(Obj::Private(owner))),
-        ));
+        fdtable::set_private(p, owner);
     }
     p
 }
@@ -1529,13 +1527,13 @@ fn move_private(p: c_int) {
         .as_deref()
         .is_some_and(|o| o.move_private_io(p, if p2 >= 0 { p2 } else { crate::conn::IO_GONE }));
     if !moved && p2 >= 0 {
-        crate::obj::close_private(p2);
+        crate::fdtable::close_private(p2);
     }
 }
 
 pub unsafe fn close(fd: c_int) -> c_int {
     // (`own_fd_table` costs a system call: asked last, only when it matters.)
-    if fdtable::raw(fd) >= 8 && crate::obj::is_private(fd) && !lifecycle::own_fd_table() {
+    if fdtable::raw(fd) >= 8 && crate::fdtable::is_private(fd) && !lifecycle::own_fd_table() {
         // Ours, never handed to the application: for it that number is not open.
         return fail(libc::EBADF) as c_int;
     }
@@ -1585,7 +1583,7 @@ pub unsafe fn closefrom(lowfd: c_int) {
         1024
     };
     for fd in lowfd.max(0)..lim {
-        if !daemon::is_daemon_fd(fd) && !crate::obj::is_private(fd) {
+        if !daemon::is_daemon_fd(fd) && !crate::fdtable::is_private(fd) {
             // SAFETY: integer argument only.
             unsafe { close(fd) };
         }
@@ -1695,7 +1693,7 @@ pub unsafe fn dup3(fd: c_int, fd2: c_int, flags: c_int, three: bool) -> c_int {
     }
     // The old content of fd2 is closed by dup2: do our close part first, while fd2 still
     // names that socket.
-    if fdtable::raw(fd2) >= 8 && crate::obj::is_private(fd2) {
+    if fdtable::raw(fd2) >= 8 && crate::fdtable::is_private(fd2) {
         if fcntl_valid(fd) {
             move_private(fd2);
         }
@@ -1908,7 +1906,7 @@ pub fn conns_after_fork_child() {
     // exits).
     let moved = std::mem::take(&mut *MOVED.lock());
     for (p, ino) in moved {
-        crate::obj::close_moved(p, ino);
+        crate::fdtable::close_moved(p, ino);
     }
     let mut gone = Vec::new();
     fdtable::for_each_object(|fd, o| match &**o {
@@ -1929,7 +1927,7 @@ pub fn conns_after_fork_child() {
         if let Some(owner) = w.upgrade() {
             owner.move_private_io(p, crate::conn::IO_GONE);
         }
-        crate::obj::close_private(p);
+        crate::fdtable::close_private(p);
     }
 }
 

@@ -1397,7 +1397,7 @@ fn translate(set: &EpollSet, kev: &[libc::epoll_event], out: &mut Vec<libc::epol
         if let Some(c) = o.conn() {
             // Only through a number that still names the connection, or its private
             // duplicate (the number closed under a call in flight).
-            let call = crate::obj::InCall::enter(fd, o.clone());
+            let call = crate::fdtable::InCall::enter(fd, o.clone());
             if call.is_none() && !c.io_redirected() {
                 continue;
             }

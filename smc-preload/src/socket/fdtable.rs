@@ -9,13 +9,20 @@
 //! While a thread forks, the other threads' changes of slots wait ([`freeze_for_fork`]), so
 //! that the references `fork` counts for the child are exactly the objects in the child's
 //! copy of the table.
+//!
+//! Besides: our private numbers ([`Obj::Private`], [`set_private`]), and [`InCall`], a call in
+//! flight on a connection through a number (as the kernel's `fdget`).
 
+use crate::conn::Conn;
 use crate::forklock::ForkOnce;
 use crate::obj::Obj;
+use crate::real;
+use crate::util::unwound;
 use std::cell::Cell;
-use std::ptr;
+use std::mem::ManuallyDrop;
+use std::ptr::{self, NonNull};
 use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 const CHUNK_BITS: usize = 12;
 const CHUNK: usize = 1 << CHUNK_BITS;
@@ -381,5 +388,134 @@ pub fn unlock_all_after_fork() {
                 s.store(v & !1, Ordering::Relaxed);
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// our private numbers, and the calls in flight on a number
+
+/// Marks `p`, our private duplicate of the socket of the connection or handshake `owner`, as
+/// ours ([`Obj::Private`]); from then on a dropped object closes its duplicate
+/// ([`close_private`]).
+pub fn set_private(p: i32, owner: Weak<Obj>) {
+    crate::obj::set_close_private(close_private);
+    drop(replace(p, Slot::Obj(Arc::new(Obj::Private(owner)))));
+}
+
+/// Closes `p`, the private duplicate that carried a handshake decided after the application
+/// closed the number it was made on ([`crate::obj::Handshake::moved`]; `ino`: the socket's
+/// inode). The reference of the closed number goes now: an SMC connection's last one closes it.
+/// When `p` names another file by now (the application made it name one with `dup2`, whose
+/// close dropped our reference already) nothing is done.
+pub fn close_moved(p: i32, ino: u64) {
+    if crate::obj::socket_ino(p) != Some(ino) {
+        crate::debug!("fd {p}: names another file now: left open");
+        return;
+    }
+    crate::debug!("fd {p}: the call that went on with the connection returned: closed");
+    let old = replace(p, Slot::Empty);
+    if let Slot::Obj(o) = &old {
+        if let Obj::Conn(c) = &**o {
+            crate::obj::release_ref(p, p, c);
+        }
+    }
+    drop(old);
+    let e0 = real::errno();
+    // SAFETY: our own descriptor, never handed to the application.
+    unsafe { real::close(p) };
+    real::set_errno(e0);
+}
+
+/// Closes our private descriptor `p` (an [`Obj::Private`] slot).
+pub fn close_private(p: i32) {
+    if matches!(get(p).as_deref(), Some(Obj::Private(_))) {
+        drop(replace(p, Slot::Empty));
+        let e0 = real::errno();
+        // SAFETY: our own descriptor, never handed to the application.
+        unsafe { real::close(p) };
+        real::set_errno(e0);
+    }
+}
+
+/// Whether `fd` is one of our private descriptors ([`Obj::Private`]).
+pub fn is_private(fd: i32) -> bool {
+    raw(fd) >= 8 && matches!(get(fd).as_deref(), Some(Obj::Private(_)))
+}
+
+/// A call in flight on an SMC connection, made through the number `fd`: as the kernel's file
+/// reference of a system call (`fdget`), it keeps the connection open when another thread
+/// closes the number meanwhile ([`Conn::call_enter`]); the last fd reference closed under it is
+/// dropped when it ends (and the connection closed, when that was the last one anywhere).
+///
+/// A call left by a jump (`siglongjmp` out of a signal handler) runs no destructor: its thread
+/// releases it at its next entry into the library ([`crate::obj::reap_unwound`],
+/// `util::unwound`).
+pub struct InCall {
+    /// Dropped by [`InCall`]'s `Drop`, or by [`crate::obj::reap_unwound`] when the call was
+    /// left by a jump (never both: `util::unwound::pop` says which).
+    obj: ManuallyDrop<Arc<Obj>>,
+    /// The connection of `obj` (`Obj::Conn`), found once by [`InCall::enter`].
+    conn: NonNull<Conn>,
+    fd: i32,
+    entry: unwound::Entry,
+}
+
+impl InCall {
+    /// Registers a call on the connection `obj`, which the caller found at `fd`; `None` when it
+    /// is not a connection, or `fd` no longer names it (closed meanwhile: the call is to be
+    /// made on whatever the number names now).
+    #[inline]
+    pub fn enter(fd: i32, obj: Arc<Obj>) -> Option<InCall> {
+        let c = obj.conn()?;
+        crate::obj::reap_unwound();
+        c.call_enter();
+        let entry = unwound::push(Arc::as_ptr(&obj) as usize, c as *const Conn as usize, fd);
+        let conn = NonNull::from(c);
+        let call = InCall {
+            obj: ManuallyDrop::new(obj),
+            conn,
+            fd,
+            entry,
+        };
+        // Pairs with the fence of the close (`ops::forget_slot`): either it sees this call, or
+        // this sees the number's slot emptied.
+        if raw_seqcst(fd) & !1 != Arc::as_ptr(&call.obj) as usize {
+            return None;
+        }
+        Some(call)
+    }
+
+    pub fn obj(&self) -> &Arc<Obj> {
+        &self.obj
+    }
+
+    /// Whether its number still names the connection (not closed, nor reused, meanwhile).
+    pub fn still_named(&self) -> bool {
+        raw_seqcst(self.fd) & !1 == Arc::as_ptr(&self.obj) as usize
+    }
+
+    pub fn conn(&self) -> &Conn {
+        // SAFETY: `conn` points into the object `obj` holds a strong reference to (`enter`
+        // took it from that `Obj::Conn`): an `Arc`'s value does not move, and `obj` is dropped
+        // only by `Drop` (or by the reaper of a call left by a jump, whose frame, holding this
+        // `InCall`, is gone), so it lives as long as `&self`.
+        unsafe { self.conn.as_ref() }
+    }
+}
+
+impl Drop for InCall {
+    fn drop(&mut self) {
+        if !unwound::pop(self.entry) {
+            // Judged left by a jump and released already (its thread entered the library again
+            // from above its frames): never twice.
+            return;
+        }
+        if let Obj::Conn(c) = &**self.obj {
+            for _ in 0..c.call_leave() {
+                crate::obj::release_ref(self.fd, self.fd, c);
+            }
+        }
+        // SAFETY: dropped once, here (the entry was ours: no reaper took it).
+        unsafe { ManuallyDrop::drop(&mut self.obj) };
     }
 }

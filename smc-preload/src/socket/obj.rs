@@ -2,10 +2,9 @@
 
 use crate::conn::Conn;
 use crate::epoll::EpollSet;
+use crate::forklock::ForkOnce;
 use crate::real;
 use crate::util::unwound;
-use std::mem::ManuallyDrop;
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -41,6 +40,22 @@ pub enum Obj {
     Private(Weak<Obj>),
 }
 
+/// How a dropped object closes its private duplicate of the socket (`fdtable::close_private`:
+/// the table holds that number), registered by the table when it marks the first one
+/// (`fdtable::set_private`); before, no object has one.
+static CLOSE_PRIVATE: ForkOnce<fn(i32)> = ForkOnce::new();
+
+/// Registers [`CLOSE_PRIVATE`] (the first registration stays).
+pub fn set_close_private(f: fn(i32)) {
+    let _ = CLOSE_PRIVATE.set(f);
+}
+
+fn close_private(p: i32) {
+    if let Some(f) = CLOSE_PRIVATE.get() {
+        f(p);
+    }
+}
+
 impl Drop for Obj {
     fn drop(&mut self) {
         // The connection's object goes (its last fd closed, its last call returned): its
@@ -61,30 +76,6 @@ impl Drop for Obj {
     }
 }
 
-/// Closes `p`, the private duplicate that carried a handshake decided after the application
-/// closed the number it was made on ([`Handshake::moved`]; `ino`: the socket's inode). The
-/// reference of the closed number goes now: an SMC connection's last one closes it. When `p`
-/// names another file by now (the application made it name one with `dup2`, whose close
-/// dropped our reference already) nothing is done.
-pub fn close_moved(p: i32, ino: u64) {
-    if socket_ino(p) != Some(ino) {
-        crate::debug!("fd {p}: names another file now: left open");
-        return;
-    }
-    crate::debug!("fd {p}: the call that went on with the connection returned: closed");
-    let old = crate::fdtable::replace(p, crate::fdtable::Slot::Empty);
-    if let crate::fdtable::Slot::Obj(o) = &old {
-        if let Obj::Conn(c) = &**o {
-            release_ref(p, p, c);
-        }
-    }
-    drop(old);
-    let e0 = real::errno();
-    // SAFETY: our own descriptor, never handed to the application.
-    unsafe { real::close(p) };
-    real::set_errno(e0);
-}
-
 /// The inode of the file `fd` names (a socket's identity while it is open).
 pub fn socket_ino(fd: i32) -> Option<u64> {
     let e0 = real::errno();
@@ -94,100 +85,6 @@ pub fn socket_ino(fd: i32) -> Option<u64> {
     let r = unsafe { libc::fstat(fd, &mut st) };
     real::set_errno(e0);
     (r == 0).then_some(st.st_ino)
-}
-
-/// Closes our private descriptor `p` (an [`Obj::Private`] slot).
-pub fn close_private(p: i32) {
-    if matches!(crate::fdtable::get(p).as_deref(), Some(Obj::Private(_))) {
-        drop(crate::fdtable::replace(p, crate::fdtable::Slot::Empty));
-        let e0 = real::errno();
-        // SAFETY: our own descriptor, never handed to the application.
-        unsafe { real::close(p) };
-        real::set_errno(e0);
-    }
-}
-
-/// Whether `fd` is one of our private descriptors ([`Obj::Private`]).
-pub fn is_private(fd: i32) -> bool {
-    crate::fdtable::raw(fd) >= 8
-        && matches!(crate::fdtable::get(fd).as_deref(), Some(Obj::Private(_)))
-}
-
-/// A call in flight on an SMC connection, made through the number `fd`: as the kernel's file
-/// reference of a system call (`fdget`), it keeps the connection open when another thread
-/// closes the number meanwhile ([`Conn::call_enter`]); the last fd reference closed under it is
-/// dropped when it ends (and the connection closed, when that was the last one anywhere).
-///
-/// A call left by a jump (`siglongjmp` out of a signal handler) runs no destructor: its thread
-/// releases it at its next entry into the library ([`reap_unwound`], `util::unwound`).
-pub struct InCall {
-    /// Dropped by [`InCall`]'s `Drop`, or by [`reap_unwound`] when the call was left by a
-    /// jump (never both: `util::unwound::pop` says which).
-    obj: ManuallyDrop<Arc<Obj>>,
-    /// The connection of `obj` (`Obj::Conn`), found once by [`InCall::enter`].
-    conn: NonNull<Conn>,
-    fd: i32,
-    entry: unwound::Entry,
-}
-
-impl InCall {
-    /// Registers a call on the connection `obj`, which the caller found at `fd`; `None` when it
-    /// is not a connection, or `fd` no longer names it (closed meanwhile: the call is to be
-    /// made on whatever the number names now).
-    #[inline]
-    pub fn enter(fd: i32, obj: Arc<Obj>) -> Option<InCall> {
-        let c = obj.conn()?;
-        reap_unwound();
-        c.call_enter();
-        let entry = unwound::push(Arc::as_ptr(&obj) as usize, c as *const Conn as usize, fd);
-        let conn = NonNull::from(c);
-        let call = InCall {
-            obj: ManuallyDrop::new(obj),
-            conn,
-            fd,
-            entry,
-        };
-        // Pairs with the fence of the close (`ops::forget_slot`): either it sees this call, or
-        // this sees the number's slot emptied.
-        if crate::fdtable::raw_seqcst(fd) & !1 != Arc::as_ptr(&call.obj) as usize {
-            return None;
-        }
-        Some(call)
-    }
-
-    pub fn obj(&self) -> &Arc<Obj> {
-        &self.obj
-    }
-
-    /// Whether its number still names the connection (not closed, nor reused, meanwhile).
-    pub fn still_named(&self) -> bool {
-        crate::fdtable::raw_seqcst(self.fd) & !1 == Arc::as_ptr(&self.obj) as usize
-    }
-
-    pub fn conn(&self) -> &Conn {
-        // SAFETY: `conn` points into the object `obj` holds a strong reference to (`enter`
-        // took it from that `Obj::Conn`): an `Arc`'s value does not move, and `obj` is dropped
-        // only by `Drop` (or by the reaper of a call left by a jump, whose frame, holding this
-        // `InCall`, is gone), so it lives as long as `&self`.
-        unsafe { self.conn.as_ref() }
-    }
-}
-
-impl Drop for InCall {
-    fn drop(&mut self) {
-        if !unwound::pop(self.entry) {
-            // Judged left by a jump and released already (its thread entered the library again
-            // from above its frames): never twice.
-            return;
-        }
-        if let Obj::Conn(c) = &**self.obj {
-            for _ in 0..c.call_leave() {
-                release_ref(self.fd, self.fd, c);
-            }
-        }
-        // SAFETY: dropped once, here (the entry was ours: no reaper took it).
-        unsafe { ManuallyDrop::drop(&mut self.obj) };
-    }
 }
 
 /// Releases the calls of this thread that a jump left (`siglongjmp` out of a signal handler
@@ -291,7 +188,7 @@ pub struct Handshake {
     pub deciding: std::sync::atomic::AtomicBool,
     /// Decided on the private duplicate (its number was closed under the call that decided
     /// it): the duplicate and the socket's inode, for the call to continue on and then close
-    /// ([`close_moved`]).
+    /// (`fdtable::close_moved`).
     pub moved: Mutex<Option<(i32, u64)>>,
 }
 

@@ -7,7 +7,8 @@
 //! the ring rings the doorbell and wakes us.
 
 use crate::fdtable;
-use crate::obj::{InCall, Obj};
+use crate::fdtable::InCall;
+use crate::obj::Obj;
 use crate::ready::{
     arm, conn_mask, deadline_ms, remaining_ms, settle, spin_budget, spin_result, ERR, HUP,
 };

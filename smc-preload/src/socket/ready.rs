@@ -4,7 +4,8 @@
 //! waits, their deadlines, and draining the doorbells of a wait that is over ([`settle`]).
 
 use crate::conn::Conn;
-use crate::obj::{InCall, Obj};
+use crate::fdtable::InCall;
+use crate::obj::Obj;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -1280,7 +1280,7 @@ fn settle_as(
                 if continues {
                     *h.moved.lock().unwrap_or_else(|e| e.into_inner()) = Some((p, ino));
                 } else {
-                    crate::obj::close_moved(p, ino);
+                    crate::fdtable::close_moved(p, ino);
                 }
             }
             drop(g);

@@ -1,7 +1,7 @@
 //! Calls left by a jump: a thread blocked in one of our calls that leaves it by `siglongjmp`
 //! (or `longjmp`) from a signal handler — old-style timeouts: `alarm` + `siglongjmp` — runs no
 //! destructor of ours, so what the call held stays held: its registration on the connection
-//! (`obj::InCall`: the connection's last close would wait for it for ever) and, when it slept,
+//! (`fdtable::InCall`: the connection's last close would wait for it for ever) and, when it slept,
 //! the connection's poller role and its count as a sleeper on the socket (every later wait
 //! would take the 500 ms safety net).
 //!
