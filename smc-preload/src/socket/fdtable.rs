@@ -120,7 +120,7 @@ pub fn raw(fd: i32) -> usize {
 }
 
 /// [`raw`] as a sequentially consistent load (the check of a call that registered on an object,
-/// against a close that empties the slot and then looks for calls: `obj::InCall`).
+/// against a close that empties the slot and then looks for calls: `InCall`).
 #[inline]
 pub fn raw_seqcst(fd: i32) -> usize {
     match slot(fd) {
