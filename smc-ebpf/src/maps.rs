@@ -34,6 +34,16 @@ pub fn peer_entry(key: &SockKey) -> Option<*mut PeerEntry> {
         .or_else(|| SMC_TCP_PEERS.get_ptr_mut(key))
 }
 
+/// [`peer_entry`] for a socket that stays TCP (ism mode, not both ends announced): its entry
+/// and its peer's are most likely in `SMC_TCP_PEERS`, asked first (each lookup in these large
+/// maps is a cache miss; a connection that stays TCP makes three of them).
+#[inline(always)]
+pub fn tcp_peer_entry(key: &SockKey) -> Option<*mut PeerEntry> {
+    SMC_TCP_PEERS
+        .get_ptr_mut(key)
+        .or_else(|| SMC_PEERS.get_ptr_mut(key))
+}
+
 /// Listeners that announce SMC (`MAP_LISTENERS`): a SYN-ACK carries the option only when its
 /// listener's entry says so.
 #[map]

@@ -24,8 +24,8 @@ use smc_common::bpf::{
 use crate::{
     key::{ops_key, remote_port_host},
     maps::{
-        count, listener_announces, peer_entry, set_listener, trace, SMC_PEERS, SMC_SOCKHASH,
-        SMC_SOCK_STATE, SMC_TCP_PEERS,
+        count, listener_announces, peer_entry, set_listener, tcp_peer_entry, trace, SMC_PEERS,
+        SMC_SOCKHASH, SMC_SOCK_STATE, SMC_TCP_PEERS,
     },
 };
 
@@ -274,7 +274,12 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     // SAFETY: the context, which the sock_ops variant of the helper takes as is.
     let cookie = unsafe { bpf_get_socket_cookie(ops_ptr.cast()) };
     let mirror = key.mirror();
-    if let Some(peer) = peer_entry(&mirror) {
+    let peer = if tracked {
+        peer_entry(&mirror)
+    } else {
+        tcp_peer_entry(&mirror)
+    };
+    if let Some(peer) = peer {
         flags |= SOCK_SAME_HOST;
         count(Counter::SameHostPairs, 1);
         // Tell the end that was established first (it learns it in getsockopt).

@@ -13,7 +13,7 @@ use smc_common::bpf::{
 
 use crate::{
     key::sock_key,
-    maps::{count, peer_entry, set_listener, trace, SMC_SOCK_STATE},
+    maps::{count, peer_entry, set_listener, tcp_peer_entry, trace, SMC_SOCK_STATE},
 };
 
 const BPF_TCP_LISTEN: u32 = 10;
@@ -145,11 +145,11 @@ pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
             };
             if !sk.is_null() {
                 if let Some(key) = sock_key(sk) {
-                    if let Some(e) = peer_entry(&key) {
+                    if let Some(e) = tcp_peer_entry(&key) {
                         // SAFETY: a non-null hash map value, allocated for this run (RCU).
                         st.flags = unsafe { (*e).flags };
                     }
-                    if st.flags & SOCK_SAME_HOST == 0 && peer_entry(&key.mirror()).is_some() {
+                    if st.flags & SOCK_SAME_HOST == 0 && tcp_peer_entry(&key.mirror()).is_some() {
                         st.flags |= SOCK_SAME_HOST;
                     }
                 }
