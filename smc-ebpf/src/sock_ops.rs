@@ -296,11 +296,20 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
         flags,
         _pad: 0,
     };
-    let _ = if tracked {
-        SMC_PEERS.insert(&key, &entry, 0)
+    if tracked {
+        let _ = SMC_PEERS.insert(&key, &entry, 0);
+    } else if let Some(old) = SMC_TCP_PEERS.get_ptr_mut(&key) {
+        // The 4-tuple of an earlier socket (never removed: no close callback), which short
+        // connections from one client to one server reuse as soon as the ephemeral ports wrap:
+        // overwritten in place. An insert would take a fresh element from the LRU (evicting
+        // when the map is full, as it always is on a busy host) and free the old one: that was
+        // more than half of this program's time on such a connection.
+        // SAFETY: a non-null hash map value of `PeerEntry`'s size, allocated for this run (RCU);
+        // the key's socket is this one, the only writer besides its peer's later same-host bit.
+        unsafe { *old = entry };
     } else {
-        SMC_TCP_PEERS.insert(&key, &entry, 0)
-    };
+        let _ = SMC_TCP_PEERS.insert(&key, &entry, 0);
+    }
     if !wrote_opt {
         trace!(
             TraceReason::EstablishedNotOptedIn,
