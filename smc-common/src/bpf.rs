@@ -269,10 +269,11 @@ pub enum TraceReason {
     LeftSockhash = 11,
     DataPathTcp = 12,
     ShortcutRefused = 13,
+    SynAckCookie = 14,
 }
 
 impl TraceReason {
-    pub const ALL: [TraceReason; 13] = [
+    pub const ALL: [TraceReason; 14] = [
         TraceReason::ConnectNotOptedIn,
         TraceReason::ConnectAnnounces,
         TraceReason::ListenNotOptedIn,
@@ -286,6 +287,7 @@ impl TraceReason {
         TraceReason::LeftSockhash,
         TraceReason::DataPathTcp,
         TraceReason::ShortcutRefused,
+        TraceReason::SynAckCookie,
     ];
 
     pub fn from_code(code: u32) -> Option<TraceReason> {
@@ -298,7 +300,7 @@ impl TraceReason {
         match self {
             ConnectNotOptedIn | ConnectAnnounces => "connect",
             ListenNotOptedIn | ListenAnnounces => "listen",
-            SynAckPeerSynWithout | SynAckListenerWithdrew => "SYN-ACK",
+            SynAckPeerSynWithout | SynAckListenerWithdrew | SynAckCookie => "SYN-ACK",
             EstablishedNotOptedIn
             | EstablishedPeerDidNotAnnounce
             | EstablishedBothAnnounced
@@ -336,6 +338,10 @@ impl TraceReason {
             }
             SynAckListenerWithdrew => {
                 "the listener withdrew SMC (SMC_SO_ENABLE 0): no SMC option, stays TCP"
+            }
+            SynAckCookie => {
+                "a SYN cookie (the listener's queue was full): the connection keeps no state \
+                 until its ACK, so no SMC option, stays TCP"
             }
             EstablishedNotOptedIn => "socket did not opt in (SMC_SO_ENABLE): stays TCP",
             EstablishedPeerDidNotAnnounce => "the peer did not announce SMC: stays TCP",

@@ -35,6 +35,9 @@ const TCP_CLOSE: u32 = 7;
 const TCPHDR_SYN: u32 = 0x02;
 const TCPHDR_ACK: u32 = 0x10;
 const BPF_LOAD_HDR_OPT_TCP_SYN: u32 = 1;
+/// `args[0]` of the header-option callbacks: the SYN-ACK carries a SYN cookie
+/// (`include/uapi/linux/bpf.h`).
+const BPF_WRITE_HDR_TCP_SYNACK_COOKIE: u32 = 2;
 
 #[inline(always)]
 fn ops_sk(ops: &bpf_sock_ops) -> *mut bpf_sock {
@@ -143,6 +146,20 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
                     if len_cb {
                         trace!(
                             TraceReason::SynAckPeerSynWithout,
+                            ops.local_port,
+                            remote_port_host(ops.remote_port)
+                        );
+                    }
+                    return;
+                }
+                if ctx.arg(0) == BPF_WRITE_HDR_TCP_SYNACK_COOKIE {
+                    // A SYN cookie: the server keeps nothing of this SYN (no request socket,
+                    // no saved SYN), so its accepted socket could not tell that both ends
+                    // announced, and would hand the client's CLC Proposal to the application
+                    // as data. As Linux (`cookie_tcp_reqsk_alloc`: `smc_ok` 0), no option.
+                    if len_cb {
+                        trace!(
+                            TraceReason::SynAckCookie,
                             ops.local_port,
                             remote_port_host(ops.remote_port)
                         );
