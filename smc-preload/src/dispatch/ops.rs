@@ -381,6 +381,13 @@ pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
         }
         return Some(r);
     }
+    if !user_range_ok(iov) {
+        // Whatever the socket of ours is now (a connection, a handshake, a fallback still
+        // skipping late CLC messages): `EFAULT`, as from TCP. A fallback's socket may still be
+        // a SOCKHASH member, whose writes `tcp_bpf` takes, and it said 0 for such a buffer
+        // (conformance `bad_pointer_write` with a 1 ms CLC timeout, and the shortcut column).
+        return Some(fail(libc::EFAULT));
+    }
     let found = conn_of_call(
         fd,
         Op::Write {
