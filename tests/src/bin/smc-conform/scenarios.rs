@@ -3405,6 +3405,13 @@ fn epoll_wait0_reports_each_entry_once() {
                 || got.iter().filter(|e| e.u64 == 2).count() > 1
             {
                 twice += 1;
+                if twice == 1 {
+                    let shown: Vec<String> = got
+                        .iter()
+                        .map(|e| format!("{}:{:#x}", { e.u64 }, { e.events }))
+                        .collect();
+                    log(format!("a call reporting an entry twice: {shown:?}"));
+                }
             }
             if got
                 .iter()
