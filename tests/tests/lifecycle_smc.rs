@@ -417,6 +417,84 @@ fn a_connection_passed_to_a_process_without_the_library_continues_on_tcp() {
     assert!(sum.get("smcd_server") >= 1, "{}", brief(&sum));
 }
 
+/// The same over a Unix socket pair made before the spawn (a supervisor and its workers:
+/// `SO_PEERCRED` of such a pair names the supervisor itself, whichever process holds the other
+/// end). The worker runs without the library and says it is ready first. Before, the
+/// connection went as SMC-D and the worker read its doorbells (or nothing), and a listener
+/// passed the same way announced SMC to its clients, whose CLC Proposal the worker read as
+/// its request (red team rt10 `listener_scm_nolib`).
+const PAIR_SUPERVISOR: &str = r#"
+import socket, sys, subprocess
+what = sys.argv[1]
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+a, b = socket.socketpair()
+r = subprocess.Popen([sys.executable, sys.argv[2], str(b.fileno()), what], pass_fds=[b.fileno()],
+                     env={"PATH": "/usr/bin:/bin"})
+b.close()
+assert a.recv(1) == b"R"
+if what == "listener":
+    socket.send_fds(a, [b"x"], [ls.fileno()])
+    port = ls.getsockname()[1]
+    ls.close()
+    print("READY", port, flush=True)
+else:
+    print("READY", ls.getsockname()[1], flush=True)
+    c, _ = ls.accept()
+    socket.send_fds(a, [b"x"], [c.fileno()])
+    c.close()
+r.wait()
+print("SERVER DONE", flush=True)
+"#;
+
+const PAIR_WORKER: &str = r#"
+import socket, sys, os
+assert "LD_PRELOAD" not in os.environ
+u = socket.socket(fileno=int(sys.argv[1]))
+u.sendall(b"R")
+_, fds, _, _ = socket.recv_fds(u, 1, 1)
+c = socket.socket(fileno=fds[0])
+if sys.argv[2] == "listener":
+    c.settimeout(20)
+    c, _ = c.accept()
+c.settimeout(20)
+d = c.recv(100)
+print("RECEIVER", "EOF" if d == b"" else "DATA %r" % d, flush=True)
+c.sendall(d.upper())
+c.close()
+"#;
+
+fn pair_case(what: &str) {
+    let w = SmcWorld::new();
+    let worker = script(&w, "pair_worker.py", PAIR_WORKER);
+    let (out, sout) = server_and_client(
+        &w,
+        ("pair_supervisor.py", PAIR_SUPERVISOR),
+        ("one_client.py", ONE_CONN_CLIENT),
+        &[std::ffi::OsStr::new(what), worker.as_os_str()],
+    );
+    assert!(
+        out.contains("CLIENT TO A PLAIN PROCESS"),
+        "client: {out}\nserver: {sout}"
+    );
+    assert!(
+        sout.contains("RECEIVER DATA b'to a plain process'"),
+        "server and worker: {sout}"
+    );
+}
+
+#[test]
+fn a_connection_passed_over_a_pair_made_before_spawning_a_worker_without_the_library_continues_on_tcp(
+) {
+    pair_case("connection");
+}
+
+#[test]
+fn a_listener_passed_over_a_pair_to_a_worker_without_the_library_serves_plain_tcp() {
+    pair_case("listener");
+}
+
 /// A server under the library runs a handler without it on an accepted SMC-D connection with
 /// `subprocess.run(pass_fds=...)`: CPython execs from a `vfork` child, which must not touch the
 /// parent's bookkeeping (its slots), but switches the connection itself to TCP (the

@@ -1099,10 +1099,52 @@ fn receiver_runs_library(via: c_int) -> Option<bool> {
         return None;
     }
     if cr.pid as u32 == crate::pid() {
-        return Some(true);
+        // A pair this process made (or a connection to itself): the other end may have gone
+        // to a child, with a `fork` before the child's `exec` into an image without the
+        // library. Its holders among our children say (one without the library is enough).
+        // Looked up at most once a second per socket (Node's cluster primary passes every
+        // connection over the pair it made for each worker).
+        let e0 = real::errno();
+        // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: valid out buffer.
+        let key = (unsafe { libc::fstat(via, &mut st) } == 0).then_some((st.st_dev, st.st_ino));
+        real::set_errno(e0);
+        let now = std::time::Instant::now();
+        let fresh = |t: std::time::Instant| now.duration_since(t).as_millis() < 1000;
+        if let (Some(k), Ok(cache)) = (key, PAIR_VERDICTS.try_lock()) {
+            if let Some(&(_, v, _)) = cache.iter().find(|(x, _, t)| *x == k && fresh(*t)) {
+                return Some(v);
+            }
+        }
+        let holders = crate::util::unix_peer::peer_inode(via)
+            .map(crate::util::unix_peer::children_holding)
+            .unwrap_or_default();
+        let v = !holders
+            .into_iter()
+            .any(|pid| maps_library(pid) == Some(false));
+        if let (Some(k), Ok(mut cache)) = (key, PAIR_VERDICTS.try_lock()) {
+            cache.retain(|(x, _, t)| *x != k && fresh(*t));
+            if cache.len() < 64 {
+                cache.push((k, v, now));
+            }
+        }
+        return Some(v);
     }
+    maps_library(cr.pid as u32)
+}
+
+/// Verdicts of [`receiver_runs_library`] on pairs this process made: (device, inode) of our
+/// end, the verdict, when it was made. Only ever `try_lock`ed (a `fork` while another thread
+/// held it leaves the child without the cache, never stuck).
+static PAIR_VERDICTS: std::sync::Mutex<Vec<PairVerdict>> = std::sync::Mutex::new(Vec::new());
+
+type PairVerdict = ((u64, u64), bool, std::time::Instant);
+
+/// Whether process `pid` maps a library of our file name (`None`: its maps not readable).
+fn maps_library(pid: u32) -> Option<bool> {
     let name = library_name()?;
-    let maps = std::fs::read(format!("/proc/{}/maps", cr.pid)).ok()?;
+    let maps = std::fs::read(format!("/proc/{pid}/maps")).ok()?;
     Some(maps.windows(name.len()).any(|w| w == name.as_slice()))
 }
 
@@ -1150,6 +1192,20 @@ pub unsafe fn fds_sending(via: c_int, m: &libc::msghdr) -> usize {
                 setup::settle_leaving(fd);
             }
             let Some(o) = fdtable::get(fd) else { return };
+            if matches!(&*o, Obj::Listener)
+                && *receiver.get_or_insert_with(|| receiver_runs_library(via)) == Some(false)
+            {
+                // As before an exec into such an image: its clients' CLC Proposals would be
+                // its request bytes. Announced again if it comes back to a process with the
+                // library (`fd_arrived`).
+                if setup::announce(fd, false) {
+                    crate::debug!(
+                        "fd {fd}: listener passed to a process that does not run the library: \
+                         its SYN-ACKs no longer announce SMC"
+                    );
+                }
+                return;
+            }
             let Obj::Conn(c) = &*o else { return };
             if *receiver.get_or_insert_with(|| receiver_runs_library(via)) == Some(false) {
                 crate::debug!(

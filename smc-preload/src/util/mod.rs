@@ -1,5 +1,6 @@
 //! Leaves any layer may use: the real libc functions ([`real`]), `SMC_DEBUG` lines ([`log`]),
-//! the environment knobs read once at load ([`config`]), the descriptor our I/O on a socket goes
+//! the environment knobs read once at load ([`config`]), who holds the other end of a Unix socket
+//! ([`unix_peer`]), the descriptor our I/O on a socket goes
 //! through ([`io_path`]), fork-safe globals ([`forklock`]), which signals interrupt a blocking call ([`signals`]), the calls a `siglongjmp` left ([`unwound`]), the
 //! cached pid ([`pid`]), a socket write that must go out whole before a deadline ([`send_all`]).
 
@@ -9,6 +10,7 @@ pub mod io_path;
 pub mod log;
 pub mod real;
 pub mod signals;
+pub mod unix_peer;
 pub mod unwound;
 
 use std::sync::atomic::{AtomicU32, Ordering};
