@@ -497,6 +497,39 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn waitpid(
+    pid: libc::pid_t,
+    status: *mut c_int,
+    options: c_int,
+) -> libc::pid_t {
+    lifecycle::wait_child(pid, options, |o| {
+        // SAFETY: the application's arguments, with `o` its options (plus `WNOHANG`).
+        unsafe { crate::real::waitpid(pid, status, o) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn wait(status: *mut c_int) -> libc::pid_t {
+    lifecycle::wait_child(-1, 0, |o| {
+        // SAFETY: the application's status pointer; `wait` is `waitpid(-1, status, 0)`.
+        unsafe { crate::real::waitpid(-1, status, o) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn wait4(
+    pid: libc::pid_t,
+    status: *mut c_int,
+    options: c_int,
+    ru: *mut libc::rusage,
+) -> libc::pid_t {
+    lifecycle::wait_child(pid, options, |o| {
+        // SAFETY: the application's arguments, with `o` its options (plus `WNOHANG`).
+        unsafe { crate::real::wait4(pid, status, o, ru) }
+    })
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn sendfile(
     out: c_int,
     inp: c_int,

@@ -495,6 +495,49 @@ fn a_listener_passed_over_a_pair_to_a_worker_without_the_library_serves_plain_tc
     pair_case("listener");
 }
 
+/// A process holds both ends of an SMC-D connection (it connected to its own listener), forks
+/// a child that execs a handler without the library on one end, and waits for it
+/// (`os.waitpid`) before it touches the other end again. The child's switch to TCP needs the
+/// other end's answer: the parent's wait gives it. Before, the switch waited its 10 s, then
+/// reset the connection (red team rt10 `exec_nolib_peer_in_waitpid`).
+const FORK_WAIT_BOTH_ENDS: &str = r#"
+import os, socket, sys
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+cl = socket.create_connection(ls.getsockname())
+c, _ = ls.accept()
+cl.sendall(b"to a plain process")
+code = "import os,sys\nf=int(sys.argv[1])\ntry:\n d=os.read(f,100); os.write(f,d.upper()); print('HANDLER', d, flush=True)\nexcept OSError as e:\n print('HANDLER ERR', e.errno, flush=True)"
+pid = os.fork()
+if pid == 0:
+    cl.close()
+    os.set_inheritable(c.fileno(), True)
+    os.execve(sys.executable, [sys.executable, "-c", code, str(c.fileno())], {"PATH": "/usr/bin:/bin"})
+c.close()
+_, st = os.waitpid(pid, 0)
+print("HANDLER EXIT", os.waitstatus_to_exitcode(st), flush=True)
+cl.settimeout(20)
+try:
+    print("GOT", cl.recv(100), flush=True)
+except OSError as e:
+    print("GOT ERR", e.errno, flush=True)
+"#;
+
+#[test]
+fn a_child_exec_without_the_library_switches_to_tcp_while_its_parent_waits_for_it() {
+    let w = SmcWorld::new();
+    let py = script(&w, "fork_wait_both_ends.py", FORK_WAIT_BOTH_ENDS);
+    let out = spawn_piped(python(&w, &py))
+        .wait_output(T)
+        .expect("program");
+    assert!(out.contains("HANDLER b'to a plain process'"), "{out}");
+    assert!(out.contains("HANDLER EXIT 0"), "{out}");
+    assert!(out.contains("GOT b'TO A PLAIN PROCESS'"), "{out}");
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_client") >= 1, "{}", brief(&sum));
+}
+
 /// A server under the library runs a handler without it on an accepted SMC-D connection with
 /// `subprocess.run(pass_fds=...)`: CPython execs from a `vfork` child, which must not touch the
 /// parent's bookkeeping (its slots), but switches the connection itself to TCP (the

@@ -1512,3 +1512,106 @@ pub unsafe fn lio_takes(list: *const *const AiocbHead, n: c_int) {
         }
     }
 }
+
+/// How often a `waitpid` of a process that holds SMC connections looks for a switch to TCP
+/// its peer asked for (and, when it waits for any child, for that child).
+const WAIT_SLICE_MS: i32 = 10;
+
+/// `waitpid`, `wait`, `wait4` (`call` makes the real one with the options it is given). A
+/// process that holds SMC connections answers, while it waits, the switch to TCP the peer end
+/// of one of them starts: typically a child it forked that now execs an image without the
+/// library on its copy of the connection, and waits for our marker (*Switch to TCP*). A
+/// program that waits for that child touches none of its connections until the child is done:
+/// before, the child's switch waited its 10 s, then reset the connection (rt10
+/// `exec_nolib_peer_in_waitpid`). The wait sleeps in `poll`, on a pidfd of the child it waits
+/// for (or in slices of [`WAIT_SLICE_MS`] for any child, stops, continues), and looks at the
+/// connections' shared state between slices; a signal ends it with `EINTR` as it would have
+/// ended the real call (`SA_RESTART`). A process without SMC connections, a `WNOHANG` call
+/// and a `vfork` child make the real call at once.
+pub fn wait_child(
+    pid: libc::pid_t,
+    options: c_int,
+    call: impl Fn(c_int) -> libc::pid_t,
+) -> libc::pid_t {
+    if options & libc::WNOHANG != 0
+        || !fdtable::any_objects()
+        || in_vfork_child()
+        || !has_smc_conn()
+    {
+        return call(options);
+    }
+    // Only the child's end makes a pidfd readable: stops and continues are seen by slices.
+    let pidfd = if pid > 0 && options & (libc::WUNTRACED | libc::WCONTINUED) == 0 {
+        // SAFETY: plain system call; a failure (an old kernel, no such child) is -1.
+        unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) as c_int }
+    } else {
+        -1
+    };
+    let r = loop {
+        crate::signals::wait_begins();
+        let r = call(options | libc::WNOHANG);
+        if r != 0 {
+            break r;
+        }
+        answer_peer_switches();
+        let mut p = libc::pollfd {
+            fd: pidfd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd (a negative fd is ignored: a plain sleep of one slice).
+        let pr = unsafe { real::poll(&mut p, 1, WAIT_SLICE_MS) };
+        if pr < 0 && real::errno() == libc::EINTR {
+            // A child's state comes first, as in the kernel's `do_wait`.
+            let r = call(options | libc::WNOHANG);
+            if r != 0 {
+                break r;
+            }
+            if crate::signals::interrupted() {
+                real::set_errno(libc::EINTR);
+                break -1;
+            }
+        }
+    };
+    if pidfd >= 0 {
+        let e0 = real::errno();
+        // SAFETY: our own descriptor.
+        unsafe { real::close(pidfd) };
+        real::set_errno(e0);
+    }
+    r
+}
+
+/// Whether this process holds an SMC connection that has not continued on TCP.
+fn has_smc_conn() -> bool {
+    let mut any = false;
+    fdtable::for_each_object(|_, o| {
+        any |= matches!(&**o, Obj::Conn(c) if !c.switched());
+    });
+    any
+}
+
+/// The switches to TCP the peers of our connections asked for, answered (as the next
+/// operation on each connection would).
+fn answer_peer_switches() {
+    let mut asked: Vec<(c_int, Arc<Obj>)> = Vec::new();
+    fdtable::for_each_object(|fd, o| {
+        if matches!(&**o, Obj::Conn(c) if c.peer_switch_asked()) {
+            asked.push((fd, o.clone()));
+        }
+    });
+    for (fd, o) in asked {
+        let Obj::Conn(c) = &*o else { continue };
+        // Re-checked: another of its numbers may have answered it already.
+        if !c.peer_switch_asked() {
+            continue;
+        }
+        let e0 = real::errno();
+        c.notice_switch(fd);
+        crate::debug!("fd {fd}: the peer switches to TCP while this process waits for a child");
+        if !continue_on_tcp(fd, &o) {
+            crate::debug!("fd {fd}: the switch to TCP failed: the connection was reset");
+        }
+        real::set_errno(e0);
+    }
+}

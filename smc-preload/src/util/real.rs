@@ -242,6 +242,8 @@ real_fns! {
     memfd_create(name: *const libc::c_char, flags: c_uint) -> c_int;
     inotify_init() -> c_int;
     inotify_init1(flags: c_int) -> c_int;
+    waitpid(pid: libc::pid_t, status: *mut c_int, options: c_int) -> libc::pid_t;
+    wait4(pid: libc::pid_t, status: *mut c_int, options: c_int, ru: *mut libc::rusage) -> libc::pid_t;
     posix_spawnp(pid: *mut libc::pid_t, file: *const libc::c_char, fa: *const libc::posix_spawn_file_actions_t, at: *const libc::posix_spawnattr_t, argv: *const *mut libc::c_char, envp: *const *mut libc::c_char) -> c_int;
 }
 

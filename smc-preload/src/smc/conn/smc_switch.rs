@@ -28,6 +28,13 @@ impl Conn {
         self.flags() & (F_SWITCHING | F_PEER_SWITCH | F_SWITCHED) != 0
     }
 
+    /// Whether the peer started a switch to TCP ([`WAIT_SWITCH`] in its DMB) that this end has
+    /// not answered yet.
+    pub fn peer_switch_asked(&self) -> bool {
+        self.peer_wait().load(Ordering::Relaxed) & WAIT_SWITCH != 0
+            && self.flags() & (F_SWITCHING | F_SWITCHED) == 0
+    }
+
     /// The peer started a switch to TCP ([`WAIT_SWITCH`] in its DMB): drain the socket up to
     /// its marker now (when no other thread sleeps on it, which the marker wakes), so that a
     /// write or shutdown answers it ([`F_PEER_SWITCH`]) instead of going on into the ring.
