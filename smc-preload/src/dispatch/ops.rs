@@ -282,6 +282,16 @@ fn ret(r: Result<usize, i32>) -> ssize_t {
 // data path
 
 pub unsafe fn recv_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t> {
+    // The signals this call's waits catch, from here on (`signals::caught`): a wait that
+    // restarted after one leaves it to the rest of the call.
+    crate::signals::wait_begins();
+    // SAFETY: the caller's contract.
+    unsafe { recv_iov_call(fd, iov, flags) }
+}
+
+/// [`recv_iov`] once its signals are being noted (it goes on here when the call moves to
+/// another descriptor).
+unsafe fn recv_iov_call(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t> {
     if let Some(r) = orphan(fd, false) {
         return Some(r);
     }
@@ -296,7 +306,7 @@ pub unsafe fn recv_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
         Ok(f) => f,
         Err(m) => {
             // SAFETY: the caller's buffers; the call goes on with its connection on `m.fd`.
-            let r = unsafe { recv_iov(m.fd, iov, flags) }
+            let r = unsafe { recv_iov_call(m.fd, iov, flags) }
                 // SAFETY: as above (a plain TCP socket).
                 .unwrap_or_else(|| unsafe { crate::member::recv(m.fd, iov, flags) });
             drop(m);
@@ -323,7 +333,7 @@ pub unsafe fn recv_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
     let Some(call) = InCall::enter(fd, o) else {
         // The number was closed meanwhile: the call goes to what it names now.
         // SAFETY: the caller's buffers.
-        return unsafe { recv_iov(fd, iov, flags) };
+        return unsafe { recv_iov_call(fd, iov, flags) };
     };
     // SAFETY: the caller's buffers.
     Some(unsafe { recv_in(&call, fd, iov, flags) })
@@ -842,17 +852,19 @@ fn oob_msg_flags(v: &[iovec], flags: c_int) -> c_int {
 
 pub unsafe fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_t {
     if slow(fd) && flags & libc::MSG_ERRQUEUE == 0 && !msg.is_null() {
-        // SAFETY: `msg` is non-null (checked above) and the caller's writable msghdr (recvmsg(2)'s
-        // contract).
-        let m = unsafe { &mut *msg };
-        // SAFETY: the msghdr's iovec array, as the caller gave it (recvmsg(2)'s contract).
-        let v = match unsafe { msg_iov_slice(m.msg_iov, m.msg_iovlen) } {
+        // SAFETY: `msg` is non-null (checked above) and the caller's msghdr (recvmsg(2)'s
+        // contract): its iovec array, as the caller gave it.
+        let v = match unsafe { msg_iov_slice((*msg).msg_iov, (*msg).msg_iovlen) } {
             Ok(v) => v,
             Err(e) => return fail(e),
         };
-        // SAFETY: `v` is the caller's iovecs over writable buffers (recvmsg(2)'s contract).
-        if let Some(r) = unsafe { recv_iov(fd, v, flags) } {
-            if r >= 0 {
+        // SAFETY: `v` is the caller's iovecs over writable buffers (recvmsg(2)'s contract); a
+        // read of a member socket in it fills the caller's msghdr, which is valid.
+        let (r, filled) = crate::member::with_msg(msg, || unsafe { recv_iov(fd, v, flags) });
+        if let Some(r) = r {
+            if r >= 0 && !filled {
+                // SAFETY: as above; no other reference to it is live.
+                let m = unsafe { &mut *msg };
                 m.msg_namelen = 0;
                 m.msg_flags = oob_msg_flags(v, flags);
                 put_control(fd, m);

@@ -11,41 +11,108 @@
 
 use crate::real;
 use libc::{c_int, c_void, iovec, ssize_t};
+use std::cell::Cell;
+
+thread_local! {
+    /// The application's `msghdr` of the `recvmsg` this thread is in ([`with_msg`]), and
+    /// whether a read here filled its name, control and flags.
+    static APP_MSG: Cell<(*mut libc::msghdr, bool)> = const { Cell::new((std::ptr::null_mut(), false)) };
+}
+
+/// Runs `f` (the data path's handling of the application's `recvmsg` with `msg`): a read of a
+/// member socket in it takes the kernel's name, control messages (`TCP_INQ`, timestamps) and
+/// flags (`MSG_CTRUNC`) into `msg`, as the kernel's `recvmsg` would. The bool: whether one did
+/// (the caller leaves them then).
+pub fn with_msg<R>(msg: *mut libc::msghdr, f: impl FnOnce() -> R) -> (R, bool) {
+    let old = APP_MSG.with(|c| c.replace((msg, false)));
+    let r = f();
+    let filled = APP_MSG.with(|c| c.replace(old)).1;
+    (r, filled)
+}
 
 /// `recvmsg` on `fd` into `iov`, corrected for the two `tcp_bpf` edges.
 ///
 /// # Safety
-/// `iov` describes writable memory.
+/// `iov` describes writable memory; a `msghdr` given to [`with_msg`] around this call is the
+/// application's, valid as `recvmsg(2)` requires.
 pub unsafe fn recv(fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
     // SAFETY: plain old data.
     let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
     m.msg_iov = iov.as_ptr() as *mut iovec;
     m.msg_iovlen = iov.len() as _;
+    let app = APP_MSG.with(|c| c.get().0);
     loop {
+        if !app.is_null() {
+            // SAFETY: the application's msghdr (this function's contract); read only here.
+            let a = unsafe { &*app };
+            m.msg_name = a.msg_name;
+            m.msg_namelen = a.msg_namelen;
+            m.msg_control = a.msg_control;
+            m.msg_controllen = a.msg_controllen;
+            m.msg_flags = 0;
+        }
+        // A signal that ended a wait of this call already (the data path's own, before it
+        // came here) ends it, as it would have ended TCP's blocking read; the kernel's read
+        // would wait on (the handler ran already).
+        if crate::signals::caught()
+            && (crate::signals::interrupted() || has_rcvtimeo(fd))
+            && flags & libc::MSG_DONTWAIT == 0
+            && !nonblocking(fd)
+        {
+            real::set_errno(libc::EINTR);
+            return -1;
+        }
         // SAFETY: the caller's buffers.
         let r = unsafe { real::recvmsg(fd, &mut m, flags) };
-        if r > 0 {
+        let e = real::errno();
+        let done =
+            r > 0 || (r == 0 && (iov.iter().all(|v| v.iov_len == 0) || !bytes_queued(fd, flags)));
+        if done && !app.is_null() {
+            // SAFETY: as above; what the kernel wrote for it goes back.
+            let a = unsafe { &mut *app };
+            a.msg_namelen = m.msg_namelen;
+            a.msg_controllen = m.msg_controllen;
+            a.msg_flags = m.msg_flags;
+            APP_MSG.with(|c| c.set((app, true)));
+        }
+        if done {
+            real::set_errno(e);
             return r;
         }
-        let e = real::errno();
         if r == 0 {
-            if iov.iter().all(|v| v.iov_len == 0) || !bytes_queued(fd, flags) {
-                return 0;
-            }
             continue; // 0 with bytes still queued: not the end of the stream
         }
         if e != libc::EAGAIN || flags & libc::MSG_DONTWAIT != 0 || nonblocking(fd) {
             real::set_errno(e);
             return -1;
         }
-        // A blocking read said EAGAIN: spurious unless a receive timeout expired.
+        // A blocking read said EAGAIN: spurious unless a receive timeout expired, or a signal
+        // ended its wait (`tcp_bpf` says EAGAIN then, where TCP says EINTR or restarts).
+        if crate::signals::caught() && (crate::signals::interrupted() || has_rcvtimeo(fd)) {
+            real::set_errno(libc::EINTR);
+            return -1;
+        }
         if !readable(fd, 0) && has_rcvtimeo(fd) {
             real::set_errno(e);
             return -1;
         }
-        // Otherwise wait like the blocking read would have (an interrupted wait retries the read,
-        // which then reports the signal as the kernel does).
-        readable(fd, -1);
+        // Otherwise wait like the blocking read would have. A signal that ends TCP's read
+        // (its handler has no SA_RESTART, or the socket has a receive timeout) ends this one
+        // with EINTR: the read made again would not see it (it was handled already) and would
+        // wait on.
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd of our own.
+        if unsafe { real::poll(&mut p, 1, -1) } < 0
+            && real::errno() == libc::EINTR
+            && (crate::signals::interrupted() || has_rcvtimeo(fd))
+        {
+            real::set_errno(libc::EINTR);
+            return -1;
+        }
     }
 }
 

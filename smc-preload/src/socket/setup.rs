@@ -1456,11 +1456,12 @@ pub fn skip_read_blocks(fd: i32, dontwait: bool) -> bool {
 /// with the application's data); false only with the error that ended the wait (a receive
 /// timeout), errno set.
 pub fn skip_before_read(io: i32, fd: i32, o: &Arc<Obj>, s: &Skip) -> bool {
+    // A signal caught here and restarted still counts for the rest of the call (the read that
+    // follows decides with it: `member::recv`).
     loop {
         if skip_late_clc(io, fd, o, s) {
             return true;
         }
-        crate::signals::wait_begins();
         match crate::handshake::wait_head(io) {
             Ok(()) => {}
             // A signal ends the read with EINTR as it ends TCP's: its handler has no

@@ -143,6 +143,13 @@ pub fn wait_begins() {
     LAST.with(|l| l.set(0));
 }
 
+/// Whether a handler of ours ran on this thread since [`wait_begins`] (a call that ended
+/// early without saying `EINTR`, as `tcp_bpf`'s blocking read does: `EAGAIN`, may have been
+/// ended by it).
+pub fn caught() -> bool {
+    LAST.with(|l| l.get()) > 0
+}
+
 /// Whether the signal that just interrupted this thread's wait (`EINTR`) ends the call with
 /// `EINTR`: its action has no `SA_RESTART` (read from the kernel: `siginterrupt` and the like
 /// change it behind `sigaction`). Unknown signal: when any handler lacks `SA_RESTART`.
