@@ -11,7 +11,8 @@
 //! is not checked there). The `shortcut` column (sk_msg mode, no library) is informational.
 //!
 //! The table goes to `results/conformance.txt` and to the test's output.
-//! `SMC_CONFORM_ONLY=a,b` runs only the named scenarios.
+//! `SMC_CONFORM_ONLY=a,b` runs only the named scenarios; `SMC_CONFORM_TIMER_MS=N` gives every
+//! scenario's CLC-timer run a timeout of N ms (by default 1, 5 or 20 by turns).
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -101,6 +102,11 @@ fn conformance() {
         .output()
         .expect("run smc-conform list");
     assert!(list.status.success(), "smc-conform list failed");
+    // `SMC_CONFORM_TIMER_MS=1`: every scenario's timer run with that CLC timeout (hunting
+    // the races of one timer across all scenarios).
+    let timer_override: Option<u32> = std::env::var("SMC_CONFORM_TIMER_MS")
+        .ok()
+        .and_then(|v| v.parse().ok());
     let only: Option<Vec<String>> = std::env::var("SMC_CONFORM_ONLY")
         .ok()
         .map(|v| v.split(',').map(str::to_string).collect());
@@ -169,7 +175,7 @@ fn conformance() {
                 // The same with the CLC timeout cut to 1, 5 or 20 ms (by turns): fallbacks
                 // after a timeout at every step of the handshake, late CLC messages to skip,
                 // decisions racing the scenario's own closes and dup2s.
-                let timer_ms = [1u32, 5, 20][idx % 3];
+                let timer_ms = timer_override.unwrap_or([1u32, 5, 20][idx % 3]);
                 let mut c = world.run(&prog);
                 c.arg(&name)
                     .env("SMC_SHORT_BYTES", "0")
