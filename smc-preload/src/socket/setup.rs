@@ -590,8 +590,13 @@ fn after_fallback(fd: i32, server: bool, fb: Fallback, awaited: Option<MsgType>)
     if error {
         stats::handshake_error();
     }
-    // Both ends announced SMC (the handshake ran), so the socket is in the SOCKHASH.
-    leave_shortcut(fd);
+    // Both ends announced SMC (the handshake ran), so the socket is in the SOCKHASH: it leaves
+    // it now, through the daemon, rather than at its next outgoing segment. Until then the
+    // kernel reads it through `tcp_bpf`, which is not quite TCP: `FIONREAD` counts only its
+    // own queue (0 where TCP says 3: conformance `oob_two_before_read` with a 1 ms CLC
+    // timer), a signal ends a blocking read with `EAGAIN`, a bad buffer reads 0. `member.rs`
+    // still corrects what it can when the daemon cannot do it.
+    leave_shortcut_for_tcp(fd, false);
     if fb.in_sync {
         if fb.sent_decline.is_some() {
             // Our Decline answered the peer's message; the peer's timer may have expired
