@@ -1452,6 +1452,11 @@ pub unsafe fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
 fn libc_takes(fd: c_int, who: &str) {
     if fdtable::raw(fd) != 0 && !in_vfork_child() {
         setup::settle_leaving(fd);
+        if let Some(o) = fdtable::get(fd) {
+            if let Obj::Skip(s) = &*o {
+                setup::skip_before_libc(fd, &o, s);
+            }
+        }
         if let Some(o) = fdtable::get(fd).filter(|o| matches!(&**o, Obj::Conn(_))) {
             crate::debug!(
                 "fd {fd}: {who} bypasses the interposition: the connection continues on TCP"

@@ -1449,6 +1449,37 @@ pub fn skip_late_clc(io: i32, fd: i32, o: &Arc<Obj>, s: &Skip) -> bool {
     true
 }
 
+/// libc is about to read `fd` itself (stdio after `fdopen`, aio), where no late CLC message can
+/// be skipped any more: the skip is finished first, waiting at most one CLC timeout for the
+/// peer's messages to arrive (its late message, then at most a Decline at its own timeout).
+/// Nothing may come at all (the peer sent its last CLC byte already, and the program speaks
+/// first): then the wait ends at that bound. Before, stdio read the late Proposal as data
+/// (conformance `fdopen_stdio_server` with a 1 ms CLC timer: `fgets` gave `e2 d4 c3 d9 01`).
+pub fn skip_before_libc(fd: i32, o: &Arc<Obj>, s: &Skip) {
+    let deadline = std::time::Instant::now()
+        + std::time::Duration::from_millis(crate::util::config::config().clc_timeout_ms.max(1));
+    let e0 = real::errno();
+    while !skip_late_clc(fd, fd, o, s) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            debug!("fd {fd}: libc takes it with late CLC messages maybe still to come");
+            break;
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd of our own.
+        let r = unsafe { real::poll(&mut p, 1, left.as_millis().clamp(1, 10) as i32) };
+        if r > 0 {
+            // Part of a CLC message is there: the rest is a moment away.
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    real::set_errno(e0);
+}
+
 /// Whether a read of `fd` with CLC messages still to skip waits for them (a blocking read: not
 /// `dontwait`, and the socket is blocking).
 pub fn skip_read_blocks(fd: i32, dontwait: bool) -> bool {
