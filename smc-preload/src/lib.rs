@@ -42,7 +42,7 @@ pub mod util;
 pub use dispatch::{lifecycle, ops};
 pub use smc::{conn, dmbs, iov};
 pub use socket::{
-    daemon, epoll, fdtable, handshake, member, obj, policy, poll, ready, setup, stats,
+    daemon, epoll, epoll_set, fdtable, handshake, member, obj, policy, poll, ready, setup, stats,
 };
 pub(crate) use util::PID;
 pub use util::{forklock, log, pid, real, reset_pid, signals};

@@ -2,8 +2,7 @@
 //! `dispatch/`, `socket/`, `smc/` (the SMC connection core), `shm/`; `util/` is a leaf every
 //! layer may use. A layer uses only the layers below it and itself: this test reads the
 //! sources and fails on a `crate::` path (code, not comments) that reaches up. Inside the
-//! `dispatch/` and `socket/` folders the files are ordered the same way ([`FOLDER_ORDER`]), with
-//! the uses upward still there listed ([`KNOWN_UPWARD`]).
+//! `dispatch/` and `socket/` folders the files are ordered the same way ([`FOLDER_ORDER`]).
 // Test code: a failed unwrap fails the test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -25,8 +24,8 @@ fn layer_of_file(rel: &Path) -> u8 {
 fn layer_of_name(name: &str) -> Option<u8> {
     Some(match name {
         "dispatch" | "ops" | "lifecycle" => 2,
-        "socket" | "daemon" | "epoll" | "fdtable" | "handshake" | "member" | "obj" | "poll"
-        | "policy" | "ready" | "setup" | "stats" => 3,
+        "socket" | "daemon" | "epoll" | "epoll_set" | "fdtable" | "handshake" | "member"
+        | "obj" | "poll" | "policy" | "ready" | "setup" | "stats" => 3,
         "smc" | "conn" | "dmbs" | "iov" => 4,
         "shm" => 5,
         "util" | "forklock" | "log" | "real" | "signals" | "pid" | "reset_pid" | "PID"
@@ -181,6 +180,7 @@ const FOLDER_ORDER: &[(&str, &[&str])] = &[
             "ready",
             "fdtable",
             "obj",
+            "epoll_set",
             "handshake",
             "member",
             "policy",
@@ -190,19 +190,10 @@ const FOLDER_ORDER: &[(&str, &[&str])] = &[
     ),
 ];
 
-/// The uses of a file above, inside its folder, that are still there (from, to): what they are
-/// for. A new one fails the test; one that goes is to be taken off this list.
-const KNOWN_UPWARD: &[(&str, &str)] = &[
-    // The objects hold the state of the modules that work on them: `Obj::Epoll` an
-    // `epoll::EpollSet` (whose entries hold objects in turn).
-    ("obj", "epoll"),
-];
-
 #[test]
 fn no_file_uses_one_above_it_in_its_folder() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut bad = Vec::new();
-    let mut seen = std::collections::BTreeSet::new();
     for (folder, order) in FOLDER_ORDER {
         let mut files = Vec::new();
         sources(&root.join(folder), &mut files);
@@ -230,26 +221,14 @@ fn no_file_uses_one_above_it_in_its_folder() {
                     if at >= own_at {
                         continue;
                     }
-                    if KNOWN_UPWARD.contains(&(own, name.as_str())) {
-                        seen.insert((own.to_string(), name.clone()));
-                    } else {
-                        bad.push(format!(
-                            "{folder}/{}:{}: {own} uses crate::{name}, above it",
-                            rel.display(),
-                            no + 1
-                        ));
-                    }
+                    bad.push(format!(
+                        "{folder}/{}:{}: {own} uses crate::{name}, above it",
+                        rel.display(),
+                        no + 1
+                    ));
                 }
             }
         }
     }
     assert!(bad.is_empty(), "uses of a file above:\n{}", bad.join("\n"));
-    let gone: Vec<_> = KNOWN_UPWARD
-        .iter()
-        .filter(|(a, b)| !seen.contains(&(a.to_string(), b.to_string())))
-        .collect();
-    assert!(
-        gone.is_empty(),
-        "no longer used, take off KNOWN_UPWARD: {gone:?}"
-    );
 }

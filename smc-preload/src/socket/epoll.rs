@@ -40,6 +40,7 @@
 //! must not look like data: TCP reports `EPOLLIN` only for the peer's bytes). Once decided the
 //! fd is emulated (SMC) or registered as the application asked again (TCP).
 
+use crate::epoll_set::{self, Mode};
 use crate::fdtable::{self, Slot};
 use crate::forklock::ForkMutex;
 use crate::forklock::ForkOnce;
@@ -47,7 +48,7 @@ use crate::obj::Obj;
 use crate::ready::{self, ERR, HUP, IN, OUT, PRI, RDHUP};
 use crate::real;
 use crate::shm::Mapping;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -87,59 +88,14 @@ fn tag(fd: i32) -> u64 {
     cookie() | fd as u32 as u64
 }
 
-/// How an entry is registered with the kernel.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Mode {
-    /// As the application asked (its events and data): plain TCP or a candidate not connected.
-    App,
-    /// Connect or handshake under way: our tag, edge-triggered; nothing reaches the application.
-    Undecided,
-    /// An SMC connection: our tag, readiness computed from the rings.
-    Emulated,
-}
+/// The set's state lives in [`crate::epoll_set`] (generic over the object type, so that the
+/// objects can hold sets); this file works on the sets of [`Obj`] objects.
+pub type EpollSet = epoll_set::EpollSet<Obj>;
+type EpInner = epoll_set::EpInner<Obj>;
+type Entry = epoll_set::Entry<Obj>;
 
-pub struct Entry {
-    events: u32,
-    data: u64,
-    mode: Mode,
-    /// The connection, once the fd is SMC (emulated); `None` while it is only a candidate.
-    obj: Option<Arc<Obj>>,
-    last_token: (u64, u64),
-    last_mask: u32,
-    disabled: bool,
-    /// On the ready list (emulated entries only).
-    hot: bool,
-    /// When it last reported, or went on the ready list ([`now_us`]).
-    active_us: u32,
-    /// The pass of the wait call that last checked it (at most one report per call).
-    seen: u32,
-    /// The pass in which it was reported (a re-check in that pass would report it twice).
-    reported: u32,
-    /// The bits it showed at its last check.
-    last_seen: u32,
-}
-
-#[derive(Default)]
-pub struct EpInner {
-    entries: HashMap<i32, Entry>,
-    /// Emulated entries to check at the next wait (each at most once: `Entry::hot`).
-    ready: VecDeque<i32>,
-    /// Entries whose doorbells the kernel reported while another waiter of the connection slept
-    /// on its socket (it drains them): `(fd, connection, wake_seq)`. A wait makes sure they
-    /// were drained before it parks anything (the drain may find the peer gone).
-    undrained: Vec<(i32, Arc<Obj>, u32)>,
-    pass: u32,
-    /// Epoll sets registered in this one (their fds): before a wait sleeps, each is made
-    /// kernel-ready when it has something to report ([`prepare_indirect`]).
-    nested: Vec<i32>,
-    /// Emulated entries whose number was closed while another fd of this process still names
-    /// the connection: as the kernel keeps a registration while its open file lives, they
-    /// report under their data until the connection's last number closes; checked at every
-    /// wait (by the number they had: their kernel registration still carries it).
-    closed: Vec<(i32, Entry)>,
-}
-
-impl Drop for EpInner {
+// Generic, as a `Drop` impl must be: [`KEPT`] counts the kept entries of every set.
+impl<O> Drop for epoll_set::EpInner<O> {
     fn drop(&mut self) {
         KEPT.fetch_sub(self.closed.len(), Ordering::Relaxed);
     }
@@ -148,38 +104,6 @@ impl Drop for EpInner {
 /// Entries kept in [`EpInner::closed`], over all sets (a hint: a connection's last close looks
 /// for them only when there are any).
 static KEPT: AtomicUsize = AtomicUsize::new(0);
-
-pub struct EpollSet {
-    inner: Mutex<EpInner>,
-    /// Emulated entries.
-    smc: AtomicUsize,
-    /// Undecided entries (their events are ours to handle).
-    undecided: AtomicUsize,
-    /// A registration with our tag was made: from then on every wait is ours, so that an event
-    /// still carrying the tag (queued before its entry went) never reaches the application.
-    tagged: AtomicBool,
-    /// Threads of this process asleep in the kernel wait of this set.
-    sleeping: AtomicU32,
-    /// This process waited on the set at least once (its copies' processes learn it at fork).
-    waited_once: AtomicBool,
-    /// The process whose copy of the set this is (a `fork` child finds its parent's pid here
-    /// until its first wait).
-    owner: AtomicU32,
-    /// Other processes may hold a copy (a `fork` happened): waits consult [`EpollSet::sharing`].
-    forked: AtomicBool,
-    /// The process that last recorded in the fork page that it waits on the set.
-    noted: AtomicU32,
-    /// The copies could not be told apart (no fork page, or a full one): always [`Sharing::Shared`].
-    always_shared: AtomicBool,
-    /// The last sharing a wait found ([`Sharing`] as u32) and when the processes named in the
-    /// fork page were last checked for life ([`now_ms`]).
-    last_sharing: AtomicU32,
-    pruned_ms: std::sync::atomic::AtomicU64,
-    /// A page shared with the copies in other processes (made before the first `fork` that
-    /// copies the set): one word per process holding a copy, its pid and whether it waited on
-    /// the set ([`WAITED`]).
-    fork_page: ForkOnce<Option<Mapping>>,
-}
 
 impl Default for EpollSet {
     fn default() -> Self {

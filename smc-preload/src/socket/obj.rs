@@ -1,7 +1,7 @@
 //! What an fd in the table can be.
 
 use crate::conn::Conn;
-use crate::epoll::EpollSet;
+use crate::epoll_set::EpollSet;
 use crate::forklock::ForkOnce;
 use crate::real;
 use crate::util::unwound;
@@ -24,7 +24,7 @@ pub enum Obj {
     /// member for a moment, so reads go through [`crate::member`].
     Tcp,
     /// An epoll instance that watches SMC connections.
-    Epoll(EpollSet),
+    Epoll(EpollSet<Obj>),
     /// A connection whose handshake is under way: an accepted one (an event-loop server is not
     /// held up waiting for its client) or a client of a non-blocking connect (which must not
     /// wait for its server inside `connect`): progressed by the fd's operations and polls.
