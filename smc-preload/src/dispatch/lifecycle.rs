@@ -948,8 +948,6 @@ fn is_tcp_listener(fd: c_int) -> bool {
 /// Whether `fd` is a TCP socket (IPv4 or IPv6) that neither listens nor has started to connect
 /// (state `TCP_CLOSE`: created, perhaps bound).
 fn is_unconnected_tcp(fd: c_int) -> bool {
-    /// `TCP_CLOSE` of the kernel's TCP states (`tcpi_state`).
-    const TCP_CLOSE: u8 = 7;
     let e0 = real::errno();
     let tcp = sockopt_int(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL) == Some(libc::IPPROTO_TCP)
         && matches!(
@@ -972,7 +970,7 @@ fn is_unconnected_tcp(fd: c_int) -> bool {
             )
         } == 0
         && len >= 1
-        && info[0] == TCP_CLOSE;
+        && info[0] == crate::conn::TCP_CLOSE;
     real::set_errno(e0);
     state
 }

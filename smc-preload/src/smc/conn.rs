@@ -513,36 +513,15 @@ impl Conn {
         release: Option<Box<dyn Release>>,
     ) -> std::io::Result<Conn> {
         let (own, peer) = (own.into(), peer.into());
-        let rx = Ring::for_dmb(own.len())
-            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-        let tx = Ring::for_dmb(peer.len())
-            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        let rings = Conn::rings(&own, &peer)?;
         // The state registered with our DMB (a page, or a slot of one), else an anonymous page
         // (that connection cannot move to another process).
         let shared = match state {
             Some(m) if m.len() >= std::mem::size_of::<Shared>() => m,
             _ => Arc::new(Mapping::anon_shared(4096)?),
         };
-        let c = Conn {
-            own,
-            peer,
-            shared,
-            rx,
-            tx,
-            role,
-            spin: Spin::new(),
-            release,
-            own_token: 0,
-            peer_token: 0,
-            epoll_parked: AtomicU64::new(0),
-            holder_pid: AtomicU32::new(crate::pid()),
-            zc_sent: AtomicU32::new(0),
-            zc_done: AtomicU32::new(0),
-            idle_looks: AtomicU32::new(0),
-            users: AtomicU64::new(0),
-            numbers: AtomicU32::new(0),
-            io: crate::util::io_path::IoPath::new(),
-        };
+        let c = Conn::local(own, peer, shared, rings, role, release);
+        c.holder_pid.store(crate::pid(), Ordering::Relaxed);
         let s = c.sh();
         s.magic.store(SHARED_MAGIC, Ordering::Relaxed);
         s.refs.store(1, Ordering::Relaxed);
@@ -577,18 +556,51 @@ impl Conn {
     ) -> std::io::Result<Conn> {
         let (own, peer, state) = (Arc::new(own), Arc::new(peer), Arc::new(state));
         let bad = || std::io::Error::from_raw_os_error(libc::EINVAL);
-        let rx = Ring::for_dmb(own.len()).ok_or_else(bad)?;
-        let tx = Ring::for_dmb(peer.len()).ok_or_else(bad)?;
+        let rings = Conn::rings(&own, &peer)?;
         if state.len() < std::mem::size_of::<Shared>() {
             return Err(bad());
         }
-        let mut c = Conn {
+        let mut c = Conn::local(own, peer, state, rings, Role::Client, release);
+        let s = c.sh();
+        if s.magic.load(Ordering::Acquire) != SHARED_MAGIC {
+            return Err(bad());
+        }
+        s.holders.fetch_add(1, Ordering::AcqRel);
+        c.holder_pid.store(crate::pid(), Ordering::Relaxed);
+        if s.role.load(Ordering::Relaxed) == 1 {
+            c.role = Role::Server;
+        }
+        Ok(c)
+    }
+
+    /// The rings over our DMB `own` (rx) and the peer's `peer` (tx); `EINVAL` for a DMB size
+    /// no ring fits.
+    fn rings(own: &Mapping, peer: &Mapping) -> std::io::Result<(Ring, Ring)> {
+        let bad = || std::io::Error::from_raw_os_error(libc::EINVAL);
+        Ok((
+            Ring::for_dmb(own.len()).ok_or_else(bad)?,
+            Ring::for_dmb(peer.len()).ok_or_else(bad)?,
+        ))
+    }
+
+    /// The connection over its DMBs and state page, with this process's own fields fresh (no
+    /// tokens, calls, fd numbers or holder yet): what [`Conn::new`] and [`Conn::adopt`] share;
+    /// the state page is theirs to set up or check.
+    fn local(
+        own: Arc<Mapping>,
+        peer: Arc<Mapping>,
+        shared: Arc<Mapping>,
+        (rx, tx): (Ring, Ring),
+        role: Role,
+        release: Option<Box<dyn Release>>,
+    ) -> Conn {
+        Conn {
             own,
             peer,
-            shared: state,
+            shared,
             rx,
             tx,
-            role: Role::Client,
+            role,
             spin: Spin::new(),
             release,
             own_token: 0,
@@ -601,17 +613,7 @@ impl Conn {
             users: AtomicU64::new(0),
             numbers: AtomicU32::new(0),
             io: crate::util::io_path::IoPath::new(),
-        };
-        let s = c.sh();
-        if s.magic.load(Ordering::Acquire) != SHARED_MAGIC {
-            return Err(bad());
         }
-        s.holders.fetch_add(1, Ordering::AcqRel);
-        c.holder_pid.store(crate::pid(), Ordering::Relaxed);
-        if s.role.load(Ordering::Relaxed) == 1 {
-            c.role = Role::Server;
-        }
-        Ok(c)
     }
 
     /// One more reference travels with the socket to another process (the caller counted it

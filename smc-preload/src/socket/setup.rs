@@ -211,20 +211,7 @@ pub fn looks_like_smc_conn(fd: i32) -> bool {
 /// (`SMC_SO_ENABLE` on a listening socket; see `smc_common::bpf::MAP_LISTENERS`), errno
 /// preserved. Whether the programs took it.
 pub fn announce(fd: i32, on: bool) -> bool {
-    let v: u32 = on.into();
-    let e0 = real::errno();
-    // SAFETY: valid option buffer.
-    let r = unsafe {
-        real::setsockopt(
-            fd,
-            SOL_SMC_BPF,
-            SMC_SO_ENABLE,
-            &v as *const u32 as *const libc::c_void,
-            4,
-        )
-    };
-    real::set_errno(e0);
-    r == 0
+    set_bpf_opt(fd, SMC_SO_ENABLE, on.into())
 }
 
 fn shortcut(fd: i32) {
@@ -269,11 +256,11 @@ fn set_bpf_flag(fd: i32, name: i32) {
     set_bpf_opt(fd, name, 1);
 }
 
-/// `setsockopt(fd, SOL_SMC_BPF, name, value)`, errno preserved.
-fn set_bpf_opt(fd: i32, name: i32, value: u32) {
+/// `setsockopt(fd, SOL_SMC_BPF, name, value)`, errno preserved. Whether the programs took it.
+fn set_bpf_opt(fd: i32, name: i32, value: u32) -> bool {
     let e0 = real::errno();
     // SAFETY: valid option buffer.
-    unsafe {
+    let r = unsafe {
         real::setsockopt(
             fd,
             SOL_SMC_BPF,
@@ -283,6 +270,7 @@ fn set_bpf_opt(fd: i32, name: i32, value: u32) {
         )
     };
     real::set_errno(e0);
+    r == 0
 }
 
 /// SO_ERROR (consumes it).

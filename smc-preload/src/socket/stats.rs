@@ -16,6 +16,7 @@
 
 use crate::conn::Conn;
 use crate::debug;
+use crate::shm::Mapping;
 use smc_stats::{self as procstats, Identity, ProcStats, VALID_SIDE_REASONS};
 use std::os::fd::{AsRawFd as _, IntoRawFd as _};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -86,33 +87,22 @@ fn open_area(pid: u32) -> *mut Stats {
             None
         }
     });
-    let raw = fd.as_ref().map_or(-1, |f| f.as_raw_fd());
-    let flags = if raw >= 0 {
-        libc::MAP_SHARED
-    } else {
-        libc::MAP_SHARED | libc::MAP_ANONYMOUS
-    };
-    // SAFETY: plain mmap.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            procstats::PAGE_LEN,
-            libc::PROT_READ | libc::PROT_WRITE,
-            flags,
-            raw,
-            0,
-        )
+    let map = match &fd {
+        Some(f) => Mapping::new(f.as_raw_fd(), procstats::PAGE_LEN),
+        None => Mapping::anon_shared(procstats::PAGE_LEN),
     };
     if let Some(f) = fd {
         // SAFETY: our fd, closed once (the mapping stays).
         unsafe { crate::real::close(f.into_raw_fd()) };
     }
-    if p == libc::MAP_FAILED {
+    let Ok(map) = map else {
         // Last resort: leak a private zeroed page.
         let b: Box<[u64; 512]> = Box::new([0; 512]);
         return Box::into_raw(b) as *mut Stats;
-    }
-    let s = p as *mut Stats;
+    };
+    let s = map.as_ptr() as *mut Stats;
+    // The page lives as long as the process (the area is `'static`): never unmapped.
+    std::mem::forget(map);
     // SAFETY: a fresh zeroed page, or this process's own page before an exec (same identity).
     unsafe { (*s).init(&id, VALID_SIDE_REASONS) };
     s

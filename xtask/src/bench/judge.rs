@@ -6,6 +6,7 @@ use super::cases::Case;
 use super::report;
 use super::report::COLUMNS;
 use serde_json::{json, Value};
+use smc_common::diag::POLICY_SHORT;
 
 /// Where a process of a run is placed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -306,10 +307,6 @@ pub(crate) fn judge(expect: Expect, o: &Outcome) -> Verdict {
         }
     }
 }
-
-/// Fallback reason the data path counts for a client connection its short-connection policy
-/// keeps on TCP (`smc_preload::setup::POLICY_SHORT`).
-const POLICY_SHORT: u32 = 0x7F00_0001;
 
 /// Figures computed from the counters of a run, per unit of work (connection or request):
 /// `ebpf_ns_per_unit` / `ebpf_runs_per_unit` (the `smc_*` programs' run time and runs,
