@@ -118,21 +118,7 @@ pub fn opt_in(fd: i32) -> bool {
     if NO_BPF.load(Ordering::Relaxed) {
         return false;
     }
-    let one: u32 = 1;
-    let e0 = real::errno();
-    // SAFETY: valid option buffer.
-    let r = unsafe {
-        real::setsockopt(
-            fd,
-            SOL_SMC_BPF,
-            SMC_SO_ENABLE,
-            &one as *const u32 as *const libc::c_void,
-            4,
-        )
-    };
-    let e = real::errno();
-    real::set_errno(e0);
-    if r != 0 {
+    if let Err(e) = set_bpf_opt(fd, SMC_SO_ENABLE, 1) {
         if e == libc::ENOPROTOOPT || e == libc::EOPNOTSUPP {
             NO_BPF.store(true, Ordering::Relaxed);
             disable("no eBPF programs attached to this cgroup (ENOPROTOOPT)");
@@ -211,7 +197,7 @@ pub fn looks_like_smc_conn(fd: i32) -> bool {
 /// (`SMC_SO_ENABLE` on a listening socket; see `smc_common::bpf::MAP_LISTENERS`), errno
 /// preserved. Whether the programs took it.
 pub fn announce(fd: i32, on: bool) -> bool {
-    set_bpf_opt(fd, SMC_SO_ENABLE, on.into())
+    set_bpf_opt(fd, SMC_SO_ENABLE, on.into()).is_ok()
 }
 
 fn shortcut(fd: i32) {
@@ -235,7 +221,8 @@ fn leave_shortcut(fd: i32) {
 /// (or may reuse) the number of its parent's daemon connection: the request goes over a
 /// connection of its own, closed after it.
 pub(crate) fn leave_shortcut_for_tcp(fd: i32, vforked: bool) -> bool {
-    set_bpf_opt(fd, SMC_SO_SHORTCUT, 0);
+    // Best effort, as `set_bpf_flag`: the daemon's answer below is what counts.
+    let _ = set_bpf_opt(fd, SMC_SO_SHORTCUT, 0);
     leave_shortcut(fd);
     let r = if vforked {
         smc_ism::SharedClient::new(crate::util::config::daemon_path())
@@ -253,11 +240,12 @@ pub(crate) fn leave_shortcut_for_tcp(fd: i32, vforked: bool) -> bool {
 /// `setsockopt(fd, SOL_SMC_BPF, name, 1)`, errno preserved (outside an attached cgroup the
 /// kernel refuses it, which changes nothing).
 fn set_bpf_flag(fd: i32, name: i32) {
-    set_bpf_opt(fd, name, 1);
+    let _ = set_bpf_opt(fd, name, 1);
 }
 
-/// `setsockopt(fd, SOL_SMC_BPF, name, value)`, errno preserved. Whether the programs took it.
-fn set_bpf_opt(fd: i32, name: i32, value: u32) -> bool {
+/// `setsockopt(fd, SOL_SMC_BPF, name, value)`, errno preserved: `Err(errno)` when the programs
+/// did not take it.
+fn set_bpf_opt(fd: i32, name: i32, value: u32) -> Result<(), i32> {
     let e0 = real::errno();
     // SAFETY: valid option buffer.
     let r = unsafe {
@@ -269,8 +257,13 @@ fn set_bpf_opt(fd: i32, name: i32, value: u32) -> bool {
             4,
         )
     };
+    let e = real::errno();
     real::set_errno(e0);
-    r == 0
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(e)
+    }
 }
 
 /// SO_ERROR (consumes it).
@@ -464,7 +457,8 @@ static RETIRED_N: AtomicU64 = AtomicU64::new(0);
 /// option, so that no server expects a CLC message from it), its number is plain (tagged only
 /// while an epoll set tracks it), and its `connect`s go straight to the kernel.
 pub(crate) fn retire(fd: i32) {
-    set_bpf_opt(fd, SMC_SO_ENABLE, 0);
+    // Outside an attached cgroup nothing announces SMC anyway.
+    let _ = set_bpf_opt(fd, SMC_SO_ENABLE, 0);
     settle_plain(fd);
     if fdtable::raw(fd) & !1 == TAG_TCP {
         let mut v = RETIRED.lock();
