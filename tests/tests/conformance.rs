@@ -123,8 +123,18 @@ fn conformance() {
         })
         .filter(|(n, _)| only.as_ref().is_none_or(|o| o.contains(n)))
         .collect();
-    if only.is_none() {
-        assert!(scenarios.len() >= 60, "only {} scenarios", scenarios.len());
+    match &only {
+        None => assert!(scenarios.len() >= 60, "only {} scenarios", scenarios.len()),
+        Some(o) => {
+            let unknown: Vec<&String> = o
+                .iter()
+                .filter(|n| !scenarios.iter().any(|(s, _)| s == *n))
+                .collect();
+            assert!(
+                unknown.is_empty(),
+                "SMC_CONFORM_ONLY names no scenario {unknown:?}"
+            );
+        }
     }
     for (n, _) in EXPECTED {
         assert!(
