@@ -415,7 +415,11 @@ fn preload_declined_connection_leaves_the_sockhash_and_stays_intact() {
     }
     let after = counters();
     assert_eq!(delta(&before, &after, "shortcut_sockets"), 24);
-    assert_eq!(delta(&before, &after, "shortcut_sockets_left"), 24);
+    // The server ends (no daemon) leave the SOCKHASH at their next outgoing segment, which the
+    // programs count; the client ends are taken out by their daemon at the fallback (not
+    // counted there), unless a segment of theirs went first.
+    let left = delta(&before, &after, "shortcut_sockets_left");
+    assert!((12..=24).contains(&left), "shortcut_sockets_left {left}");
     let st = w.stats();
     assert_eq!(
         get(&st, "smcd_client") + get(&st, "smcd_server"),

@@ -272,7 +272,7 @@ fn settle_for_exec() {
         return;
     }
     for (fd, o) in fdtable::all_objects() {
-        if matches!(&*o, Obj::Handshake(_) | Obj::Pending(_)) && !cloexec(fd) {
+        if matches!(&*o, Obj::Handshake(_) | Obj::Pending(_) | Obj::Skip(_)) && !cloexec(fd) {
             drop(o);
             setup::settle_leaving(fd);
         }
@@ -1185,7 +1185,8 @@ pub unsafe fn fds_sending(via: c_int, m: &libc::msghdr) -> usize {
             // A socket in its handshake is decided before it leaves: the receiver may be
             // another process, which cannot continue it. (Our own daemon requests pass the
             // handshaking socket as their proof with the raw system call, not through here.)
-            if fdtable::get(fd).is_some_and(|o| matches!(&*o, Obj::Handshake(_) | Obj::Pending(_)))
+            if fdtable::get(fd)
+                .is_some_and(|o| matches!(&*o, Obj::Handshake(_) | Obj::Pending(_) | Obj::Skip(_)))
             {
                 setup::settle_leaving(fd);
             }
@@ -1450,11 +1451,6 @@ pub unsafe fn fdopen(fd: c_int, mode: *const libc::c_char) -> *mut libc::FILE {
 fn libc_takes(fd: c_int, who: &str) {
     if fdtable::raw(fd) != 0 && !in_vfork_child() {
         setup::settle_leaving(fd);
-        if let Some(o) = fdtable::get(fd) {
-            if let Obj::Skip(s) = &*o {
-                setup::skip_before_libc(fd, &o, s);
-            }
-        }
         if let Some(o) = fdtable::get(fd).filter(|o| matches!(&**o, Obj::Conn(_))) {
             crate::debug!(
                 "fd {fd}: {who} bypasses the interposition: the connection continues on TCP"
@@ -1517,44 +1513,69 @@ pub unsafe fn lio_takes(list: *const *const AiocbHead, n: c_int) {
 }
 
 /// How often a `waitpid` of a process that holds SMC connections looks for a switch to TCP
-/// its peer asked for (and, when it waits for any child, for that child).
-const WAIT_SLICE_MS: i32 = 10;
+/// its peer asked for.
+const WAIT_SLICE_MS: i64 = 10;
 
 /// `waitpid`, `wait`, `wait4` (`call` makes the real one with the options it is given). A
-/// process that holds SMC connections answers, while it waits, the switch to TCP the peer end
-/// of one of them starts: typically a child it forked that now execs an image without the
-/// library on its copy of the connection, and waits for our marker (*Switch to TCP*). A
-/// program that waits for that child touches none of its connections until the child is done:
-/// before, the child's switch waited its 10 s, then reset the connection (rt10
-/// `exec_nolib_peer_in_waitpid`). The wait sleeps in `poll`, on a pidfd of the child it waits
-/// for (or in slices of [`WAIT_SLICE_MS`] for any child, stops, continues), and looks at the
-/// connections' shared state between slices; a signal ends it with `EINTR` as it would have
-/// ended the real call (`SA_RESTART`). A process without SMC connections, a `WNOHANG` call
-/// and a `vfork` child make the real call at once.
+/// process that holds SMC connections answers, while it waits for one child (`pid` > 0, no
+/// `WUNTRACED`/`WCONTINUED`), the switch to TCP the peer end of one of them starts: typically
+/// the child, which now execs an image without the library on its copy of the other end and
+/// waits for our marker (*Switch to TCP*). Before, nothing answered until the child was done:
+/// its switch waited 10 s, then reset the connection (rt10 `exec_nolib_peer_in_waitpid`).
+///
+/// The wait sleeps in `ppoll` on a pidfd of the child (its end wakes it at once), looking at
+/// the connections' shared state every [`WAIT_SLICE_MS`]. `SIGCHLD` stays blocked until the
+/// child is reaped: as in the kernel, the waiter gets the child before a `SIGCHLD` handler
+/// that reaps could take it (red team rt12 `reaper`: `ECHILD` before). Any other signal
+/// whose handler lacks `SA_RESTART` ends it with `EINTR` as it ends the real call, whenever it
+/// ran (rt12 `sigrace`). Any other wait (for any child, a process group, stops), a `WNOHANG`
+/// call, a process without SMC connections and a `vfork` child make the real call at once
+/// (waiting in slices for any child cost a tracer or a reaper 5–10 ms per event: rt12).
 pub fn wait_child(
     pid: libc::pid_t,
     options: c_int,
     call: impl Fn(c_int) -> libc::pid_t,
 ) -> libc::pid_t {
-    if options & libc::WNOHANG != 0
+    if pid <= 0
+        || options & (libc::WNOHANG | libc::WUNTRACED | libc::WCONTINUED) != 0
         || !fdtable::any_objects()
         || in_vfork_child()
         || !has_smc_conn()
     {
         return call(options);
     }
-    // Only the child's end makes a pidfd readable: stops and continues are seen by slices.
-    let pidfd = if pid > 0 && options & (libc::WUNTRACED | libc::WCONTINUED) == 0 {
-        // SAFETY: plain system call; a failure (an old kernel, no such child) is -1.
-        unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) as c_int }
-    } else {
-        -1
+    let e0 = real::errno();
+    // SAFETY: plain system call; a failure (an old kernel, no such process) is -1.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) as c_int };
+    if pidfd < 0 {
+        real::set_errno(e0);
+        return call(options);
+    }
+    // SAFETY: sigset_t is plain data; the calls only fill and read the sets given.
+    let (mut old, mut chld): (libc::sigset_t, libc::sigset_t) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    // SAFETY: valid sets of our own.
+    unsafe {
+        libc::sigemptyset(&mut chld);
+        libc::sigaddset(&mut chld, libc::SIGCHLD);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &chld, &mut old);
+    }
+    let mut during = old;
+    // SAFETY: a valid set of our own.
+    unsafe { libc::sigaddset(&mut during, libc::SIGCHLD) };
+    crate::signals::wait_begins();
+    let slice = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: WAIT_SLICE_MS * 1_000_000,
     };
     let r = loop {
-        crate::signals::wait_begins();
         let r = call(options | libc::WNOHANG);
         if r != 0 {
             break r;
+        }
+        if crate::signals::caught() && crate::signals::interrupted() {
+            real::set_errno(libc::EINTR);
+            break -1;
         }
         answer_peer_switches();
         let mut p = libc::pollfd {
@@ -1562,26 +1583,18 @@ pub fn wait_child(
             events: libc::POLLIN,
             revents: 0,
         };
-        // SAFETY: one pollfd (a negative fd is ignored: a plain sleep of one slice).
-        let pr = unsafe { real::poll(&mut p, 1, WAIT_SLICE_MS) };
-        if pr < 0 && real::errno() == libc::EINTR {
-            // A child's state comes first, as in the kernel's `do_wait`.
-            let r = call(options | libc::WNOHANG);
-            if r != 0 {
-                break r;
-            }
-            if crate::signals::interrupted() {
-                real::set_errno(libc::EINTR);
-                break -1;
-            }
-        }
+        // SAFETY: one pollfd, a timeout and a signal set of our own.
+        unsafe { real::ppoll(&mut p, 1, &slice, &during) };
     };
-    if pidfd >= 0 {
-        let e0 = real::errno();
-        // SAFETY: our own descriptor.
-        unsafe { real::close(pidfd) };
-        real::set_errno(e0);
+    let e = real::errno();
+    // SAFETY: our own descriptor; the caller's signal mask back (a SIGCHLD that came meanwhile
+    // is delivered now, after the child was reaped here, as after the kernel's wait).
+    unsafe {
+        real::close(pidfd);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
     }
+    // errno as the real call leaves it: unchanged on success.
+    real::set_errno(if r > 0 { e0 } else { e });
     r
 }
 
