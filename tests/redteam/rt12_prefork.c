@@ -56,7 +56,8 @@ int main(int argc, char **argv) {
         if (c < 0) _exit(0);
         char buf[64];
         int n = read(c, buf, sizeof buf);
-        if (n > 0) { buf[1] = 'o'; write(c, buf, n); }
+        if (n > 0) { buf[1] = 'o'; if (write(c, buf, n) != n) { printf("worker: write %s\n", strerror(errno)); fflush(stdout); } }
+        else { printf("worker: read %d %s\n", n, n < 0 ? strerror(errno) : ""); fflush(stdout); }
         close(c);
       }
     }
@@ -77,7 +78,9 @@ int main(int argc, char **argv) {
       setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
       int k = read(c, r, sizeof r - 1);
       q[1] = 'o';
-      ok += k == n && !memcmp(q, r, n);
+      int good = k == n && !memcmp(q, r, n);
+      ok += good;
+      if (!good) { printf("conn %d: read %d (%s) %.*s\n", i, k, k < 0 ? strerror(errno) : "-", k > 0 ? k : 0, r); fflush(stdout); }
       close(c);
     }
     printf("client: %d of %d answered\n", ok, m);
