@@ -120,7 +120,7 @@ redis_many() {
   echo "incr counter $(redis-cli -p $p get counter:__rand_int__)"
   redis-benchmark -p $p -n 50000 -c 100 -P 32 -t incr -q > $T/rb2.log 2>&1; echo "redis-benchmark -c 100 -P 32 rc $?"
   echo "incr counter $(redis-cli -p $p get counter:__rand_int__)"
-  redis-benchmark -p $p -n 3000 -c 50 -k 0 -t ping -q > $T/rb3.log 2>&1; echo "redis-benchmark -k 0 (reconnect) rc $?"
+  redis-benchmark -p $p -n 3000 -c 50 -k 0 -t ping -q > $T/rb3.log 2>&1; echo "redis-benchmark -k 0 (reconnect) rc $?"; tr "\r" "\n" < $T/rb3.log | grep -v "requests per second\|^ *$\|rps=" | sort | uniq -c | head -3
   tr '\r' '\n' < $T/rb3.log | grep 'requests per second' >&2
   redis-cli -p $p shutdown nosave > /dev/null 2>&1; wait $sp
 }
