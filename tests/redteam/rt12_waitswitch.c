@@ -4,7 +4,7 @@
 // gcc -O2 -pthread -o /tmp/rt12/rt12_waitswitch rt12_waitswitch.c
 // gcc -O2 -static -o /tmp/rt12/rt12_waitswitch_s rt12_waitswitch.c   (the helper image)
 // usage: rt12_waitswitch PORT MODE   modes: block any wnohang sigsuspend pause_sigchld
-//        thread_recv waitid vfork vfork_closefds
+//        thread_recv waitid vfork vfork_closefds fork_closefds
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -77,6 +77,7 @@ int main(int argc, char **argv) {
     m = "block";
   } else if (!(p = fork())) {
     close(s); dup2(c, 20); close(c);
+    if (!strcmp(m, "fork_closefds")) { close_range(3, 19, 0); close_range(21, ~0U, 0); }
     char *av[] = {"/tmp/rt12/rt12_waitswitch_s", "helper", 0};
     execv(av[0], av);
     _exit(127);
@@ -86,7 +87,7 @@ int main(int argc, char **argv) {
   pthread_t t;
   int st = 0;
   if (!strcmp(m, "thread_recv")) { pthread_create(&t, 0, rd, 0); usleep(10000); }
-  if (!strcmp(m, "block") || !strcmp(m, "thread_recv")) waitpid(p, &st, 0);
+  if (!strcmp(m, "block") || !strcmp(m, "thread_recv") || !strcmp(m, "fork_closefds")) waitpid(p, &st, 0);
   else if (!strcmp(m, "any")) wait(&st);
   else if (!strcmp(m, "waitid")) { siginfo_t si; waitid(P_PID, p, &si, WEXITED); st = si.si_status << 8; }
   else if (!strcmp(m, "wnohang")) { while (waitpid(p, &st, WNOHANG) == 0) usleep(1000); }
