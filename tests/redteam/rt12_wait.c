@@ -48,6 +48,13 @@ static void inst(int sig, int flags) {
   sa.sa_flags = flags;
   sigaction(sig, &sa, 0);
 }
+static volatile sig_atomic_t reaped;
+static void reaper(int sig) {
+  (void)sig;
+  int e = errno, st;
+  while (waitpid(-1, &st, WNOHANG) > 0) reaped++;
+  errno = e;
+}
 static pid_t sleeper(void) {
   pid_t p = fork();
   if (!p) { close(cfd); close(sfd); sleep(1000); _exit(0); }
@@ -227,6 +234,25 @@ int main(int argc, char **argv) {
     r = waitpid(p, &st, 0);
     printf("errno after success (SA_RESTART signal meanwhile): %d\n", errno);
     while (wait(0) > 0) ;
+  } else if (!strcmp(s, "reaper") || !strcmp(s, "reaper_norestart")) {
+    // A SIGCHLD handler that reaps every zombie (WNOHANG), and a main thread already blocked
+    // in waitpid(pid, 0) when its child exits: the kernel's wait takes the child first.
+    struct sigaction sa = {0};
+    sa.sa_handler = reaper;
+    sa.sa_flags = s[6] ? 0 : SA_RESTART;
+    sigaction(SIGCHLD, &sa, 0);
+    int got = 0, echild = 0, eintr = 0;
+    for (int i = 0; i < n; i++) {
+      pid_t p = fork();
+      if (!p) { usleep(20000); _exit(0); }
+      int st;
+      pid_t r = waitpid(p, &st, 0);
+      if (r == p) got++;
+      else if (errno == ECHILD) echild++;
+      else if (errno == EINTR) eintr++;
+      usleep(1000);
+    }
+    printf("%s: %d waits: pid %d, ECHILD %d, EINTR %d (handler reaped %d)\n", s, n, got, echild, eintr, (int)reaped);
   } else if (!strcmp(s, "restart")) {
     // SIGALRM with SA_RESTART: the wait goes on to the child's exit; without: EINTR.
     for (int flags = 0; flags < 2; flags++) {
