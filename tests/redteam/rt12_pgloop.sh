@@ -1,6 +1,7 @@
 #!/bin/bash
 # Round 12: PostgreSQL + pgbench -c 32 -j 2 -T 3 in rounds until one hangs (15 s); then the
-# sockets (ss), pgbench threads, and 1 s of strace of a hung backend go to /tmp/rt12/pghang.*.
+# sockets (ss), pgbench threads, 1 s of strace and three gdb backtraces of a hung backend go
+# to /tmp/rt12/pghang.*.
 # Run with SMC_CLC_TIMEOUT_MS=1 and two CPU hogs; PGDBG=1: SMC_DEBUG for postgres.
 # usage: wnl.sh smc rt12_pgloop.sh PORT   (the initdb of rt12_pg.sh first)
 P=$1; PGD=/tmp/rt12pg/data; BIN=/usr/lib/postgresql/15/bin
@@ -18,6 +19,7 @@ for r in $(seq 10); do
     timeout 3 strace -f -p $BP -o /tmp/rt12/pghang.strace 2>/dev/null
     for b in $(ss -tnpH "( sport = :$P )" | grep -o "pid=[0-9]*" | cut -d= -f2); do echo "$b $(cat /proc/$b/wchan) $(cut -d" " -f1-3 /proc/$b/syscall)"; done > /tmp/rt12/pghang.backends
     for b in $(ss -tnpH "( sport = :$P )" | grep -o "pid=[0-9]*" | cut -d= -f2 | head -1); do timeout 1 strace -p $b -o /tmp/rt12/pghang.backend.strace 2>/dev/null; cat /proc/$b/maps | grep -c smc_preload > /tmp/rt12/pghang.maps; ls -l /proc/$b/fd > /tmp/rt12/pghang.fds 2>&1; done
+    for b in $(ss -tnpH "( sport = :$P )" | grep -o "pid=[0-9]*" | cut -d= -f2 | head -1); do for k in 1 2 3; do timeout 20 gdb -p $b -batch -ex bt 2>/dev/null | grep "^#" ; echo ---; done > /tmp/rt12/pghang.bt; done
     kill $BP; break
   fi
   wait $BP; echo "round $r rc $?"
