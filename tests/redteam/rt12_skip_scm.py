@@ -5,10 +5,20 @@ both), which reads the request and echoes it. usage: rt12_skip_scm.py PORT [N] [
 The client connects (non-blocking connect), waits DELAY s, then sends "ping i". The primary
 accepts, reads nothing, waits DELAY/2 s and passes the connection. Run with
 SMC_CLC_TIMEOUT_MS=1 and two CPU hogs (the accept's wait for the Proposal times out: `Skip`).
+EXEC=1: instead, a forked child execs a handler (with the library) on the connection (inetd).
 TCP: every "pong i" back. Under the library: the worker reads the Proposal (e2 d4 c3 d9 ...),
 and the client gets ECONNRESET (the worker closes with the request unread)."""
 import os, socket, sys, time
 
+EXEC_HANDLER = r'''
+import socket, sys
+c = socket.socket(fileno=int(sys.argv[1]))
+c.settimeout(10)
+d = c.recv(100)
+if not d.startswith(b"ping"):
+    print("handler read %r" % d[:12].hex(), flush=True)
+c.sendall(d.replace(b"ping", b"pong"))
+'''
 port = int(sys.argv[1])
 n = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 delay = float(sys.argv[3]) if len(sys.argv) > 3 else 3.0
@@ -53,7 +63,13 @@ for i in range(n):
         os._exit(0 if got == b"pong %d" % i else 1)
     s, _ = l.accept()
     time.sleep(delay / 2)
-    socket.send_fds(a, [b"x"], [s.fileno()])
+    if os.environ.get("EXEC"):
+        # inetd's shape: a child execs a handler (with the library) on the connection
+        os.set_inheritable(s.fileno(), True)
+        if os.fork() == 0:
+            os.execv(sys.executable, [sys.executable, "-c", EXEC_HANDLER, str(s.fileno())])
+    else:
+        socket.send_fds(a, [b"x"], [s.fileno()])
     s.close()
     _, st = os.waitpid(cp, 0)
     ok += st == 0
