@@ -139,9 +139,10 @@ fn parse_peer(msg: &[u8]) -> Option<u32> {
     None
 }
 
-/// Our children (of every thread of this process) with a descriptor that names socket inode
-/// `ino`.
-pub fn children_holding(ino: u32) -> Vec<u32> {
+/// Our children (of every thread of this process) for which `consider` holds, with a
+/// descriptor that names socket inode `ino` (only their descriptors are read: a pre-fork
+/// server's many workers cost one `consider` each, not a scan of their tables).
+pub fn children_holding(ino: u32, consider: impl Fn(u32) -> bool) -> Vec<u32> {
     let want = format!("socket:[{ino}]");
     let mut out = Vec::new();
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
@@ -155,6 +156,9 @@ pub fn children_holding(ino: u32) -> Vec<u32> {
             .split_whitespace()
             .filter_map(|p| p.parse::<u32>().ok())
         {
+            if !consider(pid) {
+                continue;
+            }
             let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
                 continue;
             };
