@@ -603,6 +603,31 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
                 lock(&as_set(&so).inner).nested.retain(|&n| n != fd);
             }
         }
+        if op == libc::EPOLL_CTL_MOD && !ev.is_null() && MEMBERS_N.load(Ordering::Relaxed) > 0 {
+            // An fd that went plain (a fallback) and still has an entry here: the entry takes
+            // the application's new interest, or a later `refresh` of the fd would put back
+            // the interest it had at ADD (red team rt12: a postgres backend's MOD to EPOLLIN was
+            // replaced by its earlier EPOLLOUT, and it spun while its query sat unread).
+            if let Some(so) = set_of(ep, false) {
+                let set = as_set(&so);
+                let mut g = lock(&set.inner);
+                if g.entries.contains_key(&fd) {
+                    // SAFETY: `ev` is non-null (checked) and the caller's epoll_event; `ep`
+                    // and `fd` are the caller's numbers, judged by the kernel.
+                    let r = unsafe { real::epoll_ctl(ep, op, fd, ev) };
+                    if r == 0 {
+                        // SAFETY: as above.
+                        let (events, data) = unsafe { ((*ev).events, (*ev).u64) };
+                        if let Some(e) = g.entries.get_mut(&fd) {
+                            e.events = events;
+                            e.data = data;
+                            e.disabled = false;
+                        }
+                    }
+                    return Some(r);
+                }
+            }
+        }
         return None;
     }
     let so = set_of(ep, true)?;
