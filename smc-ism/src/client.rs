@@ -16,7 +16,7 @@ use crate::proto::{self, DmbReply, Header, Status};
 use crate::stats::{DmbInfo, DmbList, Stats};
 use crate::sys;
 
-use smc_common::cdc::{dmb_size_from_code_large, DMB_MAX_SIZE_CODE_LARGE};
+use smc_common::cdc::{dmb_size_from_code_large, DMB_MAX_SIZE_CODE, DMB_MAX_SIZE_CODE_LARGE};
 /// The device GID (one definition, in the CLC codec): re-exported as `smc_ism::Gid`.
 pub use smc_common::clc::Gid;
 
@@ -323,7 +323,7 @@ impl Client {
             return Ok(m);
         }
         self.query_gid()?;
-        Ok(self.max_size_code.unwrap_or(6))
+        Ok(self.max_size_code.unwrap_or(DMB_MAX_SIZE_CODE))
     }
 
     /// Sends a `REGISTER` (see [`Client::register_dmb`]) without waiting for the reply.

@@ -502,17 +502,25 @@ pub unsafe extern "C" fn waitpid(
     status: *mut c_int,
     options: c_int,
 ) -> libc::pid_t {
-    lifecycle::wait_child(pid, options, |o| {
+    lifecycle::wait_child(pid, lifecycle::WaitOptions::Pid(options), |nohang| {
+        let o = if nohang {
+            options | libc::WNOHANG
+        } else {
+            options
+        };
         // SAFETY: the application's arguments, with `o` its options (plus `WNOHANG`).
-        unsafe { crate::real::waitpid(pid, status, o) }
+        let r = unsafe { crate::real::waitpid(pid, status, o) };
+        (!(nohang && r == 0)).then_some(r)
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn wait(status: *mut c_int) -> libc::pid_t {
-    lifecycle::wait_child(-1, 0, |o| {
+    lifecycle::wait_child(-1, lifecycle::WaitOptions::Pid(0), |nohang| {
+        let o = if nohang { libc::WNOHANG } else { 0 };
         // SAFETY: the application's status pointer; `wait` is `waitpid(-1, status, 0)`.
-        unsafe { crate::real::waitpid(-1, status, o) }
+        let r = unsafe { crate::real::waitpid(-1, status, o) };
+        (!(nohang && r == 0)).then_some(r)
     })
 }
 
@@ -523,9 +531,66 @@ pub unsafe extern "C" fn wait4(
     options: c_int,
     ru: *mut libc::rusage,
 ) -> libc::pid_t {
-    lifecycle::wait_child(pid, options, |o| {
+    lifecycle::wait_child(pid, lifecycle::WaitOptions::Pid(options), |nohang| {
+        let o = if nohang {
+            options | libc::WNOHANG
+        } else {
+            options
+        };
         // SAFETY: the application's arguments, with `o` its options (plus `WNOHANG`).
-        unsafe { crate::real::wait4(pid, status, o, ru) }
+        let r = unsafe { crate::real::wait4(pid, status, o, ru) };
+        (!(nohang && r == 0)).then_some(r)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn waitid(
+    idtype: libc::idtype_t,
+    id: libc::id_t,
+    info: *mut libc::siginfo_t,
+    options: c_int,
+) -> c_int {
+    let pid = if idtype == libc::P_PID {
+        libc::pid_t::try_from(id).unwrap_or(-1)
+    } else {
+        -1
+    };
+    lifecycle::wait_child(pid, lifecycle::WaitOptions::Id(options), |nohang| {
+        if !nohang {
+            // SAFETY: the application's arguments, passed on unchanged.
+            return Some(unsafe { crate::real::waitid(idtype, id, info, options) });
+        }
+        // A `WNOHANG` call that found no child leaves `si_pid` 0 (POSIX: zero it first to
+        // tell); into our own record when the application gave none.
+        // SAFETY: siginfo_t is plain data.
+        let mut own: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let to = if info.is_null() {
+            &mut own as *mut _
+        } else {
+            info
+        };
+        // SAFETY: `to` is the application's record (valid by its contract) or ours.
+        unsafe { std::ptr::write_bytes(to, 0, 1) };
+        // SAFETY: as above, the options plus `WNOHANG`.
+        let r = unsafe { crate::real::waitid(idtype, id, to, options | libc::WNOHANG) };
+        // SAFETY: `to` was written by the kernel (or zeroed above).
+        (r != 0 || unsafe { (*to).si_pid() } != 0).then_some(r)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sigsuspend(mask: *const libc::sigset_t) -> c_int {
+    lifecycle::suspend_answering(mask).unwrap_or_else(|| {
+        // SAFETY: the application's argument, passed on unchanged.
+        unsafe { crate::real::sigsuspend(mask) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pause() -> c_int {
+    lifecycle::suspend_answering(std::ptr::null()).unwrap_or_else(|| {
+        // SAFETY: no arguments.
+        unsafe { crate::real::pause() }
     })
 }
 

@@ -496,12 +496,20 @@ fn a_listener_passed_over_a_pair_to_a_worker_without_the_library_serves_plain_tc
 }
 
 /// A process holds both ends of an SMC-D connection (it connected to its own listener), forks
-/// a child that execs a handler without the library on one end, and waits for it
-/// (`os.waitpid`) before it touches the other end again. The child's switch to TCP needs the
-/// other end's answer: the parent's wait gives it. Before, the switch waited its 10 s, then
-/// reset the connection (red team rt10 `exec_nolib_peer_in_waitpid`).
+/// a child that execs a handler without the library on one end, and waits for it before it
+/// touches the other end again: `os.waitpid`, `os.waitid`, a `WNOHANG` loop (as
+/// `Popen.wait(timeout)` makes) or `signal.pause` until its `SIGCHLD` handler ran (`argv[1]`).
+/// The child's switch to TCP needs the other end's answer: the parent's wait gives it. Before,
+/// the switch waited its 10 s, then reset the connection (red team rt10
+/// `exec_nolib_peer_in_waitpid`; rt12 `waitswitch` for the other three).
 const FORK_WAIT_BOTH_ENDS: &str = r#"
-import os, socket, sys
+import os, signal, socket, sys, time
+done = False
+def on_chld(*a):
+    global done
+    done = True
+if sys.argv[1] == "pause":
+    signal.signal(signal.SIGCHLD, on_chld)
 ls = socket.socket()
 ls.bind(("127.0.0.1", 0))
 ls.listen(8)
@@ -515,8 +523,30 @@ if pid == 0:
     os.set_inheritable(c.fileno(), True)
     os.execve(sys.executable, [sys.executable, "-c", code, str(c.fileno())], {"PATH": "/usr/bin:/bin"})
 c.close()
-_, st = os.waitpid(pid, 0)
-print("HANDLER EXIT", os.waitstatus_to_exitcode(st), flush=True)
+how = sys.argv[1]
+if how == "waitpid":
+    _, st = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(st)
+elif how == "waitid":
+    code = os.waitid(os.P_PID, pid, os.WEXITED).si_status
+elif how == "wnohang":
+    while True:
+        p, st = os.waitpid(pid, os.WNOHANG)
+        if p:
+            break
+        time.sleep(0.001)
+    code = os.waitstatus_to_exitcode(st)
+elif how == "pause":
+    # pause() until the SIGCHLD handler ran; a 0.5 s timer closes the window between the
+    # check and the pause (it does not touch the connection).
+    signal.setitimer(signal.ITIMER_REAL, 0.5, 0.5)
+    signal.signal(signal.SIGALRM, lambda *a: None)
+    while not done:
+        signal.pause()
+    signal.setitimer(signal.ITIMER_REAL, 0, 0)
+    _, st = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(st)
+print("HANDLER EXIT", code, flush=True)
 cl.settimeout(20)
 try:
     print("GOT", cl.recv(100), flush=True)
@@ -528,14 +558,19 @@ except OSError as e:
 fn a_child_exec_without_the_library_switches_to_tcp_while_its_parent_waits_for_it() {
     let w = SmcWorld::new();
     let py = script(&w, "fork_wait_both_ends.py", FORK_WAIT_BOTH_ENDS);
-    let out = spawn_piped(python(&w, &py))
-        .wait_output(T)
-        .expect("program");
-    assert!(out.contains("HANDLER b'to a plain process'"), "{out}");
-    assert!(out.contains("HANDLER EXIT 0"), "{out}");
-    assert!(out.contains("GOT b'TO A PLAIN PROCESS'"), "{out}");
+    for how in ["waitpid", "waitid", "wnohang", "pause"] {
+        let mut c = python(&w, &py);
+        c.arg(how);
+        let out = spawn_piped(c).wait_output(T).expect("program");
+        assert!(
+            out.contains("HANDLER b'to a plain process'"),
+            "{how}: {out}"
+        );
+        assert!(out.contains("HANDLER EXIT 0"), "{how}: {out}");
+        assert!(out.contains("GOT b'TO A PLAIN PROCESS'"), "{how}: {out}");
+    }
     let sum = w.stats_sum();
-    assert!(sum.get("smcd_client") >= 1, "{}", brief(&sum));
+    assert!(sum.get("smcd_client") >= 4, "{}", brief(&sum));
 }
 
 /// A server under the library runs a handler without it on an accepted SMC-D connection with

@@ -1512,44 +1512,78 @@ pub unsafe fn lio_takes(list: *const *const AiocbHead, n: c_int) {
     }
 }
 
-/// How often a `waitpid` of a process that holds SMC connections looks for a switch to TCP
-/// its peer asked for.
+/// How often a wait of a process that holds SMC connections looks for a switch to TCP its
+/// peer asked for.
 const WAIT_SLICE_MS: i64 = 10;
 
-/// `waitpid`, `wait`, `wait4` (`call` makes the real one with the options it is given). A
-/// process that holds SMC connections answers, while it waits for one child (`pid` > 0, no
-/// `WUNTRACED`/`WCONTINUED`), the switch to TCP the peer end of one of them starts: typically
-/// the child, which now execs an image without the library on its copy of the other end and
-/// waits for our marker (*Switch to TCP*). Before, nothing answered until the child was done:
-/// its switch waited 10 s, then reset the connection (rt10 `exec_nolib_peer_in_waitpid`).
+/// The options of a `waitpid`/`wait4` ([`wait_child`] serves it) or a `waitid`.
+#[derive(Clone, Copy)]
+pub enum WaitOptions {
+    /// `waitpid`/`wait4` options: served when none of `WNOHANG`, `WUNTRACED`, `WCONTINUED`.
+    Pid(c_int),
+    /// `waitid` options: served when `WEXITED` and none of `WNOHANG`, `WSTOPPED`,
+    /// `WCONTINUED` (`WNOWAIT` is fine: the loop's calls add only `WNOHANG`).
+    Id(c_int),
+}
+
+impl WaitOptions {
+    fn nohang(self) -> bool {
+        match self {
+            WaitOptions::Pid(o) | WaitOptions::Id(o) => o & libc::WNOHANG != 0,
+        }
+    }
+
+    fn served(self) -> bool {
+        match self {
+            WaitOptions::Pid(o) => o & (libc::WNOHANG | libc::WUNTRACED | libc::WCONTINUED) == 0,
+            WaitOptions::Id(o) => {
+                o & libc::WEXITED != 0
+                    && o & (libc::WNOHANG | libc::WSTOPPED | libc::WCONTINUED) == 0
+            }
+        }
+    }
+}
+
+/// `waitpid`, `wait`, `wait4`, `waitid` (`call(nohang)` makes the real one with the options it
+/// is given, plus `WNOHANG` when `nohang`, and says `None` when that found no child ready). A
+/// process that holds SMC connections answers, while it waits for one child (`pid` > 0, only
+/// for its end), the switch to TCP the peer end of one of them starts: typically the child,
+/// which now execs an image without the library on its copy of the other end and waits for
+/// our marker (*Switch to TCP*). Before, nothing answered until the child was done: its switch
+/// waited 10 s, then reset the connection (rt10 `exec_nolib_peer_in_waitpid`; rt12
+/// `waitswitch` `waitid`).
 ///
 /// The wait sleeps in `ppoll` on a pidfd of the child (its end wakes it at once), looking at
 /// the connections' shared state every [`WAIT_SLICE_MS`]. `SIGCHLD` stays blocked until the
 /// child is reaped: as in the kernel, the waiter gets the child before a `SIGCHLD` handler
 /// that reaps could take it (red team rt12 `reaper`: `ECHILD` before). Any other signal
 /// whose handler lacks `SA_RESTART` ends it with `EINTR` as it ends the real call, whenever it
-/// ran (rt12 `sigrace`). Any other wait (for any child, a process group, stops), a `WNOHANG`
-/// call, a process without SMC connections and a `vfork` child make the real call at once
-/// (waiting in slices for any child cost a tracer or a reaper 5–10 ms per event: rt12).
+/// ran (rt12 `sigrace`). A `WNOHANG` call answers the switches asked so far, then makes the real
+/// call (a loop of them, as Python's `Popen.wait(timeout)` makes: rt12 `waitswitch` `wnohang`).
+/// Any other wait (for any child, a process group, stops), a process without SMC connections
+/// and a `vfork` child make the real call at once (waiting in slices for any child cost a
+/// tracer or a reaper 5–10 ms per event: rt12).
 pub fn wait_child(
     pid: libc::pid_t,
-    options: c_int,
-    call: impl Fn(c_int) -> libc::pid_t,
-) -> libc::pid_t {
-    if pid <= 0
-        || options & (libc::WNOHANG | libc::WUNTRACED | libc::WCONTINUED) != 0
-        || !fdtable::any_objects()
-        || in_vfork_child()
-        || !has_smc_conn()
-    {
-        return call(options);
+    options: WaitOptions,
+    mut call: impl FnMut(bool) -> Option<c_int>,
+) -> c_int {
+    if !fdtable::any_objects() || in_vfork_child() {
+        return call(false).unwrap_or(0);
+    }
+    if options.nohang() {
+        answer_peer_switches();
+        return call(false).unwrap_or(0);
+    }
+    if pid <= 0 || !options.served() || !has_smc_conn() {
+        return call(false).unwrap_or(0);
     }
     let e0 = real::errno();
     // SAFETY: plain system call; a failure (an old kernel, no such process) is -1.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) as c_int };
     if pidfd < 0 {
         real::set_errno(e0);
-        return call(options);
+        return call(false).unwrap_or(0);
     }
     // SAFETY: sigset_t is plain data; the calls only fill and read the sets given.
     let (mut old, mut chld): (libc::sigset_t, libc::sigset_t) =
@@ -1564,13 +1598,8 @@ pub fn wait_child(
     // SAFETY: a valid set of our own.
     unsafe { libc::sigaddset(&mut during, libc::SIGCHLD) };
     crate::signals::wait_begins();
-    let slice = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: WAIT_SLICE_MS * 1_000_000,
-    };
     let r = loop {
-        let r = call(options | libc::WNOHANG);
-        if r != 0 {
+        if let Some(r) = call(true) {
             break r;
         }
         if crate::signals::caught() && crate::signals::interrupted() {
@@ -1584,7 +1613,7 @@ pub fn wait_child(
             revents: 0,
         };
         // SAFETY: one pollfd, a timeout and a signal set of our own.
-        unsafe { real::ppoll(&mut p, 1, &slice, &during) };
+        unsafe { real::ppoll(&mut p, 1, &WAIT_SLICE, &during) };
     };
     let e = real::errno();
     // SAFETY: our own descriptor; the caller's signal mask back (a SIGCHLD that came meanwhile
@@ -1594,8 +1623,46 @@ pub fn wait_child(
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
     }
     // errno as the real call leaves it: unchanged on success.
-    real::set_errno(if r > 0 { e0 } else { e });
+    real::set_errno(if r >= 0 { e0 } else { e });
     r
+}
+
+const WAIT_SLICE: libc::timespec = libc::timespec {
+    tv_sec: 0,
+    tv_nsec: WAIT_SLICE_MS * 1_000_000,
+};
+
+/// `sigsuspend(mask)` (and `pause`, with `mask` null: the thread's own mask). A process that
+/// holds SMC connections and sleeps until a signal (nginx's master, many daemons: a `SIGCHLD`
+/// handler, then `sigsuspend` until the child it started is done) answers meanwhile the switch
+/// to TCP a peer asked for, typically that child exec'ing an image without the library on the
+/// other end of one of its connections (rt12 `waitswitch` `sigsuspend`, `pause_sigchld`: the
+/// child's switch waited 10 s, then reset both ends). It sleeps in `ppoll` with the same mask
+/// in slices of [`WAIT_SLICE_MS`], which a handled signal ends with `EINTR` as it ends
+/// `sigsuspend`. `None`: not served (no SMC connection, a `vfork` child), the caller makes the
+/// real call.
+pub fn suspend_answering(mask: *const libc::sigset_t) -> Option<c_int> {
+    if !fdtable::any_objects() || in_vfork_child() || !has_smc_conn() {
+        return None;
+    }
+    // SAFETY: sigset_t is plain data.
+    let mut own: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let mask = if mask.is_null() {
+        // SAFETY: reads the thread's mask into our set.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, std::ptr::null(), &mut own) };
+        &own as *const libc::sigset_t
+    } else {
+        mask
+    };
+    loop {
+        answer_peer_switches();
+        // SAFETY: no pollfd, a timeout and the caller's (or the thread's own) signal set.
+        let r = unsafe { real::ppoll(std::ptr::null_mut(), 0, &WAIT_SLICE, mask) };
+        if r < 0 {
+            // EINTR (a handled signal: `sigsuspend`'s only return), or EFAULT for a bad mask.
+            return Some(-1);
+        }
+    }
 }
 
 /// Whether this process holds an SMC connection that has not continued on TCP.

@@ -285,10 +285,6 @@ fn process_gone(pid: u32) -> bool {
     gone
 }
 
-/// While a handshake of the set is undecided, a blocking wait wakes at least this often to let
-/// handshakes whose peer went quiet time out (and fall back) as they would in a read.
-const HS_TICK_MS: i32 = 100;
-
 /// What registration `fd`'s current state wants, and its connection if emulated.
 fn mode_of(fd: i32, app_events: u32) -> (Mode, Option<Arc<Obj>>) {
     if fdtable::raw(fd) < 8 {
@@ -1766,7 +1762,7 @@ pub unsafe fn wait(
             return 0;
         }
         let ticking = set.undecided.load(Ordering::Relaxed) > 0;
-        let mut cap = if ticking { HS_TICK_MS } else { -1 };
+        let mut cap = if ticking { ready::HS_TICK_MS } else { -1 };
         let tick = match sharing {
             Sharing::Alone => -1,
             Sharing::Forked => FORKED_TICK_MS,

@@ -10,7 +10,8 @@ use crate::fdtable;
 use crate::fdtable::InCall;
 use crate::obj::Obj;
 use crate::ready::{
-    arm, conn_mask, deadline_ms, remaining_ms, settle, spin_budget, spin_result, ERR, HUP,
+    arm, conn_mask, deadline_ms, remaining_ms, settle, spin_budget, spin_result, ERR, HS_TICK_MS,
+    HUP,
 };
 use crate::real;
 use crate::util::unwound;
@@ -123,10 +124,6 @@ fn undecided_events(und: Und, app: i16) -> i16 {
         Und::WriteWaits => libc::POLLIN,
     }
 }
-
-/// While a handshake is undecided, a blocking poll wakes at least this often to let one whose
-/// peer went quiet time out (and fall back) as it would in a read.
-const HS_TICK_MS: i32 = 100;
 
 /// A change this process makes to a connection without its peer (`shutdown` in another
 /// thread, a lower `SO_RCVLOWAT`) rings no doorbell, and the kernel wakes a `poll` only for

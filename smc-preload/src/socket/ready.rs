@@ -18,6 +18,10 @@ pub const PRI: u32 = libc::EPOLLPRI as u32;
 pub const RDNORM: u32 = libc::EPOLLRDNORM as u32;
 pub const WRNORM: u32 = libc::EPOLLWRNORM as u32;
 
+/// While a handshake is undecided, a blocking `poll` or `epoll_wait` wakes at least this often
+/// to let one whose peer went quiet time out (and fall back) as it would in a read.
+pub const HS_TICK_MS: i32 = 100;
+
 /// Readiness of an SMC connection as epoll/poll bits (they share values).
 pub fn conn_mask(c: &Conn) -> u32 {
     let r = c.readiness();

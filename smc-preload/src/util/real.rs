@@ -244,6 +244,9 @@ real_fns! {
     inotify_init1(flags: c_int) -> c_int;
     waitpid(pid: libc::pid_t, status: *mut c_int, options: c_int) -> libc::pid_t;
     wait4(pid: libc::pid_t, status: *mut c_int, options: c_int, ru: *mut libc::rusage) -> libc::pid_t;
+    waitid(idtype: libc::idtype_t, id: libc::id_t, info: *mut libc::siginfo_t, options: c_int) -> c_int;
+    sigsuspend(mask: *const sigset_t) -> c_int;
+    pause() -> c_int;
     posix_spawnp(pid: *mut libc::pid_t, file: *const libc::c_char, fa: *const libc::posix_spawn_file_actions_t, at: *const libc::posix_spawnattr_t, argv: *const *mut libc::c_char, envp: *const *mut libc::c_char) -> c_int;
 }
 
