@@ -1637,32 +1637,43 @@ const WAIT_SLICE: libc::timespec = libc::timespec {
 /// handler, then `sigsuspend` until the child it started is done) answers meanwhile the switch
 /// to TCP a peer asked for, typically that child exec'ing an image without the library on the
 /// other end of one of its connections (rt12 `waitswitch` `sigsuspend`, `pause_sigchld`: the
-/// child's switch waited 10 s, then reset both ends). It sleeps in `ppoll` with the same mask
-/// in slices of [`WAIT_SLICE_MS`], which a handled signal ends with `EINTR` as it ends
-/// `sigsuspend`. `None`: not served (no SMC connection, a `vfork` child), the caller makes the
-/// real call.
+/// child's switch waited 10 s, then reset both ends). It sleeps in `ppoll` with the caller's
+/// mask in slices of [`WAIT_SLICE_MS`], which a handled signal ends with `EINTR` as it ends
+/// `sigsuspend`; between the slices every signal is blocked, so that one that comes while
+/// the switches are answered stays pending for the next slice instead of running its handler
+/// where no call would end (a `pause` that never returned). The caller's mask is back on
+/// return. `None`: not served (no SMC connection, a `vfork` child), the caller makes the real
+/// call.
 pub fn suspend_answering(mask: *const libc::sigset_t) -> Option<c_int> {
     if !fdtable::any_objects() || in_vfork_child() || !has_smc_conn() {
         return None;
     }
-    // SAFETY: sigset_t is plain data.
-    let mut own: libc::sigset_t = unsafe { std::mem::zeroed() };
-    let mask = if mask.is_null() {
-        // SAFETY: reads the thread's mask into our set.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, std::ptr::null(), &mut own) };
-        &own as *const libc::sigset_t
+    // SAFETY: sigset_t is plain data; the calls fill our sets and set the thread's mask.
+    let (mut all, mut old): (libc::sigset_t, libc::sigset_t) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    // SAFETY: as above.
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+    }
+    let during = if mask.is_null() {
+        &old as *const libc::sigset_t
     } else {
         mask
     };
-    loop {
+    let e = loop {
         answer_peer_switches();
         // SAFETY: no pollfd, a timeout and the caller's (or the thread's own) signal set.
-        let r = unsafe { real::ppoll(std::ptr::null_mut(), 0, &WAIT_SLICE, mask) };
+        let r = unsafe { real::ppoll(std::ptr::null_mut(), 0, &WAIT_SLICE, during) };
         if r < 0 {
             // EINTR (a handled signal: `sigsuspend`'s only return), or EFAULT for a bad mask.
-            return Some(-1);
+            break real::errno();
         }
-    }
+    };
+    // SAFETY: the caller's mask back.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    real::set_errno(e);
+    Some(-1)
 }
 
 /// Whether this process holds an SMC connection that has not continued on TCP.

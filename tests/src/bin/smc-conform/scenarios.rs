@@ -209,6 +209,13 @@ scenarios! {
     restart_per_handler: 1;
     sysv_signal_interrupts: 1;
     sysv_signal_handler_restored: 0;
+    // sleeping for a signal or a child while a connection is open (the library serves these
+    // calls then: it answers its peers' switches to TCP while the process sleeps)
+    sigsuspend_with_a_connection: 1;
+    pause_with_a_connection: 1;
+    waitid_with_a_connection: 1;
+    waitpid_nohang_with_a_connection: 1;
+    signal_from_child_sigsuspend_with_a_connection: 1;
     // a blocking recv left by siglongjmp from a signal handler (old-style timeouts)
     longjmp_recv_then_close: 1;
     longjmp_recv_then_pingpong: 1;
@@ -7607,5 +7614,248 @@ fn aio_write_both_ends_one_thread() {
     rd("read(c)", c, 100);
     close(c);
     rd("read(s) after the peer closed", s, 100);
+    close(s);
+}
+
+/// The thread's signal mask: whether `sig` is blocked, as a log line.
+fn log_blocked(what: &str, sig: c_int) {
+    // SAFETY: a zeroed sigset_t is valid output space; the call only fills it.
+    let blocked = unsafe {
+        let mut cur: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_SETMASK, std::ptr::null(), &mut cur);
+        libc::sigismember(&cur, sig) == 1
+    };
+    log(format!("{what}: blocked {blocked}"));
+}
+
+/// The connection still carries bytes both ways after the call under test.
+fn echo_after(c: c_int, s: c_int) {
+    write_all(c, b"after");
+    log(format!(
+        "s read {:?}",
+        String::from_utf8_lossy(&read_n(s, 5))
+    ));
+    write_all(s, b"back");
+    log(format!(
+        "c read {:?}",
+        String::from_utf8_lossy(&read_n(c, 4))
+    ));
+}
+
+/// `sigsuspend` with a signal pending that its mask lets through: the handler runs, the call
+/// says `EINTR` at once, the thread's mask is back as before (the signal blocked again); a
+/// signal the mask keeps blocked stays pending.
+fn sigsuspend_with_a_connection() {
+    let (c, s) = pair();
+    handle(libc::SIGUSR1, true);
+    handle(libc::SIGUSR2, true);
+    // SAFETY: sets of our own; raise delivers to this thread (pending while blocked).
+    unsafe {
+        let mut blk: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut blk);
+        libc::sigaddset(&mut blk, libc::SIGUSR1);
+        libc::sigaddset(&mut blk, libc::SIGUSR2);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &blk, std::ptr::null_mut());
+        libc::raise(libc::SIGUSR2);
+        libc::raise(libc::SIGUSR1);
+        let mut during: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut during);
+        libc::sigaddset(&mut during, libc::SIGUSR2);
+        r(
+            "sigsuspend(all but USR2)",
+            libc::sigsuspend(&during) as isize,
+        );
+    }
+    log(format!(
+        "handled USR1 x{} USR2 x{}",
+        SIGUSR1S.load(Ordering::SeqCst),
+        SIGUSR2S.load(Ordering::SeqCst)
+    ));
+    log_blocked("after sigsuspend, USR1", libc::SIGUSR1);
+    // SAFETY: a set of our own; unblocking delivers the pending USR2.
+    unsafe {
+        let mut blk: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut blk);
+        libc::sigaddset(&mut blk, libc::SIGUSR2);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &blk, std::ptr::null_mut());
+    }
+    log(format!(
+        "after unblocking: USR2 x{}",
+        SIGUSR2S.load(Ordering::SeqCst)
+    ));
+    echo_after(c, s);
+    close(c);
+    close(s);
+}
+
+/// `pause` in a thread until a signal comes: `EINTR` after the handler ran, whatever
+/// `SA_RESTART` says.
+fn pause_with_a_connection() {
+    let (c, s) = pair();
+    handle(libc::SIGUSR1, true);
+    static T: AtomicI32 = AtomicI32::new(0);
+    static PT: std::sync::OnceLock<libc::pthread_t> = std::sync::OnceLock::new();
+    let h = std::thread::spawn(|| {
+        // SAFETY: plain calls.
+        let _ = PT.set(unsafe { libc::pthread_self() });
+        T.store(gettid(), Ordering::Release);
+        // SAFETY: plain call.
+        let r = unsafe { libc::pause() };
+        (r, errno())
+    });
+    wait_blocked(&T);
+    // SAFETY: the thread is alive until joined (it waits for this signal).
+    unsafe { libc::pthread_kill(*PT.get().unwrap(), libc::SIGUSR1) };
+    let (rc, e) = h.join().unwrap();
+    log(format!("pause = {rc} {}", ename(e)));
+    log(format!("handled USR1 x{}", SIGUSR1S.load(Ordering::SeqCst)));
+    echo_after(c, s);
+    close(c);
+    close(s);
+}
+
+/// A child that exits 7 once told to (a pipe): `waitid` with `WNOHANG` before (no child
+/// ready: 0 and `si_pid` 0), then `WEXITED | WNOWAIT` (leaves it waitable), then `WEXITED`
+/// (reaps it), then `ECHILD`.
+fn waitid_with_a_connection() {
+    let (c, s) = pair();
+    let mut p = [0; 2];
+    // SAFETY: valid array of two.
+    assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+    // SAFETY: the child makes only async-signal-safe calls, then `_exit`.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let mut b = [0u8; 1];
+        // SAFETY: valid buffer; then exit without running the parent's handlers.
+        unsafe {
+            libc::read(p[0], b.as_mut_ptr().cast(), 1);
+            libc::_exit(7)
+        }
+    }
+    let show = |what: &str, opts: c_int| {
+        // SAFETY: a zeroed siginfo_t is valid output space.
+        let mut si: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: valid output record.
+        let rc = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut si, opts) };
+        let e = errno();
+        // SAFETY: the kernel filled it (or it is zeroed).
+        let (spid, status) = unsafe { (si.si_pid(), si.si_status()) };
+        log(format!(
+            "{what} = {rc} {} child {} code {} status {}",
+            if rc < 0 { ename(e) } else { String::new() },
+            spid == pid,
+            si.si_code,
+            status
+        ));
+    };
+    show(
+        "waitid(WEXITED|WNOHANG) before",
+        libc::WEXITED | libc::WNOHANG,
+    );
+    write_all(p[1], b"x");
+    show("waitid(WEXITED|WNOWAIT)", libc::WEXITED | libc::WNOWAIT);
+    show("waitid(WEXITED)", libc::WEXITED);
+    show("waitid(WEXITED) again", libc::WEXITED);
+    close(p[0]);
+    close(p[1]);
+    echo_after(c, s);
+    close(c);
+    close(s);
+}
+
+/// `waitpid(pid, WNOHANG)` before the child is done (0), then in a loop until it is (its
+/// pid, exit status 3).
+fn waitpid_nohang_with_a_connection() {
+    let (c, s) = pair();
+    let mut p = [0; 2];
+    // SAFETY: valid array of two.
+    assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+    // SAFETY: the child makes only async-signal-safe calls, then `_exit`.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let mut b = [0u8; 1];
+        // SAFETY: valid buffer; then exit without running the parent's handlers.
+        unsafe {
+            libc::read(p[0], b.as_mut_ptr().cast(), 1);
+            libc::_exit(3)
+        }
+    }
+    let mut st = 0;
+    // SAFETY: valid status pointer.
+    r(
+        "waitpid(WNOHANG) before",
+        unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } as isize,
+    );
+    write_all(p[1], b"x");
+    let got = loop {
+        // SAFETY: valid status pointer.
+        let w = unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) };
+        if w != 0 {
+            break w;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    log(format!(
+        "waitpid(WNOHANG) loop: the child {} exit {}",
+        got == pid,
+        libc::WEXITSTATUS(st)
+    ));
+    close(p[0]);
+    close(p[1]);
+    echo_after(c, s);
+    close(c);
+    close(s);
+}
+
+/// nginx's master's shape: a signal blocked and handled, a child started, `sigsuspend` with
+/// an empty mask until the child's signal runs the handler, then `waitpid(WNOHANG)` reaps it.
+/// The child signals this very thread (`tgkill`): a process-directed signal such as
+/// `SIGCHLD` may be taken by another thread of the harness, whose mask lets it through.
+fn signal_from_child_sigsuspend_with_a_connection() {
+    let (c, s) = pair();
+    handle(libc::SIGUSR1, true);
+    // SAFETY: a set of our own.
+    unsafe {
+        let mut blk: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut blk);
+        libc::sigaddset(&mut blk, libc::SIGUSR1);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &blk, std::ptr::null_mut());
+    }
+    // SAFETY: plain calls.
+    let (ppid, tid) = (unsafe { libc::getpid() }, gettid());
+    // SAFETY: the child makes one system call, then exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: plain system call; exit without running the parent's handlers.
+        unsafe {
+            libc::syscall(libc::SYS_tgkill, ppid, tid, libc::SIGUSR1);
+            libc::_exit(5)
+        };
+    }
+    let mut rounds = 0;
+    while SIGUSR1S.load(Ordering::SeqCst) == 0 && rounds < 1000 {
+        rounds += 1;
+        // SAFETY: an empty set of our own.
+        let rc = unsafe {
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigsuspend(&none)
+        };
+        if rounds == 1 {
+            r("sigsuspend(none)", rc as isize);
+        }
+    }
+    log(format!("handled USR1 x{}", SIGUSR1S.load(Ordering::SeqCst)));
+    log_blocked("after sigsuspend, USR1", libc::SIGUSR1);
+    let mut st = 0;
+    // SAFETY: valid status pointer.
+    let w = unsafe { libc::waitpid(pid, &mut st, 0) };
+    log(format!(
+        "waitpid: the child {} exit {}",
+        w == pid,
+        libc::WEXITSTATUS(st)
+    ));
+    echo_after(c, s);
+    close(c);
     close(s);
 }
