@@ -1185,10 +1185,13 @@ pub unsafe fn fds_sending(via: c_int, m: &libc::msghdr) -> usize {
             // A socket in its handshake is decided before it leaves: the receiver may be
             // another process, which cannot continue it. (Our own daemon requests pass the
             // handshaking socket as their proof with the raw system call, not through here.)
-            if fdtable::get(fd)
-                .is_some_and(|o| matches!(&*o, Obj::Handshake(_) | Obj::Pending(_) | Obj::Skip(_)))
+            if let Some(o) = fdtable::get(fd)
+                .filter(|o| matches!(&**o, Obj::Handshake(_) | Obj::Pending(_) | Obj::Skip(_)))
             {
-                setup::settle_leaving(fd);
+                let to_library = matches!(&*o, Obj::Handshake(h) if h.server)
+                    && *receiver.get_or_insert_with(|| receiver_runs_library(via)) == Some(true);
+                drop(o);
+                setup::settle_leaving_to(fd, to_library);
             }
             let Some(o) = fdtable::get(fd) else { return };
             if matches!(&*o, Obj::Listener)

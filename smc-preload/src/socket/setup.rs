@@ -1304,9 +1304,22 @@ fn wait_redirected(io: &crate::util::io_path::IoPath) {
 /// fails cleanly there). Waits at most the CLC timeout for the peer's next message or for a
 /// non-blocking connect to complete. errno is preserved.
 pub fn settle_leaving(fd: i32) {
+    settle_leaving_to(fd, false);
+}
+
+/// [`settle_leaving`]; `receiver_runs_library`: the process the fd goes to runs the library and
+/// adopts an SMC connection (`SCM_RIGHTS` to a worker with the library): a server's handshake
+/// is then driven to its end instead of declined, and the connection travels as SMC-D if it
+/// ends there. Node's `cluster` primary (round robin) accepts each connection and passes it on
+/// at once: about half of them were declined before (red team rt12 `rt12_node.js`).
+pub fn settle_leaving_to(fd: i32, receiver_runs_library: bool) {
     let Some(o) = fdtable::get(fd) else { return };
     let e0 = real::errno();
     match &*o {
+        Obj::Handshake(h) if h.server && receiver_runs_library => {
+            debug!("fd {fd}: passed on during its handshake to a process with the library: completed first");
+            progress_or_withdraw(fd, h, Some(None), false, false);
+        }
         Obj::Handshake(h) => {
             debug!("fd {fd}: leaves the process during its handshake: declined, stays TCP");
             progress_or_withdraw(fd, h, Some(None), true, false);
