@@ -10,7 +10,7 @@ use crate::forklock::{ForkMutex, ForkOnce};
 use crate::util::config::config;
 use smc_common::diag::Diag;
 use std::os::fd::AsRawFd as _;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Daemon requests sent ahead of need (`SMC_PIPELINE=0` disables, for measurements).
@@ -60,6 +60,24 @@ struct Dev {
     gid: ForkOnce<smc_ism::Gid>,
     /// Milliseconds since [`epoch_ms`]'s epoch before which a dead daemon is not retried (0: none).
     retry_after: AtomicU64,
+    /// Requests in a row that timed out ([`back_off_ms`]); 0 after any answer.
+    timeouts: AtomicU32,
+}
+
+/// How long new handshakes decline `NOSMCDDEV` without asking the daemon after a request
+/// failed as *unavailable*: a second for a daemon that is gone (refused, disconnected, shutting
+/// down: reconnecting costs every handshake a failed attempt), and for one that did not answer
+/// in time (`timeout`, the `in_row`-th such failure in a row, from 1) 16 ms doubling with each
+/// timeout in a row up to ~1 s. Before, one timeout — a `PAIR` answered 50 ms late under load,
+/// a pairing whose peer never came — made every handshake of the process decline for a whole
+/// second: 520 to 3 266 of 20 000 connections `NOSMCDDEV` in the scale bench under load
+/// (docs/PERF.md, tenth session), at ~2 500 handshakes a second.
+fn back_off_ms(timeout: bool, in_row: u32) -> u64 {
+    if timeout {
+        16u64 << (in_row.clamp(1, 7) - 1)
+    } else {
+        1000
+    }
 }
 
 static DEV: AtomicPtr<Dev> = AtomicPtr::new(std::ptr::null_mut());
@@ -79,6 +97,7 @@ fn new_dev(pid: u32) -> *mut Dev {
         pid,
         gid: ForkOnce::new(),
         retry_after: AtomicU64::new(0),
+        timeouts: AtomicU32::new(0),
     }))
 }
 
@@ -156,12 +175,24 @@ pub(crate) fn with_dev<T>(
         return Err(Diag::NoSmcdDev.code());
     }
     match f(&d.client) {
-        Ok(v) => Ok(v),
+        Ok(v) => {
+            if d.timeouts.load(Ordering::Relaxed) != 0 {
+                d.timeouts.store(0, Ordering::Relaxed);
+            }
+            Ok(v)
+        }
         Err(e) => {
             debug!("loopback-ism: {e}");
             let code = e.decline_reason().diagnosis();
             if e.is_unavailable() {
-                d.retry_after.store(epoch_ms() + 1000, Ordering::Relaxed);
+                let timeout = matches!(e, smc_ism::IsmError::Timeout);
+                let in_row = if timeout {
+                    d.timeouts.fetch_add(1, Ordering::Relaxed).saturating_add(1)
+                } else {
+                    0
+                };
+                d.retry_after
+                    .store(epoch_ms() + back_off_ms(timeout, in_row), Ordering::Relaxed);
             }
             Err(code)
         }
@@ -404,4 +435,20 @@ fn file_size(fd: i32) -> Option<u64> {
 /// reply awaited, when the daemon offers it).
 pub(crate) fn release_dmbs(own: Option<u64>, peer: Option<u64>) {
     let _ = with_dev(|c| c.release_nowait(own, peer));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::back_off_ms;
+
+    #[test]
+    fn a_timeout_backs_off_briefly_and_doubles_in_a_row_a_gone_daemon_a_second() {
+        assert_eq!(back_off_ms(true, 1), 16);
+        assert_eq!(back_off_ms(true, 2), 32);
+        assert_eq!(back_off_ms(true, 7), 1024);
+        assert_eq!(back_off_ms(true, u32::MAX), 1024);
+        assert_eq!(back_off_ms(true, 0), 16);
+        assert_eq!(back_off_ms(false, 0), 1000);
+        assert_eq!(back_off_ms(false, 9), 1000);
+    }
 }
