@@ -1571,7 +1571,9 @@ pub fn wait_child(
     options: WaitOptions,
     mut call: impl FnMut(bool) -> Option<c_int>,
 ) -> c_int {
-    if !fdtable::any_objects() || in_vfork_child() {
+    // In a signal handler (a `SIGCHLD` reaper) the interrupted code may hold a connection's
+    // locks: the real call only.
+    if !fdtable::any_objects() || in_vfork_child() || crate::signals::in_handler() {
         return call(false).unwrap_or(0);
     }
     if options.nohang() {
@@ -1648,7 +1650,11 @@ const WAIT_SLICE: libc::timespec = libc::timespec {
 /// return. `None`: not served (no SMC connection, a `vfork` child), the caller makes the real
 /// call.
 pub fn suspend_answering(mask: *const libc::sigset_t) -> Option<c_int> {
-    if !fdtable::any_objects() || in_vfork_child() || !has_smc_conn() {
+    if !fdtable::any_objects()
+        || in_vfork_child()
+        || crate::signals::in_handler()
+        || !has_smc_conn()
+    {
         return None;
     }
     // SAFETY: sigset_t is plain data; the calls fill our sets and set the thread's mask.

@@ -26,6 +26,8 @@ static APP_SIGINFO: AtomicU64 = AtomicU64::new(0);
 thread_local! {
     /// The last signal our trampoline ran on this thread (0: none since [`wait_begins`]).
     static LAST: Cell<i32> = const { Cell::new(0) };
+    /// Program handlers our trampoline is running on this thread ([`in_handler`]).
+    static HANDLING: Cell<u32> = const { Cell::new(0) };
 }
 
 fn fault(sig: i32) -> bool {
@@ -65,6 +67,11 @@ extern "C" fn trampoline(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
     if h == 0 || h == libc::SIG_DFL || h == libc::SIG_IGN || h == trampoline_addr() {
         return;
     }
+    // While the program's handler runs, calls it makes are not to do the library's own work
+    // that takes locks the interrupted code may hold ([`in_handler`]). A handler left with
+    // `siglongjmp` leaves the count up: that thread then never does such work from its calls
+    // again (the safe side).
+    HANDLING.with(|c| c.set(c.get().saturating_add(1)));
     if APP_SIGINFO.load(Ordering::Acquire) & (1u64 << sig) != 0 {
         // SAFETY: the program installed `h` with SA_SIGINFO: it takes these arguments.
         let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
@@ -75,6 +82,15 @@ extern "C" fn trampoline(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut
         let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
         f(sig);
     }
+    HANDLING.with(|c| c.set(c.get().saturating_sub(1)));
+}
+
+/// Whether this thread runs a handler of the program's (through our trampoline) now: a
+/// `waitpid(WNOHANG)` of a `SIGCHLD` reaper, say, which may have interrupted a `send` of ours
+/// holding a connection's ring lock, so it must not answer switches to TCP (red team rt13
+/// `rt13_reenter`: the handler's switch waited for the lock its own thread held).
+pub fn in_handler() -> bool {
+    HANDLING.with(|c| c.get() != 0)
 }
 
 fn trampoline_addr() -> usize {
