@@ -1557,15 +1557,14 @@ impl WaitOptions {
 /// `waitswitch` `waitid`).
 ///
 /// The wait sleeps in `ppoll` on a pidfd of the child (its end wakes it at once), looking at
-/// the connections' shared state every [`WAIT_SLICE_MS`]. `SIGCHLD` stays blocked until the
-/// child is reaped: as in the kernel, the waiter gets the child before a `SIGCHLD` handler
-/// that reaps could take it (red team rt12 `reaper`: `ECHILD` before). Any other signal
-/// whose handler lacks `SA_RESTART` ends it with `EINTR` as it ends the real call, whenever it
-/// ran (rt12 `sigrace`). A `WNOHANG` call answers the switches asked so far, then makes the real
-/// call (a loop of them, as Python's `Popen.wait(timeout)` makes: rt12 `waitswitch` `wnohang`).
-/// Any other wait (for any child, a process group, stops), a process without SMC connections
-/// and a `vfork` child make the real call at once (waiting in slices for any child cost a
-/// tracer or a reaper 5–10 ms per event: rt12).
+/// the connections' shared state every [`WAIT_SLICE_MS`]; the thread's signal mask is left as
+/// it is. A signal whose handler lacks `SA_RESTART` ends it with `EINTR` as it ends the real
+/// call, whenever it ran (rt12 `sigrace`). A `WNOHANG` call answers the switches asked so far,
+/// then makes the real call (a loop of them, as Python's `Popen.wait(timeout)` makes: rt12
+/// `waitswitch` `wnohang`). Any other wait (for any child, a process group, stops), a process
+/// that handles `SIGCHLD` ([`sigchld_handled`]), one without SMC connections, a call from a
+/// signal handler and a `vfork` child make the real call at once (waiting in slices for any
+/// child cost a tracer or a reaper 5–10 ms per event: rt12).
 pub fn wait_child(
     pid: libc::pid_t,
     options: WaitOptions,
@@ -1580,28 +1579,20 @@ pub fn wait_child(
         answer_peer_switches();
         return call(false).unwrap_or(0);
     }
-    if pid <= 0 || !options.served() || !has_smc_conn() {
+    if pid <= 0 || !options.served() || sigchld_handled() || !has_smc_conn() {
         return call(false).unwrap_or(0);
     }
     let e0 = real::errno();
+    close_left_pidfd();
     // SAFETY: plain system call; a failure (an old kernel, no such process) is -1.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) as c_int };
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as c_int) as c_int };
     if pidfd < 0 {
         real::set_errno(e0);
         return call(false).unwrap_or(0);
     }
-    // SAFETY: sigset_t is plain data; the calls only fill and read the sets given.
-    let (mut old, mut chld): (libc::sigset_t, libc::sigset_t) =
-        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
-    // SAFETY: valid sets of our own.
-    unsafe {
-        libc::sigemptyset(&mut chld);
-        libc::sigaddset(&mut chld, libc::SIGCHLD);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &chld, &mut old);
-    }
-    let mut during = old;
-    // SAFETY: a valid set of our own.
-    unsafe { libc::sigaddset(&mut during, libc::SIGCHLD) };
+    // Noted until the wait ends, so that one left by `siglongjmp` or a thread cancelled in it
+    // does not keep the descriptor for ever ([`close_left_pidfd`], [`LeftPidfd`]).
+    LEFT_PIDFD.with(|l| l.0.set((pidfd, pid)));
     crate::signals::wait_begins();
     let r = loop {
         if let Some(r) = call(true) {
@@ -1617,19 +1608,75 @@ pub fn wait_child(
             events: libc::POLLIN,
             revents: 0,
         };
-        // SAFETY: one pollfd, a timeout and a signal set of our own.
-        unsafe { real::ppoll(&mut p, 1, &WAIT_SLICE, &during) };
+        // SAFETY: one pollfd and a timeout; the thread's own signal mask.
+        unsafe { real::ppoll(&mut p, 1, &WAIT_SLICE, std::ptr::null()) };
     };
     let e = real::errno();
-    // SAFETY: our own descriptor; the caller's signal mask back (a SIGCHLD that came meanwhile
-    // is delivered now, after the child was reaped here, as after the kernel's wait).
-    unsafe {
-        real::close(pidfd);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-    }
+    LEFT_PIDFD.with(|l| l.0.set((-1, 0)));
+    // SAFETY: our own descriptor.
+    unsafe { real::close(pidfd) };
     // errno as the real call leaves it: unchanged on success.
     real::set_errno(if r >= 0 { e0 } else { e });
     r
+}
+
+/// Whether the program handles `SIGCHLD` (a handler, not `SIG_DFL`/`SIG_IGN`). Such a wait is
+/// not served: the handler must run while the process waits, as it does in the kernel's wait
+/// (a supervisor's handler that kills the child waited for when another ends; one without
+/// `SA_RESTART` that ends the wait with `EINTR`: red team rt13 `rt13_wait killer`, `eintr`,
+/// which waited for an alarm when `SIGCHLD` was blocked during the wait), and it may reap the
+/// child between the slices of the wait, which the kernel's waiter would have got first (rt12
+/// `reaper`).
+fn sigchld_handled() -> bool {
+    // SAFETY: a zeroed sigaction is valid output space; the call only reads the action.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    let e0 = real::errno();
+    // SAFETY: a query only (null new action).
+    let r = unsafe { libc::sigaction(libc::SIGCHLD, std::ptr::null(), &mut old) };
+    real::set_errno(e0);
+    r != 0 || (old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN)
+}
+
+/// The pidfd of a served wait of this thread (-1: none) and the child it names. Set while the
+/// wait runs; what remains set after it was left without returning (`siglongjmp` out of a
+/// signal handler) is closed by the thread's next served wait, and at the thread's end (a
+/// thread cancelled inside the wait: red team rt13 `rt13_wait cancel`, one descriptor per
+/// cancelled thread before).
+struct LeftPidfd(std::cell::Cell<(c_int, libc::pid_t)>);
+
+impl Drop for LeftPidfd {
+    fn drop(&mut self) {
+        close_if_pidfd_of(self.0.get());
+    }
+}
+
+thread_local! {
+    static LEFT_PIDFD: LeftPidfd = const { LeftPidfd(std::cell::Cell::new((-1, 0))) };
+}
+
+/// Closes a pidfd a served wait of this thread left behind ([`LeftPidfd`]).
+fn close_left_pidfd() {
+    let left = LEFT_PIDFD.with(|l| l.0.replace((-1, 0)));
+    close_if_pidfd_of(left);
+}
+
+/// Closes `fd` if it is still a pidfd of `pid` (the program may have closed the number since and
+/// made another file with it; then nothing is closed).
+fn close_if_pidfd_of((fd, pid): (c_int, libc::pid_t)) {
+    if fd < 0 {
+        return;
+    }
+    let e0 = real::errno();
+    let info = std::fs::read(format!("/proc/self/fdinfo/{fd}")).unwrap_or_default();
+    let want = format!("Pid:\t{pid}\n");
+    let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap_or_default();
+    if link.as_os_str().as_encoded_bytes() == b"anon_inode:[pidfd]"
+        && info.windows(want.len()).any(|w| w == want.as_bytes())
+    {
+        // SAFETY: a pidfd of ours, by its kind and its process.
+        unsafe { real::close(fd) };
+    }
+    real::set_errno(e0);
 }
 
 const WAIT_SLICE: libc::timespec = libc::timespec {
