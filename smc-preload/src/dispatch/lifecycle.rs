@@ -1118,7 +1118,7 @@ fn receiver_runs_library(via: c_int) -> Option<bool> {
         // Only children without the library have their descriptors read (red team rt12
         // `rt12_prefork`: 32 workers of 200 fds each made 300 passes take 12.3 s, TCP 65 ms).
         let v = crate::util::unix_peer::peer_inode(via).is_none_or(|ino| {
-            crate::util::unix_peer::children_holding(ino, |pid| maps_library(pid) == Some(false))
+            crate::util::unix_peer::children_holding(ino, |pid| maps_library(pid) != Some(true))
                 .is_empty()
         });
         if let (Some(k), Ok(mut cache)) = (key, PAIR_VERDICTS.try_lock()) {
@@ -1169,7 +1169,10 @@ fn library_name() -> Option<Vec<u8>> {
 /// Before a `sendmsg` on `via`: our connections among its `SCM_RIGHTS` fds go in flight.
 /// Returns how many, for [`fds_not_sent`]. An SMC connection bound for a process that does not
 /// run the library ([`receiver_runs_library`]: a program without it, which would read the
-/// doorbells as data) continues on TCP first, as before an exec into such an image.
+/// doorbells as data) continues on TCP first, as before an exec into such an image; so does
+/// one bound for a process it cannot tell (its maps not readable: another uid, which could not
+/// adopt the connection either; a datagram socket without peer credentials): red team rt13
+/// `rt13_scm_user.py`, 0 of 5 answered, each reset, where it went on as SMC-D before.
 ///
 /// # Safety
 /// `m` is the application's msghdr for `sendmsg`.
@@ -1195,7 +1198,7 @@ pub unsafe fn fds_sending(via: c_int, m: &libc::msghdr) -> usize {
             }
             let Some(o) = fdtable::get(fd) else { return };
             if matches!(&*o, Obj::Listener)
-                && *receiver.get_or_insert_with(|| receiver_runs_library(via)) == Some(false)
+                && *receiver.get_or_insert_with(|| receiver_runs_library(via)) != Some(true)
             {
                 // As before an exec into such an image: its clients' CLC Proposals would be
                 // its request bytes. Announced again if it comes back to a process with the
@@ -1209,7 +1212,7 @@ pub unsafe fn fds_sending(via: c_int, m: &libc::msghdr) -> usize {
                 return;
             }
             let Obj::Conn(c) = &*o else { return };
-            if *receiver.get_or_insert_with(|| receiver_runs_library(via)) == Some(false) {
+            if *receiver.get_or_insert_with(|| receiver_runs_library(via)) != Some(true) {
                 crate::debug!(
                     "fd {fd}: passed to a process that does not run the library: the \
                      connection continues on TCP"
