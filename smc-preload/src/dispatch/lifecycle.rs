@@ -1635,7 +1635,7 @@ fn sigchld_handled() -> bool {
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
     let e0 = real::errno();
     // SAFETY: a query only (null new action).
-    let r = unsafe { libc::sigaction(libc::SIGCHLD, std::ptr::null(), &mut old) };
+    let r = unsafe { real::sigaction(libc::SIGCHLD, std::ptr::null(), &mut old) };
     real::set_errno(e0);
     r != 0 || (old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN)
 }
