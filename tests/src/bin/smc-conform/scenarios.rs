@@ -7714,11 +7714,9 @@ fn pause_with_a_connection() {
     close(s);
 }
 
-/// A child that exits 7 once told to (a pipe): `waitid` with `WNOHANG` before (no child
-/// ready: 0 and `si_pid` 0), then `WEXITED | WNOWAIT` (leaves it waitable), then `WEXITED`
-/// (reaps it), then `ECHILD`.
-fn waitid_with_a_connection() {
-    let (c, s) = pair();
+/// A forked child that exits with `code` once a byte comes on the pipe returned (read end,
+/// write end).
+fn child_exiting_when_told(code: c_int) -> (libc::pid_t, [c_int; 2]) {
     let mut p = [0; 2];
     // SAFETY: valid array of two.
     assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
@@ -7729,9 +7727,18 @@ fn waitid_with_a_connection() {
         // SAFETY: valid buffer; then exit without running the parent's handlers.
         unsafe {
             libc::read(p[0], b.as_mut_ptr().cast(), 1);
-            libc::_exit(7)
+            libc::_exit(code)
         }
     }
+    (pid, p)
+}
+
+/// A child that exits 7 once told to (a pipe): `waitid` with `WNOHANG` before (no child
+/// ready: 0 and `si_pid` 0), then `WEXITED | WNOWAIT` (leaves it waitable), then `WEXITED`
+/// (reaps it), then `ECHILD`.
+fn waitid_with_a_connection() {
+    let (c, s) = pair();
+    let (pid, p) = child_exiting_when_told(7);
     let show = |what: &str, opts: c_int| {
         // SAFETY: a zeroed siginfo_t is valid output space.
         let mut si: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -7767,19 +7774,7 @@ fn waitid_with_a_connection() {
 /// pid, exit status 3).
 fn waitpid_nohang_with_a_connection() {
     let (c, s) = pair();
-    let mut p = [0; 2];
-    // SAFETY: valid array of two.
-    assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
-    // SAFETY: the child makes only async-signal-safe calls, then `_exit`.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        let mut b = [0u8; 1];
-        // SAFETY: valid buffer; then exit without running the parent's handlers.
-        unsafe {
-            libc::read(p[0], b.as_mut_ptr().cast(), 1);
-            libc::_exit(3)
-        }
-    }
+    let (pid, p) = child_exiting_when_told(3);
     let mut st = 0;
     // SAFETY: valid status pointer.
     r(
