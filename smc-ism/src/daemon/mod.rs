@@ -50,9 +50,12 @@ pub struct DaemonConfig {
     pub socket_gid: Option<u32>,
     /// State directory (default [`DEFAULT_STATE_DIR`]); holds the persistent GID.
     pub state_dir: PathBuf,
-    /// Device slots, i.e. live DMBs on the host (default 65535, at most 1 << 20). A DMB's
-    /// memfd and its owner's state page cost the daemon a descriptor each until they are
-    /// shelved (see `shelve_after_ms`); it raises its `RLIMIT_NOFILE` towards two per slot.
+    /// Device slots, i.e. live DMBs on the host (at most 1 << 20; default [`default_max_dmbs`]:
+    /// what half of the host's memory holds at the 16 KiB a DMB is charged at least, at most
+    /// the 262 144 sockets the eBPF maps hold, one DMB per connection end; 262 144 on a host of
+    /// 8 GiB or more). A DMB's memfd and its owner's state page cost the daemon a descriptor each
+    /// until they are shelved (see `shelve_after_ms`); it raises its `RLIMIT_NOFILE` towards two
+    /// per slot.
     pub max_dmbs: u32,
     /// Committed bytes of all live DMBs together (default: half of the host's memory,
     /// `MemTotal`; 8 GiB when unknown). The byte quotas count memory in use, not nominal DMB
@@ -61,7 +64,9 @@ pub struct DaemonConfig {
     /// `commit_sample_ms`). A DMB's pages exist only once written, and the data path gives a
     /// drained ring's pages back, so idle connections cost little whatever their ring size.
     pub max_total_bytes: u64,
-    /// Live DMBs owned by one cgroup (default 4096).
+    /// Live DMBs owned by one cgroup (default: half of the default `max_dmbs`, so that one
+    /// container holding both ends of its connections reaches 65 536 SMC-D connections on a
+    /// host of 8 GiB or more, and no single one takes the whole device).
     pub cgroup_max_dmbs: u32,
     /// Committed bytes of live DMBs owned by one cgroup, counted as `max_total_bytes` (default:
     /// a quarter of the host's memory; 4 GiB when unknown).
@@ -82,7 +87,8 @@ pub struct DaemonConfig {
     /// Connected clients of one uid at most (root is not limited); beyond, its new
     /// connections are closed at once (default 1024).
     pub uid_max_clients: u64,
-    /// Live DMBs registered by one uid at most (root is not limited; default 16384).
+    /// Live DMBs registered by one uid at most (root is not limited; default: a quarter of the
+    /// default `max_dmbs`, 65 536 on a host of 8 GiB or more).
     /// Beyond, registration is refused with `QuotaDmbs` and detail 2 (decline MAX_DMB).
     pub uid_max_dmbs: u32,
     /// The eBPF same-host map pinned by `smc-ctl` (default
@@ -153,16 +159,16 @@ impl Default for DaemonConfig {
             socket_mode: 0o666,
             socket_gid: None,
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
-            max_dmbs: 65535,
+            max_dmbs: default_max_dmbs(host_memory()),
             max_total_bytes: host_memory().map_or(8 << 30, |m| m / 2),
-            cgroup_max_dmbs: 4096,
+            cgroup_max_dmbs: default_max_dmbs(host_memory()) / 2,
             cgroup_max_bytes: host_memory().map_or(4 << 30, |m| m / 4),
             commit_sample_ms: 1000,
             min_available_bytes: 64 << 20,
             require_same_cgroup: false,
             max_clients: 16384,
             uid_max_clients: 1024,
-            uid_max_dmbs: 16384,
+            uid_max_dmbs: default_max_dmbs(host_memory()) / 4,
             bpf_peers_map: Some(PathBuf::from("/sys/fs/bpf/smc/maps/SMC_PEERS")),
             bpf_sock_state_map: Some(PathBuf::from("/sys/fs/bpf/smc/maps/SMC_SOCK_STATE")),
             bpf_links_dir: Some(PathBuf::from("/sys/fs/bpf/smc/links")),
@@ -174,6 +180,17 @@ impl Default for DaemonConfig {
             shelve_after_ms: Some(1000),
         }
     }
+}
+
+/// The default device size for a host of `mem` bytes (`MemTotal`; 8 GiB when unknown): the DMBs
+/// half of it holds at the 16 KiB a registration is charged, at most
+/// [`smc_common::bpf::MAX_SOCKETS`] (the eBPF maps hold that many sockets, i.e. connection ends,
+/// each with one DMB), at least 4096. Before, a fixed 65 535 on the host and 4096 per cgroup:
+/// nginx with 8000 keep-alive clients in one container got 2048 SMC-D connections, the rest
+/// declined `MAX_DMB` (issue 14).
+pub fn default_max_dmbs(mem: Option<u64>) -> u32 {
+    let half = mem.unwrap_or(8 << 30) / 2;
+    (half / (16 << 10)).clamp(4096, smc_common::bpf::MAX_SOCKETS as u64) as u32
 }
 
 /// `MemTotal` of `/proc/meminfo`, in bytes.
@@ -679,5 +696,19 @@ impl DaemonHandle {
 impl Drop for DaemonHandle {
     fn drop(&mut self) {
         let _ = self.stop_and_join();
+    }
+}
+
+#[cfg(test)]
+mod default_tests {
+    use super::default_max_dmbs;
+
+    #[test]
+    fn default_max_dmbs_follows_memory_within_the_ebpf_maps() {
+        assert_eq!(default_max_dmbs(Some(24 << 30)), 262_144);
+        assert_eq!(default_max_dmbs(Some(8 << 30)), 262_144);
+        assert_eq!(default_max_dmbs(Some(2 << 30)), 65_536);
+        assert_eq!(default_max_dmbs(Some(64 << 20)), 4096);
+        assert_eq!(default_max_dmbs(None), 262_144);
     }
 }
