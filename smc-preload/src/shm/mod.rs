@@ -114,8 +114,12 @@ const WAITERS: u32 = 1 << 31;
 pub const TAKEOVER_MS: u64 = 500;
 
 impl ShmLock {
+    /// Takes the lock. While a thread holds one, the program's signal handlers wait until it
+    /// is released (`signals::crit_enter`): a handler that ran inside and called us on the same
+    /// connection would wait for ever for its own thread.
     pub fn lock(&self) -> ShmGuard<'_> {
         let me = crate::pid();
+        crate::signals::crit_enter();
         if self
             .word
             .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
@@ -127,10 +131,16 @@ impl ShmLock {
     }
 
     pub fn try_lock(&self) -> Option<ShmGuard<'_>> {
-        self.word
+        crate::signals::crit_enter();
+        let r = self
+            .word
             .compare_exchange(0, crate::pid(), Ordering::Acquire, Ordering::Relaxed)
             .ok()
-            .map(|_| ShmGuard { l: self })
+            .map(|_| ShmGuard { l: self });
+        if r.is_none() {
+            crate::signals::crit_exit();
+        }
+        r
     }
 
     #[cold]
@@ -170,7 +180,11 @@ impl ShmLock {
             {
                 continue;
             }
+            // Not holding this lock while asleep: a handler may run meanwhile (unless another
+            // lock of ours is held), and what was deferred runs now.
+            crate::signals::crit_exit();
             futex_wait(&self.word, held, 100);
+            crate::signals::crit_enter();
             let holder = v & !WAITERS;
             match seen {
                 Some((h, since)) if h == holder => {
@@ -214,6 +228,7 @@ pub struct ShmGuard<'a> {
 impl Drop for ShmGuard<'_> {
     fn drop(&mut self) {
         self.l.unlock();
+        crate::signals::crit_exit();
     }
 }
 

@@ -28,6 +28,104 @@ thread_local! {
     static LAST: Cell<i32> = const { Cell::new(0) };
     /// Program handlers our trampoline is running on this thread ([`in_handler`]).
     static HANDLING: Cell<u32> = const { Cell::new(0) };
+    /// Shared-memory locks this thread holds ([`crit_enter`]): a program handler is not run
+    /// while any is held, but deferred ([`DEFERRED`]).
+    static CRIT: Cell<u32> = const { Cell::new(0) };
+    /// Signals whose program handler came while this thread held a shared-memory lock: how
+    /// many, and each one's number and `siginfo` (raised again at [`crit_exit`]).
+    static DEFERRED_N: Cell<usize> = const { Cell::new(0) };
+    static DEFERRED: [Cell<(i32, [u64; 16])>; DEFERRED_MAX] =
+        const { [const { Cell::new((0, [0; 16])) }; DEFERRED_MAX] };
+}
+
+/// Signals deferred at most per thread while it holds a shared-memory lock; beyond, a standard
+/// signal already deferred is dropped as the kernel merges it, and others run at once.
+const DEFERRED_MAX: usize = 8;
+
+/// This thread now holds a shared-memory lock (`ShmLock`): a handler of the program that a
+/// signal brings meanwhile is deferred until the last one is released ([`crit_exit`]). The
+/// kernel runs a handler only when a system call is over, never inside a socket's send: our
+/// send copies into the ring in user space, under the ring's lock, and a handler that ran
+/// there and then called `shutdown` or `send` on that connection waited for ever for the lock
+/// its own thread held (red team rt13 `rt13_sigclose.c`: a `SIGALRM` handler's
+/// `shutdown(SHUT_RDWR)` to cut a send short, and a handler's 1-byte keepalive `send`, hung
+/// 3 of 3 runs; TCP: `EPIPE`, every byte).
+#[inline]
+pub fn crit_enter() {
+    CRIT.with(|c| c.set(c.get().wrapping_add(1)));
+}
+
+/// The matching release of [`crit_enter`]: at the last one, the deferred signals are raised
+/// again for this thread, with their `siginfo` (`rt_tgsigqueueinfo` to itself), so that their
+/// handlers run now, as they would have after a system call.
+#[inline]
+pub fn crit_exit() {
+    let left = CRIT.with(|c| {
+        let v = c.get().saturating_sub(1);
+        c.set(v);
+        v
+    });
+    if left == 0 && DEFERRED_N.with(|n| n.get()) != 0 {
+        raise_deferred();
+    }
+}
+
+#[cold]
+fn raise_deferred() {
+    let n = DEFERRED_N.with(|n| n.replace(0)).min(DEFERRED_MAX);
+    let e0 = crate::real::errno();
+    // SAFETY: plain system calls.
+    let (pid, tid) = unsafe {
+        (
+            libc::getpid(),
+            libc::syscall(libc::SYS_gettid) as libc::pid_t,
+        )
+    };
+    for i in 0..n {
+        let (sig, info) = DEFERRED.with(|d| d[i].get());
+        // SAFETY: `info` is the kernel's siginfo of that signal, 128 bytes; a signal to this
+        // very thread (the kernel allows any `si_code` within one thread group).
+        unsafe {
+            libc::syscall(
+                libc::SYS_rt_tgsigqueueinfo,
+                pid,
+                tid,
+                sig,
+                info.as_ptr() as *const libc::siginfo_t,
+            )
+        };
+    }
+    crate::real::set_errno(e0);
+}
+
+/// In the trampoline: defers `sig` when this thread holds a shared-memory lock; true when it
+/// did (the handler is not to run now).
+fn defer(sig: libc::c_int, info: *const libc::siginfo_t) -> bool {
+    if CRIT.with(|c| c.get()) == 0 || info.is_null() {
+        return false;
+    }
+    let n = DEFERRED_N.with(|n| n.get());
+    // A standard signal already deferred is merged, as the kernel merges a pending one.
+    if sig < libc::SIGRTMIN()
+        && (0..n.min(DEFERRED_MAX)).any(|i| DEFERRED.with(|d| d[i].get().0) == sig)
+    {
+        return true;
+    }
+    if n >= DEFERRED_MAX {
+        return false;
+    }
+    let mut raw = [0u64; 16];
+    // SAFETY: the kernel's siginfo for this delivery, 128 bytes, copied into our buffer of 128.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            info as *const u8,
+            raw.as_mut_ptr() as *mut u8,
+            std::mem::size_of::<libc::siginfo_t>().min(128),
+        )
+    };
+    DEFERRED.with(|d| d[n].set((sig, raw)));
+    DEFERRED_N.with(|c| c.set(n + 1));
+    true
 }
 
 fn fault(sig: i32) -> bool {
@@ -57,6 +155,12 @@ pub fn note(sig: i32, handler: libc::sighandler_t, flags: i32) {
 }
 
 extern "C" fn trampoline(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // Inside a section that holds a shared-memory lock: the program's handler runs when the
+    // lock is released ([`crit_exit`]). Only the errno of the interrupted code is at stake
+    // here (nothing else is called).
+    if defer(sig, info) {
+        return;
+    }
     // A const-initialised thread-local without destructor: a plain TLS access (its block was
     // touched by `wait_begins` before any wait), safe in a handler.
     LAST.with(|l| l.set(sig));

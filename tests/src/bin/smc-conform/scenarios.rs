@@ -216,6 +216,8 @@ scenarios! {
     waitid_with_a_connection: 1;
     waitpid_nohang_with_a_connection: 1;
     signal_from_child_sigsuspend_with_a_connection: 1;
+    // a signal handler that acts on the connection the interrupted send is writing to
+    shutdown_from_a_handler_during_send: 5;
     // a blocking recv left by siglongjmp from a signal handler (old-style timeouts)
     longjmp_recv_then_close: 1;
     longjmp_recv_then_pingpong: 1;
@@ -7853,4 +7855,75 @@ fn signal_from_child_sigsuspend_with_a_connection() {
     echo_after(c, s);
     close(c);
     close(s);
+}
+
+/// The connection a handler shuts ([`shutdown_from_a_handler_during_send`]).
+static SHUT_FD: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn shut_on_alarm(_: c_int) {
+    // SAFETY: `shutdown` is async-signal-safe; errno is the interrupted code's.
+    unsafe {
+        let e = *libc::__errno_location();
+        libc::shutdown(SHUT_FD.load(Ordering::SeqCst), libc::SHUT_RDWR);
+        *libc::__errno_location() = e;
+    }
+}
+
+/// A send cut short by a timer whose handler calls `shutdown(SHUT_RDWR)` on that very
+/// connection (an old-style timeout): over TCP the handler runs when the send's system call is
+/// over and the send ends with `EPIPE`. Five rounds of 256 MiB, the signal after 2 ms, the
+/// peer read by a thread. Before, the handler could run inside our send's copy into the ring,
+/// under the ring's lock, and its `shutdown` waited for that lock for ever (red team rt13
+/// `rt13_sigclose.c shutdown`: hung 3 of 3 runs).
+fn shutdown_from_a_handler_during_send() {
+    // SAFETY: a valid sigaction with an async-signal-safe handler.
+    unsafe {
+        let mut a: libc::sigaction = std::mem::zeroed();
+        a.sa_sigaction = shut_on_alarm as *const () as usize;
+        a.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut a.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGALRM, &a, std::ptr::null_mut()), 0);
+    }
+    let chunk = vec![7u8; 1 << 20];
+    for round in 0..5 {
+        let (c, s) = pair();
+        SHUT_FD.store(c, Ordering::SeqCst);
+        let reader = std::thread::spawn(move || {
+            let mut b = vec![0u8; 1 << 16];
+            // SAFETY: valid buffer.
+            while unsafe { libc::read(s, b.as_mut_ptr().cast(), b.len()) } > 0 {}
+            s
+        });
+        // The signal, aimed at this thread (a process-directed timer's may go to the
+        // harness's watchdog thread).
+        // SAFETY: plain call.
+        let me = unsafe { libc::pthread_self() } as usize;
+        let timer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(2));
+            // SAFETY: the sending thread waits for this one before it ends.
+            unsafe { libc::pthread_kill(me as libc::pthread_t, libc::SIGALRM) };
+        });
+        let mut sent = 0usize;
+        let ended = loop {
+            if sent >= 256 << 20 {
+                break "all sent".to_string();
+            }
+            // SAFETY: valid buffer.
+            let w =
+                unsafe { libc::send(c, chunk.as_ptr().cast(), chunk.len(), libc::MSG_NOSIGNAL) };
+            if w < 0 {
+                let e = errno();
+                if e == libc::EINTR {
+                    continue;
+                }
+                break ename(e);
+            }
+            sent += w as usize;
+        };
+        timer.join().unwrap();
+        log(format!("round {round}: send ended with {ended}"));
+        let s = reader.join().unwrap();
+        close(c);
+        close(s);
+    }
 }
