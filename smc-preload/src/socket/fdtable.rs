@@ -129,7 +129,12 @@ pub fn raw_seqcst(fd: i32) -> usize {
     }
 }
 
+/// Takes a slot's lock bit. A program's signal handler that comes meanwhile waits until
+/// [`unlock`] (`signals::crit_enter`): one that called us on the same fd would spin for ever on
+/// the bit its own thread holds (red team rt13 `rt13_sigio.c`: a `SIGIO` handler's `recv` while
+/// the interrupted `send` looked up the same fd).
 fn lock(s: &AtomicUsize) -> usize {
+    crate::signals::crit_enter();
     let mut spins = 0u32;
     loop {
         let v = s.load(Ordering::Acquire);
@@ -148,6 +153,12 @@ fn lock(s: &AtomicUsize) -> usize {
     }
 }
 
+/// Releases a slot's lock bit taken by [`lock`], storing `v`.
+fn unlock(s: &AtomicUsize, v: usize) {
+    s.store(v, Ordering::Release);
+    crate::signals::crit_exit();
+}
+
 /// The object of `fd`, if any (its strong count bumped).
 #[inline]
 pub fn get(fd: i32) -> Option<Arc<Obj>> {
@@ -158,7 +169,7 @@ pub fn get(fd: i32) -> Option<Arc<Obj>> {
     }
     let v = lock(s);
     if v < 8 {
-        s.store(v, Ordering::Release);
+        unlock(s, v);
         return None;
     }
     let p = v as *const Obj;
@@ -168,7 +179,7 @@ pub fn get(fd: i32) -> Option<Arc<Obj>> {
         Arc::increment_strong_count(p);
         Arc::from_raw(p)
     };
-    s.store(v, Ordering::Release);
+    unlock(s, v);
     Some(a)
 }
 
@@ -241,7 +252,7 @@ pub fn freeze_for_fork() -> Frozen {
         let chunk = unsafe { &*c };
         for s in chunk.iter() {
             let v = lock(s);
-            s.store(v, Ordering::Release);
+            unlock(s, v);
         }
     }
     Frozen(true)
@@ -291,13 +302,13 @@ fn swap(fd: i32, new: Slot, expect: Option<usize>) -> Result<Slot, Slot> {
         // Pairs with the fence in `freeze_for_fork` (see there).
         fence(Ordering::SeqCst);
         if expect.is_some_and(|e| e != v) {
-            s.store(v, Ordering::Release);
+            unlock(s, v);
             return Err(new);
         }
         if !frozen_for_me() {
             break v;
         }
-        s.store(v, Ordering::Release);
+        unlock(s, v);
         wait_thawed();
     };
     let nv = match new {
@@ -311,7 +322,7 @@ fn swap(fd: i32, new: Slot, expect: Option<usize>) -> Result<Slot, Slot> {
             Arc::into_raw(a) as usize
         }
     };
-    s.store(nv, Ordering::Release);
+    unlock(s, nv);
     Ok(match old {
         0 => Slot::Empty,
         t if t < 8 => Slot::Tag(t),

@@ -1142,7 +1142,19 @@ fn progress_or_withdraw(
     if !fdtable::get(fd).is_some_and(|o| matches!(&*o, Obj::Handshake(x) if std::ptr::eq(x, h))) {
         return true;
     }
-    let mut g = h.driver.lock().unwrap_or_else(|e| e.into_inner());
+    // From a program's signal handler the interrupted code may be this very thread inside a
+    // step of the handshake, holding its driver (red team rt13 `rt13_sigio.c`: a `SIGIO`
+    // handler's `recv(MSG_DONTWAIT)` during the client's first `send` waited for ever): the
+    // handshake is then simply not decided yet, as for any other holder that is busy.
+    let mut g = if crate::signals::in_handler() {
+        match h.driver.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        }
+    } else {
+        h.driver.lock().unwrap_or_else(|e| e.into_inner())
+    };
     let Some(d) = g.as_mut() else {
         return true;
     };
