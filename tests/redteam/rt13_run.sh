@@ -1,0 +1,26 @@
+#!/bin/bash
+# Round 13 driver: builds the probes into /tmp/rt13 and runs each case R times under world.sh tcp
+# and world.sh smc, printing the distinct outputs (no stats lines).
+# usage: B=/path/to/bins bash rt13_run.sh R CASE...
+#   cases: wait:<scenario> (rt13_wait.c: killer eintr longjmp longjmp0 cancel),
+#          scmuser:<uid> (rt13_scm_user.py), perl:<mode> (rt13_perl.pl), java:<mode> (rt13_http.java),
+#          tcl:<mode> (rt13_tcl.tcl)
+H=$(cd "$(dirname "$0")" && pwd)
+R=$1; shift
+mkdir -p /tmp/rt13/j
+gcc -O2 -o /tmp/rt13/rt13_wait $H/rt13_wait.c -lpthread || exit 1
+[ -f /tmp/rt13/j/Rt13Http.class ] || javac -d /tmp/rt13/j $H/rt13_http.java || exit 1
+for c in "$@"; do
+  k=${c%%:*}; a=${c#*:}
+  case $k in
+    wait) cmd=(/tmp/rt13/rt13_wait 62001 $a 50) ;;
+    scmuser) cmd=(python3 $H/rt13_scm_user.py 62030 5 $a) ;;
+    perl) cmd=(perl $H/rt13_perl.pl 62020 $a 20) ;;
+    java) cmd=(java -cp /tmp/rt13/j Rt13Http 62011 $a 100) ;;
+    tcl) cmd=(tclsh $H/rt13_tcl.tcl 62040 $a 30) ;;
+  esac
+  for m in tcp smc; do
+    echo "== $c $m x$R"
+    for i in $(seq $R); do STATN=0 TMO=${TMO:-60} bash $H/world.sh $m "${cmd[@]}" 2>&1 | sed 's/[0-9.]* s$/T s/'; done | sort | uniq -c
+  done
+done
