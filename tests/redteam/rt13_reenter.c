@@ -5,7 +5,9 @@
 // while the server sleeps in send; the library's waitpid(WNOHANG) answers the switches asked
 // (answer_peer_switches) from inside the handler.
 // gcc -O2 -o rt13_reenter rt13_reenter.c
-// usage: rt13_reenter PORT MB [SIGCHLD_US]   (SIGCHLD_US: a stop/continue of a child every N us)
+// usage: rt13_reenter PORT MB [SIGCHLD_US [fdopen]]   (SIGCHLD_US: a stop/continue of a child every
+//   N us; fdopen: the client does not exec, it fdopen()s its socket after 0.3 s and freads to EOF,
+//   checking every byte: stdio taking the fd is a switch to TCP too)
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -60,6 +62,19 @@ int main(int argc, char **argv) {
     int c = socket(AF_INET, SOCK_STREAM, 0);
     if (connect(c, (void *)&a, sizeof a)) { perror("connect"); _exit(2); }
     usleep(300000);  // the server fills the ring and sleeps in send
+    if (argc > 4 && !strcmp(argv[4], "fdopen")) {
+      FILE *f = fdopen(c, "r");
+      static char rb[1 << 16], want[1 << 16];
+      size_t got = 0, n, bad = 0;
+      while ((n = fread(rb, 1, sizeof rb, f)) > 0) {
+        fill(want, n, got);
+        if (memcmp(rb, want, n)) bad++;
+        got += n;
+      }
+      printf("client (fdopen): %zu bytes, %zu bad blocks, %s\n", got, bad, ferror(f) ? strerror(errno) : "EOF");
+      fflush(stdout);
+      _exit(0);
+    }
     pid_t k = fork();
     if (!k) {
       dup2(c, 0); close(c);

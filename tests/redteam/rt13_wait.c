@@ -11,6 +11,8 @@
 //   longjmp0   the same with sigsetjmp(env, 0) (the mask not saved: SIGALRM stays blocked as
 //              over TCP; is SIGCHLD blocked too?).
 //   cancel     N threads each cancelled inside waitpid(child); fd count after.
+//   waitid     waitid(P_PID, WEXITED|WNOWAIT) then with a NULL siginfo, WSTOPPED/WCONTINUED stops,
+//              P_ALL with a NULL siginfo, P_PIDFD; the results printed.
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -23,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -156,6 +159,48 @@ int main(int argc, char **argv) {
       waitpid(p, &st, 0);
     }
     printf("cancel: %d threads cancelled in waitpid: fds %d -> %d\n", n, f0, nfds());
+    return 0;
+  }
+  if (!strcmp(sc, "waitid")) {
+    siginfo_t si;
+    pid_t p = child_sleep(0.05);
+    memset(&si, 0, sizeof si);
+    int r = waitid(P_PID, p, &si, WEXITED | WNOWAIT);
+    printf("WNOWAIT: r=%d pid_ok=%d code=%d status=%d\n", r, si.si_pid == p, si.si_code, si.si_status);
+    errno = 0;
+    r = waitid(P_PID, p, NULL, WEXITED);
+    printf("NULL siginfo: r=%d errno=%d\n", r, errno);
+    r = waitpid(p, &st, WNOHANG);
+    printf("after: waitpid=%d errno=%s\n", r, r < 0 ? strerror(errno) : "-");
+    p = fork();
+    if (!p) { close(cfd); close(sfd); raise(SIGSTOP); usleep(50000); _exit(3); }
+    memset(&si, 0, sizeof si);
+    r = waitid(P_PID, p, &si, WSTOPPED);
+    printf("WSTOPPED: r=%d code=%s status=%d\n", r, si.si_code == CLD_STOPPED ? "CLD_STOPPED" : "other", si.si_status);
+    kill(p, SIGCONT);
+    memset(&si, 0, sizeof si);
+    r = waitid(P_PID, p, &si, WCONTINUED);
+    printf("WCONTINUED: r=%d code=%s\n", r, si.si_code == CLD_CONTINUED ? "CLD_CONTINUED" : "other");
+    memset(&si, 0, sizeof si);
+    r = waitid(P_PID, p, &si, WEXITED | WSTOPPED);
+    printf("WEXITED|WSTOPPED: r=%d code=%s status=%d\n", r, si.si_code == CLD_EXITED ? "CLD_EXITED" : "other", si.si_status);
+    p = child_sleep(0.05);
+    r = waitid(P_ALL, 0, NULL, WEXITED);
+    printf("P_ALL NULL: r=%d\n", r);
+    p = child_sleep(0.05);
+    int pfd = syscall(SYS_pidfd_open, p, 0);
+    memset(&si, 0, sizeof si);
+    r = waitid(P_PIDFD, pfd, &si, WEXITED);
+    printf("P_PIDFD: r=%d pid_ok=%d status=%d\n", r, si.si_pid == p, si.si_status);
+    close(pfd);
+    // a SIGCHLD handler that reaps, then a waitid(P_PID) already blocked when the child ends
+    struct sigaction sa = {0};
+    sa.sa_handler = on_chld;
+    sigaction(SIGCHLD, &sa, 0);
+    p = child_sleep(0.05);
+    memset(&si, 0, sizeof si);
+    r = waitid(P_PID, p, &si, WEXITED);
+    printf("waitid + SIGCHLD handler (no SA_RESTART): r=%d errno=%s pid_ok=%d handler ran %d\n", r, r < 0 ? strerror(errno) : "-", si.si_pid == p, chld_hits);
     return 0;
   }
   fprintf(stderr, "unknown scenario\n");
