@@ -4,6 +4,8 @@
 // gcc -O2 -o rt13_sigclose rt13_sigclose.c -lpthread
 // usage: rt13_sigclose PORT shutdown|close|rshutdown N
 //   rshutdown: the main thread is inside recv() (a thread of the peer writes as fast as it can)
+//   hsend: the handler sends one byte (MSG_DONTWAIT, a keepalive) every 1 ms while the main
+//          thread sends 64 MB, then shuts down
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -17,11 +19,13 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-static int cfd, sfd, use_close, rside;
+static int cfd, sfd, use_close, rside, hsend;
+static volatile long hsent;
 static void on_alrm(int s) {
   (void)s;
   int e = errno;
-  if (use_close) close(cfd); else shutdown(cfd, SHUT_RDWR);
+  if (hsend) { char k = 'k'; if (send(cfd, &k, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1) hsent++; }
+  else if (use_close) close(cfd); else shutdown(cfd, SHUT_RDWR);
   errno = e;
 }
 static void *writer(void *a) {
@@ -42,6 +46,7 @@ int main(int argc, char **argv) {
   int port = atoi(argv[1]);
   use_close = !strcmp(argv[2], "close");
   rside = !strcmp(argv[2], "rshutdown");
+  hsend = !strcmp(argv[2], "hsend");
   int n = atoi(argv[3]);
   int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
   setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -60,9 +65,16 @@ int main(int argc, char **argv) {
     pthread_t th;
     pthread_create(&th, 0, rside ? writer : reader, 0);
     struct itimerval it = {{0, 0}, {0, 50000 + (i % 7) * 3000}};
+    if (hsend) it.it_interval.tv_usec = it.it_value.tv_usec = 1000;
     setitimer(ITIMER_REAL, &it, 0);
     ssize_t w;
-    if (rside)
+    if (hsend) {
+      for (int k = 0; k < 64; k++) if ((w = send(cfd, buf, sizeof buf, MSG_NOSIGNAL)) < 0 && errno != EINTR) break;
+      struct itimerval z = {{0, 0}, {0, 0}};
+      setitimer(ITIMER_REAL, &z, 0);
+      w = 0;
+      shutdown(cfd, SHUT_WR);
+    } else if (rside)
       while ((w = recv(cfd, buf, sizeof buf, 0)) > 0) {}
     else
       while ((w = send(cfd, buf, sizeof buf, MSG_NOSIGNAL)) > 0) {}
@@ -74,6 +86,6 @@ int main(int argc, char **argv) {
   }
   printf("%s: %d rounds; send ended with:", argv[2], n);
   for (int e = 0; e < 200; e++) if (errs[e]) printf(" %s x%d", e ? strerrorname_np(e) : "0", errs[e]);
-  printf("\n");
+  printf(hsend ? " (handler sent %ld)\n" : "\n", hsent);
   return 0;
 }
