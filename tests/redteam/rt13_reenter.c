@@ -7,7 +7,8 @@
 // gcc -O2 -o rt13_reenter rt13_reenter.c
 // usage: rt13_reenter PORT MB [SIGCHLD_US [fdopen]]   (SIGCHLD_US: a stop/continue of a child every
 //   N us; fdopen: the client does not exec, it fdopen()s its socket after 0.3 s and freads to EOF,
-//   checking every byte: stdio taking the fd is a switch to TCP too)
+//   checking every byte: stdio taking the fd is a switch to TCP too; forks: the SIGCHLDs come from
+//   children that a thread of the server forks every N us and that _exit at once)
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -17,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <pthread.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,6 +29,22 @@ static void reaper(int s) {
   hits++;
   while (waitpid(-1, &st, WNOHANG) > 0) {}
   errno = e;
+}
+static int fork_us;
+static volatile int fork_stop;
+static void *forker(void *a) {
+  (void)a;
+  sigset_t c;  // the SIGCHLDs go to the main thread
+  sigemptyset(&c);
+  sigaddset(&c, SIGCHLD);
+  pthread_sigmask(SIG_BLOCK, &c, 0);
+  for (int k = 0; k < 5000 && !fork_stop; k++) {  // at most 5000: a deadlocked reaper leaves zombies
+    pid_t p = fork();
+    if (!p) _exit(0);
+    if (p < 0) break;
+    usleep(fork_us);
+  }
+  return 0;
 }
 static void fill(char *b, size_t n, size_t off) {
   for (size_t i = 0; i < n; i++) b[i] = (char)((off + i) * 2654435761u >> 13);
@@ -91,9 +109,13 @@ int main(int argc, char **argv) {
   sa.sa_handler = reaper;
   sa.sa_flags = SA_RESTART;
   sigaction(SIGCHLD, &sa, 0);
-  pid_t K = fork();
+  int forks = argc > 4 && !strcmp(argv[4], "forks");
+  pthread_t ft;
+  pid_t K = -1, L = -1;
+  if (forks) { fork_us = us; pthread_create(&ft, 0, forker, 0); }
+  else K = fork();
   if (!K) { close(l); for (;;) pause(); }
-  pid_t L = fork();
+  if (!forks) L = fork();
   if (!L) {
     close(l);
     for (;;) { kill(K, SIGSTOP); usleep(us); kill(K, SIGCONT); usleep(us); if (getppid() == 1) _exit(0); }
@@ -113,8 +135,8 @@ int main(int argc, char **argv) {
   }
 out:
   close(s);
-  kill(L, SIGKILL);
-  kill(K, SIGKILL);
+  if (forks) { fork_stop = 1; pthread_join(ft, 0); }
+  else { kill(L, SIGKILL); kill(K, SIGKILL); }
   sa.sa_handler = SIG_DFL;
   sigaction(SIGCHLD, &sa, 0);
   int st;

@@ -18,7 +18,7 @@ for c in "$@"; do
     wait) cmd=(/tmp/rt13/rt13_wait 62001 $a 50) ;;
     scmuser) cmd=(python3 $H/rt13_scm_user.py 62030 5 $a) ;;
     scmdgram) cmd=(python3 $H/rt13_scm_dgram.py 62080 5 $a) ;;  # CONNECT=1 in the env: connected
-    reenter) cmd=(/tmp/rt13/rt13_reenter 62060 64 $a) ;;
+    reenter) cmd=(/tmp/rt13/rt13_reenter 62060 64 ${a/:/ }) ;;  # reenter:20, reenter:200:forks, reenter:20:fdopen
     pause) cmd=(/tmp/rt13/rt13_pause 62070 $a 2500) ;;
     sigclose) cmd=(/tmp/rt13/rt13_sigclose 62090 $a 40) ;;
     cancel) cmd=(/tmp/rt13/rt13_cancel 62095 $a 10) ;;
