@@ -154,6 +154,18 @@ pub const FEATURE_LARGE_DMB: u16 = 1 << 15;
 /// continue on TCP, in sync, instead of resetting the connection. A server withdraws only when
 /// the proposal offered the bit (echoing it in its accept); a client always decides first.
 pub const FEATURE_ACCEPT_WITHDRAW: u16 = 1 << 14;
+/// This implementation's "switch alone" extension in the v2 feature mask (a bit Linux does not
+/// define, masked off by a Linux server like [`FEATURE_LARGE_DMB`]): both ends count the control
+/// bytes (doorbells, the switch marker) they send on the TCP socket while the rings carry the
+/// stream, in the last word of the receiver's DMB header (see [`crate::cdc`]), so that the
+/// receiver reads exactly those and never a data byte behind them; and an end may switch the
+/// connection to TCP without its peer's answer when neither ring holds an unread byte (the
+/// peer continues on TCP at its next operation). Used only when the proposal offered it and
+/// the accept echoed it.
+pub const FEATURE_SWITCH_ALONE: u16 = 1 << 13;
+/// The feature bits this implementation offers and echoes.
+pub const OUR_FEATURES: u16 =
+    FEATURE_EMULATED_ISM | FEATURE_LARGE_DMB | FEATURE_ACCEPT_WITHDRAW | FEATURE_SWITCH_ALONE;
 /// CHID of Linux's loopback-ism (`SMC_LO_RESERVED_CHID`).
 pub const LOOPBACK_CHID: u16 = 0xFFFF;
 /// `SMC_FIRST_CONTACT_MASK` within `typev2`.

@@ -56,7 +56,7 @@ use crate::clc::{
     decode, message_len, padded32, AcceptConfirm, AcceptConfirmV2, ClcMessage, Decline, Eid,
     FirstContactExt, Gid, GidChid, MsgType, Proposal, ProposalV2Ext, SmcType, SmcdV2Ext,
     FEATURE_ACCEPT_WITHDRAW, FEATURE_EMULATED_ISM, FEATURE_LARGE_DMB, HEADER_LEN, LOOPBACK_CHID,
-    OS_LINUX, SMC_RELEASE_1, SMC_V1, SMC_V2,
+    OS_LINUX, OUR_FEATURES, SMC_RELEASE_1, SMC_V1, SMC_V2,
 };
 use crate::diag::Diag;
 use std::vec::Vec;
@@ -226,6 +226,9 @@ pub struct Established {
     pub release: u8,
     /// Negotiated EID.
     pub eid: Eid,
+    /// Negotiated v2 feature bits (both ends offered them), e.g.
+    /// [`crate::clc::FEATURE_SWITCH_ALONE`].
+    pub feature_mask: u16,
 }
 
 /// Why the handshake ended in fallback to TCP.
@@ -708,7 +711,7 @@ impl Handshake {
                 max_conns: 0,
                 max_links: 0,
                 // We accept a peer's large DMB whatever our own size.
-                feature_mask: FEATURE_EMULATED_ISM | FEATURE_LARGE_DMB | FEATURE_ACCEPT_WITHDRAW,
+                feature_mask: OUR_FEATURES,
                 ueids: c.ueids.clone(),
                 smcd: Some(SmcdV2Ext {
                     system_eid: c.system_eid.unwrap_or([0; 32]),
@@ -802,8 +805,7 @@ impl Handshake {
             return Err(Fail::device(DeviceMismatch::NoEidOffered));
         }
         let release = v2.release.min(self.cfg.release);
-        let feature_mask =
-            v2.feature_mask & (FEATURE_EMULATED_ISM | FEATURE_LARGE_DMB | FEATURE_ACCEPT_WITHDRAW);
+        let feature_mask = v2.feature_mask & OUR_FEATURES;
         let devices = smcd.devices();
         let ours = devices
             .iter()
@@ -918,9 +920,10 @@ impl Handshake {
         if crate::clc::is_emulated_chid(self.cfg.chid) && release < SMC_RELEASE_1 {
             return Err(Fail::device(DeviceMismatch::ReleaseTooOld));
         }
-        let feature_mask = v2.fce.as_ref().map_or(FEATURE_EMULATED_ISM, |f| {
-            f.feature_mask & (FEATURE_EMULATED_ISM | FEATURE_LARGE_DMB | FEATURE_ACCEPT_WITHDRAW)
-        });
+        let feature_mask = v2
+            .fce
+            .as_ref()
+            .map_or(FEATURE_EMULATED_ISM, |f| f.feature_mask & OUR_FEATURES);
         let neg = Negotiated {
             eid: v2.eid,
             release,
@@ -1027,6 +1030,7 @@ fn established(peer: &AcceptConfirm, local: LocalDmb, neg: &Negotiated) -> Estab
         version: SMC_V2,
         release: neg.release,
         eid: neg.eid,
+        feature_mask: neg.feature_mask,
     }
 }
 

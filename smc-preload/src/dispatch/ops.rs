@@ -352,7 +352,21 @@ unsafe fn recv_in(call: &InCall, fd: c_int, iov: &[iovec], flags: c_int) -> ssiz
             unsafe { crate::member::recv(c.io_now(fd), iov, flags) }
         }
         Err(crate::conn::E_TCP) => ret(c.recv(fd, iov, flags)),
-        r => ret(r),
+        r => {
+            answer_alone_now(fd, c, o);
+            ret(r)
+        }
+    }
+}
+
+/// The peer switched to TCP alone and this call saw it (a write whose bytes it will not read
+/// from the ring, a doorbell its guard refused): the switch now, before the call returns,
+/// not at the next one (which may never come while the peer's next image waits for them).
+fn answer_alone_now(fd: c_int, c: &crate::conn::Conn, o: &Arc<Obj>) {
+    if c.peer_went_alone() {
+        let e0 = real::errno();
+        crate::lifecycle::continue_on_tcp(fd, o);
+        real::set_errno(e0);
     }
 }
 
@@ -450,7 +464,10 @@ unsafe fn send_in(call: &InCall, fd: c_int, iov: &[iovec], flags: c_int) -> ssiz
             unsafe { real::sendmsg(c.io_now(fd), &m, flags) }
         }
         Err(crate::conn::E_TCP) => ret(c.send(fd, iov, flags)),
-        r => ret(r),
+        r => {
+            answer_alone_now(fd, c, o);
+            ret(r)
+        }
     }
 }
 

@@ -52,6 +52,27 @@ pub const WAIT_ASYNC: u64 = 8;
 /// it reads ([`Conn::async_looked`]): one doorbell per arrival after the reader last looked,
 /// however many writes come before it looks again (queued doorbells stay bounded).
 pub const ASYNC_RUNG: u64 = 16;
+/// The owner of this DMB switched the connection to TCP alone ([`Conn::switch_to_tcp`], with
+/// [`FEATURE_SWITCH_ALONE`]): neither ring held an unread byte, and its final cursors are
+/// published. The writer sends no control byte any more (its guard, [`Conn::ctl_begin`],
+/// refuses), answers at its next operation without a marker of its own, and continues on TCP.
+/// Set with [`WAIT_SWITCH`], by a CAS that finds no control send of the writer in flight.
+///
+/// [`FEATURE_SWITCH_ALONE`]: smc_common::clc::FEATURE_SWITCH_ALONE
+pub const WAIT_ALONE: u64 = 32;
+/// Set by the writer before a control byte that the owner may not read as one (an urgent
+/// doorbell, which the owner's kernel takes out of the stream unless `SO_OOBINLINE` is on):
+/// the counts below no longer say exactly what the owner reads; it drains as without the
+/// feature, and never switches alone. Sticky.
+pub const CTL_UNCOUNTED: u64 = 64;
+/// One control send (doorbell, urgent doorbell, switch marker) of the writer in flight: taken
+/// before the byte goes to the socket, given back after ([`Conn::ctl_begin`], bits 16..32).
+const CTL_INFLIGHT_ONE: u64 = 1 << 16;
+const CTL_INFLIGHT_MASK: u64 = 0xffff << 16;
+/// One control byte the writer sent to the owner (bits 32..64, wrapping): the owner's drains
+/// read at most what this count says it has not read yet, so never a data byte behind the
+/// peer's switch marker.
+const CTL_SENT_ONE: u64 = 1 << 32;
 
 /// A reclaim leaves this much of the send ring after our producer cursor in place, so the next
 /// writes land on existing pages.
@@ -117,6 +138,15 @@ pub const F_TCP_INQ: u32 = 1 << 24;
 /// connection is set up, kept by `F_SETFL` and `FIOASYNC`): [`WAIT_ASYNC`] is set in our
 /// DMB, and a read clears [`ASYNC_RUNG`] ([`Conn::async_looked`]).
 pub const F_ASYNC: u32 = 1 << 26;
+/// Both ends count their control bytes and may switch to TCP alone (the handshake negotiated
+/// [`smc_common::clc::FEATURE_SWITCH_ALONE`]).
+pub const F_ALONE_OK: u32 = 1 << 27;
+/// The peer switched the connection to TCP alone ([`WAIT_ALONE`] in its DMB): this end must
+/// switch too, before anything else goes into the rings; its marker may still be on its way.
+pub const F_PEER_ALONE: u32 = 1 << 28;
+/// The connection continues on TCP: the peer's marker was read, the peer switched alone, or
+/// this end switched (see [`E_TCP`]).
+pub const F_TO_TCP: u32 = F_PEER_SWITCH | F_PEER_ALONE | F_SWITCHED;
 
 /// This project's CDC extension (a reserved bit of Linux's `conn_state_flags` byte, which
 /// Linux ignores): the writer of this consumer word shut its reading side (`SHUT_RD`). With
@@ -757,7 +787,7 @@ impl Conn {
     /// The whole readiness picture, without locks or syscalls.
     pub fn readiness(&self) -> Readiness {
         let f = self.flags();
-        if f & (F_PEER_SWITCH | F_SWITCHED) != 0 {
+        if f & F_TO_TCP != 0 {
             // Continues on TCP: the caller's next read or write switches and asks the socket.
             return Readiness {
                 readable: 1,

@@ -489,7 +489,7 @@ fn nonblocking(fd: i32) -> bool {
     fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
-fn install(fd: i32, own: HeldDmb, peer: HeldDmb, role: Role, nonblock: bool) -> bool {
+fn install(fd: i32, own: HeldDmb, peer: HeldDmb, role: Role, nonblock: bool, alone: bool) -> bool {
     let (ot, pt) = (own.token, peer.token);
     let rel = DmbRelease {
         own: ot,
@@ -514,6 +514,10 @@ fn install(fd: i32, own: HeldDmb, peer: HeldDmb, role: Role, nonblock: bool) -> 
     };
     c.own_token = ot;
     c.peer_token = pt;
+    if alone {
+        // Both ends count their control bytes and may switch to TCP alone.
+        c.enable_switch_alone();
+    }
     // Set before the connection became SMC (or inherited from the listener).
     c.set_rcvlowat(fd);
     c.set_oobinline(fd);
@@ -1412,8 +1416,9 @@ fn finish_outcome(fd: i32, server: bool, out: Outcome, nonblock: bool) {
     let role = if server { Role::Server } else { Role::Client };
     match out {
         Outcome::Fallback { fb, awaited } => after_fallback(fd, server, fb, awaited),
-        Outcome::Established { own, peer, .. } => {
-            if !install(fd, own, peer, role, nonblock) {
+        Outcome::Established { own, peer, est } => {
+            let alone = est.feature_mask & smc_common::clc::FEATURE_SWITCH_ALONE != 0;
+            if !install(fd, own, peer, role, nonblock, alone) {
                 // The peer is on SMC already: neither end may continue on this stream.
                 broken(fd, server, "local state mapping failed");
             }

@@ -185,7 +185,7 @@ impl Conn {
     /// or close); `None` once the connection continues on TCP.
     pub(super) fn stream_ends(&self) -> Option<(bool, bool, bool)> {
         let f = self.flags();
-        if f & (F_PEER_SWITCH | F_SWITCHED) != 0 {
+        if f & F_TO_TCP != 0 {
             return None;
         }
         let ps = self.peer_state();

@@ -93,13 +93,13 @@ impl Conn {
         iov: &[libc::iovec],
         flags: i32,
     ) -> Result<(usize, i32), Errno> {
-        if self.flags() & (F_PEER_SWITCH | F_SWITCHED) != 0 {
+        if self.flags() & F_TO_TCP != 0 {
             return Err(E_TCP);
         }
         let s = self.sh();
         s.rx_calls.fetch_add(1, Ordering::Relaxed);
         let _g = s.rx_lock.lock();
-        if self.flags() & (F_PEER_SWITCH | F_SWITCHED) != 0 {
+        if self.flags() & F_TO_TCP != 0 {
             return Err(E_TCP);
         }
         let Some((cons, prod)) = self.rx_cursors() else {
@@ -172,7 +172,7 @@ impl Conn {
         // under `rx_lock` (0 when off or for a read).
         let mut poff = 0u32;
         loop {
-            if self.flags() & (F_PEER_SWITCH | F_SWITCHED) != 0 {
+            if self.flags() & F_TO_TCP != 0 {
                 return if done > 0 { Ok(done) } else { Err(E_TCP) };
             }
             if async_io {
@@ -181,7 +181,7 @@ impl Conn {
             }
             {
                 let _g = s.rx_lock.lock();
-                if self.flags() & (F_PEER_SWITCH | F_SWITCHED) != 0 {
+                if self.flags() & F_TO_TCP != 0 {
                     // Switched while we waited for the lock: the ring's bytes come over TCP.
                     continue;
                 }

@@ -18,6 +18,12 @@ pub enum Switched {
 }
 
 impl Conn {
+    /// The handshake negotiated [`smc_common::clc::FEATURE_SWITCH_ALONE`]: before the first
+    /// control byte of either end (set up, not yet shared with the peer's application).
+    pub fn enable_switch_alone(&self) {
+        self.set_flag(F_ALONE_OK);
+    }
+
     /// Whether this connection continues on TCP (switched).
     pub fn switched(&self) -> bool {
         self.flags() & F_SWITCHED != 0
@@ -25,7 +31,13 @@ impl Conn {
 
     /// Whether this connection continues (or is about to continue) on TCP.
     pub fn switching(&self) -> bool {
-        self.flags() & (F_SWITCHING | F_PEER_SWITCH | F_SWITCHED) != 0
+        self.flags() & (F_SWITCHING | F_TO_TCP) != 0
+    }
+
+    /// The peer switched alone and this end has not answered yet: the call that saw it
+    /// (a write whose bytes the peer will not read from the ring) switches before it returns.
+    pub fn peer_went_alone(&self) -> bool {
+        self.flags() & (F_PEER_ALONE | F_SWITCHED) == F_PEER_ALONE
     }
 
     /// Whether the peer started a switch to TCP ([`WAIT_SWITCH`] in its DMB) that this end has
@@ -39,9 +51,13 @@ impl Conn {
     /// its marker now (when no other thread sleeps on it, which the marker wakes), so that a
     /// write or shutdown answers it ([`F_PEER_SWITCH`]) instead of going on into the ring.
     pub fn notice_switch(&self, fd: i32) {
-        if self.peer_wait().load(Ordering::Relaxed) & WAIT_SWITCH != 0
-            && self.flags() & (F_SWITCHING | F_PEER_SWITCH | F_SWITCHED) == 0
-        {
+        let w = self.peer_wait().load(Ordering::Relaxed);
+        if w & (WAIT_SWITCH | WAIT_ALONE) != 0 && self.flags() & (F_SWITCHING | F_TO_TCP) == 0 {
+            if w & WAIT_ALONE != 0 && self.flags() & F_ALONE_OK != 0 {
+                // It switched alone: nothing to wait for, our answer goes first.
+                self.set_flag(F_PEER_ALONE);
+                return;
+            }
             self.try_drain(fd);
         }
     }
@@ -231,7 +247,17 @@ impl Conn {
         leave: impl FnOnce() -> bool,
         peer_here: impl FnOnce(),
     ) -> Switched {
-        let s = self.sh();
+        let alone_ok = self.flags() & F_ALONE_OK != 0;
+        if alone_ok && self.peer_wait().load(Ordering::SeqCst) & WAIT_ALONE != 0 {
+            // The peer switched alone: our answer, without a marker of ours.
+            if !leave() {
+                crate::debug!(
+                    "fd {fd}: switch to TCP impossible: the socket cannot leave the SOCKHASH"
+                );
+                return Switched::Reset;
+            }
+            return self.answer_alone(fd, deadline);
+        }
         if self.flags() & (F_PROTO | F_PEER_GONE | F_PEER_RST) != 0 || self.peer_state().any_close()
         {
             // The peer closed (or is gone): what it wrote last is in our ring, and it cannot
@@ -245,7 +271,13 @@ impl Conn {
             let _ = leave();
             return Switched::Reset;
         }
-        if !leave() {
+        let mut leave = Some(leave);
+        if alone_ok && self.may_switch_alone() {
+            if let Some(r) = self.switch_alone(fd, deadline, &mut leave) {
+                return r;
+            }
+        }
+        if !leave.take().is_some_and(|f| f()) {
             crate::debug!(
                 "fd {fd}: switch to TCP impossible: the socket cannot leave the SOCKHASH"
             );
@@ -253,7 +285,14 @@ impl Conn {
         }
         // A peer that only writes learns it from its next write (`notice_switch`).
         self.own_wait().fetch_or(WAIT_SWITCH, Ordering::SeqCst);
-        if !crate::util::send_all(fd, &[SWITCH_TCP], deadline) {
+        if !self.ctl_begin(true) {
+            // The peer switched alone meanwhile (its marker will tell where its doorbells
+            // end): our answer, without a marker of ours.
+            return self.answer_alone(fd, deadline);
+        }
+        let sent = crate::util::send_all(fd, &[SWITCH_TCP], deadline);
+        self.ctl_end(true, sent);
+        if !sent {
             crate::debug!("fd {fd}: switch to TCP: our marker could not be sent");
             return Switched::Reset;
         }
@@ -268,7 +307,28 @@ impl Conn {
             return Switched::Reset;
         }
         self.set_flag(F_PEER_SWITCH);
-        // The peer's final consumer cursor of our send ring, published before its marker.
+        let Some(n) = self.resend_unread(fd, deadline) else {
+            return Switched::Reset;
+        };
+        if self.flags() & F_SHUT_WR != 0 {
+            // Our half-close (`peer_done_writing`, a flag in the rings) becomes TCP's FIN,
+            // after the last byte.
+            // SAFETY: plain syscall.
+            unsafe { real::shutdown(fd, libc::SHUT_WR) };
+        }
+        crate::debug!(
+            "fd {fd}: switched to TCP ({n} bytes the peer had not read sent again): {}",
+            self.describe()
+        );
+        Switched::Tcp
+    }
+
+    /// The bytes of our send ring the peer did not consume, from the final consumer cursor it
+    /// published before it switched up to our producer cursor, sent on the socket (the first
+    /// bytes of ours on TCP). Their count, or `None` (the cursor is not valid, or they could
+    /// not go out before `deadline`).
+    fn resend_unread(&self, fd: i32, deadline: Instant) -> Option<u32> {
+        let s = self.sh();
         let prod = unpack(s.prod.load(Ordering::Acquire));
         let last = unpack(s.peer_cons.load(Ordering::Acquire));
         let new = self.own_hdr().load_cons().cursor;
@@ -276,7 +336,7 @@ impl Conn {
             crate::debug!(
                 "fd {fd}: switch to TCP: the peer's final consumer cursor {new:?} is not valid"
             );
-            return Switched::Reset;
+            return None;
         };
         let n = self.tx.diff(pc, prod).unwrap_or(0);
         // SAFETY: `peer` is the peer's mapped DMB, longer than its CDC header.
@@ -291,21 +351,245 @@ impl Conn {
                 crate::debug!(
                     "fd {fd}: switch to TCP: {n} unread bytes could not be sent again in time"
                 );
-                return Switched::Reset;
+                return None;
             }
         }
+        Some(n)
+    }
+
+    /// The peer switched alone ([`WAIT_ALONE`]; the socket left the SOCKHASH already): read up
+    /// to its marker (the end of its doorbells), send again what it did not read of ours
+    /// (normally nothing: it switched alone because it had read everything; bytes we produced
+    /// as it committed), and continue on TCP. No marker of ours: the peer does not wait for
+    /// one, and its next image reads this stream as data.
+    fn answer_alone(&self, fd: i32, deadline: Instant) -> Switched {
+        if self.flags() & F_PEER_SWITCH == 0 && !read_to_marker(fd, deadline) {
+            crate::debug!(
+                "fd {fd}: switch to TCP: the peer switched alone, its marker did not come: {}",
+                self.describe()
+            );
+            return Switched::Reset;
+        }
+        self.set_flag(F_PEER_SWITCH);
+        let Some(n) = self.resend_unread(fd, deadline) else {
+            return Switched::Reset;
+        };
         if self.flags() & F_SHUT_WR != 0 {
-            // Our half-close (`peer_done_writing`, a flag in the rings) becomes TCP's FIN,
-            // after the last byte.
             // SAFETY: plain syscall.
             unsafe { real::shutdown(fd, libc::SHUT_WR) };
         }
         crate::debug!(
-            "fd {fd}: switched to TCP ({n} bytes the peer had not read sent again): {}",
+            "fd {fd}: switched to TCP after the peer, which switched alone ({n} bytes sent \
+             again): {}",
             self.describe()
         );
         Switched::Tcp
     }
+
+    /// Under both ring locks, the rings stopped and our consumer cursor final: whether this
+    /// end may switch without its peer's answer. Neither ring may hold an unread byte (what
+    /// the peer wrote we read, what we wrote it read), nor either end have shut a side but our
+    /// writing (whose FIN we send ourselves), and every control byte of the peer must be
+    /// counted ([`CTL_UNCOUNTED`]).
+    fn may_switch_alone(&self) -> bool {
+        if self.flags() & (F_PEER_SWITCH | F_PEER_ALONE | F_SHUT_RD) != 0
+            || self.own_wait().load(Ordering::SeqCst) & CTL_UNCOUNTED != 0
+        {
+            return false;
+        }
+        let ps = self.peer_state();
+        if ps.any_close_or_done() || ps.0 & PEER_DONE_READING != 0 {
+            return false;
+        }
+        let rx_empty = self
+            .rx_cursors()
+            .is_some_and(|(cons, prod)| self.rx.readable(cons, prod) == Ok(0));
+        let tx_read = self.tx_cursors().is_some_and(|(prod, cons)| prod == cons);
+        rx_empty && tx_read
+    }
+
+    /// Switch alone (this project's CDC extension with [`smc_common::clc::FEATURE_SWITCH_ALONE`]):
+    /// commit [`WAIT_ALONE`] in our wait word (no control send of the peer in flight: its
+    /// guard refuses every one after it), read the peer's control bytes up to its count, leave
+    /// the SOCKHASH, send our marker (unless the peer switched alone too), and continue on TCP
+    /// without waiting for the peer: it answers at its next operation, reads up to our marker
+    /// and sends over TCP whatever it writes from then on. `None`: not committed (a control
+    /// send of the peer stayed in flight), the two-sided switch follows; `leave` untouched.
+    fn switch_alone(
+        &self,
+        fd: i32,
+        deadline: Instant,
+        leave: &mut Option<impl FnOnce() -> bool>,
+    ) -> Option<Switched> {
+        let w = self.own_wait();
+        let start = Instant::now();
+        let mut cur = w.load(Ordering::SeqCst);
+        let mut i = 0u32;
+        loop {
+            if cur & CTL_UNCOUNTED != 0 {
+                return None;
+            }
+            if cur & CTL_INFLIGHT_MASK != 0 {
+                if start.elapsed() > Duration::from_millis(SETTLE_MAX_MS) {
+                    return None;
+                }
+                i += 1;
+                let _ = spin_pause(i);
+                cur = w.load(Ordering::SeqCst);
+                continue;
+            }
+            match w.compare_exchange_weak(
+                cur,
+                cur | WAIT_ALONE | WAIT_SWITCH,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => break,
+                Err(x) => cur = x,
+            }
+        }
+        fence(Ordering::SeqCst);
+        // Dekker with the peer's `after_produce`: bytes it produced before our commit are
+        // seen here (it sends them again over TCP when it answers); after it, it sees our bit.
+        let late = self
+            .rx_cursors()
+            .and_then(|(cons, prod)| self.rx.readable(cons, prod).ok())
+            .unwrap_or(0);
+        let ok = self.drain_ctl(fd, deadline);
+        let left = leave.take().is_some_and(|f| f());
+        if !ok || !left {
+            crate::debug!(
+                "fd {fd}: switch to TCP alone: {}: {}",
+                if ok {
+                    "the socket cannot leave the SOCKHASH"
+                } else {
+                    "the peer's doorbells did not all come"
+                },
+                self.describe()
+            );
+            return Some(Switched::Reset);
+        }
+        if self.ctl_begin(true) {
+            let sent = crate::util::send_all(fd, &[SWITCH_TCP], deadline);
+            self.ctl_end(true, sent);
+            if !sent {
+                crate::debug!("fd {fd}: switch to TCP alone: our marker could not be sent");
+                return Some(Switched::Reset);
+            }
+        }
+        if self.flags() & F_SHUT_WR != 0 {
+            // SAFETY: plain syscall.
+            unsafe { real::shutdown(fd, libc::SHUT_WR) };
+        }
+        if late > 0 && self.flags() & F_PEER_SWITCH == 0 && !inq_reaches(fd, late, deadline) {
+            // The peer wrote as we committed and has not answered (it sends them again at
+            // its next operation): bounded like the two-sided switch.
+            crate::debug!(
+                "fd {fd}: switch to TCP alone: {late} bytes the peer wrote as we switched did \
+                 not come again in time: {}",
+                self.describe()
+            );
+            return Some(Switched::Reset);
+        }
+        crate::debug!(
+            "fd {fd}: switched to TCP alone{}: {}",
+            if late > 0 {
+                " (the peer sent again what it wrote as we switched)"
+            } else {
+                ""
+            },
+            self.describe()
+        );
+        Some(Switched::Tcp)
+    }
+
+    /// Reads the peer's control bytes on the socket (still read through the SOCKHASH) until
+    /// we have read as many as it counted in our wait word (its guard sends none after our
+    /// [`WAIT_ALONE`]); its marker among them (it started the two-sided switch before our
+    /// commit) must be the last. False at the deadline, at EOF, or on anything else.
+    fn drain_ctl(&self, fd: i32, deadline: Instant) -> bool {
+        let e0 = real::errno();
+        let mut buf = [0u8; 256];
+        let ok = loop {
+            let Some(n) = self.ctl_unread() else {
+                break false;
+            };
+            if n == 0 {
+                break true;
+            }
+            let want = (n as usize).min(buf.len());
+            // SAFETY: valid buffer, `want` at most its length.
+            let r = unsafe {
+                real::recv(
+                    fd,
+                    buf.as_mut_ptr() as *mut libc::c_void,
+                    want,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if r == 0 {
+                break false;
+            }
+            if r < 0 {
+                let e = real::errno();
+                if (e != libc::EAGAIN && e != libc::EINTR) || !wait_fd(fd, libc::POLLIN, deadline) {
+                    break false;
+                }
+                continue;
+            }
+            let got = r as usize;
+            self.sh()
+                .doorbells_rcvd
+                .fetch_add(got as u64, Ordering::AcqRel);
+            let bytes = &buf[..got];
+            match bytes.iter().position(|&b| b != DOORBELL) {
+                None => {}
+                Some(i) if bytes[i] == SWITCH_TCP && i + 1 == got && got == n as usize => {
+                    // The peer's marker, its last control byte: it switches two-sided.
+                    self.set_flag(F_PEER_SWITCH);
+                }
+                Some(_) => break false,
+            }
+        };
+        real::set_errno(e0);
+        ok
+    }
+}
+
+/// Waits until the socket holds at least `n` bytes to read (`SIOCINQ`), until `deadline`.
+fn inq_reaches(fd: i32, n: u32, deadline: Instant) -> bool {
+    let e0 = real::errno();
+    let ok = loop {
+        let mut q: libc::c_int = 0;
+        // SAFETY: SIOCINQ writes one int to our local.
+        let r = unsafe {
+            real::ioctl(
+                fd,
+                libc::FIONREAD as libc::c_ulong,
+                std::ptr::from_mut(&mut q) as libc::c_ulong,
+            )
+        };
+        if r != 0 {
+            break false;
+        }
+        if q >= 0 && q as u32 >= n {
+            break true;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            break false;
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; the wait is cut to 10 ms (more bytes wake nobody once
+        // some are queued).
+        unsafe { real::poll(&mut p, 1, 10) };
+    };
+    real::set_errno(e0);
+    ok
 }
 
 /// Waits for `ev` on `fd` until `deadline`; false when it passed.

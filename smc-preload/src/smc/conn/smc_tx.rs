@@ -8,15 +8,22 @@ impl Conn {
     pub(super) fn after_produce(&self, fd: i32) {
         fence(Ordering::SeqCst);
         let w = self.peer_wait().load(Ordering::Relaxed);
-        if w & (WAIT_DATA | WAIT_ASYNC) != 0 {
+        if w & (WAIT_DATA | WAIT_ASYNC | WAIT_ALONE) != 0 {
             self.wake_reader(fd, w);
         }
     }
 
     /// The reader sleeps ([`WAIT_DATA`], swapped off) or has `O_ASYNC` on ([`WAIT_ASYNC`]:
-    /// one doorbell until it reads again, [`ASYNC_RUNG`]): ring.
+    /// one doorbell until it reads again, [`ASYNC_RUNG`]): ring. The reader switched to TCP
+    /// alone ([`WAIT_ALONE`]; Dekker with its commit: either it saw these bytes and waits for
+    /// them over TCP, or we see its bit here): [`F_PEER_ALONE`], and the call that produced
+    /// switches before it returns (it sends them again over TCP).
     #[cold]
     fn wake_reader(&self, fd: i32, w: u64) {
+        if w & WAIT_ALONE != 0 && self.flags() & F_ALONE_OK != 0 {
+            self.set_flag(F_PEER_ALONE);
+            return;
+        }
         let sleeps = w & WAIT_DATA != 0
             && self.peer_wait().fetch_and(!WAIT_DATA, Ordering::SeqCst) & WAIT_DATA != 0;
         let signal = w & WAIT_ASYNC != 0
@@ -129,7 +136,7 @@ impl Conn {
             }
             {
                 let _g = s.tx_lock.lock();
-                if self.flags() & (F_PEER_SWITCH | F_SWITCHED) != 0 {
+                if self.flags() & F_TO_TCP != 0 {
                     continue;
                 }
                 // Under tx_lock our producer cursor stands still.
@@ -249,7 +256,7 @@ impl Conn {
     /// TCP leaves `sk_err` pending across a partial `sendmsg`.
     pub(super) fn write_state(&self, report: bool) -> Option<Errno> {
         let f = self.flags();
-        if f & (F_PEER_SWITCH | F_SWITCHED) != 0 {
+        if f & F_TO_TCP != 0 {
             return Some(E_TCP);
         }
         if f & F_SHUT_WR != 0 {

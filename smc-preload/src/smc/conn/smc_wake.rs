@@ -12,13 +12,84 @@ impl Conn {
         // Dekker with the switch to TCP: either it sees us here and waits, or we see its flag
         // and stay silent (no doorbell may follow its marker on the stream).
         s.bells.fetch_add(1, Ordering::SeqCst);
-        if s.flags.load(Ordering::SeqCst) & (F_SWITCHING | F_SWITCHED) == 0 {
-            self.ring_doorbell_now(fd);
+        if s.flags.load(Ordering::SeqCst) & (F_SWITCHING | F_SWITCHED) == 0 && self.ctl_begin(true)
+        {
+            let sent = self.ring_doorbell_now(fd);
+            self.ctl_end(true, sent);
         }
         s.bells.fetch_sub(1, Ordering::SeqCst);
     }
 
-    pub(super) fn ring_doorbell_now(&self, fd: i32) {
+    /// Before a control byte (doorbell, urgent doorbell, switch marker) goes to the socket,
+    /// with [`F_ALONE_OK`]: one send in flight and, when `counted`, one more byte sent, in the
+    /// peer's wait word (else [`CTL_UNCOUNTED`]). False when the peer switched alone
+    /// ([`WAIT_ALONE`]): nothing may go out any more (its next image reads this socket as
+    /// data); [`F_PEER_ALONE`] is set, the caller's connection switches at its next look.
+    pub(super) fn ctl_begin(&self, counted: bool) -> bool {
+        if self.flags() & F_ALONE_OK == 0 {
+            return true;
+        }
+        let w = self.peer_wait();
+        let mut cur = w.load(Ordering::SeqCst);
+        let mut i = 0u32;
+        loop {
+            if cur & WAIT_ALONE != 0 {
+                self.set_flag(F_PEER_ALONE);
+                return false;
+            }
+            if cur & CTL_INFLIGHT_MASK == CTL_INFLIGHT_MASK {
+                // 65 535 sends in flight (never in practice): wait for one to end.
+                i += 1;
+                let _ = spin_pause(i);
+                cur = w.load(Ordering::SeqCst);
+                continue;
+            }
+            let new = if counted {
+                cur.wrapping_add(CTL_INFLIGHT_ONE)
+                    .wrapping_add(CTL_SENT_ONE)
+            } else {
+                (cur | CTL_UNCOUNTED).wrapping_add(CTL_INFLIGHT_ONE)
+            };
+            match w.compare_exchange_weak(cur, new, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return true,
+                Err(x) => cur = x,
+            }
+        }
+    }
+
+    /// After the control byte of [`Conn::ctl_begin`] (true): the send is no longer in flight;
+    /// a counted byte that did not go out is taken back.
+    pub(super) fn ctl_end(&self, counted: bool, sent: bool) {
+        if self.flags() & F_ALONE_OK == 0 {
+            return;
+        }
+        let d = if counted && !sent {
+            CTL_INFLIGHT_ONE.wrapping_add(CTL_SENT_ONE)
+        } else {
+            CTL_INFLIGHT_ONE
+        };
+        self.peer_wait().fetch_sub(d, Ordering::SeqCst);
+    }
+
+    /// With [`F_ALONE_OK`]: how many control bytes the peer sent that we have not read (its
+    /// count in our wait word against ours); `None` without the feature, after an uncounted
+    /// byte ([`CTL_UNCOUNTED`]), or for a count no peer could have made (read as without
+    /// the feature: a peer that breaks the protocol breaks only its own connection).
+    pub(super) fn ctl_unread(&self) -> Option<u32> {
+        if self.flags() & F_ALONE_OK == 0 {
+            return None;
+        }
+        let w = self.own_wait().load(Ordering::SeqCst);
+        if w & CTL_UNCOUNTED != 0 {
+            return None;
+        }
+        let sent = (w >> 32) as u32;
+        let got = self.sh().doorbells_rcvd.load(Ordering::Acquire) as u32;
+        Some(sent.wrapping_sub(got)).filter(|&n| n < 1 << 30)
+    }
+
+    /// One doorbell byte on the socket now; whether it went out.
+    pub(super) fn ring_doorbell_now(&self, fd: i32) -> bool {
         let b = [DOORBELL];
         // SAFETY: valid buffer.
         let r = self.with_io(fd, |io| unsafe {
@@ -32,6 +103,7 @@ impl Conn {
         if r == 1 {
             self.sh().doorbells_sent.fetch_add(1, Ordering::Relaxed);
         }
+        r == 1
     }
 
     /// An urgent send published its byte (word and producer cursor): one doorbell sent as a
@@ -47,7 +119,10 @@ impl Conn {
     pub(super) fn ring_urgent(&self, fd: i32) {
         let s = self.sh();
         s.bells.fetch_add(1, Ordering::SeqCst);
-        if s.flags.load(Ordering::SeqCst) & (F_SWITCHING | F_SWITCHED) == 0 {
+        // Out of the counts: the reader's kernel takes it out of the stream unless
+        // `SO_OOBINLINE` is on, so the reader could not tell whether it read it.
+        if s.flags.load(Ordering::SeqCst) & (F_SWITCHING | F_SWITCHED) == 0 && self.ctl_begin(false)
+        {
             let shortcut = !crate::util::config::config().no_shortcut;
             let b = [DOORBELL];
             let e0 = real::errno();
@@ -73,6 +148,7 @@ impl Conn {
             if r == 1 {
                 s.doorbells_sent.fetch_add(1, Ordering::Relaxed);
             }
+            self.ctl_end(false, r == 1);
         }
         s.bells.fetch_sub(1, Ordering::SeqCst);
     }
@@ -130,15 +206,53 @@ impl Conn {
                 return;
             }
             let e0 = real::errno();
-            // SAFETY: valid buffer.
-            let r = self.with_io(fd, |io| unsafe {
-                real::recv(
-                    io,
-                    buf.as_mut_ptr() as *mut libc::c_void,
-                    buf.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            });
+            // With the counts (`F_ALONE_OK`), only the control bytes the peer counted are read:
+            // never a data byte behind its switch marker. None counted: a peek, for the end of
+            // the stream or an error. A byte the count does not cover (a peer that breaks the
+            // protocol: its marker is counted and comes before any data) is read alone and
+            // judged as without the counts.
+            let (want, counted) = match self.ctl_unread() {
+                Some(0) => (0, true),
+                Some(n) => ((n as usize).min(buf.len()), true),
+                None => (buf.len(), false),
+            };
+            let r = if want == 0 {
+                // SAFETY: valid buffer.
+                let p = self.with_io(fd, |io| unsafe {
+                    real::recv(
+                        io,
+                        buf.as_mut_ptr() as *mut libc::c_void,
+                        1,
+                        libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                    )
+                });
+                if p > 0 {
+                    if self.ctl_unread().is_some_and(|n| n > 0) {
+                        continue;
+                    }
+                    // SAFETY: valid buffer.
+                    self.with_io(fd, |io| unsafe {
+                        real::recv(
+                            io,
+                            buf.as_mut_ptr() as *mut libc::c_void,
+                            1,
+                            libc::MSG_DONTWAIT,
+                        )
+                    })
+                } else {
+                    p
+                }
+            } else {
+                // SAFETY: valid buffer, `want` at most its length.
+                self.with_io(fd, |io| unsafe {
+                    real::recv(
+                        io,
+                        buf.as_mut_ptr() as *mut libc::c_void,
+                        want,
+                        libc::MSG_DONTWAIT,
+                    )
+                })
+            };
             if r > 0 {
                 let n = r as usize;
                 self.sh()
@@ -170,7 +284,7 @@ impl Conn {
                             .unwrap_or(0)
                     ));
                 }
-                if n < buf.len() && !to_end {
+                if (n < buf.len() || counted) && !to_end {
                     real::set_errno(e0);
                     return;
                 }

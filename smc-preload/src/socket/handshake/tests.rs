@@ -327,6 +327,7 @@ fn server_stands_in_for_a_client_that_already_left() {
         version: 2,
         release: 1,
         eid: smc_common::handshake::DEFAULT_UEID,
+        feature_mask: 0,
     };
     let (_c, s) = pair();
     // Nothing recorded in our DMB: the client may still be there, the connection is broken.
