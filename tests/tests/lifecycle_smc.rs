@@ -690,6 +690,91 @@ fn a_child_exec_without_the_library_switches_to_tcp_while_its_parent_waits_for_i
     assert!(sum.get("smcd_client") >= 4, "{}", brief(&sum));
 }
 
+/// A child execs a handler without the library on one end of an SMC-D connection whose peer
+/// does not touch the connection while it does: `popen`/`popen_fork`, the peer's end is in the
+/// same process, which sits in `read` on `Popen`'s exec-error pipe until the child's exec is
+/// done (with `vfork` and with `fork`); `idle_peer`, the peer is another process, busy
+/// elsewhere (a sleep) for longer than a switch waits for an answer. Neither ring holds an
+/// unread byte, so the leaving end switches alone (`FEATURE_SWITCH_ALONE`) and the peer
+/// continues on TCP at its next call. Before, the exec waited for an answer that could not
+/// come, then both ends were reset (red team rt12 `rt12_waitswitch.py`: 11 s, then
+/// `ConnectionResetError`; `idle_peer`: `GOT ERR 104`).
+const EXEC_WHILE_PEER_ELSEWHERE: &str = r#"
+import os, socket, subprocess, sys, time
+how = sys.argv[1]
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(4)
+port = ls.getsockname()[1]
+code = "import os,sys\nf=int(sys.argv[1])\nd=os.read(f,100)\nos.write(f,d.upper())\nprint('HANDLER', d, flush=True)"
+env = {"PATH": "/usr/bin:/bin"}
+def handler(fd):
+    return subprocess.Popen([sys.executable, "-c", code, str(fd)], pass_fds=[fd], env=env)
+def answer(c):
+    c.settimeout(20)
+    try:
+        print("GOT", c.recv(100), flush=True)
+    except OSError as e:
+        print("GOT ERR", e.errno, flush=True)
+if how == "idle_peer":
+    pid = os.fork()
+    if pid == 0:
+        c = socket.create_connection(("127.0.0.1", port))
+        c.recv(1)
+        c.sendall(b"r")
+        time.sleep(2.5)
+        c.sendall(b"from an idle peer")
+        answer(c)
+        os._exit(0)
+    s, _ = ls.accept()
+    s.sendall(b"x")
+    s.recv(1)
+    t = time.monotonic()
+    p = handler(s.fileno())
+    s.close()
+    print("HANDLER EXIT", p.wait(), flush=True)
+    os.waitpid(pid, 0)
+else:
+    if how == "popen_fork":
+        subprocess._USE_VFORK = False
+    c = socket.create_connection(("127.0.0.1", port))
+    s, _ = ls.accept()
+    c.sendall(b"x"); s.recv(1); s.sendall(b"y"); c.recv(1)
+    t = time.monotonic()
+    p = handler(s.fileno())
+    s.close()
+    print("SPAWNED in %.1f s" % (time.monotonic() - t), flush=True)
+    c.sendall(b"to a plain process")
+    answer(c)
+    print("HANDLER EXIT", p.wait(), flush=True)
+"#;
+
+#[test]
+fn an_exec_without_the_library_switches_alone_while_the_peer_is_busy_elsewhere() {
+    let w = SmcWorld::new();
+    let py = script(&w, "exec_peer_elsewhere.py", EXEC_WHILE_PEER_ELSEWHERE);
+    for how in ["popen", "popen_fork", "idle_peer"] {
+        let mut c = python(&w, &py);
+        // A switch waits 5 CLC timeouts (1 s here) for an answer: the idle peer sleeps longer.
+        c.arg(how).env("SMC_CLC_TIMEOUT_MS", "200");
+        let out = spawn_piped(c).wait_output(T).expect("program");
+        let (sent, got) = if how == "idle_peer" {
+            ("from an idle peer", "GOT b'FROM AN IDLE PEER'")
+        } else {
+            ("to a plain process", "GOT b'TO A PLAIN PROCESS'")
+        };
+        assert!(out.contains(&format!("HANDLER b'{sent}'")), "{how}: {out}");
+        assert!(out.contains(got), "{how}: {out}");
+        assert!(out.contains("HANDLER EXIT 0"), "{how}: {out}");
+        if how != "idle_peer" {
+            // The exec did not wait for an answer (it waited 10 s before, then reset).
+            assert!(out.contains("SPAWNED in 0."), "{how}: {out}");
+        }
+    }
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_client") >= 3, "{}", brief(&sum));
+}
+
 /// A server under the library runs a handler without it on an accepted SMC-D connection with
 /// `subprocess.run(pass_fds=...)`: CPython execs from a `vfork` child, which must not touch the
 /// parent's bookkeeping (its slots), but switches the connection itself to TCP (the

@@ -206,6 +206,21 @@ fn no_common_eid() {
 }
 
 #[test]
+fn both_ends_negotiate_switch_alone() {
+    let mut c = Handshake::client(cfg(GID), true);
+    let mut s = Handshake::server(cfg(GID), true);
+    let mut w = Wire::new();
+    w.run(&mut c, &mut s);
+    for log in [&w.client_log, &w.server_log] {
+        assert!(
+            matches!(terminal(log), Action::Established(e)
+                if e.feature_mask & crate::clc::FEATURE_SWITCH_ALONE != 0),
+            "{log:?}"
+        );
+    }
+}
+
+#[test]
 fn peer_no_smc() {
     for mut h in [
         Handshake::client(cfg(GID), false),

@@ -1085,3 +1085,113 @@ fn spin_gives_way_to_a_thread_on_its_cpu() {
         );
     });
 }
+
+/// Both ends of a test pair with the switch-alone feature (counted control bytes).
+fn alone_pair(
+    dmb_a: usize,
+    dmb_b: usize,
+) -> (Conn, Conn, std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+    let (a, b, fa, fb) = test_pair(dmb_a, dmb_b).unwrap();
+    a.enable_switch_alone();
+    b.enable_switch_alone();
+    (a, b, fa, fb)
+}
+
+/// Raw bytes on a socket of the pair (what an image without the library would read).
+fn raw_read(fd: i32, want: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 256];
+    while out.len() < want {
+        // SAFETY: valid buffer.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+        assert!(n > 0, "recv {n}");
+        out.extend_from_slice(&buf[..n as usize]);
+    }
+    out
+}
+
+fn raw_write(fd: i32, b: &[u8]) {
+    // SAFETY: valid buffer.
+    assert_eq!(
+        unsafe { libc::send(fd, b.as_ptr().cast(), b.len(), 0) },
+        b.len() as isize
+    );
+}
+
+#[test]
+fn counted_control_bytes_stream_both_ways() {
+    // Small rings: the writers wait for room and the readers for data, so doorbells go both
+    // ways all the time, each counted, each drained by count.
+    let (a, b, fa, fb) = alone_pair(16384, 32768);
+    stream(&a, &b, fa.as_raw_fd(), fb.as_raw_fd(), 16 << 20, 44);
+    stream(&b, &a, fb.as_raw_fd(), fa.as_raw_fd(), 4 << 20, 45);
+    assert!(a.flags() & F_PROTO == 0 && b.flags() & F_PROTO == 0);
+    assert!(b.sh().doorbells_rcvd.load(Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn a_drain_never_reads_past_the_peers_marker() {
+    let (a, b, fa, fb) = alone_pair(16384, 16384);
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    // Two doorbells, the marker (all counted), then data the peer's next image wrote.
+    a.ring_doorbell(fa);
+    a.ring_doorbell(fa);
+    assert!(a.ctl_begin(true));
+    raw_write(fa, &[SWITCH_TCP]);
+    a.ctl_end(true, true);
+    raw_write(fa, b"data after the marker");
+    b.drain(fb);
+    assert!(b.flags() & F_PEER_SWITCH != 0, "the marker was read");
+    assert!(b.flags() & F_PROTO == 0, "no protocol error");
+    assert_eq!(raw_read(fb, 21), b"data after the marker");
+}
+
+#[test]
+fn an_end_with_nothing_unread_switches_alone_and_the_peer_follows() {
+    let (a, b, fa, fb) = alone_pair(16384, 16384);
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    let mut buf = [0u8; 16];
+    // Some traffic both ways, all of it read.
+    assert_eq!(a.send(fa, &iov(b"ping"), 0), Ok(4));
+    assert_eq!(b.recv(fb, &iov_mut(&mut buf), 0), Ok(4));
+    assert_eq!(b.send(fb, &iov(b"pong"), 0), Ok(4));
+    assert_eq!(a.recv(fa, &iov_mut(&mut buf), 0), Ok(4));
+    // `a` leaves for an image without the library; `b` is busy elsewhere: no answer needed.
+    let t = Instant::now();
+    let dl = t + Duration::from_secs(10);
+    assert_eq!(a.switch_to_tcp(fa, dl, || true, || {}), Switched::Tcp);
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    // Its image writes at once, behind the marker.
+    raw_write(fa, b"from the image");
+    // `b`'s next call sees it and answers without a marker of its own.
+    b.notice_switch(fb);
+    assert!(b.switching());
+    assert_eq!(b.send(fb, &iov(b"x"), 0), Err(E_TCP));
+    assert_eq!(b.switch_to_tcp(fb, dl, || true, || {}), Switched::Tcp);
+    // Plain TCP both ways now, nothing else on either stream.
+    assert_eq!(raw_read(fb, 14), b"from the image");
+    raw_write(fb, b"to the image");
+    assert_eq!(raw_read(fa, 12), b"to the image");
+}
+
+#[test]
+fn a_peer_that_wrote_as_the_other_end_switched_alone_sends_it_again() {
+    let (a, b, fa, fb) = alone_pair(16384, 16384);
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    // `b` wrote as `a` committed (its `after_produce` looked before `a`'s bit): the bytes sit
+    // unread in `a`'s ring, `a` switched alone with them (it waits for them over TCP), and
+    // sent its marker.
+    assert_eq!(b.send(fb, &iov(b"raced"), 0), Ok(5));
+    a.own_wait()
+        .fetch_or(WAIT_ALONE | WAIT_SWITCH, Ordering::SeqCst);
+    assert!(a.ctl_begin(true));
+    raw_write(fa, &[SWITCH_TCP]);
+    a.ctl_end(true, true);
+    // `b`'s next call answers: they go again over TCP, the first bytes `a`'s image reads.
+    b.notice_switch(fb);
+    assert!(b.peer_went_alone());
+    let dl = Instant::now() + Duration::from_secs(10);
+    assert_eq!(b.switch_to_tcp(fb, dl, || true, || {}), Switched::Tcp);
+    raw_write(fb, b"+more");
+    assert_eq!(raw_read(fa, 10), b"raced+more");
+}
