@@ -271,6 +271,11 @@ fn user_range_ok(iov: &[iovec]) -> bool {
     })
 }
 
+/// The errno `e` in place of [`crate::conn::E_TCP`], which no application may see.
+fn not_e_tcp(e: i32) -> impl Fn(i32) -> i32 {
+    move |x| if x == crate::conn::E_TCP { e } else { x }
+}
+
 fn ret(r: Result<usize, i32>) -> ssize_t {
     match r {
         Ok(n) => n as ssize_t,
@@ -351,7 +356,8 @@ unsafe fn recv_in(call: &InCall, fd: c_int, iov: &[iovec], flags: c_int) -> ssiz
             // SAFETY: the caller's buffers.
             unsafe { crate::member::recv(c.io_now(fd), iov, flags) }
         }
-        Err(crate::conn::E_TCP) => ret(c.recv(fd, iov, flags)),
+        // Reset instead: the call fails as the connection does (never `E_TCP` itself).
+        Err(crate::conn::E_TCP) => ret(c.recv(fd, iov, flags).map_err(not_e_tcp(libc::ECONNRESET))),
         r => {
             answer_alone_now(fd, c, o);
             ret(r)
@@ -463,7 +469,7 @@ unsafe fn send_in(call: &InCall, fd: c_int, iov: &[iovec], flags: c_int) -> ssiz
             // SAFETY: the caller's buffers.
             unsafe { real::sendmsg(c.io_now(fd), &m, flags) }
         }
-        Err(crate::conn::E_TCP) => ret(c.send(fd, iov, flags)),
+        Err(crate::conn::E_TCP) => ret(c.send(fd, iov, flags).map_err(not_e_tcp(libc::EPIPE))),
         r => {
             answer_alone_now(fd, c, o);
             ret(r)

@@ -34,6 +34,15 @@ impl Conn {
         self.flags() & (F_SWITCHING | F_TO_TCP) != 0
     }
 
+    /// [`WAIT_ALONE`] seen in the peer's wait word: [`F_PEER_ALONE`], unless the connection
+    /// failed already (a reset end answers nothing; a peer that sets the bit then is only
+    /// scribbling).
+    pub(super) fn peer_alone_seen(&self) {
+        if self.flags() & (F_PROTO | F_CLOSED) == 0 {
+            self.set_flag(F_PEER_ALONE);
+        }
+    }
+
     /// The peer switched alone and this end has not answered yet: the call that saw it
     /// (a write whose bytes the peer will not read from the ring) switches before it returns.
     pub fn peer_went_alone(&self) -> bool {
@@ -55,7 +64,7 @@ impl Conn {
         if w & (WAIT_SWITCH | WAIT_ALONE) != 0 && self.flags() & (F_SWITCHING | F_TO_TCP) == 0 {
             if w & WAIT_ALONE != 0 && self.flags() & F_ALONE_OK != 0 {
                 // It switched alone: nothing to wait for, our answer goes first.
-                self.set_flag(F_PEER_ALONE);
+                self.peer_alone_seen();
                 return;
             }
             self.try_drain(fd);
@@ -119,6 +128,7 @@ impl Conn {
             return Switched::Already;
         }
         if f & (F_CLOSED | F_PROTO) != 0 {
+            s.flags.fetch_and(!F_PEER_ALONE, Ordering::AcqRel);
             return Switched::Reset;
         }
         self.stop_rings();
@@ -135,7 +145,7 @@ impl Conn {
             self.set_flag(F_SWITCHED);
         }
         let clear = if r == Switched::Reset {
-            F_SWITCHING | F_PEER_SWITCH
+            F_SWITCHING | F_PEER_SWITCH | F_PEER_ALONE
         } else {
             F_SWITCHING
         };

@@ -21,7 +21,7 @@ impl Conn {
     #[cold]
     fn wake_reader(&self, fd: i32, w: u64) {
         if w & WAIT_ALONE != 0 && self.flags() & F_ALONE_OK != 0 {
-            self.set_flag(F_PEER_ALONE);
+            self.peer_alone_seen();
             return;
         }
         let sleeps = w & WAIT_DATA != 0

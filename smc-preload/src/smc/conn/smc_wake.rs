@@ -34,7 +34,7 @@ impl Conn {
         let mut i = 0u32;
         loop {
             if cur & WAIT_ALONE != 0 {
-                self.set_flag(F_PEER_ALONE);
+                self.peer_alone_seen();
                 return false;
             }
             if cur & CTL_INFLIGHT_MASK == CTL_INFLIGHT_MASK {
