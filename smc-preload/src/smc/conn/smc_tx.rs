@@ -319,7 +319,14 @@ impl Conn {
         let Some((prod, cons)) = self.tx_cursors() else {
             return 0;
         };
-        s.tx_reclaimed.store(pack(prod), Ordering::Relaxed);
+        // Done for this producer cursor only once the peer consumed everything: otherwise the
+        // pages it still had to read become free later, with no write of ours to move the
+        // cursor again, and the next idle wait must look again (before, the rings of a
+        // connection that went idle right after such a reclaim stayed resident: buffering_smc
+        // `idle 1724416`).
+        if prod == cons {
+            s.tx_reclaimed.store(pack(prod), Ordering::Relaxed);
+        }
         let free = self.tx.free_space(prod, cons).unwrap_or(0);
         if free <= RECLAIM_WARM {
             return 0;
