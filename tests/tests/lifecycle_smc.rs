@@ -775,6 +775,116 @@ fn an_exec_without_the_library_switches_alone_while_the_peer_is_busy_elsewhere()
     assert!(sum.get("smcd_client") >= 3, "{}", brief(&sum));
 }
 
+/// The handoff while the client writes: per round, a client process writes a stream in small
+/// bursts; the server reads a random part, then whatever arrived (its ring may be empty: the
+/// switch may go alone, or the client's bytes land as it commits), and execs a handler without
+/// the library on the connection, which reads to EOF and answers with the hash of what it read.
+/// The server's bytes and the handler's must be the client's stream, every round (the same
+/// program over plain TCP: 0 of 100 differ).
+const EXEC_WHILE_THE_CLIENT_WRITES: &str = r#"
+import hashlib, os, random, socket, subprocess, sys, time
+port, iters = 0, int(sys.argv[1])
+HANDLER = ("import sys,os,hashlib\nf=int(sys.argv[1])\nh=hashlib.sha256();n=0\n"
+           "while True:\n d=os.read(f,65536)\n if not d: break\n h.update(d);n+=len(d)\n"
+           "os.write(f,(h.hexdigest()+' %d\\n'%n).encode())\n")
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", 0))
+port = ls.getsockname()[1]
+ls.listen(16)
+
+
+def make(it):
+    rnd = random.Random(it)
+    total = rnd.randrange(1, 200000)
+    block = bytes(rnd.getrandbits(8) for _ in range(4096))
+    return rnd, (block * (total // 4096 + 1))[:total]
+
+
+bad = 0
+t0 = time.monotonic()
+for it in range(iters):
+    rnd, stream = make(it)
+    total = len(stream)
+    rd, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(rd)
+        ls.close()
+        c = socket.create_connection(("127.0.0.1", port))
+        off = 0
+        while off < total:
+            n = min(rnd.randrange(1, 3000), total - off)
+            c.sendall(stream[off:off + n])
+            off += n
+            if rnd.random() < 0.3:
+                time.sleep(rnd.random() * 0.0005)
+        c.shutdown(socket.SHUT_WR)
+        c.settimeout(20)
+        ans = b""
+        try:
+            while not ans.endswith(b"\n"):
+                d = c.recv(200)
+                if not d:
+                    break
+                ans += d
+        except OSError as e:
+            ans = repr(e).encode() + b"\n"
+        os.write(wr, ans)
+        os._exit(0)
+    os.close(wr)
+    s, _ = ls.accept()
+    got = bytearray()
+    want = random.Random(it + 7).randrange(0, total)
+    s.settimeout(10)
+    while len(got) < want:
+        d = s.recv(want - len(got))
+        if not d:
+            break
+        got += d
+    s.setblocking(False)
+    try:
+        while True:
+            d = s.recv(65536)
+            if not d:
+                break
+            got += d
+    except BlockingIOError:
+        pass
+    s.setblocking(True)
+    p = subprocess.Popen([sys.executable, "-c", HANDLER, str(s.fileno())], pass_fds=[s.fileno()],
+                         env={"PATH": "/usr/bin:/bin"})
+    s.close()
+    p.wait()
+    ans = b""
+    while True:
+        d = os.read(rd, 4096)
+        if not d:
+            break
+        ans += d
+    os.close(rd)
+    os.waitpid(pid, 0)
+    rest = stream[len(got):]
+    ok = stream[:len(got)] == bytes(got) and ans.decode(errors="replace").split() == [
+        hashlib.sha256(rest).hexdigest(), str(len(rest))]
+    if not ok:
+        bad += 1
+        print("BAD it=%d total=%d server=%d answer=%r" % (it, total, len(got), ans[:100]), flush=True)
+print("RACE2 %d of %d differ in %.1f s" % (bad, iters, time.monotonic() - t0), flush=True)
+"#;
+
+#[test]
+fn a_handoff_to_a_handler_without_the_library_while_the_client_writes_loses_no_byte() {
+    let w = SmcWorld::new();
+    let py = script(&w, "exec_while_writing.py", EXEC_WHILE_THE_CLIENT_WRITES);
+    let mut c = python(&w, &py);
+    c.arg("100");
+    let out = spawn_piped(c).wait_output(T).expect("program");
+    assert!(out.contains("RACE2 0 of 100 differ"), "{out}");
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_client") >= 100, "{}", brief(&sum));
+}
+
 /// A server under the library runs a handler without it on an accepted SMC-D connection with
 /// `subprocess.run(pass_fds=...)`: CPython execs from a `vfork` child, which must not touch the
 /// parent's bookkeeping (its slots), but switches the connection itself to TCP (the
