@@ -1112,10 +1112,8 @@ fn raw_read(fd: i32, want: usize) -> Vec<u8> {
 
 fn raw_write(fd: i32, b: &[u8]) {
     // SAFETY: valid buffer.
-    assert_eq!(
-        unsafe { libc::send(fd, b.as_ptr().cast(), b.len(), 0) },
-        b.len() as isize
-    );
+    let n = unsafe { libc::send(fd, b.as_ptr().cast(), b.len(), 0) };
+    assert_eq!(n, b.len() as isize);
 }
 
 #[test]
