@@ -309,28 +309,33 @@ impl Conn {
         if self.flags() & F_PEER_SWITCH == 0 {
             peer_here();
         }
-        if self.flags() & F_PEER_SWITCH == 0 && !read_to_marker(fd, deadline) {
-            crate::debug!(
-                "fd {fd}: switch to TCP: no marker from the peer in time: {}",
-                self.describe()
-            );
-            return Switched::Reset;
-        }
-        self.set_flag(F_PEER_SWITCH);
-        let Some(n) = self.resend_unread(fd, deadline) else {
+        let Some(n) = self.after_peers_marker(fd, deadline, "no marker from the peer in time")
+        else {
             return Switched::Reset;
         };
-        if self.flags() & F_SHUT_WR != 0 {
-            // Our half-close (`peer_done_writing`, a flag in the rings) becomes TCP's FIN,
-            // after the last byte.
-            // SAFETY: plain syscall.
-            unsafe { real::shutdown(fd, libc::SHUT_WR) };
-        }
         crate::debug!(
             "fd {fd}: switched to TCP ({n} bytes the peer had not read sent again): {}",
             self.describe()
         );
         Switched::Tcp
+    }
+
+    /// Once our marker is out (or not needed): read up to the peer's (the end of its
+    /// doorbells; `missing` says why when it does not come), send again what it did not read
+    /// of ours, and our half-close (`peer_done_writing`, a flag in the rings) as TCP's FIN
+    /// after the last byte. The count sent again, or `None` (the connection must be reset).
+    fn after_peers_marker(&self, fd: i32, deadline: Instant, missing: &str) -> Option<u32> {
+        if self.flags() & F_PEER_SWITCH == 0 && !read_to_marker(fd, deadline) {
+            crate::debug!("fd {fd}: switch to TCP: {missing}: {}", self.describe());
+            return None;
+        }
+        self.set_flag(F_PEER_SWITCH);
+        let n = self.resend_unread(fd, deadline)?;
+        if self.flags() & F_SHUT_WR != 0 {
+            // SAFETY: plain syscall.
+            unsafe { real::shutdown(fd, libc::SHUT_WR) };
+        }
+        Some(n)
     }
 
     /// The bytes of our send ring the peer did not consume, from the final consumer cursor it
@@ -373,21 +378,10 @@ impl Conn {
     /// as it committed), and continue on TCP. No marker of ours: the peer does not wait for
     /// one, and its next image reads this stream as data.
     fn answer_alone(&self, fd: i32, deadline: Instant) -> Switched {
-        if self.flags() & F_PEER_SWITCH == 0 && !read_to_marker(fd, deadline) {
-            crate::debug!(
-                "fd {fd}: switch to TCP: the peer switched alone, its marker did not come: {}",
-                self.describe()
-            );
-            return Switched::Reset;
-        }
-        self.set_flag(F_PEER_SWITCH);
-        let Some(n) = self.resend_unread(fd, deadline) else {
+        let missing = "the peer switched alone, its marker did not come";
+        let Some(n) = self.after_peers_marker(fd, deadline, missing) else {
             return Switched::Reset;
         };
-        if self.flags() & F_SHUT_WR != 0 {
-            // SAFETY: plain syscall.
-            unsafe { real::shutdown(fd, libc::SHUT_WR) };
-        }
         crate::debug!(
             "fd {fd}: switched to TCP after the peer, which switched alone ({n} bytes sent \
              again): {}",
