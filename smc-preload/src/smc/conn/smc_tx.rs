@@ -293,7 +293,9 @@ impl Conn {
     }
 
     /// Whether our producer cursor moved by at least a page since the last
-    /// [`Conn::reclaim_tx`] (so that there may be pages to give back).
+    /// [`Conn::reclaim_tx`] that found everything consumed (so that there may be pages to
+    /// give back; while the peer had bytes unread, their pages free up without a write of
+    /// ours, and each idle wait looks again).
     pub fn reclaim_due(&self) -> bool {
         let s = self.sh();
         let prod = unpack(s.prod.load(Ordering::Relaxed));

@@ -484,7 +484,9 @@ fn reclaim_gives_drained_pages_back() {
         let before = resident(&b.own);
         let freed = a.reclaim_tx();
         let after = resident(&b.own);
-        assert!(!a.reclaim_due());
+        // Done for this producer cursor only when the peer read everything: with bytes unread,
+        // the next idle wait looks again (their pages free up without a write of ours).
+        assert_eq!(a.reclaim_due(), keep > 0, "round {round}");
         // Everything but the header page, the unread bytes and the warm window went back.
         let bound = 4096 + keep as usize + RECLAIM_WARM as usize + 2 * 4096;
         assert!(
