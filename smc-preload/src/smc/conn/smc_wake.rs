@@ -232,15 +232,18 @@ impl Conn {
                     )
                 });
                 if p > 0 {
-                    if self.ctl_unread().is_some_and(|n| n > 0) {
-                        continue;
-                    }
-                    // SAFETY: valid buffer.
+                    // Counted meanwhile (its sender's count came after our look), or one byte
+                    // alone. No second look: a peer that flips its count must not keep us here.
+                    let again = match self.ctl_unread() {
+                        Some(n) if n > 0 => (n as usize).min(buf.len()),
+                        _ => 1,
+                    };
+                    // SAFETY: valid buffer, `again` at most its length.
                     self.with_io(fd, |io| unsafe {
                         real::recv(
                             io,
                             buf.as_mut_ptr() as *mut libc::c_void,
-                            1,
+                            again,
                             libc::MSG_DONTWAIT,
                         )
                     })
