@@ -1195,3 +1195,24 @@ fn a_peer_that_wrote_as_the_other_end_switched_alone_sends_it_again() {
     raw_write(fb, b"+more");
     assert_eq!(raw_read(fa, 10), b"raced+more");
 }
+
+#[test]
+fn a_peer_that_writes_its_wait_word_never_holds_a_doorbell_up() {
+    let (a, b, fa, fb) = alone_pair(16384, 16384);
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    // `b` (hostile) says 65 535 control sends of `a` are in flight, and flips its count.
+    b.own_wait().store(CTL_INFLIGHT_MASK, Ordering::SeqCst);
+    a.ring_doorbell(fa);
+    assert_eq!(
+        queued_bells(fb),
+        1,
+        "the doorbell went out, never waited for"
+    );
+    b.own_wait().store(0, Ordering::SeqCst);
+    a.ring_doorbell(fa);
+    b.own_wait().store(0, Ordering::SeqCst);
+    // A drain that finds a byte the count does not cover reads it alone, once.
+    b.drain(fb);
+    assert_eq!(queued_bells(fb), 0);
+    assert!(b.flags() & F_PROTO == 0);
+}
