@@ -268,6 +268,8 @@ pub struct Ticket {
     pub(crate) seq: u32,
     pub(crate) op: u16,
     pub(crate) generation: u64,
+    /// A `PAIR`'s: the fork epoch it was sent in (see `SharedClient::forked`).
+    pub(crate) epoch: u32,
 }
 
 /// Result of one exchange: byte range of the op result in the reply buffer, and the fd.
@@ -452,6 +454,7 @@ impl Client {
             seq,
             op,
             generation: self.generation,
+            epoch: 0,
         })
     }
 

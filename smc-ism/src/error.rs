@@ -115,6 +115,10 @@ pub enum IsmError {
     /// Unexpected daemon-side failure.
     #[error("internal daemon error")]
     Internal,
+    /// `PAIR`: the reply names a state slot, but this process forked after asking (the
+    /// slot may be on a page its child maps); both references were given back.
+    #[error("a state slot asked for before a fork")]
+    SlotAcrossFork,
 
     // ---- daemon setup ----
     /// Invalid daemon configuration.

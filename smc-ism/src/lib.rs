@@ -64,7 +64,9 @@
 //!   `adopt`), handed to the owner with the reply ([`Dmb::state`]); a pooled DMB keeps it. For
 //!   a client that asks ([`SharedClient::set_state_slots`]) it is a 256-byte slot of a page the
 //!   daemon hands out slot by slot, in order and never twice, to that client connection's DMBs
-//!   ([`Dmb::state_slot`], [`Dmb::map_state`]); else a 4 KiB page of its own.
+//!   ([`Dmb::state_slot`], [`Dmb::map_state`]); else a 4 KiB page of its own. A client that
+//!   forked says so ([`SharedClient::forked`]): its next slots come from a new page, and no
+//!   pooled DMB with a slot on an older page (which its child maps) is bound for it again.
 //! - `attach_peer` (`OP_ATTACH_PEER`): the same attach, of the live DMB that the other end of
 //!   the caller's very TCP connection registered, without the token — only when both sockets
 //!   are in one network namespace, and — like every attach — only to the very peer socket

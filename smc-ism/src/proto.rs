@@ -69,7 +69,8 @@
 //!   without the flag, a state that is a slot is not handed over (`StaleToken`).
 //! - `OP_PAIR`: `size_code: u8, flags: u8, reserved: [u8; 2], park_ms: u32, reserved: u64`
 //!   (flag [`PAIR_FLAG_STATE_SLOT`]: a DMB registered for the caller comes with a local state
-//!   that is a slot, see below), then up to
+//!   that is a slot, see below; with it [`PAIR_FLAG_NEW_SLOT_PAGE`]: the caller forked, its
+//!   slots come from a new page from now on), then up to
 //!   [`PAIR_RELEASES_MAX`] releases of 24 bytes each (`own: u64, peer: u64, flags: u32,
 //!   reserved: u32`, handled first, as `OP_RELEASE` records: a process sends the releases of
 //!   its finished short connections with its next pair, one record and one wakeup of the
@@ -182,6 +183,11 @@ pub const STATE_PAGE: u64 = 4096;
 pub const STATE_SLOT: u64 = 256;
 /// `OP_PAIR` request flag: a DMB registered for the caller may come with a state slot.
 pub const PAIR_FLAG_STATE_SLOT: u8 = 1 << 0;
+/// `OP_PAIR` request flag (with [`PAIR_FLAG_STATE_SLOT`], [`FEATURE_NEW_SLOT_PAGE`]): the caller
+/// forked since it last said so; the slots of this request and of its later ones come from a
+/// page that none of its earlier slots is on (a child it forked maps those pages), and no
+/// pooled DMB of its whose slot is on such a page is bound again.
+pub const PAIR_FLAG_NEW_SLOT_PAGE: u8 = 1 << 1;
 /// `OP_ADOPT` request flag: the caller takes a state slot (see [`ADOPT_STATE_REPLY_LEN`]).
 pub const ADOPT_FLAG_SLOT: u8 = 1 << 0;
 /// Length of the result of an `ADOPT_STATE` asked with [`ADOPT_FLAG_SLOT`].
@@ -207,6 +213,8 @@ pub const FEATURE_RECORDED_PROOF: u32 = 1 << 6;
 pub const FEATURE_LEAVE_SHORTCUT: u32 = 1 << 7;
 /// Feature: local state slots ([`PAIR_FLAG_STATE_SLOT`], [`ADOPT_FLAG_SLOT`]).
 pub const FEATURE_STATE_SLOTS: u32 = 1 << 8;
+/// Feature: [`PAIR_FLAG_NEW_SLOT_PAGE`].
+pub const FEATURE_NEW_SLOT_PAGE: u32 = 1 << 9;
 /// Every feature this crate's daemon offers.
 pub const FEATURES: u32 = FEATURE_RELEASE
     | FEATURE_LEAVE_SHORTCUT
@@ -216,7 +224,8 @@ pub const FEATURES: u32 = FEATURE_RELEASE
     | FEATURE_PAIR
     | FEATURE_POOL
     | FEATURE_RECORDED_PROOF
-    | FEATURE_STATE_SLOTS;
+    | FEATURE_STATE_SLOTS
+    | FEATURE_NEW_SLOT_PAGE;
 
 /// `OP_REGISTER` flag: record what the passed socket proves, for a later attach whose socket
 /// the daemon could not receive (see the module documentation).
@@ -478,6 +487,8 @@ pub enum Request {
         n_releases: u8,
         /// [`PAIR_FLAG_STATE_SLOT`].
         state_slot: bool,
+        /// [`PAIR_FLAG_NEW_SLOT_PAGE`] (only with `state_slot`).
+        new_slot_page: bool,
     },
     /// `OP_CANCEL`.
     Cancel {
@@ -638,6 +649,8 @@ pub fn decode_request(rec: &[u8], truncated: bool) -> Decoded {
                 releases,
                 n_releases: n as u8,
                 state_slot: p[1] & PAIR_FLAG_STATE_SLOT != 0,
+                new_slot_page: p[1] & (PAIR_FLAG_STATE_SLOT | PAIR_FLAG_NEW_SLOT_PAGE)
+                    == PAIR_FLAG_STATE_SLOT | PAIR_FLAG_NEW_SLOT_PAGE,
             })
         }
         OP_CANCEL if !need(4) => bad(Status::Malformed, false),
@@ -802,6 +815,26 @@ mod tests {
             decode_request(&record(OP_PAIR, &slot), false).request,
             Ok(Request::Pair {
                 state_slot: true,
+                new_slot_page: false,
+                ..
+            })
+        ));
+        // A new page only for a caller that takes slots.
+        slot[1] = PAIR_FLAG_STATE_SLOT | PAIR_FLAG_NEW_SLOT_PAGE;
+        assert!(matches!(
+            decode_request(&record(OP_PAIR, &slot), false).request,
+            Ok(Request::Pair {
+                state_slot: true,
+                new_slot_page: true,
+                ..
+            })
+        ));
+        slot[1] = PAIR_FLAG_NEW_SLOT_PAGE;
+        assert!(matches!(
+            decode_request(&record(OP_PAIR, &slot), false).request,
+            Ok(Request::Pair {
+                state_slot: false,
+                new_slot_page: false,
                 ..
             })
         ));

@@ -22,7 +22,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -95,6 +95,10 @@ pub struct SharedClient {
     raw: AtomicI32,
     /// Ask for local state slots ([`SharedClient::set_state_slots`]).
     state_slots: std::sync::atomic::AtomicBool,
+    /// How many times this process forked ([`SharedClient::forked`]).
+    fork_epoch: AtomicU32,
+    /// The fork epoch the daemon was last told of ([`proto::PAIR_FLAG_NEW_SLOT_PAGE`]).
+    told_epoch: AtomicU32,
 }
 
 impl std::fmt::Debug for SharedClient {
@@ -129,6 +133,8 @@ impl SharedClient {
             changed: Condvar::new(),
             raw: AtomicI32::new(-1),
             state_slots: std::sync::atomic::AtomicBool::new(false),
+            fork_epoch: AtomicU32::new(0),
+            told_epoch: AtomicU32::new(0),
         }
     }
 
@@ -332,6 +338,7 @@ impl SharedClient {
                 seq,
                 op,
                 generation: st.generation,
+                epoch: 0,
             });
         }
     }
@@ -696,6 +703,42 @@ impl SharedClient {
         self.state_slots.store(on, Ordering::Relaxed);
     }
 
+    /// This process forked (call it in the parent): a child maps the pages of our state slots
+    /// so far. The next `PAIR` says so ([`proto::PAIR_FLAG_NEW_SLOT_PAGE`]): our later slots
+    /// come from new pages and no pooled DMB with a slot on an older one is bound for us
+    /// again. A daemon without [`proto::FEATURE_NEW_SLOT_PAGE`] gets no more slot requests (a
+    /// page of its own per end). A `PAIR` sent before the fork whose reply names a slot is
+    /// refused ([`SharedClient::finish_pair`]).
+    pub fn forked(&self) {
+        self.fork_epoch.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The state-slot flags of a `PAIR` (see [`SharedClient::forked`]) and the fork epoch they
+    /// were chosen in.
+    fn pair_slot_flags(&self, features: u32) -> (u8, u32) {
+        let epoch = self.fork_epoch.load(Ordering::SeqCst);
+        if !self.state_slots.load(Ordering::Relaxed) || features & proto::FEATURE_STATE_SLOTS == 0 {
+            return (0, epoch);
+        }
+        if self.told_epoch.load(Ordering::SeqCst) == epoch {
+            return (proto::PAIR_FLAG_STATE_SLOT, epoch);
+        }
+        if features & proto::FEATURE_NEW_SLOT_PAGE == 0 {
+            return (0, epoch);
+        }
+        (
+            proto::PAIR_FLAG_STATE_SLOT | proto::PAIR_FLAG_NEW_SLOT_PAGE,
+            epoch,
+        )
+    }
+
+    /// A `PAIR` with `flags` went out: the daemon knows of the forks up to `epoch`.
+    fn pair_sent(&self, flags: u8, epoch: u32) {
+        if flags & proto::PAIR_FLAG_NEW_SLOT_PAGE != 0 {
+            self.told_epoch.fetch_max(epoch, Ordering::SeqCst);
+        }
+    }
+
     /// Whether to ask for state slots (see [`SharedClient::set_state_slots`]).
     fn slots_wanted(&self) -> Result<bool, IsmError> {
         Ok(self.state_slots.load(Ordering::Relaxed)
@@ -911,8 +954,12 @@ impl SharedClient {
                 flags,
             );
         }
-        let (payload, n) = pair_payload(size_code, self.slots_wanted()?, park, carried);
-        self.send(proto::OP_PAIR, &payload[..n], &[sock_fd])
+        let (flags, epoch) = self.pair_slot_flags(self.features()?);
+        let (payload, n) = pair_payload(size_code, flags, park, carried);
+        let mut t = self.send(proto::OP_PAIR, &payload[..n], &[sock_fd])?;
+        self.pair_sent(flags, epoch);
+        t.epoch = epoch;
+        Ok(t)
     }
 
     /// As [`SharedClient::pair_start_releasing`], but only if the request goes at once:
@@ -941,9 +988,8 @@ impl SharedClient {
         {
             return Ok(None);
         }
-        let slot =
-            self.state_slots.load(Ordering::Relaxed) && features & proto::FEATURE_STATE_SLOTS != 0;
-        let (payload, len) = pair_payload(size_code, slot, park, releases);
+        let (flags, epoch) = self.pair_slot_flags(features);
+        let (payload, len) = pair_payload(size_code, flags, park, releases);
         let seq = st.seq.wrapping_add(1);
         let mut req = [0u8; proto::MAX_REQUEST];
         let n = proto::HEADER_LEN + len;
@@ -960,10 +1006,14 @@ impl SharedClient {
         st.seq = seq;
         st.inflight.push_back(seq);
         st.pairs += 1;
+        let generation = st.generation;
+        drop(st);
+        self.pair_sent(flags, epoch);
         Ok(Some(Ticket {
             seq,
             op: proto::OP_PAIR,
-            generation: st.generation,
+            generation,
+            epoch,
         }))
     }
 
@@ -971,6 +1021,7 @@ impl SharedClient {
     /// the peer's (attached), each with its id; ours with its local state page ([`Dmb::state`])
     /// when the daemon keeps one.
     pub fn finish_pair(&self, t: Ticket, wait: Option<Duration>) -> Result<(Dmb, Dmb), IsmError> {
+        let asked_in = t.epoch;
         let (buf, a, mut extra) = self.finish_within(t, wait)?;
         let r = buf.get(a.start..a.end).unwrap_or(&[]);
         if r.len() < proto::PAIR_REPLY_LEN {
@@ -1006,6 +1057,11 @@ impl SharedClient {
             }
         }
         let peer = dmb_of(&r[32..56], proto::get_u64(r, 56), peer_fd)?;
+        if own.state_slot.is_some() && asked_in != self.fork_epoch.load(Ordering::SeqCst) {
+            // Asked before this process forked: the slot may be on a page the child maps.
+            let _ = self.release_nowait(Some(own.token), Some(peer.token));
+            return Err(IsmError::SlotAcrossFork);
+        }
         Ok((own, peer))
     }
 
@@ -1085,20 +1141,18 @@ fn granted(rec: &[u8], op: u16) -> Option<(u64, u64)> {
     }
 }
 
-/// The payload of an `OP_PAIR` request: DMB size code, the state-slot flag, the park time (at
+/// The payload of an `OP_PAIR` request: DMB size code, the state-slot flags, the park time (at
 /// most `PAIR_PARK_MAX_MS`) and the releases it carries (at most `PAIR_RELEASES_MAX`, 24 bytes
 /// each); the buffer and its used length.
 fn pair_payload(
     size_code: u8,
-    slot: bool,
+    flags: u8,
     park: Duration,
     releases: &[proto::PairRelease],
 ) -> ([u8; 16 + 24 * proto::PAIR_RELEASES_MAX], usize) {
     let mut payload = [0u8; 16 + 24 * proto::PAIR_RELEASES_MAX];
     payload[0] = size_code;
-    if slot {
-        payload[1] = proto::PAIR_FLAG_STATE_SLOT;
-    }
+    payload[1] = flags;
     let ms = park.as_millis().min(proto::PAIR_PARK_MAX_MS as u128) as u32;
     payload[4..8].copy_from_slice(&ms.to_le_bytes());
     let carried = &releases[..releases.len().min(proto::PAIR_RELEASES_MAX)];

@@ -514,6 +514,76 @@ fn state_slots_are_handed_out_once_and_adopted_with_their_offset() {
     d.shutdown().unwrap();
 }
 
+/// A client that forked (`SharedClient::forked`, in the parent) keeps taking state slots, but
+/// from a new page ([`proto::PAIR_FLAG_NEW_SLOT_PAGE`]): its child maps the pages of its slots
+/// so far. A pooled DMB whose slot is on such an older page is never bound again (its next
+/// connection would be visible to the child), one pooled after the fork on a new page is. A
+/// `PAIR` asked for before the fork whose reply names a slot is refused.
+#[test]
+fn a_client_that_forked_takes_its_next_slots_from_a_new_page() {
+    let dir = TestDir::new("pair-forked");
+    let d = start(&dir, |_| {});
+    let (a, b) = (shared(&dir), shared(&dir));
+    a.set_state_slots(true);
+    let mut s = client(&dir);
+    // Connection 1 (slot 0 of page P), given back into the pool; connection 2 (slot 1 of
+    // P) stays open across the "fork".
+    let (x1, y1) = tcp_pair();
+    let ((a1, ap1), (b1, bp1)) = pair(&a, &b, &x1, &y1);
+    assert_eq!(a1.state_slot, Some(0));
+    let page = inode_and_size(a1.state.as_ref().unwrap()).0;
+    a.release_flags(Some(a1.token), Some(ap1.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    b.release_flags(Some(b1.token), Some(bp1.token), 0).unwrap();
+    let (x2, y2) = tcp_pair();
+    let ((a2, ap2), (b2, bp2)) = pair(&a, &b, &x2, &y2);
+    assert_eq!(
+        a2.id, a1.id,
+        "before the fork the pooled DMB is bound again"
+    );
+    assert_eq!(inode_and_size(a2.state.as_ref().unwrap()).0, page);
+    // A PAIR asked for before the fork, answered after it.
+    let (x3, y3) = tcp_pair();
+    let ta = a.pair_start(0, PARK, x3.as_raw_fd()).unwrap();
+    a.forked();
+    let tb = b.pair_start(0, PARK, y3.as_raw_fd()).unwrap();
+    let (b3, _) = b.finish_pair(tb, None).unwrap();
+    assert!(matches!(
+        a.finish_pair(ta, None),
+        Err(IsmError::SlotAcrossFork)
+    ));
+    b.release_flags(Some(b3.token), None, 0).unwrap();
+    // Connection 2 ends after the fork and is pooled: its slot is on P, which the child maps.
+    a.release_flags(Some(a2.token), Some(ap2.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    b.release_flags(Some(b2.token), Some(bp2.token), 0).unwrap();
+    let (x4, y4) = tcp_pair();
+    let ((a4, ap4), (b4, bp4)) = pair(&a, &b, &x4, &y4);
+    assert_ne!(
+        a4.id, a1.id,
+        "a DMB with a slot on a page the child maps is not bound"
+    );
+    assert_eq!(a4.state_slot, Some(0), "the first slot of a new page");
+    let page2 = inode_and_size(a4.state.as_ref().unwrap()).0;
+    assert_ne!(page2, page, "a new page");
+    // Pooled after the fork, on the new page: bound again.
+    a.release_flags(Some(a4.token), Some(ap4.token), proto::RELEASE_POOL_OWN)
+        .unwrap();
+    b.release_flags(Some(b4.token), Some(bp4.token), 0).unwrap();
+    let (x5, y5) = tcp_pair();
+    let ((a5, _), _) = pair(&a, &b, &x5, &y5);
+    assert_eq!(a5.id, a4.id, "pooled after the fork: bound again");
+    assert_eq!(inode_and_size(a5.state.as_ref().unwrap()).0, page2);
+    let (x6, y6) = tcp_pair();
+    let ((a6, _), _) = pair(&a, &b, &x6, &y6);
+    assert_eq!(a6.state_slot, Some(proto::STATE_SLOT as usize));
+    assert_eq!(inode_and_size(a6.state.as_ref().unwrap()).0, page2);
+    drop((a, b));
+    wait_idle(&mut s, 1);
+    d.shutdown().unwrap();
+    drop((x1, y1, x2, y2, x3, y3, x4, y4, x5, y5, x6, y6));
+}
+
 /// `pair_start_now` sends nothing until the connection and its features are known (a client
 /// asks before its proposal, which must not wait for the daemon), and then pairs as
 /// `pair_start` does, with the releases it carries.

@@ -1825,6 +1825,98 @@ fn a_forked_child_that_drops_privileges_never_sees_the_parents_next_connection()
     assert_eq!(out, tcp, "library against plain TCP");
 }
 
+/// A process that forked (a Redis after `BGSAVE`, Node's primary, a supervisor) keeps taking
+/// 256-byte state slots for its later connection ends, 16 to a 4 KiB page, from pages its
+/// child never mapped (before, every end after its first fork took a 4 KiB page of its own
+/// for the rest of its life). The child, which inherited the page of the connection open at
+/// the fork, maps none of the pages of the parent's later connections.
+const FORKED_SLOTS: &str = r#"
+import os, socket
+N = 32
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(64)
+port = ls.getsockname()[1]
+sp = os.fork()
+if sp == 0:
+    cs = []
+    for _ in range(N + 1):
+        c = ls.accept()[0]
+        c.recv(1)
+        cs.append(c)
+    for c in cs:
+        while c.recv(65536):
+            pass
+    os._exit(0)
+ls.close()
+def dial():
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(b"x")
+    return c
+def state_pages(pid):
+    ino = set()
+    for l in open("/proc/%d/maps" % pid):
+        if "/memfd:smc-state" in l:
+            ino.add(l.split()[4])
+    return ino
+first = dial()
+r, w = os.pipe()
+cp = os.fork()
+if cp == 0:
+    os.read(r, 1)
+    print("CHILD", " ".join(sorted(state_pages(os.getpid()))), flush=True)
+    os._exit(0)
+before = state_pages(os.getpid())
+conns = [dial() for _ in range(N)]
+after = state_pages(os.getpid())
+new = after - before
+os.write(w, b"g")
+os.waitpid(cp, 0)
+print("PAGES", len(before), len(new), " ".join(sorted(new)), flush=True)
+for c in conns + [first]:
+    c.close()
+os.waitpid(sp, 0)
+"#;
+
+#[test]
+fn a_process_that_forked_keeps_taking_state_slots_on_pages_its_child_never_maps() {
+    let w = SmcWorld::new();
+    let py = script(&w, "forked_slots.py", FORKED_SLOTS);
+    let before = w.stats_sum().get("smcd_client");
+    let out = spawn_piped(python(&w, &py))
+        .wait_output(T)
+        .expect("forked_slots.py");
+    let sum = w.stats_sum();
+    assert!(
+        sum.get("smcd_client") >= before + 33,
+        "the connections were not SMC-D: {}\n{out}",
+        brief(&sum)
+    );
+    let line = |tag: &str| -> Vec<String> {
+        out.lines()
+            .find_map(|l| l.strip_prefix(tag))
+            .unwrap_or_else(|| panic!("no {tag}line: {out}"))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    let pages = line("PAGES ");
+    let new: usize = pages[1].parse().unwrap_or(usize::MAX);
+    // 32 client ends at 16 slots a page: 2 or 3 pages (before: 32, a page per end).
+    assert!(
+        (1..=3).contains(&new),
+        "{new} state pages for 32 connection ends after the fork: {out}"
+    );
+    eprintln!("{out}");
+    let child = line("CHILD");
+    for p in &pages[2..] {
+        assert!(
+            !child.contains(p),
+            "the child maps page {p} of a connection made after the fork: {out}"
+        );
+    }
+}
+
 /// Connections set up with SYN cookies: a listener with a short backlog (Python's
 /// `socketserver` listens with 5) meets a burst of connects; the kernel answers the SYNs beyond
 /// the queue with cookie SYN-ACKs and keeps nothing of them until the ACK. Such a SYN-ACK must

@@ -629,7 +629,13 @@ impl Conn<'_> {
                 releases,
                 n_releases,
                 state_slot,
+                new_slot_page,
             } => {
+                if new_slot_page {
+                    // Before the releases it carries: a DMB they pool must not be bound again
+                    // with a slot on a page its forked child maps.
+                    self.slots.new_page();
+                }
                 // The releases it carries first (a pooled DMB among them may serve this pair).
                 let mut released = false;
                 for &(own, peer, flags) in releases.iter().take(n_releases as usize) {
@@ -1539,6 +1545,7 @@ fn own_dmb(
     client: &ClientIdentity,
 ) -> Result<Arc<DmbObj>, Fail> {
     let mut gone = Vec::new();
+    let epoch = slots.map(StateSlots::epoch);
     let bound = {
         let mut p = pair::lock(pool);
         let mut found = None;
@@ -1546,7 +1553,7 @@ fn own_dmb(
         while i < p.len() {
             match sh
                 .reg
-                .bind_pooled(p[i].0, size_code, *who, peer_cookie, peer_conn)
+                .bind_pooled(p[i].0, size_code, *who, peer_cookie, peer_conn, epoch)
             {
                 Ok(d) => {
                     p.remove(i);

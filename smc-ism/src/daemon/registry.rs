@@ -423,6 +423,14 @@ impl LocalState {
         }
     }
 
+    /// The fork epoch of its page, if it is a slot (see [`StateSlots::new_page`]).
+    fn slot_epoch(&self) -> Option<u32> {
+        match self {
+            LocalState::Page(_) => None,
+            LocalState::Slot { chunk, .. } => Some(chunk.epoch),
+        }
+    }
+
     /// Shelves its file: a page at once; a page of slots once all its slots are handed out
     /// (before, the next `PAIR` of its client would open it again), or `force`d. Whether it
     /// was shelved now.
@@ -459,18 +467,37 @@ pub(crate) struct StateChunk {
     pub file: KeptFile,
     /// Slots handed out.
     taken: AtomicU32,
+    /// The client's fork epoch when the page was made (see [`StateSlots::new_page`]).
+    epoch: u32,
 }
 
-/// A client connection's page of local state slots being handed out (see [`StateChunk`]).
+/// A client connection's page of local state slots being handed out (see [`StateChunk`]),
+/// and its fork epoch: how many times the client said it forked
+/// ([`crate::proto::PAIR_FLAG_NEW_SLOT_PAGE`]).
 #[derive(Default)]
-pub(crate) struct StateSlots(Mutex<Option<Arc<StateChunk>>>);
+pub(crate) struct StateSlots(Mutex<(Option<Arc<StateChunk>>, u32)>);
 
 impl StateSlots {
+    /// The client forked: a child maps the pages of its slots so far, so its next slots come
+    /// from a new page, and its pooled DMBs whose slot is on an older page are not bound again
+    /// ([`StateSlots::epoch`], [`Registry::bind_pooled`]).
+    pub(crate) fn new_page(&self) {
+        let mut cur = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        cur.0 = None;
+        cur.1 = cur.1.wrapping_add(1);
+    }
+
+    /// The client's fork epoch (see [`StateSlots::new_page`]).
+    pub(crate) fn epoch(&self) -> u32 {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).1
+    }
+
     /// The next slot of the current page (a new page when it is full); `None` when no page
     /// can be made (the connection end then has no local state with the daemon and cannot
     /// move to another process).
     pub(crate) fn take(&self) -> Option<LocalState> {
-        let mut cur = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let (cur, epoch) = &mut *g;
         let full = cur
             .as_ref()
             .is_none_or(|c| c.taken.load(Acquire) >= SLOTS_PER_CHUNK);
@@ -479,6 +506,7 @@ impl StateSlots {
             *cur = Some(Arc::new(StateChunk {
                 file: KeptFile::new(f, crate::proto::STATE_PAGE),
                 taken: AtomicU32::new(0),
+                epoch: *epoch,
             }));
         }
         let chunk = cur.as_ref()?.clone();
@@ -1369,7 +1397,9 @@ impl Registry {
     /// Binds a pooled DMB to a new connection of its owner: `owner` is the owner's socket,
     /// `peer_cookie` the other end's, `peer_conn` the client connection of the other end (the
     /// only one that may have mapped it before, see [`Record::attached_by`]). Only when no
-    /// attach is held (its last attacher released it: it writes no more).
+    /// attach is held (its last attacher released it: it writes no more), and, when its local
+    /// state is a slot, for a caller that takes slots (`epoch`: its fork epoch, see
+    /// [`StateSlots::new_page`]) and on a page of that epoch.
     pub(crate) fn bind_pooled(
         &self,
         token: u64,
@@ -1377,11 +1407,23 @@ impl Registry {
         owner: TcpIdentity,
         peer_cookie: u64,
         peer_conn: u64,
+        epoch: Option<u32>,
     ) -> Result<Arc<DmbObj>, BindMiss> {
         let mut shard = lock(self.shard(token));
         let rec = shard.get_mut(&token).ok_or(BindMiss::Gone)?;
         if !rec.pooled || rec.unregistered || rec.tainted {
             return Err(BindMiss::Gone);
+        }
+        match (
+            rec.dmb.state.as_ref().and_then(LocalState::slot_epoch),
+            epoch,
+        ) {
+            // Its slot is on a page that a child its owner forked since maps.
+            (Some(e), Some(now)) if e != now => return Err(BindMiss::Gone),
+            // A caller that takes no slots now (it forked, and its daemon connection cannot
+            // have a new page): its slots' pages are a child's too.
+            (Some(_), None) => return Err(BindMiss::NotNow),
+            _ => {}
         }
         if rec.dmb.size_code != size_code {
             return Err(BindMiss::NotNow);

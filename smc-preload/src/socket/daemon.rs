@@ -10,7 +10,7 @@ use crate::forklock::{ForkMutex, ForkOnce};
 use crate::util::config::config;
 use smc_common::diag::Diag;
 use std::os::fd::AsRawFd as _;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Daemon requests sent ahead of need (`SMC_PIPELINE=0` disables, for measurements).
@@ -89,9 +89,7 @@ fn epoch_ms() -> u64 {
 
 fn new_dev(pid: u32) -> *mut Dev {
     let client = smc_ism::SharedClient::new(crate::util::config::daemon_path());
-    client.set_state_slots(
-        crate::util::config::config().state_slots && !FORKED_PARENT.load(Ordering::Relaxed),
-    );
+    client.set_state_slots(crate::util::config::config().state_slots);
     Box::into_raw(Box::new(Dev {
         client,
         pid,
@@ -209,39 +207,31 @@ pub(crate) fn local_gid() -> Result<smc_ism::Gid, u32> {
     Ok(g)
 }
 
-/// This process forked a child that may still map the pages of local state slots we had:
-/// no more slots for us (see [`after_fork_parent`]).
-static FORKED_PARENT: AtomicBool = AtomicBool::new(false);
-
-/// In the parent after `fork`: the child maps the page of our current local state slots (it
+/// In the parent after `fork`: the child maps the pages of our local state slots so far (it
 /// shares the connections whose slots are there), so our later connection ends must not get a
-/// slot of that page, nor a pooled DMB whose state is such a slot (a child that dropped its
-/// privileges would hold their locks and cursors, `tests/redteam/rt6.c slotfork`): from now on
-/// a 4 KiB state page per end (the daemon binds a pooled DMB with a slot only for a caller that
-/// takes slots).
+/// slot of those pages, nor a pooled DMB whose state is such a slot (a child that dropped its
+/// privileges would hold their locks and cursors, `tests/redteam/rt6.c slotfork`): our next
+/// `PAIR` tells the daemon, whose later slots for us come from new pages
+/// (`smc_ism::SharedClient::forked`; a daemon without that feature gives a 4 KiB state page
+/// per end from now on, as every fork did before). A process that had no daemon connection
+/// at the fork mapped no such page.
 pub fn after_fork_parent() {
-    FORKED_PARENT.store(true, Ordering::Relaxed);
     let p = DEV.load(Ordering::Acquire);
     // SAFETY: published and never freed (a replaced one is leaked).
     if let Some(d) = unsafe { p.as_ref() } {
         if d.pid == crate::pid() {
-            d.client.set_state_slots(false);
+            d.client.forked();
         }
     }
 }
 
 /// In the child after fork: its own daemon connection (the parent's references stay the
-/// parent's); the global locks are reset by the crate root's `after_fork_locks`. The child has
-/// forked no one: its ends take state slots again, from the page of its own daemon connection,
-/// which its parent never maps (before, every worker of a prefork server but the first
-/// inherited its parent's "forked" and took a 4 KiB state page per end: the scale bench's
-/// PSS per connection was 18.4 KB at 20 000, with half its connections in such a worker,
-/// against 13.8 KB before the processes forked).
+/// parent's); the global locks are reset by the crate root's `after_fork_locks`. Its ends take
+/// state slots from the pages of its own daemon connection, which its parent never maps.
 pub fn after_fork_child() {
     // The parent's pending releases are its own (references of its daemon connection).
     PENDING_RELEASES.lock().clear();
     PENDING_N.store(0, Ordering::Relaxed);
-    FORKED_PARENT.store(false, Ordering::Relaxed);
     if !DEV.load(Ordering::Acquire).is_null() {
         // Closes our copy of the parent's connection now.
         let _ = dev();
