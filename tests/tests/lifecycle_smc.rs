@@ -1917,6 +1917,74 @@ fn a_process_that_forked_keeps_taking_state_slots_on_pages_its_child_never_maps(
     }
 }
 
+/// An accept loop that keeps each connection for later (it hands them to workers that are
+/// busy, say) and touches none before its next `accept`. Its first client connects without
+/// waiting and stays idle, so that the server's handshake of that connection stays undecided
+/// when the next one arrives; each following client waits in its first `send` for the
+/// server's Accept. Before, a blocking `accept` left every later handshake undecided too and
+/// nothing drove them until the program's first operation on the fd: each client waited out
+/// the CLC timeout (2 s) and fell back to TCP (8 of 8). A blocking `accept` now drives those
+/// handshakes while it waits for the next connection.
+const KEEPING_ACCEPT_LOOP: &str = r#"
+import os, socket
+N = 8
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(64)
+port = ls.getsockname()[1]
+sp = os.fork()
+if sp == 0:
+    cs = [ls.accept()[0] for _ in range(N + 1)]
+    for c in cs:
+        c.sendall(c.recv(100).upper())
+    for c in cs:
+        c.close()
+    os._exit(0)
+ls.close()
+idle = socket.socket()
+idle.setblocking(False)
+idle.connect_ex(("127.0.0.1", port))
+conns = []
+for i in range(N):
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(b"conn %d" % i)
+    conns.append(c)
+idle.setblocking(True)
+idle.sendall(b"the idle one")
+for c in [idle] + conns:
+    print(c.recv(100).decode(), flush=True)
+os.waitpid(sp, 0)
+"#;
+
+#[test]
+fn a_blocking_accept_drives_the_handshakes_of_connections_it_accepted_before() {
+    let w = SmcWorld::new();
+    let py = script(&w, "keeping_accept.py", KEEPING_ACCEPT_LOOP);
+    let before = w.stats_sum();
+    let out = spawn_piped(python(&w, &py))
+        .wait_output(T)
+        .expect("keeping_accept.py");
+    let sum = w.stats_sum();
+    let mut c = Command::new("python3");
+    c.arg(&py);
+    let tcp = spawn_piped(c)
+        .wait_output(T)
+        .expect("keeping_accept.py over TCP");
+    assert_eq!(out, tcp, "library against plain TCP");
+    // The idle client's connection may fall back (the server's wait for its Confirm ends).
+    let fell = sum.get("fallback_client") - before.get("fallback_client");
+    assert!(
+        fell <= 1,
+        "{fell} connections fell back (their clients waited out the CLC timeout): {}",
+        brief(&sum)
+    );
+    assert!(
+        sum.get("smcd_client") >= before.get("smcd_client") + 8,
+        "not every connection was SMC-D: {}",
+        brief(&sum)
+    );
+}
+
 /// Connections set up with SYN cookies: a listener with a short backlog (Python's
 /// `socketserver` listens with 5) meets a burst of connects; the kernel answers the SYNs beyond
 /// the queue with cookie SYN-ACKs and keeps nothing of them until the ACK. Such a SYN-ACK must
