@@ -163,9 +163,21 @@ pub const FEATURE_ACCEPT_WITHDRAW: u16 = 1 << 14;
 /// peer continues on TCP at its next operation). Used only when the proposal offered it and
 /// the accept echoed it.
 pub const FEATURE_SWITCH_ALONE: u16 = 1 << 13;
+/// This implementation's extension of [`FEATURE_SWITCH_ALONE`] (a bit Linux does not define,
+/// masked off by a Linux server like [`FEATURE_LARGE_DMB`]): an end may also switch alone while
+/// the peer has not read all it wrote into the peer's ring. Its switch marker is then followed
+/// by a count `n` (4 bytes, little-endian) and the `n` bytes of its stream from the consumer
+/// cursor the peer last published (which may lag what the peer has read) to its final producer
+/// cursor; the peer, when it answers, drops from them what it had already read from its ring,
+/// and reads the rest over TCP, then what the end writes after it. Used only when the proposal
+/// offered it and the accept echoed it, together with [`FEATURE_SWITCH_ALONE`].
+pub const FEATURE_SWITCH_ALONE_RESEND: u16 = 1 << 12;
 /// The feature bits this implementation offers and echoes.
-pub const OUR_FEATURES: u16 =
-    FEATURE_EMULATED_ISM | FEATURE_LARGE_DMB | FEATURE_ACCEPT_WITHDRAW | FEATURE_SWITCH_ALONE;
+pub const OUR_FEATURES: u16 = FEATURE_EMULATED_ISM
+    | FEATURE_LARGE_DMB
+    | FEATURE_ACCEPT_WITHDRAW
+    | FEATURE_SWITCH_ALONE
+    | FEATURE_SWITCH_ALONE_RESEND;
 /// CHID of Linux's loopback-ism (`SMC_LO_RESERVED_CHID`).
 pub const LOOPBACK_CHID: u16 = 0xFFFF;
 /// `SMC_FIRST_CONTACT_MASK` within `typev2`.

@@ -698,7 +698,10 @@ fn a_child_exec_without_the_library_switches_to_tcp_while_its_parent_waits_for_i
 /// unread byte, so the leaving end switches alone (`FEATURE_SWITCH_ALONE`) and the peer
 /// continues on TCP at its next call. Before, the exec waited for an answer that could not
 /// come, then both ends were reset (red team rt12 `rt12_waitswitch.py`: 11 s, then
-/// `ConnectionResetError`; `idle_peer`: `GOT ERR 104`).
+/// `ConnectionResetError`; `idle_peer`: `GOT ERR 104`). `unread_greeting`: as `idle_peer`, but
+/// the server wrote a greeting that the client reads only after the handler took over: the
+/// leaving end sends again what its peer did not read (`FEATURE_SWITCH_ALONE_RESEND`); before,
+/// the exec waited for the peer's answer (1 s here), then both ends were reset.
 const EXEC_WHILE_PEER_ELSEWHERE: &str = r#"
 import os, socket, subprocess, sys, time
 how = sys.argv[1]
@@ -716,7 +719,8 @@ def answer(c):
         print("GOT", c.recv(100), flush=True)
     except OSError as e:
         print("GOT ERR", e.errno, flush=True)
-if how == "idle_peer":
+if how in ("idle_peer", "unread_greeting"):
+    greeting = b"greeting; " if how == "unread_greeting" else b""
     pid = os.fork()
     if pid == 0:
         c = socket.create_connection(("127.0.0.1", port))
@@ -724,14 +728,30 @@ if how == "idle_peer":
         c.sendall(b"r")
         time.sleep(2.5)
         c.sendall(b"from an idle peer")
-        answer(c)
+        if greeting:
+            c.settimeout(20)
+            got = b""
+            try:
+                while len(got) < len(greeting) + 17:
+                    d = c.recv(100)
+                    if not d:
+                        break
+                    got += d
+                print("GOT", got, flush=True)
+            except OSError as e:
+                print("GOT ERR", e.errno, flush=True)
+        else:
+            answer(c)
         os._exit(0)
     s, _ = ls.accept()
     s.sendall(b"x")
     s.recv(1)
+    # A greeting the client reads only after the handler took over.
+    s.sendall(greeting)
     t = time.monotonic()
     p = handler(s.fileno())
     s.close()
+    print("SPAWNED in %.1f s" % (time.monotonic() - t), flush=True)
     print("HANDLER EXIT", p.wait(), flush=True)
     os.waitpid(pid, 0)
 else:
@@ -753,26 +773,24 @@ else:
 fn an_exec_without_the_library_switches_alone_while_the_peer_is_busy_elsewhere() {
     let w = SmcWorld::new();
     let py = script(&w, "exec_peer_elsewhere.py", EXEC_WHILE_PEER_ELSEWHERE);
-    for how in ["popen", "popen_fork", "idle_peer"] {
+    for how in ["popen", "popen_fork", "idle_peer", "unread_greeting"] {
         let mut c = python(&w, &py);
         // A switch waits 5 CLC timeouts (1 s here) for an answer: the idle peer sleeps longer.
         c.arg(how).env("SMC_CLC_TIMEOUT_MS", "200");
         let out = spawn_piped(c).wait_output(T).expect("program");
-        let (sent, got) = if how == "idle_peer" {
-            ("from an idle peer", "GOT b'FROM AN IDLE PEER'")
-        } else {
-            ("to a plain process", "GOT b'TO A PLAIN PROCESS'")
+        let (sent, got) = match how {
+            "idle_peer" => ("from an idle peer", "GOT b'FROM AN IDLE PEER'"),
+            "unread_greeting" => ("from an idle peer", "GOT b'greeting; FROM AN IDLE PEER'"),
+            _ => ("to a plain process", "GOT b'TO A PLAIN PROCESS'"),
         };
         assert!(out.contains(&format!("HANDLER b'{sent}'")), "{how}: {out}");
         assert!(out.contains(got), "{how}: {out}");
         assert!(out.contains("HANDLER EXIT 0"), "{how}: {out}");
-        if how != "idle_peer" {
-            // The exec did not wait for an answer (it waited 10 s before, then reset).
-            assert!(out.contains("SPAWNED in 0."), "{how}: {out}");
-        }
+        // The exec did not wait for an answer (it waited for one before, then reset).
+        assert!(out.contains("SPAWNED in 0."), "{how}: {out}");
     }
     let sum = w.stats_sum();
-    assert!(sum.get("smcd_client") >= 3, "{}", brief(&sum));
+    assert!(sum.get("smcd_client") >= 4, "{}", brief(&sum));
 }
 
 /// The handoff while the client writes: per round, a client process writes a stream in small

@@ -144,6 +144,10 @@ pub const F_ALONE_OK: u32 = 1 << 27;
 /// The peer switched the connection to TCP alone ([`WAIT_ALONE`] in its DMB): this end must
 /// switch too, before anything else goes into the rings; its marker may still be on its way.
 pub const F_PEER_ALONE: u32 = 1 << 28;
+/// An end that switches alone may leave bytes of its own unread in the peer's ring: it sends
+/// them again after its marker, with their count (the handshake negotiated
+/// [`smc_common::clc::FEATURE_SWITCH_ALONE_RESEND`]); the peer drops what it had read of them.
+pub const F_ALONE_RESEND: u32 = 1 << 29;
 /// The connection continues on TCP: the peer's marker was read, the peer switched alone, or
 /// this end switched (see [`E_TCP`]).
 pub const F_TO_TCP: u32 = F_PEER_SWITCH | F_PEER_ALONE | F_SWITCHED;

@@ -489,7 +489,15 @@ fn nonblocking(fd: i32) -> bool {
     fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
-fn install(fd: i32, own: HeldDmb, peer: HeldDmb, role: Role, nonblock: bool, alone: bool) -> bool {
+/// `alone`: the switch-alone features negotiated (switch alone, and with our unread bytes).
+fn install(
+    fd: i32,
+    own: HeldDmb,
+    peer: HeldDmb,
+    role: Role,
+    nonblock: bool,
+    alone: (bool, bool),
+) -> bool {
     let (ot, pt) = (own.token, peer.token);
     let rel = DmbRelease {
         own: ot,
@@ -514,9 +522,12 @@ fn install(fd: i32, own: HeldDmb, peer: HeldDmb, role: Role, nonblock: bool, alo
     };
     c.own_token = ot;
     c.peer_token = pt;
-    if alone {
+    if alone.0 {
         // Both ends count their control bytes and may switch to TCP alone.
         c.enable_switch_alone();
+        if alone.1 {
+            c.enable_alone_resend();
+        }
     }
     // Set before the connection became SMC (or inherited from the listener).
     c.set_rcvlowat(fd);
@@ -1563,7 +1574,9 @@ fn finish_outcome(fd: i32, server: bool, out: Outcome, nonblock: bool) {
         Outcome::Fallback { fb, awaited } => after_fallback(fd, server, fb, awaited),
         Outcome::Established { own, peer, est } => {
             let alone = est.feature_mask & smc_common::clc::FEATURE_SWITCH_ALONE != 0;
-            if !install(fd, own, peer, role, nonblock, alone) {
+            let resend =
+                alone && est.feature_mask & smc_common::clc::FEATURE_SWITCH_ALONE_RESEND != 0;
+            if !install(fd, own, peer, role, nonblock, (alone, resend)) {
                 // The peer is on SMC already: neither end may continue on this stream.
                 broken(fd, server, "local state mapping failed");
             }

@@ -24,6 +24,12 @@ impl Conn {
         self.set_flag(F_ALONE_OK);
     }
 
+    /// With [`Conn::enable_switch_alone`]: the handshake negotiated
+    /// [`smc_common::clc::FEATURE_SWITCH_ALONE_RESEND`] too ([`F_ALONE_RESEND`]).
+    pub fn enable_alone_resend(&self) {
+        self.set_flag(F_ALONE_RESEND);
+    }
+
     /// Whether this connection continues on TCP (switched).
     pub fn switched(&self) -> bool {
         self.flags() & F_SWITCHED != 0
@@ -330,6 +336,10 @@ impl Conn {
             return None;
         }
         self.set_flag(F_PEER_SWITCH);
+        // Right behind the marker (whoever read it: a drain reads no further).
+        if !self.skip_resent(fd, deadline) {
+            return None;
+        }
         let n = self.resend_unread(fd, deadline)?;
         if self.flags() & F_SHUT_WR != 0 {
             // SAFETY: plain syscall.
@@ -343,6 +353,21 @@ impl Conn {
     /// bytes of ours on TCP). Their count, or `None` (the cursor is not valid, or they could
     /// not go out before `deadline`).
     fn resend_unread(&self, fd: i32, deadline: Instant) -> Option<u32> {
+        let mut msg = Vec::new();
+        let n = self.unread_tx(fd, &mut msg)?;
+        if !crate::util::send_all(fd, &msg, deadline) {
+            crate::debug!(
+                "fd {fd}: switch to TCP: {n} unread bytes could not be sent again in time"
+            );
+            return None;
+        }
+        Some(n)
+    }
+
+    /// Appends to `out` the bytes of our send ring from the consumer cursor the peer last
+    /// published (its final one once it switched) to our producer cursor; their count, or
+    /// `None` when that cursor is not valid.
+    fn unread_tx(&self, fd: i32, out: &mut Vec<u8>) -> Option<u32> {
         let s = self.sh();
         let prod = unpack(s.prod.load(Ordering::Acquire));
         let last = unpack(s.peer_cons.load(Ordering::Acquire));
@@ -356,20 +381,68 @@ impl Conn {
         let n = self.tx.diff(pc, prod).unwrap_or(0);
         // SAFETY: `peer` is the peer's mapped DMB, longer than its CDC header.
         let base = unsafe { self.peer.as_ptr().add(smc_common::cdc::CDC_HEADER_LEN) };
+        out.reserve(n as usize);
         for (off, len) in self.tx.segments(pc, n) {
             if len == 0 {
                 continue;
             }
             // SAFETY: the segment lies inside the peer's ring, which we map.
-            let seg = unsafe { std::slice::from_raw_parts(base.add(off), len) };
-            if !crate::util::send_all(fd, seg, deadline) {
-                crate::debug!(
-                    "fd {fd}: switch to TCP: {n} unread bytes could not be sent again in time"
-                );
-                return None;
-            }
+            out.extend_from_slice(unsafe { std::slice::from_raw_parts(base.add(off), len) });
         }
         Some(n)
+    }
+
+    /// Just after the peer's marker was read: when the peer switched alone and sends again
+    /// what we had not read of it ([`F_ALONE_RESEND`]), its count (4 bytes), then the bytes
+    /// of them we read from our ring already are dropped: the rest are the next bytes of the
+    /// stream. Under `rx_lock`, our consumer cursor final. False (the connection must be
+    /// reset) when they do not come in time or the count does not fit what our ring holds.
+    fn skip_resent(&self, fd: i32, deadline: Instant) -> bool {
+        if self.flags() & F_ALONE_RESEND == 0
+            || self.peer_wait().load(Ordering::SeqCst) & WAIT_ALONE == 0
+        {
+            return true;
+        }
+        let mut cnt = [0u8; 4];
+        if !recv_exact(fd, &mut cnt, deadline) {
+            crate::debug!(
+                "fd {fd}: switch to TCP: the count after the peer's marker did not come: {}",
+                self.describe()
+            );
+            return false;
+        }
+        let n = u32::from_le_bytes(cnt);
+        // What we did not read of our ring is the end of what it sent again.
+        let unread = self
+            .rx_cursors()
+            .and_then(|(cons, prod)| self.rx.readable(cons, prod).ok());
+        let Some(skip) = unread.and_then(|u| n.checked_sub(u)) else {
+            crate::debug!(
+                "fd {fd}: switch to TCP: the peer sends {n} bytes again, fewer than our ring \
+                 holds unread ({unread:?}): {}",
+                self.describe()
+            );
+            self.set_flag(F_PROTO);
+            return false;
+        };
+        if skip > self.rx.len() {
+            self.set_flag(F_PROTO);
+            return false;
+        }
+        let mut left = skip as usize;
+        let mut buf = [0u8; 4096];
+        while left > 0 {
+            let k = left.min(buf.len());
+            if !recv_exact(fd, &mut buf[..k], deadline) {
+                crate::debug!(
+                    "fd {fd}: switch to TCP: {skip} bytes the peer sent again did not come: {}",
+                    self.describe()
+                );
+                return false;
+            }
+            left -= k;
+        }
+        true
     }
 
     /// The peer switched alone ([`WAIT_ALONE`]; the socket left the SOCKHASH already): read up
@@ -408,7 +481,11 @@ impl Conn {
         let rx_empty = self
             .rx_cursors()
             .is_some_and(|(cons, prod)| self.rx.readable(cons, prod) == Ok(0));
-        let tx_read = self.tx_cursors().is_some_and(|(prod, cons)| prod == cons);
+        // What the peer did not read of ours goes again after our marker
+        // ([`F_ALONE_RESEND`]), unless an urgent byte is among it (it would arrive inline).
+        let f = self.flags();
+        let tx_read = self.tx_cursors().is_some_and(|(prod, cons)| prod == cons)
+            || f & F_ALONE_RESEND != 0 && f & F_URG_FLAGS == 0;
         rx_empty && tx_read
     }
 
@@ -473,8 +550,30 @@ impl Conn {
             );
             return Some(Switched::Reset);
         }
+        if self.flags() & F_PEER_SWITCH != 0 && !self.skip_resent(fd, deadline) {
+            return Some(Switched::Reset);
+        }
+        let mut resent = 0;
         if self.ctl_begin(true) {
-            let sent = crate::util::send_all(fd, &[SWITCH_TCP], deadline);
+            let mut msg = vec![SWITCH_TCP];
+            if self.flags() & F_ALONE_RESEND != 0 {
+                // What the peer did not read of ours, from the cursor it last published (its
+                // final one when it switched too: its marker came before our commit), with
+                // its count; one send with the marker (a second small segment would wait
+                // for the peer's delayed ACK of the first: Nagle).
+                msg.extend_from_slice(&[0; 4]);
+                match self.unread_tx(fd, &mut msg) {
+                    Some(n) => {
+                        resent = n;
+                        msg[1..5].copy_from_slice(&n.to_le_bytes());
+                    }
+                    None => {
+                        self.ctl_end(true, false);
+                        return Some(Switched::Reset);
+                    }
+                }
+            }
+            let sent = crate::util::send_all(fd, &msg, deadline);
             self.ctl_end(true, sent);
             if !sent {
                 crate::debug!("fd {fd}: switch to TCP alone: our marker could not be sent");
@@ -496,7 +595,8 @@ impl Conn {
             return Some(Switched::Reset);
         }
         crate::debug!(
-            "fd {fd}: switched to TCP alone{}: {}",
+            "fd {fd}: switched to TCP alone{} ({resent} bytes the peer had not read sent \
+             again): {}",
             if late > 0 {
                 " (the peer sent again what it wrote as we switched)"
             } else {
@@ -560,6 +660,39 @@ impl Conn {
     }
 }
 
+/// Reads exactly `buf.len()` bytes from the socket, waiting until `deadline` at most.
+fn recv_exact(fd: i32, buf: &mut [u8], deadline: Instant) -> bool {
+    let e0 = real::errno();
+    let mut got = 0;
+    let ok = loop {
+        if got == buf.len() {
+            break true;
+        }
+        // SAFETY: the rest of a valid buffer.
+        let r = unsafe {
+            real::recv(
+                fd,
+                buf[got..].as_mut_ptr() as *mut libc::c_void,
+                buf.len() - got,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if r == 0 {
+            break false;
+        }
+        if r < 0 {
+            let e = real::errno();
+            if (e != libc::EAGAIN && e != libc::EINTR) || !wait_fd(fd, libc::POLLIN, deadline) {
+                break false;
+            }
+            continue;
+        }
+        got += r as usize;
+    };
+    real::set_errno(e0);
+    ok
+}
+
 /// Waits until the socket holds at least `n` bytes to read (`SIOCINQ`), until `deadline`.
 fn inq_reaches(fd: i32, n: u32, deadline: Instant) -> bool {
     let e0 = real::errno();
@@ -583,6 +716,7 @@ fn inq_reaches(fd: i32, n: u32, deadline: Instant) -> bool {
         if now >= deadline {
             break false;
         }
+        ack_now(fd);
         let mut p = libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -596,11 +730,21 @@ fn inq_reaches(fd: i32, n: u32, deadline: Instant) -> bool {
     ok
 }
 
+/// Our delayed ACK, if one is pending, goes now (`TCP_QUICKACK`, not sticky): the peer's next
+/// small segment of the switch (a marker, a count) may wait for it (Nagle) — up to the
+/// delayed-ACK timer, 40 ms, which a switch wait of 5 short CLC timeouts does not hold.
+fn ack_now(fd: i32) {
+    crate::util::set_sockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_QUICKACK, 1);
+}
+
 /// Waits for `ev` on `fd` until `deadline`; false when it passed.
 fn wait_fd(fd: i32, ev: i16, deadline: Instant) -> bool {
     let now = Instant::now();
     if now >= deadline {
         return false;
+    }
+    if ev & libc::POLLIN != 0 {
+        ack_now(fd);
     }
     let ms = (deadline - now).as_millis().min(1000) as i32 + 1;
     let mut p = libc::pollfd {

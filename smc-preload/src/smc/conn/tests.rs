@@ -1196,6 +1196,64 @@ fn a_peer_that_wrote_as_the_other_end_switched_alone_sends_it_again() {
     assert_eq!(raw_read(fa, 10), b"raced+more");
 }
 
+/// An end whose bytes its peer has not (all) read switches alone all the same
+/// ([`F_ALONE_RESEND`]): after its marker it sends their count and the bytes from the consumer
+/// cursor the peer last published; the peer drops what it read of them from its ring.
+#[test]
+fn an_end_whose_bytes_the_peer_did_not_read_switches_alone_and_sends_them_again() {
+    for read_first in [0usize, 6] {
+        let (a, b, fa, fb) = alone_pair(16384, 16384);
+        a.enable_alone_resend();
+        b.enable_alone_resend();
+        let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+        assert_eq!(a.send(fa, &iov(b"hello world"), 0), Ok(11));
+        let mut buf = [0u8; 16];
+        if read_first > 0 {
+            // `b` read some of it; its consumer cursor is not published yet (10 % rule).
+            assert_eq!(
+                b.recv(fb, &iov_mut(&mut buf[..read_first]), 0),
+                Ok(read_first)
+            );
+        }
+        let t = Instant::now();
+        let dl = t + Duration::from_secs(10);
+        assert_eq!(a.switch_to_tcp(fa, dl, || true, || {}), Switched::Tcp);
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        raw_write(fa, b"+from the image");
+        b.notice_switch(fb);
+        assert!(b.peer_went_alone());
+        assert_eq!(b.switch_to_tcp(fb, dl, || true, || {}), Switched::Tcp);
+        let rest = &b"hello world"[read_first..];
+        let mut want = rest.to_vec();
+        want.extend_from_slice(b"+from the image");
+        assert_eq!(raw_read(fb, want.len()), want, "read first: {read_first}");
+        raw_write(fb, b"to the image");
+        assert_eq!(raw_read(fa, 12), b"to the image");
+    }
+}
+
+/// A count behind the peer's marker that is smaller than what our ring holds unread: the
+/// connection is reset, nothing is delivered twice or lost.
+#[test]
+fn a_count_smaller_than_what_the_ring_holds_resets_the_connection() {
+    let (a, b, fa, fb) = alone_pair(16384, 16384);
+    a.enable_alone_resend();
+    b.enable_alone_resend();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    assert_eq!(a.send(fa, &iov(b"hello world"), 0), Ok(11));
+    // `a` (hostile) commits alone and says it sends 3 bytes again.
+    a.own_wait()
+        .fetch_or(WAIT_ALONE | WAIT_SWITCH, Ordering::SeqCst);
+    assert!(a.ctl_begin(true));
+    raw_write(fa, &[SWITCH_TCP]);
+    a.ctl_end(true, true);
+    raw_write(fa, &3u32.to_le_bytes());
+    raw_write(fa, b"rld");
+    b.notice_switch(fb);
+    let dl = Instant::now() + Duration::from_secs(2);
+    assert_eq!(b.switch_to_tcp(fb, dl, || true, || {}), Switched::Reset);
+}
+
 #[test]
 fn a_peer_that_writes_its_wait_word_never_holds_a_doorbell_up() {
     let (a, b, fa, fb) = alone_pair(16384, 16384);
