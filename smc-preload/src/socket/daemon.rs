@@ -62,6 +62,11 @@ struct Dev {
     retry_after: AtomicU64,
     /// Requests in a row that timed out ([`back_off_ms`]); 0 after any answer.
     timeouts: AtomicU32,
+    /// The back-off is for a daemon that is gone (refused, disconnected), not one that
+    /// answered late ([`with_dev_for_tcp`]).
+    gone: AtomicBool,
+    /// The last request of [`with_dev_for_tcp`] timed out (cleared by its next answer).
+    for_tcp_timed_out: AtomicBool,
 }
 
 /// How long new handshakes decline `NOSMCDDEV` without asking the daemon after a request
@@ -96,6 +101,8 @@ fn new_dev(pid: u32) -> *mut Dev {
         gid: ForkOnce::new(),
         retry_after: AtomicU64::new(0),
         timeouts: AtomicU32::new(0),
+        gone: AtomicBool::new(false),
+        for_tcp_timed_out: AtomicBool::new(false),
     }))
 }
 
@@ -172,29 +179,56 @@ pub(crate) fn with_dev<T>(
     if retry != 0 && epoch_ms() < retry {
         return Err(Diag::NoSmcdDev.code());
     }
-    match f(&d.client) {
-        Ok(v) => {
-            if d.timeouts.load(Ordering::Relaxed) != 0 {
-                d.timeouts.store(0, Ordering::Relaxed);
-            }
-            Ok(v)
-        }
-        Err(e) => {
-            debug!("loopback-ism: {e}");
-            let code = e.decline_reason().diagnosis();
-            if e.is_unavailable() {
-                let timeout = matches!(e, smc_ism::IsmError::Timeout);
-                let in_row = if timeout {
-                    d.timeouts.fetch_add(1, Ordering::Relaxed).saturating_add(1)
-                } else {
-                    0
-                };
-                d.retry_after
-                    .store(epoch_ms() + back_off_ms(timeout, in_row), Ordering::Relaxed);
-            }
-            Err(code)
-        }
+    let r = f(&d.client);
+    if r.is_ok() && d.timeouts.load(Ordering::Relaxed) != 0 {
+        d.timeouts.store(0, Ordering::Relaxed);
     }
+    r.map_err(|e| failed(d, &e))
+}
+
+/// A request of [`with_dev`] failed: its decline code; a daemon unavailable is backed off.
+fn failed(d: &Dev, e: &smc_ism::IsmError) -> u32 {
+    debug!("loopback-ism: {e}");
+    if e.is_unavailable() {
+        let timeout = matches!(e, smc_ism::IsmError::Timeout);
+        let in_row = if timeout {
+            d.timeouts.fetch_add(1, Ordering::Relaxed).saturating_add(1)
+        } else {
+            0
+        };
+        d.gone.store(!timeout, Ordering::Relaxed);
+        d.retry_after
+            .store(epoch_ms() + back_off_ms(timeout, in_row), Ordering::Relaxed);
+    }
+    e.decline_reason().diagnosis()
+}
+
+/// As [`with_dev`], for a request that keeps a connection TCP-exact rather than starting a
+/// handshake (a fallback's socket out of the SOCKHASH): the back-off after a request answered
+/// late does not refuse it (that daemon is there; the back-off spares new handshakes its
+/// round trips), unless this kind of request timed out itself, so that a hung daemon costs
+/// at most one wait per back-off. Before, a `PAIR` that missed a 1 ms CLC timer made the
+/// fallbacks of the next 16 ms stay SOCKHASH members (`tcp_bpf`): `FIONREAD` 0 of 3 queued
+/// bytes, a blocking `recv(MSG_OOB)` with nothing urgent waiting forever (conformance
+/// `oob_two_before_read`, `oob_recv_none_twice_peek`). An answer leaves the back-off of new
+/// handshakes as it is.
+pub(crate) fn with_dev_for_tcp<T>(
+    f: impl FnOnce(&smc_ism::SharedClient) -> Result<T, smc_ism::IsmError>,
+) -> Result<T, u32> {
+    let d = dev();
+    let retry = d.retry_after.load(Ordering::Relaxed);
+    if retry != 0
+        && epoch_ms() < retry
+        && (d.gone.load(Ordering::Relaxed) || d.for_tcp_timed_out.load(Ordering::Relaxed))
+    {
+        return Err(Diag::NoSmcdDev.code());
+    }
+    let r = f(&d.client);
+    d.for_tcp_timed_out.store(
+        matches!(r, Err(smc_ism::IsmError::Timeout)),
+        Ordering::Relaxed,
+    );
+    r.map_err(|e| failed(d, &e))
 }
 
 pub(crate) fn local_gid() -> Result<smc_ism::Gid, u32> {

@@ -229,7 +229,7 @@ pub(crate) fn leave_shortcut_for_tcp(fd: i32, vforked: bool) -> bool {
             .leave_shortcut(fd)
             .map_err(|e| e.decline_reason().diagnosis())
     } else {
-        with_dev(|d| d.leave_shortcut(fd))
+        crate::daemon::with_dev_for_tcp(|d| d.leave_shortcut(fd))
     };
     if let Err(e) = &r {
         debug!("fd {fd}: the daemon did not take the socket out of the SOCKHASH: {e}");
