@@ -980,21 +980,7 @@ fn is_unconnected_tcp(fd: c_int) -> bool {
 
 /// Socket cookie of `fd` (errno preserved).
 pub(crate) fn cookie(fd: c_int) -> Option<u64> {
-    let mut v: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    let e0 = real::errno();
-    // SAFETY: valid out buffer and length.
-    let r = unsafe {
-        real::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_COOKIE,
-            &mut v as *mut u64 as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    real::set_errno(e0);
-    (r == 0).then_some(v)
+    crate::util::sock_cookie(fd)
 }
 
 /// Calls `f` with every fd of the `SCM_RIGHTS` messages in `m`.

@@ -1610,6 +1610,7 @@ pub unsafe fn close(fd: c_int) -> c_int {
         // Ours, never handed to the application: for it that number is not open.
         return fail(libc::EBADF) as c_int;
     }
+    forget_clc_bytes(fd as i64, fd as i64);
     // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
     // `close`.
     unsafe { real::close(fd) }
@@ -1674,6 +1675,9 @@ pub unsafe fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int)
                 ours.push(fd as libc::c_uint);
             }
         }
+    }
+    if closing {
+        forget_clc_bytes(first as i64, last as i64);
     }
     // Our daemon connection may lie in the range (it may even have been opened by the closes
     // above, which give DMBs back): the range is closed around it.
@@ -1758,10 +1762,23 @@ pub unsafe fn dup3(fd: c_int, fd2: c_int, flags: c_int, three: bool) -> c_int {
         // SAFETY: fd numbers only (dup2(2)).
         unsafe { real::dup2(fd, fd2) }
     };
+    if r >= 0 && fd != fd2 {
+        // What fd2 named is closed.
+        forget_clc_bytes(fd2 as i64, fd2 as i64);
+    }
     if r >= 0 && fdtable::raw(fd) != 0 {
         setup::copy_slot(fd, r);
     }
     r
+}
+
+/// The numbers `lo..=hi` close (or name other files next): the CLC bytes recorded for the
+/// connections that fell back on them go ([`crate::handshake::clc_bytes`]). Not in a table of
+/// this thread's own (a vfork child shares our memory, not our numbers).
+fn forget_clc_bytes(lo: i64, hi: i64) {
+    if crate::handshake::clc_bytes_any() && !lifecycle::own_fd_table() {
+        crate::handshake::forget_clc_bytes(lo, hi);
+    }
 }
 
 fn fcntl_valid(fd: c_int) -> bool {
@@ -2837,16 +2854,27 @@ pub unsafe fn getsockopt(
     // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
     // `getsockopt`.
     let r = unsafe { real::getsockopt(fd, level, name, val, len) };
-    if r != 0 || !slow(fd) || val.is_null() || len.is_null() {
+    if r != 0 || val.is_null() || len.is_null() {
         return r;
     }
     if level == libc::IPPROTO_TCP && name == libc::TCP_INFO {
-        if let Some(o) = fdtable::get(fd) {
-            if let Obj::Conn(c) = &*o {
-                // SAFETY: the kernel just wrote `*len` bytes of `tcp_info` through `val`.
-                unsafe { tcp_info_of_stream(c, val as *mut u8, *len as usize) };
+        if slow(fd) {
+            if let Some(o) = fdtable::get(fd) {
+                if let Obj::Conn(c) = &*o {
+                    // SAFETY: the kernel just wrote `*len` bytes of `tcp_info` through `val`.
+                    unsafe { tcp_info_of_stream(c, val as *mut u8, *len as usize) };
+                    return r;
+                }
             }
         }
+        // A connection that fell back (plain by now, or still skipping late CLC messages).
+        if let Some((sent, received)) = crate::handshake::clc_bytes(fd) {
+            // SAFETY: the kernel just wrote `*len` bytes of `tcp_info` through `val`.
+            unsafe { tcp_info_without_clc(val as *mut u8, *len as usize, sent, received) };
+        }
+        return r;
+    }
+    if !slow(fd) {
         return r;
     }
     if level == libc::SOL_SOCKET && name == libc::SO_PEEK_OFF {
@@ -2920,6 +2948,32 @@ unsafe fn tcp_info_of_stream(c: &Conn, info: *mut u8, len: usize) {
         put(BYTES_ACKED, acked);
         put(BYTES_RECEIVED, received);
         put(BYTES_SENT, sent);
+    }
+}
+
+/// `TCP_INFO` of a connection that fell back to TCP: the kernel's answer without the CLC
+/// bytes its handshake sent (`tcpi_bytes_acked`, `tcpi_bytes_sent`) and received
+/// (`tcpi_bytes_received`), as TCP without the handshake counts (never below 0). Segment
+/// counts stay the kernel's (a CLC message may share a segment with others).
+///
+/// # Safety
+/// `info` points to `len` writable bytes.
+unsafe fn tcp_info_without_clc(info: *mut u8, len: usize, sent: u64, received: u64) {
+    const BYTES_ACKED: usize = 120;
+    const BYTES_RECEIVED: usize = 128;
+    const BYTES_SENT: usize = 200;
+    for (off, minus) in [
+        (BYTES_ACKED, sent),
+        (BYTES_RECEIVED, received),
+        (BYTES_SENT, sent),
+    ] {
+        if len >= off + 8 {
+            // SAFETY: inside the caller's `len` bytes (checked).
+            unsafe {
+                let p = info.add(off) as *mut u64;
+                p.write_unaligned(p.read_unaligned().saturating_sub(minus));
+            }
+        }
     }
 }
 

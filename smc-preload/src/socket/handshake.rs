@@ -14,7 +14,7 @@
 //! calls (an event-loop server is never held up waiting for its client).
 
 use crate::daemon::{self, with_dev};
-use crate::forklock::ForkOnce;
+use crate::forklock::{ForkMutex, ForkOnce};
 use crate::real;
 use crate::shm::Mapping;
 use crate::util::config::config;
@@ -26,7 +26,7 @@ use smc_common::handshake::{
 };
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd as _, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -283,6 +283,10 @@ pub struct Driver {
     deferred: Option<DeferredServer>,
     /// Descriptors of DMBs mapped in this step, closed at its end ([`HeldDmb::map`]).
     closing: Vec<OwnedFd>,
+    /// The CLC bytes this end sent and consumed so far: a fallback records them
+    /// ([`note_clc_bytes`]) for `TCP_INFO`.
+    clc_sent: u64,
+    clc_received: u64,
     buf: [u8; MAX_MSG],
 }
 
@@ -321,6 +325,8 @@ impl Driver {
             defer_daemon: false,
             deferred: None,
             closing: Vec::new(),
+            clc_sent: 0,
+            clc_received: 0,
             buf: [0; MAX_MSG],
         }
     }
@@ -514,6 +520,7 @@ impl Driver {
     /// The fallback outcome, for an end decided outside the machine.
     fn fallback_now(&mut self, fb: Fallback) -> Outcome {
         self.release_all();
+        self.note_clc_bytes();
         Outcome::Fallback { fb, awaited: None }
     }
 
@@ -532,6 +539,7 @@ impl Driver {
                     self.todo.extend(a);
                     return None;
                 }
+                self.clc_sent += b.len() as u64;
                 match (self.server, self.m.waiting_for()) {
                     (false, Some(MsgType::Accept)) => self.send_ahead(Ahead::Pair),
                     (true, Some(MsgType::Confirm)) if self.paired.is_none() => {
@@ -609,6 +617,7 @@ impl Driver {
             Action::Fallback(fb) => {
                 let awaited = self.wait.map(|(t, _)| t);
                 self.release_all();
+                self.note_clc_bytes();
                 Some(Outcome::Fallback { fb, awaited })
             }
         }
@@ -704,9 +713,22 @@ impl Driver {
         }
         let len = clc::message_len(hdr).ok().filter(|&l| l <= n)?;
         match io.with(fd, |fd| recv(fd, &mut self.buf[..len], libc::MSG_DONTWAIT)) {
-            Ok(r) if r == len => Some(self.buf[..len].to_vec()),
+            Ok(r) if r == len => {
+                self.clc_received += len as u64;
+                Some(self.buf[..len].to_vec())
+            }
             _ => None,
         }
+    }
+
+    /// A fallback: what this end's handshake sent and consumed of the stream, for `TCP_INFO`.
+    fn note_clc_bytes(&mut self) {
+        let (sent, received) = (self.clc_sent, self.clc_received);
+        self.clc_sent = 0;
+        self.clc_received = 0;
+        let fd = self.fd;
+        self.io
+            .with(fd, |io| note_clc_bytes(io, fd, sent, received));
     }
 
     /// Give back what we hold (a handshake that did not finish, or fell back), including what
@@ -1189,7 +1211,10 @@ impl Driver {
         }
         // Consume exactly this message (application bytes may follow a decline).
         match io.with(fd, |fd| recv(fd, &mut self.buf[..len], libc::MSG_DONTWAIT)) {
-            Ok(r) if r == len => Rd::Msg(len),
+            Ok(r) if r == len => {
+                self.clc_received += len as u64;
+                Rd::Msg(len)
+            }
             r => {
                 crate::debug!(
                     "fd {fd}: handshake: {n} bytes peeked, but consuming the {len}-byte CLC \
@@ -1418,7 +1443,9 @@ pub fn skip_one(fd: i32, any: bool) -> Option<Option<MsgType>> {
     if n < len {
         return None;
     }
-    let _ = recv(fd, &mut buf[..len], libc::MSG_DONTWAIT);
+    if recv(fd, &mut buf[..len], libc::MSG_DONTWAIT) == Ok(len) {
+        note_clc_bytes(fd, fd, 0, len as u64);
+    }
     Some(Some(t))
 }
 
@@ -1455,6 +1482,85 @@ pub fn wait_head(fd: i32) -> Result<(), i32> {
         }
         _ => Ok(()),
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// the CLC bytes of connections that fell back
+
+/// A socket whose connection fell back to TCP after CLC bytes went over it.
+struct ClcBytes {
+    cookie: u64,
+    /// The number it fell back on (forgotten when that number closes).
+    fd: i32,
+    sent: u64,
+    received: u64,
+}
+
+/// The CLC bytes of connections that fell back: the kernel's `TCP_INFO` byte counts include
+/// them (the handshake's messages both ways, the late ones skipped after it), TCP without the
+/// handshake has none, so `getsockopt(TCP_INFO)` takes them out (conformance
+/// `tcp_info_byte_counts` with a 1 ms CLC timer: `bytes_acked 100269` where TCP says 100001).
+/// By socket cookie (a number `dup`ed from it finds it too, a number reused for another socket
+/// does not), kept until the number it fell back on closes; at most [`CLC_BYTES_MAX`] (the
+/// oldest go first: its counts are then the kernel's).
+static CLC_BYTES: ForkMutex<Vec<ClcBytes>> = ForkMutex::new(Vec::new);
+/// `CLC_BYTES.len()`: the calls of every other socket look at this only.
+static CLC_BYTES_N: AtomicUsize = AtomicUsize::new(0);
+const CLC_BYTES_MAX: usize = 4096;
+
+/// `sent` and `received` CLC bytes went over the socket `io` (the number `fd`, or a private
+/// duplicate of its socket) of a connection that fell back.
+pub(crate) fn note_clc_bytes(io: i32, fd: i32, sent: u64, received: u64) {
+    if sent == 0 && received == 0 {
+        return;
+    }
+    let Some(cookie) = crate::util::sock_cookie(io) else {
+        return;
+    };
+    let mut v = CLC_BYTES.lock();
+    if let Some(e) = v.iter_mut().find(|e| e.cookie == cookie) {
+        e.sent += sent;
+        e.received += received;
+    } else {
+        if v.len() >= CLC_BYTES_MAX {
+            v.remove(0);
+        }
+        v.push(ClcBytes {
+            cookie,
+            fd,
+            sent,
+            received,
+        });
+    }
+    CLC_BYTES_N.store(v.len(), Ordering::Relaxed);
+}
+
+/// The CLC bytes (sent, received) that went over the socket of `fd`, if its connection fell
+/// back after some. errno is preserved.
+pub(crate) fn clc_bytes(fd: i32) -> Option<(u64, u64)> {
+    if CLC_BYTES_N.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    let cookie = crate::util::sock_cookie(fd)?;
+    let v = CLC_BYTES.lock();
+    v.iter()
+        .find(|e| e.cookie == cookie)
+        .map(|e| (e.sent, e.received))
+}
+
+/// Whether any connection that fell back has CLC bytes recorded.
+pub(crate) fn clc_bytes_any() -> bool {
+    CLC_BYTES_N.load(Ordering::Relaxed) != 0
+}
+
+/// The numbers `lo..=hi` close (or name other files from now on).
+pub(crate) fn forget_clc_bytes(lo: i64, hi: i64) {
+    if !clc_bytes_any() {
+        return;
+    }
+    let mut v = CLC_BYTES.lock();
+    v.retain(|e| !(lo..=hi).contains(&i64::from(e.fd)));
+    CLC_BYTES_N.store(v.len(), Ordering::Relaxed);
 }
 
 #[cfg(test)]

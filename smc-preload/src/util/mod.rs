@@ -37,6 +37,25 @@ pub fn reset_pid() {
     PID.store(unsafe { libc::getpid() } as u32, Ordering::Relaxed);
 }
 
+/// Socket cookie of `fd` (errno preserved).
+pub fn sock_cookie(fd: libc::c_int) -> Option<u64> {
+    let mut v: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    let e0 = real::errno();
+    // SAFETY: valid out buffer and length.
+    let r = unsafe {
+        real::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_COOKIE,
+            &mut v as *mut u64 as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    real::set_errno(e0);
+    (r == 0).then_some(v)
+}
+
 /// Sends all of `b` on the socket `fd` (non-blocking sends, `poll` for room in between, no
 /// SIGPIPE) before `deadline`: a CLC message, or the bytes of a switch to TCP. False on an
 /// error or at the deadline. errno is preserved.

@@ -226,6 +226,37 @@ fn skip_one_late_message() {
     assert_eq!(skip_one(s.as_raw_fd(), true), Some(None), "data is not CLC");
 }
 
+/// A fallback records the CLC bytes it sent and consumed, by socket (a duplicate of the
+/// number finds them too), a skipped late message adds to them, and they go when the number
+/// closes: `TCP_INFO` takes them out of the kernel's counts.
+#[test]
+fn a_fallback_records_its_clc_bytes() {
+    daemon();
+    // Counted live DMBs are compared by other tests: no handshake of ours meanwhile.
+    let _g = COUNT.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut c, s) = pair();
+    let fd = s.as_raw_fd();
+    assert_eq!(clc_bytes(fd), None);
+    let d = Decline::new(SMC_V2, Diag::MaxDmb.code(), [7; 8]).encode();
+    c.write_all(&d).unwrap();
+    let _ = fell_back(done(server(fd).step(true)));
+    let n = d.len() as u64;
+    assert_eq!(clc_bytes(fd), Some((0, n)));
+    c.write_all(&d).unwrap();
+    wait_head(fd).unwrap();
+    assert_eq!(skip_one(fd, false), Some(Some(MsgType::Decline)));
+    assert_eq!(clc_bytes(fd), Some((0, 2 * n)));
+    let dup = s.try_clone().unwrap();
+    assert_eq!(clc_bytes(dup.as_raw_fd()), Some((0, 2 * n)));
+    assert_eq!(
+        clc_bytes(c.as_raw_fd()),
+        None,
+        "the other end fell back nowhere"
+    );
+    forget_clc_bytes(fd.into(), fd.into());
+    assert_eq!(clc_bytes(fd), None);
+}
+
 /// After a Decline of ours only the peer's Decline is skipped; a blocking reader waits for a
 /// message that is still on its way instead of reading its first bytes as data.
 #[test]
