@@ -11,6 +11,7 @@
 use crate::conn::Conn;
 use crate::fdtable::InCall;
 use crate::fdtable::{self, Slot, TAG_TCP};
+use crate::handshake::SIOCATMARK;
 use crate::obj::Obj;
 use crate::real;
 use crate::{daemon, epoll, lifecycle, policy, poll, setup, stats};
@@ -1826,9 +1827,6 @@ pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
     }
     r
 }
-
-/// `SIOCATMARK` (`asm-generic/sockios.h`; the libc crate does not define it).
-const SIOCATMARK: libc::c_ulong = 0x8905;
 
 pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int {
     if slow(fd) && req == libc::FIONBIO as libc::c_ulong {

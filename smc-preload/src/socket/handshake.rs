@@ -1395,8 +1395,11 @@ pub fn skip_one(fd: i32, any: bool) -> Option<Option<MsgType>> {
         revents: 0,
     };
     // SAFETY: one pollfd of our own, no wait.
-    if unsafe { real::poll(&mut p, 1, 0) } != 1 {
-        return None;
+    match unsafe { real::poll(&mut p, 1, 0) } {
+        1 => {}
+        // Not readable: nothing there, or only an urgent byte at the head.
+        0 if at_urgent_mark(fd) => return Some(None),
+        _ => return None,
     }
     if p.revents & libc::POLLERR != 0 {
         // A peek finds queued bytes before it looks at the error: only an empty queue is left
@@ -1421,7 +1424,12 @@ pub fn skip_one(fd: i32, any: bool) -> Option<Option<MsgType>> {
         };
     }
     let mut buf = [0u8; MAX_MSG];
-    let n = recv(fd, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT).ok()?;
+    let n = match recv(fd, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+        Ok(n) => n,
+        // A peek passes over an urgent byte at the head: nothing else is there.
+        Err(_) if at_urgent_mark(fd) => return Some(None),
+        Err(_) => return None,
+    };
     if n == 0 {
         return Some(None);
     }
@@ -1447,6 +1455,26 @@ pub fn skip_one(fd: i32, any: bool) -> Option<Option<MsgType>> {
         note_clc_bytes(fd, fd, 0, len as u64);
     }
     Some(Some(t))
+}
+
+/// `SIOCATMARK` (`asm-generic/sockios.h`; the libc crate does not define it).
+pub(crate) const SIOCATMARK: libc::c_ulong = 0x8905;
+
+/// Whether the head of `fd`'s stream is an urgent byte (`SIOCATMARK`; errno preserved). The
+/// peer's CLC messages all come before its first application byte, and everything before
+/// that byte was read: no CLC message can come any more. TCP's read passes over such a byte
+/// (read out of band already, or not) and so ends the urgency; a skip that waited on for a
+/// Decline said `EAGAIN` without that read, and the byte kept its mark (conformance
+/// `oob_second_after_first_seen`, `oob_recv_none_twice_peek` with a 1 ms CLC timer:
+/// `recv(MSG_OOB)` gave the urgent byte again where TCP says `EINVAL`, `SIOCATMARK` 1 where
+/// TCP says 0).
+fn at_urgent_mark(fd: i32) -> bool {
+    let e0 = real::errno();
+    let mut v: libc::c_int = 0;
+    // SAFETY: SIOCATMARK writes one int to our local.
+    let r = unsafe { real::ioctl(fd, SIOCATMARK, std::ptr::from_mut(&mut v) as libc::c_ulong) };
+    real::set_errno(e0);
+    r == 0 && v != 0
 }
 
 /// Blocks (a blocking socket) until [`skip_one`] can decide: the stream starts with a whole

@@ -226,6 +226,34 @@ fn skip_one_late_message() {
     assert_eq!(skip_one(s.as_raw_fd(), true), Some(None), "data is not CLC");
 }
 
+/// An urgent byte at the head of the stream is the peer's application data: no CLC message
+/// can follow it, so the skip ends there (before, it waited on and the read that TCP makes
+/// pass over the byte was never made), whether the byte was read out of band or not.
+#[test]
+fn skip_one_ends_at_an_urgent_byte() {
+    let (c, s) = pair();
+    let fd = s.as_raw_fd();
+    assert_eq!(skip_one(fd, false), None, "nothing there yet");
+    // SAFETY: a valid one-byte buffer.
+    let r = unsafe { libc::send(c.as_raw_fd(), b"X".as_ptr().cast(), 1, libc::MSG_OOB) };
+    assert_eq!(r, 1);
+    let start = Instant::now();
+    while !at_urgent_mark(fd) {
+        assert!(start.elapsed() < Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(skip_one(fd, false), Some(None), "urgent byte unread");
+    let mut b = [0u8; 4];
+    // SAFETY: a valid buffer.
+    let r = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), libc::MSG_OOB) };
+    assert_eq!((r, b[0]), (1, b'X'));
+    assert_eq!(
+        skip_one(fd, true),
+        Some(None),
+        "urgent byte read out of band"
+    );
+}
+
 /// A fallback records the CLC bytes it sent and consumed, by socket (a duplicate of the
 /// number finds them too), a skipped late message adds to them, and they go when the number
 /// closes: `TCP_INFO` takes them out of the kernel's counts.
