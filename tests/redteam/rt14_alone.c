@@ -112,7 +112,7 @@ static void read_to_eof(int fd, char *out, size_t outn, char *keep, size_t keepn
   struct timespec t0; clock_gettime(CLOCK_MONOTONIC, &t0);
   for (;;) {
     struct pollfd p = {fd, POLLIN, 0};
-    int pr = poll(&p, 1, 6000);
+    int pr = poll(&p, 1, getenv("RT14_HTMO") ? atoi(getenv("RT14_HTMO")) : 6000);
     if (pr == 0) { st = "timeout"; break; }
     char b[4096];
     ssize_t r = read(fd, b, sizeof b);
@@ -176,6 +176,14 @@ static int helper(int argc, char **argv) {
     wr_all(3, "HELPER\n", 7);
     shutdown(3, SHUT_WR);
     char r[128]; read_to_eof(3, r, sizeof r, NULL, 0);
+    return 0;
+  }
+  if (!strcmp(m, "pingpong")) { /* both ends: 3 and 4; result on 5 */
+    char b[8] = {0}, r[64];
+    wr_all(3, "ping", 4); int n1 = rd_full(4, b, 4);
+    wr_all(4, "pong", 4); int n2 = rd_full(3, b + 4 - 4, 4);
+    snprintf(r, sizeof r, "pingpong n1=%d n2=%d last=%.4s\n", n1, n2, b);
+    wr_all(5, r, strlen(r));
     return 0;
   }
   if (!strcmp(m, "hi")) { wr_all(3, "hi\n", 3); return 0; }
@@ -261,6 +269,22 @@ int main(int argc, char **argv) {
   int ctl[2]; socketpair(AF_UNIX, SOCK_STREAM, 0, ctl); /* server <-> client sync */
   int res[2]; pipe(res); /* helpers' results */
 
+  if (!strcmp(sc, "selfboth")) {
+    for (int i = 0; i < N; i++) {
+      int a = connect_to(port), b = accept(l, NULL, NULL);
+      wr_all(b, "g", 1); greet_client(a); char g; rd_full(b, &g, 1);
+      pid_t p = fork();
+      if (!p) { dup2(a, 3); dup2(b, 4); dup2(res[1], 5); exec_helper(0, "pingpong", NULL, NULL); }
+      close(a); close(b);
+      int st; waitpid(p, &st, 0);
+      char r[128] = {0}; struct pollfd pf = {res[0], POLLIN, 0};
+      int n = poll(&pf, 1, 100) > 0 ? read(res[0], r, sizeof r - 1) : 0;
+      if (n > 0) { char *nl = strchr(r, '\n'); if (nl) *nl = 0; } else strcpy(r, "no result");
+      tally(r);
+    }
+    report(sc);
+    return 0;
+  }
   if (!strcmp(sc, "self")) {
     for (int i = 0; i < N; i++) {
       int a = connect_to(port), b = accept(l, NULL, NULL);
@@ -301,6 +325,25 @@ int main(int argc, char **argv) {
         if (!p) { dup2(s, 3); dup2(res[1], 4); exec_helper(0, "hello", "server", NULL); }
         close(s); s = -1;
         waitpid(p, NULL, 0);
+      } else if (!strcmp(sc, "ownshut") || !strcmp(sc, "writeclose")) {
+        /* ownshut: the client shut its writing before its exec: read to its EOF, then write
+         * and close; writeclose: write 0-3 ms after the greeting and close */
+        greet_server(s);
+        char b[64]; if (!strcmp(sc, "ownshut")) while (read(s, b, sizeof b) > 0) {}
+        usleep(rnd(3000));
+        char expect[128]; records(s, expect, sizeof expect);
+        close(s); s = -1;
+      } else if (!strcmp(sc, "shutwin")) {
+        /* the shutdown 0..D us after the client's fork; a look at the socket after 3 s answers
+         * a two-sided switch (the helper, RT14_HTMO=2000, reports a missing EOF first) */
+        greet_server(s);
+        char c; read(ctl[0], &c, 1);
+        int D = getenv("RT14_D") ? atoi(getenv("RT14_D")) : 3000;
+        usleep(rnd(D));
+        shutdown(s, SHUT_WR);
+        struct pollfd pf = {ctl[0], POLLIN, 0};
+        if (poll(&pf, 1, 3000) == 0) { char x; recv(s, &x, 1, MSG_DONTWAIT); }
+        read(ctl[0], &c, 1);
       } else if (!strcmp(sc, "shutfirst") || !strcmp(sc, "shutrace")) {
         greet_server(s);
         if (!strcmp(sc, "shutfirst")) { wr_all(s, "data\n", 5); shutdown(s, SHUT_WR); }
@@ -331,7 +374,7 @@ int main(int argc, char **argv) {
           if (k == 0 || b[k - 1] != '\n') break;
           wr_all(s, "ECHO ", 5); wr_all(s, b, k);
         }
-      } else if (!strcmp(sc, "thread")) {
+      } else if (!strcmp(sc, "thread") || !strcmp(sc, "fdopen")) {
         /* records T000000.. then HELPER then EOF */
         char b[65536]; long n = 0; char *all = malloc(1 << 24); const char *st = "eof";
         for (;;) {
@@ -344,10 +387,17 @@ int main(int argc, char **argv) {
           n += r;
         }
         all[n < (1 << 24) ? n : (1 << 24) - 1] = 0;
-        int k = 0, bad = 0; char *p = all;
-        while (p[0] == 'T') { int v = atoi(p + 1); if (v != k) bad = 1; k++; p = strchr(p, '\n'); if (!p) { bad = 1; break; } p++; }
+        int k = 0, bad = 0, fd_seen = 0; char *p = all;
+        while (p[0] == 'T' || (p[0] == 'F' && !strncmp(p, "FDOPEN\n", 7))) {
+          if (p[0] == 'F') fd_seen++;
+          else { int v = atoi(p + 1); if (v != k) bad = 1; k++; }
+          p = strchr(p, '\n'); if (!p) { bad = 1; break; } p++;
+        }
         char key[160];
-        if (!bad && p && !strcmp(p, "HELPER\n")) snprintf(key, sizeof key, "ok (%s)", st);
+        if (!strcmp(sc, "fdopen")) {
+          if (!bad && p && !*p && fd_seen == 1) snprintf(key, sizeof key, "ok (%s)", st);
+          else snprintf(key, sizeof key, "bad seq bad=%d fdopen=%d tail=[%.20s] (%s)", bad, fd_seen, p ? p : "", st);
+        } else if (!bad && p && !strcmp(p, "HELPER\n")) snprintf(key, sizeof key, "ok (%s)", st);
         else snprintf(key, sizeof key, "bad seq bad=%d tail=[%.20s] (%s)", bad, p ? p : "", st);
         tally(key);
         free(all);
@@ -397,6 +447,27 @@ int main(int argc, char **argv) {
       waitpid(p, NULL, 0);
       continue;
     }
+    if (!strcmp(sc, "fdopen")) {
+      pid_t p = fork();
+      if (!p) {
+        int c = connect_to(port);
+        pthread_t t;
+        static int cfd; static volatile int stop; cfd = c;
+        void *wr(void *x) { (void)x; for (int k = 0; !stop; k++) { char b[16]; int n = snprintf(b, sizeof b, "T%06d\n", k); if (send(cfd, b, n, MSG_NOSIGNAL) != n) break; } return NULL; }
+        pthread_create(&t, NULL, wr, NULL);
+        usleep(200 + rnd(3000));
+        FILE *f = fdopen(c, "r+");
+        fprintf(f, "FDOPEN\n"); fflush(f);
+        usleep(1000 + rnd(2000));
+        stop = 1; pthread_join(t, NULL);
+        shutdown(c, SHUT_WR);
+        char b[64]; while (fread(b, 1, sizeof b, f) > 0) {}
+        fclose(f);
+        _exit(0);
+      }
+      waitpid(p, NULL, 0);
+      continue;
+    }
     int c = connect_to(port);
     if (!strcmp(sc, "latewrite") || !strcmp(sc, "vfork")) {
       greet_client(c);
@@ -440,12 +511,13 @@ int main(int argc, char **argv) {
       if (l1 && l2 && strcmp(l1, l2) > 0) { char *t = l1; l1 = l2; l2 = t; }
       snprintf(key, sizeof key, "%s | %s", l1 ? l1 : "-", l2 ? l2 : "-");
       tally(key);
-    } else if (!strcmp(sc, "shutfirst") || !strcmp(sc, "shutrace") || !strcmp(sc, "peerclosed") || !strcmp(sc, "closerace")) {
+    } else if (!strcmp(sc, "shutfirst") || !strcmp(sc, "shutrace") || !strcmp(sc, "peerclosed") || !strcmp(sc, "closerace") || !strcmp(sc, "shutwin") || !strcmp(sc, "ownshut") || !strcmp(sc, "writeclose")) {
       greet_client(c);
+      if (!strcmp(sc, "ownshut")) shutdown(c, SHUT_WR);
       if (!strcmp(sc, "shutfirst")) { char b[5]; rd_full(c, b, 5); }
       if (!strcmp(sc, "peerclosed")) { char b[4]; rd_full(c, b, 4); usleep(30000); }
       if (!strcmp(sc, "closerace")) { char b[4]; rd_full(c, b, 4); }
-      if (!strcmp(sc, "shutrace") || !strcmp(sc, "closerace")) wr_all(ctl[1], "f", 1);
+      if (!strcmp(sc, "shutrace") || !strcmp(sc, "closerace") || !strcmp(sc, "shutwin")) wr_all(ctl[1], "f", 1);
       pid_t p = fork();
       if (!p) { dup2(c, 3); dup2(res[1], 4); exec_helper(0, "sumpipe", NULL, NULL); }
       close(c);

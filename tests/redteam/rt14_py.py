@@ -6,7 +6,9 @@ usage: rt14_py.py PORT N MODE
   more:   the server sent a line, the client read it, then the server sent a second one and closed
   shut:   the server sent one line and shut its writing (then waits on a pipe, not on the socket)
           until the client reports; the client read the line
-  open:   the server sent one line and keeps the connection open 1 s, not touching it"""
+  open:   the server sent one line and keeps the connection open 1 s, not touching it
+  reply:  the client sends its request and at once runs cat on the socket; the server reads
+          the request, sends a 100 KB reply and closes (HTTP/1.0 style)"""
 import os, socket, subprocess, sys, time
 
 port, n, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -20,6 +22,8 @@ if pid == 0:
         s, _ = l.accept()
         s.recv(100)
         s.sendall(b"line1\n")
+        if mode == "reply":
+            s.sendall(b"R" * 100000); s.close(); continue
         if mode == "more":
             s.recv(100); s.sendall(b"line2\n"); s.close()
         elif mode == "closed":
@@ -35,14 +39,16 @@ env = {"PATH": "/usr/bin:/bin"}
 for i in range(n):
     c = socket.create_connection(("127.0.0.1", port))
     c.sendall(b"req\n")
-    a = c.recv(100)
+    a = c.recv(100) if mode != "reply" else b""
     if mode == "more":
         c.sendall(b"next\n")
     time.sleep(0.05)
     t = time.monotonic()
     p = subprocess.run(["cat"], stdin=c, capture_output=True, env=env, timeout=30)
     dt = time.monotonic() - t
-    k = "read %r cat %r err %r rc=%d %s" % (a, p.stdout, p.stderr.strip()[-40:], p.returncode, "slow(>1s)" if dt > 1.5 else "")
+    out = p.stdout if mode != "reply" else ("%d bytes" % len(p.stdout)).encode()
+    if os.environ.get("RT14_ERR"): sys.stderr.write(p.stderr.decode(errors="replace"))
+    k = "read %r cat %r err %r rc=%d %s" % (a, out, p.stderr.strip()[-40:], p.returncode, "slow(>1s)" if dt > 1.5 else "")
     res[k] = res.get(k, 0) + 1
     if mode == "shut":
         os.write(w, b"x")
