@@ -3,9 +3,10 @@
 # under world.sh tcp and world.sh smc (WORLD=path to a world.sh; default the one beside this).
 # usage: B=/path/to/bins bash rt14_run.sh CASE...
 #   alone:<scenario>:<n>  (rt14_alone.c: latewrite vfork scm both both0 shutfirst shutrace
-#                          peerclosed closerace chain thread epollet self busy busyq lateread)
-#   hostile:<mode>:<k>:<bits>  (rt14_hostile.c: wait nohang exec honest; alone switch count)
-#   py:<mode>:<n>  (rt14_py.py: closed more shut open)   listen:<mode>:<n> (rt14_listen.py)
+#                          peerclosed closerace chain thread epollet self busy busyq lateread
+#                          oobq shutwin ownshut writeclose fdopen selfboth)
+#   hostile:<mode>:<k>:<bits>  (rt14_hostile.c: wait nohang exec honest pause; alone switch count)
+#   py:<mode>:<n>  (rt14_py.py: closed more shut open reply)   listen:<mode>:<n> (rt14_listen.py)
 #   bash:<mode>:<n> (rt14_bash.sh: closed more open)
 H=$(cd "$(dirname "$0")" && pwd)
 W=${WORLD:-$H/world.sh}
