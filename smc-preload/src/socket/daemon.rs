@@ -10,7 +10,7 @@ use crate::forklock::{ForkMutex, ForkOnce};
 use crate::util::config::config;
 use smc_common::diag::Diag;
 use std::os::fd::AsRawFd as _;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Daemon requests sent ahead of need (`SMC_PIPELINE=0` disables, for measurements).
