@@ -246,8 +246,13 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     if wrote_opt {
         flags |= SOCK_OPTED_IN;
         // Active: our SYN carried the option, the SYN-ACK being processed says if the peer's
-        // did. Passive: the saved SYN; our SYN-ACK carried the option only if the SYN did.
-        let peer = has_smc_option(ops_ptr, !active);
+        // did. Passive: the saved SYN; our SYN-ACK carried the option only if the SYN did and
+        // the listener still announces (one that withdrew, before an exec into an image
+        // without the library, sent none: its client falls back and sends no Proposal, and an
+        // accept of ours that waited for one declined it into the client's stream; red team
+        // rt14 `rt14_listen.py pass`, 5 of 5). A withdrawal between the SYN-ACK and this
+        // callback (one round trip) is taken for a SYN-ACK without the option.
+        let peer = has_smc_option(ops_ptr, !active) && (active || listener_announces(ops_ptr));
         if active || peer {
             flags |= SOCK_OPT_SENT;
         }
