@@ -793,6 +793,58 @@ fn an_exec_without_the_library_switches_alone_while_the_peer_is_busy_elsewhere()
     assert!(sum.get("smcd_client") >= 4, "{}", brief(&sum));
 }
 
+/// A client reads the whole reply of a server that then closed, and hands its socket to `cat`
+/// (an image without the library, from `subprocess.run`'s vfork child): nothing is unread in
+/// either ring, so the switch needs no answer from the closed peer, and `cat` reads EOF as
+/// over TCP (red team rt14 `rt14_py.py closed`: `cat: -: Connection reset by peer`, 3 of 3).
+const HANDOFF_AFTER_THE_PEER_CLOSED: &str = r#"
+import os, socket, subprocess, sys
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+port = ls.getsockname()[1]
+N = 5
+pid = os.fork()
+if pid == 0:
+    for i in range(N):
+        s, _ = ls.accept()
+        s.recv(100)
+        s.sendall(b"line %d\n" % i)
+        s.close()
+    os._exit(0)
+for i in range(N):
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(b"req\n")
+    a = c.recv(100)
+    p = subprocess.run(["cat"], stdin=c, capture_output=True, env={"PATH": "/usr/bin:/bin"},
+                       timeout=30)
+    print(a, p.stdout, p.stderr.strip()[-60:], p.returncode, flush=True)
+    c.close()
+os.waitpid(pid, 0)
+"#;
+
+#[test]
+fn a_handoff_after_the_peer_closed_reads_eof_as_tcp() {
+    let w = SmcWorld::new();
+    let py = script(&w, "handoff_closed.py", HANDOFF_AFTER_THE_PEER_CLOSED);
+    let before = w.stats_sum().get("smcd_client");
+    let out = spawn_piped(python(&w, &py))
+        .wait_output(T)
+        .expect("handoff_closed.py");
+    let sum = w.stats_sum();
+    let mut c = Command::new("python3");
+    c.arg(&py);
+    let tcp = spawn_piped(c)
+        .wait_output(T)
+        .expect("handoff_closed.py over TCP");
+    assert_eq!(out, tcp, "library against plain TCP");
+    assert!(
+        sum.get("smcd_client") >= before + 5,
+        "the connections were not SMC-D: {}",
+        brief(&sum)
+    );
+}
+
 /// The handoff while the client writes: per round, a client process writes a stream in small
 /// bursts; the server reads a random part, then whatever arrived (its ring may be empty: the
 /// switch may go alone, or the client's bytes land as it commits), and execs a handler without

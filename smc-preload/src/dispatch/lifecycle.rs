@@ -1742,19 +1742,20 @@ fn has_smc_conn() -> bool {
     any
 }
 
-/// The switches to TCP the peers of our connections asked for, answered (as the next
-/// operation on each connection would).
+/// The switches to TCP the peers of our connections asked for and wait for, answered (as the
+/// next operation on each connection would). A peer that switched alone waits for nothing:
+/// its connection is answered at our next operation on it.
 fn answer_peer_switches() {
     let mut asked: Vec<(c_int, Arc<Obj>)> = Vec::new();
     fdtable::for_each_object(|fd, o| {
-        if matches!(&**o, Obj::Conn(c) if c.peer_switch_asked()) {
+        if matches!(&**o, Obj::Conn(c) if c.peer_switch_waits()) {
             asked.push((fd, o.clone()));
         }
     });
     for (fd, o) in asked {
         let Obj::Conn(c) = &*o else { continue };
         // Re-checked: another of its numbers may have answered it already.
-        if !c.peer_switch_asked() {
+        if !c.peer_switch_waits() {
             continue;
         }
         let e0 = real::errno();

@@ -1603,6 +1603,17 @@ pub unsafe fn close(fd: c_int) -> c_int {
                     // reset it, where TCP sends a FIN).
                     setup::decide_own_before_close(fd, h);
                 }
+                if let Obj::Conn(c) = &*o {
+                    if c.last_holder() && c.peer_switch_waits() {
+                        // The peer asked to switch to TCP and waits for our answer (its
+                        // marker, and what it did not read of ours, over TCP): our last close
+                        // answers first, so that our bytes reach its next image before our
+                        // FIN (red team rt14 `writeclose`: a server that wrote and closed at
+                        // once while its client handed its end on lost every record, 6 of
+                        // 40 runs).
+                        lifecycle::continue_on_tcp(fd, &o);
+                    }
+                }
             }
             forget_fd(fd);
         }

@@ -278,6 +278,11 @@ impl Conn {
         self.set_flag(F_CLOSE_DONE);
     }
 
+    /// Whether one fd reference is left anywhere (this process's close of it is the last).
+    pub fn last_holder(&self) -> bool {
+        self.sh().refs.load(Ordering::Acquire) == 1
+    }
+
     /// Count one more fd referring to this connection (dup, fork).
     pub fn add_ref(&self, n: u32) {
         self.sh().refs.fetch_add(n, Ordering::AcqRel);

@@ -62,6 +62,17 @@ impl Conn {
             && self.flags() & (F_SWITCHING | F_SWITCHED) == 0
     }
 
+    /// [`Conn::peer_switch_asked`], and the peer waits for our answer: a two-sided switch. One
+    /// that went alone ([`WAIT_ALONE`]) waits for nothing; it is answered at our next
+    /// operation on the connection (red team rt14 `rt14_hostile.c`: a peer that set the bit
+    /// and sent no marker held every `waitpid` of ours for a switch wait, 10 s, per
+    /// connection).
+    pub fn peer_switch_waits(&self) -> bool {
+        self.peer_switch_asked()
+            && !(self.flags() & F_ALONE_OK != 0
+                && self.peer_wait().load(Ordering::Relaxed) & WAIT_ALONE != 0)
+    }
+
     /// The peer started a switch to TCP ([`WAIT_SWITCH`] in its DMB): drain the socket up to
     /// its marker now (when no other thread sleeps on it, which the marker wakes), so that a
     /// write or shutdown answers it ([`F_PEER_SWITCH`]) instead of going on into the ring.
@@ -274,6 +285,19 @@ impl Conn {
             }
             return self.answer_alone(fd, deadline);
         }
+        if alone_ok && self.peer_closed_clean() {
+            // Nothing of the stream is left in the rings: its end (the peer's FIN) is on the
+            // socket, behind the peer's last control bytes, read first (while the socket is in
+            // the SOCKHASH: leaving it drops the doorbells the peer's redirect queued there).
+            let drained = self.drain_ctl(fd, deadline);
+            let ok = leave() && drained;
+            crate::debug!(
+                "fd {fd}: switch to TCP after the peer's close{}: {}",
+                if ok { "" } else { " failed" },
+                self.describe()
+            );
+            return if ok { Switched::Tcp } else { Switched::Reset };
+        }
         if self.flags() & (F_PROTO | F_PEER_GONE | F_PEER_RST) != 0 || self.peer_state().any_close()
         {
             // The peer closed (or is gone): what it wrote last is in our ring, and it cannot
@@ -461,6 +485,30 @@ impl Conn {
             self.describe()
         );
         Switched::Tcp
+    }
+
+    /// Under both ring locks, the rings stopped: the peer closed its end cleanly (its close
+    /// flags, no abort, no reset), every control byte of it is counted, and neither ring holds
+    /// a byte not read: this end continues on TCP without an answer (red team rt14
+    /// `rt14_py.py closed`: a client that read the whole reply of a server that closed, then
+    /// handed its socket to `cat`, got a reset 3 of 3 where TCP gives EOF).
+    fn peer_closed_clean(&self) -> bool {
+        if self.flags() & (F_PROTO | F_PEER_RST) != 0
+            || self.own_wait().load(Ordering::SeqCst) & CTL_UNCOUNTED != 0
+        {
+            return false;
+        }
+        let ps = self.peer_state();
+        if !ps.contains(ConnStateFlags::PEER_CONN_CLOSED)
+            || ps.contains(ConnStateFlags::PEER_CONN_ABORT)
+        {
+            return false;
+        }
+        let rx_empty = self
+            .rx_cursors()
+            .is_some_and(|(cons, prod)| self.rx.readable(cons, prod) == Ok(0));
+        let tx_read = self.tx_cursors().is_some_and(|(prod, cons)| prod == cons);
+        rx_empty && tx_read
     }
 
     /// Under both ring locks, the rings stopped and our consumer cursor final: whether this
