@@ -802,7 +802,7 @@ pub fn accept_wait_driving(lfd: i32) -> Result<(), i32> {
     if DEFERRED_SERVERS.load(Ordering::Relaxed) == 0
         || crate::signals::in_handler()
         || nonblocking(lfd)
-        || has_rcvtimeo(lfd)
+        || crate::member::has_rcvtimeo(lfd)
     {
         return Ok(());
     }
@@ -851,26 +851,6 @@ pub fn accept_wait_driving(lfd: i32) -> Result<(), i32> {
             1
         };
     }
-}
-
-/// Whether the socket has a receive timeout (`SO_RCVTIMEO`), which a blocking `accept` obeys.
-fn has_rcvtimeo(fd: i32) -> bool {
-    let mut tv = libc::timeval {
-        tv_sec: 0,
-        tv_usec: 0,
-    };
-    let mut len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
-    // SAFETY: `tv` and `len` are valid output space of the sizes given.
-    let r = unsafe {
-        real::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            std::ptr::from_mut(&mut tv).cast(),
-            &mut len,
-        )
-    };
-    r != 0 || tv.tv_sec != 0 || tv.tv_usec != 0
 }
 
 /// Drives the accepted sockets `accept` left undecided as far as their clients' messages and

@@ -670,26 +670,9 @@ impl Conn {
                 break true;
             }
             let want = (n as usize).min(buf.len());
-            // SAFETY: valid buffer, `want` at most its length.
-            let r = unsafe {
-                real::recv(
-                    fd,
-                    buf.as_mut_ptr() as *mut libc::c_void,
-                    want,
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if r == 0 {
+            let Some(got) = recv_some(fd, &mut buf[..want], deadline) else {
                 break false;
-            }
-            if r < 0 {
-                let e = real::errno();
-                if (e != libc::EAGAIN && e != libc::EINTR) || !wait_fd(fd, libc::POLLIN, deadline) {
-                    break false;
-                }
-                continue;
-            }
-            let got = r as usize;
+            };
             self.sh()
                 .doorbells_rcvd
                 .fetch_add(got as u64, Ordering::AcqRel);
@@ -708,6 +691,32 @@ impl Conn {
     }
 }
 
+/// Reads up to `buf.len()` (> 0) bytes from the socket, waiting for some until `deadline` at
+/// most; how many, or `None` at EOF, an error or the deadline. errno is the caller's to keep.
+fn recv_some(fd: i32, buf: &mut [u8], deadline: Instant) -> Option<usize> {
+    loop {
+        // SAFETY: a valid buffer of its length.
+        let r = unsafe {
+            real::recv(
+                fd,
+                buf.as_mut_ptr() as *mut libc::c_void,
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if r > 0 {
+            return Some(r as usize);
+        }
+        if r == 0 {
+            return None;
+        }
+        let e = real::errno();
+        if (e != libc::EAGAIN && e != libc::EINTR) || !wait_fd(fd, libc::POLLIN, deadline) {
+            return None;
+        }
+    }
+}
+
 /// Reads exactly `buf.len()` bytes from the socket, waiting until `deadline` at most.
 fn recv_exact(fd: i32, buf: &mut [u8], deadline: Instant) -> bool {
     let e0 = real::errno();
@@ -716,26 +725,10 @@ fn recv_exact(fd: i32, buf: &mut [u8], deadline: Instant) -> bool {
         if got == buf.len() {
             break true;
         }
-        // SAFETY: the rest of a valid buffer.
-        let r = unsafe {
-            real::recv(
-                fd,
-                buf[got..].as_mut_ptr() as *mut libc::c_void,
-                buf.len() - got,
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if r == 0 {
-            break false;
+        match recv_some(fd, &mut buf[got..], deadline) {
+            Some(n) => got += n,
+            None => break false,
         }
-        if r < 0 {
-            let e = real::errno();
-            if (e != libc::EAGAIN && e != libc::EINTR) || !wait_fd(fd, libc::POLLIN, deadline) {
-                break false;
-            }
-            continue;
-        }
-        got += r as usize;
     };
     real::set_errno(e0);
     ok
