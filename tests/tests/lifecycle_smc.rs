@@ -709,16 +709,16 @@ ls = socket.socket()
 ls.bind(("127.0.0.1", 0))
 ls.listen(4)
 port = ls.getsockname()[1]
-code = "import os,sys\nf=int(sys.argv[1])\nd=os.read(f,100)\nos.write(f,d.upper())\nprint('HANDLER', d, flush=True)"
+code = "import os,sys\nf=int(sys.argv[1])\nd=os.read(f,100)\nos.write(f,d.upper())\nprint('HANDLER %r' % d, flush=True)"
 env = {"PATH": "/usr/bin:/bin"}
 def handler(fd):
     return subprocess.Popen([sys.executable, "-c", code, str(fd)], pass_fds=[fd], env=env)
 def answer(c):
     c.settimeout(20)
     try:
-        print("GOT", c.recv(100), flush=True)
+        print("GOT %r" % c.recv(100), flush=True)
     except OSError as e:
-        print("GOT ERR", e.errno, flush=True)
+        print("GOT ERR %d" % e.errno, flush=True)
 if how in ("idle_peer", "unread_greeting"):
     greeting = b"greeting; " if how == "unread_greeting" else b""
     pid = os.fork()
@@ -737,9 +737,9 @@ if how in ("idle_peer", "unread_greeting"):
                     if not d:
                         break
                     got += d
-                print("GOT", got, flush=True)
+                print("GOT %r" % got, flush=True)
             except OSError as e:
-                print("GOT ERR", e.errno, flush=True)
+                print("GOT ERR %d" % e.errno, flush=True)
         else:
             answer(c)
         os._exit(0)
@@ -752,7 +752,7 @@ if how in ("idle_peer", "unread_greeting"):
     p = handler(s.fileno())
     s.close()
     print("SPAWNED in %.1f s" % (time.monotonic() - t), flush=True)
-    print("HANDLER EXIT", p.wait(), flush=True)
+    print("HANDLER EXIT %d" % p.wait(), flush=True)
     os.waitpid(pid, 0)
 else:
     if how == "popen_fork":
@@ -766,7 +766,7 @@ else:
     print("SPAWNED in %.1f s" % (time.monotonic() - t), flush=True)
     c.sendall(b"to a plain process")
     answer(c)
-    print("HANDLER EXIT", p.wait(), flush=True)
+    print("HANDLER EXIT %d" % p.wait(), flush=True)
 "#;
 
 #[test]

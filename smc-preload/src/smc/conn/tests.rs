@@ -1232,6 +1232,33 @@ fn an_end_whose_bytes_the_peer_did_not_read_switches_alone_and_sends_them_again(
     }
 }
 
+/// A peer that shut its writing and waits elsewhere: the end that leaves (having read all)
+/// switches alone, and its reads on TCP say EOF at once, as TCP's (whose FIN came with the
+/// peer's shutdown); the peer answers later and reads what the image writes.
+#[test]
+fn a_peer_that_shut_its_writing_needs_no_answer_and_its_eof_is_kept() {
+    let (a, b, fa, fb) = alone_pair(16384, 16384);
+    a.enable_alone_resend();
+    b.enable_alone_resend();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    assert_eq!(b.send(fb, &iov(b"last words"), 0), Ok(10));
+    assert_eq!(b.shutdown(fb, libc::SHUT_WR), Ok(()));
+    let mut buf = [0u8; 16];
+    assert_eq!(a.recv(fa, &iov_mut(&mut buf), 0), Ok(10));
+    let t = Instant::now();
+    let dl = t + Duration::from_secs(10);
+    assert_eq!(a.switch_to_tcp(fa, dl, || true, || {}), Switched::Tcp);
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    // SAFETY: valid buffer.
+    let n = unsafe { libc::recv(fa, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    assert_eq!(n, 0, "EOF at once");
+    raw_write(fa, b"from the image");
+    b.notice_switch(fb);
+    assert!(b.peer_went_alone());
+    assert_eq!(b.switch_to_tcp(fb, dl, || true, || {}), Switched::Tcp);
+    assert_eq!(raw_read(fb, 14), b"from the image");
+}
+
 /// A count behind the peer's marker that is smaller than what our ring holds unread: the
 /// connection is reset, nothing is delivered twice or lost.
 #[test]
