@@ -1347,15 +1347,6 @@ pub unsafe fn accept4(
     // when one is (`setup::someone_accepting`).
     let listener = slow(fd) && fdtable::get(fd).is_some_and(|o| matches!(&*o, Obj::Listener));
     let waiter = listener.then(setup::accept_waiter);
-    if listener {
-        // Accepted connections of ours still in their handshakes: their clients wait for our
-        // answers, which this wait gives (`setup::accept_wait_driving`).
-        if let Err(e) = setup::accept_wait_driving(fd) {
-            drop(waiter);
-            real::set_errno(e);
-            return -1;
-        }
-    }
     let mut r = call();
     if r < 0 && real::errno() == libc::EMFILE && daemon::give_back_descriptors() {
         // Descriptors the library held for other handshakes (their memfds) are free again.

@@ -1309,12 +1309,6 @@ fn queued(fd: i32) -> Queued {
     }
 }
 
-/// Whether the socket holds nothing to read (a handshake that waits for its peer's message,
-/// not for the rest of one or for the daemon).
-pub(crate) fn nothing_queued(fd: i32) -> bool {
-    queued(fd) == Queued::Nothing
-}
-
 /// Wait until the socket is readable or `deadline`; a partial message already queued makes
 /// it readable at once, so then pause briefly instead (a whole one returns at once).
 ///

@@ -759,121 +759,8 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
             )));
             if own_client {
                 note_own_end(true, port_of(fd, true), fd, &o);
-            } else {
-                note_deferred(fd, &o);
             }
             drop(fdtable::replace(fd, Slot::Obj(o)));
-        }
-    }
-}
-
-/// Accepted sockets of this process that `accept` left undecided ([`server_after_accept`]),
-/// for a blocking `accept` to drive while it waits for the next connection
-/// ([`drive_deferred`]): their clients wait in `connect` for our Accept, which nothing gave
-/// before the program's first operation on the fd. An accept loop that hands connections to
-/// busy workers (or keeps them for later) made each client wait out the CLC timeout (2 s),
-/// then fall back. At most [`DEFERRED_MAX`]; decided and closed ones go as they are seen.
-static DEFERRED: ForkMutex<Vec<(i32, std::sync::Weak<Obj>)>> = ForkMutex::new(Vec::new);
-const DEFERRED_MAX: usize = 256;
-
-fn note_deferred(fd: i32, o: &Arc<Obj>) {
-    let mut v = DEFERRED.lock();
-    v.retain(|(_, w)| w.strong_count() > 0);
-    if v.len() >= DEFERRED_MAX {
-        v.remove(0);
-    }
-    v.push((fd, Arc::downgrade(o)));
-}
-
-/// Longest wait of [`accept_wait_driving`] between two looks at the handshakes it drives (a
-/// daemon's answer wakes no `poll` of ours).
-const DRIVE_SLICE_MAX_MS: i32 = 20;
-
-/// A blocking `accept` on the listener `lfd` while accepted sockets of this process are
-/// undecided ([`drive_deferred`]): waits for the next connection in `poll`, together with their
-/// sockets, and drives them in between (slices of 1 to [`DRIVE_SLICE_MAX_MS`] ms), until none
-/// is left or a connection waits to be accepted; the real `accept` follows. `Err(EINTR)`: a
-/// signal ended the wait, and the program's `accept` would have said so (its handler has no
-/// `SA_RESTART`). A non-blocking listener, or one with `SO_RCVTIMEO`, is left to the call as
-/// it is.
-pub fn accept_wait_driving(lfd: i32) -> Result<(), i32> {
-    // Not from a program's signal handler: the interrupted code may hold the list's lock or a
-    // driver.
-    if DEFERRED_SERVERS.load(Ordering::Relaxed) == 0
-        || crate::signals::in_handler()
-        || nonblocking(lfd)
-        || crate::member::has_rcvtimeo(lfd)
-    {
-        return Ok(());
-    }
-    crate::signals::wait_begins();
-    let mut slice = 1;
-    let mut fds = Vec::new();
-    let mut p: Vec<libc::pollfd> = Vec::new();
-    loop {
-        fds.clear();
-        drive_deferred(&mut fds);
-        if fds.is_empty() {
-            return Ok(());
-        }
-        p.clear();
-        p.push(libc::pollfd {
-            fd: lfd,
-            events: libc::POLLIN,
-            revents: 0,
-        });
-        // Those that wait for their client's message; the others (the rest of a message, the
-        // daemon) are looked at again after the slice.
-        p.extend(
-            fds.iter()
-                .filter(|&&f| crate::handshake::nothing_queued(f))
-                .take(64)
-                .map(|&fd| libc::pollfd {
-                    fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                }),
-        );
-        // SAFETY: `p` holds `p.len()` valid pollfds.
-        let r = unsafe { real::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, slice) };
-        if r < 0 {
-            if real::errno() == libc::EINTR && crate::signals::interrupted() {
-                return Err(libc::EINTR);
-            }
-            continue;
-        }
-        if p[0].revents != 0 {
-            return Ok(());
-        }
-        slice = if r == 0 {
-            (slice * 2).min(DRIVE_SLICE_MAX_MS)
-        } else {
-            1
-        };
-    }
-}
-
-/// Drives the accepted sockets `accept` left undecided as far as their clients' messages and
-/// the daemon's answers go, without waiting (a handshake another thread drives right now is
-/// left to it); `undecided` gets the numbers of those still undecided, for a wait on them.
-pub fn drive_deferred(undecided: &mut Vec<i32>) {
-    let list: Vec<(i32, Arc<Obj>)> = {
-        let mut v = DEFERRED.lock();
-        v.retain(|(_, w)| w.strong_count() > 0);
-        v.iter()
-            .filter_map(|(f, w)| Some((*f, w.upgrade()?)))
-            .collect()
-    };
-    for (fd, o) in list {
-        let Obj::Handshake(h) = &*o else {
-            continue;
-        };
-        // Moved to another number (a dup, then a close): its operations there drive it.
-        if !fdtable::get(fd).is_some_and(|x| Arc::ptr_eq(&x, &o)) {
-            continue;
-        }
-        if !progress_as(fd, h, None, false, false, true) {
-            undecided.push(fd);
         }
     }
 }
@@ -1260,18 +1147,6 @@ fn progress_or_withdraw(
     withdraw: bool,
     continues: bool,
 ) -> bool {
-    progress_as(fd, h, wait, withdraw, continues, false)
-}
-
-/// [`progress_or_withdraw`]; `try_only`: nothing when another thread holds the driver.
-fn progress_as(
-    fd: i32,
-    h: &crate::obj::Handshake,
-    wait: Option<Option<Instant>>,
-    withdraw: bool,
-    continues: bool,
-    try_only: bool,
-) -> bool {
     // Registered before the number is checked, as a close empties the slot before it looks for
     // calls (`ops::forget_slot`): either that close sees this call and redirects the
     // handshake's I/O to a private duplicate first, or this call sees the number closed and
@@ -1286,7 +1161,7 @@ fn progress_as(
     // step of the handshake, holding its driver (red team rt13 `rt13_sigio.c`: a `SIGIO`
     // handler's `recv(MSG_DONTWAIT)` during the client's first `send` waited for ever): the
     // handshake is then simply not decided yet, as for any other holder that is busy.
-    let mut g = if try_only || crate::signals::in_handler() {
+    let mut g = if crate::signals::in_handler() {
         match h.driver.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
