@@ -91,18 +91,9 @@ extern "C" fn at_exit() {
 extern "C" fn after_fork_child() {
     reset_pid();
     fdtable::unlock_all_after_fork();
-    after_fork_locks();
+    forklock::after_fork_all();
     setup::after_fork_child();
     ops::conns_after_fork_child();
-}
-
-/// Every global lock of the library, reset in a forked child (see [`forklock`]).
-fn after_fork_locks() {
-    setup::after_fork_locks();
-    dmbs::after_fork_locks();
-    stats::after_fork_locks();
-    epoll::after_fork_locks();
-    lifecycle::after_fork_locks();
 }
 
 #[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]

@@ -1045,10 +1045,6 @@ fn in_flight() -> &'static crate::forklock::ForkMutex<std::collections::VecDeque
     &IN_FLIGHT
 }
 
-pub(crate) fn after_fork_locks() {
-    IN_FLIGHT.after_fork();
-}
-
 /// An in-flight entry let go (the list is full, or the `sendmsg` failed): its travelling
 /// reference is dropped unless a receiver (in any process) has taken it over.
 fn release(o: &Obj) {

@@ -48,10 +48,6 @@ static KEPT: ForkMutex<Kept> = ForkMutex::new(|| Kept {
     peer: VecDeque::new(),
 });
 
-pub(crate) fn after_fork_locks() {
-    KEPT.after_fork();
-}
-
 /// Entries of another process (a forked child's inherited ones) and unused ones go; returned
 /// to be dropped (unmapped) outside the lock.
 fn prune(k: &mut Kept, now: Instant) -> Vec<Entry> {
@@ -138,7 +134,7 @@ pub(crate) struct ForkHold {
 /// gets none of the memory of this process's later connections (`tests/redteam/rt6.c
 /// keptfork`). A mapping that cannot be marked is dropped (unmapped) first. The cache stays
 /// locked until [`after_fork_parent`]; in the child it is a fresh, empty one
-/// ([`after_fork_locks`]). Done at the fork rather than at each keep and take: two `madvise`
+/// ([`crate::forklock::after_fork_all`]). Done at the fork rather than at each keep and take: two `madvise`
 /// per mapping per fork instead of per connection (3 mappings each way, on every short
 /// connection).
 pub(crate) fn before_fork() -> ForkHold {

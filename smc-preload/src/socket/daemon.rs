@@ -260,7 +260,7 @@ pub fn after_fork_parent() {
 }
 
 /// In the child after fork: its own daemon connection (the parent's references stay the
-/// parent's); the global locks are reset by the crate root's `after_fork_locks`. Its ends take
+/// parent's); the global locks are reset by [`crate::forklock::after_fork_all`]. Its ends take
 /// state slots from the pages of its own daemon connection, which its parent never maps.
 pub fn after_fork_child() {
     // The parent's pending releases are its own (references of its daemon connection).
@@ -270,10 +270,6 @@ pub fn after_fork_child() {
         // Closes our copy of the parent's connection now.
         let _ = dev();
     }
-}
-
-pub(crate) fn after_fork_locks() {
-    PENDING_RELEASES.after_fork();
 }
 
 /// What an SMC connection gives back to the daemon at its last close: the tokens of our DMB

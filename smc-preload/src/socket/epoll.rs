@@ -399,10 +399,6 @@ fn members() -> &'static ForkMutex<HashMap<i32, Vec<i32>>> {
     &MEMBERS
 }
 
-pub(crate) fn after_fork_locks() {
-    MEMBERS.after_fork();
-    CREATE.after_fork();
-}
 static MEMBERS_N: AtomicUsize = AtomicUsize::new(0);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

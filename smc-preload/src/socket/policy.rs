@@ -189,7 +189,3 @@ pub(crate) fn note_dest(dest: Option<Dest>, smc_capable: bool) {
     }
     NO_SMC_N.store(v.len() as u64, Ordering::Relaxed);
 }
-
-pub(crate) fn after_fork_locks() {
-    NO_SMC_DESTS.after_fork();
-}

@@ -401,16 +401,6 @@ pub fn after_fork_child() {
     }
 }
 
-pub(crate) fn after_fork_locks() {
-    crate::daemon::after_fork_locks();
-    crate::policy::after_fork_locks();
-    HINTS.after_fork();
-    OWN_CLIENTS.after_fork();
-    OWN_LISTENERS.after_fork();
-    OWN_SERVERS.after_fork();
-    OWN_CLIENT_ENDS.after_fork();
-}
-
 // ---------------------------------------------------------------------------------------
 // the handshake
 

@@ -36,9 +36,6 @@ unsafe impl Sync for Area {}
 
 static AREA: crate::forklock::ForkMutex<Option<Area>> = crate::forklock::ForkMutex::new(|| None);
 
-pub(crate) fn after_fork_locks() {
-    AREA.after_fork();
-}
 static FAST: AtomicU64 = AtomicU64::new(0);
 
 pub fn procs_dir() -> &'static str {

@@ -2,10 +2,13 @@
 //!
 //! After `fork` in a threaded process the child has one thread; a mutex that another thread
 //! of the parent held at that moment stays locked in the child forever. Every global lock of
-//! the library is a [`ForkMutex`]: `after_fork_child` of the crate root (run in the child,
-//! single-threaded)
-//! replaces each one that is held by a fresh lock around fresh data (the old data may be
-//! half-updated; it is leaked, never touched again). One that is free is kept as is.
+//! the library is a [`ForkMutex`]: [`after_fork_all`] (run by the crate root's
+//! `after_fork_child` in the child, single-threaded, before anything else locks) replaces each
+//! one that is held by a fresh lock around fresh data (the old data may be half-updated; it is
+//! leaked, never touched again). One that is free is kept as is. A `ForkMutex` puts itself on
+//! the list [`after_fork_all`] walks before its first use, so no lock can be forgotten there
+//! (seen: a child hung for ever closing a descriptor in its fork handler, on the CLC byte list
+//! a thread of its parent held at the fork).
 //!
 //! None of these locks is held across I/O that waits; the daemon connection has its own
 //! replacement ([`crate::setup`]).
@@ -19,22 +22,76 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 pub struct ForkMutex<T> {
     cur: AtomicPtr<Mutex<T>>,
     init: fn() -> T,
+    /// On the list of [`after_fork_all`] (done before `cur` is first published).
+    listed: ForkOnce<()>,
 }
 
-impl<T> ForkMutex<T> {
+/// What [`after_fork_all`] resets.
+trait AfterFork: Sync {
+    fn after_fork(&self);
+}
+
+impl<T: Send + 'static> AfterFork for ForkMutex<T> {
+    fn after_fork(&self) {
+        ForkMutex::after_fork(self)
+    }
+}
+
+/// One used [`ForkMutex`] on the push-only list (nodes are never freed nor removed, so a
+/// reader never sees a node go away).
+struct Listed {
+    m: &'static dyn AfterFork,
+    next: *mut Listed,
+}
+
+static LISTED: AtomicPtr<Listed> = AtomicPtr::new(std::ptr::null_mut());
+
+fn list(m: &'static dyn AfterFork) {
+    let node = Box::into_raw(Box::new(Listed {
+        m,
+        next: std::ptr::null_mut(),
+    }));
+    let mut head = LISTED.load(Ordering::Acquire);
+    loop {
+        // SAFETY: `node` is ours until the exchange below publishes it.
+        unsafe { (*node).next = head };
+        match LISTED.compare_exchange_weak(head, node, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return,
+            Err(h) => head = h,
+        }
+    }
+}
+
+/// In the child after fork (single-threaded): every [`ForkMutex`] used so far that a thread of
+/// the parent held is replaced by a fresh one. A lock listed twice (its listing raced a fork,
+/// see [`ForkOnce`]) is reset twice: the second finds it free and keeps it.
+pub fn after_fork_all() {
+    let mut p = LISTED.load(Ordering::Acquire);
+    while !p.is_null() {
+        // SAFETY: nodes are published complete by `list` and never freed.
+        let n = unsafe { &*p };
+        n.m.after_fork();
+        p = n.next;
+    }
+}
+
+impl<T: Send + 'static> ForkMutex<T> {
     pub const fn new(init: fn() -> T) -> ForkMutex<T> {
         ForkMutex {
             cur: AtomicPtr::new(std::ptr::null_mut()),
             init,
+            listed: ForkOnce::new(),
         }
     }
 
-    fn get(&self) -> &Mutex<T> {
+    fn get(&'static self) -> &'static Mutex<T> {
         let p = self.cur.load(Ordering::Acquire);
         if !p.is_null() {
             // SAFETY: published below and never freed.
             return unsafe { &*p };
         }
+        // Listed before the lock exists: a lock that can be held is always on the list.
+        self.listed.get_or_init(|| list(self));
         let fresh = Box::into_raw(Box::new(Mutex::new((self.init)())));
         match self.cur.compare_exchange(
             std::ptr::null_mut(),
@@ -54,13 +111,13 @@ impl<T> ForkMutex<T> {
     }
 
     /// Locks it (a poisoned lock is taken as is: the data stays usable).
-    pub fn lock(&self) -> MutexGuard<'_, T> {
+    pub fn lock(&'static self) -> MutexGuard<'static, T> {
         self.get().lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// In the child after fork (single-threaded): a lock held by a thread of the parent is
     /// replaced by a fresh one.
-    pub fn after_fork(&self) {
+    fn after_fork(&self) {
         let p = self.cur.load(Ordering::Acquire);
         if p.is_null() {
             return;
@@ -209,6 +266,46 @@ mod tests {
         M.after_fork();
         assert!(M.lock().is_empty(), "held: a fresh lock around fresh data");
         drop(g);
+    }
+
+    static N: ForkMutex<u32> = ForkMutex::new(|| 0);
+
+    fn on_list(m: &'static ForkMutex<u32>) -> bool {
+        let mut p = LISTED.load(Ordering::Acquire);
+        while !p.is_null() {
+            // SAFETY: nodes are never freed.
+            let n = unsafe { &*p };
+            if std::ptr::addr_eq(n.m as *const dyn AfterFork, m as *const ForkMutex<u32>) {
+                return true;
+            }
+            p = n.next;
+        }
+        false
+    }
+
+    /// The hang this list fixes: a lock no module remembered to reset in the fork handler
+    /// stayed held in the child. Every lock that was ever locked is on the list.
+    #[test]
+    fn a_lock_is_on_the_after_fork_list_once_it_was_used() {
+        assert!(!on_list(&N), "unused: not listed (nothing to reset)");
+        *N.lock() += 1;
+        assert!(on_list(&N), "used: listed");
+        *N.lock() += 1;
+        let listed = {
+            let mut k = 0;
+            let mut p = LISTED.load(Ordering::Acquire);
+            while !p.is_null() {
+                // SAFETY: nodes are never freed.
+                let n = unsafe { &*p };
+                k += usize::from(std::ptr::addr_eq(
+                    n.m as *const dyn AfterFork,
+                    &N as *const ForkMutex<u32>,
+                ));
+                p = n.next;
+            }
+            k
+        };
+        assert_eq!(listed, 1, "listed once, not at every use");
     }
 
     /// A thread of this process is inside `get_or_init` when another forks: the child (one

@@ -823,13 +823,25 @@ fn main() {
                         Ok(line) => println!("{line}"),
                         Err(e) => println!("ERR {e}"),
                     },
-                    _ => handles.push(std::thread::spawn(move || {
-                        match serve_blocking(s) {
-                            Ok(line) => println!("{line}"),
-                            Err(e) => println!("ERR {e}"),
+                    _ => {
+                        // Joined as they finish: a joinable thread's stack (2 MiB and a guard
+                        // page) stays mapped until it is joined, and a long run would reach
+                        // vm.max_map_count.
+                        let (done, running): (Vec<_>, Vec<_>) = handles
+                            .drain(..)
+                            .partition(|h: &std::thread::JoinHandle<()>| h.is_finished());
+                        handles = running;
+                        for h in done {
+                            h.join().unwrap();
                         }
-                        std::io::stdout().flush().unwrap();
-                    })),
+                        handles.push(std::thread::spawn(move || {
+                            match serve_blocking(s) {
+                                Ok(line) => println!("{line}"),
+                                Err(e) => println!("ERR {e}"),
+                            }
+                            std::io::stdout().flush().unwrap();
+                        }))
+                    }
                 }
                 std::io::stdout().flush().unwrap();
                 if i + 1 >= max {
