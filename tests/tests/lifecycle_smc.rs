@@ -797,52 +797,70 @@ fn an_exec_without_the_library_switches_alone_while_the_peer_is_busy_elsewhere()
 /// (an image without the library, from `subprocess.run`'s vfork child): nothing is unread in
 /// either ring, so the switch needs no answer from the closed peer, and `cat` reads EOF as
 /// over TCP (red team rt14 `rt14_py.py closed`: `cat: -: Connection reset by peer`, 3 of 3).
+/// `tail`: the client read only the reply's first line; `reply`: nothing of it (an HTTP/1.0
+/// client that hands its socket on right after its request; `reply_fork`: the same from a
+/// forked child instead of a vfork one). The server's last 100 000 bytes
+/// are unread in the client's ring when it closed: `cat` must read them, then EOF (rt14
+/// `more` and `reply`: a reset, every byte lost, 3 of 3 and 10 of 10).
 const HANDOFF_AFTER_THE_PEER_CLOSED: &str = r#"
-import os, socket, subprocess, sys
+import hashlib, os, socket, subprocess, sys
+mode = sys.argv[1]
+extra = 0 if mode == "read_all" else 100000
 ls = socket.socket()
 ls.bind(("127.0.0.1", 0))
 ls.listen(8)
 port = ls.getsockname()[1]
 N = 5
+rd, wr = os.pipe()
 pid = os.fork()
 if pid == 0:
+    os.close(rd)
     for i in range(N):
         s, _ = ls.accept()
         s.recv(100)
-        s.sendall(b"line %d\n" % i)
+        s.sendall(b"line %d\n" % i + bytes((j * 7 + i) % 251 for j in range(extra)))
         s.close()
+        os.write(wr, b"x")
     os._exit(0)
+os.close(wr)
 for i in range(N):
     c = socket.create_connection(("127.0.0.1", port))
     c.sendall(b"req\n")
-    a = c.recv(100)
+    a = b""
+    while not mode.startswith("reply") and not a.endswith(b"\n"):
+        a += c.recv(1 if extra else 100)
+    os.read(rd, 1)
+    # `preexec_fn` makes CPython fork (its exec runs in a child of its own, not a vfork one).
     p = subprocess.run(["cat"], stdin=c, capture_output=True, env={"PATH": "/usr/bin:/bin"},
-                       timeout=30)
-    print(a, p.stdout, p.stderr.strip()[-60:], p.returncode, flush=True)
+                       timeout=30, preexec_fn=os.getpid if mode == "reply_fork" else None)
+    print(a, len(p.stdout), hashlib.sha256(p.stdout).hexdigest()[:16],
+          p.stderr.strip()[-60:], p.returncode, flush=True)
     c.close()
 os.waitpid(pid, 0)
 "#;
 
 #[test]
-fn a_handoff_after_the_peer_closed_reads_eof_as_tcp() {
+fn a_handoff_after_the_peer_closed_reads_its_last_bytes_and_eof_as_tcp() {
     let w = SmcWorld::new();
     let py = script(&w, "handoff_closed.py", HANDOFF_AFTER_THE_PEER_CLOSED);
-    let before = w.stats_sum().get("smcd_client");
-    let out = spawn_piped(python(&w, &py))
-        .wait_output(T)
-        .expect("handoff_closed.py");
-    let sum = w.stats_sum();
-    let mut c = Command::new("python3");
-    c.arg(&py);
-    let tcp = spawn_piped(c)
-        .wait_output(T)
-        .expect("handoff_closed.py over TCP");
-    assert_eq!(out, tcp, "library against plain TCP");
-    assert!(
-        sum.get("smcd_client") >= before + 5,
-        "the connections were not SMC-D: {}",
-        brief(&sum)
-    );
+    for mode in ["read_all", "tail", "reply", "reply_fork"] {
+        let before = w.stats_sum().get("smcd_client");
+        let mut l = python(&w, &py);
+        l.arg(mode);
+        let out = spawn_piped(l).wait_output(T).expect("handoff_closed.py");
+        let sum = w.stats_sum();
+        let mut c = Command::new("python3");
+        c.arg(&py).arg(mode);
+        let tcp = spawn_piped(c)
+            .wait_output(T)
+            .expect("handoff_closed.py over TCP");
+        assert_eq!(out, tcp, "{mode}: library against plain TCP");
+        assert!(
+            sum.get("smcd_client") >= before + 5,
+            "{mode}: the connections were not SMC-D: {}",
+            brief(&sum)
+        );
+    }
 }
 
 /// The handoff while the client writes: per round, a client process writes a stream in small

@@ -612,7 +612,15 @@ fn switch_wait() -> std::time::Duration {
 /// may only come from the thread that is waiting here (before: that thread waited the whole
 /// switch wait for itself, then both ends were reset).
 pub(crate) fn continue_on_tcp(fd: c_int, o: &Arc<Obj>) -> bool {
-    switch_end(fd, o, true)
+    switch_end(fd, o, true, None)
+}
+
+/// [`continue_on_tcp`] for a socket that leaves for an image without the library: when the
+/// peer had closed and its last bytes are unread in our ring, they are handed on in a private
+/// loopback connection ([`crate::conn::Switched::Tail`]), whose reading socket is put in
+/// `tail` (the caller's to close) for the caller to put at the numbers the image inherits.
+fn continue_on_tcp_leaving(fd: c_int, o: &Arc<Obj>, tail: &mut c_int) -> bool {
+    switch_end(fd, o, true, Some(tail))
 }
 
 /// The end of this process's connection whose DMBs are `c`'s, crossed (its own is `c`'s
@@ -634,7 +642,7 @@ fn own_peer_end(c: &crate::conn::Conn) -> Option<(c_int, Arc<Obj>)> {
     found
 }
 
-fn switch_end(fd: c_int, o: &Arc<Obj>, drive_own_peer: bool) -> bool {
+fn switch_end(fd: c_int, o: &Arc<Obj>, drive_own_peer: bool, tail: Option<&mut c_int>) -> bool {
     let Obj::Conn(c) = &**o else { return false };
     let deadline = std::time::Instant::now() + switch_wait();
     let vforked = in_vfork_child();
@@ -650,12 +658,14 @@ fn switch_end(fd: c_int, o: &Arc<Obj>, drive_own_peer: bool) -> bool {
             }
             crate::debug!("fd {fd}: the peer's end is ours (fd {pfd}): it switches too");
             // Never back to this end (its locks are held here): `drive_own_peer` false.
-            let _ = switch_end(pfd, &po, false);
+            let _ = switch_end(pfd, &po, false, None);
         }
     };
+    let tail_ok = tail.is_some();
     match c.switch_to_tcp(
         fd,
         deadline,
+        tail_ok,
         || setup::leave_shortcut_for_tcp(c.io_now(fd), vforked),
         peer_here,
     ) {
@@ -663,6 +673,12 @@ fn switch_end(fd: c_int, o: &Arc<Obj>, drive_own_peer: bool) -> bool {
         crate::conn::Switched::Already => {}
         // Counted as closed here, once per connection end: its closes are plain TCP ones.
         crate::conn::Switched::Tcp => crate::stats::conn_closed(c),
+        crate::conn::Switched::Tail(t) => {
+            crate::stats::conn_closed(c);
+            if let Some(slot) = tail {
+                *slot = t;
+            }
+        }
     }
     if vforked {
         return true;
@@ -710,19 +726,74 @@ fn switch_for_exec(img: Image, envp: *const *const c_char) {
                 }
             }
         }
+        let mut tails = Tails::default();
         for (fd, o) in inherited {
             crate::debug!(
                 "fd {fd}: the next image (exec in a vfork child) does not run the library: \
                  switch to TCP"
             );
-            continue_on_tcp(fd, &o);
+            tails.switch(fd, &o);
         }
+        tails.close();
         return;
     }
+    let mut tails = Tails::default();
     for (fd, o) in fdtable::all_objects() {
         if matches!(&*o, Obj::Conn(_)) && !cloexec(fd) {
             crate::debug!("fd {fd}: the next image does not run the library: switch to TCP");
-            continue_on_tcp(fd, &o);
+            tails.switch(fd, &o);
+        }
+    }
+    tails.close();
+}
+
+/// The connections handed on to an image without the library as private loopback
+/// connections (their peers had closed; [`continue_on_tcp_leaving`]): each one's reading
+/// socket, put at every number of it the image inherits (the first switch makes it, the other
+/// numbers of the same connection find it here). No allocation: this may run in a `vfork`
+/// child (the numbers are the child's own; the parent's table is not touched).
+#[derive(Default)]
+struct Tails {
+    made: [(usize, c_int); 8],
+    n: usize,
+}
+
+impl Tails {
+    fn switch(&mut self, fd: c_int, o: &Arc<Obj>) {
+        let key = Arc::as_ptr(o) as usize;
+        let known = self.made[..self.n]
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|&(_, t)| t);
+        let tail = match known {
+            Some(t) => t,
+            None => {
+                let mut t = -1;
+                continue_on_tcp_leaving(fd, o, &mut t);
+                if t < 0 {
+                    return;
+                }
+                if self.n == self.made.len() {
+                    // SAFETY: ours; the connection's other numbers keep its (ended) socket.
+                    unsafe { real::close(t) };
+                    return;
+                }
+                self.made[self.n] = (key, t);
+                self.n += 1;
+                t
+            }
+        };
+        crate::debug!("fd {fd}: its peer's unread last bytes go on in a connection of their own");
+        // SAFETY: plain system call on our own descriptors; `fd` keeps its close-on-exec flag
+        // off (the image inherits it), as `dup2` leaves it.
+        // (Its slot says plain already: the switch settled every number of the connection.)
+        unsafe { real::dup2(tail, fd) };
+    }
+
+    fn close(&self) {
+        for &(_, t) in &self.made[..self.n] {
+            // SAFETY: our own descriptors; the numbers they were put at keep them.
+            unsafe { real::close(t) };
         }
     }
 }
@@ -1287,7 +1358,26 @@ pub fn std_stream_takes(fd: c_int) {
     if let Some(o) = fdtable::get(fd).filter(|o| matches!(&**o, Obj::Conn(_))) {
         crate::debug!("fd {fd}: becomes a standard stream (stdio bypasses us): TCP");
         let e0 = real::errno();
-        continue_on_tcp(fd, &o);
+        let mut fds = Vec::new();
+        fdtable::for_each_object(|ofd, x| {
+            if Arc::ptr_eq(x, &o) {
+                fds.push(ofd);
+            }
+        });
+        let mut tail = -1;
+        continue_on_tcp_leaving(fd, &o, &mut tail);
+        if tail >= 0 {
+            // The closed peer's unread last bytes went into a connection of their own: every
+            // number of this one names it from now on, the standard stream about to be made
+            // from `fd` too, so that whichever reads gets them, as on the socket.
+            for ofd in fds {
+                let flags = if cloexec(ofd) { libc::O_CLOEXEC } else { 0 };
+                // SAFETY: plain system call on our own descriptors (settled plain already).
+                unsafe { real::dup3(tail, ofd, flags) };
+            }
+            // SAFETY: ours; the numbers above keep it.
+            unsafe { real::close(tail) };
+        }
         real::set_errno(e0);
     }
 }

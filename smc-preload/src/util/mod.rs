@@ -120,6 +120,75 @@ pub fn send_all_io(
 
 /// Sets an `int` socket option of `fd` (`setsockopt` at `level`); errno preserved (a failure
 /// changes nothing the caller relies on).
+/// A private TCP connection over 127.0.0.1 (a listener on an ephemeral port, closed once
+/// connected): `(reader, writer)`, both close-on-exec, the writer non-blocking; the reader's
+/// receive buffer and the writer's send buffer asked for `room` bytes each (as far as the
+/// host's limits allow). `None` when any step fails (nothing is left open).
+pub fn loopback_pair(room: usize) -> Option<(i32, i32)> {
+    let e0 = real::errno();
+    let r = loopback_pair_steps(room);
+    real::set_errno(e0);
+    r
+}
+
+fn loopback_pair_steps(room: usize) -> Option<(i32, i32)> {
+    struct Fd(i32);
+    impl Drop for Fd {
+        fn drop(&mut self) {
+            if self.0 >= 0 {
+                // SAFETY: our own descriptor.
+                unsafe { real::close(self.0) };
+            }
+        }
+    }
+    let sock = || {
+        // SAFETY: plain system call.
+        let fd = unsafe { real::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        (fd >= 0).then_some(Fd(fd))
+    };
+    let room = i32::try_from(room.saturating_add(64 << 10)).unwrap_or(i32::MAX);
+    let l = sock()?;
+    // SAFETY: sockaddr_in is plain data.
+    let mut a: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    a.sin_family = libc::AF_INET as libc::sa_family_t;
+    a.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let pa = std::ptr::from_mut(&mut a).cast::<libc::sockaddr>();
+    // SAFETY: `a` is a valid sockaddr_in of `len` bytes, written back by getsockname.
+    let ok = unsafe {
+        libc::bind(l.0, pa, len) == 0
+            && real::listen(l.0, 1) == 0
+            && libc::getsockname(l.0, pa, &mut len) == 0
+    };
+    if !ok {
+        return None;
+    }
+    let rd = sock()?;
+    set_sockopt_int(rd.0, libc::SOL_SOCKET, libc::SO_RCVBUF, room);
+    // SAFETY: as above (the listener's address).
+    if unsafe { real::connect(rd.0, pa, len) } != 0 {
+        return None;
+    }
+    // SAFETY: plain system call; no address wanted.
+    let wr = unsafe {
+        real::accept4(
+            l.0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+        )
+    };
+    if wr < 0 {
+        return None;
+    }
+    let wr = Fd(wr);
+    set_sockopt_int(wr.0, libc::SOL_SOCKET, libc::SO_SNDBUF, room);
+    let r = (rd.0, wr.0);
+    std::mem::forget(rd);
+    std::mem::forget(wr);
+    Some(r)
+}
+
 pub fn set_sockopt_int(fd: i32, level: i32, name: i32, v: libc::c_int) {
     let e0 = real::errno();
     // SAFETY: a valid int and its length.

@@ -15,6 +15,12 @@ pub enum Switched {
     /// protocol; the socket could not leave the SOCKHASH): the connection was reset, both
     /// ends fail cleanly.
     Reset,
+    /// Only with `tail_ok`: the peer had closed, and what it wrote last was in our ring,
+    /// unread: those bytes and the end of the stream wait in a private loopback connection
+    /// whose reading socket this is (the caller's, to put in place of the connection in the
+    /// image that leaves; [`Conn::unread_to_tail`]). The connection continues on TCP for
+    /// every other holder, at its end (EOF).
+    Tail(i32),
 }
 
 impl Conn {
@@ -134,6 +140,7 @@ impl Conn {
         &self,
         fd: i32,
         deadline: Instant,
+        tail_ok: bool,
         leave: impl FnOnce() -> bool,
         peer_here: impl FnOnce(),
     ) -> Switched {
@@ -153,7 +160,7 @@ impl Conn {
         self.publish_cons(cons);
         // The socket itself (a number closed under a call in flight may name another file).
         let io = self.io_now(fd);
-        let r = self.switch_steps(io, deadline, leave, peer_here);
+        let r = self.switch_steps(io, deadline, tail_ok, leave, peer_here);
         if r == Switched::Reset {
             self.set_flag(F_PROTO);
             reset_socket(io);
@@ -271,6 +278,7 @@ impl Conn {
         &self,
         fd: i32,
         deadline: Instant,
+        tail_ok: bool,
         leave: impl FnOnce() -> bool,
         peer_here: impl FnOnce(),
     ) -> Switched {
@@ -297,6 +305,36 @@ impl Conn {
                 self.describe()
             );
             return if ok { Switched::Tcp } else { Switched::Reset };
+        }
+        if let Some(n) = self.peer_closed_unread().filter(|&n| tail_ok && n > 0) {
+            // The peer closed and its last bytes are in our ring, unread: it cannot send them
+            // again, so they go to the next image through a connection of their own (red team
+            // rt14 `rt14_py.py reply`: an HTTP/1.0 reply the client handed to `cat` at once was
+            // lost to a reset 10 of 10). Its control bytes are read first, as above.
+            let tail = if self.drain_ctl(fd, deadline) {
+                self.unread_to_tail(n, deadline)
+            } else {
+                None
+            };
+            let left = leave();
+            crate::debug!(
+                "fd {fd}: switch to TCP after the peer's close, {n} unread bytes {}: {}",
+                if tail.is_some() && left {
+                    "handed on in a connection of their own"
+                } else {
+                    "could not be handed on"
+                },
+                self.describe()
+            );
+            return match tail {
+                Some(t) if left => Switched::Tail(t),
+                Some(t) => {
+                    // SAFETY: our own descriptor, never given out.
+                    unsafe { real::close(t) };
+                    Switched::Reset
+                }
+                None => Switched::Reset,
+            };
         }
         if self.flags() & (F_PROTO | F_PEER_GONE | F_PEER_RST) != 0 || self.peer_state().any_close()
         {
@@ -493,22 +531,69 @@ impl Conn {
     /// `rt14_py.py closed`: a client that read the whole reply of a server that closed, then
     /// handed its socket to `cat`, got a reset 3 of 3 where TCP gives EOF).
     fn peer_closed_clean(&self) -> bool {
+        self.peer_closed_unread() == Some(0)
+    }
+
+    /// Under both ring locks, the rings stopped: the peer closed its end cleanly, every control
+    /// byte of it is counted and it read everything we wrote: how many bytes of its stream our
+    /// ring still holds unread (no urgent byte among them), or `None`.
+    fn peer_closed_unread(&self) -> Option<u32> {
         if self.flags() & (F_PROTO | F_PEER_RST) != 0
             || self.own_wait().load(Ordering::SeqCst) & CTL_UNCOUNTED != 0
         {
-            return false;
+            return None;
         }
         let ps = self.peer_state();
         if !ps.contains(ConnStateFlags::PEER_CONN_CLOSED)
             || ps.contains(ConnStateFlags::PEER_CONN_ABORT)
         {
-            return false;
+            return None;
         }
-        let rx_empty = self
-            .rx_cursors()
-            .is_some_and(|(cons, prod)| self.rx.readable(cons, prod) == Ok(0));
         let tx_read = self.tx_cursors().is_some_and(|(prod, cons)| prod == cons);
-        rx_empty && tx_read
+        let (cons, prod) = self.rx_cursors()?;
+        let unread = self.rx.readable(cons, prod).ok()?;
+        if !tx_read || (unread > 0 && self.readable_urg().1) {
+            return None;
+        }
+        Some(unread)
+    }
+
+    /// Under both ring locks, the rings stopped, the peer closed ([`Conn::peer_closed_unread`]
+    /// says `n` > 0): the `n` bytes our ring holds unread go into a private loopback TCP
+    /// connection made for them, followed by its end (FIN), and count as read here. The
+    /// socket of that connection that reads them, for the caller to put in place of this
+    /// connection's in the next image; `None` when it could not be made or they did not fit
+    /// into its buffers before `deadline` (the caller resets then, as before).
+    fn unread_to_tail(&self, n: u32, deadline: Instant) -> Option<i32> {
+        let (cons, prod) = self.rx_cursors()?;
+        if self.rx.readable(cons, prod).ok()? != n {
+            return None;
+        }
+        let (rd, wr) = crate::util::loopback_pair(n as usize)?;
+        // SAFETY: `own` is our mapped DMB, longer than its CDC header.
+        let base = unsafe { self.own.as_ptr().add(smc_common::cdc::CDC_HEADER_LEN) };
+        let mut ok = true;
+        for (off, len) in self.rx.segments(cons, n) {
+            if len == 0 {
+                continue;
+            }
+            // SAFETY: the segment lies inside our ring, which we map; its writer closed.
+            let b = unsafe { std::slice::from_raw_parts(base.add(off), len) };
+            if !crate::util::send_all(wr, b, deadline) {
+                ok = false;
+                break;
+            }
+        }
+        // SAFETY: our own descriptor; its bytes and FIN stay queued for `rd`.
+        unsafe { real::close(wr) };
+        if !ok {
+            // SAFETY: as above.
+            unsafe { real::close(rd) };
+            return None;
+        }
+        self.sh().cons.store(pack(prod), Ordering::Release);
+        self.publish_cons(prod);
+        Some(rd)
     }
 
     /// Under both ring locks, the rings stopped and our consumer cursor final: whether this

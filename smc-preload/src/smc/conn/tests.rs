@@ -1159,7 +1159,10 @@ fn an_end_with_nothing_unread_switches_alone_and_the_peer_follows() {
     // `a` leaves for an image without the library; `b` is busy elsewhere: no answer needed.
     let t = Instant::now();
     let dl = t + Duration::from_secs(10);
-    assert_eq!(a.switch_to_tcp(fa, dl, || true, || {}), Switched::Tcp);
+    assert_eq!(
+        a.switch_to_tcp(fa, dl, false, || true, || {}),
+        Switched::Tcp
+    );
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     // Its image writes at once, behind the marker.
     raw_write(fa, b"from the image");
@@ -1167,7 +1170,10 @@ fn an_end_with_nothing_unread_switches_alone_and_the_peer_follows() {
     b.notice_switch(fb);
     assert!(b.switching());
     assert_eq!(b.send(fb, &iov(b"x"), 0), Err(E_TCP));
-    assert_eq!(b.switch_to_tcp(fb, dl, || true, || {}), Switched::Tcp);
+    assert_eq!(
+        b.switch_to_tcp(fb, dl, false, || true, || {}),
+        Switched::Tcp
+    );
     // Plain TCP both ways now, nothing else on either stream.
     assert_eq!(raw_read(fb, 14), b"from the image");
     raw_write(fb, b"to the image");
@@ -1191,7 +1197,10 @@ fn a_peer_that_wrote_as_the_other_end_switched_alone_sends_it_again() {
     b.notice_switch(fb);
     assert!(b.peer_went_alone());
     let dl = Instant::now() + Duration::from_secs(10);
-    assert_eq!(b.switch_to_tcp(fb, dl, || true, || {}), Switched::Tcp);
+    assert_eq!(
+        b.switch_to_tcp(fb, dl, false, || true, || {}),
+        Switched::Tcp
+    );
     raw_write(fb, b"+more");
     assert_eq!(raw_read(fa, 10), b"raced+more");
 }
@@ -1217,12 +1226,18 @@ fn an_end_whose_bytes_the_peer_did_not_read_switches_alone_and_sends_them_again(
         }
         let t = Instant::now();
         let dl = t + Duration::from_secs(10);
-        assert_eq!(a.switch_to_tcp(fa, dl, || true, || {}), Switched::Tcp);
+        assert_eq!(
+            a.switch_to_tcp(fa, dl, false, || true, || {}),
+            Switched::Tcp
+        );
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
         raw_write(fa, b"+from the image");
         b.notice_switch(fb);
         assert!(b.peer_went_alone());
-        assert_eq!(b.switch_to_tcp(fb, dl, || true, || {}), Switched::Tcp);
+        assert_eq!(
+            b.switch_to_tcp(fb, dl, false, || true, || {}),
+            Switched::Tcp
+        );
         let rest = &b"hello world"[read_first..];
         let mut want = rest.to_vec();
         want.extend_from_slice(b"+from the image");
@@ -1247,7 +1262,10 @@ fn a_peer_that_shut_its_writing_needs_no_answer_and_its_eof_is_kept() {
     assert_eq!(a.recv(fa, &iov_mut(&mut buf), 0), Ok(10));
     let t = Instant::now();
     let dl = t + Duration::from_secs(10);
-    assert_eq!(a.switch_to_tcp(fa, dl, || true, || {}), Switched::Tcp);
+    assert_eq!(
+        a.switch_to_tcp(fa, dl, false, || true, || {}),
+        Switched::Tcp
+    );
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     // SAFETY: valid buffer.
     let n = unsafe { libc::recv(fa, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
@@ -1255,7 +1273,10 @@ fn a_peer_that_shut_its_writing_needs_no_answer_and_its_eof_is_kept() {
     raw_write(fa, b"from the image");
     b.notice_switch(fb);
     assert!(b.peer_went_alone());
-    assert_eq!(b.switch_to_tcp(fb, dl, || true, || {}), Switched::Tcp);
+    assert_eq!(
+        b.switch_to_tcp(fb, dl, false, || true, || {}),
+        Switched::Tcp
+    );
     assert_eq!(raw_read(fb, 14), b"from the image");
 }
 
@@ -1278,7 +1299,10 @@ fn a_count_smaller_than_what_the_ring_holds_resets_the_connection() {
     raw_write(fa, b"rld");
     b.notice_switch(fb);
     let dl = Instant::now() + Duration::from_secs(2);
-    assert_eq!(b.switch_to_tcp(fb, dl, || true, || {}), Switched::Reset);
+    assert_eq!(
+        b.switch_to_tcp(fb, dl, false, || true, || {}),
+        Switched::Reset
+    );
 }
 
 #[test]
