@@ -863,6 +863,73 @@ fn a_handoff_after_the_peer_closed_reads_its_last_bytes_and_eof_as_tcp() {
     }
 }
 
+/// An accept loop that hands connections to busy workers (a `ThreadPoolExecutor` of 2), in a
+/// process that also holds a client of its own that connected without a word (a non-blocking
+/// connect never used: its library sends the Proposal at its first operation) and then opens 8
+/// connections one after the other before it sends on any. Before, the idle client's
+/// undecided handshake made every later `accept` of the process leave its own to the
+/// connection's first operation: the clients waited in `connect` until a worker got to their
+/// connection or the CLC timeout passed, then fell back (by hand: 10 connects took 10 s
+/// instead of 0.01 s, 5 of 10 connections TCP). Now an `accept` stops waiting for its client
+/// only for an undecided connection whose client may wait for us: every connection is SMC-D
+/// and the answers are TCP's.
+const ACCEPT_LOOP_WITH_AN_IDLE_CLIENT: &str = r#"
+import socket, threading, time
+from concurrent.futures import ThreadPoolExecutor
+N = 8
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(64)
+port = ls.getsockname()[1]
+def handle(s):
+    d = s.recv(100)
+    time.sleep(0.3)
+    s.sendall(d.upper())
+    s.close()
+def serve():
+    ex = ThreadPoolExecutor(max_workers=2)
+    s, _ = ls.accept()
+    for i in range(N):
+        s, _ = ls.accept()
+        ex.submit(handle, s)
+threading.Thread(target=serve, daemon=True).start()
+idle = socket.socket()
+idle.setblocking(False)
+try:
+    idle.connect(("127.0.0.1", port))
+except BlockingIOError:
+    pass
+time.sleep(0.2)
+cs = [socket.create_connection(("127.0.0.1", port)) for _ in range(N)]
+for i, c in enumerate(cs):
+    c.sendall(b"req %d" % i)
+print([c.recv(100) for c in cs])
+"#;
+
+#[test]
+fn an_idle_client_does_not_make_the_clients_of_an_accept_loop_fall_back() {
+    let w = SmcWorld::new();
+    let py = script(&w, "accept_idle.py", ACCEPT_LOOP_WITH_AN_IDLE_CLIENT);
+    let mut l = python(&w, &py);
+    // Shorter than a worker's turn: a client left waiting for its Accept gives up on SMC.
+    l.env("SMC_CLC_TIMEOUT_MS", "200");
+    let out = spawn_piped(l).wait_output(T).expect("accept_idle.py");
+    let sum = w.stats_sum();
+    let mut c = Command::new("python3");
+    c.arg(&py);
+    let tcp = spawn_piped(c)
+        .wait_output(T)
+        .expect("accept_idle.py over TCP");
+    assert_eq!(out, tcp, "library against plain TCP");
+    // The 8 connections of the loop; the idle one may fall back (its client waits past the
+    // CLC timeout for nothing).
+    assert!(
+        sum.get("smcd_client") >= 8 && sum.get("fallback_client") <= 1,
+        "clients fell back: {}",
+        brief(&sum)
+    );
+}
+
 /// The handoff while the client writes: per round, a client process writes a stream in small
 /// bursts; the server reads a random part, then whatever arrived (its ring may be empty: the
 /// switch may go alone, or the client's bytes land as it commits), and execs a handler without

@@ -55,20 +55,88 @@ pub(crate) fn committed_wait() -> Duration {
 /// the fd closed); a forked child's copy of a driver counts in the child.
 pub(crate) static DEFERRED_SERVERS: AtomicU64 = AtomicU64::new(0);
 
-/// One count of [`DEFERRED_SERVERS`], for as long as it lives.
-pub(crate) struct DeferredServer(());
+/// One count of [`DEFERRED_SERVERS`], for as long as it lives, and its entry in [`QUIET`]
+/// while its handshake has received nothing of its client.
+pub(crate) struct DeferredServer {
+    id: u64,
+}
+
+/// Deferred server handshakes whose next step is their client's (its Proposal, or its Confirm
+/// after our Accept): (token id, number, the handshake's I/O path). Such a client waits for
+/// nothing of ours (a non-blocking connect left idle: its library sends the Proposal at its
+/// first operation; a client that has our Accept confirms and goes on) as long as the socket
+/// holds nothing; it need not stop a blocking `accept` from waiting for its own client
+/// ([`deferred_client_may_wait`]).
+static QUIET: ForkMutex<Vec<(u64, i32, std::sync::Weak<IoPath>)>> = ForkMutex::new(Vec::new);
+/// Looked at by [`deferred_client_may_wait`] only up to this many; with more, it says yes.
+const QUIET_MAX: usize = 64;
 
 impl DeferredServer {
     pub(crate) fn new() -> DeferredServer {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
         DEFERRED_SERVERS.fetch_add(1, Ordering::Relaxed);
-        DeferredServer(())
+        DeferredServer {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// Whether its handshake is quiet (see [`QUIET`]) after a step.
+    fn set_quiet(&self, fd: i32, io: &Arc<IoPath>, quiet: bool) {
+        let mut q = QUIET.lock();
+        let at = q.iter().position(|e| e.0 == self.id);
+        match (at, quiet) {
+            (None, true) if q.len() <= QUIET_MAX => q.push((self.id, fd, Arc::downgrade(io))),
+            (Some(i), false) => {
+                q.swap_remove(i);
+            }
+            _ => {}
+        }
     }
 }
 
 impl Drop for DeferredServer {
     fn drop(&mut self) {
         DEFERRED_SERVERS.fetch_sub(1, Ordering::Relaxed);
+        let mut q = QUIET.lock();
+        if let Some(i) = q.iter().position(|e| e.0 == self.id) {
+            q.swap_remove(i);
+        }
     }
+}
+
+/// Whether an accepted connection of this process whose handshake continues after its
+/// `accept` may have a client that waits for our answer: any deferred server handshake but a
+/// quiet one ([`QUIET`]) whose socket still holds nothing. A blocking `accept` does not wait for
+/// its own client then (that client's process may be the one waiting, blocked on its other
+/// connection). Before, one idle client (a non-blocking connect never used) made every later
+/// accept of the process leave its handshake to the connection's first operation, and the
+/// clients of an accept loop that hands connections to busy workers waited out the CLC
+/// timeout in `connect`, then fell back (10 sequential connects: 10 s instead of 0.01 s).
+pub(crate) fn deferred_client_may_wait() -> bool {
+    let all = DEFERRED_SERVERS.load(Ordering::Relaxed);
+    if all == 0 {
+        return false;
+    }
+    let q = QUIET.lock();
+    if q.len() as u64 != all {
+        return true;
+    }
+    q.iter().any(|(_, fd, io)| {
+        io.upgrade().is_none_or(|io| {
+            io.with(*fd, |f| {
+                let mut n: libc::c_int = 0;
+                // SAFETY: FIONREAD writes one int to our local.
+                let r = unsafe {
+                    real::ioctl(
+                        f,
+                        libc::FIONREAD as libc::c_ulong,
+                        std::ptr::from_mut(&mut n) as libc::c_ulong,
+                    )
+                };
+                r != 0 || n != 0
+            })
+        })
+    })
 }
 
 /// Our CLC peer id (random per process).
@@ -334,7 +402,9 @@ impl Driver {
     /// This server handshake continues after `accept` returned ([`DeferredServer`]).
     pub fn count_deferred(&mut self) {
         if self.deferred.is_none() {
-            self.deferred = Some(DeferredServer::new());
+            let d = DeferredServer::new();
+            d.set_quiet(self.fd, &self.io, self.quiet());
+            self.deferred = Some(d);
         }
     }
 
@@ -378,7 +448,22 @@ impl Driver {
         let p = self.step_inner(wait);
         // After the step's CLC message went out (see [`HeldDmb::map`]).
         self.closing.clear();
+        if let Some(d) = &self.deferred {
+            d.set_quiet(self.fd, &self.io, self.quiet());
+        }
         p
+    }
+
+    /// A server handshake whose next step is its client's: it waits for the client's Proposal
+    /// or Confirm, with nothing of ours to do (no daemon answer awaited, nothing committed).
+    fn quiet(&self) -> bool {
+        self.server
+            && self.committed.is_none()
+            && self.todo.is_empty()
+            && matches!(
+                self.m.waiting_for(),
+                Some(MsgType::Proposal | MsgType::Confirm)
+            )
     }
 
     fn step_inner(&mut self, wait: Option<Option<Instant>>) -> Progress {

@@ -25,7 +25,7 @@ use crate::daemon::{release_dmbs, with_dev, DmbRelease};
 use crate::fdtable::{self, Slot, TAG_TCP};
 use crate::forklock::ForkMutex;
 use crate::forklock::ForkOnce;
-use crate::handshake::{clc_timeout, machine, peer_id, DEFERRED_SERVERS};
+use crate::handshake::{clc_timeout, machine, peer_id};
 use crate::handshake::{Driver, HeldDmb, Outcome, Progress};
 use crate::obj::{Obj, Skip};
 use crate::policy::{note_dest, Dest};
@@ -724,7 +724,7 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
         // our answers, which this thread gives only after this accept. If one of them is a
         // process that also holds this client (an asyncio client blocked in the write of its
         // first connection), each side would wait for the other until the CLC timeout.
-        if DEFERRED_SERVERS.load(Ordering::Relaxed) > 0 {
+        if crate::handshake::deferred_client_may_wait() {
             debug!("fd {fd}: other accepted connections are in their handshakes: this one continues at its next operation");
             break;
         }
