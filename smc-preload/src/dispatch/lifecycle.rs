@@ -1358,28 +1358,36 @@ pub fn std_stream_takes(fd: c_int) {
     if let Some(o) = fdtable::get(fd).filter(|o| matches!(&**o, Obj::Conn(_))) {
         crate::debug!("fd {fd}: becomes a standard stream (stdio bypasses us): TCP");
         let e0 = real::errno();
-        let mut fds = Vec::new();
-        fdtable::for_each_object(|ofd, x| {
-            if Arc::ptr_eq(x, &o) {
-                fds.push(ofd);
-            }
-        });
-        let mut tail = -1;
-        continue_on_tcp_leaving(fd, &o, &mut tail);
-        if tail >= 0 {
-            // The closed peer's unread last bytes went into a connection of their own: every
-            // number of this one names it from now on, the standard stream about to be made
-            // from `fd` too, so that whichever reads gets them, as on the socket.
-            for ofd in fds {
-                let flags = if cloexec(ofd) { libc::O_CLOEXEC } else { 0 };
-                // SAFETY: plain system call on our own descriptors (settled plain already).
-                unsafe { real::dup3(tail, ofd, flags) };
-            }
-            // SAFETY: ours; the numbers above keep it.
-            unsafe { real::close(tail) };
-        }
+        continue_on_tcp_in_place(fd, &o);
         real::set_errno(e0);
     }
+}
+
+/// [`continue_on_tcp`] for a connection this process goes on using through libc's own calls
+/// (stdio on a standard stream or after `fdopen`, POSIX aio, an io_uring instance): when the
+/// peer had closed with its last bytes unread in our ring, they go on in a connection of their
+/// own ([`crate::conn::Switched::Tail`]) that every number of this one in this process names
+/// from then on (a standard stream about to be made from `fd` too), so that whichever reads
+/// gets them, then EOF, as on the socket. False when the connection was reset instead.
+fn continue_on_tcp_in_place(fd: c_int, o: &Arc<Obj>) -> bool {
+    let mut fds = Vec::new();
+    fdtable::for_each_object(|ofd, x| {
+        if Arc::ptr_eq(x, o) {
+            fds.push(ofd);
+        }
+    });
+    let mut tail = -1;
+    let ok = continue_on_tcp_leaving(fd, o, &mut tail);
+    if tail >= 0 {
+        for ofd in fds {
+            let flags = if cloexec(ofd) { libc::O_CLOEXEC } else { 0 };
+            // SAFETY: plain system call on our own descriptors (settled plain already).
+            unsafe { real::dup3(tail, ofd, flags) };
+        }
+        // SAFETY: ours; the numbers above keep it.
+        unsafe { real::close(tail) };
+    }
+    ok
 }
 
 /// `posix_spawn_file_actions_adddup2(3)`: a spawned child will have `fd` as `newfd`. As a
@@ -1534,7 +1542,7 @@ fn libc_takes(fd: c_int, who: &str) {
                 "fd {fd}: {who} bypasses the interposition: the connection continues on TCP"
             );
             let e0 = real::errno();
-            if !continue_on_tcp(fd, &o) {
+            if !continue_on_tcp_in_place(fd, &o) {
                 crate::debug!("fd {fd}: the switch to TCP failed: the connection was reset");
             }
             real::set_errno(e0);

@@ -191,6 +191,7 @@ scenarios! {
     oob_sigurg_inline: 1;
     oob_sigurg_then_fdopen: 1;
     fdopen_stdio_server: 1;
+    fdopen_after_the_peer_closed_with_bytes_unread: 1;
     dprintf_on_socket: 1;
     aio_write_to_blocked_reader: 1;
     aio_read_before_peer_writes: 1;
@@ -5788,6 +5789,39 @@ fn fdopen_stdio_server() {
         String::from_utf8_lossy(&b).trim_end(),
         e.len()
     ));
+}
+
+/// A socket read through stdio (`fdopen`) after its peer wrote two lines and closed, none of
+/// them read yet: stdio reads the plain socket, where TCP keeps both lines and then EOF. Over
+/// SMC-D the lines sit in our ring and their writer is gone: they go on in a loopback
+/// connection of their own (before: the connection was reset, `fgets` said NULL with both
+/// lines lost; red team rt8 `fdopen_peer_closed`).
+fn fdopen_after_the_peer_closed_with_bytes_unread() {
+    let (c, s) = pair();
+    let h = std::thread::spawn(move || {
+        write_all(c, b"one\ntwo\n");
+        close(c);
+    });
+    h.join().unwrap();
+    // SAFETY: a valid mode string; the FILE is closed below.
+    let f = unsafe { libc::fdopen(s, c"r".as_ptr()) };
+    log(format!("fdopen(s) ok = {}", !f.is_null()));
+    for _ in 0..3 {
+        let mut line = [0u8; 64];
+        // SAFETY: a buffer of its length; the FILE is open.
+        let p = unsafe { libc::fgets(line.as_mut_ptr().cast(), line.len() as c_int, f) };
+        let got = if p.is_null() {
+            String::from("(null)")
+        } else {
+            // SAFETY: fgets NUL-terminates.
+            unsafe { std::ffi::CStr::from_ptr(line.as_ptr().cast()) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        log(format!("fgets = {got:?}"));
+    }
+    // SAFETY: the FILE from fdopen (closes s).
+    log(format!("fclose = {}", unsafe { libc::fclose(f) }));
 }
 
 extern "C" {
