@@ -164,7 +164,7 @@ fn loopback_pair_steps(room: usize) -> Option<(i32, i32)> {
         return None;
     }
     let rd = sock()?;
-    set_sockopt_int(rd.0, libc::SOL_SOCKET, libc::SO_RCVBUF, room);
+    set_buffer(rd.0, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, room);
     // SAFETY: as above (the listener's address).
     if unsafe { real::connect(rd.0, pa, len) } != 0 {
         return None;
@@ -182,11 +182,29 @@ fn loopback_pair_steps(room: usize) -> Option<(i32, i32)> {
         return None;
     }
     let wr = Fd(wr);
-    set_sockopt_int(wr.0, libc::SOL_SOCKET, libc::SO_SNDBUF, room);
+    set_buffer(wr.0, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, room);
     let r = (rd.0, wr.0);
     std::mem::forget(rd);
     std::mem::forget(wr);
     Some(r)
+}
+
+/// A socket buffer of `v` bytes: beyond `net.core.[rw]mem_max` where the process may
+/// (`CAP_NET_ADMIN`: `force`), else as far as that limit allows (`plain`).
+fn set_buffer(fd: i32, force: i32, plain: i32, v: libc::c_int) {
+    // SAFETY: a valid int and its length.
+    let r = unsafe {
+        real::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            force,
+            (&v as *const libc::c_int).cast::<libc::c_void>(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        set_sockopt_int(fd, libc::SOL_SOCKET, plain, v);
+    }
 }
 
 pub fn set_sockopt_int(fd: i32, level: i32, name: i32, v: libc::c_int) {
