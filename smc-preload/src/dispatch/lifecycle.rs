@@ -752,10 +752,18 @@ fn switch_for_exec(img: Image, envp: *const *const c_char) {
 /// socket, put at every number of it the image inherits (the first switch makes it, the other
 /// numbers of the same connection find it here). No allocation: this may run in a `vfork`
 /// child (the numbers are the child's own; the parent's table is not touched).
-#[derive(Default)]
 struct Tails {
-    made: [(usize, c_int); 8],
+    made: [(usize, c_int); 64],
     n: usize,
+}
+
+impl Default for Tails {
+    fn default() -> Self {
+        Tails {
+            made: [(0, -1); 64],
+            n: 0,
+        }
+    }
 }
 
 impl Tails {
@@ -774,8 +782,13 @@ impl Tails {
                     return;
                 }
                 if self.n == self.made.len() {
-                    // SAFETY: ours; the connection's other numbers keep its (ended) socket.
-                    unsafe { real::close(t) };
+                    // No room to remember it: this number gets it, the connection's other
+                    // numbers (if any) keep its ended socket.
+                    // SAFETY: plain system calls on our own descriptors.
+                    unsafe {
+                        real::dup2(t, fd);
+                        real::close(t);
+                    }
                     return;
                 }
                 self.made[self.n] = (key, t);
