@@ -5744,6 +5744,20 @@ fn popen_handler_parent_closes_at_once() {
     close(s);
 }
 
+/// One `fgets` of up to 63 bytes from `f` (an open `FILE`): the line, or `(null)`.
+fn fgets_line(f: *mut libc::FILE) -> String {
+    let mut line = [0u8; 64];
+    // SAFETY: a buffer of its length; the caller's FILE is open.
+    let p = unsafe { libc::fgets(line.as_mut_ptr().cast(), line.len() as c_int, f) };
+    if p.is_null() {
+        return String::from("(null)");
+    }
+    // SAFETY: fgets NUL-terminates.
+    unsafe { std::ffi::CStr::from_ptr(line.as_ptr().cast()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// A server that serves its accepted socket through stdio (`fdopen`, `fgets`, `fputs`): libc's
 /// internal reads and writes never reach the interposition, so the connection must be plain
 /// TCP by then. The client, another thread, writes a request and blocks reading the reply.
@@ -5762,18 +5776,7 @@ fn fdopen_stdio_server() {
     let f = unsafe { libc::fdopen(s, c"r+".as_ptr()) };
     log(format!("fdopen(s) ok = {}", !f.is_null()));
     for _ in 0..2 {
-        let mut line = [0u8; 64];
-        // SAFETY: a buffer of its length; the FILE is open.
-        let p = unsafe { libc::fgets(line.as_mut_ptr().cast(), line.len() as c_int, f) };
-        let got = if p.is_null() {
-            String::from("(null)")
-        } else {
-            // SAFETY: fgets NUL-terminates.
-            unsafe { std::ffi::CStr::from_ptr(line.as_ptr().cast()) }
-                .to_string_lossy()
-                .into_owned()
-        };
-        log(format!("fgets = {got:?}"));
+        log(format!("fgets = {:?}", fgets_line(f)));
         // SAFETY: valid strings; the FILE is open.
         unsafe {
             libc::fputs(c"reply ok\n".as_ptr(), f);
@@ -5807,18 +5810,7 @@ fn fdopen_after_the_peer_closed_with_bytes_unread() {
     let f = unsafe { libc::fdopen(s, c"r".as_ptr()) };
     log(format!("fdopen(s) ok = {}", !f.is_null()));
     for _ in 0..3 {
-        let mut line = [0u8; 64];
-        // SAFETY: a buffer of its length; the FILE is open.
-        let p = unsafe { libc::fgets(line.as_mut_ptr().cast(), line.len() as c_int, f) };
-        let got = if p.is_null() {
-            String::from("(null)")
-        } else {
-            // SAFETY: fgets NUL-terminates.
-            unsafe { std::ffi::CStr::from_ptr(line.as_ptr().cast()) }
-                .to_string_lossy()
-                .into_owned()
-        };
-        log(format!("fgets = {got:?}"));
+        log(format!("fgets = {:?}", fgets_line(f)));
     }
     // SAFETY: the FILE from fdopen (closes s).
     log(format!("fclose = {}", unsafe { libc::fclose(f) }));
