@@ -797,9 +797,10 @@ impl Tails {
             }
         };
         crate::debug!("fd {fd}: its peer's unread last bytes go on in a connection of their own");
+        // Outside a `vfork` child its slot says plain already (the switch settled every number
+        // of the connection); in one the slots are the parent's and stay as they are.
         // SAFETY: plain system call on our own descriptors; `fd` keeps its close-on-exec flag
         // off (the image inherits it), as `dup2` leaves it.
-        // (Its slot says plain already: the switch settled every number of the connection.)
         unsafe { real::dup2(tail, fd) };
     }
 
