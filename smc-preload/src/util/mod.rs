@@ -182,11 +182,34 @@ fn loopback_pair_steps(room: usize) -> Option<(i32, i32)> {
         return None;
     }
     let wr = Fd(wr);
+    // The connection accepted must be ours: any local process may connect to the listener
+    // between its `listen` and our `connect` (red team rt15 `rt15_steal.c`: uid nobody got the
+    // tail 4 of 20 times). Its peer's address must be our reader's own.
+    if !same_name(rd.0, wr.0) {
+        return None;
+    }
     set_buffer(wr.0, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, room);
     let r = (rd.0, wr.0);
     std::mem::forget(rd);
     std::mem::forget(wr);
     Some(r)
+}
+
+/// Whether `rd`'s own address (getsockname) is `wr`'s peer's (getpeername), IPv4.
+fn same_name(rd: i32, wr: i32) -> bool {
+    // SAFETY: sockaddr_in is plain data.
+    let (mut a, mut b): (libc::sockaddr_in, libc::sockaddr_in) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    let mut la = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let mut lb = la;
+    // SAFETY: valid sockaddr_in buffers of the lengths given.
+    let ok = unsafe {
+        libc::getsockname(rd, std::ptr::from_mut(&mut a).cast(), &mut la) == 0
+            && real::getpeername(wr, std::ptr::from_mut(&mut b).cast(), &mut lb) == 0
+    };
+    ok && a.sin_family == b.sin_family
+        && a.sin_port == b.sin_port
+        && a.sin_addr.s_addr == b.sin_addr.s_addr
 }
 
 /// A socket buffer of `v` bytes: beyond `net.core.[rw]mem_max` where the process may
