@@ -801,7 +801,10 @@ fn an_exec_without_the_library_switches_alone_while_the_peer_is_busy_elsewhere()
 /// client that hands its socket on right after its request; `reply_fork`: the same from a
 /// forked child instead of a vfork one). The server's last 100 000 bytes
 /// are unread in the client's ring when it closed: `cat` must read them, then EOF (rt14
-/// `more` and `reply`: a reset, every byte lost, 3 of 3 and 10 of 10).
+/// `more` and `reply`: a reset, every byte lost, 3 of 3 and 10 of 10). `fail`/`fail_fork`:
+/// the exec fails (no such file) and the client reads the bytes itself, as over TCP (red team
+/// rt15 `forkfail`/`vforkfail`: the child had taken them, 5 of 5 lost); `nonblock`: the image
+/// finds the socket non-blocking, as the client had made it (rt15: it went blocking).
 const HANDOFF_AFTER_THE_PEER_CLOSED: &str = r#"
 import hashlib, os, socket, subprocess, sys
 mode = sys.argv[1]
@@ -831,10 +834,29 @@ for i in range(N):
         a += c.recv(1 if extra else 100)
     os.read(rd, 1)
     # `preexec_fn` makes CPython fork (its exec runs in a child of its own, not a vfork one).
-    p = subprocess.run(["cat"], stdin=c, capture_output=True, env={"PATH": "/usr/bin:/bin"},
-                       timeout=30, preexec_fn=os.getpid if mode == "reply_fork" else None)
-    print(a, len(p.stdout), hashlib.sha256(p.stdout).hexdigest()[:16],
-          p.stderr.strip()[-60:], p.returncode, flush=True)
+    fork = os.getpid if mode.endswith("_fork") else None
+    cmd = ["cat"]
+    if mode.startswith("fail"):
+        # The exec fails: the bytes are still the parent's to read.
+        cmd = ["/nonexistent/cat"]
+    elif mode == "nonblock":
+        # The image gets the socket as it was, non-blocking.
+        c.setblocking(False)
+        cmd = ["python3", "-c", "import fcntl, os, sys; "
+               "print(fcntl.fcntl(0, fcntl.F_GETFL) & os.O_NONBLOCK != 0); "
+               "sys.stdout.flush(); sys.stdout.buffer.write(sys.stdin.buffer.read())"]
+    try:
+        p = subprocess.run(cmd, stdin=c, capture_output=True, env={"PATH": "/usr/bin:/bin"},
+                           timeout=30, preexec_fn=fork)
+        got, err, rc = p.stdout, p.stderr.strip()[-60:], p.returncode
+    except FileNotFoundError:
+        got, err, rc = b"", b"exec failed", -1
+        while True:
+            d = c.recv(65536)
+            if not d:
+                break
+            got += d
+    print(a, len(got), hashlib.sha256(got).hexdigest()[:16], err, rc, flush=True)
     c.close()
 os.waitpid(pid, 0)
 "#;
@@ -843,7 +865,15 @@ os.waitpid(pid, 0)
 fn a_handoff_after_the_peer_closed_reads_its_last_bytes_and_eof_as_tcp() {
     let w = SmcWorld::new();
     let py = script(&w, "handoff_closed.py", HANDOFF_AFTER_THE_PEER_CLOSED);
-    for mode in ["read_all", "tail", "reply", "reply_fork"] {
+    for mode in [
+        "read_all",
+        "tail",
+        "reply",
+        "reply_fork",
+        "fail",
+        "fail_fork",
+        "nonblock",
+    ] {
         let before = w.stats_sum().get("smcd_client");
         let mut l = python(&w, &py);
         l.arg(mode);
@@ -861,6 +891,87 @@ fn a_handoff_after_the_peer_closed_reads_its_last_bytes_and_eof_as_tcp() {
             brief(&sum)
         );
     }
+}
+
+/// A client whose server closed with 100 000 bytes unread in the client's ring watches its
+/// socket with epoll, then `fdopen`s it (stdio bypasses the interposition, so the connection
+/// continues on TCP, its last bytes in a private connection put at the socket's number). The
+/// epoll set must report the number readable as over TCP, and the bytes must be all there
+/// (red team rt15: the registration was on the old file, the set never reported the number,
+/// 5 of 20).
+const EPOLL_THEN_FDOPEN_AFTER_THE_PEER_CLOSED: &str = r#"
+import ctypes, hashlib, os, select, socket
+libc = ctypes.CDLL(None, use_errno=True)
+libc.fdopen.restype = ctypes.c_void_p
+libc.fdopen.argtypes = [ctypes.c_int, ctypes.c_char_p]
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+port = ls.getsockname()[1]
+N = 5
+rd, wr = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(rd)
+    for i in range(N):
+        s, _ = ls.accept()
+        s.recv(100)
+        s.sendall(bytes((j * 7 + i) % 251 for j in range(100000)))
+        s.close()
+        os.write(wr, b"x")
+    os._exit(0)
+os.close(wr)
+for i in range(N):
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(b"req\n")
+    os.read(rd, 1)
+    ep = select.epoll()
+    ep.register(c.fileno(), select.EPOLLIN)
+    f = libc.fdopen(c.fileno(), b"r")
+    c.setblocking(False)
+    got = b""
+    events = []
+    while True:
+        ev = ep.poll(5)
+        events.append(sorted(set(e & select.EPOLLIN for _, e in ev)))
+        if not ev:
+            break
+        try:
+            d = c.recv(65536)
+        except BlockingIOError:
+            continue
+        if not d:
+            break
+        got += d
+    print(i, events[0], len(got), hashlib.sha256(got).hexdigest()[:16], flush=True)
+    ep.close()
+    c.close()
+os.waitpid(pid, 0)
+"#;
+
+#[test]
+fn an_epoll_set_reports_a_socket_fdopened_after_the_peer_closed() {
+    let w = SmcWorld::new();
+    let py = script(
+        &w,
+        "epoll_fdopen.py",
+        EPOLL_THEN_FDOPEN_AFTER_THE_PEER_CLOSED,
+    );
+    let out = spawn_piped(python(&w, &py))
+        .wait_output(T)
+        .expect("epoll_fdopen.py");
+    let sum = w.stats_sum();
+    let mut c = Command::new("python3");
+    c.arg(&py);
+    let tcp = spawn_piped(c)
+        .wait_output(T)
+        .expect("epoll_fdopen.py over TCP");
+    assert_eq!(out, tcp, "library against plain TCP");
+    assert!(
+        sum.get("smcd_client") >= 5,
+        "the connections were not SMC-D: {}",
+        brief(&sum)
+    );
 }
 
 /// An accept loop that hands connections to busy workers (a `ThreadPoolExecutor` of 2), in a

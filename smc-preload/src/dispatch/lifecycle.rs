@@ -619,8 +619,17 @@ pub(crate) fn continue_on_tcp(fd: c_int, o: &Arc<Obj>) -> bool {
 /// peer had closed and its last bytes are unread in our ring, they are handed on in a private
 /// loopback connection ([`crate::conn::Switched::Tail`]), whose reading socket is put in
 /// `tail` (the caller's to close) for the caller to put at the numbers the image inherits.
-fn continue_on_tcp_leaving(fd: c_int, o: &Arc<Obj>, tail: &mut c_int) -> bool {
-    switch_end(fd, o, true, Some(tail))
+///
+/// `for_exec`: the process is about to exec (or spawn) that image; when the bytes are handed
+/// on, the numbers of the connection keep their slots (a failed exec gives the bytes back,
+/// [`Tails::finish`]; after a successful one nothing of this process is left).
+fn continue_on_tcp_leaving(
+    fd: c_int,
+    o: &Arc<Obj>,
+    tail: &mut Option<(c_int, crate::conn::TailUndo)>,
+    for_exec: bool,
+) -> bool {
+    switch_end(fd, o, true, Some((tail, for_exec)))
 }
 
 /// The end of this process's connection whose DMBs are `c`'s, crossed (its own is `c`'s
@@ -642,7 +651,9 @@ fn own_peer_end(c: &crate::conn::Conn) -> Option<(c_int, Arc<Obj>)> {
     found
 }
 
-fn switch_end(fd: c_int, o: &Arc<Obj>, drive_own_peer: bool, tail: Option<&mut c_int>) -> bool {
+type TailSlot<'a> = (&'a mut Option<(c_int, crate::conn::TailUndo)>, bool);
+
+fn switch_end(fd: c_int, o: &Arc<Obj>, drive_own_peer: bool, tail: Option<TailSlot>) -> bool {
     let Obj::Conn(c) = &**o else { return false };
     let deadline = std::time::Instant::now() + switch_wait();
     let vforked = in_vfork_child();
@@ -673,10 +684,17 @@ fn switch_end(fd: c_int, o: &Arc<Obj>, drive_own_peer: bool, tail: Option<&mut c
         crate::conn::Switched::Already => {}
         // Counted as closed here, once per connection end: its closes are plain TCP ones.
         crate::conn::Switched::Tcp => crate::stats::conn_closed(c),
-        crate::conn::Switched::Tail(t) => {
+        crate::conn::Switched::Tail(t, undo) => {
             crate::stats::conn_closed(c);
-            if let Some(slot) = tail {
-                *slot = t;
+            let for_exec = tail.as_ref().is_some_and(|(_, e)| *e);
+            if let Some((slot, _)) = tail {
+                *slot = Some((t, undo));
+            } else {
+                // SAFETY: our own descriptor, never given out (not asked for: not reached).
+                unsafe { real::close(t) };
+            }
+            if for_exec {
+                return true;
             }
         }
     }
@@ -700,10 +718,13 @@ fn switch_end(fd: c_int, o: &Arc<Obj>, drive_own_peer: bool, tail: Option<&mut c
 /// Before an exec into an image that does not run the library: the SMC connections it
 /// inherits switch to TCP, so that it reads and writes them as plain TCP sockets (otherwise
 /// it would read doorbells, or wait for bytes that travel in the rings). Also from a `vfork`
-/// child, which leaves its parent's slots alone (see below).
-fn switch_for_exec(img: Image, envp: *const *const c_char) {
+/// child, which leaves its parent's slots alone (see below). The connections whose last bytes
+/// are handed on ([`Tails`]): the caller's to [`Tails::finish`] once it knows whether the image
+/// runs.
+fn switch_for_exec(img: Image, envp: *const *const c_char) -> Tails {
+    let mut tails = Tails::default();
     if !fdtable::any_objects() || image_runs_library(img, envp) {
-        return;
+        return tails;
     }
     if in_vfork_child() {
         // The child's table is a copy: a connection reaches the next image at a number of the
@@ -726,7 +747,6 @@ fn switch_for_exec(img: Image, envp: *const *const c_char) {
                 }
             }
         }
-        let mut tails = Tails::default();
         for (fd, o) in inherited {
             crate::debug!(
                 "fd {fd}: the next image (exec in a vfork child) does not run the library: \
@@ -734,36 +754,77 @@ fn switch_for_exec(img: Image, envp: *const *const c_char) {
             );
             tails.switch(fd, &o);
         }
-        tails.close();
-        return;
+        return tails;
     }
-    let mut tails = Tails::default();
     for (fd, o) in fdtable::all_objects() {
         if matches!(&*o, Obj::Conn(_)) && !cloexec(fd) {
             crate::debug!("fd {fd}: the next image does not run the library: switch to TCP");
             tails.switch(fd, &o);
         }
     }
-    tails.close();
+    tails
 }
+
+/// How many connections (and numbers of them) one exec hands on with their peer's last bytes.
+const TAILS_MAX: usize = 64;
 
 /// The connections handed on to an image without the library as private loopback
 /// connections (their peers had closed; [`continue_on_tcp_leaving`]): each one's reading
 /// socket, put at every number of it the image inherits (the first switch makes it, the other
-/// numbers of the same connection find it here). No allocation: this may run in a `vfork`
+/// numbers of the same connection find it here), and what [`Tails::finish`] needs to take it
+/// all back when the exec fails: the connection and its reading position, and the original
+/// socket of each number (a close-on-exec copy). No allocation: this may run in a `vfork`
 /// child (the numbers are the child's own; the parent's table is not touched).
 struct Tails {
-    made: [(usize, c_int); 64],
+    made: [(usize, c_int); TAILS_MAX],
+    undo: [Option<(Arc<Obj>, crate::conn::TailUndo)>; TAILS_MAX],
     n: usize,
+    /// A number the tail was put at and the original socket it named (-1: no copy was made).
+    put: [(c_int, c_int); TAILS_MAX],
+    n_put: usize,
 }
 
 impl Default for Tails {
     fn default() -> Self {
         Tails {
-            made: [(0, -1); 64],
+            made: [(0, -1); TAILS_MAX],
+            undo: [const { None }; TAILS_MAX],
             n: 0,
+            put: [(-1, -1); TAILS_MAX],
+            n_put: 0,
         }
     }
+}
+
+/// Whether `fd`'s open file is non-blocking (`O_NONBLOCK`; errno kept).
+fn nonblocking(fd: c_int) -> bool {
+    let e0 = real::errno();
+    // SAFETY: plain system call.
+    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+    real::set_errno(e0);
+    fl >= 0 && fl & libc::O_NONBLOCK != 0
+}
+
+/// The private connection `tail` takes the place of a socket whose open file was
+/// non-blocking: so is it (red team rt15: an event loop's socket went blocking in the next
+/// image and its read waited).
+fn set_nonblocking(tail: c_int, on: bool) {
+    if !on {
+        return;
+    }
+    let e0 = real::errno();
+    // SAFETY: plain system calls on our own descriptor.
+    unsafe {
+        let fl = real::fcntl(tail, libc::F_GETFL, 0);
+        if fl >= 0 {
+            real::fcntl(
+                tail,
+                libc::F_SETFL,
+                (fl | libc::O_NONBLOCK) as libc::c_ulong,
+            );
+        }
+    }
+    real::set_errno(e0);
 }
 
 impl Tails {
@@ -773,17 +834,20 @@ impl Tails {
             .iter()
             .find(|(k, _)| *k == key)
             .map(|&(_, t)| t);
+        let nonblock = nonblocking(fd);
         let tail = match known {
             Some(t) => t,
             None => {
-                let mut t = -1;
-                continue_on_tcp_leaving(fd, o, &mut t);
-                if t < 0 {
+                let mut t = None;
+                continue_on_tcp_leaving(fd, o, &mut t, true);
+                let Some((t, undo)) = t else {
                     return;
-                }
+                };
+                set_nonblocking(t, nonblock);
                 if self.n == self.made.len() {
                     // No room to remember it: this number gets it, the connection's other
-                    // numbers (if any) keep its ended socket.
+                    // numbers (if any) keep its ended socket, and a failed exec cannot give
+                    // the bytes back.
                     // SAFETY: plain system calls on our own descriptors.
                     unsafe {
                         real::dup2(t, fd);
@@ -792,30 +856,68 @@ impl Tails {
                     return;
                 }
                 self.made[self.n] = (key, t);
+                self.undo[self.n] = Some((o.clone(), undo));
                 self.n += 1;
                 t
             }
         };
         crate::debug!("fd {fd}: its peer's unread last bytes go on in a connection of their own");
-        // Outside a `vfork` child its slot says plain already (the switch settled every number
-        // of the connection); in one the slots are the parent's and stay as they are.
+        // The original socket, kept (close-on-exec) for a failed exec.
+        let orig = if self.n_put < self.put.len() {
+            // SAFETY: plain system call on our own descriptor.
+            unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) }
+        } else {
+            -1
+        };
+        if self.n_put < self.put.len() {
+            self.put[self.n_put] = (fd, orig);
+            self.n_put += 1;
+        }
+        // The slots keep the connection (a failed exec goes on with it; after a successful
+        // one, or at this process's next call on it once it spawned the image, `F_SWITCHED`
+        // makes them plain). In a `vfork` child the slots are the parent's anyway.
         // SAFETY: plain system call on our own descriptors; `fd` keeps its close-on-exec flag
         // off (the image inherits it), as `dup2` leaves it.
         unsafe { real::dup2(tail, fd) };
     }
 
-    fn close(&self) {
-        for &(_, t) in &self.made[..self.n] {
+    /// After the exec (or spawn): `failed`, it did not run, and every number the tails were
+    /// put at names its original socket again, and each connection has its peer's last bytes
+    /// back in its ring ([`Conn::undo_tail`](crate::conn::Conn::undo_tail)); either way the
+    /// copies kept here are closed.
+    fn finish(self, failed: bool) {
+        let e0 = real::errno();
+        for &(fd, orig) in &self.put[..self.n_put] {
+            if orig < 0 {
+                continue;
+            }
+            if failed {
+                // SAFETY: our own descriptors; `fd` names the original socket again, without
+                // close-on-exec (as it was: only such numbers get a tail).
+                unsafe { real::dup2(orig, fd) };
+            }
+            // SAFETY: our own copy.
+            unsafe { real::close(orig) };
+        }
+        for (i, &(_, t)) in self.made[..self.n].iter().enumerate() {
+            if failed {
+                if let Some((o, undo)) = &self.undo[i] {
+                    if let Obj::Conn(c) = &**o {
+                        c.undo_tail(*undo);
+                    }
+                }
+            }
             // SAFETY: our own descriptors; the numbers they were put at keep them.
             unsafe { real::close(t) };
         }
+        real::set_errno(e0);
     }
 }
 
 /// Runs `exec` (which returns only when it failed) with the listeners withdrawn around it.
 fn around_exec(img: Image, envp: *const *const c_char, exec: impl FnOnce() -> c_int) -> c_int {
     settle_for_exec();
-    switch_for_exec(img, envp);
+    let tails = switch_for_exec(img, envp);
     let w = withdraw_listeners_for_exec();
     // A vfork child's fds are copies of its parent's (one more reference each); a process's
     // own exec takes its references along.
@@ -824,6 +926,10 @@ fn around_exec(img: Image, envp: *const *const c_char, exec: impl FnOnce() -> c_
     let e = real::errno();
     t.restore();
     w.restore();
+    tails.finish(true);
+    if !in_vfork_child() {
+        undo_std_tails();
+    }
     real::set_errno(e);
     r
 }
@@ -912,7 +1018,7 @@ pub unsafe fn posix_spawn(
     } else {
         Image::Path(libc::AT_FDCWD, path)
     };
-    switch_for_exec(img, envp as *const *const c_char);
+    let tails = switch_for_exec(img, envp as *const *const c_char);
     let w = withdraw_listeners_for_exec();
     // The child's inherited fds are copies: one more reference each, travelling.
     let t = Travelling::mark(true);
@@ -928,6 +1034,7 @@ pub unsafe fn posix_spawn(
         t.restore();
         w.restore();
     }
+    tails.finish(r != 0);
     r
 }
 
@@ -944,19 +1051,21 @@ fn around_shell<T>(failed: impl Fn(&T) -> bool, spawn: impl FnOnce() -> T) -> T 
         return spawn();
     }
     settle_for_exec();
-    switch_for_exec(
+    let tails = switch_for_exec(
         Image::Path(libc::AT_FDCWD, c"/bin/sh".as_ptr()),
         std::ptr::null(),
     );
     let w = withdraw_listeners_for_exec();
     let t = Travelling::mark(true);
     let r = spawn();
-    if failed(&r) {
-        let e = real::errno();
+    let failed = failed(&r);
+    let e = real::errno();
+    if failed {
         t.restore();
         w.restore();
-        real::set_errno(e);
     }
+    tails.finish(failed);
+    real::set_errno(e);
     r
 }
 
@@ -1372,7 +1481,7 @@ pub fn std_stream_takes(fd: c_int) {
     if let Some(o) = fdtable::get(fd).filter(|o| matches!(&**o, Obj::Conn(_))) {
         crate::debug!("fd {fd}: becomes a standard stream (stdio bypasses us): TCP");
         let e0 = real::errno();
-        continue_on_tcp_in_place(fd, &o);
+        continue_on_tcp_in_place(fd, &o, true);
         real::set_errno(e0);
     }
 }
@@ -1383,25 +1492,140 @@ pub fn std_stream_takes(fd: c_int) {
 /// own ([`crate::conn::Switched::Tail`]) that every number of this one in this process names
 /// from then on (a standard stream about to be made from `fd` too), so that whichever reads
 /// gets them, then EOF, as on the socket. False when the connection was reset instead.
-fn continue_on_tcp_in_place(fd: c_int, o: &Arc<Obj>) -> bool {
+fn continue_on_tcp_in_place(fd: c_int, o: &Arc<Obj>, std_stream: bool) -> bool {
     let mut fds = Vec::new();
     fdtable::for_each_object(|ofd, x| {
         if Arc::ptr_eq(x, o) {
             fds.push(ofd);
         }
     });
-    let mut tail = -1;
-    let ok = continue_on_tcp_leaving(fd, o, &mut tail);
-    if tail >= 0 {
+    let mut tail = None;
+    let ok = continue_on_tcp_leaving(fd, o, &mut tail, false);
+    if let Some((tail, undo)) = tail {
+        if std_stream {
+            remember_std_tail(fd, o, undo, tail);
+        }
+        let nonblock = nonblocking(fd);
         for ofd in fds {
             let flags = if cloexec(ofd) { libc::O_CLOEXEC } else { 0 };
-            // SAFETY: plain system call on our own descriptors (settled plain already).
-            unsafe { real::dup3(tail, ofd, flags) };
+            crate::epoll::file_replaced(ofd, || {
+                // SAFETY: plain system call on our own descriptors (settled plain already).
+                unsafe { real::dup3(tail, ofd, flags) };
+            });
         }
+        set_nonblocking(tail, nonblock);
         // SAFETY: ours; the numbers above keep it.
         unsafe { real::close(tail) };
     }
     ok
+}
+
+/// A connection whose peer's last bytes went on in place for a standard stream
+/// ([`std_stream_takes`]: inetd style, a forked child's `dup2(conn, 0)` before its exec).
+/// When that exec fails, the bytes belong to the other holder of the connection (the parent),
+/// as on TCP, where the socket still holds them ([`undo_std_tails`]).
+struct StdTail {
+    obj: Arc<Obj>,
+    undo: crate::conn::TailUndo,
+    /// A number of the private connection (or a standard stream made from it), its socket
+    /// cookie and the bytes it held.
+    fd: c_int,
+    cookie: u64,
+    n: c_int,
+    pid: u32,
+}
+
+/// The last few [`StdTail`]s of this process (a fork's child inherits none that counts: the
+/// pid is the maker's).
+static STD_TAILS: crate::forklock::ForkMutex<Vec<StdTail>> =
+    crate::forklock::ForkMutex::new(Vec::new);
+const STD_TAILS_MAX: usize = 4;
+
+/// Bytes queued to read on `fd` (`FIONREAD`), -1 when unknown; errno kept.
+fn queued(fd: c_int) -> c_int {
+    let e0 = real::errno();
+    let mut n: c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    let r = unsafe {
+        real::ioctl(
+            fd,
+            libc::FIONREAD as libc::c_ulong,
+            std::ptr::from_mut(&mut n) as libc::c_ulong,
+        )
+    };
+    real::set_errno(e0);
+    if r == 0 {
+        n
+    } else {
+        -1
+    }
+}
+
+fn remember_std_tail(fd: c_int, o: &Arc<Obj>, undo: crate::conn::TailUndo, tail: c_int) {
+    let (Some(cookie), n) = (cookie(tail), queued(tail)) else {
+        return;
+    };
+    if n <= 0 {
+        return;
+    }
+    let mut v = STD_TAILS.lock();
+    if v.len() == STD_TAILS_MAX {
+        v.remove(0);
+    }
+    v.push(StdTail {
+        obj: o.clone(),
+        undo,
+        fd,
+        cookie,
+        n,
+        pid: crate::pid(),
+    });
+}
+
+/// After a failed exec: each [`StdTail`] this process made whose private connection is still
+/// at its number with every byte unread, while another process holds the connection too,
+/// gives its bytes back to the ring ([`Conn::undo_tail`](crate::conn::Conn::undo_tail)) and
+/// drops them from the private connection (the other holder reads them, once). Red team rt15
+/// `rt15_tail forkfail`: the forked child whose exec failed took them, 5 of 5 lost.
+fn undo_std_tails() {
+    let taken: Vec<StdTail> = {
+        let mut v = STD_TAILS.lock();
+        if v.is_empty() {
+            return;
+        }
+        std::mem::take(&mut *v)
+    };
+    let me = crate::pid();
+    for t in taken {
+        let Obj::Conn(c) = &*t.obj else { continue };
+        // The number it was made at may be closed by now (`close_range` after the `dup2`).
+        let Some(fd) = [t.fd, 0, 1, 2]
+            .into_iter()
+            .find(|&f| cookie(f) == Some(t.cookie))
+        else {
+            continue;
+        };
+        if t.pid != me || queued(fd) != t.n || !c.held_elsewhere() || !c.undo_tail(t.undo) {
+            continue;
+        }
+        let mut buf = [0u8; 4096];
+        let mut left = t.n as usize;
+        while left > 0 {
+            // SAFETY: a valid buffer of its length.
+            let r = unsafe {
+                real::recv(
+                    fd,
+                    buf.as_mut_ptr().cast(),
+                    buf.len().min(left),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if r <= 0 {
+                break;
+            }
+            left = left.saturating_sub(r as usize);
+        }
+    }
 }
 
 /// `posix_spawn_file_actions_adddup2(3)`: a spawned child will have `fd` as `newfd`. As a
@@ -1556,7 +1780,7 @@ fn libc_takes(fd: c_int, who: &str) {
                 "fd {fd}: {who} bypasses the interposition: the connection continues on TCP"
             );
             let e0 = real::errno();
-            if !continue_on_tcp_in_place(fd, &o) {
+            if !continue_on_tcp_in_place(fd, &o, false) {
                 crate::debug!("fd {fd}: the switch to TCP failed: the connection was reset");
             }
             real::set_errno(e0);

@@ -884,6 +884,11 @@ impl Conn {
         }
     }
 
+    /// Another process holds this end too (besides the caller's object).
+    pub fn held_elsewhere(&self) -> bool {
+        self.sh().holders.load(Ordering::Acquire) > 1
+    }
+
     /// No process but the caller's (whose object is going) holds this end any more: no
     /// thread anywhere is inside a call on it. With [`Conn::closed_everywhere`], nobody
     /// writes into either DMB or the state page again (they may be pooled). A forked child
@@ -1039,7 +1044,7 @@ mod smc_wake;
 
 pub use crate::util::io_path::{IO_GONE, NO_IO};
 pub use smc_close::{TCP_CLOSE, TCP_CLOSE_WAIT, TCP_ESTABLISHED, TCP_FIN_WAIT2};
-pub use smc_switch::Switched;
+pub use smc_switch::{Switched, TailUndo};
 
 #[cfg(test)]
 mod tests;

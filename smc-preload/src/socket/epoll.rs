@@ -918,48 +918,84 @@ pub fn refresh(fd: i32) {
     }
     let eps = members().lock().get(&fd).cloned().unwrap_or_default();
     for ep in eps {
-        let Some(so) = set_of(ep, false) else {
-            continue;
-        };
-        let set = as_set(&so);
-        let mut g = lock(&set.inner);
-        let Some(e) = g.entries.get(&fd) else {
-            continue;
-        };
-        let (events, data, old) = (e.events, e.data, e.mode);
-        let (mode, obj) = mode_of(fd, events);
-        if mode == old {
-            // Emulated stays with the connection it has (a dup'd fd shares it).
-            continue;
-        }
-        let mut kev = kernel_event(fd, mode, events, data);
-        let e0 = real::errno();
-        // SAFETY: valid event.
-        let mut r = unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_MOD, fd, &mut kev) };
-        if r != 0 && events & libc::EPOLLEXCLUSIVE as u32 != 0 {
-            // The kernel refuses to modify an exclusive registration (left as the application
-            // asked while the connection was undecided): replace it, or the SMC connection's
-            // readiness would never be computed (nothing arms its doorbells).
-            // SAFETY: valid event.
-            unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_DEL, fd, &mut kev) };
-            // SAFETY: valid event.
-            r = unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut kev) };
-        }
-        real::set_errno(e0);
-        if r != 0 {
-            continue;
-        }
-        unlist(&mut g, fd);
-        tally(set, old, false);
-        tally(set, mode, true);
-        if let Some(e) = g.entries.get_mut(&fd) {
-            e.mode = mode;
-            e.obj = obj;
-            e.last_token = (0, 0);
-            e.last_mask = 0;
-        }
-        make_hot(&mut g, fd);
+        rearm(ep, fd, false);
     }
+}
+
+/// The file at `fd` is replaced by another one (`swap`: a private connection with the last
+/// bytes of a peer that closed, `dup3`'d over the number, see `lifecycle`): the kernel keys a
+/// registration by number and file, so ours are taken off the old file first (it may live on
+/// in another process and report at this number) and put on the new one after `swap`, with the
+/// events the application asked for (red team rt15: an epoll set stopped reporting the number,
+/// 5 of 20).
+pub fn file_replaced(fd: i32, swap: impl FnOnce()) {
+    if MEMBERS_N.load(Ordering::Relaxed) == 0 {
+        swap();
+        return;
+    }
+    let eps = members().lock().get(&fd).cloned().unwrap_or_default();
+    let e0 = real::errno();
+    for &ep in &eps {
+        let mut kev = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: valid event (ignored by DEL).
+        unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_DEL, fd, &mut kev) };
+    }
+    real::set_errno(e0);
+    swap();
+    for ep in eps {
+        rearm(ep, fd, true);
+    }
+}
+
+/// `fd`'s registration in the set `ep` as its state wants now (`mode_of`): modified when the
+/// mode changed, or added anew (`added`: the kernel holds none for the file at `fd`).
+fn rearm(ep: i32, fd: i32, added: bool) {
+    let Some(so) = set_of(ep, false) else {
+        return;
+    };
+    let set = as_set(&so);
+    let mut g = lock(&set.inner);
+    let Some(e) = g.entries.get(&fd) else {
+        return;
+    };
+    let (events, data, old) = (e.events, e.data, e.mode);
+    let (mode, obj) = mode_of(fd, events);
+    if mode == old && !added {
+        // Emulated stays with the connection it has (a dup'd fd shares it).
+        return;
+    }
+    let mut kev = kernel_event(fd, mode, events, data);
+    let e0 = real::errno();
+    let op = if added {
+        libc::EPOLL_CTL_ADD
+    } else {
+        libc::EPOLL_CTL_MOD
+    };
+    // SAFETY: valid event.
+    let mut r = unsafe { real::epoll_ctl(ep, op, fd, &mut kev) };
+    if r != 0 && !added && events & libc::EPOLLEXCLUSIVE as u32 != 0 {
+        // The kernel refuses to modify an exclusive registration (left as the application
+        // asked while the connection was undecided): replace it, or the SMC connection's
+        // readiness would never be computed (nothing arms its doorbells).
+        // SAFETY: valid event.
+        unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_DEL, fd, &mut kev) };
+        // SAFETY: valid event.
+        r = unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut kev) };
+    }
+    real::set_errno(e0);
+    if r != 0 {
+        return;
+    }
+    unlist(&mut g, fd);
+    tally(set, old, false);
+    tally(set, mode, true);
+    if let Some(e) = g.entries.get_mut(&fd) {
+        e.mode = mode;
+        e.obj = obj;
+        e.last_token = (0, 0);
+        e.last_mask = 0;
+    }
+    make_hot(&mut g, fd);
 }
 
 /// Our own call changed what the connection behind `fd` reports without the peer (a

@@ -19,9 +19,14 @@ pub enum Switched {
     /// unread: those bytes and the end of the stream wait in a private loopback connection
     /// whose reading socket this is (the caller's, to put in place of the connection in the
     /// image that leaves; [`Conn::unread_to_tail`]). The connection continues on TCP for
-    /// every other holder, at its end (EOF).
-    Tail(i32),
+    /// every other holder, at its end (EOF), unless [`Conn::undo_tail`] gives the bytes back.
+    Tail(i32, TailUndo),
 }
+
+/// Where our ring's reading stood before [`Conn::unread_to_tail`] took the peer's last bytes
+/// out of it: what [`Conn::undo_tail`] needs when the image they were for never ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TailUndo(Cursor);
 
 impl Conn {
     /// The handshake negotiated [`smc_common::clc::FEATURE_SWITCH_ALONE`]: before the first
@@ -327,8 +332,8 @@ impl Conn {
                 self.describe()
             );
             return match tail {
-                Some(t) if left => Switched::Tail(t),
-                Some(t) => {
+                Some((t, undo)) if left => Switched::Tail(t, undo),
+                Some((t, _)) => {
                     // SAFETY: our own descriptor, never given out.
                     unsafe { real::close(t) };
                     Switched::Reset
@@ -564,7 +569,7 @@ impl Conn {
     /// socket of that connection that reads them, for the caller to put in place of this
     /// connection's in the next image; `None` when it could not be made or they did not fit
     /// into its buffers before `deadline` (the caller resets then, as before).
-    fn unread_to_tail(&self, n: u32, deadline: Instant) -> Option<i32> {
+    fn unread_to_tail(&self, n: u32, deadline: Instant) -> Option<(i32, TailUndo)> {
         let (cons, prod) = self.rx_cursors()?;
         if self.rx.readable(cons, prod).ok()? != n {
             return None;
@@ -597,7 +602,33 @@ impl Conn {
         }
         self.sh().cons.store(pack(prod), Ordering::Release);
         self.publish_cons(prod);
-        Some(rd)
+        Some((rd, TailUndo(cons)))
+    }
+
+    /// The exec whose image was to read the peer's last bytes ([`Switched::Tail`]) failed:
+    /// they are unread in our ring again and the connection is back on it for every holder of
+    /// this end (a `vfork` or `fork` child whose exec failed leaves them to its parent, as on
+    /// TCP, where the socket still holds them; red team rt15 `rt15_tail forkfail`: 5 of 5
+    /// lost). Our published consumer cursor stays where it is (the peer closed and does not
+    /// look back). False when the connection moved on meanwhile (reset, closed, or the
+    /// cursor no longer behind ours): nothing changes then.
+    pub fn undo_tail(&self, u: TailUndo) -> bool {
+        let s = self.sh();
+        let _rg = s.rx_lock.lock();
+        let _tg = s.tx_lock.lock();
+        if self.flags() & (F_SWITCHED | F_PROTO | F_CLOSED) != F_SWITCHED {
+            return false;
+        }
+        let now = unpack(s.cons.load(Ordering::Acquire));
+        if self.rx.readable(u.0, now).is_err() {
+            return false;
+        }
+        s.cons.store(pack(u.0), Ordering::Release);
+        s.flags.fetch_and(!F_SWITCHED, Ordering::AcqRel);
+        crate::debug!("the exec that was to read the peer's last bytes failed: back in the ring");
+        s.wake_seq.fetch_add(1, Ordering::AcqRel);
+        crate::shm::futex_wake(&s.wake_seq, i32::MAX);
+        true
     }
 
     /// Under both ring locks, the rings stopped and our consumer cursor final: whether this
