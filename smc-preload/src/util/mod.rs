@@ -118,8 +118,6 @@ pub fn send_all_io(
     ok
 }
 
-/// Sets an `int` socket option of `fd` (`setsockopt` at `level`); errno preserved (a failure
-/// changes nothing the caller relies on).
 /// A private TCP connection over 127.0.0.1 (a listener on an ephemeral port, closed once
 /// connected): `(reader, writer)`, both close-on-exec, the writer non-blocking; the reader's
 /// receive buffer and the writer's send buffer asked for `room` bytes each (as far as the
@@ -157,7 +155,7 @@ fn loopback_pair_steps(room: usize) -> Option<(i32, i32)> {
     // SAFETY: `a` is a valid sockaddr_in of `len` bytes, written back by getsockname.
     let ok = unsafe {
         libc::bind(l.0, pa, len) == 0
-            && real::listen(l.0, 1) == 0
+            && real::listen(l.0, 8) == 0
             && libc::getsockname(l.0, pa, &mut len) == 0
     };
     if !ok {
@@ -165,34 +163,98 @@ fn loopback_pair_steps(room: usize) -> Option<(i32, i32)> {
     }
     let rd = sock()?;
     set_buffer(rd.0, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, room);
+    // Any local process may connect to the listener between its `listen` and our `connect`,
+    // and fill its queue so that our SYN is dropped (red team rt15 `rt15_steal.c` FILL: a
+    // blocking connect held the exec 134 s): the connect and the accept have a deadline, and a
+    // connection that is not ours is closed and skipped.
+    let deadline =
+        std::time::Instant::now() + std::time::Duration::from_millis(LOOPBACK_PAIR_WAIT_MS);
+    set_nonblock(rd.0, true);
+    set_nonblock(l.0, true);
     // SAFETY: as above (the listener's address).
-    if unsafe { real::connect(rd.0, pa, len) } != 0 {
+    if unsafe { real::connect(rd.0, pa, len) } != 0
+        && (real::errno() != libc::EINPROGRESS || !connected_by(rd.0, deadline))
+    {
         return None;
     }
-    // SAFETY: plain system call; no address wanted.
-    let wr = unsafe {
-        real::accept4(
-            l.0,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-        )
-    };
-    if wr < 0 {
-        return None;
+    set_nonblock(rd.0, false);
+    let mut wr = None;
+    for _ in 0..8 {
+        if !wait_until(l.0, libc::POLLIN, deadline) {
+            return None;
+        }
+        // SAFETY: plain system call; no address wanted.
+        let a = unsafe {
+            real::accept4(
+                l.0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            )
+        };
+        if a < 0 {
+            continue;
+        }
+        let a = Fd(a);
+        // The connection accepted must be ours: its peer's address is our reader's own.
+        if same_name(rd.0, a.0) {
+            wr = Some(a);
+            break;
+        }
     }
-    let wr = Fd(wr);
-    // The connection accepted must be ours: any local process may connect to the listener
-    // between its `listen` and our `connect` (red team rt15 `rt15_steal.c`: uid nobody got the
-    // tail 4 of 20 times). Its peer's address must be our reader's own.
-    if !same_name(rd.0, wr.0) {
-        return None;
-    }
+    let wr = wr?;
     set_buffer(wr.0, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, room);
     let r = (rd.0, wr.0);
     std::mem::forget(rd);
     std::mem::forget(wr);
     Some(r)
+}
+
+/// How long [`loopback_pair`] waits for its own connection (on loopback it is there at once
+/// unless another process fills the listener's queue).
+const LOOPBACK_PAIR_WAIT_MS: u64 = 200;
+
+/// `O_NONBLOCK` on or off for our own descriptor.
+fn set_nonblock(fd: i32, on: bool) {
+    // SAFETY: plain system calls on our own descriptor.
+    unsafe {
+        let fl = real::fcntl(fd, libc::F_GETFL, 0);
+        if fl >= 0 {
+            let fl = if on {
+                fl | libc::O_NONBLOCK
+            } else {
+                fl & !libc::O_NONBLOCK
+            };
+            real::fcntl(fd, libc::F_SETFL, fl as libc::c_ulong);
+        }
+    }
+}
+
+/// Waits until `fd` reports `ev` or `deadline` passes; whether it did.
+fn wait_until(fd: i32, ev: i16, deadline: std::time::Instant) -> bool {
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let mut p = libc::pollfd {
+            fd,
+            events: ev,
+            revents: 0,
+        };
+        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd.
+        let r = unsafe { real::poll(&mut p, 1, ms) };
+        if r > 0 {
+            return p.revents & (ev | libc::POLLERR | libc::POLLHUP) != 0;
+        }
+        if r == 0 || (r < 0 && real::errno() != libc::EINTR) || left.is_zero() {
+            return false;
+        }
+    }
+}
+
+/// A non-blocking connect under way on `fd` completed before `deadline`, without error.
+fn connected_by(fd: i32, deadline: std::time::Instant) -> bool {
+    wait_until(fd, libc::POLLOUT, deadline)
+        && crate::util::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR) == Some(0)
 }
 
 /// Whether `rd`'s own address (getsockname) is `wr`'s peer's (getpeername), IPv4.
@@ -230,6 +292,8 @@ fn set_buffer(fd: i32, force: i32, plain: i32, v: libc::c_int) {
     }
 }
 
+/// Sets an `int` socket option of `fd` (`setsockopt` at `level`); errno preserved (a failure
+/// changes nothing the caller relies on).
 pub fn set_sockopt_int(fd: i32, level: i32, name: i32, v: libc::c_int) {
     let e0 = real::errno();
     // SAFETY: a valid int and its length.
