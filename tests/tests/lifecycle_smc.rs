@@ -804,7 +804,10 @@ fn an_exec_without_the_library_switches_alone_while_the_peer_is_busy_elsewhere()
 /// `more` and `reply`: a reset, every byte lost, 3 of 3 and 10 of 10). `fail`/`fail_fork`:
 /// the exec fails (no such file) and the client reads the bytes itself, as over TCP (red team
 /// rt15 `forkfail`/`vforkfail`: the child had taken them, 5 of 5 lost); `nonblock`: the image
-/// finds the socket non-blocking, as the client had made it (rt15: it went blocking).
+/// finds the socket non-blocking, as the client had made it (rt15: it went blocking);
+/// `abort`/`abort_fork`: the server closed without reading 1000 bytes of the client, which
+/// resets a TCP connection after the bytes it sent: `cat` reads all 100 007, then
+/// `ECONNRESET` (rt15 `RT15_EXTRA`: no byte, 5 of 5).
 const HANDOFF_AFTER_THE_PEER_CLOSED: &str = r#"
 import hashlib, os, socket, subprocess, sys
 mode = sys.argv[1]
@@ -828,9 +831,10 @@ if pid == 0:
 os.close(wr)
 for i in range(N):
     c = socket.create_connection(("127.0.0.1", port))
-    c.sendall(b"req\n")
+    # `abort`: the server closes with these bytes unread, which resets the connection.
+    c.sendall(b"req\n" + (b"y" * 1000 if mode.startswith("abort") else b""))
     a = b""
-    while not mode.startswith("reply") and not a.endswith(b"\n"):
+    while not mode.startswith(("reply", "abort")) and not a.endswith(b"\n"):
         a += c.recv(1 if extra else 100)
     os.read(rd, 1)
     # `preexec_fn` makes CPython fork (its exec runs in a child of its own, not a vfork one).
@@ -873,6 +877,8 @@ fn a_handoff_after_the_peer_closed_reads_its_last_bytes_and_eof_as_tcp() {
         "fail",
         "fail_fork",
         "nonblock",
+        "abort",
+        "abort_fork",
     ] {
         let before = w.stats_sum().get("smcd_client");
         let mut l = python(&w, &py);

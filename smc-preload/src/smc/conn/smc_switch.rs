@@ -311,13 +311,17 @@ impl Conn {
             );
             return if ok { Switched::Tcp } else { Switched::Reset };
         }
-        if let Some(n) = self.peer_closed_unread().filter(|&n| tail_ok && n > 0) {
+        if let Some((n, reset)) = self.peer_ended_unread().filter(|&(n, _)| tail_ok && n > 0) {
             // The peer closed and its last bytes are in our ring, unread: it cannot send them
             // again, so they go to the next image through a connection of their own (red team
             // rt14 `rt14_py.py reply`: an HTTP/1.0 reply the client handed to `cat` at once was
-            // lost to a reset 10 of 10). Its control bytes are read first, as above.
-            let tail = if self.drain_ctl(fd, deadline) {
-                self.unread_to_tail(n, deadline)
+            // lost to a reset 10 of 10). Its control bytes are read first, as above. A peer
+            // that closed without reading what we sent it, or aborted, or is gone, reset the
+            // connection on TCP, after its bytes: so does the connection of their own (rt15
+            // `RT15_EXTRA`: the image got no byte where TCP gives them all, then the reset).
+            let drained = self.drain_ctl(fd, deadline);
+            let tail = if drained || reset {
+                self.unread_to_tail(n, deadline, reset)
             } else {
                 None
             };
@@ -543,24 +547,35 @@ impl Conn {
     /// byte of it is counted and it read everything we wrote: how many bytes of its stream our
     /// ring still holds unread (no urgent byte among them), or `None`.
     fn peer_closed_unread(&self) -> Option<u32> {
-        if self.flags() & (F_PROTO | F_PEER_RST) != 0
+        self.peer_ended_unread()
+            .and_then(|(n, reset)| (!reset).then_some(n))
+    }
+
+    /// Under both ring locks, the rings stopped: the peer will not write again (it closed,
+    /// aborted or is gone) and every control byte of it is counted: how many bytes of its
+    /// stream our ring still holds unread (no urgent byte among them), and whether TCP would
+    /// have reset the connection after them (the peer did not close cleanly, or closed with
+    /// bytes of ours unread: `tcp_close` sends a reset then), or `None`.
+    fn peer_ended_unread(&self) -> Option<(u32, bool)> {
+        if self.flags() & F_PROTO != 0
             || self.own_wait().load(Ordering::SeqCst) & CTL_UNCOUNTED != 0
         {
             return None;
         }
         let ps = self.peer_state();
-        if !ps.contains(ConnStateFlags::PEER_CONN_CLOSED)
-            || ps.contains(ConnStateFlags::PEER_CONN_ABORT)
-        {
+        let gone = self.flags() & (F_PEER_RST | F_PEER_GONE) != 0;
+        let closed = ps.contains(ConnStateFlags::PEER_CONN_CLOSED);
+        let aborted = ps.contains(ConnStateFlags::PEER_CONN_ABORT);
+        if !(closed || aborted || gone) {
             return None;
         }
         let tx_read = self.tx_cursors().is_some_and(|(prod, cons)| prod == cons);
         let (cons, prod) = self.rx_cursors()?;
         let unread = self.rx.readable(cons, prod).ok()?;
-        if !tx_read || (unread > 0 && self.readable_urg().1) {
+        if unread > 0 && self.readable_urg().1 {
             return None;
         }
-        Some(unread)
+        Some((unread, gone || aborted || !tx_read))
     }
 
     /// Under both ring locks, the rings stopped, the peer closed ([`Conn::peer_closed_unread`]
@@ -569,7 +584,7 @@ impl Conn {
     /// socket of that connection that reads them, for the caller to put in place of this
     /// connection's in the next image; `None` when it could not be made or they did not fit
     /// into its buffers before `deadline` (the caller resets then, as before).
-    fn unread_to_tail(&self, n: u32, deadline: Instant) -> Option<(i32, TailUndo)> {
+    fn unread_to_tail(&self, n: u32, deadline: Instant, reset: bool) -> Option<(i32, TailUndo)> {
         let (cons, prod) = self.rx_cursors()?;
         if self.rx.readable(cons, prod).ok()? != n {
             return None;
@@ -593,7 +608,13 @@ impl Conn {
                 break;
             }
         }
-        // SAFETY: our own descriptor; its bytes and FIN stay queued for `rd`.
+        if ok && reset {
+            // Its end is a reset, once every byte reached `rd` (a reset discards what it
+            // has not sent yet).
+            ok = sent_out(wr, deadline);
+            crate::util::set_linger_reset(wr);
+        }
+        // SAFETY: our own descriptor; its bytes and FIN (or reset) stay queued for `rd`.
         unsafe { real::close(wr) };
         if !ok {
             // SAFETY: as above.
@@ -823,6 +844,30 @@ impl Conn {
         };
         real::set_errno(e0);
         ok
+    }
+}
+
+/// Whether everything written to `fd` left its send queue (`SIOCOUTQ` 0) before `deadline`.
+fn sent_out(fd: i32, deadline: Instant) -> bool {
+    let mut i = 0u32;
+    loop {
+        let mut q: libc::c_int = 0;
+        // SAFETY: SIOCOUTQ writes one int.
+        let r = unsafe {
+            real::ioctl(
+                fd,
+                libc::TIOCOUTQ as libc::c_ulong,
+                std::ptr::from_mut(&mut q) as libc::c_ulong,
+            )
+        };
+        if r != 0 || q == 0 {
+            return r == 0;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        i += 1;
+        let _ = spin_pause(i);
     }
 }
 
