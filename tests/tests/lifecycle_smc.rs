@@ -980,6 +980,69 @@ fn an_epoll_set_reports_a_socket_fdopened_after_the_peer_closed() {
     );
 }
 
+/// 20 connections whose server closed with 5 000 bytes unread in each ring, all inherited by
+/// one image without the library, at `RLIMIT_NOFILE` 40 (12 descriptors left): each one's
+/// bytes go on in a private connection of its own, which must not hold more descriptors than
+/// the numbers it takes (red team rt15: 2 of 20 connections got their bytes at a limit of 30;
+/// 7 of 20 here at 40 before, with a descriptor held per tail and per original socket).
+const MANY_TAILS_AT_A_LOW_FD_LIMIT: &str = r#"
+import os, resource, socket, subprocess
+N = 20
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(64)
+port = ls.getsockname()[1]
+rd, wr = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(rd)
+    for i in range(N):
+        s, _ = ls.accept()
+        s.recv(100)
+        s.sendall(b"conn %d\n" % i + b"z" * 5000)
+        s.close()
+    os.write(wr, b"x")
+    os._exit(0)
+os.close(wr)
+cs = []
+for i in range(N):
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(b"req\n")
+    cs.append(c)
+os.read(rd, 1)
+resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
+fds = [c.fileno() for c in cs]
+child = ("import os\nfor f in %r:\n  b = b''\n  while True:\n"
+         "    try:\n      d = os.read(f, 65536)\n    except OSError as e:\n"
+         "      print('error', e.errno); break\n    if not d: break\n    b += d\n"
+         "  print(len(b), b[:8])" % (fds,))
+p = subprocess.run(["python3", "-c", child], pass_fds=fds, capture_output=True,
+                   env={"PATH": "/usr/bin:/bin"})
+print(p.stdout.decode(), p.returncode)
+os.waitpid(pid, 0)
+"#;
+
+#[test]
+fn many_connections_hand_their_last_bytes_to_one_image_at_a_low_fd_limit() {
+    let w = SmcWorld::new();
+    let py = script(&w, "many_tails.py", MANY_TAILS_AT_A_LOW_FD_LIMIT);
+    let out = spawn_piped(python(&w, &py))
+        .wait_output(T)
+        .expect("many_tails.py");
+    let sum = w.stats_sum();
+    let mut c = Command::new("python3");
+    c.arg(&py);
+    let tcp = spawn_piped(c)
+        .wait_output(T)
+        .expect("many_tails.py over TCP");
+    assert_eq!(out, tcp, "library against plain TCP");
+    assert!(
+        sum.get("smcd_client") >= 20,
+        "the connections were not SMC-D: {}",
+        brief(&sum)
+    );
+}
+
 /// An accept loop that hands connections to busy workers (a `ThreadPoolExecutor` of 2), in a
 /// process that also holds a client of its own that connected without a word (a non-blocking
 /// connect never used: its library sends the Proposal at its first operation) and then opens 8

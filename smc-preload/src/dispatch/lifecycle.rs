@@ -756,13 +756,31 @@ fn switch_for_exec(img: Image, envp: *const *const c_char) -> Tails {
         }
         return tails;
     }
-    for (fd, o) in fdtable::all_objects() {
-        if matches!(&*o, Obj::Conn(_)) && !cloexec(fd) {
-            crate::debug!("fd {fd}: the next image does not run the library: switch to TCP");
-            tails.switch(fd, &o);
-        }
+    let leaving: Vec<(c_int, Arc<Obj>)> = fdtable::all_objects()
+        .into_iter()
+        .filter(|(fd, o)| matches!(&**o, Obj::Conn(_)) && !cloexec(*fd))
+        .collect();
+    // A tail takes three descriptors while it is made, and a copy of an original one each.
+    tails.keep_orig = fds_left().is_some_and(|n| n >= leaving.len() + 8);
+    for (fd, o) in leaving {
+        crate::debug!("fd {fd}: the next image does not run the library: switch to TCP");
+        tails.switch(fd, &o);
     }
     tails
+}
+
+/// How many more descriptors this process may open (`RLIMIT_NOFILE` less those open).
+fn fds_left() -> Option<usize> {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid rlimit to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
+        return None;
+    }
+    let open = std::fs::read_dir("/proc/self/fd").ok()?.count();
+    usize::try_from(rl.rlim_cur).ok()?.checked_sub(open)
 }
 
 /// How many connections (and numbers of them) one exec hands on with their peer's last bytes.
@@ -782,6 +800,11 @@ struct Tails {
     /// A number the tail was put at and the original socket it named (-1: no copy was made).
     put: [(c_int, c_int); TAILS_MAX],
     n_put: usize,
+    /// Whether copies of the original sockets are kept: only where a failed exec leaves this
+    /// process with the numbers (not in a `vfork` child, whose numbers are its own) and while
+    /// descriptors are left for every tail (red team rt15: at `RLIMIT_NOFILE` 30, 2 of 20
+    /// connections got their bytes; the bytes of a successful exec come first).
+    keep_orig: bool,
 }
 
 impl Default for Tails {
@@ -792,6 +815,7 @@ impl Default for Tails {
             n: 0,
             put: [(-1, -1); TAILS_MAX],
             n_put: 0,
+            keep_orig: false,
         }
     }
 }
@@ -855,15 +879,16 @@ impl Tails {
                     }
                     return;
                 }
-                self.made[self.n] = (key, t);
+                self.made[self.n] = (key, fd);
                 self.undo[self.n] = Some((o.clone(), undo));
                 self.n += 1;
                 t
             }
         };
+        let first = known.is_none();
         crate::debug!("fd {fd}: its peer's unread last bytes go on in a connection of their own");
         // The original socket, kept (close-on-exec) for a failed exec.
-        let orig = if self.n_put < self.put.len() {
+        let orig = if self.keep_orig && self.n_put < self.put.len() {
             // SAFETY: plain system call on our own descriptor.
             unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) }
         } else {
@@ -879,12 +904,18 @@ impl Tails {
         // SAFETY: plain system call on our own descriptors; `fd` keeps its close-on-exec flag
         // off (the image inherits it), as `dup2` leaves it.
         unsafe { real::dup2(tail, fd) };
+        if first {
+            // The connection's other numbers take it from `fd` (one descriptor fewer held).
+            // SAFETY: our own descriptor, which `fd` names now.
+            unsafe { real::close(tail) };
+        }
     }
 
     /// After the exec (or spawn): `failed`, it did not run, and every number the tails were
-    /// put at names its original socket again, and each connection has its peer's last bytes
-    /// back in its ring ([`Conn::undo_tail`](crate::conn::Conn::undo_tail)); either way the
-    /// copies kept here are closed.
+    /// put at names its original socket again (where a copy was kept), and each connection has
+    /// its peer's last bytes back in its ring
+    /// ([`Conn::undo_tail`](crate::conn::Conn::undo_tail)); either way the copies kept here
+    /// are closed.
     fn finish(self, failed: bool) {
         let e0 = real::errno();
         for &(fd, orig) in &self.put[..self.n_put] {
@@ -899,16 +930,12 @@ impl Tails {
             // SAFETY: our own copy.
             unsafe { real::close(orig) };
         }
-        for (i, &(_, t)) in self.made[..self.n].iter().enumerate() {
-            if failed {
-                if let Some((o, undo)) = &self.undo[i] {
-                    if let Obj::Conn(c) = &**o {
-                        c.undo_tail(*undo);
-                    }
+        if failed {
+            for (o, undo) in self.undo[..self.n].iter().flatten() {
+                if let Obj::Conn(c) = &**o {
+                    c.undo_tail(*undo);
                 }
             }
-            // SAFETY: our own descriptors; the numbers they were put at keep them.
-            unsafe { real::close(t) };
         }
         real::set_errno(e0);
     }
