@@ -620,14 +620,15 @@ pub(crate) fn continue_on_tcp(fd: c_int, o: &Arc<Obj>) -> bool {
 /// loopback connection ([`crate::conn::Switched::Tail`]), whose reading socket is put in
 /// `tail` (the caller's to close) for the caller to put at the numbers the image inherits.
 ///
-/// `for_exec`: the process is about to exec (or spawn) that image; when the bytes are handed
+/// `for_exec`: the process is about to exec (or spawn) that image, whose switches all end by
+/// this deadline (one switch wait for the exec, not one per connection); when the bytes are handed
 /// on, the numbers of the connection keep their slots (a failed exec gives the bytes back,
 /// [`Tails::finish`]; after a successful one nothing of this process is left).
 fn continue_on_tcp_leaving(
     fd: c_int,
     o: &Arc<Obj>,
     tail: &mut Option<(c_int, crate::conn::TailUndo)>,
-    for_exec: bool,
+    for_exec: Option<std::time::Instant>,
 ) -> bool {
     switch_end(fd, o, true, Some((tail, for_exec)))
 }
@@ -651,11 +652,17 @@ fn own_peer_end(c: &crate::conn::Conn) -> Option<(c_int, Arc<Obj>)> {
     found
 }
 
-type TailSlot<'a> = (&'a mut Option<(c_int, crate::conn::TailUndo)>, bool);
+type TailSlot<'a> = (
+    &'a mut Option<(c_int, crate::conn::TailUndo)>,
+    Option<std::time::Instant>,
+);
 
 fn switch_end(fd: c_int, o: &Arc<Obj>, drive_own_peer: bool, tail: Option<TailSlot>) -> bool {
     let Obj::Conn(c) = &**o else { return false };
-    let deadline = std::time::Instant::now() + switch_wait();
+    let deadline = tail
+        .as_ref()
+        .and_then(|(_, d)| *d)
+        .unwrap_or_else(|| std::time::Instant::now() + switch_wait());
     let vforked = in_vfork_child();
     let peer_here = || {
         if !drive_own_peer {
@@ -686,7 +693,7 @@ fn switch_end(fd: c_int, o: &Arc<Obj>, drive_own_peer: bool, tail: Option<TailSl
         crate::conn::Switched::Tcp => crate::stats::conn_closed(c),
         crate::conn::Switched::Tail(t, undo) => {
             crate::stats::conn_closed(c);
-            let for_exec = tail.as_ref().is_some_and(|(_, e)| *e);
+            let for_exec = tail.as_ref().is_some_and(|(_, e)| e.is_some());
             if let Some((slot, _)) = tail {
                 *slot = Some((t, undo));
             } else {
@@ -805,6 +812,8 @@ struct Tails {
     /// descriptors are left for every tail (red team rt15: at `RLIMIT_NOFILE` 30, 2 of 20
     /// connections got their bytes; the bytes of a successful exec come first).
     keep_orig: bool,
+    /// When every switch of this exec ends at the latest.
+    deadline: std::time::Instant,
 }
 
 impl Default for Tails {
@@ -816,6 +825,7 @@ impl Default for Tails {
             put: [(-1, -1); TAILS_MAX],
             n_put: 0,
             keep_orig: false,
+            deadline: std::time::Instant::now() + switch_wait(),
         }
     }
 }
@@ -863,7 +873,7 @@ impl Tails {
             Some(t) => t,
             None => {
                 let mut t = None;
-                continue_on_tcp_leaving(fd, o, &mut t, true);
+                continue_on_tcp_leaving(fd, o, &mut t, Some(self.deadline));
                 let Some((t, undo)) = t else {
                     return;
                 };
@@ -1527,7 +1537,7 @@ fn continue_on_tcp_in_place(fd: c_int, o: &Arc<Obj>, std_stream: bool) -> bool {
         }
     });
     let mut tail = None;
-    let ok = continue_on_tcp_leaving(fd, o, &mut tail, false);
+    let ok = continue_on_tcp_leaving(fd, o, &mut tail, None);
     if let Some((tail, undo)) = tail {
         if std_stream {
             remember_std_tail(fd, o, undo, tail);

@@ -388,13 +388,41 @@ impl Conn {
         }
         let Some(n) = self.after_peers_marker(fd, deadline, "no marker from the peer in time")
         else {
-            return Switched::Reset;
+            return self.closed_instead(fd, deadline, tail_ok);
         };
         crate::debug!(
             "fd {fd}: switched to TCP ({n} bytes the peer had not read sent again): {}",
             self.describe()
         );
         Switched::Tcp
+    }
+
+    /// Our marker went out, the peer's did not come: when the peer closed instead, before it
+    /// saw our switch (its FIN is all the socket holds: it never answered, so everything it
+    /// wrote is in our ring), its last bytes are handed on as after any close of the peer
+    /// ([`Conn::unread_to_tail`]; red team rt14 `writeclose`, a server that writes and closes
+    /// as the client execs: 3 of 60 reset). Else the connection is reset.
+    fn closed_instead(&self, fd: i32, deadline: Instant, tail_ok: bool) -> Switched {
+        if !tail_ok || self.flags() & F_PEER_SWITCH != 0 || !at_eof(fd) {
+            return Switched::Reset;
+        }
+        match self.peer_ended_unread() {
+            Some((0, false)) => {
+                crate::debug!("fd {fd}: the peer closed instead of answering, nothing unread");
+                Switched::Tcp
+            }
+            Some((n, reset)) if n > 0 => match self.unread_to_tail(n, deadline, reset) {
+                Some((t, undo)) => {
+                    crate::debug!(
+                        "fd {fd}: the peer closed instead of answering: its {n} unread bytes \
+                         are handed on in a connection of their own"
+                    );
+                    Switched::Tail(t, undo)
+                }
+                None => Switched::Reset,
+            },
+            _ => Switched::Reset,
+        }
     }
 
     /// Once our marker is out (or not needed): read up to the peer's (the end of its
@@ -522,6 +550,12 @@ impl Conn {
     /// as it committed), and continue on TCP. No marker of ours: the peer does not wait for
     /// one, and its next image reads this stream as data.
     fn answer_alone(&self, fd: i32, deadline: Instant) -> Switched {
+        // The peer's marker follows its commit by its last doorbells and one daemon request:
+        // it does not wait for us, so it does not get the whole switch wait (a fifth of it,
+        // one CLC timeout by default). A peer that sets the bit and never sends one (red team
+        // rt14 `rt14_hostile.c exec 3 alone`) held an exec 10 s per connection.
+        let now = Instant::now();
+        let deadline = deadline.min(now + deadline.saturating_duration_since(now) / 5);
         let missing = "the peer switched alone, its marker did not come";
         let Some(n) = self.after_peers_marker(fd, deadline, missing) else {
             return Switched::Reset;
@@ -1030,6 +1064,23 @@ fn read_to_marker(fd: i32, deadline: Instant) -> bool {
     };
     real::set_errno(e0);
     ok
+}
+
+/// Whether the socket's next read is its end (the peer's FIN, nothing before it).
+fn at_eof(fd: i32) -> bool {
+    let e0 = real::errno();
+    let mut b = 0u8;
+    // SAFETY: a valid one-byte buffer.
+    let r = unsafe {
+        real::recv(
+            fd,
+            std::ptr::from_mut(&mut b).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    real::set_errno(e0);
+    r == 0
 }
 
 /// Resets the TCP connection of `fd`, which stays open (it goes on to an image without the
