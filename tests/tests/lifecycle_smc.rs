@@ -803,7 +803,9 @@ fn an_exec_without_the_library_switches_alone_while_the_peer_is_busy_elsewhere()
 /// are unread in the client's ring when it closed: `cat` must read them, then EOF (rt14
 /// `more` and `reply`: a reset, every byte lost, 3 of 3 and 10 of 10). `fail`/`fail_fork`:
 /// the exec fails (no such file) and the client reads the bytes itself, as over TCP (red team
-/// rt15 `forkfail`/`vforkfail`: the child had taken them, 5 of 5 lost); `nonblock`: the image
+/// rt15 `forkfail`/`vforkfail`: the child had taken them, 5 of 5 lost); `fail_self`: the
+/// client's own exec fails; `spawn`: `posix_spawn` from the client, which reads EOF on its
+/// own number once the image read the bytes; `nonblock`: the image
 /// finds the socket non-blocking, as the client had made it (rt15: it went blocking);
 /// `abort`/`abort_fork`: the server closed without reading 1000 bytes of the client, which
 /// resets a TCP connection after the bytes it sent: `cat` reads all 100 007, then
@@ -850,9 +852,33 @@ for i in range(N):
                "print(fcntl.fcntl(0, fcntl.F_GETFL) & os.O_NONBLOCK != 0); "
                "sys.stdout.flush(); sys.stdout.buffer.write(sys.stdin.buffer.read())"]
     try:
-        p = subprocess.run(cmd, stdin=c, capture_output=True, env={"PATH": "/usr/bin:/bin"},
-                           timeout=30, preexec_fn=fork)
-        got, err, rc = p.stdout, p.stderr.strip()[-60:], p.returncode
+        if mode == "fail_self":
+            # This process's own exec fails (a clean environment: an image without the library,
+            # which would inherit the socket).
+            os.set_inheritable(c.fileno(), True)
+            os.execve("/nonexistent/cat", ["cat"], {"PATH": "/usr/bin:/bin"})
+        if mode == "spawn":
+            # posix_spawn from this process (it goes on with the socket): the image reads the
+            # bytes, then this process reads EOF on its own number, as on a shared socket.
+            prd, pwr = os.pipe()
+            pid2 = os.posix_spawn("/bin/cat", ["cat"], {"PATH": "/usr/bin:/bin"},
+                                  file_actions=[(os.POSIX_SPAWN_DUP2, c.fileno(), 0),
+                                                (os.POSIX_SPAWN_DUP2, pwr, 1)])
+            os.close(pwr)
+            out = b""
+            while True:
+                d = os.read(prd, 65536)
+                if not d:
+                    break
+                out += d
+            os.close(prd)
+            st = os.waitpid(pid2, 0)[1]
+            out += b"|after:" + c.recv(100)
+            got, err, rc = out, b"", os.waitstatus_to_exitcode(st)
+        else:
+            p = subprocess.run(cmd, stdin=c, capture_output=True,
+                               env={"PATH": "/usr/bin:/bin"}, timeout=30, preexec_fn=fork)
+            got, err, rc = p.stdout, p.stderr.strip()[-60:], p.returncode
     except FileNotFoundError:
         got, err, rc = b"", b"exec failed", -1
         while True:
@@ -876,6 +902,8 @@ fn a_handoff_after_the_peer_closed_reads_its_last_bytes_and_eof_as_tcp() {
         "reply_fork",
         "fail",
         "fail_fork",
+        "fail_self",
+        "spawn",
         "nonblock",
         "abort",
         "abort_fork",

@@ -734,6 +734,7 @@ fn switch_for_exec(img: Image, envp: *const *const c_char) -> Tails {
         return tails;
     }
     if in_vfork_child() {
+        tails.vforked = true;
         // The child's table is a copy: a connection reaches the next image at a number of the
         // parent's that this child left alone, or at one it made name it (`dup2(conn, 0)`).
         // The switch is the connection's, shared with the suspended parent (same memory):
@@ -804,8 +805,9 @@ struct Tails {
     made: [(usize, c_int); TAILS_MAX],
     undo: [Option<(Arc<Obj>, crate::conn::TailUndo)>; TAILS_MAX],
     n: usize,
-    /// A number the tail was put at and the original socket it named (-1: no copy was made).
-    put: [(c_int, c_int); TAILS_MAX],
+    /// A number the tail was put at, the original socket it named (-1: no copy was made),
+    /// and the index of its connection in `made`.
+    put: [(c_int, c_int, usize); TAILS_MAX],
     n_put: usize,
     /// Whether copies of the original sockets are kept: only where a failed exec leaves this
     /// process with the numbers (not in a `vfork` child, whose numbers are its own) and while
@@ -814,6 +816,9 @@ struct Tails {
     keep_orig: bool,
     /// When every switch of this exec ends at the latest.
     deadline: std::time::Instant,
+    /// Made in a `vfork` child: the numbers are the child's, the slots and epoll sets the
+    /// parent's.
+    vforked: bool,
 }
 
 impl Default for Tails {
@@ -822,10 +827,11 @@ impl Default for Tails {
             made: [(0, -1); TAILS_MAX],
             undo: [const { None }; TAILS_MAX],
             n: 0,
-            put: [(-1, -1); TAILS_MAX],
+            put: [(-1, -1, 0); TAILS_MAX],
             n_put: 0,
             keep_orig: false,
             deadline: std::time::Instant::now() + switch_wait(),
+            vforked: false,
         }
     }
 }
@@ -866,11 +872,11 @@ impl Tails {
         let key = Arc::as_ptr(o) as usize;
         let known = self.made[..self.n]
             .iter()
-            .find(|(k, _)| *k == key)
-            .map(|&(_, t)| t);
+            .position(|(k, _)| *k == key)
+            .map(|i| (i, self.made[i].1));
         let nonblock = nonblocking(fd);
-        let tail = match known {
-            Some(t) => t,
+        let (idx, tail) = match known {
+            Some(k) => k,
             None => {
                 let mut t = None;
                 continue_on_tcp_leaving(fd, o, &mut t, Some(self.deadline));
@@ -882,17 +888,15 @@ impl Tails {
                     // No room to remember it: this number gets it, the connection's other
                     // numbers (if any) keep its ended socket, and a failed exec cannot give
                     // the bytes back.
-                    // SAFETY: plain system calls on our own descriptors.
-                    unsafe {
-                        real::dup2(t, fd);
-                        real::close(t);
-                    }
+                    self.put_at(fd, t);
+                    // SAFETY: our own descriptor, which `fd` names now.
+                    unsafe { real::close(t) };
                     return;
                 }
                 self.made[self.n] = (key, fd);
                 self.undo[self.n] = Some((o.clone(), undo));
                 self.n += 1;
-                t
+                (self.n - 1, t)
             }
         };
         let first = known.is_none();
@@ -905,15 +909,16 @@ impl Tails {
             -1
         };
         if self.n_put < self.put.len() {
-            self.put[self.n_put] = (fd, orig);
+            self.put[self.n_put] = (fd, orig, idx);
             self.n_put += 1;
+        } else if let Some(u) = self.undo.get_mut(idx) {
+            // Not remembered: a failed exec cannot give this connection's bytes back.
+            *u = None;
         }
         // The slots keep the connection (a failed exec goes on with it; after a successful
         // one, or at this process's next call on it once it spawned the image, `F_SWITCHED`
         // makes them plain). In a `vfork` child the slots are the parent's anyway.
-        // SAFETY: plain system call on our own descriptors; `fd` keeps its close-on-exec flag
-        // off (the image inherits it), as `dup2` leaves it.
-        unsafe { real::dup2(tail, fd) };
+        self.put_at(fd, tail);
         if first {
             // The connection's other numbers take it from `fd` (one descriptor fewer held).
             // SAFETY: our own descriptor, which `fd` names now.
@@ -921,29 +926,65 @@ impl Tails {
         }
     }
 
-    /// After the exec (or spawn): `failed`, it did not run, and every number the tails were
-    /// put at names its original socket again (where a copy was kept), and each connection has
-    /// its peer's last bytes back in its ring
-    /// ([`Conn::undo_tail`](crate::conn::Conn::undo_tail)); either way the copies kept here
-    /// are closed.
-    fn finish(self, failed: bool) {
+    /// `src` (a tail) at `fd`; this process's epoll registrations of `fd` move with it (not in
+    /// a `vfork` child, whose numbers are not its parent's).
+    fn put_at(&self, fd: c_int, src: c_int) {
+        // SAFETY: plain system call on our own descriptors; `fd` keeps its close-on-exec flag
+        // off (the image inherits it), as `dup2` leaves it.
+        let put = || unsafe {
+            real::dup2(src, fd);
+        };
+        if self.vforked {
+            put();
+        } else {
+            crate::epoll::file_replaced(fd, put);
+        }
+    }
+
+    /// After the exec (or spawn): `failed`, it did not run, and each connection whose numbers
+    /// can all name its original socket again (a copy was kept of each; always in a `vfork`
+    /// child, whose numbers are its own) has them back and its peer's last bytes back in its
+    /// ring ([`Conn::undo_tail`](crate::conn::Conn::undo_tail)); one that cannot keeps the
+    /// private connection at its numbers (this process reads the bytes there, once). Not
+    /// failed: a spawned image has them, and this process's numbers go on as plain TCP
+    /// sockets now (they name the private connection too). The copies kept here are closed.
+    fn finish(mut self, failed: bool) {
         let e0 = real::errno();
-        for &(fd, orig) in &self.put[..self.n_put] {
+        if !self.vforked {
+            for &(_, orig, i) in &self.put[..self.n_put] {
+                if orig < 0 {
+                    if let Some(u) = self.undo.get_mut(i) {
+                        *u = None;
+                    }
+                }
+            }
+        }
+        for &(fd, orig, i) in &self.put[..self.n_put] {
             if orig < 0 {
                 continue;
             }
-            if failed {
-                // SAFETY: our own descriptors; `fd` names the original socket again, without
-                // close-on-exec (as it was: only such numbers get a tail).
-                unsafe { real::dup2(orig, fd) };
+            if failed && self.undo.get(i).is_some_and(|u| u.is_some()) {
+                // `fd` names the original socket again, without close-on-exec (as it was:
+                // only such numbers get a tail).
+                self.put_at(fd, orig);
             }
             // SAFETY: our own copy.
             unsafe { real::close(orig) };
         }
-        if failed {
-            for (o, undo) in self.undo[..self.n].iter().flatten() {
-                if let Obj::Conn(c) = &**o {
-                    c.undo_tail(*undo);
+        for (i, u) in self.undo[..self.n].iter().enumerate() {
+            match u {
+                Some((o, undo)) if failed => {
+                    if let Obj::Conn(c) = &**o {
+                        c.undo_tail(*undo);
+                    }
+                }
+                _ if self.vforked => {}
+                _ => {
+                    // This process goes on with the private connection at the numbers.
+                    let fd = self.made[i].1;
+                    if let Some(o) = fdtable::get(fd) {
+                        let _ = continue_on_tcp(fd, &o);
+                    }
                 }
             }
         }
