@@ -92,6 +92,10 @@ pub const DOORBELL: u8 = 0x01;
 /// the peer's end ([`Conn::probe_peer_gone`]).
 pub const IDLE_PROBE: u32 = 16;
 
+/// Directions for [`Conn::note_dir`].
+pub const DIR_RX: u32 = 1;
+pub const DIR_TX: u32 = 2;
+
 pub const F_SHUT_RD: u32 = 1 << 0;
 pub const F_SHUT_WR: u32 = 1 << 1;
 pub const F_PEER_GONE: u32 = 1 << 2;
@@ -513,6 +517,11 @@ pub struct Conn {
     zc_done: AtomicU32,
     /// Calls that found nothing and did not wait ([`Conn::probe_peer_gone`]).
     idle_looks: AtomicU32,
+    /// This process's calls on the connection: how often they changed direction (a send after
+    /// a receive, or the other way round; the first call counts), and the last direction
+    /// (0 none, [`DIR_RX`], [`DIR_TX`]): the round trips the short-connection policy weighs.
+    turns: AtomicU32,
+    last_dir: AtomicU32,
 }
 
 /// Result of a readiness check.
@@ -644,6 +653,8 @@ impl Conn {
             zc_sent: AtomicU32::new(0),
             zc_done: AtomicU32::new(0),
             idle_looks: AtomicU32::new(0),
+            turns: AtomicU32::new(0),
+            last_dir: AtomicU32::new(0),
             users: AtomicU64::new(0),
             numbers: AtomicU32::new(0),
             io: crate::util::io_path::IoPath::new(),
@@ -882,6 +893,21 @@ impl Conn {
                 Err(o) => old = o,
             }
         }
+    }
+
+    /// A receive ([`DIR_RX`]) or send ([`DIR_TX`]) call: one more turn when the direction
+    /// changed (threads racing may miss one: the count is an estimate).
+    pub(super) fn note_dir(&self, dir: u32) {
+        if self.last_dir.load(Ordering::Relaxed) != dir {
+            self.last_dir.store(dir, Ordering::Relaxed);
+            self.turns.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// How often this process's calls changed direction on the connection (see
+    /// [`Conn::note_dir`]).
+    pub fn turns(&self) -> u32 {
+        self.turns.load(Ordering::Relaxed)
     }
 
     /// Another process holds this end too (besides the caller's object).

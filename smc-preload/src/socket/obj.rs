@@ -146,8 +146,9 @@ pub fn release_ref(fd: i32, io_fd: i32, c: &Conn) {
     // reused by the process that registered it.
     crate::stats::conn_closed(c);
     if c.role == crate::conn::Role::Client {
-        crate::policy::note_client_conn_bytes(
+        crate::policy::note_client_conn(
             sh.rx_bytes.load(Ordering::Relaxed) + sh.tx_bytes.load(Ordering::Relaxed),
+            c.turns(),
         );
     }
     c.final_close(io_fd);

@@ -31,8 +31,10 @@ pub struct Config {
     pub accept_async: bool,
     /// `SMC_NO_SHORTCUT=1`: no sk_msg doorbell shortcut.
     pub no_shortcut: bool,
-    /// `SMC_SHORT_BYTES` (16 KiB): the short-connection policy's threshold (0: off).
+    /// `SMC_SHORT_BYTES` (1 MiB): the short-connection policy's threshold in bytes (0: off).
     pub short_bytes: u64,
+    /// `SMC_SHORT_TURNS` (8): its threshold in turns (changes of direction).
+    pub short_turns: u64,
     /// `SMC_SHORT_PROBE` (256): every how many skipped connections one probes SMC again.
     pub short_probe: u64,
     /// `SMC_PRELOAD_ASSUME_PEER=1` (tests): take every peer for one that announced SMC.
@@ -89,7 +91,8 @@ impl Config {
             state_slots: not_0("SMC_STATE_SLOTS"),
             accept_async: not_0("SMC_ACCEPT_ASYNC"),
             no_shortcut: is_1("SMC_NO_SHORTCUT"),
-            short_bytes: num("SMC_SHORT_BYTES", 16 * 1024),
+            short_bytes: num("SMC_SHORT_BYTES", 1 << 20),
+            short_turns: num("SMC_SHORT_TURNS", 8),
             short_probe: num("SMC_SHORT_PROBE", 256),
             assume_peer: is_1("SMC_PRELOAD_ASSUME_PEER"),
             test_epoll_ctl_pause_ms: num("SMC_TEST_EPOLL_CTL_PAUSE_MS", 0),

@@ -98,6 +98,7 @@ impl Conn {
         }
         let s = self.sh();
         s.rx_calls.fetch_add(1, Ordering::Relaxed);
+        self.note_dir(DIR_RX);
         let _g = s.rx_lock.lock();
         if self.flags() & F_TO_TCP != 0 {
             return Err(E_TCP);
@@ -161,6 +162,7 @@ impl Conn {
         };
         let s = self.sh();
         s.rx_calls.fetch_add(1, Ordering::Relaxed);
+        self.note_dir(DIR_RX);
         let mut done = 0usize;
         // SO_RCVTIMEO is only looked up once we have to sleep.
         let mut deadline: Option<Option<Instant>> = None;

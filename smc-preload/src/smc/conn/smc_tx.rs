@@ -86,6 +86,7 @@ impl Conn {
         let want = cur.remaining();
         let s = self.sh();
         s.tx_calls.fetch_add(1, Ordering::Relaxed);
+        self.note_dir(DIR_TX);
         self.notice_switch(fd);
         let mut done = 0usize;
         let mut deadline: Option<Option<Instant>> = None;
