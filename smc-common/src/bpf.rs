@@ -137,6 +137,18 @@ pub const MAP_PEERS: &str = "SMC_PEERS";
 /// a stale entry only ever names a 4-tuple that was a socket of this host.
 pub const MAP_TCP_PEERS: &str = "SMC_TCP_PEERS";
 pub const MAP_SOCKHASH: &str = "SMC_SOCKHASH";
+/// Per attached cgroup settings of `smc-ctl attach` (cgroup storage, one `u32` of
+/// `CONFIG_*` bits per cgroup and attach type, keyed `{cgroup inode, attach type}`): the kernel
+/// makes the entry, zeroed, when a program using the map is attached to a cgroup, and each run
+/// of that attachment reads its own (`bpf_get_local_storage`, no lookup); `attach` writes it
+/// for the sock_ops and getsockopt attachments. Zero is the behaviour before the map existed.
+pub const MAP_CONFIG: &str = "SMC_CGROUP_CONFIG";
+/// [`MAP_CONFIG`] bit: sockets of this cgroup whose connection cannot become SMC-D (not both
+/// ends announced SMC) leave no record in [`MAP_TCP_PEERS`], and `SMC_SO_STATE` on a socket
+/// without socket storage answers without looking for one (`smc-ctl attach --tcp-records off`).
+/// Such connections then neither count in `same_host_pairs` nor show their eBPF flags in
+/// `smc-ctl conns`; nothing that decides a connection reads those records.
+pub const CONFIG_NO_TCP_RECORDS: u32 = 1 << 0;
 /// Listening sockets that announce SMC, by [`ListenerKey`] (value: 1 announcing, 0 withdrawn).
 /// A SYN-ACK is built on a request socket, which has no socket storage and whose listener the
 /// program cannot reach, so the listener's own opt-in is looked up here by the request's

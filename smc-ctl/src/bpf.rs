@@ -28,9 +28,10 @@ use aya::{
 };
 use serde::Serialize;
 use smc_common::bpf::{
-    Counter, Mode, SockKey, TraceReason, GETSOCKOPT_PROG, MAP_COUNTERS, MAP_LISTENERS, MAP_LOGS,
-    MAP_PEERS, MAP_SOCKHASH, MAP_SOCK_STATE, MAP_TCP_PEERS, MAP_TRACE, PIN_LAYOUT_VERSION,
-    SETSOCKOPT_PROG, SK_MSG_PROG, SOCKOPS_PROG_ISM, SOCKOPS_PROG_SHORTCUT,
+    Counter, Mode, SockKey, TraceReason, CONFIG_NO_TCP_RECORDS, GETSOCKOPT_PROG, MAP_CONFIG,
+    MAP_COUNTERS, MAP_LISTENERS, MAP_LOGS, MAP_PEERS, MAP_SOCKHASH, MAP_SOCK_STATE, MAP_TCP_PEERS,
+    MAP_TRACE, PIN_LAYOUT_VERSION, SETSOCKOPT_PROG, SK_MSG_PROG, SOCKOPS_PROG_ISM,
+    SOCKOPS_PROG_SHORTCUT,
 };
 
 use crate::sys::{self, bpf_syscall};
@@ -193,6 +194,7 @@ fn load_into(dir: &Path) -> Result<()> {
         MAP_LISTENERS,
         MAP_TRACE,
         MAP_LOGS,
+        MAP_CONFIG,
     ] {
         let map = ebpf
             .map(name)
@@ -227,6 +229,9 @@ pub struct Attached {
     pub cgroup: String,
     pub cgroup_id: u64,
     pub mode: String,
+    /// Whether connections that cannot become SMC-D leave same-host records
+    /// (`--tcp-records`; `None`: not readable, e.g. attached by an older build).
+    pub tcp_records: Option<bool>,
     pub links: Vec<String>,
 }
 
@@ -279,9 +284,86 @@ pub fn enabled_by(cg: &Path) -> Result<Option<(PathBuf, Mode)>> {
     Ok(None)
 }
 
-/// `smc-ctl attach`.
-pub fn attach(cgroup: &Path, mode: Mode) -> Result<String> {
+/// Per attached cgroup settings (`MAP_CONFIG`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttachConfig {
+    /// Connections that cannot become SMC-D leave same-host records (`SMC_TCP_PEERS`).
+    pub tcp_records: bool,
+}
+
+impl Default for AttachConfig {
+    fn default() -> Self {
+        AttachConfig { tcp_records: true }
+    }
+}
+
+impl AttachConfig {
+    fn bits(self) -> u32 {
+        if self.tcp_records {
+            0
+        } else {
+            CONFIG_NO_TCP_RECORDS
+        }
+    }
+}
+
+/// The attach types whose programs read `MAP_CONFIG`: each has its own entry per cgroup.
+const CONFIG_ATTACH_TYPES: [u32; 2] = [
+    bpf_syscall::BPF_CGROUP_SOCK_OPS,
+    bpf_syscall::BPF_CGROUP_GETSOCKOPT,
+];
+
+#[allow(deprecated)] // aya's name for BPF_MAP_TYPE_CGROUP_STORAGE, see smc-ebpf's maps.rs
+fn config_map() -> Result<aya::maps::CgroupStorage<MapData, u32>> {
+    let data = MapData::from_pin(maps_dir().join(MAP_CONFIG)).context("open pinned config")?;
+    Ok(aya::maps::CgroupStorage::try_from(Map::CgroupStorage(
+        data,
+    ))?)
+}
+
+/// Writes the settings of attached cgroup `ino` into its entries (which the kernel made at the
+/// attach; until this write its sockets see zero: records kept, the behaviour of the default).
+#[allow(deprecated)]
+fn write_config(ino: u64, cfg: AttachConfig) -> Result<()> {
+    let mut map = config_map()?;
+    for t in CONFIG_ATTACH_TYPES {
+        map.insert(aya::maps::CgroupStorageKey::new(ino, t), cfg.bits(), 0)
+            .with_context(|| format!("write the settings of cgroup {ino} (attach type {t})"))?;
+    }
+    Ok(())
+}
+
+/// The settings of attached cgroup `ino` (`None` when they cannot be read).
+#[allow(deprecated)]
+fn read_config(ino: u64) -> Option<AttachConfig> {
+    let bits = config_map()
+        .ok()?
+        .get(
+            aya::maps::CgroupStorageKey::new(ino, bpf_syscall::BPF_CGROUP_SOCK_OPS),
+            0,
+        )
+        .ok()?;
+    Some(AttachConfig {
+        tcp_records: bits & CONFIG_NO_TCP_RECORDS == 0,
+    })
+}
+
+fn config_text(cfg: AttachConfig) -> &'static str {
+    if cfg.tcp_records {
+        "tcp records on"
+    } else {
+        "tcp records off"
+    }
+}
+
+/// `smc-ctl attach`. Attaching a cgroup attached in the same mode again applies `cfg` to it.
+pub fn attach(cgroup: &Path, mode: Mode, cfg: AttachConfig) -> Result<String> {
     sys::require_root()?;
+    // Shortcut mode records every socket (its program never reads the setting, so the kernel
+    // makes no entry for it).
+    if mode == Mode::Shortcut && cfg != AttachConfig::default() {
+        bail!("--tcp-records off applies to --mode ism only (shortcut mode tracks every socket)");
+    }
     let cg = sys::check_cgroup2_dir(cgroup)?;
     let ino = fs::metadata(&cg)?.ino();
     // What the kernel lacks, said clearly instead of a verifier dump or a bare EPERM.
@@ -291,11 +373,29 @@ pub fn attach(cgroup: &Path, mode: Mode) -> Result<String> {
     // Links of cgroups removed while attached are defunct: drop them (an inode may be reused).
     prune_removed_cgroups()?;
     if let Some((have, _)) = attached_links()?.get(&ino) {
-        if *have == mode {
+        if *have == mode && mode == Mode::Shortcut {
             return Ok(format!(
                 "{} already attached (mode {})",
                 cg.display(),
                 mode_name(mode)
+            ));
+        }
+        if *have == mode {
+            let before = read_config(ino);
+            if before == Some(cfg) {
+                return Ok(format!(
+                    "{} already attached (mode {}, {})",
+                    cg.display(),
+                    mode_name(mode),
+                    config_text(cfg)
+                ));
+            }
+            write_config(ino, cfg)?;
+            return Ok(format!(
+                "{} already attached (mode {}); now {}",
+                cg.display(),
+                mode_name(mode),
+                config_text(cfg)
             ));
         }
         bail!(
@@ -321,7 +421,10 @@ pub fn attach(cgroup: &Path, mode: Mode) -> Result<String> {
             bpf_syscall::obj_pin(&link, &dst).with_context(|| format!("pin {}", dst.display()))?;
             pinned.push(dst);
         }
-        Ok(())
+        match mode {
+            Mode::Ism => write_config(ino, cfg),
+            Mode::Shortcut => Ok(()),
+        }
     })();
     if let Err(e) = res {
         for p in pinned {
@@ -330,11 +433,15 @@ pub fn attach(cgroup: &Path, mode: Mode) -> Result<String> {
         cleanup_if_unused()?;
         return Err(e.context(format!("attach to {}", cg.display())));
     }
-    Ok(format!(
-        "attached {} (mode {})",
-        cg.display(),
-        mode_name(mode)
-    ))
+    Ok(match mode {
+        Mode::Ism => format!(
+            "attached {} (mode {}, {})",
+            cg.display(),
+            mode_name(mode),
+            config_text(cfg)
+        ),
+        Mode::Shortcut => format!("attached {} (mode {})", cg.display(), mode_name(mode)),
+    })
 }
 
 /// Removing the pin drops the last reference to the link: the program is detached.
@@ -496,6 +603,10 @@ pub fn status() -> Result<Status> {
                 .unwrap_or_else(|| format!("<cgroup inode {ino}, removed>")),
             cgroup_id: ino,
             mode: mode_name(mode).into(),
+            tcp_records: match mode {
+                Mode::Ism => read_config(ino).map(|c| c.tcp_records),
+                Mode::Shortcut => Some(true),
+            },
             links: links
                 .iter()
                 .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))

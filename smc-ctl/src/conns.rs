@@ -17,7 +17,9 @@
 //! `PEERNOSMC` (opted in, the peer did not announce SMC), `NOT_ENABLED` (the process is not
 //! under `smc-ctl run`), `DECLINED` (both announced SMC but the CLC handshake declined: the
 //! process's recorded decline codes are listed), `NOSMCDDEV` (no daemon), `NO_LOCAL_PEER`
-//! (shortcut mode, peer elsewhere), `UNTRACKED` (established before the cgroup was attached).
+//! (shortcut mode, peer elsewhere), `UNTRACKED` (established before the cgroup was attached),
+//! `UNRECORDED` (a cgroup attached with `--tcp-records off`: a connection that could not become
+//! SMC-D left no record, so neither why nor whether its peer is on this host is known here).
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     fs,
@@ -258,6 +260,8 @@ struct ProcInfo {
     cgroup: PathBuf,
     cgroup_id: u64,
     mode: String,
+    /// The attached cgroup keeps records of connections that cannot become SMC-D.
+    records: bool,
 }
 
 /// Every cgroup directory at or below `dir`, with its id.
@@ -290,7 +294,7 @@ fn pids_of(cg: &Path) -> Vec<u32> {
 
 /// The attached cgroups (path, mode), limited to `filter` (a cgroup directory: its attached
 /// ancestor or descendants) when given.
-fn scanned_cgroups(filter: Option<&Path>) -> Result<Vec<(PathBuf, String)>> {
+fn scanned_cgroups(filter: Option<&Path>) -> Result<Vec<(PathBuf, String, bool)>> {
     let st = bpf::status()?;
     let mut out = Vec::new();
     let filter = match filter {
@@ -302,10 +306,11 @@ fn scanned_cgroups(filter: Option<&Path>) -> Result<Vec<(PathBuf, String)>> {
         if !p.exists() {
             continue;
         }
+        let records = a.tcp_records.unwrap_or(true);
         match &filter {
-            None => out.push((p, a.mode)),
-            Some(f) if f.starts_with(&p) => out.push((f.clone(), a.mode)),
-            Some(f) if p.starts_with(f) => out.push((p, a.mode)),
+            None => out.push((p, a.mode, records)),
+            Some(f) if f.starts_with(&p) => out.push((f.clone(), a.mode, records)),
+            Some(f) if p.starts_with(f) => out.push((p, a.mode, records)),
             Some(_) => {}
         }
     }
@@ -314,10 +319,10 @@ fn scanned_cgroups(filter: Option<&Path>) -> Result<Vec<(PathBuf, String)>> {
     Ok(out)
 }
 
-fn processes(cgroups: &[(PathBuf, String)]) -> Vec<ProcInfo> {
+fn processes(cgroups: &[(PathBuf, String, bool)]) -> Vec<ProcInfo> {
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
-    for (root, mode) in cgroups {
+    for (root, mode, records) in cgroups {
         for (dir, id) in cgroup_tree(root) {
             for pid in pids_of(&dir) {
                 if seen.insert(pid) {
@@ -326,6 +331,7 @@ fn processes(cgroups: &[(PathBuf, String)]) -> Vec<ProcInfo> {
                         cgroup: dir.clone(),
                         cgroup_id: id,
                         mode: mode.clone(),
+                        records: *records,
                     });
                 }
             }
@@ -448,7 +454,7 @@ pub fn collect(o: &Options) -> Result<(Vec<ConnInfo>, Notes)> {
     let cgroups = scanned_cgroups(o.cgroup.as_deref())?;
     notes.cgroups = cgroups
         .iter()
-        .map(|(p, _)| p.display().to_string())
+        .map(|(p, _, _)| p.display().to_string())
         .collect();
     let procs = processes(&cgroups);
     notes.processes = procs.len();
@@ -602,7 +608,9 @@ pub fn collect(o: &Options) -> Result<(Vec<ConnInfo>, Notes)> {
                 continue;
             }
             // 3. inferred from the eBPF view
-            let why: &str = if entry.is_none() {
+            let why: &str = if entry.is_none() && !p.records && p.mode == "ism" {
+                "UNRECORDED"
+            } else if entry.is_none() {
                 "UNTRACKED"
             } else if p.mode == "shortcut" {
                 if flags & SOCK_SHORTCUT != 0 && mirror {

@@ -69,6 +69,12 @@ impl From<ModeArg> for Mode {
     }
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Enable a cgroup v2 directory (a container): load the programs if needed and attach them.
@@ -77,6 +83,13 @@ enum Cmd {
         target: sys::Target,
         #[arg(long, value_enum, default_value = "ism")]
         mode: ModeArg,
+        /// Whether the cgroup's connections that cannot become SMC-D (not both ends announced
+        /// SMC) are recorded at ESTABLISHED: `off` saves most of what the programs cost such a
+        /// connection, but `conns` then shows them as `UNRECORDED` without eBPF flags and
+        /// `same_host_pairs` no longer counts them. `--mode ism` only (shortcut mode tracks
+        /// every socket). On an attached cgroup: changes the setting for new connections.
+        #[arg(long, value_enum, default_value = "on", value_name = "on|off")]
+        tcp_records: OnOff,
     },
     /// Disable a cgroup; the last detach unloads everything.
     Detach {
@@ -172,8 +185,15 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Attach { target, mode } => {
-            println!("{}", bpf::attach(&target.resolve()?, mode.into())?);
+        Cmd::Attach {
+            target,
+            mode,
+            tcp_records,
+        } => {
+            let cfg = bpf::AttachConfig {
+                tcp_records: matches!(tcp_records, OnOff::On),
+            };
+            println!("{}", bpf::attach(&target.resolve()?, mode.into(), cfg)?);
             if let ModeArg::Shortcut = mode {
                 eprintln!("{SHORTCUT_WARNING}");
             }
@@ -284,7 +304,11 @@ fn print_status(st: &bpf::Status) {
         } else {
             ""
         };
-        println!("  {}  mode {}{note}", cg.cgroup, cg.mode);
+        let records = match cg.tcp_records {
+            Some(false) => ", tcp records off",
+            _ => "",
+        };
+        println!("  {}  mode {}{records}{note}", cg.cgroup, cg.mode);
     }
     println!("counters:");
     for (name, v) in &st.counters {

@@ -28,6 +28,7 @@ const ATTACH_SK_MSG_VERDICT: u32 = 7;
 
 const MAP_SOCKHASH: u32 = 18;
 const MAP_RINGBUF: u32 = 27;
+const MAP_CGROUP_STORAGE: u32 = 19;
 
 #[derive(Clone, Copy)]
 enum Check {
@@ -83,6 +84,18 @@ const FEATURES: &[Feature] = &[
         used_by: "the decision log of `smc-ctl trace` (aya-log)",
         since: "5.8",
         check: Check::Map(MAP_RINGBUF, 0, 0, 4096),
+    },
+    Feature {
+        name: "map type cgroup_storage",
+        used_by: "attach: the per-cgroup settings (--tcp-records)",
+        since: "4.19",
+        check: Check::Map(MAP_CGROUP_STORAGE, 16, 4, 0),
+    },
+    Feature {
+        name: "sock_ops: bpf_get_local_storage",
+        used_by: "attach: the per-cgroup settings (--tcp-records)",
+        since: "4.19",
+        check: Check::Helper(PROG_SOCK_OPS, ATTACH_SOCK_OPS, 81),
     },
     Feature {
         name: "cgroup bpf_link (BPF_LINK_CREATE)",

@@ -6,8 +6,12 @@ use aya_ebpf::{
     macros::{btf_map, map},
     maps::{Array, LruHashMap, PerCpuArray, SockHash},
 };
+// Deprecated by aya, kept on purpose: see `SMC_CGROUP_CONFIG`.
+#[allow(deprecated)]
+use aya_ebpf::maps::CgroupStorage;
 use smc_common::bpf::{
-    Counter, ListenerKey, PeerEntry, SockKey, SockState, MAX_LISTENERS, MAX_SOCKETS,
+    Counter, ListenerKey, PeerEntry, SockKey, SockState, CONFIG_NO_TCP_RECORDS, MAX_LISTENERS,
+    MAX_SOCKETS,
 };
 
 use crate::storage::SockStorage;
@@ -25,6 +29,28 @@ pub static SMC_PEERS: LruHashMap<SockKey, PeerEntry> = LruHashMap::with_max_entr
 #[map]
 pub static SMC_TCP_PEERS: LruHashMap<SockKey, PeerEntry> =
     LruHashMap::with_max_entries(MAX_SOCKETS, 0);
+
+/// The settings of the attached cgroup whose program runs (`MAP_CONFIG`): one `u32` per
+/// cgroup and attach type, made zeroed by the kernel at the attach, written by `smc-ctl attach`.
+// The old cgroup storage is the one whose entry belongs to the attachment (the cgroup the
+// running program was attached to, not the socket's own cgroup) and whose helper needs no
+// lookup; aya marks it deprecated in favour of `BPF_MAP_TYPE_CGRP_STORAGE` (6.2, per cgroup,
+// a lookup by cgroup pointer), which would not tell nested attachments apart.
+#[allow(deprecated)]
+#[map]
+pub static SMC_CGROUP_CONFIG: CgroupStorage<u32> = CgroupStorage::new();
+
+/// Whether the attachment running this program keeps no records of connections that cannot
+/// become SMC-D (`CONFIG_NO_TCP_RECORDS`).
+#[inline(always)]
+pub fn no_tcp_records() -> bool {
+    #[allow(deprecated)]
+    let p = SMC_CGROUP_CONFIG.get_ptr_mut();
+    // SAFETY: `bpf_get_local_storage` never returns null for a program attached to a cgroup
+    // (the kernel allocates the entry at the attach, before the program can run); checked all
+    // the same. The `u32` is read once by value; userspace may rewrite it meanwhile.
+    !p.is_null() && unsafe { core::ptr::read_volatile(p) } & CONFIG_NO_TCP_RECORDS != 0
+}
 
 /// The entry of `key` in either same-host map.
 #[inline(always)]

@@ -17,15 +17,15 @@ use aya_ebpf::{
     programs::SockOpsContext,
 };
 use smc_common::bpf::{
-    Counter, PeerEntry, TraceReason, SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PEER_SMC, SOCK_SAME_HOST,
-    SOCK_SHORTCUT, SOCK_STATE_VERSION, SOCK_TCP, TCPOPT_SMC,
+    Counter, PeerEntry, SockKey, TraceReason, SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PEER_SMC,
+    SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_STATE_VERSION, SOCK_TCP, TCPOPT_SMC,
 };
 
 use crate::{
     key::{ops_key, remote_port_host},
     maps::{
-        count, listener_announces, peer_entry, set_listener, tcp_peer_entry, trace, SMC_PEERS,
-        SMC_SOCKHASH, SMC_SOCK_STATE, SMC_TCP_PEERS,
+        count, listener_announces, no_tcp_records, peer_entry, set_listener, tcp_peer_entry, trace,
+        SMC_PEERS, SMC_SOCKHASH, SMC_SOCK_STATE, SMC_TCP_PEERS,
     },
 };
 
@@ -293,68 +293,14 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     let Some(mut key) = ops_key(ops_ptr) else {
         return;
     };
-    // SAFETY: the context, which the sock_ops variant of the helper takes as is.
-    let cookie = unsafe { bpf_get_socket_cookie(ops_ptr.cast()) };
-    let mirror = key.mirror();
-    let peer = if tracked {
-        peer_entry(&mirror)
-    } else {
-        tcp_peer_entry(&mirror)
-    };
-    if let Some(peer) = peer {
-        flags |= SOCK_SAME_HOST;
-        count(Counter::SameHostPairs, 1);
-        // Tell the end that was established first (it learns it in getsockopt).
-        // SAFETY: `peer` is a non-null hash map value, allocated for this run (RCU). The update
-        // is not atomic: a concurrent replacement of the entry may lose the bit, which
-        // getsockopt derives again from the mirrored entry.
-        unsafe { (*peer).flags |= SOCK_SAME_HOST };
+    // `--tcp-records off`: a connection that cannot become SMC-D neither looks for its peer's
+    // record nor leaves one (two lookups and a store in 262 144-entry maps, most of what these
+    // programs cost it); only `conns` and the `same_host_pairs` count read them.
+    let record = tracked || !no_tcp_records();
+    if record {
+        record_established(&key, ops_ptr, tracked, shortcut_mode, &mut flags);
     }
-    if shortcut_mode {
-        flags |= SOCK_SHORTCUT;
-    }
-    let entry = PeerEntry {
-        cookie,
-        flags,
-        _pad: 0,
-    };
-    if tracked {
-        let _ = SMC_PEERS.insert(&key, &entry, 0);
-    } else if let Some(old) = SMC_TCP_PEERS.get_ptr_mut(&key) {
-        // The 4-tuple of an earlier socket (never removed: no close callback), which short
-        // connections from one client to one server reuse as soon as the ephemeral ports wrap:
-        // overwritten in place. An insert would take a fresh element from the LRU (evicting
-        // when the map is full, as it always is on a busy host) and free the old one: that was
-        // more than half of this program's time on such a connection.
-        // SAFETY: a non-null hash map value of `PeerEntry`'s size, allocated for this run (RCU);
-        // the key's socket is this one, the only writer besides its peer's later same-host bit.
-        unsafe { *old = entry };
-    } else {
-        let _ = SMC_TCP_PEERS.insert(&key, &entry, 0);
-    }
-    if !wrote_opt {
-        trace!(
-            TraceReason::EstablishedNotOptedIn,
-            key.local_port,
-            key.remote_port
-        );
-    } else if !both_announced {
-        trace!(
-            TraceReason::EstablishedPeerDidNotAnnounce,
-            key.local_port,
-            key.remote_port
-        );
-    } else {
-        trace!(
-            if flags & SOCK_SAME_HOST != 0 {
-                TraceReason::EstablishedBothAnnouncedSameHost
-            } else {
-                TraceReason::EstablishedBothAnnounced
-            },
-            key.local_port,
-            key.remote_port
-        );
-    }
+    trace_established(&key, wrote_opt, both_announced, flags);
 
     // Socket storage exists already for an active socket that opted in (created by its
     // setsockopt); an accepted one gets it here when it may become SMC-D. The others of an
@@ -377,6 +323,85 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
             .is_ok()
     {
         count(Counter::ShortcutSockets, 1);
+    }
+}
+
+/// The same-host records of an established socket: `SAME_HOST` from its peer's entry (and into
+/// it), then its own entry, in `SMC_PEERS` when `tracked`, else in `SMC_TCP_PEERS`.
+#[inline(always)]
+fn record_established(
+    key: &SockKey,
+    ops_ptr: *mut bpf_sock_ops,
+    tracked: bool,
+    shortcut_mode: bool,
+    flags: &mut u32,
+) {
+    // SAFETY: the context, which the sock_ops variant of the helper takes as is.
+    let cookie = unsafe { bpf_get_socket_cookie(ops_ptr.cast()) };
+    let mirror = key.mirror();
+    let peer = if tracked {
+        peer_entry(&mirror)
+    } else {
+        tcp_peer_entry(&mirror)
+    };
+    if let Some(peer) = peer {
+        *flags |= SOCK_SAME_HOST;
+        count(Counter::SameHostPairs, 1);
+        // Tell the end that was established first (it learns it in getsockopt).
+        // SAFETY: `peer` is a non-null hash map value, allocated for this run (RCU). The update
+        // is not atomic: a concurrent replacement of the entry may lose the bit, which
+        // getsockopt derives again from the mirrored entry.
+        unsafe { (*peer).flags |= SOCK_SAME_HOST };
+    }
+    if shortcut_mode {
+        *flags |= SOCK_SHORTCUT;
+    }
+    let entry = PeerEntry {
+        cookie,
+        flags: *flags,
+        _pad: 0,
+    };
+    if tracked {
+        let _ = SMC_PEERS.insert(key, &entry, 0);
+    } else if let Some(old) = SMC_TCP_PEERS.get_ptr_mut(key) {
+        // The 4-tuple of an earlier socket (never removed: no close callback), which short
+        // connections from one client to one server reuse as soon as the ephemeral ports wrap:
+        // overwritten in place. An insert would take a fresh element from the LRU (evicting
+        // when the map is full, as it always is on a busy host) and free the old one: that was
+        // more than half of this program's time on such a connection.
+        // SAFETY: a non-null hash map value of `PeerEntry`'s size, allocated for this run (RCU);
+        // the key's socket is this one, the only writer besides its peer's later same-host bit.
+        unsafe { *old = entry };
+    } else {
+        let _ = SMC_TCP_PEERS.insert(key, &entry, 0);
+    }
+}
+
+/// The decision line of an established socket for `smc-ctl trace`.
+#[inline(always)]
+fn trace_established(key: &SockKey, wrote_opt: bool, both_announced: bool, flags: u32) {
+    if !wrote_opt {
+        trace!(
+            TraceReason::EstablishedNotOptedIn,
+            key.local_port,
+            key.remote_port
+        );
+    } else if !both_announced {
+        trace!(
+            TraceReason::EstablishedPeerDidNotAnnounce,
+            key.local_port,
+            key.remote_port
+        );
+    } else {
+        trace!(
+            if flags & SOCK_SAME_HOST != 0 {
+                TraceReason::EstablishedBothAnnouncedSameHost
+            } else {
+                TraceReason::EstablishedBothAnnounced
+            },
+            key.local_port,
+            key.remote_port
+        );
     }
 }
 

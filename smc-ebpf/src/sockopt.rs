@@ -13,7 +13,9 @@ use smc_common::bpf::{
 
 use crate::{
     key::sock_key,
-    maps::{count, peer_entry, set_listener, tcp_peer_entry, trace, SMC_SOCK_STATE},
+    maps::{
+        count, no_tcp_records, peer_entry, set_listener, tcp_peer_entry, trace, SMC_SOCK_STATE,
+    },
 };
 
 const BPF_TCP_LISTEN: u32 = 10;
@@ -138,12 +140,13 @@ pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
             *s
         }
         None => {
-            // No storage (never opted in, ism mode): what its ESTABLISHED recorded.
+            // No storage (its connection cannot become SMC-D, ism mode): what its ESTABLISHED
+            // recorded; with `--tcp-records off` it recorded nothing (no peer SMC either way).
             let mut st = SockState {
                 version: SOCK_STATE_VERSION,
                 ..SockState::default()
             };
-            if !sk.is_null() {
+            if !sk.is_null() && !no_tcp_records() {
                 if let Some(key) = sock_key(sk) {
                     if let Some(e) = tcp_peer_entry(&key) {
                         // SAFETY: a non-null hash map value, allocated for this run (RCU).

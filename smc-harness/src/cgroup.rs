@@ -96,10 +96,24 @@ impl Attachment {
         mode: &str,
         timeout: Duration,
     ) -> Result<(Attachment, String)> {
+        Attachment::new_with(smc_ctl, cgroup, mode, &[], timeout)
+    }
+
+    /// [`Attachment::new_waiting`] with more arguments for `smc-ctl attach`
+    /// (`["--tcp-records", "off"]`).
+    pub fn new_with(
+        smc_ctl: &Path,
+        cgroup: &Path,
+        mode: &str,
+        extra: &[&str],
+        timeout: Duration,
+    ) -> Result<(Attachment, String)> {
         let cg = cgroup.to_string_lossy();
         let t = Instant::now();
+        let mut args = vec!["attach", "--cgroup", &cg, "--mode", mode];
+        args.extend_from_slice(extra);
         loop {
-            let out = smc_ctl_output(smc_ctl, &["attach", "--cgroup", &cg, "--mode", mode])?;
+            let out = smc_ctl_output(smc_ctl, &args)?;
             let err = String::from_utf8_lossy(&out.stderr).into_owned();
             if out.status.success() {
                 let a = Attachment {
@@ -110,7 +124,8 @@ impl Attachment {
             }
             if !err.contains("another build") || t.elapsed() >= timeout {
                 bail!(
-                    "smc-ctl attach --cgroup {cg} --mode {mode} failed: {}",
+                    "smc-ctl attach --cgroup {cg} --mode {mode} {} failed: {}",
+                    extra.join(" "),
                     err.trim()
                 );
             }
@@ -151,7 +166,12 @@ impl Cgroup {
     /// Attaches it (`smc-ctl attach --mode MODE`) until it is dropped; what smc-ctl said on
     /// stderr.
     pub fn attach(&mut self, smc_ctl: &Path, mode: &str) -> Result<String> {
-        let (a, err) = Attachment::new(smc_ctl, &self.path, mode)?;
+        self.attach_with(smc_ctl, mode, &[])
+    }
+
+    /// [`Cgroup::attach`] with more arguments for `smc-ctl attach`.
+    pub fn attach_with(&mut self, smc_ctl: &Path, mode: &str, extra: &[&str]) -> Result<String> {
+        let (a, err) = Attachment::new_with(smc_ctl, &self.path, mode, extra, Duration::ZERO)?;
         self.attachment = Some(a);
         Ok(err)
     }

@@ -133,8 +133,13 @@ pub struct Attached(pub Attachment);
 impl Attached {
     /// Attaches `cg` in `mode`; checks what `smc-ctl attach` says on stderr.
     pub fn new(cg: &Cgroup, mode: &str) -> Attached {
-        let (a, err) =
-            Attachment::new(&bin("smc-ctl"), &cg.path, mode).unwrap_or_else(|e| panic!("{e:#}"));
+        Attached::with(cg, mode, &[])
+    }
+
+    /// [`Attached::new`] with more arguments for `smc-ctl attach` (`["--tcp-records", "off"]`).
+    pub fn with(cg: &Cgroup, mode: &str, extra: &[&str]) -> Attached {
+        let (a, err) = Attachment::new_with(&bin("smc-ctl"), &cg.path, mode, extra, Duration::ZERO)
+            .unwrap_or_else(|e| panic!("{e:#}"));
         // The shortcut's differences from TCP are said at every attach, and only then.
         assert_eq!(
             err.contains("EXPERIMENTAL") && err.contains("SO_RCVLOWAT"),
@@ -365,7 +370,12 @@ pub fn run_to_end(
 /// `smc-ctl attach`, waiting (bounded) while the pinned programs belong to another build of
 /// smc-ctl: someone else's cgroup is attached with it, which must never be detached from here.
 pub fn attach_waiting(cg: &Cgroup, mode: &str, timeout: Duration) -> Attached {
-    let (a, _) = Attachment::new_waiting(&bin("smc-ctl"), &cg.path, mode, timeout)
+    attach_waiting_with(cg, mode, &[], timeout)
+}
+
+/// [`attach_waiting`] with more arguments for `smc-ctl attach` (`["--tcp-records", "off"]`).
+pub fn attach_waiting_with(cg: &Cgroup, mode: &str, extra: &[&str], timeout: Duration) -> Attached {
+    let (a, _) = Attachment::new_with(&bin("smc-ctl"), &cg.path, mode, extra, timeout)
         .unwrap_or_else(|e| panic!("{e:#}"));
     Attached(a)
 }
@@ -394,10 +404,16 @@ impl SmcWorld {
 
     /// A world whose daemon gets extra arguments (e.g. `--shelve-after-ms 0`).
     pub fn with_daemon_args(args: &[&str]) -> SmcWorld {
+        SmcWorld::with_args(&[], args)
+    }
+
+    /// A world whose cgroup is attached with more arguments (`["--tcp-records", "off"]`) and
+    /// whose daemon gets `daemon_args`.
+    pub fn with_args(attach_args: &[&str], args: &[&str]) -> SmcWorld {
         require_root();
         let lock = lock();
         let cg = test_cgroup();
-        let att = attach_waiting(&cg, "ism", Duration::from_secs(600));
+        let att = attach_waiting_with(&cg, "ism", attach_args, Duration::from_secs(600));
         let dir = Path::new("/run/smc").join(unique("apps-test-"));
         fs::create_dir_all(dir.join("procs")).expect("mkdir procs");
         fs::create_dir_all(dir.join("logs")).expect("mkdir logs");

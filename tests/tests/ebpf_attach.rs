@@ -6,8 +6,8 @@
 use std::{path::Path, process::Command, time::Duration};
 
 use integration_tests::{
-    bin, counters, delta, lock, require_root, smc_ctl, spawn_piped, test_cgroup, Attached, Cgroup,
-    NetnsPair, Proc, PIN_ROOT,
+    bin, counters, delta, lock, ready_port, require_root, run_to_end, smc_ctl, spawn_piped,
+    test_cgroup, Attached, Cgroup, NetnsPair, Proc, SmcWorld, PIN_ROOT,
 };
 use smc_common::bpf::{SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PEER_SMC, SOCK_SAME_HOST, SOCK_SHORTCUT};
 
@@ -626,4 +626,169 @@ fn trace_says_why_a_connection_stayed_tcp() {
         !lines.iter().any(|l| mentions(l, after)),
         "a connection made between two traces was reported: {lines:#?}"
     );
+}
+
+/// A loopback connection held open by a Python process in `cg` (neither end under the data
+/// path); its listening port, once both ends are established.
+fn held_connection(cg: &Cgroup) -> (Proc, u16) {
+    let mut c = cg.command("python3");
+    c.arg("-c").arg(
+        "import socket, time\n\
+         l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen()\n\
+         c = socket.create_connection(l.getsockname()); a, _ = l.accept()\n\
+         print('READY', l.getsockname()[1], flush=True)\n\
+         time.sleep(120)\n",
+    );
+    let mut p = spawn_piped(c);
+    let port = ready_port(&mut p);
+    (p, port)
+}
+
+/// What `smc-ctl conns --json` says of the two ends of the connection to `port`.
+fn conns_of(cg: &Cgroup, port: u16) -> Vec<serde_json::Value> {
+    let out = smc_ctl(&["conns", "--json", "--cgroup", cg.path.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = format!(":{port}");
+    let ends: Vec<serde_json::Value> = v["connections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["state"] == "ESTABLISHED")
+        .filter(|c| {
+            c["local"].as_str().unwrap().ends_with(&p) || c["peer"].as_str().unwrap().ends_with(&p)
+        })
+        .cloned()
+        .collect();
+    assert_eq!(ends.len(), 2, "{v:#}");
+    ends
+}
+
+fn tcp_records_of(cg: &Cgroup) -> serde_json::Value {
+    let st: serde_json::Value =
+        serde_json::from_slice(&smc_ctl(&["status", "--json"]).stdout).unwrap();
+    st["cgroups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["cgroup"] == cg.path.to_str().unwrap())
+        .unwrap_or_else(|| panic!("{} not in {st:#}", cg.path.display()))["tcp_records"]
+        .clone()
+}
+
+/// `attach --tcp-records off`: a connection that cannot become SMC-D leaves no same-host
+/// record (its ends learn nothing of each other, `conns` says `UNRECORDED`), one whose ends
+/// both announce SMC is recorded as before; `--tcp-records on` on the attached cgroup restores
+/// the records for new connections.
+#[test]
+fn tcp_records_off_leaves_no_record_of_connections_that_stay_tcp() {
+    require_root();
+    let _l = lock();
+    let cg = test_cgroup();
+    let _a = Attached::with(&cg, "ism", &["--tcp-records", "off"]);
+    assert_eq!(tcp_records_of(&cg), false);
+    for addr in ["127.0.0.1:0", "[::1]:0"] {
+        // Neither end opted in.
+        let before = counters();
+        let (c, s) = pair(&cg, addr, false, false);
+        let after = counters();
+        assert_eq!((c, s), (0, 0), "{addr}: client {c:#x} server {s:#x}");
+        assert_eq!(delta(&before, &after, "same_host_pairs"), 0, "{addr}");
+        assert_eq!(delta(&before, &after, "sockets_established"), 2, "{addr}");
+        assert_eq!(delta(&before, &after, "state_queries"), 2, "{addr}");
+
+        // Only the client announced: it keeps its own state, but no same-host record.
+        let before = counters();
+        let (c, s) = pair(&cg, addr, true, false);
+        let after = counters();
+        assert_eq!(
+            c & (SOCK_OPT_SENT | SOCK_PEER_SMC | SOCK_SAME_HOST),
+            SOCK_OPT_SENT
+        );
+        assert_eq!(s, 0, "{addr} server {s:#x}");
+        assert_eq!(delta(&before, &after, "same_host_pairs"), 0, "{addr}");
+
+        // Both announced: recorded and detected as before.
+        let before = counters();
+        let (c, s) = pair(&cg, addr, true, true);
+        let after = counters();
+        let want = SOCK_OPT_SENT | SOCK_PEER_SMC | SOCK_SAME_HOST;
+        assert_eq!(c & want, want, "{addr} client {c:#x}");
+        assert_eq!(s & want, want, "{addr} server {s:#x}");
+        assert_eq!(delta(&before, &after, "same_host_pairs"), 1, "{addr}");
+    }
+    let (p, port) = held_connection(&cg);
+    for e in conns_of(&cg, port) {
+        assert_eq!(e["reason"], "UNRECORDED", "{e:#}");
+        assert_eq!(e["same_host"], false, "{e:#}");
+        assert_eq!(e["flags"], serde_json::json!([]), "{e:#}");
+    }
+    drop(p);
+
+    // Back on, for the connections made from now on.
+    let cgp = cg.path.to_str().unwrap();
+    let on = smc_ctl(&["attach", "--cgroup", cgp, "--tcp-records", "on"]);
+    assert!(on.status.success(), "{on:?}");
+    assert!(
+        String::from_utf8_lossy(&on.stdout).contains("now tcp records on"),
+        "{on:?}"
+    );
+    assert_eq!(tcp_records_of(&cg), true);
+    let before = counters();
+    let (c, s) = pair(&cg, "127.0.0.1:0", false, false);
+    let after = counters();
+    assert_ne!(c & SOCK_SAME_HOST, 0, "client {c:#x}");
+    assert_ne!(s & SOCK_SAME_HOST, 0, "server {s:#x}");
+    assert_eq!(delta(&before, &after, "same_host_pairs"), 1);
+    let (p, port) = held_connection(&cg);
+    for e in conns_of(&cg, port) {
+        assert_eq!(e["reason"], "NOT_ENABLED", "{e:#}");
+        assert_eq!(e["same_host"], true, "{e:#}");
+    }
+    drop(p);
+}
+
+/// SMC-D under `--tcp-records off`: both ends under the data path take SMC-D; a client under
+/// the data path against a server that is not stays TCP (`PEERNOSMC`) with its bytes intact.
+#[test]
+fn tcp_records_off_keeps_smcd() {
+    let w = SmcWorld::with_args(&["--tcp-records", "off"], &[]);
+    let logs = w.subdir("logs");
+    let client = |port: u16, seed: u32| {
+        let mut c = w.run(bin("preload-prog"));
+        c.args([
+            "client",
+            "127.0.0.1",
+            &port.to_string(),
+            "300000",
+            "200000",
+            &seed.to_string(),
+        ]);
+        let f = run_to_end(c, &logs, None, T).ok();
+        assert!(f.text().contains("CLIENT rx=200000 "), "{}", f.text());
+    };
+    let mut srv = w.run(bin("preload-prog"));
+    srv.args(["server", "0", "thread", "2"]);
+    let mut srv = spawn_piped(srv);
+    let port = ready_port(&mut srv);
+    client(port, 1);
+    client(port, 2);
+    srv.wait_output(T).expect("server");
+    let v = w.stats_json();
+    let c = &v["connections"];
+    assert_eq!(c["smcd_client"], 2, "{v:#}");
+    assert_eq!(c["smcd_server"], 2, "{v:#}");
+    assert_eq!(c["tcp_fallback"], 0, "{v:#}");
+
+    // The same server without the library, in the cgroup: the client stays TCP.
+    let mut srv = w.cgroup().command(bin("preload-prog"));
+    srv.args(["server", "0", "thread", "1"]);
+    let mut srv = spawn_piped(srv);
+    let port = ready_port(&mut srv);
+    client(port, 3);
+    srv.wait_output(T).expect("plain server");
+    let v = w.stats_json();
+    let c = &v["connections"];
+    assert_eq!(c["smcd_client"], 2, "{v:#}");
+    assert_eq!(c["tcp_fallback_client"], 1, "{v:#}");
 }

@@ -43,7 +43,8 @@
 //! bodies, 50 / 1000 connections), `scale-1k`, `scale-10k` (N connections pinging once a
 //! second; `scale-65k` with `SMC_BENCH_SCALE_65K=1`, `scale-20k`, `scale-40k`, … with
 //! `SMC_BENCH_SCALE_N=20000,40000`), `scale-idle-10`, `scale-idle-1k`, `scale-idle-4k` (N connections in one epoll set,
-//! one of them pinging every millisecond).
+//! one of them pinging every millisecond). `SMC_BENCH_TCP_RECORDS=off` attaches the ism cgroup
+//! with `--tcp-records off` (`on`: explicitly the default).
 use std::{
     cell::Cell as StdCell,
     collections::BTreeMap,
@@ -182,7 +183,15 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
         let mut cg_shortcut = crate::cgroup("shortcut")?;
         cg_shortcut.attach(&smc_ctl, "shortcut")?;
         let mut cg_ism = crate::cgroup("ism")?;
-        cg_ism.attach(&smc_ctl, "ism")?;
+        // `SMC_BENCH_TCP_RECORDS=off`: the ism cgroup keeps no records of connections that
+        // cannot become SMC-D (`smc-ctl attach --tcp-records off`), to compare with the default.
+        match std::env::var("SMC_BENCH_TCP_RECORDS").as_deref() {
+            Ok(v @ ("on" | "off")) => {
+                eprintln!("==> ism cgroup attached with --tcp-records {v}");
+                cg_ism.attach_with(&smc_ctl, "ism", &["--tcp-records", v])?;
+            }
+            _ => _ = cg_ism.attach(&smc_ctl, "ism")?,
+        }
         let daemon = sys::start_daemon(&smc_ctl, &tmp.0)?;
         Bench {
             _bpf_stats: BpfStats::enable(),
