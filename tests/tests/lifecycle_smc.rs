@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use integration_tests::{
-    brief, fallbacks, ready_port, require_tool, spawn_piped, NetnsPair, SmcWorld,
+    brief, fallbacks, ready_port, require_tool, spawn_piped, NetnsPair, SmcWorld, Snapshot,
 };
 use std::path::Path;
 use std::process::Command;
@@ -908,11 +908,21 @@ fn a_handoff_after_the_peer_closed_reads_its_last_bytes_and_eof_as_tcp() {
         "abort",
         "abort_fork",
     ] {
-        let before = w.stats_sum().get("smcd_client");
+        let sum0 = w.stats_sum();
+        let before = sum0.get("smcd_client");
         let mut l = python(&w, &py);
         l.arg(mode);
         let out = spawn_piped(l).wait_output(T).expect("handoff_closed.py");
         let sum = w.stats_sum();
+        // Every end is counted closed once, also one whose tail was undone (a failed exec):
+        // `stats` shows no connection open after the run, none closed twice.
+        let opened = |s: &Snapshot| s.get("smcd_client") + s.get("smcd_server");
+        assert_eq!(
+            sum.get("closed_conns") - sum0.get("closed_conns"),
+            opened(&sum) - opened(&sum0),
+            "{mode}: SMC-D ends closed against opened: {}",
+            brief(&sum)
+        );
         let mut c = Command::new("python3");
         c.arg(&py).arg(mode);
         let tcp = spawn_piped(c)

@@ -975,7 +975,9 @@ impl Tails {
             match u {
                 Some((o, undo)) if failed => {
                     if let Obj::Conn(c) = &**o {
-                        c.undo_tail(*undo);
+                        if c.undo_tail(*undo) {
+                            crate::stats::conn_reopened(c);
+                        }
                     }
                 }
                 _ if self.vforked => {}
@@ -1683,6 +1685,9 @@ fn undo_std_tails() {
         else {
             continue;
         };
+        // Not counted open again (`stats::conn_reopened`): this forked child leaves with its
+        // references (no close of its own), so the other holder's close is not the last one
+        // and counts nothing; the close counted here at the tail stands for it.
         if t.pid != me || queued(fd) != t.n || !c.held_elsewhere() || !c.undo_tail(t.undo) {
             continue;
         }

@@ -203,11 +203,11 @@ fn take_counts(c: &Conn) {
     add_counts(c, true);
 }
 
-/// Adds a connection end's counts to this process's figures; `take` leaves zero behind.
-fn add_counts(c: &Conn, take: bool) {
+/// This process's figures paired with a connection end's counts that add up into them.
+fn counts(c: &Conn) -> [(&'static AtomicU64, &AtomicU64); 8] {
     let s = get();
     let sh = c.sh();
-    for (dst, src) in [
+    [
         (&s.rx_bytes, &sh.rx_bytes),
         (&s.tx_bytes, &sh.tx_bytes),
         (&s.rx_calls, &sh.rx_calls),
@@ -216,7 +216,12 @@ fn add_counts(c: &Conn, take: bool) {
         (&s.tx_full, &sh.tx_full),
         (&s.doorbells_sent, &sh.doorbells_sent),
         (&s.doorbells_rcvd, &sh.doorbells_rcvd),
-    ] {
+    ]
+}
+
+/// Adds a connection end's counts to this process's figures; `take` leaves zero behind.
+fn add_counts(c: &Conn, take: bool) {
+    for (dst, src) in counts(c) {
         let v = if take {
             src.swap(0, Ordering::Relaxed)
         } else {
@@ -242,6 +247,17 @@ pub fn smc(server: bool) {
 pub fn conn_closed(c: &Conn) {
     get().closed_conns.fetch_add(1, Ordering::Relaxed);
     add_counts(c, false);
+}
+
+/// Takes back what [`conn_closed`] counted for `c`: a connection counted closed when its last
+/// bytes went to an exec'd image (a tail) that is back on its ring because the exec failed.
+/// Its figures did not move in between (its rings were stopped), so this process's sums are
+/// as if it had never been counted; its later close counts it once.
+pub fn conn_reopened(c: &Conn) {
+    get().closed_conns.fetch_sub(1, Ordering::Relaxed);
+    for (dst, src) in counts(c) {
+        dst.fetch_sub(src.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
 }
 
 pub enum Special {
