@@ -18,8 +18,11 @@
 //! under `smc-ctl run`), `DECLINED` (both announced SMC but the CLC handshake declined: the
 //! process's recorded decline codes are listed), `NOSMCDDEV` (no daemon), `NO_LOCAL_PEER`
 //! (shortcut mode, peer elsewhere), `UNTRACKED` (established before the cgroup was attached),
-//! `UNRECORDED` (a cgroup attached with `--tcp-records off`: a connection that could not become
-//! SMC-D left no record, so neither why nor whether its peer is on this host is known here).
+//! `UNRECORDED` (a cgroup attached with `--tcp-records off`, whose connections that could not
+//! become SMC-D leave no eBPF record: both ends run the library, or the other end is not
+//! found, so why is not known here). For such a cgroup `same_host`, `NOT_ENABLED` and
+//! `PEERNOSMC` come from the TCP tables (the socket with the mirrored 4-tuple) and from which
+//! processes map the library, source `proc`.
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     fs,
@@ -171,6 +174,50 @@ struct TcpEntry {
     state: &'static str,
     local: SocketAddr,
     peer: SocketAddr,
+}
+
+/// One network namespace's TCP table: socket inode → entry, and (local, peer) → inode of the
+/// connected sockets, to find a connection's other end on this host.
+#[derive(Default)]
+struct NsTable {
+    by_inode: HashMap<u64, TcpEntry>,
+    by_tuple: HashMap<(SocketAddr, SocketAddr), u64>,
+}
+
+impl NsTable {
+    fn read(pid: u32) -> NsTable {
+        let mut t = NsTable::default();
+        tcp_table(pid, &mut t.by_inode);
+        for (&ino, e) in &t.by_inode {
+            if e.state != "LISTEN" {
+                t.by_tuple.insert((e.local, e.peer), ino);
+            }
+        }
+        t
+    }
+}
+
+/// The other end of the connection `t` of namespace `ns` on this host, from the TCP tables
+/// alone (for sockets the eBPF programs keep no record of, `--tcp-records off`): the socket
+/// with the mirrored 4-tuple in the same namespace, or, for an address that is not loopback
+/// (each namespace has its own), in another scanned one. `(namespace, inode)`.
+fn mirror_end(tables: &HashMap<u64, NsTable>, ns: u64, t: &TcpEntry) -> Option<(u64, u64)> {
+    let key = (t.peer, t.local);
+    if let Some(&ino) = tables.get(&ns).and_then(|x| x.by_tuple.get(&key)) {
+        return Some((ns, ino));
+    }
+    if t.peer.ip().is_loopback() {
+        return None;
+    }
+    tables
+        .iter()
+        .find_map(|(&n, x)| Some((n, *x.by_tuple.get(&key)?)).filter(|_| n != ns))
+}
+
+/// Whether process `pid` maps the data path's library.
+fn runs_library(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/maps"))
+        .is_ok_and(|m| m.contains(crate::run::PRELOAD_LIB))
 }
 
 /// `/proc/<pid>/net/tcp` and `tcp6`: socket inode → entry.
@@ -481,10 +528,12 @@ pub fn collect(o: &Options) -> Result<(Vec<ConnInfo>, Notes)> {
     }
     let mut files = crate::procs::ProcFiles::open(&o.procs_dir);
 
-    // One TCP table per network namespace.
-    let mut tables: HashMap<u64, HashMap<u64, TcpEntry>> = HashMap::new();
-    let mut out = Vec::new();
-    let mut seen_inodes = BTreeSet::new();
+    // One TCP table per network namespace, read before any connection is looked at (the
+    // other end of one may be in a namespace of a process scanned later), and which scanned
+    // process holds each socket.
+    let mut tables: HashMap<u64, NsTable> = HashMap::new();
+    let mut holders: HashMap<(u64, u64), u32> = HashMap::new();
+    let mut scanned = Vec::new();
     for p in &procs {
         let inodes = socket_inodes(p.pid);
         if inodes.is_empty() {
@@ -493,11 +542,19 @@ pub fn collect(o: &Options) -> Result<(Vec<ConnInfo>, Notes)> {
         let Ok(ns) = fs::metadata(format!("/proc/{}/ns/net", p.pid)).map(|m| m.ino()) else {
             continue;
         };
-        let table = tables.entry(ns).or_insert_with(|| {
-            let mut t = HashMap::new();
-            tcp_table(p.pid, &mut t);
-            t
-        });
+        tables.entry(ns).or_insert_with(|| NsTable::read(p.pid));
+        for &ino in &inodes {
+            holders.entry((ns, ino)).or_insert(p.pid);
+        }
+        scanned.push((p, ns, inodes));
+    }
+    let mut library: HashMap<u32, bool> = HashMap::new();
+    let mut out = Vec::new();
+    let mut seen_inodes = BTreeSet::new();
+    for (p, ns, inodes) in scanned {
+        let Some(table) = tables.get(&ns) else {
+            continue;
+        };
         let command = fs::read_to_string(format!("/proc/{}/comm", p.pid))
             .map(|s| s.trim().to_string())
             .unwrap_or_default();
@@ -515,7 +572,7 @@ pub fn collect(o: &Options) -> Result<(Vec<ConnInfo>, Notes)> {
         let file = file.as_ref();
         let mut maps_checked = None;
         for ino in inodes {
-            let Some(t) = table.get(&ino) else {
+            let Some(t) = table.by_inode.get(&ino) else {
                 continue;
             };
             if !seen_inodes.insert((ns, ino)) {
@@ -607,9 +664,31 @@ pub fn collect(o: &Options) -> Result<(Vec<ConnInfo>, Notes)> {
                 out.push(c);
                 continue;
             }
-            // 3. inferred from the eBPF view
+            // 3. inferred from the eBPF view; without its record (`--tcp-records off`) from
+            // the TCP tables and which processes run the library.
             let why: &str = if entry.is_none() && !p.records && p.mode == "ism" {
-                "UNRECORDED"
+                c.source = "proc";
+                let mut lib = |pid: u32| *library.entry(pid).or_insert_with(|| runs_library(pid));
+                let other = mirror_end(&tables, ns, t);
+                c.same_host = other.is_some();
+                if !lib(p.pid) {
+                    "NOT_ENABLED"
+                } else {
+                    // Ours announced SMC. The other end's process: one without the library, or
+                    // outside every attached cgroup (all are scanned without `--cgroup`), did
+                    // not announce it.
+                    let peer_lib = match other.map(|e| holders.get(&e)) {
+                        Some(Some(&pid)) => Some(lib(pid)),
+                        Some(None) if o.cgroup.is_none() => Some(false),
+                        _ => None,
+                    };
+                    if peer_lib == Some(false) {
+                        c.reason_code = Some(format!("{:#010x}", diag::Diag::PeerNoSmc.code()));
+                        "PEERNOSMC"
+                    } else {
+                        "UNRECORDED"
+                    }
+                }
             } else if entry.is_none() {
                 "UNTRACKED"
             } else if p.mode == "shortcut" {

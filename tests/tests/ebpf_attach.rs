@@ -717,10 +717,12 @@ fn tcp_records_off_leaves_no_record_of_connections_that_stay_tcp() {
         assert_eq!(s & want, want, "{addr} server {s:#x}");
         assert_eq!(delta(&before, &after, "same_host_pairs"), 1, "{addr}");
     }
+    // `conns` tells from the TCP tables what the records would have said (`on` below).
     let (p, port) = held_connection(&cg);
     for e in conns_of(&cg, port) {
-        assert_eq!(e["reason"], "UNRECORDED", "{e:#}");
-        assert_eq!(e["same_host"], false, "{e:#}");
+        assert_eq!(e["reason"], "NOT_ENABLED", "{e:#}");
+        assert_eq!(e["same_host"], true, "{e:#}");
+        assert_eq!(e["source"], "proc", "{e:#}");
         assert_eq!(e["flags"], serde_json::json!([]), "{e:#}");
     }
     drop(p);
@@ -791,4 +793,44 @@ fn tcp_records_off_keeps_smcd() {
     let c = &v["connections"];
     assert_eq!(c["smcd_client"], 2, "{v:#}");
     assert_eq!(c["tcp_fallback_client"], 1, "{v:#}");
+
+    // Held open, such a connection is in `conns` as with the records: the library's end
+    // `PEERNOSMC`, the plain server's `NOT_ENABLED`, both on this host (from the TCP tables).
+    let mut srv = w.cgroup().command("python3");
+    srv.arg("-c").arg(HOLD_SERVER);
+    let mut srv = spawn_piped(srv);
+    let port = ready_port(&mut srv);
+    let mut cl = w.run("python3");
+    cl.arg("-c").arg(format!(
+        "import socket, time\n\
+         c = socket.create_connection(('127.0.0.1', {port})); c.sendall(b'x'); c.recv(1)\n\
+         print('READY', {port}, flush=True)\n\
+         time.sleep(120)\n"
+    ));
+    let mut cl = spawn_piped(cl);
+    ready_port(&mut cl);
+    let ends = conns_of(w.cgroup(), port);
+    let by_port = |server: bool| {
+        ends.iter()
+            .find(|e| e["local"].as_str().unwrap().ends_with(&format!(":{port}")) == server)
+            .unwrap_or_else(|| {
+                panic!(
+                    "no {} end in {ends:#?}",
+                    if server { "server" } else { "client" }
+                )
+            })
+    };
+    assert_eq!(by_port(false)["reason"], "PEERNOSMC", "{ends:#?}");
+    assert_eq!(by_port(true)["reason"], "NOT_ENABLED", "{ends:#?}");
+    for e in &ends {
+        assert_eq!(e["same_host"], true, "{e:#}");
+        assert_eq!(e["mode"], "TCP", "{e:#}");
+    }
 }
+
+/// A plain server that accepts one connection, answers its byte and holds it.
+const HOLD_SERVER: &str = "import socket, time\n\
+     l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen()\n\
+     print('READY', l.getsockname()[1], flush=True)\n\
+     a, _ = l.accept(); a.recv(1); a.sendall(b'y')\n\
+     time.sleep(120)\n";
