@@ -289,7 +289,7 @@ impl Agent {
                     Ok(Some((by, _))) if by != t.dir => {
                         Err(anyhow::anyhow!("already enabled by {}", by.display()))
                     }
-                    _ => bpf::attach(&t.dir, self.mode, bpf::AttachConfig::default()),
+                    _ => bpf::attach(&t.dir, self.mode, None),
                 };
                 match res {
                     Ok(msg) => {

@@ -291,13 +291,17 @@ pub struct AttachConfig {
     pub tcp_records: bool,
 }
 
-impl Default for AttachConfig {
-    fn default() -> Self {
-        AttachConfig { tcp_records: true }
-    }
-}
-
 impl AttachConfig {
+    /// What a cgroup newly attached in `mode` gets when nothing is asked: no records of
+    /// connections that stay TCP in ism mode (they cost such a connection 2.2–2.4 µs of eBPF
+    /// instead of 0.6–0.7, docs/PERF.md; `conns` finds their same-host peers in the TCP
+    /// tables); shortcut mode tracks every socket.
+    pub fn default_for(mode: Mode) -> AttachConfig {
+        AttachConfig {
+            tcp_records: mode == Mode::Shortcut,
+        }
+    }
+
     fn bits(self) -> u32 {
         if self.tcp_records {
             0
@@ -356,12 +360,13 @@ fn config_text(cfg: AttachConfig) -> &'static str {
     }
 }
 
-/// `smc-ctl attach`. Attaching a cgroup attached in the same mode again applies `cfg` to it.
-pub fn attach(cgroup: &Path, mode: Mode, cfg: AttachConfig) -> Result<String> {
+/// `smc-ctl attach`. Attaching a cgroup attached in the same mode again applies `cfg` to it
+/// (`None`: keeps its settings; for a new attach, [`AttachConfig::default_for`] the mode).
+pub fn attach(cgroup: &Path, mode: Mode, cfg: Option<AttachConfig>) -> Result<String> {
     sys::require_root()?;
     // Shortcut mode records every socket (its program never reads the setting, so the kernel
     // makes no entry for it).
-    if mode == Mode::Shortcut && cfg != AttachConfig::default() {
+    if mode == Mode::Shortcut && cfg.is_some_and(|c| c != AttachConfig::default_for(mode)) {
         bail!("--tcp-records off applies to --mode ism only (shortcut mode tracks every socket)");
     }
     let cg = sys::check_cgroup2_dir(cgroup)?;
@@ -382,6 +387,13 @@ pub fn attach(cgroup: &Path, mode: Mode, cfg: AttachConfig) -> Result<String> {
         }
         if *have == mode {
             let before = read_config(ino);
+            let Some(cfg) = cfg.or(before) else {
+                return Ok(format!(
+                    "{} already attached (mode {})",
+                    cg.display(),
+                    mode_name(mode)
+                ));
+            };
             if before == Some(cfg) {
                 return Ok(format!(
                     "{} already attached (mode {}, {})",
@@ -404,6 +416,7 @@ pub fn attach(cgroup: &Path, mode: Mode, cfg: AttachConfig) -> Result<String> {
             mode_name(*have)
         );
     }
+    let cfg = cfg.unwrap_or(AttachConfig::default_for(mode));
     let cg_file = fs::File::open(&cg).with_context(|| format!("open {}", cg.display()))?;
     let mut pinned = Vec::new();
     let res = (|| -> Result<()> {

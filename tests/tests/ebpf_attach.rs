@@ -92,12 +92,14 @@ fn option_negotiated_only_when_both_ends_opt_in() {
     }
 }
 
+/// With `--tcp-records on`, a pair that never announced SMC is known as same-host to the eBPF
+/// programs (off, the default, see below: only to `conns`).
 #[test]
 fn same_host_detected_over_loopback_v4_v6() {
     require_root();
     let _l = lock();
     let cg = test_cgroup();
-    let _a = Attached::new(&cg, "ism");
+    let _a = Attached::with(&cg, "ism", &["--tcp-records", "on"]);
     for addr in ["127.0.0.1:0", "[::1]:0"] {
         let before = counters();
         let (c, s) = pair(&cg, addr, false, false);
@@ -676,16 +678,17 @@ fn tcp_records_of(cg: &Cgroup) -> serde_json::Value {
         .clone()
 }
 
-/// `attach --tcp-records off`: a connection that cannot become SMC-D leaves no same-host
-/// record (its ends learn nothing of each other, `conns` says `UNRECORDED`), one whose ends
-/// both announce SMC is recorded as before; `--tcp-records on` on the attached cgroup restores
-/// the records for new connections.
+/// `--tcp-records off`, the default of an ism attach: a connection that cannot become SMC-D
+/// leaves no same-host record (its ends learn nothing of each other; `conns` finds its other
+/// end in the TCP tables), one whose ends both announce SMC is recorded as before;
+/// `--tcp-records on` on the attached cgroup restores the records for new connections, and an
+/// attach again without the option keeps the setting.
 #[test]
 fn tcp_records_off_leaves_no_record_of_connections_that_stay_tcp() {
     require_root();
     let _l = lock();
     let cg = test_cgroup();
-    let _a = Attached::with(&cg, "ism", &["--tcp-records", "off"]);
+    let _a = Attached::new(&cg, "ism");
     assert_eq!(tcp_records_of(&cg), false);
     for addr in ["127.0.0.1:0", "[::1]:0"] {
         // Neither end opted in.
@@ -736,6 +739,9 @@ fn tcp_records_off_leaves_no_record_of_connections_that_stay_tcp() {
         "{on:?}"
     );
     assert_eq!(tcp_records_of(&cg), true);
+    let again = smc_ctl(&["attach", "--cgroup", cgp]);
+    assert!(again.status.success(), "{again:?}");
+    assert_eq!(tcp_records_of(&cg), true, "{again:?}");
     let before = counters();
     let (c, s) = pair(&cg, "127.0.0.1:0", false, false);
     let after = counters();

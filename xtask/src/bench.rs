@@ -44,7 +44,7 @@
 //! second; `scale-65k` with `SMC_BENCH_SCALE_65K=1`, `scale-20k`, `scale-40k`, … with
 //! `SMC_BENCH_SCALE_N=20000,40000`), `scale-idle-10`, `scale-idle-1k`, `scale-idle-4k` (N connections in one epoll set,
 //! one of them pinging every millisecond). `SMC_BENCH_TCP_RECORDS=off` attaches the ism cgroup
-//! with `--tcp-records off` (`on`: explicitly the default).
+//! with `--tcp-records off` (explicitly the default), `on` with the records.
 use std::{
     cell::Cell as StdCell,
     collections::BTreeMap,
@@ -183,8 +183,8 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
         let mut cg_shortcut = crate::cgroup("shortcut")?;
         cg_shortcut.attach(&smc_ctl, "shortcut")?;
         let mut cg_ism = crate::cgroup("ism")?;
-        // `SMC_BENCH_TCP_RECORDS=off`: the ism cgroup keeps no records of connections that
-        // cannot become SMC-D (`smc-ctl attach --tcp-records off`), to compare with the default.
+        // `SMC_BENCH_TCP_RECORDS=on`: the ism cgroup keeps records of connections that cannot
+        // become SMC-D (`smc-ctl attach --tcp-records on`), to compare with the default (off).
         match std::env::var("SMC_BENCH_TCP_RECORDS").as_deref() {
             Ok(v @ ("on" | "off")) => {
                 eprintln!("==> ism cgroup attached with --tcp-records {v}");
