@@ -394,6 +394,8 @@ pub struct SmcWorld {
     cg: Option<Cgroup>,
     att: Option<Attached>,
     daemon: Option<Daemon>,
+    /// The daemon's arguments (for [`SmcWorld::restart_daemon`]).
+    dargs: Vec<OsString>,
     _lock: TestLock,
 }
 
@@ -430,8 +432,35 @@ impl SmcWorld {
             cg: Some(cg),
             att: Some(att),
             daemon: Some(daemon),
+            dargs,
             _lock: lock,
         }
+    }
+
+    /// Ends this world's daemon with `signal` (`SIGTERM`: an upgrade or a stop; `SIGKILL`: a
+    /// crash) and waits until it is gone; [`SmcWorld::start_daemon`] starts the next one.
+    pub fn stop_daemon(&mut self, signal: i32) {
+        let mut d = self.daemon.take().expect("daemon");
+        // SAFETY: the pid of our own live child.
+        unsafe { libc::kill(d.pid() as libc::pid_t, signal) };
+        d.proc
+            .0
+            .wait()
+            .unwrap_or_else(|e| panic!("wait for the daemon: {e}"));
+    }
+
+    /// Starts a daemon again on this world's socket, with the first one's arguments.
+    pub fn start_daemon(&mut self) {
+        assert!(self.daemon.is_none(), "the daemon runs");
+        let daemon = Daemon::start(
+            &self.smc_ctl,
+            &self.dir,
+            &self.dargs,
+            Some(&self.dir.join("logs/daemon.log")),
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(daemon.socket, self.sock);
+        self.daemon = Some(daemon);
     }
 
     pub fn cgroup(&self) -> &Cgroup {
