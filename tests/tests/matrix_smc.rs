@@ -17,6 +17,7 @@
 //! | socat, both ends (file upload, echo through `EXEC:cat`, inetd style: `fork` + `EXEC:cat,nofork`) | half-close; a connection as stdin/stdout of an exec'd image | SMC-D (the inetd leg continues on TCP at its `dup2` onto stdin/stdout) |
 //! | Go `net/http` and echo server (raw system calls) | the library loaded but never called | TCP (the client falls back) |
 //! | socat inetd style, the handler exec'd without the library (`env -i cat`) | an SMC-D connection as stdin/stdout of an image that cannot read the rings | byte-exact: the connection continues on TCP (at the `dup2` onto stdin/stdout, or before the exec) |
+//! | haproxy `mode tcp` + `option splice-request/-response` and `mode http`, curl and wrk in front, Python `http.server` behind | a proxy's two legs, `splice(2)` between sockets, threads | SMC-D |
 //!
 //! The rest of the matrix lives next to the programs' other tests: redis (redis-benchmark,
 //! redis-cli) and curl (against nginx) in `apps_smc.rs`, the prefork + exec and inetd servers
@@ -1651,5 +1652,136 @@ fn socat_inetd_handler_without_the_library() {
     m.report(&format!(
         "SMC-D {:?}, switched to TCP for the handler",
         smcd(&sum)
+    ));
+}
+
+// ─────────────────────────────────────────── haproxy ─────────────────────────────────────────
+
+/// One haproxy run: a Python `http.server` backend serving `files`, haproxy in front of it
+/// twice (`mode tcp` with `option splice-request` and `splice-response`, where haproxy moves the
+/// bytes between its two sockets with `splice(2)` through a pipe; and `mode http`, where it parses and rewrites), curl
+/// fetching each file 5 times through each and wrk a second of keep-alive requests through the
+/// http one (its count varies: only its errors go into the transcript). The transcript and
+/// the pids (name, pid) of the clients, haproxy and the backend.
+fn haproxy_run(m: &Matrix, mode: Mode, files: &Path) -> (String, Vec<(String, u32)>) {
+    let haproxy = require_tool("haproxy", "haproxy");
+    let curl = require_tool("curl", "curl");
+    let wrk = require_tool("wrk", "wrk");
+    let d = m.dir(mode, "haproxy");
+    let mut pids = Vec::new();
+    let mut out = String::new();
+
+    let be_port = free_port();
+    let mut c = m.cmd(mode, "python3");
+    c.args([
+        "-m",
+        "http.server",
+        &be_port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--directory",
+    ])
+    .arg(files);
+    let log = d.join("backend.log");
+    let mut backend = spawn_logged(c, &log);
+    wait_listening(&mut backend, be_port, T, "python http.server", Some(&log));
+    pids.push(("backend".to_string(), backend.0.id()));
+
+    for (name, proxy_mode, opts) in [
+        (
+            "tcp",
+            "tcp",
+            "option splice-request\n  option splice-response",
+        ),
+        ("http", "http", ""),
+    ] {
+        let port = free_port();
+        let cfg = d.join(format!("{name}.cfg"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "global\n  maxconn 1000\ndefaults\n  mode {proxy_mode}\n  timeout connect 10s\n  \
+                 timeout client 60s\n  timeout server 60s\n  {opts}\nfrontend fe\n  bind \
+                 127.0.0.1:{port}\n  default_backend be\nbackend be\n  server s1 \
+                 127.0.0.1:{be_port}\n"
+            ),
+        )
+        .unwrap();
+        let mut c = m.cmd(mode, &haproxy);
+        // Every connection SMC-D, also haproxy's short ones to the backend (the policy would
+        // keep those on TCP after a few).
+        c.env("SMC_SHORT_BYTES", "0");
+        c.arg("-f").arg(&cfg).arg("-db");
+        let log = d.join(format!("haproxy-{name}.log"));
+        let mut hp = spawn_logged(c, &log);
+        wait_listening(&mut hp, port, T, "haproxy", Some(&log));
+        pids.push((format!("haproxy {name}"), hp.0.id()));
+        for f in ["big.bin", "small.bin"] {
+            for i in 0..5 {
+                let mut c = m.cmd(mode, &curl);
+                c.args(["-s", "--fail", &format!("http://127.0.0.1:{port}/{f}")]);
+                let r = m.client(c);
+                assert!(r.status.success(), "curl {name} {f}: {}", r.stderr);
+                out += &format!(
+                    "{name} {f} {i} {} {}\n",
+                    r.stdout.len(),
+                    sha256_hex(&r.stdout)
+                );
+                pids.push((format!("curl {name} {f} {i}"), r.pid));
+            }
+        }
+        if proxy_mode == "http" {
+            let mut c = m.cmd(mode, &wrk);
+            c.args([
+                "-t1",
+                "-c8",
+                "-d1s",
+                &format!("http://127.0.0.1:{port}/small.bin"),
+            ]);
+            let r = m.client(c);
+            let text = String::from_utf8_lossy(&r.stdout).into_owned();
+            assert!(r.status.success(), "wrk: {text}{}", r.stderr);
+            assert!(text.contains("Requests/sec"), "wrk: {text}");
+            out += &format!(
+                "wrk errors: {} {}\n",
+                text.contains("Socket errors"),
+                text.contains("Non-2xx")
+            );
+        }
+        drop(hp);
+    }
+    drop(backend);
+    (out, pids)
+}
+
+/// haproxy (issue 10's proxies) between curl/wrk and a Python backend, in `mode tcp` with
+/// splice and in `mode http`: the bodies byte-exact as over plain TCP, every connection of the
+/// curl clients and of haproxy SMC-D at both ends, no fallback, no handshake error. haproxy's
+/// `splice(2)` on an SMC-D socket is served by the library (counted `special_splice`).
+#[test]
+fn haproxy_tcp_splice_and_http() {
+    let m = Matrix::new("haproxy");
+    let files = m.w.subdir("www");
+    for (name, n, seed) in [("big.bin", 5_000_000usize, 11u64), ("small.bin", 1_000, 12)] {
+        std::fs::write(files.join(name), pseudo_random(n, seed, false)).unwrap();
+    }
+    let (tcp, _) = haproxy_run(&m, Mode::Tcp, &files);
+    assert!(tcp.contains("wrk errors: false false"), "plain TCP: {tcp}");
+    let (smc, pids) = haproxy_run(&m, Mode::Smc, &files);
+    assert_same("haproxy", &tcp, &smc);
+    for (what, pid) in pids.iter().filter(|(w, _)| w.starts_with("curl")) {
+        assert_all_smcd(what, &m.w.stats_of(*pid, what), 1, 0);
+    }
+    let sum = world_closed(&m);
+    assert_all_smcd("the world", &sum, 20, 20);
+    assert!(
+        sum.get("special_splice") > 0,
+        "haproxy did not splice: {}",
+        brief(&sum)
+    );
+    m.report(&format!(
+        "SMC-D {:?}, splice calls served {}",
+        smcd(&sum),
+        sum.get("special_splice")
     ));
 }

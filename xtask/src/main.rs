@@ -122,6 +122,7 @@ const APT_PACKAGES: &[&str] = &[
     "libmemcached-tools",
     "socat",
     "golang-go",
+    "haproxy",
     // systemd-analyze: the tests verify the packaged units offline.
     "systemd",
     // The Kubernetes API models: the tests validate the manifests offline.
@@ -289,7 +290,7 @@ fn setup() -> Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
         // The packaged services must not hold the ports the tests use.
-        for svc in ["nginx", "redis-server"] {
+        for svc in ["nginx", "redis-server", "haproxy"] {
             let _ = Command::new("systemctl").args(["stop", svc]).status();
             let _ = Command::new("service").args([svc, "stop"]).status();
         }
