@@ -1785,3 +1785,89 @@ fn haproxy_tcp_splice_and_http() {
         sum.get("special_splice")
     ));
 }
+
+/// One run of haproxy's seamless reload: master-worker (`-W`), its listeners exposed on the
+/// stats socket (`expose-fd listeners`), reloaded three times with `SIGUSR2` (the master
+/// execs itself again and the new worker takes the listening sockets from the old one over
+/// the stats socket, `-x`, with `SCM_RIGHTS`) while 30 curl clients, one after the other,
+/// fetch a 5 MB file through it. The transcript (each body's length and hash) and the curl pids.
+fn haproxy_reload_run(m: &Matrix, mode: Mode, files: &Path) -> (String, Vec<(String, u32)>) {
+    let haproxy = require_tool("haproxy", "haproxy");
+    let curl = require_tool("curl", "curl");
+    let d = m.dir(mode, "haproxy-reload");
+    let be_port = free_port();
+    let mut c = m.cmd(mode, "python3");
+    c.args([
+        "-m",
+        "http.server",
+        &be_port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--directory",
+    ])
+    .arg(files);
+    let log = d.join("backend.log");
+    let mut backend = spawn_logged(c, &log);
+    wait_listening(&mut backend, be_port, T, "python http.server", Some(&log));
+    let port = free_port();
+    let cfg = d.join("reload.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "global\n  maxconn 1000\n  stats socket {} mode 600 level admin expose-fd \
+             listeners\ndefaults\n  mode http\n  timeout connect 10s\n  timeout client 60s\n  \
+             timeout server 60s\nfrontend fe\n  bind 127.0.0.1:{port}\n  default_backend \
+             be\nbackend be\n  server s1 127.0.0.1:{be_port}\n",
+            d.join("admin.sock").display()
+        ),
+    )
+    .unwrap();
+    let mut c = m.cmd(mode, &haproxy);
+    c.env("SMC_SHORT_BYTES", "0");
+    c.arg("-W").arg("-db").arg("-f").arg(&cfg);
+    let log = d.join("haproxy.log");
+    let mut hp = spawn_logged(c, &log);
+    wait_listening(&mut hp, port, T, "haproxy", Some(&log));
+    let master = hp.0.id();
+    let mut out = String::new();
+    let mut pids = Vec::new();
+    for i in 0..30 {
+        if i % 10 == 5 {
+            signal(master, libc::SIGUSR2);
+        }
+        let mut c = m.cmd(mode, &curl);
+        c.args(["-s", "--fail", &format!("http://127.0.0.1:{port}/big.bin")]);
+        let r = m.client(c);
+        assert!(r.status.success(), "curl {i}: {}", r.stderr);
+        out += &format!("{i} {} {}\n", r.stdout.len(), sha256_hex(&r.stdout));
+        pids.push((format!("curl {i}"), r.pid));
+    }
+    let reloads = std::fs::read_to_string(&log).unwrap_or_default();
+    drop(hp);
+    drop(backend);
+    // Every reload started a new worker (the master logs each).
+    let started = reloads.matches("Reloading HAProxy").count();
+    out += &format!("reloads {}\n", started.min(3));
+    (out, pids)
+}
+
+/// haproxy's seamless reload (issue 10, failure 3: listeners handed on, as HAProxy `-x` does)
+/// under traffic: every body byte-exact as over plain TCP, three reloads done, and every curl
+/// connection SMC-D at both ends also after them (the new workers run the library and take the
+/// listeners as theirs).
+#[test]
+fn haproxy_seamless_reload() {
+    let m = Matrix::new("haproxy reload");
+    let files = m.w.subdir("www");
+    std::fs::write(files.join("big.bin"), pseudo_random(5_000_000, 13, false)).unwrap();
+    let (tcp, _) = haproxy_reload_run(&m, Mode::Tcp, &files);
+    assert!(tcp.contains("reloads 3"), "plain TCP: {tcp}");
+    let (smc, pids) = haproxy_reload_run(&m, Mode::Smc, &files);
+    assert_same("haproxy reload", &tcp, &smc);
+    for (what, pid) in &pids {
+        assert_all_smcd(what, &m.w.stats_of(*pid, what), 1, 0);
+    }
+    let sum = world_closed(&m);
+    assert_all_smcd("the world", &sum, 30, 30);
+    m.report(&format!("SMC-D {:?}", smcd(&sum)));
+}

@@ -162,6 +162,7 @@ scenarios! {
     bad_pointer_read: 1;
     bad_pointer_write: 1;
     splice_pipe_to_socket_short: 1;
+    splice_socket_into_a_nearly_full_pipe: 1;
     sendfile_offset: 1;
     msg_oob: 1;
     oob_mark_mid_stream: 1;
@@ -4724,6 +4725,75 @@ fn bad_pointer_write() {
     });
     write_all(c, b"ok");
     rd("read(s)", s, 100);
+    close(c);
+    close(s);
+}
+
+/// `splice` from the socket into a blocking pipe with room for one page only, as a proxy does
+/// (haproxy `option splice-response`, whose own thread empties the pipe later): it moves what
+/// fits and returns, never waiting for room (the library wrote all it had read into the pipe
+/// and blocked for good: 20 of 60 haproxy transfers hung). With `SPLICE_F_NONBLOCK` a full pipe
+/// says EAGAIN, and so does an empty one spliced into the socket.
+fn splice_socket_into_a_nearly_full_pipe() {
+    let (c, s) = pair();
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+    write_all(c, &data);
+    let t = Instant::now();
+    while ioctl_int(s, libc::FIONREAD).1 < data.len() as c_int
+        && t.elapsed() < Duration::from_secs(5)
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (rp, wp) = pipe();
+    // 15 of the pipe's 16 pages taken.
+    write_all(wp, &[7u8; 15 * 4096]);
+    let null = std::ptr::null_mut();
+    for flags in [0, libc::SPLICE_F_NONBLOCK] {
+        // SAFETY: socket -> pipe, no offsets.
+        let k = unsafe { libc::splice(s, null, wp, null, 65536, flags) };
+        log(format!(
+            "splice(s -> pipe with one free page, flags {flags}) = {}",
+            if k < 0 {
+                ename(errno())
+            } else if k > 0 && k <= 4096 {
+                "at most a page".into()
+            } else {
+                format!("{k}")
+            }
+        ));
+    }
+    // The pipe drained, the rest moves through it in order.
+    let mut got = read_n(rp, 15 * 4096);
+    log(format!(
+        "pipe filler intact: {}",
+        got.iter().all(|&b| b == 7)
+    ));
+    got.clear();
+    // Non-blocking: a splice from an empty socket says EAGAIN instead of waiting (a socket
+    // waits by its own O_NONBLOCK, not by SPLICE_F_NONBLOCK).
+    set_nonblock(s, true);
+    while got.len() < data.len() {
+        // SAFETY: socket -> pipe, no offsets.
+        let k = unsafe { libc::splice(s, null, wp, null, 65536, libc::SPLICE_F_NONBLOCK) };
+        if k <= 0 {
+            if k < 0 && errno() == libc::EAGAIN {
+                got.extend(read_n(rp, ioctl_int(rp, libc::FIONREAD).1.max(0) as usize));
+                continue;
+            }
+            r("splice(s -> pipe)", k);
+            break;
+        }
+        got.extend(read_n(rp, k as usize));
+    }
+    log(format!(
+        "every byte through the pipe, in order: {}",
+        got == data
+    ));
+    // SAFETY: an empty blocking pipe -> socket with SPLICE_F_NONBLOCK.
+    let k = unsafe { libc::splice(rp, null, c, null, 100, libc::SPLICE_F_NONBLOCK) };
+    r("splice(empty pipe -> c, SPLICE_F_NONBLOCK)", k);
+    close(rp);
+    close(wp);
     close(c);
     close(s);
 }
