@@ -69,7 +69,7 @@ extern "C" fn init() {
     setup::init_env();
     let _ = stats::keep();
     ops::adopt_orphans_after_exec();
-    lifecycle::adopt_inherited_listeners();
+    lifecycle::adopt_inherited_sockets();
     // SAFETY: registering plain extern "C" functions.
     unsafe {
         libc::atexit(at_exit);

@@ -2367,3 +2367,72 @@ fn connections_set_up_with_syn_cookies_stay_tcp_and_read_no_clc_bytes() {
         "no CLC bytes read as a request, some lines read: {out}"
     );
 }
+
+/// The parent binds, a worker it starts with Python's `multiprocessing` "spawn" (fork, then
+/// exec of a new interpreter that inherits the socket) listens and serves: uvicorn
+/// `--workers N` does this. The worker's image runs the library, so its listener announces SMC
+/// and its connections are SMC-D, byte-exact as over TCP (before, a socket this image had not
+/// created was never opted in: every client fell back `PEERNOSMC`).
+const SPAWNED_WORKER_LISTENS: &str = r#"
+import hashlib, multiprocessing as mp, socket, time
+def worker(sock, n):
+    sock.listen(16)
+    for i in range(n):
+        c, _ = sock.accept()
+        d = c.recv(100)
+        c.sendall(d * 20000)
+        c.close()
+if __name__ == "__main__":
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    p = mp.get_context("spawn").Process(target=worker, args=(s, 5))
+    p.start()
+    out = []
+    for i in range(5):
+        t = time.time()
+        while True:
+            try:
+                c = socket.create_connection(("127.0.0.1", port))
+                break
+            except ConnectionRefusedError:
+                # Not listening yet (the worker is starting).
+                assert time.time() - t < 30
+                time.sleep(0.01)
+        c.sendall(b"req %d\n" % i)
+        got = b""
+        while True:
+            d = c.recv(65536)
+            if not d:
+                break
+            got += d
+        out.append((len(got), hashlib.sha256(got).hexdigest()[:16]))
+        c.close()
+    p.join()
+    print(out, p.exitcode, flush=True)
+"#;
+
+#[test]
+fn a_socket_bound_by_the_parent_listens_in_a_spawned_worker_over_smcd() {
+    let w = SmcWorld::new();
+    let py = script(&w, "spawned_worker.py", SPAWNED_WORKER_LISTENS);
+    let tcp = spawn_piped({
+        let mut c = Command::new("python3");
+        c.arg(&py);
+        c
+    })
+    .wait_output(T)
+    .expect("spawned_worker.py over TCP");
+    let before = w.stats_sum();
+    let out = spawn_piped(python(&w, &py))
+        .wait_output(T)
+        .expect("spawned_worker.py");
+    assert_eq!(out, tcp, "library against plain TCP");
+    let sum = w.stats_sum();
+    assert_eq!(
+        sum.get("smcd_server") - before.get("smcd_server"),
+        5,
+        "the worker's connections: {}",
+        brief(&sum)
+    );
+}

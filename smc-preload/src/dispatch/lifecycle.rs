@@ -9,7 +9,7 @@
 //!   Go): a listener it inherits must not announce SMC, or it would read its clients' CLC
 //!   Proposals as request bytes. Listeners that survive an exec withdraw their announcement
 //!   (`SMC_SO_ENABLE` 0, which the eBPF programs record per port and namespace); an image that
-//!   runs the library announces again at load ([`adopt_inherited_listeners`]).
+//!   runs the library announces again at load ([`adopt_inherited_sockets`]).
 //! - **fds we did not see close.** `syscall(SYS_close)` (libuv), `fclose` of an `fdopen`ed
 //!   socket, a close inside a runtime: the slot of that number still holds the connection
 //!   when the kernel hands the number out again. Every fd-creating call we interpose drops such
@@ -245,7 +245,7 @@ fn cloexec(fd: c_int) -> bool {
 /// setuid, static, another language runtime), and one that inherits a listener announcing SMC
 /// would read its clients' CLC Proposals as request bytes. So every listener that survives
 /// the exec stops announcing; the new image, if it runs the library, announces again at load
-/// ([`adopt_inherited_listeners`]). No allocation: this may run in a `vfork` child.
+/// ([`adopt_inherited_sockets`]). No allocation: this may run in a `vfork` child.
 pub fn withdraw_listeners_for_exec() -> Withdrawn {
     let mut w = Withdrawn {
         fds: [-1; MAX_WITHDRAWN],
@@ -1181,7 +1181,7 @@ pub unsafe fn popen(cmd: *const c_char, mode: *const c_char) -> *mut libc::FILE 
 /// data path, so they announce SMC (again) and become our listeners. A listener that never
 /// announced (opted in after `listen`) gets no option into its SYN-ACKs: its connections stay
 /// TCP, as before.
-pub fn adopt_inherited_listeners() {
+pub fn adopt_inherited_sockets() {
     if !policy::enabled() {
         return;
     }
@@ -1193,7 +1193,22 @@ pub fn adopt_inherited_listeners() {
         .collect();
     for fd in fds {
         adopt_if_listener(fd);
+        adopt_if_unconnected(fd);
     }
+}
+
+/// `fd`, unknown here, may opt in like a socket this process created if it is a TCP socket
+/// that neither listens nor has started to connect: bound by the image before the exec, made
+/// a listener by this one (uvicorn `--workers`, Python `multiprocessing` "spawn": the parent
+/// binds, each worker it spawns listens; their clients fell back `PEERNOSMC`), or received
+/// with `SCM_RIGHTS` (Node's cluster primary binds and passes the socket to its workers).
+fn adopt_if_unconnected(fd: c_int) {
+    if fdtable::raw(fd) != 0 || !is_unconnected_tcp(fd) {
+        return;
+    }
+    crate::debug!("fd {fd}: an unconnected TCP socket from elsewhere: may opt in");
+    fdtable::set_tag(fd, fdtable::TAG_TCP);
+    setup::forget_rcvbuf(fd);
 }
 
 /// `fd` becomes one of our listeners if it is a listening TCP socket (inherited or received).
@@ -1755,12 +1770,7 @@ fn fd_arrived(fd: c_int) {
         return;
     }
     if is_unconnected_tcp(fd) {
-        // Neither listening nor connected yet: Node's cluster primary binds the listener and
-        // passes it to its workers, which call `listen` on it. It may opt in like a socket
-        // this process created.
-        crate::debug!("fd {fd}: received an unconnected TCP socket: may opt in");
-        fdtable::set_tag(fd, fdtable::TAG_TCP);
-        setup::forget_rcvbuf(fd);
+        adopt_if_unconnected(fd);
         return;
     }
     if !setup::looks_like_smc_conn(fd) {
