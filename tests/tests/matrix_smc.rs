@@ -18,6 +18,7 @@
 //! | Go `net/http` and echo server (raw system calls) | the library loaded but never called | TCP (the client falls back) |
 //! | socat inetd style, the handler exec'd without the library (`env -i cat`) | an SMC-D connection as stdin/stdout of an image that cannot read the rings | byte-exact: the connection continues on TCP (at the `dup2` onto stdin/stdout, or before the exec) |
 //! | haproxy `mode tcp` + `option splice-request/-response` and `mode http`, curl and wrk in front, Python `http.server` behind | a proxy's two legs, `splice(2)` between sockets, threads | SMC-D |
+//! | gunicorn (2 sync workers) and uvicorn (`--workers 2`, uvloop) with a WSGI/ASGI app, curl | prefork after `listen`; `multiprocessing` spawn after `bind` (each worker listens on an inherited socket) | SMC-D |
 //!
 //! The rest of the matrix lives next to the programs' other tests: redis (redis-benchmark,
 //! redis-cli) and curl (against nginx) in `apps_smc.rs`, the prefork + exec and inetd servers
@@ -1869,5 +1870,142 @@ fn haproxy_seamless_reload() {
     }
     let sum = world_closed(&m);
     assert_all_smcd("the world", &sum, 30, 30);
+    m.report(&format!("SMC-D {:?}", smcd(&sum)));
+}
+
+// ──────────────────────────────────── gunicorn and uvicorn ───────────────────────────────────
+
+/// A WSGI and an ASGI application: `/` a short answer, `/big` 3 MB, `POST /post` the hash of
+/// the request body.
+const PY_APP: &str = r#"
+import hashlib
+BIG = bytes((i * 7) % 251 for i in range(3_000_000))
+def answer(path, body):
+    if path == "/big":
+        return BIG
+    if path == "/post":
+        return hashlib.sha256(body).hexdigest().encode()
+    return b"hello\n"
+def app(environ, start_response):
+    n = int(environ.get("CONTENT_LENGTH") or 0)
+    out = answer(environ.get("PATH_INFO", "/"), environ["wsgi.input"].read(n))
+    start_response("200 OK", [("Content-Length", str(len(out)))])
+    return [out]
+async def asgi(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    body = b""
+    while True:
+        m = await receive()
+        body += m.get("body", b"")
+        if not m.get("more_body"):
+            break
+    out = answer(scope["path"], body)
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", str(len(out)).encode())]})
+    await send({"type": "http.response.body", "body": out})
+"#;
+
+/// Debian's Python (the one the packages `gunicorn`, `python3-uvicorn` and `python3-uvloop`
+/// install into), whatever `python3` comes first on the `PATH`.
+const DEBIAN_PYTHON: &str = "/usr/bin/python3";
+
+/// One run: gunicorn (2 sync workers, forked by its arbiter after it listens) and uvicorn (2
+/// workers on uvloop, spawned by `multiprocessing` after the parent bound: each listens), each
+/// asked by curl for `/big` 3 times, `/` 3 times and `POST /post` with a 2 MB body twice. The
+/// transcript and the curl pids.
+fn wsgi_asgi_run(m: &Matrix, mode: Mode, dir: &Path) -> (String, Vec<(String, u32)>) {
+    let curl = require_tool("curl", "curl");
+    let d = m.dir(mode, "wsgi-asgi");
+    let mut out = String::new();
+    let mut pids = Vec::new();
+    for server in ["gunicorn", "uvicorn"] {
+        let port = free_port();
+        let mut c = m.cmd(mode, DEBIAN_PYTHON);
+        c.current_dir(dir);
+        if server == "gunicorn" {
+            c.args([
+                "-m",
+                "gunicorn",
+                "-w",
+                "2",
+                "-b",
+                &format!("127.0.0.1:{port}"),
+                "app:app",
+            ]);
+        } else {
+            c.args([
+                "-m",
+                "uvicorn",
+                "--loop",
+                "uvloop",
+                "--http",
+                "h11",
+                "--workers",
+                "2",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "app:asgi",
+            ]);
+        }
+        let log = d.join(format!("{server}.log"));
+        let mut srv = spawn_logged(c, &log);
+        wait_listening(&mut srv, port, T, server, Some(&log));
+        for (i, (path, post)) in [("/big", false), ("/", false), ("/post", true)]
+            .iter()
+            .flat_map(|&x| [x; 2])
+            .chain([("/big", false), ("/", false)])
+            .enumerate()
+        {
+            let mut c = m.cmd(mode, &curl);
+            c.args(["-s", "--fail", "--retry", "0"]);
+            if post {
+                c.arg("--data-binary")
+                    .arg(format!("@{}", dir.join("up.bin").display()));
+            }
+            c.arg(format!("http://127.0.0.1:{port}{path}"));
+            let r = m.client(c);
+            assert!(r.status.success(), "curl {server} {path}: {}", r.stderr);
+            out += &format!(
+                "{server} {path} {} {}\n",
+                r.stdout.len(),
+                sha256_hex(&r.stdout)
+            );
+            pids.push((format!("curl {server} {i} {path}"), r.pid));
+        }
+        drop(srv);
+    }
+    (out, pids)
+}
+
+/// gunicorn and uvicorn (`--workers 2`, uvloop): the WSGI/ASGI servers of most Python web
+/// applications, with their two ways of starting workers (fork after `listen`; spawn after
+/// `bind`, each worker listening on the socket it inherited across `exec`). Bodies byte-exact
+/// as over plain TCP, every curl connection SMC-D at both ends (uvicorn's clients fell back
+/// `PEERNOSMC` before: its workers' listener never announced).
+#[test]
+fn gunicorn_and_uvicorn_workers() {
+    let m = Matrix::new("gunicorn and uvicorn");
+    let probe = Command::new(DEBIAN_PYTHON)
+        .args(["-c", "import gunicorn, uvicorn, uvloop"])
+        .output();
+    assert!(
+        probe.as_ref().is_ok_and(|o| o.status.success()),
+        "gunicorn, uvicorn or uvloop is missing for {DEBIAN_PYTHON}: `cargo xtask setup` \
+         installs them (apt-get install -y gunicorn python3-uvicorn python3-uvloop): {probe:?}"
+    );
+    let dir = m.w.subdir("app");
+    std::fs::write(dir.join("app.py"), PY_APP).unwrap();
+    std::fs::write(dir.join("up.bin"), pseudo_random(2_000_000, 21, false)).unwrap();
+    let (tcp, _) = wsgi_asgi_run(&m, Mode::Tcp, &dir);
+    let (smc, pids) = wsgi_asgi_run(&m, Mode::Smc, &dir);
+    assert_same("gunicorn and uvicorn", &tcp, &smc);
+    for (what, pid) in &pids {
+        assert_all_smcd(what, &m.w.stats_of(*pid, what), 1, 0);
+    }
+    let sum = world_closed(&m);
+    assert_eq!(smcd(&sum), (16, 16), "{}", brief(&sum));
     m.report(&format!("SMC-D {:?}", smcd(&sum)));
 }

@@ -123,6 +123,10 @@ const APT_PACKAGES: &[&str] = &[
     "socat",
     "golang-go",
     "haproxy",
+    // Python's WSGI and ASGI servers, for Debian's python3.
+    "gunicorn",
+    "python3-uvicorn",
+    "python3-uvloop",
     // systemd-analyze: the tests verify the packaged units offline.
     "systemd",
     // The Kubernetes API models: the tests validate the manifests offline.
