@@ -1182,7 +1182,7 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     // SAFETY: `addr`/`len` are the caller's address (connect(2)'s contract); `Dest::of` reads at
     // most `len` bytes of it (or nothing if null).
     let dest = unsafe { policy::Dest::of(addr, len) };
-    if policy::policy_keeps_tcp() || policy::known_no_smc(dest) {
+    if policy::policy_keeps_tcp(dest) || policy::known_no_smc(dest) {
         drop(fdtable::replace(fd, Slot::Empty));
         // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
         // libc's `connect`.

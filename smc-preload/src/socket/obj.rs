@@ -147,6 +147,7 @@ pub fn release_ref(fd: i32, io_fd: i32, c: &Conn) {
     crate::stats::conn_closed(c);
     if c.role == crate::conn::Role::Client {
         crate::policy::note_client_conn(
+            c.with_io(io_fd, crate::policy::Dest::peer_of),
             sh.rx_bytes.load(Ordering::Relaxed) + sh.tx_bytes.load(Ordering::Relaxed),
             c.turns(),
         );

@@ -32,12 +32,29 @@ use smc_common::diag::POLICY_SHORT;
 /// a round trip over the rings saves ~20 µs and a byte copied ~0.15 ns, so a connection wins
 /// from about 5 round trips or about 700 KB. (Before: fewer than 16 KiB, whatever the round
 /// trips: one 16 KiB answer per connection stayed SMC-D at 0.36x of TCP's rate, and a chatty
-/// connection of small messages went to TCP.) After 8 such SMC connections in a row, new client
-/// connections stay on TCP (no SMC option in the SYN), except every 256th
-/// (`SMC_SHORT_PROBE`), at most one per 100 ms, which probes SMC again (a long probe resets the
-/// run). `SMC_SHORT_BYTES=0` disables the policy.
-static SHORT_RUN: AtomicU64 = AtomicU64::new(0);
-static SKIPPED: AtomicU64 = AtomicU64::new(0);
+/// connection of small messages went to TCP.) Learned per destination (address and port):
+/// after 8 such SMC connections in a row to one destination, new client connections to it stay
+/// on TCP (no SMC option in the SYN), except every 256th (`SMC_SHORT_PROBE`), at most one per
+/// 100 ms, which probes SMC again (a long probe resets the run). Another destination of the
+/// same process is judged on its own connections (before, one run per process: a process
+/// whose long-lived connections to one service ended now and then sent its short ones to
+/// another service over SMC-D again each time). `SMC_SHORT_BYTES=0` disables the policy.
+struct ShortDest {
+    dest: Dest,
+    /// Short connections in a row to it.
+    run: u32,
+    /// New connections kept on TCP (for the probes).
+    skipped: u64,
+}
+
+/// Destinations the policy learned (at most [`SHORT_SLOTS`]; the one with the shortest run
+/// makes room for a new one).
+static SHORT_DESTS: ForkMutex<Vec<ShortDest>> = ForkMutex::new(Vec::new);
+const SHORT_SLOTS: usize = 64;
+/// Short connections in a row that keep new ones to the destination on TCP.
+const SHORT_RUN: u32 = 8;
+/// How many learned destinations keep connections on TCP now (0: a connect takes no lock).
+static SHORT_LEARNED: AtomicU64 = AtomicU64::new(0);
 
 fn short_bytes() -> u64 {
     config().short_bytes
@@ -48,13 +65,32 @@ pub fn is_short(bytes: u64, turns: u32) -> bool {
     bytes < short_bytes() && u64::from(turns) < config().short_turns
 }
 
-/// A client SMC connection ended having moved `bytes` in `turns`.
-pub fn note_client_conn(bytes: u64, turns: u32) {
-    if is_short(bytes, turns) {
-        SHORT_RUN.fetch_add(1, Ordering::Relaxed);
-    } else {
-        SHORT_RUN.store(0, Ordering::Relaxed);
+/// A client SMC connection to `dest` ended having moved `bytes` in `turns`.
+pub fn note_client_conn(dest: Option<Dest>, bytes: u64, turns: u32) {
+    let Some(dest) = dest else { return };
+    let short = is_short(bytes, turns);
+    let mut v = SHORT_DESTS.lock();
+    match v.iter_mut().find(|e| e.dest == dest) {
+        Some(e) if short => e.run = e.run.saturating_add(1),
+        Some(e) => e.run = 0,
+        None if short => {
+            let e = ShortDest {
+                dest,
+                run: 1,
+                skipped: 0,
+            };
+            if v.len() < SHORT_SLOTS {
+                v.push(e);
+            } else if let Some(i) = (0..v.len()).min_by_key(|&i| v.get(i).map_or(0, |x| x.run)) {
+                if let Some(x) = v.get_mut(i) {
+                    *x = e;
+                }
+            }
+        }
+        None => {}
     }
+    let learned = v.iter().filter(|e| e.run >= SHORT_RUN).count();
+    SHORT_LEARNED.store(learned as u64, Ordering::Relaxed);
 }
 
 /// Every how many connections the policy keeps on TCP one probes SMC again
@@ -77,14 +113,28 @@ fn probe_due() -> bool {
             .is_ok()
 }
 
-/// Whether the policy keeps this new client connection on TCP.
-pub fn policy_keeps_tcp() -> bool {
-    if short_bytes() == 0 || SHORT_RUN.load(Ordering::Relaxed) < 8 {
+/// When the policy learned that connections to `dest` are short: one more of them counted
+/// as kept on TCP, and how many were.
+fn learned_short(dest: Dest) -> Option<u64> {
+    let mut v = SHORT_DESTS.lock();
+    let e = v
+        .iter_mut()
+        .find(|e| e.dest == dest && e.run >= SHORT_RUN)?;
+    e.skipped += 1;
+    Some(e.skipped)
+}
+
+/// Whether the policy keeps this new client connection to `dest` on TCP.
+pub fn policy_keeps_tcp(dest: Option<Dest>) -> bool {
+    let Some(dest) = dest else { return false };
+    if short_bytes() == 0 || SHORT_LEARNED.load(Ordering::Relaxed) == 0 {
         return false;
     }
-    let n = SKIPPED.fetch_add(1, Ordering::Relaxed);
+    let Some(n) = learned_short(dest) else {
+        return false;
+    };
     let every = short_probe();
-    if every != 0 && n % every == every - 1 && probe_due() {
+    if every != 0 && n % every == 0 && probe_due() {
         return false; // probe
     }
     stats::fallback(false, POLICY_SHORT);
@@ -127,6 +177,36 @@ impl Dest {
     /// The port (host order).
     pub fn port(&self) -> u16 {
         u16::from_be(self.1)
+    }
+
+    /// The peer of the connected socket `fd` (`None`: not connected, not IP; errno kept).
+    pub fn peer_of(fd: libc::c_int) -> Option<Dest> {
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: plain integers, for which all-zero bytes are a valid value.
+        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        let e0 = crate::util::real::errno();
+        // SAFETY: valid out buffer of `len` bytes.
+        let r = unsafe {
+            crate::util::real::getpeername(
+                fd,
+                &mut ss as *mut libc::sockaddr_storage as *mut libc::sockaddr,
+                &mut len,
+            )
+        };
+        crate::util::real::set_errno(e0);
+        if r != 0 {
+            return None;
+        }
+        // SAFETY: the kernel filled `len` bytes of `ss`.
+        unsafe {
+            Dest::of(
+                &ss as *const libc::sockaddr_storage as *const libc::sockaddr,
+                len,
+            )
+        }
     }
 }
 
@@ -203,7 +283,25 @@ pub(crate) fn note_dest(dest: Option<Dest>, smc_capable: bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::is_short;
+    use super::{is_short, learned_short, note_client_conn, Dest};
+
+    #[test]
+    fn the_policy_learns_each_destination_on_its_own() {
+        let a = Some(Dest(0x0100_007f, 80));
+        let b = Some(Dest(0x0100_007f, 6379));
+        for _ in 0..8 {
+            note_client_conn(a, 500, 2);
+        }
+        assert!(learned_short(Dest(0x0100_007f, 80)).is_some());
+        // A long connection to another destination does not reset the first one's run, and
+        // that destination is not learned from the first one's connections.
+        note_client_conn(b, 10 << 20, 2);
+        assert!(learned_short(Dest(0x0100_007f, 80)).is_some());
+        assert!(learned_short(Dest(0x0100_007f, 6379)).is_none());
+        // A long one to the first destination resets its run.
+        note_client_conn(a, 100, 40);
+        assert!(learned_short(Dest(0x0100_007f, 80)).is_none());
+    }
 
     #[test]
     fn a_request_and_its_answer_is_short_a_conversation_or_a_bulk_transfer_is_not() {
