@@ -31,9 +31,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use integration_tests::{
-    brief, fallbacks, free_port, pseudo_random, ready_port, require_tool, run_to_end, sha256_hex,
-    smcd_open, spawn_logged, test_cgroup, wait_listening, Cgroup, Finished, Proc, SmcWorld,
-    Snapshot,
+    brief, fallbacks, free_port, http_server_args, pseudo_random, ready_port, require_tool,
+    run_to_end, sha256_hex, smcd_open, spawn_logged, test_cgroup, wait_listening, Cgroup, Finished,
+    Proc, SmcWorld, Snapshot,
 };
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -1658,6 +1658,17 @@ fn socat_inetd_handler_without_the_library() {
 
 // ─────────────────────────────────────────── haproxy ─────────────────────────────────────────
 
+/// A Python `http.server` serving `files` (for a run in `mode`, its log in `d`), listening.
+fn http_backend(m: &Matrix, mode: Mode, files: &Path, d: &Path) -> (Proc, u16) {
+    let port = free_port();
+    let mut c = m.cmd(mode, "python3");
+    http_server_args(&mut c, "127.0.0.1", port, files);
+    let log = d.join("backend.log");
+    let mut p = spawn_logged(c, &log);
+    wait_listening(&mut p, port, T, "python http.server", Some(&log));
+    (p, port)
+}
+
 /// One haproxy run: a Python `http.server` backend serving `files`, haproxy in front of it
 /// twice (`mode tcp` with `option splice-request` and `splice-response`, where haproxy moves the
 /// bytes between its two sockets with `splice(2)` through a pipe; and `mode http`, where it parses and rewrites), curl
@@ -1672,20 +1683,7 @@ fn haproxy_run(m: &Matrix, mode: Mode, files: &Path) -> (String, Vec<(String, u3
     let mut pids = Vec::new();
     let mut out = String::new();
 
-    let be_port = free_port();
-    let mut c = m.cmd(mode, "python3");
-    c.args([
-        "-m",
-        "http.server",
-        &be_port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--directory",
-    ])
-    .arg(files);
-    let log = d.join("backend.log");
-    let mut backend = spawn_logged(c, &log);
-    wait_listening(&mut backend, be_port, T, "python http.server", Some(&log));
+    let (backend, be_port) = http_backend(m, mode, files, &d);
     pids.push(("backend".to_string(), backend.0.id()));
 
     for (name, proxy_mode, opts) in [
@@ -1796,20 +1794,7 @@ fn haproxy_reload_run(m: &Matrix, mode: Mode, files: &Path) -> (String, Vec<(Str
     let haproxy = require_tool("haproxy", "haproxy");
     let curl = require_tool("curl", "curl");
     let d = m.dir(mode, "haproxy-reload");
-    let be_port = free_port();
-    let mut c = m.cmd(mode, "python3");
-    c.args([
-        "-m",
-        "http.server",
-        &be_port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--directory",
-    ])
-    .arg(files);
-    let log = d.join("backend.log");
-    let mut backend = spawn_logged(c, &log);
-    wait_listening(&mut backend, be_port, T, "python http.server", Some(&log));
+    let (backend, be_port) = http_backend(m, mode, files, &d);
     let port = free_port();
     let cfg = d.join("reload.cfg");
     std::fs::write(
