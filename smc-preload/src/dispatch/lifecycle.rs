@@ -1177,10 +1177,11 @@ pub unsafe fn popen(cmd: *const c_char, mode: *const c_char) -> *mut libc::FILE 
 }
 
 /// At load: listening TCP sockets this image inherited (across exec from an image that
-/// withdrew their announcement, from systemd socket activation, ...) are served by this image's
-/// data path, so they announce SMC (again) and become our listeners. A listener that never
-/// announced (opted in after `listen`) gets no option into its SYN-ACKs: its connections stay
-/// TCP, as before.
+/// withdrew their announcement) are served by this image's data path, so they announce SMC
+/// again and become our listeners; unconnected TCP sockets may opt in ([`adopt_if_unconnected`]).
+/// A listener that never announced (listening before an image with the library saw it: systemd
+/// socket activation) gets no option into its SYN-ACKs: the eBPF programs arm that only at its
+/// `listen`, so its connections stay TCP (`PEERNOSMC` at both ends).
 pub fn adopt_inherited_sockets() {
     if !policy::enabled() {
         return;
