@@ -1999,11 +1999,58 @@ pub fn conns_after_fork_child() {
     }
 }
 
+/// The locks of the epoll sets among `objs`, all of them, or as many as could be taken within
+/// 100 ms: each is taken only when free (no wait while holding others, so no order between
+/// them matters), and all are let go to try again when one is busy (its holder may wait for
+/// the table this thread froze for the fork: bounded, the residual is a set its thread held).
+fn hold_epoll_sets(objs: &[(c_int, Arc<Obj>)]) -> Vec<impl Sized + '_> {
+    let mut sets: Vec<&Arc<Obj>> = Vec::new();
+    for (_, o) in objs {
+        if matches!(&**o, Obj::Epoll(_)) && !sets.iter().any(|x| Arc::ptr_eq(x, o)) {
+            sets.push(o);
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(100);
+    loop {
+        let held: Vec<_> = sets
+            .iter()
+            .filter_map(|o| match &***o {
+                Obj::Epoll(s) => s.try_hold(),
+                _ => None,
+            })
+            .collect();
+        if held.len() == sets.len() || std::time::Instant::now() >= deadline {
+            return held;
+        }
+        drop(held);
+        std::thread::yield_now();
+    }
+}
+
+/// How long a `fork` drives the handshakes under way before it forks, in all.
+const FORK_HANDSHAKE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
 pub unsafe fn fork() -> libc::pid_t {
-    // Handshakes under way are finished first: parent and child must agree on what the fd is.
-    for (fd, o) in fdtable::all_objects() {
-        if let Obj::Handshake(h) = &*o {
-            setup::progress(fd, h, true);
+    // Handshakes under way are finished first: parent and child must agree on what the fd is
+    // (a fork-per-connection server forks right after `accept`, and its child serves the
+    // connection). One the child finds undecided it cannot use (`setup::after_fork_child`:
+    // ECONNRESET), the parent carries it on. Bounded: within `FORK_HANDSHAKE_WAIT` in all;
+    // not one that another thread is driving now (it stays that thread's: red team round 15,
+    // finding 11, `fork` waited up to 1.8 s for other threads' handshakes); and none from a
+    // signal handler (a handshake's step may ask the daemon, whose client the interrupted code
+    // may hold, or wait for an accept of the very code the handler interrupted: every `fork`
+    // of a SIGALRM handler interrupting a loop of connections hung, 3 of 3 runs).
+    if !crate::signals::in_handler() {
+        let until = std::time::Instant::now() + FORK_HANDSHAKE_WAIT;
+        for (fd, o) in fdtable::all_objects() {
+            if let Obj::Handshake(h) = &*o {
+                if !matches!(
+                    h.driver.try_lock(),
+                    Err(std::sync::TryLockError::WouldBlock)
+                ) {
+                    setup::progress_until(fd, h, Some(Some(until)));
+                }
+            }
         }
     }
     // From here to the fork the table stands still for the other threads: the child's copy
@@ -2025,10 +2072,15 @@ pub unsafe fn fork() -> libc::pid_t {
             _ => {}
         }
     }
+    // Each epoll set's lock, held across the fork: a thread of this process inside one at the
+    // fork left the child's copy locked for ever (red team round 15, finding 8: 31 of 100
+    // children that used their parent's set hung, two threads of the parent busy on it).
+    let sets = hold_epoll_sets(&objs);
     let kept = crate::dmbs::before_fork();
     // SAFETY: fork(2) has no arguments; the child only resets our per-process state before
     // returning.
     let r = unsafe { real::fork() };
+    drop(sets);
     if r == 0 {
         crate::dmbs::after_fork_child(kept);
     } else {

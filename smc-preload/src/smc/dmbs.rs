@@ -126,7 +126,7 @@ pub fn keep(own: bool, id: u64, m: Arc<Mapping>, state: Option<Arc<Mapping>>) {
 
 /// The cache held across a `fork` ([`before_fork`]).
 pub(crate) struct ForkHold {
-    kept: std::sync::MutexGuard<'static, Kept>,
+    kept: crate::forklock::ForkGuard<Kept>,
 }
 
 /// Before this process forks (our `fork`, with the table frozen): the kept mappings are made
@@ -164,7 +164,7 @@ pub(crate) fn after_fork_parent(h: ForkHold) {
 
 /// In the child: the hold is on the parent's lock, replaced here already; never released.
 pub(crate) fn after_fork_child(h: ForkHold) {
-    std::mem::forget(h);
+    h.kept.leak();
 }
 
 /// Zero the local state of our own DMB before our connection uses it (a pooled DMB's page, or

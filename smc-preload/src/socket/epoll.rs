@@ -199,6 +199,16 @@ impl EpollSet {
         self.owner.load(Ordering::Relaxed) != crate::pid() || self.forked.load(Ordering::Relaxed)
     }
 
+    /// Held by the thread that forks, across the `fork` (`ops::fork`): the child's copy of the
+    /// set is then whole and its lock free. `None` while another thread holds it.
+    pub fn try_hold(&self) -> Option<impl Sized + '_> {
+        match self.inner.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// Before `fork` (in the parent): the page the copies will share.
     pub fn before_fork(&self) {
         self.fork_page

@@ -110,9 +110,16 @@ impl<T: Send + 'static> ForkMutex<T> {
         }
     }
 
-    /// Locks it (a poisoned lock is taken as is: the data stays usable).
-    pub fn lock(&'static self) -> MutexGuard<'static, T> {
-        self.get().lock().unwrap_or_else(|e| e.into_inner())
+    /// Locks it (a poisoned lock is taken as is: the data stays usable). While it is held, a
+    /// handler of the program that a signal brings to this thread is deferred until it is
+    /// released ([`crate::signals::crit_enter`], as for the ring and slot locks): a handler
+    /// that called us there (a `fork`, whose preparation takes these locks, or a `close`)
+    /// would wait for ever for a lock its own thread holds (red team round 15, finding 9: a
+    /// `fork` from a handler that interrupted `dmbs::keep`).
+    pub fn lock(&'static self) -> ForkGuard<T> {
+        crate::signals::crit_enter();
+        let g = self.get().lock().unwrap_or_else(|e| e.into_inner());
+        ForkGuard(std::mem::ManuallyDrop::new(g))
     }
 
     /// In the child after fork (single-threaded): a lock held by a thread of the parent is
@@ -129,6 +136,42 @@ impl<T: Send + 'static> ForkMutex<T> {
             // The old one is leaked: its holder does not exist here.
             self.cur.store(fresh, Ordering::Release);
         }
+    }
+}
+
+/// The guard of a [`ForkMutex`]: unlocks, then lets deferred signal handlers run.
+pub struct ForkGuard<T: 'static>(std::mem::ManuallyDrop<MutexGuard<'static, T>>);
+
+impl<T> std::ops::Deref for ForkGuard<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> std::ops::DerefMut for ForkGuard<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+}
+
+impl<T> ForkGuard<T> {
+    /// In a forked child, for a guard the forking thread held across the `fork`: the lock stays
+    /// as it is (the child's [`after_fork_all`] replaced it already), the signal deferral ends.
+    pub fn leak(self) {
+        let mut me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: taken once; `me` is never dropped, so the guard is not dropped twice.
+        let g = unsafe { std::mem::ManuallyDrop::take(&mut me.0) };
+        std::mem::forget(g);
+        crate::signals::crit_exit();
+    }
+}
+
+impl<T> Drop for ForkGuard<T> {
+    fn drop(&mut self) {
+        // SAFETY: dropped once, here, and never used again.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.0) };
+        crate::signals::crit_exit();
     }
 }
 

@@ -11,6 +11,7 @@
 //! preload-prog storm HOST PORT THREADS FORKS BYTES [stops=N] [stop_children=N] [close=1]
 //!                    [ballast=MIB]
 //! preload-prog share HOST PORT BYTES READERS
+//! preload-prog sigfork N
 //! ```
 //!
 //! `storm`: THREADS threads make connections back to back (each sends 4 KiB, receives BYTES,
@@ -784,9 +785,77 @@ fn share(host: &str, port: u16, total: u64, readers: usize) {
     );
 }
 
+/// `sigfork`: children forked from the `SIGALRM` handler so far.
+static SIG_FORKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+extern "C" fn fork_from_handler(_: libc::c_int) {
+    // SAFETY: fork is async-signal-safe; the child only leaves with `_exit`.
+    let p = unsafe { libc::fork() };
+    if p == 0 {
+        // SAFETY: as above.
+        unsafe { libc::_exit(0) };
+    }
+    if p > 0 {
+        SIG_FORKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// `sigfork N`: N connections to its own listener back to back (4 bytes each way), while a
+/// `SIGALRM` every 200 µs forks a child from its handler (which leaves at once): the handler
+/// interrupts connects, accepts, handshakes and the library's locks anywhere. Prints `SIGFORK
+/// conns=<n> forks=<yes|no>`.
+fn sigfork(n: usize) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().unwrap();
+    // SAFETY: a zeroed sigaction with our handler; SA_RESTART as a program would.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = fork_from_handler as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+        let it = libc::itimerval {
+            it_interval: libc::timeval {
+                tv_sec: 0,
+                tv_usec: 200,
+            },
+            it_value: libc::timeval {
+                tv_sec: 0,
+                tv_usec: 200,
+            },
+        };
+        libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut());
+    }
+    let mut done = 0;
+    for _ in 0..n {
+        let mut c = TcpStream::connect(addr).expect("connect");
+        let (mut s, _) = l.accept().expect("accept");
+        c.write_all(b"ping").expect("write");
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).expect("read");
+        s.write_all(&b).expect("write back");
+        c.read_exact(&mut b).expect("read back");
+        assert_eq!(&b, b"ping");
+        done += 1;
+        // SAFETY: reaps our own exited children, without waiting.
+        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+    }
+    // SAFETY: stops the timer; then reaps every child.
+    unsafe {
+        let off: libc::itimerval = std::mem::zeroed();
+        libc::setitimer(libc::ITIMER_REAL, &off, std::ptr::null_mut());
+        while libc::waitpid(-1, std::ptr::null_mut(), 0) > 0 {}
+    }
+    let forks = SIG_FORKS.load(std::sync::atomic::Ordering::Relaxed) > 0;
+    println!(
+        "SIGFORK conns={done} forks={}",
+        if forks { "yes" } else { "no" }
+    );
+}
+
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     match a.get(1).map(String::as_str) {
+        Some("sigfork") => sigfork(a.get(2).and_then(|v| v.parse().ok()).unwrap_or(2000)),
         Some("server") => {
             let port: u16 = a[2].parse().unwrap();
             let mode = a.get(3).map(String::as_str).unwrap_or("thread");
