@@ -1174,7 +1174,7 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
         }
     }
     let tagged = raw & !1 == TAG_TCP;
-    if !tagged || !policy::enabled() || setup::retired(fd) {
+    if !tagged || !policy::enabled() || setup::retired(fd) || !daemon::usable() {
         // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
         // libc's `connect`.
         return unsafe { real::connect(fd, addr, len) };
@@ -1311,7 +1311,7 @@ unsafe fn disconnect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int 
 
 pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
     let tagged = fdtable::raw(fd) & !1 == TAG_TCP;
-    if tagged && policy::enabled() && setup::opt_in(fd) {
+    if tagged && policy::enabled() && daemon::usable() && setup::opt_in(fd) {
         // SAFETY: integer arguments only.
         let r = unsafe { real::listen(fd, backlog) };
         if r == 0 {

@@ -171,10 +171,38 @@ pub(crate) fn give_back_descriptors() -> bool {
     d.pid == crate::pid() && d.client.give_back_filed() > 0
 }
 
+/// Whether this process is not the one `d` belongs to although it found `d` as its own: a
+/// process that did not come from our `fork` (a raw `clone` or `syscall(SYS_fork)`, after
+/// which no fork handler ran and the cached pid is its parent's), or a `vfork` child. Its
+/// requests would interleave with its parent's on the one daemon socket, each reading the
+/// other's replies (red team round 15, finding 10: 98 and 99 of 100 connections of parent and
+/// raw-forked child failed). Such a process asks the daemon nothing: its handshakes decline
+/// `NOSMCDDEV` and stay TCP. One `getpid` per request.
+fn not_ours(d: &Dev) -> bool {
+    // SAFETY: plain syscall.
+    (unsafe { libc::getpid() }) as u32 != d.pid
+}
+
+/// Whether this process may start SMC handshakes at all: not one that found its parent's
+/// daemon connection ([`not_ours`]). Asked before a client announces SMC: one that announced
+/// and then declined for want of a daemon (`NOSMCDDEV`) left its server's pairing ahead of
+/// it waiting in the daemon.
+pub(crate) fn usable() -> bool {
+    let p = DEV.load(Ordering::Acquire);
+    // SAFETY: published and never freed (a replaced one is leaked).
+    match unsafe { p.as_ref() } {
+        Some(d) => !not_ours(d),
+        None => true,
+    }
+}
+
 pub(crate) fn with_dev<T>(
     f: impl FnOnce(&smc_ism::SharedClient) -> Result<T, smc_ism::IsmError>,
 ) -> Result<T, u32> {
     let d = dev();
+    if not_ours(d) {
+        return Err(Diag::NoSmcdDev.code());
+    }
     let retry = d.retry_after.load(Ordering::Relaxed);
     if retry != 0 && epoch_ms() < retry {
         return Err(Diag::NoSmcdDev.code());
@@ -216,6 +244,9 @@ pub(crate) fn with_dev_for_tcp<T>(
     f: impl FnOnce(&smc_ism::SharedClient) -> Result<T, smc_ism::IsmError>,
 ) -> Result<T, u32> {
     let d = dev();
+    if not_ours(d) {
+        return Err(Diag::NoSmcdDev.code());
+    }
     let retry = d.retry_after.load(Ordering::Relaxed);
     if retry != 0
         && epoch_ms() < retry
