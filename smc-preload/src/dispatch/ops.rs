@@ -2750,6 +2750,17 @@ fn poll_now(fd: c_int, events: libc::c_short) -> bool {
     unsafe { real::poll(&mut p, 1, 0) > 0 }
 }
 
+/// Waits until the pipe `fd` has room (false: the wait failed, errno set, e.g. EINTR).
+fn wait_writable(fd: c_int) -> bool {
+    let mut pf = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { real::poll(&mut pf, 1, -1) >= 0 }
+}
+
 /// Moves `data` into the pipe `fout` as `splice(2)` from a socket does: what the pipe takes
 /// (all of it, or the part that fits), waiting only while it is full and neither
 /// `SPLICE_F_NONBLOCK` (`nb`) nor the pipe's `O_NONBLOCK` says not to. Through a private pipe
@@ -2761,7 +2772,23 @@ fn into_pipe(fout: c_int, data: &[u8], nb: bool) -> ssize_t {
     let mut p = [-1 as c_int; 2];
     // SAFETY: a valid array of two descriptors for the result.
     if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } != 0 {
-        return -1;
+        // No descriptor for the private pipe (EMFILE): one page at most, written once the
+        // pipe has a free slot (a write of at most PIPE_BUF bytes then never waits).
+        // SAFETY: a plain fcntl on the caller's descriptor.
+        let wait = !nb && unsafe { real::fcntl(fout, libc::F_GETFL, 0) } & libc::O_NONBLOCK == 0;
+        loop {
+            if poll_now(fout, libc::POLLOUT) {
+                let n = data.len().min(libc::PIPE_BUF);
+                // SAFETY: `n` bytes of `data`.
+                return unsafe { real::write(fout, data.as_ptr() as *const c_void, n) };
+            }
+            if !wait {
+                return fail(libc::EAGAIN);
+            }
+            if !wait_writable(fout) {
+                return -1;
+            }
+        }
     }
     let [rd, wr] = p;
     // SAFETY: our own pipe, non-blocking: it takes what fits (at least one page), the rest of
@@ -2788,13 +2815,7 @@ fn into_pipe(fout: c_int, data: &[u8], nb: bool) -> ssize_t {
             if r >= 0 || !wait || real::errno() != libc::EAGAIN {
                 break r;
             }
-            let mut pf = libc::pollfd {
-                fd: fout,
-                events: libc::POLLOUT,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd; waits until the caller's pipe has room.
-            if unsafe { real::poll(&mut pf, 1, -1) } < 0 {
+            if !wait_writable(fout) {
                 break -1;
             }
         }

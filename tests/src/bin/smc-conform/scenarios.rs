@@ -4789,6 +4789,49 @@ fn splice_socket_into_a_nearly_full_pipe() {
         "every byte through the pipe, in order: {}",
         got == data
     ));
+    // No descriptor left for the process (the library's private pipe cannot be made): the
+    // bytes still move.
+    write_all(c, &data[..5000]);
+    let t = Instant::now();
+    while ioctl_int(s, libc::FIONREAD).1 < 5000 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // SAFETY: plain dup/close; the lowest free number becomes the limit, so none is left.
+    let low = unsafe { libc::dup(0) };
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(low) };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid out pointer.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    let tight = libc::rlimit {
+        rlim_cur: low as libc::rlim_t,
+        rlim_max: lim.rlim_max,
+    };
+    // SAFETY: valid pointers; the limit is restored below.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &tight) };
+    // SAFETY: socket -> pipe, no offsets.
+    let k = unsafe { libc::splice(s, null, wp, null, 65536, libc::SPLICE_F_NONBLOCK) };
+    let e = errno();
+    // SAFETY: as above.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    log(format!(
+        "splice(s -> pipe) with no descriptor left = {}",
+        if k > 0 {
+            "moved bytes".into()
+        } else {
+            ename(e)
+        }
+    ));
+    if k > 0 {
+        let back = read_n(rp, k as usize);
+        log(format!(
+            "moved bytes in order: {}",
+            data.get(..k as usize) == Some(&back[..])
+        ));
+    }
     // SAFETY: an empty blocking pipe -> socket with SPLICE_F_NONBLOCK.
     let k = unsafe { libc::splice(rp, null, c, null, 100, libc::SPLICE_F_NONBLOCK) };
     r("splice(empty pipe -> c, SPLICE_F_NONBLOCK)", k);
