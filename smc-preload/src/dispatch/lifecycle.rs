@@ -252,7 +252,7 @@ pub fn withdraw_listeners_for_exec() -> Withdrawn {
         n: 0,
     };
     fdtable::for_each_object(|fd, o| {
-        if matches!(&**o, Obj::Listener) && !cloexec(fd) && setup::announce(fd, false) {
+        if matches!(&**o, Obj::Listener(_)) && !cloexec(fd) && setup::announce(fd, false) {
             if let Some(slot) = w.fds.get_mut(w.n) {
                 *slot = fd;
                 w.n += 1;
@@ -1219,7 +1219,10 @@ pub fn adopt_if_listener(fd: c_int) {
     }
     if setup::opt_in(fd) {
         crate::debug!("fd {fd}: inherited TCP listener: announces SMC");
-        drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Listener))));
+        drop(fdtable::replace(
+            fd,
+            Slot::Obj(Arc::new(setup::listener_obj(fd))),
+        ));
     }
 }
 
@@ -1469,7 +1472,7 @@ pub unsafe fn fds_sending(via: c_int, m: &libc::msghdr) -> usize {
                 setup::settle_leaving_to(fd, to_library);
             }
             let Some(o) = fdtable::get(fd) else { return };
-            if matches!(&*o, Obj::Listener)
+            if matches!(&*o, Obj::Listener(_))
                 && *receiver.get_or_insert_with(|| receiver_runs_library(via)) != Some(true)
             {
                 // As before an exec into such an image: its clients' CLC Proposals would be

@@ -1315,8 +1315,10 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
         // SAFETY: integer arguments only.
         let r = unsafe { real::listen(fd, backlog) };
         if r == 0 {
-            drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Listener))));
-            setup::note_listener(fd);
+            drop(fdtable::replace(
+                fd,
+                Slot::Obj(Arc::new(setup::listener_obj(fd))),
+            ));
         }
         return r;
     }
@@ -1345,7 +1347,7 @@ pub unsafe fn accept4(
     // A thread in `accept` on our listener is counted while it waits there: a blocking
     // connect of this process to that listener waits for its handshake within the call only
     // when one is (`setup::someone_accepting`).
-    let listener = slow(fd) && fdtable::get(fd).is_some_and(|o| matches!(&*o, Obj::Listener));
+    let listener = slow(fd) && fdtable::get(fd).is_some_and(|o| matches!(&*o, Obj::Listener(_)));
     let waiter = listener.then(setup::accept_waiter);
     let mut r = call();
     if r < 0 && real::errno() == libc::EMFILE && daemon::give_back_descriptors() {
@@ -1360,7 +1362,7 @@ pub unsafe fn accept4(
     fd_created(r);
     if slow(fd) {
         if let Some(o) = fdtable::get(fd) {
-            if let Obj::Listener = &*o {
+            if let Obj::Listener(_) = &*o {
                 // Also when SMC was disabled since: a client that saw the listener's
                 // announcement sends a Proposal, which the machine then declines.
                 // accept() never makes the new socket non-blocking; accept4 may.

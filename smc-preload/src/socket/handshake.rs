@@ -42,6 +42,17 @@ pub(crate) fn clc_timeout() -> Duration {
     Duration::from_millis(config().clc_timeout_ms)
 }
 
+/// How long a client waits for its server's Accept (`SMC_ACCEPT_WAIT_MS`, at most the CLC
+/// timeout). A server's library answers the Proposal only once its program accepted the
+/// connection (it never sees the socket before), while a TCP client's `connect` completes and
+/// its first bytes are queued before that: a client that waited on until a busy server
+/// accepted had its non-blocking `send` say `EAGAIN` and a `connect` with a timeout fail where
+/// TCP succeeds (red team rt16 `rt16_lateaccept.py`). It declines instead (TCP, the server
+/// finds the Decline behind the Proposal and answers nothing).
+pub(crate) fn accept_wait() -> Duration {
+    Duration::from_millis(config().accept_wait_ms).min(clc_timeout())
+}
+
 /// How long a server whose client confirmed (the client is on SMC-D from then on) waits for a
 /// daemon that does not answer the attach of the client's DMB before it resets the
 /// connection: ten CLC timeouts (20 s by default).
@@ -503,9 +514,14 @@ impl Driver {
             let deadline = match self.wait {
                 Some((w, d)) if w == t => d,
                 _ => {
-                    // The server's Confirm comes after its client attached and registered.
+                    // The server's Confirm comes after its client attached and registered; a
+                    // client's Accept only once its server's program accepted (`accept_wait`).
                     let n = if t == MsgType::Confirm { 2 } else { 1 };
-                    let d = Instant::now() + self.timeout * n;
+                    let mut span = self.timeout * n;
+                    if !self.server && t == MsgType::Accept {
+                        span = span.min(accept_wait());
+                    }
+                    let d = Instant::now() + span;
                     self.wait = Some((t, d));
                     d
                 }

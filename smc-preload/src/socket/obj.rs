@@ -12,7 +12,7 @@ pub enum Obj {
     /// An established SMC connection (shared by dup'd fds).
     Conn(Conn),
     /// A listening socket that announced SMC: accepted sockets run the server handshake.
-    Listener,
+    Listener(Listen),
     /// A client socket that announced SMC and whose non-blocking connect had not completed
     /// when `connect` returned: the handshake (or a decline) happens at the first operation.
     Pending(Pending),
@@ -38,6 +38,61 @@ pub enum Obj {
     /// number is not open (its `close` says `EBADF`, `close_range` leaves it, a `dup2` onto it
     /// moves it first), and it is closed with the connection's object.
     Private(Weak<Obj>),
+}
+
+/// A listener of this process: its port is one of [`OWN_LISTENERS`] for as long as an fd of
+/// the process names it (the object is shared by its duplicates).
+pub struct Listen {
+    port: Option<u16>,
+}
+
+/// The ports of this process's SMC listeners, each with how many listeners use it
+/// (`SO_REUSEPORT`), at most 64: a connect to one of them, and the accept of such a client,
+/// must not wait for the other end inside the call (`setup::to_own_listener`). A port leaves
+/// when its last listener is closed here: a process that closed its listener after a `fork`
+/// (its child serves it) is a client like any other.
+static OWN_LISTENERS: crate::forklock::ForkMutex<Vec<(u16, u32)>> =
+    crate::forklock::ForkMutex::new(Vec::new);
+static OWN_LISTENERS_N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl Listen {
+    /// A listener on `port` (`None`: unknown, not counted).
+    pub fn new(port: Option<u16>) -> Listen {
+        if let Some(p) = port {
+            let mut v = OWN_LISTENERS.lock();
+            if let Some(e) = v.iter_mut().find(|e| e.0 == p) {
+                e.1 += 1;
+            } else if v.len() < 64 {
+                v.push((p, 1));
+            } else {
+                return Listen { port: None };
+            }
+            OWN_LISTENERS_N.store(v.len() as u64, Ordering::Relaxed);
+        }
+        Listen { port }
+    }
+}
+
+impl Drop for Listen {
+    fn drop(&mut self) {
+        if let Some(p) = self.port {
+            let mut v = OWN_LISTENERS.lock();
+            if let Some(i) = v.iter().position(|e| e.0 == p) {
+                if let Some(e) = v.get_mut(i) {
+                    e.1 = e.1.saturating_sub(1);
+                    if e.1 == 0 {
+                        v.swap_remove(i);
+                    }
+                }
+            }
+            OWN_LISTENERS_N.store(v.len() as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether `port` is the port of a listener of this process ([`Listen`]).
+pub fn own_listener_port(port: u16) -> bool {
+    OWN_LISTENERS_N.load(Ordering::Relaxed) != 0 && OWN_LISTENERS.lock().iter().any(|e| e.0 == port)
 }
 
 /// How a dropped object closes its private duplicate of the socket (`fdtable::close_private`:

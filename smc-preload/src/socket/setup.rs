@@ -760,8 +760,6 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
 /// of our own client, must not wait for the other end inside the call.
 static OWN_CLIENTS: ForkMutex<Vec<u16>> = ForkMutex::new(Vec::new);
 static OWN_CLIENTS_N: AtomicU64 = AtomicU64::new(0);
-static OWN_LISTENERS: ForkMutex<Vec<u16>> = ForkMutex::new(Vec::new);
-static OWN_LISTENERS_N: AtomicU64 = AtomicU64::new(0);
 
 /// Accepted sockets of this process whose client is a connection of this process too, left
 /// undecided by `accept` (it must not wait for a client that may be its own thread): the
@@ -922,18 +920,10 @@ fn own_client_handshake(fd: i32) -> bool {
     OWN_CLIENTS.lock().contains(&p)
 }
 
-/// A listener of ours now listens (its port is remembered, at most 64).
-pub fn note_listener(fd: i32) {
-    if let Some(p) = port_of(fd, false) {
-        let mut v = OWN_LISTENERS.lock();
-        if !v.contains(&p) {
-            if v.len() >= 64 {
-                v.remove(0);
-            }
-            v.push(p);
-            OWN_LISTENERS_N.store(v.len() as u64, Ordering::Relaxed);
-        }
-    }
+/// The object of our listener `fd` (its port is one of this process's own listeners while
+/// it lives, [`crate::obj::Listen`]).
+pub fn listener_obj(fd: i32) -> Obj {
+    Obj::Listener(crate::obj::Listen::new(port_of(fd, false)))
 }
 
 /// Whether this process has one thread (`/proc/self/stat`, field 20; false when unreadable).
@@ -1011,11 +1001,7 @@ pub fn client_connect_own(fd: i32, dest: Option<Dest>) {
 
 /// Whether `dest` is one of our own listeners' ports.
 pub fn to_own_listener(dest: Option<Dest>) -> bool {
-    if OWN_LISTENERS_N.load(Ordering::Relaxed) == 0 {
-        return false;
-    }
-    let Some(d) = dest else { return false };
-    OWN_LISTENERS.lock().contains(&d.port())
+    dest.is_some_and(|d| crate::obj::own_listener_port(d.port()))
 }
 
 fn forget_own_client(port: Option<u16>) {
@@ -1560,7 +1546,7 @@ pub fn disable(why: &str) {
 /// Withdraws the announcement of every listener of ours (SMC disabled for this process).
 pub fn withdraw_all_listeners() {
     fdtable::for_each_object(|fd, o| {
-        if matches!(&**o, Obj::Listener) {
+        if matches!(&**o, Obj::Listener(_)) {
             announce(fd, false);
         }
     });

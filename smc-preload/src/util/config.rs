@@ -14,6 +14,11 @@ pub struct Config {
     pub debug: bool,
     /// `SMC_CLC_TIMEOUT_MS` (2000): how long a handshake waits for the peer's next message.
     pub clc_timeout_ms: u64,
+    /// `SMC_ACCEPT_WAIT_MS` (100): how long a client waits for its server's Accept (at most
+    /// the CLC timeout). The server answers only once its program accepted the connection,
+    /// while TCP's connect completes and its writes queue before that: a client of a server
+    /// that accepts later declines and goes on over TCP.
+    pub accept_wait_ms: u64,
     /// `SMC_CONNECT_WAIT_MS` (200): how long `connect` waits for a non-blocking connect to
     /// complete before leaving the decision to the first operation.
     pub connect_wait_ms: u64,
@@ -84,6 +89,7 @@ impl Config {
             disable: is_1("SMC_DISABLE"),
             debug: var("SMC_DEBUG").is_some_and(|v| !v.is_empty() && v != "0"),
             clc_timeout_ms: num("SMC_CLC_TIMEOUT_MS", 2000),
+            accept_wait_ms: num("SMC_ACCEPT_WAIT_MS", 100),
             connect_wait_ms: num("SMC_CONNECT_WAIT_MS", 200),
             dmb_size: var("SMC_DMB_SIZE").and_then(|v| v.parse().ok()),
             pipeline: not_0("SMC_PIPELINE"),

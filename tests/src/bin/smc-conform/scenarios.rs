@@ -163,6 +163,7 @@ scenarios! {
     bad_pointer_write: 1;
     splice_pipe_to_socket_short: 1;
     splice_socket_into_a_nearly_full_pipe: 1;
+    clients_of_a_server_that_accepts_late: 0;
     sendfile_offset: 1;
     msg_oob: 1;
     oob_mark_mid_stream: 1;
@@ -4727,6 +4728,64 @@ fn bad_pointer_write() {
     rd("read(s)", s, 100);
     close(c);
     close(s);
+}
+
+/// A server busy elsewhere accepts its clients only after they connected and wrote (red team
+/// rt16 `rt16_lateaccept.py`; here it accepts once the clients are done, told through a
+/// pipe): TCP completes the connect and queues the first bytes at once. A server's library
+/// answers the client's Proposal only once its program accepts, and the client waited for that
+/// Accept up to the CLC timeout (2 s): a non-blocking `send` right after a blocking connect said
+/// `EAGAIN` with no `POLLOUT` for a second, a connect with a 1 s timeout (non-blocking, then
+/// `poll` for `POLLOUT`, as Python's `create_connection(timeout=1)`) failed. Both clients now
+/// go on over TCP (no SMC-D connection: the server accepts after their wait for it ended).
+fn clients_of_a_server_that_accepts_late() {
+    let (l, port) = listener();
+    let (rp, wp) = pipe();
+    // SAFETY: the child only serves two connections and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        close(wp);
+        let _ = read_n(rp, 1);
+        for _ in 0..2 {
+            let s = accept_fd(l);
+            let mut out = b"ok:".to_vec();
+            out.extend(read_n(s, 3));
+            write_all(s, &out);
+            close(s);
+        }
+        // SAFETY: plain exit without destructors (fork child).
+        unsafe { libc::_exit(0) };
+    }
+    close(rp);
+    close(l);
+    let c1 = tcp_socket();
+    r("connect(c1) blocking", connect_to(c1, port) as isize);
+    set_nonblock(c1, true);
+    r("send(c1, 3 bytes) non-blocking", wr(c1, b"GET"));
+    pl("poll(c1, OUT, 1 s)", c1, libc::POLLOUT, 1000);
+    let c2 = tcp_socket();
+    set_nonblock(c2, true);
+    let rc = connect_to(c2, port);
+    let e = errno();
+    log(format!(
+        "connect(c2) nonblocking = {}",
+        if rc == 0 { "0".into() } else { ename(e) }
+    ));
+    pl("poll(c2, OUT, 1 s)", c2, libc::POLLOUT, 1000);
+    so_error("SO_ERROR(c2)", c2);
+    r("send(c2, 3 bytes) non-blocking", wr(c2, b"PUT"));
+    write_all(wp, b"g");
+    close(wp);
+    for (name, c) in [("c1", c1), ("c2", c2)] {
+        set_nonblock(c, false);
+        let got = read_n(c, 6);
+        log(format!("{name} read {:?}", String::from_utf8_lossy(&got)));
+        close(c);
+    }
+    let mut st = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    log(format!("server exit {}", libc::WEXITSTATUS(st)));
 }
 
 /// `splice` from the socket into a blocking pipe with room for one page only, as a proxy does
