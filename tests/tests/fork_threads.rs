@@ -382,9 +382,13 @@ for r in range(rounds):
     res = []
     def client():
         try:
-            s.connect(("127.0.0.1", port))
             if mode == "idle":
+                # A non-blocking connect left alone: nobody drives its handshake.
+                s.setblocking(False); s.connect_ex(("127.0.0.1", port))
                 time.sleep(0.6)
+                s.setblocking(True)
+            else:
+                s.connect(("127.0.0.1", port))
             msg = b"round %d " % r * 100
             s.sendall(msg)
             got = b""
@@ -409,7 +413,7 @@ for r in range(rounds):
         os._exit(0)
     ms = (time.monotonic() - t) * 1000
     worst = max(worst, ms)
-    if ms > 100: slow += 1
+    if ms > 1000: slow += 1
     t = time.monotonic()
     while os.waitpid(pid, os.WNOHANG) == (0, 0):
         if time.monotonic() - t > 5:
@@ -426,13 +430,18 @@ print("worst fork ms %.1f" % worst, file=sys.stderr)
 /// Runs [`FORK_DURING_HANDSHAKE`] in `mode` with the library (`w`) or as plain TCP.
 fn fork_during_handshake(w: &SmcWorld, mode: &str, smc: bool) -> (String, String) {
     let mut c = if smc {
-        w.run("python3")
+        // The client waits for its late server's Accept (2 s) instead of declining after
+        // `SMC_ACCEPT_WAIT_MS` (100 ms), so that the fork finds its handshake under way.
+        let mut c = w.run("python3");
+        c.env("SMC_ACCEPT_WAIT_MS", "4000")
+            .env("SMC_CLC_TIMEOUT_MS", "4000");
+        c
     } else {
         let mut c = std::process::Command::new("python3");
         c.env_remove("LD_PRELOAD");
         c
     };
-    c.args(["-c", FORK_DURING_HANDSHAKE, mode, "5", "1.0"]);
+    c.args(["-c", FORK_DURING_HANDSHAKE, mode, "3", "2.0"]);
     c.stdout(Stdio::piped()).stderr(Stdio::piped());
     let out = c
         .spawn()
@@ -446,23 +455,25 @@ fn fork_during_handshake(w: &SmcWorld, mode: &str, smc: bool) -> (String, String
 }
 
 /// Red team round 15, finding 11: `fork` waited for the handshake another thread was driving
-/// (up to 1.8 s; here 5 of 5 forks took ~0.8 s, the thread's server accepting 1 s late). Now
-/// it leaves that handshake to its thread: every fork as quick as over TCP (under 100 ms), the
-/// child, whose copy cannot take part in the handshake, does not hang, and the parent's
-/// connection is exact and SMC-D. A handshake nobody drives is driven 500 ms at most in all
-/// (a fork-per-connection server's child serves the connection its thread just accepted).
+/// (up to 1.8 s; 5 of 5 forks took ~0.8 s, the thread's server accepting 1 s late). Now it
+/// leaves that handshake to its thread: no fork waits for it (here the server accepts 2 s
+/// late, so a fork that waited took ~1.8 s: counted slow above 1 s), the child, whose copy
+/// cannot take part in the handshake, does not hang, and the parent's connection is exact and
+/// SMC-D. A handshake nobody drives (a non-blocking connect left alone) is driven 500 ms at
+/// most in all (a fork-per-connection server's child serves the connection its thread just
+/// accepted): under 1.5 s, where an unbounded drive waits for the accept (~1.8 s).
 #[test]
 fn fork_does_not_wait_for_another_threads_handshake() {
     let w = SmcWorld::new();
     let (tcp, _) = fork_during_handshake(&w, "connect", false);
     assert_eq!(
-        tcp, "rounds 5 slow_forks 0 hung_children 0 bad_conns 0",
+        tcp, "rounds 3 slow_forks 0 hung_children 0 bad_conns 0",
         "plain TCP"
     );
     let (out, err) = fork_during_handshake(&w, "connect", true);
     assert_eq!(out, tcp, "library against plain TCP ({err})");
     let s = w.stats_sum();
-    assert!(s.get("smcd_client") >= 5, "not SMC-D: {s:?}");
+    assert!(s.get("smcd_client") >= 3, "not SMC-D: {s:?}");
     // Nobody drives it: the fork drives it, bounded.
     let (out, err) = fork_during_handshake(&w, "idle", true);
     assert!(
@@ -473,5 +484,5 @@ fn fork_does_not_wait_for_another_threads_handshake() {
         .strip_prefix("worst fork ms ")
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("{err:?}"));
-    assert!(worst < 700.0, "a fork took {worst} ms");
+    assert!(worst < 1500.0, "a fork took {worst} ms");
 }
