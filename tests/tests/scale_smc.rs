@@ -19,6 +19,10 @@
 //!   connections): every connection SMC-D, the daemon holding fewer descriptors than
 //!   connections (their files shelved, see `smc_ism`'s `daemon/shelf.rs`).
 //!
+//! - The server's memory mappings run out while its handshakes are past their CLC accept: it
+//!   held a mapping for the client's DMB from before its accept, none is reset (a handshake
+//!   that cannot hold one declines with `MEM` before its accept).
+//!
 //! - The application itself at its descriptor limit (the server, or the client, sized for its
 //!   own connections and one descriptor more, the library's daemon connection): differential,
 //!   as plain programs under the same limits they observe the same (every connection up, every
@@ -572,4 +576,26 @@ fn server_out_of_descriptors_declines_mem() {
 fn client_out_of_descriptors_declines_mem() {
     let w = SmcWorld::new();
     process_at_its_limit(&w, "client at its limit", &[], &tight(300));
+}
+
+/// A server whose memory mappings run out while its handshakes are past their CLC accept
+/// (`vm.max_map_count`: those under way took them) maps the client's DMB after the client
+/// confirmed, when it can no longer decline. It must never reset: it holds a mapping from
+/// before its accept for it (`smc-preload` `handshake::Driver::map_slot`), and a handshake for
+/// which it cannot hold one declines with `MEM` before its accept. Differential, as
+/// [`process_at_its_limit`]: the server takes all mappings but 600 before it serves (room for
+/// ~200 connection ends at three mappings each, not 300) and registers its DMBs alone
+/// (`SMC_PAIR=0`: what a server does whose `PAIR` finds no partner: a client that does not
+/// pair, or a daemon at its descriptor limit that refuses `PAIR`s), so that the client's DMB is
+/// attached and mapped after the confirm. Before: the confirmed connections whose DMB the
+/// server could not map were reset (server `INTERR`, "mapping of the client's DMB failed"):
+/// 293 and 437 of 1000 by hand, 1000 connections, rooms 600 and 900.
+#[test]
+fn a_server_out_of_mappings_past_its_accept_declines_before_it() {
+    let w = SmcWorld::new();
+    let senv = vec![
+        ("SMC_SCALE_MAP_ROOM", "600".to_string()),
+        ("SMC_PAIR", "0".to_string()),
+    ];
+    process_at_its_limit(&w, "server out of mappings", &senv, &[]);
 }

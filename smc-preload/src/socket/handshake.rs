@@ -221,6 +221,30 @@ impl HeldDmb {
         r
     }
 
+    /// Server, after its client confirmed: map the client's DMB, which may no longer fail for
+    /// want of a mapping (the client is on SMC-D already: a failure resets the connection).
+    /// `slot`, the mapping held for it since before our Accept, is unmapped first; the room
+    /// set aside for the application does not stop it ([`crate::shm::room::exhausted`]), and
+    /// should the kernel still refuse (another thread took the slot's place), that room is
+    /// given back and the mapping tried once more.
+    fn map_committed(
+        d: smc_ism::Dmb,
+        slot: Option<Mapping>,
+        closing: &mut Vec<OwnedFd>,
+    ) -> Result<HeldDmb, u64> {
+        drop(slot);
+        let r = committed_map(|| d.map()).map(|m| HeldDmb {
+            token: d.token,
+            id: d.id,
+            map: Arc::new(m),
+            state: None,
+        });
+        let smc_ism::Dmb { fd, state, .. } = d;
+        closing.push(fd);
+        closing.extend(state);
+        r.map_err(|_| d.token)
+    }
+
     fn map_now(d: &smc_ism::Dmb, own: bool) -> Result<HeldDmb, u64> {
         // Out of mappings (`shm::room`): none of ours may take the application's last ones.
         let failed = |e: std::io::Error| {
@@ -341,6 +365,13 @@ pub struct Driver {
     /// `RLIMIT_NOFILE` (it takes every descriptor freed meanwhile) does not leave the confirmed
     /// connection without one.
     reserve: Option<OwnedFd>,
+    /// Server: a mapping held from before our Accept until the client's DMB is mapped after
+    /// its Confirm (unmapped just before: [`HeldDmb::map_committed`]), so that a process whose
+    /// mappings ran out meanwhile (`vm.max_map_count`: the handshakes under way took them) can
+    /// still map it. A registration of ours alone takes one (a shared anonymous page: a
+    /// mapping of its own, never merged with a neighbour); with a `PAIR` the mapping of the
+    /// client's DMB it brought stands in for it (unmapped when the client confirmed another).
+    map_slot: Option<Mapping>,
     /// The message awaited and the deadline for it.
     wait: Option<(MsgType, Instant)>,
     started: bool,
@@ -396,6 +427,7 @@ impl Driver {
             paired: None,
             record: None,
             reserve: None,
+            map_slot: None,
             wait: None,
             started: false,
             timeout: clc_timeout(),
@@ -836,6 +868,7 @@ impl Driver {
     /// a request sent ahead may have been granted.
     fn release_all(&mut self) {
         self.reserve = None;
+        self.map_slot = None;
         let mut own = self.own.take().map(|o| o.token).filter(|&t| t != 0);
         let mut peer = self.peer.take().map(|p| p.token).filter(|&t| t != 0);
         if let Some(p) = self.paired.take() {
@@ -1048,12 +1081,22 @@ impl Driver {
             idx: own.idx,
             size_code: own.size_code,
         };
-        match (
+        let mut peer_files = Vec::new();
+        let mapped = (
             HeldDmb::map(own, true, &mut self.closing),
-            HeldDmb::map(peer, false, &mut self.closing),
-        ) {
+            HeldDmb::map(peer, false, &mut peer_files),
+        );
+        if self.server && self.reserve.is_none() && mapped.1.is_ok() {
+            // The server holds the descriptor of the client's DMB until the client confirmed:
+            // should it confirm another DMB (its pair's answer unusable), the memfd of that
+            // one comes into it (see `reserve`).
+            self.reserve = peer_files.pop();
+        }
+        self.closing.append(&mut peer_files);
+        match mapped {
             (Ok(o), Ok(p)) => Some((l, o, p)),
             (o, p) => {
+                self.reserve = None;
                 let tok = |r: Result<HeldDmb, u64>| match r {
                     Ok(h) => h.token,
                     Err(t) => t,
@@ -1159,11 +1202,12 @@ impl Driver {
             }
         };
         match self.reserve_rest() {
-            Ok((reserve, state)) => {
+            Ok((reserve, state, slot)) => {
                 own.state = Some(Arc::new(state));
                 self.own = Some(own);
                 self.peer = peer;
                 self.reserve = reserve;
+                self.map_slot = slot;
                 Ok(l)
             }
             Err(code) => {
@@ -1176,18 +1220,27 @@ impl Driver {
     /// What this end needs once it can no longer decline (the server after its accept, the
     /// client after its confirm), taken while it still can: the local state page (the one
     /// registered, else an anonymous one), and for the server a descriptor for the memfd of
-    /// the client's DMB (see `reserve`). `Err`: the decline code.
-    fn reserve_rest(&mut self) -> Result<(Option<OwnedFd>, Mapping), u32> {
-        let fd = if self.server {
-            Some(with_dev(|c| c.reserve())?)
+    /// the client's DMB (see `reserve`) and a mapping for it (see `map_slot`). `Err`: the
+    /// decline code.
+    fn reserve_rest(&mut self) -> Result<(Option<OwnedFd>, Mapping, Option<Mapping>), u32> {
+        let mem = Diag::Mem.code();
+        let (fd, slot) = if self.server {
+            let fd = with_dev(|c| c.reserve())?;
+            if crate::shm::room::exhausted() {
+                return Err(mem);
+            }
+            let slot = Mapping::anon_shared(4096)
+                .inspect_err(crate::shm::room::on_map_error)
+                .map_err(|_| mem)?;
+            (Some(fd), Some(slot))
         } else {
-            None
+            (None, None)
         };
         let state = match self.state.take() {
             Some(m) => m,
-            None => Mapping::anon_shared(4096).map_err(|_| Diag::Mem.code())?,
+            None => Mapping::anon_shared(4096).map_err(|_| mem)?,
         };
-        Ok((fd, state))
+        Ok((fd, state, slot))
     }
 
     /// Server, after the confirm: the client's DMB, from the attach sent ahead when it is the
@@ -1200,9 +1253,12 @@ impl Driver {
         if let Some(p) = self.paired.take() {
             if p.token == token {
                 self.peer = Some(p);
+                self.reserve = None;
                 return Ok(());
             }
             daemon::release_dmbs(None, Some(p.token));
+            // Its mapping goes now: the place of the one to be made (see `map_slot`).
+            drop(p);
         }
         let mut reserve = self.reserve.take();
         let own = self.recorded_own();
@@ -1251,7 +1307,8 @@ impl Driver {
                     }
                     return Err(AttachErr::Failed("attach of the client's DMB failed"));
                 }
-                let map = Mapping::anon_shared(est.peer_dmb_size as usize)
+                self.map_slot = None;
+                let map = committed_map(|| Mapping::anon_shared(est.peer_dmb_size as usize))
                     .map_err(|_| AttachErr::Failed("no memory for a stand-in DMB"))?;
                 self.peer = Some(HeldDmb {
                     token: 0,
@@ -1262,7 +1319,7 @@ impl Driver {
                 return Ok(());
             }
         };
-        match HeldDmb::map(d, false, &mut self.closing) {
+        match HeldDmb::map_committed(d, self.map_slot.take(), &mut self.closing) {
             Ok(p) => {
                 self.peer = Some(p);
                 Ok(())
@@ -1330,6 +1387,19 @@ impl Driver {
 impl Drop for Driver {
     fn drop(&mut self) {
         self.release_all();
+    }
+}
+
+/// A mapping the server makes after its client confirmed (see [`HeldDmb::map_committed`]):
+/// `map` once more after an `ENOMEM` that gave the application's room back.
+fn committed_map(map: impl Fn() -> std::io::Result<Mapping>) -> std::io::Result<Mapping> {
+    match map() {
+        Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => {
+            crate::shm::room::on_map_error(&e);
+            crate::debug!("out of mappings after the client's confirm: the room given back");
+            map()
+        }
+        r => r,
     }
 }
 

@@ -30,6 +30,9 @@
 //!   (`net.ipv4.ip_local_port_range`) the connections go to 127.0.0.1 … 127.0.0.A in turn (a
 //!   server with WORKERS > 1 listens on all of them).
 //!
+//! `SMC_SCALE_MAP_ROOM=R` (the client, or a server of one process) takes all memory mappings
+//! but R below `vm.max_map_count` before it starts (as many more connections would).
+//!
 //! `SMC_SCALE_NOFILE_ROOM=R` instead lowers it to leave exactly R descriptors above those open
 //! at the start (a program sized for its own needs, at its limit).
 //!
@@ -254,6 +257,15 @@ fn server(port: u16, workers: usize) -> Result<(), String> {
     };
     let main = std::process::id();
     if workers <= 1 {
+        if let Some(room) = env::var("SMC_SCALE_MAP_ROOM")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            let eaten = eat_maps(room)?;
+            eprintln!(
+                "smc-scale server: {eaten} mappings taken, {room} left below vm.max_map_count"
+            );
+        }
         return serve(lfd, port, limit, None, main);
     }
     // Several processes share the one listener (forked after `listen`, so that every worker is
