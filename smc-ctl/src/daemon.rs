@@ -37,6 +37,10 @@ pub struct DaemonArgs {
     /// 1000.
     #[arg(long, value_name = "MS|never", value_parser = parse_shelve)]
     shelve_after_ms: Option<Shelve>,
+    /// DMB files shelved at most (default: as many as `vm.max_map_count` less 4096 allows, a
+    /// mapping each); beyond, new ones keep their descriptors.
+    #[arg(long, value_name = "N")]
+    max_shelved: Option<u64>,
     /// Serve the figures of `smc-ctl stats` and the daemon's own as Prometheus text on
     /// http://ADDR/metrics (a local address, e.g. 127.0.0.1:9464). Off by default.
     #[arg(long, value_name = "ADDR")]
@@ -85,6 +89,7 @@ pub fn run(a: DaemonArgs) -> Result<()> {
     if let Some(Shelve(v)) = a.shelve_after_ms {
         cfg.shelve_after_ms = v;
     }
+    cfg.max_shelved = a.max_shelved;
     // A process of another uid cannot create its statistics directory under a root-owned one:
     // the daemon makes it when a client of that uid connects.
     let procs = a.procs_dir.clone();

@@ -71,6 +71,13 @@ pub struct FailureStats {
     pub mem_pressure: u64,
     /// memfd_create/ftruncate/seal failed (decline MEM).
     pub memfd: u64,
+    /// Refused at the daemon's descriptor limit (`RLIMIT_NOFILE`, less the descriptors it keeps
+    /// free for the sockets requests pass), or the socket a request passed dropped by the
+    /// kernel for want of one (decline MEM).
+    pub fd_limit: u64,
+    /// A reply went without a file the daemon keeps shelved: it could not be opened again (no
+    /// descriptor left); its client gave the references back (decline MEM).
+    pub reopen: u64,
     /// Size code above the daemon's largest (10).
     pub bad_size: u64,
     /// Missing fd, or not an established TCP socket.
@@ -139,6 +146,10 @@ pub struct Stats {
     pub clients_refused: u64,
     /// Connections closed at once because their uid had `uid_max_clients` connected.
     pub clients_refused_uid: u64,
+    /// Clients refused at once because the daemon had no descriptor left for them (its
+    /// `RLIMIT_NOFILE`): they see the daemon gone (decline `NOSMCDDEV`) instead of waiting
+    /// for a reply that cannot come.
+    pub clients_refused_fd_limit: u64,
     /// Live DMBs (registered and not yet freed).
     pub live_dmbs: u64,
     /// Bytes of live DMBs (nominal sizes).

@@ -293,7 +293,7 @@ fn attach_after_the_accept_needs_no_new_descriptor() {
         .wait_for(WAIT, |s| s.live_attachments == 2)
         .unwrap_or_else(|e| panic!("attachments: {e:?} {:?}", client.stats()));
     assert_eq!(st.live_dmbs, 6);
-    assert_eq!(st.failures.memfd, 1, "the attach without a record");
+    assert_eq!(st.failures.fd_limit, 1, "the attach without a record");
     server.release_nowait(None, Some(got.token)).unwrap();
     server.release_nowait(None, Some(got1.token)).unwrap();
     client.wait_for(WAIT, |s| s.live_attachments == 0).unwrap();

@@ -265,6 +265,13 @@ pub(crate) fn print_text(f: &Value, details: bool) {
             n(&g["ops_pair_failed"]),
             n(&g["dmbs_reused"])
         );
+        let (fd_limit, reopen) = (n(&g["failures_fd_limit"]), n(&g["failures_reopen"]));
+        if fd_limit + reopen > 0 {
+            println!(
+                "  At its descriptor limit    {fd_limit:>12} refused ({reopen} replies without a \
+                 shelved file; declined MEM)"
+            );
+        }
         println!(
             "  Clients                    {:>12} connected ({} total)",
             n(&g["clients_connected"]),

@@ -324,7 +324,7 @@ type PassFd = Arc<OwnedFd>;
 /// `Registry::attach_passing`).
 fn pass_memfd(reg: &Registry, d: &DmbObj) -> Option<PassFd> {
     reg.reopen(&d.memfd)
-        .map_err(|e| log::error!("a DMB's memfd cannot be opened again: {e}"))
+        .map_err(|e| reopen_failed(reg, "a DMB's memfd", &e))
         .ok()
 }
 
@@ -332,9 +332,21 @@ fn pass_memfd(reg: &Registry, d: &DmbObj) -> Option<PassFd> {
 fn pass_state(reg: &Registry, d: &DmbObj) -> Option<PassFd> {
     d.state.as_ref().and_then(|s| {
         reg.reopen(s.file())
-            .map_err(|e| log::error!("a state page cannot be opened again: {e}"))
+            .map_err(|e| reopen_failed(reg, "a state page", &e))
             .ok()
     })
+}
+
+/// A shelved file could not be opened again for a reply: counted, and said (rate-limited).
+fn reopen_failed(reg: &Registry, what: &str, e: &io::Error) {
+    static LOG: super::registry::RateLog = super::registry::RateLog::new();
+    reg.counters.failures.reopen.fetch_add(1, Relaxed);
+    LOG.note(|n| {
+        log::warn!(
+            "{what} cannot be opened again: {e}; {n} reply(ies) went without a file since the \
+             last such line (their clients give the DMBs back and decline MEM)"
+        )
+    });
 }
 
 /// The fds of a `PAIR` reply: own memfd, peer memfd, own state page (if it has one: see
@@ -888,7 +900,7 @@ impl Conn<'_> {
     fn passed<T>(&self, fd: Option<T>) -> Result<T, Fail> {
         match fd {
             Some(fd) => Ok(fd),
-            None if self.fds_dropped => Err(Fail::Memfd(libc::EMFILE)),
+            None if self.fds_dropped => Err(Fail::FdLimit),
             None => Err(Fail::BadSocket),
         }
     }
@@ -931,7 +943,7 @@ impl Conn<'_> {
             // server past its accept). Declined with MEM now instead.
             self.dispose(Some(fd));
             drop(state);
-            return Err(Fail::Memfd(libc::EMFILE));
+            return Err(Fail::FdLimit);
         }
         let cg = self.bucket(info.owner_cgroup);
         // A registration that records its proof is a server's before its accept: the attach it
@@ -963,7 +975,8 @@ impl Conn<'_> {
         };
         if let Some(y) = partner {
             if pair_proof(&y, &id, info.peer_cookie) {
-                self.serve_parked(y, &dmb, &id, None);
+                // Its failure is the parked end's (answered so): ours stands.
+                let _ = self.serve_parked(y, &dmb, &id, None);
             } else {
                 fail_parked(sh, y, Fail::NoPeer);
             }
@@ -1049,7 +1062,7 @@ impl Conn<'_> {
                                 rdv.refuse(&xid);
                                 drop(rdv);
                                 self.dispose(Some(fd));
-                                return Err(Fail::Memfd(libc::EMFILE));
+                                return Err(Fail::FdLimit);
                             }
                             // Bounded per client and per uid: each waits with its socket open.
                             let charge = (self.parked.len() < MAX_PARKED)
@@ -1138,10 +1151,10 @@ impl Conn<'_> {
         };
         self.held.entry(own.token).or_default().owner = true;
         match self.serve_parked(y, &own, xid, Some(xfd)) {
-            Some(peer) => Ok((own, peer)),
-            None => {
+            Ok(peer) => Ok((own, peer)),
+            Err(f) => {
                 let _ = self.release_token(own.token, RefKind::Owner, false);
-                Err(Fail::Internal)
+                Err(f)
             }
         }
     }
@@ -1149,18 +1162,19 @@ impl Conn<'_> {
     /// The parked `y` gets its DMB (pooled or new) and attaches `x_own` (ours, bound to our
     /// socket `xid`); with our socket `x_attach`, we attach its DMB too (returned, else
     /// `x_own`). `y`'s answer (or failure) goes to its task; its socket is granted the
-    /// shortcut and closed. `None`: failed (y was answered so).
+    /// shortcut and closed. `Err`: failed (y was answered so), and why (the failure is ours
+    /// too: a `Mem` of the daemon is not an internal error).
     fn serve_parked(
         &mut self,
         y: Parked,
         x_own: &Arc<DmbObj>,
         xid: &TcpIdentity,
         x_attach: Option<BorrowedFd<'_>>,
-    ) -> Option<Arc<DmbObj>> {
+    ) -> Result<Arc<DmbObj>, Fail> {
         let sh = self.shared;
         let Some(x_cookie) = xid.cookie else {
             fail_parked(sh, y, Fail::BadProof);
-            return None;
+            return Err(Fail::BadProof);
         };
         let y_own = own_dmb(
             sh,
@@ -1179,7 +1193,7 @@ impl Conn<'_> {
             Ok(o) => o,
             Err(f) => {
                 fail_parked(sh, y, f);
-                return None;
+                return Err(f);
             }
         };
         let y_grant_own = Grant::new(self.arc.reg.clone(), y_own.clone(), RefKind::Owner, true);
@@ -1198,7 +1212,7 @@ impl Conn<'_> {
             Err(f) => {
                 drop(y_grant_own);
                 fail_parked(sh, y, f);
-                return None;
+                return Err(f);
             }
         };
         // We attach y's.
@@ -1211,17 +1225,17 @@ impl Conn<'_> {
             ) {
                 Ok(d) => {
                     self.held.entry(d.token).or_default().attaches += 1;
-                    Some(d)
+                    d
                 }
                 Err(f) => {
                     drop(y_peer);
                     drop(y_grant_own);
                     fail_parked(sh, y, f);
-                    return None;
+                    return Err(f);
                 }
             }
         } else {
-            Some(x_own.clone())
+            x_own.clone()
         };
         if let Some(map) = sh.sock_state_map.as_deref() {
             super::grant::grant_shortcut(map, y.sock.as_fd());
@@ -1237,7 +1251,7 @@ impl Conn<'_> {
             peer: y_peer,
         });
         sh.events.bump();
-        x_peer
+        Ok(x_peer)
     }
 
     /// `PAIR` of ours whose other end registered with `OP_REGISTER`: our DMB (pooled only if

@@ -132,6 +132,10 @@ pub struct DaemonConfig {
     /// `CAP_SYS_ADMIN` or `CAP_CHECKPOINT_RESTORE` (`/proc/self/map_files`); without, the
     /// descriptors are kept. Each shelved file costs a mapping (`vm.max_map_count`).
     pub shelve_after_ms: Option<u64>,
+    /// Files shelved at most (default `None`: as many as `vm.max_map_count` less a reserve of
+    /// 4096 mappings allows). Beyond, new files keep their descriptors, as when the mappings run
+    /// out (tests make that case with it; an operator may bound the kernel's memory for them).
+    pub max_shelved: Option<u64>,
 }
 
 /// What the daemon does for each new client before serving it, on a blocking thread (`smc-ctl
@@ -178,6 +182,7 @@ impl Default for DaemonConfig {
             pool_max_per_client: 64,
             pool_idle_ms: 1000,
             shelve_after_ms: Some(1000),
+            max_shelved: None,
         }
     }
 }
@@ -301,6 +306,7 @@ fn bind(cfg: DaemonConfig) -> Result<Bound, IsmError> {
     cfg.validate()?;
     let gid = gid::load_or_create(&cfg.state_dir)?;
     raise_nofile(&cfg);
+    shelf::set_max_shelved(cfg.max_shelved);
 
     let path = cfg.socket_path.clone();
     let dir = path
@@ -449,6 +455,9 @@ impl Bound {
         }
         tasks.spawn(sweep(self.shared.clone(), stop_rx.clone()));
         let counters = &self.shared.reg.counters;
+        // A descriptor kept free for the accept of a client that would otherwise wait in the
+        // listener's backlog while the daemon is at its descriptor limit (see `refuse_at_limit`).
+        let mut spare = sys::placeholder_fd();
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -460,6 +469,10 @@ impl Bound {
                 }
                 r = listener.readable() => {
                     let mut guard = r.map_err(IsmError::Io)?;
+                    if spare.is_none() {
+                        // Before any client takes the descriptor freed meanwhile.
+                        spare = sys::placeholder_fd();
+                    }
                     let res = guard.try_io(|l| {
                         // SAFETY: accept4 on our listening socket; no address wanted.
                         sys::cvt(unsafe {
@@ -517,9 +530,12 @@ impl Bound {
                             ));
                         }
                         Ok(Err(e)) => match e.raw_os_error() {
+                            Some(libc::EMFILE) | Some(libc::ENFILE)
+                                if refuse_at_limit(&listener, &mut spare, &self.shared) => {}
                             Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS)
                             | Some(libc::ENOMEM) => {
-                                log::warn!("accept: {e}; backing off");
+                                static LOG: registry::RateLog = registry::RateLog::new();
+                                LOG.note(|n| log::warn!("accept: {e}; backing off ({n} times)"));
                                 tokio::time::sleep(Duration::from_millis(20)).await;
                             }
                             _ => log::debug!("accept: {e}"),
@@ -540,6 +556,49 @@ impl Bound {
         while tasks.join_next().await.is_some() {}
         Ok(())
     }
+}
+
+/// The daemon found no descriptor for a waiting client (`EMFILE`): with the `spare` one freed,
+/// the client is accepted and closed at once, so that its library sees the daemon gone and
+/// declines at once (`NOSMCDDEV`, backing off) instead of waiting for the reply to a request
+/// nobody reads (two seconds per handshake of every new process while the daemon is at its
+/// limit), then the spare is taken again. False when there was no spare, or no client.
+fn refuse_at_limit(listener: &AsyncFd<OwnedFd>, spare: &mut Option<OwnedFd>, sh: &Shared) -> bool {
+    if spare.take().is_none() {
+        *spare = sys::placeholder_fd();
+        return false;
+    }
+    // SAFETY: accept4 on our listening socket; no address wanted.
+    let r = unsafe {
+        libc::accept4(
+            listener.get_ref().as_raw_fd(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+        )
+    };
+    let refused = r >= 0;
+    if refused {
+        // SAFETY: accept4 returned a new fd that we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(r) };
+        let uid = sys::peer_cred(fd.as_fd()).map_or(u32::MAX, |c| c.uid);
+        sh.reg
+            .counters
+            .clients_refused_fd_limit
+            .fetch_add(1, Relaxed);
+        static LOG: registry::RateLog = registry::RateLog::new();
+        LOG.note(|n| {
+            log::warn!(
+                "no descriptor for a new client (RLIMIT_NOFILE {}): {n} client(s) refused \
+                 since the last such line (their connections stay TCP, NOSMCDDEV)",
+                sys::nofile_soft_limit()
+            )
+        });
+        // It may hold fds it passed already: closed off this thread.
+        sh.closer.close(uid, fd);
+    }
+    *spare = sys::placeholder_fd();
+    refused
 }
 
 /// The background sweep: the shelves (`Registry::shelve_tick`), every 10 ms while it finds

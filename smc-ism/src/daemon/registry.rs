@@ -40,6 +40,9 @@ pub(crate) enum Fail {
     TotalBytes,
     MemPressure,
     Memfd(i32),
+    /// The daemon at its descriptor limit (`RLIMIT_NOFILE`): no descriptor for a new DMB's
+    /// files, or for the socket a request passed (the kernel dropped it), kept free below it.
+    FdLimit,
     BadSize,
     BadSocket,
     StaleToken,
@@ -78,6 +81,7 @@ impl Fail {
             Fail::QuotaBytes => (Status::QuotaBytes, 0),
             Fail::TotalBytes | Fail::MemPressure => (Status::Mem, 0),
             Fail::Memfd(errno) => (Status::Mem, errno as u32),
+            Fail::FdLimit => (Status::Mem, libc::EMFILE as u32),
             Fail::BadSize => (Status::BadSize, 0),
             Fail::BadSocket => (Status::BadSocket, 0),
             Fail::StaleToken => (Status::StaleToken, 0),
@@ -112,6 +116,8 @@ failure_counters!(
     total_bytes,
     mem_pressure,
     memfd,
+    fd_limit,
+    reopen,
     bad_size,
     bad_socket,
     stale_token,
@@ -138,6 +144,10 @@ impl Failures {
             Fail::TotalBytes => &self.total_bytes,
             Fail::MemPressure => &self.mem_pressure,
             Fail::Memfd(_) => &self.memfd,
+            Fail::FdLimit => {
+                note_fd_limit();
+                &self.fd_limit
+            }
             Fail::BadSize => &self.bad_size,
             Fail::BadSocket => &self.bad_socket,
             Fail::StaleToken => &self.stale_token,
@@ -154,6 +164,67 @@ impl Failures {
         };
         c.fetch_add(1, Relaxed);
     }
+}
+
+/// At most one line per this many milliseconds says why requests are refused or replies go
+/// without their files (a burst of thousands of handshakes would log thousands).
+const LOG_EVERY_MS: u64 = 10_000;
+
+/// A warning logged at most once per [`LOG_EVERY_MS`], with the count of the occurrences it
+/// stands for.
+pub(crate) struct RateLog {
+    /// Milliseconds (since the first use) of the last line, + 1 (0: none yet).
+    last_ms: AtomicU64,
+    /// Occurrences since that line.
+    since: AtomicU64,
+}
+
+impl RateLog {
+    pub(crate) const fn new() -> RateLog {
+        RateLog {
+            last_ms: AtomicU64::new(0),
+            since: AtomicU64::new(0),
+        }
+    }
+
+    /// One occurrence: `log(n)` when a line is due, `n` the occurrences it stands for.
+    pub(crate) fn note(&self, log: impl FnOnce(u64)) {
+        static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        let now = EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1;
+        self.since.fetch_add(1, Relaxed);
+        let last = self.last_ms.load(Relaxed);
+        if last != 0 && now.saturating_sub(last) < LOG_EVERY_MS {
+            return;
+        }
+        if self
+            .last_ms
+            .compare_exchange(last, now, Relaxed, Relaxed)
+            .is_ok()
+        {
+            log(self.since.swap(0, Relaxed));
+        }
+    }
+}
+
+/// Says (rate-limited) that the daemon refused a request at its descriptor limit.
+fn note_fd_limit() {
+    static LOG: RateLog = RateLog::new();
+    LOG.note(|n| {
+        let (shelved, full) = super::shelf::shelved_now();
+        let why = if full {
+            "its shelves are full (vm.max_map_count, or --max-shelved): raise them or \
+             RLIMIT_NOFILE (docs/OPERATIONS.md)"
+        } else {
+            "raise RLIMIT_NOFILE (docs/OPERATIONS.md)"
+        };
+        log::warn!(
+            "at its descriptor limit (RLIMIT_NOFILE {}; {} held by DMB files, {shelved} \
+             shelved): {n} request(s) refused since the last such line, their connections \
+             decline MEM and stay TCP; {why}",
+            sys::nofile_soft_limit(),
+            super::shelf::held_descriptors(),
+        );
+    });
 }
 
 /// Counters of one op.
@@ -209,6 +280,7 @@ pub(crate) struct Counters {
     pub clients_total: AtomicU64,
     pub clients_refused: AtomicU64,
     pub clients_refused_uid: AtomicU64,
+    pub clients_refused_fd_limit: AtomicU64,
     pub released_on_disconnect: AtomicU64,
     pub dmbs_reused: AtomicU64,
 }
@@ -959,8 +1031,10 @@ impl Registry {
         let uid_charge = self.charge_uid(uid)?;
         let charge = self.charge(cg, size)?;
         let slot = self.slots.alloc().ok_or(Fail::MaxDmb)?;
-        let memfd =
-            sys::create_dmb_memfd(size).map_err(|e| Fail::Memfd(e.raw_os_error().unwrap_or(0)))?;
+        let memfd = sys::create_dmb_memfd(size).map_err(|e| match e.raw_os_error() {
+            Some(libc::EMFILE) => Fail::FdLimit,
+            errno => Fail::Memfd(errno.unwrap_or(0)),
+        })?;
         // The new file's number was the lowest free one: how close the table is to the limit,
         // without a probe descriptor of its own (`sys::near_fd_limit`) on every registration.
         let limit = sys::nofile_soft_limit();
@@ -974,7 +1048,7 @@ impl Registry {
         // pass: one the kernel drops leaves the daemon unable to tell which connection asked
         // (a PAIR's peer would wait for it in vain); refused here, the request is answered.
         if near {
-            return Err(Fail::Memfd(libc::EMFILE));
+            return Err(Fail::FdLimit);
         }
         let mut obj = DmbObj {
             memfd: KeptFile::new(memfd, size),
@@ -1518,6 +1592,7 @@ impl Registry {
             clients_total: c.clients_total.load(Relaxed),
             clients_refused: c.clients_refused.load(Relaxed),
             clients_refused_uid: c.clients_refused_uid.load(Relaxed),
+            clients_refused_fd_limit: c.clients_refused_fd_limit.load(Relaxed),
             live_dmbs: self.totals.live_dmbs.load(Relaxed),
             live_bytes: self.totals.live_bytes.load(Relaxed),
             committed_bytes: self.totals.committed.load(Relaxed),

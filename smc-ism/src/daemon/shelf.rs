@@ -48,26 +48,55 @@ static SHELVED: AtomicU64 = AtomicU64::new(0);
 /// maps arenas and large blocks. 4096: about a thousand threads.
 const MAP_RESERVE: u64 = 4096;
 
+/// How many files are shelved now, and whether no more may be (the shelves are full: their
+/// cap or `vm.max_map_count` reached, as last read).
+pub(crate) fn shelved_now() -> (u64, bool) {
+    let n = SHELVED.load(Relaxed);
+    (n, !shelf_room_quiet(n))
+}
+
+fn shelf_room_quiet(n: u64) -> bool {
+    let lim = MAP_LIMIT.load(Relaxed);
+    n < MAX_SHELVED.load(Relaxed) && (lim == 0 || n + MAP_RESERVE < lim)
+}
+
+/// `vm.max_map_count` as last read (0: not yet).
+static MAP_LIMIT: AtomicU64 = AtomicU64::new(0);
+
+/// Files shelved at most, when configured ([`super::DaemonConfig::max_shelved`]; `u64::MAX`:
+/// as `vm.max_map_count` allows).
+static MAX_SHELVED: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Shelves at most `n` files (`None`: as `vm.max_map_count` allows).
+pub(crate) fn set_max_shelved(n: Option<u64>) {
+    MAX_SHELVED.store(n.unwrap_or(u64::MAX), Relaxed);
+}
+
 /// Whether one more file may be shelved within `vm.max_map_count` less [`MAP_RESERVE`] (read
-/// again near the limit: it may have been raised).
+/// again near the limit: it may have been raised), and within [`MAX_SHELVED`].
 fn shelf_room() -> bool {
-    static LIMIT: AtomicU64 = AtomicU64::new(0);
     static WARNED: AtomicBool = AtomicBool::new(false);
     let n = SHELVED.load(Relaxed);
-    let lim = LIMIT.load(Relaxed);
-    if lim != 0 && n + MAP_RESERVE < lim {
+    let cap = MAX_SHELVED.load(Relaxed);
+    let lim = MAP_LIMIT.load(Relaxed);
+    if lim != 0 && n + MAP_RESERVE < lim && n < cap {
         return true;
     }
     let lim = std::fs::read_to_string("/proc/sys/vm/max_map_count")
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
         .unwrap_or(65_530);
-    LIMIT.store(lim, Relaxed);
-    let room = n + MAP_RESERVE < lim;
+    MAP_LIMIT.store(lim, Relaxed);
+    let room = n + MAP_RESERVE < lim && n < cap;
     if !room && !WARNED.swap(true, Relaxed) {
+        let why = if n >= cap {
+            format!("--max-shelved ({cap})")
+        } else {
+            format!("vm.max_map_count ({lim})")
+        };
         log::warn!(
-            "{n} files shelved: vm.max_map_count ({lim}) leaves no room for more; new ones keep \
-             their descriptors (raise it: docs/OPERATIONS.md)"
+            "{n} files shelved: {why} leaves no room for more; new ones keep their descriptors \
+             (raise it: docs/OPERATIONS.md)"
         );
     }
     room
