@@ -1094,7 +1094,27 @@ impl Driver {
         }
         self.closing.append(&mut peer_files);
         match mapped {
-            (Ok(o), Ok(p)) => Some((l, o, p)),
+            (Ok(mut o), Ok(p)) => {
+                if o.state.is_none() {
+                    // The daemon had no local state for it (no descriptor for a page): an
+                    // anonymous page now, while we can still decline, not when the connection
+                    // is installed after the point of no return (a reset, should it fail).
+                    let page = if crate::shm::room::exhausted() {
+                        Err(std::io::Error::from_raw_os_error(libc::ENOMEM))
+                    } else {
+                        Mapping::anon_shared(4096).inspect_err(crate::shm::room::on_map_error)
+                    };
+                    match page {
+                        Ok(m) => o.state = Some(Arc::new(m)),
+                        Err(_) => {
+                            self.reserve = None;
+                            daemon::release_dmbs(Some(o.token), Some(p.token));
+                            return None;
+                        }
+                    }
+                }
+                Some((l, o, p))
+            }
             (o, p) => {
                 self.reserve = None;
                 let tok = |r: Result<HeldDmb, u64>| match r {
