@@ -1473,7 +1473,9 @@ impl Registry {
     /// only one that may have mapped it before, see [`Record::attached_by`]). Only when no
     /// attach is held (its last attacher released it: it writes no more), and, when its local
     /// state is a slot, for a caller that takes slots (`epoch`: its fork epoch, see
-    /// [`StateSlots::new_page`]) and on a page of that epoch.
+    /// [`StateSlots::new_page`]) and on a page of that epoch. For a peer of no known client
+    /// connection (`peer_conn` `u64::MAX`: it registered alone and attaches by token), only one
+    /// whose memfd kept its descriptor.
     pub(crate) fn bind_pooled(
         &self,
         token: u64,
@@ -1503,6 +1505,13 @@ impl Registry {
             return Err(BindMiss::NotNow);
         }
         if rec.refs != 1 || rec.attached_by.is_some_and(|c| c != peer_conn) {
+            return Err(BindMiss::NotNow);
+        }
+        if peer_conn == u64::MAX && rec.dmb.memfd.is_shelved() {
+            // Its peer (a registration, not a `PAIR`: see `Conn::pair_registered`) attaches it
+            // by token later, maybe as a server past its CLC accept, when the daemon may have
+            // no descriptor to open a shelved file again: only a DMB that kept its descriptor
+            // waits for such an attach (see `Record::awaiting`).
             return Err(BindMiss::NotNow);
         }
         rec.pooled = false;
