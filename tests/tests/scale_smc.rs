@@ -653,8 +653,7 @@ fn a_server_out_of_mappings_past_its_accept_declines_before_it() {
 /// reads. Before, each such process's first handshakes waited out the daemon's timeout (2 s,
 /// both the server's and the client's): 5 connections took 4.0 s, then 6.0 s in a second
 /// process (8 of 8 runs by hand), TCP ~1 ms; after, ~20 ms (16 of 16). Checked by the daemon's
-/// count of clients refused that way (deterministic) and, as the semantics, the setup of 5
-/// connections within one daemon timeout (20 times what it takes).
+/// count of clients refused that way (deterministic) and the clean fallback of all 5.
 #[test]
 fn a_new_process_at_a_daemon_without_descriptors_falls_back_at_once() {
     let w = SmcWorld::new();
@@ -695,9 +694,7 @@ fn a_new_process_at_a_daemon_without_descriptors_falls_back_at_once() {
         refused >= 1,
         "the daemon refused no client for want of a descriptor: {figs}"
     );
-    let setup = out["setup_secs"].as_f64().unwrap_or(f64::MAX);
-    assert!(
-        setup < 2.0,
-        "5 connections took {setup} s to set up: the handshakes waited for the daemon"
-    );
+    // The time it took is shown, not asserted (no timing threshold in a test): before, 4.0 s
+    // and more (each handshake waited out the daemon timeout); after, ~20 ms.
+    eprintln!("setup of 5 connections: {} s", out["setup_secs"]);
 }
