@@ -297,37 +297,31 @@ fn daemon_out_of_descriptors(daemon_args: &[&str]) {
     );
 }
 
-/// `RLIMIT_NOFILE` of process `pid` lowered to its lowest free descriptor: it can open none.
-fn exhaust(pid: u32) {
+/// The lowest descriptor number process `pid` has free.
+fn lowest_free_fd(pid: u32) -> u64 {
     let open: std::collections::HashSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap_or_else(|e| panic!("the daemon's descriptors: {e:?}"))
+        .unwrap_or_else(|e| panic!("the descriptors of {pid}: {e:?}"))
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect();
-    let free = (0..).find(|n| !open.contains(n)).unwrap_or(0);
-    let lim = libc::rlimit {
-        rlim_cur: free,
-        rlim_max: free,
-    };
-    // SAFETY: prlimit on the daemon's pid with a valid struct, no old value wanted.
-    let r = unsafe {
-        libc::prlimit(
-            pid as libc::pid_t,
-            libc::RLIMIT_NOFILE,
-            &lim,
-            std::ptr::null_mut(),
-        )
-    };
-    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    (0..).find(|n| !open.contains(n)).unwrap_or(0)
+}
+
+/// `RLIMIT_NOFILE` of process `pid` lowered to its lowest free descriptor: it can open none.
+fn exhaust(pid: u32) {
+    let free = lowest_free_fd(pid);
+    set_nofile(
+        pid,
+        libc::rlimit {
+            rlim_cur: free,
+            rlim_max: free,
+        },
+    );
 }
 
 /// The soft `RLIMIT_NOFILE` of process `pid` lowered to its lowest free descriptor (the hard
 /// one kept): it can open none. Returns the limits it had.
 fn exhaust_soft(pid: u32) -> libc::rlimit {
-    let open: std::collections::HashSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap_or_else(|e| panic!("the daemon's descriptors: {e:?}"))
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    let free = (0..).find(|n| !open.contains(n)).unwrap_or(0);
+    let free = lowest_free_fd(pid);
     let mut old = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
