@@ -164,6 +164,7 @@ scenarios! {
     splice_pipe_to_socket_short: 1;
     splice_socket_into_a_nearly_full_pipe: 1;
     clients_of_a_server_that_accepts_late: 0;
+    epoll_client_of_a_server_that_accepts_late: 0;
     sendfile_offset: 1;
     msg_oob: 1;
     oob_mark_mid_stream: 1;
@@ -4782,6 +4783,85 @@ fn clients_of_a_server_that_accepts_late() {
         log(format!("{name} read {:?}", String::from_utf8_lossy(&got)));
         close(c);
     }
+    let mut st = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    log(format!("server exit {}", libc::WEXITSTATUS(st)));
+}
+
+/// An event-loop client (non-blocking connect, `EPOLLOUT` edge-triggered and level-triggered)
+/// of a server that accepts only once the client is done (told through a pipe): TCP reports the
+/// connect complete at once. The client's handshake waits for the Accept until the accept wait
+/// ends at an epoll tick, then falls back (TCP, skipping the late CLC messages): that step
+/// reported no `EPOLLOUT` (the socket's own edge had come long before), so a client that
+/// writes first waited for ever (`smc-scale` at 65 536 connections: every connect in flight
+/// of a client stuck so, `epoll_wait` 0 after 1 s here).
+fn epoll_client_of_a_server_that_accepts_late() {
+    let (l, port) = listener();
+    let (rp, wp) = pipe();
+    // SAFETY: the child only serves two connections and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        close(wp);
+        let _ = read_n(rp, 1);
+        for _ in 0..2 {
+            let s = accept_fd(l);
+            let mut out = b"ok:".to_vec();
+            out.extend(read_n(s, 3));
+            write_all(s, &out);
+            close(s);
+        }
+        // SAFETY: plain exit without destructors (fork child).
+        unsafe { libc::_exit(0) };
+    }
+    close(rp);
+    close(l);
+    let ep = ep_create();
+    let name = names(&["c1", "c2"]);
+    let mut cs = Vec::new();
+    for (i, flags) in [(0u64, libc::EPOLLET as u32), (1, 0)] {
+        let c = tcp_socket();
+        set_nonblock(c, true);
+        let rc = connect_to(c, port);
+        let e = errno();
+        log(format!(
+            "connect(c{}) nonblocking = {}",
+            i + 1,
+            if rc == 0 { "0".into() } else { ename(e) }
+        ));
+        ep_ctl(
+            "epoll_ctl(ADD, OUT)",
+            ep,
+            libc::EPOLL_CTL_ADD,
+            c,
+            libc::EPOLLOUT as u32 | flags,
+            i,
+        );
+        // The connect completes (once for the edge-triggered entry, the other level).
+        let got = ep_wait("epoll_wait(1 s)", ep, 4, 1000, &name);
+        log(format!(
+            "c{} writable: {}",
+            i + 1,
+            got.iter()
+                .any(|(d, m)| *d == i && m & libc::EPOLLOUT as u32 != 0)
+        ));
+        r(&format!("send(c{}, 3 bytes)", i + 1), wr(c, b"GET"));
+        ep_ctl("epoll_ctl(DEL)", ep, libc::EPOLL_CTL_DEL, c, 0, i);
+        cs.push(c);
+    }
+    write_all(wp, b"g");
+    close(wp);
+    for (i, c) in cs.into_iter().enumerate() {
+        set_nonblock(c, false);
+        let got = read_n(c, 6);
+        log(format!(
+            "c{} read {:?}",
+            i + 1,
+            String::from_utf8_lossy(&got)
+        ));
+        close(c);
+    }
+    close(ep);
     let mut st = 0;
     // SAFETY: our child.
     unsafe { libc::waitpid(pid, &mut st, 0) };
