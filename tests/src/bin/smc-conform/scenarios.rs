@@ -4731,23 +4731,18 @@ fn bad_pointer_write() {
     close(s);
 }
 
-/// A server busy elsewhere accepts its clients only after they connected and wrote (red team
-/// rt16 `rt16_lateaccept.py`; here it accepts once the clients are done, told through a
-/// pipe): TCP completes the connect and queues the first bytes at once. A server's library
-/// answers the client's Proposal only once its program accepts, and the client waited for that
-/// Accept up to the CLC timeout (2 s): a non-blocking `send` right after a blocking connect said
-/// `EAGAIN` with no `POLLOUT` for a second, a connect with a 1 s timeout (non-blocking, then
-/// `poll` for `POLLOUT`, as Python's `create_connection(timeout=1)`) failed. Both clients now
-/// go on over TCP (no SMC-D connection: the server accepts after their wait for it ended).
-fn clients_of_a_server_that_accepts_late() {
+/// A server, a forked process, that accepts only once told to (a byte on the returned pipe):
+/// then it serves `n` connections, each 3 bytes read and answered with `ok:` and them. Returns
+/// its port, pid and the pipe's write end.
+fn late_server(n: usize) -> (u16, libc::pid_t, c_int) {
     let (l, port) = listener();
     let (rp, wp) = pipe();
-    // SAFETY: the child only serves two connections and exits.
+    // SAFETY: the child only serves `n` connections and exits.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         close(wp);
         let _ = read_n(rp, 1);
-        for _ in 0..2 {
+        for _ in 0..n {
             let s = accept_fd(l);
             let mut out = b"ok:".to_vec();
             out.extend(read_n(s, 3));
@@ -4759,6 +4754,27 @@ fn clients_of_a_server_that_accepts_late() {
     }
     close(rp);
     close(l);
+    (port, pid, wp)
+}
+
+/// A server ([`late_server`]) waited for, its exit status logged.
+fn reap_server(pid: libc::pid_t) {
+    let mut st = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    log(format!("server exit {}", libc::WEXITSTATUS(st)));
+}
+
+/// A server busy elsewhere accepts its clients only after they connected and wrote (red team
+/// rt16 `rt16_lateaccept.py`; here it accepts once the clients are done, told through a
+/// pipe): TCP completes the connect and queues the first bytes at once. A server's library
+/// answers the client's Proposal only once its program accepts, and the client waited for that
+/// Accept up to the CLC timeout (2 s): a non-blocking `send` right after a blocking connect said
+/// `EAGAIN` with no `POLLOUT` for a second, a connect with a 1 s timeout (non-blocking, then
+/// `poll` for `POLLOUT`, as Python's `create_connection(timeout=1)`) failed. Both clients now
+/// go on over TCP (no SMC-D connection: the server accepts after their wait for it ended).
+fn clients_of_a_server_that_accepts_late() {
+    let (port, pid, wp) = late_server(2);
     let c1 = tcp_socket();
     r("connect(c1) blocking", connect_to(c1, port) as isize);
     set_nonblock(c1, true);
@@ -4783,10 +4799,7 @@ fn clients_of_a_server_that_accepts_late() {
         log(format!("{name} read {:?}", String::from_utf8_lossy(&got)));
         close(c);
     }
-    let mut st = 0;
-    // SAFETY: our child.
-    unsafe { libc::waitpid(pid, &mut st, 0) };
-    log(format!("server exit {}", libc::WEXITSTATUS(st)));
+    reap_server(pid);
 }
 
 /// An event-loop client (non-blocking connect, `EPOLLOUT` edge-triggered and level-triggered)
@@ -4797,25 +4810,7 @@ fn clients_of_a_server_that_accepts_late() {
 /// writes first waited for ever (`smc-scale` at 65 536 connections: every connect in flight
 /// of a client stuck so, `epoll_wait` 0 after 1 s here).
 fn epoll_client_of_a_server_that_accepts_late() {
-    let (l, port) = listener();
-    let (rp, wp) = pipe();
-    // SAFETY: the child only serves two connections and exits.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        close(wp);
-        let _ = read_n(rp, 1);
-        for _ in 0..2 {
-            let s = accept_fd(l);
-            let mut out = b"ok:".to_vec();
-            out.extend(read_n(s, 3));
-            write_all(s, &out);
-            close(s);
-        }
-        // SAFETY: plain exit without destructors (fork child).
-        unsafe { libc::_exit(0) };
-    }
-    close(rp);
-    close(l);
+    let (port, pid, wp) = late_server(2);
     let ep = ep_create();
     let name = names(&["c1", "c2"]);
     let mut cs = Vec::new();
@@ -4862,10 +4857,7 @@ fn epoll_client_of_a_server_that_accepts_late() {
         close(c);
     }
     close(ep);
-    let mut st = 0;
-    // SAFETY: our child.
-    unsafe { libc::waitpid(pid, &mut st, 0) };
-    log(format!("server exit {}", libc::WEXITSTATUS(st)));
+    reap_server(pid);
 }
 
 /// `splice` from the socket into a blocking pipe with room for one page only, as a proxy does
