@@ -92,6 +92,11 @@ extern "C" fn after_fork_child() {
     reset_pid();
     fdtable::unlock_all_after_fork();
     forklock::after_fork_all();
+    // The child of a handler of a single-threaded process: no allocation (`ops::fork`).
+    if ops::child_must_not_allocate() {
+        setup::after_fork_child_of_handler();
+        return;
+    }
     setup::after_fork_child();
     ops::conns_after_fork_child();
 }

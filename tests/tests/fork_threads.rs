@@ -287,7 +287,13 @@ fn fork_from_a_signal_handler_while_connecting_hangs_nothing() {
     let out = spawn_piped(c)
         .wait_output(Duration::from_secs(120))
         .expect("preload-prog sigfork");
-    assert_eq!(out.trim(), "SIGFORK conns=2000 forks=yes", "{out}");
+    // Every child only calls `_exit(0)`: one the library's `fork` left a damaged heap aborts
+    // in glibc's checks (~100 of 300 did while `fork` allocated).
+    assert_eq!(
+        out.trim(),
+        "SIGFORK conns=2000 forks=yes badchildren=0",
+        "{out}"
+    );
     let s = w.stats_sum();
     assert_eq!(s.get("smcd_client"), 2000, "{s:?}");
 }

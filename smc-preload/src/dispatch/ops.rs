@@ -16,7 +16,7 @@ use crate::obj::Obj;
 use crate::real;
 use crate::{daemon, epoll, lifecycle, policy, poll, setup, stats};
 use libc::{c_int, c_void, iovec, size_t, sockaddr, socklen_t, ssize_t};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 #[inline]
@@ -2001,27 +2001,46 @@ pub fn conns_after_fork_child() {
     }
 }
 
-/// The locks of the epoll sets among `objs`, all of them, or as many as could be taken within
-/// 100 ms: each is taken only when free (no wait while holding others, so no order between
-/// them matters), and all are let go to try again when one is busy (its holder may wait for
-/// the table this thread froze for the fork: bounded, the residual is a set its thread held).
-fn hold_epoll_sets(objs: &[(c_int, Arc<Obj>)]) -> Vec<impl Sized + '_> {
-    let mut sets: Vec<&Arc<Obj>> = Vec::new();
-    for (_, o) in objs {
-        if matches!(&**o, Obj::Epoll(_)) && !sets.iter().any(|x| Arc::ptr_eq(x, o)) {
-            sets.push(o);
+/// Epoll sets a `fork` holds at most ([`hold_epoll_sets`]); a process with more holds the
+/// first ones and leaves the others as a set busy at the fork is left.
+const FORK_SETS_MAX: usize = 32;
+
+/// Each epoll set of the (frozen) table once, without allocating (a `fork` from a signal
+/// handler must not).
+fn epoll_sets() -> [Option<Arc<Obj>>; FORK_SETS_MAX] {
+    let mut sets: [Option<Arc<Obj>>; FORK_SETS_MAX] = std::array::from_fn(|_| None);
+    let mut n = 0;
+    fdtable::for_each_object(|_, o| {
+        if !matches!(&**o, Obj::Epoll(_)) || sets.iter().flatten().any(|x| Arc::ptr_eq(x, o)) {
+            return;
         }
-    }
+        if let Some(free) = sets.get_mut(n) {
+            *free = Some(o.clone());
+            n += 1;
+        }
+    });
+    sets
+}
+
+/// The locks of `sets`, all of them, or as many as could be taken within 100 ms: each is
+/// taken only when free (no wait while holding others, so no order between them matters), and
+/// all are let go to try again when one is busy (its holder may wait for the table this
+/// thread froze for the fork: bounded, the residual is a set its thread held).
+fn hold_epoll_sets(
+    sets: &[Option<Arc<Obj>>; FORK_SETS_MAX],
+) -> [Option<impl Sized + '_>; FORK_SETS_MAX] {
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(100);
     loop {
-        let held: Vec<_> = sets
-            .iter()
-            .filter_map(|o| match &***o {
-                Obj::Epoll(s) => s.try_hold(),
-                _ => None,
-            })
-            .collect();
-        if held.len() == sets.len() || std::time::Instant::now() >= deadline {
+        let mut all = true;
+        let held = std::array::from_fn(|i| match sets.get(i).and_then(|o| o.as_deref()) {
+            Some(Obj::Epoll(s)) => {
+                let g = s.try_hold();
+                all &= g.is_some();
+                g
+            }
+            _ => None,
+        });
+        if all || std::time::Instant::now() >= deadline {
             return held;
         }
         drop(held);
@@ -2031,6 +2050,23 @@ fn hold_epoll_sets(objs: &[(c_int, Arc<Obj>)]) -> Vec<impl Sized + '_> {
 
 /// How long a `fork` drives the handshakes under way before it forks, in all.
 const FORK_HANDSHAKE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Numbers the forks of this process (the marks of [`Conn::mark_for_fork`]).
+static FORK_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// The fork under way came from a handler of a single-threaded process
+/// ([`crate::signals::in_handler_of_single_thread`]): set by the parent before it forks, read
+/// by the child's fork handlers.
+static FORK_LIGHT: AtomicBool = AtomicBool::new(false);
+
+/// In a child just forked: whether it must skip the work that allocates. The child of a
+/// handler of a single-threaded process may hold a heap that the handler interrupted half way
+/// through an update, and it has nothing to do for other threads of its parent (there were
+/// none): its copies are the forking thread's, whose interrupted code carries them on if the
+/// child returns from the handler.
+pub fn child_must_not_allocate() -> bool {
+    FORK_LIGHT.load(Ordering::Relaxed) || crate::signals::in_handler_of_single_thread()
+}
 
 pub unsafe fn fork() -> libc::pid_t {
     // Handshakes under way are finished first: parent and child must agree on what the fd is
@@ -2056,66 +2092,77 @@ pub unsafe fn fork() -> libc::pid_t {
         }
     }
     // From here to the fork the table stands still for the other threads: the child's copy
-    // names exactly the connections counted here.
+    // names exactly the connections counted here. Nothing below allocates or frees: a `fork`
+    // from a signal handler may run inside an interrupted `malloc` (`preload-prog sigfork`:
+    // ~100 of 300 such children aborted in glibc's heap checks).
     let frozen = fdtable::freeze_for_fork();
-    let objs = fdtable::all_objects();
-    // Each connection object once (dup'd fds share it): the child's copy holds it too.
-    let mut held: Vec<Arc<Obj>> = Vec::new();
-    for (_, o) in &objs {
-        match &**o {
-            Obj::Conn(c) => {
-                c.add_ref(1);
-                if !held.iter().any(|h| Arc::ptr_eq(h, o)) {
-                    c.add_holder();
-                    held.push(o.clone());
-                }
+    let seq = FORK_SEQ.fetch_add(1, Ordering::Relaxed) + 1;
+    // Each connection object's holder once (dup'd fds share it): the child's copy holds it too.
+    fdtable::for_each_object(|_, o| match &**o {
+        Obj::Conn(c) => {
+            c.add_ref(1);
+            if c.mark_for_fork(seq) {
+                c.add_holder();
             }
-            Obj::Epoll(s) => s.before_fork(),
-            _ => {}
         }
-    }
+        Obj::Epoll(s) => s.before_fork(),
+        _ => {}
+    });
     // Each epoll set's lock, held across the fork: a thread of this process inside one at the
     // fork left the child's copy locked for ever (red team round 15, finding 8: 31 of 100
     // children that used their parent's set hung, two threads of the parent busy on it).
-    let sets = hold_epoll_sets(&objs);
+    let sets = epoll_sets();
+    let held = hold_epoll_sets(&sets);
     let kept = crate::dmbs::before_fork();
+    FORK_LIGHT.store(
+        crate::signals::in_handler_of_single_thread(),
+        Ordering::Relaxed,
+    );
     // SAFETY: fork(2) has no arguments; the child only resets our per-process state before
     // returning.
     let r = unsafe { real::fork() };
-    drop(sets);
+    drop(held);
     if r == 0 {
         crate::dmbs::after_fork_child(kept);
-    } else {
-        crate::dmbs::after_fork_parent(kept);
-    }
-    drop(frozen);
-    if r == 0 {
         crate::reset_pid();
-        for o in &held {
+        fdtable::for_each_object(|_, o| {
             if let Obj::Conn(c) = &**o {
                 c.holder_forked();
             }
-        }
-        fdtable::unlock_all_after_fork();
-        setup::after_fork_child();
-        conns_after_fork_child();
+        });
     } else if r > 0 {
-        daemon::after_fork_parent();
-        for (_, o) in &objs {
+        crate::dmbs::after_fork_parent(kept);
+        fdtable::for_each_object(|_, o| {
             if let Obj::Epoll(s) = &**o {
                 s.after_fork_parent(r as u32);
             }
-        }
+        });
     } else {
-        for (_, o) in &objs {
+        crate::dmbs::after_fork_parent(kept);
+        // The table still stands still: the same objects as counted above.
+        fdtable::for_each_object(|_, o| {
             if let Obj::Conn(c) = &**o {
                 c.drop_ref();
+                if c.unmark_for_fork(seq) {
+                    c.leave_holders();
+                }
             }
+        });
+    }
+    // The clones go while the table still holds every object: none of them is the last.
+    drop(sets);
+    drop(frozen);
+    if r == 0 {
+        fdtable::unlock_all_after_fork();
+        if !child_must_not_allocate() {
+            setup::after_fork_child();
+            conns_after_fork_child();
         }
-        for o in &held {
-            if let Obj::Conn(c) = &**o {
-                c.leave_holders();
-            }
+        FORK_LIGHT.store(false, Ordering::Relaxed);
+    } else {
+        FORK_LIGHT.store(false, Ordering::Relaxed);
+        if r > 0 {
+            daemon::after_fork_parent();
         }
     }
     r

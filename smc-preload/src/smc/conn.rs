@@ -501,6 +501,10 @@ pub struct Conn {
     /// The process whose holder this object is counted as in [`Shared::holders`] (0: none,
     /// e.g. a forked child's copy of an object only a thread of its parent held).
     holder_pid: AtomicU32,
+    /// The `fork` that counted this object's holder for its child last ([`Conn::mark_for_fork`]):
+    /// dup'd fds share the object, which is counted once, without a list (a `fork` from a
+    /// signal handler must not allocate).
+    fork_mark: AtomicU64,
     /// This process's own hold on the connection besides its fd numbers (`smc_close`): calls
     /// in flight (low 32 bits) and the fd references of numbers closed under them (high 32
     /// bits), dropped when the last of those calls returns.
@@ -650,6 +654,7 @@ impl Conn {
             peer_token: 0,
             epoll_parked: AtomicU64::new(0),
             holder_pid: AtomicU32::new(0),
+            fork_mark: AtomicU64::new(0),
             zc_sent: AtomicU32::new(0),
             zc_done: AtomicU32::new(0),
             idle_looks: AtomicU32::new(0),
@@ -872,6 +877,20 @@ impl Conn {
     /// in the parent if the fork failed.
     pub fn add_holder(&self) {
         self.sh().holders.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Before `fork` number `seq` (unique in this process, never 0): true the first time for
+    /// this object, whose holder the fork then counts once ([`Conn::add_holder`]).
+    pub fn mark_for_fork(&self, seq: u64) -> bool {
+        self.fork_mark.swap(seq, Ordering::AcqRel) != seq
+    }
+
+    /// After fork `seq` failed: true once for an object [`Conn::mark_for_fork`] marked, whose
+    /// holder count is then given back ([`Conn::leave_holders`]).
+    pub fn unmark_for_fork(&self, seq: u64) -> bool {
+        self.fork_mark
+            .compare_exchange(seq, 0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 
     /// In the child after `fork`: this copy is the holder [`Conn::add_holder`] counted.

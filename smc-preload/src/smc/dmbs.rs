@@ -124,27 +124,45 @@ pub fn keep(own: bool, id: u64, m: Arc<Mapping>, state: Option<Arc<Mapping>>) {
     drop(gone);
 }
 
-/// The cache held across a `fork` ([`before_fork`]).
+/// The cache held across a `fork` ([`before_fork`]); `None`: a cache never used (a `fork`
+/// from a signal handler does not create it).
 pub(crate) struct ForkHold {
-    kept: crate::forklock::ForkGuard<Kept>,
+    kept: Option<crate::forklock::ForkGuard<Kept>>,
 }
 
 /// Before this process forks (our `fork`, with the table frozen): the kept mappings are made
 /// `MADV_DONTFORK` for the fork alone, so that the child (one that drops its privileges, say)
 /// gets none of the memory of this process's later connections (`tests/redteam/rt6.c
-/// keptfork`). A mapping that cannot be marked is dropped (unmapped) first. The cache stays
-/// locked until [`after_fork_parent`]; in the child it is a fresh, empty one
-/// ([`crate::forklock::after_fork_all`]). Done at the fork rather than at each keep and take: two `madvise`
-/// per mapping per fork instead of per connection (3 mappings each way, on every short
-/// connection).
+/// keptfork`). A mapping that cannot be marked is dropped (unmapped) first; from a signal
+/// handler it is kept instead (dropping frees memory, which a handler that interrupted
+/// `malloc` must not: `madvise` fails only on a range that is not mapped, never on ours). The
+/// cache stays locked until [`after_fork_parent`]; in the child it is a fresh, empty one
+/// ([`crate::forklock::after_fork_all`]). Done at the fork rather than at each keep and take:
+/// two `madvise` per mapping per fork instead of per connection (3 mappings each way, on every
+/// short connection).
 pub(crate) fn before_fork() -> ForkHold {
-    let mut kept = KEPT.lock();
-    let k = &mut *kept;
-    for q in [&mut k.own, &mut k.peer] {
-        q.retain(|e| {
-            e.1.set_inherited(false).is_ok()
-                && e.2.as_ref().is_none_or(|s| s.set_inherited(false).is_ok())
-        });
+    let handler = crate::signals::in_handler();
+    let mut kept = if handler {
+        KEPT.lock_if_used()
+    } else {
+        Some(KEPT.lock())
+    };
+    if let Some(k) = kept.as_deref_mut() {
+        for q in [&mut k.own, &mut k.peer] {
+            if handler {
+                for e in q.iter() {
+                    let _ = e.1.set_inherited(false);
+                    if let Some(st) = &e.2 {
+                        let _ = st.set_inherited(false);
+                    }
+                }
+                continue;
+            }
+            q.retain(|e| {
+                e.1.set_inherited(false).is_ok()
+                    && e.2.as_ref().is_none_or(|s| s.set_inherited(false).is_ok())
+            });
+        }
     }
     ForkHold { kept }
 }
@@ -152,7 +170,8 @@ pub(crate) fn before_fork() -> ForkHold {
 /// In the parent after the fork: the kept mappings are inherited again by default (a taken one
 /// becomes a connection's, which its children hold).
 pub(crate) fn after_fork_parent(h: ForkHold) {
-    for q in [&h.kept.own, &h.kept.peer] {
+    let Some(kept) = &h.kept else { return };
+    for q in [&kept.own, &kept.peer] {
         for e in q {
             let _ = e.1.set_inherited(true);
             if let Some(st) = &e.2 {
@@ -164,7 +183,9 @@ pub(crate) fn after_fork_parent(h: ForkHold) {
 
 /// In the child: the hold is on the parent's lock, replaced here already; never released.
 pub(crate) fn after_fork_child(h: ForkHold) {
-    h.kept.leak();
+    if let Some(kept) = h.kept {
+        kept.leak();
+    }
 }
 
 /// Zero the local state of our own DMB before our connection uses it (a pooled DMB's page, or

@@ -290,13 +290,20 @@ pub fn after_fork_parent() {
     }
 }
 
+/// In the child after fork: the parent's pending releases are its own (references of its
+/// daemon connection). Allocates nothing (a list never used is not created).
+pub fn forget_parents_releases() {
+    if let Some(mut v) = PENDING_RELEASES.lock_if_used() {
+        v.clear();
+    }
+    PENDING_N.store(0, Ordering::Relaxed);
+}
+
 /// In the child after fork: its own daemon connection (the parent's references stay the
 /// parent's); the global locks are reset by [`crate::forklock::after_fork_all`]. Its ends take
 /// state slots from the pages of its own daemon connection, which its parent never maps.
 pub fn after_fork_child() {
-    // The parent's pending releases are its own (references of its daemon connection).
-    PENDING_RELEASES.lock().clear();
-    PENDING_N.store(0, Ordering::Relaxed);
+    forget_parents_releases();
     if !DEV.load(Ordering::Acquire).is_null() {
         // Closes our copy of the parent's connection now.
         let _ = dev();

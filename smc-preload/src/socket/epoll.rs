@@ -209,10 +209,14 @@ impl EpollSet {
         }
     }
 
-    /// Before `fork` (in the parent): the page the copies will share.
+    /// Before `fork` (in the parent): the page the copies will share. Not made by a `fork` from
+    /// a signal handler (it must not allocate): a set without one is treated as shared by
+    /// every copy from then on ([`EpollSet::after_fork_parent`]).
     pub fn before_fork(&self) {
-        self.fork_page
-            .get_or_init(|| Mapping::anon_shared(4096).ok());
+        if !crate::signals::in_handler() {
+            self.fork_page
+                .get_or_init(|| Mapping::anon_shared(4096).ok());
+        }
         let me = crate::pid();
         if self.owner.load(Ordering::Relaxed) == me {
             self.note_pid(me, self.waited_once.load(Ordering::Relaxed));

@@ -364,6 +364,15 @@ fn size_code_for(fd: i32, listener: Option<i32>) -> u8 {
     clamp_to_device(default_size_code())
 }
 
+/// In the child of a `fork` from a handler of a single-threaded process
+/// ([`crate::ops::child_must_not_allocate`]): only what needs no allocation. Its handshakes
+/// are the forking thread's, whose interrupted code carries them on if the child returns
+/// from the handler; its daemon connection is made anew at its first use (by pid).
+pub fn after_fork_child_of_handler() {
+    ACCEPTING.store(0, Ordering::SeqCst);
+    crate::daemon::forget_parents_releases();
+}
+
 pub fn after_fork_child() {
     // The threads of the parent waiting in `accept` do not exist here.
     ACCEPTING.store(0, Ordering::SeqCst);

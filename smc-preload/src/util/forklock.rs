@@ -122,6 +122,16 @@ impl<T: Send + 'static> ForkMutex<T> {
         ForkGuard(std::mem::ManuallyDrop::new(g))
     }
 
+    /// [`ForkMutex::lock`] for a lock already in use; `None` for one never used (whose data is
+    /// then still `init`'s): a caller that must not allocate (a `fork` from a signal handler)
+    /// does not create it.
+    pub fn lock_if_used(&'static self) -> Option<ForkGuard<T>> {
+        if self.cur.load(Ordering::Acquire).is_null() {
+            return None;
+        }
+        Some(self.lock())
+    }
+
     /// In the child after fork (single-threaded): a lock held by a thread of the parent is
     /// replaced by a fresh one.
     fn after_fork(&self) {

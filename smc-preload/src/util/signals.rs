@@ -197,6 +197,20 @@ pub fn in_handler() -> bool {
     HANDLING.with(|c| c.get() != 0)
 }
 
+extern "C" {
+    /// glibc (2.32 and later): nonzero while the process never had a second thread.
+    static __libc_single_threaded: libc::c_char;
+}
+
+/// This thread runs a handler of the program ([`in_handler`]) in a process that never had
+/// another thread. glibc's `malloc` takes no lock then, so the handler may have interrupted an
+/// allocation half way: code run now must neither allocate nor free (a `fork` of such a
+/// handler: its children aborted in `malloc()`'s checks, `preload-prog sigfork`).
+pub fn in_handler_of_single_thread() -> bool {
+    // SAFETY: a byte glibc defines and only ever writes from the thread that makes a second one.
+    in_handler() && unsafe { std::ptr::read_volatile(&raw const __libc_single_threaded) } != 0
+}
+
 fn trampoline_addr() -> usize {
     trampoline as *const () as usize
 }

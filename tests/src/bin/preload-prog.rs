@@ -803,7 +803,7 @@ extern "C" fn fork_from_handler(_: libc::c_int) {
 /// `sigfork N`: N connections to its own listener back to back (4 bytes each way), while a
 /// `SIGALRM` every 200 µs forks a child from its handler (which leaves at once): the handler
 /// interrupts connects, accepts, handshakes and the library's locks anywhere. Prints `SIGFORK
-/// conns=<n> forks=<yes|no>`.
+/// conns=<n> forks=<yes|no> badchildren=<n>` (children that did not exit with 0).
 fn sigfork(n: usize) {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = l.local_addr().unwrap();
@@ -826,6 +826,7 @@ fn sigfork(n: usize) {
         libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut());
     }
     let mut done = 0;
+    let mut bad_children = 0;
     for _ in 0..n {
         let mut c = TcpStream::connect(addr).expect("connect");
         let (mut s, _) = l.accept().expect("accept");
@@ -836,20 +837,35 @@ fn sigfork(n: usize) {
         c.read_exact(&mut b).expect("read back");
         assert_eq!(&b, b"ping");
         done += 1;
-        // SAFETY: reaps our own exited children, without waiting.
-        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+        bad_children += reap(libc::WNOHANG);
     }
-    // SAFETY: stops the timer; then reaps every child.
+    // SAFETY: stops the timer.
     unsafe {
         let off: libc::itimerval = std::mem::zeroed();
         libc::setitimer(libc::ITIMER_REAL, &off, std::ptr::null_mut());
-        while libc::waitpid(-1, std::ptr::null_mut(), 0) > 0 {}
     }
+    bad_children += reap(0);
     let forks = SIG_FORKS.load(std::sync::atomic::Ordering::Relaxed) > 0;
     println!(
-        "SIGFORK conns={done} forks={}",
+        "SIGFORK conns={done} forks={} badchildren={bad_children}",
         if forks { "yes" } else { "no" }
     );
+}
+
+/// Reaps exited children (every one with `flags` 0; those done with `WNOHANG`): how many did
+/// not exit with status 0 (a child of `sigfork` only calls `_exit(0)`).
+fn reap(flags: libc::c_int) -> usize {
+    let mut bad = 0;
+    loop {
+        let mut st = 0;
+        // SAFETY: reaps our own children into a local status.
+        if unsafe { libc::waitpid(-1, &mut st, flags) } <= 0 {
+            return bad;
+        }
+        if !libc::WIFEXITED(st) || libc::WEXITSTATUS(st) != 0 {
+            bad += 1;
+        }
+    }
 }
 
 fn main() {
