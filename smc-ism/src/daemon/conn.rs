@@ -681,15 +681,19 @@ impl Conn<'_> {
                 // The caller's own socket (it holds it: it passed it), out of the SOCKHASH: its
                 // connection continues on plain TCP. Harmless for anyone else: a redirect to
                 // it fails over to TCP.
-                let ok = match (fd.as_ref(), self.shared.sock_state_map.as_deref()) {
-                    (Some(f), Some(map)) => super::grant::leave_sockhash(map, f.as_fd()),
-                    _ => false,
+                let r = match (fd.as_ref(), self.shared.sock_state_map.as_deref()) {
+                    (Some(f), Some(map)) if super::grant::leave_sockhash(map, f.as_fd()) => Ok(()),
+                    // The kernel dropped the socket: this daemon is out of descriptors.
+                    (None, _) if self.fds_dropped => Err(Fail::FdLimit),
+                    _ => Err(Fail::Internal),
                 };
                 self.dispose(fd);
-                if ok {
-                    encode_reply(out, op, seq, Status::Ok, 0, &[]);
-                } else {
-                    fail_reply(out, op, seq, Fail::Internal);
+                match r {
+                    Ok(()) => encode_reply(out, op, seq, Status::Ok, 0, &[]),
+                    Err(f) => {
+                        c.failures.count(f);
+                        fail_reply(out, op, seq, f);
+                    }
                 }
                 return Vec::new();
             }

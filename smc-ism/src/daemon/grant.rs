@@ -82,28 +82,40 @@ fn open_map(path: &Path) -> Option<OwnedFd> {
 /// (The old map's memory stays referenced until the worker's next grant.)
 const MAP_REOPEN: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// A worker's fd of a pinned map, with the path it was opened at and when.
+type CachedMap = std::cell::RefCell<Option<(std::path::PathBuf, std::time::Instant, OwnedFd)>>;
+
 thread_local! {
-    /// This worker's fd of the pinned map, with the path it was opened at and when.
-    static MAP: std::cell::RefCell<Option<(std::path::PathBuf, std::time::Instant, OwnedFd)>> =
-        const { std::cell::RefCell::new(None) };
+    /// The socket-storage map ([`grant_shortcut`]).
+    static MAP: CachedMap = const { std::cell::RefCell::new(None) };
+    /// The SOCKHASH ([`leave_sockhash`]): opened per request, it was three system calls more
+    /// per fallback and a descriptor the daemon at its limit did not have.
+    static SOCKHASH: CachedMap = const { std::cell::RefCell::new(None) };
+}
+
+/// `f` with the map `path` as `cache` holds it, opened (by `open`) at most [`MAP_REOPEN`] ago.
+fn with_cached<R>(
+    cache: &'static std::thread::LocalKey<CachedMap>,
+    path: &Path,
+    open: fn(&Path) -> Option<OwnedFd>,
+    f: impl FnOnce(BorrowedFd<'_>) -> R,
+) -> Option<R> {
+    cache.with(|cell| {
+        let mut c = cell.borrow_mut();
+        let fresh = c
+            .as_ref()
+            .is_some_and(|(p, t, _)| p == path && t.elapsed() < MAP_REOPEN);
+        if !fresh {
+            *c = open(path).map(|m| (path.to_path_buf(), std::time::Instant::now(), m));
+        }
+        c.as_ref().map(|(_, _, map)| f(map.as_fd()))
+    })
 }
 
 /// Marks the socket `sock` (a TCP socket that just proved to be a registered DMB's peer) as
 /// allowed to enable the shortcut. False when there is no map (or the kernel refused).
 pub(crate) fn grant_shortcut(map_path: &Path, sock: BorrowedFd<'_>) -> bool {
-    MAP.with(|cell| {
-        let mut c = cell.borrow_mut();
-        let fresh = c
-            .as_ref()
-            .is_some_and(|(p, t, _)| p == map_path && t.elapsed() < MAP_REOPEN);
-        if !fresh {
-            *c = open_map(map_path).map(|m| (map_path.to_path_buf(), std::time::Instant::now(), m));
-        }
-        match c.as_ref() {
-            Some((_, _, map)) => grant_with(map.as_fd(), sock),
-            None => false,
-        }
-    })
+    with_cached(&MAP, map_path, open_map, |map| grant_with(map, sock)).unwrap_or(false)
 }
 
 fn grant_with(map: BorrowedFd<'_>, sock: BorrowedFd<'_>) -> bool {
@@ -133,11 +145,10 @@ const BPF_MAP_TYPE_SOCKHASH: u32 = 18;
 /// `size_of::<smc_common::bpf::SockKey>()`: two IPv6 addresses, two u32 ports.
 const SOCK_KEY_LEN: usize = 40;
 
-/// The pinned SOCKHASH next to the socket-storage map at `sock_state_map` (same pin directory,
+/// The pinned SOCKHASH at `path` (next to the socket-storage map: same pin directory,
 /// `smc_common::bpf::MAP_SOCKHASH`), when it is one of our layout.
-fn open_sockhash(sock_state_map: &Path) -> Option<OwnedFd> {
-    let path = sock_state_map.with_file_name(smc_common::bpf::MAP_SOCKHASH);
-    let (map, info) = open_pinned(&path)?;
+fn open_sockhash(path: &Path) -> Option<OwnedFd> {
+    let (map, info) = open_pinned(path)?;
     (info[0] == BPF_MAP_TYPE_SOCKHASH && info[2] == SOCK_KEY_LEN as u32).then_some(map)
 }
 
@@ -196,9 +207,14 @@ pub(crate) fn leave_sockhash(sock_state_map: &Path, sock: BorrowedFd<'_>) -> boo
     else {
         return false;
     };
-    let Some(map) = open_sockhash(sock_state_map) else {
-        return false;
-    };
+    let path = sock_state_map.with_file_name(smc_common::bpf::MAP_SOCKHASH);
+    with_cached(&SOCKHASH, &path, open_sockhash, |map| {
+        delete_sock(map, lip, rip, lport, rport)
+    })
+    .unwrap_or(false)
+}
+
+fn delete_sock(map: BorrowedFd<'_>, lip: [u32; 4], rip: [u32; 4], lport: u32, rport: u32) -> bool {
     let mut key = [0u32; SOCK_KEY_LEN / 4];
     key[0..4].copy_from_slice(&lip);
     key[4..8].copy_from_slice(&rip);
