@@ -292,8 +292,11 @@ pub struct Tune {
     pub spin_yield: u32,
     /// Spin of a writer waiting for room, in nanoseconds.
     pub spin_room_ns: u64,
-    /// A yield that let another task run ends the spin ([`spin_pause`]).
+    /// A yield that let another task run ends the spin ([`spin_pause`]), and no wait spins
+    /// while more tasks are runnable than there are CPUs ([`crate::util::load`]).
     pub give_way: bool,
+    /// CPUs online.
+    pub cpus: u64,
 }
 
 /// A `sched_yield` inside a spin that took longer than this let another task run on our CPU
@@ -383,6 +386,7 @@ pub fn tune() -> &'static Tune {
             spin_yield,
             spin_room_ns: if cpus > 1 { room_us * 1000 } else { 0 },
             give_way: cfg.spin_give_way,
+            cpus: cpus.max(1) as u64,
         }
     })
 }
@@ -412,7 +416,10 @@ impl Spin {
     /// The budget of the next wait in nanoseconds (0: sleep at once).
     pub fn budget(&self) -> u64 {
         let t = tune();
-        if t.spin_max_ns == 0 || !spin_allowed() {
+        if t.spin_max_ns == 0
+            || !spin_allowed()
+            || t.give_way && !crate::util::load::cpu_to_spare(t.cpus)
+        {
             return 0;
         }
         if self.misses.load(Ordering::Relaxed) < 64 {
