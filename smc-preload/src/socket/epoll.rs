@@ -202,11 +202,16 @@ impl EpollSet {
     /// Held by the thread that forks, across the `fork` (`ops::fork`): the child's copy of the
     /// set is then whole and its lock free. `None` while another thread holds it.
     pub fn try_hold(&self) -> Option<impl Sized + '_> {
-        match self.inner.try_lock() {
-            Ok(g) => Some(g),
-            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        }
+        crate::signals::crit_enter();
+        let g = match self.inner.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                crate::signals::crit_exit();
+                return None;
+            }
+        };
+        Some(SetGuard(std::mem::ManuallyDrop::new(g)))
     }
 
     /// Before `fork` (in the parent): the page the copies will share. Not made by a `fork` from
@@ -415,8 +420,39 @@ fn members() -> &'static ForkMutex<HashMap<i32, Vec<i32>>> {
 
 static MEMBERS_N: AtomicUsize = AtomicUsize::new(0);
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+/// A set's lock, held. While it is, a handler of the program that a signal brings to this
+/// thread is deferred until it is released ([`crate::signals::crit_enter`], as for the
+/// `ForkMutex`, ring and slot locks): a handler that forked there left the child a copy of the
+/// set locked for ever (its `fork` cannot hold a set its own thread holds), and one that called
+/// `epoll_ctl` on the set would wait for its own thread.
+pub struct SetGuard<'a, T>(std::mem::ManuallyDrop<std::sync::MutexGuard<'a, T>>);
+
+impl<T> std::ops::Deref for SetGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> std::ops::DerefMut for SetGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+}
+
+impl<T> Drop for SetGuard<'_, T> {
+    fn drop(&mut self) {
+        // SAFETY: dropped once, here, and never used again.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.0) };
+        crate::signals::crit_exit();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> SetGuard<'_, T> {
+    crate::signals::crit_enter();
+    SetGuard(std::mem::ManuallyDrop::new(
+        m.lock().unwrap_or_else(|e| e.into_inner()),
+    ))
 }
 
 fn set_of(ep: i32, create: bool) -> Option<Arc<Obj>> {

@@ -12,6 +12,7 @@
 //!                    [ballast=MIB]
 //! preload-prog share HOST PORT BYTES READERS
 //! preload-prog sigfork N
+//! preload-prog sigepoll N
 //! ```
 //!
 //! `storm`: THREADS threads make connections back to back (each sends 4 KiB, receives BYTES,
@@ -868,10 +869,113 @@ fn reap(flags: libc::c_int) -> usize {
     }
 }
 
+/// `sigepoll`: the epoll set and the connection its `SIGALRM` handler changes.
+static SIG_EPOLL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+static SIG_EPOLL_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+static SIG_EPOLL_N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+extern "C" fn epoll_from_handler(_: libc::c_int) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let n = SIG_EPOLL_N.fetch_add(1, Relaxed);
+    let mut ev = libc::epoll_event {
+        events: if n.is_multiple_of(2) {
+            libc::EPOLLIN as u32
+        } else {
+            (libc::EPOLLIN | libc::EPOLLOUT) as u32
+        },
+        u64: 2,
+    };
+    // SAFETY: epoll_ctl is a system call; the numbers are the program's own, `ev` is local.
+    unsafe {
+        libc::epoll_ctl(
+            SIG_EPOLL.load(Relaxed),
+            libc::EPOLL_CTL_MOD,
+            SIG_EPOLL_FD.load(Relaxed),
+            &mut ev,
+        )
+    };
+}
+
+/// `sigepoll N`: two connections to its own listener in one epoll set; N rounds of a byte sent
+/// on the first and waited for with `epoll_wait`, while a `SIGALRM` every 200 µs changes the
+/// second's interest from its handler (`epoll_ctl` is a system call): the handler interrupts the
+/// program's waits anywhere. Prints `SIGEPOLL rounds=<n> handled=<yes|no>`.
+fn sigepoll(n: usize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().unwrap();
+    let c1 = TcpStream::connect(addr).expect("connect");
+    let (mut s1, _) = l.accept().expect("accept");
+    let c2 = TcpStream::connect(addr).expect("connect");
+    let (_s2, _) = l.accept().expect("accept");
+    // SAFETY: plain epoll calls on our own descriptors with local events.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    assert!(ep >= 0);
+    for (fd, tag) in [(c1.as_raw_fd(), 1u64), (c2.as_raw_fd(), 2)] {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: tag,
+        };
+        // SAFETY: as above.
+        let r = unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        assert_eq!(r, 0);
+    }
+    SIG_EPOLL.store(ep, Relaxed);
+    SIG_EPOLL_FD.store(c2.as_raw_fd(), Relaxed);
+    // SAFETY: a zeroed sigaction with our handler; SA_RESTART as a program would; a timer.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = epoll_from_handler as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+        let tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 200,
+        };
+        let it = libc::itimerval {
+            it_interval: tv,
+            it_value: tv,
+        };
+        libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut());
+    }
+    let mut c1 = c1;
+    let mut rounds = 0;
+    let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
+    for _ in 0..n {
+        s1.write_all(b"x").expect("write");
+        let mut got = false;
+        while !got {
+            // SAFETY: `evs` is writable for its length.
+            let r = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), evs.len() as i32, 1000) };
+            if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            assert!(r > 0, "epoll_wait: {r} {}", std::io::Error::last_os_error());
+            got = evs[..r as usize].iter().any(|e| e.u64 == 1);
+        }
+        let mut b = [0u8; 1];
+        c1.read_exact(&mut b).expect("read");
+        assert_eq!(&b, b"x");
+        rounds += 1;
+    }
+    // SAFETY: stops the timer.
+    unsafe {
+        let off: libc::itimerval = std::mem::zeroed();
+        libc::setitimer(libc::ITIMER_REAL, &off, std::ptr::null_mut());
+    }
+    let handled = SIG_EPOLL_N.load(Relaxed) > 0;
+    println!(
+        "SIGEPOLL rounds={rounds} handled={}",
+        if handled { "yes" } else { "no" }
+    );
+    drop(c2);
+}
+
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     match a.get(1).map(String::as_str) {
         Some("sigfork") => sigfork(a.get(2).and_then(|v| v.parse().ok()).unwrap_or(2000)),
+        Some("sigepoll") => sigepoll(a.get(2).and_then(|v| v.parse().ok()).unwrap_or(20000)),
         Some("server") => {
             let port: u16 = a[2].parse().unwrap();
             let mode = a.get(3).map(String::as_str).unwrap_or("thread");
