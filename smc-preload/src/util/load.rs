@@ -25,9 +25,10 @@ pub fn cpu_to_spare(cpus: u64) -> bool {
     let running = if v != 0 && now.wrapping_sub(v >> 20) < SAMPLE_MS {
         v & 0xf_ffff
     } else {
-        // Unreadable (no `/proc` in a sandbox): counted as 0, asked again after a sample's
-        // time rather than at every wait.
-        let r = running_now().unwrap_or(0).min(0xf_ffff);
+        let Some(r) = running_now() else {
+            return true;
+        };
+        let r = r.min(0xf_ffff);
         SAMPLE.store((now << 20) | r, Ordering::Relaxed);
         r
     };
