@@ -292,11 +292,8 @@ pub struct Tune {
     pub spin_yield: u32,
     /// Spin of a writer waiting for room, in nanoseconds.
     pub spin_room_ns: u64,
-    /// A yield that let another task run ends the spin ([`spin_pause`]), and no wait spins
-    /// while more tasks are runnable than there are CPUs ([`crate::util::load`]).
+    /// A yield that let another task run ends the spin ([`spin_pause`]).
     pub give_way: bool,
-    /// CPUs online.
-    pub cpus: u64,
 }
 
 /// A `sched_yield` inside a spin that took longer than this let another task run on our CPU
@@ -386,7 +383,6 @@ pub fn tune() -> &'static Tune {
             spin_yield,
             spin_room_ns: if cpus > 1 { room_us * 1000 } else { 0 },
             give_way: cfg.spin_give_way,
-            cpus: cpus.max(1) as u64,
         }
     })
 }
@@ -416,10 +412,7 @@ impl Spin {
     /// The budget of the next wait in nanoseconds (0: sleep at once).
     pub fn budget(&self) -> u64 {
         let t = tune();
-        if t.spin_max_ns == 0
-            || !spin_allowed()
-            || t.give_way && !crate::util::load::cpu_to_spare(t.cpus)
-        {
+        if t.spin_max_ns == 0 || !spin_allowed() {
             return 0;
         }
         if self.misses.load(Ordering::Relaxed) < 64 {
