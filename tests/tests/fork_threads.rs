@@ -298,6 +298,45 @@ fn fork_from_a_signal_handler_while_connecting_hangs_nothing() {
     assert_eq!(s.get("smcd_client"), 2000, "{s:?}");
 }
 
+/// A `SIGALRM` handler that says goodbye on an SMC-D connection and closes it (`close`, `dup2`
+/// of /dev/null over it, `close_range` of it), every 200 µs through 100 connections, while
+/// the main code only allocates and frees: the handler lands inside `malloc`, whose state is
+/// half updated (a single-threaded process) or whose arena lock is held (an idle second
+/// thread). Every connection carries exactly `BYE\n` then EOF and the process ends, as over
+/// TCP (red team `sigsafe`: the library's close allocated and freed inside the handler, the
+/// process aborted in glibc's heap checks in every run, and with a second thread hung for ever
+/// on the arena lock).
+#[test]
+fn closes_from_a_signal_handler_inside_malloc_keep_the_heap_sound() {
+    let cases = [
+        ("close", ""),
+        ("dup2", ""),
+        ("close_range", ""),
+        ("close", "mt"),
+        ("dup2", "mt"),
+        ("close_range", "mt"),
+    ];
+    let want = "SIGCLOSE handled=100 failed=0 exact=100";
+    // Plain TCP first: the expected output.
+    let mut c = std::process::Command::new(bin("preload-prog"));
+    c.args(["sigclose", "100", "close", "mt"]);
+    let out = spawn_piped(c)
+        .wait_output(Duration::from_secs(60))
+        .expect("preload-prog sigclose over TCP");
+    assert_eq!(out.trim(), want, "TCP: {out}");
+    let w = SmcWorld::new();
+    for (mode, mt) in cases {
+        let mut c = w.run(bin("preload-prog"));
+        c.args(["sigclose", "100", mode, mt]);
+        let out = spawn_piped(c)
+            .wait_output(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("sigclose {mode} {mt}: {e}"));
+        assert_eq!(out.trim(), want, "sigclose {mode} {mt}: {out}");
+    }
+    let s = w.stats_sum();
+    assert_eq!(s.get("smcd_client"), 100 * cases.len() as u64, "{s:?}");
+}
+
 /// A child made with the raw `clone` system call (past the library's `fork`, so no fork
 /// handler runs and it keeps its parent's cached pid and daemon connection), while its parent
 /// goes on: each makes 100 connections to a forked echo server. Prints the failed ones of each.

@@ -479,6 +479,7 @@ impl InCall {
     pub fn enter(fd: i32, obj: Arc<Obj>) -> Option<InCall> {
         let c = obj.conn()?;
         crate::obj::reap_unwound();
+        crate::ops::unpark_closes();
         c.call_enter();
         let entry = unwound::push(Arc::as_ptr(&obj) as usize, c as *const Conn as usize, fd);
         let conn = NonNull::from(c);

@@ -12,6 +12,7 @@
 //!                    [ballast=MIB]
 //! preload-prog share HOST PORT BYTES READERS
 //! preload-prog sigfork N
+//! preload-prog sigclose N close|dup2|close_range [mt]
 //! ```
 //!
 //! `storm`: THREADS threads make connections back to back (each sends 4 KiB, receives BYTES,
@@ -852,6 +853,170 @@ fn sigfork(n: usize) {
     );
 }
 
+/// `sigclose`: the connections the `SIGALRM` handler closes, in order, and how many it did.
+static SIG_FDS: [std::sync::atomic::AtomicI32; 100] =
+    [const { std::sync::atomic::AtomicI32::new(-1) }; 100];
+static SIG_NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// 0 close, 1 dup2 of /dev/null over the number, 2 close_range of the number; then the
+/// descriptor of /dev/null shifted by 8.
+static SIG_MODE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+static SIG_FAILED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+extern "C" fn goodbye_from_handler(_: libc::c_int) {
+    use std::sync::atomic::Ordering::Relaxed;
+    // SAFETY: errno is this thread's; saved and restored as a handler must.
+    let e = unsafe { *libc::__errno_location() };
+    let i = SIG_NEXT.fetch_add(1, Relaxed);
+    if let Some(fd) = SIG_FDS
+        .get(i)
+        .map(|f| f.load(Relaxed))
+        .filter(|&fd| fd >= 0)
+    {
+        let mode = SIG_MODE.load(Relaxed);
+        // SAFETY: async-signal-safe calls on our own descriptors.
+        let ok = unsafe {
+            libc::send(fd, b"BYE\n".as_ptr().cast(), 4, libc::MSG_NOSIGNAL) == 4
+                && match mode & 7 {
+                    0 => libc::close(fd) == 0,
+                    1 => libc::dup2(mode >> 3, fd) == fd,
+                    _ => libc::syscall(libc::SYS_close_range, fd, fd, 0) == 0,
+                }
+        };
+        if !ok {
+            SIG_FAILED.fetch_add(1, Relaxed);
+        }
+    }
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// `sigclose N MODE [mt]`: N connections (at most 100) to a server process forked first, each
+/// greeted; then a `SIGALRM` every 200 µs whose handler sends `BYE\n` on the next one and closes
+/// it (`close`, `dup2` of /dev/null over it, `close_range` of it), while the main code does
+/// nothing but allocate and free (the handler lands inside `malloc` and `free`). `mt`: an idle
+/// second thread (glibc's `malloc` then takes its arena lock). The server reads each connection
+/// to its end, and this process waits for it with a raw `wait4` before it calls the library
+/// again. Prints `SIGCLOSE handled=<n> failed=<handler calls that failed> exact=<connections
+/// that carried exactly BYE\n then EOF>`.
+fn sigclose(n: usize, mode: &str, mt: bool) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let n = n.min(SIG_FDS.len());
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().unwrap();
+    let (mut rd, wr) = {
+        let mut p = [0; 2];
+        // SAFETY: valid out array.
+        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+        // SAFETY: fresh descriptors we own.
+        unsafe {
+            (
+                std::fs::File::from_raw_fd(p[0]),
+                std::fs::File::from_raw_fd(p[1]),
+            )
+        }
+    };
+    // SAFETY: the child only serves and leaves with `_exit`.
+    let server = unsafe { libc::fork() };
+    if server == 0 {
+        drop(rd);
+        let mut wr = wr;
+        let mut conns = Vec::new();
+        for _ in 0..n {
+            let (mut s, _) = l.accept().expect("accept");
+            s.write_all(b"hello").expect("greet");
+            conns.push(s);
+        }
+        let mut exact = 0;
+        for mut s in conns {
+            let mut v = Vec::new();
+            if s.read_to_end(&mut v).is_ok() && v == b"BYE\n" {
+                exact += 1;
+            }
+        }
+        let _ = writeln!(wr, "{exact}");
+        // SAFETY: leaves the child.
+        unsafe { libc::_exit(0) };
+    }
+    drop(wr);
+    drop(l);
+    let mut conns = Vec::new();
+    for slot in &SIG_FDS[..n] {
+        let mut c = TcpStream::connect(addr).expect("connect");
+        let mut b = [0u8; 5];
+        c.read_exact(&mut b).expect("greeting");
+        slot.store(c.as_raw_fd(), Relaxed);
+        conns.push(c.into_raw_fd());
+    }
+    let null = std::fs::File::open("/dev/null").expect("/dev/null");
+    let m = match mode {
+        "close" => 0,
+        "dup2" => 1,
+        _ => 2,
+    };
+    SIG_MODE.store(m | (null.as_raw_fd() << 3), Relaxed);
+    if mt {
+        std::thread::spawn(|| loop {
+            std::thread::park();
+        });
+    }
+    // SAFETY: a zeroed sigaction with our handler; an interval timer.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = goodbye_from_handler as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+        let t = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 200,
+        };
+        let it = libc::itimerval {
+            it_interval: t,
+            it_value: t,
+        };
+        libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut());
+    }
+    // Allocations of mixed sizes (small ones in glibc's per-thread cache, larger ones in the
+    // arena) and frees, until the handler went through every connection.
+    let mut slots: Vec<Vec<u8>> = (0..256).map(|_| Vec::new()).collect();
+    let mut r = 12345u32;
+    while SIG_NEXT.load(Relaxed) < n {
+        r = r.wrapping_mul(1_103_515_245).wrapping_add(12345);
+        let j = (r >> 8) as usize % slots.len();
+        let size = if (r >> 16).is_multiple_of(3) {
+            (r >> 4) as usize % 200_000 + 1
+        } else {
+            (r >> 4) as usize % 2000 + 1
+        };
+        let mut v = Vec::with_capacity(size);
+        v.push(1u8);
+        slots[j] = v;
+    }
+    // SAFETY: stops the timer.
+    unsafe {
+        let off: libc::itimerval = std::mem::zeroed();
+        libc::setitimer(libc::ITIMER_REAL, &off, std::ptr::null_mut());
+    }
+    drop(slots);
+    // The server sees every EOF before this process calls the library again (a raw system
+    // call waits for it): the handler's close reaches the peer at once, as TCP's.
+    let mut st = 0;
+    // SAFETY: our server child; a local status.
+    unsafe { libc::syscall(libc::SYS_wait4, server, &mut st, 0, 0usize) };
+    for c in conns {
+        // SAFETY: our numbers: closed by the handler already (EBADF here) or naming /dev/null
+        // after its dup2 (closed here).
+        unsafe { libc::close(c) };
+    }
+    let mut exact = String::new();
+    rd.read_to_string(&mut exact).expect("server's count");
+    println!(
+        "SIGCLOSE handled={} failed={} exact={}",
+        SIG_NEXT.load(Relaxed).min(n),
+        SIG_FAILED.load(Relaxed),
+        exact.trim()
+    );
+}
+
 /// Reaps exited children (every one with `flags` 0; those done with `WNOHANG`): how many did
 /// not exit with status 0 (a child of `sigfork` only calls `_exit(0)`).
 fn reap(flags: libc::c_int) -> usize {
@@ -872,6 +1037,11 @@ fn main() {
     let a: Vec<String> = std::env::args().collect();
     match a.get(1).map(String::as_str) {
         Some("sigfork") => sigfork(a.get(2).and_then(|v| v.parse().ok()).unwrap_or(2000)),
+        Some("sigclose") => sigclose(
+            a.get(2).and_then(|v| v.parse().ok()).unwrap_or(100),
+            a.get(3).map(String::as_str).unwrap_or("close"),
+            a.get(4).is_some_and(|v| v == "mt"),
+        ),
         Some("server") => {
             let port: u16 = a[2].parse().unwrap();
             let mode = a.get(3).map(String::as_str).unwrap_or("thread");
