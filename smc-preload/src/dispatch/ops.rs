@@ -129,6 +129,7 @@ fn conn_of_op(fd: c_int, op: Op) -> Option<Arc<Obj>> {
 /// when its number was closed under it ([`Moved`]).
 #[inline]
 fn conn_of_call(fd: c_int, op: Op) -> Result<Option<Arc<Obj>>, Moved> {
+    unpark_closes();
     let Some(mut o) = fdtable::get(fd) else {
         return Ok(None);
     };
@@ -342,7 +343,26 @@ unsafe fn recv_iov_call(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_
         return unsafe { recv_iov_call(fd, iov, flags) };
     };
     // SAFETY: the caller's buffers.
-    Some(unsafe { recv_in(&call, fd, iov, flags) })
+    let r = unsafe { recv_in(&call, fd, iov, flags) };
+    if restarted(&call, r) {
+        drop(call);
+        // SAFETY: the caller's buffers.
+        return unsafe { recv_iov_call(fd, iov, flags) };
+    }
+    Some(r)
+}
+
+/// A call on a connection that a signal interrupted (`EINTR`) after its number stopped naming
+/// the connection (a handler of this thread closed it, or made it name another file), where
+/// the signal's action would restart it: the kernel restarts a system call by looking its
+/// number up again, so the caller makes the call anew on what the number names now (`EBADF`
+/// when nothing); the connection's close, deferred under this call, is done as it ends.
+fn restarted(call: &InCall, r: ssize_t) -> bool {
+    r < 0
+        && real::errno() == libc::EINTR
+        && !call.still_named()
+        && crate::signals::caught()
+        && !crate::signals::interrupted()
 }
 
 /// A read on the connection of `call`, made through the number `fd` (which another thread may
@@ -451,8 +471,15 @@ pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
         // SAFETY: the caller's buffers.
         return unsafe { send_iov(fd, iov, flags) };
     };
+    crate::signals::wait_begins();
     // SAFETY: the caller's buffers.
-    Some(unsafe { send_in(&call, fd, iov, flags) })
+    let r = unsafe { send_in(&call, fd, iov, flags) };
+    if restarted(&call, r) {
+        drop(call);
+        // SAFETY: the caller's buffers.
+        return unsafe { send_iov(fd, iov, flags) };
+    }
+    Some(r)
 }
 
 /// A write on the connection of `call`, made through the number `fd` (see [`recv_in`]).
@@ -1587,6 +1614,9 @@ fn move_private(p: c_int) {
 struct Parked {
     /// 0: free; 1: being filled or emptied; 2: parked.
     state: AtomicU32,
+    /// The private duplicate a call under way on the connection goes on through, marked
+    /// [`fdtable::TAG_PRIVATE_PENDING`] until its object is made here (-1: none).
+    private: AtomicI32,
     /// The process that parked it (a child forked since holds no reference of it).
     pid: AtomicU32,
     /// The number the handler closed.
@@ -1600,6 +1630,7 @@ const PARKED_MAX: usize = 1024;
 static PARKED: [Parked; PARKED_MAX] = [const {
     Parked {
         state: AtomicU32::new(0),
+        private: AtomicI32::new(-1),
         pid: AtomicU32::new(0),
         fd: AtomicI32::new(-1),
         obj: AtomicUsize::new(0),
@@ -1627,12 +1658,8 @@ fn park_for_handler(fd: c_int) -> bool {
     };
     match &*o {
         Obj::Private(_) | Obj::Handshake(_) | Obj::Pending(_) | Obj::Skip(_) => return false,
-        // A call under way on the connection goes on (the close moves its I/O to a private
-        // duplicate, which needs the table): the handler interrupted that call (or another
-        // thread's), not the program's `malloc`. A switch to TCP waits for the peer.
-        Obj::Conn(c) if c.calls_in_flight() || c.switching() || c.peer_switch_waits() => {
-            return false
-        }
+        // A switch to TCP waits for the peer.
+        Obj::Conn(c) if c.switching() || c.peer_switch_waits() => return false,
         _ => {}
     }
     // A registration of the number in an epoll set that lives on with another number of the
@@ -1657,8 +1684,21 @@ fn park_for_handler(fd: c_int) -> bool {
             return false;
         }
     }
+    let mut private = -1;
     if let Obj::Conn(c) = &*o {
-        if c.drop_ref() && !c.switched() {
+        // Pairs with the one in `InCall::enter` (as in `forget_slot`).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if c.defer_close() {
+            // A call of this process is under way on the connection (another thread's, or the
+            // one this handler interrupted): it goes on, and the connection closes when it
+            // returns, its I/O through a private duplicate (another thread blocked in `recv`
+            // while this one's handler interrupted `malloc`: the ordinary close allocated the
+            // duplicate's object, hung on the arena lock, `sigsafe.c close RECVTHREADS=1` 1 of
+            // 2 runs).
+            if !c.io_redirected() {
+                private = handler_private_io(fd, c);
+            }
+        } else if c.drop_ref() && !c.switched() {
             // The last reference anywhere (`obj::release_ref` but the policy's note): counted
             // first (the state page may be pooled after the close).
             if stats::ready() {
@@ -1667,12 +1707,54 @@ fn park_for_handler(fd: c_int) -> bool {
             c.final_close(fd);
         }
     }
+    e.private.store(private, Ordering::Relaxed);
     e.pid.store(crate::pid(), Ordering::Relaxed);
     e.fd.store(fd, Ordering::Relaxed);
     e.obj.store(Arc::into_raw(o) as usize, Ordering::Relaxed);
     e.state.store(2, Ordering::Release);
     PARKED_N.fetch_add(1, Ordering::AcqRel);
     true
+}
+
+/// [`private_io`] from a signal handler: the duplicate is marked ours by a tag (no object is
+/// allocated; [`unpark_closes`] makes it); -1 when none could be made there (the call's I/O
+/// then fails as on a socket that went).
+fn handler_private_io(fd: c_int, c: &Conn) -> c_int {
+    let e0 = real::errno();
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid out pointer.
+    let cur = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur.min(i32::MAX as u64) as c_int
+    } else {
+        1024
+    };
+    let base = (cur / 2).clamp(3, 1024);
+    // SAFETY: plain fcntl on a number that names the socket (the close has not happened).
+    let p = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, base as libc::c_ulong) };
+    real::set_errno(e0);
+    // Only at a number with a slot already and nothing in it: the tag allocates nothing.
+    if p < 0 || !fdtable::has_slot(p) || fdtable::raw(p) != 0 {
+        if p >= 0 {
+            // SAFETY: our duplicate, just made.
+            unsafe { real::close(p) };
+            real::set_errno(e0);
+        }
+        c.set_private_io(crate::conn::IO_GONE);
+        return -1;
+    }
+    crate::obj::set_close_private(fdtable::close_private);
+    fdtable::set_tag(p, fdtable::TAG_PRIVATE_PENDING);
+    if !c.set_private_io(p) {
+        drop(fdtable::replace(p, Slot::Empty));
+        // SAFETY: our duplicate, just made.
+        unsafe { real::close(p) };
+        real::set_errno(e0);
+        return -1;
+    }
+    p
 }
 
 /// The rest of the closes a program's signal handler made ([`park_for_handler`]), at a call
@@ -1699,21 +1781,35 @@ fn unpark_slow() {
         {
             continue;
         }
-        let (pid, fd, obj) = (
+        let (pid, fd, obj, private) = (
             e.pid.load(Ordering::Relaxed),
             e.fd.load(Ordering::Relaxed),
             e.obj.load(Ordering::Relaxed),
+            e.private.load(Ordering::Relaxed),
         );
         e.state.store(0, Ordering::Release);
         PARKED_N.fetch_sub(1, Ordering::AcqRel);
+        let pending = private >= 0 && fdtable::raw(private) & !1 == fdtable::TAG_PRIVATE_PENDING;
         if pid != crate::pid() {
             // Parked by the parent before this child's fork: the child's copy of the object
-            // was never counted as held here (as any object no number of the child names).
+            // was never counted as held here (as any object no number of the child names),
+            // nor is the duplicate for the parent's call.
+            if pending {
+                drop(fdtable::replace(private, Slot::Empty));
+                let e0 = real::errno();
+                // SAFETY: our copy of the parent's duplicate.
+                unsafe { real::close(private) };
+                real::set_errno(e0);
+            }
             continue;
         }
         // SAFETY: the reference `park_for_handler` took with `Arc::into_raw`, given back once
         // (the entry was claimed above).
         let o = unsafe { Arc::from_raw(obj as *const Obj) };
+        if pending {
+            // The duplicate's object, which a handler could not allocate.
+            fdtable::set_private(private, Arc::downgrade(&o));
+        }
         // What was kept under the number for this socket (no new file there was given any:
         // only a call into the library does, which comes here first).
         epoll::on_close(fd, false, Some(&o));
@@ -1734,7 +1830,7 @@ pub unsafe fn close(fd: c_int) -> c_int {
         unpark_closes();
     }
     // (`own_fd_table` costs a system call: asked last, only when it matters.)
-    if fdtable::raw(fd) >= 8 && crate::fdtable::is_private(fd) && !lifecycle::own_fd_table() {
+    if fdtable::maybe_private(fd) && crate::fdtable::is_private(fd) && !lifecycle::own_fd_table() {
         // Ours, never handed to the application: for it that number is not open.
         return fail(libc::EBADF) as c_int;
     }
@@ -2362,7 +2458,7 @@ pub unsafe fn fork() -> libc::pid_t {
     let r = unsafe { real::fork() };
     drop(held);
     if r == 0 {
-        crate::dmbs::after_fork_child(kept);
+        crate::dmbs::after_fork_child(kept, child_must_not_allocate());
         crate::reset_pid();
         fdtable::for_each_object(|_, o| {
             if let Obj::Conn(c) = &**o {

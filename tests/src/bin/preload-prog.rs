@@ -12,7 +12,7 @@
 //!                    [ballast=MIB]
 //! preload-prog share HOST PORT BYTES READERS
 //! preload-prog sigfork N
-//! preload-prog sigclose N close|dup2|close_range [mt]
+//! preload-prog sigclose N close|dup2|close_range|fork_exec|close_inflight [mt]
 //! ```
 //!
 //! `storm`: THREADS threads make connections back to back (each sends 4 KiB, receives BYTES,
@@ -857,10 +857,14 @@ fn sigfork(n: usize) {
 static SIG_FDS: [std::sync::atomic::AtomicI32; 100] =
     [const { std::sync::atomic::AtomicI32::new(-1) }; 100];
 static SIG_NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-/// 0 close, 1 dup2 of /dev/null over the number, 2 close_range of the number; then the
-/// descriptor of /dev/null shifted by 8.
+/// 0 close, 1 dup2 of /dev/null over the number, 2 close_range of the number, 3 a fork whose
+/// child execs `/bin/true` (the parent closes); then the descriptor of /dev/null shifted by 8.
 static SIG_MODE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 static SIG_FAILED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+extern "C" {
+    static environ: *const *const libc::c_char;
+}
 
 extern "C" fn goodbye_from_handler(_: libc::c_int) {
     use std::sync::atomic::Ordering::Relaxed;
@@ -879,7 +883,16 @@ extern "C" fn goodbye_from_handler(_: libc::c_int) {
                 && match mode & 7 {
                     0 => libc::close(fd) == 0,
                     1 => libc::dup2(mode >> 3, fd) == fd,
-                    _ => libc::syscall(libc::SYS_close_range, fd, fd, 0) == 0,
+                    2 => libc::syscall(libc::SYS_close_range, fd, fd, 0) == 0,
+                    _ => {
+                        let p = libc::fork();
+                        if p == 0 {
+                            let argv = [c"/bin/true".as_ptr(), std::ptr::null()];
+                            libc::execve(c"/bin/true".as_ptr(), argv.as_ptr(), environ);
+                            libc::_exit(99);
+                        }
+                        p > 0 && libc::close(fd) == 0
+                    }
                 }
         };
         if !ok {
@@ -892,15 +905,19 @@ extern "C" fn goodbye_from_handler(_: libc::c_int) {
 
 /// `sigclose N MODE [mt]`: N connections (at most 100) to a server process forked first, each
 /// greeted; then a `SIGALRM` every 200 µs whose handler sends `BYE\n` on the next one and closes
-/// it (`close`, `dup2` of /dev/null over it, `close_range` of it), while the main code does
+/// it (`close`, `dup2` of /dev/null over it, `close_range` of it; `fork_exec`: forks a child
+/// that execs `/bin/true` with the connections not closed yet, then closes; `close_inflight`:
+/// `close` while a thread of ours is blocked in `recv` on the connection, which the server
+/// answers with `ok` once it read the goodbye), while the main code does
 /// nothing but allocate and free (the handler lands inside `malloc` and `free`). `mt`: an idle
 /// second thread (glibc's `malloc` then takes its arena lock). The server reads each connection
 /// to its end, and this process waits for it with a raw `wait4` before it calls the library
 /// again. Prints `SIGCLOSE handled=<n> failed=<handler calls that failed> exact=<connections
-/// that carried exactly BYE\n then EOF>`.
+/// that carried exactly BYE\n then EOF> badchildren=<children that did not exit 0>`.
 fn sigclose(n: usize, mode: &str, mt: bool) {
     use std::sync::atomic::Ordering::Relaxed;
     let n = n.min(SIG_FDS.len());
+    let inflight = mode == "close_inflight";
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = l.local_addr().unwrap();
     let (mut rd, wr) = {
@@ -927,10 +944,29 @@ fn sigclose(n: usize, mode: &str, mt: bool) {
             conns.push(s);
         }
         let mut exact = 0;
-        for mut s in conns {
-            let mut v = Vec::new();
-            if s.read_to_end(&mut v).is_ok() && v == b"BYE\n" {
-                exact += 1;
+        if inflight {
+            // Each goodbye first, then the readers' answer: the handler's closes came while
+            // the readers' calls were under way.
+            let mut bye = vec![false; conns.len()];
+            for (s, b) in conns.iter_mut().zip(bye.iter_mut()) {
+                let mut v = [0u8; 4];
+                *b = s.read_exact(&mut v).is_ok() && v == *b"BYE\n";
+            }
+            for s in conns.iter_mut() {
+                let _ = s.write_all(b"ok");
+            }
+            for (mut s, b) in conns.into_iter().zip(bye) {
+                let mut v = Vec::new();
+                if s.read_to_end(&mut v).is_ok() && v.is_empty() && b {
+                    exact += 1;
+                }
+            }
+        } else {
+            for mut s in conns {
+                let mut v = Vec::new();
+                if s.read_to_end(&mut v).is_ok() && v == b"BYE\n" {
+                    exact += 1;
+                }
             }
         }
         let _ = writeln!(wr, "{exact}");
@@ -949,9 +985,10 @@ fn sigclose(n: usize, mode: &str, mt: bool) {
     }
     let null = std::fs::File::open("/dev/null").expect("/dev/null");
     let m = match mode {
-        "close" => 0,
+        "close" | "close_inflight" => 0,
         "dup2" => 1,
-        _ => 2,
+        "close_range" => 2,
+        _ => 3,
     };
     SIG_MODE.store(m | (null.as_raw_fd() << 3), Relaxed);
     if mt {
@@ -959,6 +996,27 @@ fn sigclose(n: usize, mode: &str, mt: bool) {
             std::thread::park();
         });
     }
+    // `close_inflight`: a thread per connection blocked in `recv` on it (SIGALRM blocked
+    // there, so that the handler runs in the main code), answered after the handler closed.
+    let readers: Vec<_> = SIG_FDS[..if inflight { n } else { 0 }]
+        .iter()
+        .map(|f| {
+            let fd = f.load(Relaxed);
+            std::thread::spawn(move || {
+                // SAFETY: a local signal set; this thread's mask.
+                unsafe {
+                    let mut set: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut set);
+                    libc::sigaddset(&mut set, libc::SIGALRM);
+                    libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                }
+                let mut b = [0u8; 2];
+                // SAFETY: valid buffer.
+                let got = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), 2, libc::MSG_WAITALL) };
+                got == 2 && b == *b"ok"
+            })
+        })
+        .collect();
     // SAFETY: a zeroed sigaction with our handler; an interval timer.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
@@ -997,11 +1055,20 @@ fn sigclose(n: usize, mode: &str, mt: bool) {
         libc::setitimer(libc::ITIMER_REAL, &off, std::ptr::null_mut());
     }
     drop(slots);
+    let readers_ok = readers.into_iter().all(|r| r.join().unwrap_or(false));
     // The server sees every EOF before this process calls the library again (a raw system
     // call waits for it): the handler's close reaches the peer at once, as TCP's.
     let mut st = 0;
     // SAFETY: our server child; a local status.
     unsafe { libc::syscall(libc::SYS_wait4, server, &mut st, 0, 0usize) };
+    // The children the handler forked (`fork_exec`): each execs `/bin/true`, which exits 0.
+    let mut bad_children = 0;
+    // SAFETY: reaps our own children into a local status.
+    while unsafe { libc::syscall(libc::SYS_wait4, -1, &mut st, 0, 0usize) } > 0 {
+        if !libc::WIFEXITED(st) || libc::WEXITSTATUS(st) != 0 {
+            bad_children += 1;
+        }
+    }
     for c in conns {
         // SAFETY: our numbers: closed by the handler already (EBADF here) or naming /dev/null
         // after its dup2 (closed here).
@@ -1010,10 +1077,11 @@ fn sigclose(n: usize, mode: &str, mt: bool) {
     let mut exact = String::new();
     rd.read_to_string(&mut exact).expect("server's count");
     println!(
-        "SIGCLOSE handled={} failed={} exact={}",
+        "SIGCLOSE handled={} failed={} exact={} badchildren={bad_children}{}",
         SIG_NEXT.load(Relaxed).min(n),
         SIG_FAILED.load(Relaxed),
-        exact.trim()
+        exact.trim(),
+        if readers_ok { "" } else { " readers=failed" }
     );
 }
 
