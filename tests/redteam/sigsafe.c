@@ -3,7 +3,8 @@
 // exec, execonly, execnolib, execnolibonly, exit) while the main code churns malloc/free.
 // env MT=1: an idle extra thread; BUSY=1: main also sends on a busy connection; NB=1: non-blocking
 // connects (NBX=1: not waited for: the handler's call drives the handshake); RECVTHREADS=1: a
-// thread blocked in recv on each connection (the server answers 2 s after the last accept).
+// thread blocked in recv on each connection (the server answers 2 s after the last accept);
+// EPOLL=1: main also epoll_waits (timeout 0) on them each turn (POLL=1: and polls them).
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <pthread.h>
 #include <time.h>
 #include <sys/time.h>
@@ -147,7 +149,11 @@ int main(int argc, char **argv, char **envp) {
   unsigned r = 12345; long iters = 0;
   time_t t0 = time(0);
   char sb[1000]; memset(sb, 'x', sizeof sb);
+  int ep = -1;
+  if (getenv("EPOLL")) { ep = epoll_create1(0); for (int i = 0; i < K; i++) { struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.fd = fds[i]}; epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &ev); } }
+  long evs = 0;
   while (next_i < K && time(0) - t0 < 20) {
+    if (ep >= 0) { struct epoll_event o[16]; int n = epoll_wait(ep, o, 16, 0); if (n > 0) evs += n; if (getenv("POLL")) { struct pollfd q[MAXC]; int m = 0; for (int i = 0; i < K; i++) if (fds[i] >= 0) { q[m].fd = fds[i]; q[m].events = POLLIN; m++; } poll(q, m, 0); } }
     r = r * 1103515245 + 12345;
     int j = (r >> 8) % 256;
     free(slots[j]);
@@ -167,5 +173,6 @@ int main(int argc, char **argv, char **envp) {
   for (int i = 0; i < nkids; i++) { int st; if (waitpid(kids[i], &st, 0) != kids[i] || !WIFEXITED(st) || WEXITSTATUS(st) != 0) badkids++; }
   int st; waitpid(sp, &st, 0);
   printf("client: handled=%d hbad=%ld kids=%d badkids=%d server_status=%d\n", next_i, hbad, nkids, badkids, st);
+  if (ep >= 0) printf("client: epoll events %s\n", evs ? "some" : "none");
   return 0;
 }

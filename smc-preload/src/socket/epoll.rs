@@ -415,8 +415,40 @@ fn members() -> &'static ForkMutex<HashMap<i32, Vec<i32>>> {
 
 static MEMBERS_N: AtomicUsize = AtomicUsize::new(0);
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+/// An epoll set's lock ([`lock`]): unlocks, then lets deferred signal handlers run.
+struct SetGuard<'a, T>(std::mem::ManuallyDrop<std::sync::MutexGuard<'a, T>>);
+
+impl<T> std::ops::Deref for SetGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> std::ops::DerefMut for SetGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+}
+
+impl<T> Drop for SetGuard<'_, T> {
+    fn drop(&mut self) {
+        // SAFETY: dropped once, here, and never used again.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.0) };
+        crate::signals::crit_exit();
+    }
+}
+
+/// Locks an epoll set. While it is held, a handler of the program that a signal brings to this
+/// thread is deferred until it is released ([`crate::signals::crit_enter`], as for the global,
+/// ring and slot locks): one that called us there on a connection of the set waited for ever
+/// for the lock its own thread held (red team round 17, `sigsafe.c sendonly EPOLL=1`: a
+/// handler's goodbye `send` inside the interrupted `epoll_wait`'s collection, 2 of 2 hung).
+fn lock<T>(m: &Mutex<T>) -> SetGuard<'_, T> {
+    crate::signals::crit_enter();
+    SetGuard(std::mem::ManuallyDrop::new(
+        m.lock().unwrap_or_else(|e| e.into_inner()),
+    ))
 }
 
 fn set_of(ep: i32, create: bool) -> Option<Arc<Obj>> {
@@ -1367,6 +1399,11 @@ fn note_parked(c: &crate::conn::Conn, ep: i32, fd: i32) {
 /// the answer's doorbell arrives (ping every millisecond among idle connections: p50 63 µs
 /// without, see docs/PERF.md). A heuristic for speed only: wakeups stay armed either way.
 pub fn rewarm(fd: i32, c: &crate::conn::Conn) {
+    // Not from a program's signal handler: the heuristic allocates (it may have interrupted
+    // `malloc`); the mark stays for the next send.
+    if crate::signals::in_handler() {
+        return;
+    }
     let v = c.epoll_parked.swap(0, Ordering::Relaxed);
     if v == 0 {
         return;

@@ -12,7 +12,7 @@
 //!                    [ballast=MIB]
 //! preload-prog share HOST PORT BYTES READERS
 //! preload-prog sigfork N
-//! preload-prog sigclose N close|dup2|close_range|fork_exec|close_inflight [mt]
+//! preload-prog sigclose N close|dup2|close_range|fork_exec|close_inflight [mt][epoll]
 //! ```
 //!
 //! `storm`: THREADS threads make connections back to back (each sends 4 KiB, receives BYTES,
@@ -910,12 +910,14 @@ extern "C" fn goodbye_from_handler(_: libc::c_int) {
 /// `close` while a thread of ours is blocked in `recv` on the connection, which the server
 /// answers with `ok` once it read the goodbye), while the main code does
 /// nothing but allocate and free (the handler lands inside `malloc` and `free`). `mt`: an idle
-/// second thread (glibc's `malloc` then takes its arena lock). The server reads each connection
+/// second thread (glibc's `malloc` then takes its arena lock); `epoll`: the connections are in
+/// an epoll set, which the main code also waits on (timeout 0) at each turn. The server reads each connection
 /// to its end, and this process waits for it with a raw `wait4` before it calls the library
 /// again. Prints `SIGCLOSE handled=<n> failed=<handler calls that failed> exact=<connections
 /// that carried exactly BYE\n then EOF> badchildren=<children that did not exit 0>`.
-fn sigclose(n: usize, mode: &str, mt: bool) {
+fn sigclose(n: usize, mode: &str, opts: &str) {
     use std::sync::atomic::Ordering::Relaxed;
+    let (mt, epoll) = (opts.contains("mt"), opts.contains("epoll"));
     let n = n.min(SIG_FDS.len());
     let inflight = mode == "close_inflight";
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -998,10 +1000,17 @@ fn sigclose(n: usize, mode: &str, mt: bool) {
     }
     // `close_inflight`: a thread per connection blocked in `recv` on it (SIGALRM blocked
     // there, so that the handler runs in the main code), answered after the handler closed.
+    let tids: std::sync::Arc<Vec<std::sync::atomic::AtomicI32>> = std::sync::Arc::new(
+        (0..n)
+            .map(|_| std::sync::atomic::AtomicI32::new(0))
+            .collect(),
+    );
     let readers: Vec<_> = SIG_FDS[..if inflight { n } else { 0 }]
         .iter()
-        .map(|f| {
+        .enumerate()
+        .map(|(i, f)| {
             let fd = f.load(Relaxed);
+            let tids = tids.clone();
             std::thread::spawn(move || {
                 // SAFETY: a local signal set; this thread's mask.
                 unsafe {
@@ -1010,6 +1019,8 @@ fn sigclose(n: usize, mode: &str, mt: bool) {
                     libc::sigaddset(&mut set, libc::SIGALRM);
                     libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
                 }
+                // SAFETY: plain call.
+                tids[i].store(unsafe { libc::gettid() }, Relaxed);
                 let mut b = [0u8; 2];
                 // SAFETY: valid buffer.
                 let got = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), 2, libc::MSG_WAITALL) };
@@ -1017,6 +1028,21 @@ fn sigclose(n: usize, mode: &str, mt: bool) {
             })
         })
         .collect();
+    // Every reader asleep in its `recv` before the first close (else it reads a closed number).
+    for t in tids.iter().take(readers.len()) {
+        loop {
+            let tid = t.load(Relaxed);
+            let asleep = tid != 0
+                && std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+                    .ok()
+                    .and_then(|st| st.rsplit_once(") ").map(|(_, r)| r.starts_with('S')))
+                    .unwrap_or(false);
+            if asleep {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
     // SAFETY: a zeroed sigaction with our handler; an interval timer.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
@@ -1037,7 +1063,28 @@ fn sigclose(n: usize, mode: &str, mt: bool) {
     // arena) and frees, until the handler went through every connection.
     let mut slots: Vec<Vec<u8>> = (0..256).map(|_| Vec::new()).collect();
     let mut r = 12345u32;
+    // `epoll`: every connection in an epoll set, waited on (timeout 0) at each turn too.
+    let ep = if epoll {
+        // SAFETY: plain call.
+        unsafe { libc::epoll_create1(0) }
+    } else {
+        -1
+    };
+    for f in SIG_FDS[..if epoll { n } else { 0 }].iter() {
+        let fd = f.load(Relaxed);
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: valid event.
+        unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    }
+    let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 16];
     while SIG_NEXT.load(Relaxed) < n {
+        if ep >= 0 {
+            // SAFETY: valid buffer of 16 events.
+            unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 16, 0) };
+        }
         r = r.wrapping_mul(1_103_515_245).wrapping_add(12345);
         let j = (r >> 8) as usize % slots.len();
         let size = if (r >> 16).is_multiple_of(3) {
@@ -1108,7 +1155,7 @@ fn main() {
         Some("sigclose") => sigclose(
             a.get(2).and_then(|v| v.parse().ok()).unwrap_or(100),
             a.get(3).map(String::as_str).unwrap_or("close"),
-            a.get(4).is_some_and(|v| v == "mt"),
+            a.get(4).map(String::as_str).unwrap_or(""),
         ),
         Some("server") => {
             let port: u16 = a[2].parse().unwrap();
