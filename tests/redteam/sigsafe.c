@@ -4,7 +4,8 @@
 // env MT=1: an idle extra thread; BUSY=1: main also sends on a busy connection; NB=1: non-blocking
 // connects (NBX=1: not waited for: the handler's call drives the handshake); RECVTHREADS=1: a
 // thread blocked in recv on each connection (the server answers 2 s after the last accept);
-// EPOLL=1: main also epoll_waits (timeout 0) on them each turn (POLL=1: and polls them).
+// EPOLL=1: main also epoll_waits (timeout 0) on them each turn (POLL=1: and polls them);
+// CONNLOOP=1: main also makes connections to a listener of its own (port + 500) back to back.
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -152,7 +153,10 @@ int main(int argc, char **argv, char **envp) {
   int ep = -1;
   if (getenv("EPOLL")) { ep = epoll_create1(0); for (int i = 0; i < K; i++) { struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.fd = fds[i]}; epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &ev); } }
   long evs = 0;
+  int l2 = -1; struct sockaddr_in a2 = a; a2.sin_port = htons(port + 500); long conns2 = 0, bad2 = 0;
+  if (getenv("CONNLOOP")) { l2 = socket(AF_INET, SOCK_STREAM, 0); setsockopt(l2, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one); if (bind(l2, (void *)&a2, sizeof a2) || listen(l2, 16)) { perror("l2"); return 2; } }
   while (next_i < K && time(0) - t0 < 20) {
+    if (l2 >= 0) { int c = socket(AF_INET, SOCK_STREAM, 0); if (connect(c, (void *)&a2, sizeof a2)) bad2++; else { int s2 = accept(l2, 0, 0); char b4[4]; if (s2 < 0 || send(c, "ping", 4, 0) != 4 || recv(s2, b4, 4, MSG_WAITALL) != 4 || memcmp(b4, "ping", 4)) bad2++; else conns2++; if (s2 >= 0) close(s2); } close(c); }
     if (ep >= 0) { struct epoll_event o[16]; int n = epoll_wait(ep, o, 16, 0); if (n > 0) evs += n; if (getenv("POLL")) { struct pollfd q[MAXC]; int m = 0; for (int i = 0; i < K; i++) if (fds[i] >= 0) { q[m].fd = fds[i]; q[m].events = POLLIN; m++; } poll(q, m, 0); } }
     r = r * 1103515245 + 12345;
     int j = (r >> 8) % 256;
@@ -174,5 +178,6 @@ int main(int argc, char **argv, char **envp) {
   int st; waitpid(sp, &st, 0);
   printf("client: handled=%d hbad=%ld kids=%d badkids=%d server_status=%d\n", next_i, hbad, nkids, badkids, st);
   if (ep >= 0) printf("client: epoll events %s\n", evs ? "some" : "none");
+  if (l2 >= 0) printf("client: loop conns %s bad=%ld\n", conns2 ? "some" : "none", bad2);
   return 0;
 }

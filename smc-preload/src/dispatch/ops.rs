@@ -1662,11 +1662,11 @@ fn park_for_handler(fd: c_int) -> bool {
         Obj::Conn(c) if c.switching() || c.peer_switch_waits() => return false,
         _ => {}
     }
-    // A registration of the number in an epoll set that lives on with another number of the
-    // same connection is the ordinary close's work.
-    if fdtable::epoll_member(fd) && o.conn().is_some_and(|c| c.numbers() > 1) {
-        return false;
-    }
+    // No lock is waited for here, not even the epoll sets' member list: another thread may
+    // hold it while it waits for `malloc`'s arena lock, which the code this handler
+    // interrupted may hold (`preload-prog sigclose 100 close mt+epoll`: 1 of 6 runs hung so).
+    // A registration of the number in an epoll set that TCP keeps while another number names
+    // the socket goes with this number's close (at [`unpark_closes`]).
     let Some(e) = PARKED.iter().find(|e| {
         e.state
             .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
@@ -2745,6 +2745,7 @@ pub unsafe fn fclose(f: *mut libc::FILE) -> c_int {
 
 pub unsafe fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
     // The process may sleep now: releases it kept back go out first.
+    unpark_closes();
     daemon::flush_releases();
     if fdtable::any_objects() && !fds.is_null() && n > 0 {
         // SAFETY: `fds` is non-null (checked) and, by poll(2)'s contract, points to `n` pollfds.
@@ -2777,6 +2778,7 @@ pub unsafe fn ppoll(
     mask: *const libc::sigset_t,
 ) -> c_int {
     // The process may sleep now: releases it kept back go out first.
+    unpark_closes();
     daemon::flush_releases();
     if fdtable::any_objects() && !fds.is_null() && n > 0 {
         // SAFETY: `fds` is non-null (checked) and, by ppoll(2)'s contract, points to `n` pollfds.
@@ -2800,6 +2802,7 @@ pub unsafe fn select(
     t: *mut libc::timeval,
 ) -> c_int {
     // The process may sleep now: releases it kept back go out first.
+    unpark_closes();
     daemon::flush_releases();
     // SAFETY: `r`/`w`/`e` are the caller's fd_sets or null (select(2)'s contract).
     if unsafe { poll::select_has_smc(nfds, r, w, e) } {
@@ -2838,6 +2841,7 @@ pub unsafe fn pselect(
     mask: *const libc::sigset_t,
 ) -> c_int {
     // The process may sleep now: releases it kept back go out first.
+    unpark_closes();
     daemon::flush_releases();
     // SAFETY: `r`/`w`/`e` are the caller's fd_sets or null (pselect(2)'s contract).
     if unsafe { poll::select_has_smc(nfds, r, w, e) } {
@@ -2872,6 +2876,7 @@ pub unsafe fn epoll_wait(
     mask: Option<*const libc::sigset_t>,
 ) -> c_int {
     // The process may sleep now: releases it kept back go out first.
+    unpark_closes();
     daemon::flush_releases();
     if let Some(so) = epoll::wants(ep) {
         // SAFETY: `ev`/`max` are the caller's event array (epoll_wait(2)'s contract); `mask` its

@@ -861,6 +861,8 @@ static SIG_NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize
 /// child execs `/bin/true` (the parent closes); then the descriptor of /dev/null shifted by 8.
 static SIG_MODE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 static SIG_FAILED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// `sigclose`: handler calls done (the connections up to there are closed).
+static SIG_DONE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 extern "C" {
     static environ: *const *const libc::c_char;
@@ -899,6 +901,7 @@ extern "C" fn goodbye_from_handler(_: libc::c_int) {
             SIG_FAILED.fetch_add(1, Relaxed);
         }
     }
+    SIG_DONE.fetch_add(1, Relaxed);
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = e };
 }
@@ -1080,10 +1083,26 @@ fn sigclose(n: usize, mode: &str, opts: &str) {
         unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
     }
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 16];
+    // Events the set reported for a number closed before the wait began: none (a closed
+    // number's registration goes with its socket; one the handler closes during the wait may
+    // still be reported by it, as by the kernel's on its way out to the handler).
+    let mut events = 0;
     while SIG_NEXT.load(Relaxed) < n {
         if ep >= 0 {
+            // Closed for sure: the calls done (with a second thread, others may run).
+            let closed = SIG_DONE
+                .load(Relaxed)
+                .saturating_sub(if mt { 2 } else { 0 })
+                .min(n);
             // SAFETY: valid buffer of 16 events.
-            unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 16, 0) };
+            let k = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 16, 0) }.max(0) as usize;
+            events += evs[..k.min(16)]
+                .iter()
+                .filter(|e| {
+                    let fd = e.u64 as i32;
+                    SIG_FDS[..closed].iter().any(|f| f.load(Relaxed) == fd)
+                })
+                .count();
         }
         r = r.wrapping_mul(1_103_515_245).wrapping_add(12345);
         let j = (r >> 8) as usize % slots.len();
@@ -1124,11 +1143,16 @@ fn sigclose(n: usize, mode: &str, opts: &str) {
     let mut exact = String::new();
     rd.read_to_string(&mut exact).expect("server's count");
     println!(
-        "SIGCLOSE handled={} failed={} exact={} badchildren={bad_children}{}",
+        "SIGCLOSE handled={} failed={} exact={} badchildren={bad_children}{}{}",
         SIG_NEXT.load(Relaxed).min(n),
         SIG_FAILED.load(Relaxed),
         exact.trim(),
-        if readers_ok { "" } else { " readers=failed" }
+        if readers_ok { "" } else { " readers=failed" },
+        if events == 0 {
+            String::new()
+        } else {
+            format!(" epoll_events={events}")
+        }
     );
 }
 
