@@ -55,7 +55,7 @@ mod interpose;
 #[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]
 extern "C" fn init() {
     util::config::load();
-    util::unwound::init(obj::release_unwound);
+    util::unwound::init(obj::release_unwound, fdtable::raw_seqcst);
     if util::config::config().disable {
         setup::disable("SMC_DISABLE=1");
     }
@@ -91,8 +91,8 @@ extern "C" fn at_exit() {
 extern "C" fn after_fork_child() {
     reset_pid();
     fdtable::unlock_all_after_fork();
-    forklock::after_fork_all();
     // The child of a handler of a single-threaded process: no allocation (`ops::fork`).
+    forklock::after_fork_all(ops::child_must_not_allocate());
     if ops::child_must_not_allocate() {
         setup::after_fork_child_of_handler();
         return;

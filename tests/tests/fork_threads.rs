@@ -316,6 +316,66 @@ fn epoll_ctl_from_a_signal_handler_during_epoll_waits_hangs_nothing() {
     assert_eq!(s.get("smcd_client"), 2, "{s:?}");
 }
 
+/// A `SIGALRM` handler that says goodbye on an SMC-D connection and closes it (`close`, `dup2`
+/// of /dev/null over it, `close_range` of it; or forks a child that execs `/bin/true` with the
+/// connections left, then closes), every 200 µs through 100 connections, while the main code
+/// only allocates and frees: the handler lands inside `malloc`, whose state is half updated (a
+/// single-threaded process) or whose arena lock is held (an idle second thread). Every
+/// connection carries exactly `BYE\n` then EOF, before the process calls the library again,
+/// every child exits 0 and the process ends, as over TCP (red team `sigsafe`: the library's
+/// close allocated and freed inside the handler, the process aborted in glibc's heap checks in
+/// every run, and with a second thread hung for ever on the arena lock; the forked children's
+/// fork handler allocated a lock, 1-18 of 50 children aborted; a close while another thread
+/// was blocked in `recv` on the connection hung on the arena lock, 1 of 2 runs; with the
+/// connections in an epoll set the main code waits on, the handler's goodbye waited for ever for
+/// the set's lock the interrupted `epoll_wait` held, 4 of 4; then the set reported the closed
+/// numbers' EOF until the next call that was not a wait, and with a second thread a handler's
+/// close there could wait for the set's member list held by a thread waiting for `malloc`).
+#[test]
+fn closes_from_a_signal_handler_inside_malloc_keep_the_heap_sound() {
+    let cases = [
+        ("close", ""),
+        ("dup2", ""),
+        ("close_range", ""),
+        ("close", "mt"),
+        ("dup2", "mt"),
+        ("close_range", "mt"),
+        // Single-threaded only: with a second thread glibc's own `fork` waits for the arena
+        // lock the interrupted `malloc` holds (over TCP too).
+        ("fork_exec", ""),
+        // Each close while another thread's `recv` is under way on the connection (50 threads).
+        ("close_inflight", ""),
+        // The connections in an epoll set the main code also waits on: the handler comes
+        // inside our `epoll_wait` too.
+        ("close", "epoll"),
+        ("dup2", "mt+epoll"),
+        ("close", "mt+epoll"),
+    ];
+    let n = |mode: &str| if mode == "close_inflight" { 50 } else { 100 };
+    let want = |n: u64| format!("SIGCLOSE handled={n} failed=0 exact={n} badchildren=0");
+    // Plain TCP first: the expected output.
+    for mode in ["close", "close_inflight"] {
+        let mut c = std::process::Command::new(bin("preload-prog"));
+        c.args(["sigclose", &n(mode).to_string(), mode, "mt"]);
+        let out = spawn_piped(c)
+            .wait_output(Duration::from_secs(60))
+            .expect("preload-prog sigclose over TCP");
+        assert_eq!(out.trim(), want(n(mode)), "TCP {mode}: {out}");
+    }
+    let w = SmcWorld::new();
+    for (mode, mt) in cases {
+        let mut c = w.run(bin("preload-prog"));
+        c.args(["sigclose", &n(mode).to_string(), mode, mt]);
+        let out = spawn_piped(c)
+            .wait_output(Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("sigclose {mode} {mt}: {e}"));
+        assert_eq!(out.trim(), want(n(mode)), "sigclose {mode} {mt}: {out}");
+    }
+    let s = w.stats_sum();
+    let conns: u64 = cases.iter().map(|(m, _)| n(m)).sum();
+    assert_eq!(s.get("smcd_client"), conns, "{s:?}");
+}
+
 /// A child made with the raw `clone` system call (past the library's `fork`, so no fork
 /// handler runs and it keeps its parent's cached pid and daemon connection), while its parent
 /// goes on: each makes 100 connections to a forked echo server. Prints the failed ones of each.

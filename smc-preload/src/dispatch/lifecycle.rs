@@ -267,14 +267,36 @@ pub fn withdraw_listeners_for_exec() -> Withdrawn {
 /// ([`setup::settle_leaving`]): that image cannot continue the handshake, and would read CLC
 /// bytes as data. Not in a `vfork` child: that runs in its parent's memory and must leave the
 /// parent's state alone (a documented residual).
+/// Finding them allocates nothing (an exec from a signal handler, or from the child a handler
+/// forked, may have interrupted `malloc`: `tests/redteam/sigsafe.c execonly`, children aborting
+/// in its checks): only a socket to settle costs what settling costs.
 fn settle_for_exec() {
     if in_vfork_child() || !fdtable::any_objects() {
         return;
     }
-    for (fd, o) in fdtable::all_objects() {
-        if matches!(&*o, Obj::Handshake(_) | Obj::Pending(_) | Obj::Skip(_)) && !cloexec(fd) {
-            drop(o);
-            setup::settle_leaving(fd);
+    const SETTLE_MAX: usize = 64;
+    let mut todo = [0 as c_int; SETTLE_MAX];
+    let (mut n, mut more) = (0, false);
+    fdtable::for_each_object(|fd, o| {
+        if matches!(&**o, Obj::Handshake(_) | Obj::Pending(_) | Obj::Skip(_)) && !cloexec(fd) {
+            match todo.get_mut(n) {
+                Some(t) => {
+                    *t = fd;
+                    n += 1;
+                }
+                None => more = true,
+            }
+        }
+    });
+    for &fd in todo.get(..n).unwrap_or_default() {
+        setup::settle_leaving(fd);
+    }
+    if more {
+        for (fd, o) in fdtable::all_objects() {
+            if matches!(&*o, Obj::Handshake(_) | Obj::Pending(_) | Obj::Skip(_)) && !cloexec(fd) {
+                drop(o);
+                setup::settle_leaving(fd);
+            }
         }
     }
 }

@@ -16,7 +16,7 @@ use crate::obj::Obj;
 use crate::real;
 use crate::{daemon, epoll, lifecycle, policy, poll, setup, stats};
 use libc::{c_int, c_void, iovec, size_t, sockaddr, socklen_t, ssize_t};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 #[inline]
@@ -129,6 +129,7 @@ fn conn_of_op(fd: c_int, op: Op) -> Option<Arc<Obj>> {
 /// when its number was closed under it ([`Moved`]).
 #[inline]
 fn conn_of_call(fd: c_int, op: Op) -> Result<Option<Arc<Obj>>, Moved> {
+    unpark_closes();
     let Some(mut o) = fdtable::get(fd) else {
         return Ok(None);
     };
@@ -342,7 +343,26 @@ unsafe fn recv_iov_call(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_
         return unsafe { recv_iov_call(fd, iov, flags) };
     };
     // SAFETY: the caller's buffers.
-    Some(unsafe { recv_in(&call, fd, iov, flags) })
+    let r = unsafe { recv_in(&call, fd, iov, flags) };
+    if restarted(&call, r) {
+        drop(call);
+        // SAFETY: the caller's buffers.
+        return unsafe { recv_iov_call(fd, iov, flags) };
+    }
+    Some(r)
+}
+
+/// A call on a connection that a signal interrupted (`EINTR`) after its number stopped naming
+/// the connection (a handler of this thread closed it, or made it name another file), where
+/// the signal's action would restart it: the kernel restarts a system call by looking its
+/// number up again, so the caller makes the call anew on what the number names now (`EBADF`
+/// when nothing); the connection's close, deferred under this call, is done as it ends.
+fn restarted(call: &InCall, r: ssize_t) -> bool {
+    r < 0
+        && real::errno() == libc::EINTR
+        && !call.still_named()
+        && crate::signals::caught()
+        && !crate::signals::interrupted()
 }
 
 /// A read on the connection of `call`, made through the number `fd` (which another thread may
@@ -451,8 +471,15 @@ pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
         // SAFETY: the caller's buffers.
         return unsafe { send_iov(fd, iov, flags) };
     };
+    crate::signals::wait_begins();
     // SAFETY: the caller's buffers.
-    Some(unsafe { send_in(&call, fd, iov, flags) })
+    let r = unsafe { send_in(&call, fd, iov, flags) };
+    if restarted(&call, r) {
+        drop(call);
+        // SAFETY: the caller's buffers.
+        return unsafe { send_iov(fd, iov, flags) };
+    }
+    Some(r)
 }
 
 /// A write on the connection of `call`, made through the number `fd` (see [`recv_in`]).
@@ -875,6 +902,7 @@ fn oob_msg_flags(v: &[iovec], flags: c_int) -> c_int {
 }
 
 pub unsafe fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_t {
+    unpark_closes();
     if slow(fd) && flags & libc::MSG_ERRQUEUE == 0 && !msg.is_null() {
         // SAFETY: `msg` is non-null (checked above) and the caller's msghdr (recvmsg(2)'s
         // contract): its iovec array, as the caller gave it.
@@ -1381,6 +1409,8 @@ pub unsafe fn accept4(
 /// The kernel just handed out `fd` (open, pipe, eventfd, ...): a slot still holding an object
 /// there is stale, its close happened behind our back.
 pub fn fd_created(fd: c_int) {
+    // The bookkeeping of a number a handler closed goes before the new file gets any.
+    unpark_closes();
     if fd >= 0 && fdtable::raw(fd) != 0 {
         if lifecycle::own_fd_table() {
             // In this thread's own table only (a vfork child, an unshared table): the
@@ -1576,9 +1606,231 @@ fn move_private(p: c_int) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// closes made by a program's signal handler
+
+/// The object of a number a program's signal handler closed (`close`, `dup2` over it,
+/// `close_range`), whose memory and bookkeeping wait for [`unpark_closes`].
+struct Parked {
+    /// 0: free; 1: being filled or emptied; 2: parked.
+    state: AtomicU32,
+    /// The private duplicate a call under way on the connection goes on through, marked
+    /// [`fdtable::TAG_PRIVATE_PENDING`] until its object is made here (-1: none).
+    private: AtomicI32,
+    /// The process that parked it (a child forked since holds no reference of it).
+    pid: AtomicU32,
+    /// The number the handler closed.
+    fd: AtomicI32,
+    /// The object's reference the number held (`Arc::into_raw`).
+    obj: AtomicUsize,
+}
+
+/// Closes parked at most at once; beyond, a handler's close does its whole work at once.
+const PARKED_MAX: usize = 1024;
+static PARKED: [Parked; PARKED_MAX] = [const {
+    Parked {
+        state: AtomicU32::new(0),
+        private: AtomicI32::new(-1),
+        pid: AtomicU32::new(0),
+        fd: AtomicI32::new(-1),
+        obj: AtomicUsize::new(0),
+    }
+}; PARKED_MAX];
+/// Entries of [`PARKED`] in use: while 0, [`unpark_closes`] is one load.
+static PARKED_N: AtomicUsize = AtomicUsize::new(0);
+
+/// Called by a program's signal handler, `close` (or `dup2`, `close_range`) of a number whose
+/// socket is ours does only what allocates and frees nothing and takes no lock the code it
+/// interrupted may hold: the number's reference leaves the table, an SMC connection's close
+/// toward the peer is made at once when it was the last reference anywhere (its flags in the
+/// shared state, the doorbell: the peer reads EOF as soon as the caller's real close sends the
+/// FIN), and the object's memory and the bookkeeping kept under the number go at this process's
+/// next call into the library outside a handler ([`unpark_closes`]). The handler may have
+/// interrupted `malloc` half way: an allocation or a free then corrupted the heap of a
+/// single-threaded process (`tests/redteam/sigsafe.c close`: aborts in `malloc`'s checks, 3 of 3
+/// runs) and waited for ever for the arena lock in a multi-threaded one (2 of 2 hung). True
+/// when parked (the caller closes or replaces the number); false: not an object this applies to
+/// (a handshake under way, a fallback skipping late CLC messages, a connection with a call in
+/// flight or switching to TCP: as before), or no room (the caller goes on as outside a handler).
+fn park_for_handler(fd: c_int) -> bool {
+    let Some(o) = fdtable::get(fd) else {
+        return false;
+    };
+    match &*o {
+        Obj::Private(_) | Obj::Handshake(_) | Obj::Pending(_) | Obj::Skip(_) => return false,
+        // A switch to TCP waits for the peer.
+        Obj::Conn(c) if c.switching() || c.peer_switch_waits() => return false,
+        _ => {}
+    }
+    // No lock is waited for here, not even the epoll sets' member list: another thread may
+    // hold it while it waits for `malloc`'s arena lock, which the code this handler
+    // interrupted may hold (`preload-prog sigclose 100 close mt+epoll`: 1 of 6 runs hung so).
+    // A registration of the number in an epoll set that TCP keeps while another number names
+    // the socket goes with this number's close (at [`unpark_closes`]).
+    let Some(e) = PARKED.iter().find(|e| {
+        e.state
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }) else {
+        return false;
+    };
+    match fdtable::replace(fd, Slot::Empty) {
+        // Not the last reference (`o` is one): nothing is freed.
+        Slot::Obj(x) if Arc::ptr_eq(&x, &o) => drop(x),
+        // Replaced meanwhile by another thread: put back as it was.
+        other => {
+            drop(fdtable::replace(fd, other));
+            e.state.store(0, Ordering::Release);
+            return false;
+        }
+    }
+    let mut private = -1;
+    if let Obj::Conn(c) = &*o {
+        // Pairs with the one in `InCall::enter` (as in `forget_slot`).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if c.defer_close() {
+            // A call of this process is under way on the connection (another thread's, or the
+            // one this handler interrupted): it goes on, and the connection closes when it
+            // returns, its I/O through a private duplicate (another thread blocked in `recv`
+            // while this one's handler interrupted `malloc`: the ordinary close allocated the
+            // duplicate's object, hung on the arena lock, `sigsafe.c close RECVTHREADS=1` 1 of
+            // 2 runs).
+            if !c.io_redirected() {
+                private = handler_private_io(fd, c);
+            }
+        } else if c.drop_ref() && !c.switched() {
+            // The last reference anywhere (`obj::release_ref` but the policy's note): counted
+            // first (the state page may be pooled after the close).
+            if stats::ready() {
+                stats::conn_closed(c);
+            }
+            c.final_close(fd);
+        }
+    }
+    e.private.store(private, Ordering::Relaxed);
+    e.pid.store(crate::pid(), Ordering::Relaxed);
+    e.fd.store(fd, Ordering::Relaxed);
+    e.obj.store(Arc::into_raw(o) as usize, Ordering::Relaxed);
+    e.state.store(2, Ordering::Release);
+    PARKED_N.fetch_add(1, Ordering::AcqRel);
+    true
+}
+
+/// [`private_io`] from a signal handler: the duplicate is marked ours by a tag (no object is
+/// allocated; [`unpark_closes`] makes it); -1 when none could be made there (the call's I/O
+/// then fails as on a socket that went).
+fn handler_private_io(fd: c_int, c: &Conn) -> c_int {
+    let e0 = real::errno();
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid out pointer.
+    let cur = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur.min(i32::MAX as u64) as c_int
+    } else {
+        1024
+    };
+    let base = (cur / 2).clamp(3, 1024);
+    // SAFETY: plain fcntl on a number that names the socket (the close has not happened).
+    let p = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, base as libc::c_ulong) };
+    real::set_errno(e0);
+    // Only at a number with a slot already and nothing in it: the tag allocates nothing.
+    if p < 0 || !fdtable::has_slot(p) || fdtable::raw(p) != 0 {
+        if p >= 0 {
+            // SAFETY: our duplicate, just made.
+            unsafe { real::close(p) };
+            real::set_errno(e0);
+        }
+        c.set_private_io(crate::conn::IO_GONE);
+        return -1;
+    }
+    crate::obj::set_close_private(fdtable::close_private);
+    fdtable::set_tag(p, fdtable::TAG_PRIVATE_PENDING);
+    if !c.set_private_io(p) {
+        drop(fdtable::replace(p, Slot::Empty));
+        // SAFETY: our duplicate, just made.
+        unsafe { real::close(p) };
+        real::set_errno(e0);
+        return -1;
+    }
+    p
+}
+
+/// The rest of the closes a program's signal handler made ([`park_for_handler`]), at a call
+/// into the library outside a handler (one load while there are none).
+#[inline]
+pub fn unpark_closes() {
+    if PARKED_N.load(Ordering::Acquire) != 0 {
+        unpark_slow();
+    }
+}
+
+#[cold]
+fn unpark_slow() {
+    if crate::signals::in_handler() || lifecycle::in_vfork_child() {
+        return;
+    }
+    for e in &PARKED {
+        if PARKED_N.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        if e.state
+            .compare_exchange(2, 1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            continue;
+        }
+        let (pid, fd, obj, private) = (
+            e.pid.load(Ordering::Relaxed),
+            e.fd.load(Ordering::Relaxed),
+            e.obj.load(Ordering::Relaxed),
+            e.private.load(Ordering::Relaxed),
+        );
+        e.state.store(0, Ordering::Release);
+        PARKED_N.fetch_sub(1, Ordering::AcqRel);
+        let pending = private >= 0 && fdtable::raw(private) & !1 == fdtable::TAG_PRIVATE_PENDING;
+        if pid != crate::pid() {
+            // Parked by the parent before this child's fork: the child's copy of the object
+            // was never counted as held here (as any object no number of the child names),
+            // nor is the duplicate for the parent's call.
+            if pending {
+                drop(fdtable::replace(private, Slot::Empty));
+                let e0 = real::errno();
+                // SAFETY: our copy of the parent's duplicate.
+                unsafe { real::close(private) };
+                real::set_errno(e0);
+            }
+            continue;
+        }
+        // SAFETY: the reference `park_for_handler` took with `Arc::into_raw`, given back once
+        // (the entry was claimed above).
+        let o = unsafe { Arc::from_raw(obj as *const Obj) };
+        if pending {
+            // The duplicate's object, which a handler could not allocate.
+            fdtable::set_private(private, Arc::downgrade(&o));
+        }
+        // What was kept under the number for this socket (no new file there was given any:
+        // only a call into the library does, which comes here first).
+        epoll::on_close(fd, false, Some(&o));
+        setup::unretire(fd);
+        forget_clc_bytes(fd as i64, fd as i64);
+        drop(o);
+    }
+}
+
 pub unsafe fn close(fd: c_int) -> c_int {
+    if fdtable::raw(fd) >= 8 && crate::signals::in_handler() {
+        if !lifecycle::own_fd_table() && park_for_handler(fd) {
+            // SAFETY: the caller's argument: the number closes now (the rest of our part at
+            // [`unpark_closes`]).
+            return unsafe { real::close(fd) };
+        }
+    } else {
+        unpark_closes();
+    }
     // (`own_fd_table` costs a system call: asked last, only when it matters.)
-    if fdtable::raw(fd) >= 8 && crate::fdtable::is_private(fd) && !lifecycle::own_fd_table() {
+    if fdtable::maybe_private(fd) && crate::fdtable::is_private(fd) && !lifecycle::own_fd_table() {
         // Ours, never handed to the application: for it that number is not open.
         return fail(libc::EBADF) as c_int;
     }
@@ -1649,6 +1901,19 @@ pub unsafe fn closefrom(lowfd: c_int) {
 }
 
 pub unsafe fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int) -> c_int {
+    if crate::signals::in_handler() {
+        if flags == 0 && fdtable::any_objects() && !lifecycle::own_fd_table() {
+            // SAFETY: the caller's arguments.
+            return unsafe { close_range_in_handler(first, last) };
+        }
+    } else {
+        unpark_closes();
+    }
+    // SAFETY: the caller's arguments.
+    unsafe { close_range_ordinary(first, last, flags) }
+}
+
+unsafe fn close_range_ordinary(first: libc::c_uint, last: libc::c_uint, flags: c_int) -> c_int {
     if flags & libc::CLOSE_RANGE_UNSHARE as c_int != 0 {
         // The kernel gives this thread a table of its own first, and closes in it.
         lifecycle::fd_table_unshared();
@@ -1717,7 +1982,70 @@ pub unsafe fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int)
     0
 }
 
+/// `close_range(first, last, 0)` called by a program's signal handler: each of our objects in
+/// the range is parked ([`park_for_handler`]), and the range is closed around our own
+/// descriptors (the parked ones among them) without allocating. An object that cannot be
+/// parked, or more of our descriptors in the range than this keeps, and the work is done as
+/// outside a handler.
+unsafe fn close_range_in_handler(first: libc::c_uint, last: libc::c_uint) -> c_int {
+    const KEEP_MAX: usize = 256;
+    let hi = (last as u64).min(fdtable::MAX_FDS as u64 - 1);
+    let in_range = |fd: i32| (fd as u64) >= first as u64 && (fd as u64) <= hi;
+    let mut all = true;
+    fdtable::for_each_object(|fd, o| {
+        if in_range(fd) && !matches!(&**o, Obj::Private(_)) {
+            all &= park_for_handler(fd);
+        }
+    });
+    let mut keep = [0 as libc::c_uint; KEEP_MAX];
+    let mut n = 0;
+    fdtable::for_each_object(|fd, o| {
+        if in_range(fd) && matches!(&**o, Obj::Private(_)) {
+            if let Some(k) = keep.get_mut(n) {
+                *k = fd as libc::c_uint;
+                n += 1;
+            } else {
+                all = false;
+            }
+        }
+    });
+    if let Some(d) = daemon::daemon_fd_in(first, last) {
+        if let Some(k) = keep.get_mut(n) {
+            *k = d as libc::c_uint;
+            n += 1;
+        } else {
+            all = false;
+        }
+    }
+    if !all {
+        // SAFETY: the caller's arguments; the objects left take the ordinary way.
+        return unsafe { close_range_ordinary(first, last, 0) };
+    }
+    let ours = keep.get_mut(..n).unwrap_or_default();
+    ours.sort_unstable();
+    let mut from = first;
+    for &d in ours.iter() {
+        if d > from {
+            // SAFETY: integer arguments only (close_range(2)).
+            let r = unsafe { real::close_range(from, d - 1, 0) };
+            if r != 0 {
+                return r;
+            }
+        }
+        if d == libc::c_uint::MAX {
+            return 0;
+        }
+        from = from.max(d + 1);
+    }
+    if from <= last {
+        // SAFETY: integer arguments only (close_range(2)).
+        return unsafe { real::close_range(from, last, 0) };
+    }
+    0
+}
+
 pub unsafe fn dup(fd: c_int) -> c_int {
+    unpark_closes();
     // SAFETY: an fd number only.
     let r = unsafe { real::dup(fd) };
     if r >= 0 && (fdtable::raw(fd) != 0 || fdtable::raw(r) != 0) && !lifecycle::own_fd_table() {
@@ -1748,6 +2076,12 @@ pub unsafe fn dup3(fd: c_int, fd2: c_int, flags: c_int, three: bool) -> c_int {
         }
         return r;
     }
+    if fdtable::raw(fd2) >= 8 && fd != fd2 && crate::signals::in_handler() && fcntl_valid(fd) {
+        // From a program's signal handler: what fd2 names is closed as by `close`.
+        park_for_handler(fd2);
+    } else {
+        unpark_closes();
+    }
     if (0..=2).contains(&fd2) && fdtable::raw(fd) >= 8 {
         lifecycle::std_stream_takes(fd);
     }
@@ -1767,8 +2101,8 @@ pub unsafe fn dup3(fd: c_int, fd2: c_int, flags: c_int, three: bool) -> c_int {
         // SAFETY: fd numbers only (dup2(2)).
         unsafe { real::dup2(fd, fd2) }
     };
-    if r >= 0 && fd != fd2 {
-        // What fd2 named is closed.
+    if r >= 0 && fd != fd2 && !crate::signals::in_handler() {
+        // What fd2 named is closed (from a handler: at the parked close's end).
         forget_clc_bytes(fd2 as i64, fd2 as i64);
     }
     if r >= 0 && fdtable::raw(fd) != 0 {
@@ -1795,6 +2129,7 @@ fn fcntl_valid(fd: c_int) -> bool {
 }
 
 pub unsafe fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
+    unpark_closes();
     // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
     // `fcntl`.
     let r = unsafe { real::fcntl(fd, cmd, arg) };
@@ -2123,7 +2458,7 @@ pub unsafe fn fork() -> libc::pid_t {
     let r = unsafe { real::fork() };
     drop(held);
     if r == 0 {
-        crate::dmbs::after_fork_child(kept);
+        crate::dmbs::after_fork_child(kept, child_must_not_allocate());
         crate::reset_pid();
         fdtable::for_each_object(|_, o| {
             if let Obj::Conn(c) = &**o {
@@ -2410,6 +2745,7 @@ pub unsafe fn fclose(f: *mut libc::FILE) -> c_int {
 
 pub unsafe fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
     // The process may sleep now: releases it kept back go out first.
+    unpark_closes();
     daemon::flush_releases();
     if fdtable::any_objects() && !fds.is_null() && n > 0 {
         // SAFETY: `fds` is non-null (checked) and, by poll(2)'s contract, points to `n` pollfds.
@@ -2442,6 +2778,7 @@ pub unsafe fn ppoll(
     mask: *const libc::sigset_t,
 ) -> c_int {
     // The process may sleep now: releases it kept back go out first.
+    unpark_closes();
     daemon::flush_releases();
     if fdtable::any_objects() && !fds.is_null() && n > 0 {
         // SAFETY: `fds` is non-null (checked) and, by ppoll(2)'s contract, points to `n` pollfds.
@@ -2465,6 +2802,7 @@ pub unsafe fn select(
     t: *mut libc::timeval,
 ) -> c_int {
     // The process may sleep now: releases it kept back go out first.
+    unpark_closes();
     daemon::flush_releases();
     // SAFETY: `r`/`w`/`e` are the caller's fd_sets or null (select(2)'s contract).
     if unsafe { poll::select_has_smc(nfds, r, w, e) } {
@@ -2503,6 +2841,7 @@ pub unsafe fn pselect(
     mask: *const libc::sigset_t,
 ) -> c_int {
     // The process may sleep now: releases it kept back go out first.
+    unpark_closes();
     daemon::flush_releases();
     // SAFETY: `r`/`w`/`e` are the caller's fd_sets or null (pselect(2)'s contract).
     if unsafe { poll::select_has_smc(nfds, r, w, e) } {
@@ -2517,6 +2856,7 @@ pub unsafe fn pselect(
 }
 
 pub unsafe fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut libc::epoll_event) -> c_int {
+    unpark_closes();
     if fdtable::raw(fd) != 0 || fdtable::raw(ep) != 0 {
         // SAFETY: `ev` is the caller's epoll_event or null (epoll_ctl(2)'s contract).
         if let Some(r) = unsafe { epoll::ctl(ep, op, fd, ev) } {
@@ -2536,6 +2876,7 @@ pub unsafe fn epoll_wait(
     mask: Option<*const libc::sigset_t>,
 ) -> c_int {
     // The process may sleep now: releases it kept back go out first.
+    unpark_closes();
     daemon::flush_releases();
     if let Some(so) = epoll::wants(ep) {
         // SAFETY: `ev`/`max` are the caller's event array (epoll_wait(2)'s contract); `mask` its

@@ -182,8 +182,16 @@ pub(crate) fn after_fork_parent(h: ForkHold) {
 }
 
 /// In the child: the hold is on the parent's lock, replaced here already; never released.
-pub(crate) fn after_fork_child(h: ForkHold) {
-    if let Some(kept) = h.kept {
+/// `light` (the child of a handler of a single-threaded process, which must not allocate): the
+/// lock was left as it is ([`crate::forklock::after_fork_all`]), so it is released here, its
+/// entries forgotten without a free (their mappings are not the child's: `MADV_DONTFORK`).
+pub(crate) fn after_fork_child(h: ForkHold, light: bool) {
+    let Some(mut kept) = h.kept else { return };
+    if light {
+        std::mem::forget(std::mem::take(&mut kept.own));
+        std::mem::forget(std::mem::take(&mut kept.peer));
+        drop(kept);
+    } else {
         kept.leak();
     }
 }

@@ -448,6 +448,8 @@ impl<T> Drop for SetGuard<'_, T> {
     }
 }
 
+/// Locks an epoll set (see [`SetGuard`]). Red team round 17, `sigsafe.c sendonly EPOLL=1`: a
+/// handler's goodbye `send` inside the interrupted `epoll_wait`'s collection hung 2 of 2.
 fn lock<T>(m: &Mutex<T>) -> SetGuard<'_, T> {
     crate::signals::crit_enter();
     SetGuard(std::mem::ManuallyDrop::new(
@@ -1403,6 +1405,11 @@ fn note_parked(c: &crate::conn::Conn, ep: i32, fd: i32) {
 /// the answer's doorbell arrives (ping every millisecond among idle connections: p50 63 µs
 /// without, see docs/PERF.md). A heuristic for speed only: wakeups stay armed either way.
 pub fn rewarm(fd: i32, c: &crate::conn::Conn) {
+    // Not from a program's signal handler: the heuristic allocates (it may have interrupted
+    // `malloc`); the mark stays for the next send.
+    if crate::signals::in_handler() {
+        return;
+    }
     let v = c.epoll_parked.swap(0, Ordering::Relaxed);
     if v == 0 {
         return;

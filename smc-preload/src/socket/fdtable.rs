@@ -32,6 +32,9 @@ pub const MAX_FDS: usize = CHUNK * TOP;
 
 /// An `AF_INET`/`AF_INET6` `SOCK_STREAM` socket created through our `socket()`.
 pub const TAG_TCP: usize = 2;
+/// Our private duplicate of a socket made by a program's signal handler's close, whose
+/// [`Obj::Private`] comes at the next call into the library (`ops::unpark_closes`).
+pub const TAG_PRIVATE_PENDING: usize = 4;
 
 type Chunk = [AtomicUsize; CHUNK];
 
@@ -108,6 +111,11 @@ fn slot_alloc(fd: i32) -> Option<&'static AtomicUsize> {
         }
     }
     slot(fd)
+}
+
+/// Whether `fd` has a slot already ([`replace`] of a tag there allocates nothing).
+pub fn has_slot(fd: i32) -> bool {
+    slot(fd).is_some()
 }
 
 /// The raw slot value: `0` for "nothing known". The hot path checks this first.
@@ -437,9 +445,10 @@ pub fn close_moved(p: i32, ino: u64) {
     real::set_errno(e0);
 }
 
-/// Closes our private descriptor `p` (an [`Obj::Private`] slot).
+/// Closes our private descriptor `p` (an [`Obj::Private`] slot, or one still
+/// [`TAG_PRIVATE_PENDING`]).
 pub fn close_private(p: i32) {
-    if matches!(get(p).as_deref(), Some(Obj::Private(_))) {
+    if raw(p) & !1 == TAG_PRIVATE_PENDING || matches!(get(p).as_deref(), Some(Obj::Private(_))) {
         drop(replace(p, Slot::Empty));
         let e0 = real::errno();
         // SAFETY: our own descriptor, never handed to the application.
@@ -448,9 +457,18 @@ pub fn close_private(p: i32) {
     }
 }
 
-/// Whether `fd` is one of our private descriptors ([`Obj::Private`]).
+/// Whether `fd` is one of our private descriptors ([`Obj::Private`], or one still
+/// [`TAG_PRIVATE_PENDING`]).
 pub fn is_private(fd: i32) -> bool {
-    raw(fd) >= 8 && matches!(get(fd).as_deref(), Some(Obj::Private(_)))
+    let v = raw(fd);
+    v & !1 == TAG_PRIVATE_PENDING || (v >= 8 && matches!(get(fd).as_deref(), Some(Obj::Private(_))))
+}
+
+/// A cheap first look for [`is_private`]: false when `fd` cannot be one.
+#[inline]
+pub fn maybe_private(fd: i32) -> bool {
+    let v = raw(fd);
+    v >= 8 || v & !1 == TAG_PRIVATE_PENDING
 }
 
 /// A call in flight on an SMC connection, made through the number `fd`: as the kernel's file

@@ -124,6 +124,13 @@ fn identity(pid: u32) -> Identity {
 }
 
 /// The stats area of this process (created on first use, per process after fork).
+/// Whether this process's statistics are open already: [`get`] then neither allocates nor
+/// takes a lock (a signal handler's close counts only then).
+pub fn ready() -> bool {
+    let f = FAST.load(Ordering::Acquire);
+    f != 0 && (f >> 44) as u32 == crate::pid() & 0xFFFFF
+}
+
 pub fn get() -> &'static Stats {
     let pid = crate::pid();
     let f = FAST.load(Ordering::Acquire);

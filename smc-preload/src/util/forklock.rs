@@ -28,12 +28,12 @@ pub struct ForkMutex<T> {
 
 /// What [`after_fork_all`] resets.
 trait AfterFork: Sync {
-    fn after_fork(&self);
+    fn after_fork(&self, light: bool);
 }
 
 impl<T: Send + 'static> AfterFork for ForkMutex<T> {
-    fn after_fork(&self) {
-        ForkMutex::after_fork(self)
+    fn after_fork(&self, light: bool) {
+        ForkMutex::after_fork(self, light)
     }
 }
 
@@ -65,12 +65,19 @@ fn list(m: &'static dyn AfterFork) {
 /// In the child after fork (single-threaded): every [`ForkMutex`] used so far that a thread of
 /// the parent held is replaced by a fresh one. A lock listed twice (its listing raced a fork,
 /// see [`ForkOnce`]) is reset twice: the second finds it free and keeps it.
-pub fn after_fork_all() {
+///
+/// `light`: the child of a signal handler of a single-threaded process (`ops::fork`), which
+/// must not allocate (the handler may have interrupted `malloc`): nothing is replaced. The
+/// only thread of its parent was the forking one, and a lock it held then (none is taken while
+/// a handler would run there, `signals::crit_enter`) is one the fork itself holds, released by
+/// it in the child (`dmbs::after_fork_child`). Before, a fresh lock was allocated for it there:
+/// `tests/redteam/sigsafe.c execonly`, 1-18 of 50 children aborted in `malloc`'s checks.
+pub fn after_fork_all(light: bool) {
     let mut p = LISTED.load(Ordering::Acquire);
     while !p.is_null() {
         // SAFETY: nodes are published complete by `list` and never freed.
         let n = unsafe { &*p };
-        n.m.after_fork();
+        n.m.after_fork(light);
         p = n.next;
     }
 }
@@ -133,10 +140,10 @@ impl<T: Send + 'static> ForkMutex<T> {
     }
 
     /// In the child after fork (single-threaded): a lock held by a thread of the parent is
-    /// replaced by a fresh one.
-    fn after_fork(&self) {
+    /// replaced by a fresh one (not when `light`: see [`after_fork_all`]).
+    fn after_fork(&self, light: bool) {
         let p = self.cur.load(Ordering::Acquire);
-        if p.is_null() {
+        if p.is_null() || light {
             return;
         }
         // SAFETY: published, never freed.
@@ -312,11 +319,11 @@ mod tests {
     #[test]
     fn a_held_lock_is_replaced_and_a_free_one_kept() {
         M.lock().push(1);
-        M.after_fork();
+        M.after_fork(false);
         assert_eq!(*M.lock(), vec![1], "free: kept with its data");
         let g = M.lock();
         // As in a child whose other thread held it at the fork.
-        M.after_fork();
+        M.after_fork(false);
         assert!(M.lock().is_empty(), "held: a fresh lock around fresh data");
         drop(g);
     }

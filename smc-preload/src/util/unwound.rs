@@ -223,6 +223,21 @@ impl Asleep {
             .flatten()
     }
 
+    /// Whether the sleeping call's number no longer names the object it was made on (closed,
+    /// or another file there), by the table's look-up registered at load ([`init`]).
+    pub fn renamed(&self) -> bool {
+        let f = NAMES.load(Ordering::Acquire);
+        if f == 0 {
+            return false;
+        }
+        // SAFETY: only `init` stores here, a `fn(i32) -> usize`.
+        let names: fn(i32) -> usize = unsafe { std::mem::transmute(f) };
+        self.rec(|r| {
+            names(r.fd.load(Ordering::Relaxed) as u32 as i32) & !1 != r.obj.load(Ordering::Relaxed)
+        })
+        .unwrap_or(false)
+    }
+
     /// The sleeping call now holds `what` ([`POLLER`], ...): to be noted right *after* it was
     /// taken (a jump in between leaves it held, never released twice).
     #[inline]
@@ -331,11 +346,16 @@ fn claim(r: &Rec) -> Option<Unwound> {
 static EXIT_KEY: AtomicUsize = AtomicUsize::new(0);
 /// What gives back a call left behind (`fn(Unwound)`; 0: none).
 static RELEASE: AtomicUsize = AtomicUsize::new(0);
+/// What a number names now (`fn(i32) -> usize`: the fd table's slot, the object's address
+/// with its lock bit; 0: none), for [`Asleep::renamed`].
+static NAMES: AtomicUsize = AtomicUsize::new(0);
 
 /// At load: `release` gives back the calls a thread leaves behind when it ends (left by a jump,
-/// and no later entry of the thread took them: [`thread_ends`]).
-pub fn init(release: fn(Unwound)) {
+/// and no later entry of the thread took them: [`thread_ends`]); `names` tells what a number
+/// names now ([`Asleep::renamed`]).
+pub fn init(release: fn(Unwound), names: fn(i32) -> usize) {
     RELEASE.store(release as usize, Ordering::Release);
+    NAMES.store(names as usize, Ordering::Release);
     let mut k: libc::pthread_key_t = 0;
     // SAFETY: valid out pointer; the destructor is a plain extern "C" function of ours.
     if unsafe { libc::pthread_key_create(&mut k, Some(thread_ends)) } == 0 {

@@ -13,6 +13,7 @@
 //! preload-prog share HOST PORT BYTES READERS
 //! preload-prog sigfork N
 //! preload-prog sigepoll N
+//! preload-prog sigclose N close|dup2|close_range|fork_exec|close_inflight [mt][epoll]
 //! ```
 //!
 //! `storm`: THREADS threads make connections back to back (each sends 4 KiB, receives BYTES,
@@ -853,6 +854,309 @@ fn sigfork(n: usize) {
     );
 }
 
+/// `sigclose`: the connections the `SIGALRM` handler closes, in order, and how many it did.
+static SIG_FDS: [std::sync::atomic::AtomicI32; 100] =
+    [const { std::sync::atomic::AtomicI32::new(-1) }; 100];
+static SIG_NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// 0 close, 1 dup2 of /dev/null over the number, 2 close_range of the number, 3 a fork whose
+/// child execs `/bin/true` (the parent closes); then the descriptor of /dev/null shifted by 8.
+static SIG_MODE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+static SIG_FAILED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// `sigclose`: handler calls done (the connections up to there are closed).
+static SIG_DONE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+extern "C" {
+    static environ: *const *const libc::c_char;
+}
+
+extern "C" fn goodbye_from_handler(_: libc::c_int) {
+    use std::sync::atomic::Ordering::Relaxed;
+    // SAFETY: errno is this thread's; saved and restored as a handler must.
+    let e = unsafe { *libc::__errno_location() };
+    let i = SIG_NEXT.fetch_add(1, Relaxed);
+    if let Some(fd) = SIG_FDS
+        .get(i)
+        .map(|f| f.load(Relaxed))
+        .filter(|&fd| fd >= 0)
+    {
+        let mode = SIG_MODE.load(Relaxed);
+        // SAFETY: async-signal-safe calls on our own descriptors.
+        let ok = unsafe {
+            libc::send(fd, b"BYE\n".as_ptr().cast(), 4, libc::MSG_NOSIGNAL) == 4
+                && match mode & 7 {
+                    0 => libc::close(fd) == 0,
+                    1 => libc::dup2(mode >> 3, fd) == fd,
+                    2 => libc::syscall(libc::SYS_close_range, fd, fd, 0) == 0,
+                    _ => {
+                        let p = libc::fork();
+                        if p == 0 {
+                            let argv = [c"/bin/true".as_ptr(), std::ptr::null()];
+                            libc::execve(c"/bin/true".as_ptr(), argv.as_ptr(), environ);
+                            libc::_exit(99);
+                        }
+                        p > 0 && libc::close(fd) == 0
+                    }
+                }
+        };
+        if !ok {
+            SIG_FAILED.fetch_add(1, Relaxed);
+        }
+    }
+    SIG_DONE.fetch_add(1, Relaxed);
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// `sigclose N MODE [mt]`: N connections (at most 100) to a server process forked first, each
+/// greeted; then a `SIGALRM` every 200 µs whose handler sends `BYE\n` on the next one and closes
+/// it (`close`, `dup2` of /dev/null over it, `close_range` of it; `fork_exec`: forks a child
+/// that execs `/bin/true` with the connections not closed yet, then closes; `close_inflight`:
+/// `close` while a thread of ours is blocked in `recv` on the connection, which the server
+/// answers with `ok` once it read the goodbye), while the main code does
+/// nothing but allocate and free (the handler lands inside `malloc` and `free`). `mt`: an idle
+/// second thread (glibc's `malloc` then takes its arena lock); `epoll`: the connections are in
+/// an epoll set, which the main code also waits on (timeout 0) at each turn. The server reads each connection
+/// to its end, and this process waits for it with a raw `wait4` before it calls the library
+/// again. Prints `SIGCLOSE handled=<n> failed=<handler calls that failed> exact=<connections
+/// that carried exactly BYE\n then EOF> badchildren=<children that did not exit 0>`.
+fn sigclose(n: usize, mode: &str, opts: &str) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (mt, epoll) = (opts.contains("mt"), opts.contains("epoll"));
+    let n = n.min(SIG_FDS.len());
+    let inflight = mode == "close_inflight";
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().unwrap();
+    let (mut rd, wr) = {
+        let mut p = [0; 2];
+        // SAFETY: valid out array.
+        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+        // SAFETY: fresh descriptors we own.
+        unsafe {
+            (
+                std::fs::File::from_raw_fd(p[0]),
+                std::fs::File::from_raw_fd(p[1]),
+            )
+        }
+    };
+    // SAFETY: the child only serves and leaves with `_exit`.
+    let server = unsafe { libc::fork() };
+    if server == 0 {
+        drop(rd);
+        let mut wr = wr;
+        let mut conns = Vec::new();
+        for _ in 0..n {
+            let (mut s, _) = l.accept().expect("accept");
+            s.write_all(b"hello").expect("greet");
+            conns.push(s);
+        }
+        let mut exact = 0;
+        if inflight {
+            // Each goodbye first, then the readers' answer: the handler's closes came while
+            // the readers' calls were under way.
+            let mut bye = vec![false; conns.len()];
+            for (s, b) in conns.iter_mut().zip(bye.iter_mut()) {
+                let mut v = [0u8; 4];
+                *b = s.read_exact(&mut v).is_ok() && v == *b"BYE\n";
+            }
+            for s in conns.iter_mut() {
+                let _ = s.write_all(b"ok");
+            }
+            for (mut s, b) in conns.into_iter().zip(bye) {
+                let mut v = Vec::new();
+                if s.read_to_end(&mut v).is_ok() && v.is_empty() && b {
+                    exact += 1;
+                }
+            }
+        } else {
+            for mut s in conns {
+                let mut v = Vec::new();
+                if s.read_to_end(&mut v).is_ok() && v == b"BYE\n" {
+                    exact += 1;
+                }
+            }
+        }
+        let _ = writeln!(wr, "{exact}");
+        // SAFETY: leaves the child.
+        unsafe { libc::_exit(0) };
+    }
+    drop(wr);
+    drop(l);
+    let mut conns = Vec::new();
+    for slot in &SIG_FDS[..n] {
+        let mut c = TcpStream::connect(addr).expect("connect");
+        let mut b = [0u8; 5];
+        c.read_exact(&mut b).expect("greeting");
+        slot.store(c.as_raw_fd(), Relaxed);
+        conns.push(c.into_raw_fd());
+    }
+    let null = std::fs::File::open("/dev/null").expect("/dev/null");
+    let m = match mode {
+        "close" | "close_inflight" => 0,
+        "dup2" => 1,
+        "close_range" => 2,
+        _ => 3,
+    };
+    SIG_MODE.store(m | (null.as_raw_fd() << 3), Relaxed);
+    if mt {
+        std::thread::spawn(|| loop {
+            std::thread::park();
+        });
+    }
+    // `close_inflight`: a thread per connection blocked in `recv` on it (SIGALRM blocked
+    // there, so that the handler runs in the main code), answered after the handler closed.
+    let tids: std::sync::Arc<Vec<std::sync::atomic::AtomicI32>> = std::sync::Arc::new(
+        (0..n)
+            .map(|_| std::sync::atomic::AtomicI32::new(0))
+            .collect(),
+    );
+    let readers: Vec<_> = SIG_FDS[..if inflight { n } else { 0 }]
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let fd = f.load(Relaxed);
+            let tids = tids.clone();
+            std::thread::spawn(move || {
+                // SAFETY: a local signal set; this thread's mask.
+                unsafe {
+                    let mut set: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut set);
+                    libc::sigaddset(&mut set, libc::SIGALRM);
+                    libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                }
+                // SAFETY: plain call.
+                tids[i].store(unsafe { libc::gettid() }, Relaxed);
+                let mut b = [0u8; 2];
+                // SAFETY: valid buffer.
+                let got = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), 2, libc::MSG_WAITALL) };
+                got == 2 && b == *b"ok"
+            })
+        })
+        .collect();
+    // Every reader asleep in its `recv` before the first close (else it reads a closed number).
+    for t in tids.iter().take(readers.len()) {
+        loop {
+            let tid = t.load(Relaxed);
+            let asleep = tid != 0
+                && std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+                    .ok()
+                    .and_then(|st| st.rsplit_once(") ").map(|(_, r)| r.starts_with('S')))
+                    .unwrap_or(false);
+            if asleep {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    // SAFETY: a zeroed sigaction with our handler; an interval timer.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = goodbye_from_handler as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigaction(libc::SIGALRM, &sa, std::ptr::null_mut());
+        let t = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 200,
+        };
+        let it = libc::itimerval {
+            it_interval: t,
+            it_value: t,
+        };
+        libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut());
+    }
+    // Allocations of mixed sizes (small ones in glibc's per-thread cache, larger ones in the
+    // arena) and frees, until the handler went through every connection.
+    let mut slots: Vec<Vec<u8>> = (0..256).map(|_| Vec::new()).collect();
+    let mut r = 12345u32;
+    // `epoll`: every connection in an epoll set, waited on (timeout 0) at each turn too.
+    let ep = if epoll {
+        // SAFETY: plain call.
+        unsafe { libc::epoll_create1(0) }
+    } else {
+        -1
+    };
+    for f in SIG_FDS[..if epoll { n } else { 0 }].iter() {
+        let fd = f.load(Relaxed);
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: valid event.
+        unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    }
+    let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 16];
+    // Events the set reported for a number closed before the wait began: none (a closed
+    // number's registration goes with its socket; one the handler closes during the wait may
+    // still be reported by it, as by the kernel's on its way out to the handler).
+    let mut events = 0;
+    while SIG_NEXT.load(Relaxed) < n {
+        if ep >= 0 {
+            // Closed for sure: the calls done (with a second thread, others may run).
+            let closed = SIG_DONE
+                .load(Relaxed)
+                .saturating_sub(if mt { 2 } else { 0 })
+                .min(n);
+            // SAFETY: valid buffer of 16 events.
+            let k = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 16, 0) }.max(0) as usize;
+            events += evs[..k.min(16)]
+                .iter()
+                .filter(|e| {
+                    let fd = e.u64 as i32;
+                    SIG_FDS[..closed].iter().any(|f| f.load(Relaxed) == fd)
+                })
+                .count();
+        }
+        r = r.wrapping_mul(1_103_515_245).wrapping_add(12345);
+        let j = (r >> 8) as usize % slots.len();
+        let size = if (r >> 16).is_multiple_of(3) {
+            (r >> 4) as usize % 200_000 + 1
+        } else {
+            (r >> 4) as usize % 2000 + 1
+        };
+        let mut v = Vec::with_capacity(size);
+        v.push(1u8);
+        slots[j] = v;
+    }
+    // SAFETY: stops the timer.
+    unsafe {
+        let off: libc::itimerval = std::mem::zeroed();
+        libc::setitimer(libc::ITIMER_REAL, &off, std::ptr::null_mut());
+    }
+    drop(slots);
+    let readers_ok = readers.into_iter().all(|r| r.join().unwrap_or(false));
+    // The server sees every EOF before this process calls the library again (a raw system
+    // call waits for it): the handler's close reaches the peer at once, as TCP's.
+    let mut st = 0;
+    // SAFETY: our server child; a local status.
+    unsafe { libc::syscall(libc::SYS_wait4, server, &mut st, 0, 0usize) };
+    // The children the handler forked (`fork_exec`): each execs `/bin/true`, which exits 0.
+    let mut bad_children = 0;
+    // SAFETY: reaps our own children into a local status.
+    while unsafe { libc::syscall(libc::SYS_wait4, -1, &mut st, 0, 0usize) } > 0 {
+        if !libc::WIFEXITED(st) || libc::WEXITSTATUS(st) != 0 {
+            bad_children += 1;
+        }
+    }
+    for c in conns {
+        // SAFETY: our numbers: closed by the handler already (EBADF here) or naming /dev/null
+        // after its dup2 (closed here).
+        unsafe { libc::close(c) };
+    }
+    let mut exact = String::new();
+    rd.read_to_string(&mut exact).expect("server's count");
+    println!(
+        "SIGCLOSE handled={} failed={} exact={} badchildren={bad_children}{}{}",
+        SIG_NEXT.load(Relaxed).min(n),
+        SIG_FAILED.load(Relaxed),
+        exact.trim(),
+        if readers_ok { "" } else { " readers=failed" },
+        if events == 0 {
+            String::new()
+        } else {
+            format!(" epoll_events={events}")
+        }
+    );
+}
+
 /// Reaps exited children (every one with `flags` 0; those done with `WNOHANG`): how many did
 /// not exit with status 0 (a child of `sigfork` only calls `_exit(0)`).
 fn reap(flags: libc::c_int) -> usize {
@@ -976,6 +1280,11 @@ fn main() {
     match a.get(1).map(String::as_str) {
         Some("sigfork") => sigfork(a.get(2).and_then(|v| v.parse().ok()).unwrap_or(2000)),
         Some("sigepoll") => sigepoll(a.get(2).and_then(|v| v.parse().ok()).unwrap_or(20000)),
+        Some("sigclose") => sigclose(
+            a.get(2).and_then(|v| v.parse().ok()).unwrap_or(100),
+            a.get(3).map(String::as_str).unwrap_or("close"),
+            a.get(4).map(String::as_str).unwrap_or(""),
+        ),
         Some("server") => {
             let port: u16 = a[2].parse().unwrap();
             let mode = a.get(3).map(String::as_str).unwrap_or("thread");

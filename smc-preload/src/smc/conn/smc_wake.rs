@@ -755,8 +755,17 @@ impl Conn {
             }
             // EINTR as TCP says it: when the signal's handler has no SA_RESTART, and always on a
             // socket with a timeout (`deadline`: SO_RCVTIMEO/SO_SNDTIMEO), which the kernel
-            // never restarts (sock_intr_errno, signal(7)).
-            if r < 0 && e == libc::EINTR && (crate::signals::interrupted() || deadline.is_some()) {
+            // never restarts (sock_intr_errno, signal(7)). A call the kernel would restart
+            // goes on, unless its number no longer names the connection (the handler closed
+            // it, or made it name another file): the kernel's restart looks the number up
+            // again (`EBADF`, or the call on the new file), which the caller does on `EINTR`
+            // (`ops::restarted`; red team `inflight.c recv close 1`: a `SIGALRM` timeout that
+            // closes the connection left the read waiting for the peer, TCP `EBADF` at once).
+            let renamed = || asleep.as_ref().is_some_and(unwound::Asleep::renamed);
+            if r < 0
+                && e == libc::EINTR
+                && (crate::signals::interrupted() || deadline.is_some() || renamed())
+            {
                 if !data {
                     self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
                 }

@@ -222,6 +222,7 @@ scenarios! {
     signal_from_child_sigsuspend_with_a_connection: 1;
     // a signal handler that acts on the connection the interrupted send is writing to
     shutdown_from_a_handler_during_send: 5;
+    close_from_a_handler_during_a_blocking_call: 6;
     // a blocking recv left by siglongjmp from a signal handler (old-style timeouts)
     longjmp_recv_then_close: 1;
     longjmp_recv_then_pingpong: 1;
@@ -8125,6 +8126,108 @@ fn signal_from_child_sigsuspend_with_a_connection() {
     echo_after(c, s);
     close(c);
     close(s);
+}
+
+/// The connection a handler closes ([`close_from_a_handler_during_a_blocking_call`]), and
+/// what it does: 0 `close`, else `dup2` of that descriptor over it.
+static CLOSE_FD: AtomicI32 = AtomicI32::new(-1);
+static CLOSE_HOW: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn close_on_alarm(_: c_int) {
+    // SAFETY: `close` and `dup2` are async-signal-safe; errno is the interrupted code's.
+    unsafe {
+        let e = *libc::__errno_location();
+        let (fd, how) = (
+            CLOSE_FD.load(Ordering::SeqCst),
+            CLOSE_HOW.load(Ordering::SeqCst),
+        );
+        if how == 0 {
+            libc::close(fd);
+        } else {
+            libc::dup2(how, fd);
+        }
+        *libc::__errno_location() = e;
+    }
+}
+
+/// An old-style timeout: a blocking `recv`, `read` or `send` whose connection the thread's own
+/// `SIGALRM` handler (`SA_RESTART`) closes, or makes name /dev/null with `dup2`. The kernel
+/// restarts the call by looking the number up again: `EBADF` (closed), `ENOTSOCK` (`recv` on
+/// /dev/null), 0 (`read` of /dev/null); a `send` that had sent a part returns it, the next
+/// one fails. The peer reads EOF. Before, our call went on waiting on the connection (for the
+/// peer's next byte or room, for ever when the peer waits too: red team `sigsafe_inflight.c
+/// recv close 1`, the read returned only when the peer closed 3 s later, TCP `EBADF` at once).
+fn close_from_a_handler_during_a_blocking_call() {
+    // SAFETY: a valid sigaction with an async-signal-safe handler.
+    unsafe {
+        let mut a: libc::sigaction = std::mem::zeroed();
+        a.sa_sigaction = close_on_alarm as *const () as usize;
+        a.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut a.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGALRM, &a, std::ptr::null_mut()), 0);
+    }
+    // SAFETY: a C string path.
+    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) };
+    let chunk = vec![7u8; 1 << 20];
+    for (how, op) in [
+        (0, "recv"),
+        (0, "read"),
+        (0, "send"),
+        (null, "recv"),
+        (null, "read"),
+        (null, "send"),
+    ] {
+        let (c, s) = pair();
+        CLOSE_FD.store(c, Ordering::SeqCst);
+        CLOSE_HOW.store(how, Ordering::SeqCst);
+        let what = if how == 0 { "close" } else { "dup2 /dev/null" };
+        // The signal, aimed at this thread (a process-directed one may go to another).
+        // SAFETY: plain call.
+        let me = unsafe { libc::pthread_self() } as usize;
+        let timer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            // SAFETY: this thread waits for the timer before it ends.
+            unsafe { libc::pthread_kill(me as libc::pthread_t, libc::SIGALRM) };
+        });
+        let mut b = [0u8; 100];
+        match op {
+            // SAFETY: valid buffer.
+            "recv" => r(&format!("recv(c) while the handler does {what}"), unsafe {
+                libc::recv(c, b.as_mut_ptr().cast(), b.len(), 0)
+            }),
+            // SAFETY: valid buffer.
+            "read" => r(&format!("read(c) while the handler does {what}"), unsafe {
+                libc::read(c, b.as_mut_ptr().cast(), b.len())
+            }),
+            _ => {
+                // The peer reads nothing: the sends fill the connection and block.
+                let ended = loop {
+                    // SAFETY: valid buffer.
+                    let w = unsafe {
+                        libc::send(c, chunk.as_ptr().cast(), chunk.len(), libc::MSG_NOSIGNAL)
+                    };
+                    if w < 0 {
+                        break ename(errno());
+                    }
+                };
+                log(format!(
+                    "send(c) while the handler does {what}: ended with {ended}"
+                ));
+                0
+            }
+        };
+        timer.join().unwrap();
+        if op != "send" {
+            rd("read(s)", s, 100);
+        }
+        if how != 0 {
+            close(c);
+        }
+        close(s);
+    }
+    close(null);
+    // SAFETY: back to the default action.
+    unsafe { libc::signal(libc::SIGALRM, libc::SIG_DFL) };
 }
 
 /// The connection a handler shuts ([`shutdown_from_a_handler_during_send`]).
