@@ -1408,6 +1408,96 @@ fn a_handler_spawned_with_the_connection_as_its_stdio_gets_every_byte() {
     assert!(sout.contains("HANDLER DONE 0"), "server: {sout}");
 }
 
+/// An inetd-style server (`fork`, `dup2` of the accepted connection onto 0 and 1, `execve` of a
+/// handler without the library: the connection switches to TCP) whose handler writes three small
+/// pieces and exits without reading what the client sent, so the kernel resets the connection
+/// at its close, dropping what it had not sent yet. On TCP the client gets every piece (the
+/// fresh connection ACKs at once, Nagle holds nothing back). Before, the switch's exchange left
+/// the client's socket in delayed-ACK mode: Nagle held the second and third pieces for its ACK,
+/// and the reset dropped them (red team round 18 `rt18_nagle.sh`, openbsd-inetd: "a1 " only, 3 of 3).
+const NAGLE_HANDLER_SERVER: &str = r#"
+import os, socket, sys
+HANDLER = 'import os\nos.write(1, b"a1 ")\nos.write(1, b"b2 ")\nos.write(1, b"c3\\n")\n'
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+print("READY", ls.getsockname()[1], flush=True)
+for _ in range(int(sys.argv[1])):
+    c, _ = ls.accept()
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(c.fileno(), 0)
+        os.dup2(c.fileno(), 1)
+        os.execve(sys.executable, [sys.executable, "-c", HANDLER], {"PATH": "/usr/bin:/bin"})
+    c.close()
+    os.waitpid(pid, 0)
+print("SERVER DONE", flush=True)
+"#;
+
+const NAGLE_CLIENT: &str = r#"
+import socket, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+got = {}
+for i in range(n):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"hello %d\n" % i)
+    s.shutdown(socket.SHUT_WR)
+    s.settimeout(20)
+    b = b""
+    try:
+        while True:
+            x = s.recv(100)
+            if not x:
+                break
+            b += x
+    except ConnectionResetError:
+        pass
+    s.close()
+    got[b] = got.get(b, 0) + 1
+print("CLIENT", got.get(b"a1 b2 c3\n", 0), "OF", n, "WHOLE", got, flush=True)
+"#;
+
+/// [`NAGLE_HANDLER_SERVER`] and [`NAGLE_CLIENT`], `n` connections; under the library (`smc`) in
+/// the world or as plain programs: the client's output.
+fn nagle_case(w: &SmcWorld, smc: bool, n: u32) -> String {
+    let srv_py = script(w, "nagle_server.py", NAGLE_HANDLER_SERVER);
+    let cl_py = script(w, "nagle_client.py", NAGLE_CLIENT);
+    let cmd = |p: &Path| {
+        if smc {
+            return python(w, p);
+        }
+        let mut c = Command::new("python3");
+        c.arg(p).env_remove("LD_PRELOAD");
+        c
+    };
+    let mut c = cmd(&srv_py);
+    c.arg(n.to_string());
+    let mut srv = spawn_piped(c);
+    let port = ready_port(&mut srv);
+    let mut c = cmd(&cl_py);
+    c.args([port.to_string(), n.to_string()]);
+    let out = spawn_piped(c).wait_output(T).expect("client");
+    let sout = srv.wait_output(T).expect("server");
+    assert!(sout.contains("SERVER DONE"), "server: {sout}");
+    out
+}
+
+#[test]
+fn a_handler_that_writes_small_pieces_and_closes_unread_delivers_them_all_like_tcp() {
+    let w = SmcWorld::new();
+    let n = 10;
+    let want = format!("CLIENT {n} OF {n} ");
+    let tcp = nagle_case(&w, false, n);
+    assert!(tcp.contains(&want), "plain TCP: {tcp}");
+    let smc = nagle_case(&w, true, n);
+    assert!(
+        smc.contains(&want),
+        "under the library: {smc}\nplain TCP: {tcp}"
+    );
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_server") >= u64::from(n), "{}", brief(&sum));
+}
+
 /// Servers that hand each accepted connection to another process, as real servers do: `prefork`
 /// (a worker forked before any connection receives it with `SCM_RIGHTS` from the parent, which
 /// accepted it blocking and closes its copy) and `inetd` (a handler image started with

@@ -171,6 +171,12 @@ impl Conn {
             reset_socket(io);
         } else {
             self.peek_off_to_socket(io);
+            // Our ACKs prompt again, as on a fresh TCP connection: the switch's own exchange
+            // (markers, resent bytes) left the socket in delayed-ACK (pingpong) mode, so a
+            // peer's small writes after it waited up to 40 ms on Nagle for our ACK, and a
+            // peer that then closed with unread bytes (a reset) discarded them (red team round
+            // 18, `rt18_nagle.sh`: an inetd handler's 3 writes, 1 arrived, 3 of 3).
+            crate::util::set_sockopt_int(io, libc::IPPROTO_TCP, libc::TCP_QUICKACK, 1);
             self.set_flag(F_SWITCHED);
         }
         let clear = if r == Switched::Reset {
