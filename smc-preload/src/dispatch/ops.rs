@@ -1559,10 +1559,9 @@ fn private_io(fd: c_int, o: &Arc<Obj>, c: &Conn) {
     }
 }
 
-/// A close-on-exec duplicate of `fd` at a high number, marked ours for the connection `owner`
-/// (-1: none could be made).
-fn dup_private(fd: c_int, owner: std::sync::Weak<Obj>) -> c_int {
-    let e0 = real::errno();
+/// The lowest number our private duplicates take: half the soft `RLIMIT_NOFILE`, between 3 and
+/// 1024 (out of the way of the program's low numbers). Allocates nothing (also from a handler).
+fn private_base() -> c_int {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -1573,7 +1572,14 @@ fn dup_private(fd: c_int, owner: std::sync::Weak<Obj>) -> c_int {
     } else {
         1024
     };
-    let base = (cur / 2).clamp(3, 1024);
+    (cur / 2).clamp(3, 1024)
+}
+
+/// A close-on-exec duplicate of `fd` at a high number, marked ours for the connection `owner`
+/// (-1: none could be made).
+fn dup_private(fd: c_int, owner: std::sync::Weak<Obj>) -> c_int {
+    let e0 = real::errno();
+    let base = private_base();
     // SAFETY: plain fcntl on a number that names the socket (the close has not happened).
     let mut p = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, base as libc::c_ulong) };
     if p < 0 {
@@ -1721,17 +1727,7 @@ fn park_for_handler(fd: c_int) -> bool {
 /// then fails as on a socket that went).
 fn handler_private_io(fd: c_int, c: &Conn) -> c_int {
     let e0 = real::errno();
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: valid out pointer.
-    let cur = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
-        lim.rlim_cur.min(i32::MAX as u64) as c_int
-    } else {
-        1024
-    };
-    let base = (cur / 2).clamp(3, 1024);
+    let base = private_base();
     // SAFETY: plain fcntl on a number that names the socket (the close has not happened).
     let p = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, base as libc::c_ulong) };
     real::set_errno(e0);
