@@ -9,12 +9,25 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::OnceLock;
 
+/// The daemon's directory, removed when the test binary exits ([`remove_dir`]).
+static DIR: OnceLock<std::path::PathBuf> = OnceLock::new();
+
+extern "C" fn remove_dir() {
+    if let Some(d) = DIR.get() {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
 /// One daemon for the whole test binary (the library reads its socket path once).
 fn daemon() {
     static D: OnceLock<smc_ism::DaemonHandle> = OnceLock::new();
     D.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("smc-preload-hs-{}", std::process::id()));
         let _ = std::fs::create_dir_all(&dir);
+        if DIR.set(dir.clone()).is_ok() {
+            // SAFETY: registers a plain extern "C" function.
+            unsafe { libc::atexit(remove_dir) };
+        }
         let sock = dir.join("ctl.sock");
         std::env::set_var("SMC_CTL_SOCK", &sock);
         let _ = crate::util::config::TEST_DAEMON.set(sock.clone());
