@@ -1952,13 +1952,24 @@ unsafe fn close_range_ordinary(first: libc::c_uint, last: libc::c_uint, flags: c
             ours.push(d as libc::c_uint);
         }
     }
+    close_range_around(first, last, flags, &mut ours)
+}
+
+/// `close_range(first, last, flags)` of every number but `ours` (our own numbers in the range,
+/// any order: sorted here). Allocates nothing (also from a signal handler).
+fn close_range_around(
+    first: libc::c_uint,
+    last: libc::c_uint,
+    flags: c_int,
+    ours: &mut [libc::c_uint],
+) -> c_int {
     if ours.is_empty() {
         // SAFETY: integer arguments only (close_range(2)).
         return unsafe { real::close_range(first, last, flags) };
     }
     ours.sort_unstable();
     let mut from = first;
-    for d in ours {
+    for &d in ours.iter() {
         if d > from {
             // SAFETY: integer arguments only (close_range(2)).
             let r = unsafe { real::close_range(from, d - 1, flags) };
@@ -2017,27 +2028,7 @@ unsafe fn close_range_in_handler(first: libc::c_uint, last: libc::c_uint) -> c_i
         // SAFETY: the caller's arguments; the objects left take the ordinary way.
         return unsafe { close_range_ordinary(first, last, 0) };
     }
-    let ours = keep.get_mut(..n).unwrap_or_default();
-    ours.sort_unstable();
-    let mut from = first;
-    for &d in ours.iter() {
-        if d > from {
-            // SAFETY: integer arguments only (close_range(2)).
-            let r = unsafe { real::close_range(from, d - 1, 0) };
-            if r != 0 {
-                return r;
-            }
-        }
-        if d == libc::c_uint::MAX {
-            return 0;
-        }
-        from = from.max(d + 1);
-    }
-    if from <= last {
-        // SAFETY: integer arguments only (close_range(2)).
-        return unsafe { real::close_range(from, last, 0) };
-    }
-    0
+    close_range_around(first, last, 0, keep.get_mut(..n).unwrap_or_default())
 }
 
 pub unsafe fn dup(fd: c_int) -> c_int {
