@@ -47,6 +47,23 @@ pub const SOCK_TCP: u32 = 1 << 5;
 /// registered DMB's socket at an attach, and wrote this bit through the pinned socket storage:
 /// [`SMC_SO_SHORTCUT`] may enable the redirect. No socket option sets it.
 pub const SOCK_SHORTCUT_GRANTED: u32 = 1 << 6;
+/// The passive (accepted) end of a connection whose both ends announced SMC: its client sends
+/// a CLC Proposal first.
+pub const SOCK_PASSIVE: u32 = 1 << 7;
+/// A process of the data path asked for this passive socket's state ([`SMC_SO_STATE`], the
+/// first thing its `accept` does): it reads the client's CLC messages itself, so no sweep may
+/// quarantine the socket any more. Set with one atomic `or` that also tells whether a sweep came
+/// first ([`SOCK_QUARANTINE_TRY`]).
+pub const SOCK_CLAIMED: u32 = 1 << 8;
+/// A sweep ([`SWEEP_PROG`]) tried to quarantine this socket: set with one atomic `or`; the
+/// sweep quarantines it only when that `or` found no [`SOCK_CLAIMED`], and a claim whose `or`
+/// found this bit answers [`SOCK_QUARANTINED`]. Exactly one of the two sees the other.
+pub const SOCK_QUARANTINE_TRY: u32 = 1 << 9;
+/// The socket is in [`MAP_QUARANTINE`]: the verdict strips its client's Proposal (and a Decline
+/// right behind it) off the stream, so the image without the data path that accepts it reads
+/// only the client's application bytes. A data path that accepts such a socket treats it as
+/// plain TCP (its client times out waiting for the Accept and continues on TCP).
+pub const SOCK_QUARANTINED: u32 = 1 << 10;
 
 /// Per-socket state, kept in socket storage and returned by [`SMC_SO_STATE`].
 #[repr(C)]
@@ -127,6 +144,12 @@ pub const SOCKOPS_PROG_ISM: &str = "smc_sockops_ism";
 pub const SK_MSG_PROG: &str = "smc_sk_msg";
 pub const SETSOCKOPT_PROG: &str = "smc_setsockopt";
 pub const GETSOCKOPT_PROG: &str = "smc_getsockopt";
+/// The stream verdict on [`MAP_QUARANTINE`].
+pub const VERDICT_PROG: &str = "smc_quarantine_verdict";
+/// The `iter/tcp` program that quarantines the queued connections of a withdrawn listener
+/// (pinned as an iterator link: `PIN_ROOT/iter/smc_sweep`; reading it runs the sweep in the
+/// reader's network namespace).
+pub const SWEEP_PROG: &str = "smc_sweep";
 
 /// Map names (also the names under the pin directory).
 pub const MAP_SOCK_STATE: &str = "SMC_SOCK_STATE";
@@ -165,6 +188,39 @@ pub const MAP_COUNTERS: &str = "SMC_COUNTERS";
 pub const MAP_TRACE: &str = "SMC_TRACE";
 /// aya-log's ring buffer of those lines (the name is aya-log's).
 pub const MAP_LOGS: &str = "AYA_LOGS";
+/// Passive sockets whose client announced SMC but whose listener went over to an image that
+/// does not run the data path before any process of ours accepted them (a SOCKHASH keyed by
+/// socket cookie, `u64`): its stream verdict ([`VERDICT_PROG`]) strips the CLC Proposal and
+/// Decline their clients send, which that image would read as request bytes (issue 10 item 3;
+/// red team `rt10.c listener_backlog_exec`, `rt18_queued.py`). Filled by the sweep that the
+/// daemon runs before such an exec ([`SWEEP_PROG`]) and by `sock_ops` for a connection
+/// established after its listener withdrew whose SYN-ACK still announced SMC. A socket leaves
+/// it when it closes.
+pub const MAP_QUARANTINE: &str = "SMC_QUARANTINE";
+/// Where the verdict is in each quarantined socket's stream (LRU hash by socket cookie, `u32`:
+/// [`QUARANTINE_AT_PROPOSAL`], [`QUARANTINE_AT_DECLINE`], [`QUARANTINE_DONE`]). An entry evicted
+/// or missing: done (the verdict passes everything).
+pub const MAP_QUARANTINE_AT: &str = "SMC_QUARANTINE_AT";
+/// Entries of [`MAP_QUARANTINE`] and [`MAP_QUARANTINE_AT`].
+pub const MAX_QUARANTINED: u32 = 16384;
+/// The stream's first bytes are due: a whole Proposal there is stripped.
+pub const QUARANTINE_AT_PROPOSAL: u32 = 0;
+/// The Proposal was stripped: a whole Decline next (the client's, after its wait for an Accept
+/// that never comes) is stripped too.
+pub const QUARANTINE_AT_DECLINE: u32 = 1;
+/// Application bytes began: everything passes.
+pub const QUARANTINE_DONE: u32 = 2;
+/// The listener a sweep is about (an array of one [`SweepConfig`]), written by the daemon
+/// before it reads the sweep iterator (one sweep at a time).
+pub const MAP_SWEEP: &str = "SMC_SWEEP";
+
+/// The value of [`MAP_SWEEP`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepConfig {
+    /// The listener's [`ListenerKey`]: network namespace cookie and local port.
+    pub listener: ListenerKey,
+}
 
 /// Entries of the same-host maps and of the SOCKHASH: sockets, two per connection. Issue 14's
 /// 65 536 connections are 131 072 sockets; the same-host maps are LRU (an evicted live entry
@@ -213,10 +269,14 @@ pub enum Counter {
     SocketsClosed,
     /// Sockets taken out of the SOCKHASH again: their data path decided to stay TCP.
     ShortcutSocketsLeft,
+    /// Sockets put into [`MAP_QUARANTINE`] (by a sweep or at ESTABLISHED).
+    Quarantined,
+    /// CLC messages the quarantine verdict stripped off a stream.
+    ClcStripped,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 18] = [
+    pub const ALL: [Counter; 20] = [
         Counter::SocketsEstablished,
         Counter::ActiveEstablished,
         Counter::PassiveEstablished,
@@ -235,6 +295,8 @@ impl Counter {
         Counter::StateQueries,
         Counter::SocketsClosed,
         Counter::ShortcutSocketsLeft,
+        Counter::Quarantined,
+        Counter::ClcStripped,
     ];
     pub const COUNT: u32 = Self::ALL.len() as u32;
 
@@ -259,6 +321,8 @@ impl Counter {
             Counter::StateQueries => "state_queries",
             Counter::SocketsClosed => "sockets_closed",
             Counter::ShortcutSocketsLeft => "shortcut_sockets_left",
+            Counter::Quarantined => "quarantined",
+            Counter::ClcStripped => "clc_stripped",
         }
     }
 }
@@ -282,10 +346,11 @@ pub enum TraceReason {
     DataPathTcp = 12,
     ShortcutRefused = 13,
     SynAckCookie = 14,
+    EstablishedQuarantined = 15,
 }
 
 impl TraceReason {
-    pub const ALL: [TraceReason; 14] = [
+    pub const ALL: [TraceReason; 15] = [
         TraceReason::ConnectNotOptedIn,
         TraceReason::ConnectAnnounces,
         TraceReason::ListenNotOptedIn,
@@ -300,6 +365,7 @@ impl TraceReason {
         TraceReason::DataPathTcp,
         TraceReason::ShortcutRefused,
         TraceReason::SynAckCookie,
+        TraceReason::EstablishedQuarantined,
     ];
 
     pub fn from_code(code: u32) -> Option<TraceReason> {
@@ -316,7 +382,8 @@ impl TraceReason {
             EstablishedNotOptedIn
             | EstablishedPeerDidNotAnnounce
             | EstablishedBothAnnounced
-            | EstablishedBothAnnouncedSameHost => "established",
+            | EstablishedBothAnnouncedSameHost
+            | EstablishedQuarantined => "established",
             LeftSockhash => "sock_ops",
             DataPathTcp | ShortcutRefused => "setsockopt",
         }
@@ -363,6 +430,10 @@ impl TraceReason {
             EstablishedBothAnnouncedSameHost => {
                 "both ends announced SMC, same host: the data path decides"
             }
+            EstablishedQuarantined => {
+                "our SYN-ACK announced SMC but the listener withdrew since: quarantined, the \
+                 client's CLC messages are stripped off the stream"
+            }
             LeftSockhash => "the data path chose TCP (SMC_SO_TCP): left the SOCKHASH",
             DataPathTcp => "the data path fell back to TCP (SMC_SO_TCP)",
             ShortcutRefused => {
@@ -375,7 +446,7 @@ impl TraceReason {
 /// The TCP experimental option that announces SMC: kind 254, length 6, ExID "SMCR" in EBCDIC.
 pub const TCPOPT_SMC: [u8; 6] = [254, 6, 0xE2, 0xD4, 0xC3, 0xD9];
 /// Layout version of everything pinned; a pin directory with another version is refused.
-pub const PIN_LAYOUT_VERSION: u32 = 2;
+pub const PIN_LAYOUT_VERSION: u32 = 3;
 
 #[cfg(feature = "user")]
 mod pod {

@@ -32,6 +32,7 @@ pub mod bpf;
 pub mod cdc;
 #[cfg(feature = "std")]
 pub mod clc;
+pub mod clc_wire;
 pub mod diag;
 #[cfg(feature = "std")]
 pub mod handshake;

@@ -7,6 +7,7 @@
 //! /sys/fs/bpf/smc/progs/<program>      the loaded programs
 //! /sys/fs/bpf/smc/maps/<map>           the maps (the SOCKHASH holds the sk_msg attachment)
 //! /sys/fs/bpf/smc/links/<cgroup inode>-<mode>-<program>   one bpf_link per cgroup and program
+//! /sys/fs/bpf/smc/iter/smc_sweep       the sweep's iterator link (reading it runs the sweep)
 //! ```
 //!
 //! The programs are loaded once, by the first `attach`; each further cgroup only adds links. The
@@ -23,15 +24,16 @@ use std::{
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{
     maps::{Array, Map, MapData, PerCpuArray, SockHash},
-    programs::{CgroupSockopt, ProgramInfo, SkMsg, SockOps},
-    Ebpf,
+    programs::{links::FdLink, CgroupSockopt, Iter, ProgramInfo, SkMsg, SkSkb, SockOps},
+    Btf, Ebpf,
 };
 use serde::Serialize;
 use smc_common::bpf::{
     Counter, Mode, SockKey, TraceReason, CONFIG_NO_TCP_RECORDS, GETSOCKOPT_PROG, MAP_CONFIG,
     MAP_COUNTERS, MAP_LISTENERS, MAP_LOGS, MAP_PEERS, MAP_SOCKHASH, MAP_SOCK_STATE, MAP_TCP_PEERS,
-    MAP_TRACE, PIN_LAYOUT_VERSION, SETSOCKOPT_PROG, SK_MSG_PROG, SOCKOPS_PROG_ISM,
-    SOCKOPS_PROG_SHORTCUT,
+    MAP_QUARANTINE, MAP_QUARANTINE_AT, MAP_SWEEP, MAP_TRACE, PIN_LAYOUT_VERSION,
+    SETSOCKOPT_PROG, SK_MSG_PROG, SOCKOPS_PROG_ISM, SOCKOPS_PROG_SHORTCUT, SWEEP_PROG,
+    VERDICT_PROG,
 };
 
 use crate::sys::{self, bpf_syscall};
@@ -165,7 +167,7 @@ fn ensure_loaded() -> Result<()> {
 }
 
 fn load_into(dir: &Path) -> Result<()> {
-    for d in ["progs", "maps", "links"] {
+    for d in ["progs", "maps", "links", "iter"] {
         fs::create_dir_all(dir.join(d)).with_context(|| format!("mkdir {}", dir.display()))?;
     }
     let mut ebpf = Ebpf::load(EBPF_OBJECT).map_err(|e| {
@@ -195,6 +197,9 @@ fn load_into(dir: &Path) -> Result<()> {
         MAP_TRACE,
         MAP_LOGS,
         MAP_CONFIG,
+        MAP_QUARANTINE,
+        MAP_QUARANTINE_AT,
+        MAP_SWEEP,
     ] {
         let map = ebpf
             .map(name)
@@ -214,7 +219,35 @@ fn load_into(dir: &Path) -> Result<()> {
     // The attachment belongs to the (pinned) map from now on.
     std::mem::forget(prog.take_link(link)?);
     prog.pin(dir.join("progs").join(SK_MSG_PROG))?;
+    load_quarantine(&mut ebpf, dir)?;
     fs::create_dir(dir.join(layout_marker_name()))?;
+    Ok(())
+}
+
+/// The quarantine (see `smc-ebpf`'s `quarantine.rs`): the stream verdict on its SOCKHASH, and
+/// the sweep iterator pinned as a link that the daemon opens to run it.
+fn load_quarantine(ebpf: &mut Ebpf, dir: &Path) -> Result<()> {
+    let map: SockHash<_, u64> = SockHash::try_from(
+        ebpf.map(MAP_QUARANTINE)
+            .ok_or_else(|| anyhow!("no {MAP_QUARANTINE}"))?,
+    )?;
+    let map_fd = map.fd().try_clone()?;
+    let prog: &mut SkSkb = program(ebpf, VERDICT_PROG)?.try_into()?;
+    prog.load()
+        .with_context(|| format!("verifier rejected {VERDICT_PROG}"))?;
+    let link = prog.attach(&map_fd)?;
+    // The attachment belongs to the (pinned) map from now on.
+    std::mem::forget(prog.take_link(link)?);
+    prog.pin(dir.join("progs").join(VERDICT_PROG))?;
+    let btf = Btf::from_sys_fs().context("the kernel's BTF (/sys/kernel/btf/vmlinux)")?;
+    let prog: &mut Iter = program(ebpf, SWEEP_PROG)?.try_into()?;
+    prog.load("tcp", &btf)
+        .with_context(|| format!("verifier rejected {SWEEP_PROG}"))?;
+    let link = prog.attach()?;
+    let link = FdLink::try_from(prog.take_link(link)?)?;
+    link.pin(dir.join("iter").join(SWEEP_PROG))
+        .with_context(|| format!("pin the {SWEEP_PROG} iterator"))?;
+    prog.pin(dir.join("progs").join(SWEEP_PROG))?;
     Ok(())
 }
 
@@ -550,7 +583,7 @@ fn cleanup_if_unused() -> Result<bool> {
 }
 
 fn remove_pins(root: &Path) -> Result<()> {
-    for d in ["links", "progs", "maps"] {
+    for d in ["links", "iter", "progs", "maps"] {
         if let Ok(rd) = fs::read_dir(root.join(d)) {
             for e in rd.flatten() {
                 fs::remove_file(e.path())

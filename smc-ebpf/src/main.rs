@@ -8,11 +8,17 @@
 //!   the sender is enabled for the shortcut and the peer is registered; passes it to TCP otherwise.
 //! - `smc_setsockopt` / `smc_getsockopt` (cgroup sockopt): the unprivileged per-socket channel at
 //!   the private level `SOL_SMC_BPF`.
+//! - `smc_quarantine_verdict` (stream verdict on `SMC_QUARANTINE`) and `smc_sweep` (`iter/tcp`):
+//!   connections a withdrawn listener had queued never show an image without the data path
+//!   their client's CLC bytes ([`quarantine`]).
 //!
 //! Modules: [`maps`] (every map of the object and its small accessors), [`storage`] (the socket
 //! storage map type), [`key`] (4-tuple keys from the program contexts), and one module per
-//! program type: [`sock_ops`], [`sk_msg`], [`sockopt`].
+//! program type: [`sock_ops`], [`sk_msg`], [`sockopt`], [`quarantine`].
 #![no_std]
+// The atomic `or` of `quarantine::flags_or` (see there); built with `RUSTC_BOOTSTRAP` anyway.
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
 #![no_main]
 #![deny(clippy::undocumented_unsafe_blocks)]
 // aya-ebpf's map methods take `impl Borrow<K>`: a key passed by value is copied to the stack
@@ -22,6 +28,7 @@
 
 mod key;
 mod maps;
+mod quarantine;
 mod sk_msg;
 mod sock_ops;
 mod sockopt;

@@ -10,8 +10,8 @@ use aya_ebpf::{
 #[allow(deprecated)]
 use aya_ebpf::maps::CgroupStorage;
 use smc_common::bpf::{
-    Counter, ListenerKey, PeerEntry, SockKey, SockState, CONFIG_NO_TCP_RECORDS, MAX_LISTENERS,
-    MAX_SOCKETS,
+    Counter, ListenerKey, PeerEntry, SockKey, SockState, SweepConfig, CONFIG_NO_TCP_RECORDS,
+    MAX_LISTENERS, MAX_QUARANTINED, MAX_SOCKETS,
 };
 
 use crate::storage::SockStorage;
@@ -106,6 +106,20 @@ pub fn listener_announces(ops: *mut bpf_sock_ops) -> bool {
 
 #[map]
 pub static SMC_SOCKHASH: SockHash<SockKey> = SockHash::with_max_entries(MAX_SOCKETS, 0);
+
+/// `MAP_QUARANTINE`: passive sockets whose client's CLC messages the verdict strips (see
+/// `crate::quarantine`), by socket cookie.
+#[map]
+pub static SMC_QUARANTINE: SockHash<u64> = SockHash::with_max_entries(MAX_QUARANTINED, 0);
+
+/// `MAP_QUARANTINE_AT`: where each quarantined stream's verdict is (`QUARANTINE_AT_*`).
+#[map]
+pub static SMC_QUARANTINE_AT: LruHashMap<u64, u32> =
+    LruHashMap::with_max_entries(MAX_QUARANTINED, 0);
+
+/// `MAP_SWEEP`: the withdrawn listener the next sweep is about.
+#[map]
+pub static SMC_SWEEP: Array<SweepConfig> = Array::with_max_entries(1, 0);
 
 #[map]
 pub static SMC_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);

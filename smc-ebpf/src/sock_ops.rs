@@ -17,12 +17,13 @@ use aya_ebpf::{
     programs::SockOpsContext,
 };
 use smc_common::bpf::{
-    Counter, PeerEntry, SockKey, TraceReason, SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PEER_SMC,
-    SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_STATE_VERSION, SOCK_TCP, TCPOPT_SMC,
+    Counter, PeerEntry, SockKey, TraceReason, SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PASSIVE,
+    SOCK_PEER_SMC, SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_STATE_VERSION, SOCK_TCP, TCPOPT_SMC,
 };
 
 use crate::{
     key::{ops_key, remote_port_host},
+    quarantine::quarantine_established,
     maps::{
         count, listener_announces, no_tcp_records, peer_entry, set_listener, tcp_peer_entry, trace,
         SMC_PEERS, SMC_SOCKHASH, SMC_SOCK_STATE, SMC_TCP_PEERS,
@@ -243,6 +244,7 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     let wrote_opt = ops.bpf_sock_ops_cb_flags & BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG != 0;
     let mut flags = 0u32;
     let mut both_announced = false;
+    let mut withdrawn_late = false;
     if wrote_opt {
         flags |= SOCK_OPTED_IN;
         // Active: our SYN carried the option, the SYN-ACK being processed says if the peer's
@@ -252,13 +254,20 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
         // accept of ours that waited for one declined it into the client's stream; red team
         // rt14 `rt14_listen.py pass`, 5 of 5). A withdrawal between the SYN-ACK and this
         // callback (one round trip) is taken for a SYN-ACK without the option.
-        let peer = has_smc_option(ops_ptr, !active) && (active || listener_announces(ops_ptr));
+        let syn_opt = has_smc_option(ops_ptr, !active);
+        let peer = syn_opt && (active || listener_announces(ops_ptr));
         if active || peer {
             flags |= SOCK_OPT_SENT;
         }
+        // Withdrawn between our SYN-ACK and now: if that SYN-ACK announced SMC (its client's
+        // entry says it saw the option), the client's Proposal is on its way (below).
+        withdrawn_late = !active && syn_opt && !peer;
         if peer {
             both_announced = true;
             flags |= SOCK_PEER_SMC;
+            if !active {
+                flags |= SOCK_PASSIVE;
+            }
             count(
                 if active {
                     Counter::SynAckOptReceived
@@ -307,7 +316,19 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     // ism-mode cgroup get none: creating and freeing it is most of what these programs cost a
     // short connection (nginx + wrk `Connection: close`: 0.89× plain TCP with it, 0.97×
     // without); `SMC_SO_STATE` answers for them from their same-host entry.
-    if let Some(state) = SMC_SOCK_STATE.get(ops_sk(ops), tracked) {
+    // SAFETY: the value of a hash map lookup stays allocated for this run (RCU); one field is
+    // read by value.
+    let quarantine = withdrawn_late
+        && unsafe { SMC_PEERS.get(&key.mirror()) }.is_some_and(|e| e.flags & SOCK_PEER_SMC != 0);
+    let state = SMC_SOCK_STATE.get(ops_sk(ops), tracked || quarantine);
+    if quarantine {
+        trace!(
+            TraceReason::EstablishedQuarantined,
+            key.local_port,
+            key.remote_port
+        );
+        quarantine_established(ops_ptr, state, flags);
+    } else if let Some(state) = state {
         state.version = SOCK_STATE_VERSION;
         state.flags |= flags;
     }

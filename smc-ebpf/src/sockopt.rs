@@ -7,12 +7,14 @@ use aya_ebpf::{
 };
 use smc_common::bpf::{
     Counter, SockState, TraceReason, SMC_SO_ENABLE, SMC_SO_SHORTCUT, SMC_SO_STATE, SMC_SO_TCP,
-    SOCK_OPTED_IN, SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_SHORTCUT_GRANTED, SOCK_STATE_VERSION,
-    SOCK_TCP, SOL_SMC_BPF,
+    SOCK_CLAIMED, SOCK_OPTED_IN, SOCK_PASSIVE, SOCK_QUARANTINED, SOCK_QUARANTINE_TRY,
+    SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_SHORTCUT_GRANTED, SOCK_STATE_VERSION, SOCK_TCP,
+    SOL_SMC_BPF,
 };
 
 use crate::{
     key::sock_key,
+    quarantine::flags_or,
     maps::{
         count, no_tcp_records, peer_entry, set_listener, tcp_peer_entry, trace, SMC_SOCK_STATE,
     },
@@ -124,6 +126,7 @@ pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
     // still checked for null below before its fields are read.
     let sk = unsafe { so.__bindgen_anon_1.sk };
     let state = match SMC_SOCK_STATE.get(sk, false) {
+        Some(s) if s.flags & SOCK_PASSIVE != 0 => claim(s),
         Some(s) => {
             // The active end is established before its peer: learn "same host" late.
             if s.flags & SOCK_SAME_HOST == 0 && !sk.is_null() {
@@ -176,4 +179,19 @@ pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
     // SAFETY: as above.
     unsafe { ptr::write_volatile(&mut so.retval, 0) };
     1
+}
+
+/// The state of a passive socket whose client announced SMC, asked by the data path that
+/// accepted it: claimed ([`SOCK_CLAIMED`]) with one atomic `or`, which also tells whether a
+/// sweep quarantined it first (see `crate::quarantine`): then the answer says
+/// [`SOCK_QUARANTINED`] (the sweep sets that bit itself a moment later).
+#[inline(always)]
+fn claim(s: &mut SockState) -> SockState {
+    let old = flags_or(s, SOCK_CLAIMED);
+    let mut st = *s;
+    st.flags = old | SOCK_CLAIMED;
+    if old & SOCK_QUARANTINE_TRY != 0 {
+        st.flags |= SOCK_QUARANTINED;
+    }
+    st
 }
