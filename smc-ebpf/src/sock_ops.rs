@@ -23,11 +23,11 @@ use smc_common::bpf::{
 
 use crate::{
     key::{ops_key, remote_port_host},
-    quarantine::quarantine_established,
     maps::{
         count, listener_announces, no_tcp_records, peer_entry, set_listener, tcp_peer_entry, trace,
         SMC_PEERS, SMC_SOCKHASH, SMC_SOCK_STATE, SMC_TCP_PEERS,
     },
+    quarantine::quarantine_established,
 };
 
 const SOL_TCP: i32 = 6;

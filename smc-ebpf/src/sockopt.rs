@@ -14,10 +14,10 @@ use smc_common::bpf::{
 
 use crate::{
     key::sock_key,
-    quarantine::flags_or,
     maps::{
         count, no_tcp_records, peer_entry, set_listener, tcp_peer_entry, trace, SMC_SOCK_STATE,
     },
+    quarantine::flags_or,
 };
 
 const BPF_TCP_LISTEN: u32 = 10;

@@ -100,6 +100,9 @@
 //! - `OP_CANCEL`: `seq: u32, reserved: u32`: the caller's `OP_PAIR` of that sequence number
 //!   no longer waits (its reply comes at once, [`Status::Cancelled`], unless it was answered
 //!   already). Usually with [`NOREPLY_BIT`].
+//! - `OP_SWEEP`: empty + the caller's listening TCP socket, whose SMC announcement it withdrew
+//!   before an exec into an image without the data path. The daemon quarantines the connections
+//!   queued at it (see the op's docs). Result: empty, once done.
 //! - `OP_STATS`: empty. Result: [`Stats`](crate::Stats) as JSON.
 //! - `OP_WAIT`: `generation: u64, timeout_ms: u32, reserved: u32`. The daemon answers once its
 //!   release generation differs from `generation` or the timeout (capped at 60 s) expires.
@@ -169,8 +172,13 @@ pub const OP_CANCEL: u16 = 13;
 /// SOCKHASH member reads through `tcp_bpf`, which is not quite TCP. Empty payload, empty
 /// result; the socket goes along as the proof.
 pub const OP_LEAVE_SHORTCUT: u16 = 14;
+/// Quarantine the connections queued at the caller's listening socket (passed along, the
+/// proof), whose SMC announcement the caller withdrew before an exec into an image without the
+/// data path: their clients' CLC messages are stripped off their streams (`smc-ebpf`'s
+/// `quarantine.rs`). Empty payload, empty result, once the sweep is done.
+pub const OP_SWEEP: u16 = 15;
 /// Highest op code.
-pub const OP_MAX: u16 = OP_LEAVE_SHORTCUT;
+pub const OP_MAX: u16 = OP_SWEEP;
 /// `OP_ADOPT`: the DMB registered with the caller's socket.
 pub const ADOPT_OWN: u8 = 0;
 /// `OP_ADOPT`: the DMB of the other end of the caller's connection.
@@ -215,6 +223,8 @@ pub const FEATURE_LEAVE_SHORTCUT: u32 = 1 << 7;
 pub const FEATURE_STATE_SLOTS: u32 = 1 << 8;
 /// Feature: [`PAIR_FLAG_NEW_SLOT_PAGE`].
 pub const FEATURE_NEW_SLOT_PAGE: u32 = 1 << 9;
+/// Feature: `OP_SWEEP`.
+pub const FEATURE_SWEEP: u32 = 1 << 10;
 /// Every feature this crate's daemon offers.
 pub const FEATURES: u32 = FEATURE_RELEASE
     | FEATURE_LEAVE_SHORTCUT
@@ -225,7 +235,8 @@ pub const FEATURES: u32 = FEATURE_RELEASE
     | FEATURE_POOL
     | FEATURE_RECORDED_PROOF
     | FEATURE_STATE_SLOTS
-    | FEATURE_NEW_SLOT_PAGE;
+    | FEATURE_NEW_SLOT_PAGE
+    | FEATURE_SWEEP;
 
 /// `OP_REGISTER` flag: record what the passed socket proves, for a later attach whose socket
 /// the daemon could not receive (see the module documentation).
@@ -497,6 +508,8 @@ pub enum Request {
     },
     /// `OP_LEAVE_SHORTCUT`.
     LeaveShortcut,
+    /// `OP_SWEEP`.
+    Sweep,
     /// `OP_STATS`.
     Stats,
     /// `OP_WAIT` (timeout capped at 60 s).
@@ -516,7 +529,7 @@ pub enum Request {
 }
 
 impl Request {
-    /// Whether this request takes the caller's TCP socket.
+    /// Whether this request takes the caller's TCP socket (a listening one for `OP_SWEEP`).
     pub fn takes_socket(&self) -> bool {
         matches!(
             self,
@@ -526,6 +539,7 @@ impl Request {
                 | Request::Adopt { .. }
                 | Request::Pair { .. }
                 | Request::LeaveShortcut
+                | Request::Sweep
         )
     }
 }
@@ -657,6 +671,7 @@ pub fn decode_request(rec: &[u8], truncated: bool) -> Decoded {
         OP_CANCEL => Ok(Request::Cancel { seq: get_u32(p, 0) }),
         OP_STATS => Ok(Request::Stats),
         OP_LEAVE_SHORTCUT => Ok(Request::LeaveShortcut),
+        OP_SWEEP => Ok(Request::Sweep),
         OP_WAIT if !need(16) => bad(Status::Malformed, false),
         OP_WAIT => Ok(Request::Wait {
             generation: get_u64(p, 0),

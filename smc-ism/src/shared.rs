@@ -773,6 +773,17 @@ impl SharedClient {
             .map(|_| ())
     }
 
+    /// `OP_SWEEP`: the daemon quarantines the connections queued at the listening socket
+    /// `listener_fd`, whose announcement the caller withdrew (see [`proto::OP_SWEEP`]).
+    /// `UnknownOp` from a daemon that does not offer it.
+    pub fn sweep(&self, listener_fd: RawFd) -> Result<(), IsmError> {
+        if self.features()? & proto::FEATURE_SWEEP == 0 {
+            return Err(IsmError::UnknownOp);
+        }
+        self.transact(proto::OP_SWEEP, &[], Some(listener_fd))
+            .map(|_| ())
+    }
+
     /// Sends an `ATTACH` without waiting (see [`crate::Client::attach_dmb_start`]).
     pub fn attach_dmb_start(&self, token: u64, sock_fd: RawFd) -> Result<Ticket, IsmError> {
         self.send(proto::OP_ATTACH, &token.to_le_bytes(), &[sock_fd])

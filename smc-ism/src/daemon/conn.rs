@@ -697,6 +697,26 @@ impl Conn<'_> {
                 }
                 return Vec::new();
             }
+            R::Sweep => {
+                // The caller's listener (it holds it: it passed it). See `sweep.rs`.
+                let r = match (fd.as_ref(), self.shared.sock_state_map.as_deref()) {
+                    (Some(f), Some(map)) => super::sweep::sweep(map, f.as_fd()).map_err(|e| {
+                        log::warn!("sweep: {e}");
+                        Fail::Internal
+                    }),
+                    (None, _) if self.fds_dropped => Err(Fail::FdLimit),
+                    _ => Err(Fail::Internal),
+                };
+                self.dispose(fd);
+                match r {
+                    Ok(()) => encode_reply(out, op, seq, Status::Ok, 0, &[]),
+                    Err(f) => {
+                        c.failures.count(f);
+                        fail_reply(out, op, seq, f);
+                    }
+                }
+                return Vec::new();
+            }
             R::Cancel { seq: which } => {
                 // No reply of its own: the cancelled PAIR gets its answer (Cancelled).
                 if let Some(i) = self.parked.iter().position(|p| p.0 == which) {

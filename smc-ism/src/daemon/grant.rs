@@ -27,13 +27,13 @@ use smc_common::bpf::{SockState, SOCK_SHORTCUT_GRANTED, SOCK_STATE_VERSION};
 const VALUE_LEN: usize = mem::size_of::<SockState>();
 
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
-const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+pub(super) const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_MAP_TYPE_SK_STORAGE: u32 = 24;
 const BPF_ANY: u64 = 0;
 
-fn bpf(cmd: libc::c_long, attr: &mut [u64; 16]) -> libc::c_long {
+pub(super) fn bpf(cmd: libc::c_long, attr: &mut [u64; 16]) -> libc::c_long {
     // SAFETY: `attr` is a zero-padded bpf_attr for `cmd`, whose pointers the callers set to
     // live buffers of the sizes the kernel writes (checked against the map's info first).
     unsafe {
@@ -48,7 +48,7 @@ fn bpf(cmd: libc::c_long, attr: &mut [u64; 16]) -> libc::c_long {
 
 /// The pinned map at `path` and its `struct bpf_map_info` (type, id, key_size, value_size, as
 /// u32 words first).
-fn open_pinned(path: &Path) -> Option<(OwnedFd, [u32; 32])> {
+pub(super) fn open_pinned(path: &Path) -> Option<(OwnedFd, [u32; 32])> {
     let cpath = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
     let mut attr = [0u64; 16];
     attr[0] = cpath.as_ptr() as u64;

@@ -9,6 +9,7 @@ mod metrics;
 mod pair;
 mod registry;
 mod shelf;
+mod sweep;
 
 pub use metrics::{escape_label_value, MetricsHook};
 

@@ -221,6 +221,23 @@ impl Withdrawn {
             setup::announce(fd, true);
         }
     }
+
+    /// When the next image does not run the data path: the connections already queued at
+    /// each withdrawn listener were announced (their SYN-ACKs went out before the withdrawal),
+    /// and their clients' CLC Proposals lie in their streams, which that image would read as
+    /// request bytes. The daemon's sweep quarantines them (`smc_ism` `OP_SWEEP`): the eBPF
+    /// verdict strips those messages; each client waits for an Accept in vain and continues on
+    /// TCP. An image that runs the library serves them as any accept of ours does. Not in the
+    /// child of a handler of a single-threaded process (the request allocates).
+    fn sweep_unless_served(&self, img: Image, envp: *const *const c_char) {
+        if self.n == 0 || crate::ops::child_must_not_allocate() || image_runs_library(img, envp) {
+            return;
+        }
+        let vforked = in_vfork_child();
+        for &fd in &self.fds[..self.n.min(MAX_WITHDRAWN)] {
+            setup::sweep_listener(fd, vforked);
+        }
+    }
 }
 
 /// Whether `fd` is open (errno preserved).
@@ -1021,6 +1038,7 @@ fn around_exec(img: Image, envp: *const *const c_char, exec: impl FnOnce() -> c_
     settle_for_exec();
     let tails = switch_for_exec(img, envp);
     let w = withdraw_listeners_for_exec();
+    w.sweep_unless_served(img, envp);
     // A vfork child's fds are copies of its parent's (one more reference each); a process's
     // own exec takes its references along.
     let t = Travelling::mark(in_vfork_child());
@@ -1122,6 +1140,7 @@ pub unsafe fn posix_spawn(
     };
     let tails = switch_for_exec(img, envp as *const *const c_char);
     let w = withdraw_listeners_for_exec();
+    w.sweep_unless_served(img, envp as *const *const c_char);
     // The child's inherited fds are copies: one more reference each, travelling.
     let t = Travelling::mark(true);
     // SAFETY: the caller's arguments, passed on unchanged.
@@ -1153,11 +1172,10 @@ fn around_shell<T>(failed: impl Fn(&T) -> bool, spawn: impl FnOnce() -> T) -> T 
         return spawn();
     }
     settle_for_exec();
-    let tails = switch_for_exec(
-        Image::Path(libc::AT_FDCWD, c"/bin/sh".as_ptr()),
-        std::ptr::null(),
-    );
+    let sh = Image::Path(libc::AT_FDCWD, c"/bin/sh".as_ptr());
+    let tails = switch_for_exec(sh, std::ptr::null());
     let w = withdraw_listeners_for_exec();
+    w.sweep_unless_served(sh, std::ptr::null());
     let t = Travelling::mark(true);
     let r = spawn();
     let failed = failed(&r);

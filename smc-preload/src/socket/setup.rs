@@ -33,7 +33,7 @@ use crate::util::config::config;
 use crate::{debug, real, stats};
 use smc_common::bpf::{
     SockState, SMC_SO_ENABLE, SMC_SO_SHORTCUT, SMC_SO_STATE, SMC_SO_TCP, SOCK_PEER_SMC,
-    SOCK_SAME_HOST, SOL_SMC_BPF,
+    SOCK_QUARANTINED, SOCK_SAME_HOST, SOL_SMC_BPF,
 };
 use smc_common::clc::MsgType;
 use smc_common::diag::Diag;
@@ -161,6 +161,13 @@ enum PeerSmc {
     No,
     Remote,
     SameHost,
+    /// A passive socket the eBPF quarantine took before we claimed it (its listener was
+    /// withdrawn for an exec into an image without the data path, `smc_common::bpf`
+    /// [`SOCK_QUARANTINED`]): its client's Proposal is stripped off the stream (or, when the
+    /// quarantine map was full, still comes). Declined as [`PeerSmc::Remote`]'s: a Proposal
+    /// that comes is answered, and the client's application bytes end the wait for one that
+    /// does not.
+    Quarantined,
 }
 
 fn peer_smc(fd: i32) -> PeerSmc {
@@ -168,6 +175,7 @@ fn peer_smc(fd: i32) -> PeerSmc {
         return PeerSmc::SameHost;
     }
     match sock_state(fd) {
+        Some(s) if s.flags & SOCK_QUARANTINED != 0 => PeerSmc::Quarantined,
         Some(s) if s.flags & SOCK_PEER_SMC == 0 => PeerSmc::No,
         Some(s) if s.flags & SOCK_SAME_HOST != 0 => PeerSmc::SameHost,
         Some(_) => PeerSmc::Remote,
@@ -179,7 +187,7 @@ fn peer_smc(fd: i32) -> PeerSmc {
 /// host with SMC announces exactly this option) gets a Decline for its Proposal, never our GID.
 fn machine_for(server: bool, size_code: u8, peer: PeerSmc) -> Handshake {
     let m = machine(server, size_code);
-    if peer == PeerSmc::Remote {
+    if matches!(peer, PeerSmc::Remote | PeerSmc::Quarantined) {
         m.device_unavailable(Diag::NoSmcdDev)
     } else {
         m
@@ -235,6 +243,26 @@ pub(crate) fn leave_shortcut_for_tcp(fd: i32, vforked: bool) -> bool {
         debug!("fd {fd}: the daemon did not take the socket out of the SOCKHASH: {e}");
     }
     r.is_ok()
+}
+
+/// The daemon quarantines the connections queued at listener `fd`, whose announcement was
+/// just withdrawn for an exec into an image without the data path (`smc_ism` `OP_SWEEP`; see
+/// `lifecycle::Withdrawn::sweep_unless_served`). `vforked`: as [`leave_shortcut_for_tcp`]. A
+/// daemon that cannot leaves them as before (they are read by that image with their clients'
+/// Proposals; logged).
+pub(crate) fn sweep_listener(fd: i32, vforked: bool) {
+    let e0 = real::errno();
+    let r = if vforked {
+        smc_ism::SharedClient::new(crate::util::config::daemon_path())
+            .sweep(fd)
+            .map_err(|e| e.decline_reason().diagnosis())
+    } else {
+        crate::daemon::with_dev_for_tcp(|d| d.sweep(fd))
+    };
+    if let Err(e) = &r {
+        debug!("fd {fd}: the daemon did not sweep the listener's queue: {e}");
+    }
+    real::set_errno(e0);
 }
 
 /// `setsockopt(fd, SOL_SMC_BPF, name, 1)`, errno preserved (outside an attached cgroup the
@@ -699,6 +727,9 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
     let sc = size_code_for(fd, Some(lfd));
     if peer == PeerSmc::Remote {
         debug!("fd {fd}: the client announced SMC from another host: its Proposal is declined");
+    }
+    if peer == PeerSmc::Quarantined {
+        debug!("fd {fd}: quarantined before we claimed it: a Proposal that comes is declined");
     }
     let mut d = Driver::new(machine_for(true, sc, peer), fd, true, sc);
     // Not waiting here for: a client from another host (one that announces SMC and then stays

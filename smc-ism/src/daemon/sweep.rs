@@ -1,0 +1,195 @@
+//! `OP_SWEEP`: the quarantine of a withdrawn listener's queued connections (issue 10 item 3,
+//! `smc-ebpf`'s `quarantine.rs`). A process of the data path that execs an image without it
+//! withdraws the SMC announcement of the listeners that image inherits, then asks for this
+//! sweep, passing the listener: the daemon writes the listener's key (network namespace cookie
+//! and port) into the pinned `SMC_SWEEP` map and reads the pinned `iter/tcp` link in the
+//! listener's network namespace. Each passive socket of that port whose client announced SMC
+//! and that no process of ours claimed yet goes into the quarantine, whose stream verdict
+//! strips its client's CLC Proposal and Decline, so the new image never reads them.
+//!
+//! Authority: holding the listener (it comes along as the proof, as the socket of
+//! `OP_LEAVE_SHORTCUT`). The sweep touches only sockets of that listener's port in its
+//! network namespace whose listener is withdrawn (the programs check `SMC_LISTENERS` again),
+//! and of those only the ones no data path claimed: a sweep asked for by anyone who holds the
+//! listener changes nothing but what an image without the data path would read.
+use std::io::{self, Read as _};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use smc_common::bpf::{ListenerKey, SweepConfig, MAP_SWEEP, SWEEP_PROG};
+
+use super::grant::{bpf, open_pinned, BPF_MAP_UPDATE_ELEM};
+use crate::sys;
+
+/// `ioctl(sock, SIOCGSKNS)`: an fd of the socket's network namespace.
+const SIOCGSKNS: libc::c_ulong = 0x894C;
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
+const BPF_ANY: u64 = 0;
+
+/// One sweep at a time: `SMC_SWEEP` holds one listener.
+static SWEEPING: Mutex<()> = Mutex::new(());
+
+/// Why a sweep was not made.
+#[derive(Debug)]
+pub(crate) enum SweepError {
+    /// The passed socket is not a listening TCP socket.
+    NotListener,
+    /// The pinned map or iterator is missing (programs of an older build) or the kernel refused.
+    Io(io::Error),
+}
+
+impl std::fmt::Display for SweepError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SweepError::NotListener => f.write_str("not a listening TCP socket"),
+            SweepError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl From<io::Error> for SweepError {
+    fn from(e: io::Error) -> Self {
+        SweepError::Io(e)
+    }
+}
+
+/// The listener's key as the programs write it (`set_listener`): its network namespace's
+/// cookie and its local port in host byte order.
+fn listener_key(listener: BorrowedFd<'_>) -> Result<ListenerKey, SweepError> {
+    let accepting = sys::getsockopt::<libc::c_int>(listener, libc::SOL_SOCKET, libc::SO_ACCEPTCONN)
+        .map_err(|_| SweepError::NotListener)?;
+    let proto = sys::getsockopt::<libc::c_int>(listener, libc::SOL_SOCKET, libc::SO_PROTOCOL)
+        .map_err(|_| SweepError::NotListener)?;
+    if accepting != 1 || proto != libc::IPPROTO_TCP {
+        return Err(SweepError::NotListener);
+    }
+    // SAFETY: plain old data, all-zero valid.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: valid out buffer and length.
+    let r = unsafe {
+        libc::getsockname(
+            listener.as_raw_fd(),
+            std::ptr::from_mut(&mut ss).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(SweepError::NotListener);
+    }
+    let port = match ss.ss_family as i32 {
+        // SAFETY: the family says which sockaddr the storage holds.
+        libc::AF_INET => unsafe { (*std::ptr::from_ref(&ss).cast::<libc::sockaddr_in>()).sin_port },
+        // SAFETY: as above.
+        libc::AF_INET6 => unsafe {
+            (*std::ptr::from_ref(&ss).cast::<libc::sockaddr_in6>()).sin6_port
+        },
+        _ => return Err(SweepError::NotListener),
+    };
+    let netns = sys::getsockopt::<u64>(listener, libc::SOL_SOCKET, sys::SO_NETNS_COOKIE)?;
+    Ok(ListenerKey {
+        netns,
+        port: u32::from(u16::from_be(port)),
+        _pad: 0,
+    })
+}
+
+/// Writes `key` into the pinned `SMC_SWEEP` array (next to the socket-storage map).
+fn set_config(sock_state_map: &Path, key: ListenerKey) -> Result<(), SweepError> {
+    let path = sock_state_map.with_file_name(MAP_SWEEP);
+    let (map, info) = open_pinned(&path)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no pinned SMC_SWEEP map"))?;
+    let value = SweepConfig { listener: key };
+    if info[0] != BPF_MAP_TYPE_ARRAY || info[3] as usize != std::mem::size_of_val(&value) {
+        return Err(
+            io::Error::new(io::ErrorKind::InvalidData, "SMC_SWEEP of another layout").into(),
+        );
+    }
+    let index = 0u32;
+    let mut attr = [0u64; 16];
+    attr[0] = map.as_raw_fd() as u32 as u64;
+    attr[1] = &index as *const u32 as u64;
+    attr[2] = &value as *const SweepConfig as u64;
+    attr[3] = BPF_ANY;
+    if bpf(BPF_MAP_UPDATE_ELEM, &mut attr) != 0 {
+        return Err(io::Error::last_os_error().into());
+    }
+    Ok(())
+}
+
+/// The sweep's pinned iterator: `<pin root>/iter/smc_sweep`, the socket-storage map being
+/// `<pin root>/maps/SMC_SOCK_STATE`.
+fn iter_path(sock_state_map: &Path) -> Option<PathBuf> {
+    Some(
+        sock_state_map
+            .parent()?
+            .parent()?
+            .join("iter")
+            .join(SWEEP_PROG),
+    )
+}
+
+/// Opens the iterator (the kernel binds it to the opener's network namespace) and reads it to
+/// its end: that runs the program once per TCP socket of the namespace. It writes nothing.
+fn run_iter(path: &Path) -> io::Result<()> {
+    let mut f = std::fs::File::open(path)?;
+    let mut buf = [0u8; 64];
+    for _ in 0..64 {
+        match f.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            // More than a million sockets without output: the kernel pauses the read.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The inode of a network namespace file.
+fn ns_ino(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    // SAFETY: plain old data, all-zero valid.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and out buffer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.st_ino)
+}
+
+/// Quarantines the queued connections of `listener` (see the module docs). Runs the iterator
+/// in the listener's network namespace: in a thread of its own that enters it when it is not
+/// the daemon's (the thread ends there; no worker changes namespace).
+pub(crate) fn sweep(sock_state_map: &Path, listener: BorrowedFd<'_>) -> Result<(), SweepError> {
+    let key = listener_key(listener)?;
+    let iter = iter_path(sock_state_map)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no pin root"))?;
+    // SAFETY: an ioctl that returns a new fd of the socket's network namespace (or -1).
+    let ns = unsafe { libc::ioctl(listener.as_raw_fd(), SIOCGSKNS as _) };
+    if ns < 0 {
+        return Err(io::Error::last_os_error().into());
+    }
+    // SAFETY: a new fd of ours.
+    let ns = unsafe { OwnedFd::from_raw_fd(ns) };
+    let own = std::fs::File::open("/proc/thread-self/ns/net")?;
+    let foreign = ns_ino(ns.as_fd())? != ns_ino(own.as_fd())?;
+    let _one = SWEEPING.lock().unwrap_or_else(|p| p.into_inner());
+    set_config(sock_state_map, key)?;
+    if !foreign {
+        return Ok(run_iter(&iter)?);
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: setns of this (short-lived) thread into a network namespace fd.
+            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            run_iter(&iter)
+        })
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("sweep thread panicked")))
+    })?;
+    Ok(())
+}
