@@ -29,6 +29,12 @@ pub const SMC_SO_STATE: i32 = 3;
 /// outgoing segment (a sockmap member may only be removed from `sock_ops`), so that its reads
 /// and writes are the kernel's plain TCP ones again.
 pub const SMC_SO_TCP: i32 = 4;
+/// `getsockopt(fd, SOL_SMC_BPF, SMC_SO_PEER_QUARANTINED, &mut u32, 4)`: on a client socket, 1
+/// when the server end of its connection is quarantined ([`SOCK_QUARANTINED`]): no data path
+/// will answer its Proposal (which the verdict strips), so the client continues on TCP in sync,
+/// sending no Decline, and bytes that come instead of an Accept are the server's application
+/// bytes (a server that speaks first).
+pub const SMC_SO_PEER_QUARANTINED: i32 = 5;
 
 /// The socket asked to announce SMC ([`SMC_SO_ENABLE`]).
 pub const SOCK_OPTED_IN: u32 = 1 << 0;

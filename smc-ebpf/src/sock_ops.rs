@@ -305,7 +305,13 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     // `--tcp-records off`: a connection that cannot become SMC-D neither looks for its peer's
     // record nor leaves one (two lookups and a store in 262 144-entry maps, most of what these
     // programs cost it); only `conns` and the `same_host_pairs` count read them.
-    let record = tracked || !no_tcp_records();
+    // SAFETY: the value of a hash map lookup stays allocated for this run (RCU); one field is
+    // read by value.
+    let quarantine = withdrawn_late
+        && unsafe { SMC_PEERS.get(&key.mirror()) }.is_some_and(|e| e.flags & SOCK_PEER_SMC != 0);
+    // A quarantined socket leaves its record too: its client looks its cookie up
+    // (`SMC_SO_PEER_QUARANTINED`).
+    let record = tracked || quarantine || !no_tcp_records();
     if record {
         record_established(&key, ops_ptr, tracked, shortcut_mode, &mut flags);
     }
@@ -316,10 +322,6 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     // ism-mode cgroup get none: creating and freeing it is most of what these programs cost a
     // short connection (nginx + wrk `Connection: close`: 0.89× plain TCP with it, 0.97×
     // without); `SMC_SO_STATE` answers for them from their same-host entry.
-    // SAFETY: the value of a hash map lookup stays allocated for this run (RCU); one field is
-    // read by value.
-    let quarantine = withdrawn_late
-        && unsafe { SMC_PEERS.get(&key.mirror()) }.is_some_and(|e| e.flags & SOCK_PEER_SMC != 0);
     let state = SMC_SOCK_STATE.get(ops_sk(ops), tracked || quarantine);
     if quarantine {
         trace!(

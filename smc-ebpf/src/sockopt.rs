@@ -6,7 +6,8 @@ use aya_ebpf::{
     helpers::generated::bpf_get_netns_cookie, macros::cgroup_sockopt, programs::SockoptContext,
 };
 use smc_common::bpf::{
-    Counter, SockState, TraceReason, SMC_SO_ENABLE, SMC_SO_SHORTCUT, SMC_SO_STATE, SMC_SO_TCP,
+    Counter, SockState, TraceReason, SMC_SO_ENABLE, SMC_SO_PEER_QUARANTINED, SMC_SO_SHORTCUT,
+    SMC_SO_STATE, SMC_SO_TCP,
     SOCK_CLAIMED, SOCK_OPTED_IN, SOCK_PASSIVE, SOCK_QUARANTINED, SOCK_QUARANTINE_TRY,
     SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_SHORTCUT_GRANTED, SOCK_STATE_VERSION, SOCK_TCP,
     SOL_SMC_BPF,
@@ -15,7 +16,8 @@ use smc_common::bpf::{
 use crate::{
     key::sock_key,
     maps::{
-        count, no_tcp_records, peer_entry, set_listener, tcp_peer_entry, trace, SMC_SOCK_STATE,
+        count, no_tcp_records, peer_entry, set_listener, tcp_peer_entry, trace,
+        SMC_QUARANTINE_AT, SMC_SOCK_STATE,
     },
     quarantine::flags_or,
 };
@@ -108,7 +110,13 @@ pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
     // SAFETY: the program's context, non-null and valid for this run; the verifier checks every
     // field access through it (getsockopt may write `optlen` and `retval`).
     let so = unsafe { &mut *ctx.sockopt };
-    if so.level != SOL_SMC_BPF || so.optname != SMC_SO_STATE {
+    if so.level != SOL_SMC_BPF {
+        return 1;
+    }
+    if so.optname == SMC_SO_PEER_QUARANTINED {
+        return peer_quarantined(so);
+    }
+    if so.optname != SMC_SO_STATE {
         return 1;
     }
     count(Counter::StateQueries, 1);
@@ -194,4 +202,40 @@ fn claim(s: &mut SockState) -> SockState {
         st.flags |= SOCK_QUARANTINED;
     }
     st
+}
+
+/// [`SMC_SO_PEER_QUARANTINED`]: whether the server end of the asking client's connection is in
+/// the quarantine (its recorded cookie has a verdict position, see `crate::quarantine`).
+#[inline(always)]
+fn peer_quarantined(so: &mut aya_ebpf::bindings::bpf_sockopt) -> i32 {
+    // SAFETY: the union holds the `optval` pointer, the start of the kernel's buffer for the
+    // option value (`PTR_TO_PACKET`, writable in getsockopt).
+    let optval = unsafe { so.__bindgen_anon_2.optval } as *mut u8;
+    // SAFETY: as `optval`: the end of that buffer (`PTR_TO_PACKET_END`).
+    let end = unsafe { so.__bindgen_anon_3.optval_end } as *mut u8;
+    if optval.wrapping_add(4) > end {
+        return 0;
+    }
+    // SAFETY: the union holds the `sk` pointer, the socket asked (`PTR_TO_SOCKET`); checked
+    // for null before use.
+    let sk = unsafe { so.__bindgen_anon_1.sk };
+    let mut yes = 0u32;
+    if !sk.is_null() {
+        if let Some(e) = sock_key(sk).and_then(|k| peer_entry(&k.mirror())) {
+            // SAFETY: a non-null hash map value, allocated for this run (RCU); read by value.
+            let cookie = unsafe { (*e).cookie };
+            // SAFETY: only whether the entry exists is used.
+            if unsafe { SMC_QUARANTINE_AT.get(&cookie) }.is_some() {
+                yes = 1;
+            }
+        }
+    }
+    // SAFETY: the buffer holds at least 4 bytes from `optval` (checked above).
+    unsafe { ptr::write_unaligned(optval.cast::<u32>(), yes) };
+    // Two separate 4-byte stores: a merged 8-byte store is rejected by the verifier.
+    // SAFETY: `so` is the context, whose `optlen` and `retval` getsockopt programs may write.
+    unsafe { ptr::write_volatile(&mut so.optlen, 4) };
+    // SAFETY: as above.
+    unsafe { ptr::write_volatile(&mut so.retval, 0) };
+    1
 }

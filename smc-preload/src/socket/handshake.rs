@@ -561,6 +561,9 @@ impl Driver {
             let input_len = match self.read_msg() {
                 Rd::Msg(n) => Some(n),
                 Rd::NotClc(n) => {
+                    if t == MsgType::Accept && !self.server && self.peer_quarantined() {
+                        return Progress::Done(self.quarantined_server());
+                    }
                     if t == MsgType::Proposal {
                         // The client announced SMC but speaks no CLC: nothing was sent and
                         // nothing consumed, plain TCP as if it had not announced it.
@@ -585,6 +588,9 @@ impl Driver {
                     }
                     let now = Instant::now();
                     if now >= deadline {
+                        if t == MsgType::Accept && !self.server && self.peer_quarantined() {
+                            return Progress::Done(self.quarantined_server());
+                        }
                         if t == MsgType::Confirm && self.server && !self.withdraw_lost {
                             match self.claim_withdraw() {
                                 Some(true) => {
@@ -648,6 +654,30 @@ impl Driver {
                 self.todo.extend(a);
             }
         }
+    }
+
+    /// Whether our server's end is in the eBPF quarantine (see
+    /// [`crate::setup::peer_quarantined`]): asked only when the Accept did not come in time or
+    /// bytes came instead of it.
+    fn peer_quarantined(&self) -> bool {
+        crate::setup::peer_quarantined(self.fd)
+    }
+
+    /// A client whose server was quarantined (an image without the data path accepted the
+    /// connection, and the eBPF verdict stripped our Proposal off its stream): plain TCP in
+    /// sync, no Decline (the image would read it: the verdict strips one, but a lone CLC
+    /// message stripped while it waits in a blocking read wakes it with `EAGAIN`, `tcp_bpf`),
+    /// and the bytes that came instead of the Accept are its application's.
+    fn quarantined_server(&mut self) -> Outcome {
+        crate::debug!(
+            "fd {}: the server end is quarantined (taken over by an image without the data path): TCP",
+            self.fd
+        );
+        self.fallback_now(Fallback {
+            reason: smc_common::handshake::FallbackReason::PeerNoSmc,
+            sent_decline: None,
+            in_sync: true,
+        })
     }
 
     /// The fallback outcome, for an end decided outside the machine.
