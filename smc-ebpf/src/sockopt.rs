@@ -7,17 +7,16 @@ use aya_ebpf::{
 };
 use smc_common::bpf::{
     Counter, SockState, TraceReason, SMC_SO_ENABLE, SMC_SO_PEER_QUARANTINED, SMC_SO_SHORTCUT,
-    SMC_SO_STATE, SMC_SO_TCP,
-    SOCK_CLAIMED, SOCK_OPTED_IN, SOCK_PASSIVE, SOCK_QUARANTINED, SOCK_QUARANTINE_TRY,
-    SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_SHORTCUT_GRANTED, SOCK_STATE_VERSION, SOCK_TCP,
-    SOL_SMC_BPF,
+    SMC_SO_STATE, SMC_SO_TCP, SOCK_CLAIMED, SOCK_OPTED_IN, SOCK_PASSIVE, SOCK_QUARANTINED,
+    SOCK_QUARANTINE_TRY, SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_SHORTCUT_GRANTED, SOCK_STATE_VERSION,
+    SOCK_TCP, SOL_SMC_BPF,
 };
 
 use crate::{
     key::sock_key,
     maps::{
-        count, no_tcp_records, peer_entry, set_listener, tcp_peer_entry, trace,
-        SMC_QUARANTINE_AT, SMC_SOCK_STATE,
+        count, no_tcp_records, peer_entry, set_listener, tcp_peer_entry, trace, SMC_QUARANTINE_AT,
+        SMC_SOCK_STATE,
     },
     quarantine::flags_or,
 };

@@ -2436,3 +2436,100 @@ fn a_socket_bound_by_the_parent_listens_in_a_spawned_worker_over_smcd() {
         brief(&sum)
     );
 }
+
+/// Connections queued at a listener (established, nobody accepted them yet) when the process
+/// execs an image without the library that serves on the inherited listener: inetd's `wait`
+/// services, a prefork server whose master re-execs without the library. Their clients saw
+/// the SMC option in the SYN-ACK and sent a CLC Proposal at once, which lies in each queued
+/// socket's stream. `n` clients (children) connect and wait; once the `n` connections are
+/// established (`/proc/net/tcp`), the process execs `serve` without `LD_PRELOAD`. `greet`:
+/// the new image speaks first (a greeting line before it reads), else the client does. The
+/// clients never half-close: their sockets stay established however long the exec takes.
+/// Every line is one `write` (processes print concurrently).
+const QUEUED_AT_EXEC: &str = r#"
+import os, socket, sys, time
+if sys.argv[1] == "serve":
+    l = socket.socket(fileno=int(sys.argv[2]))
+    n, greet = int(sys.argv[3]), sys.argv[4] == "1"
+    l.settimeout(30)
+    for _ in range(n):
+        c, _ = l.accept()
+        c.settimeout(30)
+        if greet:
+            c.sendall(b"HI\n")
+        line = c.makefile("rb").readline()
+        os.write(1, b"SERVER READ %r\n" % line)
+        c.sendall(b"got:" + line)
+        c.close()
+    for _ in range(n):
+        os.waitpid(-1, 0)
+    sys.exit(0)
+n, greet = int(sys.argv[1]), sys.argv[2]
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen(64)
+port = l.getsockname()[1]
+for i in range(n):
+    if os.fork() == 0:
+        l.close()
+        s = socket.create_connection(("127.0.0.1", port))
+        s.settimeout(30)
+        f = s.makefile("rb")
+        out = [f.readline()] if greet == "1" else []
+        s.sendall(b"hello%d\n" % i)
+        out.append(f.readline())
+        os.write(1, b"CLIENT %d %r\n" % (i, out))
+        os._exit(0)
+suffix = ":%04X" % port
+deadline = time.time() + 30
+while time.time() < deadline:
+    rows = [r.split() for r in open("/proc/net/tcp").readlines()[1:]]
+    if sum(1 for r in rows if r[1].endswith(suffix) and r[3] == "01") >= n:
+        break
+    time.sleep(0.002)
+os.set_inheritable(l.fileno(), True)
+env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+os.execve(sys.executable, [sys.executable, sys.argv[0], "serve", str(l.fileno()), str(n), greet], env)
+"#;
+
+/// The sorted output lines of [`QUEUED_AT_EXEC`] under the library or over plain TCP.
+fn queued_at_exec(w: &SmcWorld, py: &Path, n: usize, greet: bool, smc: bool) -> Vec<String> {
+    let args = [n.to_string(), u8::from(greet).to_string()];
+    let c = if smc {
+        let mut c = python(w, py);
+        c.args(args);
+        c
+    } else {
+        let mut c = w.cgroup().launch::<&str>(&[], None, "python3");
+        c.arg(py).args(args);
+        c
+    };
+    let out = spawn_piped(c)
+        .wait_output(T)
+        .unwrap_or_else(|e| panic!("queued_at_exec.py (smc {smc}, greet {greet}): {e}"));
+    let mut lines: Vec<String> = out.lines().map(str::to_owned).collect();
+    lines.sort();
+    lines
+}
+
+#[test]
+fn connections_queued_when_a_listener_goes_to_an_image_without_the_library_show_it_no_clc_byte() {
+    let w = SmcWorld::new();
+    let py = script(&w, "queued_at_exec.py", QUEUED_AT_EXEC);
+    const N: usize = 6;
+    for greet in [false, true] {
+        let tcp = queued_at_exec(&w, &py, N, greet, false);
+        assert_eq!(tcp.len(), 2 * N, "over TCP: {tcp:?}");
+        let before = integration_tests::counters();
+        let smc = queued_at_exec(&w, &py, N, greet, true);
+        let quarantined =
+            integration_tests::delta(&before, &integration_tests::counters(), "quarantined");
+        // Before the quarantine the new image read the Proposal (`SERVER READ b'\xe2\xd4...`)
+        // and its client got the answer to it, or nothing.
+        assert_eq!(smc, tcp, "greet {greet}: library against plain TCP");
+        assert_eq!(
+            quarantined, N as u64,
+            "greet {greet}: every queued connection was announced and is quarantined at the exec"
+        );
+    }
+}
