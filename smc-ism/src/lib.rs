@@ -92,6 +92,16 @@
 //!   and a SOCKHASH member reads through `tcp_bpf`, which is not quite TCP (an established SMC-D
 //!   socket gets no more `sock_ops` callbacks that would take it out). Only the caller's own
 //!   socket; a redirect to it then falls back to TCP.
+//! - `sweep` (`OP_SWEEP`, [`proto::FEATURE_SWEEP`], [`SharedClient::sweep`]): before an exec
+//!   into an image without the data path, the caller passes a listener whose SMC announcement
+//!   it withdrew; the daemon (root) writes its key (namespace cookie, port) into the pinned
+//!   `SMC_SWEEP` map and reads the pinned `iter/tcp` link in the listener's network namespace
+//!   (a thread of its own enters it, `SIOCGSKNS`): the connections queued at that port whose
+//!   clients announced SMC and that no data path claimed go into the eBPF quarantine, which
+//!   strips their clients' CLC messages (`daemon/sweep.rs`). Authority is holding the
+//!   listener (a listening TCP socket, else refused); the programs touch only that port's
+//!   unclaimed sockets, and only while its listener is withdrawn, so a sweep anyone asks for
+//!   changes nothing but what an image without the data path would read. One sweep at a time.
 //! - Recorded proof (`REGISTER_RECORD_PROOF`, [`proto::FEATURE_RECORDED_PROOF`]): a server's
 //!   registration records what its socket proved (identity, cgroup key; not the socket); its
 //!   attach of the client's DMB, which comes after the client's CLC confirm when it can no

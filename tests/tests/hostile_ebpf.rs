@@ -166,3 +166,28 @@ fn smcd_doorbells_still_take_the_shortcut() {
         "the doorbells took the shortcut"
     );
 }
+
+/// `OP_SWEEP` (the quarantine of a withdrawn listener's queued connections, before an exec into
+/// an image without the library) as uid `nobody`: the daemon sweeps only for a listening TCP
+/// socket the caller passes; a connected TCP socket or a UDP socket is refused, and a sweep of
+/// its own (empty, announcing) listener quarantines nothing.
+#[test]
+fn a_sweep_needs_a_listener_of_its_own() {
+    let w = SmcWorld::new();
+    let before = counters();
+    for (kind, want) in [
+        ("connected", "SWEEP refused"),
+        ("udp", "SWEEP refused"),
+        ("listener", "SWEEP ok"),
+    ] {
+        let mut c = w.cgroup().launch::<&str>(&[], None, bin("smc-hostile"));
+        c.args(["sweep", kind]);
+        w.env(&mut c);
+        as_user(&mut c, nobody());
+        let out = spawn_piped(c)
+            .wait_output(T)
+            .unwrap_or_else(|e| panic!("smc-hostile sweep {kind}: {e}"));
+        assert!(out.starts_with(want), "sweep of a {kind} socket: {out}");
+    }
+    assert_eq!(delta(&before, &counters(), "quarantined"), 0);
+}

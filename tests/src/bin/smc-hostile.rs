@@ -1191,11 +1191,41 @@ fn handshake(
     }
 }
 
+/// `sweep KIND`: asks the daemon (`SMC_CTL_SOCK` or the default socket) for an `OP_SWEEP` of a
+/// socket of its own: `listener` (a listening TCP socket on an ephemeral port), `connected`
+/// (an established TCP connection to such a listener), `udp`. Prints `SWEEP ok` or
+/// `SWEEP refused <error>`.
+fn sweep(kind: &str) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| die(format!("{e}")));
+    let addr = l.local_addr().unwrap_or_else(|e| die(format!("{e}")));
+    let c;
+    let u;
+    let fd = match kind {
+        "listener" => l.as_raw_fd(),
+        "connected" => {
+            c = std::net::TcpStream::connect(addr).unwrap_or_else(|e| die(format!("{e}")));
+            c.as_raw_fd()
+        }
+        "udp" => {
+            u = std::net::UdpSocket::bind("127.0.0.1:0").unwrap_or_else(|e| die(format!("{e}")));
+            u.as_raw_fd()
+        }
+        other => die(format!("unknown socket kind {other}")),
+    };
+    let path = env::var_os("SMC_CTL_SOCK")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(smc_ism::default_socket_path);
+    match smc_ism::SharedClient::new(&path).sweep(fd) {
+        Ok(()) => println!("SWEEP ok"),
+        Err(e) => println!("SWEEP refused {e}"),
+    }
+}
+
 fn main() {
     let args: Vec<String> = env::args().collect();
     let arg = |i: usize| -> &str {
         args.get(i).map(String::as_str).unwrap_or_else(|| {
-            die("usage: smc-hostile victim | honest ADDR:PORT SEED | peer ADDR:PORT SECS SEED")
+            die("usage: smc-hostile victim | honest ADDR:PORT SEED | peer ADDR:PORT SECS SEED | sweep listener|connected|udp")
         })
     };
     let num = |i: usize| -> u64 {
@@ -1207,6 +1237,7 @@ fn main() {
         "victim" => victim(),
         "honest" => honest(arg(2), num(3)),
         "peer" => peer(arg(2), num(3), num(4)),
+        "sweep" => sweep(arg(2)),
         other => die(format!("unknown mode {other}")),
     }
 }
