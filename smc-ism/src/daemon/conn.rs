@@ -677,33 +677,20 @@ impl Conn<'_> {
                     }
                 };
             }
-            R::LeaveShortcut => {
-                // The caller's own socket (it holds it: it passed it), out of the SOCKHASH: its
-                // connection continues on plain TCP. Harmless for anyone else: a redirect to
-                // it fails over to TCP.
+            R::LeaveShortcut | R::Sweep => {
+                // The caller's own socket (it holds it: it passed it). LEAVE_SHORTCUT: out of
+                // the SOCKHASH, its connection continues on plain TCP (harmless for anyone
+                // else: a redirect to it fails over to TCP). SWEEP: a listener whose queued
+                // connections go into the quarantine (`sweep.rs`).
                 let r = match (fd.as_ref(), self.shared.sock_state_map.as_deref()) {
+                    (Some(f), Some(map)) if matches!(req, R::Sweep) => {
+                        super::sweep::sweep(map, f.as_fd()).map_err(|e| {
+                            log::warn!("sweep: {e}");
+                            Fail::Internal
+                        })
+                    }
                     (Some(f), Some(map)) if super::grant::leave_sockhash(map, f.as_fd()) => Ok(()),
                     // The kernel dropped the socket: this daemon is out of descriptors.
-                    (None, _) if self.fds_dropped => Err(Fail::FdLimit),
-                    _ => Err(Fail::Internal),
-                };
-                self.dispose(fd);
-                match r {
-                    Ok(()) => encode_reply(out, op, seq, Status::Ok, 0, &[]),
-                    Err(f) => {
-                        c.failures.count(f);
-                        fail_reply(out, op, seq, f);
-                    }
-                }
-                return Vec::new();
-            }
-            R::Sweep => {
-                // The caller's listener (it holds it: it passed it). See `sweep.rs`.
-                let r = match (fd.as_ref(), self.shared.sock_state_map.as_deref()) {
-                    (Some(f), Some(map)) => super::sweep::sweep(map, f.as_fd()).map_err(|e| {
-                        log::warn!("sweep: {e}");
-                        Fail::Internal
-                    }),
                     (None, _) if self.fds_dropped => Err(Fail::FdLimit),
                     _ => Err(Fail::Internal),
                 };

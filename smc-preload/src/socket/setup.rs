@@ -253,17 +253,28 @@ pub(crate) fn leave_shortcut_for_tcp(fd: i32, vforked: bool) -> bool {
     // Best effort, as `set_bpf_flag`: the daemon's answer below is what counts.
     let _ = set_bpf_opt(fd, SMC_SO_SHORTCUT, 0);
     leave_shortcut(fd);
-    let r = if vforked {
-        smc_ism::SharedClient::new(crate::util::config::daemon_path())
-            .leave_shortcut(fd)
-            .map_err(|e| e.decline_reason().diagnosis())
-    } else {
-        crate::daemon::with_dev_for_tcp(|d| d.leave_shortcut(fd))
-    };
+    let r = request_for_tcp(vforked, |d| d.leave_shortcut(fd));
     if let Err(e) = &r {
         debug!("fd {fd}: the daemon did not take the socket out of the SOCKHASH: {e}");
     }
     r.is_ok()
+}
+
+/// A daemon request of a connection going (or staying) TCP: over the process's connection
+/// ([`crate::daemon::with_dev_for_tcp`]), or, `vforked`, over one of its own, closed after it
+/// (a `vfork` child's descriptor table may not hold its parent's). Errors as decline codes.
+fn request_for_tcp<T>(
+    vforked: bool,
+    f: impl FnOnce(&smc_ism::SharedClient) -> Result<T, smc_ism::IsmError>,
+) -> Result<T, u32> {
+    if vforked {
+        f(&smc_ism::SharedClient::new(
+            crate::util::config::daemon_path(),
+        ))
+        .map_err(|e| e.decline_reason().diagnosis())
+    } else {
+        crate::daemon::with_dev_for_tcp(f)
+    }
 }
 
 /// The daemon quarantines the connections queued at listener `fd`, whose announcement was
@@ -273,14 +284,7 @@ pub(crate) fn leave_shortcut_for_tcp(fd: i32, vforked: bool) -> bool {
 /// Proposals; logged).
 pub(crate) fn sweep_listener(fd: i32, vforked: bool) {
     let e0 = real::errno();
-    let r = if vforked {
-        smc_ism::SharedClient::new(crate::util::config::daemon_path())
-            .sweep(fd)
-            .map_err(|e| e.decline_reason().diagnosis())
-    } else {
-        crate::daemon::with_dev_for_tcp(|d| d.sweep(fd))
-    };
-    if let Err(e) = &r {
+    if let Err(e) = request_for_tcp(vforked, |d| d.sweep(fd)) {
         debug!("fd {fd}: the daemon did not sweep the listener's queue: {e}");
     }
     real::set_errno(e0);
