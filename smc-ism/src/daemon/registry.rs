@@ -1131,7 +1131,7 @@ impl Registry {
     /// `min_age` ago (`None`: any), walking at most 8 shards from where the last walk stopped
     /// (a shard is locked only while its candidates are collected); how many it shelved.
     /// `holders` (the background sweep only: it waits for them): what the daemon's own shelf
-    /// has no room for (less [`super::shelf::SWEEP_RESERVE`], left to the request paths) goes
+    /// has no room for (less [`super::shelf::sweep_reserve`], left to the request paths) goes
     /// to holder processes (see `holder`).
     fn shelve_some(
         &self,
@@ -1141,7 +1141,7 @@ impl Registry {
     ) -> usize {
         let now = self.started.elapsed();
         let reserve = if holders {
-            super::shelf::SWEEP_RESERVE
+            super::shelf::sweep_reserve()
         } else {
             0
         };
