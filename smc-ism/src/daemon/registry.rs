@@ -1164,9 +1164,17 @@ impl Registry {
                     (true, Some(s)) => s.shelve(false, reserve),
                     (true, None) => false,
                 };
+                // (One awaiting its attach whose state page is shelved has nothing for them.)
+                let for_holders = || {
+                    !awaits
+                        || d.state
+                            .as_ref()
+                            .and_then(|s| s.to_shelve(false))
+                            .is_some_and(|f| !f.is_shelved())
+                };
                 if ok {
                     done += 1;
-                } else if holders {
+                } else if holders && for_holders() {
                     refused.push((d, awaits));
                 }
             }
