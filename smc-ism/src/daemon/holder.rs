@@ -439,6 +439,9 @@ fn exited(pidfd: BorrowedFd<'_>) -> bool {
 /// The holders' zygote: a child of the daemon forked at its start (see the module docs).
 struct Zygote {
     pid: i32,
+    /// Its pidfd (a signal to it never reaches another process, should something else in
+    /// this process have reaped it and its pid been reused).
+    pidfd: Option<OwnedFd>,
     sock: OwnedFd,
     /// One `SPAWN` at a time.
     lock: Mutex<()>,
@@ -462,8 +465,13 @@ impl Zygote {
             unsafe { zygote_start(theirs.as_raw_fd()) }
         }
         drop(theirs);
+        // SAFETY: a pidfd of our child, or an error.
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as RawFd;
+        // SAFETY: a new descriptor of ours when not negative.
+        let pidfd = (pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
         Ok(Zygote {
             pid,
+            pidfd,
             sock: ours,
             lock: Mutex::new(()),
             broken: AtomicBool::new(false),
@@ -519,10 +527,32 @@ impl Zygote {
     }
 
     fn kill(&self) {
-        // SAFETY: our child (reaped only here); then reaped.
+        // SAFETY: a signal through our pidfd of the zygote, then it is reaped through it
+        // (fails at once when something else reaped it); without a pidfd, to its pid: our
+        // child, reaped only here.
         unsafe {
-            libc::kill(self.pid, libc::SIGKILL);
-            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+            match &self.pidfd {
+                Some(fd) => {
+                    libc::syscall(
+                        libc::SYS_pidfd_send_signal,
+                        fd.as_raw_fd(),
+                        libc::SIGKILL,
+                        std::ptr::null::<libc::siginfo_t>(),
+                        0,
+                    );
+                    let mut info: libc::siginfo_t = std::mem::zeroed();
+                    libc::waitid(
+                        libc::P_PIDFD,
+                        fd.as_raw_fd() as libc::id_t,
+                        &mut info,
+                        libc::WEXITED,
+                    );
+                }
+                None => {
+                    libc::kill(self.pid, libc::SIGKILL);
+                    libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+                }
+            }
         }
     }
 }
