@@ -5,10 +5,11 @@
 //! again get the very files. A holder killed loses nothing in use (the mappings of the
 //! connections work on), its files fail their reopen cleanly (the reply goes without them,
 //! the client declines), and new files go to a new holder. At shutdown the zygote and the
-//! holders go.
+//! holders go; and when the daemon's process is killed, they go with it.
 //!
-//! One test in its own binary: the holders are per process (as the shelves), and the test
-//! finds them among this process's grandchildren.
+//! A binary of its own: the holders are per process (as the shelves), and the first test finds
+//! them among this process's grandchildren; the second runs its daemon in a child process
+//! (`holders_daemon_child`) to kill it.
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -229,5 +230,90 @@ fn files_beyond_the_daemons_own_shelf_go_to_holders_and_a_killed_holder_fails_cl
             "the zygote or a holder outlives the daemon"
         );
         std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The daemon of [`holders_die_with_a_killed_daemon`], in a child process: serves until it is
+/// killed.
+#[test]
+#[ignore = "run by holders_die_with_a_killed_daemon"]
+fn holders_daemon_child() {
+    if std::env::var("ISM_CHILD_ROLE").as_deref() != Ok("holders-daemon") {
+        return;
+    }
+    let dir = std::path::PathBuf::from(std::env::var_os("ISM_CHILD_DIR").unwrap());
+    let mut cfg = smc_ism::DaemonConfig::with_paths(dir.join("run/ctl.sock"), dir.join("state"));
+    cfg.shelve_after_ms = Some(0);
+    cfg.max_shelved = Some(0);
+    cfg.holder_max_files = Some(4);
+    let _d = smc_ism::spawn(cfg).unwrap();
+    std::thread::sleep(3 * WAIT);
+}
+
+/// A daemon process killed (`SIGKILL`: no shutdown of its own) takes its zygote and holders
+/// with it (end of file on their sockets; the holders' `PR_SET_PDEATHSIG` for the zygote),
+/// and the connections' memory, which lives in their processes, works on.
+#[test]
+fn holders_die_with_a_killed_daemon() {
+    if !shelving_or_skip("holders_die_with_a_killed_daemon") {
+        return;
+    }
+    let dir = TestDir::new("holders-kill");
+    let child = spawn_child(
+        "holders_daemon_child",
+        "holders-daemon",
+        &dir.sock(),
+        &[("ISM_CHILD_DIR", dir.0.display().to_string())],
+    )
+    .spawn()
+    .unwrap();
+    /// Kills the daemon child also when the test fails.
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Kill(child);
+    let daemon = child.0.id() as i32;
+    let t = Instant::now();
+    while smc_ism::Client::connect(&dir.sock()).is_err() {
+        assert!(t.elapsed() < WAIT, "the daemon child does not listen");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut s = client(&dir);
+    let (a, b) = (shared(&dir), shared(&dir));
+    // Two connections: eight files, two holders of four.
+    let (x1, y1) = tcp_pair();
+    let ((a1, _), (_, bp1)) = pair(&a, &b, &x1, &y1);
+    let (x2, y2) = tcp_pair();
+    let ((a2, _), (_, bp2)) = pair(&a, &b, &x2, &y2);
+    wait_stats(&mut s, "every file in a holder", |st| {
+        st.files_in_holders == 8 && st.holders == 2
+    });
+    let z = children(daemon, "smc-ism-zygote");
+    assert_eq!(z.len(), 1, "one zygote: {z:?}");
+    let holders = children(z[0], "smc-ism-holder");
+    assert_eq!(holders.len(), 2, "{holders:?}");
+    let maps = [
+        (a1.map().unwrap(), bp1.map().unwrap()),
+        (a2.map().unwrap(), bp2.map().unwrap()),
+    ];
+    drop(s);
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(daemon, libc::SIGKILL) }, 0);
+    let _ = child.0.wait();
+    let t = Instant::now();
+    while alive(z[0]) || holders.iter().any(|&h| alive(h)) {
+        assert!(
+            t.elapsed() < WAIT,
+            "the zygote or a holder outlives its daemon"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for (own, peer) in &maps {
+        write_bytes(own, 64, b"daemon gone");
+        assert_eq!(read_bytes(peer, 64, 11), b"daemon gone");
     }
 }
