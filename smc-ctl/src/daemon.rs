@@ -41,6 +41,11 @@ pub struct DaemonArgs {
     /// mapping each); beyond, new ones keep their descriptors.
     #[arg(long, value_name = "N")]
     max_shelved: Option<u64>,
+    /// Holder processes at most (`smc-ism-holder`, children of the daemon that keep the DMB
+    /// files its own shelf has no room for, each within its own `vm.max_map_count`); 0: none.
+    /// Default 16.
+    #[arg(long, value_name = "N")]
+    max_holders: Option<u32>,
     /// Serve the figures of `smc-ctl stats` and the daemon's own as Prometheus text on
     /// http://ADDR/metrics (a local address, e.g. 127.0.0.1:9464). Off by default.
     #[arg(long, value_name = "ADDR")]
@@ -90,6 +95,9 @@ pub fn run(a: DaemonArgs) -> Result<()> {
         cfg.shelve_after_ms = v;
     }
     cfg.max_shelved = a.max_shelved;
+    if let Some(v) = a.max_holders {
+        cfg.max_holders = v;
+    }
     // A process of another uid cannot create its statistics directory under a root-owned one:
     // the daemon makes it when a client of that uid connects.
     let procs = a.procs_dir.clone();

@@ -119,6 +119,17 @@
 //!   again through `/proc/self/map_files` (its inode checked) when a client needs them: an
 //!   established connection costs the daemon no descriptor, so its `RLIMIT_NOFILE` bounds only
 //!   the connections being set up.
+//!   Beyond what its own `vm.max_map_count` allows, the background sweep moves files into
+//!   *holder processes* (`daemon/holder.rs`, [`DaemonConfig::max_holders`]): children of the
+//!   daemon (`smc-ism-holder`, forked by a zygote it starts with it, same uid, no descriptor
+//!   but their socket to the daemon) that map what they are passed and unmap what they are
+//!   told; the daemon opens such a file through `/proc/<holder>/map_files` (the holder checked
+//!   to be alive after the open, so its pid was not reused; the inode checked). No client can
+//!   reach a holder or put a mapping into it. Holders die with the daemon (end of file on their
+//!   socket, `PR_SET_PDEATHSIG` for their zygote) and at its shutdown; one that dies otherwise
+//!   only makes the reopen of its files fail (`MEM`), mapped connections are unaffected.
+//!   Request paths never wait for a holder (reopen: an `open` in `/proc`; release: an unmap
+//!   message sent without waiting).
 //! - A client only ever releases references *it* holds: the daemon tracks, per connection, the
 //!   owner and attach references it granted; releasing anything else is `NotHeld`. When the
 //!   connection closes — the process exited, crashed or was SIGKILLed — the daemon releases all
@@ -225,6 +236,10 @@
 //! - A peer that is attached can write anything into the DMB: the data path must treat every
 //!   cursor and byte read from shared memory as untrusted input.
 //! - Processes running as root can do anything regardless (read `/proc/PID/mem`, etc.).
+//! - A holder process (see *Shelves*) that dies by another hand (the OOM killer, an
+//!   administrator's `kill`) takes the daemon's only way to the files it kept: adopting those
+//!   connections (`OP_ADOPT`) or binding their pooled DMBs again declines `MEM`; their data
+//!   path is unaffected.
 //! - A local state slot's page holds the slots of up to 15 other connection ends of the same
 //!   client connection (process): an adopter of one of them (which must be of that client's
 //!   uid, cgroup and pid namespace) maps the page, and with it their cursors, locks, flags and

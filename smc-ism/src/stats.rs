@@ -170,6 +170,11 @@ pub struct Stats {
     /// Live DMBs whose memfd (and state page) the daemon keeps without a descriptor (shelved
     /// in a mapping of its own, opened again when needed).
     pub dmbs_shelved: u64,
+    /// Files (DMB memfds and state pages) kept in holder processes: shelved beyond the
+    /// daemon's own mappings (`vm.max_map_count`), see `smc-ism`'s shelves.
+    pub files_in_holders: u64,
+    /// Holder processes running (`smc-ism-holder`).
+    pub holders: u64,
     /// Per-op counters.
     pub ops: OpsStats,
     /// Per-reason failure counters.
@@ -191,6 +196,8 @@ impl Stats {
         "live_attachments",
         "max_dmbs",
         "dmbs_shelved",
+        "files_in_holders",
+        "holders",
     ];
 
     /// Every numeric figure by its flattened name (`ops_register_ok`, `live_dmbs`: nested field

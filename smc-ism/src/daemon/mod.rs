@@ -5,6 +5,7 @@ mod conn;
 mod diag;
 mod gid;
 mod grant;
+mod holder;
 mod metrics;
 mod pair;
 mod registry;
@@ -137,6 +138,15 @@ pub struct DaemonConfig {
     /// 4096 mappings allows). Beyond, new files keep their descriptors, as when the mappings run
     /// out (tests make that case with it; an operator may bound the kernel's memory for them).
     pub max_shelved: Option<u64>,
+    /// Holder processes at most (default 16; 0: none): once the daemon's own shelf is full
+    /// (`vm.max_map_count` less its reserve, or `max_shelved`), the background sweep moves
+    /// files into holders, child processes that keep them as mappings of their own (each its
+    /// own `vm.max_map_count`), forked by a zygote the daemon starts with it
+    /// (`smc-ism-zygote`, `smc-ism-holder`). They die with the daemon. See `daemon/holder.rs`.
+    pub max_holders: u32,
+    /// Files one holder keeps at most (default `None`: as its `vm.max_map_count` less 1024
+    /// allows; tests make several holders with it).
+    pub holder_max_files: Option<u64>,
 }
 
 /// What the daemon does for each new client before serving it, on a blocking thread (`smc-ctl
@@ -184,6 +194,8 @@ impl Default for DaemonConfig {
             pool_idle_ms: 1000,
             shelve_after_ms: Some(1000),
             max_shelved: None,
+            max_holders: 16,
+            holder_max_files: None,
         }
     }
 }
@@ -251,6 +263,8 @@ struct Bound {
     max_clients: u64,
     uid_max_clients: u64,
     metrics: Option<(std::net::TcpListener, Option<MetricsHook>)>,
+    /// Dropped last: the holders go when the last daemon of the process stops.
+    _holders: holder::Lease,
 }
 
 /// Descriptors the daemon may hold with every slot in use and nothing shelved: per live DMB
@@ -308,6 +322,15 @@ fn bind(cfg: DaemonConfig) -> Result<Bound, IsmError> {
     let gid = gid::load_or_create(&cfg.state_dir)?;
     raise_nofile(&cfg);
     shelf::set_max_shelved(cfg.max_shelved);
+    // Forked now, while the daemon is small (see `holder`).
+    let holders = holder::start(
+        if cfg.shelve_after_ms.is_some() {
+            cfg.max_holders
+        } else {
+            0
+        },
+        cfg.holder_max_files,
+    );
 
     let path = cfg.socket_path.clone();
     let dir = path
@@ -430,6 +453,7 @@ fn bind(cfg: DaemonConfig) -> Result<Bound, IsmError> {
         max_clients: cfg.max_clients,
         uid_max_clients: cfg.uid_max_clients,
         metrics,
+        _holders: holders,
     })
 }
 
@@ -614,10 +638,17 @@ async fn sweep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
             _ = stop.wait_for(|s| *s) => return,
             _ = tokio::time::sleep(tick) => {}
         }
-        busy = shared.reg.shelve_tick();
-        if !busy {
-            shared.reg.trim_after_burst();
-        }
+        // On a blocking thread: the turn may wait for holder processes (see `holder`).
+        let reg = shared.reg.clone();
+        busy = tokio::task::spawn_blocking(move || {
+            let busy = reg.shelve_tick();
+            if !busy {
+                reg.trim_after_burst();
+            }
+            busy
+        })
+        .await
+        .unwrap_or(false);
     }
 }
 

@@ -503,21 +503,23 @@ impl LocalState {
         }
     }
 
-    /// Shelves its file: a page at once; a page of slots once all its slots are handed out
-    /// (before, the next `PAIR` of its client would open it again), or `force`d. Whether it
-    /// was shelved now.
-    fn shelve(&self, force: bool) -> bool {
-        let r = match self {
-            LocalState::Page(f) => f.shelve(),
+    /// Shelves its file (in the daemon's own shelf, leaving `reserve` of it free): a page at
+    /// once; a page of slots once all its slots are handed out (before, the next `PAIR` of its
+    /// client would open it again), or `force`d. Whether it was shelved now.
+    fn shelve(&self, force: bool, reserve: u64) -> bool {
+        self.to_shelve(force)
+            .and_then(|f| f.shelve(reserve))
+            .is_some_and(|now| now)
+    }
+
+    /// Its file, if it may be shelved now (see [`LocalState::shelve`]).
+    fn to_shelve(&self, force: bool) -> Option<&KeptFile> {
+        match self {
+            LocalState::Page(f) => Some(f),
             LocalState::Slot { chunk, .. } => {
-                if force || chunk.taken.load(Acquire) >= SLOTS_PER_CHUNK {
-                    chunk.file.shelve()
-                } else {
-                    None
-                }
+                (force || chunk.taken.load(Acquire) >= SLOTS_PER_CHUNK).then_some(&chunk.file)
             }
-        };
-        r == Some(true)
+        }
     }
 }
 
@@ -621,15 +623,15 @@ impl DmbObj {
         self.slot.slot
     }
 
-    /// Shelves its memfd and state page (see `shelf`); false when its memfd keeps its
-    /// descriptor.
-    fn shelve(&self) -> bool {
-        let r = self.memfd.shelve();
+    /// Shelves its memfd and state page in the daemon's own shelf, leaving `reserve` of it
+    /// free (see `shelf`); false when its memfd keeps its descriptor.
+    fn shelve(&self, reserve: u64) -> bool {
+        let r = self.memfd.shelve(reserve);
         if r == Some(true) {
             self._charge.totals.shelved.fetch_add(1, AcqRel);
         }
         if let Some(s) = &self.state {
-            s.shelve(false);
+            s.shelve(false, reserve);
         }
         r.is_some()
     }
@@ -1041,7 +1043,7 @@ impl Registry {
         let lowest = std::os::fd::AsRawFd::as_raw_fd(&memfd) as u64;
         let mut near = lowest.saturating_add(RECEIVE_HEADROOM) >= limit;
         if self.shelve_after.is_some() && lowest.saturating_add(SHELVE_HEADROOM) >= limit {
-            self.shelve_some(SHELVE_BATCH, None);
+            self.shelve_some(SHELVE_BATCH, None, false);
             near = sys::near_fd_limit(RECEIVE_HEADROOM);
         }
         // The last descriptors below the daemon's limit stay free for the sockets requests
@@ -1097,10 +1099,10 @@ impl Registry {
                     // A DMB the other end is to attach keeps its memfd's descriptor until then
                     // (see `Record::awaiting`): shelved at that attach.
                     if peer_cookie.is_none() || !keep {
-                        dmb.shelve();
+                        dmb.shelve(0);
                     }
                     if let Some(s) = &dmb.state {
-                        s.shelve(true);
+                        s.shelve(true, 0);
                     }
                 }
                 return Ok(dmb);
@@ -1116,7 +1118,7 @@ impl Registry {
     pub(crate) fn reopen(&self, f: &KeptFile) -> std::io::Result<Arc<std::os::fd::OwnedFd>> {
         match f.fd() {
             Err(e) if e.raw_os_error() == Some(libc::EMFILE) && self.shelve_after.is_some() => {
-                if self.shelve_some(SHELVE_BATCH, None) == 0 {
+                if self.shelve_some(SHELVE_BATCH, None, false) == 0 {
                     return Err(e);
                 }
                 f.fd()
@@ -1128,29 +1130,72 @@ impl Registry {
     /// Shelves the files of at most `max` DMBs not shelved yet that were registered at least
     /// `min_age` ago (`None`: any), walking at most 8 shards from where the last walk stopped
     /// (a shard is locked only while its candidates are collected); how many it shelved.
-    fn shelve_some(&self, max: usize, min_age: Option<std::time::Duration>) -> usize {
+    /// `holders` (the background sweep only: it waits for them): what the daemon's own shelf
+    /// has no room for (less [`super::shelf::sweep_reserve`], left to the request paths) goes
+    /// to holder processes (see `holder`).
+    fn shelve_some(
+        &self,
+        max: usize,
+        min_age: Option<std::time::Duration>,
+        holders: bool,
+    ) -> usize {
         let now = self.started.elapsed();
+        let reserve = if holders {
+            super::shelf::sweep_reserve()
+        } else {
+            0
+        };
         let mut done = 0;
+        // Those the daemon's own shelf had no room for, and whether they await their attach.
+        let mut refused: Vec<(Arc<DmbObj>, bool)> = Vec::new();
         for _ in 0..8 {
             let i = self.sweep_shard.fetch_add(1, Relaxed) % SHARDS;
             let due: Vec<(Arc<DmbObj>, bool)> = lock(&self.shards[i])
                 .values()
                 .filter(|r| !r.dmb.memfd.is_shelved())
                 .filter(|r| min_age.is_none_or(|a| now.saturating_sub(r.dmb.born) >= a))
-                .take(max - done)
+                .take(max.saturating_sub(done + refused.len()))
                 .map(|r| (r.dmb.clone(), r.awaits_attach(now)))
                 .collect();
             // One that waits for its attach: its state page only (the attach does not pass it).
-            done += due
-                .into_iter()
-                .filter(|(d, awaits)| match (awaits, &d.state) {
-                    (false, _) => d.shelve(),
-                    (true, Some(s)) => s.shelve(false),
+            for (d, awaits) in due {
+                let ok = match (awaits, &d.state) {
+                    (false, _) => d.shelve(reserve),
+                    (true, Some(s)) => s.shelve(false, reserve),
                     (true, None) => false,
-                })
-                .count();
-            if done >= max {
+                };
+                // (One awaiting its attach whose state page is shelved has nothing for them.)
+                let for_holders = || {
+                    !awaits
+                        || d.state
+                            .as_ref()
+                            .and_then(|s| s.to_shelve(false))
+                            .is_some_and(|f| !f.is_shelved())
+                };
+                if ok {
+                    done += 1;
+                } else if holders && for_holders() {
+                    refused.push((d, awaits));
+                }
+            }
+            if done + refused.len() >= max {
                 break;
+            }
+        }
+        if !refused.is_empty() {
+            let files: Vec<&KeptFile> = refused
+                .iter()
+                .flat_map(|(d, awaits)| {
+                    let state = d.state.as_ref().and_then(|s| s.to_shelve(false));
+                    (!awaits).then_some(&d.memfd).into_iter().chain(state)
+                })
+                .collect();
+            let moved = super::shelf::shelve_in_holders(&files);
+            for (d, _) in &refused {
+                if moved.contains(&(std::ptr::from_ref::<KeptFile>(&d.memfd) as usize)) {
+                    d._charge.totals.shelved.fetch_add(1, AcqRel);
+                    done += 1;
+                }
             }
         }
         done
@@ -1160,19 +1205,33 @@ impl Registry {
     /// descriptors held by DMB files, shelves those of DMBs older than `shelve_after` (a few
     /// at a time, so that the daemon never takes a CPU from the connections for long), and
     /// above three quarters those of any age. Whether there may be more to do at once.
+    /// Files the daemon's own shelf has no room for go to holder processes (see `holder`),
+    /// and with `shelve_after` 0 (every file at once, in the request paths, into the daemon's
+    /// own shelf) so do those that found it full; the turn may wait for holders (it runs on a
+    /// blocking thread).
     pub(crate) fn shelve_tick(&self) -> bool {
-        let Some(after) = self.shelve_after.filter(|a| !a.is_zero()) else {
+        let holders = super::holder::enabled();
+        if holders {
+            super::holder::tick();
+        }
+        let Some(after) = self.shelve_after else {
             return false;
         };
+        if after.is_zero() {
+            return holders && self.shelve_some(4 * SHELVE_BATCH, None, true) > 0;
+        }
         let limit = sys::nofile_soft_limit();
         let held = super::shelf::held_descriptors();
         if held.saturating_mul(2) < limit {
             return false;
         }
+        // With holders, more a turn: a turn waits for a holder's answer once (a message of
+        // up to `holder::BATCH` files), and under load for its scheduling.
+        let more = if holders { 4 } else { 1 };
         let n = if held.saturating_mul(4) >= limit.saturating_mul(3) {
-            self.shelve_some(4 * SHELVE_BATCH, None)
+            self.shelve_some(4 * more * SHELVE_BATCH, None, holders)
         } else {
-            self.shelve_some(SHELVE_BATCH, Some(after))
+            self.shelve_some(more * SHELVE_BATCH, Some(after), holders)
         };
         n > 0
     }
@@ -1262,7 +1321,7 @@ impl Registry {
         drop(shard);
         if first && self.shelve_after.is_some_and(|a| a.is_zero()) {
             // Kept for this attach (see `register`); the reply still has `fd`.
-            dmb.shelve();
+            dmb.shelve(0);
         }
         Ok((dmb, fd))
     }
@@ -1611,6 +1670,8 @@ impl Registry {
             dmbs_reused: c.dmbs_reused.load(Relaxed),
             dmbs_pooled: self.totals.pooled.load(Relaxed),
             dmbs_shelved: self.totals.shelved.load(Relaxed),
+            files_in_holders: super::holder::figures().0,
+            holders: super::holder::figures().1,
             ops: OpsStats {
                 query_gid: c.query_gid.snapshot(),
                 register: c.register.snapshot(),

@@ -22,8 +22,25 @@
 //! that waits for its first attach (see `registry::Record::awaiting`): that attach may be a server's past
 //! its CLC accept, whose reply must not need a descriptor to open the file again (the daemon
 //! at its limit has none: issue 14's resets). Where the mapping cannot be made
-//! or opened (no capability, `vm.max_map_count` less a reserve of 4096 reached), the
-//! descriptor is kept, as before.
+//! or opened (no capability), the descriptor is kept, as before.
+//!
+//! Where: the daemon's own shelf holds as many files as `vm.max_map_count` less a reserve of
+//! 4096 allows (61 434 by default; or `max_shelved`). With its descriptors that is ~81 000
+//! files: 38 096 connections of issue 14's 65 536 (two DMBs each and a page of state slots per
+//! 16 ends). Beyond, the background sweep moves files into *holder processes* (`holder`):
+//! children of the daemon that keep each file as a mapping of theirs, each within its own
+//! `vm.max_map_count`, opened again through `/proc/<holder>/map_files` (the holder checked to
+//! live after the open, and the inode). The sweep leaves half of the daemon's own shelf
+//! ([`sweep_reserve`]) to the request paths, which shelve only there (never waiting for
+//! a holder). A file whose holder died cannot be opened again (the reply goes without it, as
+//! at the descriptor limit); nothing else of its connection depends on it.
+//!
+//! | Kept as | Costs the daemon | Opened again by | Who else can reach it |
+//! | --- | --- | --- | --- |
+//! | descriptor | a descriptor (`RLIMIT_NOFILE`) | nothing to open | nobody |
+//! | own shelf | a mapping (`vm.max_map_count`) | `/proc/self/map_files/A-B` + inode check | nobody: the daemon's own address space |
+//! | holder | a mapping of the holder's; per holder a socket and a pidfd | `/proc/<holder>/map_files/A-B`, holder alive after the open, inode check | nobody: the holder is the daemon's child, same uid, reachable only through the daemon's socket to it |
+//!
 //! What a shelf costs (the `mmap`, the reopen, the `munmap`, as measured): docs/PERF.md.
 
 use std::io;
@@ -60,6 +77,21 @@ fn shelf_room_quiet(n: u64) -> bool {
     n < MAX_SHELVED.load(Relaxed) && (lim == 0 || n + MAP_RESERVE < lim)
 }
 
+/// Mappings of the daemon's own shelf that the background sweep leaves to the request paths,
+/// when holder processes take the rest (`holder`): half of it. A registration with few
+/// descriptors left shelves a batch at once, and only into the daemon's own shelf (it never
+/// waits for a holder): that is its room when the sweep falls behind a burst of connections.
+/// (With 2048 left to them, the sweep fell behind a setup of 3 000 connections a second under
+/// load, the reserve ran out, and 1 900–5 500 registrations were refused at the descriptor
+/// limit in a run of 65 536 connections.)
+pub(crate) fn sweep_reserve() -> u64 {
+    let lim = MAP_LIMIT.load(Relaxed);
+    let lim = if lim == 0 { 65_530 } else { lim };
+    lim.saturating_sub(MAP_RESERVE)
+        .min(MAX_SHELVED.load(Relaxed))
+        / 2
+}
+
 /// `vm.max_map_count` as last read (0: not yet).
 static MAP_LIMIT: AtomicU64 = AtomicU64::new(0);
 
@@ -73,10 +105,11 @@ pub(crate) fn set_max_shelved(n: Option<u64>) {
 }
 
 /// Whether one more file may be shelved within `vm.max_map_count` less [`MAP_RESERVE`] (read
-/// again near the limit: it may have been raised), and within [`MAX_SHELVED`].
-fn shelf_room() -> bool {
+/// again near the limit: it may have been raised), and within [`MAX_SHELVED`], with `reserve`
+/// mappings more left free.
+fn shelf_room(reserve: u64) -> bool {
     static WARNED: AtomicBool = AtomicBool::new(false);
-    let n = SHELVED.load(Relaxed);
+    let n = SHELVED.load(Relaxed) + reserve;
     let cap = MAX_SHELVED.load(Relaxed);
     let lim = MAP_LIMIT.load(Relaxed);
     if lim != 0 && n + MAP_RESERVE < lim && n < cap {
@@ -88,7 +121,7 @@ fn shelf_room() -> bool {
         .unwrap_or(65_530);
     MAP_LIMIT.store(lim, Relaxed);
     let room = n + MAP_RESERVE < lim && n < cap;
-    if !room && !WARNED.swap(true, Relaxed) {
+    if !room && reserve == 0 && !WARNED.swap(true, Relaxed) && !super::holder::enabled() {
         let why = if n >= cap {
             format!("--max-shelved ({cap})")
         } else {
@@ -102,6 +135,8 @@ fn shelf_room() -> bool {
     room
 }
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use super::holder::{self, Holder};
 
 /// A file the daemon keeps: by descriptor, or shelved (see the module docs).
 pub(crate) struct KeptFile {
@@ -121,6 +156,8 @@ enum Hold {
     Fd(Arc<OwnedFd>),
     /// The address of our `PROT_NONE` mapping of `len` bytes.
     Shelved(usize),
+    /// The address of a holder process's mapping of `len` bytes (see `holder`).
+    Held(Arc<Holder>, usize),
 }
 
 fn lock(m: &Mutex<Hold>) -> MutexGuard<'_, Hold> {
@@ -144,11 +181,16 @@ impl KeptFile {
     /// A descriptor of the file: the one kept, or, when shelved, a new one opened through the
     /// mapping.
     pub(crate) fn fd(&self) -> io::Result<Arc<OwnedFd>> {
-        let addr = match &*lock(&self.hold) {
+        let (addr, by) = match &*lock(&self.hold) {
             Hold::Fd(f) => return Ok(f.clone()),
-            Hold::Shelved(a) => *a,
+            Hold::Shelved(a) => (*a, None),
+            Hold::Held(h, a) => (*a, Some(h.clone())),
         };
-        let f = open_mapping(addr, self.len)?;
+        let f = match by {
+            None => open_mapping(addr, self.len)?,
+            // No wait for the holder: an open in /proc (its mapping, as our own).
+            Some(h) => h.open(addr, self.len)?,
+        };
         match stat(f.as_fd()) {
             Some((ino, _)) if ino == self.ino => Ok(Arc::new(f)),
             _ => Err(io::Error::other("a shelved file reopened as another inode")),
@@ -159,22 +201,24 @@ impl KeptFile {
     pub(crate) fn held(&self) -> Option<Arc<OwnedFd>> {
         match &*lock(&self.hold) {
             Hold::Fd(f) => Some(f.clone()),
-            Hold::Shelved(_) => None,
+            Hold::Shelved(_) | Hold::Held(..) => None,
         }
     }
 
-    /// Shelves the file: `Some(true)` when shelved now, `Some(false)` when it was already,
-    /// `None` when it keeps its descriptor (shelves do not work here, or the mapping failed).
-    pub(crate) fn shelve(&self) -> Option<bool> {
+    /// Shelves the file in the daemon's own shelf, leaving `reserve` of its room free:
+    /// `Some(true)` when shelved now, `Some(false)` when it was already (or is in a holder),
+    /// `None` when it keeps its descriptor (shelves do not work here, no room, or the mapping
+    /// failed).
+    pub(crate) fn shelve(&self, reserve: u64) -> Option<bool> {
         if !available() {
             return None;
         }
         let mut h = lock(&self.hold);
         let fd = match &*h {
-            Hold::Shelved(_) => return Some(false),
+            Hold::Shelved(_) | Hold::Held(..) => return Some(false),
             Hold::Fd(f) => f.clone(),
         };
-        if !shelf_room() {
+        if !shelf_room(reserve) {
             return None;
         }
         match map_none(fd.as_fd(), self.len) {
@@ -208,7 +252,11 @@ impl KeptFile {
         let now = match &*lock(&self.hold) {
             Hold::Fd(f) => stat(f.as_fd()).map(|s| s.1),
             Hold::Shelved(a) if refresh => stat_mapping(*a, self.len).map(|s| s.1),
-            Hold::Shelved(_) => None,
+            Hold::Held(h, a) if refresh => h
+                .stat(*a, self.len)
+                .filter(|s| s.0 == self.ino)
+                .map(|s| s.1),
+            Hold::Shelved(_) | Hold::Held(..) => None,
         };
         match now {
             Some(c) => {
@@ -229,10 +277,80 @@ impl Drop for KeptFile {
                 unsafe { libc::munmap(addr as *mut libc::c_void, self.len) };
                 SHELVED.fetch_sub(1, Relaxed);
             }
+            Hold::Held(ref h, addr) => {
+                h.release(addr, self.len);
+            }
             Hold::Fd(_) => {
                 HELD.fetch_sub(1, Relaxed);
             }
         }
+    }
+}
+
+/// Moves those of `files` that keep a descriptor into holder processes (see `holder`), a
+/// batch per message; waits for the holders' answers: the background sweep only. Those moved
+/// (their addresses).
+pub(crate) fn shelve_in_holders(files: &[&KeptFile]) -> std::collections::HashSet<usize> {
+    let mut moved = std::collections::HashSet::new();
+    if files.is_empty() || !available() || !holder::enabled() {
+        return moved;
+    }
+    // Each once (the page of a client's state slots is shared by its DMBs).
+    let mut seen = std::collections::HashSet::new();
+    let todo: Vec<(&KeptFile, Arc<OwnedFd>)> = files
+        .iter()
+        .filter(|f| seen.insert(std::ptr::from_ref::<KeptFile>(f) as usize))
+        .filter_map(|f| Some((*f, f.held()?)))
+        .collect();
+    let mut rest = &todo[..];
+    while !rest.is_empty() {
+        let Some((h, got)) = holder::pick(rest.len().min(holder::BATCH) as u64) else {
+            break;
+        };
+        let (chunk, tail) = rest.split_at((got as usize).min(rest.len()));
+        rest = tail;
+        let fds: Vec<(BorrowedFd<'_>, usize)> =
+            chunk.iter().map(|(f, fd)| (fd.as_fd(), f.len)).collect();
+        let addrs = match h.map(&fds) {
+            Ok(a) => a,
+            Err(e) => {
+                h.unreserve(chunk.len() as u64);
+                log::debug!("holder process {}: {e}", h.pid());
+                break;
+            }
+        };
+        for ((f, fd), r) in chunk.iter().zip(addrs) {
+            match r {
+                Ok(addr) if f.take_holder(&h, addr, fd) => {
+                    moved.insert(std::ptr::from_ref::<KeptFile>(f) as usize);
+                }
+                // Shelved meanwhile in our own shelf: the holder's copy goes.
+                Ok(addr) => h.release(addr, f.len),
+                Err(e) => {
+                    h.unreserve(1);
+                    if e == libc::ENOMEM {
+                        h.full();
+                    }
+                    log::debug!("holder process {} cannot map a file: errno {e}", h.pid());
+                }
+            }
+        }
+    }
+    moved
+}
+
+impl KeptFile {
+    /// Kept by holder `h` at `addr` from now on, if it still keeps descriptor `fd`.
+    fn take_holder(&self, h: &Arc<Holder>, addr: usize, fd: &Arc<OwnedFd>) -> bool {
+        let mut g = lock(&self.hold);
+        match &*g {
+            Hold::Fd(f) if Arc::ptr_eq(f, fd) => {}
+            _ => return false,
+        }
+        *g = Hold::Held(h.clone(), addr);
+        self.shelved.store(true, Relaxed);
+        HELD.fetch_sub(1, Relaxed);
+        true
     }
 }
 
@@ -375,9 +493,9 @@ mod tests {
         assert!(before >= 4096, "{before}");
         let held = k.fd().unwrap();
         assert_eq!(fds_of(k.ino()), 1);
-        assert_eq!(k.shelve(), Some(true));
+        assert_eq!(k.shelve(0), Some(true));
         assert!(k.is_shelved());
-        assert_eq!(k.shelve(), Some(false));
+        assert_eq!(k.shelve(0), Some(false));
         // A reply under way still has its descriptor; then ours is gone.
         assert_eq!(read_at(held.as_fd(), 20_000, 4), b"kept");
         drop(held);
