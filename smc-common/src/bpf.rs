@@ -83,10 +83,16 @@ pub struct SockState {
     pub redirected_bytes: u64,
     /// Messages this socket sent through the `sk_msg` shortcut.
     pub redirected_msgs: u64,
+    /// A passive socket whose client announced SMC ([`SOCK_PASSIVE`]): its local address
+    /// (IPv6 in network byte order, IPv4 v4-mapped) and port (host byte order), recorded at
+    /// ESTABLISHED, which tell the quarantine sweep the listener it came from.
+    pub local_ip: [u32; 4],
+    pub local_port: u32,
+    pub _pad: u32,
 }
 
 /// Layout version of [`SockState`].
-pub const SOCK_STATE_VERSION: u32 = 2;
+pub const SOCK_STATE_VERSION: u32 = 3;
 
 /// A TCP connection as seen from one end. Addresses are IPv6 in network byte order (IPv4 is
 /// stored v4-mapped, `::ffff:a.b.c.d`, so that an `AF_INET6` socket talking to an `AF_INET` one
@@ -112,15 +118,67 @@ impl SockKey {
     }
 }
 
-/// Key of [`MAP_LISTENERS`]: a listening port in one network namespace.
+/// Key of [`MAP_LISTENERS`]: a listening address and port in one network namespace. A
+/// listener bound to a wildcard address has that wildcard ([`ListenerKey::V4_ANY`] for
+/// `0.0.0.0`, all zeros for `::`); a connection's listener is looked up by the connection's
+/// local address first, then by the wildcards ([`ListenerKey::candidates`]). Keyed by the port
+/// alone, another program's listener on the same port at another address (127.0.0.2, `[::1]`)
+/// announced for a listener that had withdrawn (red team round 20, `rt20_alias.py`, also as
+/// uid nobody: 10 of 10 Proposals read by the image without the library).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ListenerKey {
     /// `bpf_get_netns_cookie` of the listener's network namespace.
     pub netns: u64,
+    /// Local address: IPv6 in network byte order, IPv4 v4-mapped (`::ffff:a.b.c.d`).
+    pub addr: [u32; 4],
     /// Local port, host byte order.
     pub port: u32,
     pub _pad: u32,
+}
+
+impl ListenerKey {
+    /// `0.0.0.0` v4-mapped (`::ffff:0.0.0.0`), as stored in memory.
+    pub const V4_ANY: [u32; 4] = [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff]), 0];
+
+    /// Whether `addr` is v4-mapped (`::ffff:a.b.c.d`).
+    #[inline(always)]
+    pub const fn is_v4_mapped(addr: &[u32; 4]) -> bool {
+        addr[0] == 0 && addr[1] == 0 && addr[2] == Self::V4_ANY[2]
+    }
+
+    /// The keys that may hold the listener of a connection to `addr`:`port`, most specific
+    /// first: the address itself, then the IPv4 wildcard (a v4-mapped address only), then the
+    /// IPv6 wildcard (which a dual-stack listener also has for IPv4).
+    #[inline(always)]
+    pub fn candidates(netns: u64, addr: [u32; 4], port: u32) -> [ListenerKey; 3] {
+        let k = |addr| ListenerKey {
+            netns,
+            addr,
+            port,
+            _pad: 0,
+        };
+        let any = if Self::is_v4_mapped(&addr) {
+            Self::V4_ANY
+        } else {
+            [0; 4]
+        };
+        [k(addr), k(any), k([0; 4])]
+    }
+
+    /// Whether a connection to `addr` (this key's port) came through this listener: its
+    /// address, or a wildcard that covers it.
+    #[inline(always)]
+    pub const fn covers(&self, addr: &[u32; 4]) -> bool {
+        let a = &self.addr;
+        let same = a[0] == addr[0] && a[1] == addr[1] && a[2] == addr[2] && a[3] == addr[3];
+        let v6_any = a[0] == 0 && a[1] == 0 && a[2] == 0 && a[3] == 0;
+        let v4_any = a[0] == Self::V4_ANY[0]
+            && a[1] == Self::V4_ANY[1]
+            && a[2] == Self::V4_ANY[2]
+            && a[3] == Self::V4_ANY[3];
+        same || v6_any || (v4_any && Self::is_v4_mapped(addr))
+    }
 }
 
 /// Value of the same-host map: which socket holds a key, and what it is.
@@ -181,7 +239,7 @@ pub const CONFIG_NO_TCP_RECORDS: u32 = 1 << 0;
 /// Listening sockets that announce SMC, by [`ListenerKey`] (value: 1 announcing, 0 withdrawn).
 /// A SYN-ACK is built on a request socket, which has no socket storage and whose listener the
 /// program cannot reach, so the listener's own opt-in is looked up here by the request's
-/// network namespace and local port. Written at `listen` (opted-in sockets) and by
+/// network namespace, local address and port (see [`ListenerKey`]). Written at `listen` (opted-in sockets) and by
 /// [`SMC_SO_ENABLE`] on a listening socket; a SYN-ACK without an entry carries no option (so
 /// an LRU eviction can only make a connection stay TCP).
 pub const MAP_LISTENERS: &str = "SMC_LISTENERS";
@@ -224,7 +282,7 @@ pub const MAP_SWEEP: &str = "SMC_SWEEP";
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SweepConfig {
-    /// The listener's [`ListenerKey`]: network namespace cookie and local port.
+    /// The listener's [`ListenerKey`]: network namespace cookie, local address and port.
     pub listener: ListenerKey,
 }
 
@@ -452,7 +510,7 @@ impl TraceReason {
 /// The TCP experimental option that announces SMC: kind 254, length 6, ExID "SMCR" in EBCDIC.
 pub const TCPOPT_SMC: [u8; 6] = [254, 6, 0xE2, 0xD4, 0xC3, 0xD9];
 /// Layout version of everything pinned; a pin directory with another version is refused.
-pub const PIN_LAYOUT_VERSION: u32 = 3;
+pub const PIN_LAYOUT_VERSION: u32 = 4;
 
 #[cfg(feature = "user")]
 mod pod {
@@ -466,11 +524,42 @@ mod pod {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn listener_keys_cover_their_addresses_and_wildcards() {
+        use super::ListenerKey;
+        let v4 = |a: [u8; 4]| {
+            [
+                0,
+                0,
+                u32::from_ne_bytes([0, 0, 0xff, 0xff]),
+                u32::from_ne_bytes(a),
+            ]
+        };
+        let lo = v4([127, 0, 0, 1]);
+        let key = |addr| ListenerKey {
+            netns: 7,
+            addr,
+            port: 80,
+            _pad: 0,
+        };
+        let c = ListenerKey::candidates(7, lo, 80);
+        assert_eq!(c[0].addr, lo);
+        assert_eq!(c[1].addr, ListenerKey::V4_ANY);
+        assert_eq!(c[2].addr, [0; 4]);
+        assert_eq!(ListenerKey::candidates(7, [1, 2, 3, 4], 80)[1].addr, [0; 4]);
+        assert!(key(lo).covers(&lo));
+        assert!(!key(v4([127, 0, 0, 2])).covers(&lo));
+        assert!(key(ListenerKey::V4_ANY).covers(&lo));
+        assert!(!key(ListenerKey::V4_ANY).covers(&[1, 2, 3, 4]));
+        assert!(key([0; 4]).covers(&lo) && key([0; 4]).covers(&[1, 2, 3, 4]));
+    }
+
     use super::*;
 
     #[test]
     fn layouts() {
-        assert_eq!(core::mem::size_of::<SockState>(), 24);
+        assert_eq!(core::mem::size_of::<SockState>(), 48);
+        assert_eq!(core::mem::size_of::<ListenerKey>(), 32);
         assert_eq!(core::mem::size_of::<SockKey>(), 40);
         assert_eq!(core::mem::size_of::<PeerEntry>(), 16);
         for (i, c) in Counter::ALL.iter().enumerate() {

@@ -14,7 +14,7 @@ use smc_common::bpf::{
     MAX_LISTENERS, MAX_QUARANTINED, MAX_SOCKETS,
 };
 
-use crate::storage::SockStorage;
+use crate::{key::ops_key, storage::SockStorage};
 
 #[btf_map]
 pub static SMC_SOCK_STATE: SockStorage<SockState> = SockStorage::new();
@@ -77,31 +77,34 @@ pub static SMC_LISTENERS: LruHashMap<ListenerKey, u32> =
     LruHashMap::with_max_entries(MAX_LISTENERS, 0);
 
 #[inline(always)]
-pub fn set_listener(netns: u64, port: u32, on: bool) {
+pub fn set_listener(netns: u64, addr: [u32; 4], port: u32, on: bool) {
     let key = ListenerKey {
         netns,
+        addr,
         port,
         _pad: 0,
     };
     let _ = SMC_LISTENERS.insert(&key, &u32::from(on), 0);
 }
 
-/// Whether the listener of the request socket `ops` still announces SMC.
+/// Whether the listener of the request socket `ops` still announces SMC: the entry of the
+/// most specific of its address, the wildcard of its family, `::` ([`ListenerKey::candidates`]).
 #[inline(always)]
 pub fn listener_announces(ops: *mut bpf_sock_ops) -> bool {
     // SAFETY: `ops` is the program's context, which `bpf_get_netns_cookie` takes as is (the
     // verifier checks the argument is the context).
     let netns = unsafe { bpf_get_netns_cookie(ops.cast()) };
-    let key = ListenerKey {
-        netns,
-        // SAFETY: `ops` is the program's context, valid for this run; the verifier checks the
-        // field load.
-        port: unsafe { (*ops).local_port },
-        _pad: 0,
+    let Some(key) = ops_key(ops) else {
+        return false;
     };
-    // SAFETY: the value of a hash map lookup stays allocated for this program run (RCU); another
-    // CPU may change it concurrently, so it is only read once, by value.
-    unsafe { SMC_LISTENERS.get(&key) }.is_some_and(|v| *v != 0)
+    for k in ListenerKey::candidates(netns, key.local_ip, key.local_port) {
+        // SAFETY: the value of a hash map lookup stays allocated for this run (RCU); another
+        // CPU may change it concurrently, so it is only read once, by value.
+        if let Some(v) = unsafe { SMC_LISTENERS.get(&k) } {
+            return *v != 0;
+        }
+    }
+    false
 }
 
 #[map]

@@ -33,9 +33,9 @@ use aya_ebpf::{
 };
 use smc_common::{
     bpf::{
-        Counter, SockState, QUARANTINE_AT_DECLINE, QUARANTINE_AT_PROPOSAL, QUARANTINE_DONE,
-        SOCK_CLAIMED, SOCK_PASSIVE, SOCK_PEER_SMC, SOCK_QUARANTINED, SOCK_QUARANTINE_TRY,
-        SOCK_STATE_VERSION,
+        Counter, SockKey, SockState, QUARANTINE_AT_DECLINE, QUARANTINE_AT_PROPOSAL,
+        QUARANTINE_DONE, SOCK_CLAIMED, SOCK_PASSIVE, SOCK_PEER_SMC, SOCK_QUARANTINED,
+        SOCK_QUARANTINE_TRY, SOCK_STATE_VERSION,
     },
     clc_wire::{
         DECLINE_V1_LEN, DECLINE_V2_LEN, EYECATCHER_SMCD, EYECATCHER_SMCR, HEADER_LEN, MSG_DECLINE,
@@ -46,11 +46,6 @@ use smc_common::{
 use crate::maps::{
     count, SMC_LISTENERS, SMC_QUARANTINE, SMC_QUARANTINE_AT, SMC_SOCK_STATE, SMC_SWEEP,
 };
-
-/// `offsetof(struct sock_common, skc_num)`: the local port in host byte order. The first
-/// 20 bytes of `sock_common` (addresses, hash, ports, family, state) have had this layout since
-/// Linux 2.6; the verifier checks the load against the kernel's BTF of the struct.
-const SKC_NUM_OFF: usize = 14;
 
 /// `state.flags |= bits` as one atomic operation (a sequentially consistent `or`, BPF's
 /// `BPF_ATOMIC | BPF_OR | BPF_FETCH`), the old flags returned: the claim and the sweep decide
@@ -199,12 +194,6 @@ pub fn smc_sweep(ctx: *mut c_void) -> i32 {
     let Some(cfg) = SMC_SWEEP.get(0) else {
         return 0;
     };
-    // SAFETY: `skc` is non-null and points to the socket's `sock_common` (see `SKC_NUM_OFF`);
-    // a tracing program's loads through BTF pointers are checked and fault-safe.
-    let port = unsafe { ptr::read_volatile(skc.cast::<u8>().add(SKC_NUM_OFF).cast::<u16>()) };
-    if u32::from(port) != cfg.listener.port {
-        return 0;
-    }
     // The listener announces again (an exec that failed restored it): nothing to do.
     // SAFETY: the value of a hash map lookup stays allocated for this run (RCU); read once.
     if unsafe { SMC_LISTENERS.get(&cfg.listener) }.is_some_and(|v| *v != 0) {
@@ -231,6 +220,18 @@ pub fn smc_sweep(ctx: *mut c_void) -> i32 {
     if f & want != want || f & (SOCK_CLAIMED | SOCK_QUARANTINE_TRY) != 0 {
         return 0;
     }
+    // Of this listener: its port, and its address or a wildcard that covers the socket's
+    // (recorded at ESTABLISHED; a listener of the same port at another address is another's).
+    // SAFETY: as above; plain fields of the value, read by value.
+    let (port, ip) = unsafe {
+        (
+            ptr::read_volatile(ptr::addr_of!((*st).local_port)),
+            ptr::read_volatile(ptr::addr_of!((*st).local_ip)),
+        )
+    };
+    if port != cfg.listener.port || !cfg.listener.covers(&ip) {
+        return 0;
+    }
     // SAFETY: as above.
     let old = flags_or(unsafe { &mut *st }, SOCK_QUARANTINE_TRY);
     if old & SOCK_CLAIMED != 0 {
@@ -250,11 +251,18 @@ pub fn smc_sweep(ctx: *mut c_void) -> i32 {
 /// withdrew after our SYN-ACK said so: the client saw the option (its own entry says so) and
 /// sends a Proposal that no data path of ours will answer. `flags`: the bits recorded.
 #[inline(always)]
-pub fn quarantine_established(ops: *mut bpf_sock_ops, state: Option<&mut SockState>, flags: u32) {
+pub fn quarantine_established(
+    ops: *mut bpf_sock_ops,
+    state: Option<&mut SockState>,
+    flags: u32,
+    key: &SockKey,
+) {
     let Some(state) = state else {
         return;
     };
     state.version = SOCK_STATE_VERSION;
+    state.local_ip = key.local_ip;
+    state.local_port = key.local_port;
     state.flags |= flags | SOCK_PASSIVE | SOCK_QUARANTINE_TRY;
     // SAFETY: the context, which the sock_ops variant of the helper takes as is.
     let mut cookie = unsafe { bpf_get_socket_cookie(ops.cast()) };

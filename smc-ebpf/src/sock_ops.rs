@@ -103,7 +103,9 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
                 trace!(TraceReason::ListenAnnounces, ops.local_port, 0);
                 // SAFETY: the program's context, which `bpf_get_netns_cookie` takes as is.
                 let netns = unsafe { bpf_get_netns_cookie(ops_ptr.cast()) };
-                set_listener(netns, ops.local_port, true);
+                if let Some(k) = ops_key(ops_ptr) {
+                    set_listener(netns, k.local_ip, ops.local_port, true);
+                }
                 // Keep the SYN, so that PASSIVE_ESTABLISHED can read the peer's option from it.
                 let mut one: i32 = 1;
                 // SAFETY: `ops_ptr` is the context (`bpf_setsockopt` is allowed in sock_ops on a
@@ -329,10 +331,14 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
             key.local_port,
             key.remote_port
         );
-        quarantine_established(ops_ptr, state, flags);
+        quarantine_established(ops_ptr, state, flags, &key);
     } else if let Some(state) = state {
         state.version = SOCK_STATE_VERSION;
         state.flags |= flags;
+        if flags & SOCK_PASSIVE != 0 {
+            state.local_ip = key.local_ip;
+            state.local_port = key.local_port;
+        }
     }
     // In shortcut mode every socket goes into the SOCKHASH; in ism mode only those that may
     // become SMC-D (both ends announced SMC), which enable the redirect for themselves after

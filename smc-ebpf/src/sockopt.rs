@@ -96,8 +96,9 @@ pub fn smc_setsockopt(ctx: SockoptContext) -> i32 {
     if bit == SOCK_OPTED_IN && unsafe { (*sk).state } == BPF_TCP_LISTEN {
         // SAFETY: the program's context, which `bpf_get_netns_cookie` takes as is.
         let netns = unsafe { bpf_get_netns_cookie(ctx.sockopt.cast()) };
-        // SAFETY: as for `state` above.
-        set_listener(netns, unsafe { (*sk).src_port }, on);
+        if let Some(k) = sock_key(sk) {
+            set_listener(netns, k.local_ip, k.local_port, on);
+        }
     }
     // Handled here: the kernel must not see this private level.
     so.optlen = -1;

@@ -2533,3 +2533,106 @@ fn connections_queued_when_a_listener_goes_to_an_image_without_the_library_show_
         );
     }
 }
+
+/// Red team round 20 (`rt20_alias.py`): a listener made under the library goes (exec) to an
+/// image without it; then another program, as uid `nobody`, listens on the same port at
+/// another address (127.0.0.2, or `[::1]` v6-only). Keyed by the port alone, that listener's
+/// announcement revived the withdrawn one's: 10 of 10 clients' Proposals read by the image
+/// (TCP: none). The listener key has the address now.
+const ALIAS_LISTENER: &str = r#"
+# rt20_alias.py PORT v4b|v6|none [N] [nobody]: a listener on 127.0.0.1:PORT made under the
+# library goes (exec) to an image WITHOUT it, which answers each connection's first line with
+# "got <line>". Then another program (under the library; as uid nobody with "nobody") listens
+# on the SAME PORT at another address: 127.0.0.2 (v4b) or [::1] v6only (v6). N clients (under
+# the library) then connect to 127.0.0.1:PORT one after the other. The eBPF listener key is
+# (netns, port): the other listener's announcement revives the withdrawn one's. TCP: every
+# answer is "got hello I".
+import os, socket, sys, time, pwd, encodings.idna
+a = sys.argv
+if a[1] == "serve":
+    l = socket.socket(fileno=int(a[2])); l.settimeout(4)
+    while True:
+        try:
+            c, _ = l.accept()
+        except (socket.timeout, TimeoutError):
+            break
+        c.settimeout(3)
+        b = b""
+        try:
+            while not b.endswith(b"\n") and len(b) < 4096:
+                x = c.recv(4096)
+                if not x:
+                    break
+                b += x
+            c.sendall(b"got " + b[:60] + (b"" if b.endswith(b"\n") else b"\n"))
+        except OSError:
+            pass
+        c.close()
+    os._exit(0)
+port, mode = int(a[1]), a[2]
+n = int(a[3]) if len(a) > 3 else 10
+asnobody = len(a) > 4 and a[4] == "nobody"
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", port)); l.listen(64)
+if os.fork() == 0:
+    # the other program: listens on the same port at another address
+    if asnobody:
+        pw = pwd.getpwnam("nobody"); os.setgid(pw.pw_gid); os.setuid(pw.pw_uid)
+    l.close()
+    if mode != "none":
+        if mode == "v6":
+            o = socket.socket(socket.AF_INET6); o.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            o.bind(("::1", port))
+        else:
+            o = socket.socket(); o.bind(("127.0.0.2", port))
+        time.sleep(0.5)
+        o.listen(8)
+    time.sleep(1.0)
+    bad = 0
+    for i in range(n):
+        c = socket.create_connection(("127.0.0.1", port)); c.settimeout(5)
+        c.sendall(b"hello %d\n" % i)
+        b = b""
+        try:
+            while not b.endswith(b"\n"):
+                x = c.recv(4096)
+                if not x:
+                    break
+                b += x
+        except OSError as e:
+            b += repr(e).encode()
+        if b != b"got hello %d\n" % i:
+            bad += 1
+            if bad <= 2:
+                print("wrong:", b[:40], file=sys.stderr)
+        c.close()
+    print("alias %s wrong %d/%d" % (mode, bad, n))
+    os._exit(0)
+time.sleep(0.2)
+os.set_inheritable(l.fileno(), True)
+env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+os.execve(sys.executable, [sys.executable, a[0], "serve", str(l.fileno())], env)
+"#;
+
+#[test]
+fn a_listener_of_another_user_at_another_address_does_not_revive_a_withdrawn_one() {
+    let w = SmcWorld::new();
+    let py = script(&w, "alias.py", ALIAS_LISTENER);
+    for mode in ["v4b", "v6"] {
+        // A port free on 127.0.0.1 now (the script binds it and the same port elsewhere).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port()
+            .to_string();
+        let mut c = python(&w, &py);
+        c.args([port.as_str(), mode, "10", "nobody"]);
+        let out = spawn_piped(c)
+            .wait_output(T)
+            .unwrap_or_else(|e| panic!("alias.py {mode}: {e}"));
+        assert!(
+            out.contains(&format!("alias {mode} wrong 0/10")),
+            "{mode}: {out}"
+        );
+    }
+}

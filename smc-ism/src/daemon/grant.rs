@@ -154,7 +154,7 @@ fn open_sockhash(path: &Path) -> Option<OwnedFd> {
 
 /// An address as the eBPF programs key it: IPv6 in network byte order, IPv4 v4-mapped; the
 /// port in host byte order.
-fn key_addr(ss: &libc::sockaddr_storage) -> Option<([u32; 4], u32)> {
+pub(super) fn key_addr(ss: &libc::sockaddr_storage) -> Option<([u32; 4], u32)> {
     match ss.ss_family as i32 {
         libc::AF_INET => {
             // SAFETY: the family says this storage holds a sockaddr_in.

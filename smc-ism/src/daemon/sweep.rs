@@ -19,7 +19,7 @@ use std::sync::Mutex;
 
 use smc_common::bpf::{ListenerKey, SweepConfig, MAP_SWEEP, SWEEP_PROG};
 
-use super::grant::{bpf, open_pinned, BPF_MAP_UPDATE_ELEM};
+use super::grant::{bpf, key_addr, open_pinned, BPF_MAP_UPDATE_ELEM};
 use crate::sys;
 
 /// `ioctl(sock, SIOCGSKNS)`: an fd of the socket's network namespace.
@@ -55,7 +55,7 @@ impl From<io::Error> for SweepError {
 }
 
 /// The listener's key as the programs write it (`set_listener`): its network namespace's
-/// cookie and its local port in host byte order.
+/// cookie, its local address (IPv4 v4-mapped; a wildcard as bound) and port.
 fn listener_key(listener: BorrowedFd<'_>) -> Result<ListenerKey, SweepError> {
     let accepting = sys::getsockopt::<libc::c_int>(listener, libc::SOL_SOCKET, libc::SO_ACCEPTCONN)
         .map_err(|_| SweepError::NotListener)?;
@@ -78,19 +78,12 @@ fn listener_key(listener: BorrowedFd<'_>) -> Result<ListenerKey, SweepError> {
     if r != 0 {
         return Err(SweepError::NotListener);
     }
-    let port = match ss.ss_family as i32 {
-        // SAFETY: the family says which sockaddr the storage holds.
-        libc::AF_INET => unsafe { (*std::ptr::from_ref(&ss).cast::<libc::sockaddr_in>()).sin_port },
-        // SAFETY: as above.
-        libc::AF_INET6 => unsafe {
-            (*std::ptr::from_ref(&ss).cast::<libc::sockaddr_in6>()).sin6_port
-        },
-        _ => return Err(SweepError::NotListener),
-    };
+    let (addr, port) = key_addr(&ss).ok_or(SweepError::NotListener)?;
     let netns = sys::getsockopt::<u64>(listener, libc::SOL_SOCKET, sys::SO_NETNS_COOKIE)?;
     Ok(ListenerKey {
         netns,
-        port: u32::from(u16::from_be(port)),
+        addr,
+        port,
         _pad: 0,
     })
 }
