@@ -1006,12 +1006,22 @@ thread_local! {
     static IN_PEER_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// `SIOCOUTQNSD` (`linux/sockios.h`): the bytes of the send queue not sent yet.
+const SIOCOUTQNSD: libc::c_ulong = 0x894B;
+
 /// Whether the peer's kernel acknowledged every byte written to `fd` (`SIOCOUTQ` 0: none left
-/// to send or to send again) before `deadline`; false at once when the connection ended (a
-/// reset purges what was not acknowledged). Sleeps in steps of 1 ms after a short spin (on
-/// loopback the ACK is usually processed before our `send` returns). errno is kept.
+/// to send or to send again) before `deadline`, or what is left is held by the peer's receive
+/// window (a full segment or more not sent yet: bulk, which only the peer's program frees by
+/// reading, after its switch; Nagle holds less than a segment, and what was sent the peer's
+/// kernel acknowledges within its delayed-ACK time); false at the deadline, or at once when
+/// the connection ended (a reset purges what was not acknowledged). Sleeps in steps of 1 ms
+/// after a short spin (on loopback the ACK is usually processed before our `send` returns).
+/// errno is kept.
 fn all_acked(fd: i32, deadline: Instant) -> bool {
     let e0 = real::errno();
+    let mss = crate::util::sockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_MAXSEG)
+        .filter(|&m| m > 0)
+        .unwrap_or(536);
     let mut i = 0u32;
     let ok = loop {
         let mut q: libc::c_int = 0;
@@ -1027,6 +1037,18 @@ fn all_acked(fd: i32, deadline: Instant) -> bool {
             break false;
         }
         if q == 0 {
+            break true;
+        }
+        let mut nsd: libc::c_int = 0;
+        // SAFETY: SIOCOUTQNSD writes one int to our local.
+        let r = unsafe {
+            real::ioctl(
+                fd,
+                SIOCOUTQNSD,
+                std::ptr::from_mut(&mut nsd) as libc::c_ulong,
+            )
+        };
+        if r == 0 && nsd >= mss {
             break true;
         }
         if Instant::now() >= deadline || !connected(fd) {
