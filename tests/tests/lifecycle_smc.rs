@@ -1457,7 +1457,10 @@ for i in range(n):
         with open(fifo) as f:
             assert f.read() == "go\n"
     s.sendall(b"hello %d\n" % i)
-    s.shutdown(socket.SHUT_WR)
+    try:
+        s.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # the handler was done already: its reset came first (ENOTCONN), as on TCP
     s.settimeout(20)
     b = b""
     try:
