@@ -19,7 +19,7 @@
 //! | offset | size | extension                                                       |
 //! |-------:|-----:|-----------------------------------------------------------------|
 //! | 1      | 7    | the urgent word ([`crate::urg::UrgWord`]): sequence number, ring offsets of the newest urgent byte and the one before; written by the writer only, before the producer cursor covering the byte ([`CdcHeader::store_urg`]) |
-//! | 24     | 8    | the wakeup bits of the direction (the preload's `WAIT_DATA`, `WAIT_SPACE`, `WAIT_SWITCH`, `WAIT_ASYNC`, `ASYNC_RUNG`), set and swapped by both ends; with [`crate::clc::FEATURE_SWITCH_ALONE`] also the owner's `WAIT_ALONE`, the writer's `CTL_UNCOUNTED`, its control sends in flight (bits 16..32) and its control bytes sent (bits 32..64) |
+//! | 24     | 8    | the wakeup bits of the direction (the preload's `WAIT_DATA`, `WAIT_SPACE`, `WAIT_SWITCH`, `WAIT_ASYNC`, `ASYNC_RUNG`), set and swapped by both ends; with [`crate::clc::FEATURE_SWITCH_ALONE`] also the owner's `WAIT_ALONE`, the writer's `CTL_UNCOUNTED`, its control sends in flight (bits 16..32) and its control bytes sent (bits 32..64); with [`crate::clc::FEATURE_SWITCH_FRESH_ACKS`] the owner's `WAIT_ACKS_FRESH` (its socket's delayed ACKs are a fresh connection's again after a switch to TCP) |
 //!
 //! The urgent flags of [`ProdFlags`] (`urg_data_pending`, `urg_data_present`) are set by the
 //! writer as Linux does (pending from the start of an urgent send, present once its last byte

@@ -107,12 +107,23 @@ pub const FEATURE_SWITCH_ALONE: u16 = 1 << 13;
 /// and reads the rest over TCP, then what the end writes after it. Used only when the proposal
 /// offered it and the accept echoed it, together with [`FEATURE_SWITCH_ALONE`].
 pub const FEATURE_SWITCH_ALONE_RESEND: u16 = 1 << 12;
+/// This implementation's extension of the switch to TCP (a bit Linux does not define, masked
+/// off by a Linux server like [`FEATURE_LARGE_DMB`]): at the end of a two-sided switch each end
+/// waits until the peer acknowledged its switch bytes, turns its delayed ACKs back to those of a
+/// fresh connection (`TCP_QUICKACK`), and says so in the wait word of its DMB (see
+/// [`crate::cdc`]); neither end continues before the other said so. The switch's own exchange
+/// left both sockets in delayed-ACK (ping-pong) mode, where a fresh TCP connection ACKs at once:
+/// the peer's small writes then waited on Nagle for the ACK of the first, and a close with
+/// unread bytes (a reset) dropped them. Used only when the proposal offered it and the accept
+/// echoed it.
+pub const FEATURE_SWITCH_FRESH_ACKS: u16 = 1 << 11;
 /// The feature bits this implementation offers and echoes.
 pub const OUR_FEATURES: u16 = FEATURE_EMULATED_ISM
     | FEATURE_LARGE_DMB
     | FEATURE_ACCEPT_WITHDRAW
     | FEATURE_SWITCH_ALONE
-    | FEATURE_SWITCH_ALONE_RESEND;
+    | FEATURE_SWITCH_ALONE_RESEND
+    | FEATURE_SWITCH_FRESH_ACKS;
 /// CHID of Linux's loopback-ism (`SMC_LO_RESERVED_CHID`).
 pub const LOOPBACK_CHID: u16 = 0xFFFF;
 /// `SMC_FIRST_CONTACT_MASK` within `typev2`.

@@ -1408,6 +1408,138 @@ fn a_handler_spawned_with_the_connection_as_its_stdio_gets_every_byte() {
     assert!(sout.contains("HANDLER DONE 0"), "server: {sout}");
 }
 
+/// An inetd-style server (`fork`, `dup2` of the accepted connection onto 0 and 1, `execve` of a
+/// handler without the library: the connection switches to TCP) whose handler writes three small
+/// pieces and exits without reading what the client sent, so the kernel resets the connection
+/// at its close, dropping what it had not sent yet. On TCP the client gets every piece: its
+/// fresh socket acknowledges the first at once, and Nagle holds nothing back. `argv[2]`: `first`,
+/// the client's line comes before the switch (the handler writes at once; two-sided switch), or
+/// `after`, the client sends it only once the handler runs (it says so through a FIFO, outside the
+/// connection), so the server's end switched alone and the client's line is its first byte on
+/// TCP; the handler waits for it (`poll`, never reads it) before it writes.
+const NAGLE_HANDLER_SERVER: &str = r#"
+import os, socket, sys
+HANDLER = r"""
+import os, select, sys
+if sys.argv[1] == "after":
+    with open(sys.argv[2], "w") as f:
+        f.write("go\n")
+    select.select([0], [], [])
+os.write(1, b"a1 ")
+os.write(1, b"b2 ")
+os.write(1, b"c3\n")
+"""
+n, mode, fifo = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+print("READY", ls.getsockname()[1], flush=True)
+for _ in range(n):
+    c, _ = ls.accept()
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(c.fileno(), 0)
+        os.dup2(c.fileno(), 1)
+        os.execve(sys.executable, [sys.executable, "-c", HANDLER, mode, fifo],
+                  {"PATH": "/usr/bin:/bin"})
+    c.close()
+    os.waitpid(pid, 0)
+print("SERVER DONE", flush=True)
+"#;
+
+const NAGLE_CLIENT: &str = r#"
+import socket, sys
+port, n, mode, fifo = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+got = {}
+for i in range(n):
+    s = socket.create_connection(("127.0.0.1", port))
+    if mode == "after":
+        with open(fifo) as f:
+            assert f.read() == "go\n"
+    s.sendall(b"hello %d\n" % i)
+    try:
+        s.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # the handler was done already: its reset came first (ENOTCONN), as on TCP
+    s.settimeout(20)
+    b = b""
+    try:
+        while True:
+            x = s.recv(100)
+            if not x:
+                break
+            b += x
+    except ConnectionResetError:
+        pass
+    s.close()
+    got[b] = got.get(b, 0) + 1
+print("CLIENT", got.get(b"a1 b2 c3\n", 0), "OF", n, "WHOLE", got, flush=True)
+"#;
+
+/// [`NAGLE_HANDLER_SERVER`] and [`NAGLE_CLIENT`], `n` connections in `mode`; under the library
+/// (`smc`) in the world or as plain programs: the client's output.
+fn nagle_case(w: &SmcWorld, smc: bool, mode: &str, n: u32) -> String {
+    let srv_py = script(w, "nagle_server.py", NAGLE_HANDLER_SERVER);
+    let cl_py = script(w, "nagle_client.py", NAGLE_CLIENT);
+    let fifo = w.subdir("py").join(format!("nagle-{mode}-{smc}.fifo"));
+    let _ = std::fs::remove_file(&fifo);
+    let st = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(st.success(), "mkfifo {}", fifo.display());
+    let cmd = |p: &Path| {
+        if smc {
+            return python(w, p);
+        }
+        let mut c = Command::new("python3");
+        c.arg(p).env_remove("LD_PRELOAD");
+        c
+    };
+    let mut c = cmd(&srv_py);
+    c.arg(n.to_string()).arg(mode).arg(&fifo);
+    let mut srv = spawn_piped(c);
+    let port = ready_port(&mut srv);
+    let mut c = cmd(&cl_py);
+    c.args([port.to_string(), n.to_string(), mode.to_string()])
+        .arg(&fifo);
+    let out = spawn_piped(c).wait_output(T).expect("client");
+    let sout = srv.wait_output(T).expect("server");
+    assert!(sout.contains("SERVER DONE"), "server: {sout}");
+    out
+}
+
+/// The handler's writes after a switch to TCP arrive as over TCP. Before, the switch's own
+/// exchange (a marker received, one sent back within the delayed-ACK time, as the CLC messages
+/// before) left the client's socket in delayed-ACK (ping-pong) mode where a fresh connection is
+/// not: Nagle held the second and third pieces for the ACK of the first, and the reset dropped
+/// them (red team round 18 `rt18_nagle.sh`, openbsd-inetd: "a1 " only, 3 of 3). `first` (a
+/// two-sided switch): the `TCP_QUICKACK` at its end was undone when the client's resent line,
+/// queued behind its marker, went out after it (14 of 100 connections lost pieces under load,
+/// TCP 0); `after` (the server's end switched alone, the client's line is its first byte on
+/// TCP): that line put the client's socket back in ping-pong mode every time (0 of 10 whole).
+/// Now each end waits until the peer acknowledged its switch bytes, leaves ping-pong mode, and
+/// neither continues before the other did (`Conn::acks_fresh`); a write that switches
+/// re-arms quick ACKs after its bytes.
+#[test]
+fn a_handler_that_writes_small_pieces_and_closes_unread_delivers_them_all_like_tcp() {
+    let w = SmcWorld::new();
+    let n = 10;
+    let want = format!("CLIENT {n} OF {n} ");
+    for mode in ["first", "after"] {
+        let tcp = nagle_case(&w, false, mode, n);
+        assert!(tcp.contains(&want), "{mode}: plain TCP: {tcp}");
+        let smc = nagle_case(&w, true, mode, n);
+        assert!(
+            smc.contains(&want),
+            "{mode}: under the library: {smc}\nplain TCP: {tcp}"
+        );
+    }
+    let sum = w.stats_sum();
+    assert!(
+        sum.get("smcd_server") >= u64::from(2 * n),
+        "{}",
+        brief(&sum)
+    );
+}
+
 /// Servers that hand each accepted connection to another process, as real servers do: `prefork`
 /// (a worker forked before any connection receives it with `SCM_RIGHTS` from the parent, which
 /// accepted it blocking and closes its copy) and `inetd` (a handler image started with

@@ -125,6 +125,12 @@ fn conn_of_op(fd: c_int, op: Op) -> Option<Arc<Obj>> {
     }
 }
 
+thread_local! {
+    /// [`conn_of_call`] switched the connection of a write to TCP just now: the write goes to
+    /// the socket, followed by [`crate::conn::fresh_acks_after_send`] ([`send_iov`]).
+    static WRITE_SWITCHED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// As [`conn_of_op`], for a call that can go on with the connection on another descriptor
 /// when its number was closed under it ([`Moved`]).
 #[inline]
@@ -151,6 +157,9 @@ fn conn_of_call(fd: c_int, op: Op) -> Result<Option<Arc<Obj>>, Moved> {
             // The peer switches the connection to TCP (or it did): our answer first; then
             // the call goes to the socket.
             if crate::lifecycle::continue_on_tcp(fd, &o) {
+                if matches!(op, Op::Write { .. }) {
+                    WRITE_SWITCHED.with(|w| w.set(true));
+                }
                 None
             } else {
                 Some(o)
@@ -439,6 +448,7 @@ pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
         // (conformance `bad_pointer_write` with a 1 ms CLC timeout, and the shortcut column).
         return Some(fail(libc::EFAULT));
     }
+    WRITE_SWITCHED.with(|w| w.set(false));
     let found = conn_of_call(
         fd,
         Op::Write {
@@ -446,7 +456,23 @@ pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
         },
     );
     let o = match found {
-        Ok(o) => o?,
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            if !WRITE_SWITCHED.with(|w| w.replace(false)) {
+                return None;
+            }
+            // This write switched the connection to TCP (the peer switched, maybe alone, and
+            // its next image may be writing already): its bytes go to the socket here, and
+            // the socket acknowledges as a fresh connection's after them.
+            // SAFETY: plain old data.
+            let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+            h.msg_iov = iov.as_ptr() as *mut iovec;
+            h.msg_iovlen = iov.len() as _;
+            // SAFETY: the caller's buffers (a plain TCP socket now).
+            let r = unsafe { real::sendmsg(fd, &h, flags) };
+            crate::conn::fresh_acks_after_send(fd);
+            return Some(r);
+        }
         Err(m) => {
             // SAFETY: the caller's buffers; the call goes on with its connection on `m.fd`.
             let r = unsafe { send_iov(m.fd, iov, flags) }.unwrap_or_else(|| {
@@ -494,8 +520,14 @@ unsafe fn send_in(call: &InCall, fd: c_int, iov: &[iovec], flags: c_int) -> ssiz
             let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
             m.msg_iov = iov.as_ptr() as *mut iovec;
             m.msg_iovlen = iov.len() as _;
+            let io = c.io_now(fd);
             // SAFETY: the caller's buffers.
-            unsafe { real::sendmsg(c.io_now(fd), &m, flags) }
+            let r = unsafe { real::sendmsg(io, &m, flags) };
+            // The program's first bytes on TCP, right after the switch's exchange: the socket
+            // received the peer's marker within its delayed-ACK time, so they put it in
+            // ping-pong mode, where a fresh connection (nothing received yet) is not.
+            crate::conn::fresh_acks_after_send(io);
+            r
         }
         Err(crate::conn::E_TCP) => ret(c.send(fd, iov, flags).map_err(not_e_tcp(libc::EPIPE))),
         r => {

@@ -60,6 +60,15 @@ pub const ASYNC_RUNG: u64 = 16;
 ///
 /// [`FEATURE_SWITCH_ALONE`]: smc_common::clc::FEATURE_SWITCH_ALONE
 pub const WAIT_ALONE: u64 = 32;
+/// The owner of this DMB finished its part of a switch to TCP for its socket's ACKs (with
+/// [`FEATURE_SWITCH_FRESH_ACKS`], [`F_FRESH_ACKS_OK`]): the peer acknowledged every switch byte
+/// it sent (none is left to send or to send again), and its socket's delayed ACKs are a fresh
+/// connection's again (`TCP_QUICKACK`: not in ping-pong mode). Set once, by the owner, with a
+/// futex wake on the low half of the word; at the end of a two-sided switch each end waits for
+/// the other's before it continues ([`Conn::switch_to_tcp`]).
+///
+/// [`FEATURE_SWITCH_FRESH_ACKS`]: smc_common::clc::FEATURE_SWITCH_FRESH_ACKS
+pub const WAIT_ACKS_FRESH: u64 = 128;
 /// Set by the writer before a control byte that the owner may not read as one (an urgent
 /// doorbell, which the owner's kernel takes out of the stream unless `SO_OOBINLINE` is on):
 /// the counts below no longer say exactly what the owner reads; it drains as without the
@@ -83,6 +92,12 @@ const PAGE: usize = 4096;
 /// poll/epoll waiters (whose sleep this library does not time) give the pages back before
 /// sleeping once this much was written since the last reclaim and the peer consumed it all.
 const RECLAIM_ARMED_MIN: u32 = 256 * 1024;
+
+/// Where the bits 0..32 of a wait word lie in its 8 bytes.
+#[cfg(target_endian = "little")]
+const WAIT_LO_OFF: usize = 0;
+#[cfg(target_endian = "big")]
+const WAIT_LO_OFF: usize = 4;
 
 /// The byte we send as a doorbell (never the first byte of a CLC eyecatcher, 0xE2).
 pub const DOORBELL: u8 = 0x01;
@@ -152,6 +167,10 @@ pub const F_PEER_ALONE: u32 = 1 << 28;
 /// them again after its marker, with their count (the handshake negotiated
 /// [`smc_common::clc::FEATURE_SWITCH_ALONE_RESEND`]); the peer drops what it had read of them.
 pub const F_ALONE_RESEND: u32 = 1 << 29;
+/// Both ends say when their socket's delayed ACKs are a fresh connection's again after a
+/// switch to TCP ([`WAIT_ACKS_FRESH`]; the handshake negotiated
+/// [`smc_common::clc::FEATURE_SWITCH_FRESH_ACKS`]).
+pub const F_FRESH_ACKS_OK: u32 = 1 << 30;
 /// The connection continues on TCP: the peer's marker was read, the peer switched alone, or
 /// this end switched (see [`E_TCP`]).
 pub const F_TO_TCP: u32 = F_PEER_SWITCH | F_PEER_ALONE | F_SWITCHED;
@@ -717,6 +736,20 @@ impl Conn {
         unsafe { &*(self.peer.as_ptr().add(24) as *const AtomicU64) }
     }
 
+    /// The half of our wait word that holds its bits 0..32, for a futex.
+    #[inline]
+    fn own_wait_lo(&self) -> &AtomicU32 {
+        // SAFETY: inside the 8-byte word at offset 24 of the header, 4-byte aligned.
+        unsafe { &*(self.own.as_ptr().add(24 + WAIT_LO_OFF) as *const AtomicU32) }
+    }
+
+    /// The half of the peer's wait word that holds its bits 0..32, for a futex.
+    #[inline]
+    fn peer_wait_lo(&self) -> &AtomicU32 {
+        // SAFETY: as above.
+        unsafe { &*(self.peer.as_ptr().add(24 + WAIT_LO_OFF) as *const AtomicU32) }
+    }
+
     pub fn rx_ring_len(&self) -> u32 {
         self.rx.len()
     }
@@ -1089,7 +1122,7 @@ mod smc_wake;
 
 pub use crate::util::io_path::{IO_GONE, NO_IO};
 pub use smc_close::{TCP_CLOSE, TCP_CLOSE_WAIT, TCP_ESTABLISHED, TCP_FIN_WAIT2};
-pub use smc_switch::{Switched, TailUndo};
+pub use smc_switch::{fresh_acks_after_send, Switched, TailUndo};
 
 #[cfg(test)]
 mod tests;

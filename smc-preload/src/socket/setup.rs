@@ -541,7 +541,8 @@ fn nonblocking(fd: i32) -> bool {
     fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
-/// `alone`: the switch-alone features negotiated (switch alone, and with our unread bytes).
+/// `alone`: the switch-alone features negotiated (switch alone, and with our unread bytes);
+/// `fresh`: the fresh-ACKs feature of the switch to TCP.
 fn install(
     fd: i32,
     own: HeldDmb,
@@ -549,6 +550,7 @@ fn install(
     role: Role,
     nonblock: bool,
     alone: (bool, bool),
+    fresh: bool,
 ) -> bool {
     let (ot, pt) = (own.token, peer.token);
     let rel = DmbRelease {
@@ -581,6 +583,17 @@ fn install(
             c.enable_alone_resend();
         }
     }
+    if fresh {
+        c.enable_fresh_acks();
+    }
+    // The CLC exchange (a message received, one sent back within the delayed-ACK time) put the
+    // socket in ping-pong (delayed-ACK) mode, where a fresh TCP connection is not: out of it,
+    // and, the shortcut carrying the doorbells, nothing over TCP puts it back before a switch to
+    // TCP, whose first bytes (the peer's marker) and those of an image the peer execs after a
+    // switch alone are then acknowledged at once, as a fresh connection's first data (see
+    // `Conn::acks_fresh`). Our last CLC message went out whole (nothing of ours was
+    // unacknowledged before it: no Nagle). The server's delayed ACK of the Confirm goes now.
+    crate::util::set_sockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_QUICKACK, 1);
     // Set before the connection became SMC (or inherited from the listener).
     c.set_rcvlowat(fd);
     c.set_oobinline(fd);
@@ -1472,7 +1485,8 @@ fn finish_outcome(fd: i32, server: bool, out: Outcome, nonblock: bool) {
             let alone = est.feature_mask & smc_common::clc::FEATURE_SWITCH_ALONE != 0;
             let resend =
                 alone && est.feature_mask & smc_common::clc::FEATURE_SWITCH_ALONE_RESEND != 0;
-            if !install(fd, own, peer, role, nonblock, (alone, resend)) {
+            let fresh = est.feature_mask & smc_common::clc::FEATURE_SWITCH_FRESH_ACKS != 0;
+            if !install(fd, own, peer, role, nonblock, (alone, resend), fresh) {
                 // The peer is on SMC already: neither end may continue on this stream.
                 broken(fd, server, "local state mapping failed");
             }

@@ -41,6 +41,13 @@ impl Conn {
         self.set_flag(F_ALONE_RESEND);
     }
 
+    /// The handshake negotiated [`smc_common::clc::FEATURE_SWITCH_FRESH_ACKS`]: at the end of a
+    /// two-sided switch both ends say when their socket's delayed ACKs are a fresh connection's
+    /// again, and wait for each other ([`WAIT_ACKS_FRESH`]).
+    pub fn enable_fresh_acks(&self) {
+        self.set_flag(F_FRESH_ACKS_OK);
+    }
+
     /// Whether this connection continues on TCP (switched).
     pub fn switched(&self) -> bool {
         self.flags() & F_SWITCHED != 0
@@ -165,19 +172,21 @@ impl Conn {
         self.publish_cons(cons);
         // The socket itself (a number closed under a call in flight may name another file).
         let io = self.io_now(fd);
-        let r = self.switch_steps(io, deadline, tail_ok, leave, peer_here);
+        let mut two_sided = false;
+        let r = self.switch_steps(io, deadline, tail_ok, leave, peer_here, &mut two_sided);
         if r == Switched::Reset {
             self.set_flag(F_PROTO);
             reset_socket(io);
         } else {
             self.peek_off_to_socket(io);
-            // Our ACKs prompt again, as on a fresh TCP connection: the switch's own exchange
-            // (markers, resent bytes) left the socket in delayed-ACK (pingpong) mode, so a
-            // peer's small writes after it waited up to 40 ms on Nagle for our ACK, and a
-            // peer that then closed with unread bytes (a reset) discarded them (red team round
-            // 18, `rt18_nagle.sh`: an inetd handler's 3 writes, 1 arrived, 3 of 3; a mitigation:
-            // under load 5 of 10 still lost pieces, see the README of tests/redteam).
-            crate::util::set_sockopt_int(io, libc::IPPROTO_TCP, libc::TCP_QUICKACK, 1);
+            if r == Switched::Tcp {
+                // Last, after every call on the socket of this switch (each holds the socket,
+                // and what the peer's program sends meanwhile waits in its backlog).
+                self.say_acks_fresh();
+                if two_sided {
+                    self.await_peer_acks_fresh(io, deadline);
+                }
+            }
             self.set_flag(F_SWITCHED);
         }
         let clear = if r == Switched::Reset {
@@ -286,6 +295,8 @@ impl Conn {
         Some(r)
     }
 
+    /// `two_sided`: set when both ends sent their marker and the peer waits for our
+    /// [`WAIT_ACKS_FRESH`] as we wait for its own.
     fn switch_steps(
         &self,
         fd: i32,
@@ -293,6 +304,7 @@ impl Conn {
         tail_ok: bool,
         leave: impl FnOnce() -> bool,
         peer_here: impl FnOnce(),
+        two_sided: &mut bool,
     ) -> Switched {
         let alone_ok = self.flags() & F_ALONE_OK != 0;
         if alone_ok && self.peer_wait().load(Ordering::SeqCst) & WAIT_ALONE != 0 {
@@ -390,13 +402,24 @@ impl Conn {
             crate::debug!("fd {fd}: switch to TCP: our marker could not be sent");
             return Switched::Reset;
         }
+        // Sending it put our socket in ping-pong mode (a reply within the delayed-ACK time of
+        // what it last received): out of it, so that the peer's switch bytes are acknowledged
+        // as they come ([`Conn::acks_fresh`] waits for ours).
+        ack_now(fd);
         if self.flags() & F_PEER_SWITCH == 0 {
-            peer_here();
+            // The peer's end may be switched here, by this thread: its end of the switch must
+            // not wait for ours, which cannot go on before it returns.
+            IN_PEER_HERE.with(|h| {
+                let was = h.replace(true);
+                peer_here();
+                h.set(was);
+            });
         }
         let Some(n) = self.after_peers_marker(fd, deadline, "no marker from the peer in time")
         else {
             return self.closed_instead(fd, deadline, tail_ok);
         };
+        *two_sided = true;
         crate::debug!(
             "fd {fd}: switched to TCP ({n} bytes the peer had not read sent again): {}",
             self.describe()
@@ -447,11 +470,99 @@ impl Conn {
             return None;
         }
         let n = self.resend_unread(fd, deadline)?;
+        self.acks_fresh(fd, deadline);
         if self.flags() & F_SHUT_WR != 0 {
             // SAFETY: plain syscall.
             unsafe { real::shutdown(fd, libc::SHUT_WR) };
         }
         Some(n)
+    }
+
+    /// This end sent its last switch byte (its marker, its count, the bytes it sent again):
+    /// its socket's delayed ACKs become a fresh TCP connection's again, for good. Before the
+    /// FIN of a `SHUT_WR` (which sends no data).
+    ///
+    /// The switch's exchange made the socket reply within the delayed-ACK time of what it
+    /// received (`tcp_event_data_sent`, ping-pong count 1 = `tcp_pingpong_thresh`), and the
+    /// CLC handshake did before: in ping-pong mode the kernel delays the ACK of the peer's
+    /// next data (`__tcp_ack_snd_check`: quick ACKs only out of it), so a peer's second small
+    /// write waited on Nagle for it, and a peer that then closed with our bytes unread (a
+    /// reset) dropped what it had not sent (red team round 18, `rt18_nagle.sh`). A fresh
+    /// connection ACKs its first data at once. `TCP_QUICKACK` 1 leaves ping-pong mode, but
+    /// only until the socket sends data again within the delayed-ACK time of its last receipt:
+    /// a byte of ours still queued behind Nagle (our count or bytes sent again behind our
+    /// marker, released when the peer's ACK of the marker comes) or sent again by the tail loss
+    /// probe (unacknowledged for 2 RTT plus 2 ticks, the peer's ACK delayed) counts again. So:
+    /// 1. wait until the peer acknowledged every byte we sent (`SIOCOUTQ` 0: nothing left to
+    ///    send or to send again; the peer is out of ping-pong mode too, it acknowledges as the
+    ///    bytes come, at worst after its delayed-ACK time);
+    /// 2. `TCP_QUICKACK` 1: from now on only the program's own writes count, as on TCP;
+    /// 3. at the end of the switch, after its last call on the socket,
+    ///    [`Conn::say_acks_fresh`]: at the end of a two-sided switch the peer does not
+    ///    continue (exec its image, return to its program) before it sees it, so that its
+    ///    program's first writes find our socket acknowledging at once
+    ///    ([`Conn::await_peer_acks_fresh`]).
+    ///
+    /// The quick-ACK credits (`icsk_ack.quick`, 16 from the first data received, one less per
+    /// ACK of new data) are what the socket has left: the CLC messages and the markers took
+    /// a few (no doorbell goes over TCP while the shortcut carries them).
+    fn acks_fresh(&self, fd: i32, deadline: Instant) {
+        let acked = all_acked(fd, deadline);
+        ack_now(fd);
+        if !acked {
+            crate::debug!(
+                "fd {fd}: switch to TCP: the peer did not acknowledge our switch bytes in time: {}",
+                self.describe()
+            );
+        }
+    }
+
+    /// [`WAIT_ACKS_FRESH`] in our wait word (with the feature): our socket acknowledges as a
+    /// fresh one ([`Conn::acks_fresh`]) and this switch makes no more calls on it.
+    fn say_acks_fresh(&self) {
+        if self.flags() & F_FRESH_ACKS_OK != 0 {
+            self.own_wait().fetch_or(WAIT_ACKS_FRESH, Ordering::SeqCst);
+            crate::shm::futex_wake(self.own_wait_lo(), i32::MAX);
+        }
+    }
+
+    /// The end of a two-sided switch: waits until the peer's socket acknowledges as a fresh
+    /// one ([`WAIT_ACKS_FRESH`], [`Conn::acks_fresh`]), so that nothing our program (or the
+    /// image we exec) writes reaches it before: it would find it in ping-pong mode, and a
+    /// second small write of ours would wait on Nagle. Not without the feature, nor in the
+    /// switch of the peer's end that this thread runs inside ours (`peer_here`: ours cannot
+    /// say so before it returns); at most until `deadline` or until the connection ends
+    /// (the peer reset it, or closed).
+    fn await_peer_acks_fresh(&self, fd: i32, deadline: Instant) {
+        if self.flags() & F_FRESH_ACKS_OK == 0 || IN_PEER_HERE.with(|h| h.get()) {
+            return;
+        }
+        let w = self.peer_wait_lo();
+        let mut i = 0u32;
+        loop {
+            let v = w.load(Ordering::SeqCst);
+            if u64::from(v) & WAIT_ACKS_FRESH != 0 {
+                return;
+            }
+            let now = Instant::now();
+            if now >= deadline || !connected(fd) {
+                crate::debug!(
+                    "fd {fd}: switch to TCP: the peer did not say its ACKs are fresh: {}",
+                    self.describe()
+                );
+                return;
+            }
+            if i < 64 {
+                i += 1;
+                let _ = spin_pause(i);
+                continue;
+            }
+            let ms = deadline
+                .saturating_duration_since(now)
+                .as_millis()
+                .clamp(1, 10) as u64;
+            crate::shm::futex_wait(w, v, ms);
+        }
     }
 
     /// The bytes of our send ring the peer did not consume, from the final consumer cursor it
@@ -812,6 +923,8 @@ impl Conn {
                 return Some(Switched::Reset);
             }
         }
+        // The peer answers when it will: nothing to wait for but its kernel's ACK.
+        self.acks_fresh(fd, deadline);
         if self.flags() & F_SHUT_WR != 0 {
             // SAFETY: plain syscall.
             unsafe { real::shutdown(fd, libc::SHUT_WR) };
@@ -886,6 +999,93 @@ impl Conn {
         real::set_errno(e0);
         ok
     }
+}
+
+thread_local! {
+    /// This thread runs the switch of the peer's end inside the switch of ours (`peer_here`).
+    static IN_PEER_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `SIOCOUTQNSD` (`linux/sockios.h`): the bytes of the send queue not sent yet.
+const SIOCOUTQNSD: libc::c_ulong = 0x894B;
+
+/// Whether the peer's kernel acknowledged every byte written to `fd` (`SIOCOUTQ` 0: none left
+/// to send or to send again) before `deadline`, or what is left is held by the peer's receive
+/// window (a full segment or more not sent yet: bulk, which only the peer's program frees by
+/// reading, after its switch; Nagle holds less than a segment, and what was sent the peer's
+/// kernel acknowledges within its delayed-ACK time); false at the deadline, or at once when
+/// the connection ended (a reset purges what was not acknowledged). Sleeps in steps of 1 ms
+/// after a short spin (on loopback the ACK is usually processed before our `send` returns).
+/// errno is kept.
+fn all_acked(fd: i32, deadline: Instant) -> bool {
+    let e0 = real::errno();
+    let mss = crate::util::sockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_MAXSEG)
+        .filter(|&m| m > 0)
+        .unwrap_or(536);
+    let mut i = 0u32;
+    let ok = loop {
+        let mut q: libc::c_int = 0;
+        // SAFETY: SIOCOUTQ writes one int to our local.
+        let r = unsafe {
+            real::ioctl(
+                fd,
+                libc::TIOCOUTQ as libc::c_ulong,
+                std::ptr::from_mut(&mut q) as libc::c_ulong,
+            )
+        };
+        if r != 0 {
+            break false;
+        }
+        if q == 0 {
+            break true;
+        }
+        let mut nsd: libc::c_int = 0;
+        // SAFETY: SIOCOUTQNSD writes one int to our local.
+        let r = unsafe {
+            real::ioctl(
+                fd,
+                SIOCOUTQNSD,
+                std::ptr::from_mut(&mut nsd) as libc::c_ulong,
+            )
+        };
+        if r == 0 && nsd >= mss {
+            break true;
+        }
+        if Instant::now() >= deadline || !connected(fd) {
+            break false;
+        }
+        i += 1;
+        if i < 64 {
+            let _ = spin_pause(i);
+        } else {
+            // SAFETY: no descriptors: a 1 ms sleep.
+            unsafe { real::poll(std::ptr::null_mut(), 0, 1) };
+        }
+    };
+    real::set_errno(e0);
+    ok
+}
+
+/// Whether the socket's TCP state still carries the stream both ways or our half-close
+/// (ESTABLISHED, FIN_WAIT1, FIN_WAIT2), as `TCP_INFO` says. errno is kept.
+fn connected(fd: i32) -> bool {
+    let e0 = real::errno();
+    // SAFETY: `tcp_info` is plain old data; all zeroes is a valid value.
+    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: a valid out buffer and its length.
+    let r = unsafe {
+        real::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            std::ptr::from_mut(&mut ti).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    real::set_errno(e0);
+    // TCP_ESTABLISHED 1, TCP_FIN_WAIT1 4, TCP_FIN_WAIT2 5 (`include/net/tcp_states.h`).
+    r == 0 && matches!(ti.tcpi_state, 1 | 4 | 5)
 }
 
 /// Whether everything written to `fd` left its send queue (`SIOCOUTQ` 0) before `deadline`.
@@ -990,6 +1190,18 @@ fn inq_reaches(fd: i32, n: u32, deadline: Instant) -> bool {
     };
     real::set_errno(e0);
     ok
+}
+
+/// The program's first write on a connection that its call switched to TCP just before (a
+/// peer that switched alone, whose next image may already write): its bytes went out within
+/// the delayed-ACK time of the peer's marker, which put the socket in ping-pong mode again
+/// ([`Conn::acks_fresh`]); a fresh TCP connection whose first bytes are its own is not in
+/// it (red team round 19: the peer of an inetd handler that switched alone before the client's
+/// request, 1 in about 400 connections lost the handler's second and third writes). errno is
+/// kept. What comes from the peer between the send and this call is acknowledged late, as
+/// before.
+pub fn fresh_acks_after_send(fd: i32) {
+    ack_now(fd);
 }
 
 /// Our delayed ACK, if one is pending, goes now (`TCP_QUICKACK`, not sticky): the peer's next
