@@ -227,10 +227,10 @@ impl Withdrawn {
     /// and their clients' CLC Proposals lie in their streams, which that image would read as
     /// request bytes. The daemon's sweep quarantines them (`smc_ism` `OP_SWEEP`): the eBPF
     /// verdict strips those messages; each client waits for an Accept in vain and continues on
-    /// TCP. An image that runs the library serves them as any accept of ours does. Not in the
-    /// child of a handler of a single-threaded process (the request allocates).
+    /// TCP. An image that runs the library serves them as any accept of ours does. Not from a
+    /// handler of the program, nor in the child one forked (the request allocates and waits).
     fn sweep_unless_served(&self, img: Image, envp: *const *const c_char) {
-        if self.n == 0 || crate::ops::child_must_not_allocate() || image_runs_library(img, envp) {
+        if self.n == 0 || crate::signals::in_handler() || image_runs_library(img, envp) {
             return;
         }
         let vforked = in_vfork_child();

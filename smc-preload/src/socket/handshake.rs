@@ -561,7 +561,7 @@ impl Driver {
             let input_len = match self.read_msg() {
                 Rd::Msg(n) => Some(n),
                 Rd::NotClc(n) => {
-                    if t == MsgType::Accept && !self.server && self.peer_quarantined() {
+                    if t == MsgType::Accept && !self.server && peer_quarantined(self.fd) {
                         return Progress::Done(self.quarantined_server());
                     }
                     if t == MsgType::Proposal {
@@ -588,7 +588,7 @@ impl Driver {
                     }
                     let now = Instant::now();
                     if now >= deadline {
-                        if t == MsgType::Accept && !self.server && self.peer_quarantined() {
+                        if t == MsgType::Accept && !self.server && peer_quarantined(self.fd) {
                             return Progress::Done(self.quarantined_server());
                         }
                         if t == MsgType::Confirm && self.server && !self.withdraw_lost {
@@ -654,13 +654,6 @@ impl Driver {
                 self.todo.extend(a);
             }
         }
-    }
-
-    /// Whether our server's end is in the eBPF quarantine (see
-    /// [`crate::setup::peer_quarantined`]): asked only when the Accept did not come in time or
-    /// bytes came instead of it.
-    fn peer_quarantined(&self) -> bool {
-        crate::setup::peer_quarantined(self.fd)
     }
 
     /// A client whose server was quarantined (an image without the data path accepted the
@@ -1432,6 +1425,28 @@ impl Driver {
             }
         }
     }
+}
+
+/// Whether the server end of client socket `fd`'s connection is quarantined
+/// (`SMC_SO_PEER_QUARANTINED`): an image without the data path took it over, our Proposal was
+/// stripped off its stream and no Accept will come. Asked only when the Accept did not come
+/// in time or bytes came instead of it. Errno preserved.
+fn peer_quarantined(fd: i32) -> bool {
+    let mut v = 0u32;
+    let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+    let e0 = crate::real::errno();
+    // SAFETY: valid out buffer of `len` bytes.
+    let r = unsafe {
+        crate::real::getsockopt(
+            fd,
+            smc_common::bpf::SOL_SMC_BPF,
+            smc_common::bpf::SMC_SO_PEER_QUARANTINED,
+            (&mut v as *mut u32).cast(),
+            &mut len,
+        )
+    };
+    crate::real::set_errno(e0);
+    r == 0 && v == 1
 }
 
 impl Drop for Driver {

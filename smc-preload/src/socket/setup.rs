@@ -32,8 +32,8 @@ use crate::policy::{note_dest, Dest};
 use crate::util::config::config;
 use crate::{debug, real, stats};
 use smc_common::bpf::{
-    SockState, SMC_SO_ENABLE, SMC_SO_PEER_QUARANTINED, SMC_SO_SHORTCUT, SMC_SO_STATE, SMC_SO_TCP,
-    SOCK_PEER_SMC, SOCK_QUARANTINED, SOCK_SAME_HOST, SOL_SMC_BPF,
+    SockState, SMC_SO_ENABLE, SMC_SO_SHORTCUT, SMC_SO_STATE, SMC_SO_TCP, SOCK_PEER_SMC,
+    SOCK_QUARANTINED, SOCK_SAME_HOST, SOL_SMC_BPF,
 };
 use smc_common::clc::MsgType;
 use smc_common::diag::Diag;
@@ -148,27 +148,6 @@ fn sock_state(fd: i32) -> Option<SockState> {
     };
     real::set_errno(e0);
     (r == 0).then_some(st)
-}
-
-/// Whether the server end of client socket `fd`'s connection is quarantined
-/// (`SMC_SO_PEER_QUARANTINED`): an image without the data path took it over, our Proposal was
-/// stripped off its stream and no Accept will come. Errno preserved.
-pub(crate) fn peer_quarantined(fd: i32) -> bool {
-    let mut v = 0u32;
-    let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
-    let e0 = real::errno();
-    // SAFETY: valid out buffer of `len` bytes.
-    let r = unsafe {
-        real::getsockopt(
-            fd,
-            SOL_SMC_BPF,
-            SMC_SO_PEER_QUARANTINED,
-            (&mut v as *mut u32).cast(),
-            &mut len,
-        )
-    };
-    real::set_errno(e0);
-    r == 0 && v == 1
 }
 
 fn assume_peer() -> bool {
