@@ -19,29 +19,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use common::*;
-use smc_ism::{proto, Dmb, SharedClient};
-
-const PARK: Duration = Duration::from_secs(5);
-
-fn shared(dir: &TestDir) -> SharedClient {
-    let c = SharedClient::new(&dir.sock());
-    c.connect().unwrap();
-    c
-}
-
-/// Both ends of one connection pair: (a's own, a's peer), (b's own, b's peer).
-fn pair(
-    a: &SharedClient,
-    b: &SharedClient,
-    x: &std::net::TcpStream,
-    y: &std::net::TcpStream,
-) -> ((Dmb, Dmb), (Dmb, Dmb)) {
-    let ta = a.pair_start(0, PARK, x.as_raw_fd()).unwrap();
-    let tb = b.pair_start(0, PARK, y.as_raw_fd()).unwrap();
-    let rb = b.finish_pair(tb, None).unwrap();
-    let ra = a.finish_pair(ta, None).unwrap();
-    (ra, rb)
-}
+use smc_ism::proto;
 
 fn inode(fd: &OwnedFd) -> u64 {
     // SAFETY: `libc::stat` is plain integers; valid out buffer; our own fd.

@@ -255,3 +255,27 @@ pub fn wait_idle(c: &mut Client, clients: u64) -> smc_ism::Stats {
         Err(e) => panic!("daemon not idle: {e}; stats: {:#?}", c.stats()),
     }
 }
+
+/// How long an `OP_PAIR` of these tests waits for its peer.
+pub const PARK: Duration = Duration::from_secs(5);
+
+/// A shared client of the test daemon in `dir`, connected.
+pub fn shared(dir: &TestDir) -> smc_ism::SharedClient {
+    let c = smc_ism::SharedClient::new(&dir.sock());
+    c.connect().unwrap();
+    c
+}
+
+/// Both ends of one connection pair: (a's own, a's peer), (b's own, b's peer).
+pub fn pair(
+    a: &smc_ism::SharedClient,
+    b: &smc_ism::SharedClient,
+    x: &TcpStream,
+    y: &TcpStream,
+) -> ((smc_ism::Dmb, smc_ism::Dmb), (smc_ism::Dmb, smc_ism::Dmb)) {
+    let ta = a.pair_start(0, PARK, x.as_raw_fd()).unwrap();
+    let tb = b.pair_start(0, PARK, y.as_raw_fd()).unwrap();
+    let rb = b.finish_pair(tb, None).unwrap();
+    let ra = a.finish_pair(ta, None).unwrap();
+    (ra, rb)
+}

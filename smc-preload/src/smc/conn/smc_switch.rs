@@ -1024,18 +1024,9 @@ fn all_acked(fd: i32, deadline: Instant) -> bool {
         .unwrap_or(536);
     let mut i = 0u32;
     let ok = loop {
-        let mut q: libc::c_int = 0;
-        // SAFETY: SIOCOUTQ writes one int to our local.
-        let r = unsafe {
-            real::ioctl(
-                fd,
-                libc::TIOCOUTQ as libc::c_ulong,
-                std::ptr::from_mut(&mut q) as libc::c_ulong,
-            )
-        };
-        if r != 0 {
+        let Some(q) = ioctl_int(fd, libc::TIOCOUTQ as libc::c_ulong) else {
             break false;
-        }
+        };
         if q == 0 {
             break true;
         }
@@ -1155,22 +1146,22 @@ fn recv_exact(fd: i32, buf: &mut [u8], deadline: Instant) -> bool {
     ok
 }
 
+/// A socket queue size (`SIOCOUTQ`/`TIOCOUTQ`: bytes sent but not acknowledged;
+/// `SIOCINQ`/`FIONREAD`: bytes to read), or `None` when the ioctl fails.
+fn ioctl_int(fd: i32, req: libc::c_ulong) -> Option<libc::c_int> {
+    let mut q: libc::c_int = 0;
+    // SAFETY: both requests write one int to our local.
+    let r = unsafe { real::ioctl(fd, req, std::ptr::from_mut(&mut q) as libc::c_ulong) };
+    (r == 0).then_some(q)
+}
+
 /// Waits until the socket holds at least `n` bytes to read (`SIOCINQ`), until `deadline`.
 fn inq_reaches(fd: i32, n: u32, deadline: Instant) -> bool {
     let e0 = real::errno();
     let ok = loop {
-        let mut q: libc::c_int = 0;
-        // SAFETY: SIOCINQ writes one int to our local.
-        let r = unsafe {
-            real::ioctl(
-                fd,
-                libc::FIONREAD as libc::c_ulong,
-                std::ptr::from_mut(&mut q) as libc::c_ulong,
-            )
-        };
-        if r != 0 {
+        let Some(q) = ioctl_int(fd, libc::FIONREAD as libc::c_ulong) else {
             break false;
-        }
+        };
         if q >= 0 && q as u32 >= n {
             break true;
         }
