@@ -268,10 +268,8 @@ pub fn quarantine_established(
     let mut cookie = unsafe { bpf_get_socket_cookie(ops.cast()) };
     let _ = SMC_QUARANTINE_AT.insert(&cookie, &QUARANTINE_AT_PROPOSAL, 0);
     // SAFETY: the context, valid for this run; `bpf_sock_hash_update` takes it as is.
-    if SMC_QUARANTINE
-        .update(&mut cookie, unsafe { &mut *ops }, 0)
-        .is_ok()
-    {
+    let ops = unsafe { &mut *ops };
+    if SMC_QUARANTINE.update(&mut cookie, ops, 0).is_ok() {
         state.flags |= SOCK_QUARANTINED;
         count(Counter::Quarantined, 1);
     } else {
