@@ -49,6 +49,7 @@ libfuzzer_sys::fuzz_target!(|input: (bool, Vec<u8>)| {
             }
             Request::Cancel { .. } => proto::OP_CANCEL,
             Request::LeaveShortcut => proto::OP_LEAVE_SHORTCUT,
+            Request::Sweep => proto::OP_SWEEP,
             Request::Detach { .. } => proto::OP_DETACH,
             Request::Unregister { .. } => proto::OP_UNREGISTER,
             Request::Release { .. } => proto::OP_RELEASE,
