@@ -1540,6 +1540,108 @@ fn a_handler_that_writes_small_pieces_and_closes_unread_delivers_them_all_like_t
     );
 }
 
+/// An inetd-style echo: the server accepts, waits until the client's bytes are there (all
+/// `n` of them, which the library's ring holds; at most 2 s, which TCP's buffers never reach),
+/// then puts the connection on `cat`'s stdin and stdout (`dup2`, `exec`; `nolib`: with an
+/// environment without the library). The client writes `n` bytes from one thread while another
+/// reads the echo, then shuts its writing down and prints the count and digest it read back.
+const ECHO_EXEC_SERVER: &str = r#"
+import socket, os, sys, time, fcntl, termios, array
+nolib = sys.argv[2] == "nolib"
+n = int(sys.argv[1])
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(1)
+print("READY", ls.getsockname()[1], flush=True)
+c, _ = ls.accept()
+end = time.monotonic() + 2
+while time.monotonic() < end:
+    q = array.array("i", [0])
+    fcntl.ioctl(c.fileno(), termios.FIONREAD, q)
+    if q[0] >= n:
+        break
+    time.sleep(0.01)
+print("SERVER EXEC", q[0] >= n, flush=True)
+os.dup2(c.fileno(), 0)
+os.dup2(c.fileno(), 1)
+env = {"PATH": "/usr/bin:/bin"} if nolib else os.environ
+os.execvpe("cat", ["cat"], env)
+"#;
+
+const ECHO_EXEC_CLIENT: &str = r#"
+import socket, sys, threading, hashlib, random
+port, n = int(sys.argv[1]), int(sys.argv[2])
+data = random.Random(3).randbytes(n)
+s = socket.create_connection(("127.0.0.1", port))
+def write():
+    s.sendall(data)
+    s.shutdown(socket.SHUT_WR)
+t = threading.Thread(target=write)
+t.start()
+got = hashlib.sha256()
+total = 0
+try:
+    while True:
+        b = s.recv(1 << 16)
+        if not b:
+            break
+        got.update(b)
+        total += len(b)
+    end = "EOF"
+except ConnectionResetError:
+    end = "RESET"
+t.join()
+print("CLIENT", total, got.hexdigest() == hashlib.sha256(data).hexdigest(), end, flush=True)
+"#;
+
+fn echo_exec_case(w: &SmcWorld, smc: bool, env: &str, n: usize) -> String {
+    let srv_py = script(w, "echo_exec_server.py", ECHO_EXEC_SERVER);
+    let cl_py = script(w, "echo_exec_client.py", ECHO_EXEC_CLIENT);
+    let cmd = |p: &Path| {
+        if smc {
+            return python(w, p);
+        }
+        let mut c = Command::new("python3");
+        c.arg(p).env_remove("LD_PRELOAD");
+        c
+    };
+    let mut c = cmd(&srv_py);
+    c.arg(n.to_string()).arg(env);
+    let mut srv = spawn_piped(c);
+    let port = ready_port(&mut srv);
+    let mut c = cmd(&cl_py);
+    c.args([port.to_string(), n.to_string()]);
+    let out = spawn_piped(c).wait_output(T).expect("client");
+    let sout = srv.wait_output(T).expect("server");
+    assert!(sout.contains("SERVER EXEC"), "server: {sout}");
+    out
+}
+
+/// A connection whose client wrote more than TCP's buffers hold, all of it unread in the
+/// server's ring, goes to `cat` (an inetd-style echo): the switch to TCP sends those bytes again
+/// while `cat` echoes them back, so the client reads what arrives meanwhile into its ring
+/// (`Conn::stash_from`) as a program on TCP reads while it writes. Before, the client only
+/// wrote, `cat` blocked on its full socket and stopped reading, and the switch reset the
+/// connection at its deadline: the client read nothing and `cat` got `ECONNRESET` (`socat`
+/// `EXEC:cat,nofork` with 6 MiB: 1 run of 2 in CI, `matrix_smc::socat_file_relay_and_echo`).
+#[test]
+fn an_echo_handed_to_cat_with_megabytes_unread_echoes_them_all_like_tcp() {
+    let w = SmcWorld::new();
+    let n = 6 << 20;
+    let want = format!("CLIENT {n} True EOF");
+    for env in ["lib", "nolib"] {
+        let tcp = echo_exec_case(&w, false, env, n);
+        assert!(tcp.contains(&want), "{env}: plain TCP: {tcp}");
+        let smc = echo_exec_case(&w, true, env, n);
+        assert!(
+            smc.contains(&want),
+            "{env}: under the library: {smc}\nplain TCP: {tcp}"
+        );
+    }
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_server") >= 2, "{}", brief(&sum));
+}
+
 /// Servers that hand each accepted connection to another process, as real servers do: `prefork`
 /// (a worker forked before any connection receives it with `SCM_RIGHTS` from the parent, which
 /// accepted it blocking and closes its copy) and `inetd` (a handler image started with

@@ -744,6 +744,21 @@ fn switch_end(fd: c_int, o: &Arc<Obj>, drive_own_peer: bool, tail: Option<TailSl
             }
         }
     }
+    if c.stash_left() {
+        if tail_ok {
+            // The socket leaves for an image that reads it itself, and bytes of the stream
+            // that our switch read wait in our ring, where that image cannot read them: the
+            // connection fails cleanly instead of losing them.
+            crate::debug!(
+                "fd {fd}: leaves for an image without the library with stream bytes read by                  the switch unread: the connection is reset"
+            );
+            c.reset_now(fd);
+            return false;
+        }
+        // Our numbers stay the connection's until the program read those bytes (its reads
+        // take them first; everything else goes to the socket).
+        return true;
+    }
     if vforked {
         return true;
     }

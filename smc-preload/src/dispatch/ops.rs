@@ -160,7 +160,9 @@ fn conn_of_call(fd: c_int, op: Op) -> Result<Option<Arc<Obj>>, Moved> {
                 if matches!(op, Op::Write { .. }) {
                     WRITE_SWITCHED.with(|w| w.set(true));
                 }
-                None
+                // Bytes of the stream the switch read from the socket: reads take them first.
+                let stash = c.stash_left() && matches!(op, Op::Read { .. } | Op::ReadOob { .. });
+                stash.then(|| o.clone())
             } else {
                 Some(o)
             }
@@ -383,6 +385,14 @@ unsafe fn recv_in(call: &InCall, fd: c_int, iov: &[iovec], flags: c_int) -> ssiz
     }
     match c.recv(fd, iov, flags) {
         Err(crate::conn::E_TCP) if crate::lifecycle::continue_on_tcp(fd, o) => {
+            if c.stash_left() {
+                // The switch this call made read bytes of the stream from the socket: they
+                // come first (`E_TCP`: another thread took them meanwhile).
+                match c.recv(fd, iov, flags) {
+                    Err(crate::conn::E_TCP) => {}
+                    r => return ret(r),
+                }
+            }
             // SAFETY: the caller's buffers.
             unsafe { crate::member::recv(c.io_now(fd), iov, flags) }
         }

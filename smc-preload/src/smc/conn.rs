@@ -149,6 +149,10 @@ pub const F_OOBINLINE: u32 = 1 << 15;
 /// The writer set `urg_data_pending`/`urg_data_present` in the peer's header (an urgent send):
 /// the next ordinary write clears them.
 pub const F_URG_FLAGS: u32 = 1 << 16;
+/// A switch to TCP read bytes of the peer's stream from the socket into our ring while our
+/// own waited for room (`smc_switch`'s stash): until the program read them, its reads take them
+/// there (the producer cursor is our local state's, not the peer's) before the socket's.
+pub const F_STASH: u32 = 1 << 17;
 /// `TCP_INQ` is on (as the kernel holds it for the socket: read when the connection is set
 /// up, kept by `setsockopt`): a successful `recvmsg` carries a `TCP_CM_INQ` message. (A high
 /// bit: other branches add flags after 16.)

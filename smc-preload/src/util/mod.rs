@@ -65,11 +65,28 @@ pub fn send_all(fd: i32, b: &[u8], deadline: std::time::Instant) -> bool {
 
 /// [`send_all`] through `io` ([`io_path::IoPath`]): each send on the descriptor our I/O goes
 /// through at that moment, each wait for room at most 100 ms before it is looked up again.
-pub fn send_all_io(
+pub fn send_all_io(io: &io_path::IoPath, fd: i32, b: &[u8], deadline: std::time::Instant) -> bool {
+    send_all_with(io, fd, b, deadline, None)
+}
+
+/// [`send_all`] that, while it waits for room, calls `reader` with the socket whenever it is
+/// readable (until `reader` returns false): the bytes of a switch to TCP sent again, while the
+/// peer's program may be writing back what it reads.
+pub fn send_all_reading(
+    fd: i32,
+    b: &[u8],
+    deadline: std::time::Instant,
+    reader: Option<&mut dyn FnMut(i32) -> bool>,
+) -> bool {
+    send_all_with(&io_path::IoPath::new(), fd, b, deadline, reader)
+}
+
+fn send_all_with(
     io: &io_path::IoPath,
     fd: i32,
     mut b: &[u8],
     deadline: std::time::Instant,
+    mut reader: Option<&mut dyn FnMut(i32) -> bool>,
 ) -> bool {
     let e0 = real::errno();
     let ok = loop {
@@ -103,12 +120,19 @@ pub fn send_all_io(
             }
             let mut p = libc::pollfd {
                 fd: io.now(fd),
-                events: libc::POLLOUT,
+                events: libc::POLLOUT | if reader.is_some() { libc::POLLIN } else { 0 },
                 revents: 0,
             };
             let ms = (deadline - now).as_millis().clamp(1, 100) as i32;
             // SAFETY: one pollfd.
             unsafe { real::poll(&mut p, 1, ms) };
+            if p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+                if let Some(r) = reader.as_mut() {
+                    if !r(p.fd) {
+                        reader = None;
+                    }
+                }
+            }
             continue;
         }
         crate::debug!("fd {fd}: send failed: {r}, errno {e}");

@@ -19,6 +19,14 @@ impl Conn {
     /// before we published it, so equal values before and after mean the check was exact.
     pub(super) fn rx_cursors(&self) -> Option<(Cursor, Cursor)> {
         let s = self.sh();
+        if self.flags() & F_STASH != 0 {
+            // What a switch to TCP read for the program: the producer cursor is ours.
+            let (c, p) = (
+                s.cons.load(Ordering::Acquire),
+                s.peer_prod.load(Ordering::Acquire),
+            );
+            return Some((unpack(c), unpack(p)));
+        }
         for _ in 0..SNAPSHOT_TRIES {
             let cons_w = s.cons.load(Ordering::Acquire);
             let last_w = s.peer_prod.load(Ordering::Acquire);
@@ -182,6 +190,10 @@ impl Conn {
     /// stored: [`Conn::urg_sync`] does, under `rx_lock`.
     pub(super) fn urg_take(&self, cons: Cursor, prod: Cursor) -> (UrgRx, u32) {
         let rx = self.urg_rx();
+        if self.flags() & F_STASH != 0 {
+            // The peer's urgent words are about the rings it no longer writes.
+            return (rx, 0);
+        }
         let w = self.own_hdr().load_urg();
         if w.seq == 0 || w.seq == rx.seen {
             return (rx, 0);

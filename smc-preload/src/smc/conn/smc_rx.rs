@@ -6,6 +6,11 @@ impl Conn {
     /// After consuming: publish the consumer cursor if the 10% rule says so, the ring is
     /// drained, or the writer waits; ring the doorbell if it was waiting.
     pub(super) fn after_consume(&self, fd: i32, cons: Cursor, ring_empty: bool) {
+        if self.flags() & F_STASH != 0 {
+            // Bytes a switch to TCP read from the socket: the peer is not told (it left the
+            // rings; its DMB may serve another connection once it let it go).
+            return;
+        }
         let s = self.sh();
         let published = unpack(s.cons_pub.load(Ordering::Acquire));
         let peer_flags = self.own_hdr().load_cons().prod_flags;
@@ -93,14 +98,14 @@ impl Conn {
         iov: &[libc::iovec],
         flags: i32,
     ) -> Result<(usize, i32), Errno> {
-        if self.flags() & F_TO_TCP != 0 {
+        if self.rx_on_tcp() {
             return Err(E_TCP);
         }
         let s = self.sh();
         s.rx_calls.fetch_add(1, Ordering::Relaxed);
         self.note_dir(DIR_RX);
         let _g = s.rx_lock.lock();
-        if self.flags() & F_TO_TCP != 0 {
+        if self.rx_on_tcp() {
             return Err(E_TCP);
         }
         let Some((cons, prod)) = self.rx_cursors() else {
@@ -174,7 +179,7 @@ impl Conn {
         // under `rx_lock` (0 when off or for a read).
         let mut poff = 0u32;
         loop {
-            if self.flags() & F_TO_TCP != 0 {
+            if self.rx_on_tcp() {
                 return if done > 0 { Ok(done) } else { Err(E_TCP) };
             }
             if async_io {
@@ -183,7 +188,7 @@ impl Conn {
             }
             {
                 let _g = s.rx_lock.lock();
-                if self.flags() & F_TO_TCP != 0 {
+                if self.rx_on_tcp() {
                     // Switched while we waited for the lock: the ring's bytes come over TCP.
                     continue;
                 }

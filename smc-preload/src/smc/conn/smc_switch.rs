@@ -120,6 +120,8 @@ impl Conn {
     /// image without the library from a `vfork` child, which cannot switch it. No allocation.
     pub fn reset_now(&self, fd: i32) {
         self.set_flag(F_PROTO);
+        // A reset drops what was not read (as TCP's purges its receive queue).
+        self.sh().flags.fetch_and(!F_STASH, Ordering::AcqRel);
         reset_socket(self.io_now(fd));
     }
 
@@ -170,6 +172,11 @@ impl Conn {
         self.stop_rings();
         let cons = self.cons_past_oob_byte(fd);
         self.publish_cons(cons);
+        // What the peer will send again of ours (a two-sided switch), for the wait below.
+        let rx_unread = self
+            .rx_cursors()
+            .and_then(|(c, p)| self.rx.readable(c, p).ok())
+            .unwrap_or(0);
         // The socket itself (a number closed under a call in flight may name another file).
         let io = self.io_now(fd);
         let mut two_sided = false;
@@ -183,14 +190,14 @@ impl Conn {
                 // Last, after every call on the socket of this switch (each holds the socket,
                 // and what the peer's program sends meanwhile waits in its backlog).
                 self.say_acks_fresh();
-                if two_sided {
+                if two_sided && rx_unread <= FRESH_WAIT_MAX_RESENT {
                     self.await_peer_acks_fresh(io, deadline);
                 }
             }
             self.set_flag(F_SWITCHED);
         }
         let clear = if r == Switched::Reset {
-            F_SWITCHING | F_PEER_SWITCH | F_PEER_ALONE
+            F_SWITCHING | F_PEER_SWITCH | F_PEER_ALONE | F_STASH
         } else {
             F_SWITCHING
         };
@@ -315,7 +322,7 @@ impl Conn {
                 );
                 return Switched::Reset;
             }
-            return self.answer_alone(fd, deadline);
+            return self.answer_alone(fd, deadline, !tail_ok);
         }
         if alone_ok && self.peer_closed_clean() {
             // Nothing of the stream is left in the rings: its end (the peer's FIN) is on the
@@ -394,7 +401,7 @@ impl Conn {
         if !self.ctl_begin(true) {
             // The peer switched alone meanwhile (its marker will tell where its doorbells
             // end): our answer, without a marker of ours.
-            return self.answer_alone(fd, deadline);
+            return self.answer_alone(fd, deadline, !tail_ok);
         }
         let sent = crate::util::send_all(fd, &[SWITCH_TCP], deadline);
         self.ctl_end(true, sent);
@@ -415,13 +422,19 @@ impl Conn {
                 h.set(was);
             });
         }
-        let Some(n) = self.after_peers_marker(fd, deadline, "no marker from the peer in time")
-        else {
+        let missing = "no marker from the peer in time";
+        let Some(n) = self.after_peers_marker(fd, deadline, missing, !tail_ok) else {
             return self.closed_instead(fd, deadline, tail_ok);
         };
         *two_sided = true;
         crate::debug!(
-            "fd {fd}: switched to TCP ({n} bytes the peer had not read sent again): {}",
+            "fd {fd}: switched to TCP ({n} bytes the peer had not read sent again, {} bytes of \
+             the peer's read meanwhile): {}",
+            if self.flags() & F_STASH != 0 {
+                self.inq()
+            } else {
+                0
+            },
             self.describe()
         );
         Switched::Tcp
@@ -459,7 +472,17 @@ impl Conn {
     /// doorbells; `missing` says why when it does not come), send again what it did not read
     /// of ours, and our half-close (`peer_done_writing`, a flag in the rings) as TCP's FIN
     /// after the last byte. The count sent again, or `None` (the connection must be reset).
-    fn after_peers_marker(&self, fd: i32, deadline: Instant, missing: &str) -> Option<u32> {
+    ///
+    /// `stash_ok`: this end stays with the library (not an exec into an image without it): while
+    /// our bytes wait for room, what the peer sends meanwhile is read into our ring
+    /// ([`Conn::stash_from`]), as a program on TCP reads while it writes.
+    fn after_peers_marker(
+        &self,
+        fd: i32,
+        deadline: Instant,
+        missing: &str,
+        stash_ok: bool,
+    ) -> Option<u32> {
         if self.flags() & F_PEER_SWITCH == 0 && !read_to_marker(fd, deadline) {
             crate::debug!("fd {fd}: switch to TCP: {missing}: {}", self.describe());
             return None;
@@ -469,8 +492,8 @@ impl Conn {
         if !self.skip_resent(fd, deadline) {
             return None;
         }
-        let n = self.resend_unread(fd, deadline)?;
-        self.acks_fresh(fd, deadline);
+        let n = self.resend_unread(fd, deadline, stash_ok)?;
+        self.acks_fresh(fd, deadline, stash_ok);
         if self.flags() & F_SHUT_WR != 0 {
             // SAFETY: plain syscall.
             unsafe { real::shutdown(fd, libc::SHUT_WR) };
@@ -506,8 +529,9 @@ impl Conn {
     /// The quick-ACK credits (`icsk_ack.quick`, 16 from the first data received, one less per
     /// ACK of new data) are what the socket has left: the CLC messages and the markers took
     /// a few (no doorbell goes over TCP while the shortcut carries them).
-    fn acks_fresh(&self, fd: i32, deadline: Instant) {
-        let acked = all_acked(fd, deadline);
+    fn acks_fresh(&self, fd: i32, deadline: Instant, stash_ok: bool) {
+        let mut stash = |io| self.stash_from(io);
+        let acked = all_acked(fd, deadline, if stash_ok { Some(&mut stash) } else { None });
         ack_now(fd);
         if !acked {
             crate::debug!(
@@ -569,16 +593,93 @@ impl Conn {
     /// published before it switched up to our producer cursor, sent on the socket (the first
     /// bytes of ours on TCP). Their count, or `None` (the cursor is not valid, or they could
     /// not go out before `deadline`).
-    fn resend_unread(&self, fd: i32, deadline: Instant) -> Option<u32> {
+    ///
+    /// With `stash_ok`, what the peer sends while they wait for room is read into our ring
+    /// ([`Conn::stash_from`]): a peer whose next image echoes what it reads fills our socket's
+    /// buffer and stops reading, and both ends waited for room until the deadline (`socat` with
+    /// `EXEC:cat,nofork` echoing 6 MiB: the client read 0 bytes, `cat` a reset, in about one
+    /// run of two).
+    fn resend_unread(&self, fd: i32, deadline: Instant, stash_ok: bool) -> Option<u32> {
         let mut msg = Vec::new();
         let n = self.unread_tx(fd, &mut msg)?;
-        if !crate::util::send_all(fd, &msg, deadline) {
+        let mut stash = |io| self.stash_from(io);
+        let reader: Option<&mut dyn FnMut(i32) -> bool> =
+            if stash_ok { Some(&mut stash) } else { None };
+        if !crate::util::send_all_reading(fd, &msg, deadline, reader) {
             crate::debug!(
                 "fd {fd}: switch to TCP: {n} unread bytes could not be sent again in time"
             );
             return None;
         }
         Some(n)
+    }
+
+    /// Whether bytes of the peer's stream that the switch read from the socket wait in our
+    /// ring for the program ([`F_STASH`]): reads take them before the socket's.
+    pub fn stash_left(&self) -> bool {
+        let s = self.sh();
+        self.flags() & F_STASH != 0
+            && s.cons.load(Ordering::Acquire) != s.peer_prod.load(Ordering::Acquire)
+    }
+
+    /// Reads go to the socket: the connection continues on TCP and our ring holds nothing the
+    /// switch read for the program.
+    pub(super) fn rx_on_tcp(&self) -> bool {
+        self.flags() & F_TO_TCP != 0 && !self.stash_left()
+    }
+
+    /// During a switch to TCP (both ring locks held, the rings stopped, the peer's marker and
+    /// the bytes it sent again read or coming): reads what the socket holds now into our ring,
+    /// which the peer no longer writes ([`F_STASH`]: from our final consumer cursor on, the
+    /// producer cursor ours, in our local state; no urgent mark). The program's reads take
+    /// these bytes first (`smc_rx`), then the socket's. Never waits. False once nothing more
+    /// can be read this way (the ring is full, the socket at its end or failed).
+    fn stash_from(&self, io: i32) -> bool {
+        let s = self.sh();
+        if self.flags() & F_STASH == 0 {
+            s.peer_prod
+                .store(s.cons.load(Ordering::Acquire), Ordering::Release);
+            self.set_urg_rx(UrgRx::default());
+            self.set_flag(F_STASH);
+        }
+        let cons = unpack(s.cons.load(Ordering::Acquire));
+        let mut prod = unpack(s.peer_prod.load(Ordering::Acquire));
+        let Ok(room) = self.rx.free_space(prod, cons) else {
+            return false;
+        };
+        // SAFETY: `own` is our mapped DMB, longer than its CDC header.
+        let base = unsafe { self.own.as_ptr().add(smc_common::cdc::CDC_HEADER_LEN) };
+        let e0 = real::errno();
+        let mut more = room > 0;
+        for (off, len) in self.rx.segments(prod, room) {
+            if len == 0 || !more {
+                continue;
+            }
+            // SAFETY: the segment lies inside our ring, which we map writable; nobody else
+            // writes it any more (the peer switched, our ring locks are held).
+            let r = unsafe {
+                real::recv(
+                    io,
+                    base.add(off) as *mut libc::c_void,
+                    len,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if r > 0 {
+                prod = self.rx.add(prod, r as u32);
+                s.peer_prod.store(pack(prod), Ordering::Release);
+                if (r as usize) < len {
+                    break;
+                }
+                continue;
+            }
+            let e = real::errno();
+            // At the socket's end or error: the program reads it there after these bytes.
+            more = r < 0 && (e == libc::EAGAIN || e == libc::EINTR);
+            break;
+        }
+        real::set_errno(e0);
+        more && self.rx.free_space(prod, cons).is_ok_and(|n| n > 0)
     }
 
     /// Appends to `out` the bytes of our send ring from the consumer cursor the peer last
@@ -667,7 +768,7 @@ impl Conn {
     /// (normally nothing: it switched alone because it had read everything; bytes we produced
     /// as it committed), and continue on TCP. No marker of ours: the peer does not wait for
     /// one, and its next image reads this stream as data.
-    fn answer_alone(&self, fd: i32, deadline: Instant) -> Switched {
+    fn answer_alone(&self, fd: i32, deadline: Instant, stash_ok: bool) -> Switched {
         // The peer's marker follows its commit by its last doorbells and one daemon request:
         // it does not wait for us, so it does not get the whole switch wait (a fifth of it,
         // one CLC timeout by default). A peer that sets the bit and never sends one (red team
@@ -675,7 +776,7 @@ impl Conn {
         let now = Instant::now();
         let deadline = deadline.min(now + deadline.saturating_duration_since(now) / 5);
         let missing = "the peer switched alone, its marker did not come";
-        let Some(n) = self.after_peers_marker(fd, deadline, missing) else {
+        let Some(n) = self.after_peers_marker(fd, deadline, missing, stash_ok) else {
             return Switched::Reset;
         };
         crate::debug!(
@@ -923,8 +1024,9 @@ impl Conn {
                 return Some(Switched::Reset);
             }
         }
-        // The peer answers when it will: nothing to wait for but its kernel's ACK.
-        self.acks_fresh(fd, deadline);
+        // The peer answers when it will: nothing to wait for but its kernel's ACK (and nothing
+        // to read meanwhile: its doorbells and marker come first, read by the peer's answer).
+        self.acks_fresh(fd, deadline, false);
         if self.flags() & F_SHUT_WR != 0 {
             // SAFETY: plain syscall.
             unsafe { real::shutdown(fd, libc::SHUT_WR) };
@@ -1006,6 +1108,15 @@ thread_local! {
     static IN_PEER_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// A two-sided switch waits for the peer's [`WAIT_ACKS_FRESH`] only when the peer sends again
+/// at most this many bytes of ours, which our socket takes whether or not anyone reads it. The
+/// peer says it once its kernel acknowledged its last switch byte: with more, that needs the
+/// reader that only our next image is, and both waited for each other until the deadline and
+/// the connection was reset (an inetd-style `cat` echo of 6 MiB the server had not read: 4 of
+/// 4; `socat EXEC:cat,nofork`: 1 run of 2). Bulk to read is no exchange of small writes,
+/// which is what a peer socket in delayed-ACK mode would hold back.
+const FRESH_WAIT_MAX_RESENT: u32 = 32 << 10;
+
 /// `SIOCOUTQNSD` (`linux/sockios.h`): the bytes of the send queue not sent yet.
 const SIOCOUTQNSD: libc::c_ulong = 0x894B;
 
@@ -1016,8 +1127,9 @@ const SIOCOUTQNSD: libc::c_ulong = 0x894B;
 /// kernel acknowledges within its delayed-ACK time); false at the deadline, or at once when
 /// the connection ended (a reset purges what was not acknowledged). Sleeps in steps of 1 ms
 /// after a short spin (on loopback the ACK is usually processed before our `send` returns).
-/// errno is kept.
-fn all_acked(fd: i32, deadline: Instant) -> bool {
+/// `reader` (while it returns true) reads what arrives meanwhile ([`Conn::stash_from`]). errno
+/// is kept.
+fn all_acked(fd: i32, deadline: Instant, mut reader: Option<&mut dyn FnMut(i32) -> bool>) -> bool {
     let e0 = real::errno();
     let mss = crate::util::sockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_MAXSEG)
         .filter(|&m| m > 0)
@@ -1044,6 +1156,11 @@ fn all_acked(fd: i32, deadline: Instant) -> bool {
         }
         if Instant::now() >= deadline || !connected(fd) {
             break false;
+        }
+        if let Some(r) = reader.as_mut() {
+            if !r(fd) {
+                reader = None;
+            }
         }
         i += 1;
         if i < 64 {

@@ -1325,3 +1325,72 @@ fn a_peer_that_writes_its_wait_word_never_holds_a_doorbell_up() {
     assert_eq!(queued_bells(fb), 0);
     assert!(b.flags() & F_PROTO == 0);
 }
+
+/// Both ends hold a ring full of the other's bytes, unread, and switch to TCP at once (a
+/// two-sided switch): each sends its bytes again, more than the socket pair buffers, so each
+/// must read what the other sends meanwhile or both wait until the deadline and reset. The
+/// bytes read meanwhile wait in the reader's ring ([`F_STASH`]) and its reads take them
+/// first, then the socket's: each end reads the other's stream whole and in order.
+#[test]
+fn ends_that_send_each_other_more_than_the_socket_holds_read_meanwhile() {
+    let len = 1usize << 20;
+    let (a, b, fa, fb) = test_pair(len, len).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    // Three quarters of each ring (so that the reader's ring takes all of it again: a Unix
+    // socket's `SIOCOUTQ` counts what its peer did not read, TCP's what it did not acknowledge).
+    a.set_nonblocking(true);
+    b.set_nonblocking(true);
+    let fill = |c: &Conn, fd: i32, seed: u64| {
+        let mut sent = Vec::new();
+        while sent.len() < 768 << 10 {
+            let chunk: Vec<u8> = (0..65536u64)
+                .map(|i| byte_at(seed, sent.len() as u64 + i))
+                .collect();
+            match c.send(fd, &iov(&chunk), 0) {
+                Ok(n) => sent.extend_from_slice(&chunk[..n]),
+                Err(e) => panic!("send: {e}"),
+            }
+        }
+        sent
+    };
+    let to_b = fill(&a, fa, 1);
+    let to_a = fill(&b, fb, 2);
+    assert!(to_b.len() > 512 << 10 && to_a.len() > 512 << 10);
+    // The socket pair holds far less than a ring each way.
+    for fd in [fa, fb] {
+        crate::util::set_sockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, 65536);
+        crate::util::set_sockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, 65536);
+    }
+    a.set_nonblocking(false);
+    b.set_nonblocking(false);
+    let dl = Instant::now() + Duration::from_secs(20);
+    // Each end's program reads once its switch returned: what the switch read first, then the
+    // socket (`E_TCP`), as the other end may still be sending.
+    let switch_and_read = |c: &Conn, fd: i32, want: usize| {
+        assert_eq!(
+            c.switch_to_tcp(fd, dl, false, || true, || {}),
+            Switched::Tcp
+        );
+        let stashed = c.stash_left();
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 100_000];
+        loop {
+            match c.recv(fd, &iov_mut(&mut buf), 0) {
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+                Err(E_TCP) => break,
+                Err(e) => panic!("recv: {e}"),
+            }
+        }
+        let rest = want - out.len();
+        out.extend_from_slice(&raw_read(fd, rest));
+        (stashed, out)
+    };
+    std::thread::scope(|s| {
+        let t = s.spawn(|| switch_and_read(&b, fb, to_b.len()));
+        let (sa, got_a) = switch_and_read(&a, fa, to_a.len());
+        let (sb, got_b) = t.join().unwrap();
+        assert!(sa || sb, "nothing was read meanwhile");
+        assert!(got_a == to_a, "a read b's bytes wrong");
+        assert!(got_b == to_b, "b read a's bytes wrong");
+    });
+}
