@@ -18,7 +18,7 @@
 //! | 32 | smcd_server |
 //! | 40 | fallback_client |
 //! | 48 | fallback_server |
-//! | 56 | handshake_errors (timeouts, I/O or protocol errors during CLC; each is also a fallback) |
+//! | 56 | handshake_errors (timeouts, I/O or protocol errors during CLC; each is also a fallback, except a connection lost during the handshake: reset or closed by the peer) |
 //! | 64 | rx_bytes (closed connections; live ones add their own) |
 //! | 72 | tx_bytes |
 //! | 80 | rx_calls |

@@ -656,8 +656,16 @@ fn after_fallback(fd: i32, server: bool, fb: Fallback, awaited: Option<MsgType>)
         // but only after what the peer sent before it went, which may be CLC messages (its
         // late answer, the Decline of its own timeout: seen with a client that came back
         // after its server had given up, declined and reset): skipped, never read as data.
+        // Not a fallback: no connection goes on over TCP (counted as a handshake error only,
+        // as Linux counts `srv_hshake_err_cnt`; haproxy resets the backend connection it just
+        // opened when its client goes away, before the backend read the Confirm).
         (FallbackReason::Aborted, _) => {
-            fallback(fd, server, code, "connection lost", true);
+            debug!(
+                "fd {fd}: {} handshake: connection lost ({code:#010x})",
+                if server { "server" } else { "client" }
+            );
+            drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Tcp))));
+            fdtable::epoll_refresh(fd);
             drop(fdtable::replace(
                 fd,
                 Slot::Obj(Arc::new(Obj::Skip(Skip::new(server)))),
