@@ -37,6 +37,26 @@ fn conn_of(fd: c_int) -> Option<Arc<Obj>> {
     conn_of_op(fd, Op::Other)
 }
 
+/// `FIONREAD` on a connection that continues on TCP while bytes its switch read wait in our
+/// ring (`Conn::stash_left`): those plus what the socket holds, as TCP counts its queue.
+fn stashed_inq(fd: c_int) -> Option<c_int> {
+    let o = fdtable::get(fd)?;
+    let c = o.conn()?;
+    if !c.switched() || !c.stash_left() {
+        return None;
+    }
+    let mut q: c_int = 0;
+    // SAFETY: FIONREAD writes one int to our local.
+    let r = unsafe {
+        real::ioctl(
+            c.io_now(fd),
+            libc::FIONREAD,
+            std::ptr::from_mut(&mut q) as u64,
+        )
+    };
+    Some((c.inq() as c_int).saturating_add(if r == 0 { q } else { 0 }))
+}
+
 /// How long a non-blocking write on an accepted socket waits for its handshake (see
 /// [`conn_of_op`]) before it says `EAGAIN`.
 const SERVER_WRITE_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
@@ -2217,6 +2237,14 @@ pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int 
         if let Some(m) = moved_first(fd, Op::Other) {
             // SAFETY: the caller's arguments, on the connection's own descriptor.
             return unsafe { ioctl(m.fd, req, arg) };
+        }
+        if req == libc::FIONREAD && arg != 0 {
+            if let Some(n) = stashed_inq(fd) {
+                // SAFETY: FIONREAD's argument is the caller's writable int pointer (ioctl's
+                // contract), non-null (checked).
+                unsafe { *(arg as *mut c_int) = n };
+                return 0;
+            }
         }
         if let Some(o) = conn_of(fd) {
             let Some(c) = o.conn() else {
