@@ -2807,6 +2807,30 @@ fn a_listener_shared_with_a_process_without_the_library_is_not_announced_again_a
             .unwrap_or_else(|e| panic!("mix.py smc={smc}: {e}"));
         assert_eq!(wrong(&out), "0/80", "smc={smc}: {out}");
     }
+    // The legitimate shape keeps its acceleration: A runs the library too (`RT_ALIB=1`), so
+    // every process that shares the listener does, and B announces it again.
+    let before = w.stats_sum().get("smcd_server");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+        .to_string();
+    let mut c = python(&w, &py);
+    // Every connection SMC-D (the short-connection policy would learn these to stay TCP).
+    c.env("RT_MIXL", "1")
+        .env("RT_ALIB", "1")
+        .env("SMC_SHORT_BYTES", "0")
+        .args([port.as_str(), "20", "2"]);
+    let out = spawn_piped(c)
+        .wait_output(T)
+        .unwrap_or_else(|e| panic!("mix.py with A under the library: {e}"));
+    assert_eq!(wrong(&out), "0/40", "A under the library: {out}");
+    let sum = w.stats_sum();
+    assert!(
+        sum.get("smcd_server") >= before + 30,
+        "A and B under the library: the connections were not SMC-D: {out} {}",
+        brief(&sum)
+    );
 }
 
 /// Red team round 20 (`rt20_alias.py`): a listener made under the library goes (exec) to an
