@@ -73,7 +73,10 @@ if a[1] != "A":
     fd = "-1"
     if os.environ.get("RT_MIXL") == "1":
         keep = mk(int(a[1])); fd = str(keep.fileno())
-    os.execve(sys.executable, [sys.executable, a[0], "A"] + a[1:] + [fd], envw(""))
+    # RT_ALIB=1: A keeps the library too (the legitimate shape: a library image's fork execs
+    # another library image that shares the listener, as an nginx binary upgrade): SMC-D.
+    os.execve(sys.executable, [sys.executable, a[0], "A"] + a[1:] + [fd],
+              envw(LIB if os.environ.get("RT_ALIB") == "1" else ""))
 port = int(a[2]); n = int(a[3]) if len(a) > 3 else 20; rounds = int(a[4]) if len(a) > 4 else 5
 l = mk(port) if len(a) <= 5 or a[5] == "-1" else socket.socket(fileno=int(a[5]))
 until = time.time() + 3 + rounds * 1.0

@@ -2768,6 +2768,71 @@ fn connections_queued_when_a_listener_goes_to_an_image_without_the_library_show_
     }
 }
 
+/// Red team round 20 (`rt20_mix.py`, `RT_MIXL=1`): a process under the library makes a
+/// listener and execs an image without the library (A: the exec withdraws and sweeps the
+/// listener); A forks and execs an image with the library (B) that inherits the listener, and
+/// both accept on it; 20 clients under the library, 4 rounds. B announced the inherited
+/// listener again at load while A accepted on it: A read the client's CLC Proposal as its
+/// request on 51 and 59 of 80 connections (plain TCP: 0 of 80). Now B leaves a listener that a
+/// live process without the library also holds on TCP.
+const MIXED_LISTENER: &str = include_str!("../redteam/rt20_mix.py");
+
+#[test]
+fn a_listener_shared_with_a_process_without_the_library_is_not_announced_again_at_load() {
+    let w = SmcWorld::new();
+    let py = script(&w, "mix.py", MIXED_LISTENER);
+    let wrong = |out: &str| -> String {
+        out.lines()
+            .find(|l| l.starts_with("wrong "))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .unwrap_or("none")
+            .to_string()
+    };
+    for smc in [false, true] {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port()
+            .to_string();
+        let mut c = if smc {
+            python(&w, &py)
+        } else {
+            let mut c = Command::new("python3");
+            c.arg(&py).env_remove("LD_PRELOAD");
+            c
+        };
+        c.env("RT_MIXL", "1").args([port.as_str(), "20", "4"]);
+        let out = spawn_piped(c)
+            .wait_output(T)
+            .unwrap_or_else(|e| panic!("mix.py smc={smc}: {e}"));
+        assert_eq!(wrong(&out), "0/80", "smc={smc}: {out}");
+    }
+    // The legitimate shape keeps its acceleration: A runs the library too (`RT_ALIB=1`), so
+    // every process that shares the listener does, and B announces it again.
+    let before = w.stats_sum().get("smcd_server");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+        .to_string();
+    let mut c = python(&w, &py);
+    // Every connection SMC-D (the short-connection policy would learn these to stay TCP).
+    c.env("RT_MIXL", "1")
+        .env("RT_ALIB", "1")
+        .env("SMC_SHORT_BYTES", "0")
+        .args([port.as_str(), "20", "2"]);
+    let out = spawn_piped(c)
+        .wait_output(T)
+        .unwrap_or_else(|e| panic!("mix.py with A under the library: {e}"));
+    assert_eq!(wrong(&out), "0/40", "A under the library: {out}");
+    let sum = w.stats_sum();
+    assert!(
+        sum.get("smcd_server") >= before + 30,
+        "A and B under the library: the connections were not SMC-D: {out} {}",
+        brief(&sum)
+    );
+}
+
 /// Red team round 20 (`rt20_alias.py`): a listener made under the library goes (exec) to an
 /// image without it; then another program, as uid `nobody`, listens on the same port at
 /// another address (127.0.0.2, or `[::1]` v6-only). Keyed by the port alone, that listener's

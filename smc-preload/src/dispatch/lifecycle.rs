@@ -1267,18 +1267,132 @@ fn adopt_if_unconnected(fd: c_int) {
     setup::forget_rcvbuf(fd);
 }
 
-/// `fd` becomes one of our listeners if it is a listening TCP socket (inherited or received).
+/// `fd` becomes one of our listeners if it is a listening TCP socket (inherited or received),
+/// unless a live process that does not run the library holds it too ([`held_without_library`]):
+/// that process may accept any connection whose SYN-ACK announces SMC and would read its
+/// client's CLC Proposal as request bytes (red team rt20 `rt20_mix.py`: a library process
+/// makes the listener and execs an image without the library, which forks and execs a library
+/// image that inherits it; the image without the library read 51 of 80 Proposals). Such a
+/// listener stays plain TCP here (its connections `PEERNOSMC` at both ends), said in the debug
+/// log. Checked before and again after the announcement: a holder that turned into an image
+/// without the library in between (its own exec withdrew the listener, which our announcement
+/// would revive) finds the listener withdrawn again and its queue swept. Not when systemd names
+/// us (`LISTEN_PID`: socket activation, whose manager holds the listener without accepting).
 pub fn adopt_if_listener(fd: c_int) {
     if fdtable::raw(fd) != 0 || !is_tcp_listener(fd) || !policy::enabled() {
         return;
     }
+    let check = !listen_pid_is_us();
+    if check {
+        if let Some(pid) = held_without_library(fd) {
+            crate::debug!(
+                "fd {fd}: inherited TCP listener also held by pid {pid}, which does not run \
+                 the library: stays TCP"
+            );
+            return;
+        }
+    }
     if setup::opt_in(fd) {
+        if check {
+            if let Some(pid) = held_without_library(fd) {
+                setup::announce(fd, false);
+                setup::sweep_listener(fd, in_vfork_child());
+                crate::debug!(
+                    "fd {fd}: inherited TCP listener also held by pid {pid}, which does not \
+                     run the library (found after the announcement): withdrawn, stays TCP"
+                );
+                return;
+            }
+        }
         crate::debug!("fd {fd}: inherited TCP listener: announces SMC");
         drop(fdtable::replace(
             fd,
             Slot::Obj(Arc::new(setup::listener_obj(fd))),
         ));
     }
+}
+
+/// Whether `LISTEN_PID` (systemd socket activation, `sd_listen_fds`) names this process.
+fn listen_pid_is_us() -> bool {
+    std::env::var("LISTEN_PID")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .is_some_and(|p| p == crate::pid())
+}
+
+/// At most this many other processes are looked at for [`held_without_library`].
+const HOLDERS_MAX: usize = 1024;
+
+/// Another live process that holds the socket of `fd` and does not map this library (its
+/// pid): among our parent, its other children and the processes of our cgroup (unless that is
+/// the root of the hierarchy). Processes whose maps say they run the library are not read
+/// further (a pre-fork server's many workers cost one maps read each); the descriptors of the
+/// others are. Processes whose descriptors cannot be read (another uid without
+/// `CAP_SYS_PTRACE`) are not known to hold it. Runs once per inherited or received listener.
+fn held_without_library(fd: c_int) -> Option<u32> {
+    let e0 = real::errno();
+    // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out buffer.
+    let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
+    real::set_errno(e0);
+    if !ok {
+        return None;
+    }
+    let want = format!("socket:[{}]", st.st_ino);
+    let me = crate::pid();
+    let mut pids: Vec<u32> = Vec::new();
+    // SAFETY: plain system call.
+    let ppid = unsafe { libc::getppid() };
+    if let Ok(pp) = u32::try_from(ppid) {
+        if pp > 1 {
+            pids.push(pp);
+            if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pp}/task")) {
+                for t in tasks.flatten() {
+                    if let Ok(list) = std::fs::read_to_string(t.path().join("children")) {
+                        pids.extend(
+                            list.split_whitespace()
+                                .filter_map(|p| p.parse::<u32>().ok()),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    if let Ok(mount) = smc_cgroup::cgroup2_mount() {
+        if let Some(dir) = std::fs::read_to_string("/proc/self/cgroup")
+            .ok()
+            .as_deref()
+            .and_then(smc_cgroup::parse_proc_cgroup)
+            .and_then(|path| smc_cgroup::dir_of(&mount, path))
+        {
+            if dir != mount.mount_point {
+                if let Ok(list) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+                    pids.extend(
+                        list.split_whitespace()
+                            .filter_map(|p| p.parse::<u32>().ok()),
+                    );
+                }
+            }
+        }
+    }
+    let mut seen: Vec<u32> = Vec::new();
+    let found = pids.into_iter().find(|&pid| {
+        if pid == me || seen.contains(&pid) || seen.len() >= HOLDERS_MAX {
+            return false;
+        }
+        seen.push(pid);
+        if maps_library(pid) == Some(true) {
+            return false;
+        }
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            return false;
+        };
+        fds.flatten()
+            .any(|f| std::fs::read_link(f.path()).is_ok_and(|l| l.as_os_str() == want.as_str()))
+    });
+    real::set_errno(e0);
+    found
 }
 
 fn is_tcp_listener(fd: c_int) -> bool {
