@@ -7,7 +7,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use integration_tests::{
-    brief, fallbacks, ready_port, require_tool, spawn_piped, NetnsPair, SmcWorld, Snapshot,
+    brief, fallbacks, free_port, ready_port, require_tool, spawn_piped, NetnsPair, SmcWorld,
+    Snapshot,
 };
 use std::path::Path;
 use std::process::Command;
@@ -1485,6 +1486,40 @@ fn nagle_case(w: &SmcWorld, smc: bool, mode: &str, n: u32) -> String {
     let _ = std::fs::remove_file(&fifo);
     let st = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
     assert!(st.success(), "mkfifo {}", fifo.display());
+    let fifo = fifo.display().to_string();
+    py_server_client(
+        w,
+        smc,
+        (&srv_py, &[n.to_string(), mode.to_string(), fifo.clone()]),
+        (&cl_py, &[n.to_string(), mode.to_string(), fifo]),
+        "SERVER DONE",
+    )
+}
+
+/// Each of `modes` run over plain TCP, then under the library (`case(smc, mode)`): both
+/// outputs contain `want`.
+fn like_tcp(modes: &[&str], want: &str, case: impl Fn(bool, &str) -> String) {
+    for mode in modes {
+        let tcp = case(false, mode);
+        assert!(tcp.contains(want), "{mode}: plain TCP: {tcp}");
+        let smc = case(true, mode);
+        assert!(
+            smc.contains(want),
+            "{mode}: under the library: {smc}\nplain TCP: {tcp}"
+        );
+    }
+}
+
+/// A Python server script that prints `READY <port>` and a client script that gets the port
+/// first, then `cl`'s arguments; both under the library (`smc`) or plain: the client's output,
+/// once the server's says `done`.
+fn py_server_client(
+    w: &SmcWorld,
+    smc: bool,
+    srv: (&Path, &[String]),
+    cl: (&Path, &[String]),
+    done: &str,
+) -> String {
     let cmd = |p: &Path| {
         if smc {
             return python(w, p);
@@ -1493,16 +1528,15 @@ fn nagle_case(w: &SmcWorld, smc: bool, mode: &str, n: u32) -> String {
         c.arg(p).env_remove("LD_PRELOAD");
         c
     };
-    let mut c = cmd(&srv_py);
-    c.arg(n.to_string()).arg(mode).arg(&fifo);
+    let mut c = cmd(srv.0);
+    c.args(srv.1);
     let mut srv = spawn_piped(c);
     let port = ready_port(&mut srv);
-    let mut c = cmd(&cl_py);
-    c.args([port.to_string(), n.to_string(), mode.to_string()])
-        .arg(&fifo);
+    let mut c = cmd(cl.0);
+    c.arg(port.to_string()).args(cl.1);
     let out = spawn_piped(c).wait_output(T).expect("client");
     let sout = srv.wait_output(T).expect("server");
-    assert!(sout.contains("SERVER DONE"), "server: {sout}");
+    assert!(sout.contains(done), "server: {sout}");
     out
 }
 
@@ -1523,15 +1557,9 @@ fn a_handler_that_writes_small_pieces_and_closes_unread_delivers_them_all_like_t
     let w = SmcWorld::new();
     let n = 10;
     let want = format!("CLIENT {n} OF {n} ");
-    for mode in ["first", "after"] {
-        let tcp = nagle_case(&w, false, mode, n);
-        assert!(tcp.contains(&want), "{mode}: plain TCP: {tcp}");
-        let smc = nagle_case(&w, true, mode, n);
-        assert!(
-            smc.contains(&want),
-            "{mode}: under the library: {smc}\nplain TCP: {tcp}"
-        );
-    }
+    like_tcp(&["first", "after"], &want, |smc, mode| {
+        nagle_case(&w, smc, mode, n)
+    });
     let sum = w.stats_sum();
     assert!(
         sum.get("smcd_server") >= u64::from(2 * n),
@@ -1597,24 +1625,13 @@ print("CLIENT", total, got.hexdigest() == hashlib.sha256(data).hexdigest(), end,
 fn echo_exec_case(w: &SmcWorld, smc: bool, env: &str, n: usize) -> String {
     let srv_py = script(w, "echo_exec_server.py", ECHO_EXEC_SERVER);
     let cl_py = script(w, "echo_exec_client.py", ECHO_EXEC_CLIENT);
-    let cmd = |p: &Path| {
-        if smc {
-            return python(w, p);
-        }
-        let mut c = Command::new("python3");
-        c.arg(p).env_remove("LD_PRELOAD");
-        c
-    };
-    let mut c = cmd(&srv_py);
-    c.arg(n.to_string()).arg(env);
-    let mut srv = spawn_piped(c);
-    let port = ready_port(&mut srv);
-    let mut c = cmd(&cl_py);
-    c.args([port.to_string(), n.to_string()]);
-    let out = spawn_piped(c).wait_output(T).expect("client");
-    let sout = srv.wait_output(T).expect("server");
-    assert!(sout.contains("SERVER EXEC"), "server: {sout}");
-    out
+    py_server_client(
+        w,
+        smc,
+        (&srv_py, &[n.to_string(), env.to_string()]),
+        (&cl_py, &[n.to_string()]),
+        "SERVER EXEC",
+    )
 }
 
 /// A connection whose client wrote more than TCP's buffers hold, all of it unread in the
@@ -1629,15 +1646,9 @@ fn an_echo_handed_to_cat_with_megabytes_unread_echoes_them_all_like_tcp() {
     let w = SmcWorld::new();
     let n = 6 << 20;
     let want = format!("CLIENT {n} True EOF");
-    for env in ["lib", "nolib"] {
-        let tcp = echo_exec_case(&w, false, env, n);
-        assert!(tcp.contains(&want), "{env}: plain TCP: {tcp}");
-        let smc = echo_exec_case(&w, true, env, n);
-        assert!(
-            smc.contains(&want),
-            "{env}: under the library: {smc}\nplain TCP: {tcp}"
-        );
-    }
+    like_tcp(&["lib", "nolib"], &want, |smc, env| {
+        echo_exec_case(&w, smc, env, n)
+    });
     let sum = w.stats_sum();
     assert!(sum.get("smcd_server") >= 2, "{}", brief(&sum));
 }
@@ -2789,11 +2800,7 @@ fn a_listener_shared_with_a_process_without_the_library_is_not_announced_again_a
             .to_string()
     };
     for smc in [false, true] {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port()
-            .to_string();
+        let port = free_port().to_string();
         let mut c = if smc {
             python(&w, &py)
         } else {
@@ -2810,11 +2817,7 @@ fn a_listener_shared_with_a_process_without_the_library_is_not_announced_again_a
     // The legitimate shape keeps its acceleration: A runs the library too (`RT_ALIB=1`), so
     // every process that shares the listener does, and B announces it again.
     let before = w.stats_sum().get("smcd_server");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-        .to_string();
+    let port = free_port().to_string();
     let mut c = python(&w, &py);
     // Every connection SMC-D (the short-connection policy would learn these to stay TCP).
     c.env("RT_MIXL", "1")
@@ -2846,11 +2849,7 @@ fn a_listener_of_another_user_at_another_address_does_not_revive_a_withdrawn_one
     let py = script(&w, "alias.py", ALIAS_LISTENER);
     for mode in ["v4b", "v6"] {
         // A port free on 127.0.0.1 now (the script binds it and the same port elsewhere).
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port()
-            .to_string();
+        let port = free_port().to_string();
         let mut c = python(&w, &py);
         c.args([port.as_str(), mode, "10", "nobody"]);
         let out = spawn_piped(c)
