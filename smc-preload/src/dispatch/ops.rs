@@ -420,6 +420,8 @@ unsafe fn recv_in(call: &InCall, fd: c_int, iov: &[iovec], flags: c_int) -> ssiz
                 // come first (`E_TCP`: another thread took them meanwhile).
                 match c.recv(fd, iov, flags) {
                     Err(crate::conn::E_TCP) => {}
+                    // SAFETY: the caller's buffers, past the `n` bytes the stash filled.
+                    Ok(n) if n > 0 => return unsafe { stash_then_socket(c, fd, iov, flags, n) },
                     r => return ret(r),
                 }
             }
@@ -428,11 +430,72 @@ unsafe fn recv_in(call: &InCall, fd: c_int, iov: &[iovec], flags: c_int) -> ssiz
         }
         // Reset instead: the call fails as the connection does (never `E_TCP` itself).
         Err(crate::conn::E_TCP) => ret(c.recv(fd, iov, flags).map_err(not_e_tcp(libc::ECONNRESET))),
+        Ok(n) if n > 0 && c.flags() & crate::conn::F_TO_TCP != 0 => {
+            // SAFETY: the caller's buffers, past the `n` bytes the stash filled.
+            unsafe { stash_then_socket(c, fd, iov, flags, n) }
+        }
         r => {
             answer_alone_now(fd, c, o);
             ret(r)
         }
     }
+}
+
+/// A read of a connection that continues on TCP took `n` bytes from what its switch read into
+/// our ring (the stash, `Conn::stash_left`). A call that waits for more than that (a blocking
+/// `MSG_WAITALL`, `SO_RCVLOWAT`) goes on at the socket for the rest of its buffers, as TCP
+/// reads on from its queue: before, it returned the stash's bytes short (red team rt21
+/// `waitall`), and a `MSG_PEEK` with `MSG_WAITALL` slept forever (`peekwaitall`). A peek peeks
+/// on at the socket only when it saw the whole stash (no `SO_PEEK_OFF`).
+unsafe fn stash_then_socket(
+    c: &crate::conn::Conn,
+    fd: c_int,
+    iov: &[iovec],
+    flags: c_int,
+    n: usize,
+) -> ssize_t {
+    let want: usize = iov.iter().map(|v| v.iov_len).sum();
+    let nonblock = flags & libc::MSG_DONTWAIT != 0 || c.nonblocking();
+    let target = if flags & libc::MSG_WAITALL != 0 {
+        want
+    } else {
+        (c.rcvlowat() as usize).min(want)
+    };
+    let peek = flags & libc::MSG_PEEK != 0;
+    // A read that emptied the stash, or a peek that saw all of it from its start.
+    let whole = if peek {
+        c.peek_off() < 0 && c.inq() as usize == n
+    } else {
+        !c.stash_left()
+    };
+    if n >= target || nonblock || flags & libc::MSG_TRUNC != 0 || !whole {
+        return n as ssize_t;
+    }
+    // The rest of the caller's buffers, past the `n` bytes filled.
+    let mut rest: Vec<iovec> = Vec::with_capacity(iov.len());
+    let mut skip = n;
+    for v in iov {
+        if skip >= v.iov_len {
+            skip -= v.iov_len;
+            continue;
+        }
+        rest.push(iovec {
+            // SAFETY: inside the caller's buffer `v` (`skip < v.iov_len`).
+            iov_base: unsafe { (v.iov_base as *mut u8).add(skip) } as *mut c_void,
+            iov_len: v.iov_len - skip,
+        });
+        skip = 0;
+    }
+    let e0 = real::errno();
+    // SAFETY: the caller's buffers, past what was filled.
+    let r = unsafe { crate::member::recv(c.io_now(fd), &rest, flags) };
+    if r > 0 {
+        return n as ssize_t + r;
+    }
+    // The end, a timeout, a signal or an error after bytes: the bytes (as TCP's read returns
+    // what it copied).
+    real::set_errno(e0);
+    n as ssize_t
 }
 
 /// The peer switched to TCP alone and this call saw it (a write whose bytes it will not read
