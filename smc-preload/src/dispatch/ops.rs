@@ -57,6 +57,16 @@ fn stashed_inq(fd: c_int) -> Option<c_int> {
     Some((c.inq() as c_int).saturating_add(if r == 0 { q } else { 0 }))
 }
 
+/// Whether `fd` names a connection that continues on TCP with bytes of the stream its switch
+/// read from the socket still in our ring (`Conn::stash_left`): [`conn_of`] says `None` for
+/// it (everything but a read goes to the socket), but a call that reads it (`splice`,
+/// `sendfile` from it) must take those bytes first, through a read ([`hold`] with
+/// [`Op::Read`]). Before, they read the socket and skipped the stash (red team rt21 `splice`:
+/// 2.5 of 7 MiB, the bytes out of order).
+fn stash_at(fd: c_int) -> bool {
+    fdtable::get(fd).is_some_and(|o| o.conn().is_some_and(|c| c.stash_left()))
+}
+
 /// How long a non-blocking write on an accepted socket waits for its handshake (see
 /// [`conn_of_op`]) before it says `EAGAIN`.
 const SERVER_WRITE_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
@@ -410,6 +420,8 @@ unsafe fn recv_in(call: &InCall, fd: c_int, iov: &[iovec], flags: c_int) -> ssiz
                 // come first (`E_TCP`: another thread took them meanwhile).
                 match c.recv(fd, iov, flags) {
                     Err(crate::conn::E_TCP) => {}
+                    // SAFETY: the caller's buffers, past the `n` bytes the stash filled.
+                    Ok(n) if n > 0 => return unsafe { stash_then_socket(c, fd, iov, flags, n) },
                     r => return ret(r),
                 }
             }
@@ -418,11 +430,72 @@ unsafe fn recv_in(call: &InCall, fd: c_int, iov: &[iovec], flags: c_int) -> ssiz
         }
         // Reset instead: the call fails as the connection does (never `E_TCP` itself).
         Err(crate::conn::E_TCP) => ret(c.recv(fd, iov, flags).map_err(not_e_tcp(libc::ECONNRESET))),
+        Ok(n) if n > 0 && c.flags() & crate::conn::F_TO_TCP != 0 => {
+            // SAFETY: the caller's buffers, past the `n` bytes the stash filled.
+            unsafe { stash_then_socket(c, fd, iov, flags, n) }
+        }
         r => {
             answer_alone_now(fd, c, o);
             ret(r)
         }
     }
+}
+
+/// A read of a connection that continues on TCP took `n` bytes from what its switch read into
+/// our ring (the stash, `Conn::stash_left`). A call that waits for more than that (a blocking
+/// `MSG_WAITALL`, `SO_RCVLOWAT`) goes on at the socket for the rest of its buffers, as TCP
+/// reads on from its queue: before, it returned the stash's bytes short (red team rt21
+/// `waitall`), and a `MSG_PEEK` with `MSG_WAITALL` slept forever (`peekwaitall`). A peek peeks
+/// on at the socket only when it saw the whole stash (no `SO_PEEK_OFF`).
+unsafe fn stash_then_socket(
+    c: &crate::conn::Conn,
+    fd: c_int,
+    iov: &[iovec],
+    flags: c_int,
+    n: usize,
+) -> ssize_t {
+    let want: usize = iov.iter().map(|v| v.iov_len).sum();
+    let nonblock = flags & libc::MSG_DONTWAIT != 0 || c.nonblocking();
+    let target = if flags & libc::MSG_WAITALL != 0 {
+        want
+    } else {
+        (c.rcvlowat() as usize).min(want)
+    };
+    let peek = flags & libc::MSG_PEEK != 0;
+    // A read that emptied the stash, or a peek that saw all of it from its start.
+    let whole = if peek {
+        c.peek_off() < 0 && c.inq() as usize == n
+    } else {
+        !c.stash_left()
+    };
+    if n >= target || nonblock || flags & libc::MSG_TRUNC != 0 || !whole {
+        return n as ssize_t;
+    }
+    // The rest of the caller's buffers, past the `n` bytes filled.
+    let mut rest: Vec<iovec> = Vec::with_capacity(iov.len());
+    let mut skip = n;
+    for v in iov {
+        if skip >= v.iov_len {
+            skip -= v.iov_len;
+            continue;
+        }
+        rest.push(iovec {
+            // SAFETY: inside the caller's buffer `v` (`skip < v.iov_len`).
+            iov_base: unsafe { (v.iov_base as *mut u8).add(skip) } as *mut c_void,
+            iov_len: v.iov_len - skip,
+        });
+        skip = 0;
+    }
+    let e0 = real::errno();
+    // SAFETY: the caller's buffers, past what was filled.
+    let r = unsafe { crate::member::recv(c.io_now(fd), &rest, flags) };
+    if r > 0 {
+        return n as ssize_t + r;
+    }
+    // The end, a timeout, a signal or an error after bytes: the bytes (as TCP's read returns
+    // what it copied).
+    real::set_errno(e0);
+    n as ssize_t
 }
 
 /// The peer switched to TCP alone and this call saw it (a write whose bytes it will not read
@@ -3066,7 +3139,7 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t)
             return unsafe { sendfile(out, m.fd, off, n) };
         }
     }
-    let in_smc = slow(inp) && conn_of(inp).is_some();
+    let in_smc = slow(inp) && (conn_of(inp).is_some() || stash_at(inp));
     if in_smc {
         if let Err(e) = sendfile_from_socket_check(out, off) {
             return fail(e);
@@ -3301,7 +3374,7 @@ pub unsafe fn splice(
     let Ok(out_smc) = write_target(fout, nb) else {
         return -1;
     };
-    let in_smc = slow(fin) && conn_of(fin).is_some();
+    let in_smc = slow(fin) && (conn_of(fin).is_some() || stash_at(fin));
     if !out_smc && !in_smc {
         // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
         // libc's `splice`.

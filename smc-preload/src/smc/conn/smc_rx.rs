@@ -160,7 +160,13 @@ impl Conn {
             (self.rcvlowat() as usize).min(want)
         };
         // What a MSG_PEEK must find before it returns (it cannot read on to wait for more).
-        let peek_need = if waitall {
+        // Bytes a switch to TCP read into the ring ([`F_STASH`]): nothing more comes into the
+        // ring, so a peek takes what is there (the caller peeks on at the socket for the rest,
+        // `ops::recv_in`); before, a peek for more than the stash held slept on the socket,
+        // which its bytes keep readable: 100% CPU until the timeout (red team rt21 `peekwaitall`).
+        let peek_need = if self.flags() & F_STASH != 0 {
+            1
+        } else if waitall {
             peek_all
         } else {
             target.min(self.rx.len() as usize)
