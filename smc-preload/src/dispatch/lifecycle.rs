@@ -784,7 +784,11 @@ fn switch_end(fd: c_int, o: &Arc<Obj>, drive_own_peer: bool, tail: Option<TailSl
 /// runs.
 fn switch_for_exec(img: Image, envp: *const *const c_char) -> Tails {
     let mut tails = Tails::default();
-    if !fdtable::any_objects() || image_runs_library(img, envp) {
+    if !fdtable::any_objects() {
+        return tails;
+    }
+    if image_runs_library(img, envp) {
+        reset_stashed_for_exec();
         return tails;
     }
     if in_vfork_child() {
@@ -1610,6 +1614,25 @@ fn library_name() -> Option<Vec<u8>> {
     .clone()
 }
 
+/// Before an exec into an image that runs the library: a connection that continues on TCP
+/// with bytes its switch read still in our ring ([`crate::conn::Conn::stash_left`]), at a
+/// number the image inherits, is reset. The image does not take a switched connection over
+/// (it left the shortcut) and would read the socket past those bytes: red team rt21
+/// `execlib`, 4.4 and 6.6 of 7.3 MiB read, then a clean EOF, 3 of 3. A clean failure instead
+/// (as an image without the library gets, `switch_end`), also when the exec then fails.
+fn reset_stashed_for_exec() {
+    for (fd, o) in fdtable::all_objects() {
+        if let Obj::Conn(c) = &*o {
+            if c.stash_left() && !cloexec(fd) {
+                crate::debug!(
+                    "fd {fd}: goes to the next image with stream bytes its switch read unread                      in our ring: the connection is reset"
+                );
+                c.reset_now(fd);
+            }
+        }
+    }
+}
+
 /// Before a `sendmsg` on `via`: our connections among its `SCM_RIGHTS` fds go in flight.
 /// Returns how many, for [`fds_not_sent`]. An SMC connection bound for a process that does not
 /// run the library ([`receiver_runs_library`]: a program without it, which would read the
@@ -1656,6 +1679,17 @@ pub unsafe fn fds_sending(via: c_int, m: &libc::msghdr) -> usize {
                 return;
             }
             let Obj::Conn(c) = &*o else { return };
+            if c.stash_left() {
+                // A receiver with the library would not take the switched connection over and
+                // would read its socket past the bytes our switch read (red team rt21 `scm`:
+                // 4.4 of 7.3 MiB); one without it could not read them at all: reset (both
+                // ends fail cleanly), as before an exec.
+                crate::debug!(
+                    "fd {fd}: passed on with stream bytes its switch read unread in our ring:                      the connection is reset"
+                );
+                c.reset_now(fd);
+                return;
+            }
             if *receiver.get_or_insert_with(|| receiver_runs_library(via)) != Some(true) {
                 crate::debug!(
                     "fd {fd}: passed to a process that does not run the library: the \
