@@ -1571,8 +1571,8 @@ fn a_handler_that_writes_small_pieces_and_closes_unread_delivers_them_all_like_t
 /// An inetd-style echo: the server accepts, waits until the client's bytes are there (all
 /// `n` of them, which the library's ring holds; at most 2 s, which TCP's buffers never reach),
 /// then puts the connection on `cat`'s stdin and stdout (`dup2`, `exec`; `nolib`: with an
-/// environment without the library). The client writes `n` bytes from one thread while another
-/// reads the echo, then shuts its writing down and prints the count and digest it read back.
+/// environment without the library; a third argument: the socket buffers set to that many bytes
+/// first). Its client is [`CAT_ECHO_CLIENT`].
 const ECHO_EXEC_SERVER: &str = r#"
 import socket, os, sys, time, fcntl, termios, array
 nolib = sys.argv[2] == "nolib"
@@ -1590,46 +1590,43 @@ while time.monotonic() < end:
         break
     time.sleep(0.01)
 print("SERVER EXEC", q[0] >= n, flush=True)
+if len(sys.argv) > 3:
+    # Small socket buffers, which `cat` inherits.
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, int(sys.argv[3]))
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, int(sys.argv[3]))
 os.dup2(c.fileno(), 0)
 os.dup2(c.fileno(), 1)
 env = {"PATH": "/usr/bin:/bin"} if nolib else os.environ
 os.execvpe("cat", ["cat"], env)
 "#;
 
-const ECHO_EXEC_CLIENT: &str = r#"
-import socket, sys, threading, hashlib, random
-port, n = int(sys.argv[1]), int(sys.argv[2])
-data = random.Random(3).randbytes(n)
-s = socket.create_connection(("127.0.0.1", port))
-def write():
-    s.sendall(data)
-    s.shutdown(socket.SHUT_WR)
-t = threading.Thread(target=write)
-t.start()
-got = hashlib.sha256()
-total = 0
-try:
-    while True:
-        b = s.recv(1 << 16)
-        if not b:
-            break
-        got.update(b)
-        total += len(b)
-    end = "EOF"
-except ConnectionResetError:
-    end = "RESET"
-t.join()
-print("CLIENT", total, got.hexdigest() == hashlib.sha256(data).hexdigest(), end, flush=True)
-"#;
-
 fn echo_exec_case(w: &SmcWorld, smc: bool, env: &str, n: usize) -> String {
+    let cl = ("cat_echo_client.py", CAT_ECHO_CLIENT);
+    echo_exec(w, smc, &[env], cl, &["plain"], n)
+}
+
+/// [`ECHO_EXEC_SERVER`] for `n` bytes (`srv`: its arguments after `n`) with the
+/// client script `cl` (name, text; its arguments: the port, `n`, then `cl_args`).
+fn echo_exec(
+    w: &SmcWorld,
+    smc: bool,
+    srv: &[&str],
+    cl: (&str, &str),
+    cl_args: &[&str],
+    n: usize,
+) -> String {
     let srv_py = script(w, "echo_exec_server.py", ECHO_EXEC_SERVER);
-    let cl_py = script(w, "echo_exec_client.py", ECHO_EXEC_CLIENT);
+    let cl_py = script(w, cl.0, cl.1);
+    let args = |rest: &[&str]| -> Vec<String> {
+        std::iter::once(n.to_string())
+            .chain(rest.iter().map(|a| a.to_string()))
+            .collect()
+    };
     py_server_client(
         w,
         smc,
-        (&srv_py, &[n.to_string(), env.to_string()]),
-        (&cl_py, &[n.to_string()]),
+        (&srv_py, &args(srv)),
+        (&cl_py, &args(cl_args)),
         "SERVER EXEC",
     )
 }
@@ -1645,7 +1642,7 @@ fn echo_exec_case(w: &SmcWorld, smc: bool, env: &str, n: usize) -> String {
 fn an_echo_handed_to_cat_with_megabytes_unread_echoes_them_all_like_tcp() {
     let w = SmcWorld::new();
     let n = 6 << 20;
-    let want = format!("CLIENT {n} True EOF");
+    let want = format!("CLIENT {n} True EOF short 0");
     like_tcp(&["lib", "nolib"], &want, |smc, env| {
         echo_exec_case(&w, smc, env, n)
     });
@@ -1653,34 +1650,14 @@ fn an_echo_handed_to_cat_with_megabytes_unread_echoes_them_all_like_tcp() {
     assert!(sum.get("smcd_server") >= 2, "{}", brief(&sum));
 }
 
-/// The echo above with the server's socket buffers at 64 KiB (which `cat` inherits, without the
-/// library): the client's switch sends its 7 MiB again while `cat` echoes, and reads megabytes of
-/// the echo meanwhile into its ring (the stash). Its first read takes one byte; then `splice`
-/// from the connection into a pipe reads the rest.
-const STASH_ECHO_SERVER: &str = r#"
-import socket, os, sys, time, fcntl, termios, array
-n = int(sys.argv[1])
-ls = socket.socket()
-ls.bind(("127.0.0.1", 0))
-ls.listen(1)
-print("READY", ls.getsockname()[1], flush=True)
-c, _ = ls.accept()
-end = time.monotonic() + 2
-while time.monotonic() < end:
-    q = array.array("i", [0])
-    fcntl.ioctl(c.fileno(), termios.FIONREAD, q)
-    if q[0] >= n:
-        break
-    time.sleep(0.01)
-print("SERVER EXEC", q[0] >= n, flush=True)
-c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
-c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-os.dup2(c.fileno(), 0)
-os.dup2(c.fileno(), 1)
-os.execvpe("cat", ["cat"], {"PATH": "/usr/bin:/bin"})
-"#;
-
-const STASH_SPLICE_CLIENT: &str = r#"
+/// The client of [`ECHO_EXEC_SERVER`]: writes `n` bytes from one thread, then shuts its writing
+/// down; reads one byte (which makes the switch), then the rest as `how` says (`plain` reads,
+/// `splice` into a pipe, `waitall` reads, peeks); prints the count, whether the bytes are the
+/// ones written, how the stream ended and how many reads came back short. With the server's
+/// socket buffers at 64 KiB (which `cat` inherits, without the library), the client's switch
+/// sends its 7 MiB again while `cat` echoes, and reads megabytes of the echo meanwhile into its
+/// ring (the stash).
+const CAT_ECHO_CLIENT: &str = r#"
 import socket, sys, os, threading, random
 port, n, how = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 data = random.Random(3).randbytes(n)
@@ -1701,6 +1678,12 @@ try:
             if k == 0:
                 break
             got += os.read(r, k)
+    elif how == "plain":
+        while True:
+            b = s.recv(1 << 16)
+            if not b:
+                break
+            got += b
     elif how == "waitall":
         while True:
             b = s.recv(1 << 20, socket.MSG_WAITALL)
@@ -1724,26 +1707,8 @@ print("CLIENT", len(got), bytes(got) == data, end, "short", short, flush=True)
 "#;
 
 fn stash_read_case(w: &SmcWorld, smc: bool, how: &str, n: usize) -> String {
-    let srv_py = script(w, "stash_echo_server.py", STASH_ECHO_SERVER);
-    let cl_py = script(w, "stash_splice_client.py", STASH_SPLICE_CLIENT);
-    let cmd = |p: &Path| {
-        if smc {
-            return python(w, p);
-        }
-        let mut c = Command::new("python3");
-        c.arg(p).env_remove("LD_PRELOAD");
-        c
-    };
-    let mut c = cmd(&srv_py);
-    c.arg(n.to_string());
-    let mut srv = spawn_piped(c);
-    let port = ready_port(&mut srv);
-    let mut c = cmd(&cl_py);
-    c.args([port.to_string(), n.to_string(), how.to_string()]);
-    let out = spawn_piped(c).wait_output(T).expect("client");
-    let sout = srv.wait_output(T).expect("server");
-    assert!(sout.contains("SERVER EXEC"), "server: {sout}");
-    out
+    let cl = ("cat_echo_client.py", CAT_ECHO_CLIENT);
+    echo_exec(w, smc, &["nolib", "65536"], cl, &[how], n)
 }
 
 /// Bytes that a switch to TCP read into the ring (the stash, `Conn::stash_from`) come first
@@ -1755,13 +1720,9 @@ fn a_splice_after_a_switch_that_read_the_echo_meanwhile_reads_it_all_like_tcp() 
     let w = SmcWorld::new();
     let n = 7 << 20;
     let want = format!("CLIENT {n} True EOF short 0");
-    let tcp = stash_read_case(&w, false, "splice", n);
-    assert!(tcp.contains(&want), "plain TCP: {tcp}");
-    let smc = stash_read_case(&w, true, "splice", n);
-    assert!(
-        smc.contains(&want),
-        "under the library: {smc}\nplain TCP: {tcp}"
-    );
+    like_tcp(&["splice"], &want, |smc, how| {
+        stash_read_case(&w, smc, how, n)
+    });
 }
 
 /// A read that waits for more than the stash holds (the bytes a switch to TCP read into the
@@ -1774,13 +1735,9 @@ fn a_waitall_read_for_more_than_the_switch_stashed_goes_on_at_the_socket_like_tc
     let w = SmcWorld::new();
     let n = 7 << 20;
     let want = format!("CLIENT {n} True EOF short 0");
-    let tcp = stash_read_case(&w, false, "waitall", n);
-    assert!(tcp.contains(&want), "plain TCP: {tcp}");
-    let smc = stash_read_case(&w, true, "waitall", n);
-    assert!(
-        smc.contains(&want),
-        "under the library: {smc}\nplain TCP: {tcp}"
-    );
+    like_tcp(&["waitall"], &want, |smc, how| {
+        stash_read_case(&w, smc, how, n)
+    });
 }
 
 /// Servers that hand each accepted connection to another process, as real servers do: `prefork`
