@@ -274,8 +274,8 @@ pub const QUARANTINE_AT_PROPOSAL: u32 = 0;
 pub const QUARANTINE_AT_DECLINE: u32 = 1;
 /// Application bytes began: everything passes.
 pub const QUARANTINE_DONE: u32 = 2;
-/// The listener a sweep is about (an array of one [`SweepConfig`]), written by the daemon
-/// before it reads the sweep iterator (one sweep at a time).
+/// The listener, or the one socket, a sweep is about (an array of one [`SweepConfig`]), written
+/// by the daemon before it reads the sweep iterator (one sweep at a time).
 pub const MAP_SWEEP: &str = "SMC_SWEEP";
 
 /// The value of [`MAP_SWEEP`].
@@ -283,7 +283,13 @@ pub const MAP_SWEEP: &str = "SMC_SWEEP";
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SweepConfig {
     /// The listener's [`ListenerKey`]: network namespace cookie, local address and port.
+    /// Unused when [`SweepConfig::cookie`] is set.
     pub listener: ListenerKey,
+    /// Not 0: the sweep is about one passive socket only, the one of this socket cookie: the
+    /// server end of a client's connection whose Accept did not come and that is about to
+    /// half-close or close it (its FIN would make that socket `CLOSE_WAIT`, which no sweep
+    /// can quarantine any more). Its listener may still announce.
+    pub cookie: u64,
 }
 
 /// Entries of the same-host maps and of the SOCKHASH: sockets, two per connection. Issue 14's
@@ -510,7 +516,7 @@ impl TraceReason {
 /// The TCP experimental option that announces SMC: kind 254, length 6, ExID "SMCR" in EBCDIC.
 pub const TCPOPT_SMC: [u8; 6] = [254, 6, 0xE2, 0xD4, 0xC3, 0xD9];
 /// Layout version of everything pinned; a pin directory with another version is refused.
-pub const PIN_LAYOUT_VERSION: u32 = 4;
+pub const PIN_LAYOUT_VERSION: u32 = 5;
 
 #[cfg(feature = "user")]
 mod pod {

@@ -8,7 +8,9 @@
 //! - [`smc_sweep`] (`iter/tcp`, run by the daemon in the listener's network namespace just
 //!   before the exec, `smc_ism`'s `OP_SWEEP`): every passive socket of the withdrawn listener
 //!   ([`SweepConfig`]) whose client announced SMC and that no process of ours claimed yet goes
-//!   into [`SMC_QUARANTINE`].
+//!   into [`SMC_QUARANTINE`]. A sweep of one socket ([`SweepConfig::cookie`], asked by the
+//!   client of a connection whose Accept did not come, before its FIN) does the same for that
+//!   socket alone, while it is still ESTABLISHED.
 //! - `sock_ops` does the same at ESTABLISHED for a connection whose SYN-ACK still announced SMC
 //!   while its listener withdrew before the handshake's last ACK ([`quarantine_established`]).
 //! - [`smc_quarantine_verdict`] (stream verdict on that map) strips the client's Proposal off
@@ -194,9 +196,12 @@ pub fn smc_sweep(ctx: *mut c_void) -> i32 {
     let Some(cfg) = SMC_SWEEP.get(0) else {
         return 0;
     };
-    // The listener announces again (an exec that failed restored it): nothing to do.
+    let one = cfg.cookie;
+    let listener = &cfg.listener;
+    // A listener sweep: the listener announces again (an exec that failed restored it):
+    // nothing to do. (A sweep of one socket is the client's: its listener may announce.)
     // SAFETY: the value of a hash map lookup stays allocated for this run (RCU); read once.
-    if unsafe { SMC_LISTENERS.get(&cfg.listener) }.is_some_and(|v| *v != 0) {
+    if one == 0 && unsafe { SMC_LISTENERS.get(listener) }.is_some_and(|v| *v != 0) {
         return 0;
     }
     // SAFETY: the map pointer is the socket storage definition; `tp` is a full socket (BTF
@@ -220,26 +225,33 @@ pub fn smc_sweep(ctx: *mut c_void) -> i32 {
     if f & want != want || f & (SOCK_CLAIMED | SOCK_QUARANTINE_TRY) != 0 {
         return 0;
     }
-    // Of this listener: its port, and its address or a wildcard that covers the socket's
-    // (recorded at ESTABLISHED; a listener of the same port at another address is another's).
-    // SAFETY: as above; plain fields of the value, read by value.
-    let (port, ip) = unsafe {
-        (
-            ptr::read_volatile(ptr::addr_of!((*st).local_port)),
-            ptr::read_volatile(ptr::addr_of!((*st).local_ip)),
-        )
-    };
-    if port != cfg.listener.port || !cfg.listener.covers(&ip) {
-        return 0;
+    // SAFETY: `tp` is a full socket (BTF pointer), which the tracing variant of the helper
+    // takes (only sockets with our state get here: they have a cookie already).
+    let cookie = unsafe { bpf_get_socket_cookie(tp.cast()) };
+    if one != 0 {
+        if cookie != one {
+            return 0;
+        }
+    } else {
+        // Of this listener: its port, and its address or a wildcard that covers the socket's
+        // (recorded at ESTABLISHED; a listener of the same port at another address is
+        // another's).
+        // SAFETY: as above; plain fields of the value, read by value.
+        let (port, ip) = unsafe {
+            (
+                ptr::read_volatile(ptr::addr_of!((*st).local_port)),
+                ptr::read_volatile(ptr::addr_of!((*st).local_ip)),
+            )
+        };
+        if port != listener.port || !listener.covers(&ip) {
+            return 0;
+        }
     }
     // SAFETY: as above.
     let old = flags_or(unsafe { &mut *st }, SOCK_QUARANTINE_TRY);
     if old & SOCK_CLAIMED != 0 {
         return 0;
     }
-    // SAFETY: `tp` is a full socket (BTF pointer), which the tracing variant of the helper
-    // takes.
-    let cookie = unsafe { bpf_get_socket_cookie(tp.cast()) };
     if enter(tp.cast(), cookie) {
         // SAFETY: as above.
         flags_or(unsafe { &mut *st }, SOCK_QUARANTINED);

@@ -102,6 +102,15 @@
 //!   listener (a listening TCP socket, else refused); the programs touch only that port's
 //!   unclaimed sockets, and only while its listener is withdrawn, so a sweep anyone asks for
 //!   changes nothing but what an image without the data path would read. One sweep at a time.
+//!   A client whose Accept did not come passes its connected socket instead
+//!   ([`proto::FEATURE_SWEEP_PEER`], [`SharedClient::sweep_peer`]) before it half-closes: the
+//!   daemon looks its server end up in the pinned same-host maps (mirrored 4-tuple, its socket
+//!   cookie) and sweeps for that one socket, which goes into the quarantine only when it is a
+//!   passive socket whose client announced SMC and that no data path claimed (its FIN would
+//!   make it `CLOSE_WAIT`, which a sockmap refuses, and an image without the data path that
+//!   takes the listener over later would read the Proposal). Authority is holding the client
+//!   socket: the only socket it can touch is its own connection's server end, whose data path
+//!   (if one claims it later) then continues on TCP with the client.
 //! - Recorded proof (`REGISTER_RECORD_PROOF`, [`proto::FEATURE_RECORDED_PROOF`]): a server's
 //!   registration records what its socket proved (identity, cgroup key; not the socket); its
 //!   attach of the client's DMB, which comes after the client's CLC confirm when it can no

@@ -102,7 +102,9 @@
 //!   already). Usually with [`NOREPLY_BIT`].
 //! - `OP_SWEEP`: empty + the caller's listening TCP socket, whose SMC announcement it withdrew
 //!   before an exec into an image without the data path. The daemon quarantines the connections
-//!   queued at it (see the op's docs). Result: empty, once done.
+//!   queued at it (see the op's docs). Or ([`FEATURE_SWEEP_PEER`]) the caller's connected client
+//!   socket: the daemon quarantines that connection's server end, if no data path claimed it.
+//!   Result: empty, once done.
 //! - `OP_STATS`: empty. Result: [`Stats`](crate::Stats) as JSON.
 //! - `OP_WAIT`: `generation: u64, timeout_ms: u32, reserved: u32`. The daemon answers once its
 //!   release generation differs from `generation` or the timeout (capped at 60 s) expires.
@@ -175,7 +177,10 @@ pub const OP_LEAVE_SHORTCUT: u16 = 14;
 /// Quarantine the connections queued at the caller's listening socket (passed along, the
 /// proof), whose SMC announcement the caller withdrew before an exec into an image without the
 /// data path: their clients' CLC messages are stripped off their streams (`smc-ebpf`'s
-/// `quarantine.rs`). Empty payload, empty result, once the sweep is done.
+/// `quarantine.rs`). With a connected client socket instead ([`FEATURE_SWEEP_PEER`]): the
+/// server end of that connection alone, when it is a passive socket whose client announced
+/// SMC and that no data path claimed (asked by a client whose Accept did not come, before it
+/// half-closes). Empty payload, empty result, once the sweep is done.
 pub const OP_SWEEP: u16 = 15;
 /// Highest op code.
 pub const OP_MAX: u16 = OP_SWEEP;
@@ -225,6 +230,8 @@ pub const FEATURE_STATE_SLOTS: u32 = 1 << 8;
 pub const FEATURE_NEW_SLOT_PAGE: u32 = 1 << 9;
 /// Feature: `OP_SWEEP`.
 pub const FEATURE_SWEEP: u32 = 1 << 10;
+/// Feature: `OP_SWEEP` of a connected client socket (its server end).
+pub const FEATURE_SWEEP_PEER: u32 = 1 << 11;
 /// Every feature this crate's daemon offers.
 pub const FEATURES: u32 = FEATURE_RELEASE
     | FEATURE_LEAVE_SHORTCUT
@@ -236,7 +243,8 @@ pub const FEATURES: u32 = FEATURE_RELEASE
     | FEATURE_RECORDED_PROOF
     | FEATURE_STATE_SLOTS
     | FEATURE_NEW_SLOT_PAGE
-    | FEATURE_SWEEP;
+    | FEATURE_SWEEP
+    | FEATURE_SWEEP_PEER;
 
 /// `OP_REGISTER` flag: record what the passed socket proves, for a later attach whose socket
 /// the daemon could not receive (see the module documentation).
@@ -529,7 +537,8 @@ pub enum Request {
 }
 
 impl Request {
-    /// Whether this request takes the caller's TCP socket (a listening one for `OP_SWEEP`).
+    /// Whether this request takes the caller's TCP socket (for `OP_SWEEP` a listening one, or
+    /// a connected client).
     pub fn takes_socket(&self) -> bool {
         matches!(
             self,

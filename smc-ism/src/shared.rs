@@ -784,6 +784,17 @@ impl SharedClient {
             .map(|_| ())
     }
 
+    /// `OP_SWEEP` of a connected client socket `sock_fd`: the daemon quarantines the server
+    /// end of its connection when no data path claimed it (see [`proto::OP_SWEEP`]).
+    /// `UnknownOp` from a daemon that does not offer it.
+    pub fn sweep_peer(&self, sock_fd: RawFd) -> Result<(), IsmError> {
+        if self.features()? & proto::FEATURE_SWEEP_PEER == 0 {
+            return Err(IsmError::UnknownOp);
+        }
+        self.transact(proto::OP_SWEEP, &[], Some(sock_fd))
+            .map(|_| ())
+    }
+
     /// Sends an `ATTACH` without waiting (see [`crate::Client::attach_dmb_start`]).
     pub fn attach_dmb_start(&self, token: u64, sock_fd: RawFd) -> Result<Ticket, IsmError> {
         self.send(proto::OP_ATTACH, &token.to_le_bytes(), &[sock_fd])

@@ -2866,6 +2866,50 @@ fn connections_queued_when_a_listener_goes_to_an_image_without_the_library_show_
     }
 }
 
+/// Red team round 20 item 3 (`rt20_greet.py hc`): clients under the library connect to a
+/// listener made under the library that nobody accepts on; each waits in vain for its Accept,
+/// continues on TCP (its Decline sent), writes a line and half-closes at once; 0.3 s later the
+/// process execs an image without the library that serves the queued connections on the
+/// inherited listener. By then each server end was `CLOSE_WAIT`, which the exec's sweep cannot
+/// quarantine: the image read every client's Proposal and Decline before its line (8 of 8
+/// wrong; plain TCP 0). Now each client has the daemon quarantine its server end before its
+/// FIN (`setup::sweep_peer_before_fin`).
+const GREET_AFTER_EXEC: &str = include_str!("../redteam/rt20_greet.py");
+
+#[test]
+fn clients_that_half_close_while_queued_at_a_listener_that_goes_to_an_image_without_the_library_show_it_no_clc_byte(
+) {
+    let w = SmcWorld::new();
+    let py = script(&w, "greet.py", GREET_AFTER_EXEC);
+    let run = |smc: bool| -> String {
+        let port = free_port().to_string();
+        let mut c = if smc {
+            python(&w, &py)
+        } else {
+            let mut c = Command::new("python3");
+            c.arg(&py).env_remove("LD_PRELOAD");
+            c
+        };
+        c.args([port.as_str(), "hc", "8", "0.3"]);
+        let out = spawn_piped(c)
+            .wait_output(T)
+            .unwrap_or_else(|e| panic!("greet.py hc smc={smc}: {e}"));
+        out.lines()
+            .find(|l| l.contains(" wrong "))
+            .unwrap_or_else(|| panic!("greet.py hc smc={smc}: no result line: {out}"))
+            .to_string()
+    };
+    assert_eq!(run(false), "hc sleep 0.3 wrong 0/8", "plain TCP");
+    let before = integration_tests::counters();
+    assert_eq!(run(true), "hc sleep 0.3 wrong 0/8", "under the library");
+    let quarantined =
+        integration_tests::delta(&before, &integration_tests::counters(), "quarantined");
+    assert_eq!(
+        quarantined, 8,
+        "every queued connection's server end is quarantined (by its client or at the exec)"
+    );
+}
+
 /// Red team round 20 (`rt20_mix.py`, `RT_MIXL=1`): a process under the library makes a
 /// listener and execs an image without the library (A: the exec withdraws and sweeps the
 /// listener); A forks and execs an image with the library (B) that inherits the listener, and

@@ -180,7 +180,7 @@ pub(super) fn key_addr(ss: &libc::sockaddr_storage) -> Option<([u32; 4], u32)> {
     }
 }
 
-fn sock_addr(sock: BorrowedFd<'_>, peer: bool) -> Option<([u32; 4], u32)> {
+pub(super) fn sock_addr(sock: BorrowedFd<'_>, peer: bool) -> Option<([u32; 4], u32)> {
     // SAFETY: plain old data, all-zero valid.
     let mut ss: libc::sockaddr_storage = unsafe { mem::zeroed() };
     let mut len = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;

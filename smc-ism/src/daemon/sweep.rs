@@ -12,22 +12,34 @@
 //! network namespace whose listener is withdrawn (the programs check `SMC_LISTENERS` again),
 //! and of those only the ones no data path claimed: a sweep asked for by anyone who holds the
 //! listener changes nothing but what an image without the data path would read.
+//!
+//! A sweep of one socket: a client whose Accept did not come passes its connected socket
+//! before it half-closes or closes it. The daemon finds the server end in the pinned same-host
+//! maps (the mirrored 4-tuple; its socket cookie) and sweeps for that cookie alone, in the
+//! client socket's network namespace: the programs quarantine it when it is a passive socket
+//! whose client announced SMC and that no data path claimed, while it is still ESTABLISHED
+//! (after the client's FIN it would be `CLOSE_WAIT`, which a sockmap refuses). Authority is
+//! holding the client socket: the one socket it reaches is its own connection's other end.
 use std::io::{self, Read as _};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use smc_common::bpf::{ListenerKey, SweepConfig, MAP_SWEEP, SWEEP_PROG};
+use smc_common::bpf::{
+    ListenerKey, PeerEntry, SockKey, SweepConfig, MAP_PEERS, MAP_SWEEP, MAP_TCP_PEERS, SWEEP_PROG,
+};
 
-use super::grant::{bpf, key_addr, open_pinned, BPF_MAP_UPDATE_ELEM};
+use super::grant::{bpf, key_addr, open_pinned, sock_addr, BPF_MAP_UPDATE_ELEM};
 use crate::sys;
 
 /// `ioctl(sock, SIOCGSKNS)`: an fd of the socket's network namespace.
 const SIOCGSKNS: libc::c_ulong = 0x894C;
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
+const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_ANY: u64 = 0;
 
-/// One sweep at a time: `SMC_SWEEP` holds one listener.
+/// One sweep at a time: `SMC_SWEEP` holds one listener or socket.
 static SWEEPING: Mutex<()> = Mutex::new(());
 
 /// Why a sweep was not made.
@@ -35,6 +47,8 @@ static SWEEPING: Mutex<()> = Mutex::new(());
 pub(crate) enum SweepError {
     /// The passed socket is not a listening TCP socket.
     NotListener,
+    /// Neither a listening TCP socket nor a connected one.
+    NotTcp,
     /// The pinned map or iterator is missing (programs of an older build) or the kernel refused.
     Io(io::Error),
 }
@@ -43,6 +57,7 @@ impl std::fmt::Display for SweepError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SweepError::NotListener => f.write_str("not a listening TCP socket"),
+            SweepError::NotTcp => f.write_str("not a listening or connected TCP socket"),
             SweepError::Io(e) => write!(f, "{e}"),
         }
     }
@@ -88,12 +103,55 @@ fn listener_key(listener: BorrowedFd<'_>) -> Result<ListenerKey, SweepError> {
     })
 }
 
-/// Writes `key` into the pinned `SMC_SWEEP` array (next to the socket-storage map).
-fn set_config(sock_state_map: &Path, key: ListenerKey) -> Result<(), SweepError> {
+/// The socket cookie of the server end of the connected TCP socket `client`, from the pinned
+/// same-host maps next to the socket-storage map (`SMC_PEERS`, then `SMC_TCP_PEERS`), keyed by
+/// the connection as that end sees it. `None` when neither holds it (another host's server,
+/// an entry evicted or gone with its socket).
+fn peer_cookie(sock_state_map: &Path, client: BorrowedFd<'_>) -> Result<Option<u64>, SweepError> {
+    let proto = sys::getsockopt::<libc::c_int>(client, libc::SOL_SOCKET, libc::SO_PROTOCOL)
+        .map_err(|_| SweepError::NotTcp)?;
+    if proto != libc::IPPROTO_TCP {
+        return Err(SweepError::NotTcp);
+    }
+    let (Some((lip, lport)), Some((rip, rport))) =
+        (sock_addr(client, false), sock_addr(client, true))
+    else {
+        return Err(SweepError::NotTcp);
+    };
+    let server = SockKey {
+        local_ip: lip,
+        remote_ip: rip,
+        local_port: lport,
+        remote_port: rport,
+    }
+    .mirror();
+    for name in [MAP_PEERS, MAP_TCP_PEERS] {
+        let Some((map, info)) = open_pinned(&sock_state_map.with_file_name(name)) else {
+            continue;
+        };
+        if info[0] != BPF_MAP_TYPE_LRU_HASH
+            || info[2] as usize != std::mem::size_of::<SockKey>()
+            || info[3] as usize != std::mem::size_of::<PeerEntry>()
+        {
+            continue;
+        }
+        let mut entry = PeerEntry::default();
+        let mut attr = [0u64; 16];
+        attr[0] = map.as_raw_fd() as u32 as u64;
+        attr[1] = &server as *const SockKey as u64;
+        attr[2] = &mut entry as *mut PeerEntry as u64;
+        if bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) == 0 && entry.cookie != 0 {
+            return Ok(Some(entry.cookie));
+        }
+    }
+    Ok(None)
+}
+
+/// Writes `value` into the pinned `SMC_SWEEP` array (next to the socket-storage map).
+fn set_config(sock_state_map: &Path, value: SweepConfig) -> Result<(), SweepError> {
     let path = sock_state_map.with_file_name(MAP_SWEEP);
     let (map, info) = open_pinned(&path)
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no pinned SMC_SWEEP map"))?;
-    let value = SweepConfig { listener: key };
     if info[0] != BPF_MAP_TYPE_ARRAY || info[3] as usize != std::mem::size_of_val(&value) {
         return Err(
             io::Error::new(io::ErrorKind::InvalidData, "SMC_SWEEP of another layout").into(),
@@ -152,15 +210,30 @@ fn ns_ino(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(st.st_ino)
 }
 
-/// Quarantines the queued connections of `listener` (see the module docs). Runs the iterator
-/// in the listener's network namespace: in a thread of its own that enters it when it is not
-/// the daemon's (the thread ends there; no worker changes namespace).
-pub(crate) fn sweep(sock_state_map: &Path, listener: BorrowedFd<'_>) -> Result<(), SweepError> {
-    let key = listener_key(listener)?;
+/// Quarantines the queued connections of the listening socket `sock`, or the server end of
+/// the connected client socket `sock` (see the module docs). Runs the iterator in the socket's
+/// network namespace: in a thread of its own that enters it when it is not the daemon's (the
+/// thread ends there; no worker changes namespace).
+pub(crate) fn sweep(sock_state_map: &Path, sock: BorrowedFd<'_>) -> Result<(), SweepError> {
+    let config = match listener_key(sock) {
+        Ok(listener) => SweepConfig {
+            listener,
+            cookie: 0,
+        },
+        Err(SweepError::NotListener) => match peer_cookie(sock_state_map, sock)? {
+            Some(cookie) => SweepConfig {
+                listener: ListenerKey::default(),
+                cookie,
+            },
+            // Not a server end of ours: nothing to quarantine.
+            None => return Ok(()),
+        },
+        Err(e) => return Err(e),
+    };
     let iter = iter_path(sock_state_map)
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no pin root"))?;
     // SAFETY: an ioctl that returns a new fd of the socket's network namespace (or -1).
-    let ns = unsafe { libc::ioctl(listener.as_raw_fd(), SIOCGSKNS as _) };
+    let ns = unsafe { libc::ioctl(sock.as_raw_fd(), SIOCGSKNS as _) };
     if ns < 0 {
         return Err(io::Error::last_os_error().into());
     }
@@ -169,7 +242,7 @@ pub(crate) fn sweep(sock_state_map: &Path, listener: BorrowedFd<'_>) -> Result<(
     let own = std::fs::File::open("/proc/thread-self/ns/net")?;
     let foreign = ns_ino(ns.as_fd())? != ns_ino(own.as_fd())?;
     let _one = SWEEPING.lock().unwrap_or_else(|p| p.into_inner());
-    set_config(sock_state_map, key)?;
+    set_config(sock_state_map, config)?;
     if !foreign {
         return Ok(run_iter(&iter)?);
     }

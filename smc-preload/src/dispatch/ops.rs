@@ -1979,6 +1979,9 @@ pub unsafe fn close(fd: c_int) -> c_int {
                     // reset it, where TCP sends a FIN).
                     setup::decide_own_before_close(fd, h);
                 }
+                if let Obj::Skip(s) = &*o {
+                    setup::sweep_peer_before_fin(fd, s);
+                }
                 if let Obj::Conn(c) = &*o {
                     if c.last_holder() && c.peer_switch_waits() {
                         // The peer asked to switch to TCP and waits for our answer (its
@@ -2425,6 +2428,13 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
                     }
                     Err(e) => fail(e) as c_int,
                 };
+            }
+        }
+        if how != libc::SHUT_RD {
+            if let Some(o) = fdtable::get(fd) {
+                if let Obj::Skip(s) = &*o {
+                    setup::sweep_peer_before_fin(fd, s);
+                }
             }
         }
     }

@@ -5,7 +5,7 @@ use crate::epoll_set::EpollSet;
 use crate::forklock::ForkOnce;
 use crate::real;
 use crate::util::unwound;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 pub enum Obj {
@@ -308,6 +308,10 @@ pub struct Skip {
     pub state: AtomicU32,
     /// We are the server.
     pub server: bool,
+    /// A client whose Accept did not come: before its FIN (a half-close or close) while
+    /// nothing of its server was read yet, the daemon quarantines the server end, which may
+    /// still lie unaccepted in its listener's queue (`setup::sweep_peer_before_fin`).
+    pub sweep_peer: AtomicBool,
 }
 
 pub const SKIP_LATE: u32 = 0;
@@ -321,6 +325,16 @@ impl Skip {
             lock: Mutex::new(()),
             state: AtomicU32::new(SKIP_LATE),
             server,
+            sweep_peer: AtomicBool::new(false),
+        }
+    }
+
+    /// A client after its wait for the server's Accept expired (as [`Skip::new`]), whose
+    /// server end is swept before its FIN ([`Skip::sweep_peer`]).
+    pub fn after_accept_timeout() -> Skip {
+        Skip {
+            sweep_peer: AtomicBool::new(true),
+            ..Skip::new(false)
         }
     }
 

@@ -269,6 +269,32 @@ pub(crate) fn sweep_listener(fd: i32, vforked: bool) {
     real::set_errno(e0);
 }
 
+/// Before the FIN of client socket `fd` (`shutdown` for writing, or `close`) whose wait for
+/// the server's Accept expired and that read nothing of its server since ([`Skip::sweep_peer`]):
+/// the server end may still lie in its listener's queue, unaccepted, with our Proposal (and our
+/// Decline) in its stream. Should that listener go to an image without the data path later,
+/// the exec's sweep could no longer quarantine it once our FIN made it `CLOSE_WAIT` (a sockmap
+/// takes only established sockets), and that image would read our CLC bytes (red team round 20,
+/// `rt20_greet.py hc`). So the daemon quarantines it now, unless a data path claimed it
+/// (`smc_ism` `OP_SWEEP` of a client socket): a data path that accepts it later continues on
+/// TCP with us, without CLC. Once per connection, never from a signal handler; a daemon that
+/// cannot leaves it as before (logged). Errno preserved.
+pub(crate) fn sweep_peer_before_fin(fd: i32, s: &Skip) {
+    if s.server
+        || s.done()
+        || crate::signals::in_handler()
+        || !s.sweep_peer.swap(false, Ordering::AcqRel)
+    {
+        return;
+    }
+    let e0 = real::errno();
+    match request_for_tcp(false, |d| d.sweep_peer(fd)) {
+        Ok(()) => debug!("fd {fd}: before our FIN, the daemon swept the server end"),
+        Err(e) => debug!("fd {fd}: the daemon did not sweep the server end: {e:#x}"),
+    }
+    real::set_errno(e0);
+}
+
 /// `setsockopt(fd, SOL_SMC_BPF, name, 1)`, errno preserved (outside an attached cgroup the
 /// kernel refuses it, which changes nothing).
 fn set_bpf_flag(fd: i32, name: i32) {
@@ -425,7 +451,12 @@ pub fn after_fork_child() {
             stuck.push((fd, false));
         }
         Obj::Skip(s) if matches!(s.lock.try_lock(), Err(std::sync::TryLockError::WouldBlock)) => {
-            skips.push((fd, s.state.load(Ordering::Acquire), s.server));
+            skips.push((
+                fd,
+                s.state.load(Ordering::Acquire),
+                s.server,
+                s.sweep_peer.load(Ordering::Acquire),
+            ));
         }
         _ => {}
     });
@@ -435,9 +466,10 @@ pub fn after_fork_child() {
             Slot::Obj(Arc::new(Obj::Orphan(Skip::new(server)))),
         ));
     }
-    for (fd, state, server) in skips {
+    for (fd, state, server, sweep) in skips {
         let s = Skip::new(server);
         s.state.store(state, Ordering::Release);
+        s.sweep_peer.store(sweep, Ordering::Release);
         drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Skip(s)))));
     }
 }
@@ -678,10 +710,12 @@ fn after_fallback(fd: i32, server: bool, fb: Fallback, awaited: Option<MsgType>)
                 "fd {fd}: timeout waiting for {awaited:?}: fallback, skip the late CLC messages"
             );
             stats::fallback(server, code);
-            drop(fdtable::replace(
-                fd,
-                Slot::Obj(Arc::new(Obj::Skip(Skip::new(server)))),
-            ));
+            let skip = if server || awaited != Some(MsgType::Accept) {
+                Skip::new(server)
+            } else {
+                Skip::after_accept_timeout()
+            };
+            drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Skip(skip)))));
         }
         _ => {
             debug!(
