@@ -8,7 +8,7 @@ Same output expected under `world.sh smc` and `world.sh tcp`.
 usage: rt21_stash.py PORT MODE [SRV=lib|nolib] [N]
 modes: plain peek waitall readv recvmsg recvinto trunc dontwait fionread selfion poll select
        epoll_lt epoll_et epoll_pre_lt epoll_pre_et splice fork execlib execnolib reuse write
-       wbusy shutrd shutwr threads2 closeearly"""
+       wbusy wbusyep wbusysel shutrd shutwr threads2 closeearly"""
 import os, sys, socket, select, threading, hashlib, random, time, fcntl, termios, array
 
 if sys.argv[1] == "cont":
@@ -106,7 +106,7 @@ ep = None
 if mode.startswith("epoll_pre"):
     ep = select.epoll()
     ep.register(fd, select.EPOLLIN | (select.EPOLLET if mode.endswith("et") else 0))
-shut_in_writer = mode not in ("write", "wbusy", "shutwr")
+shut_in_writer = mode not in ("write", "wbusy", "wbusyep", "wbusysel", "shutwr")
 wdone = threading.Event()
 
 
@@ -373,12 +373,24 @@ try:
             s.sendall(extra)
         s.shutdown(socket.SHUT_WR)
         drain_plain()
-    elif mode == "wbusy":
+    elif mode in ("wbusy", "wbusyep", "wbusysel"):
+        # wbusy: poll(POLLOUT); wbusyep: a level-triggered epoll for EPOLLOUT; wbusysel: select
+        # for writing.
         while not wdone.is_set():
             take(s.recv(4096))
         s.setblocking(False)
-        p = select.poll()
-        p.register(fd, select.POLLOUT)
+        class Wait:
+            def __init__(self, f):
+                self.poll = f
+        if mode == "wbusyep":
+            ep = select.epoll()
+            ep.register(fd, select.EPOLLOUT)
+            p = Wait(lambda ms: ep.poll(ms / 1000))
+        elif mode == "wbusysel":
+            p = Wait(lambda ms: select.select([], [fd], [], ms / 1000)[1])
+        else:
+            p = select.poll()
+            p.register(fd, select.POLLOUT)
         ex = bytearray()
         eag = polls = 0
         c0 = time.process_time()

@@ -1342,7 +1342,7 @@ fn check(
     let want = e.events | ERR | HUP;
     let mut armed = false;
     loop {
-        let mask = ready::conn_mask(c) & want;
+        let mask = ready::conn_mask_at(c, fd) & want;
         if mask == 0 {
             e.last_mask = 0;
         }

@@ -10,8 +10,8 @@ use crate::fdtable;
 use crate::fdtable::InCall;
 use crate::obj::Obj;
 use crate::ready::{
-    arm, conn_mask, deadline_ms, remaining_ms, settle, spin_budget, spin_result, ERR, HS_TICK_MS,
-    HUP,
+    arm, conn_mask_at, deadline_ms, remaining_ms, settle, spin_budget, spin_result, ERR,
+    HS_TICK_MS, HUP,
 };
 use crate::real;
 use crate::util::unwound;
@@ -47,7 +47,7 @@ enum Und {
     Skipping,
 }
 
-fn classify(fd: i32) -> Kind {
+fn classify(fd: i32, events: i16) -> Kind {
     if fdtable::raw(fd) < 8 {
         return Kind::Plain;
     }
@@ -55,6 +55,13 @@ fn classify(fd: i32) -> Kind {
         return Kind::Plain;
     };
     match &*o {
+        // Continues on TCP with bytes its switch read still in our ring: a wait that is not
+        // for them is the socket's (a sleep until it is writable, not a spin on our answer).
+        Obj::Conn(c)
+            if c.on_tcp_with_stash() && events & (libc::POLLIN | libc::POLLRDNORM) == 0 =>
+        {
+            return Kind::Plain
+        }
         Obj::Conn(_) => return smc_kind(fd, o),
         Obj::Pending(_) => {
             drop(o);
@@ -165,7 +172,7 @@ unsafe fn poll_once(
     timeout: i32,
     sigmask: Option<*const libc::sigset_t>,
 ) -> Option<i32> {
-    let kinds: Vec<Kind> = fds.iter().map(|p| classify(p.fd)).collect();
+    let kinds: Vec<Kind> = fds.iter().map(|p| classify(p.fd, p.events)).collect();
     if kinds.iter().all(|k| matches!(k, Kind::Plain)) {
         // SAFETY: `fds` is the caller's pollfd array (a live slice); `sigmask` is the caller's mask
         // or None.
@@ -199,7 +206,7 @@ unsafe fn poll_once(
                 let m = if arm_too {
                     arm(c, p.fd, p.events as u32)
                 } else {
-                    conn_mask(c)
+                    conn_mask_at(c, p.fd)
                 } & want;
                 p.revents = m as i16;
                 if m != 0 {

@@ -622,6 +622,14 @@ impl Conn {
             && s.cons.load(Ordering::Acquire) != s.peer_prod.load(Ordering::Acquire)
     }
 
+    /// The connection continues on TCP ([`F_SWITCHED`]) and bytes its switch read still wait
+    /// in our ring ([`Conn::stash_left`]): readable for those, everything else (room to write,
+    /// urgent data, the end, errors) is the socket's; no wakeup of the rings is armed any more
+    /// (the peer's wait word lives in its DMB, which this end no longer writes).
+    pub fn on_tcp_with_stash(&self) -> bool {
+        self.switched() && self.stash_left()
+    }
+
     /// Reads go to the socket: the connection continues on TCP and our ring holds nothing the
     /// switch read for the program.
     pub(super) fn rx_on_tcp(&self) -> bool {
