@@ -50,6 +50,11 @@ pub use util::{forklock, log, pid, real, reset_pid, signals};
 #[cfg(all(feature = "interpose", not(test)))]
 mod interpose;
 
+/// Every allocation of the library: the C library's, except inside the program's signal
+/// handlers (see [`util::handler_alloc`]).
+#[global_allocator]
+static ALLOC: util::handler_alloc::HandlerAlloc = util::handler_alloc::HandlerAlloc;
+
 /// Library constructor: environment knobs, liburing detection, SMC sockets and listeners
 /// inherited across `exec`, exit cleanup.
 #[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]

@@ -376,6 +376,69 @@ fn closes_from_a_signal_handler_inside_malloc_keep_the_heap_sound() {
     assert_eq!(s.get("smcd_client"), conns, "{s:?}");
 }
 
+/// Red team round 17's probe (`tests/redteam/sigsafe.c`, built here with the C compiler that
+/// links Rust): a `SIGALRM` every few hundred µs whose handler works on the next of K
+/// connections while the main code churns `malloc`/`free`, so the handler lands inside
+/// `malloc`. `sendonly` with non-blocking connects not waited for (`NB=1 NBX=1`): the handler's
+/// `send` drives the handshake, which allocates; `execnolibonly`: the handler forks a child that
+/// execs an image without the library with the connections open, which switches them to TCP,
+/// and the parent's next handler `send` continues on TCP. Before the library's allocations in
+/// handlers came from its own arenas (`util::handler_alloc`), the process aborted in glibc's
+/// heap checks (`corrupted double-linked list`, 2 runs of 2 each) or, with an idle second
+/// thread, hung; the children's exec counted the open descriptors with `opendir` (`malloc`)
+/// and aborted (1 to 7 of 50). Same output as over TCP.
+#[test]
+fn handshakes_and_exec_switches_from_a_signal_handler_inside_malloc_keep_the_heap_sound() {
+    let w = SmcWorld::new();
+    let exe = w.subdir("c").join("sigsafe");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/redteam/sigsafe.c");
+    let cc = std::process::Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .args([src, "-lpthread"])
+        .output()
+        .expect("cc (the C compiler Rust links with)");
+    assert!(cc.status.success(), "cc sigsafe.c: {cc:?}");
+    type Env = &'static [(&'static str, &'static str)];
+    let cases: [(&str, &str, &str, Env); 3] = [
+        ("sendonly", "100", "200", &[("NB", "1"), ("NBX", "1")]),
+        (
+            "sendonly",
+            "100",
+            "200",
+            &[("NB", "1"), ("NBX", "1"), ("MT", "1")],
+        ),
+        ("execnolibonly", "50", "300", &[]),
+    ];
+    for (scen, k, us, env) in cases {
+        let run = |smc: bool| -> String {
+            let port = free_port().to_string();
+            let mut c = if smc {
+                w.run(&exe)
+            } else {
+                std::process::Command::new(&exe)
+            };
+            c.args([port.as_str(), scen, k, us])
+                .envs(env.iter().copied());
+            let out = spawn_piped(c)
+                .wait_output(Duration::from_secs(60))
+                .unwrap_or_else(|e| panic!("sigsafe {scen} {env:?} smc={smc}: {e}"));
+            let mut lines: Vec<&str> = out
+                .lines()
+                .filter(|l| l.starts_with("server:") || l.starts_with("client:"))
+                .collect();
+            lines.sort();
+            lines.join("\n")
+        };
+        let tcp = run(false);
+        assert!(
+            tcp.contains(&format!("exactly4={k}")) && tcp.contains("badkids=0"),
+            "{scen} {env:?} over TCP: {tcp}"
+        );
+        assert_eq!(run(true), tcp, "{scen} {env:?}: library against TCP");
+    }
+}
+
 /// A child made with the raw `clone` system call (past the library's `fork`, so no fork
 /// handler runs and it keeps its parent's cached pid and daemon connection), while its parent
 /// goes on: each makes 100 connections to a forked echo server. Prints the failed ones of each.

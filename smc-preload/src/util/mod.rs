@@ -1,11 +1,12 @@
 //! Leaves any layer may use: the real libc functions ([`real`]), `SMC_DEBUG` lines ([`log`]),
 //! the environment knobs read once at load ([`config`]), who holds the other end of a Unix socket
 //! ([`unix_peer`]), the descriptor our I/O on a socket goes
-//! through ([`io_path`]), fork-safe globals ([`forklock`]), which signals interrupt a blocking call ([`signals`]), the calls a `siglongjmp` left ([`unwound`]), the
+//! through ([`io_path`]), fork-safe globals ([`forklock`]), the allocator that keeps the program's signal handlers off `malloc` ([`handler_alloc`]), which signals interrupt a blocking call ([`signals`]), the calls a `siglongjmp` left ([`unwound`]), the
 //! cached pid ([`pid`]), a socket write that must go out whole before a deadline ([`send_all`]).
 
 pub mod config;
 pub mod forklock;
+pub mod handler_alloc;
 pub mod io_path;
 pub mod log;
 pub mod real;
