@@ -89,6 +89,13 @@ extern "C" fn at_exit() {
         return;
     }
     let open = fdtable::all_objects();
+    // A client whose Accept did not come that exits without closing: the kernel's close sends
+    // its FIN (`setup::sweep_peer_before_fin`).
+    for (fd, o) in &open {
+        if let obj::Obj::Skip(s) = &**o {
+            setup::sweep_peer_before_fin(*fd, s);
+        }
+    }
     stats::at_exit(open.iter().filter_map(|(_, o)| o.conn()));
 }
 

@@ -4,7 +4,10 @@
 # greet: SMTP-like, the server speaks first ("220 ready"), the client answers "HELO I", the
 # server "250 HELO I". hc: the client sends "hello I" and half-closes (SHUT_WR) at once, the
 # server echoes everything up to EOF. ka: HTTP keep-alive shape: 3 request lines on one
-# connection, each answered before the next is sent. Prints "wrong K/N"; TCP: 0.
+# connection, each answered before the next is sent. exit: each client, a process of its own,
+# sends "hello I" and leaves with libc's exit() without closing (atexit handlers run, Python's
+# finalizers do not): the kernel's close sends its FIN; the serving image then says what it
+# read. Prints "wrong K/N"; TCP: 0.
 import os, socket, sys, time
 a = sys.argv
 def rl(c):
@@ -26,13 +29,20 @@ if a[1] == "serve":
         try:
             if mode == "greet":
                 c.sendall(b"220 ready\n"); c.sendall(b"250 " + rl(c)[:60])
-            elif mode == "hc":
+            elif mode in ("hc", "exit"):
                 b = b""
                 while True:
                     x = c.recv(4096)
                     if not x:
                         break
                     b += x
+                if mode == "exit":
+                    n_seen = globals().get("n_seen", 0) + 1
+                    globals()["n_seen"] = n_seen
+                    if not (b.startswith(b"hello ") and b.endswith(b"\n") and len(b) < 12):
+                        globals()["n_bad"] = globals().get("n_bad", 0) + 1
+                        print("wrong:", b[:50], file=sys.stderr)
+                    continue
                 c.sendall(b"echo " + b[:60])
             else:
                 for _ in range(3):
@@ -40,6 +50,8 @@ if a[1] == "serve":
         except OSError:
             pass
         c.close()
+    if mode == "exit":
+        print("exit wrong %d/%d" % (globals().get("n_bad", 0), globals().get("n_seen", 0)))
     os._exit(0)
 port, mode = int(a[1]), a[2]
 n = int(a[3]) if len(a) > 3 else 8
@@ -74,6 +86,19 @@ if os.fork() == 0:
             ok, got = False, repr(e).encode()
         c.close()
         return ok, got
+    if mode == "exit":
+        import ctypes
+        kids = []
+        for i in range(n):
+            k = os.fork()
+            if k == 0:
+                c = socket.create_connection(("127.0.0.1", port))
+                c.sendall(b"hello %d\n" % i)
+                ctypes.CDLL(None).exit(0)
+            kids.append(k)
+        for k in kids:
+            os.waitpid(k, 0)
+        os._exit(0)
     with ThreadPoolExecutor(n) as ex:
         res = list(ex.map(one, range(n)))
     bad = [g for ok, g in res if not ok]
