@@ -785,14 +785,16 @@ impl SharedClient {
     }
 
     /// `OP_SWEEP` of a connected client socket `sock_fd`: the daemon quarantines the server
-    /// end of its connection when no data path claimed it (see [`proto::OP_SWEEP`]).
-    /// `UnknownOp` from a daemon that does not offer it.
-    pub fn sweep_peer(&self, sock_fd: RawFd) -> Result<(), IsmError> {
+    /// end of its connection when no data path claimed it (see [`proto::OP_SWEEP`]). Waits at
+    /// most `wait` for the answer (a daemon busy with other sweeps: the caller goes on, and
+    /// the daemon skips the sweep once the socket is no longer established). `UnknownOp` from
+    /// a daemon that does not offer it.
+    pub fn sweep_peer(&self, sock_fd: RawFd, wait: Duration) -> Result<(), IsmError> {
         if self.features()? & proto::FEATURE_SWEEP_PEER == 0 {
             return Err(IsmError::UnknownOp);
         }
-        self.transact(proto::OP_SWEEP, &[], Some(sock_fd))
-            .map(|_| ())
+        let t = self.send(proto::OP_SWEEP, &[], &[sock_fd])?;
+        self.finish_within(t, Some(wait)).map(|_| ())
     }
 
     /// Sends an `ATTACH` without waiting (see [`crate::Client::attach_dmb_start`]).

@@ -113,6 +113,12 @@ fn peer_cookie(sock_state_map: &Path, client: BorrowedFd<'_>) -> Result<Option<u
     if proto != libc::IPPROTO_TCP {
         return Err(SweepError::NotTcp);
     }
+    // A client that stopped waiting for this answer sent its FIN already (its server end is
+    // `CLOSE_WAIT` now, which no sweep can quarantine): a sweep queued behind others costs
+    // nothing then.
+    if !sys::still_established(client) {
+        return Ok(None);
+    }
     let (Some((lip, lport)), Some((rip, rport))) =
         (sock_addr(client, false), sock_addr(client, true))
     else {

@@ -288,7 +288,10 @@ pub(crate) fn sweep_peer_before_fin(fd: i32, s: &Skip) {
         return;
     }
     let e0 = real::errno();
-    match request_for_tcp(false, |d| d.sweep_peer(fd)) {
+    // Bounded: a daemon busy with other sweeps (a burst of such closes) must not hold up the
+    // program's close for long; the FIN then goes as before.
+    const WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+    match request_for_tcp(false, |d| d.sweep_peer(fd, WAIT)) {
         Ok(()) => debug!("fd {fd}: before our FIN, the daemon swept the server end"),
         Err(e) => debug!("fd {fd}: the daemon did not sweep the server end: {e:#x}"),
     }
