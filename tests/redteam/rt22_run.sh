@@ -21,7 +21,7 @@ cleanup() {
 trap cleanup EXIT
 # The attacker: uid nobody, its own (not attached) cgroup, no library.
 attacker() {
-  ( echo $BASHPID > $ACG/cgroup.procs
+  ( echo $BASHPID > ${ATTCG:-$ACG}/cgroup.procs
     exec env -u LD_PRELOAD setpriv --reuid=nobody --regid=nogroup --clear-groups \
       nice python3 $H/rt22_attack.py "$@" )
 }
@@ -40,6 +40,7 @@ for e in json.load(sys.stdin):
     n += t in want and k[8:16] == bytes([0, 0, 255, 255, 127, 0, 0, 1])
 print(n)' "$1"
 }
+ctr() { env -u LD_PRELOAD $B/smc-ctl status --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["counters"].get(sys.argv[1], 0))' $1; }
 quarantined() { env -u LD_PRELOAD $B/smc-ctl status --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["counters"].get("quarantined", 0))'; }
 python3 $H/rt22_victim.py server $PORT > /tmp/rt22-srv.$$ 2>&1 &
 PIDS+=($!)
@@ -57,6 +58,18 @@ leave)
   wait $CP
   grep -v TUPLE /tmp/rt22-cli.$$
   ;;
+hijack)
+  # The attacker is a process of the attached cgroup (another tenant's, uid nobody).
+  python3 $H/rt22_victim.py client $PORT ${SECS:-8} ${CONNS:-4} > /tmp/rt22-cli.$$ 2>&1 &
+  CP=$!; PIDS+=($CP)
+  for i in $(seq 100); do grep -q READY /tmp/rt22-cli.$$ 2>/dev/null && break; sleep 0.1; done
+  sleep 1
+  C0=$(ctr shortcut_sockets) M0=$(ctr msg_redirected)
+  ATTCG=$RT_CG attacker hijack $PORT $(( ${SECS:-8} - 2 ))
+  echo "shortcut_sockets +$(( $(ctr shortcut_sockets) - C0 )) msg_redirected +$(( $(ctr msg_redirected) - M0 ))"
+  wait $CP
+  grep -v TUPLE /tmp/rt22-cli.$$
+  ;;
 sweepflood|sweepns)
   [ $SC = sweepns ] && export RT_NSLISTENERS=${NSL:-3000}
   attacker sweepflood ${NATT:-8} ${SECS:-10} &
@@ -64,7 +77,8 @@ sweepflood|sweepns)
   sleep 1
   # Root's short SMC-D connections meanwhile (each a daemon round trip or two), or root's
   # round trips to the daemon (PROBE=1).
-  if [ -n "${PROBE:-}" ]; then env -u LD_PRELOAD python3 $H/rt22_attack.py probe $((SECS - 2))
+  if [ "${PROBE:-}" = sweep ]; then env -u LD_PRELOAD python3 $H/rt22_attack.py sweepone $((SECS - 2))
+  elif [ -n "${PROBE:-}" ]; then env -u LD_PRELOAD python3 $H/rt22_attack.py probe $((SECS - 2))
   else python3 $H/rt22_victim.py burst $PORT ${BURSTN:-200}; fi
   wait $AP
   ;;

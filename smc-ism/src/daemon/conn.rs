@@ -684,7 +684,7 @@ impl Conn<'_> {
                 // connections go into the quarantine (`sweep.rs`).
                 let (fd, r) = match (fd, self.shared.sock_state_map.as_deref()) {
                     (Some(f), Some(map)) if matches!(req, R::Sweep) => {
-                        let (f, r) = super::sweep::sweep_off_workers(map, f).await;
+                        let (f, r) = super::sweep::sweep_off_workers(map, f, self.uid.uid).await;
                         let r = r.map_err(|e| {
                             log::warn!("sweep: {e}");
                             Fail::Internal
