@@ -35,7 +35,7 @@ use aya_ebpf::{
 };
 use smc_common::{
     bpf::{
-        Counter, SockKey, SockState, QUARANTINE_AT_DECLINE, QUARANTINE_AT_PROPOSAL,
+        Counter, ListenerKey, SockKey, SockState, QUARANTINE_AT_DECLINE, QUARANTINE_AT_PROPOSAL,
         QUARANTINE_DONE, SOCK_CLAIMED, SOCK_PASSIVE, SOCK_PEER_SMC, SOCK_QUARANTINED,
         SOCK_QUARANTINE_TRY, SOCK_STATE_VERSION,
     },
@@ -245,6 +245,22 @@ pub fn smc_sweep(ctx: *mut c_void) -> i32 {
         };
         if port != listener.port || !listener.covers(&ip) {
             return 0;
+        }
+        // And only a connection whose own listener is withdrawn too (the most specific entry of
+        // its address, as `listener_announces`): a wildcard covers connections of other listeners
+        // of the port, e.g. an `IPV6_V6ONLY` `[::]` listener, which any uid may bind next to
+        // another uid's IPv4 listener of that port, those of the IPv4 one (red team rt22
+        // `sweepv6`: uid nobody's sweeps quarantined 51 of root's 100 queued connections, which
+        // fell back to TCP).
+        for k in ListenerKey::candidates(listener.netns, ip, port) {
+            // SAFETY: the value of a hash map lookup stays allocated for this run (RCU); read
+            // once, by value.
+            if let Some(v) = unsafe { SMC_LISTENERS.get(&k) } {
+                if *v != 0 {
+                    return 0;
+                }
+                break;
+            }
         }
     }
     // SAFETY: as above.

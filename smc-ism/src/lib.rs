@@ -91,7 +91,10 @@
 //!   switches that SMC-D connection to TCP mid-stream (smc-preload DESIGN.md *Switch to TCP*),
 //!   and a SOCKHASH member reads through `tcp_bpf`, which is not quite TCP (an established SMC-D
 //!   socket gets no more `sock_ops` callbacks that would take it out). Only the caller's own
-//!   socket; a redirect to it then falls back to TCP.
+//!   socket; a redirect to it then falls back to TCP. The SOCKHASH key has no network
+//!   namespace, so the entry is deleted only when `SMC_PEERS` records the caller's very socket
+//!   (`SO_COOKIE`) for that tuple (with no record, only a socket with socket storage, i.e. of
+//!   an attached cgroup): a tuple rebuilt in a namespace of one's own takes nobody's socket out.
 //! - `sweep` (`OP_SWEEP`, [`proto::FEATURE_SWEEP`], [`SharedClient::sweep`]): before an exec
 //!   into an image without the data path, the caller passes a listener whose SMC announcement
 //!   it withdrew; the daemon (root) writes its key (namespace cookie, port) into the pinned
@@ -101,7 +104,11 @@
 //!   strips their clients' CLC messages (`daemon/sweep.rs`). Authority is holding the
 //!   listener (a listening TCP socket, else refused); the programs touch only that port's
 //!   unclaimed sockets, and only while its listener is withdrawn, so a sweep anyone asks for
-//!   changes nothing but what an image without the data path would read. One sweep at a time.
+//!   changes nothing but what an image without the data path would read; and of those only
+//!   connections whose own listener withdrew too (a wildcard, e.g. an `IPV6_V6ONLY` `[::]`
+//!   anyone binds next to another's IPv4 listener of the port, covers no other listener's
+//!   connections). One sweep at a time, on a blocking thread (never a worker), at most one
+//!   queued per uid.
 //!   A client whose Accept did not come passes its connected socket instead
 //!   ([`proto::FEATURE_SWEEP_PEER`], [`SharedClient::sweep_peer`]) before it half-closes: the
 //!   daemon looks its server end up in the pinned same-host maps (mirrored 4-tuple, its socket

@@ -682,17 +682,28 @@ impl Conn<'_> {
                 // the SOCKHASH, its connection continues on plain TCP (harmless for anyone
                 // else: a redirect to it fails over to TCP). SWEEP: a listener whose queued
                 // connections go into the quarantine (`sweep.rs`).
-                let r = match (fd.as_ref(), self.shared.sock_state_map.as_deref()) {
+                let (fd, r) = match (fd, self.shared.sock_state_map.as_deref()) {
                     (Some(f), Some(map)) if matches!(req, R::Sweep) => {
-                        super::sweep::sweep(map, f.as_fd()).map_err(|e| {
+                        let (f, r) = super::sweep::sweep_off_workers(map, f, self.uid.uid).await;
+                        let r = r.map_err(|e| {
                             log::warn!("sweep: {e}");
                             Fail::Internal
-                        })
+                        });
+                        (f, r)
                     }
-                    (Some(f), Some(map)) if super::grant::leave_sockhash(map, f.as_fd()) => Ok(()),
-                    // The kernel dropped the socket: this daemon is out of descriptors.
-                    (None, _) if self.fds_dropped => Err(Fail::FdLimit),
-                    _ => Err(Fail::Internal),
+                    (fd, map) => {
+                        let r = match (fd.as_ref(), map) {
+                            (Some(f), Some(map))
+                                if super::grant::leave_sockhash(map, f.as_fd()) =>
+                            {
+                                Ok(())
+                            }
+                            // The kernel dropped the socket: this daemon is out of descriptors.
+                            (None, _) if self.fds_dropped => Err(Fail::FdLimit),
+                            _ => Err(Fail::Internal),
+                        };
+                        (fd, r)
+                    }
                 };
                 self.dispose(fd);
                 match r {

@@ -91,6 +91,8 @@ thread_local! {
     /// The SOCKHASH ([`leave_sockhash`]): opened per request, it was three system calls more
     /// per fallback and a descriptor the daemon at its limit did not have.
     static SOCKHASH: CachedMap = const { std::cell::RefCell::new(None) };
+    /// The same-host map (`leave_sockhash`'s owner check).
+    static PEERS: CachedMap = const { std::cell::RefCell::new(None) };
 }
 
 /// `f` with the map `path` as `cache` holds it, opened (by `open`) at most [`MAP_REOPEN`] ago.
@@ -202,11 +204,37 @@ pub(super) fn sock_addr(sock: BorrowedFd<'_>, peer: bool) -> Option<([u32; 4], u
 /// Takes the TCP socket `sock` out of the pinned SOCKHASH (`OP_LEAVE_SHORTCUT`): from then on
 /// it reads and writes as plain TCP (no `tcp_bpf`), and nothing is redirected to it. True when
 /// it is not (or no longer) a member.
+///
+/// The SOCKHASH is keyed by 4-tuple alone, and a 4-tuple is unique only within one network
+/// namespace: a process in a namespace of its own (any uid, with a user namespace) rebuilds
+/// another user's loopback tuple there (read from `/proc/net/tcp`). So the entry is deleted
+/// only when the same-host record of that tuple (`SMC_PEERS`, written at ESTABLISHED for every
+/// socket that goes into the SOCKHASH) names this very socket (`SO_COOKIE`); with no record
+/// (evicted), only for a socket of an attached cgroup (it has socket storage). (Red team rt22
+/// `leave`: uid nobody took 8 of 8 sockets of root's SMC-D connections out.)
 pub(crate) fn leave_sockhash(sock_state_map: &Path, sock: BorrowedFd<'_>) -> bool {
     let (Some((lip, lport)), Some((rip, rport))) = (sock_addr(sock, false), sock_addr(sock, true))
     else {
         return false;
     };
+    let Ok(cookie) = crate::sys::getsockopt::<u64>(sock, libc::SOL_SOCKET, crate::sys::SO_COOKIE)
+    else {
+        return false;
+    };
+    let peers = sock_state_map.with_file_name(smc_common::bpf::MAP_PEERS);
+    let owner = with_cached(&PEERS, &peers, open_peers, |map| {
+        recorded_cookie(map, lip, rip, lport, rport)
+    });
+    let ours = match owner {
+        Some(Some(c)) => c == cookie,
+        // No record of the tuple: a socket outside the attached cgroups is no member.
+        _ => with_cached(&MAP, sock_state_map, open_map, |map| has_storage(map, sock))
+            .unwrap_or(false),
+    };
+    if !ours {
+        log::debug!("leave_shortcut: the SOCKHASH entry of that tuple is not the caller's socket");
+        return false;
+    }
     let path = sock_state_map.with_file_name(smc_common::bpf::MAP_SOCKHASH);
     with_cached(&SOCKHASH, &path, open_sockhash, |map| {
         delete_sock(map, lip, rip, lport, rport)
@@ -214,12 +242,56 @@ pub(crate) fn leave_sockhash(sock_state_map: &Path, sock: BorrowedFd<'_>) -> boo
     .unwrap_or(false)
 }
 
-fn delete_sock(map: BorrowedFd<'_>, lip: [u32; 4], rip: [u32; 4], lport: u32, rport: u32) -> bool {
+/// The pinned same-host map (`SMC_PEERS`: 40-byte `SockKey`, 16-byte `PeerEntry`).
+fn open_peers(path: &Path) -> Option<OwnedFd> {
+    let (map, info) = open_pinned(path)?;
+    (info[2] == SOCK_KEY_LEN as u32 && info[3] == 16).then_some(map)
+}
+
+/// The socket cookie `SMC_PEERS` recorded for the tuple, if any.
+fn recorded_cookie(
+    map: BorrowedFd<'_>,
+    lip: [u32; 4],
+    rip: [u32; 4],
+    lport: u32,
+    rport: u32,
+) -> Option<u64> {
+    let key = sock_key(lip, rip, lport, rport);
+    let mut value = [0u8; 16];
+    let mut attr = [0u64; 16];
+    attr[0] = map.as_raw_fd() as u32 as u64;
+    attr[1] = key.as_ptr() as u64;
+    attr[2] = value.as_mut_ptr() as u64;
+    if bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) != 0 {
+        return None;
+    }
+    let (c, _) = value.split_first_chunk::<8>()?;
+    Some(u64::from_ne_bytes(*c))
+}
+
+/// Whether `sock` has a value in the socket-storage map (a socket of an attached cgroup that
+/// may have been in the SOCKHASH).
+fn has_storage(map: BorrowedFd<'_>, sock: BorrowedFd<'_>) -> bool {
+    let key: i32 = sock.as_raw_fd();
+    let mut value = [0u8; VALUE_LEN];
+    let mut attr = [0u64; 16];
+    attr[0] = map.as_raw_fd() as u32 as u64;
+    attr[1] = &key as *const i32 as u64;
+    attr[2] = value.as_mut_ptr() as u64;
+    bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) == 0
+}
+
+fn sock_key(lip: [u32; 4], rip: [u32; 4], lport: u32, rport: u32) -> [u32; SOCK_KEY_LEN / 4] {
     let mut key = [0u32; SOCK_KEY_LEN / 4];
     key[0..4].copy_from_slice(&lip);
     key[4..8].copy_from_slice(&rip);
     key[8] = lport;
     key[9] = rport;
+    key
+}
+
+fn delete_sock(map: BorrowedFd<'_>, lip: [u32; 4], rip: [u32; 4], lport: u32, rport: u32) -> bool {
+    let key = sock_key(lip, rip, lport, rport);
     let mut attr = [0u64; 16];
     attr[0] = map.as_raw_fd() as u32 as u64;
     attr[1] = key.as_ptr() as u64;
