@@ -2284,18 +2284,29 @@ fn a_client_socket_handed_on_mid_connect_declines_without_an_error() {
     assert!(out.contains("HELPER GOT from the helper"), "client: {out}");
     let sum = w.stats_sum();
     let optunsupp = smc_common::diag::Diag::OptUnsupp.code();
-    assert_eq!(
-        sum.reasons_client.get(&optunsupp).copied().unwrap_or(0),
-        1,
-        "the client declined with OPTUNSUPP: {}",
-        brief(&sum)
-    );
-    assert_eq!(
-        sum.get("smcd_client") + sum.get("smcd_server"),
-        0,
-        "{}",
-        brief(&sum)
-    );
+    let declined = sum.reasons_client.get(&optunsupp).copied().unwrap_or(0);
+    // Usually the socket leaves before the client read the server's Accept: it declines. On a
+    // loaded machine the client, preempted between its Proposal and the passing, may find the
+    // Accept already there at the Proposal's non-blocking progress and confirm first; then the
+    // socket leaves as an established SMC-D connection, which the helper adopts (3 of 6 runs
+    // once, with helpers busy on both cores). Either way the helper reads exactly, and no
+    // handshake error is counted.
+    if sum.get("smcd_client") == 1 {
+        assert_eq!(
+            (declined, sum.get("smcd_server")),
+            (0, 1),
+            "decided SMC-D before it left: {}",
+            brief(&sum)
+        );
+    } else {
+        assert_eq!(
+            declined,
+            1,
+            "the client declined with OPTUNSUPP: {}",
+            brief(&sum)
+        );
+        assert_eq!(sum.get("smcd_server"), 0, "{}", brief(&sum));
+    }
     assert_eq!(sum.get("handshake_errors"), 0, "{}", brief(&sum));
 }
 
