@@ -1059,6 +1059,8 @@ impl Conn<'_> {
                 .peer_cookie;
             }
         }
+        // Whether room was made for this request to wait (see `Registry::make_room`).
+        let mut made_room = false;
         let y = loop {
             let y = match partner.take() {
                 Some(y) => y,
@@ -1081,6 +1083,15 @@ impl Conn<'_> {
                                 return Err(Fail::NoPeer);
                             }
                             if sys::near_fd_limit(PARK_HEADROOM) {
+                                if !made_room {
+                                    // Room first (files of other DMBs shelved), outside the
+                                    // rendezvous's lock; then the rendezvous again: the peer
+                                    // may have asked meanwhile.
+                                    made_room = true;
+                                    drop(rdv);
+                                    sh.reg.make_room(PARK_HEADROOM);
+                                    continue;
+                                }
                                 rdv.refuse(&xid);
                                 drop(rdv);
                                 self.dispose(Some(fd));
