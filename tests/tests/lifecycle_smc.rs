@@ -22,6 +22,16 @@ fn python(w: &SmcWorld, script: &Path) -> Command {
     c
 }
 
+/// `script` under the library in the world (`smc`), or plain `python3` without it.
+fn python_or_plain(w: &SmcWorld, script: &Path, smc: bool) -> Command {
+    if smc {
+        return python(w, script);
+    }
+    let mut c = Command::new("python3");
+    c.arg(script).env_remove("LD_PRELOAD");
+    c
+}
+
 fn script(w: &SmcWorld, name: &str, text: &str) -> std::path::PathBuf {
     let p = w.subdir("py").join(name);
     std::fs::write(&p, text).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
@@ -2944,13 +2954,7 @@ fn clients_that_half_close_while_queued_at_a_listener_that_goes_to_an_image_with
     let py = script(&w, "greet.py", GREET_AFTER_EXEC);
     let run = |smc: bool, mode: &str| -> String {
         let port = free_port().to_string();
-        let mut c = if smc {
-            python(&w, &py)
-        } else {
-            let mut c = Command::new("python3");
-            c.arg(&py).env_remove("LD_PRELOAD");
-            c
-        };
+        let mut c = python_or_plain(&w, &py, smc);
         c.args([port.as_str(), mode, "8", "0.3"]);
         let out = spawn_piped(c)
             .wait_output(T)
@@ -2999,13 +3003,7 @@ fn a_listener_shared_with_a_process_without_the_library_is_not_announced_again_a
     };
     for smc in [false, true] {
         let port = free_port().to_string();
-        let mut c = if smc {
-            python(&w, &py)
-        } else {
-            let mut c = Command::new("python3");
-            c.arg(&py).env_remove("LD_PRELOAD");
-            c
-        };
+        let mut c = python_or_plain(&w, &py, smc);
         c.env("RT_MIXL", "1").args([port.as_str(), "20", "4"]);
         let out = spawn_piped(c)
             .wait_output(T)

@@ -120,18 +120,25 @@ pub(crate) fn grant_shortcut(map_path: &Path, sock: BorrowedFd<'_>) -> bool {
     with_cached(&MAP, map_path, open_map, |map| grant_with(map, sock)).unwrap_or(false)
 }
 
-fn grant_with(map: BorrowedFd<'_>, sock: BorrowedFd<'_>) -> bool {
+/// The socket-storage value of `sock` (keyed by its descriptor), if it has one.
+fn storage_of(map: BorrowedFd<'_>, sock: BorrowedFd<'_>) -> Option<[u8; VALUE_LEN]> {
     let key: i32 = sock.as_raw_fd();
     let mut value = [0u8; VALUE_LEN];
     let mut attr = [0u64; 16];
     attr[0] = map.as_raw_fd() as u32 as u64;
     attr[1] = &key as *const i32 as u64;
     attr[2] = value.as_mut_ptr() as u64;
-    if bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) != 0 {
+    (bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) == 0).then_some(value)
+}
+
+fn grant_with(map: BorrowedFd<'_>, sock: BorrowedFd<'_>) -> bool {
+    let key: i32 = sock.as_raw_fd();
+    let mut value = storage_of(map, sock).unwrap_or_else(|| {
         // No storage yet: a fresh value (version, no other flag).
-        value = [0u8; VALUE_LEN];
-        value[4..8].copy_from_slice(&SOCK_STATE_VERSION.to_ne_bytes());
-    }
+        let mut v = [0u8; VALUE_LEN];
+        v[4..8].copy_from_slice(&SOCK_STATE_VERSION.to_ne_bytes());
+        v
+    });
     let flags = u32::from_ne_bytes([value[0], value[1], value[2], value[3]]);
     value[0..4].copy_from_slice(&(flags | SOCK_SHORTCUT_GRANTED).to_ne_bytes());
     let mut attr = [0u64; 16];
@@ -272,13 +279,7 @@ fn recorded_cookie(
 /// Whether `sock` has a value in the socket-storage map (a socket of an attached cgroup that
 /// may have been in the SOCKHASH).
 fn has_storage(map: BorrowedFd<'_>, sock: BorrowedFd<'_>) -> bool {
-    let key: i32 = sock.as_raw_fd();
-    let mut value = [0u8; VALUE_LEN];
-    let mut attr = [0u64; 16];
-    attr[0] = map.as_raw_fd() as u32 as u64;
-    attr[1] = &key as *const i32 as u64;
-    attr[2] = value.as_mut_ptr() as u64;
-    bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) == 0
+    storage_of(map, sock).is_some()
 }
 
 fn sock_key(lip: [u32; 4], rip: [u32; 4], lport: u32, rport: u32) -> [u32; SOCK_KEY_LEN / 4] {
