@@ -915,6 +915,25 @@ pub unsafe extern "C" fn lio_listio64(
     }
 }
 
+/// `_exit(2)`: the library's part of an exit without exit handlers
+/// ([`crate::before_underscore_exit`]), then the process ends as glibc's `_exit` ends it
+/// (`exit_group`). glibc's own `exit` and `posix_spawn` reach its internal `_exit`, not this.
+#[no_mangle]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    crate::before_underscore_exit();
+    loop {
+        // SAFETY: integer argument only; `exit_group` does not return.
+        unsafe { libc::syscall(libc::SYS_exit_group, status as libc::c_long) };
+    }
+}
+
+/// `_Exit(3)`: the same as [`_exit`] (glibc makes it an alias).
+#[no_mangle]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    // SAFETY: as `_exit`.
+    unsafe { _exit(status) }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn fclose(f: *mut libc::FILE) -> c_int {
     // SAFETY: the application's arguments, passed on unchanged: `ops::fclose` has the

@@ -89,14 +89,30 @@ extern "C" fn at_exit() {
         return;
     }
     let open = fdtable::all_objects();
-    // A client whose Accept did not come that exits without closing: the kernel's close sends
-    // its FIN (`setup::sweep_peer_before_fin`).
-    for (fd, o) in &open {
+    sweep_peers_before_exit(&open);
+    stats::at_exit(open.iter().filter_map(|(_, o)| o.conn()));
+}
+
+/// A client whose Accept did not come that leaves without closing: the kernel's close sends
+/// its FIN (`setup::sweep_peer_before_fin`).
+fn sweep_peers_before_exit(open: &[(i32, std::sync::Arc<obj::Obj>)]) {
+    for (fd, o) in open {
         if let obj::Obj::Skip(s) = &**o {
             setup::sweep_peer_before_fin(*fd, s);
         }
     }
-    stats::at_exit(open.iter().filter_map(|(_, o)| o.conn()));
+}
+
+/// `_exit`/`_Exit` of the program (not `exit`, whose handlers [`at_exit`] joins): what the
+/// exit hook does for the connections, without the statistics (a program calls `_exit` not to
+/// run its exit handlers; a forked child's numbers are its parent's). Nothing in a `vfork`
+/// child (its parent's memory) or from a signal handler (`sweep_peer_before_fin`).
+#[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]
+pub(crate) fn before_underscore_exit() {
+    if !fdtable::any_objects() || lifecycle::in_vfork_child() || util::signals::in_handler() {
+        return;
+    }
+    sweep_peers_before_exit(&fdtable::all_objects());
 }
 
 #[cfg_attr(any(test, not(feature = "interpose")), allow(dead_code))]

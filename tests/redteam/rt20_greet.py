@@ -7,9 +7,12 @@
 # connection, each answered before the next is sent. exit: each client, a process of its own,
 # sends "hello I" and leaves with libc's exit() without closing (atexit handlers run, Python's
 # finalizers do not): the kernel's close sends its FIN; the serving image then says what it
-# read. Prints "wrong K/N"; TCP: 0.
+# read. _exit, closerange, dup2, fclose: the same, but the client leaves with libc's _exit()
+# (os._exit), or closes its socket with close_range (os.closerange), by dup2 of /dev/null onto
+# it, or by fclose of an fdopen'd stream, and then _exits. Prints "wrong K/N"; TCP: 0.
 import os, socket, sys, time
 a = sys.argv
+EXITS = ("exit", "_exit", "closerange", "dup2", "fclose")
 def rl(c):
     b = b""
     while not b.endswith(b"\n"):
@@ -29,14 +32,14 @@ if a[1] == "serve":
         try:
             if mode == "greet":
                 c.sendall(b"220 ready\n"); c.sendall(b"250 " + rl(c)[:60])
-            elif mode in ("hc", "exit"):
+            elif mode in ("hc",) + EXITS:
                 b = b""
                 while True:
                     x = c.recv(4096)
                     if not x:
                         break
                     b += x
-                if mode == "exit":
+                if mode in EXITS:
                     n_seen = globals().get("n_seen", 0) + 1
                     globals()["n_seen"] = n_seen
                     if not (b.startswith(b"hello ") and b.endswith(b"\n") and len(b) < 12):
@@ -50,8 +53,8 @@ if a[1] == "serve":
         except OSError:
             pass
         c.close()
-    if mode == "exit":
-        print("exit wrong %d/%d" % (globals().get("n_bad", 0), globals().get("n_seen", 0)))
+    if mode in EXITS:
+        print("%s wrong %d/%d" % (mode, globals().get("n_bad", 0), globals().get("n_seen", 0)))
     os._exit(0)
 port, mode = int(a[1]), a[2]
 n = int(a[3]) if len(a) > 3 else 8
@@ -86,7 +89,7 @@ if os.fork() == 0:
             ok, got = False, repr(e).encode()
         c.close()
         return ok, got
-    if mode == "exit":
+    if mode in EXITS:
         import ctypes
         kids = []
         for i in range(n):
@@ -94,7 +97,19 @@ if os.fork() == 0:
             if k == 0:
                 c = socket.create_connection(("127.0.0.1", port))
                 c.sendall(b"hello %d\n" % i)
-                ctypes.CDLL(None).exit(0)
+                libc = ctypes.CDLL(None)
+                fd = c.detach()
+                if mode == "exit":
+                    libc.exit(0)
+                elif mode == "closerange":
+                    os.closerange(fd, fd + 1)
+                elif mode == "dup2":
+                    os.dup2(os.open("/dev/null", os.O_RDONLY), fd)
+                elif mode == "fclose":
+                    libc.fdopen.restype = ctypes.c_void_p
+                    libc.fclose.argtypes = [ctypes.c_void_p]
+                    libc.fclose(libc.fdopen(fd, b"r"))
+                os._exit(0)
             kids.append(k)
         for k in kids:
             os.waitpid(k, 0)

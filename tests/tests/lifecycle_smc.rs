@@ -2966,8 +2966,18 @@ fn clients_that_half_close_while_queued_at_a_listener_that_goes_to_an_image_with
     };
     // `hc`: each client half-closes; `exit`: each client, a process of its own, leaves with
     // `exit()` without closing (the library's exit hook sweeps before the kernel's FIN; 8 of 8
-    // wrong without it).
-    for (mode, want) in [("hc", "hc sleep 0.3 wrong 0/8"), ("exit", "exit wrong 0/8")] {
+    // wrong without it); `_exit`, `closerange`, `dup2`, `fclose`: it leaves with `_exit()`, or
+    // closes by `close_range` or by `dup2` onto its number first (8 of 8 wrong each before
+    // those calls swept too), or by `fclose` of an `fdopen`ed stream (held before: `fdopen`
+    // takes the socket's late CLC messages itself).
+    for (mode, want) in [
+        ("hc", "hc sleep 0.3 wrong 0/8"),
+        ("exit", "exit wrong 0/8"),
+        ("_exit", "_exit wrong 0/8"),
+        ("closerange", "closerange wrong 0/8"),
+        ("dup2", "dup2 wrong 0/8"),
+        ("fclose", "fclose wrong 0/8"),
+    ] {
         assert_eq!(run(false, mode), want, "plain TCP");
         let before = integration_tests::counters();
         assert_eq!(run(true, mode), want, "under the library");

@@ -1979,9 +1979,7 @@ pub unsafe fn close(fd: c_int) -> c_int {
                     // reset it, where TCP sends a FIN).
                     setup::decide_own_before_close(fd, h);
                 }
-                if let Obj::Skip(s) = &*o {
-                    setup::sweep_peer_before_fin(fd, s);
-                }
+                sweep_before_close(fd, &o);
                 if let Obj::Conn(c) = &*o {
                     if c.last_holder() && c.peer_switch_waits() {
                         // The peer asked to switch to TCP and waits for our answer (its
@@ -2034,6 +2032,15 @@ pub unsafe fn closefrom(lowfd: c_int) {
     real::set_errno(e);
 }
 
+/// Before a close of `fd` that may be its socket's last (and send its FIN): a client whose
+/// Accept did not come has its server end swept first ([`setup::sweep_peer_before_fin`]), by
+/// `close`, `close_range`, `dup2` onto it and `fclose` alike (and `_exit`, the exit hook).
+fn sweep_before_close(fd: c_int, o: &Obj) {
+    if let Obj::Skip(s) = o {
+        setup::sweep_peer_before_fin(fd, s);
+    }
+}
+
 pub unsafe fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int) -> c_int {
     if crate::signals::in_handler() {
         if flags == 0 && fdtable::any_objects() && !lifecycle::own_fd_table() {
@@ -2069,6 +2076,7 @@ unsafe fn close_range_ordinary(first: libc::c_uint, last: libc::c_uint, flags: c
         let hi = (last as u64).min(fdtable::MAX_FDS as u64 - 1);
         for (fd, o) in fdtable::all_objects() {
             if (fd as u64) >= first as u64 && (fd as u64) <= hi && !matches!(&*o, Obj::Private(_)) {
+                sweep_before_close(fd, &o);
                 forget_fd(fd);
             }
         }
@@ -2217,6 +2225,9 @@ pub unsafe fn dup3(fd: c_int, fd2: c_int, flags: c_int, three: bool) -> c_int {
             move_private(fd2);
         }
     } else if fdtable::raw(fd2) != 0 && fcntl_valid(fd) {
+        if let Some(o) = fdtable::get(fd2) {
+            sweep_before_close(fd2, &o);
+        }
         forget_fd(fd2);
     }
     let r = if three {
@@ -2873,6 +2884,9 @@ pub unsafe fn fclose(f: *mut libc::FILE) -> c_int {
         let fd = unsafe { libc::fileno(f) };
         if fd >= 0 && fdtable::raw(fd) != 0 && !lifecycle::in_vfork_child() {
             // The fd still names the socket: our close part runs as for close(2).
+            if let Some(o) = fdtable::get(fd) {
+                sweep_before_close(fd, &o);
+            }
             forget_fd(fd);
         }
     }
