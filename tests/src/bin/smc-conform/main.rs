@@ -748,6 +748,7 @@ fn in_child(f: impl FnOnce()) {
 // ────────────────────────────────────────────────────────────────────────────────────────────
 // scenarios
 
+mod random;
 mod scenarios;
 
 fn main() {

@@ -21,6 +21,15 @@ scenarios! {
     nonblock_connect_accept_later: 1;
     asyncio_one_loop: 1;
     sendfile_null_offset_slow_reader: 1;
+    // random call sequences (random.rs), one seed each
+    random_calls_1: 1;
+    random_calls_2: 1;
+    random_calls_3: 1;
+    random_calls_4: 1;
+    random_calls_5: 1;
+    random_calls_6: 1;
+    random_calls_7: 1;
+    random_calls_8: 1;
     // basics
     echo: 1;
     eof_after_close: 1;
@@ -386,6 +395,31 @@ fn sendfile_null_offset_slow_reader() {
 }
 
 // ── basics ──────────────────────────────────────────────────────────────────────────────────
+
+fn random_calls_1() {
+    super::random::run(1)
+}
+fn random_calls_2() {
+    super::random::run(2)
+}
+fn random_calls_3() {
+    super::random::run(3)
+}
+fn random_calls_4() {
+    super::random::run(4)
+}
+fn random_calls_5() {
+    super::random::run(5)
+}
+fn random_calls_6() {
+    super::random::run(6)
+}
+fn random_calls_7() {
+    super::random::run(7)
+}
+fn random_calls_8() {
+    super::random::run(8)
+}
 
 fn echo() {
     let (c, s) = pair();
