@@ -1774,11 +1774,24 @@ fn haproxy_tcp_splice_and_http() {
     let sum = world_closed(&m);
     // haproxy resets the backend connections it holds when wrk stops (`-d1s`, 8 connections):
     // one it opened just then may still be in its handshake on the backend's side, which
-    // counts it as lost (a handshake error, no fallback). Everything else is SMC-D.
-    let lost = sum.get("handshake_errors");
-    assert!(lost <= 8, "the world: handshake errors: {}", brief(&sum));
+    // counts it as lost (a handshake error), or, when the reset came before the daemon saw
+    // the backend's socket (no established socket to pair: `INTERR`), as a fallback (1 of 12
+    // matrix runs under load). Everything else is SMC-D.
+    let interr = sum.reasons.get(&0x0999_0000).copied().unwrap_or(0);
+    let lost = sum.get("handshake_errors") + interr;
+    assert!(
+        lost <= 8,
+        "the world: handshake errors and INTERR fallbacks: {}",
+        brief(&sum)
+    );
     let mut rest = sum.clone();
     rest.counters.insert("handshake_errors", 0);
+    rest.reasons.remove(&0x0999_0000);
+    let fs = sum.get("fallback_server");
+    rest.counters.insert("fallback_server", fs - fs.min(interr));
+    let fc = sum.get("fallback_client");
+    rest.counters
+        .insert("fallback_client", fc - fc.min(interr - fs.min(interr)));
     assert_all_smcd("the world", &rest, 20, 20);
     assert!(
         sum.get("special_splice") > 0,
