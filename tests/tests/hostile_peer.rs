@@ -300,3 +300,53 @@ fn hostile_peer_scribbling_shared_memory_resets_only_its_own_connection() {
     );
     w.wait_no_live_dmbs(T);
 }
+
+/// An urgent mark ahead of the read position against a blocking peek (red team round 23,
+/// `tests/redteam/rt23_peekoob.py`): the peer (uid `nobody`) sends 10 bytes, one urgent byte
+/// and 200 more; the victim (root) peeks for more than the 10 bytes before the mark
+/// (`MSG_PEEK|MSG_WAITALL`, `SO_RCVLOWAT`), from an `SO_PEEK_OFF` past the mark and at it, and
+/// reads with `MSG_WAITALL`. TCP stops at the mark a read that copied bytes, a peek too: each
+/// answer is compared with plain TCP's. Before, the peeks neither copied nor slept (poll counts
+/// the bytes past the mark) and spun at 100% CPU for ever: `HANG cpu=5.00 in 5 s` for
+/// `waitall`, `lowat`, `peekoff` (a hostile peer needs only to write the urgent word). The
+/// script's watchdog (RT_WATCHDOG seconds) only turns a hang into a failure.
+#[test]
+fn an_urgent_mark_never_makes_a_blocking_peek_spin() {
+    let w = SmcWorld::new();
+    let logs = w.subdir("logs");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("redteam/rt23_peekoob.py");
+    for mode in ["waitall", "lowat", "peekoff", "peekmark", "read"] {
+        let answer = |smc: bool| {
+            let mut c = if smc {
+                w.run("/usr/bin/python3")
+            } else {
+                std::process::Command::new("/usr/bin/python3")
+            };
+            c.arg(&script)
+                .arg(mode)
+                .env("RT_AS_NOBODY", "1")
+                .env("RT_WATCHDOG", "20")
+                .env("SMC_DEBUG", "1");
+            let f = run_to_end(c, &logs, None, T);
+            let out = f.text();
+            eprintln!("{mode} smc={smc}: {out}");
+            let line = out
+                .lines()
+                .find(|l| l.starts_with("PEEK "))
+                .unwrap_or_else(|| panic!("{mode}: no answer: {out}{}", f.stderr))
+                .to_string();
+            assert!(!line.contains("HANG"), "{mode} smc={smc}: {line}");
+            // The answer without the CPU time.
+            line.split(" cpu=").next().unwrap_or("").to_string()
+        };
+        let tcp = answer(false);
+        let smc = answer(true);
+        assert_eq!(smc, tcp, "{mode}: the library's answer differs from TCP's");
+    }
+    let s = w.stats_sum();
+    assert!(
+        s.get("smcd_server") >= 5,
+        "the victim's connections were SMC-D: {}",
+        brief(&s)
+    );
+}

@@ -184,6 +184,9 @@ impl Conn {
         // SO_PEEK_OFF (`sk_peek_offset`): where a peek starts past the read position, read
         // under `rx_lock` (0 when off or for a read).
         let mut poff = 0u32;
+        // The urgent byte a peek that starts at the mark skips (see below), for the wait's
+        // count of what it needs.
+        let mut pskip: u32;
         loop {
             if self.rx_on_tcp() {
                 return if done > 0 { Ok(done) } else { Err(E_TCP) };
@@ -229,10 +232,36 @@ impl Conn {
                     self.set_urg_rx(rx.passed(self.rx, start));
                     self.after_consume(fd, start, lim == 0);
                 }
-                // What a peek finds past its offset (the read position for a read).
-                let plim = if peek { lim.saturating_sub(poff) } else { lim };
+                // What a peek finds past its offset (the read position for a read), and
+                // whether the urgent mark ends it. `tcp_recvmsg_locked` stops a read that
+                // copied bytes at the mark, a peek too: it returns what lies before the mark,
+                // however many it wanted. A peek that starts past the mark (`SO_PEEK_OFF`)
+                // reads on past it; one that starts at the mark skips the urgent byte (unless
+                // `SO_OOBINLINE`). Before, a blocking peek for more than the bytes before a
+                // mark (`MSG_WAITALL`, `SO_RCVLOWAT`) neither copied nor slept: poll counts
+                // the bytes past the mark, so it looked again, at 100% CPU for ever (red team
+                // rt23 `peekoob`; a hostile peer had only to write an urgent word).
+                let rest = avail.saturating_sub(skip);
+                let mut cut = false;
+                pskip = 0;
+                let plim = if !peek {
+                    lim
+                } else if lim < rest {
+                    if poff < lim {
+                        cut = true;
+                        lim - poff
+                    } else {
+                        if poff == lim && !self.oobinline() {
+                            pskip = 1;
+                        }
+                        rest.saturating_sub(poff.saturating_add(pskip))
+                    }
+                } else {
+                    lim.saturating_sub(poff)
+                };
                 if plim > 0
                     && !(peek
+                        && !cut
                         && (plim as usize) < peek_need
                         && gave_up.is_none()
                         && !self.readiness().rd_eof)
@@ -240,7 +269,7 @@ impl Conn {
                     if peek {
                         let n = (plim as usize).min(want);
                         if !trunc {
-                            self.copy_out(self.rx.add(start, poff), n, &mut cur);
+                            self.copy_out(self.rx.add(start, poff + pskip), n, &mut cur);
                         }
                         // `sk_peek_offset_fwd`: the next peek starts after these bytes.
                         let po = self.peek_off();
@@ -284,7 +313,8 @@ impl Conn {
             let r = self.readiness();
             // The bytes a look again needs: one for a read, past the offset for a peek.
             let need = if peek {
-                poff.saturating_add((peek_need as u32).max(1))
+                poff.saturating_add(pskip)
+                    .saturating_add((peek_need as u32).max(1))
             } else {
                 1
             };
@@ -317,7 +347,7 @@ impl Conn {
                 return Err(libc::ECONNRESET);
             }
             if r.rd_eof {
-                if peek && r.readable > poff {
+                if peek && r.readable > poff.saturating_add(pskip) {
                     continue;
                 }
                 return Ok(done);

@@ -1394,3 +1394,40 @@ fn ends_that_send_each_other_more_than_the_socket_holds_read_meanwhile() {
         assert!(got_b == to_b, "b read a's bytes wrong");
     });
 }
+
+/// A blocking peek for more than the bytes before an urgent mark returns those bytes, as TCP's
+/// (`tcp_recvmsg_locked` stops a read that copied bytes at the mark); from an offset past the
+/// mark it reads on, from the mark it skips the urgent byte. Before, the peek neither copied
+/// nor slept (poll counts the bytes past the mark) and spun for ever (red team rt23
+/// `peekoob`). Each call runs in a thread with a bound, so that a regression fails.
+#[test]
+fn a_blocking_peek_stops_at_the_urgent_mark() {
+    let (a, b, fa, fb) = test_pair(16384, 16384).unwrap();
+    let (fa, fb) = (fa.as_raw_fd(), fb.as_raw_fd());
+    assert_eq!(a.send(fa, &iov(&[b'a'; 10]), 0), Ok(10));
+    assert_eq!(a.send(fa, &iov(b"X"), libc::MSG_OOB), Ok(1));
+    assert_eq!(a.send(fa, &iov(&[b'b'; 200]), 0), Ok(200));
+    let b = Arc::new(b);
+    let call = |want: usize, flags: i32, peek_off: i32, lowat: u32| -> Vec<u8> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let c = Arc::clone(&b);
+        std::thread::spawn(move || {
+            c.set_peek_off(peek_off);
+            c.sh().rcvlowat.store(lowat, Ordering::Relaxed);
+            let mut buf = vec![0u8; want];
+            let r = c.recv(fb, &iov_mut(&mut buf), flags);
+            let _ = tx.send(r.map(|n| buf[..n].to_vec()));
+        });
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("the call returned")
+            .expect("the call succeeded")
+    };
+    let peek_all = libc::MSG_PEEK | libc::MSG_WAITALL;
+    assert_eq!(call(100, peek_all, -1, 1), vec![b'a'; 10]);
+    assert_eq!(call(1000, libc::MSG_PEEK, -1, 100), vec![b'a'; 10]);
+    assert_eq!(call(50, peek_all, 20, 1), vec![b'b'; 50]);
+    assert_eq!(call(50, peek_all, 10, 1), vec![b'b'; 50]);
+    // A read stops there too (it always did), and the next one skips the urgent byte.
+    assert_eq!(call(100, libc::MSG_WAITALL, -1, 1), vec![b'a'; 10]);
+    assert_eq!(call(200, libc::MSG_WAITALL, -1, 1), vec![b'b'; 200]);
+}
