@@ -1184,7 +1184,7 @@ fn all_acked(fd: i32, deadline: Instant, mut reader: Option<&mut dyn FnMut(i32) 
 
 /// Whether the socket's TCP state still carries the stream both ways or our half-close
 /// (ESTABLISHED, FIN_WAIT1, FIN_WAIT2), as `TCP_INFO` says. errno is kept.
-fn connected(fd: i32) -> bool {
+pub(super) fn connected(fd: i32) -> bool {
     let e0 = real::errno();
     // SAFETY: `tcp_info` is plain old data; all zeroes is a valid value.
     let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };

@@ -300,7 +300,17 @@ impl Conn {
             }
             let e = real::errno();
             real::set_errno(e0);
-            if r == 0 {
+            if r == 0
+                && self.flags() & F_REAL_SHUT != 0
+                && self.with_io(fd, super::smc_switch::connected)
+            {
+                // The end of the stream is our own: we shut the socket both ways after the
+                // program's `SHUT_RDWR` (`Conn::shutdown`), and its kernel has not seen the
+                // peer's FIN (FIN_WAIT). Nothing about the peer: before, this was taken for
+                // the peer's process gone with our bytes unread, a reset (random call
+                // sequences, seed 169: `SO_ERROR` said ECONNRESET after a shutdown with bytes
+                // unread both ways, where TCP says 0 until the peer's next write).
+            } else if r == 0 {
                 // Without a close in the CDC header, the peer's process ended (killed, exited,
                 // exec'd without the library) and its kernel closed the socket. TCP resets the
                 // connection when the closing end leaves bytes unread: ours, in its ring.
