@@ -32,7 +32,7 @@ import json, sys
 want = set()
 for l in open(sys.argv[1]):
     if l.startswith("TUPLE"):
-        _, c, s = l.split(); want |= {(int(c), int(s)), (int(s), int(c))}
+        c, s = l.split()[1:3]; want |= {(int(c), int(s)), (int(s), int(c))}
 n = 0
 for e in json.load(sys.stdin):
     k = bytes(int(x, 16) for x in e["key"])
