@@ -571,3 +571,131 @@ fn another_tenant_cannot_hijack_sockhash_entries_with_rebuilt_tuples() {
     let s = w.stats_sum();
     assert_eq!(s.get("smcd_client"), 4, "{}", brief(&s));
 }
+
+/// The probes of [`a_third_namespace_cannot_hijack_a_pair_between_two_namespaces`]: a victim
+/// echo pair over veth (`server ADDR`, `client ADDR PORT ROUNDS`), and the attacker (`attack
+/// ADDR_A ADDR_B CPORT SPORT`), who rebuilds the pair's 4-tuple in a user and network namespace
+/// of its own (both addresses on its `lo`).
+const XNS_PROBE: &str = r#"
+import ctypes, os, select, socket, subprocess, sys
+SOL_SMC_BPF, SMC_SO_STATE = 0x534D4300, 3
+def redirected(s):
+    return int.from_bytes(s.getsockopt(SOL_SMC_BPF, SMC_SO_STATE, 48)[16:24], "little")
+def exact(s, n):
+    b = b""
+    while len(b) < n:
+        x = s.recv(n - len(b))
+        if not x:
+            raise OSError("eof")
+        b += x
+    return b
+m = sys.argv[1]
+if m == "server":
+    ls = socket.socket(); ls.bind((sys.argv[2], 0)); ls.listen(8)
+    print("LISTENING %d" % ls.getsockname()[1], flush=True)
+    c, _ = ls.accept()
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        c.sendall(b)
+elif m == "client":
+    s = socket.create_connection((sys.argv[2], int(sys.argv[3])))
+    print("TUPLE %d" % s.getsockname()[1], flush=True)
+    sys.stdin.readline()
+    before, bad = redirected(s), 0
+    for i in range(int(sys.argv[4])):
+        msg = bytes((i + k) & 0xFF for k in range(1000))
+        s.sendall(msg)
+        bad += exact(s, len(msg)) != msg
+    print("REDIRECTED before=%d after=%d bad=%d" % (before, redirected(s), bad), flush=True)
+elif m == "attack":
+    a, b, cport, sport = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(0x10000000 | 0x40000000) != 0:
+        raise OSError(ctypes.get_errno(), "unshare")
+    open("/proc/self/setgroups", "w").write("deny")
+    open("/proc/self/uid_map", "w").write("0 %d 1" % uid)
+    open("/proc/self/gid_map", "w").write("0 %d 1" % gid)
+    for cmd in (["link", "set", "lo", "up"], ["addr", "add", a + "/32", "dev", "lo"],
+                ["addr", "add", b + "/32", "dev", "lo"]):
+        subprocess.run(["ip"] + cmd, check=True)
+    ls = socket.socket(); ls.bind((b, sport)); ls.listen(1)
+    c = socket.socket(); c.bind((a, cport)); c.connect((b, sport))
+    acc, _ = ls.accept()
+    print("BUILT 2", flush=True)
+    stolen = 0
+    for s in (c, acc):
+        s.setblocking(False)
+    while not select.select([sys.stdin], [], [], 0.01)[0]:
+        for s in (c, acc):
+            try:
+                stolen += len(s.recv(65536))
+            except BlockingIOError:
+                pass
+    print("HIJACK stolen=%d" % stolen, flush=True)
+"#;
+
+/// A connection between two network namespaces (containers over veth, `shortcut` mode) keeps
+/// its shortcut when uid `nobody`, a process of the same attached cgroup, rebuilds its 4-tuple
+/// (both addresses on the `lo` of a user and network namespace of its own). Its peer is the
+/// socket the kernel paired by 4-tuple and both first sequence numbers (`SMC_PAIRS`), which
+/// the attacker's sockets do not have: they pair with each other in their own namespace. With
+/// keys of the 4-tuple alone, the attacker's sockets replaced both ends in the SOCKHASH: 0 of
+/// 200 messages of the client took the shortcut after the attack.
+#[test]
+fn a_third_namespace_cannot_hijack_a_pair_between_two_namespaces() {
+    require_root();
+    let _l = lock();
+    let cg = test_cgroup();
+    let _a = Attached::new(&cg, "shortcut");
+    let ns = integration_tests::NetnsPair::new().expect("netns pair");
+    let py = std::path::Path::new("python3");
+    let mut s = integration_tests::NetnsPair::command(&ns.b, Some(&cg), py);
+    s.args(["-c", XNS_PROBE, "server", &ns.addr_b]);
+    let mut server = spawn_piped(s);
+    let line = server.read_line();
+    let sport: u16 = line
+        .strip_prefix("LISTENING ")
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("server said {line:?}"));
+    let mut c = integration_tests::NetnsPair::command(&ns.a, Some(&cg), py);
+    c.args(["-c", XNS_PROBE, "client", &ns.addr_b])
+        .args([sport.to_string(), "200".into()])
+        .stdin(Stdio::piped());
+    let mut client = spawn_piped(c);
+    let line = client.read_line();
+    let cport: u16 = line
+        .strip_prefix("TUPLE ")
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("client said {line:?}"));
+
+    let mut a = cg.command("python3");
+    a.args(["-c", XNS_PROBE, "attack", &ns.addr_a, &ns.addr_b])
+        .args([cport.to_string(), sport.to_string()])
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::piped());
+    as_user(&mut a, nobody());
+    let mut attacker = spawn_piped(a);
+    let line = attacker.read_line();
+    assert_eq!(
+        line.trim(),
+        "BUILT 2",
+        "the attacker rebuilt the pair's tuple"
+    );
+
+    client.0.stdin.take().unwrap().write_all(b"GO\n").unwrap();
+    let vout = client.wait_output(T).expect("victim client");
+    attacker.0.stdin.take().unwrap().write_all(b"\n").unwrap();
+    let out = attacker.wait_output(T).expect("attacker");
+    let _ = server.0.kill();
+    eprintln!("attacker: {out}\nvictim: {vout}");
+    let (before, after) = (kv(&vout, "before"), kv(&vout, "after"));
+    assert!(
+        after >= before + 200,
+        "the client's messages left the shortcut after the attack: {vout}"
+    );
+    assert_eq!(kv(&vout, "bad"), 0, "{vout}");
+    assert_eq!(kv(&out, "stolen"), 0, "{out}");
+}
