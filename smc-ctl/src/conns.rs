@@ -967,7 +967,24 @@ mod tests {
         assert_eq!(sock_key(&p, &l, 7), k.mirror());
         let v6: SocketAddr = "[::ffff:127.0.0.1]:40000".parse().unwrap();
         assert_eq!(sock_key(&v6, &p, 7), k);
-        assert!(netns_cookie(std::process::id()).is_some_and(|c| c != 0));
+        // Joining a namespace (even one's own) needs CAP_SYS_ADMIN: without it, no cookie.
+        if let Some(c) = netns_cookie(std::process::id()) {
+            use std::os::fd::AsRawFd as _;
+            let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            let mut own = 0u64;
+            let mut len = 8 as libc::socklen_t;
+            // SAFETY: a valid socket and an 8-byte out buffer.
+            let r = unsafe {
+                libc::getsockopt(
+                    s.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_NETNS_COOKIE,
+                    (&mut own as *mut u64).cast(),
+                    &mut len,
+                )
+            };
+            assert_eq!((r, c), (0, own));
+        }
     }
 
     #[test]
