@@ -94,9 +94,16 @@ pub struct SockState {
 /// Layout version of [`SockState`].
 pub const SOCK_STATE_VERSION: u32 = 3;
 
-/// A TCP connection as seen from one end. Addresses are IPv6 in network byte order (IPv4 is
-/// stored v4-mapped, `::ffff:a.b.c.d`, so that an `AF_INET6` socket talking to an `AF_INET` one
-/// produces matching keys); ports in host byte order.
+/// A TCP socket: its network namespace and its connection as seen from it. Addresses are IPv6
+/// in network byte order (IPv4 is stored v4-mapped, `::ffff:a.b.c.d`, so that an `AF_INET6`
+/// socket talking to an `AF_INET` one produces matching keys); ports in host byte order.
+///
+/// A 4-tuple is unique only within one network namespace, and a process with a user namespace
+/// makes a network namespace of its own and any tuple in it (another's tuples are in
+/// `/proc/net/tcp`): keyed by the 4-tuple alone, such a process's sockets replaced another
+/// tenant's in the SOCKHASH and `SMC_PEERS` (red team rt22 `hijack`). With the namespace in
+/// the key they never collide; the peer of a connection between two namespaces (veth) is found
+/// through [`MAP_PAIRS`], by its initial sequence numbers.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SockKey {
@@ -104,18 +111,74 @@ pub struct SockKey {
     pub remote_ip: [u32; 4],
     pub local_port: u32,
     pub remote_port: u32,
+    /// `bpf_get_netns_cookie` (`SO_NETNS_COOKIE`) of the socket's network namespace; 0 in the
+    /// keys of [`MAP_PAIRS`].
+    pub netns: u64,
 }
 
 impl SockKey {
-    /// The same connection as seen from the other end.
+    /// The same connection as seen from the other end, in the same network namespace.
     pub const fn mirror(&self) -> Self {
         SockKey {
             local_ip: self.remote_ip,
             remote_ip: self.local_ip,
             local_port: self.remote_port,
             remote_port: self.local_port,
+            netns: self.netns,
         }
     }
+
+    /// This key in the network namespace `netns`.
+    pub const fn in_netns(&self, netns: u64) -> Self {
+        SockKey { netns, ..*self }
+    }
+
+    /// Whether both addresses are loopback ones (`127.0.0.0/8` v4-mapped, `::1`): such a
+    /// connection never leaves its network namespace.
+    pub const fn is_loopback(&self) -> bool {
+        const fn lo(a: &[u32; 4]) -> bool {
+            let b = a[3].to_ne_bytes();
+            (ListenerKey::is_v4_mapped(a) && b[0] == 127)
+                || (a[0] == 0 && a[1] == 0 && a[2] == 0 && a[3] == u32::from_ne_bytes([0, 0, 0, 1]))
+        }
+        lo(&self.local_ip) && lo(&self.remote_ip)
+    }
+}
+
+/// Key of [`MAP_PAIRS`]: a connection between two network namespaces as seen from one end,
+/// with the first sequence numbers of each direction (`snd_una` and `rcv_nxt` at ESTABLISHED:
+/// each end's initial sequence number plus one). The other end looks its peer up by its own
+/// view mirrored ([`PairKey::peer`]). A process of another namespace can rebuild the 4-tuple,
+/// but not the two 32-bit sequence numbers, which only the two ends (and their namespaces'
+/// traffic) see.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PairKey {
+    /// The 4-tuple, with `netns` 0.
+    pub tuple: SockKey,
+    /// This end's first sequence number (its ISN + 1).
+    pub local_seq: u32,
+    /// The other end's first sequence number (its ISN + 1).
+    pub remote_seq: u32,
+}
+
+impl PairKey {
+    /// The key under which the other end recorded itself.
+    pub const fn peer(&self) -> Self {
+        PairKey {
+            tuple: self.tuple.mirror(),
+            local_seq: self.remote_seq,
+            remote_seq: self.local_seq,
+        }
+    }
+}
+
+/// Value of [`MAP_PAIRS`]: which socket, in which network namespace.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PairEntry {
+    pub netns: u64,
+    pub cookie: u64,
 }
 
 /// Key of [`MAP_LISTENERS`]: a listening address and port in one network namespace. A
@@ -190,6 +253,11 @@ pub struct PeerEntry {
     /// `SOCK_*` bits at the time of recording.
     pub flags: u32,
     pub _pad: u32,
+    /// The network namespace of the peer socket when it is in another one (a connection between
+    /// two namespaces on this host, paired by [`MAP_PAIRS`]), else 0: the peer's entry is the
+    /// mirrored key in this namespace, or in that one. Written by the kernel (this socket's or
+    /// its peer's `sock_ops`), never by another socket's owner.
+    pub peer_netns: u64,
 }
 
 /// Mode of an attached cgroup.
@@ -224,6 +292,15 @@ pub const MAP_PEERS: &str = "SMC_PEERS";
 /// a stale entry only ever names a 4-tuple that was a socket of this host.
 pub const MAP_TCP_PEERS: &str = "SMC_TCP_PEERS";
 pub const MAP_SOCKHASH: &str = "SMC_SOCKHASH";
+/// Established sockets of attached cgroups whose addresses are not loopback ones, by
+/// [`PairKey`] (4-tuple and first sequence numbers, no namespace; value [`PairEntry`]): the
+/// later end of a connection between two network namespaces finds the earlier one here and
+/// writes each end's [`PeerEntry::peer_netns`]. LRU, never removed.
+pub const MAP_PAIRS: &str = "SMC_PAIRS";
+/// Entries of [`MAP_PAIRS`]: an entry is needed only from one end's ESTABLISHED to the
+/// other's (the same host: microseconds), so this bounds the handshakes of non-loopback
+/// connections under way at once, not the live connections.
+pub const MAX_PAIRS: u32 = 16384;
 /// Per attached cgroup settings of `smc-ctl attach` (cgroup storage, one `u32` of
 /// `CONFIG_*` bits per cgroup and attach type, keyed `{cgroup inode, attach type}`): the kernel
 /// makes the entry, zeroed, when a program using the map is attached to a cgroup, and each run
@@ -295,7 +372,8 @@ pub struct SweepConfig {
 /// Entries of the same-host maps and of the SOCKHASH: sockets, two per connection. Issue 14's
 /// 65 536 connections are 131 072 sockets; the same-host maps are LRU (an evicted live entry
 /// makes its connection's same-host checks fail), and `MAP_TCP_PEERS` keeps closed sockets
-/// until evicted, hence twice that. Each LRU map preallocates its entries (about 30 MB each).
+/// until evicted, hence twice that. Each LRU map preallocates its entries (about 36 MB each:
+/// `memlock` 35 652 480 bytes).
 pub const MAX_SOCKETS: u32 = 262_144;
 
 /// Per-CPU counters, indices into [`MAP_COUNTERS`]. Keep [`Counter::ALL`] in order.
@@ -516,7 +594,7 @@ impl TraceReason {
 /// The TCP experimental option that announces SMC: kind 254, length 6, ExID "SMCR" in EBCDIC.
 pub const TCPOPT_SMC: [u8; 6] = [254, 6, 0xE2, 0xD4, 0xC3, 0xD9];
 /// Layout version of everything pinned; a pin directory with another version is refused.
-pub const PIN_LAYOUT_VERSION: u32 = 5;
+pub const PIN_LAYOUT_VERSION: u32 = 6;
 
 #[cfg(feature = "user")]
 mod pod {
@@ -526,6 +604,10 @@ mod pod {
     unsafe impl aya::Pod for super::SockKey {}
     // SAFETY: plain `#[repr(C)]` integers without padding holes.
     unsafe impl aya::Pod for super::PeerEntry {}
+    // SAFETY: plain `#[repr(C)]` integers without padding holes.
+    unsafe impl aya::Pod for super::PairKey {}
+    // SAFETY: plain `#[repr(C)]` integers without padding holes.
+    unsafe impl aya::Pod for super::PairEntry {}
 }
 
 #[cfg(test)]
@@ -566,8 +648,10 @@ mod tests {
     fn layouts() {
         assert_eq!(core::mem::size_of::<SockState>(), 48);
         assert_eq!(core::mem::size_of::<ListenerKey>(), 32);
-        assert_eq!(core::mem::size_of::<SockKey>(), 40);
-        assert_eq!(core::mem::size_of::<PeerEntry>(), 16);
+        assert_eq!(core::mem::size_of::<SockKey>(), 48);
+        assert_eq!(core::mem::size_of::<PeerEntry>(), 24);
+        assert_eq!(core::mem::size_of::<PairKey>(), 56);
+        assert_eq!(core::mem::size_of::<PairEntry>(), 16);
         for (i, c) in Counter::ALL.iter().enumerate() {
             assert_eq!(*c as usize, i);
         }
@@ -580,8 +664,42 @@ mod tests {
             remote_ip: [1, 2, 3, 4],
             local_port: 80,
             remote_port: 40000,
+            netns: 9,
         };
         assert_eq!(k.mirror().mirror(), k);
         assert_ne!(k.mirror(), k);
+        assert_eq!(k.mirror().netns, 9);
+        let p = PairKey {
+            tuple: k.in_netns(0),
+            local_seq: 5,
+            remote_seq: 7,
+        };
+        assert_eq!(p.peer().peer(), p);
+        assert_eq!(
+            (p.peer().local_seq, p.peer().tuple),
+            (7, k.mirror().in_netns(0))
+        );
+    }
+
+    #[test]
+    fn loopback_keys() {
+        let v4 = |a: [u8; 4]| {
+            [
+                0,
+                0,
+                u32::from_ne_bytes([0, 0, 0xff, 0xff]),
+                u32::from_ne_bytes(a),
+            ]
+        };
+        let k = |l, r| SockKey {
+            local_ip: l,
+            remote_ip: r,
+            ..SockKey::default()
+        };
+        assert!(k(v4([127, 0, 0, 1]), v4([127, 1, 2, 3])).is_loopback());
+        let one6 = [0, 0, 0, u32::from_ne_bytes([0, 0, 0, 1])];
+        assert!(k(one6, one6).is_loopback());
+        assert!(!k(v4([10, 0, 0, 1]), v4([127, 0, 0, 1])).is_loopback());
+        assert!(!k(v4([10, 0, 0, 1]), v4([10, 0, 0, 2])).is_loopback());
     }
 }

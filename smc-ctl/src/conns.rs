@@ -253,8 +253,9 @@ fn tcp_table(pid: u32, out: &mut HashMap<u64, TcpEntry>) {
     }
 }
 
-/// The eBPF key of a connection end (IPv4 as v4-mapped IPv6, bytes in network order).
-pub fn sock_key(local: &SocketAddr, peer: &SocketAddr) -> SockKey {
+/// The eBPF key of a connection end (IPv4 as v4-mapped IPv6, bytes in network order) in the
+/// network namespace of cookie `netns`.
+pub fn sock_key(local: &SocketAddr, peer: &SocketAddr, netns: u64) -> SockKey {
     fn ip(a: &SocketAddr) -> [u32; 4] {
         let o = match a.ip() {
             IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
@@ -268,7 +269,41 @@ pub fn sock_key(local: &SocketAddr, peer: &SocketAddr) -> SockKey {
         remote_ip: ip(peer),
         local_port: local.port() as u32,
         remote_port: peer.port() as u32,
+        netns,
     }
+}
+
+/// The network namespace cookie (`SO_NETNS_COOKIE`, the eBPF programs' `bpf_get_netns_cookie`)
+/// of process `pid`'s network namespace: a socket made there by a thread that joins it.
+fn netns_cookie(pid: u32) -> Option<u64> {
+    let ns = fs::File::open(format!("/proc/{pid}/ns/net")).ok()?;
+    std::thread::spawn(move || {
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: `ns` is an open namespace file; `setns` changes only this thread's network
+        // namespace, and the thread ends right after.
+        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return None;
+        }
+        let s = std::net::UdpSocket::bind("127.0.0.1:0")
+            .or_else(|_| std::net::UdpSocket::bind("[::1]:0"))
+            .ok()?;
+        let mut cookie = 0u64;
+        let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+        // SAFETY: a valid socket, and an out buffer of `len` bytes.
+        let r = unsafe {
+            libc::getsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&s),
+                libc::SOL_SOCKET,
+                libc::SO_NETNS_COOKIE,
+                (&mut cookie as *mut u64).cast(),
+                &mut len,
+            )
+        };
+        (r == 0).then_some(cookie)
+    })
+    .join()
+    .ok()
+    .flatten()
 }
 
 /// Every entry of the pinned `SMC_PEERS` map, and of `SMC_TCP_PEERS` (sockets of ism-mode
@@ -533,6 +568,7 @@ pub fn collect(o: &Options) -> Result<(Vec<ConnInfo>, Notes)> {
     // process holds each socket.
     let mut tables: HashMap<u64, NsTable> = HashMap::new();
     let mut holders: HashMap<(u64, u64), u32> = HashMap::new();
+    let mut cookies: HashMap<u64, Option<u64>> = HashMap::new();
     let mut scanned = Vec::new();
     for p in &procs {
         let inodes = socket_inodes(p.pid);
@@ -543,6 +579,7 @@ pub fn collect(o: &Options) -> Result<(Vec<ConnInfo>, Notes)> {
             continue;
         };
         tables.entry(ns).or_insert_with(|| NsTable::read(p.pid));
+        cookies.entry(ns).or_insert_with(|| netns_cookie(p.pid));
         for &ino in &inodes {
             holders.entry((ns, ino)).or_insert(p.pid);
         }
@@ -581,7 +618,19 @@ pub fn collect(o: &Options) -> Result<(Vec<ConnInfo>, Notes)> {
             if t.state == "LISTEN" && !o.listening {
                 continue;
             }
-            let key = sock_key(&t.local, &t.peer);
+            // The eBPF maps key sockets by namespace cookie and 4-tuple; a namespace whose
+            // cookie could not be read is matched by the 4-tuple when only one namespace has it.
+            let key = match cookies.get(&ns).copied().flatten() {
+                Some(c) => sock_key(&t.local, &t.peer, c),
+                None => {
+                    let bare = sock_key(&t.local, &t.peer, 0);
+                    let mut of_tuple = peers.keys().filter(|k| k.in_netns(0) == bare);
+                    match (of_tuple.next(), of_tuple.next()) {
+                        (Some(k), None) => *k,
+                        _ => bare,
+                    }
+                }
+            };
             let entry = peers.get(&key);
             let mirror = peers.contains_key(&key.mirror());
             let flags = entry.map(|e| e.flags).unwrap_or(0);
@@ -910,14 +959,32 @@ mod tests {
     fn keys_match_the_ebpf_layout() {
         let l: SocketAddr = "127.0.0.1:40000".parse().unwrap();
         let p: SocketAddr = "127.0.0.2:80".parse().unwrap();
-        let k = sock_key(&l, &p);
+        let k = sock_key(&l, &p, 7);
         // v4-mapped, network byte order in memory (as smc-ebpf's v4_mapped).
         assert_eq!(k.local_ip[2], u32::from_ne_bytes([0, 0, 0xff, 0xff]));
         assert_eq!(k.local_ip[3], u32::from_ne_bytes([127, 0, 0, 1]));
-        assert_eq!((k.local_port, k.remote_port), (40000, 80));
-        assert_eq!(sock_key(&p, &l), k.mirror());
+        assert_eq!((k.local_port, k.remote_port, k.netns), (40000, 80, 7));
+        assert_eq!(sock_key(&p, &l, 7), k.mirror());
         let v6: SocketAddr = "[::ffff:127.0.0.1]:40000".parse().unwrap();
-        assert_eq!(sock_key(&v6, &p), k);
+        assert_eq!(sock_key(&v6, &p, 7), k);
+        // Joining a namespace (even one's own) needs CAP_SYS_ADMIN: without it, no cookie.
+        if let Some(c) = netns_cookie(std::process::id()) {
+            use std::os::fd::AsRawFd as _;
+            let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            let mut own = 0u64;
+            let mut len = 8 as libc::socklen_t;
+            // SAFETY: a valid socket and an 8-byte out buffer.
+            let r = unsafe {
+                libc::getsockopt(
+                    s.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_NETNS_COOKIE,
+                    (&mut own as *mut u64).cast(),
+                    &mut len,
+                )
+            };
+            assert_eq!((r, c), (0, own));
+        }
     }
 
     #[test]

@@ -1,5 +1,8 @@
-//! 4-tuple keys ([`SockKey`]) from the program contexts.
-use aya_ebpf::bindings::{bpf_sock, bpf_sock_ops};
+//! Socket keys ([`SockKey`]: network namespace and 4-tuple) from the program contexts.
+use aya_ebpf::{
+    bindings::{bpf_sock, bpf_sock_ops},
+    helpers::generated::bpf_get_netns_cookie,
+};
 use smc_common::bpf::SockKey;
 
 const AF_INET: u32 = 2;
@@ -39,6 +42,7 @@ pub fn key_of(
         remote_ip,
         local_port: lport,
         remote_port: remote_port_host(rport),
+        netns: 0,
     })
 }
 
@@ -57,9 +61,10 @@ macro_rules! ctx_read {
 }
 pub(crate) use ctx_read;
 
-/// The key of a context with the sock_ops / sk_msg field names (`local_*` / `remote_*`).
+/// The key of a context with the sock_ops / sk_msg field names (`local_*` / `remote_*`), in
+/// the network namespace `$netns`.
 macro_rules! ctx_key {
-    ($p:expr) => {
+    ($p:expr, $netns:expr) => {
         $crate::key::key_of(
             $crate::key::ctx_read!($p, family),
             $crate::key::ctx_read!($p, local_ip4),
@@ -79,18 +84,23 @@ macro_rules! ctx_key {
             $crate::key::ctx_read!($p, local_port),
             $crate::key::ctx_read!($p, remote_port),
         )
+        .map(|k| k.in_netns($netns))
     };
 }
 pub(crate) use ctx_key;
 
 #[inline(always)]
 pub fn ops_key(ops: *const bpf_sock_ops) -> Option<SockKey> {
-    ctx_key!(ops)
+    // SAFETY: `ops` is the program's context, which `bpf_get_netns_cookie` takes as is (the
+    // verifier checks the argument is the context); it is the namespace of the context's socket.
+    let netns = unsafe { bpf_get_netns_cookie(ops.cast_mut().cast()) };
+    ctx_key!(ops, netns)
 }
 
-/// Key of a full socket (`struct bpf_sock`: `src_*` local, `dst_*` remote).
+/// Key of a full socket (`struct bpf_sock`: `src_*` local, `dst_*` remote) of the network
+/// namespace `netns` (the caller's `bpf_get_netns_cookie` of the context that gave `sk`).
 #[inline(always)]
-pub fn sock_key(sk: *const bpf_sock) -> Option<SockKey> {
+pub fn sock_key(sk: *const bpf_sock, netns: u64) -> Option<SockKey> {
     key_of(
         ctx_read!(sk, family),
         ctx_read!(sk, src_ip4),
@@ -110,4 +120,5 @@ pub fn sock_key(sk: *const bpf_sock) -> Option<SockKey> {
         ctx_read!(sk, src_port),
         ctx_read!(sk, dst_port) as u32,
     )
+    .map(|k| k.in_netns(netns))
 }

@@ -2,7 +2,6 @@
 //! `smc_common::bpf`), with the small accessors the programs share.
 use aya_ebpf::{
     bindings::bpf_sock_ops,
-    helpers::generated::bpf_get_netns_cookie,
     macros::{btf_map, map},
     maps::{Array, LruHashMap, PerCpuArray, SockHash},
 };
@@ -10,8 +9,8 @@ use aya_ebpf::{
 #[allow(deprecated)]
 use aya_ebpf::maps::CgroupStorage;
 use smc_common::bpf::{
-    Counter, ListenerKey, PeerEntry, SockKey, SockState, SweepConfig, CONFIG_NO_TCP_RECORDS,
-    MAX_LISTENERS, MAX_QUARANTINED, MAX_SOCKETS,
+    Counter, ListenerKey, PairEntry, PairKey, PeerEntry, SockKey, SockState, SweepConfig,
+    CONFIG_NO_TCP_RECORDS, MAX_LISTENERS, MAX_PAIRS, MAX_QUARANTINED, MAX_SOCKETS,
 };
 
 use crate::{key::ops_key, storage::SockStorage};
@@ -19,7 +18,7 @@ use crate::{key::ops_key, storage::SockStorage};
 #[btf_map]
 pub static SMC_SOCK_STATE: SockStorage<SockState> = SockStorage::new();
 
-/// Established sockets of attached cgroups by 4-tuple. LRU: a socket whose cgroup was detached
+/// Established sockets of attached cgroups by network namespace and 4-tuple. LRU: a socket whose cgroup was detached
 /// before it closed is never removed by the STATE callback; eviction bounds such leftovers.
 #[map]
 pub static SMC_PEERS: LruHashMap<SockKey, PeerEntry> = LruHashMap::with_max_entries(MAX_SOCKETS, 0);
@@ -70,6 +69,41 @@ pub fn tcp_peer_entry(key: &SockKey) -> Option<*mut PeerEntry> {
         .or_else(|| SMC_PEERS.get_ptr_mut(key))
 }
 
+/// The same-host entry of the peer of the socket `key`, in `SMC_PEERS` or `SMC_TCP_PEERS`
+/// (`tcp_first`: [`tcp_peer_entry`]'s order): the mirrored key in the socket's network
+/// namespace, or, for a connection between two namespaces, in the peer's namespace that the
+/// socket's own entry records (`PeerEntry::peer_netns`, written by the kernel when the two ends
+/// were paired by their sequence numbers). Never an entry of a namespace that merely holds the
+/// same 4-tuple.
+#[inline(always)]
+pub fn peer_of(key: &SockKey, tcp_first: bool) -> Option<*mut PeerEntry> {
+    let find = |k: &SockKey| {
+        if tcp_first {
+            tcp_peer_entry(k)
+        } else {
+            peer_entry(k)
+        }
+    };
+    let mirror = key.mirror();
+    if let Some(e) = find(&mirror) {
+        return Some(e);
+    }
+    if key.is_loopback() {
+        return None;
+    }
+    // SAFETY: a non-null hash map value, allocated for this run (RCU); one field read by value.
+    let ns = unsafe { (*find(key)?).peer_netns };
+    if ns == 0 || ns == key.netns {
+        return None;
+    }
+    find(&mirror.in_netns(ns))
+}
+
+/// `MAP_PAIRS`: established sockets with addresses that are not loopback ones, by 4-tuple and
+/// first sequence numbers, for the pairing of connections between two network namespaces.
+#[map]
+pub static SMC_PAIRS: LruHashMap<PairKey, PairEntry> = LruHashMap::with_max_entries(MAX_PAIRS, 0);
+
 /// Listeners that announce SMC (`MAP_LISTENERS`): a SYN-ACK carries the option only when its
 /// listener's entry says so.
 #[map]
@@ -91,13 +125,10 @@ pub fn set_listener(netns: u64, addr: [u32; 4], port: u32, on: bool) {
 /// most specific of its address, the wildcard of its family, `::` ([`ListenerKey::candidates`]).
 #[inline(always)]
 pub fn listener_announces(ops: *mut bpf_sock_ops) -> bool {
-    // SAFETY: `ops` is the program's context, which `bpf_get_netns_cookie` takes as is (the
-    // verifier checks the argument is the context).
-    let netns = unsafe { bpf_get_netns_cookie(ops.cast()) };
     let Some(key) = ops_key(ops) else {
         return false;
     };
-    for k in ListenerKey::candidates(netns, key.local_ip, key.local_port) {
+    for k in ListenerKey::candidates(key.netns, key.local_ip, key.local_port) {
         // SAFETY: the value of a hash map lookup stays allocated for this run (RCU); another
         // CPU may change it concurrently, so it is only read once, by value.
         if let Some(v) = unsafe { SMC_LISTENERS.get(&k) } {

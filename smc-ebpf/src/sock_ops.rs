@@ -10,22 +10,23 @@ use aya_ebpf::{
         BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG,
     },
     helpers::generated::{
-        bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_load_hdr_opt, bpf_map_delete_elem,
-        bpf_reserve_hdr_opt, bpf_setsockopt, bpf_store_hdr_opt,
+        bpf_get_socket_cookie, bpf_load_hdr_opt, bpf_map_delete_elem, bpf_reserve_hdr_opt,
+        bpf_setsockopt, bpf_store_hdr_opt,
     },
     macros::sock_ops,
     programs::SockOpsContext,
 };
 use smc_common::bpf::{
-    Counter, PeerEntry, SockKey, TraceReason, SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PASSIVE,
-    SOCK_PEER_SMC, SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_STATE_VERSION, SOCK_TCP, TCPOPT_SMC,
+    Counter, PairEntry, PairKey, PeerEntry, SockKey, TraceReason, SOCK_OPTED_IN, SOCK_OPT_SENT,
+    SOCK_PASSIVE, SOCK_PEER_SMC, SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_STATE_VERSION, SOCK_TCP,
+    TCPOPT_SMC,
 };
 
 use crate::{
-    key::{ops_key, remote_port_host},
+    key::{ctx_read, ops_key, remote_port_host},
     maps::{
         count, listener_announces, no_tcp_records, peer_entry, set_listener, tcp_peer_entry, trace,
-        SMC_PEERS, SMC_SOCKHASH, SMC_SOCK_STATE, SMC_TCP_PEERS,
+        SMC_PAIRS, SMC_PEERS, SMC_SOCKHASH, SMC_SOCK_STATE, SMC_TCP_PEERS,
     },
     quarantine::quarantine_established,
 };
@@ -101,10 +102,8 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
             }
             if listen {
                 trace!(TraceReason::ListenAnnounces, ops.local_port, 0);
-                // SAFETY: the program's context, which `bpf_get_netns_cookie` takes as is.
-                let netns = unsafe { bpf_get_netns_cookie(ops_ptr.cast()) };
                 if let Some(k) = ops_key(ops_ptr) {
-                    set_listener(netns, k.local_ip, ops.local_port, true);
+                    set_listener(k.netns, k.local_ip, ops.local_port, true);
                 }
                 // Keep the SYN, so that PASSIVE_ESTABLISHED can read the peer's option from it.
                 let mut one: i32 = 1;
@@ -307,10 +306,7 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     // `--tcp-records off`: a connection that cannot become SMC-D neither looks for its peer's
     // record nor leaves one (two lookups and a store in 262 144-entry maps, most of what these
     // programs cost it); only `conns` and the `same_host_pairs` count read them.
-    // SAFETY: the value of a hash map lookup stays allocated for this run (RCU); one field is
-    // read by value.
-    let quarantine = withdrawn_late
-        && unsafe { SMC_PEERS.get(&key.mirror()) }.is_some_and(|e| e.flags & SOCK_PEER_SMC != 0);
+    let quarantine = withdrawn_late && client_announced(&key, ops_ptr);
     // A quarantined socket leaves its record too: its client looks its cookie up
     // (`SMC_SO_PEER_QUARANTINED`).
     let record = tracked || quarantine || !no_tcp_records();
@@ -355,8 +351,54 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     }
 }
 
+/// This connection as [`SMC_PAIRS`] keys it from this end: 4-tuple without namespace, first
+/// sequence numbers of each direction (`snd_una` and `rcv_nxt` at ESTABLISHED: the two initial
+/// sequence numbers plus one; data in a SYN, TCP Fast Open, shifts one of them and such a
+/// connection between two namespaces is not paired).
+#[inline(always)]
+fn pair_key(key: &SockKey, ops_ptr: *mut bpf_sock_ops) -> PairKey {
+    PairKey {
+        tuple: key.in_netns(0),
+        local_seq: ctx_read!(ops_ptr, snd_una),
+        remote_seq: ctx_read!(ops_ptr, rcv_nxt),
+    }
+}
+
+/// The peer of a connection between two network namespaces, as its end established first
+/// recorded itself in [`SMC_PAIRS`] (under its view of the same tuple and sequence numbers):
+/// `(namespace, cookie)`. A process of another namespace that rebuilds the tuple does not know
+/// the two sequence numbers, so it is never found here for someone else's connection.
+#[inline(always)]
+fn paired_peer(key: &SockKey, ops_ptr: *mut bpf_sock_ops) -> Option<(u64, u64)> {
+    if key.is_loopback() {
+        return None;
+    }
+    // SAFETY: the value of a hash map lookup stays allocated for this run (RCU); read by value.
+    let p = unsafe { SMC_PAIRS.get(&pair_key(key, ops_ptr).peer()) }?;
+    let (netns, cookie) = (p.netns, p.cookie);
+    (netns != key.netns).then_some((netns, cookie))
+}
+
+/// Whether the client of this passive socket announced SMC (its same-host entry says the
+/// SYN-ACK it saw carried the option): the mirrored entry of this namespace, or the one the
+/// pairing finds in another.
+#[inline(always)]
+fn client_announced(key: &SockKey, ops_ptr: *mut bpf_sock_ops) -> bool {
+    let peer = match paired_peer(key, ops_ptr) {
+        Some((netns, _)) => key.mirror().in_netns(netns),
+        None => key.mirror(),
+    };
+    // SAFETY: the value of a hash map lookup stays allocated for this run (RCU); one field is
+    // read by value.
+    unsafe { SMC_PEERS.get(&peer) }.is_some_and(|e| e.flags & SOCK_PEER_SMC != 0)
+}
+
 /// The same-host records of an established socket: `SAME_HOST` from its peer's entry (and into
-/// it), then its own entry, in `SMC_PEERS` when `tracked`, else in `SMC_TCP_PEERS`.
+/// it), then its own entry, in `SMC_PEERS` when `tracked`, else in `SMC_TCP_PEERS`. The peer is
+/// the mirrored key in this socket's network namespace; else, for addresses that are not
+/// loopback ones, the end of a connection between two namespaces that [`SMC_PAIRS`] pairs with
+/// this one by sequence numbers: each end's entry then records the other's namespace
+/// (`peer_netns`), and this socket records itself there for a peer established later.
 #[inline(always)]
 fn record_established(
     key: &SockKey,
@@ -367,12 +409,33 @@ fn record_established(
 ) {
     // SAFETY: the context, which the sock_ops variant of the helper takes as is.
     let cookie = unsafe { bpf_get_socket_cookie(ops_ptr.cast()) };
-    let mirror = key.mirror();
-    let peer = if tracked {
-        peer_entry(&mirror)
-    } else {
-        tcp_peer_entry(&mirror)
+    let find = |k: &SockKey| {
+        if tracked {
+            peer_entry(k)
+        } else {
+            tcp_peer_entry(k)
+        }
     };
+    let mut peer = find(&key.mirror());
+    let mut peer_netns = 0;
+    if peer.is_none() && !key.is_loopback() {
+        if let Some((netns, c)) = paired_peer(key, ops_ptr) {
+            // SAFETY: a non-null hash map value, allocated for this run (RCU); one field read
+            // by value.
+            peer = find(&key.mirror().in_netns(netns)).filter(|e| unsafe { (**e).cookie } == c);
+            if let Some(e) = peer {
+                peer_netns = netns;
+                // SAFETY: as above; the earlier end's entry learns where its peer is (a
+                // concurrent replacement of that entry, its socket closed, loses it).
+                unsafe { (*e).peer_netns = key.netns };
+            }
+        }
+        let own = PairEntry {
+            netns: key.netns,
+            cookie,
+        };
+        let _ = SMC_PAIRS.insert(&pair_key(key, ops_ptr), &own, 0);
+    }
     if let Some(peer) = peer {
         *flags |= SOCK_SAME_HOST;
         count(Counter::SameHostPairs, 1);
@@ -389,6 +452,7 @@ fn record_established(
         cookie,
         flags: *flags,
         _pad: 0,
+        peer_netns,
     };
     if tracked {
         let _ = SMC_PEERS.insert(key, &entry, 0);

@@ -15,8 +15,8 @@ use smc_common::bpf::{
 use crate::{
     key::sock_key,
     maps::{
-        count, no_tcp_records, peer_entry, set_listener, tcp_peer_entry, trace, SMC_QUARANTINE_AT,
-        SMC_SOCK_STATE,
+        count, no_tcp_records, peer_entry, peer_of, set_listener, tcp_peer_entry, trace,
+        SMC_QUARANTINE_AT, SMC_SOCK_STATE,
     },
     quarantine::flags_or,
 };
@@ -45,6 +45,9 @@ pub fn smc_setsockopt(ctx: SockoptContext) -> i32 {
     // SAFETY: the union holds the `sk` pointer; the kernel sets it to the socket being
     // configured, a full socket the verifier types `PTR_TO_SOCKET` (never null).
     let sk = unsafe { so.__bindgen_anon_1.sk };
+    // SAFETY: the program's context, which `bpf_get_netns_cookie` takes as is: the namespace
+    // of the socket being configured.
+    let netns = unsafe { bpf_get_netns_cookie(ctx.sockopt.cast()) };
     let Some(state) = SMC_SOCK_STATE.get(sk, true) else {
         return 0;
     };
@@ -64,7 +67,7 @@ pub fn smc_setsockopt(ctx: SockoptContext) -> i32 {
             {
                 trace!(
                     TraceReason::ShortcutRefused,
-                    sock_key(sk).map_or(0, |k| k.local_port),
+                    sock_key(sk, netns).map_or(0, |k| k.local_port),
                     0
                 );
                 return 0; // EPERM
@@ -75,7 +78,7 @@ pub fn smc_setsockopt(ctx: SockoptContext) -> i32 {
             if on {
                 trace!(
                     TraceReason::DataPathTcp,
-                    sock_key(sk).map_or(0, |k| k.local_port),
+                    sock_key(sk, netns).map_or(0, |k| k.local_port),
                     0
                 );
             }
@@ -94,9 +97,7 @@ pub fn smc_setsockopt(ctx: SockoptContext) -> i32 {
     // SAFETY: `sk` is the sockopt context's full socket (non-null: the storage get above
     // returned a value for it); the verifier checks the `bpf_sock` field load.
     if bit == SOCK_OPTED_IN && unsafe { (*sk).state } == BPF_TCP_LISTEN {
-        // SAFETY: the program's context, which `bpf_get_netns_cookie` takes as is.
-        let netns = unsafe { bpf_get_netns_cookie(ctx.sockopt.cast()) };
-        if let Some(k) = sock_key(sk) {
+        if let Some(k) = sock_key(sk, netns) {
             set_listener(netns, k.local_ip, k.local_port, on);
         }
     }
@@ -113,8 +114,11 @@ pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
     if so.level != SOL_SMC_BPF {
         return 1;
     }
+    // SAFETY: the program's context, which `bpf_get_netns_cookie` takes as is: the namespace
+    // of the socket asked.
+    let netns = unsafe { bpf_get_netns_cookie(ctx.sockopt.cast()) };
     if so.optname == SMC_SO_PEER_QUARANTINED {
-        return peer_quarantined(so);
+        return peer_quarantined(so, netns);
     }
     if so.optname != SMC_SO_STATE {
         return 1;
@@ -138,7 +142,7 @@ pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
         Some(s) => {
             // The active end is established before its peer: learn "same host" late.
             if s.flags & SOCK_SAME_HOST == 0 && !sk.is_null() {
-                if let Some(key) = sock_key(sk) {
+                if let Some(key) = sock_key(sk, netns) {
                     let own = peer_entry(&key)
                         // SAFETY: a non-null hash map value, allocated for this run (RCU);
                         // one field is read by value.
@@ -158,7 +162,7 @@ pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
                 ..SockState::default()
             };
             if !sk.is_null() && !no_tcp_records() {
-                if let Some(key) = sock_key(sk) {
+                if let Some(key) = sock_key(sk, netns) {
                     if let Some(e) = tcp_peer_entry(&key) {
                         // SAFETY: a non-null hash map value, allocated for this run (RCU).
                         st.flags = unsafe { (*e).flags };
@@ -207,7 +211,7 @@ fn claim(s: &mut SockState) -> SockState {
 /// [`SMC_SO_PEER_QUARANTINED`]: whether the server end of the asking client's connection is in
 /// the quarantine (its recorded cookie has a verdict position, see `crate::quarantine`).
 #[inline(always)]
-fn peer_quarantined(so: &mut aya_ebpf::bindings::bpf_sockopt) -> i32 {
+fn peer_quarantined(so: &mut aya_ebpf::bindings::bpf_sockopt, netns: u64) -> i32 {
     // SAFETY: the union holds the `optval` pointer, the start of the kernel's buffer for the
     // option value (`PTR_TO_PACKET`, writable in getsockopt).
     let optval = unsafe { so.__bindgen_anon_2.optval } as *mut u8;
@@ -221,7 +225,7 @@ fn peer_quarantined(so: &mut aya_ebpf::bindings::bpf_sockopt) -> i32 {
     let sk = unsafe { so.__bindgen_anon_1.sk };
     let mut yes = 0u32;
     if !sk.is_null() {
-        if let Some(e) = sock_key(sk).and_then(|k| peer_entry(&k.mirror())) {
+        if let Some(e) = sock_key(sk, netns).and_then(|k| peer_of(&k, false)) {
             // SAFETY: a non-null hash map value, allocated for this run (RCU); read by value.
             let cookie = unsafe { (*e).cookie };
             // SAFETY: only whether the entry exists is used.

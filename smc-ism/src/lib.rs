@@ -87,14 +87,15 @@
 //!   after its owner's unregister, while the peer holds it).
 //! - `leave_shortcut` (`OP_LEAVE_SHORTCUT`, [`proto::FEATURE_LEAVE_SHORTCUT`],
 //!   [`SharedClient::leave_shortcut`]): the daemon (root) deletes the passed TCP socket from the
-//!   pinned eBPF SOCKHASH (next to `SMC_SOCK_STATE`), keyed by its 4-tuple: the data path
+//!   pinned eBPF SOCKHASH (next to `SMC_SOCK_STATE`), keyed by its network namespace cookie
+//!   and 4-tuple: the data path
 //!   switches that SMC-D connection to TCP mid-stream (smc-preload DESIGN.md *Switch to TCP*),
 //!   and a SOCKHASH member reads through `tcp_bpf`, which is not quite TCP (an established SMC-D
 //!   socket gets no more `sock_ops` callbacks that would take it out). Only the caller's own
-//!   socket; a redirect to it then falls back to TCP. The SOCKHASH key has no network
-//!   namespace, so the entry is deleted only when `SMC_PEERS` records the caller's very socket
-//!   (`SO_COOKIE`) for that tuple (with no record, only a socket with socket storage, i.e. of
-//!   an attached cgroup): a tuple rebuilt in a namespace of one's own takes nobody's socket out.
+//!   socket; a redirect to it then falls back to TCP. The entry is deleted only when
+//!   `SMC_PEERS` records the caller's very socket (`SO_COOKIE`) for that key (with no record,
+//!   only a socket with socket storage, i.e. of an attached cgroup); a tuple rebuilt in a
+//!   namespace of one's own names that namespace's entry, nobody else's.
 //! - `sweep` (`OP_SWEEP`, [`proto::FEATURE_SWEEP`], [`SharedClient::sweep`]): before an exec
 //!   into an image without the data path, the caller passes a listener whose SMC announcement
 //!   it withdrew; the daemon (root) writes its key (namespace cookie, port) into the pinned
@@ -186,7 +187,9 @@
 //!    in the owner's network namespace (`NETLINK_SOCK_DIAG` exact lookup, in that namespace via
 //!    `SIOCGSKNS`; a full socket of the connection, not a listener or TIME_WAIT), or, for a
 //!    non-loopback connection whose peer is in another namespace, the cookie the eBPF programs
-//!    recorded for it (`SMC_PEERS`, [`DaemonConfig::bpf_peers_map`]). That peer cookie is
+//!    recorded for it (`SMC_PEERS`, [`DaemonConfig::bpf_peers_map`]: the mirrored key in the
+//!    namespace the kernel paired the owner's socket with by 4-tuple and both first sequence
+//!    numbers, which its own entry names, never one that merely holds the tuple). That peer cookie is
 //!    recorded with the DMB. The daemon then hands the socket to a closer thread — it never
 //!    keeps a TCP socket open (that would delay the FIN).
 //! 2. At `attach_dmb` (and `ATTACH_PEER`) the attacher passes *its* socket. The daemon checks it

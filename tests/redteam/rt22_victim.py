@@ -4,9 +4,12 @@
 
   rt22_victim.py server PORT          echo server (threads), until killed
   rt22_victim.py client PORT SECS CONNS
-      prints "TUPLE cport sport" per connection once established (the attacker's target), then
-      "VICTIM rounds=N bad=B errors=E maxms=M" at the end. Each round: 4000 bytes of a
-      pattern out, the same back, compared.
+      prints "TUPLE cport sport cookie" per connection once established (the attacker's
+      target; cookie: the client socket's SO_COOKIE), then "VICTIM rounds=N bad=B errors=E
+      maxms=M" at the end. Each round: 4000 bytes of a pattern out, the same back, compared.
+      RT_GO=1: after READY, waits for a line on stdin, then does RT_ROUNDS rounds per
+      connection (not SECS) and prints "REDIRECTED i before after" per connection: the
+      messages its socket sent through the sk_msg shortcut (SMC_SO_STATE) before and after.
   rt22_victim.py burst PORT N          N short connections, each one checked round; prints
       "BURST ok=O bad=B errors=E maxms=M smc=S" (smc: connections whose SMC_SO_STATE-free
       check cannot be made here, so S is what `smc-ctl stats` says, printed by the driver).
@@ -67,19 +70,40 @@ def one_round(s, i):
     return back == msg, time.monotonic() - t0
 
 
+SOL_SMC_BPF = 0x534D4300
+SMC_SO_STATE = 3
+SO_COOKIE = 57
+
+
+def redirected_msgs(s):
+    """Messages this socket sent through the sk_msg shortcut (SockState.redirected_msgs)."""
+    try:
+        st = s.getsockopt(SOL_SMC_BPF, SMC_SO_STATE, 48)
+    except OSError:
+        return -1
+    return int.from_bytes(st[16:24], "little") if len(st) >= 24 else -1
+
+
 def client(port, secs, conns):
     socks = []
     for _ in range(conns):
         s = socket.create_connection(("127.0.0.1", port))
         ok, _ = one_round(s, 0)  # the handshake is done after the first round
         socks.append(s)
-        print("TUPLE %d %d" % (s.getsockname()[1], port), flush=True)
+        cookie = int.from_bytes(s.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8), "little")
+        print("TUPLE %d %d %d" % (s.getsockname()[1], port, cookie), flush=True)
     print("READY", flush=True)
+    go = os.environ.get("RT_GO") == "1"
+    limit = int(os.environ.get("RT_ROUNDS", "0")) if go else 0
+    if go:
+        sys.stdin.readline()
+    first = [redirected_msgs(s) for s in socks]
+    all_socks = list(socks)
     rounds = bad = errors = 0
     maxms = 0.0
-    end = time.monotonic() + secs
+    end = time.monotonic() + (1e9 if go else secs)
     i = 1
-    while time.monotonic() < end and socks:
+    while time.monotonic() < end and socks and not (go and i > limit):
         for s in list(socks):
             try:
                 ok, dt = one_round(s, i)
@@ -93,6 +117,9 @@ def client(port, secs, conns):
             maxms = max(maxms, dt * 1000)
         i += 1
         time.sleep(0.002)
+    if go:
+        for k, s in enumerate(all_socks):
+            print("REDIRECTED %d %d %d" % (k, first[k], redirected_msgs(s)), flush=True)
     print("VICTIM rounds=%d bad=%d errors=%d maxms=%.0f" % (rounds, bad, errors, maxms),
           flush=True)
 

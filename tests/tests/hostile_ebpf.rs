@@ -7,6 +7,8 @@
 
 use std::{io::Write as _, process::Stdio, time::Duration};
 
+use smc_common::bpf::{PeerEntry, SockKey};
+
 use integration_tests::{
     as_user, bin, brief, counters, delta, free_port, lock, nobody, ready_port, require_root,
     spawn_piped, test_cgroup, Attached, Cgroup, SmcWorld,
@@ -353,4 +355,347 @@ fn sweeps_of_another_uid_do_not_hold_the_daemon() {
         kv(&sout, "p50ms") < 40,
         "root's sweep waited behind all of another uid's: {sout}"
     );
+}
+
+/// A pinned map of the loaded programs (`/sys/fs/bpf/smc/maps/NAME`), opened by root.
+fn pinned_map(name: &str) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd as _;
+    let path =
+        std::ffi::CString::new(format!("{}/maps/{name}", integration_tests::PIN_ROOT)).unwrap();
+    let mut attr = [0u64; 16];
+    attr[0] = path.as_ptr() as u64;
+    // SAFETY: BPF_OBJ_GET (7) reads the path pointer and zeroed flags.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, 7, attr.as_mut_ptr(), 128) };
+    assert!(fd >= 0, "open the pinned {name}");
+    // SAFETY: a new fd of ours.
+    unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }
+}
+
+/// Every key of a map whose keys are [`SockKey`]s (BPF_MAP_GET_NEXT_KEY).
+fn sock_keys(map: &std::os::fd::OwnedFd) -> Vec<SockKey> {
+    use std::os::fd::AsRawFd as _;
+    let mut out = Vec::new();
+    let mut prev: Option<SockKey> = None;
+    loop {
+        let mut next = SockKey::default();
+        let mut attr = [0u64; 16];
+        attr[0] = map.as_raw_fd() as u64;
+        attr[1] = prev.as_ref().map_or(0, |k| k as *const SockKey as u64);
+        attr[2] = &mut next as *mut SockKey as u64;
+        // SAFETY: BPF_MAP_GET_NEXT_KEY (4): key and next key buffers of the map's key size.
+        if unsafe { libc::syscall(libc::SYS_bpf, 4, attr.as_mut_ptr(), 128) } != 0 {
+            return out;
+        }
+        out.push(next);
+        prev = Some(next);
+    }
+}
+
+/// The `SMC_PEERS` entry of `key`.
+fn peer_entry(map: &std::os::fd::OwnedFd, key: &SockKey) -> Option<PeerEntry> {
+    use std::os::fd::AsRawFd as _;
+    let mut v = PeerEntry::default();
+    let mut attr = [0u64; 16];
+    attr[0] = map.as_raw_fd() as u64;
+    attr[1] = key as *const SockKey as u64;
+    attr[2] = &mut v as *mut PeerEntry as u64;
+    // SAFETY: BPF_MAP_LOOKUP_ELEM (1): key and value buffers of the map's sizes.
+    (unsafe { libc::syscall(libc::SYS_bpf, 1, attr.as_mut_ptr(), 128) } == 0).then_some(v)
+}
+
+/// This process's network namespace cookie (`SO_NETNS_COOKIE`, as `bpf_get_netns_cookie`).
+fn own_netns_cookie() -> u64 {
+    use std::os::fd::AsRawFd as _;
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut c = 0u64;
+    let mut len = 8 as libc::socklen_t;
+    // SAFETY: a valid socket and an 8-byte out buffer.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&mut c as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(r, 0, "SO_NETNS_COOKIE");
+    c
+}
+
+/// The eBPF key of 127.0.0.1:`local` → 127.0.0.1:`remote` in namespace `netns`.
+fn loopback_key(local: u16, remote: u16, netns: u64) -> SockKey {
+    let lo = [
+        0,
+        0,
+        u32::from_ne_bytes([0, 0, 0xff, 0xff]),
+        u32::from_ne_bytes([127, 0, 0, 1]),
+    ];
+    SockKey {
+        local_ip: lo,
+        remote_ip: lo,
+        local_port: local as u32,
+        remote_port: remote as u32,
+        netns,
+    }
+}
+
+/// Another tenant cannot take over root's SOCKHASH and `SMC_PEERS` entries. Uid `nobody`, a
+/// process of the *attached* cgroup, reads root's four SMC-D connections' 4-tuples in
+/// `/proc/net/tcp` and rebuilds them, opted in to SMC, in a user and network namespace of its
+/// own (red team rt22 `hijack`). Keyed by the 4-tuple alone, its sockets replaced root's 8 in
+/// the SOCKHASH and `SMC_PEERS`: root's doorbells left the shortcut (each client socket sent
+/// 0 more messages through it in 200 rounds) and `SMC_PEERS` named the attacker's 8 cookies.
+/// Keyed by network namespace too, the attacker's 8 entries sit next to root's: root's
+/// sockets stay (their doorbells keep the shortcut), `SMC_PEERS` keeps root's cookies, and
+/// nothing reaches the attacker.
+#[test]
+fn another_tenant_cannot_hijack_sockhash_entries_with_rebuilt_tuples() {
+    let w = SmcWorld::new();
+    let (mut server, port) = rt22_server(&w, 0);
+    let mut c = w.run("python3");
+    c.arg("-c")
+        .arg(RT22_VICTIM)
+        .args(["client", &port.to_string(), "60", "4"])
+        .env("SMC_SHORT_BYTES", "0")
+        .env("RT_GO", "1")
+        .env("RT_ROUNDS", "200")
+        .stdin(Stdio::piped());
+    let mut client = spawn_piped(c);
+    // (client port, client cookie)
+    let mut tuples: Vec<(u16, u64)> = Vec::new();
+    loop {
+        let line = client.read_line();
+        if let Some(t) = line.strip_prefix("TUPLE ") {
+            let f: Vec<u64> = t.split_whitespace().map(|v| v.parse().unwrap()).collect();
+            tuples.push((f[0] as u16, f[2]));
+        } else if line.starts_with("READY") {
+            break;
+        } else {
+            panic!("victim client said {line:?}");
+        }
+    }
+    assert_eq!(tuples.len(), 4);
+    let ns = own_netns_cookie();
+    let peers = pinned_map(smc_common::bpf::MAP_PEERS);
+    let sockhash = pinned_map(smc_common::bpf::MAP_SOCKHASH);
+    // Root's 8 sockets: each client end and each server end.
+    let keys: Vec<SockKey> = tuples
+        .iter()
+        .flat_map(|&(cport, _)| [loopback_key(cport, port, ns), loopback_key(port, cport, ns)])
+        .collect();
+    let cookies = |m: &std::os::fd::OwnedFd| -> Vec<Option<u64>> {
+        keys.iter()
+            .map(|k| peer_entry(m, k).map(|e| e.cookie))
+            .collect()
+    };
+    let before = cookies(&peers);
+    for (i, &(_, cookie)) in tuples.iter().enumerate() {
+        assert_eq!(
+            before[2 * i],
+            Some(cookie),
+            "SMC_PEERS names root's client socket"
+        );
+    }
+    assert!(before.iter().all(Option::is_some), "{before:?}");
+
+    // The attacker: uid nobody, in the attached cgroup, without the library.
+    let mut a = w.cgroup().command("python3");
+    a.arg("-c")
+        .arg(RT22_ATTACK)
+        .args(["hijack", &port.to_string(), "0"])
+        .env("SMC_CTL_SOCK", &w.sock)
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::piped());
+    as_user(&mut a, nobody());
+    let mut attacker = spawn_piped(a);
+    let mut built = 0;
+    for _ in 0..4 {
+        let line = attacker.read_line();
+        if let Some(n) = line.strip_prefix("BUILT ") {
+            built = n.trim().parse().unwrap();
+            break;
+        }
+        assert!(!line.is_empty(), "the attacker ended early");
+    }
+    assert_eq!(built, 8, "the attacker rebuilt root's 8 sockets");
+
+    // The attacker's sockets are in both maps under root's 4-tuples, in its own namespace.
+    let bare: std::collections::HashSet<SockKey> = keys.iter().map(|k| k.in_netns(0)).collect();
+    let foreign = |all: Vec<SockKey>| {
+        all.iter()
+            .filter(|k| k.netns != ns && bare.contains(&k.in_netns(0)))
+            .count()
+    };
+    let foreign_peers = foreign(sock_keys(&peers));
+    let hashed = sock_keys(&sockhash);
+    let foreign_hashed = foreign(hashed.clone());
+    let root_hashed = keys.iter().filter(|k| hashed.contains(k)).count();
+    let after = cookies(&peers);
+
+    // Root's connections go on: their doorbells still through the shortcut.
+    client.0.stdin.take().unwrap().write_all(b"GO\n").unwrap();
+    let vout = client.wait_output(T).expect("victim client");
+    attacker.0.stdin.take().unwrap().write_all(b"\n").unwrap();
+    let out = attacker.wait_output(T).expect("attacker");
+    let _ = server.0.kill();
+    eprintln!(
+        "attacker: {out}\nvictim: {vout}\nforeign entries: SMC_PEERS {foreign_peers} \
+         SOCKHASH {foreign_hashed}; root's keys in the SOCKHASH: {root_hashed}\n\
+         cookies before {before:?}\n        after {after:?}"
+    );
+    let redirected: Vec<(u64, u64)> = vout
+        .lines()
+        .filter_map(|l| l.strip_prefix("REDIRECTED "))
+        .map(|l| {
+            let f: Vec<u64> = l.split_whitespace().map(|v| v.parse().unwrap()).collect();
+            (f[1], f[2])
+        })
+        .collect();
+    assert_eq!(redirected.len(), 4, "{vout}");
+    assert!(
+        redirected.iter().all(|&(b, a)| a > b),
+        "root's doorbells left the shortcut (messages through it before and after 200 \
+         rounds, per client socket): {redirected:?}"
+    );
+    assert_eq!(after, before, "SMC_PEERS keeps root's cookies");
+    assert_eq!(root_hashed, 8, "root's 8 sockets stay in the SOCKHASH");
+    assert_eq!(
+        (foreign_peers, foreign_hashed),
+        (8, 8),
+        "the attacker's sockets were recorded, in their own namespace"
+    );
+    assert_eq!(kv(&out, "stolen"), 0, "{out}");
+    assert_eq!((kv(&vout, "bad"), kv(&vout, "errors")), (0, 0), "{vout}");
+    assert_eq!(kv(&vout, "rounds"), 800, "{vout}");
+    let s = w.stats_sum();
+    assert_eq!(s.get("smcd_client"), 4, "{}", brief(&s));
+}
+
+/// The probes of [`a_third_namespace_cannot_hijack_a_pair_between_two_namespaces`]: a victim
+/// echo pair over veth (`server ADDR`, `client ADDR PORT ROUNDS`), and the attacker (`attack
+/// ADDR_A ADDR_B CPORT SPORT`), who rebuilds the pair's 4-tuple in a user and network namespace
+/// of its own (both addresses on its `lo`).
+const XNS_PROBE: &str = r#"
+import ctypes, os, select, socket, subprocess, sys
+SOL_SMC_BPF, SMC_SO_STATE = 0x534D4300, 3
+def redirected(s):
+    return int.from_bytes(s.getsockopt(SOL_SMC_BPF, SMC_SO_STATE, 48)[16:24], "little")
+def exact(s, n):
+    b = b""
+    while len(b) < n:
+        x = s.recv(n - len(b))
+        if not x:
+            raise OSError("eof")
+        b += x
+    return b
+m = sys.argv[1]
+if m == "server":
+    ls = socket.socket(); ls.bind((sys.argv[2], 0)); ls.listen(8)
+    print("LISTENING %d" % ls.getsockname()[1], flush=True)
+    c, _ = ls.accept()
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        c.sendall(b)
+elif m == "client":
+    s = socket.create_connection((sys.argv[2], int(sys.argv[3])))
+    print("TUPLE %d" % s.getsockname()[1], flush=True)
+    sys.stdin.readline()
+    before, bad = redirected(s), 0
+    for i in range(int(sys.argv[4])):
+        msg = bytes((i + k) & 0xFF for k in range(1000))
+        s.sendall(msg)
+        bad += exact(s, len(msg)) != msg
+    print("REDIRECTED before=%d after=%d bad=%d" % (before, redirected(s), bad), flush=True)
+elif m == "attack":
+    a, b, cport, sport = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(0x10000000 | 0x40000000) != 0:
+        raise OSError(ctypes.get_errno(), "unshare")
+    open("/proc/self/setgroups", "w").write("deny")
+    open("/proc/self/uid_map", "w").write("0 %d 1" % uid)
+    open("/proc/self/gid_map", "w").write("0 %d 1" % gid)
+    for cmd in (["link", "set", "lo", "up"], ["addr", "add", a + "/32", "dev", "lo"],
+                ["addr", "add", b + "/32", "dev", "lo"]):
+        subprocess.run(["ip"] + cmd, check=True)
+    ls = socket.socket(); ls.bind((b, sport)); ls.listen(1)
+    c = socket.socket(); c.bind((a, cport)); c.connect((b, sport))
+    acc, _ = ls.accept()
+    print("BUILT 2", flush=True)
+    stolen = 0
+    for s in (c, acc):
+        s.setblocking(False)
+    while not select.select([sys.stdin], [], [], 0.01)[0]:
+        for s in (c, acc):
+            try:
+                stolen += len(s.recv(65536))
+            except BlockingIOError:
+                pass
+    print("HIJACK stolen=%d" % stolen, flush=True)
+"#;
+
+/// A connection between two network namespaces (containers over veth, `shortcut` mode) keeps
+/// its shortcut when uid `nobody`, a process of the same attached cgroup, rebuilds its 4-tuple
+/// (both addresses on the `lo` of a user and network namespace of its own). Its peer is the
+/// socket the kernel paired by 4-tuple and both first sequence numbers (`SMC_PAIRS`), which
+/// the attacker's sockets do not have: they pair with each other in their own namespace. With
+/// keys of the 4-tuple alone, the attacker's sockets replaced both ends in the SOCKHASH: 0 of
+/// 200 messages of the client took the shortcut after the attack.
+#[test]
+fn a_third_namespace_cannot_hijack_a_pair_between_two_namespaces() {
+    require_root();
+    let _l = lock();
+    let cg = test_cgroup();
+    let _a = Attached::new(&cg, "shortcut");
+    let ns = integration_tests::NetnsPair::new().expect("netns pair");
+    let py = std::path::Path::new("python3");
+    let mut s = integration_tests::NetnsPair::command(&ns.b, Some(&cg), py);
+    s.args(["-c", XNS_PROBE, "server", &ns.addr_b]);
+    let mut server = spawn_piped(s);
+    let line = server.read_line();
+    let sport: u16 = line
+        .strip_prefix("LISTENING ")
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("server said {line:?}"));
+    let mut c = integration_tests::NetnsPair::command(&ns.a, Some(&cg), py);
+    c.args(["-c", XNS_PROBE, "client", &ns.addr_b])
+        .args([sport.to_string(), "200".into()])
+        .stdin(Stdio::piped());
+    let mut client = spawn_piped(c);
+    let line = client.read_line();
+    let cport: u16 = line
+        .strip_prefix("TUPLE ")
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("client said {line:?}"));
+
+    let mut a = cg.command("python3");
+    a.args(["-c", XNS_PROBE, "attack", &ns.addr_a, &ns.addr_b])
+        .args([cport.to_string(), sport.to_string()])
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::piped());
+    as_user(&mut a, nobody());
+    let mut attacker = spawn_piped(a);
+    let line = attacker.read_line();
+    assert_eq!(
+        line.trim(),
+        "BUILT 2",
+        "the attacker rebuilt the pair's tuple"
+    );
+
+    client.0.stdin.take().unwrap().write_all(b"GO\n").unwrap();
+    let vout = client.wait_output(T).expect("victim client");
+    attacker.0.stdin.take().unwrap().write_all(b"\n").unwrap();
+    let out = attacker.wait_output(T).expect("attacker");
+    let _ = server.0.kill();
+    eprintln!("attacker: {out}\nvictim: {vout}");
+    let (before, after) = (kv(&vout, "before"), kv(&vout, "after"));
+    assert!(
+        after >= before + 200,
+        "the client's messages left the shortcut after the attack: {vout}"
+    );
+    assert_eq!(kv(&vout, "bad"), 0, "{vout}");
+    assert_eq!(kv(&out, "stolen"), 0, "{out}");
 }

@@ -12,7 +12,7 @@ use std::ffi::CString;
 use std::io;
 use std::mem;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -370,25 +370,55 @@ pub(crate) fn socket_cgroup(
 }
 
 /// `SockKey` of smc-common (v4 as v4-mapped IPv6, addresses in network order, ports in host
-/// order) of the socket whose local end is `local`.
-fn sock_key(local: SocketAddr, remote: SocketAddr) -> [u8; 40] {
+/// order, then the network namespace cookie) of the socket whose local end is `local`.
+fn sock_key(local: SocketAddr, remote: SocketAddr, netns: u64) -> [u8; 48] {
     let v6 = |ip: IpAddr| match ip {
         IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
         IpAddr::V6(a) => a.octets(),
     };
-    let mut k = [0u8; 40];
+    let mut k = [0u8; 48];
     k[0..16].copy_from_slice(&v6(local.ip()));
     k[16..32].copy_from_slice(&v6(remote.ip()));
     k[32..36].copy_from_slice(&(local.port() as u32).to_ne_bytes());
     k[36..40].copy_from_slice(&(remote.port() as u32).to_ne_bytes());
+    k[40..48].copy_from_slice(&netns.to_ne_bytes());
     k
 }
 
-/// The cookie the eBPF programs recorded for the socket at the other end of `id`
-/// (`SMC_PEERS`, pinned by `smc-ctl`).
-fn bpf_peer_cookie(path: &Path, id: &TcpIdentity) -> Option<u64> {
+/// The `SMC_PEERS` entry of `key`: its socket cookie and `peer_netns`.
+fn peers_lookup(map: BorrowedFd<'_>, key: &[u8; 48]) -> Option<(u64, u64)> {
     const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+    let mut value = [0u8; 24];
+    let mut attr = [0u64; 16];
+    attr[0] = map.as_raw_fd() as u32 as u64;
+    attr[1] = key.as_ptr() as u64;
+    attr[2] = value.as_mut_ptr() as u64;
+    // SAFETY: key (48 bytes) and value (24 bytes) match the map's sizes; a map of another
+    // layout would fail the version marker check of smc-ctl before anything is pinned here.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_LOOKUP_ELEM,
+            attr.as_mut_ptr(),
+            mem::size_of_val(&attr),
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    let (cookie, rest) = value.split_first_chunk::<8>()?;
+    let (peer_netns, _) = rest.get(8..)?.split_first_chunk::<8>()?;
+    Some((u64::from_ne_bytes(*cookie), u64::from_ne_bytes(*peer_netns)))
+}
+
+/// The cookie the eBPF programs recorded for the socket at the other end of `id`
+/// (`SMC_PEERS`, pinned by `smc-ctl`): the mirrored key in `id`'s network namespace, or in the
+/// namespace that `id`'s own entry names as its peer's (`peer_netns`, written by the kernel
+/// when it paired the two ends of a connection between two namespaces by their sequence
+/// numbers). A socket of a third namespace that merely rebuilt the 4-tuple is never named.
+fn bpf_peer_cookie(path: &Path, id: &TcpIdentity) -> Option<u64> {
     const BPF_OBJ_GET: libc::c_long = 7;
+    let netns = id.netns_cookie?;
     let cpath = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
     let mut attr = [0u64; 16];
     attr[0] = cpath.as_ptr() as u64;
@@ -406,23 +436,15 @@ fn bpf_peer_cookie(path: &Path, id: &TcpIdentity) -> Option<u64> {
     }
     // SAFETY: a new fd.
     let map = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
-    let key = sock_key(id.peer, id.local);
-    let mut value = [0u8; 16];
-    let mut attr = [0u64; 16];
-    attr[0] = map.as_raw_fd() as u32 as u64;
-    attr[1] = key.as_ptr() as u64;
-    attr[2] = value.as_mut_ptr() as u64;
-    // SAFETY: key (40 bytes) and value (16 bytes) match the map's sizes; a map of another
-    // layout would fail the version marker check of smc-ctl before anything is pinned here.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_LOOKUP_ELEM,
-            attr.as_mut_ptr(),
-            mem::size_of_val(&attr),
-        )
-    };
-    (r == 0).then(|| u64::from_ne_bytes(value[0..8].try_into().unwrap_or([0; 8])))
+    let map = map.as_fd();
+    if let Some((cookie, _)) = peers_lookup(map, &sock_key(id.peer, id.local, netns)) {
+        return Some(cookie);
+    }
+    let (_, peer_netns) = peers_lookup(map, &sock_key(id.local, id.peer, netns))?;
+    if peer_netns == 0 || peer_netns == netns {
+        return None;
+    }
+    peers_lookup(map, &sock_key(id.peer, id.local, peer_netns)).map(|(cookie, _)| cookie)
 }
 
 /// Quota keys: the attached cgroup a socket's cgroup belongs to.

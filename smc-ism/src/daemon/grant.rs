@@ -151,8 +151,11 @@ fn grant_with(map: BorrowedFd<'_>, sock: BorrowedFd<'_>) -> bool {
 
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_TYPE_SOCKHASH: u32 = 18;
-/// `size_of::<smc_common::bpf::SockKey>()`: two IPv6 addresses, two u32 ports.
-const SOCK_KEY_LEN: usize = 40;
+/// `size_of::<smc_common::bpf::SockKey>()`: two IPv6 addresses, two u32 ports, the u64
+/// network namespace cookie.
+const SOCK_KEY_LEN: usize = 48;
+/// `size_of::<smc_common::bpf::PeerEntry>()`.
+const PEER_ENTRY_LEN: usize = 24;
 
 /// The pinned SOCKHASH at `path` (next to the socket-storage map: same pin directory,
 /// `smc_common::bpf::MAP_SOCKHASH`), when it is one of our layout.
@@ -212,13 +215,14 @@ pub(super) fn sock_addr(sock: BorrowedFd<'_>, peer: bool) -> Option<([u32; 4], u
 /// it reads and writes as plain TCP (no `tcp_bpf`), and nothing is redirected to it. True when
 /// it is not (or no longer) a member.
 ///
-/// The SOCKHASH is keyed by 4-tuple alone, and a 4-tuple is unique only within one network
-/// namespace: a process in a namespace of its own (any uid, with a user namespace) rebuilds
-/// another user's loopback tuple there (read from `/proc/net/tcp`). So the entry is deleted
-/// only when the same-host record of that tuple (`SMC_PEERS`, written at ESTABLISHED for every
-/// socket that goes into the SOCKHASH) names this very socket (`SO_COOKIE`); with no record
-/// (evicted), only for a socket of an attached cgroup (it has socket storage). (Red team rt22
-/// `leave`: uid nobody took 8 of 8 sockets of root's SMC-D connections out.)
+/// The SOCKHASH is keyed by network namespace and 4-tuple (`SO_NETNS_COOKIE` of the socket):
+/// a process in a namespace of its own (any uid, with a user namespace) that rebuilds another
+/// user's loopback tuple there (read from `/proc/net/tcp`) names its own namespace's entry.
+/// The entry is deleted only when the same-host record of that key (`SMC_PEERS`, written at
+/// ESTABLISHED for every socket that goes into the SOCKHASH) names this very socket
+/// (`SO_COOKIE`); with no record (evicted), only for a socket of an attached cgroup (it has
+/// socket storage). (Red team rt22 `leave`: uid nobody took 8 of 8 sockets of root's SMC-D
+/// connections out when the key had no namespace.)
 pub(crate) fn leave_sockhash(sock_state_map: &Path, sock: BorrowedFd<'_>) -> bool {
     let (Some((lip, lport)), Some((rip, rport))) = (sock_addr(sock, false), sock_addr(sock, true))
     else {
@@ -228,10 +232,14 @@ pub(crate) fn leave_sockhash(sock_state_map: &Path, sock: BorrowedFd<'_>) -> boo
     else {
         return false;
     };
+    let Ok(netns) =
+        crate::sys::getsockopt::<u64>(sock, libc::SOL_SOCKET, crate::sys::SO_NETNS_COOKIE)
+    else {
+        return false;
+    };
+    let key = sock_key(lip, rip, lport, rport, netns);
     let peers = sock_state_map.with_file_name(smc_common::bpf::MAP_PEERS);
-    let owner = with_cached(&PEERS, &peers, open_peers, |map| {
-        recorded_cookie(map, lip, rip, lport, rport)
-    });
+    let owner = with_cached(&PEERS, &peers, open_peers, |map| recorded_cookie(map, &key));
     let ours = match owner {
         Some(Some(c)) => c == cookie,
         // No record of the tuple: a socket outside the attached cgroups is no member.
@@ -244,27 +252,20 @@ pub(crate) fn leave_sockhash(sock_state_map: &Path, sock: BorrowedFd<'_>) -> boo
     }
     let path = sock_state_map.with_file_name(smc_common::bpf::MAP_SOCKHASH);
     with_cached(&SOCKHASH, &path, open_sockhash, |map| {
-        delete_sock(map, lip, rip, lport, rport)
+        delete_sock(map, &key)
     })
     .unwrap_or(false)
 }
 
-/// The pinned same-host map (`SMC_PEERS`: 40-byte `SockKey`, 16-byte `PeerEntry`).
+/// The pinned same-host map (`SMC_PEERS`: 48-byte `SockKey`, 24-byte `PeerEntry`).
 fn open_peers(path: &Path) -> Option<OwnedFd> {
     let (map, info) = open_pinned(path)?;
-    (info[2] == SOCK_KEY_LEN as u32 && info[3] == 16).then_some(map)
+    (info[2] == SOCK_KEY_LEN as u32 && info[3] == PEER_ENTRY_LEN as u32).then_some(map)
 }
 
-/// The socket cookie `SMC_PEERS` recorded for the tuple, if any.
-fn recorded_cookie(
-    map: BorrowedFd<'_>,
-    lip: [u32; 4],
-    rip: [u32; 4],
-    lport: u32,
-    rport: u32,
-) -> Option<u64> {
-    let key = sock_key(lip, rip, lport, rport);
-    let mut value = [0u8; 16];
+/// The socket cookie `SMC_PEERS` recorded for the key, if any.
+fn recorded_cookie(map: BorrowedFd<'_>, key: &[u32; SOCK_KEY_LEN / 4]) -> Option<u64> {
+    let mut value = [0u8; PEER_ENTRY_LEN];
     let mut attr = [0u64; 16];
     attr[0] = map.as_raw_fd() as u32 as u64;
     attr[1] = key.as_ptr() as u64;
@@ -282,17 +283,26 @@ fn has_storage(map: BorrowedFd<'_>, sock: BorrowedFd<'_>) -> bool {
     storage_of(map, sock).is_some()
 }
 
-fn sock_key(lip: [u32; 4], rip: [u32; 4], lport: u32, rport: u32) -> [u32; SOCK_KEY_LEN / 4] {
+/// `smc_common::bpf::SockKey` as u32 words (the u64 namespace cookie in native order).
+fn sock_key(
+    lip: [u32; 4],
+    rip: [u32; 4],
+    lport: u32,
+    rport: u32,
+    netns: u64,
+) -> [u32; SOCK_KEY_LEN / 4] {
     let mut key = [0u32; SOCK_KEY_LEN / 4];
     key[0..4].copy_from_slice(&lip);
     key[4..8].copy_from_slice(&rip);
     key[8] = lport;
     key[9] = rport;
+    let ns = netns.to_ne_bytes();
+    key[10] = u32::from_ne_bytes([ns[0], ns[1], ns[2], ns[3]]);
+    key[11] = u32::from_ne_bytes([ns[4], ns[5], ns[6], ns[7]]);
     key
 }
 
-fn delete_sock(map: BorrowedFd<'_>, lip: [u32; 4], rip: [u32; 4], lport: u32, rport: u32) -> bool {
-    let key = sock_key(lip, rip, lport, rport);
+fn delete_sock(map: BorrowedFd<'_>, key: &[u32; SOCK_KEY_LEN / 4]) -> bool {
     let mut attr = [0u64; 16];
     attr[0] = map.as_raw_fd() as u32 as u64;
     attr[1] = key.as_ptr() as u64;

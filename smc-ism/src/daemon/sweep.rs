@@ -131,33 +131,44 @@ fn peer_cookie(sock_state_map: &Path, client: BorrowedFd<'_>) -> Result<Option<u
     else {
         return Err(SweepError::NotTcp);
     };
-    let server = SockKey {
+    let netns = sys::getsockopt::<u64>(client, libc::SOL_SOCKET, sys::SO_NETNS_COOKIE)?;
+    let own = SockKey {
         local_ip: lip,
         remote_ip: rip,
         local_port: lport,
         remote_port: rport,
+        netns,
+    };
+    let maps: Vec<OwnedFd> = [MAP_PEERS, MAP_TCP_PEERS]
+        .into_iter()
+        .filter_map(|name| open_pinned(&sock_state_map.with_file_name(name)))
+        .filter(|(_, info)| {
+            info[0] == BPF_MAP_TYPE_LRU_HASH
+                && info[2] as usize == std::mem::size_of::<SockKey>()
+                && info[3] as usize == std::mem::size_of::<PeerEntry>()
+        })
+        .map(|(map, _)| map)
+        .collect();
+    let lookup = |key: &SockKey| {
+        maps.iter().find_map(|map| {
+            let mut entry = PeerEntry::default();
+            let mut attr = [0u64; 16];
+            attr[0] = map.as_raw_fd() as u32 as u64;
+            attr[1] = key as *const SockKey as u64;
+            attr[2] = &mut entry as *mut PeerEntry as u64;
+            (bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) == 0 && entry.cookie != 0).then_some(entry)
+        })
+    };
+    // The server end: the mirrored key in the client's namespace, or in the one the kernel
+    // paired the client with (a connection between two namespaces).
+    if let Some(e) = lookup(&own.mirror()) {
+        return Ok(Some(e.cookie));
     }
-    .mirror();
-    for name in [MAP_PEERS, MAP_TCP_PEERS] {
-        let Some((map, info)) = open_pinned(&sock_state_map.with_file_name(name)) else {
-            continue;
-        };
-        if info[0] != BPF_MAP_TYPE_LRU_HASH
-            || info[2] as usize != std::mem::size_of::<SockKey>()
-            || info[3] as usize != std::mem::size_of::<PeerEntry>()
-        {
-            continue;
-        }
-        let mut entry = PeerEntry::default();
-        let mut attr = [0u64; 16];
-        attr[0] = map.as_raw_fd() as u32 as u64;
-        attr[1] = &server as *const SockKey as u64;
-        attr[2] = &mut entry as *mut PeerEntry as u64;
-        if bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) == 0 && entry.cookie != 0 {
-            return Ok(Some(entry.cookie));
-        }
+    let peer_netns = lookup(&own).map_or(0, |e| e.peer_netns);
+    if peer_netns == 0 || peer_netns == netns {
+        return Ok(None);
     }
-    Ok(None)
+    Ok(lookup(&own.mirror().in_netns(peer_netns)).map(|e| e.cookie))
 }
 
 /// Writes `value` into the pinned `SMC_SWEEP` array (next to the socket-storage map).
