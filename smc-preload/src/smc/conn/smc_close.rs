@@ -197,6 +197,21 @@ impl Conn {
         Some((reset, f & F_SHUT_WR != 0, peer_fin))
     }
 
+    /// The stream was reset and no FIN of the peer came before (TCP: CLOSE without
+    /// `SOCK_DONE`, which only `tcp_fin` sets): the peer aborted (a close with our bytes
+    /// unread, `SO_LINGER {1, 0}`) or its process ended with them unread, or a protocol error.
+    pub(super) fn reset_without_fin(&self) -> bool {
+        let Some((reset, _, _)) = self.stream_ends() else {
+            return false;
+        };
+        let ps = self.peer_state();
+        let fin = ps.contains(ConnStateFlags::PEER_DONE_WRITING)
+            || (ps.contains(ConnStateFlags::PEER_CONN_CLOSED)
+                && !ps.contains(ConnStateFlags::PEER_CONN_ABORT))
+            || self.flags() & (F_PEER_GONE | F_PEER_RST) == F_PEER_GONE;
+        reset && !fin
+    }
+
     /// shutdown(2).
     pub fn shutdown(&self, fd: i32, how: i32) -> Result<(), Errno> {
         let f = match how {

@@ -115,6 +115,13 @@ impl Conn {
         if self.oobinline() || rx.state != UrgState::Valid {
             return Err(libc::EINVAL);
         }
+        if self.reset_without_fin() {
+            // `tcp_recv_urg`: a socket reset before any FIN of the peer (CLOSE without
+            // `SOCK_DONE`) has no urgent byte to give (random call sequences with urgent data,
+            // seed 7: the byte came back after the peer's close with our bytes unread, where
+            // TCP says ENOTCONN).
+            return Err(libc::ENOTCONN);
+        }
         if flags & libc::MSG_PEEK == 0 {
             rx.state = UrgState::Read;
             self.set_urg_rx(rx);

@@ -56,6 +56,17 @@ struct End {
 }
 
 pub fn run(default_seed: u64) {
+    run_with(default_seed, false)
+}
+
+/// [`run`] with urgent data among the calls too (`random_urgent_*`): `send(MSG_OOB)`,
+/// `recv(MSG_OOB)`, `SIOCATMARK`, `SO_OOBINLINE`, and a close with `SO_LINGER {1, 0}`.
+pub fn run_urgent(default_seed: u64) {
+    run_with(default_seed, true)
+}
+
+fn run_with(default_seed: u64, urgent: bool) {
+    URGENT.store(urgent, Ordering::Relaxed);
     let seed = std::env::var("SMC_CONFORM_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -106,6 +117,8 @@ pub fn run(default_seed: u64) {
         // other end's view of it.
         let k = if step > ops - 12 && rng.below(6) == 0 {
             CLOSE
+        } else if urgent {
+            rng.below(112)
         } else {
             rng.below(100)
         };
@@ -294,7 +307,7 @@ pub fn run(default_seed: u64) {
             89..=99 => {
                 settle(&ends, e);
                 let avail = ends[o].unread_by_peer;
-                if avail == 0 || ends[e].shut_rd {
+                if avail == 0 || ends[e].shut_rd || urgent {
                     continue;
                 }
                 set_nonblock(fd, false);
@@ -306,6 +319,43 @@ pub fn run(default_seed: u64) {
                 // The model cannot know how much it took if less than n arrived: settle
                 // guaranteed all of `avail` is there, so it took n.
             }
+            100..=102 => {
+                if ends[e].shut_wr {
+                    continue;
+                }
+                // One urgent byte after what is queued (not counted by the model: outside
+                // the stream unless SO_OOBINLINE, and settle waits for the stream only).
+                send_oob(&format!("{who} send OOB"), fd, b"!");
+            }
+            103..=105 => {
+                settle(&ends, e);
+                recv_l(&format!("{who} recv 1 OOB"), fd, 1, libc::MSG_OOB);
+            }
+            106..=108 => {
+                settle(&ends, e);
+                atmark(&format!("{who} SIOCATMARK"), fd);
+            }
+            109 => {
+                let v: c_int = rng.below(2) as c_int;
+                r(
+                    &format!("{who} SO_OOBINLINE {v}"),
+                    setsockopt_raw(fd, libc::SOL_SOCKET, libc::SO_OOBINLINE, &v) as isize,
+                );
+            }
+            110..=111 if step > ops - 12 => {
+                linger0(fd);
+                close(fd);
+                log(format!(
+                    "{who} close linger0 (unread here {})",
+                    ends[o].unread_by_peer
+                ));
+                if ends[e].ep >= 0 {
+                    close(ends[e].ep);
+                    ends[e].ep = -1;
+                }
+                ends[e].closed = true;
+            }
+            110..=111 => continue,
             _ => {
                 close(fd);
                 log(format!(
@@ -354,14 +404,33 @@ pub fn run(default_seed: u64) {
     }
 }
 
+/// Urgent data in the sequence: the model's byte counts are a bound, not exact (an urgent
+/// byte inline or not, one that a later urgent byte pushed into the stream), so
+/// [`settle`] waits 5 ms at most instead of 2 s (loopback delivers within the sender's call), and no blocking read is made (one that asks
+/// for more than the stream holds before a mark, with `SO_RCVLOWAT`, would wait for ever, as
+/// over TCP).
+static URGENT: AtomicBool = AtomicBool::new(false);
+
 /// Waits (unlogged, bounded) until end `e` has received what the model says its peer sent it,
 /// and the peer's end of writing (FIN) or close when it had one.
 fn settle(ends: &[End; 2], e: usize) {
     let o = 1 - e;
     let want = ends[o].unread_by_peer;
     let peer_done = ends[o].shut_wr || ends[o].closed;
+    // `SMC_CONFORM_SETTLE_MS`: a shorter bound, for hunting by hand.
+    let bound = std::env::var("SMC_CONFORM_SETTLE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(
+            if URGENT.load(Ordering::Relaxed) {
+                Duration::from_millis(5)
+            } else {
+                Duration::from_secs(2)
+            },
+            Duration::from_millis,
+        );
     let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(2) {
+    while t.elapsed() < bound {
         let mut v: c_int = 0;
         // SAFETY: FIONREAD writes one int.
         let rc = unsafe { libc::ioctl(ends[e].fd, libc::FIONREAD, &mut v) };

@@ -30,6 +30,10 @@ scenarios! {
     random_calls_6: 1;
     random_calls_7: 1;
     random_calls_8: 1;
+    random_urgent_5: 1;
+    random_urgent_6: 1;
+    random_urgent_7: 1;
+    random_urgent_8: 1;
     // basics
     echo: 1;
     eof_after_close: 1;
@@ -419,6 +423,18 @@ fn random_calls_7() {
 }
 fn random_calls_8() {
     super::random::run(8)
+}
+fn random_urgent_5() {
+    super::random::run_urgent(5)
+}
+fn random_urgent_6() {
+    super::random::run_urgent(6)
+}
+fn random_urgent_7() {
+    super::random::run_urgent(7)
+}
+fn random_urgent_8() {
+    super::random::run_urgent(8)
 }
 
 fn echo() {
