@@ -2225,8 +2225,12 @@ pub unsafe fn dup3(fd: c_int, fd2: c_int, flags: c_int, three: bool) -> c_int {
             move_private(fd2);
         }
     } else if fdtable::raw(fd2) != 0 && fcntl_valid(fd) {
-        if let Some(o) = fdtable::get(fd2) {
-            sweep_before_close(fd2, &o);
+        // (Not from a signal handler: `fdtable::get` takes the slot's lock, which the
+        // interrupted code may hold; the sweep is never made from a handler anyway.)
+        if !crate::signals::in_handler() {
+            if let Some(o) = fdtable::get(fd2) {
+                sweep_before_close(fd2, &o);
+            }
         }
         forget_fd(fd2);
     }
