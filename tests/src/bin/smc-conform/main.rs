@@ -488,8 +488,8 @@ fn inq(what: &str, fd: c_int) {
     }
 }
 
-/// Logged `recvmsg(fd, n bytes, flags)`: result, bytes and `msg_flags`.
-fn recvmsg_l(what: &str, fd: c_int, n: usize, flags: c_int) -> isize {
+/// `recvmsg(fd, n bytes, flags)`: the result, the bytes and `msg_flags`, errno preserved.
+fn recvmsg_raw(fd: c_int, n: usize, flags: c_int) -> (isize, Vec<u8>, c_int) {
     let mut v = vec![0u8; n.max(1)];
     let mut iov = libc::iovec {
         iov_base: v.as_mut_ptr().cast(),
@@ -503,16 +503,22 @@ fn recvmsg_l(what: &str, fd: c_int, n: usize, flags: c_int) -> isize {
     // SAFETY: valid msghdr over a buffer of `n` bytes.
     let k = unsafe { libc::recvmsg(fd, &mut m, flags) };
     let e = errno();
+    v.truncate(if k >= 0 { (k as usize).min(n) } else { 0 });
+    set_errno(e);
+    (k, v, m.msg_flags)
+}
+
+/// Logged `recvmsg(fd, n bytes, flags)`: result, bytes and `msg_flags`.
+fn recvmsg_l(what: &str, fd: c_int, n: usize, flags: c_int) -> isize {
+    let (k, v, mf) = recvmsg_raw(fd, n, flags);
+    let e = errno();
     if k >= 0 {
-        let shown = (k as usize).min(n);
         log(format!(
-            "{what} = {k} [{}] [{}] flags {:#x}",
-            digest(&v[..shown]),
-            String::from_utf8_lossy(&v[..shown]),
-            m.msg_flags
+            "{what} = {k} [{}] [{}] flags {mf:#x}",
+            digest(&v),
+            String::from_utf8_lossy(&v),
         ));
     } else {
-        set_errno(e);
         r(what, k);
     }
     set_errno(e);

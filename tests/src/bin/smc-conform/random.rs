@@ -481,27 +481,11 @@ fn readv_l(what: &str, fd: c_int, n: usize) -> isize {
 
 /// Logged `recvmsg` of up to `n` bytes: result, digest and `msg_flags`.
 fn recvmsg_d(what: &str, fd: c_int, n: usize, flags: c_int) -> isize {
-    let mut v = vec![0u8; n.max(1)];
-    let mut iov = libc::iovec {
-        iov_base: v.as_mut_ptr().cast(),
-        iov_len: n,
-    };
-    // SAFETY: plain old data.
-    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
-    m.msg_iov = &mut iov;
-    m.msg_iovlen = 1;
-    // SAFETY: valid msghdr over a buffer of `n` bytes.
-    let k = unsafe { libc::recvmsg(fd, &mut m, flags) };
+    let (k, v, mf) = recvmsg_raw(fd, n, flags);
     let e = errno();
     if k >= 0 {
-        let shown = (k as usize).min(n);
-        log(format!(
-            "{what} = {k} [{}] flags {:#x}",
-            digest(&v[..shown]),
-            m.msg_flags
-        ));
+        log(format!("{what} = {k} [{}] flags {mf:#x}", digest(&v)));
     } else {
-        set_errno(e);
         r(what, k);
     }
     set_errno(e);
