@@ -252,11 +252,17 @@ impl Conn {
             return;
         }
         // Unread data, or SO_LINGER {1, 0}: TCP sends a reset, the peer sees ECONNRESET. Not
-        // once both FINs went (our `SHUT_WR` and the peer's end, no reset): that socket is in
-        // CLOSE (TIME_WAIT's full socket, or after LAST_ACK), whose close sends nothing
-        // (random call sequences, seeds 360, 371, 374: the peer's `SO_ERROR` said ECONNRESET
-        // or EPIPE after such a close, TCP 0).
-        let done_both_ways = matches!(self.stream_ends(), Some((false, true, true)));
+        // once both FINs went (our `SHUT_WR` and the peer's end, no reset), nor once the peer
+        // reset the stream (its abort, our write after its close): that socket is in CLOSE
+        // (TIME_WAIT's full socket, after LAST_ACK, or `tcp_reset`), whose close sends
+        // nothing (random call sequences, seeds 360, 374, 396: the peer's `SO_ERROR` said
+        // ECONNRESET after such a close, a second error where TCP has reported its one). A
+        // protocol error of ours still aborts.
+        let done_both_ways = match self.stream_ends() {
+            Some((false, true, true)) => true,
+            Some((true, _, _)) => self.flags() & F_PROTO == 0,
+            _ => false,
+        };
         let unread = if done_both_ways { 0 } else { self.avail() };
         let linger0 = !done_both_ways && self.with_io(fd, linger_zero);
         if unread > 0 || linger0 {
