@@ -15,6 +15,7 @@ use crate::handshake::SIOCATMARK;
 use crate::obj::Obj;
 use crate::real;
 use crate::{daemon, epoll, lifecycle, policy, poll, setup, stats};
+use crate::setup::SkipWait;
 use libc::{c_int, c_void, iovec, size_t, sockaddr, socklen_t, ssize_t};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -264,18 +265,35 @@ fn conn_of_call(fd: c_int, op: Op) -> Result<Option<Arc<Obj>>, Moved> {
                         let p = dup_private(fd, Arc::downgrade(&o));
                         if p < 0 {
                             // None can be made (the descriptor limit): through the number.
-                            if !setup::skip_before_read(fd, fd, &o, s) {
-                                return Ok(Some(o));
-                            }
-                            return Ok(None);
+                            return match setup::skip_before_read(fd, fd, &o, s) {
+                                SkipWait::Decided => Ok(None),
+                                SkipWait::Failed => Ok(Some(o)),
+                                SkipWait::Renamed => {
+                                    drop(o);
+                                    conn_of_call(fd, op)
+                                }
+                            };
                         }
                         let m = Moved::new(p, crate::obj::socket_ino(p).unwrap_or(0));
-                        if !setup::skip_before_read(p, fd, &o, s) {
-                            // The error of the wait (a receive timeout), kept across the close.
-                            drop(m);
-                            return Ok(Some(o));
+                        match setup::skip_before_read(p, fd, &o, s) {
+                            SkipWait::Decided => return Err(m),
+                            SkipWait::Failed => {
+                                // The error of the wait (a receive timeout), kept across the
+                                // close.
+                                let e = real::errno();
+                                drop(m);
+                                real::set_errno(e);
+                                return Ok(Some(o));
+                            }
+                            SkipWait::Renamed => {
+                                // The call starts again on what the number names now, as
+                                // the kernel's restart does; our duplicate goes first (it
+                                // may hold the socket's last reference: the peer reads EOF).
+                                drop(m);
+                                drop(o);
+                                return conn_of_call(fd, op);
+                            }
                         }
-                        return Err(m);
                     }
                 }
             }

@@ -1598,25 +1598,73 @@ pub fn skip_read_blocks(fd: i32, dontwait: bool) -> bool {
     !dontwait && !nonblocking(fd)
 }
 
+/// How the wait of [`skip_before_read`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SkipWait {
+    /// Decided: the read goes on with the application's data.
+    Decided,
+    /// Ended by an error (a receive timeout, a signal without `SA_RESTART`), errno set.
+    Failed,
+    /// A signal handler (with `SA_RESTART`) closed the number or made it name another file
+    /// while the read waited: the kernel restarts such a call by looking the number up again
+    /// (`EBADF`, or the call on the new file), so the caller starts the call again on it.
+    Renamed,
+}
+
 /// A blocking read of a connection with CLC messages still to skip ([`skip_late_clc`] could
 /// not decide yet): waits, through `io`, until it can decide (without the skip's lock: a
-/// writer thread of the same socket is never held up). True when decided (the read goes on
-/// with the application's data); false only with the error that ended the wait (a receive
-/// timeout), errno set.
-pub fn skip_before_read(io: i32, fd: i32, o: &Arc<Obj>, s: &Skip) -> bool {
+/// writer thread of the same socket is never held up).
+///
+/// The wait sleeps in `poll`, which no signal restarts, never in a blocking `recv` on `io`:
+/// `io` may be our private duplicate of the socket, and a `recv` the kernel restarts after a
+/// handler (`SA_RESTART`) goes on there although the handler closed the number or made it
+/// name /dev/null with `dup2`, for ever when the peer waits too (conformance
+/// `close_from_a_handler_during_a_blocking_call` with a CLC timer of 1 ms: the client's read
+/// waited for the server's late Accept, which a server that had seen the client's Decline never
+/// sends; TCP's restarted read finds the number closed, `EBADF`, or the new file).
+pub fn skip_before_read(io: i32, fd: i32, o: &Arc<Obj>, s: &Skip) -> SkipWait {
     // A signal caught here and restarted still counts for the rest of the call (the read that
     // follows decides with it: `member::recv`).
     loop {
         if skip_late_clc(io, fd, o, s) {
-            return true;
+            return SkipWait::Decided;
+        }
+        let timeo = crate::member::has_rcvtimeo(io);
+        if !timeo {
+            // A socket with a receive timeout is never restarted: its `recv` below ends with
+            // `EINTR` at a signal and with `EAGAIN` at the timeout, as TCP's.
+            let mut p = libc::pollfd {
+                fd: io,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let e0 = real::errno();
+            crate::signals::wait_begins();
+            // SAFETY: one pollfd of our own.
+            let r = unsafe { real::poll(&mut p, 1, -1) };
+            let e = real::errno();
+            real::set_errno(e0);
+            if r < 0 {
+                if e != libc::EINTR {
+                    real::set_errno(e);
+                    return SkipWait::Failed;
+                }
+                if crate::signals::interrupted() {
+                    real::set_errno(libc::EINTR);
+                    return SkipWait::Failed;
+                }
+                if !still_names(fd, o, io) {
+                    return SkipWait::Renamed;
+                }
+                continue;
+            }
         }
         match crate::handshake::wait_head(io) {
             Ok(()) => {}
             // A signal ends the read with EINTR as it ends TCP's: its handler has no
             // SA_RESTART, or the socket has a receive timeout (never restarted).
-            Err(libc::EINTR)
-                if !crate::signals::interrupted() && !crate::member::has_rcvtimeo(io) => {}
-            Err(e) if e == libc::EAGAIN && !crate::member::has_rcvtimeo(io) => {
+            Err(libc::EINTR) if !crate::signals::interrupted() && !timeo => {}
+            Err(e) if e == libc::EAGAIN && !timeo => {
                 // tcp_bpf's spurious EAGAIN of a blocking read (see `member`): wait, decide.
                 let mut p = libc::pollfd {
                     fd: io,
@@ -1628,10 +1676,20 @@ pub fn skip_before_read(io: i32, fd: i32, o: &Arc<Obj>, s: &Skip) -> bool {
             }
             Err(e) => {
                 real::set_errno(e);
-                return false;
+                return SkipWait::Failed;
             }
         }
     }
+}
+
+/// Whether the number `fd` still names the object `o` and the socket `io` is a descriptor of
+/// (errno preserved).
+fn still_names(fd: i32, o: &Arc<Obj>, io: i32) -> bool {
+    if !fdtable::get(fd).is_some_and(|x| Arc::ptr_eq(&x, o)) {
+        return false;
+    }
+    // A close or dup2 the library never saw (a raw system call) leaves the slot as it was.
+    io == fd || crate::obj::socket_ino(fd).is_some_and(|i| Some(i) == crate::obj::socket_ino(io))
 }
 
 // ---------------------------------------------------------------------------------------------
