@@ -1639,7 +1639,6 @@ pub fn skip_before_read(io: i32, fd: i32, o: &Arc<Obj>, s: &Skip) -> SkipWait {
                 revents: 0,
             };
             let e0 = real::errno();
-            crate::signals::wait_begins();
             // SAFETY: one pollfd of our own.
             let r = unsafe { real::poll(&mut p, 1, -1) };
             let e = real::errno();
