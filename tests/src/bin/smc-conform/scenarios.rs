@@ -260,6 +260,7 @@ scenarios! {
     random_urgent_6: 1;
     random_urgent_7: 1;
     random_urgent_8: 1;
+    handler_closes_recv_after_clc_timeout: 0;
 }
 
 // ── probes ──────────────────────────────────────────────────────────────────────────────────
@@ -8275,6 +8276,64 @@ fn close_from_a_handler_during_a_blocking_call() {
             close(c);
         }
         close(s);
+    }
+    close(null);
+    // SAFETY: back to the default action.
+    unsafe { libc::signal(libc::SIGALRM, libc::SIG_DFL) };
+}
+
+/// [`close_from_a_handler_during_a_blocking_call`] where the client's handshake gave up first
+/// (a CLC timeout of 1 ms; the server accepts only after the call): the blocking `recv` or
+/// `read` waits to skip the server's late CLC message when its `SA_RESTART` handler closes the
+/// number or makes it name /dev/null. TCP restarts the call by looking the number up again:
+/// `EBADF`, `ENOTSOCK` (`recv` on /dev/null), 0 (`read` of it); the server reads EOF. Before,
+/// the wait slept in a `recv` on the library's private duplicate of the socket, which the
+/// kernel restarted there, for ever (the server accepts only after the call).
+fn handler_closes_recv_after_clc_timeout() {
+    with_clc_timeout_1ms();
+    // SAFETY: a valid sigaction with an async-signal-safe handler.
+    unsafe {
+        let mut a: libc::sigaction = std::mem::zeroed();
+        a.sa_sigaction = close_on_alarm as *const () as usize;
+        a.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut a.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGALRM, &a, std::ptr::null_mut()), 0);
+    }
+    // SAFETY: a C string path.
+    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) };
+    for (how, op) in [(0, "recv"), (0, "read"), (null, "recv"), (null, "read")] {
+        let (l, c, _) = handshake_window_client();
+        CLOSE_FD.store(c, Ordering::SeqCst);
+        CLOSE_HOW.store(how, Ordering::SeqCst);
+        let what = if how == 0 { "close" } else { "dup2 /dev/null" };
+        // SAFETY: plain call.
+        let me = unsafe { libc::pthread_self() } as usize;
+        let timer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            // SAFETY: this thread waits for the timer before it ends.
+            unsafe { libc::pthread_kill(me as libc::pthread_t, libc::SIGALRM) };
+        });
+        let mut b = [0u8; 100];
+        if op == "recv" {
+            // SAFETY: valid buffer.
+            r(&format!("recv(c) while the handler does {what}"), unsafe {
+                libc::recv(c, b.as_mut_ptr().cast(), b.len(), 0)
+            });
+        } else {
+            // SAFETY: valid buffer.
+            r(&format!("read(c) while the handler does {what}"), unsafe {
+                libc::read(c, b.as_mut_ptr().cast(), b.len())
+            });
+        }
+        timer.join().unwrap();
+        let s = accept_fd(l);
+        log(format!("accept ok = {}", s >= 0));
+        rd("read(s)", s, 100);
+        if how != 0 {
+            close(c);
+        }
+        close(s);
+        close(l);
     }
     close(null);
     // SAFETY: back to the default action.
