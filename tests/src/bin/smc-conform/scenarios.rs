@@ -8185,6 +8185,33 @@ fn signal_from_child_sigsuspend_with_a_connection() {
 static CLOSE_FD: AtomicI32 = AtomicI32::new(-1);
 static CLOSE_HOW: AtomicI32 = AtomicI32::new(0);
 
+/// `SIGALRM` runs [`close_on_alarm`] (`SA_RESTART`); returns a descriptor of /dev/null for its
+/// `dup2` flavour.
+fn close_on_alarm_installed() -> c_int {
+    // SAFETY: a valid sigaction with an async-signal-safe handler.
+    unsafe {
+        let mut a: libc::sigaction = std::mem::zeroed();
+        a.sa_sigaction = close_on_alarm as *const () as usize;
+        a.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut a.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGALRM, &a, std::ptr::null_mut()), 0);
+    }
+    // SAFETY: a C string path.
+    unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) }
+}
+
+/// `SIGALRM` aimed at the calling thread in 50 ms (a process-directed one may go to another
+/// thread); the caller joins the timer before it ends.
+fn alarm_this_thread_in_50ms() -> std::thread::JoinHandle<()> {
+    // SAFETY: plain call.
+    let me = unsafe { libc::pthread_self() } as usize;
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        // SAFETY: the caller joins this thread before it ends.
+        unsafe { libc::pthread_kill(me as libc::pthread_t, libc::SIGALRM) };
+    })
+}
+
 extern "C" fn close_on_alarm(_: c_int) {
     // SAFETY: `close` and `dup2` are async-signal-safe; errno is the interrupted code's.
     unsafe {
@@ -8210,16 +8237,7 @@ extern "C" fn close_on_alarm(_: c_int) {
 /// peer's next byte or room, for ever when the peer waits too: red team `sigsafe_inflight.c
 /// recv close 1`, the read returned only when the peer closed 3 s later, TCP `EBADF` at once).
 fn close_from_a_handler_during_a_blocking_call() {
-    // SAFETY: a valid sigaction with an async-signal-safe handler.
-    unsafe {
-        let mut a: libc::sigaction = std::mem::zeroed();
-        a.sa_sigaction = close_on_alarm as *const () as usize;
-        a.sa_flags = libc::SA_RESTART;
-        libc::sigemptyset(&mut a.sa_mask);
-        assert_eq!(libc::sigaction(libc::SIGALRM, &a, std::ptr::null_mut()), 0);
-    }
-    // SAFETY: a C string path.
-    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) };
+    let null = close_on_alarm_installed();
     let chunk = vec![7u8; 1 << 20];
     for (how, op) in [
         (0, "recv"),
@@ -8233,14 +8251,7 @@ fn close_from_a_handler_during_a_blocking_call() {
         CLOSE_FD.store(c, Ordering::SeqCst);
         CLOSE_HOW.store(how, Ordering::SeqCst);
         let what = if how == 0 { "close" } else { "dup2 /dev/null" };
-        // The signal, aimed at this thread (a process-directed one may go to another).
-        // SAFETY: plain call.
-        let me = unsafe { libc::pthread_self() } as usize;
-        let timer = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(50));
-            // SAFETY: this thread waits for the timer before it ends.
-            unsafe { libc::pthread_kill(me as libc::pthread_t, libc::SIGALRM) };
-        });
+        let timer = alarm_this_thread_in_50ms();
         let mut b = [0u8; 100];
         match op {
             // SAFETY: valid buffer.
@@ -8291,28 +8302,13 @@ fn close_from_a_handler_during_a_blocking_call() {
 /// kernel restarted there, for ever (the server accepts only after the call).
 fn handler_closes_recv_after_clc_timeout() {
     with_clc_timeout_1ms();
-    // SAFETY: a valid sigaction with an async-signal-safe handler.
-    unsafe {
-        let mut a: libc::sigaction = std::mem::zeroed();
-        a.sa_sigaction = close_on_alarm as *const () as usize;
-        a.sa_flags = libc::SA_RESTART;
-        libc::sigemptyset(&mut a.sa_mask);
-        assert_eq!(libc::sigaction(libc::SIGALRM, &a, std::ptr::null_mut()), 0);
-    }
-    // SAFETY: a C string path.
-    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) };
+    let null = close_on_alarm_installed();
     for (how, op) in [(0, "recv"), (0, "read"), (null, "recv"), (null, "read")] {
         let (l, c, _) = handshake_window_client();
         CLOSE_FD.store(c, Ordering::SeqCst);
         CLOSE_HOW.store(how, Ordering::SeqCst);
         let what = if how == 0 { "close" } else { "dup2 /dev/null" };
-        // SAFETY: plain call.
-        let me = unsafe { libc::pthread_self() } as usize;
-        let timer = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(50));
-            // SAFETY: this thread waits for the timer before it ends.
-            unsafe { libc::pthread_kill(me as libc::pthread_t, libc::SIGALRM) };
-        });
+        let timer = alarm_this_thread_in_50ms();
         let mut b = [0u8; 100];
         if op == "recv" {
             // SAFETY: valid buffer.
