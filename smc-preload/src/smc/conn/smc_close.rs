@@ -308,6 +308,7 @@ impl Conn {
         }
         // Unread doorbells in our receive queue would turn our FIN into a RST.
         self.drain(fd);
+        self.pass_urgent_doorbell(fd);
         // Last: from here on the DMBs and the state page may be pooled and bound to another
         // connection (see `F_CLOSE_DONE`).
         self.set_flag(F_CLOSE_DONE);
