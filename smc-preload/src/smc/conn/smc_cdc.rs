@@ -129,6 +129,14 @@ impl Conn {
         UrgRx::from_u64(self.sh().urg_rx.load(Ordering::Acquire))
     }
 
+    /// Both our directions are shut and the peer reset the stream (its abort flag): the
+    /// reset its write drew (TCP in FIN_WAIT with `RCV_SHUTDOWN`, `Conn::send`), whose
+    /// urgent byte may lie past the producer cursor.
+    fn reset_by_urgent_write(&self) -> bool {
+        self.flags() & (F_SHUT_RD | F_SHUT_WR) == F_SHUT_RD | F_SHUT_WR
+            && self.peer_state().contains(ConnStateFlags::PEER_CONN_ABORT)
+    }
+
     /// `SO_OOBINLINE`, as the kernel holds it for the socket ([`F_OOBINLINE`]).
     pub(super) fn oobinline(&self) -> bool {
         self.flags() & F_OOBINLINE != 0
@@ -231,6 +239,20 @@ impl Conn {
                 a = urg::arrival(self.rx, rx, cons, avail, w, inline);
                 if a != urg::Arrival::NotYet {
                     break;
+                }
+            }
+            if a == urg::Arrival::NotYet && self.reset_by_urgent_write() {
+                // The write that drew our reset named its urgent byte past the producer
+                // cursor (`Conn::send`): TCP took that segment's urgent pointer before it
+                // dropped the text and reset. Its mark is taken as if the byte were there; no
+                // read reaches past the cursor (what is skipped stays within the bytes there).
+                if let urg::Arrival::New { skip, rx } =
+                    urg::arrival(self.rx, rx, cons, self.rx.len(), w, inline)
+                {
+                    a = urg::Arrival::New {
+                        skip: skip.min(avail),
+                        rx,
+                    };
                 }
             }
             if a == urg::Arrival::NotYet {
