@@ -30,6 +30,11 @@
 //! reader that did not look between two urgent sends (in TCP it would have seen each
 //! segment) still applies TCP's rule for the older byte ([`arrival`]).
 //!
+//! One exception: an urgent write that draws the reset of a reader that shut both ways writes
+//! no bytes (TCP drops the segment) but names its urgent byte past the producer cursor; that
+//! reader takes the mark from the word as TCP takes the segment's urgent pointer before it
+//! resets (the data path's `urg_take`).
+//!
 //! Ring offsets fit 24 bits (rings are below 16 MiB); a reader resolves an offset to the
 //! first position at or after its consumer cursor with that offset, unique because everything
 //! unread lies within one ring length of it.

@@ -3759,7 +3759,10 @@ pub unsafe fn setsockopt(
         if let Some(c) = fdtable::get(fd).as_deref().and_then(Obj::conn) {
             // SAFETY: `val` is non-null with `len >= 4` (checked) and the kernel just read it
             // without EFAULT.
-            c.note_oobinline(unsafe { std::ptr::read_unaligned(val as *const c_int) } != 0);
+            c.oobinline_changed(
+                fd,
+                unsafe { std::ptr::read_unaligned(val as *const c_int) } != 0,
+            );
             epoll::conn_changed(fd, c);
         }
     }

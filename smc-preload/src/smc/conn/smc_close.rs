@@ -258,11 +258,18 @@ impl Conn {
         // nothing (random call sequences, seeds 360, 374, 396: the peer's `SO_ERROR` said
         // ECONNRESET after such a close, a second error where TCP has reported its one). A
         // protocol error of ours still aborts.
-        let done_both_ways = match self.stream_ends() {
+        let ends = self.stream_ends();
+        let done_both_ways = match ends {
             Some((false, true, true)) => true,
             Some((true, _, _)) => self.flags() & F_PROTO == 0,
             _ => false,
         };
+        // After a reset our socket sends no FIN either: the close says only closed, never
+        // `peer_done_writing` for the first time, which the peer would read as a FIN that came
+        // before the reset (end of stream) — our write drew the reset of a peer that shut
+        // both ways, and its reads must say ECONNRESET, as TCP's, which dropped the bytes
+        // and reset (random call sequences, seeds 303, 328: the read said 0).
+        let reset = matches!(ends, Some((true, _, _)));
         let unread = if done_both_ways { 0 } else { self.avail() };
         let linger0 = !done_both_ways && self.with_io(fd, linger_zero);
         if unread > 0 || linger0 {
@@ -275,6 +282,8 @@ impl Conn {
         }
         let st = if unread > 0 || linger0 {
             ConnStateFlags::PEER_CONN_ABORT.0 | ConnStateFlags::PEER_CONN_CLOSED.0
+        } else if reset {
+            ConnStateFlags::PEER_CONN_CLOSED.0
         } else {
             ConnStateFlags::PEER_CONN_CLOSED.0 | ConnStateFlags::PEER_DONE_WRITING.0
         };
@@ -299,6 +308,7 @@ impl Conn {
         }
         // Unread doorbells in our receive queue would turn our FIN into a RST.
         self.drain(fd);
+        self.pass_urgent_doorbell(fd);
         // Last: from here on the DMBs and the state page may be pooled and bound to another
         // connection (see `F_CLOSE_DONE`).
         self.set_flag(F_CLOSE_DONE);

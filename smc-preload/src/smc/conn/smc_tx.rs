@@ -106,6 +106,23 @@ impl Conn {
                         // answer these bytes with a reset, which it reads as `ECONNRESET`.
                         {
                             let _g = s.tx_lock.lock();
+                            if oob && want <= self.tx.len() as usize {
+                                // TCP's peer takes the urgent pointer of the segment before it
+                                // resets (`tcp_urg` comes before the text in
+                                // `tcp_rcv_state_process`): the mark moves to this write's
+                                // last byte, which never arrives (`EPOLLPRI`, `SIOCATMARK` once
+                                // read up to it; random call sequences with urgent data, seeds
+                                // 38, 180, 196, 360). The word names it past our producer
+                                // cursor; the peer takes it as the reset's mark (before the
+                                // abort flag, which tells it so).
+                                let prod = unpack(s.prod.load(Ordering::Acquire));
+                                let last =
+                                    UrgWord::from_type_word(s.urg_tx.load(Ordering::Relaxed));
+                                let at = self.tx.add(prod, want as u32 - 1);
+                                let w = last.next(self.tx.offset(at) as u32);
+                                s.urg_tx.store(w.to_type_word(), Ordering::Relaxed);
+                                self.peer_hdr().store_urg(w);
+                            }
                             self.update_peer_flags(0, 0, ConnStateFlags::PEER_CONN_ABORT.0);
                         }
                         if self
