@@ -11,9 +11,9 @@
 use crate::conn::Conn;
 use crate::fdtable::InCall;
 use crate::fdtable::{self, Slot, TAG_TCP};
-use crate::handshake::SIOCATMARK;
 use crate::obj::Obj;
 use crate::real;
+use crate::real::SIOCATMARK;
 use crate::setup::SkipWait;
 use crate::{daemon, epoll, lifecycle, policy, poll, setup, stats};
 use libc::{c_int, c_void, iovec, size_t, sockaddr, socklen_t, ssize_t};

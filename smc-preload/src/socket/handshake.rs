@@ -1687,9 +1687,6 @@ pub fn skip_one(fd: i32, any: bool) -> Option<Option<MsgType>> {
     Some(Some(t))
 }
 
-/// `SIOCATMARK` (`asm-generic/sockios.h`; the libc crate does not define it).
-pub(crate) const SIOCATMARK: libc::c_ulong = 0x8905;
-
 /// Whether the head of `fd`'s stream is an urgent byte (`SIOCATMARK`; errno preserved). The
 /// peer's CLC messages all come before its first application byte, and everything before
 /// that byte was read: no CLC message can come any more. TCP's read passes over such a byte
@@ -1702,7 +1699,13 @@ fn at_urgent_mark(fd: i32) -> bool {
     let e0 = real::errno();
     let mut v: libc::c_int = 0;
     // SAFETY: SIOCATMARK writes one int to our local.
-    let r = unsafe { real::ioctl(fd, SIOCATMARK, std::ptr::from_mut(&mut v) as libc::c_ulong) };
+    let r = unsafe {
+        real::ioctl(
+            fd,
+            real::SIOCATMARK,
+            std::ptr::from_mut(&mut v) as libc::c_ulong,
+        )
+    };
     real::set_errno(e0);
     r == 0 && v != 0
 }

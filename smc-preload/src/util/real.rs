@@ -350,6 +350,9 @@ pub fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e }
 }
 
+/// `SIOCATMARK` (`asm-generic/sockios.h`; the libc crate does not define it).
+pub const SIOCATMARK: libc::c_ulong = 0x8905;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -221,7 +221,7 @@ impl Conn {
             let r = unsafe {
                 real::ioctl(
                     io,
-                    crate::handshake::SIOCATMARK,
+                    real::SIOCATMARK,
                     std::ptr::from_mut(&mut v) as libc::c_ulong,
                 )
             };
