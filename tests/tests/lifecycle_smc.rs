@@ -3067,3 +3067,106 @@ fn a_listener_of_another_user_at_another_address_does_not_revive_a_withdrawn_one
         );
     }
 }
+
+/// Three processes: A echoes lines, B connects and makes one round trip, then C takes B's
+/// socket with `pidfd_getfd(2)` (through `syscall(2)`, or glibc's wrapper) and makes one, then
+/// B one more. B's library never sees the socket leave (no `SCM_RIGHTS`, no fork).
+const PIDFD_GETFD_DRIVER: &str = r#"
+import ctypes, os, socket, subprocess, sys
+def server():
+    ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(8)
+    print("READY", ls.getsockname()[1], flush=True)
+    c, _ = ls.accept(); c.settimeout(20); f = b""; n = 0
+    try:
+        while True:
+            d = c.recv(4096)
+            if not d:
+                break
+            f += d
+            while b"\n" in f:
+                line, f = f.split(b"\n", 1); n += 1; c.sendall(b"echo:" + line + b"\n")
+        print(f"A lines={n} eof", flush=True)
+    except OSError as e:
+        print(f"A lines={n} {type(e).__name__}", flush=True)
+def client(port):
+    s = socket.create_connection(("127.0.0.1", port)); s.sendall(b"one\n")
+    print(f"B first {s.recv(100)!r} fd={s.fileno()}", flush=True)
+    sys.stdin.readline(); s.settimeout(10)
+    try:
+        s.sendall(b"three\n"); print(f"B after {s.recv(100)!r}", flush=True)
+    except OSError as e:
+        print(f"B after {type(e).__name__}", flush=True)
+    s.close()
+def taker(pid, fd, how):
+    libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long
+    pfd = os.pidfd_open(pid)
+    nfd = libc.pidfd_getfd(pfd, fd, 0) if how == "glibc" else libc.syscall(438, pfd, fd, 0)
+    if nfd < 0:
+        print("C getfd errno", ctypes.get_errno(), flush=True); return
+    s = socket.socket(fileno=nfd); s.settimeout(10)
+    try:
+        s.sendall(b"two\n"); print(f"C read {s.recv(100)!r}", flush=True)
+    except OSError as e:
+        print(f"C {type(e).__name__}", flush=True)
+    s.close()
+me = [sys.executable, __file__]
+if sys.argv[1] == "A": server()
+elif sys.argv[1] == "B": client(int(sys.argv[2]))
+elif sys.argv[1] == "C": taker(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+else:
+    a = subprocess.Popen(me + ["A"], stdout=subprocess.PIPE, text=True)
+    port = a.stdout.readline().split()[1]
+    b = subprocess.Popen(me + ["B", port], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = b.stdout.readline().strip(); print(line, flush=True)
+    c = subprocess.run(me + ["C", str(b.pid), line.rsplit("fd=", 1)[1], sys.argv[1]],
+                       capture_output=True, text=True, timeout=30)
+    print((c.stdout + c.stderr).strip(), flush=True)
+    b.stdin.write("go\n"); b.stdin.flush()
+    print(b.stdout.read().strip(), flush=True); b.wait(timeout=30)
+    print(a.stdout.read().strip(), flush=True); a.wait(timeout=30)
+"#;
+
+/// A socket taken from another process with `pidfd_getfd(2)` (a supervisor or sibling of the
+/// same uid) reads and writes the stream as over TCP, and the process it was taken from goes on
+/// with it: the taker's library adopts the connection as one received with `SCM_RIGHTS`. Before
+/// (red team rt24 `rt24_getfd.py`), the number went to libc unchanged: the taker's write went
+/// onto the doorbell channel, the server reset the connection (`A lines=1
+/// ConnectionResetError`), the taker read EOF or a doorbell byte (`b'\x01'` with the glibc
+/// wrapper), and the original holder's next round trip read EOF. Compared with plain TCP.
+#[test]
+fn a_socket_taken_with_pidfd_getfd_keeps_the_stream_like_tcp() {
+    let w = SmcWorld::new();
+    let py = script(&w, "pidfd_getfd.py", PIDFD_GETFD_DRIVER);
+    for how in ["syscall", "glibc"] {
+        let mut outs = Vec::new();
+        for smc in [false, true] {
+            let mut c = python_or_plain(&w, &py, smc);
+            c.arg(how);
+            let out = spawn_piped(c).wait_output(T).expect("driver");
+            let lines: Vec<String> = out
+                .lines()
+                .map(|l| {
+                    // B's fd number may differ between the two runs.
+                    l.split(" fd=").next().unwrap_or(l).to_string()
+                })
+                .collect();
+            outs.push(lines);
+        }
+        assert_eq!(
+            outs[0],
+            [
+                "B first b'echo:one\\n'",
+                "C read b'echo:two\\n'",
+                "B after b'echo:three\\n'",
+                "A lines=3 eof"
+            ],
+            "plain TCP ({how})"
+        );
+        assert_eq!(
+            outs[1], outs[0],
+            "under the library ({how}) against plain TCP"
+        );
+    }
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_client") >= 2, "{}", brief(&sum));
+}
