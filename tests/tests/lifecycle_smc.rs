@@ -3170,3 +3170,65 @@ fn a_socket_taken_with_pidfd_getfd_keeps_the_stream_like_tcp() {
     let sum = w.stats_sum();
     assert!(sum.get("smcd_client") >= 2, "{}", brief(&sum));
 }
+
+/// A listener; N clients (children, the same environment) each start a non-blocking connect
+/// (its Proposal goes; the handshake would go on at the next call) and are killed with SIGKILL
+/// 50 ms later while queued; then the server, with `SIGPIPE` at its default action (a C
+/// server's), accepts each, greets first and reads to EOF.
+const KILLED_MID_HANDSHAKE: &str = r#"
+import os, signal, socket, subprocess, sys, time
+if sys.argv[1] == "client":
+    s = socket.socket(); s.setblocking(False); s.connect_ex(("127.0.0.1", int(sys.argv[2])))
+    time.sleep(0.05); print("ready", flush=True); time.sleep(60); sys.exit(0)
+n = int(sys.argv[1])
+ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(64)
+for _ in range(n):
+    c = subprocess.Popen([sys.executable, __file__, "client", str(ls.getsockname()[1])],
+                         stdout=subprocess.PIPE, text=True)
+    c.stdout.readline(); c.send_signal(signal.SIGKILL); c.wait()
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+pid = os.fork()
+if pid == 0:
+    for _ in range(n):
+        a, _ = ls.accept(); a.settimeout(10)
+        try:
+            a.sendall(b"hi\n"); got = b""
+            while True:
+                d = a.recv(4096)
+                if not d:
+                    break
+                got += d
+            print("greeted, then EOF after", len(got), flush=True)
+        except OSError as e:
+            print("error", type(e).__name__, flush=True)
+        a.close()
+    os._exit(0)
+_, st = os.waitpid(pid, 0)
+print("server killed by signal", os.WTERMSIG(st) if os.WIFSIGNALED(st) else 0, flush=True)
+"#;
+
+/// A client gone (killed) after its Proposal and before its next call leaves the queued server
+/// end with the Proposal and a FIN. A server that greets first must see TCP's answers: the
+/// write succeeds, the read says EOF. Before (red team rt24 `rt24_kill.py nbconn greetsig`),
+/// the server's library sent its Decline to the gone client, whose kernel answered with a
+/// reset, so the program's first write failed with `EPIPE` and `SIGPIPE` killed the server
+/// (`server killed by signal 13`, 5 of 5). Compared with plain TCP.
+#[test]
+fn a_client_killed_inside_its_handshake_leaves_a_greeting_server_tcps_answers() {
+    let w = SmcWorld::new();
+    let py = script(&w, "killed_mid_handshake.py", KILLED_MID_HANDSHAKE);
+    let mut outs = Vec::new();
+    for smc in [false, true] {
+        let mut c = python_or_plain(&w, &py, smc);
+        c.arg("4");
+        outs.push(spawn_piped(c).wait_output(T).expect("server"));
+    }
+    assert_eq!(
+        outs[0].trim(),
+        "greeted, then EOF after 0\n".repeat(4) + "server killed by signal 0",
+        "plain TCP"
+    );
+    assert_eq!(outs[1], outs[0], "under the library against plain TCP");
+    let sum = w.stats_sum();
+    assert!(fallbacks(&sum) >= 4, "{}", brief(&sum));
+}
