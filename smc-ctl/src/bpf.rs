@@ -140,6 +140,7 @@ fn cgroup_progs(mode: Mode) -> [&'static str; 3] {
 fn ensure_loaded() -> Result<()> {
     sys::ensure_bpffs(BPFFS)?;
     let root = Path::new(PIN_ROOT);
+    remove_if_foreign(root)?;
     if root.exists() {
         if !layout_marker().exists() {
             prune_removed_cgroups()?;
@@ -156,14 +157,64 @@ fn ensure_loaded() -> Result<()> {
     }
     let staging = Path::new(BPFFS).join(format!("smc-loading-{}", std::process::id()));
     let _ = fs::remove_dir_all(&staging);
+    // Made here, exclusively (the bpffs root is world-writable): what another uid made at this
+    // name in the meantime fails the load instead of receiving our pins.
+    fs::create_dir(&staging).with_context(|| format!("mkdir {}", staging.display()))?;
     let result = load_into(&staging);
     if let Err(e) = result {
         let _ = remove_pins(&staging);
         return Err(e);
     }
-    // Publish atomically: a concurrent reader sees either nothing or a complete layout.
-    fs::rename(&staging, root)
-        .with_context(|| format!("rename {} to {PIN_ROOT}", staging.display()))
+    // Publish atomically: a concurrent reader sees either nothing or a complete layout. A
+    // foreign entry made at the pin root meanwhile is removed and the rename tried once more.
+    let mut renamed = fs::rename(&staging, root);
+    if renamed.is_err() && remove_if_foreign(root).unwrap_or(false) {
+        renamed = fs::rename(&staging, root);
+    }
+    if let Err(e) = renamed {
+        let _ = remove_pins(&staging);
+        return Err(e).with_context(|| format!("rename {} to {PIN_ROOT}", staging.display()));
+    }
+    Ok(())
+}
+
+/// Removes `p` when another uid made it, or it is not a directory: `/sys/fs/bpf` is mode 1777
+/// (bpffs's default), so while nothing is loaded any local user may make the pin root, e.g.
+/// with a `links/<cgroup inode>-…` directory that reads as an attached cgroup of another build
+/// and made every `attach` fail (red team rt24 `rt24_bpffs.sh`). Nothing of ours is in such a
+/// tree (only root can pin), so it goes whole (a symlink itself, never its target). Returns
+/// whether it removed something.
+fn remove_if_foreign(p: &Path) -> Result<bool> {
+    let md = match fs::symlink_metadata(p) {
+        Ok(md) => md,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e).with_context(|| format!("stat {}", p.display())),
+    };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if md.is_dir() && md.uid() == me {
+        return Ok(false);
+    }
+    eprintln!(
+        "smc-ctl: warning: {} was made by uid {} ({}), not by us: removed",
+        p.display(),
+        md.uid(),
+        if md.is_dir() {
+            "a directory"
+        } else {
+            "not a directory"
+        }
+    );
+    let r = if md.is_dir() {
+        fs::remove_dir_all(p)
+    } else {
+        fs::remove_file(p)
+    };
+    match r {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(e).with_context(|| format!("remove {}", p.display())),
+    }
 }
 
 fn load_into(dir: &Path) -> Result<()> {

@@ -1001,6 +1001,22 @@ creates_fd! {
     inotify_init1(flags: c_int);
 }
 
+/// `pidfd_getfd(2)` (glibc 2.36): a duplicate of another process's descriptor, which that
+/// process's library never saw leave (`lifecycle::fd_taken_from_another_process`).
+#[no_mangle]
+pub unsafe extern "C" fn pidfd_getfd(pidfd: c_int, targetfd: c_int, flags: c_uint) -> c_int {
+    // SAFETY: the application's arguments, passed on unchanged to libc's function of the same
+    // name and signature (or the system call where libc has none).
+    let r = unsafe { crate::real::pidfd_getfd(pidfd, targetfd, flags) };
+    if r >= 0 {
+        let e = crate::real::errno();
+        ops::fd_created(r);
+        crate::real::set_errno(e);
+        lifecycle::fd_taken_from_another_process(r);
+    }
+    r
+}
+
 creates_fd_pair! {
     pipe(fds: *mut c_int) => fds;
     pipe2(fds: *mut c_int, flags: c_int) => fds;

@@ -699,3 +699,76 @@ fn a_third_namespace_cannot_hijack_a_pair_between_two_namespaces() {
     assert_eq!(kv(&vout, "bad"), 0, "{vout}");
     assert_eq!(kv(&out, "stolen"), 0, "{out}");
 }
+
+/// `/sys/fs/bpf` is mode 1777 (bpffs's default): while nothing is loaded, uid nobody may make
+/// the pin root itself. One directory shaped as an attached cgroup's link pin
+/// (`links/<inode of an existing cgroup>-shortcut-…`), or one where a map pin goes, made every
+/// `smc-ctl attach` of root fail (red team rt24 `rt24_bpffs.sh`: "holds programs loaded by
+/// another build", "unpin …/maps/x: Is a directory", rc 1 each), for as long as root did not
+/// remove it by hand. Now a pin root another uid made is removed and the attach loads.
+#[test]
+fn another_uid_cannot_squat_the_pin_root_while_nothing_is_loaded() {
+    require_root();
+    let _l = lock();
+    let root = std::path::Path::new(integration_tests::PIN_ROOT);
+    if root.exists() {
+        // Another cgroup of this host is attached outside the tests: nothing to squat.
+        eprintln!("{} exists (attached elsewhere): not tried", root.display());
+        return;
+    }
+    let cg_root = integration_tests::cgroup2_root();
+    let ino = {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(&cg_root).unwrap().ino()
+    };
+    for squat in [
+        format!("links/{ino}-shortcut-squat"),
+        "maps/x".to_string(),
+        String::new(),
+    ] {
+        let target = if squat.is_empty() {
+            "/sys/fs/bpf/rt24-nobody".to_string()
+        } else {
+            root.join(&squat).display().to_string()
+        };
+        let mut c = std::process::Command::new("mkdir");
+        c.args(["-p", &target]);
+        as_user(&mut c, nobody());
+        assert!(c.status().unwrap().success(), "nobody's mkdir {target}");
+        if squat.is_empty() {
+            // A symlink to a tree of nobody's.
+            let mut c = std::process::Command::new("ln");
+            c.args(["-s", &target, root.to_str().unwrap()]);
+            as_user(&mut c, nobody());
+            assert!(c.status().unwrap().success(), "nobody's symlink");
+        }
+        let cg = test_cgroup();
+        let path = cg.path.to_str().unwrap().to_string();
+        let out = integration_tests::smc_ctl(&["attach", "--cgroup", &path, "--mode", "ism"]);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        let owner = {
+            use std::os::unix::fs::MetadataExt as _;
+            std::fs::symlink_metadata(root).map(|m| (m.uid(), m.is_dir()))
+        };
+        let detached = integration_tests::smc_ctl(&["detach", "--cgroup", &path]);
+        // Leave nothing of nobody's behind, whatever happened.
+        let _ = std::fs::remove_dir_all("/sys/fs/bpf/rt24-nobody");
+        if std::fs::symlink_metadata(root).is_ok_and(|m| !m.is_dir() || m.len() == 0) {
+            let _ = std::fs::remove_file(root);
+        }
+        if !detached.status.success() {
+            let _ = std::fs::remove_dir_all(root);
+        }
+        assert!(
+            out.status.success(),
+            "squat {squat:?}: root's attach failed: {err}"
+        );
+        assert_eq!(
+            owner.ok(),
+            Some((0, true)),
+            "squat {squat:?}: the pin root after the attach"
+        );
+        assert!(err.contains("not by us: removed"), "squat {squat:?}: {err}");
+        assert!(detached.status.success(), "detach: {:?}", detached);
+    }
+}

@@ -3067,3 +3067,233 @@ fn a_listener_of_another_user_at_another_address_does_not_revive_a_withdrawn_one
         );
     }
 }
+
+/// Three processes: A echoes lines, B connects and makes one round trip, then C takes B's
+/// socket with `pidfd_getfd(2)` (through `syscall(2)`, or glibc's wrapper) and makes one, then
+/// B one more. B's library never sees the socket leave (no `SCM_RIGHTS`, no fork).
+const PIDFD_GETFD_DRIVER: &str = r#"
+import ctypes, os, socket, subprocess, sys
+def server():
+    ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(8)
+    print("READY", ls.getsockname()[1], flush=True)
+    c, _ = ls.accept(); c.settimeout(20); f = b""; n = 0
+    try:
+        while True:
+            d = c.recv(4096)
+            if not d:
+                break
+            f += d
+            while b"\n" in f:
+                line, f = f.split(b"\n", 1); n += 1; c.sendall(b"echo:" + line + b"\n")
+        print(f"A lines={n} eof", flush=True)
+    except OSError as e:
+        print(f"A lines={n} {type(e).__name__}", flush=True)
+def client(port):
+    s = socket.create_connection(("127.0.0.1", port)); s.sendall(b"one\n")
+    print(f"B first {s.recv(100)!r} fd={s.fileno()}", flush=True)
+    sys.stdin.readline(); s.settimeout(10)
+    try:
+        s.sendall(b"three\n"); print(f"B after {s.recv(100)!r}", flush=True)
+    except OSError as e:
+        print(f"B after {type(e).__name__}", flush=True)
+    s.close()
+def taker(pid, fd, how):
+    libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long
+    pfd = os.pidfd_open(pid)
+    nfd = libc.pidfd_getfd(pfd, fd, 0) if how == "glibc" else libc.syscall(438, pfd, fd, 0)
+    if nfd < 0:
+        print("C getfd errno", ctypes.get_errno(), flush=True); return
+    s = socket.socket(fileno=nfd); s.settimeout(10)
+    try:
+        s.sendall(b"two\n"); print(f"C read {s.recv(100)!r}", flush=True)
+    except OSError as e:
+        print(f"C {type(e).__name__}", flush=True)
+    s.close()
+me = [sys.executable, __file__]
+if sys.argv[1] == "A": server()
+elif sys.argv[1] == "B": client(int(sys.argv[2]))
+elif sys.argv[1] == "C": taker(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+else:
+    a = subprocess.Popen(me + ["A"], stdout=subprocess.PIPE, text=True)
+    port = a.stdout.readline().split()[1]
+    b = subprocess.Popen(me + ["B", port], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = b.stdout.readline().strip(); print(line, flush=True)
+    c = subprocess.run(me + ["C", str(b.pid), line.rsplit("fd=", 1)[1], sys.argv[1]],
+                       capture_output=True, text=True, timeout=30)
+    print((c.stdout + c.stderr).strip(), flush=True)
+    b.stdin.write("go\n"); b.stdin.flush()
+    print(b.stdout.read().strip(), flush=True); b.wait(timeout=30)
+    print(a.stdout.read().strip(), flush=True); a.wait(timeout=30)
+"#;
+
+/// A socket taken from another process with `pidfd_getfd(2)` (a supervisor or sibling of the
+/// same uid) reads and writes the stream as over TCP, and the process it was taken from goes on
+/// with it: the taker's library adopts the connection as one received with `SCM_RIGHTS`. Before
+/// (red team rt24 `rt24_getfd.py`), the number went to libc unchanged: the taker's write went
+/// onto the doorbell channel, the server reset the connection (`A lines=1
+/// ConnectionResetError`), the taker read EOF or a doorbell byte (`b'\x01'` with the glibc
+/// wrapper), and the original holder's next round trip read EOF. Compared with plain TCP.
+#[test]
+fn a_socket_taken_with_pidfd_getfd_keeps_the_stream_like_tcp() {
+    let w = SmcWorld::new();
+    let py = script(&w, "pidfd_getfd.py", PIDFD_GETFD_DRIVER);
+    for how in ["syscall", "glibc"] {
+        let mut outs = Vec::new();
+        for smc in [false, true] {
+            let mut c = python_or_plain(&w, &py, smc);
+            c.arg(how);
+            let out = spawn_piped(c).wait_output(T).expect("driver");
+            let lines: Vec<String> = out
+                .lines()
+                .map(|l| {
+                    // B's fd number may differ between the two runs.
+                    l.split(" fd=").next().unwrap_or(l).to_string()
+                })
+                .collect();
+            outs.push(lines);
+        }
+        assert_eq!(
+            outs[0],
+            [
+                "B first b'echo:one\\n'",
+                "C read b'echo:two\\n'",
+                "B after b'echo:three\\n'",
+                "A lines=3 eof"
+            ],
+            "plain TCP ({how})"
+        );
+        assert_eq!(
+            outs[1], outs[0],
+            "under the library ({how}) against plain TCP"
+        );
+    }
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_client") >= 2, "{}", brief(&sum));
+}
+
+/// A listener; N clients (children, the same environment) each start a non-blocking connect
+/// (its Proposal goes; the handshake would go on at the next call) and are killed with SIGKILL
+/// 50 ms later while queued; then the server, with `SIGPIPE` at its default action (a C
+/// server's), accepts each, greets first and reads to EOF.
+const KILLED_MID_HANDSHAKE: &str = r#"
+import os, signal, socket, subprocess, sys, time
+if sys.argv[1] == "client":
+    s = socket.socket(); s.setblocking(False); s.connect_ex(("127.0.0.1", int(sys.argv[2])))
+    time.sleep(0.05); print("ready", flush=True); time.sleep(60); sys.exit(0)
+n = int(sys.argv[1])
+ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(64)
+for _ in range(n):
+    c = subprocess.Popen([sys.executable, __file__, "client", str(ls.getsockname()[1])],
+                         stdout=subprocess.PIPE, text=True)
+    c.stdout.readline(); c.send_signal(signal.SIGKILL); c.wait()
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+pid = os.fork()
+if pid == 0:
+    for _ in range(n):
+        a, _ = ls.accept(); a.settimeout(10)
+        try:
+            a.sendall(b"hi\n"); got = b""
+            while True:
+                d = a.recv(4096)
+                if not d:
+                    break
+                got += d
+            print("greeted, then EOF after", len(got), flush=True)
+        except OSError as e:
+            print("error", type(e).__name__, flush=True)
+        a.close()
+    os._exit(0)
+_, st = os.waitpid(pid, 0)
+print("server killed by signal", os.WTERMSIG(st) if os.WIFSIGNALED(st) else 0, flush=True)
+"#;
+
+/// A client gone (killed) after its Proposal and before its next call leaves the queued server
+/// end with the Proposal and a FIN. A server that greets first must see TCP's answers: the
+/// write succeeds, the read says EOF. Before (red team rt24 `rt24_kill.py nbconn greetsig`),
+/// the server's library sent its Decline to the gone client, whose kernel answered with a
+/// reset, so the program's first write failed with `EPIPE` and `SIGPIPE` killed the server
+/// (`server killed by signal 13`, 5 of 5). Compared with plain TCP.
+#[test]
+fn a_client_killed_inside_its_handshake_leaves_a_greeting_server_tcps_answers() {
+    let w = SmcWorld::new();
+    let py = script(&w, "killed_mid_handshake.py", KILLED_MID_HANDSHAKE);
+    let mut outs = Vec::new();
+    for smc in [false, true] {
+        let mut c = python_or_plain(&w, &py, smc);
+        c.arg("4");
+        outs.push(spawn_piped(c).wait_output(T).expect("server"));
+    }
+    assert_eq!(
+        outs[0].trim(),
+        "greeted, then EOF after 0\n".repeat(4) + "server killed by signal 0",
+        "plain TCP"
+    );
+    assert_eq!(outs[1], outs[0], "under the library against plain TCP");
+    let sum = w.stats_sum();
+    assert!(fallbacks(&sum) >= 4, "{}", brief(&sum));
+}
+
+/// A (the library) listens and never accepts; C takes A's listener with `pidfd_getfd(2)` and
+/// serves 3 clients in turn, echoing what it read (red team rt24 `rt24_getfd_listener.py`).
+const PIDFD_GETFD_LISTENER: &str = r#"
+import ctypes, os, socket, subprocess, sys, time
+
+if sys.argv[1] == "A":
+    ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(8)
+    print(ls.getsockname()[1], ls.fileno(), flush=True)
+    time.sleep(30); sys.exit(0)
+if sys.argv[1] == "C":
+    libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long
+    nfd = libc.syscall(438, os.pidfd_open(int(sys.argv[2])), int(sys.argv[3]), 0)
+    ls = socket.socket(fileno=nfd)
+    print("taken", flush=True)
+    for _ in range(3):
+        c, _ = ls.accept(); c.settimeout(5)
+        try:
+            d = c.recv(1000); print("C read", d[:12], len(d), flush=True); c.sendall(d)
+        except OSError as e:
+            print("C", type(e).__name__, flush=True)
+        c.close()
+    sys.exit(0)
+mode = "lib"
+me = [sys.executable, __file__]
+a = subprocess.Popen(me + ["A"], stdout=subprocess.PIPE, text=True)
+port, fd = a.stdout.readline().split()
+env = dict(os.environ)
+if mode == "nolib":
+    env.pop("LD_PRELOAD", None)
+c = subprocess.Popen(me + ["C", str(a.pid), fd], env=env, stdout=subprocess.PIPE, text=True)
+c.stdout.readline()
+for i in range(3):
+    s = socket.socket(); s.settimeout(5); s.connect(("127.0.0.1", int(port)))
+    try:
+        s.sendall(b"line%d\n" % i); got = s.recv(100)
+        print(c.stdout.readline().strip(), flush=True); print("client got", got, flush=True)
+    except OSError as e:
+        print("client", type(e).__name__, flush=True)
+    s.close()
+c.wait(timeout=20); a.kill()
+"#;
+
+/// A listener taken with `pidfd_getfd(2)` by a process with the library serves its clients as
+/// over TCP: the taker's library adopts it as a received listener. Before, the taker's accept
+/// went to libc unchanged and it read the client's 224-byte CLC Proposal as the request
+/// (`C read b'\xe2\xd4\xc3\xd9...' 224`, then `BrokenPipeError`). Compared with plain TCP.
+#[test]
+fn a_listener_taken_with_pidfd_getfd_serves_like_tcp() {
+    let w = SmcWorld::new();
+    let py = script(&w, "pidfd_getfd_listener.py", PIDFD_GETFD_LISTENER);
+    let mut outs = Vec::new();
+    for smc in [false, true] {
+        let mut c = python_or_plain(&w, &py, smc);
+        c.arg("run");
+        outs.push(spawn_piped(c).wait_output(T).expect("driver"));
+    }
+    let want: String = (0..3)
+        .map(|i| format!("C read b'line{i}\\n' 6\nclient got b'line{i}\\n'\n"))
+        .collect();
+    assert_eq!(outs[0], want, "plain TCP");
+    assert_eq!(outs[1], outs[0], "under the library against plain TCP");
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_server") >= 3, "{}", brief(&sum));
+}

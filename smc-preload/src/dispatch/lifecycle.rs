@@ -2082,6 +2082,20 @@ fn fd_arrived(fd: c_int) {
     ));
 }
 
+/// `pidfd_getfd(2)`: `fd` is a duplicate of another process's descriptor, made without that
+/// process (a supervisor, a debugger, a sibling of the same uid taking a socket over). Its
+/// library saw nothing leave, so nothing travelled: an SMC connection is adopted as one that
+/// arrived with `SCM_RIGHTS` ([`fd_arrived`]: the daemon's `OP_ADOPT` for the owner's uid,
+/// cgroup and pid namespace, a reference added for this fd), else it fails cleanly; a
+/// listener or an unconnected socket as one received. Before, the number went to libc
+/// unchanged: a read got the doorbells as data, a write went onto the doorbell channel and
+/// the peer reset the connection (red team rt24 `rt24_getfd.py`). errno is preserved.
+pub fn fd_taken_from_another_process(fd: c_int) {
+    let e0 = real::errno();
+    fd_arrived(fd);
+    real::set_errno(e0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // io_uring, fdopen(3) and AIO: I/O we do not see
 

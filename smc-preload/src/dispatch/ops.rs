@@ -2882,6 +2882,17 @@ pub unsafe fn syscall(
                 (a5 != 0).then_some(a5 as *const libc::sigset_t),
             ) as libc::c_long
         },
+        libc::SYS_pidfd_getfd => {
+            // SAFETY: the caller's arguments, with the meaning the system call gives them.
+            let r = unsafe { real::syscall(n, a1, a2, a3, a4, a5, a6) };
+            if r >= 0 {
+                let e = real::errno();
+                fd_created(r as c_int);
+                real::set_errno(e);
+                lifecycle::fd_taken_from_another_process(r as c_int);
+            }
+            r
+        }
         libc::SYS_io_uring_setup => {
             // SAFETY: the caller's arguments, with the meaning the system call gives them.
             let r = unsafe { real::syscall(n, a1, a2, a3, a4, a5, a6) };

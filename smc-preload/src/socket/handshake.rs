@@ -687,6 +687,22 @@ impl Driver {
                 if !self.server && b.get(4).copied() == Some(MsgType::Proposal as u8) {
                     self.pair_before_proposal();
                 }
+                if self.server
+                    && b.get(4).copied() == Some(MsgType::Decline as u8)
+                    && self.io.with(self.fd, peer_finished)
+                {
+                    // The client's FIN came behind its CLC messages: no reader waits for our
+                    // Decline (a client with the library never half-closes before its
+                    // handshake is decided, and one that declined needs none). Sent, it
+                    // would draw a reset from a client that is gone, and the program's first
+                    // write would fail with EPIPE (SIGPIPE) where TCP's succeeds (red team
+                    // rt24 `rt24_kill.py nbconn greetsig`: the server killed by signal 13).
+                    crate::debug!(
+                        "fd {}: handshake: the client finished sending: no Decline",
+                        self.fd
+                    );
+                    return None;
+                }
                 if !crate::util::send_all_io(&self.io, self.fd, &b, Instant::now() + self.timeout) {
                     crate::debug!("fd {}: handshake: sending our CLC message failed", self.fd);
                     let a = self.m.handle(Input::Abort);
@@ -1822,6 +1838,26 @@ pub(crate) fn forget_clc_bytes(lo: i64, hi: i64) {
     let mut v = CLC_BYTES.lock();
     v.retain(|e| !(lo..=hi).contains(&i64::from(e.fd)));
     CLC_BYTES_N.store(v.len(), Ordering::Relaxed);
+}
+
+/// Whether the peer of the TCP socket `fd` sent its FIN (`CLOSE_WAIT`: our side still open).
+fn peer_finished(fd: i32) -> bool {
+    // `struct tcp_info` starts with `tcpi_state`; the kernel copies as much as asked for.
+    let mut info = [0u8; 8];
+    let mut len = info.len() as libc::socklen_t;
+    let e0 = crate::real::errno();
+    // SAFETY: valid out buffer and length.
+    let ok = unsafe {
+        crate::real::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr() as *mut libc::c_void,
+            &mut len,
+        )
+    } == 0;
+    crate::real::set_errno(e0);
+    ok && len >= 1 && info[0] == crate::conn::TCP_CLOSE_WAIT
 }
 
 #[cfg(test)]

@@ -132,11 +132,26 @@ fn syscall_shim(name: &[u8]) -> Option<usize> {
             ) as c_int
         }
     }
+    extern "C" fn pidfd_getfd_sys(pidfd: c_int, targetfd: c_int, flags: c_uint) -> c_int {
+        // SAFETY: as above.
+        unsafe {
+            syscall(
+                libc::SYS_pidfd_getfd,
+                pidfd as libc::c_long,
+                targetfd as libc::c_long,
+                flags as libc::c_long,
+                0,
+                0,
+                0,
+            ) as c_int
+        }
+    }
     let f: usize = match name {
         b"memfd_create\0" => memfd_create_sys as *const () as usize,
         b"close_range\0" => close_range_sys as *const () as usize,
         b"execveat\0" => execveat_sys as *const () as usize,
         b"epoll_pwait2\0" => epoll_pwait2_sys as *const () as usize,
+        b"pidfd_getfd\0" => pidfd_getfd_sys as *const () as usize,
         _ => return None,
     };
     Some(f)
@@ -240,6 +255,7 @@ real_fns! {
     epoll_create(size: c_int) -> c_int;
     epoll_create1(flags: c_int) -> c_int;
     memfd_create(name: *const libc::c_char, flags: c_uint) -> c_int;
+    pidfd_getfd(pidfd: c_int, targetfd: c_int, flags: c_uint) -> c_int;
     inotify_init() -> c_int;
     inotify_init1(flags: c_int) -> c_int;
     waitpid(pid: libc::pid_t, status: *mut c_int, options: c_int) -> libc::pid_t;
