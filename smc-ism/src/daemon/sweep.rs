@@ -101,7 +101,7 @@ fn listener_key(listener: BorrowedFd<'_>) -> Result<ListenerKey, SweepError> {
         return Err(SweepError::NotListener);
     }
     let (addr, port) = key_addr(&ss).ok_or(SweepError::NotListener)?;
-    let netns = sys::getsockopt::<u64>(listener, libc::SOL_SOCKET, sys::SO_NETNS_COOKIE)?;
+    let netns = smc_common::bpf::netns_cookie(listener)?;
     Ok(ListenerKey {
         netns,
         addr,
@@ -131,7 +131,7 @@ fn peer_cookie(sock_state_map: &Path, client: BorrowedFd<'_>) -> Result<Option<u
     else {
         return Err(SweepError::NotTcp);
     };
-    let netns = sys::getsockopt::<u64>(client, libc::SOL_SOCKET, sys::SO_NETNS_COOKIE)?;
+    let netns = smc_common::bpf::netns_cookie(client)?;
     let own = SockKey {
         local_ip: lip,
         remote_ip: rip,
