@@ -9,27 +9,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use integration_tests::{
-    bin, bin_dir, counters, daemon_command, delta, http_server_args, lock, ready_port,
-    require_root, spawn_piped, start_daemon, test_cgroup, unique, Attached, Cgroup, Daemon, Proc,
+    bin, counters, daemon_command, delta, http_server_args, line_fields, lock, preload_lib,
+    require_root, spawn_piped, spawn_ready, start_daemon, test_cgroup, unique, Attached, Cgroup,
+    Daemon, Proc,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-/// Where the library is (built next to the test binaries).
-fn preload_lib() -> PathBuf {
-    if let Some(p) = std::env::var_os("SMC_PRELOAD_LIB") {
-        return PathBuf::from(p);
-    }
-    let p = bin_dir().join("libsmc_preload.so");
-    assert!(
-        p.exists(),
-        "{} is missing: build it first (cargo build -p smc-preload, or cargo xtask test)",
-        p.display()
-    );
-    p
-}
 
 /// One test's world: an attached cgroup, a private daemon, a stats directory.
 struct World {
@@ -168,25 +155,6 @@ fn get(s: &BTreeMap<String, u64>, k: &str) -> u64 {
     s.get(k).copied().unwrap_or(0)
 }
 
-fn start_server(c: Command) -> (Proc, u16) {
-    let mut p = spawn_piped(c);
-    let port = ready_port(&mut p);
-    (p, port)
-}
-
-/// `key=value` fields of the first line starting with `prefix`.
-fn fields(out: &str, prefix: &str) -> Vec<BTreeMap<String, String>> {
-    out.lines()
-        .filter(|l| l.starts_with(prefix))
-        .map(|l| {
-            l.split_whitespace()
-                .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        })
-        .collect()
-}
-
 fn client(
     w: &World,
     with_lib_in_cg: bool,
@@ -212,7 +180,7 @@ fn client(
     let out = spawn_piped(c)
         .wait_output(Duration::from_secs(300))
         .unwrap();
-    let f = fields(&out, "CLIENT ");
+    let f = line_fields(&out, "CLIENT ");
     assert_eq!(f.len(), 1, "client output: {out}");
     f[0].clone()
 }
@@ -226,7 +194,7 @@ fn server_lines(w: &World, p: Proc, client: &dyn std::fmt::Debug) -> Vec<BTreeMa
         "server: {out}\nclient: {client:?}\nstatistics: {:?}",
         w.stats()
     );
-    fields(&out, "CONN ")
+    line_fields(&out, "CONN ")
 }
 
 fn check_pair(c: &BTreeMap<String, String>, s: &BTreeMap<String, String>) {
@@ -239,7 +207,7 @@ fn check_pair(c: &BTreeMap<String, String>, s: &BTreeMap<String, String>) {
 #[test]
 fn preload_integrity_1gib_both_directions() {
     let w = World::new();
-    let (srv, port) = start_server({
+    let (srv, port) = spawn_ready({
         let mut c = w.smc(bin("preload-prog"));
         c.args(["server", "0", "thread", "1"]);
         c
@@ -263,7 +231,7 @@ fn preload_integrity_1gib_both_directions() {
 #[test]
 fn preload_fork_per_connection_server() {
     let w = World::new();
-    let (srv, port) = start_server({
+    let (srv, port) = spawn_ready({
         let mut c = w.smc(bin("preload-prog"));
         c.args(["server", "0", "fork", "4"]);
         c
@@ -297,7 +265,7 @@ fn preload_fork_per_connection_server() {
 fn preload_epoll_edge_triggered_server_many_clients() {
     let w = World::new();
     let n = 8;
-    let (srv, port) = start_server({
+    let (srv, port) = spawn_ready({
         let mut c = w.smc(bin("preload-prog"));
         c.args(["server", "0", "epoll", &n.to_string()]);
         c
@@ -321,7 +289,7 @@ fn preload_epoll_edge_triggered_server_many_clients() {
         .into_iter()
         .map(|p| {
             let out = p.wait_output(Duration::from_secs(120)).unwrap();
-            fields(&out, "CLIENT ")[0].clone()
+            line_fields(&out, "CLIENT ")[0].clone()
         })
         .collect();
     let s = server_lines(&w, srv, &cs);
@@ -340,7 +308,7 @@ fn preload_epoll_edge_triggered_server_many_clients() {
 #[test]
 fn preload_fallback_client_without_library() {
     let w = World::new();
-    let (srv, port) = start_server({
+    let (srv, port) = spawn_ready({
         let mut c = w.smc(bin("preload-prog"));
         c.args(["server", "0", "poll", "1"]);
         c
@@ -357,7 +325,7 @@ fn preload_fallback_client_without_library() {
         "9",
     ]);
     let out = spawn_piped(c).wait_output(Duration::from_secs(60)).unwrap();
-    let cl = fields(&out, "CLIENT ")[0].clone();
+    let cl = line_fields(&out, "CLIENT ")[0].clone();
     let s = server_lines(&w, srv, &cl);
     check_pair(&cl, &s[0]);
     let st = w.stats();
@@ -369,7 +337,7 @@ fn preload_fallback_client_without_library() {
 #[test]
 fn preload_fallback_server_without_library() {
     let w = World::new();
-    let (srv, port) = start_server({
+    let (srv, port) = spawn_ready({
         let mut c = w.cg.command(bin("preload-prog"));
         c.args(["server", "0", "thread", "1"]);
         c
@@ -392,7 +360,7 @@ fn preload_fallback_server_without_library() {
 #[test]
 fn preload_declined_connection_leaves_the_sockhash_and_stays_intact() {
     let w = World::new();
-    let (srv, port) = start_server({
+    let (srv, port) = spawn_ready({
         let mut c = w.smc(bin("preload-prog"));
         c.env("SMC_CTL_SOCK", w.dir.join("no-daemon.sock"));
         c.args(["server", "0", "thread", "12"]);
@@ -433,7 +401,7 @@ fn preload_declined_connection_leaves_the_sockhash_and_stays_intact() {
 #[test]
 fn preload_library_outside_attached_cgroup_is_plain_tcp() {
     let w = World::new();
-    let (srv, port) = start_server({
+    let (srv, port) = spawn_ready({
         let mut c = w.lib_only(bin("preload-prog"));
         c.args(["server", "0", "thread", "1"]);
         c
@@ -449,7 +417,7 @@ fn preload_library_outside_attached_cgroup_is_plain_tcp() {
         "3",
     ]);
     let out = spawn_piped(c).wait_output(Duration::from_secs(60)).unwrap();
-    let cl = fields(&out, "CLIENT ")[0].clone();
+    let cl = line_fields(&out, "CLIENT ")[0].clone();
     let s = server_lines(&w, srv, &cl);
     check_pair(&cl, &s[0]);
     let st = w.stats();
@@ -463,7 +431,7 @@ fn preload_library_outside_attached_cgroup_is_plain_tcp() {
 #[test]
 fn preload_peer_killed_mid_transfer_is_eof_not_hang() {
     let w = World::new();
-    let (mut srv, port) = start_server({
+    let (mut srv, port) = spawn_ready({
         let mut c = w.smc(bin("preload-prog"));
         c.args(["source", "0"]);
         c
@@ -490,7 +458,7 @@ fn preload_peer_killed_mid_transfer_is_eof_not_hang() {
 #[test]
 fn preload_reader_killed_writer_gets_epipe() {
     let w = World::new();
-    let (srv, port) = start_server({
+    let (srv, port) = spawn_ready({
         let mut c = w.smc(bin("preload-prog"));
         c.args(["source", "0"]);
         c
@@ -568,7 +536,7 @@ fn preload_exec_with_inherited_smc_socket_never_reads_doorbells_not_root() {
 
 fn exec_with_inherited_smc_socket(not_root: bool) {
     let w = World::new();
-    let (srv, port) = start_server({
+    let (srv, port) = spawn_ready({
         let mut c = w.smc(bin("preload-prog"));
         c.args(["exec-server", "0"]);
         if not_root {
