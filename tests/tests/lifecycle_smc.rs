@@ -32,6 +32,16 @@ fn python_or_plain(w: &SmcWorld, script: &Path, smc: bool) -> Command {
     c
 }
 
+/// What `py ARGS` prints over plain TCP (`python3` without the library): the answer a run
+/// under the library must give.
+fn over_tcp(py: &Path, args: &[&str]) -> String {
+    let mut c = Command::new("python3");
+    c.arg(py).args(args);
+    spawn_piped(c)
+        .wait_output(T)
+        .unwrap_or_else(|e| panic!("{} over TCP: {e}", py.display()))
+}
+
 fn script(w: &SmcWorld, name: &str, text: &str) -> std::path::PathBuf {
     let p = w.subdir("py").join(name);
     std::fs::write(&p, text).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
@@ -854,11 +864,7 @@ fn a_handoff_after_the_peer_closed_reads_its_last_bytes_and_eof_as_tcp() {
             "{mode}: SMC-D ends closed against opened: {}",
             brief(&sum)
         );
-        let mut c = Command::new("python3");
-        c.arg(&py).arg(mode);
-        let tcp = spawn_piped(c)
-            .wait_output(T)
-            .expect("handoff_closed.py over TCP");
+        let tcp = over_tcp(&py, &[mode]);
         assert_eq!(out, tcp, "{mode}: library against plain TCP");
         assert!(
             sum.get("smcd_client") >= before + 5,
@@ -936,11 +942,7 @@ fn an_epoll_set_reports_a_socket_fdopened_after_the_peer_closed() {
         .wait_output(T)
         .expect("epoll_fdopen.py");
     let sum = w.stats_sum();
-    let mut c = Command::new("python3");
-    c.arg(&py);
-    let tcp = spawn_piped(c)
-        .wait_output(T)
-        .expect("epoll_fdopen.py over TCP");
+    let tcp = over_tcp(&py, &[]);
     assert_eq!(out, tcp, "library against plain TCP");
     assert!(
         sum.get("smcd_client") >= 5,
@@ -999,11 +1001,7 @@ fn many_connections_hand_their_last_bytes_to_one_image_at_a_low_fd_limit() {
         .wait_output(T)
         .expect("many_tails.py");
     let sum = w.stats_sum();
-    let mut c = Command::new("python3");
-    c.arg(&py);
-    let tcp = spawn_piped(c)
-        .wait_output(T)
-        .expect("many_tails.py over TCP");
+    let tcp = over_tcp(&py, &[]);
     assert_eq!(out, tcp, "library against plain TCP");
     assert!(
         sum.get("smcd_client") >= 20,
@@ -1064,11 +1062,7 @@ fn an_idle_client_does_not_make_the_clients_of_an_accept_loop_fall_back() {
     l.env("SMC_CLC_TIMEOUT_MS", "200");
     let out = spawn_piped(l).wait_output(T).expect("accept_idle.py");
     let sum = w.stats_sum();
-    let mut c = Command::new("python3");
-    c.arg(&py);
-    let tcp = spawn_piped(c)
-        .wait_output(T)
-        .expect("accept_idle.py over TCP");
+    let tcp = over_tcp(&py, &[]);
     assert_eq!(out, tcp, "library against plain TCP");
     // The 8 connections of the loop; the idle one may fall back (its client waits past the
     // CLC timeout for nothing).
@@ -1450,14 +1444,7 @@ fn py_server_client(
     cl: (&Path, &[String]),
     done: &str,
 ) -> String {
-    let cmd = |p: &Path| {
-        if smc {
-            return python(w, p);
-        }
-        let mut c = Command::new("python3");
-        c.arg(p).env_remove("LD_PRELOAD");
-        c
-    };
+    let cmd = |p: &Path| python_or_plain(w, p, smc);
     let mut c = cmd(srv.0);
     c.args(srv.1);
     let mut srv = spawn_piped(c);
@@ -1815,13 +1802,7 @@ fn handoff_case(w: &SmcWorld, mode: &str, smc: bool) -> String {
     let srv_py = script(w, "handoff_server.py", HANDOFF_SERVER);
     let cl_py = script(w, "handoff_client.py", HANDOFF_CLIENT);
     let cmd = |script: &Path| {
-        let mut c = if smc {
-            python(w, script)
-        } else {
-            let mut c = Command::new("python3");
-            c.arg(script);
-            c
-        };
+        let mut c = python_or_plain(w, script, smc);
         c.env_remove("LD_PRELOAD");
         c
     };
@@ -2341,16 +2322,7 @@ fn exec_handoff_case_env(
 ) -> String {
     let py = script(w, "exec_handoff.py", EXEC_HANDOFF);
     let cmd = |args: &[&str]| {
-        let mut c = if smc {
-            python(w, &py)
-        } else {
-            let mut c = Command::new("python3");
-            c.arg(&py);
-            c
-        };
-        if !smc {
-            c.env_remove("LD_PRELOAD");
-        }
+        let mut c = python_or_plain(w, &py, smc);
         c.args(args).envs(env.iter().copied());
         c
     };
@@ -2497,11 +2469,7 @@ fn a_forked_child_that_drops_privileges_never_sees_the_parents_next_connection()
     let mut c = python(&w, &py);
     c.args([uid.to_string(), gid.to_string()]);
     let out = spawn_piped(c).wait_output(T).expect("kept_fork.py");
-    let mut c = Command::new("python3");
-    c.arg(&py).args([uid.to_string(), gid.to_string()]);
-    let tcp = spawn_piped(c)
-        .wait_output(T)
-        .expect("kept_fork.py over TCP");
+    let tcp = over_tcp(&py, &[&uid.to_string(), &gid.to_string()]);
     let sum = w.stats_sum();
     assert!(
         sum.get("smcd_client") >= before + 2,
@@ -2739,13 +2707,7 @@ if __name__ == "__main__":
 fn a_socket_bound_by_the_parent_listens_in_a_spawned_worker_over_smcd() {
     let w = SmcWorld::new();
     let py = script(&w, "spawned_worker.py", SPAWNED_WORKER_LISTENS);
-    let tcp = spawn_piped({
-        let mut c = Command::new("python3");
-        c.arg(&py);
-        c
-    })
-    .wait_output(T)
-    .expect("spawned_worker.py over TCP");
+    let tcp = over_tcp(&py, &[]);
     let before = w.stats_sum();
     let out = spawn_piped(python(&w, &py))
         .wait_output(T)
