@@ -204,6 +204,17 @@ fn check_pair(c: &BTreeMap<String, String>, s: &BTreeMap<String, String>) {
     assert_eq!(s["sha_tx"], c["sha_rx"], "SHA-256 server->client");
 }
 
+/// [`check_pair`] of each client with the server connection that received its stream.
+fn check_pairs(cs: &[BTreeMap<String, String>], s: &[BTreeMap<String, String>]) {
+    for c in cs {
+        let m = s
+            .iter()
+            .find(|x| x["sha_rx"] == c["sha_tx"])
+            .expect("matching server conn");
+        check_pair(c, m);
+    }
+}
+
 #[test]
 fn preload_integrity_1gib_both_directions() {
     let w = World::new();
@@ -249,13 +260,7 @@ fn preload_fork_per_connection_server() {
     }
     let s = server_lines(&w, srv, &cs);
     assert_eq!(s.len(), 4, "{s:?}");
-    for c in &cs {
-        let m = s
-            .iter()
-            .find(|x| x["sha_rx"] == c["sha_tx"])
-            .expect("matching server conn");
-        check_pair(c, m);
-    }
+    check_pairs(&cs, &s);
     let st = w.stats();
     assert_eq!(get(&st, "smcd_client"), 4, "{st:?}");
     assert_eq!(get(&st, "smcd_server"), 4, "{st:?}");
@@ -294,13 +299,7 @@ fn preload_epoll_edge_triggered_server_many_clients() {
         .collect();
     let s = server_lines(&w, srv, &cs);
     assert_eq!(s.len(), n);
-    for c in &cs {
-        let m = s
-            .iter()
-            .find(|x| x["sha_rx"] == c["sha_tx"])
-            .expect("matching server conn");
-        check_pair(c, m);
-    }
+    check_pairs(&cs, &s);
     let st = w.stats();
     assert_eq!(get(&st, "smcd_server"), n as u64, "{st:?}");
 }
@@ -374,13 +373,7 @@ fn preload_declined_connection_leaves_the_sockhash_and_stays_intact() {
         .collect();
     let s = server_lines(&w, srv, &cs);
     assert_eq!(s.len(), 12);
-    for c in &cs {
-        let m = s
-            .iter()
-            .find(|x| x["sha_rx"] == c["sha_tx"])
-            .expect("server side");
-        check_pair(c, m);
-    }
+    check_pairs(&cs, &s);
     let after = counters();
     assert_eq!(delta(&before, &after, "shortcut_sockets"), 24);
     // The server ends (no daemon) leave the SOCKHASH at their next outgoing segment, which the
