@@ -553,6 +553,16 @@ impl SmcWorld {
         self.cgroup().launch::<&str>(&[], Some(&dp), program)
     }
 
+    /// [`SmcWorld::run`] (`smc`), or the plain `program` outside the world: the two sides of a
+    /// differential test against TCP.
+    pub fn run_or_plain(&self, smc: bool, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        if smc {
+            self.run(program)
+        } else {
+            Command::new(program)
+        }
+    }
+
     /// `ip netns exec NS smc-ctl run -- PROGRAM` inside the attached cgroup.
     pub fn run_in_netns(&self, ns: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let procs = self.dir.join("procs");
