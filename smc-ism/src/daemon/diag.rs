@@ -8,7 +8,6 @@
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
-use std::ffi::CString;
 use std::io;
 use std::mem;
 use std::net::{IpAddr, SocketAddr};
@@ -17,9 +16,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use smc_common::bpf::{PeerEntry, SockKey};
+use smc_common::bpf::SockKey;
 
-use super::grant::bpf;
+use super::grant::{obj_get, peer_cookie_of, peer_entry};
 use crate::sys::{cvt, TcpIdentity};
 
 const NETLINK_SOCK_DIAG: libc::c_int = 4;
@@ -360,50 +359,15 @@ pub(crate) fn socket_cgroup(
         .and_then(|m| m.cgroup)
 }
 
-/// The `SMC_PEERS` entry of `key`: its socket cookie and `peer_netns`.
-fn peers_lookup(map: BorrowedFd<'_>, key: &SockKey) -> Option<(u64, u64)> {
-    const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
-    let mut value = PeerEntry::default();
-    let mut attr = [0u64; 16];
-    attr[0] = map.as_raw_fd() as u32 as u64;
-    attr[1] = std::ptr::from_ref(key) as u64;
-    attr[2] = std::ptr::from_mut(&mut value) as u64;
-    // Key and value are the map's `SockKey` and `PeerEntry` (plain integers, any bit pattern
-    // valid); a map of another layout would fail the version marker check of smc-ctl before
-    // anything is pinned here.
-    if bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) != 0 {
-        return None;
-    }
-    Some((value.cookie, value.peer_netns))
-}
-
 /// The cookie the eBPF programs recorded for the socket at the other end of `id`
-/// (`SMC_PEERS`, pinned by `smc-ctl`): the mirrored key in `id`'s network namespace, or in the
-/// namespace that `id`'s own entry names as its peer's (`peer_netns`, written by the kernel
-/// when it paired the two ends of a connection between two namespaces by their sequence
-/// numbers). A socket of a third namespace that merely rebuilt the 4-tuple is never named.
+/// (`SMC_PEERS`, pinned by `smc-ctl`), as [`peer_cookie_of`] finds it.
 fn bpf_peer_cookie(path: &Path, id: &TcpIdentity) -> Option<u64> {
-    const BPF_OBJ_GET: libc::c_long = 7;
     let netns = id.netns_cookie?;
-    let cpath = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-    let mut attr = [0u64; 16];
-    attr[0] = cpath.as_ptr() as u64;
-    // BPF_OBJ_GET reads the path pointer and zeroed flags.
-    let fd = bpf(BPF_OBJ_GET, &mut attr);
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: a new fd.
-    let map = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    let map = obj_get(path)?;
     let map = map.as_fd();
-    if let Some((cookie, _)) = peers_lookup(map, &SockKey::new(id.peer, id.local, netns)) {
-        return Some(cookie);
-    }
-    let (_, peer_netns) = peers_lookup(map, &SockKey::new(id.local, id.peer, netns))?;
-    if peer_netns == 0 || peer_netns == netns {
-        return None;
-    }
-    peers_lookup(map, &SockKey::new(id.peer, id.local, peer_netns)).map(|(cookie, _)| cookie)
+    peer_cookie_of(&SockKey::new(id.local, id.peer, netns), |k| {
+        peer_entry(map, k)
+    })
 }
 
 /// Quota keys: the attached cgroup a socket's cgroup belongs to.

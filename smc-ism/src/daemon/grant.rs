@@ -50,9 +50,8 @@ pub(super) fn bpf(cmd: libc::c_long, attr: &mut [u64; 16]) -> libc::c_long {
     }
 }
 
-/// The pinned map at `path` and its `struct bpf_map_info` (type, id, key_size, value_size, as
-/// u32 words first).
-pub(super) fn open_pinned(path: &Path) -> Option<(OwnedFd, [u32; 32])> {
+/// The pinned object at `path` (`BPF_OBJ_GET`).
+pub(super) fn obj_get(path: &Path) -> Option<OwnedFd> {
     let cpath = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
     let mut attr = [0u64; 16];
     attr[0] = cpath.as_ptr() as u64;
@@ -61,7 +60,13 @@ pub(super) fn open_pinned(path: &Path) -> Option<(OwnedFd, [u32; 32])> {
         return None;
     }
     // SAFETY: a new fd of ours.
-    let map = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// The pinned map at `path` and its `struct bpf_map_info` (type, id, key_size, value_size, as
+/// u32 words first).
+pub(super) fn open_pinned(path: &Path) -> Option<(OwnedFd, [u32; 32])> {
+    let map = obj_get(path)?;
     let mut info = [0u32; 32];
     let mut attr = [0u64; 16];
     attr[0] = map.as_raw_fd() as u32 as u64 | ((mem::size_of_val(&info) as u64) << 32);
@@ -239,7 +244,9 @@ pub(crate) fn leave_sockhash(sock_state_map: &Path, sock: BorrowedFd<'_>) -> boo
         netns,
     };
     let peers = sock_state_map.with_file_name(smc_common::bpf::MAP_PEERS);
-    let owner = with_cached(&PEERS, &peers, open_peers, |map| recorded_cookie(map, &key));
+    let owner = with_cached(&PEERS, &peers, open_peers, |map| {
+        peer_entry(map, &key).map(|e| e.cookie)
+    });
     let ours = match owner {
         Some(Some(c)) => c == cookie,
         // No record of the tuple: a socket outside the attached cgroups is no member.
@@ -263,14 +270,36 @@ fn open_peers(path: &Path) -> Option<OwnedFd> {
     (info[2] == SOCK_KEY_LEN as u32 && info[3] == PEER_ENTRY_LEN as u32).then_some(map)
 }
 
-/// The socket cookie `SMC_PEERS` recorded for the key, if any.
-fn recorded_cookie(map: BorrowedFd<'_>, key: &SockKey) -> Option<u64> {
+/// The entry of `key` in a same-host map (`SMC_PEERS`, `SMC_TCP_PEERS`), if any. Key and value
+/// are the map's `SockKey` and `PeerEntry` (plain integers, any bit pattern valid); a map of
+/// another layout would fail the version marker check of smc-ctl before anything is pinned.
+pub(super) fn peer_entry(map: BorrowedFd<'_>, key: &SockKey) -> Option<PeerEntry> {
     let mut value = PeerEntry::default();
     let mut attr = [0u64; 16];
     attr[0] = map.as_raw_fd() as u32 as u64;
     attr[1] = std::ptr::from_ref(key) as u64;
     attr[2] = std::ptr::from_mut(&mut value) as u64;
-    (bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) == 0).then_some(value.cookie)
+    (bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) == 0).then_some(value)
+}
+
+/// The cookie the eBPF programs recorded for the socket at the other end of the connection
+/// end `own`, with `lookup` its same-host map(s) ([`peer_entry`]): the mirrored key in `own`'s
+/// network namespace, or in the namespace that `own`'s entry names as its peer's
+/// (`peer_netns`, written by the kernel when it paired the two ends of a connection between
+/// two namespaces by their sequence numbers). A socket of a third namespace that merely
+/// rebuilt the 4-tuple is never named.
+pub(super) fn peer_cookie_of(
+    own: &SockKey,
+    lookup: impl Fn(&SockKey) -> Option<PeerEntry>,
+) -> Option<u64> {
+    if let Some(e) = lookup(&own.mirror()) {
+        return Some(e.cookie);
+    }
+    let peer_netns = lookup(own)?.peer_netns;
+    if peer_netns == 0 || peer_netns == own.netns {
+        return None;
+    }
+    lookup(&own.mirror().in_netns(peer_netns)).map(|e| e.cookie)
 }
 
 /// Whether `sock` has a value in the socket-storage map (a socket of an attached cgroup that
