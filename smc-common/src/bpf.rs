@@ -145,6 +145,95 @@ impl SockKey {
     }
 }
 
+/// An address as the eBPF programs key it ([`SockKey`], [`ListenerKey`]): IPv6 in network byte
+/// order, IPv4 v4-mapped (`::ffff:a.b.c.d`), as the `u32` words of those 16 bytes in memory.
+#[cfg(feature = "std")]
+pub fn key_ip(ip: std::net::IpAddr) -> [u32; 4] {
+    let o = match ip {
+        std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        std::net::IpAddr::V6(v6) => v6.octets(),
+    };
+    let (words, _) = o.as_chunks::<4>();
+    core::array::from_fn(|i| words.get(i).map_or(0, |w| u32::from_ne_bytes(*w)))
+}
+
+#[cfg(feature = "std")]
+impl SockKey {
+    /// The key of the connection end `local` talking to `peer`, in the network namespace of
+    /// cookie `netns` ([`netns_cookie`]).
+    pub fn new(local: std::net::SocketAddr, peer: std::net::SocketAddr, netns: u64) -> Self {
+        SockKey {
+            local_ip: key_ip(local.ip()),
+            remote_ip: key_ip(peer.ip()),
+            local_port: u32::from(local.port()),
+            remote_port: u32::from(peer.port()),
+            netns,
+        }
+    }
+}
+
+// The socket helpers below call libc's `getsockopt`: not for smc-preload, whose own calls go
+// through its `real` table (libc's symbol in the library is its interposer).
+
+/// What the eBPF programs know about the socket `fd` ([`SMC_SO_STATE`]); `None` outside an
+/// attached cgroup (`ENOPROTOOPT`) or for no socket.
+#[cfg(feature = "std")]
+pub fn sock_state(fd: std::os::fd::RawFd) -> Option<SockState> {
+    let mut st = SockState::default();
+    let mut len = core::mem::size_of::<SockState>() as libc::socklen_t;
+    // SAFETY: a plain getsockopt into an out buffer of `len` bytes (a bad `fd` fails).
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            SOL_SMC_BPF,
+            SMC_SO_STATE,
+            core::ptr::from_mut(&mut st).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then_some(st)
+}
+
+/// The network namespace cookie of the socket `sock` (`SO_NETNS_COOKIE`, Linux 5.14+): what
+/// the eBPF programs' `bpf_get_netns_cookie` gives for it, the `netns` of [`SockKey`] and
+/// [`ListenerKey`].
+#[cfg(feature = "std")]
+pub fn netns_cookie(sock: std::os::fd::BorrowedFd<'_>) -> std::io::Result<u64> {
+    use std::os::fd::AsRawFd as _;
+    let mut cookie = 0u64;
+    let mut len = core::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `sock` is an open descriptor for the call, and the out buffer has `len` bytes.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            core::ptr::from_mut(&mut cookie).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cookie)
+}
+
+/// The cookie of the calling thread's network namespace ([`netns_cookie`] of a Unix socket
+/// made for the purpose: any socket has its namespace's cookie, and a Unix one needs no
+/// interface up).
+#[cfg(feature = "std")]
+pub fn own_netns_cookie() -> std::io::Result<u64> {
+    use std::os::fd::{AsFd as _, FromRawFd as _, OwnedFd};
+    // SAFETY: plain socket(2); its result is checked before use.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor that nothing else owns.
+    let s = unsafe { OwnedFd::from_raw_fd(fd) };
+    netns_cookie(s.as_fd())
+}
+
 /// Key of [`MAP_PAIRS`]: a connection between two network namespaces as seen from one end,
 /// with the first sequence numbers of each direction (`snd_una` and `rcv_nxt` at ESTABLISHED:
 /// each end's initial sequence number plus one). The other end looks its peer up by its own
@@ -679,6 +768,37 @@ mod tests {
             (p.peer().local_seq, p.peer().tuple),
             (7, k.mirror().in_netns(0))
         );
+    }
+
+    #[cfg(feature = "std")]
+    #[test]
+    fn keys_of_socket_addresses() {
+        let l: std::net::SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let p: std::net::SocketAddr = "127.0.0.2:80".parse().unwrap();
+        let k = SockKey::new(l, p, 7);
+        // v4-mapped, network byte order in memory (as smc-ebpf's v4_mapped).
+        assert_eq!(k.local_ip[2], u32::from_ne_bytes([0, 0, 0xff, 0xff]));
+        assert_eq!(k.local_ip[3], u32::from_ne_bytes([127, 0, 0, 1]));
+        assert_eq!((k.local_port, k.remote_port, k.netns), (40000, 80, 7));
+        assert_eq!(SockKey::new(p, l, 7), k.mirror());
+        let v6: std::net::SocketAddr = "[::ffff:127.0.0.1]:40000".parse().unwrap();
+        assert_eq!(SockKey::new(v6, p, 7), k);
+        assert!(k.is_loopback());
+        let one: std::net::SocketAddr = "[::1]:1".parse().unwrap();
+        assert_eq!(
+            key_ip(one.ip()),
+            [0, 0, 0, u32::from_ne_bytes([0, 0, 0, 1])]
+        );
+    }
+
+    #[cfg(feature = "std")]
+    #[test]
+    fn netns_cookies() {
+        use std::os::fd::AsFd as _;
+        let own = own_netns_cookie().unwrap();
+        assert_ne!(own, 0);
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert_eq!(netns_cookie(udp.as_fd()).unwrap(), own);
     }
 
     #[test]

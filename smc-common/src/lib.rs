@@ -2,7 +2,11 @@
 //!
 //! Module map:
 //! - [`bpf`]: `#[repr(C)]` map keys and values, counter indices and the private socket-option
-//!   channel between a process and the eBPF programs. `no_std`, used on both sides.
+//!   channel between a process and the eBPF programs. `no_std`, used on both sides; with
+//!   `std`, the userspace side's one definition of a key from socket addresses
+//!   ([`bpf::SockKey::new`], [`bpf::key_ip`]), of the network namespace cookie
+//!   ([`bpf::netns_cookie`], [`bpf::own_netns_cookie`]) and of the state query
+//!   ([`bpf::sock_state`]) (libc's `getsockopt`: not for smc-preload, see there).
 //! - [`cdc`]: the 32-byte SMC-D CDC header at offset 0 of every DMB (type `0xFE`, producer and
 //!   consumer cursor words loaded/stored atomically as `u64`, producer and connection-state
 //!   flags), cursor/ring arithmetic with wrap, readable bytes, free space, the 10% consumer
@@ -20,7 +24,8 @@
 //!   over a loopback-ism-like device (CHID [`clc::LOOPBACK_CHID`], 128-bit [`clc::Gid`]); timeouts, DMB registration
 //!   and I/O errors are inputs, messages to send and the outcome are outputs.
 //!
-//! Features: `std` (default) enables `clc` and `handshake`; `user` adds the `aya::Pod` impls
+//! Features: `std` (default) enables `clc`, `handshake` and the socket helpers of `bpf` (with
+//! libc); `user` adds the `aya::Pod` impls
 //! of [`bpf`]. The eBPF side depends on this crate with `default-features = false`.
 //!
 //! Tests: unit tests with byte vectors per message kind (`src/clc/tests.rs`), property tests

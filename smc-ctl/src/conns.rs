@@ -36,8 +36,8 @@ use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use serde::Serialize;
 use smc_common::{
     bpf::{
-        PeerEntry, SockKey, MAP_PEERS, MAP_TCP_PEERS, SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PEER_SMC,
-        SOCK_SAME_HOST, SOCK_SHORTCUT,
+        own_netns_cookie, PeerEntry, SockKey, MAP_PEERS, MAP_TCP_PEERS, SOCK_OPTED_IN,
+        SOCK_OPT_SENT, SOCK_PEER_SMC, SOCK_SAME_HOST, SOCK_SHORTCUT,
     },
     diag,
 };
@@ -130,21 +130,6 @@ pub struct Options {
     pub listening: bool,
 }
 
-const TCP_STATES: [&str; 12] = [
-    "UNKNOWN",
-    "ESTABLISHED",
-    "SYN_SENT",
-    "SYN_RECV",
-    "FIN_WAIT1",
-    "FIN_WAIT2",
-    "TIME_WAIT",
-    "CLOSE",
-    "CLOSE_WAIT",
-    "LAST_ACK",
-    "LISTEN",
-    "CLOSING",
-];
-
 fn parse_hex_addr(s: &str) -> Option<SocketAddr> {
     let (a, p) = s.split_once(':')?;
     let port = u16::from_str_radix(p, 16).ok()?;
@@ -234,7 +219,7 @@ fn tcp_table(pid: u32, out: &mut HashMap<u64, TcpEntry>) {
             let (Some(local), Some(peer)) = (parse_hex_addr(c[1]), parse_hex_addr(c[2])) else {
                 continue;
             };
-            let st = usize::from_str_radix(c[3], 16).unwrap_or(0);
+            let st = u8::from_str_radix(c[3], 16).unwrap_or(0);
             let Ok(inode) = c[9].parse::<u64>() else {
                 continue;
             };
@@ -244,32 +229,12 @@ fn tcp_table(pid: u32, out: &mut HashMap<u64, TcpEntry>) {
             out.insert(
                 inode,
                 TcpEntry {
-                    state: TCP_STATES.get(st).copied().unwrap_or("UNKNOWN"),
+                    state: procstats::tcp_state_name(st).unwrap_or("UNKNOWN"),
                     local,
                     peer,
                 },
             );
         }
-    }
-}
-
-/// The eBPF key of a connection end (IPv4 as v4-mapped IPv6, bytes in network order) in the
-/// network namespace of cookie `netns`.
-pub fn sock_key(local: &SocketAddr, peer: &SocketAddr, netns: u64) -> SockKey {
-    fn ip(a: &SocketAddr) -> [u32; 4] {
-        let o = match a.ip() {
-            IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-            IpAddr::V6(v6) => v6.octets(),
-        };
-        let (words, _) = o.as_chunks::<4>();
-        std::array::from_fn(|i| words.get(i).map_or(0, |w| u32::from_ne_bytes(*w)))
-    }
-    SockKey {
-        local_ip: ip(local),
-        remote_ip: ip(peer),
-        local_port: local.port() as u32,
-        remote_port: peer.port() as u32,
-        netns,
     }
 }
 
@@ -284,22 +249,7 @@ fn netns_cookie(pid: u32) -> Option<u64> {
         if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
             return None;
         }
-        let s = std::net::UdpSocket::bind("127.0.0.1:0")
-            .or_else(|_| std::net::UdpSocket::bind("[::1]:0"))
-            .ok()?;
-        let mut cookie = 0u64;
-        let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-        // SAFETY: a valid socket, and an out buffer of `len` bytes.
-        let r = unsafe {
-            libc::getsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&s),
-                libc::SOL_SOCKET,
-                libc::SO_NETNS_COOKIE,
-                (&mut cookie as *mut u64).cast(),
-                &mut len,
-            )
-        };
-        (r == 0).then_some(cookie)
+        own_netns_cookie().ok()
     })
     .join()
     .ok()
@@ -621,9 +571,9 @@ pub fn collect(o: &Options) -> Result<(Vec<ConnInfo>, Notes)> {
             // The eBPF maps key sockets by namespace cookie and 4-tuple; a namespace whose
             // cookie could not be read is matched by the 4-tuple when only one namespace has it.
             let key = match cookies.get(&ns).copied().flatten() {
-                Some(c) => sock_key(&t.local, &t.peer, c),
+                Some(c) => SockKey::new(t.local, t.peer, c),
                 None => {
-                    let bare = sock_key(&t.local, &t.peer, 0);
+                    let bare = SockKey::new(t.local, t.peer, 0);
                     let mut of_tuple = peers.keys().filter(|k| k.in_netns(0) == bare);
                     match (of_tuple.next(), of_tuple.next()) {
                         (Some(k), None) => *k,
@@ -956,34 +906,10 @@ mod tests {
     }
 
     #[test]
-    fn keys_match_the_ebpf_layout() {
-        let l: SocketAddr = "127.0.0.1:40000".parse().unwrap();
-        let p: SocketAddr = "127.0.0.2:80".parse().unwrap();
-        let k = sock_key(&l, &p, 7);
-        // v4-mapped, network byte order in memory (as smc-ebpf's v4_mapped).
-        assert_eq!(k.local_ip[2], u32::from_ne_bytes([0, 0, 0xff, 0xff]));
-        assert_eq!(k.local_ip[3], u32::from_ne_bytes([127, 0, 0, 1]));
-        assert_eq!((k.local_port, k.remote_port, k.netns), (40000, 80, 7));
-        assert_eq!(sock_key(&p, &l, 7), k.mirror());
-        let v6: SocketAddr = "[::ffff:127.0.0.1]:40000".parse().unwrap();
-        assert_eq!(sock_key(&v6, &p, 7), k);
+    fn netns_cookie_of_a_process() {
         // Joining a namespace (even one's own) needs CAP_SYS_ADMIN: without it, no cookie.
         if let Some(c) = netns_cookie(std::process::id()) {
-            use std::os::fd::AsRawFd as _;
-            let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-            let mut own = 0u64;
-            let mut len = 8 as libc::socklen_t;
-            // SAFETY: a valid socket and an 8-byte out buffer.
-            let r = unsafe {
-                libc::getsockopt(
-                    s.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_NETNS_COOKIE,
-                    (&mut own as *mut u64).cast(),
-                    &mut len,
-                )
-            };
-            assert_eq!((r, c), (0, own));
+            assert_eq!(c, own_netns_cookie().unwrap());
         }
     }
 

@@ -12,8 +12,6 @@ use std::ptr;
 
 /// `SO_COOKIE` (Linux 4.12+), the same on every architecture we build for.
 pub(crate) const SO_COOKIE: libc::c_int = 57;
-/// `SO_NETNS_COOKIE` (Linux 5.14+).
-pub(crate) const SO_NETNS_COOKIE: libc::c_int = 71;
 /// `MFD_NOEXEC_SEAL` (Linux 6.3+).
 const MFD_NOEXEC_SEAL: libc::c_uint = 0x0008;
 /// `TCP_ESTABLISHED` in `tcp_info.tcpi_state`.
@@ -480,7 +478,7 @@ pub(crate) fn inspect_tcp(fd: BorrowedFd<'_>) -> Result<TcpIdentity, SocketCheck
         local,
         peer,
         cookie: getsockopt::<u64>(fd, libc::SOL_SOCKET, SO_COOKIE).ok(),
-        netns_cookie: getsockopt::<u64>(fd, libc::SOL_SOCKET, SO_NETNS_COOKIE).ok(),
+        netns_cookie: smc_common::bpf::netns_cookie(fd).ok(),
     })
 }
 

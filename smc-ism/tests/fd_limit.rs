@@ -408,32 +408,6 @@ fn a_timed_out_attach_keeps_its_reserve() {
     drop(daemon);
 }
 
-/// A 4 KiB memfd sealed against shrinking and growing (a local state page).
-fn sealed_page() -> OwnedFd {
-    // SAFETY: valid C string; the fd is owned at once.
-    let fd = unsafe {
-        let fd = libc::memfd_create(
-            c"state".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        );
-        assert!(fd >= 0, "memfd_create");
-        OwnedFd::from_raw_fd(fd)
-    };
-    // SAFETY: plain calls on our fd.
-    unsafe {
-        assert_eq!(libc::ftruncate(fd.as_raw_fd(), 4096), 0);
-        assert_eq!(
-            libc::fcntl(
-                fd.as_raw_fd(),
-                libc::F_ADD_SEALS,
-                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW
-            ),
-            0
-        );
-    }
-    fd
-}
-
 /// Every slot in use, each DMB registered as the data path does (with its state page: two
 /// descriptors in the daemon while they are not shelved; here never): the daemon's own
 /// descriptor limit, raised at start from a low soft limit, holds them all; what bounds

@@ -633,29 +633,3 @@ fn only_the_owners_tenant_adopts_a_moved_socket() {
     wait_idle(&mut c, 1);
     d.shutdown().unwrap();
 }
-
-/// A 4 KiB memfd sealed against shrinking and growing (a local state page).
-fn sealed_page() -> OwnedFd {
-    // SAFETY: valid C string; the fd is owned at once.
-    let fd = unsafe {
-        let fd = libc::memfd_create(
-            c"state".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        );
-        assert!(fd >= 0, "memfd_create");
-        OwnedFd::from_raw_fd(fd)
-    };
-    // SAFETY: plain calls on our fd.
-    unsafe {
-        assert_eq!(libc::ftruncate(fd.as_raw_fd(), 4096), 0);
-        assert_eq!(
-            libc::fcntl(
-                fd.as_raw_fd(),
-                libc::F_ADD_SEALS,
-                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW
-            ),
-            0
-        );
-    }
-    fd
-}

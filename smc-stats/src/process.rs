@@ -16,6 +16,25 @@ impl Identity {
     }
 }
 
+/// The name of TCP state `st` (`include/net/tcp_states.h`: `tcpi_state`, the `st` column of
+/// `/proc/net/tcp`), for the states 1 (`ESTABLISHED`) to 11 (`CLOSING`).
+pub fn tcp_state_name(st: u8) -> Option<&'static str> {
+    const NAMES: [&str; 11] = [
+        "ESTABLISHED",
+        "SYN_SENT",
+        "SYN_RECV",
+        "FIN_WAIT1",
+        "FIN_WAIT2",
+        "TIME_WAIT",
+        "CLOSE",
+        "CLOSE_WAIT",
+        "LAST_ACK",
+        "LISTEN",
+        "CLOSING",
+    ];
+    NAMES.get(usize::from(st).checked_sub(1)?).copied()
+}
+
 /// Inode of the PID namespace of `pid` (`"self"` for the caller).
 pub fn pid_ns(pid: &str) -> Option<u64> {
     use std::os::unix::fs::MetadataExt as _;
@@ -261,6 +280,14 @@ impl Writers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tcp_state_names() {
+        assert_eq!(tcp_state_name(1), Some("ESTABLISHED"));
+        assert_eq!(tcp_state_name(10), Some("LISTEN"));
+        assert_eq!(tcp_state_name(11), Some("CLOSING"));
+        assert_eq!((tcp_state_name(0), tcp_state_name(12)), (None, None));
+    }
 
     #[test]
     fn own_identity() {

@@ -7,7 +7,9 @@
 #   The sender (uid 65534, with the library as world.sh gives it) listens on PORT; its clients
 #   (uid 65534, with the library) send a line; the sender accepts each connection and passes it
 #   over a Unix socket to the receiver (RECV_UID, default 1 = daemon; 65534 for the control),
-#   which runs without LD_PRELOAD, reads the line and answers it upper-cased.
+#   which runs without LD_PRELOAD, reads the line and answers it upper-cased. Its Unix socket is
+#   in RT_DIR.PID (default /tmp/rt13scm). Run by lifecycle_smc.rs
+#   (a_connection_passed_to_another_users_process_without_the_library_continues_on_tcp).
 import os, socket, sys, array, time, subprocess
 ME = os.path.abspath(__file__)
 PY = "/usr/bin/python3"  # readable by the other users (not a pyenv under /root)
@@ -76,7 +78,7 @@ if __name__ == "__main__":
         clients(int(sys.argv[2]), int(sys.argv[3])); sys.exit(0)
     port, n = int(sys.argv[1]), int(sys.argv[2])
     ruid = sys.argv[3] if len(sys.argv) > 3 else "1"
-    d = "/tmp/rt13scm.%d" % os.getpid()
+    d = os.environ.get("RT_DIR", "/tmp/rt13scm") + ".%d" % os.getpid()
     os.mkdir(d); os.chmod(d, 0o777)
     path = d + "/u.sock"
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]

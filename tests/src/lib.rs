@@ -224,6 +224,57 @@ pub fn ready_port(p: &mut Proc) -> u16 {
     p.read_ready_port().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
+/// Starts `c` as [`spawn_piped`] and reads its `READY <port>` line ([`ready_port`]).
+pub fn spawn_ready(c: Command) -> (Proc, u16) {
+    let mut p = spawn_piped(c);
+    let port = ready_port(&mut p);
+    (p, port)
+}
+
+/// The value after `prefix` on the next line `p` prints (`PORT 4242`, `LISTENING 4242`,
+/// `TUPLE 4242`), or a failure that quotes the line.
+pub fn read_after<T: std::str::FromStr>(p: &mut Proc, prefix: &str) -> T {
+    let line = p.read_line();
+    line.strip_prefix(prefix)
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{} said {line:?} instead of {prefix}…", p.name()))
+}
+
+/// Starts `c` as [`spawn_piped`] and reads the port it listens on from its first line, which
+/// starts with `prefix` (`READY `, `PORT `, `LISTENING `).
+pub fn spawn_port(c: Command, prefix: &str) -> (Proc, u16) {
+    let mut p = spawn_piped(c);
+    let port = read_after(&mut p, prefix);
+    (p, port)
+}
+
+/// The `key=value` fields of each line of `out` that starts with `prefix`.
+pub fn line_fields(out: &str, prefix: &str) -> Vec<BTreeMap<String, String>> {
+    out.lines()
+        .filter(|l| l.starts_with(prefix))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+/// The data path library (`SMC_PRELOAD_LIB`, else `libsmc_preload.so` built next to the tests).
+pub fn preload_lib() -> PathBuf {
+    if let Some(p) = std::env::var_os("SMC_PRELOAD_LIB") {
+        return PathBuf::from(p);
+    }
+    let p = bin_dir().join("libsmc_preload.so");
+    assert!(
+        p.exists(),
+        "{} is missing: build it first (cargo build -p smc-preload, or cargo xtask test)",
+        p.display()
+    );
+    p
+}
+
 // ────────────────────────────────────────────────────────────────────────────────────────────
 // Real applications on the data path (`apps_smc.rs`, `clc_capture.rs`): a world with its own
 // attached cgroup and loopback-ism daemon, programs started under `smc-ctl run`, the data
@@ -500,6 +551,16 @@ impl SmcWorld {
         let procs = self.dir.join("procs");
         let dp = self.data_path(&procs);
         self.cgroup().launch::<&str>(&[], Some(&dp), program)
+    }
+
+    /// [`SmcWorld::run`] (`smc`), or the plain `program` outside the world: the two sides of a
+    /// differential test against TCP.
+    pub fn run_or_plain(&self, smc: bool, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        if smc {
+            self.run(program)
+        } else {
+            Command::new(program)
+        }
     }
 
     /// `ip netns exec NS smc-ctl run -- PROGRAM` inside the attached cgroup.

@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Write as _;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use integration_tests::{brief, spawn_piped, SmcWorld, Snapshot};
@@ -93,14 +93,11 @@ struct Prog {
 
 impl Prog {
     fn start(w: &SmcWorld, smc: bool) -> Prog {
-        let mut c = if smc {
-            let mut c = w.run("python3");
+        let mut c = w.run_or_plain(smc, "python3");
+        if smc {
             // Every connection SMC-D (the short ones would go TCP by the policy).
             c.env("SMC_SHORT_BYTES", "0");
-            c
-        } else {
-            Command::new("python3")
-        };
+        }
         c.arg("-c").arg(RESTART).stdin(Stdio::piped());
         let mut p = spawn_piped(c);
         let stdin = p.0.stdin.take().unwrap();

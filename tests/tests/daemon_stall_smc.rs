@@ -18,14 +18,13 @@
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use integration_tests::{bin, ready_port, spawn_piped, SmcWorld};
+use integration_tests::{bin, line_fields, ready_port, spawn_piped, SmcWorld};
 
 /// The daemon protocol's op field (offset 6 of a record, little-endian) of `OP_ATTACH_PEER`
 /// (smc_ism::proto): the server's attach of its client's DMB, sent with its Accept.
@@ -273,19 +272,6 @@ impl Drop for Proxy {
     }
 }
 
-/// `key=value` fields of the lines of `out` that start with `prefix`.
-fn fields(out: &str, prefix: &str) -> Vec<BTreeMap<String, String>> {
-    out.lines()
-        .filter(|l| l.starts_with(prefix))
-        .map(|l| {
-            l.split_whitespace()
-                .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        })
-        .collect()
-}
-
 /// A one-connection thread server whose daemon is the proxy, and a client of it (through the
 /// daemon directly); their outputs.
 fn serve_one(w: &SmcWorld, proxy: &Proxy, env: &[(&str, &str)]) -> (String, String) {
@@ -324,8 +310,8 @@ fn a_daemon_stall_after_the_clients_confirm_is_waited_out() {
     );
     let (client, server) = serve_one(&w, &proxy, &[]);
     assert!(proxy.stalled(), "the server never sent its attach request");
-    let c = fields(&client, "CLIENT ");
-    let s = fields(&server, "CONN ");
+    let c = line_fields(&client, "CLIENT ");
+    let s = line_fields(&server, "CONN ");
     assert_eq!(c.len(), 1, "client: {client}\nserver: {server}");
     assert_eq!(s.len(), 1, "client: {client}\nserver: {server}");
     let (c, s) = (&c[0], &s[0]);

@@ -7,7 +7,7 @@ use std::{path::Path, process::Command, time::Duration};
 
 use integration_tests::{
     bin, counters, delta, lock, ready_port, require_root, run_to_end, smc_ctl, spawn_piped,
-    test_cgroup, Attached, Cgroup, NetnsPair, Proc, SmcWorld, PIN_ROOT,
+    spawn_port, test_cgroup, Attached, Cgroup, NetnsPair, Proc, SmcWorld, PIN_ROOT,
 };
 use smc_common::bpf::{SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PEER_SMC, SOCK_SAME_HOST, SOCK_SHORTCUT};
 
@@ -111,16 +111,6 @@ fn same_host_detected_over_loopback_v4_v6() {
     }
 }
 
-fn server(cmd: Command) -> (Proc, u16) {
-    let mut p = spawn_piped(cmd);
-    let line = p.read_line();
-    let port = line
-        .strip_prefix("PORT ")
-        .and_then(|p| p.trim().parse().ok())
-        .unwrap_or_else(|| panic!("server said {line:?}"));
-    (p, port)
-}
-
 /// What one end's socket knew at the end: `SOCK_*` flags and bytes it sent via the shortcut.
 #[derive(Debug, Clone, Copy)]
 struct End {
@@ -161,7 +151,7 @@ fn stream_with(
     reply: u64,
 ) -> (End, End) {
     srv.args(["--reply", &reply.to_string()]);
-    let (srv, port) = server(srv);
+    let (srv, port) = spawn_port(srv, "PORT ");
     let target = if host.contains(':') {
         format!("[{host}]:{port}")
     } else {

@@ -413,11 +413,7 @@ fn handshakes_and_exec_switches_from_a_signal_handler_inside_malloc_keep_the_hea
     for (scen, k, us, env) in cases {
         let run = |smc: bool| -> String {
             let port = free_port().to_string();
-            let mut c = if smc {
-                w.run(&exe)
-            } else {
-                std::process::Command::new(&exe)
-            };
+            let mut c = w.run_or_plain(smc, &exe);
             c.args([port.as_str(), scen, k, us])
                 .envs(env.iter().copied());
             let out = spawn_piped(c)

@@ -11,7 +11,7 @@ use smc_common::bpf::{PeerEntry, SockKey};
 
 use integration_tests::{
     as_user, bin, brief, counters, delta, free_port, lock, nobody, ready_port, require_root,
-    spawn_piped, test_cgroup, Attached, Cgroup, SmcWorld,
+    spawn_piped, spawn_port, test_cgroup, Attached, Cgroup, SmcWorld,
 };
 
 const T: Duration = Duration::from_secs(60);
@@ -61,12 +61,7 @@ fn flood(cg: &Cgroup, shortcut: bool) -> (i32, u64, u64, u64) {
     let mut v = cg.command(bin("smc-testprog"));
     v.args(["sink", "127.0.0.1:0", "--opt-in"])
         .stdin(Stdio::piped());
-    let mut victim = spawn_piped(v);
-    let line = victim.read_line();
-    let port: u16 = line
-        .strip_prefix("PORT ")
-        .and_then(|p| p.trim().parse().ok())
-        .unwrap_or_else(|| panic!("victim said {line:?}"));
+    let (mut victim, port) = spawn_port(v, "PORT ");
     let mut a = cg.command(bin("smc-testprog"));
     a.args([
         "flood",
@@ -213,21 +208,36 @@ fn rt22_attacker(w: &SmcWorld, args: &[&str]) -> std::process::Command {
     c
 }
 
+/// A victim of root under the library (`rt22_victim.py ARGS`: `server`, `client`, `burst`).
+fn rt22_victim(w: &SmcWorld, args: &[&str]) -> std::process::Command {
+    let mut c = w.run("python3");
+    c.arg("-c")
+        .arg(RT22_VICTIM)
+        .args(args)
+        .env("SMC_SHORT_BYTES", "0");
+    c
+}
+
 /// A victim echo server of root under the library; returns it and its port.
 fn rt22_server(w: &SmcWorld, accept_ms: u32) -> (integration_tests::Proc, u16) {
-    let mut s = w.run("python3");
-    s.arg("-c")
-        .arg(RT22_VICTIM)
-        .args(["server", &free_port().to_string()])
-        .env("RT_ACCEPT_MS", accept_ms.to_string())
-        .env("SMC_SHORT_BYTES", "0");
-    let mut server = spawn_piped(s);
-    let line = server.read_line();
-    let port = line
-        .strip_prefix("LISTENING ")
-        .and_then(|p| p.trim().parse().ok())
-        .unwrap_or_else(|| panic!("victim server said {line:?}"));
-    (server, port)
+    let mut s = rt22_victim(w, &["server", &free_port().to_string()]);
+    s.env("RT_ACCEPT_MS", accept_ms.to_string());
+    spawn_port(s, "LISTENING ")
+}
+
+/// The `TUPLE ...` lines a victim client prints for its connections before `READY`.
+fn rt22_tuples(client: &mut integration_tests::Proc) -> Vec<String> {
+    let mut tuples = Vec::new();
+    loop {
+        let line = client.read_line();
+        if let Some(t) = line.strip_prefix("TUPLE ") {
+            tuples.push(t.to_string());
+        } else if line.starts_with("READY") {
+            return tuples;
+        } else {
+            panic!("victim client said {line:?}");
+        }
+    }
 }
 
 fn kv(out: &str, key: &str) -> u64 {
@@ -246,24 +256,8 @@ fn kv(out: &str, key: &str) -> u64 {
 fn another_uid_cannot_take_foreign_sockets_out_of_the_sockhash() {
     let w = SmcWorld::new();
     let (mut server, port) = rt22_server(&w, 0);
-    let mut c = w.run("python3");
-    c.arg("-c")
-        .arg(RT22_VICTIM)
-        .args(["client", &port.to_string(), "6", "4"])
-        .env("SMC_SHORT_BYTES", "0");
-    let mut client = spawn_piped(c);
-    let mut tuples = 0;
-    loop {
-        let line = client.read_line();
-        if line.starts_with("TUPLE") {
-            tuples += 1;
-        } else if line.starts_with("READY") {
-            break;
-        } else {
-            panic!("victim client said {line:?}");
-        }
-    }
-    assert_eq!(tuples, 4);
+    let mut client = spawn_piped(rt22_victim(&w, &["client", &port.to_string(), "6", "4"]));
+    assert_eq!(rt22_tuples(&mut client).len(), 4);
     let out = spawn_piped(rt22_attacker(&w, &["leave", &port.to_string()]))
         .wait_output(T)
         .expect("attacker");
@@ -294,12 +288,9 @@ fn a_foreign_wildcard_sweep_quarantines_no_connection_of_another_listener() {
     let before = counters();
     let attacker = spawn_piped(rt22_attacker(&w, &["sweepv6", &port.to_string(), "8"]));
     std::thread::sleep(Duration::from_millis(500));
-    let mut c = w.run("python3");
-    c.arg("-c")
-        .arg(RT22_VICTIM)
-        .args(["burst", &port.to_string(), "60"])
-        .env("SMC_SHORT_BYTES", "0");
-    let vout = spawn_piped(c).wait_output(T).expect("victim burst");
+    let vout = spawn_piped(rt22_victim(&w, &["burst", &port.to_string(), "60"]))
+        .wait_output(T)
+        .expect("victim burst");
     let out = attacker.wait_output(T).expect("attacker");
     let quarantined = delta(&before, &counters(), "quarantined");
     let _ = server.0.kill();
@@ -403,41 +394,10 @@ fn peer_entry(map: &std::os::fd::OwnedFd, key: &SockKey) -> Option<PeerEntry> {
     (unsafe { libc::syscall(libc::SYS_bpf, 1, attr.as_mut_ptr(), 128) } == 0).then_some(v)
 }
 
-/// This process's network namespace cookie (`SO_NETNS_COOKIE`, as `bpf_get_netns_cookie`).
-fn own_netns_cookie() -> u64 {
-    use std::os::fd::AsRawFd as _;
-    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let mut c = 0u64;
-    let mut len = 8 as libc::socklen_t;
-    // SAFETY: a valid socket and an 8-byte out buffer.
-    let r = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_NETNS_COOKIE,
-            (&mut c as *mut u64).cast(),
-            &mut len,
-        )
-    };
-    assert_eq!(r, 0, "SO_NETNS_COOKIE");
-    c
-}
-
 /// The eBPF key of 127.0.0.1:`local` → 127.0.0.1:`remote` in namespace `netns`.
 fn loopback_key(local: u16, remote: u16, netns: u64) -> SockKey {
-    let lo = [
-        0,
-        0,
-        u32::from_ne_bytes([0, 0, 0xff, 0xff]),
-        u32::from_ne_bytes([127, 0, 0, 1]),
-    ];
-    SockKey {
-        local_ip: lo,
-        remote_ip: lo,
-        local_port: local as u32,
-        remote_port: remote as u32,
-        netns,
-    }
+    let lo = |port| std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port));
+    SockKey::new(lo(local), lo(remote), netns)
 }
 
 /// Another tenant cannot take over root's SOCKHASH and `SMC_PEERS` entries. Uid `nobody`, a
@@ -453,30 +413,21 @@ fn loopback_key(local: u16, remote: u16, netns: u64) -> SockKey {
 fn another_tenant_cannot_hijack_sockhash_entries_with_rebuilt_tuples() {
     let w = SmcWorld::new();
     let (mut server, port) = rt22_server(&w, 0);
-    let mut c = w.run("python3");
-    c.arg("-c")
-        .arg(RT22_VICTIM)
-        .args(["client", &port.to_string(), "60", "4"])
-        .env("SMC_SHORT_BYTES", "0")
-        .env("RT_GO", "1")
+    let mut c = rt22_victim(&w, &["client", &port.to_string(), "60", "4"]);
+    c.env("RT_GO", "1")
         .env("RT_ROUNDS", "200")
         .stdin(Stdio::piped());
     let mut client = spawn_piped(c);
     // (client port, client cookie)
-    let mut tuples: Vec<(u16, u64)> = Vec::new();
-    loop {
-        let line = client.read_line();
-        if let Some(t) = line.strip_prefix("TUPLE ") {
+    let tuples: Vec<(u16, u64)> = rt22_tuples(&mut client)
+        .iter()
+        .map(|t| {
             let f: Vec<u64> = t.split_whitespace().map(|v| v.parse().unwrap()).collect();
-            tuples.push((f[0] as u16, f[2]));
-        } else if line.starts_with("READY") {
-            break;
-        } else {
-            panic!("victim client said {line:?}");
-        }
-    }
+            (f[0] as u16, f[2])
+        })
+        .collect();
     assert_eq!(tuples.len(), 4);
-    let ns = own_netns_cookie();
+    let ns = smc_common::bpf::own_netns_cookie().expect("SO_NETNS_COOKIE");
     let peers = pinned_map(smc_common::bpf::MAP_PEERS);
     let sockhash = pinned_map(smc_common::bpf::MAP_SOCKHASH);
     // Root's 8 sockets: each client end and each server end.
@@ -654,22 +605,12 @@ fn a_third_namespace_cannot_hijack_a_pair_between_two_namespaces() {
     let py = std::path::Path::new("python3");
     let mut s = integration_tests::NetnsPair::command(&ns.b, Some(&cg), py);
     s.args(["-c", XNS_PROBE, "server", &ns.addr_b]);
-    let mut server = spawn_piped(s);
-    let line = server.read_line();
-    let sport: u16 = line
-        .strip_prefix("LISTENING ")
-        .and_then(|p| p.trim().parse().ok())
-        .unwrap_or_else(|| panic!("server said {line:?}"));
+    let (mut server, sport) = spawn_port(s, "LISTENING ");
     let mut c = integration_tests::NetnsPair::command(&ns.a, Some(&cg), py);
     c.args(["-c", XNS_PROBE, "client", &ns.addr_b])
         .args([sport.to_string(), "200".into()])
         .stdin(Stdio::piped());
-    let mut client = spawn_piped(c);
-    let line = client.read_line();
-    let cport: u16 = line
-        .strip_prefix("TUPLE ")
-        .and_then(|p| p.trim().parse().ok())
-        .unwrap_or_else(|| panic!("client said {line:?}"));
+    let (mut client, cport) = spawn_port(c, "TUPLE ");
 
     let mut a = cg.command("python3");
     a.args(["-c", XNS_PROBE, "attack", &ns.addr_a, &ns.addr_b])

@@ -317,11 +317,7 @@ fn an_urgent_mark_never_makes_a_blocking_peek_spin() {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("redteam/rt23_peekoob.py");
     for mode in ["waitall", "lowat", "peekoff", "peekmark", "read"] {
         let answer = |smc: bool| {
-            let mut c = if smc {
-                w.run("/usr/bin/python3")
-            } else {
-                std::process::Command::new("/usr/bin/python3")
-            };
+            let mut c = w.run_or_plain(smc, "/usr/bin/python3");
             c.arg(&script)
                 .arg(mode)
                 .env("RT_AS_NOBODY", "1")

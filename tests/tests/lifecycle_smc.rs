@@ -32,6 +32,16 @@ fn python_or_plain(w: &SmcWorld, script: &Path, smc: bool) -> Command {
     c
 }
 
+/// What `py ARGS` prints over plain TCP (`python3` without the library): the answer a run
+/// under the library must give.
+fn over_tcp(py: &Path, args: &[&str]) -> String {
+    let mut c = Command::new("python3");
+    c.arg(py).args(args);
+    spawn_piped(c)
+        .wait_output(T)
+        .unwrap_or_else(|e| panic!("{} over TCP: {e}", py.display()))
+}
+
 fn script(w: &SmcWorld, name: &str, text: &str) -> std::path::PathBuf {
     let p = w.subdir("py").join(name);
     std::fs::write(&p, text).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
@@ -434,91 +444,7 @@ fn a_connection_passed_to_a_process_without_the_library_continues_on_tcp() {
 /// TCP before it leaves, as for a receiver known to run without the library. Before, it went
 /// as SMC-D: the receiver read nothing and every client was reset (red team rt13
 /// `rt13_scm_user.py`: 0 of 5 answered).
-const SCM_TO_ANOTHER_USER: &str = r#"
-import os, socket, sys, array, time, subprocess
-ME = os.path.abspath(__file__)
-PY = "/usr/bin/python3"
-ME = os.path.abspath(__file__)
-PY = "/usr/bin/python3"  # readable by the other users (not a pyenv under /root)
-
-def recv_fd(u):
-    fds = array.array("i")
-    msg, anc, _, _ = u.recvmsg(1, socket.CMSG_LEN(4))
-    for lvl, typ, data in anc:
-        if lvl == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-            fds.frombytes(data[:4])
-    return fds[0] if fds else -1
-
-def receiver(path, n):
-    u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    u.connect(path)
-    for _ in range(n):
-        fd = recv_fd(u)
-        if fd < 0:
-            break
-        c = socket.socket(fileno=fd)
-        c.settimeout(3)
-        try:
-            line = c.recv(100)
-            c.sendall(line.upper())
-        except Exception as e:
-            print("receiver:", repr(e), flush=True)
-        c.close()
-
-def sender(port, path, n):
-    l = socket.socket()
-    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    l.bind(("127.0.0.1", port)); l.listen(64)
-    us = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    us.bind(path); os.chmod(path, 0o777); us.listen(1)
-    print("ready", flush=True)
-    u, _ = us.accept()
-    for _ in range(n):
-        c, _ = l.accept()
-        u.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [c.fileno()]))])
-        c.close()
-
-def clients(port, n):
-    ok = 0
-    for i in range(n):
-        s = socket.create_connection(("127.0.0.1", port))
-        s.settimeout(5)
-        want = b"hello %d\n" % i
-        s.sendall(want)
-        try:
-            got = s.recv(100)
-        except Exception as e:
-            got = repr(e).encode()
-        if got == want.upper():
-            ok += 1
-        else:
-            print("client %d: got %r" % (i, got), flush=True)
-        s.close()
-    print("clients: %d of %d answered right" % (ok, n), flush=True)
-
-if __name__ == "__main__":
-    if sys.argv[1] == "recv":
-        receiver(sys.argv[2], int(sys.argv[3])); sys.exit(0)
-    if sys.argv[1] == "send":
-        sender(int(sys.argv[2]), sys.argv[3], int(sys.argv[4])); sys.exit(0)
-    if sys.argv[1] == "cli":
-        clients(int(sys.argv[2]), int(sys.argv[3])); sys.exit(0)
-    port, n = int(sys.argv[1]), int(sys.argv[2])
-    ruid = sys.argv[3] if len(sys.argv) > 3 else "1"
-    d = "/tmp/smc-test-scm-user.%d" % os.getpid()
-    os.mkdir(d); os.chmod(d, 0o777)
-    path = d + "/u.sock"
-    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    snd = subprocess.Popen(nobody + [PY, ME, "send", str(port), path, str(n)], stdout=subprocess.PIPE)
-    snd.stdout.readline()
-    rcv = subprocess.Popen(["setpriv", "--reuid=" + ruid, "--regid=" + ruid, "--clear-groups",
-                            "env", "-u", "LD_PRELOAD", PY, ME, "recv", path, str(n)])
-    subprocess.run(nobody + [PY, ME, "cli", str(port), str(n)])
-    for p in (snd, rcv):
-        try: p.wait(5)
-        except Exception: p.kill(); p.wait()
-    os.unlink(path); os.rmdir(d)
-"#;
+const SCM_TO_ANOTHER_USER: &str = include_str!("../redteam/rt13_scm_user.py");
 
 #[test]
 fn a_connection_passed_to_another_users_process_without_the_library_continues_on_tcp() {
@@ -538,7 +464,11 @@ fn a_connection_passed_to_another_users_process_without_the_library_continues_on
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let port = integration_tests::free_port();
     let mut c = w.run("/usr/bin/python3");
-    c.arg(&path).arg(port.to_string()).arg("3").arg("1");
+    c.arg(&path)
+        .arg(port.to_string())
+        .arg("3")
+        .arg("1")
+        .env("RT_DIR", "/tmp/smc-test-scm-user");
     let out = spawn_piped(c).wait_output(T).expect("program");
     assert!(out.contains("clients: 3 of 3 answered right"), "{out}");
     let sum = w.stats_sum();
@@ -934,11 +864,7 @@ fn a_handoff_after_the_peer_closed_reads_its_last_bytes_and_eof_as_tcp() {
             "{mode}: SMC-D ends closed against opened: {}",
             brief(&sum)
         );
-        let mut c = Command::new("python3");
-        c.arg(&py).arg(mode);
-        let tcp = spawn_piped(c)
-            .wait_output(T)
-            .expect("handoff_closed.py over TCP");
+        let tcp = over_tcp(&py, &[mode]);
         assert_eq!(out, tcp, "{mode}: library against plain TCP");
         assert!(
             sum.get("smcd_client") >= before + 5,
@@ -1016,11 +942,7 @@ fn an_epoll_set_reports_a_socket_fdopened_after_the_peer_closed() {
         .wait_output(T)
         .expect("epoll_fdopen.py");
     let sum = w.stats_sum();
-    let mut c = Command::new("python3");
-    c.arg(&py);
-    let tcp = spawn_piped(c)
-        .wait_output(T)
-        .expect("epoll_fdopen.py over TCP");
+    let tcp = over_tcp(&py, &[]);
     assert_eq!(out, tcp, "library against plain TCP");
     assert!(
         sum.get("smcd_client") >= 5,
@@ -1079,11 +1001,7 @@ fn many_connections_hand_their_last_bytes_to_one_image_at_a_low_fd_limit() {
         .wait_output(T)
         .expect("many_tails.py");
     let sum = w.stats_sum();
-    let mut c = Command::new("python3");
-    c.arg(&py);
-    let tcp = spawn_piped(c)
-        .wait_output(T)
-        .expect("many_tails.py over TCP");
+    let tcp = over_tcp(&py, &[]);
     assert_eq!(out, tcp, "library against plain TCP");
     assert!(
         sum.get("smcd_client") >= 20,
@@ -1144,11 +1062,7 @@ fn an_idle_client_does_not_make_the_clients_of_an_accept_loop_fall_back() {
     l.env("SMC_CLC_TIMEOUT_MS", "200");
     let out = spawn_piped(l).wait_output(T).expect("accept_idle.py");
     let sum = w.stats_sum();
-    let mut c = Command::new("python3");
-    c.arg(&py);
-    let tcp = spawn_piped(c)
-        .wait_output(T)
-        .expect("accept_idle.py over TCP");
+    let tcp = over_tcp(&py, &[]);
     assert_eq!(out, tcp, "library against plain TCP");
     // The 8 connections of the loop; the idle one may fall back (its client waits past the
     // CLC timeout for nothing).
@@ -1530,14 +1444,7 @@ fn py_server_client(
     cl: (&Path, &[String]),
     done: &str,
 ) -> String {
-    let cmd = |p: &Path| {
-        if smc {
-            return python(w, p);
-        }
-        let mut c = Command::new("python3");
-        c.arg(p).env_remove("LD_PRELOAD");
-        c
-    };
+    let cmd = |p: &Path| python_or_plain(w, p, smc);
     let mut c = cmd(srv.0);
     c.args(srv.1);
     let mut srv = spawn_piped(c);
@@ -1895,13 +1802,7 @@ fn handoff_case(w: &SmcWorld, mode: &str, smc: bool) -> String {
     let srv_py = script(w, "handoff_server.py", HANDOFF_SERVER);
     let cl_py = script(w, "handoff_client.py", HANDOFF_CLIENT);
     let cmd = |script: &Path| {
-        let mut c = if smc {
-            python(w, script)
-        } else {
-            let mut c = Command::new("python3");
-            c.arg(script);
-            c
-        };
+        let mut c = python_or_plain(w, script, smc);
         c.env_remove("LD_PRELOAD");
         c
     };
@@ -2421,16 +2322,7 @@ fn exec_handoff_case_env(
 ) -> String {
     let py = script(w, "exec_handoff.py", EXEC_HANDOFF);
     let cmd = |args: &[&str]| {
-        let mut c = if smc {
-            python(w, &py)
-        } else {
-            let mut c = Command::new("python3");
-            c.arg(&py);
-            c
-        };
-        if !smc {
-            c.env_remove("LD_PRELOAD");
-        }
+        let mut c = python_or_plain(w, &py, smc);
         c.args(args).envs(env.iter().copied());
         c
     };
@@ -2577,11 +2469,7 @@ fn a_forked_child_that_drops_privileges_never_sees_the_parents_next_connection()
     let mut c = python(&w, &py);
     c.args([uid.to_string(), gid.to_string()]);
     let out = spawn_piped(c).wait_output(T).expect("kept_fork.py");
-    let mut c = Command::new("python3");
-    c.arg(&py).args([uid.to_string(), gid.to_string()]);
-    let tcp = spawn_piped(c)
-        .wait_output(T)
-        .expect("kept_fork.py over TCP");
+    let tcp = over_tcp(&py, &[&uid.to_string(), &gid.to_string()]);
     let sum = w.stats_sum();
     assert!(
         sum.get("smcd_client") >= before + 2,
@@ -2819,13 +2707,7 @@ if __name__ == "__main__":
 fn a_socket_bound_by_the_parent_listens_in_a_spawned_worker_over_smcd() {
     let w = SmcWorld::new();
     let py = script(&w, "spawned_worker.py", SPAWNED_WORKER_LISTENS);
-    let tcp = spawn_piped({
-        let mut c = Command::new("python3");
-        c.arg(&py);
-        c
-    })
-    .wait_output(T)
-    .expect("spawned_worker.py over TCP");
+    let tcp = over_tcp(&py, &[]);
     let before = w.stats_sum();
     let out = spawn_piped(python(&w, &py))
         .wait_output(T)

@@ -9,27 +9,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use integration_tests::{
-    bin, bin_dir, counters, daemon_command, delta, http_server_args, lock, ready_port,
-    require_root, spawn_piped, start_daemon, test_cgroup, unique, Attached, Cgroup, Daemon, Proc,
+    bin, counters, daemon_command, delta, http_server_args, line_fields, lock, preload_lib,
+    require_root, spawn_piped, spawn_ready, start_daemon, test_cgroup, unique, Attached, Cgroup,
+    Daemon, Proc,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-/// Where the library is (built next to the test binaries).
-fn preload_lib() -> PathBuf {
-    if let Some(p) = std::env::var_os("SMC_PRELOAD_LIB") {
-        return PathBuf::from(p);
-    }
-    let p = bin_dir().join("libsmc_preload.so");
-    assert!(
-        p.exists(),
-        "{} is missing: build it first (cargo build -p smc-preload, or cargo xtask test)",
-        p.display()
-    );
-    p
-}
 
 /// One test's world: an attached cgroup, a private daemon, a stats directory.
 struct World {
@@ -168,25 +155,6 @@ fn get(s: &BTreeMap<String, u64>, k: &str) -> u64 {
     s.get(k).copied().unwrap_or(0)
 }
 
-fn start_server(c: Command) -> (Proc, u16) {
-    let mut p = spawn_piped(c);
-    let port = ready_port(&mut p);
-    (p, port)
-}
-
-/// `key=value` fields of the first line starting with `prefix`.
-fn fields(out: &str, prefix: &str) -> Vec<BTreeMap<String, String>> {
-    out.lines()
-        .filter(|l| l.starts_with(prefix))
-        .map(|l| {
-            l.split_whitespace()
-                .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        })
-        .collect()
-}
-
 fn client(
     w: &World,
     with_lib_in_cg: bool,
@@ -212,7 +180,7 @@ fn client(
     let out = spawn_piped(c)
         .wait_output(Duration::from_secs(300))
         .unwrap();
-    let f = fields(&out, "CLIENT ");
+    let f = line_fields(&out, "CLIENT ");
     assert_eq!(f.len(), 1, "client output: {out}");
     f[0].clone()
 }
@@ -226,7 +194,7 @@ fn server_lines(w: &World, p: Proc, client: &dyn std::fmt::Debug) -> Vec<BTreeMa
         "server: {out}\nclient: {client:?}\nstatistics: {:?}",
         w.stats()
     );
-    fields(&out, "CONN ")
+    line_fields(&out, "CONN ")
 }
 
 fn check_pair(c: &BTreeMap<String, String>, s: &BTreeMap<String, String>) {
@@ -236,10 +204,21 @@ fn check_pair(c: &BTreeMap<String, String>, s: &BTreeMap<String, String>) {
     assert_eq!(s["sha_tx"], c["sha_rx"], "SHA-256 server->client");
 }
 
+/// [`check_pair`] of each client with the server connection that received its stream.
+fn check_pairs(cs: &[BTreeMap<String, String>], s: &[BTreeMap<String, String>]) {
+    for c in cs {
+        let m = s
+            .iter()
+            .find(|x| x["sha_rx"] == c["sha_tx"])
+            .expect("matching server conn");
+        check_pair(c, m);
+    }
+}
+
 #[test]
 fn preload_integrity_1gib_both_directions() {
     let w = World::new();
-    let (srv, port) = start_server({
+    let (srv, port) = spawn_ready({
         let mut c = w.smc(bin("preload-prog"));
         c.args(["server", "0", "thread", "1"]);
         c
@@ -263,7 +242,7 @@ fn preload_integrity_1gib_both_directions() {
 #[test]
 fn preload_fork_per_connection_server() {
     let w = World::new();
-    let (srv, port) = start_server({
+    let (srv, port) = spawn_ready({
         let mut c = w.smc(bin("preload-prog"));
         c.args(["server", "0", "fork", "4"]);
         c
@@ -281,13 +260,7 @@ fn preload_fork_per_connection_server() {
     }
     let s = server_lines(&w, srv, &cs);
     assert_eq!(s.len(), 4, "{s:?}");
-    for c in &cs {
-        let m = s
-            .iter()
-            .find(|x| x["sha_rx"] == c["sha_tx"])
-            .expect("matching server conn");
-        check_pair(c, m);
-    }
+    check_pairs(&cs, &s);
     let st = w.stats();
     assert_eq!(get(&st, "smcd_client"), 4, "{st:?}");
     assert_eq!(get(&st, "smcd_server"), 4, "{st:?}");
@@ -297,7 +270,7 @@ fn preload_fork_per_connection_server() {
 fn preload_epoll_edge_triggered_server_many_clients() {
     let w = World::new();
     let n = 8;
-    let (srv, port) = start_server({
+    let (srv, port) = spawn_ready({
         let mut c = w.smc(bin("preload-prog"));
         c.args(["server", "0", "epoll", &n.to_string()]);
         c
@@ -321,18 +294,12 @@ fn preload_epoll_edge_triggered_server_many_clients() {
         .into_iter()
         .map(|p| {
             let out = p.wait_output(Duration::from_secs(120)).unwrap();
-            fields(&out, "CLIENT ")[0].clone()
+            line_fields(&out, "CLIENT ")[0].clone()
         })
         .collect();
     let s = server_lines(&w, srv, &cs);
     assert_eq!(s.len(), n);
-    for c in &cs {
-        let m = s
-            .iter()
-            .find(|x| x["sha_rx"] == c["sha_tx"])
-            .expect("matching server conn");
-        check_pair(c, m);
-    }
+    check_pairs(&cs, &s);
     let st = w.stats();
     assert_eq!(get(&st, "smcd_server"), n as u64, "{st:?}");
 }
@@ -340,7 +307,7 @@ fn preload_epoll_edge_triggered_server_many_clients() {
 #[test]
 fn preload_fallback_client_without_library() {
     let w = World::new();
-    let (srv, port) = start_server({
+    let (srv, port) = spawn_ready({
         let mut c = w.smc(bin("preload-prog"));
         c.args(["server", "0", "poll", "1"]);
         c
@@ -357,7 +324,7 @@ fn preload_fallback_client_without_library() {
         "9",
     ]);
     let out = spawn_piped(c).wait_output(Duration::from_secs(60)).unwrap();
-    let cl = fields(&out, "CLIENT ")[0].clone();
+    let cl = line_fields(&out, "CLIENT ")[0].clone();
     let s = server_lines(&w, srv, &cl);
     check_pair(&cl, &s[0]);
     let st = w.stats();
@@ -369,7 +336,7 @@ fn preload_fallback_client_without_library() {
 #[test]
 fn preload_fallback_server_without_library() {
     let w = World::new();
-    let (srv, port) = start_server({
+    let (srv, port) = spawn_ready({
         let mut c = w.cg.command(bin("preload-prog"));
         c.args(["server", "0", "thread", "1"]);
         c
@@ -392,7 +359,7 @@ fn preload_fallback_server_without_library() {
 #[test]
 fn preload_declined_connection_leaves_the_sockhash_and_stays_intact() {
     let w = World::new();
-    let (srv, port) = start_server({
+    let (srv, port) = spawn_ready({
         let mut c = w.smc(bin("preload-prog"));
         c.env("SMC_CTL_SOCK", w.dir.join("no-daemon.sock"));
         c.args(["server", "0", "thread", "12"]);
@@ -406,13 +373,7 @@ fn preload_declined_connection_leaves_the_sockhash_and_stays_intact() {
         .collect();
     let s = server_lines(&w, srv, &cs);
     assert_eq!(s.len(), 12);
-    for c in &cs {
-        let m = s
-            .iter()
-            .find(|x| x["sha_rx"] == c["sha_tx"])
-            .expect("server side");
-        check_pair(c, m);
-    }
+    check_pairs(&cs, &s);
     let after = counters();
     assert_eq!(delta(&before, &after, "shortcut_sockets"), 24);
     // The server ends (no daemon) leave the SOCKHASH at their next outgoing segment, which the
@@ -433,7 +394,7 @@ fn preload_declined_connection_leaves_the_sockhash_and_stays_intact() {
 #[test]
 fn preload_library_outside_attached_cgroup_is_plain_tcp() {
     let w = World::new();
-    let (srv, port) = start_server({
+    let (srv, port) = spawn_ready({
         let mut c = w.lib_only(bin("preload-prog"));
         c.args(["server", "0", "thread", "1"]);
         c
@@ -449,7 +410,7 @@ fn preload_library_outside_attached_cgroup_is_plain_tcp() {
         "3",
     ]);
     let out = spawn_piped(c).wait_output(Duration::from_secs(60)).unwrap();
-    let cl = fields(&out, "CLIENT ")[0].clone();
+    let cl = line_fields(&out, "CLIENT ")[0].clone();
     let s = server_lines(&w, srv, &cl);
     check_pair(&cl, &s[0]);
     let st = w.stats();
@@ -463,7 +424,7 @@ fn preload_library_outside_attached_cgroup_is_plain_tcp() {
 #[test]
 fn preload_peer_killed_mid_transfer_is_eof_not_hang() {
     let w = World::new();
-    let (mut srv, port) = start_server({
+    let (mut srv, port) = spawn_ready({
         let mut c = w.smc(bin("preload-prog"));
         c.args(["source", "0"]);
         c
@@ -490,7 +451,7 @@ fn preload_peer_killed_mid_transfer_is_eof_not_hang() {
 #[test]
 fn preload_reader_killed_writer_gets_epipe() {
     let w = World::new();
-    let (srv, port) = start_server({
+    let (srv, port) = spawn_ready({
         let mut c = w.smc(bin("preload-prog"));
         c.args(["source", "0"]);
         c
@@ -568,7 +529,7 @@ fn preload_exec_with_inherited_smc_socket_never_reads_doorbells_not_root() {
 
 fn exec_with_inherited_smc_socket(not_root: bool) {
     let w = World::new();
-    let (srv, port) = start_server({
+    let (srv, port) = spawn_ready({
         let mut c = w.smc(bin("preload-prog"));
         c.args(["exec-server", "0"]);
         if not_root {

@@ -255,16 +255,7 @@ fn daemon_out_of_descriptors(daemon_args: &[&str]) {
         rlim_cur: (open + 150) as libc::rlim_t,
         rlim_max: (open + 150) as libc::rlim_t,
     };
-    // SAFETY: prlimit on the daemon's pid with a valid struct, no old value wanted.
-    let r = unsafe {
-        libc::prlimit(
-            w.daemon_pid() as libc::pid_t,
-            libc::RLIMIT_NOFILE,
-            &lim,
-            std::ptr::null_mut(),
-        )
-    };
-    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    set_nofile(w.daemon_pid(), lim);
     // Many more than fit: the daemon stays at its limit for most of the setup, while servers
     // attach after their accept (before the recorded proof: 1 of 10 runs reset some with
     // 300 connections, 9 of 10 with 1000; on main of 2026-12-01, 6 of 13 runs reset 1-33).
@@ -581,16 +572,7 @@ fn daemon_limit_case(daemon_args: &[&str], check: impl FnOnce(&Run, u64, u64)) {
         rlim_cur: at_start as libc::rlim_t,
         rlim_max: at_start as libc::rlim_t,
     };
-    // SAFETY: prlimit on the daemon's pid with a valid struct, no old value wanted.
-    let r = unsafe {
-        libc::prlimit(
-            dpid as libc::pid_t,
-            libc::RLIMIT_NOFILE,
-            &lim,
-            std::ptr::null_mut(),
-        )
-    };
-    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    set_nofile(dpid, lim);
     let n = 2000;
     let r = scale_run(&w, n as u32, 1, None);
     eprintln!(

@@ -9,27 +9,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use integration_tests::{
-    bin, bin_dir, daemon_command, http_server_args, lock, require_root, spawn_piped, start_daemon,
-    test_cgroup, unique, Attached, Cgroup, Daemon, Proc,
+    bin, daemon_command, http_server_args, line_fields, lock, preload_lib, require_root,
+    spawn_piped, spawn_ready, start_daemon, test_cgroup, unique, Attached, Cgroup, Daemon, Proc,
 };
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-
-fn preload_lib() -> PathBuf {
-    if let Some(p) = std::env::var_os("SMC_PRELOAD_LIB") {
-        return PathBuf::from(p);
-    }
-    let p = bin_dir().join("libsmc_preload.so");
-    assert!(
-        p.exists(),
-        "{} is missing: cargo build --release -p smc-preload",
-        p.display()
-    );
-    p
-}
 
 /// One test's world: attached cgroups, a private daemon, a private stats directory and
 /// baseline, so that other runs on the host do not disturb the figures.
@@ -160,35 +147,11 @@ impl Drop for World {
     }
 }
 
-fn start_server(c: Command) -> (Proc, u16) {
-    let mut p = spawn_piped(c);
-    let line = p.read_line();
-    let port = line
-        .strip_prefix("READY ")
-        .unwrap_or_else(|| panic!("server said {line:?}"))
-        .trim()
-        .parse()
-        .unwrap();
-    (p, port)
-}
-
-fn fields(out: &str, prefix: &str) -> Vec<BTreeMap<String, String>> {
-    out.lines()
-        .filter(|l| l.starts_with(prefix))
-        .map(|l| {
-            l.split_whitespace()
-                .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        })
-        .collect()
-}
-
 fn run_client(c: Command) -> BTreeMap<String, String> {
     let out = spawn_piped(c)
         .wait_output(Duration::from_secs(120))
         .unwrap();
-    let f = fields(&out, "CLIENT ");
+    let f = line_fields(&out, "CLIENT ");
     assert_eq!(f.len(), 1, "client output: {out}");
     assert!(f[0].contains_key("rx"), "client output: {out}");
     f[0].clone()
@@ -233,7 +196,7 @@ fn stats_counts_connections_bytes_and_reset() {
         .map(|i| (1_000_000 + i * 123_457, 2_000_000 - i * 77_777))
         .collect();
     let run_batch = |sizes: &[(u64, u64)], seed: u64| {
-        let (srv, port) = start_server(w.prog(
+        let (srv, port) = spawn_ready(w.prog(
             0,
             true,
             &["server", "0", "thread", &sizes.len().to_string()],
@@ -415,13 +378,13 @@ fn stats_fallback_reason_peernosmc() {
 fn stats_conns_live_modes_and_cgroups() {
     let w = World::new(&["ism", "ism", "shortcut"], false);
     // cgroup 0: an SMC-D pair.
-    let (mut src, port) = start_server(w.prog(0, true, &["source", "0"]));
+    let (mut src, port) = spawn_ready(w.prog(0, true, &["source", "0"]));
     let sink = spawn_piped(w.prog(0, true, &["sink", "127.0.0.1", &port.to_string()]));
     // cgroup 1: the library on the server only → TCP (PEERNOSMC / NOT_ENABLED).
-    let (src1, port1) = start_server(w.prog(1, true, &["source", "0"]));
+    let (src1, port1) = spawn_ready(w.prog(1, true, &["source", "0"]));
     let sink1 = spawn_piped(w.prog(1, false, &["sink", "127.0.0.1", &port1.to_string()]));
     // cgroup 2 (shortcut mode): no library, both ends on the sk_msg shortcut.
-    let (src2, port2) = start_server(w.prog(2, false, &["source", "0"]));
+    let (src2, port2) = spawn_ready(w.prog(2, false, &["source", "0"]));
     let sink2 = spawn_piped(w.prog(2, false, &["sink", "127.0.0.1", &port2.to_string()]));
     std::thread::sleep(Duration::from_millis(500));
 
@@ -564,7 +527,7 @@ fn stats_conns_live_modes_and_cgroups() {
 #[test]
 fn stats_metrics_endpoint() {
     let w = World::new(&["ism"], true);
-    let (srv, port) = start_server(w.prog(0, true, &["server", "0", "thread", "2"]));
+    let (srv, port) = spawn_ready(w.prog(0, true, &["server", "0", "thread", "2"]));
     for i in 0..2 {
         run_client(w.prog(
             0,

@@ -8,7 +8,6 @@
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
-use std::ffi::CString;
 use std::io;
 use std::mem;
 use std::net::{IpAddr, SocketAddr};
@@ -17,7 +16,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::sys::{self, cvt, TcpIdentity};
+use smc_common::bpf::SockKey;
+
+use super::grant::{obj_get, peer_cookie_of, peer_entry};
+use crate::sys::{cvt, TcpIdentity};
 
 const NETLINK_SOCK_DIAG: libc::c_int = 4;
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
@@ -299,18 +301,6 @@ fn diag(
     }
 }
 
-/// The daemon's network namespace cookie.
-pub(crate) fn own_netns_cookie() -> Option<u64> {
-    let s = netlink_socket().ok()?;
-    sys::getsockopt::<u64>(
-        // SAFETY: borrowed for the call only, s outlives it.
-        unsafe { BorrowedFd::borrow_raw(s.as_raw_fd()) },
-        libc::SOL_SOCKET,
-        sys::SO_NETNS_COOKIE,
-    )
-    .ok()
-}
-
 /// What the kernel knows about the connection of a registration's proof socket `sock`.
 ///
 /// The peer is looked up by the mirrored 4-tuple in the owner's namespace, where a 4-tuple is
@@ -369,82 +359,15 @@ pub(crate) fn socket_cgroup(
         .and_then(|m| m.cgroup)
 }
 
-/// `SockKey` of smc-common (v4 as v4-mapped IPv6, addresses in network order, ports in host
-/// order, then the network namespace cookie) of the socket whose local end is `local`.
-fn sock_key(local: SocketAddr, remote: SocketAddr, netns: u64) -> [u8; 48] {
-    let v6 = |ip: IpAddr| match ip {
-        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
-        IpAddr::V6(a) => a.octets(),
-    };
-    let mut k = [0u8; 48];
-    k[0..16].copy_from_slice(&v6(local.ip()));
-    k[16..32].copy_from_slice(&v6(remote.ip()));
-    k[32..36].copy_from_slice(&(local.port() as u32).to_ne_bytes());
-    k[36..40].copy_from_slice(&(remote.port() as u32).to_ne_bytes());
-    k[40..48].copy_from_slice(&netns.to_ne_bytes());
-    k
-}
-
-/// The `SMC_PEERS` entry of `key`: its socket cookie and `peer_netns`.
-fn peers_lookup(map: BorrowedFd<'_>, key: &[u8; 48]) -> Option<(u64, u64)> {
-    const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
-    let mut value = [0u8; 24];
-    let mut attr = [0u64; 16];
-    attr[0] = map.as_raw_fd() as u32 as u64;
-    attr[1] = key.as_ptr() as u64;
-    attr[2] = value.as_mut_ptr() as u64;
-    // SAFETY: key (48 bytes) and value (24 bytes) match the map's sizes; a map of another
-    // layout would fail the version marker check of smc-ctl before anything is pinned here.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_LOOKUP_ELEM,
-            attr.as_mut_ptr(),
-            mem::size_of_val(&attr),
-        )
-    };
-    if r != 0 {
-        return None;
-    }
-    let (cookie, rest) = value.split_first_chunk::<8>()?;
-    let (peer_netns, _) = rest.get(8..)?.split_first_chunk::<8>()?;
-    Some((u64::from_ne_bytes(*cookie), u64::from_ne_bytes(*peer_netns)))
-}
-
 /// The cookie the eBPF programs recorded for the socket at the other end of `id`
-/// (`SMC_PEERS`, pinned by `smc-ctl`): the mirrored key in `id`'s network namespace, or in the
-/// namespace that `id`'s own entry names as its peer's (`peer_netns`, written by the kernel
-/// when it paired the two ends of a connection between two namespaces by their sequence
-/// numbers). A socket of a third namespace that merely rebuilt the 4-tuple is never named.
+/// (`SMC_PEERS`, pinned by `smc-ctl`), as [`peer_cookie_of`] finds it.
 fn bpf_peer_cookie(path: &Path, id: &TcpIdentity) -> Option<u64> {
-    const BPF_OBJ_GET: libc::c_long = 7;
     let netns = id.netns_cookie?;
-    let cpath = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-    let mut attr = [0u64; 16];
-    attr[0] = cpath.as_ptr() as u64;
-    // SAFETY: bpf(BPF_OBJ_GET) reads the path pointer and zeroed flags.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET,
-            attr.as_mut_ptr(),
-            mem::size_of_val(&attr),
-        )
-    };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: a new fd.
-    let map = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    let map = obj_get(path)?;
     let map = map.as_fd();
-    if let Some((cookie, _)) = peers_lookup(map, &sock_key(id.peer, id.local, netns)) {
-        return Some(cookie);
-    }
-    let (_, peer_netns) = peers_lookup(map, &sock_key(id.local, id.peer, netns))?;
-    if peer_netns == 0 || peer_netns == netns {
-        return None;
-    }
-    peers_lookup(map, &sock_key(id.peer, id.local, peer_netns)).map(|(cookie, _)| cookie)
+    peer_cookie_of(&SockKey::new(id.local, id.peer, netns), |k| {
+        peer_entry(map, k)
+    })
 }
 
 /// Quota keys: the attached cgroup a socket's cgroup belongs to.
@@ -578,6 +501,7 @@ fn cgroup_path(mount_fd: RawFd, id: u64) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys;
     use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsFd;
 
@@ -588,7 +512,7 @@ mod tests {
         let (b, _) = l.accept().unwrap();
         let ia = sys::inspect_tcp(a.as_fd()).unwrap();
         let ib = sys::inspect_tcp(b.as_fd()).unwrap();
-        let own = own_netns_cookie();
+        let own = smc_common::bpf::own_netns_cookie().ok();
         let info = conn_info(a.as_fd(), &ia, own, None, true);
         assert_eq!(info.peer_cookie, ib.cookie);
         let info = conn_info(b.as_fd(), &ib, own, None, false);

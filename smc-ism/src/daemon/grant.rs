@@ -21,7 +21,11 @@ use std::mem;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
-use smc_common::bpf::{SockState, SOCK_SHORTCUT_GRANTED, SOCK_STATE_VERSION};
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use smc_common::bpf::{
+    key_ip, PeerEntry, SockKey, SockState, SOCK_SHORTCUT_GRANTED, SOCK_STATE_VERSION,
+};
 
 /// The socket storage value, [`SockState`]: flags u32, version u32, two u64 counters.
 const VALUE_LEN: usize = mem::size_of::<SockState>();
@@ -46,9 +50,8 @@ pub(super) fn bpf(cmd: libc::c_long, attr: &mut [u64; 16]) -> libc::c_long {
     }
 }
 
-/// The pinned map at `path` and its `struct bpf_map_info` (type, id, key_size, value_size, as
-/// u32 words first).
-pub(super) fn open_pinned(path: &Path) -> Option<(OwnedFd, [u32; 32])> {
+/// The pinned object at `path` (`BPF_OBJ_GET`).
+pub(super) fn obj_get(path: &Path) -> Option<OwnedFd> {
     let cpath = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
     let mut attr = [0u64; 16];
     attr[0] = cpath.as_ptr() as u64;
@@ -57,7 +60,13 @@ pub(super) fn open_pinned(path: &Path) -> Option<(OwnedFd, [u32; 32])> {
         return None;
     }
     // SAFETY: a new fd of ours.
-    let map = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// The pinned map at `path` and its `struct bpf_map_info` (type, id, key_size, value_size, as
+/// u32 words first).
+pub(super) fn open_pinned(path: &Path) -> Option<(OwnedFd, [u32; 32])> {
+    let map = obj_get(path)?;
     let mut info = [0u32; 32];
     let mut attr = [0u64; 16];
     attr[0] = map.as_raw_fd() as u32 as u64 | ((mem::size_of_val(&info) as u64) << 32);
@@ -151,11 +160,11 @@ fn grant_with(map: BorrowedFd<'_>, sock: BorrowedFd<'_>) -> bool {
 
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_TYPE_SOCKHASH: u32 = 18;
-/// `size_of::<smc_common::bpf::SockKey>()`: two IPv6 addresses, two u32 ports, the u64
-/// network namespace cookie.
-const SOCK_KEY_LEN: usize = 48;
-/// `size_of::<smc_common::bpf::PeerEntry>()`.
-const PEER_ENTRY_LEN: usize = 24;
+/// `size_of::<SockKey>()`: two IPv6 addresses, two u32 ports, the u64 network namespace
+/// cookie.
+const SOCK_KEY_LEN: usize = mem::size_of::<SockKey>();
+/// `size_of::<PeerEntry>()`.
+const PEER_ENTRY_LEN: usize = mem::size_of::<PeerEntry>();
 
 /// The pinned SOCKHASH at `path` (next to the socket-storage map: same pin directory,
 /// `smc_common::bpf::MAP_SOCKHASH`), when it is one of our layout.
@@ -171,22 +180,14 @@ pub(super) fn key_addr(ss: &libc::sockaddr_storage) -> Option<([u32; 4], u32)> {
         libc::AF_INET => {
             // SAFETY: the family says this storage holds a sockaddr_in.
             let a = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
-            Some((
-                [
-                    0,
-                    0,
-                    u32::from_ne_bytes([0, 0, 0xff, 0xff]),
-                    a.sin_addr.s_addr,
-                ],
-                u16::from_be(a.sin_port) as u32,
-            ))
+            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            Some((key_ip(ip.into()), u16::from_be(a.sin_port) as u32))
         }
         libc::AF_INET6 => {
             // SAFETY: the family says this storage holds a sockaddr_in6.
             let a = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
-            let b = a.sin6_addr.s6_addr;
-            let w = |i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-            Some(([w(0), w(4), w(8), w(12)], u16::from_be(a.sin6_port) as u32))
+            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+            Some((key_ip(ip.into()), u16::from_be(a.sin6_port) as u32))
         }
         _ => None,
     }
@@ -232,14 +233,20 @@ pub(crate) fn leave_sockhash(sock_state_map: &Path, sock: BorrowedFd<'_>) -> boo
     else {
         return false;
     };
-    let Ok(netns) =
-        crate::sys::getsockopt::<u64>(sock, libc::SOL_SOCKET, crate::sys::SO_NETNS_COOKIE)
-    else {
+    let Ok(netns) = smc_common::bpf::netns_cookie(sock) else {
         return false;
     };
-    let key = sock_key(lip, rip, lport, rport, netns);
+    let key = SockKey {
+        local_ip: lip,
+        remote_ip: rip,
+        local_port: lport,
+        remote_port: rport,
+        netns,
+    };
     let peers = sock_state_map.with_file_name(smc_common::bpf::MAP_PEERS);
-    let owner = with_cached(&PEERS, &peers, open_peers, |map| recorded_cookie(map, &key));
+    let owner = with_cached(&PEERS, &peers, open_peers, |map| {
+        peer_entry(map, &key).map(|e| e.cookie)
+    });
     let ours = match owner {
         Some(Some(c)) => c == cookie,
         // No record of the tuple: a socket outside the attached cgroups is no member.
@@ -263,18 +270,36 @@ fn open_peers(path: &Path) -> Option<OwnedFd> {
     (info[2] == SOCK_KEY_LEN as u32 && info[3] == PEER_ENTRY_LEN as u32).then_some(map)
 }
 
-/// The socket cookie `SMC_PEERS` recorded for the key, if any.
-fn recorded_cookie(map: BorrowedFd<'_>, key: &[u32; SOCK_KEY_LEN / 4]) -> Option<u64> {
-    let mut value = [0u8; PEER_ENTRY_LEN];
+/// The entry of `key` in a same-host map (`SMC_PEERS`, `SMC_TCP_PEERS`), if any. Key and value
+/// are the map's `SockKey` and `PeerEntry` (plain integers, any bit pattern valid); a map of
+/// another layout would fail the version marker check of smc-ctl before anything is pinned.
+pub(super) fn peer_entry(map: BorrowedFd<'_>, key: &SockKey) -> Option<PeerEntry> {
+    let mut value = PeerEntry::default();
     let mut attr = [0u64; 16];
     attr[0] = map.as_raw_fd() as u32 as u64;
-    attr[1] = key.as_ptr() as u64;
-    attr[2] = value.as_mut_ptr() as u64;
-    if bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) != 0 {
+    attr[1] = std::ptr::from_ref(key) as u64;
+    attr[2] = std::ptr::from_mut(&mut value) as u64;
+    (bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) == 0).then_some(value)
+}
+
+/// The cookie the eBPF programs recorded for the socket at the other end of the connection
+/// end `own`, with `lookup` its same-host map(s) ([`peer_entry`]): the mirrored key in `own`'s
+/// network namespace, or in the namespace that `own`'s entry names as its peer's
+/// (`peer_netns`, written by the kernel when it paired the two ends of a connection between
+/// two namespaces by their sequence numbers). A socket of a third namespace that merely
+/// rebuilt the 4-tuple is never named.
+pub(super) fn peer_cookie_of(
+    own: &SockKey,
+    lookup: impl Fn(&SockKey) -> Option<PeerEntry>,
+) -> Option<u64> {
+    if let Some(e) = lookup(&own.mirror()) {
+        return Some(e.cookie);
+    }
+    let peer_netns = lookup(own)?.peer_netns;
+    if peer_netns == 0 || peer_netns == own.netns {
         return None;
     }
-    let (c, _) = value.split_first_chunk::<8>()?;
-    Some(u64::from_ne_bytes(*c))
+    lookup(&own.mirror().in_netns(peer_netns)).map(|e| e.cookie)
 }
 
 /// Whether `sock` has a value in the socket-storage map (a socket of an attached cgroup that
@@ -283,29 +308,10 @@ fn has_storage(map: BorrowedFd<'_>, sock: BorrowedFd<'_>) -> bool {
     storage_of(map, sock).is_some()
 }
 
-/// `smc_common::bpf::SockKey` as u32 words (the u64 namespace cookie in native order).
-fn sock_key(
-    lip: [u32; 4],
-    rip: [u32; 4],
-    lport: u32,
-    rport: u32,
-    netns: u64,
-) -> [u32; SOCK_KEY_LEN / 4] {
-    let mut key = [0u32; SOCK_KEY_LEN / 4];
-    key[0..4].copy_from_slice(&lip);
-    key[4..8].copy_from_slice(&rip);
-    key[8] = lport;
-    key[9] = rport;
-    let ns = netns.to_ne_bytes();
-    key[10] = u32::from_ne_bytes([ns[0], ns[1], ns[2], ns[3]]);
-    key[11] = u32::from_ne_bytes([ns[4], ns[5], ns[6], ns[7]]);
-    key
-}
-
-fn delete_sock(map: BorrowedFd<'_>, key: &[u32; SOCK_KEY_LEN / 4]) -> bool {
+fn delete_sock(map: BorrowedFd<'_>, key: &SockKey) -> bool {
     let mut attr = [0u64; 16];
     attr[0] = map.as_raw_fd() as u32 as u64;
-    attr[1] = key.as_ptr() as u64;
+    attr[1] = std::ptr::from_ref(key) as u64;
     let r = bpf(BPF_MAP_DELETE_ELEM, &mut attr);
     // SAFETY: reads the calling thread's errno.
     r == 0 || unsafe { *libc::__errno_location() } == libc::ENOENT

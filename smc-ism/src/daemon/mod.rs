@@ -437,7 +437,7 @@ fn bind(cfg: DaemonConfig) -> Result<Bound, IsmError> {
             events: Events::new(),
             closer: closer::Closer::new(),
             keys: diag::CgroupKeys::new(cfg.bpf_links_dir.clone()),
-            own_netns: diag::own_netns_cookie(),
+            own_netns: smc_common::bpf::own_netns_cookie().ok(),
             peers_map: cfg.bpf_peers_map.clone(),
             client_hook: cfg.client_hook.clone(),
             sock_state_map: cfg.bpf_sock_state_map.clone(),

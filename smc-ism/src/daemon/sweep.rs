@@ -29,14 +29,15 @@ use smc_common::bpf::{
     ListenerKey, PeerEntry, SockKey, SweepConfig, MAP_PEERS, MAP_SWEEP, MAP_TCP_PEERS, SWEEP_PROG,
 };
 
-use super::grant::{bpf, key_addr, open_pinned, sock_addr, BPF_MAP_UPDATE_ELEM};
+use super::grant::{
+    bpf, key_addr, open_pinned, peer_cookie_of, peer_entry, sock_addr, BPF_MAP_UPDATE_ELEM,
+};
 use crate::sys;
 
 /// `ioctl(sock, SIOCGSKNS)`: an fd of the socket's network namespace.
 const SIOCGSKNS: libc::c_ulong = 0x894C;
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
 const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
-const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_ANY: u64 = 0;
 
 /// One sweep at a time: `SMC_SWEEP` holds one listener or socket.
@@ -101,7 +102,7 @@ fn listener_key(listener: BorrowedFd<'_>) -> Result<ListenerKey, SweepError> {
         return Err(SweepError::NotListener);
     }
     let (addr, port) = key_addr(&ss).ok_or(SweepError::NotListener)?;
-    let netns = sys::getsockopt::<u64>(listener, libc::SOL_SOCKET, sys::SO_NETNS_COOKIE)?;
+    let netns = smc_common::bpf::netns_cookie(listener)?;
     Ok(ListenerKey {
         netns,
         addr,
@@ -131,7 +132,7 @@ fn peer_cookie(sock_state_map: &Path, client: BorrowedFd<'_>) -> Result<Option<u
     else {
         return Err(SweepError::NotTcp);
     };
-    let netns = sys::getsockopt::<u64>(client, libc::SOL_SOCKET, sys::SO_NETNS_COOKIE)?;
+    let netns = smc_common::bpf::netns_cookie(client)?;
     let own = SockKey {
         local_ip: lip,
         remote_ip: rip,
@@ -150,25 +151,12 @@ fn peer_cookie(sock_state_map: &Path, client: BorrowedFd<'_>) -> Result<Option<u
         .map(|(map, _)| map)
         .collect();
     let lookup = |key: &SockKey| {
-        maps.iter().find_map(|map| {
-            let mut entry = PeerEntry::default();
-            let mut attr = [0u64; 16];
-            attr[0] = map.as_raw_fd() as u32 as u64;
-            attr[1] = key as *const SockKey as u64;
-            attr[2] = &mut entry as *mut PeerEntry as u64;
-            (bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) == 0 && entry.cookie != 0).then_some(entry)
-        })
+        maps.iter()
+            .find_map(|map| peer_entry(map.as_fd(), key).filter(|e| e.cookie != 0))
     };
     // The server end: the mirrored key in the client's namespace, or in the one the kernel
     // paired the client with (a connection between two namespaces).
-    if let Some(e) = lookup(&own.mirror()) {
-        return Ok(Some(e.cookie));
-    }
-    let peer_netns = lookup(&own).map_or(0, |e| e.peer_netns);
-    if peer_netns == 0 || peer_netns == netns {
-        return Ok(None);
-    }
-    Ok(lookup(&own.mirror().in_netns(peer_netns)).map(|e| e.cookie))
+    Ok(peer_cookie_of(&own, lookup))
 }
 
 /// Writes `value` into the pinned `SMC_SWEEP` array (next to the socket-storage map).

@@ -56,7 +56,7 @@ use std::{
 };
 
 use smc_common::{
-    bpf::{SockState, SMC_SO_ENABLE, SMC_SO_STATE, SOCK_PEER_SMC, SOL_SMC_BPF},
+    bpf::{sock_state, SMC_SO_ENABLE, SOCK_PEER_SMC, SOL_SMC_BPF},
     cdc::{
         ConnStateFlags, Cursor, CursorWord, ProdFlags, Ring, CDC_HEADER_LEN, CONS_WORD_OFFSET,
         PROD_WORD_OFFSET,
@@ -552,19 +552,7 @@ fn local_port(fd: i32) -> u16 {
 }
 
 fn peer_announced_smc(fd: i32) -> bool {
-    let mut st = SockState::default();
-    let mut len = std::mem::size_of::<SockState>() as libc::socklen_t;
-    // SAFETY: valid fd and buffer.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            SOL_SMC_BPF,
-            SMC_SO_STATE,
-            (&mut st as *mut SockState).cast(),
-            &mut len,
-        )
-    };
-    r == 0 && st.flags & SOCK_PEER_SMC != 0
+    sock_state(fd).is_some_and(|st| st.flags & SOCK_PEER_SMC != 0)
 }
 
 fn write_all(fd: i32, mut b: &[u8]) -> std::io::Result<()> {

@@ -26,7 +26,7 @@ use std::{
 };
 
 use sha2::{Digest as _, Sha256};
-use smc_common::bpf::{SockState, SMC_SO_ENABLE, SMC_SO_SHORTCUT, SMC_SO_STATE, SOL_SMC_BPF};
+use smc_common::bpf::{sock_state, SMC_SO_ENABLE, SMC_SO_SHORTCUT, SOL_SMC_BPF};
 
 fn die(msg: impl std::fmt::Display) -> ! {
     eprintln!("smc-testprog: {msg}");
@@ -55,30 +55,14 @@ fn opt_in(fd: i32) {
 /// `<flags>` for `pair`, and `<flags>/<bytes redirected>` in stream reports; u32::MAX when the
 /// private option does not exist (no attached cgroup).
 fn state(fd: i32) -> u32 {
-    query(fd).map(|s| s.flags).unwrap_or(u32::MAX)
+    sock_state(fd).map(|s| s.flags).unwrap_or(u32::MAX)
 }
 
 fn state_report(fd: i32) -> String {
-    match query(fd) {
+    match sock_state(fd) {
         Some(s) => format!("{}/{}", s.flags, s.redirected_bytes),
         None => "none".into(),
     }
-}
-
-fn query(fd: i32) -> Option<SockState> {
-    let mut st = SockState::default();
-    let mut len = std::mem::size_of::<SockState>() as libc::socklen_t;
-    // SAFETY: valid fd and buffer.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            SOL_SMC_BPF,
-            SMC_SO_STATE,
-            (&mut st as *mut SockState).cast(),
-            &mut len,
-        )
-    };
-    (r == 0).then_some(st)
 }
 
 /// A socket that opted in before listen/connect (std has no hook between socket() and connect()).

@@ -7617,22 +7617,7 @@ fn tcp_inq_cmsg() {
 
 /// TCP states by `tcpi_state` (`include/net/tcp_states.h`).
 fn tcp_state_name(st: u8) -> String {
-    const N: [&str; 12] = [
-        "?",
-        "ESTABLISHED",
-        "SYN_SENT",
-        "SYN_RECV",
-        "FIN_WAIT1",
-        "FIN_WAIT2",
-        "TIME_WAIT",
-        "CLOSE",
-        "CLOSE_WAIT",
-        "LAST_ACK",
-        "LISTEN",
-        "CLOSING",
-    ];
-    N.get(st as usize)
-        .map_or_else(|| format!("state{st}"), |n| n.to_string())
+    smc_stats::tcp_state_name(st).map_or_else(|| format!("state{st}"), str::to_string)
 }
 
 /// `TCP_INFO` of `fd` (the whole struct as the kernel fills it, zeros past what it wrote).
