@@ -5,6 +5,9 @@
 use super::*;
 use crate::util::unwound;
 
+/// `SIOCATMARK` (`asm-generic/sockios.h`; the libc crate does not define it).
+const SIOCATMARK: libc::c_ulong = 0x8905;
+
 impl Conn {
     /// Send a doorbell byte (non-blocking, no SIGPIPE).
     pub fn ring_doorbell(&self, fd: i32) {
@@ -218,13 +221,8 @@ impl Conn {
         self.with_io(fd, |io| {
             let mut v: libc::c_int = 0;
             // SAFETY: SIOCATMARK writes one int to our local.
-            let r = unsafe {
-                real::ioctl(
-                    io,
-                    crate::handshake::SIOCATMARK,
-                    std::ptr::from_mut(&mut v) as libc::c_ulong,
-                )
-            };
+            let r =
+                unsafe { real::ioctl(io, SIOCATMARK, std::ptr::from_mut(&mut v) as libc::c_ulong) };
             if r == 0 && v != 0 {
                 let mut b = [0u8; 1];
                 // SAFETY: valid one-byte buffer.
