@@ -270,6 +270,7 @@ scenarios! {
     random_urgent_12: 1;
     random_calls_11: 1;
     random_calls_12: 1;
+    random_urgent_13: 1;
 }
 
 // ── probes ──────────────────────────────────────────────────────────────────────────────────
@@ -485,6 +486,11 @@ fn random_calls_11() {
 /// reset left EPIPE, which the next write reports; it said ECONNRESET).
 fn random_calls_12() {
     super::random::run(3181)
+}
+/// Seed 978: three urgent bytes, the oldest at the read position, `SIOCATMARK` between the
+/// second and the third (TCP dropped the oldest when the second came; it stayed in the stream).
+fn random_urgent_13() {
+    super::random::run_urgent(978)
 }
 
 fn echo() {
