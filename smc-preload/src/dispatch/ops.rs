@@ -2372,6 +2372,7 @@ pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int 
                     if arg == 0 {
                         return fail(libc::EFAULT) as c_int;
                     }
+                    c.urg_note(fd);
                     // SAFETY: FIONREAD's argument is the caller's writable int pointer (ioctl's
                     // contract), non-null (checked).
                     unsafe { *(arg as *mut c_int) = c.inq() as c_int };
@@ -2381,6 +2382,7 @@ pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int 
                     if arg == 0 {
                         return fail(libc::EFAULT) as c_int;
                     }
+                    c.urg_note(fd);
                     // SAFETY: SIOCATMARK's argument is the caller's writable int pointer
                     // (ioctl's contract), non-null (checked).
                     unsafe { *(arg as *mut c_int) = c_int::from(c.at_mark()) };

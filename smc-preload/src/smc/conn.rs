@@ -175,6 +175,10 @@ pub const F_ALONE_RESEND: u32 = 1 << 29;
 /// switch to TCP ([`WAIT_ACKS_FRESH`]; the handshake negotiated
 /// [`smc_common::clc::FEATURE_SWITCH_FRESH_ACKS`]).
 pub const F_FRESH_ACKS_OK: u32 = 1 << 30;
+/// This end shut its writing after the stream was reset (TCP's socket in CLOSE): the error
+/// the reset left is the one of the state it came in (`tcp_reset`: `EPIPE` in CLOSE_WAIT),
+/// not `ECONNRESET` as after a shutdown that came first ([`Conn::reset_errno`]).
+pub const F_SHUT_WR_AFTER_RESET: u32 = 1 << 31;
 /// The connection continues on TCP: the peer's marker was read, the peer switched alone, or
 /// this end switched (see [`E_TCP`]).
 pub const F_TO_TCP: u32 = F_PEER_SWITCH | F_PEER_ALONE | F_SWITCHED;
@@ -834,7 +838,8 @@ impl Conn {
 
     /// The errno the peer's reset leaves pending (see [`Conn::fin_before_reset`]).
     fn reset_errno(&self) -> Errno {
-        if self.fin_before_reset() && self.flags() & F_SHUT_WR == 0 {
+        let f = self.flags();
+        if self.fin_before_reset() && (f & F_SHUT_WR == 0 || f & F_SHUT_WR_AFTER_RESET != 0) {
             libc::EPIPE
         } else {
             libc::ECONNRESET

@@ -62,6 +62,7 @@ pub fn conn_mask(c: &Conn) -> u32 {
 /// writable at once, and a writer paced by `poll(POLLOUT)` spun (red team round 21 `wbusy`:
 /// 1 064 491 `EAGAIN` in 2 s; TCP sleeps).
 pub fn conn_mask_at(c: &Conn, fd: i32) -> u32 {
+    c.urg_note(fd);
     let m = conn_mask(c);
     if !c.on_tcp_with_stash() {
         return m;

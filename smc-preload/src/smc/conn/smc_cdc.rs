@@ -124,6 +124,26 @@ impl Conn {
         )
     }
 
+    /// A call that looks at the receive side (`poll`, epoll, `SIOCATMARK`, `FIONREAD`) takes
+    /// a newer urgent word into the record, as TCP takes each urgent pointer when it arrives:
+    /// the older urgent byte a later one drops (`tcp_check_urg`, at the read position when the
+    /// later one came) is known only while the word still names it, and it holds the two
+    /// newest (random call sequences with urgent data, seeds 978, 1670: a third urgent byte
+    /// after such a look kept the oldest in the stream). Only when the word changed, and not
+    /// while a read of ours holds the ring (it takes the word itself).
+    pub fn urg_note(&self, fd: i32) {
+        if self.own_hdr().load_urg().seq == self.urg_rx().seen || self.rx_on_tcp() {
+            return;
+        }
+        if let Some(_g) = self.sh().rx_lock.try_lock() {
+            if !self.rx_on_tcp() {
+                if let Some((cons, prod)) = self.rx_cursors() {
+                    self.urg_sync(fd, cons, prod);
+                }
+            }
+        }
+    }
+
     /// The reader's urgent record.
     pub(super) fn urg_rx(&self) -> UrgRx {
         UrgRx::from_u64(self.sh().urg_rx.load(Ordering::Acquire))

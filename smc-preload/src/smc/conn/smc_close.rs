@@ -220,13 +220,26 @@ impl Conn {
             libc::SHUT_RDWR => F_SHUT_RD | F_SHUT_WR,
             _ => return Err(libc::EINVAL),
         };
+        // A stream already reset: TCP's socket is in CLOSE, where `inet_shutdown` shuts it
+        // (and says ENOTCONN) but `tcp_shutdown` sends nothing: the peer learns of no FIN.
+        // Before, our `peer_done_writing` reached a peer whose stream this end's write had
+        // reset, and it read that as a FIN before the reset: 0 where TCP says ECONNRESET
+        // (random call sequences, seeds 2356, 2631).
+        let silent = matches!(self.stream_ends(), Some((true, _, _)));
         let old = self.set_flag(f);
-        if f & F_SHUT_RD != 0 && old & F_SHUT_RD == 0 {
+        if silent {
+            // Nothing for the peer. The reset's error stays the one it left (random call
+            // sequences, seed 3181: EPIPE in CLOSE_WAIT, where a write after this shutdown
+            // said ECONNRESET).
+            if f & F_SHUT_WR != 0 && old & F_SHUT_WR == 0 {
+                self.set_flag(F_SHUT_WR_AFTER_RESET);
+            }
+        } else if f & F_SHUT_RD != 0 && old & F_SHUT_RD == 0 {
             // The writer learns that new bytes would be answered with a reset once we shut
             // our writing too ([`PEER_DONE_READING`]); what it wrote before stays readable.
             self.update_peer_flags(0, 0, PEER_DONE_READING);
         }
-        if f & F_SHUT_WR != 0 && old & F_SHUT_WR == 0 {
+        if f & F_SHUT_WR != 0 && old & F_SHUT_WR == 0 && !silent {
             // Wait for in-flight writers so the flag follows their last cursor.
             let _g = self.sh().tx_lock.lock();
             self.update_peer_flags(0, 0, ConnStateFlags::PEER_DONE_WRITING.0);

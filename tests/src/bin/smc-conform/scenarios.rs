@@ -268,6 +268,9 @@ scenarios! {
     random_urgent_10: 1;
     random_urgent_11: 1;
     random_urgent_12: 1;
+    random_calls_11: 1;
+    random_calls_12: 1;
+    random_urgent_13: 1;
     handler_closes_recv_after_clc_timeout: 0;
 }
 
@@ -474,6 +477,21 @@ fn random_urgent_11() {
 /// older urgent byte an ordinary one).
 fn random_urgent_12() {
     super::random::run_urgent(360)
+}
+/// Seed 2356: a `shutdown(SHUT_WR)` (ENOTCONN) of the end whose write reset the peer that shut
+/// both ways (TCP in CLOSE sends no FIN; the peer's read said 0 for ECONNRESET).
+fn random_calls_11() {
+    super::random::run(2356)
+}
+/// Seed 3181: a `shutdown(SHUT_WR)` after the peer's FIN and then its reset (CLOSE_WAIT: the
+/// reset left EPIPE, which the next write reports; it said ECONNRESET).
+fn random_calls_12() {
+    super::random::run(3181)
+}
+/// Seed 978: three urgent bytes, the oldest at the read position, `SIOCATMARK` between the
+/// second and the third (TCP dropped the oldest when the second came; it stayed in the stream).
+fn random_urgent_13() {
+    super::random::run_urgent(978)
 }
 
 fn echo() {
