@@ -217,7 +217,13 @@ fn conn_of_call(fd: c_int, op: Op) -> Result<Option<Arc<Obj>>, Moved> {
                 Op::Read { .. } | Op::ReadOob { .. } | Op::Write { .. } => None,
                 Op::Other => (h.server || !h.peer_local || !nonblock).then_some(None),
             };
-            if !setup::progress_call(fd, h, wait) {
+            let decided = setup::progress_call(fd, h, wait)
+                // A non-blocking write before the Accept: TCP takes the bytes at once.
+                || (matches!(op, Op::Write { .. })
+                    && wait.is_none()
+                    && !h.server
+                    && setup::write_before_accept(fd, h));
+            if !decided {
                 // Still waiting for the peer: nothing to read yet, no room to write yet.
                 if matches!(op, Op::Write { .. }) {
                     h.write_waits.store(true, Ordering::Relaxed);

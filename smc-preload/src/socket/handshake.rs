@@ -481,6 +481,16 @@ impl Driver {
         self.m.withdraw(smc_common::diag::Diag::OptUnsupp);
     }
 
+    /// A client waiting for its server's Accept stops waiting: its next step that finds no
+    /// Accept there declines as at the end of the accept wait (`TIMEOUT_CL`); an Accept
+    /// already there is taken as usual ([`crate::setup::write_before_accept`]).
+    pub fn accept_wait_over(&mut self) {
+        if !self.server && self.committed.is_none() && self.m.waiting_for() == Some(MsgType::Accept)
+        {
+            self.wait = Some((MsgType::Accept, Instant::now()));
+        }
+    }
+
     pub fn step(&mut self, block: bool) -> Progress {
         self.step_until(block.then_some(None))
     }

@@ -1176,7 +1176,7 @@ pub fn progress(fd: i32, h: &crate::obj::Handshake, block: bool) -> bool {
 /// As [`progress`]; `wait` as in [`Driver::step_until`] (`Some(Some(t))`: wait until `t` at
 /// most).
 pub fn progress_until(fd: i32, h: &crate::obj::Handshake, wait: Option<Option<Instant>>) -> bool {
-    progress_or_withdraw(fd, h, wait, false, false)
+    progress_or_withdraw(fd, h, wait, Before::Step, false)
 }
 
 /// How long a close of a handshake whose other end is a socket of this process drives both
@@ -1204,7 +1204,32 @@ pub fn decide_own_before_close(fd: i32, h: &crate::obj::Handshake) {
 /// duplicate that took the handshake's I/O, and left in [`crate::obj::Handshake::moved`] for
 /// the call to continue on and then close.
 pub fn progress_call(fd: i32, h: &crate::obj::Handshake, wait: Option<Option<Instant>>) -> bool {
-    progress_or_withdraw(fd, h, wait, false, true)
+    progress_or_withdraw(fd, h, wait, Before::Step, true)
+}
+
+/// A non-blocking write on a client handshake still waiting for its server's Accept: TCP
+/// takes the bytes at once (the connection is established, queued at the listener), so the
+/// client stops waiting for the Accept as at the end of its accept wait (Decline
+/// `TIMEOUT_CL`, [`crate::handshake::Driver::accept_wait_over`]) and the write goes on TCP.
+/// Before, it said `EAGAIN`, where a program that has just connected does not expect it
+/// (CPython's `test_ssl`: a non-blocking TLS client's ClientHello to a listener of its own
+/// thread, `SSLWantWriteError` in place of "want read"). A client whose connect completes for
+/// the program only once decided (a non-blocking connect to another process's listener)
+/// writes after that and never comes here; a client of its own process's listener is
+/// writable at once. True when decided (as [`progress_call`]).
+pub fn write_before_accept(fd: i32, h: &crate::obj::Handshake) -> bool {
+    progress_or_withdraw(fd, h, None, Before::AcceptWaitOver, true)
+}
+
+/// What a call does to the handshake before its step ([`progress_or_withdraw`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Before {
+    /// Nothing: the step alone.
+    Step,
+    /// Decline at our next message ([`crate::handshake::Driver::withdraw`]).
+    Withdraw,
+    /// A client stops waiting for its Accept ([`write_before_accept`]).
+    AcceptWaitOver,
 }
 
 /// One call driving a handshake ([`crate::obj::Handshake::calls`]).
@@ -1216,13 +1241,12 @@ impl Drop for Driving<'_> {
     }
 }
 
-/// [`progress_until`]; `withdraw`: decline at our next message ([`Driver::withdraw`]);
-/// `continues`: as [`progress_call`].
+/// [`progress_until`] after `before`; `continues`: as [`progress_call`].
 fn progress_or_withdraw(
     fd: i32,
     h: &crate::obj::Handshake,
     wait: Option<Option<Instant>>,
-    withdraw: bool,
+    before: Before,
     continues: bool,
 ) -> bool {
     // Registered before the number is checked, as a close empties the slot before it looks for
@@ -1251,8 +1275,10 @@ fn progress_or_withdraw(
     let Some(d) = g.as_mut() else {
         return true;
     };
-    if withdraw {
-        d.withdraw();
+    match before {
+        Before::Step => {}
+        Before::Withdraw => d.withdraw(),
+        Before::AcceptWaitOver => d.accept_wait_over(),
     }
     // The handshake's I/O goes through the fd of this call: the one it started on may have
     // been closed after a dup, and its number reused by another file. (Once a number was
@@ -1423,11 +1449,11 @@ pub fn settle_leaving_to(fd: i32, receiver_runs_library: bool) {
     match &*o {
         Obj::Handshake(h) if h.server && receiver_runs_library => {
             debug!("fd {fd}: passed on during its handshake to a process with the library: completed first");
-            progress_or_withdraw(fd, h, Some(None), false, false);
+            progress_or_withdraw(fd, h, Some(None), Before::Step, false);
         }
         Obj::Handshake(h) => {
             debug!("fd {fd}: leaves the process during its handshake: declined, stays TCP");
-            progress_or_withdraw(fd, h, Some(None), true, false);
+            progress_or_withdraw(fd, h, Some(None), Before::Withdraw, false);
         }
         Obj::Pending(p) => {
             let mut done = p.lock.lock().unwrap_or_else(|e| e.into_inner());

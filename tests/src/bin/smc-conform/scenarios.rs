@@ -113,7 +113,7 @@ scenarios! {
     setfl_between_connect_and_use: 1;
     connect_timeout_then_blocking: 1;
     nonblock_connect_write_at_once: 1;
-    nonblock_write_server_not_accepting: 1;
+    nonblock_write_server_not_accepting: 0;
     nonblock_first_write_after_pollout: 1;
     nonblock_first_write_after_epollout: 1;
     connect_own_listener_one_thread: 1;
@@ -272,6 +272,7 @@ scenarios! {
     random_calls_12: 1;
     random_urgent_13: 1;
     handler_closes_recv_after_clc_timeout: 0;
+    nonblocking_write_before_own_listener_accepts: 0;
 }
 
 // ── probes ──────────────────────────────────────────────────────────────────────────────────
@@ -3347,9 +3348,9 @@ fn nonblock_write_server_not_accepting() {
     // A non-blocking write never waits: here the first one comes right after the connect,
     // while the server (another process, so not a listener of ours) has not accepted the
     // connection yet, and it accepts only once that write has returned. TCP takes the bytes
-    // (or says EAGAIN if its handshake is not through yet); the data path, whose handshake
-    // waits for the server, says EAGAIN (its connect is still under way: POLLOUT comes when
-    // it is decided), logged alike. It must not wait inside the write.
+    // (or says EAGAIN if its handshake is not through yet); the data path's client stops
+    // waiting for the server's Accept and goes on over TCP (`setup::write_before_accept`:
+    // before, it said EAGAIN until the server accepted). It must not wait inside the write.
     let (port, go, res, pid) = child_server(true);
     let c = nonblock_client(port);
     let n = wr(c, b"hello");
@@ -8445,4 +8446,45 @@ fn shutdown_from_a_handler_during_send() {
         close(c);
         close(s);
     }
+}
+
+/// A blocking connect to a listener of this one-thread process, then a non-blocking write
+/// before the program accepts (CPython's `test_ssl` `test_subclass`: the ClientHello of a
+/// non-blocking TLS handshake, which must then say "want read"), and the same with
+/// `send(MSG_DONTWAIT)` on a blocking socket. TCP takes the bytes (the connection is
+/// established in the listener's queue), the read says `EAGAIN`, the server reads them once
+/// it accepts. Before, both writes said `EAGAIN`: the client's handshake waited for the
+/// Accept of a server that only this thread could make, after the call.
+fn nonblocking_write_before_own_listener_accepts() {
+    let (l, port) = listener();
+    for dontwait in [false, true] {
+        let c = tcp_socket();
+        r("connect(own listener)", connect_to(c, port) as isize);
+        let what = if dontwait {
+            "send(c, MSG_DONTWAIT) before the accept"
+        } else {
+            set_nonblock(c, true);
+            "write(c) non-blocking before the accept"
+        };
+        let k = if dontwait {
+            // SAFETY: valid buffer.
+            unsafe { libc::send(c, b"hello".as_ptr().cast(), 5, libc::MSG_DONTWAIT) }
+        } else {
+            wr(c, b"hello")
+        };
+        r(what, k);
+        let mut b = [0u8; 16];
+        // SAFETY: valid buffer.
+        let k = unsafe { libc::recv(c, b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
+        r("recv(c, MSG_DONTWAIT)", k);
+        let s = accept_fd(l);
+        log(format!("accept ok = {}", s >= 0));
+        rd("read(s)", s, 16);
+        r("write(s)", wr(s, b"back"));
+        pl("poll(c,IN)", c, libc::POLLIN, 5000);
+        rd("read(c)", c, 16);
+        close(c);
+        close(s);
+    }
+    close(l);
 }
