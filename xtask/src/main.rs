@@ -133,6 +133,9 @@ const APT_PACKAGES: &[&str] = &[
     "python3-kubernetes",
     // GNU time: the peak memory of `smc-ctl` under planted statistics files.
     "time",
+    // CPython's own test suite (socket, ssl, asyncio): a differential test against TCP with
+    // tests nobody here wrote (tests/tests/apps_smc.rs).
+    "libpython3.11-testsuite",
 ];
 
 fn main() -> Result<()> {
