@@ -3141,3 +3141,41 @@ fn a_listener_taken_with_pidfd_getfd_serves_like_tcp() {
     let sum = w.stats_sum();
     assert!(sum.get("smcd_server") >= 3, "{}", brief(&sum));
 }
+
+/// Red team rt25's sandboxed program (`rt25_sandbox.py pair`): 4 connections, every other one
+/// greeted by the server, 256 KiB each way checked by digest; the roles filter themselves with
+/// seccomp (`RT25_DENY`, `RT25_WHO`).
+const SANDBOXED: &str = include_str!("../redteam/rt25_sandbox.py");
+
+/// A sandboxed program (a seccomp filter) whose `getsockopt` at the library's private level, or
+/// whose `recvmsg`, is refused continues on TCP with the bytes and ends plain TCP gives it, at
+/// either end or both. Before: a server that could not read the eBPF state took an announced
+/// client for one without SMC and read its Proposal as application bytes (4 of 4 connections
+/// broken: timeouts, resets, `ENOTCONN`); a connection that fell back read through `recvmsg` in
+/// place of the application's `recv` (`PermissionError` on 4 of 4, the peer reset). Compared with
+/// plain TCP.
+#[test]
+fn a_sandboxed_program_that_may_not_read_the_ebpf_state_or_recvmsg_talks_like_tcp() {
+    let w = SmcWorld::new();
+    let py = script(&w, "sandboxed.py", SANDBOXED);
+    for deny in ["gsopt", "recvmsg"] {
+        for who in ["client", "server", "both"] {
+            let mut outs = Vec::new();
+            for smc in [false, true] {
+                let mut c = python_or_plain(&w, &py, smc);
+                c.args(["pair", "4"])
+                    .env("RT25_DENY", deny)
+                    .env("RT25_WHO", who);
+                outs.push(spawn_piped(c).wait_output(T).expect("driver"));
+            }
+            let want: String = (0..4)
+                .map(|i| format!("client {i} ok fast\n"))
+                .chain((0..4).map(|i| format!("server {i} got 262144 eof=True\n")))
+                .collect();
+            assert_eq!(outs[0], want, "plain TCP, {deny} refused to the {who}");
+            assert_eq!(outs[1], outs[0], "the library, {deny} refused to the {who}");
+        }
+    }
+    let sum = w.stats_sum();
+    assert!(fallbacks(&sum) >= 12, "{}", brief(&sum));
+}

@@ -125,6 +125,18 @@ pub fn opt_in(fd: i32) -> bool {
         }
         return false;
     }
+    // The handshake needs the programs' answer about this socket (did the peer announce?). A
+    // process whose `getsockopt` is refused (a seccomp filter or LSM: sandboxed programs)
+    // would take an announced peer for one without SMC and read its Proposal as application
+    // bytes (red team rt25 `rt25_sandbox.sh gsopt server`: 6 of 6 connections broke, the
+    // server read `e2 d4 c3 d9` as a length): it does not announce at all, as without eBPF.
+    if let Err(e) = sock_state_or_errno(fd) {
+        if e != libc::ENOPROTOOPT && e != libc::EOPNOTSUPP {
+            let _ = set_bpf_opt(fd, SMC_SO_ENABLE, 0);
+            debug!("fd {fd}: the eBPF state cannot be read (errno {e}): TCP, no SMC announced");
+            return false;
+        }
+    }
     // The statistics file now, not at the first decision: a process at its descriptor limit
     // (an event loop that accepted or connected everything at once) may have none to spare by
     // then, and its figures would stay in an anonymous page nobody reads.
@@ -133,6 +145,11 @@ pub fn opt_in(fd: i32) -> bool {
 }
 
 fn sock_state(fd: i32) -> Option<SockState> {
+    sock_state_or_errno(fd).ok()
+}
+
+/// [`sock_state`], or the errno of the `getsockopt` that did not answer (errno preserved).
+fn sock_state_or_errno(fd: i32) -> Result<SockState, i32> {
     let mut st = SockState::default();
     let mut len = std::mem::size_of::<SockState>() as libc::socklen_t;
     let e0 = real::errno();
@@ -146,8 +163,13 @@ fn sock_state(fd: i32) -> Option<SockState> {
             &mut len,
         )
     };
+    let e = real::errno();
     real::set_errno(e0);
-    (r == 0).then_some(st)
+    if r == 0 {
+        Ok(st)
+    } else {
+        Err(e)
+    }
 }
 
 fn assume_peer() -> bool {
@@ -168,18 +190,27 @@ enum PeerSmc {
     /// that comes is answered, and the client's application bytes end the wait for one that
     /// does not.
     Quarantined,
+    /// The programs' answer was refused (a seccomp filter or LSM that denies `getsockopt`:
+    /// `EPERM`, `EACCES`, `ENOSYS`), not "nothing attached" (`ENOPROTOOPT`). [`opt_in`] keeps
+    /// such a process from announcing, so this is a listener that opted in before the filter
+    /// came (a server that sandboxes itself after `listen`): its announcement is withdrawn (no
+    /// later client proposes), and the connection continues as [`PeerSmc::No`]'s (a client
+    /// that announced before that reads no Accept and falls back; its Proposal reaches the
+    /// application, as before: the residual of red team rt25 `rt25_sandbox.sh gsopt late`).
+    Unknown,
 }
 
 fn peer_smc(fd: i32) -> PeerSmc {
     if assume_peer() {
         return PeerSmc::SameHost;
     }
-    match sock_state(fd) {
-        Some(s) if s.flags & SOCK_QUARANTINED != 0 => PeerSmc::Quarantined,
-        Some(s) if s.flags & SOCK_PEER_SMC == 0 => PeerSmc::No,
-        Some(s) if s.flags & SOCK_SAME_HOST != 0 => PeerSmc::SameHost,
-        Some(_) => PeerSmc::Remote,
-        None => PeerSmc::No,
+    match sock_state_or_errno(fd) {
+        Ok(s) if s.flags & SOCK_QUARANTINED != 0 => PeerSmc::Quarantined,
+        Ok(s) if s.flags & SOCK_PEER_SMC == 0 => PeerSmc::No,
+        Ok(s) if s.flags & SOCK_SAME_HOST != 0 => PeerSmc::SameHost,
+        Ok(_) => PeerSmc::Remote,
+        Err(libc::ENOPROTOOPT | libc::EOPNOTSUPP) => PeerSmc::No,
+        Err(_) => PeerSmc::Unknown,
     }
 }
 
@@ -750,7 +781,7 @@ pub fn client_after_connect(fd: i32, nonblock: Option<bool>, dest: Option<Dest>)
 /// returned): the server decides that (see `server_after_accept`) and declines a Proposal from
 /// another host.
 fn client_driver(fd: i32, dest: Option<Dest>) -> Option<Driver> {
-    if peer_smc(fd) == PeerSmc::No {
+    if matches!(peer_smc(fd), PeerSmc::No | PeerSmc::Unknown) {
         note_dest(dest, false);
         fallback(
             fd,
@@ -776,7 +807,10 @@ fn client_driver(fd: i32, dest: Option<Dest>) -> Option<Driver> {
 /// with `SCM_RIGHTS`, kept across `exec`) is decided before it goes ([`settle_leaving`]).
 pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
     let peer = peer_smc(fd);
-    if peer == PeerSmc::No {
+    if peer == PeerSmc::Unknown && announce(lfd, false) {
+        debug!("fd {lfd}: the eBPF state cannot be read (getsockopt refused): the listener no longer announces SMC");
+    }
+    if matches!(peer, PeerSmc::No | PeerSmc::Unknown) {
         fallback(
             fd,
             true,
@@ -793,6 +827,7 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
     if peer == PeerSmc::Quarantined {
         debug!("fd {fd}: quarantined before we claimed it: a Proposal that comes is declined");
     }
+
     let mut d = Driver::new(machine_for(true, sc, peer), fd, true, sc);
     // Not waiting here for: a client from another host (one that announces SMC and then stays
     // silent would stall the accept loop for everyone: its Proposal is answered at the
@@ -1475,7 +1510,7 @@ pub fn settle_leaving_to(fd: i32, receiver_runs_library: bool) {
 /// A client whose connection is established declines instead of proposing (the server waits
 /// for a CLC message: a Decline is its answer), and stays on TCP.
 fn client_declines(fd: i32, dest: Option<Dest>) {
-    if peer_smc(fd) == PeerSmc::No {
+    if matches!(peer_smc(fd), PeerSmc::No | PeerSmc::Unknown) {
         note_dest(dest, false);
         fallback(
             fd,
