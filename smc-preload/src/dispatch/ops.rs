@@ -2618,6 +2618,8 @@ pub unsafe fn fork() -> libc::pid_t {
         Obj::Epoll(s) => s.before_fork(),
         _ => {}
     });
+    // Any epoll set (also one the library has not seen yet) is shared with the child.
+    crate::epoll::before_fork_of_a_set();
     // Each epoll set's lock, held across the fork: a thread of this process inside one at the
     // fork left the child's copy locked for ever (red team round 15, finding 8: 31 of 100
     // children that used their parent's set hung, two threads of the parent busy on it).
