@@ -83,6 +83,12 @@ static void show(const char *tag, int fd, int ms) {
 // The image that answers on fd 20: reads a line, writes "pong\n".
 static int helper(int fd) {
   char b[256]; int n = 0, r = 0, e = 0;
+  if (getenv("RT25_T0")) {
+    struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
+    double d = t.tv_sec + t.tv_nsec / 1e9 - atof(getenv("RT25_T0"));
+    P("helper started %s", d < 0.3 ? "at once" : "LATE");
+    fprintf(stderr, "helper started after %.3f s\n", d);
+  }
   while (n < (int)sizeof b - 1 && readable(fd, 3000) > 0) {
     r = read(fd, b + n, sizeof b - 1 - n);
     if (r <= 0) { e = errno; break; }
@@ -348,6 +354,67 @@ static void s_ep_oneshot_mod_after_fork(void) { ep_fork(1); }
 static void s_ep_del_after_fork(void) { ep_fork(2); }
 static void s_ep_add_et_after_fork(void) { ep_fork(3); }
 
+// ---- execve from a thread while another thread's connect waits for a stopped server's CLC ----
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
+static int HC = -1, HPORT;
+static void *hs_connect(void *a) {
+  (void)a;
+  int c = socket(AF_INET, SOCK_STREAM, 0);
+  HC = c;
+  connect_to(c, HPORT);
+  return 0;
+}
+static int HS_FORK;
+static void s_texec_during_handshake(void) {
+  int port, l = listener(&port);
+  int sp[2];
+  if (pipe(sp)) die("pipe");
+  fflush(stdout);
+  pid_t srv = fork();
+  if (srv == 0) {
+    close(sp[0]);
+    raise(SIGSTOP);  // stopped until the parent continues it
+    int s = accept(l, 0, 0);
+    send(s, "ping\n", 5, MSG_NOSIGNAL);
+    char b[64]; int n = 0, r;
+    while (readable(s, 4000) > 0 && (r = recv(s, b + n, sizeof b - 1 - n, 0)) > 0) { n += r; if (memchr(b, '\n', n)) break; }
+    b[n] = 0;
+    P("server got [%s]", n > 0 && b[n - 1] == '\n' ? (b[n - 1] = 0, b) : b);
+    _exit(0);
+  }
+  close(l);
+  int st;
+  waitpid(srv, &st, WUNTRACED);
+  HPORT = port;
+  pid_t p = fork();
+  if (p == 0) {
+    pthread_t t;
+    pthread_create(&t, 0, hs_connect, 0);
+    usleep(100000);  // the connect is under way (the server never answers while stopped)
+    if (HS_FORK) {
+      // the exec happens in a forked child (single-threaded); this process keeps its copy,
+      // its thread's connect goes on, and it reads nothing
+      fflush(stdout);
+      pid_t q = fork();
+      if (q > 0) { int st2; waitpid(q, &st2, 0); pthread_join(t, 0); _exit(0); }
+    }
+    dup2(HC, 20);
+    double t0 = now();
+    char tb[32]; snprintf(tb, sizeof tb, "%.6f", t0);
+    setenv("RT25_T0", tb, 1);
+    char *argv[] = {SELFS, "helper", 0};
+    execve(SELFS, argv, environ);
+    die("execve");
+  }
+  usleep(600000);
+  kill(srv, SIGCONT);
+  waitpid(srv, &st, 0);
+  waitpid(p, &st, 0);
+  P("child status %d", WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
+}
+
+static void s_forkexec_during_handshake(void) { HS_FORK = 1; s_texec_during_handshake(); HS_FORK = 0; }
+
 struct sc { const char *n; void (*f)(void); };
 static struct sc SC[] = {
 #define S(x) {#x, s_##x},
@@ -355,6 +422,7 @@ static struct sc SC[] = {
   S(cf_close) S(cf_close_open) S(cf_dup2_pipe) S(cf_read) S(cf_write)
   S(cr_cloexec_keep_nolib) S(cr_cloexec_keep_lib) S(cr_cloexec_drop_nolib) S(cr_cloexec_drop_lib)
   S(nofile4) S(nofile16) S(nofile64)
+  S(texec_during_handshake) S(forkexec_during_handshake)
   S(ep_add_after_fork) S(ep_oneshot_mod_after_fork) S(ep_del_after_fork) S(ep_add_et_after_fork)
   {0, 0}};
 

@@ -3214,3 +3214,28 @@ fn a_set_shared_by_fork_never_hands_the_child_the_librarys_tag() {
     let s = w.stats_sum();
     assert!(s.get("smcd_client") >= 2, "{}", brief(&s));
 }
+
+/// Red team rt25's exec during another thread's connect (`rt25_texec.py`).
+const EXEC_DURING_CONNECT: &str = include_str!("../redteam/rt25_texec.py");
+
+/// A process execs an image without the library while another of its threads is inside a
+/// blocking `connect` whose handshake waits for the server (which accepts only once that
+/// thread is seen asleep in the kernel), the socket `dup2`'d onto fd 20 for the image: the
+/// image reads the server's line and its answer arrives, as over TCP. Before, the exec ended
+/// the connecting thread in the middle of its handshake and the image read the server's
+/// 130-byte CLC Accept (and a Decline) before `ping`. Compared with plain TCP.
+#[test]
+fn an_exec_while_another_thread_connects_hands_the_image_the_stream_like_tcp() {
+    let w = SmcWorld::new();
+    let py = script(&w, "exec_during_connect.py", EXEC_DURING_CONNECT);
+    let mut outs = Vec::new();
+    for smc in [false, true] {
+        let c = python_or_plain(&w, &py, smc);
+        outs.push(spawn_piped(c).wait_output(T).expect("driver"));
+    }
+    assert_eq!(
+        outs[0], "helper read b'ping\\n'\nserver got b'pong\\n'\n",
+        "plain TCP"
+    );
+    assert_eq!(outs[1], outs[0], "under the library against plain TCP");
+}

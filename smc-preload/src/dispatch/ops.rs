@@ -1370,6 +1370,8 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
         return unsafe { real::connect(fd, addr, len) };
     }
     let opted = setup::opt_in(fd);
+    // Another thread's exec or dup of `fd` waits for this call (its handshake) to end.
+    let _drive = opted.then(|| setup::BlockingDrive::enter(fd));
     // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
     // `connect`.
     let r = unsafe { real::connect(fd, addr, len) };

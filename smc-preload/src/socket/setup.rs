@@ -775,6 +775,108 @@ pub fn client_after_connect(fd: i32, nonblock: Option<bool>, dest: Option<Dest>)
     finish(fd, false, out, nb);
 }
 
+/// `connect` calls of opted-in sockets under way (`ops::connect`, from the opt-in to the
+/// return): a blocking one drives its client handshake to its end inside the call
+/// ([`client_after_connect`]) with a driver of the calling thread's own, and the fd has no
+/// object in the table until it is decided. An `exec` by another thread of the process ends that thread and would hand the
+/// next image a socket in the middle of its handshake, whose server's Accept it then reads as
+/// data (red team rt25 `rt25.c texec_during_handshake`: the image read 130 bytes of
+/// `e2 d4 c3 c4 ...`, the server's library reset the connection; TCP: `ping`, `pong`). Such an
+/// exec waits for them first ([`wait_for_driven_handshakes`]). Per slot: the fd + 1 and the
+/// driving thread (pid in the high 32 bits, tid in the low). No allocation.
+const DRIVING_MAX: usize = 16;
+static DRIVING_FD: [std::sync::atomic::AtomicI32; DRIVING_MAX] =
+    [const { std::sync::atomic::AtomicI32::new(0) }; DRIVING_MAX];
+static DRIVING_BY: [AtomicU64; DRIVING_MAX] = [const { AtomicU64::new(0) }; DRIVING_MAX];
+
+fn this_thread() -> u64 {
+    // SAFETY: gettid has no arguments and cannot fail.
+    let tid = unsafe { libc::gettid() } as u32 as u64;
+    (crate::pid() as u64) << 32 | tid
+}
+
+/// A slot of [`DRIVING_FD`] held while a `connect` of an opted-in socket is under way (none
+/// when all are taken: an exec then does not wait for that one, as before).
+pub(crate) struct BlockingDrive(Option<usize>);
+
+impl BlockingDrive {
+    pub(crate) fn enter(fd: i32) -> Self {
+        for (i, slot) in DRIVING_FD.iter().enumerate() {
+            if slot
+                .compare_exchange(0, fd + 1, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                if let Some(by) = DRIVING_BY.get(i) {
+                    by.store(this_thread(), Ordering::Release);
+                }
+                return Self(Some(i));
+            }
+        }
+        Self(None)
+    }
+}
+
+impl Drop for BlockingDrive {
+    fn drop(&mut self) {
+        let Some(i) = self.0 else { return };
+        if let (Some(by), Some(slot)) = (DRIVING_BY.get(i), DRIVING_FD.get(i)) {
+            by.store(0, Ordering::Release);
+            slot.store(0, Ordering::Release);
+        }
+    }
+}
+
+/// Before this process's own `exec`: waits until the client handshakes other threads of it
+/// drive inside a blocking `connect` ([`BlockingDrive`]) are decided, at most
+/// `2 x SMC_CLC_TIMEOUT_MS + 1 s` in all; then they are settled as any other (SMC-D: switched
+/// or handed on; TCP: skipped). Also when the fd is close-on-exec: a duplicate of it may be
+/// inherited. No allocation.
+pub fn wait_for_driven_handshakes() {
+    let deadline = Instant::now() + clc_timeout() * 2 + Duration::from_secs(1);
+    for i in 0..DRIVING_MAX {
+        wait_for_driven_slot(i, None, deadline);
+    }
+}
+
+/// Before `fd` is duplicated (`dup`, `dup2`, `F_DUPFD`): a handshake another thread drives on
+/// it inside a blocking `connect` is waited for (bounded as above), so that the copy names the
+/// decided connection, not the plain socket the table holds until then (red team rt25
+/// `rt25_texec.py`: a `dup2` onto fd 20 during that handshake, then an exec).
+pub fn wait_for_driven_handshake_of(fd: i32) {
+    if DRIVING_FD.iter().all(|s| s.load(Ordering::Relaxed) == 0) {
+        return;
+    }
+    let deadline = Instant::now() + clc_timeout() * 2 + Duration::from_secs(1);
+    for i in 0..DRIVING_MAX {
+        wait_for_driven_slot(i, Some(fd), deadline);
+    }
+}
+
+/// Waits while slot `i` of [`DRIVING_FD`] holds a handshake (on `fd`, when given) that another
+/// thread of this process drives: not a thread's own (a call from a handler that interrupted
+/// its connect), nor another process's (slots copied by `fork`).
+fn wait_for_driven_slot(i: usize, fd: Option<i32>, deadline: Instant) {
+    let (Some(slot), Some(by)) = (DRIVING_FD.get(i), DRIVING_BY.get(i)) else {
+        return;
+    };
+    let f = slot.load(Ordering::Acquire);
+    if f == 0 || fd.is_some_and(|fd| fd + 1 != f) {
+        return;
+    }
+    let owner = by.load(Ordering::Acquire);
+    if owner == this_thread() || owner >> 32 != crate::pid() as u64 {
+        return;
+    }
+    debug!(
+        "fd {}: another thread drives its handshake: waiting for it",
+        f - 1
+    );
+    while slot.load(Ordering::Acquire) == f && Instant::now() < deadline {
+        // SAFETY: no descriptors: a 1 ms sleep.
+        unsafe { real::poll(std::ptr::null_mut(), 0, 1) };
+    }
+}
+
 /// The client's handshake driver once its TCP connect completed; `None` when the server did
 /// not announce SMC (the fd falls back: plain TCP). Whether the server is on this host cannot
 /// be told yet (its end becomes established when our ACK arrives, maybe after connect
@@ -1805,6 +1907,7 @@ pub(crate) fn share_decision(fd: i32, old: &Arc<Obj>) {
 /// `to` names what `from` names now (after `dup`, `dup2`, a decision shared with the fds of a
 /// `dup`, ...): the TCP tag, or the object with its own reference.
 pub(crate) fn copy_slot(from: i32, to: i32) {
+    wait_for_driven_handshake_of(from);
     let v = fdtable::raw(from) & !1;
     if v == 0 {
         if fdtable::raw(to) != 0 {
