@@ -1370,14 +1370,16 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
         return unsafe { real::connect(fd, addr, len) };
     }
     let opted = setup::opt_in(fd);
-    // Another thread's exec or dup of `fd` waits for this call (its handshake) to end.
-    let _drive = opted.then(|| setup::BlockingDrive::enter(fd));
     // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
     // `connect`.
     let r = unsafe { real::connect(fd, addr, len) };
     if !opted {
         return r;
     }
+    // Connected: another thread's exec or dup of `fd` waits for the rest of this call (the
+    // handshake it drives) to end. Not while the kernel's connect itself waits (a SYN to an
+    // unreachable host may take minutes; no CLC byte has gone yet).
+    let _drive = (r == 0).then(|| setup::BlockingDrive::enter(fd));
     let e = real::errno();
     if r == 0 {
         // A TCP connect that completes at once was blocking (a non-blocking one always says

@@ -775,8 +775,8 @@ pub fn client_after_connect(fd: i32, nonblock: Option<bool>, dest: Option<Dest>)
     finish(fd, false, out, nb);
 }
 
-/// `connect` calls of opted-in sockets under way (`ops::connect`, from the opt-in to the
-/// return): a blocking one drives its client handshake to its end inside the call
+/// Blocking `connect` calls of opted-in sockets under way (`ops::connect`, from the kernel's
+/// connect to the return): such a call drives its client handshake to its end inside the call
 /// ([`client_after_connect`]) with a driver of the calling thread's own, and the fd has no
 /// object in the table until it is decided. An `exec` by another thread of the process ends that thread and would hand the
 /// next image a socket in the middle of its handshake, whose server's Accept it then reads as
@@ -795,8 +795,8 @@ fn this_thread() -> u64 {
     (crate::pid() as u64) << 32 | tid
 }
 
-/// A slot of [`DRIVING_FD`] held while a `connect` of an opted-in socket is under way (none
-/// when all are taken: an exec then does not wait for that one, as before).
+/// A slot of [`DRIVING_FD`] held while a blocking `connect` of an opted-in socket drives its
+/// handshake (none when all are taken: an exec then does not wait for that one, as before).
 pub(crate) struct BlockingDrive(Option<usize>);
 
 impl BlockingDrive {
