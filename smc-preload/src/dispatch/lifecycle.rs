@@ -1106,6 +1106,11 @@ impl Tails {
 
 /// Runs `exec` (which returns only when it failed) with the listeners withdrawn around it.
 fn around_exec(img: Image, envp: *const *const c_char, exec: impl FnOnce() -> c_int) -> c_int {
+    // This process's own exec ends its other threads: a handshake one of them drives inside
+    // a blocking `connect` is decided first (a `vfork` child's exec ends none of its parent's).
+    if !in_vfork_child() {
+        setup::wait_for_driven_handshakes();
+    }
     settle_for_exec();
     let tails = switch_for_exec(img, envp);
     let w = withdraw_listeners_for_exec();

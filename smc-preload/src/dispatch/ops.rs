@@ -1382,6 +1382,10 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     if !opted {
         return r;
     }
+    // Connected: another thread's exec or dup of `fd` waits for the rest of this call (the
+    // handshake it drives) to end. Not while the kernel's connect itself waits (a SYN to an
+    // unreachable host may take minutes; no CLC byte has gone yet).
+    let _drive = (r == 0).then(|| setup::BlockingDrive::enter(fd));
     let e = real::errno();
     if r == 0 {
         // A TCP connect that completes at once was blocking (a non-blocking one always says
@@ -2624,6 +2628,8 @@ pub unsafe fn fork() -> libc::pid_t {
         Obj::Epoll(s) => s.before_fork(),
         _ => {}
     });
+    // Any epoll set (also one the library has not seen yet) is shared with the child.
+    crate::epoll::before_fork_of_a_set();
     // Each epoll set's lock, held across the fork: a thread of this process inside one at the
     // fork left the child's copy locked for ever (red team round 15, finding 8: 31 of 100
     // children that used their parent's set hung, two threads of the parent busy on it).

@@ -336,6 +336,19 @@ pub fn ever_tagged() -> bool {
     EVER_TAGGED.load(Ordering::Acquire)
 }
 
+/// Before a `fork` (`ops::fork`): the epoll sets it copies (any, also one that held nothing
+/// of ours yet) are the kernel's sets of both processes, so a registration one of them makes
+/// later carries its tag to the other's waits. Both then
+/// use one tag cookie (made now, inherited) and look for it in every wait; an event of a
+/// registration the other process made is dropped ([`translate`]), never handed to the
+/// application as its data (red team rt25 `rt25.c ep_add_after_fork`: the child's
+/// `epoll_wait` reported `0xf1e8e69000000004` for an entry whose data was 7). Nothing here
+/// allocates (a `fork` from a signal handler).
+pub fn before_fork_of_a_set() {
+    let _ = cookie();
+    EVER_TAGGED.store(true, Ordering::Release);
+}
+
 /// The kernel registration for `mode`.
 fn kernel_event(fd: i32, mode: Mode, events: u32, data: u64) -> libc::epoll_event {
     if mode != Mode::App && !EVER_TAGGED.load(Ordering::Relaxed) {

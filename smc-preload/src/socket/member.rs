@@ -62,8 +62,27 @@ pub unsafe fn recv(fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
             real::set_errno(libc::EINTR);
             return -1;
         }
-        // SAFETY: the caller's buffers.
-        let r = unsafe { real::recvmsg(fd, &mut m, flags) };
+        let r = match iov {
+            // The application's `recv`/`read` stays a `recvfrom` (no name, no control): a
+            // sandbox that allows the call the application made may refuse `recvmsg` (red team
+            // rt25 `rt25_sandbox.sh recvmsg client`: every read of a connection that fell back
+            // said `EPERM`, TCP none).
+            [one] if app.is_null() => {
+                // SAFETY: the caller's buffer (this function's contract); no address asked.
+                unsafe {
+                    real::recvfrom(
+                        fd,
+                        one.iov_base,
+                        one.iov_len,
+                        flags,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    )
+                }
+            }
+            // SAFETY: the caller's buffers.
+            _ => unsafe { real::recvmsg(fd, &mut m, flags) },
+        };
         let e = real::errno();
         let done =
             r > 0 || (r == 0 && (iov.iter().all(|v| v.iov_len == 0) || !bytes_queued(fd, flags)));

@@ -125,6 +125,18 @@ pub fn opt_in(fd: i32) -> bool {
         }
         return false;
     }
+    // The handshake needs the programs' answer about this socket (did the peer announce?). A
+    // process whose `getsockopt` is refused (a seccomp filter or LSM: sandboxed programs)
+    // would take an announced peer for one without SMC and read its Proposal as application
+    // bytes (red team rt25 `rt25_sandbox.sh gsopt server`: 6 of 6 connections broke, the
+    // server read `e2 d4 c3 d9` as a length): it does not announce at all, as without eBPF.
+    if let Err(e) = sock_state_or_errno(fd) {
+        if e != libc::ENOPROTOOPT && e != libc::EOPNOTSUPP {
+            let _ = set_bpf_opt(fd, SMC_SO_ENABLE, 0);
+            debug!("fd {fd}: the eBPF state cannot be read (errno {e}): TCP, no SMC announced");
+            return false;
+        }
+    }
     // The statistics file now, not at the first decision: a process at its descriptor limit
     // (an event loop that accepted or connected everything at once) may have none to spare by
     // then, and its figures would stay in an anonymous page nobody reads.
@@ -133,6 +145,11 @@ pub fn opt_in(fd: i32) -> bool {
 }
 
 fn sock_state(fd: i32) -> Option<SockState> {
+    sock_state_or_errno(fd).ok()
+}
+
+/// [`sock_state`], or the errno of the `getsockopt` that did not answer (errno preserved).
+fn sock_state_or_errno(fd: i32) -> Result<SockState, i32> {
     let mut st = SockState::default();
     let mut len = std::mem::size_of::<SockState>() as libc::socklen_t;
     let e0 = real::errno();
@@ -146,8 +163,13 @@ fn sock_state(fd: i32) -> Option<SockState> {
             &mut len,
         )
     };
+    let e = real::errno();
     real::set_errno(e0);
-    (r == 0).then_some(st)
+    if r == 0 {
+        Ok(st)
+    } else {
+        Err(e)
+    }
 }
 
 fn assume_peer() -> bool {
@@ -168,18 +190,27 @@ enum PeerSmc {
     /// that comes is answered, and the client's application bytes end the wait for one that
     /// does not.
     Quarantined,
+    /// The programs' answer was refused (a seccomp filter or LSM that denies `getsockopt`:
+    /// `EPERM`, `EACCES`, `ENOSYS`), not "nothing attached" (`ENOPROTOOPT`). [`opt_in`] keeps
+    /// such a process from announcing, so this is a listener that opted in before the filter
+    /// came (a server that sandboxes itself after `listen`): its announcement is withdrawn (no
+    /// later client proposes), and the connection continues as [`PeerSmc::No`]'s (a client
+    /// that announced before that reads no Accept and falls back; its Proposal reaches the
+    /// application, as before: the residual of red team rt25 `rt25_sandbox.sh gsopt late`).
+    Unknown,
 }
 
 fn peer_smc(fd: i32) -> PeerSmc {
     if assume_peer() {
         return PeerSmc::SameHost;
     }
-    match sock_state(fd) {
-        Some(s) if s.flags & SOCK_QUARANTINED != 0 => PeerSmc::Quarantined,
-        Some(s) if s.flags & SOCK_PEER_SMC == 0 => PeerSmc::No,
-        Some(s) if s.flags & SOCK_SAME_HOST != 0 => PeerSmc::SameHost,
-        Some(_) => PeerSmc::Remote,
-        None => PeerSmc::No,
+    match sock_state_or_errno(fd) {
+        Ok(s) if s.flags & SOCK_QUARANTINED != 0 => PeerSmc::Quarantined,
+        Ok(s) if s.flags & SOCK_PEER_SMC == 0 => PeerSmc::No,
+        Ok(s) if s.flags & SOCK_SAME_HOST != 0 => PeerSmc::SameHost,
+        Ok(_) => PeerSmc::Remote,
+        Err(libc::ENOPROTOOPT | libc::EOPNOTSUPP) => PeerSmc::No,
+        Err(_) => PeerSmc::Unknown,
     }
 }
 
@@ -744,13 +775,115 @@ pub fn client_after_connect(fd: i32, nonblock: Option<bool>, dest: Option<Dest>)
     finish(fd, false, out, nb);
 }
 
+/// Blocking `connect` calls of opted-in sockets under way (`ops::connect`, from the kernel's
+/// connect to the return): such a call drives its client handshake to its end inside the call
+/// ([`client_after_connect`]) with a driver of the calling thread's own, and the fd has no
+/// object in the table until it is decided. An `exec` by another thread of the process ends that thread and would hand the
+/// next image a socket in the middle of its handshake, whose server's Accept it then reads as
+/// data (red team rt25 `rt25.c texec_during_handshake`: the image read 130 bytes of
+/// `e2 d4 c3 c4 ...`, the server's library reset the connection; TCP: `ping`, `pong`). Such an
+/// exec waits for them first ([`wait_for_driven_handshakes`]). Per slot: the fd + 1 and the
+/// driving thread (pid in the high 32 bits, tid in the low). No allocation.
+const DRIVING_MAX: usize = 16;
+static DRIVING_FD: [std::sync::atomic::AtomicI32; DRIVING_MAX] =
+    [const { std::sync::atomic::AtomicI32::new(0) }; DRIVING_MAX];
+static DRIVING_BY: [AtomicU64; DRIVING_MAX] = [const { AtomicU64::new(0) }; DRIVING_MAX];
+
+fn this_thread() -> u64 {
+    // SAFETY: gettid has no arguments and cannot fail.
+    let tid = unsafe { libc::gettid() } as u32 as u64;
+    (crate::pid() as u64) << 32 | tid
+}
+
+/// A slot of [`DRIVING_FD`] held while a blocking `connect` of an opted-in socket drives its
+/// handshake (none when all are taken: an exec then does not wait for that one, as before).
+pub(crate) struct BlockingDrive(Option<usize>);
+
+impl BlockingDrive {
+    pub(crate) fn enter(fd: i32) -> Self {
+        for (i, slot) in DRIVING_FD.iter().enumerate() {
+            if slot
+                .compare_exchange(0, fd + 1, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                if let Some(by) = DRIVING_BY.get(i) {
+                    by.store(this_thread(), Ordering::Release);
+                }
+                return Self(Some(i));
+            }
+        }
+        Self(None)
+    }
+}
+
+impl Drop for BlockingDrive {
+    fn drop(&mut self) {
+        let Some(i) = self.0 else { return };
+        if let (Some(by), Some(slot)) = (DRIVING_BY.get(i), DRIVING_FD.get(i)) {
+            by.store(0, Ordering::Release);
+            slot.store(0, Ordering::Release);
+        }
+    }
+}
+
+/// Before this process's own `exec`: waits until the client handshakes other threads of it
+/// drive inside a blocking `connect` ([`BlockingDrive`]) are decided, at most
+/// `2 x SMC_CLC_TIMEOUT_MS + 1 s` in all; then they are settled as any other (SMC-D: switched
+/// or handed on; TCP: skipped). Also when the fd is close-on-exec: a duplicate of it may be
+/// inherited. No allocation.
+pub fn wait_for_driven_handshakes() {
+    let deadline = Instant::now() + clc_timeout() * 2 + Duration::from_secs(1);
+    for i in 0..DRIVING_MAX {
+        wait_for_driven_slot(i, None, deadline);
+    }
+}
+
+/// Before `fd` is duplicated (`dup`, `dup2`, `F_DUPFD`): a handshake another thread drives on
+/// it inside a blocking `connect` is waited for (bounded as above), so that the copy names the
+/// decided connection, not the plain socket the table holds until then (red team rt25
+/// `rt25_texec.py`: a `dup2` onto fd 20 during that handshake, then an exec).
+pub fn wait_for_driven_handshake_of(fd: i32) {
+    if DRIVING_FD.iter().all(|s| s.load(Ordering::Relaxed) == 0) {
+        return;
+    }
+    let deadline = Instant::now() + clc_timeout() * 2 + Duration::from_secs(1);
+    for i in 0..DRIVING_MAX {
+        wait_for_driven_slot(i, Some(fd), deadline);
+    }
+}
+
+/// Waits while slot `i` of [`DRIVING_FD`] holds a handshake (on `fd`, when given) that another
+/// thread of this process drives: not a thread's own (a call from a handler that interrupted
+/// its connect), nor another process's (slots copied by `fork`).
+fn wait_for_driven_slot(i: usize, fd: Option<i32>, deadline: Instant) {
+    let (Some(slot), Some(by)) = (DRIVING_FD.get(i), DRIVING_BY.get(i)) else {
+        return;
+    };
+    let f = slot.load(Ordering::Acquire);
+    if f == 0 || fd.is_some_and(|fd| fd + 1 != f) {
+        return;
+    }
+    let owner = by.load(Ordering::Acquire);
+    if owner == this_thread() || owner >> 32 != crate::pid() as u64 {
+        return;
+    }
+    debug!(
+        "fd {}: another thread drives its handshake: waiting for it",
+        f - 1
+    );
+    while slot.load(Ordering::Acquire) == f && Instant::now() < deadline {
+        // SAFETY: no descriptors: a 1 ms sleep.
+        unsafe { real::poll(std::ptr::null_mut(), 0, 1) };
+    }
+}
+
 /// The client's handshake driver once its TCP connect completed; `None` when the server did
 /// not announce SMC (the fd falls back: plain TCP). Whether the server is on this host cannot
 /// be told yet (its end becomes established when our ACK arrives, maybe after connect
 /// returned): the server decides that (see `server_after_accept`) and declines a Proposal from
 /// another host.
 fn client_driver(fd: i32, dest: Option<Dest>) -> Option<Driver> {
-    if peer_smc(fd) == PeerSmc::No {
+    if matches!(peer_smc(fd), PeerSmc::No | PeerSmc::Unknown) {
         note_dest(dest, false);
         fallback(
             fd,
@@ -776,7 +909,10 @@ fn client_driver(fd: i32, dest: Option<Dest>) -> Option<Driver> {
 /// with `SCM_RIGHTS`, kept across `exec`) is decided before it goes ([`settle_leaving`]).
 pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
     let peer = peer_smc(fd);
-    if peer == PeerSmc::No {
+    if peer == PeerSmc::Unknown && announce(lfd, false) {
+        debug!("fd {lfd}: the eBPF state cannot be read (getsockopt refused): the listener no longer announces SMC");
+    }
+    if matches!(peer, PeerSmc::No | PeerSmc::Unknown) {
         fallback(
             fd,
             true,
@@ -793,6 +929,7 @@ pub fn server_after_accept(lfd: i32, fd: i32, nonblock: bool) {
     if peer == PeerSmc::Quarantined {
         debug!("fd {fd}: quarantined before we claimed it: a Proposal that comes is declined");
     }
+
     let mut d = Driver::new(machine_for(true, sc, peer), fd, true, sc);
     // Not waiting here for: a client from another host (one that announces SMC and then stays
     // silent would stall the accept loop for everyone: its Proposal is answered at the
@@ -1501,7 +1638,7 @@ pub fn settle_leaving_to(fd: i32, receiver_runs_library: bool) {
 /// A client whose connection is established declines instead of proposing (the server waits
 /// for a CLC message: a Decline is its answer), and stays on TCP.
 fn client_declines(fd: i32, dest: Option<Dest>) {
-    if peer_smc(fd) == PeerSmc::No {
+    if matches!(peer_smc(fd), PeerSmc::No | PeerSmc::Unknown) {
         note_dest(dest, false);
         fallback(
             fd,
@@ -1796,6 +1933,7 @@ pub(crate) fn share_decision(fd: i32, old: &Arc<Obj>) {
 /// `to` names what `from` names now (after `dup`, `dup2`, a decision shared with the fds of a
 /// `dup`, ...): the TCP tag, or the object with its own reference.
 pub(crate) fn copy_slot(from: i32, to: i32) {
+    wait_for_driven_handshake_of(from);
     let v = fdtable::raw(from) & !1;
     if v == 0 {
         if fdtable::raw(to) != 0 {

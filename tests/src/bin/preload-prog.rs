@@ -1275,9 +1275,85 @@ fn sigepoll(n: usize) {
     drop(c2);
 }
 
+/// An epoll set shared by `fork`: the parent registers its connection (data 7; `et`:
+/// edge-triggered) only after the fork, the peer writes, and the child waits on the set (1.5 s)
+/// and reads, twice. One line per round: what the child's `epoll_wait` returned and with which
+/// data (red team rt25 `rt25.c ep_add_after_fork`).
+fn epfork(et: bool) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let c = TcpStream::connect(l.local_addr().unwrap()).expect("connect");
+    let (mut s, _) = l.accept().expect("accept");
+    s.write_all(b"h").unwrap();
+    let mut b = [0u8; 1];
+    (&c).read_exact(&mut b).unwrap();
+    let cfd = c.as_raw_fd();
+    // SAFETY: plain epoll calls on our own descriptors with local events.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    assert!(ep >= 0);
+    let (go_r, go_w) = pipe_pair();
+    let (back_r, back_w) = pipe_pair();
+    std::io::stdout().flush().unwrap();
+    // SAFETY: the child only waits on the set, reads, writes to its pipes and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        for round in 0..2 {
+            let mut x = [0u8; 1];
+            // SAFETY: valid buffer.
+            if unsafe { libc::read(go_r, x.as_mut_ptr().cast(), 1) } != 1 {
+                // SAFETY: exit without destructors (fork child).
+                unsafe { libc::_exit(1) };
+            }
+            let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+            // SAFETY: 4 entries.
+            let n = unsafe { libc::epoll_wait(ep, ev.as_mut_ptr(), 4, 1500) };
+            let mut buf = [0u8; 64];
+            let got = if n > 0 {
+                // SAFETY: valid buffer.
+                unsafe { libc::recv(cfd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) }
+            } else {
+                -9
+            };
+            let data = if n > 0 { ev[0].u64 } else { 0 };
+            println!("round {round}: epoll_wait {n} data {data:#x} read {got}");
+            std::io::stdout().flush().unwrap();
+            // SAFETY: valid buffer.
+            unsafe { libc::write(back_w, b"k".as_ptr().cast(), 1) };
+        }
+        // SAFETY: exit without destructors (fork child).
+        unsafe { libc::_exit(0) };
+    }
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32 | if et { libc::EPOLLET as u32 } else { 0 },
+        u64: 7,
+    };
+    // SAFETY: our own set and connection, a local event.
+    let r = unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, cfd, &mut ev) };
+    assert_eq!(r, 0);
+    for msg in [&b"one"[..], b"two"] {
+        s.write_all(msg).unwrap();
+        let mut x = [0u8; 1];
+        // SAFETY: valid buffers of our pipes.
+        unsafe {
+            libc::write(go_w, b"g".as_ptr().cast(), 1);
+            libc::read(back_r, x.as_mut_ptr().cast(), 1);
+        }
+    }
+    let mut st = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+}
+
+fn pipe_pair() -> (libc::c_int, libc::c_int) {
+    let mut p = [0; 2];
+    // SAFETY: two ints for the kernel to fill.
+    assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+    (p[0], p[1])
+}
+
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     match a.get(1).map(String::as_str) {
+        Some("epfork") => epfork(a.get(2).is_some_and(|m| m == "et")),
         Some("sigfork") => sigfork(a.get(2).and_then(|v| v.parse().ok()).unwrap_or(2000)),
         Some("sigepoll") => sigepoll(a.get(2).and_then(|v| v.parse().ok()).unwrap_or(20000)),
         Some("sigclose") => sigclose(
