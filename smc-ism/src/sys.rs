@@ -16,6 +16,8 @@ pub(crate) const SO_COOKIE: libc::c_int = 57;
 const MFD_NOEXEC_SEAL: libc::c_uint = 0x0008;
 /// `TCP_ESTABLISHED` in `tcp_info.tcpi_state`.
 const TCP_ESTABLISHED: u8 = 1;
+/// `TCP_CLOSE_WAIT` in `tcp_info.tcpi_state`.
+const TCP_CLOSE_WAIT: u8 = 8;
 
 /// Converts a `-1`-on-error return value.
 pub(crate) fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
@@ -458,6 +460,17 @@ pub(crate) enum SocketCheck {
 /// (the addresses below are read as those families only). Then `TCP_INFO` (state), the
 /// addresses, the cookies. Every call here is on the critical path of a connection's setup.
 pub(crate) fn inspect_tcp(fd: BorrowedFd<'_>) -> Result<TcpIdentity, SocketCheck> {
+    inspect_tcp_in(fd, false)
+}
+
+/// [`inspect_tcp`] for a socket that moved to another process (`OP_ADOPT`): also in
+/// `CLOSE_WAIT` (its peer closed after sending; the bytes it sent are still to be read, as
+/// TCP delivers them, and the socket is still the very one, by its cookie).
+pub(crate) fn inspect_tcp_moved(fd: BorrowedFd<'_>) -> Result<TcpIdentity, SocketCheck> {
+    inspect_tcp_in(fd, true)
+}
+
+fn inspect_tcp_in(fd: BorrowedFd<'_>, close_wait: bool) -> Result<TcpIdentity, SocketCheck> {
     let ty = getsockopt::<libc::c_int>(fd, libc::SOL_SOCKET, libc::SO_TYPE)
         .map_err(|_| SocketCheck::NotTcp)?;
     let proto = getsockopt::<libc::c_int>(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL)
@@ -468,7 +481,7 @@ pub(crate) fn inspect_tcp(fd: BorrowedFd<'_>) -> Result<TcpIdentity, SocketCheck
     // tcp_info starts with tcpi_state; asking for 8 bytes is enough and works on every kernel.
     let info = getsockopt::<[u8; 8]>(fd, libc::IPPROTO_TCP, libc::TCP_INFO)
         .map_err(|_| SocketCheck::NotTcp)?;
-    if info[0] != TCP_ESTABLISHED {
+    if info[0] != TCP_ESTABLISHED && !(close_wait && info[0] == TCP_CLOSE_WAIT) {
         return Err(SocketCheck::NotEstablished);
     }
     // sock_name accepts AF_INET/AF_INET6 addresses only.

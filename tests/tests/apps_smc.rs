@@ -914,7 +914,23 @@ fn cpython_socket_test_suites_pass_as_over_tcp() {
     let w = SmcWorld::new();
     let logs = w.subdir("logs");
     let run = |smc: bool| {
-        let mut c = w.run_or_plain(smc, python);
+        // The plain run in a network namespace of its own (loopback up): some tests bind fixed
+        // names (abstract Unix sockets, `\0python\0test\0`) that the two runs side by side
+        // would otherwise take from each other.
+        let mut c = if smc {
+            w.run(python)
+        } else {
+            let mut c = std::process::Command::new("unshare");
+            c.args([
+                "-n",
+                "--",
+                "sh",
+                "-c",
+                "ip link set lo up && exec \"$0\" \"$@\"",
+            ])
+            .arg(python);
+            c
+        };
         // The VSOCK tests wait for ever on a host without a vsock transport, either way.
         c.current_dir(w.subdir(if smc { "py-smc" } else { "py-tcp" }))
             .args(["-m", "test", "-v", "-i", "*VSOCK*"])

@@ -3239,3 +3239,32 @@ fn an_exec_while_another_thread_connects_hands_the_image_the_stream_like_tcp() {
     );
     assert_eq!(outs[1], outs[0], "under the library against plain TCP");
 }
+
+/// A listener process accepts a connection and passes it to its parent with `SCM_RIGHTS` only
+/// once the client sent its bytes, closed and exited (`multiprocessing`'s resource sharer does
+/// this: CPython's `test_multiprocessing_fork` `test_pickling`).
+const PASS_AFTER_CLOSE: &str = include_str!("../redteam/pass_after_close.py");
+
+/// A connection passed on after its peer sent and closed reads the peer's bytes, then EOF, as
+/// over TCP: the receiver adopts it although its socket is in `CLOSE_WAIT` and the peer's DMB
+/// went back to the peer's pool. Before, the daemon refused the adoption (a proof must be
+/// `ESTABLISHED`) and the read said `ECONNRESET` with the bytes lost (3 of 3; CPython's
+/// `test_pickling` failed the same way). Compared with plain TCP.
+#[test]
+fn a_connection_passed_on_after_its_peer_sent_and_closed_reads_like_tcp() {
+    let w = SmcWorld::new();
+    let py = script(&w, "pass_after_close.py", PASS_AFTER_CLOSE);
+    let mut outs = Vec::new();
+    for smc in [false, true] {
+        let mut c = python_or_plain(&w, &py, smc);
+        c.arg("3");
+        outs.push(spawn_piped(c).wait_output(T).expect("driver"));
+    }
+    let want: String = (0..3)
+        .map(|i| format!("{i} read b'This connection uses a normal socket {i}' then EOF\n"))
+        .collect();
+    assert_eq!(outs[0], want, "plain TCP");
+    assert_eq!(outs[1], outs[0], "under the library against plain TCP");
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_server") >= 3, "{}", brief(&sum));
+}

@@ -1472,13 +1472,14 @@ impl Conn<'_> {
         fd: Option<OwnedFd>,
     ) -> Result<Arc<DmbObj>, Fail> {
         let sock = self.passed(fd)?;
-        let proof = self.proof(sock.as_fd());
+        // Also a socket whose peer closed meanwhile (`CLOSE_WAIT`): the bytes it sent before
+        // are in its DMB, to be read as TCP reads them.
+        let id = sys::inspect_tcp_moved(sock.as_fd()).map_err(|_| Fail::BadSocket);
         self.dispose(Some(sock));
-        let (id, _) = proof?;
         let dmb = self
             .shared
             .reg
-            .adopt(&id, which, slot_ok, self.uid.uid, &self.ident)?;
+            .adopt(&id?, which, slot_ok, self.uid.uid, &self.ident)?;
         if which == proto::ADOPT_STATE {
             self.pass_state = true;
             self.state_off_reply = slot_ok;

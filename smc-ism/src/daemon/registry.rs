@@ -1451,8 +1451,13 @@ impl Registry {
         let mut shard = lock(self.shard(ptoken));
         let rec = shard.get_mut(&ptoken).ok_or(Fail::StaleToken)?;
         // The other end's registration of this very connection: its owner socket is the peer
-        // recorded for ours, and it recorded ours as its peer.
-        if rec.pooled
+        // recorded for ours, and it recorded ours as its peer. Its owner may have closed and
+        // pooled it (a short connection's end gives its DMB back at once): while our end still
+        // holds its attach (`refs` > 1) it is bound to nothing else, and the bytes that end
+        // wrote before its close are in our own DMB, which TCP would still deliver (CPython's
+        // `test_multiprocessing_fork` `test_pickling`: the accepted socket was passed on after
+        // its client sent and closed; before, the receiver failed with `ECONNRESET`).
+        if (rec.pooled && rec.refs < 2)
             || rec.owner.cookie != Some(peer_cookie)
             || rec.peer_cookie != Some(cookie)
             || !is_mirror(&rec.owner, who)
@@ -1557,10 +1562,11 @@ impl Registry {
         let o = rec.owner;
         drop(shard);
         self.forget_owner(token, &o);
-        // Nor adopted through the socket of the connection it served.
-        if let Some(c) = o.cookie {
-            self.forget_cookie(token, c);
-        }
+        // The index by its socket's cookie stays until it is bound again or freed: the other
+        // end of the connection it served may move to another process after this close and
+        // adopt it as its send ring (`adopt`, `ADOPT_PEER`: that end still holds its attach,
+        // so it is not bound again meanwhile); never as anyone's own DMB (`adopt` refuses a
+        // pooled record for `ADOPT_OWN` and `ADOPT_STATE`).
         true
     }
 
@@ -1613,11 +1619,16 @@ impl Registry {
         rec.pooled = false;
         self.totals.pooled.fetch_sub(1, AcqRel);
         self.counters.dmbs_reused.fetch_add(1, Relaxed);
+        let old_cookie = rec.owner.cookie;
         rec.owner = owner;
         rec.peer_cookie = Some(peer_cookie);
         rec.awaiting = Some(self.started.elapsed());
         let dmb = rec.dmb.clone();
         drop(shard);
+        // Not adopted through the socket of the connection it served before (see `pool`).
+        if let Some(c) = old_cookie {
+            self.forget_cookie(token, c);
+        }
         let t = (owner.local, owner.peer);
         lock(self.owner_shard(&t)).insert(t, token);
         if let Some(c) = owner.cookie {

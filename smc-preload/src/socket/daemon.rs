@@ -444,10 +444,17 @@ impl Release for AdoptedRelease {
 /// anything does not fit.
 pub(crate) fn adopt(fd: i32) -> Option<Conn> {
     use smc_ism::proto::{ADOPT_OWN, ADOPT_PEER, ADOPT_STATE};
-    let own = with_dev(|c| c.adopt_dmb(fd, ADOPT_OWN)).ok()?;
+    let own = match with_dev(|c| c.adopt_dmb(fd, ADOPT_OWN)) {
+        Ok(o) => o,
+        Err(e) => {
+            debug!("fd {fd}: the daemon hands over no own DMB: {e}");
+            return None;
+        }
+    };
     let peer = match with_dev(|c| c.adopt_dmb(fd, ADOPT_PEER)) {
         Ok(p) => p,
-        Err(_) => {
+        Err(e) => {
+            debug!("fd {fd}: the daemon hands over no peer DMB: {e}");
             release_dmbs(None, Some(own.token));
             return None;
         }
