@@ -84,7 +84,9 @@
 //!   kept with the DMB) —
 //!   only to a client of the registering client's uid, cgroup and pid namespace, so another
 //!   tenant that got hold of the socket gets nothing. Found for as long as the DMB lives (also
-//!   after its owner's unregister, while the peer holds it).
+//!   after its owner's unregister, while the peer holds it, and the other end's DMB also back
+//!   in its owner's pool while the moved end still attaches it); the socket may be in
+//!   `CLOSE_WAIT` (its peer sent and closed: the bytes are still to be read, as over TCP).
 //! - `leave_shortcut` (`OP_LEAVE_SHORTCUT`, [`proto::FEATURE_LEAVE_SHORTCUT`],
 //!   [`SharedClient::leave_shortcut`]): the daemon (root) deletes the passed TCP socket from the
 //!   pinned eBPF SOCKHASH (next to `SMC_SOCK_STATE`), keyed by its network namespace cookie
