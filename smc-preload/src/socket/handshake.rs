@@ -660,6 +660,17 @@ impl Driver {
                         continue;
                     }
                 }
+                if crate::log::enabled()
+                    && (msg.get(4) != Some(&(t as u8)) || clc::decode(&msg).is_err())
+                {
+                    // What broke the handshake, for the reset's log line.
+                    crate::debug!(
+                        "fd {}: handshake: awaiting {t:?}, read {} bytes: {:02x?}",
+                        self.fd,
+                        msg.len(),
+                        msg.get(..48).unwrap_or(&msg)
+                    );
+                }
                 let a = self.m.handle(Input::Message(&msg));
                 self.todo.extend(a);
             }

@@ -304,9 +304,14 @@ impl Conn {
             let _g = self.sh().tx_lock.lock();
             self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, st);
         }
-        // Wake the peer if it waits; the TCP FIN that follows wakes it too. A peer that closed
-        // its end waits for nothing, whatever wait it announced last: a doorbell would reach a
-        // closed socket, which answers it with a reset in place of our FIN (seen in a capture).
+        // Wake the peer if it waits for data; the TCP FIN that follows wakes it too. A peer
+        // that closed its end waits for nothing, whatever wait it announced last: a doorbell
+        // would reach a closed socket, which answers it with a reset in place of our FIN (seen
+        // in a capture). `WAIT_SPACE` is our own writers' bit (no one of ours waits any more),
+        // and the word's other bits (control counts, `O_ASYNC`) ask for no doorbell: one rung
+        // for them reached a server that had not read our Confirm yet ahead of it, through
+        // the `sk_msg` shortcut, and the server read it as a broken CLC message and reset the
+        // connection (conformance `close_with_ring_full_before_server_confirms`).
         let ps = self.peer_state();
         let peer_closed = ps.contains(ConnStateFlags::PEER_CONN_CLOSED)
             || ps.contains(ConnStateFlags::PEER_CONN_ABORT)
@@ -314,6 +319,7 @@ impl Conn {
         if self
             .peer_wait()
             .fetch_and(!(WAIT_DATA | WAIT_SPACE), Ordering::SeqCst)
+            & WAIT_DATA
             != 0
             && !peer_closed
         {

@@ -125,9 +125,12 @@ impl Conn {
                             }
                             self.update_peer_flags(0, 0, ConnStateFlags::PEER_CONN_ABORT.0);
                         }
+                        // Only a reader that waits for data (`WAIT_SPACE` is ours; see
+                        // `final_close`).
                         if self
                             .peer_wait()
                             .fetch_and(!(WAIT_DATA | WAIT_SPACE), Ordering::SeqCst)
+                            & WAIT_DATA
                             != 0
                         {
                             self.ring_doorbell(fd);
