@@ -1,8 +1,8 @@
 //! Unmodified real applications on the transparent data path: redis (redis-benchmark,
 //! redis-cli), nginx (wrk keep-alive, curl with a multi-MB file), iperf3 (both directions),
 //! sockperf (ping-pong, throughput), and connections between two network namespaces of this
-//! host, and CPython's own socket, TLS and asyncio test suites (a differential run against
-//! plain TCP). Every program runs as `smc-ctl run -- PROGRAM` inside an ism-attached cgroup with the
+//! host, and the test suites of CPython (socket, TLS, asyncio), Tornado and Twisted (a
+//! differential run against plain TCP). Every program runs as `smc-ctl run -- PROGRAM` inside an ism-attached cgroup with the
 //! test's own loopback-ism daemon, and every test proves from the data path's per-process
 //! statistics that the connections became SMC-D (not a silent TCP fallback) and that the
 //! application's bytes went through the shared-memory rings, besides checking what the
@@ -877,46 +877,20 @@ fn exited_client_figures_survive_without_stats_keep() {
     assert_eq!(sum.get("rx_bytes"), sum.get("tx_bytes"), "{}", brief(&sum));
 }
 
-/// CPython's own tests of sockets, TLS and asyncio streams (Debian's `libpython3.11-testsuite`):
-/// a test suite nobody here wrote, that checks the calls one by one. Run under the library
-/// and over plain TCP side by side, the same tests must run and the same ones fail (none on
-/// this host), and the library's run must have moved connections over SMC-D. It found a
-/// difference: a non-blocking write before the server's Accept said `EAGAIN` where TCP takes
-/// the bytes (`test_ssl` `test_subclass`: `SSLWantWriteError`; `test_asyncio.test_sslproto`
-/// `test_start_tls_client_reg_proto_1`: an assertion in asyncio's flow control).
-#[test]
-fn cpython_socket_test_suites_pass_as_over_tcp() {
+/// A Python program's test run: its output (stdout and stderr) and exit status.
+struct SuiteRun {
+    out: String,
+    code: Option<i32>,
+}
+
+/// Runs `/usr/bin/python3 ARGS` in `w`'s world under the library and, side by side, over plain
+/// TCP in a network namespace of its own (loopback up: some tests bind fixed names, such as
+/// CPython's abstract Unix sockets `\0python\0test\0`, that the two runs would otherwise take
+/// from each other), each in a directory of its own. Returns (library, TCP).
+fn python_suite_both_ways(w: &SmcWorld, tag: &str, args: &[&str]) -> (SuiteRun, SuiteRun) {
     let python = Path::new("/usr/bin/python3");
-    let have = std::process::Command::new(python)
-        .args([
-            "-c",
-            "import test.test_socket, test.test_asyncio.test_sslproto",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        have,
-        "CPython's test suite is missing: `cargo xtask setup` installs it \
-         (apt-get install -y libpython3.11-testsuite)"
-    );
-    const MODULES: &[&str] = &[
-        "test_socket",
-        "test_ssl",
-        "test_asyncio.test_sslproto",
-        "test_asyncio.test_sock_lowlevel",
-        "test_asyncio.test_streams",
-        "test_asyncio.test_server",
-        "test_selectors",
-        "test_httplib",
-    ];
-    let w = SmcWorld::new();
     let logs = w.subdir("logs");
     let run = |smc: bool| {
-        // The plain run in a network namespace of its own (loopback up): some tests bind fixed
-        // names (abstract Unix sockets, `\0python\0test\0`) that the two runs side by side
-        // would otherwise take from each other.
         let mut c = if smc {
             w.run(python)
         } else {
@@ -931,64 +905,185 @@ fn cpython_socket_test_suites_pass_as_over_tcp() {
             .arg(python);
             c
         };
-        // The VSOCK tests wait for ever on a host without a vsock transport, either way.
-        c.current_dir(w.subdir(if smc { "py-smc" } else { "py-tcp" }))
-            .args(["-m", "test", "-v", "-i", "*VSOCK*"])
-            .args(MODULES);
-        run_to_end(c, &logs, None, Duration::from_secs(900))
+        let dir = format!("{tag}-{}", if smc { "smc" } else { "tcp" });
+        c.current_dir(w.subdir(&dir)).args(args);
+        let f = run_to_end(c, &logs, None, Duration::from_secs(900));
+        SuiteRun {
+            out: format!("{}\n{}", f.text(), f.stderr),
+            code: f.status.code(),
+        }
     };
-    // Side by side: the two runs take ~1.5 min each, mostly in their tests' own timeouts.
-    let (smc, tcp) = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let smc = s.spawn(|| run(true));
         let tcp = run(false);
         (smc.join().unwrap(), tcp)
-    });
-    let (smc_out, tcp_out) = (smc.text(), tcp.text());
+    })
+}
+
+/// The tests a unittest (`FAIL: name`, `ERROR: name`) or trial (`name ... [FAIL]`,
+/// `[ERROR]`) run reports as failed.
+fn suite_failures(out: &str) -> std::collections::BTreeSet<String> {
+    out.lines()
+        .filter_map(|l| {
+            if l.starts_with("FAIL: ") || l.starts_with("ERROR: ") {
+                return Some(l.to_string());
+            }
+            let (name, verdict) = l.rsplit_once(" ... ")?;
+            matches!(verdict.trim(), "[FAIL]" | "[ERROR]")
+                .then(|| l.to_string())
+                .filter(|_| !name.is_empty())
+        })
+        .collect()
+}
+
+/// How many tests ran: the sum of the run's `Ran N tests` lines (one per unittest module).
+fn suite_total(out: &str) -> u64 {
+    out.lines()
+        .filter_map(|l| {
+            l.strip_prefix("Ran ")?
+                .split(' ')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// The library's run of a test suite did what the plain one did: at least `min_tests` ran,
+/// as many both ways, the same ones failed, the same exit status.
+fn assert_suite_as_over_tcp(what: &str, smc: &SuiteRun, tcp: &SuiteRun, min_tests: u64) {
     let last = |out: &str, n: usize| {
         let l: Vec<&str> = out.lines().collect();
         l[l.len().saturating_sub(n)..].join("\n")
     };
-    let failed = |out: &str| -> std::collections::BTreeSet<String> {
-        out.lines()
-            .filter(|l| l.starts_with("FAIL: ") || l.starts_with("ERROR: "))
-            .map(str::to_string)
-            .collect()
-    };
-    // Each module's unittest run ends with "Ran N tests in ...".
-    let total = |out: &str| -> u64 {
-        out.lines()
-            .filter_map(|l| {
-                l.strip_prefix("Ran ")?
-                    .split(' ')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum()
-    };
     assert!(
-        total(&tcp_out) > 1000,
-        "the plain run ran {} tests: {}",
-        total(&tcp_out),
-        last(&tcp_out, 30)
+        suite_total(&tcp.out) >= min_tests,
+        "{what}: the plain run ran {} tests: {}",
+        suite_total(&tcp.out),
+        last(&tcp.out, 30)
     );
     assert_eq!(
-        failed(&smc_out),
-        failed(&tcp_out),
-        "tests that fail under the library differ from those over TCP; library run: {}",
-        last(&smc_out, 60)
+        suite_failures(&smc.out),
+        suite_failures(&tcp.out),
+        "{what}: tests that fail under the library differ from those over TCP; library run: {}",
+        last(&smc.out, 60)
     );
-    assert_eq!(total(&smc_out), total(&tcp_out), "tests run differ");
     assert_eq!(
-        smc.status.code(),
-        tcp.status.code(),
-        "exit status differs: {}",
-        last(&smc_out, 30)
+        suite_total(&smc.out),
+        suite_total(&tcp.out),
+        "{what}: tests run differ"
     );
+    assert_eq!(
+        smc.code,
+        tcp.code,
+        "{what}: exit status differs: {}",
+        last(&smc.out, 30)
+    );
+}
+
+/// Fails with the package to install unless `/usr/bin/python3` imports `module`.
+fn require_python_module(module: &str, package: &str) {
+    let have = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", &format!("import {module}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        have,
+        "Python module {module} is missing: `cargo xtask setup` installs it \
+         (apt-get install -y {package})"
+    );
+}
+
+/// CPython's own tests of sockets, TLS and asyncio streams (Debian's `libpython3.11-testsuite`):
+/// a test suite nobody here wrote, that checks the calls one by one. Run under the library
+/// and over plain TCP side by side, the same tests must run and the same ones fail (none on
+/// this host), and the library's run must have moved connections over SMC-D. It found a
+/// difference: a non-blocking write before the server's Accept said `EAGAIN` where TCP takes
+/// the bytes (`test_ssl` `test_subclass`: `SSLWantWriteError`; `test_asyncio.test_sslproto`
+/// `test_start_tls_client_reg_proto_1`: an assertion in asyncio's flow control).
+#[test]
+fn cpython_socket_test_suites_pass_as_over_tcp() {
+    require_python_module(
+        "test.test_socket, test.test_asyncio.test_sslproto",
+        "libpython3.11-testsuite",
+    );
+    const MODULES: &[&str] = &[
+        "test_socket",
+        "test_ssl",
+        "test_asyncio.test_sslproto",
+        "test_asyncio.test_sock_lowlevel",
+        "test_asyncio.test_streams",
+        "test_asyncio.test_server",
+        "test_selectors",
+        "test_httplib",
+    ];
+    let w = SmcWorld::new();
+    // The VSOCK tests wait for ever on a host without a vsock transport, either way.
+    let mut args = vec!["-m", "test", "-v", "-i", "*VSOCK*"];
+    args.extend_from_slice(MODULES);
+    // Side by side: the two runs take ~1.5 min each, mostly in their tests' own timeouts.
+    let (smc, tcp) = python_suite_both_ways(&w, "cpython", &args);
+    assert_suite_as_over_tcp("CPython", &smc, &tcp, 1000);
     let sum = w.stats_sum();
     assert!(
         sum.get("smcd_client") >= 50,
         "the suites made almost no SMC-D connections under the library: {}",
+        brief(&sum)
+    );
+}
+
+/// Two networking frameworks' own test suites (Debian's `python3-tornado` and
+/// `python3-twisted`), nobody here wrote either: Tornado's whole suite (its IOLoop on epoll,
+/// IOStream, TCP server and client, HTTP/1.1 server and clients, subprocesses; ~1 200 tests)
+/// and Twisted's reactor, TCP, TLS, Unix socket, process and endpoint tests, its HTTP, SMTP,
+/// FTP and IRC protocols (~2 600 tests, each on the epoll, poll, select and asyncio reactors).
+/// Under the library and over TCP, the same tests run and the same ones fail (Twisted's GLib
+/// reactors' `test_closePeerOnEMFILE` and a few environment ones, both ways).
+#[test]
+fn tornado_and_twisted_test_suites_pass_as_over_tcp() {
+    require_python_module("tornado.test.runtests", "python3-tornado");
+    require_python_module("twisted.trial", "python3-twisted");
+    let w = SmcWorld::new();
+    let (smc, tcp) =
+        python_suite_both_ways(&w, "tornado", &["-m", "tornado.test.runtests", "--verbose"]);
+    assert_suite_as_over_tcp("Tornado", &smc, &tcp, 1000);
+    let tornado = w.stats_sum();
+    assert!(
+        tornado.get("smcd_client") >= 50,
+        "Tornado's suite made almost no SMC-D connections under the library: {}",
+        brief(&tornado)
+    );
+    let (smc, tcp) = python_suite_both_ways(
+        &w,
+        "twisted",
+        &[
+            "-m",
+            "twisted.trial",
+            "--reporter=bwverbose",
+            "twisted.internet.test.test_tcp",
+            "twisted.internet.test.test_tls",
+            "twisted.internet.test.test_unix",
+            "twisted.internet.test.test_socket",
+            "twisted.internet.test.test_process",
+            "twisted.internet.test.test_posixprocess",
+            "twisted.internet.test.test_endpoints",
+            "twisted.test.test_tcp",
+            "twisted.test.test_loopback",
+            "twisted.test.test_protocols",
+            "twisted.web.test.test_http",
+            "twisted.web.test.test_agent",
+            "twisted.mail.test.test_smtp",
+            "twisted.words.test.test_irc",
+            "twisted.test.test_ftp",
+        ],
+    );
+    assert_suite_as_over_tcp("Twisted", &smc, &tcp, 2000);
+    let sum = w.stats_sum();
+    assert!(
+        sum.get("smcd_client") >= tornado.get("smcd_client") + 50,
+        "Twisted's suite made almost no SMC-D connections under the library: {}",
         brief(&sum)
     );
 }

@@ -136,6 +136,9 @@ const APT_PACKAGES: &[&str] = &[
     // CPython's own test suite (socket, ssl, asyncio): a differential test against TCP with
     // tests nobody here wrote (tests/tests/apps_smc.rs).
     "libpython3.11-testsuite",
+    // Tornado's and Twisted's test suites: the same, with two networking frameworks.
+    "python3-tornado",
+    "python3-twisted",
 ];
 
 fn main() -> Result<()> {
