@@ -1087,3 +1087,128 @@ fn tornado_and_twisted_test_suites_pass_as_over_tcp() {
         brief(&sum)
     );
 }
+
+/// OpenSSH: `sshd` re-executes itself for every connection (the accepted socket crosses an
+/// `exec`), hands it between its privilege-separated processes and serves the session from a
+/// child sandboxed with seccomp after the connection was made; `ssh` runs commands, uploads
+/// and downloads 3 MB through `cat` and returns an exit status. Under the library (both
+/// ends) and over plain TCP the same output; under the library every connection SMC-D.
+#[test]
+fn ssh_sessions_through_sshd_privsep_and_sandbox_over_smcd() {
+    let sshd = require_tool("sshd", "openssh-server");
+    let ssh = require_tool("ssh", "openssh-client");
+    let keygen = require_tool("ssh-keygen", "openssh-client");
+    let w = SmcWorld::new();
+    let d = w.subdir("ssh");
+    // sshd's privilege separation directory (the package makes it at boot).
+    std::fs::create_dir_all("/run/sshd").expect("mkdir /run/sshd");
+    for key in ["hostkey", "userkey"] {
+        let st = std::process::Command::new(&keygen)
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(d.join(key))
+            .status()
+            .expect("ssh-keygen");
+        assert!(st.success(), "ssh-keygen {key}: {st}");
+    }
+    std::fs::copy(d.join("userkey.pub"), d.join("authorized_keys")).expect("authorized_keys");
+    let blob = pseudo_random(3 << 20, 22, false);
+    std::fs::write(d.join("blob"), &blob).expect("write blob");
+    let session = |smc: bool| -> Vec<String> {
+        let port = free_port();
+        let tag = if smc { "smc" } else { "tcp" };
+        let cfg = d.join(format!("sshd_config.{tag}"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "Port {port}\nListenAddress 127.0.0.1\nHostKey {dir}/hostkey\n\
+                 PidFile {dir}/sshd.{tag}.pid\nAuthorizedKeysFile {dir}/authorized_keys\n\
+                 PermitRootLogin yes\nUsePAM no\nStrictModes no\nPasswordAuthentication no\n\
+                 KbdInteractiveAuthentication no\n",
+                dir = d.display()
+            ),
+        )
+        .expect("sshd_config");
+        let cmd = |p: &Path| {
+            if smc {
+                w.run(p)
+            } else {
+                std::process::Command::new(p)
+            }
+        };
+        let mut c = cmd(&sshd);
+        c.args(["-D", "-e", "-f"]).arg(&cfg);
+        let log = d.join(format!("sshd.{tag}.log"));
+        let mut srv = spawn_logged(c, &log);
+        wait_listening(&mut srv, port, T, "sshd", Some(&log));
+        let client = |remote: &str, stdin: Option<std::fs::File>| {
+            let mut c = cmd(&ssh);
+            c.arg("-q").arg("-i").arg(d.join("userkey")).args([
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+                "UserKnownHostsFile=/dev/null",
+                "-o",
+                "BatchMode=yes",
+                "-p",
+                &port.to_string(),
+                "root@127.0.0.1",
+                remote,
+            ]);
+            run_to_end(c, &w.subdir("logs"), stdin, T)
+        };
+        let mut seen = Vec::new();
+        for i in 0..3 {
+            let r = client(&format!("echo hello-{i}"), None);
+            seen.push(format!(
+                "echo {i}: {:?} {}",
+                r.status.code(),
+                r.text().trim()
+            ));
+        }
+        let copy = d.join(format!("blob.{tag}"));
+        let up = client(
+            &format!("cat > {}", copy.display()),
+            Some(std::fs::File::open(d.join("blob")).expect("open blob")),
+        );
+        let got = std::fs::read(&copy).unwrap_or_default();
+        seen.push(format!(
+            "upload: {:?} {} bytes, sha256 {}",
+            up.status.code(),
+            got.len(),
+            sha256_hex(&got)
+        ));
+        let down = client(&format!("cat {}", d.join("blob").display()), None);
+        seen.push(format!(
+            "download: {:?} {} bytes, sha256 {}",
+            down.status.code(),
+            down.stdout.len(),
+            sha256_hex(&down.stdout)
+        ));
+        let late = client("sleep 0.2; echo late; exit 3", None);
+        seen.push(format!(
+            "exit: {:?} {}",
+            late.status.code(),
+            late.text().trim()
+        ));
+        drop(srv);
+        seen
+    };
+    let tcp = session(false);
+    let smc = session(true);
+    assert_eq!(
+        tcp[3],
+        format!(
+            "upload: Some(0) {} bytes, sha256 {}",
+            blob.len(),
+            sha256_hex(&blob)
+        ),
+        "over TCP: {tcp:?}"
+    );
+    assert_eq!(smc, tcp, "ssh under the library differs from ssh over TCP");
+    let sum = w.stats_sum();
+    assert!(
+        sum.get("smcd_client") >= 6 && sum.get("smcd_server") >= 6 && fallbacks(&sum) == 0,
+        "ssh's connections did not all take SMC-D: {}",
+        brief(&sum)
+    );
+}

@@ -139,6 +139,8 @@ const APT_PACKAGES: &[&str] = &[
     // Tornado's and Twisted's test suites: the same, with two networking frameworks.
     "python3-tornado",
     "python3-twisted",
+    // OpenSSH's server: re-exec, privilege separation and a seccomp sandbox per connection.
+    "openssh-server",
 ];
 
 fn main() -> Result<()> {
@@ -300,7 +302,7 @@ fn setup() -> Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
         // The packaged services must not hold the ports the tests use.
-        for svc in ["nginx", "redis-server", "haproxy"] {
+        for svc in ["nginx", "redis-server", "haproxy", "ssh"] {
             let _ = Command::new("systemctl").args(["stop", svc]).status();
             let _ = Command::new("service").args([svc, "stop"]).status();
         }
