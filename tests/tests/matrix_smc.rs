@@ -18,6 +18,7 @@
 //! | Go `net/http` and echo server (raw system calls) | the library loaded but never called | TCP (the client falls back) |
 //! | socat inetd style, the handler exec'd without the library (`env -i cat`) | an SMC-D connection as stdin/stdout of an image that cannot read the rings | byte-exact: the connection continues on TCP (at the `dup2` onto stdin/stdout, or before the exec) |
 //! | haproxy `mode tcp` + `option splice-request/-response` and `mode http`, curl and wrk in front, Python `http.server` behind | a proxy's two legs, `splice(2)` between sockets, threads | SMC-D |
+//! | Apache httpd, `event` and `prefork` MPMs (children as `www-data`), `ab` with and without keep-alive, curl | a listener thread handing connections to workers; a process per connection; non-root | SMC-D (one request a connection: the short-connection policy's TCP) |
 //! | gunicorn (2 sync workers) and uvicorn (`--workers 2`, uvloop) with a WSGI/ASGI app, curl | prefork after `listen`; `multiprocessing` spawn after `bind` (each worker listens on an inherited socket) | SMC-D |
 //!
 //! The rest of the matrix lives next to the programs' other tests: redis (redis-benchmark,
@@ -2025,4 +2026,163 @@ fn gunicorn_and_uvicorn_workers() {
     let sum = world_closed(&m);
     assert_eq!(smcd(&sum), (16, 16), "{}", brief(&sum));
     m.report(&format!("SMC-D {:?}", smcd(&sum)));
+}
+
+/// One Apache httpd run with multi-processing module `mpm` (`event`: a listener thread hands
+/// connections to worker threads, keep-alive connections go back to the listener's epoll set;
+/// `prefork`: a process per connection; both serve as `www-data`, forked from a root parent):
+/// `ab` keep-alive and not, curl downloading a 2 MB file three times. The transcript and the
+/// client pids.
+fn apache_run(m: &Matrix, mode: Mode, mpm: &str, docroot: &Path) -> (String, Vec<(String, u32)>) {
+    let httpd = require_tool("apache2", "apache2");
+    let ab = require_tool("ab", "apache2-utils");
+    let curl = require_tool("curl", "curl");
+    let d = m.dir(mode, &format!("apache-{mpm}"));
+    let port = free_port();
+    let cfg = d.join("httpd.conf");
+    // Enough processes and threads that no connection waits in the accept queue for one.
+    std::fs::write(
+        &cfg,
+        format!(
+            "ServerRoot /usr/lib/apache2\n\
+             LoadModule mpm_{mpm}_module /usr/lib/apache2/modules/mod_mpm_{mpm}.so\n\
+             LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so\n\
+             LoadModule mime_module /usr/lib/apache2/modules/mod_mime.so\n\
+             Listen 127.0.0.1:{port}\nServerName localhost\nTypesConfig /etc/mime.types\n\
+             PidFile {dir}/httpd.pid\nErrorLog {dir}/error.log\nDocumentRoot {root}\n\
+             User www-data\nGroup www-data\nKeepAlive On\nMaxKeepAliveRequests 0\n\
+             <IfModule mpm_prefork_module>\nStartServers 12\nMinSpareServers 12\n\
+             ServerLimit 16\nMaxRequestWorkers 16\n</IfModule>\n\
+             <IfModule mpm_event_module>\nStartServers 1\nThreadsPerChild 16\n\
+             MaxRequestWorkers 16\n</IfModule>\n",
+            dir = d.display(),
+            root = docroot.display()
+        ),
+    )
+    .unwrap();
+    let mut c = m.cmd(mode, &httpd);
+    // Its own process group: at a stop, apache signals its whole group.
+    std::os::unix::process::CommandExt::process_group(&mut c, 0);
+    c.arg("-f").arg(&cfg).arg("-DFOREGROUND");
+    let log = d.join("httpd.log");
+    let mut srv = spawn_logged(c, &log);
+    wait_listening(&mut srv, port, T, "apache2", Some(&log));
+    let mut pids = Vec::new();
+    let mut out = String::new();
+    for keepalive in [true, false] {
+        let mut c = m.cmd(mode, &ab);
+        c.arg("-q");
+        if keepalive {
+            c.arg("-k");
+        }
+        c.args(["-n", "1000", "-c", "8"])
+            .arg(format!("http://127.0.0.1:{port}/index.html"));
+        let f = m.client(c);
+        let text = f.text();
+        for key in [
+            "Complete requests:",
+            "Failed requests:",
+            "Non-2xx responses:",
+        ] {
+            if let Some(l) = text.lines().find(|l| l.starts_with(key)) {
+                out += &format!(
+                    "ab keep-alive {keepalive}: {}\n",
+                    l.split_whitespace().collect::<Vec<_>>().join(" ")
+                );
+            }
+        }
+        let ka = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Keep-Alive requests:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        out += &format!("ab keep-alive {keepalive}: kept alive {}\n", ka > 0);
+        pids.push((format!("ab keep-alive {keepalive}"), f.pid));
+    }
+    for i in 0..3 {
+        let mut c = m.cmd(mode, &curl);
+        c.args(["-s", "-S", "-f"])
+            .arg(format!("http://127.0.0.1:{port}/big.bin"));
+        let f = m.client(c);
+        out += &format!(
+            "curl {i}: {} bytes, sha256 {}\n",
+            f.stdout.len(),
+            sha256_hex(&f.stdout)
+        );
+        pids.push((format!("curl {i}"), f.pid));
+    }
+    // A graceful stop: the parent stops its children (killed alone, they would live on, each
+    // with the DMBs it keeps for its next connection).
+    let kids = children(srv.id());
+    signal(srv.id(), libc::SIGTERM);
+    let t0 = Instant::now();
+    while !(gone(srv.id()) && kids.iter().all(|&k| gone(k))) {
+        assert!(t0.elapsed() < T, "apache2 ({mpm}) did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(srv);
+    (out, pids)
+}
+
+/// Apache httpd with the `event` and the `prefork` MPM (children as `www-data`), `ab` and curl:
+/// the same requests served and the same bytes as over plain TCP, every client connection
+/// SMC-D at both ends.
+#[test]
+fn apache_event_and_prefork_mpms() {
+    let m = Matrix::new("apache");
+    let root = m.w.subdir("htdocs");
+    let big = pseudo_random(2 << 20, 31, false);
+    std::fs::write(root.join("big.bin"), &big).unwrap();
+    std::fs::write(root.join("index.html"), "hello from apache\n").unwrap();
+    for mpm in ["event", "prefork"] {
+        let (tcp, _) = apache_run(&m, Mode::Tcp, mpm, &root);
+        let line = format!("curl 2: {} bytes, sha256 {}\n", big.len(), sha256_hex(&big));
+        assert!(
+            tcp.contains(&line) && tcp.contains("ab keep-alive true: Complete requests: 1000"),
+            "plain TCP ({mpm}): {tcp}"
+        );
+        let (smc, pids) = apache_run(&m, Mode::Smc, mpm, &root);
+        assert_same(&format!("apache {mpm}"), &tcp, &smc);
+        for (what, pid) in &pids {
+            let s = m.w.stats_of(*pid, what);
+            if what.as_str() == "ab keep-alive false" {
+                // One request a connection: the short-connection policy keeps all but the
+                // first connections and its probes on TCP (on by default under `smc-ctl run`).
+                assert_policy_only(&format!("{mpm}: {what}"), &s);
+            } else {
+                assert_all_smcd(&format!("{mpm}: {what}"), &s, 1, 0);
+            }
+        }
+    }
+    let sum = world_closed(&m);
+    assert_policy_only("the world", &sum);
+    assert!(smcd(&sum).0 >= 2 * (8 + 3), "{}", brief(&sum));
+    m.report(&format!(
+        "SMC-D {:?}, kept on TCP by the policy {}",
+        smcd(&sum),
+        fallbacks(&sum)
+    ));
+}
+
+/// Some connections SMC-D, and every fallback the short-connection policy's choice
+/// ([`smc_common::diag::POLICY_SHORT`]: a client's; its server counts `PEERNOSMC`), no
+/// handshake error.
+fn assert_policy_only(what: &str, s: &Snapshot) {
+    assert!(smcd(s).0 >= 1, "{what}: no SMC-D connection: {}", brief(s));
+    let reason = |code: u32| s.reasons.get(&code).copied().unwrap_or(0);
+    assert_eq!(
+        (s.get("fallback_client"), s.get("fallback_server")),
+        (
+            reason(smc_common::diag::POLICY_SHORT),
+            reason(smc_common::diag::Diag::PeerNoSmc.code())
+        ),
+        "{what}: fallbacks other than the short-connection policy's: {}",
+        brief(s)
+    );
+    assert_eq!(
+        s.get("handshake_errors"),
+        0,
+        "{what}: handshake errors: {}",
+        brief(s)
+    );
 }

@@ -141,6 +141,8 @@ const APT_PACKAGES: &[&str] = &[
     "python3-twisted",
     // OpenSSH's server: re-exec, privilege separation and a seccomp sandbox per connection.
     "openssh-server",
+    // Apache httpd (event and prefork MPMs) for the real-program matrix.
+    "apache2",
 ];
 
 fn main() -> Result<()> {
@@ -302,7 +304,7 @@ fn setup() -> Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
         // The packaged services must not hold the ports the tests use.
-        for svc in ["nginx", "redis-server", "haproxy", "ssh"] {
+        for svc in ["nginx", "redis-server", "haproxy", "ssh", "apache2"] {
             let _ = Command::new("systemctl").args(["stop", svc]).status();
             let _ = Command::new("service").args([svc, "stop"]).status();
         }
