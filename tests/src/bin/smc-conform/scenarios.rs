@@ -273,7 +273,7 @@ scenarios! {
     random_urgent_13: 1;
     handler_closes_recv_after_clc_timeout: 0;
     nonblocking_write_before_own_listener_accepts: 0;
-    close_with_ring_full_before_server_confirms: 1;
+    close_with_ring_full_before_server_confirms: 3;
 }
 
 // ── probes ──────────────────────────────────────────────────────────────────────────────────
@@ -8492,32 +8492,53 @@ fn nonblocking_write_before_own_listener_accepts() {
 
 /// A client that fills the ring with non-blocking writes (`EAGAIN`) and closes before its
 /// server read the Confirm (CPython's `test_socket` `testSendmsgDontWait` with small rings: the
-/// accepted socket is still in its handshake when the client is done). The close rang a
-/// doorbell for the client's own `WAIT_SPACE` bit; through the `sk_msg` shortcut it reached
-/// the server's socket ahead of the Confirm, which the server then read as a byte that is no
-/// CLC message: out of sync, reset (`recv` said `ECONNRESET`; TCP reads the bytes). Small
-/// rings (16 KiB), so that the writes fill one.
+/// accepted socket is still in its handshake when the client is done): a plain close, one
+/// with `SO_LINGER {1, 0}`, one after an urgent byte. The close rang a doorbell for the
+/// client's own `WAIT_SPACE` bit; through the `sk_msg` shortcut it reached the server's socket
+/// ahead of the Confirm, which the server then read as a byte that is no CLC message: out of
+/// sync, reset (`recv` said `ECONNRESET`; TCP reads the bytes). Small rings (16 KiB), so that
+/// the writes fill one.
 fn close_with_ring_full_before_server_confirms() {
     reexec_with("SMC_DMB_SIZE", "16384");
     let (l, port) = listener();
-    let c = tcp_socket();
-    r("connect(own listener)", connect_to(c, port) as isize);
-    // The server sends its Accept; the client's Confirm comes only at the client's next call.
-    let s = accept_fd(l);
-    log(format!("accept ok = {}", s >= 0));
-    let chunk = [b'a'; 512];
-    let ended = loop {
-        // SAFETY: valid buffer.
-        let k = unsafe { libc::send(c, chunk.as_ptr().cast(), chunk.len(), libc::MSG_DONTWAIT) };
-        if k < 0 {
-            break ename(errno());
+    for how in ["close", "close with SO_LINGER{1,0}", "MSG_OOB, then close"] {
+        log(format!("-- {how}"));
+        let c = tcp_socket();
+        r("connect(own listener)", connect_to(c, port) as isize);
+        // The server sends its Accept; the client's Confirm comes only at its next call.
+        let s = accept_fd(l);
+        log(format!("accept ok = {}", s >= 0));
+        let chunk = [b'a'; 512];
+        let ended = loop {
+            // SAFETY: valid buffer.
+            let k =
+                unsafe { libc::send(c, chunk.as_ptr().cast(), chunk.len(), libc::MSG_DONTWAIT) };
+            if k < 0 {
+                break ename(errno());
+            }
+        };
+        log(format!("send(c, MSG_DONTWAIT) until it fails: {ended}"));
+        match how {
+            "close with SO_LINGER{1,0}" => linger0(c),
+            "MSG_OOB, then close" => {
+                // SAFETY: valid buffer.
+                let k = unsafe {
+                    libc::send(
+                        c,
+                        b"!".as_ptr().cast(),
+                        1,
+                        libc::MSG_OOB | libc::MSG_DONTWAIT,
+                    )
+                };
+                r("send(c, MSG_OOB|MSG_DONTWAIT)", k);
+            }
+            _ => {}
         }
-    };
-    log(format!("send(c, MSG_DONTWAIT) until it fails: {ended}"));
-    close(c);
-    set_nonblock(s, true);
-    pl("poll(s,IN)", s, libc::POLLIN, 5000);
-    rd("read(s)", s, 512);
-    close(s);
+        close(c);
+        set_nonblock(s, true);
+        pl("poll(s,IN)", s, libc::POLLIN, 5000);
+        rd("read(s)", s, 512);
+        close(s);
+    }
     close(l);
 }
