@@ -316,6 +316,13 @@ enum Ahead {
 /// does not pair (pipelining off) costs an event loop at most this.
 const SERVER_PAIR_WAIT: Duration = Duration::from_millis(100);
 
+/// The head of the stream after a CLC message ([`Driver::head_of_stream`]).
+enum Head {
+    Decline(Vec<u8>),
+    Eof,
+    Other,
+}
+
 /// What the socket holds.
 enum Rd {
     /// One whole CLC message (consumed).
@@ -649,15 +656,36 @@ impl Driver {
                     // late) sent its timeout Decline behind it: the Decline is the answer, and
                     // no Accept goes out, which the client would have to skip, or which would
                     // reach its socket after its close (a reset).
-                    if let Some(d) = self.queued_decline() {
-                        crate::debug!(
-                            "fd {}: the client declined before its Proposal was read: no \
-                             answer, TCP",
-                            self.fd
-                        );
-                        let a = self.m.handle(Input::Message(&d));
-                        self.todo.extend(a);
-                        continue;
+                    match self.head_of_stream() {
+                        Head::Decline(d) => {
+                            crate::debug!(
+                                "fd {}: the client declined before its Proposal was read: no \
+                                 answer, TCP",
+                                self.fd
+                            );
+                            let a = self.m.handle(Input::Message(&d));
+                            self.todo.extend(a);
+                            continue;
+                        }
+                        Head::Eof => {
+                            // The client's socket closed behind its Proposal (a client with
+                            // the library never half-closes before its handshake is decided):
+                            // it went away before we accepted. Nothing is answered, and the
+                            // daemon is not asked (it would refuse the socket as proof, no
+                            // longer established: `INTERR`); an Accept sent now would draw a
+                            // reset where TCP's program reads the end of the stream. As Linux
+                            // counts it: a handshake error, the program reads EOF.
+                            crate::debug!(
+                                "fd {}: the client closed behind its Proposal: no answer",
+                                self.fd
+                            );
+                            return Progress::Done(self.fallback_now(Fallback {
+                                reason: smc_common::handshake::FallbackReason::Aborted,
+                                sent_decline: None,
+                                in_sync: false,
+                            }));
+                        }
+                        Head::Other => {}
                     }
                 }
                 if crate::log::enabled()
@@ -767,6 +795,16 @@ impl Driver {
                         };
                         match &decline {
                             Some(_) => Input::AcceptWithdrawn,
+                            // The client went away meanwhile (the daemon refuses a socket no
+                            // longer established as proof): as its FIN right behind the
+                            // Proposal, a handshake the client abandoned, not `INTERR`.
+                            None if self.server && self.io.with(self.fd, peer_finished) => {
+                                crate::debug!(
+                                    "fd {}: the client closed during our registration",
+                                    self.fd
+                                );
+                                Input::Abort
+                            }
                             None => Input::DmbFailed(f),
                         }
                     }
@@ -891,12 +929,32 @@ impl Driver {
 
     /// A whole CLC Decline at the head of the stream (consumed), without waiting.
     fn queued_decline(&mut self) -> Option<Vec<u8>> {
+        match self.head_of_stream() {
+            Head::Decline(d) => Some(d),
+            Head::Eof | Head::Other => None,
+        }
+    }
+
+    /// What is at the head of the stream now, without waiting: a whole CLC Decline
+    /// (consumed), the peer's end of the stream, or anything else (nothing, part of a
+    /// message, another message, data).
+    fn head_of_stream(&mut self) -> Head {
         let (fd, io) = (self.fd, &self.io);
-        let n = io
-            .with(fd, |fd| {
-                recv(fd, &mut self.buf, libc::MSG_PEEK | libc::MSG_DONTWAIT)
-            })
-            .ok()?;
+        let Ok(n) = io.with(fd, |fd| {
+            recv(fd, &mut self.buf, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+        }) else {
+            return Head::Other;
+        };
+        if n == 0 {
+            return Head::Eof;
+        }
+        self.decline_at_head(n).map_or(Head::Other, Head::Decline)
+    }
+
+    /// [`Driver::head_of_stream`] of `n` bytes peeked into the buffer: a whole Decline there is
+    /// consumed.
+    fn decline_at_head(&mut self, n: usize) -> Option<Vec<u8>> {
+        let (fd, io) = (self.fd, &self.io);
         let hdr = self.buf.get(..n)?.first_chunk::<HEADER_LEN>()?;
         if hdr[..4] != clc::EYECATCHER_SMCR[..] && hdr[..4] != clc::EYECATCHER_SMCD[..] {
             return None;
