@@ -3303,3 +3303,37 @@ fn a_client_that_closes_before_its_server_accepts_is_an_abandoned_handshake() {
         brief(&sum)
     );
 }
+
+/// A listener process greets a client and hands the live connection to its parent.
+const PASS_LIVE: &str = include_str!("../redteam/pass_live.py");
+
+/// Connections handed on with `SCM_RIGHTS` read as over TCP also where the receiver cannot
+/// tell them by their shortcut: with the shortcut off (`SMC_NO_SHORTCUT=1`), and a server end
+/// whose client wrote and closed before the server could attach the client's DMB (no pairing,
+/// `SMC_PIPELINE=0`: established over a stand-in). The receiver asks the daemon for such a
+/// socket's DMBs (none: TCP's), and takes a stand-in for a peer DMB that is gone. Before: the
+/// live connection passed with the shortcut off hung in the parent's read (its bytes were in
+/// the ring, it read the TCP socket); the passed-after-close one read `b''` (4 to 6 of 6 without
+/// pairing, 3 of 3 without the shortcut; CPython's `test_multiprocessing_forkserver`
+/// `test_pickling` with `SMC_PIPELINE=0`: `EOFError`, then its listener process hung).
+#[test]
+fn a_connection_passed_on_without_pairing_or_shortcut_reads_like_tcp() {
+    let w = SmcWorld::new();
+    let after_close = script(&w, "pass_after_close.py", PASS_AFTER_CLOSE);
+    let live = script(&w, "pass_live.py", PASS_LIVE);
+    let tcp_after_close = over_tcp(&after_close, &["4"]);
+    let tcp_live = over_tcp(&live, &[]);
+    assert_eq!(tcp_live.lines().count(), 9, "plain TCP: {tcp_live}");
+    for (var, val) in [("SMC_PIPELINE", "0"), ("SMC_NO_SHORTCUT", "1")] {
+        let mut c = python(&w, &after_close);
+        c.arg("4").env(var, val);
+        let out = spawn_piped(c).wait_output(T).expect("driver");
+        assert_eq!(out, tcp_after_close, "passed after close, {var}={val}");
+        let mut c = python(&w, &live);
+        c.env(var, val);
+        let out = spawn_piped(c).wait_output(T).expect("driver");
+        assert_eq!(out, tcp_live, "passed live, {var}={val}");
+    }
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_server") >= 14, "{}", brief(&sum));
+}

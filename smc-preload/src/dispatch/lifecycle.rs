@@ -1803,10 +1803,11 @@ fn disabled_receives(fd: c_int) {
     // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: valid out buffer.
-    if unsafe { libc::fstat(fd, &mut st) } != 0
-        || st.st_mode & libc::S_IFMT != libc::S_IFSOCK
-        || !setup::looks_like_smc_conn(fd)
-    {
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return;
+    }
+    let look = setup::smc_conn_look(fd);
+    if look == setup::SmcLook::No {
         return;
     }
     match daemon::adopt(fd) {
@@ -1818,6 +1819,8 @@ fn disabled_receives(fd: c_int) {
             continue_on_tcp(fd, &o);
             real::set_errno(e0);
         }
+        // The daemon knows no DMB of it: TCP's (see `SmcLook::Maybe`).
+        None if look == setup::SmcLook::Maybe => {}
         None => {
             crate::debug!("fd {fd}: received another process's SMC connection: fails cleanly");
             drop(fdtable::replace(
@@ -2037,7 +2040,8 @@ fn fd_arrived(fd: c_int) {
         adopt_if_unconnected(fd);
         return;
     }
-    if !setup::looks_like_smc_conn(fd) {
+    let look = setup::smc_conn_look(fd);
+    if look == setup::SmcLook::No {
         return;
     }
     // One of our own connections: sent by this process (its reference was in flight), or still
@@ -2078,6 +2082,10 @@ fn fd_arrived(fd: c_int) {
     }
     if let Some(c) = daemon::adopt(fd) {
         drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Conn(c)))));
+        return;
+    }
+    if look == setup::SmcLook::Maybe {
+        // The daemon knows no DMB of it: TCP's (see `SmcLook::Maybe`).
         return;
     }
     crate::debug!("fd {fd}: received another process's SMC connection: fails cleanly");

@@ -3936,7 +3936,8 @@ pub fn adopt_orphans_after_exec() {
         if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
             continue;
         }
-        if !setup::looks_like_smc_conn(fd) {
+        let look = setup::smc_conn_look(fd);
+        if look == setup::SmcLook::No {
             continue;
         }
         let ck = lifecycle::cookie(fd);
@@ -3964,6 +3965,10 @@ pub fn adopt_orphans_after_exec() {
                 // A standard stream (an inetd-style handler): stdio bypasses us, TCP it is.
                 lifecycle::std_stream_takes(fd);
             }
+            continue;
+        }
+        if look == setup::SmcLook::Maybe {
+            // The daemon knows no DMB of it: TCP's (see `SmcLook::Maybe`).
             continue;
         }
         let gone = *old_image_gone.get_or_insert_with(same_pid_image_had_conns);

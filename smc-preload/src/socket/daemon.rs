@@ -425,7 +425,10 @@ struct AdoptedRelease {
 impl AdoptedRelease {
     fn give_back(&self) {
         release_dmbs(None, Some(self.own));
-        release_dmbs(None, Some(self.peer));
+        // 0: a stand-in, no DMB of the daemon.
+        if self.peer != 0 {
+            release_dmbs(None, Some(self.peer));
+        }
     }
 }
 
@@ -452,21 +455,33 @@ pub(crate) fn adopt(fd: i32) -> Option<Conn> {
         }
     };
     let peer = match with_dev(|c| c.adopt_dmb(fd, ADOPT_PEER)) {
-        Ok(p) => p,
+        Ok(p) => Some(p),
         Err(e) => {
             debug!("fd {fd}: the daemon hands over no peer DMB: {e}");
-            release_dmbs(None, Some(own.token));
-            return None;
+            None
         }
     };
     let rel = AdoptedRelease {
         own: own.token,
-        peer: peer.token,
+        peer: peer.as_ref().map_or(0, |p| p.token),
     };
-    let (ot, pt) = (own.token, peer.token);
+    let (ot, pt) = (own.token, rel.peer);
     // From here on `rel` gives both references back if anything fails (on drop of the Conn
     // or right here).
     let conn = (|| {
+        let o = own.map().ok()?;
+        let p = match &peer {
+            Some(p) => p.map().ok()?,
+            // No peer DMB: its end closed before ours could attach it (a server whose client
+            // wrote, closed and gave its DMB back before the attach: no pairing; it was
+            // established over a stand-in, `handshake::attach_client`). What it wrote is in
+            // our ring, and nothing can be written to it any more: a stand-in again.
+            None if crate::conn::peer_closed_in(&o) => {
+                debug!("fd {fd}: its peer closed before it attached the peer's DMB: a stand-in");
+                crate::shm::Mapping::anon_shared(o.len()).ok()?
+            }
+            None => return None,
+        };
         let st = with_dev(|c| c.adopt_dmb(fd, ADOPT_STATE)).ok()?;
         // The page's size is checked (sealed by its creator, checked by the daemon): a shorter
         // file would fault on access.
@@ -475,7 +490,6 @@ pub(crate) fn adopt(fd: i32) -> Option<Conn> {
             return None;
         }
         let state = st.map_state().ok()?;
-        let (o, p) = (own.map().ok()?, peer.map().ok()?);
         Some((o, p, state))
     })();
     let Some((o, p, state)) = conn else {

@@ -225,11 +225,39 @@ fn machine_for(server: bool, size_code: u8, peer: PeerSmc) -> Handshake {
     }
 }
 
+/// What the eBPF state of a socket that came from elsewhere (`SCM_RIGHTS`, `exec`) says of it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum SmcLook {
+    /// Not an SMC connection: one end did not announce SMC, or the connection stays TCP.
+    No,
+    /// An established SMC connection whose doorbells take the shortcut.
+    Yes,
+    /// Both ends announced SMC and it did not stay TCP, but its doorbells do not take the
+    /// shortcut: an SMC connection with the shortcut off (`SMC_NO_SHORTCUT=1`), or a server
+    /// end whose client was gone before its DMB could be attached (no grant). Only the daemon
+    /// can tell (`OP_ADOPT`); if it knows no DMB of the socket, the socket is TCP's.
+    Maybe,
+}
+
 /// The eBPF state of an established SMC connection's TCP socket.
+pub fn smc_conn_look(fd: i32) -> SmcLook {
+    use smc_common::bpf::{SOCK_OPTED_IN, SOCK_SHORTCUT, SOCK_TCP};
+    let Some(s) = sock_state(fd) else {
+        return SmcLook::No;
+    };
+    let both = SOCK_OPTED_IN | SOCK_PEER_SMC;
+    if s.flags & both != both || s.flags & SOCK_TCP != 0 {
+        SmcLook::No
+    } else if s.flags & SOCK_SHORTCUT != 0 {
+        SmcLook::Yes
+    } else {
+        SmcLook::Maybe
+    }
+}
+
+/// [`smc_conn_look`] says [`SmcLook::Yes`].
 pub fn looks_like_smc_conn(fd: i32) -> bool {
-    use smc_common::bpf::{SOCK_OPTED_IN, SOCK_SHORTCUT};
-    let want = SOCK_OPTED_IN | SOCK_PEER_SMC | SOCK_SHORTCUT;
-    sock_state(fd).is_some_and(|s| s.flags & want == want)
+    smc_conn_look(fd) == SmcLook::Yes
 }
 
 /// Withdraw (`false`) or restore (`true`) the SMC announcement of listener `fd`'s SYN-ACKs
