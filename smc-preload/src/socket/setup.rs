@@ -255,11 +255,6 @@ pub fn smc_conn_look(fd: i32) -> SmcLook {
     }
 }
 
-/// [`smc_conn_look`] says [`SmcLook::Yes`].
-pub fn looks_like_smc_conn(fd: i32) -> bool {
-    smc_conn_look(fd) == SmcLook::Yes
-}
-
 /// Withdraw (`false`) or restore (`true`) the SMC announcement of listener `fd`'s SYN-ACKs
 /// (`SMC_SO_ENABLE` on a listening socket; see `smc_common::bpf::MAP_LISTENERS`), errno
 /// preserved. Whether the programs took it.
