@@ -631,6 +631,8 @@ impl Conn {
                 a.release(what);
             }
         };
+        // A signal handled from here on (asleep, or between two sleeps) may end the call.
+        crate::signals::wait_begins();
         // Spin first when waiting for data: a peer that answers within the budget costs no
         // syscall on either side (request/response). A writer that filled the ring does not
         // spin (SMC_SPIN_ROOM_US, default 0): the reader has a whole ring to copy, and on a
@@ -664,6 +666,17 @@ impl Conn {
                 self.spin.record(false);
             }
         }
+        // Whether the call ends with `EINTR` for a signal that came while it slept: when the
+        // signal's handler has no `SA_RESTART`, and always on a socket with a timeout
+        // (`deadline`: SO_RCVTIMEO/SO_SNDTIMEO), which the kernel never restarts
+        // (sock_intr_errno, signal(7)). A call the kernel would restart goes on, unless its
+        // number no longer names the connection (the handler closed it, or made it name another
+        // file): the kernel's restart looks the number up again (`EBADF`, or the call on the
+        // new file), which the caller does on `EINTR` (`ops::restarted`; red team `inflight.c
+        // recv close 1`: a `SIGALRM` timeout that closes the connection left the read waiting
+        // for the peer, TCP `EBADF` at once).
+        let renamed = || asleep.as_ref().is_some_and(unwound::Asleep::renamed);
+        let ends_call = || crate::signals::interrupted() || deadline.is_some() || renamed();
         loop {
             // Announce, then recheck (the other side swaps the bit after changing the ring).
             if data {
@@ -678,6 +691,16 @@ impl Conn {
                     self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
                 }
                 return Woke::Ready;
+            }
+            // A handler of ours ran since the wait began: asleep on the futex (a second thread
+            // blocked in `recv` of one connection, signalled: before, it slept on), in a poll
+            // that did not say `EINTR` (below), or between two sleeps, where the kernel's
+            // call would have been asleep too.
+            if crate::signals::caught() && ends_call() {
+                if !data {
+                    self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
+                }
+                return Woke::Intr;
             }
             // Pre-sleep duty: the writer into our ring may wait for a cursor we have not
             // published yet.
@@ -780,7 +803,6 @@ impl Conn {
             } else {
                 s.sleeps.fetch_add(1, Ordering::Relaxed);
                 let e0 = real::errno();
-                crate::signals::wait_begins();
                 // SAFETY: one valid pollfd.
                 let r = unsafe { real::poll(&mut pfd, 1, timeout) };
                 let e = real::errno();
@@ -802,19 +824,14 @@ impl Conn {
             if s.waiters.load(Ordering::Acquire) > 0 {
                 crate::shm::futex_wake(&s.wake_seq, i32::MAX);
             }
-            // EINTR as TCP says it: when the signal's handler has no SA_RESTART, and always on a
-            // socket with a timeout (`deadline`: SO_RCVTIMEO/SO_SNDTIMEO), which the kernel
-            // never restarts (sock_intr_errno, signal(7)). A call the kernel would restart
-            // goes on, unless its number no longer names the connection (the handler closed
-            // it, or made it name another file): the kernel's restart looks the number up
-            // again (`EBADF`, or the call on the new file), which the caller does on `EINTR`
-            // (`ops::restarted`; red team `inflight.c recv close 1`: a `SIGALRM` timeout that
-            // closes the connection left the read waiting for the peer, TCP `EBADF` at once).
-            let renamed = || asleep.as_ref().is_some_and(unwound::Asleep::renamed);
-            if r < 0
-                && e == libc::EINTR
-                && (crate::signals::interrupted() || deadline.is_some() || renamed())
-            {
+            // EINTR as TCP says it (`ends_call`; a handler that is not ours says nothing to
+            // `caught`). The poll need not say `EINTR` when a handler of ours ran: it looks its
+            // number up again at each wakeup, so when the number was closed or `dup2`ed over
+            // while it slept (Java's close of a socket a thread reads: `dup2` of a dead
+            // socketpair end over it, then a signal to the reader) the signal's wakeup finds
+            // the new file ready and returns 1 (before: the read slept on for ever, the signal
+            // spent; TCP: `EINTR`); that is seen at the top of the loop.
+            if r < 0 && e == libc::EINTR && ends_call() {
                 if !data {
                     self.update_peer_flags(0, ProdFlags::WRITE_BLOCKED.0, 0);
                 }

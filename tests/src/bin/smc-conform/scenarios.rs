@@ -274,6 +274,9 @@ scenarios! {
     handler_closes_recv_after_clc_timeout: 0;
     nonblocking_write_before_own_listener_accepts: 0;
     close_with_ring_full_before_server_confirms: 3;
+    dup2_dead_socketpair_over_recv_then_signal: 1;
+    close_over_recv_then_signal: 1;
+    signal_two_of_three_blocked_readers: 1;
 }
 
 // ── probes ──────────────────────────────────────────────────────────────────────────────────
@@ -8541,4 +8544,111 @@ fn close_with_ring_full_before_server_confirms() {
         close(s);
     }
     close(l);
+}
+
+// Java's close of a socket another thread reads (`NioSocketImpl`, `NativeThread.signal`): a
+// `dup2` over the number of a socketpair end whose peer is closed, then a signal without
+// `SA_RESTART` to the reader. TCP: the read ends with `EINTR` (the kernel's wakeup for the
+// signal), the next read of the number reads the socketpair's EOF, and the peer sees the close
+// when the interrupted call let go of the socket. Before: the library's poll woke for the
+// signal, found the number's new file ready (1, not `EINTR`) and slept on for ever.
+
+fn dup2_dead_socketpair_over_recv_then_signal() {
+    close_over_recv_then_signal_as(true);
+}
+
+fn close_over_recv_then_signal() {
+    close_over_recv_then_signal_as(false);
+}
+
+fn close_over_recv_then_signal_as(dup: bool) {
+    handle(libc::SIGUSR2, false);
+    let (c, s) = pair_settled();
+    static T: AtomicI32 = AtomicI32::new(0);
+    static PT: std::sync::OnceLock<libc::pthread_t> = std::sync::OnceLock::new();
+    let h = std::thread::spawn(move || {
+        // SAFETY: plain call.
+        let _ = PT.set(unsafe { libc::pthread_self() });
+        T.store(gettid(), Ordering::Release);
+        recv_l("recv(s) blocking", s, 10, 0);
+        recv_l("recv(s) again", s, 10, 0);
+    });
+    wait_blocked(&T);
+    let mut sp = [-1; 2];
+    if dup {
+        // SAFETY: plain calls on our own descriptors.
+        unsafe {
+            assert_eq!(
+                libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, sp.as_mut_ptr()),
+                0
+            );
+            libc::close(sp[1]);
+            let d = libc::dup2(sp[0], s);
+            log(format!(
+                "dup2(dead socketpair end, s) lands on s: {}",
+                d == s
+            ));
+        }
+    } else {
+        r("close(s) while recv blocks", close(s) as isize);
+    }
+    // SAFETY: the thread is alive until joined.
+    unsafe { libc::pthread_kill(*PT.get().unwrap(), libc::SIGUSR2) };
+    h.join().unwrap();
+    log(format!("handled USR2 x{}", SIGUSR2S.load(Ordering::SeqCst)));
+    pl("poll(c,IN) after the call returned", c, libc::POLLIN, 5000);
+    rd("read(c)", c, 10);
+    if dup {
+        close(s);
+        close(sp[0]);
+    }
+    close(c);
+}
+
+/// Three threads blocked in `recv` of one connection (the first sleeps in the library's poll,
+/// the others on its futex), the last two signalled (no `SA_RESTART`): each ends with `EINTR`
+/// as over TCP, the first gets the data written next. Before: a signalled thread asleep on the
+/// futex slept on.
+fn signal_two_of_three_blocked_readers() {
+    handle(libc::SIGUSR2, false);
+    let (c, s) = pair_settled();
+    static T: [AtomicI32; 3] = [AtomicI32::new(0), AtomicI32::new(0), AtomicI32::new(0)];
+    static PT: [std::sync::OnceLock<libc::pthread_t>; 3] = [
+        std::sync::OnceLock::new(),
+        std::sync::OnceLock::new(),
+        std::sync::OnceLock::new(),
+    ];
+    let hs: Vec<_> = (0..3)
+        .map(|i| {
+            let h = std::thread::spawn(move || {
+                // SAFETY: plain call.
+                let _ = PT[i].set(unsafe { libc::pthread_self() });
+                T[i].store(gettid(), Ordering::Release);
+                let mut b = [0u8; 10];
+                // SAFETY: valid buffer.
+                let k = unsafe { libc::recv(s, b.as_mut_ptr().cast(), b.len(), 0) };
+                if k < 0 {
+                    ename(errno())
+                } else {
+                    digest(&b[..k as usize])
+                }
+            });
+            wait_blocked(&T[i]);
+            h
+        })
+        .collect();
+    // The last two to block first: they sleep on the futex (the first one polls).
+    let mut hs: Vec<_> = hs.into_iter().map(Some).collect();
+    for i in [2, 1] {
+        // SAFETY: the thread is alive until joined.
+        unsafe { libc::pthread_kill(*PT[i].get().unwrap(), libc::SIGUSR2) };
+        let h = hs[i].take().unwrap();
+        log(format!("signalled reader {i}: {}", h.join().unwrap()));
+    }
+    write_all(c, b"data");
+    let first = hs[0].take().unwrap();
+    log(format!("first reader: {}", first.join().unwrap()));
+    log(format!("handled USR2 x{}", SIGUSR2S.load(Ordering::SeqCst)));
+    close(c);
+    close(s);
 }
