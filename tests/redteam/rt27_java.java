@@ -341,6 +341,88 @@ class Rt27Java {
         c.close();
     }
 
+    /** A thread blocked in ServerSocket.accept; another closes the listener. */
+    static void acceptClose(ServerSocket unused) throws Exception {
+        ServerSocket ls = new ServerSocket(0, 50, InetAddress.getLoopbackAddress());
+        CompletableFuture<String> acc = CompletableFuture.supplyAsync(() -> {
+            try { ls.accept(); return "accepted"; }
+            catch (IOException e) { return name(e); }
+        });
+        sleep(300);
+        ls.close();
+        say("acceptClose accept: " + acc.get(10, TimeUnit.SECONDS));
+        try (Socket c = new Socket(InetAddress.getLoopbackAddress(), ls.getLocalPort())) {
+            say("acceptClose connect after: connected");
+        } catch (IOException e) { say("acceptClose connect after: " + e.getClass().getSimpleName()); }
+    }
+
+    /** A blocking ServerSocketChannel.accept; another thread closes the channel. */
+    static void nioAcceptClose(ServerSocket unused) throws Exception {
+        ServerSocketChannel ls = ServerSocketChannel.open()
+            .bind(new InetSocketAddress(InetAddress.getLoopbackAddress(), 0));
+        CompletableFuture<String> acc = CompletableFuture.supplyAsync(() -> {
+            try { ls.accept(); return "accepted"; }
+            catch (IOException e) { return name(e); }
+        });
+        sleep(300);
+        ls.close();
+        say("nioAcceptClose accept: " + acc.get(10, TimeUnit.SECONDS));
+    }
+
+    /** A connection accepted while another thread waits to close the listener, then used. */
+    static void acceptThenClose(ServerSocket unused) throws Exception {
+        ServerSocket ls = new ServerSocket(0, 50, InetAddress.getLoopbackAddress());
+        CompletableFuture<Socket> acc = CompletableFuture.supplyAsync(() -> {
+            try { return ls.accept(); } catch (IOException e) { return null; }
+        });
+        Socket c = new Socket(InetAddress.getLoopbackAddress(), ls.getLocalPort());
+        Socket a = acc.get(10, TimeUnit.SECONDS);
+        ls.close();
+        c.getOutputStream().write("ping".getBytes());
+        byte[] b = new byte[4];
+        int n = a.getInputStream().read(b);
+        a.getOutputStream().write("pong".getBytes());
+        int m = c.getInputStream().read(b);
+        say("acceptThenClose: " + n + " " + m + " " + new String(b, 0, m));
+        c.close();
+        say("acceptThenClose server: " + drain(a));
+        a.close();
+    }
+
+    /** A read blocked with SO_TIMEOUT set (a poll with a timeout); another thread closes. */
+    static void timedReadClose(ServerSocket ss) throws Exception {
+        Socket c = connect(ss);
+        Socket a = ss.accept();
+        c.setSoTimeout(5000);
+        CompletableFuture<String> reader = CompletableFuture.supplyAsync(() -> {
+            try { return "read " + c.getInputStream().read(new byte[100]); }
+            catch (IOException e) { return name(e); }
+        });
+        sleep(300);
+        c.close();
+        say("timedReadClose reader: " + reader.get(10, TimeUnit.SECONDS));
+        say("timedReadClose server: " + drain(a));
+        a.close();
+    }
+
+    /** A write blocked on a full connection through a SocketChannel; the channel is closed. */
+    static void nioCloseWrite(ServerSocket ss) throws Exception {
+        SocketChannel c = SocketChannel.open(ss.getLocalSocketAddress());
+        Socket a = ss.accept();
+        CompletableFuture<String> writer = CompletableFuture.supplyAsync(() -> {
+            try {
+                ByteBuffer b = ByteBuffer.allocate(1 << 20);
+                for (int i = 0; i < 256; i++) { b.clear(); while (b.hasRemaining()) c.write(b); }
+                return "wrote all";
+            } catch (IOException e) { return e.getClass().getSimpleName(); }
+        });
+        sleep(500);
+        c.close();
+        say("nioCloseWrite writer: " + writer.get(10, TimeUnit.SECONDS));
+        say("nioCloseWrite server: " + drainKind(a));
+        a.close();
+    }
+
     public static void main(String[] args) throws Exception {
         Map<String, Scenario> all = new LinkedHashMap<>();
         all.put("closeRead", Rt27Java::closeRead);
@@ -355,6 +437,11 @@ class Rt27Java {
         all.put("asyncEcho", Rt27Java::asyncEcho);
         all.put("lingerZero", Rt27Java::lingerZero);
         all.put("available", Rt27Java::available);
+        all.put("acceptClose", Rt27Java::acceptClose);
+        all.put("nioAcceptClose", Rt27Java::nioAcceptClose);
+        all.put("acceptThenClose", Rt27Java::acceptThenClose);
+        all.put("timedReadClose", Rt27Java::timedReadClose);
+        all.put("nioCloseWrite", Rt27Java::nioCloseWrite);
         List<String> which = args.length == 0 ? new ArrayList<>(all.keySet()) : Arrays.asList(args);
         try (ServerSocket ss = new ServerSocket(0, 50, InetAddress.getLoopbackAddress())) {
             for (String w : which) {

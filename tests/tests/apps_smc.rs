@@ -1212,3 +1212,73 @@ fn ssh_sessions_through_sshd_privsep_and_sandbox_over_smcd() {
         brief(&sum)
     );
 }
+
+/// The JDK's socket machinery and Perl's timeout idioms (`tests/redteam/rt27_java.java`,
+/// `rt27_perl.pl`), under the library and over TCP: the same observations line by line. Java
+/// closes a socket another thread is blocked on by `dup2`ing a dead socketpair end over its
+/// number and signalling the thread (`NioSocketImpl`, `NativeThread.signal`); before the wake
+/// fix, `Socket.close`, `SocketChannel.close` and `Thread.interrupt` of a blocked read left the
+/// reader asleep for ever under the library. Also selectors, asynchronous channels, timeouts,
+/// urgent data, linger 0; Perl's `alarm` + `die` out of `sysread` and `readline`.
+#[test]
+fn jdk_and_perl_socket_idioms_as_over_tcp() {
+    let javac = require_tool("javac", "default-jdk-headless");
+    let java = require_tool("java", "default-jdk-headless");
+    let perl = require_tool("perl", "perl");
+    let w = SmcWorld::new();
+    let classes = w.subdir("java");
+    let redteam = Path::new(env!("CARGO_MANIFEST_DIR")).join("redteam");
+    let st = std::process::Command::new(&javac)
+        .arg("-d")
+        .arg(&classes)
+        .arg(redteam.join("rt27_java.java"))
+        .status()
+        .expect("javac");
+    assert!(st.success(), "javac rt27_java.java: {st}");
+    let logs = w.subdir("logs");
+    let run = |prog: &Path, args: &[&std::ffi::OsStr], smc: bool| -> String {
+        let mut c = if smc {
+            w.run(prog)
+        } else {
+            std::process::Command::new(prog)
+        };
+        c.args(args);
+        let f = run_to_end(c, &logs, None, T);
+        assert_eq!(
+            f.status.code(),
+            Some(0),
+            "{prog:?} (library: {smc}) failed: {}\n{}",
+            f.text(),
+            f.stderr
+        );
+        f.text()
+    };
+    let jargs = [
+        std::ffi::OsStr::new("-cp"),
+        classes.as_os_str(),
+        std::ffi::OsStr::new("Rt27Java"),
+    ];
+    let script = redteam.join("rt27_perl.pl");
+    let pargs = [script.as_os_str()];
+    for (what, prog, args, lines) in [
+        ("java", &java, &jargs[..], 30),
+        ("perl", &perl, &pargs[..], 12),
+    ] {
+        let tcp = run(prog, args, false);
+        assert!(
+            tcp.lines().count() >= lines && !tcp.contains("FAILED"),
+            "{what} over TCP: {tcp}"
+        );
+        let smc = run(prog, args, true);
+        assert_eq!(
+            smc, tcp,
+            "{what} under the library differs from {what} over TCP"
+        );
+    }
+    let sum = w.stats_sum();
+    assert!(
+        sum.get("smcd_client") >= 15 && fallbacks(&sum) == 0,
+        "the connections did not take SMC-D: {}",
+        brief(&sum)
+    );
+}

@@ -136,6 +136,8 @@ const APT_PACKAGES: &[&str] = &[
     // CPython's own test suite (socket, ssl, asyncio): a differential test against TCP with
     // tests nobody here wrote (tests/tests/apps_smc.rs).
     "libpython3.11-testsuite",
+    // The JDK (javac, java) and its socket machinery: tests/redteam/rt27_java.java.
+    "default-jdk-headless",
     // Tornado's and Twisted's test suites: the same, with two networking frameworks.
     "python3-tornado",
     "python3-twisted",
