@@ -138,6 +138,8 @@ const APT_PACKAGES: &[&str] = &[
     "libpython3.11-testsuite",
     // The JDK (javac, java) and its socket machinery: tests/redteam/rt27_java.java.
     "default-jdk-headless",
+    // Ruby's socket and thread machinery: tests/redteam/rt27_ruby.rb.
+    "ruby",
     // Tornado's and Twisted's test suites: the same, with two networking frameworks.
     "python3-tornado",
     "python3-twisted",
