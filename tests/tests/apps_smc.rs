@@ -1213,22 +1213,25 @@ fn ssh_sessions_through_sshd_privsep_and_sandbox_over_smcd() {
     );
 }
 
-/// The JDK's socket machinery, Perl's timeout idioms and Ruby's thread interrupts
-/// (`tests/redteam/rt27_java.java`, `rt27_perl.pl`, `rt27_ruby.rb`), under the library and over
-/// TCP: the same observations line by line. Java
+/// The JDK's socket machinery, Perl's timeout idioms, Ruby's thread interrupts and Node's
+/// socket hand-off to a child (`tests/redteam/rt27_java.java`, `rt27_perl.pl`, `rt27_ruby.rb`,
+/// `rt27_node.js`), under the library and over TCP: the same observations line by line. Java
 /// closes a socket another thread is blocked on by `dup2`ing a dead socketpair end over its
 /// number and signalling the thread (`NioSocketImpl`, `NativeThread.signal`); before the wake
 /// fix, `Socket.close`, `SocketChannel.close` and `Thread.interrupt` of a blocked read left the
 /// reader asleep for ever under the library. Also selectors, asynchronous channels, timeouts,
 /// urgent data, linger 0; Perl's `alarm` + `die` out of `sysread` and `readline`; Ruby's
 /// `IO#close` of a socket another thread reads or writes (it wakes that thread with a signal and
-/// raises `IOError` in it), `Timeout`, `Thread#raise` and `#kill` in blocking reads.
+/// raises `IOError` in it), `Timeout`, `Thread#raise` and `#kill` in blocking reads; Node's
+/// `child.send('socket', s)` with bytes in flight, backpressure, destroy under a write,
+/// half-open, idle timeouts, a reset.
 #[test]
-fn jdk_perl_and_ruby_socket_idioms_as_over_tcp() {
+fn runtimes_socket_idioms_as_over_tcp() {
     let javac = require_tool("javac", "default-jdk-headless");
     let java = require_tool("java", "default-jdk-headless");
     let perl = require_tool("perl", "perl");
     let ruby = require_tool("ruby", "ruby");
+    let node = require_tool("node", "nodejs");
     let w = SmcWorld::new();
     let classes = w.subdir("java");
     let redteam = Path::new(env!("CARGO_MANIFEST_DIR")).join("redteam");
@@ -1266,10 +1269,13 @@ fn jdk_perl_and_ruby_socket_idioms_as_over_tcp() {
     let pargs = [script.as_os_str()];
     let rscript = redteam.join("rt27_ruby.rb");
     let rargs = [rscript.as_os_str()];
+    let nscript = redteam.join("rt27_node.js");
+    let nargs = [nscript.as_os_str()];
     for (what, prog, args, lines) in [
         ("java", &java, &jargs[..], 30),
         ("perl", &perl, &pargs[..], 12),
         ("ruby", &ruby, &rargs[..], 20),
+        ("node", &node, &nargs[..], 7),
     ] {
         let tcp = run(prog, args, false);
         assert!(
@@ -1290,7 +1296,7 @@ fn jdk_perl_and_ruby_socket_idioms_as_over_tcp() {
                 brief(&sum)
             );
         }
-        if what == "ruby" {
+        if what == "ruby" || what == "node" {
             // Ruby makes every socket non-blocking: its echo clients write right after
             // connecting to a listener of their own process, which TCP takes at once, so they
             // stop waiting for the Accept (`TIMEOUT_CL`) and stay TCP
