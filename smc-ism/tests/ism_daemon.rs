@@ -1048,6 +1048,20 @@ fn list_shows_tokens_only_to_root() {
     );
     drop(c);
     let mut c = client(&dir);
+    // The client went while its sockets are still held (here, by this process: as by a
+    // forked child or a receiver of the socket): its references are kept for an adopter
+    // until nobody holds the sockets any more.
+    let s = c
+        .wait_for(WAIT, |s| {
+            s.released_on_disconnect >= 201 && s.live_dmbs <= 200
+        })
+        .expect("the daemon saw both clients go and freed the child's DMB (socket closed)");
+    assert_eq!(
+        (s.live_dmbs, s.live_attachments),
+        (200, 1),
+        "kept while held"
+    );
+    drop((a, b));
     wait_idle(&mut c, 1);
     assert!(c.list_dmbs().unwrap().is_empty());
     d.shutdown().unwrap();

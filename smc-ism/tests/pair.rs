@@ -33,7 +33,7 @@ fn pair_serves_both_ends_with_each_others_dmb() {
     assert_eq!(st.ops.pair.ok, 2, "{:?}", st.ops.pair);
     assert_eq!(st.ops.pair.requests, 2);
     assert_eq!((st.live_dmbs, st.live_attachments), (2, 2));
-    drop((a, b));
+    drop((a, b, x, y));
     wait_idle(&mut c, 1);
     d.shutdown().unwrap();
 }
@@ -94,7 +94,7 @@ fn pooled_reuse(shelve: Option<u64>) {
     let st = s.stats().unwrap();
     assert_eq!(st.live_dmbs, 4, "two pooled, two new");
     assert_eq!((st.dmbs_reused, st.dmbs_pooled), (2, 2));
-    drop((a, b, c));
+    drop((a, b, c, x, y, x2, y2, x3, y3));
     wait_idle(&mut s, 2);
     d.shutdown().unwrap();
 }
@@ -122,7 +122,7 @@ fn a_tainted_or_still_attached_dmb_is_not_reused() {
     let (x3, y3) = tcp_pair();
     let ((a3, _), _) = pair(&a, &b, &x3, &y3);
     assert_ne!(a3.id, a2.id, "still attached: not reused");
-    drop((a, b));
+    drop((a, b, x, y, x2, y2, x3, y3));
     let mut s = client(&dir);
     wait_idle(&mut s, 1);
     d.shutdown().unwrap();
@@ -176,7 +176,7 @@ fn register_and_pair_meet_either_way() {
     let (a_own2, a_peer2) = a.finish_pair(t, None).unwrap();
     assert_eq!(a_peer2.token, bd2.token);
     assert!(b.attach_dmb(a_own2.token, y2.as_raw_fd()).is_ok());
-    drop((a, b));
+    drop((a, b, x, y, x2, y2));
     let mut c = client(&dir);
     wait_idle(&mut c, 1);
     d.shutdown().unwrap();
@@ -281,7 +281,7 @@ fn releases_carried_by_a_pair_are_handled_first() {
     assert_eq!((st.live_dmbs, st.dmbs_reused), (2, 2));
     assert_eq!(st.ops.unregister.ok, 2);
     assert_eq!(st.ops.detach.ok, 2);
-    drop((a, b));
+    drop((a, b, x, y, x2, y2));
     wait_idle(&mut c, 1);
     d.shutdown().unwrap();
 }
@@ -420,7 +420,7 @@ fn adopted_with_state_page(shelve: Option<u64>) {
     let page = m.adopt_dmb(x3.as_raw_fd(), proto::ADOPT_STATE).unwrap();
     assert_eq!(inode_and_size(&page.fd).0, inode_and_size(st2).0);
     assert_eq!(pread(&page.fd, 100, 17), b"second connection");
-    drop((a, b, m));
+    drop((a, b, m, x, y, x2, y2, x3, y3));
     wait_idle(&mut s, 1);
     d.shutdown().unwrap();
 }
@@ -557,9 +557,9 @@ fn a_client_that_forked_takes_its_next_slots_from_a_new_page() {
     assert_eq!(a6.state_slot, Some(proto::STATE_SLOT as usize));
     assert_eq!(inode_and_size(a6.state.as_ref().unwrap()).0, page2);
     drop((a, b));
+    drop((x1, y1, x2, y2, x3, y3, x4, y4, x5, y5, x6, y6));
     wait_idle(&mut s, 1);
     d.shutdown().unwrap();
-    drop((x1, y1, x2, y2, x3, y3, x4, y4, x5, y5, x6, y6));
 }
 
 /// `pair_start_now` sends nothing until the connection and its features are known (a client
@@ -603,7 +603,7 @@ fn pair_start_now_goes_only_when_it_need_not_wait() {
         .is_none());
     let st = c.stats().unwrap();
     assert_eq!(st.ops.pair.ok, 2, "{:?}", st.ops.pair);
-    drop((fresh, b));
+    drop((fresh, b, x, y));
     wait_idle(&mut c, 1);
     d.shutdown().unwrap();
 }

@@ -740,12 +740,12 @@ impl Conn<'_> {
             }
             R::Detach { token } => (
                 &c.detach,
-                self.release_token(token, RefKind::Attach, false)
+                self.release_token(token, RefKind::Attach, false, false)
                     .map(|_| None),
             ),
             R::Unregister { token } => (
                 &c.unregister,
-                self.release_token(token, RefKind::Owner, false)
+                self.release_token(token, RefKind::Owner, false, false)
                     .map(|_| None),
             ),
             R::Stats | R::Wait { .. } => {
@@ -832,11 +832,13 @@ impl Conn<'_> {
     fn release(&mut self, own: u64, peer: u64, flags: u32) -> Result<(), Fail> {
         let c = &self.shared.reg.counters;
         let mut res = Ok(());
+        // Another process may still use the connection (the library's word): the references
+        // stay while our end's socket is held (`handed_on`).
         let taint = flags & proto::RELEASE_TAINT_PEER != 0;
         if own != 0 && flags & proto::RELEASE_POOL_OWN != 0 && self.pool_own(own) {
             c.unregister.record(true);
         } else if own != 0 {
-            match self.release_token(own, RefKind::Owner, false) {
+            match self.release_token(own, RefKind::Owner, false, taint) {
                 Ok(()) => c.unregister.record(true),
                 Err(f) => {
                     c.unregister.record(false);
@@ -846,7 +848,7 @@ impl Conn<'_> {
             }
         }
         if peer != 0 {
-            match self.release_token(peer, RefKind::Attach, taint) {
+            match self.release_token(peer, RefKind::Attach, taint, taint) {
                 Ok(()) => c.detach.record(true),
                 Err(f) => {
                     c.detach.record(false);
@@ -1186,7 +1188,7 @@ impl Conn<'_> {
         match self.serve_parked(y, &own, xid, Some(xfd)) {
             Ok(peer) => Ok((own, peer)),
             Err(f) => {
-                let _ = self.release_token(own.token, RefKind::Owner, false);
+                let _ = self.release_token(own.token, RefKind::Owner, false, false);
                 Err(f)
             }
         }
@@ -1307,7 +1309,7 @@ impl Conn<'_> {
         self.held.entry(token).or_default().attaches += 1;
         let info = diag::conn_info(xfd, xid, sh.own_netns, sh.peers_map.as_deref(), false);
         let Some(pc) = info.peer_cookie else {
-            let _ = self.release_token(token, RefKind::Attach, false);
+            let _ = self.release_token(token, RefKind::Attach, false, false);
             return Err(Fail::PeerUnknown);
         };
         let cg = self.cg.clone();
@@ -1329,7 +1331,7 @@ impl Conn<'_> {
                 Ok((own, peer))
             }
             Err(f) => {
-                let _ = self.release_token(token, RefKind::Attach, false);
+                let _ = self.release_token(token, RefKind::Attach, false, false);
                 Err(f)
             }
         }
@@ -1489,7 +1491,15 @@ impl Conn<'_> {
         Ok(dmb)
     }
 
-    fn release_token(&mut self, token: u64, kind: RefKind, taint: bool) -> Result<(), Fail> {
+    /// Drops our reference `kind` of `token`. `handed_on`: the connection may be used by
+    /// another process now (see [`super::handed_on`]).
+    fn release_token(
+        &mut self,
+        token: u64,
+        kind: RefKind,
+        taint: bool,
+        handed_on: bool,
+    ) -> Result<(), Fail> {
         let h = self.held.get_mut(&token).ok_or(Fail::NotHeld)?;
         match kind {
             RefKind::Owner if h.owner => h.owner = false,
@@ -1503,7 +1513,11 @@ impl Conn<'_> {
         if kind == RefKind::Owner {
             self.recorded.remove(&token);
         }
-        self.shared.reg.release(token, kind, taint);
+        if handed_on {
+            self.shared.reg.release_or_keep(token, kind, taint);
+        } else {
+            self.shared.reg.release(token, kind, taint);
+        }
         Ok(())
     }
 
@@ -1518,13 +1532,20 @@ impl Conn<'_> {
         }
         self.recorded.clear();
         let mut n = 0u64;
+        // A connection whose socket another process holds now (a forked child, an exec'd
+        // image, a receiver of `SCM_RIGHTS`) keeps its references until that process adopts
+        // it or lets go (see `handed_on`).
         for (token, h) in self.held.drain() {
             for _ in 0..h.attaches {
-                self.shared.reg.release(token, RefKind::Attach, false);
+                self.shared
+                    .reg
+                    .release_or_keep(token, RefKind::Attach, false);
                 n += 1;
             }
             if h.owner {
-                self.shared.reg.release(token, RefKind::Owner, false);
+                self.shared
+                    .reg
+                    .release_or_keep(token, RefKind::Owner, false);
                 n += 1;
             }
         }

@@ -142,11 +142,13 @@ fn ip16(ip: IpAddr) -> [u8; 16] {
     b
 }
 
-/// A found socket: its cookie, state and cgroup id.
+/// A found socket: its cookie, state, inode (0: no process holds it, an orphan after its
+/// last close) and cgroup id.
 #[derive(Clone, Copy, Debug)]
 struct Found {
     cookie: u64,
     state: u8,
+    inode: u32,
     cgroup: Option<u64>,
 }
 
@@ -175,6 +177,7 @@ fn parse_reply(b: &[u8], local: SocketAddr, remote: SocketAddr) -> Option<Found>
     }
     let lo = u32::from_ne_bytes(m[44..48].try_into().ok()?) as u64;
     let hi = u32::from_ne_bytes(m[48..52].try_into().ok()?) as u64;
+    let inode = u32::from_ne_bytes(m[68..72].try_into().ok()?);
     let mut cgroup = None;
     let mut off = NLMSG_HDR + MSG_LEN;
     while off + 4 <= len {
@@ -191,6 +194,7 @@ fn parse_reply(b: &[u8], local: SocketAddr, remote: SocketAddr) -> Option<Found>
     Some(Found {
         cookie: hi << 32 | lo,
         state: m[1],
+        inode,
         cgroup,
     })
 }
@@ -202,9 +206,9 @@ fn connected_state(s: u8) -> bool {
 }
 
 /// Looks up the peer of `id` (and, with `want_cgroup`, `id`'s own socket) in the connection
-/// table of `sock`'s network namespace.
+/// table of `sock`'s network namespace (without `sock`: only in the daemon's own).
 fn diag(
-    sock: BorrowedFd<'_>,
+    sock: Option<BorrowedFd<'_>>,
     id: &TcpIdentity,
     own_netns: Option<u64>,
     want_cgroup: bool,
@@ -273,7 +277,7 @@ fn diag(
             }
             r
         })
-    } else if let Some(ns) = id.netns_cookie {
+    } else if let (Some(ns), Some(sock)) = (id.netns_cookie, sock) {
         NS_DIAG.with(|cell| {
             let mut v = cell.borrow_mut();
             let now = Instant::now();
@@ -295,10 +299,31 @@ fn diag(
             }
             r
         })
-    } else {
+    } else if let Some(sock) = sock {
         let nl = netlink_socket_in(sock)?;
         run(nl.as_raw_fd())
+    } else {
+        Err(io::ErrorKind::Unsupported.into())
     }
+}
+
+/// Whether a process still holds the very socket `id` (same cookie; a full socket of a
+/// connection with an inode: after its last close it has none), looked up in the daemon's own
+/// network namespace. `None`: not known (a socket of another namespace, or the lookup failed).
+pub(crate) fn socket_held(id: &TcpIdentity, own_netns: Option<u64>) -> Option<bool> {
+    if own_netns.is_none() || id.netns_cookie != own_netns || id.cookie.is_none() {
+        return None;
+    }
+    // The peer lookup of the swapped tuple is this very socket.
+    let swapped = TcpIdentity {
+        local: id.peer,
+        peer: id.local,
+        ..*id
+    };
+    let (me, _) = diag(None, &swapped, own_netns, false).ok()?;
+    Some(
+        me.is_some_and(|m| Some(m.cookie) == id.cookie && m.inode != 0 && connected_state(m.state)),
+    )
 }
 
 /// What the kernel knows about the connection of a registration's proof socket `sock`.
@@ -316,7 +341,7 @@ pub(crate) fn conn_info(
     want_cgroup: bool,
 ) -> ConnInfo {
     let mut no_descriptor = false;
-    let (peer, own) = match diag(sock, id, own_netns, want_cgroup) {
+    let (peer, own) = match diag(Some(sock), id, own_netns, want_cgroup) {
         Ok(r) => r,
         Err(e) => {
             log::debug!("sock_diag: {e}");
@@ -354,7 +379,7 @@ pub(crate) fn socket_cgroup(
         ..*id
     };
     // The peer lookup of the swapped tuple is this very socket.
-    let (me, _) = diag(sock, &swapped, own_netns, false).ok()?;
+    let (me, _) = diag(Some(sock), &swapped, own_netns, false).ok()?;
     me.filter(|m| Some(m.cookie) == id.cookie)
         .and_then(|m| m.cgroup)
 }

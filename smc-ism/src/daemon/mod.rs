@@ -5,6 +5,7 @@ mod conn;
 mod diag;
 mod gid;
 mod grant;
+mod handed_on;
 mod holder;
 mod metrics;
 mod pair;
@@ -641,6 +642,7 @@ async fn sweep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         // On a blocking thread: the turn may wait for holder processes (see `holder`).
         let reg = shared.reg.clone();
         busy = tokio::task::spawn_blocking(move || {
+            reg.handed_on_tick();
             let busy = reg.shelve_tick();
             if !busy {
                 reg.trim_after_burst();

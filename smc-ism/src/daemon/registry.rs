@@ -787,6 +787,8 @@ pub(crate) struct Registry {
     uid_max_dmbs: u64,
     min_available_bytes: u64,
     require_same_cgroup: bool,
+    /// References of clients that let go of a socket another process still holds.
+    handed_on: super::handed_on::HandedOn,
 }
 
 /// Gives a map's memory back once it holds less than a quarter of what it has room for (a
@@ -828,6 +830,7 @@ impl Registry {
                 .filter(|_| super::shelf::available())
                 .map(std::time::Duration::from_millis),
             counters: Counters::default(),
+            handed_on: super::handed_on::HandedOn::new(),
             gid,
             next_id: AtomicU64::new(sys::random_u64().unwrap_or_else(|_| {
                 // No randomness: the clock still differs between daemon instances.
@@ -1544,6 +1547,48 @@ impl Registry {
             // No new attach after the owner's unregister.
             self.forget_owner(token, &o);
         }
+    }
+
+    /// The end of the connection that `token`'s reference `kind` was taken for: the owner's
+    /// socket, or the other end's for an attach. `None` for a pooled DMB (bound to no
+    /// connection) or an attach of an unknown peer.
+    fn end_of(&self, token: u64, kind: RefKind) -> Option<TcpIdentity> {
+        let shard = lock(self.shard(token));
+        let rec = shard.get(&token).filter(|r| !r.pooled)?;
+        match kind {
+            RefKind::Owner => Some(rec.owner),
+            RefKind::Attach => Some(TcpIdentity {
+                local: rec.owner.peer,
+                peer: rec.owner.local,
+                cookie: Some(rec.peer_cookie?),
+                netns_cookie: rec.owner.netns_cookie,
+            }),
+        }
+    }
+
+    /// A client lets go of reference `kind` of `token` while its socket may have been handed
+    /// on (see [`super::handed_on`]): kept while its end of the connection is still held by a
+    /// process (the DMB is never bound again then), else released. Whether it was kept.
+    pub(crate) fn release_or_keep(&self, token: u64, kind: RefKind, taint: bool) -> bool {
+        if let Some(end) = self.end_of(token, kind) {
+            if self.handed_on.keep(token, kind, end) {
+                if let Some(rec) = lock(self.shard(token)).get_mut(&token) {
+                    rec.tainted = true;
+                }
+                return true;
+            }
+        }
+        self.release(token, kind, taint);
+        false
+    }
+
+    /// Releases the kept references whose socket nobody holds any more (from the sweep).
+    /// Whether references are still kept.
+    pub(crate) fn handed_on_tick(&self) -> bool {
+        for (token, kind) in self.handed_on.due() {
+            self.release(token, kind, true);
+        }
+        self.handed_on.len() > 0
     }
 
     /// The owner gives its DMB back into its pool (it keeps the owner reference): unbound, no

@@ -433,8 +433,18 @@ impl AdoptedRelease {
 }
 
 impl Release for AdoptedRelease {
-    fn release(&self, _c: &Conn) {
-        self.give_back();
+    fn release(&self, c: &Conn) {
+        if c.closed_everywhere() && c.unheld() {
+            self.give_back();
+            return;
+        }
+        // Another process may still have the connection (handed on again): the daemon keeps
+        // the references while our socket is held there, until it adopts them.
+        use smc_ism::proto::RELEASE_TAINT_PEER;
+        flush_releases();
+        for t in [self.own, self.peer].into_iter().filter(|&t| t != 0) {
+            let _ = with_dev(|d| d.release_flags(None, Some(t), RELEASE_TAINT_PEER));
+        }
     }
 }
 

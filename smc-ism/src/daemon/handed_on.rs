@@ -1,0 +1,120 @@
+//! References kept for a socket handed on (issue 10, red team round 27).
+//!
+//! A DMB lives while some client connection holds a reference to it, and references do not
+//! travel between client connections: a process that takes a socket over (`SCM_RIGHTS`, an
+//! `exec`'d image, a `pass_fds` child) takes its own with `OP_ADOPT`, and a forked child takes
+//! none (it maps what its parent mapped). So when every holder of a reference lets go of it
+//! (closes its number after handing the socket on, execs, exits after forking) before the
+//! process that has the socket now adopted it, the DMBs would be freed under a connection
+//! that is still in use: the adopter fails, a forked child loses the connection's identity.
+//!
+//! Instead, a reference given up by a client that may have handed its socket on (a release
+//! with `RELEASE_TAINT_PEER`, or any reference of a client connection that closed) is kept
+//! here while the client's end of the connection is still held by a process: its socket,
+//! looked up by `sock_diag` (same cookie), is a full socket of a connection that still has an
+//! inode (after the last close of a socket it has none). The sweep asks again, at growing
+//! intervals, and releases the reference once nobody holds the socket. Only the daemon's own
+//! network namespace is looked up (the daemon keeps no handle of other namespaces): in another
+//! one a reference is released at once, as before.
+//!
+//! Bounds: [`MAX_KEPT`] references at most (beyond, released at once); each is charged, as
+//! before, to its DMB's owner cgroup and uid, so holding sockets keeps memory only within the
+//! quotas of whoever holds them.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::diag;
+use super::registry::RefKind;
+use crate::sys::TcpIdentity;
+
+/// References kept at most (a few dozen bytes each).
+const MAX_KEPT: usize = 1 << 16;
+/// The first look again after a reference was kept, and the longest interval between looks.
+const FIRST_LOOK: Duration = Duration::from_millis(100);
+const LONGEST_LOOK: Duration = Duration::from_secs(2);
+
+struct Kept {
+    token: u64,
+    kind: RefKind,
+    /// The end of the connection the releasing client had.
+    end: TcpIdentity,
+    next: Instant,
+    wait: Duration,
+}
+
+/// The references kept for sockets handed on.
+pub(crate) struct HandedOn {
+    own_netns: Option<u64>,
+    kept: Mutex<Vec<Kept>>,
+}
+
+impl HandedOn {
+    pub(crate) fn new() -> HandedOn {
+        HandedOn {
+            own_netns: smc_common::bpf::own_netns_cookie().ok(),
+            kept: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Kept>> {
+        self.kept.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps reference `kind` of `token` (the caller does not release it) when `end`, the
+    /// releasing client's end of the connection, is still held by a process.
+    pub(crate) fn keep(&self, token: u64, kind: RefKind, end: TcpIdentity) -> bool {
+        if diag::socket_held(&end, self.own_netns) != Some(true) {
+            return false;
+        }
+        let mut v = self.lock();
+        if v.len() >= MAX_KEPT {
+            return false;
+        }
+        v.push(Kept {
+            token,
+            kind,
+            end,
+            next: Instant::now() + FIRST_LOOK,
+            wait: FIRST_LOOK,
+        });
+        true
+    }
+
+    /// How many references are kept.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// The kept references whose socket nobody holds any more (or that can no longer be
+    /// looked up): to be released by the caller. The lookups run without the lock.
+    pub(crate) fn due(&self) -> Vec<(u64, RefKind)> {
+        let now = Instant::now();
+        let looks: Vec<Kept> = {
+            let mut v = self.lock();
+            if v.iter().all(|k| k.next > now) {
+                return Vec::new();
+            }
+            let (due, wait): (Vec<Kept>, Vec<Kept>) = std::mem::take(&mut *v)
+                .into_iter()
+                .partition(|k| k.next <= now);
+            *v = wait;
+            due
+        };
+        let mut gone = Vec::new();
+        let mut still = Vec::new();
+        for mut k in looks {
+            if diag::socket_held(&k.end, self.own_netns) == Some(true) {
+                k.wait = (k.wait * 2).min(LONGEST_LOOK);
+                k.next = now + k.wait;
+                still.push(k);
+            } else {
+                gone.push((k.token, k.kind));
+            }
+        }
+        if !still.is_empty() {
+            self.lock().extend(still);
+        }
+        gone
+    }
+}
