@@ -3337,3 +3337,56 @@ fn a_connection_passed_on_without_pairing_or_shortcut_reads_like_tcp() {
     let sum = w.stats_sum();
     assert!(sum.get("smcd_server") >= 14, "{}", brief(&sum));
 }
+
+/// Red team round 27: one connection whose ends move between processes with bytes in flight
+/// both ways (`tests/redteam/rt27_moves.py`: `fork` with the child taking over, `SCM_RIGHTS`
+/// to a fresh worker, `exec` of itself, `dup2`, a subprocess that inherits it, `shutdown`),
+/// and both ends made in one process and handed to two `pass_fds` children that the maker
+/// closes at once (`rt27_both_leave.py`). Every step's result as over TCP. Before, the DMBs
+/// were freed once every process holding a daemon reference had let go (closed after handing
+/// on, exec'd, exited after forking) before the new holder adopted them: both children failed
+/// (3 of 3), 11 of the first 15 seeds differed and the 16th hung.
+const MOVES: &str = include_str!("../redteam/rt27_moves.py");
+const BOTH_LEAVE: &str = include_str!("../redteam/rt27_both_leave.py");
+
+#[test]
+fn connection_ends_moving_between_processes_read_as_over_tcp() {
+    let w = SmcWorld::new();
+    let moves = script(&w, "rt27_moves.py", MOVES);
+    let both = script(&w, "rt27_both_leave.py", BOTH_LEAVE);
+    let mut runs = 0;
+    for order in ["cs", "sc"] {
+        let tcp = over_tcp(&both, &[order]);
+        assert_eq!(tcp.trim(), "reader got b'hello'", "plain TCP");
+        let mut c = python(&w, &both);
+        c.arg(order);
+        let out = spawn_piped(c).wait_output(T).expect("both leave");
+        assert_eq!(out, tcp, "both ends handed on, {order}");
+        runs += 1;
+    }
+    for seq in [
+        "c:exec,s:exec,s:w,c:r",
+        "c:pass,s:fork,s:w,c:r",
+        "s:fork,c:pass,c:w,s:r,s:exec,c:w,s:r",
+    ] {
+        let mut c = Command::new("python3");
+        c.arg(&moves).arg("1").env("RT27_SEQ", seq);
+        let tcp = spawn_piped(c).wait_output(T).expect("over TCP");
+        let mut c = python(&w, &moves);
+        c.arg("1").env("RT27_SEQ", seq);
+        let out = spawn_piped(c).wait_output(T).expect("moves");
+        assert_eq!(out, tcp, "sequence {seq}");
+        runs += 1;
+    }
+    let seeds: Vec<String> = (1..=16).map(|s| s.to_string()).collect();
+    let seeds: Vec<&str> = seeds.iter().map(String::as_str).collect();
+    let tcp = over_tcp(&moves, &seeds);
+    let mut c = python(&w, &moves);
+    c.args(&seeds);
+    let out = spawn_piped(c).wait_output(T).expect("moves");
+    assert_eq!(out, tcp, "seeds 1-16");
+    runs += seeds.len();
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_server") >= runs as u64, "{}", brief(&sum));
+    assert_eq!(fallbacks(&sum), 0, "{}", brief(&sum));
+}
