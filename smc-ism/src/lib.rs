@@ -151,8 +151,13 @@
 //!   message sent without waiting).
 //! - A client only ever releases references *it* holds: the daemon tracks, per connection, the
 //!   owner and attach references it granted; releasing anything else is `NotHeld`. When the
-//!   connection closes — the process exited, crashed or was SIGKILLed — the daemon releases all
-//!   of them.
+//!   connection closes — the process exited, crashed, was SIGKILLed or exec'd — the daemon
+//!   releases all of them, except those whose end of the connection another process still
+//!   holds (a forked child, an exec'd image, a receiver of the socket: `sock_diag` finds the
+//!   very socket, same cookie, with an inode): those are kept, the DMB never reused, until
+//!   that socket is closed everywhere, so that its holder can adopt them (`daemon/handed_on.rs`;
+//!   also for an `OP_RELEASE` with `RELEASE_TAINT_PEER`). Only in the daemon's own network
+//!   namespace.
 //! - Failures are immediate, never a wait: no free slot or the cgroup's DMB count quota →
 //!   [`IsmError::MaxDmb`]/[`IsmError::QuotaDmbs`] (decline MAX_DMB); byte quotas, the device byte
 //!   limit, MemAvailable below a floor, memfd/ftruncate errors → [`IsmError::QuotaBytes`] /

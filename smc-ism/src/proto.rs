@@ -42,7 +42,8 @@
 //!   keeps `own` registered, unbound, in the caller's pool of DMBs (see `OP_PAIR`) instead of
 //!   freeing it, when the pool has room and the DMB may be reused; [`RELEASE_TAINT_PEER`]: the
 //!   caller may still write into `peer` (another process shares the connection), so it is
-//!   never reused. Result: empty; `NotHeld` if either was not held (the other is still
+//!   never reused, and both references stay while the caller's socket of the connection is
+//!   held by a process (for it to adopt). Result: empty; `NotHeld` if either was not held (the other is still
 //!   released).
 //! - `OP_ATTACH_PEER`: empty + the caller's connected TCP socket. Attaches the live DMB that
 //!   the other end of this very connection registered (the same mirror proof as `OP_ATTACH`,
