@@ -352,6 +352,9 @@ impl Travelling {
                         t.dropped[t.nd] = fd;
                         t.nd += 1;
                     }
+                } else if added && vfork_shadowed(fd) {
+                    // The vfork child made the number name something else (below if it is
+                    // another of our connections).
                 } else if t.n < MAX_WITHDRAWN {
                     if added {
                         c.add_ref(1);
@@ -362,6 +365,27 @@ impl Travelling {
                 }
             }
         });
+        if added {
+            // Numbers the vfork child made name a connection of ours (inetd style:
+            // `dup2(conn, 0)`, CPython's `Popen(stdin=conn)`, the original number
+            // close-on-exec or closed): the image gets it there, with a reference (the
+            // parent's close of its own number must not end the connection) and a mark to
+            // adopt. Recorded under the parent's number, where a failed exec finds it again.
+            let (dups, nd) = vfork_dups();
+            for &(dst, origin) in dups.get(..nd).unwrap_or_default() {
+                if t.n >= MAX_WITHDRAWN || cloexec(dst) {
+                    continue;
+                }
+                if let Some(o) = fdtable::get(origin) {
+                    if let Obj::Conn(c) = &*o {
+                        c.add_ref(1);
+                        c.mark_in_flight();
+                        t.fds[t.n] = origin;
+                        t.n += 1;
+                    }
+                }
+            }
+        }
         t
     }
 
