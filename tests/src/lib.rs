@@ -748,6 +748,16 @@ pub fn fallbacks(s: &Snapshot) -> u64 {
     s.get("fallback_client") + s.get("fallback_server")
 }
 
+/// Fallbacks of a snapshot, client and server, for a reason other than `code` (a decline code,
+/// e.g. `smc_common::diag::Diag::TimeoutCl.code()`).
+pub fn fallbacks_other_than(s: &Snapshot, code: u32) -> u64 {
+    s.reasons
+        .iter()
+        .filter(|(k, _)| **k != code)
+        .map(|(_, v)| v)
+        .sum()
+}
+
 /// Hex SHA-256.
 pub fn sha256_hex(b: &[u8]) -> String {
     use sha2::Digest as _;

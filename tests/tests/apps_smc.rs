@@ -1303,11 +1303,7 @@ fn runtimes_socket_idioms_as_over_tcp() {
             // (`setup::write_before_accept`); nothing else may fall back.
             let timeout_cl = smc_common::diag::Diag::TimeoutCl.code();
             assert_eq!(
-                sum.reasons
-                    .iter()
-                    .filter(|(k, _)| **k != timeout_cl)
-                    .map(|(_, v)| v)
-                    .sum::<u64>(),
+                integration_tests::fallbacks_other_than(&sum, timeout_cl),
                 0,
                 "fallbacks other than TIMEOUT_CL: {}",
                 brief(&sum)

@@ -3392,11 +3392,7 @@ fn connection_ends_moving_between_processes_read_as_over_tcp() {
     assert!(sum.get("smcd_server") + 2 >= runs as u64, "{}", brief(&sum));
     let timeout_cl = smc_common::diag::Diag::TimeoutCl.code();
     assert_eq!(
-        sum.reasons
-            .iter()
-            .filter(|(k, _)| **k != timeout_cl)
-            .map(|(_, v)| v)
-            .sum::<u64>(),
+        integration_tests::fallbacks_other_than(&sum, timeout_cl),
         0,
         "fallbacks other than TIMEOUT_CL: {}",
         brief(&sum)
