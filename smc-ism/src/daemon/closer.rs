@@ -30,9 +30,15 @@ pub(crate) const PER_UID_PENDING: usize = 256;
 /// An idle thread beyond the first exits after this long.
 const IDLE_EXIT: Duration = Duration::from_secs(5);
 
+/// One fd to close, and whom to tell once it is closed.
+struct Closing {
+    fd: OwnedFd,
+    done: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
 #[derive(Default)]
 struct PerUid {
-    queue: VecDeque<OwnedFd>,
+    queue: VecDeque<Closing>,
     busy: usize,
 }
 
@@ -77,6 +83,28 @@ impl Closer {
     /// Closes each fd on a closer thread, on behalf of its uid; one thread woken (or started)
     /// per uid among them, not per fd.
     pub(crate) fn close_all(&self, fds: Vec<(u32, OwnedFd)>) {
+        self.enqueue(
+            fds.into_iter()
+                .map(|(uid, fd)| (uid, Closing { fd, done: None })),
+        );
+    }
+
+    /// Closes `fd` on a closer thread, on behalf of `uid`, and resolves once it is closed (or
+    /// the pool stopped). For a request whose client closes the same socket right after the
+    /// reply: answered only once the daemon's reference is gone, the client's close is the
+    /// last, as without the daemon (a `SO_LINGER {1, 0}` close resets at once). The wait is
+    /// the requesting connection's alone (a close that blocks holds only its own requests).
+    pub(crate) fn close_awaited(
+        &self,
+        uid: u32,
+        fd: OwnedFd,
+    ) -> tokio::sync::oneshot::Receiver<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.enqueue(std::iter::once((uid, Closing { fd, done: Some(tx) })));
+        rx
+    }
+
+    fn enqueue(&self, fds: impl Iterator<Item = (u32, Closing)>) {
         let mut uids: Vec<u32> = Vec::with_capacity(2);
         {
             let mut s = lock(&self.inner.state);
@@ -138,7 +166,7 @@ impl Drop for Closer {
 }
 
 /// The next fd a thread may close: from a uid below its share of threads.
-fn next(s: &mut State) -> Option<(u32, OwnedFd)> {
+fn next(s: &mut State) -> Option<(u32, Closing)> {
     let uid = s
         .uids
         .iter()
@@ -153,9 +181,12 @@ fn next(s: &mut State) -> Option<(u32, OwnedFd)> {
 fn run(inner: &Inner, permanent: bool) {
     let mut s = lock(&inner.state);
     loop {
-        if let Some((uid, fd)) = next(&mut s) {
+        if let Some((uid, c)) = next(&mut s) {
             drop(s);
-            drop(fd); // may block: that is what this thread is for
+            drop(c.fd); // may block: that is what this thread is for
+            if let Some(done) = c.done {
+                let _ = done.send(());
+            }
             s = lock(&inner.state);
             s.closed += 1;
             if let Some(u) = s.uids.get_mut(&uid) {
@@ -222,5 +253,25 @@ mod tests {
             assert_eq!(n, 0);
         }
         assert!(!c.over_limit(0));
+    }
+
+    #[test]
+    fn an_awaited_close_is_done_when_it_resolves() {
+        let c = Closer::new();
+        for uid in 0..50 {
+            let (r, w) = pipe();
+            // Busy queues of other uids ahead of it change nothing.
+            for _ in 0..3 {
+                c.close(uid + 1000, pipe().1);
+            }
+            c.close_awaited(uid, w).blocking_recv().unwrap();
+            // The write end is gone already: a non-blocking read sees EOF, not EAGAIN.
+            // SAFETY: fcntl on our own fd.
+            unsafe { libc::fcntl(r.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+            let mut b = [0u8; 1];
+            // SAFETY: read of one byte into b.
+            let n = unsafe { libc::read(r.as_raw_fd(), b.as_mut_ptr().cast(), 1) };
+            assert_eq!(n, 0, "uid {uid}: the write end was still open");
+        }
     }
 }

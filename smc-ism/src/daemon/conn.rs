@@ -705,7 +705,16 @@ impl Conn<'_> {
                         (fd, r)
                     }
                 };
-                self.dispose(fd);
+                // Answered once the daemon's copy is closed: the library sweeps right before
+                // its own close of the socket (`sweep_peer_before_fin`), and leaves the
+                // shortcut before it hands the socket on; a copy still open here made that
+                // close not the last, and a `SO_LINGER {1, 0}` close reset the connection only
+                // when the closer got to it (conformance
+                // `close_with_ring_full_before_server_confirms` with a 1 ms CLC timer: the
+                // server's poll saw no `ERR|HUP`).
+                if let Some(f) = fd {
+                    let _ = self.shared.closer.close_awaited(self.uid.uid, f).await;
+                }
                 match r {
                     Ok(()) => encode_reply(out, op, seq, Status::Ok, 0, &[]),
                     Err(f) => {
