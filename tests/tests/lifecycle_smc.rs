@@ -3399,6 +3399,51 @@ fn connection_ends_moving_between_processes_read_as_over_tcp() {
     );
 }
 
+/// The same moves inside a network namespace of its own (a container's): the daemon looks the
+/// ends up there through a sock_diag socket the client connection keeps in that namespace.
+/// Before, it looked up only its own namespace and released the references at once: both
+/// `rt27_both_leave.py` orders reset, and `rt27_moves.py` seeds 1-16 differed and hung.
+#[test]
+fn connection_ends_moving_inside_a_network_namespace_read_as_over_tcp() {
+    let w = SmcWorld::new();
+    let ns = smc_harness::Netns::new(&integration_tests::unique("smct-mv"))
+        .expect("create a network namespace (iproute2)");
+    let moves = script(&w, "rt27_moves.py", MOVES);
+    let both = script(&w, "rt27_both_leave.py", BOTH_LEAVE);
+    let in_ns = |py: &Path| {
+        let mut c = w.run_in_netns(&ns.name, "python3");
+        c.arg(py).env("SMC_SHORT_BYTES", "0");
+        c
+    };
+    let mut runs = 0;
+    for order in ["cs", "sc"] {
+        let tcp = over_tcp(&both, &[order]);
+        assert_eq!(tcp.trim(), "reader got b'hello'", "plain TCP");
+        let mut c = in_ns(&both);
+        c.arg(order);
+        let out = spawn_piped(c).wait_output(T).expect("both leave");
+        assert_eq!(out, tcp, "both ends handed on, {order}, in a namespace");
+        runs += 1;
+    }
+    let seeds: Vec<String> = (1..=16).map(|s| s.to_string()).collect();
+    let seeds: Vec<&str> = seeds.iter().map(String::as_str).collect();
+    let tcp = over_tcp(&moves, &seeds);
+    let mut c = in_ns(&moves);
+    c.args(&seeds);
+    let out = spawn_piped(c).wait_output(T).expect("moves");
+    assert_eq!(out, tcp, "seeds 1-16 in a namespace");
+    runs += seeds.len();
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_server") + 2 >= runs as u64, "{}", brief(&sum));
+    let timeout_cl = smc_common::diag::Diag::TimeoutCl.code();
+    assert_eq!(
+        integration_tests::fallbacks_other_than(&sum, timeout_cl),
+        0,
+        "fallbacks other than TIMEOUT_CL: {}",
+        brief(&sum)
+    );
+}
+
 /// Red team round 27: an inetd-style Python server hands each accepted connection to a handler
 /// with `subprocess.Popen` (CPython: `vfork`, `dup2(conn, 0)` in the child, the accepted
 /// number close-on-exec) and closes its copy at once (`tests/redteam/rt27_vfork_inetd.py`).

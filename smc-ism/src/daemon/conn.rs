@@ -191,6 +191,9 @@ struct Conn<'a> {
     /// server past its CLC accept that can no longer decline). No socket is kept (its FIN
     /// would wait for us); each goes at that attach's success or with its owner reference.
     recorded: HashMap<u64, Proof>,
+    /// The network namespace of the sockets this client passed: where the ends of its
+    /// references are looked up when it lets go of them (`handed_on`).
+    netns: super::handed_on::ClientNs,
 }
 
 /// Serves one client until it disconnects or the daemon stops, then releases everything it held.
@@ -236,6 +239,7 @@ pub(crate) async fn serve_conn(
         closing: Vec::new(),
         held: HashMap::new(),
         recorded: HashMap::new(),
+        netns: Default::default(),
     };
     // SAFETY: the OwnedFd is moved into the AsyncFd, which neither replaces nor closes it while
     // registered.
@@ -970,6 +974,7 @@ impl Conn<'_> {
                 return Err(Fail::BadSocket);
             }
         };
+        self.note_netns(fd.as_fd(), &id);
         if info.no_descriptor {
             // The peer's cookie could not be looked up for want of a descriptor: registered
             // without it, the DMB could never be attached (a decline INTERR, or a reset of a
@@ -1043,6 +1048,7 @@ impl Conn<'_> {
                 return Err(Fail::BadSocket);
             }
         };
+        self.note_netns(fd.as_fd(), &xid);
         let mut partner = pair::lock(&sh.rdv).take_mirror(&xid);
         // Between namespaces (a loopback connection never is) the kernel's connection table
         // says who the other end is.
@@ -1378,6 +1384,18 @@ impl Conn<'_> {
         true
     }
 
+    /// Records the network namespace of socket `sock` (identity `id`) this client passed: the
+    /// first one of a namespace other than the daemon's gets this connection a way to look up
+    /// its ends there (`handed_on`).
+    fn note_netns(&mut self, sock: BorrowedFd<'_>, id: &TcpIdentity) {
+        let own = self.shared.own_netns;
+        self.netns.note(id.netns_cookie, own, |cookie| {
+            diag::ns_handle(sock, cookie)
+                .map_err(|e| log::debug!("no sock_diag socket in namespace {cookie:#x}: {e}"))
+                .ok()
+        });
+    }
+
     /// Inspects the attacher's socket (and its cgroup, when the configuration compares
     /// cgroups). The caller hands the socket to the closer.
     fn proof(&mut self, fd: BorrowedFd<'_>) -> Result<Proof, Fail> {
@@ -1391,6 +1409,7 @@ impl Conn<'_> {
             (id, cg)
         });
         let (id, cg) = res.map_err(|_| Fail::BadSocket)?;
+        self.note_netns(fd, &id);
         let key = cg.map(|c| self.bucket(Some(c)).path.clone());
         Ok((id, key))
     }
@@ -1486,6 +1505,9 @@ impl Conn<'_> {
         // Also a socket whose peer closed meanwhile (`CLOSE_WAIT`): the bytes it sent before
         // are in its DMB, to be read as TCP reads them.
         let id = sys::inspect_tcp_moved(sock.as_fd()).map_err(|_| Fail::BadSocket);
+        if let Ok(id) = &id {
+            self.note_netns(sock.as_fd(), id);
+        }
         self.dispose(Some(sock));
         let dmb = self
             .shared
@@ -1523,7 +1545,9 @@ impl Conn<'_> {
             self.recorded.remove(&token);
         }
         if handed_on {
-            self.shared.reg.release_or_keep(token, kind, taint);
+            self.shared
+                .reg
+                .release_or_keep(token, kind, taint, &self.netns);
         } else {
             self.shared.reg.release(token, kind, taint);
         }
@@ -1548,13 +1572,13 @@ impl Conn<'_> {
             for _ in 0..h.attaches {
                 self.shared
                     .reg
-                    .release_or_keep(token, RefKind::Attach, false);
+                    .release_or_keep(token, RefKind::Attach, false, &self.netns);
                 n += 1;
             }
             if h.owner {
                 self.shared
                     .reg
-                    .release_or_keep(token, RefKind::Owner, false);
+                    .release_or_keep(token, RefKind::Owner, false, &self.netns);
                 n += 1;
             }
         }

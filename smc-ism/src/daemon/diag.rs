@@ -84,10 +84,20 @@ fn netlink_socket() -> io::Result<OwnedFd> {
 /// A sock_diag socket in the network namespace of `sock`: `setns` of this thread there and
 /// back (only for the socket call; nothing else runs in between).
 fn netlink_socket_in(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    netlink_socket_in_ns(netns_of(sock)?.as_fd())
+}
+
+/// An fd of the network namespace of `sock`.
+fn netns_of(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     // SAFETY: ioctl returning a new fd (or -1).
     let ns = cvt(unsafe { libc::ioctl(sock.as_raw_fd(), SIOCGSKNS as _) })?;
     // SAFETY: fresh fd.
-    let ns = unsafe { OwnedFd::from_raw_fd(ns) };
+    Ok(unsafe { OwnedFd::from_raw_fd(ns) })
+}
+
+/// A sock_diag socket in network namespace `ns`: `setns` of this thread there and back (only
+/// for the socket call; nothing else runs in between).
+fn netlink_socket_in_ns(ns: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     let own = std::fs::File::open("/proc/thread-self/ns/net")?;
     // SAFETY: setns with an fd of a network namespace.
     cvt(unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) })?;
@@ -205,6 +215,58 @@ fn connected_state(s: u8) -> bool {
     matches!(s, 1 | 4 | 5 | 8 | 9 | 11)
 }
 
+/// One sock_diag exchange of `req` (built by [`put_request`], sequence 1 for `id`'s peer, 2
+/// for `id` itself) on netlink socket `nl`.
+fn exchange(
+    nl: RawFd,
+    req: &[u8],
+    id: &TcpIdentity,
+    want_cgroup: bool,
+) -> io::Result<(Option<Found>, Option<Found>)> {
+    // SAFETY: a zeroed sockaddr_nl addresses the kernel.
+    let mut kernel: libc::sockaddr_nl = unsafe { mem::zeroed() };
+    kernel.nl_family = libc::AF_NETLINK as u16;
+    // SAFETY: req and kernel are valid for their lengths.
+    let r = unsafe {
+        libc::sendto(
+            nl,
+            req.as_ptr().cast(),
+            req.len(),
+            0,
+            (&kernel as *const libc::sockaddr_nl).cast(),
+            mem::size_of::<libc::sockaddr_nl>() as u32,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // The kernel answered inside sendto: every reply is queued now.
+    let mut peer = None;
+    let mut own = None;
+    let mut buf = [0u8; 2048];
+    for _ in 0..if want_cgroup { 2 } else { 1 } {
+        // SAFETY: buf is valid for its length.
+        let n = unsafe { libc::recv(nl, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock {
+                break;
+            }
+            return Err(e);
+        }
+        let b = &buf[..n as usize];
+        match b
+            .get(8..12)
+            .map(|s| u32::from_ne_bytes(s.try_into().unwrap_or([0; 4])))
+        {
+            Some(1) => peer = parse_reply(b, id.peer, id.local),
+            Some(2) => own = parse_reply(b, id.local, id.peer),
+            _ => {}
+        }
+    }
+    Ok((peer, own))
+}
+
 /// Looks up the peer of `id` (and, with `want_cgroup`, `id`'s own socket) in the connection
 /// table of `sock`'s network namespace (without `sock`: only in the daemon's own).
 fn diag(
@@ -218,51 +280,7 @@ fn diag(
     if want_cgroup {
         put_request(&mut req, 2, id.local, id.peer);
     }
-    let run = |nl: RawFd| -> io::Result<(Option<Found>, Option<Found>)> {
-        // SAFETY: a zeroed sockaddr_nl addresses the kernel.
-        let mut kernel: libc::sockaddr_nl = unsafe { mem::zeroed() };
-        kernel.nl_family = libc::AF_NETLINK as u16;
-        // SAFETY: req and kernel are valid for their lengths.
-        let r = unsafe {
-            libc::sendto(
-                nl,
-                req.as_ptr().cast(),
-                req.len(),
-                0,
-                (&kernel as *const libc::sockaddr_nl).cast(),
-                mem::size_of::<libc::sockaddr_nl>() as u32,
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // The kernel answered inside sendto: every reply is queued now.
-        let mut peer = None;
-        let mut own = None;
-        let mut buf = [0u8; 2048];
-        for _ in 0..if want_cgroup { 2 } else { 1 } {
-            // SAFETY: buf is valid for its length.
-            let n =
-                unsafe { libc::recv(nl, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::WouldBlock {
-                    break;
-                }
-                return Err(e);
-            }
-            let b = &buf[..n as usize];
-            match b
-                .get(8..12)
-                .map(|s| u32::from_ne_bytes(s.try_into().unwrap_or([0; 4])))
-            {
-                Some(1) => peer = parse_reply(b, id.peer, id.local),
-                Some(2) => own = parse_reply(b, id.local, id.peer),
-                _ => {}
-            }
-        }
-        Ok((peer, own))
-    };
+    let run = |nl: RawFd| exchange(nl, &req, id, want_cgroup);
     if own_netns.is_some() && id.netns_cookie == own_netns {
         OWN_DIAG.with(|cell| {
             let mut cell = cell.borrow_mut();
@@ -307,20 +325,86 @@ fn diag(
     }
 }
 
+/// A sock_diag socket in another network namespace (a container's), shared by the client
+/// connections of that namespace and by the references kept there ([`super::handed_on`]):
+/// it keeps the namespace alive while one of them holds it. One per namespace at a time
+/// ([`ns_handle`]); the exchanges on it take turns.
+pub(crate) struct NsHandle {
+    /// The namespace's cookie.
+    pub netns: u64,
+    /// The namespace (`SIOCGSKNS` of a socket of it: cheap, on the request path).
+    ns: OwnedFd,
+    /// The sock_diag socket in it, made at the first lookup (two `setns`: only when a
+    /// reference is let go of, not for every client of the namespace).
+    nl: Mutex<Option<OwnedFd>>,
+}
+
+/// Live [`NsHandle`]s at most (two descriptors each).
+const NS_HANDLES_MAX: usize = 256;
+
+/// The live [`NsHandle`]s, by namespace cookie (a cookie is never reused).
+static NS_HANDLES: Mutex<Vec<(u64, std::sync::Weak<NsHandle>)>> = Mutex::new(Vec::new());
+
+/// The [`NsHandle`] of `sock`'s network namespace, cookie `netns` (not the daemon's own): the
+/// live one, or a new one (created in that namespace: `setns` of this thread and back).
+pub(crate) fn ns_handle(sock: BorrowedFd<'_>, netns: u64) -> io::Result<std::sync::Arc<NsHandle>> {
+    let mut v = NS_HANDLES.lock().unwrap_or_else(|p| p.into_inner());
+    v.retain(|(_, w)| w.strong_count() > 0);
+    if let Some(h) = v
+        .iter()
+        .find(|(c, _)| *c == netns)
+        .and_then(|(_, w)| w.upgrade())
+    {
+        return Ok(h);
+    }
+    if v.len() >= NS_HANDLES_MAX {
+        // Beyond, no keeping in a new namespace (a reference goes at once there, as without
+        // it): a uid that makes namespaces by the thousand costs the daemon no more descriptors.
+        return Err(io::Error::from_raw_os_error(libc::EMFILE));
+    }
+    let h = std::sync::Arc::new(NsHandle {
+        netns,
+        ns: netns_of(sock)?,
+        nl: Mutex::new(None),
+    });
+    v.push((netns, std::sync::Arc::downgrade(&h)));
+    Ok(h)
+}
+
 /// Whether a process still holds the very socket `id` (same cookie; a full socket of a
 /// connection with an inode: after its last close it has none), looked up in the daemon's own
-/// network namespace. `None`: not known (a socket of another namespace, or the lookup failed).
-pub(crate) fn socket_held(id: &TcpIdentity, own_netns: Option<u64>) -> Option<bool> {
-    if own_netns.is_none() || id.netns_cookie != own_netns || id.cookie.is_none() {
-        return None;
-    }
+/// network namespace, or through `ns` in the namespace it stands for. `None`: not known (a
+/// socket of another namespace without its handle, or the lookup failed).
+pub(crate) fn socket_held(
+    id: &TcpIdentity,
+    own_netns: Option<u64>,
+    ns: Option<&NsHandle>,
+) -> Option<bool> {
+    id.cookie?;
     // The peer lookup of the swapped tuple is this very socket.
     let swapped = TcpIdentity {
         local: id.peer,
         peer: id.local,
         ..*id
     };
-    let (me, _) = diag(None, &swapped, own_netns, false).ok()?;
+    let me = if own_netns.is_some() && id.netns_cookie == own_netns {
+        diag(None, &swapped, own_netns, false).ok()?.0
+    } else {
+        let h = ns.filter(|h| Some(h.netns) == id.netns_cookie)?;
+        let mut req = Vec::with_capacity(NLMSG_HDR + REQ_LEN);
+        put_request(&mut req, 1, swapped.peer, swapped.local);
+        let mut nl = h.nl.lock().unwrap_or_else(|p| p.into_inner());
+        if nl.is_none() {
+            *nl = Some(netlink_socket_in_ns(h.ns.as_fd()).ok()?);
+        }
+        let fd = nl.as_ref()?.as_raw_fd();
+        let r = exchange(fd, &req, &swapped, false);
+        if r.is_err() {
+            // Replies of a failed exchange must not be read by the next one.
+            *nl = None;
+        }
+        r.ok()?.0
+    };
     Some(
         me.is_some_and(|m| Some(m.cookie) == id.cookie && m.inode != 0 && connected_state(m.state)),
     )

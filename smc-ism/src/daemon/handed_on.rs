@@ -13,15 +13,18 @@
 //! here while the client's end of the connection is still held by a process: its socket,
 //! looked up by `sock_diag` (same cookie), is a full socket of a connection that still has an
 //! inode (after the last close of a socket it has none). The sweep asks again, at growing
-//! intervals, and releases the reference once nobody holds the socket. Only the daemon's own
-//! network namespace is looked up (the daemon keeps no handle of other namespaces): in another
-//! one a reference is released at once, as before.
+//! intervals, and releases the reference once nobody holds the socket. The lookup is made in
+//! the network namespace of the sockets the releasing client passed: the daemon's own, or a
+//! container's through the sock_diag socket that client connection keeps there
+//! ([`diag::NsHandle`], taken with its first socket of that namespace; a kept reference holds
+//! it, and with it the namespace, until it is released). A client whose sockets came from more
+//! than one namespace has its references released at once, as before.
 //!
 //! Bounds: [`MAX_KEPT`] references at most (beyond, released at once); each is charged, as
 //! before, to its DMB's owner cgroup and uid, so holding sockets keeps memory only within the
 //! quotas of whoever holds them.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::diag;
@@ -34,11 +37,57 @@ const MAX_KEPT: usize = 1 << 16;
 const FIRST_LOOK: Duration = Duration::from_millis(100);
 const LONGEST_LOOK: Duration = Duration::from_secs(2);
 
+/// The network namespace of the sockets a client connection passed (registrations, attaches,
+/// adoptions): where the ends of its references are looked up.
+#[derive(Default)]
+pub(crate) enum ClientNs {
+    /// No socket passed yet (the ends' own records say where they are).
+    #[default]
+    Unknown,
+    /// Every socket came from namespace `cookie`; `handle` when it is not the daemon's.
+    One {
+        cookie: u64,
+        handle: Option<Arc<diag::NsHandle>>,
+    },
+    /// Sockets of more than one namespace: not looked up (released at once).
+    Mixed,
+}
+
+impl ClientNs {
+    /// Records a socket passed from namespace `cookie`; `handle` makes the handle of that
+    /// namespace when it is not `own` (called once per namespace and client connection).
+    pub(crate) fn note(
+        &mut self,
+        cookie: Option<u64>,
+        own: Option<u64>,
+        handle: impl FnOnce(u64) -> Option<Arc<diag::NsHandle>>,
+    ) {
+        let Some(cookie) = cookie else {
+            *self = ClientNs::Mixed;
+            return;
+        };
+        match self {
+            ClientNs::Unknown => {
+                let handle = if Some(cookie) == own {
+                    None
+                } else {
+                    handle(cookie)
+                };
+                *self = ClientNs::One { cookie, handle };
+            }
+            ClientNs::One { cookie: c, .. } if *c == cookie => {}
+            _ => *self = ClientNs::Mixed,
+        }
+    }
+}
+
 struct Kept {
     token: u64,
     kind: RefKind,
     /// The end of the connection the releasing client had.
     end: TcpIdentity,
+    /// The lookup's way into `end`'s namespace when it is not the daemon's.
+    ns: Option<Arc<diag::NsHandle>>,
     next: Instant,
     wait: Duration,
 }
@@ -62,9 +111,16 @@ impl HandedOn {
     }
 
     /// Keeps reference `kind` of `token` (the caller does not release it) when `end`, the
-    /// releasing client's end of the connection, is still held by a process.
-    pub(crate) fn keep(&self, token: u64, kind: RefKind, end: TcpIdentity) -> bool {
-        if diag::socket_held(&end, self.own_netns) != Some(true) {
+    /// releasing client's end of the connection, is still held by a process (looked up through
+    /// `ns` when it is in another namespace).
+    pub(crate) fn keep(
+        &self,
+        token: u64,
+        kind: RefKind,
+        end: TcpIdentity,
+        ns: Option<Arc<diag::NsHandle>>,
+    ) -> bool {
+        if diag::socket_held(&end, self.own_netns, ns.as_deref()) != Some(true) {
             return false;
         }
         let mut v = self.lock();
@@ -75,6 +131,7 @@ impl HandedOn {
             token,
             kind,
             end,
+            ns,
             next: Instant::now() + FIRST_LOOK,
             wait: FIRST_LOOK,
         });
@@ -104,7 +161,7 @@ impl HandedOn {
         let mut gone = Vec::new();
         let mut still = Vec::new();
         for mut k in looks {
-            if diag::socket_held(&k.end, self.own_netns) == Some(true) {
+            if diag::socket_held(&k.end, self.own_netns, k.ns.as_deref()) == Some(true) {
                 k.wait = (k.wait * 2).min(LONGEST_LOOK);
                 k.next = now + k.wait;
                 still.push(k);

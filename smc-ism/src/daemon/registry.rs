@@ -1550,28 +1550,48 @@ impl Registry {
     }
 
     /// The end of the connection that `token`'s reference `kind` was taken for: the owner's
-    /// socket, or the other end's for an attach. `None` for a pooled DMB (bound to no
-    /// connection) or an attach of an unknown peer.
-    fn end_of(&self, token: u64, kind: RefKind) -> Option<TcpIdentity> {
+    /// socket, or the other end's for an attach, in namespace `netns` when the releasing client
+    /// knows it (an attacher may be in another namespace than the owner). `None` for a pooled
+    /// DMB (bound to no connection) or an attach of an unknown peer.
+    fn end_of(&self, token: u64, kind: RefKind, netns: Option<u64>) -> Option<TcpIdentity> {
         let shard = lock(self.shard(token));
         let rec = shard.get(&token).filter(|r| !r.pooled)?;
         match kind {
-            RefKind::Owner => Some(rec.owner),
+            RefKind::Owner => Some(TcpIdentity {
+                netns_cookie: netns.or(rec.owner.netns_cookie),
+                ..rec.owner
+            }),
             RefKind::Attach => Some(TcpIdentity {
                 local: rec.owner.peer,
                 peer: rec.owner.local,
                 cookie: Some(rec.peer_cookie?),
-                netns_cookie: rec.owner.netns_cookie,
+                netns_cookie: netns.or(rec.owner.netns_cookie),
             }),
         }
     }
 
     /// A client lets go of reference `kind` of `token` while its socket may have been handed
     /// on (see [`super::handed_on`]): kept while its end of the connection is still held by a
-    /// process (the DMB is never bound again then), else released. Whether it was kept.
-    pub(crate) fn release_or_keep(&self, token: u64, kind: RefKind, taint: bool) -> bool {
-        if let Some(end) = self.end_of(token, kind) {
-            if self.handed_on.keep(token, kind, end) {
+    /// process (the DMB is never bound again then), else released. `ns`: where the client's
+    /// sockets are. Whether it was kept.
+    pub(crate) fn release_or_keep(
+        &self,
+        token: u64,
+        kind: RefKind,
+        taint: bool,
+        ns: &super::handed_on::ClientNs,
+    ) -> bool {
+        use super::handed_on::ClientNs;
+        let (netns, handle) = match ns {
+            ClientNs::Unknown => (None, None),
+            ClientNs::One { cookie, handle } => (Some(*cookie), handle.clone()),
+            ClientNs::Mixed => {
+                self.release(token, kind, taint);
+                return false;
+            }
+        };
+        if let Some(end) = self.end_of(token, kind, netns) {
+            if self.handed_on.keep(token, kind, end, handle) {
                 if let Some(rec) = lock(self.shard(token)).get_mut(&token) {
                     rec.tainted = true;
                 }
