@@ -633,3 +633,148 @@ fn only_the_owners_tenant_adopts_a_moved_socket() {
     wait_idle(&mut c, 1);
     d.shutdown().unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Network namespaces by the dozen: a client whose sockets are in another network namespace
+// than the daemon's gets a handle of that namespace (its fd and a sock_diag socket, for the
+// references kept while a socket is held: `daemon/handed_on.rs`). User namespaces need no
+// privilege, so `nobody` can make as many network namespaces as it likes: the daemon keeps
+// handles of at most 32 made by one uid, and root's clients in yet another namespace still get
+// theirs.
+
+/// `lo` up in this process's network namespace (`SIOCSIFFLAGS`).
+fn lo_up() -> bool {
+    // SAFETY: a plain socket call; closed below.
+    let s = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if s < 0 {
+        return false;
+    }
+    // struct ifreq: the name, then the flags (a short) at offset 16.
+    let mut ifr = [0u8; 40];
+    ifr[..2].copy_from_slice(b"lo");
+    // SAFETY: ifr is a valid, large enough struct ifreq for both ioctls.
+    let ok = unsafe {
+        libc::ioctl(s, libc::SIOCGIFFLAGS as _, ifr.as_mut_ptr()) == 0 && {
+            let f = i16::from_ne_bytes([ifr[16], ifr[17]]) | libc::IFF_UP as i16;
+            ifr[16..18].copy_from_slice(&f.to_ne_bytes());
+            libc::ioctl(s, libc::SIOCSIFFLAGS as _, ifr.as_mut_ptr()) == 0
+        }
+    };
+    // SAFETY: our own socket.
+    unsafe { libc::close(s) };
+    ok
+}
+
+/// In a forked child: a network namespace of its own (with a user namespace unless root),
+/// a loopback connection there and a DMB registered with its socket; writes `x` to `w` when
+/// registered (else `e`), then waits to be killed.
+fn registered_in_own_netns(sock: &std::path::Path, w: RawFd, userns: bool) -> i32 {
+    let flags = libc::CLONE_NEWNET | if userns { libc::CLONE_NEWUSER } else { 0 };
+    // SAFETY: unshare of this single-threaded (forked) process.
+    let ok = unsafe { libc::unshare(flags) } == 0 && lo_up();
+    let held = ok
+        .then(|| {
+            let l = TcpListener::bind("127.0.0.1:0").ok()?;
+            let a = TcpStream::connect(l.local_addr().ok()?).ok()?;
+            let (b, _) = l.accept().ok()?;
+            let mut c = Client::connect(sock).ok()?;
+            let dmb = c.register_dmb(0, a.as_raw_fd()).ok()?;
+            Some((a, b, c, dmb))
+        })
+        .flatten();
+    let byte = if held.is_some() { b"x" } else { b"e" };
+    // SAFETY: one byte to the parent's pipe.
+    unsafe { libc::write(w, byte.as_ptr().cast(), 1) };
+    loop {
+        // SAFETY: sleep until a signal ends us.
+        unsafe { libc::pause() };
+    }
+}
+
+/// The daemon's handles of network namespaces: this process's fds of a network namespace (the
+/// daemon runs in it; nothing else here opens one).
+fn netns_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter(|l| l.to_string_lossy().starts_with("net:["))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn namespaces_by_the_dozen_cost_the_daemon_bounded_descriptors() {
+    if !root_or_skip("namespaces_by_the_dozen_cost_the_daemon_bounded_descriptors") {
+        return;
+    }
+    let _serial = serial();
+    let dir = TestDir::new("hostile-netns");
+    let d = start(&dir, |_| {});
+    let before = netns_fds();
+    let (r, w) = {
+        let mut p = [0; 2];
+        // SAFETY: pipe2 fills two fds we own.
+        assert_eq!(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: fresh fds.
+        unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) }
+    };
+    let w_raw = w.as_raw_fd();
+    /// The children, killed and reaped however the test ends.
+    struct Kids(Vec<libc::pid_t>);
+    impl Drop for Kids {
+        fn drop(&mut self) {
+            for &k in &self.0 {
+                kill_child(k);
+            }
+        }
+    }
+    let mut kids = Kids(Vec::new());
+    let mut answers = Vec::new();
+    let read_one = |answers: &mut Vec<u8>| {
+        let mut b = [0u8; 1];
+        let mut p = libc::pollfd {
+            fd: r.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll of one valid pollfd (bounded: a child that died without answering).
+        let ready = unsafe { libc::poll(&mut p, 1, 20_000) };
+        assert_eq!(ready, 1, "a child did not answer within 20 s");
+        // SAFETY: read of one byte into b from our pipe (ready).
+        let n = unsafe { libc::read(r.as_raw_fd(), b.as_mut_ptr().cast(), 1) };
+        assert_eq!(n, 1);
+        answers.push(b[0]);
+    };
+    for _ in 0..40 {
+        let sock = dir.sock();
+        kids.0.push(fork_nobody(move || {
+            registered_in_own_netns(&sock, w_raw, true)
+        }));
+        read_one(&mut answers);
+    }
+    let nobody_fds = netns_fds() - before;
+    // Root's client in a namespace of its own, after all of that.
+    let sock = dir.sock();
+    // SAFETY: the child runs only the registration and waits to be killed.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        registered_in_own_netns(&sock, w_raw, false);
+    }
+    kids.0.push(pid);
+    read_one(&mut answers);
+    let root_fds = netns_fds() - before - nobody_fds;
+    drop(kids);
+    assert!(
+        answers.iter().all(|&a| a == b'x'),
+        "a registration in a namespace failed: {:?}",
+        String::from_utf8_lossy(&answers)
+    );
+    assert_eq!(
+        nobody_fds, 32,
+        "nobody's 40 namespaces: the daemon holds {nobody_fds} namespace fds, not at most 32"
+    );
+    assert_eq!(root_fds, 1, "root's namespace got no handle");
+    d.shutdown().unwrap();
+}

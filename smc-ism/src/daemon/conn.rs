@@ -1389,8 +1389,9 @@ impl Conn<'_> {
     /// its ends there (`handed_on`).
     fn note_netns(&mut self, sock: BorrowedFd<'_>, id: &TcpIdentity) {
         let own = self.shared.own_netns;
+        let uid = self.uid.uid;
         self.netns.note(id.netns_cookie, own, |cookie| {
-            diag::ns_handle(sock, cookie)
+            diag::ns_handle(sock, cookie, uid)
                 .map_err(|e| log::debug!("no sock_diag socket in namespace {cookie:#x}: {e}"))
                 .ok()
         });

@@ -339,27 +339,36 @@ pub(crate) struct NsHandle {
     nl: Mutex<Option<OwnedFd>>,
 }
 
-/// Live [`NsHandle`]s at most (two descriptors each).
-const NS_HANDLES_MAX: usize = 256;
+/// Live [`NsHandle`]s at most (two descriptors each), and at most per uid (root: only the
+/// global bound): a uid that makes network namespaces by the thousand (user namespaces need no
+/// privilege) costs the daemon a bounded number of descriptors and leaves the rest to others.
+const NS_HANDLES_MAX: usize = 512;
+const NS_HANDLES_PER_UID: usize = 32;
 
-/// The live [`NsHandle`]s, by namespace cookie (a cookie is never reused).
-static NS_HANDLES: Mutex<Vec<(u64, std::sync::Weak<NsHandle>)>> = Mutex::new(Vec::new());
+/// The live [`NsHandle`]s: namespace cookie (never reused), the uid whose client made it.
+type NsHandles = Vec<(u64, u32, std::sync::Weak<NsHandle>)>;
+static NS_HANDLES: Mutex<NsHandles> = Mutex::new(Vec::new());
 
-/// The [`NsHandle`] of `sock`'s network namespace, cookie `netns` (not the daemon's own): the
-/// live one, or a new one (created in that namespace: `setns` of this thread and back).
-pub(crate) fn ns_handle(sock: BorrowedFd<'_>, netns: u64) -> io::Result<std::sync::Arc<NsHandle>> {
+/// The [`NsHandle`] of `sock`'s network namespace, cookie `netns` (not the daemon's own), for
+/// a client of `uid`: the live one, or a new one within the bounds (else `EMFILE`: that
+/// client's references in that namespace go at once, as without the keeping).
+pub(crate) fn ns_handle(
+    sock: BorrowedFd<'_>,
+    netns: u64,
+    uid: u32,
+) -> io::Result<std::sync::Arc<NsHandle>> {
     let mut v = NS_HANDLES.lock().unwrap_or_else(|p| p.into_inner());
-    v.retain(|(_, w)| w.strong_count() > 0);
+    v.retain(|(_, _, w)| w.strong_count() > 0);
     if let Some(h) = v
         .iter()
-        .find(|(c, _)| *c == netns)
-        .and_then(|(_, w)| w.upgrade())
+        .find(|(c, _, _)| *c == netns)
+        .and_then(|(_, _, w)| w.upgrade())
     {
         return Ok(h);
     }
-    if v.len() >= NS_HANDLES_MAX {
-        // Beyond, no keeping in a new namespace (a reference goes at once there, as without
-        // it): a uid that makes namespaces by the thousand costs the daemon no more descriptors.
+    if v.len() >= NS_HANDLES_MAX
+        || (uid != 0 && v.iter().filter(|(_, u, _)| *u == uid).count() >= NS_HANDLES_PER_UID)
+    {
         return Err(io::Error::from_raw_os_error(libc::EMFILE));
     }
     let h = std::sync::Arc::new(NsHandle {
@@ -367,7 +376,7 @@ pub(crate) fn ns_handle(sock: BorrowedFd<'_>, netns: u64) -> io::Result<std::syn
         ns: netns_of(sock)?,
         nl: Mutex::new(None),
     });
-    v.push((netns, std::sync::Arc::downgrade(&h)));
+    v.push((netns, uid, std::sync::Arc::downgrade(&h)));
     Ok(h)
 }
 
