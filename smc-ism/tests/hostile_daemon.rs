@@ -62,6 +62,15 @@ fn wait_child(pid: libc::pid_t) -> i32 {
     libc::WEXITSTATUS(status)
 }
 
+/// A close-on-exec pipe: (read end, write end).
+fn pipe() -> (OwnedFd, OwnedFd) {
+    let mut p = [0; 2];
+    // SAFETY: pipe2 fills two fds we own.
+    assert_eq!(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: fresh fds.
+    unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) }
+}
+
 /// Kills and reaps a child.
 fn kill_child(pid: libc::pid_t) {
     let mut status = 0;
@@ -344,13 +353,7 @@ fn blocking_closes_do_not_stop_the_daemon() {
     let dir = TestDir::new("hostile-close");
     let d = start(&dir, |_| {});
     let sock = dir.sock();
-    let (ready_r, ready_w) = {
-        let mut p = [0; 2];
-        // SAFETY: pipe2 fills two fds we own.
-        assert_eq!(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        // SAFETY: fresh fds.
-        unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) }
-    };
+    let (ready_r, ready_w) = pipe();
     let (r_raw, w_raw) = (ready_r.as_raw_fd(), ready_w.as_raw_fd());
     let attacker = fork_nobody(move || {
         // SAFETY: the child's copy of the read end, not used here.
@@ -468,13 +471,7 @@ fn per_uid_limits_keep_root_served() {
     );
     // A child that holds nobody's connections while root connects.
     let sock = dir.sock();
-    let (go_r, go_w) = {
-        let mut p = [0; 2];
-        // SAFETY: pipe2 fills two fds we own.
-        assert_eq!(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        // SAFETY: fresh fds.
-        unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) }
-    };
+    let (go_r, go_w) = pipe();
     let w_raw = go_w.as_raw_fd();
     let holder = fork_nobody(move || {
         let mut open = Vec::new();
@@ -712,13 +709,7 @@ fn namespaces_by_the_dozen_cost_the_daemon_bounded_descriptors() {
     let dir = TestDir::new("hostile-netns");
     let d = start(&dir, |_| {});
     let before = netns_fds();
-    let (r, w) = {
-        let mut p = [0; 2];
-        // SAFETY: pipe2 fills two fds we own.
-        assert_eq!(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        // SAFETY: fresh fds.
-        unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) }
-    };
+    let (r, w) = pipe();
     let w_raw = w.as_raw_fd();
     /// The children, killed and reaped however the test ends.
     struct Kids(Vec<libc::pid_t>);

@@ -3352,51 +3352,7 @@ const BOTH_LEAVE: &str = include_str!("../redteam/rt27_both_leave.py");
 #[test]
 fn connection_ends_moving_between_processes_read_as_over_tcp() {
     let w = SmcWorld::new();
-    let moves = script(&w, "rt27_moves.py", MOVES);
-    let both = script(&w, "rt27_both_leave.py", BOTH_LEAVE);
-    let mut runs = 0;
-    for order in ["cs", "sc"] {
-        let tcp = over_tcp(&both, &[order]);
-        assert_eq!(tcp.trim(), "reader got b'hello'", "plain TCP");
-        let mut c = python(&w, &both);
-        c.arg(order).env("SMC_SHORT_BYTES", "0");
-        let out = spawn_piped(c).wait_output(T).expect("both leave");
-        assert_eq!(out, tcp, "both ends handed on, {order}");
-        runs += 1;
-    }
-    for seq in [
-        "c:exec,s:exec,s:w,c:r",
-        "c:pass,s:fork,s:w,c:r",
-        "s:fork,c:pass,c:w,s:r,s:exec,c:w,s:r",
-    ] {
-        let mut c = Command::new("python3");
-        c.arg(&moves).arg("1").env("RT27_SEQ", seq);
-        let tcp = spawn_piped(c).wait_output(T).expect("over TCP");
-        let mut c = python(&w, &moves);
-        c.arg("1").env("RT27_SEQ", seq).env("SMC_SHORT_BYTES", "0");
-        let out = spawn_piped(c).wait_output(T).expect("moves");
-        assert_eq!(out, tcp, "sequence {seq}");
-        runs += 1;
-    }
-    let seeds: Vec<String> = (1..=16).map(|s| s.to_string()).collect();
-    let seeds: Vec<&str> = seeds.iter().map(String::as_str).collect();
-    let tcp = over_tcp(&moves, &seeds);
-    let mut c = python(&w, &moves);
-    c.args(&seeds).env("SMC_SHORT_BYTES", "0");
-    let out = spawn_piped(c).wait_output(T).expect("moves");
-    assert_eq!(out, tcp, "seeds 1-16");
-    runs += seeds.len();
-    // Each run is one connection, SMC-D but for a CLC timeout on a loaded machine (seen once
-    // with `SMC_PIPELINE=0` beside other tests: the bytes were as over TCP all the same).
-    let sum = w.stats_sum();
-    assert!(sum.get("smcd_server") + 2 >= runs as u64, "{}", brief(&sum));
-    let timeout_cl = smc_common::diag::Diag::TimeoutCl.code();
-    assert_eq!(
-        integration_tests::fallbacks_other_than(&sum, timeout_cl),
-        0,
-        "fallbacks other than TIMEOUT_CL: {}",
-        brief(&sum)
-    );
+    moves_read_as_over_tcp(&w, None);
 }
 
 /// The same moves inside a network namespace of its own (a container's): the daemon looks the
@@ -3408,31 +3364,56 @@ fn connection_ends_moving_inside_a_network_namespace_read_as_over_tcp() {
     let w = SmcWorld::new();
     let ns = smc_harness::Netns::new(&integration_tests::unique("smct-mv"))
         .expect("create a network namespace (iproute2)");
-    let moves = script(&w, "rt27_moves.py", MOVES);
-    let both = script(&w, "rt27_both_leave.py", BOTH_LEAVE);
-    let in_ns = |py: &Path| {
-        let mut c = w.run_in_netns(&ns.name, "python3");
-        c.arg(py).env("SMC_SHORT_BYTES", "0");
+    moves_read_as_over_tcp(&w, Some(&ns.name));
+}
+
+/// `rt27_both_leave.py` in both orders, three fixed `rt27_moves.py` sequences and seeds 1-16,
+/// under the library in `w` (inside network namespace `ns`, when given), each as over TCP.
+fn moves_read_as_over_tcp(w: &SmcWorld, ns: Option<&str>) {
+    let moves = script(w, "rt27_moves.py", MOVES);
+    let both = script(w, "rt27_both_leave.py", BOTH_LEAVE);
+    let py = |script: &Path| {
+        let mut c = match ns {
+            Some(ns) => w.run_in_netns(ns, "python3"),
+            None => w.run("python3"),
+        };
+        c.arg(script).env("SMC_SHORT_BYTES", "0");
         c
     };
     let mut runs = 0;
     for order in ["cs", "sc"] {
         let tcp = over_tcp(&both, &[order]);
         assert_eq!(tcp.trim(), "reader got b'hello'", "plain TCP");
-        let mut c = in_ns(&both);
+        let mut c = py(&both);
         c.arg(order);
         let out = spawn_piped(c).wait_output(T).expect("both leave");
-        assert_eq!(out, tcp, "both ends handed on, {order}, in a namespace");
+        assert_eq!(out, tcp, "both ends handed on, {order}, namespace {ns:?}");
+        runs += 1;
+    }
+    for seq in [
+        "c:exec,s:exec,s:w,c:r",
+        "c:pass,s:fork,s:w,c:r",
+        "s:fork,c:pass,c:w,s:r,s:exec,c:w,s:r",
+    ] {
+        let mut c = Command::new("python3");
+        c.arg(&moves).arg("1").env("RT27_SEQ", seq);
+        let tcp = spawn_piped(c).wait_output(T).expect("over TCP");
+        let mut c = py(&moves);
+        c.arg("1").env("RT27_SEQ", seq);
+        let out = spawn_piped(c).wait_output(T).expect("moves");
+        assert_eq!(out, tcp, "sequence {seq}, namespace {ns:?}");
         runs += 1;
     }
     let seeds: Vec<String> = (1..=16).map(|s| s.to_string()).collect();
     let seeds: Vec<&str> = seeds.iter().map(String::as_str).collect();
     let tcp = over_tcp(&moves, &seeds);
-    let mut c = in_ns(&moves);
+    let mut c = py(&moves);
     c.args(&seeds);
     let out = spawn_piped(c).wait_output(T).expect("moves");
-    assert_eq!(out, tcp, "seeds 1-16 in a namespace");
+    assert_eq!(out, tcp, "seeds 1-16, namespace {ns:?}");
     runs += seeds.len();
+    // Each run is one connection, SMC-D but for a CLC timeout on a loaded machine (seen once
+    // with `SMC_PIPELINE=0` beside other tests: the bytes were as over TCP all the same).
     let sum = w.stats_sum();
     assert!(sum.get("smcd_server") + 2 >= runs as u64, "{}", brief(&sum));
     let timeout_cl = smc_common::diag::Diag::TimeoutCl.code();
