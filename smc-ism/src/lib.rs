@@ -158,8 +158,8 @@
 //!   that socket is closed everywhere, so that its holder can adopt them (`daemon/handed_on.rs`;
 //!   also for an `OP_RELEASE` with `RELEASE_TAINT_PEER`). The socket is looked up in the
 //!   namespace of the sockets that client passed (a container's through a sock_diag socket
-//!   kept there while a client connection or a kept reference needs it); a client whose
-//!   sockets came from several namespaces has its references released at once.
+//!   kept there while a client connection or a kept reference needs it; up to 8 namespaces
+//!   per client connection, each looked up).
 //! - Failures are immediate, never a wait: no free slot or the cgroup's DMB count quota →
 //!   [`IsmError::MaxDmb`]/[`IsmError::QuotaDmbs`] (decline MAX_DMB); byte quotas, the device byte
 //!   limit, MemAvailable below a floor, memfd/ftruncate errors → [`IsmError::QuotaBytes`] /

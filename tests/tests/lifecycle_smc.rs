@@ -3365,7 +3365,30 @@ fn connection_ends_moving_inside_a_network_namespace_read_as_over_tcp() {
     let ns = smc_harness::Netns::new(&integration_tests::unique("smct-mv"))
         .expect("create a network namespace (iproute2)");
     moves_read_as_over_tcp(&w, Some(&ns.name));
+    // A process with sockets in two namespaces (one connection made inside `ns`, then both ends
+    // of one in its own handed on as in `rt27_both_leave.py`): each end is looked up in every
+    // namespace its client passed sockets from. Before, such a client's references were
+    // released at once: the children failed (red team round 28, 6 of 6).
+    let mixed = script(&w, "rt30_mixed_ns.py", MIXED_NS);
+    let tcp = over_tcp(&mixed, &[&ns.name]);
+    assert_eq!(tcp.trim(), "reader got b'hello'", "plain TCP");
+    let before = w.stats_sum().get("smcd_server");
+    for _ in 0..3 {
+        let mut c = python(&w, &mixed);
+        c.arg(&ns.name).env("SMC_SHORT_BYTES", "0");
+        let out = spawn_piped(c).wait_output(T).expect("mixed namespaces");
+        assert_eq!(
+            out, tcp,
+            "ends handed on by a process with sockets in two namespaces"
+        );
+    }
+    // Two connections a run (the one inside `ns`, the one handed on), SMC-D but for a CLC
+    // timeout on a loaded machine.
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_server") + 2 >= before + 6, "{}", brief(&sum));
 }
+
+const MIXED_NS: &str = include_str!("../redteam/rt30_mixed_ns.py");
 
 /// `rt27_both_leave.py` in both orders, three fixed `rt27_moves.py` sequences and seeds 1-16,
 /// under the library in `w` (inside network namespace `ns`, when given), each as over TCP.

@@ -17,8 +17,9 @@
 //! the network namespace of the sockets the releasing client passed: the daemon's own, or a
 //! container's through the sock_diag socket that client connection keeps there
 //! ([`diag::NsHandle`], taken with its first socket of that namespace; a kept reference holds
-//! it, and with it the namespace, until it is released). A client whose sockets came from more
-//! than one namespace has its references released at once, as before.
+//! it, and with it the namespace, until it is released). A client whose sockets came from
+//! several namespaces has its ends looked up in each of them (at most [`CLIENT_NS_MAX`]; the
+//! cookie makes the match exact).
 //!
 //! Bounds: [`MAX_KEPT`] references at most (beyond, released at once); each is charged, as
 //! before, to its DMB's owner cgroup and uid, so holding sockets keeps memory only within the
@@ -37,21 +38,16 @@ const MAX_KEPT: usize = 1 << 16;
 const FIRST_LOOK: Duration = Duration::from_millis(100);
 const LONGEST_LOOK: Duration = Duration::from_secs(2);
 
-/// The network namespace of the sockets a client connection passed (registrations, attaches,
-/// adoptions): where the ends of its references are looked up.
+/// The network namespaces of the sockets a client connection passed (registrations, attaches,
+/// adoptions): where the ends of its references are looked up, each with its handle when it
+/// is not the daemon's. Empty: no socket with a namespace cookie passed yet (the ends' own
+/// records say where they are).
 #[derive(Default)]
-pub(crate) enum ClientNs {
-    /// No socket passed yet (the ends' own records say where they are).
-    #[default]
-    Unknown,
-    /// Every socket came from namespace `cookie`; `handle` when it is not the daemon's.
-    One {
-        cookie: u64,
-        handle: Option<Arc<diag::NsHandle>>,
-    },
-    /// Sockets of more than one namespace: not looked up (released at once).
-    Mixed,
-}
+pub(crate) struct ClientNs(Vec<(u64, Option<Arc<diag::NsHandle>>)>);
+
+/// Namespaces recorded per client connection at most (a process with sockets in more is rare:
+/// a reference whose end is in none of them is released at once, as without the keeping).
+const CLIENT_NS_MAX: usize = 8;
 
 impl ClientNs {
     /// Records a socket passed from namespace `cookie`; `handle` makes the handle of that
@@ -62,22 +58,25 @@ impl ClientNs {
         own: Option<u64>,
         handle: impl FnOnce(u64) -> Option<Arc<diag::NsHandle>>,
     ) {
-        let Some(cookie) = cookie else {
-            *self = ClientNs::Mixed;
+        let Some(cookie) = cookie else { return };
+        if self.0.len() >= CLIENT_NS_MAX || self.0.iter().any(|(c, _)| *c == cookie) {
             return;
-        };
-        match self {
-            ClientNs::Unknown => {
-                let handle = if Some(cookie) == own {
-                    None
-                } else {
-                    handle(cookie)
-                };
-                *self = ClientNs::One { cookie, handle };
-            }
-            ClientNs::One { cookie: c, .. } if *c == cookie => {}
-            _ => *self = ClientNs::Mixed,
         }
+        let h = if Some(cookie) == own {
+            None
+        } else {
+            handle(cookie)
+        };
+        self.0.push((cookie, h));
+    }
+
+    /// The namespaces to look an end up in: each recorded one, or (none recorded) the end's
+    /// own record's.
+    pub(crate) fn candidates(&self) -> Vec<(Option<u64>, Option<Arc<diag::NsHandle>>)> {
+        if self.0.is_empty() {
+            return vec![(None, None)];
+        }
+        self.0.iter().map(|(c, h)| (Some(*c), h.clone())).collect()
     }
 }
 

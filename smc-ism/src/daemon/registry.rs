@@ -1581,16 +1581,10 @@ impl Registry {
         taint: bool,
         ns: &super::handed_on::ClientNs,
     ) -> bool {
-        use super::handed_on::ClientNs;
-        let (netns, handle) = match ns {
-            ClientNs::Unknown => (None, None),
-            ClientNs::One { cookie, handle } => (Some(*cookie), handle.clone()),
-            ClientNs::Mixed => {
-                self.release(token, kind, taint);
-                return false;
-            }
-        };
-        if let Some(end) = self.end_of(token, kind, netns) {
+        for (netns, handle) in ns.candidates() {
+            let Some(end) = self.end_of(token, kind, netns) else {
+                break;
+            };
             if self.handed_on.keep(token, kind, end, handle) {
                 if let Some(rec) = lock(self.shard(token)).get_mut(&token) {
                     rec.tainted = true;
