@@ -107,6 +107,11 @@ pub struct FailureStats {
     pub send_failed: u64,
     /// Unexpected errors.
     pub internal: u64,
+    /// A reference let go of while its socket was still held elsewhere (handed on) was
+    /// released at once because the kept references were at their bound (`max_kept`, or the
+    /// releasing uid's `uid_max_kept`): the process that holds the socket now may lose the
+    /// connection's shared memory (it falls back or fails cleanly).
+    pub kept_full: u64,
 }
 
 /// Usage of one cgroup (only cgroups with live DMBs or refusals are listed).
@@ -175,6 +180,9 @@ pub struct Stats {
     pub files_in_holders: u64,
     /// Holder processes running (`smc-ism-holder`).
     pub holders: u64,
+    /// References kept for sockets handed on (their client let go while a process still holds
+    /// the socket), see `DaemonConfig::max_kept`.
+    pub refs_kept: u64,
     /// Per-op counters.
     pub ops: OpsStats,
     /// Per-reason failure counters.
@@ -198,6 +206,7 @@ impl Stats {
         "dmbs_shelved",
         "files_in_holders",
         "holders",
+        "refs_kept",
     ];
 
     /// Every numeric figure by its flattened name (`ops_register_ok`, `live_dmbs`: nested field

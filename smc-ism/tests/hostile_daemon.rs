@@ -769,3 +769,103 @@ fn namespaces_by_the_dozen_cost_the_daemon_bounded_descriptors() {
     assert_eq!(root_fds, 1, "root's namespace got no handle");
     d.shutdown().unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// References kept for sockets handed on (`daemon/handed_on.rs`): a client that lets go of its
+// DMBs while a process still holds their sockets has them kept. One uid that lets go of
+// references by the thousand (adopting its own sockets over and over, then disconnecting)
+// fills its own share (`uid_max_kept`), not the daemon's (`max_kept`): root's hand-ons, made
+// after, are still kept. Small bounds keep the test quick (defaults 65 536 / 262 144).
+
+/// Registers `n` DMBs over loopback connections of this process and disconnects the client,
+/// keeping the sockets: the daemon sees a client let go of references whose sockets are held.
+fn let_go_while_held(sock: &std::path::Path, n: usize) -> Option<Vec<(TcpStream, TcpStream)>> {
+    let mut c = Client::connect(sock).ok()?;
+    let mut held = Vec::new();
+    for _ in 0..n {
+        let l = TcpListener::bind("127.0.0.1:0").ok()?;
+        let a = TcpStream::connect(l.local_addr().ok()?).ok()?;
+        let (b, _) = l.accept().ok()?;
+        c.register_dmb(0, a.as_raw_fd()).ok()?;
+        held.push((a, b));
+    }
+    drop(c);
+    Some(held)
+}
+
+#[test]
+fn one_uid_fills_its_share_of_kept_references_not_the_daemons() {
+    if !root_or_skip("one_uid_fills_its_share_of_kept_references_not_the_daemons") {
+        return;
+    }
+    let _serial = serial();
+    let dir = TestDir::new("hostile-kept");
+    let d = start(&dir, |c| {
+        c.max_kept = 12;
+        c.uid_max_kept = 4;
+    });
+    let sock = dir.sock();
+    let (r, w) = pipe();
+    let w_raw = w.as_raw_fd();
+    let nobody = fork_nobody(move || {
+        let held = let_go_while_held(&sock, 12);
+        let byte = if held.is_some() { b"x" } else { b"e" };
+        // SAFETY: one byte to the parent's pipe.
+        unsafe { libc::write(w_raw, byte.as_ptr().cast(), 1) };
+        loop {
+            // SAFETY: sleep (holding the sockets) until a signal ends us.
+            unsafe { libc::pause() };
+        }
+    });
+    /// The child, killed and reaped however the test ends.
+    struct Kid(libc::pid_t);
+    impl Drop for Kid {
+        fn drop(&mut self) {
+            if self.0 > 0 {
+                kill_child(self.0);
+            }
+        }
+    }
+    let mut kid = Kid(nobody);
+    drop(w);
+    let mut b = [0u8; 1];
+    assert_eq!(
+        // SAFETY: blocking read of the child's byte into the 1-byte `b`; `r` is our pipe end.
+        unsafe { libc::read(r.as_raw_fd(), b.as_mut_ptr().cast(), 1) },
+        1
+    );
+    assert_eq!(b[0], b'x', "nobody could not register its DMBs");
+    let mut c = client(&dir);
+    let s = c
+        .wait_for(WAIT, |s| s.released_on_disconnect >= 12)
+        .expect("the daemon saw nobody's client go");
+    assert_eq!(
+        (s.refs_kept, s.live_dmbs, s.failures.kept_full),
+        (4, 4, 8),
+        "nobody's 12 references while it holds the sockets: its share of 4 kept, 8 released"
+    );
+    // Root hands on 6 after that: all kept (12 in all).
+    let root_held = let_go_while_held(&dir.sock(), 6).expect("root registers");
+    let s = c
+        .wait_for(WAIT, |s| s.released_on_disconnect >= 18)
+        .expect("the daemon saw root's client go");
+    assert_eq!(
+        (s.refs_kept, s.live_dmbs, s.failures.kept_full),
+        (10, 10, 8),
+        "root's 6 references kept beside nobody's full share"
+    );
+    // Nobody exits: its sockets go, and with them its kept references; root's stay.
+    kill_child(kid.0);
+    kid.0 = 0;
+    let s = c
+        .wait_for(WAIT, |s| s.refs_kept == 6)
+        .expect("nobody's kept references released once its sockets are gone");
+    assert_eq!(
+        s.live_dmbs, 6,
+        "root's DMBs kept while it holds the sockets"
+    );
+    drop(root_held);
+    c.wait_for(WAIT, |s| s.refs_kept == 0 && s.live_dmbs == 0)
+        .expect("root's released once nobody holds its sockets");
+    d.shutdown().unwrap();
+}

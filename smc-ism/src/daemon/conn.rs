@@ -1548,7 +1548,7 @@ impl Conn<'_> {
         if handed_on {
             self.shared
                 .reg
-                .release_or_keep(token, kind, taint, &self.netns);
+                .release_or_keep(token, kind, taint, self.uid.uid, &self.netns);
         } else {
             self.shared.reg.release(token, kind, taint);
         }
@@ -1571,15 +1571,23 @@ impl Conn<'_> {
         // it or lets go (see `handed_on`).
         for (token, h) in self.held.drain() {
             for _ in 0..h.attaches {
-                self.shared
-                    .reg
-                    .release_or_keep(token, RefKind::Attach, false, &self.netns);
+                self.shared.reg.release_or_keep(
+                    token,
+                    RefKind::Attach,
+                    false,
+                    self.uid.uid,
+                    &self.netns,
+                );
                 n += 1;
             }
             if h.owner {
-                self.shared
-                    .reg
-                    .release_or_keep(token, RefKind::Owner, false, &self.netns);
+                self.shared.reg.release_or_keep(
+                    token,
+                    RefKind::Owner,
+                    false,
+                    self.uid.uid,
+                    &self.netns,
+                );
                 n += 1;
             }
         }

@@ -21,10 +21,15 @@
 //! several namespaces has its ends looked up in each of them (at most [`CLIENT_NS_MAX`]; the
 //! cookie makes the match exact).
 //!
-//! Bounds: [`MAX_KEPT`] references at most (beyond, released at once); each is charged, as
-//! before, to its DMB's owner cgroup and uid, so holding sockets keeps memory only within the
-//! quotas of whoever holds them.
+//! Bounds: `DaemonConfig::max_kept` references at most, and `uid_max_kept` of them let go of
+//! by clients of one uid (root: only the former); beyond, a reference is released at once, as
+//! without the keeping, and counted (`failures.kept_full`). So one uid that hands on sockets
+//! by the ten thousand (adopting each many times over) fills its own share, not the daemon's:
+//! another uid's hand-ons are still kept. Each kept DMB stays charged, as before, to its
+//! owner's cgroup and uid, so holding sockets keeps memory only within the quotas of whoever
+//! holds them.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,8 +37,6 @@ use super::diag;
 use super::registry::RefKind;
 use crate::sys::TcpIdentity;
 
-/// References kept at most (a few dozen bytes each).
-const MAX_KEPT: usize = 1 << 16;
 /// The first look again after a reference was kept, and the longest interval between looks.
 const FIRST_LOOK: Duration = Duration::from_millis(100);
 const LONGEST_LOOK: Duration = Duration::from_secs(2);
@@ -80,9 +83,22 @@ impl ClientNs {
     }
 }
 
+/// What [`HandedOn::keep`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Keep {
+    /// Kept: the caller does not release the reference.
+    Kept,
+    /// Nobody holds the end (or it cannot be looked up): release it.
+    NotHeld,
+    /// A bound is full: release it (counted).
+    Full,
+}
+
 struct Kept {
     token: u64,
     kind: RefKind,
+    /// The uid of the client that let go of it (its share of the bound).
+    uid: u32,
     /// The end of the connection the releasing client had.
     end: TcpIdentity,
     /// The lookup's way into `end`'s namespace when it is not the daemon's.
@@ -91,55 +107,101 @@ struct Kept {
     wait: Duration,
 }
 
+#[derive(Default)]
+struct KeptSet {
+    /// The references not being looked up now.
+    refs: Vec<Kept>,
+    /// All kept references (also those [`HandedOn::due`] is looking up).
+    total: usize,
+    /// Kept references by the uid that let go of them (uids with none are removed).
+    per_uid: HashMap<u32, usize>,
+}
+
+impl KeptSet {
+    fn push(&mut self, k: Kept) {
+        *self.per_uid.entry(k.uid).or_default() += 1;
+        self.total += 1;
+        self.refs.push(k);
+    }
+
+    fn forget(&mut self, uid: u32) {
+        self.total = self.total.saturating_sub(1);
+        if let Some(n) = self.per_uid.get_mut(&uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.per_uid.remove(&uid);
+            }
+        }
+    }
+}
+
 /// The references kept for sockets handed on.
 pub(crate) struct HandedOn {
     own_netns: Option<u64>,
-    kept: Mutex<Vec<Kept>>,
+    max: usize,
+    uid_max: usize,
+    kept: Mutex<KeptSet>,
 }
 
 impl HandedOn {
-    pub(crate) fn new() -> HandedOn {
+    /// At most `max` references kept, `uid_max` of them let go of by one uid other than root.
+    pub(crate) fn new(max: usize, uid_max: usize) -> HandedOn {
         HandedOn {
             own_netns: smc_common::bpf::own_netns_cookie().ok(),
-            kept: Mutex::new(Vec::new()),
+            max,
+            uid_max,
+            kept: Mutex::new(KeptSet::default()),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Kept>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, KeptSet> {
         self.kept.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a reference let go of by `uid` finds room.
+    fn room(&self, set: &KeptSet, uid: u32) -> bool {
+        set.total < self.max
+            && (uid == 0 || set.per_uid.get(&uid).copied().unwrap_or(0) < self.uid_max)
     }
 
     /// Keeps reference `kind` of `token` (the caller does not release it) when `end`, the
     /// releasing client's end of the connection, is still held by a process (looked up through
-    /// `ns` when it is in another namespace).
+    /// `ns` when it is in another namespace) and the bounds leave room for `uid`, the releasing
+    /// client's.
     pub(crate) fn keep(
         &self,
         token: u64,
         kind: RefKind,
+        uid: u32,
         end: TcpIdentity,
         ns: Option<Arc<diag::NsHandle>>,
-    ) -> bool {
+    ) -> Keep {
+        // A full share costs no lookup (a uid at its bound may release by the thousand).
+        if !self.room(&self.lock(), uid) {
+            return Keep::Full;
+        }
         if diag::socket_held(&end, self.own_netns, ns.as_deref()) != Some(true) {
-            return false;
+            return Keep::NotHeld;
         }
         let mut v = self.lock();
-        if v.len() >= MAX_KEPT {
-            return false;
+        if !self.room(&v, uid) {
+            return Keep::Full;
         }
         v.push(Kept {
             token,
             kind,
+            uid,
             end,
             ns,
             next: Instant::now() + FIRST_LOOK,
             wait: FIRST_LOOK,
         });
-        true
+        Keep::Kept
     }
 
     /// How many references are kept.
     pub(crate) fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().total
     }
 
     /// The kept references whose socket nobody holds any more (or that can no longer be
@@ -148,13 +210,13 @@ impl HandedOn {
         let now = Instant::now();
         let looks: Vec<Kept> = {
             let mut v = self.lock();
-            if v.iter().all(|k| k.next > now) {
+            if v.refs.iter().all(|k| k.next > now) {
                 return Vec::new();
             }
-            let (due, wait): (Vec<Kept>, Vec<Kept>) = std::mem::take(&mut *v)
+            let (due, wait): (Vec<Kept>, Vec<Kept>) = std::mem::take(&mut v.refs)
                 .into_iter()
                 .partition(|k| k.next <= now);
-            *v = wait;
+            v.refs = wait;
             due
         };
         let mut gone = Vec::new();
@@ -165,12 +227,14 @@ impl HandedOn {
                 k.next = now + k.wait;
                 still.push(k);
             } else {
-                gone.push((k.token, k.kind));
+                gone.push(k);
             }
         }
-        if !still.is_empty() {
-            self.lock().extend(still);
+        let mut v = self.lock();
+        for k in &gone {
+            v.forget(k.uid);
         }
-        gone
+        v.refs.extend(still);
+        gone.into_iter().map(|k| (k.token, k.kind)).collect()
     }
 }

@@ -139,6 +139,15 @@ pub struct DaemonConfig {
     /// 4096 mappings allows). Beyond, new files keep their descriptors, as when the mappings run
     /// out (tests make that case with it; an operator may bound the kernel's memory for them).
     pub max_shelved: Option<u64>,
+    /// References kept at most for sockets handed on (default 262 144, about 120 bytes each):
+    /// a client that lets go of a DMB reference while its socket is still held by another
+    /// process (a forked child, an exec'd image, a receiver of the fd) has the reference kept
+    /// until nobody holds the socket, so that the holder keeps the connection. Beyond, such a
+    /// reference is released at once (`failures.kept_full`).
+    pub max_kept: u32,
+    /// Of those, kept for clients of one uid at most (root is not limited; default 65 536):
+    /// one uid cannot fill `max_kept` and have another's hand-ons released at once.
+    pub uid_max_kept: u32,
     /// Holder processes at most (default 16; 0: none): once the daemon's own shelf is full
     /// (`vm.max_map_count` less its reserve, or `max_shelved`), the background sweep moves
     /// files into holders, child processes that keep them as mappings of their own (each its
@@ -195,6 +204,8 @@ impl Default for DaemonConfig {
             pool_idle_ms: 1000,
             shelve_after_ms: Some(1000),
             max_shelved: None,
+            max_kept: 1 << 18,
+            uid_max_kept: 1 << 16,
             max_holders: 16,
             holder_max_files: None,
         }
@@ -641,16 +652,21 @@ async fn sweep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         }
         // On a blocking thread: the turn may wait for holder processes (see `holder`).
         let reg = shared.reg.clone();
-        busy = tokio::task::spawn_blocking(move || {
-            reg.handed_on_tick();
+        let released;
+        (busy, released) = tokio::task::spawn_blocking(move || {
+            let released = reg.handed_on_tick();
             let busy = reg.shelve_tick();
             if !busy {
                 reg.trim_after_burst();
             }
-            busy
+            (busy, released)
         })
         .await
-        .unwrap_or(false);
+        .unwrap_or((false, 0));
+        if released > 0 {
+            // Kept references released: DMBs may be gone (`WAIT`ers look again).
+            shared.events.bump();
+        }
     }
 }
 

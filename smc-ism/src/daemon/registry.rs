@@ -132,6 +132,7 @@ failure_counters!(
     no_peer,
     send_failed,
     internal,
+    kept_full,
 );
 
 impl Failures {
@@ -830,7 +831,10 @@ impl Registry {
                 .filter(|_| super::shelf::available())
                 .map(std::time::Duration::from_millis),
             counters: Counters::default(),
-            handed_on: super::handed_on::HandedOn::new(),
+            handed_on: super::handed_on::HandedOn::new(
+                cfg.max_kept as usize,
+                cfg.uid_max_kept as usize,
+            ),
             gid,
             next_id: AtomicU64::new(sys::random_u64().unwrap_or_else(|_| {
                 // No randomness: the clock still differs between daemon instances.
@@ -1573,23 +1577,32 @@ impl Registry {
     /// A client lets go of reference `kind` of `token` while its socket may have been handed
     /// on (see [`super::handed_on`]): kept while its end of the connection is still held by a
     /// process (the DMB is never bound again then), else released. `ns`: where the client's
-    /// sockets are. Whether it was kept.
+    /// sockets are; `uid`: the client's (its share of the bounds). Whether it was kept.
     pub(crate) fn release_or_keep(
         &self,
         token: u64,
         kind: RefKind,
         taint: bool,
+        uid: u32,
         ns: &super::handed_on::ClientNs,
     ) -> bool {
+        use super::handed_on::Keep;
         for (netns, handle) in ns.candidates() {
             let Some(end) = self.end_of(token, kind, netns) else {
                 break;
             };
-            if self.handed_on.keep(token, kind, end, handle) {
-                if let Some(rec) = lock(self.shard(token)).get_mut(&token) {
-                    rec.tainted = true;
+            match self.handed_on.keep(token, kind, uid, end, handle) {
+                Keep::Kept => {
+                    if let Some(rec) = lock(self.shard(token)).get_mut(&token) {
+                        rec.tainted = true;
+                    }
+                    return true;
                 }
-                return true;
+                Keep::Full => {
+                    self.counters.failures.kept_full.fetch_add(1, Relaxed);
+                    break;
+                }
+                Keep::NotHeld => {}
             }
         }
         self.release(token, kind, taint);
@@ -1597,12 +1610,13 @@ impl Registry {
     }
 
     /// Releases the kept references whose socket nobody holds any more (from the sweep).
-    /// Whether references are still kept.
-    pub(crate) fn handed_on_tick(&self) -> bool {
-        for (token, kind) in self.handed_on.due() {
+    /// How many it released (each a state change for `WAIT`ers).
+    pub(crate) fn handed_on_tick(&self) -> usize {
+        let due = self.handed_on.due();
+        for &(token, kind) in &due {
             self.release(token, kind, true);
         }
-        self.handed_on.len() > 0
+        due.len()
     }
 
     /// The owner gives its DMB back into its pool (it keeps the owner reference): unbound, no
@@ -1779,6 +1793,7 @@ impl Registry {
             dmbs_shelved: self.totals.shelved.load(Relaxed),
             files_in_holders: super::holder::figures().0,
             holders: super::holder::figures().1,
+            refs_kept: self.handed_on.len() as u64,
             ops: OpsStats {
                 query_gid: c.query_gid.snapshot(),
                 register: c.register.snapshot(),
