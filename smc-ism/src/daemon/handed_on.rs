@@ -25,7 +25,9 @@
 //! by clients of one uid (root: only the former); beyond, a reference is released at once, as
 //! without the keeping, and counted (`failures.kept_full`). So one uid that hands on sockets
 //! by the ten thousand (adopting each many times over) fills its own share, not the daemon's:
-//! another uid's hand-ons are still kept. Each kept DMB stays charged, as before, to its
+//! another uid's hand-ons are still kept. The sweep's lookups are bounded too
+//! ([`LOOKS_PER_TURN`] every [`TURN_EVERY`] at most: ~10 000 `sock_diag` exchanges a second
+//! however many references are kept). Each kept DMB stays charged, as before, to its
 //! owner's cgroup and uid, so holding sockets keeps memory only within the quotas of whoever
 //! holds them.
 
@@ -40,6 +42,13 @@ use crate::sys::TcpIdentity;
 /// The first look again after a reference was kept, and the longest interval between looks.
 const FIRST_LOOK: Duration = Duration::from_millis(100);
 const LONGEST_LOOK: Duration = Duration::from_secs(2);
+/// Lookups (one `sock_diag` exchange each) in one turn of the sweep at most: however many
+/// references are kept (a uid's share is 65 536), the daemon spends ~10 ms a turn on them; the
+/// rest are looked at in the next turns (a socket let go of is then found a little later).
+const LOOKS_PER_TURN: usize = 1024;
+/// Turns that look sockets up come this often at most (the sweep runs every 10 ms while it
+/// shelves files): at most ~10 000 lookups a second.
+const TURN_EVERY: Duration = Duration::from_millis(100);
 
 /// The network namespaces of the sockets a client connection passed (registrations, attaches,
 /// adoptions): where the ends of its references are looked up, each with its handle when it
@@ -115,6 +124,8 @@ struct KeptSet {
     total: usize,
     /// Kept references by the uid that let go of them (uids with none are removed).
     per_uid: HashMap<u32, usize>,
+    /// When [`HandedOn::due`] last looked sockets up.
+    last_turn: Option<Instant>,
 }
 
 impl KeptSet {
@@ -210,12 +221,22 @@ impl HandedOn {
         let now = Instant::now();
         let looks: Vec<Kept> = {
             let mut v = self.lock();
-            if v.refs.iter().all(|k| k.next > now) {
+            if v.last_turn
+                .is_some_and(|t| now.duration_since(t) < TURN_EVERY)
+                || v.refs.iter().all(|k| k.next > now)
+            {
                 return Vec::new();
             }
-            let (due, wait): (Vec<Kept>, Vec<Kept>) = std::mem::take(&mut v.refs)
-                .into_iter()
-                .partition(|k| k.next <= now);
+            v.last_turn = Some(now);
+            let mut due = Vec::new();
+            let mut wait = Vec::with_capacity(v.refs.len());
+            for k in std::mem::take(&mut v.refs) {
+                if k.next <= now && due.len() < LOOKS_PER_TURN {
+                    due.push(k);
+                } else {
+                    wait.push(k);
+                }
+            }
             v.refs = wait;
             due
         };
