@@ -272,6 +272,13 @@ pub(crate) fn print_text(f: &Value, details: bool) {
                  shelved file; declined MEM)"
             );
         }
+        let (kept, kept_full) = (n(&g["refs_kept"]), n(&g["failures_kept_full"]));
+        if kept + kept_full > 0 {
+            println!(
+                "  Kept for handed-on sockets {kept:>12} references ({kept_full} released at once \
+                 at the bound)"
+            );
+        }
         println!(
             "  Clients                    {:>12} connected ({} total)",
             n(&g["clients_connected"]),
