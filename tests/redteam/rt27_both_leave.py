@@ -2,8 +2,15 @@
 # to two children (subprocess pass_fds) and closed at once. `world.sh tcp|smc python3
 # rt27_both_leave.py c|cs|sc` (c: only the client end leaves; as TCP).
 import os, socket, subprocess, sys, time
-l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen()
-c = socket.create_connection(l.getsockname()); s, _ = l.accept()
+if os.environ.get("RT27_FAMILY") == "mapped":
+    # AF_INET6 sockets with IPv4-mapped addresses: a dual-stack listener and client.
+    l = socket.socket(socket.AF_INET6); l.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    l.bind(("::", 0)); l.listen()
+    c = socket.create_connection(("::ffff:127.0.0.1", l.getsockname()[1]))
+else:
+    l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen()
+    c = socket.create_connection(l.getsockname())
+s, _ = l.accept()
 c.sendall(b"?"); s.recv(1); s.sendall(b"!"); c.recv(1)
 W = "import os,sys,time; fd=int(sys.argv[1]); time.sleep(0.5); os.write(fd, b'hello'); time.sleep(0.5); os.close(fd)"
 R = "import os,sys; fd=int(sys.argv[1]); print('reader got', os.read(fd, 100), flush=True); os.close(fd)"

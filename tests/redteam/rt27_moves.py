@@ -60,7 +60,7 @@ def worker(ctl_fd, conn_fd):
         reply = {"ok": True}
         try:
             if op == "connect":
-                conn = socket.create_connection(("127.0.0.1", cmd["port"]))
+                conn = socket.create_connection((CONNECT_TO, cmd["port"]))
                 conn_fd = conn.detach()
             elif op == "accept":
                 lst = socket.socket(fileno=conn_fd)
@@ -159,17 +159,31 @@ class End:
         return json.loads(msg) if msg else {"ok": False, "err": "worker gone"}
 
 
+# RT27_FAMILY=mapped: AF_INET6 sockets with IPv4-mapped addresses (a dual-stack listener on
+# `::`, a client that connects to `::ffff:127.0.0.1`).
+MAPPED = os.environ.get("RT27_FAMILY") == "mapped"
+FAMILY = socket.AF_INET6 if MAPPED else socket.AF_INET
+CONNECT_TO = "::ffff:127.0.0.1" if MAPPED else "127.0.0.1"
+
+
+def listener():
+    lst = socket.socket(FAMILY)
+    if MAPPED:
+        lst.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    lst.bind(("::" if MAPPED else "127.0.0.1", 0))
+    lst.listen()
+    return lst
+
+
 def run(seed):
     rnd = random.Random(seed)
-    lst = socket.socket()
-    lst.bind(("127.0.0.1", 0))
-    lst.listen()
+    lst = listener()
     port = lst.getsockname()[1]
     # Each end starts in a process of its own: the server worker accepts on the listener it
     # inherits, the client worker connects. (Both ends made in one process and both handed
     # away is round 27's open item 3.)
     srv = End("s", lst)
-    cli = End("c", socket.socket())
+    cli = End("c", socket.socket(FAMILY))
     srv.start(op="accept")
     cli.call(op="connect", port=port)
     srv.ctl.recv(65536)

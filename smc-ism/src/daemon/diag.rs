@@ -174,8 +174,11 @@ fn parse_reply(b: &[u8], local: SocketAddr, remote: SocketAddr) -> Option<Found>
     let sport = u16::from_be_bytes([m[4], m[5]]);
     let dport = u16::from_be_bytes([m[6], m[7]]);
     let v4 = local.is_ipv4();
+    // An IPv4 identity (`sys` normalises IPv4-mapped IPv6 addresses to IPv4) may be an
+    // `AF_INET6` socket of a dual-stack listener or client: the `AF_INET` lookup finds it (one
+    // connection table), and the kernel describes it with its IPv6 addresses, `::ffff:a.b.c.d`.
     let same = |raw: &[u8], want: IpAddr| match want {
-        IpAddr::V4(a) => v4 && raw[..4] == a.octets(),
+        IpAddr::V4(a) => v4 && (raw[..4] == a.octets() || raw == a.to_ipv6_mapped().octets()),
         IpAddr::V6(a) => raw == a.octets(),
     };
     if sport != local.port()
@@ -622,6 +625,40 @@ mod tests {
     use crate::sys;
     use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsFd;
+
+    /// Both ends `AF_INET6` sockets with IPv4-mapped addresses (a dual-stack listener, a
+    /// client connecting to `::ffff:127.0.0.1`): their identities are IPv4, the kernel's
+    /// answers IPv6. Found as they are, and held (before, never: references let go of were
+    /// released at once, red team: DMBs freed under a live connection).
+    #[test]
+    fn sockets_with_ipv4_mapped_addresses_are_found_and_held() {
+        use std::net::{Ipv6Addr, SocketAddrV6};
+        let l = TcpListener::bind(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, 0, 0, 0))
+            .expect("IPv6 on this host (bind of [::]:0)");
+        let port = l.local_addr().unwrap().port();
+        let mapped = Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0x7f00, 1);
+        let a = TcpStream::connect(SocketAddrV6::new(mapped, port, 0, 0)).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let ia = sys::inspect_tcp(a.as_fd()).unwrap();
+        let ib = sys::inspect_tcp(b.as_fd()).unwrap();
+        assert!(
+            ia.local.is_ipv4() && ib.local.is_ipv4(),
+            "normalised to IPv4"
+        );
+        let own = smc_common::bpf::own_netns_cookie().ok();
+        assert_eq!(
+            conn_info(a.as_fd(), &ia, own, None, false).peer_cookie,
+            ib.cookie
+        );
+        assert_eq!(
+            conn_info(b.as_fd(), &ib, own, None, false).peer_cookie,
+            ia.cookie
+        );
+        assert_eq!(socket_held(&ia, own, None), Some(true));
+        assert_eq!(socket_held(&ib, own, None), Some(true));
+        drop(a);
+        assert_eq!(socket_held(&ia, own, None), Some(false), "closed: not held");
+    }
 
     #[test]
     fn peer_cookie_of_a_loopback_pair() {
