@@ -416,12 +416,19 @@ fn read_cdc(pid: u32, range: &str) -> Option<smc_common::cdc::CdcMsg> {
 }
 
 /// Cursors, shutdown state and bytes of an SMC-D end from its two DMBs.
-fn cdc_details(c: &mut ConnInfo, pid: u32, own: &smc_ism::DmbInfo, peer: &smc_ism::DmbInfo) {
+/// `maps`: the process's DMB mappings ([`dmb_mappings`], read once per process: its maps file
+/// lists every DMB it maps, thousands of lines for a process with thousands of connections).
+fn cdc_details(
+    c: &mut ConnInfo,
+    pid: u32,
+    maps: &HashMap<u64, String>,
+    own: &smc_ism::DmbInfo,
+    peer: &smc_ism::DmbInfo,
+) {
     use smc_common::cdc::{ConnStateFlags, Cursor};
     let (Some(oi), Some(pi)) = (own.inode, peer.inode) else {
         return;
     };
-    let maps = dmb_mappings(pid);
     let (Some(om), Some(pm)) = (maps.get(&oi), maps.get(&pi)) else {
         return;
     };
@@ -558,6 +565,7 @@ pub fn collect(o: &Options) -> Result<(Vec<ConnInfo>, Notes)> {
         }
         let file = file.as_ref();
         let mut maps_checked = None;
+        let mut dmb_maps: Option<HashMap<u64, String>> = None;
         for ino in inodes {
             let Some(t) = table.by_inode.get(&ino) else {
                 continue;
@@ -658,7 +666,8 @@ pub fn collect(o: &Options) -> Result<(Vec<ConnInfo>, Notes)> {
                 c.own_dmb_size = own.map(|d| d.size);
                 c.peer_dmb_size = theirs.map(|d| d.size);
                 if let (Some(o), Some(t)) = (own, theirs) {
-                    cdc_details(&mut c, p.pid, o, t);
+                    let maps = dmb_maps.get_or_insert_with(|| dmb_mappings(p.pid));
+                    cdc_details(&mut c, p.pid, maps, o, t);
                 }
                 out.push(c);
                 continue;
