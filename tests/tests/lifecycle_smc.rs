@@ -3220,6 +3220,54 @@ fn a_set_shared_by_fork_never_hands_the_child_the_librarys_tag() {
     assert!(s.get("smcd_client") >= 2, "{}", brief(&s));
 }
 
+/// A program that takes a descriptor table of its own (`close_range(3, ~0,
+/// CLOSE_RANGE_UNSHARE)` at start, as daemons do, or `unshare(CLONE_FILES)`) and then makes,
+/// closes and makes again loopback connections at the same numbers reads what TCP reads. With
+/// one thread its table is the process's: the connections are SMC-D. With another thread the
+/// unsharing thread's numbers are its own: its sockets stay TCP. Before (red team round 29), the
+/// thread was taken for one with a table of its own in both cases, its closes left their slots,
+/// and from the second connection on the client read the server's CLC Accept as data
+/// (`client read "\u{fffd}\u{fffd}\u{fffd}\u{2}..."`), 3 of 3 runs.
+#[test]
+fn a_program_that_unshares_its_descriptor_table_reads_like_tcp() {
+    let w = SmcWorld::new();
+    let mut smcd = 0;
+    for how in ["close_range", "unshare"] {
+        for threads in ["1", "2"] {
+            let mut tcp = Command::new(integration_tests::bin("preload-prog"));
+            tcp.args(["unshare", how, threads]).env_remove("LD_PRELOAD");
+            let plain = spawn_piped(tcp).wait_output(T).expect("plain");
+            assert_eq!(plain.lines().count(), 5, "plain TCP: {plain}");
+            let before = w.stats_sum().get("smcd_client");
+            let mut c = w.run(integration_tests::bin("preload-prog"));
+            c.args(["unshare", how, threads])
+                .env("SMC_SHORT_BYTES", "0");
+            let out = spawn_piped(c).wait_output(T).expect("under the library");
+            assert_eq!(out, plain, "{how}, {threads} thread(s)");
+            let s = w.stats_sum();
+            if threads == "1" {
+                smcd += 4;
+            } else {
+                assert_eq!(
+                    s.get("smcd_client"),
+                    before,
+                    "{how}, 2 threads: {}",
+                    brief(&s)
+                );
+            }
+        }
+    }
+    let s = w.stats_sum();
+    assert!(s.get("smcd_client") + 2 >= smcd, "{}", brief(&s));
+    let timeout_cl = smc_common::diag::Diag::TimeoutCl.code();
+    assert_eq!(
+        integration_tests::fallbacks_other_than(&s, timeout_cl),
+        0,
+        "{}",
+        brief(&s)
+    );
+}
+
 /// Red team rt25's exec during another thread's connect (`rt25_texec.py`).
 const EXEC_DURING_CONNECT: &str = include_str!("../redteam/rt25_texec.py");
 

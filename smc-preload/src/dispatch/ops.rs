@@ -1341,7 +1341,9 @@ pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
             && ty & 0xf == libc::SOCK_STREAM
             && (proto == 0 || proto == libc::IPPROTO_TCP);
         fd_created(fd);
-        if tcp && policy::enabled() {
+        // Not in a thread with a table of its own: the slots describe the process's table
+        // (its sockets stay plain TCP, never announced: `lifecycle::fd_table_unshared`).
+        if tcp && policy::enabled() && !lifecycle::own_table_thread() {
             fdtable::set_tag(fd, TAG_TCP);
             setup::forget_rcvbuf(fd);
         }
@@ -1360,7 +1362,7 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
             return unsafe { disconnect(fd, addr, len) };
         }
     }
-    let tagged = raw & !1 == TAG_TCP;
+    let tagged = raw & !1 == TAG_TCP && !lifecycle::vfork_shadowed(fd);
     if !tagged || !policy::enabled() || setup::retired(fd) || !daemon::usable() {
         // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
         // libc's `connect`.
@@ -1501,7 +1503,7 @@ unsafe fn disconnect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int 
 }
 
 pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
-    let tagged = fdtable::raw(fd) & !1 == TAG_TCP;
+    let tagged = fdtable::raw(fd) & !1 == TAG_TCP && !lifecycle::vfork_shadowed(fd);
     if tagged && policy::enabled() && daemon::usable() && setup::opt_in(fd) {
         // SAFETY: integer arguments only.
         let r = unsafe { real::listen(fd, backlog) };
@@ -1574,7 +1576,11 @@ pub unsafe fn accept4(
 pub fn fd_created(fd: c_int) {
     // The bookkeeping of a number a handler closed goes before the new file gets any.
     unpark_closes();
-    if fd >= 0 && fdtable::raw(fd) != 0 {
+    if fd >= 0 && lifecycle::own_table_thread() {
+        // A number of this thread's own table (red team round 29): whatever the process's
+        // table has or gets there later is not this file; its calls go to libc.
+        lifecycle::vfork_shadow(fd);
+    } else if fd >= 0 && fdtable::raw(fd) != 0 {
         if lifecycle::own_fd_table() {
             // In this thread's own table only (a vfork child, an unshared table): the
             // process's socket at that number is not stale; the number is this thread's.

@@ -1350,9 +1350,51 @@ fn pipe_pair() -> (libc::c_int, libc::c_int) {
     (p[0], p[1])
 }
 
+/// A program that takes a descriptor table of its own (`how`: `close_range` with
+/// `CLOSE_RANGE_UNSHARE` over its whole range, as daemons do at start, or `unshare` with
+/// `CLONE_FILES`), with an idle second thread when `threads` is 2, then makes loopback
+/// connections, closes them and makes more at the same numbers: each line what a step read
+/// (red team round 29).
+fn unshare_then_connect(how: &str, threads: u32) {
+    if threads == 2 {
+        std::thread::spawn(|| loop {
+            std::thread::park();
+        });
+    }
+    // SAFETY: plain system calls on this process's own table.
+    let r = unsafe {
+        if how == "close_range" {
+            libc::close_range(3, u32::MAX, libc::CLOSE_RANGE_UNSHARE as i32)
+        } else {
+            libc::unshare(libc::CLONE_FILES)
+        }
+    };
+    println!("{how}: {r}");
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    for round in 0..4 {
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).expect("connect");
+        let (mut s, _) = l.accept().expect("accept");
+        c.write_all(b"hello").unwrap();
+        let mut b = [0u8; 5];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(b"back").unwrap();
+        let mut got = [0u8; 16];
+        let n = c.read(&mut got).unwrap();
+        println!(
+            "round {round}: server read {:?}, client read {:?}",
+            String::from_utf8_lossy(&b),
+            String::from_utf8_lossy(&got[..n])
+        );
+    }
+}
+
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     match a.get(1).map(String::as_str) {
+        Some("unshare") => unshare_then_connect(
+            a.get(2).map(String::as_str).unwrap_or("close_range"),
+            a.get(3).and_then(|v| v.parse().ok()).unwrap_or(1),
+        ),
         Some("epfork") => epfork(a.get(2).is_some_and(|m| m == "et")),
         Some("sigfork") => sigfork(a.get(2).and_then(|v| v.parse().ok()).unwrap_or(2000)),
         Some("sigepoll") => sigepoll(a.get(2).and_then(|v| v.parse().ok()).unwrap_or(20000)),
