@@ -498,13 +498,21 @@ fn a_pair_at_the_daemons_descriptor_limit_makes_room_instead_of_declining() {
             .unwrap_or_else(|e| panic!("{what}: second PAIR sent: {e:?}"));
         // Replies within the pair's own 10 s, not the client's 2 s round trip: on a loaded
         // machine (CI42, another test run beside) the daemon making room took longer.
-        let xd = x
-            .finish_pair(tx, Some(Duration::from_secs(10)))
-            .unwrap_or_else(|e| panic!("{what}: the end that waited: {e:?}"));
-        let yd = y
-            .finish_pair(ty, Some(Duration::from_secs(10)))
-            .unwrap_or_else(|e| panic!("{what}: the end that completed: {e:?}"));
-        (xd, yd)
+        let xd = x.finish_pair(tx, Some(Duration::from_secs(10)));
+        let yd = y.finish_pair(ty, Some(Duration::from_secs(10)));
+        match (xd, yd) {
+            (Ok(xd), Ok(yd)) => (xd, yd),
+            (xd, yd) => {
+                // Both ends' answers and the daemon's counters say which request it refused.
+                let st = smc_ism::Client::connect(&w.sock).and_then(|mut c| c.stats());
+                panic!(
+                    "{what}: the end that waited: {:?}, the end that completed: {:?}; daemon: {:?}",
+                    xd.err(),
+                    yd.err(),
+                    st.map(|s| (s.failures, s.ops.pair))
+                )
+            }
+        }
     };
     let socks: Vec<_> = (0..50).map(|_| tcp_pair()).collect();
     let held: Vec<_> = socks

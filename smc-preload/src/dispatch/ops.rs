@@ -334,8 +334,22 @@ fn user_range_ok(iov: &[iovec]) -> bool {
     const USER_END: usize = 0x0000_8000_0000_0000;
     iov.iter().all(|v| {
         let b = v.iov_base as usize;
-        v.iov_len == 0 || (b >= 0x1_0000 && b.checked_add(v.iov_len).is_some_and(|e| e <= USER_END))
+        v.iov_len == 0 || (!low_ptr(b) && b.checked_add(v.iov_len).is_some_and(|e| e <= USER_END))
     })
+}
+
+/// The most one call moves (`MAX_RW_COUNT`). `send`/`recv`/`sendto`/`recvfrom` take their
+/// length as at most this before they check the buffer (`import_ubuf`): a `recv` into a buffer
+/// said to be `SIZE_MAX` bytes reads what is there (red team round 29). `read`, `readv` and
+/// the msghdr calls check the whole length first (`vfs_read`, `__import_iovec`): `EFAULT`.
+const MAX_RW_COUNT: usize = (i32::MAX as usize) & !0xfff;
+
+/// A pointer in the first 64 KiB (NULL and small integers, below `vm.mmap_min_addr`): the
+/// kernel's copy from or to it fails with `EFAULT`; ours would fault. Calls with such an
+/// argument go to the kernel or fail with `EFAULT` (red team round 29: `SIGSEGV` for a
+/// `recvmsg`, `readv`, `epoll_wait`, `FIONREAD`, `poll` or `select` given `(void *)8`).
+pub(crate) fn low_ptr(p: usize) -> bool {
+    p < 0x1_0000
 }
 
 /// The errno `e` in place of [`crate::conn::E_TCP`], which no application may see.
@@ -666,7 +680,7 @@ unsafe fn send_in(call: &InCall, fd: c_int, iov: &[iovec], flags: c_int) -> ssiz
 
 /// `read`/`readv` of nothing on one of our sockets: `sock_read_iter` returns 0 before the
 /// protocol sees the call (never waits, never `EAGAIN`), unlike a `recv` of nothing, which
-/// `tcp_recvmsg` treats as a read.
+/// `tcp_recvmsg` treats as a read. Also a `writev` of nothing (`vfs_writev`).
 fn reads_nothing(fd: c_int, v: &[iovec]) -> bool {
     v.iter().all(|i| i.iov_len == 0)
         && fdtable::get(fd).is_some_and(|o| !matches!(&*o, Obj::Epoll(_) | Obj::Private(_)))
@@ -762,7 +776,7 @@ unsafe fn iov_slice<'a>(iov: *const iovec, cnt: c_int) -> Result<&'a [iovec], c_
     if cnt == 0 {
         return Ok(&[]);
     }
-    if iov.is_null() {
+    if low_ptr(iov as usize) {
         return Err(libc::EFAULT);
     }
     // SAFETY: `iov` is non-null and, by the caller's contract, points to `cnt` iovecs (`0 < cnt <=
@@ -807,6 +821,12 @@ pub unsafe fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
             Ok(v) => v,
             Err(e) => return fail(e),
         };
+        // A vector of nothing is 0 before the socket is reached (`vfs_writev`), also after a
+        // shutdown or a reset: no `EPIPE`, no `SIGPIPE` (red team round 29; `write` and
+        // `sendmsg` of nothing do reach it).
+        if reads_nothing(fd, v) {
+            return 0;
+        }
         // SAFETY: `v` is the caller's iovecs over readable buffers (writev(2)'s contract).
         if let Some(r) = unsafe { send_iov(fd, v, 0) } {
             return r;
@@ -923,7 +943,7 @@ pub unsafe fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssiz
     if slow(fd) && flags & libc::MSG_ERRQUEUE == 0 {
         let v = [iovec {
             iov_base: buf,
-            iov_len: n,
+            iov_len: n.min(MAX_RW_COUNT),
         }];
         // SAFETY: `v` describes the caller's buffer of `n` writable bytes (recv(2)'s contract).
         if let Some(r) = unsafe { recv_iov(fd, &v, flags) } {
@@ -939,7 +959,7 @@ pub unsafe fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ss
     if slow(fd) {
         let v = [iovec {
             iov_base: buf as *mut c_void,
-            iov_len: n,
+            iov_len: n.min(MAX_RW_COUNT),
         }];
         // SAFETY: `v` describes the caller's buffer of `n` readable bytes (send(2)'s contract).
         if let Some(r) = unsafe { send_iov(fd, &v, flags) } {
@@ -962,12 +982,16 @@ pub unsafe fn recvfrom(
     if slow(fd) && flags & libc::MSG_ERRQUEUE == 0 {
         let v = [iovec {
             iov_base: buf,
-            iov_len: n,
+            iov_len: n.min(MAX_RW_COUNT),
         }];
         // SAFETY: `v` describes the caller's buffer of `n` writable bytes (recvfrom(2)'s contract).
         if let Some(r) = unsafe { recv_iov(fd, &v, flags) } {
-            // TCP leaves the address untouched but reports length 0.
-            if !alen.is_null() && r >= 0 {
+            // TCP leaves the address untouched but reports length 0 (`move_addr_to_user`, only
+            // with an address: a length it cannot read is its `EFAULT`, after the read).
+            if !addr.is_null() && r >= 0 && (alen.is_null() || bad_user_ptr(alen)) {
+                return fail(libc::EFAULT);
+            }
+            if !addr.is_null() && !alen.is_null() && r >= 0 {
                 // SAFETY: `alen` is non-null (checked) and the caller's writable socklen_t
                 // (recvfrom(2)'s contract).
                 unsafe { *alen = 0 };
@@ -991,7 +1015,7 @@ pub unsafe fn sendto(
     if slow(fd) {
         let v = [iovec {
             iov_base: buf as *mut c_void,
-            iov_len: n,
+            iov_len: n.min(MAX_RW_COUNT),
         }];
         // SAFETY: `v` describes the caller's buffer of `n` readable bytes (sendto(2)'s contract).
         if let Some(r) = unsafe { send_iov(fd, &v, flags) } {
@@ -1062,7 +1086,7 @@ fn oob_msg_flags(v: &[iovec], flags: c_int) -> c_int {
 
 pub unsafe fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_t {
     unpark_closes();
-    if slow(fd) && flags & libc::MSG_ERRQUEUE == 0 && !msg.is_null() {
+    if slow(fd) && flags & libc::MSG_ERRQUEUE == 0 && !low_ptr(msg as usize) {
         // SAFETY: `msg` is non-null (checked above) and the caller's msghdr (recvmsg(2)'s
         // contract): its iovec array, as the caller gave it.
         let v = match unsafe { msg_iov_slice((*msg).msg_iov, (*msg).msg_iovlen) } {
@@ -1165,7 +1189,7 @@ unsafe fn zerocopy_notification(c: &Conn, fd: c_int, m: &mut libc::msghdr) -> Op
 }
 
 pub unsafe fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t {
-    if slow(fd) && !msg.is_null() {
+    if slow(fd) && !low_ptr(msg as usize) {
         // SAFETY: `msg` is non-null (checked above) and the caller's msghdr (sendmsg(2)'s
         // contract).
         let m = unsafe { &*msg };
@@ -1179,7 +1203,7 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssiz
             return r;
         }
     }
-    if msg.is_null() || !fdtable::any_objects() {
+    if low_ptr(msg as usize) || !fdtable::any_objects() {
         // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
         // libc's `sendmsg`.
         return unsafe { real::sendmsg(fd, msg, flags) };
@@ -1205,7 +1229,7 @@ pub unsafe fn recvmmsg(
     t: *mut libc::timespec,
 ) -> c_int {
     let dontwait = flags & libc::MSG_DONTWAIT != 0;
-    if slow(fd) && !msgs.is_null() && flags & libc::MSG_ERRQUEUE == 0 {
+    if slow(fd) && !low_ptr(msgs as usize) && flags & libc::MSG_ERRQUEUE == 0 {
         if let Some(m) = moved_first(fd, Op::Read { dontwait }) {
             // SAFETY: the caller's arguments, on the connection's own descriptor.
             return unsafe { recvmmsg(m.fd, msgs, n, flags, t) };
@@ -1288,7 +1312,7 @@ pub unsafe fn sendmmsg(
     flags: c_int,
 ) -> c_int {
     let dontwait = flags & libc::MSG_DONTWAIT != 0;
-    if slow(fd) && !msgs.is_null() {
+    if slow(fd) && !low_ptr(msgs as usize) {
         if let Some(m) = moved_first(fd, Op::Write { dontwait }) {
             // SAFETY: the caller's arguments, on the connection's own descriptor.
             return unsafe { sendmmsg(m.fd, msgs, n, flags) };
@@ -2358,6 +2382,15 @@ pub unsafe fn ioctl(fd: c_int, req: libc::c_ulong, arg: libc::c_ulong) -> c_int 
             }
         }
     }
+    if slow(fd)
+        && arg != 0
+        && low_ptr(arg as usize)
+        && matches!(req, libc::FIONREAD | libc::TIOCOUTQ | SIOCATMARK)
+    {
+        // A pointer the kernel cannot write to: its `EFAULT` (NULL keeps its own paths below).
+        // SAFETY: the caller's arguments, passed on unchanged.
+        return unsafe { real::ioctl(fd, req, arg) };
+    }
     if slow(fd) {
         if let Some(m) = moved_first(fd, Op::Other) {
             // SAFETY: the caller's arguments, on the connection's own descriptor.
@@ -2950,11 +2983,45 @@ pub unsafe fn fclose(f: *mut libc::FILE) -> c_int {
 // ---------------------------------------------------------------------------------------
 // readiness
 
+/// More entries than `RLIMIT_NOFILE` are `EINVAL` in `poll`/`ppoll` (`do_sys_poll`), before any
+/// is read. The limit is asked only for sets of more than 64 entries (one system call).
+fn poll_too_many(n: libc::nfds_t) -> bool {
+    if n <= 64 {
+        return false;
+    }
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid rlimit to fill.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 && n > rl.rlim_cur }
+}
+
+/// A `timespec` the kernel refuses (`timespec64_valid`): negative seconds, nanoseconds outside
+/// `0..1e9`. Null (no timeout) is valid.
+fn ts_invalid(t: *const libc::timespec) -> bool {
+    // SAFETY: non-null, the caller's timespec by ppoll/pselect's contract.
+    !t.is_null() && unsafe { (*t).tv_sec < 0 || !(0..1_000_000_000).contains(&(*t).tv_nsec) }
+}
+
+fn einval() -> c_int {
+    err(libc::EINVAL)
+}
+
+/// -1 with errno `e`, for the calls that return an int.
+fn err(e: c_int) -> c_int {
+    real::set_errno(e);
+    -1
+}
+
 pub unsafe fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
     // The process may sleep now: releases it kept back go out first.
     unpark_closes();
     daemon::flush_releases();
-    if fdtable::any_objects() && !fds.is_null() && n > 0 {
+    if fdtable::any_objects() && !low_ptr(fds as usize) && n > 0 {
+        if poll_too_many(n) {
+            return einval();
+        }
         // SAFETY: `fds` is non-null (checked) and, by poll(2)'s contract, points to `n` pollfds.
         let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
         if poll::any_smc(s) {
@@ -2987,10 +3054,19 @@ pub unsafe fn ppoll(
     // The process may sleep now: releases it kept back go out first.
     unpark_closes();
     daemon::flush_releases();
-    if fdtable::any_objects() && !fds.is_null() && n > 0 {
+    if fdtable::any_objects() && !low_ptr(fds as usize) && n > 0 {
+        if poll_too_many(n) {
+            return einval();
+        }
         // SAFETY: `fds` is non-null (checked) and, by ppoll(2)'s contract, points to `n` pollfds.
         let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
         if poll::any_smc(s) {
+            if ts_invalid(t) {
+                return einval();
+            }
+            if bad_user_ptr(mask) {
+                return err(libc::EFAULT);
+            }
             let m = if mask.is_null() { None } else { Some(mask) };
             // SAFETY: `s` is the caller's pollfd array; `m` its signal mask (non-null) or None.
             return unsafe { poll::poll_emul(s, ts_ms(t), m) };
@@ -3013,24 +3089,37 @@ pub unsafe fn select(
     daemon::flush_releases();
     // SAFETY: `r`/`w`/`e` are the caller's fd_sets or null (select(2)'s contract).
     if unsafe { poll::select_has_smc(nfds, r, w, e) } {
-        let ms = if t.is_null() {
-            -1
+        // The timeout in microseconds, as the kernel takes it (`kern_select`: whole seconds out
+        // of `tv_usec` first; negative seconds or microseconds are `EINVAL`).
+        let total_us = if t.is_null() {
+            None
         } else {
             // SAFETY: `t` is non-null (checked above) and the caller's timeval (select(2)'s
             // contract).
             let tv = unsafe { &*t };
-            (tv.tv_sec * 1000 + (tv.tv_usec + 999) / 1000).clamp(0, i32::MAX as i64) as c_int
+            let sec = tv.tv_sec.saturating_add(tv.tv_usec / 1_000_000);
+            if sec < 0 || tv.tv_usec % 1_000_000 < 0 {
+                return einval();
+            }
+            Some(
+                (sec as u128)
+                    .saturating_mul(1_000_000)
+                    .saturating_add((tv.tv_usec % 1_000_000) as u128),
+            )
         };
+        let ms = total_us.map_or(-1, |us| us.div_ceil(1000).min(i32::MAX as u128) as c_int);
         let start = std::time::Instant::now();
         // SAFETY: `r`/`w`/`e` are the caller's fd_sets or null (select(2)'s contract).
         let res = unsafe { poll::select_emul(nfds, r, w, e, ms, None) };
-        if !t.is_null() && ms >= 0 {
-            let left = (ms as u128).saturating_sub(start.elapsed().as_millis());
-            // SAFETY: `t` is non-null (checked) and the caller's writable timeval: Linux's
-            // select(2) updates it too.
+        if let Some(us) = total_us {
+            // What is left of the caller's time, never more than it gave (red team round 29:
+            // rounded up to the millisecond, it grew).
+            let left = us.saturating_sub(start.elapsed().as_micros());
+            // SAFETY: `t` is non-null (`total_us` is) and the caller's writable timeval:
+            // Linux's select(2) updates it too.
             let tv = unsafe { &mut *t };
-            tv.tv_sec = (left / 1000) as libc::time_t;
-            tv.tv_usec = ((left % 1000) * 1000) as libc::suseconds_t;
+            tv.tv_sec = (left / 1_000_000).min(libc::time_t::MAX as u128) as libc::time_t;
+            tv.tv_usec = (left % 1_000_000) as libc::suseconds_t;
         }
         return res;
     }
@@ -3052,6 +3141,12 @@ pub unsafe fn pselect(
     daemon::flush_releases();
     // SAFETY: `r`/`w`/`e` are the caller's fd_sets or null (pselect(2)'s contract).
     if unsafe { poll::select_has_smc(nfds, r, w, e) } {
+        if bad_user_ptr(mask) {
+            return err(libc::EFAULT);
+        }
+        if ts_invalid(t) {
+            return einval();
+        }
         let m = if mask.is_null() { None } else { Some(mask) };
         // SAFETY: `r`/`w`/`e` are the caller's fd_sets or null; `m` its signal mask (non-null) or
         // None.
@@ -3229,6 +3324,9 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t)
         // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
         // libc's `sendfile`.
         return unsafe { real::sendfile(out, inp, off, n) };
+    }
+    if bad_user_ptr(off) {
+        return fail(libc::EFAULT);
     }
     stats::special(stats::Special::Sendfile);
     // A NULL offset reads at the file's own offset and moves it only by what was written (a

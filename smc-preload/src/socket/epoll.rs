@@ -687,6 +687,31 @@ pub unsafe fn ctl(ep: i32, op: i32, fd: i32, ev: *mut libc::epoll_event) -> Opti
         }
         return None;
     }
+    // As the kernel (`do_epoll_ctl`), before it looks at the numbers: an event to read, and
+    // `EPOLLEXCLUSIVE` at ADD only with the bits it allows (red team round 29: ADD and MOD
+    // without an event made an entry of no interest, EXCLUSIVE with ONESHOT was taken).
+    if op != libc::EPOLL_CTL_DEL {
+        if (ev as usize) < 0x1_0000 {
+            real::set_errno(libc::EFAULT);
+            return Some(-1);
+        }
+        // SAFETY: non-null, and by epoll_ctl's contract the caller's epoll_event.
+        let asked = unsafe { (*ev).events };
+        const EXCLUSIVE_OK: u32 = (libc::EPOLLIN
+            | libc::EPOLLOUT
+            | libc::EPOLLERR
+            | libc::EPOLLHUP
+            | libc::EPOLLWAKEUP
+            | libc::EPOLLET
+            | libc::EPOLLEXCLUSIVE) as u32;
+        if op == libc::EPOLL_CTL_ADD
+            && asked & libc::EPOLLEXCLUSIVE as u32 != 0
+            && asked & !EXCLUSIVE_OK != 0
+        {
+            real::set_errno(libc::EINVAL);
+            return Some(-1);
+        }
+    }
     let so = set_of(ep, true)?;
     let set = as_set(&so);
     let (events, data) = if ev.is_null() {
@@ -1727,12 +1752,14 @@ pub unsafe fn wait(
     timeout: i32,
     sigmask: Option<*const libc::sigset_t>,
 ) -> i32 {
-    if max <= 0 || events.is_null() {
+    if max <= 0 || max as usize > EP_MAX_EVENTS {
         real::set_errno(libc::EINVAL);
         return -1;
     }
-    if max as usize > EP_MAX_EVENTS {
-        real::set_errno(libc::EINVAL);
+    if (events as usize) < 0x1_0000 {
+        // NULL or a small integer (below `vm.mmap_min_addr`): the kernel's copy of the first
+        // event faults (it waits first when nothing is ready; we say it at once).
+        real::set_errno(libc::EFAULT);
         return -1;
     }
     // As the kernel's access_ok() on the whole array: one that would reach past the user

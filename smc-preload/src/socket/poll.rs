@@ -483,10 +483,74 @@ unsafe fn real_poll(
     }
 }
 
+/// The numbers `select` looks at: `nfds`, at most the size of the descriptor table as the
+/// kernel takes it (`core_sys_select`: `max_fds`, `FDSize` in `/proc/self/status`), asked only
+/// beyond `FD_SETSIZE` (a program with more descriptors passes larger sets, as libevent does).
+/// Sets of up to `FD_SETSIZE` bits are read whole whatever the table's size, as before.
+fn select_range(nfds: i32) -> usize {
+    let n = usize::try_from(nfds).unwrap_or(0);
+    if n <= libc::FD_SETSIZE {
+        return n;
+    }
+    n.min(fd_table_size().unwrap_or(libc::FD_SETSIZE))
+        .clamp(libc::FD_SETSIZE, fdtable::MAX_FDS)
+}
+
+/// `FDSize` of `/proc/self/status`, read into a buffer on the stack.
+fn fd_table_size() -> Option<usize> {
+    // SAFETY: a NUL-terminated path; our descriptor, closed below.
+    let fd = unsafe {
+        real::open(
+            c"/proc/self/status".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    let mut buf = [0u8; 4096];
+    // SAFETY: `buf` is writable for its length; `fd` is ours.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    // SAFETY: our descriptor.
+    unsafe { libc::close(fd) };
+    let text = buf.get(..usize::try_from(n).ok()?)?;
+    let at = text.windows(7).position(|w| w == b"FDSize:")? + 7;
+    let digits: Vec<u8> = text
+        .get(at..)?
+        .iter()
+        .skip_while(|b| b.is_ascii_whitespace())
+        .take_while(|b| b.is_ascii_digit())
+        .copied()
+        .collect();
+    std::str::from_utf8(&digits).ok()?.parse().ok()
+}
+
+/// Bit `fd` of the caller's set `s` (of at least [`select_range`] bits), read as the kernel
+/// does: words of `c_ulong`, not glibc's `FD_ISSET`, which stops at `FD_SETSIZE`.
+///
+/// # Safety
+/// `s` is null or the caller's set of more than `fd` bits.
+unsafe fn bit(s: *const libc::fd_set, fd: usize) -> bool {
+    const W: usize = libc::c_ulong::BITS as usize;
+    // SAFETY: the caller's set holds bit `fd` (the function's contract).
+    !s.is_null() && unsafe { *(s as *const libc::c_ulong).add(fd / W) >> (fd % W) & 1 != 0 }
+}
+
+/// Sets bit `fd` of `s` (as [`bit`]).
+///
+/// # Safety
+/// `s` is the caller's writable set of more than `fd` bits.
+unsafe fn set_bit(s: *mut libc::fd_set, fd: usize) {
+    const W: usize = libc::c_ulong::BITS as usize;
+    // SAFETY: as above.
+    unsafe { *(s as *mut libc::c_ulong).add(fd / W) |= 1 << (fd % W) };
+}
+
 /// `select` through `poll_emul` when an SMC fd is in the sets.
 ///
 /// # Safety
-/// The fd_set pointers are the caller's (or null).
+/// The fd_set pointers are the caller's (or null), of at least `nfds` bits.
 pub unsafe fn select_emul(
     nfds: i32,
     r: *mut libc::fd_set,
@@ -495,65 +559,65 @@ pub unsafe fn select_emul(
     timeout_ms: i32,
     sigmask: Option<*const libc::sigset_t>,
 ) -> i32 {
+    let n = select_range(nfds);
     let mut pfds: Vec<libc::pollfd> = Vec::new();
-    // SAFETY: `s` is non-null (checked first) and the caller's fd_set; `fd < FD_SETSIZE` (the loop
-    // bound).
-    let isset = |s: *mut libc::fd_set, fd: i32| !s.is_null() && unsafe { libc::FD_ISSET(fd, s) };
-    for fd in 0..nfds.min(libc::FD_SETSIZE as i32) {
+    for fd in 0..n {
         let mut ev = 0i16;
-        if isset(r, fd) {
+        // SAFETY: the caller's sets of at least `n` bits (or null).
+        let (in_r, in_w, in_e) = unsafe { (bit(r, fd), bit(w, fd), bit(e, fd)) };
+        if in_r {
             ev |= libc::POLLIN;
         }
-        if isset(w, fd) {
+        if in_w {
             ev |= libc::POLLOUT;
         }
-        if isset(e, fd) {
+        if in_e {
             ev |= libc::POLLPRI;
         }
         if ev != 0 {
             pfds.push(libc::pollfd {
-                fd,
+                fd: fd as i32,
                 events: ev,
                 revents: 0,
             });
         }
     }
     // SAFETY: `pfds` is a live Vec of pollfds; `sigmask` is the caller's mask or None.
-    let n = unsafe { poll_emul(&mut pfds, timeout_ms, sigmask) };
-    if n < 0 {
-        return n;
+    let ready = unsafe { poll_emul(&mut pfds, timeout_ms, sigmask) };
+    if ready < 0 {
+        return ready;
     }
+    if pfds.iter().any(|p| p.revents & libc::POLLNVAL != 0) {
+        real::set_errno(libc::EBADF);
+        return -1;
+    }
+    // The kernel writes back the words that hold the `n` bits, nothing beyond.
+    let words = n.div_ceil(libc::c_ulong::BITS as usize);
     for s in [r, w, e] {
         if !s.is_null() {
-            // SAFETY: `s` is non-null (checked above) and the caller's writable fd_set.
-            unsafe { libc::FD_ZERO(s) };
+            // SAFETY: the caller's writable set of at least `n` bits, `words` words.
+            unsafe { std::ptr::write_bytes(s as *mut libc::c_ulong, 0, words) };
         }
     }
     let mut count = 0;
     for p in &pfds {
-        if p.revents & libc::POLLNVAL != 0 {
-            real::set_errno(libc::EBADF);
-            return -1;
-        }
+        let fd = p.fd as usize;
         let rd = p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0;
         let wr = p.revents & (libc::POLLOUT | libc::POLLERR) != 0;
         let ex = p.revents & libc::POLLPRI != 0;
         if rd && p.events & libc::POLLIN != 0 {
-            // SAFETY: `p` was added for POLLIN only when `r` is non-null; `p.fd < FD_SETSIZE` (the
-            // loop that built `pfds`).
-            unsafe { libc::FD_SET(p.fd, r) };
+            // SAFETY: `p` was added for POLLIN only when `r` is non-null; `fd < n`.
+            unsafe { set_bit(r, fd) };
             count += 1;
         }
         if wr && p.events & libc::POLLOUT != 0 {
-            // SAFETY: `p` was added for POLLOUT only when `w` is non-null; `p.fd < FD_SETSIZE` (the
-            // loop that built `pfds`).
-            unsafe { libc::FD_SET(p.fd, w) };
+            // SAFETY: `p` was added for POLLOUT only when `w` is non-null; `fd < n`.
+            unsafe { set_bit(w, fd) };
             count += 1;
         }
         if ex && p.events & libc::POLLPRI != 0 {
-            // SAFETY: `p` was added for POLLPRI only when `e` is non-null; `p.fd < FD_SETSIZE` (the
-            // loop that built `pfds`).
-            unsafe { libc::FD_SET(p.fd, e) };
+            // SAFETY: `p` was added for POLLPRI only when `e` is non-null; `fd < n`.
+            unsafe { set_bit(e, fd) };
             count += 1;
         }
     }
@@ -573,12 +637,18 @@ pub unsafe fn select_has_smc(
     if !fdtable::any_objects() {
         return false;
     }
-    for fd in 0..nfds.min(libc::FD_SETSIZE as i32) {
-        if fdtable::raw(fd) >= 8 {
+    // A set at a pointer the kernel cannot read (NULL is no set): the kernel's `EFAULT`.
+    if [r, w, e]
+        .iter()
+        .any(|s| !s.is_null() && (*s as usize) < 0x1_0000)
+    {
+        return false;
+    }
+    for fd in 0..select_range(nfds) {
+        if fdtable::raw(fd as i32) >= 8 {
             for s in [r, w, e] {
-                // SAFETY: `s` is non-null (checked first) and the caller's fd_set; `fd <
-                // FD_SETSIZE` (the loop bound).
-                if !s.is_null() && unsafe { libc::FD_ISSET(fd, s) } {
+                // SAFETY: the caller's set of at least `select_range(nfds)` bits, or null.
+                if unsafe { bit(s, fd) } {
                     return true;
                 }
             }

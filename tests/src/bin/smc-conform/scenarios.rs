@@ -277,6 +277,12 @@ scenarios! {
     dup2_dead_socketpair_over_recv_then_signal: 1;
     close_over_recv_then_signal: 1;
     signal_two_of_three_blocked_readers: 1;
+    // red-team round 29: argument checks and corners of the vector, epoll and select calls
+    writev_nothing_after_shutdown: 1;
+    epoll_argument_checks: 1;
+    select_and_poll_argument_checks: 1;
+    select_above_fd_setsize: 1;
+    low_pointers_are_efault: 1;
 }
 
 // ── probes ──────────────────────────────────────────────────────────────────────────────────
@@ -8649,6 +8655,285 @@ fn signal_two_of_three_blocked_readers() {
     let first = hs[0].take().unwrap();
     log(format!("first reader: {}", first.join().unwrap()));
     log(format!("handled USR2 x{}", SIGUSR2S.load(Ordering::SeqCst)));
+    close(c);
+    close(s);
+}
+
+// ── red-team round 29 ───────────────────────────────────────────────────────────────────────
+
+/// A `writev` of nothing (two empty vectors, or none) after our own `SHUT_WR`: 0, no `EPIPE`,
+/// no `SIGPIPE` (`vfs_writev` returns before the socket); `write` and `sendmsg` of nothing do
+/// reach it.
+fn writev_nothing_after_shutdown() {
+    let (c, s) = pair();
+    // SAFETY: plain shutdown of our socket.
+    r(
+        "shutdown(c,WR)",
+        unsafe { libc::shutdown(c, libc::SHUT_WR) } as isize,
+    );
+    let z = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; 2];
+    // SAFETY: two empty iovecs.
+    r("writev(c, 2 empty)", unsafe {
+        libc::writev(c, z.as_ptr(), 2)
+    });
+    // SAFETY: no iovec.
+    r("writev(c, 0)", unsafe { libc::writev(c, z.as_ptr(), 0) });
+    r("write(c,0)", wr(c, b""));
+    rd("read(s) EOF", s, 10);
+    close(c);
+    close(s);
+}
+
+fn epoll_ctl_r(what: &str, ep: c_int, op: c_int, fd: c_int, ev: *mut libc::epoll_event) {
+    // SAFETY: `ev` is null, a small bad pointer or a live epoll_event (the kernel judges).
+    r(what, unsafe { libc::epoll_ctl(ep, op, fd, ev) } as isize);
+}
+
+/// `epoll_ctl` without an event (ADD, MOD: `EFAULT`), `EPOLLEXCLUSIVE` with bits it does not
+/// take (`EINVAL`), `epoll_wait` into no array while an event is ready (`EFAULT`).
+fn epoll_argument_checks() {
+    let (c, s) = pair();
+    // SAFETY: plain epoll calls on our descriptors.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    let null = std::ptr::null_mut();
+    epoll_ctl_r("ADD(c, NULL)", ep, libc::EPOLL_CTL_ADD, c, null);
+    for (name, extra) in [
+        ("ONESHOT", libc::EPOLLONESHOT),
+        ("RDHUP", libc::EPOLLRDHUP),
+        ("PRI", libc::EPOLLPRI),
+    ] {
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLEXCLUSIVE | extra) as u32,
+            u64: 7,
+        };
+        epoll_ctl_r(
+            &format!("ADD(c, EXCLUSIVE|{name})"),
+            ep,
+            libc::EPOLL_CTL_ADD,
+            c,
+            &mut ev,
+        );
+    }
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: 7,
+    };
+    epoll_ctl_r("ADD(c, IN)", ep, libc::EPOLL_CTL_ADD, c, &mut ev);
+    epoll_ctl_r("MOD(c, NULL)", ep, libc::EPOLL_CTL_MOD, c, null);
+    write_all(s, b"x");
+    let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
+    // SAFETY: 4 entries.
+    let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 4, 5000) };
+    log(format!(
+        "epoll_wait = {n} data {} {}",
+        { evs[0].u64 },
+        mask_names(evs[0].events)
+    ));
+    // SAFETY: a null array: the kernel's EFAULT (an event is ready).
+    r(
+        "epoll_wait(NULL)",
+        unsafe { libc::epoll_wait(ep, null, 4, 0) } as isize,
+    );
+    close(ep);
+    close(c);
+    close(s);
+}
+
+/// Timeouts the kernel refuses (`EINVAL`), more `poll` entries than `RLIMIT_NOFILE`
+/// (`EINVAL`), and what `select` leaves of a timeout when it returns at once: never more than
+/// it was given.
+fn select_and_poll_argument_checks() {
+    let (c, s) = pair();
+    write_all(c, b"x");
+    pl("poll(s,IN)", s, libc::POLLIN, 5000);
+    let sel = |what: &str, sec: i64, usec: i64| {
+        // SAFETY: a zeroed fd_set is empty.
+        let mut rs: libc::fd_set = unsafe { std::mem::zeroed() };
+        // SAFETY: `s` < FD_SETSIZE.
+        unsafe { libc::FD_SET(s, &mut rs) };
+        let mut tv = libc::timeval {
+            tv_sec: sec,
+            tv_usec: usec,
+        };
+        // SAFETY: live set and timeval.
+        let n = unsafe {
+            libc::select(
+                s + 1,
+                &mut rs,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut tv,
+            )
+        };
+        r(what, n as isize);
+        tv
+    };
+    sel("select(tv -1,0)", -1, 0);
+    sel("select(tv 0,-5)", 0, -5);
+    let tv = sel("select(tv 0,500)", 0, 500);
+    log(format!(
+        "left of 500 us: at most 500: {}",
+        tv.tv_sec == 0 && (0..=500).contains(&tv.tv_usec)
+    ));
+    let ts_call = |what: &str, sec: i64, nsec: i64| {
+        let ts = libc::timespec {
+            tv_sec: sec,
+            tv_nsec: nsec,
+        };
+        let mut pf = libc::pollfd {
+            fd: s,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd and timespec.
+        r(
+            &format!("ppoll({what})"),
+            unsafe { libc::ppoll(&mut pf, 1, &ts, std::ptr::null()) } as isize,
+        );
+        // SAFETY: a zeroed fd_set is empty.
+        let mut rs: libc::fd_set = unsafe { std::mem::zeroed() };
+        // SAFETY: `s` < FD_SETSIZE.
+        unsafe { libc::FD_SET(s, &mut rs) };
+        // SAFETY: live set and timespec.
+        r(&format!("pselect({what})"), unsafe {
+            libc::pselect(
+                s + 1,
+                &mut rs,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &ts,
+                std::ptr::null(),
+            )
+        } as isize);
+    };
+    ts_call("ts -1,0", -1, 0);
+    ts_call("ts 0,2e9", 0, 2_000_000_000);
+    ts_call("ts 0,-1", 0, -1);
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid rlimit to fill.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) };
+    let n = (rl.rlim_cur as usize + 1).min(1 << 20);
+    let mut many = vec![
+        libc::pollfd {
+            fd: -1,
+            events: 0,
+            revents: 0
+        };
+        n
+    ];
+    many[0] = libc::pollfd {
+        fd: s,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `n` live pollfds.
+    r("poll(RLIMIT_NOFILE + 1 entries)", unsafe {
+        libc::poll(many.as_mut_ptr(), n as libc::nfds_t, 0)
+    } as isize);
+    close(c);
+    close(s);
+}
+
+/// `select` with sets larger than `FD_SETSIZE` (libevent's way past 1024 descriptors): our
+/// socket at 1500 is seen ready and reported, a closed number in the set is `EBADF`.
+fn select_above_fd_setsize() {
+    let (c, s) = pair();
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid rlimit to fill and set.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl);
+        rl.rlim_cur = rl.rlim_cur.max(2048).min(rl.rlim_max);
+        libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
+    }
+    // SAFETY: plain dup2 onto a free number.
+    let hi = unsafe { libc::dup2(s, 1500) };
+    r("dup2(s, 1500)", hi as isize);
+    write_all(c, b"x");
+    pl("poll(1500,IN)", hi, libc::POLLIN, 5000);
+    const W: usize = 64;
+    let sel = |what: &str, bits: &[usize], nfds: c_int| {
+        let mut set = vec![0u64; 2048 / W];
+        for &b in bits {
+            set[b / W] |= 1 << (b % W);
+        }
+        let mut tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 300_000,
+        };
+        // SAFETY: a set of 2048 bits, more than `nfds`.
+        let n = unsafe {
+            libc::select(
+                nfds,
+                set.as_mut_ptr().cast(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut tv,
+            )
+        };
+        r(what, n as isize);
+        let on: Vec<usize> = (0..2048)
+            .filter(|&b| set[b / W] >> (b % W) & 1 != 0)
+            .collect();
+        log(format!("{what}: set after {on:?}"));
+    };
+    sel("select(1500)", &[1500], 1501);
+    sel("select(1500, 1300 closed)", &[1300, 1500], 1501);
+    close(hi);
+    close(c);
+    close(s);
+}
+
+/// Pointers in the first page (a program's NULL-plus-offset bug): the kernel's `EFAULT`, not a
+/// fault inside the library.
+fn low_pointers_are_efault() {
+    let (c, s) = pair();
+    write_all(s, b"xyz");
+    pl("poll(c,IN)", c, libc::POLLIN, 5000);
+    let bad = 24usize;
+    // SAFETY: every call below gets a pointer the kernel refuses; nothing is dereferenced by a
+    // correct implementation.
+    unsafe {
+        r("recvmsg(c, bad msghdr)", libc::recvmsg(c, bad as *mut _, 0));
+        r(
+            "sendmsg(c, bad msghdr)",
+            libc::sendmsg(c, bad as *const _, 0),
+        );
+        r("readv(c, bad iov)", libc::readv(c, bad as *const _, 1));
+        r("writev(c, bad iov)", libc::writev(c, bad as *const _, 1));
+        r(
+            "ioctl(c, FIONREAD, bad)",
+            libc::ioctl(c, libc::FIONREAD, bad) as isize,
+        );
+        r(
+            "poll(bad, 1)",
+            libc::poll(bad as *mut libc::pollfd, 1, 0) as isize,
+        );
+        let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 1,
+        };
+        libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, c, &mut ev);
+        r(
+            "epoll_wait(bad)",
+            libc::epoll_wait(ep, bad as *mut _, 4, 0) as isize,
+        );
+        r(
+            "epoll_ctl(MOD, bad)",
+            libc::epoll_ctl(ep, libc::EPOLL_CTL_MOD, c, bad as *mut _) as isize,
+        );
+        close(ep);
+    }
+    rd("read(c)", c, 10);
     close(c);
     close(s);
 }
