@@ -12,6 +12,7 @@
 #include <linux/close_range.h>
 #include <sys/syscall.h>
 #include <sched.h>
+#include <pthread.h>
 #define R(name, expr) do { errno=0; long _r=(long)(expr); int _e=errno; printf("%-40s -> %ld %s\n", name, _r, _r<0?strerror(_e):""); } while(0)
 static int lfd=-1;
 static void mkpair(int *c, int *s) {
@@ -25,10 +26,12 @@ static void mkpair(int *c, int *s) {
   char b = 'x';
   if (write(*c, &b, 1) != 1 || read(*s, &b, 1) != 1 || write(*s, &b, 1) != 1 || read(*c, &b, 1) != 1) { perror("rt"); exit(2);}
 }
+static void *idle(void *a) { (void)a; for (;;) pause(); return 0; }
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   signal(SIGPIPE, SIG_IGN);
   int mode = atoi(argv[1]);
+  if (argc > 2) { pthread_t t; pthread_create(&t, 0, idle, 0); }
   int c, s; char b[16];
   if (mode == 7) R("close_range(3,~0,UNSHARE) at start", close_range(3, ~0U, CLOSE_RANGE_UNSHARE));
   if (mode == 8) R("unshare(CLONE_FILES) at start", unshare(CLONE_FILES));
