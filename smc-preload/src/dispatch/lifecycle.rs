@@ -122,8 +122,14 @@ pub fn own_fd_table() -> bool {
 /// the library since: while 0, [`vfork_shadowed`] is one load.
 static SHADOWS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
-/// Room for this many re-pointed numbers; more make every number the child's own.
-const SHADOW_MAX: usize = 16;
+/// Room for this many ranges of re-pointed numbers; more make every number the child's own.
+/// Ranges, not numbers: a `close_range` over many of our sockets (CPython's child closes all
+/// but its `pass_fds`, one range per gap) is one entry or a few, however many sockets it
+/// covers. With single numbers and room for 16, a child that closed 17 of its parent's
+/// sockets made every number its own, the `pass_fds` connection included, which then
+/// travelled without its reference: the parent's close ended it (red team round 29, nine
+/// connections handed on by one process: the first reader read `b''`, 4 of 4).
+const SHADOW_MAX: usize = 32;
 
 thread_local! {
     /// A `vfork` child runs on its parent's thread (same memory, same thread-local storage)
@@ -131,16 +137,25 @@ thread_local! {
     /// name other files (`dup2` onto them, `close`), 0 when none. The parent's thread finds
     /// it there when it is back (the child exec'd or exited) and clears it.
     static SHADOW_PID: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-    /// Those numbers (`SHADOW_N` of them; more than [`SHADOW_MAX`]: all).
-    static SHADOW_FDS: std::cell::Cell<[c_int; SHADOW_MAX]> = const { std::cell::Cell::new([-1; SHADOW_MAX]) };
+    /// Those numbers, as inclusive ranges (`SHADOW_N` of them; more than [`SHADOW_MAX`]: all).
+    static SHADOW_FDS: std::cell::Cell<[(c_int, c_int); SHADOW_MAX]> = const { std::cell::Cell::new([(-1, -1); SHADOW_MAX]) };
     static SHADOW_N: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// In a `vfork` child (the caller checked [`in_vfork_child`]): `fd` names another file from
-/// now on, in this child only (`fd < 0`: every number, e.g. `close_range`). The parent's slot
-/// stays; the child's data calls on the number go to the kernel unchanged, never to the
-/// parent's connection ([`vfork_shadowed`]).
+/// now on, in this child only (`fd < 0`: every number). The parent's slot stays; the child's
+/// data calls on the number go to the kernel unchanged, never to the parent's connection
+/// ([`vfork_shadowed`]).
 pub fn vfork_shadow(fd: c_int) {
+    if fd < 0 {
+        vfork_shadow_range(0, -1);
+    } else {
+        vfork_shadow_range(fd, fd);
+    }
+}
+
+/// [`vfork_shadow`] for the numbers `first..=last` (`last < first`: every number).
+pub fn vfork_shadow_range(first: c_int, last: c_int) {
     // SAFETY: plain system call.
     let me = unsafe { libc::getpid() } as u32;
     if SHADOW_PID.with(|p| p.replace(me)) != me {
@@ -151,18 +166,38 @@ pub fn vfork_shadow(fd: c_int) {
     if n > SHADOW_MAX {
         return;
     }
-    let mut fds = SHADOW_FDS.with(std::cell::Cell::get);
-    if fds[..n].contains(&fd) {
+    if last < first || first < 0 {
+        SHADOW_N.with(|c| c.set(SHADOW_MAX + 1));
         return;
     }
-    match fds.get_mut(n) {
-        Some(slot) if fd >= 0 => {
-            *slot = fd;
-            SHADOW_FDS.with(|f| f.set(fds));
+    let mut ranges = SHADOW_FDS.with(std::cell::Cell::get);
+    // One that overlaps or touches it grows (ranges may overlap each other after that: the
+    // lookup takes any).
+    for r in ranges.iter_mut().take(n) {
+        if first <= r.1.saturating_add(1) && last >= r.0.saturating_sub(1) {
+            *r = (r.0.min(first), r.1.max(last));
+            SHADOW_FDS.with(|f| f.set(ranges));
+            return;
+        }
+    }
+    match ranges.get_mut(n) {
+        Some(slot) => {
+            *slot = (first, last);
+            SHADOW_FDS.with(|f| f.set(ranges));
             SHADOW_N.with(|c| c.set(n + 1));
         }
-        _ => SHADOW_N.with(|c| c.set(SHADOW_MAX + 1)),
+        None => SHADOW_N.with(|c| c.set(SHADOW_MAX + 1)),
     }
+}
+
+/// Whether this thread is a `vfork` child that re-pointed numbers already: then its closes of
+/// numbers we know nothing of are recorded too, so that a child closing its parent's numbers one
+/// by one (an `/proc/self/fd` walk) makes one range, not one per socket. One thread-local load
+/// while no child of this thread shadowed anything.
+pub fn shadowing_now() -> bool {
+    let p = SHADOW_PID.with(std::cell::Cell::get);
+    // SAFETY: plain system call.
+    p != 0 && unsafe { libc::getpid() } as u32 == p
 }
 
 /// Whether `fd`, in this `vfork` child, names a file of its own ([`vfork_shadow`]): then no
@@ -186,7 +221,8 @@ fn shadowed(fd: c_int) -> bool {
         return false;
     }
     let n = SHADOW_N.with(std::cell::Cell::get);
-    n > SHADOW_MAX || SHADOW_FDS.with(|f| f.get()[..n].contains(&fd))
+    n > SHADOW_MAX
+        || SHADOW_FDS.with(|f| f.get().iter().take(n).any(|&(a, b)| (a..=b).contains(&fd)))
 }
 
 /// Room for this many numbers a `vfork` child made name one of its parent's objects.

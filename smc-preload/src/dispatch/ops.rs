@@ -2023,6 +2023,9 @@ pub unsafe fn close(fd: c_int) -> c_int {
         // Ours, never handed to the application: for it that number is not open.
         return fail(libc::EBADF) as c_int;
     }
+    if fdtable::raw(fd) == 0 && lifecycle::shadowing_now() {
+        lifecycle::vfork_shadow(fd);
+    }
     if fdtable::raw(fd) != 0 {
         if lifecycle::own_fd_table() {
             // A table of this thread's own (a vfork child, an unshared one): the number may
@@ -2122,10 +2125,8 @@ unsafe fn close_range_ordinary(first: libc::c_uint, last: libc::c_uint, flags: c
         // Closed in this thread's own table only: the numbers of our sockets in the range may
         // name other files there next.
         let hi = (last as u64).min(fdtable::MAX_FDS as u64 - 1);
-        for (fd, _) in fdtable::all_objects() {
-            if (fd as u64) >= first as u64 && (fd as u64) <= hi {
-                lifecycle::vfork_shadow(fd);
-            }
+        if (first as u64) <= hi {
+            lifecycle::vfork_shadow_range(first as c_int, hi as c_int);
         }
     }
     // Our own descriptors in the range (private duplicates of sockets) stay open.
