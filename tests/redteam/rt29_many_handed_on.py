@@ -8,8 +8,9 @@ l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(n)
 pairs = []
 for i in range(n):
     c = socket.create_connection(l.getsockname()); s, _ = l.accept()
-    c.sendall(b"q"); s.recv(1); s.sendall(b"a"); c.recv(1)
     pairs.append((c, s))
+for c, s in pairs:
+    c.sendall(b"q"); s.recv(1); s.sendall(b"a"); c.recv(1)
 W = "import os,sys,time; fd=int(sys.argv[1]); time.sleep(0.3); os.write(fd, b'hello '+sys.argv[2].encode()); time.sleep(0.3); os.close(fd)"
 R = "import os,sys; fd=int(sys.argv[1]); print(sys.argv[2], 'reader got', os.read(fd, 100), flush=True); os.close(fd)"
 def spawn(code, sock, tag):

@@ -172,9 +172,16 @@ pub fn vfork_shadow_range(first: c_int, last: c_int) {
     }
     let mut ranges = SHADOW_FDS.with(std::cell::Cell::get);
     // One that overlaps or touches it grows (ranges may overlap each other after that: the
-    // lookup takes any).
+    // lookup takes any); so does one from which only numbers this child has not open separate
+    // it (a child that closes its parent's numbers one by one, CPython's fallback when its
+    // `close_range` failed: the numbers the parent had closed make gaps, and a range per gap
+    // would make every number the child's own, the one it was passed included).
     for r in ranges.iter_mut().take(n) {
-        if first <= r.1.saturating_add(1) && last >= r.0.saturating_sub(1) {
+        let touches = first <= r.1.saturating_add(1) && last >= r.0.saturating_sub(1);
+        if touches
+            || (r.1 < first && closed_here(r.1 + 1, first - 1))
+            || (last < r.0 && closed_here(last + 1, r.0 - 1))
+        {
             *r = (r.0.min(first), r.1.max(last));
             SHADOW_FDS.with(|f| f.set(ranges));
             return;
@@ -188,6 +195,20 @@ pub fn vfork_shadow_range(first: c_int, last: c_int) {
         }
         None => SHADOW_N.with(|c| c.set(SHADOW_MAX + 1)),
     }
+}
+
+/// Whether every number `a..=b` (at most 64 of them) is closed in this process's table.
+fn closed_here(a: c_int, b: c_int) -> bool {
+    b >= a
+        && b - a < 64
+        && (a..=b).all(|fd| {
+            let e0 = real::errno();
+            // SAFETY: F_GETFD has no argument.
+            let r = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
+            let closed = r < 0 && real::errno() == libc::EBADF;
+            real::set_errno(e0);
+            closed
+        })
 }
 
 /// Whether this thread is a `vfork` child that re-pointed numbers already: then its closes of
