@@ -12,6 +12,8 @@ use std::ptr;
 
 /// `SO_COOKIE` (Linux 4.12+), the same on every architecture we build for.
 pub(crate) const SO_COOKIE: libc::c_int = 57;
+/// `SO_BINDTOIFINDEX` (`asm-generic/socket.h`, Linux 5.0): the bound interface's index.
+const SO_BINDTOIFINDEX: libc::c_int = 62;
 /// `MFD_NOEXEC_SEAL` (Linux 6.3+).
 const MFD_NOEXEC_SEAL: libc::c_uint = 0x0008;
 /// `TCP_ESTABLISHED` in `tcp_info.tcpi_state`.
@@ -442,6 +444,10 @@ pub(crate) struct TcpIdentity {
     pub cookie: Option<u64>,
     /// `SO_NETNS_COOKIE`, when the kernel has it.
     pub netns_cookie: Option<u64>,
+    /// The interface the socket is bound to (`SO_BINDTOIFINDEX`: `SO_BINDTODEVICE`, a link-local
+    /// IPv6 address's scope), 0 when none: the kernel's exact lookup of such a socket
+    /// (sock_diag) matches only with it.
+    pub bound_if: u32,
 }
 
 /// Why a passed fd is not acceptable as proof.
@@ -492,6 +498,10 @@ fn inspect_tcp_in(fd: BorrowedFd<'_>, close_wait: bool) -> Result<TcpIdentity, S
         peer,
         cookie: getsockopt::<u64>(fd, libc::SOL_SOCKET, SO_COOKIE).ok(),
         netns_cookie: smc_common::bpf::netns_cookie(fd).ok(),
+        bound_if: getsockopt::<libc::c_int>(fd, libc::SOL_SOCKET, SO_BINDTOIFINDEX)
+            .ok()
+            .and_then(|i| u32::try_from(i).ok())
+            .unwrap_or(0),
     })
 }
 

@@ -7,6 +7,12 @@ if os.environ.get("RT27_FAMILY") == "mapped":
     l = socket.socket(socket.AF_INET6); l.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
     l.bind(("::", 0)); l.listen()
     c = socket.create_connection(("::ffff:127.0.0.1", l.getsockname()[1]))
+elif os.environ.get("RT27_FAMILY") == "bound":
+    # Both ends bound to lo (SO_BINDTODEVICE, as a link-local IPv6 connection's).
+    l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"lo")
+    l.bind(("127.0.0.1", 0)); l.listen()
+    c = socket.socket(); c.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"lo")
+    c.connect(l.getsockname())
 else:
     l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen()
     c = socket.create_connection(l.getsockname())

@@ -60,7 +60,8 @@ def worker(ctl_fd, conn_fd):
         reply = {"ok": True}
         try:
             if op == "connect":
-                conn = socket.create_connection((CONNECT_TO, cmd["port"]))
+                conn = bound(socket.socket(FAMILY))
+                conn.connect((CONNECT_TO, cmd["port"]))
                 conn_fd = conn.detach()
             elif op == "accept":
                 lst = socket.socket(fileno=conn_fd)
@@ -161,13 +162,22 @@ class End:
 
 # RT27_FAMILY=mapped: AF_INET6 sockets with IPv4-mapped addresses (a dual-stack listener on
 # `::`, a client that connects to `::ffff:127.0.0.1`).
+# RT27_FAMILY=bound: IPv4 sockets bound to `lo` (SO_BINDTODEVICE, as a link-local IPv6
+# connection's ends are bound to their link).
 MAPPED = os.environ.get("RT27_FAMILY") == "mapped"
+BOUND = os.environ.get("RT27_FAMILY") == "bound"
 FAMILY = socket.AF_INET6 if MAPPED else socket.AF_INET
 CONNECT_TO = "::ffff:127.0.0.1" if MAPPED else "127.0.0.1"
 
 
+def bound(sock):
+    if BOUND:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"lo")
+    return sock
+
+
 def listener():
-    lst = socket.socket(FAMILY)
+    lst = bound(socket.socket(FAMILY))
     if MAPPED:
         lst.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
     lst.bind(("::" if MAPPED else "127.0.0.1", 0))

@@ -3491,6 +3491,18 @@ fn connection_ends_moving_over_ipv4_mapped_sockets_read_as_over_tcp() {
     moves_read_as_over_tcp(&w, None, "mapped");
 }
 
+/// The same moves with both ends bound to `lo` (`SO_BINDTODEVICE`; a link-local IPv6
+/// connection binds its ends to the link the same way; `RT27_FAMILY=bound`): the kernel's exact
+/// sock_diag lookup matches a bound socket only when asked with its interface. Before, the
+/// daemon asked with none, took every held end for closed and released the references at once
+/// (red team round 29: `rt27_moves.py` seeds 1-8, 6-7 of 8 differed in 3 runs, `both_leave` reset,
+/// link-local `fe80::1%lo` alike).
+#[test]
+fn connection_ends_moving_over_interface_bound_sockets_read_as_over_tcp() {
+    let w = SmcWorld::new();
+    moves_read_as_over_tcp(&w, None, "bound");
+}
+
 /// `rt27_both_leave.py` in both orders, three fixed `rt27_moves.py` sequences and seeds 1-16,
 /// under the library in `w` (inside network namespace `ns`, when given), each as over TCP.
 fn moves_read_as_over_tcp(w: &SmcWorld, ns: Option<&str>, family: &str) {

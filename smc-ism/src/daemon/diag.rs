@@ -116,7 +116,9 @@ fn netlink_socket_in_ns(ns: BorrowedFd<'_>) -> io::Result<OwnedFd> {
 
 /// One `inet_diag_req_v2` exact lookup: the socket whose local end is `local` and remote end
 /// `remote`.
-fn put_request(out: &mut Vec<u8>, seq: u32, local: SocketAddr, remote: SocketAddr) {
+/// `ifindex`: the interface the sockets of the connection are bound to (0: none), which the
+/// kernel's exact lookup needs for a bound socket and ignores for an unbound one.
+fn put_request(out: &mut Vec<u8>, seq: u32, local: SocketAddr, remote: SocketAddr, ifindex: u32) {
     let start = out.len();
     out.extend_from_slice(&((NLMSG_HDR + REQ_LEN) as u32).to_ne_bytes());
     out.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
@@ -137,7 +139,7 @@ fn put_request(out: &mut Vec<u8>, seq: u32, local: SocketAddr, remote: SocketAdd
     out.extend_from_slice(&remote.port().to_be_bytes());
     out.extend_from_slice(&ip16(local.ip()));
     out.extend_from_slice(&ip16(remote.ip()));
-    out.extend_from_slice(&0u32.to_ne_bytes()); // interface
+    out.extend_from_slice(&ifindex.to_ne_bytes()); // idiag_if
     out.extend_from_slice(&[0xff; 8]); // INET_DIAG_NOCOOKIE
     debug_assert_eq!(out.len() - start, NLMSG_HDR + REQ_LEN);
 }
@@ -279,9 +281,12 @@ fn diag(
     want_cgroup: bool,
 ) -> io::Result<(Option<Found>, Option<Found>)> {
     let mut req = Vec::with_capacity(2 * (NLMSG_HDR + REQ_LEN));
-    put_request(&mut req, 1, id.peer, id.local);
+    // The peer's interface is ours when it is bound at all (a link-local connection binds both
+    // ends to the link): red team round 29, link-local and `SO_BINDTODEVICE` sockets were never
+    // found, so their held ends were taken for closed.
+    put_request(&mut req, 1, id.peer, id.local, id.bound_if);
     if want_cgroup {
-        put_request(&mut req, 2, id.local, id.peer);
+        put_request(&mut req, 2, id.local, id.peer, id.bound_if);
     }
     let run = |nl: RawFd| exchange(nl, &req, id, want_cgroup);
     if own_netns.is_some() && id.netns_cookie == own_netns {
@@ -404,7 +409,7 @@ pub(crate) fn socket_held(
     } else {
         let h = ns.filter(|h| Some(h.netns) == id.netns_cookie)?;
         let mut req = Vec::with_capacity(NLMSG_HDR + REQ_LEN);
-        put_request(&mut req, 1, swapped.peer, swapped.local);
+        put_request(&mut req, 1, swapped.peer, swapped.local, swapped.bound_if);
         let mut nl = h.nl.lock().unwrap_or_else(|p| p.into_inner());
         if nl.is_none() {
             *nl = Some(netlink_socket_in_ns(h.ns.as_fd()).ok()?);
@@ -658,6 +663,92 @@ mod tests {
         assert_eq!(socket_held(&ib, own, None), Some(true));
         drop(a);
         assert_eq!(socket_held(&ia, own, None), Some(false), "closed: not held");
+    }
+
+    /// Both ends bound to `lo` (`SO_BINDTODEVICE`, as a link-local IPv6 connection binds them
+    /// to its link): the kernel's exact lookup matches a bound socket only with its interface.
+    /// Before, the lookup asked with none, found nothing, and references let go of were
+    /// released at once under a live connection (red team round 29).
+    #[test]
+    fn sockets_bound_to_an_interface_are_found_and_held() {
+        let bind_lo = |fd: i32| {
+            // SAFETY: a valid option buffer of its length on our socket.
+            unsafe {
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_BINDTODEVICE,
+                    c"lo".as_ptr().cast(),
+                    3,
+                ) == 0
+            }
+        };
+        // SAFETY: plain socket calls on sockets of ours (closed by the owned types).
+        let l = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        // SAFETY: as above.
+        let c = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        assert!(l >= 0 && c >= 0);
+        // SAFETY: taking ownership of the fresh descriptors.
+        let (l, c) = unsafe { (TcpListener::from_raw_fd(l), TcpStream::from_raw_fd(c)) };
+        if !(bind_lo(l.as_raw_fd()) && bind_lo(c.as_raw_fd())) {
+            let test = "sockets_bound_to_an_interface_are_found_and_held";
+            assert!(
+                std::env::var_os("SMC_TESTS_NEED_ROOT").is_none(),
+                "{test} needs root: SO_BINDTODEVICE needs CAP_NET_RAW (SMC_TESTS_NEED_ROOT is set)"
+            );
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
+                "{test}: SKIPPED: needs root: SO_BINDTODEVICE needs CAP_NET_RAW"
+            );
+            return;
+        }
+        let addr: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let sa = socket2_addr(addr);
+        // SAFETY: a valid sockaddr_in of its length; our sockets.
+        unsafe {
+            assert_eq!(
+                libc::bind(l.as_raw_fd(), (&sa as *const libc::sockaddr_in).cast(), 16),
+                0
+            );
+            assert_eq!(libc::listen(l.as_raw_fd(), 4), 0);
+        }
+        let port = l.local_addr().unwrap().port();
+        let to = socket2_addr(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+        let to_ptr = (&to as *const libc::sockaddr_in).cast();
+        // SAFETY: a valid sockaddr_in of its length; our socket.
+        let r = unsafe { libc::connect(c.as_raw_fd(), to_ptr, 16) };
+        assert_eq!(r, 0);
+        let (b, _) = l.accept().unwrap();
+        let ic = sys::inspect_tcp(c.as_fd()).unwrap();
+        let ib = sys::inspect_tcp(b.as_fd()).unwrap();
+        assert!(
+            ic.bound_if > 0 && ib.bound_if == ic.bound_if,
+            "{ic:?} {ib:?}"
+        );
+        let own = smc_common::bpf::own_netns_cookie().ok();
+        assert_eq!(
+            conn_info(c.as_fd(), &ic, own, None, false).peer_cookie,
+            ib.cookie
+        );
+        assert_eq!(socket_held(&ic, own, None), Some(true));
+        assert_eq!(socket_held(&ib, own, None), Some(true));
+        drop(c);
+        assert_eq!(socket_held(&ic, own, None), Some(false), "closed: not held");
+    }
+
+    fn socket2_addr(a: std::net::SocketAddr) -> libc::sockaddr_in {
+        let std::net::SocketAddr::V4(v4) = a else {
+            panic!("IPv4 only")
+        };
+        libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: v4.port().to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes(v4.ip().octets()),
+            },
+            sin_zero: [0; 8],
+        }
     }
 
     #[test]

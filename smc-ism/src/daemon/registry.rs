@@ -1570,6 +1570,7 @@ impl Registry {
                 peer: rec.owner.local,
                 cookie: Some(rec.peer_cookie?),
                 netns_cookie: netns.or(rec.owner.netns_cookie),
+                bound_if: rec.owner.bound_if,
             }),
         }
     }
@@ -1896,6 +1897,7 @@ mod tests {
             peer: p.parse().unwrap(),
             cookie: Some(cookie),
             netns_cookie: Some(ns),
+            bound_if: 0,
         }
     }
 
