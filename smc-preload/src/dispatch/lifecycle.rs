@@ -59,46 +59,10 @@ thread_local! {
 /// CLC bytes as data). Nor in a `vfork` child, whose table is its own copy already and whose
 /// thread-local storage is its parent's thread's.
 pub fn fd_table_unshared() {
-    if in_vfork_child() || one_thread() {
+    if in_vfork_child() || crate::util::one_thread() {
         return;
     }
     OWN_TABLE.with(|o| o.set(true));
-}
-
-/// Whether this process has one thread: field 20 of `/proc/self/stat`, read into a buffer on
-/// the stack (this may run in a signal handler: no allocation). False when unreadable.
-fn one_thread() -> bool {
-    // SAFETY: a NUL-terminated path; our descriptor, closed below.
-    let fd = unsafe {
-        real::open(
-            c"/proc/self/stat".as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-            0,
-        )
-    };
-    if fd < 0 {
-        return false;
-    }
-    let mut buf = [0u8; 1024];
-    // SAFETY: `buf` is writable for its length; `fd` is ours.
-    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-    // SAFETY: our descriptor.
-    unsafe { libc::close(fd) };
-    let Some(line) = usize::try_from(n).ok().and_then(|n| buf.get(..n)) else {
-        return false;
-    };
-    // The fields after the command name (which may hold spaces and parentheses): the state is
-    // field 3, the number of threads field 20.
-    let Some(close) = line.iter().rposition(|&b| b == b')') else {
-        return false;
-    };
-    line.get(close + 1..)
-        .and_then(|rest| {
-            rest.split(|&b| b == b' ')
-                .filter(|f| !f.is_empty())
-                .nth(20 - 3)
-        })
-        .is_some_and(|f| f == b"1")
 }
 
 /// Whether this thread took a descriptor table of its own ([`fd_table_unshared`]): one

@@ -496,34 +496,19 @@ fn select_range(nfds: i32) -> usize {
         .clamp(libc::FD_SETSIZE, fdtable::MAX_FDS)
 }
 
-/// `FDSize` of `/proc/self/status`, read into a buffer on the stack.
+/// `FDSize` of `/proc/self/status`, read without allocating.
 fn fd_table_size() -> Option<usize> {
-    // SAFETY: a NUL-terminated path; our descriptor, closed below.
-    let fd = unsafe {
-        real::open(
-            c"/proc/self/status".as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-            0,
-        )
-    };
-    if fd < 0 {
-        return None;
-    }
     let mut buf = [0u8; 4096];
-    // SAFETY: `buf` is writable for its length; `fd` is ours.
-    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-    // SAFETY: our descriptor.
-    unsafe { libc::close(fd) };
-    let text = buf.get(..usize::try_from(n).ok()?)?;
+    let text = crate::util::read_small(c"/proc/self/status", &mut buf)?;
     let at = text.windows(7).position(|w| w == b"FDSize:")? + 7;
-    let digits: Vec<u8> = text
+    let digits = text
         .get(at..)?
         .iter()
         .skip_while(|b| b.is_ascii_whitespace())
-        .take_while(|b| b.is_ascii_digit())
-        .copied()
-        .collect();
-    std::str::from_utf8(&digits).ok()?.parse().ok()
+        .take_while(|b| b.is_ascii_digit());
+    Some(digits.fold(0usize, |n, d| {
+        n.saturating_mul(10).saturating_add(usize::from(d - b'0'))
+    }))
 }
 
 /// Bit `fd` of the caller's set `s` (of at least [`select_range`] bits), read as the kernel

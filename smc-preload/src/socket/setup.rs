@@ -1188,17 +1188,10 @@ pub fn listener_obj(fd: i32) -> Obj {
     Obj::Listener(crate::obj::Listen::new(port_of(fd, false)))
 }
 
-/// Whether this process has one thread (`/proc/self/stat`, field 20; false when unreadable).
-/// A blocking connect to our own listener in such a process can only be accepted by this
-/// thread, after the call.
+/// Whether this process has one thread ([`crate::util::one_thread`]). A blocking connect to
+/// our own listener in such a process can only be accepted by this thread, after the call.
 pub fn single_threaded() -> bool {
-    let Ok(st) = std::fs::read_to_string("/proc/self/stat") else {
-        return false;
-    };
-    // Fields after the command name (which may hold spaces and parentheses): state is field 3.
-    st.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(20 - 3))
-        .is_some_and(|n| n == "1")
+    crate::util::one_thread()
 }
 
 /// Threads of this process inside an `accept` on a listener of ours (a blocking one waits

@@ -2,7 +2,8 @@
 //! the environment knobs read once at load ([`config`]), who holds the other end of a Unix socket
 //! ([`unix_peer`]), the descriptor our I/O on a socket goes
 //! through ([`io_path`]), fork-safe globals ([`forklock`]), the allocator that keeps the program's signal handlers off `malloc` ([`handler_alloc`]), which signals interrupt a blocking call ([`signals`]), the calls a `siglongjmp` left ([`unwound`]), the
-//! cached pid ([`pid`]), a socket write that must go out whole before a deadline ([`send_all`]).
+//! cached pid ([`pid`]), a socket write that must go out whole before a deadline ([`send_all`]),
+//! small `/proc` files read without allocating ([`read_small`], [`one_thread`]).
 
 pub mod config;
 pub mod forklock;
@@ -420,4 +421,40 @@ pub unsafe fn recv_peek_head(
         set_sockopt_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, v);
     }
     r
+}
+
+/// Reads `path` (a small `/proc` file) into `buf` with one `read`, without allocating (callers
+/// may run in a signal handler or a `vfork` child): the bytes read, `None` when unreadable.
+pub fn read_small<'a>(path: &std::ffi::CStr, buf: &'a mut [u8]) -> Option<&'a [u8]> {
+    // SAFETY: a NUL-terminated path; our descriptor, closed below.
+    let fd = unsafe { real::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `buf` is writable for its length; `fd` is ours.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    // SAFETY: our descriptor.
+    unsafe { libc::close(fd) };
+    buf.get(..usize::try_from(n).ok()?)
+}
+
+/// Whether this process has one thread: field 20 of `/proc/self/stat` (false when
+/// unreadable), without allocating.
+pub fn one_thread() -> bool {
+    let mut buf = [0u8; 1024];
+    let Some(line) = read_small(c"/proc/self/stat", &mut buf) else {
+        return false;
+    };
+    // The fields after the command name (which may hold spaces and parentheses): the state is
+    // field 3, the number of threads field 20.
+    let Some(close) = line.iter().rposition(|&b| b == b')') else {
+        return false;
+    };
+    line.get(close + 1..)
+        .and_then(|rest| {
+            rest.split(|&b| b == b' ')
+                .filter(|f| !f.is_empty())
+                .nth(20 - 3)
+        })
+        .is_some_and(|f| f == b"1")
 }
