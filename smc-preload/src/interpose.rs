@@ -496,6 +496,50 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     unsafe { ops::fork() }
 }
 
+/// `vfork`: the handshakes under way are decided first (`ops::before_vfork`), then libc's
+/// `vfork` runs as if called by the application. A jump, not a call: the child returns from
+/// `vfork` on the parent's stack, so no frame of ours may lie between it and its caller (the
+/// parent would come back to a frame the child's calls overwrote). The hook's frame is gone
+/// before the jump; `vfork` has no arguments and clobbers the caller-saved registers anyway.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn vfork() -> libc::pid_t {
+    // SAFETY: the stack is 16-byte aligned for the call (8 for the return address, 8 more),
+    // restored before the jump, and `rax` holds the hook's answer: libc's `vfork`.
+    core::arch::naked_asm!(
+        "sub rsp, 8",
+        "call {hook}",
+        "add rsp, 8",
+        "jmp rax",
+        hook = sym vfork_hook,
+    )
+}
+
+/// As for x86_64: the link register is saved around the hook, restored before the jump.
+#[cfg(target_arch = "aarch64")]
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn vfork() -> libc::pid_t {
+    // SAFETY: `x29`/`x30` saved and restored on a 16-byte aligned stack; `x0` holds the hook's
+    // answer: libc's `vfork`.
+    core::arch::naked_asm!(
+        "stp x29, x30, [sp, #-16]!",
+        "mov x29, sp",
+        "bl {hook}",
+        "ldp x29, x30, [sp], #16",
+        "br x0",
+        hook = sym vfork_hook,
+    )
+}
+
+/// The interposed `vfork`'s work before libc's (see [`vfork`]); returns libc's `vfork`.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+extern "C" fn vfork_hook() -> usize {
+    ops::before_vfork();
+    crate::real::vfork_addr()
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn waitpid(
     pid: libc::pid_t,

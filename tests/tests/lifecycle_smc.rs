@@ -3607,3 +3607,55 @@ fn inetd_handlers_spawned_by_vfork_serve_the_connection_their_parent_closed() {
     assert!(sum.get("smcd_server") >= runs, "{}", brief(&sum));
     assert_eq!(fallbacks(&sum), 0, "{}", brief(&sum));
 }
+
+/// An accept loop that hands each connection to an image without the library before its
+/// handshake is decided (red team round 30, `rt30_vfork_undecided.c`): `accept4` non-blocking
+/// (an event loop's), then at once `vfork` + `dup2` onto 0 and 1 + `execve` of `cat` (CPython's
+/// `subprocess`, inetd), or `posix_spawn` with `adddup2` file actions; the image is `tee`, which
+/// echoes and keeps what it read. The `vfork` child cannot drive the parent's handshake, and
+/// its exec left it undecided: `tee` read the client's CLC Proposal and Decline and echoed them
+/// (the client's library took them for a crossing handshake and fell back, `SYNCERR`, 20 of
+/// 20), or the client was reset (1 of 5 rounds in an earlier run). Now the interposed `vfork`
+/// decides the handshakes first, as `fork` does, and the exec switches the SMC-D connection
+/// to TCP for the image: it reads exactly the lines, every connection SMC-D first.
+#[test]
+fn a_connection_handed_to_an_image_without_the_library_before_its_handshake_is_decided_reads_like_tcp(
+) {
+    let w = SmcWorld::new();
+    let exe = w.subdir("c").join("rt30_vfork_undecided");
+    let src = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/redteam/rt30_vfork_undecided.c"
+    );
+    let cc = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .output()
+        .expect("cc (the C compiler Rust links with)");
+    assert!(cc.status.success(), "cc rt30_vfork_undecided.c: {cc:?}");
+    let rounds = 20;
+    for mode in ["vfork", "spawn"] {
+        let run = |smc: bool| -> String {
+            let port = free_port().to_string();
+            let log = w.subdir("c").join(format!("{mode}-{smc}.log"));
+            let mut c = w.run_or_plain(smc, &exe);
+            c.args([port.as_str(), mode, &rounds.to_string()])
+                .arg(&log)
+                .env("SMC_SHORT_BYTES", "0");
+            spawn_piped(c)
+                .wait_output(Duration::from_secs(120))
+                .unwrap_or_else(|e| panic!("{mode} smc={smc}: {e}"))
+        };
+        let tcp = run(false);
+        assert_eq!(
+            tcp.trim(),
+            format!("{mode}: {rounds} of {rounds} echoed\nthe images read exactly the lines"),
+            "plain TCP"
+        );
+        assert_eq!(run(true), tcp, "{mode}: library against TCP");
+    }
+    // The vfork rounds were all SMC-D until the exec (posix_spawn declines first, by design).
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_server") >= rounds, "{}", brief(&sum));
+}

@@ -4,7 +4,8 @@
 //!   its parent's memory until it execs or exits: the fd table, the connection objects and the
 //!   signal bookkeeping it would touch are the parent's. Its `close`/`close_range`/`dup2`/
 //!   `sigaction` only act on its own fd table in the kernel, so here they go straight to libc
-//!   and leave our state alone ([`in_vfork_child`]).
+//!   and leave our state alone ([`in_vfork_child`]). It cannot drive a handshake of ours either:
+//!   the interposed `vfork` decides them before libc's runs (`ops::before_vfork`).
 //! - **exec.** The next image may not run the data path (environment cleared, setuid, static,
 //!   Go): a listener it inherits must not announce SMC, or it would read its clients' CLC
 //!   Proposals as request bytes. Listeners that survive an exec withdraw their announcement

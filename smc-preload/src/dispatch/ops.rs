@@ -2628,6 +2628,50 @@ pub fn child_must_not_allocate() -> bool {
     FORK_LIGHT.load(Ordering::Relaxed) || crate::signals::in_handler_of_single_thread()
 }
 
+/// Drives the handshakes under way to their decision before a `fork` or `vfork`, within
+/// [`FORK_HANDSHAKE_WAIT`] in all; not one that another thread is driving now (it stays that
+/// thread's: red team round 15, finding 11, `fork` waited up to 1.8 s for other threads'
+/// handshakes). Not from a signal handler (the caller checks).
+fn decide_handshakes_for_fork() {
+    let until = std::time::Instant::now() + FORK_HANDSHAKE_WAIT;
+    for (fd, o) in fdtable::all_objects() {
+        if let Obj::Handshake(h) = &*o {
+            if !matches!(
+                h.driver.try_lock(),
+                Err(std::sync::TryLockError::WouldBlock)
+            ) {
+                setup::progress_until(fd, h, Some(Some(until)));
+            }
+        }
+    }
+}
+
+/// Before `vfork` (the interposed `vfork` calls this, then jumps to libc's; see
+/// `interpose::vfork`): the child runs in our memory until it execs, with a copy of our
+/// descriptor table, and whatever it `dup2`s onto its standard fds (an inetd-style child,
+/// CPython's `subprocess` with `stdin=conn`, close-on-exec or not) the next image inherits.
+/// The child cannot drive a handshake (its driver and daemon client are ours), and an image
+/// without the library that inherits one undecided reads the peer's CLC messages as data
+/// (red team round 30: an accept loop that accepts non-blocking and `vfork`s `cat` on the
+/// connection at once: `cat` echoed the client's Proposal, or the client was reset). So every
+/// handshake under way is decided first, as for `fork`; the child's exec then finds an SMC-D
+/// connection (adopted, or switched to TCP for an image without the library) or a fallback,
+/// whose late CLC messages, where they are there already, are skipped here too. Errno is
+/// preserved (the application's `vfork` has not run yet).
+pub fn before_vfork() {
+    if crate::signals::in_handler() || lifecycle::in_vfork_child() || !fdtable::any_objects() {
+        return;
+    }
+    let e = real::errno();
+    decide_handshakes_for_fork();
+    for (fd, o) in fdtable::all_objects() {
+        if let Obj::Skip(s) = &*o {
+            setup::skip_late_clc(fd, fd, &o, s);
+        }
+    }
+    real::set_errno(e);
+}
+
 pub unsafe fn fork() -> libc::pid_t {
     // Handshakes under way are finished first: parent and child must agree on what the fd is
     // (a fork-per-connection server forks right after `accept`, and its child serves the
@@ -2639,17 +2683,7 @@ pub unsafe fn fork() -> libc::pid_t {
     // may hold, or wait for an accept of the very code the handler interrupted: every `fork`
     // of a SIGALRM handler interrupting a loop of connections hung, 3 of 3 runs).
     if !crate::signals::in_handler() {
-        let until = std::time::Instant::now() + FORK_HANDSHAKE_WAIT;
-        for (fd, o) in fdtable::all_objects() {
-            if let Obj::Handshake(h) = &*o {
-                if !matches!(
-                    h.driver.try_lock(),
-                    Err(std::sync::TryLockError::WouldBlock)
-                ) {
-                    setup::progress_until(fd, h, Some(Some(until)));
-                }
-            }
-        }
+        decide_handshakes_for_fork();
     }
     // From here to the fork the table stands still for the other threads: the child's copy
     // names exactly the connections counted here. Nothing below allocates or frees: a `fork`

@@ -157,6 +157,25 @@ fn syscall_shim(name: &[u8]) -> Option<usize> {
     Some(f)
 }
 
+/// The address of libc's `vfork`, for the interposed `vfork`'s jump (it cannot be called from
+/// a function that returns: the child would return through our frame, which the parent then
+/// finds clobbered). `fork` when libc has none (POSIX lets `vfork` be `fork`).
+pub fn vfork_addr() -> usize {
+    static PTR: AtomicUsize = AtomicUsize::new(0);
+    let mut p = PTR.load(Ordering::Relaxed);
+    if p == 0 {
+        // SAFETY: a NUL-terminated name; dlsym is thread-safe.
+        let v = unsafe { libc::dlsym(libc::RTLD_NEXT, c"vfork".as_ptr()) };
+        p = if v.is_null() {
+            resolve(b"fork\0")
+        } else {
+            v as usize
+        };
+        PTR.store(p, Ordering::Relaxed);
+    }
+    p
+}
+
 macro_rules! real_fns {
     ($( $name:ident ( $($arg:ident : $t:ty),* ) -> $ret:ty ; )*) => {
         $(
