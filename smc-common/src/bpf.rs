@@ -71,6 +71,11 @@ pub const SOCK_QUARANTINE_TRY: u32 = 1 << 9;
 /// plain TCP (its client times out waiting for the Accept and continues on TCP).
 pub const SOCK_QUARANTINED: u32 = 1 << 10;
 
+/// A listening socket counted in [`MAP_LISTENERS`] (set at its `listen`, when it opted in):
+/// as announcing while [`SOCK_OPTED_IN`] is set, as withdrawn otherwise; uncounted when it
+/// leaves the listening state (its close).
+pub const SOCK_LISTEN_COUNTED: u32 = 1 << 11;
+
 /// Per-socket state, kept in socket storage and returned by [`SMC_SO_STATE`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -402,13 +407,39 @@ pub const MAP_CONFIG: &str = "SMC_CGROUP_CONFIG";
 /// Such connections then neither count in `same_host_pairs` nor show their eBPF flags in
 /// `smc-ctl conns`; nothing that decides a connection reads those records.
 pub const CONFIG_NO_TCP_RECORDS: u32 = 1 << 0;
-/// Listening sockets that announce SMC, by [`ListenerKey`] (value: 1 announcing, 0 withdrawn).
-/// A SYN-ACK is built on a request socket, which has no socket storage and whose listener the
-/// program cannot reach, so the listener's own opt-in is looked up here by the request's
-/// network namespace, local address and port (see [`ListenerKey`]). Written at `listen` (opted-in sockets) and by
-/// [`SMC_SO_ENABLE`] on a listening socket; a SYN-ACK without an entry carries no option (so
-/// an LRU eviction can only make a connection stay TCP).
+/// Listening sockets that opted in, by [`ListenerKey`]; the value counts them
+/// ([`LISTENERS_ANNOUNCING`] each that announces, [`LISTENERS_WITHDRAWN`] each that withdrew,
+/// see [`listeners_announce`]). A SYN-ACK is built on a request socket, which has no socket
+/// storage and whose listener the program cannot reach, so the listeners' opt-in is looked up
+/// here by the request's network namespace, local address and port (see [`ListenerKey`]).
+/// Counted at `listen` ([`SOCK_LISTEN_COUNTED`]), moved by [`SMC_SO_ENABLE`] on a counted
+/// listener, uncounted at its close (its state callback). Counts, not one flag per key: with a
+/// flag, an `SO_REUSEPORT` sibling's `listen` (or an `IPV6_V6ONLY` `[::]` listener beside a
+/// dual-stack one) announced again for a listener that had withdrawn before an exec, and a
+/// closed listener's entry stayed and announced for a later withdrawn wildcard listener of the
+/// port (red team round 30: the image without the library read the Proposals, up to 30 of 30).
+/// A SYN-ACK without an entry carries no option (so an LRU eviction can only make a connection
+/// stay TCP).
 pub const MAP_LISTENERS: &str = "SMC_LISTENERS";
+/// [`MAP_LISTENERS`] value: one listener of the key that announces.
+pub const LISTENERS_ANNOUNCING: u64 = 1;
+/// [`MAP_LISTENERS`] value: one listener of the key that withdrew (the upper half).
+pub const LISTENERS_WITHDRAWN: u64 = 1 << 32;
+
+/// What a [`MAP_LISTENERS`] value says of its key: `None` when no listener of ours is counted
+/// there (the next, less specific key decides), else whether a SYN-ACK announces: only while
+/// no listener of the key withdrew (any of them may get the connection: an `SO_REUSEPORT`
+/// group, or both `[::]` listeners of a port).
+#[inline(always)]
+pub const fn listeners_announce(v: u64) -> Option<bool> {
+    let announcing = v as u32;
+    let withdrawn = (v >> 32) as u32;
+    if announcing == 0 && withdrawn == 0 {
+        None
+    } else {
+        Some(withdrawn == 0)
+    }
+}
 /// Entries of [`MAP_LISTENERS`].
 pub const MAX_LISTENERS: u32 = 16384;
 pub const MAP_COUNTERS: &str = "SMC_COUNTERS";
@@ -683,7 +714,7 @@ impl TraceReason {
 /// The TCP experimental option that announces SMC: kind 254, length 6, ExID "SMCR" in EBCDIC.
 pub const TCPOPT_SMC: [u8; 6] = [254, 6, 0xE2, 0xD4, 0xC3, 0xD9];
 /// Layout version of everything pinned; a pin directory with another version is refused.
-pub const PIN_LAYOUT_VERSION: u32 = 6;
+pub const PIN_LAYOUT_VERSION: u32 = 7;
 
 #[cfg(feature = "user")]
 mod pod {
@@ -737,6 +768,31 @@ mod tests {
     fn layouts() {
         assert_eq!(core::mem::size_of::<SockState>(), 48);
         assert_eq!(core::mem::size_of::<ListenerKey>(), 32);
+    }
+
+    #[test]
+    fn listener_counts_announce_only_while_none_of_the_key_withdrew() {
+        use super::{listeners_announce, LISTENERS_ANNOUNCING as A, LISTENERS_WITHDRAWN as W};
+        assert_eq!(
+            listeners_announce(0),
+            None,
+            "nobody counted: the next key decides"
+        );
+        assert_eq!(listeners_announce(A), Some(true));
+        assert_eq!(listeners_announce(2 * A), Some(true));
+        // An SO_REUSEPORT sibling announcing beside one that withdrew: no option for either.
+        assert_eq!(listeners_announce(A + W), Some(false));
+        assert_eq!(listeners_announce(W), Some(false));
+        // The moves of the programs, with wrapping adds: withdraw, announce again, close.
+        let withdraw = W.wrapping_sub(A);
+        let v = (2 * A).wrapping_add(withdraw);
+        assert_eq!(v, A + W);
+        let v = v.wrapping_add(A.wrapping_sub(W));
+        assert_eq!(v, 2 * A);
+        let v = v
+            .wrapping_add(A.wrapping_neg())
+            .wrapping_add(A.wrapping_neg());
+        assert_eq!(listeners_announce(v), None, "both closed: {v:#x}");
         assert_eq!(core::mem::size_of::<SockKey>(), 48);
         assert_eq!(core::mem::size_of::<PeerEntry>(), 24);
         assert_eq!(core::mem::size_of::<PairKey>(), 56);

@@ -9,8 +9,8 @@ use aya_ebpf::{
 #[allow(deprecated)]
 use aya_ebpf::maps::CgroupStorage;
 use smc_common::bpf::{
-    Counter, ListenerKey, PairEntry, PairKey, PeerEntry, SockKey, SockState, SweepConfig,
-    CONFIG_NO_TCP_RECORDS, MAX_LISTENERS, MAX_PAIRS, MAX_QUARANTINED, MAX_SOCKETS,
+    listeners_announce, Counter, ListenerKey, PairEntry, PairKey, PeerEntry, SockKey, SockState,
+    SweepConfig, CONFIG_NO_TCP_RECORDS, MAX_LISTENERS, MAX_PAIRS, MAX_QUARANTINED, MAX_SOCKETS,
 };
 
 use crate::{key::ops_key, storage::SockStorage};
@@ -104,25 +104,39 @@ pub fn peer_of(key: &SockKey, tcp_first: bool) -> Option<*mut PeerEntry> {
 #[map]
 pub static SMC_PAIRS: LruHashMap<PairKey, PairEntry> = LruHashMap::with_max_entries(MAX_PAIRS, 0);
 
-/// Listeners that announce SMC (`MAP_LISTENERS`): a SYN-ACK carries the option only when its
-/// listener's entry says so.
+/// Listeners that opted in, counted by key (`MAP_LISTENERS`): a SYN-ACK carries the option only
+/// when its listener's key says so ([`listener_announces`]).
 #[map]
-pub static SMC_LISTENERS: LruHashMap<ListenerKey, u32> =
+pub static SMC_LISTENERS: LruHashMap<ListenerKey, u64> =
     LruHashMap::with_max_entries(MAX_LISTENERS, 0);
 
+/// Adds `delta` (multiples of `LISTENERS_ANNOUNCING` / `LISTENERS_WITHDRAWN`, wrapping for a
+/// subtraction) to the count of the listeners at `addr`:`port`, with one atomic add: two
+/// listeners of one key (an `SO_REUSEPORT` group) may `listen` or close on two CPUs at once.
 #[inline(always)]
-pub fn set_listener(netns: u64, addr: [u32; 4], port: u32, on: bool) {
+pub fn count_listener(netns: u64, addr: [u32; 4], port: u32, delta: u64) {
     let key = ListenerKey {
         netns,
         addr,
         port,
         _pad: 0,
     };
-    let _ = SMC_LISTENERS.insert(&key, &u32::from(on), 0);
+    // Made zero if absent (`BPF_NOEXIST`: an existing count is never reset).
+    let _ = SMC_LISTENERS.insert(&key, &0, 1);
+    if let Some(v) = SMC_LISTENERS.get_ptr_mut(&key) {
+        // SAFETY: a non-null value of the map, 8-aligned, allocated for this run (RCU); other
+        // CPUs change it only with atomic adds.
+        unsafe {
+            core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::SeqCst }>(
+                v, delta,
+            )
+        };
+    }
 }
 
-/// Whether the listener of the request socket `ops` still announces SMC: the entry of the
-/// most specific of its address, the wildcard of its family, `::` ([`ListenerKey::candidates`]).
+/// Whether the listener of the request socket `ops` announces SMC: the first key of its address,
+/// the wildcard of its family, `::` ([`ListenerKey::candidates`]) that counts a listener of
+/// ours decides ([`listeners_announce`]).
 #[inline(always)]
 pub fn listener_announces(ops: *mut bpf_sock_ops) -> bool {
     let Some(key) = ops_key(ops) else {
@@ -132,7 +146,9 @@ pub fn listener_announces(ops: *mut bpf_sock_ops) -> bool {
         // SAFETY: the value of a hash map lookup stays allocated for this run (RCU); another
         // CPU may change it concurrently, so it is only read once, by value.
         if let Some(v) = unsafe { SMC_LISTENERS.get(&k) } {
-            return *v != 0;
+            if let Some(a) = listeners_announce(*v) {
+                return a;
+            }
         }
     }
     false

@@ -35,9 +35,9 @@ use aya_ebpf::{
 };
 use smc_common::{
     bpf::{
-        Counter, ListenerKey, SockKey, SockState, QUARANTINE_AT_DECLINE, QUARANTINE_AT_PROPOSAL,
-        QUARANTINE_DONE, SOCK_CLAIMED, SOCK_PASSIVE, SOCK_PEER_SMC, SOCK_QUARANTINED,
-        SOCK_QUARANTINE_TRY, SOCK_STATE_VERSION,
+        listeners_announce, Counter, ListenerKey, SockKey, SockState, QUARANTINE_AT_DECLINE,
+        QUARANTINE_AT_PROPOSAL, QUARANTINE_DONE, SOCK_CLAIMED, SOCK_PASSIVE, SOCK_PEER_SMC,
+        SOCK_QUARANTINED, SOCK_QUARANTINE_TRY, SOCK_STATE_VERSION,
     },
     clc_wire::{
         DECLINE_V1_LEN, DECLINE_V2_LEN, EYECATCHER_SMCD, EYECATCHER_SMCR, HEADER_LEN, MSG_DECLINE,
@@ -201,7 +201,10 @@ pub fn smc_sweep(ctx: *mut c_void) -> i32 {
     // A listener sweep: the listener announces again (an exec that failed restored it):
     // nothing to do. (A sweep of one socket is the client's: its listener may announce.)
     // SAFETY: the value of a hash map lookup stays allocated for this run (RCU); read once.
-    if one == 0 && unsafe { SMC_LISTENERS.get(listener) }.is_some_and(|v| *v != 0) {
+    if one == 0
+        && unsafe { SMC_LISTENERS.get(listener) }
+            .is_some_and(|v| listeners_announce(*v) == Some(true))
+    {
         return 0;
     }
     // SAFETY: the map pointer is the socket storage definition; `tp` is a full socket (BTF
@@ -255,11 +258,10 @@ pub fn smc_sweep(ctx: *mut c_void) -> i32 {
         for k in ListenerKey::candidates(listener.netns, ip, port) {
             // SAFETY: the value of a hash map lookup stays allocated for this run (RCU); read
             // once, by value.
-            if let Some(v) = unsafe { SMC_LISTENERS.get(&k) } {
-                if *v != 0 {
-                    return 0;
-                }
-                break;
+            match unsafe { SMC_LISTENERS.get(&k) }.and_then(|v| listeners_announce(*v)) {
+                Some(true) => return 0,
+                Some(false) => break,
+                None => {}
             }
         }
     }

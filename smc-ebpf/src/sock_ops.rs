@@ -17,16 +17,16 @@ use aya_ebpf::{
     programs::SockOpsContext,
 };
 use smc_common::bpf::{
-    Counter, PairEntry, PairKey, PeerEntry, SockKey, TraceReason, SOCK_OPTED_IN, SOCK_OPT_SENT,
-    SOCK_PASSIVE, SOCK_PEER_SMC, SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_STATE_VERSION, SOCK_TCP,
-    TCPOPT_SMC,
+    Counter, PairEntry, PairKey, PeerEntry, SockKey, TraceReason, LISTENERS_ANNOUNCING,
+    LISTENERS_WITHDRAWN, SOCK_LISTEN_COUNTED, SOCK_OPTED_IN, SOCK_OPT_SENT, SOCK_PASSIVE,
+    SOCK_PEER_SMC, SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_STATE_VERSION, SOCK_TCP, TCPOPT_SMC,
 };
 
 use crate::{
     key::{ctx_read, ops_key, remote_port_host},
     maps::{
-        count, listener_announces, no_tcp_records, peer_entry, set_listener, tcp_peer_entry, trace,
-        SMC_PAIRS, SMC_PEERS, SMC_SOCKHASH, SMC_SOCK_STATE, SMC_TCP_PEERS,
+        count, count_listener, listener_announces, no_tcp_records, peer_entry, tcp_peer_entry,
+        trace, SMC_PAIRS, SMC_PEERS, SMC_SOCKHASH, SMC_SOCK_STATE, SMC_TCP_PEERS,
     },
     quarantine::quarantine_established,
 };
@@ -34,6 +34,7 @@ use crate::{
 const SOL_TCP: i32 = 6;
 const TCP_SAVE_SYN: i32 = 27;
 const TCP_CLOSE: u32 = 7;
+const TCP_LISTEN: u32 = 10;
 const TCPHDR_SYN: u32 = 0x02;
 const TCPHDR_ACK: u32 = 0x10;
 const BPF_LOAD_HDR_OPT_TCP_SYN: u32 = 1;
@@ -100,10 +101,24 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
                 }
                 return;
             }
+            let mut state_cb = 0;
             if listen {
                 trace!(TraceReason::ListenAnnounces, ops.local_port, 0);
-                if let Some(k) = ops_key(ops_ptr) {
-                    set_listener(k.netns, k.local_ip, ops.local_port, true);
+                // Counted as announcing (a listener that opted in), once: uncounted at its
+                // close, which the state callback reports.
+                if let Some(st) = SMC_SOCK_STATE.get(ops_sk(ops), false) {
+                    if st.flags & SOCK_LISTEN_COUNTED == 0 {
+                        if let Some(k) = ops_key(ops_ptr) {
+                            st.flags |= SOCK_LISTEN_COUNTED;
+                            count_listener(
+                                k.netns,
+                                k.local_ip,
+                                ops.local_port,
+                                LISTENERS_ANNOUNCING,
+                            );
+                            state_cb = BPF_SOCK_OPS_STATE_CB_FLAG;
+                        }
+                    }
                 }
                 // Keep the SYN, so that PASSIVE_ESTABLISHED can read the peer's option from it.
                 let mut one: i32 = 1;
@@ -127,7 +142,7 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
                 );
             }
             let _ = ctx.set_cb_flags(
-                (ops.bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG) as i32,
+                (ops.bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG | state_cb) as i32,
             );
         }
         BPF_SOCK_OPS_HDR_OPT_LEN_CB | BPF_SOCK_OPS_WRITE_HDR_OPT_CB => {
@@ -206,6 +221,27 @@ fn sockops(ctx: &SockOpsContext, shortcut_mode: bool) {
         }
         BPF_SOCK_OPS_STATE_CB => {
             let new_state = ctx.arg(1);
+            if ctx.arg(0) == TCP_LISTEN {
+                // A counted listener leaves the listening state (its close; `shutdown`): its
+                // key no longer counts it (a closed listener's entry announced for a later
+                // withdrawn listener of the port before: red team round 30).
+                if let Some(st) = SMC_SOCK_STATE.get(ops_sk(ops), false) {
+                    if st.flags & SOCK_LISTEN_COUNTED != 0 {
+                        st.flags &= !SOCK_LISTEN_COUNTED;
+                        if let Some(k) = ops_key(ops_ptr) {
+                            let one = if st.flags & SOCK_OPTED_IN != 0 {
+                                LISTENERS_ANNOUNCING
+                            } else {
+                                LISTENERS_WITHDRAWN
+                            };
+                            count_listener(k.netns, k.local_ip, ops.local_port, one.wrapping_neg());
+                        }
+                    }
+                }
+                let _ = ctx
+                    .set_cb_flags((ops.bpf_sock_ops_cb_flags & !BPF_SOCK_OPS_STATE_CB_FLAG) as i32);
+                return;
+            }
             if new_state == TCP_CLOSE {
                 if let Some(key) = ops_key(ops_ptr) {
                     // A socket also "closes" when it enters TIME_WAIT, possibly before its owner
@@ -295,7 +331,10 @@ fn established(ctx: &SockOpsContext, ops: &bpf_sock_ops, shortcut_mode: bool) {
     } else {
         0
     };
-    let cb = (ops.bpf_sock_ops_cb_flags & !BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG) | hdr | state_cb;
+    // Neither flag is inherited: a listener that opted in has both (the state callback reports
+    // its close), an accepted socket gets what it needs here.
+    let inherited = BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG | BPF_SOCK_OPS_STATE_CB_FLAG;
+    let cb = (ops.bpf_sock_ops_cb_flags & !inherited) | hdr | state_cb;
     if cb != ops.bpf_sock_ops_cb_flags {
         let _ = ctx.set_cb_flags(cb as i32);
     }

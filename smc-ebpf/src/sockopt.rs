@@ -6,16 +6,17 @@ use aya_ebpf::{
     helpers::generated::bpf_get_netns_cookie, macros::cgroup_sockopt, programs::SockoptContext,
 };
 use smc_common::bpf::{
-    Counter, SockState, TraceReason, SMC_SO_ENABLE, SMC_SO_PEER_QUARANTINED, SMC_SO_SHORTCUT,
-    SMC_SO_STATE, SMC_SO_TCP, SOCK_CLAIMED, SOCK_OPTED_IN, SOCK_PASSIVE, SOCK_QUARANTINED,
-    SOCK_QUARANTINE_TRY, SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_SHORTCUT_GRANTED, SOCK_STATE_VERSION,
-    SOCK_TCP, SOL_SMC_BPF,
+    Counter, SockState, TraceReason, LISTENERS_ANNOUNCING, LISTENERS_WITHDRAWN, SMC_SO_ENABLE,
+    SMC_SO_PEER_QUARANTINED, SMC_SO_SHORTCUT, SMC_SO_STATE, SMC_SO_TCP, SOCK_CLAIMED,
+    SOCK_LISTEN_COUNTED, SOCK_OPTED_IN, SOCK_PASSIVE, SOCK_QUARANTINED, SOCK_QUARANTINE_TRY,
+    SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_SHORTCUT_GRANTED, SOCK_STATE_VERSION, SOCK_TCP,
+    SOL_SMC_BPF,
 };
 
 use crate::{
     key::sock_key,
     maps::{
-        count, no_tcp_records, peer_entry, peer_of, set_listener, tcp_peer_entry, trace,
+        count, count_listener, no_tcp_records, peer_entry, peer_of, tcp_peer_entry, trace,
         SMC_QUARANTINE_AT, SMC_SOCK_STATE,
     },
     quarantine::flags_or,
@@ -86,6 +87,7 @@ pub fn smc_setsockopt(ctx: SockoptContext) -> i32 {
         }
         _ => return 0,
     };
+    let was = state.flags;
     if on {
         state.flags |= bit;
         if bit == SOCK_TCP {
@@ -94,11 +96,25 @@ pub fn smc_setsockopt(ctx: SockoptContext) -> i32 {
     } else {
         state.flags &= !bit;
     }
+    // A counted listener (it opted in before its `listen`) that withdraws or announces again
+    // moves from one count of its key to the other. One that was not counted has no header
+    // option callbacks (set at `listen` only when opted in): it can never announce, and its
+    // key is left to the listeners that can (before, any listener's opt-in wrote the key's
+    // flag and announced for a withdrawn sibling of it: red team round 30).
     // SAFETY: `sk` is the sockopt context's full socket (non-null: the storage get above
     // returned a value for it); the verifier checks the `bpf_sock` field load.
-    if bit == SOCK_OPTED_IN && unsafe { (*sk).state } == BPF_TCP_LISTEN {
+    if bit == SOCK_OPTED_IN
+        && was & SOCK_LISTEN_COUNTED != 0
+        && (was & SOCK_OPTED_IN != 0) != on
+        && unsafe { (*sk).state } == BPF_TCP_LISTEN
+    {
         if let Some(k) = sock_key(sk, netns) {
-            set_listener(netns, k.local_ip, k.local_port, on);
+            let delta = if on {
+                LISTENERS_ANNOUNCING.wrapping_sub(LISTENERS_WITHDRAWN)
+            } else {
+                LISTENERS_WITHDRAWN.wrapping_sub(LISTENERS_ANNOUNCING)
+            };
+            count_listener(netns, k.local_ip, k.local_port, delta);
         }
     }
     // Handled here: the kernel must not see this private level.
