@@ -3608,6 +3608,99 @@ fn inetd_handlers_spawned_by_vfork_serve_the_connection_their_parent_closed() {
     assert_eq!(fallbacks(&sum), 0, "{}", brief(&sum));
 }
 
+/// Listeners of one port that withdraw their announcement before an image without the library
+/// serves them, beside listeners of the library on the same key or a closed one's leftover
+/// (red team round 30, `rt30a_group.py`). The eBPF programs kept one flag per listening
+/// address and port, which any opted-in listener of the key wrote: an `SO_REUSEPORT` sibling's
+/// `listen` (`exec:v4lo:r,lib:v4lo:r`: 8-11 of 20 clients' Proposals read by the image), an
+/// `IPV6_V6ONLY` `[::]` listener beside a withdrawn dual-stack one (30 of 30, every family),
+/// and the entry a closed listener left at `127.0.0.1` announced for a later withdrawn
+/// `0.0.0.0` listener of the port (`gone:v4lo,exec:v4any`: 10 of 10, no concurrency
+/// needed; the same with `systemd-socket-activate`). Now each key counts its listeners,
+/// announcing and withdrawn, uncounted at their close; a key announces only while none of its
+/// listeners withdrew. The last case (a closed listener's key, then a library listener of the
+/// wildcard) shows the counts still let SMC-D through.
+const GROUP: &str = include_str!("../redteam/rt30a_group.py");
+
+#[test]
+fn listeners_that_withdrew_are_never_announced_for_by_siblings_or_leftovers() {
+    let w = SmcWorld::new();
+    let py = script(&w, "rt30a_group.py", GROUP);
+    let cases = [
+        ("gone:v4lo,exec:v4any", "v4:lib:10", 10),
+        ("exec:v4lo:r,lib:v4lo:r", "v4:lib:20", 20),
+        ("exec:dual:r,lib:v6only:r", "v4:lib:6,v6:lib:6,m:lib:6", 18),
+        ("gone:v6lo,exec:dual", "v6:lib:6,v4:lib:4", 10),
+        ("gone:v4lo,lib:v4any", "v4:lib:10", 10),
+    ];
+    for (members, clients, n) in cases {
+        for smc in [false, true] {
+            let port = free_port().to_string();
+            let mut c = python_or_plain(&w, &py, smc);
+            c.args([port.as_str(), members, clients])
+                .env("SMC_SHORT_BYTES", "0");
+            let out = spawn_piped(c)
+                .wait_output(Duration::from_secs(120))
+                .unwrap_or_else(|e| panic!("{members} smc={smc}: {e}"));
+            let want = format!("RESULT members={members} clients={clients} bad=0 of {n}");
+            assert!(
+                out.lines().any(|l| l.starts_with(&want)),
+                "{members} smc={smc}: {out}"
+            );
+        }
+    }
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_server") >= 10, "{}", brief(&sum));
+}
+
+/// A thread of several that takes a descriptor table of its own (`unshare(CLONE_FILES)`), puts a
+/// pipe at the number of the process's SMC-D connection there, and forks (red team round 30,
+/// `rt30b_x.c`): the child's table is a copy of the thread's, so its `write` to that number goes
+/// into the pipe. The child dropped the thread's record of the numbers it had made its own, and
+/// its write went into the connection: the peer read `PIPEDATA` at the head of its stream and
+/// 8 bytes more at its end, the pipe nothing (3 of 3). `fork_own`: the pipe's read end at that
+/// number, the child's write `EBADF` as over TCP.
+#[test]
+fn a_child_forked_by_a_thread_with_a_table_of_its_own_writes_where_its_table_says() {
+    let w = SmcWorld::new();
+    let exe = w.subdir("c").join("rt30b_x");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/redteam");
+    let cc = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(format!("{dir}/rt30b_x.c"))
+        .arg("-lpthread")
+        .output()
+        .expect("cc (the C compiler Rust links with)");
+    assert!(cc.status.success(), "cc rt30b_x.c: {cc:?}");
+    for scen in ["fork_own_w", "fork_own"] {
+        let run = |smc: bool| -> String {
+            let port = free_port().to_string();
+            let mut c = w.run_or_plain(smc, "sh");
+            c.args(["-c", "exec \"$0\" \"$@\" 2>&1"])
+                .arg(&exe)
+                .args([scen, port.as_str()]);
+            let out = spawn_piped(c)
+                .wait_output(Duration::from_secs(60))
+                .unwrap_or_else(|e| panic!("{scen} smc={smc}: {e}"));
+            // The pipe's numbers differ by the library's own descriptors.
+            out.lines()
+                .filter(|l| !l.starts_with("smc-preload"))
+                .filter(|l| {
+                    !l.strip_prefix("T pipe ")
+                        .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let tcp = run(false);
+        assert!(tcp.contains("rx got 100000 ok"), "{scen} over TCP: {tcp}");
+        assert_eq!(run(true), tcp, "{scen}: library against TCP");
+    }
+    let sum = w.stats_sum();
+    assert!(sum.get("smcd_client") >= 2, "{}", brief(&sum));
+}
+
 /// An accept loop that hands each connection to an image without the library before its
 /// handshake is decided (red team round 30, `rt30_vfork_undecided.c`): `accept4` non-blocking
 /// (an event loop's), then at once `vfork` + `dup2` onto 0 and 1 + `execve` of `cat` (CPython's
