@@ -12,7 +12,8 @@ for i in range(n):
 for c, s in pairs:
     c.sendall(b"q"); s.recv(1); s.sendall(b"a"); c.recv(1)
 W = "import os,sys,time; fd=int(sys.argv[1]); time.sleep(0.3); os.write(fd, b'hello '+sys.argv[2].encode()); time.sleep(0.3); os.close(fd)"
-R = "import os,sys; fd=int(sys.argv[1]); print(sys.argv[2], 'reader got', os.read(fd, 100), flush=True); os.close(fd)"
+# One write per line: the readers print at once into one pipe (print's pieces interleaved).
+R = "import os,sys; fd=int(sys.argv[1]); os.write(1, ('%s reader got %r\\n' % (sys.argv[2], os.read(fd, 100))).encode()); os.close(fd)"
 def spawn(code, sock, tag):
     p = subprocess.Popen([sys.executable, "-c", code, str(sock.fileno()), tag], pass_fds=[sock.fileno()])
     sock.close()

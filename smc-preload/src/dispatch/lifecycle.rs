@@ -162,6 +162,27 @@ pub fn vfork_shadow_range(first: c_int, last: c_int) {
     }
 }
 
+/// In a child just forked: when the
+/// forking thread had a table of its own ([`fd_table_unshared`]), the child's table is a copy
+/// of that one, so the numbers that thread shadowed stay shadowed for the child, now under its
+/// pid. Before, the child took them for its parent's thread back from a `vfork` child and
+/// dropped them: a pipe the thread had `dup2`ed onto a number of an SMC-D connection of the
+/// process got nothing of the child's `write`, which went into that connection (red team round
+/// 30, `rt30b_x.c fork_own_w`: the peer read `PIPEDATA` at the head of its stream, 3 of 3).
+pub fn shadows_after_fork() {
+    if !own_table_thread() {
+        return;
+    }
+    // SAFETY: plain system calls (the parent is the process that forked: nothing can have
+    // reparented the child before its first instructions).
+    let (me, parent) = unsafe { (libc::getpid() as u32, libc::getppid() as u32) };
+    SHADOW_PID.with(|p| {
+        if p.get() == parent {
+            p.set(me);
+        }
+    });
+}
+
 /// Whether every number `a..=b` (at most 64 of them) is closed in this process's table.
 fn closed_here(a: c_int, b: c_int) -> bool {
     b >= a

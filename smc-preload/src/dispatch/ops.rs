@@ -1584,6 +1584,12 @@ pub unsafe fn accept4(
                 // announcement sends a Proposal, which the machine then declines.
                 // accept() never makes the new socket non-blocking; accept4 may.
                 let nb = four && flags & libc::SOCK_NONBLOCK != 0;
+                // Another thread's exec or dup of `r` waits for the handshake this call drives
+                // (the fd has no object in the table until it is decided), as for a blocking
+                // connect (red team round 30, `rt30b_texec.c`: an exec while another thread
+                // was inside `accept` handed the image the client's Proposal or Confirm as
+                // data, 7 of 10 runs).
+                let _drive = setup::BlockingDrive::enter(r);
                 setup::server_after_accept(fd, r, nb);
             }
         }
@@ -2721,6 +2727,7 @@ pub unsafe fn fork() -> libc::pid_t {
     if r == 0 {
         crate::dmbs::after_fork_child(kept, child_must_not_allocate());
         crate::reset_pid();
+        lifecycle::shadows_after_fork();
         fdtable::for_each_object(|_, o| {
             if let Obj::Conn(c) = &**o {
                 c.holder_forked();

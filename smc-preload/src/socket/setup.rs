@@ -818,8 +818,9 @@ fn this_thread() -> u64 {
     (crate::pid() as u64) << 32 | tid
 }
 
-/// A slot of [`DRIVING_FD`] held while a blocking `connect` of an opted-in socket drives its
-/// handshake (none when all are taken: an exec then does not wait for that one, as before).
+/// A slot of [`DRIVING_FD`] held while a blocking `connect` of an opted-in socket, or an
+/// `accept` on a listener that announces, drives its handshake (none when all are taken: an
+/// exec then does not wait for that one, as before).
 pub(crate) struct BlockingDrive(Option<usize>);
 
 impl BlockingDrive {
