@@ -200,12 +200,12 @@ pub fn smc_sweep(ctx: *mut c_void) -> i32 {
     let listener = &cfg.listener;
     // A listener sweep: the listener announces again (an exec that failed restored it):
     // nothing to do. (A sweep of one socket is the client's: its listener may announce.)
-    // SAFETY: the value of a hash map lookup stays allocated for this run (RCU); read once.
-    if one == 0
-        && unsafe { SMC_LISTENERS.get(listener) }
-            .is_some_and(|v| listeners_announce(*v) == Some(true))
-    {
-        return 0;
+    if one == 0 {
+        // SAFETY: the value of a hash map lookup stays allocated for this run (RCU); read once.
+        let v = unsafe { SMC_LISTENERS.get(listener) }.copied();
+        if v.is_some_and(|v| listeners_announce(v) == Some(true)) {
+            return 0;
+        }
     }
     // SAFETY: the map pointer is the socket storage definition; `tp` is a full socket (BTF
     // pointer), which the tracing variant of the helper takes; no value is created.

@@ -101,13 +101,11 @@ pub fn smc_setsockopt(ctx: SockoptContext) -> i32 {
     // option callbacks (set at `listen` only when opted in): it can never announce, and its
     // key is left to the listeners that can (before, any listener's opt-in wrote the key's
     // flag and announced for a withdrawn sibling of it: red team round 30).
+    let moves =
+        bit == SOCK_OPTED_IN && was & SOCK_LISTEN_COUNTED != 0 && (was & SOCK_OPTED_IN != 0) != on;
     // SAFETY: `sk` is the sockopt context's full socket (non-null: the storage get above
     // returned a value for it); the verifier checks the `bpf_sock` field load.
-    if bit == SOCK_OPTED_IN
-        && was & SOCK_LISTEN_COUNTED != 0
-        && (was & SOCK_OPTED_IN != 0) != on
-        && unsafe { (*sk).state } == BPF_TCP_LISTEN
-    {
+    if moves && unsafe { (*sk).state } == BPF_TCP_LISTEN {
         if let Some(k) = sock_key(sk, netns) {
             let delta = if on {
                 LISTENERS_ANNOUNCING.wrapping_sub(LISTENERS_WITHDRAWN)
