@@ -533,6 +533,76 @@ pub unsafe extern "C" fn vfork() -> libc::pid_t {
     )
 }
 
+/// `clone(2)` (glibc's wrapper: `fn, stack, flags, arg, ...`): a child that shares our memory
+/// and runs until it execs (`CLONE_VM | CLONE_VFORK`, a hand-made `vfork`) gets what `vfork`
+/// gets first ([`vfork_hook`]); any other clone goes to libc's untouched. The argument
+/// registers (the variadic ones too) and the stack are as the caller left them at the jump.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn clone() -> c_int {
+    // SAFETY: the six argument registers are saved and restored around the hook (the seventh
+    // argument stays on the caller's stack, untouched); 6 pushes and 8 bytes more keep the
+    // call 16-byte aligned; `rax` holds the hook's answer: libc's `clone`.
+    core::arch::naked_asm!(
+        "push rdi",
+        "push rsi",
+        "push rdx",
+        "push rcx",
+        "push r8",
+        "push r9",
+        "sub rsp, 8",
+        "mov edi, edx",
+        "call {hook}",
+        "add rsp, 8",
+        "pop r9",
+        "pop r8",
+        "pop rcx",
+        "pop rdx",
+        "pop rsi",
+        "pop rdi",
+        "jmp rax",
+        hook = sym clone_hook,
+    )
+}
+
+/// As for x86_64: the argument registers `x0`-`x7` and the frame are saved around the hook.
+#[cfg(target_arch = "aarch64")]
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn clone() -> c_int {
+    // SAFETY: `x0`-`x7`, `x29`, `x30` saved and restored on a 16-byte aligned stack; `x16`
+    // holds the hook's answer: libc's `clone`.
+    core::arch::naked_asm!(
+        "stp x29, x30, [sp, #-80]!",
+        "stp x0, x1, [sp, #16]",
+        "stp x2, x3, [sp, #32]",
+        "stp x4, x5, [sp, #48]",
+        "stp x6, x7, [sp, #64]",
+        "mov x29, sp",
+        "mov w0, w2",
+        "bl {hook}",
+        "mov x16, x0",
+        "ldp x0, x1, [sp, #16]",
+        "ldp x2, x3, [sp, #32]",
+        "ldp x4, x5, [sp, #48]",
+        "ldp x6, x7, [sp, #64]",
+        "ldp x29, x30, [sp], #80",
+        "br x16",
+        hook = sym clone_hook,
+    )
+}
+
+/// The interposed `clone`'s work before libc's (see [`clone`]); returns libc's `clone`.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+extern "C" fn clone_hook(flags: c_int) -> usize {
+    let vfork_like = libc::CLONE_VM | libc::CLONE_VFORK;
+    if flags & vfork_like == vfork_like {
+        ops::before_vfork();
+    }
+    crate::real::clone_addr()
+}
+
 /// The interposed `vfork`'s work before libc's (see [`vfork`]); returns libc's `vfork`.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 extern "C" fn vfork_hook() -> usize {

@@ -1,10 +1,11 @@
 // Red team round 30: an accept loop hands each connection to `cat` (an image without the
 // library) at once, before the connection's handshake is decided: `accept4(SOCK_NONBLOCK |
 // SOCK_CLOEXEC)` (an event loop's accept) and then `vfork` + `dup2` + `execve` (CPython's
-// `subprocess`, inetd) or `posix_spawn` with `adddup2` file actions. A forked client sends one
+// `subprocess`, inetd), the same through `clone(CLONE_VM | CLONE_VFORK)`, or `posix_spawn` with
+// `adddup2` file actions. A forked client sends one
 // line, shuts down its writing side and must read exactly that line back. The image is
 // `tee -a LOG` (a `cat` that keeps what it read): it must have read exactly the lines.
-// `rt30_vfork_undecided PORT vfork|spawn ROUNDS LOG`; prints "MODE: K of N echoed", what the
+// `rt30_vfork_undecided PORT vfork|clonevm|spawn ROUNDS LOG`; prints "MODE: K of N echoed", what the
 // images read and, for each failure, what the client read.
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -12,6 +13,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -34,6 +36,20 @@ static char **plain_env(void) {
     return e;
 }
 
+static int child_fd;
+static char **child_argv;
+
+// The child of `vfork` or `clone(CLONE_VM | CLONE_VFORK)`: `tee` on the connection.
+static int child(void *unused) {
+    (void)unused;
+    // `tee` reads blocking (the raw call: nothing of the parent's to touch here).
+    syscall(SYS_fcntl, child_fd, F_SETFL, 0);
+    dup2(child_fd, 0);
+    dup2(child_fd, 1);
+    execve("/usr/bin/tee", child_argv, plain_env());
+    _exit(127);
+}
+
 static int client(struct sockaddr_in *a, int r) {
     int c = socket(AF_INET, SOCK_STREAM, 0);
     if (connect(c, (void *)a, sizeof *a)) return perror("connect"), 3;
@@ -52,7 +68,7 @@ static int client(struct sockaddr_in *a, int r) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 5) return fprintf(stderr, "usage: %s PORT vfork|spawn ROUNDS LOG\n", argv[0]), 2;
+    if (argc < 5) return fprintf(stderr, "usage: %s PORT vfork|clonevm|spawn ROUNDS LOG\n", argv[0]), 2;
     int port = atoi(argv[1]), rounds = atoi(argv[3]), ok = 0, one = 1;
     const char *mode = argv[2];
     signal(SIGPIPE, SIG_IGN);
@@ -73,16 +89,14 @@ int main(int argc, char **argv) {
         if (s < 0) return perror("accept4"), 2;
         char *cargv[] = {"tee", "-a", argv[4], 0};
         pid_t h;
+        child_fd = s;
+        child_argv = cargv;
         if (!strcmp(mode, "vfork")) {
             h = vfork();
-            if (h == 0) {
-                // `cat` reads blocking (the raw call: nothing of the parent's to touch here).
-                syscall(SYS_fcntl, s, F_SETFL, 0);
-                dup2(s, 0);
-                dup2(s, 1);
-                execve("/usr/bin/tee", cargv, plain_env());
-                _exit(127);
-            }
+            if (h == 0) child(0);
+        } else if (!strcmp(mode, "clonevm")) {
+            static char stack[1 << 16];
+            h = clone(child, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, 0);
         } else {
             syscall(SYS_fcntl, s, F_SETFL, 0);
             posix_spawn_file_actions_t fa;

@@ -3703,8 +3703,9 @@ fn a_child_forked_by_a_thread_with_a_table_of_its_own_writes_where_its_table_say
 
 /// An accept loop that hands each connection to an image without the library before its
 /// handshake is decided (red team round 30, `rt30_vfork_undecided.c`): `accept4` non-blocking
-/// (an event loop's), then at once `vfork` + `dup2` onto 0 and 1 + `execve` of `cat` (CPython's
-/// `subprocess`, inetd), or `posix_spawn` with `adddup2` file actions; the image is `tee`, which
+/// (an event loop's), then at once `vfork` + `dup2` onto 0 and 1 + `execve` (CPython's
+/// `subprocess`, inetd), the same through `clone(CLONE_VM | CLONE_VFORK)`, or `posix_spawn` with
+/// `adddup2` file actions; the image is `tee`, which
 /// echoes and keeps what it read. The `vfork` child cannot drive the parent's handshake, and
 /// its exec left it undecided: `tee` read the client's CLC Proposal and Decline and echoed them
 /// (the client's library took them for a crossing handshake and fell back, `SYNCERR`, 20 of
@@ -3728,7 +3729,7 @@ fn a_connection_handed_to_an_image_without_the_library_before_its_handshake_is_d
         .expect("cc (the C compiler Rust links with)");
     assert!(cc.status.success(), "cc rt30_vfork_undecided.c: {cc:?}");
     let rounds = 20;
-    for mode in ["vfork", "spawn"] {
+    for mode in ["vfork", "clonevm", "spawn"] {
         let run = |smc: bool| -> String {
             let port = free_port().to_string();
             let log = w.subdir("c").join(format!("{mode}-{smc}.log"));
@@ -3748,7 +3749,8 @@ fn a_connection_handed_to_an_image_without_the_library_before_its_handshake_is_d
         );
         assert_eq!(run(true), tcp, "{mode}: library against TCP");
     }
-    // The vfork rounds were all SMC-D until the exec (posix_spawn declines first, by design).
+    // The vfork and clone rounds were all SMC-D until the exec (posix_spawn declines first, by
+    // design).
     let sum = w.stats_sum();
-    assert!(sum.get("smcd_server") >= rounds, "{}", brief(&sum));
+    assert!(sum.get("smcd_server") >= 2 * rounds, "{}", brief(&sum));
 }

@@ -176,6 +176,18 @@ pub fn vfork_addr() -> usize {
     p
 }
 
+/// The address of libc's `clone`, for the interposed `clone`'s jump (its arguments, variadic
+/// ones included, must reach it as the caller passed them).
+pub fn clone_addr() -> usize {
+    static PTR: AtomicUsize = AtomicUsize::new(0);
+    let mut p = PTR.load(Ordering::Relaxed);
+    if p == 0 {
+        p = resolve(b"clone\0");
+        PTR.store(p, Ordering::Relaxed);
+    }
+    p
+}
+
 macro_rules! real_fns {
     ($( $name:ident ( $($arg:ident : $t:ty),* ) -> $ret:ty ; )*) => {
         $(
