@@ -312,6 +312,11 @@ pub struct Skip {
     /// nothing of its server was read yet, the daemon quarantines the server end, which may
     /// still lie unaccepted in its listener's queue (`setup::sweep_peer_before_fin`).
     pub sweep_peer: AtomicBool,
+    /// A wait of `setup::skip_before_libc` ran its whole CLC timeout for this skip: what did
+    /// not come then is not waited for again (a `posix_spawn` that puts the socket on stdin and
+    /// stdout settles it three times: 6 s instead of 2, red team round 30 `rt30b_spawn.c client
+    /// spawn`).
+    pub waited_out: AtomicBool,
 }
 
 pub const SKIP_LATE: u32 = 0;
@@ -326,6 +331,7 @@ impl Skip {
             state: AtomicU32::new(SKIP_LATE),
             server,
             sweep_peer: AtomicBool::new(false),
+            waited_out: AtomicBool::new(false),
         }
     }
 

@@ -1753,8 +1753,9 @@ pub fn skip_before_libc(fd: i32, o: &Arc<Obj>, s: &Skip) {
     let e0 = real::errno();
     while !skip_late_clc(fd, fd, o, s) {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
+        if left.is_zero() || s.waited_out.load(Ordering::Acquire) {
             debug!("fd {fd}: libc takes it with late CLC messages maybe still to come");
+            s.waited_out.store(true, Ordering::Release);
             break;
         }
         let mut p = libc::pollfd {
