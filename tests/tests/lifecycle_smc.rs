@@ -1402,7 +1402,10 @@ print("CLIENT", got.get(b"a1 b2 c3\n", 0), "OF", n, "WHOLE", got, flush=True)
 "#;
 
 /// [`NAGLE_HANDLER_SERVER`] and [`NAGLE_CLIENT`], `n` connections in `mode`; under the library
-/// (`smc`) in the world or as plain programs: the client's output.
+/// (`smc`) in the world or as plain programs: the client's output. `mode` `after-slow` is
+/// `after` with a client whose thread is slow right after its write (`redteam/slow_quickack.c`
+/// loaded after the library delays a `TCP_QUICKACK` that follows a `sendmsg` on the socket by
+/// 30 ms; the plain client sets none).
 fn nagle_case(w: &SmcWorld, smc: bool, mode: &str, n: u32) -> String {
     let srv_py = script(w, "nagle_server.py", NAGLE_HANDLER_SERVER);
     let cl_py = script(w, "nagle_client.py", NAGLE_CLIENT);
@@ -1411,13 +1414,36 @@ fn nagle_case(w: &SmcWorld, smc: bool, mode: &str, n: u32) -> String {
     let st = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
     assert!(st.success(), "mkfifo {}", fifo.display());
     let fifo = fifo.display().to_string();
-    py_server_client(
-        w,
-        smc,
-        (&srv_py, &[n.to_string(), mode.to_string(), fifo.clone()]),
-        (&cl_py, &[n.to_string(), mode.to_string(), fifo]),
-        "SERVER DONE",
-    )
+    let (mode, slow) = match mode.strip_suffix("-slow") {
+        Some(m) => (m, true),
+        None => (mode, false),
+    };
+    let mut srv = python_or_plain(w, &srv_py, smc);
+    srv.args([n.to_string(), mode.to_string(), fifo.clone()]);
+    let mut srv = spawn_piped(srv);
+    let port = ready_port(&mut srv);
+    let mut cl = python_or_plain(w, &cl_py, smc);
+    cl.arg(port.to_string())
+        .args([n.to_string(), mode.to_string(), fifo]);
+    if slow {
+        let shim = w.subdir("c").join("slow_quickack.so");
+        if !shim.exists() {
+            let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/redteam");
+            let cc = Command::new("cc")
+                .args(["-O2", "-shared", "-fPIC", "-o"])
+                .arg(&shim)
+                .arg(format!("{dir}/slow_quickack.c"))
+                .arg("-ldl")
+                .output()
+                .expect("cc (the C compiler Rust links with)");
+            assert!(cc.status.success(), "cc slow_quickack.c: {cc:?}");
+        }
+        cl.env("LD_PRELOAD", &shim);
+    }
+    let out = spawn_piped(cl).wait_output(T).expect("client");
+    let sout = srv.wait_output(T).expect("server");
+    assert!(sout.contains("SERVER DONE"), "server: {sout}");
+    out
 }
 
 /// Each of `modes` run over plain TCP, then under the library (`case(smc, mode)`): both
@@ -1468,18 +1494,22 @@ fn py_server_client(
 /// TCP): that line put the client's socket back in ping-pong mode every time (0 of 10 whole).
 /// Now each end waits until the peer acknowledged its switch bytes, leaves ping-pong mode, and
 /// neither continues before the other did (`Conn::acks_fresh`); a write that switches
-/// re-arms quick ACKs after its bytes.
+/// re-arms quick ACKs after its bytes. `after-slow`: that re-arming came after the handler's
+/// first piece when the client's thread was slow after its write (preempted by the handler it
+/// woke: CI, 1 of 10 once, "a1 " only; with the delay of `redteam/slow_quickack.c`, 19 of 20):
+/// a write that switches now waits out the delayed-ACK time of the peer's marker first
+/// (`conn::send_fresh`), so that its bytes are no reply, as a fresh connection's are not.
 #[test]
 fn a_handler_that_writes_small_pieces_and_closes_unread_delivers_them_all_like_tcp() {
     let w = SmcWorld::new();
     let n = 10;
     let want = format!("CLIENT {n} OF {n} ");
-    like_tcp(&["first", "after"], &want, |smc, mode| {
+    like_tcp(&["first", "after", "after-slow"], &want, |smc, mode| {
         nagle_case(&w, smc, mode, n)
     });
     let sum = w.stats_sum();
     assert!(
-        sum.get("smcd_server") >= u64::from(2 * n),
+        sum.get("smcd_server") >= u64::from(3 * n),
         "{}",
         brief(&sum)
     );

@@ -158,7 +158,7 @@ fn conn_of_op(fd: c_int, op: Op) -> Option<Arc<Obj>> {
 
 thread_local! {
     /// [`conn_of_call`] switched the connection of a write to TCP just now: the write goes to
-    /// the socket, followed by [`crate::conn::fresh_acks_after_send`] ([`send_iov`]).
+    /// the socket, as [`crate::conn::send_fresh`] sends them ([`send_iov`]).
     static WRITE_SWITCHED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
@@ -610,8 +610,7 @@ pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
             h.msg_iov = iov.as_ptr() as *mut iovec;
             h.msg_iovlen = iov.len() as _;
             // SAFETY: the caller's buffers (a plain TCP socket now).
-            let r = unsafe { real::sendmsg(fd, &h, flags) };
-            crate::conn::fresh_acks_after_send(fd);
+            let r = crate::conn::send_fresh(fd, || unsafe { real::sendmsg(fd, &h, flags) });
             return Some(r);
         }
         Err(m) => {
@@ -662,13 +661,10 @@ unsafe fn send_in(call: &InCall, fd: c_int, iov: &[iovec], flags: c_int) -> ssiz
             m.msg_iov = iov.as_ptr() as *mut iovec;
             m.msg_iovlen = iov.len() as _;
             let io = c.io_now(fd);
+            // The program's first bytes on TCP, right after the switch's exchange: sent as a
+            // fresh connection's, not as a reply to the peer's marker (ping-pong mode).
             // SAFETY: the caller's buffers.
-            let r = unsafe { real::sendmsg(io, &m, flags) };
-            // The program's first bytes on TCP, right after the switch's exchange: the socket
-            // received the peer's marker within its delayed-ACK time, so they put it in
-            // ping-pong mode, where a fresh connection (nothing received yet) is not.
-            crate::conn::fresh_acks_after_send(io);
-            r
+            crate::conn::send_fresh(io, || unsafe { real::sendmsg(io, &m, flags) })
         }
         Err(crate::conn::E_TCP) => ret(c.send(fd, iov, flags).map_err(not_e_tcp(libc::EPIPE))),
         r => {

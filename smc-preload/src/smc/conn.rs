@@ -1131,7 +1131,7 @@ mod smc_wake;
 
 pub use crate::util::io_path::{IO_GONE, NO_IO};
 pub use smc_close::{TCP_CLOSE, TCP_CLOSE_WAIT, TCP_ESTABLISHED, TCP_FIN_WAIT2};
-pub use smc_switch::{fresh_acks_after_send, Switched, TailUndo};
+pub use smc_switch::{send_fresh, Switched, TailUndo};
 
 #[cfg(test)]
 mod tests;

@@ -1182,9 +1182,8 @@ fn all_acked(fd: i32, deadline: Instant, mut reader: Option<&mut dyn FnMut(i32) 
     ok
 }
 
-/// Whether the socket's TCP state still carries the stream both ways or our half-close
-/// (ESTABLISHED, FIN_WAIT1, FIN_WAIT2), as `TCP_INFO` says. errno is kept.
-pub(super) fn connected(fd: i32) -> bool {
+/// The socket's `TCP_INFO`, or `None` when the call fails. errno is kept.
+fn tcp_info(fd: i32) -> Option<libc::tcp_info> {
     let e0 = real::errno();
     // SAFETY: `tcp_info` is plain old data; all zeroes is a valid value.
     let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
@@ -1200,8 +1199,14 @@ pub(super) fn connected(fd: i32) -> bool {
         )
     };
     real::set_errno(e0);
+    (r == 0).then_some(ti)
+}
+
+/// Whether the socket's TCP state still carries the stream both ways or our half-close
+/// (ESTABLISHED, FIN_WAIT1, FIN_WAIT2), as `TCP_INFO` says. errno is kept.
+pub(super) fn connected(fd: i32) -> bool {
     // TCP_ESTABLISHED 1, TCP_FIN_WAIT1 4, TCP_FIN_WAIT2 5 (`include/net/tcp_states.h`).
-    r == 0 && matches!(ti.tcpi_state, 1 | 4 | 5)
+    tcp_info(fd).is_some_and(|ti| matches!(ti.tcpi_state, 1 | 4 | 5))
 }
 
 /// Whether everything written to `fd` left its send queue (`SIOCOUTQ` 0) before `deadline`.
@@ -1309,15 +1314,58 @@ fn inq_reaches(fd: i32, n: u32, deadline: Instant) -> bool {
 }
 
 /// The program's first write on a connection that its call switched to TCP just before (a
-/// peer that switched alone, whose next image may already write): its bytes went out within
-/// the delayed-ACK time of the peer's marker, which put the socket in ping-pong mode again
-/// ([`Conn::acks_fresh`]); a fresh TCP connection whose first bytes are its own is not in
-/// it (red team round 19: the peer of an inetd handler that switched alone before the client's
-/// request, 1 in about 400 connections lost the handler's second and third writes). errno is
-/// kept. What comes from the peer between the send and this call is acknowledged late, as
-/// before.
-pub fn fresh_acks_after_send(fd: i32) {
+/// peer that switched alone, whose next image may already write), made by `send`: it goes
+/// out as a fresh TCP connection's first bytes would, not as a reply. Its result; errno is
+/// `send`'s.
+///
+/// Sent within the delayed-ACK time (`ato`) of the peer's marker, the last data the socket
+/// received, the bytes count as a reply (`tcp_event_data_sent`) and put the socket in ping-pong
+/// mode, where a fresh TCP connection whose first bytes are its own is not (its `ato` is 0
+/// until it receives data): the peer's answer is then acknowledged late, a second small write
+/// of the peer waits for that ACK (Nagle), and a peer that closes with our bytes unread (a
+/// reset) drops it (red team round 19: the peer of an inetd handler that switched alone
+/// before the client's request, 1 in about 400 connections lost the handler's second and third
+/// writes). `TCP_QUICKACK` after the send leaves that mode, but too late when the peer's
+/// answer came first: our thread was preempted by the woken peer between the send and the
+/// option, and the answer, queued unread, holds the ACK back (the CI's `after` case, 1 of
+/// 10 once; 1 in about 600 connections beside a test run here). So, unless data of the
+/// program came after the marker (then the socket's last receipt is what TCP's would be), the
+/// write first waits out what is left of that time: at most [`REPLY_TIME_MAX`], once per
+/// switched connection; then `TCP_QUICKACK` after the send as before. What comes from the
+/// peer between the send and the option is then acknowledged at once.
+pub fn send_fresh(fd: i32, send: impl FnOnce() -> isize) -> isize {
+    out_of_reply_time(fd);
+    let r = send();
+    let e = real::errno();
     ack_now(fd);
+    real::set_errno(e);
+    r
+}
+
+/// The longest [`send_fresh`] waits before its bytes: the kernel's longest delayed-ACK time
+/// (`TCP_DELACK_MAX`, 200 ms; the usual `ato` is `TCP_ATO_MIN`, 40 ms).
+const REPLY_TIME_MAX: Duration = Duration::from_millis(200);
+
+/// Waits (at most [`REPLY_TIME_MAX`]) until data sent on `fd` would not be a reply to the
+/// last data it received (`TCP_INFO`: `tcpi_last_data_recv`, ms, at least `tcpi_ato`, us),
+/// unless bytes to read are queued (the program's, received after the switch). errno is kept.
+fn out_of_reply_time(fd: i32) {
+    if ioctl_int(fd, libc::FIONREAD as libc::c_ulong).is_some_and(|q| q > 0) {
+        return;
+    }
+    let end = Instant::now() + REPLY_TIME_MAX;
+    loop {
+        let Some(ti) = tcp_info(fd) else { return };
+        let since_us = u64::from(ti.tcpi_last_data_recv).saturating_mul(1000);
+        let ato_us = u64::from(ti.tcpi_ato);
+        let now = Instant::now();
+        if since_us >= ato_us || now >= end {
+            return;
+        }
+        // One more millisecond: both are jiffies, rounded to what `TCP_INFO` shows.
+        let left = Duration::from_micros(ato_us - since_us + 1000).min(end - now);
+        std::thread::sleep(left);
+    }
 }
 
 /// Our delayed ACK, if one is pending, goes now (`TCP_QUICKACK`, not sticky): the peer's next
