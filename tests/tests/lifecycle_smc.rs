@@ -2175,6 +2175,53 @@ fn a_client_back_after_its_server_gave_up_never_reads_clc_bytes() {
     );
 }
 
+/// Clients whose server is killed with their connections queued, unaccepted, while their
+/// handshakes wait for its Accept (`tests/redteam/rt31_reset_in_handshake.py`; red team round
+/// 30 `rt30c_multi.py skillq`). The handshake's read of the socket took the reset's error
+/// (`sock_error`), so the application's read said EOF where TCP's says `ECONNRESET`, and its
+/// write `EPIPE` (`go-read`: `r0 r0`, `go-write`: `EPIPE r0`, every client). Now the error the
+/// handshake took is the application's next read or write's, once; a write that waited for
+/// the handshake while the reset came takes its bytes, as TCP's did before the reset, and the
+/// reset is the next call's. Each scenario's lines as over TCP; `go-write`, whose order TCP
+/// does not fix either, one of TCP's two.
+#[test]
+fn a_reset_during_the_handshake_is_reported_as_tcp_reports_it() {
+    let w = SmcWorld::new();
+    let py = script(
+        &w,
+        "rt31_reset_in_handshake.py",
+        include_str!("../redteam/rt31_reset_in_handshake.py"),
+    );
+    let run = |smc: bool, scen: &str| -> String {
+        let mut c = python_or_plain(&w, &py, smc);
+        c.args([scen, "6", &free_port().to_string()]);
+        spawn_piped(c)
+            .wait_output(T)
+            .unwrap_or_else(|e| panic!("{scen} smc={smc}: {e}"))
+            .lines()
+            .filter(|l| !l.starts_with("smc-preload"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    for scen in ["go-read", "read", "write", "soerr", "nb-read", "nb-pread"] {
+        let tcp = run(false, scen);
+        assert!(tcp.contains("   6 "), "{scen} over TCP: {tcp}");
+        assert_eq!(run(true, scen), tcp, "{scen}: library against TCP");
+    }
+    let tcp_orders = [
+        "c:EINPROGRESS w5 ECONNRESET EPIPE",
+        "c:EINPROGRESS ECONNRESET r0 EPIPE",
+    ];
+    let out = run(true, "go-write");
+    let mut clients = 0;
+    for l in out.lines() {
+        let (n, line) = l.trim_start().split_once(' ').unwrap_or(("?", l));
+        assert!(tcp_orders.contains(&line), "go-write: {l} (all: {out})");
+        clients += n.parse::<u32>().unwrap_or(0);
+    }
+    assert_eq!(clients, 6, "go-write: {out}");
+}
+
 /// A client hands its socket to a helper while the non-blocking connect is still under way
 /// (fd-passing proxies, Node cluster's primary with an accepted socket): the library decides
 /// the handshake before the socket leaves, declining (`OPTUNSUPP`), and the helper talks plain

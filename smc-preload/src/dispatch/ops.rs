@@ -309,11 +309,40 @@ fn conn_of_call(fd: c_int, op: Op) -> Result<Option<Arc<Obj>>, Moved> {
     })
 }
 
-/// Data calls on an orphaned SMC connection (inherited across exec).
-fn orphan(fd: c_int, write: bool) -> Option<ssize_t> {
+/// Data calls (a write: its buffers) on an orphaned SMC connection (inherited across exec), or
+/// on a connection reset during its handshake ([`Skip::lost`]).
+///
+/// The reset one answers as a TCP connection whose reset came after the calls that waited for
+/// the handshake while it came (TCP would have finished them before, a `connect` at once):
+/// the first write then takes all its bytes (TCP queued them; the reset dropped them). The
+/// next read or write reports the error, once; after that the kernel's socket answers
+/// (`None`), at EOF and `EPIPE` as TCP's.
+///
+/// [`Skip::lost`]: crate::obj::Skip::lost
+fn orphan(fd: c_int, write: Option<&[iovec]>) -> Option<ssize_t> {
     let o = fdtable::get(fd)?;
     let Obj::Orphan(s) = &*o else { return None };
-    if write {
+    if s.lost != 0 {
+        if let Some(iov) = write {
+            if s.state
+                .compare_exchange(
+                    crate::obj::LOST_WAITED,
+                    0,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+            {
+                let n = iov.iter().fold(0usize, |a, v| a.saturating_add(v.iov_len));
+                return Some(n.min(MAX_RW_COUNT) as ssize_t);
+            }
+        }
+        let first =
+            s.state.swap(crate::obj::LOST_REPORTED, Ordering::AcqRel) != crate::obj::LOST_REPORTED;
+        fdtable::replace_if(fd, &o, Slot::Obj(Arc::new(Obj::Tcp)));
+        return first.then(|| fail(s.lost));
+    }
+    if write.is_some() {
         return Some(fail(libc::EPIPE));
     }
     if s.state.swap(1, Ordering::AcqRel) == 0 {
@@ -378,7 +407,7 @@ pub unsafe fn recv_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
 /// [`recv_iov`] once its signals are being noted (it goes on here when the call moves to
 /// another descriptor).
 unsafe fn recv_iov_call(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t> {
-    if let Some(r) = orphan(fd, false) {
+    if let Some(r) = orphan(fd, None) {
         return Some(r);
     }
     let dontwait = flags & libc::MSG_DONTWAIT != 0;
@@ -400,6 +429,10 @@ unsafe fn recv_iov_call(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_
         }
     };
     let Some(o) = found else {
+        // A handshake that a reset ended while this read waited for it, or looked at it.
+        if let Some(r) = orphan(fd, None) {
+            return Some(r);
+        }
         // A connection that fell back after its handshake started (skipped or not).
         let member = fdtable::get(fd).is_some_and(|o| matches!(&*o, Obj::Tcp | Obj::Skip(_)));
         if member && flags & libc::MSG_OOB != 0 {
@@ -576,8 +609,8 @@ unsafe fn write_part(call: Option<&InCall>, fd: c_int, b: &[u8]) -> ssize_t {
 }
 
 pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t> {
-    if let Some(r) = orphan(fd, true) {
-        if flags & libc::MSG_NOSIGNAL == 0 {
+    if let Some(r) = orphan(fd, Some(iov)) {
+        if r < 0 && flags & libc::MSG_NOSIGNAL == 0 && real::errno() == libc::EPIPE {
             crate::conn::raise_sigpipe();
         }
         return Some(r);
@@ -600,7 +633,8 @@ pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
         Ok(Some(o)) => o,
         Ok(None) => {
             if !WRITE_SWITCHED.with(|w| w.replace(false)) {
-                return None;
+                // A handshake that a reset ended while this write waited for it.
+                return orphan(fd, Some(iov));
             }
             // This write switched the connection to TCP (the peer switched, maybe alone, and
             // its next image may be writing already): its bytes go to the socket here, and
@@ -3768,6 +3802,23 @@ pub unsafe fn getsockopt(
         return r;
     }
     let Some(o) = fdtable::get(fd) else { return r };
+    if let Obj::Orphan(s) = &*o {
+        // A connection reset during its handshake: the error the handshake's read took is
+        // the socket's own until a call reported it ([`orphan`]).
+        if s.lost != 0
+            && s.state.swap(crate::obj::LOST_REPORTED, Ordering::AcqRel)
+                != crate::obj::LOST_REPORTED
+        {
+            fdtable::replace_if(fd, &o, Slot::Obj(Arc::new(Obj::Tcp)));
+            // SAFETY: as below: the kernel's write of an int through `val` succeeded.
+            unsafe {
+                if *len as usize >= 4 && std::ptr::read_unaligned(val as *const c_int) == 0 {
+                    std::ptr::write_unaligned(val as *mut c_int, s.lost);
+                }
+            }
+        }
+        return r;
+    }
     let Obj::Conn(c) = &*o else { return r };
     // An error this connection already reported (a read's ECONNRESET, a write's EPIPE) is the
     // event the TCP socket's own `sk_err` stands for too: TCP's read would have taken it, ours

@@ -285,10 +285,15 @@ pub enum Outcome {
         own: HeldDmb,
         peer: HeldDmb,
     },
-    /// Plain TCP; `awaited` is the message we were waiting for when it ended, if any.
+    /// Plain TCP; `awaited` is the message we were waiting for when it ended, if any; `lost`:
+    /// the socket error our read took from the socket (`sock_error`: a reset while we waited
+    /// for the peer's message), which the application's next call must still see, and
+    /// whether it came while the step that found it waited (a call of the application was
+    /// under way, which TCP would have finished before).
     Fallback {
         fb: Fallback,
         awaited: Option<MsgType>,
+        lost: Option<(i32, bool)>,
     },
     /// The server could not attach or map the DMB of a client that confirmed (and so is on
     /// SMC already): neither end may continue on this stream.
@@ -404,6 +409,11 @@ pub struct Driver {
     /// ([`note_clc_bytes`]) for `TCP_INFO`.
     clc_sent: u64,
     clc_received: u64,
+    /// The socket error a read of ours took ([`Outcome::Fallback`]'s `lost`).
+    lost: Option<(i32, bool)>,
+    /// This step waited for the peer (the call that drives it was under way when what came
+    /// then arrived).
+    waited: bool,
     buf: [u8; MAX_MSG],
 }
 
@@ -443,6 +453,8 @@ impl Driver {
             defer_daemon: false,
             deferred: None,
             closing: Vec::new(),
+            lost: None,
+            waited: false,
             clc_sent: 0,
             clc_received: 0,
             buf: [0; MAX_MSG],
@@ -505,6 +517,7 @@ impl Driver {
     /// As [`Driver::step`]; `wait`: `None` does not wait for the peer, `Some(None)` waits (up to
     /// the CLC timeout of each message), `Some(Some(t))` waits until `t` at most.
     pub fn step_until(&mut self, wait: Option<Option<Instant>>) -> Progress {
+        self.waited = false;
         let p = self.step_inner(wait);
         // After the step's CLC message went out (see [`HeldDmb::map`]).
         self.closing.clear();
@@ -643,6 +656,7 @@ impl Driver {
                         self.fd,
                         limit.map_or(deadline, |l| l.min(deadline)),
                     );
+                    self.waited = true;
                     None
                 }
             };
@@ -726,7 +740,11 @@ impl Driver {
     fn fallback_now(&mut self, fb: Fallback) -> Outcome {
         self.release_all();
         self.note_clc_bytes();
-        Outcome::Fallback { fb, awaited: None }
+        Outcome::Fallback {
+            fb,
+            awaited: None,
+            lost: self.lost,
+        }
     }
 
     /// Carry out one action; `Some` when it is terminal.
@@ -849,7 +867,11 @@ impl Driver {
                 let awaited = self.wait.map(|(t, _)| t);
                 self.release_all();
                 self.note_clc_bytes();
-                Some(Outcome::Fallback { fb, awaited })
+                Some(Outcome::Fallback {
+                    fb,
+                    awaited,
+                    lost: self.lost,
+                })
             }
         }
     }
@@ -1485,6 +1507,11 @@ impl Driver {
                 crate::debug!(
                     "fd {fd}: handshake: reading the peer's CLC message failed: errno {e}"
                 );
+                // A peek reports the socket's error only when nothing is queued, and takes it:
+                // TCP's next read would have said so, ours would say EOF.
+                if !matches!(e, libc::EINTR | libc::EBADF | libc::EFAULT | libc::ENOMEM) {
+                    self.lost = Some((e, self.waited));
+                }
                 return Rd::Gone;
             }
         };

@@ -31,7 +31,9 @@ pub enum Obj {
     Handshake(Handshake),
     /// An SMC connection inherited across `exec`: its rings are gone with the old image, and
     /// its TCP socket carries only doorbells. Reads fail with `ECONNRESET` (then EOF), writes
-    /// with `EPIPE`; never a doorbell byte as data.
+    /// with `EPIPE`; never a doorbell byte as data. With [`Skip::lost`]: a connection reset
+    /// during its handshake, whose error the handshake's own read took from the socket: the
+    /// first read or write reports it, then the socket is the kernel's ([`Obj::Tcp`]).
     Orphan(Skip),
     /// Our private duplicate of the socket of the connection `.0` (see [`Conn::with_io`]),
     /// made when a number of it was closed while it stayed in use: for the application this
@@ -317,7 +319,17 @@ pub struct Skip {
     /// stdout settles it three times: 6 s instead of 2, red team round 30 `rt30b_spawn.c client
     /// spawn`).
     pub waited_out: AtomicBool,
+    /// An [`Obj::Orphan`] of a connection reset during its handshake: the socket error
+    /// (`ECONNRESET`, ...) that the handshake's read took (`sock_error`) and the application's
+    /// first read or write reports, as TCP's would; 0 otherwise.
+    pub lost: i32,
 }
+
+/// The states of a [`Skip::lost`] orphan (`state`; 0: the error is still to be reported): the
+/// reset came while a call of the application waited for the handshake, and no call came
+/// after it yet; the error was reported.
+pub const LOST_WAITED: u32 = 2;
+pub const LOST_REPORTED: u32 = 1;
 
 pub const SKIP_LATE: u32 = 0;
 pub const SKIP_DONE: u32 = 1;
@@ -332,6 +344,18 @@ impl Skip {
             server,
             sweep_peer: AtomicBool::new(false),
             waited_out: AtomicBool::new(false),
+            lost: 0,
+        }
+    }
+
+    /// A connection reset during its handshake, whose error `e` its read took ([`Skip::lost`]);
+    /// `waited`: the reset came while a call of the application waited for the handshake
+    /// ([`LOST_WAITED`]).
+    pub fn lost(server: bool, e: i32, waited: bool) -> Skip {
+        Skip {
+            lost: e,
+            state: AtomicU32::new(if waited { LOST_WAITED } else { 0 }),
+            ..Skip::new(server)
         }
     }
 

@@ -704,7 +704,13 @@ fn reset(fd: i32) {
 
 /// The end of a handshake that fell back: count it and leave the stream usable (plain TCP),
 /// skipping (one late CLC message) or reset, as the machine's verdict requires.
-fn after_fallback(fd: i32, server: bool, fb: Fallback, awaited: Option<MsgType>) {
+fn after_fallback(
+    fd: i32,
+    server: bool,
+    fb: Fallback,
+    awaited: Option<MsgType>,
+    lost: Option<(i32, bool)>,
+) {
     let code = match fb.reason {
         // Count the peer's own reason, as before (Linux records PEERDECL).
         FallbackReason::DeclinedByPeer { diag } => diag,
@@ -755,10 +761,15 @@ fn after_fallback(fd: i32, server: bool, fb: Fallback, awaited: Option<MsgType>)
             );
             drop(fdtable::replace(fd, Slot::Obj(Arc::new(Obj::Tcp))));
             fdtable::epoll_refresh(fd);
-            drop(fdtable::replace(
-                fd,
-                Slot::Obj(Arc::new(Obj::Skip(Skip::new(server)))),
-            ));
+            let o = match lost {
+                // Our read took the socket's error, with nothing queued before it (nor to
+                // come: the connection is reset): the application's next read or write
+                // reports it, not EOF or EPIPE (red team round 30 `rt30c_multi.py skillq`:
+                // every client of a server killed with them queued read EOF).
+                Some((e, waited)) => Obj::Orphan(Skip::lost(server, e, waited)),
+                None => Obj::Skip(Skip::new(server)),
+            };
+            drop(fdtable::replace(fd, Slot::Obj(Arc::new(o))));
         }
         // Our decline answers the message the peer waits for; its late message (and a
         // Decline of its own timeout after it) is skipped.
@@ -1684,7 +1695,7 @@ fn finish(fd: i32, server: bool, out: Outcome, nonblock: bool) {
 fn finish_outcome(fd: i32, server: bool, out: Outcome, nonblock: bool) {
     let role = if server { Role::Server } else { Role::Client };
     match out {
-        Outcome::Fallback { fb, awaited } => after_fallback(fd, server, fb, awaited),
+        Outcome::Fallback { fb, awaited, lost } => after_fallback(fd, server, fb, awaited, lost),
         Outcome::Established { own, peer, est } => {
             let alone = est.feature_mask & smc_common::clc::FEATURE_SWITCH_ALONE != 0;
             let resend =

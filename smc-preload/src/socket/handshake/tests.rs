@@ -61,7 +61,7 @@ fn done(p: Progress) -> Outcome {
 
 fn fell_back(o: Outcome) -> (Fallback, Option<MsgType>) {
     match o {
-        Outcome::Fallback { fb, awaited } => (fb, awaited),
+        Outcome::Fallback { fb, awaited, .. } => (fb, awaited),
         Outcome::Established { .. } => panic!("established"),
         Outcome::Broken(why) => panic!("broken: {why}"),
     }
