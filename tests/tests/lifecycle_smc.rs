@@ -2222,6 +2222,49 @@ fn a_reset_during_the_handshake_is_reported_as_tcp_reports_it() {
     assert_eq!(clients, 6, "go-write: {out}");
 }
 
+/// A server that greets first (`write` before any read, `SIGPIPE` at its default, as an SMTP
+/// or FTP server without a handler) and clients that close at once, during their handshake:
+/// a non-blocking connect then `close` (`cnbgreet`: health checks), a blocking one
+/// (`cgreet`), a client killed (`killgreet`; `tests/redteam/rt30c_abrupt.c`, red team round
+/// 30). The client's close, with the server's Accept unread or the daemon still holding its
+/// socket, reset the connection where TCP's sends a FIN, and the server's handshake read the
+/// reset or the FIN: its greeting said `EPIPE` and `SIGPIPE` killed it (3 of 3 runs; over
+/// TCP the greeting is taken, the closed client answers it with a reset). Now a server's
+/// client that closed or reset during the handshake is what TCP's accepted socket shows: the
+/// first write takes its bytes, reads say EOF after a FIN (`ECONNRESET` after a reset), the
+/// next write `EPIPE`.
+#[test]
+fn a_greeting_server_whose_clients_close_during_their_handshake_lives_as_over_tcp() {
+    let w = SmcWorld::new();
+    let exe = w.subdir("c").join("rt30c_abrupt");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/redteam");
+    let cc = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(format!("{dir}/rt30c_abrupt.c"))
+        .output()
+        .expect("cc (the C compiler Rust links with)");
+    assert!(cc.status.success(), "cc rt30c_abrupt.c: {cc:?}");
+    for scen in ["cnbgreet", "cgreet", "killgreet", "crst0"] {
+        let run = |smc: bool| -> String {
+            let mut c = w.run_or_plain(smc, &exe);
+            c.args([scen, "10", &free_port().to_string()]);
+            let mut lines: Vec<String> = spawn_piped(c)
+                .wait_output(Duration::from_secs(120))
+                .unwrap_or_else(|e| panic!("{scen} smc={smc}: {e}"))
+                .lines()
+                .filter(|l| !l.starts_with("smc-preload"))
+                .map(str::to_string)
+                .collect();
+            lines.sort();
+            lines.join("\n")
+        };
+        let tcp = run(false);
+        assert_eq!(tcp.lines().count(), 10, "{scen} over TCP: {tcp}");
+        assert_eq!(run(true), tcp, "{scen}: library against TCP");
+    }
+}
+
 /// A client hands its socket to a helper while the non-blocking connect is still under way
 /// (fd-passing proxies, Node cluster's primary with an accepted socket): the library decides
 /// the handshake before the socket leaves, declining (`OPTUNSUPP`), and the helper talks plain

@@ -310,36 +310,47 @@ fn conn_of_call(fd: c_int, op: Op) -> Result<Option<Arc<Obj>>, Moved> {
 }
 
 /// Data calls (a write: its buffers) on an orphaned SMC connection (inherited across exec), or
-/// on a connection reset during its handshake ([`Skip::lost`]).
+/// on a connection that ended during its handshake ([`Skip::lost`]).
 ///
-/// The reset one answers as a TCP connection whose reset came after the calls that waited for
-/// the handshake while it came (TCP would have finished them before, a `connect` at once):
-/// the first write then takes all its bytes (TCP queued them; the reset dropped them). The
-/// next read or write reports the error, once; after that the kernel's socket answers
-/// (`None`), at EOF and `EPIPE` as TCP's.
+/// An ended one answers as TCP's: after a reset that came while calls waited for the
+/// handshake (TCP would have finished them before, a `connect` at once), or after its client
+/// left a server ([`Skip::left`]), the first write takes all its bytes (TCP queued them; the
+/// reset dropped them, or the closed client answers them with one). The next write, or read
+/// (but a server's whose client left: EOF, the socket's), reports the error, once; after that
+/// the kernel's socket answers (`None`), at EOF and `EPIPE` as TCP's.
 ///
 /// [`Skip::lost`]: crate::obj::Skip::lost
+/// [`Skip::left`]: crate::obj::Skip::left
 fn orphan(fd: c_int, write: Option<&[iovec]>) -> Option<ssize_t> {
     let o = fdtable::get(fd)?;
     let Obj::Orphan(s) = &*o else { return None };
     if s.lost != 0 {
-        if let Some(iov) = write {
-            if s.state
-                .compare_exchange(
-                    crate::obj::LOST_WAITED,
-                    0,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_ok()
-            {
-                let n = iov.iter().fold(0usize, |a, v| a.saturating_add(v.iov_len));
-                return Some(n.min(MAX_RW_COUNT) as ssize_t);
+        match write {
+            Some(iov) => {
+                if s.state
+                    .compare_exchange(
+                        crate::obj::LOST_WAITED,
+                        0,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    )
+                    .is_ok()
+                {
+                    let n = iov.iter().fold(0usize, |a, v| a.saturating_add(v.iov_len));
+                    return Some(n.min(MAX_RW_COUNT) as ssize_t);
+                }
             }
+            None if s.left => return None,
+            None => {}
         }
         let first =
             s.state.swap(crate::obj::LOST_REPORTED, Ordering::AcqRel) != crate::obj::LOST_REPORTED;
         fdtable::replace_if(fd, &o, Slot::Obj(Arc::new(Obj::Tcp)));
+        if first && s.left {
+            // The kernel's own error, if the reset came behind the FIN (the read said EOF and
+            // left it): reported here, once.
+            let _ = crate::util::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR);
+        }
         return first.then(|| fail(s.lost));
     }
     if write.is_some() {
@@ -3804,8 +3815,10 @@ pub unsafe fn getsockopt(
     let Some(o) = fdtable::get(fd) else { return r };
     if let Obj::Orphan(s) = &*o {
         // A connection reset during its handshake: the error the handshake's read took is
-        // the socket's own until a call reported it ([`orphan`]).
+        // the socket's own until a call reported it ([`orphan`]). (A server's whose client
+        // left: the socket's own, as TCP's before its first write.)
         if s.lost != 0
+            && !s.left
             && s.state.swap(crate::obj::LOST_REPORTED, Ordering::AcqRel)
                 != crate::obj::LOST_REPORTED
         {

@@ -286,18 +286,35 @@ pub enum Outcome {
         peer: HeldDmb,
     },
     /// Plain TCP; `awaited` is the message we were waiting for when it ended, if any; `lost`:
-    /// the socket error our read took from the socket (`sock_error`: a reset while we waited
-    /// for the peer's message), which the application's next call must still see, and
-    /// whether it came while the step that found it waited (a call of the application was
-    /// under way, which TCP would have finished before).
+    /// the connection ended during the handshake in a way the application must still see
+    /// as TCP's would show it ([`Lost`]).
     Fallback {
         fb: Fallback,
         awaited: Option<MsgType>,
-        lost: Option<(i32, bool)>,
+        lost: Option<Lost>,
     },
     /// The server could not attach or map the DMB of a client that confirmed (and so is on
     /// SMC already): neither end may continue on this stream.
     Broken(&'static str),
+}
+
+/// A connection that ended during its handshake ([`Outcome::Fallback`]), for the application's
+/// next calls (`crate::obj::Skip::lost`).
+#[derive(Clone, Copy, Debug)]
+pub struct Lost {
+    /// The socket error a read of ours took from the socket (`sock_error`: a reset while we
+    /// waited for the peer's message), which the application's next read or write reports.
+    pub err: i32,
+    /// The first write takes its bytes: the reset came while a call of the application waited
+    /// for the handshake (TCP would have finished it before), or a server's client closed or
+    /// reset (TCP's accepted socket takes the program's first write before the client's end
+    /// could have answered it).
+    pub write_passes: bool,
+    /// A server whose client closed (its FIN) during the handshake: as over TCP, where the FIN
+    /// is all that came, reads say EOF, the first write takes its bytes (the closed client
+    /// answers them with a reset, `EPIPE` in `CLOSE_WAIT`), and the next write reports `err`
+    /// (`EPIPE`, with `SIGPIPE`).
+    pub left: bool,
 }
 
 /// What one call of [`Driver::step`] reached.
@@ -409,8 +426,8 @@ pub struct Driver {
     /// ([`note_clc_bytes`]) for `TCP_INFO`.
     clc_sent: u64,
     clc_received: u64,
-    /// The socket error a read of ours took ([`Outcome::Fallback`]'s `lost`).
-    lost: Option<(i32, bool)>,
+    /// How the connection ended during the handshake ([`Outcome::Fallback`]'s `lost`).
+    lost: Option<Lost>,
     /// This step waited for the peer (the call that drives it was under way when what came
     /// then arrived).
     waited: bool,
@@ -607,6 +624,24 @@ impl Driver {
                     Some(n)
                 }
                 Rd::Gone => {
+                    if self.server && matches!(t, MsgType::Proposal | MsgType::Confirm) {
+                        // The client closed or died. Its reset (a close with our Accept
+                        // unread, or with linger 0): as over TCP when it came after the
+                        // program's first write. Its FIN (it has the library, which never
+                        // half-closes before its handshake is decided: it can read nothing
+                        // again): as over TCP, where the FIN is all that came (`left`).
+                        self.lost = Some(match self.lost {
+                            Some(l) => Lost {
+                                write_passes: true,
+                                ..l
+                            },
+                            None => Lost {
+                                err: libc::EPIPE,
+                                write_passes: true,
+                                left: true,
+                            },
+                        });
+                    }
                     let a = self.m.handle(Input::Abort);
                     self.todo.extend(a);
                     continue;
@@ -1510,7 +1545,11 @@ impl Driver {
                 // A peek reports the socket's error only when nothing is queued, and takes it:
                 // TCP's next read would have said so, ours would say EOF.
                 if !matches!(e, libc::EINTR | libc::EBADF | libc::EFAULT | libc::ENOMEM) {
-                    self.lost = Some((e, self.waited));
+                    self.lost = Some(Lost {
+                        err: e,
+                        write_passes: self.waited,
+                        left: false,
+                    });
                 }
                 return Rd::Gone;
             }

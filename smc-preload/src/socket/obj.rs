@@ -323,11 +323,13 @@ pub struct Skip {
     /// (`ECONNRESET`, ...) that the handshake's read took (`sock_error`) and the application's
     /// first read or write reports, as TCP's would; 0 otherwise.
     pub lost: i32,
+    /// With [`Skip::lost`]: a server whose client left during the handshake
+    /// (`crate::handshake::Lost::left`): its reads are the socket's (EOF).
+    pub left: bool,
 }
 
 /// The states of a [`Skip::lost`] orphan (`state`; 0: the error is still to be reported): the
-/// reset came while a call of the application waited for the handshake, and no call came
-/// after it yet; the error was reported.
+/// first write takes its bytes (no write came yet); the error was reported.
 pub const LOST_WAITED: u32 = 2;
 pub const LOST_REPORTED: u32 = 1;
 
@@ -345,16 +347,16 @@ impl Skip {
             sweep_peer: AtomicBool::new(false),
             waited_out: AtomicBool::new(false),
             lost: 0,
+            left: false,
         }
     }
 
-    /// A connection reset during its handshake, whose error `e` its read took ([`Skip::lost`]);
-    /// `waited`: the reset came while a call of the application waited for the handshake
-    /// ([`LOST_WAITED`]).
-    pub fn lost(server: bool, e: i32, waited: bool) -> Skip {
+    /// A connection that ended during its handshake as `l` says ([`Skip::lost`]).
+    pub fn lost(server: bool, l: crate::handshake::Lost) -> Skip {
         Skip {
-            lost: e,
-            state: AtomicU32::new(if waited { LOST_WAITED } else { 0 }),
+            lost: l.err,
+            left: l.left,
+            state: AtomicU32::new(if l.write_passes { LOST_WAITED } else { 0 }),
             ..Skip::new(server)
         }
     }

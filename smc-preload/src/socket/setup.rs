@@ -709,7 +709,7 @@ fn after_fallback(
     server: bool,
     fb: Fallback,
     awaited: Option<MsgType>,
-    lost: Option<(i32, bool)>,
+    lost: Option<crate::handshake::Lost>,
 ) {
     let code = match fb.reason {
         // Count the peer's own reason, as before (Linux records PEERDECL).
@@ -765,8 +765,10 @@ fn after_fallback(
                 // Our read took the socket's error, with nothing queued before it (nor to
                 // come: the connection is reset): the application's next read or write
                 // reports it, not EOF or EPIPE (red team round 30 `rt30c_multi.py skillq`:
-                // every client of a server killed with them queued read EOF).
-                Some((e, waited)) => Obj::Orphan(Skip::lost(server, e, waited)),
+                // every client of a server killed with them queued read EOF). Or a server's
+                // client left: its first write passes (red team round 30 `rt30c_abrupt.c
+                // cnbgreet`: a greeting server's first write said EPIPE, SIGPIPE).
+                Some(l) => Obj::Orphan(Skip::lost(server, l)),
                 None => Obj::Skip(Skip::new(server)),
             };
             drop(fdtable::replace(fd, Slot::Obj(Arc::new(o))));
