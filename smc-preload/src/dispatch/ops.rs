@@ -325,23 +325,23 @@ fn orphan(fd: c_int, write: Option<&[iovec]>) -> Option<ssize_t> {
     let o = fdtable::get(fd)?;
     let Obj::Orphan(s) = &*o else { return None };
     if s.lost != 0 {
+        let passes = || {
+            s.state
+                .compare_exchange(
+                    crate::obj::LOST_WAITED,
+                    0,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+        };
         match write {
-            Some(iov) => {
-                if s.state
-                    .compare_exchange(
-                        crate::obj::LOST_WAITED,
-                        0,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    )
-                    .is_ok()
-                {
-                    let n = iov.iter().fold(0usize, |a, v| a.saturating_add(v.iov_len));
-                    return Some(n.min(MAX_RW_COUNT) as ssize_t);
-                }
+            Some(iov) if passes() => {
+                let n = iov.iter().fold(0usize, |a, v| a.saturating_add(v.iov_len));
+                return Some(n.min(MAX_RW_COUNT) as ssize_t);
             }
             None if s.left => return None,
-            None => {}
+            _ => {}
         }
         let first =
             s.state.swap(crate::obj::LOST_REPORTED, Ordering::AcqRel) != crate::obj::LOST_REPORTED;
