@@ -2087,6 +2087,9 @@ pub unsafe fn close(fd: c_int) -> c_int {
                     // reset it, where TCP sends a FIN).
                     setup::decide_own_before_close(fd, h);
                 }
+                if let Some(Obj::Handshake(h)) = fdtable::get(fd).as_deref() {
+                    setup::end_before_close(fd, h);
+                }
                 sweep_before_close(fd, &o);
                 if let Obj::Conn(c) = &*o {
                     if c.last_holder() && c.peer_switch_waits() {

@@ -1366,6 +1366,49 @@ pub fn decide_own_before_close(fd: i32, h: &crate::obj::Handshake) {
     }
 }
 
+/// The application's close of a socket whose handshake is still under way (no other number
+/// names it, no call drives it), as TCP's close: a FIN, now. Over TCP the close sends its FIN at
+/// once; here the daemon may still hold the socket for the `PAIR` it was passed, so that the
+/// FIN waited until the daemon let go of it, and the peer's CLC message that came meanwhile,
+/// unread, made that last close a reset. A server whose client closed at once (a health check)
+/// then read a reset where TCP's reads the FIN (`rt30c_abrupt.c cnbgreet`: 2 of 10 read
+/// `ECONNRESET` after their greeting). So the peer's CLC messages already there are read, and
+/// the socket is shut down for writing, unless the application asked for a reset (`SO_LINGER`
+/// on with 0 s).
+pub fn end_before_close(fd: i32, h: &crate::obj::Handshake) {
+    if h.shared.load(Ordering::SeqCst) || h.calls.load(Ordering::SeqCst) != 0 {
+        return;
+    }
+    let e0 = real::errno();
+    // At most the peer's answer and a Decline after it.
+    for _ in 0..4 {
+        match crate::handshake::skip_one(fd, true) {
+            Some(Some(t)) => debug!("fd {fd}: close: the peer's {t:?}, unread, read first"),
+            _ => break,
+        }
+    }
+    let mut lg = libc::linger {
+        l_onoff: 0,
+        l_linger: 0,
+    };
+    let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
+    // SAFETY: a valid out buffer and its length.
+    let r = unsafe {
+        real::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::from_mut(&mut lg).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 || lg.l_onoff == 0 || lg.l_linger != 0 {
+        // SAFETY: plain syscall on the application's socket, which it is closing.
+        unsafe { real::shutdown(fd, libc::SHUT_WR) };
+    }
+    real::set_errno(e0);
+}
+
 /// As [`progress_until`], for a call that goes on with the connection once it is decided:
 /// when another thread closed the number meanwhile, the decision is made on the private
 /// duplicate that took the handshake's I/O, and left in [`crate::obj::Handshake::moved`] for
