@@ -42,6 +42,21 @@ fn over_tcp(py: &Path, args: &[&str]) -> String {
         .unwrap_or_else(|e| panic!("{} over TCP: {e}", py.display()))
 }
 
+/// `tests/redteam/<src>` compiled to `out` (`cc -O2 <flags> -o out src <libs>`).
+fn cc_probe(src: &str, out: &Path, flags: &[&str], libs: &[&str]) {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/redteam");
+    let cc = Command::new("cc")
+        .arg("-O2")
+        .args(flags)
+        .arg("-o")
+        .arg(out)
+        .arg(format!("{dir}/{src}"))
+        .args(libs)
+        .output()
+        .expect("cc (the C compiler Rust links with)");
+    assert!(cc.status.success(), "cc {src}: {cc:?}");
+}
+
 fn script(w: &SmcWorld, name: &str, text: &str) -> std::path::PathBuf {
     let p = w.subdir("py").join(name);
     std::fs::write(&p, text).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
@@ -1428,15 +1443,7 @@ fn nagle_case(w: &SmcWorld, smc: bool, mode: &str, n: u32) -> String {
     if slow {
         let shim = w.subdir("c").join("slow_quickack.so");
         if !shim.exists() {
-            let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/redteam");
-            let cc = Command::new("cc")
-                .args(["-O2", "-shared", "-fPIC", "-o"])
-                .arg(&shim)
-                .arg(format!("{dir}/slow_quickack.c"))
-                .arg("-ldl")
-                .output()
-                .expect("cc (the C compiler Rust links with)");
-            assert!(cc.status.success(), "cc slow_quickack.c: {cc:?}");
+            cc_probe("slow_quickack.c", &shim, &["-shared", "-fPIC"], &["-ldl"]);
         }
         cl.env("LD_PRELOAD", &shim);
     }
@@ -2238,14 +2245,7 @@ fn a_reset_during_the_handshake_is_reported_as_tcp_reports_it() {
 fn a_greeting_server_whose_clients_close_during_their_handshake_lives_as_over_tcp() {
     let w = SmcWorld::new();
     let exe = w.subdir("c").join("rt30c_abrupt");
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/redteam");
-    let cc = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&exe)
-        .arg(format!("{dir}/rt30c_abrupt.c"))
-        .output()
-        .expect("cc (the C compiler Rust links with)");
-    assert!(cc.status.success(), "cc rt30c_abrupt.c: {cc:?}");
+    cc_probe("rt30c_abrupt.c", &exe, &[], &[]);
     for scen in ["cnbgreet", "cgreet"] {
         let run = |smc: bool| -> String {
             let mut c = w.run_or_plain(smc, &exe);
@@ -3785,15 +3785,7 @@ fn listeners_that_withdrew_are_never_announced_for_by_siblings_or_leftovers() {
 fn a_child_forked_by_a_thread_with_a_table_of_its_own_writes_where_its_table_says() {
     let w = SmcWorld::new();
     let exe = w.subdir("c").join("rt30b_x");
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/redteam");
-    let cc = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&exe)
-        .arg(format!("{dir}/rt30b_x.c"))
-        .arg("-lpthread")
-        .output()
-        .expect("cc (the C compiler Rust links with)");
-    assert!(cc.status.success(), "cc rt30b_x.c: {cc:?}");
+    cc_probe("rt30b_x.c", &exe, &[], &["-lpthread"]);
     for scen in ["fork_own_w", "fork_own"] {
         let run = |smc: bool| -> String {
             let port = free_port().to_string();
@@ -3838,17 +3830,7 @@ fn a_connection_handed_to_an_image_without_the_library_before_its_handshake_is_d
 ) {
     let w = SmcWorld::new();
     let exe = w.subdir("c").join("rt30_vfork_undecided");
-    let src = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/redteam/rt30_vfork_undecided.c"
-    );
-    let cc = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&exe)
-        .arg(src)
-        .output()
-        .expect("cc (the C compiler Rust links with)");
-    assert!(cc.status.success(), "cc rt30_vfork_undecided.c: {cc:?}");
+    cc_probe("rt30_vfork_undecided.c", &exe, &[], &[]);
     let rounds = 20;
     for mode in ["vfork", "clonevm", "spawn"] {
         let run = |smc: bool| -> String {
