@@ -2266,6 +2266,46 @@ fn a_greeting_server_whose_clients_close_during_their_handshake_lives_as_over_tc
     }
 }
 
+/// A blocking read on a connection whose handshake waits for its server's Accept (a server
+/// that never accepts), interrupted by a signal whose handler has no `SA_RESTART`, 30 ms in
+/// (`tests/redteam/rt31_eintr.c`, red team round 31): TCP's read says `EINTR`. The library's
+/// wait for the Accept went on after the handler ran, then the read waited for data that
+/// never came: it never returned (3 of 3). Now the wait ends with the call's `EINTR`, and the
+/// handshake goes on at the next call. Also when the server is killed 60 ms in. (Durations are
+/// left out of the comparison: the read's bucket moves with the machine's load.)
+#[test]
+fn a_signal_ends_a_blocking_read_that_waits_for_its_handshake_as_it_ends_tcps() {
+    let w = SmcWorld::new();
+    let exe = w.subdir("c").join("rt31_eintr");
+    cc_probe("rt31_eintr.c", &exe, &[], &[]);
+    for (op, kill_ms) in [("recv", "0"), ("recv", "60"), ("poll", "0")] {
+        let run = |smc: bool| -> String {
+            let mut c = w.run_or_plain(smc, &exe);
+            c.args([op, "5", &free_port().to_string(), kill_ms]);
+            spawn_piped(c)
+                .wait_output(Duration::from_secs(60))
+                .unwrap_or_else(|e| panic!("{op} {kill_ms} smc={smc}: {e}"))
+                .lines()
+                .filter(|l| !l.starts_with("smc-preload"))
+                .map(|l| {
+                    l.split(' ')
+                        .filter(|f| !f.starts_with("t="))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let tcp = run(false);
+        assert_eq!(
+            tcp.matches(":EINTR").count(),
+            5,
+            "{op} {kill_ms} over TCP: {tcp}"
+        );
+        assert_eq!(run(true), tcp, "{op} {kill_ms}: library against TCP");
+    }
+}
+
 /// A client hands its socket to a helper while the non-blocking connect is still under way
 /// (fd-passing proxies, Node cluster's primary with an accepted socket): the library decides
 /// the handshake before the socket leaves, declining (`OPTUNSUPP`), and the helper talks plain

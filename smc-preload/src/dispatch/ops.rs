@@ -217,7 +217,13 @@ fn conn_of_call(fd: c_int, op: Op) -> Result<Option<Arc<Obj>>, Moved> {
                 Op::Read { .. } | Op::ReadOob { .. } | Op::Write { .. } => None,
                 Op::Other => (h.server || !h.peer_local || !nonblock).then_some(None),
             };
-            let decided = setup::progress_call(fd, h, wait)
+            // (Not a write: TCP's takes its bytes at once, never interrupted.)
+            let blocking_read = wait == Some(None) && matches!(op, Op::Read { .. });
+            let decided = if blocking_read {
+                crate::signals::interruptible(|| setup::progress_call(fd, h, wait))
+            } else {
+                setup::progress_call(fd, h, wait)
+            }
                 // A non-blocking write before the Accept: TCP takes the bytes at once.
                 || (matches!(op, Op::Write { .. })
                     && wait.is_none()
@@ -228,7 +234,12 @@ fn conn_of_call(fd: c_int, op: Op) -> Result<Option<Arc<Obj>>, Moved> {
                 if matches!(op, Op::Write { .. }) {
                     h.write_waits.store(true, Ordering::Relaxed);
                 }
-                real::set_errno(libc::EAGAIN);
+                // A blocking read whose wait a signal ended (its handler ran, no
+                // `SA_RESTART`): EINTR, as TCP's says (red team round 31 `rt31x_eintr.c
+                // recv`: the read waited on for ever, 3 of 3).
+                let intr =
+                    blocking_read && crate::signals::caught() && crate::signals::interrupted();
+                real::set_errno(if intr { libc::EINTR } else { libc::EAGAIN });
                 return Ok(Some(o));
             }
             let moved = h.moved.lock().unwrap_or_else(|e| e.into_inner()).take();

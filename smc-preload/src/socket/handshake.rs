@@ -692,6 +692,11 @@ impl Driver {
                         limit.map_or(deadline, |l| l.min(deadline)),
                     );
                     self.waited = true;
+                    if crate::signals::wait_interrupted() {
+                        // The application's call ends with EINTR; the handshake goes on at
+                        // its next call.
+                        return Progress::WouldBlock;
+                    }
                     None
                 }
             };

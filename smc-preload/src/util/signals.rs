@@ -323,6 +323,28 @@ fn any_handler_without_restart() -> bool {
     false
 }
 
+thread_local! {
+    /// A blocking read of the application waits for a handshake on this thread
+    /// ([`interruptible`]).
+    static HANDSHAKE_CALL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, a blocking read's wait for its socket's handshake: a signal whose handler ends
+/// such a call (`EINTR`, no `SA_RESTART`) ends the wait ([`wait_interrupted`]), as it ends
+/// TCP's blocking read. (Not a `connect`'s or a write's wait: TCP's had returned.)
+pub fn interruptible<T>(f: impl FnOnce() -> T) -> T {
+    let was = HANDSHAKE_CALL.with(|h| h.replace(true));
+    let r = f();
+    HANDSHAKE_CALL.with(|h| h.set(was));
+    r
+}
+
+/// Whether the handshake wait of an [`interruptible`] call ends now: a handler ran since the
+/// call began, and its signal ends the call.
+pub fn wait_interrupted() -> bool {
+    HANDSHAKE_CALL.with(|h| h.get()) && caught() && interrupted()
+}
+
 /// Whether a poll interrupted by a signal should surface as EINTR (process-wide view).
 pub fn interrupts() -> bool {
     NORESTART.load(Ordering::Relaxed) != 0
