@@ -1065,15 +1065,6 @@ impl Default for Tails {
     }
 }
 
-/// Whether `fd`'s open file is non-blocking (`O_NONBLOCK`; errno kept).
-fn nonblocking(fd: c_int) -> bool {
-    let e0 = real::errno();
-    // SAFETY: plain system call.
-    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
-    real::set_errno(e0);
-    fl >= 0 && fl & libc::O_NONBLOCK != 0
-}
-
 /// The private connection `tail` takes the place of a socket whose open file was
 /// non-blocking: so is it (red team rt15: an event loop's socket went blocking in the next
 /// image and its read waited).
@@ -1103,7 +1094,7 @@ impl Tails {
             .iter()
             .position(|(k, _)| *k == key)
             .map(|i| (i, self.made[i].1));
-        let nonblock = nonblocking(fd);
+        let nonblock = crate::util::nonblocking(fd);
         let (idx, tail) = match known {
             Some(k) => k,
             None => {
@@ -1986,7 +1977,7 @@ fn continue_on_tcp_in_place(fd: c_int, o: &Arc<Obj>, std_stream: bool) -> bool {
         if std_stream {
             remember_std_tail(fd, o, undo, tail);
         }
-        let nonblock = nonblocking(fd);
+        let nonblock = crate::util::nonblocking(fd);
         for ofd in fds {
             let flags = if cloexec(ofd) { libc::O_CLOEXEC } else { 0 };
             crate::epoll::file_replaced(ofd, || {

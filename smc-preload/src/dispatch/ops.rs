@@ -666,7 +666,8 @@ pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
             h.msg_iov = iov.as_ptr() as *mut iovec;
             h.msg_iovlen = iov.len() as _;
             // SAFETY: the caller's buffers (a plain TCP socket now).
-            let r = crate::conn::send_fresh(fd, || unsafe { real::sendmsg(fd, &h, flags) });
+            let nb = flags & libc::MSG_DONTWAIT != 0 || crate::util::nonblocking(fd);
+            let r = crate::conn::send_fresh(fd, nb, || unsafe { real::sendmsg(fd, &h, flags) });
             return Some(r);
         }
         Err(m) => {
@@ -720,7 +721,8 @@ unsafe fn send_in(call: &InCall, fd: c_int, iov: &[iovec], flags: c_int) -> ssiz
             // The program's first bytes on TCP, right after the switch's exchange: sent as a
             // fresh connection's, not as a reply to the peer's marker (ping-pong mode).
             // SAFETY: the caller's buffers.
-            crate::conn::send_fresh(io, || unsafe { real::sendmsg(io, &m, flags) })
+            let nb = flags & libc::MSG_DONTWAIT != 0 || crate::util::nonblocking(io);
+            crate::conn::send_fresh(io, nb, || unsafe { real::sendmsg(io, &m, flags) })
         }
         Err(crate::conn::E_TCP) => ret(c.send(fd, iov, flags).map_err(not_e_tcp(libc::EPIPE))),
         r => {

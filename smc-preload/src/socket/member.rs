@@ -57,7 +57,7 @@ pub unsafe fn recv(fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
         if crate::signals::caught()
             && (crate::signals::interrupted() || has_rcvtimeo(fd))
             && flags & libc::MSG_DONTWAIT == 0
-            && !nonblocking(fd)
+            && !crate::util::nonblocking(fd)
         {
             real::set_errno(libc::EINTR);
             return -1;
@@ -101,7 +101,7 @@ pub unsafe fn recv(fd: c_int, iov: &[iovec], flags: c_int) -> ssize_t {
         if r == 0 {
             continue; // 0 with bytes still queued: not the end of the stream
         }
-        if e != libc::EAGAIN || flags & libc::MSG_DONTWAIT != 0 || nonblocking(fd) {
+        if e != libc::EAGAIN || flags & libc::MSG_DONTWAIT != 0 || crate::util::nonblocking(fd) {
             real::set_errno(e);
             return -1;
         }
@@ -166,12 +166,6 @@ fn readable(fd: c_int, timeout_ms: c_int) -> bool {
     };
     // SAFETY: one pollfd of our own.
     unsafe { real::poll(&mut p, 1, timeout_ms) > 0 }
-}
-
-fn nonblocking(fd: c_int) -> bool {
-    // SAFETY: F_GETFL has no argument.
-    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
-    fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
 pub(crate) fn has_rcvtimeo(fd: c_int) -> bool {

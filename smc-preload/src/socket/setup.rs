@@ -603,12 +603,6 @@ pub(crate) fn unretire(fd: i32) {
     }
 }
 
-fn nonblocking(fd: i32) -> bool {
-    // SAFETY: F_GETFL has no argument.
-    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
-    fl >= 0 && fl & libc::O_NONBLOCK != 0
-}
-
 /// `alone`: the switch-alone features negotiated (switch alone, and with our unread bytes);
 /// `fresh`: the fresh-ACKs feature of the switch to TCP.
 fn install(
@@ -807,7 +801,7 @@ pub fn client_after_connect(fd: i32, nonblock: Option<bool>, dest: Option<Dest>)
     let Progress::Done(out) = d.step(true) else {
         unreachable!("a blocking step finishes")
     };
-    let nb = nonblock.unwrap_or_else(|| nonblocking(fd));
+    let nb = nonblock.unwrap_or_else(|| crate::util::nonblocking(fd));
     finish(fd, false, out, nb);
 }
 
@@ -1726,7 +1720,7 @@ fn client_declines(fd: i32, dest: Option<Dest>) {
     let mut d = Driver::new(machine(false, sc), fd, false, sc);
     d.withdraw();
     if let Progress::Done(out) = d.step(true) {
-        finish(fd, false, out, nonblocking(fd));
+        finish(fd, false, out, crate::util::nonblocking(fd));
     }
 }
 
@@ -1832,7 +1826,7 @@ pub fn skip_before_libc(fd: i32, o: &Arc<Obj>, s: &Skip) {
 /// Whether a read of `fd` with CLC messages still to skip waits for them (a blocking read: not
 /// `dontwait`, and the socket is blocking).
 pub fn skip_read_blocks(fd: i32, dontwait: bool) -> bool {
-    !dontwait && !nonblocking(fd)
+    !dontwait && !crate::util::nonblocking(fd)
 }
 
 /// How the wait of [`skip_before_read`] ended.

@@ -355,6 +355,15 @@ pub fn set_linger_reset(fd: i32) {
     real::set_errno(e0);
 }
 
+/// Whether `fd`'s open file is non-blocking (`O_NONBLOCK`). errno is kept.
+pub fn nonblocking(fd: i32) -> bool {
+    let e0 = real::errno();
+    // SAFETY: plain system call; F_GETFL has no argument.
+    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+    real::set_errno(e0);
+    fl >= 0 && fl & libc::O_NONBLOCK != 0
+}
+
 /// An `int` socket option of `fd` (`getsockopt` at `level`); `None` when it fails (errno as
 /// `getsockopt` left it).
 pub fn sockopt_int(fd: i32, level: i32, name: i32) -> Option<libc::c_int> {
