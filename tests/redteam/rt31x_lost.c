@@ -75,8 +75,20 @@ static void client(int up, int go, int out) {
   if (nb) { int fl = fcntl(s, F_GETFL); fcntl(s, F_SETFL, fl & ~O_NONBLOCK); }
   pid_t fk = -1;
   if (!strcmp(SC, "nbforkw")) { fk = fork(); if (fk == 0) { pause(); _exit(0); } }
+  int ep0 = -1;
+  if (!strncmp(SC, "pre", 3)) {
+    // epoll (pre-et: edge triggered, pre-lt: level) set up before the reset
+    ep0 = epoll_create1(0);
+    struct epoll_event ev = {EPOLLIN | EPOLLOUT | EPOLLRDHUP | (!strcmp(SC, "pre-et") ? EPOLLET : 0), {.fd = s}};
+    epoll_ctl(ep0, EPOLL_CTL_ADD, s, &ev);
+  }
   if (write(up, "x", 1)) {}
   char c; if (read(go, &c, 1)) {}
+  if (ep0 >= 0) {
+    for (int i = 0; i < 2; i++) { struct epoll_event e = {0}; int n = epoll_wait(ep0, &e, 1, 200);
+      add("e%d%s", n, n > 0 ? rev(e.events) : ""); }
+    rd(s, 0); rd(s, 0);
+  }
   if (fk > 0) { kill(fk, SIGKILL); waitpid(fk, 0, 0); }
   if (!strcmp(SC, "rd") || !strcmp(SC, "bconnr")) { rd(s, 0); rd(s, 0); wr(s, 0); }
   else if (!strcmp(SC, "wr") || !strcmp(SC, "bconn") || !strcmp(SC, "nbforkw")) { wr(s, 0); rd(s, 0); wr(s, 0); }
@@ -150,7 +162,54 @@ static void client(int up, int go, int out) {
     }
     close(pp[1]); waitpid(k, 0, 0); char cb[256] = {0}; if (read(pp[0], cb, 255)) {} add("img[%s]", cb);
     rd(s, 0);
-  } else if (!strcmp(SC, "shut")) { R("sh", shutdown(s, SHUT_RDWR)); rd(s, 0); rd(s, 0); wr(s, 0); }
+  } else if (!strcmp(SC, "scm")) {
+    // the socket passed to a child over a unix socket (SCM_RIGHTS) and closed here; the child reads
+    int u[2]; socketpair(AF_UNIX, SOCK_STREAM, 0, u);
+    int pp[2]; pipe(pp);
+    pid_t k = fork();
+    if (k == 0) {
+      close(u[0]); obs[0] = 0;
+      char cb[CMSG_SPACE(sizeof(int))]; char d; struct iovec v = {&d, 1};
+      struct msghdr m = {0, 0, &v, 1, cb, sizeof cb, 0};
+      if (recvmsg(u[1], &m, 0) != 1) { add("norecv"); } else {
+        int r; memcpy(&r, CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof r); rd(r, 0); rd(r, 0); }
+      if (write(pp[1], obs, strlen(obs))) {} _exit(0);
+    }
+    close(u[1]); close(pp[1]);
+    char cb[CMSG_SPACE(sizeof(int))] = {0}; struct iovec v = {"x", 1};
+    struct msghdr m = {0, 0, &v, 1, cb, sizeof cb, 0};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m); c->cmsg_level = SOL_SOCKET; c->cmsg_type = SCM_RIGHTS; c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &s, sizeof s);
+    R("scm", sendmsg(u[0], &m, 0)); close(s);
+    waitpid(k, 0, 0); char rb[256] = {0}; if (read(pp[0], rb, 255)) {} add("recvr[%s]", rb);
+  } else if (!strcmp(SC, "scmkeep")) {
+    // as scm, but the sender keeps it and reads after the receiver
+    int u[2]; socketpair(AF_UNIX, SOCK_STREAM, 0, u);
+    int pp[2]; pipe(pp);
+    pid_t k = fork();
+    if (k == 0) {
+      close(u[0]); obs[0] = 0;
+      char cb[CMSG_SPACE(sizeof(int))]; char d; struct iovec v = {&d, 1};
+      struct msghdr m = {0, 0, &v, 1, cb, sizeof cb, 0};
+      if (recvmsg(u[1], &m, 0) != 1) { add("norecv"); } else {
+        int r; memcpy(&r, CMSG_DATA(CMSG_FIRSTHDR(&m)), sizeof r); rd(r, 0); }
+      if (write(pp[1], obs, strlen(obs))) {} _exit(0);
+    }
+    close(u[1]); close(pp[1]);
+    char cb[CMSG_SPACE(sizeof(int))] = {0}; struct iovec v = {"x", 1};
+    struct msghdr m = {0, 0, &v, 1, cb, sizeof cb, 0};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m); c->cmsg_level = SOL_SOCKET; c->cmsg_type = SCM_RIGHTS; c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &s, sizeof s);
+    R("scm", sendmsg(u[0], &m, 0));
+    waitpid(k, 0, 0); char rb[256] = {0}; if (read(pp[0], rb, 255)) {} add("recvr[%s]", rb); rd(s, 0);
+  } else if (!strcmp(SC, "zw")) { R("w0", write(s, "", 0)); rd(s, 0); wr(s, 0); }
+  else if (!strcmp(SC, "zs")) { R("s0", send(s, "", 0, MSG_NOSIGNAL)); rd(s, 0); wr(s, 0); }
+  else if (!strcmp(SC, "zv")) { struct iovec v = {buf, 0}; R("v0", writev(s, &v, 1)); rd(s, 0); wr(s, 0); }
+  else if (!strcmp(SC, "zr")) { R("r0len", recv(s, buf, 0, 0)); rd(s, 0); wr(s, 0); }
+  else if (!strcmp(SC, "zrd")) { R("read0", read(s, buf, 0)); rd(s, 0); wr(s, 0); }
+  else if (!strcmp(SC, "oob")) { R("oob", recv(s, buf, 1, MSG_OOB)); rd(s, 0); wr(s, 0); }
+  else if (!strcmp(SC, "woob")) { R("woob", send(s, "x", 1, MSG_OOB | MSG_NOSIGNAL)); rd(s, 0); wr(s, 0); }
+  else if (!strcmp(SC, "shut")) { R("sh", shutdown(s, SHUT_RDWR)); rd(s, 0); rd(s, 0); wr(s, 0); }
   else if (!strcmp(SC, "thr")) {
     pthread_t t1, t2; void *r1, *r2;
     pthread_create(&t1, 0, thr_rd, &s); pthread_create(&t2, 0, thr_rd, &s);
@@ -164,7 +223,7 @@ static void client(int up, int go, int out) {
     obs[0] = 0;
     ssize_t r2 = send(s, "hello", 5, 0); add("|w:%s", r2 < 0 ? en(errno) : "ok");
   } else if (!strcmp(SC, "close")) { add("cl%d", close(s)); }
-  else add("?");
+  else if (ep0 < 0) add("?");
   add("\n");
   if (write(out, obs, strlen(obs))) {}
 }

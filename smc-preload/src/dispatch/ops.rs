@@ -665,8 +665,8 @@ pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
             let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
             h.msg_iov = iov.as_ptr() as *mut iovec;
             h.msg_iovlen = iov.len() as _;
-            // SAFETY: the caller's buffers (a plain TCP socket now).
             let nb = flags & libc::MSG_DONTWAIT != 0 || crate::util::nonblocking(fd);
+            // SAFETY: the caller's buffers (a plain TCP socket now).
             let r = crate::conn::send_fresh(fd, nb, || unsafe { real::sendmsg(fd, &h, flags) });
             return Some(r);
         }
@@ -720,8 +720,8 @@ unsafe fn send_in(call: &InCall, fd: c_int, iov: &[iovec], flags: c_int) -> ssiz
             let io = c.io_now(fd);
             // The program's first bytes on TCP, right after the switch's exchange: sent as a
             // fresh connection's, not as a reply to the peer's marker (ping-pong mode).
-            // SAFETY: the caller's buffers.
             let nb = flags & libc::MSG_DONTWAIT != 0 || crate::util::nonblocking(io);
+            // SAFETY: the caller's buffers.
             crate::conn::send_fresh(io, nb, || unsafe { real::sendmsg(io, &m, flags) })
         }
         Err(crate::conn::E_TCP) => ret(c.send(fd, iov, flags).map_err(not_e_tcp(libc::EPIPE))),
