@@ -2306,6 +2306,59 @@ fn a_signal_ends_a_blocking_read_that_waits_for_its_handshake_as_it_ends_tcps() 
     }
 }
 
+/// Every call on a connection reset during its handshake, and on a server's connection whose
+/// client left during it, as over TCP (red team round 31: `tests/redteam/rt31_lost.c`,
+/// `rt31_left.c`). Before: `recvmmsg`, `sendmmsg`, `sendfile` and `splice` said EOF or
+/// `EPIPE` and the error came at the next call; an urgent read took the error (TCP: `EINVAL`);
+/// a write after a `connect` or `fork` that had waited through the reset took its bytes (TCP:
+/// `ECONNRESET`); a server whose client closed with linger 0 got `ECONNRESET` at each write (the
+/// handshake's send left the error), and `SO_ERROR` said `EPIPE` before the first write of a
+/// server whose client closed (TCP: 0). Each scenario, 6 connections, its lines counted, as
+/// over TCP.
+#[test]
+fn every_call_on_a_connection_that_ended_during_its_handshake_answers_as_tcp() {
+    let w = SmcWorld::new();
+    let lost = w.subdir("c").join("rt31_lost");
+    cc_probe("rt31_lost.c", &lost, &[], &["-lpthread"]);
+    let left = w.subdir("c").join("rt31_left");
+    cc_probe("rt31_left.c", &left, &[], &[]);
+    // `exe args.. PORT tail..`: its lines, sorted.
+    let counted = |smc: bool, exe: &Path, args: &[&str], tail: &[&str]| -> String {
+        let port = free_port().to_string();
+        let mut c = w.run_or_plain(smc, exe);
+        c.args(args).arg(&port).args(tail);
+        let mut lines: Vec<String> = spawn_piped(c)
+            .wait_output(Duration::from_secs(120))
+            .unwrap_or_else(|e| panic!("{args:?} smc={smc}: {e}"))
+            .lines()
+            .filter(|l| !l.starts_with("smc-preload"))
+            .map(str::to_string)
+            .collect();
+        lines.sort();
+        lines.join("\n")
+    };
+    for scen in [
+        "rd", "wr", "oob", "bconn", "nbforkw", "rmmsg", "smmsg", "sendfile", "splice", "splicew",
+        "soerr",
+    ] {
+        let tcp = counted(false, &lost, &[scen, "6"], &[]);
+        assert_eq!(tcp.lines().count(), 6, "{scen} over TCP: {tcp}");
+        let smc = counted(true, &lost, &[scen, "6"], &[]);
+        assert_eq!(smc, tcp, "{scen}: library against TCP");
+    }
+    for (client, ops) in [
+        ("nbrst", "wsww"),
+        ("nbclose", "wsww"),
+        ("nbclose", "ewewr"),
+        ("bclose", "rwww"),
+    ] {
+        let tcp = counted(false, &left, &[client, ops, "6"], &["0"]);
+        assert_eq!(tcp.lines().count(), 6, "{client} {ops} over TCP: {tcp}");
+        let smc = counted(true, &left, &[client, ops, "6"], &["0"]);
+        assert_eq!(smc, tcp, "{client} {ops}: library against TCP");
+    }
+}
+
 /// A client hands its socket to a helper while the non-blocking connect is still under way
 /// (fd-passing proxies, Node cluster's primary with an accepted socket): the library decides
 /// the handshake before the socket leaves, declining (`OPTUNSUPP`), and the helper talks plain

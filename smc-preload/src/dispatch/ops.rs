@@ -323,16 +323,17 @@ fn conn_of_call(fd: c_int, op: Op) -> Result<Option<Arc<Obj>>, Moved> {
 /// Data calls (a write: its buffers) on an orphaned SMC connection (inherited across exec), or
 /// on a connection that ended during its handshake ([`Skip::lost`]).
 ///
-/// An ended one answers as TCP's: after a reset that came while calls waited for the
-/// handshake (TCP would have finished them before, a `connect` at once), or after its client
-/// left a server ([`Skip::left`]), the first write takes all its bytes (TCP queued them; the
-/// reset dropped them, or the closed client answers them with one). The next write, or read
+/// An ended one answers as TCP's: after a reset that came while the write that drove the
+/// handshake waited for it (`drove`: TCP would have finished that write before; a later call
+/// came after the reset, as TCP's would: red team round 31 `rt31x_lost.c bconn`), or after its
+/// client left a server ([`Skip::left`]), the first write takes all its bytes (TCP queued them;
+/// the reset dropped them, or the closed client answers them with one). The next write, or read
 /// (but a server's whose client left: EOF, the socket's), reports the error, once; after that
 /// the kernel's socket answers (`None`), at EOF and `EPIPE` as TCP's.
 ///
 /// [`Skip::lost`]: crate::obj::Skip::lost
 /// [`Skip::left`]: crate::obj::Skip::left
-fn orphan(fd: c_int, write: Option<&[iovec]>) -> Option<ssize_t> {
+fn orphan(fd: c_int, write: Option<&[iovec]>, drove: bool) -> Option<ssize_t> {
     let o = fdtable::get(fd)?;
     let Obj::Orphan(s) = &*o else { return None };
     if s.lost != 0 {
@@ -347,7 +348,7 @@ fn orphan(fd: c_int, write: Option<&[iovec]>) -> Option<ssize_t> {
                 .is_ok()
         };
         match write {
-            Some(iov) if passes() => {
+            Some(iov) if (drove || s.left) && passes() => {
                 let n = iov.iter().fold(0usize, |a, v| a.saturating_add(v.iov_len));
                 return Some(n.min(MAX_RW_COUNT) as ssize_t);
             }
@@ -429,8 +430,12 @@ pub unsafe fn recv_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
 /// [`recv_iov`] once its signals are being noted (it goes on here when the call moves to
 /// another descriptor).
 unsafe fn recv_iov_call(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t> {
-    if let Some(r) = orphan(fd, None) {
-        return Some(r);
+    // (An urgent read looks at no error: TCP's says `EINVAL` when no urgent byte is there.)
+    let oob = flags & libc::MSG_OOB != 0;
+    if !oob {
+        if let Some(r) = orphan(fd, None, false) {
+            return Some(r);
+        }
     }
     let dontwait = flags & libc::MSG_DONTWAIT != 0;
     let op = if flags & libc::MSG_OOB != 0 {
@@ -452,8 +457,10 @@ unsafe fn recv_iov_call(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_
     };
     let Some(o) = found else {
         // A handshake that a reset ended while this read waited for it, or looked at it.
-        if let Some(r) = orphan(fd, None) {
-            return Some(r);
+        if !oob {
+            if let Some(r) = orphan(fd, None, false) {
+                return Some(r);
+            }
         }
         // A connection that fell back after its handshake started (skipped or not).
         let member = fdtable::get(fd).is_some_and(|o| matches!(&*o, Obj::Tcp | Obj::Skip(_)));
@@ -602,6 +609,24 @@ fn answer_alone_now(fd: c_int, c: &crate::conn::Conn, o: &Arc<Obj>) {
     }
 }
 
+/// A call made of several reads or writes (`recvmmsg`, `sendmmsg`, `sendfile`, `splice`) on a
+/// connection reset during its handshake ([`orphan`]): the error first, once, as TCP's first
+/// read or write of the call reports it (red team round 31 `rt31x_lost.c rmmsg`, `smmsg`,
+/// `sendfile`, `splice`, `splicew`: EOF or `EPIPE` first, the error at the next call). Not a
+/// server's whose client left (the socket's, as before).
+fn orphan_composed(fd: c_int) -> Option<ssize_t> {
+    if !slow(fd) {
+        return None;
+    }
+    let o = fdtable::get(fd)?;
+    let Obj::Orphan(s) = &*o else { return None };
+    if s.lost == 0 || s.left {
+        return None;
+    }
+    drop(o);
+    orphan(fd, None, false)
+}
+
 /// The connection at `fd`, held for a call made of several reads or writes (`sendfile`,
 /// `splice`, `recvmmsg`, `sendmmsg`): as the kernel holds the file for the whole system call,
 /// each part goes to this connection even when another thread closes the number meanwhile and
@@ -631,7 +656,7 @@ unsafe fn write_part(call: Option<&InCall>, fd: c_int, b: &[u8]) -> ssize_t {
 }
 
 pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t> {
-    if let Some(r) = orphan(fd, Some(iov)) {
+    if let Some(r) = orphan(fd, Some(iov), false) {
         if r < 0 && flags & libc::MSG_NOSIGNAL == 0 && real::errno() == libc::EPIPE {
             crate::conn::raise_sigpipe();
         }
@@ -656,7 +681,7 @@ pub unsafe fn send_iov(fd: c_int, iov: &[iovec], flags: c_int) -> Option<ssize_t
         Ok(None) => {
             if !WRITE_SWITCHED.with(|w| w.replace(false)) {
                 // A handshake that a reset ended while this write waited for it.
-                return orphan(fd, Some(iov));
+                return orphan(fd, Some(iov), true);
             }
             // This write switched the connection to TCP (the peer switched, maybe alone, and
             // its next image may be writing already): its bytes go to the socket here, and
@@ -1284,6 +1309,9 @@ pub unsafe fn recvmmsg(
 ) -> c_int {
     let dontwait = flags & libc::MSG_DONTWAIT != 0;
     if slow(fd) && !low_ptr(msgs as usize) && flags & libc::MSG_ERRQUEUE == 0 {
+        if let Some(r) = orphan_composed(fd) {
+            return r as c_int;
+        }
         if let Some(m) = moved_first(fd, Op::Read { dontwait }) {
             // SAFETY: the caller's arguments, on the connection's own descriptor.
             return unsafe { recvmmsg(m.fd, msgs, n, flags, t) };
@@ -1353,6 +1381,10 @@ pub unsafe fn recvmmsg(
             }
             return done as c_int;
         }
+        // (Its handshake, driven just now, may have met the reset.)
+        if let Some(r) = orphan_composed(fd) {
+            return r as c_int;
+        }
     }
     // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
     // `recvmmsg`.
@@ -1367,6 +1399,9 @@ pub unsafe fn sendmmsg(
 ) -> c_int {
     let dontwait = flags & libc::MSG_DONTWAIT != 0;
     if slow(fd) && !low_ptr(msgs as usize) {
+        if let Some(r) = orphan_composed(fd) {
+            return r as c_int;
+        }
         if let Some(m) = moved_first(fd, Op::Write { dontwait }) {
             // SAFETY: the caller's arguments, on the connection's own descriptor.
             return unsafe { sendmmsg(m.fd, msgs, n, flags) };
@@ -1396,6 +1431,10 @@ pub unsafe fn sendmmsg(
                 done += 1;
             }
             return done as c_int;
+        }
+        // (Its handshake, driven just now, may have met the reset.)
+        if let Some(r) = orphan_composed(fd) {
+            return r as c_int;
         }
     }
     // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of libc's
@@ -3398,6 +3437,9 @@ fn splice_check(
 }
 
 pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t) -> ssize_t {
+    if let Some(r) = orphan_composed(out) {
+        return r;
+    }
     if slow(out) {
         if let Some(m) = moved_first(out, Op::Write { dontwait: false }) {
             // SAFETY: the caller's arguments, on the connection's own descriptor.
@@ -3419,6 +3461,10 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut libc::off_t, n: size_t)
     let Ok(out_smc) = write_target(out, false) else {
         return -1;
     };
+    // (Its handshake, driven just now, may have met the reset.)
+    if let Some(r) = orphan_composed(out) {
+        return r;
+    }
     if !out_smc && !in_smc {
         // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
         // libc's `sendfile`.
@@ -3633,6 +3679,9 @@ pub unsafe fn splice(
     flags: libc::c_uint,
 ) -> ssize_t {
     let nb = flags & libc::SPLICE_F_NONBLOCK != 0;
+    if let Some(r) = orphan_composed(fin).or_else(|| orphan_composed(fout)) {
+        return r;
+    }
     if slow(fout) {
         if let Some(m) = moved_first(fout, Op::Write { dontwait: nb }) {
             // SAFETY: the caller's arguments, on the connection's own descriptor.
@@ -3649,6 +3698,10 @@ pub unsafe fn splice(
         return -1;
     };
     let in_smc = slow(fin) && (conn_of(fin).is_some() || stash_at(fin));
+    // (A handshake driven just now may have met the reset.)
+    if let Some(r) = orphan_composed(fin).or_else(|| orphan_composed(fout)) {
+        return r;
+    }
     if !out_smc && !in_smc {
         // SAFETY: the caller's arguments, passed on unchanged: this function has the contract of
         // libc's `splice`.
@@ -3830,20 +3883,28 @@ pub unsafe fn getsockopt(
     }
     let Some(o) = fdtable::get(fd) else { return r };
     if let Obj::Orphan(s) = &*o {
-        // A connection reset during its handshake: the error the handshake's read took is
-        // the socket's own until a call reported it ([`orphan`]). (A server's whose client
-        // left: the socket's own, as TCP's before its first write.)
-        if s.lost != 0
-            && !s.left
-            && s.state.swap(crate::obj::LOST_REPORTED, Ordering::AcqRel)
-                != crate::obj::LOST_REPORTED
+        if s.lost == 0 {
+            return r;
+        }
+        // A connection that ended during its handshake: its error is the socket's own until a
+        // call reported it ([`orphan`]); the kernel's (the reset that our CLC message drew, or
+        // none) is not (the real call above took it). A server's whose client left, before
+        // its first write: none, as TCP's, whose closed client has nothing to answer yet (red
+        // team round 31 `rt31x_left.c nbclose ewewr`: `EPIPE` where TCP says 0, 11 of 20).
+        let e = if s.left && s.state.load(Ordering::Acquire) == crate::obj::LOST_WAITED {
+            0
+        } else if s.state.swap(crate::obj::LOST_REPORTED, Ordering::AcqRel)
+            != crate::obj::LOST_REPORTED
         {
             fdtable::replace_if(fd, &o, Slot::Obj(Arc::new(Obj::Tcp)));
-            // SAFETY: as below: the kernel's write of an int through `val` succeeded.
-            unsafe {
-                if *len as usize >= 4 && std::ptr::read_unaligned(val as *const c_int) == 0 {
-                    std::ptr::write_unaligned(val as *mut c_int, s.lost);
-                }
+            s.lost
+        } else {
+            return r;
+        };
+        // SAFETY: as below: the kernel's write of an int through `val` succeeded.
+        unsafe {
+            if *len as usize >= 4 {
+                std::ptr::write_unaligned(val as *mut c_int, e);
             }
         }
         return r;

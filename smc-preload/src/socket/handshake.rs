@@ -812,6 +812,19 @@ impl Driver {
                 }
                 if !crate::util::send_all_io(&self.io, self.fd, &b, Instant::now() + self.timeout) {
                     crate::debug!("fd {}: handshake: sending our CLC message failed", self.fd);
+                    // A reset: the send took its error, or left it (`tcp_bpf`, which the next
+                    // writes of the application went through: `ECONNRESET` at each, red team
+                    // round 31 `rt31x_left.c nbrst`); taken here, for the application's next
+                    // call, once ([`Lost`]).
+                    if self.lost.is_none() {
+                        if let Some(e) = self.io.with(self.fd, reset_error) {
+                            self.lost = Some(Lost {
+                                err: e,
+                                write_passes: self.server,
+                                left: false,
+                            });
+                        }
+                    }
                     let a = self.m.handle(Input::Abort);
                     // Whatever the machine wanted next is moot: the socket is broken.
                     self.todo.clear();
@@ -1648,6 +1661,34 @@ fn failure(code: u32) -> DmbFailure {
         Some(Diag::Mem) => DmbFailure::Mem,
         Some(Diag::NoSmcdDev) => DmbFailure::NoDevice,
         _ => DmbFailure::Internal,
+    }
+}
+
+/// The error of a socket whose connection was reset (or timed out), taken from it
+/// (`SO_ERROR`), or `ECONNRESET` when a call took it already; `None` while the connection
+/// stands (`TCP_INFO` state not `TCP_CLOSE`). errno is kept.
+fn reset_error(fd: i32) -> Option<i32> {
+    let e0 = crate::real::errno();
+    let e = crate::util::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR).unwrap_or(0);
+    // SAFETY: `tcp_info` is plain old data; all zeroes is a valid value.
+    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: a valid out buffer and its length.
+    let r = unsafe {
+        crate::real::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            std::ptr::from_mut(&mut ti).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    crate::real::set_errno(e0);
+    // TCP_CLOSE 7 (`include/net/tcp_states.h`).
+    if e != 0 {
+        Some(e)
+    } else {
+        (r == 0 && ti.tcpi_state == 7).then_some(libc::ECONNRESET)
     }
 }
 

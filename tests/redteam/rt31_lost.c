@@ -1,12 +1,12 @@
-// rt31x: calls on a client connection whose server was killed (its listener's queue reset)
+// rt31 (red team round 31, rt31x_lost.c): calls on a client connection whose server was killed (its listener's queue reset)
 // while the client's handshake was under way (waiting for the Accept), compared with TCP.
-// usage: rt31x_lost SCEN N PORT   (under world-priv.sh smc|tcp); one line per client, counted.
+// usage: rt31_lost SCEN N PORT   (under world-priv.sh smc|tcp); one line per client, counted.
 // A server process listens and never accepts; N clients connect (non-blocking unless the
 // scenario says b*), report "connected"; the parent kills the server (SIGKILL), waits 30 ms,
 // and tells the clients to go; each client makes the scenario's calls.
 // Scenarios with "kw" (bconn, nbforkw): the kill comes 20 ms after the clients connected,
 // while a call of theirs (a blocking connect, a fork) may still wait for the handshake.
-// gcc -O2 -pthread -o rt31x_lost rt31x_lost.c
+// gcc -O2 -pthread -o rt31_lost rt31_lost.c
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
