@@ -2247,23 +2247,27 @@ fn a_greeting_server_whose_clients_close_during_their_handshake_lives_as_over_tc
     let exe = w.subdir("c").join("rt30c_abrupt");
     cc_probe("rt30c_abrupt.c", &exe, &[], &[]);
     for scen in ["cnbgreet", "cgreet"] {
-        let run = |smc: bool| -> String {
-            let mut c = w.run_or_plain(smc, &exe);
-            c.args([scen, "10", &free_port().to_string()]);
-            let mut lines: Vec<String> = spawn_piped(c)
-                .wait_output(Duration::from_secs(120))
-                .unwrap_or_else(|e| panic!("{scen} smc={smc}: {e}"))
-                .lines()
-                .filter(|l| !l.starts_with("smc-preload"))
-                .map(str::to_string)
-                .collect();
-            lines.sort();
-            lines.join("\n")
-        };
-        let tcp = run(false);
+        let tcp = sorted_lines(&w, false, &exe, &[scen, "10"], &[]);
         assert_eq!(tcp.lines().count(), 10, "{scen} over TCP: {tcp}");
-        assert_eq!(run(true), tcp, "{scen}: library against TCP");
+        let smc = sorted_lines(&w, true, &exe, &[scen, "10"], &[]);
+        assert_eq!(smc, tcp, "{scen}: library against TCP");
     }
+}
+
+/// `exe args.. PORT tail..` (a free port) under the library in the world (`smc`) or plain: the
+/// lines it printed (but the library's own), sorted.
+fn sorted_lines(w: &SmcWorld, smc: bool, exe: &Path, args: &[&str], tail: &[&str]) -> String {
+    let mut c = w.run_or_plain(smc, exe);
+    c.args(args).arg(free_port().to_string()).args(tail);
+    let mut lines: Vec<String> = spawn_piped(c)
+        .wait_output(Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("{args:?} smc={smc}: {e}"))
+        .lines()
+        .filter(|l| !l.starts_with("smc-preload"))
+        .map(str::to_string)
+        .collect();
+    lines.sort();
+    lines.join("\n")
 }
 
 /// A blocking read on a connection whose handshake waits for its server's Accept (a server
@@ -2322,20 +2326,8 @@ fn every_call_on_a_connection_that_ended_during_its_handshake_answers_as_tcp() {
     cc_probe("rt31_lost.c", &lost, &[], &["-lpthread"]);
     let left = w.subdir("c").join("rt31_left");
     cc_probe("rt31_left.c", &left, &[], &[]);
-    // `exe args.. PORT tail..`: its lines, sorted.
-    let counted = |smc: bool, exe: &Path, args: &[&str], tail: &[&str]| -> String {
-        let port = free_port().to_string();
-        let mut c = w.run_or_plain(smc, exe);
-        c.args(args).arg(&port).args(tail);
-        let mut lines: Vec<String> = spawn_piped(c)
-            .wait_output(Duration::from_secs(120))
-            .unwrap_or_else(|e| panic!("{args:?} smc={smc}: {e}"))
-            .lines()
-            .filter(|l| !l.starts_with("smc-preload"))
-            .map(str::to_string)
-            .collect();
-        lines.sort();
-        lines.join("\n")
+    let counted = |smc: bool, exe: &Path, args: &[&str], tail: &[&str]| {
+        sorted_lines(&w, smc, exe, args, tail)
     };
     for scen in [
         "rd", "wr", "oob", "bconn", "nbforkw", "rmmsg", "smmsg", "sendfile", "splice", "splicew",
