@@ -58,6 +58,10 @@ struct State {
     features: Option<u32>,
     /// The daemon's largest size code, from the same `QUERY_GID` reply.
     max_size_code: Option<u8>,
+    /// The device GID, from the same reply: one `QUERY_GID` per connection answers both
+    /// [`SharedClient::features`] and [`SharedClient::query_gid`] (a fresh process's first
+    /// handshake asked twice, one more round trip to a daemon that had just accepted it).
+    gid: Option<Gid>,
     /// Requests whose replies are still to be read, oldest first.
     inflight: VecDeque<u32>,
     /// How many of them are `PAIR` requests (answered when their peer asks: they do not count
@@ -121,6 +125,7 @@ impl SharedClient {
                 seq: 0,
                 features: None,
                 max_size_code: None,
+                gid: None,
                 inflight: VecDeque::new(),
                 pairs: 0,
                 filed: HashMap::new(),
@@ -184,6 +189,7 @@ impl SharedClient {
         st.fd = None;
         st.features = None;
         st.max_size_code = None;
+        st.gid = None;
         st.inflight.clear();
         st.pairs = 0;
         st.filed.clear();
@@ -616,22 +622,28 @@ impl SharedClient {
         self.finish(t)
     }
 
-    /// The device GID (see [`crate::Client::query_gid`]); also learns the feature mask.
+    /// The device GID (see [`crate::Client::query_gid`]); also learns the feature mask. Asks
+    /// once per daemon connection.
     pub fn query_gid(&self) -> Result<Gid, IsmError> {
+        if let Some(g) = self.connection()?.gid {
+            return Ok(g);
+        }
         let (buf, a) = self.transact(proto::OP_QUERY_GID, &[], None)?;
         if a.end - a.start < proto::GID_REPLY_LEN {
             return Err(IsmError::Protocol("short QUERY_GID reply"));
         }
         let features = proto::get_u32(&buf, a.start + 20);
         let max = buf[a.start + 18].min(smc_common::cdc::DMB_MAX_SIZE_CODE_LARGE);
+        let gid = Gid {
+            gid: proto::get_u64(&buf, a.start),
+            gid_ext: proto::get_u64(&buf, a.start + 8),
+        };
         let mut st = self.lock();
         st.features = Some(features);
         st.max_size_code = Some(max);
+        st.gid = Some(gid);
         drop(st);
-        Ok(Gid {
-            gid: proto::get_u64(&buf, a.start),
-            gid_ext: proto::get_u64(&buf, a.start + 8),
-        })
+        Ok(gid)
     }
 
     /// The daemon's feature mask (asks with `QUERY_GID` the first time on each connection).

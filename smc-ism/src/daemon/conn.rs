@@ -205,9 +205,11 @@ pub(crate) async fn serve_conn(
     uid: Arc<UidUsage>,
     mut stop: watch::Receiver<bool>,
 ) {
-    if let (Some(hook), Some(c)) = (shared.client_hook.clone(), cred) {
-        // Before the first reply: a client that waits for it finds the hook's work done.
-        let _ = tokio::task::spawn_blocking(move || (hook.0)(c.uid, c.gid)).await;
+    if let (Some(hook), Some(c)) = (shared.client_hook.as_ref(), cred) {
+        // Before the first reply: a client that waits for it finds the hook's work done. On
+        // this task, as `read_cgroup` below: a few calls on a local directory (a blocking-pool
+        // thread to run them cost a new process's first reply two thread hops).
+        (hook.0)(c.uid, c.gid);
     }
     let cg_path = cred
         .map(|c| read_cgroup(c.pid))

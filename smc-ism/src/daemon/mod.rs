@@ -159,7 +159,7 @@ pub struct DaemonConfig {
     pub holder_max_files: Option<u64>,
 }
 
-/// What the daemon does for each new client before serving it, on a blocking thread (`smc-ctl
+/// What the daemon does for each new client before serving it, on its task: it must be quick (`smc-ctl
 /// daemon` creates the client uid's statistics directory, which a non-root process cannot).
 #[derive(Clone)]
 pub struct ClientHook(pub Arc<dyn Fn(u32, u32) + Send + Sync>);
@@ -748,11 +748,15 @@ pub fn spawn(config: DaemonConfig) -> Result<DaemonHandle, IsmError> {
                     }
                 };
                 let _ = ready_tx.send(Ok(bound.gid()));
-                bound
-                    .run(async move {
-                        let _ = stop_rx.await;
-                    })
-                    .await
+                // On a worker, not on this thread: the worker whose poll finds a client
+                // connecting accepts it at once (from `block_on` here, each accept waited for
+                // this thread to be woken and scheduled first, one more thread hop before a new
+                // process's first reply).
+                tokio::spawn(bound.run(async move {
+                    let _ = stop_rx.await;
+                }))
+                .await
+                .unwrap_or(Err(IsmError::Internal))
             })
         })
         .map_err(IsmError::Io)?;
