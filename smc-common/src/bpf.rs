@@ -35,6 +35,12 @@ pub const SMC_SO_TCP: i32 = 4;
 /// sending no Decline, and bytes that come instead of an Accept are the server's application
 /// bytes (a server that speaks first).
 pub const SMC_SO_PEER_QUARANTINED: i32 = 5;
+/// `getsockopt(fd, SOL_SMC_BPF, SMC_SO_CGROUP, &mut u64, 8)`, on any socket of a process in
+/// an attached cgroup: the caller's cgroup v2 id (`bpf_get_current_cgroup_id`, the inode of its
+/// cgroup directory), which the data path records in its statistics file without reading
+/// `/proc/self/cgroup` and `/proc/self/mountinfo` (the latter grows with every mount of the
+/// host: a fresh process paid for it before its first connection).
+pub const SMC_SO_CGROUP: i32 = 6;
 
 /// The socket asked to announce SMC ([`SMC_SO_ENABLE`]).
 pub const SOCK_OPTED_IN: u32 = 1 << 0;

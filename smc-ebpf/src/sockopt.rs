@@ -3,14 +3,16 @@
 use core::ptr;
 
 use aya_ebpf::{
-    helpers::generated::bpf_get_netns_cookie, macros::cgroup_sockopt, programs::SockoptContext,
+    helpers::generated::{bpf_get_current_cgroup_id, bpf_get_netns_cookie},
+    macros::cgroup_sockopt,
+    programs::SockoptContext,
 };
 use smc_common::bpf::{
-    Counter, SockState, TraceReason, LISTENERS_ANNOUNCING, LISTENERS_WITHDRAWN, SMC_SO_ENABLE,
-    SMC_SO_PEER_QUARANTINED, SMC_SO_SHORTCUT, SMC_SO_STATE, SMC_SO_TCP, SOCK_CLAIMED,
-    SOCK_LISTEN_COUNTED, SOCK_OPTED_IN, SOCK_PASSIVE, SOCK_QUARANTINED, SOCK_QUARANTINE_TRY,
-    SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_SHORTCUT_GRANTED, SOCK_STATE_VERSION, SOCK_TCP,
-    SOL_SMC_BPF,
+    Counter, SockState, TraceReason, LISTENERS_ANNOUNCING, LISTENERS_WITHDRAWN, SMC_SO_CGROUP,
+    SMC_SO_ENABLE, SMC_SO_PEER_QUARANTINED, SMC_SO_SHORTCUT, SMC_SO_STATE, SMC_SO_TCP,
+    SOCK_CLAIMED, SOCK_LISTEN_COUNTED, SOCK_OPTED_IN, SOCK_PASSIVE, SOCK_QUARANTINED,
+    SOCK_QUARANTINE_TRY, SOCK_SAME_HOST, SOCK_SHORTCUT, SOCK_SHORTCUT_GRANTED, SOCK_STATE_VERSION,
+    SOCK_TCP, SOL_SMC_BPF,
 };
 
 use crate::{
@@ -128,6 +130,9 @@ pub fn smc_getsockopt(ctx: SockoptContext) -> i32 {
     if so.level != SOL_SMC_BPF {
         return 1;
     }
+    if so.optname == SMC_SO_CGROUP {
+        return current_cgroup(so);
+    }
     // SAFETY: the program's context, which `bpf_get_netns_cookie` takes as is: the namespace
     // of the socket asked.
     let netns = unsafe { bpf_get_netns_cookie(ctx.sockopt.cast()) };
@@ -225,6 +230,28 @@ fn claim(s: &mut SockState) -> SockState {
 /// [`SMC_SO_PEER_QUARANTINED`]: whether the server end of the asking client's connection is in
 /// the quarantine (its recorded cookie has a verdict position, see `crate::quarantine`).
 #[inline(always)]
+/// [`SMC_SO_CGROUP`]: the calling task's cgroup v2 id (nothing of the socket is read).
+fn current_cgroup(so: &mut aya_ebpf::bindings::bpf_sockopt) -> i32 {
+    // SAFETY: the union holds the `optval` pointer, the start of the kernel's buffer for the
+    // option value (`PTR_TO_PACKET`, writable in getsockopt).
+    let optval = unsafe { so.__bindgen_anon_2.optval } as *mut u8;
+    // SAFETY: as `optval`: the end of that buffer (`PTR_TO_PACKET_END`).
+    let end = unsafe { so.__bindgen_anon_3.optval_end } as *mut u8;
+    if optval.wrapping_add(8) > end {
+        return 0;
+    }
+    // SAFETY: a helper without arguments; cgroup sockopt programs may call it.
+    let id = unsafe { bpf_get_current_cgroup_id() };
+    // SAFETY: the buffer holds at least 8 bytes from `optval` (checked above); the caller's
+    // buffer has no alignment.
+    unsafe { ptr::write_unaligned(optval.cast::<u64>(), id) };
+    // SAFETY: `so` is the context, whose `optlen` and `retval` getsockopt programs may write.
+    unsafe { ptr::write_volatile(&mut so.optlen, 8) };
+    // SAFETY: as above.
+    unsafe { ptr::write_volatile(&mut so.retval, 0) };
+    1
+}
+
 fn peer_quarantined(so: &mut aya_ebpf::bindings::bpf_sockopt, netns: u64) -> i32 {
     // SAFETY: the union holds the `optval` pointer, the start of the kernel's buffer for the
     // option value (`PTR_TO_PACKET`, writable in getsockopt).

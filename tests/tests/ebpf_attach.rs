@@ -344,6 +344,52 @@ fn process_outside_the_cgroup_is_untouched() {
     assert_eq!(delta(&before, &after, "sockets_established"), 0);
 }
 
+/// `SMC_SO_CGROUP` answers a process of an attached cgroup (or of a cgroup below it) its own
+/// cgroup's id, the inode of its directory, which the data path records in its statistics
+/// file instead of reading `/proc/self/mountinfo`; outside, no program answers it.
+#[test]
+fn the_cgroup_option_tells_the_callers_own_cgroup() {
+    use std::os::unix::fs::MetadataExt as _;
+    require_root();
+    let _l = lock();
+    let cg = test_cgroup();
+    let _a = Attached::new(&cg, "ism");
+    let rel = cg
+        .path
+        .strip_prefix(integration_tests::cgroup2_root())
+        .unwrap();
+    let sub = Cgroup::new(&rel.join("below").to_string_lossy()).unwrap();
+    let ask = |dir: Option<&Path>| {
+        let mut c = Command::new("python3");
+        c.args([
+            "-c",
+            &format!(
+                "import socket,struct\ns=socket.socket(socket.AF_UNIX,socket.SOCK_DGRAM)\n\
+                 try:\n print(struct.unpack('<Q',s.getsockopt({},{},8))[0])\n\
+                 except OSError as e:\n print('errno',e.errno)",
+                smc_common::bpf::SOL_SMC_BPF,
+                smc_common::bpf::SMC_SO_CGROUP
+            ),
+        ]);
+        if let Some(d) = dir {
+            smc_cgroup::join_before_exec(&mut c, d);
+        }
+        spawn_piped(c).wait_output(T).unwrap().trim().to_owned()
+    };
+    let own = ask(Some(&cg.path));
+    let below = ask(Some(&sub.path));
+    let outside = ask(None);
+    assert_eq!(own, std::fs::metadata(&cg.path).unwrap().ino().to_string());
+    assert_ne!(below, own, "a sub-cgroup's process is told its own cgroup");
+    assert!(below.parse::<u64>().is_ok(), "{below}");
+    // A Unix socket has no option levels but SOL_SOCKET: EOPNOTSUPP.
+    assert_eq!(
+        outside,
+        format!("errno {}", libc::EOPNOTSUPP),
+        "outside: {outside}"
+    );
+}
+
 /// The pinned links of the given cgroups (others' cgroups may be attached on this host).
 fn pinned_links(cgs: &[&Cgroup]) -> Vec<String> {
     use std::os::unix::fs::MetadataExt as _;

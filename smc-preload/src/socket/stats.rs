@@ -111,7 +111,9 @@ fn identity(pid: u32) -> Identity {
     static INHERITED: crate::forklock::ForkOnce<(u64, u64)> = crate::forklock::ForkOnce::new();
     let &(cgroup_id, pid_ns) = INHERITED.get_or_init(|| {
         (
-            procstats::proc_cgroup_id("self").unwrap_or(0),
+            bpf_cgroup_id()
+                .or_else(|| procstats::proc_cgroup_id("self"))
+                .unwrap_or(0),
             procstats::pid_ns("self").unwrap_or(0),
         )
     });
@@ -121,6 +123,47 @@ fn identity(pid: u32) -> Identity {
         start_time: procstats::proc_start_time(pid as u64).unwrap_or(0),
         pid_ns,
     }
+}
+
+/// This process's cgroup v2 id as the programs of its attached cgroup tell it
+/// (`SMC_SO_CGROUP`, asked on a throwaway socket): one system call where
+/// [`procstats::proc_cgroup_id`] reads `/proc/self/cgroup`, all of `/proc/self/mountinfo` (as
+/// long as the host has mounts) and the cgroup's directory, before a fresh process's first
+/// connection. `None` outside an attached cgroup (no program answers), then `/proc` it is.
+/// Errno preserved.
+fn bpf_cgroup_id() -> Option<u64> {
+    let e0 = crate::real::errno();
+    // SAFETY: creates a descriptor or fails; the kernel's call, not the interposed `socket`
+    // (a socket of our own, closed below, that the application never sees).
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_socket,
+            libc::AF_UNIX,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            0,
+        )
+    } as i32;
+    if fd < 0 {
+        crate::real::set_errno(e0);
+        return None;
+    }
+    let mut id = 0u64;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: valid out buffer of `len` bytes, our own socket.
+    let r = unsafe {
+        crate::real::getsockopt(
+            fd,
+            smc_common::bpf::SOL_SMC_BPF,
+            smc_common::bpf::SMC_SO_CGROUP,
+            (&mut id as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    // SAFETY: our own descriptor, closed once, by the kernel's call (nothing of ours is kept
+    // for it).
+    unsafe { libc::syscall(libc::SYS_close, fd) };
+    crate::real::set_errno(e0);
+    (r == 0 && len as usize == std::mem::size_of::<u64>() && id != 0).then_some(id)
 }
 
 /// The stats area of this process (created on first use, per process after fork).
