@@ -38,7 +38,8 @@
 //!
 //! `SMC_BENCH_CASES=sockperf-pp,iperf3` (comma-separated case ids) runs only those cases:
 //! sockperf-pp, sockperf-tp, iperf3, redis, nginx-keepalive, msgrate, connrate, connrate-policy,
-//! fallback-pp, fallback-conn, and `nginx-close[-smcd][-16k][-c1000]` (Connection: close with
+//! fallback-pp, fallback-conn, proc-conn, fallback-proc (one connection per process, the
+//! process spawned, its connection made, the process gone, one after the other), and `nginx-close[-smcd][-16k][-c1000]` (Connection: close with
 //! the short-connection policy on / off (`-smcd`: every connection SMC-D), 1 KiB / 16 KiB
 //! bodies, 50 / 1000 connections), `scale-1k`, `scale-10k` (N connections pinging once a
 //! second; `scale-65k` with `SMC_BENCH_SCALE_65K=1`, `scale-20k`, `scale-40k`, … with

@@ -361,11 +361,50 @@ pub(crate) fn cases(p: &Params, helper: &Path, tmp: &Path) -> Result<Vec<Case>> 
                 ],
             )
         },
+        proc_case(&helper, secs, timed, false),
+        proc_case(&helper, secs, timed, true),
     ];
     v.extend(close_cases);
     v.extend(scale_cases(&helper));
     v.extend(scale_idle_cases(&helper));
     Ok(v)
+}
+
+/// One connection per process (issue 13): `smc-bench-helper proc-client` runs `one PORT` (exec,
+/// connect, 1 B each way, close, exit) one process after the other against `conn-server`, as a
+/// CGI program, a health check or a shell loop of `curl` does: every connection is a fresh
+/// process's first (the library loaded, its daemon connection and statistics file made, no
+/// pooled DMB), which the short-connection policy cannot keep on TCP (it learns per process).
+/// `fallback`: the server without the library (the SMC-D column then measures what loading the
+/// library costs a process whose connection stays TCP).
+fn proc_case(helper: &str, secs: u32, timeout: Duration, fallback: bool) -> Case {
+    let (h1, h2) = (helper.to_owned(), helper.to_owned());
+    Case {
+        id: if fallback {
+            "fallback-proc"
+        } else {
+            "proc-conn"
+        },
+        title: if fallback {
+            "fallback: one connection per process"
+        } else {
+            "one connection per process (exec, connect, 1 B each way, exit)"
+        },
+        metrics: vec![
+            metric("proc_per_sec", "processes", "proc/s", true),
+            metric("p50_us", "p50 connect to first byte", "us", false),
+            metric("connect_p50_us", "p50 connect() alone", "us", false),
+            metric("proc_p50_us", "p50 process, spawn to exit", "us", false),
+        ],
+        units: Some("total_connections"),
+        fallback,
+        server: argv(move |port| sv(&[&h1, "conn-server", &port.to_string()])),
+        client: argv(move |port| sv(&[&h2, "proc-client", &port.to_string(), &secs.to_string()])),
+        parse: parse_json_line,
+        timeout,
+        smc_env: vec![],
+        policy_tcp: false,
+    }
 }
 
 /// Many concurrent connections (issue 14): `smc-scale` (tests/src/bin/smc-scale.rs, built next

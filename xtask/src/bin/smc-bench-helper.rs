@@ -9,6 +9,11 @@
 //!   close, repeated; connections per second and latency percentiles of connect + first exchange
 //!   (the part a handshake on the connection slows down), and of `connect()` alone (the TCP
 //!   handshake, in the plain TCP column).
+//! - `proc-client PORT SECONDS` (against `conn-server`): one connection per process, as a CGI
+//!   program, a health check or a shell loop of `curl` makes them: it runs `one PORT` (this
+//!   program: exec, connect, one byte each way, close, exit) one after the other; processes per
+//!   second, the latency of each child's connect + first exchange and of its `connect()`, and
+//!   the wall time of a whole child (spawn to exit).
 //!
 //! Clients print one JSON object on stdout. Servers run until killed.
 // Test and tool code: a failed unwrap/expect fails the test or the command, no user program.
@@ -32,10 +37,12 @@ fn main() -> ExitCode {
         ["msg-client", port, size, secs] => msg_client(num(port), num(size), secs_arg(secs)),
         ["conn-server", port] => conn_server(num(port)),
         ["conn-client", port, secs] => conn_client(num(port), secs_arg(secs)),
+        ["proc-client", port, secs] => proc_client(num(port), secs_arg(secs)),
+        ["one", port] => one(num(port)),
         _ => {
             eprintln!(
                 "usage: smc-bench-helper msg-server PORT SIZE | msg-client PORT SIZE SECONDS | \
-                 conn-server PORT | conn-client PORT SECONDS"
+                 conn-server PORT | conn-client PORT SECONDS | proc-client PORT SECONDS"
             );
             return ExitCode::from(2);
         }
@@ -177,6 +184,68 @@ fn conn_client(port: u16, secs: Duration) -> std::io::Result<()> {
         pct(&mut lat, 99.0),
         pct(&mut conn, 50.0),
         pct(&mut conn, 99.0)
+    );
+    Ok(())
+}
+
+/// One connection of [`conn_client`] in a process of its own: prints the nanoseconds of
+/// connect + first exchange and of `connect()` alone.
+fn one(port: u16) -> std::io::Result<()> {
+    let t0 = Instant::now();
+    let mut s = TcpStream::connect(addr(port))?;
+    let dc = t0.elapsed().as_nanos();
+    s.write_all(b"x")?;
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b)?;
+    let dt = t0.elapsed().as_nanos();
+    let mut rest = [0u8; 16];
+    while s.read(&mut rest)? != 0 {}
+    println!("{dt} {dc}");
+    Ok(())
+}
+
+fn proc_client(port: u16, secs: Duration) -> std::io::Result<()> {
+    let exe = env::current_exe()?;
+    let once = || -> std::io::Result<(u64, u64, u64)> {
+        let t0 = Instant::now();
+        let out = std::process::Command::new(&exe)
+            .args(["one", &port.to_string()])
+            .stderr(std::process::Stdio::inherit())
+            .output()?;
+        let wall = t0.elapsed().as_nanos() as u64;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut it = text.split_whitespace().map(|v| v.parse::<u64>().ok());
+        match (
+            out.status.success(),
+            it.next().flatten(),
+            it.next().flatten(),
+        ) {
+            (true, Some(dt), Some(dc)) => Ok((dt, dc, wall)),
+            _ => Err(std::io::Error::other(format!(
+                "child: {} {text:?}",
+                out.status
+            ))),
+        }
+    };
+    let warmup = warm_up(|| once().map(drop))?;
+    let (mut lat, mut conn, mut wall) = (Vec::new(), Vec::new(), Vec::new());
+    let start = Instant::now();
+    while start.elapsed() < secs {
+        let (dt, dc, w) = once()?;
+        lat.push(dt);
+        conn.push(dc);
+        wall.push(w);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let n = lat.len();
+    println!(
+        "{{\"processes\":{n},\"total_connections\":{},\"seconds\":{elapsed:.6},\"proc_per_sec\":{:.1},\"p50_us\":{:.3},\"p99_us\":{:.3},\"connect_p50_us\":{:.3},\"proc_p50_us\":{:.3}}}",
+        n as u64 + warmup,
+        n as f64 / elapsed,
+        pct(&mut lat, 50.0),
+        pct(&mut lat, 99.0),
+        pct(&mut conn, 50.0),
+        pct(&mut wall, 50.0)
     );
     Ok(())
 }
