@@ -79,7 +79,8 @@ struct Bench {
     /// The data path's own statistics command exists (`smc-ctl stats --json`).
     has_stats_cmd: bool,
     logs: PathBuf,
-    tmp: PathBuf,
+    /// Where each run's `SMC_PROCS_DIR` is made (a tmpfs when the host has one).
+    procs_root: PathBuf,
     next_port: StdCell<u16>,
     /// 1, or 0 on a single-core machine (server and client then share it).
     client_core: u32,
@@ -162,6 +163,16 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
     sys::remove_stale_netns();
     let tmp =
         TempDir::new(std::env::temp_dir().join(format!("smc-bench-{}-run", std::process::id())))?;
+    // The processes' statistics files where a host keeps them: `/run` (the default
+    // `SMC_PROCS_DIR`) is a tmpfs there. Here `/tmp` may be a disk filesystem, whose journal made
+    // each file's creation and removal cost a short-lived process hundreds of microseconds
+    // (docs/PERF.md, 2026-12-06).
+    let shm = Path::new("/dev/shm");
+    let procs_tmp = if sys::is_tmpfs(shm) {
+        TempDir::new(shm.join(format!("smc-bench-{}-procs", std::process::id())))?
+    } else {
+        TempDir::new(tmp.0.join("procs"))?
+    };
     let has_stats_cmd = Command::new(&smc_ctl)
         .args(["stats", "--help"])
         .stdout(std::process::Stdio::null())
@@ -199,7 +210,7 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
             smc_ctl: smc_ctl.clone(),
             has_stats_cmd,
             logs: logs.clone(),
-            tmp: tmp.0.clone(),
+            procs_root: procs_tmp.0.clone(),
             next_port: StdCell::new(20_000),
             client_core,
             daemon,
@@ -254,6 +265,7 @@ pub fn run(root: &Path, quick: bool) -> Result<()> {
     let load_after = fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let elapsed = started.elapsed();
     drop(bench);
+    drop(procs_tmp);
     drop(tmp);
 
     let rows = rows(&cases, &outcomes);
@@ -410,7 +422,7 @@ impl Bench {
         let port = self.next_port.get();
         self.next_port.set(port + 1);
         let tag = format!("{}-{}-{}", case.id, COLUMNS[col], rep + 1);
-        let procs = self.tmp.join("procs").join(&tag);
+        let procs = self.procs_root.join(&tag);
         fs::create_dir_all(&procs)?;
         let server_argv = (case.server)(port)?;
         let client_argv = (case.client)(port)?;

@@ -454,3 +454,14 @@ pub fn bpf_prog_stats() -> BTreeMap<String, f64> {
     }
     m
 }
+
+/// Whether `p` is on a tmpfs (`statfs`).
+pub fn is_tmpfs(p: &Path) -> bool {
+    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: all-zero is a valid statfs, filled by the call.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a valid out buffer.
+    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type == libc::TMPFS_MAGIC }
+}
