@@ -1588,22 +1588,7 @@ fn is_unconnected_tcp(fd: c_int) -> bool {
             Some(libc::AF_INET | libc::AF_INET6)
         )
         && sockopt_int(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN) == Some(0);
-    // `struct tcp_info` starts with `tcpi_state`; the kernel copies as much as asked for.
-    let mut info = [0u8; 8];
-    let mut len = info.len() as libc::socklen_t;
-    // SAFETY: valid out buffer and length.
-    let state = tcp
-        && unsafe {
-            real::getsockopt(
-                fd,
-                libc::IPPROTO_TCP,
-                libc::TCP_INFO,
-                info.as_mut_ptr() as *mut libc::c_void,
-                &mut len,
-            )
-        } == 0
-        && len >= 1
-        && info[0] == crate::conn::TCP_CLOSE;
+    let state = tcp && crate::util::tcp_state(fd) == Some(crate::conn::TCP_CLOSE);
     real::set_errno(e0);
     state
 }

@@ -1670,25 +1670,11 @@ fn failure(code: u32) -> DmbFailure {
 fn reset_error(fd: i32) -> Option<i32> {
     let e0 = crate::real::errno();
     let e = crate::util::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR).unwrap_or(0);
-    // SAFETY: `tcp_info` is plain old data; all zeroes is a valid value.
-    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: a valid out buffer and its length.
-    let r = unsafe {
-        crate::real::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            std::ptr::from_mut(&mut ti).cast::<libc::c_void>(),
-            &mut len,
-        )
-    };
     crate::real::set_errno(e0);
-    // TCP_CLOSE 7 (`include/net/tcp_states.h`).
     if e != 0 {
         Some(e)
     } else {
-        (r == 0 && ti.tcpi_state == 7).then_some(libc::ECONNRESET)
+        (crate::util::tcp_state(fd) == Some(crate::conn::TCP_CLOSE)).then_some(libc::ECONNRESET)
     }
 }
 
@@ -2033,22 +2019,7 @@ pub(crate) fn forget_clc_bytes(lo: i64, hi: i64) {
 
 /// Whether the peer of the TCP socket `fd` sent its FIN (`CLOSE_WAIT`: our side still open).
 fn peer_finished(fd: i32) -> bool {
-    // `struct tcp_info` starts with `tcpi_state`; the kernel copies as much as asked for.
-    let mut info = [0u8; 8];
-    let mut len = info.len() as libc::socklen_t;
-    let e0 = crate::real::errno();
-    // SAFETY: valid out buffer and length.
-    let ok = unsafe {
-        crate::real::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            info.as_mut_ptr() as *mut libc::c_void,
-            &mut len,
-        )
-    } == 0;
-    crate::real::set_errno(e0);
-    ok && len >= 1 && info[0] == crate::conn::TCP_CLOSE_WAIT
+    crate::util::tcp_state(fd) == Some(crate::conn::TCP_CLOSE_WAIT)
 }
 
 #[cfg(test)]

@@ -364,6 +364,47 @@ pub fn nonblocking(fd: i32) -> bool {
     fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
+/// `TCP_INFO` of the TCP socket `fd`; `None` when it fails. errno is kept.
+pub fn tcp_info(fd: i32) -> Option<libc::tcp_info> {
+    let e0 = real::errno();
+    // SAFETY: `tcp_info` is plain old data; all zeroes is a valid value.
+    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: a valid out buffer and its length.
+    let r = unsafe {
+        real::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            std::ptr::from_mut(&mut ti).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    real::set_errno(e0);
+    (r == 0).then_some(ti)
+}
+
+/// The TCP state of `fd` (`tcpi_state`, `include/net/tcp_states.h`), asking only for the first
+/// bytes of `tcp_info` (the kernel copies as much as asked for); `None` when it fails. errno is
+/// kept.
+pub fn tcp_state(fd: i32) -> Option<u8> {
+    let mut info = [0u8; 8];
+    let mut len = info.len() as libc::socklen_t;
+    let e0 = real::errno();
+    // SAFETY: valid out buffer and length.
+    let r = unsafe {
+        real::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    real::set_errno(e0);
+    (r == 0 && len >= 1).then_some(info[0])
+}
+
 /// An `int` socket option of `fd` (`getsockopt` at `level`); `None` when it fails (errno as
 /// `getsockopt` left it).
 pub fn sockopt_int(fd: i32, level: i32, name: i32) -> Option<libc::c_int> {

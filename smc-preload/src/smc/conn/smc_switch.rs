@@ -1182,31 +1182,11 @@ fn all_acked(fd: i32, deadline: Instant, mut reader: Option<&mut dyn FnMut(i32) 
     ok
 }
 
-/// The socket's `TCP_INFO`, or `None` when the call fails. errno is kept.
-fn tcp_info(fd: i32) -> Option<libc::tcp_info> {
-    let e0 = real::errno();
-    // SAFETY: `tcp_info` is plain old data; all zeroes is a valid value.
-    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: a valid out buffer and its length.
-    let r = unsafe {
-        real::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            std::ptr::from_mut(&mut ti).cast::<libc::c_void>(),
-            &mut len,
-        )
-    };
-    real::set_errno(e0);
-    (r == 0).then_some(ti)
-}
-
 /// Whether the socket's TCP state still carries the stream both ways or our half-close
 /// (ESTABLISHED, FIN_WAIT1, FIN_WAIT2), as `TCP_INFO` says. errno is kept.
 pub(super) fn connected(fd: i32) -> bool {
     // TCP_ESTABLISHED 1, TCP_FIN_WAIT1 4, TCP_FIN_WAIT2 5 (`include/net/tcp_states.h`).
-    tcp_info(fd).is_some_and(|ti| matches!(ti.tcpi_state, 1 | 4 | 5))
+    crate::util::tcp_info(fd).is_some_and(|ti| matches!(ti.tcpi_state, 1 | 4 | 5))
 }
 
 /// Whether everything written to `fd` left its send queue (`SIOCOUTQ` 0) before `deadline`.
@@ -1361,7 +1341,9 @@ fn out_of_reply_time(fd: i32) {
         if ioctl_int(fd, libc::FIONREAD as libc::c_ulong).is_some_and(|q| q > 0) {
             return;
         }
-        let Some(ti) = tcp_info(fd) else { return };
+        let Some(ti) = crate::util::tcp_info(fd) else {
+            return;
+        };
         let since_us = u64::from(ti.tcpi_last_data_recv).saturating_mul(1000);
         let ato_us = u64::from(ti.tcpi_ato);
         let now = Instant::now();
