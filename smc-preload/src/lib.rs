@@ -73,8 +73,9 @@ extern "C" fn init() {
     let _ = pid();
     setup::init_env();
     let _ = stats::keep();
-    ops::adopt_orphans_after_exec();
-    lifecycle::adopt_inherited_sockets();
+    let socks = lifecycle::inherited_sockets();
+    ops::adopt_orphans_after_exec(&socks);
+    lifecycle::adopt_inherited_sockets(&socks);
     // SAFETY: registering plain extern "C" functions.
     unsafe {
         libc::atexit(at_exit);

@@ -1408,20 +1408,37 @@ pub unsafe fn popen(cmd: *const c_char, mode: *const c_char) -> *mut libc::FILE 
 /// A listener that never announced (listening before an image with the library saw it: systemd
 /// socket activation) gets no option into its SYN-ACKs: the eBPF programs arm that only at its
 /// `listen`, so its connections stay TCP (`PEERNOSMC` at both ends).
-pub fn adopt_inherited_sockets() {
+/// `socks`: as for `ops::adopt_orphans_after_exec`, which ran first.
+pub fn adopt_inherited_sockets(socks: &[c_int]) {
     if !policy::enabled() {
         return;
     }
+    for &fd in socks {
+        adopt_if_listener(fd);
+        adopt_if_unconnected(fd);
+    }
+}
+
+/// The sockets among the descriptors this image found open at load (one walk of
+/// `/proc/self/fd` and an `fstat` each; no socket option asked of a file that is none), for
+/// the two adoptions above it.
+pub fn inherited_sockets() -> Vec<c_int> {
     let Ok(rd) = std::fs::read_dir("/proc/self/fd") else {
-        return;
+        return Vec::new();
     };
     let fds: Vec<c_int> = rd
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect();
-    for fd in fds {
-        adopt_if_listener(fd);
-        adopt_if_unconnected(fd);
-    }
+    fds.into_iter()
+        .filter(|&fd| {
+            // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid
+            // value.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: valid out buffer.
+            let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
+            ok && st.st_mode & libc::S_IFMT == libc::S_IFSOCK
+        })
+        .collect()
 }
 
 /// `fd`, unknown here, may opt in like a socket this process created if it is a TCP socket

@@ -4201,24 +4201,13 @@ pub fn install_conn(fd: c_int, c: Conn) -> Arc<Obj> {
 /// too, so the peer learns it at once. Inherited by a new process (`posix_spawn`, `fork` +
 /// `exec`: an inetd-style server, a child that inherited fds without `O_CLOEXEC`), the
 /// connection may still be served by the process that made it: only our view is an orphan.
-pub fn adopt_orphans_after_exec() {
-    let Ok(rd) = std::fs::read_dir("/proc/self/fd") else {
-        return;
-    };
-    // Every fd, 0 to 2 too: an inetd-style handler gets its connection as stdin and stdout.
-    let fds: Vec<c_int> = rd
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
+/// `socks`: the sockets this image found open ([`lifecycle::inherited_sockets`]; every fd, 0 to
+/// 2 too: an inetd-style handler gets its connection as stdin and stdout).
+pub fn adopt_orphans_after_exec(socks: &[c_int]) {
     let mut old_image_gone: Option<bool> = None;
     // Sockets adopted in this scan, by cookie, with their fd.
     let mut adopted: Vec<(u64, c_int)> = Vec::new();
-    for fd in fds {
-        // SAFETY: `libc::stat` is plain integers, for which all-zero bytes are a valid value.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: valid out buffer.
-        if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
-            continue;
-        }
+    for &fd in socks {
         let look = setup::smc_conn_look(fd);
         if look == setup::SmcLook::No {
             continue;
