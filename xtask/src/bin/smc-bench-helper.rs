@@ -150,31 +150,42 @@ fn conn_server(port: u16) -> std::io::Result<()> {
     }
 }
 
-fn conn_client(port: u16, secs: Duration) -> std::io::Result<()> {
-    let a = addr(port);
-    let once = || -> std::io::Result<(u64, u64)> {
-        let t0 = Instant::now();
-        let mut s = TcpStream::connect(a)?;
-        let dc = t0.elapsed().as_nanos() as u64;
-        s.write_all(b"x")?;
-        let mut b = [0u8; 1];
-        s.read_exact(&mut b)?;
-        let dt = t0.elapsed().as_nanos() as u64;
-        // Wait for the server's close: a full short-lived connection per iteration.
-        let mut rest = [0u8; 16];
-        while s.read(&mut rest)? != 0 {}
-        Ok((dt, dc))
-    };
+/// One connection: connect, one byte each way, the server's close; the nanoseconds of
+/// connect + first exchange and of `connect()` alone.
+fn exchange(a: SocketAddr) -> std::io::Result<[u64; 2]> {
+    let t0 = Instant::now();
+    let mut s = TcpStream::connect(a)?;
+    let dc = t0.elapsed().as_nanos() as u64;
+    s.write_all(b"x")?;
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b)?;
+    let dt = t0.elapsed().as_nanos() as u64;
+    // Wait for the server's close: a full short-lived connection per iteration.
+    let mut rest = [0u8; 16];
+    while s.read(&mut rest)? != 0 {}
+    Ok([dt, dc])
+}
+
+/// `once` for [`WARMUP`], unmeasured, then for `secs`, each of its `K` figures collected: the
+/// iterations of the warm-up, the samples, the seconds measured.
+fn sampled<const K: usize>(
+    secs: Duration,
+    mut once: impl FnMut() -> std::io::Result<[u64; K]>,
+) -> std::io::Result<(u64, [Vec<u64>; K], f64)> {
     let warmup = warm_up(|| once().map(drop))?;
-    let mut lat = Vec::with_capacity(1 << 16);
-    let mut conn = Vec::with_capacity(1 << 16);
+    let mut v: [Vec<u64>; K] = std::array::from_fn(|_| Vec::with_capacity(1 << 16));
     let start = Instant::now();
     while start.elapsed() < secs {
-        let (dt, dc) = once()?;
-        lat.push(dt);
-        conn.push(dc);
+        for (x, col) in once()?.into_iter().zip(v.iter_mut()) {
+            col.push(x);
+        }
     }
-    let elapsed = start.elapsed().as_secs_f64();
+    Ok((warmup, v, start.elapsed().as_secs_f64()))
+}
+
+fn conn_client(port: u16, secs: Duration) -> std::io::Result<()> {
+    let a = addr(port);
+    let (warmup, [mut lat, mut conn], elapsed) = sampled(secs, || exchange(a))?;
     let n = lat.len();
     println!(
         "{{\"connections\":{n},\"total_connections\":{},\"seconds\":{elapsed:.6},\"conn_per_sec\":{:.1},\"p50_us\":{:.3},\"p99_us\":{:.3},\"connect_p50_us\":{:.3},\"connect_p99_us\":{:.3}}}",
@@ -191,22 +202,14 @@ fn conn_client(port: u16, secs: Duration) -> std::io::Result<()> {
 /// One connection of [`conn_client`] in a process of its own: prints the nanoseconds of
 /// connect + first exchange and of `connect()` alone.
 fn one(port: u16) -> std::io::Result<()> {
-    let t0 = Instant::now();
-    let mut s = TcpStream::connect(addr(port))?;
-    let dc = t0.elapsed().as_nanos();
-    s.write_all(b"x")?;
-    let mut b = [0u8; 1];
-    s.read_exact(&mut b)?;
-    let dt = t0.elapsed().as_nanos();
-    let mut rest = [0u8; 16];
-    while s.read(&mut rest)? != 0 {}
+    let [dt, dc] = exchange(addr(port))?;
     println!("{dt} {dc}");
     Ok(())
 }
 
 fn proc_client(port: u16, secs: Duration) -> std::io::Result<()> {
     let exe = env::current_exe()?;
-    let once = || -> std::io::Result<(u64, u64, u64)> {
+    let once = || -> std::io::Result<[u64; 3]> {
         let t0 = Instant::now();
         let out = std::process::Command::new(&exe)
             .args(["one", &port.to_string()])
@@ -220,23 +223,14 @@ fn proc_client(port: u16, secs: Duration) -> std::io::Result<()> {
             it.next().flatten(),
             it.next().flatten(),
         ) {
-            (true, Some(dt), Some(dc)) => Ok((dt, dc, wall)),
+            (true, Some(dt), Some(dc)) => Ok([dt, dc, wall]),
             _ => Err(std::io::Error::other(format!(
                 "child: {} {text:?}",
                 out.status
             ))),
         }
     };
-    let warmup = warm_up(|| once().map(drop))?;
-    let (mut lat, mut conn, mut wall) = (Vec::new(), Vec::new(), Vec::new());
-    let start = Instant::now();
-    while start.elapsed() < secs {
-        let (dt, dc, w) = once()?;
-        lat.push(dt);
-        conn.push(dc);
-        wall.push(w);
-    }
-    let elapsed = start.elapsed().as_secs_f64();
+    let (warmup, [mut lat, mut conn, mut wall], elapsed) = sampled(secs, once)?;
     let n = lat.len();
     println!(
         "{{\"processes\":{n},\"total_connections\":{},\"seconds\":{elapsed:.6},\"proc_per_sec\":{:.1},\"p50_us\":{:.3},\"p99_us\":{:.3},\"connect_p50_us\":{:.3},\"proc_p50_us\":{:.3}}}",
