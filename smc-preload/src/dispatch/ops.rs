@@ -362,6 +362,15 @@ fn orphan(fd: c_int, write: Option<&[iovec]>, drove: bool) -> Option<ssize_t> {
             // The kernel's own error, if the reset came behind the FIN (the read said EOF and
             // left it): reported here, once.
             let _ = crate::util::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR);
+            // TCP's socket was reset by the closed client's answer to the first write, so its
+            // later writes say `EPIPE` too; ours had sent nothing: unless a CLC byte of ours
+            // reached the client before its close (then it reset), the kernel would take the
+            // next write (1 of 6 in CI under load, `rt31_left.c nbclose wsww`). Its write side
+            // ends here instead (the client is gone; reads still say EOF).
+            if write.is_some() {
+                // SAFETY: plain syscall on the application's socket.
+                unsafe { real::shutdown(fd, libc::SHUT_WR) };
+            }
         }
         return first.then(|| fail(s.lost));
     }
