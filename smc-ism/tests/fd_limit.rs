@@ -148,16 +148,26 @@ fn wait_copies(pid: u32, s: &TcpStream, n: usize) {
     }
 }
 
-/// `RLIMIT_NOFILE` of process `pid` lowered to its lowest free descriptor: it can open none.
-fn exhaust(pid: u32) {
+/// The lowest descriptor number process `pid` has free.
+fn lowest_free(pid: u32) -> u64 {
     let open: std::collections::HashSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect();
-    let free = (0..).find(|n| !open.contains(n)).unwrap_or(0);
+    (0..).find(|n| !open.contains(n)).unwrap_or(0)
+}
+
+/// `RLIMIT_NOFILE` of process `pid` lowered to its lowest free descriptor: it can open none.
+fn exhaust(pid: u32) {
+    limit_above(pid, 0);
+}
+
+/// `RLIMIT_NOFILE` of process `pid` set `room` above its lowest free descriptor; returns it.
+fn limit_above(pid: u32, room: u64) -> u64 {
+    let n = lowest_free(pid) + room;
     let lim = libc::rlimit {
-        rlim_cur: free,
-        rlim_max: free,
+        rlim_cur: n,
+        rlim_max: n,
     };
     // SAFETY: prlimit of a child with a valid struct, no old value wanted.
     let r = unsafe {
@@ -169,6 +179,7 @@ fn exhaust(pid: u32) {
         )
     };
     assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    n
 }
 
 /// This process with every descriptor taken below a lowered soft `RLIMIT_NOFILE`; the limit
@@ -555,5 +566,58 @@ fn filed_memfds_are_given_back() {
     let d3 = server.register_dmb(0, b3.as_raw_fd()).unwrap();
     client.wait_for(WAIT, |s| s.live_dmbs == 2).unwrap();
     drop((d2, d3, server));
+    drop(daemon);
+}
+
+/// A client that pipelines requests whose sockets the daemon refuses near its descriptor limit,
+/// while the closes of the sockets it handed over earlier block (`SO_LINGER` and unsent data:
+/// the closer's threads for its uid wait), is not read from until they are closed: the table
+/// keeps room for the next process, which connects and is served. Before, the daemon read on,
+/// every socket passed took a descriptor until the closer got to it, and the next process was
+/// refused at the limit, all its connections `NOSMCDDEV` for a second (`scale_smc`
+/// `daemon_out_of_descriptors_*`: 3 of 60 runs, the client's 512 connects in flight ahead of
+/// the server's first request).
+#[test]
+fn closes_held_up_leave_room_for_the_next_client() {
+    let _serial = serial();
+    let dir = TestDir::new("fdlimit-closes");
+    let daemon = DaemonProc::start(&dir);
+    let limit = limit_above(daemon.pid(), 100);
+    let c = unix_connect(&dir.sock()).expect("connect to the daemon");
+    let mut rec = vec![0u8; smc_ism::proto::HEADER_LEN];
+    smc_ism::proto::Header::new(smc_ism::proto::OP_QUERY_GID, 0, 1).encode(&mut rec);
+    // Four closes that block for 30 s: as many closer threads as one uid gets.
+    let mut peers = Vec::new();
+    for _ in 0..4 {
+        let (s, p) = lingering_socket();
+        assert!(send_with_fds(c.as_raw_fd(), &rec, &[s.as_raw_fd()]));
+        drop(s); // the daemon's copy is the last one
+        peers.push(p);
+    }
+    // Then 150 requests with two copies of a live socket each: three times the room left.
+    let (a, _b) = tcp_pair();
+    // SAFETY: fcntl on our own socket.
+    unsafe { libc::fcntl(c.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+    let sent = (0..150)
+        .take_while(|_| send_with_fds(c.as_raw_fd(), &rec, &[a.as_raw_fd(), a.as_raw_fd()]))
+        .count();
+    assert!(sent > 50, "only {sent} requests sent");
+    // The daemon reads until fewer than its park headroom (64) are left ...
+    let t = Instant::now();
+    while lowest_free(daemon.pid()) + 64 < limit {
+        assert!(t.elapsed() < WAIT, "the daemon does not read the requests");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // ... and not on to its limit (where, before, it got within a few milliseconds).
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(300) {
+        let free = limit.saturating_sub(lowest_free(daemon.pid()));
+        assert!(free > 32, "the daemon read on to {free} descriptors left");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut next = smc_ism::Client::connect(&dir.sock()).expect("the next client connects");
+    let gid = next.query_gid();
+    assert!(gid.is_ok(), "the next client is served: {gid:?}");
+    drop((c, peers, a));
     drop(daemon);
 }

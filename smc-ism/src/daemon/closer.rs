@@ -14,10 +14,12 @@
 //! most [`MAX_THREADS`] threads at once, so that a uid whose closes never finish delays only its
 //! own. A uid with [`PER_UID_PENDING`] closes outstanding is not read from
 //! ([`Closer::over_limit`]): its further fds stay in its own socket buffers, not in the
-//! daemon's fd table.
+//! daemon's fd table. Near the daemon's descriptor limit, a client connection with any of its
+//! closes outstanding is not read from either ([`Closer::close_all_counted`]; see `conn`).
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -34,6 +36,8 @@ const IDLE_EXIT: Duration = Duration::from_secs(5);
 struct Closing {
     fd: OwnedFd,
     done: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Counts this close while it is outstanding (see [`Closer::close_all_counted`]).
+    counted: Option<Arc<AtomicUsize>>,
 }
 
 #[derive(Default)]
@@ -83,10 +87,32 @@ impl Closer {
     /// Closes each fd on a closer thread, on behalf of its uid; one thread woken (or started)
     /// per uid among them, not per fd.
     pub(crate) fn close_all(&self, fds: Vec<(u32, OwnedFd)>) {
-        self.enqueue(
-            fds.into_iter()
-                .map(|(uid, fd)| (uid, Closing { fd, done: None })),
-        );
+        self.enqueue(fds.into_iter().map(|(uid, fd)| {
+            let c = Closing {
+                fd,
+                done: None,
+                counted: None,
+            };
+            (uid, c)
+        }));
+    }
+
+    /// As [`Closer::close_all`], with `outstanding` counting those of them not closed yet:
+    /// the descriptors one client connection's requests still hold in the daemon's table.
+    pub(crate) fn close_all_counted(
+        &self,
+        fds: Vec<(u32, OwnedFd)>,
+        outstanding: &Arc<AtomicUsize>,
+    ) {
+        outstanding.fetch_add(fds.len(), Relaxed);
+        self.enqueue(fds.into_iter().map(|(uid, fd)| {
+            let c = Closing {
+                fd,
+                done: None,
+                counted: Some(outstanding.clone()),
+            };
+            (uid, c)
+        }));
     }
 
     /// Closes `fd` on a closer thread, on behalf of `uid`, and resolves once it is closed (or
@@ -100,7 +126,12 @@ impl Closer {
         fd: OwnedFd,
     ) -> tokio::sync::oneshot::Receiver<()> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.enqueue(std::iter::once((uid, Closing { fd, done: Some(tx) })));
+        let c = Closing {
+            fd,
+            done: Some(tx),
+            counted: None,
+        };
+        self.enqueue(std::iter::once((uid, c)));
         rx
     }
 
@@ -186,6 +217,9 @@ fn run(inner: &Inner, permanent: bool) {
             drop(c.fd); // may block: that is what this thread is for
             if let Some(done) = c.done {
                 let _ = done.send(());
+            }
+            if let Some(n) = c.counted {
+                n.fetch_sub(1, Relaxed);
             }
             s = lock(&inner.state);
             s.closed += 1;

@@ -184,6 +184,9 @@ struct Conn<'a> {
     /// ([`Conn::flush_closes`]): waking a closer thread is a system call and a thread to run on
     /// a busy machine, which the reply (a handshake waiting for it) need not wait for.
     closing: Vec<(u32, OwnedFd)>,
+    /// Of the fds this client handed over, those the closer has not closed yet (see
+    /// [`Conn::read_pause`]).
+    closes_outstanding: Arc<AtomicUsize>,
     held: HashMap<u64, Held>,
     /// The proofs made of the sockets of this client's registrations that asked for it
     /// (`REGISTER_RECORD_PROOF`), by token: they prove its later attach of the peer's DMB when
@@ -239,6 +242,7 @@ pub(crate) async fn serve_conn(
         cg_last: None,
         fds_dropped: false,
         closing: Vec::new(),
+        closes_outstanding: Arc::default(),
         held: HashMap::new(),
         recorded: HashMap::new(),
         netns: Default::default(),
@@ -411,11 +415,11 @@ impl Conn<'_> {
         loop {
             // A uid whose handed-over fds do not close is not read from until they do: its
             // further fds wait in its own socket buffer, not in the daemon's fd table.
-            while self.shared.closer.over_limit(self.uid.uid) {
+            while let Some(pause) = self.read_pause() {
                 tokio::select! {
                     biased;
                     _ = stop.wait_for(|s| *s) => return,
-                    _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                    _ = tokio::time::sleep(pause) => {}
                 }
             }
             let pool_next = pair::lock(&self.pool)
@@ -493,6 +497,25 @@ impl Conn<'_> {
                 return;
             }
         }
+    }
+
+    /// How long to wait before reading this client's next request, if at all: while its uid
+    /// has [`PER_UID_PENDING`](super::closer::PER_UID_PENDING) closes outstanding, and while
+    /// the daemon has fewer than [`PARK_HEADROOM`] descriptors left and this connection any
+    /// close outstanding. Each request read installs the socket it passes; refused at the
+    /// limit, that socket is closed on a closer thread, and a client that pipelines hundreds of
+    /// requests (512 connects in flight) filled the table with refused sockets faster than the
+    /// closer ran: the next process's connection to the daemon found no descriptor and was
+    /// refused, all its connections `NOSMCDDEV` for a second (`scale_smc`
+    /// `daemon_out_of_descriptors_*`, 3 of 60 runs all TCP). Closes of live sockets take
+    /// microseconds, hence the short pause; one that blocks (`SO_LINGER`) holds up only the
+    /// connection that handed it over.
+    fn read_pause(&self) -> Option<Duration> {
+        if self.shared.closer.over_limit(self.uid.uid) {
+            return Some(Duration::from_millis(50));
+        }
+        (self.closes_outstanding.load(Relaxed) > 0 && sys::near_fd_limit(PARK_HEADROOM))
+            .then_some(Duration::from_millis(1))
     }
 
     /// The answer to one of our parked `PAIR` requests, from the task that paired it.
@@ -888,7 +911,7 @@ impl Conn<'_> {
         if !self.closing.is_empty() {
             self.shared
                 .closer
-                .close_all(std::mem::take(&mut self.closing));
+                .close_all_counted(std::mem::take(&mut self.closing), &self.closes_outstanding);
         }
     }
 

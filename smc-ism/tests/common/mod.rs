@@ -2,9 +2,9 @@
 #![allow(dead_code)]
 
 use std::fs;
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -304,4 +304,94 @@ pub fn sealed_page() -> OwnedFd {
         );
     }
     fd
+}
+
+/// `SO_LINGER` of `fd`: on or off, for `secs`.
+pub fn set_linger(fd: RawFd, on: bool, secs: i32) {
+    let l = libc::linger {
+        l_onoff: on as i32,
+        l_linger: secs,
+    };
+    // SAFETY: setsockopt with a valid linger struct.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as u32,
+        )
+    };
+    assert_eq!(r, 0, "SO_LINGER");
+}
+
+/// Sends one record with several fds as SCM_RIGHTS.
+pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> bool {
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut _,
+        iov_len: data.len(),
+    };
+    let mut cbuf = vec![0u64; 64];
+    // SAFETY: msghdr is plain data; the buffers outlive the call; CMSG macros within cbuf.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        let len = std::mem::size_of_val(fds) as u32;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = libc::CMSG_SPACE(len) as _;
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(len) as _;
+        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast(), fds.len());
+        libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) == data.len() as isize
+    }
+}
+
+/// A TCP socket with unsent data queued to a peer that never reads, SO_LINGER {1, 30}: its last
+/// close blocks for up to 30 s. Returns (the socket, the peer that must stay open).
+pub fn lingering_socket() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let s = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (peer, _) = l.accept().unwrap();
+    s.set_nonblocking(true).unwrap();
+    let chunk = vec![0x5au8; 1 << 16];
+    let mut queued = 0usize;
+    loop {
+        match std::io::Write::write(&mut &s, &chunk) {
+            Ok(n) => queued += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) => panic!("filling the send buffer: {e}"),
+        }
+    }
+    assert!(queued > 0);
+    set_linger(s.as_raw_fd(), true, 30);
+    (s, peer)
+}
+
+pub fn unix_connect(path: &std::path::Path) -> Option<OwnedFd> {
+    let s = std::os::unix::net::UnixStream::connect(path).ok();
+    // A SEQPACKET socket is needed: connect with libc.
+    drop(s);
+    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: plain socket calls; sockaddr_un filled within bounds (checked length).
+    unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return None;
+        }
+        let s = OwnedFd::from_raw_fd(fd);
+        let mut a: libc::sockaddr_un = std::mem::zeroed();
+        a.sun_family = libc::AF_UNIX as u16;
+        let b = p.as_bytes();
+        if b.len() >= a.sun_path.len() {
+            return None;
+        }
+        for (i, c) in b.iter().enumerate() {
+            a.sun_path[i] = *c as libc::c_char;
+        }
+        let n = std::mem::size_of::<libc::sockaddr_un>() as u32;
+        (libc::connect(fd, (&a as *const libc::sockaddr_un).cast(), n) == 0).then_some(s)
+    }
 }
