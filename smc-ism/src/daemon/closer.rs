@@ -37,7 +37,21 @@ struct Closing {
     fd: OwnedFd,
     done: Option<tokio::sync::oneshot::Sender<()>>,
     /// Counts this close while it is outstanding (see [`Closer::close_all_counted`]).
-    counted: Option<Arc<AtomicUsize>>,
+    counted: Option<Arc<Outstanding>>,
+}
+
+/// Closes handed over by one client connection and not done yet; `none_left` is notified each
+/// time they are all done.
+#[derive(Default)]
+pub(crate) struct Outstanding {
+    n: AtomicUsize,
+    pub(crate) none_left: tokio::sync::Notify,
+}
+
+impl Outstanding {
+    pub(crate) fn any(&self) -> bool {
+        self.n.load(Relaxed) > 0
+    }
 }
 
 #[derive(Default)]
@@ -102,9 +116,9 @@ impl Closer {
     pub(crate) fn close_all_counted(
         &self,
         fds: Vec<(u32, OwnedFd)>,
-        outstanding: &Arc<AtomicUsize>,
+        outstanding: &Arc<Outstanding>,
     ) {
-        outstanding.fetch_add(fds.len(), Relaxed);
+        outstanding.n.fetch_add(fds.len(), Relaxed);
         self.enqueue(fds.into_iter().map(|(uid, fd)| {
             let c = Closing {
                 fd,
@@ -218,8 +232,10 @@ fn run(inner: &Inner, permanent: bool) {
             if let Some(done) = c.done {
                 let _ = done.send(());
             }
-            if let Some(n) = c.counted {
-                n.fetch_sub(1, Relaxed);
+            if let Some(o) = c.counted {
+                if o.n.fetch_sub(1, Relaxed) == 1 {
+                    o.none_left.notify_one();
+                }
             }
             s = lock(&inner.state);
             s.closed += 1;

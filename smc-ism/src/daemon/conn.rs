@@ -186,7 +186,7 @@ struct Conn<'a> {
     closing: Vec<(u32, OwnedFd)>,
     /// Of the fds this client handed over, those the closer has not closed yet (see
     /// [`Conn::read_pause`]).
-    closes_outstanding: Arc<AtomicUsize>,
+    closes_outstanding: Arc<super::closer::Outstanding>,
     held: HashMap<u64, Held>,
     /// The proofs made of the sockets of this client's registrations that asked for it
     /// (`REGISTER_RECORD_PROOF`), by token: they prove its later attach of the peer's DMB when
@@ -419,6 +419,7 @@ impl Conn<'_> {
                 tokio::select! {
                     biased;
                     _ = stop.wait_for(|s| *s) => return,
+                    _ = self.closes_outstanding.none_left.notified() => {}
                     _ = tokio::time::sleep(pause) => {}
                 }
             }
@@ -508,14 +509,14 @@ impl Conn<'_> {
     /// closer ran: the next process's connection to the daemon found no descriptor and was
     /// refused, all its connections `NOSMCDDEV` for a second (`scale_smc`
     /// `daemon_out_of_descriptors_*`, 3 of 60 runs all TCP). Closes of live sockets take
-    /// microseconds, hence the short pause; one that blocks (`SO_LINGER`) holds up only the
-    /// connection that handed it over.
+    /// microseconds: the wait ends when they are done (`Outstanding::none_left`); one that
+    /// blocks (`SO_LINGER`) holds up only the connection that handed it over.
     fn read_pause(&self) -> Option<Duration> {
         if self.shared.closer.over_limit(self.uid.uid) {
             return Some(Duration::from_millis(50));
         }
-        (self.closes_outstanding.load(Relaxed) > 0 && sys::near_fd_limit(PARK_HEADROOM))
-            .then_some(Duration::from_millis(1))
+        (self.closes_outstanding.any() && sys::near_fd_limit(PARK_HEADROOM))
+            .then_some(Duration::from_millis(50))
     }
 
     /// The answer to one of our parked `PAIR` requests, from the task that paired it.
