@@ -428,6 +428,96 @@ pub(crate) fn getsockopt<T: Copy>(
     Ok(val)
 }
 
+/// Whether a refused client connection (`sock`) can be closed on this thread: its peer can
+/// send nothing more (both directions are shut down here first) and no record queued on it
+/// carries descriptors. A queued descriptor whose last reference is the queue's would be
+/// released by this thread's close, and that release can block (a socket with `SO_LINGER`:
+/// see `daemon::closer`); a connection with any is for a closer thread. Records without
+/// descriptors are read and dropped (at most 64); with `SO_PASSCRED` on, every record read
+/// brings credentials, so a read without them found the queue empty (a zero-length record and
+/// an empty queue both read as 0 bytes).
+pub(crate) fn refused_can_close_here(sock: BorrowedFd<'_>) -> bool {
+    let fd = sock.as_raw_fd();
+    // SAFETY: plain calls on our own socket.
+    unsafe {
+        if libc::shutdown(fd, libc::SHUT_RDWR) != 0 {
+            return false;
+        }
+        let one: libc::c_int = 1;
+        if libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            (&one as *const libc::c_int).cast(),
+            mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) != 0
+        {
+            return false;
+        }
+    }
+    let mut data = [0u8; 64];
+    let mut cbuf = RecvCmsgBuf([0; 1040]);
+    for _ in 0..64 {
+        for peek in [true, false] {
+            let mut iov = libc::iovec {
+                iov_base: data.as_mut_ptr().cast(),
+                iov_len: data.len(),
+            };
+            // SAFETY: plain data, pointers valid for the duration of recvmsg.
+            let mut msg: libc::msghdr = unsafe { mem::zeroed() };
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cbuf.0.as_mut_ptr().cast();
+            // Room for the credentials and one descriptor: a record with any shows
+            // `SCM_RIGHTS` or `MSG_CTRUNC`.
+            // SAFETY: CMSG_SPACE is arithmetic.
+            msg.msg_controllen = unsafe {
+                libc::CMSG_SPACE(mem::size_of::<libc::ucred>() as u32)
+                    + libc::CMSG_SPACE(mem::size_of::<libc::c_int>() as u32)
+            } as _;
+            let flags =
+                libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC | if peek { libc::MSG_PEEK } else { 0 };
+            // SAFETY: as above; the system call itself (see `recv_record`).
+            let r = unsafe {
+                libc::syscall(libc::SYS_recvmsg, fd, &mut msg as *mut libc::msghdr, flags)
+            };
+            if r < 0 {
+                return false;
+            }
+            let (mut creds, mut fds) = (false, msg.msg_flags & libc::MSG_CTRUNC != 0);
+            // SAFETY: walking the control buffer the kernel filled, with the libc macros; a
+            // peeked descriptor is a copy whose close is never the file's last (the queued
+            // record still holds it).
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&msg);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_SOCKET {
+                        if (*c).cmsg_type == libc::SCM_CREDENTIALS {
+                            creds = true;
+                        } else if (*c).cmsg_type == libc::SCM_RIGHTS {
+                            fds = true;
+                            let p = libc::CMSG_DATA(c) as *const libc::c_int;
+                            let n = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
+                                / mem::size_of::<libc::c_int>();
+                            for i in 0..n {
+                                libc::close(p.add(i).read_unaligned());
+                            }
+                        }
+                    }
+                    c = libc::CMSG_NXTHDR(&msg, c);
+                }
+            }
+            if fds {
+                return false;
+            }
+            if !creds {
+                return peek; // empty (a read without credentials after a peek with: no)
+            }
+        }
+    }
+    false
+}
+
 /// Credentials of the peer of a Unix socket.
 pub(crate) fn peer_cred(fd: BorrowedFd<'_>) -> io::Result<libc::ucred> {
     getsockopt::<libc::ucred>(fd, libc::SOL_SOCKET, libc::SO_PEERCRED)

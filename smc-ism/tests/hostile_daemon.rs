@@ -780,3 +780,164 @@ fn one_uid_fills_its_share_of_kept_references_not_the_daemons() {
         .expect("root's released once nobody holds its sockets");
     d.shutdown().unwrap();
 }
+
+/// A child killed and reaped when dropped.
+struct Killed(libc::pid_t);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        kill_child(self.0);
+    }
+}
+
+/// Descriptors this process has open (the daemon of these tests runs in it).
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// A `QUERY_GID` record (any request: the fds passed with one that takes none are disposed).
+fn query_record() -> Vec<u8> {
+    let mut rec = vec![0u8; proto::HEADER_LEN];
+    Header::new(proto::OP_QUERY_GID, 0, 1).encode(&mut rec);
+    rec
+}
+
+/// `nobody` hands over four sockets whose last close blocks (its four closer threads wait),
+/// then opens `uid_max_clients` connections and 2000 more, refused at accept. Each refused
+/// connection went to `nobody`'s closer queue behind the blocked closes and kept its daemon
+/// descriptor: the daemon reached its limit within a second and refused every other process
+/// (red team round 35, finding 1: root's connections all `NOSMCDDEV`, 5 of 5). A refused
+/// connection that holds no passed descriptor is closed at once now.
+#[test]
+fn refused_connections_behind_blocked_closes_hold_no_descriptor() {
+    if !root_or_skip("refused_connections_behind_blocked_closes_hold_no_descriptor") {
+        return;
+    }
+    let _serial = serial();
+    let dir = TestDir::new("hostile-refused");
+    let d = start(&dir, |c| c.uid_max_clients = 4);
+    let before = open_fds();
+    let sock = dir.sock();
+    let (ready_r, ready_w) = pipe();
+    let (r_raw, w_raw) = (ready_r.as_raw_fd(), ready_w.as_raw_fd());
+    let refused = 2000;
+    let attacker = fork_nobody(move || {
+        // SAFETY: the child's copy of the read end, not used here.
+        unsafe { libc::close(r_raw) };
+        let Some(c) = unix_connect(&sock) else {
+            return 1;
+        };
+        let rec = query_record();
+        let mut peers = Vec::new();
+        for _ in 0..4 {
+            let (s, p) = lingering_socket();
+            if !send_with_fds(c.as_raw_fd(), &rec, &[s.as_raw_fd()]) {
+                return 2;
+            }
+            drop(s); // the daemon's copy is the last one
+            peers.push(p);
+        }
+        let held: Vec<_> = (0..3).map(|_| unix_connect(&sock)).collect();
+        // Two refused connections whose queue holds a blocking close: a record with one, and
+        // an empty record, then an empty one with one (an empty record reads as an empty
+        // queue would): both must go to the closer, or the accept loop waits for them. Sent
+        // right after the connect, before the daemon accepts and refuses (then the send fails).
+        let mut refused_with = Vec::new();
+        let mut landed = 0u8;
+        let mut unsent = Vec::new();
+        for records in [&[true][..], &[false, true][..]] {
+            // Tried again when the daemon refused first (the sends fail): 1 in 5 runs.
+            for _ in 0..50 {
+                // (A socket only for the records that pass one, kept until this process is
+                // killed when not sent: its own last close would wait the 30 s.)
+                let socks: Vec<_> = records
+                    .iter()
+                    .filter(|w| **w)
+                    .map(|_| lingering_socket())
+                    .collect();
+                let Some(r) = unix_connect(&sock) else {
+                    return 3;
+                };
+                let mut all = true;
+                let mut next = socks.iter();
+                for &with in records {
+                    let fds: Vec<RawFd> = if with {
+                        next.next()
+                            .map(|(s, _)| s.as_raw_fd())
+                            .into_iter()
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
+                    all &= send_with_fds(r.as_raw_fd(), &[], &fds);
+                }
+                refused_with.push(r);
+                if !all {
+                    unsent.extend(socks);
+                    continue;
+                }
+                landed += 1;
+                for (s, p) in socks {
+                    drop(s); // the queued copy is the last one
+                    peers.push(p);
+                }
+                break;
+            }
+        }
+        drop(refused_with);
+        for _ in 0..refused {
+            drop(unix_connect(&sock));
+        }
+        // SAFETY: one byte to the parent: everything is sent (how many records landed).
+        unsafe { libc::write(w_raw, [b'0' + landed].as_ptr().cast(), 1) };
+        let _keep = (c, peers, held, unsent);
+        loop {
+            // SAFETY: sleep until a signal ends us.
+            unsafe { libc::pause() };
+        }
+    });
+    // Killed also when the test fails (it would wait for ever).
+    let attacker = Killed(attacker);
+    drop(ready_w);
+    // Within the tests' wait: an accept loop that closed a refused connection with a blocking
+    // close queued waits 30 s for it, and the attacker's connects with it.
+    let mut pfd = libc::pollfd {
+        fd: ready_r.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll of one valid pollfd.
+    unsafe { libc::poll(&mut pfd, 1, WAIT.as_millis() as i32) };
+    let mut b = [0u8; 1];
+    let n = if pfd.revents == 0 {
+        0
+    } else {
+        // SAFETY: read of the child's signal byte, there or at EOF.
+        unsafe { libc::read(ready_r.as_raw_fd(), b.as_mut_ptr().cast(), 1) }
+    };
+    let mut root = client(&dir);
+    let t = std::time::Instant::now();
+    let st = loop {
+        let st = root.stats().unwrap();
+        if st.clients_refused_uid >= refused + 2 || t.elapsed() > WAIT {
+            break st;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let now = open_fds();
+    let gid = client(&dir).query_gid();
+    drop(attacker);
+    assert_eq!(n, 1, "attacker ready");
+    eprintln!(
+        "refused connections with a blocking close queued: {}",
+        b[0] - b'0'
+    );
+    assert!(st.clients_refused_uid >= refused + 2, "{st:?}");
+    assert!(
+        now < before + 100,
+        "{} descriptors more after {refused} refused connections",
+        now - before
+    );
+    assert!(gid.is_ok(), "root is served: {gid:?}");
+    d.shutdown().unwrap();
+}

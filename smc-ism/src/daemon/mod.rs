@@ -552,8 +552,7 @@ impl Bound {
                             if let Some(why) = refuse {
                                 why.fetch_add(1, Relaxed);
                                 log::debug!("client of uid {uid_n} refused: connection limit");
-                                // A refused connection may already hold passed fds.
-                                self.shared.closer.close(uid_n, fd);
+                                close_refused(&self.shared, uid_n, fd);
                                 continue;
                             }
                             counters.clients_connected.fetch_add(1, AcqRel);
@@ -631,11 +630,22 @@ fn refuse_at_limit(listener: &AsyncFd<OwnedFd>, spare: &mut Option<OwnedFd>, sh:
                 sys::nofile_soft_limit()
             )
         });
-        // It may hold fds it passed already: closed off this thread.
-        sh.closer.close(uid, fd);
+        close_refused(sh, uid, fd);
     }
     *spare = sys::placeholder_fd();
     refused
+}
+
+/// Closes a client connection refused at accept: here when nothing it sent holds a descriptor
+/// (`sys::refused_can_close_here`), else on a closer thread of its uid, as a release there may
+/// block. Before, every refused connection went to the closer: behind four closes of `nobody`
+/// that never finish (`SO_LINGER`), a flood of refused connects from `nobody` kept a daemon
+/// descriptor each, the daemon reached its limit in a second and refused every other process
+/// (red team round 35, 5 of 5: root's connections all `NOSMCDDEV` while it lasted).
+fn close_refused(sh: &Shared, uid: u32, fd: OwnedFd) {
+    if !sys::refused_can_close_here(fd.as_fd()) {
+        sh.closer.close(uid, fd);
+    }
 }
 
 /// The background sweep: the shelves (`Registry::shelve_tick`), every 10 ms while it finds
