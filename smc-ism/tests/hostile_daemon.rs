@@ -941,3 +941,97 @@ fn refused_connections_behind_blocked_closes_hold_no_descriptor() {
     assert!(gid.is_ok(), "root is served: {gid:?}");
     d.shutdown().unwrap();
 }
+
+/// `nobody` blocks its closer threads with four lingering closes, opens 80 connections, lets
+/// the daemon's tasks wait on them, then sends one record with 200 fds on each. Each waiting
+/// task took its record past the uid's limit of outstanding closes (256): the daemon held
+/// 16 000 more descriptors, its limit reached, every other process refused (red team round
+/// 35, finding 2, 7 of 9). Now a record of more than two fds ends its connection, and a task
+/// asks whether its uid may be read after the wait, not before it.
+#[test]
+fn records_of_many_fds_stay_within_the_uids_share() {
+    if !root_or_skip("records_of_many_fds_stay_within_the_uids_share") {
+        return;
+    }
+    let _serial = serial();
+    let dir = TestDir::new("hostile-fat");
+    let d = start(&dir, |_| {});
+    let before = open_fds();
+    let sock = dir.sock();
+    let (ready_r, ready_w) = pipe();
+    let (r_raw, w_raw) = (ready_r.as_raw_fd(), ready_w.as_raw_fd());
+    let (conns, per) = (80, 200);
+    let attacker = fork_nobody(move || {
+        // SAFETY: the child's copy of the read end, not used here.
+        unsafe { libc::close(r_raw) };
+        let Some(c) = unix_connect(&sock) else {
+            return 1;
+        };
+        let rec = query_record();
+        let mut peers = Vec::new();
+        for _ in 0..4 {
+            let (s, p) = lingering_socket();
+            if !send_with_fds(c.as_raw_fd(), &rec, &[s.as_raw_fd()]) {
+                return 2;
+            }
+            drop(s); // the daemon's copy is the last one
+            peers.push(p);
+        }
+        let Some(conns) = (0..conns)
+            .map(|_| unix_connect(&sock))
+            .collect::<Option<Vec<_>>>()
+        else {
+            return 3;
+        };
+        // The daemon's tasks wait for these connections' first records.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let Ok(null) = std::fs::File::open("/dev/null") else {
+            return 4;
+        };
+        let fds = vec![null.as_raw_fd(); per];
+        let sent = conns
+            .iter()
+            .filter(|k| send_with_fds(k.as_raw_fd(), &rec, &fds))
+            .count();
+        // SAFETY: one byte to the parent: everything is sent.
+        unsafe { libc::write(w_raw, [(sent / 10) as u8].as_ptr().cast(), 1) };
+        let _keep = (c, peers, conns);
+        loop {
+            // SAFETY: sleep until a signal ends us.
+            unsafe { libc::pause() };
+        }
+    });
+    drop(ready_w);
+    let mut b = [0u8; 1];
+    // SAFETY: blocking read of the child's signal byte.
+    let n = unsafe { libc::read(ready_r.as_raw_fd(), b.as_mut_ptr().cast(), 1) };
+    if n != 1 {
+        panic!("attacker not ready: exit code {}", wait_child(attacker));
+    }
+    let attacker = Killed(attacker);
+    assert_eq!(b[0] as usize, conns / 10, "records sent (tens)");
+    let mut root = client(&dir);
+    // The daemon reads records until the uid is over its share; it holds at most that share
+    // and what the tasks already past their check took (one record each, per worker).
+    let t = std::time::Instant::now();
+    let mut most = 0;
+    while t.elapsed() < std::time::Duration::from_millis(500) {
+        most = most.max(open_fds().saturating_sub(before));
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let st = root.stats().unwrap();
+    let gid = client(&dir).query_gid();
+    drop(attacker);
+    eprintln!(
+        "at most {most} descriptors more, {} records of {per} fds read",
+        st.failures.malformed
+    );
+    assert!(
+        most < 1500,
+        "{most} descriptors more ({} records of {per} fds read)",
+        st.failures.malformed
+    );
+    assert!(st.failures.malformed >= 1, "no record read: {st:?}");
+    assert!(gid.is_ok(), "root is served: {gid:?}");
+    d.shutdown().unwrap();
+}

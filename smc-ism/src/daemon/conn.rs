@@ -271,11 +271,22 @@ pub(crate) async fn serve_conn(
     // `conn` drops here: everything it holds is released (also if the task panicked).
 }
 
-async fn recv(afd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<sys::Received> {
+/// The next record of a client, once there is one and `may_read` still says yes (`None`
+/// otherwise: asked again after the wait, not before it, as a task that waits here long may
+/// find its uid over its closes by then; a record brings up to 253 fds, each a descriptor of
+/// the daemon's from its receipt until the closer closes it).
+async fn recv(
+    afd: &AsyncFd<OwnedFd>,
+    buf: &mut [u8],
+    may_read: impl Fn() -> bool,
+) -> io::Result<Option<sys::Received>> {
     loop {
         let mut g = afd.readable().await?;
+        if !may_read() {
+            return Ok(None);
+        }
         match g.try_io(|inner| sys::recv_record(inner.as_raw_fd(), buf, libc::MSG_DONTWAIT)) {
-            Ok(r) => return r,
+            Ok(r) => return r.map(Some),
             Err(_would_block) => continue,
         }
     }
@@ -433,7 +444,11 @@ impl Conn<'_> {
                 Some(d) = rx.recv() => Event::Deferred(d),
                 _ = tokio::time::sleep_until(next.unwrap_or_else(tokio::time::Instant::now)),
                     if next.is_some() => Event::Expired,
-                r = recv(afd, &mut buf) => Event::Request(r),
+                r = recv(afd, &mut buf, || self.read_pause().is_none()) => match r {
+                    Ok(None) => continue, // paused: see `read_pause`
+                    Ok(Some(r)) => Event::Request(Ok(r)),
+                    Err(e) => Event::Request(Err(e)),
+                },
             };
             out.clear();
             let pass = match ev {
@@ -451,15 +466,33 @@ impl Conn<'_> {
                             r.extra.into_iter().for_each(|f| self.dispose(Some(f)));
                             return;
                         }
-                        Ok(mut r) => {
+                        Ok(r) if r.extra.len() > 1 => {
                             // No request takes more than two fds (REGISTER: the socket and a
-                            // state page); the second is kept for `handle`, which disposes of
-                            // it unless the request is a REGISTER.
-                            let mut extra = std::mem::take(&mut r.extra).into_iter();
-                            self.second = extra.next();
-                            for f in extra {
-                                self.dispose(Some(f));
-                            }
+                            // state page). More is no client of ours: its connection ends, its
+                            // fds go to the closer at once (counted before the next read of
+                            // any connection of its uid: see `recv`). Before, each idle
+                            // connection of one uid took a record of 253 fds past the uid's
+                            // limit of closes (red team round 35, finding 2: 80 records, the
+                            // daemon at its descriptor limit, every other process refused).
+                            self.shared.reg.counters.failures.count(Fail::Malformed);
+                            static LOG: super::registry::RateLog = super::registry::RateLog::new();
+                            LOG.note(|n| {
+                                log::warn!(
+                                    "client of uid {} passed {} fds with one request (at most \
+                                     2): disconnected ({n} since the last such line)",
+                                    self.uid.uid,
+                                    r.extra.len() + 1
+                                )
+                            });
+                            self.dispose(r.fd);
+                            r.extra.into_iter().for_each(|f| self.dispose(Some(f)));
+                            self.flush_closes();
+                            return;
+                        }
+                        Ok(mut r) => {
+                            // The second fd is kept for `handle`, which disposes of it unless
+                            // the request is a REGISTER.
+                            self.second = r.extra.pop();
                             r
                         }
                         Err(e) => {

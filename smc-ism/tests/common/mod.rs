@@ -331,13 +331,14 @@ pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> bool {
         iov_base: data.as_ptr() as *mut _,
         iov_len: data.len(),
     };
-    let mut cbuf = vec![0u64; 64];
+    let len = std::mem::size_of_val(fds) as u32;
+    // SAFETY: CMSG_SPACE is arithmetic.
+    let mut cbuf = vec![0u64; unsafe { libc::CMSG_SPACE(len) } as usize / 8 + 1];
     // SAFETY: msghdr is plain data; the buffers outlive the call; CMSG macros within cbuf.
     unsafe {
         let mut msg: libc::msghdr = std::mem::zeroed();
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
-        let len = std::mem::size_of_val(fds) as u32;
         msg.msg_control = cbuf.as_mut_ptr().cast();
         msg.msg_controllen = libc::CMSG_SPACE(len) as _;
         let c = libc::CMSG_FIRSTHDR(&msg);
