@@ -607,3 +607,129 @@ fn pair_start_now_goes_only_when_it_need_not_wait() {
     wait_idle(&mut c, 1);
     d.shutdown().unwrap();
 }
+
+/// A `PAIR` refused (here: its client connection has `MAX_PARKED` requests waiting) makes the
+/// other end of its connection hear `NoPeer` at once instead of waiting (an event-loop server
+/// waits for its answer); but only the other end of that very connection. Another uid's
+/// connection from the same port to the same server, refused and closed before, turned away a
+/// later connection of the same 4-tuple whose server end asked first (red team round 35,
+/// item 3: `NoPeer`, 5 of 5, where the pair completes without it).
+#[test]
+fn a_refusal_turns_away_only_the_other_end_of_its_own_connection() {
+    let dir = TestDir::new("pair-refused");
+    let d = start(&dir, |_| {});
+    let filler = shared(&dir);
+    // The longest park: they are all still waiting when the test has finished, even under load.
+    let long = Duration::from_millis(proto::PAIR_PARK_MAX_MS as u64);
+    // Every slot for waiting requests of the filler's connection taken.
+    // (One socket passed again and again: each request waits with a copy of its own, and
+    // the tests beside this one keep their ports.)
+    let keep = tcp_pair();
+    let tickets: Vec<_> = (0..2048)
+        .map(|_| filler.pair_start(0, long, keep.0.as_raw_fd()).unwrap())
+        .collect();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    // A connection from a port of its own, whose request is refused, then closed with a reset.
+    // (From a port outside the ephemeral range: the other tests here connect meanwhile.)
+    let port = (22_000 + (std::process::id() % 5_000) as u16..32_000)
+        .find(|&p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+        .unwrap();
+    let x = connect_from_port(port, l.local_addr().unwrap());
+    let (xs, _) = l.accept().unwrap();
+    let r = filler
+        .pair_start(0, PARK, x.as_raw_fd())
+        .and_then(|t| filler.finish_pair(t, Some(WAIT)));
+    assert!(matches!(r, Err(IsmError::NoPeer)), "{r:?}");
+    let linger0 = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt with a valid linger struct.
+    unsafe {
+        libc::setsockopt(
+            x.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger0 as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as u32,
+        )
+    };
+    drop((x, xs));
+    // A later connection of the same 4-tuple: its server end asks first, and is paired.
+    let y = connect_from_port(port, l.local_addr().unwrap());
+    let (ys, _) = l.accept().unwrap();
+    let (a, b) = (shared(&dir), shared(&dir));
+    let tb = b.pair_start(0, PARK, ys.as_raw_fd()).unwrap();
+    let ta = a.pair_start(0, PARK, y.as_raw_fd()).unwrap();
+    let rb = b.finish_pair(tb, Some(WAIT));
+    let ra = a.finish_pair(ta, Some(WAIT));
+    assert!(rb.is_ok() && ra.is_ok(), "server {rb:?}, client {ra:?}");
+    // A refusal of this connection's own other end is still said at once.
+    let z = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (zs, _) = l.accept().unwrap();
+    let r = filler
+        .pair_start(0, PARK, z.as_raw_fd())
+        .and_then(|t| filler.finish_pair(t, Some(WAIT)));
+    assert!(matches!(r, Err(IsmError::NoPeer)), "{r:?}");
+    let t = std::time::Instant::now();
+    let r = b
+        .pair_start(0, PARK, zs.as_raw_fd())
+        .and_then(|t| b.finish_pair(t, Some(WAIT)));
+    assert!(matches!(r, Err(IsmError::NoPeer)), "{r:?}");
+    assert!(t.elapsed() < PARK, "waited its park time");
+    drop((tickets, keep, filler, a, b));
+    d.shutdown().unwrap();
+}
+
+/// A TCP connection to `to` from 127.0.0.1:`port` (`SO_REUSEADDR`), once that 4-tuple is free
+/// (its last connection there was reset, and the daemon's copy of it goes on its closer).
+fn connect_from_port(port: u16, to: std::net::SocketAddr) -> std::net::TcpStream {
+    use std::os::fd::FromRawFd;
+    let sin = |p: u16, ip: u32| libc::sockaddr_in {
+        sin_family: libc::AF_INET as u16,
+        sin_port: p.to_be(),
+        sin_addr: libc::in_addr { s_addr: ip.to_be() },
+        sin_zero: [0; 8],
+    };
+    let std::net::SocketAddr::V4(to) = to else {
+        panic!("v4 only")
+    };
+    let (a, b) = (sin(port, 0x7f00_0001), sin(to.port(), u32::from(*to.ip())));
+    let n = std::mem::size_of::<libc::sockaddr_in>() as u32;
+    let t = std::time::Instant::now();
+    loop {
+        // SAFETY: plain socket calls on a socket owned at once.
+        let r = unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0);
+            let s = std::net::TcpStream::from_raw_fd(fd);
+            let one: i32 = 1;
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_REUSEADDR,
+                (&one as *const i32).cast(),
+                4,
+            );
+            if libc::bind(fd, (&a as *const libc::sockaddr_in).cast(), n) == 0
+                && libc::connect(fd, (&b as *const libc::sockaddr_in).cast(), n) == 0
+            {
+                Ok(s)
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        };
+        match r {
+            Ok(s) => return s,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EADDRINUSE) | Some(libc::EADDRNOTAVAIL)
+                ) && t.elapsed() < WAIT =>
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("a connection from port {port}: {e}"),
+        }
+    }
+}

@@ -1137,6 +1137,8 @@ impl Conn<'_> {
         }
         // Whether room was made for this request to wait (see `Registry::make_room`).
         let mut made_room = false;
+        // Whether a refusal found for the other end was of this connection's other end.
+        let mut refusal_ours: Option<bool> = None;
         let y = loop {
             let y = match partner.take() {
                 Some(y) => y,
@@ -1152,11 +1154,44 @@ impl Conn<'_> {
                             // descriptor limit, where the peer's request may have been dropped
                             // by the kernel (no socket, so nobody can tell it that its peer
                             // is gone) and would keep this one waiting in vain.
-                            // The other end's was refused: it will not come.
-                            if rdv.take_refused_mirror(&xid) {
-                                drop(rdv);
-                                self.dispose(Some(fd));
-                                return Err(Fail::NoPeer);
+                            // The other end's was refused: it will not come. If that refused
+                            // request was this connection's other end (the socket the kernel's
+                            // table names as this one's peer, asked outside the rendezvous's
+                            // lock): another uid could have had requests of sockets of its own
+                            // from the same 4-tuple refused before (its own connection from
+                            // that port to this server, then closed) and so turned this
+                            // connection away (red team round 35, item 3: `NoPeer` for each
+                            // server end that asked first, 5 of 5).
+                            if let Some(cookie) = rdv.refused_mirror(&xid) {
+                                match refusal_ours {
+                                    None => {
+                                        drop(rdv);
+                                        refusal_ours = Some(match cookie {
+                                            None => true,
+                                            Some(c) => {
+                                                let peer = x_peer_cookie.or_else(|| {
+                                                    diag::conn_info(
+                                                        fd.as_fd(),
+                                                        &xid,
+                                                        sh.own_netns,
+                                                        None,
+                                                        false,
+                                                    )
+                                                    .peer_cookie
+                                                });
+                                                peer == Some(c)
+                                            }
+                                        });
+                                        continue;
+                                    }
+                                    Some(true) => {
+                                        rdv.forget_refused_mirror(&xid);
+                                        drop(rdv);
+                                        self.dispose(Some(fd));
+                                        return Err(Fail::NoPeer);
+                                    }
+                                    Some(false) => {} // not this connection's: waits as any
+                                }
                             }
                             if sys::near_fd_limit(PARK_HEADROOM) {
                                 if !made_room {

@@ -103,8 +103,8 @@ pub(crate) struct Rendezvous {
     /// Requests refused instead of parked (the daemon out of descriptors, parking quotas), by
     /// 4-tuple, with when: the other end's request is answered at once instead of waiting for
     /// a peer that will not come (an event-loop server waits for its `PAIR`). The oldest
-    /// [`REFUSED_MAX`], for [`proto::PAIR_PARK_MAX_MS`].
-    refused: VecDeque<(TupleKey, std::time::Instant)>,
+    /// [`REFUSED_MAX`], for [`proto::PAIR_PARK_MAX_MS`], each with its socket's cookie.
+    refused: VecDeque<(TupleKey, Option<u64>, std::time::Instant)>,
 }
 
 /// Refused requests remembered at most (see [`Rendezvous::refuse`]).
@@ -158,26 +158,31 @@ impl Rendezvous {
         while self
             .refused
             .front()
-            .is_some_and(|&(_, at)| now.duration_since(at) > ttl)
+            .is_some_and(|&(_, _, at)| now.duration_since(at) > ttl)
             || self.refused.len() >= REFUSED_MAX
         {
             self.refused.pop_front();
         }
-        self.refused
-            .push_back((tuple_key(who.netns_cookie, who.local, who.peer), now));
+        let k = tuple_key(who.netns_cookie, who.local, who.peer);
+        self.refused.push_back((k, who.cookie, now));
     }
 
-    /// Whether the request of the other end of `who`'s connection was refused (forgotten
-    /// once asked).
-    pub(crate) fn take_refused_mirror(&mut self, who: &TcpIdentity) -> bool {
+    /// Whether a request from the other end of `who`'s 4-tuple was refused: the cookie of the
+    /// socket it passed (`None` inside: not known). Whether that socket is the other end of
+    /// `who`'s connection is the caller's to check: another uid may have refused requests of
+    /// its own sockets made from the same 4-tuple before.
+    pub(crate) fn refused_mirror(&self, who: &TcpIdentity) -> Option<Option<u64>> {
         let k = tuple_key(who.netns_cookie, who.peer, who.local);
-        match self.refused.iter().position(|(r, _)| *r == k) {
-            Some(i) => {
-                self.refused.remove(i);
-                true
-            }
-            None => false,
-        }
+        self.refused
+            .iter()
+            .find(|(r, _, _)| *r == k)
+            .map(|&(_, cookie, _)| cookie)
+    }
+
+    /// Forgets the refusals from the other end of `who`'s 4-tuple.
+    pub(crate) fn forget_refused_mirror(&mut self, who: &TcpIdentity) {
+        let k = tuple_key(who.netns_cookie, who.peer, who.local);
+        self.refused.retain(|(r, _, _)| *r != k);
     }
 
     /// The parked request whose socket has cookie `cookie`.
