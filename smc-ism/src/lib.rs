@@ -218,7 +218,12 @@
 //! set from another copy after any check —, a tty draining). So every fd a client passes, and
 //! every client connection at its end (its queue may hold passed fds), is closed on closer
 //! threads (at most 64, at most 4 per uid, so one uid's stuck closes delay only its own), never
-//! on the async workers; a uid with 256 closes outstanding is not read from until they finish.
+//! on the async workers; a uid with 256 closes outstanding is not read from until they finish
+//! (asked after the wait for its next record, not before: each waiting connection would take
+//! one more record), nor, while the daemon has fewer than 64 descriptors left, a connection
+//! with any of its own outstanding; a request with more than two fds ends its connection. A
+//! connection refused at accept is closed at once when no record queued on it holds an fd
+//! (shut down, then read with `SO_PASSCRED`), else on a closer thread.
 //! The fds of one request go to the closer after its reply is sent (one closer wakeup per uid
 //! among them): a handshake waiting for that reply does not wait for the wakeups too.
 //! The receive buffer holds `SCM_MAX_FD` fds, so the kernel never drops (and closes) passed
