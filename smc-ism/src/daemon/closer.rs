@@ -72,6 +72,10 @@ struct State {
 struct Inner {
     state: Mutex<State>,
     cv: Condvar,
+    /// Closes queued or running, of all uids (changed under `state`'s lock): below
+    /// [`PER_UID_PENDING`] no uid can be over it, and [`Closer::over_limit`], asked before
+    /// every request a client sends, takes no lock while fewer are outstanding.
+    outstanding: AtomicUsize,
 }
 
 /// The closer pool (see the module docs).
@@ -89,6 +93,7 @@ impl Closer {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::default()),
                 cv: Condvar::new(),
+                outstanding: AtomicUsize::new(0),
             }),
         }
     }
@@ -155,6 +160,7 @@ impl Closer {
             let mut s = lock(&self.inner.state);
             for (uid, fd) in fds {
                 s.uids.entry(uid).or_default().queue.push_back(fd);
+                self.inner.outstanding.fetch_add(1, Relaxed);
                 if !uids.contains(&uid) {
                     uids.push(uid);
                 }
@@ -190,6 +196,9 @@ impl Closer {
 
     /// True when `uid` has so many closes outstanding that its requests must wait.
     pub(crate) fn over_limit(&self, uid: u32) -> bool {
+        if self.inner.outstanding.load(Relaxed) < PER_UID_PENDING {
+            return false;
+        }
         lock(&self.inner.state)
             .uids
             .get(&uid)
@@ -239,6 +248,7 @@ fn run(inner: &Inner, permanent: bool) {
             }
             s = lock(&inner.state);
             s.closed += 1;
+            inner.outstanding.fetch_sub(1, Relaxed);
             if let Some(u) = s.uids.get_mut(&uid) {
                 u.busy -= 1;
                 if u.busy == 0 && u.queue.is_empty() {
