@@ -7,7 +7,7 @@
 mod common;
 
 use std::io::{ErrorKind, Read};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use common::*;
@@ -78,45 +78,6 @@ fn kill_child(pid: libc::pid_t) {
     unsafe {
         libc::kill(pid, libc::SIGKILL);
         libc::waitpid(pid, &mut status, 0);
-    }
-}
-
-/// A TCP socket bound to `local` (SO_REUSEADDR) and connected to `remote`.
-fn connect_from(local: SocketAddr, remote: SocketAddr) -> std::io::Result<TcpStream> {
-    let (SocketAddr::V4(l), SocketAddr::V4(r)) = (local, remote) else {
-        return Err(std::io::Error::other("v4 only"));
-    };
-    // SAFETY: plain socket calls on a socket owned right away.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let s = OwnedFd::from_raw_fd(fd);
-        let one: i32 = 1;
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_REUSEADDR,
-            (&one as *const i32).cast(),
-            4,
-        );
-        let sin = |a: std::net::SocketAddrV4| libc::sockaddr_in {
-            sin_family: libc::AF_INET as u16,
-            sin_port: a.port().to_be(),
-            sin_addr: libc::in_addr {
-                s_addr: u32::from(*a.ip()).to_be(),
-            },
-            sin_zero: [0; 8],
-        };
-        let (sl, sr) = (sin(l), sin(r));
-        let n = std::mem::size_of::<libc::sockaddr_in>() as u32;
-        if libc::bind(fd, (&sl as *const libc::sockaddr_in).cast(), n) != 0
-            || libc::connect(fd, (&sr as *const libc::sockaddr_in).cast(), n) != 0
-        {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(TcpStream::from(s))
     }
 }
 

@@ -684,42 +684,10 @@ fn a_refusal_turns_away_only_the_other_end_of_its_own_connection() {
 /// A TCP connection to `to` from 127.0.0.1:`port` (`SO_REUSEADDR`), once that 4-tuple is free
 /// (its last connection there was reset, and the daemon's copy of it goes on its closer).
 fn connect_from_port(port: u16, to: std::net::SocketAddr) -> std::net::TcpStream {
-    use std::os::fd::FromRawFd;
-    let sin = |p: u16, ip: u32| libc::sockaddr_in {
-        sin_family: libc::AF_INET as u16,
-        sin_port: p.to_be(),
-        sin_addr: libc::in_addr { s_addr: ip.to_be() },
-        sin_zero: [0; 8],
-    };
-    let std::net::SocketAddr::V4(to) = to else {
-        panic!("v4 only")
-    };
-    let (a, b) = (sin(port, 0x7f00_0001), sin(to.port(), u32::from(*to.ip())));
-    let n = std::mem::size_of::<libc::sockaddr_in>() as u32;
+    let from = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let t = std::time::Instant::now();
     loop {
-        // SAFETY: plain socket calls on a socket owned at once.
-        let r = unsafe {
-            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-            assert!(fd >= 0);
-            let s = std::net::TcpStream::from_raw_fd(fd);
-            let one: i32 = 1;
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_REUSEADDR,
-                (&one as *const i32).cast(),
-                4,
-            );
-            if libc::bind(fd, (&a as *const libc::sockaddr_in).cast(), n) == 0
-                && libc::connect(fd, (&b as *const libc::sockaddr_in).cast(), n) == 0
-            {
-                Ok(s)
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        };
-        match r {
+        match connect_from(from, to) {
             Ok(s) => return s,
             Err(e)
                 if matches!(
